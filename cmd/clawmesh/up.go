@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/logging"
+	"github.com/clawmesh/clawmesh/internal/version"
+	"github.com/clawmesh/clawmesh/launcher"
+)
+
+// multiFlag collects a repeatable flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func up(args []string) error {
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	var (
+		dir, binDir, logLevel string
+		ephemeral             bool
+		sets, scales          multiFlag
+	)
+	fs.StringVar(&dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
+	fs.StringVar(&binDir, "bin-dir", "", "folder of the service binaries (default: beside clawmesh)")
+	fs.StringVar(&logLevel, "log-level", "", "launcher log level")
+	fs.BoolVar(&ephemeral, "ephemeral", false, "stop the stack 1 s after the last client disconnects")
+	fs.Var(&sets, "set", "config property prop=value, e.g. rpc.max_local_connections=64 (repeatable)")
+	fs.Var(&scales, "scale", "replicas of a service, e.g. plugin-sandbox=3 (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	data, err := datadir.Resolve(dir)
+	if err != nil {
+		return err
+	}
+	scale := map[string]int{}
+	for _, s := range scales {
+		name, n, ok := strings.Cut(s, "=")
+		count, err := strconv.Atoi(n)
+		if !ok || err != nil {
+			return fmt.Errorf("--scale %q: want service=N", s)
+		}
+		scale[name] = count
+	}
+	for _, s := range sets {
+		if prop, _, ok := strings.Cut(s, "="); !ok || strings.TrimSpace(prop) == "" {
+			return fmt.Errorf("--set %q: want prop=value", s)
+		}
+	}
+	log, err := logging.New("clawmesh", logLevel)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err = launcher.Run(ctx, launcher.Config{
+		DataDir:     data,
+		BinDir:      binDir,
+		DatabaseURL: os.Getenv("DATABASE_URL"),
+		NATSURL:     os.Getenv("NATS_URL"),
+		Sets:        sets,
+		Scale:       scale,
+		Ephemeral:   ephemeral,
+		Log:         log,
+	})
+	if errors.Is(err, launcher.ErrEphemeralDone) {
+		return nil
+	}
+	return err
+}
+
+func printVersion() error {
+	fmt.Printf("clawmesh %s (protocol %d)\n", version.Version, version.Protocol)
+	return nil
+}

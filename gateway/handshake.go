@@ -1,0 +1,94 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/version"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+type initializeParams struct {
+	ProtocolVersion      *json.Number    `json:"protocol_version"`
+	ProtocolVersionCamel *json.Number    `json:"protocolVersion"`
+	ClientCapabilities   json.RawMessage `json:"client_capabilities"`
+	ClientCapsCamel      json.RawMessage `json:"clientCapabilities"`
+	AuthToken            string          `json:"auth_token"`
+	TUIID                string          `json:"tui_id"`
+}
+
+type clientCapabilities struct {
+	Elicitation json.RawMessage `json:"elicitation"`
+}
+
+// initialize binds the connection's principal (SPEC §4). A version
+// mismatch or an unpaired token binds nothing, and the client may try
+// again; a later successful initialize replaces the binding.
+func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	var p initializeParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	v := p.ProtocolVersion
+	if v == nil {
+		v = p.ProtocolVersionCamel
+	}
+	if v == nil {
+		return nil, invalidParams("`protocol_version` is required")
+	}
+	if n, err := v.Int64(); err != nil || n != version.Protocol {
+		return nil, jsonrpc.NewError(rpcerr.CodeVersionMismatch,
+			fmt.Sprintf("Protocol version mismatch: server=%d, client=%s", version.Protocol, v.String()), nil)
+	}
+	caps := p.ClientCapabilities
+	if len(caps) == 0 {
+		caps = p.ClientCapsCamel
+	}
+	var cc clientCapabilities
+	if len(caps) > 0 && caps[0] == '{' {
+		if err := json.Unmarshal(caps, &cc); err != nil {
+			return nil, invalidParams("`client_capabilities` must be an object")
+		}
+	}
+	resp, err := g.config.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{
+		PeerUid: cs.peer.UID, PeerPid: cs.peer.PID, AuthToken: p.AuthToken,
+	})
+	if err != nil {
+		werr := serviceError("config", err)
+		if werr.Code == rpcerr.CodeAuthRequired {
+			g.log.Info("initialize refused", zap.String("conn", cs.id), zap.Int32("peer_pid", cs.peer.PID), zap.Int32("peer_uid", cs.peer.UID), zap.String("reason", werr.Message))
+		}
+		return nil, werr
+	}
+	principal := resp.GetPrincipal()
+	cs.bind(principal, isElicitation(cc.Elicitation), p.TUIID)
+	cs.conn.MarkInitialized()
+	g.log.Info("connection initialized", zap.String("conn", cs.id),
+		zap.Int32("peer_pid", cs.peer.PID), zap.Int32("peer_uid", cs.peer.UID),
+		zap.String("principal_id", principal.GetPrincipalId()))
+	return map[string]any{
+		"protocol_version": version.Protocol,
+		"protocolVersion":  version.Protocol,
+		"server_version":   g.limits.serverVersion,
+		"serverVersion":    g.limits.serverVersion,
+		"server_pid":       os.Getpid(),
+		"capabilities":     g.caps,
+		"principal_id":     principal.GetPrincipalId(),
+	}, nil
+}
+
+// isElicitation reads client_capabilities.elicitation: true or any object
+// advertises it; absent, null or false does not.
+func isElicitation(raw json.RawMessage) bool {
+	switch string(raw) {
+	case "", "null", "false":
+		return false
+	}
+	return true
+}

@@ -1,0 +1,37 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+)
+
+// method is one row of the routing table: a socket method name and the
+// handler that serves it (usually one gRPC call to one service).
+type method struct {
+	// preInit methods may be called before initialize.
+	preInit bool
+	// inline methods run on the connection's read loop, in order, so a
+	// pipelined request after initialize sees its binding.
+	inline bool
+	call   func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
+}
+
+// methods is the routing table. Adding a socket method is one row here plus
+// its handler; capabilities lists exactly these names.
+var methods = map[string]method{
+	"initialize": {preInit: true, inline: true, call: (*Gateway).initialize},
+	"status":     {call: (*Gateway).status},
+	"health":     {call: (*Gateway).health},
+}
+
+// methodNames is the sorted list of methods served: initialize's
+// capabilities.
+func methodNames() []string {
+	names := make([]string, 0, len(methods))
+	for name := range methods {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}

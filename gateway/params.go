@@ -1,0 +1,63 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+)
+
+// decodeParams reads params into v. A failure is -32602 with a message
+// that names the field, e.g. "Invalid params: `protocol_version` must be a
+// number". Unknown fields are ignored, as zerocode may send more.
+func decodeParams(params json.RawMessage, v any) error {
+	if len(params) == 0 || bytes.Equal(params, []byte("null")) {
+		params = []byte("{}")
+	}
+	if params[0] != '{' {
+		return invalidParams("params must be an object")
+	}
+	if err := json.Unmarshal(params, v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return invalidParams(fmt.Sprintf("`%s` must be %s", typeErr.Field, article(typeErr.Type.Kind().String())))
+		}
+		return invalidParams(err.Error())
+	}
+	return nil
+}
+
+func article(kind string) string {
+	switch kind {
+	case "int", "int32", "int64", "uint", "uint32", "uint64", "float64", "float32":
+		return "a number"
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "slice":
+		return "an array"
+	case "map", "struct", "ptr":
+		return "an object"
+	}
+	return "of another type"
+}
+
+func invalidParams(msg string) *jsonrpc.Error {
+	return jsonrpc.NewError(rpcerr.CodeInvalidParams, "Invalid params: "+strings.TrimPrefix(msg, "json: "), nil)
+}
+
+// serviceError maps an error from a call to service to the client's
+// JSON-RPC error: the one place where gRPC status meets the wire.
+func serviceError(service string, err error) *jsonrpc.Error {
+	we := rpcerr.ToWire(service, err)
+	var data any
+	if we.Data != nil {
+		data = we.Data
+	}
+	return jsonrpc.NewError(we.Code, we.Message, data)
+}

@@ -1,0 +1,112 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/version"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// status answers SPEC §5's status; services come from the health monitor.
+func (g *Gateway) status(ctx context.Context, _ *connState, _ json.RawMessage) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := g.session.Status(ctx, &sessionv1.StatusRequest{})
+	if err != nil {
+		return nil, serviceError("session", err)
+	}
+	ids := st.GetSessionIds()
+	if ids == nil {
+		ids = []string{}
+	}
+	return map[string]any{
+		"server_version":     g.limits.serverVersion,
+		"protocol_version":   version.Protocol,
+		"active_sessions":    st.GetActiveSessions(),
+		"session_ids":        ids,
+		"config_dir":         g.cfg.DataDir,
+		"local_ipc_endpoint": g.cfg.Socket,
+		"services":           g.monitor.statuses(),
+	}, nil
+}
+
+// health answers SPEC §5's health: the gateway process and every service.
+func (g *Gateway) health(context.Context, *connState, json.RawMessage) (any, error) {
+	now := time.Now().UTC()
+	return map[string]any{
+		"pid":            os.Getpid(),
+		"updated_at":     now,
+		"uptime_seconds": int64(now.Sub(g.started).Seconds()),
+		"components":     g.monitor.components(),
+		"process": map[string]any{
+			"rss_bytes":              rssBytes(),
+			"system_ram_total_bytes": memTotalBytes(),
+			"cpu_percent":            g.cpuPercent(now),
+			"num_cpus":               runtime.NumCPU(),
+		},
+	}, nil
+}
+
+// rssBytes reads the resident set from /proc/self/statm (Linux); 0 where
+// unavailable.
+func rssBytes() int64 {
+	raw, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
+
+func memTotalBytes() int64 {
+	raw, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb * 1024
+			}
+		}
+	}
+	return 0
+}
+
+// cpuPercent is the process's average CPU use since start, from
+// /proc/self/stat (utime+stime in clock ticks of 1/100 s).
+func (g *Gateway) cpuPercent(now time.Time) float64 {
+	raw, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(raw)
+	// Fields after the command name, which is in parentheses.
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	elapsed := now.Sub(g.started).Seconds()
+	if elapsed <= 0 {
+		return 0
+	}
+	return (utime + stime) / 100 / elapsed * 100
+}

@@ -1,0 +1,55 @@
+// Package datadir resolves the data directory and the paths of everything
+// a local stack keeps in it, so the launcher, the services and the CLI
+// agree on where each socket lives.
+package datadir
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+)
+
+// Resolve picks the data directory: the flag value, then
+// ZEROCLAW_CONFIG_DIR, then ZEROCLAW_DATA_DIR, then ~/.zeroclaw/data. The
+// result is absolute.
+func Resolve(flagValue string) (string, error) {
+	dir := flagValue
+	for _, env := range []string{"ZEROCLAW_CONFIG_DIR", "ZEROCLAW_DATA_DIR"} {
+		if dir == "" {
+			dir = os.Getenv(env)
+		}
+	}
+	if dir == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("home directory: %w", err)
+		}
+		dir = filepath.Join(home, ".zeroclaw", "data")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("data directory: %w", err)
+	}
+	return abs, nil
+}
+
+// Socket is the client socket: ZEROCLAW_SOCKET, else <dir>/daemon.sock.
+func Socket(dir string) string {
+	if s := os.Getenv("ZEROCLAW_SOCKET"); s != "" {
+		return s
+	}
+	return filepath.Join(dir, "daemon.sock")
+}
+
+// ServiceSocket is the gRPC socket of a service replica: replica 0 is
+// <dir>/<service>.sock, replica i>0 is <dir>/<service>.<i>.sock.
+func ServiceSocket(dir, service string, replica int) string {
+	if replica == 0 {
+		return filepath.Join(dir, service+".sock")
+	}
+	return filepath.Join(dir, service+"."+strconv.Itoa(replica)+".sock")
+}
+
+// LockFile is held by the launcher for as long as a stack runs on dir.
+func LockFile(dir string) string { return filepath.Join(dir, "clawmesh.lock") }

@@ -1,0 +1,59 @@
+// Package grpcclient dials Clawmesh services over Unix socket paths or TCP
+// host:port addresses, one or several (replicas spread round-robin).
+package grpcclient
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+)
+
+// Dial opens a lazy client connection; it does not wait for the server, so
+// services may start in any order. addr is an absolute socket path, a
+// host:port, a DNS name (dns:///name:port, used by compose and Kubernetes
+// to find every replica), or a comma-separated list of paths and host:ports
+// over which calls are spread round-robin.
+func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if addr == "" {
+		return nil, fmt.Errorf("dial: empty address")
+	}
+	base := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+	}
+	target := addr
+	if strings.HasPrefix(addr, "/") || strings.Contains(addr, ",") {
+		// Explicit addresses: a manual resolver hands them all to the
+		// round-robin balancer, and the dialer picks unix or tcp per address.
+		var addrs []resolver.Address
+		for _, a := range strings.Split(addr, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				addrs = append(addrs, resolver.Address{Addr: a})
+			}
+		}
+		r := manual.NewBuilderWithScheme("clawmesh")
+		r.InitialState(resolver.State{Addresses: addrs})
+		base = append(base, grpc.WithResolvers(r), grpc.WithContextDialer(dialer))
+		target = "clawmesh:///" + strings.ReplaceAll(addr, ",", ";")
+	}
+	cc, err := grpc.NewClient(target, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	return cc, nil
+}
+
+func dialer(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if strings.HasPrefix(addr, "/") {
+		return d.DialContext(ctx, "unix", addr)
+	}
+	return d.DialContext(ctx, "tcp", addr)
+}

@@ -1,0 +1,184 @@
+// Package pg opens a service's PostgreSQL pool on its own schema and
+// applies the service's embedded migrations.
+//
+// Each service owns one schema; its pool's search_path is that schema, so
+// its SQL names its tables unqualified and can never read another's.
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// ErrBadMigration reports a migration file whose name is not NNNN_name.sql.
+var ErrBadMigration = errors.New("migration file name must be NNNN_name.sql")
+
+var schemaName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
+
+// Open connects to url with search_path set to schema, creates the schema
+// if missing, and applies the *.sql files of migrations in version order,
+// each in its own transaction, under an advisory lock so replicas starting
+// together apply each migration once. It waits for the server up to the
+// deadline of ctx.
+func Open(ctx context.Context, url, schema string, migrations fs.FS, log *zap.Logger) (*pgxpool.Pool, error) {
+	if !schemaName.MatchString(schema) {
+		return nil, fmt.Errorf("schema name %q is not a plain identifier", schema)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = "clawmesh-" + schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	if err := waitReady(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := Migrate(ctx, pool, schema, migrations, log); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+func waitReady(ctx context.Context, pool *pgxpool.Pool) error {
+	for {
+		err := pool.Ping(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("database not reachable: %w", errors.Join(ctx.Err(), err))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func load(migrations fs.FS) ([]migration, error) {
+	if migrations == nil {
+		return nil, nil
+	}
+	names, err := fs.Glob(migrations, "*.sql")
+	if err != nil {
+		return nil, fmt.Errorf("list migrations: %w", err)
+	}
+	pattern := regexp.MustCompile(`^(\d+)_[a-z0-9_]+\.sql$`)
+	var out []migration
+	seen := map[int]string{}
+	for _, name := range names {
+		m := pattern.FindStringSubmatch(name)
+		if m == nil {
+			return nil, fmt.Errorf("%s: %w", name, ErrBadMigration)
+		}
+		v, _ := strconv.Atoi(m[1])
+		if prev, dup := seen[v]; dup {
+			return nil, fmt.Errorf("migrations %s and %s share version %d", prev, name, v)
+		}
+		seen[v] = name
+		body, err := fs.ReadFile(migrations, name)
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", name, err)
+		}
+		out = append(out, migration{version: v, name: name, sql: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// Migrate applies the pending migrations of schema. It is what Open runs;
+// tests call it directly to prove migrations are idempotent.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations fs.FS, log *zap.Logger) error {
+	ms, err := load(migrations)
+	if err != nil {
+		return err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire connection: %w", err)
+	}
+	defer conn.Release()
+	lockKey := lockKeyFor(schema)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+		return fmt.Errorf("migration lock: %w", err)
+	}
+	defer func() {
+		// A fresh context: the unlock must happen even when ctx is done,
+		// or the session would keep the lock until the pool closes it.
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", lockKey)
+	}()
+	ident := pgx.Identifier{schema}.Sanitize()
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident); err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+ident+`.schema_migrations (
+		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("create migrations table: %w", err)
+	}
+	applied := map[int]bool{}
+	rows, err := conn.Query(ctx, "SELECT version FROM "+ident+".schema_migrations")
+	if err != nil {
+		return fmt.Errorf("read applied migrations: %w", err)
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return fmt.Errorf("read applied migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read applied migrations: %w", err)
+	}
+	for _, m := range ms {
+		if applied[m.version] {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+ident); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO "+ident+".schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("apply migration %s: %w", m.name, err)
+		}
+		log.Info("migration applied", zap.String("schema", schema), zap.String("migration", m.name))
+	}
+	return nil
+}
+
+func lockKeyFor(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("clawmesh-migrate:" + schema))
+	return int64(h.Sum64())
+}

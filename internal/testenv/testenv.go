@@ -1,0 +1,154 @@
+// Package testenv starts the real servers tests run against: a throwaway
+// PostgreSQL cluster (or DATABASE_URL when set) and in-process nats-servers
+// on random ports. Nothing is mocked.
+//
+// A package that uses Postgres must run its tests through Main, which stops
+// the shared cluster when the tests end:
+//
+//	func TestMain(m *testing.M) { testenv.Main(m) }
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/clawmesh/clawmesh/internal/pgcluster"
+)
+
+var shared struct {
+	once     sync.Once
+	cluster  *pgcluster.Cluster
+	dir      string
+	adminURL string
+	err      error
+}
+
+// Main runs the package's tests and then stops the shared cluster.
+func Main(m *testing.M) {
+	code := m.Run()
+	if shared.cluster != nil {
+		shared.cluster.Stop()
+		os.RemoveAll(shared.dir)
+	}
+	os.Exit(code)
+}
+
+func adminURL() (string, error) {
+	shared.once.Do(func() {
+		if u := os.Getenv("DATABASE_URL"); u != "" {
+			shared.adminURL = u
+			return
+		}
+		dir, err := os.MkdirTemp("", "clawmesh-pgtest-")
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.dir = dir
+		c, err := pgcluster.Start(context.Background(), pgcluster.Options{Dir: dir, Fast: true})
+		if err != nil {
+			shared.err = err
+			os.RemoveAll(dir)
+			return
+		}
+		shared.cluster = c
+		shared.adminURL = c.AdminURL()
+	})
+	return shared.adminURL, shared.err
+}
+
+// Postgres returns the URL of a new, empty database that is dropped when
+// the test ends.
+func Postgres(t testing.TB) string {
+	t.Helper()
+	admin, err := adminURL()
+	if err != nil {
+		t.Fatalf("start postgres: %v", err)
+	}
+	name := "t_" + randomHex(8)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatalf("connect postgres: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatalf("parse database url: %v", err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// NATS starts an in-process nats-server on a random loopback port for this
+// test and returns its URL; it is shut down when the test ends.
+func NATS(t testing.TB) string {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatalf("nats-server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv.ClientURL()
+}
+
+// Logger logs through the test's output.
+func Logger(t testing.TB) *zap.Logger { return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)) }
+
+// Eventually polls fn every interval until it returns nil or wait passes,
+// then fails the test with fn's last error.
+func Eventually(t testing.TB, wait, interval time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met after %v: %v", wait, err)
+		}
+		time.Sleep(interval)
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("random: %v", err))
+	}
+	return hex.EncodeToString(b)
+}
