@@ -24,8 +24,8 @@ type Config struct {
 	HealthListen string
 	// Service addresses. Plugin may list several replicas.
 	ConfigAddr, SessionAddr, UploadAddr, DurableAddr string
-	PluginAddrs                                       []string
-	NATSURL                                           string
+	PluginAddrs                                      []string
+	NATSURL                                          string
 	// Ephemeral exits the gateway (and so the stack) 1 s after the last
 	// client leaves; never before the first client came.
 	Ephemeral      bool

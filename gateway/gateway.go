@@ -131,7 +131,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 
 	hs := grpcserver.New(g.log, g.cfg.Drain)
 	if g.cfg.HealthListen != "" {
-		hl, err := unixsock.Listen(g.cfg.HealthListen)
+		hl, err := grpcserver.Listen(g.cfg.HealthListen)
 		if err != nil {
 			return err
 		}
@@ -283,4 +283,3 @@ func newConnID() string {
 	_, _ = rand.Read(b)
 	return "conn-" + hex.EncodeToString(b)
 }
-

@@ -269,4 +269,3 @@ func publishRestart(nc *nats.Conn, name string, count int) {
 	raw, _ := json.Marshal(map[string]any{"service": name, "restart_count": count})
 	_ = nc.Publish(SubjectRestarts, raw)
 }
-

@@ -6,8 +6,10 @@ package grpcserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +20,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
 
 // DefaultDrain bounds how long in-flight RPCs may run after shutdown
@@ -126,4 +130,17 @@ func (s *Server) logCall(method string, start time.Time, err error) {
 	default:
 		s.log.Warn("rpc failed", append(fields, zap.Error(err))...)
 	}
+}
+
+// Listen listens on addr: an absolute path is a Unix socket (made with
+// unixsock's care), anything else a TCP host:port.
+func Listen(addr string) (net.Listener, error) {
+	if strings.HasPrefix(addr, "/") {
+		return unixsock.Listen(addr)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return lis, nil
 }

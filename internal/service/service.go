@@ -10,10 +10,8 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -26,7 +24,6 @@ import (
 	"github.com/clawmesh/clawmesh/internal/logging"
 	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/pg"
-	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
 
 // ErrShutdown is the cause of the base context's cancellation on SIGTERM.
@@ -184,7 +181,7 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	if err := spec.Register(ctx, env); err != nil {
 		return fmt.Errorf("register %s: %w", spec.Name, err)
 	}
-	lis, err := listen(o.listen)
+	lis, err := grpcserver.Listen(o.listen)
 	if err != nil {
 		return err
 	}
@@ -195,15 +192,4 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}
 	log.Info("stopped")
 	return nil
-}
-
-func listen(addr string) (net.Listener, error) {
-	if strings.HasPrefix(addr, "/") {
-		return unixsock.Listen(addr)
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
-	}
-	return lis, nil
 }

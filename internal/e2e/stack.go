@@ -1,0 +1,219 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/pgcluster"
+)
+
+// Stack is a running `clawmesh up`.
+type Stack struct {
+	DataDir string
+	Socket  string
+	BinDir  string
+
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	exited chan struct{}
+	t      testing.TB
+}
+
+// Options for Start.
+type Options struct {
+	// Args are extra `clawmesh up` flags (--set, --scale, --ephemeral).
+	Args []string
+	// DataDir, when empty, is a new temporary folder.
+	DataDir string
+}
+
+// Start runs `clawmesh up` and returns once it printed the socket path.
+// The stack is stopped (and checked for leftovers) when the test ends.
+func Start(t testing.TB, opts Options) *Stack {
+	t.Helper()
+	bin, err := BinDir()
+	if err != nil {
+		t.Fatalf("build binaries: %v", err)
+	}
+	dir := opts.DataDir
+	if dir == "" {
+		// Short paths: Unix socket paths are limited to 107 bytes.
+		base, err := os.MkdirTemp("", "cm-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(base) })
+		dir = filepath.Join(base, "data")
+	}
+	s, err := Launch(t, bin, dir, opts.Args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Stop() })
+	return s
+}
+
+// Launch starts `clawmesh up` and waits for the socket line; it fails if
+// the launcher exits first, with its stderr in the error.
+func Launch(t testing.TB, bin, dir string, args ...string) (*Stack, error) {
+	cmd := exec.Command(filepath.Join(bin, "clawmesh"), append([]string{"up", "--config-dir", dir}, args...)...)
+	cmd.Env = append(os.Environ(), "ZEROCLAW_SOCKET=")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	s := &Stack{DataDir: dir, BinDir: bin, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{}), t: t}
+	cmd.Stderr = s.stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = cmd.Wait(); close(s.exited) }()
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	deadline := time.After(120 * time.Second)
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				<-s.exited
+				return nil, fmt.Errorf("clawmesh up exited (%v) before the stack was up:\n%s", cmd.ProcessState, s.stderr.tail(4000))
+			}
+			if sock, ok := strings.CutPrefix(line, "socket: "); ok {
+				s.Socket = sock
+				return s, nil
+			}
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("clawmesh up not ready after 120 s:\n%s", s.stderr.tail(4000))
+		}
+	}
+}
+
+// Stop sends SIGTERM to the launcher and waits for it; safe twice.
+func (s *Stack) Stop() {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(60 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+		s.t.Errorf("launcher did not stop within 60 s:\n%s", s.stderr.tail(4000))
+	}
+}
+
+// Exited is closed when the launcher has exited.
+func (s *Stack) Exited() <-chan struct{} { return s.exited }
+
+// ExitCode is the launcher's exit code once it exited.
+func (s *Stack) ExitCode() int { return s.cmd.ProcessState.ExitCode() }
+
+// Stderr returns the launcher's log so far.
+func (s *Stack) Stderr() string { return s.stderr.String() }
+
+// LauncherPID is the pid of `clawmesh up`.
+func (s *Stack) LauncherPID() int { return s.cmd.Process.Pid }
+
+// PIDs lists the live processes started from this stack's binaries for its
+// data directory (services, gateway), and its PostgreSQL, by /proc scan.
+func (s *Stack) PIDs() map[int]string {
+	out := map[int]string{}
+	pgDir := pgcluster.Dir(s.DataDir)
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(raw) == 0 {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && bytes.Contains(stat, []byte(") Z ")) {
+			continue // a zombie is already dead
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		cmdline := strings.Join(args, " ")
+		if pid == s.cmd.Process.Pid || !(strings.Contains(cmdline, s.DataDir) || strings.Contains(cmdline, pgDir)) {
+			continue
+		}
+		out[pid] = filepath.Base(args[0])
+	}
+	return out
+}
+
+// PIDOf is the pid of the named service process (e.g. "session").
+func (s *Stack) PIDOf(name string) int {
+	for pid, n := range s.PIDs() {
+		if n == name {
+			return pid
+		}
+	}
+	return 0
+}
+
+// Dial connects a client to the stack's socket.
+func (s *Stack) Dial(t testing.TB) *Client {
+	t.Helper()
+	c, err := Dial(s.Socket)
+	if err != nil {
+		t.Fatalf("dial %s: %v", s.Socket, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Context is a test context with a deadline.
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *lockedBuffer) tail(n int) string {
+	s := b.String()
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
