@@ -1344,6 +1344,110 @@ func (x *PluginValuesResponse) GetDenied() []string {
 	return nil
 }
 
+type RevealRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Prop          string                 `protobuf:"bytes,1,opt,name=prop,proto3" json:"prop,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevealRequest) Reset() {
+	*x = RevealRequest{}
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevealRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevealRequest) ProtoMessage() {}
+
+func (x *RevealRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevealRequest.ProtoReflect.Descriptor instead.
+func (*RevealRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RevealRequest) GetProp() string {
+	if x != nil {
+		return x.Prop
+	}
+	return ""
+}
+
+type RevealResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Found         bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	Value         *structpb.Value        `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Revision      int64                  `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevealResponse) Reset() {
+	*x = RevealResponse{}
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevealResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevealResponse) ProtoMessage() {}
+
+func (x *RevealResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevealResponse.ProtoReflect.Descriptor instead.
+func (*RevealResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RevealResponse) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *RevealResponse) GetValue() *structpb.Value {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *RevealResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 var File_clawmesh_config_v1_config_proto protoreflect.FileDescriptor
 
 const file_clawmesh_config_v1_config_proto_rawDesc = "" +
@@ -1436,7 +1540,13 @@ const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\x06denied\x18\x04 \x03(\tR\x06denied\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xc6\a\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"#\n" +
+	"\rRevealRequest\x12\x12\n" +
+	"\x04prop\x18\x01 \x01(\tR\x04prop\"p\n" +
+	"\x0eRevealResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12,\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05value\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision2\x97\b\n" +
 	"\rConfigService\x12F\n" +
 	"\x03Get\x12\x1e.clawmesh.config.v1.GetRequest\x1a\x1f.clawmesh.config.v1.GetResponse\x12F\n" +
 	"\x03Set\x12\x1e.clawmesh.config.v1.SetRequest\x1a\x1f.clawmesh.config.v1.SetResponse\x12R\n" +
@@ -1447,7 +1557,8 @@ const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\x10ResolvePrincipal\x12+.clawmesh.config.v1.ResolvePrincipalRequest\x1a,.clawmesh.config.v1.ResolvePrincipalResponse\x12X\n" +
 	"\tAuthorize\x12$.clawmesh.config.v1.AuthorizeRequest\x1a%.clawmesh.config.v1.AuthorizeResponse\x12^\n" +
 	"\vCreateToken\x12&.clawmesh.config.v1.CreateTokenRequest\x1a'.clawmesh.config.v1.CreateTokenResponse\x12^\n" +
-	"\vRevokeToken\x12&.clawmesh.config.v1.RevokeTokenRequest\x1a'.clawmesh.config.v1.RevokeTokenResponse\x12a\n" +
+	"\vRevokeToken\x12&.clawmesh.config.v1.RevokeTokenRequest\x1a'.clawmesh.config.v1.RevokeTokenResponse\x12O\n" +
+	"\x06Reveal\x12!.clawmesh.config.v1.RevealRequest\x1a\".clawmesh.config.v1.RevealResponse\x12a\n" +
 	"\fPluginValues\x12'.clawmesh.config.v1.PluginValuesRequest\x1a(.clawmesh.config.v1.PluginValuesResponseB@Z>github.com/clawmesh/clawmesh/proto/clawmesh/config/v1;configv1b\x06proto3"
 
 var (
@@ -1462,7 +1573,7 @@ func file_clawmesh_config_v1_config_proto_rawDescGZIP() []byte {
 	return file_clawmesh_config_v1_config_proto_rawDescData
 }
 
-var file_clawmesh_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_clawmesh_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_clawmesh_config_v1_config_proto_goTypes = []any{
 	(*Principal)(nil),                // 0: clawmesh.config.v1.Principal
 	(*Entry)(nil),                    // 1: clawmesh.config.v1.Entry
@@ -1488,56 +1599,61 @@ var file_clawmesh_config_v1_config_proto_goTypes = []any{
 	(*RevokeTokenResponse)(nil),      // 21: clawmesh.config.v1.RevokeTokenResponse
 	(*PluginValuesRequest)(nil),      // 22: clawmesh.config.v1.PluginValuesRequest
 	(*PluginValuesResponse)(nil),     // 23: clawmesh.config.v1.PluginValuesResponse
-	nil,                              // 24: clawmesh.config.v1.PluginValuesResponse.SecretsEntry
-	(*structpb.Value)(nil),           // 25: google.protobuf.Value
-	(*structpb.Struct)(nil),          // 26: google.protobuf.Struct
+	(*RevealRequest)(nil),            // 24: clawmesh.config.v1.RevealRequest
+	(*RevealResponse)(nil),           // 25: clawmesh.config.v1.RevealResponse
+	nil,                              // 26: clawmesh.config.v1.PluginValuesResponse.SecretsEntry
+	(*structpb.Value)(nil),           // 27: google.protobuf.Value
+	(*structpb.Struct)(nil),          // 28: google.protobuf.Struct
 }
 var file_clawmesh_config_v1_config_proto_depIdxs = []int32{
-	25, // 0: clawmesh.config.v1.Entry.value:type_name -> google.protobuf.Value
+	27, // 0: clawmesh.config.v1.Entry.value:type_name -> google.protobuf.Value
 	0,  // 1: clawmesh.config.v1.GetRequest.principal:type_name -> clawmesh.config.v1.Principal
-	25, // 2: clawmesh.config.v1.GetResponse.value:type_name -> google.protobuf.Value
+	27, // 2: clawmesh.config.v1.GetResponse.value:type_name -> google.protobuf.Value
 	0,  // 3: clawmesh.config.v1.SetRequest.principal:type_name -> clawmesh.config.v1.Principal
-	25, // 4: clawmesh.config.v1.SetRequest.value:type_name -> google.protobuf.Value
+	27, // 4: clawmesh.config.v1.SetRequest.value:type_name -> google.protobuf.Value
 	0,  // 5: clawmesh.config.v1.SetManyRequest.principal:type_name -> clawmesh.config.v1.Principal
 	1,  // 6: clawmesh.config.v1.SetManyRequest.sets:type_name -> clawmesh.config.v1.Entry
 	0,  // 7: clawmesh.config.v1.ListRequest.principal:type_name -> clawmesh.config.v1.Principal
 	1,  // 8: clawmesh.config.v1.ListResponse.entries:type_name -> clawmesh.config.v1.Entry
 	0,  // 9: clawmesh.config.v1.DeleteRequest.principal:type_name -> clawmesh.config.v1.Principal
-	26, // 10: clawmesh.config.v1.LiveResponse.document:type_name -> google.protobuf.Struct
+	28, // 10: clawmesh.config.v1.LiveResponse.document:type_name -> google.protobuf.Struct
 	0,  // 11: clawmesh.config.v1.ResolvePrincipalResponse.principal:type_name -> clawmesh.config.v1.Principal
 	0,  // 12: clawmesh.config.v1.AuthorizeRequest.principal:type_name -> clawmesh.config.v1.Principal
 	0,  // 13: clawmesh.config.v1.CreateTokenRequest.principal:type_name -> clawmesh.config.v1.Principal
 	0,  // 14: clawmesh.config.v1.RevokeTokenRequest.principal:type_name -> clawmesh.config.v1.Principal
 	0,  // 15: clawmesh.config.v1.PluginValuesRequest.principal:type_name -> clawmesh.config.v1.Principal
-	26, // 16: clawmesh.config.v1.PluginValuesResponse.config:type_name -> google.protobuf.Struct
-	24, // 17: clawmesh.config.v1.PluginValuesResponse.secrets:type_name -> clawmesh.config.v1.PluginValuesResponse.SecretsEntry
-	2,  // 18: clawmesh.config.v1.ConfigService.Get:input_type -> clawmesh.config.v1.GetRequest
-	4,  // 19: clawmesh.config.v1.ConfigService.Set:input_type -> clawmesh.config.v1.SetRequest
-	6,  // 20: clawmesh.config.v1.ConfigService.SetMany:input_type -> clawmesh.config.v1.SetManyRequest
-	8,  // 21: clawmesh.config.v1.ConfigService.List:input_type -> clawmesh.config.v1.ListRequest
-	10, // 22: clawmesh.config.v1.ConfigService.Delete:input_type -> clawmesh.config.v1.DeleteRequest
-	12, // 23: clawmesh.config.v1.ConfigService.Live:input_type -> clawmesh.config.v1.LiveRequest
-	14, // 24: clawmesh.config.v1.ConfigService.ResolvePrincipal:input_type -> clawmesh.config.v1.ResolvePrincipalRequest
-	16, // 25: clawmesh.config.v1.ConfigService.Authorize:input_type -> clawmesh.config.v1.AuthorizeRequest
-	18, // 26: clawmesh.config.v1.ConfigService.CreateToken:input_type -> clawmesh.config.v1.CreateTokenRequest
-	20, // 27: clawmesh.config.v1.ConfigService.RevokeToken:input_type -> clawmesh.config.v1.RevokeTokenRequest
-	22, // 28: clawmesh.config.v1.ConfigService.PluginValues:input_type -> clawmesh.config.v1.PluginValuesRequest
-	3,  // 29: clawmesh.config.v1.ConfigService.Get:output_type -> clawmesh.config.v1.GetResponse
-	5,  // 30: clawmesh.config.v1.ConfigService.Set:output_type -> clawmesh.config.v1.SetResponse
-	7,  // 31: clawmesh.config.v1.ConfigService.SetMany:output_type -> clawmesh.config.v1.SetManyResponse
-	9,  // 32: clawmesh.config.v1.ConfigService.List:output_type -> clawmesh.config.v1.ListResponse
-	11, // 33: clawmesh.config.v1.ConfigService.Delete:output_type -> clawmesh.config.v1.DeleteResponse
-	13, // 34: clawmesh.config.v1.ConfigService.Live:output_type -> clawmesh.config.v1.LiveResponse
-	15, // 35: clawmesh.config.v1.ConfigService.ResolvePrincipal:output_type -> clawmesh.config.v1.ResolvePrincipalResponse
-	17, // 36: clawmesh.config.v1.ConfigService.Authorize:output_type -> clawmesh.config.v1.AuthorizeResponse
-	19, // 37: clawmesh.config.v1.ConfigService.CreateToken:output_type -> clawmesh.config.v1.CreateTokenResponse
-	21, // 38: clawmesh.config.v1.ConfigService.RevokeToken:output_type -> clawmesh.config.v1.RevokeTokenResponse
-	23, // 39: clawmesh.config.v1.ConfigService.PluginValues:output_type -> clawmesh.config.v1.PluginValuesResponse
-	29, // [29:40] is the sub-list for method output_type
-	18, // [18:29] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	28, // 16: clawmesh.config.v1.PluginValuesResponse.config:type_name -> google.protobuf.Struct
+	26, // 17: clawmesh.config.v1.PluginValuesResponse.secrets:type_name -> clawmesh.config.v1.PluginValuesResponse.SecretsEntry
+	27, // 18: clawmesh.config.v1.RevealResponse.value:type_name -> google.protobuf.Value
+	2,  // 19: clawmesh.config.v1.ConfigService.Get:input_type -> clawmesh.config.v1.GetRequest
+	4,  // 20: clawmesh.config.v1.ConfigService.Set:input_type -> clawmesh.config.v1.SetRequest
+	6,  // 21: clawmesh.config.v1.ConfigService.SetMany:input_type -> clawmesh.config.v1.SetManyRequest
+	8,  // 22: clawmesh.config.v1.ConfigService.List:input_type -> clawmesh.config.v1.ListRequest
+	10, // 23: clawmesh.config.v1.ConfigService.Delete:input_type -> clawmesh.config.v1.DeleteRequest
+	12, // 24: clawmesh.config.v1.ConfigService.Live:input_type -> clawmesh.config.v1.LiveRequest
+	14, // 25: clawmesh.config.v1.ConfigService.ResolvePrincipal:input_type -> clawmesh.config.v1.ResolvePrincipalRequest
+	16, // 26: clawmesh.config.v1.ConfigService.Authorize:input_type -> clawmesh.config.v1.AuthorizeRequest
+	18, // 27: clawmesh.config.v1.ConfigService.CreateToken:input_type -> clawmesh.config.v1.CreateTokenRequest
+	20, // 28: clawmesh.config.v1.ConfigService.RevokeToken:input_type -> clawmesh.config.v1.RevokeTokenRequest
+	24, // 29: clawmesh.config.v1.ConfigService.Reveal:input_type -> clawmesh.config.v1.RevealRequest
+	22, // 30: clawmesh.config.v1.ConfigService.PluginValues:input_type -> clawmesh.config.v1.PluginValuesRequest
+	3,  // 31: clawmesh.config.v1.ConfigService.Get:output_type -> clawmesh.config.v1.GetResponse
+	5,  // 32: clawmesh.config.v1.ConfigService.Set:output_type -> clawmesh.config.v1.SetResponse
+	7,  // 33: clawmesh.config.v1.ConfigService.SetMany:output_type -> clawmesh.config.v1.SetManyResponse
+	9,  // 34: clawmesh.config.v1.ConfigService.List:output_type -> clawmesh.config.v1.ListResponse
+	11, // 35: clawmesh.config.v1.ConfigService.Delete:output_type -> clawmesh.config.v1.DeleteResponse
+	13, // 36: clawmesh.config.v1.ConfigService.Live:output_type -> clawmesh.config.v1.LiveResponse
+	15, // 37: clawmesh.config.v1.ConfigService.ResolvePrincipal:output_type -> clawmesh.config.v1.ResolvePrincipalResponse
+	17, // 38: clawmesh.config.v1.ConfigService.Authorize:output_type -> clawmesh.config.v1.AuthorizeResponse
+	19, // 39: clawmesh.config.v1.ConfigService.CreateToken:output_type -> clawmesh.config.v1.CreateTokenResponse
+	21, // 40: clawmesh.config.v1.ConfigService.RevokeToken:output_type -> clawmesh.config.v1.RevokeTokenResponse
+	25, // 41: clawmesh.config.v1.ConfigService.Reveal:output_type -> clawmesh.config.v1.RevealResponse
+	23, // 42: clawmesh.config.v1.ConfigService.PluginValues:output_type -> clawmesh.config.v1.PluginValuesResponse
+	31, // [31:43] is the sub-list for method output_type
+	19, // [19:31] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_config_v1_config_proto_init() }
@@ -1551,7 +1667,7 @@ func file_clawmesh_config_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_config_v1_config_proto_rawDesc), len(file_clawmesh_config_v1_config_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

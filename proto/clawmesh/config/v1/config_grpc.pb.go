@@ -33,6 +33,7 @@ const (
 	ConfigService_Authorize_FullMethodName        = "/clawmesh.config.v1.ConfigService/Authorize"
 	ConfigService_CreateToken_FullMethodName      = "/clawmesh.config.v1.ConfigService/CreateToken"
 	ConfigService_RevokeToken_FullMethodName      = "/clawmesh.config.v1.ConfigService/RevokeToken"
+	ConfigService_Reveal_FullMethodName           = "/clawmesh.config.v1.ConfigService/Reveal"
 	ConfigService_PluginValues_FullMethodName     = "/clawmesh.config.v1.ConfigService/PluginValues"
 )
 
@@ -61,6 +62,10 @@ type ConfigServiceClient interface {
 	// CreateToken pairs a new token with a user; only its hash is stored.
 	CreateToken(ctx context.Context, in *CreateTokenRequest, opts ...grpc.CallOption) (*CreateTokenResponse, error)
 	RevokeToken(ctx context.Context, in *RevokeTokenRequest, opts ...grpc.CallOption) (*RevokeTokenResponse, error)
+	// Reveal returns one property's value unmasked, secrets included. It is
+	// for services only and never routed from the client socket: the session
+	// service reads an agent's api_key with it.
+	Reveal(ctx context.Context, in *RevealRequest, opts ...grpc.CallOption) (*RevealResponse, error)
 	// PluginValues resolves one plugin's config and secrets at one canonical
 	// revision, for one call frame of the plugin sandbox.
 	PluginValues(ctx context.Context, in *PluginValuesRequest, opts ...grpc.CallOption) (*PluginValuesResponse, error)
@@ -174,6 +179,16 @@ func (c *configServiceClient) RevokeToken(ctx context.Context, in *RevokeTokenRe
 	return out, nil
 }
 
+func (c *configServiceClient) Reveal(ctx context.Context, in *RevealRequest, opts ...grpc.CallOption) (*RevealResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevealResponse)
+	err := c.cc.Invoke(ctx, ConfigService_Reveal_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *configServiceClient) PluginValues(ctx context.Context, in *PluginValuesRequest, opts ...grpc.CallOption) (*PluginValuesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PluginValuesResponse)
@@ -209,6 +224,10 @@ type ConfigServiceServer interface {
 	// CreateToken pairs a new token with a user; only its hash is stored.
 	CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error)
 	RevokeToken(context.Context, *RevokeTokenRequest) (*RevokeTokenResponse, error)
+	// Reveal returns one property's value unmasked, secrets included. It is
+	// for services only and never routed from the client socket: the session
+	// service reads an agent's api_key with it.
+	Reveal(context.Context, *RevealRequest) (*RevealResponse, error)
 	// PluginValues resolves one plugin's config and secrets at one canonical
 	// revision, for one call frame of the plugin sandbox.
 	PluginValues(context.Context, *PluginValuesRequest) (*PluginValuesResponse, error)
@@ -251,6 +270,9 @@ func (UnimplementedConfigServiceServer) CreateToken(context.Context, *CreateToke
 }
 func (UnimplementedConfigServiceServer) RevokeToken(context.Context, *RevokeTokenRequest) (*RevokeTokenResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeToken not implemented")
+}
+func (UnimplementedConfigServiceServer) Reveal(context.Context, *RevealRequest) (*RevealResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reveal not implemented")
 }
 func (UnimplementedConfigServiceServer) PluginValues(context.Context, *PluginValuesRequest) (*PluginValuesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PluginValues not implemented")
@@ -456,6 +478,24 @@ func _ConfigService_RevokeToken_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ConfigService_Reveal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevealRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ConfigServiceServer).Reveal(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ConfigService_Reveal_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ConfigServiceServer).Reveal(ctx, req.(*RevealRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ConfigService_PluginValues_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PluginValuesRequest)
 	if err := dec(in); err != nil {
@@ -520,6 +560,10 @@ var ConfigService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeToken",
 			Handler:    _ConfigService_RevokeToken_Handler,
+		},
+		{
+			MethodName: "Reveal",
+			Handler:    _ConfigService_Reveal_Handler,
 		},
 		{
 			MethodName: "PluginValues",
