@@ -79,7 +79,11 @@ func (c *Client) Call(method string, params any) (json.RawMessage, error) {
 	id := c.next
 	c.next++
 	c.mu.Unlock()
-	raw, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	frame := map[string]any{"jsonrpc": "2.0", "id": id, "method": method}
+	if params != nil {
+		frame["params"] = params
+	}
+	raw, err := json.Marshal(frame)
 	if err != nil {
 		return nil, err
 	}
