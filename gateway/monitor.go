@@ -11,11 +11,9 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-)
 
-// SubjectRestarts carries the launcher's restart notices: a JSON object
-// {"service": name, "restart_count": n}.
-const SubjectRestarts = "clawmesh.supervisor.restarts"
+	"github.com/clawmesh/clawmesh/internal/subjects"
+)
 
 // component is the health record of one service process.
 type component struct {
@@ -123,7 +121,7 @@ func (m *monitor) components() map[string]component {
 
 // watchRestarts records the launcher's restart counts.
 func (m *monitor) watchRestarts(nc *nats.Conn) (*nats.Subscription, error) {
-	return nc.Subscribe(SubjectRestarts, func(msg *nats.Msg) {
+	return nc.Subscribe(subjects.SupervisorRestarts, func(msg *nats.Msg) {
 		var ev struct {
 			Service      string `json:"service"`
 			RestartCount int    `json:"restart_count"`

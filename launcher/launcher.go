@@ -22,6 +22,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
+	"github.com/clawmesh/clawmesh/internal/subjects"
 )
 
 // Errors the launcher reports.
@@ -33,10 +34,6 @@ var (
 	// ErrNotReady: a process did not become healthy in time.
 	ErrNotReady = errors.New("process did not become healthy")
 )
-
-// SubjectRestarts is where restart notices go; the gateway reports the
-// counts in its health method. It matches gateway.SubjectRestarts.
-const SubjectRestarts = "clawmesh.supervisor.restarts"
 
 // Services in start order. The gateway starts after all of them.
 var Services = []string{"config", "session", "upload-staging", "plugin-sandbox", "durable-bridge"}
@@ -267,5 +264,5 @@ func lock(dir string) (func(), error) {
 // publishRestart tells the gateway a process was restarted.
 func publishRestart(nc *nats.Conn, name string, count int) {
 	raw, _ := json.Marshal(map[string]any{"service": name, "restart_count": count})
-	_ = nc.Publish(SubjectRestarts, raw)
+	_ = nc.Publish(subjects.SupervisorRestarts, raw)
 }
