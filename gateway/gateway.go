@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
@@ -44,6 +46,7 @@ type Gateway struct {
 	config  configv1.ConfigServiceClient
 	session sessionv1.SessionServiceClient
 	nats    *nats.Conn
+	hub     *hub
 	monitor *monitor
 	conns   []*grpc.ClientConn
 
@@ -124,6 +127,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	g.hub = newHub(g.nats, g.log)
 	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
 		return fmt.Errorf("subscribe restarts: %w", err)
 	}
@@ -202,11 +206,14 @@ func (g *Gateway) fetchLive(ctx context.Context) (*configv1.LiveResponse, error)
 // accept sets up one client connection's state.
 func (g *Gateway) accept(ctx context.Context, stop context.CancelCauseFunc, c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
 	cs := &connState{id: newConnID(), conn: c, peer: peer}
+	cs.outbox = newOutbox(g, cs)
 	g.log.Info("connection accepted", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
 	g.clientJoined()
+	go cs.outbox.run(ctx)
 	go func() {
 		<-c.Done()
 		g.log.Info("connection closed", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
+		g.connectionClosed(cs)
 		g.clientLeft(ctx, stop)
 	}()
 	return jsonrpc.HandlerFunc(func(ctx context.Context, c *jsonrpc.Conn, req *jsonrpc.Request) (any, error) {
@@ -254,22 +261,56 @@ func (g *Gateway) clientLeft(ctx context.Context, stop context.CancelCauseFunc) 
 	})
 }
 
+// connectionClosed releases what the connection held: its outbox, its
+// session subscriptions, its asks, and the turns it started.
+func (g *Gateway) connectionClosed(cs *connState) {
+	cs.outbox.close()
+	g.hub.detach(cs, "")
+	cs.mu.Lock()
+	sub := cs.askSub
+	cs.mu.Unlock()
+	if sub != nil {
+		_ = sub.Unsubscribe()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := g.session.ConnectionClosed(ctx, &sessionv1.ConnectionClosedRequest{ConnectionId: cs.id}); err != nil && status.Code(err) != codes.Unimplemented {
+		g.log.Warn("turns of a closed connection not cancelled", zap.String("conn", cs.id), zap.Error(err))
+	}
+}
+
 // connState is what the gateway knows of one client connection.
 type connState struct {
-	id   string
-	conn *jsonrpc.Conn
-	peer jsonrpc.Peer
+	id     string
+	conn   *jsonrpc.Conn
+	peer   jsonrpc.Peer
+	outbox *outbox
 
 	mu          sync.Mutex
 	principal   *configv1.Principal
 	elicitation bool
 	tuiID       string
+	askSub      *nats.Subscription
 }
 
 func (cs *connState) bind(p *configv1.Principal, elicitation bool, tuiID string) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.principal, cs.elicitation, cs.tuiID = p, elicitation, tuiID
+}
+
+// principalOf is the bound principal (nil before initialize).
+func (cs *connState) principalOf() *configv1.Principal {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.principal
+}
+
+// canElicit reports whether the client advertised elicitation.
+func (cs *connState) canElicit() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.elicitation
 }
 
 func (cs *connState) initialized() bool {

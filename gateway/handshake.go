@@ -69,6 +69,13 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 	principal := resp.GetPrincipal()
 	cs.bind(principal, isElicitation(cc.Elicitation), p.TUIID)
 	cs.conn.MarkInitialized()
+	cs.mu.Lock()
+	if cs.askSub == nil {
+		if cs.askSub, err = g.serveAsks(cs); err != nil {
+			g.log.Warn("asks for this connection unavailable", zap.String("conn", cs.id), zap.Error(err))
+		}
+	}
+	cs.mu.Unlock()
 	g.log.Info("connection initialized", zap.String("conn", cs.id),
 		zap.Int32("peer_pid", cs.peer.PID), zap.Int32("peer_uid", cs.peer.UID),
 		zap.String("principal_id", principal.GetPrincipalId()))

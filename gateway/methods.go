@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"sort"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
 // method is one row of the routing table: a socket method name and the
@@ -23,6 +25,17 @@ var methods = map[string]method{
 	"initialize": {preInit: true, inline: true, call: (*Gateway).initialize},
 	"status":     {call: (*Gateway).status},
 	"health":     {call: (*Gateway).health},
+
+	"session/new":      {call: (*Gateway).sessionNew},
+	"session/prompt":   {call: (*Gateway).sessionPrompt},
+	"session/cancel":   {call: (*Gateway).sessionCancel},
+	"session/approve":  {call: (*Gateway).sessionApprove},
+	"session/state":    {call: (*Gateway).sessionState},
+	"session/messages": {call: (*Gateway).sessionMessages},
+	"session/list":     {call: (*Gateway).sessionList},
+	"session/close":    {call: lifecycle("closed", sessionv1.SessionServiceClient.Close)},
+	"session/kill":     {call: lifecycle("killed", sessionv1.SessionServiceClient.Kill)},
+	"session/delete":   {call: lifecycle("deleted", sessionv1.SessionServiceClient.Delete)},
 }
 
 // methodNames is the sorted list of methods served: initialize's

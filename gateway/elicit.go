@@ -1,0 +1,147 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/gateway/ask"
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/subjects"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// approvalSchema is SPEC §5's requestedSchema for an approval.
+var approvalSchema = map[string]any{
+	"type": "object",
+	"properties": map[string]any{
+		"choice": map[string]any{
+			"type": "string", "title": "Choice",
+			"oneOf": []map[string]any{
+				{"const": "allow_once", "title": "Allow once"},
+				{"const": "allow_always", "title": "Always allow"},
+				{"const": "reject", "title": "Reject"},
+			},
+		},
+	},
+	"required": []string{"choice"},
+}
+
+// elicitApproval asks the client to decide an approval_request and hands
+// the decision to the session service. Whoever decides first wins there;
+// a later answer from here is told it was already decided and ignored.
+func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *sessionv1.Update) {
+	var ar struct {
+		RequestID        string `json:"request_id"`
+		ToolName         string `json:"tool_name"`
+		ArgumentsSummary string `json:"arguments_summary"`
+		TimeoutSecs      int64  `json:"timeout_secs"`
+	}
+	if err := json.Unmarshal([]byte(u.GetJson()), &ar); err != nil || ar.RequestID == "" {
+		g.log.Warn("approval_request without request_id", zap.String("session_id", u.GetSessionId()))
+		return
+	}
+	timeout := time.Duration(ar.TimeoutSecs) * time.Second
+	if timeout <= 0 {
+		timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	raw, err := cs.conn.Call(ctx, "elicitation/create", map[string]any{
+		"sessionId":       u.GetSessionId(),
+		"mode":            "form",
+		"message":         fmt.Sprintf("Allow the tool `%s` to run? %s", ar.ToolName, ar.ArgumentsSummary),
+		"requestedSchema": approvalSchema,
+	})
+	decision := "reject"
+	var rpcErr *jsonrpc.Error
+	switch {
+	case errors.As(err, &rpcErr):
+		// An error reply is a failure of the ask, not a decision: leave it
+		// to the other surfaces or the timeout.
+		g.log.Info("elicitation answered with an error", zap.String("conn", cs.id), zap.Int64("code", rpcErr.Code))
+		return
+	case err != nil:
+		return // no answer in time, or the connection is gone
+	default:
+		decision = elicitationDecision(raw)
+	}
+	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer acancel()
+	resp, err := g.session.Approve(actx, &sessionv1.ApproveRequest{
+		Principal: cs.principalOf(), SessionId: u.GetSessionId(), RequestId: ar.RequestID, Decision: decision, Surface: "elicitation",
+	})
+	if err != nil {
+		g.log.Info("elicitation decision not taken", zap.String("conn", cs.id), zap.Error(err))
+		return
+	}
+	if resp.GetAlreadyDecided() {
+		g.log.Info("elicitation answer came after another decision", zap.String("conn", cs.id), zap.String("request_id", ar.RequestID))
+	}
+}
+
+// elicitationDecision maps an elicitation reply to an approval decision:
+// accept with a known choice is that choice; decline, cancel, null, or
+// anything else rejects.
+func elicitationDecision(raw json.RawMessage) string {
+	var r struct {
+		Action  string `json:"action"`
+		Content struct {
+			Choice string `json:"choice"`
+		} `json:"content"`
+	}
+	if json.Unmarshal(raw, &r) != nil || r.Action != "accept" {
+		return "reject"
+	}
+	switch r.Content.Choice {
+	case "allow_once", "allow_always", "reject":
+		return r.Content.Choice
+	}
+	return "reject"
+}
+
+// serveAsks relays services' asks for this connection (gateway/ask) until
+// the connection closes.
+func (g *Gateway) serveAsks(cs *connState) (*nats.Subscription, error) {
+	return g.nats.Subscribe(subjects.ConnAsk(cs.id), func(m *nats.Msg) {
+		go func() {
+			rep := g.relayAsk(cs, m.Data)
+			raw, _ := json.Marshal(rep)
+			_ = m.Respond(raw)
+		}()
+	})
+}
+
+func (g *Gateway) relayAsk(cs *connState, data []byte) ask.Reply {
+	var req ask.Request
+	if err := json.Unmarshal(data, &req); err != nil || req.Method == "" {
+		return ask.Reply{Error: &ask.Error{Code: jsonrpc.CodeInvalidParams, Message: "ask: a method is required"}}
+	}
+	if req.Method == "elicitation/create" && !cs.canElicit() {
+		return ask.Reply{Error: &ask.Error{Code: ask.CodeNotAdvertised, Message: "the client did not advertise elicitation"}}
+	}
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var params any = req.Params
+	if len(req.Params) == 0 {
+		params = nil
+	}
+	raw, err := cs.conn.Call(ctx, req.Method, params)
+	var rpcErr *jsonrpc.Error
+	switch {
+	case errors.As(err, &rpcErr):
+		return ask.Reply{Error: &ask.Error{Code: rpcErr.Code, Message: rpcErr.Message, Data: rpcErr.Data}}
+	case err != nil:
+		return ask.Reply{Error: &ask.Error{Code: ask.CodeNoAnswer, Message: "the client did not answer"}}
+	}
+	return ask.Reply{Result: raw}
+}

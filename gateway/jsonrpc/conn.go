@@ -1,0 +1,764 @@
+package jsonrpc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Defaults of SPEC §3, and of the settings it leaves open.
+const (
+	DefaultInitializeTimeout = 30 * time.Second
+	DefaultFrameTimeout      = 30 * time.Second
+	DefaultWriteStallTimeout = 30 * time.Second
+	DefaultCallTimeout       = 30 * time.Second
+	// DefaultMaxPendingBytes is how much encoded output may wait for a slow
+	// reader before Call and Notify block (see Conn.Notify).
+	DefaultMaxPendingBytes = 16 << 20
+)
+
+// maxWriteChunk bounds one socket write, so that the write-stall deadline
+// is renewed whenever the peer makes progress on a large backlog.
+const maxWriteChunk = 256 << 10
+
+// Options configures a Conn. The zero value is the SPEC §3 configuration.
+// For the durations, zero means the default and a negative value disables
+// the limit (tests only: production keeps every limit).
+type Options struct {
+	// MaxFrameBytes bounds one incoming line (bytes before the LF).
+	// Default 8 MiB. Breach: one -32600, id null,
+	// data {"reason":"frame_too_large","limit_bytes":N}, then close; the
+	// rest of the line is never read.
+	MaxFrameBytes int
+	// InitializeTimeout runs from NewConn (accept). On expiry the
+	// connection closes with no reply unless MarkInitialized was called,
+	// even if an initialize request is still being handled.
+	InitializeTimeout time.Duration
+	// FrameTimeout runs from a frame's first byte. Breach: one -32600, id
+	// null, data {"reason":"frame_timeout","limit_ms":N}, then close. Time
+	// between frames is unbounded.
+	FrameTimeout time.Duration
+	// WriteStallTimeout: when a socket write makes no progress for this
+	// long (output pending, peer not reading), the connection is closed.
+	WriteStallTimeout time.Duration
+	// CallTimeout bounds an outgoing Call whose ctx has no deadline.
+	CallTimeout time.Duration
+	// MaxPendingBytes bounds output queued for the peer; see Notify.
+	MaxPendingBytes int
+	// Inline reports the methods handled on the read loop, in arrival
+	// order, before the next frame is read (e.g. "initialize"). Every
+	// other request is handled on its own goroutine. An inline handler
+	// must not wait for anything the peer sends (no Call).
+	Inline func(method string) bool
+	// Logger receives static messages with structured fields; never frame
+	// contents. Nil means no logging.
+	Logger *zap.Logger
+}
+
+func (o Options) withDefaults() Options {
+	dur := func(d *time.Duration, def time.Duration) {
+		switch {
+		case *d == 0:
+			*d = def
+		case *d < 0:
+			*d = 0
+		}
+	}
+	if o.MaxFrameBytes <= 0 {
+		o.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	dur(&o.InitializeTimeout, DefaultInitializeTimeout)
+	dur(&o.FrameTimeout, DefaultFrameTimeout)
+	dur(&o.WriteStallTimeout, DefaultWriteStallTimeout)
+	dur(&o.CallTimeout, DefaultCallTimeout)
+	if o.MaxPendingBytes <= 0 {
+		o.MaxPendingBytes = DefaultMaxPendingBytes
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	return o
+}
+
+// Handler serves one incoming request or notification.
+//
+// It is called on its own goroutine, or on the read loop when
+// Options.Inline says so. ctx is cancelled, with a cause wrapping ErrClosed,
+// when the connection closes. For a notification the result is discarded
+// and nothing is ever sent. Returning an *Error (possibly wrapped; found
+// with errors.As) sends that error; any other error sends -32603 with a
+// generic message, so a handler should map its errors itself. A panic is
+// recovered and answered like a non-*Error error.
+type Handler interface {
+	Handle(ctx context.Context, c *Conn, req *Request) (result any, err error)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, c *Conn, req *Request) (any, error)
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, c *Conn, req *Request) (any, error) {
+	return f(ctx, c, req)
+}
+
+// Conn is one JSON-RPC connection: it reads frames, dispatches requests to
+// its Handler, writes responses and notifications through one writer
+// goroutine (so a peer that does not read never blocks another connection),
+// and correlates responses to its own outgoing calls.
+type Conn struct {
+	nc   net.Conn
+	h    Handler
+	opts Options
+	log  *zap.Logger
+	fr   *FrameReader
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	reason  error // why the connection closed, set once
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	done    chan struct{}
+
+	initState atomic.Int32 // 0 pending, 1 initialized, 2 expired
+	initTimer *time.Timer
+
+	// Output: producers append encoded frames to wq; the writer swaps it
+	// out and writes it. wspace is closed when wq drains, to wake
+	// producers waiting for room.
+	wmu        sync.Mutex
+	wq         []byte
+	wspace     chan struct{}
+	wclosed    bool
+	writing    bool  // a goroutine is writing to the socket
+	flushClose bool  // close once wq is written
+	flushWhy   error // the reason for that close
+	wbell      chan struct{}
+	writerDone chan struct{}
+
+	// Outgoing calls.
+	seq     atomic.Uint64
+	pmu     sync.Mutex
+	pending map[ID]chan *Response
+
+	// Incoming requests being handled (inline ones included).
+	hmu      sync.Mutex
+	inflight int
+	draining bool
+	drainWhy error
+	wg       sync.WaitGroup
+}
+
+// NewConn wraps an accepted connection. The initialize deadline starts now;
+// nothing is read until Run. A nil h answers every request with -32601.
+func NewConn(nc net.Conn, h Handler, opts Options) *Conn {
+	opts = opts.withDefaults()
+	if h == nil {
+		h = notFoundHandler
+	}
+	c := &Conn{
+		nc:         nc,
+		h:          h,
+		opts:       opts,
+		log:        opts.Logger,
+		fr:         NewFrameReader(nc, opts.MaxFrameBytes, opts.FrameTimeout),
+		done:       make(chan struct{}),
+		wbell:      make(chan struct{}, 1),
+		writerDone: make(chan struct{}),
+		pending:    make(map[ID]chan *Response),
+	}
+	if d := opts.InitializeTimeout; d > 0 {
+		c.initTimer = time.AfterFunc(d, c.initializeExpired)
+	}
+	return c
+}
+
+func (c *Conn) initializeExpired() {
+	if c.initState.CompareAndSwap(0, 2) {
+		c.log.Info("closing connection: initialize deadline passed",
+			zap.Duration("limit", c.opts.InitializeTimeout))
+		c.closeWith(ErrInitializeTimeout)
+	}
+}
+
+// MarkInitialized stops the initialize deadline. It reports false if the
+// deadline had already passed (the connection is then closing, and the
+// caller should not bind anything to it).
+func (c *Conn) MarkInitialized() bool {
+	if c.initState.CompareAndSwap(0, 1) {
+		if c.initTimer != nil {
+			c.initTimer.Stop()
+		}
+		return true
+	}
+	return c.initState.Load() == 1
+}
+
+// Done is closed when the connection has closed.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Close closes the connection at once: pending output is dropped, handler
+// contexts are cancelled, pending calls fail. Safe to call more than once.
+func (c *Conn) Close() error {
+	c.closeWith(ErrClosed)
+	return nil
+}
+
+// Err returns why the connection closed (nil while open, or when the peer
+// hung up or Close was called).
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if errors.Is(c.reason, ErrClosed) || errors.Is(c.reason, ErrPeerClosed) {
+		return nil
+	}
+	return c.reason
+}
+
+// Run reads and dispatches frames until the peer hangs up, a limit is
+// breached, ctx is done or Close is called. It returns once the connection
+// is closed and every handler it started has returned: nil when the peer
+// hung up or Close was called, else the reason (wrapping ErrFrameTooLarge,
+// ErrFrameTimeout, ErrInitializeTimeout, ErrWriteStall, the ctx's cause,
+// or the read error). Run must be called once.
+//
+// When the peer shuts down only its sending side, requests already read
+// are still answered before the connection closes.
+func (c *Conn) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.started {
+		c.mu.Unlock()
+		return errors.New("jsonrpc: Run called twice")
+	}
+	c.started = true
+	c.ctx, c.cancel = context.WithCancelCause(ctx)
+	if c.closed {
+		c.cancel(c.reason)
+	}
+	c.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() { c.closeWith(context.Cause(ctx)) })
+	defer stop()
+
+	go c.writer()
+	c.readLoop()
+	<-c.writerDone
+	c.wg.Wait()
+	return c.Err()
+}
+
+func (c *Conn) readLoop() {
+	for {
+		line, err := c.fr.ReadFrame()
+		if err != nil {
+			c.readFailed(err)
+			return
+		}
+		m := Classify(append([]byte(nil), line...))
+		switch m.Kind {
+		case KindRequest, KindNotification:
+			c.dispatch(m.Request)
+		case KindResponse:
+			c.deliver(m.Response)
+		default:
+			if m.Reply != nil {
+				c.log.Debug("invalid frame answered", zap.String("problem", m.Problem),
+					zap.Int64("code", m.Reply.Error.Code))
+				c.send(context.Background(), m.Reply)
+			} else {
+				c.log.Warn("malformed response dropped", zap.String("problem", m.Problem))
+			}
+		}
+	}
+}
+
+func (c *Conn) readFailed(err error) {
+	if c.isClosed() {
+		return // the read failed because we closed
+	}
+	switch {
+	case errors.Is(err, ErrFrameTooLarge):
+		c.log.Warn("closing connection: frame too large", zap.Int("limit_bytes", c.opts.MaxFrameBytes))
+		c.send(context.Background(), &Response{Error: NewError(CodeInvalidRequest, "Frame too large",
+			json.RawMessage(`{"reason":"frame_too_large","limit_bytes":`+strconv.Itoa(c.opts.MaxFrameBytes)+`}`))})
+		c.closeAfterFlush(ErrFrameTooLarge)
+	case errors.Is(err, ErrFrameTimeout):
+		ms := c.opts.FrameTimeout.Milliseconds()
+		c.log.Warn("closing connection: frame timeout", zap.Int64("limit_ms", ms))
+		c.send(context.Background(), &Response{Error: NewError(CodeInvalidRequest, "Frame timeout",
+			json.RawMessage(`{"reason":"frame_timeout","limit_ms":`+strconv.FormatInt(ms, 10)+`}`))})
+		c.closeAfterFlush(ErrFrameTimeout)
+	case errors.Is(err, io.EOF) && !peerHungUp(c.nc):
+		// The peer shut down its sending side only: answer what it sent.
+		c.log.Debug("peer finished sending")
+		c.drain(ErrPeerClosed)
+	case errors.Is(err, io.EOF):
+		c.closeWith(ErrPeerClosed)
+	default:
+		c.closeWith(fmt.Errorf("%w: %w", ErrPeerClosed, err))
+	}
+}
+
+func (c *Conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// drain stops taking requests; once those in flight are answered and the
+// output is written, the connection closes with reason.
+func (c *Conn) drain(reason error) {
+	c.hmu.Lock()
+	if c.draining {
+		c.hmu.Unlock()
+		return
+	}
+	c.draining, c.drainWhy = true, reason
+	idle := c.inflight == 0
+	c.hmu.Unlock()
+	if idle {
+		c.closeAfterFlush(reason)
+	}
+}
+
+func (c *Conn) dispatch(req *Request) {
+	c.hmu.Lock()
+	if c.draining {
+		c.hmu.Unlock()
+		if req.ID != nil {
+			c.send(context.Background(), &Response{ID: req.ID, Error: NewError(CodeInternal, "Server is shutting down", nil)})
+		}
+		return
+	}
+	c.inflight++
+	c.hmu.Unlock()
+	if c.opts.Inline != nil && c.opts.Inline(req.Method) {
+		c.handle(req)
+		return
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.handle(req)
+	}()
+}
+
+func (c *Conn) handle(req *Request) {
+	defer func() {
+		c.hmu.Lock()
+		c.inflight--
+		idle := c.draining && c.inflight == 0
+		why := c.drainWhy
+		c.hmu.Unlock()
+		if idle {
+			c.closeAfterFlush(why)
+		}
+	}()
+	result, err := c.call(req)
+	if req.ID == nil {
+		if err != nil {
+			c.log.Debug("notification handler failed", zap.String("method", req.Method), zap.Error(err))
+		}
+		return
+	}
+	resp := &Response{ID: req.ID}
+	if err == nil {
+		resp.Result, err = marshalResult(result)
+	}
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) && e != nil {
+			resp.Error = e
+		} else {
+			c.log.Warn("handler failed", zap.String("method", req.Method), zap.Error(err))
+			resp.Error = &Error{Code: CodeInternal, Message: "Internal error"}
+		}
+		resp.Result = nil
+	}
+	c.send(context.Background(), resp)
+}
+
+// call runs the handler, turning a panic into an error.
+func (c *Conn) call(req *Request) (result any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("handler panicked", zap.String("method", req.Method), zap.Any("panic", p), zap.StackSkip("stack", 1))
+			result, err = nil, errHandlerPanic
+		}
+	}()
+	return c.h.Handle(c.ctx, c, req)
+}
+
+var errHandlerPanic = errors.New("jsonrpc: handler panicked")
+
+func marshalResult(v any) (json.RawMessage, error) {
+	switch r := v.(type) {
+	case nil:
+		return json.RawMessage("null"), nil
+	case json.RawMessage:
+		if len(r) == 0 {
+			return json.RawMessage("null"), nil
+		}
+		if compactJSON(r) {
+			return r, nil
+		}
+	}
+	return json.Marshal(v)
+}
+
+// compactJSON reports whether b is valid JSON with no LF, fit to be sent
+// as is.
+func compactJSON(b []byte) bool {
+	for _, c := range b {
+		if c == '\n' {
+			return false
+		}
+	}
+	return json.Valid(b)
+}
+
+func marshalParams(params any) (json.RawMessage, error) {
+	switch p := params.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if compactJSON(p) {
+			return p, nil
+		}
+	}
+	b, err := json.Marshal(params)
+	if err != nil {
+		return nil, fmt.Errorf("%w: params: %w", ErrInvalidFrame, err)
+	}
+	return b, nil
+}
+
+// deliver completes the pending call a response answers.
+func (c *Conn) deliver(r *Response) {
+	if r.ID == nil {
+		c.log.Warn("response with id null ignored", zap.Bool("error", r.Error != nil))
+		return
+	}
+	c.pmu.Lock()
+	ch, ok := c.pending[*r.ID]
+	if ok {
+		delete(c.pending, *r.ID)
+	}
+	c.pmu.Unlock()
+	if !ok {
+		c.log.Warn("response for no pending request ignored", zap.String("id", logID(r.ID)))
+		return
+	}
+	ch <- r
+}
+
+// logID bounds a peer-chosen id for a log field.
+func logID(id *ID) string {
+	s := id.String()
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+var scratchPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// send writes a response: directly from the calling goroutine when no
+// other output is pending or being written (the common case, which spares
+// a hand-off to the writer goroutine), else through the queue. Either way
+// frames go out in the order they were sent. Only handler goroutines and
+// the read loop send responses, so a stalled peer only ever blocks work of
+// its own connection, and the write-stall deadline bounds even that.
+func (c *Conn) send(ctx context.Context, r *Response) {
+	bp := scratchPool.Get().(*[]byte)
+	b, err := appendResponse((*bp)[:0], r)
+	if err != nil {
+		c.log.Error("response not encodable", zap.Error(err))
+		b, _ = appendResponse((*bp)[:0], &Response{ID: r.ID, Error: &Error{Code: CodeInternal, Message: "Internal error"}})
+	}
+	if !c.writeDirect(b) {
+		if err := c.enqueue(ctx, b); err != nil {
+			c.log.Debug("response not sent", zap.Error(err))
+		}
+	}
+	*bp = b
+	scratchPool.Put(bp)
+}
+
+// writeDirect writes frame (plus LF) on the calling goroutine if the
+// output is idle, and reports whether it did (or the connection failed).
+func (c *Conn) writeDirect(frame []byte) bool {
+	c.wmu.Lock()
+	if c.writing || len(c.wq) > 0 || c.wclosed || c.flushClose {
+		c.wmu.Unlock()
+		return false
+	}
+	c.writing = true
+	c.wmu.Unlock()
+	err := c.writeAll(append(frame, '\n'))
+	c.wmu.Lock()
+	c.writing = false
+	more := len(c.wq) > 0 || c.flushClose
+	c.wmu.Unlock()
+	if err != nil {
+		c.closeWith(err)
+		return true
+	}
+	if more {
+		c.ring()
+	}
+	return true
+}
+
+func (c *Conn) ring() {
+	select {
+	case c.wbell <- struct{}{}:
+	default:
+	}
+}
+
+// Notify sends a notification. Notifications are written in the order of
+// the Notify calls that returned. Notify does not wait for the peer to read:
+// it queues the frame and returns, unless more than
+// Options.MaxPendingBytes are already queued, in which case it waits for
+// room until ctx is done or the connection closes (a stalled peer is closed
+// after Options.WriteStallTimeout). A caller fanning out to many
+// connections should pass a short ctx.
+func (c *Conn) Notify(ctx context.Context, method string, params any) error {
+	raw, err := marshalParams(params)
+	if err != nil {
+		return err
+	}
+	bp := scratchPool.Get().(*[]byte)
+	b := appendRequest((*bp)[:0], nil, method, raw)
+	err = c.enqueue(ctx, b)
+	*bp = b
+	scratchPool.Put(bp)
+	return err
+}
+
+// Call sends a request with the id zc-out-<n> (n counting from 0 on this
+// connection) and waits for its response. An explicit "result": null
+// returns json.RawMessage("null"); an error reply returns the *Error. When
+// ctx has no deadline, Options.CallTimeout applies (ErrCallTimeout). The
+// connection closing fails the call with an error wrapping ErrClosed.
+func (c *Conn) Call(ctx context.Context, method string, params any) (json.RawMessage, error) {
+	raw, err := marshalParams(params)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok && c.opts.CallTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, c.opts.CallTimeout, ErrCallTimeout)
+		defer cancel()
+	}
+	id := StringID("zc-out-" + strconv.FormatUint(c.seq.Add(1)-1, 10))
+	ch := make(chan *Response, 1)
+	c.pmu.Lock()
+	if c.pending == nil {
+		c.pmu.Unlock()
+		return nil, c.closedErr()
+	}
+	c.pending[id] = ch
+	c.pmu.Unlock()
+	forget := func() {
+		c.pmu.Lock()
+		delete(c.pending, id)
+		c.pmu.Unlock()
+	}
+
+	b := appendRequest(make([]byte, 0, 64+len(method)+len(raw)), &id, method, raw)
+	if err := c.enqueue(ctx, b); err != nil {
+		forget()
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		return callResult(r)
+	case <-ctx.Done():
+		forget()
+		return nil, context.Cause(ctx)
+	case <-c.done:
+		select {
+		case r := <-ch:
+			return callResult(r)
+		default:
+			return nil, c.closedErr()
+		}
+	}
+}
+
+func callResult(r *Response) (json.RawMessage, error) {
+	if r.Error != nil {
+		return nil, r.Error
+	}
+	return r.Result, nil
+}
+
+// closedErr is the error for operations on a closed connection.
+func (c *Conn) closedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return wrapClosed(c.reason)
+}
+
+func wrapClosed(reason error) error {
+	if reason == nil || errors.Is(reason, ErrClosed) {
+		return ErrClosed
+	}
+	return fmt.Errorf("%w: %w", ErrClosed, reason)
+}
+
+// enqueue queues one encoded frame (without LF) for the writer.
+func (c *Conn) enqueue(ctx context.Context, frame []byte) error {
+	c.wmu.Lock()
+	for len(c.wq) > 0 && len(c.wq)+len(frame) > c.opts.MaxPendingBytes && !c.wclosed {
+		if c.wspace == nil {
+			c.wspace = make(chan struct{})
+		}
+		space := c.wspace
+		c.wmu.Unlock()
+		select {
+		case <-space:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-c.done:
+		}
+		c.wmu.Lock()
+	}
+	if c.wclosed || c.flushClose {
+		c.wmu.Unlock()
+		return c.closedErr()
+	}
+	c.wq = append(c.wq, frame...)
+	c.wq = append(c.wq, '\n')
+	c.wmu.Unlock()
+	c.ring()
+	return nil
+}
+
+// closeAfterFlush closes the connection with reason once the queued
+// output is written (or the write stalls).
+func (c *Conn) closeAfterFlush(reason error) {
+	c.wmu.Lock()
+	if !c.flushClose {
+		c.flushClose, c.flushWhy = true, reason
+	}
+	c.wmu.Unlock()
+	c.ring()
+}
+
+// writer writes queued output. Only it, or one writeDirect at a time
+// (c.writing), writes to the socket.
+func (c *Conn) writer() {
+	defer close(c.writerDone)
+	var spare []byte
+	for {
+		c.wmu.Lock()
+		for len(c.wq) == 0 || c.writing {
+			if len(c.wq) == 0 && !c.writing && c.flushClose {
+				why := c.flushWhy
+				c.wmu.Unlock()
+				c.closeWith(why)
+				return
+			}
+			c.wmu.Unlock()
+			select {
+			case <-c.wbell:
+			case <-c.done:
+				return
+			}
+			c.wmu.Lock()
+		}
+		out := c.wq
+		c.wq = spare[:0]
+		c.writing = true
+		if c.wspace != nil {
+			close(c.wspace)
+			c.wspace = nil
+		}
+		c.wmu.Unlock()
+
+		err := c.writeAll(out)
+		c.wmu.Lock()
+		c.writing = false
+		c.wmu.Unlock()
+		if err != nil {
+			c.closeWith(err)
+			return
+		}
+		if cap(out) <= 1<<20 {
+			spare = out[:0]
+		} else {
+			spare = nil
+		}
+	}
+}
+
+func (c *Conn) writeAll(b []byte) error {
+	for len(b) > 0 {
+		chunk := b[:min(len(b), maxWriteChunk)]
+		if d := c.opts.WriteStallTimeout; d > 0 {
+			_ = c.nc.SetWriteDeadline(time.Now().Add(d))
+		}
+		n, err := c.nc.Write(chunk)
+		b = b[n:]
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				c.log.Warn("closing connection: write stalled", zap.Duration("limit", c.opts.WriteStallTimeout))
+				return ErrWriteStall
+			}
+			if c.isClosed() {
+				return ErrClosed
+			}
+			return fmt.Errorf("%w: %w", ErrPeerClosed, err)
+		}
+	}
+	return nil
+}
+
+// closeWith closes the connection once, recording reason.
+func (c *Conn) closeWith(reason error) {
+	if reason == nil {
+		reason = ErrClosed
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.reason = reason
+	cancel := c.cancel
+	c.mu.Unlock()
+
+	if c.initTimer != nil {
+		c.initTimer.Stop()
+	}
+	if cancel != nil {
+		cancel(wrapClosed(reason))
+	}
+	_ = c.nc.Close()
+	close(c.done)
+
+	c.pmu.Lock()
+	c.pending = nil
+	c.pmu.Unlock()
+	c.wmu.Lock()
+	c.wclosed = true
+	c.wq = nil
+	if c.wspace != nil {
+		close(c.wspace)
+		c.wspace = nil
+	}
+	c.wmu.Unlock()
+}

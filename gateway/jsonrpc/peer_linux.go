@@ -1,0 +1,57 @@
+//go:build linux
+
+package jsonrpc
+
+import (
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// PeerOf returns the credentials of the process at the other end of a Unix
+// socket (SO_PEERCRED), or -1 fields when they are unavailable.
+func PeerOf(nc net.Conn) Peer {
+	p := Peer{PID: -1, UID: -1, GID: -1}
+	raw := rawConn(nc)
+	if raw == nil {
+		return p
+	}
+	_ = raw.Control(func(fd uintptr) {
+		cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if err == nil {
+			p.PID, p.UID, p.GID = cred.Pid, int32(cred.Uid), int32(cred.Gid)
+		}
+	})
+	return p
+}
+
+// peerHungUp reports whether the peer of a Unix socket has closed both
+// directions (POLLHUP), as opposed to shutting down only its sending side.
+// For other connections it reports false.
+func peerHungUp(nc net.Conn) bool {
+	raw := rawConn(nc)
+	if raw == nil {
+		return false
+	}
+	hup := false
+	_ = raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			hup = fds[0].Revents&unix.POLLHUP != 0
+		}
+	})
+	return hup
+}
+
+func rawConn(nc net.Conn) syscall.RawConn {
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return nil
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return raw
+}

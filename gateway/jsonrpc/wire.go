@@ -1,0 +1,600 @@
+// Package jsonrpc is the transport engine of the Clawmesh edge: NDJSON
+// JSON-RPC 2.0 over a stream socket, as SPEC §2 and §3 fix it.
+//
+// wire.go holds the message types and the frame classifier, frame.go the
+// line reader with its size and time limits, conn.go one connection (read
+// loop, writer, handler dispatch, outgoing calls) and serve.go the listener
+// side (connection ceiling, peer credentials, graceful shutdown).
+package jsonrpc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// The error codes of SPEC §4.
+const (
+	CodeParseError      int64 = -32700
+	CodeInvalidRequest  int64 = -32600
+	CodeMethodNotFound  int64 = -32601
+	CodeInvalidParams   int64 = -32602
+	CodeInternal        int64 = -32603
+	CodeSessionNotFound int64 = -32000
+	CodeSessionLimit    int64 = -32001
+	CodeSessionBusy     int64 = -32002
+	CodeSessionNotOwned int64 = -32003
+	CodeConnectionLimit int64 = -32004
+	CodeAuthRequired    int64 = -32010
+	CodeVersionMismatch int64 = -32011
+	CodeForbidden       int64 = -32012
+)
+
+// Errors reported by this package. Each is wrapped with %w where more
+// detail helps; test with errors.Is.
+var (
+	// ErrInvalidFrame: a value is not what the wire format allows.
+	ErrInvalidFrame = errors.New("jsonrpc: invalid frame")
+	// ErrFrameTooLarge: a line exceeded Options.MaxFrameBytes.
+	ErrFrameTooLarge = errors.New("jsonrpc: frame too large")
+	// ErrFrameTimeout: a started line did not end within Options.FrameTimeout.
+	ErrFrameTimeout = errors.New("jsonrpc: frame timeout")
+	// ErrInitializeTimeout: MarkInitialized was not called within
+	// Options.InitializeTimeout of accept.
+	ErrInitializeTimeout = errors.New("jsonrpc: initialize deadline passed")
+	// ErrWriteStall: output was pending and the peer read nothing for
+	// Options.WriteStallTimeout.
+	ErrWriteStall = errors.New("jsonrpc: write stalled")
+	// ErrClosed: the connection is closed. Calls pending at close, and
+	// handler contexts, carry an error wrapping it (and the reason).
+	ErrClosed = errors.New("jsonrpc: connection closed")
+	// ErrPeerClosed: the peer closed the connection.
+	ErrPeerClosed = errors.New("jsonrpc: peer closed the connection")
+	// ErrCallTimeout: an outgoing call had no answer within
+	// Options.CallTimeout. It also matches context.DeadlineExceeded.
+	ErrCallTimeout = fmt.Errorf("jsonrpc: call timed out: %w", context.DeadlineExceeded)
+	// ErrShutdown: the server is shutting down.
+	ErrShutdown = errors.New("jsonrpc: server shutting down")
+)
+
+// ID is a JSON-RPC request id: a string or a number. A number keeps its
+// original JSON text (1, 1.0 and 1e0 are three different ids); a string is
+// held decoded and re-encoded on output. IDs are comparable with == and
+// usable as map keys: two ids are equal when kind and textual value agree.
+// The zero ID is the number-less, string-less placeholder and is never sent.
+type ID struct {
+	str  bool
+	text string
+}
+
+// StringID returns the string id s.
+func StringID(s string) ID { return ID{str: true, text: s} }
+
+// Int64ID returns the number id n.
+func Int64ID(n int64) ID { return ID{text: strconv.FormatInt(n, 10)} }
+
+// IsString reports whether the id is a JSON string.
+func (id ID) IsString() bool { return id.str }
+
+// String returns the textual value: the decoded string, or the number as
+// it was written. It is meant for logs; use == to compare ids.
+func (id ID) String() string { return id.text }
+
+// MarshalJSON encodes the id as it goes on the wire.
+func (id ID) MarshalJSON() ([]byte, error) { return id.appendJSON(nil), nil }
+
+// UnmarshalJSON accepts a JSON string or number.
+func (id *ID) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	v, ok := parseID(b)
+	if !ok {
+		return fmt.Errorf("%w: id must be a string or a number", ErrInvalidFrame)
+	}
+	*id = v
+	return nil
+}
+
+func (id ID) appendJSON(dst []byte) []byte {
+	if id.str {
+		return appendString(dst, id.text)
+	}
+	if id.text == "" {
+		return append(dst, "null"...)
+	}
+	return append(dst, id.text...)
+}
+
+// parseID reads a raw JSON value as an id. b must be one valid JSON value.
+func parseID(b []byte) (ID, bool) {
+	if len(b) == 0 {
+		return ID{}, false
+	}
+	switch c := b[0]; {
+	case c == '"':
+		s, ok := decodeString(b)
+		return ID{str: true, text: s}, ok
+	case c == '-' || (c >= '0' && c <= '9'):
+		if !json.Valid(b) {
+			return ID{}, false
+		}
+		return ID{text: string(b)}, true
+	}
+	return ID{}, false
+}
+
+// Request is an incoming or outgoing request. ID is nil for a notification.
+// Params is never empty after Classify: an absent params reads as {}.
+type Request struct {
+	ID     *ID
+	Method string
+	Params json.RawMessage
+}
+
+// IsNotification reports whether the request expects no response.
+func (r *Request) IsNotification() bool { return r.ID == nil }
+
+// MarshalJSON encodes the request as one wire frame (without the LF).
+func (r *Request) MarshalJSON() ([]byte, error) {
+	return appendRequest(nil, r.ID, r.Method, r.Params), nil
+}
+
+// Response is a reply to a request. ID is nil for id null. Exactly one of
+// Result and Error is set; a Result of JSON null is json.RawMessage("null").
+type Response struct {
+	ID     *ID
+	Result json.RawMessage
+	Error  *Error
+}
+
+// MarshalJSON encodes the response as one wire frame (without the LF).
+func (r *Response) MarshalJSON() ([]byte, error) { return appendResponse(nil, r) }
+
+// Error is a JSON-RPC error object. It implements error; Is compares codes,
+// so errors.Is(err, &Error{Code: CodeSessionBusy}) matches any busy error.
+type Error struct {
+	Code    int64           `json:"code"`
+	Message string          `json:"message"`
+	Data    json.RawMessage `json:"data,omitempty"`
+}
+
+// NewError returns an error object. data, when not nil, is marshalled into
+// Data; a value that cannot be marshalled is left out.
+func NewError(code int64, msg string, data any) *Error {
+	e := &Error{Code: code, Message: msg}
+	if data != nil {
+		if raw, ok := data.(json.RawMessage); ok {
+			e.Data = raw
+		} else if b, err := json.Marshal(data); err == nil {
+			e.Data = b
+		}
+	}
+	return e
+}
+
+// MethodNotFound is the SPEC §2 reply for an unknown method.
+func MethodNotFound(method string) *Error {
+	return NewError(CodeMethodNotFound, "Unknown method: "+method, nil)
+}
+
+func (e *Error) Error() string {
+	return "jsonrpc error " + strconv.FormatInt(e.Code, 10) + ": " + e.Message
+}
+
+// Is reports whether target is an *Error with the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t != nil && t.Code == e.Code
+}
+
+// Kind says what a frame is.
+type Kind uint8
+
+const (
+	// KindInvalid is a malformed frame. Message.Reply is the reply SPEC §2
+	// prescribes, or nil when the frame must be dropped without a reply.
+	KindInvalid Kind = iota
+	// KindRequest is a request that expects a response.
+	KindRequest
+	// KindNotification is a request without an id (or with id null); it is
+	// never answered.
+	KindNotification
+	// KindResponse is a well-formed response.
+	KindResponse
+)
+
+var kindNames = [...]string{"invalid", "request", "notification", "response"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Message is one classified frame.
+type Message struct {
+	Kind     Kind
+	Request  *Request  // KindRequest, KindNotification
+	Response *Response // KindResponse
+	// Reply is set for a KindInvalid frame that must be answered: -32700
+	// for invalid JSON, -32600 for a batch, a non-object, or a malformed
+	// request. A malformed response-shaped frame has no Reply: it is dropped.
+	Reply *Response
+	// Problem is a static description of what is wrong with a KindInvalid
+	// frame, fit for a log field. It never holds frame content.
+	Problem string
+}
+
+// Classify reads one frame (one line, without its LF; surrounding
+// whitespace allowed) and says what it is, per SPEC §2:
+//
+//   - invalid JSON: -32700, id null;
+//   - a JSON array (batch) or any other non-object: -32600, id null;
+//   - an object with "method" is request-shaped. It is a request (id a
+//     string or number) or a notification (id absent or null) when jsonrpc
+//     is "2.0", method a string, params absent or an object or array, and
+//     neither result nor error is present; otherwise -32600 with its id if
+//     that id is a string or number, else id null;
+//   - an object without "method" is response-shaped. It is a response when
+//     jsonrpc is "2.0", id is a string, number or null, exactly one of
+//     result and error is present, error is {code:integer, message:string},
+//     and params is absent; otherwise it is dropped without a reply.
+//
+// The returned Request and Response alias frame: the caller must not
+// modify frame afterwards.
+func Classify(frame []byte) Message {
+	frame = trimSpace(frame)
+	if !json.Valid(frame) {
+		return invalid("invalid JSON", nil, CodeParseError, "Parse error")
+	}
+	switch frame[0] {
+	case '{':
+	case '[':
+		return invalid("batch", nil, CodeInvalidRequest, "Invalid Request: batch requests are not supported")
+	default:
+		return invalid("not an object", nil, CodeInvalidRequest, "Invalid Request: a frame must be a JSON object")
+	}
+	var env envelope
+	env.scan(frame)
+	if env.has&hasMethod != 0 {
+		return env.request()
+	}
+	return env.response()
+}
+
+func invalid(problem string, id *ID, code int64, msg string) Message {
+	return Message{Kind: KindInvalid, Problem: problem,
+		Reply: &Response{ID: id, Error: &Error{Code: code, Message: msg}}}
+}
+
+func dropped(problem string) Message { return Message{Kind: KindInvalid, Problem: problem} }
+
+const (
+	hasJSONRPC = 1 << iota
+	hasID
+	hasMethod
+	hasParams
+	hasResult
+	hasError
+)
+
+// envelope holds the raw top-level members of one frame object.
+type envelope struct {
+	has                                     uint8
+	jsonrpc, id, method, params, result, er []byte
+}
+
+func (e *envelope) scan(b []byte) {
+	for key, val, i, ok := nextMember(b, 1); ok; key, val, i, ok = nextMember(b, i) {
+		switch string(keyName(key)) {
+		case "jsonrpc":
+			e.has |= hasJSONRPC
+			e.jsonrpc = val
+		case "id":
+			e.has |= hasID
+			e.id = val
+		case "method":
+			e.has |= hasMethod
+			e.method = val
+		case "params":
+			e.has |= hasParams
+			e.params = val
+		case "result":
+			e.has |= hasResult
+			e.result = val
+		case "error":
+			e.has |= hasError
+			e.er = val
+		}
+	}
+}
+
+// keyName returns a raw quoted key as a string to switch on. The common
+// unescaped case does not allocate when used as a switch operand; an
+// escaped key is decoded so that "\u006dethod" is method.
+func keyName(raw []byte) []byte {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw[1 : len(raw)-1]
+	}
+	s, _ := decodeString(raw)
+	return []byte(s)
+}
+
+func (e *envelope) versionOK() bool {
+	if e.has&hasJSONRPC == 0 {
+		return false
+	}
+	if string(e.jsonrpc) == `"2.0"` {
+		return true
+	}
+	s, ok := decodeString(e.jsonrpc)
+	return ok && s == "2.0"
+}
+
+func (e *envelope) request() Message {
+	// Recover the id first: every -32600 below carries it when valid.
+	var id *ID
+	idOK := true
+	if e.has&hasID != 0 && string(e.id) != "null" {
+		v, ok := parseID(e.id)
+		if ok {
+			id = &v
+		}
+		idOK = ok
+	}
+	switch {
+	case !e.versionOK():
+		return invalid("request: jsonrpc not 2.0", id, CodeInvalidRequest, `Invalid Request: "jsonrpc" must be "2.0"`)
+	case e.method[0] != '"':
+		return invalid("request: method not a string", id, CodeInvalidRequest, `Invalid Request: "method" must be a string`)
+	case e.has&hasParams != 0 && e.params[0] != '{' && e.params[0] != '[':
+		return invalid("request: params not object or array", id, CodeInvalidRequest, `Invalid Request: "params" must be an object or an array`)
+	case !idOK:
+		return invalid("request: bad id", nil, CodeInvalidRequest, `Invalid Request: "id" must be a string, a number or null`)
+	case e.has&(hasResult|hasError) != 0:
+		return invalid("request: method with result or error", id, CodeInvalidRequest, `Invalid Request: "method" together with "result" or "error"`)
+	}
+	method, ok := decodeString(e.method)
+	if !ok {
+		return invalid("request: method not a string", id, CodeInvalidRequest, `Invalid Request: "method" must be a string`)
+	}
+	params := json.RawMessage(e.params)
+	if e.has&hasParams == 0 {
+		params = emptyObject
+	}
+	req := &Request{ID: id, Method: method, Params: params}
+	if id == nil {
+		return Message{Kind: KindNotification, Request: req}
+	}
+	return Message{Kind: KindRequest, Request: req}
+}
+
+var emptyObject = json.RawMessage("{}")
+
+func (e *envelope) response() Message {
+	switch {
+	case !e.versionOK():
+		return dropped("response: jsonrpc not 2.0")
+	case e.has&hasID == 0:
+		return dropped("response: no id")
+	case e.has&hasParams != 0:
+		return dropped("response: params present")
+	case e.has&(hasResult|hasError) == 0:
+		return dropped("response: neither result nor error")
+	case e.has&(hasResult|hasError) == hasResult|hasError:
+		return dropped("response: both result and error")
+	}
+	resp := &Response{}
+	if string(e.id) != "null" {
+		v, ok := parseID(e.id)
+		if !ok {
+			return dropped("response: bad id")
+		}
+		resp.ID = &v
+	}
+	if e.has&hasResult != 0 {
+		resp.Result = e.result
+	} else {
+		er, ok := parseErrorObject(e.er)
+		if !ok {
+			return dropped("response: malformed error object")
+		}
+		resp.Error = er
+	}
+	return Message{Kind: KindResponse, Response: resp}
+}
+
+// parseErrorObject reads {code:integer, message:string, data?:any}.
+func parseErrorObject(b []byte) (*Error, bool) {
+	if b[0] != '{' {
+		return nil, false
+	}
+	var code, msg, data []byte
+	for key, val, i, ok := nextMember(b, 1); ok; key, val, i, ok = nextMember(b, i) {
+		switch string(keyName(key)) {
+		case "code":
+			code = val
+		case "message":
+			msg = val
+		case "data":
+			data = val
+		}
+	}
+	if code == nil || msg == nil || msg[0] != '"' {
+		return nil, false
+	}
+	n, err := strconv.ParseInt(string(code), 10, 64)
+	if err != nil {
+		return nil, false
+	}
+	m, ok := decodeString(msg)
+	if !ok {
+		return nil, false
+	}
+	return &Error{Code: n, Message: m, Data: data}, true
+}
+
+// nextMember walks the members of a JSON object that is known to be valid.
+// i is the index just past '{' or past the previous member. key is the raw
+// key with its quotes; val the raw value.
+func nextMember(b []byte, i int) (key, val []byte, next int, ok bool) {
+	i = skipSpace(b, i)
+	if i < len(b) && b[i] == ',' {
+		i = skipSpace(b, i+1)
+	}
+	if i >= len(b) || b[i] != '"' {
+		return nil, nil, i, false
+	}
+	ke := skipString(b, i)
+	key = b[i:ke]
+	i = skipSpace(b, ke)
+	i = skipSpace(b, i+1) // ':'
+	ve := skipValue(b, i)
+	return key, b[i:ve], ve, true
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && isSpace(b[0]) {
+		b = b[1:]
+	}
+	for len(b) > 0 && isSpace(b[len(b)-1]) {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// skipString returns the index just past the string starting at b[i]=='"'.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return len(b)
+}
+
+// skipValue returns the index just past the valid JSON value at b[i].
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
+	}
+	for i < len(b) {
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\r', '\n':
+			return i
+		}
+		i++
+	}
+	return i
+}
+
+// decodeString decodes a raw JSON string (with its quotes).
+func decodeString(b []byte) (string, bool) {
+	if len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' {
+		return "", false
+	}
+	inner := b[1 : len(b)-1]
+	if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+		return string(inner), true
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// appendString appends s as a JSON string.
+func appendString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			b, _ := json.Marshal(s)
+			return append(dst, b...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
+}
+
+// appendRequest appends one request frame (without LF). params must be
+// compact JSON or empty (left out).
+func appendRequest(dst []byte, id *ID, method string, params json.RawMessage) []byte {
+	dst = append(dst, `{"jsonrpc":"2.0"`...)
+	if id != nil {
+		dst = append(dst, `,"id":`...)
+		dst = id.appendJSON(dst)
+	}
+	dst = append(dst, `,"method":`...)
+	dst = appendString(dst, method)
+	if len(params) > 0 {
+		dst = append(dst, `,"params":`...)
+		dst = append(dst, params...)
+	}
+	return append(dst, '}')
+}
+
+// appendResponse appends one response frame (without LF) with exactly one
+// of result and error. Result must be compact JSON; empty means null.
+func appendResponse(dst []byte, r *Response) ([]byte, error) {
+	dst = append(dst, `{"jsonrpc":"2.0","id":`...)
+	if r.ID == nil {
+		dst = append(dst, "null"...)
+	} else {
+		dst = r.ID.appendJSON(dst)
+	}
+	if r.Error != nil {
+		dst = append(dst, `,"error":`...)
+		b, err := json.Marshal(r.Error)
+		if err != nil {
+			return nil, err
+		}
+		dst = append(dst, b...)
+	} else {
+		dst = append(dst, `,"result":`...)
+		if len(r.Result) == 0 {
+			dst = append(dst, "null"...)
+		} else {
+			dst = append(dst, r.Result...)
+		}
+	}
+	return append(dst, '}'), nil
+}

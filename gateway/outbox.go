@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+
+	"go.uber.org/zap"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// outbox delivers session updates to one connection, in arrival order,
+// from its own goroutine: a connection that stops reading blocks only its
+// own outbox until the edge's write-stall rule closes it. The queue is
+// unbounded on purpose: nothing is dropped while the client keeps reading,
+// and the stall limit bounds how long a non-reader can let it grow.
+type outbox struct {
+	cs   *connState
+	g    *Gateway
+	mu   sync.Mutex
+	cond *sync.Cond
+	q    []*sessionv1.Update
+	done bool
+
+	// completed records the turn_ids whose turn_complete was written, so a
+	// session/prompt response never overtakes its own turn_complete.
+	completed map[string]chan struct{}
+}
+
+func newOutbox(g *Gateway, cs *connState) *outbox {
+	o := &outbox{cs: cs, g: g, completed: map[string]chan struct{}{}}
+	o.cond = sync.NewCond(&o.mu)
+	return o
+}
+
+func (o *outbox) push(u *sessionv1.Update) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.done {
+		return
+	}
+	o.q = append(o.q, u)
+	o.cond.Signal()
+}
+
+// close stops run after the queue is abandoned (the connection is gone).
+func (o *outbox) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.done = true
+	o.q = nil
+	o.cond.Broadcast()
+	for _, ch := range o.completed {
+		select {
+		case <-ch:
+		default:
+			close(ch)
+		}
+	}
+}
+
+// turnDone returns a channel closed once the turn's turn_complete has been
+// written to the connection (or the connection is gone).
+func (o *outbox) turnDone(turnID string) <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ch, ok := o.completed[turnID]
+	if !ok {
+		ch = make(chan struct{})
+		if o.done {
+			close(ch)
+		}
+		o.completed[turnID] = ch
+	}
+	return ch
+}
+
+func (o *outbox) forgetTurn(turnID string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.completed, turnID)
+}
+
+func (o *outbox) run(ctx context.Context) {
+	for {
+		o.mu.Lock()
+		for len(o.q) == 0 && !o.done {
+			o.cond.Wait()
+		}
+		if o.done {
+			o.mu.Unlock()
+			return
+		}
+		u := o.q[0]
+		o.q[0] = nil
+		o.q = o.q[1:]
+		o.mu.Unlock()
+		o.deliver(ctx, u)
+	}
+}
+
+func (o *outbox) deliver(ctx context.Context, u *sessionv1.Update) {
+	if err := o.cs.conn.Notify(ctx, "session/update", json.RawMessage(u.GetJson())); err != nil {
+		o.g.log.Debug("update not delivered", zap.String("conn", o.cs.id), zap.Error(err))
+		return
+	}
+	switch u.GetType() {
+	case "approval_request":
+		if o.cs.canElicit() {
+			go o.g.elicitApproval(ctx, o.cs, u)
+		}
+	case "turn_complete":
+		var tc struct {
+			TurnID string `json:"turn_id"`
+		}
+		if json.Unmarshal([]byte(u.GetJson()), &tc) == nil && tc.TurnID != "" {
+			o.mu.Lock()
+			ch, ok := o.completed[tc.TurnID]
+			if !ok {
+				ch = make(chan struct{})
+				o.completed[tc.TurnID] = ch
+			}
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
+			o.mu.Unlock()
+		}
+	}
+}
