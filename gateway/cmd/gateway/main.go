@@ -30,8 +30,8 @@ func run() error {
 	var (
 		dir, socket, healthListen, natsURL, logLevel string
 		cfgAddr, sessAddr, upAddr, durAddr, plugAddr string
-		ephemeral                                   bool
-		drain                                       time.Duration
+		ephemeral                                    bool
+		drain                                        time.Duration
 	)
 	flag.StringVar(&dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	flag.StringVar(&socket, "socket", "", "client socket (env ZEROCLAW_SOCKET; default <data>/daemon.sock)")
