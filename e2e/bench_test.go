@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -105,38 +107,55 @@ func roundTrip(b *testing.B, rw *bufio.ReadWriter, line []byte) {
 	}
 }
 
-// startEcho runs a raw NDJSON echo server: every line read is written back.
+const echoEnv = "CLAWMESH_BENCH_ECHO_SOCKET"
+
+// startEcho runs a raw NDJSON echo server in a child process (this test
+// binary, re-executed) and returns its socket.
 func startEcho(b *testing.B) string {
 	path := filepath.Join(b.TempDir(), "echo.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), echoEnv+"="+path)
+	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				w := bufio.NewWriter(c)
-				for {
-					line, err := r.ReadBytes('\n')
-					if err != nil {
-						return
-					}
-					w.Write(line)
-					if r.Buffered() == 0 {
-						if w.Flush() != nil {
-							return
-						}
-					}
-				}
-			}()
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; ; i++ {
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return path
 		}
-	}()
-	return path
+		if i > 500 {
+			b.Fatal("echo server did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// serveEcho writes back every line it reads, on every connection.
+func serveEcho(path string) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		os.Exit(2)
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			r := bufio.NewReader(c)
+			w := bufio.NewWriter(c)
+			for {
+				line, err := r.ReadBytes('\n')
+				if err != nil {
+					return
+				}
+				_, _ = w.Write(line)
+				if r.Buffered() == 0 && w.Flush() != nil {
+					return
+				}
+			}
+		}()
+	}
 }

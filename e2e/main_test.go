@@ -10,6 +10,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The benchmark's echo baseline runs in its own process, like the
+	// gateway, so both pay the same cross-process round trip.
+	if path := os.Getenv(echoEnv); path != "" {
+		serveEcho(path)
+		return
+	}
 	code := m.Run()
 	e2e.Cleanup()
 	os.Exit(code)

@@ -13,8 +13,9 @@ import (
 type method struct {
 	// preInit methods may be called before initialize.
 	preInit bool
-	// inline methods run on the connection's read loop, in order, so a
-	// pipelined request after initialize sees its binding.
+	// inline methods run on the connection's read loop, in order: initialize,
+	// so a pipelined request after it sees its binding, and methods that
+	// answer from memory without blocking, which saves a goroutine handoff.
 	inline bool
 	call   func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
 }
@@ -24,7 +25,7 @@ type method struct {
 var methods = map[string]method{
 	"initialize": {preInit: true, inline: true, call: (*Gateway).initialize},
 	"status":     {call: (*Gateway).status},
-	"health":     {call: (*Gateway).health},
+	"health":     {inline: true, call: (*Gateway).health},
 
 	"session/new":      {call: (*Gateway).sessionNew},
 	"session/prompt":   {call: (*Gateway).sessionPrompt},

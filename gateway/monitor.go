@@ -36,17 +36,50 @@ type monitor struct {
 	interval time.Duration
 	log      *zap.Logger
 
+	started  time.Time
+	ramTotal int64
+
 	mu    sync.Mutex
 	state map[string]*component
+	// encoded copies of state and of the process sample, renewed by each
+	// poll, for health.
+	stateJSON, procJSON json.RawMessage
 }
 
 func newMonitor(interval time.Duration, log *zap.Logger) *monitor {
-	return &monitor{interval: interval, log: log, state: map[string]*component{}}
+	now := time.Now()
+	total := memTotalBytes()
+	m := &monitor{interval: interval, log: log, state: map[string]*component{}, started: now, ramTotal: total}
+	m.procJSON, _ = json.Marshal(sampleProcess(now, total))
+	m.stateJSON = json.RawMessage("{}")
+	return m
+}
+
+// processJSON is the last sample of the gateway's own figures.
+func (m *monitor) processJSON() json.RawMessage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.procJSON
+}
+
+// componentsJSON is the health record of every service, encoded.
+func (m *monitor) componentsJSON() json.RawMessage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stateJSON
+}
+
+// encodeLocked renews stateJSON; m.mu is held.
+func (m *monitor) encodeLocked() {
+	if raw, err := json.Marshal(m.state); err == nil {
+		m.stateJSON = raw
+	}
 }
 
 func (m *monitor) add(name string, cc *grpc.ClientConn) {
 	m.targets = append(m.targets, target{name: name, health: healthpb.NewHealthClient(cc)})
 	m.state[name] = &component{Status: "unknown", UpdatedAt: time.Now().UTC()}
+	m.encodeLocked()
 }
 
 // run polls until ctx is done.
@@ -64,6 +97,15 @@ func (m *monitor) run(ctx context.Context) {
 }
 
 func (m *monitor) pollAll(ctx context.Context) {
+	p, _ := json.Marshal(sampleProcess(m.started, m.ramTotal))
+	m.mu.Lock()
+	m.procJSON = p
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.encodeLocked()
+		m.mu.Unlock()
+	}()
 	var wg sync.WaitGroup
 	for _, t := range m.targets {
 		wg.Add(1)
@@ -108,17 +150,6 @@ func (m *monitor) statuses() map[string]string {
 	return out
 }
 
-// components copies the whole records.
-func (m *monitor) components() map[string]component {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make(map[string]component, len(m.state))
-	for name, c := range m.state {
-		out[name] = *c
-	}
-	return out
-}
-
 // watchRestarts records the launcher's restart counts.
 func (m *monitor) watchRestarts(nc *nats.Conn) (*nats.Subscription, error) {
 	return nc.Subscribe(subjects.SupervisorRestarts, func(msg *nats.Msg) {
@@ -134,6 +165,7 @@ func (m *monitor) watchRestarts(nc *nats.Conn) (*nats.Subscription, error) {
 		defer m.mu.Unlock()
 		if c, ok := m.state[ev.Service]; ok {
 			c.RestartCount = ev.RestartCount
+			m.encodeLocked()
 		}
 	})
 }
