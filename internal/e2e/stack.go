@@ -37,6 +37,8 @@ type Options struct {
 	Args []string
 	// DataDir, when empty, is a new temporary folder.
 	DataDir string
+	// Env adds environment variables (e.g. NATS_URL) to the launcher's.
+	Env []string
 }
 
 // Start runs `clawmesh up` and returns once it printed the socket path.
@@ -57,7 +59,7 @@ func Start(t testing.TB, opts Options) *Stack {
 		t.Cleanup(func() { os.RemoveAll(base) })
 		dir = filepath.Join(base, "data")
 	}
-	s, err := Launch(t, bin, dir, opts.Args...)
+	s, err := LaunchEnv(t, bin, dir, opts.Env, opts.Args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +70,13 @@ func Start(t testing.TB, opts Options) *Stack {
 // Launch starts `clawmesh up` and waits for the socket line; it fails if
 // the launcher exits first, with its stderr in the error.
 func Launch(t testing.TB, bin, dir string, args ...string) (*Stack, error) {
+	return LaunchEnv(t, bin, dir, nil, args...)
+}
+
+// LaunchEnv is Launch with extra environment variables.
+func LaunchEnv(t testing.TB, bin, dir string, env []string, args ...string) (*Stack, error) {
 	cmd := exec.Command(filepath.Join(bin, "clawmesh"), append([]string{"up", "--config-dir", dir}, args...)...)
-	cmd.Env = append(os.Environ(), "ZEROCLAW_SOCKET=")
+	cmd.Env = append(append(os.Environ(), "ZEROCLAW_SOCKET="), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
