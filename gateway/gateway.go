@@ -147,6 +147,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Connections and their requests live on serveCtx, which the stop
+	// signal does not cancel: the drain below lets in-flight requests
+	// finish (and their updates flow) before anything is cut.
+	serveCtx, serveCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer serveCancel()
 	srv := &jsonrpc.Server{
 		Options: jsonrpc.Options{
 			MaxFrameBytes:     g.limits.maxFrameBytes,
@@ -158,11 +163,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 		},
 		MaxConnections: g.limits.maxConnections,
 		NewHandler: func(c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
-			return g.accept(ctx, cancel, c, peer)
+			return g.accept(ctx, serveCtx, cancel, c, peer)
 		},
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ctx, ln) }()
+	go func() { serveErr <- srv.Serve(serveCtx, ln) }()
 	hs.SetServing()
 	g.log.Info("listening", zap.String("socket", g.cfg.Socket), zap.Int("max_connections", g.limits.maxConnections),
 		zap.Bool("ephemeral", g.cfg.Ephemeral), zap.String("server_version", g.limits.serverVersion))
@@ -203,18 +208,19 @@ func (g *Gateway) fetchLive(ctx context.Context) (*configv1.LiveResponse, error)
 	}
 }
 
-// accept sets up one client connection's state.
-func (g *Gateway) accept(ctx context.Context, stop context.CancelCauseFunc, c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
+// accept sets up one client connection's state. runCtx ends when the
+// gateway is asked to stop; serveCtx outlives it until the drain is over.
+func (g *Gateway) accept(runCtx, serveCtx context.Context, stop context.CancelCauseFunc, c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
 	cs := &connState{id: newConnID(), conn: c, peer: peer}
 	cs.outbox = newOutbox(g, cs)
 	g.log.Info("connection accepted", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
 	g.clientJoined()
-	go cs.outbox.run(ctx)
+	go cs.outbox.run(serveCtx)
 	go func() {
 		<-c.Done()
 		g.log.Info("connection closed", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
 		g.connectionClosed(cs)
-		g.clientLeft(ctx, stop)
+		g.clientLeft(runCtx, stop)
 	}()
 	return jsonrpc.HandlerFunc(func(ctx context.Context, c *jsonrpc.Conn, req *jsonrpc.Request) (any, error) {
 		return g.handle(ctx, cs, req)
