@@ -1,52 +1,198 @@
 // Package session is the session service: sessions, turns, the agent loop
 // and its providers, the transcript, approvals and session workspaces.
 //
-// This first version serves Status from the stored sessions; the session
-// methods of the socket come with their own issue and answer Unimplemented
-// until then.
+// A turn runs in one goroutine of this process (see turn.go): it sends the
+// transcript to the agent's provider, publishes every streamed chunk, tool
+// call, tool result and approval request on NATS as it happens (see
+// updates.go for the subject and payload), and ends with exactly one
+// turn_complete, published before Prompt answers. The transcript, turns,
+// tool calls and approvals are stored in PostgreSQL; what lives only in
+// memory is the running turn itself, so the service runs as one replica.
 package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
+
+// Config is what the service is built from.
+type Config struct {
+	DB   *pgxpool.Pool
+	NATS *nats.Conn
+	Log  *zap.Logger
+	// DataDir holds the session workspaces: <DataDir>/workspaces/<id>/.
+	DataDir string
+	// Agents resolves agent aliases; nil means only the built-in default
+	// agent.
+	Agents AgentSource
+	// Plugins is the plugin sandbox; nil means no plugin tools.
+	Plugins pluginv1.PluginServiceClient
+	// Providers adds providers to (or replaces) scripted and openai.
+	Providers map[string]ProviderFactory
+
+	// UnwindTimeout bounds how long a cancelled turn may take to end, and
+	// the records written while it unwinds (default 5 s).
+	UnwindTimeout time.Duration
+	// MaxSteps bounds the provider steps of one turn (default 32).
+	MaxSteps int
+	// ToolTimeout bounds one tool call (default 2 min).
+	ToolTimeout time.Duration
+	// PluginListTimeout bounds listing the plugin tools at a turn's start
+	// (default 2 s).
+	PluginListTimeout time.Duration
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.DB == nil || c.NATS == nil {
+		return c, errors.New("session: a database pool and a NATS connection are required")
+	}
+	if c.DataDir == "" {
+		return c, errors.New("session: a data directory is required")
+	}
+	if c.Log == nil {
+		c.Log = zap.NewNop()
+	}
+	if c.Agents == nil {
+		c.Agents = NewStaticAgents()
+	}
+	if c.UnwindTimeout <= 0 {
+		c.UnwindTimeout = 5 * time.Second
+	}
+	if c.MaxSteps <= 0 {
+		c.MaxSteps = 32
+	}
+	if c.ToolTimeout <= 0 {
+		c.ToolTimeout = 2 * time.Minute
+	}
+	if c.PluginListTimeout <= 0 {
+		c.PluginListTimeout = 2 * time.Second
+	}
+	return c, nil
+}
 
 // Server implements sessionv1.SessionServiceServer.
 type Server struct {
 	sessionv1.UnimplementedSessionServiceServer
 
-	db  *pgxpool.Pool
-	log *zap.Logger
+	cfg       Config
+	log       *zap.Logger
+	store     *store
+	nc        *nats.Conn
+	providers map[string]ProviderFactory
+
+	// base is the parent of every turn's context; Shutdown cancels it
+	// with ErrShutdown.
+	base       context.Context
+	cancelBase context.CancelCauseFunc
+
+	// mu guards lives and closed; wg counts every turn goroutine, added
+	// under mu so none starts after Shutdown began waiting.
+	mu       sync.Mutex
+	lives    map[string]*liveSession
+	closed   bool
+	wg       sync.WaitGroup
+	stopOnce sync.Once
 }
 
-// New builds the service on its schema.
-func New(db *pgxpool.Pool, log *zap.Logger) *Server {
-	return &Server{db: db, log: log}
-}
-
-// Status lists the sessions that are open (idle or running).
-func (s *Server) Status(ctx context.Context, _ *sessionv1.StatusRequest) (*sessionv1.StatusResponse, error) {
-	rows, err := s.db.Query(ctx, "SELECT session_id FROM sessions WHERE state IN ('idle', 'running') ORDER BY updated_at DESC")
+// New builds the service on its schema and recovers from a previous
+// process that died with turns running: each such turn gets a visible
+// interruption marker and its turn_complete (cancelled), and its session
+// is idle again.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	cfg, err := cfg.withDefaults()
 	if err != nil {
-		return nil, fmt.Errorf("list open sessions: %w", err)
+		return nil, err
 	}
-	defer rows.Close()
-	resp := &sessionv1.StatusResponse{SessionIds: []string{}}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("list open sessions: %w", err)
+	s := &Server{
+		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB}, nc: cfg.NATS,
+		providers: defaultProviders(), lives: map[string]*liveSession{},
+	}
+	for name, f := range cfg.Providers {
+		s.providers[name] = f
+	}
+	s.base, s.cancelBase = context.WithCancelCause(context.Background())
+	if err := s.recover(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+const interruptedMarker = "[Turn interrupted: the session service stopped before it ended]"
+
+func (s *Server) recover(ctx context.Context) error {
+	turns, err := s.store.interruptedTurns(ctx)
+	if err != nil {
+		return err
+	}
+	for _, it := range turns {
+		row, err := s.store.session(ctx, it.SessionID)
+		if err != nil {
+			return fmt.Errorf("recover turn %s: %w", it.TurnID, err)
 		}
-		resp.SessionIds = append(resp.SessionIds, id)
+		if _, err := s.store.appendMessage(ctx, it.SessionID, roleSystem, interruptedMarker); err != nil {
+			return fmt.Errorf("recover turn %s: %w", it.TurnID, err)
+		}
+		res := turnResult{Outcome: OutcomeCancelled, StopReason: "interrupted"}
+		if err := s.store.finishTurn(ctx, it.SessionID, it.TurnID, res); err != nil {
+			return fmt.Errorf("recover turn %s: %w", it.TurnID, err)
+		}
+		f := fields{"turn_id": it.TurnID, "outcome": res.Outcome, "content": "", "stop_reason": res.StopReason}
+		if it.Generation != nil {
+			f["client_turn_generation"] = *it.Generation
+		}
+		s.publish(s.live(row), UpdateTurnComplete, f)
+		s.log.Info("interrupted turn recovered", zap.String("session_id", it.SessionID), zap.String("turn_id", it.TurnID))
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list open sessions: %w", err)
+	if err := s.store.recoverRunning(ctx); err != nil {
+		return err
 	}
-	resp.ActiveSessions = int64(len(resp.SessionIds))
-	return resp, nil
+	if len(turns) > 0 {
+		s.flush()
+	}
+	return nil
+}
+
+// Shutdown cancels every running turn (cause ErrShutdown), waits for them
+// to publish their turn_complete, and stores each session's last update
+// sequence so the next process continues it without a gap. Safe to call
+// more than once and from several goroutines; every call returns once the
+// first one finished.
+func (s *Server) Shutdown() {
+	s.stopOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		s.cancelBase(ErrShutdown)
+		s.wg.Wait()
+
+		s.mu.Lock()
+		lives := make([]*liveSession, 0, len(s.lives))
+		for _, ls := range s.lives {
+			lives = append(lives, ls)
+		}
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.UnwindTimeout)
+		defer cancel()
+		for _, ls := range lives {
+			ls.pubMu.Lock()
+			seq, reserved := ls.seq, ls.seqReserved
+			ls.pubMu.Unlock()
+			if seq == reserved {
+				continue
+			}
+			if err := s.store.releaseSeq(ctx, ls.id, seq, reserved); err != nil {
+				s.log.Warn("store update sequence", zap.String("session_id", ls.id), zap.Error(err))
+			}
+		}
+	})
 }

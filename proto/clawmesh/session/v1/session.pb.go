@@ -454,12 +454,14 @@ func (x *PromptRequest) GetElicitation() bool {
 }
 
 type PromptResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Outcome       string                 `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	StopReason    string                 `protobuf:"bytes,3,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
-	Content       string                 `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
-	TurnId        string                 `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// outcome is completed, cancelled or failed; content is the message text
+	// of the turn, or the failure message when it failed.
+	Outcome       string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	StopReason    string `protobuf:"bytes,3,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
+	Content       string `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
+	TurnId        string `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -720,10 +722,11 @@ func (x *ApproveRequest) GetSurface() string {
 }
 
 type ApproveResponse struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	SessionId    string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	RequestId    string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Acknowledged bool                   `protobuf:"varint,3,opt,name=acknowledged,proto3" json:"acknowledged,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// acknowledged is set when this decision was the one taken.
+	Acknowledged bool `protobuf:"varint,3,opt,name=acknowledged,proto3" json:"acknowledged,omitempty"`
 	// already_decided is set when an earlier decision won.
 	AlreadyDecided bool `protobuf:"varint,4,opt,name=already_decided,json=alreadyDecided,proto3" json:"already_decided,omitempty"`
 	unknownFields  protoimpl.UnknownFields
@@ -961,11 +964,13 @@ func (x *Message) GetContent() string {
 }
 
 type MessagesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
-	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Limit         int64                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
-	BeforeIndex   *int64                 `protobuf:"varint,4,opt,name=before_index,json=beforeIndex,proto3,oneof" json:"before_index,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// limit is how many rows to return, the last ones before before_index
+	// (or the end), oldest first: 0 means 50, at most 1000.
+	Limit         int64  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	BeforeIndex   *int64 `protobuf:"varint,4,opt,name=before_index,json=beforeIndex,proto3,oneof" json:"before_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1091,7 +1096,8 @@ func (x *MessagesResponse) GetTotal() int64 {
 type ListRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
-	Limit     int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// limit: 0 means 50, at most 1000; most recently active first.
+	Limit int64 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
 	// include_closed lists closed and killed sessions too (durable history).
 	IncludeClosed bool `protobuf:"varint,3,opt,name=include_closed,json=includeClosed,proto3" json:"include_closed,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1868,18 +1874,27 @@ func (x *StatusResponse) GetSessionIds() []string {
 	return nil
 }
 
-// Update is the payload published on NATS for one session/update
-// notification; fields is the JSON object of SPEC §5 without session_id.
+// Update is the payload published on NATS (subject
+// clawmesh.session.<session_id>.update) for one session/update
+// notification.
 type Update struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Type      string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
-	// seq orders updates within a session.
+	// type is the SPEC §5 update type, the same as json's "type".
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// seq is 1, 2, 3, ... within a session, one per update, in publish
+	// order; it is never reused, also across restarts of the service (after
+	// a crash it may skip numbers).
 	Seq int64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
-	// json is the update's params object as sent to clients.
+	// json is the exact params object of the session/update notification:
+	// session_id, type and the SPEC §5 fields in snake_case, plus the
+	// camelCase aliases sessionId, toolCallId, rawInput, rawOutput. Every
+	// update of a turn also carries turn_id; tool_result carries status
+	// (completed, failed, denied, cancelled); turn_complete carries
+	// stop_reason, and error when the outcome is failed.
 	Json string `protobuf:"bytes,4,opt,name=json,proto3" json:"json,omitempty"`
-	// connection_id, when set, limits delivery to one connection (asks
-	// addressed to the prompting client).
+	// connection_id, when set, limits delivery to one connection; the
+	// session service leaves it empty (every attached connection).
 	ConnectionId  string `protobuf:"bytes,5,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

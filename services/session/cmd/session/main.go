@@ -3,8 +3,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	"github.com/clawmesh/clawmesh/services/session"
 	"github.com/clawmesh/clawmesh/services/session/migrations"
@@ -16,9 +20,35 @@ func main() {
 		HealthNames: []string{sessionv1.SessionService_ServiceDesc.ServiceName},
 		Schema:      "session",
 		Migrations:  migrations.FS,
-		Register: func(_ context.Context, env *service.Env) error {
-			sessionv1.RegisterSessionServiceServer(env.Server.GRPC, session.New(env.DB, env.Log))
-			return nil
-		},
+		Register:    register,
 	})
+}
+
+func register(ctx context.Context, env *service.Env) error {
+	configConn, err := grpcclient.Dial(env.Peers.Config)
+	if err != nil {
+		return fmt.Errorf("config service: %w", err)
+	}
+	env.OnClose(func() { _ = configConn.Close() })
+	pluginConn, err := grpcclient.Dial(env.Peers.Plugin)
+	if err != nil {
+		return fmt.Errorf("plugin sandbox: %w", err)
+	}
+	env.OnClose(func() { _ = pluginConn.Close() })
+
+	srv, err := session.New(ctx, session.Config{
+		DB: env.DB, NATS: env.NATS, Log: env.Log, DataDir: env.DataDir,
+		Agents:  &session.ConfigAgents{Client: configv1.NewConfigServiceClient(configConn), Log: env.Log},
+		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
+	})
+	if err != nil {
+		return err
+	}
+	// On SIGTERM running turns are cancelled at once (each publishes its
+	// turn_complete), so the gRPC drain does not wait for long turns; the
+	// closer waits for them before NATS and the database close.
+	context.AfterFunc(ctx, srv.Shutdown)
+	env.OnClose(srv.Shutdown)
+	sessionv1.RegisterSessionServiceServer(env.Server.GRPC, srv)
+	return nil
 }

@@ -1,0 +1,225 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+// DefaultAgentAlias is the agent that exists out of the box.
+const DefaultAgentAlias = "default"
+
+// Defaults of an agent's settings.
+const (
+	DefaultApprovalTimeout = 120 * time.Second
+	DefaultProviderTimeout = 60 * time.Second
+)
+
+// AgentConfig is one agents.<alias> entry of the config document.
+type AgentConfig struct {
+	Alias string
+	// Provider names the provider: "scripted" or "openai".
+	Provider     string
+	Model        string
+	BaseURL      string
+	APIKey       string
+	SystemPrompt string
+	// Tools, when non-empty, limits the tools the agent is offered.
+	Tools []string
+	// ApprovalRequired lists the tools whose calls wait for a decision.
+	ApprovalRequired []string
+	// ApprovalTimeout is how long a call waits before it is denied
+	// (agents.<alias>.approval_timeout_secs).
+	ApprovalTimeout time.Duration
+	// Timeout bounds the wait for a provider's response and for each
+	// streamed chunk after it (agents.<alias>.timeout_secs).
+	Timeout time.Duration
+}
+
+// DefaultAgent is the built-in default agent: the scripted provider, no
+// tool needing approval.
+func DefaultAgent() AgentConfig {
+	return AgentConfig{Alias: DefaultAgentAlias, Provider: ProviderScripted}.withDefaults()
+}
+
+func (a AgentConfig) withDefaults() AgentConfig {
+	if a.ApprovalTimeout <= 0 {
+		a.ApprovalTimeout = DefaultApprovalTimeout
+	}
+	if a.Timeout <= 0 {
+		a.Timeout = DefaultProviderTimeout
+	}
+	return a
+}
+
+func (a AgentConfig) needsApproval(tool string) bool {
+	for _, t := range a.ApprovalRequired {
+		if t == tool || t == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+func (a AgentConfig) offers(tool string) bool {
+	if len(a.Tools) == 0 {
+		return true
+	}
+	for _, t := range a.Tools {
+		if t == tool {
+			return true
+		}
+	}
+	return false
+}
+
+// AgentSource resolves an agent alias to its settings. Agent returns an
+// error wrapping ErrUnknownAgent when the alias is not configured.
+type AgentSource interface {
+	Agent(ctx context.Context, alias string) (AgentConfig, error)
+}
+
+// StaticAgents is an in-memory AgentSource, for tests and demos. The
+// default agent exists unless the map overrides it.
+type StaticAgents struct {
+	mu     sync.RWMutex
+	agents map[string]AgentConfig
+}
+
+// NewStaticAgents builds a source holding agents (and the default one).
+func NewStaticAgents(agents ...AgentConfig) *StaticAgents {
+	s := &StaticAgents{agents: map[string]AgentConfig{DefaultAgentAlias: DefaultAgent()}}
+	for _, a := range agents {
+		s.Set(a)
+	}
+	return s
+}
+
+// Set adds or replaces one agent.
+func (s *StaticAgents) Set(a AgentConfig) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.agents[a.Alias] = a.withDefaults()
+}
+
+// Agent implements AgentSource.
+func (s *StaticAgents) Agent(_ context.Context, alias string) (AgentConfig, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	a, ok := s.agents[alias]
+	if !ok {
+		return AgentConfig{}, fmt.Errorf("%w: %s", ErrUnknownAgent, alias)
+	}
+	return a, nil
+}
+
+// ConfigAgents reads agents from the config service: Live for the masked
+// document (agents.<alias>.*), Reveal for agents.<alias>.api_key. It asks
+// on every call, so a turn always runs with the config in force when it
+// starts; the config service answers from memory.
+type ConfigAgents struct {
+	Client configv1.ConfigServiceClient
+	Log    *zap.Logger
+}
+
+// Agent implements AgentSource.
+func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, error) {
+	live, err := c.Client.Live(ctx, &configv1.LiveRequest{})
+	if err != nil {
+		if alias == DefaultAgentAlias && (status.Code(err) == codes.Unavailable || status.Code(err) == codes.Unimplemented) {
+			// The default agent needs nothing from the config; it keeps
+			// working while the config service restarts.
+			c.Log.Warn("config service unavailable, using the built-in default agent", zap.Error(err))
+			return DefaultAgent(), nil
+		}
+		return AgentConfig{}, fmt.Errorf("config service: %w", err)
+	}
+	doc := live.GetDocument().AsMap()
+	entry, found := lookupAgent(doc, alias)
+	if !found {
+		if alias == DefaultAgentAlias {
+			return DefaultAgent(), nil
+		}
+		return AgentConfig{}, fmt.Errorf("%w: %s", ErrUnknownAgent, alias)
+	}
+	a := parseAgent(alias, entry)
+	if a.Provider == ProviderOpenAI {
+		rev, err := c.Client.Reveal(ctx, &configv1.RevealRequest{Prop: "agents." + alias + ".api_key"})
+		switch {
+		case status.Code(err) == codes.Unimplemented || status.Code(err) == codes.NotFound:
+			// No key to reveal: local OpenAI-compatible servers need none.
+			c.Log.Warn("api_key not revealed, calling without one", zap.String("agent_alias", alias), zap.Error(err))
+		case err != nil:
+			return AgentConfig{}, fmt.Errorf("config service: reveal api_key: %w", err)
+		case rev.GetFound():
+			a.APIKey = rev.GetValue().GetStringValue()
+		}
+	}
+	return a, nil
+}
+
+// lookupAgent finds agents.<alias> in a document, nested or flat.
+func lookupAgent(doc map[string]any, alias string) (map[string]any, bool) {
+	if agents, ok := doc["agents"].(map[string]any); ok {
+		if entry, ok := agents[alias].(map[string]any); ok {
+			return entry, true
+		}
+	}
+	prefix := "agents." + alias + "."
+	entry := map[string]any{}
+	for k, v := range doc {
+		if rest, ok := strings.CutPrefix(k, prefix); ok {
+			entry[rest] = v
+		}
+	}
+	return entry, len(entry) > 0
+}
+
+func parseAgent(alias string, m map[string]any) AgentConfig {
+	a := AgentConfig{Alias: alias}
+	str := func(k string) string { s, _ := m[k].(string); return s }
+	list := func(k string) []string {
+		switch v := m[k].(type) {
+		case string:
+			if v == "" {
+				return nil
+			}
+			return []string{v}
+		case []any:
+			var out []string
+			for _, x := range v {
+				if s, ok := x.(string); ok && s != "" {
+					out = append(out, s)
+				}
+			}
+			return out
+		}
+		return nil
+	}
+	secs := func(k string) time.Duration {
+		if f, ok := m[k].(float64); ok && f > 0 {
+			return time.Duration(f * float64(time.Second))
+		}
+		return 0
+	}
+	a.Provider = str("provider")
+	if a.Provider == "" && alias == DefaultAgentAlias {
+		a.Provider = ProviderScripted
+	}
+	a.Model = str("model")
+	a.BaseURL = str("base_url")
+	a.SystemPrompt = str("system_prompt")
+	a.Tools = list("tools")
+	a.ApprovalRequired = list("approval_required")
+	a.ApprovalTimeout = secs("approval_timeout_secs")
+	a.Timeout = secs("timeout_secs")
+	return a.withDefaults()
+}

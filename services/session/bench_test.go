@@ -1,0 +1,205 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// benchPace is the interval between two chunks of one session, about a
+// fast model's token rate; sessions are paced so the figures are latency,
+// not the depth of a queue.
+const benchPace = time.Millisecond
+
+var benchEpoch = time.Now()
+
+func sinceEpoch() int64 { return int64(time.Since(benchEpoch)) }
+
+// pacedProvider streams as many chunks as its prompt says, one per
+// benchPace, each carrying the time it was produced.
+type pacedProvider struct{}
+
+func (pacedProvider) Step(ctx context.Context, req ProviderRequest, emit func(Chunk)) (StepResult, error) {
+	n, _ := strconv.Atoi(req.Messages[len(req.Messages)-1].Content)
+	tick := time.NewTicker(benchPace)
+	defer tick.Stop()
+	for i := 0; i < n; i++ {
+		select {
+		case <-ctx.Done():
+			return StepResult{}, ctx.Err()
+		case <-tick.C:
+		}
+		emit(Chunk{Text: strconv.FormatInt(sinceEpoch(), 10)})
+	}
+	return StepResult{}, nil
+}
+
+// latencies collects receive-minus-produce times.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(sent int64) {
+	d := time.Duration(sinceEpoch() - sent)
+	l.mu.Lock()
+	l.d = append(l.d, d)
+	l.mu.Unlock()
+}
+
+func (l *latencies) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.d)
+}
+
+func (l *latencies) report(b *testing.B) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slices.Sort(l.d)
+	pct := func(p float64) float64 {
+		if len(l.d) == 0 {
+			return 0
+		}
+		return float64(l.d[int(p*float64(len(l.d)-1))].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
+}
+
+func split(total, parts int) []int {
+	out := make([]int, parts)
+	for i := range out {
+		out[i] = total / parts
+		if i < total%parts {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// BenchmarkChunkToNATS measures a provider chunk's trip to a NATS
+// subscriber (the gateway's seat): the session service's publish path
+// (params JSON, Update protobuf, seq under the session's lock, publish)
+// and NATS, with 1, 10 and 100 sessions streaming at once. The baseline
+// in the same run publishes an Update of the same size directly from the
+// same number of goroutines at the same pace, and decodes it the same way.
+func BenchmarkChunkToNATS(b *testing.B) {
+	h := newHarness(b, func(c *Config) {
+		c.Providers = map[string]ProviderFactory{"paced": func(AgentConfig) (Provider, error) { return pacedProvider{}, nil }}
+	})
+	h.agents.Set(AgentConfig{Alias: "paced", Provider: "paced"})
+
+	for _, n := range []int{1, 10, 100} {
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = h.newSession(alice, "paced")
+		}
+		b.Run(fmt.Sprintf("session/sessions=%d", n), func(b *testing.B) {
+			lat := &latencies{}
+			sub, err := h.listen.Subscribe(UpdateSubjectWildcard, func(m *nats.Msg) {
+				u, err := DecodeUpdate(m.Data)
+				if err != nil || u.GetType() != UpdateMessageChunk {
+					return
+				}
+				var p struct {
+					Text string `json:"text"`
+				}
+				if json.Unmarshal([]byte(u.GetJson()), &p) == nil {
+					if sent, err := strconv.ParseInt(p.Text, 10, 64); err == nil {
+						lat.add(sent)
+					}
+				}
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sub.Unsubscribe()
+			_ = sub.SetPendingLimits(-1, -1)
+			_ = h.listen.Flush()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for i, count := range split(b.N, n) {
+				wg.Go(func() {
+					if count == 0 {
+						return
+					}
+					if _, err := h.srv.Prompt(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: ids[i], Prompt: strconv.Itoa(count)}); err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			eventually(b, func() error {
+				if got := lat.count(); got < b.N {
+					return fmt.Errorf("%d of %d chunks received", got, b.N)
+				}
+				return nil
+			})
+			b.StopTimer()
+			lat.report(b)
+		})
+
+		b.Run(fmt.Sprintf("bare-nats/publishers=%d", n), func(b *testing.B) {
+			lat := &latencies{}
+			sub, err := h.listen.Subscribe("bench.*.update", func(m *nats.Msg) {
+				var u sessionv1.Update
+				if proto.Unmarshal(m.Data, &u) != nil {
+					return
+				}
+				var p struct {
+					Text string `json:"text"`
+				}
+				if json.Unmarshal([]byte(u.GetJson()), &p) == nil {
+					if sent, err := strconv.ParseInt(p.Text, 10, 64); err == nil {
+						lat.add(sent)
+					}
+				}
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sub.Unsubscribe()
+			_ = sub.SetPendingLimits(-1, -1)
+			_ = h.listen.Flush()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for i, count := range split(b.N, n) {
+				wg.Go(func() {
+					subject := "bench." + ids[i] + ".update"
+					tick := time.NewTicker(benchPace)
+					defer tick.Stop()
+					for k := 0; k < count; k++ {
+						<-tick.C
+						body := fmt.Sprintf(`{"session_id":%q,"sessionId":%q,"type":"agent_message_chunk","turn_id":"turn_000000000000000000000000","text":%q}`,
+							ids[i], ids[i], strconv.FormatInt(sinceEpoch(), 10))
+						data, _ := proto.Marshal(&sessionv1.Update{SessionId: ids[i], Type: UpdateMessageChunk, Seq: int64(k + 1), Json: body})
+						if err := h.nc.Publish(subject, data); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			eventually(b, func() error {
+				if got := lat.count(); got < b.N {
+					return fmt.Errorf("%d of %d messages received", got, b.N)
+				}
+				return nil
+			})
+			b.StopTimer()
+			lat.report(b)
+		})
+	}
+}

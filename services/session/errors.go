@@ -1,0 +1,69 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+)
+
+// Causes a turn's context is cancelled with; context.Cause tells them apart
+// in logs. Every one of them ends the turn with outcome cancelled.
+var (
+	// ErrCancelRequested: session/cancel.
+	ErrCancelRequested = errors.New("turn cancelled by session/cancel")
+	// ErrConnectionClosed: the prompting connection closed or stalled.
+	ErrConnectionClosed = errors.New("prompting connection closed")
+	// ErrCallerGone: the Prompt RPC's own context ended.
+	ErrCallerGone = errors.New("prompt call ended")
+	// ErrSessionEnded: the session was closed, killed or deleted.
+	ErrSessionEnded = errors.New("session closed")
+	// ErrShutdown: the service is stopping.
+	ErrShutdown = errors.New("session service shutting down")
+)
+
+// Errors of the agent loop; a turn that meets one ends as failed with the
+// error's text as its message.
+var (
+	// ErrProvider wraps a provider's failure (HTTP status, bad stream,
+	// timeout, a scripted /fail).
+	ErrProvider = errors.New("provider failed")
+	// ErrUnknownProvider: agents.<alias>.provider names no provider.
+	ErrUnknownProvider = errors.New("unknown provider")
+	// ErrUnknownAgent: the alias is not in the config document.
+	ErrUnknownAgent = errors.New("unknown agent")
+	// ErrTooManySteps: the provider kept asking for tools past the limit.
+	ErrTooManySteps = errors.New("too many tool rounds")
+)
+
+// Refusals, as gRPC statuses the edge maps with internal/rpcerr.
+
+func errSessionNotFound(id string) error {
+	return rpcerr.Error(codes.NotFound, rpcerr.ReasonSessionNotFound, rpcerr.NoIndex, fmt.Sprintf("Session %s not found", id))
+}
+
+func errSessionNotOwned(id string) error {
+	return rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonSessionNotOwned, rpcerr.NoIndex, fmt.Sprintf("Session %s belongs to another principal", id))
+}
+
+func errSessionBusy(id string) error {
+	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, fmt.Sprintf("Session %s is running a turn", id))
+}
+
+func errSessionEnded(id, state string) error {
+	msg := fmt.Sprintf("Session %s is closed; resume it with session/new and its session_id", id)
+	if state == stateKilled {
+		msg = fmt.Sprintf("Session %s was killed and cannot be used again", id)
+	}
+	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonConflict, rpcerr.NoIndex, msg)
+}
+
+func errInvalid(msg string) error {
+	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, msg)
+}
+
+func errUnknownApproval(id string) error {
+	return rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, rpcerr.NoIndex, fmt.Sprintf("Unknown approval request `%s`", id))
+}

@@ -1,0 +1,291 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/pg"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	"github.com/clawmesh/clawmesh/services/session/migrations"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var (
+	operator = &configv1.Principal{PrincipalId: "shared-operator", Operator: true}
+	alice    = &configv1.Principal{PrincipalId: "user:alice", User: "alice"}
+	bob      = &configv1.Principal{PrincipalId: "user:bob", User: "bob"}
+)
+
+// wait is the longest any test waits for something to happen.
+const wait = 15 * time.Second
+
+// harness is a session Server on a fresh database and NATS server, with a
+// NATS connection of its own for the test to listen with.
+type harness struct {
+	t       testing.TB
+	dbURL   string
+	dataDir string
+	nc      *nats.Conn // the server's
+	listen  *nats.Conn // the test's
+	agents  *StaticAgents
+	cfg     Config
+	srv     *Server
+	pool    *pgxpool.Pool
+}
+
+func newHarness(t testing.TB, tweak ...func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, dbURL: testenv.Postgres(t), dataDir: t.TempDir(), agents: NewStaticAgents()}
+	natsURL := testenv.NATS(t)
+	var err error
+	if h.nc, err = nats.Connect(natsURL); err != nil {
+		t.Fatalf("nats: %v", err)
+	}
+	t.Cleanup(h.nc.Close)
+	if h.listen, err = nats.Connect(natsURL); err != nil {
+		t.Fatalf("nats: %v", err)
+	}
+	t.Cleanup(h.listen.Close)
+	h.cfg = Config{NATS: h.nc, Log: testenv.Logger(t), DataDir: h.dataDir, Agents: h.agents, UnwindTimeout: 5 * time.Second}
+	for _, f := range tweak {
+		f(&h.cfg)
+	}
+	h.start()
+	return h
+}
+
+// start opens a new pool and a new Server on the harness's database.
+func (h *harness) start() {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pg.Open(ctx, h.dbURL, "session", migrations.FS, h.cfg.Log)
+	if err != nil {
+		h.t.Fatalf("open database: %v", err)
+	}
+	h.pool = pool
+	h.cfg.DB = pool
+	srv, err := New(ctx, h.cfg)
+	if err != nil {
+		h.t.Fatalf("new server: %v", err)
+	}
+	h.srv = srv
+	h.t.Cleanup(func() { srv.Shutdown(); pool.Close() })
+}
+
+// restart stops the Server and builds a new one on the same database, as
+// a restart of the process would.
+func (h *harness) restart() {
+	h.t.Helper()
+	h.srv.Shutdown()
+	h.pool.Close()
+	h.start()
+}
+
+func (h *harness) newSession(p *configv1.Principal, alias string) string {
+	h.t.Helper()
+	resp, err := h.srv.NewSession(context.Background(), &sessionv1.NewSessionRequest{Principal: p, AgentAlias: alias})
+	if err != nil {
+		h.t.Fatalf("new session: %v", err)
+	}
+	return resp.GetSessionId()
+}
+
+type promptResult struct {
+	resp *sessionv1.PromptResponse
+	err  error
+}
+
+// promptAsync runs Prompt in a goroutine the test waits for at cleanup.
+func (h *harness) promptAsync(ctx context.Context, req *sessionv1.PromptRequest) <-chan promptResult {
+	ch := make(chan promptResult, 1)
+	go func() {
+		resp, err := h.srv.Prompt(ctx, req)
+		ch <- promptResult{resp, err}
+	}()
+	return ch
+}
+
+func (h *harness) prompt(p *configv1.Principal, id, text string) *sessionv1.PromptResponse {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	resp, err := h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: p, SessionId: id, Prompt: text})
+	if err != nil {
+		h.t.Fatalf("prompt: %v", err)
+	}
+	return resp
+}
+
+func await[T any](t testing.TB, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(wait):
+		t.Fatalf("nothing after %v", wait)
+		panic("unreachable")
+	}
+}
+
+func (h *harness) state(p *configv1.Principal, id string) string {
+	h.t.Helper()
+	st, err := h.srv.State(context.Background(), &sessionv1.StateRequest{Principal: p, SessionId: id})
+	if err != nil {
+		h.t.Fatalf("state: %v", err)
+	}
+	return st.GetState()
+}
+
+// update is one received session update with its params decoded.
+type update struct {
+	Seq    int64
+	Type   string
+	Params map[string]any
+}
+
+func (u update) str(k string) string { s, _ := u.Params[k].(string); return s }
+
+// recorder collects the updates of one session as a gateway would.
+type recorder struct {
+	t   testing.TB
+	sub *nats.Subscription
+	ch  chan *nats.Msg
+}
+
+func (h *harness) record(id string) *recorder {
+	h.t.Helper()
+	r := &recorder{t: h.t, ch: make(chan *nats.Msg, 4096)}
+	var err error
+	if r.sub, err = h.listen.ChanSubscribe(UpdateSubject(id), r.ch); err != nil {
+		h.t.Fatalf("subscribe: %v", err)
+	}
+	if err := h.listen.Flush(); err != nil {
+		h.t.Fatalf("flush: %v", err)
+	}
+	h.t.Cleanup(func() { _ = r.sub.Unsubscribe() })
+	return r
+}
+
+func (r *recorder) next() update {
+	r.t.Helper()
+	select {
+	case m := <-r.ch:
+		u, err := DecodeUpdate(m.Data)
+		if err != nil {
+			r.t.Fatalf("decode: %v", err)
+		}
+		var params map[string]any
+		if err := json.Unmarshal([]byte(u.GetJson()), &params); err != nil {
+			r.t.Fatalf("update json %q: %v", u.GetJson(), err)
+		}
+		if params["type"] != u.GetType() || params["session_id"] != u.GetSessionId() || params["sessionId"] != u.GetSessionId() {
+			r.t.Fatalf("update params %v disagree with the envelope %v", params, u)
+		}
+		if u.GetConnectionId() != "" {
+			r.t.Fatalf("update addressed to a connection: %v", u)
+		}
+		return update{Seq: u.GetSeq(), Type: u.GetType(), Params: params}
+	case <-time.After(wait):
+		r.t.Fatalf("no update after %v", wait)
+		panic("unreachable")
+	}
+}
+
+// until collects updates up to and including the first of type typ.
+func (r *recorder) until(typ string) []update {
+	r.t.Helper()
+	var out []update
+	for {
+		u := r.next()
+		out = append(out, u)
+		if u.Type == typ {
+			return out
+		}
+	}
+}
+
+// quiet fails if another update arrives within a short while; used after
+// turn_complete to prove it was the last one. Absence can only be checked
+// for a while: this is not a timing assertion on the service.
+func (r *recorder) quiet(d time.Duration) {
+	r.t.Helper()
+	select {
+	case m := <-r.ch:
+		u, _ := DecodeUpdate(m.Data)
+		r.t.Fatalf("unexpected update %s: %s", u.GetType(), u.GetJson())
+	case <-time.After(d):
+	}
+}
+
+// checkSeq fails unless the updates' seq numbers follow each other.
+func checkSeq(t testing.TB, us []update) {
+	t.Helper()
+	for i := 1; i < len(us); i++ {
+		if us[i].Seq != us[i-1].Seq+1 {
+			t.Fatalf("seq %d follows %d", us[i].Seq, us[i-1].Seq)
+		}
+	}
+}
+
+func types(us []update) string {
+	var b strings.Builder
+	for i, u := range us {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(u.Type)
+	}
+	return b.String()
+}
+
+func texts(us []update, typ string) []string {
+	var out []string
+	for _, u := range us {
+		if u.Type == typ {
+			out = append(out, u.str("text"))
+		}
+	}
+	return out
+}
+
+// wantRefusal fails unless err is a status with code and reason.
+func wantRefusal(t testing.TB, err error, code codes.Code, reason, msgPart string) {
+	t.Helper()
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		t.Fatalf("want %v %s, got %v", code, reason, err)
+	}
+	got, _ := rpcerr.Details(st)
+	if st.Code() != code || got != reason || !strings.Contains(st.Message(), msgPart) {
+		t.Fatalf("want %v %s %q, got %v %s %q", code, reason, msgPart, st.Code(), got, st.Message())
+	}
+}
+
+// eventually polls fn until it returns nil.
+func eventually(t testing.TB, fn func() error) {
+	t.Helper()
+	testenv.Eventually(t, wait, 10*time.Millisecond, fn)
+}
+
+func stateIs(h *harness, p *configv1.Principal, id, want string) func() error {
+	return func() error {
+		if got := h.state(p, id); got != want {
+			return fmt.Errorf("state %s, want %s", got, want)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,299 @@
+package session
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultOpenAIBaseURL is used when agents.<alias>.base_url is empty.
+const DefaultOpenAIBaseURL = "https://api.openai.com/v1"
+
+// maxSSELine bounds one line of the event stream.
+const maxSSELine = 4 << 20
+
+// openAIClient is shared by every openai provider: no overall timeout
+// (responses stream for as long as the model writes); the agent's timeout
+// bounds the wait for each piece instead.
+var openAIClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+
+// openAI talks to any OpenAI-compatible chat completions endpoint,
+// streaming over server-sent events, with tool calling.
+type openAI struct {
+	url, model, apiKey string
+	timeout            time.Duration
+}
+
+func newOpenAI(a AgentConfig) (Provider, error) {
+	if a.Model == "" {
+		return nil, providerErrorf("Agent `%s` uses the openai provider but agents.%s.model is not set", a.Alias, a.Alias)
+	}
+	base := a.BaseURL
+	if base == "" {
+		base = DefaultOpenAIBaseURL
+	}
+	return &openAI{url: strings.TrimRight(base, "/") + "/chat/completions", model: a.Model, apiKey: a.APIKey, timeout: a.Timeout}, nil
+}
+
+// Wire shapes of the chat completions API.
+type (
+	oaMessage struct {
+		Role       string       `json:"role"`
+		Content    *string      `json:"content"`
+		ToolCalls  []oaToolCall `json:"tool_calls,omitempty"`
+		ToolCallID string       `json:"tool_call_id,omitempty"`
+		Name       string       `json:"name,omitempty"`
+	}
+	oaToolCall struct {
+		Index    *int   `json:"index,omitempty"`
+		ID       string `json:"id,omitempty"`
+		Type     string `json:"type,omitempty"`
+		Function struct {
+			Name      string `json:"name,omitempty"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	oaTool struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name        string          `json:"name"`
+			Description string          `json:"description,omitempty"`
+			Parameters  json.RawMessage `json:"parameters,omitempty"`
+		} `json:"function"`
+	}
+	oaRequest struct {
+		Model    string      `json:"model"`
+		Messages []oaMessage `json:"messages"`
+		Tools    []oaTool    `json:"tools,omitempty"`
+		Stream   bool        `json:"stream"`
+	}
+	oaChunk struct {
+		Choices []struct {
+			Delta struct {
+				Content          string       `json:"content"`
+				ReasoningContent string       `json:"reasoning_content"`
+				Reasoning        string       `json:"reasoning"`
+				ToolCalls        []oaToolCall `json:"tool_calls"`
+			} `json:"delta"`
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+		Error *oaError `json:"error"`
+	}
+	oaError struct {
+		Message string `json:"message"`
+	}
+)
+
+var errIdle = errors.New("provider idle")
+
+func (p *openAI) Step(ctx context.Context, req ProviderRequest, emit func(Chunk)) (StepResult, error) {
+	body, err := json.Marshal(p.request(req))
+	if err != nil {
+		return StepResult{}, fmt.Errorf("encode chat request: %w", err)
+	}
+	// The request is cancelled with errIdle when nothing arrives for the
+	// agent's timeout: first the response head, then each line.
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	idle := time.AfterFunc(p.timeout, func() { cancel(errIdle) })
+	defer idle.Stop()
+	timedOut := func(err error) error {
+		if ctx.Err() == nil && errors.Is(context.Cause(rctx), errIdle) {
+			return providerErrorf("openai provider: no response from %s within %s", p.url, p.timeout)
+		}
+		return err
+	}
+
+	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, p.url, bytes.NewReader(body))
+	if err != nil {
+		return StepResult{}, providerErrorf("openai provider: bad base_url: %v", err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "text/event-stream")
+	if p.apiKey != "" {
+		hreq.Header.Set("Authorization", "Bearer "+p.apiKey)
+	}
+	resp, err := openAIClient.Do(hreq)
+	if err != nil {
+		if ctx.Err() != nil {
+			return StepResult{}, ctx.Err()
+		}
+		return StepResult{}, timedOut(providerErrorf("openai provider: request to %s failed: %v", p.url, unwrapURLError(err)))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return StepResult{}, timedOut(httpFailure(resp))
+	}
+	idle.Reset(p.timeout)
+
+	calls := map[int]*ToolCall{}
+	var finish string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), maxSSELine)
+	done := false
+	for !done && sc.Scan() {
+		idle.Reset(p.timeout)
+		line := strings.TrimRight(sc.Text(), "\r")
+		data, ok := strings.CutPrefix(line, "data:")
+		if !ok {
+			continue // blank separators, comments, event: and id: lines
+		}
+		data = strings.TrimSpace(data)
+		if data == "[DONE]" {
+			done = true
+			break
+		}
+		var c oaChunk
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			return StepResult{}, providerErrorf("openai provider: malformed stream event: %v", err)
+		}
+		if c.Error != nil {
+			return StepResult{}, providerErrorf("openai provider: %s", c.Error.Message)
+		}
+		for _, ch := range c.Choices {
+			if t := ch.Delta.ReasoningContent + ch.Delta.Reasoning; t != "" {
+				emit(Chunk{Thought: true, Text: t})
+			}
+			if ch.Delta.Content != "" {
+				emit(Chunk{Text: ch.Delta.Content})
+			}
+			for i, tc := range ch.Delta.ToolCalls {
+				idx := i
+				if tc.Index != nil {
+					idx = *tc.Index
+				}
+				call := calls[idx]
+				if call == nil {
+					call = &ToolCall{}
+					calls[idx] = call
+				}
+				if tc.ID != "" {
+					call.ID = tc.ID
+				}
+				call.Name += tc.Function.Name
+				call.Arguments += tc.Function.Arguments
+			}
+			if ch.FinishReason != nil && *ch.FinishReason != "" {
+				finish = *ch.FinishReason
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		if ctx.Err() != nil {
+			return StepResult{}, ctx.Err()
+		}
+		return StepResult{}, timedOut(providerErrorf("openai provider: reading the stream failed: %v", err))
+	}
+	if !done && finish == "" {
+		return StepResult{}, providerErrorf("openai provider: the stream ended before the response was complete")
+	}
+
+	res := StepResult{StopReason: stopReason(finish)}
+	idxs := make([]int, 0, len(calls))
+	for i := range calls {
+		idxs = append(idxs, i)
+	}
+	sort.Ints(idxs)
+	for n, i := range idxs {
+		c := *calls[i]
+		if c.ID == "" {
+			c.ID = "call_" + strconv.Itoa(n)
+		}
+		res.ToolCalls = append(res.ToolCalls, c)
+	}
+	return res, nil
+}
+
+func (p *openAI) request(req ProviderRequest) oaRequest {
+	out := oaRequest{Model: p.model, Stream: true}
+	for _, m := range req.Messages {
+		content := m.Content
+		om := oaMessage{Role: m.Role, Content: &content}
+		switch m.Role {
+		case roleAssistant:
+			if content == "" && len(m.ToolCalls) > 0 {
+				om.Content = nil
+			}
+			for _, c := range m.ToolCalls {
+				var tc oaToolCall
+				tc.ID, tc.Type = c.ID, "function"
+				tc.Function.Name, tc.Function.Arguments = c.Name, c.Arguments
+				om.ToolCalls = append(om.ToolCalls, tc)
+			}
+		case roleTool:
+			om.ToolCallID = m.ToolCallID
+		}
+		out.Messages = append(out.Messages, om)
+	}
+	for _, t := range req.Tools {
+		var ot oaTool
+		ot.Type = "function"
+		ot.Function.Name, ot.Function.Description, ot.Function.Parameters = t.Name, t.Description, t.Parameters
+		out.Tools = append(out.Tools, ot)
+	}
+	return out
+}
+
+func stopReason(finish string) string {
+	switch finish {
+	case "", "stop":
+		return stopEndTurn
+	case "tool_calls", "function_call":
+		return stopToolUse
+	case "length":
+		return "max_tokens"
+	}
+	return finish
+}
+
+// httpFailure describes a refused request with the server's own message
+// when it gives one.
+func httpFailure(resp *http.Response) error {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<10))
+	var e struct {
+		Error json.RawMessage `json:"error"`
+	}
+	msg := ""
+	if json.Unmarshal(raw, &e) == nil && len(e.Error) > 0 {
+		var obj oaError
+		if json.Unmarshal(e.Error, &obj) == nil && obj.Message != "" {
+			msg = obj.Message
+		} else {
+			var s string
+			if json.Unmarshal(e.Error, &s) == nil {
+				msg = s
+			}
+		}
+	}
+	if msg == "" {
+		msg = strings.TrimSpace(string(raw))
+		if len(msg) > 200 {
+			msg = msg[:200] + "…"
+		}
+	}
+	if msg == "" {
+		msg = http.StatusText(resp.StatusCode)
+	}
+	return providerErrorf("openai provider: HTTP %d: %s", resp.StatusCode, msg)
+}
+
+// unwrapURLError drops net/http's "Post URL:" prefix, the message names
+// the URL already.
+func unwrapURLError(err error) error {
+	var ue interface{ Unwrap() error }
+	if errors.As(err, &ue) {
+		if inner := ue.Unwrap(); inner != nil {
+			return inner
+		}
+	}
+	return err
+}

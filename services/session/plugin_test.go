@@ -1,0 +1,137 @@
+package session
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+)
+
+// sandbox is a plugin sandbox over real gRPC with two tools: shout works,
+// broken fails the way a trapped guest does, crash the way a refused
+// call does.
+type sandbox struct {
+	pluginv1.UnimplementedPluginServiceServer
+}
+
+func (sandbox) ListTools(context.Context, *pluginv1.ListToolsRequest) (*pluginv1.ListToolsResponse, error) {
+	return &pluginv1.ListToolsResponse{Tools: []*pluginv1.Tool{
+		{Name: "shout", Description: "upper-cases", ParametersSchemaJson: `{"type":"object"}`, PluginKey: "p"},
+		{Name: "broken", PluginKey: "p"},
+		{Name: "crash", PluginKey: "p"},
+		{Name: "echo", Description: "a plugin may not shadow a built-in", PluginKey: "p"},
+	}}, nil
+}
+
+func (sandbox) ExecuteTool(_ context.Context, req *pluginv1.ExecuteToolRequest) (*pluginv1.ExecuteToolResponse, error) {
+	switch req.GetToolName() {
+	case "shout":
+		return &pluginv1.ExecuteToolResponse{Success: true, Output: strings.ToUpper(req.GetArgumentsJson()) + " by " + req.GetPrincipal().GetPrincipalId()}, nil
+	case "broken":
+		return &pluginv1.ExecuteToolResponse{Success: false, Error: "fuel exhausted"}, nil
+	case "echo":
+		return &pluginv1.ExecuteToolResponse{Success: true, Output: "the plugin's echo ran"}, nil
+	}
+	return nil, status.Error(codes.ResourceExhausted, "the plugin sandbox is running its maximum number of instances; retry later")
+}
+
+func serveSandbox(t *testing.T, impl pluginv1.PluginServiceServer) string {
+	sock := filepath.Join(t.TempDir(), "plugin.sock")
+	gs := grpcserver.New(testenv.Logger(t), 0)
+	if impl != nil {
+		pluginv1.RegisterPluginServiceServer(gs.GRPC, impl)
+	}
+	lis, err := grpcserver.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gs.Serve(ctx, lis) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return sock
+}
+
+func pluginClient(t *testing.T, addr string) pluginv1.PluginServiceClient {
+	cc, err := grpcclient.Dial(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return pluginv1.NewPluginServiceClient(cc)
+}
+
+// Plugin tools run through the sandbox; their failures are failed
+// results, never failed turns; a built-in keeps its name.
+func TestPluginTools(t *testing.T) {
+	client := pluginClient(t, serveSandbox(t, sandbox{}))
+	h := newHarness(t, func(c *Config) { c.Plugins = client })
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	resp := h.prompt(alice, id, "/tool shout {\"a\":\"b\"}\n/tool broken\n/tool crash\n/tool echo {\"e\":1}\n/say end")
+	if resp.GetOutcome() != OutcomeCompleted || resp.GetContent() != "end " {
+		t.Fatalf("prompt %v", resp)
+	}
+	var results []update
+	for _, u := range rec.until(UpdateTurnComplete) {
+		if u.Type == UpdateToolResult {
+			results = append(results, u)
+		}
+	}
+	want := []struct{ status, output string }{
+		{toolCompleted, `{"A":"B"} by user:alice`},
+		{toolFailed, "Tool broken failed: fuel exhausted"},
+		{toolFailed, "Tool crash failed: the plugin sandbox is running its maximum number of instances; retry later"},
+		{toolCompleted, `{"e":1}`},
+	}
+	if len(results) != len(want) {
+		t.Fatalf("results %v", results)
+	}
+	for i, w := range want {
+		if results[i].str("status") != w.status || results[i].str("raw_output") != w.output {
+			t.Fatalf("result %d: %v, want %+v", i, results[i].Params, w)
+		}
+	}
+}
+
+// A sandbox that is not there yet, or does not implement the service,
+// means no plugin tools: built-ins still work.
+func TestPluginSandboxMissing(t *testing.T) {
+	for name, addr := range map[string]string{
+		"unavailable":   filepath.Join(t.TempDir(), "nobody.sock"),
+		"unimplemented": serveSandbox(t, nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			client := pluginClient(t, addr)
+			h := newHarness(t, func(c *Config) { c.Plugins = client })
+			id := h.newSession(alice, "default")
+			resp := h.prompt(alice, id, "/tool shout {}\n/tool echo {\"ok\":true}\n/say end")
+			if resp.GetOutcome() != OutcomeCompleted || resp.GetContent() != "end " {
+				t.Fatalf("prompt %v", resp)
+			}
+			var rows []string
+			r, err := h.pool.Query(context.Background(), "SELECT name || '=' || status FROM tool_calls WHERE session_id = $1 ORDER BY name DESC", id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r.Next() {
+				var s string
+				_ = r.Scan(&s)
+				rows = append(rows, s)
+			}
+			if strings.Join(rows, ",") != "shout=failed,echo=completed" {
+				t.Fatalf("tool calls %v", rows)
+			}
+		})
+	}
+}

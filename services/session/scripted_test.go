@@ -1,0 +1,69 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+// The scripted provider's rules, step by step.
+func TestScriptedProvider(t *testing.T) {
+	user := func(text string, toolResults int) []ChatMessage {
+		msgs := []ChatMessage{{Role: roleUser, Content: "an older prompt\n/tool echo {}"}, {Role: roleAssistant, Content: "x"}, {Role: roleUser, Content: text}}
+		for i := 0; i < toolResults; i++ {
+			msgs = append(msgs, ChatMessage{Role: roleAssistant}, ChatMessage{Role: roleTool, Content: "out"})
+		}
+		return msgs
+	}
+	cases := []struct {
+		name    string
+		msgs    []ChatMessage
+		chunks  []Chunk
+		calls   []ToolCall
+		failure string
+	}{
+		{name: "say splits at spaces", msgs: user("/say Hello  big world ", 0),
+			chunks: []Chunk{{Text: "Hello "}, {Text: "big "}, {Text: "world "}}},
+		{name: "other lines are said", msgs: user("just text\r\n\n/unknown cmd", 0),
+			chunks: []Chunk{{Text: "just "}, {Text: "text "}, {Text: "/unknown "}, {Text: "cmd "}}},
+		{name: "think is one chunk", msgs: user("/think a b c\n/say x", 0),
+			chunks: []Chunk{{Thought: true, Text: "a b c"}, {Text: "x "}}},
+		{name: "tool ends the step", msgs: user("/say a\n/tool echo {\"k\": 1}\n/say b", 0),
+			chunks: []Chunk{{Text: "a "}}, calls: []ToolCall{{ID: "scripted_0", Name: "echo", Arguments: `{"k": 1}`}}},
+		{name: "resumes after the tool", msgs: user("/say a\n/tool echo {\"k\": 1}\n/say b\n/tool other\n/say c", 1),
+			chunks: []Chunk{{Text: "b "}}, calls: []ToolCall{{ID: "scripted_1", Name: "other", Arguments: "{}"}}},
+		{name: "last step", msgs: user("/say a\n/tool echo {}\n/say b\n/tool other\n/say c", 2),
+			chunks: []Chunk{{Text: "c "}}},
+		{name: "fail", msgs: user("/say a\n/fail it broke\n/say b", 0),
+			chunks: []Chunk{{Text: "a "}}, failure: "it broke"},
+		{name: "bad sleep is said", msgs: user("/sleep soon", 0),
+			chunks: []Chunk{{Text: "/sleep "}, {Text: "soon "}}},
+		{name: "no user message", msgs: nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []Chunk
+			res, err := scripted{}.Step(context.Background(), ProviderRequest{Messages: tc.msgs}, func(c Chunk) { got = append(got, c) })
+			if tc.failure != "" {
+				if err == nil || err.Error() != tc.failure || !errors.Is(err, ErrProvider) {
+					t.Fatalf("err %v, want %q", err, tc.failure)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.chunks) {
+				t.Fatalf("chunks %+v, want %+v", got, tc.chunks)
+			}
+			if !reflect.DeepEqual(res.ToolCalls, tc.calls) {
+				t.Fatalf("calls %v, want %v", res.ToolCalls, tc.calls)
+			}
+		})
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := (scripted{}).Step(ctx, ProviderRequest{Messages: user("/sleep 60000", 0)}, func(Chunk) {}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled sleep: %v", err)
+	}
+}

@@ -1,0 +1,365 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Session states as stored and as session/state reports them.
+const (
+	stateIdle    = "idle"
+	stateRunning = "running"
+	stateClosed  = "closed"
+	stateKilled  = "killed"
+)
+
+// Transcript roles.
+const (
+	roleUser      = "user"
+	roleAssistant = "assistant"
+	roleTool      = "tool"
+	roleSystem    = "system"
+)
+
+// errNoRow is what the store returns for a missing session or approval.
+var errNoRow = errors.New("no such row")
+
+// store is the session schema: every SQL statement of the service lives
+// here. Nobody else reads these tables.
+type store struct {
+	db *pgxpool.Pool
+}
+
+type sessionRow struct {
+	ID            string
+	AgentAlias    string
+	Owner         string
+	State         string
+	Generation    int64
+	Surface       string
+	WorkspaceDir  string
+	Title         string
+	Cwd           string
+	MessageCount  int64
+	UpdateSeq     int64
+	AlwaysAllowed []string
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+const sessionColumns = `session_id, agent_alias, owner, state, generation, interaction_surface, workspace_dir,
+	title, cwd, message_count, update_seq, always_allowed, created_at, updated_at`
+
+func scanSession(row pgx.Row) (sessionRow, error) {
+	var r sessionRow
+	err := row.Scan(&r.ID, &r.AgentAlias, &r.Owner, &r.State, &r.Generation, &r.Surface, &r.WorkspaceDir,
+		&r.Title, &r.Cwd, &r.MessageCount, &r.UpdateSeq, &r.AlwaysAllowed, &r.CreatedAt, &r.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, errNoRow
+	}
+	return r, err
+}
+
+func (st *store) session(ctx context.Context, id string) (sessionRow, error) {
+	r, err := scanSession(st.db.QueryRow(ctx, "SELECT "+sessionColumns+" FROM sessions WHERE session_id = $1", id))
+	if err != nil && !errors.Is(err, errNoRow) {
+		return r, fmt.Errorf("read session: %w", err)
+	}
+	return r, err
+}
+
+// createSession inserts a new idle session; it reports false when the id
+// is taken.
+func (st *store) createSession(ctx context.Context, r sessionRow) (bool, error) {
+	tag, err := st.db.Exec(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
+		VALUES ($1, $2, $3, 'idle', $4, $5, $6) ON CONFLICT (session_id) DO NOTHING`,
+		r.ID, r.AgentAlias, r.Owner, r.Surface, r.WorkspaceDir, r.Cwd)
+	if err != nil {
+		return false, fmt.Errorf("create session: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// reopen makes a closed (or idle) session idle again in a new generation.
+func (st *store) reopen(ctx context.Context, id, cwd string) (sessionRow, error) {
+	r, err := scanSession(st.db.QueryRow(ctx, `UPDATE sessions SET state = 'idle', generation = generation + 1,
+		cwd = CASE WHEN $2 = '' THEN cwd ELSE $2 END, updated_at = now()
+		WHERE session_id = $1 AND state IN ('idle', 'closed') RETURNING `+sessionColumns, id, cwd))
+	if err != nil && !errors.Is(err, errNoRow) {
+		return r, fmt.Errorf("reopen session: %w", err)
+	}
+	return r, err
+}
+
+// setState moves a session to state when it is in one of from; it reports
+// whether it did.
+func (st *store) setState(ctx context.Context, id, state string, from ...string) (bool, error) {
+	tag, err := st.db.Exec(ctx, "UPDATE sessions SET state = $2, updated_at = now() WHERE session_id = $1 AND state = ANY($3)", id, state, from)
+	if err != nil {
+		return false, fmt.Errorf("set session state: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+func (st *store) deleteSession(ctx context.Context, id string) (bool, error) {
+	tag, err := st.db.Exec(ctx, "DELETE FROM sessions WHERE session_id = $1", id)
+	if err != nil {
+		return false, fmt.Errorf("delete session: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// listSessions lists sessions newest first: the owner's, or everyone's
+// when owner is empty (the operator).
+func (st *store) listSessions(ctx context.Context, owner string, limit int64, includeClosed bool) ([]sessionRow, error) {
+	states := []string{stateIdle, stateRunning}
+	if includeClosed {
+		states = append(states, stateClosed, stateKilled)
+	}
+	rows, err := st.db.Query(ctx, "SELECT "+sessionColumns+` FROM sessions
+		WHERE ($1 = '' OR owner = $1) AND state = ANY($2) ORDER BY updated_at DESC, session_id LIMIT $3`, owner, states, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	defer rows.Close()
+	var out []sessionRow
+	for rows.Next() {
+		r, err := scanSession(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sessions: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	return out, nil
+}
+
+func (st *store) openSessionIDs(ctx context.Context) ([]string, error) {
+	rows, err := st.db.Query(ctx, "SELECT session_id FROM sessions WHERE state IN ('idle', 'running') ORDER BY updated_at DESC")
+	if err != nil {
+		return nil, fmt.Errorf("list open sessions: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list open sessions: %w", err)
+	}
+	return ids, nil
+}
+
+// appendMessage adds one transcript row at the next index, taken under the
+// session row's lock: indexes are dense, in commit order, never reused.
+func (st *store) appendMessage(ctx context.Context, id, role, content string) (int64, error) {
+	var idx int64
+	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `UPDATE sessions SET message_count = message_count + 1, updated_at = now()
+			WHERE session_id = $1 RETURNING message_count - 1`, id).Scan(&idx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO messages (session_id, idx, role, content) VALUES ($1, $2, $3, $4)", id, idx, role, content)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("append message: %w", err)
+	}
+	return idx, nil
+}
+
+type messageRow struct {
+	Index   int64
+	Role    string
+	Content string
+}
+
+// messages returns up to limit rows before beforeIndex (all when < 0),
+// oldest first, and the transcript's total length.
+func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int64) ([]messageRow, int64, error) {
+	var total int64
+	if err := st.db.QueryRow(ctx, "SELECT message_count FROM sessions WHERE session_id = $1", id).Scan(&total); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, 0, errNoRow
+		}
+		return nil, 0, fmt.Errorf("count messages: %w", err)
+	}
+	rows, err := st.db.Query(ctx, `SELECT idx, role, content FROM (
+			SELECT idx, role, content FROM messages WHERE session_id = $1 AND ($2 < 0 OR idx < $2)
+			ORDER BY idx DESC LIMIT $3) page ORDER BY idx`, id, beforeIndex, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read messages: %w", err)
+	}
+	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (messageRow, error) {
+		var m messageRow
+		err := row.Scan(&m.Index, &m.Role, &m.Content)
+		return m, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("read messages: %w", err)
+	}
+	return msgs, total, nil
+}
+
+// startTurn records a running turn and marks the session running.
+func (st *store) startTurn(ctx context.Context, sessionID, turnID, connID string, gen *int64) error {
+	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO turns (turn_id, session_id, connection_id, client_turn_generation) VALUES ($1, $2, $3, $4)",
+			turnID, sessionID, connID, gen); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "UPDATE sessions SET state = 'running', updated_at = now() WHERE session_id = $1 AND state = 'idle'", sessionID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("start turn: %w", err)
+	}
+	return nil
+}
+
+// finishTurn records a turn's outcome and makes a running session idle
+// again (a session closed meanwhile keeps its state).
+func (st *store) finishTurn(ctx context.Context, sessionID, turnID string, res turnResult) error {
+	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
+			WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, res.Content); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", turnID); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "UPDATE sessions SET state = 'idle', updated_at = now() WHERE session_id = $1 AND state = 'running'", sessionID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("finish turn: %w", err)
+	}
+	return nil
+}
+
+// interruptedTurn is a turn left running by a process that died.
+type interruptedTurn struct {
+	SessionID, TurnID string
+	Generation        *int64
+}
+
+func (st *store) interruptedTurns(ctx context.Context) ([]interruptedTurn, error) {
+	rows, err := st.db.Query(ctx, "SELECT session_id, turn_id, client_turn_generation FROM turns WHERE state = 'running' ORDER BY started_at")
+	if err != nil {
+		return nil, fmt.Errorf("find interrupted turns: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (interruptedTurn, error) {
+		var t interruptedTurn
+		err := row.Scan(&t.SessionID, &t.TurnID, &t.Generation)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find interrupted turns: %w", err)
+	}
+	return out, nil
+}
+
+func (st *store) insertToolCall(ctx context.Context, sessionID, turnID string, c toolCall, status string) error {
+	if _, err := st.db.Exec(ctx, `INSERT INTO tool_calls (session_id, tool_call_id, turn_id, name, raw_input, status)
+		VALUES ($1, $2, $3, $4, $5, $6)`, sessionID, c.ID, turnID, c.Name, string(c.Arguments), status); err != nil {
+		return fmt.Errorf("record tool call: %w", err)
+	}
+	return nil
+}
+
+func (st *store) finishToolCall(ctx context.Context, sessionID, callID, output, status string) error {
+	if _, err := st.db.Exec(ctx, "UPDATE tool_calls SET raw_output = $3, status = $4 WHERE session_id = $1 AND tool_call_id = $2",
+		sessionID, callID, output, status); err != nil {
+		return fmt.Errorf("record tool result: %w", err)
+	}
+	return nil
+}
+
+func (st *store) insertApproval(ctx context.Context, sessionID, turnID string, a *approval) error {
+	if _, err := st.db.Exec(ctx, `INSERT INTO approvals (request_id, session_id, turn_id, tool_call_id, tool_name, arguments_summary)
+		VALUES ($1, $2, $3, $4, $5, $6)`, a.RequestID, sessionID, turnID, a.ToolCallID, a.ToolName, a.Summary); err != nil {
+		return fmt.Errorf("record approval request: %w", err)
+	}
+	return nil
+}
+
+func (st *store) decideApproval(ctx context.Context, requestID string, d decision) error {
+	if _, err := st.db.Exec(ctx, `UPDATE approvals SET status = 'decided', decision = $2, surface = $3, replacement = $4, decided_at = now()
+		WHERE request_id = $1 AND status = 'pending'`, requestID, d.Decision, d.Surface, d.Replacement); err != nil {
+		return fmt.Errorf("record approval decision: %w", err)
+	}
+	return nil
+}
+
+// approvalStatus reads a stored approval's session and status.
+func (st *store) approvalStatus(ctx context.Context, requestID string) (sessionID, status string, err error) {
+	err = st.db.QueryRow(ctx, "SELECT session_id, status FROM approvals WHERE request_id = $1", requestID).Scan(&sessionID, &status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", errNoRow
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("read approval: %w", err)
+	}
+	return sessionID, status, nil
+}
+
+func (st *store) allowAlways(ctx context.Context, sessionID, tool string) error {
+	if _, err := st.db.Exec(ctx, `UPDATE sessions SET always_allowed = array_append(always_allowed, $2)
+		WHERE session_id = $1 AND NOT ($2 = ANY(always_allowed))`, sessionID, tool); err != nil {
+		return fmt.Errorf("record allow_always: %w", err)
+	}
+	return nil
+}
+
+// reserveSeq raises the session's stored sequence bound to upto.
+func (st *store) reserveSeq(ctx context.Context, sessionID string, upto int64) error {
+	if _, err := st.db.Exec(ctx, "UPDATE sessions SET update_seq = GREATEST(update_seq, $2) WHERE session_id = $1", sessionID, upto); err != nil {
+		return fmt.Errorf("reserve update sequence: %w", err)
+	}
+	return nil
+}
+
+// releaseSeq lowers the stored bound from reserved to the last sequence
+// really used, at a clean stop, so the next process continues without a
+// gap. A bound someone else raised meanwhile is left alone.
+func (st *store) releaseSeq(ctx context.Context, sessionID string, used, reserved int64) error {
+	if _, err := st.db.Exec(ctx, "UPDATE sessions SET update_seq = $2 WHERE session_id = $1 AND update_seq = $3", sessionID, used, reserved); err != nil {
+		return fmt.Errorf("release update sequence: %w", err)
+	}
+	return nil
+}
+
+// providerHistory returns the last n user and assistant rows, oldest
+// first: the context replayed to the provider (tool rows and markers are
+// for people, not for the model).
+func (st *store) providerHistory(ctx context.Context, id string, n int) ([]messageRow, error) {
+	rows, err := st.db.Query(ctx, `SELECT idx, role, content FROM (
+			SELECT idx, role, content FROM messages WHERE session_id = $1 AND role IN ('user', 'assistant')
+			ORDER BY idx DESC LIMIT $2) page ORDER BY idx`, id, n)
+	if err != nil {
+		return nil, fmt.Errorf("read history: %w", err)
+	}
+	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (messageRow, error) {
+		var m messageRow
+		err := row.Scan(&m.Index, &m.Role, &m.Content)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read history: %w", err)
+	}
+	return msgs, nil
+}
+
+// recoverRunning makes sessions left running by a dead process idle.
+func (st *store) recoverRunning(ctx context.Context) error {
+	if _, err := st.db.Exec(ctx, "UPDATE sessions SET state = 'idle' WHERE state = 'running'"); err != nil {
+		return fmt.Errorf("recover running sessions: %w", err)
+	}
+	if _, err := st.db.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE status = 'pending'"); err != nil {
+		return fmt.Errorf("recover pending approvals: %w", err)
+	}
+	return nil
+}

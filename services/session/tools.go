@@ -1,0 +1,131 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+)
+
+// builtinTool is a tool the session service runs itself, so turns with
+// tools work before any plugin is installed.
+type builtinTool struct {
+	spec ToolSpec
+	run  func(ctx context.Context, args json.RawMessage) (string, error)
+}
+
+var builtins = map[string]builtinTool{
+	"echo": {
+		spec: ToolSpec{
+			Name:        "echo",
+			Description: "Returns its arguments unchanged, as JSON text.",
+			Parameters:  json.RawMessage(`{"type":"object","additionalProperties":true}`),
+		},
+		run: func(_ context.Context, args json.RawMessage) (string, error) { return string(args), nil },
+	},
+}
+
+// toolSet is what one turn may call: the built-ins, then the plugin
+// sandbox's tools (a built-in wins a name clash), filtered by the agent's
+// tools list.
+type toolSet struct {
+	builtin map[string]builtinTool
+	plugin  map[string]*pluginv1.Tool
+}
+
+// toolsFor lists the tools of a turn. A plugin sandbox that is missing,
+// not built yet or failing means no plugin tools, never a failed turn.
+func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) *toolSet {
+	ts := &toolSet{builtin: map[string]builtinTool{}, plugin: map[string]*pluginv1.Tool{}}
+	for name, b := range builtins {
+		if agent.offers(name) {
+			ts.builtin[name] = b
+		}
+	}
+	if s.cfg.Plugins == nil {
+		return ts
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PluginListTimeout)
+	defer cancel()
+	resp, err := s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
+	if err != nil {
+		if c := status.Code(err); c != codes.Unimplemented && c != codes.Unavailable && c != codes.Canceled {
+			s.log.Warn("list plugin tools", zap.Error(err))
+		}
+		return ts
+	}
+	for _, t := range resp.GetTools() {
+		if _, clash := ts.builtin[t.GetName()]; !clash && agent.offers(t.GetName()) {
+			ts.plugin[t.GetName()] = t
+		}
+	}
+	return ts
+}
+
+func (ts *toolSet) has(name string) bool {
+	_, b := ts.builtin[name]
+	_, p := ts.plugin[name]
+	return b || p
+}
+
+// specs lists the tools for the provider, by name.
+func (ts *toolSet) specs() []ToolSpec {
+	var out []ToolSpec
+	for _, b := range ts.builtin {
+		out = append(out, b.spec)
+	}
+	for _, t := range ts.plugin {
+		params := json.RawMessage(t.GetParametersSchemaJson())
+		if !json.Valid(params) {
+			params = json.RawMessage(`{"type":"object"}`)
+		}
+		out = append(out, ToolSpec{Name: t.GetName(), Description: t.GetDescription(), Parameters: params})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// execute runs one call and returns its output and whether it succeeded.
+// Failures of the tool or of the sandbox are a failed result; the turn
+// goes on.
+func (s *Server) execute(ctx context.Context, ts *toolSet, p *configv1.Principal, sessionID, callID, name string, args json.RawMessage) (string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ToolTimeout)
+	defer cancel()
+	if b, ok := ts.builtin[name]; ok {
+		out, err := b.run(ctx, args)
+		if err != nil {
+			return err.Error(), false
+		}
+		return out, true
+	}
+	resp, err := s.cfg.Plugins.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{
+		Principal: p, ToolName: name, ArgumentsJson: string(args), SessionId: sessionID, ToolCallId: callID,
+	})
+	if err != nil {
+		st := status.Convert(err)
+		switch st.Code() {
+		case codes.Canceled:
+			return "Tool call cancelled", false
+		case codes.DeadlineExceeded:
+			return fmt.Sprintf("Tool %s timed out", name), false
+		case codes.Internal, codes.Unknown, codes.Unavailable:
+			return fmt.Sprintf("Tool %s failed: plugin sandbox unavailable", name), false
+		}
+		return fmt.Sprintf("Tool %s failed: %s", name, st.Message()), false
+	}
+	if !resp.GetSuccess() {
+		msg := resp.GetError()
+		if msg == "" {
+			msg = resp.GetOutput()
+		}
+		return fmt.Sprintf("Tool %s failed: %s", name, msg), false
+	}
+	return resp.GetOutput(), true
+}

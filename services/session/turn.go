@@ -1,0 +1,304 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+// Outcomes of turn_complete, and stop reasons of PromptResponse.
+const (
+	OutcomeCompleted = "completed"
+	OutcomeCancelled = "cancelled"
+	OutcomeFailed    = "failed"
+
+	stopEndTurn   = "end_turn"
+	stopToolUse   = "tool_use"
+	stopCancelled = "cancelled"
+	stopError     = "error"
+)
+
+// historyLimit bounds the transcript rows replayed to the provider.
+const historyLimit = 200
+
+// turn is one running prompt. Its context derives from the server's base
+// context and is cancelled with a cause (session/cancel, the prompting
+// connection closing, the caller leaving, the session ending, shutdown).
+type turn struct {
+	id        string
+	ls        *liveSession
+	alias     string
+	principal *configv1.Principal
+	connID    string
+	gen       *int64
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// done is closed after turn_complete was published and the session
+	// was freed for the next turn; result is set before.
+	done   chan struct{}
+	result turnResult
+}
+
+type turnResult struct {
+	Outcome, StopReason, Content string
+	// Error is the failure message of a failed turn.
+	Error string
+}
+
+// unwound runs a write that must happen even when ctx was cancelled (a
+// turn's records while it unwinds): ctx's values, no cancellation, the
+// unwind bound as deadline.
+func (s *Server) unwound(ctx context.Context, write func(context.Context) error) error {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.UnwindTimeout)
+	defer cancel()
+	return write(c)
+}
+
+// runTurn runs t to its end and publishes its turn_complete. It is the
+// only goroutine a turn has; the server's WaitGroup counts it.
+func (s *Server) runTurn(t *turn) {
+	defer s.wg.Done()
+	res := s.loop(t)
+	if res.Outcome == OutcomeCancelled {
+		s.log.Info("turn cancelled", zap.String("session_id", t.ls.id), zap.String("turn_id", t.id), zap.NamedError("cause", context.Cause(t.ctx)))
+	}
+	s.finish(t, res)
+}
+
+// loop is the agent loop: the transcript goes to the provider, its output
+// streams out as it arrives, each tool call it asks for runs (after an
+// approval when one is required) and its result goes back, until the
+// provider stops.
+func (s *Server) loop(t *turn) turnResult {
+	ctx := t.ctx
+	var content strings.Builder
+	failed := func(err error) turnResult {
+		if ctx.Err() != nil {
+			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content.String()}
+		}
+		msg := err.Error()
+		if msg == "" {
+			msg = "turn failed"
+		}
+		return turnResult{Outcome: OutcomeFailed, StopReason: stopError, Content: msg, Error: msg}
+	}
+
+	agent, err := s.cfg.Agents.Agent(ctx, t.alias)
+	if err != nil {
+		if errors.Is(err, ErrUnknownAgent) {
+			return failed(fmt.Errorf("Agent `%s` is not configured", t.alias))
+		}
+		s.log.Warn("resolve agent", zap.String("agent_alias", t.alias), zap.Error(err))
+		return failed(errors.New("config service unavailable: could not read the agent's settings"))
+	}
+	factory, ok := s.providers[agent.Provider]
+	if !ok {
+		return failed(fmt.Errorf("Agent `%s` names unknown provider `%s`", t.alias, agent.Provider))
+	}
+	prov, err := factory(agent)
+	if err != nil {
+		return failed(err)
+	}
+	history, err := s.store.providerHistory(ctx, t.ls.id, historyLimit)
+	if err != nil {
+		s.log.Warn("read history", zap.String("session_id", t.ls.id), zap.Error(err))
+		return failed(errors.New("session storage unavailable"))
+	}
+	var msgs []ChatMessage
+	if agent.SystemPrompt != "" {
+		msgs = append(msgs, ChatMessage{Role: roleSystem, Content: agent.SystemPrompt})
+	}
+	for _, m := range history {
+		msgs = append(msgs, ChatMessage{Role: m.Role, Content: m.Content})
+	}
+	tools := s.toolsFor(ctx, agent)
+	specs := tools.specs()
+
+	var step strings.Builder
+	emit := func(c Chunk) {
+		if c.Text == "" {
+			return
+		}
+		typ := UpdateThoughtChunk
+		if !c.Thought {
+			typ = UpdateMessageChunk
+			content.WriteString(c.Text)
+			step.WriteString(c.Text)
+		}
+		s.publish(t.ls, typ, fields{"turn_id": t.id, "text": c.Text})
+	}
+	for n := 0; ; n++ {
+		if n >= s.cfg.MaxSteps {
+			return failed(fmt.Errorf("%w: the provider asked for tools %d times in one turn", ErrTooManySteps, n))
+		}
+		step.Reset()
+		res, err := prov.Step(ctx, ProviderRequest{Agent: agent, Messages: msgs, Tools: specs}, emit)
+		if ctx.Err() != nil {
+			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content.String()}
+		}
+		if err != nil {
+			return failed(err)
+		}
+		msgs = append(msgs, ChatMessage{Role: roleAssistant, Content: step.String(), ToolCalls: res.ToolCalls})
+		if len(res.ToolCalls) == 0 {
+			stop := res.StopReason
+			if stop == "" {
+				stop = stopEndTurn
+			}
+			return turnResult{Outcome: OutcomeCompleted, StopReason: stop, Content: content.String()}
+		}
+		for _, call := range res.ToolCalls {
+			out := s.runTool(ctx, t, agent, tools, call)
+			msgs = append(msgs, ChatMessage{Role: roleTool, Content: out, ToolCallID: call.ID, Name: call.Name})
+		}
+		if ctx.Err() != nil {
+			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content.String()}
+		}
+	}
+}
+
+// Tool result statuses, in tool_result updates and tool_calls rows.
+const (
+	toolCompleted = "completed"
+	toolFailed    = "failed"
+	toolDenied    = "denied"
+	toolCancelled = "cancelled"
+)
+
+// runTool runs one call the provider asked for: tool_call, the approval
+// when required, the call itself, tool_result. Whatever happens, the
+// call gets its tool_result and the turn goes on (or unwinds, when ctx is
+// done); the output is what the provider is told.
+func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, call ToolCall) string {
+	ls := t.ls
+	id := newID("tc_")
+	args := json.RawMessage(strings.TrimSpace(call.Arguments))
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	var rawInput any = args
+	validArgs := json.Valid(args)
+	if validArgs {
+		var buf bytes.Buffer
+		if json.Compact(&buf, args) == nil {
+			args = buf.Bytes()
+			rawInput = json.RawMessage(args)
+		}
+	} else {
+		rawInput = string(args)
+	}
+	stored := args
+	if !validArgs {
+		stored, _ = json.Marshal(string(args))
+	}
+	if err := s.unwound(ctx, func(c context.Context) error {
+		return s.store.insertToolCall(c, ls.id, t.id, toolCall{ID: id, Name: call.Name, Arguments: stored}, "running")
+	}); err != nil {
+		s.log.Warn("record tool call", zap.String("session_id", ls.id), zap.Error(err))
+	}
+	s.publish(ls, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": rawInput})
+
+	out, st := s.toolOutcome(ctx, t, agent, tools, call.Name, id, args, validArgs)
+
+	if err := s.unwound(ctx, func(c context.Context) error {
+		if err := s.store.finishToolCall(c, ls.id, id, out, st); err != nil {
+			return err
+		}
+		_, err := s.store.appendMessage(c, ls.id, roleTool, call.Name+": "+out)
+		return err
+	}); err != nil {
+		s.log.Warn("record tool result", zap.String("session_id", ls.id), zap.Error(err))
+	}
+	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": out, "status": st})
+	return out
+}
+
+func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, args json.RawMessage, validArgs bool) (string, string) {
+	switch {
+	case !tools.has(name):
+		return fmt.Sprintf("Unknown tool `%s`", name), toolFailed
+	case !validArgs:
+		return fmt.Sprintf("Tool %s was given arguments that are not valid JSON", name), toolFailed
+	}
+	if agent.needsApproval(name) {
+		t.ls.mu.Lock()
+		always := t.ls.alwaysAllowed[name]
+		t.ls.mu.Unlock()
+		if !always {
+			d := s.ask(ctx, t, id, name, args, agent.ApprovalTimeout)
+			if !d.allows() {
+				st := toolDenied
+				if d.Decision == decisionCancelled {
+					st = toolCancelled
+				}
+				return denial(d, agent.ApprovalTimeout), st
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return "Cancelled: the turn ended before the tool ran", toolCancelled
+	}
+	out, ok := s.execute(ctx, tools, t.principal, t.ls.id, id, name, args)
+	switch {
+	case ctx.Err() != nil:
+		return "Cancelled: the turn ended while the tool ran", toolCancelled
+	case !ok:
+		return out, toolFailed
+	}
+	return out, toolCompleted
+}
+
+// toolCall is a call as stored.
+type toolCall struct {
+	ID, Name  string
+	Arguments json.RawMessage
+}
+
+// finish records the turn's end, frees the session and publishes
+// turn_complete, exactly once per turn, before Prompt can answer.
+func (s *Server) finish(t *turn, res turnResult) {
+	ls := t.ls
+	if err := s.unwound(t.ctx, func(ctx context.Context) error {
+		var err error
+		if res.Outcome == OutcomeFailed {
+			_, err = s.store.appendMessage(ctx, ls.id, roleSystem, "Turn failed: "+res.Error)
+		} else if res.Content != "" {
+			_, err = s.store.appendMessage(ctx, ls.id, roleAssistant, res.Content)
+		}
+		// The turn's end is recorded even when its message could not be.
+		return errors.Join(err, s.store.finishTurn(ctx, ls.id, t.id, res))
+	}); err != nil {
+		s.log.Warn("record turn end", zap.String("session_id", ls.id), zap.Error(err))
+	}
+	t.result = res
+
+	f := fields{"turn_id": t.id, "outcome": res.Outcome, "content": res.Content, "stop_reason": res.StopReason}
+	if t.gen != nil {
+		f["client_turn_generation"] = *t.gen
+	}
+	if res.Error != "" {
+		f["error"] = res.Error
+	}
+	// turn_complete is published while mu is held: the next turn cannot be
+	// admitted, so cannot publish, before it.
+	ls.mu.Lock()
+	for _, a := range ls.approvals {
+		if a.TurnID == t.id {
+			ls.decideLocked(a, decision{Decision: decisionCancelled, Surface: surfaceService})
+		}
+	}
+	ls.turn = nil
+	s.publish(ls, UpdateTurnComplete, f)
+	ls.mu.Unlock()
+	s.flush()
+	t.cancel(nil)
+	close(t.done)
+}
