@@ -416,22 +416,31 @@ func TestSessionFanOutAndStall(t *testing.T) {
 	// A long, chatty turn: the stalled client never reads and is cut; the
 	// other two receive the whole stream.
 	words := strings.Repeat("lorem ipsum dolor sit amet ", 4000)
+	bDone := make(chan []update, 1)
+	go func() {
+		// b keeps reading while a prompts; it must see the whole stream.
+		var ups []update
+		for {
+			f, _, err := b.c.Read(30 * time.Second)
+			if err != nil {
+				bDone <- ups
+				return
+			}
+			if u, ok := b.upd(f); ok {
+				ups = append(ups, u)
+				if u.Type == "turn_complete" {
+					bDone <- ups
+					return
+				}
+			}
+		}
+	}()
 	prompt := a.send("session/prompt", map[string]any{"session_id": id, "prompt": "/say " + words})
 	aUps, resp := a.until(prompt)
 	if resp.Error != nil {
 		t.Fatal(resp.Error)
 	}
-	var bUps []update
-	for {
-		u, ok := b.upd(b.next())
-		if !ok {
-			continue
-		}
-		bUps = append(bUps, u)
-		if u.Type == "turn_complete" {
-			break
-		}
-	}
+	bUps := <-bDone
 	if len(aUps) != len(bUps) || len(aUps) < 20000 {
 		t.Fatalf("prompting client saw %d updates, attached client %d", len(aUps), len(bUps))
 	}

@@ -713,6 +713,11 @@ func (c *Conn) writeAll(b []byte) error {
 		n, err := c.nc.Write(chunk)
 		b = b[n:]
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && n > 0 {
+				// The peer read some of it within the window: slow, not
+				// stalled. The next round starts a new window.
+				continue
+			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				c.log.Warn("closing connection: write stalled", zap.Duration("limit", c.opts.WriteStallTimeout))
 				return ErrWriteStall
@@ -744,15 +749,9 @@ func (c *Conn) closeWith(reason error) {
 	if c.initTimer != nil {
 		c.initTimer.Stop()
 	}
-	if cancel != nil {
-		cancel(wrapClosed(reason))
-	}
-	_ = c.nc.Close()
-	close(c.done)
-
-	c.pmu.Lock()
-	c.pending = nil
-	c.pmu.Unlock()
+	// Writes stop before handlers are cancelled: a handler that returns on
+	// its cancelled context must find nothing to write to (the initialize
+	// deadline closes with no reply).
 	c.wmu.Lock()
 	c.wclosed = true
 	c.wq = nil
@@ -761,4 +760,13 @@ func (c *Conn) closeWith(reason error) {
 		c.wspace = nil
 	}
 	c.wmu.Unlock()
+	_ = c.nc.Close()
+	if cancel != nil {
+		cancel(wrapClosed(reason))
+	}
+	close(c.done)
+
+	c.pmu.Lock()
+	c.pending = nil
+	c.pmu.Unlock()
 }
