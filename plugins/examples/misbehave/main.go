@@ -1,0 +1,95 @@
+//go:build wasip1
+
+// Command misbehave is a tool plugin that misbehaves on request, to test the
+// host's limits. The "mode" argument selects the misbehaviour:
+//
+//	loop       spin forever without calling anything (fuel, deadline)
+//	spin       run a CPU loop of "n" iterations and return (fuel metering)
+//	memhog     allocate "mb" MiB, 1 MiB at a time, touching every page (memory)
+//	logflood   log "n" records of "size" bytes each (logging queue)
+//	panic      panic (trap)
+//	sleep      sleep "ms" milliseconds in the host (deadline on a host wait)
+//
+// The table grower cannot be written in Go (the Go toolchain never emits
+// table.grow); tests build it with wasmbuild.
+package main
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk"
+	"github.com/clawmesh/clawmesh/plugins/pdk/tool"
+)
+
+type misbehave struct{}
+
+func (misbehave) Name() string        { return "misbehave" }
+func (misbehave) Description() string { return "Misbehaves on request." }
+func (misbehave) ParametersSchema() json.RawMessage {
+	return json.RawMessage(`{"type":"object","properties":{"mode":{"type":"string"},"n":{"type":"integer"},"mb":{"type":"integer"},"size":{"type":"integer"},"ms":{"type":"integer"}},"required":["mode"]}`)
+}
+
+var sink []([]byte)
+
+//go:noinline
+func spin(n int) uint64 {
+	var x uint64 = 1
+	for i := 0; i < n; i++ {
+		x = x*6364136223846793005 + 1442695040888963407
+	}
+	return x
+}
+
+func (misbehave) Execute(args json.RawMessage) (tool.Result, error) {
+	var in struct {
+		Mode string `json:"mode"`
+		N    int    `json:"n"`
+		MB   int    `json:"mb"`
+		Size int    `json:"size"`
+		MS   int    `json:"ms"`
+	}
+	if err := json.Unmarshal(args, &in); err != nil {
+		return tool.Failure("bad arguments"), nil
+	}
+	switch in.Mode {
+	case "loop":
+		x := 0
+		for {
+			x++
+			if x == -1 {
+				break
+			}
+		}
+		return tool.Result{Success: true, Output: strconv.Itoa(x)}, nil
+	case "spin":
+		return tool.Result{Success: true, Output: strconv.FormatUint(spin(in.N), 10)}, nil
+	case "memhog":
+		for i := 0; i < in.MB; i++ {
+			b := make([]byte, 1<<20)
+			for j := 0; j < len(b); j += 4096 {
+				b[j] = byte(i)
+			}
+			sink = append(sink, b)
+		}
+		return tool.Result{Success: true, Output: strconv.Itoa(len(sink))}, nil
+	case "logflood":
+		msg := strings.Repeat("x", in.Size)
+		for i := 0; i < in.N; i++ {
+			pdk.Log(pdk.LevelInfo, pdk.Event{Action: "execute", Outcome: "success", Message: msg})
+		}
+		return tool.Result{Success: true, Output: strconv.Itoa(in.N)}, nil
+	case "panic":
+		panic("misbehave: asked to panic")
+	case "sleep":
+		time.Sleep(time.Duration(in.MS) * time.Millisecond)
+		return tool.Result{Success: true, Output: "slept"}, nil
+	}
+	return tool.Failure("unknown mode " + in.Mode), nil
+}
+
+func init() { tool.Register(misbehave{}) }
+
+func main() {}

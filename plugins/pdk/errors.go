@@ -1,0 +1,34 @@
+package pdk
+
+import "errors"
+
+// Errors returned by host services. They carry no detail on purpose: the
+// host reveals nothing about its resolver or schema.
+var (
+	// ErrAccessDenied: the plugin lacks the grant (config_read, http_client).
+	ErrAccessDenied = errors.New("access-denied")
+	// ErrNotFound: no such secret property.
+	ErrNotFound = errors.New("not-found")
+	// ErrUnavailable: outside a service frame, a resolver failure, a network
+	// failure or the per-call host-call budget spent.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrInvalidArgument: the request was malformed.
+	ErrInvalidArgument = errors.New("invalid-argument")
+	// ErrTooLarge: the response exceeded the host's size cap.
+	ErrTooLarge = errors.New("too-large")
+)
+
+func codeError(code int64) error {
+	switch code {
+	case -1:
+		return ErrAccessDenied
+	case -2:
+		return ErrNotFound
+	case -4:
+		return ErrInvalidArgument
+	case -5:
+		return ErrTooLarge
+	default:
+		return ErrUnavailable
+	}
+}

@@ -1,0 +1,111 @@
+//go:build wasip1
+
+package pdk
+
+import (
+	"encoding/json"
+	"unsafe"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk/internal/abi"
+)
+
+// Level is a log level.
+type Level uint32
+
+// Log levels.
+const (
+	LevelTrace Level = iota
+	LevelDebug
+	LevelInfo
+	LevelWarn
+	LevelError
+)
+
+// Event is a structured log event. Action and Outcome belong to closed sets
+// (see plugins/ABI.md); the host drops a record naming anything else.
+type Event struct {
+	Action  string            `json:"action"`
+	Outcome string            `json:"outcome"`
+	Message string            `json:"message"`
+	Fields  map[string]string `json:"fields,omitempty"`
+}
+
+// Log hands a record to the host. It never blocks and never fails: a record
+// over 64 KiB, or one the host's queue cannot take, is dropped and counted.
+func Log(level Level, ev Event) {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	abi.LogRecord(uint32(level), abi.Ptr(b), uint32(len(b)))
+}
+
+// Info logs a message with action "execute" and outcome "success".
+func Info(msg string) {
+	Log(LevelInfo, Event{Action: "execute", Outcome: "success", Message: msg})
+}
+
+// Secret reads a secret property of the plugin's config (one marked
+// x-secret in the manifest's schema). Resolve it where you use it and do not
+// keep it.
+func Secret(name string) (string, error) {
+	b, n := abi.ReadGrowing(func(buf unsafe.Pointer, capacity uint32) int64 {
+		return abi.SecretsGet(abi.StringPtr(name), uint32(len(name)), buf, capacity)
+	})
+	if n < 0 {
+		return "", codeError(n)
+	}
+	return string(b), nil
+}
+
+// Config returns the plugin's public config (secrets omitted) as JSON.
+// A tool also receives it under the "__config" key of its arguments.
+func Config() (json.RawMessage, error) {
+	b, n := abi.ReadGrowing(abi.ConfigGet)
+	if n < 0 {
+		return nil, codeError(n)
+	}
+	return b, nil
+}
+
+// HTTPRequest is an outbound request. Body travels base64-encoded.
+type HTTPRequest struct {
+	Method  string            `json:"method"`
+	URL     string            `json:"url"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    []byte            `json:"body,omitempty"`
+	// TimeoutMS may shorten, never extend, the host's deadline.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// HTTPResponse is the answer to an HTTPRequest.
+type HTTPResponse struct {
+	Status  int               `json:"status"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    []byte            `json:"body,omitempty"`
+}
+
+// Fetch performs an outbound HTTP request through the host. It needs the
+// http_client grant and a world that allows it (tool and channel).
+func Fetch(req HTTPRequest) (*HTTPResponse, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, ErrInvalidArgument
+	}
+	n := abi.HTTPRequest(abi.Ptr(b), uint32(len(b)))
+	if n < 0 {
+		return nil, codeError(n)
+	}
+	buf := make([]byte, n)
+	if got := abi.HTTPResponse(abi.Ptr(buf), uint32(len(buf))); got != n {
+		if got < 0 {
+			return nil, codeError(got)
+		}
+		return nil, ErrUnavailable
+	}
+	var resp HTTPResponse
+	if err := json.Unmarshal(buf, &resp); err != nil {
+		return nil, ErrUnavailable
+	}
+	return &resp, nil
+}

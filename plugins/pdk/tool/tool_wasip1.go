@@ -1,0 +1,59 @@
+//go:build wasip1
+
+package tool
+
+import (
+	"encoding/json"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk/internal/abi"
+)
+
+// Result is the tool-result record: what the model sees.
+type Result struct {
+	Success bool    `json:"success"`
+	Output  string  `json:"output"`
+	Error   *string `json:"error"`
+}
+
+// Tool is one callable tool. Execute receives the arguments as JSON (with the
+// host-injected "__config" object when the plugin has public config); a
+// returned error is a tool failure the host reports as such.
+type Tool interface {
+	Name() string
+	Description() string
+	ParametersSchema() json.RawMessage
+	Execute(args json.RawMessage) (Result, error)
+}
+
+var registered Tool
+
+// Register installs the plugin's tool. Call it once, from init.
+func Register(t Tool) { registered = t }
+
+// Failure builds a Result with success false.
+func Failure(msg string) Result { return Result{Success: false, Error: &msg} }
+
+//go:wasmexport tool_name
+func toolName() uint64 { return abi.ReturnJSON(registered.Name()) }
+
+//go:wasmexport tool_description
+func toolDescription() uint64 { return abi.ReturnJSON(registered.Description()) }
+
+//go:wasmexport tool_parameters_schema
+func toolParametersSchema() uint64 { return abi.Return(registered.ParametersSchema()) }
+
+type envelope struct {
+	Ok  *Result `json:"ok,omitempty"`
+	Err *string `json:"err,omitempty"`
+}
+
+//go:wasmexport tool_execute
+func toolExecute(ptr, size uint32) uint64 {
+	args := abi.Take(ptr, size)
+	res, err := registered.Execute(args)
+	if err != nil {
+		msg := err.Error()
+		return abi.ReturnJSON(envelope{Err: &msg})
+	}
+	return abi.ReturnJSON(envelope{Ok: &res})
+}

@@ -1,0 +1,161 @@
+package wasmbin_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin"
+	wb "github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin/wasmbuild"
+)
+
+// spinModule exports spin(n i32): a loop that runs n times. Instrumented, a
+// call costs 1 (the entry segment ending at loop) + 5 per iteration.
+func spinModule() []byte {
+	var b wb.Builder
+	t := b.Type([]byte{wb.I32}, nil)
+	f := b.Func(t, nil, []byte{
+		0x03, 0x40, // loop
+		0x20, 0x00, // local.get 0
+		0x41, 0x01, // i32.const 1
+		0x6b,       // i32.sub
+		0x22, 0x00, // local.tee 0
+		0x0d, 0x00, // br_if 0
+		0x0b, // end
+		0x0b, // end
+	})
+	b.ExportFunc("spin", f)
+	return b.Bytes()
+}
+
+func instantiate(t *testing.T, wasm []byte) api.Module {
+	t.Helper()
+	ctx := context.Background()
+	r := wazero.NewRuntime(ctx)
+	t.Cleanup(func() { _ = r.Close(ctx) })
+	mod, err := r.Instantiate(ctx, wasm)
+	if err != nil {
+		t.Fatalf("instantiate: %v", err)
+	}
+	return mod
+}
+
+func TestFuelCountsExactly(t *testing.T) {
+	out, rep, err := wasmbin.Prepare(spinModule(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.FuelCharges != 2 {
+		t.Fatalf("charges = %d, want 2", rep.FuelCharges)
+	}
+	mod := instantiate(t, out)
+	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	spin := mod.ExportedFunction("spin")
+	ctx := context.Background()
+
+	for _, n := range []uint64{1, 10, 1000} {
+		fuel.Set(1 << 40)
+		if _, err := spin.Call(ctx, n); err != nil {
+			t.Fatalf("spin(%d): %v", n, err)
+		}
+		used := int64(1<<40) - int64(fuel.Get())
+		if want := int64(1 + 5*n); used != want {
+			t.Errorf("spin(%d) used %d fuel, want %d", n, used, want)
+		}
+	}
+
+	// A budget one short of the need traps and leaves the counter negative.
+	fuel.Set(uint64(1 + 5*100 - 1))
+	if _, err := spin.Call(ctx, 100); err == nil {
+		t.Fatal("spin with short budget did not trap")
+	}
+	if v := int64(fuel.Get()); v >= 0 {
+		t.Errorf("fuel after trap = %d, want negative", v)
+	}
+}
+
+func TestTableLimits(t *testing.T) {
+	build := func(min, max uint32, hasMax, grow bool) []byte {
+		var b wb.Builder
+		ty := b.Type(nil, []byte{wb.I32})
+		b.Table(min, max, hasMax)
+		body := []byte{0x41, 0x00, 0x0b} // i32.const 0
+		if grow {
+			// ref.null func; i32.const 1; table.grow 0
+			body = []byte{0xd0, 0x70, 0x41, 0x01, 0xfc, 0x0f, 0x00, 0x0b}
+		}
+		b.ExportFunc("f", b.Func(ty, nil, body))
+		return b.Bytes()
+	}
+	cases := []struct {
+		name      string
+		wasm      []byte
+		wantError bool
+	}{
+		{"small fixed", build(4, 8, true, false), false},
+		{"no max, never grows", build(4, 0, false, false), false},
+		{"no max, grows", build(4, 0, false, true), true},
+		{"max within limit, grows", build(4, 100, true, true), false},
+		{"max over limit", build(4, 1000, true, false), true},
+		{"min over limit", build(1000, 1000, true, false), true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := wasmbin.Prepare(c.wasm, wasmbin.Options{MaxTableElements: 100, Fuel: true})
+			if got := errors.Is(err, wasmbin.ErrTableLimit); got != c.wantError {
+				t.Fatalf("err = %v, want table-limit error %v", err, c.wantError)
+			}
+		})
+	}
+}
+
+func TestMergeDataKeepsContents(t *testing.T) {
+	var b wb.Builder
+	ty := b.Type(nil, nil)
+	b.ExportFunc("f", b.Func(ty, nil, []byte{0x0b}))
+	b.Memory(1, 1, true)
+	b.Data(16, []byte("hello"))
+	b.Data(24, []byte("world"))
+	b.Data(9000, []byte("far"))
+	out, rep, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 1, MergeData: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.DataSegmentsBefore != 3 || rep.DataSegmentsAfter != 2 {
+		t.Fatalf("segments %d -> %d, want 3 -> 2", rep.DataSegmentsBefore, rep.DataSegmentsAfter)
+	}
+	mod := instantiate(t, out)
+	mem, _ := mod.Memory().Read(0, 9100)
+	want := make([]byte, 9100)
+	copy(want[16:], "hello")
+	copy(want[24:], "world")
+	copy(want[9000:], "far")
+	if !bytes.Equal(mem, want) {
+		t.Fatal("memory contents differ after merging")
+	}
+}
+
+func TestRefusesMalformed(t *testing.T) {
+	good := spinModule()
+	// Every cut inside the last (code) section is malformed.
+	codeStart := bytes.LastIndexByte(good[:len(good)-14], 0x0a)
+	for i := codeStart + 1; i < len(good); i++ {
+		if _, _, err := wasmbin.Prepare(good[:i], wasmbin.Options{MaxTableElements: 1, Fuel: true}); !errors.Is(err, wasmbin.ErrMalformed) {
+			t.Fatalf("truncated at %d: err = %v, want ErrMalformed", i, err)
+		}
+	}
+}
+
+func FuzzPrepare(f *testing.F) {
+	f.Add(spinModule())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out, _, err := wasmbin.Prepare(b, wasmbin.Options{MaxTableElements: 100, Fuel: true, MergeData: true})
+		if err == nil && len(out) < 8 {
+			t.Fatal("short output without error")
+		}
+	})
+}

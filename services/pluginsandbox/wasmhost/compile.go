@@ -1,0 +1,155 @@
+package wasmhost
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/tetratelabs/wazero"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin"
+)
+
+// ABIVersion is the plugin ABI version this host speaks (plugins/ABI.md).
+const ABIVersion = 1
+
+// World is a plugin world of seed 003.
+type World string
+
+// Worlds.
+const (
+	WorldTool    World = "tool"
+	WorldChannel World = "channel"
+	WorldMemory  World = "memory"
+)
+
+// worldExports are the exports each world requires, besides the core ones.
+var worldExports = map[World][]string{
+	WorldTool:    {"tool_name", "tool_description", "tool_parameters_schema", "tool_execute"},
+	WorldChannel: {"channel_name", "channel_capabilities", "channel_configure", "channel_send", "channel_poll_message", "channel_health", "channel_start_typing", "channel_stop_typing"},
+	WorldMemory:  {"memory_name", "memory_capabilities", "memory_store", "memory_recall", "memory_forget", "memory_count"},
+}
+
+var coreExports = []string{"clawmesh_abi_version", "alloc", "dealloc"}
+
+var knownImports = map[string]bool{
+	"log_record": true, "secrets_get": true, "config_get": true, "inbound_poll": true,
+	"inbound_pending": true, "http_request": true, "http_response": true,
+}
+
+// Grants are the permissions the host effectively grants an admitted plugin:
+// what the manifest requests and the operator allows.
+type Grants struct {
+	ConfigRead bool
+	HTTPClient bool
+}
+
+// PluginSpec describes one plugin instance to load.
+type PluginSpec struct {
+	// Name and Version identify the package (from the manifest).
+	Name, Version string
+	// World selects the adapter.
+	World World
+	// Wasm is the module binary.
+	Wasm []byte
+	// Grants are the effective grants.
+	Grants Grants
+	// Schema is the manifest's compiled config schema, or nil.
+	Schema *manifest.ConfigSchema
+	// Binding names the logical binding (for example a channel alias);
+	// empty means "default".
+	Binding string
+	// InstanceKey keys the operator's values; empty derives it with
+	// InstanceKey(Name, World, Binding).
+	InstanceKey string
+	// Config resolves operator values; required when Grants.ConfigRead.
+	Config ConfigSource
+}
+
+// InstanceKey derives the versioned zpi1_ key of a plugin instance from the
+// package, the capability and the binding, so different packages and
+// scopes can reuse aliases such as "main" safely.
+func InstanceKey(pkg string, world World, binding string) string {
+	if binding == "" {
+		binding = "default"
+	}
+	sum := sha256.Sum256([]byte(pkg + "\x00" + string(world) + "\x00" + binding))
+	return "zpi1_" + hex.EncodeToString(sum[:12])
+}
+
+// httpAllowed: the grant, and a world whose adapter opts in (tool and
+// channel do; memory deliberately does not).
+func (s *PluginSpec) httpAllowed() bool {
+	return s.Grants.HTTPClient && (s.World == WorldTool || s.World == WorldChannel)
+}
+
+// compiled is a module prepared, compiled and checked against the ABI.
+type compiled struct {
+	host   *Host
+	spec   *PluginSpec
+	mod    wazero.CompiledModule
+	report wasmbin.Report
+}
+
+// compile rewrites the module (table check, fuel, data merge), compiles it
+// once (through the compilation cache) and checks its exports and imports.
+func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) {
+	if h.closed.Load() {
+		return nil, ErrClosed
+	}
+	if _, ok := worldExports[spec.World]; !ok {
+		return nil, fmt.Errorf("%w: unknown world %q", ErrInvalidModule, spec.World)
+	}
+	if spec.Grants.ConfigRead && spec.Config == nil {
+		return nil, fmt.Errorf("%w: config_read granted without a config source", ErrConfig)
+	}
+	if spec.InstanceKey == "" {
+		spec.InstanceKey = InstanceKey(spec.Name, spec.World, spec.Binding)
+	}
+	prepared, rep, err := wasmbin.Prepare(spec.Wasm, wasmbin.Options{
+		MaxTableElements: h.cfg.Limits.MaxTableElements,
+		Fuel:             !h.cfg.DisableFuel,
+		MergeData:        true,
+	})
+	switch {
+	case errors.Is(err, wasmbin.ErrTableLimit):
+		return nil, fmt.Errorf("%w: %w", ErrTableLimit, err)
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
+	}
+	mod, err := h.rt.CompileModule(ctx, prepared)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
+	}
+	c := &compiled{host: h, spec: &spec, mod: mod, report: rep}
+	if err := c.checkABI(); err != nil {
+		_ = mod.Close(ctx)
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *compiled) checkABI() error {
+	exports := c.mod.ExportedFunctions()
+	for _, name := range append(append([]string(nil), coreExports...), worldExports[c.spec.World]...) {
+		if _, ok := exports[name]; !ok {
+			return fmt.Errorf("%w: missing export %q for the %s world", ErrABI, name, c.spec.World)
+		}
+	}
+	if len(c.mod.ExportedMemories()) == 0 {
+		return fmt.Errorf("%w: module exports no memory", ErrABI)
+	}
+	for _, imp := range c.mod.ImportedFunctions() {
+		mod, name, _ := imp.Import()
+		switch {
+		case mod == "wasi_snapshot_preview1":
+		case mod == HostModule && knownImports[name]:
+		default:
+			return fmt.Errorf("%w: unknown import %s.%s", ErrABI, mod, name)
+		}
+	}
+	return nil
+}

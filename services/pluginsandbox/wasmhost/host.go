@@ -1,0 +1,156 @@
+package wasmhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/experimental"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+	"go.uber.org/zap"
+)
+
+// Host runs plugins. It is safe for concurrent use. Create it with New and
+// release it with Close.
+type Host struct {
+	cfg    Config
+	rt     wazero.Runtime
+	cache  wazero.CompilationCache
+	slots  *slots
+	logs   *logQueue
+	http   *http.Client
+	alloc  experimental.MemoryAllocator
+	logger *zap.Logger
+
+	mu     sync.Mutex
+	pools  map[*pool]struct{}
+	closed atomic.Bool
+	bg     sync.WaitGroup // asynchronous instance closes
+}
+
+// New validates cfg, fills its defaults and starts a host: one wazero
+// runtime with the memory page limit, WASI preview 1 (no preopens, no
+// environment, no network) and the "clawmesh" imports.
+func New(ctx context.Context, cfg Config) (*Host, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	rc := wazero.NewRuntimeConfig().
+		WithMemoryLimitPages(cfg.Limits.memoryPages()).
+		WithCloseOnContextDone(cfg.Interrupt == InterruptCloseOnDone).
+		WithDebugInfoEnabled(false)
+	h := &Host{
+		cfg:    cfg,
+		slots:  newSlots(int(cfg.Limits.MaxInstances)),
+		http:   newHTTPClient(),
+		alloc:  memoryAllocator(),
+		logger: cfg.Logger,
+		pools:  map[*pool]struct{}{},
+	}
+	if cfg.CacheDir != "" {
+		if h.cache, err = wazero.NewCompilationCacheWithDir(cfg.CacheDir); err != nil {
+			return nil, fmt.Errorf("wasmhost: compilation cache: %w", err)
+		}
+		rc = rc.WithCompilationCache(h.cache)
+	}
+	h.rt = wazero.NewRuntimeWithConfig(ctx, rc)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {
+		_ = h.rt.Close(ctx)
+		return nil, fmt.Errorf("wasmhost: wasi: %w", err)
+	}
+	if err := h.instantiateImports(ctx); err != nil {
+		_ = h.rt.Close(ctx)
+		return nil, fmt.Errorf("wasmhost: host imports: %w", err)
+	}
+	sink := cfg.LogSink
+	if sink == nil {
+		sink = zapSink{l: cfg.Logger.Named("plugin")}
+	}
+	h.logs = newLogQueue(sink, cfg.Logger, cfg.LogIdleReport)
+	h.slots.evict = h.evictIdle
+	return h, nil
+}
+
+// Limits returns the limits in force.
+func (h *Host) Limits() Limits { return h.cfg.Limits }
+
+// LogStats returns the logging queue's counters.
+func (h *Host) LogStats() LogStats { return h.logs.stats() }
+
+// InstancesInUse returns the number of live instances (pooled, running and
+// persistent).
+func (h *Host) InstancesInUse() int { return h.slots.inUse() }
+
+// Close stops every pool, waits for instance closes and the log drain, and
+// closes the runtime. It is safe to call twice.
+func (h *Host) Close(ctx context.Context) error {
+	if !h.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	h.mu.Lock()
+	pools := make([]*pool, 0, len(h.pools))
+	for p := range h.pools {
+		pools = append(pools, p)
+	}
+	h.mu.Unlock()
+	for _, p := range pools {
+		p.close()
+	}
+	h.bg.Wait()
+	h.logs.close()
+	err := h.rt.Close(ctx)
+	if h.cache != nil {
+		err = errors.Join(err, h.cache.Close(ctx))
+	}
+	return err
+}
+
+func (h *Host) addPool(p *pool) {
+	h.mu.Lock()
+	h.pools[p] = struct{}{}
+	h.mu.Unlock()
+}
+
+func (h *Host) removePool(p *pool) {
+	h.mu.Lock()
+	delete(h.pools, p)
+	h.mu.Unlock()
+}
+
+// evictIdle closes one idle pooled instance of any module.
+func (h *Host) evictIdle() bool {
+	h.mu.Lock()
+	pools := make([]*pool, 0, len(h.pools))
+	for p := range h.pools {
+		pools = append(pools, p)
+	}
+	h.mu.Unlock()
+	for _, p := range pools {
+		if p.evictOne() {
+			return true
+		}
+	}
+	return false
+}
+
+// kickPools asks every pool below its size to refill.
+func (h *Host) kickPools() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for p := range h.pools {
+		p.kick()
+	}
+}
+
+// callContext bounds one call by plugins.limits.call_timeout_ms.
+func (h *Host) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, h.cfg.Limits.callTimeout(), errCallDeadline)
+}
+
+// errCallDeadline is the cause of a call context's timeout.
+var errCallDeadline = errors.New("call deadline")

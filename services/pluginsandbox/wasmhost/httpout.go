@@ -1,0 +1,101 @@
+package wasmhost
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+var httpMethods = map[string]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "OPTIONS": true}
+
+type httpRequest struct {
+	Method    string            `json:"method"`
+	URL       string            `json:"url"`
+	Headers   map[string]string `json:"headers"`
+	Body      []byte            `json:"body"`
+	TimeoutMS int64             `json:"timeout_ms"`
+}
+
+type httpResponse struct {
+	Status  int               `json:"status"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    []byte            `json:"body,omitempty"`
+}
+
+// newHTTPClient returns the client behind the http_request import: no proxy
+// from the environment, no cookie jar, at most 5 redirects.
+func newHTTPClient() *http.Client {
+	tr := &http.Transport{
+		Proxy:                 nil,
+		MaxIdleConns:          64,
+		IdleConnTimeout:       30 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: 0, // the request context bounds it
+	}
+	return &http.Client{Transport: tr}
+}
+
+// doHTTP performs one outbound request for a guest. The context carries the
+// call deadline, so a slow server is cut when the call's time is up; a
+// guest's timeout_ms may shorten but never extend it. It returns the JSON
+// response or a negative result code.
+func (h *Host) doHTTP(ctx context.Context, raw []byte) ([]byte, int64) {
+	var req httpRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return nil, codeInvalidArgument
+	}
+	req.Method = strings.ToUpper(req.Method)
+	if req.Method == "" {
+		req.Method = "GET"
+	}
+	u, err := url.Parse(req.URL)
+	if err != nil || !httpMethods[req.Method] || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, codeInvalidArgument
+	}
+	if int64(len(req.Body)) > h.cfg.HTTP.MaxRequestBytes {
+		return nil, codeTooLarge
+	}
+	timeout := h.cfg.HTTP.Timeout
+	if req.TimeoutMS > 0 && time.Duration(req.TimeoutMS)*time.Millisecond < timeout {
+		timeout = time.Duration(req.TimeoutMS) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var body io.Reader
+	if len(req.Body) > 0 {
+		body = strings.NewReader(string(req.Body))
+	}
+	hr, err := http.NewRequestWithContext(ctx, req.Method, u.String(), body)
+	if err != nil {
+		return nil, codeInvalidArgument
+	}
+	for k, v := range req.Headers {
+		hr.Header.Set(k, v)
+	}
+	resp, err := h.http.Do(hr)
+	if err != nil {
+		return nil, codeUnavailable
+	}
+	defer resp.Body.Close()
+	limit := h.cfg.HTTP.MaxResponseBytes
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, codeUnavailable
+	}
+	if int64(len(data)) > limit {
+		return nil, codeTooLarge
+	}
+	out := httpResponse{Status: resp.StatusCode, Body: data, Headers: map[string]string{}}
+	for k, v := range resp.Header {
+		out.Headers[k] = strings.Join(v, ", ")
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, codeUnavailable
+	}
+	return b, 0
+}

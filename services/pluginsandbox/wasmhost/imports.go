@@ -1,0 +1,196 @@
+package wasmhost
+
+import (
+	"context"
+
+	"github.com/tetratelabs/wazero/api"
+)
+
+// HostModule is the import module name of the plugin ABI.
+const HostModule = "clawmesh"
+
+// Result codes of host imports (plugins/ABI.md).
+const (
+	codeAccessDenied    int64 = -1
+	codeNotFound        int64 = -2
+	codeUnavailable     int64 = -3
+	codeInvalidArgument int64 = -4
+	codeTooLarge        int64 = -5
+)
+
+var (
+	i32 = api.ValueTypeI32
+	i64 = api.ValueTypeI64
+)
+
+// instantiateImports registers the "clawmesh" host module. Every function
+// finds its call frame through the context wazero passes in; none calls
+// back into the guest, and the only one that waits (http_request) honours
+// the context.
+func (h *Host) instantiateImports(ctx context.Context) error {
+	b := h.rt.NewHostModuleBuilder(HostModule)
+	fn := func(name string, f api.GoModuleFunc, params, results []api.ValueType) {
+		b.NewFunctionBuilder().WithGoModuleFunction(f, params, results).Export(name)
+	}
+	fn("log_record", h.importLogRecord, []api.ValueType{i32, i32, i32}, nil)
+	fn("secrets_get", h.importSecretsGet, []api.ValueType{i32, i32, i32, i32}, []api.ValueType{i64})
+	fn("config_get", h.importConfigGet, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	fn("inbound_poll", h.importInboundPoll, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	fn("inbound_pending", h.importInboundPending, nil, []api.ValueType{i32})
+	fn("http_request", h.importHTTPRequest, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	fn("http_response", h.importHTTPResponse, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	_, err := b.Instantiate(ctx)
+	return err
+}
+
+// writeOut copies data into the guest buffer when it fits and returns the
+// length either way: the guest retries with a larger buffer.
+func writeOut(m api.Module, ptr, capacity uint32, data []byte) int64 {
+	if uint32(len(data)) > capacity {
+		return int64(len(data))
+	}
+	if !m.Memory().Write(ptr, data) {
+		return codeInvalidArgument
+	}
+	return int64(len(data))
+}
+
+func readGuest(m api.Module, ptr, size uint32) ([]byte, bool) {
+	b, ok := m.Memory().Read(ptr, size)
+	if !ok {
+		return nil, false
+	}
+	return append([]byte(nil), b...), true
+}
+
+func (h *Host) importLogRecord(ctx context.Context, m api.Module, stack []uint64) {
+	level, ptr, size := api.DecodeU32(stack[0]), api.DecodeU32(stack[1]), api.DecodeU32(stack[2])
+	var span frameSpan
+	if f := frameFrom(ctx); f != nil {
+		if !f.spend() {
+			h.logs.dropped.Add(1)
+			return
+		}
+		span = f.span
+	}
+	h.logs.offer(span, level, size, func() ([]byte, bool) { return readGuest(m, ptr, size) })
+}
+
+func (h *Host) importSecretsGet(ctx context.Context, m api.Module, stack []uint64) {
+	namePtr, nameLen := api.DecodeU32(stack[0]), api.DecodeU32(stack[1])
+	buf, capacity := api.DecodeU32(stack[2]), api.DecodeU32(stack[3])
+	stack[0] = u64(h.secretsGet(ctx, m, namePtr, nameLen, buf, capacity))
+}
+
+func (h *Host) secretsGet(ctx context.Context, m api.Module, namePtr, nameLen, buf, capacity uint32) int64 {
+	f := frameFrom(ctx)
+	if f == nil || !f.service || !f.spend() {
+		return codeUnavailable
+	}
+	if !f.plugin.Grants.ConfigRead {
+		return codeAccessDenied
+	}
+	if nameLen > 256 {
+		return codeNotFound
+	}
+	name, ok := readGuest(m, namePtr, nameLen)
+	if !ok {
+		return codeInvalidArgument
+	}
+	if err := f.view(ctx); err != nil {
+		return codeUnavailable
+	}
+	v, ok := f.secrets[string(name)]
+	if !ok {
+		return codeNotFound
+	}
+	return writeOut(m, buf, capacity, []byte(v))
+}
+
+func (h *Host) importConfigGet(ctx context.Context, m api.Module, stack []uint64) {
+	buf, capacity := api.DecodeU32(stack[0]), api.DecodeU32(stack[1])
+	f := frameFrom(ctx)
+	switch {
+	case f == nil || !f.service || !f.spend():
+		stack[0] = u64(codeUnavailable)
+	case !f.plugin.Grants.ConfigRead || f.plugin.Schema == nil:
+		stack[0] = u64(codeAccessDenied)
+	case f.view(ctx) != nil:
+		stack[0] = u64(codeUnavailable)
+	default:
+		stack[0] = u64(writeOut(m, buf, capacity, f.publicJSON()))
+	}
+}
+
+func (h *Host) importInboundPoll(ctx context.Context, m api.Module, stack []uint64) {
+	buf, capacity := api.DecodeU32(stack[0]), api.DecodeU32(stack[1])
+	f := frameFrom(ctx)
+	if f == nil || !f.service || f.inbound == nil || !f.spend() {
+		stack[0] = 0
+		return
+	}
+	msg, size := f.inbound.popIfFits(capacity)
+	if msg == nil {
+		stack[0] = u64(int64(size))
+		return
+	}
+	if !m.Memory().Write(buf, msg) {
+		stack[0] = u64(codeInvalidArgument)
+		return
+	}
+	stack[0] = u64(int64(size))
+}
+
+func (h *Host) importInboundPending(ctx context.Context, _ api.Module, stack []uint64) {
+	f := frameFrom(ctx)
+	if f == nil || !f.service || f.inbound == nil || !f.spend() {
+		stack[0] = 0
+		return
+	}
+	stack[0] = api.EncodeU32(uint32(f.inbound.Pending()))
+}
+
+func (h *Host) importHTTPRequest(ctx context.Context, m api.Module, stack []uint64) {
+	ptr, size := api.DecodeU32(stack[0]), api.DecodeU32(stack[1])
+	f := frameFrom(ctx)
+	switch {
+	case f == nil || !f.service || !f.spend():
+		stack[0] = u64(codeUnavailable)
+		return
+	case !f.plugin.httpAllowed():
+		stack[0] = u64(codeAccessDenied)
+		return
+	case int64(size) > h.cfg.HTTP.MaxRequestBytes*2+64<<10:
+		stack[0] = u64(codeTooLarge)
+		return
+	}
+	req, ok := readGuest(m, ptr, size)
+	if !ok {
+		stack[0] = u64(codeInvalidArgument)
+		return
+	}
+	resp, code := h.doHTTP(ctx, req)
+	if code < 0 {
+		stack[0] = u64(code)
+		return
+	}
+	f.httpResp = resp
+	stack[0] = u64(int64(len(resp)))
+}
+
+func (h *Host) importHTTPResponse(ctx context.Context, m api.Module, stack []uint64) {
+	buf, capacity := api.DecodeU32(stack[0]), api.DecodeU32(stack[1])
+	f := frameFrom(ctx)
+	if f == nil || f.httpResp == nil {
+		stack[0] = u64(codeUnavailable)
+		return
+	}
+	n := writeOut(m, buf, capacity, f.httpResp)
+	if n >= 0 && n <= int64(capacity) {
+		f.httpResp = nil
+	}
+	stack[0] = u64(n)
+}
+
+// u64 stores a signed result in a wasm i64 stack slot.
+func u64(v int64) uint64 { return uint64(v) }

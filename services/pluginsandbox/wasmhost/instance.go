@@ -1,0 +1,299 @@
+package wasmhost
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin"
+)
+
+// maxResultBytes caps what an export may return.
+const maxResultBytes = 16 << 20
+
+// interruptFuel is what the watchdog writes into the fuel counter at the
+// deadline: far below zero, so the next charge traps.
+const interruptFuel = -(int64(1) << 62)
+
+// instance is one instantiated module. It is used by one call at a time.
+type instance struct {
+	c       *compiled
+	mod     api.Module
+	fuel    api.MutableGlobal // nil when fuel is disabled
+	alloc   api.Function
+	dealloc api.Function
+	stderr  tailBuffer
+	// sleepDone is the Done channel of the running call, so that WASI sleeps
+	// (poll_oneoff clock waits) end with the call.
+	sleepDone atomic.Pointer[<-chan struct{}]
+	broken    bool
+	closed    atomic.Bool
+}
+
+// newInstance instantiates c and runs _initialize under the call limits,
+// with no service frame (config and secrets are unavailable there). The
+// caller holds a slot for it; newInstance does not release it on failure.
+func (h *Host) newInstance(ctx context.Context, c *compiled) (*instance, error) {
+	in := &instance{c: c}
+	cfg := wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions().
+		WithNanosleep(in.nanosleep).
+		WithStdout(io.Discard).
+		WithStderr(&in.stderr)
+	if h.cfg.DeterministicWASI {
+		cfg = cfg.WithRandSource(mrand.NewChaCha8([32]byte{}))
+	} else {
+		cfg = cfg.WithSysWalltime().WithSysNanotime().WithRandSource(crand.Reader)
+	}
+	ictx := ctx
+	if h.alloc != nil {
+		ictx = experimental.WithMemoryAllocator(ctx, h.alloc)
+	}
+	mod, err := h.rt.InstantiateModule(ictx, c.mod, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: instantiate: %w", ErrInvalidModule, err)
+	}
+	in.mod = mod
+	in.alloc = mod.ExportedFunction("alloc")
+	in.dealloc = mod.ExportedFunction("dealloc")
+	if g, ok := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal); ok {
+		in.fuel = g
+	}
+	if init := mod.ExportedFunction("_initialize"); init != nil {
+		cctx, cancel := h.callContext(ctx)
+		_, err := in.invoke(cctx, nil, func(ctx context.Context) ([]byte, error) {
+			_, err := init.Call(ctx)
+			return nil, err
+		})
+		cancel()
+		if err != nil {
+			in.close(context.Background())
+			return nil, fmt.Errorf("_initialize: %w", err)
+		}
+	}
+	return in, nil
+}
+
+func (in *instance) nanosleep(ns int64) {
+	t := time.NewTimer(time.Duration(ns))
+	defer t.Stop()
+	var done <-chan struct{}
+	if p := in.sleepDone.Load(); p != nil {
+		done = *p
+	}
+	select {
+	case <-t.C:
+	case <-done:
+	}
+}
+
+// call runs one export with a JSON argument (nil for none) inside frame f
+// (nil outside any service frame) and returns the bytes it returns. ctx must
+// carry the call deadline (Host.callContext).
+func (in *instance) call(ctx context.Context, f *frame, export string, arg []byte, release bool) ([]byte, error) {
+	fn := in.mod.ExportedFunction(export)
+	if fn == nil {
+		return nil, fmt.Errorf("%w: missing export %q", ErrABI, export)
+	}
+	if f != nil {
+		ctx = withFrame(ctx, f)
+		defer f.drop()
+	}
+	return in.invoke(ctx, f, func(ctx context.Context) ([]byte, error) {
+		var params []uint64
+		if arg != nil {
+			res, err := in.alloc.Call(ctx, uint64(len(arg)))
+			if err != nil {
+				return nil, err
+			}
+			ptr := uint32(res[0])
+			if len(arg) > 0 && !in.mod.Memory().Write(ptr, arg) {
+				return nil, fmt.Errorf("%w: alloc returned an out-of-bounds buffer", ErrABI)
+			}
+			params = []uint64{uint64(ptr), uint64(len(arg))}
+		}
+		res, err := fn.Call(ctx, params...)
+		if err != nil {
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		ptr, size := uint32(res[0]>>32), uint32(res[0])
+		if size > maxResultBytes {
+			return nil, fmt.Errorf("%w: %s returned %d bytes, limit %d", ErrABI, export, size, maxResultBytes)
+		}
+		view, ok := in.mod.Memory().Read(ptr, size)
+		if !ok {
+			return nil, fmt.Errorf("%w: %s returned an out-of-bounds buffer", ErrABI, export)
+		}
+		out := append([]byte(nil), view...)
+		if release && size > 0 {
+			if _, err := in.dealloc.Call(ctx, uint64(ptr), uint64(size)); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	})
+}
+
+// invoke runs body under the fuel budget and the deadline in ctx, and turns
+// whatever stopped it into one of the package's errors.
+func (in *instance) invoke(ctx context.Context, f *frame, body func(context.Context) ([]byte, error)) ([]byte, error) {
+	if in.broken || in.closed.Load() {
+		return nil, fmt.Errorf("%w: instance was stopped by an earlier failure", ErrUnavailable)
+	}
+	h := in.c.host
+	if in.fuel != nil {
+		in.fuel.Set(h.cfg.Limits.CallFuel)
+	}
+	done := ctx.Done()
+	in.sleepDone.Store(&done)
+	wd := in.startWatchdog(ctx)
+	out, err := body(ctx)
+	fired := wd.stop()
+	in.sleepDone.Store(nil)
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err() // the context is checked after every call
+	}
+	if err != nil {
+		in.broken = true
+		return nil, in.classify(ctx, err, fired)
+	}
+	return out, nil
+}
+
+func (in *instance) fuelLeft() int64 {
+	if in.fuel == nil {
+		return 0
+	}
+	return int64(in.fuel.Get())
+}
+
+// classify maps what stopped a call to a sentinel error. Order matters: a
+// deadline drives fuel negative, so it is checked first.
+func (in *instance) classify(ctx context.Context, err error, watchdogFired bool) error {
+	lim := in.c.host.cfg.Limits
+	if errors.Is(err, ErrABI) {
+		return err
+	}
+	if watchdogFired || ctx.Err() != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, errCallDeadline) {
+			return fmt.Errorf("%w: %w", ErrCancelled, cause)
+		}
+		return fmt.Errorf("%w: plugins.limits.call_timeout_ms %d", ErrCallTimeout, lim.CallTimeoutMS)
+	}
+	if in.fuel != nil && in.fuelLeft() < 0 {
+		return fmt.Errorf("%w: plugins.limits.call_fuel %d", ErrFuelExhausted, lim.CallFuel)
+	}
+	if in.outOfMemory() {
+		return fmt.Errorf("%w: plugins.limits.max_memory_mb %d", ErrMemoryLimit, lim.MaxMemoryMB)
+	}
+	var exit *sys.ExitError
+	if errors.As(err, &exit) {
+		return fmt.Errorf("%w: guest exited with code %d", ErrTrap, exit.ExitCode())
+	}
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i] // drop wazero's stack trace
+	}
+	return fmt.Errorf("%w: %s", ErrTrap, msg)
+}
+
+// outOfMemory reports whether a failed call ran out of linear memory: the Go
+// runtime says so on stderr before trapping, and any guest whose memory is
+// within 8 MiB of the limit when it traps is taken to have hit it.
+func (in *instance) outOfMemory() bool {
+	if bytes.Contains(in.stderr.bytes(), []byte("out of memory")) {
+		return true
+	}
+	mem := in.mod.Memory()
+	if mem == nil {
+		return false
+	}
+	limit := in.c.host.cfg.Limits.MaxMemoryMB << 20
+	return uint64(mem.Size())+8<<20 >= limit
+}
+
+// close closes the module; it is safe to call twice.
+func (in *instance) close(ctx context.Context) {
+	if in.closed.CompareAndSwap(false, true) && in.mod != nil {
+		_ = in.mod.Close(ctx)
+	}
+}
+
+// watchdog enforces the deadline under InterruptWatchdog: when the context
+// ends it writes interruptFuel into the fuel counter every millisecond until
+// the call returns (one write can be lost to the guest's own
+// read-modify-write of the counter, hence the repetition).
+type watchdog struct {
+	stopFn func() bool
+	quit   chan struct{}
+	done   chan struct{}
+	fired  atomic.Bool
+}
+
+func (in *instance) startWatchdog(ctx context.Context) *watchdog {
+	if in.fuel == nil || in.c.host.cfg.Interrupt != InterruptWatchdog {
+		return nil
+	}
+	w := &watchdog{quit: make(chan struct{}), done: make(chan struct{})}
+	w.stopFn = context.AfterFunc(ctx, func() {
+		defer close(w.done)
+		w.fired.Store(true)
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			in.fuel.Set(interruptFuelBits)
+			select {
+			case <-w.quit:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return w
+}
+
+// stop ends the watchdog and reports whether it fired.
+func (w *watchdog) stop() bool {
+	if w == nil {
+		return false
+	}
+	if w.stopFn() {
+		return false
+	}
+	close(w.quit)
+	<-w.done
+	return w.fired.Load()
+}
+
+// tailBuffer keeps the last 4 KiB written to it (the guest's stderr), only
+// to recognise an out-of-memory report; it is never shown to callers.
+type tailBuffer struct{ b []byte }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	const max = 4 << 10
+	t.b = append(t.b, p...)
+	if len(t.b) > max {
+		t.b = append(t.b[:0], t.b[len(t.b)-max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) bytes() []byte { return t.b }
+
+var interruptFuelBits = func() uint64 { v := interruptFuel; return uint64(v) }()

@@ -1,0 +1,286 @@
+package wasmhost_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	wb "github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin/wasmbuild"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+func args(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// keepServing runs echo calls until stop is closed and reports failures: the
+// host must keep serving other calls while a guest misbehaves.
+func keepServing(t *testing.T, echo *wasmhost.Tool) (stop func() int) {
+	done := make(chan struct{})
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			res, err := echo.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"text": "still here"})})
+			if err != nil || res.Output != "still here" {
+				t.Errorf("echo during misbehaviour: %+v, %v", res, err)
+				return
+			}
+			n.Add(1)
+		}
+	}()
+	return func() int { close(done); wg.Wait(); return int(n.Load()) }
+}
+
+func TestMisbehavingGuestsStoppedByTheRightLimit(t *testing.T) {
+	sink := &recordingSink{}
+	h := newHost(t, wasmhost.Limits{CallFuel: 200_000_000, CallTimeoutMS: 5_000, MaxMemoryMB: 64}, func(c *wasmhost.Config) {
+		c.LogSink = sink
+	})
+	bad := loadTool(t, h, "misbehave")
+	echo := loadTool(t, h, "echo")
+
+	cases := []struct {
+		name string
+		args map[string]any
+		want error
+	}{
+		{"infinite loop: fuel", map[string]any{"mode": "loop"}, wasmhost.ErrFuelExhausted},
+		{"memory hog: memory", map[string]any{"mode": "memhog", "mb": 200}, wasmhost.ErrMemoryLimit},
+		{"panic: trap", map[string]any{"mode": "panic"}, wasmhost.ErrTrap},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			stop := keepServing(t, echo)
+			_, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(c.args)})
+			served := stop()
+			if !errors.Is(err, c.want) {
+				t.Fatalf("err = %v, want %v", err, c.want)
+			}
+			t.Logf("stopped with %v; %d echo calls served meanwhile", err, served)
+		})
+	}
+
+	t.Run("memory hog within the limit succeeds", func(t *testing.T) {
+		res, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"mode": "memhog", "mb": 16})})
+		if err != nil || !res.Success {
+			t.Fatalf("memhog 16 MiB: %+v, %v", res, err)
+		}
+	})
+}
+
+func TestInfiniteLoopStoppedByDeadline(t *testing.T) {
+	for _, mode := range []wasmhost.Interrupt{wasmhost.InterruptWatchdog, wasmhost.InterruptCloseOnDone} {
+		t.Run(fmt.Sprint("interrupt ", mode), func(t *testing.T) {
+			h := newHost(t, wasmhost.Limits{CallFuel: 1 << 60, CallTimeoutMS: 200}, func(c *wasmhost.Config) { c.Interrupt = mode })
+			bad := loadTool(t, h, "misbehave")
+			// Collect garbage all along: a stop-the-world must not wait
+			// forever for the looping guest (it yields to Go periodically).
+			stopGC := make(chan struct{})
+			gcDone := make(chan struct{})
+			go func() {
+				defer close(gcDone)
+				for {
+					select {
+					case <-stopGC:
+						return
+					default:
+						runtime.GC()
+					}
+				}
+			}()
+			start := time.Now()
+			_, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"mode": "loop"})})
+			elapsed := time.Since(start)
+			close(stopGC)
+			<-gcDone
+			if !errors.Is(err, wasmhost.ErrCallTimeout) {
+				t.Fatalf("err = %v, want ErrCallTimeout", err)
+			}
+			if elapsed > 2*time.Second {
+				t.Fatalf("stopped after %v", elapsed)
+			}
+			t.Logf("stopped after %v", elapsed)
+		})
+	}
+}
+
+func TestGuestSleepEndsAtDeadline(t *testing.T) {
+	h := newHost(t, wasmhost.Limits{CallTimeoutMS: 200})
+	bad := loadTool(t, h, "misbehave")
+	start := time.Now()
+	_, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"mode": "sleep", "ms": 5000})})
+	if !errors.Is(err, wasmhost.ErrCallTimeout) || time.Since(start) > 2*time.Second {
+		t.Fatalf("err = %v after %v, want ErrCallTimeout near 200ms", err, time.Since(start))
+	}
+}
+
+func TestFuelIsDeterministic(t *testing.T) {
+	deterministic := func(c *wasmhost.Config) { c.DeterministicWASI = true }
+	h := newHost(t, wasmhost.Limits{CallFuel: 1_000_000_000}, deterministic)
+	bad := loadTool(t, h, "misbehave")
+	call := wasmhost.ToolCall{Args: args(map[string]any{"mode": "spin", "n": 100_000})}
+	var used []uint64
+	for i := 0; i < 3; i++ {
+		res, err := bad.Execute(context.Background(), call)
+		if err != nil || !res.Success {
+			t.Fatalf("spin with a large budget: %+v, %v", res, err)
+		}
+		used = append(used, res.FuelUsed)
+	}
+	if used[0] != used[1] || used[1] != used[2] || used[0] == 0 {
+		t.Fatalf("fuel used across runs = %v, want equal and non-zero", used)
+	}
+	t.Logf("spin(100000) uses %d fuel", used[0])
+
+	small := newHost(t, wasmhost.Limits{CallFuel: used[0] / 2}, deterministic)
+	bad2 := loadTool(t, small, "misbehave")
+	if _, err := bad2.Execute(context.Background(), call); !errors.Is(err, wasmhost.ErrFuelExhausted) {
+		t.Fatalf("spin with half the budget: err = %v, want ErrFuelExhausted", err)
+	}
+}
+
+func TestTableGrowerRefusedAtLoad(t *testing.T) {
+	h := newHost(t, wasmhost.Limits{MaxTableElements: 1000})
+	var b wb.Builder
+	ty := b.Type(nil, []byte{wb.I32})
+	b.Table(1, 0, false) // no maximum
+	b.Memory(1, 1, true)
+	// ref.null func; i32.const 50000000; table.grow 0
+	b.ExportFunc("grow", b.Func(ty, nil, []byte{0xd0, 0x70, 0x41, 0x80, 0xe1, 0xeb, 0x17, 0xfc, 0x0f, 0x00, 0x0b}))
+	_, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "grower", Wasm: b.Bytes()})
+	if !errors.Is(err, wasmhost.ErrTableLimit) {
+		t.Fatalf("err = %v, want ErrTableLimit", err)
+	}
+	var b2 wb.Builder
+	b2.Table(10, 5000, true) // maximum over the limit
+	b2.Memory(1, 1, true)
+	if _, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "big", Wasm: b2.Bytes()}); !errors.Is(err, wasmhost.ErrTableLimit) {
+		t.Fatalf("err = %v, want ErrTableLimit", err)
+	}
+}
+
+func TestSlowHTTPImportCutByDeadline(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(5 * time.Second):
+		case <-release:
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, "late")
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	h := newHost(t, wasmhost.Limits{CallTimeoutMS: 200})
+	fetch := loadTool(t, h, "httpfetch", func(s *wasmhost.PluginSpec) { s.Grants.HTTPClient = true })
+	start := time.Now()
+	_, err := fetch.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL})})
+	elapsed := time.Since(start)
+	if !errors.Is(err, wasmhost.ErrCallTimeout) {
+		t.Fatalf("err = %v, want ErrCallTimeout", err)
+	}
+	if elapsed > time.Second {
+		t.Fatalf("cut after %v, want about 200ms", elapsed)
+	}
+	t.Logf("cut after %v", elapsed)
+}
+
+func TestHTTPNeedsGrant(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hi") }))
+	t.Cleanup(srv.Close)
+	h := newHost(t, wasmhost.Limits{})
+	denied := loadTool(t, h, "httpfetch")
+	res, err := denied.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL})})
+	if err != nil || res.Success || res.Error == nil || !strings.Contains(*res.Error, "access-denied") {
+		t.Fatalf("without grant: %+v, %v", res, err)
+	}
+	granted := loadTool(t, h, "httpfetch", func(s *wasmhost.PluginSpec) { s.Grants.HTTPClient = true })
+	res, err = granted.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL})})
+	if err != nil || !res.Success || res.Output != "200 hi" {
+		t.Fatalf("with grant: %+v, %v", res, err)
+	}
+}
+
+func TestInstanceCap(t *testing.T) {
+	const max = 64
+	var started atomic.Int64
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	t.Cleanup(srv.Close)
+	h := newHost(t, wasmhost.Limits{MaxInstances: max, CallTimeoutMS: 60_000})
+	fetch := loadTool(t, h, "httpfetch", func(s *wasmhost.PluginSpec) { s.Grants.HTTPClient = true })
+	call := wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL})}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, max)
+	for i := 0; i < max; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := fetch.Execute(context.Background(), call)
+			if err == nil && res.Output != "200 ok" {
+				err = fmt.Errorf("result %+v", res)
+			}
+			errs <- err
+		}()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for started.Load() < max {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d calls reached the server", started.Load(), max)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := h.InstancesInUse(); got != max {
+		t.Fatalf("instances in use = %d, want %d", got, max)
+	}
+	// The 65th waits for a slot until its own deadline, then is refused.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err := fetch.Execute(ctx, call)
+	cancel()
+	if !errors.Is(err, wasmhost.ErrInstanceLimit) {
+		t.Fatalf("65th call: err = %v, want ErrInstanceLimit", err)
+	}
+	// A 65th that waits longer gets a slot once the others finish.
+	late := make(chan error, 1)
+	go func() {
+		_, err := fetch.Execute(context.Background(), call)
+		late <- err
+	}()
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("one of the %d calls failed: %v", max, err)
+		}
+	}
+	if err := <-late; err != nil {
+		t.Fatalf("waiting 65th call: %v", err)
+	}
+}

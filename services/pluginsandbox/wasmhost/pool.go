@@ -1,0 +1,153 @@
+package wasmhost
+
+import (
+	"context"
+	"sync"
+
+	"go.uber.org/zap"
+)
+
+// pool keeps up to size pre-instantiated, never-used instances of one
+// module, so a call gets a fresh instance without waiting for
+// instantiation. Instances are used once and closed.
+type pool struct {
+	h     *Host
+	c     *compiled
+	ready chan *instance
+	kickc chan struct{}
+	stopc chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+}
+
+func newPool(h *Host, c *compiled, size int) *pool {
+	p := &pool{h: h, c: c, ready: make(chan *instance, size), kickc: make(chan struct{}, 1), stopc: make(chan struct{})}
+	if size > 0 {
+		h.addPool(p)
+		p.wg.Add(1)
+		go p.run()
+		p.kick()
+	}
+	return p
+}
+
+func (p *pool) kick() {
+	select {
+	case p.kickc <- struct{}{}:
+	default:
+	}
+}
+
+func (p *pool) run() {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-p.stopc:
+			return
+		case <-p.kickc:
+			p.fill()
+		}
+	}
+}
+
+// fill instantiates until the pool is full or no slot is idle.
+func (p *pool) fill() {
+	for len(p.ready) < cap(p.ready) {
+		select {
+		case <-p.stopc:
+			return
+		default:
+		}
+		if !p.h.slots.tryAcquireIdle() {
+			return
+		}
+		in, err := p.h.newInstance(context.Background(), p.c)
+		if err != nil {
+			p.h.slots.release()
+			p.h.logger.Warn("plugin pre-instantiation failed", zap.String("plugin", p.c.spec.Name), zap.Error(err))
+			return
+		}
+		select {
+		case p.ready <- in:
+		default:
+			p.h.discard(in)
+		}
+	}
+}
+
+// take returns a ready instance, or nil when none is ready.
+func (p *pool) take() *instance {
+	select {
+	case in := <-p.ready:
+		p.kick()
+		return in
+	default:
+		p.kick()
+		return nil
+	}
+}
+
+func (p *pool) evictOne() bool {
+	select {
+	case in := <-p.ready:
+		p.h.discardNow(in)
+		return true
+	default:
+		return false
+	}
+}
+
+// close stops refilling and closes the idle instances. Safe to call twice.
+func (p *pool) close() {
+	p.once.Do(func() {
+		close(p.stopc)
+		p.wg.Wait()
+		p.h.removePool(p)
+		for {
+			select {
+			case in := <-p.ready:
+				p.h.discardNow(in)
+			default:
+				return
+			}
+		}
+	})
+}
+
+// acquire returns a fresh instance holding a slot: from the pool when one is
+// ready, else instantiated now (after waiting for a slot, within ctx).
+func (h *Host) acquire(ctx context.Context, p *pool) (*instance, error) {
+	if h.closed.Load() {
+		return nil, ErrClosed
+	}
+	if p != nil {
+		if in := p.take(); in != nil {
+			return in, nil
+		}
+	}
+	if err := h.slots.acquire(ctx); err != nil {
+		return nil, err
+	}
+	c := p.c
+	in, err := h.newInstance(ctx, c)
+	if err != nil {
+		h.slots.release()
+		return nil, err
+	}
+	return in, nil
+}
+
+// discard closes an instance off the call path and frees its slot.
+func (h *Host) discard(in *instance) {
+	h.bg.Add(1)
+	go func() {
+		defer h.bg.Done()
+		h.discardNow(in)
+	}()
+}
+
+func (h *Host) discardNow(in *instance) {
+	in.close(context.Background())
+	h.slots.release()
+	h.kickPools()
+}

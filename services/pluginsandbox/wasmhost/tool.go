@@ -1,0 +1,196 @@
+package wasmhost
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// ToolCall is one invocation of a tool.
+type ToolCall struct {
+	// CallID and Principal attribute the call (logs, audit).
+	CallID, Principal string
+	// Args is the JSON object of arguments. A caller-supplied "__config" is
+	// stripped; the host injects the validated public config there.
+	Args json.RawMessage
+}
+
+// ToolResult is the tool-result record. A guest's err result becomes
+// Success false with Error set.
+type ToolResult struct {
+	Success bool    `json:"success"`
+	Output  string  `json:"output"`
+	Error   *string `json:"error"`
+	// FuelUsed is the fuel the call spent (argument copy and result read
+	// included); it is deterministic for a deterministic guest.
+	FuelUsed uint64 `json:"-"`
+}
+
+// Tool is a loaded tool plugin. Each Execute runs in a fresh instance.
+type Tool struct {
+	h    *Host
+	c    *compiled
+	pool *pool
+
+	name        string
+	description string
+	schema      json.RawMessage
+}
+
+// LoadTool compiles a tool plugin, checks its ABI version and reads its
+// name, description and parameters schema once, in an instance that is then
+// discarded.
+func (h *Host) LoadTool(ctx context.Context, spec PluginSpec) (*Tool, error) {
+	spec.World = WorldTool
+	c, err := h.compile(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tool{h: h, c: c}
+	if err := h.withMetadataInstance(ctx, c, func(ctx context.Context, in *instance) error {
+		var err error
+		if err = in.callJSON(ctx, "tool_name", &t.name); err != nil {
+			return err
+		}
+		if err = in.callJSON(ctx, "tool_description", &t.description); err != nil {
+			return err
+		}
+		var raw json.RawMessage
+		if err = in.callJSON(ctx, "tool_parameters_schema", &raw); err != nil {
+			return err
+		}
+		t.schema = raw
+		return nil
+	}); err != nil {
+		_ = c.mod.Close(ctx)
+		return nil, err
+	}
+	if t.name == "" {
+		_ = c.mod.Close(ctx)
+		return nil, fmt.Errorf("%w: tool_name is empty", ErrABI)
+	}
+	t.pool = newPool(h, c, h.cfg.PoolSize)
+	return t, nil
+}
+
+// Name, Description and ParametersSchema are the metadata read at load.
+func (t *Tool) Name() string                      { return t.name }
+func (t *Tool) Description() string               { return t.description }
+func (t *Tool) ParametersSchema() json.RawMessage { return t.schema }
+
+// PluginName is the package name of the plugin.
+func (t *Tool) PluginName() string { return t.c.spec.Name }
+
+// Close stops the tool's pool and releases its compiled module.
+func (t *Tool) Close(ctx context.Context) error {
+	t.pool.close()
+	return t.c.mod.Close(ctx)
+}
+
+// Execute runs the tool once in a fresh instance under every limit: the
+// deadline covers waiting for an instance slot, the guest and its imports.
+// Errors wrap the package's sentinels (ErrFuelExhausted, ErrCallTimeout,
+// ErrMemoryLimit, ErrTrap, ErrInstanceLimit, ErrConfig, ...).
+func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
+	var args map[string]json.RawMessage
+	if len(call.Args) == 0 {
+		args = map[string]json.RawMessage{}
+	} else if err := json.Unmarshal(call.Args, &args); err != nil || args == nil {
+		return ToolResult{}, fmt.Errorf("%w: arguments must be a JSON object", ErrABI)
+	}
+	delete(args, "__config")
+
+	ctx, cancel := t.h.callContext(ctx)
+	defer cancel()
+	f := &frame{
+		host: t.h, plugin: t.c.spec, service: true,
+		span: frameSpan{plugin: t.c.spec.Name, world: string(WorldTool), export: "tool_execute", callID: call.CallID, principal: call.Principal},
+	}
+	if err := f.view(ctx); err != nil {
+		return ToolResult{}, err
+	}
+	if len(f.public) > 0 {
+		pub, err := json.Marshal(f.public)
+		if err != nil {
+			return ToolResult{}, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		args["__config"] = pub
+	}
+	argJSON, err := json.Marshal(args)
+	if err != nil {
+		return ToolResult{}, fmt.Errorf("%w: %w", ErrABI, err)
+	}
+
+	in, err := t.h.acquire(ctx, t.pool)
+	if err != nil {
+		return ToolResult{}, err
+	}
+	defer t.h.discard(in)
+	out, err := in.call(ctx, f, "tool_execute", argJSON, false)
+	if err != nil {
+		return ToolResult{}, err
+	}
+	var env struct {
+		Ok  *ToolResult `json:"ok"`
+		Err *string     `json:"err"`
+	}
+	if err := json.Unmarshal(out, &env); err != nil || (env.Ok == nil) == (env.Err == nil) {
+		return ToolResult{}, fmt.Errorf("%w: tool_execute returned neither ok nor err", ErrABI)
+	}
+	used := t.h.cfg.Limits.CallFuel - uint64(in.fuelLeft())
+	if in.fuel == nil {
+		used = 0
+	}
+	if env.Err != nil {
+		return ToolResult{Success: false, Error: env.Err, FuelUsed: used}, nil
+	}
+	res := *env.Ok
+	res.FuelUsed = used
+	return res, nil
+}
+
+// withMetadataInstance runs fn in a new instance outside any service frame
+// (config and secrets answer unavailable), after checking the ABI version,
+// then discards the instance.
+func (h *Host) withMetadataInstance(ctx context.Context, c *compiled, fn func(context.Context, *instance) error) error {
+	ctx, cancel := h.callContext(ctx)
+	defer cancel()
+	if err := h.slots.acquire(ctx); err != nil {
+		return err
+	}
+	in, err := h.newInstance(ctx, c)
+	if err != nil {
+		h.slots.release()
+		return err
+	}
+	defer h.discardNow(in)
+	if err := in.checkVersion(ctx); err != nil {
+		return err
+	}
+	return fn(ctx, in)
+}
+
+func (in *instance) checkVersion(ctx context.Context) error {
+	fn := in.mod.ExportedFunction("clawmesh_abi_version")
+	res, err := fn.Call(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: clawmesh_abi_version: %w", ErrABI, err)
+	}
+	if len(res) != 1 || uint32(res[0]) != ABIVersion {
+		return fmt.Errorf("%w: module speaks ABI version %d, host speaks %d", ErrABI, uint32(res[0]), ABIVersion)
+	}
+	return nil
+}
+
+// callJSON calls a metadata export (no argument, no frame) and decodes its
+// JSON result into v.
+func (in *instance) callJSON(ctx context.Context, export string, v any) error {
+	out, err := in.call(ctx, nil, export, nil, true)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(out, v); err != nil {
+		return fmt.Errorf("%w: %s returned invalid JSON", ErrABI, export)
+	}
+	return nil
+}
