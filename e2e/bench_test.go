@@ -3,17 +3,23 @@ package e2e_test
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
 // BenchmarkSocket measures requests per second and p50/p99 latency over a
@@ -158,4 +164,160 @@ func serveEcho(path string) {
 			}
 		}()
 	}
+}
+
+// BenchmarkTurnStream measures the time from the provider producing a
+// chunk to the client reading it off the socket (the scripted provider's
+// /stamp writes the production time into each chunk; both ends share this
+// host's clock), with 1, 10 and 100 sessions streaming at once, one chunk
+// per millisecond each. Next to it, in the same run and on the same NATS
+// server, a bare NATS publish-to-receive at the same pace and fan-in.
+func BenchmarkTurnStream(b *testing.B) {
+	natsURL := testenv.NATS(b)
+	s := e2e.Start(b, e2e.Options{Env: []string{"NATS_URL=" + natsURL}})
+	for _, n := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("socket/sessions=%d", n), func(b *testing.B) { streamTurns(b, s, n) })
+		b.Run(fmt.Sprintf("nats/sessions=%d", n), func(b *testing.B) { streamNATS(b, natsURL, n) })
+	}
+}
+
+func streamTurns(b *testing.B, s *e2e.Stack, sessions int) {
+	type client struct {
+		c  *e2e.Client
+		id string
+	}
+	clients := make([]client, sessions)
+	for i := range clients {
+		c := s.Dial(b)
+		if _, err := c.Initialize(); err != nil {
+			b.Fatal(err)
+		}
+		raw, err := c.Call("session/new", map[string]any{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var r struct {
+			SessionID string `json:"session_id"`
+		}
+		json.Unmarshal(raw, &r)
+		clients[i] = client{c, r.SessionID}
+	}
+	per := max(1, (b.N+sessions-1)/sessions)
+	lat := make([][]time.Duration, sessions)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for i, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			params, _ := json.Marshal(map[string]any{"session_id": cl.id, "prompt": fmt.Sprintf("/stamp %d 1", per)})
+			if err := cl.c.Send(`{"jsonrpc":"2.0","id":"p","method":"session/prompt","params":` + string(params) + `}`); err != nil {
+				b.Error(err)
+				return
+			}
+			for {
+				f, line, err := cl.c.Read(60 * time.Second)
+				if err != nil {
+					b.Errorf("read: %v %q", err, line)
+					return
+				}
+				if f.Method != "session/update" {
+					if string(f.ID) == `"p"` {
+						return
+					}
+					continue
+				}
+				now := time.Now().UnixNano()
+				var u struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				}
+				json.Unmarshal(f.Params, &u)
+				if u.Type != "agent_message_chunk" {
+					continue
+				}
+				ns, err := strconv.ParseInt(strings.TrimSpace(u.Text), 10, 64)
+				if err != nil {
+					b.Errorf("chunk %q", u.Text)
+					return
+				}
+				lat[i] = append(lat[i], time.Duration(now-ns))
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	reportLatency(b, lat)
+}
+
+func streamNATS(b *testing.B, url string, sessions int) {
+	pub, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pub.Close()
+	sub, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Close()
+	per := max(1, (b.N+sessions-1)/sessions)
+	lat := make([][]time.Duration, sessions)
+	done := make([]chan struct{}, sessions)
+	for i := range sessions {
+		done[i] = make(chan struct{})
+		s, err := sub.Subscribe(fmt.Sprintf("bench.stream.%d", i), func(m *nats.Msg) {
+			now := time.Now().UnixNano()
+			ns, _ := strconv.ParseInt(string(m.Data[:19]), 10, 64)
+			lat[i] = append(lat[i], time.Duration(now-ns))
+			if len(lat[i]) == per {
+				close(done[i])
+			}
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Unsubscribe()
+	}
+	// Every subscription is known to the server before anything is sent.
+	if err := sub.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for i := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A payload the size of a chunk update.
+			pad := strings.Repeat("x", 200)
+			for k := range per {
+				if k > 0 {
+					time.Sleep(time.Millisecond)
+				}
+				pub.Publish(fmt.Sprintf("bench.stream.%d", i), []byte(strconv.FormatInt(time.Now().UnixNano(), 10)+pad))
+			}
+			select {
+			case <-done[i]:
+			case <-time.After(60 * time.Second):
+				b.Errorf("stream %d: received %d of %d", i, len(lat[i]), per)
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	reportLatency(b, lat)
+}
+
+func reportLatency(b *testing.B, per [][]time.Duration) {
+	var all []time.Duration
+	for _, l := range per {
+		all = append(all, l...)
+	}
+	if len(all) == 0 {
+		return
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50_us")
+	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99_us")
 }

@@ -16,6 +16,9 @@ import (
 //	                  the step ends there and the next step resumes after it
 //	/sleep MS         a pause of MS milliseconds
 //	/fail TEXT        the turn fails with TEXT
+//	/stamp N [MS]     N message chunks, MS ms apart, each the wall clock in
+//	                  Unix nanoseconds when it was produced (for latency
+//	                  benchmarks: a client on the same host subtracts it)
 //	anything else     streamed back as /say would
 //
 // It keeps no state: the number of tool results after the latest user
@@ -83,6 +86,13 @@ func (scripted) Step(ctx context.Context, req ProviderRequest, emit func(Chunk))
 			}
 		case "/fail":
 			return StepResult{}, &providerError{msg: arg}
+		case "/stamp":
+			if err := stamp(ctx, arg, emit); err != nil {
+				if ctx.Err() != nil {
+					return StepResult{}, ctx.Err()
+				}
+				say(line, emit)
+			}
 		default:
 			say(line, emit)
 		}
@@ -99,4 +109,37 @@ func say(text string, emit func(Chunk)) {
 			emit(Chunk{Text: w + " "})
 		}
 	}
+}
+
+// stamp emits "/stamp N [MS]": N chunks holding the time they were made.
+func stamp(ctx context.Context, arg string, emit func(Chunk)) error {
+	f := strings.Fields(arg)
+	if len(f) == 0 || len(f) > 2 {
+		return strconv.ErrSyntax
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil || n < 0 {
+		return strconv.ErrSyntax
+	}
+	var gap time.Duration
+	if len(f) == 2 {
+		ms, err := strconv.Atoi(f[1])
+		if err != nil || ms < 0 {
+			return strconv.ErrSyntax
+		}
+		gap = time.Duration(ms) * time.Millisecond
+	}
+	for i := range n {
+		if i > 0 && gap > 0 {
+			t := time.NewTimer(gap)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+		emit(Chunk{Text: strconv.FormatInt(time.Now().UnixNano(), 10) + " "})
+	}
+	return nil
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 // The scripted provider's rules, step by step.
@@ -59,6 +62,27 @@ func TestScriptedProvider(t *testing.T) {
 				t.Fatalf("calls %v, want %v", res.ToolCalls, tc.calls)
 			}
 		})
+	}
+
+	// /stamp: N chunks, each a Unix-nanosecond time within the call.
+	before := time.Now().UnixNano()
+	var stamps []Chunk
+	if _, err := (scripted{}).Step(context.Background(), ProviderRequest{Messages: user("/stamp 3 1", 0)}, func(c Chunk) { stamps = append(stamps, c) }); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now().UnixNano()
+	if len(stamps) != 3 {
+		t.Fatalf("stamps %+v", stamps)
+	}
+	for _, c := range stamps {
+		ns, err := strconv.ParseInt(strings.TrimSuffix(c.Text, " "), 10, 64)
+		if err != nil || ns < before || ns > after {
+			t.Fatalf("stamp %q not a time within the call", c.Text)
+		}
+	}
+	var bad []Chunk
+	if _, err := (scripted{}).Step(context.Background(), ProviderRequest{Messages: user("/stamp many", 0)}, func(c Chunk) { bad = append(bad, c) }); err != nil || len(bad) != 2 || bad[0].Text != "/stamp " {
+		t.Fatalf("a bad /stamp is said: %+v %v", bad, err)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
