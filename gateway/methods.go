@@ -37,6 +37,12 @@ var methods = map[string]method{
 	"session/close":    {call: lifecycle("closed", sessionv1.SessionServiceClient.Close)},
 	"session/kill":     {call: lifecycle("killed", sessionv1.SessionServiceClient.Kill)},
 	"session/delete":   {call: lifecycle("deleted", sessionv1.SessionServiceClient.Delete)},
+
+	"config/get":      {call: (*Gateway).configGet},
+	"config/set":      {call: (*Gateway).configSet},
+	"config/set-many": {call: (*Gateway).configSetMany},
+	"config/list":     {call: (*Gateway).configList},
+	"config/delete":   {call: (*Gateway).configDelete},
 }
 
 // methodNames is the sorted list of methods served: initialize's

@@ -18,6 +18,8 @@ const usage = `usage: clawmesh <command> [flags]
 
 commands:
   up, daemon   run the whole stack on this host (see clawmesh up -h)
+  config       get, set, list or delete config properties of the running stack
+  token        pair (create) or unpair (revoke) a user's auth token
   version      print the version
 `
 
@@ -29,6 +31,10 @@ func run(args []string) error {
 	switch args[0] {
 	case "up", "daemon":
 		return up(args[1:])
+	case "config":
+		return configCmd(args[1:], os.Stdout)
+	case "token":
+		return tokenCmd(args[1:], os.Stdout)
 	case "version", "--version":
 		return printVersion()
 	case "help", "-h", "--help":

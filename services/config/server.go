@@ -1,174 +1,142 @@
-// Package config is the config service: the typed config document, its
-// revisions, principals and authorization decisions.
+// Package config is the config service: the typed config document (its
+// schema is the schema package), its revisions, principals, paired tokens
+// and authorization decisions.
 //
-// This first version stores the document and serves what the rest of the
-// stack needs to start (Live, ResolvePrincipal); the config methods of the
-// socket come with their own issue and answer Unimplemented until then.
+// Reads are served from an immutable snapshot of the live config. Every
+// write (config/set-many, config/set, config/delete, the launcher's --set,
+// pairing and revoking tokens) holds one write lock from the moment the
+// caller's authority is resolved until the new snapshot is live, so a
+// revocation committed while a batch waited for the lock refuses it, and
+// a failure anywhere before COMMIT leaves both the stored and the live
+// config as they were.
 package config
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"strings"
-	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	"github.com/clawmesh/clawmesh/services/config/schema"
 )
 
 // OperatorPrincipal is the principal of a local peer with the daemon's uid.
 const OperatorPrincipal = "shared-operator"
 
+// LauncherAuthor is the audit name of the launcher's startup commit.
+const LauncherAuthor = "launcher"
+
+// Options configure a Server.
+type Options struct {
+	DB *pgxpool.Pool
+	// NATS receives a message on configclient.Subject after each commit;
+	// nil publishes nothing (tests of storage alone).
+	NATS *nats.Conn
+	// DataDir holds the secret key file, created on first run.
+	DataDir string
+	Log     *zap.Logger
+}
+
+func (o *Options) withDefaults() error {
+	if o.DB == nil {
+		return errors.New("config: a database is required")
+	}
+	if o.DataDir == "" {
+		return errors.New("config: a data directory is required (for the secret key)")
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	return nil
+}
+
 // Server implements configv1.ConfigServiceServer.
 type Server struct {
 	configv1.UnimplementedConfigServiceServer
 
-	db  *pgxpool.Pool
-	log *zap.Logger
+	db     *pgxpool.Pool
+	nc     *nats.Conn
+	log    *zap.Logger
+	sealer *sealer
+	// uid is the daemon's own uid: a local peer with it is the operator.
 	uid int
 
-	mu       sync.RWMutex
-	revision int64
-	document map[string]any
+	// writeLock is held (a value in the channel) by the one write in
+	// progress; waiting counts writes queued for it.
+	writeLock chan struct{}
+	waiting   atomic.Int32
+	snap      atomic.Pointer[snapshot]
+
+	hooks hooks
 }
 
-// New loads the stored document (revision 0 and an empty document on a
-// new database).
-func New(ctx context.Context, db *pgxpool.Pool, log *zap.Logger) (*Server, error) {
-	s := &Server{db: db, log: log, uid: os.Getuid(), document: map[string]any{}}
-	var raw []byte
-	err := db.QueryRow(ctx, "SELECT revision, document FROM revisions ORDER BY revision DESC LIMIT 1").Scan(&s.revision, &raw)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, fmt.Errorf("load config: %w", err)
-	default:
-		if err := json.Unmarshal(raw, &s.document); err != nil {
-			return nil, fmt.Errorf("decode stored config: %w", err)
-		}
+// hooks let tests stop a write at its critical points.
+type hooks struct {
+	// locked runs right after a write took the lock.
+	locked func()
+	// beforeCommit runs after the candidate is staged, validated and
+	// inserted, before COMMIT; an error aborts the write.
+	beforeCommit func(ctx context.Context, tx pgx.Tx) error
+}
+
+// snapshot is one immutable state of the live config.
+type snapshot struct {
+	revision int64
+	// stored is what was set (plaintext, canonical); doc adds defaults;
+	// masked is doc with secrets masked, what readers get.
+	stored, doc, masked map[string]any
+	// tokens maps the id (hash) of each paired, unrevoked token to its user.
+	tokens map[string]string
+}
+
+func newSnapshot(revision int64, stored map[string]any, tokens map[string]string) *snapshot {
+	doc := schema.Effective(stored)
+	return &snapshot{revision: revision, stored: stored, doc: doc, masked: schema.Mask(doc), tokens: tokens}
+}
+
+// New opens the key file and loads the stored document and tokens
+// (revision 0 and the defaults on a new database).
+func New(ctx context.Context, opts Options) (*Server, error) {
+	if err := opts.withDefaults(); err != nil {
+		return nil, err
 	}
+	sl, err := loadKey(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{db: opts.DB, nc: opts.NATS, log: opts.Log, uid: os.Getuid(), sealer: sl, writeLock: make(chan struct{}, 1)}
+	snap, err := s.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.snap.Store(snap)
+	s.log.Info("config loaded", zap.Int64("revision", snap.revision), zap.Int("tokens", len(snap.tokens)))
 	return s, nil
 }
 
-// ApplyStartup commits the launcher's --set overrides (prop=value, value
-// read as JSON when it parses, else as a string) as one revision, unless
-// they are already in force.
-func (s *Server) ApplyStartup(ctx context.Context, sets []string) error {
-	if len(sets) == 0 {
+// current is the live snapshot.
+func (s *Server) current() *snapshot { return s.snap.Load() }
+
+// lock takes the write lock, or fails when ctx ends first.
+func (s *Server) lock(ctx context.Context) error {
+	s.waiting.Add(1)
+	defer s.waiting.Add(-1)
+	select {
+	case s.writeLock <- struct{}{}:
+		if s.hooks.locked != nil {
+			s.hooks.locked()
+		}
 		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the config write lock: %w", context.Cause(ctx))
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	candidate := cloneDoc(s.document)
-	var props []string
-	for _, kv := range sets {
-		prop, raw, ok := strings.Cut(kv, "=")
-		prop = strings.TrimSpace(prop)
-		if !ok || prop == "" {
-			return fmt.Errorf("--set %q: want prop=value", kv)
-		}
-		var v any
-		if err := json.Unmarshal([]byte(raw), &v); err != nil {
-			v = raw
-		}
-		if err := setPath(candidate, prop, v); err != nil {
-			return fmt.Errorf("--set %s: %w", prop, err)
-		}
-		props = append(props, prop)
-	}
-	before, _ := json.Marshal(s.document)
-	after, _ := json.Marshal(candidate)
-	if string(before) == string(after) {
-		return nil
-	}
-	next := s.revision + 1
-	if _, err := s.db.Exec(ctx, "INSERT INTO revisions (revision, document, committed_by, props) VALUES ($1, $2, $3, $4)",
-		next, after, "launcher", props); err != nil {
-		return fmt.Errorf("commit startup config: %w", err)
-	}
-	s.revision, s.document = next, candidate
-	s.log.Info("startup config committed", zap.Int64("revision", next), zap.Strings("props", props))
-	return nil
 }
 
-// Live returns the whole document and its revision.
-func (s *Server) Live(context.Context, *configv1.LiveRequest) (*configv1.LiveResponse, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	doc, err := structpb.NewStruct(s.document)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "encode config: %v", err)
-	}
-	return &configv1.LiveResponse{Revision: s.revision, Document: doc}, nil
-}
-
-// ResolvePrincipal binds a local peer: the daemon's own uid is the
-// operator; a token must be paired, with no fallback to the operator.
-func (s *Server) ResolvePrincipal(ctx context.Context, req *configv1.ResolvePrincipalRequest) (*configv1.ResolvePrincipalResponse, error) {
-	if req.GetAuthToken() != "" {
-		sum := sha256.Sum256([]byte(req.GetAuthToken()))
-		var user string
-		err := s.db.QueryRow(ctx, "SELECT username FROM tokens WHERE token_hash = $1 AND revoked_at IS NULL",
-			hex.EncodeToString(sum[:])).Scan(&user)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, rpcerr.Error(codes.Unauthenticated, rpcerr.ReasonAuthRequired, rpcerr.NoIndex, "auth_token is not paired")
-		}
-		if err != nil {
-			return nil, fmt.Errorf("look up token: %w", err)
-		}
-		return &configv1.ResolvePrincipalResponse{Principal: &configv1.Principal{
-			PrincipalId: "user:" + user, User: user, PeerUid: req.GetPeerUid(), PeerPid: req.GetPeerPid(),
-		}}, nil
-	}
-	if int(req.GetPeerUid()) == s.uid {
-		return &configv1.ResolvePrincipalResponse{Principal: &configv1.Principal{
-			PrincipalId: OperatorPrincipal, Operator: true, PeerUid: req.GetPeerUid(), PeerPid: req.GetPeerPid(),
-		}}, nil
-	}
-	return nil, rpcerr.Error(codes.Unauthenticated, rpcerr.ReasonAuthRequired, rpcerr.NoIndex,
-		fmt.Sprintf("peer uid %d is not the daemon's user; pair a token with 'clawmesh token create'", req.GetPeerUid()))
-}
-
-func cloneDoc(doc map[string]any) map[string]any {
-	raw, _ := json.Marshal(doc)
-	out := map[string]any{}
-	_ = json.Unmarshal(raw, &out)
-	return out
-}
-
-// setPath sets a dotted path in doc, creating objects on the way.
-func setPath(doc map[string]any, path string, v any) error {
-	parts := strings.Split(path, ".")
-	cur := doc
-	for i, p := range parts {
-		if p == "" {
-			return errors.New("empty path segment")
-		}
-		if i == len(parts)-1 {
-			cur[p] = v
-			return nil
-		}
-		next, ok := cur[p].(map[string]any)
-		if !ok {
-			if _, exists := cur[p]; exists {
-				return fmt.Errorf("%s is not an object", strings.Join(parts[:i+1], "."))
-			}
-			next = map[string]any{}
-			cur[p] = next
-		}
-		cur = next
-	}
-	return nil
-}
+func (s *Server) unlock() { <-s.writeLock }

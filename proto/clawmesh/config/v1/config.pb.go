@@ -33,10 +33,13 @@ type Principal struct {
 	// "user:<name>".
 	PrincipalId string `protobuf:"bytes,1,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
 	// user is the users.<name> entry, empty for the operator.
-	User          string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
-	Operator      bool   `protobuf:"varint,3,opt,name=operator,proto3" json:"operator,omitempty"`
-	PeerUid       int32  `protobuf:"varint,4,opt,name=peer_uid,json=peerUid,proto3" json:"peer_uid,omitempty"`
-	PeerPid       int32  `protobuf:"varint,5,opt,name=peer_pid,json=peerPid,proto3" json:"peer_pid,omitempty"`
+	User     string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	Operator bool   `protobuf:"varint,3,opt,name=operator,proto3" json:"operator,omitempty"`
+	PeerUid  int32  `protobuf:"varint,4,opt,name=peer_uid,json=peerUid,proto3" json:"peer_uid,omitempty"`
+	PeerPid  int32  `protobuf:"varint,5,opt,name=peer_pid,json=peerPid,proto3" json:"peer_pid,omitempty"`
+	// token_id identifies the paired token a user bound with (empty for a
+	// uid binding); revoking the token revokes the principal's authority.
+	TokenId       string `protobuf:"bytes,6,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -104,6 +107,13 @@ func (x *Principal) GetPeerPid() int32 {
 		return x.PeerPid
 	}
 	return 0
+}
+
+func (x *Principal) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
 }
 
 type Entry struct {
@@ -1452,13 +1462,14 @@ var File_clawmesh_config_v1_config_proto protoreflect.FileDescriptor
 
 const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\n" +
-	"\x1fclawmesh/config/v1/config.proto\x12\x12clawmesh.config.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x94\x01\n" +
+	"\x1fclawmesh/config/v1/config.proto\x12\x12clawmesh.config.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xaf\x01\n" +
 	"\tPrincipal\x12!\n" +
 	"\fprincipal_id\x18\x01 \x01(\tR\vprincipalId\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12\x1a\n" +
 	"\boperator\x18\x03 \x01(\bR\boperator\x12\x19\n" +
 	"\bpeer_uid\x18\x04 \x01(\x05R\apeerUid\x12\x19\n" +
-	"\bpeer_pid\x18\x05 \x01(\x05R\apeerPid\"I\n" +
+	"\bpeer_pid\x18\x05 \x01(\x05R\apeerPid\x12\x19\n" +
+	"\btoken_id\x18\x06 \x01(\tR\atokenId\"I\n" +
 	"\x05Entry\x12\x12\n" +
 	"\x04prop\x18\x01 \x01(\tR\x04prop\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05value\"]\n" +

@@ -49,7 +49,11 @@ type ConfigServiceClient interface {
 	// SetMany stages 1 to 256 entries into one candidate, validates it whole
 	// and commits it once (SPEC §7).
 	SetMany(ctx context.Context, in *SetManyRequest, opts ...grpc.CallOption) (*SetManyResponse, error)
+	// List returns every property (defaults included) under a prefix that
+	// the principal may read, secrets masked.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
+	// Delete returns a property to its default or removes a map entry
+	// (users.<name>, agents.<alias>, ...); the candidate is validated whole.
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
 	// Live returns the whole live document with its revision, secrets masked,
 	// for services that apply config at start; later changes arrive on NATS.
@@ -211,7 +215,11 @@ type ConfigServiceServer interface {
 	// SetMany stages 1 to 256 entries into one candidate, validates it whole
 	// and commits it once (SPEC §7).
 	SetMany(context.Context, *SetManyRequest) (*SetManyResponse, error)
+	// List returns every property (defaults included) under a prefix that
+	// the principal may read, secrets masked.
 	List(context.Context, *ListRequest) (*ListResponse, error)
+	// Delete returns a property to its default or removes a map entry
+	// (users.<name>, agents.<alias>, ...); the candidate is validated whole.
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	// Live returns the whole live document with its revision, secrets masked,
 	// for services that apply config at start; later changes arrive on NATS.

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/clawmesh/clawmesh/services/config/schema"
+)
+
+const configUsage = `usage: clawmesh config <command> [flags] [args]
+
+commands:
+  get [PROP]              print a property, a group or map entry, or the whole config
+  set PROP=VALUE ...      set properties; several are one atomic config/set-many
+  list [PREFIX]           print every property (defaults included) under PREFIX
+  delete PROP             return a property to its default, or remove a map entry
+  schema [PREFIX]         print the schema: type, default, secret, restart
+
+VALUE is typed by the schema: a string property takes the text as it is,
+a list of strings takes a,b,c or JSON, anything else takes JSON.
+Secrets read ***MASKED***. Flags: --config-dir, --socket, --token.
+`
+
+// configCmd runs `clawmesh config`: a JSON-RPC client of the running stack,
+// so the operator and a token-bound user go through the same
+// authorization as any client.
+func configCmd(args []string, out io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, configUsage)
+		return fmt.Errorf("config: no command")
+	}
+	cmd := args[0]
+	fs := flag.NewFlagSet("config "+cmd, flag.ContinueOnError)
+	var sf socketFlags
+	sf.register(fs)
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if cmd == "schema" {
+		return printSchema(out, first(rest))
+	}
+	var (
+		method string
+		params map[string]any
+	)
+	switch cmd {
+	case "get":
+		method, params = "config/get", map[string]any{"prop": first(rest)}
+	case "list":
+		method, params = "config/list", map[string]any{"prefix": first(rest)}
+	case "delete":
+		if len(rest) != 1 {
+			return fmt.Errorf("config delete: want one PROP")
+		}
+		method, params = "config/delete", map[string]any{"prop": rest[0]}
+	case "set":
+		if len(rest) == 0 {
+			return fmt.Errorf("config set: want PROP=VALUE")
+		}
+		sets := make([]map[string]any, len(rest))
+		for i, kv := range rest {
+			prop, raw, ok := strings.Cut(kv, "=")
+			if !ok || prop == "" {
+				return fmt.Errorf("config set %q: want PROP=VALUE", kv)
+			}
+			sets[i] = map[string]any{"prop": prop, "value": typed(prop, raw)}
+		}
+		method, params = "config/set-many", map[string]any{"sets": sets}
+		if len(sets) == 1 {
+			method, params = "config/set", sets[0]
+		}
+	case "help", "-h", "--help":
+		fmt.Fprint(out, configUsage)
+		return nil
+	default:
+		fmt.Fprint(os.Stderr, configUsage)
+		return fmt.Errorf("config: unknown command %q", cmd)
+	}
+	c, err := sf.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.call(method, params)
+	if err != nil {
+		return err
+	}
+	return printResult(out, cmd, res)
+}
+
+func first(args []string) string {
+	if len(args) > 0 {
+		return args[0]
+	}
+	return ""
+}
+
+// typed reads VALUE by the schema; what the schema cannot read is sent as
+// JSON (or text) for the daemon to refuse with its own message.
+func typed(prop, raw string) any {
+	if v, err := schema.ParseText(prop, raw); err == nil {
+		return v
+	}
+	var v any
+	if json.Unmarshal([]byte(raw), &v) == nil {
+		return v
+	}
+	return raw
+}
+
+func printResult(out io.Writer, cmd string, res json.RawMessage) error {
+	switch cmd {
+	case "get":
+		var r struct {
+			Value json.RawMessage `json:"value"`
+		}
+		if err := json.Unmarshal(res, &r); err != nil {
+			return err
+		}
+		return printJSON(out, r.Value)
+	case "list":
+		var r struct {
+			Entries []struct {
+				Prop  string          `json:"prop"`
+				Value json.RawMessage `json:"value"`
+			} `json:"entries"`
+		}
+		if err := json.Unmarshal(res, &r); err != nil {
+			return err
+		}
+		for _, e := range r.Entries {
+			fmt.Fprintf(out, "%s = %s\n", e.Prop, e.Value)
+		}
+		return nil
+	}
+	return printJSON(out, res)
+}
+
+func printJSON(out io.Writer, raw json.RawMessage) error {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "%s\n", b)
+	return err
+}
+
+// printSchema prints the schema table, which the CLI reads as data.
+func printSchema(out io.Writer, prefix string) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PATH\tTYPE\tDEFAULT\tFLAGS\tDESCRIPTION")
+	for _, p := range schema.Properties {
+		if !strings.HasPrefix(p.Path, prefix) {
+			continue
+		}
+		typ := string(p.Type)
+		if p.Items != "" {
+			typ += " of " + string(p.Items)
+		}
+		def := ""
+		if p.Default != nil {
+			b, _ := json.Marshal(p.Default)
+			def = string(b)
+		}
+		var flags []string
+		if p.Secret {
+			flags = append(flags, "secret")
+		}
+		if p.Restart {
+			flags = append(flags, "requires restart")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Path, typ, def, strings.Join(flags, ","), p.Doc)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	"github.com/clawmesh/clawmesh/services/config"
+)
+
+const tokenUsage = `usage: clawmesh token <create|revoke> --user NAME [--config-dir DIR]
+
+  create   pair a new token with users.NAME and print it (once: only its hash is kept)
+  revoke   unpair every token of users.NAME
+
+Pairing is the operator's: it talks to the config service's socket in the
+data directory, which only the daemon's user can reach.
+`
+
+// tokenCmd runs `clawmesh token`.
+func tokenCmd(args []string, out io.Writer) error {
+	if len(args) == 0 || (args[0] != "create" && args[0] != "revoke") {
+		fmt.Fprint(os.Stderr, tokenUsage)
+		return fmt.Errorf("token: want create or revoke")
+	}
+	fs := flag.NewFlagSet("token "+args[0], flag.ContinueOnError)
+	var dir, user string
+	fs.StringVar(&dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
+	fs.StringVar(&user, "user", "", "the users.<name> entry")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if user == "" {
+		return fmt.Errorf("token %s: --user is required", args[0])
+	}
+	data, err := datadir.Resolve(dir)
+	if err != nil {
+		return err
+	}
+	cc, err := grpcclient.Dial(datadir.ServiceSocket(data, "config", 0))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	rpc := configv1.NewConfigServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	operator := &configv1.Principal{PrincipalId: config.OperatorPrincipal, Operator: true, PeerUid: int32(os.Getuid()), PeerPid: int32(os.Getpid())}
+	if args[0] == "revoke" {
+		resp, err := rpc.RevokeToken(ctx, &configv1.RevokeTokenRequest{Principal: operator, User: user})
+		if err != nil {
+			return fmt.Errorf("token revoke: %w", err)
+		}
+		_, err = fmt.Fprintf(out, "revoked %d token(s) of %s\n", resp.GetRevoked(), user)
+		return err
+	}
+	resp, err := rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: user})
+	if err != nil {
+		return fmt.Errorf("token create: %w", err)
+	}
+	_, err = fmt.Fprintln(out, resp.GetToken())
+	return err
+}

@@ -1,0 +1,195 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+// configCallTimeout bounds one config call, waiting for the config write
+// lock included.
+const configCallTimeout = 30 * time.Second
+
+// configPrincipal is the principal bound at initialize.
+func configPrincipal(cs *connState) *configv1.Principal {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.principal
+}
+
+// configValue reads a required JSON value param named field.
+func configValue(raw json.RawMessage, field string) (*structpb.Value, error) {
+	if len(raw) == 0 {
+		return nil, invalidParams(fmt.Sprintf("`%s` is required", field))
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, invalidParams(fmt.Sprintf("`%s` is not valid JSON", field))
+	}
+	pv, err := structpb.NewValue(v)
+	if err != nil {
+		return nil, invalidParams(fmt.Sprintf("`%s`: %v", field, err))
+	}
+	return pv, nil
+}
+
+// invalidEntry refuses one set-many entry, naming its index.
+func invalidEntry(i int, msg string) *jsonrpc.Error {
+	return jsonrpc.NewError(rpcerr.CodeInvalidParams, fmt.Sprintf("Invalid params: sets[%d]: %s", i, msg),
+		map[string]any{"reason": rpcerr.ReasonInvalid, "index": i})
+}
+
+type configGetParams struct {
+	Prop string `json:"prop"`
+}
+
+// configGet is config/get {prop?} -> {prop, value}; secrets read masked.
+func (g *Gateway) configGet(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	var p configGetParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
+	defer cancel()
+	resp, err := g.config.Get(ctx, &configv1.GetRequest{Principal: configPrincipal(cs), Prop: p.Prop})
+	if err != nil {
+		return nil, serviceError("config", err)
+	}
+	return map[string]any{"prop": p.Prop, "value": resp.GetValue().AsInterface()}, nil
+}
+
+type configSetParams struct {
+	Prop  string          `json:"prop"`
+	Value json.RawMessage `json:"value"`
+}
+
+// configSet is config/set {prop, value} -> {prop, set:true}.
+func (g *Gateway) configSet(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	var p configSetParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Prop == "" {
+		return nil, invalidParams("`prop` is required")
+	}
+	v, err := configValue(p.Value, "value")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
+	defer cancel()
+	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: configPrincipal(cs), Prop: p.Prop, Value: v}); err != nil {
+		return nil, serviceError("config", err)
+	}
+	return map[string]any{"prop": p.Prop, "set": true}, nil
+}
+
+type configSetManyParams struct {
+	Sets json.RawMessage `json:"sets"`
+}
+
+// configSetMany is config/set-many {sets:[{prop, value}]} -> {props,
+// set:true}. Entries are read one by one so that a malformed one is named
+// by its index; the count and everything else is the config service's.
+func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	var p configSetManyParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	var raws []json.RawMessage
+	if len(p.Sets) == 0 || bytes.Equal(p.Sets, []byte("null")) {
+		return nil, invalidParams("`sets` is required")
+	}
+	if err := json.Unmarshal(p.Sets, &raws); err != nil {
+		return nil, invalidParams("`sets` must be an array")
+	}
+	entries := make([]*configv1.Entry, len(raws))
+	for i, raw := range raws {
+		var e struct {
+			Prop  *string         `json:"prop"`
+			Value json.RawMessage `json:"value"`
+		}
+		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
+			return nil, invalidEntry(i, "must be an object with `prop` and `value`")
+		}
+		if e.Prop == nil || *e.Prop == "" {
+			return nil, invalidEntry(i, "`prop` is required")
+		}
+		if len(e.Value) == 0 {
+			return nil, invalidEntry(i, "`value` is required")
+		}
+		var v any
+		if err := json.Unmarshal(e.Value, &v); err != nil {
+			return nil, invalidEntry(i, "`value` is not valid JSON")
+		}
+		pv, err := structpb.NewValue(v)
+		if err != nil {
+			return nil, invalidEntry(i, "`value`: "+err.Error())
+		}
+		entries[i] = &configv1.Entry{Prop: *e.Prop, Value: pv}
+	}
+	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
+	defer cancel()
+	resp, err := g.config.SetMany(ctx, &configv1.SetManyRequest{Principal: configPrincipal(cs), Sets: entries})
+	if err != nil {
+		return nil, serviceError("config", err)
+	}
+	props := resp.GetProps()
+	if props == nil {
+		props = []string{}
+	}
+	return map[string]any{"props": props, "set": true}, nil
+}
+
+type configListParams struct {
+	Prefix string `json:"prefix"`
+}
+
+// configList is config/list {prefix?} -> {entries:[{prop, value}]}.
+func (g *Gateway) configList(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	var p configListParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
+	defer cancel()
+	resp, err := g.config.List(ctx, &configv1.ListRequest{Principal: configPrincipal(cs), Prefix: p.Prefix})
+	if err != nil {
+		return nil, serviceError("config", err)
+	}
+	entries := make([]map[string]any, len(resp.GetEntries()))
+	for i, e := range resp.GetEntries() {
+		entries[i] = map[string]any{"prop": e.GetProp(), "value": e.GetValue().AsInterface()}
+	}
+	return map[string]any{"entries": entries}, nil
+}
+
+type configDeleteParams struct {
+	Prop string `json:"prop"`
+}
+
+// configDelete is config/delete {prop} -> {prop, deleted:true}: a
+// property goes back to its default, a map entry is removed.
+func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	var p configDeleteParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Prop == "" {
+		return nil, invalidParams("`prop` is required")
+	}
+	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
+	defer cancel()
+	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: configPrincipal(cs), Prop: p.Prop}); err != nil {
+		return nil, serviceError("config", err)
+	}
+	return map[string]any{"prop": p.Prop, "deleted": true}, nil
+}

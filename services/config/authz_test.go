@@ -1,0 +1,184 @@
+package config
+
+import (
+	"os"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+func TestResolvePrincipal(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	scopedUser(e) // alice, uid 1001
+	resolve := func(uid int32, token string) (*configv1.Principal, error) {
+		resp, err := e.rpc.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{PeerUid: uid, PeerPid: 7, AuthToken: token})
+		return resp.GetPrincipal(), err
+	}
+	if p, err := resolve(int32(os.Getuid()), ""); err != nil || p.GetPrincipalId() != OperatorPrincipal || !p.GetOperator() {
+		t.Fatalf("daemon uid: %v %v", p, err)
+	}
+	if p, err := resolve(1001, ""); err != nil || p.GetPrincipalId() != "user:alice" || p.GetOperator() || p.GetTokenId() != "" {
+		t.Fatalf("users.alice.uid: %v %v", p, err)
+	}
+	if _, err := resolve(4242, ""); wire(err).Code != rpcerr.CodeAuthRequired {
+		t.Fatalf("unknown uid: %v", err)
+	}
+
+	// A token pairs only with an existing user, only by the operator.
+	if _, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: "ghost"}); wire(err).Code != rpcerr.CodeInvalidParams {
+		t.Fatalf("token for a missing user: %v", err)
+	}
+	if _, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: userPrincipal("alice", 1001), User: "alice"}); wire(err).Code != rpcerr.CodeForbidden {
+		t.Fatalf("token by a user: %v", err)
+	}
+	tok, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored string
+	if err := e.opts.DB.QueryRow(ctx, "SELECT token_hash FROM tokens").Scan(&stored); err != nil || stored == tok.GetToken() || stored != tokenID(tok.GetToken()) {
+		t.Fatalf("token stored as %q (%v)", stored, err)
+	}
+	// The token wins over the daemon's uid: no fallback either way.
+	p, err := resolve(int32(os.Getuid()), tok.GetToken())
+	if err != nil || p.GetPrincipalId() != "user:alice" || p.GetTokenId() == "" {
+		t.Fatalf("paired token: %v %v", p, err)
+	}
+	_, err = resolve(int32(os.Getuid()), tok.GetToken()+"x")
+	if st, reason, _ := refusal(t, err); st.Code() != codes.Unauthenticated || reason != rpcerr.ReasonAuthRequired {
+		t.Fatalf("unpaired token: %v", err)
+	}
+	// A restarted service still knows the token; a revoked one is refused.
+	again, err := New(ctx, e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := again.current().tokens[tokenID(tok.GetToken())]; !ok {
+		t.Fatal("token lost on restart")
+	}
+	if r, err := e.rpc.RevokeToken(ctx, &configv1.RevokeTokenRequest{Principal: operator, User: "alice"}); err != nil || r.GetRevoked() != 1 {
+		t.Fatalf("revoke: %v %v", r, err)
+	}
+	if _, err := resolve(int32(os.Getuid()), tok.GetToken()); wire(err).Code != rpcerr.CodeAuthRequired {
+		t.Fatalf("revoked token: %v", err)
+	}
+}
+
+func TestAuthorize(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	e.mustSet(
+		kv{"agents.work.model", "m"},
+		kv{"permission_profiles.editor.permissions", []any{"Config:Update", "files:create"}},
+		kv{"permission_profiles.editor.config_paths", []any{"agents.*.model"}},
+		kv{"permission_profiles.editor.agents", []any{"work"}},
+		kv{"permission_profiles.reader.permissions", []any{"Config:Read"}},
+		kv{"permission_profiles.reader.config_paths", []any{"plugins"}},
+		kv{"permission_profiles.root.permissions", []any{"admin"}},
+		kv{"users.alice.uid", 1001},
+		kv{"users.alice.permission_profiles", []any{"editor", "reader"}},
+		kv{"users.bob.uid", 1002},
+		kv{"users.bob.permission_profiles", []any{"root"}},
+		kv{"users.carol.uid", 1003})
+	alice, bob, carol := userPrincipal("alice", 1001), userPrincipal("bob", 1002), userPrincipal("carol", 1003)
+	cases := []struct {
+		who       *configv1.Principal
+		perm, res string
+		allowed   bool
+	}{
+		{operator, "Config:Update", "rpc.max_frame_bytes", true},
+		{operator, "anything:else", "", true},
+		{alice, "Config:Update", "agents.work.model", true},
+		{alice, "Config:Update", "agents.work.api_key", false},
+		{alice, "Config:Read", "agents.default.model", true},
+		{alice, "Config:Read", "plugins.limits.call_fuel", true},
+		{alice, "Config:Update", "plugins.limits.call_fuel", false},
+		{alice, "Config:Read", "users.alice.uid", false},
+		{alice, "files:create", "s-1", true},
+		{alice, "agent:use", "work", true},
+		{alice, "agent:use", "default", false},
+		{alice, "session:admin", "", false},
+		{bob, "Config:Update", "users.bob.permission_profiles", true},
+		{bob, "agent:use", "default", true},
+		{carol, "Config:Read", "agents.default.model", false},
+		{carol, "files:create", "", false},
+		{userPrincipal("alice", 1002), "files:create", "", false}, // uid no longer alice's
+		{userPrincipal("dave", 1004), "files:create", "", false},  // no such user
+		{nil, "files:create", "", false},
+	}
+	for _, c := range cases {
+		resp, err := e.rpc.Authorize(ctx, &configv1.AuthorizeRequest{Principal: c.who, Permission: c.perm, Resource: c.res})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetAllowed() != c.allowed || (!c.allowed && resp.GetReason() == "") {
+			t.Errorf("%s %s %q: allowed=%v (%s), want %v", c.who.GetPrincipalId(), c.perm, c.res, resp.GetAllowed(), resp.GetReason(), c.allowed)
+		}
+	}
+
+	// Reads follow Config:Read: a scoped user's config/list shows only
+	// what its paths cover, and config/get of another path is forbidden.
+	list, err := e.rpc.List(ctx, &configv1.ListRequest{Principal: alice})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, en := range list.GetEntries() {
+		if !(en.GetProp() == "agents.default.model" || en.GetProp() == "agents.work.model" || en.GetProp()[:8] == "plugins.") {
+			t.Fatalf("alice lists %s", en.GetProp())
+		}
+	}
+	if len(list.GetEntries()) < 3 {
+		t.Fatalf("alice lists %v", list.GetEntries())
+	}
+	if _, err := e.rpc.Get(ctx, &configv1.GetRequest{Principal: alice, Prop: "users"}); wire(err).Code != rpcerr.CodeForbidden {
+		t.Fatalf("alice reads users: %v", err)
+	}
+}
+
+// Deleting goes through the same validation: a profile still named by a
+// user stays; a user, then its profile, can go; a leaf returns to its
+// default; the default agent always exists.
+func TestDelete(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	scopedUser(e)
+	e.mustSet(kv{"rpc.max_local_connections", 8}, kv{"agents.default.model", "x"})
+	del := func(prop string) error {
+		_, err := e.rpc.Delete(ctx, &configv1.DeleteRequest{Principal: operator, Prop: prop})
+		return err
+	}
+	if err := del("permission_profiles.editor"); wire(err).Code != rpcerr.CodeInvalidParams {
+		t.Fatalf("deleting a profile in use: %v", err)
+	}
+	if err := del("users.alice"); err != nil {
+		t.Fatal(err)
+	}
+	if err := del("permission_profiles.editor"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.get("users.alice"); wire(err).Code != rpcerr.CodeInvalidParams {
+		t.Fatalf("users.alice after delete: %v", err)
+	}
+	if err := del("rpc.max_local_connections"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := e.get("rpc.max_local_connections"); v != 512.0 {
+		t.Fatalf("back to default: %v", v)
+	}
+	if err := del("agents.default"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := e.get("agents.default.provider"); v != "scripted" {
+		t.Fatalf("default agent after delete: %v", v)
+	}
+	if err := del("users.nobody"); wire(err).Code != rpcerr.CodeInvalidParams {
+		t.Fatalf("deleting what is not set: %v", err)
+	}
+	if err := del("rpc"); wire(err).Code != rpcerr.CodeInvalidParams {
+		t.Fatalf("deleting a group: %v", err)
+	}
+}

@@ -1,0 +1,89 @@
+package config
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/clawmesh/clawmesh/services/config/schema"
+)
+
+// load reads the newest revision (decrypting its secrets) and the paired
+// tokens.
+func (s *Server) load(ctx context.Context) (*snapshot, error) {
+	var (
+		revision int64
+		raw      []byte
+	)
+	stored := map[string]any{}
+	err := s.db.QueryRow(ctx, "SELECT revision, document FROM revisions ORDER BY revision DESC LIMIT 1").Scan(&revision, &raw)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, fmt.Errorf("load config: %w", err)
+	default:
+		if err := json.Unmarshal(raw, &stored); err != nil {
+			return nil, fmt.Errorf("decode stored config revision %d: %w", revision, err)
+		}
+		if stored, err = s.sealer.open(stored); err != nil {
+			return nil, fmt.Errorf("stored config revision %d: %w", revision, err)
+		}
+		if stored, err = schema.Normalize(stored); err != nil {
+			return nil, fmt.Errorf("stored config revision %d does not fit the schema: %w", revision, err)
+		}
+	}
+	tokens := map[string]string{}
+	rows, err := s.db.Query(ctx, "SELECT token_hash, username FROM tokens WHERE revoked_at IS NULL")
+	if err != nil {
+		return nil, fmt.Errorf("load tokens: %w", err)
+	}
+	for rows.Next() {
+		var hash, user string
+		if err := rows.Scan(&hash, &user); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("load tokens: %w", err)
+		}
+		tokens[hash] = user
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("load tokens: %w", err)
+	}
+	return newSnapshot(revision, stored, tokens), nil
+}
+
+// audit is who a commit is by.
+type audit struct {
+	by               string
+	peerUID, peerPID *int32
+}
+
+// insertRevision stores a candidate as revision rev inside tx, secrets
+// encrypted.
+func (s *Server) insertRevision(ctx context.Context, tx pgx.Tx, rev int64, stored map[string]any, who audit, props []string) error {
+	sealed, err := s.sealer.seal(stored)
+	if err != nil {
+		return fmt.Errorf("encrypt secrets: %w", err)
+	}
+	doc, err := json.Marshal(sealed)
+	if err != nil {
+		return fmt.Errorf("encode config: %w", err)
+	}
+	_, err = tx.Exec(ctx, "INSERT INTO revisions (revision, document, committed_by, props, peer_uid, peer_pid) VALUES ($1, $2, $3, $4, $5, $6)",
+		rev, doc, who.by, props, who.peerUID, who.peerPID)
+	if err != nil {
+		return fmt.Errorf("insert revision %d: %w", rev, err)
+	}
+	return nil
+}
+
+// storedRevision is the newest revision in the database, read on a fresh
+// connection: after a failed COMMIT it tells whether the commit happened.
+func (s *Server) storedRevision(ctx context.Context) (int64, error) {
+	var rev int64
+	err := s.db.QueryRow(ctx, "SELECT coalesce(max(revision), 0) FROM revisions").Scan(&rev)
+	return rev, err
+}

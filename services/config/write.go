@@ -1,0 +1,227 @@
+package config
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	"github.com/clawmesh/clawmesh/services/config/configclient"
+	"github.com/clawmesh/clawmesh/services/config/schema"
+)
+
+// Batch bounds of config/set-many (seed 000).
+const (
+	MinBatch = 1
+	MaxBatch = 256
+)
+
+// Sentinel errors of the write path; the gRPC layer maps them with
+// toStatus. An entryError carries the index of the batch entry at fault.
+var (
+	// ErrForbidden: the caller lacks Config:Update or a grant for a path.
+	ErrForbidden = errors.New("forbidden")
+	// ErrInvalid: an entry or the candidate as a whole breaks the schema.
+	ErrInvalid = errors.New("invalid")
+	// ErrNotFound: a delete named something that is not set.
+	ErrNotFound = errors.New("not found")
+	// ErrCommit: the database refused or lost the commit; nothing changed.
+	ErrCommit = errors.New("commit failed")
+)
+
+// entryError is a refusal of kind (one of the sentinels above) of one
+// batch entry (index >= 0) or of the batch (index -1). Its message is
+// written for the client and does not repeat the kind.
+type entryError struct {
+	index int
+	kind  error
+	err   error
+}
+
+func (e *entryError) Error() string       { return e.err.Error() }
+func (e *entryError) Unwrap() []error     { return []error{e.kind, e.err} }
+func refuse(i int, kind, err error) error { return &entryError{index: i, kind: kind, err: err} }
+func atIndex(i int, kind error, format string, args ...any) error {
+	return refuse(i, kind, fmt.Errorf(format, args...))
+}
+
+// write is one staged change: a value to set, or a deletion.
+type write struct {
+	prop   string
+	value  any
+	delete bool
+}
+
+// commitRequest is one write of the config document.
+type commitRequest struct {
+	// principal is the caller; nil for the launcher, which needs no grant.
+	principal *configv1.Principal
+	who       audit
+	writes    []write
+	// skipUnchanged commits nothing when the candidate equals the stored
+	// document (the launcher's --set on a restart).
+	skipUnchanged bool
+}
+
+// commit applies a batch: under the write lock it resolves the caller's
+// authority for every path, stages every write into one candidate
+// (later writes of a prop win), validates the whole candidate, stores it
+// as the next revision, and only then installs it as live and publishes
+// it. Any refusal or failure leaves the stored and the live config as
+// they were. It returns the live snapshot after the call.
+func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer s.unlock()
+	cur := s.current()
+
+	// Authority first, under the lock, before anything is staged.
+	if req.principal != nil {
+		for i, w := range req.writes {
+			if d := cur.authorize(req.principal, PermConfigUpdate, w.prop); !d.allowed {
+				return nil, atIndex(i, ErrForbidden, "%s", d.reason)
+			}
+		}
+	}
+
+	candidate := schema.Clone(cur.stored)
+	props := make([]string, len(req.writes))
+	for i, w := range req.writes {
+		props[i] = w.prop
+		if kind, err := stage(candidate, w); err != nil {
+			return nil, refuse(i, kind, err)
+		}
+	}
+	effective := schema.Effective(candidate)
+	if err := schema.Validate(effective); err != nil {
+		return nil, refuse(schema.Blame(err, props), ErrInvalid, err)
+	}
+	if req.skipUnchanged && schema.Equal(candidate, cur.stored) {
+		return cur, nil
+	}
+
+	next := cur.revision + 1
+	changed := unique(props)
+	if err := s.store(ctx, next, candidate, req.who, changed); err != nil {
+		return nil, err
+	}
+	snap := &snapshot{revision: next, stored: candidate, doc: effective, masked: schema.Mask(effective), tokens: cur.tokens}
+	s.snap.Store(snap)
+	s.publish(snap, changed)
+	s.log.Info("config committed", zap.Int64("revision", next), zap.String("by", req.who.by), zap.Strings("props", changed))
+	return snap, nil
+}
+
+// stage applies one write to the candidate; a refusal says its kind.
+func stage(candidate map[string]any, w write) (kind, err error) {
+	if w.delete {
+		if schema.EntryMap(w.prop) == nil {
+			if _, err := schema.LookupLeaf(w.prop); err != nil {
+				return ErrInvalid, err
+			}
+		}
+		if !schema.Delete(candidate, w.prop) {
+			return ErrNotFound, fmt.Errorf("`%s` is not set", w.prop)
+		}
+		return nil, nil
+	}
+	p, err := schema.LookupLeaf(w.prop)
+	if err != nil {
+		return ErrInvalid, err
+	}
+	v, err := p.Check(w.value)
+	if err != nil {
+		return ErrInvalid, fmt.Errorf("`%s`: %w", w.prop, err)
+	}
+	if err := schema.Set(candidate, w.prop, v); err != nil {
+		return ErrInvalid, err
+	}
+	return nil, nil
+}
+
+// store inserts the revision in one transaction. A failed COMMIT is
+// checked against the database, since the commit may have happened before
+// the connection was lost: then the candidate is live after all.
+func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, who audit, props []string) error {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: begin: %w", ErrCommit, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after a commit it is a no-op
+	if err := s.insertRevision(ctx, tx, rev, stored, who, props); err != nil {
+		return fmt.Errorf("%w: %w", ErrCommit, err)
+	}
+	if s.hooks.beforeCommit != nil {
+		if err := s.hooks.beforeCommit(ctx, tx); err != nil {
+			return fmt.Errorf("%w: %w", ErrCommit, err)
+		}
+	}
+	commitErr := tx.Commit(ctx)
+	if commitErr == nil {
+		return nil
+	}
+	checkCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if got, err := s.storedRevision(checkCtx); err == nil && got == rev {
+		s.log.Warn("commit reported an error but is stored", zap.Int64("revision", rev), zap.Error(commitErr))
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrCommit, commitErr)
+}
+
+// publish announces a commit on NATS: revision, changed props and the
+// masked document, never a secret value. A failed publish is logged;
+// subscribers catch up from Live when they see a revision gap.
+func (s *Server) publish(snap *snapshot, props []string) {
+	if s.nc == nil {
+		return
+	}
+	payload, err := json.Marshal(configclient.Change{Revision: snap.revision, Props: props, Document: snap.masked})
+	if err == nil {
+		err = s.nc.Publish(configclient.Subject, payload)
+	}
+	if err != nil {
+		s.log.Warn("config change not published", zap.Int64("revision", snap.revision), zap.Error(err))
+	}
+}
+
+// unique keeps the first occurrence of each prop, in order.
+func unique(props []string) []string {
+	seen := make(map[string]bool, len(props))
+	out := make([]string, 0, len(props))
+	for _, p := range props {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// toStatus maps a write-path error to the gRPC status the edge reads.
+func toStatus(err error) error {
+	index := rpcerr.NoIndex
+	var ee *entryError
+	if errors.As(err, &ee) {
+		index = ee.index
+	}
+	msg := err.Error()
+	switch {
+	case errors.Is(err, ErrForbidden):
+		return rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonForbidden, index, msg)
+	case errors.Is(err, ErrNotFound):
+		return rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, index, msg)
+	case errors.Is(err, ErrInvalid):
+		return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, index, msg)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return rpcerr.Error(codes.DeadlineExceeded, "", rpcerr.NoIndex, msg)
+	}
+	return rpcerr.Error(codes.Internal, "", rpcerr.NoIndex, msg)
+}
