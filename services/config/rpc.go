@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
@@ -223,4 +224,39 @@ func (s *Server) Authorize(_ context.Context, req *configv1.AuthorizeRequest) (*
 	snap := s.current()
 	d := snap.authorize(req.GetPrincipal(), req.GetPermission(), req.GetResource())
 	return &configv1.AuthorizeResponse{Allowed: d.allowed, Reason: d.reason, Revision: snap.revision}, nil
+}
+
+// PluginValues returns the operator's values for one plugin instance,
+// plugins.entries.<key>.config, unmasked, at the live revision, in
+// Secrets. The config service has no plugin manifests, so it cannot tell
+// which keys a plugin marks x-secret: the sandbox splits them with the
+// manifest and never lets a secret reach __config. A request pinned to a
+// revision that is no longer live is refused (Aborted), so one call frame
+// never mixes two revisions.
+func (s *Server) PluginValues(_ context.Context, req *configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+	key := req.GetPluginKey()
+	if key == "" || strings.ContainsAny(key, ". ") {
+		return nil, invalidArg("`plugin_key` must be a plugin key without dots or spaces")
+	}
+	snap := s.current()
+	if rev := req.GetRevision(); rev != 0 && rev != snap.revision {
+		return nil, status.Errorf(codes.Aborted, "config revision %d is no longer live (now %d)", rev, snap.revision)
+	}
+	resp := &configv1.PluginValuesResponse{Revision: snap.revision, Secrets: map[string]string{}}
+	raw, ok := schema.Get(snap.doc, "plugins.entries."+key+".config")
+	if !ok {
+		return resp, nil
+	}
+	values, ok := raw.(map[string]any)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "plugins.entries.%s.config is not a map", key)
+	}
+	for k, v := range values {
+		if str, ok := v.(string); ok {
+			resp.Secrets[k] = str
+		} else {
+			resp.Secrets[k] = fmt.Sprint(v)
+		}
+	}
+	return resp, nil
 }

@@ -1286,9 +1286,11 @@ func (x *PluginValuesRequest) GetRevision() int64 {
 type PluginValuesResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Revision int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
-	// config is the plugin's validated public config (no x-secret values).
+	// config is unused: the config service has no plugin manifests and
+	// cannot tell public keys from x-secret ones.
 	Config *structpb.Struct `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
-	// secrets are the x-secret values the principal may read.
+	// secrets holds every value of plugins.entries.<key>.config, unmasked;
+	// the sandbox splits them with the plugin's manifest.
 	Secrets map[string]string `protobuf:"bytes,3,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// denied lists secret keys that exist but the principal may not read.
 	Denied        []string `protobuf:"bytes,4,rep,name=denied,proto3" json:"denied,omitempty"`
