@@ -264,3 +264,23 @@ func assertMode(t *testing.T, path string, want os.FileMode) {
 		t.Errorf("%s mode %v, want %v", path, got, want)
 	}
 }
+
+// A bad --set is refused before anything starts; a service that cannot
+// start fails the launch at once, naming it, instead of after a timeout.
+func TestBadStartRefusedClearly(t *testing.T) {
+	bin, err := e2e.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	if _, err := e2e.Launch(t, bin, filepath.Join(base, "a"), "--set", "rpc.max_local_connections=lots"); err == nil ||
+		!strings.Contains(err.Error(), "--set rpc.max_local_connections") {
+		t.Fatalf("bad --set: %v", err)
+	}
+	// Passes the CLI's check, fails the whole-document check in the config
+	// service: a user naming a profile that does not exist.
+	_, err = e2e.Launch(t, bin, filepath.Join(base, "b"), "--set", `users.ann.permission_profiles=["ghost"]`)
+	if err == nil || !strings.Contains(err.Error(), "config exited during start") {
+		t.Fatalf("config refusing its --set: %v", err)
+	}
+}

@@ -211,15 +211,15 @@ func (s *supervisor) waitOne(ctx context.Context, p *proc) error {
 	}
 	defer cc.Close()
 	hc := healthpb.NewHealthClient(cc)
+	// The run being waited for: if it exits before it serves, the stack
+	// does not come up (the supervisor's restart would only fail again).
+	p.mu.Lock()
+	exited := p.exited
+	p.mu.Unlock()
 	for {
-		p.mu.Lock()
-		exited, restarts := p.exited, p.restarts
-		p.mu.Unlock()
 		select {
 		case <-exited:
-			if restarts == 0 {
-				return fmt.Errorf("%s exited during start; see %s", p.name, filepath.Join(s.logDir, p.name+".log"))
-			}
+			return fmt.Errorf("%s exited during start; see %s", p.name, filepath.Join(s.logDir, p.name+".log"))
 		default:
 		}
 		actx, acancel := context.WithTimeout(ctx, time.Second)

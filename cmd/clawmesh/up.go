@@ -15,6 +15,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/logging"
 	"github.com/clawmesh/clawmesh/internal/version"
 	"github.com/clawmesh/clawmesh/launcher"
+	"github.com/clawmesh/clawmesh/services/config/schema"
 )
 
 // multiFlag collects a repeatable flag.
@@ -55,9 +56,16 @@ func up(args []string) error {
 		}
 		scale[name] = count
 	}
+	// Typed and checked against the schema here, so a bad --set fails
+	// before anything starts (the config service checks it again, with the
+	// whole document).
 	for _, s := range sets {
-		if prop, _, ok := strings.Cut(s, "="); !ok || strings.TrimSpace(prop) == "" {
+		prop, raw, ok := strings.Cut(s, "=")
+		if prop = strings.TrimSpace(prop); !ok || prop == "" {
 			return fmt.Errorf("--set %q: want prop=value", s)
+		}
+		if _, err := schema.ParseText(prop, raw); err != nil {
+			return fmt.Errorf("--set %s: %w", prop, err)
 		}
 	}
 	log, err := logging.New("clawmesh", logLevel)
