@@ -90,8 +90,17 @@ check-proto: tools
 		[ -f $$scratch/$$f ] || { echo "generated file without a proto: proto/$$f"; exit 1; }; \
 	done; echo "generated code is up to date"
 
+# plugins builds every example plugin into bin/plugins/<name>/ (plugin.wasm
+# and manifest.toml), the layout of an installed plugin: copy a folder into
+# <data_dir>/plugins/ (or plugins.plugins_dir) to install it.
 plugins:
-	$(GO) run ./plugins/build
+	@for d in plugins/examples/*/; do \
+		name=$$(basename $$d); out=$(BIN)/plugins/$$name; \
+		mkdir -p $$out || exit 1; \
+		echo "plugin $$name -> $$out"; \
+		GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o $$out/plugin.wasm ./$$d || exit 1; \
+		cp $$d/manifest.toml $$out/manifest.toml || exit 1; \
+	done
 
 clean:
 	rm -rf $(BIN)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -189,13 +190,18 @@ func (s *Server) ExecuteTool(ctx context.Context, req *pluginv1.ExecuteToolReque
 	if !json.Valid([]byte(argsJSON)) {
 		return nil, rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, "`arguments_json` is not valid JSON")
 	}
-	res, err := p.tool.Execute(ctx, wasmhost.ToolCall{
+	start := time.Now()
+	res, err := p.tool.Execute(withPrincipal(ctx, req.GetPrincipal()), wasmhost.ToolCall{
 		CallID: req.GetToolCallId(), Principal: req.GetPrincipal().GetPrincipalId(),
 		Args: json.RawMessage(argsJSON),
 	})
+	log := s.cfg.Logger.With(zap.String("tool", req.GetToolName()), zap.String("plugin", p.m.Name),
+		zap.String("tool_call_id", req.GetToolCallId()), zap.Duration("took", time.Since(start)))
 	if err != nil {
+		log.Info("tool call stopped", zap.Error(err))
 		return toolFailure(err)
 	}
+	log.Info("tool executed", zap.Bool("success", res.Success), zap.Uint64("fuel_used", res.FuelUsed))
 	out := &pluginv1.ExecuteToolResponse{Success: res.Success, Output: res.Output, FuelUsed: int64(res.FuelUsed)}
 	if res.Error != nil {
 		out.Error = *res.Error
@@ -212,6 +218,8 @@ func toolFailure(err error) (*pluginv1.ExecuteToolResponse, error) {
 		return &pluginv1.ExecuteToolResponse{Success: false, Error: err.Error()}, nil
 	case errors.Is(err, wasmhost.ErrInstanceLimit):
 		return nil, rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, "the plugin sandbox is running its maximum number of instances; retry later")
+	case errors.Is(err, wasmhost.ErrConfigUnavailable):
+		return nil, rpcerr.Error(codes.Unavailable, rpcerr.ReasonCapacity, rpcerr.NoIndex, "plugin config unavailable")
 	case errors.Is(err, wasmhost.ErrConfig):
 		return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex, "plugin config rejected: "+err.Error())
 	case errors.Is(err, wasmhost.ErrCancelled):

@@ -4,9 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"go.uber.org/zap"
@@ -21,40 +19,20 @@ import (
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
-// installExample builds plugins/examples/<name> into dir/<name>/plugin.wasm
-// next to a copy of its manifest, as an installed plugin looks.
-func installExample(t *testing.T, dir, name string) {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	dst := filepath.Join(dir, name)
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dst, "plugin.wasm"), "./plugins/examples/"+name)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", name, err, out)
-	}
-	m, err := os.ReadFile(filepath.Join(root, "plugins", "examples", name, "manifest.toml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dst, "manifest.toml"), m, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func startServer(t *testing.T, pluginsDir string) pluginv1.PluginServiceClient {
+// startServer serves the plugins of pluginsDir over gRPC; source nil means
+// an empty in-memory config.
+func startServer(t *testing.T, pluginsDir string, source wasmhost.ConfigSource) pluginv1.PluginServiceClient {
 	t.Helper()
 	ctx := context.Background()
-	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: t.TempDir(), Logger: zap.NewNop()})
+	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = host.Close(ctx) })
-	srv, err := pluginsandbox.NewServer(ctx, pluginsandbox.Config{Host: host, PluginsDir: pluginsDir, Logger: zap.NewNop(), ConfigSource: &wasmhost.MemoryConfig{}})
+	if source == nil {
+		source = &wasmhost.MemoryConfig{}
+	}
+	srv, err := pluginsandbox.NewServer(ctx, pluginsandbox.Config{Host: host, PluginsDir: pluginsDir, Logger: zap.NewNop(), ConfigSource: source})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,14 +64,14 @@ func TestServerListsAndExecutesTools(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "broken", "manifest.toml"), []byte("name = 1"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	client := startServer(t, dir)
+	client := startServer(t, dir, nil)
 	ctx := context.Background()
 
 	tools, err := client.ListTools(ctx, &pluginv1.ListToolsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(tools.Tools) != 2 || tools.Tools[0].Name != "echo" || tools.Tools[0].ParametersSchemaJson == "" {
+	if len(tools.Tools) != 2 || tools.Tools[0].Name != "misbehave" || tools.Tools[1].Name != "wasm_echo" || tools.Tools[1].ParametersSchemaJson == "" {
 		t.Fatalf("tools = %v", tools.Tools)
 	}
 	plugins, err := client.ListPlugins(ctx, &pluginv1.ListPluginsRequest{})
@@ -103,7 +81,7 @@ func TestServerListsAndExecutesTools(t *testing.T) {
 
 	resp, err := client.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{
 		Principal: &configv1.Principal{PrincipalId: "shared-operator", Operator: true},
-		ToolName:  "echo", ArgumentsJson: `{"text":"over grpc"}`, ToolCallId: "call-1",
+		ToolName:  "wasm_echo", ArgumentsJson: `{"text":"over grpc"}`, ToolCallId: "call-1",
 	})
 	if err != nil || !resp.Success || resp.Output != "over grpc" || resp.FuelUsed <= 0 {
 		t.Fatalf("execute echo: %v, %v", resp, err)
@@ -118,7 +96,7 @@ func TestServerListsAndExecutesTools(t *testing.T) {
 	if status.Code(err) != codes.NotFound {
 		t.Fatalf("unknown tool: %v", err)
 	}
-	_, err = client.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{ToolName: "echo", ArgumentsJson: "{"})
+	_, err = client.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{ToolName: "wasm_echo", ArgumentsJson: "{"})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("bad json: %v", err)
 	}

@@ -1,6 +1,10 @@
 //go:build wasip1
 
-// Command echo is the smallest tool plugin: it returns its "text" argument.
+// Command echo is the smallest tool plugin: it returns the text it is
+// given, its "text" argument (or "msg" when there is no "text").
+//
+// The tool is named "wasm_echo", not "echo": the session service has a
+// built-in tool called echo, which wins a name clash.
 package main
 
 import (
@@ -11,20 +15,24 @@ import (
 
 type echo struct{}
 
-func (echo) Name() string        { return "echo" }
+func (echo) Name() string        { return "wasm_echo" }
 func (echo) Description() string { return "Returns the text it is given." }
 func (echo) ParametersSchema() json.RawMessage {
-	return json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`)
+	return json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"},"msg":{"type":"string"}}}`)
 }
 
 func (echo) Execute(args json.RawMessage) (tool.Result, error) {
 	var in struct {
-		Text string `json:"text"`
+		Text *string `json:"text"`
+		Msg  string  `json:"msg"`
 	}
 	if err := json.Unmarshal(args, &in); err != nil {
 		return tool.Failure("arguments are not valid JSON: " + err.Error()), nil
 	}
-	return tool.Result{Success: true, Output: in.Text}, nil
+	if in.Text == nil {
+		return tool.Result{Success: true, Output: in.Msg}, nil
+	}
+	return tool.Result{Success: true, Output: *in.Text}, nil
 }
 
 func init() { tool.Register(echo{}) }

@@ -10,6 +10,10 @@
 //	panic      panic (trap)
 //	sleep      sleep "ms" milliseconds in the host (deadline on a host wait)
 //
+// The module also exports the channel and memory worlds (worlds.go), so
+// one test guest covers every adapter: there a message or entry whose
+// content is "panic" panics and "loop" spins forever.
+//
 // The table grower cannot be written in Go (the Go toolchain never emits
 // table.grow); tests build it with wasmbuild.
 package main

@@ -11,6 +11,9 @@ import (
 type ConfigRevision struct {
 	Revision string
 	Values   map[string]string
+	// Denied lists secret properties that exist but that the caller may not
+	// read: secrets_get answers access-denied for them, not not-found.
+	Denied []string
 }
 
 // ConfigSource resolves a plugin instance's config. The host calls Resolve

@@ -36,4 +36,14 @@ var (
 	ErrConfig = errors.New("wasmhost: plugin config rejected")
 	// ErrClosed: the host or module is closed.
 	ErrClosed = errors.New("wasmhost: closed")
+	// ErrConfigUnavailable: a ConfigSource could not reach its store (the
+	// config service is down). Resolve wraps it; the host then wraps it in
+	// ErrConfig, and guest imports answer unavailable.
+	ErrConfigUnavailable = errors.New("wasmhost: plugin config unavailable")
+	// ErrPluginFailed: a channel or memory export returned its err result
+	// (the plugin's own failure, not a limit); the message follows.
+	ErrPluginFailed = errors.New("wasmhost: plugin reported an error")
+	// ErrUnsupported: the plugin does not advertise the capability flag of
+	// an optional export that has no documented default.
+	ErrUnsupported = errors.New("wasmhost: capability not advertised")
 )

@@ -33,6 +33,7 @@ type frame struct {
 	resolveErr error
 	public     map[string]any
 	secrets    map[string]string
+	denied     map[string]bool
 
 	httpResp []byte
 	inbound  *InboundQueue
@@ -82,6 +83,12 @@ func (f *frame) view(ctx context.Context) error {
 			return f.resolveErr
 		default:
 			values = rev.Values
+			for _, k := range rev.Denied {
+				if f.denied == nil {
+					f.denied = map[string]bool{}
+				}
+				f.denied[k] = true
+			}
 		}
 	}
 	pub, sec, err := schema.Materialize(values)
@@ -104,5 +111,5 @@ func (f *frame) publicJSON() []byte {
 
 // drop clears the materialised view; called on every exit path.
 func (f *frame) drop() {
-	f.public, f.secrets, f.httpResp = nil, nil, nil
+	f.public, f.secrets, f.denied, f.httpResp = nil, nil, nil, nil
 }

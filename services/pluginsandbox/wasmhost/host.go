@@ -30,6 +30,15 @@ type Host struct {
 	pools  map[*pool]struct{}
 	closed atomic.Bool
 	bg     sync.WaitGroup // asynchronous instance closes
+
+	// Running guest code must never see its module closed under it: an
+	// instance's memory is unmapped on close, and the guest would fault.
+	// Close cancels the running calls (stopCalls) and waits for them.
+	callMu    sync.Mutex
+	calls     int
+	callsIdle chan struct{} // closed when calls reach zero once Close waits
+	stopCtx   context.Context
+	stopCalls context.CancelFunc
 }
 
 // New validates cfg, fills its defaults and starts a host: one wazero
@@ -52,6 +61,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		logger: cfg.Logger,
 		pools:  map[*pool]struct{}{},
 	}
+	h.stopCtx, h.stopCalls = context.WithCancel(context.Background())
 	if cfg.CacheDir != "" {
 		if h.cache, err = wazero.NewCompilationCacheWithDir(cfg.CacheDir); err != nil {
 			return nil, fmt.Errorf("wasmhost: compilation cache: %w", err)
@@ -92,6 +102,23 @@ func (h *Host) Close(ctx context.Context) error {
 	if !h.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	h.callMu.Lock()
+	var idle chan struct{}
+	if h.calls > 0 {
+		idle = make(chan struct{})
+		h.callsIdle = idle
+	}
+	h.callMu.Unlock()
+	h.stopCalls()
+	if idle != nil {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			// Leaving the runtime open leaks it; closing it would crash the
+			// calls still inside guest code.
+			return fmt.Errorf("wasmhost: close: guest calls still running: %w", ctx.Err())
+		}
+	}
 	h.mu.Lock()
 	pools := make([]*pool, 0, len(h.pools))
 	for p := range h.pools {
@@ -108,6 +135,28 @@ func (h *Host) Close(ctx context.Context) error {
 		err = errors.Join(err, h.cache.Close(ctx))
 	}
 	return err
+}
+
+// beginCall registers a call about to run guest code; false once Close
+// has begun.
+func (h *Host) beginCall() bool {
+	h.callMu.Lock()
+	defer h.callMu.Unlock()
+	if h.closed.Load() {
+		return false
+	}
+	h.calls++
+	return true
+}
+
+func (h *Host) endCall() {
+	h.callMu.Lock()
+	defer h.callMu.Unlock()
+	h.calls--
+	if h.calls == 0 && h.callsIdle != nil {
+		close(h.callsIdle)
+		h.callsIdle = nil
+	}
 }
 
 func (h *Host) addPool(p *pool) {

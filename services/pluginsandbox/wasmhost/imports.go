@@ -87,8 +87,8 @@ func (h *Host) secretsGet(ctx context.Context, m api.Module, namePtr, nameLen, b
 	if f == nil || !f.service || !f.spend() {
 		return codeUnavailable
 	}
-	if !f.plugin.Grants.ConfigRead {
-		return codeAccessDenied
+	if !f.plugin.Grants.ConfigRead || f.plugin.World == WorldMemory {
+		return codeAccessDenied // the memory world has no config imports
 	}
 	if nameLen > 256 {
 		return codeNotFound
@@ -101,7 +101,10 @@ func (h *Host) secretsGet(ctx context.Context, m api.Module, namePtr, nameLen, b
 		return codeUnavailable
 	}
 	v, ok := f.secrets[string(name)]
-	if !ok {
+	switch {
+	case f.denied[string(name)]:
+		return codeAccessDenied
+	case !ok:
 		return codeNotFound
 	}
 	return writeOut(m, buf, capacity, []byte(v))
@@ -113,7 +116,7 @@ func (h *Host) importConfigGet(ctx context.Context, m api.Module, stack []uint64
 	switch {
 	case f == nil || !f.service || !f.spend():
 		stack[0] = u64(codeUnavailable)
-	case !f.plugin.Grants.ConfigRead || f.plugin.Schema == nil:
+	case !f.plugin.Grants.ConfigRead || f.plugin.Schema == nil || f.plugin.World == WorldMemory:
 		stack[0] = u64(codeAccessDenied)
 	case f.view(ctx) != nil:
 		stack[0] = u64(codeUnavailable)

@@ -157,6 +157,13 @@ func (in *instance) invoke(ctx context.Context, f *frame, body func(context.Cont
 		return nil, fmt.Errorf("%w: instance was stopped by an earlier failure", ErrUnavailable)
 	}
 	h := in.c.host
+	if !h.beginCall() {
+		return nil, ErrClosed
+	}
+	defer h.endCall()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(h.stopCtx, func() { cancel(ErrClosed) })()
 	if in.fuel != nil {
 		in.fuel.Set(h.cfg.Limits.CallFuel)
 	}

@@ -232,7 +232,10 @@ func TestInstanceCap(t *testing.T) {
 		fmt.Fprint(w, "ok")
 	}))
 	t.Cleanup(srv.Close)
-	h := newHost(t, wasmhost.Limits{MaxInstances: max, CallTimeoutMS: 60_000})
+	// The outbound HTTP cap must outlast the time it takes all 64 calls to
+	// reach the server (64 instantiations, slow under -race), or the first
+	// calls end early and free their slots.
+	h := newHost(t, wasmhost.Limits{MaxInstances: max, CallTimeoutMS: 120_000}, func(c *wasmhost.Config) { c.HTTP.Timeout = 120 * time.Second })
 	fetch := loadTool(t, h, "httpfetch", func(s *wasmhost.PluginSpec) { s.Grants.HTTPClient = true })
 	call := wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL})}
 
@@ -249,7 +252,7 @@ func TestInstanceCap(t *testing.T) {
 			errs <- err
 		}()
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for started.Load() < max {
 		if time.Now().After(deadline) {
 			t.Fatalf("only %d of %d calls reached the server", started.Load(), max)
@@ -282,5 +285,53 @@ func TestInstanceCap(t *testing.T) {
 	}
 	if err := <-late; err != nil {
 		t.Fatalf("waiting 65th call: %v", err)
+	}
+}
+
+// Closing the host while calls run inside guest code cancels them and
+// waits for them before any module is closed under them (an instance's
+// memory is unmapped on close: closing it under a running guest faults).
+func TestCloseWhileCallsRun(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	var started atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	h := newHost(t, wasmhost.Limits{CallTimeoutMS: 60_000, CallFuel: 1 << 60})
+	fetch := loadTool(t, h, "httpfetch", func(s *wasmhost.PluginSpec) { s.Grants.HTTPClient = true })
+	loop := loadTool(t, h, "misbehave")
+	const n = 8
+	errs := make(chan error, 2*n)
+	for range n {
+		go func() {
+			_, err := fetch.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL})})
+			errs <- err
+		}()
+		go func() {
+			_, err := loop.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"mode": "loop"})})
+			errs <- err
+		}()
+	}
+	for deadline := time.Now().Add(60 * time.Second); started.Load() < n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d fetches reached the server", started.Load(), n)
+		}
+	}
+	if err := h.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 * n {
+		if err := <-errs; err == nil {
+			t.Fatal("a call running at Close succeeded")
+		}
+	}
+	if _, err := fetch.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL})}); !errors.Is(err, wasmhost.ErrClosed) {
+		t.Fatalf("a call after Close: %v", err)
 	}
 }

@@ -74,6 +74,19 @@ func (s *slots) release() {
 	s.mu.Unlock()
 }
 
+// idleAdded wakes the waiters when an idle pooled instance appeared: it
+// holds a slot they can take by evicting it. Without this, a pool that was
+// still instantiating when a call started waiting kept its slot, and the
+// call waited for a release that never came.
+func (s *slots) idleAdded() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.waiters > 0 {
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+}
+
 func (s *slots) inUse() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

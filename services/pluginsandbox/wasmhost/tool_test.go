@@ -12,7 +12,7 @@ import (
 func TestEchoToolEndToEnd(t *testing.T) {
 	h := newHost(t, wasmhost.Limits{})
 	tool := loadTool(t, h, "echo")
-	if tool.Name() != "echo" || tool.Description() == "" {
+	if tool.Name() != "wasm_echo" || tool.Description() == "" {
 		t.Fatalf("metadata = %q, %q", tool.Name(), tool.Description())
 	}
 	var schema map[string]any

@@ -105,3 +105,27 @@ const (
 	CodeInvalidArgument int64 = -4
 	CodeTooLarge        int64 = -5
 )
+
+// ReturnOK returns the WIT result envelope {"ok": v}; v may be nil for
+// result<_, E>, which encodes {"ok":null}.
+func ReturnOK(v any) uint64 {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return ReturnErr("marshal result: " + err.Error())
+	}
+	return Return(append(append([]byte(`{"ok":`), b...), '}'))
+}
+
+// ReturnErr returns the WIT result envelope {"err": msg}.
+func ReturnErr(msg string) uint64 {
+	b, _ := json.Marshal(map[string]string{"err": msg})
+	return Return(b)
+}
+
+// Result returns {"ok": v} when err is nil, else {"err": err.Error()}.
+func Result(v any, err error) uint64 {
+	if err != nil {
+		return ReturnErr(err.Error())
+	}
+	return ReturnOK(v)
+}

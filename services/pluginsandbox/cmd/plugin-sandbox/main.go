@@ -1,11 +1,11 @@
-// Command plugin-sandbox runs one plugin-sandbox replica.
+// Command plugin-sandbox runs one plugin-sandbox replica; the wiring is
+// pluginsandbox.Register.
 package main
 
 import (
-	"context"
-
 	"github.com/clawmesh/clawmesh/internal/service"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/migrations"
 )
 
@@ -15,9 +15,6 @@ func main() {
 		HealthNames: []string{pluginv1.PluginService_ServiceDesc.ServiceName},
 		Schema:      "plugin",
 		Migrations:  migrations.FS,
-		Register: func(_ context.Context, env *service.Env) error {
-			pluginv1.RegisterPluginServiceServer(env.Server.GRPC, pluginv1.UnimplementedPluginServiceServer{})
-			return nil
-		},
+		Register:    pluginsandbox.Register,
 	})
 }

@@ -1,0 +1,241 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
+)
+
+// echoTool is the tool name of plugins/examples/echo (the session's
+// built-in "echo" would win a clash).
+const echoTool = "wasm_echo"
+
+// pluginBuilds caches example plugins built for wasip1, once per process.
+var pluginBuilds struct {
+	mu   sync.Mutex
+	dir  string
+	done map[string]error
+}
+
+// installPlugin builds plugins/examples/<name> and installs it under
+// <dataDir>/plugins/<name>/ (plugin.wasm and manifest.toml), before the
+// stack starts.
+func installPlugin(t *testing.T, dataDir, name string) {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..")
+	pluginBuilds.mu.Lock()
+	if pluginBuilds.dir == "" {
+		dir, err := os.MkdirTemp("", "cm-plugins-")
+		if err != nil {
+			pluginBuilds.mu.Unlock()
+			t.Fatal(err)
+		}
+		pluginBuilds.dir, pluginBuilds.done = dir, map[string]error{}
+	}
+	wasm := filepath.Join(pluginBuilds.dir, name+".wasm")
+	err, built := pluginBuilds.done[name]
+	if !built {
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", wasm, "./plugins/examples/"+name)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+		if out, berr := cmd.CombinedOutput(); berr != nil {
+			err = &buildFailure{name: name, out: string(out), err: berr}
+		}
+		pluginBuilds.done[name] = err
+	}
+	pluginBuilds.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(dataDir, "plugins", name)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for src, to := range map[string]string{
+		wasm: filepath.Join(dst, "plugin.wasm"),
+		filepath.Join(root, "plugins", "examples", name, "manifest.toml"): filepath.Join(dst, "manifest.toml"),
+	} {
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+type buildFailure struct {
+	name, out string
+	err       error
+}
+
+func (b *buildFailure) Error() string { return "build " + b.name + ": " + b.err.Error() + "\n" + b.out }
+
+// pluginStack starts a stack whose data directory has the given example
+// plugins installed.
+func pluginStack(t *testing.T, plugins []string, args ...string) *e2e.Stack {
+	t.Helper()
+	base, err := os.MkdirTemp("", "cm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	dataDir := filepath.Join(base, "data")
+	for _, p := range plugins {
+		installPlugin(t, dataDir, p)
+	}
+	return e2e.Start(t, e2e.Options{DataDir: dataDir, Args: args})
+}
+
+// pluginUpdate is a session/update with the tool result's status.
+type pluginUpdate struct {
+	update
+	Status string `json:"status"`
+}
+
+// toolTurn runs one prompt and returns its tool_call and tool_result
+// updates, in order, and every update, failing on a turn error.
+func toolTurn(t *testing.T, v *conv, session, prompt string) (calls, results, all []pluginUpdate) {
+	t.Helper()
+	id := v.send("session/prompt", map[string]any{"session_id": session, "prompt": prompt})
+	for {
+		f := v.next()
+		if f.Method == "session/update" {
+			var u pluginUpdate
+			if err := json.Unmarshal(f.Params, &u); err != nil {
+				t.Fatalf("bad update %s: %v", f.Params, err)
+			}
+			all = append(all, u)
+			switch u.Type {
+			case "tool_call":
+				calls = append(calls, u)
+			case "tool_result":
+				results = append(results, u)
+			}
+			continue
+		}
+		if f.Method == "" && string(f.ID) == id {
+			if f.Error != nil {
+				t.Fatalf("prompt %q: %v", prompt, f.Error)
+			}
+			return calls, results, all
+		}
+	}
+}
+
+// waitForPluginTool polls, with probe turns in a session of its own, until
+// the session service reaches a sandbox that offers tool: the session
+// service starts before the sandbox and reconnects with backoff.
+func waitForPluginTool(t *testing.T, v *conv, tool string) {
+	t.Helper()
+	probe := v.newSession("")
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		_, results, _ := toolTurn(t, v, probe, "/tool "+tool+` {"msg":"ready?"}`)
+		if len(results) == 1 && results[0].RawOutput == "ready?" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tool %s never served: %+v", tool, results)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// A plugin tool in a turn, over the socket: the echo plugin serves
+// /tool wasm_echo; a misbehaving plugin in the same stack (an infinite
+// loop) is stopped by plugins.limits.call_timeout_ms set with --set, its turn goes on with
+// a failed tool result, and the echo plugin still serves afterwards.
+func TestPluginToolTurn(t *testing.T) {
+	// The fuel budget is raised so that the deadline is what stops the
+	// loop: both values reach the sandbox through the config service.
+	s := pluginStack(t, []string{"echo", "misbehave"},
+		"--set", "plugins.limits.call_timeout_ms=300", "--set", "plugins.limits.call_fuel=1000000000000")
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+	id := v.newSession("")
+
+	calls, results, _ := toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"hi"}`)
+	if len(calls) != 1 || len(results) != 1 {
+		t.Fatalf("tool_call then tool_result expected: %+v %+v", calls, results)
+	}
+	var in map[string]string
+	if calls[0].Name != echoTool || json.Unmarshal(calls[0].RawInput, &in) != nil || in["msg"] != "hi" {
+		t.Fatalf("tool_call %+v", calls[0])
+	}
+	if r := results[0]; r.ToolCallID != calls[0].ToolCallID || r.RawOutput != "hi" || r.Status != "completed" {
+		t.Fatalf("tool_result %+v, want the plugin's output %q", r, "hi")
+	}
+
+	calls, results, ups := toolTurn(t, v, id, `/tool misbehave {"mode":"loop"}`+"\n/say carried on")
+	if len(calls) != 1 || len(results) != 1 || results[0].Status != "failed" ||
+		!strings.Contains(results[0].RawOutput, "call_timeout_ms 300") {
+		sandboxLog, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", "plugin-sandbox.log"))
+		t.Fatalf("the looping plugin: %+v\nplugin-sandbox log:\n%s", results, sandboxLog)
+	}
+	var said strings.Builder
+	for _, u := range ups {
+		if u.Type == "agent_message_chunk" {
+			said.WriteString(u.Text)
+		}
+	}
+	if !strings.Contains(said.String(), "carried on") {
+		t.Fatalf("the turn did not go on after the failed tool: %+v", ups)
+	}
+
+	_, results, _ = toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"still here"}`)
+	if len(results) != 1 || results[0].RawOutput != "still here" || results[0].Status != "completed" {
+		t.Fatalf("echo after the misbehaving plugin: %+v", results)
+	}
+}
+
+// With two sandbox replicas, calls are spread over both and each serves
+// the tool: every replica loads the same plugins from the same folder.
+func TestPluginToolScaled(t *testing.T) {
+	s := pluginStack(t, []string{"echo"}, "--scale", "plugin-sandbox=2")
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+	id := v.newSession("")
+	logs := []string{
+		filepath.Join(s.DataDir, "logs", "plugin-sandbox.log"),
+		filepath.Join(s.DataDir, "logs", "plugin-sandbox.1.log"),
+	}
+	served := func(path string) int {
+		raw, _ := os.ReadFile(path)
+		n := 0
+		for _, line := range strings.Split(string(raw), "\n") {
+			if strings.Contains(line, "tool executed") && strings.Contains(line, echoTool) {
+				n++
+			}
+		}
+		return n
+	}
+	// Two calls in one turn are consecutive picks of the round-robin
+	// balancer; poll until both replicas are connected and have served.
+	deadline := time.Now().Add(90 * time.Second)
+	for n := 0; ; n++ {
+		prompt := "/tool " + echoTool + ` {"msg":"a"}` + "\n/tool " + echoTool + ` {"msg":"b"}`
+		_, results, _ := toolTurn(t, v, id, prompt)
+		if len(results) != 2 || results[0].RawOutput != "a" || results[1].RawOutput != "b" {
+			t.Fatalf("turn %d: %+v", n, results)
+		}
+		if served(logs[0]) > 0 && served(logs[1]) > 0 {
+			t.Logf("replicas served %d and %d calls after %d turns", served(logs[0]), served(logs[1]), n+1)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not every replica served a call: %d, %d", served(logs[0]), served(logs[1]))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

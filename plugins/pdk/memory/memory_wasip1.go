@@ -1,0 +1,95 @@
+//go:build wasip1
+
+package memory
+
+import (
+	"encoding/json"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk/internal/abi"
+)
+
+// Capabilities are the optional exports the plugin implements. Without
+// Count the host never calls Count.
+type Capabilities struct {
+	Count bool
+}
+
+// Entry is one stored memory.
+type Entry struct {
+	Key       string   `json:"key"`
+	Content   string   `json:"content"`
+	Category  string   `json:"category,omitempty"`
+	SessionID string   `json:"session_id,omitempty"`
+	Timestamp int64    `json:"timestamp,omitempty"`
+	Score     *float64 `json:"score,omitempty"`
+}
+
+// Memory is one memory backend. A returned error is the backend's own
+// failure, reported to the host as such.
+type Memory interface {
+	Name() string
+	Capabilities() Capabilities
+	// Store stores e, replacing an entry with the same key.
+	Store(e Entry) error
+	// Recall returns at most limit entries matching query, best first.
+	Recall(query string, limit int) ([]Entry, error)
+	// Forget removes key and reports whether it existed.
+	Forget(key string) (bool, error)
+	Count() (int, error)
+}
+
+var registered Memory
+
+// Register installs the plugin's memory backend. Call it once, from init.
+func Register(m Memory) { registered = m }
+
+//go:wasmexport memory_name
+func memoryName() uint64 { return abi.ReturnJSON(registered.Name()) }
+
+//go:wasmexport memory_capabilities
+func memoryCapabilities() uint64 {
+	flags := []string{}
+	if registered.Capabilities().Count {
+		flags = append(flags, "count")
+	}
+	return abi.ReturnJSON(flags)
+}
+
+//go:wasmexport memory_store
+func memoryStore(ptr, size uint32) uint64 {
+	var e Entry
+	if err := json.Unmarshal(abi.Take(ptr, size), &e); err != nil {
+		return abi.ReturnErr("malformed entry: " + err.Error())
+	}
+	return abi.Result(nil, registered.Store(e))
+}
+
+//go:wasmexport memory_recall
+func memoryRecall(ptr, size uint32) uint64 {
+	var a struct {
+		Query string `json:"query"`
+		Limit int    `json:"limit"`
+	}
+	if err := json.Unmarshal(abi.Take(ptr, size), &a); err != nil {
+		return abi.ReturnErr("malformed query: " + err.Error())
+	}
+	entries, err := registered.Recall(a.Query, a.Limit)
+	if entries == nil {
+		entries = []Entry{}
+	}
+	return abi.Result(entries, err)
+}
+
+//go:wasmexport memory_forget
+func memoryForget(ptr, size uint32) uint64 {
+	var a struct {
+		Key string `json:"key"`
+	}
+	if err := json.Unmarshal(abi.Take(ptr, size), &a); err != nil {
+		return abi.ReturnErr("malformed argument: " + err.Error())
+	}
+	return abi.Result(registered.Forget(a.Key))
+}
+
+//go:wasmexport memory_count
+func memoryCount() uint64 { return abi.Result(registered.Count()) }

@@ -1,0 +1,262 @@
+package pluginsandbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// fakeConfig is a config service implementing PluginValues and Live the
+// way the plugin sandbox uses them.
+type fakeConfig struct {
+	configv1.UnimplementedConfigServiceServer
+	mu     sync.Mutex
+	values func(*configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error)
+	live   func() (*configv1.LiveResponse, error)
+	reqs   []*configv1.PluginValuesRequest
+}
+
+func (f *fakeConfig) PluginValues(_ context.Context, req *configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reqs = append(f.reqs, req)
+	return f.values(req)
+}
+
+func (f *fakeConfig) Live(context.Context, *configv1.LiveRequest) (*configv1.LiveResponse, error) {
+	return f.live()
+}
+
+func (f *fakeConfig) set(values func(*configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.values, f.reqs = values, nil
+}
+
+func (f *fakeConfig) requests() []*configv1.PluginValuesRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*configv1.PluginValuesRequest(nil), f.reqs...)
+}
+
+// serveConfig serves impl on a Unix socket and returns a client and a stop
+// function (after which calls fail with Unavailable).
+func serveConfig(t *testing.T, impl configv1.ConfigServiceServer) (configv1.ConfigServiceClient, func()) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "config.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	configv1.RegisterConfigServiceServer(gs, impl)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return configv1.NewConfigServiceClient(conn), gs.Stop
+}
+
+func mustStruct(t *testing.T, m map[string]any) *structpb.Struct {
+	t.Helper()
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestConfigServiceResolve(t *testing.T) {
+	fake := &fakeConfig{}
+	client, stop := serveConfig(t, fake)
+	src := &pluginsandbox.ConfigService{Client: client}
+	ctx := context.Background()
+
+	fake.set(func(*configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+		return &configv1.PluginValuesResponse{
+			Revision: 7,
+			Config: mustStruct(t, map[string]any{
+				"greeting": "Hola", "retries": 4, "ratio": 0.5, "on": true,
+				"tags": []any{"urgent", "ops"}, "where": map[string]any{"region": "us-east"}, "gone": nil,
+			}),
+			Secrets: map[string]string{"api_key": "k-1"},
+			Denied:  []string{"admin_key"},
+		}, nil
+	})
+	rev, err := src.Resolve(ctx, "zpi1_abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"greeting": "Hola", "retries": "4", "ratio": "0.5", "on": "true",
+		"tags": `["urgent","ops"]`, "where": `{"region":"us-east"}`, "api_key": "k-1",
+	}
+	if rev.Revision != "7" || !reflect.DeepEqual(rev.Values, want) || !reflect.DeepEqual(rev.Denied, []string{"admin_key"}) {
+		t.Fatalf("revision = %+v", rev)
+	}
+	if reqs := fake.requests(); len(reqs) != 1 || reqs[0].GetPluginKey() != "zpi1_abc" {
+		t.Fatalf("requests = %v", reqs)
+	}
+
+	for _, c := range []struct {
+		code codes.Code
+		want error
+	}{
+		{codes.Unimplemented, wasmhost.ErrNoConfig},
+		{codes.NotFound, wasmhost.ErrNoConfig},
+		{codes.Unavailable, wasmhost.ErrConfigUnavailable},
+	} {
+		fake.set(func(*configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+			return nil, status.Error(c.code, "no")
+		})
+		if _, err := src.Resolve(ctx, "zpi1_abc"); !errors.Is(err, c.want) {
+			t.Errorf("%s: err = %v, want %v", c.code, err, c.want)
+		}
+	}
+	fake.set(func(*configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+		return nil, status.Error(codes.PermissionDenied, "no")
+	})
+	if _, err := src.Resolve(ctx, "zpi1_abc"); err == nil || errors.Is(err, wasmhost.ErrConfigUnavailable) || errors.Is(err, wasmhost.ErrNoConfig) {
+		t.Errorf("PermissionDenied: err = %v", err)
+	}
+	// The config service gone: the transport's Unavailable.
+	stop()
+	if _, err := src.Resolve(ctx, "zpi1_abc"); !errors.Is(err, wasmhost.ErrConfigUnavailable) {
+		t.Errorf("stopped service: err = %v", err)
+	}
+}
+
+// The adapter behind a real tool: one PluginValues call per call frame
+// carrying the caller's principal, public values under __config, secrets
+// through secrets_get, denied keys access-denied, absent keys not-found,
+// an outage a gRPC Unavailable, and a config service without PluginValues
+// taken as "no config stored".
+func TestConfigServiceBehindATool(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "secretconfig")
+	fake := &fakeConfig{}
+	client, _ := serveConfig(t, fake)
+	plugins := startServer(t, dir, &pluginsandbox.ConfigService{Client: client})
+	ctx := context.Background()
+	principal := &configv1.Principal{PrincipalId: "user-7"}
+	execute := func(expect string) (*pluginv1.ExecuteToolResponse, error) {
+		return plugins.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{
+			Principal: principal, ToolName: "greeter", ArgumentsJson: `{"who":"Ana","expect":"` + expect + `"}`,
+		})
+	}
+
+	fake.set(func(*configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+		return &configv1.PluginValuesResponse{
+			Revision: 3, Config: mustStruct(t, map[string]any{"greeting": "Hola", "retries": 4}),
+			Secrets: map[string]string{"api_key": "s3cret"},
+		}, nil
+	})
+	resp, err := execute("s3cret")
+	if err != nil || !resp.Success {
+		t.Fatalf("execute: %v, %v", resp, err)
+	}
+	var out struct {
+		Greeting   string `json:"greeting"`
+		Retries    int    `json:"retries"`
+		KeyMatches bool   `json:"key_matches"`
+	}
+	if err := json.Unmarshal([]byte(resp.Output), &out); err != nil || out.Greeting != "Hola, Ana" || out.Retries != 4 || !out.KeyMatches {
+		t.Fatalf("output %q (%v)", resp.Output, err)
+	}
+	reqs := fake.requests()
+	if len(reqs) != 1 || reqs[0].GetPluginKey() != wasmhost.InstanceKey("greeter", wasmhost.WorldTool, "") ||
+		reqs[0].GetPrincipal().GetPrincipalId() != "user-7" {
+		t.Fatalf("PluginValues requests = %v (want one per call, with the tool's key and the principal)", reqs)
+	}
+
+	for _, c := range []struct {
+		name string
+		resp *configv1.PluginValuesResponse
+		want string
+	}{
+		{"denied", &configv1.PluginValuesResponse{Config: mustStruct(t, map[string]any{"greeting": "Hola"}), Denied: []string{"api_key"}}, "secret: access-denied"},
+		{"absent", &configv1.PluginValuesResponse{Config: mustStruct(t, map[string]any{"greeting": "Hola"})}, "secret: not-found"},
+	} {
+		fake.set(func(*configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) { return c.resp, nil })
+		resp, err := execute("")
+		if err != nil || resp.Success || resp.Error != c.want {
+			t.Errorf("%s: %v, %v; want error %q", c.name, resp, err, c.want)
+		}
+	}
+
+	fake.set(func(*configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+		return nil, status.Error(codes.Unavailable, "down")
+	})
+	if _, err := execute(""); status.Code(err) != codes.Unavailable {
+		t.Fatalf("config outage: %v, want Unavailable", err)
+	}
+
+	// A config service that does not implement PluginValues yet.
+	bare, _ := serveConfig(t, &configv1.UnimplementedConfigServiceServer{})
+	plugins = startServer(t, dir, &pluginsandbox.ConfigService{Client: bare})
+	resp, err = execute("")
+	if err != nil || resp.Success || resp.Error != "secret: not-found" {
+		t.Fatalf("without PluginValues: %v, %v", resp, err)
+	}
+}
+
+func TestReadSettings(t *testing.T) {
+	fake := &fakeConfig{}
+	client, _ := serveConfig(t, fake)
+	ctx := context.Background()
+	dataDir := t.TempDir()
+
+	fake.live = func() (*configv1.LiveResponse, error) {
+		return &configv1.LiveResponse{Revision: 2, Document: mustStruct(t, map[string]any{
+			"plugins": map[string]any{"plugins_dir": "/srv/plugins", "limits": map[string]any{"call_timeout_ms": 300, "call_fuel": 5_000_000}},
+		})}, nil
+	}
+	s, err := pluginsandbox.ReadSettings(ctx, client, dataDir)
+	want := wasmhost.DefaultLimits()
+	want.CallTimeoutMS, want.CallFuel = 300, 5_000_000
+	if err != nil || s.Limits != want || s.PluginsDir != "/srv/plugins" {
+		t.Fatalf("settings = %+v, %v", s, err)
+	}
+
+	fake.live = func() (*configv1.LiveResponse, error) {
+		return &configv1.LiveResponse{Document: mustStruct(t, map[string]any{"plugins": map[string]any{"plugins_dir": ""}})}, nil
+	}
+	s, err = pluginsandbox.ReadSettings(ctx, client, dataDir)
+	if err != nil || s.Limits != wasmhost.DefaultLimits() || s.PluginsDir != filepath.Join(dataDir, "plugins") {
+		t.Fatalf("defaults = %+v, %v", s, err)
+	}
+
+	for _, bad := range []any{0, -1, 1.5, "300"} {
+		fake.live = func() (*configv1.LiveResponse, error) {
+			return &configv1.LiveResponse{Document: mustStruct(t, map[string]any{"plugins": map[string]any{"limits": map[string]any{"max_instances": bad}}})}, nil
+		}
+		if _, err := pluginsandbox.ReadSettings(ctx, client, dataDir); !errors.Is(err, pluginsandbox.ErrSettings) {
+			t.Errorf("max_instances %v: err = %v", bad, err)
+		}
+	}
+
+	bare, _ := serveConfig(t, &configv1.UnimplementedConfigServiceServer{})
+	s, err = pluginsandbox.ReadSettings(ctx, bare, dataDir)
+	if err != nil || s.Limits != wasmhost.DefaultLimits() || s.PluginsDir != filepath.Join(dataDir, "plugins") {
+		t.Fatalf("without Live: %+v, %v", s, err)
+	}
+}

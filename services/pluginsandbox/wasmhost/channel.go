@@ -1,0 +1,209 @@
+package wasmhost
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+)
+
+// ChannelCapabilities are the channel-capabilities flags a plugin
+// advertises from channel_capabilities. For an unset flag the host uses the
+// documented default and never calls the export: health reports healthy,
+// typing indicators are no-ops.
+type ChannelCapabilities struct {
+	Health bool
+	Typing bool
+}
+
+// ChannelMessage is a message the plugin hands the host from
+// channel_poll_message.
+type ChannelMessage struct {
+	ID          string `json:"id"`
+	Sender      string `json:"sender"`
+	ReplyTarget string `json:"reply_target,omitempty"`
+	Content     string `json:"content"`
+	ThreadID    string `json:"thread_id,omitempty"`
+	Timestamp   int64  `json:"timestamp,omitempty"`
+}
+
+// SendMessage is an outbound message for channel_send.
+type SendMessage struct {
+	Recipient string `json:"recipient"`
+	Content   string `json:"content"`
+	ThreadID  string `json:"thread_id,omitempty"`
+}
+
+// CallInfo attributes one call (logs, audit).
+type CallInfo struct {
+	CallID, Principal string
+}
+
+// Channel is a loaded channel plugin: one resident instance, refuelled
+// before each call. An instance stopped by a limit or a trap is never
+// resumed; the next call rebuilds it from host-owned state: the inbound
+// queue (which the host owns and keeps) and, when the channel had been
+// configured, a fresh channel_configure before the call.
+type Channel struct {
+	r    *resident
+	name string
+	caps ChannelCapabilities
+
+	mu         sync.Mutex
+	configured bool // a Configure succeeded; a rebuild re-runs it
+}
+
+// LoadChannel compiles a channel plugin, builds its instance and reads its
+// name and capability flags once (outside any service frame: config and
+// secrets answer unavailable there). inbound is the host-fed queue the
+// plugin drains from channel_poll_message; nil makes a new one.
+func (h *Host) LoadChannel(ctx context.Context, spec PluginSpec, inbound *InboundQueue) (*Channel, error) {
+	spec.World = WorldChannel
+	if inbound == nil {
+		inbound = NewInboundQueue(0)
+	}
+	ch := &Channel{}
+	r, err := h.loadResident(ctx, spec, inbound, func(ctx context.Context, r *resident) error {
+		if err := r.metadata(ctx, "channel_name", &ch.name); err != nil {
+			return err
+		}
+		var flags []string
+		if err := r.metadata(ctx, "channel_capabilities", &flags); err != nil {
+			return err
+		}
+		set := flagSet(flags)
+		ch.caps = ChannelCapabilities{Health: set["health"], Typing: set["typing"]}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if ch.name == "" {
+		r.close()
+		_ = r.c.mod.Close(ctx)
+		return nil, fmt.Errorf("%w: channel_name is empty", ErrABI)
+	}
+	ch.r = r
+	r.onBuild = ch.reconfigure
+	return ch, nil
+}
+
+// Name is the channel's name, read at load.
+func (c *Channel) Name() string { return c.name }
+
+// Capabilities are the flags read at load.
+func (c *Channel) Capabilities() ChannelCapabilities { return c.caps }
+
+// Inbound is the host-fed queue: the host's listener pushes received
+// messages into it; it survives instance rebuilds.
+func (c *Channel) Inbound() *InboundQueue { return c.r.inbound }
+
+// PluginName is the package name of the plugin.
+func (c *Channel) PluginName() string { return c.r.c.spec.Name }
+
+// Configure runs channel_configure, which reads its config through
+// config_get and secrets_get at the point of use (it takes no argument).
+func (c *Channel) Configure(ctx context.Context, info CallInfo) error {
+	out, err := c.r.call(ctx, "channel_configure", nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	if err != nil {
+		return err
+	}
+	if err := decodeResult("channel_configure", out, nil); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.configured = true
+	c.mu.Unlock()
+	return nil
+}
+
+// reconfigure runs on a rebuilt instance, under the instance lock and the
+// deadline of the call that needed it.
+func (c *Channel) reconfigure(ctx context.Context) error {
+	c.mu.Lock()
+	configured := c.configured
+	c.mu.Unlock()
+	if !configured {
+		return nil
+	}
+	out, err := c.r.callLocked(ctx, "channel_configure", nil, frameSpan{})
+	if err != nil {
+		return err
+	}
+	return decodeResult("channel_configure", out, nil)
+}
+
+// Send delivers one message through the plugin.
+func (c *Channel) Send(ctx context.Context, info CallInfo, msg SendMessage) error {
+	arg, err := json.Marshal(msg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrABI, err)
+	}
+	out, err := c.r.call(ctx, "channel_send", arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	if err != nil {
+		return err
+	}
+	return decodeResult("channel_send", out, nil)
+}
+
+// PollMessage asks the plugin for its next message; the plugin drains the
+// inbound queue (inbound_poll, inbound_pending) to produce it. It returns
+// nil when there is none.
+func (c *Channel) PollMessage(ctx context.Context, info CallInfo) (*ChannelMessage, error) {
+	out, err := c.r.call(ctx, "channel_poll_message", nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	if err != nil {
+		return nil, err
+	}
+	var msg *ChannelMessage
+	if err := decodeResult("channel_poll_message", out, &msg); err != nil {
+		return nil, err
+	}
+	return msg, nil
+}
+
+// Health reports whether the channel is healthy. Without the health flag it
+// is true and the plugin is not called.
+func (c *Channel) Health(ctx context.Context) (bool, error) {
+	if !c.caps.Health {
+		return true, nil
+	}
+	out, err := c.r.call(ctx, "channel_health", nil, frameSpan{}, true)
+	if err != nil {
+		return false, err
+	}
+	var ok bool
+	if err := json.Unmarshal(out, &ok); err != nil {
+		return false, fmt.Errorf("%w: channel_health returned a non-boolean", ErrABI)
+	}
+	return ok, nil
+}
+
+// StartTyping and StopTyping drive a typing indicator. Without the typing
+// flag they do nothing and the plugin is not called.
+func (c *Channel) StartTyping(ctx context.Context, recipient string) error {
+	return c.typing(ctx, "channel_start_typing", recipient)
+}
+
+// StopTyping: see StartTyping.
+func (c *Channel) StopTyping(ctx context.Context, recipient string) error {
+	return c.typing(ctx, "channel_stop_typing", recipient)
+}
+
+func (c *Channel) typing(ctx context.Context, export, recipient string) error {
+	if !c.caps.Typing {
+		return nil
+	}
+	arg, _ := json.Marshal(map[string]string{"recipient": recipient})
+	out, err := c.r.call(ctx, export, arg, frameSpan{}, true)
+	if err != nil {
+		return err
+	}
+	return decodeResult(export, out, nil)
+}
+
+// Close waits for a running call, closes the instance and releases the
+// compiled module. The inbound queue is the caller's to keep.
+func (c *Channel) Close(ctx context.Context) error {
+	c.r.close()
+	return c.r.c.mod.Close(ctx)
+}

@@ -1,0 +1,129 @@
+package wasmhost
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// MemoryCapabilities are the memory-capabilities flags a plugin advertises
+// from memory_capabilities. Without the count flag, Count answers
+// ErrUnsupported and the plugin is not called.
+type MemoryCapabilities struct {
+	Count bool
+}
+
+// MemoryEntry is one stored memory.
+type MemoryEntry struct {
+	Key       string   `json:"key"`
+	Content   string   `json:"content"`
+	Category  string   `json:"category,omitempty"`
+	SessionID string   `json:"session_id,omitempty"`
+	Timestamp int64    `json:"timestamp,omitempty"`
+	Score     *float64 `json:"score,omitempty"`
+}
+
+// Memory is a loaded memory plugin: one resident instance, refuelled before
+// each call. The memory world imports only logging: config and secrets
+// answer access-denied and outbound HTTP is never bound, whatever the
+// grants. An instance stopped by a limit or a trap is never resumed: the
+// plugin answers ErrUnavailable until its owner calls Rebuild (its state
+// lived in the instance and is gone).
+type Memory struct {
+	r    *resident
+	name string
+	caps MemoryCapabilities
+}
+
+// LoadMemory compiles a memory plugin, builds its instance and reads its
+// name and capability flags once.
+func (h *Host) LoadMemory(ctx context.Context, spec PluginSpec) (*Memory, error) {
+	spec.World = WorldMemory
+	m := &Memory{}
+	r, err := h.loadResident(ctx, spec, nil, func(ctx context.Context, r *resident) error {
+		if err := r.metadata(ctx, "memory_name", &m.name); err != nil {
+			return err
+		}
+		var flags []string
+		if err := r.metadata(ctx, "memory_capabilities", &flags); err != nil {
+			return err
+		}
+		m.caps = MemoryCapabilities{Count: flagSet(flags)["count"]}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if m.name == "" {
+		r.close()
+		_ = r.c.mod.Close(ctx)
+		return nil, fmt.Errorf("%w: memory_name is empty", ErrABI)
+	}
+	m.r = r
+	return m, nil
+}
+
+// Name is the backend's name, read at load.
+func (m *Memory) Name() string { return m.name }
+
+// Capabilities are the flags read at load.
+func (m *Memory) Capabilities() MemoryCapabilities { return m.caps }
+
+// PluginName is the package name of the plugin.
+func (m *Memory) PluginName() string { return m.r.c.spec.Name }
+
+func (m *Memory) call(ctx context.Context, export string, arg any, v any) error {
+	var raw []byte
+	if arg != nil {
+		var err error
+		if raw, err = json.Marshal(arg); err != nil {
+			return fmt.Errorf("%w: %w", ErrABI, err)
+		}
+	}
+	out, err := m.r.call(ctx, export, raw, frameSpan{}, false)
+	if err != nil {
+		return err
+	}
+	return decodeResult(export, out, v)
+}
+
+// Store stores one entry (an existing key is replaced).
+func (m *Memory) Store(ctx context.Context, e MemoryEntry) error {
+	return m.call(ctx, "memory_store", e, nil)
+}
+
+// Recall returns at most limit entries matching query, best first.
+func (m *Memory) Recall(ctx context.Context, query string, limit int) ([]MemoryEntry, error) {
+	var out []MemoryEntry
+	err := m.call(ctx, "memory_recall", map[string]any{"query": query, "limit": limit}, &out)
+	return out, err
+}
+
+// Forget removes one entry and reports whether it existed.
+func (m *Memory) Forget(ctx context.Context, key string) (bool, error) {
+	var ok bool
+	err := m.call(ctx, "memory_forget", map[string]string{"key": key}, &ok)
+	return ok, err
+}
+
+// Count returns the number of entries; ErrUnsupported without the count
+// flag.
+func (m *Memory) Count(ctx context.Context) (int, error) {
+	if !m.caps.Count {
+		return 0, fmt.Errorf("%w: count", ErrUnsupported)
+	}
+	var n int
+	err := m.call(ctx, "memory_count", nil, &n)
+	return n, err
+}
+
+// Rebuild replaces the instance with a fresh one (its state starts empty):
+// the owner's answer to ErrUnavailable after a failure.
+func (m *Memory) Rebuild(ctx context.Context) error { return m.r.rebuild(ctx) }
+
+// Close waits for a running call, closes the instance and releases the
+// compiled module.
+func (m *Memory) Close(ctx context.Context) error {
+	m.r.close()
+	return m.r.c.mod.Close(ctx)
+}

@@ -1,0 +1,224 @@
+package wasmhost
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// resident is the one long-lived instance of a channel or memory plugin.
+// Calls are serialised by a one-token lock that honours the call deadline;
+// each call is refuelled (instance.invoke sets the budget) and runs in its
+// own service frame. An instance stopped by a limit or a trap is never
+// resumed: it is closed, and what happens next is the adapter's rule
+// (rebuild, or stay unavailable until the owner rebuilds).
+type resident struct {
+	h       *Host
+	c       *compiled
+	inbound *InboundQueue // channel only
+	lock    chan struct{}
+	in      *instance // nil after a failure or Close
+	closed  bool
+	// onBuild runs on a rebuilt instance before the call that needed it
+	// (the channel re-runs configure); it holds the lock.
+	onBuild func(ctx context.Context) error
+}
+
+func newResident(h *Host, c *compiled, inbound *InboundQueue) *resident {
+	return &resident{h: h, c: c, inbound: inbound, lock: make(chan struct{}, 1)}
+}
+
+// acquireLock takes the instance lock within ctx.
+func (r *resident) acquireLock(ctx context.Context) error {
+	select {
+	case r.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctxFailure(ctx, r.h.cfg.Limits)
+	}
+}
+
+func (r *resident) releaseLock() { <-r.lock }
+
+// ctxFailure names why ctx ended: the call deadline or the caller.
+func ctxFailure(ctx context.Context, lim Limits) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, errCallDeadline) {
+		return fmt.Errorf("%w: %w", ErrCancelled, cause)
+	}
+	return fmt.Errorf("%w: plugins.limits.call_timeout_ms %d", ErrCallTimeout, lim.CallTimeoutMS)
+}
+
+// build instantiates a new instance under a new slot; the caller holds
+// the lock.
+func (r *resident) build(ctx context.Context) error {
+	if err := r.h.slots.acquire(ctx); err != nil {
+		return err
+	}
+	in, err := r.h.newInstance(ctx, r.c)
+	if err != nil {
+		r.h.slots.release()
+		return err
+	}
+	r.in = in
+	return nil
+}
+
+// drop closes a failed instance and frees its slot; the caller holds the
+// lock.
+func (r *resident) drop() {
+	if r.in != nil {
+		r.h.discard(r.in)
+		r.in = nil
+	}
+}
+
+// metadata calls a no-argument export outside any service frame and
+// decodes its JSON result into v. Only at load.
+func (r *resident) metadata(ctx context.Context, export string, v any) error {
+	out, err := r.in.call(ctx, nil, export, nil, true)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(out, v); err != nil {
+		return fmt.Errorf("%w: %s returned invalid JSON", ErrABI, export)
+	}
+	return nil
+}
+
+// call runs one operational export in a service frame under the call
+// limits. rebuild says whether a missing instance (after a failure) is
+// rebuilt here; when false the plugin stays unavailable.
+func (r *resident) call(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool) ([]byte, error) {
+	if r.h.closed.Load() {
+		return nil, ErrClosed
+	}
+	ctx, cancel := r.h.callContext(ctx)
+	defer cancel()
+	if err := r.acquireLock(ctx); err != nil {
+		return nil, err
+	}
+	defer r.releaseLock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	if r.in == nil {
+		if !rebuild {
+			return nil, fmt.Errorf("%w: instance was stopped by an earlier failure; rebuild it", ErrUnavailable)
+		}
+		if err := r.build(ctx); err != nil {
+			return nil, err
+		}
+		if r.onBuild != nil {
+			if err := r.onBuild(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return r.callLocked(ctx, export, arg, span)
+}
+
+// callLocked runs export on the current instance; the caller holds the
+// lock and ctx carries the call deadline. A failed instance is dropped.
+func (r *resident) callLocked(ctx context.Context, export string, arg []byte, span frameSpan) ([]byte, error) {
+	span.plugin, span.world, span.export = r.c.spec.Name, string(r.c.spec.World), export
+	f := &frame{host: r.h, plugin: r.c.spec, service: true, span: span, inbound: r.inbound}
+	out, err := r.in.call(ctx, f, export, arg, true)
+	if err != nil && r.in.broken {
+		r.drop()
+	}
+	return out, err
+}
+
+// rebuild replaces the instance (whatever its state) with a new one.
+func (r *resident) rebuild(ctx context.Context) error {
+	if r.h.closed.Load() {
+		return ErrClosed
+	}
+	ctx, cancel := r.h.callContext(ctx)
+	defer cancel()
+	if err := r.acquireLock(ctx); err != nil {
+		return err
+	}
+	defer r.releaseLock()
+	if r.closed {
+		return ErrClosed
+	}
+	r.drop()
+	return r.build(ctx)
+}
+
+// close drops the instance and refuses further calls; safe twice. It
+// waits for a running call to end.
+func (r *resident) close() {
+	r.lock <- struct{}{}
+	defer r.releaseLock()
+	r.closed = true
+	if r.in != nil {
+		r.h.discardNow(r.in)
+		r.in = nil
+	}
+}
+
+// decodeResult reads a WIT result<T, string> envelope: {"ok": T} into v
+// (v may be nil for result<_, string>), or {"err": msg} as ErrPluginFailed.
+func decodeResult(export string, out []byte, v any) error {
+	var env map[string]json.RawMessage
+	if err := json.Unmarshal(out, &env); err != nil {
+		return fmt.Errorf("%w: %s returned invalid JSON", ErrABI, export)
+	}
+	okRaw, hasOK := env["ok"]
+	errRaw, hasErr := env["err"]
+	if hasOK == hasErr {
+		return fmt.Errorf("%w: %s returned neither ok nor err", ErrABI, export)
+	}
+	if hasErr {
+		var msg string
+		if err := json.Unmarshal(errRaw, &msg); err != nil {
+			return fmt.Errorf("%w: %s returned a non-string err", ErrABI, export)
+		}
+		return fmt.Errorf("%w: %s", ErrPluginFailed, msg)
+	}
+	if v == nil {
+		return nil
+	}
+	if err := json.Unmarshal(okRaw, v); err != nil {
+		return fmt.Errorf("%w: %s returned a malformed ok value", ErrABI, export)
+	}
+	return nil
+}
+
+// flagSet reads a capability flag list such as ["health","typing"].
+func flagSet(flags []string) map[string]bool {
+	m := make(map[string]bool, len(flags))
+	for _, f := range flags {
+		m[f] = true
+	}
+	return m
+}
+
+// loadResident compiles spec, builds the resident instance, checks the ABI
+// version and reads the metadata (outside any service frame).
+func (h *Host) loadResident(ctx context.Context, spec PluginSpec, inbound *InboundQueue, meta func(context.Context, *resident) error) (*resident, error) {
+	c, err := h.compile(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	r := newResident(h, c, inbound)
+	cctx, cancel := h.callContext(ctx)
+	defer cancel()
+	if err := r.build(cctx); err != nil {
+		_ = c.mod.Close(ctx)
+		return nil, err
+	}
+	err = r.in.checkVersion(cctx)
+	if err == nil {
+		err = meta(cctx, r)
+	}
+	if err != nil {
+		r.close()
+		_ = c.mod.Close(ctx)
+		return nil, err
+	}
+	return r, nil
+}
