@@ -73,12 +73,12 @@ var Properties = []Property{
 		Doc: "longest wait for the provider's response and for each streamed chunk"},
 
 	// Plugins (seed 003).
-	{Path: "plugins.plugins_dir", Type: String, Default: "", Restart: true, Doc: "plugin folder; empty for ~/.zeroclaw/plugins"},
-	{Path: "plugins.limits.call_fuel", Type: Integer, Default: 1_000_000_000, Min: f(1), Max: f(1 << 53), Doc: "instruction units per call"},
-	{Path: "plugins.limits.call_timeout_ms", Type: Integer, Default: 30000, Min: f(1), Max: f(3_600_000), Doc: "wall clock per call"},
-	{Path: "plugins.limits.max_memory_mb", Type: Integer, Default: 256, Min: f(1), Max: f(4096), Doc: "linear memory per instance"},
-	{Path: "plugins.limits.max_table_elements", Type: Integer, Default: 100_000, Min: f(1), Max: f(10_000_000), Doc: "elements per table"},
-	{Path: "plugins.limits.max_instances", Type: Integer, Default: 64, Min: f(1), Max: f(4096), Doc: "instances host-wide"},
+	{Path: "plugins.plugins_dir", Type: String, Default: "", Restart: true, Doc: "plugin folder; empty for <data_dir>/plugins"},
+	{Path: "plugins.limits.call_fuel", Type: Integer, Restart: true, Default: 1_000_000_000, Min: f(1), Max: f(1 << 53), Doc: "instruction units per call"},
+	{Path: "plugins.limits.call_timeout_ms", Type: Integer, Restart: true, Default: 30000, Min: f(1), Max: f(3_600_000), Doc: "wall clock per call"},
+	{Path: "plugins.limits.max_memory_mb", Type: Integer, Restart: true, Default: 256, Min: f(1), Max: f(4096), Doc: "linear memory per instance"},
+	{Path: "plugins.limits.max_table_elements", Type: Integer, Restart: true, Default: 100_000, Min: f(1), Max: f(10_000_000), Doc: "elements per table"},
+	{Path: "plugins.limits.max_instances", Type: Integer, Restart: true, Default: 64, Min: f(1), Max: f(4096), Doc: "instances host-wide"},
 	{Path: "plugins.security.signature_mode", Type: String, Default: "permissive", Enum: []string{"disabled", "permissive", "strict"},
 		Doc: "manifest signatures: disabled ignores them, permissive checks those present, strict requires a trusted one"},
 	{Path: "plugins.security.trusted_publisher_keys", Type: Array, Items: String, Default: []any{}, Pattern: hexKey,
