@@ -3,6 +3,8 @@ package e2e_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -537,4 +539,58 @@ func TestGatewayDrainsOnSIGTERM(t *testing.T) {
 		_, err = c.Initialize()
 		return err
 	})
+}
+
+// Sessions, their transcript and tool calls live in PostgreSQL: they
+// survive a restart of every process, the transcript never renumbered.
+func TestSessionsSurviveAFullRestart(t *testing.T) {
+	base, err := os.MkdirTemp("", "cm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	dir := filepath.Join(base, "data")
+	s := e2e.Start(t, e2e.Options{DataDir: dir})
+	v := newConv(t, s, nil)
+	id := v.newSession("")
+	v.call("session/prompt", map[string]any{"session_id": id, "prompt": "/say first\n" + `/tool echo {"k":1}`})
+	before := v.call("session/messages", map[string]any{"session_id": id})
+	s.Stop()
+
+	s2 := e2e.Start(t, e2e.Options{DataDir: dir})
+	w := newConv(t, s2, nil)
+	var list struct {
+		Sessions []struct {
+			SessionID string `json:"session_id"`
+		} `json:"sessions"`
+	}
+	json.Unmarshal(w.call("session/list", map[string]any{}), &list)
+	found := false
+	for _, l := range list.Sessions {
+		found = found || l.SessionID == id
+	}
+	if !found {
+		t.Fatalf("session %s not listed after the restart: %+v", id, list)
+	}
+	after := w.call("session/messages", map[string]any{"session_id": id})
+	if string(before) != string(after) {
+		t.Fatalf("transcript changed across the restart:\nbefore %s\nafter  %s", before, after)
+	}
+	// The session goes on where it was: new rows follow the old ones.
+	w.call("session/new", map[string]any{"session_id": id})
+	var pr struct{ Outcome, Content string }
+	json.Unmarshal(w.call("session/prompt", map[string]any{"session_id": id, "prompt": "/say again"}), &pr)
+	if pr.Outcome != "completed" || pr.Content != "again " {
+		t.Fatalf("prompt after the restart: %+v", pr)
+	}
+	var msgs struct {
+		Messages []struct{ Index int }
+		Total    int
+	}
+	json.Unmarshal(w.call("session/messages", map[string]any{"session_id": id}), &msgs)
+	for i, m := range msgs.Messages {
+		if m.Index != i {
+			t.Fatalf("transcript renumbered: %+v", msgs.Messages)
+		}
+	}
 }
