@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/version"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -54,7 +55,8 @@ func (g *Gateway) health(context.Context, *connState, json.RawMessage) (any, err
 	b = append(b, `,"process":`...)
 	b = append(b, g.monitor.processJSON()...)
 	b = append(b, '}')
-	return json.RawMessage(b), nil
+	// Every part is valid JSON of the gateway's own making: no re-check.
+	return jsonrpc.EncodedJSON(b), nil
 }
 
 type processStats struct {

@@ -356,3 +356,22 @@ func TestConnOverPipe(t *testing.T) {
 		t.Fatalf("Notify after Close: %v", err)
 	}
 }
+
+// An EncodedJSON result is written as it is; a RawMessage one is checked.
+func TestEncodedResults(t *testing.T) {
+	for _, tc := range []struct {
+		in   any
+		want string
+	}{
+		{EncodedJSON(`{"a":1}`), `{"a":1}`},
+		{EncodedJSON(nil), `null`},
+		{json.RawMessage(`{"a":1}`), `{"a":1}`},
+		{json.RawMessage("{\n\"a\": 1}"), `{"a":1}`},
+		{map[string]int{"a": 1}, `{"a":1}`},
+	} {
+		got, err := marshalResult(tc.in)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("marshalResult(%#v) = %s, %v; want %s", tc.in, got, err, tc.want)
+		}
+	}
+}
