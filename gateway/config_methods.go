@@ -18,13 +18,6 @@ import (
 // lock included.
 const configCallTimeout = 30 * time.Second
 
-// configPrincipal is the principal bound at initialize.
-func configPrincipal(cs *connState) *configv1.Principal {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	return cs.principal
-}
-
 // configValue reads a required JSON value param named field.
 func configValue(raw json.RawMessage, field string) (*structpb.Value, error) {
 	if len(raw) == 0 {
@@ -59,7 +52,7 @@ func (g *Gateway) configGet(ctx context.Context, cs *connState, params json.RawM
 	}
 	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
 	defer cancel()
-	resp, err := g.config.Get(ctx, &configv1.GetRequest{Principal: configPrincipal(cs), Prop: p.Prop})
+	resp, err := g.config.Get(ctx, &configv1.GetRequest{Principal: cs.principalOf(), Prop: p.Prop})
 	if err != nil {
 		return nil, serviceError("config", err)
 	}
@@ -86,7 +79,7 @@ func (g *Gateway) configSet(ctx context.Context, cs *connState, params json.RawM
 	}
 	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
 	defer cancel()
-	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: configPrincipal(cs), Prop: p.Prop, Value: v}); err != nil {
+	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: cs.principalOf(), Prop: p.Prop, Value: v}); err != nil {
 		return nil, serviceError("config", err)
 	}
 	return map[string]any{"prop": p.Prop, "set": true}, nil
@@ -138,7 +131,7 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 	}
 	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
 	defer cancel()
-	resp, err := g.config.SetMany(ctx, &configv1.SetManyRequest{Principal: configPrincipal(cs), Sets: entries})
+	resp, err := g.config.SetMany(ctx, &configv1.SetManyRequest{Principal: cs.principalOf(), Sets: entries})
 	if err != nil {
 		return nil, serviceError("config", err)
 	}
@@ -161,7 +154,7 @@ func (g *Gateway) configList(ctx context.Context, cs *connState, params json.Raw
 	}
 	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
 	defer cancel()
-	resp, err := g.config.List(ctx, &configv1.ListRequest{Principal: configPrincipal(cs), Prefix: p.Prefix})
+	resp, err := g.config.List(ctx, &configv1.ListRequest{Principal: cs.principalOf(), Prefix: p.Prefix})
 	if err != nil {
 		return nil, serviceError("config", err)
 	}
@@ -188,7 +181,7 @@ func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.R
 	}
 	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
 	defer cancel()
-	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: configPrincipal(cs), Prop: p.Prop}); err != nil {
+	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: cs.principalOf(), Prop: p.Prop}); err != nil {
 		return nil, serviceError("config", err)
 	}
 	return map[string]any{"prop": p.Prop, "deleted": true}, nil
