@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
 // echoTool is the tool name of plugins/examples/echo (the session's
@@ -238,4 +239,79 @@ func TestPluginToolScaled(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// A plugin's config and secret travel from the config service to the
+// sandbox per call: the operator sets them over the socket, the tool reads
+// the public part in __config and the secret through secrets.get, the
+// secret never shows in __config, the turn's updates or the sandbox log,
+// and a rotated secret is used on the next call without a restart.
+func TestPluginConfigAndSecretFromTheConfigService(t *testing.T) {
+	s := pluginStack(t, []string{"secretconfig"})
+	v := newConv(t, s, nil)
+	key := wasmhost.InstanceKey("greeter", wasmhost.WorldTool, "")
+	const secret, rotated = "sk-e2e-0123456789", "sk-e2e-rotated-987"
+	setConfig := func(apiKey string) {
+		v.call("config/set", map[string]any{"prop": "plugins.entries." + key + ".config",
+			"value": map[string]any{"greeting": "Hello", "retries": "2", "api_key": apiKey}})
+	}
+	setConfig(secret)
+	id := v.newSession("")
+	// The secret is never in the prompt either: the tool reports its length.
+	greet := func() map[string]any {
+		t.Helper()
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			_, results, all := toolTurn(t, v, id, `/tool greeter {"who":"Ann"}`)
+			for _, u := range all {
+				raw, _ := json.Marshal(u)
+				if strings.Contains(string(raw), secret) || strings.Contains(string(raw), rotated) {
+					t.Fatalf("a secret in a session/update: %s", raw)
+				}
+			}
+			if len(results) == 1 && results[0].Status == "completed" {
+				var out map[string]any
+				if err := json.Unmarshal([]byte(results[0].RawOutput), &out); err != nil {
+					t.Fatalf("greeter output %q", results[0].RawOutput)
+				}
+				return out
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("greeter never served: %+v", results)
+			}
+			time.Sleep(200 * time.Millisecond) // the sandbox may still be starting
+		}
+	}
+	out := greet()
+	if out["greeting"] != "Hello, Ann" || out["retries"] != 2.0 || out["key_len"] != float64(len(secret)) {
+		t.Fatalf("greeter saw %v", out)
+	}
+	if keys, _ := out["config_keys"].([]any); len(keys) != 2 || contains(toStrings(keys), "api_key") {
+		t.Fatalf("__config keys %v: the secret must not be there", out["config_keys"])
+	}
+	setConfig(rotated)
+	if out := greet(); out["key_len"] != float64(len(rotated)) {
+		t.Fatalf("the rotated secret was not used on the next call: %v", out)
+	}
+	for _, proc := range []string{"plugin-sandbox", "config", "session", "gateway"} {
+		if l := readLog(t, s, proc); strings.Contains(l, secret) || strings.Contains(l, rotated) {
+			t.Fatalf("a secret in the %s log", proc)
+		}
+	}
+	var got struct {
+		Value map[string]any `json:"value"`
+	}
+	json.Unmarshal(v.call("config/get", map[string]any{"prop": "plugins.entries." + key + ".config"}), &got)
+	if got.Value["api_key"] != "***MASKED***" {
+		t.Fatalf("config/get shows %v", got.Value)
+	}
+}
+
+func toStrings(vs []any) []string {
+	out := make([]string, 0, len(vs))
+	for _, v := range vs {
+		s, _ := v.(string)
+		out = append(out, s)
+	}
+	return out
 }
