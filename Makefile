@@ -10,7 +10,9 @@ TOOLS     := $(BIN)/tools
 BUF_VERSION                := v1.50.0
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
-GRPCURL_VERSION            := v1.9.3
+# grpcurl 1.9.2 and 1.9.3 dial -unix addresses over TCP (their issues
+# 496/546); 1.9.1 is the newest release whose -unix works.
+GRPCURL_VERSION            := v1.9.1
 
 SERVICES := gateway session config upload-staging plugin-sandbox durable-bridge
 BINARIES := clawmesh $(SERVICES)
