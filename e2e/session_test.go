@@ -407,7 +407,9 @@ func TestSessionApprovals(t *testing.T) {
 }
 
 func TestSessionFanOutAndStall(t *testing.T) {
-	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "rpc.write_stall_timeout_ms=500"}})
+	// Long enough that the two readers, busy parsing 20,000 updates on a
+	// loaded machine, never look stalled; the third never reads at all.
+	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "rpc.write_stall_timeout_ms=2000"}})
 	a := newConv(t, s, nil)
 	id := a.newSession("")
 	b := newConv(t, s, nil)
