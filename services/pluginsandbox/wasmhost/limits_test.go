@@ -114,7 +114,9 @@ func TestInfiniteLoopStoppedByDeadline(t *testing.T) {
 			if !errors.Is(err, wasmhost.ErrCallTimeout) {
 				t.Fatalf("err = %v, want ErrCallTimeout", err)
 			}
-			if elapsed > 2*time.Second {
+			// The loop never ends by itself: any return within the test
+			// proves the deadline; the bound only keeps a hang short.
+			if elapsed > 10*time.Second {
 				t.Fatalf("stopped after %v", elapsed)
 			}
 			t.Logf("stopped after %v", elapsed)
@@ -127,7 +129,9 @@ func TestGuestSleepEndsAtDeadline(t *testing.T) {
 	bad := loadTool(t, h, "misbehave")
 	start := time.Now()
 	_, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"mode": "sleep", "ms": 5000})})
-	if !errors.Is(err, wasmhost.ErrCallTimeout) || time.Since(start) > 2*time.Second {
+	// Well under the 5 s sleep, with room for a loaded machine: the
+	// deadline cut the sleep, not its end.
+	if !errors.Is(err, wasmhost.ErrCallTimeout) || time.Since(start) > 4*time.Second {
 		t.Fatalf("err = %v after %v, want ErrCallTimeout near 200ms", err, time.Since(start))
 	}
 }
@@ -197,7 +201,9 @@ func TestSlowHTTPImportCutByDeadline(t *testing.T) {
 	if !errors.Is(err, wasmhost.ErrCallTimeout) {
 		t.Fatalf("err = %v, want ErrCallTimeout", err)
 	}
-	if elapsed > time.Second {
+	// The server answers only at cleanup: returning at all is the cut; the
+	// bound, well under the 5 s a slow import would take, keeps it honest.
+	if elapsed > 4*time.Second {
 		t.Fatalf("cut after %v, want about 200ms", elapsed)
 	}
 	t.Logf("cut after %v", elapsed)
