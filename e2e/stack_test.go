@@ -18,6 +18,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -273,6 +274,10 @@ func TestBadStartRefusedClearly(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := t.TempDir()
+	for _, d := range []string{"a", "b"} {
+		// Root's clusters live outside the data directory.
+		t.Cleanup(func() { os.RemoveAll(pgcluster.Dir(filepath.Join(base, d))) })
+	}
 	if _, err := e2e.Launch(t, bin, filepath.Join(base, "a"), "--set", "rpc.max_local_connections=lots"); err == nil ||
 		!strings.Contains(err.Error(), "--set rpc.max_local_connections") {
 		t.Fatalf("bad --set: %v", err)

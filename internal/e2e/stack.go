@@ -63,7 +63,13 @@ func Start(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Stop() })
+	t.Cleanup(func() {
+		s.Stop()
+		// Root's cluster lives outside the data directory: remove it too.
+		if pg := pgcluster.Dir(dir); !strings.HasPrefix(pg, dir+"/") {
+			os.RemoveAll(pg)
+		}
+	})
 	return s
 }
 

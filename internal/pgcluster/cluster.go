@@ -68,16 +68,20 @@ type Cluster struct {
 	err  error
 }
 
+// RootClusters holds root's clusters: a persistent place (not a temporary
+// folder a reboot may empty) that the unprivileged account can traverse.
+const RootClusters = "/var/lib/clawmesh"
+
 // Dir is where the cluster of the data directory dataDir lives: inside it
-// (dataDir/postgres) for an ordinary user; for root, in a folder the
-// unprivileged account can reach, named after dataDir so one data
-// directory always finds its own cluster again.
+// (dataDir/postgres) for an ordinary user; for root, under RootClusters,
+// named after dataDir so one data directory always finds its own cluster
+// again (root's data directory is 0700, which the account cannot enter).
 func Dir(dataDir string) string {
 	if os.Geteuid() != 0 {
 		return filepath.Join(dataDir, "postgres")
 	}
 	sum := sha256.Sum256([]byte(dataDir))
-	return filepath.Join(os.TempDir(), "clawmesh-pg-"+hex.EncodeToString(sum[:6]))
+	return filepath.Join(RootClusters, "pg-"+hex.EncodeToString(sum[:6]))
 }
 
 // Start creates the cluster if needed and starts it, returning once it
@@ -261,6 +265,12 @@ func runAs() (*syscall.Credential, error) {
 }
 
 func prepareDir(dir string, cred *syscall.Credential) error {
+	if cred != nil {
+		// The account must be able to traverse the parent.
+		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+			return fmt.Errorf("cluster folder: %w", err)
+		}
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("cluster folder: %w", err)
 	}
