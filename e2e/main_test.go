@@ -18,5 +18,8 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	e2e.Cleanup()
+	if pluginBuilds.dir != "" {
+		os.RemoveAll(pluginBuilds.dir)
+	}
 	os.Exit(code)
 }
