@@ -596,3 +596,56 @@ func TestSessionsSurviveAFullRestart(t *testing.T) {
 		}
 	}
 }
+
+// A token-bound user: sessions are its own (another's session is
+// SESSION_NOT_OWNED, -32003), and agents need agent:use (FORBIDDEN,
+// -32012), checked again on every turn so a revocation stops the next one.
+func TestSessionOwnershipAndAgentGrants(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{})
+	op := newConv(t, s, nil)
+	opSession := op.newSession("")
+	op.call("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "permission_profiles.chat.agents", "value": []string{"default"}},
+		{"prop": "permission_profiles.none.permissions", "value": []string{"Config:Read"}},
+		{"prop": "users.alice.permission_profiles", "value": []string{"chat"}},
+		{"prop": "users.bob.permission_profiles", "value": []string{"none"}},
+	}})
+	dial := func(user string) *conv {
+		out, err := clawmesh(t, s, "token", "create", "--user", user)
+		if err != nil {
+			t.Fatalf("token create: %v\n%s", err, out)
+		}
+		c := s.Dial(t)
+		if _, err := c.Call("initialize", map[string]any{"protocol_version": 1, "auth_token": strings.TrimSpace(out)}); err != nil {
+			t.Fatal(err)
+		}
+		return &conv{t: t, c: c, n: 100}
+	}
+	alice, bob := dial("alice"), dial("bob")
+
+	mine := alice.newSession("")
+	var pr struct{ Outcome, Content string }
+	json.Unmarshal(alice.call("session/prompt", map[string]any{"session_id": mine, "prompt": "/say hers"}), &pr)
+	if pr.Content != "hers " {
+		t.Fatalf("alice's own turn: %+v", pr)
+	}
+	for _, method := range []string{"session/prompt", "session/state", "session/messages", "session/cancel"} {
+		_, f := alice.until(alice.send(method, map[string]any{"session_id": opSession, "prompt": "/say not yours"}))
+		if f.Error == nil || f.Error.Code != -32003 {
+			t.Fatalf("%s on the operator's session: %+v", method, f.Error)
+		}
+	}
+	_, f := bob.until(bob.send("session/new", map[string]any{}))
+	if f.Error == nil || f.Error.Code != -32012 {
+		t.Fatalf("session/new without agent:use: %+v", f.Error)
+	}
+	// The operator may act on any session.
+	op.call("session/state", map[string]any{"session_id": mine})
+
+	// Revoked: alice's next turn is refused.
+	op.call("config/set", map[string]any{"prop": "permission_profiles.chat.agents", "value": []string{}})
+	_, f = alice.until(alice.send("session/prompt", map[string]any{"session_id": mine, "prompt": "/say again"}))
+	if f.Error == nil || f.Error.Code != -32012 {
+		t.Fatalf("a turn after the grant was revoked: %+v", f.Error)
+	}
+}

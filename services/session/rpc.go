@@ -117,6 +117,9 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 		s.log.Warn("resolve agent", zap.String("agent_alias", alias), zap.Error(err))
 		return nil, status.Error(codes.Unavailable, "config service unavailable")
 	}
+	if err := s.mayUseAgent(ctx, p, alias); err != nil {
+		return nil, err
+	}
 	if id == "" {
 		id = newID("sess_")
 	}
@@ -197,6 +200,11 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 	}
 	row, err := s.owned(ctx, req.GetPrincipal(), id)
 	if err != nil {
+		return nil, err
+	}
+	// Checked on every turn: a grant revoked since session/new stops the
+	// next turn.
+	if err := s.mayUseAgent(ctx, req.GetPrincipal(), row.AgentAlias); err != nil {
 		return nil, err
 	}
 	ls := s.live(row)

@@ -35,6 +35,9 @@ type Config struct {
 	// Agents resolves agent aliases; nil means only the built-in default
 	// agent.
 	Agents AgentSource
+	// Authz checks agent:use for principals other than the operator; nil
+	// lets every principal use every agent.
+	Authz Authorizer
 	// Plugins is the plugin sandbox; nil means no plugin tools.
 	Plugins pluginv1.PluginServiceClient
 	// Providers adds providers to (or replaces) scripted and openai.

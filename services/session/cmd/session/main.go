@@ -39,6 +39,7 @@ func register(ctx context.Context, env *service.Env) error {
 	srv, err := session.New(ctx, session.Config{
 		DB: env.DB, NATS: env.NATS, Log: env.Log, DataDir: env.DataDir,
 		Agents:  &session.ConfigAgents{Client: configv1.NewConfigServiceClient(configConn), Log: env.Log},
+		Authz:   session.ConfigAuthorizer{Client: configv1.NewConfigServiceClient(configConn)},
 		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
 	})
 	if err != nil {
