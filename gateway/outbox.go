@@ -24,9 +24,17 @@ type outbox struct {
 	done bool
 
 	// completed records the turn_ids whose turn_complete was written, so a
-	// session/prompt response never overtakes its own turn_complete.
+	// session/prompt response never overtakes its own turn_complete. The
+	// connection sees the turns of every session it attached to, not only
+	// its own prompts: the entries delivery adds are kept in recent and the
+	// oldest dropped past maxRecentTurns, so the map stays small on a
+	// long-lived connection (a prompt waits for its turn within moments).
 	completed map[string]chan struct{}
+	recent    []string
 }
+
+// maxRecentTurns bounds the completions remembered for prompts to collect.
+const maxRecentTurns = 64
 
 func newOutbox(g *Gateway, cs *connState) *outbox {
 	o := &outbox{cs: cs, g: g, completed: map[string]chan struct{}{}}
@@ -115,18 +123,29 @@ func (o *outbox) deliver(ctx context.Context, u *sessionv1.Update) {
 			TurnID string `json:"turn_id"`
 		}
 		if json.Unmarshal([]byte(u.GetJson()), &tc) == nil && tc.TurnID != "" {
-			o.mu.Lock()
-			ch, ok := o.completed[tc.TurnID]
-			if !ok {
-				ch = make(chan struct{})
-				o.completed[tc.TurnID] = ch
-			}
-			select {
-			case <-ch:
-			default:
-				close(ch)
-			}
-			o.mu.Unlock()
+			o.markCompleted(tc.TurnID)
 		}
+	}
+}
+
+// markCompleted records that turnID's turn_complete was written, waking a
+// prompt waiting for it.
+func (o *outbox) markCompleted(turnID string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ch, ok := o.completed[turnID]
+	if !ok {
+		ch = make(chan struct{})
+		o.completed[turnID] = ch
+		o.recent = append(o.recent, turnID)
+		if len(o.recent) > maxRecentTurns {
+			delete(o.completed, o.recent[0])
+			o.recent = o.recent[1:]
+		}
+	}
+	select {
+	case <-ch:
+	default:
+		close(ch)
 	}
 }
