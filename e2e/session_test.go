@@ -388,8 +388,12 @@ func TestSessionApprovals(t *testing.T) {
 			}
 			v.c.Send(`{"jsonrpc":"2.0","id":` + string(f.ID) + `,"result":{"action":"accept","content":{"choice":"allow_once"}}}`)
 			_, second := other.until(other.send("session/approve", map[string]any{"session_id": id, "request_id": req, "decision": "allow_once"}))
-			if second.Error == nil && !strings.Contains(string(second.Result), "already_decided") {
-				t.Fatalf("a later decision must be told it was already decided: %s", second.Result)
+			var late struct {
+				Acknowledged   bool `json:"acknowledged"`
+				AlreadyDecided bool `json:"already_decided"`
+			}
+			if second.Error != nil || json.Unmarshal(second.Result, &late) != nil || !late.AlreadyDecided || late.Acknowledged {
+				t.Fatalf("a later decision must be told it was already decided: %s %v", second.Result, second.Error)
 			}
 			continue
 		}

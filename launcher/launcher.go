@@ -175,7 +175,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := sup.waitHealthy(ctx, []*proc{gateway}); err != nil {
 		return err
 	}
-	socket := socketPath(cfg.DataDir)
+	socket := datadir.Socket(cfg.DataDir)
 	fmt.Fprintf(cfg.Out, "clawmesh %s is up\nsocket: %s\n", cfg.DataDir, socket)
 	log.Info("stack up", zap.String("socket", socket), zap.String("data_dir", cfg.DataDir))
 
@@ -187,8 +187,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	return nil
 }
-
-func socketPath(dir string) string { return datadir.Socket(dir) }
 
 // plan lists the processes with their arguments, gateway last.
 func plan(cfg Config, dbURL, natsURL string) []*proc {

@@ -3,7 +3,6 @@ package session
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -279,13 +278,4 @@ func wantRefusal(t testing.TB, err error, code codes.Code, reason, msgPart strin
 func eventually(t testing.TB, fn func() error) {
 	t.Helper()
 	testenv.Eventually(t, wait, 10*time.Millisecond, fn)
-}
-
-func stateIs(h *harness, p *configv1.Principal, id, want string) func() error {
-	return func() error {
-		if got := h.state(p, id); got != want {
-			return fmt.Errorf("state %s, want %s", got, want)
-		}
-		return nil
-	}
 }
