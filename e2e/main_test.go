@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
 )
 
 func TestMain(m *testing.M) {
@@ -18,8 +19,6 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	e2e.Cleanup()
-	if pluginBuilds.dir != "" {
-		os.RemoveAll(pluginBuilds.dir)
-	}
+	guestbuild.Cleanup()
 	os.Exit(code)
 }

@@ -3,15 +3,13 @@ package e2e_test
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
@@ -19,68 +17,15 @@ import (
 // built-in "echo" would win a clash).
 const echoTool = "wasm_echo"
 
-// pluginBuilds caches example plugins built for wasip1, once per process.
-var pluginBuilds struct {
-	mu   sync.Mutex
-	dir  string
-	done map[string]error
-}
-
 // installPlugin builds plugins/examples/<name> and installs it under
 // <dataDir>/plugins/<name>/ (plugin.wasm and manifest.toml), before the
 // stack starts.
 func installPlugin(t *testing.T, dataDir, name string) {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..")
-	pluginBuilds.mu.Lock()
-	if pluginBuilds.dir == "" {
-		dir, err := os.MkdirTemp("", "cm-plugins-")
-		if err != nil {
-			pluginBuilds.mu.Unlock()
-			t.Fatal(err)
-		}
-		pluginBuilds.dir, pluginBuilds.done = dir, map[string]error{}
-	}
-	wasm := filepath.Join(pluginBuilds.dir, name+".wasm")
-	err, built := pluginBuilds.done[name]
-	if !built {
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", wasm, "./plugins/examples/"+name)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-		if out, berr := cmd.CombinedOutput(); berr != nil {
-			err = &buildFailure{name: name, out: string(out), err: berr}
-		}
-		pluginBuilds.done[name] = err
-	}
-	pluginBuilds.mu.Unlock()
-	if err != nil {
+	if err := guestbuild.Install(filepath.Join(dataDir, "plugins"), name); err != nil {
 		t.Fatal(err)
 	}
-	dst := filepath.Join(dataDir, "plugins", name)
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for src, to := range map[string]string{
-		wasm: filepath.Join(dst, "plugin.wasm"),
-		filepath.Join(root, "plugins", "examples", name, "manifest.toml"): filepath.Join(dst, "manifest.toml"),
-	} {
-		data, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(to, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
-
-type buildFailure struct {
-	name, out string
-	err       error
-}
-
-func (b *buildFailure) Error() string { return "build " + b.name + ": " + b.err.Error() + "\n" + b.out }
 
 // pluginStack starts a stack whose data directory has the given example
 // plugins installed.

@@ -3,78 +3,43 @@ package wasmhost_test
 import (
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strings"
 	"sync"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
-// Guests are built from source once per test binary, with the standard Go
-// toolchain, into a directory shared by every test; hosts share one
-// compilation cache so each module is compiled once.
-var (
-	buildDir string
-	cacheDir string
-	builds   sync.Map // name -> *guestBuild
-)
-
-type guestBuild struct {
-	once sync.Once
-	wasm []byte
-	err  error
-}
+// Guests are built from source once per test binary (internal/guestbuild);
+// hosts share one compilation cache so each module is compiled once.
+var cacheDir string
 
 func TestMain(m *testing.M) {
 	var err error
-	if buildDir, err = os.MkdirTemp("", "wasmhost-guests-"); err != nil {
-		panic(err)
-	}
 	if cacheDir, err = os.MkdirTemp("", "wasmhost-cache-"); err != nil {
 		panic(err)
 	}
 	code := m.Run()
-	os.RemoveAll(buildDir)
+	guestbuild.Cleanup()
 	os.RemoveAll(cacheDir)
 	os.Exit(code)
 }
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..")
-}
+func repoRoot() string { return guestbuild.Root() }
 
 // guest returns the wasm of plugins/examples/<name>, building it on first use.
 func guest(tb testing.TB, name string) []byte {
 	tb.Helper()
-	v, _ := builds.LoadOrStore(name, &guestBuild{})
-	b := v.(*guestBuild)
-	b.once.Do(func() {
-		out := filepath.Join(buildDir, name+".wasm")
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, "./plugins/examples/"+name)
-		cmd.Dir = repoRoot()
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-		if msg, err := cmd.CombinedOutput(); err != nil {
-			b.err = &buildError{name: name, msg: strings.TrimSpace(string(msg)), err: err}
-			return
-		}
-		b.wasm, b.err = os.ReadFile(out)
-	})
-	if b.err != nil {
-		tb.Fatalf("build guest %s: %v", name, b.err)
+	path, err := guestbuild.Wasm(name)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return b.wasm
+	wasm, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return wasm
 }
-
-type buildError struct {
-	name, msg string
-	err       error
-}
-
-func (e *buildError) Error() string { return e.err.Error() + ": " + e.msg }
 
 // newHost starts a host with the shared cache; zero limit fields take the
 // defaults.

@@ -1,0 +1,98 @@
+// Package guestbuild builds the example plugins under plugins/examples for
+// tests, with the standard Go toolchain (GOOS=wasip1 GOARCH=wasm,
+// -buildmode=c-shared), once per process, and installs them the way an
+// installed plugin looks: <dir>/<name>/plugin.wasm next to manifest.toml.
+package guestbuild
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+)
+
+var state struct {
+	mu     sync.Mutex
+	dir    string
+	builds map[string]*build
+}
+
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// Root is the repository root.
+func Root() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Wasm builds plugins/examples/<name> on first use and returns the path of
+// its .wasm; later calls, from any goroutine, reuse it.
+func Wasm(name string) (string, error) {
+	state.mu.Lock()
+	if state.dir == "" {
+		dir, err := os.MkdirTemp("", "clawmesh-guests-")
+		if err != nil {
+			state.mu.Unlock()
+			return "", err
+		}
+		state.dir, state.builds = dir, map[string]*build{}
+	}
+	b, ok := state.builds[name]
+	if !ok {
+		b = &build{path: filepath.Join(state.dir, name+".wasm")}
+		state.builds[name] = b
+	}
+	state.mu.Unlock()
+	b.once.Do(func() {
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", b.path, "./plugins/examples/"+name)
+		cmd.Dir = Root()
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("build guest %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+		}
+	})
+	return b.path, b.err
+}
+
+// Install builds the example and copies it into dir/<name>/ with its
+// manifest.
+func Install(dir, name string) error {
+	wasm, err := Wasm(name)
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(dir, name)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	for src, to := range map[string]string{
+		wasm: filepath.Join(dst, "plugin.wasm"),
+		filepath.Join(Root(), "plugins", "examples", name, "manifest.toml"): filepath.Join(dst, "manifest.toml"),
+	} {
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(to, data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Cleanup removes the built guests; call it from TestMain after m.Run.
+func Cleanup() {
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	if state.dir != "" {
+		os.RemoveAll(state.dir)
+		state.dir, state.builds = "", nil
+	}
+}
