@@ -653,3 +653,25 @@ func TestSessionOwnershipAndAgentGrants(t *testing.T) {
 		t.Fatalf("a turn after the grant was revoked: %+v", f.Error)
 	}
 }
+
+// Agent settings follow the live config: a config/set on the running
+// stack reaches the session service (over NATS) with no restart.
+func TestSessionFollowsLiveAgentConfig(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{})
+	v := newConv(t, s, map[string]any{"elicitation": map[string]any{}})
+	id := v.newSession("")
+	if ups := approvalTurn(t, v, id, ""); countType(ups, "approval_request") != 0 {
+		t.Fatalf("approval asked before it was required: %+v", ups)
+	}
+	v.call("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "agents.default.approval_required", "value": []string{"echo"}},
+		{"prop": "agents.default.approval_timeout_secs", "value": 30},
+	}})
+	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() error {
+		ups := approvalTurn(t, v, id, `{"action":"accept","content":{"choice":"allow_once"}}`)
+		if countType(ups, "approval_request") != 1 {
+			return fmt.Errorf("no approval_request yet")
+		}
+		return nil
+	})
+}

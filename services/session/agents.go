@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	"github.com/clawmesh/clawmesh/services/config/configclient"
 )
 
 // DefaultAgentAlias is the agent that exists out of the box.
@@ -126,24 +127,17 @@ func (s *StaticAgents) Agent(_ context.Context, alias string) (AgentConfig, erro
 // on every call, so a turn always runs with the config in force when it
 // starts; the config service answers from memory.
 type ConfigAgents struct {
+	// Live is the config the service follows (a configclient.Client): the
+	// agents are read from its current document, with no call per turn.
+	Live interface{ Current() configclient.Snapshot }
+	// Client reveals an openai agent's api_key, which Live only has masked.
 	Client configv1.ConfigServiceClient
 	Log    *zap.Logger
 }
 
 // Agent implements AgentSource.
 func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, error) {
-	live, err := c.Client.Live(ctx, &configv1.LiveRequest{})
-	if err != nil {
-		if alias == DefaultAgentAlias && (status.Code(err) == codes.Unavailable || status.Code(err) == codes.Unimplemented) {
-			// The default agent needs nothing from the config; it keeps
-			// working while the config service restarts.
-			c.Log.Warn("config service unavailable, using the built-in default agent", zap.Error(err))
-			return DefaultAgent(), nil
-		}
-		return AgentConfig{}, fmt.Errorf("config service: %w", err)
-	}
-	doc := live.GetDocument().AsMap()
-	entry, found := lookupAgent(doc, alias)
+	entry, found := lookupAgent(c.Live.Current().Document, alias)
 	if !found {
 		if alias == DefaultAgentAlias {
 			return DefaultAgent(), nil

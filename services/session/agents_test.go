@@ -2,34 +2,33 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	"github.com/clawmesh/clawmesh/services/config/configclient"
 )
 
-// configDoc answers Live and Reveal like the config service does; the
-// other methods are not called.
+// configDoc stands for the followed live document (Current) and the
+// config service's Reveal; the other methods are not called.
 type configDoc struct {
 	configv1.ConfigServiceClient
 	doc     map[string]any
-	liveErr error
 	secrets map[string]string
 }
 
-func (c *configDoc) Live(context.Context, *configv1.LiveRequest, ...grpc.CallOption) (*configv1.LiveResponse, error) {
-	if c.liveErr != nil {
-		return nil, c.liveErr
-	}
-	doc, err := structpb.NewStruct(c.doc)
-	return &configv1.LiveResponse{Revision: 1, Document: doc}, err
+// Current decodes the document from JSON, as configclient does.
+func (c *configDoc) Current() configclient.Snapshot {
+	raw, _ := json.Marshal(c.doc)
+	var doc map[string]any
+	_ = json.Unmarshal(raw, &doc)
+	return configclient.Snapshot{Revision: 1, Document: doc}
 }
 
 func (c *configDoc) Reveal(_ context.Context, req *configv1.RevealRequest, _ ...grpc.CallOption) (*configv1.RevealResponse, error) {
@@ -37,8 +36,9 @@ func (c *configDoc) Reveal(_ context.Context, req *configv1.RevealRequest, _ ...
 	return &configv1.RevealResponse{Found: ok, Value: structpb.NewStringValue(v)}, nil
 }
 
-// Agents are read from the config document: agents.<alias>.* from Live,
-// the api_key from Reveal; default exists without an entry.
+// Agents are read from the live config document: agents.<alias>.* from
+// the followed document, the api_key from Reveal; default exists without
+// an entry.
 func TestConfigAgents(t *testing.T) {
 	src := &configDoc{
 		doc: map[string]any{"agents": map[string]any{
@@ -50,7 +50,7 @@ func TestConfigAgents(t *testing.T) {
 		}},
 		secrets: map[string]string{"agents.gpt.api_key": "sk-real"},
 	}
-	agents := &ConfigAgents{Client: src, Log: zap.NewNop()}
+	agents := &ConfigAgents{Live: src, Client: src, Log: zap.NewNop()}
 	ctx := context.Background()
 
 	def, err := agents.Agent(ctx, "default")
@@ -69,12 +69,5 @@ func TestConfigAgents(t *testing.T) {
 	src.doc = map[string]any{}
 	if def, err := agents.Agent(ctx, "default"); err != nil || def.Provider != ProviderScripted || def.needsApproval("echo") {
 		t.Fatalf("default without an entry: %+v %v", def, err)
-	}
-	src.liveErr = status.Error(codes.Unavailable, "connection refused")
-	if def, err := agents.Agent(ctx, "default"); err != nil || def.Provider != ProviderScripted {
-		t.Fatalf("default while config is down: %+v %v", def, err)
-	}
-	if _, err := agents.Agent(ctx, "gpt"); err == nil || errors.Is(err, ErrUnknownAgent) {
-		t.Fatalf("other agents while config is down: %v", err)
 	}
 }

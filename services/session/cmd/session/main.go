@@ -4,12 +4,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	"github.com/clawmesh/clawmesh/services/config/configclient"
 	"github.com/clawmesh/clawmesh/services/session"
 	"github.com/clawmesh/clawmesh/services/session/migrations"
 )
@@ -36,10 +38,20 @@ func register(ctx context.Context, env *service.Env) error {
 	}
 	env.OnClose(func() { _ = pluginConn.Close() })
 
+	configRPC := configv1.NewConfigServiceClient(configConn)
+	// The agents come from the live config, followed over NATS.
+	liveCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	live, err := configclient.New(liveCtx, configRPC, env.NATS, env.Log)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("config service: %w", err)
+	}
+	env.OnClose(live.Close)
+
 	srv, err := session.New(ctx, session.Config{
 		DB: env.DB, NATS: env.NATS, Log: env.Log, DataDir: env.DataDir,
-		Agents:  &session.ConfigAgents{Client: configv1.NewConfigServiceClient(configConn), Log: env.Log},
-		Authz:   session.ConfigAuthorizer{Client: configv1.NewConfigServiceClient(configConn)},
+		Agents:  &session.ConfigAgents{Live: live, Client: configRPC, Log: env.Log},
+		Authz:   live,
 		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
 	})
 	if err != nil {
