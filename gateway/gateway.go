@@ -14,8 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
@@ -280,7 +278,7 @@ func (g *Gateway) connectionClosed(cs *connState) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := g.session.ConnectionClosed(ctx, &sessionv1.ConnectionClosedRequest{ConnectionId: cs.id}); err != nil && status.Code(err) != codes.Unimplemented {
+	if _, err := g.session.ConnectionClosed(ctx, &sessionv1.ConnectionClosedRequest{ConnectionId: cs.id}); err != nil {
 		g.log.Warn("turns of a closed connection not cancelled", zap.String("conn", cs.id), zap.Error(err))
 	}
 }
