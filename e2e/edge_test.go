@@ -190,10 +190,15 @@ func TestEdgeLimits(t *testing.T) {
 	})
 	t.Run("silent client past the initialize deadline", func(t *testing.T) {
 		conn := rawDial(t, s.Socket)
+		start := time.Now()
 		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 		b, err := io.ReadAll(conn)
 		if err != nil || len(b) != 0 {
 			t.Fatalf("want a close with no reply, got %q %v", b, err)
+		}
+		// Not before the deadline (700 ms): the close is the deadline's.
+		if took := time.Since(start); took < 600*time.Millisecond {
+			t.Fatalf("closed after %v, before the initialize deadline", took)
 		}
 	})
 	t.Run("a reader that stalls is cut, another keeps working", func(t *testing.T) {
