@@ -14,20 +14,17 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # 496/546); 1.9.1 is the newest release whose -unix works.
 GRPCURL_VERSION            := v1.9.1
 
-SERVICES := gateway session config upload-staging plugin-sandbox durable-bridge
-BINARIES := clawmesh $(SERVICES)
-
-.PHONY: all build up test test-short bench proto check-proto tools grpcurl fmt vet plugins clean
+.PHONY: all build up test test-short bench proto check-proto lint-proto tools grpcurl fmt vet plugins clean
 
 all: build
 
+# build compiles every binary the stack table (internal/stack) lists into
+# bin/: the clawmesh CLI and one binary per process.
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/clawmesh ./cmd/clawmesh
-	@for s in $(SERVICES); do \
-		if [ $$s = gateway ]; then pkg=./gateway/cmd/gateway; else pkg=./services/$$(echo $$s | tr -d -)/cmd/$$s; fi; \
-		$(GO) build -o $(BIN)/$$s $$pkg || exit 1; \
-	done
+	@pkgs=$$($(GO) run ./internal/stack/list) || exit 1; \
+	echo "building into $(BIN):" $$(for p in $$pkgs; do basename $$p; done); \
+	$(GO) build -o $(BIN)/ $$pkgs
 
 # up builds everything and runs the whole stack in the foreground on
 # ~/.zeroclaw/data (or ZEROCLAW_CONFIG_DIR / ZEROCLAW_DATA_DIR). Extra
@@ -35,9 +32,10 @@ build:
 up: build
 	$(BIN)/clawmesh up $(ARGS)
 
-# test is what CI runs: the generated code check, formatting, vet, and every
-# test with the race detector (the suite starts its own PostgreSQL and NATS).
-test: check-proto vet fmt-check
+# test is what CI runs: the generated code check, the proto lint,
+# formatting, vet, and every test with the race detector (the suite starts
+# its own PostgreSQL and NATS).
+test: check-proto lint-proto vet fmt-check
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 test-short:
@@ -95,6 +93,10 @@ check-proto: tools
 	for f in $$(find . -name '*.pb.go'); do \
 		[ -f $$scratch/$$f ] || { echo "generated file without a proto: proto/$$f"; exit 1; }; \
 	done; echo "generated code is up to date"
+
+# lint-proto runs buf lint (the STANDARD rules) on the contracts.
+lint-proto: tools
+	cd proto && $(TOOLS)/buf lint
 
 # plugins builds every example plugin into bin/plugins/<name>/ (plugin.wasm
 # and manifest.toml), the layout of an installed plugin: copy a folder into

@@ -11,9 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/clawmesh/clawmesh/gateway/ask"
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
 // initializedConns lists the gateway's connection ids in the order they
@@ -38,7 +39,7 @@ func initializedConns(t *testing.T, s *e2e.Stack) []string {
 	return ids
 }
 
-// A service asks a client something through the gateway (gateway/ask):
+// A service asks a client something through the gateway (bus.Ask):
 // the request goes out as zc-out-<n>, the client's answer comes back;
 // elicitation only to clients that advertised it.
 func TestAskThroughTheGateway(t *testing.T) {
@@ -73,7 +74,7 @@ func TestAskThroughTheGateway(t *testing.T) {
 	}
 	got := make(chan answer, 1)
 	go func() {
-		raw, err := ask.Ask(ctx, nc, ids[0], "elicitation/create", map[string]any{"message": "Continue?"}, 10*time.Second)
+		raw, err := bus.Ask(ctx, nc, ids[0], "elicitation/create", map[string]any{"message": "Continue?"}, 10*time.Second)
 		got <- answer{raw, err}
 	}()
 	f, line, err := withElicit.Read(10 * time.Second)
@@ -87,7 +88,7 @@ func TestAskThroughTheGateway(t *testing.T) {
 
 	// An error reply comes back as the client's error; the next id counts on.
 	go func() {
-		raw, err := ask.Ask(ctx, nc, ids[0], "ping", nil, 10*time.Second)
+		raw, err := bus.Ask(ctx, nc, ids[0], "ping", nil, 10*time.Second)
 		got <- answer{raw, err}
 	}()
 	f, _, err = withElicit.Read(10 * time.Second)
@@ -95,14 +96,14 @@ func TestAskThroughTheGateway(t *testing.T) {
 		t.Fatalf("second outgoing request: %+v %v", f, err)
 	}
 	withElicit.Send(`{"jsonrpc":"2.0","id":"zc-out-1","error":{"code":-32601,"message":"Unknown method: ping"}}`)
-	var ae *ask.Error
-	if a := <-got; !errors.As(a.err, &ae) || ae.Code != -32601 {
+	var ae *bus.AskError
+	if a := <-got; !errors.As(a.err, &ae) || ae.Failure != busv1.AskFailure_ASK_FAILURE_CLIENT_ERROR || ae.Code != -32601 {
 		t.Fatalf("error reply: %v", a.err)
 	}
 
 	// No elicitation to a client that did not advertise it: it sees nothing.
-	_, err = ask.Ask(ctx, nc, ids[1], "elicitation/create", map[string]any{"message": "x"}, 2*time.Second)
-	if !errors.As(err, &ae) || ae.Code != ask.CodeNotAdvertised {
+	_, err = bus.Ask(ctx, nc, ids[1], "elicitation/create", map[string]any{"message": "x"}, 2*time.Second)
+	if !errors.As(err, &ae) || ae.Failure != busv1.AskFailure_ASK_FAILURE_NOT_ADVERTISED {
 		t.Fatalf("elicitation to a client without the capability: %v", err)
 	}
 	if _, err := without.Call("health", nil); err != nil {
@@ -110,14 +111,14 @@ func TestAskThroughTheGateway(t *testing.T) {
 	}
 
 	// An unanswered ask times out; a closed connection cannot be asked.
-	_, err = ask.Ask(ctx, nc, ids[0], "ping", nil, 300*time.Millisecond)
-	if !errors.As(err, &ae) || ae.Code != ask.CodeNoAnswer {
+	_, err = bus.Ask(ctx, nc, ids[0], "ping", nil, 300*time.Millisecond)
+	if !errors.As(err, &ae) || ae.Failure != busv1.AskFailure_ASK_FAILURE_NO_ANSWER {
 		t.Fatalf("unanswered ask: %v", err)
 	}
 	without.Close()
 	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, err := ask.Ask(ctx, nc, ids[1], "ping", nil, time.Second)
-		if !errors.Is(err, ask.ErrNoConnection) {
+		_, err := bus.Ask(ctx, nc, ids[1], "ping", nil, time.Second)
+		if !errors.Is(err, bus.ErrNoConnection) {
 			return fmt.Errorf("ask to a closed connection: %v", err)
 		}
 		return nil

@@ -36,7 +36,7 @@ func configValue(raw json.RawMessage, field string) (*structpb.Value, error) {
 
 // invalidEntry refuses one set-many entry, naming its index.
 func invalidEntry(i int, msg string) *jsonrpc.Error {
-	return jsonrpc.NewError(rpcerr.CodeInvalidParams, fmt.Sprintf("Invalid params: sets[%d]: %s", i, msg),
+	return jsonrpc.NewError(jsonrpc.CodeInvalidParams, fmt.Sprintf("Invalid params: sets[%d]: %s", i, msg),
 		map[string]any{"reason": rpcerr.ReasonInvalid, "index": i})
 }
 

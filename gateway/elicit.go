@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
-	"github.com/clawmesh/clawmesh/gateway/ask"
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
-	"github.com/clawmesh/clawmesh/internal/subjects"
+	"github.com/clawmesh/clawmesh/internal/bus"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -35,7 +35,7 @@ var approvalSchema = map[string]any{
 // elicitApproval asks the client to decide an approval_request and hands
 // the decision to the session service. Whoever decides first wins there;
 // a later answer from here is told it was already decided and ignored.
-func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *sessionv1.Update) {
+func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *busv1.SessionUpdate) {
 	var ar struct {
 		RequestID        string `json:"request_id"`
 		ToolName         string `json:"tool_name"`
@@ -58,7 +58,7 @@ func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *sessionv
 		"message":         fmt.Sprintf("Allow the tool `%s` to run? %s", ar.ToolName, ar.ArgumentsSummary),
 		"requestedSchema": approvalSchema,
 	})
-	decision := "reject"
+	decision := sessionv1.Decision_DECISION_REJECT
 	var rpcErr *jsonrpc.Error
 	switch {
 	case errors.As(err, &rpcErr):
@@ -74,7 +74,7 @@ func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *sessionv
 	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer acancel()
 	resp, err := g.session.Approve(actx, &sessionv1.ApproveRequest{
-		Principal: cs.principalOf(), SessionId: u.GetSessionId(), RequestId: ar.RequestID, Decision: decision, Surface: "elicitation",
+		Principal: cs.principalOf(), SessionId: u.GetSessionId(), RequestId: ar.RequestID, Decision: decision, Surface: sessionv1.Surface_SURFACE_ELICITATION,
 	})
 	if err != nil {
 		g.log.Info("elicitation decision not taken", zap.String("conn", cs.id), zap.Error(err))
@@ -88,7 +88,7 @@ func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *sessionv
 // elicitationDecision maps an elicitation reply to an approval decision:
 // accept with a known choice is that choice; decline, cancel, null, or
 // anything else rejects.
-func elicitationDecision(raw json.RawMessage) string {
+func elicitationDecision(raw json.RawMessage) sessionv1.Decision {
 	var r struct {
 		Action  string `json:"action"`
 		Content struct {
@@ -96,52 +96,52 @@ func elicitationDecision(raw json.RawMessage) string {
 		} `json:"content"`
 	}
 	if json.Unmarshal(raw, &r) != nil || r.Action != "accept" {
-		return "reject"
+		return sessionv1.Decision_DECISION_REJECT
 	}
 	switch r.Content.Choice {
 	case "allow_once", "allow_always", "reject":
-		return r.Content.Choice
+		return decisions[r.Content.Choice]
 	}
-	return "reject"
+	return sessionv1.Decision_DECISION_REJECT
 }
 
-// serveAsks relays services' asks for this connection (gateway/ask) until
-// the connection closes.
+// serveAsks relays services' asks for this connection (bus.Ask) until the
+// subscription is removed at disconnect.
 func (g *Gateway) serveAsks(cs *connState) (*nats.Subscription, error) {
-	return g.nats.Subscribe(subjects.ConnAsk(cs.id), func(m *nats.Msg) {
-		go func() {
-			rep := g.relayAsk(cs, m.Data)
-			raw, _ := json.Marshal(rep)
-			_ = m.Respond(raw)
-		}()
+	return bus.ServeAsks(g.nats, cs.id, g.spawn, func(req *busv1.AskRequest) *busv1.AskReply {
+		return g.relayAsk(cs, req)
 	})
 }
 
-func (g *Gateway) relayAsk(cs *connState, data []byte) ask.Reply {
-	var req ask.Request
-	if err := json.Unmarshal(data, &req); err != nil || req.Method == "" {
-		return ask.Reply{Error: &ask.Error{Code: jsonrpc.CodeInvalidParams, Message: "ask: a method is required"}}
+func (g *Gateway) relayAsk(cs *connState, req *busv1.AskRequest) *busv1.AskReply {
+	if req.GetMethod() == "elicitation/create" && !cs.canElicit() {
+		return &busv1.AskReply{Error: &busv1.AskError{Failure: busv1.AskFailure_ASK_FAILURE_NOT_ADVERTISED, Message: "the client did not advertise elicitation"}}
 	}
-	if req.Method == "elicitation/create" && !cs.canElicit() {
-		return ask.Reply{Error: &ask.Error{Code: ask.CodeNotAdvertised, Message: "the client did not advertise elicitation"}}
+	var params any
+	if req.GetParamsJson() != "" {
+		if !json.Valid([]byte(req.GetParamsJson())) {
+			return &busv1.AskReply{Error: &busv1.AskError{Failure: busv1.AskFailure_ASK_FAILURE_INVALID, Message: "ask: params are not JSON"}}
+		}
+		params = json.RawMessage(req.GetParamsJson())
 	}
-	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
-	if timeout <= 0 {
-		timeout = 30 * time.Second
+	timeout := time.Duration(req.GetTimeoutMs()) * time.Millisecond
+	if timeout <= 0 || timeout > maxAskTimeout {
+		timeout = maxAskTimeout
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var params any = req.Params
-	if len(req.Params) == 0 {
-		params = nil
-	}
-	raw, err := cs.conn.Call(ctx, req.Method, params)
+	raw, err := cs.conn.Call(ctx, req.GetMethod(), params)
 	var rpcErr *jsonrpc.Error
 	switch {
 	case errors.As(err, &rpcErr):
-		return ask.Reply{Error: &ask.Error{Code: rpcErr.Code, Message: rpcErr.Message, Data: rpcErr.Data}}
+		return &busv1.AskReply{Error: &busv1.AskError{Failure: busv1.AskFailure_ASK_FAILURE_CLIENT_ERROR,
+			Code: rpcErr.Code, Message: rpcErr.Message, DataJson: string(rpcErr.Data)}}
 	case err != nil:
-		return ask.Reply{Error: &ask.Error{Code: ask.CodeNoAnswer, Message: "the client did not answer"}}
+		return &busv1.AskReply{Error: &busv1.AskError{Failure: busv1.AskFailure_ASK_FAILURE_NO_ANSWER, Message: "the client did not answer"}}
 	}
-	return ask.Reply{Result: raw}
+	return &busv1.AskReply{ResultJson: string(raw)}
 }
+
+// maxAskTimeout bounds how long an ask may hold a connection's pending
+// call.
+const maxAskTimeout = 10 * time.Minute

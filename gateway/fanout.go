@@ -1,30 +1,39 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
 
-	"github.com/clawmesh/clawmesh/internal/subjects"
-	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	"github.com/clawmesh/clawmesh/internal/bus"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
-// hub fans a session's updates from NATS out to every connection that
-// prompted or attached to it: one NATS subscription per session, shared by
-// its connections, removed with the last of them.
+// hub fans a session's updates from the bus out to every connection that
+// prompted or attached to it: one subscription per session, shared by its
+// connections, removed with the last of them. A connection is attached
+// only on the subject the session service returned when it accepted the
+// connection's principal (Attach, NewSession), never on a subject built
+// from what the client sent.
 type hub struct {
 	nc  *nats.Conn
 	log *zap.Logger
 
 	mu     sync.Mutex
-	topics map[string]*topic
+	topics map[string]*topic // by session id
 }
 
+// topic is one session's subscription. Its own lock orders delivery, so
+// sessions fan out in parallel.
 type topic struct {
-	sub     *nats.Subscription
+	sub   *nats.Subscription
+	ready chan struct{} // closed once the subscription is in place at the server
+	err   error         // set before ready closes when it could not be
+
+	mu      sync.Mutex
 	conns   map[*connState]struct{}
 	lastSeq int64
 }
@@ -33,32 +42,68 @@ func newHub(nc *nats.Conn, log *zap.Logger) *hub {
 	return &hub{nc: nc, log: log, topics: map[string]*topic{}}
 }
 
-// attach subscribes cs to the session's updates; attaching twice is a
-// no-op. It reports whether cs was attached before.
-func (h *hub) attach(cs *connState, sessionID string) (already bool, err error) {
+// errAttach wraps a failure to follow a session's updates.
+var errAttach = errors.New("follow session updates")
+
+// attach subscribes cs to the updates on subject, the update subject of
+// sessionID as the session service returned it, and returns once the
+// subscription is in place at the server (so the caller may start the
+// turn whose updates it wants). Attaching twice is a no-op; it reports
+// whether cs was attached before.
+func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, err error) {
+	if id, err := bus.SessionOfSubject(subject); err != nil || id != sessionID {
+		return false, fmt.Errorf("%w: subject %q does not name session %q", errAttach, subject, sessionID)
+	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	t, ok := h.topics[sessionID]
 	if !ok {
-		t = &topic{conns: map[*connState]struct{}{}}
-		t.sub, err = h.nc.Subscribe(subjects.SessionUpdate(sessionID), func(m *nats.Msg) { h.dispatch(sessionID, m) })
+		t = &topic{conns: map[*connState]struct{}{}, ready: make(chan struct{})}
+		t.sub, err = bus.SubscribeSessionUpdates(h.nc, subject, func(u *busv1.SessionUpdate) { h.dispatch(t, u) },
+			func(err error) {
+				h.log.Warn("bad session update dropped", zap.String("session_id", sessionID), zap.Error(err))
+			})
 		if err != nil {
-			return false, fmt.Errorf("subscribe session updates: %w", err)
+			h.mu.Unlock()
+			return false, fmt.Errorf("%w: %w", errAttach, err)
 		}
 		// A burst of updates must not be cut by NATS's default pending
-		// limits before the outboxes take them.
+		// limits before the outboxes take them: the outboxes and the
+		// write-stall rule bound what a connection holds.
 		_ = t.sub.SetPendingLimits(-1, -1)
-		// Flush so the subscription is in place before the caller starts
-		// the turn whose updates it wants.
-		if err := h.nc.Flush(); err != nil {
-			_ = t.sub.Unsubscribe()
-			return false, fmt.Errorf("subscribe session updates: %w", err)
-		}
 		h.topics[sessionID] = t
 	}
+	t.mu.Lock()
 	_, already = t.conns[cs]
 	t.conns[cs] = struct{}{}
+	t.mu.Unlock()
+	h.mu.Unlock()
+
+	if !ok {
+		// The round trip that puts the subscription in place runs outside
+		// the hub's lock: other sessions attach and fan out meanwhile.
+		t.err = h.nc.Flush()
+		close(t.ready)
+	}
+	<-t.ready
+	if t.err != nil {
+		h.detach(cs, sessionID)
+		return false, fmt.Errorf("%w: %w", errAttach, t.err)
+	}
 	return already, nil
+}
+
+// attached reports whether cs follows the session.
+func (h *hub) attached(cs *connState, sessionID string) bool {
+	h.mu.Lock()
+	t, ok := h.topics[sessionID]
+	h.mu.Unlock()
+	if !ok {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok = t.conns[cs]
+	return ok
 }
 
 // detach removes cs from one session, or from all when sessionID is "".
@@ -69,28 +114,37 @@ func (h *hub) detach(cs *connState, sessionID string) {
 		if sessionID != "" && id != sessionID {
 			continue
 		}
+		t.mu.Lock()
 		delete(t.conns, cs)
-		if len(t.conns) == 0 {
+		empty := len(t.conns) == 0
+		t.mu.Unlock()
+		if empty {
 			_ = t.sub.Unsubscribe()
 			delete(h.topics, id)
 		}
 	}
 }
 
-func (h *hub) dispatch(sessionID string, m *nats.Msg) {
-	var u sessionv1.Update
-	if err := proto.Unmarshal(m.Data, &u); err != nil {
-		h.log.Warn("undecodable session update", zap.String("session_id", sessionID), zap.Error(err))
-		return
-	}
+// drop detaches every connection from a session (it was deleted: its id
+// may next name another principal's session).
+func (h *hub) drop(sessionID string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	t, ok := h.topics[sessionID]
-	if !ok {
+	if t, ok := h.topics[sessionID]; ok {
+		_ = t.sub.Unsubscribe()
+		delete(h.topics, sessionID)
+	}
+}
+
+func (h *hub) dispatch(t *topic, u *busv1.SessionUpdate) {
+	if u.GetType() == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
+		h.drop(u.GetSessionId())
 		return
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.lastSeq != 0 && u.GetSeq() > t.lastSeq+1 {
-		h.log.Warn("session updates lost in transit", zap.String("session_id", sessionID),
+		h.log.Warn("session updates lost in transit", zap.String("session_id", u.GetSessionId()),
 			zap.Int64("after_seq", t.lastSeq), zap.Int64("got_seq", u.GetSeq()))
 	}
 	if u.GetSeq() > t.lastSeq {
@@ -100,6 +154,6 @@ func (h *hub) dispatch(sessionID string, m *nats.Msg) {
 		if u.GetConnectionId() != "" && u.GetConnectionId() != cs.id {
 			continue
 		}
-		cs.outbox.push(&u)
+		cs.outbox.push(u)
 	}
 }

@@ -2,10 +2,9 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,11 +15,12 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
-	"github.com/clawmesh/clawmesh/internal/grpcserver"
-	"github.com/clawmesh/clawmesh/internal/natsutil"
-	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
+	"github.com/clawmesh/clawmesh/internal/version"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -37,7 +37,8 @@ var (
 type Gateway struct {
 	cfg     Config
 	log     *zap.Logger
-	limits  limits
+	limits  configclient.RPCLimits
+	version string // server_version sent at initialize
 	caps    []string
 	started time.Time
 
@@ -47,18 +48,29 @@ type Gateway struct {
 	hub     *hub
 	monitor *monitor
 	conns   []*grpc.ClientConn
+	ln      net.Listener
+
+	// wg counts every goroutine the gateway starts (spawn): outboxes,
+	// elicitations, asks, the monitor. Run waits for them.
+	wg sync.WaitGroup
 
 	clients atomic.Int64
 	mu      sync.Mutex
 	graceT  *time.Timer
+	states  map[*jsonrpc.Conn]*connState
 }
 
-// New dials the services (lazily: none needs to be up yet).
-func New(cfg Config) (*Gateway, error) {
+// New dials the services (lazily: none needs to be up yet), reads the
+// edge settings from the config service and listens on the client socket,
+// so the process reports healthy only once clients can connect.
+func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Log, started: time.Now(), monitor: newMonitor(500*time.Millisecond, cfg.Log), caps: methodNames()}
+	g := &Gateway{
+		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, caps: methodNames(),
+		monitor: newMonitor(500*time.Millisecond, cfg.Log), states: map[*jsonrpc.Conn]*connState{},
+	}
 	dial := func(name, addr string) (*grpc.ClientConn, error) {
 		cc, err := grpcclient.Dial(addr)
 		if err != nil {
@@ -93,58 +105,64 @@ func New(cfg Config) (*Gateway, error) {
 			g.session = sessionv1.NewSessionServiceClient(cc)
 		}
 	}
+	// The edge's settings are read once, when the listener starts (they
+	// need a restart to change).
+	liveCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	live, err := configclient.New(liveCtx, g.config, g.nats, g.log)
+	cancel()
+	if err != nil {
+		g.Close()
+		return nil, fmt.Errorf("config service: %w", err)
+	}
+	g.limits = live.RPCLimits()
+	live.Close()
+	g.version = g.limits.AdvertisedServerVersion
+	if g.version == "" {
+		g.version = version.Version
+	}
+	g.hub = newHub(g.nats, g.log)
+	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
+		g.Close()
+		return nil, fmt.Errorf("subscribe restarts: %w", err)
+	}
+	if g.ln, err = unixsock.Listen(cfg.Socket); err != nil {
+		g.Close()
+		return nil, err
+	}
 	return g, nil
 }
 
-// Close releases the service connections.
+// Close releases the service connections and the listener (Run closes
+// the listener itself when it serves).
 func (g *Gateway) Close() {
 	for _, cc := range g.conns {
 		cc.Close()
 	}
-	if g.nats != nil {
-		g.nats.Close()
+	if g.ln != nil {
+		g.ln.Close()
 	}
 }
 
-// Run reads the edge settings from the config service, listens on the
-// socket and serves until ctx is done or, in ephemeral mode, the last
-// client has left; then it drains and removes the socket. It returns the
-// cause of the stop (ErrEphemeralExit, or nil for a requested stop).
+// spawn runs f on a goroutine Run waits for.
+func (g *Gateway) spawn(f func()) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		f()
+	}()
+}
+
+// Run serves the socket until ctx is done or, in ephemeral mode, the last
+// client has left; then it drains and removes the socket, and returns
+// once every connection and every goroutine it started has ended. It
+// returns the cause of the stop (ErrEphemeralExit, or nil for a
+// requested stop).
 func (g *Gateway) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(ErrShutdown)
+	defer g.wg.Wait()
+	g.spawn(func() { g.monitor.run(ctx) })
 
-	live, err := g.fetchLive(ctx)
-	if err != nil {
-		return err
-	}
-	if g.limits, err = limitsFrom(live); err != nil {
-		return fmt.Errorf("config revision %d: %w", live.GetRevision(), err)
-	}
-	g.nats, err = natsutil.Connect(g.cfg.NATSURL, "clawmesh-gateway", g.log)
-	if err != nil {
-		return err
-	}
-	g.hub = newHub(g.nats, g.log)
-	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
-		return fmt.Errorf("subscribe restarts: %w", err)
-	}
-	go g.monitor.run(ctx)
-
-	hs := grpcserver.New(g.log, g.cfg.Drain)
-	if g.cfg.HealthListen != "" {
-		hl, err := grpcserver.Listen(g.cfg.HealthListen)
-		if err != nil {
-			return err
-		}
-		go func() { _ = hs.Serve(ctx, hl) }()
-		defer hs.Shutdown()
-	}
-
-	ln, err := unixsock.Listen(g.cfg.Socket)
-	if err != nil {
-		return err
-	}
 	// Connections and their requests live on serveCtx, which the stop
 	// signal does not cancel: the drain below lets in-flight requests
 	// finish (and their updates flow) before anything is cut.
@@ -152,23 +170,25 @@ func (g *Gateway) Run(ctx context.Context) error {
 	defer serveCancel()
 	srv := &jsonrpc.Server{
 		Options: jsonrpc.Options{
-			MaxFrameBytes:     g.limits.maxFrameBytes,
-			InitializeTimeout: g.limits.initializeTimeout,
-			FrameTimeout:      g.limits.frameTimeout,
-			WriteStallTimeout: g.limits.writeStallTimeout,
+			MaxFrameBytes:     g.limits.MaxFrameBytes,
+			InitializeTimeout: g.limits.InitializeTimeout,
+			FrameTimeout:      g.limits.FrameTimeout,
+			WriteStallTimeout: g.limits.WriteStallTimeout,
 			Inline:            func(m string) bool { return methods[m].inline },
 			Logger:            g.log,
 		},
-		MaxConnections: g.limits.maxConnections,
+		MaxConnections: g.limits.MaxConnections,
 		NewHandler: func(c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
-			return g.accept(ctx, serveCtx, cancel, c, peer)
+			return g.accept(serveCtx, c, peer)
+		},
+		OnDisconnect: func(c *jsonrpc.Conn, peer jsonrpc.Peer, _ error) {
+			g.disconnected(ctx, cancel, c)
 		},
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(serveCtx, ln) }()
-	hs.SetServing()
-	g.log.Info("listening", zap.String("socket", g.cfg.Socket), zap.Int("max_connections", g.limits.maxConnections),
-		zap.Bool("ephemeral", g.cfg.Ephemeral), zap.String("server_version", g.limits.serverVersion))
+	go func() { serveErr <- srv.Serve(serveCtx, g.ln) }()
+	g.log.Info("listening", zap.String("socket", g.cfg.Socket), zap.Int("max_connections", g.limits.MaxConnections),
+		zap.Bool("ephemeral", g.cfg.Ephemeral), zap.String("server_version", g.version))
 
 	select {
 	case <-ctx.Done():
@@ -177,59 +197,53 @@ func (g *Gateway) Run(ctx context.Context) error {
 			return fmt.Errorf("serve socket: %w", err)
 		}
 	}
-	hs.Health.Shutdown()
 	drainCtx, drainCancel := context.WithTimeout(context.Background(), g.cfg.Drain)
 	defer drainCancel()
 	if err := srv.Shutdown(drainCtx); err != nil {
 		g.log.Warn("drain cut short", zap.Error(err))
 	}
-	ln.Close()
+	g.ln.Close()
 	if cause := context.Cause(ctx); errors.Is(cause, ErrEphemeralExit) {
 		return ErrEphemeralExit
 	}
 	return nil
 }
 
-// fetchLive waits for the config service and reads the live document.
-func (g *Gateway) fetchLive(ctx context.Context) (*configv1.LiveResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	for {
-		live, err := g.config.Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true))
-		if err == nil {
-			return live, nil
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("read config from the config service: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// accept sets up one client connection's state. runCtx ends when the
-// gateway is asked to stop; serveCtx outlives it until the drain is over.
-func (g *Gateway) accept(runCtx, serveCtx context.Context, stop context.CancelCauseFunc, c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
-	cs := &connState{id: newConnID(), conn: c, peer: peer}
+// accept builds one client connection's state; disconnected tears it
+// down once the connection closed and every handler of it returned, so
+// no handler can attach anything to a connection already gone.
+func (g *Gateway) accept(serveCtx context.Context, c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
+	cs := &connState{id: ids.New("conn-"), conn: c, peer: peer}
 	cs.outbox = newOutbox(g, cs)
 	g.log.Info("connection accepted", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
+	g.mu.Lock()
+	g.states[c] = cs
+	g.mu.Unlock()
 	g.clientJoined()
-	go cs.outbox.run(serveCtx)
-	go func() {
-		<-c.Done()
-		g.log.Info("connection closed", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
-		g.connectionClosed(cs)
-		g.clientLeft(runCtx, stop)
-	}()
+	g.spawn(func() { cs.outbox.run(serveCtx) })
 	return jsonrpc.HandlerFunc(func(ctx context.Context, c *jsonrpc.Conn, req *jsonrpc.Request) (any, error) {
 		return g.handle(ctx, cs, req)
 	})
+}
+
+func (g *Gateway) disconnected(runCtx context.Context, stop context.CancelCauseFunc, c *jsonrpc.Conn) {
+	g.mu.Lock()
+	cs := g.states[c]
+	delete(g.states, c)
+	g.mu.Unlock()
+	if cs == nil {
+		return
+	}
+	g.log.Info("connection closed", zap.String("conn", cs.id), zap.Int32("peer_pid", cs.peer.PID), zap.Int32("peer_uid", cs.peer.UID))
+	g.connectionClosed(cs)
+	g.clientLeft(runCtx, stop)
 }
 
 // handle routes one request through the method table.
 func (g *Gateway) handle(ctx context.Context, cs *connState, req *jsonrpc.Request) (any, error) {
 	m, known := methods[req.Method]
 	if !(known && m.preInit) && !cs.initialized() {
-		return nil, jsonrpc.NewError(rpcerr.CodeAuthRequired, "First call must be 'initialize'", nil)
+		return nil, jsonrpc.NewError(jsonrpc.CodeAuthRequired, "First call must be 'initialize'", nil)
 	}
 	if !known {
 		return nil, jsonrpc.MethodNotFound(req.Method)
@@ -272,6 +286,7 @@ func (g *Gateway) connectionClosed(cs *connState) {
 	g.hub.detach(cs, "")
 	cs.mu.Lock()
 	sub := cs.askSub
+	cs.askSub = nil
 	cs.mu.Unlock()
 	if sub != nil {
 		_ = sub.Unsubscribe()
@@ -291,20 +306,20 @@ type connState struct {
 	outbox *outbox
 
 	mu          sync.Mutex
-	principal   *configv1.Principal
+	principal   *commonv1.Principal
 	elicitation bool
 	tuiID       string
 	askSub      *nats.Subscription
 }
 
-func (cs *connState) bind(p *configv1.Principal, elicitation bool, tuiID string) {
+func (cs *connState) bind(p *commonv1.Principal, elicitation bool, tuiID string) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.principal, cs.elicitation, cs.tuiID = p, elicitation, tuiID
 }
 
 // principalOf is the bound principal (nil before initialize).
-func (cs *connState) principalOf() *configv1.Principal {
+func (cs *connState) principalOf() *commonv1.Principal {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	return cs.principal
@@ -321,10 +336,4 @@ func (cs *connState) initialized() bool {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	return cs.principal != nil
-}
-
-func newConnID() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return "conn-" + hex.EncodeToString(b)
 }

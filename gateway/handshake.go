@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
-	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/version"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
@@ -43,7 +42,7 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 		return nil, invalidParams("`protocol_version` is required")
 	}
 	if n, err := v.Int64(); err != nil || n != version.Protocol {
-		return nil, jsonrpc.NewError(rpcerr.CodeVersionMismatch,
+		return nil, jsonrpc.NewError(jsonrpc.CodeVersionMismatch,
 			fmt.Sprintf("Protocol version mismatch: server=%d, client=%s", version.Protocol, v.String()), nil)
 	}
 	caps := p.ClientCapabilities
@@ -61,14 +60,23 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 	})
 	if err != nil {
 		werr := serviceError("config", err)
-		if werr.Code == rpcerr.CodeAuthRequired {
+		if werr.Code == jsonrpc.CodeAuthRequired {
 			g.log.Info("initialize refused", zap.String("conn", cs.id), zap.Int32("peer_pid", cs.peer.PID), zap.Int32("peer_uid", cs.peer.UID), zap.String("reason", werr.Message))
 		}
 		return nil, werr
 	}
 	principal := resp.GetPrincipal()
+	// Past the initialize deadline the connection is closing: bind
+	// nothing to it.
+	if !cs.conn.MarkInitialized() {
+		return nil, jsonrpc.NewError(jsonrpc.CodeAuthRequired, "Initialize deadline passed", nil)
+	}
+	// A re-initialize may bind another principal: what the previous one
+	// followed is dropped, and attaching again asks the session service.
+	if prev := cs.principalOf(); prev != nil && prev.GetPrincipalId() != principal.GetPrincipalId() {
+		g.hub.detach(cs, "")
+	}
 	cs.bind(principal, isElicitation(cc.Elicitation), p.TUIID)
-	cs.conn.MarkInitialized()
 	cs.mu.Lock()
 	if cs.askSub == nil {
 		if cs.askSub, err = g.serveAsks(cs); err != nil {
@@ -82,8 +90,8 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 	return map[string]any{
 		"protocol_version": version.Protocol,
 		"protocolVersion":  version.Protocol,
-		"server_version":   g.limits.serverVersion,
-		"serverVersion":    g.limits.serverVersion,
+		"server_version":   g.version,
+		"serverVersion":    g.version,
 		"server_pid":       os.Getpid(),
 		"capabilities":     g.caps,
 		"principal_id":     principal.GetPrincipalId(),

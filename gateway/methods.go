@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"sort"
-
-	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
 // method is one row of the routing table: a socket method name and the
@@ -34,9 +32,9 @@ var methods = map[string]method{
 	"session/state":    {call: (*Gateway).sessionState},
 	"session/messages": {call: (*Gateway).sessionMessages},
 	"session/list":     {call: (*Gateway).sessionList},
-	"session/close":    {call: lifecycle("closed", sessionv1.SessionServiceClient.Close)},
-	"session/kill":     {call: lifecycle("killed", sessionv1.SessionServiceClient.Kill)},
-	"session/delete":   {call: lifecycle("deleted", sessionv1.SessionServiceClient.Delete)},
+	"session/close":    {call: (*Gateway).sessionClose},
+	"session/kill":     {call: (*Gateway).sessionKill},
+	"session/delete":   {call: (*Gateway).sessionDelete},
 
 	"config/get":      {call: (*Gateway).configGet},
 	"config/set":      {call: (*Gateway).configSet},

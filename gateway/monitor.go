@@ -12,7 +12,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/clawmesh/clawmesh/internal/subjects"
+	"github.com/clawmesh/clawmesh/internal/bus"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
 // component is the health record of one service process.
@@ -152,20 +153,12 @@ func (m *monitor) statuses() map[string]string {
 
 // watchRestarts records the launcher's restart counts.
 func (m *monitor) watchRestarts(nc *nats.Conn) (*nats.Subscription, error) {
-	return nc.Subscribe(subjects.SupervisorRestarts, func(msg *nats.Msg) {
-		var ev struct {
-			Service      string `json:"service"`
-			RestartCount int    `json:"restart_count"`
-		}
-		if err := json.Unmarshal(msg.Data, &ev); err != nil {
-			m.log.Warn("bad restart notice", zap.Error(err))
-			return
-		}
+	return bus.SubscribeRestarts(nc, func(ev *busv1.ProcessRestarted) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if c, ok := m.state[ev.Service]; ok {
-			c.RestartCount = ev.RestartCount
+		if c, ok := m.state[ev.GetProcess()]; ok {
+			c.RestartCount = int(ev.GetRestartCount())
 			m.encodeLocked()
 		}
-	})
+	}, func(err error) { m.log.Warn("bad restart notice", zap.Error(err)) })
 }

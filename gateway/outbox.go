@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
-	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
 // outbox delivers session updates to one connection, in arrival order,
@@ -20,7 +20,7 @@ type outbox struct {
 	g    *Gateway
 	mu   sync.Mutex
 	cond *sync.Cond
-	q    []*sessionv1.Update
+	q    []*busv1.SessionUpdate
 	done bool
 
 	// completed records the turn_ids whose turn_complete was written, so a
@@ -42,7 +42,7 @@ func newOutbox(g *Gateway, cs *connState) *outbox {
 	return o
 }
 
-func (o *outbox) push(u *sessionv1.Update) {
+func (o *outbox) push(u *busv1.SessionUpdate) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.done {
@@ -108,17 +108,17 @@ func (o *outbox) run(ctx context.Context) {
 	}
 }
 
-func (o *outbox) deliver(ctx context.Context, u *sessionv1.Update) {
+func (o *outbox) deliver(ctx context.Context, u *busv1.SessionUpdate) {
 	if err := o.cs.conn.Notify(ctx, "session/update", json.RawMessage(u.GetJson())); err != nil {
 		o.g.log.Debug("update not delivered", zap.String("conn", o.cs.id), zap.Error(err))
 		return
 	}
 	switch u.GetType() {
-	case "approval_request":
+	case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
 		if o.cs.canElicit() {
-			go o.g.elicitApproval(ctx, o.cs, u)
+			o.g.spawn(func() { o.g.elicitApproval(ctx, o.cs, u) })
 		}
-	case "turn_complete":
+	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
 		var tc struct {
 			TurnID string `json:"turn_id"`
 		}

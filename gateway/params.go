@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/clawmesh/clawmesh/gateway/errmap"
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
-	"github.com/clawmesh/clawmesh/internal/rpcerr"
 )
 
 // decodeParams reads params into v. A failure is -32602 with a message
@@ -48,13 +48,13 @@ func article(kind string) string {
 }
 
 func invalidParams(msg string) *jsonrpc.Error {
-	return jsonrpc.NewError(rpcerr.CodeInvalidParams, "Invalid params: "+strings.TrimPrefix(msg, "json: "), nil)
+	return jsonrpc.NewError(jsonrpc.CodeInvalidParams, "Invalid params: "+strings.TrimPrefix(msg, "json: "), nil)
 }
 
 // serviceError maps an error from a call to service to the client's
 // JSON-RPC error: the one place where gRPC status meets the wire.
 func serviceError(service string, err error) *jsonrpc.Error {
-	we := rpcerr.ToWire(service, err)
+	we := errmap.ToWire(service, err)
 	var data any
 	if we.Data != nil {
 		data = we.Data

@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/clawmesh/clawmesh/internal/ids"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -18,15 +19,25 @@ type sessionRef struct {
 	SessionIDCamel string `json:"sessionId"`
 }
 
+// id is the session id, checked against its format before it reaches any
+// service or the bus.
 func (r sessionRef) id() (string, error) {
 	id := r.SessionID
 	if id == "" {
 		id = r.SessionIDCamel
 	}
-	if id == "" {
-		return "", invalidParams("`session_id` is required")
+	if err := ids.Check(id); err != nil {
+		return "", invalidParams("`session_id` " + err.Error())
 	}
 	return id, nil
+}
+
+// optionalID is the session id when one was sent.
+func (r sessionRef) optionalID() (string, error) {
+	if r.SessionID == "" && r.SessionIDCamel == "" {
+		return "", nil
+	}
+	return r.id()
 }
 
 func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
@@ -47,14 +58,18 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if alias == "" {
 		alias = "default"
 	}
+	id, err := p.optionalID()
+	if err != nil {
+		return nil, err
+	}
 	resp, err := g.session.NewSession(ctx, &sessionv1.NewSessionRequest{
 		Principal: cs.principalOf(), AgentAlias: alias, Cwd: p.CWD,
-		SessionId: firstNonEmpty(p.SessionID, p.SessionIDCamel), InteractionSurface: p.InteractionSurface, ConnectionId: cs.id,
+		SessionId: id, InteractionSurface: p.InteractionSurface, ConnectionId: cs.id,
 	})
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	if _, err := g.hub.attach(cs, resp.GetSessionId()); err != nil {
+	if _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
 		return nil, serviceError("gateway", err)
 	}
 	return map[string]any{
@@ -132,10 +147,11 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 			attachments = append(attachments, &sessionv1.FileRef{RefId: f.RefID, Marker: f.Marker, WorkspacePath: f.WorkspacePath})
 		}
 	}
-	// Subscribe before the turn starts, so its first chunk is not missed.
-	already, err := g.hub.attach(cs, id)
+	// Follow the session before the turn starts, so its first chunk is
+	// not missed; only once the session service accepted this principal.
+	already, err := g.attach(ctx, cs, id)
 	if err != nil {
-		return nil, serviceError("gateway", err)
+		return nil, err
 	}
 	resp, err := g.session.Prompt(ctx, &sessionv1.PromptRequest{
 		Principal: cs.principalOf(), SessionId: id, Prompt: text, ClientTurnGeneration: gen,
@@ -158,7 +174,7 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 	}
 	return map[string]any{
 		"session_id":  resp.GetSessionId(),
-		"outcome":     resp.GetOutcome(),
+		"outcome":     outcomeWords[resp.GetOutcome()],
 		"stop_reason": resp.GetStopReason(),
 		"content":     resp.GetContent(),
 	}, nil
@@ -191,17 +207,19 @@ func (g *Gateway) sessionApprove(ctx context.Context, cs *connState, params json
 	if err != nil {
 		return nil, err
 	}
-	req := firstNonEmpty(p.RequestID, p.RequestIDCamel)
+	req := p.RequestID
 	if req == "" {
-		return nil, invalidParams("`request_id` is required")
+		req = p.RequestIDCamel
 	}
-	switch p.Decision {
-	case "allow_once", "allow_always", "reject", "reject_with_edit":
-	default:
+	if err := ids.Check(req); err != nil {
+		return nil, invalidParams("`request_id` " + err.Error())
+	}
+	decision, ok := decisions[p.Decision]
+	if !ok {
 		return nil, invalidParams("`decision` must be one of allow_once, allow_always, reject, reject_with_edit")
 	}
 	resp, err := g.session.Approve(ctx, &sessionv1.ApproveRequest{
-		Principal: cs.principalOf(), SessionId: id, RequestId: req, Decision: p.Decision, Replacement: p.Replacement, Surface: "rpc",
+		Principal: cs.principalOf(), SessionId: id, RequestId: req, Decision: decision, Replacement: p.Replacement, Surface: sessionv1.Surface_SURFACE_RPC,
 	})
 	if err != nil {
 		return nil, serviceError("session", err)
@@ -222,7 +240,7 @@ func (g *Gateway) sessionState(ctx context.Context, cs *connState, params json.R
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	out := map[string]any{"session_id": resp.GetSessionId(), "state": resp.GetState()}
+	out := map[string]any{"session_id": resp.GetSessionId(), "state": stateWords[resp.GetState()]}
 	if resp.GetTurnId() != "" {
 		out["turn_id"] = resp.GetTurnId()
 	}
@@ -274,28 +292,73 @@ func (g *Gateway) sessionList(ctx context.Context, cs *connState, params json.Ra
 	list := make([]map[string]any, 0, len(resp.GetSessions()))
 	for _, s := range resp.GetSessions() {
 		list = append(list, map[string]any{
-			"session_id": s.GetSessionId(), "agent_alias": s.GetAgentAlias(), "state": s.GetState(),
+			"session_id": s.GetSessionId(), "agent_alias": s.GetAgentAlias(), "state": stateWords[s.GetState()],
 			"message_count": s.GetMessageCount(), "workspace_dir": s.GetWorkspaceDir(), "title": s.GetTitle(),
-			"created_at": s.GetCreatedAt(), "updated_at": s.GetUpdatedAt(),
+			"created_at": wireTime(s.GetCreatedAt()), "updated_at": wireTime(s.GetUpdatedAt()),
 		})
 	}
 	return map[string]any{"sessions": list}, nil
 }
 
-// lifecycle builds session/close, session/kill and session/delete: the
-// result names the done-word (closed, killed, deleted).
-func lifecycle(word string, call func(sessionv1.SessionServiceClient, context.Context, *sessionv1.LifecycleRequest, ...grpc.CallOption) (*sessionv1.LifecycleResponse, error)) func(*Gateway, context.Context, *connState, json.RawMessage) (any, error) {
-	return func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
-		id, err := decodeSessionID(params)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := call(g.session, ctx, &sessionv1.LifecycleRequest{Principal: cs.principalOf(), SessionId: id})
-		if err != nil {
-			return nil, serviceError("session", err)
-		}
-		return map[string]any{"session_id": resp.GetSessionId(), word: resp.GetDone()}, nil
+func (g *Gateway) sessionClose(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	id, err := decodeSessionID(params)
+	if err != nil {
+		return nil, err
 	}
+	resp, err := g.session.Close(ctx, &sessionv1.CloseRequest{Principal: cs.principalOf(), SessionId: id})
+	if err != nil {
+		return nil, serviceError("session", err)
+	}
+	return map[string]any{"session_id": resp.GetSessionId(), "closed": resp.GetClosed()}, nil
+}
+
+func (g *Gateway) sessionKill(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	id, err := decodeSessionID(params)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := g.session.Kill(ctx, &sessionv1.KillRequest{Principal: cs.principalOf(), SessionId: id})
+	if err != nil {
+		return nil, serviceError("session", err)
+	}
+	return map[string]any{"session_id": resp.GetSessionId(), "killed": resp.GetKilled()}, nil
+}
+
+func (g *Gateway) sessionDelete(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	id, err := decodeSessionID(params)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := g.session.Delete(ctx, &sessionv1.DeleteRequest{Principal: cs.principalOf(), SessionId: id})
+	if err != nil {
+		return nil, serviceError("session", err)
+	}
+	return map[string]any{"session_id": resp.GetSessionId(), "deleted": resp.GetDeleted()}, nil
+}
+
+// attach follows a session's updates for cs once the session service has
+// accepted cs's principal for it (Attach), on the subject it returned.
+func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string) (already bool, err error) {
+	if g.hub.attached(cs, sessionID) {
+		return true, nil
+	}
+	resp, err := g.session.Attach(ctx, &sessionv1.AttachRequest{Principal: cs.principalOf(), SessionId: sessionID, ConnectionId: cs.id})
+	if err != nil {
+		return false, serviceError("session", err)
+	}
+	already, err = g.hub.attach(cs, sessionID, resp.GetSubject())
+	if err != nil {
+		return false, serviceError("gateway", err)
+	}
+	return already, nil
+}
+
+// wireTime is a timestamp as the socket shows it: RFC 3339 in UTC.
+func wireTime(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return ""
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339Nano)
 }
 
 func decodeSessionID(params json.RawMessage) (string, error) {
@@ -304,13 +367,4 @@ func decodeSessionID(params json.RawMessage) (string, error) {
 		return "", err
 	}
 	return p.id()
-}
-
-func firstNonEmpty(vs ...string) string {
-	for _, v := range vs {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }

@@ -15,10 +15,10 @@ import (
 )
 
 // status answers SPEC §5's status; services come from the health monitor.
-func (g *Gateway) status(ctx context.Context, _ *connState, _ json.RawMessage) (any, error) {
+func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage) (any, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	st, err := g.session.Status(ctx, &sessionv1.StatusRequest{})
+	st, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: cs.principalOf()})
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
@@ -27,7 +27,7 @@ func (g *Gateway) status(ctx context.Context, _ *connState, _ json.RawMessage) (
 		ids = []string{}
 	}
 	return map[string]any{
-		"server_version":     g.limits.serverVersion,
+		"server_version":     g.version,
 		"protocol_version":   version.Protocol,
 		"active_sessions":    st.GetActiveSessions(),
 		"session_ids":        ids,

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/clawmesh/clawmesh/services/config/schema"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
 const configUsage = `usage: clawmesh config <command> [flags] [args]
@@ -87,9 +87,9 @@ func configCmd(args []string, out io.Writer) error {
 		return err
 	}
 	defer c.Close()
-	res, err := c.call(method, params)
+	res, err := c.Call(method, params)
 	if err != nil {
-		return err
+		return cliError(err)
 	}
 	return printResult(out, cmd, res)
 }
@@ -104,7 +104,7 @@ func first(args []string) string {
 // typed reads VALUE by the schema; what the schema cannot read is sent as
 // JSON (or text) for the daemon to refuse with its own message.
 func typed(prop, raw string) any {
-	if v, err := schema.ParseText(prop, raw); err == nil {
+	if v, err := configschema.ParseText(prop, raw); err == nil {
 		return v
 	}
 	var v any
@@ -159,7 +159,7 @@ func printJSON(out io.Writer, raw json.RawMessage) error {
 func printSchema(out io.Writer, prefix string) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PATH\tTYPE\tDEFAULT\tFLAGS\tDESCRIPTION")
-	for _, p := range schema.Properties {
+	for _, p := range configschema.Properties {
 		if !strings.HasPrefix(p.Path, prefix) {
 			continue
 		}

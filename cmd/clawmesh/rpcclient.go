@@ -1,16 +1,14 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
 )
 
 // socketFlags are the flags of the commands that talk to the running
@@ -26,7 +24,7 @@ func (f *socketFlags) register(fs *flag.FlagSet) {
 }
 
 // dial connects to the stack's socket and initializes.
-func (f *socketFlags) dial() (*rpcClient, error) {
+func (f *socketFlags) dial() (*rpcclient.Client, error) {
 	path := f.socket
 	if path == "" {
 		dir, err := datadir.Resolve(f.dir)
@@ -35,79 +33,23 @@ func (f *socketFlags) dial() (*rpcClient, error) {
 		}
 		path = datadir.Socket(dir)
 	}
-	conn, err := net.Dial("unix", path)
+	c, err := rpcclient.Dial(path)
 	if err != nil {
 		return nil, fmt.Errorf("is the stack running? %w", err)
 	}
-	c := &rpcClient{conn: conn, r: bufio.NewReaderSize(conn, 1<<20)}
-	params := map[string]any{"protocol_version": 1}
-	if f.token != "" {
-		params["auth_token"] = f.token
-	}
-	if _, err := c.call("initialize", params); err != nil {
-		conn.Close()
-		return nil, err
+	c.Timeout = 60 * time.Second
+	if _, err := c.Initialize(f.token); err != nil {
+		c.Close()
+		return nil, cliError(err)
 	}
 	return c, nil
 }
 
-// rpcClient is a sequential NDJSON JSON-RPC client: one request at a
-// time, notifications skipped.
-type rpcClient struct {
-	conn net.Conn
-	r    *bufio.Reader
-	next int
-}
-
-// rpcError is an error object from the daemon.
-type rpcError struct {
-	Code    int64           `json:"code"`
-	Message string          `json:"message"`
-	Data    json.RawMessage `json:"data,omitempty"`
-}
-
-func (e *rpcError) Error() string {
-	if len(e.Data) > 0 {
-		return fmt.Sprintf("%s (%d, %s)", e.Message, e.Code, e.Data)
+// cliError shows a daemon's error object as a person reads it.
+func cliError(err error) error {
+	var re *rpcclient.RPCError
+	if errors.As(err, &re) {
+		return errors.New(re.Describe())
 	}
-	return fmt.Sprintf("%s (%d)", e.Message, e.Code)
-}
-
-func (c *rpcClient) Close() error { return c.conn.Close() }
-
-func (c *rpcClient) call(method string, params any) (json.RawMessage, error) {
-	c.next++
-	line, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.next, "method": method, "params": params})
-	if err != nil {
-		return nil, err
-	}
-	_ = c.conn.SetDeadline(time.Now().Add(60 * time.Second))
-	if _, err := c.conn.Write(append(line, '\n')); err != nil {
-		return nil, err
-	}
-	for {
-		raw, err := c.r.ReadBytes('\n')
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", method, err)
-		}
-		var f struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Result json.RawMessage `json:"result"`
-			Error  *rpcError       `json:"error"`
-		}
-		if err := json.Unmarshal(raw, &f); err != nil {
-			return nil, fmt.Errorf("%s: bad frame: %w", method, err)
-		}
-		if f.Method != "" {
-			continue // a notification or a request from the daemon: not ours
-		}
-		if string(f.ID) != fmt.Sprint(c.next) {
-			return nil, errors.New(method + ": response to another request")
-		}
-		if f.Error != nil {
-			return nil, f.Error
-		}
-		return f.Result, nil
-	}
+	return err
 }

@@ -8,10 +8,11 @@ import (
 	"os"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config"
 )
 
 const tokenUsage = `usage: clawmesh token <create|revoke> --user NAME [--config-dir DIR]
@@ -51,7 +52,7 @@ func tokenCmd(args []string, out io.Writer) error {
 	rpc := configv1.NewConfigServiceClient(cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	operator := &configv1.Principal{PrincipalId: config.OperatorPrincipal, Operator: true, PeerUid: int32(os.Getuid()), PeerPid: int32(os.Getpid())}
+	operator := &commonv1.Principal{PrincipalId: configschema.OperatorPrincipal, Operator: true, PeerUid: int32(os.Getuid()), PeerPid: int32(os.Getpid())}
 	if args[0] == "revoke" {
 		resp, err := rpc.RevokeToken(ctx, &configv1.RevokeTokenRequest{Principal: operator, User: user})
 		if err != nil {

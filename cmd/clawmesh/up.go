@@ -11,11 +11,11 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/launcher"
 	"github.com/clawmesh/clawmesh/internal/logging"
 	"github.com/clawmesh/clawmesh/internal/version"
-	"github.com/clawmesh/clawmesh/launcher"
-	"github.com/clawmesh/clawmesh/services/config/schema"
 )
 
 // multiFlag collects a repeatable flag.
@@ -27,21 +27,29 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 func up(args []string) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	var (
-		dir, binDir, logLevel string
-		ephemeral             bool
-		sets, scales          multiFlag
+		dir, binDir, logLevel, setFile string
+		ephemeral                      bool
+		sets, scales                   multiFlag
 	)
 	fs.StringVar(&dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	fs.StringVar(&binDir, "bin-dir", "", "folder of the service binaries (default: beside clawmesh)")
 	fs.StringVar(&logLevel, "log-level", "", "launcher log level")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "stop the stack 1 s after the last client disconnects")
-	fs.Var(&sets, "set", "config property prop=value, e.g. rpc.max_local_connections=64 (repeatable)")
+	fs.Var(&sets, "set", "config property prop=value, e.g. rpc.max_local_connections=64 (repeatable; visible in ps: put secrets in --set-file)")
+	fs.StringVar(&setFile, "set-file", "", "file of prop=value lines committed at start like --set (# starts a comment)")
 	fs.Var(&scales, "scale", "replicas of a service, e.g. plugin-sandbox=3 (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if setFile != "" {
+		fromFile, err := readSetFile(setFile)
+		if err != nil {
+			return err
+		}
+		sets = append(fromFile, sets...)
 	}
 	data, err := datadir.Resolve(dir)
 	if err != nil {
@@ -64,7 +72,7 @@ func up(args []string) error {
 		if prop = strings.TrimSpace(prop); !ok || prop == "" {
 			return fmt.Errorf("--set %q: want prop=value", s)
 		}
-		if _, err := schema.ParseText(prop, raw); err != nil {
+		if _, err := configschema.ParseText(prop, raw); err != nil {
 			return fmt.Errorf("--set %s: %w", prop, err)
 		}
 	}
@@ -90,6 +98,27 @@ func up(args []string) error {
 		return nil
 	}
 	return err
+}
+
+// readSetFile reads prop=value lines; blank lines and lines starting with
+// # are skipped.
+func readSetFile(path string) ([]string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--set-file: %w", err)
+	}
+	var sets []string
+	for i, line := range strings.Split(string(raw), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if !strings.Contains(line, "=") {
+			return nil, fmt.Errorf("--set-file %s:%d: want prop=value", path, i+1)
+		}
+		sets = append(sets, line)
+	}
+	return sets, nil
 }
 
 func printVersion() error {

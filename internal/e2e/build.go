@@ -10,19 +10,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
-)
 
-// Packages are the binaries a stack needs; go build names each after the
-// last element of its path.
-var Packages = []string{
-	"./cmd/clawmesh",
-	"./gateway/cmd/gateway",
-	"./services/config/cmd/config",
-	"./services/session/cmd/session",
-	"./services/uploadstaging/cmd/upload-staging",
-	"./services/pluginsandbox/cmd/plugin-sandbox",
-	"./services/durablebridge/cmd/durable-bridge",
-}
+	"github.com/clawmesh/clawmesh/internal/stack"
+)
 
 var built struct {
 	once sync.Once
@@ -44,7 +34,7 @@ func BinDir() (string, error) {
 			built.err = err
 			return
 		}
-		args := append([]string{"build", "-o", dir + "/"}, Packages...)
+		args := append([]string{"build", "-o", dir + "/"}, stack.Packages()...)
 		cmd := exec.Command("go", args...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/graceful"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 )
 
@@ -128,12 +129,7 @@ func (s *Stack) Stop() {
 		return
 	default:
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(60 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.exited
+	if graceful.Stop(s.cmd.Process, s.exited, syscall.SIGTERM, 60*time.Second) {
 		s.t.Errorf("launcher did not stop within 60 s:\n%s", s.stderr.tail(4000))
 	}
 }

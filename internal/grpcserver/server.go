@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"runtime/debug"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -29,6 +31,13 @@ import (
 const DefaultDrain = 10 * time.Second
 
 // Server wraps a grpc.Server with its health service.
+//
+// Health tells the truth: the process reports SERVING only once it
+// registered its services (SetServing) and while every dependency it
+// needs (SetDependency: its database, the bus) is reachable. While one is
+// not, every name reports NOT_SERVING and a Check answers with the reason
+// in the trailer ReasonTrailer, which the gateway's status and health
+// show and grpcurl prints.
 type Server struct {
 	GRPC   *grpc.Server
 	Health *health.Server
@@ -36,7 +45,17 @@ type Server struct {
 	log      *zap.Logger
 	drain    time.Duration
 	stopOnce sync.Once
+
+	classify func(error) error
+
+	hmu      sync.Mutex
+	names    []string         // set by SetServing; nil before
+	deps     map[string]error // a dependency's last error, nil when fine
+	shutdown bool
 }
+
+// ReasonTrailer carries why a process is NOT_SERVING on a health Check.
+const ReasonTrailer = "clawmesh-not-serving-reason"
 
 // New builds a server. drain is the hard limit of a graceful stop; zero
 // means DefaultDrain.
@@ -52,17 +71,87 @@ func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Serve
 		grpc.MaxSendMsgSize(16<<20),
 	)
 	s.GRPC = grpc.NewServer(opts...)
-	healthpb.RegisterHealthServer(s.GRPC, s.Health)
+	s.deps = map[string]error{}
+	healthpb.RegisterHealthServer(s.GRPC, &healthWithReason{Server: s.Health, s: s})
 	reflection.Register(s.GRPC)
 	return s
 }
 
-// SetServing marks the overall health and each named service SERVING.
+// SetServing marks the overall health and each named service SERVING,
+// unless a dependency is down.
 func (s *Server) SetServing(services ...string) {
-	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	for _, name := range services {
-		s.Health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	s.names = append([]string{""}, services...)
+	s.applyLocked()
+}
+
+// SetDependency records the state of a dependency the process needs: err
+// nil when it is reachable, else why not. Safe from any goroutine.
+func (s *Server) SetDependency(name string, err error) {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	if prev, ok := s.deps[name]; ok && (prev == nil) == (err == nil) && (err == nil || prev.Error() == err.Error()) {
+		return
 	}
+	s.deps[name] = err
+	if err != nil {
+		s.log.Warn("dependency unavailable", zap.String("dependency", name), zap.Error(err))
+	} else {
+		s.log.Info("dependency available", zap.String("dependency", name))
+	}
+	s.applyLocked()
+}
+
+// Reason is why the process is not serving ("" when it is, or before it
+// registered).
+func (s *Server) Reason() string {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	return s.reasonLocked()
+}
+
+func (s *Server) reasonLocked() string {
+	if s.shutdown {
+		return "shutting down"
+	}
+	var down []string
+	for name, err := range s.deps {
+		if err != nil {
+			down = append(down, name+": "+err.Error())
+		}
+	}
+	sort.Strings(down)
+	return strings.Join(down, "; ")
+}
+
+func (s *Server) applyLocked() {
+	if s.names == nil || s.shutdown {
+		return
+	}
+	st := healthpb.HealthCheckResponse_SERVING
+	if s.reasonLocked() != "" {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	for _, name := range s.names {
+		s.Health.SetServingStatus(name, st)
+	}
+}
+
+// healthWithReason is the health service with the reason trailer.
+type healthWithReason struct {
+	*health.Server
+	s *Server
+}
+
+func (h *healthWithReason) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	resp, err := h.Server.Check(ctx, req)
+	if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		if reason := h.s.Reason(); reason != "" {
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(ReasonTrailer, reason))
+		}
+	}
+	return resp, err
 }
 
 // Serve serves lis until ctx is done, then drains. It returns nil after a
@@ -87,6 +176,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 // after the drain limit. Safe to call more than once.
 func (s *Server) Shutdown() {
 	s.stopOnce.Do(func() {
+		s.hmu.Lock()
+		s.shutdown = true
+		s.hmu.Unlock()
 		s.Health.Shutdown()
 		timer := time.AfterFunc(s.drain, func() {
 			s.log.Warn("drain limit reached, stopping hard", zap.Duration("drain", s.drain))
@@ -101,6 +193,7 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	defer s.recoverPanic(info.FullMethod, &err)
 	start := time.Now()
 	resp, err = handler(ctx, req)
+	err = s.toStatus(info.FullMethod, err)
 	s.logCall(info.FullMethod, start, err)
 	return resp, err
 }
@@ -108,9 +201,39 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 	defer s.recoverPanic(info.FullMethod, &err)
 	start := time.Now()
-	err = handler(srv, ss)
+	err = s.toStatus(info.FullMethod, handler(srv, ss))
 	s.logCall(info.FullMethod, start, err)
 	return err
+}
+
+// ClassifyError lets a process name the dependency behind an error (the
+// service frame sets it to recognise an unreachable database): it returns
+// a status error for err, or nil when it does not recognise it.
+func (s *Server) ClassifyError(fn func(error) error) { s.classify = fn }
+
+// toStatus makes every error leaving a handler a status: a status passes
+// as it is; a context error is Canceled or DeadlineExceeded; a dependency
+// the classifier recognises is Unavailable with its name; anything else is
+// logged here, with its chain, and sent as Internal "internal error", so
+// no database or file system text reaches another process.
+func (s *Server) toStatus(method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return status.FromContextError(err).Err()
+	}
+	if s.classify != nil {
+		if st := s.classify(err); st != nil {
+			s.log.Warn("rpc failed: dependency unavailable", zap.String("method", method), zap.Error(err))
+			return st
+		}
+	}
+	s.log.Error("rpc failed", zap.String("method", method), zap.Error(err))
+	return status.Error(codes.Internal, "internal error")
 }
 
 func (s *Server) recoverPanic(method string, err *error) {

@@ -1,5 +1,6 @@
-// Package natsutil connects to NATS and runs an embedded nats-server when
-// no NATS_URL is given.
+// Package natsutil connects a process to NATS under its bus identity and
+// reports the connection's state, so health can say when the bus is
+// unreachable.
 package natsutil
 
 import (
@@ -7,77 +8,112 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"go.uber.org/zap"
 )
 
-// Connect opens a connection named after the process that keeps
-// reconnecting for as long as the process lives.
-func Connect(url, name string, log *zap.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
-		nats.Name(name),
+// Options of a connection.
+type Options struct {
+	URL  string
+	Name string
+	// Seed is the identity's nkey seed; nil connects anonymously, which
+	// only a test's unauthenticated server accepts.
+	Seed []byte
+	// InboxPrefix is the prefix of the connection's reply subjects, the
+	// one its bus permissions allow it to subscribe.
+	InboxPrefix string
+	Log         *zap.Logger
+	// OnState is called with nil when the connection is (again) up and
+	// with the reason when it is down; OnClosed once when it is closed for
+	// good (the process should stop, so its supervisor restarts it).
+	OnState  func(err error)
+	OnClosed func(err error)
+}
+
+// ErrClosed reports a connection closed for good.
+var ErrClosed = errors.New("nats connection closed")
+
+// Connect opens a connection that keeps reconnecting for as long as the
+// process lives. The first connection is waited for (retrying) only up to
+// the server's refusal: bad credentials fail at once.
+func Connect(o Options) (*nats.Conn, error) {
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	state := func(err error) {
+		if o.OnState != nil {
+			o.OnState(err)
+		}
+	}
+	opts := []nats.Option{
+		nats.Name(o.Name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(200*time.Millisecond),
+		nats.ReconnectWait(200 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", zap.Error(err))
+			if err == nil {
+				err = errors.New("disconnected")
+			}
+			o.Log.Warn("nats disconnected", zap.Error(err))
+			state(fmt.Errorf("bus disconnected: %w", err))
+		}),
+		nats.ConnectHandler(func(*nats.Conn) { state(nil) }),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			o.Log.Info("nats reconnected")
+			state(nil)
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			err := nc.LastError()
+			if err == nil {
+				err = ErrClosed
+			}
+			state(fmt.Errorf("bus connection closed: %w", err))
+			if o.OnClosed != nil {
+				o.OnClosed(err)
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("nats reconnected") }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
 			if sub != nil {
 				subject = sub.Subject
 			}
-			log.Warn("nats async error", zap.String("subject", subject), zap.Error(err))
+			o.Log.Warn("nats async error", zap.String("subject", subject), zap.Error(err))
 		}),
-	)
+	}
+	if o.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(o.InboxPrefix))
+	}
+	if o.Seed != nil {
+		kp, err := nkeys.FromSeed(o.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("nats credential: %w", err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return nil, fmt.Errorf("nats credential: %w", err)
+		}
+		auth := nats.Nkey(pub, kp.Sign)
+		// A server that authenticates nobody (a developer's own NATS_URL)
+		// sends no nonce to sign: the credential would add nothing there,
+		// and nats.go refuses to connect with it.
+		probe, err := nats.Connect(o.URL, nats.Name(o.Name), auth, nats.Timeout(2*time.Second))
+		switch {
+		case errors.Is(err, nats.ErrNkeysNotSupported):
+			o.Log.Warn("the bus server authenticates no one; connecting without a credential", zap.String("url", o.URL))
+		case err == nil:
+			probe.Close()
+			opts = append(opts, auth)
+		default:
+			opts = append(opts, auth)
+		}
+	}
+	nc, err := nats.Connect(o.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect nats %s: %w", url, err)
+		return nil, fmt.Errorf("connect nats %s: %w", o.URL, err)
+	}
+	if !nc.IsConnected() {
+		state(errors.New("bus not connected yet"))
 	}
 	return nc, nil
-}
-
-// ErrNotReady means the embedded server did not start accepting in time.
-var ErrNotReady = errors.New("embedded nats-server not ready")
-
-// Embedded is an in-process nats-server on loopback.
-type Embedded struct {
-	srv *server.Server
-}
-
-// RunEmbedded starts a nats-server on 127.0.0.1 at a random free port.
-func RunEmbedded(log *zap.Logger) (*Embedded, error) {
-	opts := &server.Options{
-		Host:                  "127.0.0.1",
-		Port:                  server.RANDOM_PORT,
-		NoLog:                 true,
-		NoSigs:                true,
-		MaxPayload:            8 << 20,
-		MaxPending:            64 << 20,
-		WriteDeadline:         10 * time.Second,
-		DisableShortFirstPing: true,
-	}
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("nats-server: %w", err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, ErrNotReady
-	}
-	log.Info("embedded nats-server started", zap.String("url", srv.ClientURL()))
-	return &Embedded{srv: srv}, nil
-}
-
-// URL is the client URL of the server.
-func (e *Embedded) URL() string { return e.srv.ClientURL() }
-
-// Shutdown stops the server and waits for it.
-func (e *Embedded) Shutdown() {
-	e.srv.Shutdown()
-	e.srv.WaitForShutdown()
 }

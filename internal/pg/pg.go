@@ -16,7 +16,12 @@ import (
 	"strconv"
 	"time"
 
+	"io"
+	"net"
+	"strings"
+
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 )
@@ -45,7 +50,7 @@ func Open(ctx context.Context, url, schema string, migrations fs.FS, log *zap.Lo
 	if err != nil {
 		return nil, fmt.Errorf("open pool: %w", err)
 	}
-	if err := waitReady(ctx, pool); err != nil {
+	if err := waitReady(ctx, pool, log); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -56,11 +61,20 @@ func Open(ctx context.Context, url, schema string, migrations fs.FS, log *zap.Lo
 	return pool, nil
 }
 
-func waitReady(ctx context.Context, pool *pgxpool.Pool) error {
+// waitLogEvery is how often a process waiting for its database says so.
+const waitLogEvery = 5 * time.Second
+
+func waitReady(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
+	start := time.Now()
+	lastLog := start
 	for {
 		err := pool.Ping(ctx)
 		if err == nil {
 			return nil
+		}
+		if time.Since(lastLog) >= waitLogEvery {
+			lastLog = time.Now()
+			log.Info("waiting for the database", zap.Duration("waited", time.Since(start).Round(time.Second)), zap.Error(err))
 		}
 		select {
 		case <-ctx.Done():
@@ -69,6 +83,42 @@ func waitReady(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 }
+
+// Watch pings the database every WatchInterval until ctx is done and
+// tells report each time reachability changes: nil when the database
+// answers again, the error when it stopped answering. The pool itself
+// reconnects; Watch only makes the gap visible to health.
+func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
+	t := time.NewTicker(WatchInterval)
+	defer t.Stop()
+	var last error
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, WatchInterval)
+		err := pool.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			err = ErrUnavailable
+		}
+		if (err == nil) != (last == nil) {
+			report(err)
+		}
+		last = err
+	}
+}
+
+// WatchInterval is how often Watch pings.
+const WatchInterval = time.Second
+
+// ErrUnavailable reports a database that does not answer.
+var ErrUnavailable = errors.New("database unavailable")
 
 type migration struct {
 	version int
@@ -181,4 +231,32 @@ func lockKeyFor(schema string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("clawmesh-migrate:" + schema))
 	return int64(h.Sum64())
+}
+
+// IsUnavailable reports whether err means the database could not be
+// reached, or went away during the statement: a refused or failed
+// connection, a connection lost mid-query, or a server shutting down or
+// still starting.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return true
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// Class 08: connection exception; 57P01-57P03: admin or crash
+		// shutdown, cannot connect now.
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+	}
+	return pgconn.SafeToRetry(err)
 }

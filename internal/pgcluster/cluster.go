@@ -28,6 +28,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/graceful"
 )
 
 // Errors a caller may want to tell apart.
@@ -166,13 +168,8 @@ func (c *Cluster) Stop() {
 		return
 	default:
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-c.done:
-	case <-time.After(15 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
+	// SIGINT is PostgreSQL's fast shutdown.
+	graceful.Stop(c.cmd.Process, c.done, syscall.SIGINT, 15*time.Second)
 }
 
 func urlFor(dir, db string) string {

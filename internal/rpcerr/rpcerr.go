@@ -1,11 +1,10 @@
 // Package rpcerr carries a refusal's meaning from a service to the edge:
-// services build gRPC statuses with a reason (and a batch index) attached,
-// and the gateway maps them to JSON-RPC errors with one table.
+// services return gRPC statuses with a reason (and a batch index)
+// attached; the gateway maps them to JSON-RPC errors with its one table
+// (gateway/errmap). Services know nothing of JSON-RPC codes.
 package rpcerr
 
 import (
-	"context"
-	"errors"
 	"strconv"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -17,9 +16,13 @@ import (
 const Domain = "clawmesh"
 
 // Reasons a refusal can carry. The first group selects a dedicated
-// JSON-RPC code; the data reasons of SPEC §4 are sent to the client in
-// data.reason.
+// client error code; the data reasons of docs/spec.md §4 are sent to the
+// client in data.reason. ReasonDependency marks an Unavailable status
+// whose message names the dependency that is down ("database
+// unavailable"), safe to show a client.
 const (
+	ReasonDependency = "DEPENDENCY_UNAVAILABLE"
+
 	ReasonSessionNotFound = "SESSION_NOT_FOUND"
 	ReasonSessionLimit    = "SESSION_LIMIT_REACHED"
 	ReasonSessionBusy     = "SESSION_BUSY"
@@ -68,115 +71,4 @@ func Details(st *status.Status) (reason string, index int) {
 		}
 	}
 	return reason, index
-}
-
-// JSON-RPC codes of SPEC §4.
-const (
-	CodeParseError      = -32700
-	CodeInvalidRequest  = -32600
-	CodeMethodNotFound  = -32601
-	CodeInvalidParams   = -32602
-	CodeInternal        = -32603
-	CodeSessionNotFound = -32000
-	CodeSessionLimit    = -32001
-	CodeSessionBusy     = -32002
-	CodeSessionNotOwned = -32003
-	CodeConnectionLimit = -32004
-	CodeAuthRequired    = -32010
-	CodeVersionMismatch = -32011
-	CodeForbidden       = -32012
-)
-
-// WireError is what the edge sends for a failed call.
-type WireError struct {
-	Code    int64
-	Message string
-	// Data is nil or {"reason":..., "index"?:N}.
-	Data map[string]any
-}
-
-// reasonCodes are the reasons that select a dedicated JSON-RPC code.
-var reasonCodes = map[string]int64{
-	ReasonSessionNotFound: CodeSessionNotFound,
-	ReasonSessionLimit:    CodeSessionLimit,
-	ReasonSessionBusy:     CodeSessionBusy,
-	ReasonSessionNotOwned: CodeSessionNotOwned,
-	ReasonAuthRequired:    CodeAuthRequired,
-	ReasonForbidden:       CodeForbidden,
-}
-
-// codeTable maps the remaining gRPC codes; codes absent here are failures
-// of a dependency (-32603).
-var codeTable = map[codes.Code]int64{
-	codes.InvalidArgument:    CodeInvalidParams,
-	codes.NotFound:           CodeInvalidParams,
-	codes.AlreadyExists:      CodeInvalidParams,
-	codes.FailedPrecondition: CodeInvalidParams,
-	codes.OutOfRange:         CodeInvalidParams,
-	codes.ResourceExhausted:  CodeInvalidParams,
-	codes.PermissionDenied:   CodeForbidden,
-	codes.Unauthenticated:    CodeAuthRequired,
-	codes.Unimplemented:      CodeMethodNotFound,
-}
-
-// ToWire maps an error returned by a call to service to the JSON-RPC error
-// the client sees. Messages of refusals are passed through (services write
-// them for clients); failures of a dependency name only the service, never
-// its internal message.
-func ToWire(service string, err error) WireError {
-	st, ok := status.FromError(err)
-	if !ok {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			st = status.FromContextError(err)
-		} else {
-			st = status.New(codes.Unknown, err.Error())
-		}
-	}
-	reason, index := Details(st)
-	code, known := reasonCodes[reason]
-	if !known {
-		code, known = codeTable[st.Code()]
-	}
-	if !known {
-		msg := service + " unavailable"
-		if st.Code() == codes.DeadlineExceeded {
-			msg = service + " timed out"
-		} else if st.Code() == codes.Internal || st.Code() == codes.Unknown {
-			msg = service + " failed"
-		}
-		return WireError{Code: CodeInternal, Message: msg}
-	}
-	we := WireError{Code: code, Message: st.Message()}
-	if code == CodeMethodNotFound {
-		we.Message = "Method not implemented by the " + service + " service yet"
-	}
-	if dataReason := dataReasonFor(reason, st.Code()); dataReason != "" {
-		we.Data = map[string]any{"reason": dataReason}
-		if index >= 0 {
-			we.Data["index"] = index
-		}
-	} else if index >= 0 {
-		we.Data = map[string]any{"index": index}
-	}
-	return we
-}
-
-func dataReasonFor(reason string, code codes.Code) string {
-	switch reason {
-	case ReasonNotFound, ReasonUnowned, ReasonConflict, ReasonCapacity, ReasonForbidden, ReasonInvalid:
-		return reason
-	case ReasonSessionNotFound:
-		return ReasonNotFound
-	case ReasonSessionNotOwned:
-		return ReasonUnowned
-	case ReasonSessionBusy:
-		return ReasonConflict
-	case ReasonSessionLimit:
-		return ReasonCapacity
-	}
-	switch code {
-	case codes.PermissionDenied:
-		return ReasonForbidden
-	}
-	return ""
 }

@@ -1,7 +1,12 @@
-// Package service is the process frame every Clawmesh service runs in:
-// flags with environment fallbacks, logging, PostgreSQL with the service's
-// migrations, NATS, a gRPC server with health and reflection, and a clean
-// exit on SIGTERM.
+// Package service is the process frame every Clawmesh process runs in,
+// the gateway included: flags with environment fallbacks, logging,
+// signals, PostgreSQL with the process's migrations (only for a process
+// that owns a schema), the bus under the process's own identity, a gRPC
+// server with health and reflection, and a staged drain on SIGTERM.
+//
+// Health tells the truth: the process is NOT_SERVING while its database
+// or the bus is unreachable (with the reason), and it exits when its bus
+// connection is closed for good, so the launcher restarts it.
 package service
 
 import (
@@ -12,6 +17,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -19,39 +25,64 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/logging"
 	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/pg"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 )
 
-// ErrShutdown is the cause of the base context's cancellation on SIGTERM.
-var ErrShutdown = errors.New("service shutting down")
+// Causes of the base context's cancellation.
+var (
+	// ErrShutdown: SIGTERM or SIGINT.
+	ErrShutdown = errors.New("service shutting down")
+	// ErrBusClosed: the bus connection was closed for good.
+	ErrBusClosed = errors.New("bus connection closed")
+)
 
-// Spec describes one service process.
+// Dependency names in health reasons.
+const (
+	DepDatabase = "database"
+	DepBus      = "bus"
+)
+
+// Spec describes one process.
 type Spec struct {
 	// Name is the process name and the default socket name: <data>/<Name>.sock.
 	Name string
+	// Role is the process's identity on the bus.
+	Role bus.Role
 	// HealthNames are the gRPC service names reported SERVING once
 	// Register has run.
 	HealthNames []string
-	// Schema is the service's PostgreSQL schema; Migrations its *.sql files.
+	// Schema is the process's PostgreSQL schema and Migrations its *.sql
+	// files; a process without a schema gets no database.
 	Schema     string
 	Migrations fs.FS
-	// Flags, when set, declares the service's own flags beside the common ones.
+	// Flags, when set, declares the process's own flags beside the common
+	// ones.
 	Flags func(fs *flag.FlagSet)
-	// Register builds the service and registers it on env.Server.GRPC. It
-	// may start goroutines bound to ctx and add closers with env.OnClose.
+	// Register builds the process's services and registers them on
+	// env.Server.GRPC. It may start goroutines with env.Go and add closers
+	// with env.OnClose.
 	Register func(ctx context.Context, env *Env) error
+	// Run, when set, is the process's own work beside the gRPC server (the
+	// gateway serves its socket). It runs once the process serves; when it
+	// returns the process stops with its result, and ctx's cancellation
+	// (cause ErrShutdown or ErrBusClosed) asks it to return.
+	Run func(ctx context.Context, env *Env) error
 }
 
-// Peers are the gRPC addresses of the other services.
+// Peers are the gRPC addresses of the other processes.
 type Peers struct {
 	Config, Session, Upload, Plugin, Durable string
 }
 
-// Env is what a service gets to build itself with.
+// Env is what a process gets to build itself with.
 type Env struct {
 	Log     *zap.Logger
 	Server  *grpcserver.Server
@@ -60,14 +91,27 @@ type Env struct {
 	DataDir string
 	Listen  string
 	Peers   Peers
+
 	closers []func()
+	wg      sync.WaitGroup
 }
 
-// OnClose registers f to run at shutdown, after the gRPC server stopped,
-// in reverse order of registration.
+// OnClose registers f to run at shutdown, after the gRPC server stopped
+// and every goroutine started with Go returned, in reverse order of
+// registration.
 func (e *Env) OnClose(f func()) { e.closers = append(e.closers, f) }
 
-// Main runs the service and exits the process with its status.
+// Go runs f on a goroutine the process waits for before it closes
+// anything: f must return when the process's context is done.
+func (e *Env) Go(f func()) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		f()
+	}()
+}
+
+// Main runs the process and exits with its status.
 func Main(spec Spec) {
 	if err := Run(context.Background(), spec, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", spec.Name, err)
@@ -81,6 +125,10 @@ type options struct {
 	drain                                           time.Duration
 }
 
+// EnvDatabaseURL names the database; it is read from the environment
+// only, never from a flag, so a password in it never shows in ps.
+const EnvDatabaseURL = "DATABASE_URL"
+
 func parseFlags(spec Spec, args []string) (options, error) {
 	var o options
 	name := spec.Name
@@ -90,17 +138,19 @@ func parseFlags(spec Spec, args []string) (options, error) {
 	}
 	fsFlags.StringVar(&o.dataDir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	fsFlags.StringVar(&o.listen, "listen", os.Getenv("CLAWMESH_LISTEN"), "gRPC address: a socket path or host:port (env CLAWMESH_LISTEN; default <data>/"+name+".sock)")
-	fsFlags.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
-	fsFlags.StringVar(&o.natsURL, "nats-url", os.Getenv("NATS_URL"), "NATS URL (env NATS_URL)")
+	fsFlags.StringVar(&o.natsURL, "nats-url", os.Getenv("NATS_URL"), "NATS URL (env NATS_URL); the credential comes from "+bus.EnvSeedFile+", "+bus.EnvSeed+" or <data>/bus/<role>.nk")
 	fsFlags.StringVar(&o.logLevel, "log-level", "", "debug, info, warn or error (env CLAWMESH_LOG_LEVEL)")
 	fsFlags.DurationVar(&o.drain, "drain", grpcserver.DefaultDrain, "longest graceful drain at shutdown")
-	fsFlags.StringVar(&o.peers.Config, "config-addr", os.Getenv("CLAWMESH_CONFIG_ADDR"), "config service address (default <data>/config.sock)")
-	fsFlags.StringVar(&o.peers.Session, "session-addr", os.Getenv("CLAWMESH_SESSION_ADDR"), "session service address (default <data>/session.sock)")
-	fsFlags.StringVar(&o.peers.Upload, "upload-addr", os.Getenv("CLAWMESH_UPLOAD_ADDR"), "upload-staging service address (default <data>/upload-staging.sock)")
-	fsFlags.StringVar(&o.peers.Plugin, "plugin-addr", os.Getenv("CLAWMESH_PLUGIN_ADDR"), "plugin-sandbox address(es), comma-separated (default <data>/plugin-sandbox.sock)")
-	fsFlags.StringVar(&o.peers.Durable, "durable-addr", os.Getenv("CLAWMESH_DURABLE_ADDR"), "durable-bridge service address (default <data>/durable-bridge.sock)")
+	fsFlags.StringVar(&o.peers.Config, "config-addr", os.Getenv("CLAWMESH_CONFIG_ADDR"), "config service address (env CLAWMESH_CONFIG_ADDR; default <data>/config.sock)")
+	fsFlags.StringVar(&o.peers.Session, "session-addr", os.Getenv("CLAWMESH_SESSION_ADDR"), "session service address (env CLAWMESH_SESSION_ADDR; default <data>/session.sock)")
+	fsFlags.StringVar(&o.peers.Upload, "upload-addr", os.Getenv("CLAWMESH_UPLOAD_ADDR"), "upload-staging service address (env CLAWMESH_UPLOAD_ADDR; default <data>/upload-staging.sock)")
+	fsFlags.StringVar(&o.peers.Plugin, "plugin-addr", os.Getenv("CLAWMESH_PLUGIN_ADDR"), "plugin-sandbox address(es), comma-separated (env CLAWMESH_PLUGIN_ADDR; default <data>/plugin-sandbox.sock)")
+	fsFlags.StringVar(&o.peers.Durable, "durable-addr", os.Getenv("CLAWMESH_DURABLE_ADDR"), "durable-bridge service address (env CLAWMESH_DURABLE_ADDR; default <data>/durable-bridge.sock)")
 	if err := fsFlags.Parse(args); err != nil {
 		return o, err
+	}
+	if fsFlags.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fsFlags.Arg(0))
 	}
 	dir, err := datadir.Resolve(o.dataDir)
 	if err != nil {
@@ -120,8 +170,9 @@ func parseFlags(spec Spec, args []string) (options, error) {
 	fill(&o.peers.Upload, "upload-staging")
 	fill(&o.peers.Plugin, "plugin-sandbox")
 	fill(&o.peers.Durable, "durable-bridge")
-	if o.databaseURL == "" {
-		return o, errors.New("no database: pass --database-url or set DATABASE_URL (clawmesh up does this for you)")
+	o.databaseURL = os.Getenv(EnvDatabaseURL)
+	if spec.Schema != "" && o.databaseURL == "" {
+		return o, errors.New("no database: set " + EnvDatabaseURL + " (clawmesh up does this for you)")
 	}
 	if o.natsURL == "" {
 		return o, errors.New("no NATS: pass --nats-url or set NATS_URL (clawmesh up does this for you)")
@@ -129,7 +180,7 @@ func parseFlags(spec Spec, args []string) (options, error) {
 	return o, nil
 }
 
-// Run is Main without the exit: it returns when the service stopped.
+// Run is Main without the exit: it returns when the process stopped.
 func Run(ctx context.Context, spec Spec, args []string) error {
 	o, err := parseFlags(spec, args)
 	if err != nil {
@@ -156,7 +207,10 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}()
 
 	env := &Env{Log: log, DataDir: o.dataDir, Listen: o.listen, Peers: o.peers}
+	env.Server = grpcserver.New(log, o.drain)
 	defer func() {
+		cancel(ErrShutdown)
+		env.wg.Wait()
 		for i := len(env.closers) - 1; i >= 0; i-- {
 			env.closers[i]()
 		}
@@ -170,14 +224,32 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 			return err
 		}
 		env.OnClose(env.DB.Close)
+		env.Server.SetDependency(DepDatabase, nil)
+		env.Server.ClassifyError(func(err error) error {
+			if pg.IsUnavailable(err) {
+				return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, "database unavailable")
+			}
+			return nil
+		})
+		env.Go(func() { pg.Watch(ctx, env.DB, func(err error) { env.Server.SetDependency(DepDatabase, err) }) })
 	}
-	env.NATS, err = natsutil.Connect(o.natsURL, "clawmesh-"+spec.Name, log)
+	seed, err := bus.LoadSeed(o.dataDir, spec.Role)
+	if err != nil {
+		return err
+	}
+	env.NATS, err = natsutil.Connect(natsutil.Options{
+		URL: o.natsURL, Name: "clawmesh-" + spec.Name, Seed: seed, InboxPrefix: spec.Role.InboxPrefix(), Log: log,
+		OnState: func(err error) { env.Server.SetDependency(DepBus, err) },
+		OnClosed: func(err error) {
+			log.Error("bus connection closed for good, stopping", zap.Error(err))
+			cancel(fmt.Errorf("%w: %w", ErrBusClosed, err))
+		},
+	})
 	if err != nil {
 		return err
 	}
 	env.OnClose(func() { _ = env.NATS.Drain() })
 
-	env.Server = grpcserver.New(log, o.drain)
 	if err := spec.Register(ctx, env); err != nil {
 		return fmt.Errorf("register %s: %w", spec.Name, err)
 	}
@@ -187,8 +259,28 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}
 	env.Server.SetServing(spec.HealthNames...)
 	log.Info("serving", zap.String("listen", o.listen), zap.String("data_dir", o.dataDir))
-	if err := env.Server.Serve(ctx, lis); err != nil {
-		return fmt.Errorf("serve: %w", err)
+
+	serveErr := make(chan error, 1)
+	go func() {
+		err := env.Server.Serve(ctx, lis)
+		if err != nil {
+			cancel(fmt.Errorf("serve: %w", err))
+		}
+		serveErr <- err
+	}()
+	var runErr error
+	if spec.Run != nil {
+		runErr = spec.Run(ctx, env)
+		cancel(ErrShutdown)
+	}
+	if err := <-serveErr; err != nil && runErr == nil {
+		runErr = fmt.Errorf("serve: %w", err)
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrBusClosed) && runErr == nil {
+		runErr = cause
+	}
+	if runErr != nil {
+		return runErr
 	}
 	log.Info("stopped")
 	return nil

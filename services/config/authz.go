@@ -4,17 +4,17 @@ import (
 	"fmt"
 	"slices"
 
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/schema"
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 )
 
-// Permission names the services ask about.
+// The permission names, from the schema.
 const (
-	PermAdmin        = "admin"
-	PermConfigRead   = "Config:Read"
-	PermConfigUpdate = "Config:Update"
-	PermFilesCreate  = "files:create"
-	PermAgentUse     = "agent:use"
+	PermAdmin        = configschema.PermAdmin
+	PermConfigRead   = configschema.PermConfigRead
+	PermConfigUpdate = configschema.PermConfigUpdate
+	PermFilesCreate  = configschema.PermFilesCreate
+	PermAgentUse     = configschema.PermAgentUse
 )
 
 // decision is an authorization answer with the reason of a refusal.
@@ -40,7 +40,7 @@ func (p profile) has(perm string) bool { return slices.Contains(p.permissions, p
 // coversPath reports whether a config_paths entry covers path.
 func (p profile) coversPath(path string) bool {
 	for _, pattern := range p.paths {
-		if schema.MatchPattern(pattern, path) {
+		if configschema.MatchPattern(pattern, path) {
 			return true
 		}
 	}
@@ -50,7 +50,7 @@ func (p profile) coversPath(path string) bool {
 // profiles returns the profiles a principal holds under this snapshot, or
 // a refusal when the principal's binding no longer stands: the user was
 // removed, its token revoked, or its uid changed.
-func (sn *snapshot) profiles(pr *configv1.Principal) ([]profile, decision) {
+func (sn *snapshot) profiles(pr *commonv1.Principal) ([]profile, decision) {
 	user := pr.GetUser()
 	if user == "" {
 		return nil, deny("principal %q is not a user", pr.GetPrincipalId())
@@ -86,7 +86,7 @@ func (sn *snapshot) profiles(pr *configv1.Principal) ([]profile, decision) {
 //     Config:Read);
 //   - agent:use needs the alias (or "*") in a profile's agents;
 //   - any other permission needs its name in a profile's permissions.
-func (sn *snapshot) authorize(pr *configv1.Principal, permission, resource string) decision {
+func (sn *snapshot) authorize(pr *commonv1.Principal, permission, resource string) decision {
 	if pr == nil {
 		return deny("no principal")
 	}

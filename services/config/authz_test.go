@@ -6,7 +6,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
@@ -14,7 +16,7 @@ func TestResolvePrincipal(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := ctxFor(t)
 	scopedUser(e) // alice, uid 1001
-	resolve := func(uid int32, token string) (*configv1.Principal, error) {
+	resolve := func(uid int32, token string) (*commonv1.Principal, error) {
 		resp, err := e.rpc.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{PeerUid: uid, PeerPid: 7, AuthToken: token})
 		return resp.GetPrincipal(), err
 	}
@@ -24,15 +26,15 @@ func TestResolvePrincipal(t *testing.T) {
 	if p, err := resolve(1001, ""); err != nil || p.GetPrincipalId() != "user:alice" || p.GetOperator() || p.GetTokenId() != "" {
 		t.Fatalf("users.alice.uid: %v %v", p, err)
 	}
-	if _, err := resolve(4242, ""); wire(err).Code != rpcerr.CodeAuthRequired {
+	if _, err := resolve(4242, ""); wire(err).Code != jsonrpc.CodeAuthRequired {
 		t.Fatalf("unknown uid: %v", err)
 	}
 
 	// A token pairs only with an existing user, only by the operator.
-	if _, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: "ghost"}); wire(err).Code != rpcerr.CodeInvalidParams {
+	if _, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: "ghost"}); wire(err).Code != jsonrpc.CodeInvalidParams {
 		t.Fatalf("token for a missing user: %v", err)
 	}
-	if _, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: userPrincipal("alice", 1001), User: "alice"}); wire(err).Code != rpcerr.CodeForbidden {
+	if _, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: userPrincipal("alice", 1001), User: "alice"}); wire(err).Code != jsonrpc.CodeForbidden {
 		t.Fatalf("token by a user: %v", err)
 	}
 	tok, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: "alice"})
@@ -63,7 +65,7 @@ func TestResolvePrincipal(t *testing.T) {
 	if r, err := e.rpc.RevokeToken(ctx, &configv1.RevokeTokenRequest{Principal: operator, User: "alice"}); err != nil || r.GetRevoked() != 1 {
 		t.Fatalf("revoke: %v %v", r, err)
 	}
-	if _, err := resolve(int32(os.Getuid()), tok.GetToken()); wire(err).Code != rpcerr.CodeAuthRequired {
+	if _, err := resolve(int32(os.Getuid()), tok.GetToken()); wire(err).Code != jsonrpc.CodeAuthRequired {
 		t.Fatalf("revoked token: %v", err)
 	}
 }
@@ -86,7 +88,7 @@ func TestAuthorize(t *testing.T) {
 		kv{"users.carol.uid", 1003})
 	alice, bob, carol := userPrincipal("alice", 1001), userPrincipal("bob", 1002), userPrincipal("carol", 1003)
 	cases := []struct {
-		who       *configv1.Principal
+		who       *commonv1.Principal
 		perm, res string
 		allowed   bool
 	}{
@@ -134,7 +136,7 @@ func TestAuthorize(t *testing.T) {
 	if len(list.GetEntries()) < 3 {
 		t.Fatalf("alice lists %v", list.GetEntries())
 	}
-	if _, err := e.rpc.Get(ctx, &configv1.GetRequest{Principal: alice, Prop: "users"}); wire(err).Code != rpcerr.CodeForbidden {
+	if _, err := e.rpc.Get(ctx, &configv1.GetRequest{Principal: alice, Prop: "users"}); wire(err).Code != jsonrpc.CodeForbidden {
 		t.Fatalf("alice reads users: %v", err)
 	}
 }
@@ -151,7 +153,7 @@ func TestDelete(t *testing.T) {
 		_, err := e.rpc.Delete(ctx, &configv1.DeleteRequest{Principal: operator, Prop: prop})
 		return err
 	}
-	if err := del("permission_profiles.editor"); wire(err).Code != rpcerr.CodeInvalidParams {
+	if err := del("permission_profiles.editor"); wire(err).Code != jsonrpc.CodeInvalidParams {
 		t.Fatalf("deleting a profile in use: %v", err)
 	}
 	if err := del("users.alice"); err != nil {
@@ -160,7 +162,7 @@ func TestDelete(t *testing.T) {
 	if err := del("permission_profiles.editor"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.get("users.alice"); wire(err).Code != rpcerr.CodeInvalidParams {
+	if _, err := e.get("users.alice"); wire(err).Code != jsonrpc.CodeInvalidParams {
 		t.Fatalf("users.alice after delete: %v", err)
 	}
 	if err := del("rpc.max_local_connections"); err != nil {
@@ -175,10 +177,10 @@ func TestDelete(t *testing.T) {
 	if v, _ := e.get("agents.default.provider"); v != "scripted" {
 		t.Fatalf("default agent after delete: %v", v)
 	}
-	if err := del("users.nobody"); wire(err).Code != rpcerr.CodeInvalidParams {
+	if err := del("users.nobody"); wire(err).Code != jsonrpc.CodeInvalidParams {
 		t.Fatalf("deleting what is not set: %v", err)
 	}
-	if err := del("rpc"); wire(err).Code != rpcerr.CodeInvalidParams {
+	if err := del("rpc"); wire(err).Code != jsonrpc.CodeInvalidParams {
 		t.Fatalf("deleting a group: %v", err)
 	}
 }

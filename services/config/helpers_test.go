@@ -14,9 +14,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/clawmesh/clawmesh/gateway/errmap"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	"github.com/clawmesh/clawmesh/services/config/migrations"
 )
@@ -90,10 +92,10 @@ func (e *env) nats() *nats.Conn {
 	return nc
 }
 
-var operator = &configv1.Principal{PrincipalId: OperatorPrincipal, Operator: true, PeerUid: 1000, PeerPid: 42}
+var operator = &commonv1.Principal{PrincipalId: OperatorPrincipal, Operator: true, PeerUid: 1000, PeerPid: 42}
 
-func userPrincipal(name string, uid int32) *configv1.Principal {
-	return &configv1.Principal{PrincipalId: "user:" + name, User: name, PeerUid: uid, PeerPid: 43}
+func userPrincipal(name string, uid int32) *commonv1.Principal {
+	return &commonv1.Principal{PrincipalId: "user:" + name, User: name, PeerUid: uid, PeerPid: 43}
 }
 
 type kv struct {
@@ -115,7 +117,7 @@ func entries(t testing.TB, sets ...kv) []*configv1.Entry {
 }
 
 // setMany calls SetMany over gRPC.
-func (e *env) setMany(pr *configv1.Principal, sets ...kv) (*configv1.SetManyResponse, error) {
+func (e *env) setMany(pr *commonv1.Principal, sets ...kv) (*configv1.SetManyResponse, error) {
 	return e.rpc.SetMany(ctxFor(e.t), &configv1.SetManyRequest{Principal: pr, Sets: entries(e.t, sets...)})
 }
 
@@ -160,4 +162,4 @@ func refusal(t testing.TB, err error) (st *status.Status, reason string, index i
 }
 
 // wire is what the gateway would send the client for err.
-func wire(err error) rpcerr.WireError { return rpcerr.ToWire("config", err) }
+func wire(err error) errmap.WireError { return errmap.ToWire("config", err) }

@@ -10,13 +10,14 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/schema"
 )
 
 // whoIs is the audit record of a principal's commit.
-func whoIs(pr *configv1.Principal) audit {
+func whoIs(pr *commonv1.Principal) audit {
 	uid, pid := pr.GetPeerUid(), pr.GetPeerPid()
 	return audit{by: pr.GetPrincipalId(), peerUID: &uid, peerPID: &pid}
 }
@@ -34,7 +35,7 @@ func invalidArg(format string, args ...any) error {
 	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, fmt.Sprintf(format, args...))
 }
 
-func requirePrincipal(pr *configv1.Principal) error {
+func requirePrincipal(pr *commonv1.Principal) error {
 	if pr.GetPrincipalId() == "" {
 		return rpcerr.Error(codes.Unauthenticated, rpcerr.ReasonAuthRequired, rpcerr.NoIndex, "no principal: the caller must initialize first")
 	}
@@ -135,13 +136,13 @@ func (s *Server) Get(ctx context.Context, req *configv1.GetRequest) (*configv1.G
 		}
 		return &configv1.GetResponse{Value: v, Revision: snap.revision}, nil
 	}
-	if !schema.Readable(prop) {
+	if !configschema.Readable(prop) {
 		return nil, invalidArg("unknown config property `%s`", prop)
 	}
 	if d := snap.authorize(req.GetPrincipal(), PermConfigRead, prop); !d.allowed {
 		return nil, rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonForbidden, rpcerr.NoIndex, d.reason)
 	}
-	raw, ok := schema.Get(snap.masked, prop)
+	raw, ok := configschema.Get(snap.masked, prop)
 	if !ok {
 		return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, rpcerr.NoIndex, fmt.Sprintf("`%s` is not set", prop))
 	}
@@ -153,14 +154,14 @@ func (s *Server) Get(ctx context.Context, req *configv1.GetRequest) (*configv1.G
 }
 
 // readable is the masked document cut down to what pr may read.
-func (sn *snapshot) readable(pr *configv1.Principal) map[string]any {
+func (sn *snapshot) readable(pr *commonv1.Principal) map[string]any {
 	if sn.authorize(pr, PermConfigRead, "").allowed {
 		return sn.masked
 	}
 	out := map[string]any{}
-	for _, e := range schema.Flatten(sn.masked) {
+	for _, e := range configschema.Flatten(sn.masked) {
 		if sn.authorize(pr, PermConfigRead, e.Prop).allowed {
-			_ = schema.Set(out, e.Prop, e.Value)
+			_ = configschema.Set(out, e.Prop, e.Value)
 		}
 	}
 	return out
@@ -174,7 +175,7 @@ func (s *Server) List(ctx context.Context, req *configv1.ListRequest) (*configv1
 	}
 	snap := s.current()
 	entries := []*configv1.Entry{}
-	for _, e := range schema.Flatten(snap.readable(req.GetPrincipal())) {
+	for _, e := range configschema.Flatten(snap.readable(req.GetPrincipal())) {
 		if !strings.HasPrefix(e.Prop, req.GetPrefix()) {
 			continue
 		}
@@ -201,11 +202,11 @@ func (s *Server) Live(context.Context, *configv1.LiveRequest) (*configv1.LiveRes
 // service reads agents.<alias>.api_key, the plugin sandbox
 // plugins.entries.<key>.config) and the gateway never routes it.
 func (s *Server) Reveal(_ context.Context, req *configv1.RevealRequest) (*configv1.RevealResponse, error) {
-	if !schema.Readable(req.GetProp()) {
+	if !configschema.Readable(req.GetProp()) {
 		return nil, invalidArg("unknown config property `%s`", req.GetProp())
 	}
 	snap := s.current()
-	raw, ok := schema.Get(snap.doc, req.GetProp())
+	raw, ok := configschema.Get(snap.doc, req.GetProp())
 	if !ok {
 		return &configv1.RevealResponse{Revision: snap.revision}, nil
 	}
@@ -243,7 +244,7 @@ func (s *Server) PluginValues(_ context.Context, req *configv1.PluginValuesReque
 		return nil, status.Errorf(codes.Aborted, "config revision %d is no longer live (now %d)", rev, snap.revision)
 	}
 	resp := &configv1.PluginValuesResponse{Revision: snap.revision, Secrets: map[string]string{}}
-	raw, ok := schema.Get(snap.doc, "plugins.entries."+key+".config")
+	raw, ok := configschema.Get(snap.doc, "plugins.entries."+key+".config")
 	if !ok {
 		return resp, nil
 	}

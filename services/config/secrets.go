@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/clawmesh/clawmesh/services/config/schema"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
 // KeyFileName is the AES-256 key that encrypts secrets at rest, in the
@@ -74,9 +74,9 @@ func loadKey(dir string) (*sealer, error) {
 // seal returns a copy of a stored document with every secret value
 // encrypted.
 func (s *sealer) seal(doc map[string]any) (map[string]any, error) {
-	out := schema.Clone(doc)
+	out := configschema.Clone(doc)
 	var first error
-	schema.Walk(doc, func(path string, p *schema.Property, v any) {
+	configschema.Walk(doc, func(path string, p *configschema.Property, v any) {
 		if p == nil || !p.Secret || first != nil {
 			return
 		}
@@ -91,16 +91,16 @@ func (s *sealer) seal(doc map[string]any) (map[string]any, error) {
 			return
 		}
 		ct := s.aead.Seal(nonce, nonce, plain, []byte(path))
-		_ = schema.Set(out, path, encPrefix+base64.RawStdEncoding.EncodeToString(ct))
+		_ = configschema.Set(out, path, encPrefix+base64.RawStdEncoding.EncodeToString(ct))
 	})
 	return out, first
 }
 
 // open is seal's inverse.
 func (s *sealer) open(doc map[string]any) (map[string]any, error) {
-	out := schema.Clone(doc)
+	out := configschema.Clone(doc)
 	var first error
-	schema.Walk(doc, func(path string, p *schema.Property, v any) {
+	configschema.Walk(doc, func(path string, p *configschema.Property, v any) {
 		if p == nil || !p.Secret || first != nil {
 			return
 		}
@@ -124,7 +124,7 @@ func (s *sealer) open(doc map[string]any) (map[string]any, error) {
 			first = fmt.Errorf("stored secret `%s`: %w", path, err)
 			return
 		}
-		_ = schema.Set(out, path, val)
+		_ = configschema.Set(out, path, val)
 	})
 	return out, first
 }

@@ -13,9 +13,12 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/configclient"
-	"github.com/clawmesh/clawmesh/services/config/schema"
 )
 
 // Secrets never appear in config/get, config/list, Live, the logs, NATS
@@ -29,7 +32,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 
 	nc := e.nats()
 	msgs := make(chan []byte, 16)
-	sub, err := nc.Subscribe(configclient.Subject, func(m *nats.Msg) { msgs <- m.Data })
+	sub, err := nc.Subscribe(bus.SubjectConfigChanged, func(m *nats.Msg) { msgs <- m.Data })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,17 +61,19 @@ func TestSecretsNeverLeak(t *testing.T) {
 	select {
 	case m := <-msgs:
 		leaks("NATS message", m)
-		if !bytes.Contains(m, []byte(schema.Masked)) {
-			t.Fatalf("NATS message without the masked secret: %s", m)
+		// The announcement names the revision and props, never values.
+		var ch busv1.ConfigChanged
+		if err := proto.Unmarshal(m, &ch); err != nil || ch.GetRevision() == 0 || len(ch.GetProps()) != 2 {
+			t.Fatalf("announcement %v: %v", &ch, err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no change published")
 	}
 
-	if v, err := e.get("agents.default.api_key"); err != nil || v != schema.Masked {
+	if v, err := e.get("agents.default.api_key"); err != nil || v != configschema.Masked {
 		t.Fatalf("config/get api_key: %v %v", v, err)
 	}
-	if v, err := e.get("plugins.entries.weather.config"); err != nil || v.(map[string]any)["token"] != schema.Masked || v.(map[string]any)["city"] != schema.Masked {
+	if v, err := e.get("plugins.entries.weather.config"); err != nil || v.(map[string]any)["token"] != configschema.Masked || v.(map[string]any)["city"] != configschema.Masked {
 		t.Fatalf("config/get plugin config: %v %v", v, err)
 	}
 	ctx := ctxFor(t)
@@ -128,7 +133,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := schema.Get(again.current().doc, "agents.default.api_key"); got != apiKey {
+	if got, _ := configschema.Get(again.current().doc, "agents.default.api_key"); got != apiKey {
 		t.Fatalf("after restart api_key = %v", got)
 	}
 	// Another key cannot open them.

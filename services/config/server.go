@@ -23,12 +23,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/schema"
 )
 
 // OperatorPrincipal is the principal of a local peer with the daemon's uid.
-const OperatorPrincipal = "shared-operator"
+const OperatorPrincipal = configschema.OperatorPrincipal
 
 // LauncherAuthor is the audit name of the launcher's startup commit.
 const LauncherAuthor = "launcher"
@@ -36,7 +36,7 @@ const LauncherAuthor = "launcher"
 // Options configure a Server.
 type Options struct {
 	DB *pgxpool.Pool
-	// NATS receives a message on configclient.Subject after each commit;
+	// NATS receives a bus.ConfigChanged announcement after each commit;
 	// nil publishes nothing (tests of storage alone).
 	NATS *nats.Conn
 	// DataDir holds the secret key file, created on first run.
@@ -97,8 +97,8 @@ type snapshot struct {
 }
 
 func newSnapshot(revision int64, stored map[string]any, tokens map[string]string) *snapshot {
-	doc := schema.Effective(stored)
-	return &snapshot{revision: revision, stored: stored, doc: doc, masked: schema.Mask(doc), tokens: tokens}
+	doc := configschema.Effective(stored)
+	return &snapshot{revision: revision, stored: stored, doc: doc, masked: configschema.Mask(doc), tokens: tokens}
 }
 
 // New opens the key file and loads the stored document and tokens

@@ -13,10 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/configclient"
 )
 
 // The seed's own example: after a permission profile named operator
@@ -85,7 +87,7 @@ func TestBatchSizeBounds(t *testing.T) {
 		}
 		_, err := e.setMany(operator, sets...)
 		st, reason, _ := refusal(t, err)
-		if st.Code() != codes.InvalidArgument || reason != rpcerr.ReasonInvalid || wire(err).Code != rpcerr.CodeInvalidParams ||
+		if st.Code() != codes.InvalidArgument || reason != rpcerr.ReasonInvalid || wire(err).Code != jsonrpc.CodeInvalidParams ||
 			!strings.Contains(st.Message(), "1 to 256") {
 			t.Fatalf("%d entries: %v", n, err)
 		}
@@ -137,7 +139,7 @@ func TestInvalidEntryNamesIndexAndChangesNothing(t *testing.T) {
 				t.Fatalf("refusal %v (reason %q index %d)", err, reason, index)
 			}
 			w := wire(err)
-			if w.Code != rpcerr.CodeInvalidParams || w.Data["index"] != 3 || w.Data["reason"] != "invalid" {
+			if w.Code != jsonrpc.CodeInvalidParams || w.Data["index"] != 3 || w.Data["reason"] != "invalid" {
 				t.Fatalf("wire error %+v", w)
 			}
 			if _, newest := e.storedRevisions(); newest != rev {
@@ -155,7 +157,7 @@ func TestInvalidEntryNamesIndexAndChangesNothing(t *testing.T) {
 
 // scopedUser creates a user holding Config:Update on the agents' model
 // and system prompt only, bound to uid 1001.
-func scopedUser(e *env) *configv1.Principal {
+func scopedUser(e *env) *commonv1.Principal {
 	e.mustSet(
 		kv{"permission_profiles.editor.permissions", []any{"Config:Update"}},
 		kv{"permission_profiles.editor.config_paths", []any{"agents.*.model", "agents.*.system_prompt"}},
@@ -181,7 +183,7 @@ func TestForbiddenPathRefusesWholeBatch(t *testing.T) {
 	if st.Code() != codes.PermissionDenied || reason != rpcerr.ReasonForbidden || index != 2 {
 		t.Fatalf("refusal %v (reason %q index %d)", err, reason, index)
 	}
-	if w := wire(err); w.Code != rpcerr.CodeForbidden || w.Data["reason"] != "forbidden" || w.Data["index"] != 2 {
+	if w := wire(err); w.Code != jsonrpc.CodeForbidden || w.Data["reason"] != "forbidden" || w.Data["index"] != 2 {
 		t.Fatalf("wire error %+v", w)
 	}
 	if _, newest := e.storedRevisions(); newest != rev {
@@ -226,7 +228,7 @@ func TestCommitFailureChangesNothing(t *testing.T) {
 	}
 	_, err = e.setMany(operator, kv{"agents.default.model", "lost"}, kv{"rpc.max_local_connections", 7})
 	st, _, _ := refusal(t, err)
-	if st.Code() != codes.Internal || wire(err).Code != rpcerr.CodeInternal || wire(err).Message != "config failed" {
+	if st.Code() != codes.Internal || wire(err).Code != jsonrpc.CodeInternal || wire(err).Message != "config failed" {
 		t.Fatalf("commit failure reported as %v / %+v", err, wire(err))
 	}
 	e.srv.hooks.beforeCommit = nil
@@ -252,7 +254,7 @@ func TestCommitFailureChangesNothing(t *testing.T) {
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if len(seen) != 1 || seen[0].String("agents.default.model", "") != "stable" || seen[0].Int("rpc.max_local_connections", 0) != 512 {
+	if len(seen) != 1 || seen[0].String("agents.default.model") != "stable" || seen[0].Int("rpc.max_local_connections") != 512 {
 		t.Fatalf("subscriber saw %+v", seen)
 	}
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/clawmesh/clawmesh/services/config/schema"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
 // load reads the newest revision (decrypting its secrets) and the paired
@@ -31,7 +31,7 @@ func (s *Server) load(ctx context.Context) (*snapshot, error) {
 		if stored, err = s.sealer.open(stored); err != nil {
 			return nil, fmt.Errorf("stored config revision %d: %w", revision, err)
 		}
-		if stored, err = schema.Normalize(stored); err != nil {
+		if stored, err = configschema.Normalize(stored); err != nil {
 			return nil, fmt.Errorf("stored config revision %d does not fit the schema: %w", revision, err)
 		}
 	}

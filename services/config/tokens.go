@@ -14,9 +14,10 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/schema"
 )
 
 // TokenPrefix starts every paired token.
@@ -33,7 +34,7 @@ func tokenID(token string) string {
 // uid is the operator and a uid named by users.<name>.uid is that user.
 func (s *Server) ResolvePrincipal(_ context.Context, req *configv1.ResolvePrincipalRequest) (*configv1.ResolvePrincipalResponse, error) {
 	snap := s.current()
-	peer := func(p *configv1.Principal) *configv1.ResolvePrincipalResponse {
+	peer := func(p *commonv1.Principal) *configv1.ResolvePrincipalResponse {
 		p.PeerUid, p.PeerPid = req.GetPeerUid(), req.GetPeerPid()
 		return &configv1.ResolvePrincipalResponse{Principal: p}
 	}
@@ -47,13 +48,13 @@ func (s *Server) ResolvePrincipal(_ context.Context, req *configv1.ResolvePrinci
 			return nil, rpcerr.Error(codes.Unauthenticated, rpcerr.ReasonAuthRequired, rpcerr.NoIndex,
 				fmt.Sprintf("auth_token is paired with user %q, which no longer exists", user))
 		}
-		return peer(&configv1.Principal{PrincipalId: "user:" + user, User: user, TokenId: id}), nil
+		return peer(&commonv1.Principal{PrincipalId: configschema.UserPrincipal(user), User: user, TokenId: id}), nil
 	}
 	if int(req.GetPeerUid()) == s.uid {
-		return peer(&configv1.Principal{PrincipalId: OperatorPrincipal, Operator: true}), nil
+		return peer(&commonv1.Principal{PrincipalId: OperatorPrincipal, Operator: true}), nil
 	}
 	if user, ok := snap.userForUID(req.GetPeerUid()); ok {
-		return peer(&configv1.Principal{PrincipalId: "user:" + user, User: user}), nil
+		return peer(&commonv1.Principal{PrincipalId: configschema.UserPrincipal(user), User: user}), nil
 	}
 	return nil, rpcerr.Error(codes.Unauthenticated, rpcerr.ReasonAuthRequired, rpcerr.NoIndex,
 		fmt.Sprintf("peer uid %d is not the daemon's user nor any users.<name>.uid; pair a token with 'clawmesh token create'", req.GetPeerUid()))
@@ -63,7 +64,7 @@ func (s *Server) ResolvePrincipal(_ context.Context, req *configv1.ResolvePrinci
 // (or an admin) may; the token is returned once and stored as a hash.
 func (s *Server) CreateToken(ctx context.Context, req *configv1.CreateTokenRequest) (*configv1.CreateTokenResponse, error) {
 	user := req.GetUser()
-	if !schema.ValidName(user) {
+	if !configschema.ValidName(user) {
 		return nil, invalidArg("`user` must name a users.<name> entry")
 	}
 	raw := make([]byte, 32)
@@ -116,7 +117,7 @@ func (s *Server) RevokeToken(ctx context.Context, req *configv1.RevokeTokenReque
 
 // changeTokens runs change on a copy of the paired tokens under the write
 // lock and installs the copy when it succeeds. Pairing is the operator's.
-func (s *Server) changeTokens(ctx context.Context, pr *configv1.Principal, change func(cur *snapshot, tokens map[string]string) error) error {
+func (s *Server) changeTokens(ctx context.Context, pr *commonv1.Principal, change func(cur *snapshot, tokens map[string]string) error) error {
 	if err := s.lock(ctx); err != nil {
 		return toStatus(err)
 	}
@@ -136,7 +137,7 @@ func (s *Server) changeTokens(ctx context.Context, pr *configv1.Principal, chang
 }
 
 // ApplyStartup commits the launcher's --set overrides (prop=value, the
-// value typed by the schema: see schema.ParseText) as one revision by
+// value typed by the schema: see configschema.ParseText) as one revision by
 // "launcher", unless they are already in force. A bad override is an
 // error that names it, and the process should exit.
 func (s *Server) ApplyStartup(ctx context.Context, sets []string) error {
@@ -150,7 +151,7 @@ func (s *Server) ApplyStartup(ctx context.Context, sets []string) error {
 		if !ok || prop == "" {
 			return fmt.Errorf("--set %q: want prop=value", kv)
 		}
-		v, err := schema.ParseText(prop, raw)
+		v, err := configschema.ParseText(prop, raw)
 		if err != nil {
 			return fmt.Errorf("--set %s: %w", prop, err)
 		}

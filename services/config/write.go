@@ -2,7 +2,6 @@ package config
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,10 +9,10 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/configclient"
-	"github.com/clawmesh/clawmesh/services/config/schema"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 )
 
 // Batch bounds of config/set-many (seed 000).
@@ -61,7 +60,7 @@ type write struct {
 // commitRequest is one write of the config document.
 type commitRequest struct {
 	// principal is the caller; nil for the launcher, which needs no grant.
-	principal *configv1.Principal
+	principal *commonv1.Principal
 	who       audit
 	writes    []write
 	// skipUnchanged commits nothing when the candidate equals the stored
@@ -91,7 +90,7 @@ func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, erro
 		}
 	}
 
-	candidate := schema.Clone(cur.stored)
+	candidate := configschema.Clone(cur.stored)
 	props := make([]string, len(req.writes))
 	for i, w := range req.writes {
 		props[i] = w.prop
@@ -99,11 +98,11 @@ func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, erro
 			return nil, refuse(i, kind, err)
 		}
 	}
-	effective := schema.Effective(candidate)
-	if err := schema.Validate(effective); err != nil {
-		return nil, refuse(schema.Blame(err, props), ErrInvalid, err)
+	effective := configschema.Effective(candidate)
+	if err := configschema.Validate(effective); err != nil {
+		return nil, refuse(configschema.Blame(err, props), ErrInvalid, err)
 	}
-	if req.skipUnchanged && schema.Equal(candidate, cur.stored) {
+	if req.skipUnchanged && configschema.Equal(candidate, cur.stored) {
 		return cur, nil
 	}
 
@@ -112,7 +111,7 @@ func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, erro
 	if err := s.store(ctx, next, candidate, req.who, changed); err != nil {
 		return nil, err
 	}
-	snap := &snapshot{revision: next, stored: candidate, doc: effective, masked: schema.Mask(effective), tokens: cur.tokens}
+	snap := &snapshot{revision: next, stored: candidate, doc: effective, masked: configschema.Mask(effective), tokens: cur.tokens}
 	s.snap.Store(snap)
 	s.publish(snap, changed)
 	s.log.Info("config committed", zap.Int64("revision", next), zap.String("by", req.who.by), zap.Strings("props", changed))
@@ -122,17 +121,17 @@ func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, erro
 // stage applies one write to the candidate; a refusal says its kind.
 func stage(candidate map[string]any, w write) (kind, err error) {
 	if w.delete {
-		if schema.EntryMap(w.prop) == nil {
-			if _, err := schema.LookupLeaf(w.prop); err != nil {
+		if configschema.EntryMap(w.prop) == nil {
+			if _, err := configschema.LookupLeaf(w.prop); err != nil {
 				return ErrInvalid, err
 			}
 		}
-		if !schema.Delete(candidate, w.prop) {
+		if !configschema.Delete(candidate, w.prop) {
 			return ErrNotFound, fmt.Errorf("`%s` is not set", w.prop)
 		}
 		return nil, nil
 	}
-	p, err := schema.LookupLeaf(w.prop)
+	p, err := configschema.LookupLeaf(w.prop)
 	if err != nil {
 		return ErrInvalid, err
 	}
@@ -140,7 +139,7 @@ func stage(candidate map[string]any, w write) (kind, err error) {
 	if err != nil {
 		return ErrInvalid, fmt.Errorf("`%s`: %w", w.prop, err)
 	}
-	if err := schema.Set(candidate, w.prop, v); err != nil {
+	if err := configschema.Set(candidate, w.prop, v); err != nil {
 		return ErrInvalid, err
 	}
 	return nil, nil
@@ -176,18 +175,14 @@ func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, wh
 	return fmt.Errorf("%w: %w", ErrCommit, commitErr)
 }
 
-// publish announces a commit on NATS: revision, changed props and the
-// masked document, never a secret value. A failed publish is logged;
-// subscribers catch up from Live when they see a revision gap.
+// publish announces a commit on the bus: its revision and changed props,
+// nothing of the document; consumers read the revision with Live. A
+// failed publish is logged; consumers catch up at their next resync.
 func (s *Server) publish(snap *snapshot, props []string) {
 	if s.nc == nil {
 		return
 	}
-	payload, err := json.Marshal(configclient.Change{Revision: snap.revision, Props: props, Document: snap.masked})
-	if err == nil {
-		err = s.nc.Publish(configclient.Subject, payload)
-	}
-	if err != nil {
+	if err := bus.PublishConfigChanged(s.nc, snap.revision, props); err != nil {
 		s.log.Warn("config change not published", zap.Int64("revision", snap.revision), zap.Error(err))
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -95,14 +96,14 @@ func operatorText(v *structpb.Value) (string, bool) {
 type principalKey struct{}
 
 // withPrincipal records the caller's principal for ConfigService.
-func withPrincipal(ctx context.Context, p *configv1.Principal) context.Context {
+func withPrincipal(ctx context.Context, p *commonv1.Principal) context.Context {
 	if p == nil {
 		return ctx
 	}
 	return context.WithValue(ctx, principalKey{}, p)
 }
 
-func principalFrom(ctx context.Context) *configv1.Principal {
-	p, _ := ctx.Value(principalKey{}).(*configv1.Principal)
+func principalFrom(ctx context.Context) *commonv1.Principal {
+	p, _ := ctx.Value(principalKey{}).(*commonv1.Principal)
 	return p
 }

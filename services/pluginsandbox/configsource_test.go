@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
@@ -157,7 +159,7 @@ func TestConfigServiceBehindATool(t *testing.T) {
 	client, _ := serveConfig(t, fake)
 	plugins := startServer(t, dir, &pluginsandbox.ConfigService{Client: client})
 	ctx := context.Background()
-	principal := &configv1.Principal{PrincipalId: "user-7"}
+	principal := &commonv1.Principal{PrincipalId: "user-7"}
 	execute := func(expect string) (*pluginv1.ExecuteToolResponse, error) {
 		return plugins.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{
 			Principal: principal, ToolName: "greeter", ArgumentsJson: `{"who":"Ana","expect":"` + expect + `"}`,
@@ -219,44 +221,33 @@ func TestConfigServiceBehindATool(t *testing.T) {
 	}
 }
 
-func TestReadSettings(t *testing.T) {
-	fake := &fakeConfig{}
-	client, _ := serveConfig(t, fake)
-	ctx := context.Background()
+// A replica's settings come from the live config's plugins.*, with the
+// schema's defaults for what is not set; a limit of zero is refused.
+func TestSettingsFrom(t *testing.T) {
 	dataDir := t.TempDir()
-
-	fake.live = func() (*configv1.LiveResponse, error) {
-		return &configv1.LiveResponse{Revision: 2, Document: mustStruct(t, map[string]any{
-			"plugins": map[string]any{"plugins_dir": "/srv/plugins", "limits": map[string]any{"call_timeout_ms": 300, "call_fuel": 5_000_000}},
-		})}, nil
+	doc := func(plugins map[string]any) configclient.PluginSettings {
+		raw, _ := json.Marshal(map[string]any{"plugins": plugins})
+		var m map[string]any
+		_ = json.Unmarshal(raw, &m)
+		return configclient.Snapshot{Document: m}.PluginSettings()
 	}
-	s, err := pluginsandbox.ReadSettings(ctx, client, dataDir)
+	s, err := pluginsandbox.SettingsFrom(doc(map[string]any{"plugins_dir": "/srv/plugins",
+		"limits": map[string]any{"call_timeout_ms": 300, "call_fuel": 5_000_000}}), dataDir)
 	want := wasmhost.DefaultLimits()
 	want.CallTimeoutMS, want.CallFuel = 300, 5_000_000
 	if err != nil || s.Limits != want || s.PluginsDir != "/srv/plugins" {
 		t.Fatalf("settings = %+v, %v", s, err)
 	}
-
-	fake.live = func() (*configv1.LiveResponse, error) {
-		return &configv1.LiveResponse{Document: mustStruct(t, map[string]any{"plugins": map[string]any{"plugins_dir": ""}})}, nil
-	}
-	s, err = pluginsandbox.ReadSettings(ctx, client, dataDir)
+	s, err = pluginsandbox.SettingsFrom(doc(map[string]any{"plugins_dir": ""}), dataDir)
 	if err != nil || s.Limits != wasmhost.DefaultLimits() || s.PluginsDir != filepath.Join(dataDir, "plugins") {
 		t.Fatalf("defaults = %+v, %v", s, err)
 	}
-
-	for _, bad := range []any{0, -1, 1.5, "300"} {
-		fake.live = func() (*configv1.LiveResponse, error) {
-			return &configv1.LiveResponse{Document: mustStruct(t, map[string]any{"plugins": map[string]any{"limits": map[string]any{"max_instances": bad}}})}, nil
-		}
-		if _, err := pluginsandbox.ReadSettings(ctx, client, dataDir); !errors.Is(err, pluginsandbox.ErrSettings) {
+	if d := wasmhost.DefaultLimits(); d.CallFuel != 1_000_000_000 || d.MaxInstances != 64 || d.CallTimeoutMS != 30_000 {
+		t.Fatalf("schema defaults %+v", d)
+	}
+	for _, bad := range []any{0, -1} {
+		if _, err := pluginsandbox.SettingsFrom(doc(map[string]any{"limits": map[string]any{"max_instances": bad}}), dataDir); !errors.Is(err, pluginsandbox.ErrSettings) {
 			t.Errorf("max_instances %v: err = %v", bad, err)
 		}
-	}
-
-	bare, _ := serveConfig(t, &configv1.UnimplementedConfigServiceServer{})
-	s, err = pluginsandbox.ReadSettings(ctx, bare, dataDir)
-	if err != nil || s.Limits != wasmhost.DefaultLimits() || s.PluginsDir != filepath.Join(dataDir, "plugins") {
-		t.Fatalf("without Live: %+v, %v", s, err)
 	}
 }

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
@@ -29,66 +26,26 @@ type Settings struct {
 	PluginsDir string
 }
 
-// liveTimeout bounds reading the config document at start; the launcher
-// starts the config service first, so this only matters when it is down.
-const liveTimeout = 15 * time.Second
-
 // ErrSettings: a plugins.* value in the config document is unusable.
 var ErrSettings = errors.New("pluginsandbox: invalid plugins settings")
 
-// ReadSettings reads plugins.limits.* and plugins.plugins_dir through the
-// config service's Live RPC. A config service that does not implement Live
-// yet (Unimplemented) means the defaults; any other failure is returned, so
-// a replica never runs with limits the operator did not choose.
-func ReadSettings(ctx context.Context, client configv1.ConfigServiceClient, dataDir string) (Settings, error) {
-	s := Settings{Limits: wasmhost.DefaultLimits()}
-	ctx, cancel := context.WithTimeout(ctx, liveTimeout)
-	defer cancel()
-	resp, err := client.Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true))
-	switch {
-	case status.Code(err) == codes.Unimplemented:
-	case err != nil:
-		return s, fmt.Errorf("pluginsandbox: read the config document: %w", err)
-	default:
-		if s, err = settingsFrom(resp.GetDocument().AsMap(), s); err != nil {
-			return s, err
-		}
-	}
+// SettingsFrom takes a replica's settings from the live config's
+// plugins.* (configclient applies the schema's defaults); an empty
+// plugins_dir means <data_dir>/plugins.
+func SettingsFrom(p configclient.PluginSettings, dataDir string) (Settings, error) {
+	s := Settings{Limits: wasmhost.LimitsFrom(p), PluginsDir: p.PluginsDir}
 	if s.PluginsDir == "" {
 		s.PluginsDir = filepath.Join(dataDir, "plugins")
 	}
-	return s, s.Limits.Validate()
-}
-
-// settingsFrom overlays the document's plugins section on s.
-func settingsFrom(doc map[string]any, s Settings) (Settings, error) {
-	plugins, _ := doc["plugins"].(map[string]any)
-	if dir, ok := plugins["plugins_dir"].(string); ok {
-		s.PluginsDir = dir
-	}
-	limits, _ := plugins["limits"].(map[string]any)
-	for _, f := range []struct {
-		name string
-		dst  *uint64
-	}{
-		{"call_fuel", &s.Limits.CallFuel},
-		{"call_timeout_ms", &s.Limits.CallTimeoutMS},
-		{"max_memory_mb", &s.Limits.MaxMemoryMB},
-		{"max_table_elements", &s.Limits.MaxTableElements},
-		{"max_instances", &s.Limits.MaxInstances},
-	} {
-		raw, ok := limits[f.name]
-		if !ok || raw == nil {
-			continue
-		}
-		n, ok := raw.(float64)
-		if !ok || n < 1 || n != math.Trunc(n) || n > 1<<62 {
-			return s, fmt.Errorf("%w: plugins.limits.%s = %v, want a positive integer", ErrSettings, f.name, raw)
-		}
-		*f.dst = uint64(n)
+	if err := s.Limits.Validate(); err != nil {
+		return s, fmt.Errorf("%w: %w", ErrSettings, err)
 	}
 	return s, nil
 }
+
+// liveTimeout bounds reading the config document at start; the launcher
+// starts the config service first, so this only matters when it is down.
+const liveTimeout = 15 * time.Second
 
 // Register builds a replica inside the service frame: it reads its
 // settings from the config service, starts a wasmhost.Host (compile cache
@@ -101,7 +58,14 @@ func Register(ctx context.Context, env *service.Env) error {
 	}
 	env.OnClose(func() { _ = conn.Close() })
 	client := configv1.NewConfigServiceClient(conn)
-	settings, err := ReadSettings(ctx, client, env.DataDir)
+	liveCtx, cancel := context.WithTimeout(ctx, liveTimeout)
+	live, err := configclient.New(liveCtx, client, env.NATS, env.Log)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("config service: %w", err)
+	}
+	env.OnClose(live.Close)
+	settings, err := SettingsFrom(live.PluginSettings(), env.DataDir)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -80,7 +80,7 @@ func TestServerListsAndExecutesTools(t *testing.T) {
 	}
 
 	resp, err := client.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{
-		Principal: &configv1.Principal{PrincipalId: "shared-operator", Operator: true},
+		Principal: &commonv1.Principal{PrincipalId: "shared-operator", Operator: true},
 		ToolName:  "wasm_echo", ArgumentsJson: `{"text":"over grpc"}`, ToolCallId: "call-1",
 	})
 	if err != nil || !resp.Success || resp.Output != "over grpc" || resp.FuelUsed <= 0 {

@@ -3,7 +3,6 @@ package session
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -11,8 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/configclient"
 )
 
 // DefaultAgentAlias is the agent that exists out of the box.
@@ -137,14 +136,17 @@ type ConfigAgents struct {
 
 // Agent implements AgentSource.
 func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, error) {
-	entry, found := lookupAgent(c.Live.Current().Document, alias)
+	entry, found := c.Live.Current().Agent(alias)
 	if !found {
 		if alias == DefaultAgentAlias {
 			return DefaultAgent(), nil
 		}
 		return AgentConfig{}, fmt.Errorf("%w: %s", ErrUnknownAgent, alias)
 	}
-	a := parseAgent(alias, entry)
+	a := AgentConfig{
+		Alias: alias, Provider: entry.Provider, Model: entry.Model, BaseURL: entry.BaseURL, SystemPrompt: entry.SystemPrompt,
+		Tools: entry.Tools, ApprovalRequired: entry.ApprovalRequired, ApprovalTimeout: entry.ApprovalTimeout, Timeout: entry.Timeout,
+	}.withDefaults()
 	if a.Provider == ProviderOpenAI {
 		rev, err := c.Client.Reveal(ctx, &configv1.RevealRequest{Prop: "agents." + alias + ".api_key"})
 		switch {
@@ -158,62 +160,4 @@ func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, er
 		}
 	}
 	return a, nil
-}
-
-// lookupAgent finds agents.<alias> in a document, nested or flat.
-func lookupAgent(doc map[string]any, alias string) (map[string]any, bool) {
-	if agents, ok := doc["agents"].(map[string]any); ok {
-		if entry, ok := agents[alias].(map[string]any); ok {
-			return entry, true
-		}
-	}
-	prefix := "agents." + alias + "."
-	entry := map[string]any{}
-	for k, v := range doc {
-		if rest, ok := strings.CutPrefix(k, prefix); ok {
-			entry[rest] = v
-		}
-	}
-	return entry, len(entry) > 0
-}
-
-func parseAgent(alias string, m map[string]any) AgentConfig {
-	a := AgentConfig{Alias: alias}
-	str := func(k string) string { s, _ := m[k].(string); return s }
-	list := func(k string) []string {
-		switch v := m[k].(type) {
-		case string:
-			if v == "" {
-				return nil
-			}
-			return []string{v}
-		case []any:
-			var out []string
-			for _, x := range v {
-				if s, ok := x.(string); ok && s != "" {
-					out = append(out, s)
-				}
-			}
-			return out
-		}
-		return nil
-	}
-	secs := func(k string) time.Duration {
-		if f, ok := m[k].(float64); ok && f > 0 {
-			return time.Duration(f * float64(time.Second))
-		}
-		return 0
-	}
-	a.Provider = str("provider")
-	if a.Provider == "" && alias == DefaultAgentAlias {
-		a.Provider = ProviderScripted
-	}
-	a.Model = str("model")
-	a.BaseURL = str("base_url")
-	a.SystemPrompt = str("system_prompt")
-	a.Tools = list("tools")
-	a.ApprovalRequired = list("approval_required")
-	a.ApprovalTimeout = secs("approval_timeout_secs")
-	a.Timeout = secs("timeout_secs")
-	return a.withDefaults()
 }

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/configclient"
 )
 
 // configDoc stands for the followed live document (Current) and the
@@ -45,7 +45,7 @@ func TestConfigAgents(t *testing.T) {
 			"default": map[string]any{"approval_required": []any{"echo"}, "approval_timeout_secs": 2},
 			"gpt": map[string]any{
 				"provider": "openai", "model": "gpt-x", "base_url": "http://localhost:1/v1", "api_key": "***MASKED***",
-				"system_prompt": "be brief", "tools": []any{"echo"}, "timeout_secs": 1.5,
+				"system_prompt": "be brief", "tools": []any{"echo"}, "timeout_secs": 2,
 			},
 		}},
 		secrets: map[string]string{"agents.gpt.api_key": "sk-real"},
@@ -59,7 +59,7 @@ func TestConfigAgents(t *testing.T) {
 	}
 	gpt, err := agents.Agent(ctx, "gpt")
 	if err != nil || gpt.Provider != ProviderOpenAI || gpt.Model != "gpt-x" || gpt.APIKey != "sk-real" || gpt.SystemPrompt != "be brief" ||
-		!gpt.offers("echo") || gpt.offers("other") || gpt.Timeout != 1500*time.Millisecond || gpt.ApprovalTimeout != DefaultApprovalTimeout {
+		!gpt.offers("echo") || gpt.offers("other") || gpt.Timeout != 2*time.Second || gpt.ApprovalTimeout != DefaultApprovalTimeout {
 		t.Fatalf("gpt: %+v %v", gpt, err)
 	}
 	if _, err := agents.Agent(ctx, "ghost"); !errors.Is(err, ErrUnknownAgent) {

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/ids"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
 // Decisions of session/approve, and the two the service takes itself.
@@ -25,6 +28,22 @@ const (
 	SurfaceElicitation = "elicitation"
 	SurfaceDurable     = "durable"
 	surfaceService     = "service"
+)
+
+// decisionWords and surfaceWords map the contract's enums to the words
+// stored and published.
+var (
+	decisionWords = map[sessionv1.Decision]string{
+		sessionv1.Decision_DECISION_ALLOW_ONCE:       DecisionAllowOnce,
+		sessionv1.Decision_DECISION_ALLOW_ALWAYS:     DecisionAllowAlways,
+		sessionv1.Decision_DECISION_REJECT:           DecisionReject,
+		sessionv1.Decision_DECISION_REJECT_WITH_EDIT: DecisionRejectWithEdit,
+	}
+	surfaceWords = map[sessionv1.Surface]string{
+		sessionv1.Surface_SURFACE_RPC:         SurfaceRPC,
+		sessionv1.Surface_SURFACE_ELICITATION: SurfaceElicitation,
+		sessionv1.Surface_SURFACE_DURABLE:     SurfaceDurable,
+	}
 )
 
 type decision struct {
@@ -74,7 +93,7 @@ func (ls *liveSession) decideLocked(a *approval, d decision) bool {
 func (s *Server) ask(ctx context.Context, t *turn, callID, tool string, args json.RawMessage, timeout time.Duration) decision {
 	ls := t.ls
 	a := &approval{
-		RequestID: newID("ap_"), ToolCallID: callID, ToolName: tool, TurnID: t.id,
+		RequestID: ids.New("ap_"), ToolCallID: callID, ToolName: tool, TurnID: t.id,
 		Summary: summarize(args), Timeout: timeout, decided: make(chan struct{}),
 	}
 	if err := s.unwound(ctx, func(c context.Context) error { return s.store.insertApproval(c, ls.id, t.id, a) }); err != nil {

@@ -8,24 +8,25 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
-	"github.com/clawmesh/clawmesh/services/config/configclient"
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 )
 
 // PermAgentUse is the permission to run turns with an agent alias.
-const PermAgentUse = "agent:use"
+const PermAgentUse = configschema.PermAgentUse
 
 // Authorizer answers whether a principal holds a permission on a resource:
 // nil when it does, a PermissionDenied status ready for the gateway when
 // not. configclient.Client is the production one.
 type Authorizer interface {
-	Authorize(ctx context.Context, p *configv1.Principal, permission, resource string) error
+	Authorize(ctx context.Context, p *commonv1.Principal, permission, resource string) error
 }
 
 // mayUseAgent refuses a principal without agent:use on alias. The operator
 // holds every permission and is not asked about; without an Authorizer
 // (tests, demos) every principal may.
-func (s *Server) mayUseAgent(ctx context.Context, p *configv1.Principal, alias string) error {
+func (s *Server) mayUseAgent(ctx context.Context, p *commonv1.Principal, alias string) error {
 	if p.GetOperator() || s.cfg.Authz == nil {
 		return nil
 	}

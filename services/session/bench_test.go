@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -107,9 +109,8 @@ func BenchmarkChunkToNATS(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("session/sessions=%d", n), func(b *testing.B) {
 			lat := &latencies{}
-			sub, err := h.listen.Subscribe(UpdateSubjectWildcard, func(m *nats.Msg) {
-				u, err := DecodeUpdate(m.Data)
-				if err != nil || u.GetType() != UpdateMessageChunk {
+			sub, err := bus.SubscribeAllSessionUpdates(h.listen, func(u *busv1.SessionUpdate) {
+				if u.GetType() != busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK {
 					return
 				}
 				var p struct {
@@ -120,7 +121,7 @@ func BenchmarkChunkToNATS(b *testing.B) {
 						lat.add(sent)
 					}
 				}
-			})
+			}, func(error) {})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -153,7 +154,7 @@ func BenchmarkChunkToNATS(b *testing.B) {
 		b.Run(fmt.Sprintf("bare-nats/publishers=%d", n), func(b *testing.B) {
 			lat := &latencies{}
 			sub, err := h.listen.Subscribe("bench.*.update", func(m *nats.Msg) {
-				var u sessionv1.Update
+				var u busv1.SessionUpdate
 				if proto.Unmarshal(m.Data, &u) != nil {
 					return
 				}
@@ -183,7 +184,7 @@ func BenchmarkChunkToNATS(b *testing.B) {
 						<-tick.C
 						body := fmt.Sprintf(`{"session_id":%q,"sessionId":%q,"type":"agent_message_chunk","turn_id":"turn_000000000000000000000000","text":%q}`,
 							ids[i], ids[i], strconv.FormatInt(sinceEpoch(), 10))
-						data, _ := proto.Marshal(&sessionv1.Update{SessionId: ids[i], Type: UpdateMessageChunk, Seq: int64(k + 1), Json: body})
+						data, _ := proto.Marshal(&busv1.SessionUpdate{SessionId: ids[i], Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: int64(k + 1), Json: body})
 						if err := h.nc.Publish(subject, data); err != nil {
 							b.Error(err)
 							return

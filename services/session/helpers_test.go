@@ -12,10 +12,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	"github.com/clawmesh/clawmesh/services/session/migrations"
 )
@@ -23,9 +27,9 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 var (
-	operator = &configv1.Principal{PrincipalId: "shared-operator", Operator: true}
-	alice    = &configv1.Principal{PrincipalId: "user:alice", User: "alice"}
-	bob      = &configv1.Principal{PrincipalId: "user:bob", User: "bob"}
+	operator = &commonv1.Principal{PrincipalId: "shared-operator", Operator: true}
+	alice    = &commonv1.Principal{PrincipalId: "user:alice", User: "alice"}
+	bob      = &commonv1.Principal{PrincipalId: "user:bob", User: "bob"}
 )
 
 // wait is the longest any test waits for something to happen.
@@ -94,7 +98,7 @@ func (h *harness) restart() {
 	h.start()
 }
 
-func (h *harness) newSession(p *configv1.Principal, alias string) string {
+func (h *harness) newSession(p *commonv1.Principal, alias string) string {
 	h.t.Helper()
 	resp, err := h.srv.NewSession(context.Background(), &sessionv1.NewSessionRequest{Principal: p, AgentAlias: alias})
 	if err != nil {
@@ -118,7 +122,7 @@ func (h *harness) promptAsync(ctx context.Context, req *sessionv1.PromptRequest)
 	return ch
 }
 
-func (h *harness) prompt(p *configv1.Principal, id, text string) *sessionv1.PromptResponse {
+func (h *harness) prompt(p *commonv1.Principal, id, text string) *sessionv1.PromptResponse {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
@@ -140,13 +144,42 @@ func await[T any](t testing.TB, ch <-chan T) T {
 	}
 }
 
-func (h *harness) state(p *configv1.Principal, id string) string {
+func (h *harness) state(p *commonv1.Principal, id string) string {
 	h.t.Helper()
 	st, err := h.srv.State(context.Background(), &sessionv1.StateRequest{Principal: p, SessionId: id})
 	if err != nil {
 		h.t.Fatalf("state: %v", err)
 	}
-	return st.GetState()
+	return stateWord(st.GetState())
+}
+
+// stateWord, decisionOf and surfaceOf translate the contract's enums to
+// the words the tests read.
+func stateWord(st sessionv1.SessionState) string {
+	for w, e := range stateEnum {
+		if e == st {
+			return w
+		}
+	}
+	return ""
+}
+
+func decisionOf(word string) sessionv1.Decision {
+	for e, w := range decisionWords {
+		if w == word {
+			return e
+		}
+	}
+	return sessionv1.Decision_DECISION_UNSPECIFIED
+}
+
+func surfaceOf(word string) sessionv1.Surface {
+	for e, w := range surfaceWords {
+		if w == word {
+			return e
+		}
+	}
+	return sessionv1.Surface_SURFACE_UNSPECIFIED
 }
 
 // update is one received session update with its params decoded.
@@ -169,7 +202,11 @@ func (h *harness) record(id string) *recorder {
 	h.t.Helper()
 	r := &recorder{t: h.t, ch: make(chan *nats.Msg, 4096)}
 	var err error
-	if r.sub, err = h.listen.ChanSubscribe(UpdateSubject(id), r.ch); err != nil {
+	subject, err := bus.SessionUpdateSubject(id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if r.sub, err = h.listen.ChanSubscribe(subject, r.ch); err != nil {
 		h.t.Fatalf("subscribe: %v", err)
 	}
 	if err := h.listen.Flush(); err != nil {
@@ -183,21 +220,21 @@ func (r *recorder) next() update {
 	r.t.Helper()
 	select {
 	case m := <-r.ch:
-		u, err := DecodeUpdate(m.Data)
-		if err != nil {
+		u := &busv1.SessionUpdate{}
+		if err := proto.Unmarshal(m.Data, u); err != nil {
 			r.t.Fatalf("decode: %v", err)
 		}
 		var params map[string]any
 		if err := json.Unmarshal([]byte(u.GetJson()), &params); err != nil {
 			r.t.Fatalf("update json %q: %v", u.GetJson(), err)
 		}
-		if params["type"] != u.GetType() || params["session_id"] != u.GetSessionId() || params["sessionId"] != u.GetSessionId() {
+		if params["type"] != bus.UpdateTypeName(u.GetType()) || params["session_id"] != u.GetSessionId() || params["sessionId"] != u.GetSessionId() {
 			r.t.Fatalf("update params %v disagree with the envelope %v", params, u)
 		}
 		if u.GetConnectionId() != "" {
 			r.t.Fatalf("update addressed to a connection: %v", u)
 		}
-		return update{Seq: u.GetSeq(), Type: u.GetType(), Params: params}
+		return update{Seq: u.GetSeq(), Type: bus.UpdateTypeName(u.GetType()), Params: params}
 	case <-time.After(wait):
 		r.t.Fatalf("no update after %v", wait)
 		panic("unreachable")
@@ -224,7 +261,8 @@ func (r *recorder) quiet(d time.Duration) {
 	r.t.Helper()
 	select {
 	case m := <-r.ch:
-		u, _ := DecodeUpdate(m.Data)
+		u := &busv1.SessionUpdate{}
+		_ = proto.Unmarshal(m.Data, u)
 		r.t.Fatalf("unexpected update %s: %s", u.GetType(), u.GetJson())
 	case <-time.After(d):
 	}

@@ -2,8 +2,6 @@ package session
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"sync"
 )
 
@@ -84,11 +82,4 @@ func (s *Server) stopTurn(ctx context.Context, t *turn, cause error) bool {
 	case <-wait.Done():
 		return false
 	}
-}
-
-// newID returns prefix followed by 24 random hex digits.
-func newID(prefix string) string {
-	b := make([]byte, 12)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
-	return prefix + hex.EncodeToString(b)
 }

@@ -105,7 +105,7 @@ func TestOpenAIProvider(t *testing.T) {
 		t.Fatalf("tool_result %v", us[4].Params)
 	}
 	r := await(t, res)
-	if r.err != nil || r.resp.GetOutcome() != OutcomeCompleted || r.resp.GetContent() != "Hello done" {
+	if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "Hello done" {
 		t.Fatalf("prompt %v %v", r.resp, r.err)
 	}
 
@@ -180,7 +180,7 @@ func TestOpenAIProviderFailures(t *testing.T) {
 			}
 			rec := h.record(id)
 			resp := h.prompt(alice, id, "hi")
-			if resp.GetOutcome() != OutcomeFailed || !strings.HasPrefix(resp.GetContent(), tc.want) {
+			if resp.GetOutcome() != outcomeEnum[OutcomeFailed] || !strings.HasPrefix(resp.GetContent(), tc.want) {
 				t.Fatalf("prompt %v, want failed %q", resp, tc.want)
 			}
 			us := rec.until(UpdateTurnComplete)
@@ -192,7 +192,7 @@ func TestOpenAIProviderFailures(t *testing.T) {
 	t.Run("no model", func(t *testing.T) {
 		h.agents.Set(AgentConfig{Alias: "unset", Provider: ProviderOpenAI})
 		id := h.newSession(alice, "unset")
-		if resp := h.prompt(alice, id, "hi"); resp.GetOutcome() != OutcomeFailed || !strings.Contains(resp.GetContent(), "agents.unset.model is not set") {
+		if resp := h.prompt(alice, id, "hi"); resp.GetOutcome() != outcomeEnum[OutcomeFailed] || !strings.Contains(resp.GetContent(), "agents.unset.model is not set") {
 			t.Fatalf("prompt %v", resp)
 		}
 	})
@@ -206,7 +206,7 @@ func TestOpenAIProviderFailures(t *testing.T) {
 		if _, err := h.srv.Cancel(context.Background(), &sessionv1.CancelRequest{Principal: alice, SessionId: id}); err != nil {
 			t.Fatal(err)
 		}
-		if r := await(t, res); r.err != nil || r.resp.GetOutcome() != OutcomeCancelled || r.resp.GetContent() != "partial" {
+		if r := await(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "partial" {
 			t.Fatalf("prompt %v %v", r.resp, r.err)
 		}
 	})

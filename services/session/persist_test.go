@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/clawmesh/clawmesh/gateway/errmap"
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
@@ -26,7 +28,7 @@ func TestPersistenceAcrossRestart(t *testing.T) {
 	rec := h.record(id)
 	h.prompt(alice, id, "/say one\n/tool echo {\"n\":1}")
 	h.prompt(alice, id, "/say two")
-	if _, err := h.srv.Close(ctx, &sessionv1.LifecycleRequest{Principal: bob, SessionId: other}); err != nil {
+	if _, err := h.srv.Close(ctx, &sessionv1.CloseRequest{Principal: bob, SessionId: other}); err != nil {
 		t.Fatal(err)
 	}
 	before, err := h.srv.Messages(ctx, &sessionv1.MessagesRequest{Principal: alice, SessionId: id})
@@ -54,8 +56,8 @@ func TestPersistenceAcrossRestart(t *testing.T) {
 	}
 	for _, s := range list.GetSessions() {
 		want := map[string]string{id: stateIdle, other: stateClosed}[s.GetSessionId()]
-		if s.GetState() != want {
-			t.Fatalf("session %s is %s, want %s", s.GetSessionId(), s.GetState(), want)
+		if stateWord(s.GetState()) != want {
+			t.Fatalf("session %s is %s, want %s", s.GetSessionId(), stateWord(s.GetState()), want)
 		}
 	}
 	var calls int
@@ -111,7 +113,7 @@ func TestInterruptedTurnRecovered(t *testing.T) {
 		t.Fatalf("recovery update %d %v (last seq %d)", u.Seq, u.Params, lastSeq)
 	}
 	st, err := srv2.State(ctx, &sessionv1.StateRequest{Principal: alice, SessionId: id})
-	if err != nil || st.GetState() != stateIdle {
+	if err != nil || st.GetState() != stateEnum[stateIdle] {
 		t.Fatalf("state %v %v", st, err)
 	}
 	msgs, _ := srv2.Messages(ctx, &sessionv1.MessagesRequest{Principal: alice, SessionId: id})
@@ -147,7 +149,7 @@ func TestOverGRPC(t *testing.T) {
 
 	_, err = client.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: "sess_none", Prompt: "hi"})
 	wantRefusal(t, err, codes.NotFound, rpcerr.ReasonSessionNotFound, "Session sess_none not found")
-	if we := rpcerr.ToWire("session", err); we.Code != rpcerr.CodeSessionNotFound {
+	if we := errmap.ToWire("session", err); we.Code != jsonrpc.CodeSessionNotFound {
 		t.Fatalf("wire error %v", we)
 	}
 	created, err := client.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, AgentAlias: "default"})
@@ -155,7 +157,7 @@ func TestOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, err := client.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: created.GetSessionId(), Prompt: "/say over grpc"})
-	if err != nil || resp.GetContent() != "over grpc " || resp.GetOutcome() != OutcomeCompleted {
+	if err != nil || resp.GetContent() != "over grpc " || resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
 		t.Fatalf("prompt %v %v", resp, err)
 	}
 	_, err = client.StoreFile(ctx, &sessionv1.StoreFileRequest{})

@@ -6,15 +6,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/ids"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -24,25 +26,21 @@ const (
 	MaxPageLimit     = 1000
 )
 
-// sessionIDPattern is what a client may choose as a session id: it names a
-// workspace folder and one token of a NATS subject.
-var sessionIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
-
 var errShuttingDown = status.Error(codes.Unavailable, "session service shutting down")
 
-func requirePrincipal(p *configv1.Principal) error {
+func requirePrincipal(p *commonv1.Principal) error {
 	if p.GetPrincipalId() == "" {
 		return errInvalid("`principal` is required")
 	}
 	return nil
 }
 
-func owns(p *configv1.Principal, row sessionRow) bool {
+func owns(p *commonv1.Principal, row sessionRow) bool {
 	return p.GetOperator() || row.Owner == p.GetPrincipalId()
 }
 
 // owned reads a session the principal may act on.
-func (s *Server) owned(ctx context.Context, p *configv1.Principal, id string) (sessionRow, error) {
+func (s *Server) owned(ctx context.Context, p *commonv1.Principal, id string) (sessionRow, error) {
 	if err := requirePrincipal(p); err != nil {
 		return sessionRow{}, err
 	}
@@ -74,10 +72,34 @@ func pageLimit(field string, limit int64) (int64, error) {
 
 func toProto(r sessionRow, state string) *sessionv1.Session {
 	return &sessionv1.Session{
-		SessionId: r.ID, AgentAlias: r.AgentAlias, Owner: r.Owner, State: state, MessageCount: r.MessageCount,
+		SessionId: r.ID, AgentAlias: r.AgentAlias, Owner: r.Owner, State: stateEnum[state], MessageCount: r.MessageCount,
 		WorkspaceDir: r.WorkspaceDir, InteractionSurface: r.Surface, Title: r.Title,
-		CreatedAt: r.CreatedAt.UTC().Format(time.RFC3339Nano), UpdatedAt: r.UpdatedAt.UTC().Format(time.RFC3339Nano),
+		CreatedAt: timestamppb.New(r.CreatedAt), UpdatedAt: timestamppb.New(r.UpdatedAt),
 	}
+}
+
+// stateEnum maps the stored states to the contract's enum.
+var stateEnum = map[string]sessionv1.SessionState{
+	stateIdle:    sessionv1.SessionState_SESSION_STATE_IDLE,
+	stateRunning: sessionv1.SessionState_SESSION_STATE_RUNNING,
+	stateClosed:  sessionv1.SessionState_SESSION_STATE_CLOSED,
+	stateKilled:  sessionv1.SessionState_SESSION_STATE_KILLED,
+}
+
+// outcomeEnum maps the turn outcomes to the contract's enum.
+var outcomeEnum = map[string]sessionv1.TurnOutcome{
+	OutcomeCompleted: sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED,
+	OutcomeCancelled: sessionv1.TurnOutcome_TURN_OUTCOME_CANCELLED,
+	OutcomeFailed:    sessionv1.TurnOutcome_TURN_OUTCOME_FAILED,
+}
+
+// updateSubject is the bus subject of a stored session's updates.
+func updateSubject(id string) (string, error) {
+	subject, err := bus.SessionUpdateSubject(id)
+	if err != nil {
+		return "", fmt.Errorf("session %q: %w", id, err)
+	}
+	return subject, nil
 }
 
 // NewSession creates a session, or resumes the durable session named by
@@ -89,8 +111,8 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 		return nil, err
 	}
 	id := req.GetSessionId()
-	if id != "" && !sessionIDPattern.MatchString(id) {
-		return nil, errInvalid("`session_id` must be 1 to 128 letters, digits, '-' or '_'")
+	if id != "" && !ids.Token(id) {
+		return nil, errInvalid("`session_id` " + ids.ErrFormat.Error())
 	}
 	surface := req.GetInteractionSurface()
 	if surface == "" {
@@ -121,7 +143,7 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 		return nil, err
 	}
 	if id == "" {
-		id = newID("sess_")
+		id = ids.New("sess_")
 	}
 	dir := filepath.Join(s.cfg.DataDir, "workspaces", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -137,12 +159,16 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 		return s.resume(ctx, p, id, req.GetCwd())
 	}
 	s.log.Info("session created", zap.String("session_id", id), zap.String("agent_alias", alias), zap.String("owner", row.Owner))
-	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: alias, WorkspaceDir: dir}, nil
+	subject, err := updateSubject(id)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: alias, WorkspaceDir: dir, UpdateSubject: subject}, nil
 }
 
 // resume returns an existing session, reopening a closed one; errNoRow
 // when there is none.
-func (s *Server) resume(ctx context.Context, p *configv1.Principal, id, cwd string) (*sessionv1.NewSessionResponse, error) {
+func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd string) (*sessionv1.NewSessionResponse, error) {
 	row, err := s.store.session(ctx, id)
 	if err != nil {
 		return nil, err
@@ -176,7 +202,12 @@ func (s *Server) resume(ctx context.Context, p *configv1.Principal, id, cwd stri
 	if err := os.MkdirAll(row.WorkspaceDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create session workspace: %w", err)
 	}
-	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: row.AgentAlias, MessageCount: row.MessageCount, WorkspaceDir: row.WorkspaceDir}, nil
+	subject, err := updateSubject(id)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: row.AgentAlias, MessageCount: row.MessageCount,
+		WorkspaceDir: row.WorkspaceDir, UpdateSubject: subject}, nil
 }
 
 // Prompt runs one turn and answers when it ends, after its turn_complete
@@ -216,7 +247,7 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 	defer stop()
 	<-t.done
 	return &sessionv1.PromptResponse{
-		SessionId: id, TurnId: t.id, Outcome: t.result.Outcome, StopReason: t.result.StopReason, Content: t.result.Content,
+		SessionId: id, TurnId: t.id, Outcome: outcomeEnum[t.result.Outcome], StopReason: t.result.StopReason, Content: t.result.Content,
 	}, nil
 }
 
@@ -257,7 +288,7 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	}()
 
 	t := &turn{
-		id: newID("turn_"), ls: ls, alias: row.AgentAlias, principal: req.GetPrincipal(),
+		id: ids.New("turn_"), ls: ls, alias: row.AgentAlias, principal: req.GetPrincipal(),
 		connID: req.GetConnectionId(), done: make(chan struct{}),
 	}
 	if req.ClientTurnGeneration != nil {
@@ -335,17 +366,13 @@ func (s *Server) Approve(ctx context.Context, req *sessionv1.ApproveRequest) (*s
 	if reqID == "" {
 		return nil, errInvalid("`request_id` is required")
 	}
-	d := decision{Decision: req.GetDecision(), Surface: req.GetSurface(), Replacement: req.GetReplacement()}
-	switch d.Decision {
-	case DecisionAllowOnce, DecisionAllowAlways, DecisionReject, DecisionRejectWithEdit:
-	default:
+	d := decision{Decision: decisionWords[req.GetDecision()], Surface: surfaceWords[req.GetSurface()], Replacement: req.GetReplacement()}
+	if d.Decision == "" {
 		return nil, errInvalid("`decision` must be one of allow_once, allow_always, reject, reject_with_edit")
 	}
-	switch d.Surface {
-	case "":
+	if req.GetSurface() == sessionv1.Surface_SURFACE_UNSPECIFIED {
 		d.Surface = SurfaceRPC
-	case SurfaceRPC, SurfaceElicitation, SurfaceDurable:
-	default:
+	} else if d.Surface == "" {
 		return nil, errInvalid("`surface` must be one of rpc, elicitation, durable")
 	}
 	resp := &sessionv1.ApproveResponse{SessionId: id, RequestId: reqID}
@@ -383,7 +410,7 @@ func (s *Server) State(ctx context.Context, req *sessionv1.StateRequest) (*sessi
 	if err != nil {
 		return nil, err
 	}
-	resp := &sessionv1.StateResponse{SessionId: row.ID, State: s.stateOf(row)}
+	resp := &sessionv1.StateResponse{SessionId: row.ID, State: stateEnum[s.stateOf(row)]}
 	if ls := s.lookupLive(row.ID); ls != nil {
 		if t := ls.running(); t != nil {
 			resp.TurnId = t.id
@@ -464,23 +491,29 @@ func (s *Server) List(ctx context.Context, req *sessionv1.ListRequest) (*session
 
 // Close ends a session's use and keeps its durable history: a running turn
 // is cancelled, and session/new with its id reopens it.
-func (s *Server) Close(ctx context.Context, req *sessionv1.LifecycleRequest) (*sessionv1.LifecycleResponse, error) {
-	return s.endSession(ctx, req, stateClosed)
+func (s *Server) Close(ctx context.Context, req *sessionv1.CloseRequest) (*sessionv1.CloseResponse, error) {
+	if err := s.endSession(ctx, req.GetPrincipal(), req.GetSessionId(), stateClosed); err != nil {
+		return nil, err
+	}
+	return &sessionv1.CloseResponse{SessionId: req.GetSessionId(), Closed: true}, nil
 }
 
 // Kill cancels a running turn and tombstones the session: its history
 // stays readable, it never runs again.
-func (s *Server) Kill(ctx context.Context, req *sessionv1.LifecycleRequest) (*sessionv1.LifecycleResponse, error) {
-	return s.endSession(ctx, req, stateKilled)
-}
-
-func (s *Server) endSession(ctx context.Context, req *sessionv1.LifecycleRequest, state string) (*sessionv1.LifecycleResponse, error) {
-	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
-	if err != nil {
+func (s *Server) Kill(ctx context.Context, req *sessionv1.KillRequest) (*sessionv1.KillResponse, error) {
+	if err := s.endSession(ctx, req.GetPrincipal(), req.GetSessionId(), stateKilled); err != nil {
 		return nil, err
 	}
+	return &sessionv1.KillResponse{SessionId: req.GetSessionId(), Killed: true}, nil
+}
+
+func (s *Server) endSession(ctx context.Context, p *commonv1.Principal, id, state string) error {
+	row, err := s.owned(ctx, p, id)
+	if err != nil {
+		return err
+	}
 	if state == stateClosed && row.State == stateKilled {
-		return nil, errSessionEnded(row.ID, row.State)
+		return errSessionEnded(row.ID, row.State)
 	}
 	ls := s.live(row)
 	ls.mu.Lock()
@@ -490,7 +523,7 @@ func (s *Server) endSession(ctx context.Context, req *sessionv1.LifecycleRequest
 	}
 	if _, err := s.store.setState(ctx, row.ID, state, from...); err != nil {
 		ls.mu.Unlock()
-		return nil, err
+		return err
 	}
 	t := ls.turn
 	ls.mu.Unlock()
@@ -498,13 +531,13 @@ func (s *Server) endSession(ctx context.Context, req *sessionv1.LifecycleRequest
 		s.stopTurn(ctx, t, fmt.Errorf("%w: %s", ErrSessionEnded, state))
 	}
 	s.log.Info("session ended", zap.String("session_id", row.ID), zap.String("state", state))
-	return &sessionv1.LifecycleResponse{SessionId: row.ID, Done: true}, nil
+	return nil
 }
 
 // Delete cancels a running turn, then removes the session's rows (its
 // transcript, turns, tool calls, approvals) and its workspace. If the rows
 // cannot be removed the session stays as it was, minus the cancelled turn.
-func (s *Server) Delete(ctx context.Context, req *sessionv1.LifecycleRequest) (*sessionv1.LifecycleResponse, error) {
+func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*sessionv1.DeleteResponse, error) {
 	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
 	if err != nil {
 		return nil, err
@@ -531,8 +564,13 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.LifecycleRequest) (*
 	if err := os.RemoveAll(filepath.Join(s.cfg.DataDir, "workspaces", row.ID)); err != nil {
 		s.log.Warn("remove session workspace", zap.String("session_id", row.ID), zap.Error(err))
 	}
+	// The id is free now and may next name another principal's session:
+	// every gateway detaches its connections from it.
+	if err := bus.PublishSessionUpdate(s.nc, &busv1.SessionUpdate{SessionId: row.ID, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED}); err != nil {
+		s.log.Warn("announce session deletion", zap.String("session_id", row.ID), zap.Error(err))
+	}
 	s.log.Info("session deleted", zap.String("session_id", row.ID))
-	return &sessionv1.LifecycleResponse{SessionId: row.ID, Done: true}, nil
+	return &sessionv1.DeleteResponse{SessionId: row.ID, Deleted: true}, nil
 }
 
 // Attach checks that the principal may follow the session and names the
@@ -542,14 +580,28 @@ func (s *Server) Attach(ctx context.Context, req *sessionv1.AttachRequest) (*ses
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.AttachResponse{SessionId: row.ID, Subject: UpdateSubject(row.ID)}, nil
-}
-
-// Status lists the sessions that are open (idle or running).
-func (s *Server) Status(ctx context.Context, _ *sessionv1.StatusRequest) (*sessionv1.StatusResponse, error) {
-	ids, err := s.store.openSessionIDs(ctx)
+	subject, err := updateSubject(row.ID)
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.StatusResponse{ActiveSessions: int64(len(ids)), SessionIds: append([]string{}, ids...)}, nil
+	return &sessionv1.AttachResponse{SessionId: row.ID, Subject: subject}, nil
+}
+
+// Status counts the sessions that are open (idle or running) and lists
+// those the principal owns (all of them for the operator).
+func (s *Server) Status(ctx context.Context, req *sessionv1.StatusRequest) (*sessionv1.StatusResponse, error) {
+	if err := requirePrincipal(req.GetPrincipal()); err != nil {
+		return nil, err
+	}
+	open, err := s.store.openSessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.StatusResponse{ActiveSessions: int64(len(open)), SessionIds: []string{}}
+	for _, o := range open {
+		if req.GetPrincipal().GetOperator() || o.Owner == req.GetPrincipal().GetPrincipalId() {
+			resp.SessionIds = append(resp.SessionIds, o.ID)
+		}
+	}
+	return resp, nil
 }

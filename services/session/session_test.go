@@ -54,7 +54,7 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 
 	list, err := h.srv.List(ctx, &sessionv1.ListRequest{Principal: alice})
-	if err != nil || len(list.GetSessions()) != 1 || list.GetSessions()[0].GetSessionId() != id || list.GetSessions()[0].GetState() != stateIdle {
+	if err != nil || len(list.GetSessions()) != 1 || list.GetSessions()[0].GetSessionId() != id || list.GetSessions()[0].GetState() != stateEnum[stateIdle] {
 		t.Fatalf("alice's list: %v %v", list, err)
 	}
 	if list, err = h.srv.List(ctx, &sessionv1.ListRequest{Principal: operator}); err != nil || len(list.GetSessions()) != 2 {
@@ -69,7 +69,7 @@ func TestSessionLifecycle(t *testing.T) {
 
 	// close keeps the history; session/new with the id reopens it.
 	h.prompt(alice, id, "/say hi")
-	if _, err := h.srv.Close(ctx, &sessionv1.LifecycleRequest{Principal: alice, SessionId: id}); err != nil {
+	if _, err := h.srv.Close(ctx, &sessionv1.CloseRequest{Principal: alice, SessionId: id}); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.state(alice, id); got != stateClosed {
@@ -92,7 +92,7 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 
 	// kill tombstones: history readable, never runs again.
-	if _, err := h.srv.Kill(ctx, &sessionv1.LifecycleRequest{Principal: alice, SessionId: id}); err != nil {
+	if _, err := h.srv.Kill(ctx, &sessionv1.KillRequest{Principal: alice, SessionId: id}); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.state(alice, id); got != stateKilled {
@@ -105,7 +105,7 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 
 	// delete removes the rows and the workspace.
-	if _, err := h.srv.Delete(ctx, &sessionv1.LifecycleRequest{Principal: alice, SessionId: id}); err != nil {
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = h.srv.State(ctx, &sessionv1.StateRequest{Principal: alice, SessionId: id})
@@ -118,9 +118,14 @@ func TestSessionLifecycle(t *testing.T) {
 		t.Fatalf("%d messages survived delete (%v)", n, err)
 	}
 
-	st, err := h.srv.Status(ctx, &sessionv1.StatusRequest{})
+	st, err := h.srv.Status(ctx, &sessionv1.StatusRequest{Principal: operator})
 	if err != nil || st.GetActiveSessions() != 1 || st.GetSessionIds()[0] != bobs {
 		t.Fatalf("status: %v %v", st, err)
+	}
+	// Another principal counts every open session but sees only its own.
+	st, err = h.srv.Status(ctx, &sessionv1.StatusRequest{Principal: alice})
+	if err != nil || st.GetActiveSessions() != 1 || len(st.GetSessionIds()) != 0 {
+		t.Fatalf("alice's status: %v %v", st, err)
 	}
 }
 
@@ -170,7 +175,7 @@ func TestTurnStreamsBeforeItEnds(t *testing.T) {
 		done.Params["client_turn_generation"] != float64(7) || done.str("turn_id") != r.resp.GetTurnId() {
 		t.Fatalf("turn_complete %v, prompt %v", done.Params, r.resp)
 	}
-	if r.resp.GetOutcome() != OutcomeCompleted || r.resp.GetContent() != "Hello streaming world bye " || r.resp.GetStopReason() != stopEndTurn {
+	if r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "Hello streaming world bye " || r.resp.GetStopReason() != stopEndTurn {
 		t.Fatalf("prompt response %v", r.resp)
 	}
 	rec.quiet(200 * time.Millisecond)
@@ -200,7 +205,7 @@ func TestFailedTurn(t *testing.T) {
 	id := h.newSession(alice, "default")
 	rec := h.record(id)
 	resp := h.prompt(alice, id, "/say partial\n/fail the model exploded\n/say never")
-	if resp.GetOutcome() != OutcomeFailed || resp.GetContent() != "the model exploded" || resp.GetStopReason() != stopError {
+	if resp.GetOutcome() != outcomeEnum[OutcomeFailed] || resp.GetContent() != "the model exploded" || resp.GetStopReason() != stopError {
 		t.Fatalf("prompt %v", resp)
 	}
 	us := rec.until(UpdateTurnComplete)
@@ -211,13 +216,13 @@ func TestFailedTurn(t *testing.T) {
 		t.Fatalf("turn_complete %v", last.Params)
 	}
 	rec.quiet(200 * time.Millisecond)
-	if got := h.prompt(alice, id, "/say ok").GetOutcome(); got != OutcomeCompleted {
+	if got := h.prompt(alice, id, "/say ok").GetOutcome(); got != outcomeEnum[OutcomeCompleted] {
 		t.Fatalf("next turn %s", got)
 	}
 	// An agent whose provider is unknown fails its turns, clearly.
 	h.agents.Set(AgentConfig{Alias: "odd", Provider: "telepathy"})
 	odd := h.newSession(alice, "odd")
-	if r := h.prompt(alice, odd, "hi"); r.GetOutcome() != OutcomeFailed || r.GetContent() != "Agent `odd` names unknown provider `telepathy`" {
+	if r := h.prompt(alice, odd, "hi"); r.GetOutcome() != outcomeEnum[OutcomeFailed] || r.GetContent() != "Agent `odd` names unknown provider `telepathy`" {
 		t.Fatalf("unknown provider: %v", r)
 	}
 }
@@ -235,7 +240,7 @@ func TestBusyAndCancel(t *testing.T) {
 	_, err := h.srv.Prompt(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "again"})
 	wantRefusal(t, err, codes.FailedPrecondition, rpcerr.ReasonSessionBusy, "running")
 	st, err := h.srv.State(context.Background(), &sessionv1.StateRequest{Principal: alice, SessionId: id})
-	if err != nil || st.GetState() != stateRunning || st.GetTurnId() == "" {
+	if err != nil || st.GetState() != stateEnum[stateRunning] || st.GetTurnId() == "" {
 		t.Fatalf("state %v %v", st, err)
 	}
 
@@ -248,7 +253,7 @@ func TestBusyAndCancel(t *testing.T) {
 		t.Fatalf("state after cancel: %s", got)
 	}
 	r := await(t, res)
-	if r.err != nil || r.resp.GetOutcome() != OutcomeCancelled || r.resp.GetContent() != "working " || r.resp.GetTurnId() != st.GetTurnId() {
+	if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "working " || r.resp.GetTurnId() != st.GetTurnId() {
 		t.Fatalf("cancelled prompt %v %v", r.resp, r.err)
 	}
 	us := rec.until(UpdateTurnComplete)
@@ -279,7 +284,7 @@ func TestConnectionClosedCancelsTurns(t *testing.T) {
 	if err != nil || cc.GetCancelledTurns() != 1 {
 		t.Fatalf("connection closed: %v %v", cc, err)
 	}
-	if r := await(t, resA); r.err != nil || r.resp.GetOutcome() != OutcomeCancelled {
+	if r := await(t, resA); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
 		t.Fatalf("conn-1's turn: %v %v", r.resp, r.err)
 	}
 	if u := ra.until(UpdateTurnComplete); u[0].str("outcome") != OutcomeCancelled {
@@ -301,13 +306,13 @@ func TestConnectionClosedCancelsTurns(t *testing.T) {
 	resC := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: a, Prompt: "/say c\n/sleep 60000"})
 	ra.until(UpdateMessageChunk)
 	cancel()
-	if r := await(t, resC); r.err != nil || r.resp.GetOutcome() != OutcomeCancelled {
+	if r := await(t, resC); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
 		t.Fatalf("caller gone: %v %v", r.resp, r.err)
 	}
 
 	// Shutdown cancels what still runs, with its turn_complete.
 	h.srv.Shutdown()
-	if r := await(t, resB); r.err != nil || r.resp.GetOutcome() != OutcomeCancelled {
+	if r := await(t, resB); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
 		t.Fatalf("at shutdown: %v %v", r.resp, r.err)
 	}
 	if u := rb.until(UpdateTurnComplete); u[len(u)-1].str("outcome") != OutcomeCancelled {

@@ -141,16 +141,23 @@ func (st *store) listSessions(ctx context.Context, owner string, limit int64, in
 	return out, nil
 }
 
-func (st *store) openSessionIDs(ctx context.Context) ([]string, error) {
-	rows, err := st.db.Query(ctx, "SELECT session_id FROM sessions WHERE state IN ('idle', 'running') ORDER BY updated_at DESC")
+// openSession is an open session's id and owner.
+type openSession struct{ ID, Owner string }
+
+func (st *store) openSessions(ctx context.Context) ([]openSession, error) {
+	rows, err := st.db.Query(ctx, "SELECT session_id, owner FROM sessions WHERE state IN ('idle', 'running') ORDER BY updated_at DESC")
 	if err != nil {
 		return nil, fmt.Errorf("list open sessions: %w", err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (openSession, error) {
+		var o openSession
+		err := row.Scan(&o.ID, &o.Owner)
+		return o, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list open sessions: %w", err)
 	}
-	return ids, nil
+	return out, nil
 }
 
 // appendMessage adds one transcript row at the next index, taken under the

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
@@ -95,7 +95,7 @@ func (ts *toolSet) specs() []ToolSpec {
 // execute runs one call and returns its output and whether it succeeded.
 // Failures of the tool or of the sandbox are a failed result; the turn
 // goes on.
-func (s *Server) execute(ctx context.Context, ts *toolSet, p *configv1.Principal, sessionID, callID, name string, args json.RawMessage) (string, bool) {
+func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal, sessionID, callID, name string, args json.RawMessage) (string, bool) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ToolTimeout)
 	defer cancel()
 	if b, ok := ts.builtin[name]; ok {

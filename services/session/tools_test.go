@@ -21,7 +21,7 @@ func TestEchoToolTurn(t *testing.T) {
 	id := h.newSession(alice, "default")
 	rec := h.record(id)
 	resp := h.prompt(alice, id, "/say calling\n/tool echo {\"x\": [1, 2]}\n/tool nosuch {}\n/say done")
-	if resp.GetOutcome() != OutcomeCompleted || resp.GetContent() != "calling done " {
+	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "calling done " {
 		t.Fatalf("prompt %v", resp)
 	}
 	us := rec.until(UpdateTurnComplete)
@@ -81,7 +81,7 @@ func TestApprovals(t *testing.T) {
 	}
 	approve := func(id, reqID, decision, surface string) *sessionv1.ApproveResponse {
 		resp, err := h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{
-			Principal: alice, SessionId: id, RequestId: reqID, Decision: decision, Surface: surface, Replacement: "use ls instead",
+			Principal: alice, SessionId: id, RequestId: reqID, Decision: decisionOf(decision), Surface: surfaceOf(surface), Replacement: "use ls instead",
 		})
 		if err != nil {
 			t.Fatalf("approve: %v", err)
@@ -94,7 +94,7 @@ func TestApprovals(t *testing.T) {
 			t.Fatalf("after the decision: %s", got)
 		}
 		r := await(t, res)
-		if r.err != nil || r.resp.GetOutcome() != OutcomeCompleted || r.resp.GetContent() != "after " {
+		if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "after " {
 			t.Fatalf("prompt %v %v", r.resp, r.err)
 		}
 		return us[0], r.resp
@@ -205,11 +205,11 @@ func TestApprovals(t *testing.T) {
 	})
 	t.Run("refusals", func(t *testing.T) {
 		id := h.newSession(alice, "guarded")
-		_, err := h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: "ap_nope", Decision: DecisionAllowOnce})
+		_, err := h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: "ap_nope", Decision: sessionv1.Decision_DECISION_ALLOW_ONCE})
 		wantRefusal(t, err, codes.NotFound, rpcerr.ReasonNotFound, "Unknown approval request `ap_nope`")
-		_, err = h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: "ap_nope", Decision: "maybe"})
+		_, err = h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: "ap_nope", Decision: sessionv1.Decision(99)})
 		wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, "`decision`")
-		_, err = h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: bob, SessionId: id, RequestId: "ap_nope", Decision: DecisionAllowOnce})
+		_, err = h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: bob, SessionId: id, RequestId: "ap_nope", Decision: sessionv1.Decision_DECISION_ALLOW_ONCE})
 		wantRefusal(t, err, codes.PermissionDenied, rpcerr.ReasonSessionNotOwned, id)
 	})
 }

@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"strings"
 
-	"go.uber.org/zap"
+	"github.com/clawmesh/clawmesh/internal/ids"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	"go.uber.org/zap"
 )
 
 // Outcomes of turn_complete, and stop reasons of PromptResponse.
@@ -35,7 +36,7 @@ type turn struct {
 	id        string
 	ls        *liveSession
 	alias     string
-	principal *configv1.Principal
+	principal *commonv1.Principal
 	connID    string
 	gen       *int64
 
@@ -179,7 +180,7 @@ const (
 // done); the output is what the provider is told.
 func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, call ToolCall) string {
 	ls := t.ls
-	id := newID("tc_")
+	id := ids.New("tc_")
 	args := json.RawMessage(strings.TrimSpace(call.Arguments))
 	if len(args) == 0 {
 		args = json.RawMessage("{}")

@@ -3,6 +3,8 @@ package wasmhost
 import (
 	"fmt"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/configclient"
 )
 
 // Limits are the per-call limits of seed 003, under the names of the
@@ -21,14 +23,20 @@ type Limits struct {
 	MaxInstances uint64
 }
 
-// DefaultLimits returns the defaults of seed 003.
+// DefaultLimits returns the defaults of seed 003, as the config schema
+// (internal/configschema) writes them.
 func DefaultLimits() Limits {
+	return LimitsFrom(configclient.Snapshot{}.PluginSettings())
+}
+
+// LimitsFrom takes the limits of the plugins.* settings.
+func LimitsFrom(s configclient.PluginSettings) Limits {
 	return Limits{
-		CallFuel:         1_000_000_000,
-		CallTimeoutMS:    30_000,
-		MaxMemoryMB:      256,
-		MaxTableElements: 100_000,
-		MaxInstances:     64,
+		CallFuel:         s.CallFuel,
+		CallTimeoutMS:    uint64(s.CallTimeout.Milliseconds()),
+		MaxMemoryMB:      s.MaxMemoryMB,
+		MaxTableElements: s.MaxTableElements,
+		MaxInstances:     s.MaxInstances,
 	}
 }
 

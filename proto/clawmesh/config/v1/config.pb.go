@@ -11,6 +11,7 @@
 package configv1
 
 import (
+	v1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	structpb "google.golang.org/protobuf/types/known/structpb"
@@ -26,96 +27,6 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// Principal is who is calling, as bound by the gateway at initialize.
-type Principal struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// principal_id is "shared-operator" for the daemon's own uid, else
-	// "user:<name>".
-	PrincipalId string `protobuf:"bytes,1,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
-	// user is the users.<name> entry, empty for the operator.
-	User     string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
-	Operator bool   `protobuf:"varint,3,opt,name=operator,proto3" json:"operator,omitempty"`
-	PeerUid  int32  `protobuf:"varint,4,opt,name=peer_uid,json=peerUid,proto3" json:"peer_uid,omitempty"`
-	PeerPid  int32  `protobuf:"varint,5,opt,name=peer_pid,json=peerPid,proto3" json:"peer_pid,omitempty"`
-	// token_id identifies the paired token a user bound with (empty for a
-	// uid binding); revoking the token revokes the principal's authority.
-	TokenId       string `protobuf:"bytes,6,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Principal) Reset() {
-	*x = Principal{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[0]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Principal) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Principal) ProtoMessage() {}
-
-func (x *Principal) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[0]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Principal.ProtoReflect.Descriptor instead.
-func (*Principal) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{0}
-}
-
-func (x *Principal) GetPrincipalId() string {
-	if x != nil {
-		return x.PrincipalId
-	}
-	return ""
-}
-
-func (x *Principal) GetUser() string {
-	if x != nil {
-		return x.User
-	}
-	return ""
-}
-
-func (x *Principal) GetOperator() bool {
-	if x != nil {
-		return x.Operator
-	}
-	return false
-}
-
-func (x *Principal) GetPeerUid() int32 {
-	if x != nil {
-		return x.PeerUid
-	}
-	return 0
-}
-
-func (x *Principal) GetPeerPid() int32 {
-	if x != nil {
-		return x.PeerPid
-	}
-	return 0
-}
-
-func (x *Principal) GetTokenId() string {
-	if x != nil {
-		return x.TokenId
-	}
-	return ""
-}
-
 type Entry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Prop          string                 `protobuf:"bytes,1,opt,name=prop,proto3" json:"prop,omitempty"`
@@ -126,7 +37,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[1]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -138,7 +49,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[1]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -151,7 +62,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{1}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Entry) GetProp() string {
@@ -170,7 +81,7 @@ func (x *Entry) GetValue() *structpb.Value {
 
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	Prop          string                 `protobuf:"bytes,2,opt,name=prop,proto3" json:"prop,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -178,7 +89,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[2]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -190,7 +101,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[2]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -203,10 +114,10 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{2}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{1}
 }
 
-func (x *GetRequest) GetPrincipal() *Principal {
+func (x *GetRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -231,7 +142,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[3]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -243,7 +154,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[3]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -256,7 +167,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{3}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *GetResponse) GetProp() string {
@@ -282,7 +193,7 @@ func (x *GetResponse) GetRevision() int64 {
 
 type SetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	Prop          string                 `protobuf:"bytes,2,opt,name=prop,proto3" json:"prop,omitempty"`
 	Value         *structpb.Value        `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -291,7 +202,7 @@ type SetRequest struct {
 
 func (x *SetRequest) Reset() {
 	*x = SetRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[4]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -303,7 +214,7 @@ func (x *SetRequest) String() string {
 func (*SetRequest) ProtoMessage() {}
 
 func (x *SetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[4]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -316,10 +227,10 @@ func (x *SetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRequest.ProtoReflect.Descriptor instead.
 func (*SetRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{4}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{3}
 }
 
-func (x *SetRequest) GetPrincipal() *Principal {
+func (x *SetRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -350,7 +261,7 @@ type SetResponse struct {
 
 func (x *SetResponse) Reset() {
 	*x = SetResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[5]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -362,7 +273,7 @@ func (x *SetResponse) String() string {
 func (*SetResponse) ProtoMessage() {}
 
 func (x *SetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[5]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -375,7 +286,7 @@ func (x *SetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetResponse.ProtoReflect.Descriptor instead.
 func (*SetResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{5}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SetResponse) GetProp() string {
@@ -394,7 +305,7 @@ func (x *SetResponse) GetRevision() int64 {
 
 type SetManyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	Sets          []*Entry               `protobuf:"bytes,2,rep,name=sets,proto3" json:"sets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -402,7 +313,7 @@ type SetManyRequest struct {
 
 func (x *SetManyRequest) Reset() {
 	*x = SetManyRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[6]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -414,7 +325,7 @@ func (x *SetManyRequest) String() string {
 func (*SetManyRequest) ProtoMessage() {}
 
 func (x *SetManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[6]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -427,10 +338,10 @@ func (x *SetManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetManyRequest.ProtoReflect.Descriptor instead.
 func (*SetManyRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{6}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{5}
 }
 
-func (x *SetManyRequest) GetPrincipal() *Principal {
+func (x *SetManyRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -454,7 +365,7 @@ type SetManyResponse struct {
 
 func (x *SetManyResponse) Reset() {
 	*x = SetManyResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[7]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +377,7 @@ func (x *SetManyResponse) String() string {
 func (*SetManyResponse) ProtoMessage() {}
 
 func (x *SetManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[7]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +390,7 @@ func (x *SetManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetManyResponse.ProtoReflect.Descriptor instead.
 func (*SetManyResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{7}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SetManyResponse) GetProps() []string {
@@ -498,7 +409,7 @@ func (x *SetManyResponse) GetRevision() int64 {
 
 type ListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	Prefix        string                 `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -506,7 +417,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[8]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -518,7 +429,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[8]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -531,10 +442,10 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{8}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{7}
 }
 
-func (x *ListRequest) GetPrincipal() *Principal {
+func (x *ListRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -558,7 +469,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[9]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +481,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[9]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +494,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{9}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListResponse) GetEntries() []*Entry {
@@ -602,7 +513,7 @@ func (x *ListResponse) GetRevision() int64 {
 
 type DeleteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	Prop          string                 `protobuf:"bytes,2,opt,name=prop,proto3" json:"prop,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -610,7 +521,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[10]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +533,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[10]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,10 +546,10 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{10}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{9}
 }
 
-func (x *DeleteRequest) GetPrincipal() *Principal {
+func (x *DeleteRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -662,7 +573,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[11]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +585,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[11]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +598,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{11}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteResponse) GetProp() string {
@@ -712,7 +623,7 @@ type LiveRequest struct {
 
 func (x *LiveRequest) Reset() {
 	*x = LiveRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[12]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +635,7 @@ func (x *LiveRequest) String() string {
 func (*LiveRequest) ProtoMessage() {}
 
 func (x *LiveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[12]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +648,7 @@ func (x *LiveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiveRequest.ProtoReflect.Descriptor instead.
 func (*LiveRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{12}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{11}
 }
 
 type LiveResponse struct {
@@ -751,7 +662,7 @@ type LiveResponse struct {
 
 func (x *LiveResponse) Reset() {
 	*x = LiveResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[13]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +674,7 @@ func (x *LiveResponse) String() string {
 func (*LiveResponse) ProtoMessage() {}
 
 func (x *LiveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[13]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +687,7 @@ func (x *LiveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiveResponse.ProtoReflect.Descriptor instead.
 func (*LiveResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{13}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LiveResponse) GetRevision() int64 {
@@ -805,7 +716,7 @@ type ResolvePrincipalRequest struct {
 
 func (x *ResolvePrincipalRequest) Reset() {
 	*x = ResolvePrincipalRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[14]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +728,7 @@ func (x *ResolvePrincipalRequest) String() string {
 func (*ResolvePrincipalRequest) ProtoMessage() {}
 
 func (x *ResolvePrincipalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[14]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +741,7 @@ func (x *ResolvePrincipalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvePrincipalRequest.ProtoReflect.Descriptor instead.
 func (*ResolvePrincipalRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{14}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResolvePrincipalRequest) GetPeerUid() int32 {
@@ -856,14 +767,14 @@ func (x *ResolvePrincipalRequest) GetAuthToken() string {
 
 type ResolvePrincipalResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResolvePrincipalResponse) Reset() {
 	*x = ResolvePrincipalResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[15]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +786,7 @@ func (x *ResolvePrincipalResponse) String() string {
 func (*ResolvePrincipalResponse) ProtoMessage() {}
 
 func (x *ResolvePrincipalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[15]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,10 +799,10 @@ func (x *ResolvePrincipalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvePrincipalResponse.ProtoReflect.Descriptor instead.
 func (*ResolvePrincipalResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{15}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{14}
 }
 
-func (x *ResolvePrincipalResponse) GetPrincipal() *Principal {
+func (x *ResolvePrincipalResponse) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -900,7 +811,7 @@ func (x *ResolvePrincipalResponse) GetPrincipal() *Principal {
 
 type AuthorizeRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
-	Principal *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	// permission uses the seeds' names: "Config:Update", "files:create",
 	// "agent:use", ...
 	Permission string `protobuf:"bytes,2,opt,name=permission,proto3" json:"permission,omitempty"`
@@ -913,7 +824,7 @@ type AuthorizeRequest struct {
 
 func (x *AuthorizeRequest) Reset() {
 	*x = AuthorizeRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[16]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +836,7 @@ func (x *AuthorizeRequest) String() string {
 func (*AuthorizeRequest) ProtoMessage() {}
 
 func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[16]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,10 +849,10 @@ func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{16}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{15}
 }
 
-func (x *AuthorizeRequest) GetPrincipal() *Principal {
+func (x *AuthorizeRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -973,7 +884,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[17]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +896,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[17]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +909,7 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{17}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AuthorizeResponse) GetAllowed() bool {
@@ -1024,7 +935,7 @@ func (x *AuthorizeResponse) GetRevision() int64 {
 
 type CreateTokenRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	User          string                 `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1032,7 +943,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[18]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +955,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[18]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,10 +968,10 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{18}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{17}
 }
 
-func (x *CreateTokenRequest) GetPrincipal() *Principal {
+func (x *CreateTokenRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -1084,7 +995,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[19]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1007,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[19]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1020,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{19}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -1128,7 +1039,7 @@ func (x *CreateTokenResponse) GetUser() string {
 
 type RevokeTokenRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	User          string                 `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1136,7 +1047,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[20]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1059,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[20]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,10 +1072,10 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{20}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{19}
 }
 
-func (x *RevokeTokenRequest) GetPrincipal() *Principal {
+func (x *RevokeTokenRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -1187,7 +1098,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[21]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1110,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[21]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1123,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{21}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RevokeTokenResponse) GetRevoked() int32 {
@@ -1224,7 +1135,7 @@ func (x *RevokeTokenResponse) GetRevoked() int32 {
 
 type PluginValuesRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
-	Principal *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	PluginKey string                 `protobuf:"bytes,2,opt,name=plugin_key,json=pluginKey,proto3" json:"plugin_key,omitempty"`
 	// revision pins the lookup; 0 means the current one.
 	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
@@ -1234,7 +1145,7 @@ type PluginValuesRequest struct {
 
 func (x *PluginValuesRequest) Reset() {
 	*x = PluginValuesRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[22]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1157,7 @@ func (x *PluginValuesRequest) String() string {
 func (*PluginValuesRequest) ProtoMessage() {}
 
 func (x *PluginValuesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[22]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,10 +1170,10 @@ func (x *PluginValuesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginValuesRequest.ProtoReflect.Descriptor instead.
 func (*PluginValuesRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{22}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{21}
 }
 
-func (x *PluginValuesRequest) GetPrincipal() *Principal {
+func (x *PluginValuesRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
@@ -1300,7 +1211,7 @@ type PluginValuesResponse struct {
 
 func (x *PluginValuesResponse) Reset() {
 	*x = PluginValuesResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[23]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1223,7 @@ func (x *PluginValuesResponse) String() string {
 func (*PluginValuesResponse) ProtoMessage() {}
 
 func (x *PluginValuesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[23]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1236,7 @@ func (x *PluginValuesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginValuesResponse.ProtoReflect.Descriptor instead.
 func (*PluginValuesResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{23}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PluginValuesResponse) GetRevision() int64 {
@@ -1365,7 +1276,7 @@ type RevealRequest struct {
 
 func (x *RevealRequest) Reset() {
 	*x = RevealRequest{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[24]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1288,7 @@ func (x *RevealRequest) String() string {
 func (*RevealRequest) ProtoMessage() {}
 
 func (x *RevealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[24]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1301,7 @@ func (x *RevealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevealRequest.ProtoReflect.Descriptor instead.
 func (*RevealRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{24}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RevealRequest) GetProp() string {
@@ -1411,7 +1322,7 @@ type RevealResponse struct {
 
 func (x *RevealResponse) Reset() {
 	*x = RevealResponse{}
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[25]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1334,7 @@ func (x *RevealResponse) String() string {
 func (*RevealResponse) ProtoMessage() {}
 
 func (x *RevealResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_config_v1_config_proto_msgTypes[25]
+	mi := &file_clawmesh_config_v1_config_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1347,7 @@ func (x *RevealResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevealResponse.ProtoReflect.Descriptor instead.
 func (*RevealResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{25}
+	return file_clawmesh_config_v1_config_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RevealResponse) GetFound() bool {
@@ -1464,20 +1375,13 @@ var File_clawmesh_config_v1_config_proto protoreflect.FileDescriptor
 
 const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\n" +
-	"\x1fclawmesh/config/v1/config.proto\x12\x12clawmesh.config.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xaf\x01\n" +
-	"\tPrincipal\x12!\n" +
-	"\fprincipal_id\x18\x01 \x01(\tR\vprincipalId\x12\x12\n" +
-	"\x04user\x18\x02 \x01(\tR\x04user\x12\x1a\n" +
-	"\boperator\x18\x03 \x01(\bR\boperator\x12\x19\n" +
-	"\bpeer_uid\x18\x04 \x01(\x05R\apeerUid\x12\x19\n" +
-	"\bpeer_pid\x18\x05 \x01(\x05R\apeerPid\x12\x19\n" +
-	"\btoken_id\x18\x06 \x01(\tR\atokenId\"I\n" +
+	"\x1fclawmesh/config/v1/config.proto\x12\x12clawmesh.config.v1\x1a\x1fclawmesh/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"I\n" +
 	"\x05Entry\x12\x12\n" +
 	"\x04prop\x18\x01 \x01(\tR\x04prop\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x05value\"]\n" +
 	"\n" +
 	"GetRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x12\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x12\n" +
 	"\x04prop\x18\x02 \x01(\tR\x04prop\"k\n" +
 	"\vGetResponse\x12\x12\n" +
 	"\x04prop\x18\x01 \x01(\tR\x04prop\x12,\n" +
@@ -1485,26 +1389,26 @@ const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\"\x8b\x01\n" +
 	"\n" +
 	"SetRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x12\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x12\n" +
 	"\x04prop\x18\x02 \x01(\tR\x04prop\x12,\n" +
 	"\x05value\x18\x03 \x01(\v2\x16.google.protobuf.ValueR\x05value\"=\n" +
 	"\vSetResponse\x12\x12\n" +
 	"\x04prop\x18\x01 \x01(\tR\x04prop\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"|\n" +
 	"\x0eSetManyRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12-\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12-\n" +
 	"\x04sets\x18\x02 \x03(\v2\x19.clawmesh.config.v1.EntryR\x04sets\"C\n" +
 	"\x0fSetManyResponse\x12\x14\n" +
 	"\x05props\x18\x01 \x03(\tR\x05props\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"b\n" +
 	"\vListRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x16\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x16\n" +
 	"\x06prefix\x18\x02 \x01(\tR\x06prefix\"_\n" +
 	"\fListResponse\x123\n" +
 	"\aentries\x18\x01 \x03(\v2\x19.clawmesh.config.v1.EntryR\aentries\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"`\n" +
 	"\rDeleteRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x12\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x12\n" +
 	"\x04prop\x18\x02 \x01(\tR\x04prop\"@\n" +
 	"\x0eDeleteResponse\x12\x12\n" +
 	"\x04prop\x18\x01 \x01(\tR\x04prop\x12\x1a\n" +
@@ -1519,9 +1423,9 @@ const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\n" +
 	"auth_token\x18\x03 \x01(\tR\tauthToken\"W\n" +
 	"\x18ResolvePrincipalResponse\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\"\x8b\x01\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\"\x8b\x01\n" +
 	"\x10AuthorizeRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1e\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1e\n" +
 	"\n" +
 	"permission\x18\x02 \x01(\tR\n" +
 	"permission\x12\x1a\n" +
@@ -1531,18 +1435,18 @@ const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\"e\n" +
 	"\x12CreateTokenRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x12\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"?\n" +
 	"\x13CreateTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"e\n" +
 	"\x12RevokeTokenRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x12\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"/\n" +
 	"\x13RevokeTokenResponse\x12\x18\n" +
 	"\arevoked\x18\x01 \x01(\x05R\arevoked\"\x8d\x01\n" +
 	"\x13PluginValuesRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"plugin_key\x18\x02 \x01(\tR\tpluginKey\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\"\x88\x02\n" +
@@ -1586,82 +1490,82 @@ func file_clawmesh_config_v1_config_proto_rawDescGZIP() []byte {
 	return file_clawmesh_config_v1_config_proto_rawDescData
 }
 
-var file_clawmesh_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_clawmesh_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_clawmesh_config_v1_config_proto_goTypes = []any{
-	(*Principal)(nil),                // 0: clawmesh.config.v1.Principal
-	(*Entry)(nil),                    // 1: clawmesh.config.v1.Entry
-	(*GetRequest)(nil),               // 2: clawmesh.config.v1.GetRequest
-	(*GetResponse)(nil),              // 3: clawmesh.config.v1.GetResponse
-	(*SetRequest)(nil),               // 4: clawmesh.config.v1.SetRequest
-	(*SetResponse)(nil),              // 5: clawmesh.config.v1.SetResponse
-	(*SetManyRequest)(nil),           // 6: clawmesh.config.v1.SetManyRequest
-	(*SetManyResponse)(nil),          // 7: clawmesh.config.v1.SetManyResponse
-	(*ListRequest)(nil),              // 8: clawmesh.config.v1.ListRequest
-	(*ListResponse)(nil),             // 9: clawmesh.config.v1.ListResponse
-	(*DeleteRequest)(nil),            // 10: clawmesh.config.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 11: clawmesh.config.v1.DeleteResponse
-	(*LiveRequest)(nil),              // 12: clawmesh.config.v1.LiveRequest
-	(*LiveResponse)(nil),             // 13: clawmesh.config.v1.LiveResponse
-	(*ResolvePrincipalRequest)(nil),  // 14: clawmesh.config.v1.ResolvePrincipalRequest
-	(*ResolvePrincipalResponse)(nil), // 15: clawmesh.config.v1.ResolvePrincipalResponse
-	(*AuthorizeRequest)(nil),         // 16: clawmesh.config.v1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),        // 17: clawmesh.config.v1.AuthorizeResponse
-	(*CreateTokenRequest)(nil),       // 18: clawmesh.config.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 19: clawmesh.config.v1.CreateTokenResponse
-	(*RevokeTokenRequest)(nil),       // 20: clawmesh.config.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 21: clawmesh.config.v1.RevokeTokenResponse
-	(*PluginValuesRequest)(nil),      // 22: clawmesh.config.v1.PluginValuesRequest
-	(*PluginValuesResponse)(nil),     // 23: clawmesh.config.v1.PluginValuesResponse
-	(*RevealRequest)(nil),            // 24: clawmesh.config.v1.RevealRequest
-	(*RevealResponse)(nil),           // 25: clawmesh.config.v1.RevealResponse
-	nil,                              // 26: clawmesh.config.v1.PluginValuesResponse.SecretsEntry
-	(*structpb.Value)(nil),           // 27: google.protobuf.Value
+	(*Entry)(nil),                    // 0: clawmesh.config.v1.Entry
+	(*GetRequest)(nil),               // 1: clawmesh.config.v1.GetRequest
+	(*GetResponse)(nil),              // 2: clawmesh.config.v1.GetResponse
+	(*SetRequest)(nil),               // 3: clawmesh.config.v1.SetRequest
+	(*SetResponse)(nil),              // 4: clawmesh.config.v1.SetResponse
+	(*SetManyRequest)(nil),           // 5: clawmesh.config.v1.SetManyRequest
+	(*SetManyResponse)(nil),          // 6: clawmesh.config.v1.SetManyResponse
+	(*ListRequest)(nil),              // 7: clawmesh.config.v1.ListRequest
+	(*ListResponse)(nil),             // 8: clawmesh.config.v1.ListResponse
+	(*DeleteRequest)(nil),            // 9: clawmesh.config.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 10: clawmesh.config.v1.DeleteResponse
+	(*LiveRequest)(nil),              // 11: clawmesh.config.v1.LiveRequest
+	(*LiveResponse)(nil),             // 12: clawmesh.config.v1.LiveResponse
+	(*ResolvePrincipalRequest)(nil),  // 13: clawmesh.config.v1.ResolvePrincipalRequest
+	(*ResolvePrincipalResponse)(nil), // 14: clawmesh.config.v1.ResolvePrincipalResponse
+	(*AuthorizeRequest)(nil),         // 15: clawmesh.config.v1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),        // 16: clawmesh.config.v1.AuthorizeResponse
+	(*CreateTokenRequest)(nil),       // 17: clawmesh.config.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 18: clawmesh.config.v1.CreateTokenResponse
+	(*RevokeTokenRequest)(nil),       // 19: clawmesh.config.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 20: clawmesh.config.v1.RevokeTokenResponse
+	(*PluginValuesRequest)(nil),      // 21: clawmesh.config.v1.PluginValuesRequest
+	(*PluginValuesResponse)(nil),     // 22: clawmesh.config.v1.PluginValuesResponse
+	(*RevealRequest)(nil),            // 23: clawmesh.config.v1.RevealRequest
+	(*RevealResponse)(nil),           // 24: clawmesh.config.v1.RevealResponse
+	nil,                              // 25: clawmesh.config.v1.PluginValuesResponse.SecretsEntry
+	(*structpb.Value)(nil),           // 26: google.protobuf.Value
+	(*v1.Principal)(nil),             // 27: clawmesh.common.v1.Principal
 	(*structpb.Struct)(nil),          // 28: google.protobuf.Struct
 }
 var file_clawmesh_config_v1_config_proto_depIdxs = []int32{
-	27, // 0: clawmesh.config.v1.Entry.value:type_name -> google.protobuf.Value
-	0,  // 1: clawmesh.config.v1.GetRequest.principal:type_name -> clawmesh.config.v1.Principal
-	27, // 2: clawmesh.config.v1.GetResponse.value:type_name -> google.protobuf.Value
-	0,  // 3: clawmesh.config.v1.SetRequest.principal:type_name -> clawmesh.config.v1.Principal
-	27, // 4: clawmesh.config.v1.SetRequest.value:type_name -> google.protobuf.Value
-	0,  // 5: clawmesh.config.v1.SetManyRequest.principal:type_name -> clawmesh.config.v1.Principal
-	1,  // 6: clawmesh.config.v1.SetManyRequest.sets:type_name -> clawmesh.config.v1.Entry
-	0,  // 7: clawmesh.config.v1.ListRequest.principal:type_name -> clawmesh.config.v1.Principal
-	1,  // 8: clawmesh.config.v1.ListResponse.entries:type_name -> clawmesh.config.v1.Entry
-	0,  // 9: clawmesh.config.v1.DeleteRequest.principal:type_name -> clawmesh.config.v1.Principal
+	26, // 0: clawmesh.config.v1.Entry.value:type_name -> google.protobuf.Value
+	27, // 1: clawmesh.config.v1.GetRequest.principal:type_name -> clawmesh.common.v1.Principal
+	26, // 2: clawmesh.config.v1.GetResponse.value:type_name -> google.protobuf.Value
+	27, // 3: clawmesh.config.v1.SetRequest.principal:type_name -> clawmesh.common.v1.Principal
+	26, // 4: clawmesh.config.v1.SetRequest.value:type_name -> google.protobuf.Value
+	27, // 5: clawmesh.config.v1.SetManyRequest.principal:type_name -> clawmesh.common.v1.Principal
+	0,  // 6: clawmesh.config.v1.SetManyRequest.sets:type_name -> clawmesh.config.v1.Entry
+	27, // 7: clawmesh.config.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
+	0,  // 8: clawmesh.config.v1.ListResponse.entries:type_name -> clawmesh.config.v1.Entry
+	27, // 9: clawmesh.config.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
 	28, // 10: clawmesh.config.v1.LiveResponse.document:type_name -> google.protobuf.Struct
-	0,  // 11: clawmesh.config.v1.ResolvePrincipalResponse.principal:type_name -> clawmesh.config.v1.Principal
-	0,  // 12: clawmesh.config.v1.AuthorizeRequest.principal:type_name -> clawmesh.config.v1.Principal
-	0,  // 13: clawmesh.config.v1.CreateTokenRequest.principal:type_name -> clawmesh.config.v1.Principal
-	0,  // 14: clawmesh.config.v1.RevokeTokenRequest.principal:type_name -> clawmesh.config.v1.Principal
-	0,  // 15: clawmesh.config.v1.PluginValuesRequest.principal:type_name -> clawmesh.config.v1.Principal
+	27, // 11: clawmesh.config.v1.ResolvePrincipalResponse.principal:type_name -> clawmesh.common.v1.Principal
+	27, // 12: clawmesh.config.v1.AuthorizeRequest.principal:type_name -> clawmesh.common.v1.Principal
+	27, // 13: clawmesh.config.v1.CreateTokenRequest.principal:type_name -> clawmesh.common.v1.Principal
+	27, // 14: clawmesh.config.v1.RevokeTokenRequest.principal:type_name -> clawmesh.common.v1.Principal
+	27, // 15: clawmesh.config.v1.PluginValuesRequest.principal:type_name -> clawmesh.common.v1.Principal
 	28, // 16: clawmesh.config.v1.PluginValuesResponse.config:type_name -> google.protobuf.Struct
-	26, // 17: clawmesh.config.v1.PluginValuesResponse.secrets:type_name -> clawmesh.config.v1.PluginValuesResponse.SecretsEntry
-	27, // 18: clawmesh.config.v1.RevealResponse.value:type_name -> google.protobuf.Value
-	2,  // 19: clawmesh.config.v1.ConfigService.Get:input_type -> clawmesh.config.v1.GetRequest
-	4,  // 20: clawmesh.config.v1.ConfigService.Set:input_type -> clawmesh.config.v1.SetRequest
-	6,  // 21: clawmesh.config.v1.ConfigService.SetMany:input_type -> clawmesh.config.v1.SetManyRequest
-	8,  // 22: clawmesh.config.v1.ConfigService.List:input_type -> clawmesh.config.v1.ListRequest
-	10, // 23: clawmesh.config.v1.ConfigService.Delete:input_type -> clawmesh.config.v1.DeleteRequest
-	12, // 24: clawmesh.config.v1.ConfigService.Live:input_type -> clawmesh.config.v1.LiveRequest
-	14, // 25: clawmesh.config.v1.ConfigService.ResolvePrincipal:input_type -> clawmesh.config.v1.ResolvePrincipalRequest
-	16, // 26: clawmesh.config.v1.ConfigService.Authorize:input_type -> clawmesh.config.v1.AuthorizeRequest
-	18, // 27: clawmesh.config.v1.ConfigService.CreateToken:input_type -> clawmesh.config.v1.CreateTokenRequest
-	20, // 28: clawmesh.config.v1.ConfigService.RevokeToken:input_type -> clawmesh.config.v1.RevokeTokenRequest
-	24, // 29: clawmesh.config.v1.ConfigService.Reveal:input_type -> clawmesh.config.v1.RevealRequest
-	22, // 30: clawmesh.config.v1.ConfigService.PluginValues:input_type -> clawmesh.config.v1.PluginValuesRequest
-	3,  // 31: clawmesh.config.v1.ConfigService.Get:output_type -> clawmesh.config.v1.GetResponse
-	5,  // 32: clawmesh.config.v1.ConfigService.Set:output_type -> clawmesh.config.v1.SetResponse
-	7,  // 33: clawmesh.config.v1.ConfigService.SetMany:output_type -> clawmesh.config.v1.SetManyResponse
-	9,  // 34: clawmesh.config.v1.ConfigService.List:output_type -> clawmesh.config.v1.ListResponse
-	11, // 35: clawmesh.config.v1.ConfigService.Delete:output_type -> clawmesh.config.v1.DeleteResponse
-	13, // 36: clawmesh.config.v1.ConfigService.Live:output_type -> clawmesh.config.v1.LiveResponse
-	15, // 37: clawmesh.config.v1.ConfigService.ResolvePrincipal:output_type -> clawmesh.config.v1.ResolvePrincipalResponse
-	17, // 38: clawmesh.config.v1.ConfigService.Authorize:output_type -> clawmesh.config.v1.AuthorizeResponse
-	19, // 39: clawmesh.config.v1.ConfigService.CreateToken:output_type -> clawmesh.config.v1.CreateTokenResponse
-	21, // 40: clawmesh.config.v1.ConfigService.RevokeToken:output_type -> clawmesh.config.v1.RevokeTokenResponse
-	25, // 41: clawmesh.config.v1.ConfigService.Reveal:output_type -> clawmesh.config.v1.RevealResponse
-	23, // 42: clawmesh.config.v1.ConfigService.PluginValues:output_type -> clawmesh.config.v1.PluginValuesResponse
+	25, // 17: clawmesh.config.v1.PluginValuesResponse.secrets:type_name -> clawmesh.config.v1.PluginValuesResponse.SecretsEntry
+	26, // 18: clawmesh.config.v1.RevealResponse.value:type_name -> google.protobuf.Value
+	1,  // 19: clawmesh.config.v1.ConfigService.Get:input_type -> clawmesh.config.v1.GetRequest
+	3,  // 20: clawmesh.config.v1.ConfigService.Set:input_type -> clawmesh.config.v1.SetRequest
+	5,  // 21: clawmesh.config.v1.ConfigService.SetMany:input_type -> clawmesh.config.v1.SetManyRequest
+	7,  // 22: clawmesh.config.v1.ConfigService.List:input_type -> clawmesh.config.v1.ListRequest
+	9,  // 23: clawmesh.config.v1.ConfigService.Delete:input_type -> clawmesh.config.v1.DeleteRequest
+	11, // 24: clawmesh.config.v1.ConfigService.Live:input_type -> clawmesh.config.v1.LiveRequest
+	13, // 25: clawmesh.config.v1.ConfigService.ResolvePrincipal:input_type -> clawmesh.config.v1.ResolvePrincipalRequest
+	15, // 26: clawmesh.config.v1.ConfigService.Authorize:input_type -> clawmesh.config.v1.AuthorizeRequest
+	17, // 27: clawmesh.config.v1.ConfigService.CreateToken:input_type -> clawmesh.config.v1.CreateTokenRequest
+	19, // 28: clawmesh.config.v1.ConfigService.RevokeToken:input_type -> clawmesh.config.v1.RevokeTokenRequest
+	23, // 29: clawmesh.config.v1.ConfigService.Reveal:input_type -> clawmesh.config.v1.RevealRequest
+	21, // 30: clawmesh.config.v1.ConfigService.PluginValues:input_type -> clawmesh.config.v1.PluginValuesRequest
+	2,  // 31: clawmesh.config.v1.ConfigService.Get:output_type -> clawmesh.config.v1.GetResponse
+	4,  // 32: clawmesh.config.v1.ConfigService.Set:output_type -> clawmesh.config.v1.SetResponse
+	6,  // 33: clawmesh.config.v1.ConfigService.SetMany:output_type -> clawmesh.config.v1.SetManyResponse
+	8,  // 34: clawmesh.config.v1.ConfigService.List:output_type -> clawmesh.config.v1.ListResponse
+	10, // 35: clawmesh.config.v1.ConfigService.Delete:output_type -> clawmesh.config.v1.DeleteResponse
+	12, // 36: clawmesh.config.v1.ConfigService.Live:output_type -> clawmesh.config.v1.LiveResponse
+	14, // 37: clawmesh.config.v1.ConfigService.ResolvePrincipal:output_type -> clawmesh.config.v1.ResolvePrincipalResponse
+	16, // 38: clawmesh.config.v1.ConfigService.Authorize:output_type -> clawmesh.config.v1.AuthorizeResponse
+	18, // 39: clawmesh.config.v1.ConfigService.CreateToken:output_type -> clawmesh.config.v1.CreateTokenResponse
+	20, // 40: clawmesh.config.v1.ConfigService.RevokeToken:output_type -> clawmesh.config.v1.RevokeTokenResponse
+	24, // 41: clawmesh.config.v1.ConfigService.Reveal:output_type -> clawmesh.config.v1.RevealResponse
+	22, // 42: clawmesh.config.v1.ConfigService.PluginValues:output_type -> clawmesh.config.v1.PluginValuesResponse
 	31, // [31:43] is the sub-list for method output_type
 	19, // [19:31] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
@@ -1680,7 +1584,7 @@ func file_clawmesh_config_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_config_v1_config_proto_rawDesc), len(file_clawmesh_config_v1_config_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -11,7 +11,7 @@
 package pluginv1
 
 import (
-	v1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	v1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -506,7 +506,7 @@ var File_clawmesh_plugin_v1_plugin_proto protoreflect.FileDescriptor
 
 const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\n" +
-	"\x1fclawmesh/plugin/v1/plugin.proto\x12\x12clawmesh.plugin.v1\x1a\x1fclawmesh/config/v1/config.proto\"\xe6\x01\n" +
+	"\x1fclawmesh/plugin/v1/plugin.proto\x12\x12clawmesh.plugin.v1\x1a\x1fclawmesh/common/v1/common.proto\"\xe6\x01\n" +
 	"\x06Plugin\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
@@ -529,7 +529,7 @@ const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x11ListToolsResponse\x12.\n" +
 	"\x05tools\x18\x01 \x03(\v2\x18.clawmesh.plugin.v1.ToolR\x05tools\"\xd6\x01\n" +
 	"\x12ExecuteToolRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1b\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1b\n" +
 	"\ttool_name\x18\x02 \x01(\tR\btoolName\x12%\n" +
 	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson\x12\x1d\n" +
 	"\n" +
@@ -568,12 +568,12 @@ var file_clawmesh_plugin_v1_plugin_proto_goTypes = []any{
 	(*ListToolsResponse)(nil),   // 5: clawmesh.plugin.v1.ListToolsResponse
 	(*ExecuteToolRequest)(nil),  // 6: clawmesh.plugin.v1.ExecuteToolRequest
 	(*ExecuteToolResponse)(nil), // 7: clawmesh.plugin.v1.ExecuteToolResponse
-	(*v1.Principal)(nil),        // 8: clawmesh.config.v1.Principal
+	(*v1.Principal)(nil),        // 8: clawmesh.common.v1.Principal
 }
 var file_clawmesh_plugin_v1_plugin_proto_depIdxs = []int32{
 	0, // 0: clawmesh.plugin.v1.ListPluginsResponse.plugins:type_name -> clawmesh.plugin.v1.Plugin
 	1, // 1: clawmesh.plugin.v1.ListToolsResponse.tools:type_name -> clawmesh.plugin.v1.Tool
-	8, // 2: clawmesh.plugin.v1.ExecuteToolRequest.principal:type_name -> clawmesh.config.v1.Principal
+	8, // 2: clawmesh.plugin.v1.ExecuteToolRequest.principal:type_name -> clawmesh.common.v1.Principal
 	2, // 3: clawmesh.plugin.v1.PluginService.ListPlugins:input_type -> clawmesh.plugin.v1.ListPluginsRequest
 	4, // 4: clawmesh.plugin.v1.PluginService.ListTools:input_type -> clawmesh.plugin.v1.ListToolsRequest
 	6, // 5: clawmesh.plugin.v1.PluginService.ExecuteTool:input_type -> clawmesh.plugin.v1.ExecuteToolRequest

@@ -6,16 +6,17 @@
 
 // The session service owns sessions, turns, the agent loop and providers,
 // the transcript, asks (approvals) and session workspaces. Turn events are
-// published on NATS (subject clawmesh.session.<session_id>.update), not
-// streamed over gRPC, so every gateway connection attached to a session
-// receives them whichever RPC started the turn.
+// published on the bus (clawmesh.bus.v1.SessionUpdate, on the subject
+// Attach names), not streamed over gRPC, so every gateway connection
+// attached to a session receives them whichever RPC started the turn.
 
 package sessionv1
 
 import (
-	v1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	v1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -28,17 +29,238 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// SessionState is a session's state as session/state reports it.
+type SessionState int32
+
+const (
+	SessionState_SESSION_STATE_UNSPECIFIED SessionState = 0
+	SessionState_SESSION_STATE_IDLE        SessionState = 1
+	SessionState_SESSION_STATE_RUNNING     SessionState = 2
+	SessionState_SESSION_STATE_CLOSED      SessionState = 3
+	SessionState_SESSION_STATE_KILLED      SessionState = 4
+)
+
+// Enum value maps for SessionState.
+var (
+	SessionState_name = map[int32]string{
+		0: "SESSION_STATE_UNSPECIFIED",
+		1: "SESSION_STATE_IDLE",
+		2: "SESSION_STATE_RUNNING",
+		3: "SESSION_STATE_CLOSED",
+		4: "SESSION_STATE_KILLED",
+	}
+	SessionState_value = map[string]int32{
+		"SESSION_STATE_UNSPECIFIED": 0,
+		"SESSION_STATE_IDLE":        1,
+		"SESSION_STATE_RUNNING":     2,
+		"SESSION_STATE_CLOSED":      3,
+		"SESSION_STATE_KILLED":      4,
+	}
+)
+
+func (x SessionState) Enum() *SessionState {
+	p := new(SessionState)
+	*p = x
+	return p
+}
+
+func (x SessionState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SessionState) Descriptor() protoreflect.EnumDescriptor {
+	return file_clawmesh_session_v1_session_proto_enumTypes[0].Descriptor()
+}
+
+func (SessionState) Type() protoreflect.EnumType {
+	return &file_clawmesh_session_v1_session_proto_enumTypes[0]
+}
+
+func (x SessionState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SessionState.Descriptor instead.
+func (SessionState) EnumDescriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{0}
+}
+
+// TurnOutcome is how a turn ended.
+type TurnOutcome int32
+
+const (
+	TurnOutcome_TURN_OUTCOME_UNSPECIFIED TurnOutcome = 0
+	TurnOutcome_TURN_OUTCOME_COMPLETED   TurnOutcome = 1
+	TurnOutcome_TURN_OUTCOME_CANCELLED   TurnOutcome = 2
+	TurnOutcome_TURN_OUTCOME_FAILED      TurnOutcome = 3
+)
+
+// Enum value maps for TurnOutcome.
+var (
+	TurnOutcome_name = map[int32]string{
+		0: "TURN_OUTCOME_UNSPECIFIED",
+		1: "TURN_OUTCOME_COMPLETED",
+		2: "TURN_OUTCOME_CANCELLED",
+		3: "TURN_OUTCOME_FAILED",
+	}
+	TurnOutcome_value = map[string]int32{
+		"TURN_OUTCOME_UNSPECIFIED": 0,
+		"TURN_OUTCOME_COMPLETED":   1,
+		"TURN_OUTCOME_CANCELLED":   2,
+		"TURN_OUTCOME_FAILED":      3,
+	}
+)
+
+func (x TurnOutcome) Enum() *TurnOutcome {
+	p := new(TurnOutcome)
+	*p = x
+	return p
+}
+
+func (x TurnOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TurnOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_clawmesh_session_v1_session_proto_enumTypes[1].Descriptor()
+}
+
+func (TurnOutcome) Type() protoreflect.EnumType {
+	return &file_clawmesh_session_v1_session_proto_enumTypes[1]
+}
+
+func (x TurnOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TurnOutcome.Descriptor instead.
+func (TurnOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+// Decision answers an approval request.
+type Decision int32
+
+const (
+	Decision_DECISION_UNSPECIFIED      Decision = 0
+	Decision_DECISION_ALLOW_ONCE       Decision = 1
+	Decision_DECISION_ALLOW_ALWAYS     Decision = 2
+	Decision_DECISION_REJECT           Decision = 3
+	Decision_DECISION_REJECT_WITH_EDIT Decision = 4
+)
+
+// Enum value maps for Decision.
+var (
+	Decision_name = map[int32]string{
+		0: "DECISION_UNSPECIFIED",
+		1: "DECISION_ALLOW_ONCE",
+		2: "DECISION_ALLOW_ALWAYS",
+		3: "DECISION_REJECT",
+		4: "DECISION_REJECT_WITH_EDIT",
+	}
+	Decision_value = map[string]int32{
+		"DECISION_UNSPECIFIED":      0,
+		"DECISION_ALLOW_ONCE":       1,
+		"DECISION_ALLOW_ALWAYS":     2,
+		"DECISION_REJECT":           3,
+		"DECISION_REJECT_WITH_EDIT": 4,
+	}
+)
+
+func (x Decision) Enum() *Decision {
+	p := new(Decision)
+	*p = x
+	return p
+}
+
+func (x Decision) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Decision) Descriptor() protoreflect.EnumDescriptor {
+	return file_clawmesh_session_v1_session_proto_enumTypes[2].Descriptor()
+}
+
+func (Decision) Type() protoreflect.EnumType {
+	return &file_clawmesh_session_v1_session_proto_enumTypes[2]
+}
+
+func (x Decision) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Decision.Descriptor instead.
+func (Decision) EnumDescriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{2}
+}
+
+// Surface says who answered an approval.
+type Surface int32
+
+const (
+	Surface_SURFACE_UNSPECIFIED Surface = 0
+	// SURFACE_RPC: session/approve on the client socket.
+	Surface_SURFACE_RPC Surface = 1
+	// SURFACE_ELICITATION: the client's reply to elicitation/create.
+	Surface_SURFACE_ELICITATION Surface = 2
+	// SURFACE_DURABLE: the durable bridge (a phone).
+	Surface_SURFACE_DURABLE Surface = 3
+)
+
+// Enum value maps for Surface.
+var (
+	Surface_name = map[int32]string{
+		0: "SURFACE_UNSPECIFIED",
+		1: "SURFACE_RPC",
+		2: "SURFACE_ELICITATION",
+		3: "SURFACE_DURABLE",
+	}
+	Surface_value = map[string]int32{
+		"SURFACE_UNSPECIFIED": 0,
+		"SURFACE_RPC":         1,
+		"SURFACE_ELICITATION": 2,
+		"SURFACE_DURABLE":     3,
+	}
+)
+
+func (x Surface) Enum() *Surface {
+	p := new(Surface)
+	*p = x
+	return p
+}
+
+func (x Surface) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Surface) Descriptor() protoreflect.EnumDescriptor {
+	return file_clawmesh_session_v1_session_proto_enumTypes[3].Descriptor()
+}
+
+func (Surface) Type() protoreflect.EnumType {
+	return &file_clawmesh_session_v1_session_proto_enumTypes[3]
+}
+
+func (x Surface) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Surface.Descriptor instead.
+func (Surface) EnumDescriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{3}
+}
+
 type Session struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	SessionId          string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	AgentAlias         string                 `protobuf:"bytes,2,opt,name=agent_alias,json=agentAlias,proto3" json:"agent_alias,omitempty"`
 	Owner              string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
-	State              string                 `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	State              SessionState           `protobuf:"varint,4,opt,name=state,proto3,enum=clawmesh.session.v1.SessionState" json:"state,omitempty"`
 	MessageCount       int64                  `protobuf:"varint,5,opt,name=message_count,json=messageCount,proto3" json:"message_count,omitempty"`
 	WorkspaceDir       string                 `protobuf:"bytes,6,opt,name=workspace_dir,json=workspaceDir,proto3" json:"workspace_dir,omitempty"`
 	InteractionSurface string                 `protobuf:"bytes,7,opt,name=interaction_surface,json=interactionSurface,proto3" json:"interaction_surface,omitempty"`
-	CreatedAt          string                 `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	UpdatedAt          string                 `protobuf:"bytes,9,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	CreatedAt          *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt          *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	Title              string                 `protobuf:"bytes,10,opt,name=title,proto3" json:"title,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
@@ -95,11 +317,11 @@ func (x *Session) GetOwner() string {
 	return ""
 }
 
-func (x *Session) GetState() string {
+func (x *Session) GetState() SessionState {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return SessionState_SESSION_STATE_UNSPECIFIED
 }
 
 func (x *Session) GetMessageCount() int64 {
@@ -123,18 +345,18 @@ func (x *Session) GetInteractionSurface() string {
 	return ""
 }
 
-func (x *Session) GetCreatedAt() string {
+func (x *Session) GetCreatedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.CreatedAt
 	}
-	return ""
+	return nil
 }
 
-func (x *Session) GetUpdatedAt() string {
+func (x *Session) GetUpdatedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdatedAt
 	}
-	return ""
+	return nil
 }
 
 func (x *Session) GetTitle() string {
@@ -230,11 +452,14 @@ func (x *NewSessionRequest) GetConnectionId() string {
 }
 
 type NewSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	AgentAlias    string                 `protobuf:"bytes,2,opt,name=agent_alias,json=agentAlias,proto3" json:"agent_alias,omitempty"`
-	MessageCount  int64                  `protobuf:"varint,3,opt,name=message_count,json=messageCount,proto3" json:"message_count,omitempty"`
-	WorkspaceDir  string                 `protobuf:"bytes,4,opt,name=workspace_dir,json=workspaceDir,proto3" json:"workspace_dir,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SessionId    string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	AgentAlias   string                 `protobuf:"bytes,2,opt,name=agent_alias,json=agentAlias,proto3" json:"agent_alias,omitempty"`
+	MessageCount int64                  `protobuf:"varint,3,opt,name=message_count,json=messageCount,proto3" json:"message_count,omitempty"`
+	WorkspaceDir string                 `protobuf:"bytes,4,opt,name=workspace_dir,json=workspaceDir,proto3" json:"workspace_dir,omitempty"`
+	// update_subject is the bus subject of the session's updates, as Attach
+	// names it: the caller owns the session.
+	UpdateSubject string `protobuf:"bytes,5,opt,name=update_subject,json=updateSubject,proto3" json:"update_subject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +518,13 @@ func (x *NewSessionResponse) GetMessageCount() int64 {
 func (x *NewSessionResponse) GetWorkspaceDir() string {
 	if x != nil {
 		return x.WorkspaceDir
+	}
+	return ""
+}
+
+func (x *NewSessionResponse) GetUpdateSubject() string {
+	if x != nil {
+		return x.UpdateSubject
 	}
 	return ""
 }
@@ -456,12 +688,12 @@ func (x *PromptRequest) GetElicitation() bool {
 type PromptResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// outcome is completed, cancelled or failed; content is the message text
-	// of the turn, or the failure message when it failed.
-	Outcome       string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	StopReason    string `protobuf:"bytes,3,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
-	Content       string `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
-	TurnId        string `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	// content is the message text of the turn, or the failure message when
+	// it failed.
+	Outcome       TurnOutcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=clawmesh.session.v1.TurnOutcome" json:"outcome,omitempty"`
+	StopReason    string      `protobuf:"bytes,3,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
+	Content       string      `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
+	TurnId        string      `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -503,11 +735,11 @@ func (x *PromptResponse) GetSessionId() string {
 	return ""
 }
 
-func (x *PromptResponse) GetOutcome() string {
+func (x *PromptResponse) GetOutcome() TurnOutcome {
 	if x != nil {
 		return x.Outcome
 	}
-	return ""
+	return TurnOutcome_TURN_OUTCOME_UNSPECIFIED
 }
 
 func (x *PromptResponse) GetStopReason() string {
@@ -636,15 +868,13 @@ func (x *CancelResponse) GetCancelled() bool {
 }
 
 type ApproveRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
-	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	// decision is allow_once, allow_always, reject or reject_with_edit.
-	Decision    string `protobuf:"bytes,4,opt,name=decision,proto3" json:"decision,omitempty"`
-	Replacement string `protobuf:"bytes,5,opt,name=replacement,proto3" json:"replacement,omitempty"`
-	// surface says who answered: "rpc", "elicitation", "durable".
-	Surface       string `protobuf:"bytes,6,opt,name=surface,proto3" json:"surface,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	RequestId     string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Decision      Decision               `protobuf:"varint,4,opt,name=decision,proto3,enum=clawmesh.session.v1.Decision" json:"decision,omitempty"`
+	Replacement   string                 `protobuf:"bytes,5,opt,name=replacement,proto3" json:"replacement,omitempty"`
+	Surface       Surface                `protobuf:"varint,6,opt,name=surface,proto3,enum=clawmesh.session.v1.Surface" json:"surface,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -700,11 +930,11 @@ func (x *ApproveRequest) GetRequestId() string {
 	return ""
 }
 
-func (x *ApproveRequest) GetDecision() string {
+func (x *ApproveRequest) GetDecision() Decision {
 	if x != nil {
 		return x.Decision
 	}
-	return ""
+	return Decision_DECISION_UNSPECIFIED
 }
 
 func (x *ApproveRequest) GetReplacement() string {
@@ -714,11 +944,11 @@ func (x *ApproveRequest) GetReplacement() string {
 	return ""
 }
 
-func (x *ApproveRequest) GetSurface() string {
+func (x *ApproveRequest) GetSurface() Surface {
 	if x != nil {
 		return x.Surface
 	}
-	return ""
+	return Surface_SURFACE_UNSPECIFIED
 }
 
 type ApproveResponse struct {
@@ -846,7 +1076,7 @@ func (x *StateRequest) GetSessionId() string {
 type StateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	State         string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	State         SessionState           `protobuf:"varint,2,opt,name=state,proto3,enum=clawmesh.session.v1.SessionState" json:"state,omitempty"`
 	TurnId        string                 `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -889,11 +1119,11 @@ func (x *StateResponse) GetSessionId() string {
 	return ""
 }
 
-func (x *StateResponse) GetState() string {
+func (x *StateResponse) GetState() SessionState {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return SessionState_SESSION_STATE_UNSPECIFIED
 }
 
 func (x *StateResponse) GetTurnId() string {
@@ -1199,7 +1429,7 @@ func (x *ListResponse) GetSessions() []*Session {
 	return nil
 }
 
-type LifecycleRequest struct {
+type CloseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -1207,20 +1437,20 @@ type LifecycleRequest struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *LifecycleRequest) Reset() {
-	*x = LifecycleRequest{}
+func (x *CloseRequest) Reset() {
+	*x = CloseRequest{}
 	mi := &file_clawmesh_session_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *LifecycleRequest) String() string {
+func (x *CloseRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*LifecycleRequest) ProtoMessage() {}
+func (*CloseRequest) ProtoMessage() {}
 
-func (x *LifecycleRequest) ProtoReflect() protoreflect.Message {
+func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_clawmesh_session_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -1232,47 +1462,47 @@ func (x *LifecycleRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use LifecycleRequest.ProtoReflect.Descriptor instead.
-func (*LifecycleRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
+func (*CloseRequest) Descriptor() ([]byte, []int) {
 	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
-func (x *LifecycleRequest) GetPrincipal() *v1.Principal {
+func (x *CloseRequest) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
 	}
 	return nil
 }
 
-func (x *LifecycleRequest) GetSessionId() string {
+func (x *CloseRequest) GetSessionId() string {
 	if x != nil {
 		return x.SessionId
 	}
 	return ""
 }
 
-type LifecycleResponse struct {
+type CloseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Done          bool                   `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	Closed        bool                   `protobuf:"varint,2,opt,name=closed,proto3" json:"closed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *LifecycleResponse) Reset() {
-	*x = LifecycleResponse{}
+func (x *CloseResponse) Reset() {
+	*x = CloseResponse{}
 	mi := &file_clawmesh_session_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *LifecycleResponse) String() string {
+func (x *CloseResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*LifecycleResponse) ProtoMessage() {}
+func (*CloseResponse) ProtoMessage() {}
 
-func (x *LifecycleResponse) ProtoReflect() protoreflect.Message {
+func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_clawmesh_session_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -1284,21 +1514,229 @@ func (x *LifecycleResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use LifecycleResponse.ProtoReflect.Descriptor instead.
-func (*LifecycleResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
+func (*CloseResponse) Descriptor() ([]byte, []int) {
 	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
-func (x *LifecycleResponse) GetSessionId() string {
+func (x *CloseResponse) GetSessionId() string {
 	if x != nil {
 		return x.SessionId
 	}
 	return ""
 }
 
-func (x *LifecycleResponse) GetDone() bool {
+func (x *CloseResponse) GetClosed() bool {
 	if x != nil {
-		return x.Done
+		return x.Closed
+	}
+	return false
+}
+
+type KillRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillRequest) Reset() {
+	*x = KillRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillRequest) ProtoMessage() {}
+
+func (x *KillRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
+func (*KillRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *KillRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *KillRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type KillResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Killed        bool                   `protobuf:"varint,2,opt,name=killed,proto3" json:"killed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillResponse) Reset() {
+	*x = KillResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillResponse) ProtoMessage() {}
+
+func (x *KillResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
+func (*KillResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *KillResponse) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *KillResponse) GetKilled() bool {
+	if x != nil {
+		return x.Killed
+	}
+	return false
+}
+
+type DeleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRequest) Reset() {
+	*x = DeleteRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRequest) ProtoMessage() {}
+
+func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DeleteRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *DeleteRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type DeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Deleted       bool                   `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteResponse) Reset() {
+	*x = DeleteResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteResponse) ProtoMessage() {}
+
+func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
+func (*DeleteResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DeleteResponse) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *DeleteResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
 	}
 	return false
 }
@@ -1314,7 +1752,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[19]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1764,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[19]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1777,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AttachRequest) GetPrincipal() *v1.Principal {
@@ -1374,7 +1812,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[20]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1824,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[20]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1837,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AttachResponse) GetSessionId() string {
@@ -1425,7 +1863,7 @@ type ConnectionClosedRequest struct {
 
 func (x *ConnectionClosedRequest) Reset() {
 	*x = ConnectionClosedRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[21]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1875,7 @@ func (x *ConnectionClosedRequest) String() string {
 func (*ConnectionClosedRequest) ProtoMessage() {}
 
 func (x *ConnectionClosedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[21]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1888,7 @@ func (x *ConnectionClosedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionClosedRequest.ProtoReflect.Descriptor instead.
 func (*ConnectionClosedRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ConnectionClosedRequest) GetConnectionId() string {
@@ -1469,7 +1907,7 @@ type ConnectionClosedResponse struct {
 
 func (x *ConnectionClosedResponse) Reset() {
 	*x = ConnectionClosedResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[22]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1919,7 @@ func (x *ConnectionClosedResponse) String() string {
 func (*ConnectionClosedResponse) ProtoMessage() {}
 
 func (x *ConnectionClosedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[22]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1932,7 @@ func (x *ConnectionClosedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionClosedResponse.ProtoReflect.Descriptor instead.
 func (*ConnectionClosedResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ConnectionClosedResponse) GetCancelledTurns() int32 {
@@ -1514,7 +1952,7 @@ type CheckUploadRequest struct {
 
 func (x *CheckUploadRequest) Reset() {
 	*x = CheckUploadRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[23]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1964,7 @@ func (x *CheckUploadRequest) String() string {
 func (*CheckUploadRequest) ProtoMessage() {}
 
 func (x *CheckUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[23]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1977,7 @@ func (x *CheckUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckUploadRequest.ProtoReflect.Descriptor instead.
 func (*CheckUploadRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CheckUploadRequest) GetPrincipal() *v1.Principal {
@@ -1567,7 +2005,7 @@ type CheckUploadResponse struct {
 
 func (x *CheckUploadResponse) Reset() {
 	*x = CheckUploadResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[24]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +2017,7 @@ func (x *CheckUploadResponse) String() string {
 func (*CheckUploadResponse) ProtoMessage() {}
 
 func (x *CheckUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[24]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +2030,7 @@ func (x *CheckUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckUploadResponse.ProtoReflect.Descriptor instead.
 func (*CheckUploadResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CheckUploadResponse) GetGeneration() int64 {
@@ -1633,7 +2071,7 @@ type StoreFileRequest struct {
 
 func (x *StoreFileRequest) Reset() {
 	*x = StoreFileRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[25]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +2083,7 @@ func (x *StoreFileRequest) String() string {
 func (*StoreFileRequest) ProtoMessage() {}
 
 func (x *StoreFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[25]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +2096,7 @@ func (x *StoreFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreFileRequest.ProtoReflect.Descriptor instead.
 func (*StoreFileRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StoreFileRequest) GetPrincipal() *v1.Principal {
@@ -1710,6 +2148,50 @@ func (x *StoreFileRequest) GetPath() string {
 	return ""
 }
 
+type StoreFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	File          *FileEntry             `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreFileResponse) Reset() {
+	*x = StoreFileResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreFileResponse) ProtoMessage() {}
+
+func (x *StoreFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreFileResponse.ProtoReflect.Descriptor instead.
+func (*StoreFileResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *StoreFileResponse) GetFile() *FileEntry {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
 type FileEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RefId         string                 `protobuf:"bytes,1,opt,name=ref_id,json=refId,proto3" json:"ref_id,omitempty"`
@@ -1723,7 +2205,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[26]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1735,7 +2217,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[26]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1748,7 +2230,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FileEntry) GetRefId() string {
@@ -1787,14 +2269,17 @@ func (x *FileEntry) GetDeduplicated() bool {
 }
 
 type StatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// principal limits session_ids to the sessions it owns (every session
+	// for the operator); active_sessions counts them all.
+	Principal     *v1.Principal `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +2291,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +2304,14 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *StatusRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
 }
 
 type StatusResponse struct {
@@ -1832,7 +2324,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +2336,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +2349,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatusResponse) GetActiveSessions() int64 {
@@ -1874,140 +2366,50 @@ func (x *StatusResponse) GetSessionIds() []string {
 	return nil
 }
 
-// Update is the payload published on NATS (subject
-// clawmesh.session.<session_id>.update) for one session/update
-// notification.
-type Update struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// type is the SPEC §5 update type, the same as json's "type".
-	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
-	// seq is 1, 2, 3, ... within a session, one per update, in publish
-	// order; it is never reused, also across restarts of the service (after
-	// a crash it may skip numbers).
-	Seq int64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
-	// json is the exact params object of the session/update notification:
-	// session_id, type and the SPEC §5 fields in snake_case, plus the
-	// camelCase aliases sessionId, toolCallId, rawInput, rawOutput. Every
-	// update of a turn also carries turn_id; tool_result carries status
-	// (completed, failed, denied, cancelled); turn_complete carries
-	// stop_reason, and error when the outcome is failed.
-	Json string `protobuf:"bytes,4,opt,name=json,proto3" json:"json,omitempty"`
-	// connection_id, when set, limits delivery to one connection; the
-	// session service leaves it empty (every attached connection).
-	ConnectionId  string `protobuf:"bytes,5,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Update) Reset() {
-	*x = Update{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Update) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Update) ProtoMessage() {}
-
-func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Update.ProtoReflect.Descriptor instead.
-func (*Update) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{29}
-}
-
-func (x *Update) GetSessionId() string {
-	if x != nil {
-		return x.SessionId
-	}
-	return ""
-}
-
-func (x *Update) GetType() string {
-	if x != nil {
-		return x.Type
-	}
-	return ""
-}
-
-func (x *Update) GetSeq() int64 {
-	if x != nil {
-		return x.Seq
-	}
-	return 0
-}
-
-func (x *Update) GetJson() string {
-	if x != nil {
-		return x.Json
-	}
-	return ""
-}
-
-func (x *Update) GetConnectionId() string {
-	if x != nil {
-		return x.ConnectionId
-	}
-	return ""
-}
-
 var File_clawmesh_session_v1_session_proto protoreflect.FileDescriptor
 
 const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"!clawmesh/session/v1/session.proto\x12\x13clawmesh.session.v1\x1a\x1fclawmesh/config/v1/config.proto\"\xc4\x02\n" +
+	"!clawmesh/session/v1/session.proto\x12\x13clawmesh.session.v1\x1a\x1fclawmesh/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x03\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1f\n" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
 	"agentAlias\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x14\n" +
-	"\x05state\x18\x04 \x01(\tR\x05state\x12#\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x127\n" +
+	"\x05state\x18\x04 \x01(\x0e2!.clawmesh.session.v1.SessionStateR\x05state\x12#\n" +
 	"\rmessage_count\x18\x05 \x01(\x03R\fmessageCount\x12#\n" +
 	"\rworkspace_dir\x18\x06 \x01(\tR\fworkspaceDir\x12/\n" +
-	"\x13interaction_surface\x18\a \x01(\tR\x12interactionSurface\x12\x1d\n" +
+	"\x13interaction_surface\x18\a \x01(\tR\x12interactionSurface\x129\n" +
 	"\n" +
-	"created_at\x18\b \x01(\tR\tcreatedAt\x12\x1d\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\t \x01(\tR\tupdatedAt\x12\x14\n" +
+	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x14\n" +
 	"\x05title\x18\n" +
 	" \x01(\tR\x05title\"\xf8\x01\n" +
 	"\x11NewSessionRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1f\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1f\n" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
 	"agentAlias\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12/\n" +
 	"\x13interaction_surface\x18\x05 \x01(\tR\x12interactionSurface\x12#\n" +
-	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\"\x9e\x01\n" +
+	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\"\xc5\x01\n" +
 	"\x12NewSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1f\n" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
 	"agentAlias\x12#\n" +
 	"\rmessage_count\x18\x03 \x01(\x03R\fmessageCount\x12#\n" +
-	"\rworkspace_dir\x18\x04 \x01(\tR\fworkspaceDir\"_\n" +
+	"\rworkspace_dir\x18\x04 \x01(\tR\fworkspaceDir\x12%\n" +
+	"\x0eupdate_subject\x18\x05 \x01(\tR\rupdateSubject\"_\n" +
 	"\aFileRef\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
 	"\x06marker\x18\x02 \x01(\tR\x06marker\x12%\n" +
 	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\xe0\x02\n" +
 	"\rPromptRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x16\n" +
 	"\x06prompt\x18\x03 \x01(\tR\x06prompt\x129\n" +
@@ -2015,32 +2417,32 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\vattachments\x18\x05 \x03(\v2\x1c.clawmesh.session.v1.FileRefR\vattachments\x12#\n" +
 	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\x12 \n" +
 	"\velicitation\x18\a \x01(\bR\velicitationB\x19\n" +
-	"\x17_client_turn_generation\"\x9d\x01\n" +
+	"\x17_client_turn_generation\"\xbf\x01\n" +
 	"\x0ePromptResponse\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x18\n" +
-	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x1f\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12:\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2 .clawmesh.session.v1.TurnOutcomeR\aoutcome\x12\x1f\n" +
 	"\vstop_reason\x18\x03 \x01(\tR\n" +
 	"stopReason\x12\x18\n" +
 	"\acontent\x18\x04 \x01(\tR\acontent\x12\x17\n" +
 	"\aturn_id\x18\x05 \x01(\tR\x06turnId\"k\n" +
 	"\rCancelRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\"M\n" +
 	"\x0eCancelResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
-	"\tcancelled\x18\x02 \x01(\bR\tcancelled\"\xe3\x01\n" +
+	"\tcancelled\x18\x02 \x01(\bR\tcancelled\"\xa0\x02\n" +
 	"\x0eApproveRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\x12\x1a\n" +
-	"\bdecision\x18\x04 \x01(\tR\bdecision\x12 \n" +
-	"\vreplacement\x18\x05 \x01(\tR\vreplacement\x12\x18\n" +
-	"\asurface\x18\x06 \x01(\tR\asurface\"\x9c\x01\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x129\n" +
+	"\bdecision\x18\x04 \x01(\x0e2\x1d.clawmesh.session.v1.DecisionR\bdecision\x12 \n" +
+	"\vreplacement\x18\x05 \x01(\tR\vreplacement\x126\n" +
+	"\asurface\x18\x06 \x01(\x0e2\x1c.clawmesh.session.v1.SurfaceR\asurface\"\x9c\x01\n" +
 	"\x0fApproveResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -2049,20 +2451,20 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\facknowledged\x18\x03 \x01(\bR\facknowledged\x12'\n" +
 	"\x0falready_decided\x18\x04 \x01(\bR\x0ealreadyDecided\"j\n" +
 	"\fStateRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"]\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\x80\x01\n" +
 	"\rStateResponse\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\tR\x05state\x12\x17\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x127\n" +
+	"\x05state\x18\x02 \x01(\x0e2!.clawmesh.session.v1.SessionStateR\x05state\x12\x17\n" +
 	"\aturn_id\x18\x03 \x01(\tR\x06turnId\"M\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x03R\x05index\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x03 \x01(\tR\acontent\"\xbc\x01\n" +
 	"\x0fMessagesRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12&\n" +
@@ -2074,21 +2476,37 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\bmessages\x18\x02 \x03(\v2\x1c.clawmesh.session.v1.MessageR\bmessages\x12\x14\n" +
 	"\x05total\x18\x03 \x01(\x03R\x05total\"\x87\x01\n" +
 	"\vListRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x14\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12%\n" +
 	"\x0einclude_closed\x18\x03 \x01(\bR\rincludeClosed\"H\n" +
 	"\fListResponse\x128\n" +
-	"\bsessions\x18\x01 \x03(\v2\x1c.clawmesh.session.v1.SessionR\bsessions\"n\n" +
-	"\x10LifecycleRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\bsessions\x18\x01 \x03(\v2\x1c.clawmesh.session.v1.SessionR\bsessions\"j\n" +
+	"\fCloseRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\"F\n" +
-	"\x11LifecycleResponse\x12\x1d\n" +
+	"\rCloseResponse\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
-	"\x04done\x18\x02 \x01(\bR\x04done\"\x90\x01\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06closed\x18\x02 \x01(\bR\x06closed\"i\n" +
+	"\vKillRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"E\n" +
+	"\fKillResponse\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06killed\x18\x02 \x01(\bR\x06killed\"k\n" +
+	"\rDeleteRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"I\n" +
+	"\x0eDeleteResponse\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\"\x90\x01\n" +
 	"\rAttachRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12#\n" +
 	"\rconnection_id\x18\x03 \x01(\tR\fconnectionId\"I\n" +
@@ -2101,7 +2519,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x18ConnectionClosedResponse\x12'\n" +
 	"\x0fcancelled_turns\x18\x01 \x01(\x05R\x0ecancelledTurns\"p\n" +
 	"\x12CheckUploadRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\"l\n" +
 	"\x13CheckUploadResponse\x12\x1e\n" +
@@ -2112,7 +2530,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"agentAlias\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xef\x01\n" +
 	"\x10StoreFileRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1e\n" +
 	"\n" +
@@ -2121,26 +2539,44 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\bfilename\x18\x04 \x01(\tR\bfilename\x12\x1b\n" +
 	"\tmime_type\x18\x05 \x01(\tR\bmimeType\x12\x12\n" +
 	"\x04data\x18\x06 \x01(\fR\x04data\x12\x12\n" +
-	"\x04path\x18\a \x01(\tR\x04path\"\xa4\x01\n" +
+	"\x04path\x18\a \x01(\tR\x04path\"G\n" +
+	"\x11StoreFileResponse\x122\n" +
+	"\x04file\x18\x01 \x01(\v2\x1e.clawmesh.session.v1.FileEntryR\x04file\"\xa4\x01\n" +
 	"\tFileEntry\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
 	"\x06marker\x18\x02 \x01(\tR\x06marker\x12%\n" +
 	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12\"\n" +
-	"\fdeduplicated\x18\x05 \x01(\bR\fdeduplicated\"\x0f\n" +
-	"\rStatusRequest\"Z\n" +
+	"\fdeduplicated\x18\x05 \x01(\bR\fdeduplicated\"L\n" +
+	"\rStatusRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\"Z\n" +
 	"\x0eStatusResponse\x12'\n" +
 	"\x0factive_sessions\x18\x01 \x01(\x03R\x0eactiveSessions\x12\x1f\n" +
 	"\vsession_ids\x18\x02 \x03(\tR\n" +
-	"sessionIds\"\x86\x01\n" +
-	"\x06Update\x12\x1d\n" +
-	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
-	"\x04type\x18\x02 \x01(\tR\x04type\x12\x10\n" +
-	"\x03seq\x18\x03 \x01(\x03R\x03seq\x12\x12\n" +
-	"\x04json\x18\x04 \x01(\tR\x04json\x12#\n" +
-	"\rconnection_id\x18\x05 \x01(\tR\fconnectionId2\xb6\n" +
+	"sessionIds*\x94\x01\n" +
+	"\fSessionState\x12\x1d\n" +
+	"\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12SESSION_STATE_IDLE\x10\x01\x12\x19\n" +
+	"\x15SESSION_STATE_RUNNING\x10\x02\x12\x18\n" +
+	"\x14SESSION_STATE_CLOSED\x10\x03\x12\x18\n" +
+	"\x14SESSION_STATE_KILLED\x10\x04*|\n" +
+	"\vTurnOutcome\x12\x1c\n" +
+	"\x18TURN_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16TURN_OUTCOME_COMPLETED\x10\x01\x12\x1a\n" +
+	"\x16TURN_OUTCOME_CANCELLED\x10\x02\x12\x17\n" +
+	"\x13TURN_OUTCOME_FAILED\x10\x03*\x8c\x01\n" +
+	"\bDecision\x12\x18\n" +
+	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13DECISION_ALLOW_ONCE\x10\x01\x12\x19\n" +
+	"\x15DECISION_ALLOW_ALWAYS\x10\x02\x12\x13\n" +
+	"\x0fDECISION_REJECT\x10\x03\x12\x1d\n" +
+	"\x19DECISION_REJECT_WITH_EDIT\x10\x04*a\n" +
+	"\aSurface\x12\x17\n" +
+	"\x13SURFACE_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vSURFACE_RPC\x10\x01\x12\x17\n" +
+	"\x13SURFACE_ELICITATION\x10\x02\x12\x13\n" +
+	"\x0fSURFACE_DURABLE\x10\x032\xa6\n" +
 	"\n" +
 	"\x0eSessionService\x12]\n" +
 	"\n" +
@@ -2150,13 +2586,13 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\aApprove\x12#.clawmesh.session.v1.ApproveRequest\x1a$.clawmesh.session.v1.ApproveResponse\x12N\n" +
 	"\x05State\x12!.clawmesh.session.v1.StateRequest\x1a\".clawmesh.session.v1.StateResponse\x12W\n" +
 	"\bMessages\x12$.clawmesh.session.v1.MessagesRequest\x1a%.clawmesh.session.v1.MessagesResponse\x12K\n" +
-	"\x04List\x12 .clawmesh.session.v1.ListRequest\x1a!.clawmesh.session.v1.ListResponse\x12V\n" +
-	"\x05Close\x12%.clawmesh.session.v1.LifecycleRequest\x1a&.clawmesh.session.v1.LifecycleResponse\x12U\n" +
-	"\x04Kill\x12%.clawmesh.session.v1.LifecycleRequest\x1a&.clawmesh.session.v1.LifecycleResponse\x12W\n" +
-	"\x06Delete\x12%.clawmesh.session.v1.LifecycleRequest\x1a&.clawmesh.session.v1.LifecycleResponse\x12Q\n" +
+	"\x04List\x12 .clawmesh.session.v1.ListRequest\x1a!.clawmesh.session.v1.ListResponse\x12N\n" +
+	"\x05Close\x12!.clawmesh.session.v1.CloseRequest\x1a\".clawmesh.session.v1.CloseResponse\x12K\n" +
+	"\x04Kill\x12 .clawmesh.session.v1.KillRequest\x1a!.clawmesh.session.v1.KillResponse\x12Q\n" +
+	"\x06Delete\x12\".clawmesh.session.v1.DeleteRequest\x1a#.clawmesh.session.v1.DeleteResponse\x12Q\n" +
 	"\x06Attach\x12\".clawmesh.session.v1.AttachRequest\x1a#.clawmesh.session.v1.AttachResponse\x12o\n" +
-	"\x10ConnectionClosed\x12,.clawmesh.session.v1.ConnectionClosedRequest\x1a-.clawmesh.session.v1.ConnectionClosedResponse\x12R\n" +
-	"\tStoreFile\x12%.clawmesh.session.v1.StoreFileRequest\x1a\x1e.clawmesh.session.v1.FileEntry\x12`\n" +
+	"\x10ConnectionClosed\x12,.clawmesh.session.v1.ConnectionClosedRequest\x1a-.clawmesh.session.v1.ConnectionClosedResponse\x12Z\n" +
+	"\tStoreFile\x12%.clawmesh.session.v1.StoreFileRequest\x1a&.clawmesh.session.v1.StoreFileResponse\x12`\n" +
 	"\vCheckUpload\x12'.clawmesh.session.v1.CheckUploadRequest\x1a(.clawmesh.session.v1.CheckUploadResponse\x12Q\n" +
 	"\x06Status\x12\".clawmesh.session.v1.StatusRequest\x1a#.clawmesh.session.v1.StatusResponseBBZ@github.com/clawmesh/clawmesh/proto/clawmesh/session/v1;sessionv1b\x06proto3"
 
@@ -2172,90 +2608,111 @@ func file_clawmesh_session_v1_session_proto_rawDescGZIP() []byte {
 	return file_clawmesh_session_v1_session_proto_rawDescData
 }
 
-var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_clawmesh_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_clawmesh_session_v1_session_proto_goTypes = []any{
-	(*Session)(nil),                  // 0: clawmesh.session.v1.Session
-	(*NewSessionRequest)(nil),        // 1: clawmesh.session.v1.NewSessionRequest
-	(*NewSessionResponse)(nil),       // 2: clawmesh.session.v1.NewSessionResponse
-	(*FileRef)(nil),                  // 3: clawmesh.session.v1.FileRef
-	(*PromptRequest)(nil),            // 4: clawmesh.session.v1.PromptRequest
-	(*PromptResponse)(nil),           // 5: clawmesh.session.v1.PromptResponse
-	(*CancelRequest)(nil),            // 6: clawmesh.session.v1.CancelRequest
-	(*CancelResponse)(nil),           // 7: clawmesh.session.v1.CancelResponse
-	(*ApproveRequest)(nil),           // 8: clawmesh.session.v1.ApproveRequest
-	(*ApproveResponse)(nil),          // 9: clawmesh.session.v1.ApproveResponse
-	(*StateRequest)(nil),             // 10: clawmesh.session.v1.StateRequest
-	(*StateResponse)(nil),            // 11: clawmesh.session.v1.StateResponse
-	(*Message)(nil),                  // 12: clawmesh.session.v1.Message
-	(*MessagesRequest)(nil),          // 13: clawmesh.session.v1.MessagesRequest
-	(*MessagesResponse)(nil),         // 14: clawmesh.session.v1.MessagesResponse
-	(*ListRequest)(nil),              // 15: clawmesh.session.v1.ListRequest
-	(*ListResponse)(nil),             // 16: clawmesh.session.v1.ListResponse
-	(*LifecycleRequest)(nil),         // 17: clawmesh.session.v1.LifecycleRequest
-	(*LifecycleResponse)(nil),        // 18: clawmesh.session.v1.LifecycleResponse
-	(*AttachRequest)(nil),            // 19: clawmesh.session.v1.AttachRequest
-	(*AttachResponse)(nil),           // 20: clawmesh.session.v1.AttachResponse
-	(*ConnectionClosedRequest)(nil),  // 21: clawmesh.session.v1.ConnectionClosedRequest
-	(*ConnectionClosedResponse)(nil), // 22: clawmesh.session.v1.ConnectionClosedResponse
-	(*CheckUploadRequest)(nil),       // 23: clawmesh.session.v1.CheckUploadRequest
-	(*CheckUploadResponse)(nil),      // 24: clawmesh.session.v1.CheckUploadResponse
-	(*StoreFileRequest)(nil),         // 25: clawmesh.session.v1.StoreFileRequest
-	(*FileEntry)(nil),                // 26: clawmesh.session.v1.FileEntry
-	(*StatusRequest)(nil),            // 27: clawmesh.session.v1.StatusRequest
-	(*StatusResponse)(nil),           // 28: clawmesh.session.v1.StatusResponse
-	(*Update)(nil),                   // 29: clawmesh.session.v1.Update
-	(*v1.Principal)(nil),             // 30: clawmesh.config.v1.Principal
+	(SessionState)(0),                // 0: clawmesh.session.v1.SessionState
+	(TurnOutcome)(0),                 // 1: clawmesh.session.v1.TurnOutcome
+	(Decision)(0),                    // 2: clawmesh.session.v1.Decision
+	(Surface)(0),                     // 3: clawmesh.session.v1.Surface
+	(*Session)(nil),                  // 4: clawmesh.session.v1.Session
+	(*NewSessionRequest)(nil),        // 5: clawmesh.session.v1.NewSessionRequest
+	(*NewSessionResponse)(nil),       // 6: clawmesh.session.v1.NewSessionResponse
+	(*FileRef)(nil),                  // 7: clawmesh.session.v1.FileRef
+	(*PromptRequest)(nil),            // 8: clawmesh.session.v1.PromptRequest
+	(*PromptResponse)(nil),           // 9: clawmesh.session.v1.PromptResponse
+	(*CancelRequest)(nil),            // 10: clawmesh.session.v1.CancelRequest
+	(*CancelResponse)(nil),           // 11: clawmesh.session.v1.CancelResponse
+	(*ApproveRequest)(nil),           // 12: clawmesh.session.v1.ApproveRequest
+	(*ApproveResponse)(nil),          // 13: clawmesh.session.v1.ApproveResponse
+	(*StateRequest)(nil),             // 14: clawmesh.session.v1.StateRequest
+	(*StateResponse)(nil),            // 15: clawmesh.session.v1.StateResponse
+	(*Message)(nil),                  // 16: clawmesh.session.v1.Message
+	(*MessagesRequest)(nil),          // 17: clawmesh.session.v1.MessagesRequest
+	(*MessagesResponse)(nil),         // 18: clawmesh.session.v1.MessagesResponse
+	(*ListRequest)(nil),              // 19: clawmesh.session.v1.ListRequest
+	(*ListResponse)(nil),             // 20: clawmesh.session.v1.ListResponse
+	(*CloseRequest)(nil),             // 21: clawmesh.session.v1.CloseRequest
+	(*CloseResponse)(nil),            // 22: clawmesh.session.v1.CloseResponse
+	(*KillRequest)(nil),              // 23: clawmesh.session.v1.KillRequest
+	(*KillResponse)(nil),             // 24: clawmesh.session.v1.KillResponse
+	(*DeleteRequest)(nil),            // 25: clawmesh.session.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 26: clawmesh.session.v1.DeleteResponse
+	(*AttachRequest)(nil),            // 27: clawmesh.session.v1.AttachRequest
+	(*AttachResponse)(nil),           // 28: clawmesh.session.v1.AttachResponse
+	(*ConnectionClosedRequest)(nil),  // 29: clawmesh.session.v1.ConnectionClosedRequest
+	(*ConnectionClosedResponse)(nil), // 30: clawmesh.session.v1.ConnectionClosedResponse
+	(*CheckUploadRequest)(nil),       // 31: clawmesh.session.v1.CheckUploadRequest
+	(*CheckUploadResponse)(nil),      // 32: clawmesh.session.v1.CheckUploadResponse
+	(*StoreFileRequest)(nil),         // 33: clawmesh.session.v1.StoreFileRequest
+	(*StoreFileResponse)(nil),        // 34: clawmesh.session.v1.StoreFileResponse
+	(*FileEntry)(nil),                // 35: clawmesh.session.v1.FileEntry
+	(*StatusRequest)(nil),            // 36: clawmesh.session.v1.StatusRequest
+	(*StatusResponse)(nil),           // 37: clawmesh.session.v1.StatusResponse
+	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
+	(*v1.Principal)(nil),             // 39: clawmesh.common.v1.Principal
 }
 var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
-	30, // 0: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.config.v1.Principal
-	30, // 1: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.config.v1.Principal
-	3,  // 2: clawmesh.session.v1.PromptRequest.attachments:type_name -> clawmesh.session.v1.FileRef
-	30, // 3: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.config.v1.Principal
-	30, // 4: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.config.v1.Principal
-	30, // 5: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.config.v1.Principal
-	30, // 6: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.config.v1.Principal
-	12, // 7: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
-	30, // 8: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.config.v1.Principal
-	0,  // 9: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
-	30, // 10: clawmesh.session.v1.LifecycleRequest.principal:type_name -> clawmesh.config.v1.Principal
-	30, // 11: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.config.v1.Principal
-	30, // 12: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.config.v1.Principal
-	30, // 13: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.config.v1.Principal
-	1,  // 14: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
-	4,  // 15: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
-	6,  // 16: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
-	8,  // 17: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
-	10, // 18: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
-	13, // 19: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
-	15, // 20: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
-	17, // 21: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.LifecycleRequest
-	17, // 22: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.LifecycleRequest
-	17, // 23: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.LifecycleRequest
-	19, // 24: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	21, // 25: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
-	25, // 26: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	23, // 27: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	27, // 28: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	2,  // 29: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	5,  // 30: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	7,  // 31: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	9,  // 32: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	11, // 33: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	14, // 34: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	16, // 35: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	18, // 36: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.LifecycleResponse
-	18, // 37: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.LifecycleResponse
-	18, // 38: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.LifecycleResponse
-	20, // 39: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	22, // 40: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	26, // 41: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.FileEntry
-	24, // 42: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	28, // 43: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	29, // [29:44] is the sub-list for method output_type
-	14, // [14:29] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	0,  // 0: clawmesh.session.v1.Session.state:type_name -> clawmesh.session.v1.SessionState
+	38, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	38, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
+	39, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	7,  // 5: clawmesh.session.v1.PromptRequest.attachments:type_name -> clawmesh.session.v1.FileRef
+	1,  // 6: clawmesh.session.v1.PromptResponse.outcome:type_name -> clawmesh.session.v1.TurnOutcome
+	39, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
+	2,  // 9: clawmesh.session.v1.ApproveRequest.decision:type_name -> clawmesh.session.v1.Decision
+	3,  // 10: clawmesh.session.v1.ApproveRequest.surface:type_name -> clawmesh.session.v1.Surface
+	39, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
+	0,  // 12: clawmesh.session.v1.StateResponse.state:type_name -> clawmesh.session.v1.SessionState
+	39, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
+	16, // 14: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
+	39, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
+	4,  // 16: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
+	39, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 21: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 22: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
+	35, // 23: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	39, // 24: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
+	5,  // 25: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
+	8,  // 26: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
+	10, // 27: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
+	12, // 28: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
+	14, // 29: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
+	17, // 30: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
+	19, // 31: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
+	21, // 32: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
+	23, // 33: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
+	25, // 34: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
+	27, // 35: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
+	29, // 36: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	33, // 37: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	31, // 38: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	36, // 39: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	6,  // 40: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	9,  // 41: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	11, // 42: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	13, // 43: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	15, // 44: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	18, // 45: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	20, // 46: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	22, // 47: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	24, // 48: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	26, // 49: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	28, // 50: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	30, // 51: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	34, // 52: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	32, // 53: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	37, // 54: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	40, // [40:55] is the sub-list for method output_type
+	25, // [25:40] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_session_v1_session_proto_init() }
@@ -2270,13 +2727,14 @@ func file_clawmesh_session_v1_session_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_session_v1_session_proto_rawDesc), len(file_clawmesh_session_v1_session_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   30,
+			NumEnums:      4,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_clawmesh_session_v1_session_proto_goTypes,
 		DependencyIndexes: file_clawmesh_session_v1_session_proto_depIdxs,
+		EnumInfos:         file_clawmesh_session_v1_session_proto_enumTypes,
 		MessageInfos:      file_clawmesh_session_v1_session_proto_msgTypes,
 	}.Build()
 	File_clawmesh_session_v1_session_proto = out.File

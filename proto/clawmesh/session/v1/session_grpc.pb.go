@@ -6,9 +6,9 @@
 
 // The session service owns sessions, turns, the agent loop and providers,
 // the transcript, asks (approvals) and session workspaces. Turn events are
-// published on NATS (subject clawmesh.session.<session_id>.update), not
-// streamed over gRPC, so every gateway connection attached to a session
-// receives them whichever RPC started the turn.
+// published on the bus (clawmesh.bus.v1.SessionUpdate, on the subject
+// Attach names), not streamed over gRPC, so every gateway connection
+// attached to a session receives them whichever RPC started the turn.
 
 package sessionv1
 
@@ -54,18 +54,22 @@ type SessionServiceClient interface {
 	State(ctx context.Context, in *StateRequest, opts ...grpc.CallOption) (*StateResponse, error)
 	Messages(ctx context.Context, in *MessagesRequest, opts ...grpc.CallOption) (*MessagesResponse, error)
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
-	Close(ctx context.Context, in *LifecycleRequest, opts ...grpc.CallOption) (*LifecycleResponse, error)
-	Kill(ctx context.Context, in *LifecycleRequest, opts ...grpc.CallOption) (*LifecycleResponse, error)
-	Delete(ctx context.Context, in *LifecycleRequest, opts ...grpc.CallOption) (*LifecycleResponse, error)
-	// Attach subscribes a gateway connection to a session's updates; the
-	// session checks ownership.
+	// Close ends a session's use and keeps its history resumable.
+	Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseResponse, error)
+	// Kill cancels a running turn, then tombstones the session.
+	Kill(ctx context.Context, in *KillRequest, opts ...grpc.CallOption) (*KillResponse, error)
+	// Delete cancels a running turn, then removes the session's rows.
+	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
+	// Attach checks that the principal may follow a session and names the
+	// bus subject of its updates: a gateway subscribes a connection only to
+	// a subject this returned.
 	Attach(ctx context.Context, in *AttachRequest, opts ...grpc.CallOption) (*AttachResponse, error)
 	// ConnectionClosed cancels every turn the connection started.
 	ConnectionClosed(ctx context.Context, in *ConnectionClosedRequest, opts ...grpc.CallOption) (*ConnectionClosedResponse, error)
 	// StoreFile writes a finished upload or attachment into the session's
 	// workspace under its content hash, re-checking the session generation
 	// and the caller's grants under the session lock.
-	StoreFile(ctx context.Context, in *StoreFileRequest, opts ...grpc.CallOption) (*FileEntry, error)
+	StoreFile(ctx context.Context, in *StoreFileRequest, opts ...grpc.CallOption) (*StoreFileResponse, error)
 	// CheckUpload is begin's check: the session exists, the principal may
 	// create files in it, own it and use its agent. It returns the session's
 	// generation, which StoreFile later re-checks.
@@ -152,9 +156,9 @@ func (c *sessionServiceClient) List(ctx context.Context, in *ListRequest, opts .
 	return out, nil
 }
 
-func (c *sessionServiceClient) Close(ctx context.Context, in *LifecycleRequest, opts ...grpc.CallOption) (*LifecycleResponse, error) {
+func (c *sessionServiceClient) Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(LifecycleResponse)
+	out := new(CloseResponse)
 	err := c.cc.Invoke(ctx, SessionService_Close_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -162,9 +166,9 @@ func (c *sessionServiceClient) Close(ctx context.Context, in *LifecycleRequest, 
 	return out, nil
 }
 
-func (c *sessionServiceClient) Kill(ctx context.Context, in *LifecycleRequest, opts ...grpc.CallOption) (*LifecycleResponse, error) {
+func (c *sessionServiceClient) Kill(ctx context.Context, in *KillRequest, opts ...grpc.CallOption) (*KillResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(LifecycleResponse)
+	out := new(KillResponse)
 	err := c.cc.Invoke(ctx, SessionService_Kill_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -172,9 +176,9 @@ func (c *sessionServiceClient) Kill(ctx context.Context, in *LifecycleRequest, o
 	return out, nil
 }
 
-func (c *sessionServiceClient) Delete(ctx context.Context, in *LifecycleRequest, opts ...grpc.CallOption) (*LifecycleResponse, error) {
+func (c *sessionServiceClient) Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(LifecycleResponse)
+	out := new(DeleteResponse)
 	err := c.cc.Invoke(ctx, SessionService_Delete_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -202,9 +206,9 @@ func (c *sessionServiceClient) ConnectionClosed(ctx context.Context, in *Connect
 	return out, nil
 }
 
-func (c *sessionServiceClient) StoreFile(ctx context.Context, in *StoreFileRequest, opts ...grpc.CallOption) (*FileEntry, error) {
+func (c *sessionServiceClient) StoreFile(ctx context.Context, in *StoreFileRequest, opts ...grpc.CallOption) (*StoreFileResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(FileEntry)
+	out := new(StoreFileResponse)
 	err := c.cc.Invoke(ctx, SessionService_StoreFile_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -244,18 +248,22 @@ type SessionServiceServer interface {
 	State(context.Context, *StateRequest) (*StateResponse, error)
 	Messages(context.Context, *MessagesRequest) (*MessagesResponse, error)
 	List(context.Context, *ListRequest) (*ListResponse, error)
-	Close(context.Context, *LifecycleRequest) (*LifecycleResponse, error)
-	Kill(context.Context, *LifecycleRequest) (*LifecycleResponse, error)
-	Delete(context.Context, *LifecycleRequest) (*LifecycleResponse, error)
-	// Attach subscribes a gateway connection to a session's updates; the
-	// session checks ownership.
+	// Close ends a session's use and keeps its history resumable.
+	Close(context.Context, *CloseRequest) (*CloseResponse, error)
+	// Kill cancels a running turn, then tombstones the session.
+	Kill(context.Context, *KillRequest) (*KillResponse, error)
+	// Delete cancels a running turn, then removes the session's rows.
+	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
+	// Attach checks that the principal may follow a session and names the
+	// bus subject of its updates: a gateway subscribes a connection only to
+	// a subject this returned.
 	Attach(context.Context, *AttachRequest) (*AttachResponse, error)
 	// ConnectionClosed cancels every turn the connection started.
 	ConnectionClosed(context.Context, *ConnectionClosedRequest) (*ConnectionClosedResponse, error)
 	// StoreFile writes a finished upload or attachment into the session's
 	// workspace under its content hash, re-checking the session generation
 	// and the caller's grants under the session lock.
-	StoreFile(context.Context, *StoreFileRequest) (*FileEntry, error)
+	StoreFile(context.Context, *StoreFileRequest) (*StoreFileResponse, error)
 	// CheckUpload is begin's check: the session exists, the principal may
 	// create files in it, own it and use its agent. It returns the session's
 	// generation, which StoreFile later re-checks.
@@ -293,13 +301,13 @@ func (UnimplementedSessionServiceServer) Messages(context.Context, *MessagesRequ
 func (UnimplementedSessionServiceServer) List(context.Context, *ListRequest) (*ListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
 }
-func (UnimplementedSessionServiceServer) Close(context.Context, *LifecycleRequest) (*LifecycleResponse, error) {
+func (UnimplementedSessionServiceServer) Close(context.Context, *CloseRequest) (*CloseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Close not implemented")
 }
-func (UnimplementedSessionServiceServer) Kill(context.Context, *LifecycleRequest) (*LifecycleResponse, error) {
+func (UnimplementedSessionServiceServer) Kill(context.Context, *KillRequest) (*KillResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Kill not implemented")
 }
-func (UnimplementedSessionServiceServer) Delete(context.Context, *LifecycleRequest) (*LifecycleResponse, error) {
+func (UnimplementedSessionServiceServer) Delete(context.Context, *DeleteRequest) (*DeleteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Delete not implemented")
 }
 func (UnimplementedSessionServiceServer) Attach(context.Context, *AttachRequest) (*AttachResponse, error) {
@@ -308,7 +316,7 @@ func (UnimplementedSessionServiceServer) Attach(context.Context, *AttachRequest)
 func (UnimplementedSessionServiceServer) ConnectionClosed(context.Context, *ConnectionClosedRequest) (*ConnectionClosedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ConnectionClosed not implemented")
 }
-func (UnimplementedSessionServiceServer) StoreFile(context.Context, *StoreFileRequest) (*FileEntry, error) {
+func (UnimplementedSessionServiceServer) StoreFile(context.Context, *StoreFileRequest) (*StoreFileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StoreFile not implemented")
 }
 func (UnimplementedSessionServiceServer) CheckUpload(context.Context, *CheckUploadRequest) (*CheckUploadResponse, error) {
@@ -465,7 +473,7 @@ func _SessionService_List_Handler(srv interface{}, ctx context.Context, dec func
 }
 
 func _SessionService_Close_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(LifecycleRequest)
+	in := new(CloseRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -477,13 +485,13 @@ func _SessionService_Close_Handler(srv interface{}, ctx context.Context, dec fun
 		FullMethod: SessionService_Close_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(SessionServiceServer).Close(ctx, req.(*LifecycleRequest))
+		return srv.(SessionServiceServer).Close(ctx, req.(*CloseRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _SessionService_Kill_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(LifecycleRequest)
+	in := new(KillRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -495,13 +503,13 @@ func _SessionService_Kill_Handler(srv interface{}, ctx context.Context, dec func
 		FullMethod: SessionService_Kill_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(SessionServiceServer).Kill(ctx, req.(*LifecycleRequest))
+		return srv.(SessionServiceServer).Kill(ctx, req.(*KillRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _SessionService_Delete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(LifecycleRequest)
+	in := new(DeleteRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -513,7 +521,7 @@ func _SessionService_Delete_Handler(srv interface{}, ctx context.Context, dec fu
 		FullMethod: SessionService_Delete_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(SessionServiceServer).Delete(ctx, req.(*LifecycleRequest))
+		return srv.(SessionServiceServer).Delete(ctx, req.(*DeleteRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }

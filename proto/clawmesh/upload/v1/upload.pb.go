@@ -10,7 +10,7 @@
 package uploadv1
 
 import (
-	v1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	v1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	v11 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -350,6 +350,50 @@ func (x *CommitRequest) GetUploadId() string {
 	return ""
 }
 
+type CommitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	File          *v11.FileEntry         `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitResponse) Reset() {
+	*x = CommitResponse{}
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitResponse) ProtoMessage() {}
+
+func (x *CommitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
+func (*CommitResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CommitResponse) GetFile() *v11.FileEntry {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
 type AttachFile struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -362,7 +406,7 @@ type AttachFile struct {
 
 func (x *AttachFile) Reset() {
 	*x = AttachFile{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[5]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +418,7 @@ func (x *AttachFile) String() string {
 func (*AttachFile) ProtoMessage() {}
 
 func (x *AttachFile) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[5]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +431,7 @@ func (x *AttachFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachFile.ProtoReflect.Descriptor instead.
 func (*AttachFile) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{5}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AttachFile) GetPath() string {
@@ -430,7 +474,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[6]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +486,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[6]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +499,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{6}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AttachRequest) GetPrincipal() *v1.Principal {
@@ -495,7 +539,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[7]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +551,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[7]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,7 +564,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{7}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AttachResponse) GetFiles() []*v11.FileEntry {
@@ -539,7 +583,7 @@ type DiscardConnectionRequest struct {
 
 func (x *DiscardConnectionRequest) Reset() {
 	*x = DiscardConnectionRequest{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[8]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +595,7 @@ func (x *DiscardConnectionRequest) String() string {
 func (*DiscardConnectionRequest) ProtoMessage() {}
 
 func (x *DiscardConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[8]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -564,7 +608,7 @@ func (x *DiscardConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscardConnectionRequest.ProtoReflect.Descriptor instead.
 func (*DiscardConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{8}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DiscardConnectionRequest) GetConnectionId() string {
@@ -583,7 +627,7 @@ type DiscardConnectionResponse struct {
 
 func (x *DiscardConnectionResponse) Reset() {
 	*x = DiscardConnectionResponse{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[9]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +639,7 @@ func (x *DiscardConnectionResponse) String() string {
 func (*DiscardConnectionResponse) ProtoMessage() {}
 
 func (x *DiscardConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[9]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +652,7 @@ func (x *DiscardConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscardConnectionResponse.ProtoReflect.Descriptor instead.
 func (*DiscardConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{9}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DiscardConnectionResponse) GetDiscarded() int32 {
@@ -626,7 +670,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[10]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +682,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[10]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +695,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{10}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{11}
 }
 
 type StatsResponse struct {
@@ -665,7 +709,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[11]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +721,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[11]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +734,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{11}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatsResponse) GetUploads() int32 {
@@ -718,9 +762,9 @@ var File_clawmesh_upload_v1_upload_proto protoreflect.FileDescriptor
 
 const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"\n" +
-	"\x1fclawmesh/upload/v1/upload.proto\x12\x12clawmesh.upload.v1\x1a\x1fclawmesh/config/v1/config.proto\x1a!clawmesh/session/v1/session.proto\"\xff\x01\n" +
+	"\x1fclawmesh/upload/v1/upload.proto\x12\x12clawmesh.upload.v1\x1a\x1fclawmesh/common/v1/common.proto\x1a!clawmesh/session/v1/session.proto\"\xff\x01\n" +
 	"\fBeginRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12#\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12#\n" +
 	"\rconnection_id\x18\x02 \x01(\tR\fconnectionId\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x1d\n" +
@@ -742,9 +786,11 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"\rChunkResponse\x12%\n" +
 	"\x0ereceived_bytes\x18\x01 \x01(\x03R\rreceivedBytes\"\x8e\x01\n" +
 	"\rCommitRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12#\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12#\n" +
 	"\rconnection_id\x18\x02 \x01(\tR\fconnectionId\x12\x1b\n" +
-	"\tupload_id\x18\x03 \x01(\tR\buploadId\"m\n" +
+	"\tupload_id\x18\x03 \x01(\tR\buploadId\"D\n" +
+	"\x0eCommitResponse\x122\n" +
+	"\x04file\x18\x01 \x01(\v2\x1e.clawmesh.session.v1.FileEntryR\x04file\"m\n" +
 	"\n" +
 	"AttachFile\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
@@ -752,7 +798,7 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"\bfilename\x18\x03 \x01(\tR\bfilename\x12\x1b\n" +
 	"\tmime_type\x18\x04 \x01(\tR\bmimeType\"\xc6\x01\n" +
 	"\rAttachRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.config.v1.PrincipalR\tprincipal\x12#\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12#\n" +
 	"\rconnection_id\x18\x02 \x01(\tR\fconnectionId\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x124\n" +
@@ -767,11 +813,11 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"\rStatsResponse\x12\x18\n" +
 	"\auploads\x18\x01 \x01(\x05R\auploads\x12!\n" +
 	"\fstaged_bytes\x18\x02 \x01(\x03R\vstagedBytes\x12!\n" +
-	"\fbudget_bytes\x18\x03 \x01(\x03R\vbudgetBytes2\x89\x04\n" +
+	"\fbudget_bytes\x18\x03 \x01(\x03R\vbudgetBytes2\x8d\x04\n" +
 	"\rUploadService\x12L\n" +
 	"\x05Begin\x12 .clawmesh.upload.v1.BeginRequest\x1a!.clawmesh.upload.v1.BeginResponse\x12L\n" +
-	"\x05Chunk\x12 .clawmesh.upload.v1.ChunkRequest\x1a!.clawmesh.upload.v1.ChunkResponse\x12K\n" +
-	"\x06Commit\x12!.clawmesh.upload.v1.CommitRequest\x1a\x1e.clawmesh.session.v1.FileEntry\x12O\n" +
+	"\x05Chunk\x12 .clawmesh.upload.v1.ChunkRequest\x1a!.clawmesh.upload.v1.ChunkResponse\x12O\n" +
+	"\x06Commit\x12!.clawmesh.upload.v1.CommitRequest\x1a\".clawmesh.upload.v1.CommitResponse\x12O\n" +
 	"\x06Attach\x12!.clawmesh.upload.v1.AttachRequest\x1a\".clawmesh.upload.v1.AttachResponse\x12p\n" +
 	"\x11DiscardConnection\x12,.clawmesh.upload.v1.DiscardConnectionRequest\x1a-.clawmesh.upload.v1.DiscardConnectionResponse\x12L\n" +
 	"\x05Stats\x12 .clawmesh.upload.v1.StatsRequest\x1a!.clawmesh.upload.v1.StatsResponseB@Z>github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1;uploadv1b\x06proto3"
@@ -788,46 +834,48 @@ func file_clawmesh_upload_v1_upload_proto_rawDescGZIP() []byte {
 	return file_clawmesh_upload_v1_upload_proto_rawDescData
 }
 
-var file_clawmesh_upload_v1_upload_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_clawmesh_upload_v1_upload_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_clawmesh_upload_v1_upload_proto_goTypes = []any{
 	(*BeginRequest)(nil),              // 0: clawmesh.upload.v1.BeginRequest
 	(*BeginResponse)(nil),             // 1: clawmesh.upload.v1.BeginResponse
 	(*ChunkRequest)(nil),              // 2: clawmesh.upload.v1.ChunkRequest
 	(*ChunkResponse)(nil),             // 3: clawmesh.upload.v1.ChunkResponse
 	(*CommitRequest)(nil),             // 4: clawmesh.upload.v1.CommitRequest
-	(*AttachFile)(nil),                // 5: clawmesh.upload.v1.AttachFile
-	(*AttachRequest)(nil),             // 6: clawmesh.upload.v1.AttachRequest
-	(*AttachResponse)(nil),            // 7: clawmesh.upload.v1.AttachResponse
-	(*DiscardConnectionRequest)(nil),  // 8: clawmesh.upload.v1.DiscardConnectionRequest
-	(*DiscardConnectionResponse)(nil), // 9: clawmesh.upload.v1.DiscardConnectionResponse
-	(*StatsRequest)(nil),              // 10: clawmesh.upload.v1.StatsRequest
-	(*StatsResponse)(nil),             // 11: clawmesh.upload.v1.StatsResponse
-	(*v1.Principal)(nil),              // 12: clawmesh.config.v1.Principal
-	(*v11.FileEntry)(nil),             // 13: clawmesh.session.v1.FileEntry
+	(*CommitResponse)(nil),            // 5: clawmesh.upload.v1.CommitResponse
+	(*AttachFile)(nil),                // 6: clawmesh.upload.v1.AttachFile
+	(*AttachRequest)(nil),             // 7: clawmesh.upload.v1.AttachRequest
+	(*AttachResponse)(nil),            // 8: clawmesh.upload.v1.AttachResponse
+	(*DiscardConnectionRequest)(nil),  // 9: clawmesh.upload.v1.DiscardConnectionRequest
+	(*DiscardConnectionResponse)(nil), // 10: clawmesh.upload.v1.DiscardConnectionResponse
+	(*StatsRequest)(nil),              // 11: clawmesh.upload.v1.StatsRequest
+	(*StatsResponse)(nil),             // 12: clawmesh.upload.v1.StatsResponse
+	(*v1.Principal)(nil),              // 13: clawmesh.common.v1.Principal
+	(*v11.FileEntry)(nil),             // 14: clawmesh.session.v1.FileEntry
 }
 var file_clawmesh_upload_v1_upload_proto_depIdxs = []int32{
-	12, // 0: clawmesh.upload.v1.BeginRequest.principal:type_name -> clawmesh.config.v1.Principal
-	12, // 1: clawmesh.upload.v1.CommitRequest.principal:type_name -> clawmesh.config.v1.Principal
-	12, // 2: clawmesh.upload.v1.AttachRequest.principal:type_name -> clawmesh.config.v1.Principal
-	5,  // 3: clawmesh.upload.v1.AttachRequest.files:type_name -> clawmesh.upload.v1.AttachFile
-	13, // 4: clawmesh.upload.v1.AttachResponse.files:type_name -> clawmesh.session.v1.FileEntry
-	0,  // 5: clawmesh.upload.v1.UploadService.Begin:input_type -> clawmesh.upload.v1.BeginRequest
-	2,  // 6: clawmesh.upload.v1.UploadService.Chunk:input_type -> clawmesh.upload.v1.ChunkRequest
-	4,  // 7: clawmesh.upload.v1.UploadService.Commit:input_type -> clawmesh.upload.v1.CommitRequest
-	6,  // 8: clawmesh.upload.v1.UploadService.Attach:input_type -> clawmesh.upload.v1.AttachRequest
-	8,  // 9: clawmesh.upload.v1.UploadService.DiscardConnection:input_type -> clawmesh.upload.v1.DiscardConnectionRequest
-	10, // 10: clawmesh.upload.v1.UploadService.Stats:input_type -> clawmesh.upload.v1.StatsRequest
-	1,  // 11: clawmesh.upload.v1.UploadService.Begin:output_type -> clawmesh.upload.v1.BeginResponse
-	3,  // 12: clawmesh.upload.v1.UploadService.Chunk:output_type -> clawmesh.upload.v1.ChunkResponse
-	13, // 13: clawmesh.upload.v1.UploadService.Commit:output_type -> clawmesh.session.v1.FileEntry
-	7,  // 14: clawmesh.upload.v1.UploadService.Attach:output_type -> clawmesh.upload.v1.AttachResponse
-	9,  // 15: clawmesh.upload.v1.UploadService.DiscardConnection:output_type -> clawmesh.upload.v1.DiscardConnectionResponse
-	11, // 16: clawmesh.upload.v1.UploadService.Stats:output_type -> clawmesh.upload.v1.StatsResponse
-	11, // [11:17] is the sub-list for method output_type
-	5,  // [5:11] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	13, // 0: clawmesh.upload.v1.BeginRequest.principal:type_name -> clawmesh.common.v1.Principal
+	13, // 1: clawmesh.upload.v1.CommitRequest.principal:type_name -> clawmesh.common.v1.Principal
+	14, // 2: clawmesh.upload.v1.CommitResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	13, // 3: clawmesh.upload.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 4: clawmesh.upload.v1.AttachRequest.files:type_name -> clawmesh.upload.v1.AttachFile
+	14, // 5: clawmesh.upload.v1.AttachResponse.files:type_name -> clawmesh.session.v1.FileEntry
+	0,  // 6: clawmesh.upload.v1.UploadService.Begin:input_type -> clawmesh.upload.v1.BeginRequest
+	2,  // 7: clawmesh.upload.v1.UploadService.Chunk:input_type -> clawmesh.upload.v1.ChunkRequest
+	4,  // 8: clawmesh.upload.v1.UploadService.Commit:input_type -> clawmesh.upload.v1.CommitRequest
+	7,  // 9: clawmesh.upload.v1.UploadService.Attach:input_type -> clawmesh.upload.v1.AttachRequest
+	9,  // 10: clawmesh.upload.v1.UploadService.DiscardConnection:input_type -> clawmesh.upload.v1.DiscardConnectionRequest
+	11, // 11: clawmesh.upload.v1.UploadService.Stats:input_type -> clawmesh.upload.v1.StatsRequest
+	1,  // 12: clawmesh.upload.v1.UploadService.Begin:output_type -> clawmesh.upload.v1.BeginResponse
+	3,  // 13: clawmesh.upload.v1.UploadService.Chunk:output_type -> clawmesh.upload.v1.ChunkResponse
+	5,  // 14: clawmesh.upload.v1.UploadService.Commit:output_type -> clawmesh.upload.v1.CommitResponse
+	8,  // 15: clawmesh.upload.v1.UploadService.Attach:output_type -> clawmesh.upload.v1.AttachResponse
+	10, // 16: clawmesh.upload.v1.UploadService.DiscardConnection:output_type -> clawmesh.upload.v1.DiscardConnectionResponse
+	12, // 17: clawmesh.upload.v1.UploadService.Stats:output_type -> clawmesh.upload.v1.StatsResponse
+	12, // [12:18] is the sub-list for method output_type
+	6,  // [6:12] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_upload_v1_upload_proto_init() }
@@ -841,7 +889,7 @@ func file_clawmesh_upload_v1_upload_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_upload_v1_upload_proto_rawDesc), len(file_clawmesh_upload_v1_upload_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

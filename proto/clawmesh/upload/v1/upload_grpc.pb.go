@@ -11,7 +11,6 @@ package uploadv1
 
 import (
 	context "context"
-	v1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	grpc "google.golang.org/grpc"
 	codes "google.golang.org/grpc/codes"
 	status "google.golang.org/grpc/status"
@@ -37,7 +36,7 @@ const (
 type UploadServiceClient interface {
 	Begin(ctx context.Context, in *BeginRequest, opts ...grpc.CallOption) (*BeginResponse, error)
 	Chunk(ctx context.Context, in *ChunkRequest, opts ...grpc.CallOption) (*ChunkResponse, error)
-	Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*v1.FileEntry, error)
+	Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*CommitResponse, error)
 	// Attach stores whole files carried in one frame (file/attach).
 	Attach(ctx context.Context, in *AttachRequest, opts ...grpc.CallOption) (*AttachResponse, error)
 	// DiscardConnection drops every upload the connection staged.
@@ -73,9 +72,9 @@ func (c *uploadServiceClient) Chunk(ctx context.Context, in *ChunkRequest, opts 
 	return out, nil
 }
 
-func (c *uploadServiceClient) Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*v1.FileEntry, error) {
+func (c *uploadServiceClient) Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*CommitResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(v1.FileEntry)
+	out := new(CommitResponse)
 	err := c.cc.Invoke(ctx, UploadService_Commit_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -119,7 +118,7 @@ func (c *uploadServiceClient) Stats(ctx context.Context, in *StatsRequest, opts 
 type UploadServiceServer interface {
 	Begin(context.Context, *BeginRequest) (*BeginResponse, error)
 	Chunk(context.Context, *ChunkRequest) (*ChunkResponse, error)
-	Commit(context.Context, *CommitRequest) (*v1.FileEntry, error)
+	Commit(context.Context, *CommitRequest) (*CommitResponse, error)
 	// Attach stores whole files carried in one frame (file/attach).
 	Attach(context.Context, *AttachRequest) (*AttachResponse, error)
 	// DiscardConnection drops every upload the connection staged.
@@ -141,7 +140,7 @@ func (UnimplementedUploadServiceServer) Begin(context.Context, *BeginRequest) (*
 func (UnimplementedUploadServiceServer) Chunk(context.Context, *ChunkRequest) (*ChunkResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Chunk not implemented")
 }
-func (UnimplementedUploadServiceServer) Commit(context.Context, *CommitRequest) (*v1.FileEntry, error) {
+func (UnimplementedUploadServiceServer) Commit(context.Context, *CommitRequest) (*CommitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Commit not implemented")
 }
 func (UnimplementedUploadServiceServer) Attach(context.Context, *AttachRequest) (*AttachResponse, error) {

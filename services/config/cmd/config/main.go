@@ -3,20 +3,34 @@ package main
 
 import (
 	"context"
-	"flag"
-	"strings"
+	"encoding/json"
+	"fmt"
+	"os"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	"github.com/clawmesh/clawmesh/services/config"
 	"github.com/clawmesh/clawmesh/services/config/migrations"
 )
 
-// setFlags collects the repeatable --set prop=value.
-type setFlags []string
+// EnvStartupSets holds the launcher's --set overrides, a JSON array of
+// "prop=value" strings. They travel in the environment, never on the
+// command line, because they may hold secrets (api keys).
+const EnvStartupSets = "CLAWMESH_STARTUP_SETS"
 
-func (s *setFlags) String() string     { return strings.Join(*s, ",") }
-func (s *setFlags) Set(v string) error { *s = append(*s, v); return nil }
+// startupSets reads EnvStartupSets.
+func startupSets() ([]string, error) {
+	raw := os.Getenv(EnvStartupSets)
+	if raw == "" {
+		return nil, nil
+	}
+	var sets []string
+	if err := json.Unmarshal([]byte(raw), &sets); err != nil {
+		return nil, fmt.Errorf("%s: %w", EnvStartupSets, err)
+	}
+	return sets, nil
+}
 
 func main() { service.Main(spec()) }
 
@@ -24,16 +38,17 @@ func main() { service.Main(spec()) }
 // committed before it serves, and a bad one stops it with an error that
 // names the property.
 func spec() service.Spec {
-	var sets setFlags
 	return service.Spec{
 		Name:        "config",
+		Role:        bus.RoleConfig,
 		HealthNames: []string{configv1.ConfigService_ServiceDesc.ServiceName},
 		Schema:      "config",
 		Migrations:  migrations.FS,
-		Flags: func(fs *flag.FlagSet) {
-			fs.Var(&sets, "set", "commit prop=value at start (repeatable; the value is typed by the config schema)")
-		},
 		Register: func(ctx context.Context, env *service.Env) error {
+			sets, err := startupSets()
+			if err != nil {
+				return err
+			}
 			srv, err := config.New(ctx, config.Options{DB: env.DB, NATS: env.NATS, DataDir: env.DataDir, Log: env.Log})
 			if err != nil {
 				return err

@@ -5,17 +5,16 @@ package main
 import (
 	"context"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/service"
 	durablev1 "github.com/clawmesh/clawmesh/proto/clawmesh/durable/v1"
-	"github.com/clawmesh/clawmesh/services/durablebridge/migrations"
 )
 
 func main() {
 	service.Main(service.Spec{
 		Name:        "durable-bridge",
+		Role:        bus.RoleDurable,
 		HealthNames: []string{durablev1.DurableService_ServiceDesc.ServiceName},
-		Schema:      "durable",
-		Migrations:  migrations.FS,
 		Register: func(_ context.Context, env *service.Env) error {
 			durablev1.RegisterDurableServiceServer(env.Server.GRPC, durablev1.UnimplementedDurableServiceServer{})
 			return nil

@@ -3,18 +3,17 @@
 package main
 
 import (
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/service"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/migrations"
 )
 
 func main() {
 	service.Main(service.Spec{
 		Name:        "plugin-sandbox",
+		Role:        bus.RolePlugin,
 		HealthNames: []string{pluginv1.PluginService_ServiceDesc.ServiceName},
-		Schema:      "plugin",
-		Migrations:  migrations.FS,
 		Register:    pluginsandbox.Register,
 	})
 }

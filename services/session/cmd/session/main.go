@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
-	"github.com/clawmesh/clawmesh/services/config/configclient"
 	"github.com/clawmesh/clawmesh/services/session"
 	"github.com/clawmesh/clawmesh/services/session/migrations"
 )
@@ -19,6 +20,7 @@ import (
 func main() {
 	service.Main(service.Spec{
 		Name:        "session",
+		Role:        bus.RoleSession,
 		HealthNames: []string{sessionv1.SessionService_ServiceDesc.ServiceName},
 		Schema:      "session",
 		Migrations:  migrations.FS,

@@ -5,17 +5,16 @@ package main
 import (
 	"context"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/service"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
-	"github.com/clawmesh/clawmesh/services/uploadstaging/migrations"
 )
 
 func main() {
 	service.Main(service.Spec{
 		Name:        "upload-staging",
+		Role:        bus.RoleUpload,
 		HealthNames: []string{uploadv1.UploadService_ServiceDesc.ServiceName},
-		Schema:      "upload",
-		Migrations:  migrations.FS,
 		Register: func(_ context.Context, env *service.Env) error {
 			uploadv1.RegisterUploadServiceServer(env.Server.GRPC, uploadv1.UnimplementedUploadServiceServer{})
 			return nil

@@ -1,0 +1,201 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+)
+
+// PublishConfigChanged announces a committed config revision.
+func PublishConfigChanged(nc *nats.Conn, revision int64, props []string) error {
+	return publish(nc, SubjectConfigChanged, &busv1.ConfigChanged{Revision: revision, Props: props})
+}
+
+// SubscribeConfigChanged calls fn with each config change announced.
+// Undecodable messages are reported to bad and dropped.
+func SubscribeConfigChanged(nc *nats.Conn, fn func(*busv1.ConfigChanged), bad func(error)) (*nats.Subscription, error) {
+	return subscribe(nc, SubjectConfigChanged, func() *busv1.ConfigChanged { return &busv1.ConfigChanged{} }, fn, bad)
+}
+
+// PublishSessionUpdate publishes one session/update of u.SessionId.
+func PublishSessionUpdate(nc *nats.Conn, u *busv1.SessionUpdate) error {
+	subject, err := SessionUpdateSubject(u.GetSessionId())
+	if err != nil {
+		return err
+	}
+	return publish(nc, subject, u)
+}
+
+// SubscribeSessionUpdates follows one session's updates on subject, which
+// must be a session update subject (the one the session service returned
+// at attach). Updates claiming another session are dropped as bad.
+func SubscribeSessionUpdates(nc *nats.Conn, subject string, fn func(*busv1.SessionUpdate), bad func(error)) (*nats.Subscription, error) {
+	id, err := SessionOfSubject(subject)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q is not a session update subject", err, subject)
+	}
+	return subscribe(nc, subject, func() *busv1.SessionUpdate { return &busv1.SessionUpdate{} }, func(u *busv1.SessionUpdate) {
+		if u.GetSessionId() != id {
+			bad(fmt.Errorf("%w: update of session %q on the subject of %q", ErrDecode, u.GetSessionId(), id))
+			return
+		}
+		fn(u)
+	}, bad)
+}
+
+// SubscribeAllSessionUpdates follows every session's updates (the durable
+// bridge watches them all).
+func SubscribeAllSessionUpdates(nc *nats.Conn, fn func(*busv1.SessionUpdate), bad func(error)) (*nats.Subscription, error) {
+	return nc.Subscribe(SubjectAllSessionUpdates, func(m *nats.Msg) {
+		id, err := SessionOfSubject(m.Subject)
+		u := &busv1.SessionUpdate{}
+		if err == nil {
+			err = proto.Unmarshal(m.Data, u)
+		}
+		if err == nil && u.GetSessionId() != id {
+			err = fmt.Errorf("update of session %q on the subject of %q", u.GetSessionId(), id)
+		}
+		if err != nil {
+			bad(fmt.Errorf("%w: %s: %w", ErrDecode, SubjectAllSessionUpdates, err))
+			return
+		}
+		fn(u)
+	})
+}
+
+// PublishRestart tells watchers the launcher restarted a process.
+func PublishRestart(nc *nats.Conn, process string, count int) error {
+	return publish(nc, SubjectRestarts, &busv1.ProcessRestarted{Process: process, RestartCount: int32(count)})
+}
+
+// SubscribeRestarts calls fn with each restart notice.
+func SubscribeRestarts(nc *nats.Conn, fn func(*busv1.ProcessRestarted), bad func(error)) (*nats.Subscription, error) {
+	return subscribe(nc, SubjectRestarts, func() *busv1.ProcessRestarted { return &busv1.ProcessRestarted{} }, fn, bad)
+}
+
+func publish(nc *nats.Conn, subject string, m proto.Message) error {
+	data, err := proto.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("bus: encode %s: %w", subject, err)
+	}
+	if err := nc.Publish(subject, data); err != nil {
+		return fmt.Errorf("bus: publish %s: %w", subject, err)
+	}
+	return nil
+}
+
+func subscribe[M proto.Message](nc *nats.Conn, subject string, alloc func() M, fn func(M), bad func(error)) (*nats.Subscription, error) {
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		v := alloc()
+		if err := proto.Unmarshal(m.Data, v); err != nil {
+			if bad != nil {
+				bad(fmt.Errorf("%w: %s: %w", ErrDecode, subject, err))
+			}
+			return
+		}
+		fn(v)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bus: subscribe %s: %w", subject, err)
+	}
+	return sub, nil
+}
+
+// AskError is an ask that got no result.
+type AskError struct {
+	Failure busv1.AskFailure
+	// Code, Message and Data are the client's error object when Failure is
+	// ASK_FAILURE_CLIENT_ERROR, else the gateway's description.
+	Code    int64
+	Message string
+	Data    json.RawMessage
+}
+
+func (e *AskError) Error() string {
+	if e.Failure == busv1.AskFailure_ASK_FAILURE_CLIENT_ERROR {
+		return fmt.Sprintf("client error %d: %s", e.Code, e.Message)
+	}
+	return "ask failed: " + e.Message
+}
+
+// ErrNoConnection: no gateway holds the connection any more.
+var ErrNoConnection = errors.New("bus: ask: connection not found")
+
+// Ask sends method with params to the client behind connID, through the
+// gateway that holds it, and waits for its answer at most timeout. The
+// answer is the client's JSON result ("null" for an explicit null), or an
+// *AskError.
+func Ask(ctx context.Context, nc *nats.Conn, connID, method string, params any, timeout time.Duration) (json.RawMessage, error) {
+	subject, err := AskSubject(connID)
+	if err != nil {
+		return nil, err
+	}
+	req := &busv1.AskRequest{Method: method, TimeoutMs: timeout.Milliseconds()}
+	if params != nil {
+		raw, err := json.Marshal(params)
+		if err != nil {
+			return nil, fmt.Errorf("bus: ask params: %w", err)
+		}
+		req.ParamsJson = string(raw)
+	}
+	data, err := proto.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("bus: encode ask: %w", err)
+	}
+	// The wait covers the client's time plus the relay.
+	ctx, cancel := context.WithTimeout(ctx, timeout+2*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, subject, data)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, ErrNoConnection
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bus: ask %s: %w", method, err)
+	}
+	var rep busv1.AskReply
+	if err := proto.Unmarshal(msg.Data, &rep); err != nil {
+		return nil, fmt.Errorf("%w: ask reply: %w", ErrDecode, err)
+	}
+	if e := rep.GetError(); e != nil {
+		return nil, &AskError{Failure: e.GetFailure(), Code: e.GetCode(), Message: e.GetMessage(), Data: json.RawMessage(e.GetDataJson())}
+	}
+	return json.RawMessage(rep.GetResultJson()), nil
+}
+
+// ServeAsks answers the asks for connection connID with fn, each on its
+// own goroutine (fn waits for a client), until the subscription is
+// removed. spawn starts those goroutines, so the caller owns and awaits
+// them.
+func ServeAsks(nc *nats.Conn, connID string, spawn func(func()), fn func(*busv1.AskRequest) *busv1.AskReply) (*nats.Subscription, error) {
+	subject, err := AskSubject(connID)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		spawn(func() {
+			req := &busv1.AskRequest{}
+			var rep *busv1.AskReply
+			if err := proto.Unmarshal(m.Data, req); err != nil || req.GetMethod() == "" {
+				rep = &busv1.AskReply{Error: &busv1.AskError{Failure: busv1.AskFailure_ASK_FAILURE_INVALID, Message: "ask: a method is required"}}
+			} else {
+				rep = fn(req)
+			}
+			data, err := proto.Marshal(rep)
+			if err != nil {
+				data, _ = proto.Marshal(&busv1.AskReply{Error: &busv1.AskError{Failure: busv1.AskFailure_ASK_FAILURE_INVALID, Message: "ask: reply not encodable"}})
+			}
+			_ = m.Respond(data)
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bus: subscribe asks: %w", err)
+	}
+	return sub, nil
+}

@@ -1,0 +1,269 @@
+// Package configclient is how every process reads the live config: the
+// whole document from the config service at start (the Live RPC), then
+// each committed revision, which it also reads from the config service
+// when a change is announced on the bus. The announcement is only a hint:
+// a document is never taken from the bus, so a forged announcement can at
+// most cause one extra read, never install anything.
+//
+// Read settings through the typed accessors (RPCLimits, PluginLimits,
+// Agent, Uploads, Durable): they take every default from internal/
+// configschema, the one place defaults are written.
+//
+//	cc, err := configclient.New(ctx, configv1.NewConfigServiceClient(conn), nc, log)
+//	limits := cc.RPCLimits()
+//	cc.OnChange(func(s configclient.Snapshot, props []string) { ... })
+//
+// Documents are masked: a secret reads "***MASKED***". A service that
+// needs a secret's value asks the Reveal RPC.
+package configclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+// Snapshot is one revision of the live config.
+type Snapshot struct {
+	Revision int64
+	Document map[string]any
+}
+
+// Value returns the value at a dotted path.
+func (s Snapshot) Value(path string) (any, bool) {
+	var cur any = s.Document
+	for _, seg := range strings.Split(path, ".") {
+		obj, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = obj[seg]; !ok {
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
+// Client follows the live config.
+type Client struct {
+	rpc configv1.ConfigServiceClient
+	log *zap.Logger
+	sub *nats.Subscription
+
+	// wake tells the follower goroutine a newer revision was announced;
+	// ctx ends it, done closes when it has returned.
+	wake   chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	cur      Snapshot
+	pending  int64 // newest revision announced and not read yet
+	watchers []func(Snapshot, []string)
+	props    map[int64][]string // props of announced revisions not read yet
+}
+
+// New subscribes to change announcements, then reads the live document
+// (waiting for the config service up to ctx's deadline), so no commit
+// falls between the two.
+func New(ctx context.Context, rpc configv1.ConfigServiceClient, nc *nats.Conn, log *zap.Logger) (*Client, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	c := &Client{rpc: rpc, log: log, wake: make(chan struct{}, 1), done: make(chan struct{}), props: map[int64][]string{}}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	sub, err := bus.SubscribeConfigChanged(nc, c.hint, func(err error) { log.Warn("config change announcement dropped", zap.Error(err)) })
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.Flush(); err != nil {
+		sub.Unsubscribe() //nolint:errcheck
+		return nil, fmt.Errorf("subscribe config changes: %w", err)
+	}
+	c.sub = sub
+	snap, err := c.fetch(ctx)
+	if err != nil {
+		sub.Unsubscribe() //nolint:errcheck
+		c.cancel()
+		return nil, err
+	}
+	c.mu.Lock()
+	c.cur = snap
+	c.mu.Unlock()
+	go c.follow()
+	return c, nil
+}
+
+// Close stops following changes and waits for the follower.
+func (c *Client) Close() {
+	if c.sub != nil {
+		c.sub.Unsubscribe() //nolint:errcheck // the connection may be closed already
+	}
+	c.cancel()
+	<-c.done
+}
+
+// Current is the newest revision read.
+func (c *Client) Current() Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur
+}
+
+// OnChange registers fn, called with each newer revision and the props it
+// changed, in revision order, from one goroutine; fn must not block long.
+// A revision reached after a gap (several commits read at once) reports
+// props nil.
+func (c *Client) OnChange(fn func(Snapshot, []string)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.watchers = append(c.watchers, fn)
+}
+
+// maxPendingProps bounds the props remembered for announced revisions.
+const maxPendingProps = 64
+
+// hint records an announced revision for the follower.
+func (c *Client) hint(ch *busv1.ConfigChanged) {
+	rev := ch.GetRevision()
+	c.mu.Lock()
+	if rev <= c.cur.Revision {
+		c.mu.Unlock()
+		return
+	}
+	if len(c.props) < maxPendingProps {
+		c.props[rev] = ch.GetProps()
+	}
+	c.pending = max(c.pending, rev)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Resync is how often the live document is read without an
+// announcement, so a lost one (the bus was down at the commit) delays a
+// change at most this long.
+const Resync = 30 * time.Second
+
+// follow reads the live document each time a newer revision is announced,
+// and every Resync.
+func (c *Client) follow() {
+	defer close(c.done)
+	t := time.NewTicker(Resync)
+	defer t.Stop()
+	for {
+		resync := false
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.wake:
+		case <-t.C:
+			resync = true
+		}
+		c.mu.Lock()
+		rev := c.pending
+		c.pending = 0
+		cur := c.cur.Revision
+		c.mu.Unlock()
+		if rev <= cur && !resync {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+		snap, err := c.fetch(ctx)
+		cancel()
+		if err != nil {
+			if c.ctx.Err() == nil {
+				c.log.Warn("config revision not read", zap.Int64("announced", rev), zap.Error(err))
+			}
+			continue
+		}
+		if !resync && snap.Revision < rev {
+			// The config service has no such revision: a forged or stale
+			// announcement. Nothing is pinned to it.
+			c.log.Warn("announced config revision unknown to the config service",
+				zap.Int64("announced", rev), zap.Int64("live", snap.Revision))
+		}
+		c.install(snap)
+	}
+}
+
+func (c *Client) fetch(ctx context.Context) (Snapshot, error) {
+	for {
+		live, err := c.rpc.Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true))
+		if err == nil {
+			return Snapshot{Revision: live.GetRevision(), Document: live.GetDocument().AsMap()}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return Snapshot{}, fmt.Errorf("read the live config: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Client) install(s Snapshot) {
+	c.mu.Lock()
+	if s.Revision <= c.cur.Revision {
+		c.mu.Unlock()
+		return
+	}
+	props, exact := c.props[s.Revision]
+	if s.Revision != c.cur.Revision+1 {
+		props, exact = nil, false
+	}
+	for rev := range c.props {
+		if rev <= s.Revision {
+			delete(c.props, rev)
+		}
+	}
+	c.cur = s
+	watchers := append([]func(Snapshot, []string){}, c.watchers...)
+	c.mu.Unlock()
+	if !exact {
+		props = nil
+	}
+	for _, fn := range watchers {
+		fn(s, props)
+	}
+}
+
+// ErrConfigUnavailable wraps a failure to reach the config service.
+var ErrConfigUnavailable = errors.New("config service unavailable")
+
+// Authorize asks the config service whether principal holds permission on
+// resource. It returns nil when allowed, a PermissionDenied status with
+// the forbidden reason (ready to return to the gateway, which sends
+// -32012) when not, and an error wrapping ErrConfigUnavailable when the
+// question could not be asked.
+func Authorize(ctx context.Context, rpc configv1.ConfigServiceClient, principal *commonv1.Principal, permission, resource string) error {
+	resp, err := rpc.Authorize(ctx, &configv1.AuthorizeRequest{Principal: principal, Permission: permission, Resource: resource})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfigUnavailable, err)
+	}
+	if !resp.GetAllowed() {
+		return rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonForbidden, rpcerr.NoIndex, resp.GetReason())
+	}
+	return nil
+}
+
+// Authorize is the package-level Authorize on the client's connection.
+func (c *Client) Authorize(ctx context.Context, principal *commonv1.Principal, permission, resource string) error {
+	return Authorize(ctx, c.rpc, principal, permission, resource)
+}

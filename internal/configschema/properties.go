@@ -1,0 +1,122 @@
+package configschema
+
+import "regexp"
+
+// Permission names, as the seeds use them: what a permission profile may
+// grant and what services ask the config service about. "admin" holds
+// every permission, like the operator.
+const (
+	PermAdmin         = "admin"
+	PermConfigRead    = "Config:Read"
+	PermConfigUpdate  = "Config:Update"
+	PermFilesCreate   = "files:create"
+	PermAgentUse      = "agent:use"
+	PermSessionCreate = "session:create"
+	PermSessionAdmin  = "session:admin"
+	PermPluginsManage = "plugins:manage"
+)
+
+// Permissions lists every permission name.
+var Permissions = []string{
+	PermAdmin, PermConfigRead, PermConfigUpdate, PermFilesCreate, PermAgentUse,
+	PermSessionCreate, PermSessionAdmin, PermPluginsManage,
+}
+
+// Principal ids: the operator's, and a user's.
+const OperatorPrincipal = "shared-operator"
+
+// UserPrincipal is the principal id of users.<name>.
+func UserPrincipal(name string) string { return "user:" + name }
+
+var (
+	configPathPattern = regexp.MustCompile(`^(\*|[A-Za-z0-9_][A-Za-z0-9_:@-]*)(\.(\*|[A-Za-z0-9_][A-Za-z0-9_:@-]*))*$`)
+	providerPattern   = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
+	urlPattern        = regexp.MustCompile(`^(|(https?|unix)://\S+)$`)
+	toolPattern       = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$`)
+	hexKey            = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	durableToken      = regexp.MustCompile(`^(|[!-~]{32,})$`)
+	shortText         = regexp.MustCompile(`^[^\x00-\x1f]{0,64}$`)
+)
+
+// Properties is the schema. Keep related rows together; a Map row comes
+// before its entries' fields.
+var Properties = []Property{
+	// The edge (SPEC §3, §4). The gateway reads these when its listener
+	// starts.
+	{Path: "rpc.max_frame_bytes", Type: Integer, Default: 8388608, Min: f(1024), Max: f(1 << 30), Restart: true,
+		Doc: "largest NDJSON frame (one line) in bytes"},
+	{Path: "rpc.initialize_timeout_ms", Type: Integer, Default: 30000, Min: f(1), Max: f(3_600_000), Restart: true,
+		Doc: "time from accept to a successful initialize"},
+	{Path: "rpc.frame_timeout_ms", Type: Integer, Default: 30000, Min: f(1), Max: f(3_600_000), Restart: true,
+		Doc: "time from a frame's first byte to its end"},
+	{Path: "rpc.write_stall_timeout_ms", Type: Integer, Default: 30000, Min: f(1), Max: f(3_600_000), Restart: true,
+		Doc: "time output may stay pending while the client does not read"},
+	{Path: "rpc.max_local_connections", Type: Integer, Default: 512, Min: f(1), Max: f(65536), Restart: true,
+		Doc: "open connections on the local socket"},
+	{Path: "rpc.advertised_server_version", Type: String, Default: "", Pattern: shortText, Restart: true,
+		Doc: "server_version sent at initialize; empty means Clawmesh's own version"},
+	{Path: "rpc.max_inflight_requests", Type: Integer, Default: 64, Min: f(1), Max: f(4096), Restart: true,
+		Doc: "requests one connection may have in flight; past it the gateway stops reading that connection until replies drain"},
+	{Path: "rpc.max_buffered_frame_bytes", Type: Integer, Default: 134217728, Min: f(1 << 20), Max: f(1 << 36), Restart: true,
+		Doc: "unfinished frames held across every connection; a connection that would pass it waits (its frame timeout still runs)"},
+
+	// Principals (SPEC §4, §7).
+	{Path: "users", Type: Map, Doc: "users, by name: who a uid or a paired token is"},
+	{Path: "users.*.uid", Type: Integer, Min: f(0), Max: f(4294967295), Unique: true,
+		Doc: "local uid bound to this user on the socket"},
+	{Path: "users.*.permission_profiles", Type: Array, Items: String, Default: []any{}, Ref: "permission_profiles",
+		Doc: "the permission profiles this user holds"},
+	{Path: "permission_profiles", Type: Map, Doc: "named sets of grants"},
+	{Path: "permission_profiles.*.permissions", Type: Array, Items: String, Default: []any{}, Enum: Permissions,
+		Doc: "permissions granted"},
+	{Path: "permission_profiles.*.config_paths", Type: Array, Items: String, Default: []any{}, Pattern: configPathPattern,
+		Doc: "config paths Config:Read and Config:Update apply to: a path covers itself and everything below; * matches one segment"},
+	{Path: "permission_profiles.*.agents", Type: Array, Items: String, Default: []any{}, Ref: "agents", Wildcard: true,
+		Doc: "agent aliases the holder may use; * for all"},
+
+	// Agents; "default" exists out of the box.
+	{Path: "agents", Type: Map, Default: []string{"default"}, Doc: "agents, by alias"},
+	{Path: "agents.*.provider", Type: String, Default: "scripted", Pattern: providerPattern, Doc: "model provider"},
+	{Path: "agents.*.model", Type: String, Default: "", Doc: "model name at the provider"},
+	{Path: "agents.*.base_url", Type: String, Default: "", Pattern: urlPattern, Doc: "provider endpoint; empty for the provider's own"},
+	{Path: "agents.*.api_key", Type: String, Default: "", Secret: true, Doc: "provider credential"},
+	{Path: "agents.*.system_prompt", Type: String, Default: "", Doc: "system prompt"},
+	{Path: "agents.*.tools", Type: Array, Items: String, Default: []any{}, Pattern: toolPattern, Doc: "tools the agent may call"},
+	{Path: "agents.*.approval_required", Type: Array, Items: String, Default: []any{}, Pattern: toolPattern,
+		Doc: "tools whose calls need an approval"},
+	{Path: "agents.*.approval_timeout_secs", Type: Integer, Default: 120, Min: f(1), Max: f(86400),
+		Doc: "an approval nobody answers within this is denied"},
+	{Path: "agents.*.timeout_secs", Type: Integer, Default: 60, Min: f(1), Max: f(3600),
+		Doc: "longest wait for the provider's response and for each streamed chunk"},
+
+	// Plugins (seed 003).
+	{Path: "plugins.plugins_dir", Type: String, Default: "", Restart: true, Doc: "plugin folder; empty for <data_dir>/plugins"},
+	{Path: "plugins.limits.call_fuel", Type: Integer, Restart: true, Default: 1_000_000_000, Min: f(1), Max: f(1 << 53), Doc: "instruction units per call"},
+	{Path: "plugins.limits.call_timeout_ms", Type: Integer, Restart: true, Default: 30000, Min: f(1), Max: f(3_600_000), Doc: "wall clock per call"},
+	{Path: "plugins.limits.max_memory_mb", Type: Integer, Restart: true, Default: 256, Min: f(1), Max: f(4096), Doc: "linear memory per instance"},
+	{Path: "plugins.limits.max_table_elements", Type: Integer, Restart: true, Default: 100_000, Min: f(1), Max: f(10_000_000), Doc: "elements per table"},
+	{Path: "plugins.limits.max_instances", Type: Integer, Restart: true, Default: 64, Min: f(1), Max: f(4096), Doc: "instances host-wide"},
+	{Path: "plugins.security.signature_mode", Type: String, Default: "permissive", Enum: []string{"disabled", "permissive", "strict"},
+		Doc: "manifest signatures: disabled ignores them, permissive checks those present, strict requires a trusted one"},
+	{Path: "plugins.security.trusted_publisher_keys", Type: Array, Items: String, Default: []any{}, Pattern: hexKey,
+		Doc: "Ed25519 publisher keys, hexadecimal"},
+	{Path: "plugins.entries", Type: Map, Doc: "plugin instances, by key"},
+	{Path: "plugins.entries.*.config", Type: Object, Items: String, Default: map[string]any{}, Secret: true,
+		Doc: "the operator's values for the plugin, validated against its manifest's config_schema"},
+
+	// Uploads (SPEC §6).
+	{Path: "uploads.chunk_bytes", Type: Integer, Default: 1048576, Min: f(1024), Max: f(4 << 20), Doc: "largest decoded chunk"},
+	{Path: "uploads.max_file_bytes", Type: Integer, Default: 10485760, Min: f(1), Max: f(1 << 30), Doc: "largest file"},
+	{Path: "uploads.max_per_connection", Type: Integer, Default: 4, Min: f(1), Max: f(1024), Doc: "staged uploads per connection"},
+	{Path: "uploads.max_staged_bytes", Type: Integer, Default: 268435456, Min: f(1 << 20), Max: f(1 << 36), Doc: "staged bytes across the daemon"},
+	{Path: "uploads.idle_timeout_secs", Type: Integer, Default: 300, Min: f(1), Max: f(86400), Doc: "an idle staged upload is reclaimed after this"},
+
+	// The durable bridge (seed 004).
+	{Path: "durable.socket_path", Type: String, Default: "", Restart: true, Doc: "private socket; empty for COLLIE_DURABLE_SOCKET or <data>/durable.sock"},
+	{Path: "durable.listen_url", Type: String, Default: "", Pattern: urlPattern, Restart: true, Doc: "TLS URL to serve on; empty for the socket only"},
+	{Path: "durable.token", Type: String, Default: "", Secret: true, Pattern: durableToken,
+		Doc: "bearer token for the TLS transport: at least 32 printable ASCII bytes"},
+	{Path: "durable.tls_cert_file", Type: String, Default: "", Restart: true, Doc: "TLS certificate (PEM)"},
+	{Path: "durable.tls_key_file", Type: String, Default: "", Restart: true, Doc: "TLS private key (PEM)"},
+	{Path: "durable.refuse_descendants", Type: Bool, Default: false, Doc: "answer 403 caller-refused to the agent's own descendants"},
+}

@@ -1,0 +1,164 @@
+package configschema
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Check validates v (a decoded JSON value: nil, bool, float64, int, int64,
+// string, []any, map[string]any) against p and returns it in canonical
+// form: integers as int64, numbers as float64, arrays as []any, objects
+// as map[string]any. The error wraps ErrType and names what is wrong,
+// not the path (the caller adds it).
+func (p *Property) Check(v any) (any, error) {
+	switch p.Type {
+	case Array:
+		items, ok := v.([]any)
+		if !ok {
+			return nil, fmt.Errorf("%w: must be an array", ErrType)
+		}
+		out := make([]any, len(items))
+		for i, it := range items {
+			c, err := p.checkScalar(p.Items, it)
+			if err != nil {
+				return nil, fmt.Errorf("item %d %w", i, err)
+			}
+			out[i] = c
+		}
+		return out, nil
+	case Object:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("%w: must be an object", ErrType)
+		}
+		out := make(map[string]any, len(obj))
+		for k, it := range obj {
+			if p.Items == "" {
+				out[k] = it
+				continue
+			}
+			c, err := p.checkScalar(p.Items, it)
+			if err != nil {
+				return nil, fmt.Errorf("key %q %w", k, err)
+			}
+			out[k] = c
+		}
+		return out, nil
+	case Map:
+		return nil, fmt.Errorf("%w: a map of named entries is not set whole", ErrNotLeaf)
+	}
+	c, err := p.checkScalar(p.Type, v)
+	if err != nil {
+		return nil, fmt.Errorf("value %w", err)
+	}
+	return c, nil
+}
+
+// checkScalar checks one scalar of type t against p's constraints. Its
+// errors read after "value " or "item N ".
+func (p *Property) checkScalar(t Type, v any) (any, error) {
+	switch t {
+	case String:
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("%w: must be a string", ErrType)
+		}
+		if len(p.Enum) > 0 && !slices.Contains(p.Enum, s) {
+			return nil, fmt.Errorf("%w: %q must be one of %s", ErrType, s, strings.Join(p.Enum, ", "))
+		}
+		if p.Pattern != nil && !p.Pattern.MatchString(s) {
+			if p.Secret { // never echo a secret, not even a bad one
+				return nil, fmt.Errorf("%w: the secret is not in the expected form", ErrType)
+			}
+			return nil, fmt.Errorf("%w: %q is not in the expected form", ErrType, s)
+		}
+		return s, nil
+	case Bool:
+		b, ok := v.(bool)
+		if !ok {
+			return nil, fmt.Errorf("%w: must be a boolean", ErrType)
+		}
+		return b, nil
+	case Integer, Number:
+		var n float64
+		switch x := v.(type) {
+		case float64:
+			n = x
+		case int:
+			n = float64(x)
+		case int64:
+			n = float64(x)
+		case json.Number:
+			f, err := x.Float64()
+			if err != nil {
+				return nil, fmt.Errorf("%w: must be a number", ErrType)
+			}
+			n = f
+		default:
+			return nil, fmt.Errorf("%w: must be a number", ErrType)
+		}
+		if math.IsNaN(n) || math.IsInf(n, 0) {
+			return nil, fmt.Errorf("%w: must be a finite number", ErrType)
+		}
+		if t == Integer && n != math.Trunc(n) {
+			return nil, fmt.Errorf("%w: must be an integer", ErrType)
+		}
+		if p.Min != nil && n < *p.Min {
+			return nil, fmt.Errorf("%w: %s is below the minimum %s", ErrType, num(n), num(*p.Min))
+		}
+		if p.Max != nil && n > *p.Max {
+			return nil, fmt.Errorf("%w: %s is above the maximum %s", ErrType, num(n), num(*p.Max))
+		}
+		if t == Integer {
+			return int64(n), nil
+		}
+		return n, nil
+	}
+	return nil, fmt.Errorf("%w: schema type %q is not a scalar", ErrType, t)
+}
+
+func num(n float64) string { return strconv.FormatFloat(n, 'f', -1, 64) }
+
+// ParseText reads a value typed on a command line (`--set prop=value`,
+// `clawmesh config set prop=value`) for path: a string property takes the
+// text as it is (or a JSON string when quoted); other types take JSON, and
+// an array of strings also takes a comma-separated list. The result is
+// checked against the schema.
+func ParseText(path, raw string) (any, error) {
+	p, err := LookupLeaf(path)
+	if err != nil {
+		return nil, err
+	}
+	var v any
+	switch {
+	case p.Type == String:
+		v = raw
+		if strings.HasPrefix(raw, `"`) {
+			var s string
+			if json.Unmarshal([]byte(raw), &s) == nil {
+				v = s
+			}
+		}
+	case p.Type == Array && p.Items == String && !strings.HasPrefix(strings.TrimSpace(raw), "["):
+		items := []any{}
+		for _, s := range strings.Split(raw, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				items = append(items, s)
+			}
+		}
+		v = items
+	default:
+		if err := json.Unmarshal([]byte(raw), &v); err != nil {
+			return nil, fmt.Errorf("`%s`: %w: %q is not JSON of type %s", path, ErrType, raw, p.Type)
+		}
+	}
+	c, err := p.Check(v)
+	if err != nil {
+		return nil, fmt.Errorf("`%s`: %w", path, err)
+	}
+	return c, nil
+}
