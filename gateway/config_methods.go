@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
@@ -82,7 +83,7 @@ func (g *Gateway) configSet(ctx context.Context, cs *connState, params json.RawM
 	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: cs.principalOf(), Prop: p.Prop, Value: v}); err != nil {
 		return nil, serviceError("config", err)
 	}
-	return map[string]any{"prop": p.Prop, "set": true}, nil
+	return withRestart(map[string]any{"prop": p.Prop, "set": true}, []string{p.Prop}), nil
 }
 
 type configSetManyParams struct {
@@ -139,7 +140,24 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 	if props == nil {
 		props = []string{}
 	}
-	return map[string]any{"props": props, "set": true}, nil
+	return withRestart(map[string]any{"props": props, "set": true}, props), nil
+}
+
+// withRestart adds requires_restart to a write's result: the props among
+// those written that the stack reads only at start (the schema's Restart
+// flag), so a client can tell the operator the change waits for a
+// restart.
+func withRestart(result map[string]any, props []string) map[string]any {
+	var restart []string
+	for _, prop := range props {
+		if p, err := configschema.Lookup(prop); err == nil && p.Restart {
+			restart = append(restart, prop)
+		}
+	}
+	if len(restart) > 0 {
+		result["requires_restart"] = restart
+	}
+	return result
 }
 
 type configListParams struct {

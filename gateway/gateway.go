@@ -39,7 +39,6 @@ type Gateway struct {
 	log     *zap.Logger
 	limits  configclient.RPCLimits
 	version string // server_version sent at initialize
-	caps    []string
 	started time.Time
 
 	config  configv1.ConfigServiceClient
@@ -68,7 +67,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, caps: methodNames(),
+		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS,
 		monitor: newMonitor(500*time.Millisecond, cfg.Log), states: map[*jsonrpc.Conn]*connState{},
 	}
 	dial := func(name, addr string) (*grpc.ClientConn, error) {

@@ -93,7 +93,7 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 		"server_version":   g.version,
 		"serverVersion":    g.version,
 		"server_pid":       os.Getpid(),
-		"capabilities":     g.caps,
+		"capabilities":     capabilitiesFor(resp.GetPermissions()),
 		"principal_id":     principal.GetPrincipalId(),
 	}, nil
 }

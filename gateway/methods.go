@@ -3,7 +3,10 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sort"
+
+	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
 // method is one row of the routing table: a socket method name and the
@@ -15,40 +18,60 @@ type method struct {
 	// so a pipelined request after it sees its binding, and methods that
 	// answer from memory without blocking, which saves a goroutine handoff.
 	inline bool
-	call   func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
+	// needs lists the permissions of which a principal must hold one for
+	// the method to be listed in its capabilities (none: everyone's). The
+	// service still decides every call.
+	needs []string
+	call  func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
 }
+
+// Permission sets of the method table.
+var (
+	needsAgent      = []string{configschema.PermAgentUse}
+	needsConfigRead = []string{configschema.PermConfigRead, configschema.PermConfigUpdate}
+	needsConfigEdit = []string{configschema.PermConfigUpdate}
+)
 
 // methods is the routing table. Adding a socket method is one row here plus
 // its handler; capabilities lists exactly these names.
-var methods = map[string]method{
-	"initialize": {preInit: true, inline: true, call: (*Gateway).initialize},
-	"status":     {call: (*Gateway).status},
-	"health":     {inline: true, call: (*Gateway).health},
+var methods map[string]method
 
-	"session/new":      {call: (*Gateway).sessionNew},
-	"session/prompt":   {call: (*Gateway).sessionPrompt},
-	"session/cancel":   {call: (*Gateway).sessionCancel},
-	"session/approve":  {call: (*Gateway).sessionApprove},
-	"session/state":    {call: (*Gateway).sessionState},
-	"session/messages": {call: (*Gateway).sessionMessages},
-	"session/list":     {call: (*Gateway).sessionList},
-	"session/close":    {call: (*Gateway).sessionClose},
-	"session/kill":     {call: (*Gateway).sessionKill},
-	"session/delete":   {call: (*Gateway).sessionDelete},
+// The table is filled at init: initialize lists capabilities from it.
+func init() { methods = methodTable() }
 
-	"config/get":      {call: (*Gateway).configGet},
-	"config/set":      {call: (*Gateway).configSet},
-	"config/set-many": {call: (*Gateway).configSetMany},
-	"config/list":     {call: (*Gateway).configList},
-	"config/delete":   {call: (*Gateway).configDelete},
+func methodTable() map[string]method {
+	return map[string]method{
+		"initialize": {preInit: true, inline: true, call: (*Gateway).initialize},
+		"status":     {call: (*Gateway).status},
+		"health":     {inline: true, call: (*Gateway).health},
+
+		"session/new":      {needs: needsAgent, call: (*Gateway).sessionNew},
+		"session/prompt":   {needs: needsAgent, call: (*Gateway).sessionPrompt},
+		"session/cancel":   {needs: needsAgent, call: (*Gateway).sessionCancel},
+		"session/approve":  {needs: needsAgent, call: (*Gateway).sessionApprove},
+		"session/state":    {needs: needsAgent, call: (*Gateway).sessionState},
+		"session/messages": {needs: needsAgent, call: (*Gateway).sessionMessages},
+		"session/list":     {needs: needsAgent, call: (*Gateway).sessionList},
+		"session/close":    {needs: needsAgent, call: (*Gateway).sessionClose},
+		"session/kill":     {needs: needsAgent, call: (*Gateway).sessionKill},
+		"session/delete":   {needs: needsAgent, call: (*Gateway).sessionDelete},
+
+		"config/get":      {needs: needsConfigRead, call: (*Gateway).configGet},
+		"config/set":      {needs: needsConfigEdit, call: (*Gateway).configSet},
+		"config/set-many": {needs: needsConfigEdit, call: (*Gateway).configSetMany},
+		"config/list":     {needs: needsConfigRead, call: (*Gateway).configList},
+		"config/delete":   {needs: needsConfigEdit, call: (*Gateway).configDelete},
+	}
 }
 
-// methodNames is the sorted list of methods served: initialize's
-// capabilities.
-func methodNames() []string {
+// capabilitiesFor is the sorted list of the methods a principal holding
+// perms may call: initialize's capabilities.
+func capabilitiesFor(perms []string) []string {
 	names := make([]string, 0, len(methods))
-	for name := range methods {
-		names = append(names, name)
+	for name, m := range methods {
+		if len(m.needs) == 0 || slices.ContainsFunc(m.needs, func(p string) bool { return slices.Contains(perms, p) }) {
+			names = append(names, name)
+		}
 	}
 	sort.Strings(names)
 	return names

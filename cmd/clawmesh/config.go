@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"strconv"
+
 	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
@@ -38,10 +40,10 @@ func configCmd(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("config "+cmd, flag.ContinueOnError)
 	var sf socketFlags
 	sf.register(fs)
-	if err := fs.Parse(args[1:]); err != nil {
+	rest, err := parseArgs(fs, args[1:])
+	if err != nil {
 		return err
 	}
-	rest := fs.Args()
 	if cmd == "schema" {
 		return printSchema(out, first(rest))
 	}
@@ -69,7 +71,12 @@ func configCmd(args []string, out io.Writer) error {
 			if !ok || prop == "" {
 				return fmt.Errorf("config set %q: want PROP=VALUE", kv)
 			}
-			sets[i] = map[string]any{"prop": prop, "value": typed(prop, raw)}
+			v, err := configschema.ParseText(prop, raw)
+			if err != nil {
+				// The schema is the daemon's: refuse here with its words.
+				return fmt.Errorf("config set %s: %w", prop, err)
+			}
+			sets[i] = map[string]any{"prop": prop, "value": v}
 		}
 		method, params = "config/set-many", map[string]any{"sets": sets}
 		if len(sets) == 1 {
@@ -101,21 +108,15 @@ func first(args []string) string {
 	return ""
 }
 
-// typed reads VALUE by the schema; what the schema cannot read is sent as
-// JSON (or text) for the daemon to refuse with its own message.
-func typed(prop, raw string) any {
-	if v, err := configschema.ParseText(prop, raw); err == nil {
-		return v
-	}
-	var v any
-	if json.Unmarshal([]byte(raw), &v) == nil {
-		return v
-	}
-	return raw
-}
-
 func printResult(out io.Writer, cmd string, res json.RawMessage) error {
 	switch cmd {
+	case "set":
+		var r struct {
+			Restart []string `json:"requires_restart"`
+		}
+		if json.Unmarshal(res, &r) == nil && len(r.Restart) > 0 {
+			fmt.Fprintf(os.Stderr, "note: %s take(s) effect when the stack restarts\n", strings.Join(r.Restart, ", "))
+		}
 	case "get":
 		var r struct {
 			Value json.RawMessage `json:"value"`
@@ -155,10 +156,12 @@ func printJSON(out io.Writer, raw json.RawMessage) error {
 	return err
 }
 
+func num(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
 // printSchema prints the schema table, which the CLI reads as data.
 func printSchema(out io.Writer, prefix string) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PATH\tTYPE\tDEFAULT\tFLAGS\tDESCRIPTION")
+	fmt.Fprintln(tw, "PATH\tTYPE\tDEFAULT\tALLOWED\tFLAGS\tDESCRIPTION")
 	for _, p := range configschema.Properties {
 		if !strings.HasPrefix(p.Path, prefix) {
 			continue
@@ -179,7 +182,15 @@ func printSchema(out io.Writer, prefix string) error {
 		if p.Restart {
 			flags = append(flags, "requires restart")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Path, typ, def, strings.Join(flags, ","), p.Doc)
+		allowed := strings.Join(p.Enum, "|")
+		switch {
+		case allowed != "":
+		case p.Min != nil && p.Max != nil:
+			allowed = fmt.Sprintf("%s..%s", num(*p.Min), num(*p.Max))
+		case p.Ref != "":
+			allowed = "names in " + p.Ref
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Path, typ, def, allowed, strings.Join(flags, ","), p.Doc)
 	}
 	return tw.Flush()
 }

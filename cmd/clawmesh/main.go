@@ -18,6 +18,8 @@ const usage = `usage: clawmesh <command> [flags]
 
 commands:
   up, daemon   run the whole stack on this host (see clawmesh up -h)
+  chat         talk to an agent in the terminal (streams, approvals inline)
+  call         call any method of the client socket and print the result
   config       get, set, list or delete config properties of the running stack
   token        pair (create) or unpair (revoke) a user's auth token
   version      print the version
@@ -33,6 +35,10 @@ func run(args []string) error {
 		return up(args[1:])
 	case "config":
 		return configCmd(args[1:], os.Stdout)
+	case "call":
+		return callCmd(args[1:], os.Stdout)
+	case "chat":
+		return chatCmd(args[1:], os.Stdin, os.Stdout)
 	case "token":
 		return tokenCmd(args[1:], os.Stdout)
 	case "version", "--version":

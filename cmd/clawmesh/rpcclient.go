@@ -24,7 +24,11 @@ func (f *socketFlags) register(fs *flag.FlagSet) {
 }
 
 // dial connects to the stack's socket and initializes.
-func (f *socketFlags) dial() (*rpcclient.Client, error) {
+func (f *socketFlags) dial() (*rpcclient.Client, error) { return f.dialWith(nil) }
+
+// dialWith connects and initializes, advertising capabilities (nil for
+// none).
+func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, error) {
 	path := f.socket
 	if path == "" {
 		dir, err := datadir.Resolve(f.dir)
@@ -38,7 +42,14 @@ func (f *socketFlags) dial() (*rpcclient.Client, error) {
 		return nil, fmt.Errorf("is the stack running? %w", err)
 	}
 	c.Timeout = 60 * time.Second
-	if _, err := c.Initialize(f.token); err != nil {
+	params := map[string]any{"protocol_version": 1}
+	if f.token != "" {
+		params["auth_token"] = f.token
+	}
+	if capabilities != nil {
+		params["client_capabilities"] = capabilities
+	}
+	if _, err := c.Call("initialize", params); err != nil {
 		c.Close()
 		return nil, cliError(err)
 	}

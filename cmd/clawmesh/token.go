@@ -15,13 +15,14 @@ import (
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
-const tokenUsage = `usage: clawmesh token <create|revoke> --user NAME [--config-dir DIR]
+const tokenUsage = `usage: clawmesh token <create|revoke> --user NAME [--config-dir DIR] [--config-addr ADDR]
 
   create   pair a new token with users.NAME and print it (once: only its hash is kept)
   revoke   unpair every token of users.NAME
 
-Pairing is the operator's: it talks to the config service's socket in the
-data directory, which only the daemon's user can reach.
+Pairing is the operator's: it talks to the config service directly, on its
+socket in the data directory (which only the daemon's user can reach), or
+on --config-addr / CLAWMESH_CONFIG_ADDR (host:port in containers).
 `
 
 // tokenCmd runs `clawmesh token`.
@@ -31,20 +32,28 @@ func tokenCmd(args []string, out io.Writer) error {
 		return fmt.Errorf("token: want create or revoke")
 	}
 	fs := flag.NewFlagSet("token "+args[0], flag.ContinueOnError)
-	var dir, user string
+	var dir, user, addr string
 	fs.StringVar(&dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	fs.StringVar(&user, "user", "", "the users.<name> entry")
-	if err := fs.Parse(args[1:]); err != nil {
+	fs.StringVar(&addr, "config-addr", os.Getenv("CLAWMESH_CONFIG_ADDR"), "config service address (env CLAWMESH_CONFIG_ADDR; default <data>/config.sock)")
+	rest, err := parseArgs(fs, args[1:])
+	if err != nil {
 		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("token %s: unexpected argument %q", args[0], rest[0])
 	}
 	if user == "" {
 		return fmt.Errorf("token %s: --user is required", args[0])
 	}
-	data, err := datadir.Resolve(dir)
-	if err != nil {
-		return err
+	if addr == "" {
+		data, err := datadir.Resolve(dir)
+		if err != nil {
+			return err
+		}
+		addr = datadir.ServiceSocket(data, "config", 0)
 	}
-	cc, err := grpcclient.Dial(datadir.ServiceSocket(data, "config", 0))
+	cc, err := grpcclient.Dial(addr)
 	if err != nil {
 		return err
 	}

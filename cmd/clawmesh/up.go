@@ -38,11 +38,12 @@ func up(args []string) error {
 	fs.Var(&sets, "set", "config property prop=value, e.g. rpc.max_local_connections=64 (repeatable; visible in ps: put secrets in --set-file)")
 	fs.StringVar(&setFile, "set-file", "", "file of prop=value lines committed at start like --set (# starts a comment)")
 	fs.Var(&scales, "scale", "replicas of a service, e.g. plugin-sandbox=3 (repeatable)")
-	if err := fs.Parse(args); err != nil {
+	rest, err := parseArgs(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	if len(rest) > 0 {
+		return fmt.Errorf("up: unexpected argument %q", rest[0])
 	}
 	if setFile != "" {
 		fromFile, err := readSetFile(setFile)

@@ -22,6 +22,10 @@ var Permissions = []string{
 	PermSessionCreate, PermSessionAdmin, PermPluginsManage,
 }
 
+// Providers are the values of agents.<alias>.provider: the session
+// service implements each one.
+var Providers = []string{"scripted", "openai"}
+
 // Principal ids: the operator's, and a user's.
 const OperatorPrincipal = "shared-operator"
 
@@ -30,7 +34,6 @@ func UserPrincipal(name string) string { return "user:" + name }
 
 var (
 	configPathPattern = regexp.MustCompile(`^(\*|[A-Za-z0-9_][A-Za-z0-9_:@-]*)(\.(\*|[A-Za-z0-9_][A-Za-z0-9_:@-]*))*$`)
-	providerPattern   = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
 	urlPattern        = regexp.MustCompile(`^(|(https?|unix)://\S+)$`)
 	toolPattern       = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$`)
 	hexKey            = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -76,12 +79,14 @@ var Properties = []Property{
 
 	// Agents; "default" exists out of the box.
 	{Path: "agents", Type: Map, Default: []string{"default"}, Doc: "agents, by alias"},
-	{Path: "agents.*.provider", Type: String, Default: "scripted", Pattern: providerPattern, Doc: "model provider"},
+	{Path: "agents.*.provider", Type: String, Default: "scripted", Enum: Providers,
+		Doc: "model provider: scripted (offline, reads the prompt as commands) or openai (any OpenAI-compatible endpoint)"},
 	{Path: "agents.*.model", Type: String, Default: "", Doc: "model name at the provider"},
 	{Path: "agents.*.base_url", Type: String, Default: "", Pattern: urlPattern, Doc: "provider endpoint; empty for the provider's own"},
 	{Path: "agents.*.api_key", Type: String, Default: "", Secret: true, Doc: "provider credential"},
 	{Path: "agents.*.system_prompt", Type: String, Default: "", Doc: "system prompt"},
-	{Path: "agents.*.tools", Type: Array, Items: String, Default: []any{}, Pattern: toolPattern, Doc: "tools the agent may call"},
+	{Path: "agents.*.tools", Type: Array, Items: String, Default: []any{}, Pattern: toolPattern,
+		Doc: "tools the agent may call; empty means every tool (built-in and plugin)"},
 	{Path: "agents.*.approval_required", Type: Array, Items: String, Default: []any{}, Pattern: toolPattern,
 		Doc: "tools whose calls need an approval"},
 	{Path: "agents.*.approval_timeout_secs", Type: Integer, Default: 120, Min: f(1), Max: f(86400),

@@ -18,6 +18,7 @@ type Client struct {
 	conn net.Conn
 	r    *bufio.Reader
 	mu   sync.Mutex
+	wmu  sync.Mutex
 	next int
 	// Timeout bounds Call's wait for its response (default 30 s).
 	Timeout time.Duration
@@ -70,11 +71,32 @@ func Dial(path string) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
-// Send writes one raw line (LF added).
+// Send writes one raw line (LF added). It may be called from another
+// goroutine than the one reading (to cancel a turn, say).
 func (c *Client) Send(line string) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	c.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	_, err := c.conn.Write([]byte(line + "\n"))
 	return err
+}
+
+// Notify sends a notification (no id: never answered).
+func (c *Client) Notify(method string, params any) error {
+	raw, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
+	if err != nil {
+		return err
+	}
+	return c.Send(string(raw))
+}
+
+// Reply answers a request the daemon sent (an elicitation/create, say).
+func (c *Client) Reply(id json.RawMessage, result any) error {
+	raw, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "result": result})
+	if err != nil {
+		return err
+	}
+	return c.Send(string(raw))
 }
 
 // Read reads the next frame, waiting at most d.

@@ -126,6 +126,41 @@ func (sn *snapshot) authorize(pr *commonv1.Principal, permission, resource strin
 	return deny("%s does not hold %s", pr.GetPrincipalId(), permission)
 }
 
+// holds lists the permission names pr holds on at least one resource:
+// every one for the operator and an admin; Config:Update implies
+// Config:Read; agent:use when a profile names an agent.
+func (sn *snapshot) holds(pr *commonv1.Principal) []string {
+	if pr.GetOperator() && pr.GetPrincipalId() == OperatorPrincipal {
+		return slices.Clone(configschema.Permissions)
+	}
+	profiles, d := sn.profiles(pr)
+	if !d.allowed {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, p := range profiles {
+		if p.has(PermAdmin) {
+			return slices.Clone(configschema.Permissions)
+		}
+		for _, perm := range p.permissions {
+			set[perm] = true
+		}
+		if p.has(PermConfigUpdate) {
+			set[PermConfigRead] = true
+		}
+		if len(p.agents) > 0 {
+			set[PermAgentUse] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for _, perm := range configschema.Permissions {
+		if set[perm] {
+			out = append(out, perm)
+		}
+	}
+	return out
+}
+
 // userForUID is the user whose users.<name>.uid is uid, if any.
 func (sn *snapshot) userForUID(uid int32) (string, bool) {
 	users, _ := sn.doc["users"].(map[string]any)

@@ -36,7 +36,7 @@ func (s *Server) ResolvePrincipal(_ context.Context, req *configv1.ResolvePrinci
 	snap := s.current()
 	peer := func(p *commonv1.Principal) *configv1.ResolvePrincipalResponse {
 		p.PeerUid, p.PeerPid = req.GetPeerUid(), req.GetPeerPid()
-		return &configv1.ResolvePrincipalResponse{Principal: p}
+		return &configv1.ResolvePrincipalResponse{Principal: p, Permissions: snap.holds(p)}
 	}
 	if tok := req.GetAuthToken(); tok != "" {
 		id := tokenID(tok)

@@ -766,8 +766,13 @@ func (x *ResolvePrincipalRequest) GetAuthToken() string {
 }
 
 type ResolvePrincipalResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	// permissions are the permission names the principal holds on at least
+	// one resource when it binds (every one for the operator or an admin);
+	// initialize lists only the methods they allow. Services still decide
+	// each call under the policy in force then.
+	Permissions   []string `protobuf:"bytes,2,rep,name=permissions,proto3" json:"permissions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -805,6 +810,13 @@ func (*ResolvePrincipalResponse) Descriptor() ([]byte, []int) {
 func (x *ResolvePrincipalResponse) GetPrincipal() *v1.Principal {
 	if x != nil {
 		return x.Principal
+	}
+	return nil
+}
+
+func (x *ResolvePrincipalResponse) GetPermissions() []string {
+	if x != nil {
+		return x.Permissions
 	}
 	return nil
 }
@@ -1421,9 +1433,10 @@ const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\bpeer_uid\x18\x01 \x01(\x05R\apeerUid\x12\x19\n" +
 	"\bpeer_pid\x18\x02 \x01(\x05R\apeerPid\x12\x1d\n" +
 	"\n" +
-	"auth_token\x18\x03 \x01(\tR\tauthToken\"W\n" +
+	"auth_token\x18\x03 \x01(\tR\tauthToken\"y\n" +
 	"\x18ResolvePrincipalResponse\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\"\x8b\x01\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12 \n" +
+	"\vpermissions\x18\x02 \x03(\tR\vpermissions\"\x8b\x01\n" +
 	"\x10AuthorizeRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1e\n" +
 	"\n" +
