@@ -21,7 +21,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +30,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
@@ -44,19 +44,7 @@ type Snapshot struct {
 }
 
 // Value returns the value at a dotted path.
-func (s Snapshot) Value(path string) (any, bool) {
-	var cur any = s.Document
-	for _, seg := range strings.Split(path, ".") {
-		obj, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = obj[seg]; !ok {
-			return nil, false
-		}
-	}
-	return cur, true
-}
+func (s Snapshot) Value(path string) (any, bool) { return configschema.Get(s.Document, path) }
 
 // Client follows the live config.
 type Client struct {
