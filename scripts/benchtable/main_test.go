@@ -1,0 +1,42 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+const sample = `goos: linux
+BenchmarkSocket/echo/clients=64-2         	  200000	      5000 ns/op	    200000 req/s	       300 p50_us
+BenchmarkSocket/health/clients=64-2       	  200000	      6000 ns/op	    170000 req/s	       350 p50_us
+BenchmarkSocket/health/clients=64-2       	  200000	      6000 ns/op	    150000 req/s	       350 p50_us
+BenchmarkSocket/health/clients=64-2       	  200000	      6000 ns/op	    180000 req/s	       350 p50_us
+BenchmarkFuelOverhead-2   	     300	   1 ns/op	 1.7 ratio
+PASS
+`
+
+func TestTable(t *testing.T) {
+	res, err := parse(strings.NewReader(sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	met, measured := render(&b, []row{
+		{Work: "health", Subject: sel{"BenchmarkSocket/health/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.8},
+		{Work: "fuel", Subject: sel{"BenchmarkFuelOverhead", "ratio"}, Target: 1.5, AtMost: true},
+		{Work: "absent", Subject: sel{"BenchmarkNothing", "x"}, Target: 1},
+	}, res)
+	out := b.String()
+	// The median of three health runs (170000) over the echo baseline.
+	for _, want := range []string{
+		"| health | 170000 req/s | 200000 req/s | 0.85× | ≥ 0.80× | ok |",
+		"| fuel | 1.70 ratio |  |  | ≤ 1.50 ratio | below target |",
+		"| absent | not measured |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if met != 1 || measured != 2 {
+		t.Errorf("met %d of %d", met, measured)
+	}
+}

@@ -1,0 +1,22 @@
+package main
+
+// Rows is the performance picture: every benchmark with a target, next to
+// its baseline from the same run.
+var Rows = []row{
+	{Work: "health in the gateway, 64 clients (req/s)",
+		Subject: sel{"BenchmarkSocket/health/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.8},
+	{Work: "status: one gRPC call, 64 clients (req/s)",
+		Subject: sel{"BenchmarkSocket/status/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.25},
+	{Work: "session/state: one gRPC hop, 64 clients (req/s)",
+		Subject: sel{"BenchmarkSocket/session_state/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.25},
+	{Work: "turn stream p50, 100 sessions (µs)",
+		Subject: sel{"BenchmarkTurnStream/socket/sessions=100", "p50_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=100", "p50_us"}, Target: 2, AtMost: true},
+	{Work: "turn stream p99, 100 sessions (µs)",
+		Subject: sel{"BenchmarkTurnStream/socket/sessions=100", "p99_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=100", "p99_us"}, Target: 3, AtMost: true},
+	{Work: "turn stream p50, 1 session (µs)",
+		Subject: sel{"BenchmarkTurnStream/socket/sessions=1", "p50_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=1", "p50_us"}, Target: 2, AtMost: true},
+	{Work: "fuel metering on a CPU loop, Go guest (metered/unmetered)",
+		Subject: sel{"BenchmarkFuelOverhead", "ratio"}, Target: 1.5, AtMost: true},
+	{Work: "Go plugin tool call, fresh instance, p50 (µs)",
+		Subject: sel{"BenchmarkEchoCall/fresh", "p50-us"}, Target: 300, AtMost: true},
+}
