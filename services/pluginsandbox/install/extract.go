@@ -102,7 +102,7 @@ func entryName(f *zip.File) (name string, dir bool, err error) {
 		return refuse("backslashes are not allowed")
 	case strings.HasPrefix(raw, "/"):
 		return refuse("absolute paths are not allowed")
-	case len(raw) >= 2 && raw[1] == ':' && ((raw[0] | 0x20) >= 'a' && (raw[0]|0x20) <= 'z'):
+	case len(raw) >= 2 && raw[1] == ':' && ((raw[0]|0x20) >= 'a' && (raw[0]|0x20) <= 'z'):
 		return refuse("drive-letter paths are not allowed")
 	}
 	dir = strings.HasSuffix(raw, "/") || mode.IsDir()

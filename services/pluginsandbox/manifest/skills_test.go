@@ -31,9 +31,9 @@ func writeBundle(t *testing.T, files map[string]string) string {
 
 func TestSkillBundle(t *testing.T) {
 	dir := writeBundle(t, map[string]string{
-		"manifest.toml": skillManifest,
-		"README.md":     "overview",
-		"skills/design-review/SKILL.md": "---\nname: design-review\ndescription: >\n  Reviews a design\n  document.\nlicense: MIT\n---\n# Design review\n",
+		"manifest.toml":                        skillManifest,
+		"README.md":                            "overview",
+		"skills/design-review/SKILL.md":        "---\nname: design-review\ndescription: >\n  Reviews a design\n  document.\nlicense: MIT\n---\n# Design review\n",
 		"skills/design-review/references/x.md": "ref",
 		"skills/code-review/SKILL.md":          "---\nname: code-review\ndescription: \"Reviews code\"\n---\nbody\n",
 	})
