@@ -84,7 +84,7 @@ func InstanceKey(pkg string, world World, binding string) string {
 // httpAllowed: the grant, and a world whose adapter opts in (tool and
 // channel do; memory deliberately does not).
 func (s *PluginSpec) httpAllowed() bool {
-	return s.Grants.HTTPClient && (s.World == WorldTool || s.World == WorldChannel)
+	return s.Grants.HTTPClient && abi.WorldHasImport(s.World, abi.ImportHTTPRequest)
 }
 
 // compiled is a module prepared, compiled and checked against the ABI.

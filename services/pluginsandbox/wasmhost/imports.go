@@ -89,8 +89,8 @@ func (h *Host) secretsGet(ctx context.Context, m api.Module, namePtr, nameLen, b
 	if f == nil || !f.service || !f.spend() {
 		return codeUnavailable
 	}
-	if !f.plugin.Grants.ConfigRead || f.plugin.World == WorldMemory {
-		return codeAccessDenied // the memory world has no config imports
+	if !f.plugin.Grants.ConfigRead || !abi.WorldHasImport(f.plugin.World, abi.ImportSecretsGet) {
+		return codeAccessDenied // memory and observer worlds have no secrets import
 	}
 	if nameLen > 256 {
 		return codeNotFound
@@ -118,7 +118,11 @@ func (h *Host) importConfigGet(ctx context.Context, m api.Module, stack []uint64
 	switch {
 	case f == nil || !f.service || !f.spend():
 		stack[0] = u64(codeUnavailable)
-	case !f.plugin.Grants.ConfigRead || f.plugin.Schema == nil || f.plugin.World == WorldMemory:
+	case !abi.WorldHasImport(f.plugin.World, abi.ImportConfigGet):
+		// Seed 003 gives config only to the channel world: a tool reads its
+		// public config in __config, memory and observer have none.
+		stack[0] = u64(codeAccessDenied)
+	case !f.plugin.Grants.ConfigRead || f.plugin.Schema == nil:
 		stack[0] = u64(codeAccessDenied)
 	case f.view(ctx) != nil:
 		stack[0] = u64(codeUnavailable)
