@@ -262,7 +262,9 @@ func (x *Tool) GetPluginKey() string {
 }
 
 type ListPluginsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// all includes refused and failed plugins; by default only loaded ones.
+	All           bool `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -295,6 +297,13 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
 	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListPluginsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
 }
 
 type ListPluginsResponse struct {
@@ -1431,8 +1440,9 @@ const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x124\n" +
 	"\x16parameters_schema_json\x18\x03 \x01(\tR\x14parametersSchemaJson\x12\x1d\n" +
 	"\n" +
-	"plugin_key\x18\x04 \x01(\tR\tpluginKey\"\x14\n" +
-	"\x12ListPluginsRequest\"\xad\x01\n" +
+	"plugin_key\x18\x04 \x01(\tR\tpluginKey\"&\n" +
+	"\x12ListPluginsRequest\x12\x10\n" +
+	"\x03all\x18\x01 \x01(\bR\x03all\"\xad\x01\n" +
 	"\x13ListPluginsResponse\x124\n" +
 	"\aplugins\x18\x01 \x03(\v2\x1a.clawmesh.plugin.v1.PluginR\aplugins\x12\x18\n" +
 	"\aenabled\x18\x02 \x01(\bR\aenabled\x12\x1f\n" +
