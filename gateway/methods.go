@@ -41,6 +41,8 @@ var methods = map[string]method{
 	"config/set-many": {call: (*Gateway).configSetMany},
 	"config/list":     {call: (*Gateway).configList},
 	"config/delete":   {call: (*Gateway).configDelete},
+
+	"plugins/list": {call: (*Gateway).pluginsList},
 }
 
 // methodNames is the sorted list of methods served: initialize's
