@@ -20,6 +20,7 @@ commands:
   up, daemon   run the whole stack on this host (see clawmesh up -h)
   config       get, set, list or delete config properties of the running stack
   token        pair (create) or unpair (revoke) a user's auth token
+  plugin       list, search, install, remove, inspect and sign plugins
   version      print the version
 `
 
@@ -35,6 +36,8 @@ func run(args []string) error {
 		return configCmd(args[1:], os.Stdout)
 	case "token":
 		return tokenCmd(args[1:], os.Stdout)
+	case "plugin":
+		return pluginCmd(args[1:], os.Stdout)
 	case "version", "--version":
 		return printVersion()
 	case "help", "-h", "--help":
