@@ -185,6 +185,11 @@ func (s *Server) ListTools(context.Context, *pluginv1.ListToolsRequest) (*plugin
 		})
 	}
 	sort.Slice(resp.Tools, func(i, j int) bool { return resp.Tools[i].Name < resp.Tools[j].Name })
+	for name := range c.memories {
+		resp.MemoryPlugins = append(resp.MemoryPlugins, name)
+	}
+	sort.Strings(resp.MemoryPlugins)
+	resp.SkillCount = int32(len(c.skillIDs))
 	return resp, nil
 }
 

@@ -1223,8 +1223,13 @@ func (*ListToolsRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListToolsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tools         []*Tool                `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tools []*Tool                `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	// memory_plugins names the loaded memory plugins and skill_count counts
+	// the loaded skills, so that a session knows at a turn's start whether
+	// to offer its memory and skill tools without more calls.
+	MemoryPlugins []string `protobuf:"bytes,2,rep,name=memory_plugins,json=memoryPlugins,proto3" json:"memory_plugins,omitempty"`
+	SkillCount    int32    `protobuf:"varint,3,opt,name=skill_count,json=skillCount,proto3" json:"skill_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1264,6 +1269,20 @@ func (x *ListToolsResponse) GetTools() []*Tool {
 		return x.Tools
 	}
 	return nil
+}
+
+func (x *ListToolsResponse) GetMemoryPlugins() []string {
+	if x != nil {
+		return x.MemoryPlugins
+	}
+	return nil
+}
+
+func (x *ListToolsResponse) GetSkillCount() int32 {
+	if x != nil {
+		return x.SkillCount
+	}
+	return 0
 }
 
 type ExecuteToolRequest struct {
@@ -1499,9 +1518,12 @@ const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x13ListChannelsRequest\"O\n" +
 	"\x14ListChannelsResponse\x127\n" +
 	"\bchannels\x18\x01 \x03(\v2\x1b.clawmesh.plugin.v1.ChannelR\bchannels\"\x12\n" +
-	"\x10ListToolsRequest\"C\n" +
+	"\x10ListToolsRequest\"\x8b\x01\n" +
 	"\x11ListToolsResponse\x12.\n" +
-	"\x05tools\x18\x01 \x03(\v2\x18.clawmesh.plugin.v1.ToolR\x05tools\"\xd6\x01\n" +
+	"\x05tools\x18\x01 \x03(\v2\x18.clawmesh.plugin.v1.ToolR\x05tools\x12%\n" +
+	"\x0ememory_plugins\x18\x02 \x03(\tR\rmemoryPlugins\x12\x1f\n" +
+	"\vskill_count\x18\x03 \x01(\x05R\n" +
+	"skillCount\"\xd6\x01\n" +
 	"\x12ExecuteToolRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1b\n" +
 	"\ttool_name\x18\x02 \x01(\tR\btoolName\x12%\n" +
