@@ -274,7 +274,9 @@ func TestSignaturePolicyAtDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := newTestServer(t, dir)
-	ts.live.set(func(l *pluginsandbox.Live) { l.Policy = manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pub}} })
+	ts.live.set(func(l *pluginsandbox.Live) {
+		l.Policy = manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pub}}
+	})
 	ts.rescan(t)
 	ps := ts.plugins(t)
 	if p := ps["echo"]; p.Status != "loaded" || !p.Signed || p.Publisher != pub || p.SignatureStatus != "trusted" {
