@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -59,5 +60,25 @@ func TestUngrantedConfigReadValidatesEmptyObject(t *testing.T) {
 	_, err = tool.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"who": "Ana"})})
 	if !errors.Is(err, wasmhost.ErrConfig) {
 		t.Fatalf("err = %v, want ErrConfig", err)
+	}
+}
+
+// A channel's operator values are materialised and validated as a whole
+// before its guest code runs: a bad value refuses the call with ErrConfig
+// (the guest would have answered ErrPluginFailed).
+func TestChannelConfigValidatedBeforeGuestCode(t *testing.T) {
+	m, err := manifest.Load(filepath.Join(repoRoot(), "plugins", "examples", "webhook"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &wasmhost.MemoryConfig{}
+	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, ""), map[string]string{"webhook_url": "http://127.0.0.1:9", "token": "t", "bogus": "x"})
+	h := newHost(t, wasmhost.Limits{})
+	ch := loadChannel(t, h, "webhook", func(s *wasmhost.PluginSpec) {
+		s.Schema, s.Config = m.Schema(), cfg
+		s.Grants = wasmhost.Grants{ConfigRead: true, HTTPClient: true}
+	})
+	if err := ch.Configure(context.Background(), wasmhost.CallInfo{}); !errors.Is(err, wasmhost.ErrConfig) {
+		t.Fatalf("configure with an unknown property: %v, want ErrConfig", err)
 	}
 }
