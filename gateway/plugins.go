@@ -7,14 +7,11 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
-
-// permPluginsManage is the permission plugins/list requires of a
-// principal other than the operator.
-const permPluginsManage = "plugins:manage"
 
 // pluginsList is the socket's read-only view of plugins (seed 003's
 // GET /api/plugins): every plugin a sandbox replica discovered, loaded or
@@ -35,12 +32,8 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 	all := p.All == nil || *p.All
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := g.config.Authorize(ctx, &configv1.AuthorizeRequest{Principal: cs.principalOf(), Permission: permPluginsManage})
-	if err != nil {
+	if err := configclient.Authorize(ctx, g.config, cs.principalOf(), configschema.PermPluginsManage, ""); err != nil {
 		return nil, serviceError("config", err)
-	}
-	if !resp.GetAllowed() {
-		return nil, jsonrpc.NewError(jsonrpc.CodeForbidden, "Permission denied: "+permPluginsManage, map[string]any{"reason": "forbidden"})
 	}
 	if len(g.cfg.PluginAddrs) == 0 {
 		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "no plugin sandbox configured", nil)

@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/install"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -130,7 +131,7 @@ type pluginEnv struct {
 	trusted    []string
 	out        io.Writer
 
-	client  *rpcClient
+	client  *rpcclient.Client
 	dialed  bool
 	dialErr error
 }
@@ -145,7 +146,7 @@ func (p *pluginEnv) close() {
 // running (no socket, or nobody accepting on it). Any other failure (a
 // refused token, say) is the command's error: it must not be mistaken for
 // a stopped stack.
-func (p *pluginEnv) stack() *rpcClient {
+func (p *pluginEnv) stack() *rpcclient.Client {
 	if !p.dialed {
 		p.dialed = true
 		p.client, p.dialErr = p.sf.dial()
@@ -164,7 +165,7 @@ func (p *pluginEnv) reachable() error {
 
 // get reads one config property from the running stack.
 func (p *pluginEnv) get(prop string, v any) error {
-	res, err := p.stack().call("config/get", map[string]any{"prop": prop})
+	res, err := p.stack().Call("config/get", map[string]any{"prop": prop})
 	if err != nil {
 		return err
 	}
@@ -279,7 +280,7 @@ func (p *pluginEnv) install(ctx context.Context, registry, src string) error {
 		fmt.Fprintf(p.out, "%s already holds values; kept\n", prop)
 		return nil
 	}
-	if _, err := p.stack().call("config/set", map[string]any{"prop": prop, "value": map[string]any{}}); err != nil {
+	if _, err := p.stack().Call("config/set", map[string]any{"prop": prop, "value": map[string]any{}}); err != nil {
 		return fmt.Errorf("plugin install: seed %s: %w", prop, err)
 	}
 	fmt.Fprintf(p.out, "seeded %s (secret, encrypted at rest); set values with `clawmesh config set %s=...`\n", prop, prop)
@@ -310,7 +311,7 @@ func (p *pluginEnv) remove(name string, purge bool) error {
 		return fmt.Errorf("plugin remove --purge: the stack is not running; its config entry was kept")
 	}
 	key := wasmhost.InstanceKey(name, wasmhost.WorldTool, "")
-	if _, err := p.stack().call("config/delete", map[string]any{"prop": "plugins.entries." + key}); err != nil {
+	if _, err := p.stack().Call("config/delete", map[string]any{"prop": "plugins.entries." + key}); err != nil {
 		return fmt.Errorf("plugin remove --purge: %w", err)
 	}
 	fmt.Fprintf(p.out, "deleted plugins.entries.%s\n", key)
@@ -339,7 +340,7 @@ func (p *pluginEnv) list(all bool) error {
 	tw := tabwriter.NewWriter(p.out, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
 	if c := p.stack(); c != nil {
-		res, err := c.call("plugins/list", map[string]any{"all": all})
+		res, err := c.Call("plugins/list", map[string]any{"all": all})
 		if err != nil {
 			return fmt.Errorf("plugin list: %w", err)
 		}

@@ -17,11 +17,11 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/plugins/abi"
-	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
-	"github.com/clawmesh/clawmesh/services/config"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
@@ -47,8 +47,8 @@ const (
 // binding it to an agent (channels.plugin.<alias>.agent) and giving that
 // agent only the tools it should offer them; approvals nobody on the
 // channel can answer are denied when they time out.
-func channelPrincipal() *configv1.Principal {
-	return &configv1.Principal{PrincipalId: config.OperatorPrincipal, Operator: true}
+func channelPrincipal() *commonv1.Principal {
+	return &commonv1.Principal{PrincipalId: configschema.OperatorPrincipal, Operator: true}
 }
 
 // binder runs the channel bindings of channels.plugin.<alias>: for each,
@@ -329,7 +329,7 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		log.Warn("channel message: prompt failed", zap.String("session_id", sessionID), zap.Error(err))
 		return
 	}
-	log.Info("channel message handed to a session", zap.String("session_id", sessionID), zap.String("outcome", resp.GetOutcome()))
+	log.Info("channel message handed to a session", zap.String("session_id", sessionID), zap.Stringer("outcome", resp.GetOutcome()))
 	to := msg.ReplyTarget
 	if to == "" {
 		to = msg.Sender

@@ -39,19 +39,24 @@ var ErrSettings = errors.New("pluginsandbox: invalid plugins settings")
 // SettingsFrom takes a replica's settings from the live config's
 // plugins.* (configclient applies the schema's defaults); an empty
 // plugins_dir means <data_dir>/plugins.
-func SettingsFrom(snap configclient.Snapshot, dataDir string) (Settings, error) {
-	p := snap.PluginSettings()
-	s := Settings{Limits: wasmhost.LimitsFrom(p), PluginsDir: p.PluginsDir, ScanInterval: snap.Millis("plugins.scan_interval_ms")}
+func SettingsFrom(p configclient.PluginSettings, dataDir string) (Settings, error) {
+	s := Settings{Limits: wasmhost.LimitsFrom(p), PluginsDir: p.PluginsDir}
 	if s.PluginsDir == "" {
 		s.PluginsDir = filepath.Join(dataDir, "plugins")
 	}
 	if err := s.Limits.Validate(); err != nil {
 		return s, fmt.Errorf("%w: %w", ErrSettings, err)
 	}
-	if s.ScanInterval < 100*time.Millisecond {
-		return s, fmt.Errorf("%w: plugins.scan_interval_ms must be at least 100", ErrSettings)
-	}
 	return s, nil
+}
+
+// scanInterval reads plugins.scan_interval_ms (the schema bounds it).
+func scanInterval(snap configclient.Snapshot) (time.Duration, error) {
+	d := snap.Millis("plugins.scan_interval_ms")
+	if d < 100*time.Millisecond {
+		return 0, fmt.Errorf("%w: plugins.scan_interval_ms must be at least 100", ErrSettings)
+	}
+	return d, nil
 }
 
 // liveTimeout bounds reading the config document at start; the launcher
@@ -81,8 +86,11 @@ func Register(ctx context.Context, env *service.Env) error {
 		return fmt.Errorf("config service: %w", err)
 	}
 	env.OnClose(live.Close)
-	settings, err := SettingsFrom(live.Current(), env.DataDir)
+	settings, err := SettingsFrom(live.PluginSettings(), env.DataDir)
 	if err != nil {
+		return err
+	}
+	if settings.ScanInterval, err = scanInterval(live.Current()); err != nil {
 		return err
 	}
 	sessConn, err := grpcclient.Dial(env.Peers.Session)

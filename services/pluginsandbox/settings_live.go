@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
 )
 
@@ -28,62 +29,40 @@ type ChannelBinding struct {
 	Alias string
 	// Plugin is the channel plugin's name.
 	Plugin string
-	// Listen is host:port with an explicit host; default 127.0.0.1:0.
+	// Listen is host:port with an explicit host (schema default: loopback,
+	// any free port).
 	Listen string
-	// Agent is the agent alias sessions are created for; default
-	// "default".
+	// Agent is the agent alias sessions are created for.
 	Agent string
 }
 
-// DefaultChannelListen is where a channel's host listener binds unless
-// configured: loopback, any free port.
-const DefaultChannelListen = "127.0.0.1:0"
-
-// DefaultLive are the settings with nothing configured.
+// DefaultLive are the settings of a config document that sets nothing:
+// the schema's defaults (internal/configschema).
 func DefaultLive() Live {
-	return Live{Enabled: true, Policy: manifest.DefaultPolicy()}
+	l, _ := LiveFrom(configclient.Snapshot{})
+	return l
 }
 
-// liveFrom reads the live plugin settings from a config document (the
-// typed document of the config service, secrets masked).
-func liveFrom(doc map[string]any) (Live, error) {
-	l := DefaultLive()
-	plugins, _ := doc["plugins"].(map[string]any)
-	if v, ok := plugins["enabled"].(bool); ok {
-		l.Enabled = v
-	}
-	security, _ := plugins["security"].(map[string]any)
-	if mode, ok := security["signature_mode"].(string); ok {
-		l.Policy.Mode = manifest.Mode(mode)
-	}
-	if keys, ok := security["trusted_publisher_keys"].([]any); ok {
-		for _, k := range keys {
-			if s, ok := k.(string); ok {
-				l.Policy.Trusted = append(l.Policy.Trusted, s)
-			}
-		}
+// LiveFrom reads the live plugin settings from a config revision; absent
+// properties take the schema's defaults.
+func LiveFrom(snap configclient.Snapshot) (Live, error) {
+	p := snap.PluginSettings()
+	l := Live{
+		Enabled: snap.Bool("plugins.enabled"),
+		Policy:  manifest.Policy{Mode: manifest.Mode(p.SignatureMode), Trusted: p.TrustedPublisherKeys},
 	}
 	if err := l.Policy.Validate(); err != nil {
 		return l, fmt.Errorf("%w: %w", ErrSettings, err)
 	}
-	channels, _ := doc["channels"].(map[string]any)
-	bindings, _ := channels["plugin"].(map[string]any)
-	for alias, raw := range bindings {
-		fields, _ := raw.(map[string]any)
-		b := ChannelBinding{Alias: alias, Listen: DefaultChannelListen, Agent: "default"}
-		if v, ok := fields["plugin"].(string); ok {
-			b.Plugin = v
-		}
-		if v, ok := fields["listen"].(string); ok && v != "" {
-			b.Listen = v
-		}
-		if v, ok := fields["agent"].(string); ok && v != "" {
-			b.Agent = v
-		}
+	raw, _ := snap.Value("channels.plugin")
+	bindings, _ := raw.(map[string]any)
+	for alias := range bindings {
+		at := "channels.plugin." + alias + "."
 		if l.Channels == nil {
 			l.Channels = map[string]ChannelBinding{}
 		}
-		l.Channels[alias] = b
+		l.Channels[alias] = ChannelBinding{Alias: alias, Plugin: snap.String(at + "plugin"),
+			Listen: snap.String(at + "listen"), Agent: snap.String(at + "agent")}
 	}
 	return l, nil
 }

@@ -64,7 +64,7 @@ func TestPluginSkillAndMemoryTools(t *testing.T) {
 	resp := h.prompt(alice, id, `/tool plugin_skills`+"\n"+`/tool plugin_skill_read {"id":"plugin:toolkit/review"}`+"\n"+
 		`/tool plugin_skill_read {"id":"plugin:toolkit/nope"}`+"\n"+
 		`/tool plugin_memory_store {"key":"k1","content":"the sky is blue"}`+"\n"+`/tool plugin_memory_recall {"query":"blue"}`+"\n/say end")
-	if resp.GetOutcome() != OutcomeCompleted {
+	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
 		t.Fatalf("prompt %v", resp)
 	}
 	var got []string
