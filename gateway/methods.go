@@ -61,6 +61,8 @@ func methodTable() map[string]method {
 		"config/set-many": {needs: needsConfigEdit, call: (*Gateway).configSetMany},
 		"config/list":     {needs: needsConfigRead, call: (*Gateway).configList},
 		"config/delete":   {needs: needsConfigEdit, call: (*Gateway).configDelete},
+
+		"plugins/list": {needs: []string{configschema.PermPluginsManage}, call: (*Gateway).pluginsList},
 	}
 }
 

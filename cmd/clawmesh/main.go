@@ -22,6 +22,7 @@ commands:
   call         call any method of the client socket and print the result
   config       get, set, list or delete config properties of the running stack
   token        pair (create) or unpair (revoke) a user's auth token
+  plugin       list, search, install, remove, inspect and sign plugins
   version      print the version
 `
 
@@ -41,6 +42,8 @@ func run(args []string) error {
 		return chatCmd(args[1:], os.Stdin, os.Stdout)
 	case "token":
 		return tokenCmd(args[1:], os.Stdout)
+	case "plugin":
+		return pluginCmd(args[1:], os.Stdout)
 	case "version", "--version":
 		return printVersion()
 	case "help", "-h", "--help":

@@ -39,6 +39,8 @@ var (
 	hexKey            = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	durableToken      = regexp.MustCompile(`^(|[!-~]{32,})$`)
 	shortText         = regexp.MustCompile(`^[^\x00-\x1f]{0,64}$`)
+	pluginName        = regexp.MustCompile(`^(|[a-z0-9][a-z0-9_-]{0,63})$`)
+	listenAddr        = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[0-9.]+|localhost):[0-9]{1,5}$`)
 )
 
 // Properties is the schema. Keep related rows together; a Map row comes
@@ -95,7 +97,10 @@ var Properties = []Property{
 		Doc: "longest wait for the provider's response and for each streamed chunk"},
 
 	// Plugins (seed 003).
+	{Path: "plugins.enabled", Type: Bool, Default: true, Doc: "load plugins; false unloads every plugin at the next scan"},
 	{Path: "plugins.plugins_dir", Type: String, Default: "", Restart: true, Doc: "plugin folder; empty for <data_dir>/plugins"},
+	{Path: "plugins.scan_interval_ms", Type: Integer, Default: 2000, Min: f(100), Max: f(3_600_000), Restart: true,
+		Doc: "how often each sandbox replica rescans the plugin folder for installs and removals"},
 	{Path: "plugins.limits.call_fuel", Type: Integer, Restart: true, Default: 1_000_000_000, Min: f(1), Max: f(1 << 53), Doc: "instruction units per call"},
 	{Path: "plugins.limits.call_timeout_ms", Type: Integer, Restart: true, Default: 30000, Min: f(1), Max: f(3_600_000), Doc: "wall clock per call"},
 	{Path: "plugins.limits.max_memory_mb", Type: Integer, Restart: true, Default: 256, Min: f(1), Max: f(4096), Doc: "linear memory per instance"},
@@ -108,6 +113,11 @@ var Properties = []Property{
 	{Path: "plugins.entries", Type: Map, Doc: "plugin instances, by key"},
 	{Path: "plugins.entries.*.config", Type: Object, Items: String, Default: map[string]any{}, Secret: true,
 		Doc: "the operator's values for the plugin, validated against its manifest's config_schema"},
+	{Path: "channels.plugin", Type: Map, Doc: "channel plugins, by alias: each binds a channel plugin to a host listener and an agent"},
+	{Path: "channels.plugin.*.plugin", Type: String, Default: "", Pattern: pluginName, Doc: "the channel plugin's name"},
+	{Path: "channels.plugin.*.listen", Type: String, Default: "127.0.0.1:0", Pattern: listenAddr,
+		Doc: "host:port of the host listener that feeds the channel; the host is explicit (0.0.0.0 for every interface)"},
+	{Path: "channels.plugin.*.agent", Type: String, Default: "default", Ref: "agents", Doc: "agent that answers the channel's messages"},
 
 	// Uploads (SPEC §6).
 	{Path: "uploads.chunk_bytes", Type: Integer, Default: 1048576, Min: f(1024), Max: f(4 << 20), Doc: "largest decoded chunk"},

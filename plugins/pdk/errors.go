@@ -1,6 +1,10 @@
 package pdk
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
+)
 
 // Errors returned by host services. They carry no detail on purpose: the
 // host reveals nothing about its resolver or schema.
@@ -20,13 +24,13 @@ var (
 
 func codeError(code int64) error {
 	switch code {
-	case -1:
+	case abi.CodeAccessDenied:
 		return ErrAccessDenied
-	case -2:
+	case abi.CodeNotFound:
 		return ErrNotFound
-	case -4:
+	case abi.CodeInvalidArgument:
 		return ErrInvalidArgument
-	case -5:
+	case abi.CodeTooLarge:
 		return ErrTooLarge
 	default:
 		return ErrUnavailable

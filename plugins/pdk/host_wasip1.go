@@ -6,7 +6,8 @@ import (
 	"encoding/json"
 	"unsafe"
 
-	"github.com/clawmesh/clawmesh/plugins/pdk/internal/abi"
+	"github.com/clawmesh/clawmesh/plugins/abi"
+	"github.com/clawmesh/clawmesh/plugins/pdk/internal/guest"
 )
 
 // Level is a log level.
@@ -14,21 +15,16 @@ type Level uint32
 
 // Log levels.
 const (
-	LevelTrace Level = iota
-	LevelDebug
-	LevelInfo
-	LevelWarn
-	LevelError
+	LevelTrace = Level(abi.LevelTrace)
+	LevelDebug = Level(abi.LevelDebug)
+	LevelInfo  = Level(abi.LevelInfo)
+	LevelWarn  = Level(abi.LevelWarn)
+	LevelError = Level(abi.LevelError)
 )
 
 // Event is a structured log event. Action and Outcome belong to closed sets
 // (see plugins/ABI.md); the host drops a record naming anything else.
-type Event struct {
-	Action  string            `json:"action"`
-	Outcome string            `json:"outcome"`
-	Message string            `json:"message"`
-	Fields  map[string]string `json:"fields,omitempty"`
-}
+type Event = abi.LogEvent
 
 // Log hands a record to the host. It never blocks and never fails: a record
 // over 64 KiB, or one the host's queue cannot take, is dropped and counted.
@@ -37,7 +33,7 @@ func Log(level Level, ev Event) {
 	if err != nil {
 		return
 	}
-	abi.LogRecord(uint32(level), abi.Ptr(b), uint32(len(b)))
+	guest.LogRecord(uint32(level), guest.Ptr(b), uint32(len(b)))
 }
 
 // Info logs a message with action "execute" and outcome "success".
@@ -49,8 +45,8 @@ func Info(msg string) {
 // x-secret in the manifest's schema). Resolve it where you use it and do not
 // keep it.
 func Secret(name string) (string, error) {
-	b, n := abi.ReadGrowing(func(buf unsafe.Pointer, capacity uint32) int64 {
-		return abi.SecretsGet(abi.StringPtr(name), uint32(len(name)), buf, capacity)
+	b, n := guest.ReadGrowing(func(buf unsafe.Pointer, capacity uint32) int64 {
+		return guest.SecretsGet(guest.StringPtr(name), uint32(len(name)), buf, capacity)
 	})
 	if n < 0 {
 		return "", codeError(n)
@@ -61,29 +57,19 @@ func Secret(name string) (string, error) {
 // Config returns the plugin's public config (secrets omitted) as JSON.
 // A tool also receives it under the "__config" key of its arguments.
 func Config() (json.RawMessage, error) {
-	b, n := abi.ReadGrowing(abi.ConfigGet)
+	b, n := guest.ReadGrowing(guest.ConfigGet)
 	if n < 0 {
 		return nil, codeError(n)
 	}
 	return b, nil
 }
 
-// HTTPRequest is an outbound request. Body travels base64-encoded.
-type HTTPRequest struct {
-	Method  string            `json:"method"`
-	URL     string            `json:"url"`
-	Headers map[string]string `json:"headers,omitempty"`
-	Body    []byte            `json:"body,omitempty"`
-	// TimeoutMS may shorten, never extend, the host's deadline.
-	TimeoutMS int64 `json:"timeout_ms,omitempty"`
-}
+// HTTPRequest is an outbound request. Body travels base64-encoded;
+// TimeoutMS may shorten, never extend, the host's deadline.
+type HTTPRequest = abi.HTTPRequest
 
 // HTTPResponse is the answer to an HTTPRequest.
-type HTTPResponse struct {
-	Status  int               `json:"status"`
-	Headers map[string]string `json:"headers,omitempty"`
-	Body    []byte            `json:"body,omitempty"`
-}
+type HTTPResponse = abi.HTTPResponse
 
 // Fetch performs an outbound HTTP request through the host. It needs the
 // http_client grant and a world that allows it (tool and channel).
@@ -92,12 +78,12 @@ func Fetch(req HTTPRequest) (*HTTPResponse, error) {
 	if err != nil {
 		return nil, ErrInvalidArgument
 	}
-	n := abi.HTTPRequest(abi.Ptr(b), uint32(len(b)))
+	n := guest.HTTPRequest(guest.Ptr(b), uint32(len(b)))
 	if n < 0 {
 		return nil, codeError(n)
 	}
 	buf := make([]byte, n)
-	if got := abi.HTTPResponse(abi.Ptr(buf), uint32(len(buf))); got != n {
+	if got := guest.HTTPResponse(guest.Ptr(buf), uint32(len(buf))); got != n {
 		if got < 0 {
 			return nil, codeError(got)
 		}

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -14,6 +17,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
@@ -24,6 +28,9 @@ type Settings struct {
 	Limits wasmhost.Limits
 	// PluginsDir is plugins.plugins_dir; empty means <data_dir>/plugins.
 	PluginsDir string
+	// ScanInterval is plugins.scan_interval_ms: how often the replica
+	// rescans the plugins folder.
+	ScanInterval time.Duration
 }
 
 // ErrSettings: a plugins.* value in the config document is unusable.
@@ -43,6 +50,15 @@ func SettingsFrom(p configclient.PluginSettings, dataDir string) (Settings, erro
 	return s, nil
 }
 
+// scanInterval reads plugins.scan_interval_ms (the schema bounds it).
+func scanInterval(snap configclient.Snapshot) (time.Duration, error) {
+	d := snap.Millis("plugins.scan_interval_ms")
+	if d < 100*time.Millisecond {
+		return 0, fmt.Errorf("%w: plugins.scan_interval_ms must be at least 100", ErrSettings)
+	}
+	return d, nil
+}
+
 // liveTimeout bounds reading the config document at start; the launcher
 // starts the config service first, so this only matters when it is down.
 const liveTimeout = 15 * time.Second
@@ -50,7 +66,12 @@ const liveTimeout = 15 * time.Second
 // Register builds a replica inside the service frame: it reads its
 // settings from the config service, starts a wasmhost.Host (compile cache
 // <data_dir>/wasm-cache, shared by replicas), loads the plugins and
-// registers PluginService. The host and the plugins close with the process.
+// registers PluginService. It follows the live config (plugins.enabled,
+// plugins.security.*, channels.plugin.*: a change triggers a rescan) and
+// rescans the plugins folder every plugins.scan_interval_ms, so installs,
+// removals and config changes apply on every replica without a restart or
+// a signal. The host, the plugins and the channel bindings close with the
+// process.
 func Register(ctx context.Context, env *service.Env) error {
 	conn, err := grpcclient.Dial(env.Peers.Config)
 	if err != nil {
@@ -69,6 +90,14 @@ func Register(ctx context.Context, env *service.Env) error {
 	if err != nil {
 		return err
 	}
+	if settings.ScanInterval, err = scanInterval(live.Current()); err != nil {
+		return err
+	}
+	sessConn, err := grpcclient.Dial(env.Peers.Session)
+	if err != nil {
+		return fmt.Errorf("session service: %w", err)
+	}
+	env.OnClose(func() { _ = sessConn.Close() })
 	host, err := wasmhost.New(ctx, wasmhost.Config{
 		Limits:   settings.Limits,
 		CacheDir: filepath.Join(env.DataDir, "wasm-cache"),
@@ -78,17 +107,53 @@ func Register(ctx context.Context, env *service.Env) error {
 		return err
 	}
 	env.OnClose(func() { _ = host.Close(context.Background()) })
+	lastLive, err := LiveFrom(live.Current())
+	if err != nil {
+		return err
+	}
+	// Called from Rescan only, which scans are serialised by.
+	liveSettings := func() Live {
+		l, err := LiveFrom(live.Current())
+		if err != nil {
+			// Keep the last good settings rather than load under a policy
+			// the operator did not choose.
+			env.Log.Warn("plugin settings unusable; keeping the previous ones", zap.Error(err))
+			return lastLive
+		}
+		lastLive = l
+		return l
+	}
 	srv, err := NewServer(ctx, Config{
 		Host: host, PluginsDir: settings.PluginsDir, Logger: env.Log,
 		ConfigSource: &ConfigService{Client: client, Log: env.Log},
+		Settings:     liveSettings,
+		Sessions:     sessionv1.NewSessionServiceClient(sessConn),
 	})
 	if err != nil {
 		return err
 	}
-	env.OnClose(func() { _ = srv.Close(context.Background()) })
+	live.OnChange(func(_ configclient.Snapshot, props []string) {
+		if props == nil || slices.ContainsFunc(props, func(p string) bool {
+			return strings.HasPrefix(p, "plugins.") || strings.HasPrefix(p, "channels.")
+		}) {
+			srv.Kick()
+		}
+	})
+	runCtx, stopRun := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Run(runCtx, settings.ScanInterval)
+	}()
+	env.OnClose(func() {
+		stopRun()
+		<-done
+		_ = srv.Close(context.Background())
+	})
 	l := settings.Limits
 	env.Log.Info("plugin sandbox ready",
 		zap.String("plugins_dir", settings.PluginsDir), zap.Strings("tools", srv.toolNames()),
+		zap.Duration("scan_interval", settings.ScanInterval),
 		zap.Uint64("call_fuel", l.CallFuel), zap.Uint64("call_timeout_ms", l.CallTimeoutMS),
 		zap.Uint64("max_memory_mb", l.MaxMemoryMB), zap.Uint64("max_table_elements", l.MaxTableElements),
 		zap.Uint64("max_instances", l.MaxInstances))
@@ -97,11 +162,11 @@ func Register(ctx context.Context, env *service.Env) error {
 }
 
 func (s *Server) toolNames() []string {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	names := make([]string, 0, len(s.tools))
-	for n := range s.tools {
+	c := s.current()
+	names := make([]string, 0, len(c.tools))
+	for n := range c.tools {
 		names = append(names, n)
 	}
+	sort.Strings(names)
 	return names
 }

@@ -10,9 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -20,7 +19,9 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -36,27 +37,36 @@ type Config struct {
 	// Grant decides the effective grants of an admitted manifest; nil grants
 	// what the manifest requests.
 	Grant func(*manifest.Manifest) wasmhost.Grants
+	// Settings returns the live settings (plugins.enabled,
+	// plugins.security, channels.plugin) at each scan; nil means
+	// DefaultLive.
+	Settings func() Live
+	// Sessions is the session service channel messages are handed to; nil
+	// leaves channel bindings without a consumer (messages are logged and
+	// dropped).
+	Sessions sessionv1.SessionServiceClient
 	// Logger is required.
 	Logger *zap.Logger
-}
-
-type loadedPlugin struct {
-	m    *manifest.Manifest
-	key  string
-	tool *wasmhost.Tool // nil unless the plugin has the tool capability
 }
 
 // Server implements pluginv1.PluginServiceServer.
 type Server struct {
 	pluginv1.UnimplementedPluginServiceServer
-	cfg     Config
-	mu      sync.RWMutex
-	plugins []*loadedPlugin
-	tools   map[string]*loadedPlugin
+	cfg    Config
+	logger *zap.Logger
+
+	scanMu sync.Mutex // one scan at a time
+	mu     sync.RWMutex
+	cat    *catalog
+	kick   chan struct{}
+
+	channels *binder
+	bg       sync.WaitGroup // unloads
 }
 
-// NewServer discovers and loads the plugins in cfg.PluginsDir. A plugin
-// whose manifest or module is refused is logged and skipped, never fatal.
+// NewServer discovers and loads the plugins in cfg.PluginsDir (one scan;
+// Run keeps rescanning). A plugin whose manifest, signature or module is
+// refused is logged and skipped, never fatal.
 func NewServer(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Host == nil || cfg.Logger == nil {
 		return nil, errors.New("pluginsandbox: Host and Logger are required")
@@ -66,109 +76,120 @@ func NewServer(ctx context.Context, cfg Config) (*Server, error) {
 			return wasmhost.Grants{ConfigRead: m.Requests(manifest.PermConfigRead), HTTPClient: m.Requests(manifest.PermHTTPClient)}
 		}
 	}
-	s := &Server{cfg: cfg, tools: map[string]*loadedPlugin{}}
-	if cfg.PluginsDir == "" {
-		return s, nil
-	}
-	entries, err := os.ReadDir(cfg.PluginsDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return s, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("pluginsandbox: read plugins dir: %w", err)
-	}
-	for _, e := range entries {
-		if !e.IsDir() {
-			continue
-		}
-		dir := filepath.Join(cfg.PluginsDir, e.Name())
-		if err := s.load(ctx, dir); err != nil {
-			cfg.Logger.Warn("plugin skipped", zap.String("dir", dir), zap.Error(err))
-		}
+	s := &Server{cfg: cfg, logger: cfg.Logger, cat: &catalog{live: DefaultLive(), refusals: map[*entry]string{}}, kick: make(chan struct{}, 1)}
+	s.channels = newBinder(s)
+	if err := s.Rescan(ctx); err != nil {
+		s.logger.Warn("plugin scan", zap.Error(err))
 	}
 	return s, nil
 }
 
-func (s *Server) load(ctx context.Context, dir string) error {
-	m, err := manifest.Load(dir)
-	if err != nil {
-		return err
-	}
-	p := &loadedPlugin{m: m, key: wasmhost.InstanceKey(m.Name, wasmhost.WorldTool, "")}
-	if m.Has(manifest.CapTool) {
-		wasm, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(m.WasmPath)))
-		if err != nil {
-			return fmt.Errorf("pluginsandbox: read module: %w", err)
-		}
-		p.tool, err = s.cfg.Host.LoadTool(ctx, wasmhost.PluginSpec{
-			Name: m.Name, Version: m.Version, Wasm: wasm,
-			Grants: s.cfg.Grant(m), Schema: m.Schema(), Config: s.cfg.ConfigSource,
-		})
-		if err != nil {
-			return err
-		}
-	}
+func (s *Server) current() *catalog {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.cat
+}
+
+// Close stops the channel bindings and unloads every plugin. The host
+// stays open.
+func (s *Server) Close(ctx context.Context) error {
+	s.scanMu.Lock()
+	defer s.scanMu.Unlock()
+	s.channels.close(ctx)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p.tool != nil {
-		if _, dup := s.tools[p.tool.Name()]; dup {
-			_ = p.tool.Close(ctx)
-			return fmt.Errorf("pluginsandbox: tool %q already provided by another plugin", p.tool.Name())
-		}
-		s.tools[p.tool.Name()] = p
+	old := s.cat
+	s.cat = &catalog{live: old.live, refusals: map[*entry]string{}}
+	s.mu.Unlock()
+	for _, e := range old.entries {
+		e.unload(ctx)
 	}
-	s.plugins = append(s.plugins, p)
-	s.cfg.Logger.Info("plugin loaded", zap.String("plugin", m.Name), zap.String("version", m.Version))
+	s.bg.Wait()
 	return nil
 }
 
-// Close unloads every tool. The host stays open.
-func (s *Server) Close(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var errs []error
-	for _, p := range s.plugins {
-		if p.tool != nil {
-			errs = append(errs, p.tool.Close(ctx))
+// ListPlugins lists the loaded plugins (with all, the refused and failed
+// ones too) and whether the plugin system is enabled.
+func (s *Server) ListPlugins(_ context.Context, req *pluginv1.ListPluginsRequest) (*pluginv1.ListPluginsResponse, error) {
+	c := s.current()
+	resp := &pluginv1.ListPluginsResponse{Enabled: c.live.Enabled, PluginsDir: s.cfg.PluginsDir, SignatureMode: string(c.live.Policy.Mode)}
+	for _, e := range c.entries {
+		p := describe(c, e)
+		if p.Status != statusLoaded && !req.GetAll() {
+			continue
 		}
-	}
-	s.plugins, s.tools = nil, map[string]*loadedPlugin{}
-	return errors.Join(errs...)
-}
-
-// ListPlugins lists the loaded plugins.
-func (s *Server) ListPlugins(context.Context, *pluginv1.ListPluginsRequest) (*pluginv1.ListPluginsResponse, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	resp := &pluginv1.ListPluginsResponse{}
-	for _, p := range s.plugins {
-		pp := &pluginv1.Plugin{
-			Key: p.key, Name: p.m.Name, Version: p.m.Version, Description: p.m.Description,
-			Signed: p.m.Signature != "", Publisher: p.m.PublisherKey,
-		}
-		for _, c := range p.m.Capabilities {
-			pp.Capabilities = append(pp.Capabilities, string(c))
-		}
-		for _, perm := range p.m.Permissions {
-			pp.Permissions = append(pp.Permissions, string(perm))
-		}
-		resp.Plugins = append(resp.Plugins, pp)
+		resp.Plugins = append(resp.Plugins, p)
 	}
 	return resp, nil
 }
 
+// Plugin states in ListPlugins.
+const (
+	statusLoaded  = "loaded"
+	statusRefused = "refused"
+	statusFailed  = "failed"
+)
+
+func describe(c *catalog, e *entry) *pluginv1.Plugin {
+	p := &pluginv1.Plugin{Dir: e.dir, Status: statusLoaded, SignatureStatus: string(e.verdict.Status)}
+	switch {
+	case e.bundle == nil || e.err != nil:
+		p.Status, p.Reason = statusFailed, errText(e.err)
+	case e.policy != nil:
+		p.Status, p.Reason = statusRefused, e.policy.Error()
+	case c.refusals[e] != "":
+		p.Status, p.Reason = statusRefused, c.refusals[e]
+	}
+	if e.bundle == nil {
+		return p
+	}
+	m := e.bundle.Manifest
+	p.Key = wasmhost.InstanceKey(m.Name, wasmhost.WorldTool, "")
+	p.Name, p.Version, p.Description = m.Name, m.Version, m.Description
+	if e.verdict.Verified() {
+		p.Signed, p.Publisher = true, e.verdict.Key
+	}
+	for _, cp := range m.Capabilities {
+		p.Capabilities = append(p.Capabilities, string(cp))
+	}
+	for _, perm := range m.Permissions {
+		p.Permissions = append(p.Permissions, string(perm))
+	}
+	for _, perm := range m.Inert() {
+		p.InertPermissions = append(p.InertPermissions, string(perm))
+	}
+	if e.tool != nil {
+		p.ToolName = e.tool.Name()
+	}
+	for _, sk := range e.bundle.Skills {
+		p.Skills = append(p.Skills, sk.ID)
+	}
+	return p
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
 // ListTools lists every tool with its parameters schema.
 func (s *Server) ListTools(context.Context, *pluginv1.ListToolsRequest) (*pluginv1.ListToolsResponse, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
+	c := s.current()
 	resp := &pluginv1.ListToolsResponse{}
-	for name, p := range s.tools {
+	for name, e := range c.tools {
 		resp.Tools = append(resp.Tools, &pluginv1.Tool{
-			Name: name, Description: p.tool.Description(),
-			ParametersSchemaJson: string(p.tool.ParametersSchema()), PluginKey: p.key,
+			Name: name, Description: e.tool.Description(),
+			ParametersSchemaJson: string(e.tool.ParametersSchema()),
+			PluginKey:            wasmhost.InstanceKey(e.name(), wasmhost.WorldTool, ""),
 		})
 	}
 	sort.Slice(resp.Tools, func(i, j int) bool { return resp.Tools[i].Name < resp.Tools[j].Name })
+	for name := range c.memories {
+		resp.MemoryPlugins = append(resp.MemoryPlugins, name)
+	}
+	sort.Strings(resp.MemoryPlugins)
+	resp.SkillCount = int32(len(c.skillIDs))
 	return resp, nil
 }
 
@@ -177,12 +198,11 @@ func (s *Server) ListTools(context.Context, *pluginv1.ListToolsRequest) (*plugin
 // tool call (success false, error says which limit); refusals before any
 // guest code runs are gRPC errors.
 func (s *Server) ExecuteTool(ctx context.Context, req *pluginv1.ExecuteToolRequest) (*pluginv1.ExecuteToolResponse, error) {
-	s.mu.RLock()
-	p, ok := s.tools[req.GetToolName()]
-	s.mu.RUnlock()
-	if !ok {
+	p, ok := s.current().tools[req.GetToolName()]
+	if !ok || !p.acquire() {
 		return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, rpcerr.NoIndex, fmt.Sprintf("Unknown tool `%s`", req.GetToolName()))
 	}
+	defer p.release()
 	argsJSON := req.GetArgumentsJson()
 	if argsJSON == "" {
 		argsJSON = "{}"
@@ -195,8 +215,11 @@ func (s *Server) ExecuteTool(ctx context.Context, req *pluginv1.ExecuteToolReque
 		CallID: req.GetToolCallId(), Principal: req.GetPrincipal().GetPrincipalId(),
 		Args: json.RawMessage(argsJSON),
 	})
-	log := s.cfg.Logger.With(zap.String("tool", req.GetToolName()), zap.String("plugin", p.m.Name),
-		zap.String("tool_call_id", req.GetToolCallId()), zap.Duration("took", time.Since(start)))
+	took := time.Since(start)
+	log := s.cfg.Logger.With(zap.String("tool", req.GetToolName()), zap.String("plugin", p.name()),
+		zap.String("tool_call_id", req.GetToolCallId()), zap.Duration("took", took))
+	s.observe(abi.ObserverToolCall, map[string]string{"tool": req.GetToolName(), "plugin": p.name(),
+		"success": strconv.FormatBool(err == nil && res.Success), "took_ms": strconv.FormatInt(took.Milliseconds(), 10)})
 	if err != nil {
 		log.Info("tool call stopped", zap.Error(err))
 		return toolFailure(err)

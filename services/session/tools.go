@@ -61,6 +61,7 @@ func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) *toolSet {
 		}
 		return ts
 	}
+	s.addPluginBackends(ts, agent, resp)
 	for _, t := range resp.GetTools() {
 		if _, clash := ts.builtin[t.GetName()]; !clash && agent.offers(t.GetName()) {
 			ts.plugin[t.GetName()] = t

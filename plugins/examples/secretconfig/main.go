@@ -1,7 +1,8 @@
 //go:build wasip1
 
 // Command secretconfig is a tool that uses its public config (through
-// __config and pdk.Config) and a secret (through pdk.Secret). It reports what
+// __config) and a secret (through pdk.Secret), and reports what the
+// channel-only config_get import answered it. It reports what
 // it saw without ever echoing the secret: only its length and whether it
 // matches the "expect" argument.
 package main
@@ -46,6 +47,11 @@ func (greeter) Execute(args json.RawMessage) (tool.Result, error) {
 	if _, err := pdk.Secret("nope"); err == nil {
 		return tool.Failure("unknown secret was readable"), nil
 	}
+	// Seed 003 gives config_get only to channels: a tool must be refused.
+	configGet := "ok"
+	if _, err := pdk.Config(); err != nil {
+		configGet = err.Error()
+	}
 	pdk.Info("greeting " + in.Who)
 	if in.Leak {
 		// A misbehaving plugin: the host cannot stop this output, which is
@@ -58,6 +64,7 @@ func (greeter) Execute(args json.RawMessage) (tool.Result, error) {
 		"key_len":     len(key),
 		"key_matches": key == in.Expect,
 		"config_keys": keys(all["__config"]),
+		"config_get":  configGet,
 	}
 	b, _ := json.Marshal(out)
 	return tool.Result{Success: true, Output: string(b)}, nil

@@ -6,7 +6,8 @@ import (
 	"encoding/json"
 	"unsafe"
 
-	"github.com/clawmesh/clawmesh/plugins/pdk/internal/abi"
+	"github.com/clawmesh/clawmesh/plugins/abi"
+	"github.com/clawmesh/clawmesh/plugins/pdk/internal/guest"
 )
 
 // Capabilities are the optional exports the plugin implements. For an
@@ -18,21 +19,10 @@ type Capabilities struct {
 }
 
 // Message is what PollMessage hands the host.
-type Message struct {
-	ID          string `json:"id"`
-	Sender      string `json:"sender"`
-	ReplyTarget string `json:"reply_target,omitempty"`
-	Content     string `json:"content"`
-	ThreadID    string `json:"thread_id,omitempty"`
-	Timestamp   int64  `json:"timestamp,omitempty"`
-}
+type Message = abi.ChannelMessage
 
 // SendMessage is an outbound message.
-type SendMessage struct {
-	Recipient string `json:"recipient"`
-	Content   string `json:"content"`
-	ThreadID  string `json:"thread_id,omitempty"`
-}
+type SendMessage = abi.SendMessage
 
 // Channel is one messaging channel. Name and Capabilities are read once at
 // load, outside any service frame (config and secrets are unavailable
@@ -72,13 +62,13 @@ var registered Channel
 func Register(c Channel) { registered = c }
 
 // Pending returns the number of messages waiting in the inbound queue.
-func Pending() int { return int(abi.InboundPending()) }
+func Pending() int { return int(guest.InboundPending()) }
 
 // Poll takes the next message the host queued (a JSON object whose shape
 // is the host listener's), or reports false when the queue is empty.
 func Poll() (json.RawMessage, bool) {
-	b, n := abi.ReadGrowing(func(buf unsafe.Pointer, capacity uint32) int64 {
-		return abi.InboundPoll(buf, capacity)
+	b, n := guest.ReadGrowing(func(buf unsafe.Pointer, capacity uint32) int64 {
+		return guest.InboundPoll(buf, capacity)
 	})
 	if n <= 0 {
 		return nil, false
@@ -87,57 +77,53 @@ func Poll() (json.RawMessage, bool) {
 }
 
 //go:wasmexport channel_name
-func channelName() uint64 { return abi.ReturnJSON(registered.Name()) }
+func channelName() uint64 { return guest.ReturnJSON(registered.Name()) }
 
 //go:wasmexport channel_capabilities
 func channelCapabilities() uint64 {
 	caps := registered.Capabilities()
 	flags := []string{}
 	if caps.Health {
-		flags = append(flags, "health")
+		flags = append(flags, abi.FlagHealth)
 	}
 	if caps.Typing {
-		flags = append(flags, "typing")
+		flags = append(flags, abi.FlagTyping)
 	}
-	return abi.ReturnJSON(flags)
+	return guest.ReturnJSON(flags)
 }
 
 //go:wasmexport channel_configure
-func channelConfigure() uint64 { return abi.Result(nil, registered.Configure()) }
+func channelConfigure() uint64 { return guest.Result(nil, registered.Configure()) }
 
 //go:wasmexport channel_send
 func channelSend(ptr, size uint32) uint64 {
 	var msg SendMessage
-	if err := json.Unmarshal(abi.Take(ptr, size), &msg); err != nil {
-		return abi.ReturnErr("malformed message: " + err.Error())
+	if err := json.Unmarshal(guest.Take(ptr, size), &msg); err != nil {
+		return guest.ReturnErr("malformed message: " + err.Error())
 	}
-	return abi.Result(nil, registered.Send(msg))
+	return guest.Result(nil, registered.Send(msg))
 }
 
 //go:wasmexport channel_poll_message
-func channelPollMessage() uint64 { return abi.Result(registered.PollMessage()) }
+func channelPollMessage() uint64 { return guest.Result(registered.PollMessage()) }
 
 //go:wasmexport channel_health
-func channelHealth() uint64 { return abi.ReturnJSON(registered.Health()) }
-
-type typingArg struct {
-	Recipient string `json:"recipient"`
-}
+func channelHealth() uint64 { return guest.ReturnJSON(registered.Health()) }
 
 //go:wasmexport channel_start_typing
 func channelStartTyping(ptr, size uint32) uint64 {
-	var a typingArg
-	if err := json.Unmarshal(abi.Take(ptr, size), &a); err != nil {
-		return abi.ReturnErr("malformed argument")
+	var a abi.TypingArgs
+	if err := json.Unmarshal(guest.Take(ptr, size), &a); err != nil {
+		return guest.ReturnErr("malformed argument")
 	}
-	return abi.Result(nil, registered.StartTyping(a.Recipient))
+	return guest.Result(nil, registered.StartTyping(a.Recipient))
 }
 
 //go:wasmexport channel_stop_typing
 func channelStopTyping(ptr, size uint32) uint64 {
-	var a typingArg
-	if err := json.Unmarshal(abi.Take(ptr, size), &a); err != nil {
-		return abi.ReturnErr("malformed argument")
+	var a abi.TypingArgs
+	if err := json.Unmarshal(guest.Take(ptr, size), &a); err != nil {
+		return guest.ReturnErr("malformed argument")
 	}
-	return abi.Result(nil, registered.StopTyping(a.Recipient))
+	return guest.Result(nil, registered.StopTyping(a.Recipient))
 }

@@ -5,7 +5,8 @@ package memory
 import (
 	"encoding/json"
 
-	"github.com/clawmesh/clawmesh/plugins/pdk/internal/abi"
+	"github.com/clawmesh/clawmesh/plugins/abi"
+	"github.com/clawmesh/clawmesh/plugins/pdk/internal/guest"
 )
 
 // Capabilities are the optional exports the plugin implements. Without
@@ -15,14 +16,7 @@ type Capabilities struct {
 }
 
 // Entry is one stored memory.
-type Entry struct {
-	Key       string   `json:"key"`
-	Content   string   `json:"content"`
-	Category  string   `json:"category,omitempty"`
-	SessionID string   `json:"session_id,omitempty"`
-	Timestamp int64    `json:"timestamp,omitempty"`
-	Score     *float64 `json:"score,omitempty"`
-}
+type Entry = abi.MemoryEntry
 
 // Memory is one memory backend. A returned error is the backend's own
 // failure, reported to the host as such.
@@ -44,52 +38,47 @@ var registered Memory
 func Register(m Memory) { registered = m }
 
 //go:wasmexport memory_name
-func memoryName() uint64 { return abi.ReturnJSON(registered.Name()) }
+func memoryName() uint64 { return guest.ReturnJSON(registered.Name()) }
 
 //go:wasmexport memory_capabilities
 func memoryCapabilities() uint64 {
 	flags := []string{}
 	if registered.Capabilities().Count {
-		flags = append(flags, "count")
+		flags = append(flags, abi.FlagCount)
 	}
-	return abi.ReturnJSON(flags)
+	return guest.ReturnJSON(flags)
 }
 
 //go:wasmexport memory_store
 func memoryStore(ptr, size uint32) uint64 {
 	var e Entry
-	if err := json.Unmarshal(abi.Take(ptr, size), &e); err != nil {
-		return abi.ReturnErr("malformed entry: " + err.Error())
+	if err := json.Unmarshal(guest.Take(ptr, size), &e); err != nil {
+		return guest.ReturnErr("malformed entry: " + err.Error())
 	}
-	return abi.Result(nil, registered.Store(e))
+	return guest.Result(nil, registered.Store(e))
 }
 
 //go:wasmexport memory_recall
 func memoryRecall(ptr, size uint32) uint64 {
-	var a struct {
-		Query string `json:"query"`
-		Limit int    `json:"limit"`
-	}
-	if err := json.Unmarshal(abi.Take(ptr, size), &a); err != nil {
-		return abi.ReturnErr("malformed query: " + err.Error())
+	var a abi.RecallArgs
+	if err := json.Unmarshal(guest.Take(ptr, size), &a); err != nil {
+		return guest.ReturnErr("malformed query: " + err.Error())
 	}
 	entries, err := registered.Recall(a.Query, a.Limit)
 	if entries == nil {
 		entries = []Entry{}
 	}
-	return abi.Result(entries, err)
+	return guest.Result(entries, err)
 }
 
 //go:wasmexport memory_forget
 func memoryForget(ptr, size uint32) uint64 {
-	var a struct {
-		Key string `json:"key"`
+	var a abi.ForgetArgs
+	if err := json.Unmarshal(guest.Take(ptr, size), &a); err != nil {
+		return guest.ReturnErr("malformed argument: " + err.Error())
 	}
-	if err := json.Unmarshal(abi.Take(ptr, size), &a); err != nil {
-		return abi.ReturnErr("malformed argument: " + err.Error())
-	}
-	return abi.Result(registered.Forget(a.Key))
+	return guest.Result(registered.Forget(a.Key))
 }
 
 //go:wasmexport memory_count
-func memoryCount() uint64 { return abi.Result(registered.Count()) }
+func memoryCount() uint64 { return guest.Result(registered.Count()) }

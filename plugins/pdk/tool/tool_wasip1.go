@@ -5,15 +5,12 @@ package tool
 import (
 	"encoding/json"
 
-	"github.com/clawmesh/clawmesh/plugins/pdk/internal/abi"
+	"github.com/clawmesh/clawmesh/plugins/abi"
+	"github.com/clawmesh/clawmesh/plugins/pdk/internal/guest"
 )
 
 // Result is the tool-result record: what the model sees.
-type Result struct {
-	Success bool    `json:"success"`
-	Output  string  `json:"output"`
-	Error   *string `json:"error"`
-}
+type Result = abi.ToolResult
 
 // Tool is one callable tool. Execute receives the arguments as JSON (with the
 // host-injected "__config" object when the plugin has public config); a
@@ -34,26 +31,21 @@ func Register(t Tool) { registered = t }
 func Failure(msg string) Result { return Result{Success: false, Error: &msg} }
 
 //go:wasmexport tool_name
-func toolName() uint64 { return abi.ReturnJSON(registered.Name()) }
+func toolName() uint64 { return guest.ReturnJSON(registered.Name()) }
 
 //go:wasmexport tool_description
-func toolDescription() uint64 { return abi.ReturnJSON(registered.Description()) }
+func toolDescription() uint64 { return guest.ReturnJSON(registered.Description()) }
 
 //go:wasmexport tool_parameters_schema
-func toolParametersSchema() uint64 { return abi.Return(registered.ParametersSchema()) }
-
-type envelope struct {
-	Ok  *Result `json:"ok,omitempty"`
-	Err *string `json:"err,omitempty"`
-}
+func toolParametersSchema() uint64 { return guest.Return(registered.ParametersSchema()) }
 
 //go:wasmexport tool_execute
 func toolExecute(ptr, size uint32) uint64 {
-	args := abi.Take(ptr, size)
+	args := guest.Take(ptr, size)
 	res, err := registered.Execute(args)
 	if err != nil {
 		msg := err.Error()
-		return abi.ReturnJSON(envelope{Err: &msg})
+		return guest.ReturnJSON(abi.ToolEnvelope{Err: &msg})
 	}
-	return abi.ReturnJSON(envelope{Ok: &res})
+	return guest.ReturnJSON(abi.ToolEnvelope{Ok: &res})
 }

@@ -18,6 +18,9 @@ type ConfigSchema struct {
 	secrets  map[string]bool   // top-level string properties marked x-secret
 }
 
+// draft2020 is the only $schema a config_schema may name.
+const draft2020 = "https://json-schema.org/draft/2020-12/schema"
+
 var propTypes = map[string]bool{"string": true, "boolean": true, "integer": true, "number": true, "array": true, "object": true}
 
 // CompileSchema checks the rules of seed 003 and compiles the schema as
@@ -31,54 +34,72 @@ func CompileSchema(raw map[string]any) (*ConfigSchema, error) {
 	// plain JSON values.
 	js, err := json.Marshal(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: config_schema: %w", ErrInvalid, err)
+		return nil, fieldErr(fieldConfigSchema, "%v", err)
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(js))
 	if err != nil {
-		return nil, fmt.Errorf("%w: config_schema: %w", ErrInvalid, err)
+		return nil, fieldErr(fieldConfigSchema, "%v", err)
 	}
 	root, _ := doc.(map[string]any)
+	if s, ok := root["$schema"]; ok && s != draft2020 {
+		return nil, fieldErr(fieldConfigSchema+".$schema", "must be %s when present", draft2020)
+	}
 	if root["type"] != "object" {
-		return nil, fmt.Errorf("%w: config_schema root must have type object", ErrInvalid)
+		return nil, fieldErr(fieldConfigSchema+".type", "the root must have type object")
 	}
 	if root["additionalProperties"] != false {
-		return nil, fmt.Errorf("%w: config_schema must set additionalProperties = false", ErrInvalid)
+		return nil, fieldErr(fieldConfigSchema+".additionalProperties", "must be false")
 	}
 	props, ok := root["properties"].(map[string]any)
 	if !ok {
-		return nil, fmt.Errorf("%w: config_schema needs a properties map", ErrInvalid)
+		return nil, fieldErr(fieldConfigSchema+".properties", "must be a table of property schemas")
 	}
 	s := &ConfigSchema{types: map[string]string{}, secrets: map[string]bool{}}
-	for name, p := range props {
-		pm, ok := p.(map[string]any)
+	names := make([]string, 0, len(props))
+	for name := range props {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		field := fieldConfigSchema + ".properties." + name
+		pm, ok := props[name].(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("%w: property %q is not a schema object", ErrInvalid, name)
+			return nil, fieldErr(field, "is not a schema object")
 		}
 		typ, direct, err := propertyType(root, pm)
 		if err != nil {
-			return nil, fmt.Errorf("%w: property %q: %w", ErrInvalid, name, err)
+			return nil, fieldErr(field, "%v", err)
 		}
 		s.types[name] = typ
 		if v, has := pm["x-secret"]; has {
 			if v != true {
-				return nil, fmt.Errorf("%w: property %q: x-secret must be true or absent", ErrInvalid, name)
+				return nil, fieldErr(field+".x-secret", "must be true or absent")
 			}
 			if !direct || typ != "string" {
-				return nil, fmt.Errorf("%w: property %q: only a direct string property may be secret", ErrInvalid, name)
+				return nil, fieldErr(field+".x-secret", "only a direct top-level string property may be secret")
 			}
 			s.secrets[name] = true
 		}
-		if nestedSecret(pm, true) {
-			return nil, fmt.Errorf("%w: property %q: nested x-secret markers are not allowed", ErrInvalid, name)
+		if at := nestedSecret(pm, true, ""); at != "" {
+			return nil, fieldErr(field+"."+at, "nested x-secret markers are not allowed")
+		}
+	}
+	// A marker outside the properties (in $defs, say) is nested too.
+	for k, v := range root {
+		if k == "properties" {
+			continue
+		}
+		if at := nestedSecret(map[string]any{k: v}, false, ""); at != "" {
+			return nil, fieldErr(fieldConfigSchema+"."+at, "nested x-secret markers are not allowed")
 		}
 	}
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	if err := c.AddResource("config_schema.json", doc); err != nil {
-		return nil, fmt.Errorf("%w: config_schema: %w", ErrInvalid, err)
+		return nil, fieldErr(fieldConfigSchema, "%v", err)
 	}
 	if s.compiled, err = c.Compile("config_schema.json"); err != nil {
-		return nil, fmt.Errorf("%w: config_schema: %w", ErrInvalid, err)
+		return nil, fieldErr(fieldConfigSchema, "is not a valid JSON Schema 2020-12: %v", err)
 	}
 	return s, nil
 }
@@ -116,25 +137,38 @@ func propertyType(root, p map[string]any) (typ string, direct bool, err error) {
 	return t, false, nil
 }
 
-func nestedSecret(v any, top bool) bool {
+// nestedSecret returns the path (relative to v) of an x-secret key below
+// the top level of v, or "" when there is none.
+func nestedSecret(v any, top bool, at string) string {
+	join := func(k string) string {
+		if at == "" {
+			return k
+		}
+		return at + "." + k
+	}
 	switch x := v.(type) {
 	case map[string]any:
-		for k, child := range x {
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
 			if k == "x-secret" && !top {
-				return true
+				return join(k)
 			}
-			if nestedSecret(child, false) {
-				return true
+			if p := nestedSecret(x[k], false, join(k)); p != "" {
+				return p
 			}
 		}
 	case []any:
-		for _, child := range x {
-			if nestedSecret(child, false) {
-				return true
+		for i, child := range x {
+			if p := nestedSecret(child, false, fmt.Sprintf("%s[%d]", at, i)); p != "" {
+				return p
 			}
 		}
 	}
-	return false
+	return ""
 }
 
 // IsSecret reports whether name is a secret property.

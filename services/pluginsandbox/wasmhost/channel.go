@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // ChannelCapabilities are the channel-capabilities flags a plugin
@@ -18,21 +20,10 @@ type ChannelCapabilities struct {
 
 // ChannelMessage is a message the plugin hands the host from
 // channel_poll_message.
-type ChannelMessage struct {
-	ID          string `json:"id"`
-	Sender      string `json:"sender"`
-	ReplyTarget string `json:"reply_target,omitempty"`
-	Content     string `json:"content"`
-	ThreadID    string `json:"thread_id,omitempty"`
-	Timestamp   int64  `json:"timestamp,omitempty"`
-}
+type ChannelMessage = abi.ChannelMessage
 
 // SendMessage is an outbound message for channel_send.
-type SendMessage struct {
-	Recipient string `json:"recipient"`
-	Content   string `json:"content"`
-	ThreadID  string `json:"thread_id,omitempty"`
-}
+type SendMessage = abi.SendMessage
 
 // CallInfo attributes one call (logs, audit).
 type CallInfo struct {
@@ -64,15 +55,15 @@ func (h *Host) LoadChannel(ctx context.Context, spec PluginSpec, inbound *Inboun
 	}
 	ch := &Channel{}
 	r, err := h.loadResident(ctx, spec, inbound, func(ctx context.Context, r *resident) error {
-		if err := r.metadata(ctx, "channel_name", &ch.name); err != nil {
+		if err := r.metadata(ctx, abi.ExportChannelName, &ch.name); err != nil {
 			return err
 		}
 		var flags []string
-		if err := r.metadata(ctx, "channel_capabilities", &flags); err != nil {
+		if err := r.metadata(ctx, abi.ExportChannelCapabilities, &flags); err != nil {
 			return err
 		}
 		set := flagSet(flags)
-		ch.caps = ChannelCapabilities{Health: set["health"], Typing: set["typing"]}
+		ch.caps = ChannelCapabilities{Health: set[abi.FlagHealth], Typing: set[abi.FlagTyping]}
 		return nil
 	})
 	if err != nil {
@@ -104,11 +95,11 @@ func (c *Channel) PluginName() string { return c.r.c.spec.Name }
 // Configure runs channel_configure, which reads its config through
 // config_get and secrets_get at the point of use (it takes no argument).
 func (c *Channel) Configure(ctx context.Context, info CallInfo) error {
-	out, err := c.r.call(ctx, "channel_configure", nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	out, err := c.r.call(ctx, abi.ExportChannelConfigure, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
 	if err != nil {
 		return err
 	}
-	if err := decodeResult("channel_configure", out, nil); err != nil {
+	if err := decodeResult(abi.ExportChannelConfigure, out, nil); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -126,11 +117,11 @@ func (c *Channel) reconfigure(ctx context.Context) error {
 	if !configured {
 		return nil
 	}
-	out, err := c.r.callLocked(ctx, "channel_configure", nil, frameSpan{})
+	out, err := c.r.callLocked(ctx, abi.ExportChannelConfigure, nil, frameSpan{})
 	if err != nil {
 		return err
 	}
-	return decodeResult("channel_configure", out, nil)
+	return decodeResult(abi.ExportChannelConfigure, out, nil)
 }
 
 // Send delivers one message through the plugin.
@@ -139,23 +130,23 @@ func (c *Channel) Send(ctx context.Context, info CallInfo, msg SendMessage) erro
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrABI, err)
 	}
-	out, err := c.r.call(ctx, "channel_send", arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	out, err := c.r.call(ctx, abi.ExportChannelSend, arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
 	if err != nil {
 		return err
 	}
-	return decodeResult("channel_send", out, nil)
+	return decodeResult(abi.ExportChannelSend, out, nil)
 }
 
 // PollMessage asks the plugin for its next message; the plugin drains the
 // inbound queue (inbound_poll, inbound_pending) to produce it. It returns
 // nil when there is none.
 func (c *Channel) PollMessage(ctx context.Context, info CallInfo) (*ChannelMessage, error) {
-	out, err := c.r.call(ctx, "channel_poll_message", nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	out, err := c.r.call(ctx, abi.ExportChannelPollMessage, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
 	if err != nil {
 		return nil, err
 	}
 	var msg *ChannelMessage
-	if err := decodeResult("channel_poll_message", out, &msg); err != nil {
+	if err := decodeResult(abi.ExportChannelPollMessage, out, &msg); err != nil {
 		return nil, err
 	}
 	return msg, nil
@@ -167,7 +158,7 @@ func (c *Channel) Health(ctx context.Context) (bool, error) {
 	if !c.caps.Health {
 		return true, nil
 	}
-	out, err := c.r.call(ctx, "channel_health", nil, frameSpan{}, true)
+	out, err := c.r.call(ctx, abi.ExportChannelHealth, nil, frameSpan{}, true)
 	if err != nil {
 		return false, err
 	}
@@ -181,19 +172,19 @@ func (c *Channel) Health(ctx context.Context) (bool, error) {
 // StartTyping and StopTyping drive a typing indicator. Without the typing
 // flag they do nothing and the plugin is not called.
 func (c *Channel) StartTyping(ctx context.Context, recipient string) error {
-	return c.typing(ctx, "channel_start_typing", recipient)
+	return c.typing(ctx, abi.ExportChannelStartTyping, recipient)
 }
 
 // StopTyping: see StartTyping.
 func (c *Channel) StopTyping(ctx context.Context, recipient string) error {
-	return c.typing(ctx, "channel_stop_typing", recipient)
+	return c.typing(ctx, abi.ExportChannelStopTyping, recipient)
 }
 
 func (c *Channel) typing(ctx context.Context, export, recipient string) error {
 	if !c.caps.Typing {
 		return nil
 	}
-	arg, _ := json.Marshal(map[string]string{"recipient": recipient})
+	arg, _ := json.Marshal(abi.TypingArgs{Recipient: recipient})
 	out, err := c.r.call(ctx, export, arg, frameSpan{}, true)
 	if err != nil {
 		return err

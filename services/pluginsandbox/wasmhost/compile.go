@@ -9,36 +9,37 @@ import (
 
 	"github.com/tetratelabs/wazero"
 
+	"github.com/clawmesh/clawmesh/plugins/abi"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin"
 )
 
 // ABIVersion is the plugin ABI version this host speaks (plugins/ABI.md).
-const ABIVersion = 1
+const ABIVersion = abi.Version
 
 // World is a plugin world of seed 003.
-type World string
+type World = abi.World
 
 // Worlds.
 const (
-	WorldTool    World = "tool"
-	WorldChannel World = "channel"
-	WorldMemory  World = "memory"
+	WorldTool     = abi.WorldTool
+	WorldChannel  = abi.WorldChannel
+	WorldMemory   = abi.WorldMemory
+	WorldObserver = abi.WorldObserver
 )
 
 // worldExports are the exports each world requires, besides the core ones.
-var worldExports = map[World][]string{
-	WorldTool:    {"tool_name", "tool_description", "tool_parameters_schema", "tool_execute"},
-	WorldChannel: {"channel_name", "channel_capabilities", "channel_configure", "channel_send", "channel_poll_message", "channel_health", "channel_start_typing", "channel_stop_typing"},
-	WorldMemory:  {"memory_name", "memory_capabilities", "memory_store", "memory_recall", "memory_forget", "memory_count"},
-}
+var worldExports = abi.WorldExports
 
-var coreExports = []string{"clawmesh_abi_version", "alloc", "dealloc"}
+var coreExports = []string{abi.ExportABIVersion, abi.ExportAlloc, abi.ExportDealloc}
 
-var knownImports = map[string]bool{
-	"log_record": true, "secrets_get": true, "config_get": true, "inbound_poll": true,
-	"inbound_pending": true, "http_request": true, "http_response": true,
-}
+var knownImports = func() map[string]bool {
+	m := make(map[string]bool, len(abi.Imports))
+	for _, name := range abi.Imports {
+		m[name] = true
+	}
+	return m
+}()
 
 // Grants are the permissions the host effectively grants an admitted plugin:
 // what the manifest requests and the operator allows.
@@ -83,7 +84,7 @@ func InstanceKey(pkg string, world World, binding string) string {
 // httpAllowed: the grant, and a world whose adapter opts in (tool and
 // channel do; memory deliberately does not).
 func (s *PluginSpec) httpAllowed() bool {
-	return s.Grants.HTTPClient && (s.World == WorldTool || s.World == WorldChannel)
+	return s.Grants.HTTPClient && abi.WorldHasImport(s.World, abi.ImportHTTPRequest)
 }
 
 // compiled is a module prepared, compiled and checked against the ABI.

@@ -5,13 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // MaxHostCallsPerFrame is the fixed per-frame budget shared by every
 // Clawmesh-owned import (logging, config, secrets, inbound, HTTP). When it is
 // spent, logging does nothing, inbound polling reports empty, and config,
 // secret and HTTP calls return unavailable. A new frame resets it.
-const MaxHostCallsPerFrame = 1024
+const MaxHostCallsPerFrame = abi.MaxHostCallsPerFrame
 
 // frameSpan is the attribution captured with each log record.
 type frameSpan struct {

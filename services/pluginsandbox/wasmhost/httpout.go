@@ -8,23 +8,11 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 var httpMethods = map[string]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "OPTIONS": true}
-
-type httpRequest struct {
-	Method    string            `json:"method"`
-	URL       string            `json:"url"`
-	Headers   map[string]string `json:"headers"`
-	Body      []byte            `json:"body"`
-	TimeoutMS int64             `json:"timeout_ms"`
-}
-
-type httpResponse struct {
-	Status  int               `json:"status"`
-	Headers map[string]string `json:"headers,omitempty"`
-	Body    []byte            `json:"body,omitempty"`
-}
 
 // newHTTPClient returns the client behind the http_request import: no proxy
 // from the environment, no cookie jar, at most 5 redirects.
@@ -44,7 +32,7 @@ func newHTTPClient() *http.Client {
 // guest's timeout_ms may shorten but never extend it. It returns the JSON
 // response or a negative result code.
 func (h *Host) doHTTP(ctx context.Context, raw []byte) ([]byte, int64) {
-	var req httpRequest
+	var req abi.HTTPRequest
 	if err := json.Unmarshal(raw, &req); err != nil {
 		return nil, codeInvalidArgument
 	}
@@ -89,7 +77,7 @@ func (h *Host) doHTTP(ctx context.Context, raw []byte) ([]byte, int64) {
 	if int64(len(data)) > limit {
 		return nil, codeTooLarge
 	}
-	out := httpResponse{Status: resp.StatusCode, Body: data, Headers: map[string]string{}}
+	out := abi.HTTPResponse{Status: resp.StatusCode, Body: data, Headers: map[string]string{}}
 	for k, v := range resp.Header {
 		out.Headers[k] = strings.Join(v, ", ")
 	}

@@ -4,18 +4,20 @@ import (
 	"context"
 
 	"github.com/tetratelabs/wazero/api"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // HostModule is the import module name of the plugin ABI.
-const HostModule = "clawmesh"
+const HostModule = abi.HostModule
 
 // Result codes of host imports (plugins/ABI.md).
 const (
-	codeAccessDenied    int64 = -1
-	codeNotFound        int64 = -2
-	codeUnavailable     int64 = -3
-	codeInvalidArgument int64 = -4
-	codeTooLarge        int64 = -5
+	codeAccessDenied    = abi.CodeAccessDenied
+	codeNotFound        = abi.CodeNotFound
+	codeUnavailable     = abi.CodeUnavailable
+	codeInvalidArgument = abi.CodeInvalidArgument
+	codeTooLarge        = abi.CodeTooLarge
 )
 
 var (
@@ -32,13 +34,13 @@ func (h *Host) instantiateImports(ctx context.Context) error {
 	fn := func(name string, f api.GoModuleFunc, params, results []api.ValueType) {
 		b.NewFunctionBuilder().WithGoModuleFunction(f, params, results).Export(name)
 	}
-	fn("log_record", h.importLogRecord, []api.ValueType{i32, i32, i32}, nil)
-	fn("secrets_get", h.importSecretsGet, []api.ValueType{i32, i32, i32, i32}, []api.ValueType{i64})
-	fn("config_get", h.importConfigGet, []api.ValueType{i32, i32}, []api.ValueType{i64})
-	fn("inbound_poll", h.importInboundPoll, []api.ValueType{i32, i32}, []api.ValueType{i64})
-	fn("inbound_pending", h.importInboundPending, nil, []api.ValueType{i32})
-	fn("http_request", h.importHTTPRequest, []api.ValueType{i32, i32}, []api.ValueType{i64})
-	fn("http_response", h.importHTTPResponse, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	fn(abi.ImportLogRecord, h.importLogRecord, []api.ValueType{i32, i32, i32}, nil)
+	fn(abi.ImportSecretsGet, h.importSecretsGet, []api.ValueType{i32, i32, i32, i32}, []api.ValueType{i64})
+	fn(abi.ImportConfigGet, h.importConfigGet, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	fn(abi.ImportInboundPoll, h.importInboundPoll, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	fn(abi.ImportInboundPending, h.importInboundPending, nil, []api.ValueType{i32})
+	fn(abi.ImportHTTPRequest, h.importHTTPRequest, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	fn(abi.ImportHTTPResponse, h.importHTTPResponse, []api.ValueType{i32, i32}, []api.ValueType{i64})
 	_, err := b.Instantiate(ctx)
 	return err
 }
@@ -87,8 +89,8 @@ func (h *Host) secretsGet(ctx context.Context, m api.Module, namePtr, nameLen, b
 	if f == nil || !f.service || !f.spend() {
 		return codeUnavailable
 	}
-	if !f.plugin.Grants.ConfigRead || f.plugin.World == WorldMemory {
-		return codeAccessDenied // the memory world has no config imports
+	if !f.plugin.Grants.ConfigRead || !abi.WorldHasImport(f.plugin.World, abi.ImportSecretsGet) {
+		return codeAccessDenied // memory and observer worlds have no secrets import
 	}
 	if nameLen > 256 {
 		return codeNotFound
@@ -116,7 +118,11 @@ func (h *Host) importConfigGet(ctx context.Context, m api.Module, stack []uint64
 	switch {
 	case f == nil || !f.service || !f.spend():
 		stack[0] = u64(codeUnavailable)
-	case !f.plugin.Grants.ConfigRead || f.plugin.Schema == nil || f.plugin.World == WorldMemory:
+	case !abi.WorldHasImport(f.plugin.World, abi.ImportConfigGet):
+		// Seed 003 gives config only to the channel world: a tool reads its
+		// public config in __config, memory and observer have none.
+		stack[0] = u64(codeAccessDenied)
+	case !f.plugin.Grants.ConfigRead || f.plugin.Schema == nil:
 		stack[0] = u64(codeAccessDenied)
 	case f.view(ctx) != nil:
 		stack[0] = u64(codeUnavailable)

@@ -17,6 +17,7 @@ import (
 	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
 
+	"github.com/clawmesh/clawmesh/plugins/abi"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin"
 )
 
@@ -67,12 +68,12 @@ func (h *Host) newInstance(ctx context.Context, c *compiled) (*instance, error) 
 		return nil, fmt.Errorf("%w: instantiate: %w", ErrInvalidModule, err)
 	}
 	in.mod = mod
-	in.alloc = mod.ExportedFunction("alloc")
-	in.dealloc = mod.ExportedFunction("dealloc")
+	in.alloc = mod.ExportedFunction(abi.ExportAlloc)
+	in.dealloc = mod.ExportedFunction(abi.ExportDealloc)
 	if g, ok := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal); ok {
 		in.fuel = g
 	}
-	if init := mod.ExportedFunction("_initialize"); init != nil {
+	if init := mod.ExportedFunction(abi.ExportInitialize); init != nil {
 		cctx, cancel := h.callContext(ctx)
 		_, err := in.invoke(cctx, nil, func(ctx context.Context) ([]byte, error) {
 			_, err := init.Call(ctx)

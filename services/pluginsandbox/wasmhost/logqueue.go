@@ -7,16 +7,18 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // Logging limits of seed 003.
 const (
 	// MaxLogRecordBytes: a record with more guest bytes is dropped, not
 	// truncated.
-	MaxLogRecordBytes = 64 << 10
+	MaxLogRecordBytes = abi.MaxLogRecordBytes
 	// LogBudgetBytes: the aggregate guest bytes queued; freed only after a
 	// record is written.
-	LogBudgetBytes = 8 << 20
+	LogBudgetBytes = abi.LogBudgetBytes
 	// logQueueRecords bounds the number of queued records.
 	logQueueRecords = 4096
 )
@@ -24,9 +26,9 @@ const (
 // Closed taxonomies of plugin log events (mirroring Action / EventOutcome).
 // There is deliberately no escape variant.
 var (
-	logActions  = map[string]bool{"execute": true, "request": true, "send": true, "receive": true, "poll": true, "configure": true, "store": true, "recall": true, "forget": true, "health": true}
-	logOutcomes = map[string]bool{"started": true, "success": true, "failure": true, "denied": true, "timeout": true}
-	logLevels   = []string{"trace", "debug", "info", "warn", "error"}
+	logActions  = setOf(abi.LogActions)
+	logOutcomes = setOf(abi.LogOutcomes)
+	logLevels   = abi.LevelNames
 )
 
 // LogRecord is one plugin log event, with the span it was emitted in.
@@ -225,4 +227,12 @@ func (s zapSink) WritePluginLog(r LogRecord) {
 	default:
 		s.l.Info("plugin log", fields...)
 	}
+}
+
+func setOf(names []string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // MemoryCapabilities are the memory-capabilities flags a plugin advertises
@@ -14,14 +16,7 @@ type MemoryCapabilities struct {
 }
 
 // MemoryEntry is one stored memory.
-type MemoryEntry struct {
-	Key       string   `json:"key"`
-	Content   string   `json:"content"`
-	Category  string   `json:"category,omitempty"`
-	SessionID string   `json:"session_id,omitempty"`
-	Timestamp int64    `json:"timestamp,omitempty"`
-	Score     *float64 `json:"score,omitempty"`
-}
+type MemoryEntry = abi.MemoryEntry
 
 // Memory is a loaded memory plugin: one resident instance, refuelled before
 // each call. The memory world imports only logging: config and secrets
@@ -41,14 +36,14 @@ func (h *Host) LoadMemory(ctx context.Context, spec PluginSpec) (*Memory, error)
 	spec.World = WorldMemory
 	m := &Memory{}
 	r, err := h.loadResident(ctx, spec, nil, func(ctx context.Context, r *resident) error {
-		if err := r.metadata(ctx, "memory_name", &m.name); err != nil {
+		if err := r.metadata(ctx, abi.ExportMemoryName, &m.name); err != nil {
 			return err
 		}
 		var flags []string
-		if err := r.metadata(ctx, "memory_capabilities", &flags); err != nil {
+		if err := r.metadata(ctx, abi.ExportMemoryCapabilities, &flags); err != nil {
 			return err
 		}
-		m.caps = MemoryCapabilities{Count: flagSet(flags)["count"]}
+		m.caps = MemoryCapabilities{Count: flagSet(flags)[abi.FlagCount]}
 		return nil
 	})
 	if err != nil {
@@ -89,20 +84,20 @@ func (m *Memory) call(ctx context.Context, export string, arg any, v any) error 
 
 // Store stores one entry (an existing key is replaced).
 func (m *Memory) Store(ctx context.Context, e MemoryEntry) error {
-	return m.call(ctx, "memory_store", e, nil)
+	return m.call(ctx, abi.ExportMemoryStore, e, nil)
 }
 
 // Recall returns at most limit entries matching query, best first.
 func (m *Memory) Recall(ctx context.Context, query string, limit int) ([]MemoryEntry, error) {
 	var out []MemoryEntry
-	err := m.call(ctx, "memory_recall", map[string]any{"query": query, "limit": limit}, &out)
+	err := m.call(ctx, abi.ExportMemoryRecall, abi.RecallArgs{Query: query, Limit: limit}, &out)
 	return out, err
 }
 
 // Forget removes one entry and reports whether it existed.
 func (m *Memory) Forget(ctx context.Context, key string) (bool, error) {
 	var ok bool
-	err := m.call(ctx, "memory_forget", map[string]string{"key": key}, &ok)
+	err := m.call(ctx, abi.ExportMemoryForget, abi.ForgetArgs{Key: key}, &ok)
 	return ok, err
 }
 
@@ -113,7 +108,7 @@ func (m *Memory) Count(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("%w: count", ErrUnsupported)
 	}
 	var n int
-	err := m.call(ctx, "memory_count", nil, &n)
+	err := m.call(ctx, abi.ExportMemoryCount, nil, &n)
 	return n, err
 }
 

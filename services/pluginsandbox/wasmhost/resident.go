@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // resident is the one long-lived instance of a channel or memory plugin.
@@ -123,6 +125,14 @@ func (r *resident) call(ctx context.Context, export string, arg []byte, span fra
 func (r *resident) callLocked(ctx context.Context, export string, arg []byte, span frameSpan) ([]byte, error) {
 	span.plugin, span.world, span.export = r.c.spec.Name, string(r.c.spec.World), export
 	f := &frame{host: r.h, plugin: r.c.spec, service: true, span: span, inbound: r.inbound}
+	if abi.WorldHasImport(r.c.spec.World, abi.ImportConfigGet) {
+		// Seed 003: the operator's values are materialised and validated
+		// as a whole before any guest code of a configured world runs.
+		if err := f.view(ctx); err != nil {
+			f.drop()
+			return nil, err
+		}
+	}
 	out, err := r.in.call(ctx, f, export, arg, true)
 	if err != nil && r.in.broken {
 		r.drop()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // ToolCall is one invocation of a tool.
@@ -18,12 +20,12 @@ type ToolCall struct {
 // ToolResult is the tool-result record. A guest's err result becomes
 // Success false with Error set.
 type ToolResult struct {
-	Success bool    `json:"success"`
-	Output  string  `json:"output"`
-	Error   *string `json:"error"`
+	Success bool
+	Output  string
+	Error   *string
 	// FuelUsed is the fuel the call spent (argument copy and result read
 	// included); it is deterministic for a deterministic guest.
-	FuelUsed uint64 `json:"-"`
+	FuelUsed uint64
 }
 
 // Tool is a loaded tool plugin. Each Execute runs in a fresh instance.
@@ -49,14 +51,14 @@ func (h *Host) LoadTool(ctx context.Context, spec PluginSpec) (*Tool, error) {
 	t := &Tool{h: h, c: c}
 	if err := h.withMetadataInstance(ctx, c, func(ctx context.Context, in *instance) error {
 		var err error
-		if err = in.callJSON(ctx, "tool_name", &t.name); err != nil {
+		if err = in.callJSON(ctx, abi.ExportToolName, &t.name); err != nil {
 			return err
 		}
-		if err = in.callJSON(ctx, "tool_description", &t.description); err != nil {
+		if err = in.callJSON(ctx, abi.ExportToolDescription, &t.description); err != nil {
 			return err
 		}
 		var raw json.RawMessage
-		if err = in.callJSON(ctx, "tool_parameters_schema", &raw); err != nil {
+		if err = in.callJSON(ctx, abi.ExportToolParametersSchema, &raw); err != nil {
 			return err
 		}
 		t.schema = raw
@@ -104,7 +106,7 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 	defer cancel()
 	f := &frame{
 		host: t.h, plugin: t.c.spec, service: true,
-		span: frameSpan{plugin: t.c.spec.Name, world: string(WorldTool), export: "tool_execute", callID: call.CallID, principal: call.Principal},
+		span: frameSpan{plugin: t.c.spec.Name, world: string(WorldTool), export: abi.ExportToolExecute, callID: call.CallID, principal: call.Principal},
 	}
 	if err := f.view(ctx); err != nil {
 		return ToolResult{}, err
@@ -126,14 +128,11 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 		return ToolResult{}, err
 	}
 	defer t.h.discard(in)
-	out, err := in.call(ctx, f, "tool_execute", argJSON, false)
+	out, err := in.call(ctx, f, abi.ExportToolExecute, argJSON, false)
 	if err != nil {
 		return ToolResult{}, err
 	}
-	var env struct {
-		Ok  *ToolResult `json:"ok"`
-		Err *string     `json:"err"`
-	}
+	var env abi.ToolEnvelope
 	if err := json.Unmarshal(out, &env); err != nil || (env.Ok == nil) == (env.Err == nil) {
 		return ToolResult{}, fmt.Errorf("%w: tool_execute returned neither ok nor err", ErrABI)
 	}
@@ -144,9 +143,7 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 	if env.Err != nil {
 		return ToolResult{Success: false, Error: env.Err, FuelUsed: used}, nil
 	}
-	res := *env.Ok
-	res.FuelUsed = used
-	return res, nil
+	return ToolResult{Success: env.Ok.Success, Output: env.Ok.Output, Error: env.Ok.Error, FuelUsed: used}, nil
 }
 
 // withMetadataInstance runs fn in a new instance outside any service frame
@@ -171,7 +168,7 @@ func (h *Host) withMetadataInstance(ctx context.Context, c *compiled, fn func(co
 }
 
 func (in *instance) checkVersion(ctx context.Context) error {
-	fn := in.mod.ExportedFunction("clawmesh_abi_version")
+	fn := in.mod.ExportedFunction(abi.ExportABIVersion)
 	res, err := fn.Call(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: clawmesh_abi_version: %w", ErrABI, err)

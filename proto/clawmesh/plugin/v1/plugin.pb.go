@@ -5,8 +5,11 @@
 // source: clawmesh/plugin/v1/plugin.proto
 
 // The plugin-sandbox service discovers plugins, checks manifests and
-// signatures, and runs tool calls in wazero under the per-call limits of
-// seed 003. Replicas are interchangeable: any one can serve any call.
+// signatures, and runs every world in wazero under the per-call limits of
+// seed 003: tool calls, channel bindings (with the host listener that
+// feeds them), memory backends, observers, and skill bundles. Replicas
+// are interchangeable: each loads the same plugins folder, rescanning it
+// by itself, so any one can serve any call.
 
 package pluginv1
 
@@ -27,15 +30,29 @@ const (
 )
 
 type Plugin struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Version       string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
-	Description   string                 `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
-	Capabilities  []string               `protobuf:"bytes,5,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
-	Permissions   []string               `protobuf:"bytes,6,rep,name=permissions,proto3" json:"permissions,omitempty"`
-	Signed        bool                   `protobuf:"varint,7,opt,name=signed,proto3" json:"signed,omitempty"`
-	Publisher     string                 `protobuf:"bytes,8,opt,name=publisher,proto3" json:"publisher,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Key          string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Name         string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Version      string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	Description  string                 `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	Capabilities []string               `protobuf:"bytes,5,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Permissions  []string               `protobuf:"bytes,6,rep,name=permissions,proto3" json:"permissions,omitempty"`
+	// signed is true only when the signature verified (trusted or not).
+	Signed bool `protobuf:"varint,7,opt,name=signed,proto3" json:"signed,omitempty"`
+	// publisher is the key whose signature verified.
+	Publisher string `protobuf:"bytes,8,opt,name=publisher,proto3" json:"publisher,omitempty"`
+	// status is "loaded", "refused" (policy, conflict, tool-name clash) or
+	// "failed" (manifest, layout or module errors); reason says why.
+	Status string `protobuf:"bytes,9,opt,name=status,proto3" json:"status,omitempty"`
+	Reason string `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
+	// signature_status is unchecked, unsigned, invalid, untrusted or trusted.
+	SignatureStatus string `protobuf:"bytes,11,opt,name=signature_status,json=signatureStatus,proto3" json:"signature_status,omitempty"`
+	// inert_permissions are declared but grant nothing (file_*, memory_*).
+	InertPermissions []string `protobuf:"bytes,12,rep,name=inert_permissions,json=inertPermissions,proto3" json:"inert_permissions,omitempty"`
+	ToolName         string   `protobuf:"bytes,13,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	Skills           []string `protobuf:"bytes,14,rep,name=skills,proto3" json:"skills,omitempty"`
+	// dir is the plugin's folder name under plugins_dir.
+	Dir           string `protobuf:"bytes,15,opt,name=dir,proto3" json:"dir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -126,6 +143,55 @@ func (x *Plugin) GetPublisher() string {
 	return ""
 }
 
+func (x *Plugin) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *Plugin) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Plugin) GetSignatureStatus() string {
+	if x != nil {
+		return x.SignatureStatus
+	}
+	return ""
+}
+
+func (x *Plugin) GetInertPermissions() []string {
+	if x != nil {
+		return x.InertPermissions
+	}
+	return nil
+}
+
+func (x *Plugin) GetToolName() string {
+	if x != nil {
+		return x.ToolName
+	}
+	return ""
+}
+
+func (x *Plugin) GetSkills() []string {
+	if x != nil {
+		return x.Skills
+	}
+	return nil
+}
+
+func (x *Plugin) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
 type Tool struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -196,7 +262,9 @@ func (x *Tool) GetPluginKey() string {
 }
 
 type ListPluginsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// all includes refused and failed plugins; by default only loaded ones.
+	All           bool `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -231,9 +299,20 @@ func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
 	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{2}
 }
 
+func (x *ListPluginsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
 type ListPluginsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Plugins       []*Plugin              `protobuf:"bytes,1,rep,name=plugins,proto3" json:"plugins,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Plugins []*Plugin              `protobuf:"bytes,1,rep,name=plugins,proto3" json:"plugins,omitempty"`
+	// enabled is plugins.enabled: false means nothing is loaded.
+	Enabled       bool   `protobuf:"varint,2,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	PluginsDir    string `protobuf:"bytes,3,opt,name=plugins_dir,json=pluginsDir,proto3" json:"plugins_dir,omitempty"`
+	SignatureMode string `protobuf:"bytes,4,opt,name=signature_mode,json=signatureMode,proto3" json:"signature_mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -275,6 +354,838 @@ func (x *ListPluginsResponse) GetPlugins() []*Plugin {
 	return nil
 }
 
+func (x *ListPluginsResponse) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *ListPluginsResponse) GetPluginsDir() string {
+	if x != nil {
+		return x.PluginsDir
+	}
+	return ""
+}
+
+func (x *ListPluginsResponse) GetSignatureMode() string {
+	if x != nil {
+		return x.SignatureMode
+	}
+	return ""
+}
+
+type Skill struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is plugin:<plugin>/<skill>.
+	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Plugin        string `protobuf:"bytes,2,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Description   string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Skill) Reset() {
+	*x = Skill{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Skill) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Skill) ProtoMessage() {}
+
+func (x *Skill) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Skill.ProtoReflect.Descriptor instead.
+func (*Skill) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Skill) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Skill) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
+func (x *Skill) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Skill) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type ListSkillsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSkillsRequest) Reset() {
+	*x = ListSkillsRequest{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSkillsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSkillsRequest) ProtoMessage() {}
+
+func (x *ListSkillsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSkillsRequest.ProtoReflect.Descriptor instead.
+func (*ListSkillsRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
+}
+
+type ListSkillsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Skills        []*Skill               `protobuf:"bytes,1,rep,name=skills,proto3" json:"skills,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSkillsResponse) Reset() {
+	*x = ListSkillsResponse{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSkillsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSkillsResponse) ProtoMessage() {}
+
+func (x *ListSkillsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSkillsResponse.ProtoReflect.Descriptor instead.
+func (*ListSkillsResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListSkillsResponse) GetSkills() []*Skill {
+	if x != nil {
+		return x.Skills
+	}
+	return nil
+}
+
+type ReadSkillRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// path, relative to the skill's folder, selects another file (say
+	// references/guide.md); empty reads SKILL.md.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadSkillRequest) Reset() {
+	*x = ReadSkillRequest{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadSkillRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadSkillRequest) ProtoMessage() {}
+
+func (x *ReadSkillRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadSkillRequest.ProtoReflect.Descriptor instead.
+func (*ReadSkillRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ReadSkillRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReadSkillRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type ReadSkillResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Content       string                 `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadSkillResponse) Reset() {
+	*x = ReadSkillResponse{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadSkillResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadSkillResponse) ProtoMessage() {}
+
+func (x *ReadSkillResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadSkillResponse.ProtoReflect.Descriptor instead.
+func (*ReadSkillResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReadSkillResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReadSkillResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ReadSkillResponse) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+type MemoryEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Content       string                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	Category      string                 `protobuf:"bytes,3,opt,name=category,proto3" json:"category,omitempty"`
+	SessionId     string                 `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Timestamp     int64                  `protobuf:"varint,5,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	Score         *float64               `protobuf:"fixed64,6,opt,name=score,proto3,oneof" json:"score,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryEntry) Reset() {
+	*x = MemoryEntry{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryEntry) ProtoMessage() {}
+
+func (x *MemoryEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryEntry.ProtoReflect.Descriptor instead.
+func (*MemoryEntry) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MemoryEntry) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *MemoryEntry) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+func (x *MemoryEntry) GetCategory() string {
+	if x != nil {
+		return x.Category
+	}
+	return ""
+}
+
+func (x *MemoryEntry) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *MemoryEntry) GetTimestamp() int64 {
+	if x != nil {
+		return x.Timestamp
+	}
+	return 0
+}
+
+func (x *MemoryEntry) GetScore() float64 {
+	if x != nil && x.Score != nil {
+		return *x.Score
+	}
+	return 0
+}
+
+type MemoryStoreRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// plugin names the memory plugin; empty selects the only one loaded.
+	Plugin        string       `protobuf:"bytes,1,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	Entry         *MemoryEntry `protobuf:"bytes,2,opt,name=entry,proto3" json:"entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryStoreRequest) Reset() {
+	*x = MemoryStoreRequest{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryStoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryStoreRequest) ProtoMessage() {}
+
+func (x *MemoryStoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryStoreRequest.ProtoReflect.Descriptor instead.
+func (*MemoryStoreRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *MemoryStoreRequest) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
+func (x *MemoryStoreRequest) GetEntry() *MemoryEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+type MemoryStoreResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryStoreResponse) Reset() {
+	*x = MemoryStoreResponse{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryStoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryStoreResponse) ProtoMessage() {}
+
+func (x *MemoryStoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryStoreResponse.ProtoReflect.Descriptor instead.
+func (*MemoryStoreResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
+}
+
+type MemoryRecallRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Plugin        string                 `protobuf:"bytes,1,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	Query         string                 `protobuf:"bytes,2,opt,name=query,proto3" json:"query,omitempty"`
+	Limit         int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryRecallRequest) Reset() {
+	*x = MemoryRecallRequest{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryRecallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryRecallRequest) ProtoMessage() {}
+
+func (x *MemoryRecallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryRecallRequest.ProtoReflect.Descriptor instead.
+func (*MemoryRecallRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *MemoryRecallRequest) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
+func (x *MemoryRecallRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *MemoryRecallRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type MemoryRecallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*MemoryEntry         `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryRecallResponse) Reset() {
+	*x = MemoryRecallResponse{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryRecallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryRecallResponse) ProtoMessage() {}
+
+func (x *MemoryRecallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryRecallResponse.ProtoReflect.Descriptor instead.
+func (*MemoryRecallResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *MemoryRecallResponse) GetEntries() []*MemoryEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type MemoryForgetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Plugin        string                 `protobuf:"bytes,1,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryForgetRequest) Reset() {
+	*x = MemoryForgetRequest{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryForgetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryForgetRequest) ProtoMessage() {}
+
+func (x *MemoryForgetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryForgetRequest.ProtoReflect.Descriptor instead.
+func (*MemoryForgetRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *MemoryForgetRequest) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
+func (x *MemoryForgetRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type MemoryForgetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Existed       bool                   `protobuf:"varint,1,opt,name=existed,proto3" json:"existed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryForgetResponse) Reset() {
+	*x = MemoryForgetResponse{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryForgetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryForgetResponse) ProtoMessage() {}
+
+func (x *MemoryForgetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryForgetResponse.ProtoReflect.Descriptor instead.
+func (*MemoryForgetResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *MemoryForgetResponse) GetExisted() bool {
+	if x != nil {
+		return x.Existed
+	}
+	return false
+}
+
+type Channel struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// alias is the channels.plugin.<alias> binding.
+	Alias  string `protobuf:"bytes,1,opt,name=alias,proto3" json:"alias,omitempty"`
+	Plugin string `protobuf:"bytes,2,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	// listen is the host listener's bound address (host:port).
+	Listen      string `protobuf:"bytes,3,opt,name=listen,proto3" json:"listen,omitempty"`
+	Agent       string `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
+	InstanceKey string `protobuf:"bytes,5,opt,name=instance_key,json=instanceKey,proto3" json:"instance_key,omitempty"`
+	// state is "running" or "failed"; reason says why it failed.
+	State         string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Channel) Reset() {
+	*x = Channel{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Channel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Channel) ProtoMessage() {}
+
+func (x *Channel) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Channel.ProtoReflect.Descriptor instead.
+func (*Channel) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Channel) GetAlias() string {
+	if x != nil {
+		return x.Alias
+	}
+	return ""
+}
+
+func (x *Channel) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
+func (x *Channel) GetListen() string {
+	if x != nil {
+		return x.Listen
+	}
+	return ""
+}
+
+func (x *Channel) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *Channel) GetInstanceKey() string {
+	if x != nil {
+		return x.InstanceKey
+	}
+	return ""
+}
+
+func (x *Channel) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Channel) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ListChannelsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListChannelsRequest) Reset() {
+	*x = ListChannelsRequest{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListChannelsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListChannelsRequest) ProtoMessage() {}
+
+func (x *ListChannelsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListChannelsRequest.ProtoReflect.Descriptor instead.
+func (*ListChannelsRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+}
+
+type ListChannelsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Channels      []*Channel             `protobuf:"bytes,1,rep,name=channels,proto3" json:"channels,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListChannelsResponse) Reset() {
+	*x = ListChannelsResponse{}
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListChannelsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListChannelsResponse) ProtoMessage() {}
+
+func (x *ListChannelsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListChannelsResponse.ProtoReflect.Descriptor instead.
+func (*ListChannelsResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ListChannelsResponse) GetChannels() []*Channel {
+	if x != nil {
+		return x.Channels
+	}
+	return nil
+}
+
 type ListToolsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -283,7 +1194,7 @@ type ListToolsRequest struct {
 
 func (x *ListToolsRequest) Reset() {
 	*x = ListToolsRequest{}
-	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +1206,7 @@ func (x *ListToolsRequest) String() string {
 func (*ListToolsRequest) ProtoMessage() {}
 
 func (x *ListToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,19 +1219,24 @@ func (x *ListToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListToolsRequest.ProtoReflect.Descriptor instead.
 func (*ListToolsRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 type ListToolsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tools         []*Tool                `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tools []*Tool                `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	// memory_plugins names the loaded memory plugins and skill_count counts
+	// the loaded skills, so that a session knows at a turn's start whether
+	// to offer its memory and skill tools without more calls.
+	MemoryPlugins []string `protobuf:"bytes,2,rep,name=memory_plugins,json=memoryPlugins,proto3" json:"memory_plugins,omitempty"`
+	SkillCount    int32    `protobuf:"varint,3,opt,name=skill_count,json=skillCount,proto3" json:"skill_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListToolsResponse) Reset() {
 	*x = ListToolsResponse{}
-	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +1248,7 @@ func (x *ListToolsResponse) String() string {
 func (*ListToolsResponse) ProtoMessage() {}
 
 func (x *ListToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,7 +1261,7 @@ func (x *ListToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListToolsResponse.ProtoReflect.Descriptor instead.
 func (*ListToolsResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListToolsResponse) GetTools() []*Tool {
@@ -353,6 +1269,20 @@ func (x *ListToolsResponse) GetTools() []*Tool {
 		return x.Tools
 	}
 	return nil
+}
+
+func (x *ListToolsResponse) GetMemoryPlugins() []string {
+	if x != nil {
+		return x.MemoryPlugins
+	}
+	return nil
+}
+
+func (x *ListToolsResponse) GetSkillCount() int32 {
+	if x != nil {
+		return x.SkillCount
+	}
+	return 0
 }
 
 type ExecuteToolRequest struct {
@@ -370,7 +1300,7 @@ type ExecuteToolRequest struct {
 
 func (x *ExecuteToolRequest) Reset() {
 	*x = ExecuteToolRequest{}
-	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +1312,7 @@ func (x *ExecuteToolRequest) String() string {
 func (*ExecuteToolRequest) ProtoMessage() {}
 
 func (x *ExecuteToolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +1325,7 @@ func (x *ExecuteToolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecuteToolRequest.ProtoReflect.Descriptor instead.
 func (*ExecuteToolRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExecuteToolRequest) GetPrincipal() *v1.Principal {
@@ -446,7 +1376,7 @@ type ExecuteToolResponse struct {
 
 func (x *ExecuteToolResponse) Reset() {
 	*x = ExecuteToolResponse{}
-	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -458,7 +1388,7 @@ func (x *ExecuteToolResponse) String() string {
 func (*ExecuteToolResponse) ProtoMessage() {}
 
 func (x *ExecuteToolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_clawmesh_plugin_v1_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -471,7 +1401,7 @@ func (x *ExecuteToolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecuteToolResponse.ProtoReflect.Descriptor instead.
 func (*ExecuteToolResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
+	return file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecuteToolResponse) GetSuccess() bool {
@@ -506,7 +1436,7 @@ var File_clawmesh_plugin_v1_plugin_proto protoreflect.FileDescriptor
 
 const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\n" +
-	"\x1fclawmesh/plugin/v1/plugin.proto\x12\x12clawmesh.plugin.v1\x1a\x1fclawmesh/common/v1/common.proto\"\xe6\x01\n" +
+	"\x1fclawmesh/plugin/v1/plugin.proto\x12\x12clawmesh.plugin.v1\x1a\x1fclawmesh/common/v1/common.proto\"\xb5\x03\n" +
 	"\x06Plugin\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
@@ -515,19 +1445,85 @@ const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\fcapabilities\x18\x05 \x03(\tR\fcapabilities\x12 \n" +
 	"\vpermissions\x18\x06 \x03(\tR\vpermissions\x12\x16\n" +
 	"\x06signed\x18\a \x01(\bR\x06signed\x12\x1c\n" +
-	"\tpublisher\x18\b \x01(\tR\tpublisher\"\x91\x01\n" +
+	"\tpublisher\x18\b \x01(\tR\tpublisher\x12\x16\n" +
+	"\x06status\x18\t \x01(\tR\x06status\x12\x16\n" +
+	"\x06reason\x18\n" +
+	" \x01(\tR\x06reason\x12)\n" +
+	"\x10signature_status\x18\v \x01(\tR\x0fsignatureStatus\x12+\n" +
+	"\x11inert_permissions\x18\f \x03(\tR\x10inertPermissions\x12\x1b\n" +
+	"\ttool_name\x18\r \x01(\tR\btoolName\x12\x16\n" +
+	"\x06skills\x18\x0e \x03(\tR\x06skills\x12\x10\n" +
+	"\x03dir\x18\x0f \x01(\tR\x03dir\"\x91\x01\n" +
 	"\x04Tool\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x124\n" +
 	"\x16parameters_schema_json\x18\x03 \x01(\tR\x14parametersSchemaJson\x12\x1d\n" +
 	"\n" +
-	"plugin_key\x18\x04 \x01(\tR\tpluginKey\"\x14\n" +
-	"\x12ListPluginsRequest\"K\n" +
+	"plugin_key\x18\x04 \x01(\tR\tpluginKey\"&\n" +
+	"\x12ListPluginsRequest\x12\x10\n" +
+	"\x03all\x18\x01 \x01(\bR\x03all\"\xad\x01\n" +
 	"\x13ListPluginsResponse\x124\n" +
-	"\aplugins\x18\x01 \x03(\v2\x1a.clawmesh.plugin.v1.PluginR\aplugins\"\x12\n" +
-	"\x10ListToolsRequest\"C\n" +
+	"\aplugins\x18\x01 \x03(\v2\x1a.clawmesh.plugin.v1.PluginR\aplugins\x12\x18\n" +
+	"\aenabled\x18\x02 \x01(\bR\aenabled\x12\x1f\n" +
+	"\vplugins_dir\x18\x03 \x01(\tR\n" +
+	"pluginsDir\x12%\n" +
+	"\x0esignature_mode\x18\x04 \x01(\tR\rsignatureMode\"e\n" +
+	"\x05Skill\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06plugin\x18\x02 \x01(\tR\x06plugin\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\"\x13\n" +
+	"\x11ListSkillsRequest\"G\n" +
+	"\x12ListSkillsResponse\x121\n" +
+	"\x06skills\x18\x01 \x03(\v2\x19.clawmesh.plugin.v1.SkillR\x06skills\"6\n" +
+	"\x10ReadSkillRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"Q\n" +
+	"\x11ReadSkillResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x18\n" +
+	"\acontent\x18\x03 \x01(\tR\acontent\"\xb7\x01\n" +
+	"\vMemoryEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\x12\x1a\n" +
+	"\bcategory\x18\x03 \x01(\tR\bcategory\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\x12\x1c\n" +
+	"\ttimestamp\x18\x05 \x01(\x03R\ttimestamp\x12\x19\n" +
+	"\x05score\x18\x06 \x01(\x01H\x00R\x05score\x88\x01\x01B\b\n" +
+	"\x06_score\"c\n" +
+	"\x12MemoryStoreRequest\x12\x16\n" +
+	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x125\n" +
+	"\x05entry\x18\x02 \x01(\v2\x1f.clawmesh.plugin.v1.MemoryEntryR\x05entry\"\x15\n" +
+	"\x13MemoryStoreResponse\"Y\n" +
+	"\x13MemoryRecallRequest\x12\x16\n" +
+	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12\x14\n" +
+	"\x05query\x18\x02 \x01(\tR\x05query\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"Q\n" +
+	"\x14MemoryRecallResponse\x129\n" +
+	"\aentries\x18\x01 \x03(\v2\x1f.clawmesh.plugin.v1.MemoryEntryR\aentries\"?\n" +
+	"\x13MemoryForgetRequest\x12\x16\n" +
+	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"0\n" +
+	"\x14MemoryForgetResponse\x12\x18\n" +
+	"\aexisted\x18\x01 \x01(\bR\aexisted\"\xb6\x01\n" +
+	"\aChannel\x12\x14\n" +
+	"\x05alias\x18\x01 \x01(\tR\x05alias\x12\x16\n" +
+	"\x06plugin\x18\x02 \x01(\tR\x06plugin\x12\x16\n" +
+	"\x06listen\x18\x03 \x01(\tR\x06listen\x12\x14\n" +
+	"\x05agent\x18\x04 \x01(\tR\x05agent\x12!\n" +
+	"\finstance_key\x18\x05 \x01(\tR\vinstanceKey\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"\x15\n" +
+	"\x13ListChannelsRequest\"O\n" +
+	"\x14ListChannelsResponse\x127\n" +
+	"\bchannels\x18\x01 \x03(\v2\x1b.clawmesh.plugin.v1.ChannelR\bchannels\"\x12\n" +
+	"\x10ListToolsRequest\"\x8b\x01\n" +
 	"\x11ListToolsResponse\x12.\n" +
-	"\x05tools\x18\x01 \x03(\v2\x18.clawmesh.plugin.v1.ToolR\x05tools\"\xd6\x01\n" +
+	"\x05tools\x18\x01 \x03(\v2\x18.clawmesh.plugin.v1.ToolR\x05tools\x12%\n" +
+	"\x0ememory_plugins\x18\x02 \x03(\tR\rmemoryPlugins\x12\x1f\n" +
+	"\vskill_count\x18\x03 \x01(\x05R\n" +
+	"skillCount\"\xd6\x01\n" +
 	"\x12ExecuteToolRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1b\n" +
 	"\ttool_name\x18\x02 \x01(\tR\btoolName\x12%\n" +
@@ -540,11 +1536,18 @@ const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\asuccess\x18\x01 \x01(\bR\asuccess\x12\x16\n" +
 	"\x06output\x18\x02 \x01(\tR\x06output\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1b\n" +
-	"\tfuel_used\x18\x04 \x01(\x03R\bfuelUsed2\xa9\x02\n" +
+	"\tfuel_used\x18\x04 \x01(\x03R\bfuelUsed2\xe9\x06\n" +
 	"\rPluginService\x12^\n" +
 	"\vListPlugins\x12&.clawmesh.plugin.v1.ListPluginsRequest\x1a'.clawmesh.plugin.v1.ListPluginsResponse\x12X\n" +
 	"\tListTools\x12$.clawmesh.plugin.v1.ListToolsRequest\x1a%.clawmesh.plugin.v1.ListToolsResponse\x12^\n" +
-	"\vExecuteTool\x12&.clawmesh.plugin.v1.ExecuteToolRequest\x1a'.clawmesh.plugin.v1.ExecuteToolResponseB@Z>github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1;pluginv1b\x06proto3"
+	"\vExecuteTool\x12&.clawmesh.plugin.v1.ExecuteToolRequest\x1a'.clawmesh.plugin.v1.ExecuteToolResponse\x12[\n" +
+	"\n" +
+	"ListSkills\x12%.clawmesh.plugin.v1.ListSkillsRequest\x1a&.clawmesh.plugin.v1.ListSkillsResponse\x12X\n" +
+	"\tReadSkill\x12$.clawmesh.plugin.v1.ReadSkillRequest\x1a%.clawmesh.plugin.v1.ReadSkillResponse\x12^\n" +
+	"\vMemoryStore\x12&.clawmesh.plugin.v1.MemoryStoreRequest\x1a'.clawmesh.plugin.v1.MemoryStoreResponse\x12a\n" +
+	"\fMemoryRecall\x12'.clawmesh.plugin.v1.MemoryRecallRequest\x1a(.clawmesh.plugin.v1.MemoryRecallResponse\x12a\n" +
+	"\fMemoryForget\x12'.clawmesh.plugin.v1.MemoryForgetRequest\x1a(.clawmesh.plugin.v1.MemoryForgetResponse\x12a\n" +
+	"\fListChannels\x12'.clawmesh.plugin.v1.ListChannelsRequest\x1a(.clawmesh.plugin.v1.ListChannelsResponseB@Z>github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1;pluginv1b\x06proto3"
 
 var (
 	file_clawmesh_plugin_v1_plugin_proto_rawDescOnce sync.Once
@@ -558,33 +1561,64 @@ func file_clawmesh_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 	return file_clawmesh_plugin_v1_plugin_proto_rawDescData
 }
 
-var file_clawmesh_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_clawmesh_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_clawmesh_plugin_v1_plugin_proto_goTypes = []any{
-	(*Plugin)(nil),              // 0: clawmesh.plugin.v1.Plugin
-	(*Tool)(nil),                // 1: clawmesh.plugin.v1.Tool
-	(*ListPluginsRequest)(nil),  // 2: clawmesh.plugin.v1.ListPluginsRequest
-	(*ListPluginsResponse)(nil), // 3: clawmesh.plugin.v1.ListPluginsResponse
-	(*ListToolsRequest)(nil),    // 4: clawmesh.plugin.v1.ListToolsRequest
-	(*ListToolsResponse)(nil),   // 5: clawmesh.plugin.v1.ListToolsResponse
-	(*ExecuteToolRequest)(nil),  // 6: clawmesh.plugin.v1.ExecuteToolRequest
-	(*ExecuteToolResponse)(nil), // 7: clawmesh.plugin.v1.ExecuteToolResponse
-	(*v1.Principal)(nil),        // 8: clawmesh.common.v1.Principal
+	(*Plugin)(nil),               // 0: clawmesh.plugin.v1.Plugin
+	(*Tool)(nil),                 // 1: clawmesh.plugin.v1.Tool
+	(*ListPluginsRequest)(nil),   // 2: clawmesh.plugin.v1.ListPluginsRequest
+	(*ListPluginsResponse)(nil),  // 3: clawmesh.plugin.v1.ListPluginsResponse
+	(*Skill)(nil),                // 4: clawmesh.plugin.v1.Skill
+	(*ListSkillsRequest)(nil),    // 5: clawmesh.plugin.v1.ListSkillsRequest
+	(*ListSkillsResponse)(nil),   // 6: clawmesh.plugin.v1.ListSkillsResponse
+	(*ReadSkillRequest)(nil),     // 7: clawmesh.plugin.v1.ReadSkillRequest
+	(*ReadSkillResponse)(nil),    // 8: clawmesh.plugin.v1.ReadSkillResponse
+	(*MemoryEntry)(nil),          // 9: clawmesh.plugin.v1.MemoryEntry
+	(*MemoryStoreRequest)(nil),   // 10: clawmesh.plugin.v1.MemoryStoreRequest
+	(*MemoryStoreResponse)(nil),  // 11: clawmesh.plugin.v1.MemoryStoreResponse
+	(*MemoryRecallRequest)(nil),  // 12: clawmesh.plugin.v1.MemoryRecallRequest
+	(*MemoryRecallResponse)(nil), // 13: clawmesh.plugin.v1.MemoryRecallResponse
+	(*MemoryForgetRequest)(nil),  // 14: clawmesh.plugin.v1.MemoryForgetRequest
+	(*MemoryForgetResponse)(nil), // 15: clawmesh.plugin.v1.MemoryForgetResponse
+	(*Channel)(nil),              // 16: clawmesh.plugin.v1.Channel
+	(*ListChannelsRequest)(nil),  // 17: clawmesh.plugin.v1.ListChannelsRequest
+	(*ListChannelsResponse)(nil), // 18: clawmesh.plugin.v1.ListChannelsResponse
+	(*ListToolsRequest)(nil),     // 19: clawmesh.plugin.v1.ListToolsRequest
+	(*ListToolsResponse)(nil),    // 20: clawmesh.plugin.v1.ListToolsResponse
+	(*ExecuteToolRequest)(nil),   // 21: clawmesh.plugin.v1.ExecuteToolRequest
+	(*ExecuteToolResponse)(nil),  // 22: clawmesh.plugin.v1.ExecuteToolResponse
+	(*v1.Principal)(nil),         // 23: clawmesh.common.v1.Principal
 }
 var file_clawmesh_plugin_v1_plugin_proto_depIdxs = []int32{
-	0, // 0: clawmesh.plugin.v1.ListPluginsResponse.plugins:type_name -> clawmesh.plugin.v1.Plugin
-	1, // 1: clawmesh.plugin.v1.ListToolsResponse.tools:type_name -> clawmesh.plugin.v1.Tool
-	8, // 2: clawmesh.plugin.v1.ExecuteToolRequest.principal:type_name -> clawmesh.common.v1.Principal
-	2, // 3: clawmesh.plugin.v1.PluginService.ListPlugins:input_type -> clawmesh.plugin.v1.ListPluginsRequest
-	4, // 4: clawmesh.plugin.v1.PluginService.ListTools:input_type -> clawmesh.plugin.v1.ListToolsRequest
-	6, // 5: clawmesh.plugin.v1.PluginService.ExecuteTool:input_type -> clawmesh.plugin.v1.ExecuteToolRequest
-	3, // 6: clawmesh.plugin.v1.PluginService.ListPlugins:output_type -> clawmesh.plugin.v1.ListPluginsResponse
-	5, // 7: clawmesh.plugin.v1.PluginService.ListTools:output_type -> clawmesh.plugin.v1.ListToolsResponse
-	7, // 8: clawmesh.plugin.v1.PluginService.ExecuteTool:output_type -> clawmesh.plugin.v1.ExecuteToolResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	0,  // 0: clawmesh.plugin.v1.ListPluginsResponse.plugins:type_name -> clawmesh.plugin.v1.Plugin
+	4,  // 1: clawmesh.plugin.v1.ListSkillsResponse.skills:type_name -> clawmesh.plugin.v1.Skill
+	9,  // 2: clawmesh.plugin.v1.MemoryStoreRequest.entry:type_name -> clawmesh.plugin.v1.MemoryEntry
+	9,  // 3: clawmesh.plugin.v1.MemoryRecallResponse.entries:type_name -> clawmesh.plugin.v1.MemoryEntry
+	16, // 4: clawmesh.plugin.v1.ListChannelsResponse.channels:type_name -> clawmesh.plugin.v1.Channel
+	1,  // 5: clawmesh.plugin.v1.ListToolsResponse.tools:type_name -> clawmesh.plugin.v1.Tool
+	23, // 6: clawmesh.plugin.v1.ExecuteToolRequest.principal:type_name -> clawmesh.common.v1.Principal
+	2,  // 7: clawmesh.plugin.v1.PluginService.ListPlugins:input_type -> clawmesh.plugin.v1.ListPluginsRequest
+	19, // 8: clawmesh.plugin.v1.PluginService.ListTools:input_type -> clawmesh.plugin.v1.ListToolsRequest
+	21, // 9: clawmesh.plugin.v1.PluginService.ExecuteTool:input_type -> clawmesh.plugin.v1.ExecuteToolRequest
+	5,  // 10: clawmesh.plugin.v1.PluginService.ListSkills:input_type -> clawmesh.plugin.v1.ListSkillsRequest
+	7,  // 11: clawmesh.plugin.v1.PluginService.ReadSkill:input_type -> clawmesh.plugin.v1.ReadSkillRequest
+	10, // 12: clawmesh.plugin.v1.PluginService.MemoryStore:input_type -> clawmesh.plugin.v1.MemoryStoreRequest
+	12, // 13: clawmesh.plugin.v1.PluginService.MemoryRecall:input_type -> clawmesh.plugin.v1.MemoryRecallRequest
+	14, // 14: clawmesh.plugin.v1.PluginService.MemoryForget:input_type -> clawmesh.plugin.v1.MemoryForgetRequest
+	17, // 15: clawmesh.plugin.v1.PluginService.ListChannels:input_type -> clawmesh.plugin.v1.ListChannelsRequest
+	3,  // 16: clawmesh.plugin.v1.PluginService.ListPlugins:output_type -> clawmesh.plugin.v1.ListPluginsResponse
+	20, // 17: clawmesh.plugin.v1.PluginService.ListTools:output_type -> clawmesh.plugin.v1.ListToolsResponse
+	22, // 18: clawmesh.plugin.v1.PluginService.ExecuteTool:output_type -> clawmesh.plugin.v1.ExecuteToolResponse
+	6,  // 19: clawmesh.plugin.v1.PluginService.ListSkills:output_type -> clawmesh.plugin.v1.ListSkillsResponse
+	8,  // 20: clawmesh.plugin.v1.PluginService.ReadSkill:output_type -> clawmesh.plugin.v1.ReadSkillResponse
+	11, // 21: clawmesh.plugin.v1.PluginService.MemoryStore:output_type -> clawmesh.plugin.v1.MemoryStoreResponse
+	13, // 22: clawmesh.plugin.v1.PluginService.MemoryRecall:output_type -> clawmesh.plugin.v1.MemoryRecallResponse
+	15, // 23: clawmesh.plugin.v1.PluginService.MemoryForget:output_type -> clawmesh.plugin.v1.MemoryForgetResponse
+	18, // 24: clawmesh.plugin.v1.PluginService.ListChannels:output_type -> clawmesh.plugin.v1.ListChannelsResponse
+	16, // [16:25] is the sub-list for method output_type
+	7,  // [7:16] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_plugin_v1_plugin_proto_init() }
@@ -592,13 +1626,14 @@ func file_clawmesh_plugin_v1_plugin_proto_init() {
 	if File_clawmesh_plugin_v1_plugin_proto != nil {
 		return
 	}
+	file_clawmesh_plugin_v1_plugin_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_plugin_v1_plugin_proto_rawDesc), len(file_clawmesh_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

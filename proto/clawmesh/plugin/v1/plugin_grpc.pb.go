@@ -5,8 +5,11 @@
 // source: clawmesh/plugin/v1/plugin.proto
 
 // The plugin-sandbox service discovers plugins, checks manifests and
-// signatures, and runs tool calls in wazero under the per-call limits of
-// seed 003. Replicas are interchangeable: any one can serve any call.
+// signatures, and runs every world in wazero under the per-call limits of
+// seed 003: tool calls, channel bindings (with the host listener that
+// feeds them), memory backends, observers, and skill bundles. Replicas
+// are interchangeable: each loads the same plugins folder, rescanning it
+// by itself, so any one can serve any call.
 
 package pluginv1
 
@@ -23,18 +26,38 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PluginService_ListPlugins_FullMethodName = "/clawmesh.plugin.v1.PluginService/ListPlugins"
-	PluginService_ListTools_FullMethodName   = "/clawmesh.plugin.v1.PluginService/ListTools"
-	PluginService_ExecuteTool_FullMethodName = "/clawmesh.plugin.v1.PluginService/ExecuteTool"
+	PluginService_ListPlugins_FullMethodName  = "/clawmesh.plugin.v1.PluginService/ListPlugins"
+	PluginService_ListTools_FullMethodName    = "/clawmesh.plugin.v1.PluginService/ListTools"
+	PluginService_ExecuteTool_FullMethodName  = "/clawmesh.plugin.v1.PluginService/ExecuteTool"
+	PluginService_ListSkills_FullMethodName   = "/clawmesh.plugin.v1.PluginService/ListSkills"
+	PluginService_ReadSkill_FullMethodName    = "/clawmesh.plugin.v1.PluginService/ReadSkill"
+	PluginService_MemoryStore_FullMethodName  = "/clawmesh.plugin.v1.PluginService/MemoryStore"
+	PluginService_MemoryRecall_FullMethodName = "/clawmesh.plugin.v1.PluginService/MemoryRecall"
+	PluginService_MemoryForget_FullMethodName = "/clawmesh.plugin.v1.PluginService/MemoryForget"
+	PluginService_ListChannels_FullMethodName = "/clawmesh.plugin.v1.PluginService/ListChannels"
 )
 
 // PluginServiceClient is the client API for PluginService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type PluginServiceClient interface {
+	// ListPlugins reports every discovered plugin, loaded or refused, and
+	// whether the plugin system is enabled.
 	ListPlugins(ctx context.Context, in *ListPluginsRequest, opts ...grpc.CallOption) (*ListPluginsResponse, error)
 	ListTools(ctx context.Context, in *ListToolsRequest, opts ...grpc.CallOption) (*ListToolsResponse, error)
 	ExecuteTool(ctx context.Context, in *ExecuteToolRequest, opts ...grpc.CallOption) (*ExecuteToolResponse, error)
+	// ListSkills lists the skills of loaded skill bundles, by namespaced id
+	// plugin:<plugin>/<skill>.
+	ListSkills(ctx context.Context, in *ListSkillsRequest, opts ...grpc.CallOption) (*ListSkillsResponse, error)
+	// ReadSkill returns a skill's SKILL.md, or another file of its folder.
+	ReadSkill(ctx context.Context, in *ReadSkillRequest, opts ...grpc.CallOption) (*ReadSkillResponse, error)
+	// MemoryStore, MemoryRecall and MemoryForget use a memory plugin as a
+	// storage backend.
+	MemoryStore(ctx context.Context, in *MemoryStoreRequest, opts ...grpc.CallOption) (*MemoryStoreResponse, error)
+	MemoryRecall(ctx context.Context, in *MemoryRecallRequest, opts ...grpc.CallOption) (*MemoryRecallResponse, error)
+	MemoryForget(ctx context.Context, in *MemoryForgetRequest, opts ...grpc.CallOption) (*MemoryForgetResponse, error)
+	// ListChannels reports the channel bindings this replica serves.
+	ListChannels(ctx context.Context, in *ListChannelsRequest, opts ...grpc.CallOption) (*ListChannelsResponse, error)
 }
 
 type pluginServiceClient struct {
@@ -75,13 +98,87 @@ func (c *pluginServiceClient) ExecuteTool(ctx context.Context, in *ExecuteToolRe
 	return out, nil
 }
 
+func (c *pluginServiceClient) ListSkills(ctx context.Context, in *ListSkillsRequest, opts ...grpc.CallOption) (*ListSkillsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSkillsResponse)
+	err := c.cc.Invoke(ctx, PluginService_ListSkills_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *pluginServiceClient) ReadSkill(ctx context.Context, in *ReadSkillRequest, opts ...grpc.CallOption) (*ReadSkillResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadSkillResponse)
+	err := c.cc.Invoke(ctx, PluginService_ReadSkill_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *pluginServiceClient) MemoryStore(ctx context.Context, in *MemoryStoreRequest, opts ...grpc.CallOption) (*MemoryStoreResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MemoryStoreResponse)
+	err := c.cc.Invoke(ctx, PluginService_MemoryStore_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *pluginServiceClient) MemoryRecall(ctx context.Context, in *MemoryRecallRequest, opts ...grpc.CallOption) (*MemoryRecallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MemoryRecallResponse)
+	err := c.cc.Invoke(ctx, PluginService_MemoryRecall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *pluginServiceClient) MemoryForget(ctx context.Context, in *MemoryForgetRequest, opts ...grpc.CallOption) (*MemoryForgetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MemoryForgetResponse)
+	err := c.cc.Invoke(ctx, PluginService_MemoryForget_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *pluginServiceClient) ListChannels(ctx context.Context, in *ListChannelsRequest, opts ...grpc.CallOption) (*ListChannelsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListChannelsResponse)
+	err := c.cc.Invoke(ctx, PluginService_ListChannels_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PluginServiceServer is the server API for PluginService service.
 // All implementations must embed UnimplementedPluginServiceServer
 // for forward compatibility.
 type PluginServiceServer interface {
+	// ListPlugins reports every discovered plugin, loaded or refused, and
+	// whether the plugin system is enabled.
 	ListPlugins(context.Context, *ListPluginsRequest) (*ListPluginsResponse, error)
 	ListTools(context.Context, *ListToolsRequest) (*ListToolsResponse, error)
 	ExecuteTool(context.Context, *ExecuteToolRequest) (*ExecuteToolResponse, error)
+	// ListSkills lists the skills of loaded skill bundles, by namespaced id
+	// plugin:<plugin>/<skill>.
+	ListSkills(context.Context, *ListSkillsRequest) (*ListSkillsResponse, error)
+	// ReadSkill returns a skill's SKILL.md, or another file of its folder.
+	ReadSkill(context.Context, *ReadSkillRequest) (*ReadSkillResponse, error)
+	// MemoryStore, MemoryRecall and MemoryForget use a memory plugin as a
+	// storage backend.
+	MemoryStore(context.Context, *MemoryStoreRequest) (*MemoryStoreResponse, error)
+	MemoryRecall(context.Context, *MemoryRecallRequest) (*MemoryRecallResponse, error)
+	MemoryForget(context.Context, *MemoryForgetRequest) (*MemoryForgetResponse, error)
+	// ListChannels reports the channel bindings this replica serves.
+	ListChannels(context.Context, *ListChannelsRequest) (*ListChannelsResponse, error)
 	mustEmbedUnimplementedPluginServiceServer()
 }
 
@@ -100,6 +197,24 @@ func (UnimplementedPluginServiceServer) ListTools(context.Context, *ListToolsReq
 }
 func (UnimplementedPluginServiceServer) ExecuteTool(context.Context, *ExecuteToolRequest) (*ExecuteToolResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExecuteTool not implemented")
+}
+func (UnimplementedPluginServiceServer) ListSkills(context.Context, *ListSkillsRequest) (*ListSkillsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSkills not implemented")
+}
+func (UnimplementedPluginServiceServer) ReadSkill(context.Context, *ReadSkillRequest) (*ReadSkillResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadSkill not implemented")
+}
+func (UnimplementedPluginServiceServer) MemoryStore(context.Context, *MemoryStoreRequest) (*MemoryStoreResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MemoryStore not implemented")
+}
+func (UnimplementedPluginServiceServer) MemoryRecall(context.Context, *MemoryRecallRequest) (*MemoryRecallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MemoryRecall not implemented")
+}
+func (UnimplementedPluginServiceServer) MemoryForget(context.Context, *MemoryForgetRequest) (*MemoryForgetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MemoryForget not implemented")
+}
+func (UnimplementedPluginServiceServer) ListChannels(context.Context, *ListChannelsRequest) (*ListChannelsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListChannels not implemented")
 }
 func (UnimplementedPluginServiceServer) mustEmbedUnimplementedPluginServiceServer() {}
 func (UnimplementedPluginServiceServer) testEmbeddedByValue()                       {}
@@ -176,6 +291,114 @@ func _PluginService_ExecuteTool_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PluginService_ListSkills_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSkillsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PluginServiceServer).ListSkills(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PluginService_ListSkills_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PluginServiceServer).ListSkills(ctx, req.(*ListSkillsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PluginService_ReadSkill_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadSkillRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PluginServiceServer).ReadSkill(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PluginService_ReadSkill_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PluginServiceServer).ReadSkill(ctx, req.(*ReadSkillRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PluginService_MemoryStore_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MemoryStoreRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PluginServiceServer).MemoryStore(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PluginService_MemoryStore_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PluginServiceServer).MemoryStore(ctx, req.(*MemoryStoreRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PluginService_MemoryRecall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MemoryRecallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PluginServiceServer).MemoryRecall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PluginService_MemoryRecall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PluginServiceServer).MemoryRecall(ctx, req.(*MemoryRecallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PluginService_MemoryForget_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MemoryForgetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PluginServiceServer).MemoryForget(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PluginService_MemoryForget_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PluginServiceServer).MemoryForget(ctx, req.(*MemoryForgetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PluginService_ListChannels_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListChannelsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PluginServiceServer).ListChannels(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PluginService_ListChannels_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PluginServiceServer).ListChannels(ctx, req.(*ListChannelsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PluginService_ServiceDesc is the grpc.ServiceDesc for PluginService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -194,6 +417,30 @@ var PluginService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExecuteTool",
 			Handler:    _PluginService_ExecuteTool_Handler,
+		},
+		{
+			MethodName: "ListSkills",
+			Handler:    _PluginService_ListSkills_Handler,
+		},
+		{
+			MethodName: "ReadSkill",
+			Handler:    _PluginService_ReadSkill_Handler,
+		},
+		{
+			MethodName: "MemoryStore",
+			Handler:    _PluginService_MemoryStore_Handler,
+		},
+		{
+			MethodName: "MemoryRecall",
+			Handler:    _PluginService_MemoryRecall_Handler,
+		},
+		{
+			MethodName: "MemoryForget",
+			Handler:    _PluginService_MemoryForget_Handler,
+		},
+		{
+			MethodName: "ListChannels",
+			Handler:    _PluginService_ListChannels_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,6 +1,6 @@
 //go:build wasip1
 
-package abi
+package guest
 
 import "unsafe"
 

@@ -1,14 +1,13 @@
 //go:build wasip1
 
-package abi
+package guest
 
 import (
 	"encoding/json"
 	"unsafe"
-)
 
-// Version is the ABI version this library speaks; the host checks it at load.
-const Version = 1
+	"github.com/clawmesh/clawmesh/plugins/abi"
+)
 
 // live keeps every buffer handed to the host reachable until it is released:
 // argument buffers until the export that receives them takes them, result
@@ -16,7 +15,7 @@ const Version = 1
 var live = map[uint32][]byte{}
 
 //go:wasmexport clawmesh_abi_version
-func abiVersion() uint32 { return Version }
+func abiVersion() uint32 { return abi.Version }
 
 //go:wasmexport alloc
 func alloc(size uint32) uint32 {
@@ -94,17 +93,8 @@ func ReadGrowing(call func(buf unsafe.Pointer, capacity uint32) int64) ([]byte, 
 		}
 		buf = make([]byte, n)
 	}
-	return nil, CodeUnavailable
+	return nil, abi.CodeUnavailable
 }
-
-// Result codes returned by host imports (see plugins/ABI.md).
-const (
-	CodeAccessDenied    int64 = -1
-	CodeNotFound        int64 = -2
-	CodeUnavailable     int64 = -3
-	CodeInvalidArgument int64 = -4
-	CodeTooLarge        int64 = -5
-)
 
 // ReturnOK returns the WIT result envelope {"ok": v}; v may be nil for
 // result<_, E>, which encodes {"ok":null}.

@@ -1,0 +1,147 @@
+package e2e_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// pluginsList is the plugins/list result.
+type pluginsList struct {
+	Enabled  bool `json:"enabled"`
+	Plugins  []map[string]any
+	Channels []struct {
+		Alias, Plugin, Listen, State, Reason string
+	}
+}
+
+func listPlugins(t *testing.T, v *conv) pluginsList {
+	t.Helper()
+	var l pluginsList
+	if err := json.Unmarshal(v.call("plugins/list", map[string]any{}), &l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// waitFor polls cond every 100 ms until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A channel plugin (the webhook example) bound by config,
+// channels.plugin.<alias>, receives a message through the host listener
+// in a running stack; the sandbox hands it to a session, and the turn's
+// answer goes back out through the plugin to its webhook.
+func TestPluginChannelMessageReachesASession(t *testing.T) {
+	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200")
+	v := newConv(t, s, nil)
+
+	var (
+		mu      sync.Mutex
+		replies []map[string]string
+		auths   []string
+	)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		var body map[string]string
+		_ = json.Unmarshal(raw, &body)
+		mu.Lock()
+		replies = append(replies, body)
+		auths = append(auths, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+
+	key := wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web")
+	v.call("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "plugins.entries." + key + ".config", "value": map[string]any{"webhook_url": hook.URL, "token": "tok-e2e"}},
+		{"prop": "channels.plugin.web.plugin", "value": "webhook"},
+	}})
+
+	// The binding comes up on its own (config change, no restart), on
+	// loopback, and configures once its config resolves.
+	var listen string
+	waitFor(t, "the channel binding", 60*time.Second, func() bool {
+		for _, ch := range listPlugins(t, v).Channels {
+			if ch.Alias == "web" && ch.State == "running" && ch.Reason == "" {
+				listen = ch.Listen
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.HasPrefix(listen, "127.0.0.1:") {
+		t.Fatalf("the listener binds %s, want loopback", listen)
+	}
+
+	msg := `{"id":"m1","from":"ann","text":"/say hello from the channel","thread":"t-1"}`
+	resp, err := http.Post("http://"+listen+"/", "application/json", bytes.NewBufferString(msg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("listener answered %s", resp.Status)
+	}
+	if bad, err := http.Post("http://"+listen+"/", "application/json", bytes.NewBufferString(`[1]`)); err != nil || bad.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a non-object body: %v %v", bad, err)
+	}
+
+	waitFor(t, "the reply on the webhook", 60*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(replies) > 0
+	})
+	mu.Lock()
+	reply, auth := replies[0], auths[0]
+	mu.Unlock()
+	if reply["recipient"] != "ann" || reply["content"] != "hello from the channel" || reply["thread_id"] != "t-1" || auth != "Bearer tok-e2e" {
+		t.Fatalf("reply %v (auth %q)", reply, auth)
+	}
+
+	// The message is in a session of its own, created for the channel.
+	var list struct {
+		Sessions []map[string]any `json:"sessions"`
+	}
+	if err := json.Unmarshal(v.call("session/list", map[string]any{}), &list); err != nil {
+		t.Fatal(err)
+	}
+	var sessionID string
+	for _, sess := range list.Sessions {
+		if id, _ := sess["session_id"].(string); strings.HasPrefix(id, "chan_") {
+			sessionID = id
+		}
+	}
+	if sessionID == "" {
+		t.Fatalf("no channel session in %v", list.Sessions)
+	}
+	var msgs struct {
+		Messages []struct{ Role, Content string }
+	}
+	if err := json.Unmarshal(v.call("session/messages", map[string]any{"session_id": sessionID}), &msgs); err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs.Messages) < 2 || msgs.Messages[0].Content != "/say hello from the channel" {
+		t.Fatalf("channel session transcript %+v", msgs.Messages)
+	}
+	if l := readLog(t, s, "plugin-sandbox"); strings.Contains(l, "tok-e2e") {
+		t.Fatal("the channel's secret token is in the sandbox log")
+	}
+}

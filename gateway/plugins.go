@@ -1,0 +1,84 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+)
+
+// pluginsList is the socket's read-only view of plugins (seed 003's
+// GET /api/plugins): every plugin a sandbox replica discovered, loaded or
+// refused, the channel bindings it serves, and whether the plugin system
+// is enabled. Params: {all?: bool} (default true). It needs
+// plugins:manage.
+//
+// The gateway keeps no connection to the sandbox for it: this is a rare
+// operator call, so it dials per call (a lazy client on the replicas'
+// sockets) and closes afterwards.
+func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	p := struct {
+		All *bool `json:"all"`
+	}{}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	all := p.All == nil || *p.All
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := configclient.Authorize(ctx, g.config, cs.principalOf(), configschema.PermPluginsManage, ""); err != nil {
+		return nil, serviceError("config", err)
+	}
+	if len(g.cfg.PluginAddrs) == 0 {
+		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "no plugin sandbox configured", nil)
+	}
+	cc, err := grpcclient.Dial(strings.Join(g.cfg.PluginAddrs, ","))
+	if err != nil {
+		return nil, serviceError("plugin-sandbox", err)
+	}
+	defer cc.Close()
+	client := pluginv1.NewPluginServiceClient(cc)
+	list, err := client.ListPlugins(ctx, &pluginv1.ListPluginsRequest{All: all})
+	if err != nil {
+		return nil, serviceError("plugin-sandbox", err)
+	}
+	channels, err := client.ListChannels(ctx, &pluginv1.ListChannelsRequest{})
+	if err != nil {
+		return nil, serviceError("plugin-sandbox", err)
+	}
+	plugins := make([]map[string]any, 0, len(list.GetPlugins()))
+	for _, pl := range list.GetPlugins() {
+		plugins = append(plugins, map[string]any{
+			"name": pl.GetName(), "version": pl.GetVersion(), "description": pl.GetDescription(),
+			"dir": pl.GetDir(), "status": pl.GetStatus(), "reason": pl.GetReason(),
+			"capabilities": orEmpty(pl.GetCapabilities()), "permissions": orEmpty(pl.GetPermissions()),
+			"inert_permissions": orEmpty(pl.GetInertPermissions()),
+			"signed":            pl.GetSigned(), "publisher_key": pl.GetPublisher(), "signature_status": pl.GetSignatureStatus(),
+			"tool_name": pl.GetToolName(), "instance_key": pl.GetKey(), "skills": orEmpty(pl.GetSkills()),
+		})
+	}
+	bindings := make([]map[string]any, 0, len(channels.GetChannels()))
+	for _, ch := range channels.GetChannels() {
+		bindings = append(bindings, map[string]any{
+			"alias": ch.GetAlias(), "plugin": ch.GetPlugin(), "listen": ch.GetListen(), "agent": ch.GetAgent(),
+			"instance_key": ch.GetInstanceKey(), "state": ch.GetState(), "reason": ch.GetReason(),
+		})
+	}
+	return map[string]any{
+		"enabled": list.GetEnabled(), "plugins_dir": list.GetPluginsDir(), "signature_mode": list.GetSignatureMode(),
+		"plugins": plugins, "channels": bindings,
+	}, nil
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

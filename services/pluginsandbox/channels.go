@@ -1,0 +1,368 @@
+package pluginsandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/plugins/abi"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// Channel listener and hand-off bounds.
+const (
+	// maxInboundBody caps one message posted to a channel's listener.
+	maxInboundBody = 1 << 20
+	// inboundQueue bounds a channel's queued messages; a full queue
+	// answers 503.
+	inboundQueue = 256
+	// pollEvery drains a channel even without a new message (a rebuilt
+	// instance, a configure that failed earlier).
+	pollEvery = time.Second
+	// pollBatch bounds the messages drained per wake-up.
+	pollBatch = 64
+	// promptTimeout bounds one message's turn in the session service.
+	promptTimeout = 5 * time.Minute
+)
+
+// channelPrincipal is who a channel acts as towards the session service:
+// the operator principal, which the config service grants to the daemon's
+// own processes. The operator chooses what a channel's senders reach by
+// binding it to an agent (channels.plugin.<alias>.agent) and giving that
+// agent only the tools it should offer them; approvals nobody on the
+// channel can answer are denied when they time out.
+func channelPrincipal() *commonv1.Principal {
+	return &commonv1.Principal{PrincipalId: configschema.OperatorPrincipal, Operator: true}
+}
+
+// binder runs the channel bindings of channels.plugin.<alias>: for each,
+// a wasmhost.Channel of the bound plugin (its own instance and instance
+// key), the host listener that feeds its inbound queue, and a poller that
+// drains it and hands each message to a session.
+type binder struct {
+	s     *Server
+	mu    sync.Mutex
+	bound map[string]*binding
+}
+
+func newBinder(s *Server) *binder { return &binder{s: s, bound: map[string]*binding{}} }
+
+type binding struct {
+	cfg    ChannelBinding
+	entry  *entry
+	ch     *wasmhost.Channel
+	srv    *http.Server
+	addr   string
+	key    string
+	notify chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	log    *zap.Logger
+
+	mu     sync.Mutex
+	state  string
+	reason string
+}
+
+func (b *binding) set(state, reason string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.state, b.reason = state, reason
+}
+
+func (b *binding) status() (string, string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state, b.reason
+}
+
+// reconcile makes the running bindings match the catalog's settings and
+// plugins: a binding whose settings or plugin changed is rebuilt, a failed
+// one is retried.
+func (bd *binder) reconcile(ctx context.Context, c *catalog) {
+	bd.mu.Lock()
+	defer bd.mu.Unlock()
+	want := map[string]ChannelBinding{}
+	if c.live.Enabled {
+		want = c.live.Channels
+	}
+	failed := map[string]string{}
+	for alias, cur := range bd.bound {
+		w, ok := want[alias]
+		state, reason := cur.status()
+		if state == channelFailed {
+			failed[alias] = reason
+		}
+		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || state == channelFailed {
+			cur.stop()
+			delete(bd.bound, alias)
+		}
+	}
+	aliases := make([]string, 0, len(want))
+	for alias := range want {
+		aliases = append(aliases, alias)
+	}
+	sort.Strings(aliases)
+	for _, alias := range aliases {
+		if _, ok := bd.bound[alias]; ok {
+			continue
+		}
+		b := bd.s.bind(ctx, want[alias], c.channels[want[alias].Plugin])
+		bd.bound[alias] = b
+		// A failed binding is retried at every scan: log it once per reason.
+		if state, reason := b.status(); state == channelFailed && failed[alias] != reason {
+			b.log.Warn("channel binding failed", zap.String("reason", reason))
+		}
+	}
+}
+
+// close stops every binding.
+func (bd *binder) close(context.Context) {
+	bd.mu.Lock()
+	defer bd.mu.Unlock()
+	for alias, b := range bd.bound {
+		b.stop()
+		delete(bd.bound, alias)
+	}
+}
+
+// Channel binding states.
+const (
+	channelRunning = "running"
+	channelFailed  = "failed"
+)
+
+// bind starts one binding; a failure is recorded on the binding (and
+// retried at the next scan), never fatal.
+func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry) *binding {
+	b := &binding{cfg: cfg, entry: e, notify: make(chan struct{}, 1),
+		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}
+	fail := func(err error) *binding {
+		b.set(channelFailed, err.Error())
+		b.stop()
+		return b
+	}
+	if err := cfg.validate(); err != nil {
+		return fail(err)
+	}
+	if e == nil {
+		return fail(fmt.Errorf("no loaded channel plugin %s", cfg.Plugin))
+	}
+	m := e.bundle.Manifest
+	b.key = wasmhost.InstanceKey(m.Name, wasmhost.WorldChannel, cfg.Alias)
+	ch, err := s.cfg.Host.LoadChannel(ctx, wasmhost.PluginSpec{
+		Name: m.Name, Version: m.Version, Wasm: e.wasm, Grants: s.cfg.Grant(m), Schema: m.Schema(),
+		Config: s.cfg.ConfigSource, Binding: cfg.Alias, InstanceKey: b.key,
+	}, wasmhost.NewInboundQueue(inboundQueue))
+	if err != nil {
+		return fail(fmt.Errorf("load channel: %w", err))
+	}
+	b.ch = ch
+	lis, err := listenReusePort(ctx, cfg.Listen)
+	if err != nil {
+		return fail(fmt.Errorf("listen %s: %w", cfg.Listen, err))
+	}
+	b.addr = lis.Addr().String()
+	b.srv = &http.Server{
+		Handler:           http.HandlerFunc(b.serveInbound),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          zap.NewStdLog(b.log),
+	}
+	pctx, cancel := context.WithCancel(context.Background())
+	b.cancel = cancel
+	b.wg.Add(2)
+	go func() {
+		defer b.wg.Done()
+		if err := b.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			b.log.Warn("channel listener stopped", zap.Error(err))
+		}
+	}()
+	go func() {
+		defer b.wg.Done()
+		s.poll(pctx, b)
+	}()
+	b.set(channelRunning, "")
+	b.log.Info("channel bound", zap.String("listen", b.addr), zap.String("agent", cfg.Agent), zap.String("instance_key", b.key))
+	return b
+}
+
+// stop closes the listener, ends the poller and unloads the channel.
+func (b *binding) stop() {
+	if b.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = b.srv.Shutdown(ctx)
+		cancel()
+	}
+	if b.cancel != nil {
+		b.cancel()
+	}
+	b.wg.Wait()
+	if b.ch != nil {
+		_ = b.ch.Close(context.Background())
+	}
+}
+
+// serveInbound is the host listener: a POST of one JSON object is queued
+// for the plugin, which turns it into a message from its poll-message
+// export. The object's shape is the plugin's business (the webhook
+// example reads {"id","from","text","thread"}).
+func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "POST a JSON object", http.StatusMethodNotAllowed)
+		return
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInboundBody))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("a message is at most %d bytes", maxInboundBody), http.StatusRequestEntityTooLarge)
+		return
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+		http.Error(w, "the body must be a JSON object", http.StatusBadRequest)
+		return
+	}
+	if err := b.ch.Inbound().Push(json.RawMessage(raw)); err != nil {
+		http.Error(w, "the channel's queue is full; retry later", http.StatusServiceUnavailable)
+		return
+	}
+	select {
+	case b.notify <- struct{}{}:
+	default:
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write([]byte(`{"queued":true}` + "\n"))
+}
+
+// poll configures the channel (retrying until its config resolves) and
+// drains its messages into sessions, one at a time.
+func (s *Server) poll(ctx context.Context, b *binding) {
+	t := time.NewTicker(pollEvery)
+	defer t.Stop()
+	info := wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}
+	configured := false
+	lastErr := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-b.notify:
+		case <-t.C:
+		}
+		if !configured {
+			if err := b.ch.Configure(ctx, info); err != nil {
+				if err.Error() != lastErr {
+					b.log.Warn("channel configure failed; retrying", zap.Error(err))
+					lastErr = err.Error()
+				}
+				b.set(channelRunning, "configure: "+err.Error())
+				continue
+			}
+			configured, lastErr = true, ""
+			b.set(channelRunning, "")
+		}
+		for range pollBatch {
+			msg, err := b.ch.PollMessage(ctx, info)
+			if err != nil {
+				if ctx.Err() == nil {
+					b.log.Warn("channel poll failed", zap.Error(err))
+				}
+				break
+			}
+			if msg == nil {
+				break
+			}
+			s.deliver(ctx, b, msg)
+		}
+	}
+}
+
+// deliver hands one message to the session of its conversation and sends
+// the turn's answer back through the channel. The session id derives from
+// the binding and the message's thread (or sender), so every replica
+// picks the same session for one conversation.
+func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelMessage) {
+	s.observe(abi.ObserverChannelReceived, map[string]string{"channel": b.cfg.Alias, "plugin": b.cfg.Plugin, "message_id": msg.ID})
+	log := b.log.With(zap.String("message_id", msg.ID))
+	if s.cfg.Sessions == nil {
+		log.Warn("channel message dropped: no session service")
+		return
+	}
+	conv := msg.ThreadID
+	if conv == "" {
+		conv = msg.Sender
+	}
+	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + conv))
+	sessionID := "chan_" + hex.EncodeToString(sum[:16])
+	ctx, cancel := context.WithTimeout(ctx, promptTimeout)
+	defer cancel()
+	p := channelPrincipal()
+	if _, err := s.cfg.Sessions.NewSession(ctx, &sessionv1.NewSessionRequest{
+		Principal: p, AgentAlias: b.cfg.Agent, SessionId: sessionID, InteractionSurface: "channel:" + b.cfg.Alias,
+	}); err != nil {
+		log.Warn("channel message: no session", zap.Error(err))
+		return
+	}
+	resp, err := s.cfg.Sessions.Prompt(ctx, &sessionv1.PromptRequest{Principal: p, SessionId: sessionID, Prompt: msg.Content})
+	if err != nil {
+		log.Warn("channel message: prompt failed", zap.String("session_id", sessionID), zap.Error(err))
+		return
+	}
+	log.Info("channel message handed to a session", zap.String("session_id", sessionID), zap.Stringer("outcome", resp.GetOutcome()))
+	to := msg.ReplyTarget
+	if to == "" {
+		to = msg.Sender
+	}
+	answer := strings.TrimSpace(resp.GetContent())
+	if to == "" || answer == "" {
+		return
+	}
+	if err := b.ch.Send(ctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: answer, ThreadID: msg.ThreadID}); err != nil {
+		log.Warn("channel reply failed", zap.String("session_id", sessionID), zap.Error(err))
+		return
+	}
+	s.observe(abi.ObserverChannelSent, map[string]string{"channel": b.cfg.Alias, "plugin": b.cfg.Plugin, "session_id": sessionID})
+}
+
+// ListChannels reports this replica's channel bindings.
+func (s *Server) ListChannels(context.Context, *pluginv1.ListChannelsRequest) (*pluginv1.ListChannelsResponse, error) {
+	s.channels.mu.Lock()
+	defer s.channels.mu.Unlock()
+	resp := &pluginv1.ListChannelsResponse{}
+	for _, b := range s.channels.bound {
+		state, reason := b.status()
+		resp.Channels = append(resp.Channels, &pluginv1.Channel{Alias: b.cfg.Alias, Plugin: b.cfg.Plugin, Listen: b.addr,
+			Agent: b.cfg.Agent, InstanceKey: b.key, State: state, Reason: reason})
+	}
+	sort.Slice(resp.Channels, func(i, j int) bool { return resp.Channels[i].Alias < resp.Channels[j].Alias })
+	return resp, nil
+}
+
+// listenReusePort listens with SO_REUSEPORT where the platform has it, so
+// that every sandbox replica binds the same configured address and the
+// kernel spreads connections over them.
+func listenReusePort(ctx context.Context, addr string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: reusePort}
+	return lc.Listen(ctx, "tcp", addr)
+}

@@ -1,0 +1,439 @@
+package pluginsandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// entry is one plugin folder as one scan found it. It is immutable once
+// loaded; a changed folder gets a new entry and the old one is unloaded
+// once its running calls end.
+type entry struct {
+	dir  string // folder name under the plugins directory
+	path string
+	fp   string // fingerprint of what was loaded
+
+	bundle  *manifest.Bundle // nil when the manifest or layout was refused
+	err     error            // manifest, layout or module failure
+	verdict manifest.Verdict
+	policy  error // refused by the signature policy
+
+	tool     *wasmhost.Tool
+	memory   *wasmhost.Memory
+	observer *observerRun
+	wasm     []byte // kept for channel bindings, which load per alias
+
+	// calls guards the loaded worlds: calls hold it for reading; unload
+	// takes it for writing, so it waits for them, then sets closed.
+	calls  sync.RWMutex
+	closed bool
+}
+
+func (e *entry) name() string {
+	if e.bundle == nil {
+		return ""
+	}
+	return e.bundle.Manifest.Name
+}
+
+// usable reports whether the entry loaded and passed the policy.
+func (e *entry) usable() bool { return e.bundle != nil && e.err == nil && e.policy == nil }
+
+// acquire takes a call reference; false when the entry was unloaded.
+func (e *entry) acquire() bool {
+	e.calls.RLock()
+	if e.closed {
+		e.calls.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (e *entry) release() { e.calls.RUnlock() }
+
+// unload waits for running calls, then closes every loaded world.
+func (e *entry) unload(ctx context.Context) {
+	e.calls.Lock()
+	defer e.calls.Unlock()
+	if e.closed {
+		return
+	}
+	e.closed = true
+	e.closeWorlds(ctx)
+}
+
+// closeWorlds closes what is loaded. The fields stay set (readers of an
+// older catalog may still look at them); closed says they are gone.
+func (e *entry) closeWorlds(ctx context.Context) {
+	if e.tool != nil {
+		_ = e.tool.Close(ctx)
+	}
+	if e.memory != nil {
+		_ = e.memory.Close(ctx)
+	}
+	if e.observer != nil {
+		e.observer.stop(ctx)
+	}
+}
+
+// catalog is what one scan decided: every entry, and the tables calls
+// read. It is replaced whole, never changed.
+type catalog struct {
+	live     Live
+	entries  []*entry
+	refusals map[*entry]string // conflicts found by this scan
+	tools    map[string]*entry // by tool name
+	memories map[string]*entry // by plugin name
+	channels map[string]*entry // channel plugins, by plugin name
+	skills   map[string]manifest.Skill
+	skillIDs []string
+}
+
+func (c *catalog) active(e *entry) bool { return e.usable() && c.refusals[e] == "" }
+
+// Rescan reads the plugins directory and applies what changed: new and
+// changed folders are loaded (and checked against the signature policy),
+// removed ones unloaded, conflicts refused, channel bindings reconciled.
+// A plugin that fails is logged and skipped; the scan goes on. Scans are
+// serialised; calls keep being served from the previous catalog until the
+// new one replaces it.
+func (s *Server) Rescan(ctx context.Context) error {
+	s.scanMu.Lock()
+	defer s.scanMu.Unlock()
+	live := DefaultLive()
+	if s.cfg.Settings != nil {
+		live = s.cfg.Settings()
+	}
+	old := s.current()
+	next := &catalog{live: live, refusals: map[*entry]string{}}
+	var scanErr error
+	if live.Enabled {
+		next.entries, scanErr = s.scanEntries(ctx, old, live)
+	}
+	s.resolve(next)
+	s.mu.Lock()
+	s.cat = next
+	s.mu.Unlock()
+
+	kept := map[*entry]bool{}
+	for _, e := range next.entries {
+		kept[e] = true
+	}
+	for _, e := range old.entries {
+		if !kept[e] {
+			s.logger.Info("plugin unloaded", zap.String("dir", e.dir), zap.String("plugin", e.name()))
+			s.observe(observerUnloaded(e))
+			s.unloadLater(e)
+		}
+	}
+	for _, e := range next.entries {
+		if old.contains(e) {
+			continue
+		}
+		s.report(next, e)
+	}
+	s.channels.reconcile(ctx, next)
+	return scanErr
+}
+
+func (c *catalog) contains(e *entry) bool {
+	for _, x := range c.entries {
+		if x == e {
+			return true
+		}
+	}
+	return false
+}
+
+// report logs what became of a newly loaded entry.
+func (s *Server) report(c *catalog, e *entry) {
+	log := s.logger.With(zap.String("dir", e.dir))
+	switch {
+	case e.err != nil:
+		log.Warn("plugin skipped", zap.Error(e.err))
+	case e.policy != nil:
+		log.Warn("plugin refused by the signature policy", zap.String("plugin", e.name()), zap.Error(e.policy))
+	case c.refusals[e] != "":
+		// resolve logged the conflict, naming every party.
+	default:
+		m := e.bundle.Manifest
+		if e.verdict.Warning != "" {
+			log.Warn("plugin signature not verified; loading it (signature_mode permissive)",
+				zap.String("plugin", m.Name), zap.String("signature", string(e.verdict.Status)), zap.String("why", e.verdict.Warning))
+		}
+		if inert := m.Inert(); len(inert) > 0 {
+			log.Info("plugin declares permissions that grant nothing", zap.String("plugin", m.Name), zap.Any("permissions", inert))
+		}
+		log.Info("plugin loaded", zap.String("plugin", m.Name), zap.String("version", m.Version),
+			zap.String("signature", string(e.verdict.Status)))
+		s.observe(observerLoaded(e))
+	}
+}
+
+// scanEntries lists the plugin folders and returns an entry for each:
+// the previous one when nothing changed, else a freshly loaded one.
+func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*entry, error) {
+	dir := s.cfg.PluginsDir
+	if dir == "" {
+		return nil, nil
+	}
+	list, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		// Keep serving what was loaded rather than unloading everything
+		// over a transient error.
+		return old.entries, fmt.Errorf("pluginsandbox: read plugins dir: %w", err)
+	}
+	prev := map[string]*entry{}
+	for _, e := range old.entries {
+		prev[e.dir] = e
+	}
+	samePolicy := equalPolicy(old.live.Policy, live.Policy)
+	var out []*entry
+	for _, d := range list {
+		// Hidden folders are install staging and removal trash.
+		if !d.IsDir() || strings.HasPrefix(d.Name(), ".") {
+			continue
+		}
+		path := filepath.Join(dir, d.Name())
+		fp := fingerprint(path)
+		if e, ok := prev[d.Name()]; ok && e.fp == fp && samePolicy {
+			out = append(out, e)
+			continue
+		}
+		out = append(out, s.load(ctx, d.Name(), path, fp, live.Policy))
+	}
+	return out, nil
+}
+
+// fingerprint summarises what a load reads from a plugin folder: the
+// folder itself (a reinstall renames a new one into place), the
+// manifest's bytes, the module's and every skill file's identity. It is
+// cheap enough to run on every scan.
+func fingerprint(dir string) string {
+	h := sha256.New()
+	stat := func(p string) {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			fmt.Fprintf(h, "%s:missing\n", p)
+			return
+		}
+		fmt.Fprintf(h, "%s:%d:%d:%s:%s\n", p, fi.Size(), fi.ModTime().UnixNano(), fi.Mode(), inode(fi))
+	}
+	stat(dir)
+	data, err := manifest.ReadFile(filepath.Join(dir, manifest.FileName))
+	if err != nil {
+		fmt.Fprintf(h, "manifest:%v\n", err)
+	} else {
+		h.Write(data)
+		if m, err := manifest.Parse(data); err == nil {
+			if m.WasmPath != "" {
+				stat(filepath.Join(dir, filepath.FromSlash(m.WasmPath)))
+			}
+			if m.Has(manifest.CapSkill) {
+				_ = filepath.WalkDir(filepath.Join(dir, manifest.SkillsDir), func(p string, _ fs.DirEntry, err error) error {
+					if err == nil {
+						stat(p)
+					}
+					return nil
+				})
+			}
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// load reads one plugin folder and loads its worlds.
+func (s *Server) load(ctx context.Context, dir, path, fp string, policy manifest.Policy) *entry {
+	e := &entry{dir: dir, path: path, fp: fp}
+	b, err := manifest.LoadBundle(path)
+	if err != nil {
+		e.err = err
+		return e
+	}
+	e.bundle = b
+	m := b.Manifest
+	if e.verdict, e.policy = policy.Check(m); e.policy != nil {
+		return e
+	}
+	if m.SkillOnly() {
+		return e
+	}
+	wasm, err := b.ReadModule()
+	if err != nil {
+		e.err = err
+		return e
+	}
+	grants := s.cfg.Grant(m)
+	spec := wasmhost.PluginSpec{Name: m.Name, Version: m.Version, Wasm: wasm, Grants: grants, Schema: m.Schema(), Config: s.cfg.ConfigSource}
+	if m.Has(manifest.CapTool) {
+		if e.tool, err = s.cfg.Host.LoadTool(ctx, spec); err != nil {
+			e.err = fmt.Errorf("tool world: %w", err)
+		}
+	}
+	if e.err == nil && m.Has(manifest.CapMemory) {
+		// The memory world imports only logging, whatever is granted.
+		mem := spec
+		mem.Grants, mem.Schema, mem.Config = wasmhost.Grants{}, nil, nil
+		if e.memory, err = s.cfg.Host.LoadMemory(ctx, mem); err != nil {
+			e.err = fmt.Errorf("memory world: %w", err)
+		}
+	}
+	if e.err == nil && m.Has(manifest.CapObserver) {
+		obs := spec
+		obs.Grants, obs.Schema, obs.Config = wasmhost.Grants{}, nil, nil
+		o, err := s.cfg.Host.LoadObserver(ctx, obs)
+		if err != nil {
+			e.err = fmt.Errorf("observer world: %w", err)
+		} else {
+			e.observer = s.startObserver(m.Name, o)
+		}
+	}
+	if e.err == nil && m.Has(manifest.CapChannel) {
+		e.wasm = wasm // each binding loads its own instance
+	}
+	if e.err != nil {
+		// The entry is still reported, with its error, and nothing loaded.
+		e.closeWorlds(ctx)
+		e.tool, e.memory, e.observer, e.wasm = nil, nil, nil, nil
+	}
+	return e
+}
+
+// resolve fills a catalog's tables from its entries, refusing conflicts:
+// two folders holding plugins of one name, and two plugins offering one
+// tool name, are all refused (never first come), with a log line naming
+// every party.
+func (s *Server) resolve(c *catalog) {
+	byName := map[string][]*entry{}
+	for _, e := range c.entries {
+		if e.usable() {
+			byName[e.name()] = append(byName[e.name()], e)
+		}
+	}
+	for name, es := range byName {
+		if len(es) < 2 {
+			continue
+		}
+		dirs := dirsOf(es)
+		s.logger.Error("plugin name offered by several folders; all refused", zap.String("plugin", name), zap.Strings("dirs", dirs))
+		for _, e := range es {
+			c.refusals[e] = fmt.Sprintf("plugin %s is also in %s", name, strings.Join(others(dirs, e.dir), ", "))
+		}
+	}
+	byTool := map[string][]*entry{}
+	for _, e := range c.entries {
+		if e.usable() && c.refusals[e] == "" && e.tool != nil {
+			byTool[e.tool.Name()] = append(byTool[e.tool.Name()], e)
+		}
+	}
+	c.tools = map[string]*entry{}
+	for tool, es := range byTool {
+		if len(es) == 1 {
+			c.tools[tool] = es[0]
+			continue
+		}
+		names := make([]string, len(es))
+		for i, e := range es {
+			names[i] = e.name()
+		}
+		sort.Strings(names)
+		s.logger.Error("tool name offered by several plugins; all refused", zap.String("tool", tool), zap.Strings("plugins", names))
+		for _, e := range es {
+			c.refusals[e] = fmt.Sprintf("tool %s is also offered by %s", tool, strings.Join(others(names, e.name()), ", "))
+		}
+	}
+	c.memories, c.channels, c.skills = map[string]*entry{}, map[string]*entry{}, map[string]manifest.Skill{}
+	for _, e := range c.entries {
+		if !c.active(e) {
+			continue
+		}
+		if e.memory != nil {
+			c.memories[e.name()] = e
+		}
+		if e.wasm != nil {
+			c.channels[e.name()] = e
+		}
+		for _, sk := range e.bundle.Skills {
+			c.skills[sk.ID] = sk
+			c.skillIDs = append(c.skillIDs, sk.ID)
+		}
+	}
+	sort.Strings(c.skillIDs)
+}
+
+func dirsOf(es []*entry) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.dir
+	}
+	sort.Strings(out)
+	return out
+}
+
+// others is list without one occurrence of self.
+func others(list []string, self string) []string {
+	var out []string
+	skipped := false
+	for _, x := range list {
+		if x == self && !skipped {
+			skipped = true
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+// unloadLater unloads e off the scan path, once its calls end.
+func (s *Server) unloadLater(e *entry) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		e.unload(context.Background())
+	}()
+}
+
+// Run rescans the plugins directory every interval and whenever Kick is
+// called, until ctx ends. Each replica runs its own: installs, removals
+// and config changes reach every replica without a signal.
+func (s *Server) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.kick:
+		}
+		if err := s.Rescan(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("plugin rescan", zap.Error(err))
+		}
+	}
+}
+
+// Kick asks Run for a rescan soon (a config change); it never blocks.
+func (s *Server) Kick() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}

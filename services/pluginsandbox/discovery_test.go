@@ -1,0 +1,404 @@
+package pluginsandbox_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/install"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// liveBox holds live settings a test changes between scans.
+type liveBox struct {
+	mu sync.Mutex
+	l  pluginsandbox.Live
+}
+
+func (b *liveBox) get() pluginsandbox.Live {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.l
+}
+
+func (b *liveBox) set(f func(*pluginsandbox.Live)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f(&b.l)
+}
+
+type testServer struct {
+	*pluginsandbox.Server
+	live *liveBox
+	logs *observer.ObservedLogs
+	sink *recordingSink
+	dir  string
+}
+
+// recordingSink keeps the plugins' own log records.
+type recordingSink struct {
+	mu      sync.Mutex
+	records []wasmhost.LogRecord
+}
+
+func (s *recordingSink) WritePluginLog(r wasmhost.LogRecord) {
+	s.mu.Lock()
+	s.records = append(s.records, r)
+	s.mu.Unlock()
+}
+
+func (s *recordingSink) messages() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, len(s.records))
+	for i, r := range s.records {
+		out[i] = r.Message
+	}
+	return out
+}
+
+// newTestServer serves dir with live settings the test controls.
+func newTestServer(t *testing.T, dir string, mut ...func(*pluginsandbox.Config)) *testServer {
+	t.Helper()
+	ctx := context.Background()
+	sink := &recordingSink{}
+	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, Logger: zap.NewNop(), LogSink: sink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = host.Close(ctx) })
+	core, logs := observer.New(zapcore.InfoLevel)
+	box := &liveBox{l: pluginsandbox.DefaultLive()}
+	cfg := pluginsandbox.Config{Host: host, PluginsDir: dir, Logger: zap.New(core), ConfigSource: &wasmhost.MemoryConfig{}, Settings: box.get}
+	for _, m := range mut {
+		m(&cfg)
+	}
+	srv, err := pluginsandbox.NewServer(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close(ctx) })
+	return &testServer{Server: srv, live: box, logs: logs, sink: sink, dir: dir}
+}
+
+func (ts *testServer) rescan(t *testing.T) {
+	t.Helper()
+	if err := ts.Rescan(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// plugins returns every plugin (loaded or not) by folder.
+func (ts *testServer) plugins(t *testing.T) map[string]*pluginv1.Plugin {
+	t.Helper()
+	resp, err := ts.ListPlugins(context.Background(), &pluginv1.ListPluginsRequest{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*pluginv1.Plugin{}
+	for _, p := range resp.Plugins {
+		out[p.Dir] = p
+	}
+	return out
+}
+
+func (ts *testServer) tools(t *testing.T) []string {
+	t.Helper()
+	resp, err := ts.ListTools(context.Background(), &pluginv1.ListToolsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, tl := range resp.Tools {
+		out = append(out, tl.Name)
+	}
+	return out
+}
+
+// rewriteManifest edits dir/<folder>/manifest.toml.
+func rewriteManifest(t *testing.T, dir, folder string, edit func(string) string) {
+	t.Helper()
+	p := filepath.Join(dir, folder, "manifest.toml")
+	raw, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(edit(string(raw))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Two plugins offering the same tool name are both refused, with a log
+// line naming both; removing one lets the other load at the next scan.
+func TestToolNameClashRefusesBoth(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "echo")
+	installExample(t, dir, "echo")
+	if err := os.Rename(filepath.Join(dir, "echo"), filepath.Join(dir, "aaa-echo")); err != nil {
+		t.Fatal(err)
+	}
+	installExample(t, dir, "echo")
+	rewriteManifest(t, dir, "aaa-echo", func(s string) string { return strings.Replace(s, `name = "echo"`, `name = "echo-copy"`, 1) })
+	ts := newTestServer(t, dir)
+
+	if tools := ts.tools(t); slices.Contains(tools, "wasm_echo") {
+		t.Fatalf("a clashing tool is served: %v", tools)
+	}
+	ps := ts.plugins(t)
+	for folder, other := range map[string]string{"aaa-echo": "echo", "echo": "echo-copy"} {
+		p := ps[folder]
+		if p == nil || p.Status != "refused" || !strings.Contains(p.Reason, "wasm_echo") || !strings.Contains(p.Reason, other) {
+			t.Fatalf("%s: %+v", folder, p)
+		}
+	}
+	clash := ts.logs.FilterMessage("tool name offered by several plugins; all refused").All()
+	if len(clash) != 1 {
+		t.Fatalf("clash log lines: %v", clash)
+	}
+	if got := clash[0].ContextMap()["plugins"]; !slices.Equal(toStrings(got), []string{"echo", "echo-copy"}) {
+		t.Fatalf("the log line names %v", got)
+	}
+	_, err := ts.ExecuteTool(context.Background(), &pluginv1.ExecuteToolRequest{ToolName: "wasm_echo"})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("execute a refused tool: %v", err)
+	}
+
+	if err := os.RemoveAll(filepath.Join(dir, "aaa-echo")); err != nil {
+		t.Fatal(err)
+	}
+	ts.rescan(t)
+	if tools := ts.tools(t); !slices.Equal(tools, []string{"wasm_echo"}) {
+		t.Fatalf("after removing one: %v", tools)
+	}
+}
+
+func toStrings(v any) []string {
+	switch x := v.(type) {
+	case []string:
+		return x
+	case []any:
+		out := make([]string, len(x))
+		for i, s := range x {
+			out[i], _ = s.(string)
+		}
+		return out
+	}
+	return nil
+}
+
+// Discovery follows the folder: an install, a replacement and a removal
+// apply at the next scan, without a new server.
+func TestRediscovery(t *testing.T) {
+	dir := t.TempDir()
+	ts := newTestServer(t, dir)
+	if len(ts.tools(t)) != 0 {
+		t.Fatal("tools in an empty folder")
+	}
+	src := t.TempDir()
+	installExample(t, src, "echo")
+	in := &install.Installer{PluginsDir: dir, Policy: manifest.DefaultPolicy()}
+	if _, err := in.InstallPath(context.Background(), filepath.Join(src, "echo")); err != nil {
+		t.Fatal(err)
+	}
+	ts.rescan(t)
+	resp, err := ts.ExecuteTool(context.Background(), &pluginv1.ExecuteToolRequest{ToolName: "wasm_echo", ArgumentsJson: `{"text":"hi"}`})
+	if err != nil || resp.Output != "hi" {
+		t.Fatalf("after install: %v %v", resp, err)
+	}
+	rewriteManifest(t, filepath.Join(src), "echo", func(s string) string { return strings.Replace(s, "0.1.0", "0.2.0", 1) })
+	if _, err := in.InstallPath(context.Background(), filepath.Join(src, "echo")); err != nil {
+		t.Fatal(err)
+	}
+	ts.rescan(t)
+	if p := ts.plugins(t)["echo"]; p == nil || p.Version != "0.2.0" || p.Status != "loaded" {
+		t.Fatalf("after replace: %+v", p)
+	}
+	if _, err := in.Remove("echo"); err != nil {
+		t.Fatal(err)
+	}
+	ts.rescan(t)
+	if len(ts.plugins(t)) != 0 || len(ts.tools(t)) != 0 {
+		t.Fatalf("after remove: %v", ts.plugins(t))
+	}
+
+	// Run notices by itself.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); ts.Run(ctx, 20*time.Millisecond) }()
+	defer func() { cancel(); <-done }()
+	if _, err := in.InstallPath(context.Background(), filepath.Join(src, "echo")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Contains(ts.tools(t), "wasm_echo") {
+		if time.Now().After(deadline) {
+			t.Fatal("Run never loaded the installed plugin")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The signature policy at discovery: strict loads only trusted plugins
+// (the others are skipped, the host keeps going), permissive loads all
+// with a warning, disabled checks nothing; a policy change applies at the
+// next scan. ListPlugins says signed only for a verified signature.
+func TestSignaturePolicyAtDiscovery(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "echo")
+	installExample(t, dir, "misbehave")
+	key := ed25519.NewKeyFromSeed([]byte(strings.Repeat("k", 32)))
+	pub := hex.EncodeToString(key.Public().(ed25519.PublicKey))
+	mf := filepath.Join(dir, "echo", "manifest.toml")
+	raw, _ := os.ReadFile(mf)
+	signed, err := manifest.Sign(raw, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mf, signed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestServer(t, dir)
+	ts.live.set(func(l *pluginsandbox.Live) {
+		l.Policy = manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pub}}
+	})
+	ts.rescan(t)
+	ps := ts.plugins(t)
+	if p := ps["echo"]; p.Status != "loaded" || !p.Signed || p.Publisher != pub || p.SignatureStatus != "trusted" {
+		t.Fatalf("strict, trusted: %+v", p)
+	}
+	if p := ps["misbehave"]; p.Status != "refused" || p.SignatureStatus != "unsigned" || p.Signed {
+		t.Fatalf("strict, unsigned: %+v", p)
+	}
+
+	// Tampering with the signed manifest: refused in strict.
+	rewriteManifest(t, dir, "echo", func(s string) string { return strings.Replace(s, "Returns the text", "Steals the text", 1) })
+	ts.rescan(t)
+	if p := ts.plugins(t)["echo"]; p.Status != "refused" || p.SignatureStatus != "invalid" || p.Signed {
+		t.Fatalf("strict, tampered: %+v", p)
+	}
+	// Permissive: everything loads, with a warning for each.
+	const warning = "plugin signature not verified; loading it (signature_mode permissive)"
+	before := ts.logs.FilterMessage(warning).Len()
+	ts.live.set(func(l *pluginsandbox.Live) { l.Policy.Mode = manifest.ModePermissive })
+	ts.rescan(t)
+	if got := ts.tools(t); !slices.Equal(got, []string{"misbehave", "wasm_echo"}) {
+		t.Fatalf("permissive tools %v", got)
+	}
+	if n := ts.logs.FilterMessage(warning).Len() - before; n != 2 {
+		t.Fatalf("%d permissive warnings, want 2", n)
+	}
+	ts.live.set(func(l *pluginsandbox.Live) { l.Policy.Mode = manifest.ModeDisabled })
+	ts.rescan(t)
+	if p := ts.plugins(t)["echo"]; p.Status != "loaded" || p.SignatureStatus != "unchecked" || p.Signed {
+		t.Fatalf("disabled: %+v", p)
+	}
+	// plugins.enabled = false unloads everything.
+	ts.live.set(func(l *pluginsandbox.Live) { l.Enabled = false })
+	ts.rescan(t)
+	resp, _ := ts.ListPlugins(context.Background(), &pluginv1.ListPluginsRequest{All: true})
+	if resp.Enabled || len(resp.Plugins) != 0 || len(ts.tools(t)) != 0 {
+		t.Fatalf("disabled system: %+v", resp)
+	}
+}
+
+// Skill bundles: discovered, namespaced plugin:<plugin>/<skill>, readable;
+// a bundle whose skill lacks description is refused at discovery.
+func TestSkillBundlesDiscovered(t *testing.T) {
+	dir := t.TempDir()
+	write := func(rel, body string) {
+		p := filepath.Join(dir, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("toolkit/manifest.toml", "name = \"toolkit\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n")
+	write("toolkit/skills/design-review/SKILL.md", "---\nname: design-review\ndescription: Reviews designs.\n---\n# Steps\n")
+	write("toolkit/skills/design-review/references/checklist.md", "- is it simple?\n")
+	write("broken/manifest.toml", "name = \"broken\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n")
+	write("broken/skills/x/SKILL.md", "---\nname: x\n---\n")
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	skills, err := ts.ListSkills(ctx, &pluginv1.ListSkillsRequest{})
+	if err != nil || len(skills.Skills) != 1 || skills.Skills[0].Id != "plugin:toolkit/design-review" || skills.Skills[0].Description != "Reviews designs." {
+		t.Fatalf("skills: %v %v", skills, err)
+	}
+	if p := ts.plugins(t)["broken"]; p.Status != "failed" || !strings.Contains(p.Reason, "description") {
+		t.Fatalf("bundle without description: %+v", p)
+	}
+	got, err := ts.ReadSkill(ctx, &pluginv1.ReadSkillRequest{Id: "plugin:toolkit/design-review"})
+	if err != nil || !strings.Contains(got.Content, "# Steps") {
+		t.Fatalf("read: %v %v", got, err)
+	}
+	got, err = ts.ReadSkill(ctx, &pluginv1.ReadSkillRequest{Id: "plugin:toolkit/design-review", Path: "references/checklist.md"})
+	if err != nil || got.Content != "- is it simple?\n" {
+		t.Fatalf("read reference: %v %v", got, err)
+	}
+	for _, bad := range []string{"../../broken/manifest.toml", "/etc/passwd", "references/../SKILL.md"} {
+		if _, err := ts.ReadSkill(ctx, &pluginv1.ReadSkillRequest{Id: "plugin:toolkit/design-review", Path: bad}); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("path %q: %v", bad, err)
+		}
+	}
+	if _, err := ts.ReadSkill(ctx, &pluginv1.ReadSkillRequest{Id: "plugin:broken/x"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("refused bundle readable: %v", err)
+	}
+}
+
+// A memory plugin serves as a storage backend; an observer receives the
+// host's events.
+func TestMemoryAndObserverWorlds(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	installExample(t, dir, "observer")
+	installExample(t, dir, "echo")
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	for _, e := range []*pluginv1.MemoryEntry{{Key: "a", Content: "the sky is blue"}, {Key: "b", Content: "grass is green"}} {
+		if _, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Entry: e}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "blue", Limit: 5})
+	if err != nil || len(got.Entries) != 1 || got.Entries[0].Key != "a" {
+		t.Fatalf("recall: %v %v", got, err)
+	}
+	forgot, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Plugin: "kv", Key: "a"})
+	if err != nil || !forgot.Existed {
+		t.Fatalf("forget: %v %v", forgot, err)
+	}
+	if _, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Plugin: "nope", Entry: &pluginv1.MemoryEntry{Key: "k"}}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown memory plugin: %v", err)
+	}
+	if _, err := ts.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{ToolName: "wasm_echo", ArgumentsJson: `{"text":"x"}`}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		msgs := strings.Join(ts.sink.messages(), "\n")
+		if strings.Contains(msgs, "event tool_call #1") && strings.Contains(msgs, "tool=wasm_echo") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the observer never logged the tool call: %s", msgs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,8 @@
+//go:build !unix
+
+package pluginsandbox
+
+import "os"
+
+// inode is empty where the platform has none; size and times remain.
+func inode(os.FileInfo) string { return "" }

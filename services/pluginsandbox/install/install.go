@@ -1,0 +1,341 @@
+package install
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+)
+
+// StagingPrefix starts every folder an install stages in the plugins
+// directory; discovery skips folders starting with ".".
+const StagingPrefix = ".install-"
+
+// trashPrefix starts a folder being removed.
+const trashPrefix = ".remove-"
+
+// lockName is the lock file serialising installs and removals.
+const lockName = ".lock"
+
+// Installer installs into and removes from one plugins directory.
+type Installer struct {
+	// PluginsDir is plugins.plugins_dir.
+	PluginsDir string
+	// Policy is plugins.security: checked before anything is placed.
+	Policy manifest.Policy
+	// Client reads registries; its Limits also bound local copies.
+	Client Client
+}
+
+// Result describes an installed plugin.
+type Result struct {
+	Name, Version string
+	// Dir is where it now lives.
+	Dir      string
+	Manifest *manifest.Manifest
+	Verdict  manifest.Verdict
+	// Replaced is true when an installed version was replaced.
+	Replaced bool
+}
+
+// InstallPath installs a plugin from a local directory or from the path
+// of its manifest.toml: the directory is checked (manifest, layout,
+// skills, signature policy), copied into a staging folder inside the
+// plugins directory, checked again there, and renamed into
+// <plugins_dir>/<name>.
+func (in *Installer) InstallPath(ctx context.Context, src string) (*Result, error) {
+	fi, err := os.Stat(src)
+	if err != nil {
+		return nil, fmt.Errorf("install: %w", err)
+	}
+	if !fi.IsDir() {
+		if filepath.Base(src) != manifest.FileName {
+			return nil, fmt.Errorf("install: %s is neither a plugin directory nor its %s", src, manifest.FileName)
+		}
+		src = filepath.Dir(src)
+	}
+	if _, _, err := in.check(src); err != nil {
+		return nil, err
+	}
+	unlock, err := in.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	stage, err := in.stage()
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(stage)
+	dst := filepath.Join(stage, "plugin")
+	if err := copyTree(ctx, src, dst, in.Client.Limits.withDefaults()); err != nil {
+		return nil, err
+	}
+	return in.place(dst)
+}
+
+// InstallRegistry resolves NAME[@VERSION] in the index at indexURL,
+// downloads and extracts its archive in a staging folder inside the
+// plugins directory, and installs the extracted plugin like a local one.
+func (in *Installer) InstallRegistry(ctx context.Context, indexURL, ref string) (*Result, error) {
+	name, version, err := ParseRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := in.Client.FetchIndex(ctx, indexURL)
+	if err != nil {
+		return nil, err
+	}
+	entry, err := idx.Resolve(name, version)
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := in.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	stage, err := in.stage()
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(stage)
+	archive, err := os.OpenFile(filepath.Join(stage, "archive.zip"), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("install: %w", err)
+	}
+	defer archive.Close()
+	if err := in.Client.Download(ctx, idx, entry, archive); err != nil {
+		return nil, err
+	}
+	size, err := archive.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, fmt.Errorf("install: %w", err)
+	}
+	extracted := filepath.Join(stage, "extract")
+	if err := os.Mkdir(extracted, 0o755); err != nil {
+		return nil, fmt.Errorf("install: %w", err)
+	}
+	root, err := Extract(archive, size, extracted, in.Client.Limits)
+	if err != nil {
+		return nil, err
+	}
+	res, err := in.place(root)
+	if err != nil {
+		return nil, err
+	}
+	if res.Name != entry.Name {
+		// Placed under the manifest's name: say so rather than hide it.
+		return res, fmt.Errorf("%w: the index entry %s installed a plugin named %s", ErrRegistry, entry.Name, res.Name)
+	}
+	return res, nil
+}
+
+// check loads a plugin directory and applies the signature policy.
+func (in *Installer) check(dir string) (*manifest.Bundle, manifest.Verdict, error) {
+	b, err := manifest.LoadBundle(dir)
+	if err != nil {
+		return nil, manifest.Verdict{}, err
+	}
+	v, err := in.Policy.Check(b.Manifest)
+	if err != nil {
+		return nil, v, err
+	}
+	return b, v, nil
+}
+
+// place checks the staged plugin at dir and moves it to its final folder,
+// swapping out an installed version of the same plugin. The caller holds
+// the lock; dir is inside the plugins directory.
+func (in *Installer) place(dir string) (*Result, error) {
+	b, verdict, err := in.check(dir)
+	if err != nil {
+		return nil, err
+	}
+	m := b.Manifest
+	res := &Result{Name: m.Name, Version: m.Version, Manifest: m, Verdict: verdict,
+		Dir: filepath.Join(in.PluginsDir, m.Name)}
+	if other, err := in.findByName(m.Name); err == nil && filepath.Base(other) != m.Name {
+		return nil, fmt.Errorf("%w: plugin %s is already installed in %s; remove it first", ErrConflict, m.Name, other)
+	}
+	if cur, err := manifest.Load(res.Dir); err == nil && cur.Name != m.Name {
+		return nil, fmt.Errorf("%w: %s holds plugin %s; remove it first", ErrConflict, res.Dir, cur.Name)
+	}
+	_, err = os.Lstat(res.Dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := os.Rename(dir, res.Dir); err != nil {
+			return nil, fmt.Errorf("install: %w", err)
+		}
+		return res, nil
+	case err != nil:
+		return nil, fmt.Errorf("install: %w", err)
+	}
+	if err := exchange(dir, res.Dir); err != nil {
+		return nil, fmt.Errorf("install: replace %s: %w", res.Dir, err)
+	}
+	res.Replaced = true
+	return res, nil
+}
+
+// Remove uninstalls the plugin named name (its folder's name or its
+// manifest's name): the folder is renamed out of sight first, so replicas
+// see it vanish at once, then deleted.
+func (in *Installer) Remove(name string) (string, error) {
+	if !manifest.NamePattern.MatchString(name) {
+		return "", fmt.Errorf("%w: %q is not a plugin name", ErrNotInstalled, name)
+	}
+	unlock, err := in.lock()
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	dir, err := in.findByName(name)
+	if err != nil {
+		return "", err
+	}
+	trash := filepath.Join(in.PluginsDir, trashPrefix+randomSuffix())
+	if err := os.Rename(dir, trash); err != nil {
+		return "", fmt.Errorf("install: remove: %w", err)
+	}
+	if err := os.RemoveAll(trash); err != nil {
+		return dir, fmt.Errorf("install: remove %s: %w", trash, err)
+	}
+	return dir, nil
+}
+
+// findByName returns the folder holding plugin name: <dir>/<name> when
+// its manifest names it, else the one folder whose manifest does.
+func (in *Installer) findByName(name string) (string, error) {
+	entries, err := os.ReadDir(in.PluginsDir)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %w", ErrNotInstalled, name, err)
+	}
+	var found []string
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		dir := filepath.Join(in.PluginsDir, e.Name())
+		m, err := manifest.Load(dir)
+		if (err == nil && m.Name == name) || (err != nil && e.Name() == name) {
+			found = append(found, dir)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", fmt.Errorf("%w: %s", ErrNotInstalled, name)
+	case 1:
+		return found[0], nil
+	}
+	return "", fmt.Errorf("%w: %d folders hold plugin %s: %s", ErrConflict, len(found), name, strings.Join(found, ", "))
+}
+
+// stage makes a fresh staging folder inside the plugins directory, so the
+// final rename never crosses a filesystem.
+func (in *Installer) stage() (string, error) {
+	if err := os.MkdirAll(in.PluginsDir, 0o755); err != nil {
+		return "", fmt.Errorf("install: plugins directory: %w", err)
+	}
+	dir := filepath.Join(in.PluginsDir, StagingPrefix+randomSuffix())
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fmt.Errorf("install: staging: %w", err)
+	}
+	return dir, nil
+}
+
+// lock takes the plugins directory's install lock.
+func (in *Installer) lock() (func(), error) {
+	if err := os.MkdirAll(in.PluginsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("install: plugins directory: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(in.PluginsDir, lockName), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("install: lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("install: lock: %w", err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+func randomSuffix() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// copyTree copies the regular files and folders of src into dst (which
+// must not exist), refusing symbolic links and special files and staying
+// within lim.ExpandedBytes and lim.Entries.
+func copyTree(ctx context.Context, src, dst string, lim Limits) error {
+	var total int64
+	entries := 0
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("install: copy: %w", err)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		entries++
+		if entries > lim.Entries {
+			return fmt.Errorf("%w: more than %d files and folders", ErrTooLarge, lim.Entries)
+		}
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			return fmt.Errorf("%w: %s is a symbolic link", manifest.ErrLayout, rel)
+		case d.IsDir():
+			return os.Mkdir(target, 0o755)
+		case !d.Type().IsRegular():
+			return fmt.Errorf("%w: %s is not a regular file", manifest.ErrLayout, rel)
+		}
+		n, err := copyFile(p, target, lim.ExpandedBytes-total)
+		total += n
+		return err
+	})
+}
+
+func copyFile(src, dst string, budget int64) (int64, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return 0, fmt.Errorf("install: copy: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("install: copy: %w", err)
+	}
+	n, err := io.Copy(out, io.LimitReader(in, budget+1))
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if n > budget {
+		return n, fmt.Errorf("%w: the plugin directory is larger than the copy limit", ErrTooLarge)
+	}
+	if err != nil {
+		return n, fmt.Errorf("install: copy: %w", err)
+	}
+	return n, nil
+}

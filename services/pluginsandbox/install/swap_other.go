@@ -1,0 +1,22 @@
+//go:build !linux
+
+package install
+
+import (
+	"os"
+	"path/filepath"
+)
+
+// exchange moves dst aside, then staged into place: a scan between the two
+// renames sees the plugin missing for an instant, never half-written.
+func exchange(staged, dst string) error {
+	old := filepath.Join(filepath.Dir(dst), trashPrefix+randomSuffix())
+	if err := os.Rename(dst, old); err != nil {
+		return err
+	}
+	if err := os.Rename(staged, dst); err != nil {
+		_ = os.Rename(old, dst)
+		return err
+	}
+	return os.RemoveAll(old)
+}

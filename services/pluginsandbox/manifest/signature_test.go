@@ -1,0 +1,157 @@
+package manifest_test
+
+import (
+	"crypto/ed25519"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+)
+
+// A schema with properties named like the root signature fields: they are
+// schema content, and the signature covers them.
+const nestedSigSchema = `permissions = ["config_read"]
+
+[config_schema]
+type = "object"
+additionalProperties = false
+
+[config_schema.properties.signature]
+type = "string"
+description = "the webhook's own signing secret name"
+
+[config_schema.properties.publisher_key]
+type = "string"
+`
+
+func newKey(t *testing.T, seed byte) ed25519.PrivateKey {
+	t.Helper()
+	return ed25519.NewKeyFromSeed([]byte(strings.Repeat(string([]byte{seed}), 32)))
+}
+
+func pubHex(k ed25519.PrivateKey) string { return hex.EncodeToString(k.Public().(ed25519.PublicKey)) }
+
+func sign(t *testing.T, text string, k ed25519.PrivateKey) string {
+	t.Helper()
+	out, err := manifest.Sign([]byte(text), k)
+	if err != nil {
+		t.Fatalf("sign: %v", err)
+	}
+	return string(out)
+}
+
+func parse(t *testing.T, text string) *manifest.Manifest {
+	t.Helper()
+	m, err := manifest.Parse([]byte(text))
+	if err != nil {
+		t.Fatalf("parse: %v\n%s", err, text)
+	}
+	return m
+}
+
+// TestSignaturePolicy: signed-and-trusted loads in strict mode; a
+// tampered manifest, an untrusted key and an unsigned manifest are each
+// refused in strict, warned about in permissive and ignored in disabled.
+func TestSignaturePolicy(t *testing.T) {
+	publisher, stranger := newKey(t, 1), newKey(t, 2)
+	trusted := []string{pubHex(publisher)}
+	signed := sign(t, base, publisher)
+	tampered := strings.Replace(signed, `version = "0.1.0"`, `version = "0.1.1"`, 1)
+	cases := []struct {
+		name, text string
+		status     manifest.Status
+	}{
+		{"trusted", signed, manifest.StatusTrusted},
+		{"tampered", tampered, manifest.StatusInvalid},
+		{"untrusted key", sign(t, base, stranger), manifest.StatusUntrusted},
+		{"unsigned", base, manifest.StatusUnsigned},
+	}
+	for _, c := range cases {
+		m := parse(t, c.text)
+		t.Run(c.name+"/strict", func(t *testing.T) {
+			v, err := manifest.Policy{Mode: manifest.ModeStrict, Trusted: trusted}.Check(m)
+			if v.Status != c.status {
+				t.Fatalf("status %s, want %s", v.Status, c.status)
+			}
+			if c.status == manifest.StatusTrusted {
+				if err != nil || v.Key != pubHex(publisher) {
+					t.Fatalf("trusted refused: %v %+v", err, v)
+				}
+				return
+			}
+			if !errors.Is(err, manifest.ErrSignature) {
+				t.Fatalf("strict let %s through: %v", c.name, err)
+			}
+		})
+		t.Run(c.name+"/permissive", func(t *testing.T) {
+			v, err := manifest.Policy{Mode: manifest.ModePermissive, Trusted: trusted}.Check(m)
+			if err != nil || v.Status != c.status {
+				t.Fatalf("permissive: %v %+v", err, v)
+			}
+			if (v.Warning == "") != (c.status == manifest.StatusTrusted) {
+				t.Fatalf("permissive warning %q for %s", v.Warning, c.status)
+			}
+		})
+		t.Run(c.name+"/disabled", func(t *testing.T) {
+			v, err := manifest.Policy{Mode: manifest.ModeDisabled, Trusted: trusted}.Check(m)
+			if err != nil || v.Status != manifest.StatusUnchecked || v.Warning != "" {
+				t.Fatalf("disabled: %v %+v", err, v)
+			}
+		})
+	}
+}
+
+// A property named signature inside config_schema is covered: changing it
+// breaks the signature, while the root entries are what is stripped.
+func TestNestedSignaturePropertyIsSigned(t *testing.T) {
+	k := newKey(t, 3)
+	text := sign(t, base+nestedSigSchema, k)
+	if err := manifest.Verify(parse(t, text)); err != nil {
+		t.Fatalf("fresh signature: %v", err)
+	}
+	tampered := strings.Replace(text, "the webhook's own signing secret name", "something else", 1)
+	if err := manifest.Verify(parse(t, tampered)); err == nil {
+		t.Fatal("a change to the nested signature property kept the signature valid")
+	}
+	retyped := strings.Replace(text, "[config_schema.properties.publisher_key]\ntype = \"string\"", "[config_schema.properties.publisher_key]\ntype = \"integer\"", 1)
+	if err := manifest.Verify(parse(t, retyped)); err == nil {
+		t.Fatal("a change to the nested publisher_key property kept the signature valid")
+	}
+	// Layout, comments and key order are not content.
+	relaid := strings.Replace(text, "capabilities = [\"tool\"]", "# a comment\ncapabilities = [ \"tool\" ]", 1)
+	if err := manifest.Verify(parse(t, relaid)); err != nil {
+		t.Fatalf("a comment broke the signature: %v", err)
+	}
+}
+
+// Re-signing replaces the old root lines; 1 and 1.0 sign differently.
+func TestSignReplacesAndDistinguishesNumbers(t *testing.T) {
+	a, b := newKey(t, 4), newKey(t, 5)
+	once := sign(t, base, a)
+	twice := sign(t, once, b)
+	m := parse(t, twice)
+	if m.PublisherKey != pubHex(b) || strings.Count(twice, "signature =") != 1 {
+		t.Fatalf("re-signed:\n%s", twice)
+	}
+	withInt := base + `permissions = ["config_read"]` + schema
+	signed := sign(t, withInt, a)
+	asFloat := strings.Replace(signed, "minimum = 0", "minimum = 0.0", 1)
+	if err := manifest.Verify(parse(t, asFloat)); err == nil {
+		t.Fatal("0 and 0.0 have the same canonical bytes")
+	}
+}
+
+func TestParsePrivateKey(t *testing.T) {
+	k := newKey(t, 6)
+	for _, text := range []string{hex.EncodeToString(k.Seed()), hex.EncodeToString(k) + "\n"} {
+		got, err := manifest.ParsePrivateKey([]byte(text))
+		if err != nil || !got.Equal(k) {
+			t.Fatalf("%q: %v", text, err)
+		}
+	}
+	if _, err := manifest.ParsePrivateKey([]byte("zz")); err == nil {
+		t.Fatal("garbage accepted")
+	}
+}

@@ -1,0 +1,147 @@
+package pluginsandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// Bounds on what a memory call carries.
+const (
+	maxMemoryKey     = 512
+	maxMemoryContent = 1 << 20
+	maxRecallLimit   = 100
+)
+
+// memoryFor picks the memory plugin a request names (or the only one),
+// holding a call reference on it.
+func (s *Server) memoryFor(plugin string) (*entry, error) {
+	c := s.current()
+	var e *entry
+	if plugin != "" {
+		e = c.memories[plugin]
+	} else if len(c.memories) == 1 {
+		for _, only := range c.memories {
+			e = only
+		}
+	} else if len(c.memories) > 1 {
+		names := make([]string, 0, len(c.memories))
+		for n := range c.memories {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return nil, rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, fmt.Sprintf("several memory plugins are loaded (%v): name one in `plugin`", names))
+	}
+	if e == nil || !e.acquire() {
+		return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, rpcerr.NoIndex, "no such memory plugin is loaded")
+	}
+	return e, nil
+}
+
+// withMemory runs fn on the plugin's backend. The sandbox owns the
+// instance: after a limit or a trap it is unavailable, so the sandbox
+// rebuilds it (empty: its state lived in the old one) and runs fn once
+// more.
+func (s *Server) withMemory(ctx context.Context, plugin string, fn func(*wasmhost.Memory) error) error {
+	e, err := s.memoryFor(plugin)
+	if err != nil {
+		return err
+	}
+	defer e.release()
+	err = fn(e.memory)
+	if errors.Is(err, wasmhost.ErrUnavailable) {
+		s.logger.Warn("memory plugin instance was stopped; rebuilding it empty", zap.String("plugin", e.name()))
+		if err = e.memory.Rebuild(ctx); err == nil {
+			err = fn(e.memory)
+		}
+	}
+	return memoryError(err)
+}
+
+func memoryError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, wasmhost.ErrPluginFailed):
+		return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex, err.Error())
+	case errors.Is(err, wasmhost.ErrInstanceLimit):
+		return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, "the plugin sandbox is running its maximum number of instances; retry later")
+	case errors.Is(err, wasmhost.ErrFuelExhausted), errors.Is(err, wasmhost.ErrCallTimeout),
+		errors.Is(err, wasmhost.ErrMemoryLimit), errors.Is(err, wasmhost.ErrTrap), errors.Is(err, wasmhost.ErrABI):
+		return rpcerr.Error(codes.Aborted, rpcerr.ReasonInvalid, rpcerr.NoIndex, "memory plugin stopped: "+err.Error())
+	}
+	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonCapacity, rpcerr.NoIndex, "memory plugin unavailable")
+}
+
+func invalid(msg string) error {
+	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, msg)
+}
+
+// MemoryStore stores one entry in a memory plugin.
+func (s *Server) MemoryStore(ctx context.Context, req *pluginv1.MemoryStoreRequest) (*pluginv1.MemoryStoreResponse, error) {
+	in := req.GetEntry()
+	switch {
+	case in.GetKey() == "" || len(in.GetKey()) > maxMemoryKey:
+		return nil, invalid(fmt.Sprintf("`entry.key` must be 1 to %d bytes", maxMemoryKey))
+	case len(in.GetContent()) > maxMemoryContent:
+		return nil, invalid(fmt.Sprintf("`entry.content` exceeds %d bytes", maxMemoryContent))
+	}
+	e := wasmhost.MemoryEntry{Key: in.GetKey(), Content: in.GetContent(), Category: in.GetCategory(),
+		SessionID: in.GetSessionId(), Timestamp: in.GetTimestamp()}
+	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory) error { return m.Store(ctx, e) })
+	if err != nil {
+		return nil, err
+	}
+	return &pluginv1.MemoryStoreResponse{}, nil
+}
+
+// MemoryRecall returns at most limit entries matching query.
+func (s *Server) MemoryRecall(ctx context.Context, req *pluginv1.MemoryRecallRequest) (*pluginv1.MemoryRecallResponse, error) {
+	limit := int(req.GetLimit())
+	if limit <= 0 || limit > maxRecallLimit {
+		limit = maxRecallLimit
+	}
+	var got []wasmhost.MemoryEntry
+	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory) error {
+		var err error
+		got, err = m.Recall(ctx, req.GetQuery(), limit)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	resp := &pluginv1.MemoryRecallResponse{}
+	for i, e := range got {
+		if i == limit {
+			break
+		}
+		resp.Entries = append(resp.Entries, &pluginv1.MemoryEntry{Key: e.Key, Content: e.Content, Category: e.Category,
+			SessionId: e.SessionID, Timestamp: e.Timestamp, Score: e.Score})
+	}
+	return resp, nil
+}
+
+// MemoryForget removes one entry.
+func (s *Server) MemoryForget(ctx context.Context, req *pluginv1.MemoryForgetRequest) (*pluginv1.MemoryForgetResponse, error) {
+	if req.GetKey() == "" || len(req.GetKey()) > maxMemoryKey {
+		return nil, invalid(fmt.Sprintf("`key` must be 1 to %d bytes", maxMemoryKey))
+	}
+	var existed bool
+	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory) error {
+		var err error
+		existed, err = m.Forget(ctx, req.GetKey())
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &pluginv1.MemoryForgetResponse{Existed: existed}, nil
+}

@@ -1,0 +1,101 @@
+package pluginsandbox
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+)
+
+// Live are the plugin settings a replica follows while it runs: a change
+// is applied at the next scan, without a restart.
+type Live struct {
+	// Enabled is plugins.enabled: false unloads everything.
+	Enabled bool
+	// Policy is plugins.security.
+	Policy manifest.Policy
+	// Channels are the channels.plugin.<alias> bindings, by alias.
+	Channels map[string]ChannelBinding
+}
+
+// ChannelBinding is one channels.plugin.<alias> entry: which channel
+// plugin serves the alias, where its host listener binds, and which agent
+// the messages it receives are prompted to.
+type ChannelBinding struct {
+	Alias string
+	// Plugin is the channel plugin's name.
+	Plugin string
+	// Listen is host:port with an explicit host (schema default: loopback,
+	// any free port).
+	Listen string
+	// Agent is the agent alias sessions are created for.
+	Agent string
+}
+
+// DefaultLive are the settings of a config document that sets nothing:
+// the schema's defaults (internal/configschema).
+func DefaultLive() Live {
+	l, _ := LiveFrom(configclient.Snapshot{})
+	return l
+}
+
+// LiveFrom reads the live plugin settings from a config revision; absent
+// properties take the schema's defaults.
+func LiveFrom(snap configclient.Snapshot) (Live, error) {
+	p := snap.PluginSettings()
+	l := Live{
+		Enabled: snap.Bool("plugins.enabled"),
+		Policy:  manifest.Policy{Mode: manifest.Mode(p.SignatureMode), Trusted: p.TrustedPublisherKeys},
+	}
+	if err := l.Policy.Validate(); err != nil {
+		return l, fmt.Errorf("%w: %w", ErrSettings, err)
+	}
+	raw, _ := snap.Value("channels.plugin")
+	bindings, _ := raw.(map[string]any)
+	for alias := range bindings {
+		at := "channels.plugin." + alias + "."
+		if l.Channels == nil {
+			l.Channels = map[string]ChannelBinding{}
+		}
+		l.Channels[alias] = ChannelBinding{Alias: alias, Plugin: snap.String(at + "plugin"),
+			Listen: snap.String(at + "listen"), Agent: snap.String(at + "agent")}
+	}
+	return l, nil
+}
+
+// validate checks one binding before anything binds.
+func (b ChannelBinding) validate() error {
+	if !manifest.NamePattern.MatchString(b.Plugin) {
+		return fmt.Errorf("channels.plugin.%s.plugin must name a channel plugin", b.Alias)
+	}
+	host, port, err := net.SplitHostPort(b.Listen)
+	if err != nil {
+		return fmt.Errorf("channels.plugin.%s.listen %q: %w", b.Alias, b.Listen, err)
+	}
+	if host == "" {
+		// ":8080" would listen on every interface: say so explicitly.
+		return fmt.Errorf("channels.plugin.%s.listen %q: name the host (127.0.0.1 for loopback, 0.0.0.0 for every interface)", b.Alias, b.Listen)
+	}
+	if host != "localhost" && net.ParseIP(host) == nil {
+		return fmt.Errorf("channels.plugin.%s.listen %q: the host must be an IP address or localhost", b.Alias, b.Listen)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("channels.plugin.%s.listen %q: bad port", b.Alias, b.Listen)
+	}
+	return nil
+}
+
+// equalPolicy compares two policies, key order aside.
+func equalPolicy(a, b manifest.Policy) bool {
+	if a.Mode != b.Mode || len(a.Trusted) != len(b.Trusted) {
+		return false
+	}
+	x, y := slices.Clone(a.Trusted), slices.Clone(b.Trusted)
+	sort.Strings(x)
+	sort.Strings(y)
+	return slices.Equal(x, y)
+}

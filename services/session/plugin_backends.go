@@ -1,0 +1,152 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/status"
+
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+)
+
+// Tools backed by the plugin sandbox's other worlds: skill bundles
+// (plugin:<plugin>/<skill>) and memory plugins as a storage backend. They
+// are offered only when the sandbox reports something behind them at the
+// turn's start (ListTools' skill_count and memory_plugins), and, like any
+// tool, only to agents whose tools list allows them.
+const (
+	toolSkillList    = "plugin_skills"
+	toolSkillRead    = "plugin_skill_read"
+	toolMemoryStore  = "plugin_memory_store"
+	toolMemoryRecall = "plugin_memory_recall"
+	toolMemoryForget = "plugin_memory_forget"
+)
+
+// addPluginBackends adds the skill and memory tools to a turn's tool set.
+func (s *Server) addPluginBackends(ts *toolSet, agent AgentConfig, listed *pluginv1.ListToolsResponse) {
+	add := func(name, desc, params string, run func(ctx context.Context, args json.RawMessage) (string, error)) {
+		if !agent.offers(name) {
+			return
+		}
+		ts.builtin[name] = builtinTool{spec: ToolSpec{Name: name, Description: desc, Parameters: json.RawMessage(params)}, run: run}
+	}
+	if listed.GetSkillCount() > 0 {
+		add(toolSkillList, "Lists the skills of installed skill bundles: id and description.",
+			`{"type":"object","properties":{}}`, s.skillList)
+		add(toolSkillRead, "Reads a skill's SKILL.md (or another file of its folder, by relative path).",
+			`{"type":"object","properties":{"id":{"type":"string"},"path":{"type":"string"}},"required":["id"]}`, s.skillRead)
+	}
+	if len(listed.GetMemoryPlugins()) > 0 {
+		add(toolMemoryStore, "Stores a memory under a key, in the memory plugin.",
+			`{"type":"object","properties":{"key":{"type":"string"},"content":{"type":"string"},"category":{"type":"string"},"plugin":{"type":"string"}},"required":["key","content"]}`, s.memoryStore)
+		add(toolMemoryRecall, "Recalls the memories matching a query, best first.",
+			`{"type":"object","properties":{"query":{"type":"string"},"limit":{"type":"integer"},"plugin":{"type":"string"}},"required":["query"]}`, s.memoryRecall)
+		add(toolMemoryForget, "Forgets the memory stored under a key.",
+			`{"type":"object","properties":{"key":{"type":"string"},"plugin":{"type":"string"}},"required":["key"]}`, s.memoryForget)
+	}
+}
+
+// sandboxError keeps a sandbox refusal's message, not its transport.
+func sandboxError(err error) error {
+	if st, ok := status.FromError(err); ok {
+		return errors.New(st.Message())
+	}
+	return err
+}
+
+func decodeArgs(args json.RawMessage, v any) error {
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	if err := json.Unmarshal(args, v); err != nil {
+		return fmt.Errorf("arguments: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) skillList(ctx context.Context, _ json.RawMessage) (string, error) {
+	resp, err := s.cfg.Plugins.ListSkills(ctx, &pluginv1.ListSkillsRequest{})
+	if err != nil {
+		return "", sandboxError(err)
+	}
+	var b strings.Builder
+	for _, sk := range resp.GetSkills() {
+		fmt.Fprintf(&b, "%s: %s\n", sk.GetId(), sk.GetDescription())
+	}
+	return b.String(), nil
+}
+
+func (s *Server) skillRead(ctx context.Context, args json.RawMessage) (string, error) {
+	var a struct {
+		ID   string `json:"id"`
+		Path string `json:"path"`
+	}
+	if err := decodeArgs(args, &a); err != nil {
+		return "", err
+	}
+	resp, err := s.cfg.Plugins.ReadSkill(ctx, &pluginv1.ReadSkillRequest{Id: a.ID, Path: a.Path})
+	if err != nil {
+		return "", sandboxError(err)
+	}
+	return resp.GetContent(), nil
+}
+
+func (s *Server) memoryStore(ctx context.Context, args json.RawMessage) (string, error) {
+	var a struct {
+		Key, Content, Category, Plugin string
+	}
+	if err := decodeArgs(args, &a); err != nil {
+		return "", err
+	}
+	_, err := s.cfg.Plugins.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Plugin: a.Plugin,
+		Entry: &pluginv1.MemoryEntry{Key: a.Key, Content: a.Content, Category: a.Category}})
+	if err != nil {
+		return "", sandboxError(err)
+	}
+	return "stored " + a.Key, nil
+}
+
+func (s *Server) memoryRecall(ctx context.Context, args json.RawMessage) (string, error) {
+	var a struct {
+		Query, Plugin string
+		Limit         int32
+	}
+	if err := decodeArgs(args, &a); err != nil {
+		return "", err
+	}
+	resp, err := s.cfg.Plugins.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Plugin: a.Plugin, Query: a.Query, Limit: a.Limit})
+	if err != nil {
+		return "", sandboxError(err)
+	}
+	type entry struct {
+		Key      string `json:"key"`
+		Content  string `json:"content"`
+		Category string `json:"category,omitempty"`
+	}
+	out := make([]entry, 0, len(resp.GetEntries()))
+	for _, e := range resp.GetEntries() {
+		out = append(out, entry{Key: e.GetKey(), Content: e.GetContent(), Category: e.GetCategory()})
+	}
+	b, err := json.Marshal(out)
+	return string(b), err
+}
+
+func (s *Server) memoryForget(ctx context.Context, args json.RawMessage) (string, error) {
+	var a struct {
+		Key, Plugin string
+	}
+	if err := decodeArgs(args, &a); err != nil {
+		return "", err
+	}
+	resp, err := s.cfg.Plugins.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Plugin: a.Plugin, Key: a.Key})
+	if err != nil {
+		return "", sandboxError(err)
+	}
+	if !resp.GetExisted() {
+		return "no memory under " + a.Key, nil
+	}
+	return "forgot " + a.Key, nil
+}

@@ -1,0 +1,86 @@
+package session
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+)
+
+// backendSandbox is a sandbox over real gRPC with one skill and a memory
+// plugin (a map); the real RPCs are tested in pluginsandbox and e2e.
+type backendSandbox struct {
+	pluginv1.UnimplementedPluginServiceServer
+	mu  sync.Mutex
+	mem map[string]string
+}
+
+func (*backendSandbox) ListTools(context.Context, *pluginv1.ListToolsRequest) (*pluginv1.ListToolsResponse, error) {
+	return &pluginv1.ListToolsResponse{MemoryPlugins: []string{"kv"}, SkillCount: 1}, nil
+}
+
+func (*backendSandbox) ListSkills(context.Context, *pluginv1.ListSkillsRequest) (*pluginv1.ListSkillsResponse, error) {
+	return &pluginv1.ListSkillsResponse{Skills: []*pluginv1.Skill{{Id: "plugin:toolkit/review", Description: "Reviews."}}}, nil
+}
+
+func (*backendSandbox) ReadSkill(_ context.Context, req *pluginv1.ReadSkillRequest) (*pluginv1.ReadSkillResponse, error) {
+	if req.GetId() != "plugin:toolkit/review" {
+		return nil, status.Error(codes.NotFound, "Unknown skill `"+req.GetId()+"`")
+	}
+	return &pluginv1.ReadSkillResponse{Id: req.GetId(), Content: "# Review steps"}, nil
+}
+
+func (b *backendSandbox) MemoryStore(_ context.Context, req *pluginv1.MemoryStoreRequest) (*pluginv1.MemoryStoreResponse, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.mem[req.GetEntry().GetKey()] = req.GetEntry().GetContent()
+	return &pluginv1.MemoryStoreResponse{}, nil
+}
+
+func (b *backendSandbox) MemoryRecall(_ context.Context, req *pluginv1.MemoryRecallRequest) (*pluginv1.MemoryRecallResponse, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	resp := &pluginv1.MemoryRecallResponse{}
+	for k, v := range b.mem {
+		if strings.Contains(v, req.GetQuery()) {
+			resp.Entries = append(resp.Entries, &pluginv1.MemoryEntry{Key: k, Content: v})
+		}
+	}
+	return resp, nil
+}
+
+// The session service reads skills and uses a memory plugin through the
+// sandbox, as tools of a turn.
+func TestPluginSkillAndMemoryTools(t *testing.T) {
+	client := pluginClient(t, serveSandbox(t, &backendSandbox{mem: map[string]string{}}))
+	h := newHarness(t, func(c *Config) { c.Plugins = client })
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	resp := h.prompt(alice, id, `/tool plugin_skills`+"\n"+`/tool plugin_skill_read {"id":"plugin:toolkit/review"}`+"\n"+
+		`/tool plugin_skill_read {"id":"plugin:toolkit/nope"}`+"\n"+
+		`/tool plugin_memory_store {"key":"k1","content":"the sky is blue"}`+"\n"+`/tool plugin_memory_recall {"query":"blue"}`+"\n/say end")
+	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+		t.Fatalf("prompt %v", resp)
+	}
+	var got []string
+	for _, u := range rec.until(UpdateTurnComplete) {
+		if u.Type == UpdateToolResult {
+			got = append(got, u.str("status")+": "+u.str("raw_output"))
+		}
+	}
+	want := []string{
+		toolCompleted + ": plugin:toolkit/review: Reviews.\n",
+		toolCompleted + ": # Review steps",
+		toolFailed + ": Unknown skill `plugin:toolkit/nope`",
+		toolCompleted + ": stored k1",
+		toolCompleted + `: [{"key":"k1","content":"the sky is blue"}]`,
+	}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("results\n%q\nwant\n%q", got, want)
+	}
+}
