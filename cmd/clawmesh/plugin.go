@@ -79,7 +79,7 @@ func pluginCmd(args []string, out io.Writer) error {
 		fmt.Fprint(out, pluginUsage)
 		return nil
 	}
-	rest, err := parseInterspersed(fs, args[1:])
+	rest, err := parseArgs(fs, args[1:])
 	if err != nil {
 		return err
 	}
@@ -514,25 +514,4 @@ func keygen(out io.Writer, file string) error {
 	}
 	fmt.Fprintf(out, "wrote %s\npublic key: %s\ntrust it with: clawmesh config set plugins.security.trusted_publisher_keys=%s\n", file, hex.EncodeToString(pub), hex.EncodeToString(pub))
 	return nil
-}
-
-// parseInterspersed parses flags wherever they appear among the
-// arguments (`plugin search calendar --registry URL`), as the seed's
-// examples write them; "--" ends the flags.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var rest []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return rest, nil
-		}
-		if args[0] == "--" {
-			return append(rest, args[1:]...), nil
-		}
-		rest = append(rest, args[0])
-		args = args[1:]
-	}
 }
