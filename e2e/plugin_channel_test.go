@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // pluginsList is the plugins/list result.
@@ -69,7 +69,7 @@ func TestPluginChannelMessageReachesASession(t *testing.T) {
 	}))
 	t.Cleanup(hook.Close)
 
-	key := wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web")
+	key := abi.InstanceKey("webhook", abi.WorldChannel, "web")
 	v.call("config/set-many", map[string]any{"sets": []map[string]any{
 		{"prop": "plugins.entries." + key + ".config", "value": map[string]any{"webhook_url": hook.URL, "token": "tok-e2e"}},
 		{"prop": "channels.plugin.web.plugin", "value": "webhook"},

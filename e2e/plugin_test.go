@@ -10,7 +10,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // echoTool is the tool name of plugins/examples/echo (the session's
@@ -194,7 +194,7 @@ func TestPluginToolScaled(t *testing.T) {
 func TestPluginConfigAndSecretFromTheConfigService(t *testing.T) {
 	s := pluginStack(t, []string{"secretconfig"})
 	v := newConv(t, s, nil)
-	key := wasmhost.InstanceKey("greeter", wasmhost.WorldTool, "")
+	key := abi.InstanceKey("greeter", abi.WorldTool, "")
 	const secret, rotated = "sk-e2e-0123456789", "sk-e2e-rotated-987"
 	setConfig := func(apiKey string) {
 		v.call("config/set", map[string]any{"prop": "plugins.entries." + key + ".config",

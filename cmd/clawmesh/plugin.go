@@ -19,10 +19,10 @@ import (
 	"text/tabwriter"
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/install"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 const pluginUsage = `usage: clawmesh plugin <command> [flags] [args]
@@ -268,7 +268,7 @@ func (p *pluginEnv) install(ctx context.Context, registry, src string) error {
 	if !res.Manifest.Has(manifest.CapTool) {
 		return nil
 	}
-	key := wasmhost.InstanceKey(res.Name, wasmhost.WorldTool, "")
+	key := abi.InstanceKey(res.Name, abi.WorldTool, "")
 	prop := "plugins.entries." + key + ".config"
 	fmt.Fprintf(p.out, "tool instance key: %s\n", key)
 	if p.stack() == nil {
@@ -310,7 +310,7 @@ func (p *pluginEnv) remove(name string, purge bool) error {
 	if p.stack() == nil {
 		return fmt.Errorf("plugin remove --purge: the stack is not running; its config entry was kept")
 	}
-	key := wasmhost.InstanceKey(name, wasmhost.WorldTool, "")
+	key := abi.InstanceKey(name, abi.WorldTool, "")
 	if _, err := p.stack().Call("config/delete", map[string]any{"prop": "plugins.entries." + key}); err != nil {
 		return fmt.Errorf("plugin remove --purge: %w", err)
 	}
@@ -431,14 +431,14 @@ func (p *pluginEnv) info(name, channel string) error {
 		fmt.Fprintf(p.out, "               refused: %v\n", perr)
 	}
 	if m.Has(manifest.CapTool) {
-		key := wasmhost.InstanceKey(m.Name, wasmhost.WorldTool, "")
+		key := abi.InstanceKey(m.Name, abi.WorldTool, "")
 		fmt.Fprintf(p.out, "tool key:      %s\n               (clawmesh config set plugins.entries.%s.config=...)\n", key, key)
 	}
 	if channel != "" {
 		if !m.Has(manifest.CapChannel) {
 			return fmt.Errorf("plugin info: %s is not a channel plugin", m.Name)
 		}
-		fmt.Fprintf(p.out, "channel key:   %s (alias %s)\n", wasmhost.InstanceKey(m.Name, wasmhost.WorldChannel, channel), channel)
+		fmt.Fprintf(p.out, "channel key:   %s (alias %s)\n", abi.InstanceKey(m.Name, abi.WorldChannel, channel), channel)
 	}
 	for _, sk := range b.Skills {
 		fmt.Fprintf(p.out, "skill:         %s  %s\n", sk.ID, sk.Description)

@@ -1,5 +1,10 @@
 package abi
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // Version is the ABI version. A guest exports it from clawmesh_abi_version;
 // the host refuses a module that answers anything else.
 const Version = 1
@@ -173,3 +178,14 @@ const (
 	// after a record is written.
 	LogBudgetBytes = 8 << 20
 )
+
+// InstanceKey derives the versioned zpi1_ key of a plugin instance from the
+// package, the capability and the binding, so different packages and
+// scopes can reuse aliases such as "main" safely.
+func InstanceKey(pkg string, world World, binding string) string {
+	if binding == "" {
+		binding = "default"
+	}
+	sum := sha256.Sum256([]byte(pkg + "\x00" + string(world) + "\x00" + binding))
+	return "zpi1_" + hex.EncodeToString(sum[:12])
+}

@@ -16,7 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 

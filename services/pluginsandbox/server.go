@@ -22,7 +22,7 @@ import (
 	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strconv"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 // Live are the plugin settings a replica follows while it runs: a change

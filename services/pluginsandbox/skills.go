@@ -12,7 +12,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 // maxSkillFileBytes caps a file ReadSkill returns.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 

@@ -2,15 +2,13 @@ package wasmhost
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
 	"github.com/tetratelabs/wazero"
 
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/plugins/abi"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin"
 )
 
@@ -70,15 +68,9 @@ type PluginSpec struct {
 	Config ConfigSource
 }
 
-// InstanceKey derives the versioned zpi1_ key of a plugin instance from the
-// package, the capability and the binding, so different packages and
-// scopes can reuse aliases such as "main" safely.
+// InstanceKey is abi.InstanceKey, the key of plugins.entries.<key>.
 func InstanceKey(pkg string, world World, binding string) string {
-	if binding == "" {
-		binding = "default"
-	}
-	sum := sha256.Sum256([]byte(pkg + "\x00" + string(world) + "\x00" + binding))
-	return "zpi1_" + hex.EncodeToString(sum[:12])
+	return abi.InstanceKey(pkg, world, binding)
 }
 
 // httpAllowed: the grant, and a world whose adapter opts in (tool and

@@ -18,7 +18,7 @@ import (
 
 	"github.com/Masterminds/semver/v3"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 // DefaultRegistryURL is seed 003's default registry index.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 const base = `

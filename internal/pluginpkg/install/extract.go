@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 // Extract unpacks the zip archive r (of size bytes) into dest, which must

@@ -19,8 +19,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/install"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 func toolManifest(name, version string) string {

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 // StagingPrefix starts every folder an install stages in the plugins

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 const skillManifest = "name = \"toolkit\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n"

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/services/pluginsandbox/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 // A schema with properties named like the root signature fields: they are
