@@ -17,7 +17,7 @@ import (
 )
 
 // edgeRow is one frame in and its reply out, or silence, on the real
-// gateway socket (SPEC §2 and §4).
+// gateway socket (docs/spec.md §2 and §4).
 type edgeRow struct {
 	name     string
 	initDone bool // sent on an initialized connection
@@ -31,7 +31,7 @@ type edgeRow struct {
 }
 
 var edgeRows = []edgeRow{
-	// SPEC §4: the handshake.
+	// docs/spec.md §4: the handshake.
 	{name: "status before initialize", in: `{"jsonrpc":"2.0","method":"status","params":{},"id":1}`,
 		wantID: `1`, wantCode: -32010, wantMsg: "First call must be 'initialize'"},
 	{name: "unknown method before initialize", in: `{"jsonrpc":"2.0","method":"no/such","id":2}`,
@@ -51,7 +51,7 @@ var edgeRows = []edgeRow{
 		wantID: `9`, check: checkInitialize},
 	{name: "re-initialize camelCase", initDone: true, in: `{"jsonrpc":"2.0","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}},"id":"again"}`,
 		wantID: `"again"`, check: checkInitialize},
-	// SPEC §2 on an initialized connection.
+	// docs/spec.md §2 on an initialized connection.
 	{name: "unknown method", initDone: true, in: `{"jsonrpc":"2.0","method":"no/such","id":10}`,
 		wantID: `10`, wantCode: -32601, wantMsg: "Unknown method: no/such"},
 	{name: "params absent read as {}", initDone: true, in: `{"jsonrpc":"2.0","method":"status","id":11}`, wantID: `11`},
@@ -151,7 +151,7 @@ func TestEdgeBehaviourTable(t *testing.T) {
 	}
 }
 
-// The limits of SPEC §3, set short with --set, each with its exact reply
+// The limits of docs/spec.md §3, set short with --set, each with its exact reply
 // and the end of the stream.
 func TestEdgeLimits(t *testing.T) {
 	s := e2e.Start(t, e2e.Options{Args: []string{

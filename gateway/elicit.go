@@ -16,7 +16,7 @@ import (
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
-// approvalSchema is SPEC §5's requestedSchema for an approval.
+// approvalSchema is docs/spec.md §5's requestedSchema for an approval.
 var approvalSchema = map[string]any{
 	"type": "object",
 	"properties": map[string]any{

@@ -26,7 +26,7 @@ type clientCapabilities struct {
 	Elicitation json.RawMessage `json:"elicitation"`
 }
 
-// initialize binds the connection's principal (SPEC §4). A version
+// initialize binds the connection's principal (docs/spec.md §4). A version
 // mismatch or an unpaired token binds nothing, and the client may try
 // again; a later successful initialize replaces the binding.
 func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {

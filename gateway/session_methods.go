@@ -13,7 +13,7 @@ import (
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
-// sessionRef reads session_id, or its alias sessionId (SPEC §1).
+// sessionRef reads session_id, or its alias sessionId (docs/spec.md §1).
 type sessionRef struct {
 	SessionID      string `json:"session_id"`
 	SessionIDCamel string `json:"sessionId"`

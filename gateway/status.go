@@ -14,7 +14,7 @@ import (
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
-// status answers SPEC §5's status; services come from the health monitor.
+// status answers docs/spec.md §5's status; services come from the health monitor.
 func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage) (any, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -37,7 +37,7 @@ func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage) 
 	}, nil
 }
 
-// health answers SPEC §5's health: the gateway process and every service.
+// health answers docs/spec.md §5's health: the gateway process and every service.
 // The components and process figures come encoded from the monitor's last
 // poll, and the reply is assembled from them as bytes: a client polling
 // health costs no /proc reads and no re-encoding.

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// Defaults of SPEC §3, and of the settings it leaves open.
+// Defaults of docs/spec.md §3, and of the settings it leaves open.
 const (
 	DefaultInitializeTimeout = 30 * time.Second
 	DefaultFrameTimeout      = 30 * time.Second
@@ -31,7 +31,7 @@ const (
 // is renewed whenever the peer makes progress on a large backlog.
 const maxWriteChunk = 256 << 10
 
-// Options configures a Conn. The zero value is the SPEC §3 configuration.
+// Options configures a Conn. The zero value is the docs/spec.md §3 configuration.
 // For the durations, zero means the default and a negative value disables
 // the limit (tests only: production keeps every limit).
 type Options struct {

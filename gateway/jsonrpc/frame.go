@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// DefaultMaxFrameBytes is the SPEC §3 frame size limit: 8 MiB per line.
+// DefaultMaxFrameBytes is the docs/spec.md §3 frame size limit: 8 MiB per line.
 const DefaultMaxFrameBytes = 8 << 20
 
 // initialFrameBuf is the reader's buffer size between large frames.

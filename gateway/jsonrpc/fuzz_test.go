@@ -206,7 +206,7 @@ type refResult struct {
 	errMsg    string
 }
 
-// refClassify is SPEC §2 written the obvious way, on encoding/json.
+// refClassify is docs/spec.md §2 written the obvious way, on encoding/json.
 func refClassify(b []byte) refResult {
 	if !json.Valid(b) {
 		return refResult{kind: KindInvalid, replyCode: CodeParseError, problem: "invalid JSON"}

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// DefaultMaxConnections is SPEC §3's rpc.max_local_connections default.
+// DefaultMaxConnections is docs/spec.md §3's rpc.max_local_connections default.
 const DefaultMaxConnections = 512
 
 // Peer identifies the process at the other end of a local connection, from

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// wireCase is one row of SPEC §2: frames in, the reply out (or silence).
+// wireCase is one row of docs/spec.md §2: frames in, the reply out (or silence).
 type wireCase struct {
 	name string
 	in   string
@@ -85,7 +85,7 @@ var wireCases = []wireCase{
 	{name: "handler panic", in: `{"jsonrpc":"2.0","id":24,"method":"panic"}`, wantID: `24`, wantCode: CodeInternal, wantMsg: "Internal error"},
 }
 
-// TestWireTable runs every SPEC §2 row through a real Conn on a real Unix
+// TestWireTable runs every docs/spec.md §2 row through a real Conn on a real Unix
 // socket, with handlers inline (strict order) and concurrent. After each
 // row a sentinel request is sent; everything the server writes before the
 // sentinel's reply (and the row's own reply) is the row's output, so a

@@ -1,5 +1,5 @@
 // Package jsonrpc is the transport engine of the Clawmesh edge: NDJSON
-// JSON-RPC 2.0 over a stream socket, as SPEC §2 and §3 fix it.
+// JSON-RPC 2.0 over a stream socket, as docs/spec.md §2 and §3 fix it.
 //
 // wire.go holds the message types and the frame classifier, frame.go the
 // line reader with its size and time limits, conn.go one connection (read
@@ -17,7 +17,7 @@ import (
 	"unicode/utf8"
 )
 
-// The error codes of SPEC §4.
+// The error codes of docs/spec.md §4.
 const (
 	CodeParseError      int64 = -32700
 	CodeInvalidRequest  int64 = -32600
@@ -175,7 +175,7 @@ func NewError(code int64, msg string, data any) *Error {
 	return e
 }
 
-// MethodNotFound is the SPEC §2 reply for an unknown method.
+// MethodNotFound is the docs/spec.md §2 reply for an unknown method.
 func MethodNotFound(method string) *Error {
 	return NewError(CodeMethodNotFound, "Unknown method: "+method, nil)
 }
@@ -194,7 +194,7 @@ func (e *Error) Is(target error) bool {
 type Kind uint8
 
 const (
-	// KindInvalid is a malformed frame. Message.Reply is the reply SPEC §2
+	// KindInvalid is a malformed frame. Message.Reply is the reply docs/spec.md §2
 	// prescribes, or nil when the frame must be dropped without a reply.
 	KindInvalid Kind = iota
 	// KindRequest is a request that expects a response.
@@ -230,7 +230,7 @@ type Message struct {
 }
 
 // Classify reads one frame (one line, without its LF; surrounding
-// whitespace allowed) and says what it is, per SPEC §2:
+// whitespace allowed) and says what it is, per docs/spec.md §2:
 //
 //   - invalid JSON: -32700, id null;
 //   - a JSON array (batch) or any other non-object: -32600, id null;

@@ -46,7 +46,7 @@ var (
 // Properties is the schema. Keep related rows together; a Map row comes
 // before its entries' fields.
 var Properties = []Property{
-	// The edge (SPEC §3, §4). The gateway reads these when its listener
+	// The edge (docs/spec.md §3, §4). The gateway reads these when its listener
 	// starts.
 	{Path: "rpc.max_frame_bytes", Type: Integer, Default: 8388608, Min: f(1024), Max: f(1 << 30), Restart: true,
 		Doc: "largest NDJSON frame (one line) in bytes"},
@@ -65,7 +65,7 @@ var Properties = []Property{
 	{Path: "rpc.max_buffered_frame_bytes", Type: Integer, Default: 134217728, Min: f(1 << 20), Max: f(1 << 36), Restart: true,
 		Doc: "unfinished frames held across every connection; a connection that would pass it waits (its frame timeout still runs)"},
 
-	// Principals (SPEC §4, §7).
+	// Principals (docs/spec.md §4, §7).
 	{Path: "users", Type: Map, Doc: "users, by name: who a uid or a paired token is"},
 	{Path: "users.*.uid", Type: Integer, Min: f(0), Max: f(4294967295), Unique: true,
 		Doc: "local uid bound to this user on the socket"},
@@ -107,7 +107,7 @@ var Properties = []Property{
 	{Path: "plugins.limits.max_table_elements", Type: Integer, Restart: true, Default: 100_000, Min: f(1), Max: f(10_000_000), Doc: "elements per table"},
 	{Path: "plugins.limits.max_instances", Type: Integer, Restart: true, Default: 64, Min: f(1), Max: f(4096), Doc: "instances host-wide"},
 	{Path: "plugins.security.signature_mode", Type: String, Default: "permissive", Enum: []string{"disabled", "permissive", "strict"},
-		Doc: "manifest signatures: disabled ignores them, permissive checks those present, strict requires a trusted one"},
+		Doc: "manifest signatures: disabled ignores them; permissive verifies them and loads every plugin, warning about a missing, untrusted or failing one; strict loads only plugins signed by a trusted key"},
 	{Path: "plugins.security.trusted_publisher_keys", Type: Array, Items: String, Default: []any{}, Pattern: hexKey,
 		Doc: "Ed25519 publisher keys, hexadecimal"},
 	{Path: "plugins.entries", Type: Map, Doc: "plugin instances, by key"},
@@ -119,7 +119,7 @@ var Properties = []Property{
 		Doc: "host:port of the host listener that feeds the channel; the host is explicit (0.0.0.0 for every interface)"},
 	{Path: "channels.plugin.*.agent", Type: String, Default: "default", Ref: "agents", Doc: "agent that answers the channel's messages"},
 
-	// Uploads (SPEC §6).
+	// Uploads (docs/spec.md §6).
 	{Path: "uploads.chunk_bytes", Type: Integer, Default: 1048576, Min: f(1024), Max: f(4 << 20), Doc: "largest decoded chunk"},
 	{Path: "uploads.max_file_bytes", Type: Integer, Default: 10485760, Min: f(1), Max: f(1 << 30), Doc: "largest file"},
 	{Path: "uploads.max_per_connection", Type: Integer, Default: 4, Min: f(1), Max: f(1024), Doc: "staged uploads per connection"},

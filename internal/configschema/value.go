@@ -19,13 +19,13 @@ func (p *Property) Check(v any) (any, error) {
 	case Array:
 		items, ok := v.([]any)
 		if !ok {
-			return nil, fmt.Errorf("%w: must be an array", ErrType)
+			return nil, typeErr("must be an array")
 		}
 		out := make([]any, len(items))
 		for i, it := range items {
 			c, err := p.checkScalar(p.Items, it)
 			if err != nil {
-				return nil, fmt.Errorf("item %d %w", i, err)
+				return nil, fmt.Errorf("item %d: %w", i, err)
 			}
 			out[i] = c
 		}
@@ -33,7 +33,7 @@ func (p *Property) Check(v any) (any, error) {
 	case Object:
 		obj, ok := v.(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("%w: must be an object", ErrType)
+			return nil, typeErr("must be an object")
 		}
 		out := make(map[string]any, len(obj))
 		for k, it := range obj {
@@ -43,7 +43,7 @@ func (p *Property) Check(v any) (any, error) {
 			}
 			c, err := p.checkScalar(p.Items, it)
 			if err != nil {
-				return nil, fmt.Errorf("key %q %w", k, err)
+				return nil, fmt.Errorf("key %q: %w", k, err)
 			}
 			out[k] = c
 		}
@@ -51,36 +51,32 @@ func (p *Property) Check(v any) (any, error) {
 	case Map:
 		return nil, fmt.Errorf("%w: a map of named entries is not set whole", ErrNotLeaf)
 	}
-	c, err := p.checkScalar(p.Type, v)
-	if err != nil {
-		return nil, fmt.Errorf("value %w", err)
-	}
-	return c, nil
+	return p.checkScalar(p.Type, v)
 }
 
 // checkScalar checks one scalar of type t against p's constraints. Its
-// errors read after "value " or "item N ".
+// errors read after the property's name ("`p`: must be a number").
 func (p *Property) checkScalar(t Type, v any) (any, error) {
 	switch t {
 	case String:
 		s, ok := v.(string)
 		if !ok {
-			return nil, fmt.Errorf("%w: must be a string", ErrType)
+			return nil, typeErr("must be a string")
 		}
 		if len(p.Enum) > 0 && !slices.Contains(p.Enum, s) {
-			return nil, fmt.Errorf("%w: %q must be one of %s", ErrType, s, strings.Join(p.Enum, ", "))
+			return nil, typeErr("%q must be one of %s", s, strings.Join(p.Enum, ", "))
 		}
 		if p.Pattern != nil && !p.Pattern.MatchString(s) {
 			if p.Secret { // never echo a secret, not even a bad one
-				return nil, fmt.Errorf("%w: the secret is not in the expected form", ErrType)
+				return nil, typeErr("the secret is not in the expected form")
 			}
-			return nil, fmt.Errorf("%w: %q is not in the expected form", ErrType, s)
+			return nil, typeErr("%q is not in the expected form", s)
 		}
 		return s, nil
 	case Bool:
 		b, ok := v.(bool)
 		if !ok {
-			return nil, fmt.Errorf("%w: must be a boolean", ErrType)
+			return nil, typeErr("must be a boolean")
 		}
 		return b, nil
 	case Integer, Number:
@@ -95,30 +91,30 @@ func (p *Property) checkScalar(t Type, v any) (any, error) {
 		case json.Number:
 			f, err := x.Float64()
 			if err != nil {
-				return nil, fmt.Errorf("%w: must be a number", ErrType)
+				return nil, typeErr("must be a number")
 			}
 			n = f
 		default:
-			return nil, fmt.Errorf("%w: must be a number", ErrType)
+			return nil, typeErr("must be a number")
 		}
 		if math.IsNaN(n) || math.IsInf(n, 0) {
-			return nil, fmt.Errorf("%w: must be a finite number", ErrType)
+			return nil, typeErr("must be a finite number")
 		}
 		if t == Integer && n != math.Trunc(n) {
-			return nil, fmt.Errorf("%w: must be an integer", ErrType)
+			return nil, typeErr("must be an integer")
 		}
 		if p.Min != nil && n < *p.Min {
-			return nil, fmt.Errorf("%w: %s is below the minimum %s", ErrType, num(n), num(*p.Min))
+			return nil, typeErr("%s is below the minimum %s", num(n), num(*p.Min))
 		}
 		if p.Max != nil && n > *p.Max {
-			return nil, fmt.Errorf("%w: %s is above the maximum %s", ErrType, num(n), num(*p.Max))
+			return nil, typeErr("%s is above the maximum %s", num(n), num(*p.Max))
 		}
 		if t == Integer {
 			return int64(n), nil
 		}
 		return n, nil
 	}
-	return nil, fmt.Errorf("%w: schema type %q is not a scalar", ErrType, t)
+	return nil, typeErr("schema type %q is not a scalar", t)
 }
 
 func num(n float64) string { return strconv.FormatFloat(n, 'f', -1, 64) }
@@ -161,4 +157,15 @@ func ParseText(path, raw string) (any, error) {
 		return nil, fmt.Errorf("`%s`: %w", path, err)
 	}
 	return c, nil
+}
+
+// typeError is a value that breaks its property's type or constraints;
+// it matches ErrType and reads as its message alone.
+type typeError struct{ msg string }
+
+func (e *typeError) Error() string        { return e.msg }
+func (e *typeError) Is(target error) bool { return target == ErrType }
+
+func typeErr(format string, args ...any) error {
+	return &typeError{msg: fmt.Sprintf(format, args...)}
 }

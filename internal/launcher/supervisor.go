@@ -15,6 +15,9 @@ import (
 	"go.uber.org/zap"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/graceful"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 )
@@ -82,7 +85,7 @@ func (s *supervisor) spawn(p *proc) error {
 	}
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Env = append(childEnv(os.Environ()), p.env...)
 	// Own process group: a terminal's Ctrl-C reaches only the launcher,
 	// which then stops everything in order. Pdeathsig: a launcher killed
 	// outright takes its children with it.
@@ -232,4 +235,19 @@ func (s *supervisor) waitOne(ctx context.Context, p *proc) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// childEnv is the launcher's environment without what must not pass to
+// every child: a bus credential given to the launcher is the launcher's
+// own, and each child connects with its role's seed from the data
+// directory.
+func childEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if strings.HasPrefix(kv, bus.EnvSeed+"=") || strings.HasPrefix(kv, bus.EnvSeedFile+"=") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }

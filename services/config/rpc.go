@@ -42,7 +42,7 @@ func requirePrincipal(pr *commonv1.Principal) error {
 	return nil
 }
 
-// SetMany is config/set-many (seed 000, SPEC §7).
+// SetMany is config/set-many (seed 000, docs/spec.md §7).
 func (s *Server) SetMany(ctx context.Context, req *configv1.SetManyRequest) (*configv1.SetManyResponse, error) {
 	if err := requirePrincipal(req.GetPrincipal()); err != nil {
 		return nil, err

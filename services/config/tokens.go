@@ -29,7 +29,7 @@ func tokenID(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ResolvePrincipal binds a local peer (SPEC §4). A token must be paired
+// ResolvePrincipal binds a local peer (docs/spec.md §4). A token must be paired
 // to an existing user, with no fallback; without one, the daemon's own
 // uid is the operator and a uid named by users.<name>.uid is that user.
 func (s *Server) ResolvePrincipal(_ context.Context, req *configv1.ResolvePrincipalRequest) (*configv1.ResolvePrincipalResponse, error) {

@@ -41,7 +41,7 @@ func (s *Server) publish(ls *liveSession, typ string, f fields) {
 	params["session_id"] = ls.id
 	params["sessionId"] = ls.id
 	params["type"] = typ
-	// The camelCase aliases SPEC §1 requires on session/update params.
+	// The camelCase aliases docs/spec.md §1 requires on session/update params.
 	for snake, camel := range map[string]string{"tool_call_id": "toolCallId", "raw_input": "rawInput", "raw_output": "rawOutput"} {
 		if v, ok := params[snake]; ok {
 			params[camel] = v

@@ -39,7 +39,7 @@ func RegistryURL(flag string) string {
 	return DefaultRegistryURL
 }
 
-// Index is a registry index (SPEC §8): JSON with English keys.
+// Index is a registry index (docs/spec.md §8): JSON with English keys.
 type Index struct {
 	Plugins []Entry `json:"plugins"`
 	// base is where the index was read from, for relative entry URLs.

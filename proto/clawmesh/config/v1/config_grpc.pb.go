@@ -47,7 +47,7 @@ type ConfigServiceClient interface {
 	// Set is a SetMany of one entry.
 	Set(ctx context.Context, in *SetRequest, opts ...grpc.CallOption) (*SetResponse, error)
 	// SetMany stages 1 to 256 entries into one candidate, validates it whole
-	// and commits it once (SPEC §7).
+	// and commits it once (docs/spec.md §7).
 	SetMany(ctx context.Context, in *SetManyRequest, opts ...grpc.CallOption) (*SetManyResponse, error)
 	// List returns every property (defaults included) under a prefix that
 	// the principal may read, secrets masked.
@@ -213,7 +213,7 @@ type ConfigServiceServer interface {
 	// Set is a SetMany of one entry.
 	Set(context.Context, *SetRequest) (*SetResponse, error)
 	// SetMany stages 1 to 256 entries into one candidate, validates it whole
-	// and commits it once (SPEC §7).
+	// and commits it once (docs/spec.md §7).
 	SetMany(context.Context, *SetManyRequest) (*SetManyResponse, error)
 	// List returns every property (defaults included) under a prefix that
 	// the principal may read, secrets masked.
