@@ -78,12 +78,16 @@ const keyListMax = 16
 func CheckParams(raw []byte) error {
 	s := scanPool.Get().(*paramScan)
 	err := s.run(raw)
-	// Drop every reference into raw before the scanner is reused.
+	s.reset()
+	scanPool.Put(s)
+	return err
+}
+
+// reset drops every reference into the scanned value, for reuse.
+func (s *paramScan) reset() {
 	clear(s.stack[:cap(s.stack)])
 	clear(s.keys[:cap(s.keys)])
 	s.b, s.stack, s.keys = nil, s.stack[:0], s.keys[:0]
-	scanPool.Put(s)
-	return err
 }
 
 // scanPool keeps scanners: their stack is at most MaxParamsDepth+1 frames
