@@ -25,6 +25,10 @@ const (
 	// DefaultMaxPendingBytes is how much encoded output may wait for a slow
 	// reader before Call and Notify block (see Conn.Notify).
 	DefaultMaxPendingBytes = 16 << 20
+	// DefaultMaxInflightRequests is how many requests and notifications of
+	// one connection may be in flight before its reading pauses (see
+	// Options.MaxInflightRequests).
+	DefaultMaxInflightRequests = 64
 )
 
 // maxWriteChunk bounds one socket write, so that the write-stall deadline
@@ -54,7 +58,23 @@ type Options struct {
 	// CallTimeout bounds an outgoing Call whose ctx has no deadline.
 	CallTimeout time.Duration
 	// MaxPendingBytes bounds output queued for the peer; see Notify.
+	// While at least this much is queued the connection reads no further
+	// frames either: a peer that does not read gets no more work done for
+	// it. Default 16 MiB.
 	MaxPendingBytes int
+	// MaxInflightRequests bounds the requests and notifications of this
+	// connection in flight: being handled, or holding an encoded reply not
+	// yet queued for the socket. At the bound the connection stops reading
+	// until one finishes, so a peer pipelining requests it never reads the
+	// answers to holds at most about MaxInflightRequests replies plus
+	// MaxPendingBytes of output. Inline methods count while they run and
+	// keep their order. One exception keeps outgoing calls from deadlocking:
+	// while a Call of this connection waits for its response, reading goes
+	// on, but a request read meanwhile is held (not dispatched) until there
+	// is room; a second such request stops reading until both fit, so a
+	// peer that pipelines more requests before its answers waits for the
+	// call's timeout. Default 64.
+	MaxInflightRequests int
 	// Inline reports the methods handled on the read loop, in arrival
 	// order, before the next frame is read (e.g. "initialize"). Every
 	// other request is handled on its own goroutine. An inline handler
@@ -83,6 +103,9 @@ func (o Options) withDefaults() Options {
 	dur(&o.CallTimeout, DefaultCallTimeout)
 	if o.MaxPendingBytes <= 0 {
 		o.MaxPendingBytes = DefaultMaxPendingBytes
+	}
+	if o.MaxInflightRequests <= 0 {
+		o.MaxInflightRequests = DefaultMaxInflightRequests
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -134,10 +157,14 @@ type Conn struct {
 	initTimer *time.Timer
 
 	// Output: producers append encoded frames to wq; the writer swaps it
-	// out and writes it. wspace is closed when wq drains, to wake
-	// producers waiting for room.
+	// out and writes it. wspace is closed when queued output shrinks, to
+	// wake producers waiting for room. wbusy is the part of the writer's
+	// batch not yet written; queued output is len(wq)+wbusy, mirrored in
+	// outq for the read loop.
 	wmu        sync.Mutex
 	wq         []byte
+	wbusy      int
+	outq       atomic.Int64
 	wspace     chan struct{}
 	wclosed    bool
 	writing    bool  // a goroutine is writing to the socket
@@ -157,6 +184,16 @@ type Conn struct {
 	draining bool
 	drainWhy error
 	wg       sync.WaitGroup
+
+	// Back-pressure on reading. active counts requests in flight (as
+	// inflight does, read without a lock); room is rung when active drops
+	// below the bound, when queued output drops below MaxPendingBytes and
+	// when an outgoing call starts. peakActive and readGated are for tests
+	// and diagnostics.
+	active     atomic.Int32
+	peakActive atomic.Int32
+	room       chan struct{}
+	readGated  atomic.Bool
 }
 
 // NewConn wraps an accepted connection. The initialize deadline starts now;
@@ -174,6 +211,7 @@ func NewConn(nc net.Conn, h Handler, opts Options) *Conn {
 		fr:         NewFrameReader(nc, opts.MaxFrameBytes, opts.FrameTimeout),
 		done:       make(chan struct{}),
 		wbell:      make(chan struct{}, 1),
+		room:       make(chan struct{}, 1),
 		writerDone: make(chan struct{}),
 		pending:    make(map[ID]chan *Response),
 	}
@@ -257,15 +295,42 @@ func (c *Conn) Run(ctx context.Context) error {
 }
 
 func (c *Conn) readLoop() {
+	// held is a request read while over the bounds (reading went on for an
+	// outgoing call's answer); it is dispatched, in order, once there is
+	// room.
+	var held *Request
 	for {
+		var ok bool
+		if held, ok = c.awaitRoom(held); !ok {
+			return
+		}
 		line, err := c.fr.ReadFrame()
 		if err != nil {
+			if held != nil && c.waitRoom() {
+				c.dispatch(held) // answered before a half-close drains
+			}
 			c.readFailed(err)
 			return
 		}
 		m := Classify(append([]byte(nil), line...))
 		switch m.Kind {
 		case KindRequest, KindNotification:
+			if held == nil && !c.hasRoom() {
+				held = m.Request
+				continue
+			}
+			if held != nil {
+				// A second request while one is held: read nothing more
+				// until both have room.
+				if !c.waitRoom() {
+					return
+				}
+				c.dispatch(held)
+				held = nil
+			}
+			if !c.waitRoom() {
+				return
+			}
 			c.dispatch(m.Request)
 		case KindResponse:
 			c.deliver(m.Response)
@@ -279,6 +344,73 @@ func (c *Conn) readLoop() {
 			}
 		}
 	}
+}
+
+// hasRoom reports whether the read loop may take more work.
+func (c *Conn) hasRoom() bool {
+	return int(c.active.Load()) < c.opts.MaxInflightRequests && c.outq.Load() < int64(c.opts.MaxPendingBytes)
+}
+
+// awaitRoom holds the read loop, before it reads a frame, while
+// MaxInflightRequests are in flight or MaxPendingBytes of output are
+// queued; held (a request read earlier) is dispatched as soon as there is
+// room. It returns early, with the loop allowed to read, while an outgoing
+// call waits for its answer: the answer may be behind requests in the
+// stream, so the loop reads on and holds one request. It reports false
+// when the connection closed meanwhile.
+func (c *Conn) awaitRoom(held *Request) (*Request, bool) {
+	for {
+		if c.hasRoom() {
+			if held == nil {
+				return nil, true
+			}
+			c.dispatch(held)
+			held = nil
+			continue
+		}
+		if c.callsPending() {
+			return held, true
+		}
+		if !c.sleepForRoom() {
+			return held, false
+		}
+	}
+}
+
+// waitRoom holds the read loop until there is room for one more request;
+// false means the connection closed.
+func (c *Conn) waitRoom() bool {
+	for !c.hasRoom() {
+		if !c.sleepForRoom() {
+			return false
+		}
+	}
+	return true
+}
+
+// sleepForRoom waits for a ring of room; false means the connection closed.
+func (c *Conn) sleepForRoom() bool {
+	c.readGated.Store(true)
+	defer c.readGated.Store(false)
+	select {
+	case <-c.room:
+		return true
+	case <-c.done:
+		return false
+	}
+}
+
+func (c *Conn) ringRoom() {
+	select {
+	case c.room <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Conn) callsPending() bool {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	return len(c.pending) > 0
 }
 
 func (c *Conn) readFailed(err error) {
@@ -341,6 +473,9 @@ func (c *Conn) dispatch(req *Request) {
 	}
 	c.inflight++
 	c.hmu.Unlock()
+	if n := c.active.Add(1); n > c.peakActive.Load() {
+		c.peakActive.Store(n) // only the read loop raises active
+	}
 	if c.opts.Inline != nil && c.opts.Inline(req.Method) {
 		c.handle(req)
 		return
@@ -354,6 +489,9 @@ func (c *Conn) dispatch(req *Request) {
 
 func (c *Conn) handle(req *Request) {
 	defer func() {
+		if n := int(c.active.Add(-1)); n < c.opts.MaxInflightRequests && n+1 >= c.opts.MaxInflightRequests {
+			c.ringRoom()
+		}
 		c.hmu.Lock()
 		c.inflight--
 		idle := c.draining && c.inflight == 0
@@ -501,9 +639,19 @@ func (c *Conn) send(ctx context.Context, r *Response) {
 			c.log.Debug("response not sent", zap.Error(err))
 		}
 	}
-	*bp = b
-	scratchPool.Put(bp)
+	putScratch(bp, b)
 }
+
+// putScratch returns a scratch buffer to the pool, unless it grew large:
+// the pool would keep a big reply's memory alive for nothing.
+func putScratch(bp *[]byte, b []byte) {
+	if cap(b) <= maxScratch {
+		*bp = b
+		scratchPool.Put(bp)
+	}
+}
+
+const maxScratch = 64 << 10
 
 // writeDirect writes frame (plus LF) on the calling goroutine if the
 // output is idle, and reports whether it did (or the connection failed).
@@ -515,7 +663,7 @@ func (c *Conn) writeDirect(frame []byte) bool {
 	}
 	c.writing = true
 	c.wmu.Unlock()
-	err := c.writeAll(append(frame, '\n'))
+	err := c.writeAll(append(frame, '\n'), false)
 	c.wmu.Lock()
 	c.writing = false
 	more := len(c.wq) > 0 || c.flushClose
@@ -552,8 +700,7 @@ func (c *Conn) Notify(ctx context.Context, method string, params any) error {
 	bp := scratchPool.Get().(*[]byte)
 	b := appendRequest((*bp)[:0], nil, method, raw)
 	err = c.enqueue(ctx, b)
-	*bp = b
-	scratchPool.Put(bp)
+	putScratch(bp, b)
 	return err
 }
 
@@ -581,6 +728,7 @@ func (c *Conn) Call(ctx context.Context, method string, params any) (json.RawMes
 	}
 	c.pending[id] = ch
 	c.pmu.Unlock()
+	c.ringRoom() // a read loop holding back must read on for the answer
 	forget := func() {
 		c.pmu.Lock()
 		delete(c.pending, id)
@@ -632,7 +780,7 @@ func wrapClosed(reason error) error {
 // enqueue queues one encoded frame (without LF) for the writer.
 func (c *Conn) enqueue(ctx context.Context, frame []byte) error {
 	c.wmu.Lock()
-	for len(c.wq) > 0 && len(c.wq)+len(frame) > c.opts.MaxPendingBytes && !c.wclosed {
+	for q := len(c.wq) + c.wbusy; q > 0 && q+len(frame) > c.opts.MaxPendingBytes && !c.wclosed; q = len(c.wq) + c.wbusy {
 		if c.wspace == nil {
 			c.wspace = make(chan struct{})
 		}
@@ -652,6 +800,7 @@ func (c *Conn) enqueue(ctx context.Context, frame []byte) error {
 	}
 	c.wq = append(c.wq, frame...)
 	c.wq = append(c.wq, '\n')
+	c.outq.Add(int64(len(frame) + 1))
 	c.wmu.Unlock()
 	c.ring()
 	return nil
@@ -693,13 +842,10 @@ func (c *Conn) writer() {
 		out := c.wq
 		c.wq = spare[:0]
 		c.writing = true
-		if c.wspace != nil {
-			close(c.wspace)
-			c.wspace = nil
-		}
+		c.wbusy = len(out)
 		c.wmu.Unlock()
 
-		err := c.writeAll(out)
+		err := c.writeAll(out, true)
 		c.wmu.Lock()
 		c.writing = false
 		c.wmu.Unlock()
@@ -715,7 +861,25 @@ func (c *Conn) writer() {
 	}
 }
 
-func (c *Conn) writeAll(b []byte) error {
+// wrote accounts n bytes of the writer's batch as written: producers
+// waiting for room, and the read loop, may go on.
+func (c *Conn) wrote(n int) {
+	c.wmu.Lock()
+	c.wbusy -= n
+	if c.wspace != nil {
+		close(c.wspace)
+		c.wspace = nil
+	}
+	c.wmu.Unlock()
+	max := int64(c.opts.MaxPendingBytes)
+	if q := c.outq.Add(-int64(n)); q < max && q+int64(n) >= max {
+		c.ringRoom()
+	}
+}
+
+// writeAll writes b; queued says b is the writer's batch, whose progress
+// is accounted with wrote.
+func (c *Conn) writeAll(b []byte, queued bool) error {
 	for len(b) > 0 {
 		chunk := b[:min(len(b), maxWriteChunk)]
 		if d := c.opts.WriteStallTimeout; d > 0 {
@@ -723,6 +887,9 @@ func (c *Conn) writeAll(b []byte) error {
 		}
 		n, err := c.nc.Write(chunk)
 		b = b[n:]
+		if queued && n > 0 {
+			c.wrote(n)
+		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && n > 0 {
 				// The peer read some of it within the window: slow, not
