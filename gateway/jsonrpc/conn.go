@@ -75,6 +75,12 @@ type Options struct {
 	// peer that pipelines more requests before its answers waits for the
 	// call's timeout. Default 64.
 	MaxInflightRequests int
+	// FrameBudget, when set, bounds the memory unfinished frames hold
+	// across every connection sharing it (see FrameBudget); a frame that
+	// cannot get budget waits, and is cut by FrameTimeout as usual. A
+	// Server uses its own budget of DefaultMaxBufferedFrameBytes when this
+	// is nil; a bare Conn then has none (MaxFrameBytes still applies).
+	FrameBudget *FrameBudget
 	// Inline reports the methods handled on the read loop, in arrival
 	// order, before the next frame is read (e.g. "initialize"). Every
 	// other request is handled on its own goroutine. An inline handler
@@ -215,6 +221,9 @@ func NewConn(nc net.Conn, h Handler, opts Options) *Conn {
 		writerDone: make(chan struct{}),
 		pending:    make(map[ID]chan *Response),
 	}
+	if opts.FrameBudget != nil {
+		c.fr.UseBudget(opts.FrameBudget, c.done)
+	}
 	if d := opts.InitializeTimeout; d > 0 {
 		c.initTimer = time.AfterFunc(d, c.initializeExpired)
 	}
@@ -299,6 +308,7 @@ func (c *Conn) readLoop() {
 	// outgoing call's answer); it is dispatched, in order, once there is
 	// room.
 	var held *Request
+	defer c.fr.Release() // its budget, and any partial frame, uncopied
 	for {
 		var ok bool
 		if held, ok = c.awaitRoom(held); !ok {
@@ -312,7 +322,7 @@ func (c *Conn) readLoop() {
 			c.readFailed(err)
 			return
 		}
-		m := Classify(append([]byte(nil), line...))
+		m := Classify(c.fr.Own(line))
 		switch m.Kind {
 		case KindRequest, KindNotification:
 			if held == nil && !c.hasRoom() {

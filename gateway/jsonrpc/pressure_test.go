@@ -2,6 +2,7 @@ package jsonrpc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
@@ -159,5 +160,166 @@ func TestInflightCallsStillAnswered(t *testing.T) {
 func TestMaxInflightDefault(t *testing.T) {
 	if got := (Options{}).withDefaults().MaxInflightRequests; got != 64 || DefaultMaxInflightRequests != 64 {
 		t.Fatalf("default %d", got)
+	}
+}
+
+// TestFrameBudget: n connections each send an unfinished frame larger
+// than budget/n. The bytes reserved never exceed the budget, some
+// connections wait for it, the heap grows by at most the budget plus a
+// documented constant (64 KiB of initial buffer a connection and 4 MiB for
+// everything else), every connection gets frame_timeout at its deadline,
+// and once they have closed the budget is whole again.
+func TestFrameBudget(t *testing.T) {
+	const (
+		conns      = 8
+		budgetSize = 8 << 20
+		frameBytes = 3 << 20 // > budgetSize/conns
+		timeout    = 2 * time.Second
+	)
+	budget := NewFrameBudget(budgetSize)
+	ts := startServer(t, &Server{Options: Options{FrameTimeout: timeout, FrameBudget: budget}}, nil)
+	payload := []byte(`{"jsonrpc":"2.0","id":1,"method":"echo","params":{"pad":"` + strings.Repeat("x", frameBytes))
+	before := heapInuse()
+
+	type outcome struct {
+		m       wireMsg
+		elapsed time.Duration
+		eof     bool
+	}
+	results := make(chan outcome, conns)
+	for i := 0; i < conns; i++ {
+		c := dial(t, ts.path)
+		go func() {
+			start := time.Now()
+			go c.nc.Write(payload) // fails once the server closes; that is expected
+			line, err := c.recvErr()
+			var o outcome
+			o.elapsed = time.Since(start)
+			if err == nil {
+				_ = json.Unmarshal([]byte(line), &o.m)
+				o.m.line = line
+				_, err = c.recvErr()
+				o.eof = err != nil
+			}
+			results <- o
+		}()
+	}
+	var growth int64
+	var got []outcome
+	for len(got) < conns {
+		select {
+		case o := <-results:
+			got = append(got, o)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if r := budget.Reserved(); r > budgetSize {
+			t.Fatalf("%d bytes reserved, budget %d", r, budgetSize)
+		}
+		if len(got) == 0 {
+			growth = max(growth, heapInuse()-before)
+		}
+	}
+	budget.mu.Lock()
+	peak, waits := budget.peak, budget.waits
+	budget.mu.Unlock()
+	bound := int64(budgetSize + conns*initialFrameBuf + 4<<20)
+	t.Logf("peak reserved %.1f MiB of %.1f, %d waits, peak heap growth %.1f MiB (bound %.1f MiB)",
+		float64(peak)/(1<<20), float64(budgetSize)/(1<<20), waits, float64(growth)/(1<<20), float64(bound)/(1<<20))
+	if peak > budgetSize {
+		t.Errorf("peak reservation %d over the budget %d", peak, budgetSize)
+	}
+	if waits == 0 {
+		t.Errorf("no connection waited for budget: the test did not exhaust it")
+	}
+	if growth > bound {
+		t.Errorf("heap grew by %d bytes, bound %d", growth, bound)
+	}
+	for _, o := range got {
+		if o.m.Error == nil || o.m.Error.Code != CodeInvalidRequest || string(o.m.ID) != "null" {
+			t.Errorf("got %v, want -32600 frame_timeout", o.m)
+			continue
+		}
+		if d := errData(t, o.m.Error); d["reason"] != "frame_timeout" {
+			t.Errorf("data %s", o.m.Error.Data)
+		}
+		if o.elapsed < timeout || !o.eof {
+			t.Errorf("reply after %v (limit %v), closed after: %v", o.elapsed, timeout, o.eof)
+		}
+	}
+	for i := 0; i < conns; i++ {
+		if err := <-ts.disconnects; !errors.Is(err, ErrFrameTimeout) {
+			t.Errorf("Run returned %v, want ErrFrameTimeout", err)
+		}
+	}
+	if r := budget.Reserved(); r != 0 {
+		t.Errorf("%d bytes still reserved after every connection closed", r)
+	}
+}
+
+// TestFrameBudgetLargeFramesServed: frames larger than the initial buffer
+// are served under a budget that holds one at a time, pipelined on one
+// connection and spread over several, and the budget is whole afterwards;
+// a large frame is handed over without a copy.
+func TestFrameBudgetLargeFramesServed(t *testing.T) {
+	budget := NewFrameBudget(2 << 20)
+	ts := startServer(t, &Server{Options: Options{FrameBudget: budget},
+		NewHandler: func(*Conn, Peer) Handler { return &testHandler{} }}, nil)
+	big := func(id, n int) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"echo","params":["%s"]}`, id, strings.Repeat("b", n))
+	}
+	c := dial(t, ts.path)
+	// Pipelined: a large frame, a small one right behind it, another large.
+	go c.nc.Write([]byte(big(1, 300<<10) + "\n" + `{"jsonrpc":"2.0","id":2,"method":"echo","params":[2]}` + "\n" + big(3, 900<<10) + "\n"))
+	lens := map[string]int{}
+	for i := 0; i < 3; i++ {
+		m := c.recvMsg()
+		var p []json.RawMessage
+		_ = json.Unmarshal(m.Result, &p)
+		if len(p) == 1 {
+			lens[string(m.ID)] = len(p[0])
+		}
+	}
+	if lens["1"] != 300<<10+2 || lens["2"] != 1 || lens["3"] != 900<<10+2 {
+		t.Fatalf("echoed params lengths %v", lens)
+	}
+	checkFor(t, func() error {
+		if r := budget.Reserved(); r != 0 {
+			return fmt.Errorf("%d bytes reserved between frames", r)
+		}
+		return nil
+	})
+
+	// Own hands a large frame over and keeps what follows it.
+	fr := NewFrameReader(strings.NewReader(big(4, 200<<10)+"\n"+`{"x":1}`+"\n"), 0, 0)
+	fr.UseBudget(budget, nil)
+	line, err := fr.ReadFrame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := fr.Own(line)
+	if &owned[0] != &line[0] {
+		t.Errorf("a large frame was copied")
+	}
+	if next, err := fr.ReadFrame(); err != nil || string(next) != `{"x":1}` {
+		t.Errorf("frame after a handed-over one: %q, %v", next, err)
+	}
+	if string(owned[len(owned)-3:]) != `"]}` {
+		t.Errorf("the handed-over frame changed: ...%q", owned[len(owned)-3:])
+	}
+	fr.Release()
+	if r := budget.Reserved(); r != 0 {
+		t.Errorf("%d bytes reserved after Release", r)
+	}
+}
+
+// A Server without a budget makes one of the documented default.
+func TestFrameBudgetDefault(t *testing.T) {
+	ts := startServer(t, &Server{}, nil)
+	dial(t, ts.path)
+	onlyConn(t, ts.Server)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.budget == nil || ts.budget.Capacity() != 128<<20 || DefaultMaxBufferedFrameBytes != 128<<20 {
+		t.Fatalf("default budget %+v", ts.budget)
 	}
 }
