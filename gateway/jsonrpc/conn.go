@@ -52,8 +52,12 @@ type Options struct {
 	// null, data {"reason":"frame_timeout","limit_ms":N}, then close. Time
 	// between frames is unbounded.
 	FrameTimeout time.Duration
-	// WriteStallTimeout: when a socket write makes no progress for this
-	// long (output pending, peer not reading), the connection is closed.
+	// WriteStallTimeout: when output is pending and the peer reads none of
+	// it for this long, the connection is closed. On a Linux Unix socket
+	// the peer's reads are seen in the kernel's send queue, and the close
+	// comes within this limit plus at most 1 s of the peer's last read; a
+	// peer that keeps reading, however slowly, is never cut. Elsewhere a
+	// write that moves no byte for this long is a stall.
 	WriteStallTimeout time.Duration
 	// CallTimeout bounds an outgoing Call whose ctx has no deadline.
 	CallTimeout time.Duration
@@ -178,6 +182,12 @@ type Conn struct {
 	flushWhy   error // the reason for that close
 	wbell      chan struct{}
 	writerDone chan struct{}
+
+	// Write-stall watch, touched only by the goroutine writing (c.writing):
+	// bytes the kernel has accepted, and how to read its queue.
+	sent       int64
+	kq         func() (int, bool)
+	kqResolved bool
 
 	// Outgoing calls.
 	seq     atomic.Uint64
@@ -888,35 +898,110 @@ func (c *Conn) wrote(n int) {
 }
 
 // writeAll writes b; queued says b is the writer's batch, whose progress
-// is accounted with wrote.
+// is accounted with wrote. It fails with ErrWriteStall when the peer reads
+// nothing for WriteStallTimeout while b is pending (see stallWatch).
 func (c *Conn) writeAll(b []byte, queued bool) error {
+	limit := c.opts.WriteStallTimeout
+	var w stallWatch
 	for len(b) > 0 {
 		chunk := b[:min(len(b), maxWriteChunk)]
-		if d := c.opts.WriteStallTimeout; d > 0 {
-			_ = c.nc.SetWriteDeadline(time.Now().Add(d))
+		if limit > 0 {
+			_ = c.nc.SetWriteDeadline(w.deadline(time.Now(), limit, c.kernelQueue() != nil))
 		}
 		n, err := c.nc.Write(chunk)
 		b = b[n:]
+		c.sent += int64(n)
 		if queued && n > 0 {
 			c.wrote(n)
 		}
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && n > 0 {
-				// The peer read some of it within the window: slow, not
-				// stalled. The next round starts a new window.
-				continue
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				c.log.Warn("closing connection: write stalled", zap.Duration("limit", c.opts.WriteStallTimeout))
-				return ErrWriteStall
-			}
+		timedOut := errors.Is(err, os.ErrDeadlineExceeded)
+		if err != nil && !timedOut {
 			if c.isClosed() {
 				return ErrClosed
 			}
 			return fmt.Errorf("%w: %w", ErrPeerClosed, err)
 		}
+		if limit <= 0 || (!timedOut && !w.watching) {
+			continue // the fast path: the socket took it all
+		}
+		if w.stalled(time.Now(), limit, n, c.sent, c.kernelQueue()) {
+			c.log.Warn("closing connection: write stalled", zap.Duration("limit", limit))
+			return ErrWriteStall
+		}
 	}
 	return nil
+}
+
+// kernelQueue returns the function reading how many bytes the kernel holds
+// for the peer, or nil where there is none (see sendQueue).
+func (c *Conn) kernelQueue() func() (int, bool) {
+	if !c.kqResolved {
+		c.kq, c.kqResolved = sendQueue(c.nc), true
+	}
+	return c.kq
+}
+
+// stallWatch applies the write-stall rule to one writeAll: the connection
+// is cut when, with output pending, the peer has read nothing for the
+// limit.
+//
+// Progress is measured from the reader's side. Where the kernel reports
+// the bytes queued for the peer (SIOCOUTQ on a Linux Unix socket), the
+// watch samples sent - queued, which only the peer's reads raise (our
+// writes add at least as much to queued as to sent); a rise is progress.
+// The first sample is taken when a write first blocks for a tick, and
+// starts the clock; later writes block for at most a tick, so a read is
+// seen within a tick of happening and a stall is cut at the limit after
+// the last one seen: within limit + tick (tick at most 1 s) of the peer's
+// last read. Bytes the kernel accepted into its buffer are never taken for
+// the peer's progress: they were, and a peer that read nothing was cut at
+// twice the limit. The kernel frees the peer's bytes a buffer (about
+// 32 KiB) at a time, so a peer must take that much per limit to count as
+// reading.
+//
+// Elsewhere the rule is the portable one: a write that has moved no byte
+// for the limit is a stall.
+type stallWatch struct {
+	watching bool
+	best     int64     // the highest sent - queued seen
+	since    time.Time // when best was last raised, or the clock started
+}
+
+// stallTick is how long a write blocks between two samples.
+func stallTick(limit time.Duration) time.Duration {
+	return min(max(limit/8, 10*time.Millisecond), time.Second)
+}
+
+func (w *stallWatch) deadline(now time.Time, limit time.Duration, sampled bool) time.Time {
+	if !sampled {
+		return now.Add(limit)
+	}
+	d := now.Add(stallTick(limit))
+	if w.watching {
+		if end := w.since.Add(limit); end.Before(d) {
+			d = end
+		}
+	}
+	return d
+}
+
+// stalled takes a sample after a write that moved n bytes (sent in all)
+// and reports whether the peer has read nothing for the limit.
+func (w *stallWatch) stalled(now time.Time, limit time.Duration, n int, sent int64, queue func() (int, bool)) bool {
+	if queue != nil {
+		if q, ok := queue(); ok {
+			read := sent - int64(q)
+			switch {
+			case !w.watching:
+				w.watching, w.best, w.since = true, read, now
+			case read > w.best:
+				w.best, w.since = read, now
+			}
+			return now.Sub(w.since) >= limit
+		}
+	}
+	// No kernel figure: a write that moved nothing in its whole window.
+	return n == 0
 }
 
 // closeWith closes the connection once, recording reason.
