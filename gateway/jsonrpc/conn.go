@@ -75,9 +75,10 @@ type Options struct {
 	// keep their order. One exception keeps outgoing calls from deadlocking:
 	// while a Call of this connection waits for its response, reading goes
 	// on, but a request read meanwhile is held (not dispatched) until there
-	// is room; a second such request stops reading until both fit, so a
-	// peer that pipelines more requests before its answers waits for the
-	// call's timeout. Default 64.
+	// is room, and served as soon as there is (an inline one runs at once,
+	// exceeding the bound by one); a second such request stops reading
+	// until both fit, so a peer that pipelines more requests before its
+	// answers waits for the call's timeout. Default 64.
 	MaxInflightRequests int
 	// FrameBudget, when set, bounds the memory unfinished frames hold
 	// across every connection sharing it (see FrameBudget); a frame that
@@ -204,11 +205,13 @@ type Conn struct {
 	// Back-pressure on reading. active counts requests in flight (as
 	// inflight does, read without a lock); room is rung when active drops
 	// below the bound, when queued output drops below MaxPendingBytes and
-	// when an outgoing call starts. peakActive and readGated are for tests
-	// and diagnostics.
+	// when an outgoing call starts. held is a request read while over the
+	// bounds (see awaitRoom); it is never an inline one. peakActive and
+	// readGated are for tests and diagnostics.
 	active     atomic.Int32
 	peakActive atomic.Int32
 	room       chan struct{}
+	held       atomic.Pointer[Request]
 	readGated  atomic.Bool
 }
 
@@ -314,20 +317,15 @@ func (c *Conn) Run(ctx context.Context) error {
 }
 
 func (c *Conn) readLoop() {
-	// held is a request read while over the bounds (reading went on for an
-	// outgoing call's answer); it is dispatched, in order, once there is
-	// room.
-	var held *Request
 	defer c.fr.Release() // its budget, and any partial frame, uncopied
 	for {
-		var ok bool
-		if held, ok = c.awaitRoom(held); !ok {
+		if !c.awaitRoom() {
 			return
 		}
 		line, err := c.fr.ReadFrame()
 		if err != nil {
-			if held != nil && c.waitRoom() {
-				c.dispatch(held) // answered before a half-close drains
+			if c.held.Load() != nil && c.waitRoom() {
+				c.dispatchHeld() // answered before a half-close drains
 			}
 			c.readFailed(err)
 			return
@@ -335,23 +333,31 @@ func (c *Conn) readLoop() {
 		m := Classify(c.fr.Own(line))
 		switch m.Kind {
 		case KindRequest, KindNotification:
-			if held == nil && !c.hasRoom() {
-				held = m.Request
-				continue
+			req := m.Request
+			inline := c.opts.Inline != nil && c.opts.Inline(req.Method)
+			if c.held.Load() != nil && c.hasRoom() {
+				c.dispatchHeld()
 			}
-			if held != nil {
+			switch {
+			case c.hasRoom() && c.held.Load() == nil:
+			case inline:
+				// Over the bounds, reading on for a call's answer: an
+				// inline request runs now, one at a time on this loop, so
+				// it keeps its order and exceeds the bound by at most one.
+			case c.held.CompareAndSwap(nil, req):
+				continue
+			default:
 				// A second request while one is held: read nothing more
-				// until both have room.
+				// until both have room, the held one first.
 				if !c.waitRoom() {
 					return
 				}
-				c.dispatch(held)
-				held = nil
+				c.dispatchHeld()
+				if !c.waitRoom() {
+					return
+				}
 			}
-			if !c.waitRoom() {
-				return
-			}
-			c.dispatch(m.Request)
+			c.dispatch(req)
 		case KindResponse:
 			c.deliver(m.Response)
 		default:
@@ -373,27 +379,33 @@ func (c *Conn) hasRoom() bool {
 
 // awaitRoom holds the read loop, before it reads a frame, while
 // MaxInflightRequests are in flight or MaxPendingBytes of output are
-// queued; held (a request read earlier) is dispatched as soon as there is
-// room. It returns early, with the loop allowed to read, while an outgoing
-// call waits for its answer: the answer may be behind requests in the
-// stream, so the loop reads on and holds one request. It reports false
-// when the connection closed meanwhile.
-func (c *Conn) awaitRoom(held *Request) (*Request, bool) {
+// queued. It returns early, with the loop allowed to read, while an
+// outgoing call waits for its answer: the answer may be behind requests in
+// the stream, so the loop reads on and holds one request (c.held), which
+// is dispatched as soon as there is room, by this loop or by the handler
+// whose end makes the room. It reports false when the connection closed.
+func (c *Conn) awaitRoom() bool {
 	for {
 		if c.hasRoom() {
-			if held == nil {
-				return nil, true
+			c.dispatchHeld()
+			if c.hasRoom() {
+				return true
 			}
-			c.dispatch(held)
-			held = nil
 			continue
 		}
 		if c.callsPending() {
-			return held, true
+			return true
 		}
 		if !c.sleepForRoom() {
-			return held, false
+			return false
 		}
+	}
+}
+
+// dispatchHeld dispatches the held request, if any.
+func (c *Conn) dispatchHeld() {
+	if h := c.held.Swap(nil); h != nil {
+		c.dispatch(h)
 	}
 }
 
@@ -493,8 +505,8 @@ func (c *Conn) dispatch(req *Request) {
 	}
 	c.inflight++
 	c.hmu.Unlock()
-	if n := c.active.Add(1); n > c.peakActive.Load() {
-		c.peakActive.Store(n) // only the read loop raises active
+	n := c.active.Add(1)
+	for p := c.peakActive.Load(); n > p && !c.peakActive.CompareAndSwap(p, n); p = c.peakActive.Load() {
 	}
 	if c.opts.Inline != nil && c.opts.Inline(req.Method) {
 		c.handle(req)
@@ -511,6 +523,9 @@ func (c *Conn) handle(req *Request) {
 	defer func() {
 		if n := int(c.active.Add(-1)); n < c.opts.MaxInflightRequests && n+1 >= c.opts.MaxInflightRequests {
 			c.ringRoom()
+		}
+		if c.held.Load() != nil && c.hasRoom() {
+			c.dispatchHeld() // the read loop may be blocked reading
 		}
 		c.hmu.Lock()
 		c.inflight--

@@ -323,3 +323,59 @@ func TestFrameBudgetDefault(t *testing.T) {
 		t.Fatalf("default budget %+v", ts.budget)
 	}
 }
+
+// TestHeldRequestDispatchedWhenRoomFrees: at the in-flight bound, with an
+// outgoing call still unanswered, a request read meanwhile is held; when
+// another handler ends it is served at once, though the peer sends
+// nothing more (it may be waiting for exactly that reply, e.g. a cancel).
+// An inline request read while over the bound runs at once.
+func TestHeldRequestDispatchedWhenRoomFrees(t *testing.T) {
+	release := make(chan struct{})
+	h := askHandler()
+	ask := h.onCall
+	h.onCall = func(ctx context.Context, c *Conn, req *Request) (any, error) {
+		if req.Method == "slow" {
+			<-release
+			return "slow done", nil
+		}
+		return ask(ctx, c, req)
+	}
+	ts := startServer(t, &Server{Options: Options{MaxInflightRequests: 2, CallTimeout: 3 * waitFor,
+		Inline: func(m string) bool { return m == "initialize" }},
+		NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
+	c := dial(t, ts.path)
+	c.send(`{"jsonrpc":"2.0","id":"a","method":"ask"}`)
+	expectCall(t, c, "zc-out-0") // left unanswered until the end
+	c.send(`{"jsonrpc":"2.0","id":"b","method":"slow"}`)
+	conn := onlyConn(t, ts.Server)
+	checkFor(t, func() error {
+		if n := conn.active.Load(); n != 2 {
+			return fmt.Errorf("%d in flight", n)
+		}
+		return nil
+	})
+	c.send(`{"jsonrpc":"2.0","id":"c","method":"echo","params":["c"]}`)
+	checkFor(t, func() error {
+		if conn.held.Load() == nil {
+			return errors.New("nothing held yet")
+		}
+		return nil
+	})
+	c.send(`{"jsonrpc":"2.0","id":"i","method":"initialize"}`)
+	if m := c.recvMsg(); string(m.ID) != `"i"` {
+		t.Fatalf("got %v, want the inline initialize served over the bound", m)
+	}
+	close(release)
+	got := map[string]string{}
+	for i := 0; i < 2; i++ {
+		m := c.recvMsg()
+		got[string(m.ID)] = string(m.Result)
+	}
+	if got[`"b"`] != `"slow done"` || got[`"c"`] != `["c"]` {
+		t.Fatalf("replies %v, want b and the held c", got)
+	}
+	c.send(`{"jsonrpc":"2.0","id":"zc-out-0","result":{"action":"cancel"}}`)
+	if m := c.recvMsg(); string(m.ID) != `"a"` {
+		t.Fatalf("got %v", m)
+	}
+}

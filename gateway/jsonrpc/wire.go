@@ -2,9 +2,12 @@
 // JSON-RPC 2.0 over a stream socket, as docs/spec.md §2 and §3 fix it.
 //
 // wire.go holds the message types and the frame classifier, frame.go the
-// line reader with its size and time limits, conn.go one connection (read
-// loop, writer, handler dispatch, outgoing calls) and serve.go the listener
-// side (connection ceiling, peer credentials, graceful shutdown).
+// line reader with its size and time limits, budget.go the memory budget
+// unfinished frames share, conn.go one connection (read loop with its
+// back-pressure, writer with the write-stall rule, handler dispatch,
+// outgoing calls), serve.go the listener side (connection ceiling, peer
+// credentials, graceful shutdown) and check.go the params checks every
+// method applies (duplicate keys, NUL, depth).
 package jsonrpc
 
 import (
