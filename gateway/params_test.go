@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
-	"github.com/clawmesh/clawmesh/internal/rpcerr"
 )
 
 // TestDecodeParamsRefusesHostileShapes: values PostgreSQL cannot store
@@ -51,7 +50,7 @@ func TestDecodeParamsRefusesHostileShapes(t *testing.T) {
 			continue
 		}
 		var e *jsonrpc.Error
-		if !errors.As(err, &e) || e.Code != rpcerr.CodeInvalidParams || e.Message != "Invalid params: "+tc.want {
+		if !errors.As(err, &e) || e.Code != jsonrpc.CodeInvalidParams || e.Message != "Invalid params: "+tc.want {
 			t.Errorf("%s: got %v, want -32602 %q", tc.name, err, "Invalid params: "+tc.want)
 		}
 	}
