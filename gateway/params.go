@@ -14,12 +14,20 @@ import (
 // decodeParams reads params into v. A failure is -32602 with a message
 // that names the field, e.g. "Invalid params: `protocol_version` must be a
 // number". Unknown fields are ignored, as zerocode may send more.
+//
+// Before unmarshalling, jsonrpc.CheckParams refuses what no method may
+// take: a duplicate key anywhere (encoding/json would silently keep the
+// last), a NUL character in any string or key (PostgreSQL cannot store
+// it), and nesting deeper than jsonrpc.MaxParamsDepth.
 func decodeParams(params json.RawMessage, v any) error {
 	if len(params) == 0 || bytes.Equal(params, []byte("null")) {
 		params = []byte("{}")
 	}
 	if params[0] != '{' {
 		return invalidParams("params must be an object")
+	}
+	if err := jsonrpc.CheckParams(params); err != nil {
+		return invalidParams(err.Error())
 	}
 	if err := json.Unmarshal(params, v); err != nil {
 		var typeErr *json.UnmarshalTypeError

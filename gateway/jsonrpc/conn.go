@@ -25,6 +25,10 @@ const (
 	// DefaultMaxPendingBytes is how much encoded output may wait for a slow
 	// reader before Call and Notify block (see Conn.Notify).
 	DefaultMaxPendingBytes = 16 << 20
+	// DefaultMaxInflightRequests is how many requests and notifications of
+	// one connection may be in flight before its reading pauses (see
+	// Options.MaxInflightRequests).
+	DefaultMaxInflightRequests = 64
 )
 
 // maxWriteChunk bounds one socket write, so that the write-stall deadline
@@ -48,13 +52,40 @@ type Options struct {
 	// null, data {"reason":"frame_timeout","limit_ms":N}, then close. Time
 	// between frames is unbounded.
 	FrameTimeout time.Duration
-	// WriteStallTimeout: when a socket write makes no progress for this
-	// long (output pending, peer not reading), the connection is closed.
+	// WriteStallTimeout: when output is pending and the peer reads none of
+	// it for this long, the connection is closed. On a Linux Unix socket
+	// the peer's reads are seen in the kernel's send queue, and the close
+	// comes within this limit plus at most 1 s of the peer's last read; a
+	// peer that keeps reading, however slowly, is never cut. Elsewhere a
+	// write that moves no byte for this long is a stall.
 	WriteStallTimeout time.Duration
 	// CallTimeout bounds an outgoing Call whose ctx has no deadline.
 	CallTimeout time.Duration
 	// MaxPendingBytes bounds output queued for the peer; see Notify.
+	// While at least this much is queued the connection reads no further
+	// frames either: a peer that does not read gets no more work done for
+	// it. Default 16 MiB.
 	MaxPendingBytes int
+	// MaxInflightRequests bounds the requests and notifications of this
+	// connection in flight: being handled, or holding an encoded reply not
+	// yet queued for the socket. At the bound the connection stops reading
+	// until one finishes, so a peer pipelining requests it never reads the
+	// answers to holds at most about MaxInflightRequests replies plus
+	// MaxPendingBytes of output. Inline methods count while they run and
+	// keep their order. One exception keeps outgoing calls from deadlocking:
+	// while a Call of this connection waits for its response, reading goes
+	// on, but a request read meanwhile is held (not dispatched) until there
+	// is room, and served as soon as there is (an inline one runs at once,
+	// exceeding the bound by one); a second such request stops reading
+	// until both fit, so a peer that pipelines more requests before its
+	// answers waits for the call's timeout. Default 64.
+	MaxInflightRequests int
+	// FrameBudget, when set, bounds the memory unfinished frames hold
+	// across every connection sharing it (see FrameBudget); a frame that
+	// cannot get budget waits, and is cut by FrameTimeout as usual. A
+	// Server uses its own budget of DefaultMaxBufferedFrameBytes when this
+	// is nil; a bare Conn then has none (MaxFrameBytes still applies).
+	FrameBudget *FrameBudget
 	// Inline reports the methods handled on the read loop, in arrival
 	// order, before the next frame is read (e.g. "initialize"). Every
 	// other request is handled on its own goroutine. An inline handler
@@ -83,6 +114,9 @@ func (o Options) withDefaults() Options {
 	dur(&o.CallTimeout, DefaultCallTimeout)
 	if o.MaxPendingBytes <= 0 {
 		o.MaxPendingBytes = DefaultMaxPendingBytes
+	}
+	if o.MaxInflightRequests <= 0 {
+		o.MaxInflightRequests = DefaultMaxInflightRequests
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -134,10 +168,14 @@ type Conn struct {
 	initTimer *time.Timer
 
 	// Output: producers append encoded frames to wq; the writer swaps it
-	// out and writes it. wspace is closed when wq drains, to wake
-	// producers waiting for room.
+	// out and writes it. wspace is closed when queued output shrinks, to
+	// wake producers waiting for room. wbusy is the part of the writer's
+	// batch not yet written; queued output is len(wq)+wbusy, mirrored in
+	// outq for the read loop.
 	wmu        sync.Mutex
 	wq         []byte
+	wbusy      int
+	outq       atomic.Int64
 	wspace     chan struct{}
 	wclosed    bool
 	writing    bool  // a goroutine is writing to the socket
@@ -145,6 +183,12 @@ type Conn struct {
 	flushWhy   error // the reason for that close
 	wbell      chan struct{}
 	writerDone chan struct{}
+
+	// Write-stall watch, touched only by the goroutine writing (c.writing):
+	// bytes the kernel has accepted, and how to read its queue.
+	sent       int64
+	kq         func() (int, bool)
+	kqResolved bool
 
 	// Outgoing calls.
 	seq     atomic.Uint64
@@ -157,6 +201,18 @@ type Conn struct {
 	draining bool
 	drainWhy error
 	wg       sync.WaitGroup
+
+	// Back-pressure on reading. active counts requests in flight (as
+	// inflight does, read without a lock); room is rung when active drops
+	// below the bound, when queued output drops below MaxPendingBytes and
+	// when an outgoing call starts. held is a request read while over the
+	// bounds (see awaitRoom); it is never an inline one. peakActive and
+	// readGated are for tests and diagnostics.
+	active     atomic.Int32
+	peakActive atomic.Int32
+	room       chan struct{}
+	held       atomic.Pointer[Request]
+	readGated  atomic.Bool
 }
 
 // NewConn wraps an accepted connection. The initialize deadline starts now;
@@ -174,8 +230,12 @@ func NewConn(nc net.Conn, h Handler, opts Options) *Conn {
 		fr:         NewFrameReader(nc, opts.MaxFrameBytes, opts.FrameTimeout),
 		done:       make(chan struct{}),
 		wbell:      make(chan struct{}, 1),
+		room:       make(chan struct{}, 1),
 		writerDone: make(chan struct{}),
 		pending:    make(map[ID]chan *Response),
+	}
+	if opts.FrameBudget != nil {
+		c.fr.UseBudget(opts.FrameBudget, c.done)
 	}
 	if d := opts.InitializeTimeout; d > 0 {
 		c.initTimer = time.AfterFunc(d, c.initializeExpired)
@@ -257,16 +317,47 @@ func (c *Conn) Run(ctx context.Context) error {
 }
 
 func (c *Conn) readLoop() {
+	defer c.fr.Release() // its budget, and any partial frame, uncopied
 	for {
+		if !c.awaitRoom() {
+			return
+		}
 		line, err := c.fr.ReadFrame()
 		if err != nil {
+			if c.held.Load() != nil && c.waitRoom() {
+				c.dispatchHeld() // answered before a half-close drains
+			}
 			c.readFailed(err)
 			return
 		}
-		m := Classify(append([]byte(nil), line...))
+		m := Classify(c.fr.Own(line))
 		switch m.Kind {
 		case KindRequest, KindNotification:
-			c.dispatch(m.Request)
+			req := m.Request
+			inline := c.opts.Inline != nil && c.opts.Inline(req.Method)
+			if c.held.Load() != nil && c.hasRoom() {
+				c.dispatchHeld()
+			}
+			switch {
+			case c.hasRoom() && c.held.Load() == nil:
+			case inline:
+				// Over the bounds, reading on for a call's answer: an
+				// inline request runs now, one at a time on this loop, so
+				// it keeps its order and exceeds the bound by at most one.
+			case c.held.CompareAndSwap(nil, req):
+				continue
+			default:
+				// A second request while one is held: read nothing more
+				// until both have room, the held one first.
+				if !c.waitRoom() {
+					return
+				}
+				c.dispatchHeld()
+				if !c.waitRoom() {
+					return
+				}
+			}
+			c.dispatch(req)
 		case KindResponse:
 			c.deliver(m.Response)
 		default:
@@ -279,6 +370,79 @@ func (c *Conn) readLoop() {
 			}
 		}
 	}
+}
+
+// hasRoom reports whether the read loop may take more work.
+func (c *Conn) hasRoom() bool {
+	return int(c.active.Load()) < c.opts.MaxInflightRequests && c.outq.Load() < int64(c.opts.MaxPendingBytes)
+}
+
+// awaitRoom holds the read loop, before it reads a frame, while
+// MaxInflightRequests are in flight or MaxPendingBytes of output are
+// queued. It returns early, with the loop allowed to read, while an
+// outgoing call waits for its answer: the answer may be behind requests in
+// the stream, so the loop reads on and holds one request (c.held), which
+// is dispatched as soon as there is room, by this loop or by the handler
+// whose end makes the room. It reports false when the connection closed.
+func (c *Conn) awaitRoom() bool {
+	for {
+		if c.hasRoom() {
+			c.dispatchHeld()
+			if c.hasRoom() {
+				return true
+			}
+			continue
+		}
+		if c.callsPending() {
+			return true
+		}
+		if !c.sleepForRoom() {
+			return false
+		}
+	}
+}
+
+// dispatchHeld dispatches the held request, if any.
+func (c *Conn) dispatchHeld() {
+	if h := c.held.Swap(nil); h != nil {
+		c.dispatch(h)
+	}
+}
+
+// waitRoom holds the read loop until there is room for one more request;
+// false means the connection closed.
+func (c *Conn) waitRoom() bool {
+	for !c.hasRoom() {
+		if !c.sleepForRoom() {
+			return false
+		}
+	}
+	return true
+}
+
+// sleepForRoom waits for a ring of room; false means the connection closed.
+func (c *Conn) sleepForRoom() bool {
+	c.readGated.Store(true)
+	defer c.readGated.Store(false)
+	select {
+	case <-c.room:
+		return true
+	case <-c.done:
+		return false
+	}
+}
+
+func (c *Conn) ringRoom() {
+	select {
+	case c.room <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Conn) callsPending() bool {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	return len(c.pending) > 0
 }
 
 func (c *Conn) readFailed(err error) {
@@ -341,6 +505,9 @@ func (c *Conn) dispatch(req *Request) {
 	}
 	c.inflight++
 	c.hmu.Unlock()
+	n := c.active.Add(1)
+	for p := c.peakActive.Load(); n > p && !c.peakActive.CompareAndSwap(p, n); p = c.peakActive.Load() {
+	}
 	if c.opts.Inline != nil && c.opts.Inline(req.Method) {
 		c.handle(req)
 		return
@@ -354,6 +521,12 @@ func (c *Conn) dispatch(req *Request) {
 
 func (c *Conn) handle(req *Request) {
 	defer func() {
+		if n := int(c.active.Add(-1)); n < c.opts.MaxInflightRequests && n+1 >= c.opts.MaxInflightRequests {
+			c.ringRoom()
+		}
+		if c.held.Load() != nil && c.hasRoom() {
+			c.dispatchHeld() // the read loop may be blocked reading
+		}
 		c.hmu.Lock()
 		c.inflight--
 		idle := c.draining && c.inflight == 0
@@ -501,9 +674,19 @@ func (c *Conn) send(ctx context.Context, r *Response) {
 			c.log.Debug("response not sent", zap.Error(err))
 		}
 	}
-	*bp = b
-	scratchPool.Put(bp)
+	putScratch(bp, b)
 }
+
+// putScratch returns a scratch buffer to the pool, unless it grew large:
+// the pool would keep a big reply's memory alive for nothing.
+func putScratch(bp *[]byte, b []byte) {
+	if cap(b) <= maxScratch {
+		*bp = b
+		scratchPool.Put(bp)
+	}
+}
+
+const maxScratch = 64 << 10
 
 // writeDirect writes frame (plus LF) on the calling goroutine if the
 // output is idle, and reports whether it did (or the connection failed).
@@ -515,7 +698,7 @@ func (c *Conn) writeDirect(frame []byte) bool {
 	}
 	c.writing = true
 	c.wmu.Unlock()
-	err := c.writeAll(append(frame, '\n'))
+	err := c.writeAll(append(frame, '\n'), false)
 	c.wmu.Lock()
 	c.writing = false
 	more := len(c.wq) > 0 || c.flushClose
@@ -552,8 +735,7 @@ func (c *Conn) Notify(ctx context.Context, method string, params any) error {
 	bp := scratchPool.Get().(*[]byte)
 	b := appendRequest((*bp)[:0], nil, method, raw)
 	err = c.enqueue(ctx, b)
-	*bp = b
-	scratchPool.Put(bp)
+	putScratch(bp, b)
 	return err
 }
 
@@ -581,6 +763,7 @@ func (c *Conn) Call(ctx context.Context, method string, params any) (json.RawMes
 	}
 	c.pending[id] = ch
 	c.pmu.Unlock()
+	c.ringRoom() // a read loop holding back must read on for the answer
 	forget := func() {
 		c.pmu.Lock()
 		delete(c.pending, id)
@@ -632,7 +815,7 @@ func wrapClosed(reason error) error {
 // enqueue queues one encoded frame (without LF) for the writer.
 func (c *Conn) enqueue(ctx context.Context, frame []byte) error {
 	c.wmu.Lock()
-	for len(c.wq) > 0 && len(c.wq)+len(frame) > c.opts.MaxPendingBytes && !c.wclosed {
+	for q := len(c.wq) + c.wbusy; q > 0 && q+len(frame) > c.opts.MaxPendingBytes && !c.wclosed; q = len(c.wq) + c.wbusy {
 		if c.wspace == nil {
 			c.wspace = make(chan struct{})
 		}
@@ -652,6 +835,7 @@ func (c *Conn) enqueue(ctx context.Context, frame []byte) error {
 	}
 	c.wq = append(c.wq, frame...)
 	c.wq = append(c.wq, '\n')
+	c.outq.Add(int64(len(frame) + 1))
 	c.wmu.Unlock()
 	c.ring()
 	return nil
@@ -693,13 +877,10 @@ func (c *Conn) writer() {
 		out := c.wq
 		c.wq = spare[:0]
 		c.writing = true
-		if c.wspace != nil {
-			close(c.wspace)
-			c.wspace = nil
-		}
+		c.wbusy = len(out)
 		c.wmu.Unlock()
 
-		err := c.writeAll(out)
+		err := c.writeAll(out, true)
 		c.wmu.Lock()
 		c.writing = false
 		c.wmu.Unlock()
@@ -715,31 +896,127 @@ func (c *Conn) writer() {
 	}
 }
 
-func (c *Conn) writeAll(b []byte) error {
+// wrote accounts n bytes of the writer's batch as written: producers
+// waiting for room, and the read loop, may go on.
+func (c *Conn) wrote(n int) {
+	c.wmu.Lock()
+	c.wbusy -= n
+	if c.wspace != nil {
+		close(c.wspace)
+		c.wspace = nil
+	}
+	c.wmu.Unlock()
+	max := int64(c.opts.MaxPendingBytes)
+	if q := c.outq.Add(-int64(n)); q < max && q+int64(n) >= max {
+		c.ringRoom()
+	}
+}
+
+// writeAll writes b; queued says b is the writer's batch, whose progress
+// is accounted with wrote. It fails with ErrWriteStall when the peer reads
+// nothing for WriteStallTimeout while b is pending (see stallWatch).
+func (c *Conn) writeAll(b []byte, queued bool) error {
+	limit := c.opts.WriteStallTimeout
+	var w stallWatch
 	for len(b) > 0 {
 		chunk := b[:min(len(b), maxWriteChunk)]
-		if d := c.opts.WriteStallTimeout; d > 0 {
-			_ = c.nc.SetWriteDeadline(time.Now().Add(d))
+		if limit > 0 {
+			_ = c.nc.SetWriteDeadline(w.deadline(time.Now(), limit, c.kernelQueue() != nil))
 		}
 		n, err := c.nc.Write(chunk)
 		b = b[n:]
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && n > 0 {
-				// The peer read some of it within the window: slow, not
-				// stalled. The next round starts a new window.
-				continue
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				c.log.Warn("closing connection: write stalled", zap.Duration("limit", c.opts.WriteStallTimeout))
-				return ErrWriteStall
-			}
+		c.sent += int64(n)
+		if queued && n > 0 {
+			c.wrote(n)
+		}
+		timedOut := errors.Is(err, os.ErrDeadlineExceeded)
+		if err != nil && !timedOut {
 			if c.isClosed() {
 				return ErrClosed
 			}
 			return fmt.Errorf("%w: %w", ErrPeerClosed, err)
 		}
+		if limit <= 0 || (!timedOut && !w.watching) {
+			continue // the fast path: the socket took it all
+		}
+		if w.stalled(time.Now(), limit, n, c.sent, c.kernelQueue()) {
+			c.log.Warn("closing connection: write stalled", zap.Duration("limit", limit))
+			return ErrWriteStall
+		}
 	}
 	return nil
+}
+
+// kernelQueue returns the function reading how many bytes the kernel holds
+// for the peer, or nil where there is none (see sendQueue).
+func (c *Conn) kernelQueue() func() (int, bool) {
+	if !c.kqResolved {
+		c.kq, c.kqResolved = sendQueue(c.nc), true
+	}
+	return c.kq
+}
+
+// stallWatch applies the write-stall rule to one writeAll: the connection
+// is cut when, with output pending, the peer has read nothing for the
+// limit.
+//
+// Progress is measured from the reader's side. Where the kernel reports
+// the bytes queued for the peer (SIOCOUTQ on a Linux Unix socket), the
+// watch samples sent - queued, which only the peer's reads raise (our
+// writes add at least as much to queued as to sent); a rise is progress.
+// The first sample is taken when a write first blocks for a tick, and
+// starts the clock; later writes block for at most a tick, so a read is
+// seen within a tick of happening and a stall is cut at the limit after
+// the last one seen: within limit + tick (tick at most 1 s) of the peer's
+// last read. Bytes the kernel accepted into its buffer are never taken for
+// the peer's progress: they were, and a peer that read nothing was cut at
+// twice the limit. The kernel frees the peer's bytes a buffer (about
+// 32 KiB) at a time, so a peer must take that much per limit to count as
+// reading.
+//
+// Elsewhere the rule is the portable one: a write that has moved no byte
+// for the limit is a stall.
+type stallWatch struct {
+	watching bool
+	best     int64     // the highest sent - queued seen
+	since    time.Time // when best was last raised, or the clock started
+}
+
+// stallTick is how long a write blocks between two samples.
+func stallTick(limit time.Duration) time.Duration {
+	return min(max(limit/8, 10*time.Millisecond), time.Second)
+}
+
+func (w *stallWatch) deadline(now time.Time, limit time.Duration, sampled bool) time.Time {
+	if !sampled {
+		return now.Add(limit)
+	}
+	d := now.Add(stallTick(limit))
+	if w.watching {
+		if end := w.since.Add(limit); end.Before(d) {
+			d = end
+		}
+	}
+	return d
+}
+
+// stalled takes a sample after a write that moved n bytes (sent in all)
+// and reports whether the peer has read nothing for the limit.
+func (w *stallWatch) stalled(now time.Time, limit time.Duration, n int, sent int64, queue func() (int, bool)) bool {
+	if queue != nil {
+		if q, ok := queue(); ok {
+			read := sent - int64(q)
+			switch {
+			case !w.watching:
+				w.watching, w.best, w.since = true, read, now
+			case read > w.best:
+				w.best, w.since = read, now
+			}
+			return now.Sub(w.since) >= limit
+		}
+	}
+	// No kernel figure: a write that moved nothing in its whole window.
+	return n == 0
 }
 
 // closeWith closes the connection once, recording reason.

@@ -34,11 +34,18 @@ type readDeadliner interface {
 //
 // A final frame without LF at end of stream is returned like any other,
 // then io.EOF. A FrameReader is not safe for concurrent use.
+//
+// With a FrameBudget (see UseBudget), growing the buffer beyond its
+// initial 64 KiB first reserves the growth from the budget.
 type FrameReader struct {
 	r       io.Reader
 	dl      readDeadliner
 	max     int
 	timeout time.Duration
+
+	budget   *FrameBudget
+	done     <-chan struct{} // ends a wait for budget
+	reserved int64           // budget held for buf beyond initialFrameBuf
 
 	buf        []byte
 	start, end int       // unread bytes are buf[start:end]
@@ -59,6 +66,54 @@ func NewFrameReader(r io.Reader, max int, timeout time.Duration) *FrameReader {
 		f.dl = dl
 	}
 	return f
+}
+
+// UseBudget makes the reader reserve from b before growing its buffer
+// beyond 64 KiB. A wait for budget ends at the frame deadline
+// (ErrFrameTimeout) or when done is closed (ErrClosed). Call it before the
+// first ReadFrame, and Release when done with the reader.
+func (f *FrameReader) UseBudget(b *FrameBudget, done <-chan struct{}) {
+	f.budget, f.done = b, done
+}
+
+// Release returns the reader's budget and drops its buffer, partial frame
+// included (nothing is copied). The reader must not be used afterwards.
+func (f *FrameReader) Release() {
+	if f.budget != nil {
+		f.budget.release(f.reserved)
+	}
+	f.reserved = 0
+	f.buf, f.start, f.end = nil, 0, 0
+}
+
+// Own returns frame, which ReadFrame has just returned, as a slice the
+// caller may keep: a small frame is copied; a large one is handed over
+// with the buffer it lies in (no copy), the reader moving what follows it
+// to a new buffer and returning the budget it no longer needs. Call it
+// before the next ReadFrame.
+func (f *FrameReader) Own(frame []byte) []byte {
+	if len(frame) <= initialFrameBuf || len(f.buf) <= initialFrameBuf {
+		return append([]byte(nil), frame...)
+	}
+	// What follows the frame is shorter than the buffer less the frame,
+	// so it fits the budget already held for the old buffer.
+	rest := f.buf[f.start:f.end]
+	buf := make([]byte, max(initialFrameBuf, len(rest)))
+	f.buf, f.start, f.end = buf, 0, copy(buf, rest)
+	f.resize()
+	return frame
+}
+
+// resize gives back the budget beyond what the current buffer needs.
+func (f *FrameReader) resize() {
+	if f.budget == nil {
+		return
+	}
+	need := int64(max(len(f.buf)-initialFrameBuf, 0))
+	if f.reserved > need {
+		f.budget.release(f.reserved - need)
+		f.reserved = need
+	}
 }
 
 // MaxBytes returns the frame size limit.
@@ -119,6 +174,7 @@ func (f *FrameReader) fill(n int) {
 		}
 		copy(buf, f.buf[f.start:f.end])
 		f.buf, f.start, f.end = buf, 0, n
+		f.resize()
 	}
 	if f.end == len(f.buf) {
 		size := 2 * len(f.buf)
@@ -126,9 +182,20 @@ func (f *FrameReader) fill(n int) {
 			size = min(initialFrameBuf, f.max+1)
 		}
 		size = min(size, f.max+1)
+		// The old buffer stays reserved until the copy is done: the budget
+		// bounds what is really live, the moment of the copy included.
+		grown, err := f.reserve(size)
+		if err != nil {
+			f.err = err
+			return
+		}
 		buf := make([]byte, size)
 		copy(buf, f.buf[:f.end])
 		f.buf = buf
+		if f.budget != nil {
+			f.budget.release(f.reserved)
+			f.reserved = grown
+		}
 	}
 	// Never read past max+1 bytes from the frame's first byte.
 	limit := min(len(f.buf), f.max+1)
@@ -154,4 +221,22 @@ func (f *FrameReader) fill(n int) {
 	if err != nil {
 		f.err = err
 	}
+}
+
+// reserve takes from the budget what a new buffer of size bytes needs
+// beyond the initial 64 KiB, on top of what the current one holds, waiting
+// at most until the current frame's deadline. It returns the amount.
+func (f *FrameReader) reserve(size int) (int64, error) {
+	need := int64(size - initialFrameBuf)
+	if f.budget == nil || need <= 0 {
+		return 0, nil
+	}
+	var deadline time.Time
+	if f.dl != nil && !f.frameAt.IsZero() {
+		deadline = f.frameAt.Add(f.timeout)
+	}
+	if err := f.budget.reserve(need, deadline, f.done); err != nil {
+		return 0, err
+	}
+	return need, nil
 }

@@ -82,6 +82,10 @@ var fuzzSeeds = []string{
 	`{"jsonrpc":"2.0","method":"x","params":{"a":"` + string(bytes.Repeat([]byte("z"), 120)) + `"}}` + "\n{}\n",
 	`{"jsonrpc":"2.0","method":"m","id":"\ud800","params":{}}` + "\n",
 	`{"jsonrpc":"2.0","method":"m","id":1,"id":"two"}` + "\n",
+	`{"jsonrpc":"2.0","id":1,"method":"status","method":"config/delete"}` + "\n",
+	`{"jsonrpc":"2.0","id":1,"method":"status","\u006dethod":"config/delete"}` + "\n",
+	`{"jsonrpc":"2.0","id":"zc-out-0","result":1,"r\u0065sult":2}` + "\n",
+	`{"jsonrpc":"2.0","params":{"method":1,"method":2},"method":"m","x":1,"x":2}` + "\n",
 }
 
 // countingReader yields data in chunks of varying size and fails the test
@@ -236,9 +240,14 @@ func refClassify(b []byte) refResult {
 		}
 		return nil, false
 	}
+	dups := refDuplicates(b)
 	v, _ := str(m["jsonrpc"])
-	versionOK := v == "2.0"
+	versionOK := v == "2.0" && !dups["jsonrpc"]
 	rawID, hasID := m["id"]
+	if dups["id"] {
+		rawID = json.RawMessage("true") // ambiguous: never an id
+	}
+	anyDup := len(dups) > 0
 	_, hasResult := m["result"]
 	_, hasError := m["error"]
 	if rawMethod, ok := m["method"]; ok {
@@ -249,6 +258,8 @@ func refClassify(b []byte) refResult {
 		method, isStr := str(rawMethod)
 		params, hasParams := m["params"]
 		switch {
+		case anyDup:
+			return bad("duplicate")
 		case !versionOK:
 			return bad("version")
 		case !isStr:
@@ -268,7 +279,7 @@ func refClassify(b []byte) refResult {
 	drop := refResult{kind: KindInvalid, problem: "response"}
 	_, hasParams := m["params"]
 	rid, idOK := id(rawID)
-	if !versionOK || !hasID || !idOK || hasParams || hasResult == hasError {
+	if anyDup || !versionOK || !hasID || !idOK || hasParams || hasResult == hasError {
 		return drop
 	}
 	out := refResult{kind: KindResponse, id: rid}
@@ -285,4 +296,34 @@ func refClassify(b []byte) refResult {
 		out.errCode, out.errMsg = code, msg
 	}
 	return out
+}
+
+// refDuplicates walks the top-level keys of a valid JSON object with
+// encoding/json's tokenizer (which unescapes them) and returns the
+// envelope keys that occur more than once.
+func refDuplicates(b []byte) map[string]bool {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	seen, dups := map[string]bool{}, map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return dups
+		}
+		key, _ := tok.(string)
+		switch key {
+		case "jsonrpc", "id", "method", "params", "result", "error":
+			if seen[key] {
+				dups[key] = true
+			}
+			seen[key] = true
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return dups
+		}
+	}
+	return dups
 }

@@ -44,6 +44,27 @@ func peerHungUp(nc net.Conn) bool {
 	return hup
 }
 
+// sendQueue returns a function reporting how many bytes the kernel holds
+// for the peer of a Unix socket and has not yet seen it read (SIOCOUTQ:
+// for AF_UNIX the memory charged to our side, which the peer's reads
+// free), or nil for other connections.
+func sendQueue(nc net.Conn) func() (int, bool) {
+	raw := rawConn(nc)
+	if raw == nil {
+		return nil
+	}
+	return func() (int, bool) {
+		var n int
+		var err error
+		if cerr := raw.Control(func(fd uintptr) {
+			n, err = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+		}); cerr != nil || err != nil {
+			return 0, false
+		}
+		return n, true
+	}
+}
+
 func rawConn(nc net.Conn) syscall.RawConn {
 	uc, ok := nc.(*net.UnixConn)
 	if !ok {

@@ -8,3 +8,6 @@ import "net"
 func PeerOf(nc net.Conn) Peer { return Peer{PID: -1, UID: -1, GID: -1} }
 
 func peerHungUp(nc net.Conn) bool { return false }
+
+// sendQueue returns nil: the kernel's send queue is read on Linux only.
+func sendQueue(nc net.Conn) func() (int, bool) { return nil }

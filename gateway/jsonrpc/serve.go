@@ -28,7 +28,9 @@ type Peer struct {
 type Server struct {
 	// Options apply to every connection. Options.Logger, when set, also
 	// receives the server's own logs; each connection logs with fields
-	// conn (a counter), peer_pid and peer_uid added.
+	// conn (a counter), peer_pid and peer_uid added. Options.FrameBudget is
+	// shared by all connections; when nil, the server makes one of
+	// DefaultMaxBufferedFrameBytes (128 MiB) at its first Serve.
 	Options Options
 	// MaxConnections is the ceiling on open connections (default 512).
 	// Over it, a new connection gets one -32004, id null,
@@ -47,6 +49,7 @@ type Server struct {
 	OnDisconnect func(c *Conn, peer Peer, err error)
 
 	mu        sync.Mutex
+	budget    *FrameBudget // shared by the connections when Options has none
 	conns     map[*Conn]struct{}
 	listeners map[*net.Listener]struct{} // by address: a listener need not be comparable
 	active    int
@@ -82,6 +85,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.listeners == nil {
 		s.listeners = make(map[*net.Listener]struct{})
 		s.conns = make(map[*Conn]struct{})
+	}
+	if s.budget == nil {
+		s.budget = s.Options.FrameBudget
+		if s.budget == nil {
+			s.budget = NewFrameBudget(DefaultMaxBufferedFrameBytes)
+		}
 	}
 	s.listeners[&ln] = struct{}{}
 	s.mu.Unlock()
@@ -184,6 +193,9 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	defer s.wg.Done()
 	peer := PeerOf(nc)
 	opts := s.Options
+	s.mu.Lock()
+	opts.FrameBudget = s.budget
+	s.mu.Unlock()
 	opts.Logger = s.logger().With(zap.Uint64("conn", s.nextConn.Add(1)),
 		zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
 	c := NewConn(nc, nil, opts)

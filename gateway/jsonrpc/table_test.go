@@ -52,7 +52,24 @@ var wireCases = []wireCase{
 	{name: "method with bad id", in: `{"jsonrpc":"2.0","id":true,"method":"echo"}`, wantID: `null`, wantCode: CodeInvalidRequest},
 	{name: "method with object id", in: `{"jsonrpc":"2.0","id":{"x":1},"method":"echo","params":"x"}`, wantID: `null`, wantCode: CodeInvalidRequest},
 	{name: "malformed without id", in: `{"jsonrpc":"2.0","method":5}`, wantID: `null`, wantCode: CodeInvalidRequest},
+	// Duplicate envelope keys: a request-shaped frame is -32600 with its id
+	// when the id itself appears once and is valid, else id null; escaped
+	// spellings are the same key.
+	{name: "duplicate method", in: `{"jsonrpc":"2.0","id":30,"method":"echo","method":"boom"}`, wantID: `30`, wantCode: CodeInvalidRequest},
+	{name: "duplicate method escaped", in: `{"jsonrpc":"2.0","id":31,"method":"echo","\u006dethod":"boom"}`, wantID: `31`, wantCode: CodeInvalidRequest},
+	{name: "duplicate jsonrpc", in: `{"jsonrpc":"2.0","jsonrpc":"2.0","id":32,"method":"echo"}`, wantID: `32`, wantCode: CodeInvalidRequest},
+	{name: "duplicate params", in: `{"jsonrpc":"2.0","id":33,"method":"echo","params":{},"params":[1]}`, wantID: `33`, wantCode: CodeInvalidRequest},
+	{name: "duplicate result in a request", in: `{"jsonrpc":"2.0","id":34,"method":"echo","result":1,"result":2}`, wantID: `34`, wantCode: CodeInvalidRequest},
+	{name: "duplicate id", in: `{"jsonrpc":"2.0","id":35,"id":36,"method":"echo"}`, wantID: `null`, wantCode: CodeInvalidRequest},
+	{name: "duplicate id, same value", in: `{"jsonrpc":"2.0","id":37,"\u0069d":37,"method":"echo"}`, wantID: `null`, wantCode: CodeInvalidRequest},
+	{name: "duplicate id null then number", in: `{"jsonrpc":"2.0","id":null,"id":38,"method":"echo"}`, wantID: `null`, wantCode: CodeInvalidRequest},
+	{name: "duplicate method without id", in: `{"jsonrpc":"2.0","method":"echo","method":"boom"}`, wantID: `null`, wantCode: CodeInvalidRequest},
+	{name: "duplicate unknown key is not the envelope's", in: `{"jsonrpc":"2.0","id":39,"method":"echo","x":1,"x":2,"params":[39]}`, wantID: `39`, wantResult: `[39]`},
 	// Response-shaped, malformed: dropped, no reply.
+	{name: "response duplicate result", in: `{"jsonrpc":"2.0","id":"zc-out-5","result":1,"result":2}`, silent: true},
+	{name: "response duplicate id", in: `{"jsonrpc":"2.0","id":"zc-out-5","id":"zc-out-6","result":1}`, silent: true},
+	{name: "response duplicate error escaped", in: `{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m"},"\u0065rror":{"code":2,"message":"n"}}`, silent: true},
+	{name: "response duplicate jsonrpc", in: `{"jsonrpc":"1.0","jsonrpc":"2.0","id":1,"result":1}`, silent: true},
 	{name: "response without jsonrpc", in: `{"id":1,"result":1}`, silent: true},
 	{name: "response jsonrpc 1.0", in: `{"jsonrpc":"1.0","id":1,"result":1}`, silent: true},
 	{name: "response with result and error", in: `{"jsonrpc":"2.0","id":1,"result":1,"error":{"code":1,"message":"m"}}`, silent: true},
@@ -134,7 +151,7 @@ func TestWireTable(t *testing.T) {
 				}
 			}
 			for msg, want := range map[string]int{
-				"malformed response dropped":              14,
+				"malformed response dropped":              18,
 				"response for no pending request ignored": 2,
 				"response with id null ignored":           1,
 			} {

@@ -2,9 +2,12 @@
 // JSON-RPC 2.0 over a stream socket, as docs/spec.md §2 and §3 fix it.
 //
 // wire.go holds the message types and the frame classifier, frame.go the
-// line reader with its size and time limits, conn.go one connection (read
-// loop, writer, handler dispatch, outgoing calls) and serve.go the listener
-// side (connection ceiling, peer credentials, graceful shutdown).
+// line reader with its size and time limits, budget.go the memory budget
+// unfinished frames share, conn.go one connection (read loop with its
+// back-pressure, writer with the write-stall rule, handler dispatch,
+// outgoing calls), serve.go the listener side (connection ceiling, peer
+// credentials, graceful shutdown) and check.go the params checks every
+// method applies (duplicate keys, NUL, depth).
 package jsonrpc
 
 import (
@@ -236,13 +239,21 @@ type Message struct {
 //   - a JSON array (batch) or any other non-object: -32600, id null;
 //   - an object with "method" is request-shaped. It is a request (id a
 //     string or number) or a notification (id absent or null) when jsonrpc
-//     is "2.0", method a string, params absent or an object or array, and
-//     neither result nor error is present; otherwise -32600 with its id if
-//     that id is a string or number, else id null;
+//     is "2.0", method a string, params absent or an object or array,
+//     neither result nor error is present, and none of the six envelope
+//     keys (jsonrpc, id, method, params, result, error; compared after
+//     unescaping, so "\u006dethod" is method) appears twice; otherwise
+//     -32600 with its id if "id" appears once and is a string or number,
+//     else id null;
 //   - an object without "method" is response-shaped. It is a response when
 //     jsonrpc is "2.0", id is a string, number or null, exactly one of
 //     result and error is present, error is {code:integer, message:string},
-//     and params is absent; otherwise it is dropped without a reply.
+//     params is absent, and no envelope key appears twice; otherwise it is
+//     dropped without a reply.
+//
+// Duplicate keys are refused because JSON parsers disagree on which
+// occurrence wins: a frame must not mean one thing to this classifier and
+// another to a log reader or a proxy.
 //
 // The returned Request and Response alias frame: the caller must not
 // modify frame afterwards.
@@ -285,31 +296,31 @@ const (
 // envelope holds the raw top-level members of one frame object.
 type envelope struct {
 	has                                     uint8
+	dup                                     uint8 // keys seen more than once
 	jsonrpc, id, method, params, result, er []byte
 }
 
 func (e *envelope) scan(b []byte) {
 	for key, val, i, ok := nextMember(b, 1); ok; key, val, i, ok = nextMember(b, i) {
+		var bit uint8
 		switch string(keyName(key)) {
 		case "jsonrpc":
-			e.has |= hasJSONRPC
-			e.jsonrpc = val
+			bit, e.jsonrpc = hasJSONRPC, val
 		case "id":
-			e.has |= hasID
-			e.id = val
+			bit, e.id = hasID, val
 		case "method":
-			e.has |= hasMethod
-			e.method = val
+			bit, e.method = hasMethod, val
 		case "params":
-			e.has |= hasParams
-			e.params = val
+			bit, e.params = hasParams, val
 		case "result":
-			e.has |= hasResult
-			e.result = val
+			bit, e.result = hasResult, val
 		case "error":
-			e.has |= hasError
-			e.er = val
+			bit, e.er = hasError, val
+		default:
+			continue
 		}
+		e.dup |= e.has & bit
+		e.has |= bit
 	}
 }
 
@@ -339,7 +350,9 @@ func (e *envelope) request() Message {
 	// Recover the id first: every -32600 below carries it when valid.
 	var id *ID
 	idOK := true
-	if e.has&hasID != 0 && string(e.id) != "null" {
+	if e.dup&hasID != 0 {
+		idOK = false // ambiguous: no occurrence is more the id than another
+	} else if e.has&hasID != 0 && string(e.id) != "null" {
 		v, ok := parseID(e.id)
 		if ok {
 			id = &v
@@ -347,6 +360,8 @@ func (e *envelope) request() Message {
 		idOK = ok
 	}
 	switch {
+	case e.dup != 0:
+		return invalid("request: duplicate envelope key", id, CodeInvalidRequest, "Invalid Request: "+dupMessage(e.dup))
 	case !e.versionOK():
 		return invalid("request: jsonrpc not 2.0", id, CodeInvalidRequest, `Invalid Request: "jsonrpc" must be "2.0"`)
 	case e.method[0] != '"':
@@ -375,8 +390,23 @@ func (e *envelope) request() Message {
 
 var emptyObject = json.RawMessage("{}")
 
+// dupMessage names the first duplicated envelope key in dup.
+func dupMessage(dup uint8) string {
+	for i, name := range envelopeKeys {
+		if dup&(1<<i) != 0 {
+			return `"` + name + `" appears more than once`
+		}
+	}
+	return "a key appears more than once"
+}
+
+// envelopeKeys are the key names in the order of the has* bits.
+var envelopeKeys = [...]string{"jsonrpc", "id", "method", "params", "result", "error"}
+
 func (e *envelope) response() Message {
 	switch {
+	case e.dup != 0:
+		return dropped("response: duplicate envelope key")
 	case !e.versionOK():
 		return dropped("response: jsonrpc not 2.0")
 	case e.has&hasID == 0:

@@ -1,0 +1,57 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+)
+
+// TestDecodeParamsRefusesHostileShapes: values PostgreSQL cannot store
+// (NUL) and shapes that parsers disagree on (duplicate keys) or that cost
+// a deep recursion are refused with -32602 naming the field, before any
+// handler sees them.
+func TestDecodeParamsRefusesHostileShapes(t *testing.T) {
+	type params struct {
+		Prompt string          `json:"prompt"`
+		Value  json.RawMessage `json:"value"`
+		Sets   []struct {
+			Value json.RawMessage `json:"value"`
+		} `json:"sets"`
+	}
+	nest := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+	for _, tc := range []struct {
+		name, in, want string // want "" means accepted
+	}{
+		{"plain", `{"prompt":"hi","value":{"a":1,"b":[1,{"a":2}]}}`, ""},
+		{"same key in sibling objects", `{"value":{"a":{"x":1},"b":{"x":1}},"sets":[{"value":1},{"value":1}]}`, ""},
+		{"escaped backslash before u0000 is no NUL", `{"prompt":"\\u0000"}`, ""},
+		{"duplicate top-level key", `{"prompt":"a","prompt":"b"}`, "`prompt` appears twice"},
+		{"duplicate nested key", `{"value":{"a":1,"a":2}}`, "`value.a` appears twice"},
+		{"duplicate escaped key", `{"value":{"a":1,"\u0061":2}}`, "`value.a` appears twice"},
+		{"duplicate in array element", `{"sets":[{"value":1},{"value":1,"value":2}]}`, "`sets[1].value` appears twice"},
+		{"NUL in a string", `{"prompt":"a\u0000b"}`, "`prompt` must not contain NUL characters"},
+		{"NUL deep in a value", `{"sets":[{},{},{"value":{"x":"\u0000"}}]}`, "`sets[2].value.x` must not contain NUL characters"},
+		{"NUL in an array element", `{"value":["ok","\u0000"]}`, "`value[1]` must not contain NUL characters"},
+		{"NUL in a nested key", `{"value":{"a\u0000":1}}`, "`value` must not contain NUL characters"},
+		{"NUL in a top-level key", `{"a\u0000":1}`, "params must not contain NUL characters"},
+		{"nesting at the limit", `{"value":` + nest(jsonrpc.MaxParamsDepth) + `}`, ""},
+		{"nesting past the limit", `{"value":` + nest(jsonrpc.MaxParamsDepth+1) + `}`, "`value` nests deeper than 64 levels"},
+		{"9000-deep array", `{"value":` + nest(9000) + `}`, "`value` nests deeper than 64 levels"},
+	} {
+		var p params
+		err := decodeParams(json.RawMessage(tc.in), &p)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: refused: %v", tc.name, err)
+			}
+			continue
+		}
+		var e *jsonrpc.Error
+		if !errors.As(err, &e) || e.Code != jsonrpc.CodeInvalidParams || e.Message != "Invalid params: "+tc.want {
+			t.Errorf("%s: got %v, want -32602 %q", tc.name, err, "Invalid params: "+tc.want)
+		}
+	}
+}
