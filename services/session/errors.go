@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/services/session/provider"
 )
 
 // Causes a turn's context is cancelled with; context.Cause tells them apart
@@ -29,7 +30,7 @@ var (
 var (
 	// ErrProvider wraps a provider's failure (HTTP status, bad stream,
 	// timeout, a scripted /fail).
-	ErrProvider = errors.New("provider failed")
+	ErrProvider = provider.ErrProvider
 	// ErrUnknownProvider: agents.<alias>.provider names no provider.
 	ErrUnknownProvider = errors.New("unknown provider")
 	// ErrUnknownAgent: the alias is not in the config document.

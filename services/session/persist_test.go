@@ -121,7 +121,7 @@ func TestInterruptedTurnRecovered(t *testing.T) {
 		t.Fatalf("transcript %v", msgs.GetMessages())
 	}
 	resp, err := srv2.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say after"})
-	if err != nil || resp.GetContent() != "after " {
+	if err != nil || resp.GetContent() != "after" {
 		t.Fatalf("prompt after recovery %v %v", resp, err)
 	}
 }
@@ -157,7 +157,7 @@ func TestOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, err := client.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: created.GetSessionId(), Prompt: "/say over grpc"})
-	if err != nil || resp.GetContent() != "over grpc " || resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+	if err != nil || resp.GetContent() != "over grpc" || resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
 		t.Fatalf("prompt %v %v", resp, err)
 	}
 	_, err = client.StoreFile(ctx, &sessionv1.StoreFileRequest{})

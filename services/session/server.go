@@ -8,6 +8,14 @@
 // turn_complete, published before Prompt answers. The transcript, turns,
 // tool calls and approvals are stored in PostgreSQL; what lives only in
 // memory is the running turn itself, so the service runs as one replica.
+//
+// Files by concern: the gRPC surface is rpc_sessions.go (new, resume,
+// close, kill, delete, attach), rpc_prompt.go (prompt, cancel, connection
+// closed), rpc_approvals.go (approve) and rpc_read.go (state, messages,
+// list, status), with shared checks in rpc.go; turn.go is the agent loop,
+// tools.go and approvals.go what a turn calls and asks, store.go every SQL
+// statement, updates.go publishing. The providers (the interface, the
+// scripted one and the OpenAI-compatible one) are package provider.
 package session
 
 import (

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/clawmesh/clawmesh/services/session/provider"
 )
 
 // Session states as stored and as session/state reports them.
@@ -18,12 +20,12 @@ const (
 	stateKilled  = "killed"
 )
 
-// Transcript roles.
+// Transcript roles: the provider's, and system for markers.
 const (
-	roleUser      = "user"
-	roleAssistant = "assistant"
-	roleTool      = "tool"
-	roleSystem    = "system"
+	roleUser      = provider.RoleUser
+	roleAssistant = provider.RoleAssistant
+	roleTool      = provider.RoleTool
+	roleSystem    = provider.RoleSystem
 )
 
 // errNoRow is what the store returns for a missing session or approval.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/ids"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+	"github.com/clawmesh/clawmesh/services/session/provider"
 
 	"go.uber.org/zap"
 )
@@ -20,8 +21,8 @@ const (
 	OutcomeCancelled = "cancelled"
 	OutcomeFailed    = "failed"
 
-	stopEndTurn   = "end_turn"
-	stopToolUse   = "tool_use"
+	stopEndTurn   = provider.StopEndTurn
+	stopToolUse   = provider.StopToolUse
 	stopCancelled = "cancelled"
 	stopError     = "error"
 )
@@ -141,7 +142,7 @@ func (s *Server) loop(t *turn) turnResult {
 			return failed(fmt.Errorf("%w: the provider asked for tools %d times in one turn", ErrTooManySteps, n))
 		}
 		step.Reset()
-		res, err := prov.Step(ctx, ProviderRequest{Agent: agent, Messages: msgs, Tools: specs}, emit)
+		res, err := prov.Step(ctx, ProviderRequest{Agent: agent.providerAgent(), Messages: msgs, Tools: specs}, emit)
 		if ctx.Err() != nil {
 			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content.String()}
 		}

@@ -1,4 +1,4 @@
-package session
+package provider
 
 import (
 	"context"
@@ -12,42 +12,50 @@ import (
 
 // The scripted provider's rules, step by step.
 func TestScriptedProvider(t *testing.T) {
-	user := func(text string, toolResults int) []ChatMessage {
-		msgs := []ChatMessage{{Role: roleUser, Content: "an older prompt\n/tool echo {}"}, {Role: roleAssistant, Content: "x"}, {Role: roleUser, Content: text}}
+	user := func(text string, toolResults int) []Message {
+		msgs := []Message{{Role: RoleUser, Content: "an older prompt\n/tool echo {}"}, {Role: RoleAssistant, Content: "x"}, {Role: RoleUser, Content: text}}
 		for i := 0; i < toolResults; i++ {
-			msgs = append(msgs, ChatMessage{Role: roleAssistant}, ChatMessage{Role: roleTool, Content: "out"})
+			msgs = append(msgs, Message{Role: RoleAssistant}, Message{Role: RoleTool, Content: "out"})
 		}
 		return msgs
 	}
 	cases := []struct {
 		name    string
-		msgs    []ChatMessage
+		msgs    []Message
 		chunks  []Chunk
 		calls   []ToolCall
 		failure string
 	}{
+		// A /say line is its TEXT exactly: each word keeps the spaces after it.
 		{name: "say splits at spaces", msgs: user("/say Hello  big world ", 0),
-			chunks: []Chunk{{Text: "Hello "}, {Text: "big "}, {Text: "world "}}},
+			chunks: []Chunk{{Text: "Hello  "}, {Text: "big "}, {Text: "world "}}},
+		{name: "say keeps its text", msgs: user("/say alpha beta", 0),
+			chunks: []Chunk{{Text: "alpha "}, {Text: "beta"}}},
+		{name: "leading spaces go with the first word", msgs: user("/say   x y", 0),
+			chunks: []Chunk{{Text: "  x "}, {Text: "y"}}},
+		// Said lines are joined by a newline.
 		{name: "other lines are said", msgs: user("just text\r\n\n/unknown cmd", 0),
-			chunks: []Chunk{{Text: "just "}, {Text: "text "}, {Text: "/unknown "}, {Text: "cmd "}}},
+			chunks: []Chunk{{Text: "just "}, {Text: "text"}, {Text: "\n/unknown "}, {Text: "cmd"}}},
 		{name: "think is one chunk", msgs: user("/think a b c\n/say x", 0),
-			chunks: []Chunk{{Thought: true, Text: "a b c"}, {Text: "x "}}},
+			chunks: []Chunk{{Thought: true, Text: "a b c"}, {Text: "x"}}},
 		{name: "tool ends the step", msgs: user("/say a\n/tool echo {\"k\": 1}\n/say b", 0),
-			chunks: []Chunk{{Text: "a "}}, calls: []ToolCall{{ID: "scripted_0", Name: "echo", Arguments: `{"k": 1}`}}},
+			chunks: []Chunk{{Text: "a"}}, calls: []ToolCall{{ID: "scripted_0", Name: "echo", Arguments: `{"k": 1}`}}},
 		{name: "resumes after the tool", msgs: user("/say a\n/tool echo {\"k\": 1}\n/say b\n/tool other\n/say c", 1),
-			chunks: []Chunk{{Text: "b "}}, calls: []ToolCall{{ID: "scripted_1", Name: "other", Arguments: "{}"}}},
+			chunks: []Chunk{{Text: "\nb"}}, calls: []ToolCall{{ID: "scripted_1", Name: "other", Arguments: "{}"}}},
 		{name: "last step", msgs: user("/say a\n/tool echo {}\n/say b\n/tool other\n/say c", 2),
-			chunks: []Chunk{{Text: "c "}}},
+			chunks: []Chunk{{Text: "\nc"}}},
+		{name: "nothing said before the tool", msgs: user("/think t\n/tool echo {}\n/say b", 1),
+			chunks: []Chunk{{Text: "b"}}},
 		{name: "fail", msgs: user("/say a\n/fail it broke\n/say b", 0),
-			chunks: []Chunk{{Text: "a "}}, failure: "it broke"},
+			chunks: []Chunk{{Text: "a"}}, failure: "it broke"},
 		{name: "bad sleep is said", msgs: user("/sleep soon", 0),
-			chunks: []Chunk{{Text: "/sleep "}, {Text: "soon "}}},
+			chunks: []Chunk{{Text: "/sleep "}, {Text: "soon"}}},
 		{name: "no user message", msgs: nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []Chunk
-			res, err := scripted{}.Step(context.Background(), ProviderRequest{Messages: tc.msgs}, func(c Chunk) { got = append(got, c) })
+			res, err := ScriptedProvider{}.Step(context.Background(), Request{Messages: tc.msgs}, func(c Chunk) { got = append(got, c) })
 			if tc.failure != "" {
 				if err == nil || err.Error() != tc.failure || !errors.Is(err, ErrProvider) {
 					t.Fatalf("err %v, want %q", err, tc.failure)
@@ -67,7 +75,7 @@ func TestScriptedProvider(t *testing.T) {
 	// /stamp: N chunks, each a Unix-nanosecond time within the call.
 	before := time.Now().UnixNano()
 	var stamps []Chunk
-	if _, err := (scripted{}).Step(context.Background(), ProviderRequest{Messages: user("/stamp 3 1", 0)}, func(c Chunk) { stamps = append(stamps, c) }); err != nil {
+	if _, err := (ScriptedProvider{}).Step(context.Background(), Request{Messages: user("/stamp 3 1", 0)}, func(c Chunk) { stamps = append(stamps, c) }); err != nil {
 		t.Fatal(err)
 	}
 	after := time.Now().UnixNano()
@@ -81,13 +89,13 @@ func TestScriptedProvider(t *testing.T) {
 		}
 	}
 	var bad []Chunk
-	if _, err := (scripted{}).Step(context.Background(), ProviderRequest{Messages: user("/stamp many", 0)}, func(c Chunk) { bad = append(bad, c) }); err != nil || len(bad) != 2 || bad[0].Text != "/stamp " {
+	if _, err := (ScriptedProvider{}).Step(context.Background(), Request{Messages: user("/stamp many", 0)}, func(c Chunk) { bad = append(bad, c) }); err != nil || len(bad) != 2 || bad[0].Text != "/stamp " {
 		t.Fatalf("a bad /stamp is said: %+v %v", bad, err)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := (scripted{}).Step(ctx, ProviderRequest{Messages: user("/sleep 60000", 0)}, func(Chunk) {}); !errors.Is(err, context.Canceled) {
+	if _, err := (ScriptedProvider{}).Step(ctx, Request{Messages: user("/sleep 60000", 0)}, func(Chunk) {}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled sleep: %v", err)
 	}
 }
