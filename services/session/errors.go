@@ -61,6 +61,11 @@ func errSessionEnded(id, state string) error {
 	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonConflict, rpcerr.NoIndex, msg)
 }
 
+func errOtherSurface(id, surface string) error {
+	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonConflict, rpcerr.NoIndex,
+		fmt.Sprintf("Session %s belongs to the interaction surface `%s`; resume it there", id, surface))
+}
+
 func errInvalid(msg string) error {
 	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, msg)
 }

@@ -95,10 +95,8 @@ func TestInterruptedTurnRecovered(t *testing.T) {
 	// What a crash mid-turn leaves behind: a running turn, a running
 	// session, the user's prompt, and no clean stop.
 	gen := int64(3)
-	if err := h.srv.store.startTurn(ctx, id, "turn_dead", "conn-x", &gen); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.srv.store.appendMessage(ctx, id, roleUser, "/sleep 60000"); err != nil {
+	if _, err := h.srv.store.beginTurn(ctx, turnStart{SessionID: id, TurnID: "turn_dead", ConnID: "conn-x", Surface: SurfaceRPC,
+		Prompt: "/sleep 60000", Generation: &gen}); err != nil {
 		t.Fatal(err)
 	}
 	srv2, err := New(ctx, h.cfg)

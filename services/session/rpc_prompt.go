@@ -37,7 +37,8 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 	if err := s.mayUseAgent(ctx, req.GetPrincipal(), row.AgentAlias); err != nil {
 		return nil, err
 	}
-	ls := s.live(row)
+	ls, release := s.hold(ctx, row)
+	defer release()
 	t, err := s.admit(ctx, ls, req, prompt)
 	if err != nil {
 		return nil, err
@@ -59,6 +60,9 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	}
 	if ls.turn != nil {
 		return nil, errSessionBusy(ls.id)
+	}
+	if ls.ending != "" {
+		return nil, errSessionEnded(ls.id, ls.ending)
 	}
 	// Read again under the lock: the state may have changed since.
 	row, err := s.store.session(ctx, ls.id)
@@ -87,26 +91,24 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	}()
 
 	t := &turn{
-		id: ids.New("turn_"), ls: ls, alias: row.AgentAlias, principal: req.GetPrincipal(),
+		id: ids.New("turn_"), ls: ls, alias: row.AgentAlias, surface: row.Surface, principal: req.GetPrincipal(),
 		connID: req.GetConnectionId(), done: make(chan struct{}),
 	}
 	if req.ClientTurnGeneration != nil {
 		g := req.GetClientTurnGeneration()
 		t.gen = &g
 	}
+	// The turn row, the prompt's transcript row and its first checkpoint
+	// event are one transaction.
+	next, err := s.store.beginTurn(ctx, turnStart{
+		SessionID: ls.id, TurnID: t.id, ConnID: t.connID, Surface: t.surface, Prompt: prompt, Generation: t.gen,
+	})
+	if err != nil {
+		return nil, err
+	}
 	t.ctx, t.cancel = context.WithCancelCause(s.base)
-	if err := s.store.startTurn(ctx, ls.id, t.id, t.connID, t.gen); err != nil {
-		t.cancel(nil)
-		return nil, err
-	}
-	if _, err := s.store.appendMessage(ctx, ls.id, roleUser, prompt); err != nil {
-		// The turn row exists: end it properly rather than leave it running.
-		t.cancel(err)
-		_ = s.unwound(ctx, func(c context.Context) error {
-			return s.store.finishTurn(c, ls.id, t.id, turnResult{Outcome: OutcomeFailed, StopReason: stopError})
-		})
-		return nil, err
-	}
+	t.userSeq = next - 1
+	t.log = s.cp.open(ls.id, t.id, t.surface, next)
 	ls.turn = t
 	started = true
 	go s.runTurn(t)

@@ -20,7 +20,8 @@ import (
 
 // NewSession creates a session, or resumes the durable session named by
 // session_id (a closed one is reopened in a new generation; a killed one
-// cannot be). A session_id that names no session creates it with that id.
+// cannot be; one of another interaction surface is not touched). A
+// session_id that names no session creates it with that id.
 func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionRequest) (*sessionv1.NewSessionResponse, error) {
 	p := req.GetPrincipal()
 	if err := requirePrincipal(p); err != nil {
@@ -43,7 +44,7 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	}
 
 	if id != "" {
-		resp, err := s.resume(ctx, p, id, req.GetCwd())
+		resp, err := s.resume(ctx, p, id, req.GetCwd(), surface)
 		if err == nil || !errors.Is(err, errNoRow) {
 			return resp, err
 		}
@@ -72,7 +73,7 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	}
 	if !created {
 		// Someone created this id meanwhile: resume it like any other.
-		return s.resume(ctx, p, id, req.GetCwd())
+		return s.resume(ctx, p, id, req.GetCwd(), surface)
 	}
 	s.log.Info("session created", zap.String("session_id", id), zap.String("agent_alias", alias), zap.String("owner", row.Owner))
 	subject, err := updateSubject(id)
@@ -83,14 +84,19 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 }
 
 // resume returns an existing session, reopening a closed one; errNoRow
-// when there is none.
-func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd string) (*sessionv1.NewSessionResponse, error) {
+// when there is none. A session of another interaction surface (a
+// channel's chat with this id, say) stays as it is, isolated from this
+// one: resuming it from here is refused.
+func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, surface string) (*sessionv1.NewSessionResponse, error) {
 	row, err := s.store.session(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if !owns(p, row) {
 		return nil, errSessionNotOwned(id)
+	}
+	if row.Surface != surface {
+		return nil, errOtherSurface(id, row.Surface)
 	}
 	if ls := s.lookupLive(id); ls != nil {
 		ls.mu.Lock()
@@ -126,64 +132,121 @@ func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd stri
 		WorkspaceDir: row.WorkspaceDir, UpdateSubject: subject}, nil
 }
 
-// Close ends a session's use and keeps its durable history: a running turn
-// is cancelled, and session/new with its id reopens it.
+// Close ends a session's use and keeps its durable history: a running
+// turn is cancelled, and session/new with its id reopens it.
 func (s *Server) Close(ctx context.Context, req *sessionv1.CloseRequest) (*sessionv1.CloseResponse, error) {
-	if err := s.endSession(ctx, req.GetPrincipal(), req.GetSessionId(), stateClosed); err != nil {
+	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.CloseResponse{SessionId: req.GetSessionId(), Closed: true}, nil
+	if row.State == stateKilled {
+		return nil, errSessionEnded(row.ID, row.State)
+	}
+	ls, release := s.hold(ctx, row)
+	defer release()
+	if err := s.endSession(ctx, ls, stateClosed); err != nil {
+		return nil, err
+	}
+	return &sessionv1.CloseResponse{SessionId: row.ID, Closed: true}, nil
 }
 
-// Kill cancels a running turn and tombstones the session: its history
-// stays readable, it never runs again.
+// Kill cancels a running turn, then tombstones the session: its history
+// stays readable, it never runs (and is never resumed) again. The turn is
+// cancelled even when the tombstone cannot be written; then the RPC fails
+// and the session stays usable.
 func (s *Server) Kill(ctx context.Context, req *sessionv1.KillRequest) (*sessionv1.KillResponse, error) {
-	if err := s.endSession(ctx, req.GetPrincipal(), req.GetSessionId(), stateKilled); err != nil {
+	ls, release, err := s.target(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.KillResponse{SessionId: req.GetSessionId(), Killed: true}, nil
+	defer release()
+	if err := s.endSession(ctx, ls, stateKilled); err != nil {
+		return nil, err
+	}
+	return &sessionv1.KillResponse{SessionId: ls.id, Killed: true}, nil
 }
 
-func (s *Server) endSession(ctx context.Context, p *commonv1.Principal, id, state string) error {
+// target finds the session a kill or delete acts on: the in-memory one
+// when there is one, so that its running turn is reached and cancelled
+// even when the database is not, else the stored row.
+func (s *Server) target(ctx context.Context, p *commonv1.Principal, id string) (*liveSession, func(), error) {
+	if err := requirePrincipal(p); err != nil {
+		return nil, nil, err
+	}
+	if ls := s.holdExisting(id); ls != nil {
+		if !p.GetOperator() && ls.owner != p.GetPrincipalId() {
+			s.release(ls)
+			return nil, nil, errSessionNotOwned(id)
+		}
+		return ls, func() { s.release(ls) }, nil
+	}
 	row, err := s.owned(ctx, p, id)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	if state == stateClosed && row.State == stateKilled {
-		return errSessionEnded(row.ID, row.State)
-	}
-	ls := s.live(row)
+	ls, release := s.hold(ctx, row)
+	return ls, release, nil
+}
+
+// endSession closes or kills ls: it cancels the running turn first, then
+// writes the new state. No turn is admitted in between. When the write
+// fails the error is returned and the session stays as it was, minus the
+// cancelled turn.
+func (s *Server) endSession(ctx context.Context, ls *liveSession, state string) error {
 	ls.mu.Lock()
-	from := []string{stateIdle, stateRunning, stateClosed}
-	if state == stateClosed {
-		from = []string{stateIdle, stateRunning}
-	}
-	if _, err := s.store.setState(ctx, row.ID, state, from...); err != nil {
+	switch {
+	case ls.deleting:
 		ls.mu.Unlock()
-		return err
+		return errSessionNotFound(ls.id)
+	case ls.ending != "":
+		ending := ls.ending
+		ls.mu.Unlock()
+		return errSessionEnded(ls.id, ending)
 	}
+	ls.ending = state
 	t := ls.turn
 	ls.mu.Unlock()
 	if t != nil {
 		s.stopTurn(ctx, t, fmt.Errorf("%w: %s", ErrSessionEnded, state))
 	}
-	s.log.Info("session ended", zap.String("session_id", row.ID), zap.String("state", state))
+
+	ls.mu.Lock()
+	defer func() {
+		ls.ending = ""
+		ls.mu.Unlock()
+	}()
+	from := []string{stateIdle, stateRunning, stateClosed}
+	if state == stateClosed {
+		from = []string{stateIdle, stateRunning}
+	}
+	if _, err := s.store.setState(ctx, ls.id, state, from...); err != nil {
+		s.log.Warn("session not ended", zap.String("session_id", ls.id), zap.String("state", state), zap.Bool("turn_cancelled", t != nil), zap.Error(err))
+		return err
+	}
+	s.log.Info("session ended", zap.String("session_id", ls.id), zap.String("state", state))
 	return nil
 }
 
-// Delete cancels a running turn, then removes the session's rows (its
-// transcript, turns, tool calls, approvals) and its workspace. If the rows
-// cannot be removed the session stays as it was, minus the cancelled turn.
+// Delete cancels a running turn, then removes the session's durable rows
+// (its transcript, retained context and checkpoints, turns, tool calls,
+// approvals), then forgets the in-memory session and removes its
+// workspace. If the rows cannot be removed the RPC fails and the session
+// stays as it was, minus the cancelled turn; its rows are intact.
 func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*sessionv1.DeleteResponse, error) {
-	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	ls, release, err := s.target(ctx, req.GetPrincipal(), req.GetSessionId())
 	if err != nil {
 		return nil, err
 	}
-	ls := s.live(row)
+	defer release()
 	ls.mu.Lock()
-	if ls.deleting {
+	switch {
+	case ls.deleting:
 		ls.mu.Unlock()
-		return nil, errSessionNotFound(row.ID)
+		return nil, errSessionNotFound(ls.id)
+	case ls.ending != "":
+		ending := ls.ending
+		ls.mu.Unlock()
+		return nil, errSessionEnded(ls.id, ending)
 	}
 	ls.deleting = true
 	t := ls.turn
@@ -191,23 +254,24 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*ses
 	if t != nil {
 		s.stopTurn(ctx, t, fmt.Errorf("%w: deleted", ErrSessionEnded))
 	}
-	if _, err := s.store.deleteSession(ctx, row.ID); err != nil {
+	if _, err := s.store.deleteSession(ctx, ls.id); err != nil {
 		ls.mu.Lock()
 		ls.deleting = false
 		ls.mu.Unlock()
+		s.log.Warn("session not deleted", zap.String("session_id", ls.id), zap.Bool("turn_cancelled", t != nil), zap.Error(err))
 		return nil, err
 	}
-	s.forget(row.ID)
-	if err := os.RemoveAll(filepath.Join(s.cfg.DataDir, "workspaces", row.ID)); err != nil {
-		s.log.Warn("remove session workspace", zap.String("session_id", row.ID), zap.Error(err))
+	s.forget(ls.id)
+	if err := os.RemoveAll(filepath.Join(s.cfg.DataDir, "workspaces", ls.id)); err != nil {
+		s.log.Warn("remove session workspace", zap.String("session_id", ls.id), zap.Error(err))
 	}
 	// The id is free now and may next name another principal's session:
 	// every gateway detaches its connections from it.
-	if err := bus.PublishSessionUpdate(s.nc, &busv1.SessionUpdate{SessionId: row.ID, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED}); err != nil {
-		s.log.Warn("announce session deletion", zap.String("session_id", row.ID), zap.Error(err))
+	if err := bus.PublishSessionUpdate(s.nc, &busv1.SessionUpdate{SessionId: ls.id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED}); err != nil {
+		s.log.Warn("announce session deletion", zap.String("session_id", ls.id), zap.Error(err))
 	}
-	s.log.Info("session deleted", zap.String("session_id", row.ID))
-	return &sessionv1.DeleteResponse{SessionId: row.ID, Deleted: true}, nil
+	s.log.Info("session deleted", zap.String("session_id", ls.id))
+	return &sessionv1.DeleteResponse{SessionId: ls.id, Deleted: true}, nil
 }
 
 // Attach checks that the principal may follow the session and names the

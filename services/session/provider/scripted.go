@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +22,9 @@ import (
 //	                  Unix nanoseconds when it was produced and a space (for
 //	                  latency benchmarks: a client on the same host
 //	                  subtracts it)
+//	/context          says what the provider was given in this step: one
+//	                  line per message, each a JSON object {role, content,
+//	                  tool_calls?, tool_call_id?, name?}, one chunk a line
 //	anything else     said back as /say would say it
 //
 // The lines one prompt says (everything but /think, /tool, /sleep, /fail,
@@ -106,6 +110,14 @@ func (ScriptedProvider) Step(ctx context.Context, req Request, emit func(Chunk))
 			}
 		case "/fail":
 			return StepResult{}, &Error{Msg: arg}
+		case "/context":
+			for _, l := range contextLines(req.Messages) {
+				if said {
+					l = "\n" + l
+				}
+				emit(Chunk{Text: l})
+				said = true
+			}
 		case "/stamp":
 			if err := stamp(ctx, arg, emit); err != nil {
 				if ctx.Err() != nil {
@@ -123,6 +135,8 @@ func (ScriptedProvider) Step(ctx context.Context, req Request, emit func(Chunk))
 // says reports whether a line says something, without running it.
 func says(cmd, arg, line string) bool {
 	switch cmd {
+	case "/context":
+		return true
 	case "/say":
 		return arg != ""
 	case "/think", "/tool", "/fail":
@@ -135,6 +149,36 @@ func says(cmd, arg, line string) bool {
 		return !ok
 	}
 	return line != ""
+}
+
+// contextMessage is how /context shows a message.
+type contextMessage struct {
+	Role       string            `json:"role"`
+	Content    string            `json:"content"`
+	ToolCalls  []contextToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string            `json:"tool_call_id,omitempty"`
+	Name       string            `json:"name,omitempty"`
+}
+
+type contextToolCall struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// contextLines renders messages for /context, one JSON line each.
+func contextLines(msgs []Message) []string {
+	out := make([]string, 0, len(msgs))
+	for _, m := range msgs {
+		cm := contextMessage{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID, Name: m.Name}
+		for _, c := range m.ToolCalls {
+			cm.ToolCalls = append(cm.ToolCalls, contextToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments})
+		}
+		// Strings and slices of them always encode (bad UTF-8 is replaced).
+		line, _ := json.Marshal(cm)
+		out = append(out, string(line))
+	}
+	return out
 }
 
 func sleepArg(arg string) (int, bool) {

@@ -50,6 +50,14 @@ func TestScriptedProvider(t *testing.T) {
 			chunks: []Chunk{{Text: "a"}}, failure: "it broke"},
 		{name: "bad sleep is said", msgs: user("/sleep soon", 0),
 			chunks: []Chunk{{Text: "/sleep "}, {Text: "soon"}}},
+		{name: "context says what the provider was given", msgs: []Message{
+			{Role: RoleSystem, Content: "be brief"}, {Role: RoleUser, Content: "/say a"}, {Role: RoleAssistant, Content: "a", ToolCalls: []ToolCall{{ID: "c", Name: "echo", Arguments: "{}"}}},
+			{Role: RoleTool, Content: "{}", ToolCallID: "c", Name: "echo"}, {Role: RoleUser, Content: "/say b\n/context"}},
+			chunks: []Chunk{{Text: "b"},
+				{Text: "\n" + `{"role":"system","content":"be brief"}`}, {Text: "\n" + `{"role":"user","content":"/say a"}`},
+				{Text: "\n" + `{"role":"assistant","content":"a","tool_calls":[{"id":"c","name":"echo","arguments":"{}"}]}`},
+				{Text: "\n" + `{"role":"tool","content":"{}","tool_call_id":"c","name":"echo"}`},
+				{Text: "\n" + `{"role":"user","content":"/say b\n/context"}`}}},
 		{name: "no user message", msgs: nil},
 	}
 	for _, tc := range cases {
