@@ -186,3 +186,84 @@ func (h *harness) srvKill(id string) error {
 	_, err := h.srv.Kill(context.Background(), &sessionv1.KillRequest{Principal: alice, SessionId: id})
 	return err
 }
+
+// The in-memory half of a session is dropped once idle: after many
+// sessions were used the map holds only those with a running turn or a
+// pending approval, and a session used again continues its update
+// sequence without a gap.
+func TestIdleLiveSessionsEvicted(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.LiveIdleTimeout = time.Hour })
+	ctx := context.Background()
+	const n = 200
+	ids := make([]string, n)
+	lastSeq := map[string]int64{}
+	for i := range ids {
+		ids[i] = h.newSession(alice, "default")
+	}
+	rec := h.record(ids[0])
+	for _, id := range ids {
+		h.prompt(alice, id, "/say touched")
+	}
+	touched := rec.until(UpdateTurnComplete)
+	lastSeq[ids[0]] = touched[len(touched)-1].Seq
+
+	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}})
+	asking, running := h.newSession(alice, "guarded"), h.newSession(alice, "default")
+	askRec, runRec := h.record(asking), h.record(running)
+	askRes := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: asking, Prompt: "/tool echo {}"})
+	ask := askRec.until(UpdateApprovalRequest)
+	runRes := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: running, Prompt: "/say on\n/sleep 60000"})
+	runRec.next()
+
+	h.srv.mu.Lock()
+	before := len(h.srv.lives)
+	h.srv.mu.Unlock()
+	if before != n+2 {
+		t.Fatalf("%d live sessions before the sweep", before)
+	}
+	// Not idle long enough: nothing goes.
+	if got := h.srv.evictIdle(time.Now()); got != 0 {
+		t.Fatalf("%d evicted before their idle time", got)
+	}
+	if got := h.srv.evictIdle(time.Now().Add(time.Hour + time.Second)); got != n {
+		t.Fatalf("%d evicted, want %d", got, n)
+	}
+	h.srv.mu.Lock()
+	left := len(h.srv.lives)
+	_, keptAsk := h.srv.lives[asking]
+	_, keptRun := h.srv.lives[running]
+	h.srv.mu.Unlock()
+	if left != 2 || !keptAsk || !keptRun {
+		t.Fatalf("after the sweep %d live sessions (asking %v, running %v)", left, keptAsk, keptRun)
+	}
+
+	h.prompt(alice, ids[0], "/say back")
+	if next := rec.until(UpdateTurnComplete); next[0].Seq != lastSeq[ids[0]]+1 {
+		t.Fatalf("seq %d after %d: the sequence has a gap", next[0].Seq, lastSeq[ids[0]])
+	}
+	if _, err := h.srv.Approve(ctx, &sessionv1.ApproveRequest{Principal: alice, SessionId: asking, RequestId: ask[len(ask)-1].str("request_id"),
+		Decision: sessionv1.Decision_DECISION_REJECT}); err != nil {
+		t.Fatal(err)
+	}
+	await(t, askRes)
+	if _, err := h.srv.Cancel(ctx, &sessionv1.CancelRequest{Principal: alice, SessionId: running}); err != nil {
+		t.Fatal(err)
+	}
+	await(t, runRes)
+}
+
+// With a short idle time the sweeper alone keeps the map bounded.
+func TestLiveSessionsSwept(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.LiveIdleTimeout = 50 * time.Millisecond })
+	for range 30 {
+		h.prompt(alice, h.newSession(alice, "default"), "/say touched")
+	}
+	eventually(t, func() error {
+		h.srv.mu.Lock()
+		defer h.srv.mu.Unlock()
+		if n := len(h.srv.lives); n != 0 {
+			return fmt.Errorf("%d live sessions", n)
+		}
+		return nil
+	})
+}

@@ -72,6 +72,9 @@ type Config struct {
 	// running turns (defaults 100 ms and 4 KiB; see checkpoint.go).
 	CheckpointInterval time.Duration
 	CheckpointBytes    int
+	// LiveIdleTimeout is how long the in-memory half of an idle session is
+	// kept after its last use (default 10 min; see live.go).
+	LiveIdleTimeout time.Duration
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -105,6 +108,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.CheckpointBytes <= 0 {
 		c.CheckpointBytes = DefaultCheckpointBytes
 	}
+	if c.LiveIdleTimeout <= 0 {
+		c.LiveIdleTimeout = DefaultLiveIdleTimeout
+	}
 	return c, nil
 }
 
@@ -119,12 +125,17 @@ type Server struct {
 	providers map[string]ProviderFactory
 	cp        *checkpointer
 
+	// stopSweep ends the eviction of idle live sessions; swept is closed
+	// when it ended.
+	stopSweep chan struct{}
+	swept     chan struct{}
+
 	// base is the parent of every turn's context; Shutdown cancels it
 	// with ErrShutdown.
 	base       context.Context
 	cancelBase context.CancelCauseFunc
 
-	// mu guards lives (and each entry's refs) and closed; wg
+	// mu guards lives (and each entry's refs and lastUsed) and closed; wg
 	// counts every turn goroutine, added under mu so none starts after
 	// Shutdown began waiting.
 	mu       sync.Mutex
@@ -144,6 +155,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB}, nc: cfg.NATS,
 		providers: defaultProviders(), lives: map[string]*liveSession{},
+		stopSweep: make(chan struct{}), swept: make(chan struct{}),
 	}
 	for name, f := range cfg.Providers {
 		s.providers[name] = f
@@ -153,6 +165,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.cp = newCheckpointer(s.store, s.log, cfg.CheckpointInterval, cfg.CheckpointBytes, cfg.UnwindTimeout)
+	go func() {
+		defer close(s.swept)
+		s.sweep(s.stopSweep)
+	}()
 	return s, nil
 }
 
@@ -231,6 +247,8 @@ func (s *Server) Shutdown() {
 		s.mu.Unlock()
 		s.cancelBase(ErrShutdown)
 		s.wg.Wait()
+		close(s.stopSweep)
+		<-s.swept
 		s.cp.shutdown()
 
 		s.mu.Lock()
