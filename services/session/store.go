@@ -191,23 +191,9 @@ func (st *store) openSessions(ctx context.Context) ([]openSession, error) {
 	return out, nil
 }
 
-// appendMessage adds one transcript row at the next index, taken under the
-// session row's lock: indexes are dense, in commit order, never reused.
-// The row carries the session's interaction surface.
-func (st *store) appendMessage(ctx context.Context, id, role, content string) (int64, error) {
-	var idx int64
-	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		var err error
-		idx, err = appendMessageTx(ctx, tx, id, role, content)
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("append message: %w", err)
-	}
-	return idx, nil
-}
-
-// appendMessageTx is appendMessage inside the caller's transaction.
+// appendMessageTx adds one transcript row at the next index, taken under
+// the session row's lock: indexes are dense, in commit order, never
+// reused. The row carries the session's interaction surface.
 func appendMessageTx(ctx context.Context, tx pgx.Tx, id, role, content string) (int64, error) {
 	var idx int64
 	if err := tx.QueryRow(ctx, `UPDATE sessions SET message_count = message_count + 1, updated_at = now()
@@ -252,16 +238,8 @@ func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int
 	return msgs, total, nil
 }
 
-// finishTurn records a turn's outcome and makes a running session idle
+// finishTurnTx records a turn's outcome and makes a running session idle
 // again (a session closed meanwhile keeps its state).
-func (st *store) finishTurn(ctx context.Context, sessionID, turnID string, res turnResult) error {
-	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error { return finishTurnTx(ctx, tx, sessionID, turnID, res) })
-	if err != nil {
-		return fmt.Errorf("finish turn: %w", err)
-	}
-	return nil
-}
-
 func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult) error {
 	if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
 		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgText(res.Content)); err != nil {
