@@ -109,6 +109,21 @@ func TestDeleteRemovesEveryRow(t *testing.T) {
 	if roles(given) != "user" {
 		t.Fatalf("the new session was given %+v", given)
 	}
+
+	// With no live session (the process restarted), the durable row is
+	// what delete finds and removes.
+	h.restart()
+	if h.srv.lookupLive(id) != nil {
+		t.Fatal("a live session before any use")
+	}
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for table, n := range h.rowsOf(id) {
+		if n != 0 {
+			t.Fatalf("%d rows left in %s", n, table)
+		}
+	}
 }
 
 // With PostgreSQL stopped, kill and delete of an idle session fail as a
