@@ -182,21 +182,21 @@ func TestSessionStreamingTurn(t *testing.T) {
 			text.WriteString(u.Text)
 		}
 	}
-	if text.String() != "hello world again " {
+	if text.String() != "hello world\nagain" {
 		t.Fatalf("chunks %q", text.String())
 	}
 	if n := countType(ups, "turn_complete"); n != 1 {
 		t.Fatalf("%d turn_complete", n)
 	}
 	last := ups[len(ups)-1]
-	if last.Type != "turn_complete" || last.Outcome != "completed" || last.Content != "hello world again " || last.Gen == nil || *last.Gen != 7 {
+	if last.Type != "turn_complete" || last.Outcome != "completed" || last.Content != "hello world\nagain" || last.Gen == nil || *last.Gen != 7 {
 		t.Fatalf("turn_complete %+v (it must come before the prompt's response)", last)
 	}
 	var pr struct {
 		SessionID, Outcome, Content string
 	}
 	json.Unmarshal(resp.Result, &pr)
-	if pr.Outcome != "completed" || pr.Content != "hello world again " {
+	if pr.Outcome != "completed" || pr.Content != "hello world\nagain" {
 		t.Fatalf("prompt result %s", resp.Result)
 	}
 
@@ -254,7 +254,7 @@ func TestSessionRefusals(t *testing.T) {
 	for {
 		u, ok := v.upd(v.next())
 		if ok && u.Type == "turn_complete" {
-			if u.Content != "note " {
+			if u.Content != "note" {
 				t.Fatalf("notification turn %+v", u)
 			}
 			break
@@ -504,7 +504,7 @@ func TestSessionCancelAndClose(t *testing.T) {
 	}
 	var pr struct{ Outcome, Content string }
 	json.Unmarshal(w.call("session/prompt", map[string]any{"session_id": id, "prompt": "/say back"}), &pr)
-	if pr.Outcome != "completed" || pr.Content != "back " {
+	if pr.Outcome != "completed" || pr.Content != "back" {
 		t.Fatalf("next prompt %+v", pr)
 	}
 }
@@ -526,7 +526,7 @@ func TestGatewayDrainsOnSIGTERM(t *testing.T) {
 	ups, resp := v.until(prompt)
 	var pr struct{ Outcome, Content string }
 	json.Unmarshal(resp.Result, &pr)
-	if resp.Error != nil || pr.Outcome != "completed" || pr.Content != "begin end " || countType(ups, "turn_complete") != 1 {
+	if resp.Error != nil || pr.Outcome != "completed" || pr.Content != "begin\nend" || countType(ups, "turn_complete") != 1 {
 		t.Fatalf("in-flight prompt during the drain: %s %v %+v", resp.Result, resp.Error, ups)
 	}
 	// Then the connection ends.
@@ -586,7 +586,7 @@ func TestSessionsSurviveAFullRestart(t *testing.T) {
 	w.call("session/new", map[string]any{"session_id": id})
 	var pr struct{ Outcome, Content string }
 	json.Unmarshal(w.call("session/prompt", map[string]any{"session_id": id, "prompt": "/say again"}), &pr)
-	if pr.Outcome != "completed" || pr.Content != "again " {
+	if pr.Outcome != "completed" || pr.Content != "again" {
 		t.Fatalf("prompt after the restart: %+v", pr)
 	}
 	var msgs struct {
@@ -630,7 +630,7 @@ func TestSessionOwnershipAndAgentGrants(t *testing.T) {
 	mine := alice.newSession("")
 	var pr struct{ Outcome, Content string }
 	json.Unmarshal(alice.call("session/prompt", map[string]any{"session_id": mine, "prompt": "/say hers"}), &pr)
-	if pr.Content != "hers " {
+	if pr.Content != "hers" {
 		t.Fatalf("alice's own turn: %+v", pr)
 	}
 	for _, method := range []string{"session/prompt", "session/state", "session/messages", "session/cancel"} {

@@ -79,6 +79,8 @@ type Agent struct {
 	ApprovalRequired []string
 	ApprovalTimeout  time.Duration
 	Timeout          time.Duration
+	// ContextBudgetTokens bounds the retained context (estimated tokens).
+	ContextBudgetTokens int64
 }
 
 // Agent reads agents.<alias>; ok is false when the alias is not
@@ -89,15 +91,16 @@ func (s Snapshot) Agent(alias string) (a Agent, ok bool) {
 		return Agent{}, false
 	}
 	return Agent{
-		Alias:            alias,
-		Provider:         s.String(base + ".provider"),
-		Model:            s.String(base + ".model"),
-		BaseURL:          s.String(base + ".base_url"),
-		SystemPrompt:     s.String(base + ".system_prompt"),
-		Tools:            s.Strings(base + ".tools"),
-		ApprovalRequired: s.Strings(base + ".approval_required"),
-		ApprovalTimeout:  time.Duration(s.Int(base+".approval_timeout_secs")) * time.Second,
-		Timeout:          time.Duration(s.Int(base+".timeout_secs")) * time.Second,
+		Alias:               alias,
+		Provider:            s.String(base + ".provider"),
+		Model:               s.String(base + ".model"),
+		BaseURL:             s.String(base + ".base_url"),
+		SystemPrompt:        s.String(base + ".system_prompt"),
+		Tools:               s.Strings(base + ".tools"),
+		ApprovalRequired:    s.Strings(base + ".approval_required"),
+		ApprovalTimeout:     time.Duration(s.Int(base+".approval_timeout_secs")) * time.Second,
+		Timeout:             time.Duration(s.Int(base+".timeout_secs")) * time.Second,
+		ContextBudgetTokens: s.Int(base + ".context_budget_tokens"),
 	}, true
 }
 

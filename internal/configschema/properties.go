@@ -95,6 +95,8 @@ var Properties = []Property{
 		Doc: "an approval nobody answers within this is denied"},
 	{Path: "agents.*.timeout_secs", Type: Integer, Default: 60, Min: f(1), Max: f(3600),
 		Doc: "longest wait for the provider's response and for each streamed chunk"},
+	{Path: "agents.*.context_budget_tokens", Type: Integer, Default: 100000, Min: f(1), Max: f(100_000_000),
+		Doc: "tokens of retained context the agent's model is given; past it the oldest turns are trimmed (estimate: a token per 4 bytes, plus 4 per message)"},
 
 	// Plugins (seed 003).
 	{Path: "plugins.enabled", Type: Bool, Default: true, Doc: "load plugins; false unloads every plugin at the next scan"},

@@ -152,3 +152,63 @@ func randomHex(n int) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// PGServer is a PostgreSQL cluster of one test's own, which the test may
+// stop and start again to see what happens while the database is down.
+// Its data survives a stop; it is removed when the test ends.
+type PGServer struct {
+	t   testing.TB
+	dir string
+	url string
+
+	mu sync.Mutex
+	c  *pgcluster.Cluster
+}
+
+// PrivatePostgres starts a cluster for this test alone (DATABASE_URL is
+// not used: that server is not the test's to stop).
+func PrivatePostgres(t testing.TB) *PGServer {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "clawmesh-pgown-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &PGServer{t: t, dir: dir}
+	t.Cleanup(func() {
+		p.Stop()
+		os.RemoveAll(dir)
+	})
+	p.Start()
+	return p
+}
+
+// URL is the connection string of the cluster's clawmesh database; it
+// stays the same across a stop and a start.
+func (p *PGServer) URL() string { return p.url }
+
+// Stop shuts the server down (a fast shutdown: open connections are
+// cut) and waits for it to exit.
+func (p *PGServer) Stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.c != nil {
+		p.c.Stop()
+		p.c = nil
+	}
+}
+
+// Start starts the server again on the same data; it returns once it
+// accepts connections.
+func (p *PGServer) Start() {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.c != nil {
+		return
+	}
+	c, err := pgcluster.Start(context.Background(), pgcluster.Options{Dir: p.dir, Fast: true})
+	if err != nil {
+		p.t.Fatalf("start postgres: %v", err)
+	}
+	p.c, p.url = c, c.URL()
+}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
@@ -42,6 +43,9 @@ type AgentConfig struct {
 	// Timeout bounds the wait for a provider's response and for each
 	// streamed chunk after it (agents.<alias>.timeout_secs).
 	Timeout time.Duration
+	// ContextBudgetTokens bounds the retained context, in estimated
+	// tokens (agents.<alias>.context_budget_tokens; see estimateTokens).
+	ContextBudgetTokens int64
 }
 
 // DefaultAgent is the built-in default agent: the scripted provider, no
@@ -57,7 +61,21 @@ func (a AgentConfig) withDefaults() AgentConfig {
 	if a.Timeout <= 0 {
 		a.Timeout = DefaultProviderTimeout
 	}
+	if a.ContextBudgetTokens <= 0 {
+		a.ContextBudgetTokens = defaultContextBudget()
+	}
 	return a
+}
+
+// defaultContextBudget is the schema's default of
+// agents.<alias>.context_budget_tokens.
+func defaultContextBudget() int64 {
+	p, err := configschema.Lookup("agents." + DefaultAgentAlias + ".context_budget_tokens")
+	if err != nil {
+		panic("session: the config schema has no agents.*.context_budget_tokens: " + err.Error())
+	}
+	n, _ := p.Default.(int)
+	return int64(n)
 }
 
 func (a AgentConfig) needsApproval(tool string) bool {
@@ -146,6 +164,7 @@ func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, er
 	a := AgentConfig{
 		Alias: alias, Provider: entry.Provider, Model: entry.Model, BaseURL: entry.BaseURL, SystemPrompt: entry.SystemPrompt,
 		Tools: entry.Tools, ApprovalRequired: entry.ApprovalRequired, ApprovalTimeout: entry.ApprovalTimeout, Timeout: entry.Timeout,
+		ContextBudgetTokens: entry.ContextBudgetTokens,
 	}.withDefaults()
 	if a.Provider == ProviderOpenAI {
 		rev, err := c.Client.Reveal(ctx, &configv1.RevealRequest{Prop: "agents." + alias + ".api_key"})

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/services/session/provider"
 )
 
 // Causes a turn's context is cancelled with; context.Cause tells them apart
@@ -29,7 +30,7 @@ var (
 var (
 	// ErrProvider wraps a provider's failure (HTTP status, bad stream,
 	// timeout, a scripted /fail).
-	ErrProvider = errors.New("provider failed")
+	ErrProvider = provider.ErrProvider
 	// ErrUnknownProvider: agents.<alias>.provider names no provider.
 	ErrUnknownProvider = errors.New("unknown provider")
 	// ErrUnknownAgent: the alias is not in the config document.
@@ -58,6 +59,11 @@ func errSessionEnded(id, state string) error {
 		msg = fmt.Sprintf("Session %s was killed and cannot be used again", id)
 	}
 	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonConflict, rpcerr.NoIndex, msg)
+}
+
+func errOtherSurface(id, surface string) error {
+	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonConflict, rpcerr.NoIndex,
+		fmt.Sprintf("Session %s belongs to the interaction surface `%s`; resume it there", id, surface))
 }
 
 func errInvalid(msg string) error {

@@ -51,7 +51,13 @@ type harness struct {
 
 func newHarness(t testing.TB, tweak ...func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, dbURL: testenv.Postgres(t), dataDir: t.TempDir(), agents: NewStaticAgents()}
+	return newHarnessOn(t, testenv.Postgres(t), tweak...)
+}
+
+// newHarnessOn is newHarness on the database at dbURL.
+func newHarnessOn(t testing.TB, dbURL string, tweak ...func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, dbURL: dbURL, dataDir: t.TempDir(), agents: NewStaticAgents()}
 	natsURL := testenv.NATS(t)
 	var err error
 	if h.nc, err = nats.Connect(natsURL); err != nil {
@@ -98,6 +104,24 @@ func (h *harness) restart() {
 	h.start()
 }
 
+// crash stands for a SIGKILL of the service: the running Server is cut
+// off from the database and the bus at once (nothing it does afterwards
+// reaches either), and a new one starts on the same database, as the
+// restarted process would.
+func (h *harness) crash() {
+	h.t.Helper()
+	url := h.nc.ConnectedUrl()
+	h.pool.Close()
+	h.nc.Close()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		h.t.Fatalf("nats: %v", err)
+	}
+	h.t.Cleanup(nc.Close)
+	h.nc, h.cfg.NATS = nc, nc
+	h.start()
+}
+
 func (h *harness) newSession(p *commonv1.Principal, alias string) string {
 	h.t.Helper()
 	resp, err := h.srv.NewSession(context.Background(), &sessionv1.NewSessionRequest{Principal: p, AgentAlias: alias})
@@ -115,8 +139,9 @@ type promptResult struct {
 // promptAsync runs Prompt in a goroutine the test waits for at cleanup.
 func (h *harness) promptAsync(ctx context.Context, req *sessionv1.PromptRequest) <-chan promptResult {
 	ch := make(chan promptResult, 1)
+	srv := h.srv
 	go func() {
-		resp, err := h.srv.Prompt(ctx, req)
+		resp, err := srv.Prompt(ctx, req)
 		ch <- promptResult{resp, err}
 	}()
 	return ch

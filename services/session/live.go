@@ -2,55 +2,108 @@ package session
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"time"
+
+	"go.uber.org/zap"
 )
+
+// DefaultLiveIdleTimeout is how long the in-memory half of a session with
+// no running turn and no pending approval is kept after its last use.
+const DefaultLiveIdleTimeout = 10 * time.Minute
 
 // liveSession is the in-memory half of a session: the running turn, its
 // pending approvals and the update sequence. The database is the record;
 // this is what one process needs to run turns. One session service
 // process owns every turn (it is not replicated), so one running turn per
 // session is enforced here.
+//
+// Entries are made on first use and evicted once idle (see evictIdle):
+// the map holds the sessions in use, not every session ever touched.
 type liveSession struct {
 	id string
+	// owner and surface never change for a session id; kept here so a
+	// kill or delete can reach a running turn without the database.
+	owner, surface string
+
+	// refs and lastUsed are guarded by Server.mu: an entry someone holds
+	// is never evicted.
+	refs     int
+	lastUsed time.Time
 
 	// mu guards the fields below it. Admission of a turn, its end and the
 	// lifecycle methods take it, so they are serialized per session.
-	mu            sync.Mutex
-	turn          *turn
-	deleting      bool
+	mu       sync.Mutex
+	turn     *turn
+	deleting bool
+	// ending is set while close or kill cancels the turn and writes the
+	// new state: no turn is admitted meanwhile.
+	ending        string
 	approvals     map[string]*approval
 	alwaysAllowed map[string]bool
 
 	// pubMu orders publishing: seq is the last number used, seqReserved
-	// the bound stored in the database. Lock order: mu before pubMu.
+	// the bound stored in the database. Lock order: mu, pubMu, Server.mu.
 	pubMu       sync.Mutex
 	seq         int64
 	seqReserved int64
 }
 
-// live returns the in-memory session for a stored row, creating it on
-// first use (after a restart it resumes the stored sequence bound).
-func (s *Server) live(row sessionRow) *liveSession {
+// hold returns the in-memory session of a stored row, creating it on
+// first use, and keeps it from eviction until release is called. A new
+// entry starts from the stored sequence bound and allow_always tools,
+// read again so that an entry evicted a moment ago is continued exactly.
+func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, release func()) {
+	if ls := s.holdExisting(row.ID); ls != nil {
+		return ls, func() { s.release(ls) }
+	}
+	seq, allowed, err := s.store.liveState(ctx, row.ID)
+	if err != nil {
+		if !errors.Is(err, errNoRow) {
+			s.log.Warn("read session sequence", zap.String("session_id", row.ID), zap.Error(err))
+		}
+		seq, allowed = row.UpdateSeq, row.AlwaysAllowed
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ls, ok := s.lives[row.ID]; ok {
-		return ls
+		ls.refs++
+		return ls, func() { s.release(ls) }
 	}
-	ls := &liveSession{
-		id:            row.ID,
-		approvals:     map[string]*approval{},
-		alwaysAllowed: map[string]bool{},
-		seq:           row.UpdateSeq,
-		seqReserved:   row.UpdateSeq,
+	ls = &liveSession{
+		id: row.ID, owner: row.Owner, surface: row.Surface, refs: 1,
+		approvals: map[string]*approval{}, alwaysAllowed: map[string]bool{},
+		seq: seq, seqReserved: seq,
 	}
-	for _, t := range row.AlwaysAllowed {
+	for _, t := range allowed {
 		ls.alwaysAllowed[t] = true
 	}
 	s.lives[row.ID] = ls
+	return ls, func() { s.release(ls) }
+}
+
+// holdExisting holds the in-memory session if there is one.
+func (s *Server) holdExisting(id string) *liveSession {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ls := s.lives[id]
+	if ls != nil {
+		ls.refs++
+	}
 	return ls
 }
 
-// lookupLive returns the in-memory session if there is one.
+func (s *Server) release(ls *liveSession) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ls.refs--
+	ls.lastUsed = time.Now()
+}
+
+// lookupLive returns the in-memory session if there is one, without
+// holding it: for reading a running turn or a pending approval, which
+// keep an entry from eviction themselves.
 func (s *Server) lookupLive(id string) *liveSession {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -81,5 +134,73 @@ func (s *Server) stopTurn(ctx context.Context, t *turn, cause error) bool {
 		return true
 	case <-wait.Done():
 		return false
+	}
+}
+
+// evictIdle drops the in-memory sessions nobody holds that have been
+// unused since before now minus the idle timeout and have no running
+// turn, no pending approval and no lifecycle change under way. The last
+// update sequence number used is stored first, so the next entry for the
+// session continues it without a gap; an entry whose number cannot be
+// stored stays for the next sweep. It returns how many it dropped.
+func (s *Server) evictIdle(now time.Time) int {
+	cutoff := now.Add(-s.cfg.LiveIdleTimeout)
+	s.mu.Lock()
+	var idle []*liveSession
+	for _, ls := range s.lives {
+		if ls.refs == 0 && !ls.lastUsed.After(cutoff) {
+			idle = append(idle, ls)
+		}
+	}
+	s.mu.Unlock()
+	evicted := 0
+	for _, ls := range idle {
+		if s.evict(ls, cutoff) {
+			evicted++
+		}
+	}
+	return evicted
+}
+
+func (s *Server) evict(ls *liveSession, cutoff time.Time) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.turn != nil || len(ls.approvals) > 0 || ls.deleting || ls.ending != "" {
+		return false
+	}
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	if ls.seq != ls.seqReserved {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.UnwindTimeout)
+		err := s.store.releaseSeq(ctx, ls.id, ls.seq, ls.seqReserved)
+		cancel()
+		if err != nil {
+			s.log.Warn("store update sequence", zap.String("session_id", ls.id), zap.Error(err))
+			return false
+		}
+		ls.seqReserved = ls.seq
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ls.refs != 0 || ls.lastUsed.After(cutoff) || s.lives[ls.id] != ls {
+		return false
+	}
+	delete(s.lives, ls.id)
+	return true
+}
+
+// sweep evicts idle entries every half idle timeout until stop is closed.
+func (s *Server) sweep(stop <-chan struct{}) {
+	t := time.NewTicker(max(s.cfg.LiveIdleTimeout/2, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			if n := s.evictIdle(now); n > 0 {
+				s.log.Debug("idle sessions evicted from memory", zap.Int("evicted", n))
+			}
+		}
 	}
 }

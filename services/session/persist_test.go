@@ -95,10 +95,8 @@ func TestInterruptedTurnRecovered(t *testing.T) {
 	// What a crash mid-turn leaves behind: a running turn, a running
 	// session, the user's prompt, and no clean stop.
 	gen := int64(3)
-	if err := h.srv.store.startTurn(ctx, id, "turn_dead", "conn-x", &gen); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.srv.store.appendMessage(ctx, id, roleUser, "/sleep 60000"); err != nil {
+	if _, err := h.srv.store.beginTurn(ctx, turnStart{SessionID: id, TurnID: "turn_dead", ConnID: "conn-x", Surface: SurfaceRPC,
+		Prompt: "/sleep 60000", Generation: &gen}); err != nil {
 		t.Fatal(err)
 	}
 	srv2, err := New(ctx, h.cfg)
@@ -121,7 +119,7 @@ func TestInterruptedTurnRecovered(t *testing.T) {
 		t.Fatalf("transcript %v", msgs.GetMessages())
 	}
 	resp, err := srv2.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say after"})
-	if err != nil || resp.GetContent() != "after " {
+	if err != nil || resp.GetContent() != "after" {
 		t.Fatalf("prompt after recovery %v %v", resp, err)
 	}
 }
@@ -157,7 +155,7 @@ func TestOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, err := client.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: created.GetSessionId(), Prompt: "/say over grpc"})
-	if err != nil || resp.GetContent() != "over grpc " || resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+	if err != nil || resp.GetContent() != "over grpc" || resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
 		t.Fatalf("prompt %v %v", resp, err)
 	}
 	_, err = client.StoreFile(ctx, &sessionv1.StoreFileRequest{})

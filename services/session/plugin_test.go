@@ -79,7 +79,7 @@ func TestPluginTools(t *testing.T) {
 	id := h.newSession(alice, "default")
 	rec := h.record(id)
 	resp := h.prompt(alice, id, "/tool shout {\"a\":\"b\"}\n/tool broken\n/tool crash\n/tool echo {\"e\":1}\n/say end")
-	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "end " {
+	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "end" {
 		t.Fatalf("prompt %v", resp)
 	}
 	var results []update
@@ -116,7 +116,7 @@ func TestPluginSandboxMissing(t *testing.T) {
 			h := newHarness(t, func(c *Config) { c.Plugins = client })
 			id := h.newSession(alice, "default")
 			resp := h.prompt(alice, id, "/tool shout {}\n/tool echo {\"ok\":true}\n/say end")
-			if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "end " {
+			if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "end" {
 				t.Fatalf("prompt %v", resp)
 			}
 			var rows []string

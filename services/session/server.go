@@ -1,13 +1,28 @@
 // Package session is the session service: sessions, turns, the agent loop
 // and its providers, the transcript, approvals and session workspaces.
 //
-// A turn runs in one goroutine of this process (see turn.go): it sends the
-// transcript to the agent's provider, publishes every streamed chunk, tool
-// call, tool result and approval request on NATS as it happens (see
-// updates.go for the subject and payload), and ends with exactly one
-// turn_complete, published before Prompt answers. The transcript, turns,
-// tool calls and approvals are stored in PostgreSQL; what lives only in
-// memory is the running turn itself, so the service runs as one replica.
+// A turn runs in one goroutine of this process (see turn.go): it gives the
+// session's retained context to the agent's provider, publishes every
+// streamed chunk, tool call, tool result and approval request on NATS as
+// it happens (see updates.go for the subject and payload), and ends with
+// exactly one turn_complete, published before Prompt answers.
+//
+// A session has two durable records in PostgreSQL (retained.go,
+// store_durable.go): the visible transcript, which only grows, and the
+// retained provider context, a snapshot plus the checkpoint events after
+// it, trimmed to the agent's budget. A running turn checkpoints what it
+// streams in batches (checkpoint.go), so a crash loses at most one batch;
+// the next process recovers every unfinished turn once (server.go,
+// recover). What lives only in memory is the running turn itself and its
+// pending approvals (live.go), so the service runs as one replica.
+//
+// Files by concern: the gRPC surface is rpc_sessions.go (new, resume,
+// close, kill, delete, attach), rpc_prompt.go (prompt, cancel, connection
+// closed), rpc_approvals.go (approve) and rpc_read.go (state, messages,
+// list, status), with shared checks in rpc.go; turn.go is the agent loop,
+// tools.go and approvals.go what a turn calls and asks, store.go and
+// store_durable.go every SQL statement, updates.go publishing. The providers (the interface, the
+// scripted one and the OpenAI-compatible one) are package provider.
 package session
 
 import (
@@ -53,6 +68,13 @@ type Config struct {
 	// PluginListTimeout bounds listing the plugin tools at a turn's start
 	// (default 2 s).
 	PluginListTimeout time.Duration
+	// CheckpointInterval and CheckpointBytes batch the checkpoints of
+	// running turns (defaults 100 ms and 4 KiB; see checkpoint.go).
+	CheckpointInterval time.Duration
+	CheckpointBytes    int
+	// LiveIdleTimeout is how long the in-memory half of an idle session is
+	// kept after its last use (default 10 min; see live.go).
+	LiveIdleTimeout time.Duration
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -80,6 +102,15 @@ func (c Config) withDefaults() (Config, error) {
 	if c.PluginListTimeout <= 0 {
 		c.PluginListTimeout = 2 * time.Second
 	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if c.CheckpointBytes <= 0 {
+		c.CheckpointBytes = DefaultCheckpointBytes
+	}
+	if c.LiveIdleTimeout <= 0 {
+		c.LiveIdleTimeout = DefaultLiveIdleTimeout
+	}
 	return c, nil
 }
 
@@ -92,14 +123,21 @@ type Server struct {
 	store     *store
 	nc        *nats.Conn
 	providers map[string]ProviderFactory
+	cp        *checkpointer
+
+	// stopSweep ends the eviction of idle live sessions; swept is closed
+	// when it ended.
+	stopSweep chan struct{}
+	swept     chan struct{}
 
 	// base is the parent of every turn's context; Shutdown cancels it
 	// with ErrShutdown.
 	base       context.Context
 	cancelBase context.CancelCauseFunc
 
-	// mu guards lives and closed; wg counts every turn goroutine, added
-	// under mu so none starts after Shutdown began waiting.
+	// mu guards lives (and each entry's refs and lastUsed) and closed; wg
+	// counts every turn goroutine, added under mu so none starts after
+	// Shutdown began waiting.
 	mu       sync.Mutex
 	lives    map[string]*liveSession
 	closed   bool
@@ -108,9 +146,7 @@ type Server struct {
 }
 
 // New builds the service on its schema and recovers from a previous
-// process that died with turns running: each such turn gets a visible
-// interruption marker and its turn_complete (cancelled), and its session
-// is idle again.
+// process that died with turns running (see recover).
 func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -119,6 +155,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB}, nc: cfg.NATS,
 		providers: defaultProviders(), lives: map[string]*liveSession{},
+		stopSweep: make(chan struct{}), swept: make(chan struct{}),
 	}
 	for name, f := range cfg.Providers {
 		s.providers[name] = f
@@ -127,34 +164,66 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.recover(ctx); err != nil {
 		return nil, err
 	}
+	s.cp = newCheckpointer(s.store, s.log, cfg.CheckpointInterval, cfg.CheckpointBytes, cfg.UnwindTimeout)
+	go func() {
+		defer close(s.swept)
+		s.sweep(s.stopSweep)
+	}()
 	return s, nil
 }
 
+// interruptedMarker is the transcript row recovery appends to a turn its
+// process did not finish. It is for people: the provider never sees it.
 const interruptedMarker = "[Turn interrupted: the session service stopped before it ended]"
 
+// toolInterruptedOutput is the result recovery records for a tool call
+// that was running when the process died.
+const toolInterruptedOutput = "Cancelled: the session service stopped while the tool ran"
+
+// stopInterrupted is the stop reason of a recovered turn.
+const stopInterrupted = "interrupted"
+
+// restoredSurfaces are the interaction surfaces whose unfinished turns
+// recovery restores: the native RPC's. A turn of another surface (a
+// channel's chat, say) is marked interrupted and its checkpoint left as
+// it was, for that surface's own recovery to inspect; its events stay out
+// of the provider context.
+var restoredSurfaces = map[string]bool{SurfaceRPC: true}
+
+// recover ends every turn a previous process left running, each exactly
+// once (store.recoverTurn): for a restored surface, the checkpoint's
+// visible progress (the text streamed so far, a result for a call that
+// never got one) goes into the transcript, then one interruption marker;
+// the turn's checkpoint events stay in the retained context, so the next
+// prompt gives the provider the snapshot plus those events, never the
+// marker. Each turn gets its turn_complete (cancelled), and its session is
+// idle again.
 func (s *Server) recover(ctx context.Context) error {
 	turns, err := s.store.interruptedTurns(ctx)
 	if err != nil {
 		return err
 	}
 	for _, it := range turns {
+		rec, err := s.store.recoverTurn(ctx, it, restoredSurfaces[it.Surface], interruptedMarker)
+		if err != nil {
+			return err
+		}
+		if !rec.Done {
+			continue
+		}
 		row, err := s.store.session(ctx, it.SessionID)
 		if err != nil {
 			return fmt.Errorf("recover turn %s: %w", it.TurnID, err)
 		}
-		if _, err := s.store.appendMessage(ctx, it.SessionID, roleSystem, interruptedMarker); err != nil {
-			return fmt.Errorf("recover turn %s: %w", it.TurnID, err)
-		}
-		res := turnResult{Outcome: OutcomeCancelled, StopReason: "interrupted"}
-		if err := s.store.finishTurn(ctx, it.SessionID, it.TurnID, res); err != nil {
-			return fmt.Errorf("recover turn %s: %w", it.TurnID, err)
-		}
-		f := fields{"turn_id": it.TurnID, "outcome": res.Outcome, "content": "", "stop_reason": res.StopReason}
+		f := fields{"turn_id": it.TurnID, "outcome": OutcomeCancelled, "content": rec.Content, "stop_reason": stopInterrupted}
 		if it.Generation != nil {
 			f["client_turn_generation"] = *it.Generation
 		}
-		s.publish(s.live(row), UpdateTurnComplete, f)
-		s.log.Info("interrupted turn recovered", zap.String("session_id", it.SessionID), zap.String("turn_id", it.TurnID))
+		ls, release := s.hold(ctx, row)
+		s.publish(ls, UpdateTurnComplete, f)
+		release()
+		s.log.Info("interrupted turn recovered", zap.String("session_id", it.SessionID), zap.String("turn_id", it.TurnID),
+			zap.String("interaction_surface", it.Surface), zap.Bool("restored", rec.Restored))
 	}
 	if err := s.store.recoverRunning(ctx); err != nil {
 		return err
@@ -166,8 +235,9 @@ func (s *Server) recover(ctx context.Context) error {
 }
 
 // Shutdown cancels every running turn (cause ErrShutdown), waits for them
-// to publish their turn_complete, and stores each session's last update
-// sequence so the next process continues it without a gap. Safe to call
+// to publish their turn_complete, writes the checkpoints still pending,
+// and stores each session's last update sequence so the next process
+// continues it without a gap. Safe to call
 // more than once and from several goroutines; every call returns once the
 // first one finished.
 func (s *Server) Shutdown() {
@@ -177,6 +247,9 @@ func (s *Server) Shutdown() {
 		s.mu.Unlock()
 		s.cancelBase(ErrShutdown)
 		s.wg.Wait()
+		close(s.stopSweep)
+		<-s.swept
+		s.cp.shutdown()
 
 		s.mu.Lock()
 		lives := make([]*liveSession, 0, len(s.lives))

@@ -87,7 +87,7 @@ func TestSessionLifecycle(t *testing.T) {
 	if err != nil || re.GetMessageCount() != 2 || re.GetSessionId() != id {
 		t.Fatalf("resume: %v %v", re, err)
 	}
-	if got := h.prompt(alice, id, "/say again").GetContent(); got != "again " {
+	if got := h.prompt(alice, id, "/say again").GetContent(); got != "again" {
 		t.Fatalf("resumed session answered %q", got)
 	}
 
@@ -160,7 +160,7 @@ func TestTurnStreamsBeforeItEnds(t *testing.T) {
 	if all[0].Seq != 1 {
 		t.Fatalf("first seq %d", all[0].Seq)
 	}
-	if got := texts(all, UpdateMessageChunk); len(got) != 4 || got[0] != "Hello " || got[1] != "streaming " || got[2] != "world " || got[3] != "bye " {
+	if got := texts(all, UpdateMessageChunk); len(got) != 4 || got[0] != "Hello " || got[1] != "streaming " || got[2] != "world" || got[3] != "\nbye" {
 		t.Fatalf("message chunks %q", got)
 	}
 	if got := texts(all, UpdateThoughtChunk); len(got) != 1 || got[0] != "pondering" {
@@ -171,11 +171,11 @@ func TestTurnStreamsBeforeItEnds(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if done.str("outcome") != OutcomeCompleted || done.str("content") != "Hello streaming world bye " ||
+	if done.str("outcome") != OutcomeCompleted || done.str("content") != "Hello streaming world\nbye" ||
 		done.Params["client_turn_generation"] != float64(7) || done.str("turn_id") != r.resp.GetTurnId() {
 		t.Fatalf("turn_complete %v, prompt %v", done.Params, r.resp)
 	}
-	if r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "Hello streaming world bye " || r.resp.GetStopReason() != stopEndTurn {
+	if r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "Hello streaming world\nbye" || r.resp.GetStopReason() != stopEndTurn {
 		t.Fatalf("prompt response %v", r.resp)
 	}
 	rec.quiet(200 * time.Millisecond)
@@ -184,14 +184,14 @@ func TestTurnStreamsBeforeItEnds(t *testing.T) {
 	}
 
 	msgs, err := h.srv.Messages(context.Background(), &sessionv1.MessagesRequest{Principal: alice, SessionId: id})
-	if err != nil || msgs.GetTotal() != 2 || msgs.GetMessages()[0].GetRole() != roleUser || msgs.GetMessages()[1].GetContent() != "Hello streaming world bye " {
+	if err != nil || msgs.GetTotal() != 2 || msgs.GetMessages()[0].GetRole() != roleUser || msgs.GetMessages()[1].GetContent() != "Hello streaming world\nbye" {
 		t.Fatalf("messages %v %v", msgs, err)
 	}
 
 	// The next turn continues the sequence; an ordinary line is said back.
 	h.prompt(alice, id, "plain words")
 	next := rec.until(UpdateTurnComplete)
-	if next[0].Seq != done.Seq+1 || next[len(next)-1].str("content") != "plain words " {
+	if next[0].Seq != done.Seq+1 || next[len(next)-1].str("content") != "plain words" {
 		t.Fatalf("second turn: %v", next)
 	}
 	if _, ok := next[len(next)-1].Params["client_turn_generation"]; ok {
@@ -253,7 +253,7 @@ func TestBusyAndCancel(t *testing.T) {
 		t.Fatalf("state after cancel: %s", got)
 	}
 	r := await(t, res)
-	if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "working " || r.resp.GetTurnId() != st.GetTurnId() {
+	if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "working" || r.resp.GetTurnId() != st.GetTurnId() {
 		t.Fatalf("cancelled prompt %v %v", r.resp, r.err)
 	}
 	us := rec.until(UpdateTurnComplete)
@@ -264,7 +264,7 @@ func TestBusyAndCancel(t *testing.T) {
 	if c, _ := h.srv.Cancel(context.Background(), &sessionv1.CancelRequest{Principal: alice, SessionId: id}); c.GetCancelled() {
 		t.Fatal("cancel with no turn running said cancelled")
 	}
-	if got := h.prompt(alice, id, "/say back").GetContent(); got != "back " {
+	if got := h.prompt(alice, id, "/say back").GetContent(); got != "back" {
 		t.Fatalf("after cancel the session answered %q", got)
 	}
 }
@@ -296,7 +296,7 @@ func TestConnectionClosedCancelsTurns(t *testing.T) {
 	if got := h.state(alice, b); got != stateRunning {
 		t.Fatalf("conn-2's turn was touched: %s", got)
 	}
-	if got := h.prompt(alice, a, "/say next").GetContent(); got != "next " {
+	if got := h.prompt(alice, a, "/say next").GetContent(); got != "next" {
 		t.Fatalf("after ConnectionClosed the session answered %q", got)
 	}
 	ra.until(UpdateTurnComplete)

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/clawmesh/clawmesh/services/session/provider"
 )
 
 // Session states as stored and as session/state reports them.
@@ -18,21 +23,37 @@ const (
 	stateKilled  = "killed"
 )
 
-// Transcript roles.
+// Transcript roles: the provider's, and system for markers.
 const (
-	roleUser      = "user"
-	roleAssistant = "assistant"
-	roleTool      = "tool"
-	roleSystem    = "system"
+	roleUser      = provider.RoleUser
+	roleAssistant = provider.RoleAssistant
+	roleTool      = provider.RoleTool
+	roleSystem    = provider.RoleSystem
 )
 
 // errNoRow is what the store returns for a missing session or approval.
 var errNoRow = errors.New("no such row")
 
 // store is the session schema: every SQL statement of the service lives
-// here. Nobody else reads these tables.
+// here (and in store_durable.go). Nobody else reads these tables.
 type store struct {
 	db *pgxpool.Pool
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// pgText makes s storable as PostgreSQL text and jsonb, which refuse NUL
+// and invalid UTF-8: both become U+FFFD.
+func pgText(s string) string {
+	if utf8.ValidString(s) && !strings.Contains(s, "\x00") {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 type sessionRow struct {
@@ -73,16 +94,26 @@ func (st *store) session(ctx context.Context, id string) (sessionRow, error) {
 	return r, err
 }
 
-// createSession inserts a new idle session; it reports false when the id
-// is taken.
+// createSession inserts a new idle session with an explicitly empty
+// retained context; it reports false when the id is taken.
 func (st *store) createSession(ctx context.Context, r sessionRow) (bool, error) {
-	tag, err := st.db.Exec(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
-		VALUES ($1, $2, $3, 'idle', $4, $5, $6) ON CONFLICT (session_id) DO NOTHING`,
-		r.ID, r.AgentAlias, r.Owner, r.Surface, r.WorkspaceDir, r.Cwd)
+	created := false
+	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
+			VALUES ($1, $2, $3, 'idle', $4, $5, $6) ON CONFLICT (session_id) DO NOTHING`,
+			r.ID, r.AgentAlias, r.Owner, r.Surface, r.WorkspaceDir, r.Cwd)
+		if err != nil || tag.RowsAffected() != 1 {
+			return err
+		}
+		created = true
+		_, err = tx.Exec(ctx, `INSERT INTO context_snapshots (session_id, boundary, messages, interaction_surface)
+			VALUES ($1, 0, '[]', $2)`, r.ID, r.Surface)
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("create session: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return created, nil
 }
 
 // reopen makes a closed (or idle) session idle again in a new generation.
@@ -160,22 +191,18 @@ func (st *store) openSessions(ctx context.Context) ([]openSession, error) {
 	return out, nil
 }
 
-// appendMessage adds one transcript row at the next index, taken under the
-// session row's lock: indexes are dense, in commit order, never reused.
-func (st *store) appendMessage(ctx context.Context, id, role, content string) (int64, error) {
+// appendMessageTx adds one transcript row at the next index, taken under
+// the session row's lock: indexes are dense, in commit order, never
+// reused. The row carries the session's interaction surface.
+func appendMessageTx(ctx context.Context, tx pgx.Tx, id, role, content string) (int64, error) {
 	var idx int64
-	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `UPDATE sessions SET message_count = message_count + 1, updated_at = now()
-			WHERE session_id = $1 RETURNING message_count - 1`, id).Scan(&idx); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, "INSERT INTO messages (session_id, idx, role, content) VALUES ($1, $2, $3, $4)", id, idx, role, content)
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("append message: %w", err)
+	if err := tx.QueryRow(ctx, `UPDATE sessions SET message_count = message_count + 1, updated_at = now()
+		WHERE session_id = $1 RETURNING message_count - 1`, id).Scan(&idx); err != nil {
+		return 0, err
 	}
-	return idx, nil
+	_, err := tx.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, interaction_surface)
+		SELECT $1, $2, $3, $4, interaction_surface FROM sessions WHERE session_id = $1`, id, idx, role, pgText(content))
+	return idx, err
 }
 
 type messageRow struct {
@@ -211,56 +238,35 @@ func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int
 	return msgs, total, nil
 }
 
-// startTurn records a running turn and marks the session running.
-func (st *store) startTurn(ctx context.Context, sessionID, turnID, connID string, gen *int64) error {
-	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "INSERT INTO turns (turn_id, session_id, connection_id, client_turn_generation) VALUES ($1, $2, $3, $4)",
-			turnID, sessionID, connID, gen); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, "UPDATE sessions SET state = 'running', updated_at = now() WHERE session_id = $1 AND state = 'idle'", sessionID)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("start turn: %w", err)
-	}
-	return nil
-}
-
-// finishTurn records a turn's outcome and makes a running session idle
+// finishTurnTx records a turn's outcome and makes a running session idle
 // again (a session closed meanwhile keeps its state).
-func (st *store) finishTurn(ctx context.Context, sessionID, turnID string, res turnResult) error {
-	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
-			WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, res.Content); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", turnID); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, "UPDATE sessions SET state = 'idle', updated_at = now() WHERE session_id = $1 AND state = 'running'", sessionID)
+func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult) error {
+	if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
+		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgText(res.Content)); err != nil {
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("finish turn: %w", err)
 	}
-	return nil
+	if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", turnID); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, "UPDATE sessions SET state = 'idle', updated_at = now() WHERE session_id = $1 AND state = 'running'", sessionID)
+	return err
 }
 
 // interruptedTurn is a turn left running by a process that died.
 type interruptedTurn struct {
-	SessionID, TurnID string
-	Generation        *int64
+	SessionID, TurnID, Surface string
+	Generation                 *int64
 }
 
 func (st *store) interruptedTurns(ctx context.Context) ([]interruptedTurn, error) {
-	rows, err := st.db.Query(ctx, "SELECT session_id, turn_id, client_turn_generation FROM turns WHERE state = 'running' ORDER BY started_at")
+	rows, err := st.db.Query(ctx, `SELECT session_id, turn_id, interaction_surface, client_turn_generation
+		FROM turns WHERE state = 'running' ORDER BY started_at`)
 	if err != nil {
 		return nil, fmt.Errorf("find interrupted turns: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (interruptedTurn, error) {
 		var t interruptedTurn
-		err := row.Scan(&t.SessionID, &t.TurnID, &t.Generation)
+		err := row.Scan(&t.SessionID, &t.TurnID, &t.Surface, &t.Generation)
 		return t, err
 	})
 	if err != nil {
@@ -269,20 +275,16 @@ func (st *store) interruptedTurns(ctx context.Context) ([]interruptedTurn, error
 	return out, nil
 }
 
-func (st *store) insertToolCall(ctx context.Context, sessionID, turnID string, c toolCall, status string) error {
-	if _, err := st.db.Exec(ctx, `INSERT INTO tool_calls (session_id, tool_call_id, turn_id, name, raw_input, status)
-		VALUES ($1, $2, $3, $4, $5, $6)`, sessionID, c.ID, turnID, c.Name, string(c.Arguments), status); err != nil {
-		return fmt.Errorf("record tool call: %w", err)
-	}
-	return nil
+func insertToolCallTx(ctx context.Context, q querier, sessionID, turnID string, c toolCall, status string) error {
+	_, err := q.Exec(ctx, `INSERT INTO tool_calls (session_id, tool_call_id, turn_id, name, raw_input, status)
+		VALUES ($1, $2, $3, $4, $5, $6)`, sessionID, c.ID, turnID, pgText(c.Name), string(c.Arguments), status)
+	return err
 }
 
-func (st *store) finishToolCall(ctx context.Context, sessionID, callID, output, status string) error {
-	if _, err := st.db.Exec(ctx, "UPDATE tool_calls SET raw_output = $3, status = $4 WHERE session_id = $1 AND tool_call_id = $2",
-		sessionID, callID, output, status); err != nil {
-		return fmt.Errorf("record tool result: %w", err)
-	}
-	return nil
+func finishToolCallTx(ctx context.Context, q querier, sessionID, callID, output, status string) error {
+	_, err := q.Exec(ctx, "UPDATE tool_calls SET raw_output = $3, status = $4 WHERE session_id = $1 AND tool_call_id = $2",
+		sessionID, callID, pgText(output), status)
+	return err
 }
 
 func (st *store) insertApproval(ctx context.Context, sessionID, turnID string, a *approval) error {
@@ -321,6 +323,19 @@ func (st *store) allowAlways(ctx context.Context, sessionID, tool string) error 
 	return nil
 }
 
+// liveState reads what a session's in-memory half starts from: the stored
+// update sequence bound and the tools allow_always approved.
+func (st *store) liveState(ctx context.Context, id string) (seq int64, allowed []string, err error) {
+	err = st.db.QueryRow(ctx, "SELECT update_seq, always_allowed FROM sessions WHERE session_id = $1", id).Scan(&seq, &allowed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil, errNoRow
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("read session: %w", err)
+	}
+	return seq, allowed, nil
+}
+
 // reserveSeq raises the session's stored sequence bound to upto.
 func (st *store) reserveSeq(ctx context.Context, sessionID string, upto int64) error {
 	if _, err := st.db.Exec(ctx, "UPDATE sessions SET update_seq = GREATEST(update_seq, $2) WHERE session_id = $1", sessionID, upto); err != nil {
@@ -337,27 +352,6 @@ func (st *store) releaseSeq(ctx context.Context, sessionID string, used, reserve
 		return fmt.Errorf("release update sequence: %w", err)
 	}
 	return nil
-}
-
-// providerHistory returns the last n user and assistant rows, oldest
-// first: the context replayed to the provider (tool rows and markers are
-// for people, not for the model).
-func (st *store) providerHistory(ctx context.Context, id string, n int) ([]messageRow, error) {
-	rows, err := st.db.Query(ctx, `SELECT idx, role, content FROM (
-			SELECT idx, role, content FROM messages WHERE session_id = $1 AND role IN ('user', 'assistant')
-			ORDER BY idx DESC LIMIT $2) page ORDER BY idx`, id, n)
-	if err != nil {
-		return nil, fmt.Errorf("read history: %w", err)
-	}
-	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (messageRow, error) {
-		var m messageRow
-		err := row.Scan(&m.Index, &m.Role, &m.Content)
-		return m, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read history: %w", err)
-	}
-	return msgs, nil
 }
 
 // recoverRunning makes sessions left running by a dead process idle.

@@ -21,7 +21,7 @@ func TestEchoToolTurn(t *testing.T) {
 	id := h.newSession(alice, "default")
 	rec := h.record(id)
 	resp := h.prompt(alice, id, "/say calling\n/tool echo {\"x\": [1, 2]}\n/tool nosuch {}\n/say done")
-	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "calling done " {
+	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "calling\ndone" {
 		t.Fatalf("prompt %v", resp)
 	}
 	us := rec.until(UpdateTurnComplete)
@@ -49,7 +49,7 @@ func TestEchoToolTurn(t *testing.T) {
 		t.Fatalf("stored tool call: %s %s %s %v", name, status, output, err)
 	}
 	msgs, _ := h.srv.Messages(context.Background(), &sessionv1.MessagesRequest{Principal: alice, SessionId: id})
-	if msgs.GetTotal() != 4 || msgs.GetMessages()[1].GetRole() != roleTool || msgs.GetMessages()[3].GetContent() != "calling done " {
+	if msgs.GetTotal() != 4 || msgs.GetMessages()[1].GetRole() != roleTool || msgs.GetMessages()[3].GetContent() != "calling\ndone" {
 		t.Fatalf("transcript %v", msgs.GetMessages())
 	}
 }
@@ -94,7 +94,7 @@ func TestApprovals(t *testing.T) {
 			t.Fatalf("after the decision: %s", got)
 		}
 		r := await(t, res)
-		if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "after " {
+		if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "after" {
 			t.Fatalf("prompt %v %v", r.resp, r.err)
 		}
 		return us[0], r.resp

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
 	"github.com/clawmesh/clawmesh/internal/ids"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
-
-	"go.uber.org/zap"
+	"github.com/clawmesh/clawmesh/services/session/provider"
 )
 
 // Outcomes of turn_complete, and stop reasons of PromptResponse.
@@ -20,14 +22,11 @@ const (
 	OutcomeCancelled = "cancelled"
 	OutcomeFailed    = "failed"
 
-	stopEndTurn   = "end_turn"
-	stopToolUse   = "tool_use"
+	stopEndTurn   = provider.StopEndTurn
+	stopToolUse   = provider.StopToolUse
 	stopCancelled = "cancelled"
 	stopError     = "error"
 )
-
-// historyLimit bounds the transcript rows replayed to the provider.
-const historyLimit = 200
 
 // turn is one running prompt. Its context derives from the server's base
 // context and is cancelled with a cause (session/cancel, the prompting
@@ -36,9 +35,17 @@ type turn struct {
 	id        string
 	ls        *liveSession
 	alias     string
+	surface   string
 	principal *commonv1.Principal
 	connID    string
 	gen       *int64
+
+	// log holds the turn's checkpoint events until they are written;
+	// userSeq is the number of its first one, the prompt; step is the
+	// provider step running.
+	log     *turnLog
+	userSeq int64
+	step    int
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -74,10 +81,10 @@ func (s *Server) runTurn(t *turn) {
 	s.finish(t, res)
 }
 
-// loop is the agent loop: the transcript goes to the provider, its output
-// streams out as it arrives, each tool call it asks for runs (after an
-// approval when one is required) and its result goes back, until the
-// provider stops.
+// loop is the agent loop: the retained context goes to the provider, its
+// output streams out (and into the turn's checkpoint) as it arrives, each
+// tool call it asks for runs (after an approval when one is required) and
+// its result goes back, until the provider stops.
 func (s *Server) loop(t *turn) turnResult {
 	ctx := t.ctx
 	var content strings.Builder
@@ -108,7 +115,7 @@ func (s *Server) loop(t *turn) turnResult {
 	if err != nil {
 		return failed(err)
 	}
-	history, err := s.store.providerHistory(ctx, t.ls.id, historyLimit)
+	history, err := s.retainedContext(ctx, t, agent)
 	if err != nil {
 		s.log.Warn("read history", zap.String("session_id", t.ls.id), zap.Error(err))
 		return failed(errors.New("session storage unavailable"))
@@ -117,9 +124,7 @@ func (s *Server) loop(t *turn) turnResult {
 	if agent.SystemPrompt != "" {
 		msgs = append(msgs, ChatMessage{Role: roleSystem, Content: agent.SystemPrompt})
 	}
-	for _, m := range history {
-		msgs = append(msgs, ChatMessage{Role: m.Role, Content: m.Content})
-	}
+	msgs = append(msgs, history...)
 	tools := s.toolsFor(ctx, agent)
 	specs := tools.specs()
 
@@ -135,13 +140,15 @@ func (s *Server) loop(t *turn) turnResult {
 			step.WriteString(c.Text)
 		}
 		s.publish(t.ls, typ, fields{"turn_id": t.id, "text": c.Text})
+		t.log.stream(t.step, c.Thought, c.Text)
 	}
 	for n := 0; ; n++ {
 		if n >= s.cfg.MaxSteps {
 			return failed(fmt.Errorf("%w: the provider asked for tools %d times in one turn", ErrTooManySteps, n))
 		}
+		t.step = n
 		step.Reset()
-		res, err := prov.Step(ctx, ProviderRequest{Agent: agent, Messages: msgs, Tools: specs}, emit)
+		res, err := prov.Step(ctx, ProviderRequest{Agent: agent.providerAgent(), Messages: msgs, Tools: specs}, emit)
 		if ctx.Err() != nil {
 			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content.String()}
 		}
@@ -200,26 +207,34 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	if !validArgs {
 		stored, _ = json.Marshal(string(args))
 	}
+	// The call is checkpointed, with the events before it, before it runs.
+	t.log.add(cpEvent{Step: t.step, Kind: eventToolCall, Content: call.Arguments, CallID: call.ID, ToolCallID: id, Name: call.Name})
 	if err := s.unwound(ctx, func(c context.Context) error {
-		return s.store.insertToolCall(c, ls.id, t.id, toolCall{ID: id, Name: call.Name, Arguments: stored}, "running")
+		return s.cp.write(c, t.log, func(tx pgx.Tx) error {
+			return insertToolCallTx(c, tx, ls.id, t.id, toolCall{ID: id, Name: call.Name, Arguments: stored}, "running")
+		})
 	}); err != nil {
 		s.log.Warn("record tool call", zap.String("session_id", ls.id), zap.Error(err))
 	}
 	s.publish(ls, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": rawInput})
 
 	out, st := s.toolOutcome(ctx, t, agent, tools, call.Name, id, args, validArgs)
+	kept := capToolOutput(out)
 
+	t.log.add(cpEvent{Step: t.step, Kind: eventToolResult, Content: kept, CallID: call.ID, ToolCallID: id, Name: call.Name})
 	if err := s.unwound(ctx, func(c context.Context) error {
-		if err := s.store.finishToolCall(c, ls.id, id, out, st); err != nil {
+		return s.cp.write(c, t.log, func(tx pgx.Tx) error {
+			if err := finishToolCallTx(c, tx, ls.id, id, kept, st); err != nil {
+				return err
+			}
+			_, err := appendMessageTx(c, tx, ls.id, roleTool, call.Name+": "+kept)
 			return err
-		}
-		_, err := s.store.appendMessage(c, ls.id, roleTool, call.Name+": "+out)
-		return err
+		})
 	}); err != nil {
 		s.log.Warn("record tool result", zap.String("session_id", ls.id), zap.Error(err))
 	}
 	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": out, "status": st})
-	return out
+	return kept
 }
 
 func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, args json.RawMessage, validArgs bool) (string, string) {
@@ -267,18 +282,25 @@ type toolCall struct {
 // turn_complete, exactly once per turn, before Prompt can answer.
 func (s *Server) finish(t *turn, res turnResult) {
 	ls := t.ls
+	// The turn's end is written with its last checkpoint events: a crash
+	// before this commit leaves the turn to recovery, after it never.
 	if err := s.unwound(t.ctx, func(ctx context.Context) error {
-		var err error
-		if res.Outcome == OutcomeFailed {
-			_, err = s.store.appendMessage(ctx, ls.id, roleSystem, "Turn failed: "+res.Error)
-		} else if res.Content != "" {
-			_, err = s.store.appendMessage(ctx, ls.id, roleAssistant, res.Content)
-		}
-		// The turn's end is recorded even when its message could not be.
-		return errors.Join(err, s.store.finishTurn(ctx, ls.id, t.id, res))
+		return s.cp.write(ctx, t.log, func(tx pgx.Tx) error {
+			var err error
+			if res.Outcome == OutcomeFailed {
+				_, err = appendMessageTx(ctx, tx, ls.id, roleSystem, "Turn failed: "+res.Error)
+			} else if res.Content != "" {
+				_, err = appendMessageTx(ctx, tx, ls.id, roleAssistant, res.Content)
+			}
+			if err != nil {
+				return err
+			}
+			return finishTurnTx(ctx, tx, ls.id, t.id, res)
+		})
 	}); err != nil {
 		s.log.Warn("record turn end", zap.String("session_id", ls.id), zap.Error(err))
 	}
+	s.cp.close(t.log)
 	t.result = res
 
 	f := fields{"turn_id": t.id, "outcome": res.Outcome, "content": res.Content, "stop_reason": res.StopReason}

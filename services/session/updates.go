@@ -18,6 +18,7 @@ const (
 	UpdateToolCall        = bus.UpdateToolCall
 	UpdateToolResult      = bus.UpdateToolResult
 	UpdateApprovalRequest = bus.UpdateApprovalRequest
+	UpdateHistoryTrimmed  = bus.UpdateHistoryTrimmed
 	UpdateTurnComplete    = bus.UpdateTurnComplete
 )
 

@@ -1,7 +1,6 @@
-package session
+package provider
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,9 +17,6 @@ import (
 // DefaultOpenAIBaseURL is used when agents.<alias>.base_url is empty.
 const DefaultOpenAIBaseURL = "https://api.openai.com/v1"
 
-// maxSSELine bounds one line of the event stream.
-const maxSSELine = 4 << 20
-
 // openAIClient is shared by every openai provider: no overall timeout
 // (responses stream for as long as the model writes); the agent's timeout
 // bounds the wait for each piece instead.
@@ -33,9 +29,12 @@ type openAI struct {
 	timeout            time.Duration
 }
 
-func newOpenAI(a AgentConfig) (Provider, error) {
+// NewOpenAI builds the provider of an agent whose provider is openai:
+// agents.<alias>.model is required, base_url defaults to
+// DefaultOpenAIBaseURL.
+func NewOpenAI(a Agent) (Provider, error) {
 	if a.Model == "" {
-		return nil, providerErrorf("Agent `%s` uses the openai provider but agents.%s.model is not set", a.Alias, a.Alias)
+		return nil, Errorf("Agent `%s` uses the openai provider but agents.%s.model is not set", a.Alias, a.Alias)
 	}
 	base := a.BaseURL
 	if base == "" {
@@ -95,27 +94,27 @@ type (
 
 var errIdle = errors.New("provider idle")
 
-func (p *openAI) Step(ctx context.Context, req ProviderRequest, emit func(Chunk)) (StepResult, error) {
+func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepResult, error) {
 	body, err := json.Marshal(p.request(req))
 	if err != nil {
 		return StepResult{}, fmt.Errorf("encode chat request: %w", err)
 	}
 	// The request is cancelled with errIdle when nothing arrives for the
-	// agent's timeout: first the response head, then each line.
+	// agent's timeout: first the response head, then any bytes.
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	idle := time.AfterFunc(p.timeout, func() { cancel(errIdle) })
 	defer idle.Stop()
 	timedOut := func(err error) error {
 		if ctx.Err() == nil && errors.Is(context.Cause(rctx), errIdle) {
-			return providerErrorf("openai provider: no response from %s within %s", p.url, p.timeout)
+			return Errorf("openai provider: no response from %s within %s", p.url, p.timeout)
 		}
 		return err
 	}
 
 	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, p.url, bytes.NewReader(body))
 	if err != nil {
-		return StepResult{}, providerErrorf("openai provider: bad base_url: %v", err)
+		return StepResult{}, Errorf("openai provider: bad base_url: %v", err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
@@ -127,7 +126,7 @@ func (p *openAI) Step(ctx context.Context, req ProviderRequest, emit func(Chunk)
 		if ctx.Err() != nil {
 			return StepResult{}, ctx.Err()
 		}
-		return StepResult{}, timedOut(providerErrorf("openai provider: request to %s failed: %v", p.url, unwrapURLError(err)))
+		return StepResult{}, timedOut(Errorf("openai provider: request to %s failed: %v", p.url, unwrapURLError(err)))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -137,27 +136,35 @@ func (p *openAI) Step(ctx context.Context, req ProviderRequest, emit func(Chunk)
 
 	calls := map[int]*ToolCall{}
 	var finish string
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), maxSSELine)
+	// Any byte that arrives (a keep-alive comment too) is progress.
+	events := NewSSEReader(progressReader{r: resp.Body, progress: func() { idle.Reset(p.timeout) }}, DefaultMaxEventBytes)
 	done := false
-	for !done && sc.Scan() {
-		idle.Reset(p.timeout)
-		line := strings.TrimRight(sc.Text(), "\r")
-		data, ok := strings.CutPrefix(line, "data:")
-		if !ok {
-			continue // blank separators, comments, event: and id: lines
+	for !done {
+		ev, err := events.Next()
+		if errors.Is(err, io.EOF) {
+			break
 		}
-		data = strings.TrimSpace(data)
-		if data == "[DONE]" {
+		if err != nil {
+			if ctx.Err() != nil {
+				return StepResult{}, ctx.Err()
+			}
+			return StepResult{}, timedOut(Errorf("openai provider: reading the stream failed: %v", err))
+		}
+		if strings.TrimSpace(ev.Data) == "[DONE]" {
 			done = true
 			break
 		}
 		var c oaChunk
-		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			return StepResult{}, providerErrorf("openai provider: malformed stream event: %v", err)
+		if err := json.Unmarshal([]byte(ev.Data), &c); err != nil {
+			if ev.Type == "error" {
+				// Some compatible servers name an error event and send its
+				// text as it is.
+				return StepResult{}, Errorf("openai provider: %s", strings.TrimSpace(ev.Data))
+			}
+			return StepResult{}, Errorf("openai provider: malformed stream event: %v", err)
 		}
 		if c.Error != nil {
-			return StepResult{}, providerErrorf("openai provider: %s", c.Error.Message)
+			return StepResult{}, Errorf("openai provider: %s", c.Error.Message)
 		}
 		for _, ch := range c.Choices {
 			if t := ch.Delta.ReasoningContent + ch.Delta.Reasoning; t != "" {
@@ -187,14 +194,11 @@ func (p *openAI) Step(ctx context.Context, req ProviderRequest, emit func(Chunk)
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		if ctx.Err() != nil {
-			return StepResult{}, ctx.Err()
-		}
-		return StepResult{}, timedOut(providerErrorf("openai provider: reading the stream failed: %v", err))
+	if ctx.Err() != nil {
+		return StepResult{}, ctx.Err()
 	}
 	if !done && finish == "" {
-		return StepResult{}, providerErrorf("openai provider: the stream ended before the response was complete")
+		return StepResult{}, timedOut(Errorf("openai provider: the stream ended before the response was complete"))
 	}
 
 	res := StepResult{StopReason: stopReason(finish)}
@@ -213,13 +217,13 @@ func (p *openAI) Step(ctx context.Context, req ProviderRequest, emit func(Chunk)
 	return res, nil
 }
 
-func (p *openAI) request(req ProviderRequest) oaRequest {
+func (p *openAI) request(req Request) oaRequest {
 	out := oaRequest{Model: p.model, Stream: true}
 	for _, m := range req.Messages {
 		content := m.Content
 		om := oaMessage{Role: m.Role, Content: &content}
 		switch m.Role {
-		case roleAssistant:
+		case RoleAssistant:
 			if content == "" && len(m.ToolCalls) > 0 {
 				om.Content = nil
 			}
@@ -229,7 +233,7 @@ func (p *openAI) request(req ProviderRequest) oaRequest {
 				tc.Function.Name, tc.Function.Arguments = c.Name, c.Arguments
 				om.ToolCalls = append(om.ToolCalls, tc)
 			}
-		case roleTool:
+		case RoleTool:
 			om.ToolCallID = m.ToolCallID
 		}
 		out.Messages = append(out.Messages, om)
@@ -246,9 +250,9 @@ func (p *openAI) request(req ProviderRequest) oaRequest {
 func stopReason(finish string) string {
 	switch finish {
 	case "", "stop":
-		return stopEndTurn
+		return StopEndTurn
 	case "tool_calls", "function_call":
-		return stopToolUse
+		return StopToolUse
 	case "length":
 		return "max_tokens"
 	}
@@ -283,7 +287,7 @@ func httpFailure(resp *http.Response) error {
 	if msg == "" {
 		msg = http.StatusText(resp.StatusCode)
 	}
-	return providerErrorf("openai provider: HTTP %d: %s", resp.StatusCode, msg)
+	return Errorf("openai provider: HTTP %d: %s", resp.StatusCode, msg)
 }
 
 // unwrapURLError drops net/http's "Post URL:" prefix, the message names
@@ -296,4 +300,18 @@ func unwrapURLError(err error) error {
 		}
 	}
 	return err
+}
+
+// progressReader calls progress after every read that returned bytes.
+type progressReader struct {
+	r        io.Reader
+	progress func()
+}
+
+func (p progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.progress()
+	}
+	return n, err
 }

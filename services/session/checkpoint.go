@@ -1,0 +1,299 @@
+package session
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/pg"
+)
+
+// Checkpoint batching. A running turn's events (message text coalesced,
+// thoughts, tool calls and results, see store_durable.go) are written by
+// one writer for the whole process: every CheckpointInterval (default
+// 100 ms) after the first pending event, or at once when a turn has
+// CheckpointBytes (default 4 KiB) pending, whatever the number of running
+// turns, in one transaction. A tool call, its result and a turn's end are
+// written right away, with the events before them, in the transaction
+// that records them. So the write rate is bounded (about ten batches a
+// second under streaming) and a crash loses at most the last batch.
+const (
+	DefaultCheckpointInterval = 100 * time.Millisecond
+	DefaultCheckpointBytes    = 4 << 10
+)
+
+// checkpointer is the process's one checkpoint writer.
+type checkpointer struct {
+	db       *pgxpool.Pool
+	log      *zap.Logger
+	interval time.Duration
+	maxBytes int
+	timeout  time.Duration
+
+	// writeMu is held while a batch is written, so the events of a turn
+	// land in the order of their numbers.
+	writeMu sync.Mutex
+
+	// mu guards logs: the turns that are running.
+	mu   sync.Mutex
+	logs map[*turnLog]struct{}
+
+	wake, urgent chan struct{}
+	stop         chan struct{}
+	done         chan struct{}
+}
+
+func newCheckpointer(st *store, log *zap.Logger, interval time.Duration, maxBytes int, timeout time.Duration) *checkpointer {
+	c := &checkpointer{
+		db: st.db, log: log, interval: interval, maxBytes: maxBytes, timeout: timeout,
+		logs: map[*turnLog]struct{}{},
+		wake: make(chan struct{}, 1), urgent: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	go c.run()
+	return c
+}
+
+// turnLog is one running turn's pending checkpoint events. The turn's
+// goroutine adds to it; the writer takes from it.
+type turnLog struct {
+	cp                         *checkpointer
+	sessionID, turnID, surface string
+
+	mu      sync.Mutex
+	nextSeq int64
+	pending []pendingEvent
+	bytes   int
+}
+
+// pendingEvent is an event not written yet; streamed text is appended to
+// data until the batch is taken.
+type pendingEvent struct {
+	cpEvent
+	data []byte
+}
+
+// open starts the log of a turn whose next event is numbered next.
+func (c *checkpointer) open(sessionID, turnID, surface string, next int64) *turnLog {
+	l := &turnLog{cp: c, sessionID: sessionID, turnID: turnID, surface: surface, nextSeq: next}
+	c.mu.Lock()
+	c.logs[l] = struct{}{}
+	c.mu.Unlock()
+	return l
+}
+
+// close forgets a finished turn's log; what is still pending is dropped
+// (a turn's end writes it first).
+func (c *checkpointer) close(l *turnLog) {
+	c.mu.Lock()
+	delete(c.logs, l)
+	c.mu.Unlock()
+}
+
+// stream adds streamed text (or a thought) of a step, coalesced with the
+// pending text before it.
+func (l *turnLog) stream(step int, thought bool, text string) {
+	kind := eventText
+	if thought {
+		kind = eventThought
+	}
+	l.mu.Lock()
+	first := len(l.pending) == 0
+	if n := len(l.pending); n > 0 && l.pending[n-1].Kind == kind && l.pending[n-1].Step == step {
+		l.pending[n-1].data = append(l.pending[n-1].data, text...)
+	} else {
+		l.pending = append(l.pending, pendingEvent{cpEvent: l.event(step, kind), data: []byte(text)})
+	}
+	l.bytes += len(text)
+	full := l.bytes >= l.cp.maxBytes
+	l.mu.Unlock()
+	switch {
+	case full:
+		signal(l.cp.urgent)
+	case first:
+		signal(l.cp.wake)
+	}
+}
+
+// add appends one event (a tool call or result) to the pending ones; the
+// caller writes it with write.
+func (l *turnLog) add(e cpEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ev := l.event(e.Step, e.Kind)
+	ev.Content, ev.CallID, ev.ToolCallID, ev.Name = e.Content, e.CallID, e.ToolCallID, e.Name
+	l.pending = append(l.pending, pendingEvent{cpEvent: ev})
+	l.bytes += len(e.Content)
+}
+
+// event numbers a new event; l.mu is held.
+func (l *turnLog) event(step int, kind string) cpEvent {
+	e := cpEvent{SessionID: l.sessionID, Seq: l.nextSeq, TurnID: l.turnID, Step: step, Kind: kind, Surface: l.surface}
+	l.nextSeq++
+	return e
+}
+
+// take removes and returns the pending events.
+func (l *turnLog) take() []cpEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]cpEvent, len(l.pending))
+	for i, p := range l.pending {
+		out[i] = p.cpEvent
+		if p.data != nil {
+			out[i].Content = string(p.data)
+		}
+	}
+	l.pending, l.bytes = l.pending[:0], 0
+	return out
+}
+
+// putBack returns events a failed write took, ahead of those added since.
+func (l *turnLog) putBack(evs []cpEvent) {
+	if len(evs) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	back := make([]pendingEvent, 0, len(evs)+len(l.pending))
+	for _, e := range evs {
+		back = append(back, pendingEvent{cpEvent: e})
+		l.bytes += len(e.Content)
+	}
+	l.pending = append(back, l.pending...)
+}
+
+// write writes l's pending events and, in the same transaction, also
+// (nil for none). On failure the events stay pending.
+func (c *checkpointer) write(ctx context.Context, l *turnLog, also func(pgx.Tx) error) error {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	evs := l.take()
+	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+		if err := insertEvents(ctx, tx, evs); err != nil {
+			return err
+		}
+		if also != nil {
+			return also(tx)
+		}
+		return nil
+	})
+	if err != nil {
+		l.putBack(evs)
+	}
+	return err
+}
+
+// run is the writer's loop: once an event is pending it waits for the
+// interval, or less when a turn fills a batch, and writes every turn's
+// pending events. A signal that a batch was full may be stale (the
+// batch went with the previous write): fullness is checked again.
+func (c *checkpointer) run() {
+	defer close(c.done)
+	for {
+		select {
+		case <-c.stop:
+			c.flush()
+			return
+		case <-c.wake:
+		case <-c.urgent:
+		}
+		t := time.NewTimer(c.interval)
+		for waiting := !c.anyFull(); waiting; {
+			select {
+			case <-c.stop:
+				waiting = false
+			case <-c.urgent:
+				waiting = !c.anyFull()
+			case <-t.C:
+				waiting = false
+			}
+		}
+		t.Stop()
+		c.flush()
+	}
+}
+
+// anyFull reports whether a running turn has a full batch pending.
+func (c *checkpointer) anyFull() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for l := range c.logs {
+		l.mu.Lock()
+		full := l.bytes >= c.maxBytes
+		l.mu.Unlock()
+		if full {
+			return true
+		}
+	}
+	return false
+}
+
+// flush writes the pending events of every running turn in one
+// transaction. When that fails for another reason than an unreachable
+// database, each turn's events are tried on their own, so one bad batch
+// cannot hold back the others; what still fails is dropped and logged.
+func (c *checkpointer) flush() {
+	c.mu.Lock()
+	logs := make([]*turnLog, 0, len(c.logs))
+	for l := range c.logs {
+		logs = append(logs, l)
+	}
+	c.mu.Unlock()
+
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	batches := make([][]cpEvent, len(logs))
+	var all []cpEvent
+	for i, l := range logs {
+		batches[i] = l.take()
+		all = append(all, batches[i]...)
+	}
+	if len(all) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return insertEvents(ctx, tx, all) })
+	if err == nil {
+		return
+	}
+	if pg.IsUnavailable(err) {
+		c.log.Warn("write checkpoint", zap.Int("events", len(all)), zap.Error(err))
+		for i, l := range logs {
+			l.putBack(batches[i])
+		}
+		return
+	}
+	for i, l := range logs {
+		if len(batches[i]) == 0 {
+			continue
+		}
+		if err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return insertEvents(ctx, tx, batches[i]) }); err != nil {
+			c.log.Warn("checkpoint dropped", zap.String("session_id", l.sessionID), zap.String("turn_id", l.turnID),
+				zap.Int("events", len(batches[i])), zap.Error(err))
+		}
+	}
+}
+
+// shutdown writes what is pending and stops the writer.
+func (c *checkpointer) shutdown() {
+	select {
+	case <-c.stop:
+	default:
+		close(c.stop)
+	}
+	<-c.done
+}
+
+// signal wakes a waiter without blocking.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

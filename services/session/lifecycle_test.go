@@ -1,0 +1,284 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/pg"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// sessionTables are every table of the session schema that holds rows of
+// a session.
+var sessionTables = []string{"sessions", "messages", "tool_calls", "turns", "approvals", "checkpoint_events", "context_snapshots"}
+
+func (h *harness) rowsOf(id string) map[string]int {
+	h.t.Helper()
+	out := map[string]int{}
+	for _, table := range sessionTables {
+		out[table] = h.count("SELECT count(*) FROM "+table+" WHERE session_id = $1", id)
+	}
+	return out
+}
+
+// session/kill cancels the running turn first, then writes the tombstone:
+// with the write failing, the turn is stopped all the same, the RPC fails
+// and the session stays usable; once the write works the session is
+// killed and never resumed.
+func TestKillCancelsBeforeItWrites(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	h.exec(`CREATE FUNCTION refuse_kill() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.state = 'killed' THEN RAISE EXCEPTION 'tombstone refused by the test'; END IF; RETURN NEW; END $$`)
+	h.exec("CREATE TRIGGER refuse_kill BEFORE UPDATE ON sessions FOR EACH ROW EXECUTE FUNCTION refuse_kill()")
+
+	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say working\n/sleep 60000\n/say never"})
+	rec.next()
+	if _, err := h.srv.Kill(ctx, &sessionv1.KillRequest{Principal: alice, SessionId: id}); err == nil || !strings.Contains(err.Error(), "tombstone refused") {
+		t.Fatalf("kill with a failing write: %v", err)
+	}
+	if r := await(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "working" {
+		t.Fatalf("the turn kill meant to stop: %v %v", r.resp, r.err)
+	}
+	if got := h.state(alice, id); got != stateIdle {
+		t.Fatalf("after the failed kill: %s", got)
+	}
+	if h.srv.lookupLive(id) == nil {
+		t.Fatal("the failed kill dropped the live session")
+	}
+
+	h.exec("DROP TRIGGER refuse_kill ON sessions")
+	if got := h.prompt(alice, id, "/say still here").GetContent(); got != "still here" {
+		t.Fatalf("after the failed kill the session answered %q", got)
+	}
+	if _, err := h.srv.Kill(ctx, &sessionv1.KillRequest{Principal: alice, SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, SessionId: id})
+	wantRefusal(t, err, codes.FailedPrecondition, rpcerr.ReasonConflict, "killed")
+	_, err = h.srv.Kill(ctx, &sessionv1.KillRequest{Principal: bob, SessionId: id})
+	wantRefusal(t, err, codes.PermissionDenied, rpcerr.ReasonSessionNotOwned, id)
+}
+
+// session/delete removes every row of the session, its checkpoints and
+// retained context included; session/new with the id then starts afresh.
+func TestDeleteRemovesEveryRow(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}})
+	id := h.newSession(alice, "guarded")
+	rec := h.record(id)
+	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say hi\n/tool echo {}"})
+	ask := rec.until(UpdateApprovalRequest)
+	approve, err := h.srv.Approve(ctx, &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: ask[len(ask)-1].str("request_id"),
+		Decision: sessionv1.Decision_DECISION_ALLOW_ONCE})
+	if err != nil || !approve.GetAcknowledged() {
+		t.Fatalf("approve %v %v", approve, err)
+	}
+	await(t, res)
+	for table, n := range h.rowsOf(id) {
+		if n == 0 {
+			t.Fatalf("the turn left no row in %s", table)
+		}
+	}
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for table, n := range h.rowsOf(id) {
+		if n != 0 {
+			t.Fatalf("%d rows left in %s", n, table)
+		}
+	}
+	if h.srv.lookupLive(id) != nil {
+		t.Fatal("the live session outlived delete")
+	}
+	re, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, SessionId: id})
+	if err != nil || re.GetSessionId() != id || re.GetMessageCount() != 0 {
+		t.Fatalf("session/new after delete: %v %v", re, err)
+	}
+	given := contextOf(t, h.prompt(alice, id, "/context").GetContent())
+	if roles(given) != "user" {
+		t.Fatalf("the new session was given %+v", given)
+	}
+
+	// With no live session (the process restarted), the durable row is
+	// what delete finds and removes.
+	h.restart()
+	if h.srv.lookupLive(id) != nil {
+		t.Fatal("a live session before any use")
+	}
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for table, n := range h.rowsOf(id) {
+		if n != 0 {
+			t.Fatalf("%d rows left in %s", n, table)
+		}
+	}
+}
+
+// With PostgreSQL stopped, kill and delete of an idle session fail as a
+// database outage (-32603 at the edge), the live session is kept, and the
+// rows are intact once PostgreSQL is back. A running turn is cancelled all
+// the same: kill and delete reach it in memory first.
+func TestKillAndDeleteWhilePostgresIsDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL cluster of its own")
+	}
+	server := testenv.PrivatePostgres(t)
+	h := newHarnessOn(t, server.URL(), func(c *Config) { c.UnwindTimeout = 2 * time.Second })
+	ctx := context.Background()
+	idle := h.newSession(alice, "default")
+	busy := h.newSession(alice, "default")
+	rec := h.record(idle)
+	h.prompt(alice, idle, "/say kept")
+	last := rec.until(UpdateTurnComplete)
+	rows := h.rowsOf(idle)
+	busyRec := h.record(busy)
+	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: busy, Prompt: "/say working\n/sleep 60000"})
+	busyRec.next()
+
+	server.Stop()
+	for name, call := range map[string]func(string) error{
+		"kill": func(id string) error {
+			_, err := h.srv.Kill(ctx, &sessionv1.KillRequest{Principal: alice, SessionId: id})
+			return err
+		},
+		"delete": func(id string) error {
+			_, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id})
+			return err
+		},
+	} {
+		if err := call(idle); !pg.IsUnavailable(err) {
+			t.Fatalf("%s of an idle session with the database down: %v", name, err)
+		}
+		ls := h.srv.lookupLive(idle)
+		if ls == nil || ls.deleting || ls.ending != "" {
+			t.Fatalf("after the failed %s the live session is %+v", name, ls)
+		}
+	}
+	if err := h.srvKill(busy); !pg.IsUnavailable(err) {
+		t.Fatalf("kill of a running session with the database down: %v", err)
+	}
+	if r := await(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
+		t.Fatalf("the running turn: %v %v", r.resp, r.err)
+	}
+	if u := busyRec.until(UpdateTurnComplete); u[len(u)-1].str("outcome") != OutcomeCancelled {
+		t.Fatalf("turn_complete %v", u)
+	}
+
+	server.Start()
+	eventually(t, func() error {
+		_, err := h.srv.State(ctx, &sessionv1.StateRequest{Principal: alice, SessionId: idle})
+		return err
+	})
+	if got := h.rowsOf(idle); fmt.Sprint(got) != fmt.Sprint(rows) {
+		t.Fatalf("rows after the outage %v, before %v", got, rows)
+	}
+	if got := h.state(alice, idle); got != stateIdle {
+		t.Fatalf("state after the outage: %s", got)
+	}
+	// The same live session goes on: its updates continue the sequence.
+	h.prompt(alice, idle, "/say again")
+	if next := rec.until(UpdateTurnComplete); next[0].Seq != last[len(last)-1].Seq+1 {
+		t.Fatalf("seq %d after %d", next[0].Seq, last[len(last)-1].Seq)
+	}
+	if _, err := h.srv.Kill(ctx, &sessionv1.KillRequest{Principal: alice, SessionId: idle}); err != nil {
+		t.Fatalf("kill once the database is back: %v", err)
+	}
+}
+
+func (h *harness) srvKill(id string) error {
+	_, err := h.srv.Kill(context.Background(), &sessionv1.KillRequest{Principal: alice, SessionId: id})
+	return err
+}
+
+// The in-memory half of a session is dropped once idle: after many
+// sessions were used the map holds only those with a running turn or a
+// pending approval, and a session used again continues its update
+// sequence without a gap.
+func TestIdleLiveSessionsEvicted(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.LiveIdleTimeout = time.Hour })
+	ctx := context.Background()
+	const n = 200
+	ids := make([]string, n)
+	lastSeq := map[string]int64{}
+	for i := range ids {
+		ids[i] = h.newSession(alice, "default")
+	}
+	rec := h.record(ids[0])
+	for _, id := range ids {
+		h.prompt(alice, id, "/say touched")
+	}
+	touched := rec.until(UpdateTurnComplete)
+	lastSeq[ids[0]] = touched[len(touched)-1].Seq
+
+	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}})
+	asking, running := h.newSession(alice, "guarded"), h.newSession(alice, "default")
+	askRec, runRec := h.record(asking), h.record(running)
+	askRes := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: asking, Prompt: "/tool echo {}"})
+	ask := askRec.until(UpdateApprovalRequest)
+	runRes := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: running, Prompt: "/say on\n/sleep 60000"})
+	runRec.next()
+
+	h.srv.mu.Lock()
+	before := len(h.srv.lives)
+	h.srv.mu.Unlock()
+	if before != n+2 {
+		t.Fatalf("%d live sessions before the sweep", before)
+	}
+	// Not idle long enough: nothing goes.
+	if got := h.srv.evictIdle(time.Now()); got != 0 {
+		t.Fatalf("%d evicted before their idle time", got)
+	}
+	if got := h.srv.evictIdle(time.Now().Add(time.Hour + time.Second)); got != n {
+		t.Fatalf("%d evicted, want %d", got, n)
+	}
+	h.srv.mu.Lock()
+	left := len(h.srv.lives)
+	_, keptAsk := h.srv.lives[asking]
+	_, keptRun := h.srv.lives[running]
+	h.srv.mu.Unlock()
+	if left != 2 || !keptAsk || !keptRun {
+		t.Fatalf("after the sweep %d live sessions (asking %v, running %v)", left, keptAsk, keptRun)
+	}
+
+	h.prompt(alice, ids[0], "/say back")
+	if next := rec.until(UpdateTurnComplete); next[0].Seq != lastSeq[ids[0]]+1 {
+		t.Fatalf("seq %d after %d: the sequence has a gap", next[0].Seq, lastSeq[ids[0]])
+	}
+	if _, err := h.srv.Approve(ctx, &sessionv1.ApproveRequest{Principal: alice, SessionId: asking, RequestId: ask[len(ask)-1].str("request_id"),
+		Decision: sessionv1.Decision_DECISION_REJECT}); err != nil {
+		t.Fatal(err)
+	}
+	await(t, askRes)
+	if _, err := h.srv.Cancel(ctx, &sessionv1.CancelRequest{Principal: alice, SessionId: running}); err != nil {
+		t.Fatal(err)
+	}
+	await(t, runRes)
+}
+
+// With a short idle time the sweeper alone keeps the map bounded.
+func TestLiveSessionsSwept(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.LiveIdleTimeout = 50 * time.Millisecond })
+	for range 30 {
+		h.prompt(alice, h.newSession(alice, "default"), "/say touched")
+	}
+	eventually(t, func() error {
+		h.srv.mu.Lock()
+		defer h.srv.mu.Unlock()
+		if n := len(h.srv.lives); n != 0 {
+			return fmt.Errorf("%d live sessions", n)
+		}
+		return nil
+	})
+}

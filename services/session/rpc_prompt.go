@@ -1,0 +1,158 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/ids"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// Prompt runs one turn and answers when it ends, after its turn_complete
+// was published. A session runs one turn at a time: a prompt during a
+// running turn is SESSION_BUSY. The turn is cancelled when this call's
+// context ends, when its connection closes (ConnectionClosed), by Cancel,
+// or when the session is closed, killed or deleted.
+func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
+	id := req.GetSessionId()
+	prompt := req.GetPrompt()
+	for _, a := range req.GetAttachments() {
+		if a.GetMarker() != "" {
+			prompt += "\n" + a.GetMarker()
+		}
+	}
+	if strings.TrimSpace(prompt) == "" {
+		if err := requirePrincipal(req.GetPrincipal()); err != nil {
+			return nil, err
+		}
+		return nil, errInvalid("`prompt` is required")
+	}
+	row, err := s.owned(ctx, req.GetPrincipal(), id)
+	if err != nil {
+		return nil, err
+	}
+	// Checked on every turn: a grant revoked since session/new stops the
+	// next turn.
+	if err := s.mayUseAgent(ctx, req.GetPrincipal(), row.AgentAlias); err != nil {
+		return nil, err
+	}
+	ls, release := s.hold(ctx, row)
+	defer release()
+	t, err := s.admit(ctx, ls, req, prompt)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { t.cancel(ErrCallerGone) })
+	defer stop()
+	<-t.done
+	return &sessionv1.PromptResponse{
+		SessionId: id, TurnId: t.id, Outcome: outcomeEnum[t.result.Outcome], StopReason: t.result.StopReason, Content: t.result.Content,
+	}, nil
+}
+
+// admit starts a turn on ls unless one is running or the session ended.
+func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.PromptRequest, prompt string) (*turn, error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.deleting {
+		return nil, errSessionNotFound(ls.id)
+	}
+	if ls.turn != nil {
+		return nil, errSessionBusy(ls.id)
+	}
+	if ls.ending != "" {
+		return nil, errSessionEnded(ls.id, ls.ending)
+	}
+	// Read again under the lock: the state may have changed since.
+	row, err := s.store.session(ctx, ls.id)
+	if errors.Is(err, errNoRow) {
+		return nil, errSessionNotFound(ls.id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if row.State == stateClosed || row.State == stateKilled {
+		return nil, errSessionEnded(ls.id, row.State)
+	}
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errShuttingDown
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	started := false
+	defer func() {
+		if !started {
+			s.wg.Done()
+		}
+	}()
+
+	t := &turn{
+		id: ids.New("turn_"), ls: ls, alias: row.AgentAlias, surface: row.Surface, principal: req.GetPrincipal(),
+		connID: req.GetConnectionId(), done: make(chan struct{}),
+	}
+	if req.ClientTurnGeneration != nil {
+		g := req.GetClientTurnGeneration()
+		t.gen = &g
+	}
+	// The turn row, the prompt's transcript row and its first checkpoint
+	// event are one transaction.
+	next, err := s.store.beginTurn(ctx, turnStart{
+		SessionID: ls.id, TurnID: t.id, ConnID: t.connID, Surface: t.surface, Prompt: prompt, Generation: t.gen,
+	})
+	if err != nil {
+		return nil, err
+	}
+	t.ctx, t.cancel = context.WithCancelCause(s.base)
+	t.userSeq = next - 1
+	t.log = s.cp.open(ls.id, t.id, t.surface, next)
+	ls.turn = t
+	started = true
+	go s.runTurn(t)
+	return t, nil
+}
+
+// Cancel cancels the running turn, if any, and waits (bounded) for it to
+// end: afterwards the session reads idle.
+func (s *Server) Cancel(ctx context.Context, req *sessionv1.CancelRequest) (*sessionv1.CancelResponse, error) {
+	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.CancelResponse{SessionId: req.GetSessionId()}
+	if ls := s.lookupLive(req.GetSessionId()); ls != nil {
+		if t := ls.running(); t != nil {
+			s.stopTurn(ctx, t, ErrCancelRequested)
+			resp.Cancelled = true
+		}
+	}
+	return resp, nil
+}
+
+// ConnectionClosed cancels every turn the connection started and waits
+// (bounded) for them to end.
+func (s *Server) ConnectionClosed(ctx context.Context, req *sessionv1.ConnectionClosedRequest) (*sessionv1.ConnectionClosedResponse, error) {
+	conn := req.GetConnectionId()
+	if conn == "" {
+		return nil, errInvalid("`connection_id` is required")
+	}
+	s.mu.Lock()
+	lives := make([]*liveSession, 0, len(s.lives))
+	for _, ls := range s.lives {
+		lives = append(lives, ls)
+	}
+	s.mu.Unlock()
+	var turns []*turn
+	for _, ls := range lives {
+		if t := ls.running(); t != nil && t.connID == conn {
+			t.cancel(ErrConnectionClosed)
+			turns = append(turns, t)
+		}
+	}
+	for _, t := range turns {
+		s.stopTurn(ctx, t, ErrConnectionClosed)
+	}
+	return &sessionv1.ConnectionClosedResponse{CancelledTurns: int32(len(turns))}, nil
+}

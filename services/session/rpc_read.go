@@ -1,0 +1,112 @@
+package session
+
+import (
+	"context"
+	"errors"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// State reports idle, running (with the turn id), closed or killed.
+func (s *Server) State(ctx context.Context, req *sessionv1.StateRequest) (*sessionv1.StateResponse, error) {
+	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.StateResponse{SessionId: row.ID, State: stateEnum[s.stateOf(row)]}
+	if ls := s.lookupLive(row.ID); ls != nil {
+		if t := ls.running(); t != nil {
+			resp.TurnId = t.id
+		}
+	}
+	return resp, nil
+}
+
+// stateOf is the stored state, with running taken from memory: a stored
+// running without a turn here is left over from a dead process.
+func (s *Server) stateOf(row sessionRow) string {
+	if row.State != stateIdle && row.State != stateRunning {
+		return row.State
+	}
+	if ls := s.lookupLive(row.ID); ls != nil && ls.running() != nil {
+		return stateRunning
+	}
+	return stateIdle
+}
+
+// Messages pages through the visible transcript, oldest first: the last
+// limit rows (default 50, at most 1000) before before_index when given,
+// and the transcript's total length. Indexes never change.
+func (s *Server) Messages(ctx context.Context, req *sessionv1.MessagesRequest) (*sessionv1.MessagesResponse, error) {
+	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+		return nil, err
+	}
+	limit, err := pageLimit("limit", req.GetLimit())
+	if err != nil {
+		return nil, err
+	}
+	before := int64(-1)
+	if req.BeforeIndex != nil {
+		if req.GetBeforeIndex() < 0 {
+			return nil, errInvalid("`before_index` must not be negative")
+		}
+		before = req.GetBeforeIndex()
+	}
+	msgs, total, err := s.store.messages(ctx, req.GetSessionId(), limit, before)
+	if errors.Is(err, errNoRow) {
+		return nil, errSessionNotFound(req.GetSessionId())
+	}
+	if err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.MessagesResponse{SessionId: req.GetSessionId(), Total: total, Messages: make([]*sessionv1.Message, 0, len(msgs))}
+	for _, m := range msgs {
+		resp.Messages = append(resp.Messages, &sessionv1.Message{Index: m.Index, Role: m.Role, Content: m.Content})
+	}
+	return resp, nil
+}
+
+// List lists the caller's sessions (every session for the operator),
+// most recently active first, open ones unless include_closed.
+func (s *Server) List(ctx context.Context, req *sessionv1.ListRequest) (*sessionv1.ListResponse, error) {
+	p := req.GetPrincipal()
+	if err := requirePrincipal(p); err != nil {
+		return nil, err
+	}
+	limit, err := pageLimit("limit", req.GetLimit())
+	if err != nil {
+		return nil, err
+	}
+	owner := p.GetPrincipalId()
+	if p.GetOperator() {
+		owner = ""
+	}
+	rows, err := s.store.listSessions(ctx, owner, limit, req.GetIncludeClosed())
+	if err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.ListResponse{Sessions: make([]*sessionv1.Session, 0, len(rows))}
+	for _, r := range rows {
+		resp.Sessions = append(resp.Sessions, toProto(r, s.stateOf(r)))
+	}
+	return resp, nil
+}
+
+// Status counts the sessions that are open (idle or running) and lists
+// those the principal owns (all of them for the operator).
+func (s *Server) Status(ctx context.Context, req *sessionv1.StatusRequest) (*sessionv1.StatusResponse, error) {
+	if err := requirePrincipal(req.GetPrincipal()); err != nil {
+		return nil, err
+	}
+	open, err := s.store.openSessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.StatusResponse{ActiveSessions: int64(len(open)), SessionIds: []string{}}
+	for _, o := range open {
+		if req.GetPrincipal().GetOperator() || o.Owner == req.GetPrincipal().GetPrincipalId() {
+			resp.SessionIds = append(resp.SessionIds, o.ID)
+		}
+	}
+	return resp, nil
+}

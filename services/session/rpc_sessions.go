@@ -1,0 +1,289 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/ids"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// NewSession creates a session, or resumes the durable session named by
+// session_id (a closed one is reopened in a new generation; a killed one
+// cannot be; one of another interaction surface is not touched). A
+// session_id that names no session creates it with that id.
+func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionRequest) (*sessionv1.NewSessionResponse, error) {
+	p := req.GetPrincipal()
+	if err := requirePrincipal(p); err != nil {
+		return nil, err
+	}
+	id := req.GetSessionId()
+	if id != "" && !ids.Token(id) {
+		return nil, errInvalid("`session_id` " + ids.ErrFormat.Error())
+	}
+	surface := req.GetInteractionSurface()
+	if surface == "" {
+		surface = SurfaceRPC
+	}
+	if len(surface) > 64 {
+		return nil, errInvalid("`interaction_surface` is longer than 64 bytes")
+	}
+	alias := req.GetAgentAlias()
+	if alias == "" {
+		alias = DefaultAgentAlias
+	}
+
+	if id != "" {
+		resp, err := s.resume(ctx, p, id, req.GetCwd(), surface)
+		if err == nil || !errors.Is(err, errNoRow) {
+			return resp, err
+		}
+	}
+	if _, err := s.cfg.Agents.Agent(ctx, alias); err != nil {
+		if errors.Is(err, ErrUnknownAgent) {
+			return nil, errInvalid(fmt.Sprintf("Unknown agent_alias `%s`", alias))
+		}
+		s.log.Warn("resolve agent", zap.String("agent_alias", alias), zap.Error(err))
+		return nil, status.Error(codes.Unavailable, "config service unavailable")
+	}
+	if err := s.mayUseAgent(ctx, p, alias); err != nil {
+		return nil, err
+	}
+	if id == "" {
+		id = ids.New("sess_")
+	}
+	dir := filepath.Join(s.cfg.DataDir, "workspaces", id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create session workspace: %w", err)
+	}
+	row := sessionRow{ID: id, AgentAlias: alias, Owner: p.GetPrincipalId(), Surface: surface, WorkspaceDir: dir, Cwd: req.GetCwd()}
+	created, err := s.store.createSession(ctx, row)
+	if err != nil {
+		return nil, err
+	}
+	if !created {
+		// Someone created this id meanwhile: resume it like any other.
+		return s.resume(ctx, p, id, req.GetCwd(), surface)
+	}
+	s.log.Info("session created", zap.String("session_id", id), zap.String("agent_alias", alias), zap.String("owner", row.Owner))
+	subject, err := updateSubject(id)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: alias, WorkspaceDir: dir, UpdateSubject: subject}, nil
+}
+
+// resume returns an existing session, reopening a closed one; errNoRow
+// when there is none. A session of another interaction surface (a
+// channel's chat with this id, say) stays as it is, isolated from this
+// one: resuming it from here is refused.
+func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, surface string) (*sessionv1.NewSessionResponse, error) {
+	row, err := s.store.session(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !owns(p, row) {
+		return nil, errSessionNotOwned(id)
+	}
+	if row.Surface != surface {
+		return nil, errOtherSurface(id, row.Surface)
+	}
+	if ls := s.lookupLive(id); ls != nil {
+		ls.mu.Lock()
+		deleting := ls.deleting
+		ls.mu.Unlock()
+		if deleting {
+			return nil, errSessionNotFound(id)
+		}
+	}
+	switch row.State {
+	case stateKilled:
+		return nil, errSessionEnded(id, row.State)
+	case stateClosed:
+		reopened, err := s.store.reopen(ctx, id, cwd)
+		if errors.Is(err, errNoRow) {
+			// Killed or deleted meanwhile.
+			return nil, errSessionNotFound(id)
+		}
+		if err != nil {
+			return nil, err
+		}
+		row = reopened
+		s.log.Info("session reopened", zap.String("session_id", id), zap.Int64("generation", row.Generation))
+	}
+	if err := os.MkdirAll(row.WorkspaceDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create session workspace: %w", err)
+	}
+	subject, err := updateSubject(id)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: row.AgentAlias, MessageCount: row.MessageCount,
+		WorkspaceDir: row.WorkspaceDir, UpdateSubject: subject}, nil
+}
+
+// Close ends a session's use and keeps its durable history: a running
+// turn is cancelled, and session/new with its id reopens it.
+func (s *Server) Close(ctx context.Context, req *sessionv1.CloseRequest) (*sessionv1.CloseResponse, error) {
+	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	if row.State == stateKilled {
+		return nil, errSessionEnded(row.ID, row.State)
+	}
+	ls, release := s.hold(ctx, row)
+	defer release()
+	if err := s.endSession(ctx, ls, stateClosed); err != nil {
+		return nil, err
+	}
+	return &sessionv1.CloseResponse{SessionId: row.ID, Closed: true}, nil
+}
+
+// Kill cancels a running turn, then tombstones the session: its history
+// stays readable, it never runs (and is never resumed) again. The turn is
+// cancelled even when the tombstone cannot be written; then the RPC fails
+// and the session stays usable.
+func (s *Server) Kill(ctx context.Context, req *sessionv1.KillRequest) (*sessionv1.KillResponse, error) {
+	ls, release, err := s.target(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if err := s.endSession(ctx, ls, stateKilled); err != nil {
+		return nil, err
+	}
+	return &sessionv1.KillResponse{SessionId: ls.id, Killed: true}, nil
+}
+
+// target finds the session a kill or delete acts on: the in-memory one
+// when there is one, so that its running turn is reached and cancelled
+// even when the database is not, else the stored row.
+func (s *Server) target(ctx context.Context, p *commonv1.Principal, id string) (*liveSession, func(), error) {
+	if err := requirePrincipal(p); err != nil {
+		return nil, nil, err
+	}
+	if ls := s.holdExisting(id); ls != nil {
+		if !p.GetOperator() && ls.owner != p.GetPrincipalId() {
+			s.release(ls)
+			return nil, nil, errSessionNotOwned(id)
+		}
+		return ls, func() { s.release(ls) }, nil
+	}
+	row, err := s.owned(ctx, p, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	ls, release := s.hold(ctx, row)
+	return ls, release, nil
+}
+
+// endSession closes or kills ls: it cancels the running turn first, then
+// writes the new state. No turn is admitted in between. When the write
+// fails the error is returned and the session stays as it was, minus the
+// cancelled turn.
+func (s *Server) endSession(ctx context.Context, ls *liveSession, state string) error {
+	ls.mu.Lock()
+	switch {
+	case ls.deleting:
+		ls.mu.Unlock()
+		return errSessionNotFound(ls.id)
+	case ls.ending != "":
+		ending := ls.ending
+		ls.mu.Unlock()
+		return errSessionEnded(ls.id, ending)
+	}
+	ls.ending = state
+	t := ls.turn
+	ls.mu.Unlock()
+	if t != nil {
+		s.stopTurn(ctx, t, fmt.Errorf("%w: %s", ErrSessionEnded, state))
+	}
+
+	ls.mu.Lock()
+	defer func() {
+		ls.ending = ""
+		ls.mu.Unlock()
+	}()
+	from := []string{stateIdle, stateRunning, stateClosed}
+	if state == stateClosed {
+		from = []string{stateIdle, stateRunning}
+	}
+	if _, err := s.store.setState(ctx, ls.id, state, from...); err != nil {
+		s.log.Warn("session not ended", zap.String("session_id", ls.id), zap.String("state", state), zap.Bool("turn_cancelled", t != nil), zap.Error(err))
+		return err
+	}
+	s.log.Info("session ended", zap.String("session_id", ls.id), zap.String("state", state))
+	return nil
+}
+
+// Delete cancels a running turn, then removes the session's durable rows
+// (its transcript, retained context and checkpoints, turns, tool calls,
+// approvals), then forgets the in-memory session and removes its
+// workspace. If the rows cannot be removed the RPC fails and the session
+// stays as it was, minus the cancelled turn; its rows are intact.
+func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*sessionv1.DeleteResponse, error) {
+	ls, release, err := s.target(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	ls.mu.Lock()
+	switch {
+	case ls.deleting:
+		ls.mu.Unlock()
+		return nil, errSessionNotFound(ls.id)
+	case ls.ending != "":
+		ending := ls.ending
+		ls.mu.Unlock()
+		return nil, errSessionEnded(ls.id, ending)
+	}
+	ls.deleting = true
+	t := ls.turn
+	ls.mu.Unlock()
+	if t != nil {
+		s.stopTurn(ctx, t, fmt.Errorf("%w: deleted", ErrSessionEnded))
+	}
+	if _, err := s.store.deleteSession(ctx, ls.id); err != nil {
+		ls.mu.Lock()
+		ls.deleting = false
+		ls.mu.Unlock()
+		s.log.Warn("session not deleted", zap.String("session_id", ls.id), zap.Bool("turn_cancelled", t != nil), zap.Error(err))
+		return nil, err
+	}
+	s.forget(ls.id)
+	if err := os.RemoveAll(filepath.Join(s.cfg.DataDir, "workspaces", ls.id)); err != nil {
+		s.log.Warn("remove session workspace", zap.String("session_id", ls.id), zap.Error(err))
+	}
+	// The id is free now and may next name another principal's session:
+	// every gateway detaches its connections from it.
+	if err := bus.PublishSessionUpdate(s.nc, &busv1.SessionUpdate{SessionId: ls.id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED}); err != nil {
+		s.log.Warn("announce session deletion", zap.String("session_id", ls.id), zap.Error(err))
+	}
+	s.log.Info("session deleted", zap.String("session_id", ls.id))
+	return &sessionv1.DeleteResponse{SessionId: ls.id, Deleted: true}, nil
+}
+
+// Attach checks that the principal may follow the session and names the
+// NATS subject of its updates.
+func (s *Server) Attach(ctx context.Context, req *sessionv1.AttachRequest) (*sessionv1.AttachResponse, error) {
+	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	subject, err := updateSubject(row.ID)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.AttachResponse{SessionId: row.ID, Subject: subject}, nil
+}

@@ -1,0 +1,347 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Kinds of checkpoint events. user, text, tool_call and tool_result are
+// what the provider is given; thought is for people only (hidden
+// reasoning never goes back to the model).
+const (
+	eventUser       = "user"
+	eventText       = "text"
+	eventThought    = "thought"
+	eventToolCall   = "tool_call"
+	eventToolResult = "tool_result"
+)
+
+// Turn states as stored.
+const (
+	turnRunning     = "running"
+	turnDone        = "done"
+	turnInterrupted = "interrupted"
+)
+
+// cpEvent is one checkpoint event.
+type cpEvent struct {
+	SessionID string
+	Seq       int64
+	TurnID    string
+	Step      int
+	Kind      string
+	Surface   string
+	Content   string
+	// CallID is the provider's id of a tool call, ToolCallID ours; Name is
+	// the tool's.
+	CallID, ToolCallID, Name string
+}
+
+// insertEvents writes events in one statement. Events of a session that
+// no longer exists (deleted while its turn unwound) are skipped.
+func insertEvents(ctx context.Context, q querier, evs []cpEvent) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	n := len(evs)
+	sid, turn, kind, surface, content, callID, tcID, name := make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	seq, step := make([]int64, n), make([]int32, n)
+	for i, e := range evs {
+		sid[i], seq[i], turn[i], step[i], kind[i] = e.SessionID, e.Seq, e.TurnID, int32(e.Step), e.Kind
+		surface[i], content[i], callID[i], tcID[i], name[i] = e.Surface, pgText(e.Content), pgText(e.CallID), e.ToolCallID, pgText(e.Name)
+	}
+	_, err := q.Exec(ctx, `INSERT INTO checkpoint_events
+			(session_id, seq, turn_id, step, kind, interaction_surface, content, call_id, tool_call_id, name)
+		SELECT u.* FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
+			$8::text[], $9::text[], $10::text[]) AS u(session_id, seq, turn_id, step, kind, interaction_surface, content,
+			call_id, tool_call_id, name)
+		WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = u.session_id)`,
+		sid, seq, turn, step, kind, surface, content, callID, tcID, name)
+	if err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	return nil
+}
+
+// nextEventSeq is the first free event number of a session: above every
+// event and above the snapshot's boundary (covered events may be gone).
+func nextEventSeq(ctx context.Context, q querier, sessionID string) (int64, error) {
+	var next int64
+	err := q.QueryRow(ctx, `SELECT GREATEST(
+			COALESCE((SELECT max(seq) FROM checkpoint_events WHERE session_id = $1), 0),
+			COALESCE((SELECT boundary FROM context_snapshots WHERE session_id = $1), 0)) + 1`, sessionID).Scan(&next)
+	return next, err
+}
+
+// turnStart is what beginTurn records.
+type turnStart struct {
+	SessionID, TurnID, ConnID, Surface, Prompt string
+	Generation                                 *int64
+}
+
+// beginTurn records a running turn in one transaction: its row, the
+// session running, the prompt in the transcript and as the turn's first
+// checkpoint event. It returns the next free event number.
+func (st *store) beginTurn(ctx context.Context, b turnStart) (int64, error) {
+	var next int64
+	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO turns (turn_id, session_id, connection_id, client_turn_generation, interaction_surface)
+			VALUES ($1, $2, $3, $4, $5)`, b.TurnID, b.SessionID, b.ConnID, b.Generation, b.Surface); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "UPDATE sessions SET state = 'running', updated_at = now() WHERE session_id = $1 AND state = 'idle'", b.SessionID); err != nil {
+			return err
+		}
+		if _, err := appendMessageTx(ctx, tx, b.SessionID, roleUser, b.Prompt); err != nil {
+			return err
+		}
+		seq, err := nextEventSeq(ctx, tx, b.SessionID)
+		if err != nil {
+			return err
+		}
+		next = seq + 1
+		return insertEvents(ctx, tx, []cpEvent{{SessionID: b.SessionID, Seq: seq, TurnID: b.TurnID, Kind: eventUser, Surface: b.Surface, Content: b.Prompt}})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("start turn: %w", err)
+	}
+	return next, nil
+}
+
+// storedMessage is one message of a snapshot, as JSON.
+type storedMessage struct {
+	Role       string       `json:"role"`
+	Content    string       `json:"content"`
+	ToolCalls  []storedCall `json:"tool_calls,omitempty"`
+	ToolCallID string       `json:"tool_call_id,omitempty"`
+	Name       string       `json:"name,omitempty"`
+}
+
+type storedCall struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// snapshot is a session's latest retained context.
+type snapshot struct {
+	Found    bool
+	Boundary int64
+	Messages []ChatMessage
+}
+
+// retained reads the retained context: the latest snapshot and the
+// provider events after its boundary, oldest first, leaving out thoughts
+// and the events of turns left for another surface's recovery.
+func (st *store) retained(ctx context.Context, sessionID string) (snapshot, []cpEvent, error) {
+	var snap snapshot
+	var raw []byte
+	err := st.db.QueryRow(ctx, "SELECT boundary, messages FROM context_snapshots WHERE session_id = $1", sessionID).Scan(&snap.Boundary, &raw)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return snap, nil, nil
+	case err != nil:
+		return snap, nil, fmt.Errorf("read retained context: %w", err)
+	}
+	snap.Found = true
+	var stored []storedMessage
+	if err := json.Unmarshal(raw, &stored); err != nil {
+		return snap, nil, fmt.Errorf("read retained context: %w", err)
+	}
+	snap.Messages = fromStored(stored)
+	rows, err := st.db.Query(ctx, `SELECT e.seq, e.turn_id, e.step, e.kind, e.content, e.call_id, e.tool_call_id, e.name
+		FROM checkpoint_events e JOIN turns t ON t.turn_id = e.turn_id
+		WHERE e.session_id = $1 AND e.seq > $2 AND e.kind <> 'thought' AND t.state <> 'interrupted'
+		ORDER BY e.seq`, sessionID, snap.Boundary)
+	if err != nil {
+		return snap, nil, fmt.Errorf("read retained context: %w", err)
+	}
+	evs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (cpEvent, error) {
+		e := cpEvent{SessionID: sessionID}
+		err := row.Scan(&e.Seq, &e.TurnID, &e.Step, &e.Kind, &e.Content, &e.CallID, &e.ToolCallID, &e.Name)
+		return e, err
+	})
+	if err != nil {
+		return snap, nil, fmt.Errorf("read retained context: %w", err)
+	}
+	return snap, evs, nil
+}
+
+// writeSnapshot replaces the session's retained context with msgs,
+// covering every event up to boundary, and drops the covered events of
+// finished turns, in one transaction: the snapshot and its boundary
+// commit together or not at all.
+func (st *store) writeSnapshot(ctx context.Context, sessionID, surface string, boundary int64, msgs []ChatMessage) error {
+	raw, err := json.Marshal(toStored(msgs))
+	if err != nil {
+		return fmt.Errorf("encode retained context: %w", err)
+	}
+	err = pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO context_snapshots (session_id, boundary, messages, interaction_surface)
+			VALUES ($1, $2, $3, $4) ON CONFLICT (session_id) DO UPDATE
+			SET boundary = EXCLUDED.boundary, messages = EXCLUDED.messages,
+				interaction_surface = EXCLUDED.interaction_surface, created_at = now()`,
+			sessionID, boundary, raw, surface); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM checkpoint_events e USING turns t
+			WHERE e.session_id = $1 AND e.seq <= $2 AND t.turn_id = e.turn_id AND t.state = 'done'`, sessionID, boundary)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("write retained context: %w", err)
+	}
+	return nil
+}
+
+// legacyHistory returns the last n user and assistant transcript rows,
+// oldest first: the provider-safe replay of a session that has no
+// retained snapshot (one created before snapshots existed). Tool rows
+// and markers are for people, not for the model.
+func (st *store) legacyHistory(ctx context.Context, id string, n int) ([]ChatMessage, error) {
+	rows, err := st.db.Query(ctx, `SELECT role, content FROM (
+			SELECT idx, role, content FROM messages WHERE session_id = $1 AND role IN ('user', 'assistant')
+			ORDER BY idx DESC LIMIT $2) page ORDER BY idx`, id, n)
+	if err != nil {
+		return nil, fmt.Errorf("read history: %w", err)
+	}
+	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChatMessage, error) {
+		var m ChatMessage
+		err := row.Scan(&m.Role, &m.Content)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read history: %w", err)
+	}
+	return msgs, nil
+}
+
+// recovered is what recoverTurn did.
+type recovered struct {
+	// Done is false when the turn was not running any more (another
+	// recovery got there first).
+	Done bool
+	// Restored is true when the checkpoint was written into the
+	// transcript; false when the turn was left to its own surface.
+	Restored bool
+	Content  string
+}
+
+// recoverTurn ends a turn its process left running, in one transaction,
+// so it happens exactly once. With restore, the checkpoint's visible
+// progress goes into the transcript (a result for a call that never got
+// one, the text so far) followed by marker; without, the turn is marked
+// interrupted and its rows are left as they are.
+func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bool, marker string) (recovered, error) {
+	var rec recovered
+	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		rec = recovered{}
+		var state string
+		err := tx.QueryRow(ctx, "SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", it.TurnID).Scan(&state)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && state != turnRunning) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		rec.Done = true
+		res := turnResult{Outcome: OutcomeCancelled, StopReason: stopInterrupted}
+		if !restore {
+			if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'interrupted', outcome = $2, stop_reason = $3, ended_at = now()
+				WHERE turn_id = $1`, it.TurnID, res.Outcome, res.StopReason); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", it.TurnID)
+			return err
+		}
+		rec.Restored = true
+		rows, err := tx.Query(ctx, `SELECT step, kind, content, call_id, tool_call_id, name FROM checkpoint_events
+			WHERE turn_id = $1 ORDER BY seq`, it.TurnID)
+		if err != nil {
+			return err
+		}
+		evs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (cpEvent, error) {
+			e := cpEvent{SessionID: it.SessionID, TurnID: it.TurnID, Surface: it.Surface}
+			err := row.Scan(&e.Step, &e.Kind, &e.Content, &e.CallID, &e.ToolCallID, &e.Name)
+			return e, err
+		})
+		if err != nil {
+			return err
+		}
+		var text []byte
+		answered := map[string]bool{}
+		for _, e := range evs {
+			switch e.Kind {
+			case eventText:
+				text = append(text, e.Content...)
+			case eventToolResult:
+				answered[e.ToolCallID] = true
+			}
+		}
+		next, err := nextEventSeq(ctx, tx, it.SessionID)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if e.Kind != eventToolCall || answered[e.ToolCallID] {
+				continue
+			}
+			result := e
+			result.Kind, result.Seq, result.Content = eventToolResult, next, toolInterruptedOutput
+			next++
+			if err := insertEvents(ctx, tx, []cpEvent{result}); err != nil {
+				return err
+			}
+			if err := finishToolCallTx(ctx, tx, it.SessionID, e.ToolCallID, toolInterruptedOutput, toolCancelled); err != nil {
+				return err
+			}
+			if _, err := appendMessageTx(ctx, tx, it.SessionID, roleTool, e.Name+": "+toolInterruptedOutput); err != nil {
+				return err
+			}
+		}
+		rec.Content = string(text)
+		res.Content = rec.Content
+		if rec.Content != "" {
+			if _, err := appendMessageTx(ctx, tx, it.SessionID, roleAssistant, rec.Content); err != nil {
+				return err
+			}
+		}
+		if _, err := appendMessageTx(ctx, tx, it.SessionID, roleSystem, marker); err != nil {
+			return err
+		}
+		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res)
+	})
+	if err != nil {
+		return rec, fmt.Errorf("recover turn %s: %w", it.TurnID, err)
+	}
+	return rec, nil
+}
+
+func toStored(msgs []ChatMessage) []storedMessage {
+	out := make([]storedMessage, 0, len(msgs))
+	for _, m := range msgs {
+		sm := storedMessage{Role: m.Role, Content: pgText(m.Content), ToolCallID: pgText(m.ToolCallID), Name: pgText(m.Name)}
+		for _, c := range m.ToolCalls {
+			sm.ToolCalls = append(sm.ToolCalls, storedCall{ID: pgText(c.ID), Name: pgText(c.Name), Arguments: pgText(c.Arguments)})
+		}
+		out = append(out, sm)
+	}
+	return out
+}
+
+func fromStored(stored []storedMessage) []ChatMessage {
+	out := make([]ChatMessage, 0, len(stored))
+	for _, sm := range stored {
+		m := ChatMessage{Role: sm.Role, Content: sm.Content, ToolCallID: sm.ToolCallID, Name: sm.Name}
+		for _, c := range sm.ToolCalls {
+			m.ToolCalls = append(m.ToolCalls, ToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments})
+		}
+		out = append(out, m)
+	}
+	return out
+}
