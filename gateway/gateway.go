@@ -124,9 +124,12 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		g.Close()
 		return nil, fmt.Errorf("subscribe restarts: %w", err)
 	}
-	if g.ln, err = unixsock.Listen(cfg.Socket); err != nil {
-		g.Close()
-		return nil, err
+	g.ln = cfg.Listener
+	if g.ln == nil {
+		if g.ln, err = unixsock.Listen(cfg.Socket); err != nil {
+			g.Close()
+			return nil, err
+		}
 	}
 	return g, nil
 }
