@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -14,10 +13,6 @@ import (
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
-
-// configCallTimeout bounds one config call, waiting for the config write
-// lock included.
-const configCallTimeout = 30 * time.Second
 
 // configValue reads a required JSON value param named field.
 func configValue(raw json.RawMessage, field string) (*structpb.Value, error) {
@@ -51,8 +46,6 @@ func (g *Gateway) configGet(ctx context.Context, cs *connState, params json.RawM
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	resp, err := g.config.Get(ctx, &configv1.GetRequest{Principal: cs.principalOf(), Prop: p.Prop})
 	if err != nil {
 		return nil, serviceError("config", err)
@@ -78,8 +71,6 @@ func (g *Gateway) configSet(ctx context.Context, cs *connState, params json.RawM
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: cs.principalOf(), Prop: p.Prop, Value: v}); err != nil {
 		return nil, serviceError("config", err)
 	}
@@ -130,8 +121,6 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 		}
 		entries[i] = &configv1.Entry{Prop: *e.Prop, Value: pv}
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	resp, err := g.config.SetMany(ctx, &configv1.SetManyRequest{Principal: cs.principalOf(), Sets: entries})
 	if err != nil {
 		return nil, serviceError("config", err)
@@ -170,8 +159,6 @@ func (g *Gateway) configList(ctx context.Context, cs *connState, params json.Raw
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	resp, err := g.config.List(ctx, &configv1.ListRequest{Principal: cs.principalOf(), Prefix: p.Prefix})
 	if err != nil {
 		return nil, serviceError("config", err)
@@ -197,8 +184,6 @@ func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.R
 	if p.Prop == "" {
 		return nil, invalidParams("`prop` is required")
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: cs.principalOf(), Prop: p.Prop}); err != nil {
 		return nil, serviceError("config", err)
 	}

@@ -250,6 +250,11 @@ func (g *Gateway) handle(ctx context.Context, cs *connState, req *jsonrpc.Reques
 	if !known {
 		return nil, jsonrpc.MethodNotFound(req.Method)
 	}
+	if d := g.deadline(m.kind); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
 	return m.call(g, ctx, cs, req.Params)
 }
 

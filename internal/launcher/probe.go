@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -26,12 +24,7 @@ type healthProbe struct {
 }
 
 func newHealthProbe(addr string) (*healthProbe, error) {
-	// Reconnect fast: the process behind the socket is restarted, and
-	// gRPC's default backoff (up to two minutes) would hide it.
-	cc, err := grpcclient.Dial(addr, grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
-		MinConnectTimeout: time.Second,
-	}))
+	cc, err := grpcclient.Dial(addr)
 	if err != nil {
 		return nil, err
 	}

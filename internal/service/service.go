@@ -227,6 +227,10 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		env.Server.SetDependency(DepDatabase, nil)
 		env.Server.ClassifyError(func(err error) error {
 			if pg.IsUnavailable(err) {
+				// Health says so at once, not at the next ping: a request
+				// failing is the first sign of a database gone; the
+				// watch below clears it when the database answers again.
+				env.Server.SetDependency(DepDatabase, pg.ErrUnavailable)
 				return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, "database unavailable")
 			}
 			return nil
