@@ -41,6 +41,9 @@ var (
 	// ErrInterrupted: the start was interrupted (SIGINT, SIGTERM); what
 	// had started was stopped.
 	ErrInterrupted = errors.New("interrupted while starting")
+	// ErrCannotRun: a process exited with service.ExitPermanent, a
+	// failure no restart mends; the stack was stopped.
+	ErrCannotRun = errors.New("process cannot run as configured")
 )
 
 // Config is the launcher's configuration.
@@ -233,8 +236,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	<-stopCtx.Done()
 	cause := context.Cause(stopCtx)
 	log.Info("stopping stack", zap.NamedError("cause", cause))
-	if errors.Is(cause, ErrEphemeralDone) {
-		return ErrEphemeralDone
+	if errors.Is(cause, ErrEphemeralDone) || errors.Is(cause, ErrCannotRun) {
+		return cause
 	}
 	return nil
 }

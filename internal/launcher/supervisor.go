@@ -17,6 +17,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/graceful"
+	"github.com/clawmesh/clawmesh/internal/service"
 )
 
 // Defaults of the supervisor (Config may change the liveness limit).
@@ -213,6 +214,12 @@ func (s *supervisor) supervise(p *proc, stop context.CancelCauseFunc) {
 		if p.gateway && p.ephemeral && code == 0 {
 			s.log.Info("ephemeral gateway exited, stopping the stack")
 			stop(ErrEphemeralDone)
+			return
+		}
+		if code == service.ExitPermanent {
+			why := lastLine(s.logPath(p))
+			s.log.Error("process cannot run as configured, stopping the stack", zap.String("child", p.name), zap.String("why", why))
+			stop(fmt.Errorf("%w: %s: %s (see %s)", ErrCannotRun, p.name, why, s.logPath(p)))
 			return
 		}
 		if time.Since(r.started) > s.healthyRun {

@@ -180,6 +180,32 @@ func TestSupervisorRestartsWithBackoff(t *testing.T) {
 	}
 }
 
+// A process that exits with service.ExitPermanent (a failure no restart
+// mends) is not restarted: the stack is stopped, saying why.
+func TestPermanentFailureStopsTheStack(t *testing.T) {
+	r := newRig(t, 0)
+	r.sup.minBackoff = time.Millisecond
+	p := r.proc("config", "crash", "FAKE_CODE=78", "FAKE_MESSAGE=config: the key does not open the stored secrets")
+	ctx, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	if err := r.sup.start(p, stop); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the stack was not stopped; runs %v", r.runs("config"))
+	}
+	err := context.Cause(ctx)
+	if !errors.Is(err, ErrCannotRun) || !strings.Contains(err.Error(), "the key does not open the stored secrets") {
+		t.Fatalf("cause %v", err)
+	}
+	r.sup.stopAll()
+	if runs := r.runs("config"); len(runs) != 1 {
+		t.Fatalf("restarted: %v", runs)
+	}
+}
+
 // A stop that comes while a crashed process waits out its backoff starts
 // nothing: once stopAll returns, no goroutine of the supervisor is left
 // that could, and the only run ever started is gone.

@@ -202,11 +202,11 @@ func unique(props []string) []string {
 }
 
 // toStatus maps a write-path error to the gRPC status the edge reads. A
-// database that cannot be reached is left to the process frame, which
-// names it (Unavailable "database unavailable") and marks health down.
+// database that cannot be reached (refused, or lost mid-commit) is named
+// as the process frame names it: Unavailable "database unavailable".
 func toStatus(err error) error {
 	if pg.IsUnavailable(err) {
-		return err
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrUnavailable.Error())
 	}
 	index := rpcerr.NoIndex
 	var ee *entryError

@@ -2,7 +2,8 @@
 // tests. FAKE_RECORD names a file it appends "<pid> <start unix ns>" to;
 // FAKE_MODE says what it does:
 //
-//	crash       write FAKE_MESSAGE to stderr and exit 3 after FAKE_LIFE
+//	crash       write FAKE_MESSAGE to stderr and exit FAKE_CODE (default 3)
+//	            after FAKE_LIFE
 //	serve       serve gRPC health (SERVING) on --listen until SIGTERM
 //	notserving  serve health NOT_SERVING, the reason "database: FAKE_MESSAGE"
 //	slowstart   wait FAKE_LIFE, then serve
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -40,7 +42,11 @@ func main() {
 	case "crash":
 		time.Sleep(life)
 		fmt.Fprintln(os.Stderr, os.Getenv("FAKE_MESSAGE"))
-		os.Exit(3)
+		code := 3
+		if c, err := strconv.Atoi(os.Getenv("FAKE_CODE")); err == nil {
+			code = c
+		}
+		os.Exit(code)
 	case "slowstart":
 		time.Sleep(life)
 		serve(*listen, nil)
