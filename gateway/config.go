@@ -5,6 +5,7 @@ package gateway
 
 import (
 	"errors"
+	"net"
 	"time"
 
 	"go.uber.org/zap"
@@ -17,6 +18,10 @@ type Config struct {
 	// DataDir is reported as config_dir; Socket is the client socket.
 	DataDir string
 	Socket  string
+	// Listener, when set, is the client socket already listening (the
+	// launcher's, passed down so it outlives this process); else New
+	// listens on Socket.
+	Listener net.Listener
 	// Service addresses. Plugin may list several replicas.
 	ConfigAddr, SessionAddr, UploadAddr, DurableAddr string
 	PluginAddrs                                      []string

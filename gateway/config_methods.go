@@ -4,33 +4,36 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/jsonexact"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
-// configCallTimeout bounds one config call, waiting for the config write
-// lock included.
-const configCallTimeout = 30 * time.Second
-
-// configValue reads a required JSON value param named field.
-func configValue(raw json.RawMessage, field string) (*structpb.Value, error) {
+// configValue reads a required JSON value param named field, the value
+// of prop. Numbers are read exactly: one a float64 would round (an
+// integer past ±2^53, as 2^53+1 for plugins.limits.call_fuel) is refused
+// naming the prop, never stored as another number.
+func configValue(raw json.RawMessage, field, prop string) (*structpb.Value, error) {
 	if len(raw) == 0 {
-		return nil, invalidParams(fmt.Sprintf("`%s` is required", field))
+		return nil, fmt.Errorf("`%s` is required", field)
 	}
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, invalidParams(fmt.Sprintf("`%s` is not valid JSON", field))
+	v, err := jsonexact.Decode(raw)
+	switch {
+	case errors.Is(err, jsonexact.ErrInexact):
+		return nil, fmt.Errorf("`%s`: %w", prop, err)
+	case err != nil:
+		return nil, fmt.Errorf("`%s` is not valid JSON", field)
 	}
 	pv, err := structpb.NewValue(v)
 	if err != nil {
-		return nil, invalidParams(fmt.Sprintf("`%s`: %v", field, err))
+		return nil, fmt.Errorf("`%s`: %w", field, err)
 	}
 	return pv, nil
 }
@@ -51,8 +54,6 @@ func (g *Gateway) configGet(ctx context.Context, cs *connState, params json.RawM
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	resp, err := g.config.Get(ctx, &configv1.GetRequest{Principal: cs.principalOf(), Prop: p.Prop})
 	if err != nil {
 		return nil, serviceError("config", err)
@@ -74,12 +75,10 @@ func (g *Gateway) configSet(ctx context.Context, cs *connState, params json.RawM
 	if p.Prop == "" {
 		return nil, invalidParams("`prop` is required")
 	}
-	v, err := configValue(p.Value, "value")
+	v, err := configValue(p.Value, "value", p.Prop)
 	if err != nil {
-		return nil, err
+		return nil, invalidParams(err.Error())
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: cs.principalOf(), Prop: p.Prop, Value: v}); err != nil {
 		return nil, serviceError("config", err)
 	}
@@ -117,21 +116,12 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 		if e.Prop == nil || *e.Prop == "" {
 			return nil, invalidEntry(i, "`prop` is required")
 		}
-		if len(e.Value) == 0 {
-			return nil, invalidEntry(i, "`value` is required")
-		}
-		var v any
-		if err := json.Unmarshal(e.Value, &v); err != nil {
-			return nil, invalidEntry(i, "`value` is not valid JSON")
-		}
-		pv, err := structpb.NewValue(v)
+		pv, err := configValue(e.Value, "value", *e.Prop)
 		if err != nil {
-			return nil, invalidEntry(i, "`value`: "+err.Error())
+			return nil, invalidEntry(i, err.Error())
 		}
 		entries[i] = &configv1.Entry{Prop: *e.Prop, Value: pv}
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	resp, err := g.config.SetMany(ctx, &configv1.SetManyRequest{Principal: cs.principalOf(), Sets: entries})
 	if err != nil {
 		return nil, serviceError("config", err)
@@ -170,8 +160,6 @@ func (g *Gateway) configList(ctx context.Context, cs *connState, params json.Raw
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	resp, err := g.config.List(ctx, &configv1.ListRequest{Principal: cs.principalOf(), Prefix: p.Prefix})
 	if err != nil {
 		return nil, serviceError("config", err)
@@ -197,8 +185,6 @@ func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.R
 	if p.Prop == "" {
 		return nil, invalidParams("`prop` is required")
 	}
-	ctx, cancel := context.WithTimeout(ctx, configCallTimeout)
-	defer cancel()
 	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: cs.principalOf(), Prop: p.Prop}); err != nil {
 		return nil, serviceError("config", err)
 	}

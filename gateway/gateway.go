@@ -124,9 +124,12 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		g.Close()
 		return nil, fmt.Errorf("subscribe restarts: %w", err)
 	}
-	if g.ln, err = unixsock.Listen(cfg.Socket); err != nil {
-		g.Close()
-		return nil, err
+	g.ln = cfg.Listener
+	if g.ln == nil {
+		if g.ln, err = unixsock.Listen(cfg.Socket); err != nil {
+			g.Close()
+			return nil, err
+		}
 	}
 	return g, nil
 }
@@ -246,6 +249,11 @@ func (g *Gateway) handle(ctx context.Context, cs *connState, req *jsonrpc.Reques
 	}
 	if !known {
 		return nil, jsonrpc.MethodNotFound(req.Method)
+	}
+	if d := g.deadline(m.kind); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
 	}
 	return m.call(g, ctx, cs, req.Params)
 }

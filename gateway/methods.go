@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
 )
@@ -22,7 +23,46 @@ type method struct {
 	// the method to be listed in its capabilities (none: everyone's). The
 	// service still decides every call.
 	needs []string
-	call  func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
+	// kind sets the deadline of the method's calls (handle applies it).
+	kind callKind
+	call func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
+}
+
+// callKind says how long the gateway waits for what a method asks of the
+// services. Every call the gateway makes has a deadline: a service that
+// hangs gives the client an error, never silence.
+type callKind int
+
+const (
+	// kindLocal methods answer from the gateway's memory.
+	kindLocal callKind = iota
+	// kindQuick is one short call: rpc.call_timeout_ms (default 10 s).
+	kindQuick
+	// kindSlow calls may queue on a lock or move much data (config
+	// writes wait for the config write lock, session/new makes a
+	// workspace, session/messages reads a whole transcript): three times
+	// rpc.call_timeout_ms (30 s by default).
+	kindSlow
+	// kindTurn is session/prompt, which lasts as long as its turn: the
+	// turn bounds itself (agents.*.timeout_secs for each provider wait,
+	// approval_timeout_secs for each approval), and a session service
+	// that stops answering fails the call through the connection's
+	// keepalive (grpcclient.KeepaliveTime + KeepaliveTimeout, 15 s).
+	kindTurn
+)
+
+// slowFactor is how many times rpc.call_timeout_ms a kindSlow call gets.
+const slowFactor = 3
+
+// deadline of a method of kind k; 0 for none of the clock's.
+func (g *Gateway) deadline(k callKind) time.Duration {
+	switch k {
+	case kindQuick:
+		return g.limits.CallTimeout
+	case kindSlow:
+		return slowFactor * g.limits.CallTimeout
+	}
+	return 0
 }
 
 // Permission sets of the method table.
@@ -41,28 +81,28 @@ func init() { methods = methodTable() }
 
 func methodTable() map[string]method {
 	return map[string]method{
-		"initialize": {preInit: true, inline: true, call: (*Gateway).initialize},
-		"status":     {call: (*Gateway).status},
-		"health":     {inline: true, call: (*Gateway).health},
+		"initialize": {preInit: true, inline: true, kind: kindQuick, call: (*Gateway).initialize},
+		"status":     {kind: kindQuick, call: (*Gateway).status},
+		"health":     {inline: true, kind: kindLocal, call: (*Gateway).health},
 
-		"session/new":      {needs: needsAgent, call: (*Gateway).sessionNew},
-		"session/prompt":   {needs: needsAgent, call: (*Gateway).sessionPrompt},
-		"session/cancel":   {needs: needsAgent, call: (*Gateway).sessionCancel},
-		"session/approve":  {needs: needsAgent, call: (*Gateway).sessionApprove},
-		"session/state":    {needs: needsAgent, call: (*Gateway).sessionState},
-		"session/messages": {needs: needsAgent, call: (*Gateway).sessionMessages},
-		"session/list":     {needs: needsAgent, call: (*Gateway).sessionList},
-		"session/close":    {needs: needsAgent, call: (*Gateway).sessionClose},
-		"session/kill":     {needs: needsAgent, call: (*Gateway).sessionKill},
-		"session/delete":   {needs: needsAgent, call: (*Gateway).sessionDelete},
+		"session/new":      {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionNew},
+		"session/prompt":   {needs: needsAgent, kind: kindTurn, call: (*Gateway).sessionPrompt},
+		"session/cancel":   {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionCancel},
+		"session/approve":  {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionApprove},
+		"session/state":    {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionState},
+		"session/messages": {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionMessages},
+		"session/list":     {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionList},
+		"session/close":    {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionClose},
+		"session/kill":     {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionKill},
+		"session/delete":   {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionDelete},
 
-		"config/get":      {needs: needsConfigRead, call: (*Gateway).configGet},
-		"config/set":      {needs: needsConfigEdit, call: (*Gateway).configSet},
-		"config/set-many": {needs: needsConfigEdit, call: (*Gateway).configSetMany},
-		"config/list":     {needs: needsConfigRead, call: (*Gateway).configList},
-		"config/delete":   {needs: needsConfigEdit, call: (*Gateway).configDelete},
+		"config/get":      {needs: needsConfigRead, kind: kindQuick, call: (*Gateway).configGet},
+		"config/set":      {needs: needsConfigEdit, kind: kindSlow, call: (*Gateway).configSet},
+		"config/set-many": {needs: needsConfigEdit, kind: kindSlow, call: (*Gateway).configSetMany},
+		"config/list":     {needs: needsConfigRead, kind: kindQuick, call: (*Gateway).configList},
+		"config/delete":   {needs: needsConfigEdit, kind: kindSlow, call: (*Gateway).configDelete},
 
-		"plugins/list": {needs: []string{configschema.PermPluginsManage}, call: (*Gateway).pluginsList},
+		"plugins/list": {needs: []string{configschema.PermPluginsManage}, kind: kindQuick, call: (*Gateway).pluginsList},
 	}
 }
 

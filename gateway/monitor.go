@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -10,9 +11,11 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
@@ -121,7 +124,8 @@ func (m *monitor) pollAll(ctx context.Context) {
 func (m *monitor) poll(ctx context.Context, t target) {
 	ctx, cancel := context.WithTimeout(ctx, m.interval)
 	defer cancel()
-	resp, err := t.health.Check(ctx, &healthpb.HealthCheckRequest{})
+	var trailer metadata.MD
+	resp, err := t.health.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
 	now := time.Now().UTC()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -136,7 +140,14 @@ func (m *monitor) poll(ctx context.Context, t target) {
 		c.Status = "serving"
 		c.LastOK = &now
 	default:
+		// The process says why: a dependency it needs is down (its
+		// database, the bus), or it is shutting down.
 		c.Status = "not_serving"
+		reason := strings.Join(trailer.Get(grpcserver.ReasonTrailer), "; ")
+		if reason == "" {
+			reason = "not serving"
+		}
+		c.LastError = &reason
 	}
 }
 

@@ -16,8 +16,6 @@ import (
 
 // status answers docs/spec.md §5's status; services come from the health monitor.
 func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	st, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: cs.principalOf()})
 	if err != nil {
 		return nil, serviceError("session", err)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
@@ -30,6 +31,7 @@ func up(args []string) error {
 		dir, binDir, logLevel, setFile string
 		ephemeral                      bool
 		sets, scales                   multiFlag
+		liveness                       time.Duration
 	)
 	fs.StringVar(&dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	fs.StringVar(&binDir, "bin-dir", "", "folder of the service binaries (default: beside clawmesh)")
@@ -38,6 +40,8 @@ func up(args []string) error {
 	fs.Var(&sets, "set", "config property prop=value, e.g. rpc.max_local_connections=64 (repeatable; visible in ps: put secrets in --set-file)")
 	fs.StringVar(&setFile, "set-file", "", "file of prop=value lines committed at start like --set (# starts a comment)")
 	fs.Var(&scales, "scale", "replicas of a service, e.g. plugin-sandbox=3 (repeatable)")
+	fs.DurationVar(&liveness, "liveness-timeout", launcher.DefaultLiveness,
+		"kill and restart a process that leaves its health check unanswered this long; 0 disables")
 	rest, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -83,6 +87,9 @@ func up(args []string) error {
 	}
 	defer log.Sync() //nolint:errcheck
 
+	if liveness == 0 {
+		liveness = -1 // the launcher's "disabled"
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	err = launcher.Run(ctx, launcher.Config{
@@ -93,13 +100,33 @@ func up(args []string) error {
 		Sets:        sets,
 		Scale:       scale,
 		Ephemeral:   ephemeral,
+		Liveness:    liveness,
 		Log:         log,
 	})
-	if errors.Is(err, launcher.ErrEphemeralDone) {
+	switch {
+	case errors.Is(err, launcher.ErrEphemeralDone):
 		return nil
+	case errors.Is(err, launcher.ErrInterrupted):
+		// The shell's convention for a command ended by SIGINT; the
+		// stack was stopped cleanly, and the message says why it is
+		// not up.
+		return &exitError{code: exitInterrupted, err: errors.New("interrupted while starting; everything started was stopped")}
 	}
 	return err
 }
+
+// exitInterrupted is the exit status of `clawmesh up` interrupted while
+// starting: 128 + SIGINT. A stop once the stack is up exits 0.
+const exitInterrupted = 130
+
+// exitError is an error with its own exit status.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
 
 // readSetFile reads prop=value lines; blank lines and lines starting with
 // # are skipped.

@@ -23,6 +23,8 @@ type RPCLimits struct {
 	MaxInflightRequests     int
 	MaxBufferedFrameBytes   int64
 	AdvertisedServerVersion string
+	// CallTimeout is the deadline of the gateway's short calls.
+	CallTimeout time.Duration
 }
 
 // RPCLimits reads rpc.*.
@@ -36,6 +38,7 @@ func (s Snapshot) RPCLimits() RPCLimits {
 		MaxInflightRequests:     int(s.Int("rpc.max_inflight_requests")),
 		MaxBufferedFrameBytes:   s.Int("rpc.max_buffered_frame_bytes"),
 		AdvertisedServerVersion: s.String("rpc.advertised_server_version"),
+		CallTimeout:             s.Millis("rpc.call_timeout_ms"),
 	}
 }
 

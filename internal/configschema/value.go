@@ -2,11 +2,14 @@ package configschema
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/jsonexact"
 )
 
 // Check validates v (a decoded JSON value: nil, bool, float64, int, int64,
@@ -148,7 +151,10 @@ func ParseText(path, raw string) (any, error) {
 		}
 		v = items
 	default:
-		if err := json.Unmarshal([]byte(raw), &v); err != nil {
+		var err error
+		if v, err = jsonexact.Decode([]byte(raw)); errors.Is(err, jsonexact.ErrInexact) {
+			return nil, fmt.Errorf("`%s`: %w", path, err)
+		} else if err != nil {
 			return nil, fmt.Errorf("`%s`: %w: %q is not JSON of type %s", path, ErrType, raw, p.Type)
 		}
 	}

@@ -67,7 +67,7 @@ func Start(t testing.TB, opts Options) *Stack {
 	t.Cleanup(func() {
 		s.Stop()
 		// Root's cluster lives outside the data directory: remove it too.
-		if pg := pgcluster.Dir(dir); !strings.HasPrefix(pg, dir+"/") {
+		if pg := pgcluster.Dir(dir); pg != "" && !strings.HasPrefix(pg, dir+"/") {
 			os.RemoveAll(pg)
 		}
 	})
@@ -166,7 +166,7 @@ func (s *Stack) PIDs() map[int]string {
 		}
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 		cmdline := strings.Join(args, " ")
-		if pid == s.cmd.Process.Pid || !(strings.Contains(cmdline, s.DataDir) || strings.Contains(cmdline, pgDir)) {
+		if pid == s.cmd.Process.Pid || !(strings.Contains(cmdline, s.DataDir) || (pgDir != "" && strings.Contains(cmdline, pgDir))) {
 			continue
 		}
 		out[pid] = filepath.Base(args[0])

@@ -7,11 +7,23 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+)
+
+// Keepalive of a client connection with calls in flight: after
+// KeepaliveTime without a frame from the peer it is pinged, and the
+// connection fails when no answer comes within KeepaliveTimeout.
+// KeepaliveTime is gRPC's smallest allowed.
+const (
+	KeepaliveTime    = 10 * time.Second
+	KeepaliveTimeout = 5 * time.Second
 )
 
 // Dial opens a lazy client connection; it does not wait for the server, so
@@ -27,6 +39,17 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		// A peer is restarted by its supervisor within moments: find it
+		// again as fast (gRPC's default backoff grows to two minutes).
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		}),
+		// A peer that hangs (stopped, deadlocked) fails the calls in
+		// flight on it after KeepaliveTime+KeepaliveTimeout of silence,
+		// whatever their own deadline: the process side allows these
+		// pings (grpcserver's enforcement policy).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
 	}
 	target := addr
 	if strings.HasPrefix(addr, "/") || strings.Contains(addr, ",") {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
@@ -65,6 +66,10 @@ func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Serve
 	}
 	s := &Server{log: log, drain: drain, Health: health.NewServer()}
 	opts = append(opts,
+		// Clients ping a connection with calls in flight after
+		// grpcclient.KeepaliveTime of silence, to find a hung process:
+		// allow it (the default refuses pings closer than 5 minutes).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
 		grpc.MaxRecvMsgSize(16<<20),

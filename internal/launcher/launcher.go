@@ -10,22 +10,24 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/listenfd"
 	"github.com/clawmesh/clawmesh/internal/natsembed"
 	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/service"
 	"github.com/clawmesh/clawmesh/internal/stack"
+	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
 
 // Errors the launcher reports.
@@ -36,6 +38,12 @@ var (
 	ErrEphemeralDone = errors.New("ephemeral stack: last client disconnected")
 	// ErrNotReady: a process did not become healthy in time.
 	ErrNotReady = errors.New("process did not become healthy")
+	// ErrInterrupted: the start was interrupted (SIGINT, SIGTERM); what
+	// had started was stopped.
+	ErrInterrupted = errors.New("interrupted while starting")
+	// ErrCannotRun: a process exited with service.ExitPermanent, a
+	// failure no restart mends; the stack was stopped.
+	ErrCannotRun = errors.New("process cannot run as configured")
 )
 
 // Config is the launcher's configuration.
@@ -54,6 +62,10 @@ type Config struct {
 	Ephemeral bool
 	// ReadyTimeout bounds the wait for each process's health.
 	ReadyTimeout time.Duration
+	// Liveness is how long a running process may leave its health check
+	// unanswered before it is killed and restarted; default
+	// DefaultLiveness, negative disables the probe.
+	Liveness time.Duration
 	// Out receives the human-readable lines (socket path).
 	Out io.Writer
 	Log *zap.Logger
@@ -81,6 +93,14 @@ func (c *Config) withDefaults() error {
 	if c.ReadyTimeout <= 0 {
 		c.ReadyTimeout = 60 * time.Second
 	}
+	switch {
+	case c.Liveness == 0:
+		c.Liveness = DefaultLiveness
+	case c.Liveness < 0:
+		c.Liveness = 0
+	case c.Liveness < time.Second:
+		return fmt.Errorf("--liveness-timeout %v: at least 1s (health is asked every second)", c.Liveness)
+	}
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
@@ -92,7 +112,8 @@ func (c *Config) withDefaults() error {
 
 // Run starts the stack and supervises it until ctx is done (a requested
 // stop: nil) or, in ephemeral mode, the last client left
-// (ErrEphemeralDone). Everything it started is stopped before it returns.
+// (ErrEphemeralDone). When ctx ends before the stack is up it returns
+// ErrInterrupted. Everything it started is stopped before it returns.
 func Run(ctx context.Context, cfg Config) (err error) {
 	if err := cfg.withDefaults(); err != nil {
 		return err
@@ -111,10 +132,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	defer unlock()
 
-	var stack []func() // stoppers, run in reverse
+	var stoppers []func() // run in reverse
 	defer func() {
-		for i := len(stack) - 1; i >= 0; i-- {
-			stack[i]()
+		for i := len(stoppers) - 1; i >= 0; i-- {
+			stoppers[i]()
+		}
+	}()
+	// An interrupt during the start is what the start failed of.
+	defer func() {
+		if err != nil && !errors.Is(err, ErrEphemeralDone) && ctx.Err() != nil {
+			log.Info("start interrupted", zap.NamedError("cause", err))
+			err = ErrInterrupted
 		}
 	}()
 
@@ -122,21 +150,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
 		return fmt.Errorf("log folder: %w", err)
 	}
+	sup := newSupervisor(log, logDir, cfg.Liveness)
+	// Normally stopped before the bus (below); this is for an early return.
+	defer sup.stopAll()
+	stopCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+
 	dbURL := cfg.DatabaseURL
 	if dbURL == "" {
-		dir := pgcluster.Dir(cfg.DataDir)
-		log.Info("starting private postgres", zap.String("dir", dir))
-		pgLog, err := os.OpenFile(filepath.Join(logDir, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-		if err != nil {
-			return fmt.Errorf("postgres log: %w", err)
+		if dbURL, err = startPostgres(ctx, cfg, sup, stop); err != nil {
+			return err
 		}
-		defer pgLog.Close()
-		cl, err := pgcluster.Start(ctx, pgcluster.Options{Dir: dir, Log: log, Output: pgLog})
-		if err != nil {
-			return fmt.Errorf("postgres (see %s): %w", pgLog.Name(), err)
-		}
-		stack = append(stack, cl.Stop)
-		dbURL = cl.URL()
 	}
 	// Every process connects to the bus under its own identity: the seeds
 	// live 0600 in the data directory, the embedded server knows the
@@ -152,7 +176,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if err != nil {
 			return err
 		}
-		stack = append(stack, ns.Shutdown)
+		stoppers = append(stoppers, ns.Shutdown)
 		natsURL = ns.URL()
 	}
 	seed, err := bus.LoadSeed(cfg.DataDir, bus.RoleLauncher)
@@ -164,44 +188,93 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	stack = append(stack, nc.Close)
+	stoppers = append(stoppers, nc.Close)
+	sup.mu.Lock()
+	sup.onRestart = func(name string, restarts int) { _ = bus.PublishRestart(nc, name, restarts) }
+	sup.mu.Unlock()
 
-	sup := &supervisor{log: log, nc: nc, logDir: logDir, readyTimeout: cfg.ReadyTimeout}
-	procs, err := plan(cfg, dbURL, natsURL)
+	// The client socket is the launcher's: the gateway gets a copy, and a
+	// gateway that crashes or is replaced refuses no connection, which
+	// waits in the backlog for the next one.
+	socket := datadir.Socket(cfg.DataDir)
+	client, err := unixsock.Listen(socket)
+	if err != nil {
+		return fmt.Errorf("client socket: %w", err)
+	}
+	stoppers = append(stoppers, func() { client.Close() })
+	clientFile, err := client.File()
+	if err != nil {
+		return fmt.Errorf("client socket: %w", err)
+	}
+	stoppers = append(stoppers, func() { clientFile.Close() })
+	// The processes stop before the bus and the socket they use.
+	stoppers = append(stoppers, sup.stopAll)
+
+	procs, err := plan(cfg, dbURL, natsURL, clientFile)
 	if err != nil {
 		return err
 	}
-	stopCtx, stop := context.WithCancelCause(ctx)
-	defer stop(nil)
-	stack = append(stack, sup.stopAll)
-
 	// Services start together; the gateway only once they all serve.
 	services, gateway := procs[:len(procs)-1], procs[len(procs)-1]
 	for _, p := range services {
-		if err := sup.start(stopCtx, p, stop); err != nil {
+		if err := sup.start(p, stop); err != nil {
 			return err
 		}
 	}
-	if err := sup.waitHealthy(ctx, services); err != nil {
+	if err := sup.waitReady(ctx, cfg.ReadyTimeout, services); err != nil {
 		return err
 	}
-	if err := sup.start(stopCtx, gateway, stop); err != nil {
+	if err := sup.start(gateway, stop); err != nil {
 		return err
 	}
-	if err := sup.waitHealthy(ctx, []*proc{gateway}); err != nil {
+	if err := sup.waitReady(ctx, cfg.ReadyTimeout, []*proc{gateway}); err != nil {
 		return err
 	}
-	socket := datadir.Socket(cfg.DataDir)
 	fmt.Fprintf(cfg.Out, "clawmesh %s is up\nsocket: %s\n", cfg.DataDir, socket)
 	log.Info("stack up", zap.String("socket", socket), zap.String("data_dir", cfg.DataDir))
 
 	<-stopCtx.Done()
 	cause := context.Cause(stopCtx)
 	log.Info("stopping stack", zap.NamedError("cause", cause))
-	if errors.Is(cause, ErrEphemeralDone) {
-		return ErrEphemeralDone
+	if errors.Is(cause, ErrEphemeralDone) || errors.Is(cause, ErrCannotRun) {
+		return cause
 	}
 	return nil
+}
+
+// startPostgres prepares the private cluster of the data directory and
+// starts its server under supervision, like every other process; it
+// returns the database URL once the server accepts connections.
+func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop context.CancelCauseFunc) (string, error) {
+	log := cfg.Log
+	for _, dir := range pgcluster.Collect(cfg.DataDir, log) {
+		log.Info("removed a postgres cluster no data directory owns", zap.String("dir", dir))
+	}
+	dir, err := pgcluster.Bind(cfg.DataDir)
+	if err != nil {
+		return "", err
+	}
+	log.Info("preparing private postgres", zap.String("dir", dir))
+	prepCtx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
+	defer cancel()
+	cl, err := pgcluster.Prepare(prepCtx, pgcluster.Options{Dir: dir, Log: log,
+		PasswordFile: filepath.Join(cfg.DataDir, "postgres.password")})
+	if err != nil {
+		return "", fmt.Errorf("postgres: %w", err)
+	}
+	p := &proc{name: "postgres", command: cl.Command, stopSignal: pgcluster.ShutdownSignal, probe: postgresProbe{cl}}
+	if err := sup.start(p, stop); err != nil {
+		return "", err
+	}
+	if err := sup.waitReady(ctx, cfg.ReadyTimeout, []*proc{p}); err != nil {
+		return "", err
+	}
+	readyCtx, cancel2 := context.WithTimeout(ctx, cfg.ReadyTimeout)
+	defer cancel2()
+	if err := cl.EnsureDatabase(readyCtx); err != nil {
+		return "", fmt.Errorf("postgres: %w", err)
+	}
+	return cl.URL(), nil
 }
 
 // Environment a child gets besides the launcher's own: secrets travel
@@ -213,8 +286,9 @@ const (
 )
 
 // plan lists the processes with their arguments and environment, in the
-// stack table's order (gateway last).
-func plan(cfg Config, dbURL, natsURL string) ([]*proc, error) {
+// stack table's order (gateway last). The gateway gets the client socket
+// as a passed descriptor.
+func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File) ([]*proc, error) {
 	common := []string{"--config-dir", cfg.DataDir, "--nats-url", natsURL}
 	env := []string{service.EnvDatabaseURL + "=" + dbURL}
 	var plugins []string
@@ -239,16 +313,36 @@ func plan(cfg Config, dbURL, natsURL string) ([]*proc, error) {
 			}
 			sock := datadir.ServiceSocket(cfg.DataDir, sp.Name, i)
 			args := append(append(append([]string{}, common...), "--listen", sock), peers...)
-			penv := append([]string{}, env...)
+			penv := append(childEnv(os.Environ()), env...)
 			if sp.Role == bus.RoleConfig && len(cfg.Sets) > 0 {
 				penv = append(penv, envSets+"="+string(sets))
 			}
 			if sp.Edge && cfg.Ephemeral {
 				args = append(args, "--ephemeral")
 			}
+			bin, edge := filepath.Join(cfg.BinDir, sp.Name), sp.Edge
+			if _, err := os.Stat(bin); err != nil {
+				return nil, fmt.Errorf("%s binary: %w (run make build)", sp.Name, err)
+			}
+			probe, err := newHealthProbe(sock)
+			if err != nil {
+				return nil, err
+			}
 			procs = append(procs, &proc{
-				name: name, bin: filepath.Join(cfg.BinDir, sp.Name), args: args, env: penv, health: sock,
-				gateway: sp.Edge, ephemeral: sp.Edge && cfg.Ephemeral,
+				name: name, probe: probe, gateway: edge, ephemeral: edge && cfg.Ephemeral,
+				command: func() *exec.Cmd {
+					cmd := exec.Command(bin, args...)
+					cmd.Env = penv
+					if edge {
+						listenfd.Pass(cmd, []string{listenfd.ClientSocket}, []*os.File{clientSocket})
+					}
+					// Own process group: a terminal's Ctrl-C reaches only
+					// the launcher, which stops everything in order.
+					// Pdeathsig: a launcher killed outright takes its
+					// children with it.
+					cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+					return cmd
+				},
 			})
 		}
 	}
@@ -289,9 +383,4 @@ func lock(dir string) (func(), error) {
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 		f.Close()
 	}, nil
-}
-
-// publishRestart tells the gateway a process was restarted.
-func publishRestart(nc *nats.Conn, name string, count int) {
-	_ = bus.PublishRestart(nc, name, count)
 }

@@ -7,234 +7,427 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
-	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/graceful"
-	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/service"
 )
 
-// Restart backoff: doubling from minBackoff to maxBackoff; a process that
-// ran healthyRun without crashing starts again from minBackoff.
+// Defaults of the supervisor (Config may change the liveness limit).
 const (
+	// minBackoff and maxBackoff bound the restart delay, which doubles
+	// from one to the other; a run that lasted healthyRun starts again
+	// from minBackoff.
 	minBackoff = 100 * time.Millisecond
 	maxBackoff = 10 * time.Second
 	healthyRun = 30 * time.Second
-	// stopGrace is how long a process may take to exit after SIGTERM
-	// before it is killed; it covers the services' own drain limit.
+	// stopGrace is how long a process may take to exit after its stop
+	// signal before it is killed; it covers the services' own drain limit.
 	stopGrace = 15 * time.Second
+	// DefaultLiveness is how long a process may leave its health check
+	// unanswered before it is killed and restarted.
+	DefaultLiveness = 10 * time.Second
+	// probeEvery is how often the liveness of each process is asked.
+	probeEvery = time.Second
+	// waitLogEvery is how often a start that waits says what for.
+	waitLogEvery = 3 * time.Second
 )
+
+// prober asks a process whether it is alive and ready.
+type prober interface {
+	// probe reports answered when the process replied at all (it is
+	// alive), and err nil when it is ready (serving, accepting), else why
+	// not.
+	probe(ctx context.Context) (answered bool, err error)
+	close()
+}
 
 // proc is one supervised process.
 type proc struct {
-	name, bin string
-	args      []string
-	env       []string // added to the launcher's environment
-	health    string   // gRPC health socket
-	gateway   bool
-	ephemeral bool
+	name string
+	// command makes the command of a new run.
+	command func() *exec.Cmd
+	// stopSignal asks the process to stop (SIGTERM; PostgreSQL's fast
+	// shutdown is SIGINT).
+	stopSignal syscall.Signal
+	probe      prober
+	// gateway, with ephemeral: a clean exit stops the stack.
+	gateway, ephemeral bool
 
 	mu       sync.Mutex
-	cmd      *exec.Cmd
-	exited   chan struct{} // closed when the current run has exited
+	run      *run
 	restarts int
-	stopped  chan struct{} // closed when supervision has ended
+	// supervised is closed when the process's supervise loop has
+	// returned: nothing starts it again after that.
+	supervised chan struct{}
 }
 
+// run is one execution of a process.
+type run struct {
+	cmd     *exec.Cmd
+	started time.Time
+	exited  chan struct{} // closed once cmd.Wait returned
+	// answered is when the run last answered a probe (unix ns; 0: never).
+	answered atomic.Int64
+}
+
+// probe asks p's process, recording when this run answered.
+func (r *run) probe(ctx context.Context, p *proc) (bool, error) {
+	answered, err := p.probe.probe(ctx)
+	if answered {
+		r.answered.Store(time.Now().UnixNano())
+	}
+	return answered, err
+}
+
+func (r *run) lastAnswer() time.Time {
+	ns := r.answered.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+func (p *proc) current() *run {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.run
+}
+
+// supervisor starts processes, restarts them when they exit or stop
+// answering their health check, and stops them. Every goroutine it starts
+// is counted in wg and awaited by stopAll.
 type supervisor struct {
-	log          *zap.Logger
-	nc           *nats.Conn
-	logDir       string
-	readyTimeout time.Duration
+	log      *zap.Logger
+	logDir   string
+	liveness time.Duration // 0: no liveness probing
+	// onRestart is told of each restart (the launcher publishes it).
+	onRestart func(name string, restarts int)
+	// tunables, set by newSupervisor; tests shorten them.
+	minBackoff, maxBackoff, healthyRun, probeEvery, waitLogEvery, stopGrace time.Duration
+	// beforeRespawn, when set, runs after a backoff, right before the
+	// restart: tests stop the supervisor there.
+	beforeRespawn func()
+
+	// ctx is the supervision: cancelled first thing by stopAll, so no
+	// loop starts anything afterwards.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	mu       sync.Mutex
 	procs    []*proc
 	stopping bool
 }
 
-// start runs p and keeps it running until ctx is done. stop is called
-// with ErrEphemeralDone when an ephemeral gateway exits cleanly.
-func (s *supervisor) start(ctx context.Context, p *proc, stop context.CancelCauseFunc) error {
-	if _, err := os.Stat(p.bin); err != nil {
-		return fmt.Errorf("%s binary: %w (run make build)", p.name, err)
+func newSupervisor(log *zap.Logger, logDir string, liveness time.Duration) *supervisor {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &supervisor{
+		log: log, logDir: logDir, liveness: liveness, onRestart: func(string, int) {},
+		minBackoff: minBackoff, maxBackoff: maxBackoff, healthyRun: healthyRun,
+		probeEvery: probeEvery, waitLogEvery: waitLogEvery, stopGrace: stopGrace,
+		ctx: ctx, cancel: cancel,
 	}
-	p.stopped = make(chan struct{})
+}
+
+// errStopping: the supervisor is stopping and starts nothing.
+var errStopping = errors.New("supervisor stopping")
+
+// start runs p and keeps it running until stopAll. stop is called with
+// ErrEphemeralDone when an ephemeral gateway exits cleanly.
+func (s *supervisor) start(p *proc, stop context.CancelCauseFunc) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return errStopping
+	}
+	if p.stopSignal == 0 {
+		p.stopSignal = syscall.SIGTERM
+	}
 	if err := s.spawn(p); err != nil {
-		close(p.stopped)
 		return err
 	}
-	s.mu.Lock()
+	p.supervised = make(chan struct{})
 	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	go s.supervise(ctx, p, stop)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(p.supervised)
+		s.supervise(p, stop)
+	}()
 	return nil
 }
 
+func (s *supervisor) logPath(p *proc) string { return filepath.Join(s.logDir, p.name+".log") }
+
+// spawn starts a new run of p, with its own goroutine waiting for it.
 func (s *supervisor) spawn(p *proc) error {
-	logFile, err := os.OpenFile(filepath.Join(s.logDir, p.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logFile, err := os.OpenFile(s.logPath(p), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("%s log: %w", p.name, err)
 	}
-	cmd := exec.Command(p.bin, p.args...)
+	cmd := p.command()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Env = append(childEnv(os.Environ()), p.env...)
-	// Own process group: a terminal's Ctrl-C reaches only the launcher,
-	// which then stops everything in order. Pdeathsig: a launcher killed
-	// outright takes its children with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
-	exited := make(chan struct{})
+	r := &run{cmd: cmd, started: time.Now(), exited: make(chan struct{})}
 	p.mu.Lock()
-	p.cmd, p.exited = cmd, exited
+	p.run = r
 	p.mu.Unlock()
+	s.wg.Add(1)
 	go func() {
+		defer s.wg.Done()
 		_ = cmd.Wait()
 		logFile.Close()
-		close(exited)
+		close(r.exited)
 	}()
 	s.log.Info("process started", zap.String("child", p.name), zap.Int("pid", cmd.Process.Pid))
 	return nil
 }
 
-func (s *supervisor) supervise(ctx context.Context, p *proc, stop context.CancelCauseFunc) {
-	defer close(p.stopped)
-	backoff := minBackoff
+// supervise restarts p each time its run exits, with backoff, until the
+// supervision ends. The context is checked after every wait, so a stop
+// that comes during a backoff starts nothing.
+func (s *supervisor) supervise(p *proc, stop context.CancelCauseFunc) {
+	backoff := s.minBackoff
 	for {
-		p.mu.Lock()
-		cmd, exited := p.cmd, p.exited
-		p.mu.Unlock()
-		startedAt := time.Now()
+		r := p.current()
+		s.watchLiveness(p, r)
 		select {
-		case <-exited:
-		case <-ctx.Done():
+		case <-r.exited:
+		case <-s.ctx.Done():
 			return
 		}
-		if s.isStopping() || ctx.Err() != nil {
+		if s.ctx.Err() != nil {
 			return
 		}
-		code := cmd.ProcessState.ExitCode()
+		code := r.cmd.ProcessState.ExitCode()
 		if p.gateway && p.ephemeral && code == 0 {
 			s.log.Info("ephemeral gateway exited, stopping the stack")
 			stop(ErrEphemeralDone)
 			return
 		}
-		if time.Since(startedAt) > healthyRun {
-			backoff = minBackoff
+		if code == service.ExitPermanent {
+			why := lastLine(s.logPath(p))
+			s.log.Error("process cannot run as configured, stopping the stack", zap.String("child", p.name), zap.String("why", why))
+			stop(fmt.Errorf("%w: %s: %s (see %s)", ErrCannotRun, p.name, why, s.logPath(p)))
+			return
+		}
+		if time.Since(r.started) > s.healthyRun {
+			backoff = s.minBackoff
 		}
 		p.mu.Lock()
 		p.restarts++
 		restarts := p.restarts
 		p.mu.Unlock()
 		s.log.Warn("process exited, restarting", zap.String("child", p.name), zap.Int("exit_code", code),
-			zap.String("state", cmd.ProcessState.String()), zap.Int("restarts", restarts), zap.Duration("backoff", backoff))
+			zap.String("state", r.cmd.ProcessState.String()), zap.Int("restarts", restarts), zap.Duration("backoff", backoff))
+		t := time.NewTimer(backoff)
 		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
+		case <-t.C:
+		case <-s.ctx.Done():
+			t.Stop()
 			return
 		}
-		backoff = min(backoff*2, maxBackoff)
-		if s.isStopping() {
-			return
+		backoff = min(backoff*2, s.maxBackoff)
+		if s.beforeRespawn != nil {
+			s.beforeRespawn()
 		}
-		if err := s.spawn(p); err != nil {
+		if err := s.respawn(p); err != nil {
+			if errors.Is(err, errStopping) {
+				return
+			}
 			s.log.Error("restart failed", zap.String("child", p.name), zap.Error(err))
 			continue
 		}
-		publishRestart(s.nc, p.name, restarts)
+		s.onRestart(p.name, restarts)
 	}
 }
 
-func (s *supervisor) isStopping() bool {
+// respawn starts p again unless the supervisor is stopping: under the
+// lock stopAll takes first, so a run either starts before the stop (and
+// is stopped by it) or not at all.
+func (s *supervisor) respawn(p *proc) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stopping
+	if s.stopping {
+		return errStopping
+	}
+	return s.spawn(p)
 }
 
-// stopAll stops every process in reverse start order: SIGTERM, then
-// SIGKILL after stopGrace. Safe to call twice.
+// watchLiveness asks r's process for its health every probeEvery, on a
+// goroutine of its own, until the run exits; once the process has
+// answered, a silence of s.liveness gets it killed, and supervise
+// restarts it. A process that has never answered is still starting:
+// its own start limits apply.
+func (s *supervisor) watchLiveness(p *proc, r *run) {
+	if s.liveness <= 0 || p.probe == nil {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(s.probeEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.exited:
+				return
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(s.ctx, s.probeEvery)
+			_, err := r.probe(ctx, p)
+			cancel()
+			now := time.Now()
+			last := r.lastAnswer()
+			if last.IsZero() || now.Sub(last) < s.liveness || s.ctx.Err() != nil {
+				continue
+			}
+			s.log.Warn("process not answering its health check, killing it", zap.String("child", p.name),
+				zap.Int("pid", r.cmd.Process.Pid), zap.Duration("silent_for", now.Sub(last).Round(time.Millisecond)),
+				zap.Duration("liveness", s.liveness), zap.Error(err))
+			_ = r.cmd.Process.Signal(syscall.SIGKILL)
+			return
+		}
+	}()
+}
+
+// stopAll ends supervision, waits for every supervise loop (so no
+// process can be started behind its back), then stops every process in
+// reverse start order: its stop signal, then SIGKILL after the grace.
+// It returns once every goroutine of the supervisor has. Safe to call
+// twice.
 func (s *supervisor) stopAll() {
 	s.mu.Lock()
 	s.stopping = true
-	procs := append([]*proc(nil), s.procs...)
+	procs := s.procs
 	s.procs = nil
 	s.mu.Unlock()
+	s.cancel()
+	for _, p := range procs {
+		<-p.supervised
+	}
 	for i := len(procs) - 1; i >= 0; i-- {
 		p := procs[i]
-		p.mu.Lock()
-		cmd, exited := p.cmd, p.exited
-		p.mu.Unlock()
+		r := p.current()
 		select {
-		case <-exited:
+		case <-r.exited:
 			continue
 		default:
 		}
-		if graceful.Stop(cmd.Process, exited, syscall.SIGTERM, stopGrace) {
+		if graceful.Stop(r.cmd.Process, r.exited, p.stopSignal, s.stopGrace) {
 			s.log.Warn("process did not stop in time, killed", zap.String("child", p.name))
 		} else {
 			s.log.Info("process stopped", zap.String("child", p.name))
 		}
 	}
-}
-
-// waitHealthy waits until every process reports SERVING on its health
-// socket, failing early when one exits.
-func (s *supervisor) waitHealthy(ctx context.Context, procs []*proc) error {
-	ctx, cancel := context.WithTimeout(ctx, s.readyTimeout)
-	defer cancel()
-	errc := make(chan error, len(procs))
+	s.wg.Wait()
 	for _, p := range procs {
-		go func() { errc <- s.waitOne(ctx, p) }()
-	}
-	var errs []error
-	for range procs {
-		if err := <-errc; err != nil {
-			errs = append(errs, err)
+		if p.probe != nil {
+			p.probe.close()
 		}
 	}
-	return errors.Join(errs...)
 }
 
-func (s *supervisor) waitOne(ctx context.Context, p *proc) error {
-	cc, err := grpcclient.Dial(p.health)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	hc := healthpb.NewHealthClient(cc)
-	// The run being waited for: if it exits before it serves, the stack
-	// does not come up (the supervisor's restart would only fail again).
-	p.mu.Lock()
-	exited := p.exited
-	p.mu.Unlock()
+// waitReady waits until every process is ready (its probe says so),
+// saying every waitLogEvery which ones it still waits for and why. It
+// fails at once when a process exits, with the last line of its log, and
+// after limit with ErrNotReady; when ctx ends first it returns ctx's
+// cause.
+func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs []*proc) error {
+	start := time.Now()
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	lastLog := start
+	pending := append([]*proc(nil), procs...)
+	why := make(map[*proc]error, len(procs))
 	for {
-		select {
-		case <-exited:
-			return fmt.Errorf("%s exited during start; see %s", p.name, filepath.Join(s.logDir, p.name+".log"))
-		default:
+		var still []*proc
+		for _, p := range pending {
+			r := p.current()
+			select {
+			case <-r.exited:
+				return fmt.Errorf("%s exited during start (%s): %s; see %s", p.name, r.cmd.ProcessState,
+					lastLine(s.logPath(p)), s.logPath(p))
+			default:
+			}
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err := r.probe(pctx, p)
+			cancel()
+			if err != nil {
+				why[p] = err
+				still = append(still, p)
+			}
 		}
-		actx, acancel := context.WithTimeout(ctx, time.Second)
-		resp, err := hc.Check(actx, &healthpb.HealthCheckRequest{})
-		acancel()
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+		pending = still
+		if len(pending) == 0 {
 			return nil
+		}
+		if time.Since(lastLog) >= s.waitLogEvery {
+			lastLog = time.Now()
+			names := make([]string, len(pending))
+			fields := []zap.Field{zap.Duration("waited", time.Since(start).Round(time.Second))}
+			for i, p := range pending {
+				names[i] = p.name
+				fields = append(fields, zap.String(p.name, why[p].Error()))
+			}
+			s.log.Info("waiting for processes to become ready", append(fields, zap.Strings("waiting_for", names))...)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %s (see %s)", ErrNotReady, p.name, filepath.Join(s.logDir, p.name+".log"))
-		case <-time.After(50 * time.Millisecond):
+			return context.Cause(ctx)
+		case <-deadline.C:
+			var errs []error
+			for _, p := range pending {
+				errs = append(errs, fmt.Errorf("%w: %s after %v: %w (see %s)", ErrNotReady, p.name, limit, why[p], s.logPath(p)))
+			}
+			return errors.Join(errs...)
+		case <-tick.C:
 		}
 	}
+}
+
+// lastLine is the last non-empty line of a log file (a process that fails
+// at start says why there), at most 400 bytes of it.
+func lastLine(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "no log"
+	}
+	defer f.Close()
+	const tail = 8192
+	fi, err := f.Stat()
+	if err != nil {
+		return "no log"
+	}
+	off := max(fi.Size()-tail, 0)
+	buf := make([]byte, fi.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return "no log"
+	}
+	lines := strings.Split(strings.TrimRight(string(buf), "\n"), "\n")
+	last := strings.TrimSpace(lines[len(lines)-1])
+	if len(last) > 400 {
+		last = last[:400] + "…"
+	}
+	if last == "" {
+		return "no output"
+	}
+	return last
 }
 
 // childEnv is the launcher's environment without what must not pass to

@@ -85,13 +85,14 @@ func waitReady(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
 }
 
 // Watch pings the database every WatchInterval until ctx is done and
-// tells report each time reachability changes: nil when the database
-// answers again, the error when it stopped answering. The pool itself
-// reconnects; Watch only makes the gap visible to health.
+// tells report the outcome of each ping: nil when the database answers,
+// ErrUnavailable when it does not (report deduplicates). Reporting every
+// ping, not only changes, lets another observer (a request that failed)
+// mark the database down in between and Watch clear it once it answers.
+// The pool itself reconnects; Watch only makes the gap visible to health.
 func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 	t := time.NewTicker(WatchInterval)
 	defer t.Stop()
-	var last error
 	for {
 		select {
 		case <-ctx.Done():
@@ -107,10 +108,7 @@ func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 		if err != nil {
 			err = ErrUnavailable
 		}
-		if (err == nil) != (last == nil) {
-			report(err)
-		}
-		last = err
+		report(err)
 	}
 }
 

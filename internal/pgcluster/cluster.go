@@ -1,20 +1,29 @@
 // Package pgcluster runs a private PostgreSQL cluster from the machine's
 // server binaries: created with initdb on first use, listening on a Unix
-// socket only, supervised as a child process.
+// socket only.
 //
-// PostgreSQL refuses to run as root. When this process is root, the cluster
-// runs as the unprivileged account "postgres" (or "nobody" where that does
-// not exist), and its folder must be one that account can reach: see Dir.
+// Prepare readies the folder and the credentials and hands out the
+// postmaster's command, so a supervisor can start the server again on the
+// same data after a crash; Start is Prepare plus one supervised-by-nobody
+// run, for tests and tools.
+//
+// PostgreSQL refuses to run as root. When this process is root, the
+// cluster runs as the unprivileged account "postgres" (or "nobody" where
+// that does not exist), a shared account other software may run as too:
+// such a cluster requires a generated password (scram-sha-256) that only
+// root can read. A cluster of an ordinary user trusts the socket, whose
+// folder only that user can enter.
 package pgcluster
 
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"os/exec"
@@ -27,6 +36,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/graceful"
@@ -39,13 +49,23 @@ var (
 	ErrNoBinaries = errors.New("PostgreSQL server binaries (initdb, postgres) not found on PATH or under /usr/lib/postgresql/*/bin; install them or set DATABASE_URL")
 	// ErrExited means the server process ended before it was ready.
 	ErrExited = errors.New("postgres exited before it was ready")
+	// ErrNoPassword means a cluster that needs a password has lost it.
+	ErrNoPassword = errors.New("postgres password missing")
 )
 
 const (
 	dbUser = "clawmesh"
 	dbName = "clawmesh"
 	port   = 5432
+	// PasswordFileName is the default name of a cluster's password file,
+	// inside its folder (owned by root, 0600: the server's account cannot
+	// read it, nor anyone else).
+	PasswordFileName = "clawmesh.password"
 )
+
+// ShutdownSignal asks the postmaster for a fast shutdown: sessions are
+// ended, the data is checkpointed.
+const ShutdownSignal = syscall.SIGINT
 
 // Options configure a cluster.
 type Options struct {
@@ -60,44 +80,27 @@ type Options struct {
 	Output io.Writer
 	// StartTimeout bounds initdb plus start; default 60 s.
 	StartTimeout time.Duration
+	// PasswordFile keeps the generated password of a cluster that runs as
+	// another account (this process is root); default
+	// Dir/PasswordFileName. The launcher keeps it in the data directory.
+	PasswordFile string
 }
 
-// Cluster is a running server.
-type Cluster struct {
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+// Prepared is a cluster ready to run: its folder initialised, its
+// binaries found, its account and credentials known.
+type Prepared struct {
+	dir, bin string
+	cred     *syscall.Credential
+	fast     bool
+	password string // "" when the socket is trusted
 }
 
-// RootClusters holds root's clusters: a persistent place (not a temporary
-// folder a reboot may empty) that the unprivileged account can traverse.
-const RootClusters = "/var/lib/clawmesh"
-
-// Dir is where the cluster of the data directory dataDir lives: inside it
-// (dataDir/postgres) for an ordinary user; for root, under RootClusters,
-// named after dataDir so one data directory always finds its own cluster
-// again (root's data directory is 0700, which the account cannot enter).
-func Dir(dataDir string) string {
-	if os.Geteuid() != 0 {
-		return filepath.Join(dataDir, "postgres")
-	}
-	sum := sha256.Sum256([]byte(dataDir))
-	return filepath.Join(RootClusters, "pg-"+hex.EncodeToString(sum[:6]))
-}
-
-// Start creates the cluster if needed and starts it, returning once it
-// accepts connections and the clawmesh database exists.
-func Start(ctx context.Context, opts Options) (*Cluster, error) {
+// Prepare creates the cluster if needed (initdb) and returns what is
+// needed to run its server, any number of times, on the same data.
+func Prepare(ctx context.Context, opts Options) (*Prepared, error) {
 	if opts.Log == nil {
 		opts.Log = zap.NewNop()
 	}
-	if opts.StartTimeout <= 0 {
-		opts.StartTimeout = 60 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
-	defer cancel()
-
 	bin, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -109,25 +112,131 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := prepareDir(opts.Dir, cred); err != nil {
 		return nil, err
 	}
+	p := &Prepared{dir: opts.Dir, bin: bin, cred: cred, fast: opts.Fast}
+	pwFile := opts.PasswordFile
+	if pwFile == "" {
+		pwFile = filepath.Join(opts.Dir, PasswordFileName)
+	}
 	pgdata := filepath.Join(opts.Dir, "data")
-	if _, err := os.Stat(filepath.Join(pgdata, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
-		if err := initdb(ctx, bin, pgdata, cred, opts.Log); err != nil {
+	_, err = os.Stat(filepath.Join(pgdata, "PG_VERSION"))
+	fresh := errors.Is(err, fs.ErrNotExist)
+	if cred != nil {
+		if fresh {
+			if p.password, err = newPassword(pwFile); err != nil {
+				return nil, err
+			}
+		} else if p.password, err = readPassword(pwFile); err != nil {
+			return nil, fmt.Errorf("%w: the cluster %s runs as a shared account and needs the password kept in %s: %w",
+				ErrNoPassword, opts.Dir, pwFile, err)
+		}
+	}
+	if fresh {
+		if err := p.initdb(ctx, pgdata, opts.Log); err != nil {
 			return nil, err
 		}
 	}
+	return p, nil
+}
+
+// Dir is the cluster's folder.
+func (p *Prepared) Dir() string { return p.dir }
+
+// Command is a new command that runs the postmaster on the cluster, as
+// the cluster's account, in its own process group (a terminal's Ctrl-C
+// reaches only the caller), and shut down at once if the caller dies. Its
+// output is the caller's to set.
+func (p *Prepared) Command() *exec.Cmd {
 	args := []string{
-		"-D", pgdata,
-		"-k", opts.Dir,
+		"-D", filepath.Join(p.dir, "data"),
+		"-k", p.dir,
 		"-p", strconv.Itoa(port),
 		"-c", "listen_addresses=",
 		"-c", "max_connections=300",
 		"-c", "unix_socket_permissions=0700",
 	}
-	if opts.Fast {
+	if p.fast {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+	cmd := exec.Command(filepath.Join(p.bin, "postgres"), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+	return cmd
+}
+
+// URL is the connection string of the clawmesh database. It holds the
+// password when the cluster has one: pass it by environment, never argv.
+func (p *Prepared) URL() string { return p.urlFor(dbName) }
+
+// AdminURL is the connection string of the maintenance database.
+func (p *Prepared) AdminURL() string { return p.urlFor("postgres") }
+
+func (p *Prepared) urlFor(db string) string {
+	u := url.URL{Scheme: "postgres", Host: "", Path: "/" + db,
+		RawQuery: url.Values{"host": {p.dir}, "port": {strconv.Itoa(port)}, "sslmode": {"disable"}}.Encode()}
+	if p.password != "" {
+		u.User = url.UserPassword(dbUser, p.password)
+	} else {
+		u.User = url.User(dbUser)
+	}
+	return u.String()
+}
+
+// Probe asks the server for a connection. answered is true when the
+// postmaster replied at all, even with a refusal (still starting, too many
+// connections): it is alive. err is nil once it accepts connections.
+func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
+	conn, err := pgconn.Connect(ctx, p.AdminURL())
+	if err == nil {
+		_ = conn.Close(ctx)
+		return true, nil
+	}
+	var pe *pgconn.PgError
+	return errors.As(err, &pe), err
+}
+
+// EnsureDatabase creates the clawmesh database when it does not exist.
+func (p *Prepared) EnsureDatabase(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, p.AdminURL())
+	if err != nil {
+		return fmt.Errorf("connect postgres: %w", err)
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", dbName).Scan(&exists); err != nil {
+		return fmt.Errorf("check database: %w", err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+dbName); err != nil {
+			return fmt.Errorf("create database: %w", err)
+		}
+	}
+	return nil
+}
+
+// Cluster is a running server started by Start.
+type Cluster struct {
+	*Prepared
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start prepares the cluster and starts its server, returning once it
+// accepts connections and the clawmesh database exists. Nothing restarts
+// it: the launcher supervises Prepare's command instead.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 60 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+	defer cancel()
+	p, err := Prepare(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	cmd := p.Command()
 	var out io.WriteCloser = nopCloser{opts.Output}
 	if opts.Output == nil {
 		out = logWriter(opts.Log)
@@ -138,7 +247,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		out.Close()
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
-	c := &Cluster{dir: opts.Dir, cmd: cmd, done: make(chan struct{})}
+	c := &Cluster{Prepared: p, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		c.err = cmd.Wait()
 		out.Close()
@@ -151,12 +260,6 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-// URL is the connection string of the clawmesh database.
-func (c *Cluster) URL() string { return urlFor(c.dir, dbName) }
-
-// AdminURL is the connection string of the maintenance database.
-func (c *Cluster) AdminURL() string { return urlFor(c.dir, "postgres") }
-
 // Done is closed when the server process has exited.
 func (c *Cluster) Done() <-chan struct{} { return c.done }
 
@@ -168,13 +271,7 @@ func (c *Cluster) Stop() {
 		return
 	default:
 	}
-	// SIGINT is PostgreSQL's fast shutdown.
-	graceful.Stop(c.cmd.Process, c.done, syscall.SIGINT, 15*time.Second)
-}
-
-func urlFor(dir, db string) string {
-	q := url.Values{"host": {dir}, "port": {strconv.Itoa(port)}, "sslmode": {"disable"}}
-	return "postgres://" + dbUser + "@/" + db + "?" + q.Encode()
+	graceful.Stop(c.cmd.Process, c.done, ShutdownSignal, 15*time.Second)
 }
 
 func (c *Cluster) waitReady(ctx context.Context) error {
@@ -184,19 +281,9 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 			return fmt.Errorf("%w: %v (see the postgres log lines above)", ErrExited, c.err)
 		default:
 		}
-		conn, err := pgx.Connect(ctx, c.AdminURL())
+		_, err := c.Probe(ctx)
 		if err == nil {
-			defer conn.Close(ctx)
-			var exists bool
-			if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", dbName).Scan(&exists); err != nil {
-				return fmt.Errorf("check database: %w", err)
-			}
-			if !exists {
-				if _, err := conn.Exec(ctx, "CREATE DATABASE "+dbName); err != nil {
-					return fmt.Errorf("create database: %w", err)
-				}
-			}
-			return nil
+			return c.EnsureDatabase(ctx)
 		}
 		select {
 		case <-ctx.Done():
@@ -207,16 +294,62 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 	}
 }
 
-func initdb(ctx context.Context, bin, pgdata string, cred *syscall.Credential, log *zap.Logger) error {
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
-		"-D", pgdata, "-U", dbUser, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+func (p *Prepared) initdb(ctx context.Context, pgdata string, log *zap.Logger) error {
+	args := []string{"-D", pgdata, "-U", dbUser, "-E", "UTF8", "--locale=C", "--no-sync"}
+	if p.password == "" {
+		args = append(args, "--auth=trust")
+	} else {
+		// initdb reads the password from a file the account can read; it
+		// lives only for the command.
+		pwTmp := filepath.Join(p.dir, ".initdb-password")
+		if err := os.WriteFile(pwTmp, []byte(p.password+"\n"), 0o600); err != nil {
+			return fmt.Errorf("initdb password: %w", err)
+		}
+		defer os.Remove(pwTmp)
+		if err := os.Chown(pwTmp, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+			return fmt.Errorf("initdb password: %w", err)
+		}
+		args = append(args, "--auth=scram-sha-256", "--pwfile="+pwTmp)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(p.bin, "initdb"), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("initdb: %w: %s", err, strings.TrimSpace(string(out)))
 	}
-	log.Info("postgres cluster created", zap.String("pgdata", pgdata))
+	log.Info("postgres cluster created", zap.String("pgdata", pgdata), zap.Bool("password", p.password != ""))
 	return nil
+}
+
+// newPassword generates a password and keeps it in path, 0600, replacing
+// the one of a cluster that no longer exists.
+func newPassword(path string) (string, error) {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("postgres password: %w", err)
+	}
+	pw := hex.EncodeToString(b)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(pw+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("postgres password: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("postgres password: %w", err)
+	}
+	return pw, nil
+}
+
+func readPassword(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	pw := strings.TrimSpace(string(raw))
+	if pw == "" {
+		return "", errors.New("the file is empty")
+	}
+	return pw, nil
 }
 
 // findBinaries returns the folder holding initdb and postgres.

@@ -42,7 +42,16 @@ var (
 	ErrShutdown = errors.New("service shutting down")
 	// ErrBusClosed: the bus connection was closed for good.
 	ErrBusClosed = errors.New("bus connection closed")
+	// ErrPermanent marks a failure no restart can mend (the data
+	// directory does not fit the database, say): Main exits with
+	// ExitPermanent, and the launcher stops the stack instead of
+	// restarting the process in a loop.
+	ErrPermanent = errors.New("cannot run as configured")
 )
+
+// ExitPermanent is the exit status of a process that failed with
+// ErrPermanent (EX_CONFIG of sysexits.h).
+const ExitPermanent = 78
 
 // Dependency names in health reasons.
 const (
@@ -115,6 +124,9 @@ func (e *Env) Go(f func()) {
 func Main(spec Spec) {
 	if err := Run(context.Background(), spec, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", spec.Name, err)
+		if errors.Is(err, ErrPermanent) {
+			os.Exit(ExitPermanent)
+		}
 		os.Exit(1)
 	}
 }
@@ -227,7 +239,11 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		env.Server.SetDependency(DepDatabase, nil)
 		env.Server.ClassifyError(func(err error) error {
 			if pg.IsUnavailable(err) {
-				return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, "database unavailable")
+				// Health says so at once, not at the next ping: a request
+				// failing is the first sign of a database gone; the
+				// watch below clears it when the database answers again.
+				env.Server.SetDependency(DepDatabase, pg.ErrUnavailable)
+				return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrUnavailable.Error())
 			}
 			return nil
 		})

@@ -116,7 +116,7 @@ func (s *sealer) open(doc map[string]any) (map[string]any, error) {
 		}
 		plain, err := s.aead.Open(nil, ct[:s.aead.NonceSize()], ct[s.aead.NonceSize():], []byte(path))
 		if err != nil {
-			first = fmt.Errorf("stored secret `%s` does not open with %s: %w", path, KeyFileName, err)
+			first = fmt.Errorf("%w: stored secret `%s` does not open with %s: %w", ErrKeyMismatch, path, KeyFileName, err)
 			return
 		}
 		var val any

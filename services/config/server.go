@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -65,6 +66,8 @@ type Server struct {
 	nc     *nats.Conn
 	log    *zap.Logger
 	sealer *sealer
+	// keyFile is the sealer's key, named in errors.
+	keyFile string
 	// uid is the daemon's own uid: a local peer with it is the operator.
 	uid int
 
@@ -111,7 +114,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{db: opts.DB, nc: opts.NATS, log: opts.Log, uid: os.Getuid(), sealer: sl, writeLock: make(chan struct{}, 1)}
+	s := &Server{db: opts.DB, nc: opts.NATS, log: opts.Log, uid: os.Getuid(), sealer: sl, writeLock: make(chan struct{}, 1),
+		keyFile: filepath.Join(opts.DataDir, KeyFileName)}
 	snap, err := s.load(ctx)
 	if err != nil {
 		return nil, err

@@ -222,13 +222,13 @@ func TestCommitFailureChangesNothing(t *testing.T) {
 	live0 := e.srv.current()
 
 	// The database connection dies mid-transaction, after the revision row
-	// was inserted.
+	// was inserted: the database is named as unavailable.
 	e.srv.hooks.beforeCommit = func(ctx context.Context, tx pgx.Tx) error {
 		return tx.Conn().Close(ctx)
 	}
 	_, err = e.setMany(operator, kv{"agents.default.model", "lost"}, kv{"rpc.max_local_connections", 7})
 	st, _, _ := refusal(t, err)
-	if st.Code() != codes.Internal || wire(err).Code != jsonrpc.CodeInternal || wire(err).Message != "config failed" {
+	if st.Code() != codes.Unavailable || wire(err).Code != jsonrpc.CodeInternal || wire(err).Message != "config: database unavailable" {
 		t.Fatalf("commit failure reported as %v / %+v", err, wire(err))
 	}
 	e.srv.hooks.beforeCommit = nil

@@ -11,6 +11,11 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
+// ErrKeyMismatch: the data directory's secret key does not open the
+// secrets stored in the database (the database belongs to another data
+// directory, or the key was replaced). Nothing repairs it by retrying.
+var ErrKeyMismatch = errors.New("secret key does not match the stored config")
+
 // load reads the newest revision (decrypting its secrets) and the paired
 // tokens.
 func (s *Server) load(ctx context.Context) (*snapshot, error) {
@@ -29,6 +34,12 @@ func (s *Server) load(ctx context.Context) (*snapshot, error) {
 			return nil, fmt.Errorf("decode stored config revision %d: %w", revision, err)
 		}
 		if stored, err = s.sealer.open(stored); err != nil {
+			if errors.Is(err, ErrKeyMismatch) {
+				cc := s.db.Config().ConnConfig
+				return nil, fmt.Errorf("the key %s does not open the secrets of config revision %d in the database %q at %s: "+
+					"the database belongs to another data directory, or the key was replaced; restore the key that sealed them, "+
+					"or start on a fresh database: %w", s.keyFile, revision, cc.Database, cc.Host, err)
+			}
 			return nil, fmt.Errorf("stored config revision %d: %w", revision, err)
 		}
 		if stored, err = configschema.Normalize(stored); err != nil {
@@ -61,8 +72,15 @@ type audit struct {
 	peerUID, peerPID *int32
 }
 
+// KeepDocuments is how many of the newest revisions keep their full
+// document. Older revisions keep their audit row (revision, time, author,
+// peer, props) and lose the document, so the history stays bounded:
+// 2,000 commits of a large config no longer hold 2,000 documents.
+const KeepDocuments = 100
+
 // insertRevision stores a candidate as revision rev inside tx, secrets
-// encrypted.
+// encrypted, and drops the documents that fell out of the newest
+// KeepDocuments.
 func (s *Server) insertRevision(ctx context.Context, tx pgx.Tx, rev int64, stored map[string]any, who audit, props []string) error {
 	sealed, err := s.sealer.seal(stored)
 	if err != nil {
@@ -76,6 +94,10 @@ func (s *Server) insertRevision(ctx context.Context, tx pgx.Tx, rev int64, store
 		rev, doc, who.by, props, who.peerUID, who.peerPID)
 	if err != nil {
 		return fmt.Errorf("insert revision %d: %w", rev, err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE revisions SET document = NULL WHERE document IS NOT NULL AND revision <= $1",
+		rev-KeepDocuments); err != nil {
+		return fmt.Errorf("prune revision documents: %w", err)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 )
@@ -200,8 +201,13 @@ func unique(props []string) []string {
 	return out
 }
 
-// toStatus maps a write-path error to the gRPC status the edge reads.
+// toStatus maps a write-path error to the gRPC status the edge reads. A
+// database that cannot be reached (refused, or lost mid-commit) is named
+// as the process frame names it: Unavailable "database unavailable".
 func toStatus(err error) error {
+	if pg.IsUnavailable(err) {
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrUnavailable.Error())
+	}
 	index := rpcerr.NoIndex
 	var ee *entryError
 	if errors.As(err, &ee) {

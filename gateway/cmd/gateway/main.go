@@ -11,6 +11,7 @@ import (
 	"github.com/clawmesh/clawmesh/gateway"
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/listenfd"
 	"github.com/clawmesh/clawmesh/internal/service"
 )
 
@@ -41,9 +42,15 @@ func spec() service.Spec {
 					plugins = append(plugins, a)
 				}
 			}
-			var err error
+			// The launcher passes the client socket it keeps open, so
+			// that clients wait in its backlog while this process
+			// restarts; without one, listen on the path.
+			ln, err := listenfd.Listener(listenfd.ClientSocket)
+			if err != nil {
+				return err
+			}
 			g, err = gateway.New(ctx, gateway.Config{
-				DataDir: env.DataDir, Socket: socket, NATS: env.NATS,
+				DataDir: env.DataDir, Socket: socket, Listener: ln, NATS: env.NATS,
 				ConfigAddr: env.Peers.Config, SessionAddr: env.Peers.Session,
 				UploadAddr: env.Peers.Upload, DurableAddr: env.Peers.Durable,
 				PluginAddrs: plugins, Ephemeral: ephemeral, Drain: drain, Log: env.Log,

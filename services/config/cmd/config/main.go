@@ -4,6 +4,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 
@@ -50,6 +51,9 @@ func spec() service.Spec {
 				return err
 			}
 			srv, err := config.New(ctx, config.Options{DB: env.DB, NATS: env.NATS, DataDir: env.DataDir, Log: env.Log})
+			if errors.Is(err, config.ErrKeyMismatch) {
+				return fmt.Errorf("%w: %w", service.ErrPermanent, err)
+			}
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,642 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/pgcluster"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// healthComponents is the components part of a health reply.
+type healthComponents map[string]struct {
+	Status       string  `json:"status"`
+	LastError    *string `json:"last_error"`
+	RestartCount int     `json:"restart_count"`
+}
+
+func healthOf(c *e2e.Client) (healthComponents, error) {
+	raw, err := c.Call("health", map[string]any{})
+	if err != nil {
+		return nil, err
+	}
+	var h struct {
+		Components healthComponents `json:"components"`
+	}
+	return h.Components, json.Unmarshal(raw, &h)
+}
+
+// sample is one observation made while a fault is on.
+type sample struct {
+	at   time.Time
+	what string // method, or "health:<component>"
+	err  error
+	info string // health: status and last_error
+}
+
+// recorder keeps samples from several goroutines.
+type recorder struct {
+	mu      sync.Mutex
+	samples []sample
+}
+
+func (r *recorder) add(s sample) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.samples = append(r.samples, s)
+}
+
+func (r *recorder) all() []sample {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]sample(nil), r.samples...)
+}
+
+// traffic runs calls on their own connections until stop closes,
+// recording each outcome.
+func traffic(t *testing.T, s *e2e.Stack, rec *recorder, stop <-chan struct{}, wg *sync.WaitGroup, calls map[string]any) {
+	for method, params := range calls {
+		c := s.Dial(t)
+		c.Timeout = 20 * time.Second
+		if _, err := c.Initialize(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := c.Call(method, params)
+				rec.add(sample{at: time.Now(), what: method, err: err})
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+}
+
+// watchHealth polls health until stop closes, recording each component
+// that is not serving.
+func watchHealth(t *testing.T, s *e2e.Stack, rec *recorder, stop <-chan struct{}, wg *sync.WaitGroup) {
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			h, err := healthOf(c)
+			now := time.Now()
+			if err != nil {
+				rec.add(sample{at: now, what: "health", err: err})
+			}
+			for name, comp := range h {
+				if comp.Status != "serving" {
+					why := ""
+					if comp.LastError != nil {
+						why = *comp.LastError
+					}
+					rec.add(sample{at: now, what: "health:" + name, info: comp.Status + ": " + why})
+				}
+			}
+			time.Sleep(25 * time.Millisecond)
+		}
+	}()
+}
+
+// everyMethodWorks runs each socket method once; nil when all answer.
+func everyMethodWorks(c *e2e.Client, session string) error {
+	var newS struct {
+		SessionID string `json:"session_id"`
+	}
+	steps := []struct {
+		method string
+		params any
+		out    any
+	}{
+		{"status", map[string]any{}, nil},
+		{"health", map[string]any{}, nil},
+		{"config/get", map[string]any{"prop": "agents.default.system_prompt"}, nil},
+		{"config/list", map[string]any{"prefix": "rpc"}, nil},
+		{"config/set", map[string]any{"prop": "agents.default.model", "value": "after-fault"}, nil},
+		{"config/set-many", map[string]any{"sets": []map[string]any{{"prop": "agents.default.model", "value": "after-fault-2"}}}, nil},
+		{"session/new", map[string]any{}, &newS},
+		{"session/list", map[string]any{}, nil},
+		{"session/state", map[string]any{"session_id": session}, nil},
+		{"session/messages", map[string]any{"session_id": session}, nil},
+		{"session/prompt", map[string]any{"session_id": session, "prompt": "/say again"}, nil},
+		{"session/cancel", map[string]any{"session_id": session}, nil},
+	}
+	for _, st := range steps {
+		raw, err := c.Call(st.method, st.params)
+		if err != nil {
+			return fmt.Errorf("%s: %w", st.method, err)
+		}
+		if st.out != nil {
+			if err := json.Unmarshal(raw, st.out); err != nil {
+				return err
+			}
+		}
+	}
+	for _, m := range []string{"session/close", "session/delete"} {
+		if _, err := c.Call(m, map[string]any{"session_id": newS.SessionID}); err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// PostgreSQL killed outright under traffic: the launcher restarts it like
+// any process; meanwhile calls that need it fail with -32603 "<service>:
+// database unavailable" and health says not_serving with the reason;
+// within 10 s of the restart every method works again, and what was
+// committed (config, transcript) is intact.
+func TestPostgresKilledUnderTraffic(t *testing.T) {
+	if strings.TrimSpace(testenvDatabaseURL()) != "" {
+		t.Skip("DATABASE_URL selects an external server: no private cluster to kill")
+	}
+	s := e2e.Start(t, e2e.Options{})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	call(t, c, "config/set", map[string]any{"prop": "agents.default.system_prompt", "value": "kept across the fault"})
+	v := newConv(t, s, nil)
+	session := v.newSession("")
+	v.call("session/prompt", map[string]any{"session_id": session, "prompt": "/say before the fault"})
+	before := v.call("session/messages", map[string]any{"session_id": session})
+
+	rec := &recorder{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	traffic(t, s, rec, stop, &wg, map[string]any{
+		"session/state":    map[string]any{"session_id": session},
+		"session/messages": map[string]any{"session_id": session},
+		"session/list":     map[string]any{},
+		"config/set":       map[string]any{"prop": "agents.default.model", "value": "during-fault"},
+	})
+	watchHealth(t, s, rec, stop, &wg)
+	stopped := false
+	stopTraffic := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+	defer stopTraffic()
+	time.Sleep(300 * time.Millisecond) // traffic flowing before the fault
+
+	old := s.PIDOf("postgres")
+	if old == 0 {
+		t.Fatalf("no postmaster among %v", s.PIDs())
+	}
+	killed := time.Now()
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var restarted time.Time
+	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if p := s.PIDOf("postgres"); p == 0 || p == old {
+			return errors.New("postgres not restarted yet")
+		}
+		restarted = time.Now()
+		return nil
+	})
+	var recovered time.Time
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if err := everyMethodWorks(c, session); err != nil {
+			return err
+		}
+		recovered = time.Now()
+		return nil
+	})
+	time.Sleep(300 * time.Millisecond) // traffic flowing after the recovery
+	stopTraffic()
+	t.Logf("postmaster restarted %v after SIGKILL; every method worked again %v after the restart",
+		restarted.Sub(killed).Round(time.Millisecond), recovered.Sub(restarted).Round(time.Millisecond))
+
+	var failed, notServing int
+	var firstFail, lastFail time.Time
+	for _, sm := range rec.all() {
+		switch {
+		case strings.HasPrefix(sm.what, "health:"):
+			if sm.at.After(killed) && strings.Contains(sm.info, "not_serving") && strings.Contains(sm.info, "database") {
+				notServing++
+			}
+		case sm.what == "health":
+			t.Errorf("health failed during the fault: %v", sm.err)
+		case sm.err != nil:
+			var re *e2e.RPCError
+			service := strings.SplitN(sm.what, "/", 2)[0]
+			if !errors.As(sm.err, &re) || re.Code != -32603 || re.Message != service+": database unavailable" {
+				t.Errorf("%s during the fault: %v, want -32603 %q", sm.what, sm.err, service+": database unavailable")
+			}
+			if firstFail.IsZero() {
+				firstFail = sm.at
+			}
+			lastFail = sm.at
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Error("no call failed: the fault was not observed")
+	} else {
+		t.Logf("%d calls failed with database unavailable over %v", failed, lastFail.Sub(firstFail).Round(time.Millisecond))
+	}
+	if notServing == 0 {
+		t.Error("health never said not_serving with the database as the reason")
+	}
+	if !strings.Contains(s.Stderr(), `"child":"postgres"`) || !strings.Contains(s.Stderr(), "process exited, restarting") {
+		t.Error("the launcher did not log the postgres restart")
+	}
+
+	// What was committed before the fault is intact.
+	got := call(t, c, "config/get", map[string]any{"prop": "agents.default.system_prompt"})
+	if got["value"] != "kept across the fault" {
+		t.Errorf("committed config after the fault: %v", got)
+	}
+	var msgs struct {
+		Messages []json.RawMessage `json:"messages"`
+	}
+	var old2 struct {
+		Messages []json.RawMessage `json:"messages"`
+	}
+	json.Unmarshal(before, &old2)
+	json.Unmarshal(v.call("session/messages", map[string]any{"session_id": session}), &msgs)
+	if len(msgs.Messages) < len(old2.Messages) {
+		t.Fatalf("transcript lost rows: %d before, %d after", len(old2.Messages), len(msgs.Messages))
+	}
+	for i := range old2.Messages {
+		if string(old2.Messages[i]) != string(msgs.Messages[i]) {
+			t.Fatalf("transcript row %d changed: %s -> %s", i, old2.Messages[i], msgs.Messages[i])
+		}
+	}
+}
+
+func testenvDatabaseURL() string { return os.Getenv("DATABASE_URL") }
+
+// A hung session service (SIGSTOP): a call to it answers an error within
+// its deadline (rpc.call_timeout_ms), a prompt in flight on it ends with an
+// error rather than silence, and the launcher kills and restarts the hung
+// process once it has left its health check unanswered for the liveness
+// limit; then the session answers again.
+func TestHungServiceIsRestarted(t *testing.T) {
+	const callTimeout, liveness = 1500 * time.Millisecond, 3 * time.Second
+	s := e2e.Start(t, e2e.Options{Args: []string{
+		"--set", fmt.Sprintf("rpc.call_timeout_ms=%d", callTimeout.Milliseconds()),
+		"--liveness-timeout", liveness.String(),
+	}})
+	v := newConv(t, s, nil)
+	session := v.newSession("")
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	prompt := v.send("session/prompt", map[string]any{"session_id": session, "prompt": "/say start\n/sleep 60000\n/say never"})
+	if u, ok := v.upd(v.next()); !ok || u.Type != "agent_message_chunk" {
+		t.Fatal("turn did not start")
+	}
+
+	old := s.PIDOf("session")
+	if old == 0 {
+		t.Fatalf("no session process among %v", s.PIDs())
+	}
+	if err := syscall.Kill(old, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	t.Cleanup(func() { _ = syscall.Kill(old, syscall.SIGCONT) })
+	// The signal is queued; the process stops when every thread has it.
+	testenv.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", old))
+		if err != nil || !strings.Contains(string(st), ") T ") {
+			return fmt.Errorf("session %d not stopped yet: %v", old, err)
+		}
+		return nil
+	})
+
+	_, err := c.Call("session/state", map[string]any{"session_id": session})
+	took := time.Since(stopped)
+	var re *e2e.RPCError
+	if !errors.As(err, &re) || re.Code != -32603 || re.Message != "session timed out" {
+		t.Fatalf("session/state on a hung service: %v, want -32603 session timed out", err)
+	}
+	if took > callTimeout+time.Second {
+		t.Fatalf("session/state answered after %v, its deadline is %v", took, callTimeout)
+	}
+
+	var restarted time.Time
+	testenv.Eventually(t, liveness+10*time.Second, 20*time.Millisecond, func() error {
+		if p := s.PIDOf("session"); p == 0 || p == old {
+			return errors.New("hung session not restarted yet")
+		}
+		restarted = time.Now()
+		return nil
+	})
+	// The limit counts from the last answer, at most one probe (1 s)
+	// before the stop; the restart follows the kill after a backoff.
+	if d := restarted.Sub(stopped); d > liveness+3*time.Second {
+		t.Errorf("restarted %v after the stop; liveness limit %v", d, liveness)
+	}
+	if !strings.Contains(s.Stderr(), "process not answering its health check, killing it") {
+		t.Error("the launcher did not log the liveness kill")
+	}
+	_, resp := v.until(prompt)
+	if resp.Error == nil || resp.Error.Code != -32603 {
+		t.Fatalf("the prompt in flight on the hung service: %+v", resp)
+	}
+	var answered time.Time
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, err := c.Call("session/state", map[string]any{"session_id": session})
+		answered = time.Now()
+		return err
+	})
+	t.Logf("session/state failed after %v (deadline %v); hung process replaced %v after SIGSTOP (liveness %v); session answered again %v after the restart; prompt in flight ended with %d %q",
+		took.Round(time.Millisecond), callTimeout, restarted.Sub(stopped).Round(time.Millisecond), liveness,
+		answered.Sub(restarted).Round(time.Millisecond), resp.Error.Code, resp.Error.Message)
+}
+
+// The gateway killed while 20 clients connect in a loop: the client
+// socket belongs to the launcher, so no connection is refused; clients
+// that connect while no gateway runs wait in the backlog and are served
+// by the restarted one.
+func TestGatewayRestartRefusesNoConnection(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{})
+	first := s.Dial(t)
+	init, err := first.Initialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldPID := init["server_pid"]
+	type attempt struct {
+		dialed, answered time.Time
+		dialErr, err     error
+		pid              any
+	}
+	var (
+		mu       sync.Mutex
+		attempts []attempt
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				a := attempt{dialed: time.Now()}
+				c, err := e2e.Dial(s.Socket)
+				if err != nil {
+					a.dialErr = err
+				} else {
+					c.Timeout = 30 * time.Second
+					res, err := c.Initialize()
+					a.answered, a.err = time.Now(), err
+					if err == nil {
+						a.pid = res["server_pid"]
+					}
+					c.Close()
+				}
+				mu.Lock()
+				attempts = append(attempts, a)
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	gw := s.PIDOf("gateway")
+	killed := time.Now()
+	if err := syscall.Kill(gw, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, a := range attempts {
+			if a.pid != nil && a.pid != oldPID && a.answered.After(killed.Add(500*time.Millisecond)) {
+				return nil
+			}
+		}
+		return errors.New("no client served by a new gateway yet")
+	})
+	close(stop)
+	wg.Wait()
+
+	var refused, dropped, waited int
+	var firstNew time.Time
+	var longest time.Duration
+	for _, a := range attempts {
+		if a.pid != nil && a.pid != oldPID && (firstNew.IsZero() || a.answered.Before(firstNew)) {
+			firstNew = a.answered
+		}
+	}
+	for _, a := range attempts {
+		switch {
+		case a.dialErr != nil:
+			refused++
+			t.Errorf("connection refused: %v", a.dialErr)
+		case a.err != nil:
+			dropped++ // accepted by the gateway that was killed
+		case a.pid != oldPID && a.dialed.After(killed) && a.dialed.Before(firstNew):
+			waited++
+			longest = max(longest, a.answered.Sub(a.dialed))
+		}
+	}
+	t.Logf("%d connections: %d refused, %d cut by the kill, %d made while no gateway ran and served by the new one (longest wait %v); new gateway served %v after the kill",
+		len(attempts), refused, dropped, waited, longest.Round(time.Millisecond), firstNew.Sub(killed).Round(time.Millisecond))
+	if waited == 0 {
+		t.Error("no connection waited in the backlog for the new gateway")
+	}
+}
+
+// processesOf lists the live processes whose command line names dir.
+func processesOf(dir string) map[int]string {
+	out := map[int]string{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(raw), dir) {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
+			continue
+		}
+		out[pid] = strings.ReplaceAll(strings.TrimRight(string(raw), "\x00"), "\x00", " ")
+	}
+	return out
+}
+
+// Ctrl-C while the stack starts: the launcher says it was interrupted,
+// stops what it started and exits 130; before that it said, every few
+// seconds, what it was waiting for and why (here: a bus that does not
+// answer).
+func TestInterruptWhileStarting(t *testing.T) {
+	bin, err := e2e.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := os.MkdirTemp("", "cm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "data")
+	t.Cleanup(func() {
+		if pg := pgcluster.Dir(dir); pg != "" && !strings.HasPrefix(pg, dir+"/") {
+			os.RemoveAll(pg)
+		}
+		os.RemoveAll(base)
+	})
+	// Nothing listens there: the services wait for their bus.
+	cmd := exec.Command(filepath.Join(bin, "clawmesh"), "up", "--config-dir", dir)
+	cmd.Env = append(os.Environ(), "ZEROCLAW_SOCKET=", "NATS_URL=nats://127.0.0.1:1")
+	var stderr, stdout lockedBuf
+	cmd.Stderr, cmd.Stdout = &stderr, &stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	testenv.Eventually(t, 90*time.Second, 50*time.Millisecond, func() error {
+		if !strings.Contains(stderr.String(), "waiting for processes to become ready") {
+			return errors.New("no waiting line yet")
+		}
+		return nil
+	})
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("launcher still running 60 s after SIGINT:\n%s", stderr.String())
+	}
+	log := stderr.String()
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit code %d, want 130", code)
+	}
+	if !strings.Contains(log, "clawmesh: interrupted while starting; everything started was stopped") {
+		t.Errorf("no interrupted message:\n%s", log)
+	}
+	if strings.Contains(log, "did not become healthy") || strings.Contains(stdout.String(), "socket:") {
+		t.Errorf("the interrupt was reported as something else:\n%s", log)
+	}
+	if !strings.Contains(log, "bus not connected yet") {
+		t.Errorf("the waiting lines do not say why:\n%s", log)
+	}
+	if left := processesOf(dir); len(left) > 0 {
+		t.Errorf("processes left behind: %v", left)
+	}
+}
+
+// As root the private cluster belongs to the data directory by an id kept
+// in it: delete the data directory and start again on the same path, and
+// the stack is fresh (nothing of the old config or sessions) on a fresh
+// cluster, and the old cluster is gone.
+func TestStaleClusterIsReplaced(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root's clusters live outside the data directory")
+	}
+	if testenvDatabaseURL() != "" {
+		t.Skip("DATABASE_URL selects an external server")
+	}
+	base, err := os.MkdirTemp("", "cm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	dir := filepath.Join(base, "data")
+	s := e2e.Start(t, e2e.Options{DataDir: dir, Args: []string{"--set", "agents.default.api_key=sk-old-secret"}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	call(t, c, "config/set", map[string]any{"prop": "agents.default.system_prompt", "value": "old stack"})
+	newConv(t, s, nil).newSession("")
+	oldCluster := pgcluster.Dir(dir)
+	if oldCluster == "" {
+		t.Fatal("no cluster bound to the data directory")
+	}
+	s.Stop()
+	t.Cleanup(func() { os.RemoveAll(oldCluster) })
+
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	s2 := e2e.Start(t, e2e.Options{DataDir: dir})
+	newCluster := pgcluster.Dir(dir)
+	if newCluster == "" || newCluster == oldCluster {
+		t.Fatalf("cluster after the data directory was recreated: %q (old %q)", newCluster, oldCluster)
+	}
+	if _, err := os.Stat(oldCluster); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the old cluster %s is still there: %v", oldCluster, err)
+	}
+	c2 := s2.Dial(t)
+	if _, err := c2.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	if got := call(t, c2, "config/get", map[string]any{"prop": "agents.default.system_prompt"}); got["value"] != "" {
+		t.Errorf("the fresh stack has the old config: %v", got)
+	}
+	var list struct {
+		Sessions []json.RawMessage `json:"sessions"`
+	}
+	raw, err := c2.Call("session/list", map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.Unmarshal(raw, &list)
+	if len(list.Sessions) != 0 {
+		t.Errorf("the fresh stack lists the old sessions: %s", raw)
+	}
+	if !strings.Contains(s2.Stderr(), "stale postgres cluster removed") {
+		t.Errorf("the launcher did not say it removed the old cluster")
+	}
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,67 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/pgcluster"
+)
+
+// healthProbe asks a process's gRPC health service.
+type healthProbe struct {
+	cc *grpc.ClientConn
+	hc healthpb.HealthClient
+}
+
+func newHealthProbe(addr string) (*healthProbe, error) {
+	cc, err := grpcclient.Dial(addr)
+	if err != nil {
+		return nil, err
+	}
+	return &healthProbe{cc: cc, hc: healthpb.NewHealthClient(cc)}, nil
+}
+
+func (h *healthProbe) probe(ctx context.Context) (bool, error) {
+	var md metadata.MD
+	resp, err := h.hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&md))
+	if err != nil {
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+			return false, fmt.Errorf("health check unanswered: %s", status.Convert(err).Message())
+		}
+		return true, fmt.Errorf("health check: %s", status.Convert(err).Message())
+	}
+	if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+		return true, nil
+	}
+	reason := strings.Join(md.Get(grpcserver.ReasonTrailer), "; ")
+	if reason == "" {
+		reason = resp.GetStatus().String()
+	}
+	return true, errors.New("not serving: " + reason)
+}
+
+func (h *healthProbe) close() { h.cc.Close() }
+
+// postgresProbe asks the private cluster for a connection.
+type postgresProbe struct{ c *pgcluster.Prepared }
+
+func (p postgresProbe) probe(ctx context.Context) (bool, error) {
+	answered, err := p.c.Probe(ctx)
+	if err != nil && !answered {
+		return false, fmt.Errorf("not accepting connections: %w", err)
+	}
+	return answered, err
+}
+
+func (postgresProbe) close() {}

@@ -1,0 +1,75 @@
+// Command fakeproc stands in for a stack process in the supervisor's
+// tests. FAKE_RECORD names a file it appends "<pid> <start unix ns>" to;
+// FAKE_MODE says what it does:
+//
+//	crash       write FAKE_MESSAGE to stderr and exit FAKE_CODE (default 3)
+//	            after FAKE_LIFE
+//	serve       serve gRPC health (SERVING) on --listen until SIGTERM
+//	notserving  serve health NOT_SERVING, the reason "database: FAKE_MESSAGE"
+//	slowstart   wait FAKE_LIFE, then serve
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
+)
+
+func main() {
+	listen := flag.String("listen", "", "health socket")
+	flag.Parse()
+	if path := os.Getenv("FAKE_RECORD"); path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		fmt.Fprintf(f, "%d %d\n", os.Getpid(), time.Now().UnixNano())
+		f.Close()
+	}
+	life, _ := time.ParseDuration(os.Getenv("FAKE_LIFE"))
+	switch os.Getenv("FAKE_MODE") {
+	case "crash":
+		time.Sleep(life)
+		fmt.Fprintln(os.Stderr, os.Getenv("FAKE_MESSAGE"))
+		code := 3
+		if c, err := strconv.Atoi(os.Getenv("FAKE_CODE")); err == nil {
+			code = c
+		}
+		os.Exit(code)
+	case "slowstart":
+		time.Sleep(life)
+		serve(*listen, nil)
+	case "notserving":
+		serve(*listen, errors.New(os.Getenv("FAKE_MESSAGE")))
+	default:
+		serve(*listen, nil)
+	}
+}
+
+func serve(listen string, dependency error) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	srv := grpcserver.New(zap.NewNop(), time.Second)
+	lis, err := grpcserver.Listen(listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	srv.SetDependency("database", dependency)
+	srv.SetServing()
+	if err := srv.Serve(ctx, lis); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+}

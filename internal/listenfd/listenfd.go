@@ -1,0 +1,72 @@
+// Package listenfd hands listening sockets to a child process the way
+// systemd's socket activation does: the sockets are descriptors 3, 4, …;
+// LISTEN_FDS is their count and LISTEN_FDNAMES their names, separated by
+// colons. The launcher passes the client socket so that it outlives the
+// gateway; a gateway started by a systemd .socket unit reads it the same
+// way.
+package listenfd
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+const (
+	envFDs   = "LISTEN_FDS"
+	envNames = "LISTEN_FDNAMES"
+	envPID   = "LISTEN_PID"
+	// firstFD is the first passed descriptor (SD_LISTEN_FDS_START).
+	firstFD = 3
+)
+
+// ErrNotListener: a passed descriptor is not a listening socket.
+var ErrNotListener = errors.New("listenfd: passed descriptor is not a listening socket")
+
+// Pass makes cmd start with files as its descriptors 3, 4, … under names.
+// It replaces cmd.ExtraFiles and adds to cmd.Env (which must already hold
+// the child's environment).
+func Pass(cmd *exec.Cmd, names []string, files []*os.File) {
+	cmd.ExtraFiles = files
+	cmd.Env = append(cmd.Env, envFDs+"="+strconv.Itoa(len(files)), envNames+"="+strings.Join(names, ":"))
+}
+
+// Listener returns the passed socket named name, or nil when none was
+// passed under that name. The descriptors passed are this process's only
+// when LISTEN_PID is unset (the launcher cannot know the pid before the
+// fork) or names this process, as systemd sets it. The variables are
+// removed, so a child of this process does not take them for its own.
+func Listener(name string) (net.Listener, error) {
+	count, names, pid := os.Getenv(envFDs), os.Getenv(envNames), os.Getenv(envPID)
+	os.Unsetenv(envFDs)
+	os.Unsetenv(envNames)
+	os.Unsetenv(envPID)
+	if count == "" || (pid != "" && pid != strconv.Itoa(os.Getpid())) {
+		return nil, nil
+	}
+	n, err := strconv.Atoi(count)
+	if err != nil || n < 0 {
+		return nil, fmt.Errorf("listenfd: %s=%q is not a count", envFDs, count)
+	}
+	list := strings.Split(names, ":")
+	for i := range n {
+		if i >= len(list) || list[i] != name {
+			continue
+		}
+		f := os.NewFile(uintptr(firstFD+i), name)
+		ln, err := net.FileListener(f)
+		f.Close() // FileListener holds its own duplicate
+		if err != nil {
+			return nil, fmt.Errorf("%w: descriptor %d (%s): %w", ErrNotListener, firstFD+i, name, err)
+		}
+		return ln, nil
+	}
+	return nil, nil
+}
+
+// ClientSocket names the clients' socket the launcher passes the gateway.
+const ClientSocket = "clawmesh-client"

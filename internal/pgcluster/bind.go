@@ -1,0 +1,193 @@
+package pgcluster
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"go.uber.org/zap"
+)
+
+// A data directory owns its database. As an ordinary user the cluster
+// lives inside the data directory and goes with it. Root's cluster cannot
+// (root's data directory is 0700, which the server's account cannot
+// enter), so it lives under RootClusters, named by an id kept in the data
+// directory (IDFile): a data directory without one, new or recreated on a
+// path used before, gets a fresh cluster, never another's. Each cluster
+// folder records its data directory and id (ownerFile), so Collect can
+// remove the clusters whose data directory is gone.
+
+// RootClusters holds root's clusters: a persistent place (not a temporary
+// folder a reboot may empty) that the unprivileged account can traverse.
+const RootClusters = "/var/lib/clawmesh"
+
+// IDFile names, in a data directory, the id of its root-run cluster.
+const IDFile = "postgres.id"
+
+// ownerFile, in a cluster folder, records "<data directory>\n<id>\n".
+const ownerFile = "clawmesh-owner"
+
+var idPattern = regexp.MustCompile(`^[0-9a-f]{24}$`)
+
+// Dir is where the cluster of the data directory dataDir lives: inside it
+// (dataDir/postgres) for an ordinary user; for root, under RootClusters
+// by the data directory's id, or "" when it has none yet (Bind makes one).
+func Dir(dataDir string) string {
+	if os.Geteuid() != 0 {
+		return filepath.Join(dataDir, "postgres")
+	}
+	id, err := readID(dataDir)
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(RootClusters, "pg-"+id)
+}
+
+// Bind returns the cluster folder of dataDir. For root it reads the data
+// directory's cluster id, or makes a new one, and records the owner in
+// the cluster folder, which it creates.
+func Bind(dataDir string) (string, error) {
+	if os.Geteuid() != 0 {
+		return Dir(dataDir), nil
+	}
+	id, err := readID(dataDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		id, err = newID(dataDir)
+	}
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(RootClusters, "pg-"+id)
+	if err := os.MkdirAll(RootClusters, 0o755); err != nil {
+		return "", fmt.Errorf("cluster folder: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("cluster folder: %w", err)
+	}
+	owner := dataDir + "\n" + id + "\n"
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(owner), 0o600); err != nil {
+		return "", fmt.Errorf("cluster owner record: %w", err)
+	}
+	return dir, nil
+}
+
+func readID(dataDir string) (string, error) {
+	raw, err := os.ReadFile(filepath.Join(dataDir, IDFile))
+	if err != nil {
+		return "", err
+	}
+	id := strings.TrimSpace(string(raw))
+	if !idPattern.MatchString(id) {
+		return "", fmt.Errorf("%s: not a cluster id", filepath.Join(dataDir, IDFile))
+	}
+	return id, nil
+}
+
+func newID(dataDir string) (string, error) {
+	b := make([]byte, 12)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("cluster id: %w", err)
+	}
+	id := hex.EncodeToString(b)
+	if err := os.WriteFile(filepath.Join(dataDir, IDFile), []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("cluster id: %w", err)
+	}
+	return id, nil
+}
+
+// Collect removes root's clusters that no data directory owns any more:
+// those whose recorded data directory is gone or names another cluster,
+// and the cluster an earlier version kept for dataDir under a name made
+// from its path. A cluster whose server runs is left alone. It returns
+// the folders removed; it does nothing unless this process is root.
+func Collect(dataDir string, log *zap.Logger) []string {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	entries, err := os.ReadDir(RootClusters)
+	if err != nil {
+		return nil
+	}
+	sum := sha256.Sum256([]byte(dataDir))
+	legacy := "pg-" + hex.EncodeToString(sum[:6])
+	var removed []string
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "pg-") {
+			continue
+		}
+		dir := filepath.Join(RootClusters, e.Name())
+		stale, why := orphaned(dir, e.Name() == legacy)
+		if !stale || running(dir) {
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			log.Warn("stale postgres cluster not removed", zap.String("dir", dir), zap.Error(err))
+			continue
+		}
+		log.Info("stale postgres cluster removed", zap.String("dir", dir), zap.String("why", why))
+		removed = append(removed, dir)
+	}
+	return removed
+}
+
+// orphaned reports whether no data directory owns the cluster in dir.
+func orphaned(dir string, legacyOfThisDataDir bool) (bool, string) {
+	raw, err := os.ReadFile(filepath.Join(dir, ownerFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		// No record: an earlier version's cluster, or one being created
+		// right now. Only this data directory's old one is known to be
+		// unowned: the data directory now binds a cluster by id.
+		if legacyOfThisDataDir {
+			return true, "the data directory's cluster before clusters were bound by id"
+		}
+		return false, ""
+	}
+	if err != nil {
+		return false, ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) != 2 {
+		return false, ""
+	}
+	dataDir, id := lines[0], lines[1]
+	got, err := readID(dataDir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if _, statErr := os.Stat(dataDir); errors.Is(statErr, fs.ErrNotExist) {
+			return true, "its data directory " + dataDir + " is gone"
+		}
+		return true, "its data directory " + dataDir + " has no cluster id any more"
+	case err != nil:
+		return false, ""
+	case got != id:
+		return true, "its data directory " + dataDir + " is bound to another cluster"
+	}
+	return false, ""
+}
+
+// running reports whether the postmaster of the cluster in dir is alive.
+func running(dir string) bool {
+	raw, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid"))
+	if err != nil {
+		return false
+	}
+	first, _, _ := strings.Cut(string(raw), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return false
+	}
+	err = syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
