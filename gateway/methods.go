@@ -30,6 +30,7 @@ var (
 	needsAgent      = []string{configschema.PermAgentUse}
 	needsConfigRead = []string{configschema.PermConfigRead, configschema.PermConfigUpdate}
 	needsConfigEdit = []string{configschema.PermConfigUpdate}
+	needsFiles      = []string{configschema.PermFilesCreate}
 )
 
 // methods is the routing table. Adding a socket method is one row here plus
@@ -63,6 +64,11 @@ func methodTable() map[string]method {
 		"config/delete":   {needs: needsConfigEdit, call: (*Gateway).configDelete},
 
 		"plugins/list": {needs: []string{configschema.PermPluginsManage}, call: (*Gateway).pluginsList},
+
+		"file/attach":        {needs: needsFiles, call: (*Gateway).fileAttach},
+		"file/upload/begin":  {needs: needsFiles, call: (*Gateway).uploadBegin},
+		"file/upload/chunk":  {needs: needsFiles, call: (*Gateway).uploadChunk},
+		"file/upload/commit": {needs: needsFiles, call: (*Gateway).uploadCommit},
 	}
 }
 
