@@ -288,7 +288,9 @@ func TestUploadLandsLikeAttach(t *testing.T) {
 	if pr.Outcome != "completed" || !strings.Contains(pr.Content, "report.pdf] "+path) || !strings.Contains(pr.Content, "[IMAGE:"+img.WorkspacePath+"]") {
 		t.Fatalf("prompt with attachments: %+v", pr)
 	}
-	var msgs struct{ Messages []struct{ Role, Content string } }
+	var msgs struct {
+		Messages []struct{ Role, Content string }
+	}
 	u.must("session/messages", map[string]any{"session_id": sess.ID}, &msgs)
 	if len(msgs.Messages) == 0 || msgs.Messages[0].Content != "/say read\n"+up.Marker+"\n"+img.Marker {
 		t.Fatalf("transcript %+v", msgs.Messages)

@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -180,33 +184,42 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 	if !cs.local() {
 		return nil, onlyLocal("file/upload/chunk")
 	}
-	var p struct {
-		UploadID string  `json:"upload_id"`
-		Offset   *int64  `json:"offset"`
-		DataB64  *string `json:"data_b64"`
+	p, ok := scanChunkParams(params)
+	if !ok {
+		var slow struct {
+			UploadID string  `json:"upload_id"`
+			Offset   *int64  `json:"offset"`
+			DataB64  *string `json:"data_b64"`
+		}
+		if err := decodeParams(params, &slow); err != nil {
+			return nil, err
+		}
+		p = chunkFields{uploadID: slow.UploadID, offset: slow.Offset}
+		if slow.DataB64 != nil {
+			p.data = []byte(*slow.DataB64)
+		}
 	}
-	if err := decodeParams(params, &p); err != nil {
-		return nil, err
-	}
-	id, err := uploadID(p.UploadID)
+	id, err := uploadID(p.uploadID)
 	if err != nil {
 		return nil, err
 	}
-	if p.Offset == nil {
+	if p.offset == nil {
 		return nil, invalidParams("`offset` is required")
 	}
-	if p.DataB64 == nil {
+	if p.data == nil {
 		return nil, invalidParams("`data_b64` is required")
 	}
-	data, err := decodeB64(*p.DataB64, "data_b64")
+	data := make([]byte, base64.StdEncoding.DecodedLen(len(p.data)))
+	n, err := base64.StdEncoding.Decode(data, p.data)
 	if err != nil {
-		return nil, err
+		return nil, invalidParams("`data_b64` is not valid base64")
 	}
+	data = data[:n]
 	if g.upload == nil {
 		return nil, uploadUnavailable
 	}
 	resp, err := g.upload.Chunk(ctx, &uploadv1.ChunkRequest{
-		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: *p.Offset, Data: data,
+		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: *p.offset, Data: data,
 	})
 	if err != nil {
 		return nil, serviceError("upload-staging", err)
@@ -280,4 +293,124 @@ func (g *Gateway) renewUploads(ctx context.Context) {
 		}
 		wait = max(time.Duration(resp.GetLeaseMs())*time.Millisecond/3, 10*time.Millisecond)
 	}
+}
+
+// chunkFields are file/upload/chunk's params; data is data_b64 still
+// encoded, nil when absent.
+type chunkFields struct {
+	uploadID string
+	offset   *int64
+	data     []byte
+}
+
+// scanChunkParams reads file/upload/chunk's params straight from the
+// frame's bytes: a chunk frame is mostly one long base64 string, which
+// encoding/json would scan byte by byte and copy twice. The frame is
+// valid JSON already (the connection checked it), so members are found by
+// skipping strings with a byte search. Anything but the plain shape
+// (an escape in a string, a nested value, a non-integer offset) reports
+// !ok, and the caller decodes the params the ordinary way, with its
+// ordinary messages.
+func scanChunkParams(params []byte) (chunkFields, bool) {
+	var f chunkFields
+	i := skipWS(params, 0)
+	if i >= len(params) || params[i] != '{' {
+		return f, false
+	}
+	i++
+	for {
+		i = skipWS(params, i)
+		if i < len(params) && params[i] == '}' {
+			return f, true
+		}
+		if i >= len(params) || params[i] != '"' {
+			return f, false
+		}
+		key, next, ok := plainString(params, i)
+		if !ok {
+			return f, false
+		}
+		i = skipWS(params, next)
+		if i >= len(params) || params[i] != ':' {
+			return f, false
+		}
+		i = skipWS(params, i+1)
+		if i >= len(params) {
+			return f, false
+		}
+		var val []byte
+		isString := params[i] == '"'
+		if isString {
+			if val, next, ok = plainString(params, i); !ok {
+				return f, false
+			}
+		} else {
+			next = i
+			for next < len(params) && !strings.ContainsRune(",} \t\r\n", rune(params[next])) {
+				next++
+			}
+			val = params[i:next]
+			if len(val) == 0 || val[0] == '{' || val[0] == '[' {
+				return f, false
+			}
+		}
+		k := string(key)
+		if k != "upload_id" && k != "offset" && k != "data_b64" &&
+			(strings.EqualFold(k, "upload_id") || strings.EqualFold(k, "offset") || strings.EqualFold(k, "data_b64")) {
+			return f, false // encoding/json matches keys case-insensitively
+		}
+		if isString && !utf8.Valid(val) {
+			return f, false // encoding/json would replace the bad bytes
+		}
+		switch k {
+		case "upload_id":
+			if !isString {
+				return f, false
+			}
+			f.uploadID = string(val)
+		case "offset":
+			if isString {
+				return f, false
+			}
+			if string(val) == "null" {
+				f.offset = nil
+				break
+			}
+			n, err := strconv.ParseInt(string(val), 10, 64)
+			if err != nil {
+				return f, false
+			}
+			f.offset = &n
+		case "data_b64":
+			if !isString {
+				return f, false
+			}
+			f.data = val
+		}
+		i = skipWS(params, next)
+		if i < len(params) && params[i] == ',' {
+			i++
+		}
+	}
+}
+
+// plainString returns the contents of the JSON string at b[i] == '"' and
+// the index past it; ok is false when it holds an escape.
+func plainString(b []byte, i int) (s []byte, next int, ok bool) {
+	end := bytes.IndexByte(b[i+1:], '"')
+	if end < 0 {
+		return nil, 0, false
+	}
+	s = b[i+1 : i+1+end]
+	if bytes.IndexByte(s, '\\') >= 0 {
+		return nil, 0, false
+	}
+	return s, i + end + 2, true
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
 }

@@ -75,3 +75,78 @@ func TestFileMethodParams(t *testing.T) {
 		}
 	}
 }
+
+// chunkBySlowPath decodes chunk params with encoding/json, the reference.
+func chunkBySlowPath(params []byte) (chunkFields, error) {
+	var slow struct {
+		UploadID string  `json:"upload_id"`
+		Offset   *int64  `json:"offset"`
+		DataB64  *string `json:"data_b64"`
+	}
+	if err := json.Unmarshal(params, &slow); err != nil {
+		return chunkFields{}, err
+	}
+	f := chunkFields{uploadID: slow.UploadID, offset: slow.Offset}
+	if slow.DataB64 != nil {
+		f.data = []byte(*slow.DataB64)
+	}
+	return f, nil
+}
+
+func sameChunk(a, b chunkFields) bool {
+	return a.uploadID == b.uploadID && (a.offset == nil) == (b.offset == nil) && (a.offset == nil || *a.offset == *b.offset) &&
+		(a.data == nil) == (b.data == nil) && string(a.data) == string(b.data)
+}
+
+var chunkSeeds = []string{
+	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":0,"data_b64":"eA=="}`,
+	` { "data_b64" : "eA==" , "offset" : 1048576 , "upload_id" : "x" , "extra" : "y" } `,
+	`{"upload_id":"a","offset":-3,"data_b64":""}`,
+	`{"upload_id":"a","offset":null,"data_b64":null}`,
+	`{"upload_id":"a","offset":1.5,"data_b64":"eA=="}`,
+	`{"upload_id":"a","offset":1e3,"data_b64":"eA=="}`,
+	`{"upload_id":"a\u0062","offset":1,"data_b64":"e\/A="}`,
+	`{"upload_id":"a","offset":1,"data_b64":"eA==","data_b64":"eB=="}`,
+	`{"upload_id":"a","nested":{"offset":2},"offset":1}`,
+	`{"upload_id":true,"offset":"1","data_b64":3}`,
+	`{}`, `[]`, `null`, `"x"`,
+}
+
+// The fast reading of chunk params agrees with encoding/json whenever it
+// answers, and declines everything unusual.
+func TestScanChunkParamsAgreesWithEncodingJSON(t *testing.T) {
+	answered := 0
+	for _, in := range chunkSeeds {
+		fast, ok := scanChunkParams([]byte(in))
+		if !ok {
+			continue
+		}
+		answered++
+		slow, err := chunkBySlowPath([]byte(in))
+		if err != nil || !sameChunk(fast, slow) {
+			t.Errorf("%s: fast %+v, encoding/json %+v %v", in, fast, slow, err)
+		}
+	}
+	if answered < 4 {
+		t.Fatalf("the fast path answered only %d plain inputs", answered)
+	}
+}
+
+func FuzzScanChunkParams(f *testing.F) {
+	for _, s := range chunkSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if !json.Valid(in) {
+			return // the connection refuses it before any handler runs
+		}
+		fast, ok := scanChunkParams(in)
+		if !ok {
+			return
+		}
+		slow, err := chunkBySlowPath(in)
+		if err != nil || !sameChunk(fast, slow) {
+			t.Fatalf("%q: fast %+v, encoding/json %+v %v", in, fast, slow, err)
+		}
+	})
+}
