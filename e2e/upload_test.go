@@ -358,7 +358,7 @@ func TestUploadRestoresTheWorkspaceCopy(t *testing.T) {
 	}
 }
 
-// Every refusal of SPEC §6 over the socket, and the ownership of an
+// Every refusal of docs/spec.md §6 over the socket, and the ownership of an
 // upload by its connection. Seed 000 "chunked uploads", steps 1 to 3 and
 // the ownership paragraph. (The budget's refusal is in
 // TestUploadBudgetConnectionsAndGatewayDeath; the non-local transport's

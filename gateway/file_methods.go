@@ -20,7 +20,7 @@ import (
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
 )
 
-// The file methods (SPEC §5, §6): file/attach, and file/upload/begin,
+// The file methods (docs/spec.md §5, §6): file/attach, and file/upload/begin,
 // chunk and commit, served by the upload-staging service. An upload
 // belongs to the connection that began it: every call names this
 // gateway process (g.id) and the connection (cs.id), both random, and

@@ -1,5 +1,5 @@
 // Package uploads holds what the upload-staging service, the session
-// service and the gateway share about files (SPEC §6): the fixed limits,
+// service and the gateway share about files (docs/spec.md §6): the fixed limits,
 // the refusal messages (exact texts, written once), the checks of the
 // fields a client declares, and the file entry's ref_id and marker.
 //
@@ -28,7 +28,7 @@ const (
 	IDHexLen = 32
 )
 
-// The refusal messages of SPEC §6, each sent as -32602.
+// The refusal messages of docs/spec.md §6, each sent as -32602.
 
 // UnknownUpload: no such upload on this connection (or it expired).
 func UnknownUpload(id string) string { return fmt.Sprintf("Unknown or expired upload `%s`", id) }
@@ -83,7 +83,7 @@ func Incomplete(received, size int64) string {
 // HashMismatch: the content is not what begin declared.
 const HashMismatch = "Upload content does not match the SHA-256 declared at begin; begin again"
 
-// SizeWords writes a byte limit as SPEC §6 does: whole mebibytes as
+// SizeWords writes a byte limit as docs/spec.md §6 does: whole mebibytes as
 // "N MB" (10485760 is "10 MB"), anything else in bytes.
 func SizeWords(n int64) string {
 	if n > 0 && n%(1<<20) == 0 {

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// The messages of SPEC §6, word for word.
+// The messages of docs/spec.md §6, word for word.
 func TestMessages(t *testing.T) {
 	for _, tc := range []struct{ got, want string }{
 		{UnknownUpload("0123456789abcdef0123456789abcdef"), "Unknown or expired upload `0123456789abcdef0123456789abcdef`"},

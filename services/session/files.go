@@ -3,7 +3,7 @@ package session
 // Files in session workspaces: CheckUpload (file/upload/begin's check),
 // StoreFile (the one step every stored file goes through, file/attach and
 // file/upload/commit alike) and the markers of session/prompt
-// attachments. SPEC §6; the shared limits and messages are in
+// attachments. docs/spec.md §6; the shared limits and messages are in
 // internal/uploads.
 //
 // StoreFile holds the session's lock, shared across processes, from its
@@ -148,7 +148,7 @@ func (s *Server) mayStoreIn(ctx context.Context, p *commonv1.Principal, r fileSe
 	return err
 }
 
-// mayUpload runs every check of SPEC §6 for a principal and an open
+// mayUpload runs every check of docs/spec.md §6 for a principal and an open
 // session: files:create (and the credential), ownership, agent use.
 func (s *Server) mayUpload(ctx context.Context, p *commonv1.Principal, r fileSession) error {
 	if r.State == stateClosed || r.State == stateKilled {

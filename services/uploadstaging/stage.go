@@ -1,5 +1,5 @@
 // Package uploadstaging is the upload-staging service: chunked uploads
-// held in this process's memory, under their limits (SPEC §6), until
+// held in this process's memory, under their limits (docs/spec.md §6), until
 // commit hands them to the session service's StoreFile.
 //
 // What a client can make this process hold is bounded by the budget

@@ -35,7 +35,7 @@ func (c *clock) advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// defaults are SPEC §6's limits, as the schema's defaults give them.
+// defaults are docs/spec.md §6's limits, as the schema's defaults give them.
 func defaults() configclient.Uploads { return configclient.Snapshot{}.Uploads() }
 
 func newStage(t *testing.T, tweak func(*configclient.Uploads)) (*Stage, *clock) {
@@ -79,7 +79,7 @@ func refused(t *testing.T, err error, reason, msg string) {
 	}
 }
 
-// Every refusal of SPEC §6 that the stage gives, word for word.
+// Every refusal of docs/spec.md §6 that the stage gives, word for word.
 func TestStageRefusals(t *testing.T) {
 	st, _ := newStage(t, nil)
 	hex64 := strings.Repeat("ab", 32)

@@ -6,7 +6,7 @@
 
 // The upload-staging service holds chunked uploads in memory under their
 // budgets until commit hands the bytes to the session service, which
-// stores them (SessionService.StoreFile). Limits and messages: SPEC §6.
+// stores them (SessionService.StoreFile). Limits and messages: docs/spec.md §6.
 //
 // An upload belongs to the gateway connection that began it: every call
 // names the connection (connection_id, random per connection) and the
