@@ -427,14 +427,28 @@ func TestUploadRefusalsOverTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatalf("token create: %v\n%s", err, out)
 	}
-	bob := dialUC(t, s, strings.TrimSpace(out))
+	token := strings.TrimSpace(out)
+	bob := dialUC(t, s, token)
 	bobs := bob.session(map[string]any{})
+	capsOf := func() string {
+		init, err := bob.c.Initialize(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(init["capabilities"])
+	}
+	if caps := capsOf(); strings.Contains(caps, "file/") {
+		t.Fatalf("capabilities without files:create: %s", caps)
+	}
 	re := bob.refused(beginM, map[string]any{"session_id": bobs.ID, "size_bytes": 1}, -32012, "user:bob does not hold files:create")
 	if !strings.Contains(string(re.Data), `"forbidden"`) {
 		t.Fatalf("data %s", re.Data)
 	}
 	bob.refused("file/attach", map[string]any{"session_id": bobs.ID, "files": []map[string]any{{"data_b64": "eA=="}}}, -32012, "user:bob does not hold files:create")
 	u.must("config/set", map[string]any{"prop": "permission_profiles.chat.permissions", "value": []string{"files:create"}}, nil)
+	if caps := capsOf(); !strings.Contains(caps, "file/upload/begin") || !strings.Contains(caps, "file/attach") {
+		t.Fatalf("capabilities with files:create: %s", caps)
+	}
 	bob.refused(beginM, map[string]any{"session_id": sess.ID, "size_bytes": 1}, -32003, "Session "+sess.ID+" belongs to another principal")
 	bob.mustBegin(map[string]any{"session_id": bobs.ID, "size_bytes": 1})
 	u.must("config/set", map[string]any{"prop": "permission_profiles.chat.agents", "value": []string{}}, nil)
