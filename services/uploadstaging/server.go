@@ -228,7 +228,8 @@ func (s *Server) store(ctx context.Context, req *sessionv1.StoreFileRequest) (*s
 
 // Attach is file/attach: whole files, each stored through StoreFile in
 // turn. Every file is checked before the first is stored; a refusal
-// names the file's index.
+// names the file's index. The bytes sent are charged to the staging
+// budget until they are stored.
 func (s *Server) Attach(ctx context.Context, req *uploadv1.AttachRequest) (*uploadv1.AttachResponse, error) {
 	if req.GetPrincipal().GetPrincipalId() == "" {
 		return nil, invalid("`principal` is required")
@@ -256,6 +257,17 @@ func (s *Server) Attach(ctx context.Context, req *uploadv1.AttachRequest) (*uplo
 		if msg != "" {
 			return nil, rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, i, msg)
 		}
+	}
+	var held int64
+	for _, f := range req.GetFiles() {
+		held += int64(len(f.GetData()))
+	}
+	if held > 0 {
+		release, err := s.stage.Hold(held + UploadOverhead)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 	}
 	resp := &uploadv1.AttachResponse{}
 	for i, f := range req.GetFiles() {

@@ -8,6 +8,7 @@
 // payload buffer is allocated once at exactly the declared size, so the
 // charge is what it will ever hold, and a begin that does not fit is
 // refused (after reclaiming idle uploads) rather than a later chunk.
+// file/attach's bytes are charged too while they wait to be stored (Hold).
 //
 // An upload belongs to the gateway connection that began it, named by
 // the gateway process's id and the connection's id, and to the principal
@@ -241,6 +242,31 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 	l.uploads++
 	st.charged += c
 	return id, nil
+}
+
+// Hold charges n bytes of a whole-file attach to the budget while it is
+// stored, reclaiming idle uploads first when they do not fit, and returns
+// the function that gives them back. The attach's bytes are already in
+// memory; holding them in the budget bounds how many wait to be stored.
+func (st *Stage) Hold(n int64) (release func(), err error) {
+	lim := st.Limits()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.charged+n > lim.MaxStagedBytes {
+		st.reclaimIdleLocked(lim)
+	}
+	if st.charged+n > lim.MaxStagedBytes {
+		return nil, capacity(uploads.OverBudget)
+	}
+	st.charged += n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			st.mu.Lock()
+			st.charged -= n
+			st.mu.Unlock()
+		})
+	}, nil
 }
 
 // lookupLocked returns the upload id names for o, or the unknown refusal;

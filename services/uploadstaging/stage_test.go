@@ -413,3 +413,30 @@ func TestStageCommitHoldsTheCharge(t *testing.T) {
 		t.Fatalf("after the second commit: %+v", s)
 	}
 }
+
+// A whole-file attach is charged while it is stored, after idle uploads
+// are reclaimed; it is refused when the budget is spent.
+func TestStageHoldChargesAttaches(t *testing.T) {
+	st, clk := newStage(t, func(u *configclient.Uploads) { u.MaxStagedBytes = 2 << 20 })
+	reserve(t, st, decl(connA, 1<<20))
+	release, err := st.Hold(1 << 19)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Hold(1 << 20)
+	refused(t, err, rpcerr.ReasonCapacity, uploads.OverBudget)
+	release()
+	release()
+	clk.advance(5 * time.Minute)
+	release, err = st.Hold(2 << 20)
+	if err != nil {
+		t.Fatalf("after the idle upload was reclaimed: %v", err)
+	}
+	if s := st.Stats(); s.Charged != 2<<20 || s.Uploads != 0 {
+		t.Fatalf("held %+v", s)
+	}
+	release()
+	if s := st.Stats(); s.Charged != 0 {
+		t.Fatalf("after release %+v", s)
+	}
+}
