@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -34,7 +32,7 @@ const benchFileBytes = 10 * mib
 // reads and discards them, timed until it has read them all. Reported:
 // upload_MB/s, baseline_MB/s, and their ratio (the target is 0.5).
 func BenchmarkUpload(b *testing.B) {
-	sink := startDiscard(b)
+	sink := startBaseline(b, discardEnv)
 	s := e2e.Start(b, e2e.Options{})
 	conn, err := net.Dial("unix", s.Socket)
 	if err != nil {
@@ -153,27 +151,6 @@ func BenchmarkUpload(b *testing.B) {
 	b.ReportMetric(mbps(up), "upload_MB/s")
 	b.ReportMetric(mbps(base), "baseline_MB/s")
 	b.ReportMetric(mbps(up)/mbps(base), "ratio")
-}
-
-// startDiscard runs the sink in a child process and returns its socket.
-func startDiscard(b *testing.B) string {
-	path := filepath.Join(b.TempDir(), "discard.sock")
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), discardEnv+"="+path)
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for i := 0; ; i++ {
-		if c, err := net.Dial("unix", path); err == nil {
-			c.Close()
-			return path
-		}
-		if i > 500 {
-			b.Fatal("discard server did not start")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // serveDiscard reads lines on every connection and drops them; a line
