@@ -117,10 +117,14 @@ const echoEnv = "CLAWMESH_BENCH_ECHO_SOCKET"
 
 // startEcho runs a raw NDJSON echo server in a child process (this test
 // binary, re-executed) and returns its socket.
-func startEcho(b *testing.B) string {
-	path := filepath.Join(b.TempDir(), "echo.sock")
+func startEcho(b *testing.B) string { return startBaseline(b, echoEnv) }
+
+// startBaseline re-executes this test binary with env naming a socket to
+// serve (see TestMain) and returns the socket once it accepts.
+func startBaseline(b *testing.B, env string) string {
+	path := filepath.Join(b.TempDir(), "baseline.sock")
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), echoEnv+"="+path)
+	cmd.Env = append(os.Environ(), env+"="+path)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -131,7 +135,7 @@ func startEcho(b *testing.B) string {
 			return path
 		}
 		if i > 500 {
-			b.Fatal("echo server did not start")
+			b.Fatalf("baseline server (%s) did not start", env)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

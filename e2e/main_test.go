@@ -17,6 +17,10 @@ func TestMain(m *testing.M) {
 		serveEcho(path)
 		return
 	}
+	if path := os.Getenv(discardEnv); path != "" {
+		serveDiscard(path)
+		return
+	}
 	code := m.Run()
 	e2e.Cleanup()
 	guestbuild.Cleanup()

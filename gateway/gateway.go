@@ -23,6 +23,7 @@ import (
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
 )
 
 // Causes of the gateway's base context cancellation.
@@ -43,11 +44,15 @@ type Gateway struct {
 
 	config  configv1.ConfigServiceClient
 	session sessionv1.SessionServiceClient
+	upload  uploadv1.UploadServiceClient
 	nats    *nats.Conn
 	hub     *hub
 	monitor *monitor
 	conns   []*grpc.ClientConn
 	ln      net.Listener
+	// id names this gateway process to the upload-staging service, which
+	// keeps its connections' uploads while it renews its lease.
+	id string
 
 	// wg counts every goroutine the gateway starts (spawn): outboxes,
 	// elicitations, asks, the monitor. Run waits for them.
@@ -67,7 +72,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS,
+		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, id: ids.New("gw-"),
 		monitor: newMonitor(500*time.Millisecond, cfg.Log), states: map[*jsonrpc.Conn]*connState{},
 	}
 	dial := func(name, addr string) (*grpc.ClientConn, error) {
@@ -102,6 +107,8 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 			g.config = configv1.NewConfigServiceClient(cc)
 		case "session":
 			g.session = sessionv1.NewSessionServiceClient(cc)
+		case "upload-staging":
+			g.upload = uploadv1.NewUploadServiceClient(cc)
 		}
 	}
 	// The edge's settings are read once, when the listener starts (they
@@ -164,6 +171,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	defer cancel(ErrShutdown)
 	defer g.wg.Wait()
 	g.spawn(func() { g.monitor.run(ctx) })
+	g.spawn(func() { g.renewUploads(ctx) })
 
 	// Connections and their requests live on serveCtx, which the stop
 	// signal does not cancel: the drain below lets in-flight requests
@@ -215,7 +223,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 // down once the connection closed and every handler of it returned, so
 // no handler can attach anything to a connection already gone.
 func (g *Gateway) accept(serveCtx context.Context, c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
-	cs := &connState{id: ids.New("conn-"), conn: c, peer: peer}
+	cs := &connState{id: ids.New("conn-"), transport: transportLocal, conn: c, peer: peer}
 	cs.outbox = newOutbox(g, cs)
 	g.log.Info("connection accepted", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
 	g.mu.Lock()
@@ -287,7 +295,8 @@ func (g *Gateway) clientLeft(ctx context.Context, stop context.CancelCauseFunc) 
 }
 
 // connectionClosed releases what the connection held: its outbox, its
-// session subscriptions, its asks, and the turns it started.
+// session subscriptions, its asks, the turns it started and its staged
+// uploads.
 func (g *Gateway) connectionClosed(cs *connState) {
 	cs.outbox.close()
 	g.hub.detach(cs, "")
@@ -300,6 +309,7 @@ func (g *Gateway) connectionClosed(cs *connState) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	g.discardUploads(ctx, cs)
 	if _, err := g.session.ConnectionClosed(ctx, &sessionv1.ConnectionClosedRequest{ConnectionId: cs.id}); err != nil {
 		g.log.Warn("turns of a closed connection not cancelled", zap.String("conn", cs.id), zap.Error(err))
 	}
@@ -311,6 +321,9 @@ type connState struct {
 	conn   *jsonrpc.Conn
 	peer   jsonrpc.Peer
 	outbox *outbox
+
+	// transport is transportLocal for the local socket (file_methods.go).
+	transport string
 
 	mu          sync.Mutex
 	principal   *commonv1.Principal

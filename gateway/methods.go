@@ -70,6 +70,7 @@ var (
 	needsAgent      = []string{configschema.PermAgentUse}
 	needsConfigRead = []string{configschema.PermConfigRead, configschema.PermConfigUpdate}
 	needsConfigEdit = []string{configschema.PermConfigUpdate}
+	needsFiles      = []string{configschema.PermFilesCreate}
 )
 
 // methods is the routing table. Adding a socket method is one row here plus
@@ -103,6 +104,11 @@ func methodTable() map[string]method {
 		"config/delete":   {needs: needsConfigEdit, kind: kindSlow, call: (*Gateway).configDelete},
 
 		"plugins/list": {needs: []string{configschema.PermPluginsManage}, kind: kindQuick, call: (*Gateway).pluginsList},
+
+		"file/attach":        {needs: needsFiles, kind: kindSlow, call: (*Gateway).fileAttach},
+		"file/upload/begin":  {needs: needsFiles, kind: kindQuick, call: (*Gateway).uploadBegin},
+		"file/upload/chunk":  {needs: needsFiles, kind: kindQuick, call: (*Gateway).uploadChunk},
+		"file/upload/commit": {needs: needsFiles, kind: kindSlow, call: (*Gateway).uploadCommit},
 	}
 }
 

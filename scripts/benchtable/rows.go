@@ -15,6 +15,8 @@ var Rows = []row{
 		Subject: sel{"BenchmarkTurnStream/socket/sessions=100", "p99_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=100", "p99_us"}, Target: 3, AtMost: true},
 	{Work: "turn stream p50, 1 session (µs)",
 		Subject: sel{"BenchmarkTurnStream/socket/sessions=1", "p50_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=1", "p50_us"}, Target: 2, AtMost: true},
+	{Work: "10 MB upload in 1 MiB chunks over the socket, stored (MB/s)",
+		Subject: sel{"BenchmarkUpload", "upload_MB/s"}, Baseline: sel{"BenchmarkUpload", "baseline_MB/s"}, Target: 0.5},
 	{Work: "fuel metering on a CPU loop, Go guest (metered/unmetered)",
 		Subject: sel{"BenchmarkFuelOverhead", "ratio"}, Target: 1.5, AtMost: true},
 	{Work: "Go plugin tool call, fresh instance, p50 (µs)",

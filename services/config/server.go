@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/policylock"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
@@ -76,6 +77,9 @@ type Server struct {
 	writeLock chan struct{}
 	waiting   atomic.Int32
 	snap      atomic.Pointer[snapshot]
+	// releasePolicy releases the policy lock the write holds; it is set
+	// and cleared under writeLock.
+	releasePolicy func()
 
 	hooks hooks
 }
@@ -128,19 +132,33 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 // current is the live snapshot.
 func (s *Server) current() *snapshot { return s.snap.Load() }
 
-// lock takes the write lock, or fails when ctx ends first.
+// lock takes the write lock, or fails when ctx ends first. With it comes
+// the policy lock across processes (internal/policylock), held until the
+// new snapshot is live: a file store checked under the old policy
+// finishes first, and none checks against a policy about to change.
 func (s *Server) lock(ctx context.Context) error {
 	s.waiting.Add(1)
 	defer s.waiting.Add(-1)
 	select {
 	case s.writeLock <- struct{}{}:
-		if s.hooks.locked != nil {
-			s.hooks.locked()
-		}
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for the config write lock: %w", context.Cause(ctx))
 	}
+	release, err := policylock.Exclusive(ctx, s.db)
+	if err != nil {
+		<-s.writeLock
+		return err
+	}
+	s.releasePolicy = release
+	if s.hooks.locked != nil {
+		s.hooks.locked()
+	}
+	return nil
 }
 
-func (s *Server) unlock() { <-s.writeLock }
+func (s *Server) unlock() {
+	release := s.releasePolicy
+	s.releasePolicy = nil
+	release()
+	<-s.writeLock
+}

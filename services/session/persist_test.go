@@ -159,5 +159,5 @@ func TestOverGRPC(t *testing.T) {
 		t.Fatalf("prompt %v %v", resp, err)
 	}
 	_, err = client.StoreFile(ctx, &sessionv1.StoreFileRequest{})
-	wantRefusal(t, err, codes.Unimplemented, "", "")
+	wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, "`principal` is required")
 }

@@ -17,12 +17,7 @@ import (
 func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
 	id := req.GetSessionId()
 	prompt := req.GetPrompt()
-	for _, a := range req.GetAttachments() {
-		if a.GetMarker() != "" {
-			prompt += "\n" + a.GetMarker()
-		}
-	}
-	if strings.TrimSpace(prompt) == "" {
+	if strings.TrimSpace(prompt) == "" && len(req.GetAttachments()) == 0 {
 		if err := requirePrincipal(req.GetPrincipal()); err != nil {
 			return nil, err
 		}
@@ -30,6 +25,10 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 	}
 	row, err := s.owned(ctx, req.GetPrincipal(), id)
 	if err != nil {
+		return nil, err
+	}
+	// Attachments must be files stored in this session (files.go).
+	if prompt, err = s.withAttachments(ctx, row.ID, row.WorkspaceDir, prompt, req.GetAttachments()); err != nil {
 		return nil, err
 	}
 	// Checked on every turn: a grant revoked since session/new stops the

@@ -1995,10 +1995,14 @@ func (x *CheckUploadRequest) GetSessionId() string {
 }
 
 type CheckUploadResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
-	AgentAlias    string                 `protobuf:"bytes,2,opt,name=agent_alias,json=agentAlias,proto3" json:"agent_alias,omitempty"`
-	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Generation int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	AgentAlias string                 `protobuf:"bytes,2,opt,name=agent_alias,json=agentAlias,proto3" json:"agent_alias,omitempty"`
+	Owner      string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// incarnation is new each time a session row is created: a session
+	// deleted and created again with the same id starts at generation 1
+	// again, but never with the same incarnation.
+	Incarnation   int64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2054,6 +2058,13 @@ func (x *CheckUploadResponse) GetOwner() string {
 	return ""
 }
 
+func (x *CheckUploadResponse) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 type StoreFileRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
@@ -2064,7 +2075,14 @@ type StoreFileRequest struct {
 	MimeType   string `protobuf:"bytes,5,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
 	Data       []byte `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
 	// path is a local file to read instead of data (file/attach with path).
-	Path          string `protobuf:"bytes,7,opt,name=path,proto3" json:"path,omitempty"`
+	Path string `protobuf:"bytes,7,opt,name=path,proto3" json:"path,omitempty"`
+	// agent_alias, owner and incarnation, when generation is non-zero, must
+	// still be the session's (CheckUpload returned them at begin).
+	AgentAlias  string `protobuf:"bytes,8,opt,name=agent_alias,json=agentAlias,proto3" json:"agent_alias,omitempty"`
+	Owner       string `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`
+	Incarnation int64  `protobuf:"varint,10,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// max_bytes, when positive, bounds the file (data or path).
+	MaxBytes      int64 `protobuf:"varint,11,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2146,6 +2164,34 @@ func (x *StoreFileRequest) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *StoreFileRequest) GetAgentAlias() string {
+	if x != nil {
+		return x.AgentAlias
+	}
+	return ""
+}
+
+func (x *StoreFileRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *StoreFileRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *StoreFileRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
 }
 
 type StoreFileResponse struct {
@@ -2521,14 +2567,15 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x12CheckUploadRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"l\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\x8e\x01\n" +
 	"\x13CheckUploadResponse\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12\x1f\n" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
 	"agentAlias\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xef\x01\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\x03R\vincarnation\"\xe5\x02\n" +
 	"\x10StoreFileRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -2539,7 +2586,13 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\bfilename\x18\x04 \x01(\tR\bfilename\x12\x1b\n" +
 	"\tmime_type\x18\x05 \x01(\tR\bmimeType\x12\x12\n" +
 	"\x04data\x18\x06 \x01(\fR\x04data\x12\x12\n" +
-	"\x04path\x18\a \x01(\tR\x04path\"G\n" +
+	"\x04path\x18\a \x01(\tR\x04path\x12\x1f\n" +
+	"\vagent_alias\x18\b \x01(\tR\n" +
+	"agentAlias\x12\x14\n" +
+	"\x05owner\x18\t \x01(\tR\x05owner\x12 \n" +
+	"\vincarnation\x18\n" +
+	" \x01(\x03R\vincarnation\x12\x1b\n" +
+	"\tmax_bytes\x18\v \x01(\x03R\bmaxBytes\"G\n" +
 	"\x11StoreFileResponse\x122\n" +
 	"\x04file\x18\x01 \x01(\v2\x1e.clawmesh.session.v1.FileEntryR\x04file\"\xa4\x01\n" +
 	"\tFileEntry\x12\x15\n" +

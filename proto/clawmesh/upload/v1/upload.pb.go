@@ -5,7 +5,15 @@
 // source: clawmesh/upload/v1/upload.proto
 
 // The upload-staging service holds chunked uploads in memory under their
-// budgets until commit hands the bytes to the session service.
+// budgets until commit hands the bytes to the session service, which
+// stores them (SessionService.StoreFile). Limits and messages: docs/spec.md §6.
+//
+// An upload belongs to the gateway connection that began it: every call
+// names the connection (connection_id, random per connection) and the
+// gateway process that owns it (gateway_id, random per gateway process).
+// Another connection naming the upload is told it does not exist. A
+// gateway renews a lease on its uploads (Renew); when it stops renewing
+// (it died), its uploads are discarded once the lease runs out.
 
 package uploadv1
 
@@ -35,6 +43,7 @@ type BeginRequest struct {
 	Filename      string                 `protobuf:"bytes,5,opt,name=filename,proto3" json:"filename,omitempty"`
 	Sha256        string                 `protobuf:"bytes,6,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	MimeType      string                 `protobuf:"bytes,7,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
+	GatewayId     string                 `protobuf:"bytes,8,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -118,6 +127,13 @@ func (x *BeginRequest) GetMimeType() string {
 	return ""
 }
 
+func (x *BeginRequest) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
+	}
+	return ""
+}
+
 type BeginResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UploadId      string                 `protobuf:"bytes,1,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
@@ -184,6 +200,8 @@ type ChunkRequest struct {
 	UploadId      string                 `protobuf:"bytes,2,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
 	Offset        int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
 	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	GatewayId     string                 `protobuf:"bytes,5,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
+	Principal     *v1.Principal          `protobuf:"bytes,6,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -246,6 +264,20 @@ func (x *ChunkRequest) GetData() []byte {
 	return nil
 }
 
+func (x *ChunkRequest) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
+	}
+	return ""
+}
+
+func (x *ChunkRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
 type ChunkResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ReceivedBytes int64                  `protobuf:"varint,1,opt,name=received_bytes,json=receivedBytes,proto3" json:"received_bytes,omitempty"`
@@ -295,6 +327,7 @@ type CommitRequest struct {
 	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	ConnectionId  string                 `protobuf:"bytes,2,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
 	UploadId      string                 `protobuf:"bytes,3,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	GatewayId     string                 `protobuf:"bytes,4,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -350,6 +383,13 @@ func (x *CommitRequest) GetUploadId() string {
 	return ""
 }
 
+func (x *CommitRequest) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
+	}
+	return ""
+}
+
 type CommitResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	File          *v11.FileEntry         `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
@@ -395,11 +435,13 @@ func (x *CommitResponse) GetFile() *v11.FileEntry {
 }
 
 type AttachFile struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
-	Filename      string                 `protobuf:"bytes,3,opt,name=filename,proto3" json:"filename,omitempty"`
-	MimeType      string                 `protobuf:"bytes,4,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is an absolute path readable by the daemon (local socket only;
+	// the gateway refuses it elsewhere); exactly one of path and data.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Filename      string `protobuf:"bytes,3,opt,name=filename,proto3" json:"filename,omitempty"`
+	MimeType      string `protobuf:"bytes,4,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -577,6 +619,7 @@ func (x *AttachResponse) GetFiles() []*v11.FileEntry {
 type DiscardConnectionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ConnectionId  string                 `protobuf:"bytes,1,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
+	GatewayId     string                 `protobuf:"bytes,2,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -614,6 +657,13 @@ func (*DiscardConnectionRequest) Descriptor() ([]byte, []int) {
 func (x *DiscardConnectionRequest) GetConnectionId() string {
 	if x != nil {
 		return x.ConnectionId
+	}
+	return ""
+}
+
+func (x *DiscardConnectionRequest) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
 	}
 	return ""
 }
@@ -662,6 +712,96 @@ func (x *DiscardConnectionResponse) GetDiscarded() int32 {
 	return 0
 }
 
+type RenewRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	GatewayId     string                 `protobuf:"bytes,1,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewRequest) Reset() {
+	*x = RenewRequest{}
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewRequest) ProtoMessage() {}
+
+func (x *RenewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
+func (*RenewRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RenewRequest) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
+	}
+	return ""
+}
+
+type RenewResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lease_ms is how long the gateway's uploads outlive its last renewal;
+	// a gateway renews several times within it.
+	LeaseMs       int64 `protobuf:"varint,1,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewResponse) Reset() {
+	*x = RenewResponse{}
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewResponse) ProtoMessage() {}
+
+func (x *RenewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
+func (*RenewResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RenewResponse) GetLeaseMs() int64 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
 type StatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -670,7 +810,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[11]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +822,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[11]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,21 +835,27 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{11}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{13}
 }
 
 type StatsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uploads       int32                  `protobuf:"varint,1,opt,name=uploads,proto3" json:"uploads,omitempty"`
-	StagedBytes   int64                  `protobuf:"varint,2,opt,name=staged_bytes,json=stagedBytes,proto3" json:"staged_bytes,omitempty"`
-	BudgetBytes   int64                  `protobuf:"varint,3,opt,name=budget_bytes,json=budgetBytes,proto3" json:"budget_bytes,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Uploads int32                  `protobuf:"varint,1,opt,name=uploads,proto3" json:"uploads,omitempty"`
+	// staged_bytes is the charge of every staged upload: declared payload
+	// plus kept metadata.
+	StagedBytes int64 `protobuf:"varint,2,opt,name=staged_bytes,json=stagedBytes,proto3" json:"staged_bytes,omitempty"`
+	BudgetBytes int64 `protobuf:"varint,3,opt,name=budget_bytes,json=budgetBytes,proto3" json:"budget_bytes,omitempty"`
+	// payload_bytes is the payload received so far.
+	PayloadBytes int64 `protobuf:"varint,4,opt,name=payload_bytes,json=payloadBytes,proto3" json:"payload_bytes,omitempty"`
+	// gateways counts the gateway leases held.
+	Gateways      int32 `protobuf:"varint,5,opt,name=gateways,proto3" json:"gateways,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[12]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +867,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[12]
+	mi := &file_clawmesh_upload_v1_upload_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +880,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{12}
+	return file_clawmesh_upload_v1_upload_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatsResponse) GetUploads() int32 {
@@ -758,11 +904,25 @@ func (x *StatsResponse) GetBudgetBytes() int64 {
 	return 0
 }
 
+func (x *StatsResponse) GetPayloadBytes() int64 {
+	if x != nil {
+		return x.PayloadBytes
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetGateways() int32 {
+	if x != nil {
+		return x.Gateways
+	}
+	return 0
+}
+
 var File_clawmesh_upload_v1_upload_proto protoreflect.FileDescriptor
 
 const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"\n" +
-	"\x1fclawmesh/upload/v1/upload.proto\x12\x12clawmesh.upload.v1\x1a\x1fclawmesh/common/v1/common.proto\x1a!clawmesh/session/v1/session.proto\"\xff\x01\n" +
+	"\x1fclawmesh/upload/v1/upload.proto\x12\x12clawmesh.upload.v1\x1a\x1fclawmesh/common/v1/common.proto\x1a!clawmesh/session/v1/session.proto\"\x9e\x02\n" +
 	"\fBeginRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12#\n" +
 	"\rconnection_id\x18\x02 \x01(\tR\fconnectionId\x12\x1d\n" +
@@ -772,23 +932,30 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12\x1a\n" +
 	"\bfilename\x18\x05 \x01(\tR\bfilename\x12\x16\n" +
 	"\x06sha256\x18\x06 \x01(\tR\x06sha256\x12\x1b\n" +
-	"\tmime_type\x18\a \x01(\tR\bmimeType\"j\n" +
+	"\tmime_type\x18\a \x01(\tR\bmimeType\x12\x1d\n" +
+	"\n" +
+	"gateway_id\x18\b \x01(\tR\tgatewayId\"j\n" +
 	"\rBeginResponse\x12\x1b\n" +
 	"\tupload_id\x18\x01 \x01(\tR\buploadId\x12\x1f\n" +
 	"\vchunk_bytes\x18\x02 \x01(\x03R\n" +
 	"chunkBytes\x12\x1b\n" +
-	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\"|\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\"\xd8\x01\n" +
 	"\fChunkRequest\x12#\n" +
 	"\rconnection_id\x18\x01 \x01(\tR\fconnectionId\x12\x1b\n" +
 	"\tupload_id\x18\x02 \x01(\tR\buploadId\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"6\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1d\n" +
+	"\n" +
+	"gateway_id\x18\x05 \x01(\tR\tgatewayId\x12;\n" +
+	"\tprincipal\x18\x06 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\"6\n" +
 	"\rChunkResponse\x12%\n" +
-	"\x0ereceived_bytes\x18\x01 \x01(\x03R\rreceivedBytes\"\x8e\x01\n" +
+	"\x0ereceived_bytes\x18\x01 \x01(\x03R\rreceivedBytes\"\xad\x01\n" +
 	"\rCommitRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12#\n" +
 	"\rconnection_id\x18\x02 \x01(\tR\fconnectionId\x12\x1b\n" +
-	"\tupload_id\x18\x03 \x01(\tR\buploadId\"D\n" +
+	"\tupload_id\x18\x03 \x01(\tR\buploadId\x12\x1d\n" +
+	"\n" +
+	"gateway_id\x18\x04 \x01(\tR\tgatewayId\"D\n" +
 	"\x0eCommitResponse\x122\n" +
 	"\x04file\x18\x01 \x01(\v2\x1e.clawmesh.session.v1.FileEntryR\x04file\"m\n" +
 	"\n" +
@@ -804,22 +971,32 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x124\n" +
 	"\x05files\x18\x04 \x03(\v2\x1e.clawmesh.upload.v1.AttachFileR\x05files\"F\n" +
 	"\x0eAttachResponse\x124\n" +
-	"\x05files\x18\x01 \x03(\v2\x1e.clawmesh.session.v1.FileEntryR\x05files\"?\n" +
+	"\x05files\x18\x01 \x03(\v2\x1e.clawmesh.session.v1.FileEntryR\x05files\"^\n" +
 	"\x18DiscardConnectionRequest\x12#\n" +
-	"\rconnection_id\x18\x01 \x01(\tR\fconnectionId\"9\n" +
+	"\rconnection_id\x18\x01 \x01(\tR\fconnectionId\x12\x1d\n" +
+	"\n" +
+	"gateway_id\x18\x02 \x01(\tR\tgatewayId\"9\n" +
 	"\x19DiscardConnectionResponse\x12\x1c\n" +
-	"\tdiscarded\x18\x01 \x01(\x05R\tdiscarded\"\x0e\n" +
-	"\fStatsRequest\"o\n" +
+	"\tdiscarded\x18\x01 \x01(\x05R\tdiscarded\"-\n" +
+	"\fRenewRequest\x12\x1d\n" +
+	"\n" +
+	"gateway_id\x18\x01 \x01(\tR\tgatewayId\"*\n" +
+	"\rRenewResponse\x12\x19\n" +
+	"\blease_ms\x18\x01 \x01(\x03R\aleaseMs\"\x0e\n" +
+	"\fStatsRequest\"\xb0\x01\n" +
 	"\rStatsResponse\x12\x18\n" +
 	"\auploads\x18\x01 \x01(\x05R\auploads\x12!\n" +
 	"\fstaged_bytes\x18\x02 \x01(\x03R\vstagedBytes\x12!\n" +
-	"\fbudget_bytes\x18\x03 \x01(\x03R\vbudgetBytes2\x8d\x04\n" +
+	"\fbudget_bytes\x18\x03 \x01(\x03R\vbudgetBytes\x12#\n" +
+	"\rpayload_bytes\x18\x04 \x01(\x03R\fpayloadBytes\x12\x1a\n" +
+	"\bgateways\x18\x05 \x01(\x05R\bgateways2\xdb\x04\n" +
 	"\rUploadService\x12L\n" +
 	"\x05Begin\x12 .clawmesh.upload.v1.BeginRequest\x1a!.clawmesh.upload.v1.BeginResponse\x12L\n" +
 	"\x05Chunk\x12 .clawmesh.upload.v1.ChunkRequest\x1a!.clawmesh.upload.v1.ChunkResponse\x12O\n" +
 	"\x06Commit\x12!.clawmesh.upload.v1.CommitRequest\x1a\".clawmesh.upload.v1.CommitResponse\x12O\n" +
 	"\x06Attach\x12!.clawmesh.upload.v1.AttachRequest\x1a\".clawmesh.upload.v1.AttachResponse\x12p\n" +
 	"\x11DiscardConnection\x12,.clawmesh.upload.v1.DiscardConnectionRequest\x1a-.clawmesh.upload.v1.DiscardConnectionResponse\x12L\n" +
+	"\x05Renew\x12 .clawmesh.upload.v1.RenewRequest\x1a!.clawmesh.upload.v1.RenewResponse\x12L\n" +
 	"\x05Stats\x12 .clawmesh.upload.v1.StatsRequest\x1a!.clawmesh.upload.v1.StatsResponseB@Z>github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1;uploadv1b\x06proto3"
 
 var (
@@ -834,7 +1011,7 @@ func file_clawmesh_upload_v1_upload_proto_rawDescGZIP() []byte {
 	return file_clawmesh_upload_v1_upload_proto_rawDescData
 }
 
-var file_clawmesh_upload_v1_upload_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_clawmesh_upload_v1_upload_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_clawmesh_upload_v1_upload_proto_goTypes = []any{
 	(*BeginRequest)(nil),              // 0: clawmesh.upload.v1.BeginRequest
 	(*BeginResponse)(nil),             // 1: clawmesh.upload.v1.BeginResponse
@@ -847,35 +1024,40 @@ var file_clawmesh_upload_v1_upload_proto_goTypes = []any{
 	(*AttachResponse)(nil),            // 8: clawmesh.upload.v1.AttachResponse
 	(*DiscardConnectionRequest)(nil),  // 9: clawmesh.upload.v1.DiscardConnectionRequest
 	(*DiscardConnectionResponse)(nil), // 10: clawmesh.upload.v1.DiscardConnectionResponse
-	(*StatsRequest)(nil),              // 11: clawmesh.upload.v1.StatsRequest
-	(*StatsResponse)(nil),             // 12: clawmesh.upload.v1.StatsResponse
-	(*v1.Principal)(nil),              // 13: clawmesh.common.v1.Principal
-	(*v11.FileEntry)(nil),             // 14: clawmesh.session.v1.FileEntry
+	(*RenewRequest)(nil),              // 11: clawmesh.upload.v1.RenewRequest
+	(*RenewResponse)(nil),             // 12: clawmesh.upload.v1.RenewResponse
+	(*StatsRequest)(nil),              // 13: clawmesh.upload.v1.StatsRequest
+	(*StatsResponse)(nil),             // 14: clawmesh.upload.v1.StatsResponse
+	(*v1.Principal)(nil),              // 15: clawmesh.common.v1.Principal
+	(*v11.FileEntry)(nil),             // 16: clawmesh.session.v1.FileEntry
 }
 var file_clawmesh_upload_v1_upload_proto_depIdxs = []int32{
-	13, // 0: clawmesh.upload.v1.BeginRequest.principal:type_name -> clawmesh.common.v1.Principal
-	13, // 1: clawmesh.upload.v1.CommitRequest.principal:type_name -> clawmesh.common.v1.Principal
-	14, // 2: clawmesh.upload.v1.CommitResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	13, // 3: clawmesh.upload.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
-	6,  // 4: clawmesh.upload.v1.AttachRequest.files:type_name -> clawmesh.upload.v1.AttachFile
-	14, // 5: clawmesh.upload.v1.AttachResponse.files:type_name -> clawmesh.session.v1.FileEntry
-	0,  // 6: clawmesh.upload.v1.UploadService.Begin:input_type -> clawmesh.upload.v1.BeginRequest
-	2,  // 7: clawmesh.upload.v1.UploadService.Chunk:input_type -> clawmesh.upload.v1.ChunkRequest
-	4,  // 8: clawmesh.upload.v1.UploadService.Commit:input_type -> clawmesh.upload.v1.CommitRequest
-	7,  // 9: clawmesh.upload.v1.UploadService.Attach:input_type -> clawmesh.upload.v1.AttachRequest
-	9,  // 10: clawmesh.upload.v1.UploadService.DiscardConnection:input_type -> clawmesh.upload.v1.DiscardConnectionRequest
-	11, // 11: clawmesh.upload.v1.UploadService.Stats:input_type -> clawmesh.upload.v1.StatsRequest
-	1,  // 12: clawmesh.upload.v1.UploadService.Begin:output_type -> clawmesh.upload.v1.BeginResponse
-	3,  // 13: clawmesh.upload.v1.UploadService.Chunk:output_type -> clawmesh.upload.v1.ChunkResponse
-	5,  // 14: clawmesh.upload.v1.UploadService.Commit:output_type -> clawmesh.upload.v1.CommitResponse
-	8,  // 15: clawmesh.upload.v1.UploadService.Attach:output_type -> clawmesh.upload.v1.AttachResponse
-	10, // 16: clawmesh.upload.v1.UploadService.DiscardConnection:output_type -> clawmesh.upload.v1.DiscardConnectionResponse
-	12, // 17: clawmesh.upload.v1.UploadService.Stats:output_type -> clawmesh.upload.v1.StatsResponse
-	12, // [12:18] is the sub-list for method output_type
-	6,  // [6:12] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	15, // 0: clawmesh.upload.v1.BeginRequest.principal:type_name -> clawmesh.common.v1.Principal
+	15, // 1: clawmesh.upload.v1.ChunkRequest.principal:type_name -> clawmesh.common.v1.Principal
+	15, // 2: clawmesh.upload.v1.CommitRequest.principal:type_name -> clawmesh.common.v1.Principal
+	16, // 3: clawmesh.upload.v1.CommitResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	15, // 4: clawmesh.upload.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 5: clawmesh.upload.v1.AttachRequest.files:type_name -> clawmesh.upload.v1.AttachFile
+	16, // 6: clawmesh.upload.v1.AttachResponse.files:type_name -> clawmesh.session.v1.FileEntry
+	0,  // 7: clawmesh.upload.v1.UploadService.Begin:input_type -> clawmesh.upload.v1.BeginRequest
+	2,  // 8: clawmesh.upload.v1.UploadService.Chunk:input_type -> clawmesh.upload.v1.ChunkRequest
+	4,  // 9: clawmesh.upload.v1.UploadService.Commit:input_type -> clawmesh.upload.v1.CommitRequest
+	7,  // 10: clawmesh.upload.v1.UploadService.Attach:input_type -> clawmesh.upload.v1.AttachRequest
+	9,  // 11: clawmesh.upload.v1.UploadService.DiscardConnection:input_type -> clawmesh.upload.v1.DiscardConnectionRequest
+	11, // 12: clawmesh.upload.v1.UploadService.Renew:input_type -> clawmesh.upload.v1.RenewRequest
+	13, // 13: clawmesh.upload.v1.UploadService.Stats:input_type -> clawmesh.upload.v1.StatsRequest
+	1,  // 14: clawmesh.upload.v1.UploadService.Begin:output_type -> clawmesh.upload.v1.BeginResponse
+	3,  // 15: clawmesh.upload.v1.UploadService.Chunk:output_type -> clawmesh.upload.v1.ChunkResponse
+	5,  // 16: clawmesh.upload.v1.UploadService.Commit:output_type -> clawmesh.upload.v1.CommitResponse
+	8,  // 17: clawmesh.upload.v1.UploadService.Attach:output_type -> clawmesh.upload.v1.AttachResponse
+	10, // 18: clawmesh.upload.v1.UploadService.DiscardConnection:output_type -> clawmesh.upload.v1.DiscardConnectionResponse
+	12, // 19: clawmesh.upload.v1.UploadService.Renew:output_type -> clawmesh.upload.v1.RenewResponse
+	14, // 20: clawmesh.upload.v1.UploadService.Stats:output_type -> clawmesh.upload.v1.StatsResponse
+	14, // [14:21] is the sub-list for method output_type
+	7,  // [7:14] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_upload_v1_upload_proto_init() }
@@ -889,7 +1071,7 @@ func file_clawmesh_upload_v1_upload_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_upload_v1_upload_proto_rawDesc), len(file_clawmesh_upload_v1_upload_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -5,7 +5,15 @@
 // source: clawmesh/upload/v1/upload.proto
 
 // The upload-staging service holds chunked uploads in memory under their
-// budgets until commit hands the bytes to the session service.
+// budgets until commit hands the bytes to the session service, which
+// stores them (SessionService.StoreFile). Limits and messages: docs/spec.md §6.
+//
+// An upload belongs to the gateway connection that began it: every call
+// names the connection (connection_id, random per connection) and the
+// gateway process that owns it (gateway_id, random per gateway process).
+// Another connection naming the upload is told it does not exist. A
+// gateway renews a lease on its uploads (Renew); when it stops renewing
+// (it died), its uploads are discarded once the lease runs out.
 
 package uploadv1
 
@@ -27,6 +35,7 @@ const (
 	UploadService_Commit_FullMethodName            = "/clawmesh.upload.v1.UploadService/Commit"
 	UploadService_Attach_FullMethodName            = "/clawmesh.upload.v1.UploadService/Attach"
 	UploadService_DiscardConnection_FullMethodName = "/clawmesh.upload.v1.UploadService/DiscardConnection"
+	UploadService_Renew_FullMethodName             = "/clawmesh.upload.v1.UploadService/Renew"
 	UploadService_Stats_FullMethodName             = "/clawmesh.upload.v1.UploadService/Stats"
 )
 
@@ -34,13 +43,24 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type UploadServiceClient interface {
+	// Begin validates the declared upload, asks the session service whether
+	// the principal may upload into the session (CheckUpload), and reserves
+	// the upload's whole charge (declared size plus kept metadata) in the
+	// staging budget, reclaiming idle uploads first when it does not fit.
 	Begin(ctx context.Context, in *BeginRequest, opts ...grpc.CallOption) (*BeginResponse, error)
+	// Chunk appends bytes at offset, which must equal the bytes received so
+	// far; an identical resend of accepted bytes is acknowledged unchanged.
 	Chunk(ctx context.Context, in *ChunkRequest, opts ...grpc.CallOption) (*ChunkResponse, error)
+	// Commit hands a complete upload to the session service's StoreFile.
 	Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*CommitResponse, error)
-	// Attach stores whole files carried in one frame (file/attach).
+	// Attach stores whole files carried in one frame (file/attach) through
+	// the same StoreFile step.
 	Attach(ctx context.Context, in *AttachRequest, opts ...grpc.CallOption) (*AttachResponse, error)
 	// DiscardConnection drops every upload the connection staged.
 	DiscardConnection(ctx context.Context, in *DiscardConnectionRequest, opts ...grpc.CallOption) (*DiscardConnectionResponse, error)
+	// Renew extends the lease of every upload of a gateway process.
+	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
+	// Stats reports what is staged and the budget.
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
 }
 
@@ -102,6 +122,16 @@ func (c *uploadServiceClient) DiscardConnection(ctx context.Context, in *Discard
 	return out, nil
 }
 
+func (c *uploadServiceClient) Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewResponse)
+	err := c.cc.Invoke(ctx, UploadService_Renew_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *uploadServiceClient) Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatsResponse)
@@ -116,13 +146,24 @@ func (c *uploadServiceClient) Stats(ctx context.Context, in *StatsRequest, opts 
 // All implementations must embed UnimplementedUploadServiceServer
 // for forward compatibility.
 type UploadServiceServer interface {
+	// Begin validates the declared upload, asks the session service whether
+	// the principal may upload into the session (CheckUpload), and reserves
+	// the upload's whole charge (declared size plus kept metadata) in the
+	// staging budget, reclaiming idle uploads first when it does not fit.
 	Begin(context.Context, *BeginRequest) (*BeginResponse, error)
+	// Chunk appends bytes at offset, which must equal the bytes received so
+	// far; an identical resend of accepted bytes is acknowledged unchanged.
 	Chunk(context.Context, *ChunkRequest) (*ChunkResponse, error)
+	// Commit hands a complete upload to the session service's StoreFile.
 	Commit(context.Context, *CommitRequest) (*CommitResponse, error)
-	// Attach stores whole files carried in one frame (file/attach).
+	// Attach stores whole files carried in one frame (file/attach) through
+	// the same StoreFile step.
 	Attach(context.Context, *AttachRequest) (*AttachResponse, error)
 	// DiscardConnection drops every upload the connection staged.
 	DiscardConnection(context.Context, *DiscardConnectionRequest) (*DiscardConnectionResponse, error)
+	// Renew extends the lease of every upload of a gateway process.
+	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
+	// Stats reports what is staged and the budget.
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	mustEmbedUnimplementedUploadServiceServer()
 }
@@ -148,6 +189,9 @@ func (UnimplementedUploadServiceServer) Attach(context.Context, *AttachRequest) 
 }
 func (UnimplementedUploadServiceServer) DiscardConnection(context.Context, *DiscardConnectionRequest) (*DiscardConnectionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DiscardConnection not implemented")
+}
+func (UnimplementedUploadServiceServer) Renew(context.Context, *RenewRequest) (*RenewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
 }
 func (UnimplementedUploadServiceServer) Stats(context.Context, *StatsRequest) (*StatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Stats not implemented")
@@ -263,6 +307,24 @@ func _UploadService_DiscardConnection_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _UploadService_Renew_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(UploadServiceServer).Renew(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: UploadService_Renew_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(UploadServiceServer).Renew(ctx, req.(*RenewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _UploadService_Stats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatsRequest)
 	if err := dec(in); err != nil {
@@ -307,6 +369,10 @@ var UploadService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DiscardConnection",
 			Handler:    _UploadService_DiscardConnection_Handler,
+		},
+		{
+			MethodName: "Renew",
+			Handler:    _UploadService_Renew_Handler,
 		},
 		{
 			MethodName: "Stats",

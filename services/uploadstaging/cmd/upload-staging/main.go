@@ -1,23 +1,76 @@
-// Command upload-staging runs the upload-staging service. Its methods come
-// with the uploads issue; until then it answers Unimplemented.
+// Command upload-staging runs the upload-staging service: chunked uploads
+// staged in memory until commit hands them to the session service.
 package main
 
 import (
 	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
+	"github.com/clawmesh/clawmesh/services/uploadstaging"
 )
 
+// envLease names the environment fallback of --gateway-lease.
+const envLease = "CLAWMESH_UPLOAD_GATEWAY_LEASE"
+
 func main() {
+	var lease time.Duration
 	service.Main(service.Spec{
 		Name:        "upload-staging",
 		Role:        bus.RoleUpload,
 		HealthNames: []string{uploadv1.UploadService_ServiceDesc.ServiceName},
-		Register: func(_ context.Context, env *service.Env) error {
-			uploadv1.RegisterUploadServiceServer(env.Server.GRPC, uploadv1.UnimplementedUploadServiceServer{})
-			return nil
+		Flags: func(fs *flag.FlagSet) {
+			def := uploadstaging.DefaultLease
+			if v := os.Getenv(envLease); v != "" {
+				if d, err := time.ParseDuration(v); err == nil && d > 0 {
+					def = d
+				}
+			}
+			fs.DurationVar(&lease, "gateway-lease", def, "how long a gateway's uploads outlive its last renewal (env "+envLease+")")
 		},
+		Register: func(ctx context.Context, env *service.Env) error { return register(ctx, env, lease) },
 	})
+}
+
+func register(ctx context.Context, env *service.Env, lease time.Duration) error {
+	configConn, err := grpcclient.Dial(env.Peers.Config)
+	if err != nil {
+		return fmt.Errorf("config service: %w", err)
+	}
+	env.OnClose(func() { _ = configConn.Close() })
+	sessionConn, err := grpcclient.Dial(env.Peers.Session)
+	if err != nil {
+		return fmt.Errorf("session service: %w", err)
+	}
+	env.OnClose(func() { _ = sessionConn.Close() })
+
+	// uploads.* follow the live config, read over gRPC on each announced
+	// change.
+	liveCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	live, err := configclient.New(liveCtx, configv1.NewConfigServiceClient(configConn), env.NATS, env.Log)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("config service: %w", err)
+	}
+	env.OnClose(live.Close)
+
+	srv, err := uploadstaging.New(uploadstaging.Config{
+		Sessions: sessionv1.NewSessionServiceClient(sessionConn), Authz: live, Settings: live.Uploads,
+		Lease: lease, Log: env.Log,
+	})
+	if err != nil {
+		return err
+	}
+	env.Go(func() { srv.Run(ctx) })
+	uploadv1.RegisterUploadServiceServer(env.Server.GRPC, srv)
+	return nil
 }

@@ -1,0 +1,661 @@
+package e2e_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
+)
+
+const mib = 1 << 20
+
+// fileEntry is a file entry result.
+type fileEntry struct {
+	RefID         string `json:"ref_id"`
+	Marker        string `json:"marker"`
+	WorkspacePath string `json:"workspace_path"`
+	SizeBytes     int64  `json:"size_bytes"`
+	Deduplicated  bool   `json:"deduplicated"`
+}
+
+// uc is one initialized client connection for the upload tests.
+type uc struct {
+	t *testing.T
+	c *e2e.Client
+}
+
+func dialUC(t *testing.T, s *e2e.Stack, token ...string) *uc {
+	t.Helper()
+	c := s.Dial(t)
+	if _, err := c.Initialize(token...); err != nil {
+		t.Fatal(err)
+	}
+	return &uc{t: t, c: c}
+}
+
+// try calls method, decoding a result into out (when non-nil); it returns
+// the refusal, if any.
+func (u *uc) try(method string, params, out any) *e2e.RPCError {
+	u.t.Helper()
+	raw, err := u.c.Call(method, params)
+	if err != nil {
+		var re *e2e.RPCError
+		if !errors.As(err, &re) {
+			u.t.Fatalf("%s: %v", method, err)
+		}
+		return re
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			u.t.Fatalf("%s result %s: %v", method, raw, err)
+		}
+	}
+	return nil
+}
+
+func (u *uc) must(method string, params, out any) {
+	u.t.Helper()
+	if re := u.try(method, params, out); re != nil {
+		u.t.Fatalf("%s %v: %s", method, params, re.Describe())
+	}
+}
+
+// refused checks a refusal's code and exact message.
+func (u *uc) refused(method string, params any, code int64, msg string) *e2e.RPCError {
+	u.t.Helper()
+	re := u.try(method, params, nil)
+	if re == nil || re.Code != code || re.Message != msg {
+		got := "success"
+		if re != nil {
+			got = re.Describe()
+		}
+		u.t.Fatalf("%s: got %s, want %d %q", method, got, code, msg)
+	}
+	return re
+}
+
+type session struct{ ID, Workspace string }
+
+func (u *uc) session(params map[string]any) session {
+	u.t.Helper()
+	var r struct {
+		SessionID    string `json:"session_id"`
+		WorkspaceDir string `json:"workspace_dir"`
+	}
+	u.must("session/new", params, &r)
+	return session{r.SessionID, r.WorkspaceDir}
+}
+
+func (u *uc) begin(params map[string]any) (string, *e2e.RPCError) {
+	u.t.Helper()
+	var r struct {
+		UploadID   string `json:"upload_id"`
+		ChunkBytes int64  `json:"chunk_bytes"`
+		MaxBytes   int64  `json:"max_bytes"`
+	}
+	if re := u.try("file/upload/begin", params, &r); re != nil {
+		return "", re
+	}
+	if len(r.UploadID) != 32 || strings.Trim(r.UploadID, "0123456789abcdef") != "" || r.ChunkBytes != mib || r.MaxBytes != 10485760 {
+		u.t.Fatalf("begin result %+v", r)
+	}
+	return r.UploadID, nil
+}
+
+func (u *uc) mustBegin(params map[string]any) string {
+	u.t.Helper()
+	id, re := u.begin(params)
+	if re != nil {
+		u.t.Fatalf("begin %v: %s", params, re.Describe())
+	}
+	return id
+}
+
+func chunkParams(id string, off int64, data []byte) map[string]any {
+	return map[string]any{"upload_id": id, "offset": off, "data_b64": base64.StdEncoding.EncodeToString(data)}
+}
+
+// chunk sends one chunk and returns received_bytes.
+func (u *uc) chunk(id string, off int64, data []byte) int64 {
+	u.t.Helper()
+	var r struct {
+		ReceivedBytes int64 `json:"received_bytes"`
+	}
+	u.must("file/upload/chunk", chunkParams(id, off, data), &r)
+	return r.ReceivedBytes
+}
+
+// sendAll sends data in 1 MiB chunks.
+func (u *uc) sendAll(id string, data []byte) {
+	u.t.Helper()
+	for off := 0; off < len(data); off += mib {
+		end := min(off+mib, len(data))
+		if got := u.chunk(id, int64(off), data[off:end]); got != int64(end) {
+			u.t.Fatalf("received_bytes %d after chunk at %d, want %d", got, off, end)
+		}
+	}
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func hexSHA(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// uploadsIn lists what is stored in a workspace's uploads folder.
+func uploadsIn(t *testing.T, workspace string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(workspace, "uploads"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// stagingStats asks the upload-staging service directly, on its socket.
+func stagingStats(t *testing.T, s *e2e.Stack) *uploadv1.StatsResponse {
+	t.Helper()
+	cc, err := grpc.NewClient("unix://"+filepath.Join(s.DataDir, "upload-staging.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	st, err := uploadv1.NewUploadServiceClient(cc).Stats(e2e.Context(t, 10*time.Second), &uploadv1.StatsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// A 9.5 MB file sent in 10 chunks lands in the session's workspace
+// byte-identical, under its hash, and a file/attach of the same bytes
+// finds it (same ref_id, workspace_path and marker; deduplicated). Its
+// marker reaches the agent through session/prompt's attachments. Seed 000
+// "chunked uploads": the section's opening and steps 1 to 3.
+func TestUploadLandsLikeAttach(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{})
+	u := dialUC(t, s)
+	sess := u.session(map[string]any{})
+	data := randomBytes(t, 9*mib+mib/2)
+	sum := hexSHA(data)
+
+	id := u.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data), "filename": "report.pdf",
+		"sha256": " " + strings.ToUpper(sum) + " "})
+	n := 0
+	for off := 0; off < len(data); off += mib {
+		end := min(off+mib, len(data))
+		if got := u.chunk(id, int64(off), data[off:end]); got != int64(end) {
+			t.Fatalf("received_bytes %d, want %d", got, end)
+		}
+		n++
+		if n == 4 {
+			// A lost reply: the same chunk again is acknowledged unchanged;
+			// other bytes at that offset are refused.
+			if got := u.chunk(id, int64(off), data[off:end]); got != int64(end) {
+				t.Fatalf("resend: received_bytes %d, want %d", got, end)
+			}
+			other := append([]byte{^data[off]}, data[off+1:end]...)
+			u.refused("file/upload/chunk", chunkParams(id, int64(off), other), -32602,
+				fmt.Sprintf("Chunk at offset %d overlaps received data; the next offset is %d", off, end))
+		}
+	}
+	if n != 10 {
+		t.Fatalf("%d chunks", n)
+	}
+	var up fileEntry
+	u.must("file/upload/commit", map[string]any{"upload_id": id}, &up)
+	path := filepath.Join(sess.Workspace, "uploads", sum+".pdf")
+	want := fileEntry{RefID: "sha256:" + sum, Marker: "[Document: report.pdf] " + path, WorkspacePath: path, SizeBytes: int64(len(data))}
+	if up != want {
+		t.Fatalf("commit %+v\nwant   %+v", up, want)
+	}
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("stored file differs (%d bytes, %v)", len(got), err)
+	}
+	u.refused("file/upload/commit", map[string]any{"upload_id": id}, -32602, "Unknown or expired upload `"+id+"`")
+
+	// file/attach of the same bytes, by path (9.5 MB does not fit one
+	// frame as base64): the same entry, deduplicated.
+	src := filepath.Join(t.TempDir(), "report.pdf")
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var att struct{ Files []fileEntry }
+	u.must("file/attach", map[string]any{"session_id": sess.ID, "files": []map[string]any{{"path": src, "filename": "report.pdf"}}}, &att)
+	want.Deduplicated = true
+	if len(att.Files) != 1 || att.Files[0] != want {
+		t.Fatalf("attach %+v\nwant   %+v", att.Files, want)
+	}
+	if names := uploadsIn(t, sess.Workspace); len(names) != 1 {
+		t.Fatalf("workspace uploads %v", names)
+	}
+
+	// data_b64 and the reverse order: attach first, then upload; an image.
+	png := append([]byte("\x89PNG\r\n\x1a\n"), randomBytes(t, 4000)...)
+	u.must("file/attach", map[string]any{"session_id": sess.ID, "files": []map[string]any{
+		{"data_b64": base64.StdEncoding.EncodeToString(png), "filename": "cat.png"},
+		{"data_b64": base64.StdEncoding.EncodeToString([]byte("plain")), "mime_type": "text/plain"},
+	}}, &att)
+	img := att.Files[0]
+	if img.Marker != "[IMAGE:"+img.WorkspacePath+"]" || img.Deduplicated || !strings.HasPrefix(att.Files[1].Marker, "[Document: upload] ") {
+		t.Fatalf("attached %+v", att.Files)
+	}
+	id = u.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(png), "filename": "cat.png"})
+	u.sendAll(id, png)
+	var again fileEntry
+	u.must("file/upload/commit", map[string]any{"upload_id": id}, &again)
+	img.Deduplicated = true
+	if again != img {
+		t.Fatalf("upload after attach %+v, want %+v", again, img)
+	}
+
+	// session/prompt with attachments: each marker goes into the prompt.
+	v := &conv{t: t, c: u.c, n: 1000}
+	var pr struct{ Outcome, Content string }
+	if err := json.Unmarshal(v.call("session/prompt", map[string]any{"session_id": sess.ID, "prompt": "/say read",
+		"attachments": []fileEntry{up, img}}), &pr); err != nil {
+		t.Fatal(err)
+	}
+	if pr.Outcome != "completed" || !strings.Contains(pr.Content, "report.pdf] "+path) || !strings.Contains(pr.Content, "[IMAGE:"+img.WorkspacePath+"]") {
+		t.Fatalf("prompt with attachments: %+v", pr)
+	}
+	var msgs struct {
+		Messages []struct{ Role, Content string }
+	}
+	u.must("session/messages", map[string]any{"session_id": sess.ID}, &msgs)
+	if len(msgs.Messages) == 0 || msgs.Messages[0].Content != "/say read\n"+up.Marker+"\n"+img.Marker {
+		t.Fatalf("transcript %+v", msgs.Messages)
+	}
+	forged := up
+	forged.WorkspacePath = "/etc/passwd"
+	_, f := v.until(v.send("session/prompt", map[string]any{"session_id": sess.ID, "prompt": "x", "attachments": []fileEntry{forged}}))
+	if f.Error == nil || f.Error.Code != -32602 || !strings.Contains(f.Error.Message, "`attachments[0].workspace_path` is not where") {
+		t.Fatalf("forged attachment: %+v", f.Error)
+	}
+}
+
+// A re-upload of an indexed file whose workspace copy was edited, deleted
+// or replaced by a link writes the bytes back; the link's target is
+// untouched. Seed 000 "chunked uploads", the re-upload paragraph.
+func TestUploadRestoresTheWorkspaceCopy(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{})
+	u := dialUC(t, s)
+	sess := u.session(map[string]any{})
+	data := randomBytes(t, 3*mib+17)
+	upload := func() fileEntry {
+		t.Helper()
+		id := u.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data), "filename": "data.bin"})
+		u.sendAll(id, data)
+		var f fileEntry
+		u.must("file/upload/commit", map[string]any{"upload_id": id}, &f)
+		return f
+	}
+	first := upload()
+	path := first.WorkspacePath
+	target := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.WriteFile(target, []byte("not the agent's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		damage func() error
+	}{
+		{"edited", func() error { return os.WriteFile(path, []byte("edited"), 0o600) }},
+		{"deleted", func() error { return os.Remove(path) }},
+		{"replaced by a link", func() error {
+			if err := os.Remove(path); err != nil {
+				return err
+			}
+			return os.Symlink(target, path)
+		}},
+	} {
+		if err := tc.damage(); err != nil {
+			t.Fatal(err)
+		}
+		f := upload()
+		if f.WorkspacePath != path || !f.Deduplicated || f.RefID != first.RefID {
+			t.Fatalf("%s: %+v", tc.name, f)
+		}
+		st, err := os.Lstat(path)
+		if err != nil || !st.Mode().IsRegular() {
+			t.Fatalf("%s: not a regular file: %v %v", tc.name, st, err)
+		}
+		if got, _ := os.ReadFile(path); !bytes.Equal(got, data) {
+			t.Fatalf("%s: not restored", tc.name)
+		}
+	}
+	if got, _ := os.ReadFile(target); string(got) != "not the agent's" {
+		t.Fatalf("the link's target was written: %q", got)
+	}
+}
+
+// Every refusal of docs/spec.md §6 over the socket, and the ownership of an
+// upload by its connection. Seed 000 "chunked uploads", steps 1 to 3 and
+// the ownership paragraph. (The budget's refusal is in
+// TestUploadBudgetConnectionsAndGatewayDeath; the non-local transport's
+// -32012 in the gateway's TestUploadMethodsOnlyOnTheLocalSocket.)
+func TestUploadRefusalsOverTheSocket(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{})
+	u := dialUC(t, s)
+	other := dialUC(t, s)
+	sess := u.session(map[string]any{})
+	begin := func(extra map[string]any) map[string]any {
+		p := map[string]any{"session_id": sess.ID, "size_bytes": 10}
+		for k, v := range extra {
+			p[k] = v
+		}
+		return p
+	}
+	const beginM = "file/upload/begin"
+	u.refused(beginM, begin(map[string]any{"size_bytes": 10485761}), -32602, "Upload of 10485761 bytes exceeds the 10 MB file limit")
+	u.refused(beginM, begin(map[string]any{"filename": strings.Repeat("n", 256)}), -32602, "`filename` is 256 bytes; the limit is 255")
+	u.refused(beginM, begin(map[string]any{"sha256": "abc"}), -32602, "`sha256` must be 64 hexadecimal characters")
+	u.refused(beginM, begin(map[string]any{"session_id": "sess_none"}), -32000, "Session sess_none not found")
+
+	id := u.mustBegin(begin(nil))
+	u.refused("file/upload/chunk", chunkParams(id, 0, nil), -32602, "A chunk must carry between 1 and 1048576 decoded bytes")
+	u.refused("file/upload/chunk", chunkParams(id, 0, make([]byte, mib+1)), -32602, "A chunk must carry between 1 and 1048576 decoded bytes")
+	u.refused("file/upload/chunk", chunkParams(id, 4, []byte("abcd")), -32602, "Chunk at offset 4 leaves a gap; the next offset is 0")
+	u.chunk(id, 0, []byte("abcd"))
+	u.refused("file/upload/chunk", chunkParams(id, 2, []byte("XY")), -32602, "Chunk at offset 2 overlaps received data; the next offset is 4")
+	u.refused("file/upload/chunk", chunkParams(id, 4, []byte("1234567")), -32602, "Chunk ends at byte 11, past the declared size of 10")
+	u.refused("file/upload/commit", map[string]any{"upload_id": id}, -32602, "Upload has 4 of 10 declared bytes; send the rest before committing")
+
+	// Another connection cannot name it, not even to discard it.
+	unknown := "Unknown or expired upload `" + id + "`"
+	other.refused("file/upload/chunk", chunkParams(id, 4, []byte("efghij")), -32602, unknown)
+	other.refused("file/upload/commit", map[string]any{"upload_id": id}, -32602, unknown)
+	// Still staged for its own connection after every refusal.
+	u.chunk(id, 4, []byte("efghij"))
+	var f fileEntry
+	u.must("file/upload/commit", map[string]any{"upload_id": id}, &f)
+	if f.RefID != "sha256:"+hexSHA([]byte("abcdefghij")) || !strings.HasPrefix(f.Marker, "[Document: upload] ") {
+		t.Fatalf("commit %+v", f)
+	}
+	fake := strings.Repeat("0", 32)
+	u.refused("file/upload/chunk", chunkParams(fake, 0, []byte("x")), -32602, "Unknown or expired upload `"+fake+"`")
+
+	// A declared hash that does not match: refused, and the upload is gone.
+	id = u.mustBegin(begin(map[string]any{"size_bytes": 3, "sha256": hexSHA([]byte("abd"))}))
+	u.chunk(id, 0, []byte("abc"))
+	u.refused("file/upload/commit", map[string]any{"upload_id": id}, -32602, "Upload content does not match the SHA-256 declared at begin; begin again")
+	u.refused("file/upload/commit", map[string]any{"upload_id": id}, -32602, "Unknown or expired upload `"+id+"`")
+
+	// Four per connection; another connection has its own four.
+	for range 4 {
+		u.mustBegin(begin(nil))
+	}
+	u.refused(beginM, begin(nil), -32602, "This connection already has 4 uploads in progress; commit them or let them expire before beginning another")
+	other.mustBegin(begin(nil))
+
+	// Every upload method needs files:create, and begin checks ownership
+	// and agent use: a user without them.
+	u.must("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "permission_profiles.chat.agents", "value": []string{"default"}},
+		{"prop": "users.bob.permission_profiles", "value": []string{"chat"}},
+	}}, nil)
+	out, err := clawmesh(t, s, "token", "create", "--user", "bob")
+	if err != nil {
+		t.Fatalf("token create: %v\n%s", err, out)
+	}
+	token := strings.TrimSpace(out)
+	bob := dialUC(t, s, token)
+	bobs := bob.session(map[string]any{})
+	capsOf := func() string {
+		init, err := bob.c.Initialize(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(init["capabilities"])
+	}
+	if caps := capsOf(); strings.Contains(caps, "file/") {
+		t.Fatalf("capabilities without files:create: %s", caps)
+	}
+	re := bob.refused(beginM, map[string]any{"session_id": bobs.ID, "size_bytes": 1}, -32012, "user:bob does not hold files:create")
+	if !strings.Contains(string(re.Data), `"forbidden"`) {
+		t.Fatalf("data %s", re.Data)
+	}
+	bob.refused("file/attach", map[string]any{"session_id": bobs.ID, "files": []map[string]any{{"data_b64": "eA=="}}}, -32012, "user:bob does not hold files:create")
+	u.must("config/set", map[string]any{"prop": "permission_profiles.chat.permissions", "value": []string{"files:create"}}, nil)
+	if caps := capsOf(); !strings.Contains(caps, "file/upload/begin") || !strings.Contains(caps, "file/attach") {
+		t.Fatalf("capabilities with files:create: %s", caps)
+	}
+	bob.refused(beginM, map[string]any{"session_id": sess.ID, "size_bytes": 1}, -32003, "Session "+sess.ID+" belongs to another principal")
+	bob.mustBegin(map[string]any{"session_id": bobs.ID, "size_bytes": 1})
+	u.must("config/set", map[string]any{"prop": "permission_profiles.chat.agents", "value": []string{}}, nil)
+	bob.refused(beginM, map[string]any{"session_id": bobs.ID, "size_bytes": 1}, -32012, "user:bob does not hold agent:use on `default`")
+}
+
+// The budget: payload and metadata are charged, a begin that does not fit
+// is refused until idle uploads (of connections still open) are
+// reclaimed; a closed connection's uploads go at once; a gateway that dies
+// loses its uploads when its lease lapses. Seed 000 "chunked uploads",
+// the limits paragraphs.
+func TestUploadBudgetConnectionsAndGatewayDeath(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{
+		Args: []string{"--set", "uploads.max_staged_bytes=1048576", "--set", "uploads.max_per_connection=1024"},
+		Env:  []string{"CLAWMESH_UPLOAD_GATEWAY_LEASE=2s"},
+	})
+	op := dialUC(t, s)
+	sess := op.session(map[string]any{})
+	overBudget := "The daemon is staging too many uploads to accept this one now; retry after in-progress uploads finish"
+
+	// Metadata counts: empty uploads with 255-byte filenames fill the
+	// budget long before their filenames alone would.
+	name := strings.Repeat("m", 255)
+	meta := []*uc{dialUC(t, s), dialUC(t, s)}
+	n := 0
+	for ; ; n++ {
+		if n > 1048576/255 {
+			t.Fatal("empty uploads never hit the budget")
+		}
+		_, re := meta[n%2].begin(map[string]any{"session_id": sess.ID, "size_bytes": 0, "filename": name})
+		if re != nil {
+			if re.Code != -32602 || re.Message != overBudget {
+				t.Fatalf("begin %d: %s", n, re.Describe())
+			}
+			break
+		}
+	}
+	st := stagingStats(t, s)
+	t.Logf("%d empty uploads with 255-byte filenames filled the 1 MiB budget (%d bytes charged)", n, st.GetStagedBytes())
+	if int(st.GetUploads()) != n || st.GetStagedBytes() > 1048576 || st.GetPayloadBytes() != 0 || n*(255+300) > 1048576 {
+		t.Fatalf("%d empty uploads, stats %v", n, st)
+	}
+
+	// Closing the connections frees the budget at once.
+	for _, c := range meta {
+		c.c.Close()
+	}
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if st := stagingStats(t, s); st.GetUploads() != 0 || st.GetStagedBytes() != 0 {
+			return fmt.Errorf("still staged after close: %v", st)
+		}
+		return nil
+	})
+
+	// Payload across connections: three of 300 kB fit, a fourth not.
+	var holders []*uc
+	var ids []string
+	for range 3 {
+		c := dialUC(t, s)
+		id := c.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": 300000})
+		c.chunk(id, 0, make([]byte, 1000))
+		holders, ids = append(holders, c), append(ids, id)
+	}
+	late := dialUC(t, s)
+	late.refused("file/upload/begin", map[string]any{"session_id": sess.ID, "size_bytes": 300000}, -32602, overBudget)
+	// Another connection cannot name them.
+	late.refused("file/upload/chunk", chunkParams(ids[0], 1000, []byte("x")), -32602, "Unknown or expired upload `"+ids[0]+"`")
+
+	// Idle uploads are reclaimed for a new begin, though their
+	// connections are open.
+	op.must("config/set", map[string]any{"prop": "uploads.idle_timeout_secs", "value": 1}, nil)
+	testenv.Eventually(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if _, re := late.begin(map[string]any{"session_id": sess.ID, "size_bytes": 300000}); re != nil {
+			return errors.New(re.Describe())
+		}
+		return nil
+	})
+	holders[0].refused("file/upload/chunk", chunkParams(ids[0], 1000, []byte("x")), -32602, "Unknown or expired upload `"+ids[0]+"`")
+	op.must("config/set", map[string]any{"prop": "uploads.idle_timeout_secs", "value": 300}, nil)
+	late.c.Close()
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if st := stagingStats(t, s); st.GetUploads() != 0 {
+			return fmt.Errorf("still staged: %v", st)
+		}
+		return nil
+	})
+
+	// The gateway dies with an upload staged: its lease lapses and the
+	// budget is free again, though the upload is not idle long enough to
+	// expire.
+	g := dialUC(t, s)
+	id := g.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": 900000})
+	g.chunk(id, 0, make([]byte, 4096))
+	if st := stagingStats(t, s); st.GetUploads() != 1 || st.GetGateways() != 1 {
+		t.Fatalf("before the kill: %v", st)
+	}
+	pid := s.PIDOf("gateway")
+	if pid == 0 {
+		t.Fatalf("no gateway among %v", s.PIDs())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error {
+		if st := stagingStats(t, s); st.GetUploads() != 0 || st.GetStagedBytes() != 0 || st.GetGateways() != 0 {
+			return fmt.Errorf("the dead gateway's upload is still staged: %v", st)
+		}
+		return nil
+	})
+	var after *uc
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if p := s.PIDOf("gateway"); p == 0 || p == pid {
+			return errors.New("gateway not restarted yet")
+		}
+		c, err := e2e.Dial(s.Socket)
+		if err != nil {
+			return err
+		}
+		if _, err := c.Initialize(); err != nil {
+			c.Close()
+			return err
+		}
+		t.Cleanup(func() { c.Close() })
+		after = &uc{t: t, c: c}
+		return nil
+	})
+	after.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": 900000})
+}
+
+// Commit re-checks, under the session's lock, the session and the grants
+// in force at that moment: a revoked files:create, an unpaired token, and
+// a session closed and reopened, or deleted and created again, with the
+// same id, each fail the commit with nothing written. Seed 000 "chunked
+// uploads", the paragraph on the session an upload is bound to.
+func TestUploadCommitRaces(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{})
+	op := dialUC(t, s)
+	op.must("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
+		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
+		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
+	}}, nil)
+	pair := func() *uc {
+		out, err := clawmesh(t, s, "token", "create", "--user", "alice")
+		if err != nil {
+			t.Fatalf("token create: %v\n%s", err, out)
+		}
+		return dialUC(t, s, strings.TrimSpace(out))
+	}
+	alice := pair()
+	sess := alice.session(map[string]any{})
+	data := randomBytes(t, 2*mib+5)
+	staged := func(c *uc) string {
+		t.Helper()
+		id := c.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data), "filename": "race.bin"})
+		c.sendAll(id, data)
+		return id
+	}
+	nothing := func(why string) {
+		t.Helper()
+		if names := uploadsIn(t, sess.Workspace); len(names) != 0 {
+			t.Fatalf("%s: written %v", why, names)
+		}
+	}
+
+	// files:create revoked between the last chunk and commit.
+	id := staged(alice)
+	op.must("config/set", map[string]any{"prop": "permission_profiles.up.permissions", "value": []string{}}, nil)
+	alice.refused("file/upload/commit", map[string]any{"upload_id": id}, -32012, "user:alice does not hold files:create")
+	nothing("grant revoked")
+	// A refused commit discards the upload.
+	alice.refused("file/upload/commit", map[string]any{"upload_id": id}, -32602, "Unknown or expired upload `"+id+"`")
+	op.must("config/set", map[string]any{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}}, nil)
+
+	// The token unpaired between the last chunk and commit.
+	id = staged(alice)
+	if out, err := clawmesh(t, s, "token", "revoke", "--user", "alice"); err != nil {
+		t.Fatalf("token revoke: %v\n%s", err, out)
+	}
+	re := alice.refused("file/upload/commit", map[string]any{"upload_id": id}, -32012, "the token of user \"alice\" was revoked")
+	_ = re
+	nothing("token unpaired")
+	alice = pair()
+
+	// Closed and reopened with the same id.
+	id = staged(alice)
+	alice.must("session/close", map[string]any{"session_id": sess.ID}, nil)
+	alice.session(map[string]any{"session_id": sess.ID})
+	alice.refused("file/upload/commit", map[string]any{"upload_id": id}, -32000,
+		"Session "+sess.ID+" was closed or recreated since the upload began; begin the upload again")
+	nothing("session reopened")
+
+	// Deleted and created again with the same id.
+	id = staged(alice)
+	alice.must("session/delete", map[string]any{"session_id": sess.ID}, nil)
+	if again := alice.session(map[string]any{"session_id": sess.ID}); again.ID != sess.ID {
+		t.Fatalf("recreated %+v", again)
+	}
+	alice.refused("file/upload/commit", map[string]any{"upload_id": id}, -32000,
+		"Session "+sess.ID+" was closed or recreated since the upload began; begin the upload again")
+	nothing("session recreated")
+
+	// Unchanged, it lands.
+	id = staged(alice)
+	var f fileEntry
+	alice.must("file/upload/commit", map[string]any{"upload_id": id}, &f)
+	if f.RefID != "sha256:"+hexSHA(data) || len(uploadsIn(t, sess.Workspace)) != 1 {
+		t.Fatalf("commit %+v", f)
+	}
+}

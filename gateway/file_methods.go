@@ -1,0 +1,416 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/uploads"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
+)
+
+// The file methods (docs/spec.md §5, §6): file/attach, and file/upload/begin,
+// chunk and commit, served by the upload-staging service. An upload
+// belongs to the connection that began it: every call names this
+// gateway process (g.id) and the connection (cs.id), both random, and
+// the connection's teardown discards its uploads (discardUploads). While
+// the gateway lives it renews a lease on its uploads (renewUploads), so
+// if it dies the staging service discards them once the lease lapses.
+
+// transportLocal marks a connection accepted on the local Unix socket.
+// The chunked-upload methods and file/attach's path mode are served only
+// there; a connection from any other transport (a future WSS listener)
+// carries another value and is refused with -32012.
+const transportLocal = "local"
+
+// local reports whether cs came over the local socket.
+func (cs *connState) local() bool { return cs.transport == transportLocal }
+
+// onlyLocal refuses what is served only on the local socket.
+func onlyLocal(what string) *jsonrpc.Error {
+	return jsonrpc.NewError(jsonrpc.CodeForbidden, what+" is served only on the local socket", map[string]any{"reason": rpcerr.ReasonForbidden})
+}
+
+// uploadUnavailable answers when the gateway was started without an
+// upload-staging address.
+var uploadUnavailable = jsonrpc.NewError(jsonrpc.CodeInternal, "upload-staging unavailable", nil)
+
+// fileEntry is a file entry result as the socket shows it.
+func fileEntry(f *sessionv1.FileEntry) map[string]any {
+	return map[string]any{
+		"ref_id":         f.GetRefId(),
+		"marker":         f.GetMarker(),
+		"workspace_path": f.GetWorkspacePath(),
+		"size_bytes":     f.GetSizeBytes(),
+		"deduplicated":   f.GetDeduplicated(),
+	}
+}
+
+// decodeB64 reads a data_b64 field.
+func decodeB64(s, field string) ([]byte, error) {
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return nil, invalidParams(fmt.Sprintf("`%s` is not valid base64", field))
+	}
+	return b, nil
+}
+
+// uploadID reads an upload_id: 32 hexadecimal characters.
+func uploadID(id string) (string, error) {
+	if len(id) != uploads.IDHexLen {
+		return "", invalidParams("`upload_id` must be 32 hexadecimal characters")
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return "", invalidParams("`upload_id` must be 32 hexadecimal characters")
+		}
+	}
+	return id, nil
+}
+
+type attachParams struct {
+	sessionRef
+	Files []struct {
+		Path     *string `json:"path"`
+		DataB64  *string `json:"data_b64"`
+		Filename string  `json:"filename"`
+		MimeType string  `json:"mime_type"`
+	} `json:"files"`
+}
+
+// fileAttach is file/attach {session_id, files:[{path?|data_b64?,
+// filename?, mime_type?}]} -> {files:[file entry]}: whole files, stored
+// through the same step as a committed upload. A path is read by the
+// daemon, and is accepted only on the local socket.
+func (g *Gateway) fileAttach(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	var p attachParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	id, err := p.id()
+	if err != nil {
+		return nil, err
+	}
+	if len(p.Files) == 0 {
+		return nil, invalidParams("`files` must list at least one file")
+	}
+	files := make([]*uploadv1.AttachFile, len(p.Files))
+	for i, f := range p.Files {
+		af := &uploadv1.AttachFile{Filename: f.Filename, MimeType: f.MimeType}
+		switch {
+		case f.Path != nil && f.DataB64 != nil:
+			return nil, invalidParams(fmt.Sprintf("`files[%d]`: send either `path` or `data_b64`, not both", i))
+		case f.Path != nil:
+			if !cs.local() {
+				return nil, onlyLocal(fmt.Sprintf("`files[%d].path`", i))
+			}
+			if *f.Path == "" {
+				return nil, invalidParams(fmt.Sprintf("`files[%d].path` must be an absolute path", i))
+			}
+			af.Path = *f.Path
+		case f.DataB64 != nil:
+			if af.Data, err = decodeB64(*f.DataB64, fmt.Sprintf("files[%d].data_b64", i)); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, invalidParams(fmt.Sprintf("`files[%d]`: send `path` or `data_b64`", i))
+		}
+		files[i] = af
+	}
+	if g.upload == nil {
+		return nil, uploadUnavailable
+	}
+	resp, err := g.upload.Attach(ctx, &uploadv1.AttachRequest{Principal: cs.principalOf(), ConnectionId: cs.id, SessionId: id, Files: files})
+	if err != nil {
+		return nil, serviceError("upload-staging", err)
+	}
+	out := make([]map[string]any, 0, len(resp.GetFiles()))
+	for _, f := range resp.GetFiles() {
+		out = append(out, fileEntry(f))
+	}
+	return map[string]any{"files": out}, nil
+}
+
+// uploadBegin is file/upload/begin {session_id, size_bytes, filename?,
+// sha256?} -> {upload_id, chunk_bytes, max_bytes}.
+func (g *Gateway) uploadBegin(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	if !cs.local() {
+		return nil, onlyLocal("file/upload/begin")
+	}
+	var p struct {
+		sessionRef
+		SizeBytes *int64 `json:"size_bytes"`
+		Filename  string `json:"filename"`
+		SHA256    string `json:"sha256"`
+		MimeType  string `json:"mime_type"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	id, err := p.id()
+	if err != nil {
+		return nil, err
+	}
+	if p.SizeBytes == nil {
+		return nil, invalidParams("`size_bytes` is required")
+	}
+	if g.upload == nil {
+		return nil, uploadUnavailable
+	}
+	resp, err := g.upload.Begin(ctx, &uploadv1.BeginRequest{
+		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, SessionId: id,
+		SizeBytes: *p.SizeBytes, Filename: p.Filename, Sha256: p.SHA256, MimeType: p.MimeType,
+	})
+	if err != nil {
+		return nil, serviceError("upload-staging", err)
+	}
+	return map[string]any{"upload_id": resp.GetUploadId(), "chunk_bytes": resp.GetChunkBytes(), "max_bytes": resp.GetMaxBytes()}, nil
+}
+
+// uploadChunk is file/upload/chunk {upload_id, offset, data_b64} ->
+// {received_bytes}.
+func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	if !cs.local() {
+		return nil, onlyLocal("file/upload/chunk")
+	}
+	p, ok := scanChunkParams(params)
+	if !ok {
+		var slow struct {
+			UploadID string  `json:"upload_id"`
+			Offset   *int64  `json:"offset"`
+			DataB64  *string `json:"data_b64"`
+		}
+		if err := decodeParams(params, &slow); err != nil {
+			return nil, err
+		}
+		p = chunkFields{uploadID: slow.UploadID, offset: slow.Offset}
+		if slow.DataB64 != nil {
+			p.data = []byte(*slow.DataB64)
+		}
+	}
+	id, err := uploadID(p.uploadID)
+	if err != nil {
+		return nil, err
+	}
+	if p.offset == nil {
+		return nil, invalidParams("`offset` is required")
+	}
+	if p.data == nil {
+		return nil, invalidParams("`data_b64` is required")
+	}
+	data := make([]byte, base64.StdEncoding.DecodedLen(len(p.data)))
+	n, err := base64.StdEncoding.Decode(data, p.data)
+	if err != nil {
+		return nil, invalidParams("`data_b64` is not valid base64")
+	}
+	data = data[:n]
+	if g.upload == nil {
+		return nil, uploadUnavailable
+	}
+	resp, err := g.upload.Chunk(ctx, &uploadv1.ChunkRequest{
+		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: *p.offset, Data: data,
+	})
+	if err != nil {
+		return nil, serviceError("upload-staging", err)
+	}
+	return map[string]any{"received_bytes": resp.GetReceivedBytes()}, nil
+}
+
+// uploadCommit is file/upload/commit {upload_id} -> file entry.
+func (g *Gateway) uploadCommit(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+	if !cs.local() {
+		return nil, onlyLocal("file/upload/commit")
+	}
+	var p struct {
+		UploadID string `json:"upload_id"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	id, err := uploadID(p.UploadID)
+	if err != nil {
+		return nil, err
+	}
+	if g.upload == nil {
+		return nil, uploadUnavailable
+	}
+	resp, err := g.upload.Commit(ctx, &uploadv1.CommitRequest{Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id})
+	if err != nil {
+		return nil, serviceError("upload-staging", err)
+	}
+	return fileEntry(resp.GetFile()), nil
+}
+
+// discardUploads tells the staging service a connection closed, so its
+// uploads are discarded at once. If the call fails they are not lost
+// track of: they expire when idle.
+func (g *Gateway) discardUploads(ctx context.Context, cs *connState) {
+	if g.upload == nil {
+		return
+	}
+	if _, err := g.upload.DiscardConnection(ctx, &uploadv1.DiscardConnectionRequest{GatewayId: g.id, ConnectionId: cs.id}); err != nil {
+		g.log.Warn("uploads of a closed connection not discarded", zap.String("conn", cs.id), zap.Error(err))
+	}
+}
+
+// renewRetry is how soon a failed lease renewal is tried again.
+const renewRetry = time.Second
+
+// renewUploads renews this gateway's lease on its connections' uploads
+// until ctx ends: at once, then three times per lease as the staging
+// service states it. Run owns it and waits for it.
+func (g *Gateway) renewUploads(ctx context.Context) {
+	if g.upload == nil {
+		return
+	}
+	wait := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		callCtx, cancel := context.WithTimeout(ctx, renewRetry)
+		resp, err := g.upload.Renew(callCtx, &uploadv1.RenewRequest{GatewayId: g.id})
+		cancel()
+		if err != nil || resp.GetLeaseMs() <= 0 {
+			if ctx.Err() == nil {
+				g.log.Debug("upload lease not renewed", zap.Error(err))
+			}
+			wait = renewRetry
+			continue
+		}
+		wait = max(time.Duration(resp.GetLeaseMs())*time.Millisecond/3, 10*time.Millisecond)
+	}
+}
+
+// chunkFields are file/upload/chunk's params; data is data_b64 still
+// encoded, nil when absent.
+type chunkFields struct {
+	uploadID string
+	offset   *int64
+	data     []byte
+}
+
+// scanChunkParams reads file/upload/chunk's params straight from the
+// frame's bytes: a chunk frame is mostly one long base64 string, which
+// encoding/json would scan byte by byte and copy twice. The frame is
+// valid JSON already (the connection checked it), so members are found by
+// skipping strings with a byte search. Anything but the plain shape
+// (an escape in a string, a nested value, a non-integer offset) reports
+// !ok, and the caller decodes the params the ordinary way, with its
+// ordinary messages.
+func scanChunkParams(params []byte) (chunkFields, bool) {
+	var f chunkFields
+	i := skipWS(params, 0)
+	if i >= len(params) || params[i] != '{' {
+		return f, false
+	}
+	i++
+	for {
+		i = skipWS(params, i)
+		if i < len(params) && params[i] == '}' {
+			return f, true
+		}
+		if i >= len(params) || params[i] != '"' {
+			return f, false
+		}
+		key, next, ok := plainString(params, i)
+		if !ok {
+			return f, false
+		}
+		i = skipWS(params, next)
+		if i >= len(params) || params[i] != ':' {
+			return f, false
+		}
+		i = skipWS(params, i+1)
+		if i >= len(params) {
+			return f, false
+		}
+		var val []byte
+		isString := params[i] == '"'
+		if isString {
+			if val, next, ok = plainString(params, i); !ok {
+				return f, false
+			}
+		} else {
+			next = i
+			for next < len(params) && !strings.ContainsRune(",} \t\r\n", rune(params[next])) {
+				next++
+			}
+			val = params[i:next]
+			if len(val) == 0 || val[0] == '{' || val[0] == '[' {
+				return f, false
+			}
+		}
+		k := string(key)
+		if k != "upload_id" && k != "offset" && k != "data_b64" &&
+			(strings.EqualFold(k, "upload_id") || strings.EqualFold(k, "offset") || strings.EqualFold(k, "data_b64")) {
+			return f, false // encoding/json matches keys case-insensitively
+		}
+		if isString && !utf8.Valid(val) {
+			return f, false // encoding/json would replace the bad bytes
+		}
+		switch k {
+		case "upload_id":
+			if !isString {
+				return f, false
+			}
+			f.uploadID = string(val)
+		case "offset":
+			if isString {
+				return f, false
+			}
+			if string(val) == "null" {
+				f.offset = nil
+				break
+			}
+			n, err := strconv.ParseInt(string(val), 10, 64)
+			if err != nil {
+				return f, false
+			}
+			f.offset = &n
+		case "data_b64":
+			if !isString {
+				return f, false
+			}
+			f.data = val
+		}
+		i = skipWS(params, next)
+		if i < len(params) && params[i] == ',' {
+			i++
+		}
+	}
+}
+
+// plainString returns the contents of the JSON string at b[i] == '"' and
+// the index past it; ok is false when it holds an escape.
+func plainString(b []byte, i int) (s []byte, next int, ok bool) {
+	end := bytes.IndexByte(b[i+1:], '"')
+	if end < 0 {
+		return nil, 0, false
+	}
+	s = b[i+1 : i+1+end]
+	if bytes.IndexByte(s, '\\') >= 0 {
+		return nil, 0, false
+	}
+	return s, i + end + 2, true
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}

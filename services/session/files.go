@@ -1,0 +1,598 @@
+package session
+
+// Files in session workspaces: CheckUpload (file/upload/begin's check),
+// StoreFile (the one step every stored file goes through, file/attach and
+// file/upload/commit alike) and the markers of session/prompt
+// attachments. docs/spec.md §6; the shared limits and messages are in
+// internal/uploads.
+//
+// StoreFile holds the session's lock, shared across processes, from its
+// first check to its last write: one transaction that reads the session
+// row FOR UPDATE. Close, kill, delete, reopen and every transcript append
+// update that row, so each of them happens wholly before the store (which
+// then sees the session changed and writes nothing) or wholly after it.
+// Within that transaction, before asking the config service anything, it
+// takes the policy lock shared (internal/policylock): a policy change or
+// an unpairing committed after the checks waits until the file is
+// stored, and one in progress is live before the checks read it.
+//
+// A stored file is <workspace>/uploads/<sha256 hex><.ext>, written to a
+// temporary file in that folder and renamed into place. Every name is
+// opened relative to its folder without following links, so a link the
+// agent left in the workspace is replaced, never written through. The
+// index (table session_files) keeps one row per content per session: a
+// file is stored once however often it is sent.
+//
+// The SQL of this file is here rather than in store.go so that files stay
+// one concern in one file; it touches the sessions row only to read and
+// lock it.
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/policylock"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/uploads"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+const (
+	// UploadsDir is the workspace folder stored files go in.
+	UploadsDir = "uploads"
+	// storeTimeout bounds one StoreFile: the session row and the policy
+	// lock are held at most this long.
+	storeTimeout = 30 * time.Second
+	// maxExtLen bounds the extension a stored file keeps from its name.
+	maxExtLen = 16
+)
+
+// errUnstableDir: a workspace folder kept changing while it was opened.
+var errUnstableDir = errors.New("folder replaced while it was opened")
+
+// storeChecked, when set (tests only), runs inside StoreFile once every
+// check passed, before anything is written, with the session row and the
+// policy lock held.
+var storeChecked atomic.Pointer[func(sessionID string)]
+
+// fileSession is what storing a file needs of a session row.
+type fileSession struct {
+	ID, AgentAlias, Owner, State, WorkspaceDir string
+	Generation, Incarnation                    int64
+}
+
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// readFileSession reads a session, locking its row when forUpdate (q must
+// then be a transaction); errNoRow when there is none.
+func readFileSession(ctx context.Context, q rowQuerier, id string, forUpdate bool) (fileSession, error) {
+	sql := "SELECT agent_alias, owner, state, generation, incarnation, workspace_dir FROM sessions WHERE session_id = $1"
+	if forUpdate {
+		sql += " FOR UPDATE"
+	}
+	r := fileSession{ID: id}
+	err := q.QueryRow(ctx, sql, id).Scan(&r.AgentAlias, &r.Owner, &r.State, &r.Generation, &r.Incarnation, &r.WorkspaceDir)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, errNoRow
+	}
+	if err != nil {
+		return r, fmt.Errorf("read session: %w", err)
+	}
+	return r, nil
+}
+
+// errSessionChanged refuses a store into a session that is no longer the
+// one the upload began in.
+func errSessionChanged(id string) error {
+	return rpcerr.Error(codes.NotFound, rpcerr.ReasonSessionNotFound, rpcerr.NoIndex,
+		fmt.Sprintf("Session %s was closed or recreated since the upload began; begin the upload again", id))
+}
+
+// authorize asks the config service, reporting an unreachable one as
+// Unavailable.
+func (s *Server) authorize(ctx context.Context, p *commonv1.Principal, permission, resource string) error {
+	err := s.cfg.Authz.Authorize(ctx, p, permission, resource)
+	if errors.Is(err, configclient.ErrConfigUnavailable) {
+		return status.Error(codes.Unavailable, fmt.Sprintf("authorize %s: config service unavailable", permission))
+	}
+	return err
+}
+
+// mayCreateFiles refuses a principal without files:create; the config
+// service also refuses a principal whose token was unpaired or whose
+// binding no longer stands, so this is the credential's check too.
+func (s *Server) mayCreateFiles(ctx context.Context, p *commonv1.Principal) error {
+	if p.GetOperator() || s.cfg.Authz == nil {
+		return nil
+	}
+	return s.authorize(ctx, p, configschema.PermFilesCreate, "")
+}
+
+// mayStoreIn refuses a principal that neither owns the session nor is an
+// admin.
+func (s *Server) mayStoreIn(ctx context.Context, p *commonv1.Principal, r fileSession) error {
+	if p.GetOperator() || r.Owner == p.GetPrincipalId() {
+		return nil
+	}
+	if s.cfg.Authz == nil {
+		return errSessionNotOwned(r.ID)
+	}
+	err := s.authorize(ctx, p, configschema.PermAdmin, "")
+	if status.Code(err) == codes.PermissionDenied {
+		return errSessionNotOwned(r.ID)
+	}
+	return err
+}
+
+// mayUpload runs every check of docs/spec.md §6 for a principal and an open
+// session: files:create (and the credential), ownership, agent use.
+func (s *Server) mayUpload(ctx context.Context, p *commonv1.Principal, r fileSession) error {
+	if r.State == stateClosed || r.State == stateKilled {
+		return errSessionEnded(r.ID, r.State)
+	}
+	if err := s.mayStoreIn(ctx, p, r); err != nil {
+		return err
+	}
+	return s.mayUseAgent(ctx, p, r.AgentAlias)
+}
+
+func checkSessionID(id string) error {
+	if err := ids.Check(id); err != nil {
+		return errInvalid("`session_id` " + err.Error())
+	}
+	return nil
+}
+
+// CheckUpload is file/upload/begin's check: the principal holds
+// files:create, the session exists and is open, the principal owns it (or
+// is an admin) and may use its agent. It returns what StoreFile later
+// re-checks: the session's generation, incarnation, owner and agent.
+func (s *Server) CheckUpload(ctx context.Context, req *sessionv1.CheckUploadRequest) (*sessionv1.CheckUploadResponse, error) {
+	p := req.GetPrincipal()
+	if err := requirePrincipal(p); err != nil {
+		return nil, err
+	}
+	if err := checkSessionID(req.GetSessionId()); err != nil {
+		return nil, err
+	}
+	if err := s.mayCreateFiles(ctx, p); err != nil {
+		return nil, err
+	}
+	r, err := readFileSession(ctx, s.store.db, req.GetSessionId(), false)
+	if errors.Is(err, errNoRow) {
+		return nil, errSessionNotFound(req.GetSessionId())
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.mayUpload(ctx, p, r); err != nil {
+		return nil, err
+	}
+	return &sessionv1.CheckUploadResponse{Generation: r.Generation, Incarnation: r.Incarnation, AgentAlias: r.AgentAlias, Owner: r.Owner}, nil
+}
+
+// StoreFile stores one file into a session's workspace in one step under
+// the session's lock (see the top of this file). A non-zero generation
+// binds the store to the session an upload began in: the same generation,
+// incarnation, owner and agent. Then, under the policy in force at that
+// moment, the caller must hold files:create (with its credential still
+// standing), own the session (or be an admin) and be allowed its agent.
+// Only then is the file written, under its content hash, and indexed; any
+// refusal leaves the workspace and the index as they were.
+//
+// A file the session already indexed is compared with its copy on disk: a
+// copy edited, deleted or replaced by a link is written again (the link
+// is replaced, its target untouched) and the entry reports deduplicated.
+func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest) (*sessionv1.StoreFileResponse, error) {
+	p := req.GetPrincipal()
+	if err := requirePrincipal(p); err != nil {
+		return nil, err
+	}
+	id := req.GetSessionId()
+	if err := checkSessionID(id); err != nil {
+		return nil, err
+	}
+	name := req.GetFilename()
+	if name == "" {
+		name = uploads.DefaultFilename
+	}
+	if msg := uploads.CheckFilename(name); msg != "" {
+		return nil, errInvalid(msg)
+	}
+	mimeType, err := declaredMIME(req.GetMimeType())
+	if err != nil {
+		return nil, err
+	}
+	data, err := fileContent(req)
+	if err != nil {
+		return nil, err
+	}
+	if mimeType == "" {
+		mimeType = guessMIME(name, data)
+	}
+	digest := sha256.Sum256(data)
+	sum := hex.EncodeToString(digest[:])
+
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	var entry *sessionv1.FileEntry
+	err = pgx.BeginFunc(ctx, s.store.db, func(tx pgx.Tx) error {
+		r, err := readFileSession(ctx, tx, id, true)
+		if errors.Is(err, errNoRow) {
+			if req.GetGeneration() != 0 {
+				return errSessionChanged(id)
+			}
+			return errSessionNotFound(id)
+		}
+		if err != nil {
+			return err
+		}
+		if gen := req.GetGeneration(); gen != 0 {
+			if r.Generation != gen || r.Incarnation != req.GetIncarnation() ||
+				(req.GetOwner() != "" && r.Owner != req.GetOwner()) ||
+				(req.GetAgentAlias() != "" && r.AgentAlias != req.GetAgentAlias()) {
+				return errSessionChanged(id)
+			}
+		}
+		if err := policylock.Shared(ctx, tx); err != nil {
+			return err
+		}
+		if err := s.mayCreateFiles(ctx, p); err != nil {
+			return err
+		}
+		if err := s.mayUpload(ctx, p, r); err != nil {
+			return err
+		}
+		if hook := storeChecked.Load(); hook != nil {
+			(*hook)(id)
+		}
+		entry, err = s.writeFile(ctx, tx, r, storedFile{sum: sum, data: data, name: name, mime: mimeType})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("file stored", zap.String("session_id", id), zap.String("ref_id", entry.GetRefId()),
+		zap.Int64("size_bytes", entry.GetSizeBytes()), zap.Bool("deduplicated", entry.GetDeduplicated()))
+	return &sessionv1.StoreFileResponse{File: entry}, nil
+}
+
+// fileContent is the file's bytes: data, or the local file at path (an
+// absolute path; max_bytes is then required, as the bound of the read).
+func fileContent(req *sessionv1.StoreFileRequest) ([]byte, error) {
+	limit := req.GetMaxBytes()
+	path := req.GetPath()
+	if path == "" {
+		if limit > 0 && int64(len(req.GetData())) > limit {
+			return nil, errInvalid(uploads.FileTooLarge(int64(len(req.GetData())), limit))
+		}
+		return req.GetData(), nil
+	}
+	if len(req.GetData()) > 0 {
+		return nil, errInvalid("send either `path` or `data_b64`, not both")
+	}
+	if !filepath.IsAbs(path) {
+		return nil, errInvalid("`path` must be an absolute path")
+	}
+	if limit <= 0 {
+		return nil, errInvalid("`max_bytes` is required with `path`")
+	}
+	// O_NONBLOCK: a FIFO must not hang the call; it is refused below.
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, errInvalid(fmt.Sprintf("`path` %s cannot be read: %s", path, pathErrText(err)))
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, errInvalid(fmt.Sprintf("`path` %s cannot be read: %s", path, pathErrText(err)))
+	}
+	if !st.Mode().IsRegular() {
+		return nil, errInvalid(fmt.Sprintf("`path` %s is not a regular file", path))
+	}
+	if st.Size() > limit {
+		return nil, errInvalid(uploads.FileTooLarge(st.Size(), limit))
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, errInvalid(fmt.Sprintf("`path` %s cannot be read: %s", path, pathErrText(err)))
+	}
+	if int64(len(data)) > limit {
+		return nil, errInvalid(uploads.FileTooLarge(int64(len(data)), limit))
+	}
+	return data, nil
+}
+
+func pathErrText(err error) string {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// declaredMIME checks and normalizes a client's mime_type: type/subtype,
+// parameters dropped, lower case.
+func declaredMIME(s string) (string, error) {
+	if s == "" {
+		return "", nil
+	}
+	mt, _, err := mime.ParseMediaType(s)
+	if err != nil || len(mt) > 127 || !strings.Contains(mt, "/") {
+		return "", errInvalid("`mime_type` must be a MIME type such as image/png")
+	}
+	return mt, nil
+}
+
+// guessMIME types a file sent without mime_type: by its name's extension,
+// else by its first bytes.
+func guessMIME(name string, data []byte) string {
+	if ext := fileExt(name); ext != "" {
+		if t := mime.TypeByExtension(ext); t != "" {
+			if mt, _, err := mime.ParseMediaType(t); err == nil {
+				return mt
+			}
+		}
+	}
+	if mt, _, err := mime.ParseMediaType(http.DetectContentType(data)); err == nil {
+		return mt
+	}
+	return "application/octet-stream"
+}
+
+// fileExt is the extension a stored file keeps from its name: a dot and 1
+// to 16 lower-case letters or digits, else nothing.
+func fileExt(name string) string {
+	ext := strings.ToLower(filepath.Ext(name))
+	if len(ext) < 2 || len(ext) > maxExtLen+1 {
+		return ""
+	}
+	for _, c := range ext[1:] {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return ""
+		}
+	}
+	return ext
+}
+
+// storedFile is one file to store.
+type storedFile struct {
+	sum, name, mime string
+	data            []byte
+}
+
+// writeFile writes f into the workspace unless an identical copy is
+// already at its indexed path, and indexes it; tx holds the session row.
+func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f storedFile) (*sessionv1.FileEntry, error) {
+	rel := UploadsDir + "/" + f.sum + fileExt(f.name)
+	var indexed string
+	err := tx.QueryRow(ctx, "SELECT path FROM session_files WHERE session_id = $1 AND sha256 = $2", r.ID, f.sum).Scan(&indexed)
+	dedup := err == nil
+	switch {
+	case dedup:
+		// Only paths this code wrote are indexed; anything else is not
+		// followed.
+		if dir, base := filepath.Split(indexed); dir != UploadsDir+"/" || !strings.HasPrefix(base, f.sum) {
+			return nil, fmt.Errorf("index of session %s names %q for %s", r.ID, indexed, f.sum)
+		}
+		rel = indexed
+	case !errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("read file index: %w", err)
+	}
+
+	dir, err := openUploadsDir(r.WorkspaceDir)
+	if err != nil {
+		return nil, fmt.Errorf("open workspace of session %s: %w", r.ID, err)
+	}
+	defer unix.Close(dir)
+	base := filepath.Base(rel)
+	same, err := sameContent(dir, base, f.sum, int64(len(f.data)))
+	if err != nil {
+		return nil, fmt.Errorf("compare stored file: %w", err)
+	}
+	if !same {
+		if err := writeAt(dir, base, f.data); err != nil {
+			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
+		}
+		if dedup {
+			s.log.Info("workspace copy restored", zap.String("session_id", r.ID), zap.String("path", rel))
+		}
+	}
+	if !dedup {
+		if _, err := tx.Exec(ctx, `INSERT INTO session_files (session_id, sha256, path, size_bytes, filename, mime_type)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id, sha256) DO NOTHING`,
+			r.ID, f.sum, rel, len(f.data), f.name, f.mime); err != nil {
+			return nil, fmt.Errorf("index file: %w", err)
+		}
+	}
+	path := filepath.Join(r.WorkspaceDir, rel)
+	return &sessionv1.FileEntry{
+		RefId: uploads.RefID(f.sum), Marker: uploads.Marker(f.mime, f.name, path), WorkspacePath: path,
+		SizeBytes: int64(len(f.data)), Deduplicated: dedup,
+	}, nil
+}
+
+// openUploadsDir opens <workspace>/uploads, creating what is missing. The
+// workspace's parent is the service's own; the workspace and everything
+// in it may have been changed by the agent, so from there on no link is
+// followed.
+func openUploadsDir(workspace string) (int, error) {
+	parent, err := unix.Open(filepath.Dir(workspace), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", filepath.Dir(workspace), err)
+	}
+	defer unix.Close(parent)
+	ws, err := openDir(parent, filepath.Base(workspace))
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(ws)
+	return openDir(ws, UploadsDir)
+}
+
+// openDir opens the folder name in parent without following a link,
+// creating it (0700) when missing. A link or a file in its place is
+// removed first; a link's target is never touched.
+func openDir(parent int, name string) (int, error) {
+	for range 3 {
+		fd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		switch {
+		case err == nil:
+			return fd, nil
+		case errors.Is(err, unix.ENOENT):
+		case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+			if err := unix.Unlinkat(parent, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+				return -1, fmt.Errorf("remove %s: %w", name, err)
+			}
+		default:
+			return -1, fmt.Errorf("open %s: %w", name, err)
+		}
+		if err := unix.Mkdirat(parent, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			return -1, fmt.Errorf("create %s: %w", name, err)
+		}
+	}
+	return -1, fmt.Errorf("open %s: %w", name, errUnstableDir)
+}
+
+// sameContent reports whether name in dir is a regular file (not a link)
+// of size bytes whose SHA-256 is sum.
+func sameContent(dir int, name, sum string, size int64) (bool, error) {
+	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	if !st.Mode().IsRegular() || st.Size() != size {
+		return false, nil
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return false, err
+	}
+	return hex.EncodeToString(h.Sum(nil)) == sum, nil
+}
+
+// writeAt writes data to name in dir: into a new temporary file, synced,
+// then renamed over name, which replaces a link without following it.
+func writeAt(dir int, name string, data []byte) (err error) {
+	var rnd [12]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := ".tmp-" + hex.EncodeToString(rnd[:])
+	fd, err := unix.Openat(dir, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create temporary file: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	defer func() {
+		if err != nil {
+			_ = unix.Unlinkat(dir, tmp, 0)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := unix.Renameat(dir, tmp, dir, name); err != nil {
+		return fmt.Errorf("rename into place: %w", err)
+	}
+	if err := unix.Fsync(dir); err != nil {
+		return fmt.Errorf("sync folder: %w", err)
+	}
+	return nil
+}
+
+// indexedFile is one row of the attachment index.
+type indexedFile struct {
+	Path, Filename, MIME string
+}
+
+// withAttachments appends the marker of each attachment to prompt, one a
+// line. Each must name, by its ref_id, a file stored in this session; a
+// workspace_path sent must be where it is stored and a marker sent must be
+// a marker of that file (only the filename of a document marker is the
+// client's), so a prompt can never point the agent at another path.
+func (s *Server) withAttachments(ctx context.Context, sessionID, workspace, prompt string, refs []*sessionv1.FileRef) (string, error) {
+	for i, ref := range refs {
+		sum, ok := uploads.ParseRefID(ref.GetRefId())
+		if !ok {
+			return "", errInvalid(fmt.Sprintf("`attachments[%d].ref_id` must be sha256: and 64 lower-case hexadecimal characters", i))
+		}
+		var f indexedFile
+		err := s.store.db.QueryRow(ctx, "SELECT path, filename, mime_type FROM session_files WHERE session_id = $1 AND sha256 = $2",
+			sessionID, sum).Scan(&f.Path, &f.Filename, &f.MIME)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", errInvalid(fmt.Sprintf("`attachments[%d]`: %s is not a file of session %s; store it with file/attach or file/upload first", i, ref.GetRefId(), sessionID))
+		}
+		if err != nil {
+			return "", fmt.Errorf("read file index: %w", err)
+		}
+		path := filepath.Join(workspace, f.Path)
+		if wp := ref.GetWorkspacePath(); wp != "" && wp != path {
+			return "", errInvalid(fmt.Sprintf("`attachments[%d].workspace_path` is not where %s is stored", i, ref.GetRefId()))
+		}
+		marker := ref.GetMarker()
+		if marker == "" {
+			marker = uploads.Marker(f.MIME, f.Filename, path)
+		} else if !validMarker(marker, f.MIME, path) {
+			return "", errInvalid(fmt.Sprintf("`attachments[%d].marker` is not a marker of %s", i, ref.GetRefId()))
+		}
+		if prompt != "" {
+			prompt += "\n"
+		}
+		prompt += marker
+	}
+	return prompt, nil
+}
+
+// validMarker reports whether marker is the marker of the file at path
+// with that MIME type, under some acceptable filename.
+func validMarker(marker, mimeType, path string) bool {
+	if uploads.IsImage(mimeType) {
+		return marker == uploads.Marker(mimeType, "", path)
+	}
+	name, ok := strings.CutPrefix(marker, "[Document: ")
+	if !ok {
+		return false
+	}
+	name, ok = strings.CutSuffix(name, "] "+path)
+	return ok && name != "" && uploads.CheckFilename(name) == ""
+}

@@ -1,0 +1,331 @@
+package uploadstaging
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/uploads"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
+)
+
+// Authorizer answers whether a principal holds a permission: nil, or a
+// PermissionDenied status ready for the gateway. configclient.Client is
+// the production one.
+type Authorizer interface {
+	Authorize(ctx context.Context, p *commonv1.Principal, permission, resource string) error
+}
+
+// Config is what the service is built from.
+type Config struct {
+	// Sessions stores files (StoreFile) and checks begins (CheckUpload).
+	Sessions sessionv1.SessionServiceClient
+	// Authz checks files:create on each chunk; nil lets every principal.
+	Authz Authorizer
+	// Settings reads uploads.* from the live config.
+	Settings func() configclient.Uploads
+	// Lease is how long a gateway's uploads outlive its last renewal
+	// (default DefaultLease).
+	Lease time.Duration
+	// MaxConcurrentStores bounds the files handed to the session service
+	// at once: each is copied once more onto the wire (default 4).
+	MaxConcurrentStores int
+	Log                 *zap.Logger
+	// Now is the clock (tests); nil is time.Now.
+	Now func() time.Time
+}
+
+// Server implements uploadv1.UploadServiceServer.
+type Server struct {
+	uploadv1.UnimplementedUploadServiceServer
+
+	cfg    Config
+	log    *zap.Logger
+	stage  *Stage
+	stores chan struct{}
+}
+
+// New builds the service.
+func New(cfg Config) (*Server, error) {
+	if cfg.Sessions == nil || cfg.Settings == nil {
+		return nil, errors.New("upload-staging: a session client and the live settings are required")
+	}
+	if cfg.MaxConcurrentStores <= 0 {
+		cfg.MaxConcurrentStores = 4
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	return &Server{
+		cfg: cfg, log: cfg.Log, stage: NewStage(cfg.Settings, cfg.Lease, cfg.Now, cfg.Log),
+		stores: make(chan struct{}, cfg.MaxConcurrentStores),
+	}, nil
+}
+
+// Stage is the server's staged uploads.
+func (s *Server) Stage() *Stage { return s.stage }
+
+// Run expires idle uploads and lapsed gateway leases until ctx ends.
+func (s *Server) Run(ctx context.Context) { s.stage.Run(ctx) }
+
+// owner reads and checks the caller's identity: ids the gateway made,
+// which become map keys here and nothing else, but are checked all the
+// same.
+func owner(gateway, conn string, p *commonv1.Principal) (Owner, error) {
+	if err := ids.Check(gateway); err != nil {
+		return Owner{}, invalid("`gateway_id` " + err.Error())
+	}
+	if err := ids.Check(conn); err != nil {
+		return Owner{}, invalid("`connection_id` " + err.Error())
+	}
+	if p.GetPrincipalId() == "" {
+		return Owner{}, invalid("`principal` is required")
+	}
+	return Owner{Gateway: gateway, Conn: conn, Principal: p.GetPrincipalId()}, nil
+}
+
+func checkSessionID(id string) error {
+	if err := ids.Check(id); err != nil {
+		return invalid("`session_id` " + err.Error())
+	}
+	return nil
+}
+
+// checkMIME bounds a declared mime_type; the session service checks its
+// form when it stores the file.
+func checkMIME(m string) error {
+	if len(m) > 127 {
+		return invalid("`mime_type` must be a MIME type such as image/png")
+	}
+	return nil
+}
+
+// Begin is file/upload/begin: the declared upload is checked against the
+// limits, the session service checks the session and the principal
+// (CheckUpload), and the upload's charge is reserved.
+func (s *Server) Begin(ctx context.Context, req *uploadv1.BeginRequest) (*uploadv1.BeginResponse, error) {
+	o, err := owner(req.GetGatewayId(), req.GetConnectionId(), req.GetPrincipal())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSessionID(req.GetSessionId()); err != nil {
+		return nil, err
+	}
+	sum, err := s.stage.CheckDeclared(req.GetSizeBytes(), req.GetFilename(), req.GetSha256())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkMIME(req.GetMimeType()); err != nil {
+		return nil, err
+	}
+	if err := s.stage.CheckRoom(o); err != nil {
+		return nil, err
+	}
+	chk, err := s.cfg.Sessions.CheckUpload(ctx, &sessionv1.CheckUploadRequest{Principal: req.GetPrincipal(), SessionId: req.GetSessionId()})
+	if err != nil {
+		return nil, err
+	}
+	id, err := s.stage.Reserve(Declared{
+		Owner: o, SessionID: req.GetSessionId(), Size: req.GetSizeBytes(), Filename: req.GetFilename(), MIME: req.GetMimeType(), SHA256: sum,
+		Generation: chk.GetGeneration(), Incarnation: chk.GetIncarnation(), SessionOwner: chk.GetOwner(), Agent: chk.GetAgentAlias(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	lim := s.stage.Limits()
+	s.log.Debug("upload begun", zap.String("upload_id", id), zap.String("session_id", req.GetSessionId()),
+		zap.String("conn", o.Conn), zap.Int64("size_bytes", req.GetSizeBytes()))
+	return &uploadv1.BeginResponse{UploadId: id, ChunkBytes: lim.ChunkBytes, MaxBytes: lim.MaxFileBytes}, nil
+}
+
+// Chunk is file/upload/chunk. It needs files:create, like every upload
+// method.
+func (s *Server) Chunk(ctx context.Context, req *uploadv1.ChunkRequest) (*uploadv1.ChunkResponse, error) {
+	o, err := owner(req.GetGatewayId(), req.GetConnectionId(), req.GetPrincipal())
+	if err != nil {
+		return nil, err
+	}
+	if p := req.GetPrincipal(); !p.GetOperator() && s.cfg.Authz != nil {
+		if err := s.cfg.Authz.Authorize(ctx, p, configschema.PermFilesCreate, ""); err != nil {
+			if errors.Is(err, configclient.ErrConfigUnavailable) {
+				return nil, status.Error(codes.Unavailable, "authorize files:create: config service unavailable")
+			}
+			return nil, err
+		}
+	}
+	received, err := s.stage.Chunk(o, req.GetUploadId(), req.GetOffset(), req.GetData())
+	if err != nil {
+		return nil, err
+	}
+	return &uploadv1.ChunkResponse{ReceivedBytes: received}, nil
+}
+
+// Commit is file/upload/commit: a complete upload goes to the session
+// service's StoreFile, bound to the session it began in, and leaves the
+// stage. A store refused (grant revoked, session changed) discards it; a
+// store that failed for a passing reason (the session service
+// unreachable) keeps it for another commit.
+func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uploadv1.CommitResponse, error) {
+	o, err := owner(req.GetGatewayId(), req.GetConnectionId(), req.GetPrincipal())
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.stage.Take(o, req.GetUploadId())
+	if err != nil {
+		return nil, err
+	}
+	d := p.Decl
+	entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
+		Principal: req.GetPrincipal(), SessionId: d.SessionID, Generation: d.Generation, Incarnation: d.Incarnation,
+		Owner: d.SessionOwner, AgentAlias: d.Agent, Filename: d.Filename, MimeType: d.MIME, Data: p.Data,
+		MaxBytes: s.stage.Limits().MaxFileBytes,
+	})
+	keep := err != nil && passing(err)
+	s.stage.Finish(p.ID, keep)
+	if err != nil {
+		s.log.Info("upload commit refused", zap.String("upload_id", p.ID), zap.Bool("kept", keep), zap.Error(err))
+		return nil, err
+	}
+	return &uploadv1.CommitResponse{File: entry}, nil
+}
+
+// passing reports whether a failed store may succeed if tried again.
+func passing(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// store hands one file to the session service, at most
+// MaxConcurrentStores at once.
+func (s *Server) store(ctx context.Context, req *sessionv1.StoreFileRequest) (*sessionv1.FileEntry, error) {
+	select {
+	case s.stores <- struct{}{}:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-s.stores }()
+	resp, err := s.cfg.Sessions.StoreFile(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetFile(), nil
+}
+
+// Attach is file/attach: whole files, each stored through StoreFile in
+// turn. Every file is checked before the first is stored; a refusal
+// names the file's index. The bytes sent are charged to the staging
+// budget until they are stored.
+func (s *Server) Attach(ctx context.Context, req *uploadv1.AttachRequest) (*uploadv1.AttachResponse, error) {
+	if req.GetPrincipal().GetPrincipalId() == "" {
+		return nil, invalid("`principal` is required")
+	}
+	if err := checkSessionID(req.GetSessionId()); err != nil {
+		return nil, err
+	}
+	if len(req.GetFiles()) == 0 {
+		return nil, invalid("`files` must list at least one file")
+	}
+	lim := s.stage.Limits()
+	for i, f := range req.GetFiles() {
+		var msg string
+		switch {
+		case f.GetPath() != "" && len(f.GetData()) > 0:
+			msg = "send either `path` or `data_b64`, not both"
+		case int64(len(f.GetData())) > lim.MaxFileBytes:
+			msg = uploads.FileTooLarge(int64(len(f.GetData())), lim.MaxFileBytes)
+		default:
+			msg = uploads.CheckFilename(f.GetFilename())
+			if msg == "" && len(f.GetMimeType()) > 127 {
+				msg = "`mime_type` must be a MIME type such as image/png"
+			}
+		}
+		if msg != "" {
+			return nil, rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, i, msg)
+		}
+	}
+	var held int64
+	for _, f := range req.GetFiles() {
+		held += int64(len(f.GetData()))
+	}
+	if held > 0 {
+		release, err := s.stage.Hold(held + UploadOverhead)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+	}
+	resp := &uploadv1.AttachResponse{}
+	for i, f := range req.GetFiles() {
+		entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
+			Principal: req.GetPrincipal(), SessionId: req.GetSessionId(), Filename: f.GetFilename(), MimeType: f.GetMimeType(),
+			Data: f.GetData(), Path: f.GetPath(), MaxBytes: lim.MaxFileBytes,
+		})
+		if err != nil {
+			return nil, atIndex(err, i, len(req.GetFiles()))
+		}
+		resp.Files = append(resp.Files, entry)
+	}
+	return resp, nil
+}
+
+// atIndex adds a file's index to a refusal of a batch of several files.
+func atIndex(err error, i, n int) error {
+	st, ok := status.FromError(err)
+	if !ok || n == 1 || st.Code() == codes.Unavailable || st.Code() == codes.Internal || st.Code() == codes.DeadlineExceeded {
+		return err
+	}
+	reason, _ := rpcerr.Details(st)
+	return rpcerr.Error(st.Code(), reason, i, st.Message())
+}
+
+// DiscardConnection drops a closed connection's uploads at once.
+func (s *Server) DiscardConnection(_ context.Context, req *uploadv1.DiscardConnectionRequest) (*uploadv1.DiscardConnectionResponse, error) {
+	if err := ids.Check(req.GetGatewayId()); err != nil {
+		return nil, invalid("`gateway_id` " + err.Error())
+	}
+	if err := ids.Check(req.GetConnectionId()); err != nil {
+		return nil, invalid("`connection_id` " + err.Error())
+	}
+	n := s.stage.DiscardConnection(req.GetGatewayId(), req.GetConnectionId())
+	if n > 0 {
+		s.log.Info("uploads of a closed connection discarded", zap.String("conn", req.GetConnectionId()), zap.Int("uploads", n))
+	}
+	return &uploadv1.DiscardConnectionResponse{Discarded: int32(n)}, nil
+}
+
+// Renew extends a gateway's lease and says how long it lasts.
+func (s *Server) Renew(_ context.Context, req *uploadv1.RenewRequest) (*uploadv1.RenewResponse, error) {
+	if err := ids.Check(req.GetGatewayId()); err != nil {
+		return nil, invalid("`gateway_id` " + err.Error())
+	}
+	s.stage.Renew(req.GetGatewayId())
+	return &uploadv1.RenewResponse{LeaseMs: s.stage.Lease().Milliseconds()}, nil
+}
+
+// Stats reports what is staged.
+func (s *Server) Stats(context.Context, *uploadv1.StatsRequest) (*uploadv1.StatsResponse, error) {
+	st := s.stage.Stats()
+	return &uploadv1.StatsResponse{
+		Uploads: int32(st.Uploads), StagedBytes: st.Charged, BudgetBytes: st.Limit, PayloadBytes: st.Payload, Gateways: int32(st.Gateways),
+	}, nil
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}

@@ -1,0 +1,218 @@
+package uploadstaging
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
+)
+
+// sessions stands in for the session service's two file RPCs; what they
+// decide is the session package's and is tested there and end to end.
+type sessions struct {
+	sessionv1.SessionServiceClient
+
+	mu       sync.Mutex
+	storeErr error
+	stores   []*sessionv1.StoreFileRequest
+}
+
+func (f *sessions) CheckUpload(_ context.Context, req *sessionv1.CheckUploadRequest, _ ...grpc.CallOption) (*sessionv1.CheckUploadResponse, error) {
+	if req.GetSessionId() == "sess_none" {
+		return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonSessionNotFound, rpcerr.NoIndex, "Session sess_none not found")
+	}
+	return &sessionv1.CheckUploadResponse{Generation: 3, Incarnation: 9, Owner: req.GetPrincipal().GetPrincipalId(), AgentAlias: "default"}, nil
+}
+
+func (f *sessions) StoreFile(_ context.Context, req *sessionv1.StoreFileRequest, _ ...grpc.CallOption) (*sessionv1.StoreFileResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stores = append(f.stores, req)
+	if f.storeErr != nil {
+		return nil, f.storeErr
+	}
+	return &sessionv1.StoreFileResponse{File: &sessionv1.FileEntry{RefId: "sha256:" + sha256Hex(req.GetData()), SizeBytes: int64(len(req.GetData()))}}, nil
+}
+
+func (f *sessions) failWith(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.storeErr = err
+}
+
+// denyAll refuses files:create to everyone but the operator.
+type denyAll struct{}
+
+func (denyAll) Authorize(_ context.Context, p *commonv1.Principal, perm, _ string) error {
+	return rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonForbidden, rpcerr.NoIndex, p.GetPrincipalId()+" does not hold "+perm)
+}
+
+var (
+	op   = &commonv1.Principal{PrincipalId: "shared-operator", Operator: true}
+	user = &commonv1.Principal{PrincipalId: "user:alice", User: "alice"}
+)
+
+func newServer(t *testing.T, authz Authorizer) (*Server, *sessions) {
+	t.Helper()
+	f := &sessions{}
+	s, err := New(Config{Sessions: f, Authz: authz, Settings: defaults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, f
+}
+
+func begin(t *testing.T, s *Server, p *commonv1.Principal, size int64, sha string) string {
+	t.Helper()
+	resp, err := s.Begin(context.Background(), &uploadv1.BeginRequest{Principal: p, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_1", SizeBytes: size, Sha256: sha})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetChunkBytes() != 1048576 || resp.GetMaxBytes() != 10485760 {
+		t.Fatalf("begin %v", resp)
+	}
+	return resp.GetUploadId()
+}
+
+func chunk(s *Server, p *commonv1.Principal, id string, off int64, data string) (*uploadv1.ChunkResponse, error) {
+	return s.Chunk(context.Background(), &uploadv1.ChunkRequest{Principal: p, GatewayId: "gw-1", ConnectionId: "conn-1", UploadId: id, Offset: off, Data: []byte(data)})
+}
+
+func commit(s *Server, p *commonv1.Principal, id string) (*uploadv1.CommitResponse, error) {
+	return s.Commit(context.Background(), &uploadv1.CommitRequest{Principal: p, GatewayId: "gw-1", ConnectionId: "conn-1", UploadId: id})
+}
+
+// Commit binds the store to the session begin saw, and a store refused
+// discards the upload while one that may pass keeps it.
+func TestCommitHandsTheUploadToStoreFile(t *testing.T) {
+	s, f := newServer(t, nil)
+	id := begin(t, s, op, 5, "")
+	if _, err := chunk(s, op, id, 0, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	f.failWith(status.Error(codes.Unavailable, "session unavailable"))
+	if _, err := commit(s, op, id); status.Code(err) != codes.Unavailable {
+		t.Fatalf("commit with the session service down: %v", err)
+	}
+	f.failWith(nil)
+	resp, err := commit(s, op, id)
+	if err != nil || resp.GetFile().GetRefId() != "sha256:"+sha256Hex([]byte("hello")) {
+		t.Fatalf("commit after: %v %v", resp, err)
+	}
+	last := f.stores[len(f.stores)-1]
+	if last.GetGeneration() != 3 || last.GetIncarnation() != 9 || last.GetOwner() != "shared-operator" || last.GetAgentAlias() != "default" ||
+		last.GetSessionId() != "sess_1" || last.GetMaxBytes() != 10485760 || string(last.GetData()) != "hello" {
+		t.Fatalf("store request %v", last)
+	}
+	if _, err := commit(s, op, id); err == nil || !strings.HasPrefix(status.Convert(err).Message(), "Unknown or expired upload") {
+		t.Fatalf("second commit: %v", err)
+	}
+
+	id = begin(t, s, op, 1, "")
+	if _, err := chunk(s, op, id, 0, "x"); err != nil {
+		t.Fatal(err)
+	}
+	f.failWith(rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonForbidden, rpcerr.NoIndex, "revoked"))
+	if _, err := commit(s, op, id); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("refused commit: %v", err)
+	}
+	if st := s.Stage().Stats(); st.Uploads != 0 || st.Charged != 0 {
+		t.Fatalf("a refused upload stayed staged: %+v", st)
+	}
+}
+
+// Begin: the declared limits first, then the session service's check.
+func TestBeginRefusals(t *testing.T) {
+	s, _ := newServer(t, nil)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		req  *uploadv1.BeginRequest
+		code codes.Code
+		msg  string
+	}{
+		{&uploadv1.BeginRequest{Principal: op, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_1", SizeBytes: 10485761}, codes.InvalidArgument, "Upload of 10485761 bytes exceeds the 10 MB file limit"},
+		{&uploadv1.BeginRequest{Principal: op, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_none", SizeBytes: 1}, codes.NotFound, "Session sess_none not found"},
+		{&uploadv1.BeginRequest{Principal: op, GatewayId: "gw/1", ConnectionId: "conn-1", SessionId: "sess_1"}, codes.InvalidArgument, "`gateway_id` must be"},
+		{&uploadv1.BeginRequest{Principal: op, GatewayId: "gw-1", ConnectionId: "", SessionId: "sess_1"}, codes.InvalidArgument, "`connection_id` is required"},
+		{&uploadv1.BeginRequest{GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_1"}, codes.InvalidArgument, "`principal` is required"},
+	} {
+		_, err := s.Begin(ctx, tc.req)
+		if st := status.Convert(err); err == nil || st.Code() != tc.code || !strings.HasPrefix(st.Message(), tc.msg) {
+			t.Errorf("%v: got %v, want %v %q", tc.req, err, tc.code, tc.msg)
+		}
+	}
+	// The per-connection limit is checked before the session is asked.
+	for range 4 {
+		begin(t, s, op, 1, "")
+	}
+	_, err := s.Begin(ctx, &uploadv1.BeginRequest{Principal: op, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_none", SizeBytes: 1})
+	if !strings.HasPrefix(status.Convert(err).Message(), "This connection already has 4 uploads in progress") {
+		t.Fatalf("fifth begin: %v", err)
+	}
+}
+
+// Chunk needs files:create, like every upload method.
+func TestChunkNeedsFilesCreate(t *testing.T) {
+	s, _ := newServer(t, denyAll{})
+	id := begin(t, s, user, 1, "")
+	if _, err := chunk(s, user, id, 0, "x"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("chunk without files:create: %v", err)
+	}
+}
+
+// Attach checks every file before storing any, and names the index of
+// the one refused.
+func TestAttachNamesTheRefusedFile(t *testing.T) {
+	s, f := newServer(t, nil)
+	ctx := context.Background()
+	req := &uploadv1.AttachRequest{Principal: op, ConnectionId: "conn-1", SessionId: "sess_1", Files: []*uploadv1.AttachFile{
+		{Data: []byte("ok")}, {Data: make([]byte, 10485761)},
+	}}
+	_, err := s.Attach(ctx, req)
+	st := status.Convert(err)
+	reason, index := rpcerr.Details(st)
+	if st.Message() != "Upload of 10485761 bytes exceeds the 10 MB file limit" || index != 1 || reason != rpcerr.ReasonInvalid {
+		t.Fatalf("attach refusal %v (index %d)", err, index)
+	}
+	if len(f.stores) != 0 {
+		t.Fatal("a file was stored before the batch was checked")
+	}
+	req.Files[1] = &uploadv1.AttachFile{Filename: strings.Repeat("n", 256)}
+	if _, err := s.Attach(ctx, req); status.Convert(err).Message() != "`filename` is 256 bytes; the limit is 255" {
+		t.Fatalf("filename: %v", err)
+	}
+	req.Files[1] = &uploadv1.AttachFile{Data: []byte("two")}
+	f.failWith(nil)
+	resp, err := s.Attach(ctx, req)
+	if err != nil || len(resp.GetFiles()) != 2 {
+		t.Fatalf("attach %v %v", resp, err)
+	}
+	for i, st := range f.stores {
+		if st.GetGeneration() != 0 || st.GetMaxBytes() != 10485760 {
+			t.Fatalf("store %d: %v", i, st)
+		}
+	}
+	f.failWith(rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonForbidden, rpcerr.NoIndex, "no files:create"))
+	_, err = s.Attach(ctx, req)
+	if _, index := rpcerr.Details(status.Convert(err)); status.Code(err) != codes.PermissionDenied || index != 0 {
+		t.Fatalf("refused store: %v (index %d)", err, index)
+	}
+}
+
+// The file limit never exceeds what one gRPC message carries.
+func TestLimitsCapTheFileSize(t *testing.T) {
+	u := defaults()
+	u.MaxFileBytes = 1 << 30
+	if got := Limits(u).MaxFileBytes; got != MaxStorableBytes {
+		t.Fatalf("limit %d", got)
+	}
+}

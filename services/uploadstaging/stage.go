@@ -1,0 +1,519 @@
+// Package uploadstaging is the upload-staging service: chunked uploads
+// held in this process's memory, under their limits (docs/spec.md §6), until
+// commit hands them to the session service's StoreFile.
+//
+// What a client can make this process hold is bounded by the budget
+// (uploads.max_staged_bytes). Each upload is charged, from begin, its
+// whole declared size plus the metadata it keeps (see charge): the
+// payload buffer is allocated once at exactly the declared size, so the
+// charge is what it will ever hold, and a begin that does not fit is
+// refused (after reclaiming idle uploads) rather than a later chunk.
+// file/attach's bytes are charged too while they wait to be stored (Hold).
+//
+// An upload belongs to the gateway connection that began it, named by
+// the gateway process's id and the connection's id, and to the principal
+// bound to that connection then. Anything else naming it is told it does
+// not exist. A connection's uploads go when it closes (DiscardConnection),
+// when they are idle past uploads.idle_timeout_secs, and when their
+// gateway stops renewing its lease (it died: see Renew).
+package uploadstaging
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/uploads"
+)
+
+// UploadOverhead is charged per upload besides its payload and its kept
+// strings: a bound on the upload record itself (its struct and the slice
+// header of its payload) and its entries in the stage's indexes (by id,
+// by connection, and its gateway's lease). A test checks it against the
+// record's real size.
+const UploadOverhead = 512
+
+// MaxStorableBytes bounds a file whatever uploads.max_file_bytes says: a
+// file travels to the session service in one gRPC message, limited to
+// 16 MiB (internal/grpcserver), less room for the rest of the request.
+const MaxStorableBytes = 15 << 20
+
+// DefaultLease is how long a gateway's uploads outlive its last renewal.
+const DefaultLease = 15 * time.Second
+
+// Owner is who may name an upload: the gateway process and its
+// connection that began it, and the principal bound to it then.
+type Owner struct {
+	Gateway, Conn, Principal string
+}
+
+func (o Owner) connKey() string { return o.Gateway + "/" + o.Conn }
+
+// Declared is a begin's request once the session service accepted it.
+type Declared struct {
+	Owner     Owner
+	SessionID string
+	Size      int64
+	Filename  string
+	MIME      string
+	// SHA256 is the declared hash, normalized, or "".
+	SHA256 string
+	// The session as CheckUpload saw it; StoreFile re-checks them.
+	Generation, Incarnation int64
+	SessionOwner, Agent     string
+}
+
+// gatewayLease is a gateway's: its last renewal and how many uploads it holds
+// (a gateway without uploads has none).
+type gatewayLease struct {
+	renewed time.Time
+	uploads int
+}
+
+// upload is one staged upload.
+type upload struct {
+	id    string
+	owner Owner
+	decl  Declared
+	// data has capacity decl.Size from the first chunk on; len(data) is
+	// the bytes received.
+	data       []byte
+	charge     int64
+	lastActive time.Time
+	// committing is set while StoreFile runs: the upload is neither
+	// expired nor reclaimed, and a discard leaves its charge for Finish to
+	// release.
+	committing bool
+}
+
+// charge is what an upload costs the budget: its declared payload and
+// every string it keeps, plus UploadOverhead. An empty upload with a
+// 255-byte filename still costs about 900 bytes, so no number of them
+// holds memory for free.
+func charge(id string, d Declared) int64 {
+	n := d.Size + UploadOverhead
+	for _, s := range []string{id, d.Owner.Gateway, d.Owner.Conn, d.Owner.Principal, d.SessionID, d.Filename, d.MIME, d.SHA256, d.SessionOwner, d.Agent} {
+		n += int64(len(s))
+	}
+	return n
+}
+
+// Limits are the effective settings: uploads.* with the file limit
+// capped at MaxStorableBytes.
+func Limits(u configclient.Uploads) configclient.Uploads {
+	u.MaxFileBytes = min(u.MaxFileBytes, MaxStorableBytes)
+	return u
+}
+
+// Stage holds the staged uploads. Its methods are safe for concurrent
+// use; one mutex guards everything, and no call holds it longer than a
+// copy of one chunk.
+type Stage struct {
+	settings func() configclient.Uploads
+	lease    time.Duration
+	now      func() time.Time
+	log      *zap.Logger
+
+	mu       sync.Mutex
+	uploads  map[string]*upload
+	byConn   map[string]map[string]*upload
+	gateways map[string]*gatewayLease
+	charged  int64
+	payload  int64
+}
+
+// NewStage builds a stage on the live settings; lease <= 0 is
+// DefaultLease and now nil is time.Now.
+func NewStage(settings func() configclient.Uploads, lease time.Duration, now func() time.Time, log *zap.Logger) *Stage {
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	if now == nil {
+		now = time.Now
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Stage{
+		settings: settings, lease: lease, now: now, log: log,
+		uploads: map[string]*upload{}, byConn: map[string]map[string]*upload{}, gateways: map[string]*gatewayLease{},
+	}
+}
+
+// Limits are the settings in force now.
+func (st *Stage) Limits() configclient.Uploads { return Limits(st.settings()) }
+
+// Lease is how long a gateway's uploads outlive its last renewal.
+func (st *Stage) Lease() time.Duration { return st.lease }
+
+func invalid(msg string) error {
+	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, msg)
+}
+func capacity(msg string) error {
+	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonCapacity, rpcerr.NoIndex, msg)
+}
+func unknown(id string) error {
+	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonNotFound, rpcerr.NoIndex, uploads.UnknownUpload(id))
+}
+
+// CheckDeclared refuses a begin whose declared fields break the limits,
+// before anyone is asked about the session. It returns the normalized
+// hash.
+func (st *Stage) CheckDeclared(size int64, filename, sha string) (string, error) {
+	lim := st.Limits()
+	if size < 0 {
+		return "", invalid("`size_bytes` must not be negative")
+	}
+	if size > lim.MaxFileBytes {
+		return "", invalid(uploads.FileTooLarge(size, lim.MaxFileBytes))
+	}
+	if msg := uploads.CheckFilename(filename); msg != "" {
+		return "", invalid(msg)
+	}
+	sum, ok := uploads.NormalizeSHA256(sha)
+	if !ok {
+		return "", invalid(uploads.BadSHA256)
+	}
+	return sum, nil
+}
+
+// CheckRoom refuses a begin on a connection already at its limit of
+// staged uploads (its idle ones expired first), so a full connection does
+// not cost a call to the session service. Reserve checks again.
+func (st *Stage) CheckRoom(o Owner) error {
+	lim := st.Limits()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.expireConnLocked(o.connKey(), lim)
+	if len(st.byConn[o.connKey()]) >= lim.MaxPerConnection {
+		return capacity(uploads.TooManyForConnection(lim.MaxPerConnection))
+	}
+	return nil
+}
+
+// Reserve stages a new upload and returns its id (32 hexadecimal
+// characters, random). The connection may hold MaxPerConnection uploads;
+// the daemon MaxStagedBytes of charge. When the new upload does not fit,
+// every upload idle past the idle timeout is reclaimed first, whichever
+// connection holds it.
+func (st *Stage) Reserve(d Declared) (string, error) {
+	lim := st.Limits()
+	var raw [uploads.IDHexLen / 2]byte
+	_, _ = rand.Read(raw[:]) // crypto/rand.Read never fails on supported platforms
+	id := hex.EncodeToString(raw[:])
+	c := charge(id, d)
+
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	key := d.Owner.connKey()
+	st.expireConnLocked(key, lim)
+	if len(st.byConn[key]) >= lim.MaxPerConnection {
+		return "", capacity(uploads.TooManyForConnection(lim.MaxPerConnection))
+	}
+	if st.charged+c > lim.MaxStagedBytes {
+		if n := st.reclaimIdleLocked(lim); n > 0 {
+			st.log.Info("idle uploads reclaimed for a new one", zap.Int("reclaimed", n))
+		}
+	}
+	if st.charged+c > lim.MaxStagedBytes {
+		return "", capacity(uploads.OverBudget)
+	}
+	now := st.now()
+	u := &upload{id: id, owner: d.Owner, decl: d, charge: c, lastActive: now}
+	st.uploads[id] = u
+	if st.byConn[key] == nil {
+		st.byConn[key] = map[string]*upload{}
+	}
+	st.byConn[key][id] = u
+	l := st.gateways[d.Owner.Gateway]
+	if l == nil {
+		l = &gatewayLease{}
+		st.gateways[d.Owner.Gateway] = l
+	}
+	l.renewed = now
+	l.uploads++
+	st.charged += c
+	return id, nil
+}
+
+// Hold charges n bytes of a whole-file attach to the budget while it is
+// stored, reclaiming idle uploads first when they do not fit, and returns
+// the function that gives them back. The attach's bytes are already in
+// memory; holding them in the budget bounds how many wait to be stored.
+func (st *Stage) Hold(n int64) (release func(), err error) {
+	lim := st.Limits()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.charged+n > lim.MaxStagedBytes {
+		st.reclaimIdleLocked(lim)
+	}
+	if st.charged+n > lim.MaxStagedBytes {
+		return nil, capacity(uploads.OverBudget)
+	}
+	st.charged += n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			st.mu.Lock()
+			st.charged -= n
+			st.mu.Unlock()
+		})
+	}, nil
+}
+
+// lookupLocked returns the upload id names for o, or the unknown refusal;
+// an upload found idle past the timeout is dropped and unknown.
+func (st *Stage) lookupLocked(o Owner, id string, lim configclient.Uploads) (*upload, error) {
+	u := st.uploads[id]
+	if u == nil || u.owner != o {
+		return nil, unknown(id)
+	}
+	if !u.committing && st.now().Sub(u.lastActive) >= lim.IdleTimeout {
+		st.dropLocked(u)
+		return nil, unknown(id)
+	}
+	return u, nil
+}
+
+// Chunk adds data at offset and returns the bytes received. offset must
+// equal the bytes received so far; bytes already received and resent
+// identically are acknowledged without change, so a client may retry
+// after a lost reply.
+func (st *Stage) Chunk(o Owner, id string, offset int64, data []byte) (int64, error) {
+	lim := st.Limits()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	u, err := st.lookupLocked(o, id, lim)
+	if err != nil {
+		return 0, err
+	}
+	n := int64(len(data))
+	if n < 1 || n > lim.ChunkBytes {
+		return 0, invalid(uploads.ChunkSize(lim.ChunkBytes))
+	}
+	received := int64(len(u.data))
+	switch {
+	case offset < 0:
+		return 0, invalid("`offset` must not be negative")
+	case offset > received:
+		return 0, invalid(uploads.ChunkGap(offset, received))
+	case offset < received:
+		if offset+n <= received && bytes.Equal(u.data[offset:offset+n], data) {
+			u.lastActive = st.now()
+			return received, nil
+		}
+		return 0, invalid(uploads.ChunkOverlap(offset, received))
+	case offset+n > u.decl.Size:
+		return 0, invalid(uploads.ChunkPastSize(offset+n, u.decl.Size))
+	}
+	if u.data == nil {
+		u.data = make([]byte, 0, u.decl.Size)
+	}
+	u.data = append(u.data, data...)
+	st.payload += n
+	u.lastActive = st.now()
+	return int64(len(u.data)), nil
+}
+
+// Pending is an upload handed to commit.
+type Pending struct {
+	ID   string
+	Decl Declared
+	Data []byte
+}
+
+// Take hands a complete upload to commit: every declared byte received,
+// and the declared hash, if any, matching (else the upload is discarded).
+// The upload stays staged, and charged, until Finish.
+func (st *Stage) Take(o Owner, id string) (Pending, error) {
+	lim := st.Limits()
+	st.mu.Lock()
+	u, err := st.lookupLocked(o, id, lim)
+	if err != nil {
+		st.mu.Unlock()
+		return Pending{}, err
+	}
+	if received := int64(len(u.data)); received != u.decl.Size {
+		u.lastActive = st.now()
+		st.mu.Unlock()
+		return Pending{}, invalid(uploads.Incomplete(received, u.decl.Size))
+	}
+	u.committing = true
+	p := Pending{ID: u.id, Decl: u.decl, Data: u.data}
+	st.mu.Unlock()
+
+	if p.Decl.SHA256 != "" && sha256Hex(p.Data) != p.Decl.SHA256 {
+		st.Finish(id, false)
+		return Pending{}, invalid(uploads.HashMismatch)
+	}
+	return p, nil
+}
+
+// Finish ends a commit that Take started: the upload is dropped, or kept
+// for another commit when keep (the store failed for a reason that may
+// pass).
+func (st *Stage) Finish(id string, keep bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	u := st.uploads[id]
+	if u == nil || !u.committing {
+		return
+	}
+	u.committing = false
+	if u.owner == (Owner{}) {
+		// Discarded during the commit: its charge waited for now.
+		st.releaseLocked(u)
+		return
+	}
+	if keep {
+		u.lastActive = st.now()
+		return
+	}
+	st.dropLocked(u)
+}
+
+// DiscardConnection drops every upload of a connection and reports how
+// many there were.
+func (st *Stage) DiscardConnection(gateway, conn string) int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	us := st.byConn[Owner{Gateway: gateway, Conn: conn}.connKey()]
+	n := len(us)
+	for _, u := range us {
+		st.dropLocked(u)
+	}
+	return n
+}
+
+// Renew extends the lease of a gateway's uploads; a gateway without
+// uploads holds no lease.
+func (st *Stage) Renew(gateway string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if l := st.gateways[gateway]; l != nil {
+		l.renewed = st.now()
+	}
+}
+
+// Sweep drops every upload idle past the timeout and every upload of a
+// gateway whose lease ran out. It returns how many uploads it dropped.
+func (st *Stage) Sweep() int {
+	lim := st.Limits()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	n := st.reclaimIdleLocked(lim)
+	now := st.now()
+	lapsed := map[string]bool{}
+	for gw, l := range st.gateways {
+		if now.Sub(l.renewed) > st.lease {
+			lapsed[gw] = true
+		}
+	}
+	if len(lapsed) == 0 {
+		return n
+	}
+	counts := map[string]int{}
+	for _, u := range st.uploads {
+		if gw := u.owner.Gateway; lapsed[gw] {
+			st.dropLocked(u)
+			counts[gw]++
+		}
+	}
+	for gw, dropped := range counts {
+		st.log.Warn("gateway lease lapsed, its uploads discarded", zap.String("gateway_id", gw), zap.Int("uploads", dropped))
+		n += dropped
+	}
+	return n
+}
+
+// Run sweeps until ctx ends, often enough that neither the idle timeout
+// nor a lease is overrun by much.
+func (st *Stage) Run(ctx context.Context) {
+	for {
+		every := min(st.Limits().IdleTimeout/4, st.lease/4, 5*time.Second)
+		every = max(every, 50*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+		if n := st.Sweep(); n > 0 {
+			st.log.Info("staged uploads expired", zap.Int("uploads", n))
+		}
+	}
+}
+
+// Stats is what is staged now.
+type Stats struct {
+	Uploads, Gateways       int
+	Charged, Payload, Limit int64
+}
+
+// Stats reports the staged uploads and the budget.
+func (st *Stage) Stats() Stats {
+	lim := st.Limits()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return Stats{Uploads: len(st.uploads), Gateways: len(st.gateways), Charged: st.charged, Payload: st.payload, Limit: lim.MaxStagedBytes}
+}
+
+// reclaimIdleLocked drops every upload idle past the timeout.
+func (st *Stage) reclaimIdleLocked(lim configclient.Uploads) int {
+	now := st.now()
+	n := 0
+	for _, u := range st.uploads {
+		if !u.committing && now.Sub(u.lastActive) >= lim.IdleTimeout {
+			st.dropLocked(u)
+			n++
+		}
+	}
+	return n
+}
+
+// expireConnLocked drops a connection's uploads idle past the timeout.
+func (st *Stage) expireConnLocked(key string, lim configclient.Uploads) {
+	now := st.now()
+	for _, u := range st.byConn[key] {
+		if !u.committing && now.Sub(u.lastActive) >= lim.IdleTimeout {
+			st.dropLocked(u)
+		}
+	}
+}
+
+// dropLocked takes an upload from its owner: out of the indexes, and
+// its charge released. An upload under commit stays charged, with no
+// owner, until Finish: its bytes are still held.
+func (st *Stage) dropLocked(u *upload) {
+	if u.owner == (Owner{}) {
+		return
+	}
+	key := u.owner.connKey()
+	delete(st.byConn[key], u.id)
+	if len(st.byConn[key]) == 0 {
+		delete(st.byConn, key)
+	}
+	if l := st.gateways[u.owner.Gateway]; l != nil {
+		if l.uploads--; l.uploads == 0 {
+			delete(st.gateways, u.owner.Gateway)
+		}
+	}
+	u.owner = Owner{}
+	if !u.committing {
+		st.releaseLocked(u)
+	}
+}
+
+// releaseLocked forgets an ownerless upload and releases its charge.
+func (st *Stage) releaseLocked(u *upload) {
+	delete(st.uploads, u.id)
+	st.charged -= u.charge
+	st.payload -= int64(len(u.data))
+}

@@ -1,0 +1,442 @@
+package uploadstaging
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/uploads"
+)
+
+// clock is a settable time.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// defaults are docs/spec.md §6's limits, as the schema's defaults give them.
+func defaults() configclient.Uploads { return configclient.Snapshot{}.Uploads() }
+
+func newStage(t *testing.T, tweak func(*configclient.Uploads)) (*Stage, *clock) {
+	t.Helper()
+	lim := defaults()
+	if tweak != nil {
+		tweak(&lim)
+	}
+	c := &clock{now: time.Unix(1_700_000_000, 0)}
+	return NewStage(func() configclient.Uploads { return lim }, 15*time.Second, c.Now, nil), c
+}
+
+var (
+	connA = Owner{Gateway: "gw-1", Conn: "conn-a", Principal: "shared-operator"}
+	connB = Owner{Gateway: "gw-1", Conn: "conn-b", Principal: "shared-operator"}
+)
+
+func decl(o Owner, size int64) Declared {
+	return Declared{Owner: o, SessionID: "sess_1", Size: size, Generation: 1, Incarnation: 7, SessionOwner: o.Principal, Agent: "default"}
+}
+
+func reserve(t *testing.T, st *Stage, d Declared) string {
+	t.Helper()
+	id, err := st.Reserve(d)
+	if err != nil {
+		t.Fatalf("reserve: %v", err)
+	}
+	return id
+}
+
+// refused checks a refusal: -32602 (InvalidArgument) and the exact text.
+func refused(t *testing.T, err error, reason, msg string) {
+	t.Helper()
+	st, ok := status.FromError(err)
+	if err == nil || !ok {
+		t.Fatalf("want %q, got %v", msg, err)
+	}
+	got, _ := rpcerr.Details(st)
+	if st.Code() != codes.InvalidArgument || got != reason || st.Message() != msg {
+		t.Fatalf("want InvalidArgument %s %q, got %v %s %q", reason, msg, st.Code(), got, st.Message())
+	}
+}
+
+// Every refusal of docs/spec.md §6 that the stage gives, word for word.
+func TestStageRefusals(t *testing.T) {
+	st, _ := newStage(t, nil)
+	hex64 := strings.Repeat("ab", 32)
+
+	for _, tc := range []struct {
+		name     string
+		size     int64
+		filename string
+		sha      string
+		msg      string
+	}{
+		{"file limit", 10485761, "", "", "Upload of 10485761 bytes exceeds the 10 MB file limit"},
+		{"filename", 0, strings.Repeat("f", 256), "", "`filename` is 256 bytes; the limit is 255"},
+		{"sha256 short", 1, "", hex64[:63], "`sha256` must be 64 hexadecimal characters"},
+		{"sha256 not hex", 1, "", strings.Repeat("zz", 32), "`sha256` must be 64 hexadecimal characters"},
+		{"negative size", -1, "", "", "`size_bytes` must not be negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := st.CheckDeclared(tc.size, tc.filename, tc.sha)
+			refused(t, err, rpcerr.ReasonInvalid, tc.msg)
+		})
+	}
+	// Accepted: exactly the limits; sha256 trimmed and lower-cased.
+	if sum, err := st.CheckDeclared(10485760, strings.Repeat("f", 255), " "+strings.ToUpper(hex64)+" "); err != nil || sum != hex64 {
+		t.Fatalf("at the limits: %q %v", sum, err)
+	}
+
+	id := reserve(t, st, decl(connA, 10))
+	if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" {
+		t.Fatalf("upload id %q", id)
+	}
+	chunk := func(off int64, data string) error {
+		_, err := st.Chunk(connA, id, off, []byte(data))
+		return err
+	}
+	refused(t, chunk(0, ""), rpcerr.ReasonInvalid, "A chunk must carry between 1 and 1048576 decoded bytes")
+	refused(t, chunk(0, strings.Repeat("x", 1048577)), rpcerr.ReasonInvalid, "A chunk must carry between 1 and 1048576 decoded bytes")
+	refused(t, chunk(3, "abc"), rpcerr.ReasonInvalid, "Chunk at offset 3 leaves a gap; the next offset is 0")
+	if err := chunk(0, "abcd"); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, chunk(2, "zz"), rpcerr.ReasonInvalid, "Chunk at offset 2 overlaps received data; the next offset is 4")
+	refused(t, chunk(2, "cdef"), rpcerr.ReasonInvalid, "Chunk at offset 2 overlaps received data; the next offset is 4")
+	refused(t, chunk(4, "1234567"), rpcerr.ReasonInvalid, "Chunk ends at byte 11, past the declared size of 10")
+	_, err := st.Take(connA, id)
+	refused(t, err, rpcerr.ReasonInvalid, "Upload has 4 of 10 declared bytes; send the rest before committing")
+	// Still staged after that refusal.
+	if err := chunk(4, "efghij"); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := st.Take(connA, id); err != nil || string(p.Data) != "abcdefghij" {
+		t.Fatalf("take %q %v", p.Data, err)
+	}
+	st.Finish(id, false)
+	refused(t, chunk(0, "a"), rpcerr.ReasonNotFound, "Unknown or expired upload `"+id+"`")
+
+	// A declared hash that does not match discards the upload.
+	d := decl(connA, 3)
+	d.SHA256 = sha256Hex([]byte("abd"))
+	id = reserve(t, st, d)
+	if _, err := st.Chunk(connA, id, 0, []byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Take(connA, id)
+	refused(t, err, rpcerr.ReasonInvalid, "Upload content does not match the SHA-256 declared at begin; begin again")
+	_, err = st.Take(connA, id)
+	refused(t, err, rpcerr.ReasonNotFound, "Unknown or expired upload `"+id+"`")
+	if s := st.Stats(); s.Uploads != 0 || s.Charged != 0 || s.Payload != 0 {
+		t.Fatalf("left staged: %+v", s)
+	}
+}
+
+// Lost reply: the same chunk again gets the same received_bytes and
+// changes nothing; other bytes at that offset are an overlap.
+func TestStageIdenticalResendIsAcknowledged(t *testing.T) {
+	st, _ := newStage(t, nil)
+	id := reserve(t, st, decl(connA, 6))
+	for range 2 {
+		if got, err := st.Chunk(connA, id, 0, []byte("abc")); err != nil || got != 3 {
+			t.Fatalf("chunk: %d %v", got, err)
+		}
+	}
+	if got, err := st.Chunk(connA, id, 3, []byte("def")); err != nil || got != 6 {
+		t.Fatalf("second chunk: %d %v", got, err)
+	}
+	// Resends of accepted chunks, after more arrived, still acknowledge.
+	for _, c := range []struct {
+		off  int64
+		data string
+	}{{0, "abc"}, {3, "def"}} {
+		if got, err := st.Chunk(connA, id, c.off, []byte(c.data)); err != nil || got != 6 {
+			t.Fatalf("resend at %d: %d %v", c.off, got, err)
+		}
+	}
+	_, err := st.Chunk(connA, id, 0, []byte("abX"))
+	refused(t, err, rpcerr.ReasonInvalid, "Chunk at offset 0 overlaps received data; the next offset is 6")
+	if p, err := st.Take(connA, id); err != nil || string(p.Data) != "abcdef" {
+		t.Fatalf("content %q %v", p.Data, err)
+	}
+}
+
+// An upload is its connection's: another connection (or the same one
+// bound to another principal, or another gateway's connection with the
+// same id) is told it does not exist; closing the connection frees it.
+func TestStageUploadBelongsToItsConnection(t *testing.T) {
+	st, _ := newStage(t, nil)
+	id := reserve(t, st, decl(connA, 4))
+	unknownMsg := "Unknown or expired upload `" + id + "`"
+	for _, other := range []Owner{
+		connB,
+		{Gateway: connA.Gateway, Conn: connA.Conn, Principal: "user:mallory"},
+		{Gateway: "gw-2", Conn: connA.Conn, Principal: connA.Principal},
+	} {
+		_, err := st.Chunk(other, id, 0, []byte("abcd"))
+		refused(t, err, rpcerr.ReasonNotFound, unknownMsg)
+		_, err = st.Take(other, id)
+		refused(t, err, rpcerr.ReasonNotFound, unknownMsg)
+	}
+	if n := st.DiscardConnection(connB.Gateway, connB.Conn); n != 0 {
+		t.Fatalf("another connection's close discarded %d", n)
+	}
+	if _, err := st.Chunk(connA, id, 0, []byte("ab")); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.DiscardConnection(connA.Gateway, connA.Conn); n != 1 {
+		t.Fatalf("discarded %d", n)
+	}
+	_, err := st.Chunk(connA, id, 2, []byte("cd"))
+	refused(t, err, rpcerr.ReasonNotFound, unknownMsg)
+	if s := st.Stats(); s.Uploads != 0 || s.Charged != 0 || s.Payload != 0 || s.Gateways != 0 {
+		t.Fatalf("after close: %+v", s)
+	}
+}
+
+// Four uploads per connection; idle ones expire and make room.
+func TestStagePerConnectionLimit(t *testing.T) {
+	st, clk := newStage(t, nil)
+	for range 4 {
+		reserve(t, st, decl(connA, 1))
+	}
+	msg := "This connection already has 4 uploads in progress; commit them or let them expire before beginning another"
+	refused(t, st.CheckRoom(connA), rpcerr.ReasonCapacity, msg)
+	_, err := st.Reserve(decl(connA, 1))
+	refused(t, err, rpcerr.ReasonCapacity, msg)
+	if err := st.CheckRoom(connB); err != nil {
+		t.Fatalf("another connection: %v", err)
+	}
+	clk.advance(5 * time.Minute)
+	if err := st.CheckRoom(connA); err != nil {
+		t.Fatalf("after the idle timeout: %v", err)
+	}
+	reserve(t, st, decl(connA, 1))
+}
+
+// The budget covers payload and metadata. A begin that does not fit is
+// refused; once uploads are idle past the timeout (of a connection still
+// open, and not the one beginning), they are reclaimed for it.
+func TestStageBudgetAndIdleReclaim(t *testing.T) {
+	const budget = 4 << 20
+	st, clk := newStage(t, func(u *configclient.Uploads) { u.MaxStagedBytes = budget })
+	var ids []string
+	conns := []Owner{}
+	for i := range 3 {
+		o := Owner{Gateway: "gw-1", Conn: fmt.Sprintf("conn-%d", i), Principal: "shared-operator"}
+		conns = append(conns, o)
+		ids = append(ids, reserve(t, st, decl(o, 1<<20)))
+	}
+	// 3 MiB plus metadata staged: a fourth MiB does not fit.
+	late := Owner{Gateway: "gw-1", Conn: "conn-late", Principal: "shared-operator"}
+	_, err := st.Reserve(decl(late, 1<<20))
+	refused(t, err, rpcerr.ReasonCapacity, "The daemon is staging too many uploads to accept this one now; retry after in-progress uploads finish")
+	if s := st.Stats(); s.Charged <= 3<<20 || s.Charged > budget {
+		t.Fatalf("charged %d", s.Charged)
+	}
+
+	// conn-0 stays active; the others go idle.
+	clk.advance(4 * time.Minute)
+	if _, err := st.Chunk(conns[0], ids[0], 0, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Minute)
+	if _, err := st.Reserve(decl(late, 1<<20)); err != nil {
+		t.Fatalf("after the others went idle: %v", err)
+	}
+	if s := st.Stats(); s.Uploads != 2 {
+		t.Fatalf("uploads after reclaim: %+v", s)
+	}
+	if _, err := st.Chunk(conns[0], ids[0], 1, []byte("y")); err != nil {
+		t.Fatalf("the active upload was reclaimed: %v", err)
+	}
+	_, err = st.Chunk(conns[1], ids[1], 0, []byte("x"))
+	refused(t, err, rpcerr.ReasonNotFound, "Unknown or expired upload `"+ids[1]+"`")
+}
+
+// Metadata is charged: empty uploads with 255-byte filenames hit the
+// budget too, and the charge is exactly payload + kept strings +
+// UploadOverhead.
+func TestStageMetadataIsCharged(t *testing.T) {
+	const budget = 64 << 10
+	st, _ := newStage(t, func(u *configclient.Uploads) { u.MaxStagedBytes = budget })
+	name := strings.Repeat("n", 255)
+	n := 0
+	for ; ; n++ {
+		o := Owner{Gateway: "gw-1", Conn: fmt.Sprintf("conn-%04d", n), Principal: "user:somebody"}
+		d := decl(o, 0)
+		d.Filename = name
+		id, err := st.Reserve(d)
+		if err != nil {
+			refused(t, err, rpcerr.ReasonCapacity, uploads.OverBudget)
+			break
+		}
+		want := int64(UploadOverhead + len(id) + len(o.Gateway) + len(o.Conn) + len(o.Principal) + len(d.SessionID) +
+			len(name) + len(d.SessionOwner) + len(d.Agent))
+		if got := st.Stats().Charged; got != want*int64(n+1) {
+			t.Fatalf("charged %d after %d uploads of %d", got, n+1, want)
+		}
+		if n > 1000 {
+			t.Fatal("empty uploads never hit the budget")
+		}
+	}
+	if n < 50 || st.Stats().Charged > budget {
+		t.Fatalf("%d empty uploads, %d charged", n, st.Stats().Charged)
+	}
+}
+
+// UploadOverhead covers the upload record and its index entries.
+func TestUploadOverheadCoversTheRecord(t *testing.T) {
+	// Each index entry: a string key and a pointer, with a map's
+	// per-slot control byte; three indexes (by id, by connection, the
+	// gateway's lease count) and the lease record shared by a gateway's
+	// uploads, counted whole for its first.
+	entry := unsafe.Sizeof("") + unsafe.Sizeof(&upload{}) + 1
+	need := unsafe.Sizeof(upload{}) + 3*entry + unsafe.Sizeof(gatewayLease{})
+	if need > UploadOverhead {
+		t.Fatalf("an upload record needs %d bytes, UploadOverhead is %d", need, UploadOverhead)
+	}
+}
+
+// A gateway that stops renewing loses its uploads once the lease runs
+// out; one that renews keeps them.
+func TestStageGatewayLease(t *testing.T) {
+	st, clk := newStage(t, nil)
+	dead := Owner{Gateway: "gw-dead", Conn: "conn-1", Principal: "shared-operator"}
+	alive := Owner{Gateway: "gw-alive", Conn: "conn-2", Principal: "shared-operator"}
+	deadID := reserve(t, st, decl(dead, 1<<20))
+	aliveID := reserve(t, st, decl(alive, 1<<20))
+	for range 4 {
+		clk.advance(5 * time.Second)
+		st.Renew("gw-alive")
+		st.Sweep()
+	}
+	if _, err := st.Chunk(dead, deadID, 0, []byte("x")); err == nil {
+		t.Fatal("an upload outlived its gateway's lease")
+	}
+	if _, err := st.Chunk(alive, aliveID, 0, []byte("x")); err != nil {
+		t.Fatalf("a renewed gateway lost its upload: %v", err)
+	}
+	if s := st.Stats(); s.Uploads != 1 || s.Gateways != 1 {
+		t.Fatalf("after the lease: %+v", s)
+	}
+	// Renewing an unknown gateway holds nothing.
+	st.Renew("gw-none")
+	if s := st.Stats(); s.Gateways != 1 {
+		t.Fatalf("a lease for a gateway without uploads: %+v", s)
+	}
+}
+
+// The sweeper drops idle uploads on its own.
+func TestStageSweepExpiresIdle(t *testing.T) {
+	st, clk := newStage(t, nil)
+	id := reserve(t, st, decl(connA, 8))
+	// The gateway renews its lease: only the idle timeout applies.
+	clk.advance(4 * time.Minute)
+	st.Renew(connA.Gateway)
+	if n := st.Sweep(); n != 0 {
+		t.Fatalf("swept %d before the timeout", n)
+	}
+	clk.advance(time.Minute)
+	st.Renew(connA.Gateway)
+	if n := st.Sweep(); n != 1 {
+		t.Fatalf("swept %d", n)
+	}
+	_, err := st.Chunk(connA, id, 0, []byte("x"))
+	refused(t, err, rpcerr.ReasonNotFound, "Unknown or expired upload `"+id+"`")
+}
+
+// An upload under commit is not expired, and one discarded meanwhile
+// stays charged until the commit ends: its bytes are still held.
+func TestStageCommitHoldsTheCharge(t *testing.T) {
+	st, clk := newStage(t, nil)
+	id := reserve(t, st, decl(connA, 3))
+	if _, err := st.Chunk(connA, id, 0, []byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	p, err := st.Take(connA, id)
+	if err != nil || !bytes.Equal(p.Data, []byte("abc")) {
+		t.Fatal(err)
+	}
+	clk.advance(10 * time.Minute)
+	st.Renew(connA.Gateway)
+	if n := st.Sweep(); n != 0 {
+		t.Fatalf("swept an upload under commit")
+	}
+	charged := st.Stats().Charged
+	st.DiscardConnection(connA.Gateway, connA.Conn)
+	if s := st.Stats(); s.Charged != charged {
+		t.Fatalf("charge released while the commit holds the bytes: %+v", s)
+	}
+	if err := st.CheckRoom(connA); err != nil {
+		t.Fatalf("the closed connection's slot: %v", err)
+	}
+	st.Finish(id, true)
+	if s := st.Stats(); s.Charged != 0 || s.Uploads != 0 {
+		t.Fatalf("after the commit: %+v", s)
+	}
+
+	// A store that may pass keeps the upload for another commit.
+	id = reserve(t, st, decl(connA, 1))
+	if _, err := st.Chunk(connA, id, 0, []byte("z")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Take(connA, id); err != nil {
+		t.Fatal(err)
+	}
+	st.Finish(id, true)
+	if _, err := st.Take(connA, id); err != nil {
+		t.Fatalf("kept upload: %v", err)
+	}
+	st.Finish(id, false)
+	if s := st.Stats(); s.Charged != 0 {
+		t.Fatalf("after the second commit: %+v", s)
+	}
+}
+
+// A whole-file attach is charged while it is stored, after idle uploads
+// are reclaimed; it is refused when the budget is spent.
+func TestStageHoldChargesAttaches(t *testing.T) {
+	st, clk := newStage(t, func(u *configclient.Uploads) { u.MaxStagedBytes = 2 << 20 })
+	reserve(t, st, decl(connA, 1<<20))
+	release, err := st.Hold(1 << 19)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Hold(1 << 20)
+	refused(t, err, rpcerr.ReasonCapacity, uploads.OverBudget)
+	release()
+	release()
+	clk.advance(5 * time.Minute)
+	release, err = st.Hold(2 << 20)
+	if err != nil {
+		t.Fatalf("after the idle upload was reclaimed: %v", err)
+	}
+	if s := st.Stats(); s.Charged != 2<<20 || s.Uploads != 0 {
+		t.Fatalf("held %+v", s)
+	}
+	release()
+	if s := st.Stats(); s.Charged != 0 {
+		t.Fatalf("after release %+v", s)
+	}
+}
