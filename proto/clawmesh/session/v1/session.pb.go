@@ -2437,8 +2437,9 @@ type ApprovalView struct {
 	TurnId     string                 `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
 	ToolCallId string                 `protobuf:"bytes,4,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
 	ToolName   string                 `protobuf:"bytes,5,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
-	// arguments_json is the call's arguments as the provider sent them
-	// (compact JSON; a JSON string when they were not valid JSON).
+	// arguments_json is the call's arguments as stored: JSON (key order and
+	// spacing may differ from the provider's; a JSON string when they were
+	// not valid JSON).
 	ArgumentsJson string         `protobuf:"bytes,6,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
 	Status        ApprovalStatus `protobuf:"varint,7,opt,name=status,proto3,enum=clawmesh.session.v1.ApprovalStatus" json:"status,omitempty"`
 	// decision and surface are set when status is DECIDED.
