@@ -285,9 +285,9 @@ func (l *Layout) titleOf(key, dflt string) string {
 	return dflt
 }
 
-func workspaceKey() string        { return "workspace:" + workspaceID }
-func tabKey(alias string) string  { return "tab:" + alias }
-func tabID(alias string) string   { return tabPrefix + alias }
+func workspaceKey() string          { return "workspace:" + workspaceID }
+func tabKey(alias string) string    { return "tab:" + alias }
+func tabID(alias string) string     { return tabPrefix + alias }
 func defaultWorkspaceTitle() string { return "clawmesh" }
 
 // Snapshot returns the snapshot body for tr and its ETag; bodies are

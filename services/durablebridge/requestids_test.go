@@ -113,4 +113,3 @@ func TestRequestIDMemory(t *testing.T) {
 		t.Fatal("one of the last 500 ids ran again")
 	}
 }
-
