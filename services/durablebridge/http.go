@@ -54,17 +54,20 @@ var routes = []*route{
 // match finds the route of a method and an escaped path below the base;
 // params are the ":" segments, still escaped.
 func match(method, rest string) (*route, []string) {
-	segs := strings.Split(rest, "/")
+	n := strings.Count(rest, "/") + 1
 	for _, rt := range routes {
-		if rt.method != method || len(rt.segs) != len(segs) {
+		if rt.method != method || len(rt.segs) != n {
 			continue
 		}
 		var params []string
+		tail := rest
 		ok := true
-		for i, s := range rt.segs {
+		for _, s := range rt.segs {
+			seg, after, _ := strings.Cut(tail, "/")
+			tail = after
 			if s == ":" {
-				params = append(params, segs[i])
-			} else if s != segs[i] {
+				params = append(params, seg)
+			} else if s != seg {
 				ok = false
 				break
 			}
@@ -131,16 +134,23 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, http.StatusRequestEntityTooLarge, codeTooLarge, "")
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if len(body) > maxBody {
-		h.fail(w, http.StatusRequestEntityTooLarge, codeTooLarge, "")
-		return
+	var body []byte
+	if r.ContentLength != 0 {
+		var err error
+		body, err = io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+		if len(body) > maxBody {
+			h.fail(w, http.StatusRequestEntityTooLarge, codeTooLarge, "")
+			return
+		}
+		if err != nil {
+			h.fail(w, http.StatusBadRequest, codeBadRequest, "the body could not be read")
+			return
+		}
 	}
-	if err != nil {
-		h.fail(w, http.StatusBadRequest, codeBadRequest, "the body could not be read")
-		return
+	var ids []string
+	if len(params) > 0 {
+		ids = make([]string, len(params))
 	}
-	ids := make([]string, len(params))
 	for i, p := range params {
 		id, err := url.PathUnescape(p)
 		if err != nil || !validID(id) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -73,11 +74,15 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 		socket = durablebridge.DefaultSocket(env.DataDir)
 	}
 	host, _ := os.Hostname()
+	// Read on every socket connection's requests: kept current from the
+	// config's changes rather than rebuilt from the document each time.
+	var refuse atomic.Bool
+	refuse.Store(settings.RefuseDescendants)
 	b, err := durablebridge.New(ctx, durablebridge.Config{
 		DB: env.DB, NATS: env.NATS, Log: env.Log, Sessions: sessionv1.NewSessionServiceClient(sessionConn),
 		SocketPath: socket, ListenURL: settings.ListenURL, TLSCertFile: settings.TLSCertFile, TLSKeyFile: settings.TLSKeyFile,
 		HostName:          "clawmesh on " + host,
-		RefuseDescendants: func() bool { return live.Durable().RefuseDescendants },
+		RefuseDescendants: refuse.Load,
 	})
 	if err != nil {
 		return nil, err
@@ -100,7 +105,9 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	reveal()
 	wake := make(chan struct{}, 1)
 	live.OnChange(func(s configclient.Snapshot, props []string) {
-		b.SetStarters(s.Durable().Starters)
+		d := s.Durable()
+		refuse.Store(d.RefuseDescendants)
+		b.SetStarters(d.Starters)
 		if props == nil || slices.Contains(props, tokenProp) {
 			select {
 			case wake <- struct{}{}:
