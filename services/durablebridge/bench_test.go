@@ -65,7 +65,9 @@ func BenchmarkSnapshotPoll(b *testing.B) {
 func poll(b *testing.B, socket string, clients int, tag string, want int, change func()) float64 {
 	b.Helper()
 	tr := &http.Transport{
-		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "unix", socket) },
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+		},
 		MaxIdleConnsPerHost: clients, DisableCompression: true,
 	}
 	defer tr.CloseIdleConnections()
