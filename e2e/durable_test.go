@@ -186,6 +186,56 @@ func TestDurableStory(t *testing.T) {
 		t.Fatalf("transcript %+v", msgs.Messages)
 	}
 
+	// A text sent while a turn runs waits for the next turn; abort stops
+	// the turn the phone saw; the waiting text then runs.
+	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": "/sleep 30000\n/say never"}), http.StatusOK, "")
+	pollUntil(t, c, "the long turn", func(s *collietest.Snapshot) bool { p := s.Pane(id); return p != nil && p.Turn != nil })
+	long := c.Snap.Pane(id).Turn.ID
+	r = post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": "/say queued reply", "turn": long})
+	if r.Status != http.StatusOK || string(r.Body) != `{"ok":true,"queued":true}` {
+		t.Fatalf("send during a turn: %s", r)
+	}
+	wantReply(t, post(t, c, "/pane/"+id+"/abort", collietest.NewRequestID(), map[string]any{"turn": long}), http.StatusOK, "")
+	v = eventsUntil(t, c, id, "the queued text's reply", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "queued reply")
+	})
+	if strings.Contains(v.Text("reply"), "never") {
+		t.Fatalf("the stopped turn went on: %q", v.Text("reply"))
+	}
+
+	// The first decision wins across surfaces: the phone before the socket
+	// client's elicitation reply, then the elicitation reply before the
+	// phone.
+	ze := newConv(t, s, map[string]any{"elicitation": map[string]any{}})
+	eid := ze.newSession("")
+	pollUntil(t, c, "the elicitation client's pane", func(s *collietest.Snapshot) bool { return s.Pane(eid) != nil })
+	for _, phoneFirst := range []bool{true, false} {
+		prompt := ze.send("session/prompt", map[string]any{"session_id": eid, "prompt": `/tool echo {"e":1}`})
+		elicit := elicitationOf(t, ze)
+		a := openAsk(t, c, eid)
+		if phoneFirst {
+			wantReply(t, must(c.Answer(ctx, eid, collietest.NewRequestID(), a, "allow_once")), http.StatusOK, "")
+			ze.c.Send(`{"jsonrpc":"2.0","id":` + string(elicit) + `,"result":{"action":"decline"}}`)
+		} else {
+			ze.c.Send(`{"jsonrpc":"2.0","id":` + string(elicit) + `,"result":{"action":"decline"}}`)
+		}
+		ups, resp := ze.until(prompt)
+		if resp.Error != nil {
+			t.Fatal(resp.Error)
+		}
+		ran := strings.Contains(toolResult(t, ups), `"e":1`)
+		if ran != phoneFirst {
+			t.Fatalf("phone first %v: the tool ran %v (%q)", phoneFirst, ran, toolResult(t, ups))
+		}
+		if !phoneFirst {
+			r := must(c.Answer(ctx, eid, collietest.NewRequestID(), a, "allow_once"))
+			wantReply(t, r, http.StatusConflict, "decided")
+			if !strings.Contains(string(r.Body), `"by":"program","outcome":{"option":"reject"}`) {
+				t.Fatalf("the phone after the elicitation reply: %s", r)
+			}
+		}
+	}
+
 	// A starter opens a pane and runs its prompt; rename, close, history,
 	// reopen.
 	r = post(t, c, "/starter/hello", collietest.NewRequestID(), map[string]any{"text": "/say and more"})
@@ -241,7 +291,10 @@ func TestDurableStory(t *testing.T) {
 		t.Fatalf("items page 1: %s", r)
 	}
 	r, _ = c.Items(ctx, id, "after="+*items.Next)
-	if r.JSON(&items) != nil || len(items.Items) != 1 || items.Items[0].Kind != "reply" || items.Items[0].Text != "after " || items.Next != nil {
+	// The rest: the reply, the stopped turn's prompt (no reply), the
+	// queued text and its reply.
+	if r.JSON(&items) != nil || len(items.Items) != 4 || items.Items[0].Kind != "reply" || items.Items[0].Text != "after " ||
+		items.Items[3].Text != "queued reply " || items.Next != nil {
 		t.Fatalf("items page 2: %s", r)
 	}
 	wantReply(t, must(c.Items(ctx, "sess_nobody", "")), http.StatusNotFound, "no-such-conversation")
@@ -251,6 +304,17 @@ func TestDurableStory(t *testing.T) {
 	}
 	pollUntil(t, c, "the reopened pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
 	wantReply(t, post(t, c, "/reopen", collietest.NewRequestID(), map[string]any{"conversation": "sess_nobody"}), http.StatusNotFound, "no-such-conversation")
+}
+
+// elicitationOf reads a socket client's frames up to the next
+// elicitation/create and returns its id.
+func elicitationOf(t *testing.T, v *conv) json.RawMessage {
+	t.Helper()
+	for {
+		if f := v.next(); f.Method == "elicitation/create" {
+			return f.ID
+		}
+	}
 }
 
 func must(r *collietest.Reply, err error) *collietest.Reply {
