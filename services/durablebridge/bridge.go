@@ -118,6 +118,12 @@ type Bridge struct {
 	tokenLn  net.Listener
 	prefix   string
 	listenAt string
+
+	// base is the parent of the work a POST starts (it outlives the
+	// phone's connection, not the bridge); handlers counts the requests
+	// being served, so Run returns after the last.
+	base     context.Context
+	handlers sync.WaitGroup
 }
 
 // New starts an epoch: it draws a new epoch, reads the stored titles and
@@ -128,7 +134,7 @@ func New(ctx context.Context, cfg Config) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Bridge{cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB}, sessions: cfg.Sessions, launcher: launcherPID()}
+	b := &Bridge{cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB}, sessions: cfg.Sessions, launcher: launcherPID(), base: context.Background()}
 	epoch, err := b.store.newEpoch(ctx)
 	if err != nil {
 		return nil, err
@@ -192,8 +198,10 @@ func (b *Bridge) tokenOK(presented string) bool {
 }
 
 // Run serves both transports and follows the sessions until ctx is done,
-// then stops serving (bounded) and returns.
+// then stops serving (bounded), cancels the work of POSTs still running,
+// and returns once every request ended. Run is called once.
 func (b *Bridge) Run(ctx context.Context) error {
+	b.base = ctx
 	unsubscribe, err := b.follower.subscribe()
 	if err != nil {
 		return err
@@ -242,6 +250,9 @@ func (b *Bridge) Run(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
+	// Close does not wait for handlers; their work derives from ctx, which
+	// is done, so they end promptly.
+	b.handlers.Wait()
 	return runErr
 }
 

@@ -43,10 +43,17 @@ type follower struct {
 	mu     sync.Mutex
 	marked map[string]bool
 	all    bool
+
+	// suspects are panes whose turn disagreed with the session service at
+	// the last reconcile, with the update they had applied then: only a
+	// disagreement that outlives a reconcile reloads a pane (a turn's end
+	// may fall between reading the view's sequence and its turn).
+	suspects map[string]int64
 }
 
 func newFollower(b *Bridge) *follower {
-	return &follower{b: b, updates: make(chan *busv1.SessionUpdate, updateQueue), wake: make(chan struct{}, 1), marked: map[string]bool{}}
+	return &follower{b: b, updates: make(chan *busv1.SessionUpdate, updateQueue), wake: make(chan struct{}, 1),
+		marked: map[string]bool{}, suspects: map[string]int64{}}
 }
 
 // push is the bus callback: it never blocks the subscription.
@@ -590,20 +597,19 @@ func (f *follower) reconcile(ctx context.Context) {
 		return
 	}
 	seen := make(map[string]bool, len(views))
+	suspects := map[string]int64{}
 	for _, v := range views {
 		id := v.GetSession().GetSessionId()
 		seen[id] = true
 		var exists, stale bool
+		var applied int64
 		f.b.layout.read(id, func(p *pane) {
-			exists = true
+			exists, applied = true, p.lastSeq
 			turn := ""
 			if p.turn != nil {
 				turn = p.turn.id
 			}
-			stale = v.GetUpdateSeq() <= p.lastSeq && turn != v.GetTurnId()
-			if p.sessionTitle != v.GetSession().GetTitle() {
-				stale = true
-			}
+			stale = v.GetUpdateSeq() <= p.lastSeq && turn != v.GetTurnId() || p.sessionTitle != v.GetSession().GetTitle()
 		})
 		switch {
 		case !exists:
@@ -611,9 +617,15 @@ func (f *follower) reconcile(ctx context.Context) {
 				f.b.log.Warn("show session", zap.String("session_id", id), zap.Error(err))
 			}
 		case stale:
-			f.reload(ctx, id)
+			if last, ok := f.suspects[id]; ok && last == applied {
+				f.b.log.Info("pane out of step with its session, reloading", zap.String("session_id", id))
+				f.reload(ctx, id)
+			} else {
+				suspects[id] = applied
+			}
 		}
 	}
+	f.suspects = suspects
 	for _, id := range f.b.layout.paneIDs("") {
 		if !seen[id] {
 			f.b.layout.remove(id)

@@ -35,6 +35,7 @@ func newWireBridge(t testing.TB, withDB bool) *wireBridge {
 		cfg:    Config{Log: testenv.Logger(t), HostName: "test host", RefuseDescendants: func() bool { return false }, CallTimeout: time.Second},
 		log:    testenv.Logger(t),
 		layout: NewLayout(testEpoch),
+		base:   context.Background(),
 	}
 	b.launcher = launcherPID()
 	b.follower = newFollower(b)

@@ -91,6 +91,8 @@ type handler struct {
 // bad-id, bad-request), then the route.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b := h.b
+	b.handlers.Add(1)
+	defer b.handlers.Done()
 	if h.tr == overToken {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !b.tokenOK(token) || !ok {
@@ -295,7 +297,9 @@ func (h *handler) post(w http.ResponseWriter, r *http.Request, rt *route, ids []
 	path := strings.TrimPrefix(r.URL.EscapedPath(), h.prefix)
 	fp := fingerprint(http.MethodPost, path, body)
 	status, out, err := h.b.memory.do(r.Context(), idStr, fp, func() (int, []byte) {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), rt.timeout)
+		// The work outlives the phone's connection (its retry must find the
+		// answer), not the bridge.
+		ctx, cancel := context.WithTimeout(h.b.base, rt.timeout)
 		defer cancel()
 		st, v := cmd.run(ctx, h.b, h.tr)
 		return st, mustJSON(v)
