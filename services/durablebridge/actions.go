@@ -403,6 +403,7 @@ func (c *closeCmd) run(ctx context.Context, b *Bridge, _ transport) (int, any) {
 // closePanes closes sessions; their history stays (conversations, reopen).
 func (b *Bridge) closePanes(ctx context.Context, ids []string) (int, any) {
 	for _, id := range ids {
+		b.noteClosed(id)
 		_, err := b.sessions.Close(ctx, &sessionv1.CloseRequest{Principal: operator(), SessionId: id})
 		if err != nil && status.Code(err) != codes.NotFound && status.Code(err) != codes.FailedPrecondition {
 			return b.unavailable("close session", err)
@@ -458,7 +459,7 @@ func (b *Bridge) show(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return b.follower.loadPane(ctx, v.GetView())
+	return b.follower.loadPane(ctx, v.GetView(), false)
 }
 
 // reopenCmd shows a closed conversation again.

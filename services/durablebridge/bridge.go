@@ -124,6 +124,11 @@ type Bridge struct {
 	// being served, so Run returns after the last.
 	base     context.Context
 	handlers sync.WaitGroup
+
+	// closed remembers when the phone closed a session, so a list read
+	// before the close does not show it again.
+	closedMu sync.Mutex
+	closed   map[string]time.Time
 }
 
 // New starts an epoch: it draws a new epoch, reads the stored titles and
@@ -254,6 +259,30 @@ func (b *Bridge) Run(ctx context.Context) error {
 	// is done, so they end promptly.
 	b.handlers.Wait()
 	return runErr
+}
+
+// noteClosed records that the phone closed a session now.
+func (b *Bridge) noteClosed(id string) {
+	b.closedMu.Lock()
+	defer b.closedMu.Unlock()
+	if b.closed == nil {
+		b.closed = map[string]time.Time{}
+	}
+	now := time.Now()
+	for k, at := range b.closed {
+		if now.Sub(at) > time.Minute {
+			delete(b.closed, k)
+		}
+	}
+	b.closed[id] = now
+}
+
+// closedSince reports whether the phone closed a session after t.
+func (b *Bridge) closedSince(id string, t time.Time) bool {
+	b.closedMu.Lock()
+	defer b.closedMu.Unlock()
+	at, ok := b.closed[id]
+	return ok && !at.Before(t)
 }
 
 // operator is the principal the bridge acts as: the machine's owner.

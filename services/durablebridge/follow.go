@@ -164,7 +164,7 @@ func (f *follower) load(ctx context.Context) error {
 		return err
 	}
 	for _, v := range views {
-		if err := f.loadPane(ctx, v); err != nil {
+		if err := f.loadPane(ctx, v, true); err != nil {
 			return err
 		}
 	}
@@ -172,8 +172,10 @@ func (f *follower) load(ctx context.Context) error {
 }
 
 // loadPane builds a session's pane from its view and transcript, and
-// puts it in the layout (replacing the pane it had).
-func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView) error {
+// puts it in the layout: in place of the pane it had when replace is set,
+// else only when it has none (another goroutine may have shown it
+// meanwhile, and may have applied later updates to it).
+func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, replace bool) error {
 	s := v.GetSession()
 	c, cancel := f.call(ctx)
 	tr, err := f.b.sessions.Transcript(c, &sessionv1.TranscriptRequest{Principal: operator(), SessionId: s.GetSessionId(), Limit: maxViewItems})
@@ -202,7 +204,11 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView) error
 	for _, a := range v.GetApprovals() {
 		p.addAsk(f.askOf(p.id, a))
 	}
-	f.b.layout.put(p)
+	if replace {
+		f.b.layout.put(p)
+	} else {
+		f.b.layout.putNew(p)
+	}
 	return nil
 }
 
@@ -354,7 +360,7 @@ func (f *follower) discover(ctx context.Context, id string) {
 	if !open(resp.GetView().GetSession()) {
 		return
 	}
-	if err := f.loadPane(ctx, resp.GetView()); err != nil {
+	if err := f.loadPane(ctx, resp.GetView(), false); err != nil {
 		f.b.log.Warn("show new session", zap.String("session_id", id), zap.Error(err))
 		f.mark(id)
 	}
@@ -582,15 +588,17 @@ func (f *follower) reload(ctx context.Context, id string) {
 	for _, a := range gone {
 		f.resolve(ctx, id, a)
 	}
-	if err := f.loadPane(ctx, resp.GetView()); err != nil {
+	if err := f.loadPane(ctx, resp.GetView(), true); err != nil {
 		f.b.log.Warn("reload pane", zap.String("session_id", id), zap.Error(err))
 	}
 }
 
 // reconcile compares the layout with the open sessions: new ones are
-// shown, closed ones removed, and a pane whose turn disagrees with a view
-// read after every update it applied is reloaded.
+// shown (unless the phone closed them after the list was read), closed
+// ones removed, pending approvals raised, and a pane whose turn disagrees
+// with a view read after every update it applied is reloaded.
 func (f *follower) reconcile(ctx context.Context) {
+	listed := time.Now()
 	views, err := f.openViews(ctx, false)
 	if err != nil {
 		f.b.log.Debug("reconcile sessions", zap.Error(err))
@@ -603,6 +611,8 @@ func (f *follower) reconcile(ctx context.Context) {
 		seen[id] = true
 		var exists, stale bool
 		var applied int64
+		var missing []*sessionv1.ApprovalView
+		var gone []*ask
 		f.b.layout.read(id, func(p *pane) {
 			exists, applied = true, p.lastSeq
 			turn := ""
@@ -610,10 +620,31 @@ func (f *follower) reconcile(ctx context.Context) {
 				turn = p.turn.id
 			}
 			stale = v.GetUpdateSeq() <= p.lastSeq && turn != v.GetTurnId() || p.sessionTitle != v.GetSession().GetTitle()
+			if v.GetUpdateSeq() != p.lastSeq {
+				// Only a view taken exactly where the pane stands says
+				// which asks it lacks or holds too many of.
+				return
+			}
+			pending := map[string]bool{}
+			for _, a := range v.GetApprovals() {
+				k := askID(id, a.GetToolCallId())
+				pending[k] = true
+				if p.findAsk(k) == nil {
+					missing = append(missing, a)
+				}
+			}
+			for _, a := range p.asks {
+				if !pending[a.id] {
+					gone = append(gone, a)
+				}
+			}
 		})
 		switch {
 		case !exists:
-			if err := f.loadPane(ctx, v); err != nil {
+			if f.b.closedSince(id, listed) {
+				continue
+			}
+			if err := f.loadPane(ctx, v, false); err != nil {
 				f.b.log.Warn("show session", zap.String("session_id", id), zap.Error(err))
 			}
 		case stale:
@@ -623,12 +654,25 @@ func (f *follower) reconcile(ctx context.Context) {
 			} else {
 				suspects[id] = applied
 			}
+		default:
+			// A pending approval whose update was lost (or applied to a
+			// pane replaced meanwhile) is raised now; an ask whose approval
+			// is no longer pending is closed with its outcome.
+			for _, a := range missing {
+				k := f.askOf(id, a)
+				f.b.layout.mutate(id, func(p *pane) bool { return p.addAsk(k) })
+			}
+			for _, a := range gone {
+				f.resolve(ctx, id, a)
+			}
 		}
 	}
 	f.suspects = suspects
+	// Panes shown after the list was read (a starter's, a reopened one)
+	// are not in it and stay.
 	for _, id := range f.b.layout.paneIDs("") {
 		if !seen[id] {
-			f.b.layout.remove(id)
+			f.b.layout.removeIfBefore(id, listed)
 		}
 	}
 }

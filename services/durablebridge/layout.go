@@ -142,11 +142,16 @@ func (l *Layout) read(id string, fn func(p *pane)) bool {
 // put adds a pane, or replaces the pane with its id: the events logged
 // so far no longer lead to its content, so every reader of it takes its
 // current view.
-func (l *Layout) put(np *pane) {
+func (l *Layout) put(np *pane) { l.install(np, true) }
+
+func (l *Layout) install(np *pane, replace bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	base := int64(1) // a reader's first read (after 0) takes the view
 	if old := l.panes[np.id]; old != nil {
+		if !replace {
+			return
+		}
 		base = old.cursor + 1
 	}
 	clear(np.events)
@@ -155,6 +160,7 @@ func (l *Layout) put(np *pane) {
 		it.ev = nil
 	}
 	np.cursor, np.floor = base, base
+	np.shownAt = time.Now()
 	np.shownState = np.state()
 	np.shownTurn = ""
 	if np.turn != nil {
@@ -162,6 +168,19 @@ func (l *Layout) put(np *pane) {
 	}
 	l.panes[np.id] = np
 	l.bump()
+}
+
+// putNew adds a pane unless the layout has one with its id.
+func (l *Layout) putNew(np *pane) { l.install(np, false) }
+
+// removeIfBefore drops a pane shown before t.
+func (l *Layout) removeIfBefore(id string, t time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.panes[id]; p != nil && p.shownAt.Before(t) {
+		delete(l.panes, id)
+		l.bump()
+	}
 }
 
 // remove drops a pane; it reports whether there was one.

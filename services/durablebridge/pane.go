@@ -27,6 +27,8 @@ type pane struct {
 	sessionTitle string
 	firstPrompt  string
 	created      time.Time
+	// shownAt is when the pane was put in the layout.
+	shownAt time.Time
 
 	turn *turnInfo
 	// asks are the open asks, oldest first.
