@@ -113,3 +113,33 @@ func TestRequestIDMemory(t *testing.T) {
 		t.Fatal("one of the last 500 ids ran again")
 	}
 }
+
+// At least the last 500 decided asks of a pane are kept, with their
+// outcome, whatever other panes do.
+func TestDecidedAsksKept(t *testing.T) {
+	w := newWireBridge(t, true)
+	st, ctx := w.b.store, context.Background()
+	for i := range keptDecided + 100 {
+		if err := st.recordDecided(ctx, "p1", fmt.Sprintf("ask-%d", i), decided{by: byPhone, outcome: optAllowOnce}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.recordDecided(ctx, "p2", "ask-0", decided{by: byTimeout, outcome: optReject}); err != nil {
+		t.Fatal(err)
+	}
+	// The first outcome stays: a later record of the same ask is ignored.
+	if err := st.recordDecided(ctx, "p2", "ask-0", decided{by: byPhone, outcome: optAllowOnce}); err != nil {
+		t.Fatal(err)
+	}
+	for i := keptDecided + 100 - 500; i < keptDecided+100; i++ {
+		if d, err := st.decidedAsk(ctx, "p1", fmt.Sprintf("ask-%d", i)); err != nil || d.by != byPhone {
+			t.Fatalf("ask-%d: %+v %v", i, d, err)
+		}
+	}
+	if _, err := st.decidedAsk(ctx, "p1", "ask-0"); err != errNoRow {
+		t.Fatalf("the oldest ask is kept beyond the bound: %v", err)
+	}
+	if d, err := st.decidedAsk(ctx, "p2", "ask-0"); err != nil || d.by != byTimeout || d.outcome != optReject {
+		t.Fatalf("another pane's ask: %+v %v", d, err)
+	}
+}
