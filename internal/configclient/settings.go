@@ -1,7 +1,9 @@
 package configclient
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
@@ -135,17 +137,45 @@ type Durable struct {
 	TLSCertFile       string
 	TLSKeyFile        string
 	RefuseDescendants bool
+	// Starters are durable.starters.<id>, in id order.
+	Starters []DurableStarter
+}
+
+// DurableStarter is one durable.starters.<id> entry.
+type DurableStarter struct {
+	ID          string
+	Title       string
+	Description string
+	// Agent is the agent alias of the session the starter opens.
+	Agent  string
+	Prompt string
 }
 
 // Durable reads durable.*.
 func (s Snapshot) Durable() Durable {
-	return Durable{
+	d := Durable{
 		SocketPath:        s.String("durable.socket_path"),
 		ListenURL:         s.String("durable.listen_url"),
 		TLSCertFile:       s.String("durable.tls_cert_file"),
 		TLSKeyFile:        s.String("durable.tls_key_file"),
 		RefuseDescendants: s.Bool("durable.refuse_descendants"),
 	}
+	entries, _ := s.Value("durable.starters")
+	byID, _ := entries.(map[string]any)
+	for _, id := range slices.Sorted(maps.Keys(byID)) {
+		if !isObject(byID[id]) {
+			continue
+		}
+		base := "durable.starters." + id
+		d.Starters = append(d.Starters, DurableStarter{
+			ID:          id,
+			Title:       s.String(base + ".title"),
+			Description: s.String(base + ".description"),
+			Agent:       s.String(base + ".agent"),
+			Prompt:      s.String(base + ".prompt"),
+		})
+	}
+	return d
 }
 
 // RPCLimits, PluginSettings, Agent, Uploads and Durable of the current

@@ -41,6 +41,7 @@ var (
 	shortText         = regexp.MustCompile(`^[^\x00-\x1f]{0,64}$`)
 	pluginName        = regexp.MustCompile(`^(|[a-z0-9][a-z0-9_-]{0,63})$`)
 	listenAddr        = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[0-9.]+|localhost):[0-9]{1,5}$`)
+	lineText          = regexp.MustCompile(`^[^\x00-\x1f]{0,256}$`)
 )
 
 // Properties is the schema. Keep related rows together; a Map row comes
@@ -138,4 +139,11 @@ var Properties = []Property{
 	{Path: "durable.tls_cert_file", Type: String, Default: "", Restart: true, Doc: "TLS certificate (PEM)"},
 	{Path: "durable.tls_key_file", Type: String, Default: "", Restart: true, Doc: "TLS private key (PEM)"},
 	{Path: "durable.refuse_descendants", Type: Bool, Default: false, Doc: "answer 403 caller-refused to the agent's own descendants"},
+	{Path: "durable.starters", Type: Map,
+		Doc: "starters the phone offers on its New page, by id (the phone shows at most 50, in id order): each opens a new session"},
+	{Path: "durable.starters.*.title", Type: String, Default: "", Pattern: shortText, Doc: "the starter's title; empty shows its id"},
+	{Path: "durable.starters.*.description", Type: String, Default: "", Pattern: lineText, Doc: "one line under the title"},
+	{Path: "durable.starters.*.agent", Type: String, Default: "default", Ref: "agents", Doc: "agent alias of the session it opens"},
+	{Path: "durable.starters.*.prompt", Type: String, Default: "",
+		Doc: "first prompt of the session; the phone's text, when it sends one, follows it; empty with no text starts no turn"},
 }

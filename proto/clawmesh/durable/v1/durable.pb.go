@@ -5,7 +5,9 @@
 // source: clawmesh/durable/v1/durable.proto
 
 // The durable bridge speaks the durable wire (seed 004, WIRE.md) to Collie
-// over HTTP; this gRPC surface is for operators and tests.
+// over HTTP; this gRPC surface is for operators and tests: it reports the
+// bridge's epoch and endpoints and shows what Collie would read over the
+// private socket.
 
 package durablev1
 
@@ -61,11 +63,18 @@ func (*StateRequest) Descriptor() ([]byte, []int) {
 }
 
 type StateResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
-	Endpoint      string                 `protobuf:"bytes,3,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	Panes         int32                  `protobuf:"varint,4,opt,name=panes,proto3" json:"panes,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Epoch    string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Revision int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// socket_path is the private socket the wire is served on.
+	SocketPath string `protobuf:"bytes,3,opt,name=socket_path,json=socketPath,proto3" json:"socket_path,omitempty"`
+	Panes      int32  `protobuf:"varint,4,opt,name=panes,proto3" json:"panes,omitempty"`
+	// ready is hello's ready: every conversation shown again and every open
+	// ask raised again since this epoch began.
+	Ready bool `protobuf:"varint,5,opt,name=ready,proto3" json:"ready,omitempty"`
+	// listen_address is the token transport's bound host:port, empty when
+	// it is off.
+	ListenAddress string `protobuf:"bytes,6,opt,name=listen_address,json=listenAddress,proto3" json:"listen_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -114,9 +123,9 @@ func (x *StateResponse) GetRevision() int64 {
 	return 0
 }
 
-func (x *StateResponse) GetEndpoint() string {
+func (x *StateResponse) GetSocketPath() string {
 	if x != nil {
-		return x.Endpoint
+		return x.SocketPath
 	}
 	return ""
 }
@@ -126,6 +135,20 @@ func (x *StateResponse) GetPanes() int32 {
 		return x.Panes
 	}
 	return 0
+}
+
+func (x *StateResponse) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *StateResponse) GetListenAddress() string {
+	if x != nil {
+		return x.ListenAddress
+	}
+	return ""
 }
 
 type SnapshotRequest struct {
@@ -218,9 +241,10 @@ func (x *SnapshotResponse) GetJson() string {
 }
 
 type PaneEventsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PaneId        string                 `protobuf:"bytes,1,opt,name=pane_id,json=paneId,proto3" json:"pane_id,omitempty"`
-	After         int64                  `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	PaneId string                 `protobuf:"bytes,1,opt,name=pane_id,json=paneId,proto3" json:"pane_id,omitempty"`
+	// after is the reader's cursor; absent reads the pane's current view.
+	After         *int64 `protobuf:"varint,2,opt,name=after,proto3,oneof" json:"after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,8 +287,8 @@ func (x *PaneEventsRequest) GetPaneId() string {
 }
 
 func (x *PaneEventsRequest) GetAfter() int64 {
-	if x != nil {
-		return x.After
+	if x != nil && x.After != nil {
+		return *x.After
 	}
 	return 0
 }
@@ -319,19 +343,23 @@ var File_clawmesh_durable_v1_durable_proto protoreflect.FileDescriptor
 const file_clawmesh_durable_v1_durable_proto_rawDesc = "" +
 	"\n" +
 	"!clawmesh/durable/v1/durable.proto\x12\x13clawmesh.durable.v1\"\x0e\n" +
-	"\fStateRequest\"s\n" +
+	"\fStateRequest\"\xb5\x01\n" +
 	"\rStateResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1a\n" +
-	"\bendpoint\x18\x03 \x01(\tR\bendpoint\x12\x14\n" +
-	"\x05panes\x18\x04 \x01(\x05R\x05panes\"\x11\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1f\n" +
+	"\vsocket_path\x18\x03 \x01(\tR\n" +
+	"socketPath\x12\x14\n" +
+	"\x05panes\x18\x04 \x01(\x05R\x05panes\x12\x14\n" +
+	"\x05ready\x18\x05 \x01(\bR\x05ready\x12%\n" +
+	"\x0elisten_address\x18\x06 \x01(\tR\rlistenAddress\"\x11\n" +
 	"\x0fSnapshotRequest\":\n" +
 	"\x10SnapshotResponse\x12\x12\n" +
 	"\x04etag\x18\x01 \x01(\tR\x04etag\x12\x12\n" +
-	"\x04json\x18\x02 \x01(\tR\x04json\"B\n" +
+	"\x04json\x18\x02 \x01(\tR\x04json\"Q\n" +
 	"\x11PaneEventsRequest\x12\x17\n" +
-	"\apane_id\x18\x01 \x01(\tR\x06paneId\x12\x14\n" +
-	"\x05after\x18\x02 \x01(\x03R\x05after\"(\n" +
+	"\apane_id\x18\x01 \x01(\tR\x06paneId\x12\x19\n" +
+	"\x05after\x18\x02 \x01(\x03H\x00R\x05after\x88\x01\x01B\b\n" +
+	"\x06_after\"(\n" +
 	"\x12PaneEventsResponse\x12\x12\n" +
 	"\x04json\x18\x01 \x01(\tR\x04json2\x98\x02\n" +
 	"\x0eDurableService\x12N\n" +
@@ -380,6 +408,7 @@ func file_clawmesh_durable_v1_durable_proto_init() {
 	if File_clawmesh_durable_v1_durable_proto != nil {
 		return
 	}
+	file_clawmesh_durable_v1_durable_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -5,7 +5,9 @@
 // source: clawmesh/durable/v1/durable.proto
 
 // The durable bridge speaks the durable wire (seed 004, WIRE.md) to Collie
-// over HTTP; this gRPC surface is for operators and tests.
+// over HTTP; this gRPC surface is for operators and tests: it reports the
+// bridge's epoch and endpoints and shows what Collie would read over the
+// private socket.
 
 package durablev1
 
@@ -31,7 +33,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type DurableServiceClient interface {
-	// State reports the epoch, the snapshot revision and the HTTP endpoint.
+	// State reports the epoch, the snapshot revision and the endpoints.
 	State(ctx context.Context, in *StateRequest, opts ...grpc.CallOption) (*StateResponse, error)
 	// Snapshot returns the snapshot document as Collie would read it.
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotResponse, error)
@@ -81,7 +83,7 @@ func (c *durableServiceClient) PaneEvents(ctx context.Context, in *PaneEventsReq
 // All implementations must embed UnimplementedDurableServiceServer
 // for forward compatibility.
 type DurableServiceServer interface {
-	// State reports the epoch, the snapshot revision and the HTTP endpoint.
+	// State reports the epoch, the snapshot revision and the endpoints.
 	State(context.Context, *StateRequest) (*StateResponse, error)
 	// Snapshot returns the snapshot document as Collie would read it.
 	Snapshot(context.Context, *SnapshotRequest) (*SnapshotResponse, error)

@@ -250,6 +250,69 @@ func (Surface) EnumDescriptor() ([]byte, []int) {
 	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
+// ApprovalStatus is where an approval request stands.
+type ApprovalStatus int32
+
+const (
+	ApprovalStatus_APPROVAL_STATUS_UNSPECIFIED ApprovalStatus = 0
+	// APPROVAL_STATUS_PENDING: nobody decided yet.
+	ApprovalStatus_APPROVAL_STATUS_PENDING ApprovalStatus = 1
+	// APPROVAL_STATUS_DECIDED: a person decided (decision and surface say
+	// how and where).
+	ApprovalStatus_APPROVAL_STATUS_DECIDED ApprovalStatus = 2
+	// APPROVAL_STATUS_TIMED_OUT: nobody decided before the timeout; the
+	// call was denied.
+	ApprovalStatus_APPROVAL_STATUS_TIMED_OUT ApprovalStatus = 3
+	// APPROVAL_STATUS_CANCELLED: the turn ended first (cancelled, failed,
+	// or the session service stopped).
+	ApprovalStatus_APPROVAL_STATUS_CANCELLED ApprovalStatus = 4
+)
+
+// Enum value maps for ApprovalStatus.
+var (
+	ApprovalStatus_name = map[int32]string{
+		0: "APPROVAL_STATUS_UNSPECIFIED",
+		1: "APPROVAL_STATUS_PENDING",
+		2: "APPROVAL_STATUS_DECIDED",
+		3: "APPROVAL_STATUS_TIMED_OUT",
+		4: "APPROVAL_STATUS_CANCELLED",
+	}
+	ApprovalStatus_value = map[string]int32{
+		"APPROVAL_STATUS_UNSPECIFIED": 0,
+		"APPROVAL_STATUS_PENDING":     1,
+		"APPROVAL_STATUS_DECIDED":     2,
+		"APPROVAL_STATUS_TIMED_OUT":   3,
+		"APPROVAL_STATUS_CANCELLED":   4,
+	}
+)
+
+func (x ApprovalStatus) Enum() *ApprovalStatus {
+	p := new(ApprovalStatus)
+	*p = x
+	return p
+}
+
+func (x ApprovalStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ApprovalStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_clawmesh_session_v1_session_proto_enumTypes[4].Descriptor()
+}
+
+func (ApprovalStatus) Type() protoreflect.EnumType {
+	return &file_clawmesh_session_v1_session_proto_enumTypes[4]
+}
+
+func (x ApprovalStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ApprovalStatus.Descriptor instead.
+func (ApprovalStatus) EnumDescriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{4}
+}
+
 type Session struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	SessionId          string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -2412,6 +2475,988 @@ func (x *StatusResponse) GetSessionIds() []string {
 	return nil
 }
 
+// ApprovalView is one approval request as the durable bridge shows it.
+type ApprovalView struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	SessionId  string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	TurnId     string                 `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	ToolCallId string                 `protobuf:"bytes,4,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
+	ToolName   string                 `protobuf:"bytes,5,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	// arguments_json is the call's arguments as stored: JSON (key order and
+	// spacing may differ from the provider's; a JSON string when they were
+	// not valid JSON).
+	ArgumentsJson string         `protobuf:"bytes,6,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
+	Status        ApprovalStatus `protobuf:"varint,7,opt,name=status,proto3,enum=clawmesh.session.v1.ApprovalStatus" json:"status,omitempty"`
+	// decision and surface are set when status is DECIDED.
+	Decision  Decision               `protobuf:"varint,8,opt,name=decision,proto3,enum=clawmesh.session.v1.Decision" json:"decision,omitempty"`
+	Surface   Surface                `protobuf:"varint,9,opt,name=surface,proto3,enum=clawmesh.session.v1.Surface" json:"surface,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// expires_at is when a pending request is denied by its timeout; set
+	// while it is pending.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApprovalView) Reset() {
+	*x = ApprovalView{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApprovalView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApprovalView) ProtoMessage() {}
+
+func (x *ApprovalView) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApprovalView.ProtoReflect.Descriptor instead.
+func (*ApprovalView) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ApprovalView) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ApprovalView) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ApprovalView) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+func (x *ApprovalView) GetToolCallId() string {
+	if x != nil {
+		return x.ToolCallId
+	}
+	return ""
+}
+
+func (x *ApprovalView) GetToolName() string {
+	if x != nil {
+		return x.ToolName
+	}
+	return ""
+}
+
+func (x *ApprovalView) GetArgumentsJson() string {
+	if x != nil {
+		return x.ArgumentsJson
+	}
+	return ""
+}
+
+func (x *ApprovalView) GetStatus() ApprovalStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ApprovalStatus_APPROVAL_STATUS_UNSPECIFIED
+}
+
+func (x *ApprovalView) GetDecision() Decision {
+	if x != nil {
+		return x.Decision
+	}
+	return Decision_DECISION_UNSPECIFIED
+}
+
+func (x *ApprovalView) GetSurface() Surface {
+	if x != nil {
+		return x.Surface
+	}
+	return Surface_SURFACE_UNSPECIFIED
+}
+
+func (x *ApprovalView) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *ApprovalView) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *ApprovalView) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+// SessionView is a session with what is live in it.
+type SessionView struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// turn_id and turn_started_at name the running turn; empty when idle.
+	TurnId        string                 `protobuf:"bytes,2,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	TurnStartedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=turn_started_at,json=turnStartedAt,proto3" json:"turn_started_at,omitempty"`
+	// approvals are the pending approval requests, oldest first.
+	Approvals []*ApprovalView `protobuf:"bytes,4,rep,name=approvals,proto3" json:"approvals,omitempty"`
+	// update_seq is the seq of the last session update published when the
+	// view was read: updates up to it are reflected here or lost to the
+	// view (streamed text), later ones are not.
+	UpdateSeq     int64 `protobuf:"varint,5,opt,name=update_seq,json=updateSeq,proto3" json:"update_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionView) Reset() {
+	*x = SessionView{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionView) ProtoMessage() {}
+
+func (x *SessionView) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionView.ProtoReflect.Descriptor instead.
+func (*SessionView) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SessionView) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *SessionView) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+func (x *SessionView) GetTurnStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TurnStartedAt
+	}
+	return nil
+}
+
+func (x *SessionView) GetApprovals() []*ApprovalView {
+	if x != nil {
+		return x.Approvals
+	}
+	return nil
+}
+
+func (x *SessionView) GetUpdateSeq() int64 {
+	if x != nil {
+		return x.UpdateSeq
+	}
+	return 0
+}
+
+type ListSessionViewsRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	// include_closed lists closed and killed sessions too.
+	IncludeClosed bool `protobuf:"varint,2,opt,name=include_closed,json=includeClosed,proto3" json:"include_closed,omitempty"`
+	// page_size: 0 means 50, at most 1000.
+	PageSize int64 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token continues after the previous page's next_page_token.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionViewsRequest) Reset() {
+	*x = ListSessionViewsRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionViewsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionViewsRequest) ProtoMessage() {}
+
+func (x *ListSessionViewsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionViewsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionViewsRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ListSessionViewsRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *ListSessionViewsRequest) GetIncludeClosed() bool {
+	if x != nil {
+		return x.IncludeClosed
+	}
+	return false
+}
+
+func (x *ListSessionViewsRequest) GetPageSize() int64 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSessionViewsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListSessionViewsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Views []*SessionView         `protobuf:"bytes,1,rep,name=views,proto3" json:"views,omitempty"`
+	// next_page_token is empty after the last page; it is printable ASCII
+	// without spaces, at most 512 bytes.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionViewsResponse) Reset() {
+	*x = ListSessionViewsResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionViewsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionViewsResponse) ProtoMessage() {}
+
+func (x *ListSessionViewsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionViewsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionViewsResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListSessionViewsResponse) GetViews() []*SessionView {
+	if x != nil {
+		return x.Views
+	}
+	return nil
+}
+
+func (x *ListSessionViewsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type GetSessionViewRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionViewRequest) Reset() {
+	*x = GetSessionViewRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionViewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionViewRequest) ProtoMessage() {}
+
+func (x *GetSessionViewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionViewRequest.ProtoReflect.Descriptor instead.
+func (*GetSessionViewRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *GetSessionViewRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *GetSessionViewRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type GetSessionViewResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	View          *SessionView           `protobuf:"bytes,1,opt,name=view,proto3" json:"view,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionViewResponse) Reset() {
+	*x = GetSessionViewResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionViewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionViewResponse) ProtoMessage() {}
+
+func (x *GetSessionViewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionViewResponse.ProtoReflect.Descriptor instead.
+func (*GetSessionViewResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *GetSessionViewResponse) GetView() *SessionView {
+	if x != nil {
+		return x.View
+	}
+	return nil
+}
+
+// TranscriptMessage is one transcript row with its time.
+type TranscriptMessage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int64                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Role          string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Content       string                 `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TranscriptMessage) Reset() {
+	*x = TranscriptMessage{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TranscriptMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TranscriptMessage) ProtoMessage() {}
+
+func (x *TranscriptMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TranscriptMessage.ProtoReflect.Descriptor instead.
+func (*TranscriptMessage) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *TranscriptMessage) GetIndex() int64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *TranscriptMessage) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *TranscriptMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+func (x *TranscriptMessage) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+type TranscriptRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// after_index, when set, returns the first limit rows after it; when
+	// absent, the last limit rows.
+	AfterIndex *int64 `protobuf:"varint,3,opt,name=after_index,json=afterIndex,proto3,oneof" json:"after_index,omitempty"`
+	// limit: 0 means 50, at most 2000.
+	Limit         int64 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TranscriptRequest) Reset() {
+	*x = TranscriptRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TranscriptRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TranscriptRequest) ProtoMessage() {}
+
+func (x *TranscriptRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TranscriptRequest.ProtoReflect.Descriptor instead.
+func (*TranscriptRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *TranscriptRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *TranscriptRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *TranscriptRequest) GetAfterIndex() int64 {
+	if x != nil && x.AfterIndex != nil {
+		return *x.AfterIndex
+	}
+	return 0
+}
+
+func (x *TranscriptRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type TranscriptResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Messages  []*TranscriptMessage   `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	// total is the transcript's length (the next index).
+	Total         int64 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TranscriptResponse) Reset() {
+	*x = TranscriptResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TranscriptResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TranscriptResponse) ProtoMessage() {}
+
+func (x *TranscriptResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TranscriptResponse.ProtoReflect.Descriptor instead.
+func (*TranscriptResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *TranscriptResponse) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *TranscriptResponse) GetMessages() []*TranscriptMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *TranscriptResponse) GetTotal() int64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+type GetApprovalRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	RequestId     string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetApprovalRequest) Reset() {
+	*x = GetApprovalRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetApprovalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetApprovalRequest) ProtoMessage() {}
+
+func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
+func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *GetApprovalRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *GetApprovalRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *GetApprovalRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type GetApprovalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Approval      *ApprovalView          `protobuf:"bytes,1,opt,name=approval,proto3" json:"approval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetApprovalResponse) Reset() {
+	*x = GetApprovalResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetApprovalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetApprovalResponse) ProtoMessage() {}
+
+func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
+func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GetApprovalResponse) GetApproval() *ApprovalView {
+	if x != nil {
+		return x.Approval
+	}
+	return nil
+}
+
+type StartTurnRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Prompt        string                 `protobuf:"bytes,3,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTurnRequest) Reset() {
+	*x = StartTurnRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTurnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTurnRequest) ProtoMessage() {}
+
+func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTurnRequest.ProtoReflect.Descriptor instead.
+func (*StartTurnRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *StartTurnRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *StartTurnRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *StartTurnRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+type StartTurnResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	TurnId        string                 `protobuf:"bytes,2,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTurnResponse) Reset() {
+	*x = StartTurnResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTurnResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTurnResponse) ProtoMessage() {}
+
+func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTurnResponse.ProtoReflect.Descriptor instead.
+func (*StartTurnResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *StartTurnResponse) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *StartTurnResponse) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+type CancelTurnRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	TurnId        string                 `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelTurnRequest) Reset() {
+	*x = CancelTurnRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelTurnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelTurnRequest) ProtoMessage() {}
+
+func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelTurnRequest.ProtoReflect.Descriptor instead.
+func (*CancelTurnRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *CancelTurnRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *CancelTurnRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *CancelTurnRequest) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+type CancelTurnResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// cancelled is set when the named turn was running and is now ended.
+	Cancelled bool `protobuf:"varint,2,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	// running_turn_id is the turn running when the call came, when it was
+	// not the one named (empty when the session was idle).
+	RunningTurnId string `protobuf:"bytes,3,opt,name=running_turn_id,json=runningTurnId,proto3" json:"running_turn_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelTurnResponse) Reset() {
+	*x = CancelTurnResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelTurnResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelTurnResponse) ProtoMessage() {}
+
+func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelTurnResponse.ProtoReflect.Descriptor instead.
+func (*CancelTurnResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *CancelTurnResponse) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *CancelTurnResponse) GetCancelled() bool {
+	if x != nil {
+		return x.Cancelled
+	}
+	return false
+}
+
+func (x *CancelTurnResponse) GetRunningTurnId() string {
+	if x != nil {
+		return x.RunningTurnId
+	}
+	return ""
+}
+
 var File_clawmesh_session_v1_session_proto protoreflect.FileDescriptor
 
 const file_clawmesh_session_v1_session_proto_rawDesc = "" +
@@ -2607,7 +3652,95 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x0eStatusResponse\x12'\n" +
 	"\x0factive_sessions\x18\x01 \x01(\x03R\x0eactiveSessions\x12\x1f\n" +
 	"\vsession_ids\x18\x02 \x03(\tR\n" +
-	"sessionIds*\x94\x01\n" +
+	"sessionIds\"\xac\x04\n" +
+	"\fApprovalView\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x17\n" +
+	"\aturn_id\x18\x03 \x01(\tR\x06turnId\x12 \n" +
+	"\ftool_call_id\x18\x04 \x01(\tR\n" +
+	"toolCallId\x12\x1b\n" +
+	"\ttool_name\x18\x05 \x01(\tR\btoolName\x12%\n" +
+	"\x0earguments_json\x18\x06 \x01(\tR\rargumentsJson\x12;\n" +
+	"\x06status\x18\a \x01(\x0e2#.clawmesh.session.v1.ApprovalStatusR\x06status\x129\n" +
+	"\bdecision\x18\b \x01(\x0e2\x1d.clawmesh.session.v1.DecisionR\bdecision\x126\n" +
+	"\asurface\x18\t \x01(\x0e2\x1c.clawmesh.session.v1.SurfaceR\asurface\x129\n" +
+	"\n" +
+	"created_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"decided_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\x82\x02\n" +
+	"\vSessionView\x126\n" +
+	"\asession\x18\x01 \x01(\v2\x1c.clawmesh.session.v1.SessionR\asession\x12\x17\n" +
+	"\aturn_id\x18\x02 \x01(\tR\x06turnId\x12B\n" +
+	"\x0fturn_started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rturnStartedAt\x12?\n" +
+	"\tapprovals\x18\x04 \x03(\v2!.clawmesh.session.v1.ApprovalViewR\tapprovals\x12\x1d\n" +
+	"\n" +
+	"update_seq\x18\x05 \x01(\x03R\tupdateSeq\"\xb9\x01\n" +
+	"\x17ListSessionViewsRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12%\n" +
+	"\x0einclude_closed\x18\x02 \x01(\bR\rincludeClosed\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x03R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"z\n" +
+	"\x18ListSessionViewsResponse\x126\n" +
+	"\x05views\x18\x01 \x03(\v2 .clawmesh.session.v1.SessionViewR\x05views\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"s\n" +
+	"\x15GetSessionViewRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"N\n" +
+	"\x16GetSessionViewResponse\x124\n" +
+	"\x04view\x18\x01 \x01(\v2 .clawmesh.session.v1.SessionViewR\x04view\"\x92\x01\n" +
+	"\x11TranscriptMessage\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x03R\x05index\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x18\n" +
+	"\acontent\x18\x03 \x01(\tR\acontent\x129\n" +
+	"\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xbb\x01\n" +
+	"\x11TranscriptRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12$\n" +
+	"\vafter_index\x18\x03 \x01(\x03H\x00R\n" +
+	"afterIndex\x88\x01\x01\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limitB\x0e\n" +
+	"\f_after_index\"\x8d\x01\n" +
+	"\x12TranscriptResponse\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12B\n" +
+	"\bmessages\x18\x02 \x03(\v2&.clawmesh.session.v1.TranscriptMessageR\bmessages\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x03R\x05total\"\x8f\x01\n" +
+	"\x12GetApprovalRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"T\n" +
+	"\x13GetApprovalResponse\x12=\n" +
+	"\bapproval\x18\x01 \x01(\v2!.clawmesh.session.v1.ApprovalViewR\bapproval\"\x86\x01\n" +
+	"\x10StartTurnRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06prompt\x18\x03 \x01(\tR\x06prompt\"K\n" +
+	"\x11StartTurnResponse\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
+	"\aturn_id\x18\x02 \x01(\tR\x06turnId\"\x88\x01\n" +
+	"\x11CancelTurnRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x17\n" +
+	"\aturn_id\x18\x03 \x01(\tR\x06turnId\"y\n" +
+	"\x12CancelTurnResponse\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
+	"\tcancelled\x18\x02 \x01(\bR\tcancelled\x12&\n" +
+	"\x0frunning_turn_id\x18\x03 \x01(\tR\rrunningTurnId*\x94\x01\n" +
 	"\fSessionState\x12\x1d\n" +
 	"\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12SESSION_STATE_IDLE\x10\x01\x12\x19\n" +
@@ -2629,8 +3762,13 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x13SURFACE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSURFACE_RPC\x10\x01\x12\x17\n" +
 	"\x13SURFACE_ELICITATION\x10\x02\x12\x13\n" +
-	"\x0fSURFACE_DURABLE\x10\x032\xa6\n" +
-	"\n" +
+	"\x0fSURFACE_DURABLE\x10\x03*\xa9\x01\n" +
+	"\x0eApprovalStatus\x12\x1f\n" +
+	"\x1bAPPROVAL_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17APPROVAL_STATUS_PENDING\x10\x01\x12\x1b\n" +
+	"\x17APPROVAL_STATUS_DECIDED\x10\x02\x12\x1d\n" +
+	"\x19APPROVAL_STATUS_TIMED_OUT\x10\x03\x12\x1d\n" +
+	"\x19APPROVAL_STATUS_CANCELLED\x10\x042\xfe\x0e\n" +
 	"\x0eSessionService\x12]\n" +
 	"\n" +
 	"NewSession\x12&.clawmesh.session.v1.NewSessionRequest\x1a'.clawmesh.session.v1.NewSessionResponse\x12Q\n" +
@@ -2647,7 +3785,15 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x10ConnectionClosed\x12,.clawmesh.session.v1.ConnectionClosedRequest\x1a-.clawmesh.session.v1.ConnectionClosedResponse\x12Z\n" +
 	"\tStoreFile\x12%.clawmesh.session.v1.StoreFileRequest\x1a&.clawmesh.session.v1.StoreFileResponse\x12`\n" +
 	"\vCheckUpload\x12'.clawmesh.session.v1.CheckUploadRequest\x1a(.clawmesh.session.v1.CheckUploadResponse\x12Q\n" +
-	"\x06Status\x12\".clawmesh.session.v1.StatusRequest\x1a#.clawmesh.session.v1.StatusResponseBBZ@github.com/clawmesh/clawmesh/proto/clawmesh/session/v1;sessionv1b\x06proto3"
+	"\x06Status\x12\".clawmesh.session.v1.StatusRequest\x1a#.clawmesh.session.v1.StatusResponse\x12o\n" +
+	"\x10ListSessionViews\x12,.clawmesh.session.v1.ListSessionViewsRequest\x1a-.clawmesh.session.v1.ListSessionViewsResponse\x12i\n" +
+	"\x0eGetSessionView\x12*.clawmesh.session.v1.GetSessionViewRequest\x1a+.clawmesh.session.v1.GetSessionViewResponse\x12]\n" +
+	"\n" +
+	"Transcript\x12&.clawmesh.session.v1.TranscriptRequest\x1a'.clawmesh.session.v1.TranscriptResponse\x12`\n" +
+	"\vGetApproval\x12'.clawmesh.session.v1.GetApprovalRequest\x1a(.clawmesh.session.v1.GetApprovalResponse\x12Z\n" +
+	"\tStartTurn\x12%.clawmesh.session.v1.StartTurnRequest\x1a&.clawmesh.session.v1.StartTurnResponse\x12]\n" +
+	"\n" +
+	"CancelTurn\x12&.clawmesh.session.v1.CancelTurnRequest\x1a'.clawmesh.session.v1.CancelTurnResponseBBZ@github.com/clawmesh/clawmesh/proto/clawmesh/session/v1;sessionv1b\x06proto3"
 
 var (
 	file_clawmesh_session_v1_session_proto_rawDescOnce sync.Once
@@ -2661,111 +3807,159 @@ func file_clawmesh_session_v1_session_proto_rawDescGZIP() []byte {
 	return file_clawmesh_session_v1_session_proto_rawDescData
 }
 
-var file_clawmesh_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_clawmesh_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(SessionState)(0),                // 0: clawmesh.session.v1.SessionState
 	(TurnOutcome)(0),                 // 1: clawmesh.session.v1.TurnOutcome
 	(Decision)(0),                    // 2: clawmesh.session.v1.Decision
 	(Surface)(0),                     // 3: clawmesh.session.v1.Surface
-	(*Session)(nil),                  // 4: clawmesh.session.v1.Session
-	(*NewSessionRequest)(nil),        // 5: clawmesh.session.v1.NewSessionRequest
-	(*NewSessionResponse)(nil),       // 6: clawmesh.session.v1.NewSessionResponse
-	(*FileRef)(nil),                  // 7: clawmesh.session.v1.FileRef
-	(*PromptRequest)(nil),            // 8: clawmesh.session.v1.PromptRequest
-	(*PromptResponse)(nil),           // 9: clawmesh.session.v1.PromptResponse
-	(*CancelRequest)(nil),            // 10: clawmesh.session.v1.CancelRequest
-	(*CancelResponse)(nil),           // 11: clawmesh.session.v1.CancelResponse
-	(*ApproveRequest)(nil),           // 12: clawmesh.session.v1.ApproveRequest
-	(*ApproveResponse)(nil),          // 13: clawmesh.session.v1.ApproveResponse
-	(*StateRequest)(nil),             // 14: clawmesh.session.v1.StateRequest
-	(*StateResponse)(nil),            // 15: clawmesh.session.v1.StateResponse
-	(*Message)(nil),                  // 16: clawmesh.session.v1.Message
-	(*MessagesRequest)(nil),          // 17: clawmesh.session.v1.MessagesRequest
-	(*MessagesResponse)(nil),         // 18: clawmesh.session.v1.MessagesResponse
-	(*ListRequest)(nil),              // 19: clawmesh.session.v1.ListRequest
-	(*ListResponse)(nil),             // 20: clawmesh.session.v1.ListResponse
-	(*CloseRequest)(nil),             // 21: clawmesh.session.v1.CloseRequest
-	(*CloseResponse)(nil),            // 22: clawmesh.session.v1.CloseResponse
-	(*KillRequest)(nil),              // 23: clawmesh.session.v1.KillRequest
-	(*KillResponse)(nil),             // 24: clawmesh.session.v1.KillResponse
-	(*DeleteRequest)(nil),            // 25: clawmesh.session.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 26: clawmesh.session.v1.DeleteResponse
-	(*AttachRequest)(nil),            // 27: clawmesh.session.v1.AttachRequest
-	(*AttachResponse)(nil),           // 28: clawmesh.session.v1.AttachResponse
-	(*ConnectionClosedRequest)(nil),  // 29: clawmesh.session.v1.ConnectionClosedRequest
-	(*ConnectionClosedResponse)(nil), // 30: clawmesh.session.v1.ConnectionClosedResponse
-	(*CheckUploadRequest)(nil),       // 31: clawmesh.session.v1.CheckUploadRequest
-	(*CheckUploadResponse)(nil),      // 32: clawmesh.session.v1.CheckUploadResponse
-	(*StoreFileRequest)(nil),         // 33: clawmesh.session.v1.StoreFileRequest
-	(*StoreFileResponse)(nil),        // 34: clawmesh.session.v1.StoreFileResponse
-	(*FileEntry)(nil),                // 35: clawmesh.session.v1.FileEntry
-	(*StatusRequest)(nil),            // 36: clawmesh.session.v1.StatusRequest
-	(*StatusResponse)(nil),           // 37: clawmesh.session.v1.StatusResponse
-	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
-	(*v1.Principal)(nil),             // 39: clawmesh.common.v1.Principal
+	(ApprovalStatus)(0),              // 4: clawmesh.session.v1.ApprovalStatus
+	(*Session)(nil),                  // 5: clawmesh.session.v1.Session
+	(*NewSessionRequest)(nil),        // 6: clawmesh.session.v1.NewSessionRequest
+	(*NewSessionResponse)(nil),       // 7: clawmesh.session.v1.NewSessionResponse
+	(*FileRef)(nil),                  // 8: clawmesh.session.v1.FileRef
+	(*PromptRequest)(nil),            // 9: clawmesh.session.v1.PromptRequest
+	(*PromptResponse)(nil),           // 10: clawmesh.session.v1.PromptResponse
+	(*CancelRequest)(nil),            // 11: clawmesh.session.v1.CancelRequest
+	(*CancelResponse)(nil),           // 12: clawmesh.session.v1.CancelResponse
+	(*ApproveRequest)(nil),           // 13: clawmesh.session.v1.ApproveRequest
+	(*ApproveResponse)(nil),          // 14: clawmesh.session.v1.ApproveResponse
+	(*StateRequest)(nil),             // 15: clawmesh.session.v1.StateRequest
+	(*StateResponse)(nil),            // 16: clawmesh.session.v1.StateResponse
+	(*Message)(nil),                  // 17: clawmesh.session.v1.Message
+	(*MessagesRequest)(nil),          // 18: clawmesh.session.v1.MessagesRequest
+	(*MessagesResponse)(nil),         // 19: clawmesh.session.v1.MessagesResponse
+	(*ListRequest)(nil),              // 20: clawmesh.session.v1.ListRequest
+	(*ListResponse)(nil),             // 21: clawmesh.session.v1.ListResponse
+	(*CloseRequest)(nil),             // 22: clawmesh.session.v1.CloseRequest
+	(*CloseResponse)(nil),            // 23: clawmesh.session.v1.CloseResponse
+	(*KillRequest)(nil),              // 24: clawmesh.session.v1.KillRequest
+	(*KillResponse)(nil),             // 25: clawmesh.session.v1.KillResponse
+	(*DeleteRequest)(nil),            // 26: clawmesh.session.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 27: clawmesh.session.v1.DeleteResponse
+	(*AttachRequest)(nil),            // 28: clawmesh.session.v1.AttachRequest
+	(*AttachResponse)(nil),           // 29: clawmesh.session.v1.AttachResponse
+	(*ConnectionClosedRequest)(nil),  // 30: clawmesh.session.v1.ConnectionClosedRequest
+	(*ConnectionClosedResponse)(nil), // 31: clawmesh.session.v1.ConnectionClosedResponse
+	(*CheckUploadRequest)(nil),       // 32: clawmesh.session.v1.CheckUploadRequest
+	(*CheckUploadResponse)(nil),      // 33: clawmesh.session.v1.CheckUploadResponse
+	(*StoreFileRequest)(nil),         // 34: clawmesh.session.v1.StoreFileRequest
+	(*StoreFileResponse)(nil),        // 35: clawmesh.session.v1.StoreFileResponse
+	(*FileEntry)(nil),                // 36: clawmesh.session.v1.FileEntry
+	(*StatusRequest)(nil),            // 37: clawmesh.session.v1.StatusRequest
+	(*StatusResponse)(nil),           // 38: clawmesh.session.v1.StatusResponse
+	(*ApprovalView)(nil),             // 39: clawmesh.session.v1.ApprovalView
+	(*SessionView)(nil),              // 40: clawmesh.session.v1.SessionView
+	(*ListSessionViewsRequest)(nil),  // 41: clawmesh.session.v1.ListSessionViewsRequest
+	(*ListSessionViewsResponse)(nil), // 42: clawmesh.session.v1.ListSessionViewsResponse
+	(*GetSessionViewRequest)(nil),    // 43: clawmesh.session.v1.GetSessionViewRequest
+	(*GetSessionViewResponse)(nil),   // 44: clawmesh.session.v1.GetSessionViewResponse
+	(*TranscriptMessage)(nil),        // 45: clawmesh.session.v1.TranscriptMessage
+	(*TranscriptRequest)(nil),        // 46: clawmesh.session.v1.TranscriptRequest
+	(*TranscriptResponse)(nil),       // 47: clawmesh.session.v1.TranscriptResponse
+	(*GetApprovalRequest)(nil),       // 48: clawmesh.session.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),      // 49: clawmesh.session.v1.GetApprovalResponse
+	(*StartTurnRequest)(nil),         // 50: clawmesh.session.v1.StartTurnRequest
+	(*StartTurnResponse)(nil),        // 51: clawmesh.session.v1.StartTurnResponse
+	(*CancelTurnRequest)(nil),        // 52: clawmesh.session.v1.CancelTurnRequest
+	(*CancelTurnResponse)(nil),       // 53: clawmesh.session.v1.CancelTurnResponse
+	(*timestamppb.Timestamp)(nil),    // 54: google.protobuf.Timestamp
+	(*v1.Principal)(nil),             // 55: clawmesh.common.v1.Principal
 }
 var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: clawmesh.session.v1.Session.state:type_name -> clawmesh.session.v1.SessionState
-	38, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	38, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
-	39, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
-	7,  // 5: clawmesh.session.v1.PromptRequest.attachments:type_name -> clawmesh.session.v1.FileRef
+	54, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	54, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
+	55, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	8,  // 5: clawmesh.session.v1.PromptRequest.attachments:type_name -> clawmesh.session.v1.FileRef
 	1,  // 6: clawmesh.session.v1.PromptResponse.outcome:type_name -> clawmesh.session.v1.TurnOutcome
-	39, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
 	2,  // 9: clawmesh.session.v1.ApproveRequest.decision:type_name -> clawmesh.session.v1.Decision
 	3,  // 10: clawmesh.session.v1.ApproveRequest.surface:type_name -> clawmesh.session.v1.Surface
-	39, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
 	0,  // 12: clawmesh.session.v1.StateResponse.state:type_name -> clawmesh.session.v1.SessionState
-	39, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
-	16, // 14: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
-	39, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
-	4,  // 16: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
-	39, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 21: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 22: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
-	35, // 23: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	39, // 24: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
-	5,  // 25: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
-	8,  // 26: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
-	10, // 27: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
-	12, // 28: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
-	14, // 29: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
-	17, // 30: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
-	19, // 31: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
-	21, // 32: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
-	23, // 33: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
-	25, // 34: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
-	27, // 35: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	29, // 36: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
-	33, // 37: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	31, // 38: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	36, // 39: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	6,  // 40: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	9,  // 41: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	11, // 42: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	13, // 43: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	15, // 44: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	18, // 45: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	20, // 46: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	22, // 47: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
-	24, // 48: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
-	26, // 49: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
-	28, // 50: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	30, // 51: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	34, // 52: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
-	32, // 53: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	37, // 54: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	40, // [40:55] is the sub-list for method output_type
-	25, // [25:40] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	55, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
+	17, // 14: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
+	55, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
+	5,  // 16: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
+	55, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 21: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 22: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
+	36, // 23: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	55, // 24: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
+	4,  // 25: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
+	2,  // 26: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
+	3,  // 27: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
+	54, // 28: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
+	54, // 29: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
+	54, // 30: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
+	5,  // 31: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
+	54, // 32: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
+	39, // 33: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
+	55, // 34: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	40, // 35: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
+	55, // 36: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
+	40, // 37: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
+	54, // 38: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
+	55, // 39: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	45, // 40: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
+	55, // 41: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 42: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
+	55, // 43: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	55, // 44: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 45: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
+	9,  // 46: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
+	11, // 47: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
+	13, // 48: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
+	15, // 49: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
+	18, // 50: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
+	20, // 51: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
+	22, // 52: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
+	24, // 53: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
+	26, // 54: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
+	28, // 55: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
+	30, // 56: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	34, // 57: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	32, // 58: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	37, // 59: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	41, // 60: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
+	43, // 61: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
+	46, // 62: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
+	48, // 63: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
+	50, // 64: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
+	52, // 65: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
+	7,  // 66: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	10, // 67: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	12, // 68: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	14, // 69: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	16, // 70: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	19, // 71: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	21, // 72: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	23, // 73: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	25, // 74: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	27, // 75: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	29, // 76: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	31, // 77: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	35, // 78: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	33, // 79: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	38, // 80: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	42, // 81: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
+	44, // 82: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
+	47, // 83: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
+	49, // 84: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
+	51, // 85: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
+	53, // 86: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
+	66, // [66:87] is the sub-list for method output_type
+	45, // [45:66] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_session_v1_session_proto_init() }
@@ -2775,13 +3969,14 @@ func file_clawmesh_session_v1_session_proto_init() {
 	}
 	file_clawmesh_session_v1_session_proto_msgTypes[4].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[13].OneofWrappers = []any{}
+	file_clawmesh_session_v1_session_proto_msgTypes[41].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_session_v1_session_proto_rawDesc), len(file_clawmesh_session_v1_session_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   34,
+			NumEnums:      5,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

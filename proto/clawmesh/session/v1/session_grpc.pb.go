@@ -40,6 +40,12 @@ const (
 	SessionService_StoreFile_FullMethodName        = "/clawmesh.session.v1.SessionService/StoreFile"
 	SessionService_CheckUpload_FullMethodName      = "/clawmesh.session.v1.SessionService/CheckUpload"
 	SessionService_Status_FullMethodName           = "/clawmesh.session.v1.SessionService/Status"
+	SessionService_ListSessionViews_FullMethodName = "/clawmesh.session.v1.SessionService/ListSessionViews"
+	SessionService_GetSessionView_FullMethodName   = "/clawmesh.session.v1.SessionService/GetSessionView"
+	SessionService_Transcript_FullMethodName       = "/clawmesh.session.v1.SessionService/Transcript"
+	SessionService_GetApproval_FullMethodName      = "/clawmesh.session.v1.SessionService/GetApproval"
+	SessionService_StartTurn_FullMethodName        = "/clawmesh.session.v1.SessionService/StartTurn"
+	SessionService_CancelTurn_FullMethodName       = "/clawmesh.session.v1.SessionService/CancelTurn"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -76,6 +82,23 @@ type SessionServiceClient interface {
 	CheckUpload(ctx context.Context, in *CheckUploadRequest, opts ...grpc.CallOption) (*CheckUploadResponse, error)
 	// Status is the session part of the socket's status method.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// ListSessionViews pages through sessions, most recently active first,
+	// each with its running turn and its pending approvals.
+	ListSessionViews(ctx context.Context, in *ListSessionViewsRequest, opts ...grpc.CallOption) (*ListSessionViewsResponse, error)
+	// GetSessionView is one session's view.
+	GetSessionView(ctx context.Context, in *GetSessionViewRequest, opts ...grpc.CallOption) (*GetSessionViewResponse, error)
+	// Transcript reads the visible transcript after a cursor, or its tail,
+	// oldest first, with each row's time.
+	Transcript(ctx context.Context, in *TranscriptRequest, opts ...grpc.CallOption) (*TranscriptResponse, error)
+	// GetApproval reads one approval request and, once decided, who decided
+	// it and how.
+	GetApproval(ctx context.Context, in *GetApprovalRequest, opts ...grpc.CallOption) (*GetApprovalResponse, error)
+	// StartTurn starts a turn and answers at once with its id; the turn runs
+	// to its end whatever happens to the caller (Cancel or CancelTurn stop
+	// it). A running turn makes it SESSION_BUSY, as Prompt.
+	StartTurn(ctx context.Context, in *StartTurnRequest, opts ...grpc.CallOption) (*StartTurnResponse, error)
+	// CancelTurn cancels the running turn only if it is the one named.
+	CancelTurn(ctx context.Context, in *CancelTurnRequest, opts ...grpc.CallOption) (*CancelTurnResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -236,6 +259,66 @@ func (c *sessionServiceClient) Status(ctx context.Context, in *StatusRequest, op
 	return out, nil
 }
 
+func (c *sessionServiceClient) ListSessionViews(ctx context.Context, in *ListSessionViewsRequest, opts ...grpc.CallOption) (*ListSessionViewsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSessionViewsResponse)
+	err := c.cc.Invoke(ctx, SessionService_ListSessionViews_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) GetSessionView(ctx context.Context, in *GetSessionViewRequest, opts ...grpc.CallOption) (*GetSessionViewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetSessionViewResponse)
+	err := c.cc.Invoke(ctx, SessionService_GetSessionView_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) Transcript(ctx context.Context, in *TranscriptRequest, opts ...grpc.CallOption) (*TranscriptResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TranscriptResponse)
+	err := c.cc.Invoke(ctx, SessionService_Transcript_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) GetApproval(ctx context.Context, in *GetApprovalRequest, opts ...grpc.CallOption) (*GetApprovalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetApprovalResponse)
+	err := c.cc.Invoke(ctx, SessionService_GetApproval_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) StartTurn(ctx context.Context, in *StartTurnRequest, opts ...grpc.CallOption) (*StartTurnResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartTurnResponse)
+	err := c.cc.Invoke(ctx, SessionService_StartTurn_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) CancelTurn(ctx context.Context, in *CancelTurnRequest, opts ...grpc.CallOption) (*CancelTurnResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelTurnResponse)
+	err := c.cc.Invoke(ctx, SessionService_CancelTurn_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -270,6 +353,23 @@ type SessionServiceServer interface {
 	CheckUpload(context.Context, *CheckUploadRequest) (*CheckUploadResponse, error)
 	// Status is the session part of the socket's status method.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// ListSessionViews pages through sessions, most recently active first,
+	// each with its running turn and its pending approvals.
+	ListSessionViews(context.Context, *ListSessionViewsRequest) (*ListSessionViewsResponse, error)
+	// GetSessionView is one session's view.
+	GetSessionView(context.Context, *GetSessionViewRequest) (*GetSessionViewResponse, error)
+	// Transcript reads the visible transcript after a cursor, or its tail,
+	// oldest first, with each row's time.
+	Transcript(context.Context, *TranscriptRequest) (*TranscriptResponse, error)
+	// GetApproval reads one approval request and, once decided, who decided
+	// it and how.
+	GetApproval(context.Context, *GetApprovalRequest) (*GetApprovalResponse, error)
+	// StartTurn starts a turn and answers at once with its id; the turn runs
+	// to its end whatever happens to the caller (Cancel or CancelTurn stop
+	// it). A running turn makes it SESSION_BUSY, as Prompt.
+	StartTurn(context.Context, *StartTurnRequest) (*StartTurnResponse, error)
+	// CancelTurn cancels the running turn only if it is the one named.
+	CancelTurn(context.Context, *CancelTurnRequest) (*CancelTurnResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -324,6 +424,24 @@ func (UnimplementedSessionServiceServer) CheckUpload(context.Context, *CheckUplo
 }
 func (UnimplementedSessionServiceServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedSessionServiceServer) ListSessionViews(context.Context, *ListSessionViewsRequest) (*ListSessionViewsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSessionViews not implemented")
+}
+func (UnimplementedSessionServiceServer) GetSessionView(context.Context, *GetSessionViewRequest) (*GetSessionViewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSessionView not implemented")
+}
+func (UnimplementedSessionServiceServer) Transcript(context.Context, *TranscriptRequest) (*TranscriptResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Transcript not implemented")
+}
+func (UnimplementedSessionServiceServer) GetApproval(context.Context, *GetApprovalRequest) (*GetApprovalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetApproval not implemented")
+}
+func (UnimplementedSessionServiceServer) StartTurn(context.Context, *StartTurnRequest) (*StartTurnResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartTurn not implemented")
+}
+func (UnimplementedSessionServiceServer) CancelTurn(context.Context, *CancelTurnRequest) (*CancelTurnResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelTurn not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -616,6 +734,114 @@ func _SessionService_Status_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_ListSessionViews_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSessionViewsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ListSessionViews(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ListSessionViews_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ListSessionViews(ctx, req.(*ListSessionViewsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_GetSessionView_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSessionViewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).GetSessionView(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_GetSessionView_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).GetSessionView(ctx, req.(*GetSessionViewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_Transcript_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TranscriptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).Transcript(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_Transcript_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).Transcript(ctx, req.(*TranscriptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_GetApproval_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetApprovalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).GetApproval(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_GetApproval_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).GetApproval(ctx, req.(*GetApprovalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_StartTurn_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartTurnRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).StartTurn(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_StartTurn_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).StartTurn(ctx, req.(*StartTurnRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_CancelTurn_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelTurnRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).CancelTurn(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_CancelTurn_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).CancelTurn(ctx, req.(*CancelTurnRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -682,6 +908,30 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _SessionService_Status_Handler,
+		},
+		{
+			MethodName: "ListSessionViews",
+			Handler:    _SessionService_ListSessionViews_Handler,
+		},
+		{
+			MethodName: "GetSessionView",
+			Handler:    _SessionService_GetSessionView_Handler,
+		},
+		{
+			MethodName: "Transcript",
+			Handler:    _SessionService_Transcript_Handler,
+		},
+		{
+			MethodName: "GetApproval",
+			Handler:    _SessionService_GetApproval_Handler,
+		},
+		{
+			MethodName: "StartTurn",
+			Handler:    _SessionService_StartTurn_Handler,
+		},
+		{
+			MethodName: "CancelTurn",
+			Handler:    _SessionService_CancelTurn_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,23 +1,130 @@
-// Command durable-bridge runs the durable bridge. The durable wire comes
-// with its own issue; until then its gRPC surface answers Unimplemented.
+// Command durable-bridge runs the durable bridge: seed 004's durable
+// agent, serving Collie on a private socket and, when configured, behind
+// a token (see package durablebridge).
 package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	durablev1 "github.com/clawmesh/clawmesh/proto/clawmesh/durable/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	"github.com/clawmesh/clawmesh/services/durablebridge"
+	"github.com/clawmesh/clawmesh/services/durablebridge/migrations"
 )
 
 func main() {
+	var bridge *durablebridge.Bridge
 	service.Main(service.Spec{
 		Name:        "durable-bridge",
 		Role:        bus.RoleDurable,
 		HealthNames: []string{durablev1.DurableService_ServiceDesc.ServiceName},
-		Register: func(_ context.Context, env *service.Env) error {
-			durablev1.RegisterDurableServiceServer(env.Server.GRPC, durablev1.UnimplementedDurableServiceServer{})
-			return nil
+		Schema:      "durable",
+		Migrations:  migrations.FS,
+		Register: func(ctx context.Context, env *service.Env) error {
+			b, err := register(ctx, env)
+			bridge = b
+			return err
 		},
+		Run: func(ctx context.Context, _ *service.Env) error { return bridge.Run(ctx) },
 	})
+}
+
+// tokenProp is the bearer token's property; a secret, read with Reveal.
+const tokenProp = "durable.token"
+
+func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, error) {
+	configConn, err := grpcclient.Dial(env.Peers.Config)
+	if err != nil {
+		return nil, fmt.Errorf("config service: %w", err)
+	}
+	env.OnClose(func() { _ = configConn.Close() })
+	sessionConn, err := grpcclient.Dial(env.Peers.Session)
+	if err != nil {
+		return nil, fmt.Errorf("session service: %w", err)
+	}
+	env.OnClose(func() { _ = sessionConn.Close() })
+
+	configRPC := configv1.NewConfigServiceClient(configConn)
+	liveCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	live, err := configclient.New(liveCtx, configRPC, env.NATS, env.Log)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("config service: %w", err)
+	}
+	env.OnClose(live.Close)
+
+	settings := live.Durable()
+	socket := settings.SocketPath
+	if socket == "" {
+		socket = os.Getenv(durablebridge.EnvSocket)
+	}
+	if socket == "" {
+		socket = durablebridge.DefaultSocket(env.DataDir)
+	}
+	host, _ := os.Hostname()
+	// Read on every socket connection's requests: kept current from the
+	// config's changes rather than rebuilt from the document each time.
+	var refuse atomic.Bool
+	refuse.Store(settings.RefuseDescendants)
+	b, err := durablebridge.New(ctx, durablebridge.Config{
+		DB: env.DB, NATS: env.NATS, Log: env.Log, Sessions: sessionv1.NewSessionServiceClient(sessionConn),
+		SocketPath: socket, ListenURL: settings.ListenURL, TLSCertFile: settings.TLSCertFile, TLSKeyFile: settings.TLSKeyFile,
+		HostName:          "clawmesh on " + host,
+		RefuseDescendants: refuse.Load,
+	})
+	if err != nil {
+		return nil, err
+	}
+	b.SetStarters(settings.Starters)
+
+	// The token is a secret: the live document has it masked, Reveal
+	// reads it, again whenever a change may have touched it.
+	reveal := func() {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		resp, err := configRPC.Reveal(rctx, &configv1.RevealRequest{Prop: tokenProp})
+		if err != nil {
+			env.Log.Warn("durable token not read; the token transport refuses every call", zap.Error(err))
+			b.SetToken("")
+			return
+		}
+		b.SetToken(resp.GetValue().GetStringValue())
+	}
+	reveal()
+	wake := make(chan struct{}, 1)
+	live.OnChange(func(s configclient.Snapshot, props []string) {
+		d := s.Durable()
+		refuse.Store(d.RefuseDescendants)
+		b.SetStarters(d.Starters)
+		if props == nil || slices.Contains(props, tokenProp) {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	})
+	env.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-wake:
+				reveal()
+			}
+		}
+	})
+	durablev1.RegisterDurableServiceServer(env.Server.GRPC, durablebridge.NewGRPC(b))
+	return b, nil
 }

@@ -1,0 +1,127 @@
+package durablebridge
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+type page struct {
+	Epoch  string      `json:"epoch"`
+	Cursor int64       `json:"cursor"`
+	Reset  bool        `json:"reset"`
+	Events []wireEvent `json:"events"`
+	Items  []wireItem  `json:"items"`
+	State  string      `json:"state"`
+}
+
+func readPage(t *testing.T, l *Layout, id, epoch string, after int64, hasAfter bool) page {
+	t.Helper()
+	body, ok := l.paneEvents(id, epoch, after, hasAfter, overSocket)
+	if !ok {
+		t.Fatalf("no pane %s", id)
+	}
+	if len(body) > limitEvents {
+		t.Fatalf("events response of %d bytes", len(body))
+	}
+	var p page
+	if err := json.Unmarshal(body, &p); err != nil {
+		t.Fatalf("events body: %v", err)
+	}
+	return p
+}
+
+// Pane events follow a cursor within an epoch: an item that grows is one
+// event carrying its full text; at most 1000 events a response; a reader
+// of another epoch, without one, ahead of the cursor or behind what is
+// kept gets the current view (the newest 2000 items).
+func TestPaneEvents(t *testing.T) {
+	l := NewLayout(testEpoch)
+	p := newPane("p1", "default", time.Now())
+	p.putItem("m0", kindUser, "hello", time.Now(), false)
+	l.put(p)
+
+	first := readPage(t, l, "p1", testEpoch, 0, true)
+	if !first.Reset || len(first.Items) != 1 || first.Items[0].Text != "hello" || first.State != stateIdle {
+		t.Fatalf("first read %+v", first)
+	}
+	for _, w := range strings.Fields("a reply that grows word by word") {
+		l.mutate("p1", func(p *pane) bool { p.putItem("t1:reply", kindReply, w+" ", time.Now(), true); return false })
+	}
+	next := readPage(t, l, "p1", testEpoch, first.Cursor, true)
+	if next.Reset || len(next.Events) != 1 || next.Events[0].Item.Text != "a reply that grows word by word " || next.Cursor <= first.Cursor {
+		t.Fatalf("growth %+v", next)
+	}
+	if same := readPage(t, l, "p1", testEpoch, next.Cursor, true); same.Reset || len(same.Events) != 0 || same.Cursor != next.Cursor {
+		t.Fatalf("nothing new %+v", same)
+	}
+	for _, r := range []struct {
+		epoch    string
+		after    int64
+		hasAfter bool
+	}{{"other", next.Cursor, true}, {"", next.Cursor, true}, {testEpoch, next.Cursor + 5, true}, {testEpoch, 0, false}} {
+		if v := readPage(t, l, "p1", r.epoch, r.after, r.hasAfter); !v.Reset || v.Cursor != next.Cursor || len(v.Items) != 2 {
+			t.Fatalf("reader %+v got %+v", r, v)
+		}
+	}
+
+	// 2500 new items: three responses of at most 1000 events.
+	for i := range 2500 {
+		l.mutate("p1", func(p *pane) bool { p.putItem(fmt.Sprintf("n%d", i), kindNotice, "x", time.Now(), false); return false })
+	}
+	cursor, seen := next.Cursor, 0
+	for {
+		pg := readPage(t, l, "p1", testEpoch, cursor, true)
+		if pg.Reset || len(pg.Events) > maxEventsPerPage {
+			t.Fatalf("page of %d events, reset %v", len(pg.Events), pg.Reset)
+		}
+		if len(pg.Events) == 0 {
+			break
+		}
+		if pg.Events[0].Seq <= cursor || pg.Cursor != pg.Events[len(pg.Events)-1].Seq {
+			t.Fatalf("cursor %d, events %d..%d", pg.Cursor, pg.Events[0].Seq, pg.Events[len(pg.Events)-1].Seq)
+		}
+		seen += len(pg.Events)
+		cursor = pg.Cursor
+	}
+	if seen != 2500 {
+		t.Fatalf("%d events read", seen)
+	}
+	// Past what is kept: the current view, newest 2000 items.
+	// (The log keeps maxKeptEvents: ten more leave this reader behind.)
+	for i := range maxKeptEvents + 10 {
+		l.mutate("p1", func(p *pane) bool { p.putItem(fmt.Sprintf("k%d", i), kindNotice, "y", time.Now(), false); return false })
+	}
+	v := readPage(t, l, "p1", testEpoch, cursor, true)
+	if !v.Reset || len(v.Items) != maxViewItems || v.Items[len(v.Items)-1].ID != fmt.Sprintf("k%d", maxKeptEvents+9) {
+		t.Fatalf("lagging reader: reset %v, %d items", v.Reset, len(v.Items))
+	}
+}
+
+// Item text is cut to its limit and cleaned of control and invisible
+// characters; a pane's view stays within the events response limit.
+func TestItemText(t *testing.T) {
+	l := NewLayout(testEpoch)
+	p := newPane("p1", "default", time.Now())
+	p.putItem("a", kindReply, "ok\x00\x1b[31m\u200bred\u202e\tline\n", time.Now(), false)
+	p.putItem("b", kindReply, strings.Repeat("é", maxChatText), time.Now(), false)
+	p.putItem("c", kindTool, strings.Repeat("t", maxChatText), time.Now(), false)
+	l.put(p)
+	v := readPage(t, l, "p1", testEpoch, 0, false)
+	if v.Items[0].Text != "ok[31mred\tline\n" {
+		t.Fatalf("cleaned %q", v.Items[0].Text)
+	}
+	if len(v.Items[1].Text) != maxChatText || len(v.Items[2].Text) != maxCodeText {
+		t.Fatalf("cut to %d and %d bytes", len(v.Items[1].Text), len(v.Items[2].Text))
+	}
+	for i := range 300 {
+		l.mutate("p1", func(p *pane) bool {
+			p.putItem(fmt.Sprintf("big%d", i), kindReply, strings.Repeat("<", maxChatText), time.Now(), false)
+			return false
+		})
+	}
+	readPage(t, l, "p1", testEpoch, 0, false) // fails past the limit
+	readPage(t, l, "p1", testEpoch, 1, true)
+}

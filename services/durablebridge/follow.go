@@ -1,0 +1,745 @@
+package durablebridge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// Bounds of the follower.
+const (
+	// updateQueue bounds the session updates waiting to be applied; past
+	// it a session is marked for a full reload instead.
+	updateQueue = 8192
+	// maxMarked bounds the sessions marked for reload; past it every pane
+	// is reloaded.
+	maxMarked = 4096
+	// listPage is the page size of the session listings.
+	listPage = 500
+)
+
+// follower keeps the Layout in step with the sessions: it loads every
+// open session at start, then applies each session update from the bus,
+// and every ReconcileEvery compares the layout with the session service's
+// list (sessions opened or closed without a turn publish nothing). One
+// goroutine applies everything, in update order.
+type follower struct {
+	b       *Bridge
+	updates chan *busv1.SessionUpdate
+	wake    chan struct{}
+
+	mu     sync.Mutex
+	marked map[string]bool
+	all    bool
+
+	// suspects are panes whose turn disagreed with the session service at
+	// the last reconcile, with the update they had applied then: only a
+	// disagreement that outlives a reconcile reloads a pane (a turn's end
+	// may fall between reading the view's sequence and its turn).
+	suspects map[string]int64
+}
+
+func newFollower(b *Bridge) *follower {
+	return &follower{b: b, updates: make(chan *busv1.SessionUpdate, updateQueue), wake: make(chan struct{}, 1),
+		marked: map[string]bool{}, suspects: map[string]int64{}}
+}
+
+// push is the bus callback: it never blocks the subscription.
+func (f *follower) push(u *busv1.SessionUpdate) {
+	select {
+	case f.updates <- u:
+	default:
+		f.mark(u.GetSessionId())
+	}
+}
+
+// mark asks for a full reload of a session's pane.
+func (f *follower) mark(id string) {
+	f.mu.Lock()
+	if len(f.marked) < maxMarked {
+		f.marked[id] = true
+	} else {
+		f.all = true
+	}
+	f.mu.Unlock()
+	f.poke()
+}
+
+// poke wakes the follower to reload marked panes and start queued turns.
+func (f *follower) poke() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run loads every open session (retrying until the session service
+// answers), marks the layout ready, then follows until ctx is done.
+func (f *follower) run(ctx context.Context) {
+	log := f.b.log
+	for {
+		err := f.load(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Info("sessions not loaded yet, retrying", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	f.b.layout.SetReady()
+	log.Info("durable layout ready", zap.String("epoch", f.b.layout.Epoch()), zap.Int("panes", f.b.layout.PaneCount()))
+	f.drainQueues(ctx)
+
+	tick := time.NewTicker(f.b.cfg.ReconcileEvery)
+	defer tick.Stop()
+	expiry := time.NewTimer(time.Hour)
+	defer expiry.Stop()
+	for {
+		expiry.Stop()
+		if next := f.b.layout.expire(time.Now()); !next.IsZero() {
+			expiry.Reset(time.Until(next))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case u := <-f.updates:
+			f.apply(ctx, u)
+		case <-f.wake:
+			f.reloadMarked(ctx)
+			f.drainQueues(ctx)
+		case <-tick.C:
+			f.reconcile(ctx)
+			f.drainQueues(ctx)
+		case <-expiry.C:
+		}
+	}
+}
+
+// call bounds one call to the session service.
+func (f *follower) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, f.b.cfg.CallTimeout)
+}
+
+// openViews lists every open session.
+func (f *follower) openViews(ctx context.Context, wait bool) ([]*sessionv1.SessionView, error) {
+	var out []*sessionv1.SessionView
+	token := ""
+	for {
+		c, cancel := f.call(ctx)
+		resp, err := f.b.sessions.ListSessionViews(c, &sessionv1.ListSessionViewsRequest{Principal: operator(), PageSize: listPage, PageToken: token},
+			grpc.WaitForReady(wait))
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("list sessions: %w", err)
+		}
+		out = append(out, resp.GetViews()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			return out, nil
+		}
+	}
+}
+
+// load shows every open session with its open asks.
+func (f *follower) load(ctx context.Context) error {
+	views, err := f.openViews(ctx, true)
+	if err != nil {
+		return err
+	}
+	for _, v := range views {
+		if err := f.loadPane(ctx, v, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadPane builds a session's pane from its view and transcript, and
+// puts it in the layout: in place of the pane it had when replace is set,
+// else only when it has none (another goroutine may have shown it
+// meanwhile, and may have applied later updates to it).
+func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, replace bool) error {
+	s := v.GetSession()
+	c, cancel := f.call(ctx)
+	tr, err := f.b.sessions.Transcript(c, &sessionv1.TranscriptRequest{Principal: operator(), SessionId: s.GetSessionId(), Limit: maxViewItems})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("read transcript of %s: %w", s.GetSessionId(), err)
+	}
+	p := newPane(s.GetSessionId(), s.GetAgentAlias(), s.GetCreatedAt().AsTime())
+	p.sessionTitle = s.GetTitle()
+	p.lastSeq = v.GetUpdateSeq()
+	p.transcriptNext = tr.GetTotal()
+	for _, m := range tr.GetMessages() {
+		p.putItem(rowItemID(m.GetIndex()), roleKind(m.GetRole()), m.GetContent(), m.GetCreatedAt().AsTime(), false)
+	}
+	if tr.GetTotal() > 0 && len(tr.GetMessages()) > 0 && tr.GetMessages()[0].GetIndex() > 0 {
+		p.firstPrompt = f.firstPrompt(ctx, s.GetSessionId())
+	} else {
+		p.firstPrompt = firstUser(tr.GetMessages())
+	}
+	if v.GetTurnId() != "" {
+		p.turn = &turnInfo{id: v.GetTurnId(), started: v.GetTurnStartedAt().AsTime()}
+		// Rows this turn writes at its end (tool results, its reply) are
+		// shown from its updates.
+		p.liveTurn = v.GetTurnId()
+	}
+	for _, a := range v.GetApprovals() {
+		p.addAsk(f.askOf(p.id, a))
+	}
+	if replace {
+		f.b.layout.put(p)
+	} else {
+		f.b.layout.putNew(p)
+	}
+	return nil
+}
+
+// firstPrompt reads a session's first user message, for its title.
+func (f *follower) firstPrompt(ctx context.Context, id string) string {
+	c, cancel := f.call(ctx)
+	defer cancel()
+	tr, err := f.b.sessions.Transcript(c, &sessionv1.TranscriptRequest{Principal: operator(), SessionId: id, AfterIndex: ptr(int64(-1)), Limit: 8})
+	if err != nil {
+		return ""
+	}
+	return firstUser(tr.GetMessages())
+}
+
+func firstUser(ms []*sessionv1.TranscriptMessage) string {
+	for _, m := range ms {
+		if m.GetRole() == "user" {
+			return m.GetContent()
+		}
+	}
+	return ""
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// askOf builds the ask of a pending approval.
+func (f *follower) askOf(paneID string, a *sessionv1.ApprovalView) *ask {
+	k := &ask{
+		id: askID(paneID, a.GetToolCallId()), requestID: a.GetRequestId(), toolCallID: a.GetToolCallId(),
+		toolName: a.GetToolName(), turnID: a.GetTurnId(), args: json.RawMessage(a.GetArgumentsJson()),
+		revision: 1, created: a.GetCreatedAt().AsTime(),
+	}
+	if a.GetExpiresAt() != nil {
+		k.expires = a.GetExpiresAt().AsTime()
+	}
+	if !json.Valid(k.args) {
+		k.args, _ = json.Marshal(a.GetArgumentsJson())
+	}
+	return k
+}
+
+// rowItemID is the item id of a transcript row.
+func rowItemID(idx int64) string { return fmt.Sprintf("m%d", idx) }
+
+// roleKind maps a transcript role to an item kind.
+func roleKind(role string) string {
+	switch role {
+	case "user":
+		return kindUser
+	case "assistant":
+		return kindReply
+	case "tool":
+		return kindTool
+	}
+	return kindNotice
+}
+
+// updateParams are the fields of a session update the bridge reads.
+type updateParams struct {
+	TurnID     string          `json:"turn_id"`
+	Text       string          `json:"text"`
+	ToolCallID string          `json:"tool_call_id"`
+	Name       string          `json:"name"`
+	RawInput   json.RawMessage `json:"raw_input"`
+	RawOutput  string          `json:"raw_output"`
+	Status     string          `json:"status"`
+	Outcome    string          `json:"outcome"`
+	Content    string          `json:"content"`
+	Dropped    int64           `json:"dropped_messages"`
+}
+
+// apply applies one session update.
+func (f *follower) apply(ctx context.Context, u *busv1.SessionUpdate) {
+	id := u.GetSessionId()
+	if u.GetType() == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
+		f.b.layout.remove(id)
+		if err := f.b.store.forgetPane(ctx, id); err != nil {
+			f.b.log.Warn("forget deleted session", zap.String("session_id", id), zap.Error(err))
+		}
+		return
+	}
+	var seen int64 = -1
+	f.b.layout.read(id, func(p *pane) { seen = p.lastSeq })
+	if seen < 0 {
+		// A session the layout does not show yet: its view covers this
+		// update.
+		f.discover(ctx, id)
+		return
+	}
+	if u.GetSeq() <= seen {
+		return
+	}
+	f.b.layout.mutate(id, func(p *pane) bool { p.lastSeq = u.GetSeq(); return false })
+	var up updateParams
+	if err := json.Unmarshal([]byte(u.GetJson()), &up); err != nil {
+		f.b.log.Warn("undecodable session update", zap.String("session_id", id), zap.Error(err))
+		return
+	}
+	typ := u.GetType()
+	if up.TurnID != "" && typ != busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE {
+		f.noteTurn(ctx, id, up.TurnID)
+	}
+	now := time.Now()
+	switch typ {
+	case busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK:
+		f.b.layout.mutate(id, func(p *pane) bool { p.putItem(up.TurnID+":reply", kindReply, up.Text, now, true); return false })
+	case busv1.UpdateType_UPDATE_TYPE_AGENT_THOUGHT_CHUNK:
+		f.b.layout.mutate(id, func(p *pane) bool { p.putItem(up.TurnID+":thinking", kindThinking, up.Text, now, true); return false })
+	case busv1.UpdateType_UPDATE_TYPE_TOOL_CALL:
+		f.b.layout.mutate(id, func(p *pane) bool {
+			p.putItem(up.ToolCallID, kindTool, up.Name+" "+string(up.RawInput), now, false)
+			return false
+		})
+	case busv1.UpdateType_UPDATE_TYPE_TOOL_RESULT:
+		f.b.layout.mutate(id, func(p *pane) bool {
+			line := up.Status + ": " + up.RawOutput
+			if p.itemByID[up.ToolCallID] != nil {
+				p.putItem(up.ToolCallID, kindTool, "\n"+line, now, true)
+			} else {
+				p.putItem(up.ToolCallID, kindTool, up.Name+" "+line, now, false)
+			}
+			return false
+		})
+		f.resolveCall(ctx, id, up.ToolCallID)
+	case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
+		f.raise(ctx, id)
+	case busv1.UpdateType_UPDATE_TYPE_HISTORY_TRIMMED:
+		f.b.layout.mutate(id, func(p *pane) bool {
+			p.putItem(fmt.Sprintf("trim-%d", u.GetSeq()), kindNotice, fmt.Sprintf("Older history was trimmed (%d messages)", up.Dropped), now, false)
+			return false
+		})
+	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
+		f.turnEnded(ctx, id, up)
+	}
+}
+
+// discover shows a session the layout does not have yet.
+func (f *follower) discover(ctx context.Context, id string) {
+	c, cancel := f.call(ctx)
+	resp, err := f.b.sessions.GetSessionView(c, &sessionv1.GetSessionViewRequest{Principal: operator(), SessionId: id})
+	cancel()
+	if err != nil {
+		if status.Code(err) != codes.NotFound {
+			f.b.log.Warn("read new session", zap.String("session_id", id), zap.Error(err))
+			f.mark(id)
+		}
+		return
+	}
+	if !open(resp.GetView().GetSession()) {
+		return
+	}
+	if err := f.loadPane(ctx, resp.GetView(), false); err != nil {
+		f.b.log.Warn("show new session", zap.String("session_id", id), zap.Error(err))
+		f.mark(id)
+	}
+}
+
+// open reports whether a session shows as a pane.
+func open(s *sessionv1.Session) bool {
+	st := s.GetState()
+	return st == sessionv1.SessionState_SESSION_STATE_IDLE || st == sessionv1.SessionState_SESSION_STATE_RUNNING
+}
+
+// noteTurn starts following a turn the pane did not know: its start time
+// from the session's view, and the transcript rows written before it ran
+// (its prompt).
+func (f *follower) noteTurn(ctx context.Context, id, turnID string) {
+	known := false
+	f.b.layout.read(id, func(p *pane) { known = p.turn != nil && p.turn.id == turnID || p.liveTurn == turnID })
+	if known {
+		return
+	}
+	started := time.Now()
+	c, cancel := f.call(ctx)
+	resp, err := f.b.sessions.GetSessionView(c, &sessionv1.GetSessionViewRequest{Principal: operator(), SessionId: id})
+	cancel()
+	if err == nil && resp.GetView().GetTurnId() == turnID {
+		started = resp.GetView().GetTurnStartedAt().AsTime()
+	}
+	rows := f.newRows(ctx, id)
+	f.b.layout.mutate(id, func(p *pane) bool {
+		p.turn = &turnInfo{id: turnID, started: started}
+		p.liveTurn = turnID
+		f.showRows(p, rows, false)
+		return true
+	})
+}
+
+// newRows reads the transcript rows the pane has not shown.
+func (f *follower) newRows(ctx context.Context, id string) []*sessionv1.TranscriptMessage {
+	var next int64
+	f.b.layout.read(id, func(p *pane) { next = p.transcriptNext })
+	var out []*sessionv1.TranscriptMessage
+	for {
+		c, cancel := f.call(ctx)
+		tr, err := f.b.sessions.Transcript(c, &sessionv1.TranscriptRequest{Principal: operator(), SessionId: id, AfterIndex: ptr(next - 1), Limit: maxViewItems})
+		cancel()
+		if err != nil {
+			f.b.log.Warn("read transcript", zap.String("session_id", id), zap.Error(err))
+			return out
+		}
+		out = append(out, tr.GetMessages()...)
+		if len(tr.GetMessages()) < maxViewItems {
+			return out
+		}
+		next = tr.GetMessages()[len(tr.GetMessages())-1].GetIndex() + 1
+	}
+}
+
+// showRows shows transcript rows as items; with live set, the rows a
+// followed turn wrote at its end (tool results, its reply) are skipped:
+// its updates showed them.
+func (f *follower) showRows(p *pane, rows []*sessionv1.TranscriptMessage, live bool) {
+	for _, m := range rows {
+		if m.GetIndex() < p.transcriptNext {
+			continue
+		}
+		p.transcriptNext = m.GetIndex() + 1
+		role := m.GetRole()
+		if live && (role == "tool" || role == "assistant") {
+			continue
+		}
+		if role == "user" && p.firstPrompt == "" {
+			p.firstPrompt = m.GetContent()
+		}
+		p.putItem(rowItemID(m.GetIndex()), roleKind(role), m.GetContent(), m.GetCreatedAt().AsTime(), false)
+	}
+}
+
+// turnEnded closes what the turn left open and shows its end.
+func (f *follower) turnEnded(ctx context.Context, id string, up updateParams) {
+	var left []*ask
+	f.b.layout.read(id, func(p *pane) {
+		for _, a := range p.asks {
+			if a.turnID == up.TurnID {
+				left = append(left, a)
+			}
+		}
+	})
+	for _, a := range left {
+		f.resolve(ctx, id, a)
+	}
+	rows := f.newRows(ctx, id)
+	f.b.layout.mutate(id, func(p *pane) bool {
+		live := p.liveTurn == up.TurnID
+		if live && up.Content != "" {
+			p.putItem(up.TurnID+":reply", kindReply, up.Content, time.Now(), false)
+		}
+		f.showRows(p, rows, live)
+		if p.turn != nil && p.turn.id == up.TurnID {
+			p.turn = nil
+		}
+		if live {
+			p.liveTurn = ""
+		}
+		return true
+	})
+	f.poke() // a text may wait for this pane's next turn
+}
+
+// raise opens the asks of the session's pending approvals.
+func (f *follower) raise(ctx context.Context, id string) {
+	c, cancel := f.call(ctx)
+	resp, err := f.b.sessions.GetSessionView(c, &sessionv1.GetSessionViewRequest{Principal: operator(), SessionId: id})
+	cancel()
+	if err != nil {
+		f.b.log.Warn("read approval requests", zap.String("session_id", id), zap.Error(err))
+		f.mark(id)
+		return
+	}
+	for _, a := range resp.GetView().GetApprovals() {
+		k := f.askOf(id, a)
+		f.b.layout.mutate(id, func(p *pane) bool { return p.addAsk(k) })
+	}
+}
+
+// resolveCall closes the ask of a tool call once its result is out.
+func (f *follower) resolveCall(ctx context.Context, id, toolCallID string) {
+	var a *ask
+	f.b.layout.read(id, func(p *pane) { a = p.findAsk(askID(id, toolCallID)) })
+	if a != nil {
+		f.resolve(ctx, id, a)
+	}
+}
+
+// resolve reads how an ask's approval ended and closes the ask; a still
+// pending approval stays open.
+func (f *follower) resolve(ctx context.Context, paneID string, a *ask) {
+	c, cancel := f.call(ctx)
+	resp, err := f.b.sessions.GetApproval(c, &sessionv1.GetApprovalRequest{Principal: operator(), SessionId: paneID, RequestId: a.requestID})
+	cancel()
+	var d decided
+	switch {
+	case status.Code(err) == codes.NotFound:
+		d = decided{by: byProgram, outcome: optReject}
+	case err != nil:
+		f.b.log.Warn("read approval outcome", zap.String("session_id", paneID), zap.String("request_id", a.requestID), zap.Error(err))
+		return
+	default:
+		var ok bool
+		if d, ok = outcomeOf(resp.GetApproval()); !ok {
+			return
+		}
+	}
+	f.b.closeAsk(ctx, paneID, a.id, d)
+}
+
+// outcomeOf maps an approval's end to an ask's: who closed it and the
+// option it amounts to. ok is false while it is pending.
+func outcomeOf(a *sessionv1.ApprovalView) (decided, bool) {
+	switch a.GetStatus() {
+	case sessionv1.ApprovalStatus_APPROVAL_STATUS_PENDING:
+		return decided{}, false
+	case sessionv1.ApprovalStatus_APPROVAL_STATUS_TIMED_OUT:
+		return decided{by: byTimeout, outcome: optReject}, true
+	case sessionv1.ApprovalStatus_APPROVAL_STATUS_DECIDED:
+		by := byProgram
+		if a.GetSurface() == sessionv1.Surface_SURFACE_DURABLE {
+			by = byPhone
+		}
+		opt := optReject
+		switch a.GetDecision() {
+		case sessionv1.Decision_DECISION_ALLOW_ONCE:
+			opt = optAllowOnce
+		case sessionv1.Decision_DECISION_ALLOW_ALWAYS:
+			opt = optAllowAlways
+		}
+		return decided{by: by, outcome: opt}, true
+	}
+	// Cancelled: the turn stopped first, which the seed counts as decided
+	// in the agent.
+	return decided{by: byProgram, outcome: optReject}, true
+}
+
+// reloadMarked reloads the panes marked when updates were dropped.
+func (f *follower) reloadMarked(ctx context.Context) {
+	f.mu.Lock()
+	marked, all := f.marked, f.all
+	f.marked, f.all = map[string]bool{}, false
+	f.mu.Unlock()
+	if all {
+		for _, id := range f.b.layout.paneIDs("") {
+			marked[id] = true
+		}
+	}
+	for id := range marked {
+		f.reload(ctx, id)
+	}
+}
+
+// reload rebuilds one pane from the session service: asks that are gone
+// are closed with their outcome, readers take the new view.
+func (f *follower) reload(ctx context.Context, id string) {
+	c, cancel := f.call(ctx)
+	resp, err := f.b.sessions.GetSessionView(c, &sessionv1.GetSessionViewRequest{Principal: operator(), SessionId: id})
+	cancel()
+	if status.Code(err) == codes.NotFound || (err == nil && !open(resp.GetView().GetSession())) {
+		f.b.layout.remove(id)
+		return
+	}
+	if err != nil {
+		f.b.log.Warn("reload pane", zap.String("session_id", id), zap.Error(err))
+		return
+	}
+	pending := map[string]bool{}
+	for _, a := range resp.GetView().GetApprovals() {
+		pending[askID(id, a.GetToolCallId())] = true
+	}
+	var gone []*ask
+	f.b.layout.read(id, func(p *pane) {
+		for _, a := range p.asks {
+			if !pending[a.id] {
+				gone = append(gone, a)
+			}
+		}
+	})
+	for _, a := range gone {
+		f.resolve(ctx, id, a)
+	}
+	if err := f.loadPane(ctx, resp.GetView(), true); err != nil {
+		f.b.log.Warn("reload pane", zap.String("session_id", id), zap.Error(err))
+	}
+}
+
+// reconcile compares the layout with the open sessions: new ones are
+// shown (unless the phone closed them after the list was read), closed
+// ones removed, pending approvals raised, and a pane whose turn disagrees
+// with a view read after every update it applied is reloaded.
+func (f *follower) reconcile(ctx context.Context) {
+	listed := time.Now()
+	views, err := f.openViews(ctx, false)
+	if err != nil {
+		f.b.log.Debug("reconcile sessions", zap.Error(err))
+		return
+	}
+	seen := make(map[string]bool, len(views))
+	suspects := map[string]int64{}
+	for _, v := range views {
+		id := v.GetSession().GetSessionId()
+		seen[id] = true
+		var exists, stale bool
+		var applied int64
+		var missing []*sessionv1.ApprovalView
+		var gone []*ask
+		f.b.layout.read(id, func(p *pane) {
+			exists, applied = true, p.lastSeq
+			turn := ""
+			if p.turn != nil {
+				turn = p.turn.id
+			}
+			stale = v.GetUpdateSeq() <= p.lastSeq && turn != v.GetTurnId() || p.sessionTitle != v.GetSession().GetTitle()
+			if v.GetUpdateSeq() != p.lastSeq {
+				// Only a view taken exactly where the pane stands says
+				// which asks it lacks or holds too many of.
+				return
+			}
+			pending := map[string]bool{}
+			for _, a := range v.GetApprovals() {
+				k := askID(id, a.GetToolCallId())
+				pending[k] = true
+				if p.findAsk(k) == nil {
+					missing = append(missing, a)
+				}
+			}
+			for _, a := range p.asks {
+				if !pending[a.id] {
+					gone = append(gone, a)
+				}
+			}
+		})
+		switch {
+		case !exists:
+			if f.b.closedSince(id, listed) {
+				continue
+			}
+			if err := f.loadPane(ctx, v, false); err != nil {
+				f.b.log.Warn("show session", zap.String("session_id", id), zap.Error(err))
+			}
+		case stale:
+			if last, ok := f.suspects[id]; ok && last == applied {
+				f.b.log.Info("pane out of step with its session, reloading", zap.String("session_id", id))
+				f.reload(ctx, id)
+			} else {
+				suspects[id] = applied
+			}
+		default:
+			// A pending approval whose update was lost (or applied to a
+			// pane replaced meanwhile) is raised now; an ask whose approval
+			// is no longer pending is closed with its outcome.
+			for _, a := range missing {
+				k := f.askOf(id, a)
+				f.b.layout.mutate(id, func(p *pane) bool { return p.addAsk(k) })
+			}
+			for _, a := range gone {
+				f.resolve(ctx, id, a)
+			}
+		}
+	}
+	f.suspects = suspects
+	// Panes shown after the list was read (a starter's, a reopened one)
+	// are not in it and stay.
+	for _, id := range f.b.layout.paneIDs("") {
+		if !seen[id] {
+			f.b.layout.removeIfBefore(id, listed)
+		}
+	}
+}
+
+// drainQueues starts the next turn of each idle pane that has texts
+// waiting.
+func (f *follower) drainQueues(ctx context.Context) {
+	if f.b.store == nil {
+		return
+	}
+	qs, err := f.b.store.nextQueued(ctx)
+	if err != nil {
+		f.b.log.Warn("read queued texts", zap.Error(err))
+		return
+	}
+	for _, q := range qs {
+		idle := false
+		if !f.b.layout.read(q.paneID, func(p *pane) { idle = p.turn == nil }) {
+			// The pane is gone (closed): its texts go with it.
+			if err := f.b.store.dequeue(ctx, q.seq); err != nil {
+				f.b.log.Warn("drop queued text", zap.Error(err))
+			}
+			continue
+		}
+		if !idle {
+			continue
+		}
+		c, cancel := f.call(ctx)
+		_, err := f.b.sessions.StartTurn(c, &sessionv1.StartTurnRequest{Principal: operator(), SessionId: q.paneID, Prompt: q.text})
+		cancel()
+		if isBusy(err) {
+			continue
+		}
+		if err != nil && status.Code(err) != codes.NotFound && status.Code(err) != codes.FailedPrecondition {
+			f.b.log.Warn("start queued turn", zap.String("session_id", q.paneID), zap.Error(err))
+			continue
+		}
+		if err != nil {
+			f.b.log.Info("queued text dropped: the session cannot run it", zap.String("session_id", q.paneID), zap.Error(err))
+		}
+		if err := f.b.store.dequeue(ctx, q.seq); err != nil {
+			f.b.log.Warn("dequeue text", zap.Error(err))
+		}
+	}
+}
+
+// isBusy reports a SESSION_BUSY refusal: a turn is running.
+func isBusy(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return false
+	}
+	reason, _ := rpcerr.Details(st)
+	return reason == rpcerr.ReasonSessionBusy
+}
+
+// subscribe follows every session's updates into the follower.
+func (f *follower) subscribe() (func(), error) {
+	sub, err := bus.SubscribeAllSessionUpdates(f.b.cfg.NATS, f.push, func(err error) {
+		f.b.log.Warn("session update dropped", zap.Error(err))
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := f.b.cfg.NATS.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("subscribe session updates: %w", err)
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}

@@ -1,0 +1,145 @@
+package durablebridge
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// A request id runs once per epoch: a replay gets the first answer with
+// replayed:true, another body gets request-id-reused, a concurrent send
+// joins the running one, a refusal before anything ran is not kept.
+func TestRequestIDMemory(t *testing.T) {
+	w := newWireBridge(t, true)
+	m := w.b.memory
+	ctx := context.Background()
+	var runs atomic.Int32
+	ok := func() (int, []byte) { runs.Add(1); return http.StatusOK, []byte(`{"ok":true,"queued":false}`) }
+	fp := fingerprint(http.MethodPost, "/session/v1/pane/p1/send", map[string]any{"requestId": "r1", "text": "hi"})
+	if fp != fingerprint(http.MethodPost, "/session/v1/pane/p1/send", map[string]any{"text": "hi", "requestId": "other"}) {
+		t.Fatal("the fingerprint depends on the request id")
+	}
+
+	st, body, err := m.do(ctx, "r1", fp, ok)
+	if err != nil || st != http.StatusOK || string(body) != `{"ok":true,"queued":false}` {
+		t.Fatalf("first: %d %s %v", st, body, err)
+	}
+	st, body, err = m.do(ctx, "r1", fp, ok)
+	if err != nil || st != http.StatusOK || string(body) != `{"replayed":true,"ok":true,"queued":false}` || runs.Load() != 1 {
+		t.Fatalf("replay: %d %s %v (runs %d)", st, body, err, runs.Load())
+	}
+	other := fingerprint(http.MethodPost, "/session/v1/pane/p1/send", map[string]any{"text": "bye"})
+	st, body, err = m.do(ctx, "r1", other, ok)
+	if err != nil || st != http.StatusConflict || !strings.Contains(string(body), codeRequestIDReused) || runs.Load() != 1 {
+		t.Fatalf("reused: %d %s %v", st, body, err)
+	}
+	route := fingerprint(http.MethodPost, "/session/v1/pane/p1/abort", map[string]any{"text": "hi"})
+	if st, _, _ := m.do(ctx, "r1", route, ok); st != http.StatusConflict {
+		t.Fatalf("same body on another route: %d", st)
+	}
+
+	// A 409 is kept, a 4xx before anything ran is not.
+	conflict := func() (int, []byte) { runs.Add(1); return http.StatusConflict, []byte(`{"code":"turn-changed"}`) }
+	m.do(ctx, "r2", fp, conflict)
+	if st, body, _ := m.do(ctx, "r2", fp, ok); st != http.StatusConflict || string(body) != `{"replayed":true,"code":"turn-changed"}` {
+		t.Fatalf("kept 409: %d %s", st, body)
+	}
+	notFound := func() (int, []byte) { runs.Add(1); return http.StatusNotFound, []byte(`{"code":"no-such-pane"}`) }
+	m.do(ctx, "r3", fp, notFound)
+	before := runs.Load()
+	if st, _, _ := m.do(ctx, "r3", fp, ok); st != http.StatusOK || runs.Load() != before+1 {
+		t.Fatalf("a 404 was kept: %d", st)
+	}
+
+	// Concurrent sends of one id: one runs, the others join it.
+	release := make(chan struct{})
+	slow := func() (int, []byte) { runs.Add(1); <-release; return http.StatusOK, []byte(`{"ok":true}`) }
+	before = runs.Load()
+	var wg sync.WaitGroup
+	results := make([]string, 5)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, body, err := m.do(ctx, "r4", fp, slow)
+			results[i] = fmt.Sprintf("%d %s %v", st, body, err)
+		}()
+	}
+	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if n := m.joined("r4"); n != len(results)-1 {
+			return fmt.Errorf("%d sends joined", n)
+		}
+		return nil
+	})
+	close(release)
+	wg.Wait()
+	if runs.Load() != before+1 {
+		t.Fatalf("%d runs for one id", runs.Load()-before)
+	}
+	first := 0
+	for _, r := range results {
+		if r == `200 {"ok":true} <nil>` {
+			first++
+		} else if r != `200 {"replayed":true,"ok":true} <nil>` {
+			t.Fatalf("joined answer %s", r)
+		}
+	}
+	if first != 1 {
+		t.Fatalf("answers %v", results)
+	}
+
+	// At least the last 500 ids of the epoch are kept, older ones pruned.
+	for i := range keptRequestIDs + 2*pruneEvery {
+		if _, _, err := m.do(ctx, fmt.Sprintf("bulk-%d", i), fp, ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	if err := w.b.store.db.QueryRow(ctx, "SELECT count(*) FROM request_ids WHERE epoch = $1", testEpoch).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n < 500 || n > keptRequestIDs+pruneEvery {
+		t.Fatalf("%d request ids kept", n)
+	}
+	before = runs.Load()
+	if st, _, _ := m.do(ctx, fmt.Sprintf("bulk-%d", keptRequestIDs+2*pruneEvery-500), fp, ok); st != http.StatusOK || runs.Load() != before {
+		t.Fatal("one of the last 500 ids ran again")
+	}
+}
+
+// At least the last 500 decided asks of a pane are kept, with their
+// outcome, whatever other panes do.
+func TestDecidedAsksKept(t *testing.T) {
+	w := newWireBridge(t, true)
+	st, ctx := w.b.store, context.Background()
+	for i := range keptDecided + 100 {
+		if err := st.recordDecided(ctx, "p1", fmt.Sprintf("ask-%d", i), decided{by: byPhone, outcome: optAllowOnce}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.recordDecided(ctx, "p2", "ask-0", decided{by: byTimeout, outcome: optReject}); err != nil {
+		t.Fatal(err)
+	}
+	// The first outcome stays: a later record of the same ask is ignored.
+	if err := st.recordDecided(ctx, "p2", "ask-0", decided{by: byPhone, outcome: optAllowOnce}); err != nil {
+		t.Fatal(err)
+	}
+	for i := keptDecided + 100 - 500; i < keptDecided+100; i++ {
+		if d, err := st.decidedAsk(ctx, "p1", fmt.Sprintf("ask-%d", i)); err != nil || d.by != byPhone {
+			t.Fatalf("ask-%d: %+v %v", i, d, err)
+		}
+	}
+	if _, err := st.decidedAsk(ctx, "p1", "ask-0"); err != errNoRow {
+		t.Fatalf("the oldest ask is kept beyond the bound: %v", err)
+	}
+	if d, err := st.decidedAsk(ctx, "p2", "ask-0"); err != nil || d.by != byTimeout || d.outcome != optReject {
+		t.Fatalf("another pane's ask: %+v %v", d, err)
+	}
+}

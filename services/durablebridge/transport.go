@@ -1,0 +1,269 @@
+package durablebridge
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/unixsock"
+)
+
+// EnvSocket names the private socket, for the bridge and for Collie.
+const EnvSocket = "COLLIE_DURABLE_SOCKET"
+
+// DefaultSocket is the socket's path in a data directory.
+func DefaultSocket(dataDir string) string { return filepath.Join(dataDir, "durable.sock") }
+
+// maxSocketPath is seed 004's bound on the socket path, in bytes.
+const maxSocketPath = 103
+
+// ErrNotPrivate is a socket path that fails the privacy rules.
+var ErrNotPrivate = errors.New("durable socket is not private")
+
+// CheckSocketPath applies seed 004's rules to the private socket's path:
+// absolute, at most 103 bytes, no part of it a symbolic link, its folder
+// the bridge's own with mode 0700 (created so when missing), and no
+// folder above it writable by group or others unless sticky (as /tmp).
+// An existing file at the path must be a socket (it is stale and is
+// removed when listening).
+func CheckSocketPath(path string) error {
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrNotPrivate, path, fmt.Sprintf(format, args...))
+	}
+	if !filepath.IsAbs(path) {
+		return refuse("the path must be absolute")
+	}
+	if len(path) > maxSocketPath {
+		return refuse("the path is %d bytes; at most %d are allowed", len(path), maxSocketPath)
+	}
+	if filepath.Clean(path) != path {
+		return refuse("the path must be clean (no //, . or .. parts)")
+	}
+	dir := filepath.Dir(path)
+	uid := os.Getuid()
+	// Every folder from the root down to the socket's folder.
+	var parts []string
+	for d := dir; ; d = filepath.Dir(d) {
+		parts = append(parts, d)
+		if d == "/" {
+			break
+		}
+	}
+	for i := len(parts) - 1; i >= 0; i-- {
+		d := parts[i]
+		fi, err := os.Lstat(d)
+		if errors.Is(err, fs.ErrNotExist) && i == 0 {
+			if err := os.Mkdir(d, 0o700); err != nil {
+				return refuse("create the socket folder %s: %v", d, err)
+			}
+			fi, err = os.Lstat(d)
+		}
+		if err != nil {
+			return refuse("%s: %v", d, err)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return refuse("%s is a symbolic link", d)
+		}
+		if !fi.IsDir() {
+			return refuse("%s is not a folder", d)
+		}
+		if i > 0 && fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+			return refuse("%s is writable by group or others (mode %04o) and not sticky", d, fi.Mode().Perm())
+		}
+		if i == 0 {
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			if !ok || int(st.Uid) != uid {
+				return refuse("the socket folder %s belongs to another user", d)
+			}
+			if fi.Mode().Perm() != 0o700 {
+				return refuse("the socket folder %s has mode %04o; it must be 0700", d, fi.Mode().Perm())
+			}
+		}
+	}
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return refuse("%v", err)
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return refuse("the socket path is a symbolic link")
+	case fi.Mode()&fs.ModeSocket == 0:
+		return refuse("a file that is not a socket is in the way")
+	}
+	return nil
+}
+
+// ListenSocket checks the path and listens there: the socket is 0600, a
+// stale socket file is removed first.
+func ListenSocket(path string) (net.Listener, error) {
+	if err := CheckSocketPath(path); err != nil {
+		return nil, err
+	}
+	ln, err := unixsock.Listen(path)
+	if err != nil {
+		return nil, fmt.Errorf("durable socket: %w", err)
+	}
+	return ln, nil
+}
+
+// ErrListenURL is a token transport address that breaks the rules.
+var ErrListenURL = errors.New("durable.listen_url")
+
+// listenToken listens on the token transport's address: https:// with a
+// certificate, or plain http:// on loopback for a local test. It returns
+// the URL's path, which prefixes /session/v1.
+func listenToken(raw, certFile, keyFile string) (net.Listener, string, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w %q: %s", ErrListenURL, raw, fmt.Sprintf(format, args...))
+	}
+	if len(raw) > 2048 {
+		return nil, "", bad("longer than 2048 bytes")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, "", bad("%v", err)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return nil, "", bad("no user, query or fragment allowed")
+	}
+	prefix := strings.TrimSuffix(u.EscapedPath(), "/")
+	host := u.Hostname()
+	port := u.Port()
+	if port == "" {
+		port = "443"
+		if u.Scheme == "http" {
+			return nil, "", bad("a local http address names its port")
+		}
+	}
+	addr := net.JoinHostPort(host, port)
+	switch u.Scheme {
+	case "https":
+		if certFile == "" || keyFile == "" {
+			return nil, "", bad("https needs durable.tls_cert_file and durable.tls_key_file")
+		}
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, "", bad("TLS key pair: %v", err)
+		}
+		ln, err := tls.Listen("tcp", addr, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		if err != nil {
+			return nil, "", bad("%v", err)
+		}
+		return ln, prefix, nil
+	case "http":
+		if host != "127.0.0.1" && host != "localhost" {
+			return nil, "", bad("plain http is allowed on 127.0.0.1 or localhost only")
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", port))
+		if err != nil {
+			return nil, "", bad("%v", err)
+		}
+		return ln, prefix, nil
+	}
+	return nil, "", bad("the scheme must be https (or http on loopback)")
+}
+
+// peerKey carries a socket caller's pid in a request's context.
+type peerKey struct{}
+
+// httpServer builds the server of one transport. Its limits cover a
+// starter (Collie waits 30 s for one).
+func (b *Bridge) httpServer(tr transport, prefix string) *http.Server {
+	srv := &http.Server{
+		Handler:           &handler{b: b, tr: tr, prefix: prefix},
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      40 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+	}
+	if tr == overSocket {
+		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+			if pid, ok := peerPID(c); ok {
+				return context.WithValue(ctx, peerKey{}, pid)
+			}
+			return ctx
+		}
+	}
+	return srv
+}
+
+// peerPID reads a Unix socket peer's pid (SO_PEERCRED).
+func peerPID(c net.Conn) (int, bool) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return 0, false
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var cred *syscall.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil || credErr != nil {
+		return 0, false
+	}
+	return int(cred.Pid), true
+}
+
+// launcherPID is the process whose descendants count as the agent's own:
+// the launcher that started the bridge, or the bridge itself when it
+// runs on its own.
+func launcherPID() int {
+	if pp := os.Getppid(); pp > 1 {
+		return pp
+	}
+	return os.Getpid()
+}
+
+// descendsFrom reports whether pid is root or one of its descendants, by
+// walking parent pids in /proc (bounded).
+func descendsFrom(pid, root int) bool {
+	for range 256 {
+		if pid == root {
+			return true
+		}
+		if pid <= 1 {
+			return false
+		}
+		next, ok := parentPID(pid)
+		if !ok {
+			return false
+		}
+		pid = next
+	}
+	return false
+}
+
+func parentPID(pid int) (int, bool) {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// The command name is in parentheses and may hold anything: the
+	// fields after its last ")" are "state ppid ...".
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0, false
+	}
+	pp, err := strconv.Atoi(f[1])
+	return pp, err == nil
+}

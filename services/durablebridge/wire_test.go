@@ -1,0 +1,175 @@
+package durablebridge
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/internal/configclient"
+)
+
+// The handler's own rules, in WIRE.md's order, over the private socket.
+func TestWireRefusals(t *testing.T) {
+	w := newWireBridge(t, false)
+	c := w.collie(t)
+	ctx := context.Background()
+
+	// Before ready: hello says so, every other route is 503 starting,
+	// but a missing version or an unknown route is refused first.
+	h, err := c.SayHello(ctx)
+	if err != nil || h.Ready || h.Epoch != testEpoch || h.Host.Name != "test host" || !h.Caps["starters"] {
+		t.Fatalf("hello before ready: %+v %v", h, err)
+	}
+	want(t, raw(t, c, http.MethodGet, "/snapshot", v1(), nil), http.StatusServiceUnavailable, codeStarting)
+	want(t, raw(t, c, http.MethodGet, "/snapshot", http.Header{"X-Collie-Session": nil}, nil), http.StatusBadRequest, codeVersionRequired)
+	want(t, raw(t, c, http.MethodGet, "/nowhere", v1(), nil), http.StatusNotFound, codeNotFound)
+	want(t, raw(t, c, http.MethodPost, "/rename", v1(), []byte(strings.Repeat(" ", maxBody+1))), http.StatusServiceUnavailable, codeStarting)
+	w.b.layout.SetReady()
+
+	// The version: required after hello, and a version the agent does not
+	// speak is refused with both ranges, on hello (the informative hello)
+	// and on any route.
+	want(t, raw(t, c, http.MethodGet, "/nowhere", http.Header{"X-Collie-Session": nil}, nil), http.StatusBadRequest, codeVersionRequired)
+	want(t, raw(t, c, http.MethodGet, "/snapshot", http.Header{"X-Collie-Session": {"one"}}, nil), http.StatusBadRequest, codeVersionRequired)
+	for _, path := range []string{"/hello", "/snapshot"} {
+		r := raw(t, c, http.MethodGet, path, http.Header{"X-Collie-Session": {"2"}}, nil)
+		want(t, r, http.StatusConflict, codeIncompatible)
+		var ref wireRefusal
+		if err := r.JSON(&ref); err != nil || ref.Refusal.Agent != (versionRange{1, 1}) || ref.Refusal.Collie != (versionRange{2, 2}) {
+			t.Fatalf("informative hello %s", r)
+		}
+	}
+
+	// A route is a method and a path.
+	for _, rq := range [][2]string{{http.MethodPost, "/snapshot"}, {http.MethodGet, "/pane/p1/answer"}, {http.MethodGet, "/snapshot/"},
+		{http.MethodGet, "/session/v1/snapshot"}, {http.MethodDelete, "/rename"}, {http.MethodGet, "/pane/p1/events/x"}} {
+		want(t, raw(t, c, rq[0], rq[1], v1(), nil), http.StatusNotFound, codeNotFound)
+	}
+
+	// Bodies: at most 64 KiB, checked before the ids; ids are checked
+	// after percent-decoding, before the body's shape.
+	big := []byte(`{"requestId":"r1","pad":"` + strings.Repeat("x", maxBody) + `"}`)
+	want(t, raw(t, c, http.MethodPost, "/pane/bad%2Fid/send", v1(), big), http.StatusRequestEntityTooLarge, codeTooLarge)
+	for _, id := range []string{"a%2Fb", "a%3Fb", "a%23b", "a%20b", "a%09b", "%E2%80%8Bzw", strings.Repeat("x", 129)} {
+		want(t, raw(t, c, http.MethodGet, "/pane/"+id+"/events", v1(), nil), http.StatusBadRequest, codeBadID)
+	}
+	want(t, raw(t, c, http.MethodGet, "/pane//events", v1(), nil), http.StatusBadRequest, codeBadID)
+	// A decoded id that is valid is looked up as itself.
+	want(t, raw(t, c, http.MethodGet, "/pane/caf%C3%A9/events", v1(), nil), http.StatusNotFound, codeNoSuchPane)
+	want(t, raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), []byte(`{"requestId":"has space","askId":1}`)), http.StatusBadRequest, codeBadID)
+	want(t, raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), []byte(`{"requestId":"r1","askId":"a b"}`)), http.StatusBadRequest, codeBadID)
+	want(t, raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), []byte(`{"requestId":7}`)), http.StatusBadRequest, codeBadID)
+	want(t, raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), []byte(`{"requestId":"r1","askId":"a1"}`)), http.StatusBadRequest, codeBadRequest)
+	want(t, raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), []byte(`[1]`)), http.StatusBadRequest, codeBadRequest)
+	want(t, raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), []byte(`{} {}`)), http.StatusBadRequest, codeBadRequest)
+	// An empty POST body is {}: it lacks its requestId.
+	r := raw(t, c, http.MethodPost, "/close", v1(), nil)
+	want(t, r, http.StatusBadRequest, codeBadRequest)
+	if !strings.Contains(r.String(), "requestId") {
+		t.Fatalf("empty body: %s", r)
+	}
+	want(t, raw(t, c, http.MethodPost, "/close", v1(), []byte(`{"requestId":"r1","target":{"pane":"a","tab":"b"}}`)), http.StatusBadRequest, codeBadRequest)
+	want(t, raw(t, c, http.MethodGet, "/pane/p1/events?after=-1", v1(), nil), http.StatusBadRequest, codeBadRequest)
+	want(t, raw(t, c, http.MethodGet, "/pane/nobody/events?after=0", v1(), nil), http.StatusNotFound, codeNoSuchPane)
+
+	// Every error is JSON with a code.
+	r = raw(t, c, http.MethodGet, "/nowhere", v1(), nil)
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("error content type %q", ct)
+	}
+}
+
+// The snapshot's ETag is "<epoch>-<rev>"; a matching If-None-Match, weak
+// or strong or in a list, is a 304; rev rises with every visible change.
+func TestSnapshotETag(t *testing.T) {
+	w := newWireBridge(t, false)
+	w.b.layout.SetReady()
+	c := w.collie(t)
+	ctx := context.Background()
+	if _, err := c.SayHello(ctx); err != nil {
+		t.Fatal(err)
+	}
+	changed, r, err := c.Poll(ctx)
+	if err != nil || !changed {
+		t.Fatalf("first poll: %v %v", r, err)
+	}
+	tag := r.Header.Get("ETag")
+	if !strings.HasPrefix(tag, `"`+testEpoch+"-") || c.Snap.Epoch != testEpoch || tag != `"`+testEpoch+"-"+itoa(c.Snap.Rev)+`"` {
+		t.Fatalf("etag %s, snapshot rev %d", tag, c.Snap.Rev)
+	}
+	for _, inm := range []string{tag, "W/" + tag, `"other", ` + tag, "*"} {
+		r := raw(t, c, http.MethodGet, "/snapshot", http.Header{"If-None-Match": {inm}}, nil)
+		if r.Status != http.StatusNotModified || r.Header.Get("ETag") != tag || len(r.Body) != 0 {
+			t.Fatalf("If-None-Match %s: %s", inm, r)
+		}
+	}
+	if r := raw(t, c, http.MethodGet, "/snapshot", http.Header{"If-None-Match": {`"` + testEpoch + `-0"`}}, nil); r.Status != http.StatusOK {
+		t.Fatalf("an old tag: %s", r)
+	}
+	w.addPane("p1", "default", 1)
+	changed, r, err = c.Poll(ctx)
+	if err != nil || !changed || c.Snap.Pane("p1") == nil || r.Header.Get("ETag") == tag {
+		t.Fatalf("poll after a change: %v %v", r, err)
+	}
+	if changed, _, err := c.Poll(ctx); err != nil || changed {
+		t.Fatalf("poll without a change: %v %v", changed, err)
+	}
+}
+
+func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+// A snapshot keeps to seed 004's limits; a permission ask is built from
+// the tool's name and arguments, with allow_always only on the socket.
+func TestSnapshotLimitsAndAsks(t *testing.T) {
+	w := newWireBridge(t, false)
+	l := w.b.layout
+	for i := range 300 {
+		w.addPane("p"+itoa(int64(1000+i)), "alias"+itoa(int64(i%3)), 0)
+	}
+	a := testAsk("p1299", "tc_1")
+	a.args = json.RawMessage(`{"command":"rm -rf /tmp/x","n":2,"nested":{"a":[1,2]}}`)
+	l.mutate("p1299", func(p *pane) bool { p.addAsk(a); return true })
+	var starters []configclient.DurableStarter
+	for i := range 60 {
+		starters = append(starters, configclient.DurableStarter{ID: "s" + itoa(int64(100+i)), Title: "Starter\x07 " + itoa(int64(i))})
+	}
+	l.setStarters(starters)
+	var doc wireSnapshot
+	_, body := l.Snapshot(overSocket)
+	if err := json.Unmarshal(body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	var got *wirePane
+	for _, tab := range doc.Workspaces[0].Tabs {
+		n += len(tab.Panes)
+		for i := range tab.Panes {
+			if tab.Panes[i].ID == "p1299" {
+				got = &tab.Panes[i]
+			}
+		}
+	}
+	if n != maxPanes || len(doc.Workspaces) != 1 || len(doc.Workspaces[0].Tabs) != 3 {
+		t.Fatalf("%d panes in %d tabs", n, len(doc.Workspaces[0].Tabs))
+	}
+	if len(doc.Starters) != maxStarters || doc.Starters[0].ID != "s100" || doc.Starters[0].Title != "Starter 0" {
+		t.Fatalf("starters %d, first %+v", len(doc.Starters), doc.Starters[0])
+	}
+	if got == nil || got.State != stateWaiting || len(got.Asks) != 1 {
+		t.Fatalf("the newest pane %+v", got)
+	}
+	k := got.Asks[0]
+	if k.ID != askID("p1299", "tc_1") || len(k.ID) != 32 || k.Kind != "permission" || k.Revision != 1 || k.Title != "Run tool `echo`" ||
+		k.Body != "command: rm -rf /tmp/x\nn: 2\nnested: {\"a\":[1,2]}" || k.Tool == nil || k.Tool.Name != "echo" || k.ExpiresAt == "" {
+		t.Fatalf("ask %+v", k)
+	}
+	if len(k.Options) != 3 || k.Options[1].ID != optAllowAlways {
+		t.Fatalf("socket options %+v", k.Options)
+	}
+	_, body = l.Snapshot(overToken)
+	if strings.Contains(string(body), optAllowAlways) {
+		t.Fatal("allow_always offered behind the token")
+	}
+}

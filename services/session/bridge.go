@@ -1,0 +1,523 @@
+package session
+
+// The RPCs the durable bridge needs (seed 004): it shows every session to
+// a phone, raises every pending approval there, and starts and stops
+// turns for the operator. Everything here reads what rpc.go, turn.go and
+// approvals.go keep; nothing here changes how a turn runs.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// Paging bounds of the bridge's RPCs.
+const (
+	// MaxTranscriptLimit bounds one Transcript read: the durable wire
+	// shows at most the newest 2000 items of a pane.
+	MaxTranscriptLimit = 2000
+	// maxPageToken bounds a page token (the durable wire's cursor limit).
+	maxPageToken = 512
+)
+
+// ListSessionViews pages through the principal's sessions (every session
+// for the operator), most recently active first: open ones, or every one
+// with include_closed.
+func (s *Server) ListSessionViews(ctx context.Context, req *sessionv1.ListSessionViewsRequest) (*sessionv1.ListSessionViewsResponse, error) {
+	p := req.GetPrincipal()
+	if err := requirePrincipal(p); err != nil {
+		return nil, err
+	}
+	limit, err := pageLimit("page_size", req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := parsePageToken(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	owner := p.GetPrincipalId()
+	if p.GetOperator() {
+		owner = ""
+	}
+	rows, err := s.store.sessionPage(ctx, owner, req.GetIncludeClosed(), after, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.ListSessionViewsResponse{}
+	if int64(len(rows)) > limit {
+		rows = rows[:limit]
+		last := rows[len(rows)-1]
+		resp.NextPageToken = pageToken{updated: last.UpdatedAt, id: last.ID}.String()
+	}
+	for _, r := range rows {
+		v, err := s.view(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		resp.Views = append(resp.Views, v)
+	}
+	return resp, nil
+}
+
+// GetSessionView returns one session's view.
+func (s *Server) GetSessionView(ctx context.Context, req *sessionv1.GetSessionViewRequest) (*sessionv1.GetSessionViewResponse, error) {
+	// The sequence is read before the row, as in view: see there.
+	seq := s.updateSeq(req.GetSessionId(), -1)
+	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	if seq < 0 {
+		seq = row.UpdateSeq
+	}
+	v, err := s.viewAt(ctx, row, seq)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.GetSessionViewResponse{View: v}, nil
+}
+
+// updateSeq is the last update sequence number a live session used, or
+// dflt when the session has no live half.
+func (s *Server) updateSeq(id string, dflt int64) int64 {
+	ls := s.lookupLive(id)
+	if ls == nil {
+		return dflt
+	}
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	return ls.seq
+}
+
+// view builds a session's view from its row.
+func (s *Server) view(ctx context.Context, row sessionRow) (*sessionv1.SessionView, error) {
+	return s.viewAt(ctx, row, s.updateSeq(row.ID, row.UpdateSeq))
+}
+
+// viewAt builds the view with update_seq seq. The sequence must have been
+// read before everything else the view shows: a reader that applies every
+// update after it then misses nothing (it may see some twice, which the
+// bridge's handling tolerates). A session without a live half has
+// published nothing above its stored bound, which its row holds.
+func (s *Server) viewAt(ctx context.Context, row sessionRow, seq int64) (*sessionv1.SessionView, error) {
+	v := &sessionv1.SessionView{Session: toProto(row, s.stateOf(row)), UpdateSeq: seq}
+	ls := s.lookupLive(row.ID)
+	if ls == nil {
+		return v, nil
+	}
+	if t := ls.running(); t != nil {
+		v.TurnId = t.id
+		started, err := s.store.turnStarted(ctx, t.id)
+		if err != nil {
+			return nil, err
+		}
+		v.TurnStartedAt = timestamppb.New(started)
+		v.Session.State = sessionv1.SessionState_SESSION_STATE_RUNNING
+	}
+	pending, err := s.pendingApprovals(ctx, ls)
+	if err != nil {
+		return nil, err
+	}
+	v.Approvals = pending
+	return v, nil
+}
+
+// pendingApprovals lists the approvals of ls nobody decided yet, oldest
+// first, with their arguments and expiry.
+func (s *Server) pendingApprovals(ctx context.Context, ls *liveSession) ([]*sessionv1.ApprovalView, error) {
+	ls.mu.Lock()
+	var open []approval
+	for _, a := range ls.approvals {
+		select {
+		case <-a.decided:
+			continue
+		default:
+		}
+		open = append(open, approval{RequestID: a.RequestID, ToolCallID: a.ToolCallID, ToolName: a.ToolName,
+			Summary: a.Summary, TurnID: a.TurnID, Timeout: a.Timeout})
+	}
+	ls.mu.Unlock()
+	if len(open) == 0 {
+		return nil, nil
+	}
+	reqIDs := make([]string, len(open))
+	for i, a := range open {
+		reqIDs[i] = a.RequestID
+	}
+	stored, err := s.store.approvalRecords(ctx, reqIDs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*sessionv1.ApprovalView, 0, len(open))
+	for _, a := range open {
+		v := &sessionv1.ApprovalView{
+			RequestId: a.RequestID, SessionId: ls.id, TurnId: a.TurnID, ToolCallId: a.ToolCallID, ToolName: a.ToolName,
+			Status: sessionv1.ApprovalStatus_APPROVAL_STATUS_PENDING,
+		}
+		created := time.Now()
+		if rec, ok := stored[a.RequestID]; ok {
+			created = rec.CreatedAt
+			v.ArgumentsJson = rec.Arguments
+		} else {
+			// The request's row could not be written (logged where it
+			// happened): show what memory has. Its expiry counted from now
+			// is later than the real one, never earlier.
+			v.ArgumentsJson = strconv.Quote(a.Summary)
+		}
+		// The row is written before the timer starts, so this is at or
+		// just before the moment the timeout denies the call.
+		v.CreatedAt = timestamppb.New(created)
+		v.ExpiresAt = timestamppb.New(created.Add(a.Timeout))
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(x, y *sessionv1.ApprovalView) int {
+		if c := x.GetCreatedAt().AsTime().Compare(y.GetCreatedAt().AsTime()); c != 0 {
+			return c
+		}
+		return strings.Compare(x.GetRequestId(), y.GetRequestId())
+	})
+	return out, nil
+}
+
+// Transcript reads the visible transcript: the first limit rows after
+// after_index, or the last limit rows; oldest first either way.
+func (s *Server) Transcript(ctx context.Context, req *sessionv1.TranscriptRequest) (*sessionv1.TranscriptResponse, error) {
+	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+		return nil, err
+	}
+	limit := req.GetLimit()
+	switch {
+	case limit == 0:
+		limit = DefaultPageLimit
+	case limit < 0 || limit > MaxTranscriptLimit:
+		return nil, errInvalid(fmt.Sprintf("`limit` must be between 1 and %d", MaxTranscriptLimit))
+	}
+	after := int64(-2)
+	if req.AfterIndex != nil {
+		if req.GetAfterIndex() < -1 {
+			return nil, errInvalid("`after_index` must be -1 or more")
+		}
+		after = req.GetAfterIndex()
+	}
+	rows, total, err := s.store.transcript(ctx, req.GetSessionId(), after, limit)
+	if errors.Is(err, errNoRow) {
+		return nil, errSessionNotFound(req.GetSessionId())
+	}
+	if err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.TranscriptResponse{SessionId: req.GetSessionId(), Total: total, Messages: rows}
+	return resp, nil
+}
+
+// GetApproval reads one approval request of the session: pending (with
+// its expiry), decided (with the decision and the surface that won),
+// timed out or cancelled.
+func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequest) (*sessionv1.GetApprovalResponse, error) {
+	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+		return nil, err
+	}
+	reqID := req.GetRequestId()
+	if reqID == "" {
+		return nil, errInvalid("`request_id` is required")
+	}
+	// Memory first: a decision is taken there before it is stored.
+	var mem *approval
+	var d decision
+	decided := false
+	if ls := s.lookupLive(req.GetSessionId()); ls != nil {
+		ls.mu.Lock()
+		if a := ls.approvals[reqID]; a != nil {
+			cp := *a
+			mem = &cp
+			select {
+			case <-a.decided:
+				decided, d = true, a.d
+			default:
+			}
+		}
+		ls.mu.Unlock()
+	}
+	recs, err := s.store.approvalRecords(ctx, []string{reqID})
+	if err != nil {
+		return nil, err
+	}
+	rec, stored := recs[reqID]
+	if stored && rec.SessionID != req.GetSessionId() {
+		stored = false
+	}
+	if mem == nil && !stored {
+		return nil, errUnknownApproval(reqID)
+	}
+	v := &sessionv1.ApprovalView{RequestId: reqID, SessionId: req.GetSessionId()}
+	if stored {
+		v.TurnId, v.ToolCallId, v.ToolName, v.ArgumentsJson = rec.TurnID, rec.ToolCallID, rec.ToolName, rec.Arguments
+		v.CreatedAt = timestamppb.New(rec.CreatedAt)
+		if rec.DecidedAt != nil {
+			v.DecidedAt = timestamppb.New(*rec.DecidedAt)
+		}
+	}
+	switch {
+	case mem != nil && decided:
+		v.TurnId, v.ToolCallId, v.ToolName = mem.TurnID, mem.ToolCallID, mem.ToolName
+		v.Status, v.Decision, v.Surface = decisionStatus(d.Decision, "decided"), decisionEnum(d.Decision), surfaceEnum(d.Surface)
+	case mem != nil:
+		v.TurnId, v.ToolCallId, v.ToolName = mem.TurnID, mem.ToolCallID, mem.ToolName
+		v.Status = sessionv1.ApprovalStatus_APPROVAL_STATUS_PENDING
+		created := time.Now()
+		if stored {
+			created = rec.CreatedAt
+		}
+		v.ExpiresAt = timestamppb.New(created.Add(mem.Timeout))
+	default:
+		v.Status, v.Decision, v.Surface = decisionStatus(rec.Decision, rec.Status), decisionEnum(rec.Decision), surfaceEnum(rec.Surface)
+	}
+	return &sessionv1.GetApprovalResponse{Approval: v}, nil
+}
+
+// decisionStatus maps a stored status and decision word to the status
+// enum.
+func decisionStatus(word, status string) sessionv1.ApprovalStatus {
+	switch {
+	case status == "cancelled" || word == decisionCancelled:
+		return sessionv1.ApprovalStatus_APPROVAL_STATUS_CANCELLED
+	case word == decisionTimeout:
+		return sessionv1.ApprovalStatus_APPROVAL_STATUS_TIMED_OUT
+	case status == "pending":
+		return sessionv1.ApprovalStatus_APPROVAL_STATUS_PENDING
+	}
+	return sessionv1.ApprovalStatus_APPROVAL_STATUS_DECIDED
+}
+
+func decisionEnum(word string) sessionv1.Decision {
+	for e, w := range decisionWords {
+		if w == word {
+			return e
+		}
+	}
+	return sessionv1.Decision_DECISION_UNSPECIFIED
+}
+
+func surfaceEnum(word string) sessionv1.Surface {
+	for e, w := range surfaceWords {
+		if w == word {
+			return e
+		}
+	}
+	return sessionv1.Surface_SURFACE_UNSPECIFIED
+}
+
+// StartTurn admits a turn as Prompt does and answers with its id without
+// waiting for it: the turn belongs to no caller and no connection, so it
+// runs to its end unless it is cancelled (Cancel, CancelTurn, the session
+// ending, shutdown).
+func (s *Server) StartTurn(ctx context.Context, req *sessionv1.StartTurnRequest) (*sessionv1.StartTurnResponse, error) {
+	if strings.TrimSpace(req.GetPrompt()) == "" {
+		if err := requirePrincipal(req.GetPrincipal()); err != nil {
+			return nil, err
+		}
+		return nil, errInvalid("`prompt` is required")
+	}
+	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.mayUseAgent(ctx, req.GetPrincipal(), row.AgentAlias); err != nil {
+		return nil, err
+	}
+	ls, release := s.hold(ctx, row)
+	defer release() // a running turn keeps the entry from eviction itself
+	t, err := s.admit(ctx, ls, &sessionv1.PromptRequest{Principal: req.GetPrincipal(), SessionId: row.ID, Prompt: req.GetPrompt()}, req.GetPrompt())
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.StartTurnResponse{SessionId: row.ID, TurnId: t.id}, nil
+}
+
+// CancelTurn cancels the running turn when it is the one named, and waits
+// (bounded) for it to end; another turn is left running and named in the
+// answer.
+func (s *Server) CancelTurn(ctx context.Context, req *sessionv1.CancelTurnRequest) (*sessionv1.CancelTurnResponse, error) {
+	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+		return nil, err
+	}
+	if req.GetTurnId() == "" {
+		return nil, errInvalid("`turn_id` is required")
+	}
+	resp := &sessionv1.CancelTurnResponse{SessionId: req.GetSessionId()}
+	ls := s.lookupLive(req.GetSessionId())
+	if ls == nil {
+		return resp, nil
+	}
+	t := ls.running()
+	switch {
+	case t == nil:
+	case t.id != req.GetTurnId():
+		resp.RunningTurnId = t.id
+	default:
+		s.stopTurn(ctx, t, ErrCancelRequested)
+		resp.Cancelled = true
+	}
+	return resp, nil
+}
+
+// pageToken is a position in the most-recently-active-first order.
+type pageToken struct {
+	updated time.Time
+	id      string
+}
+
+// String encodes the token as "v1.<unix microseconds>.<session id>".
+func (p pageToken) String() string {
+	return "v1." + strconv.FormatInt(p.updated.UnixMicro(), 10) + "." + p.id
+}
+
+func parsePageToken(s string) (*pageToken, error) {
+	if s == "" {
+		return nil, nil
+	}
+	bad := errInvalid("`page_token` is not one this service returned")
+	if len(s) > maxPageToken {
+		return nil, bad
+	}
+	version, rest, ok := strings.Cut(s, ".")
+	if !ok || version != "v1" {
+		return nil, bad
+	}
+	micros, id, ok := strings.Cut(rest, ".")
+	n, err := strconv.ParseInt(micros, 10, 64)
+	if !ok || err != nil || id == "" || len(id) > 128 {
+		return nil, bad
+	}
+	return &pageToken{updated: time.UnixMicro(n), id: id}, nil
+}
+
+// The store's part of these RPCs.
+
+// sessionPage reads up to limit sessions after a position, most recently
+// active first (session id breaking ties).
+func (st *store) sessionPage(ctx context.Context, owner string, includeClosed bool, after *pageToken, limit int64) ([]sessionRow, error) {
+	states := []string{stateIdle, stateRunning}
+	if includeClosed {
+		states = append(states, stateClosed, stateKilled)
+	}
+	var afterTime *time.Time
+	afterID := ""
+	if after != nil {
+		afterTime, afterID = &after.updated, after.id
+	}
+	// timestamptz holds microseconds, the token's precision.
+	rows, err := st.db.Query(ctx, "SELECT "+sessionColumns+` FROM sessions
+		WHERE ($1 = '' OR owner = $1) AND state = ANY($2)
+		  AND ($3::timestamptz IS NULL OR updated_at < $3 OR (updated_at = $3 AND session_id > $4))
+		ORDER BY updated_at DESC, session_id LIMIT $5`,
+		owner, states, afterTime, afterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	defer rows.Close()
+	var out []sessionRow
+	for rows.Next() {
+		r, err := scanSession(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sessions: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
+	}
+	return out, nil
+}
+
+func (st *store) turnStarted(ctx context.Context, turnID string) (time.Time, error) {
+	var at time.Time
+	err := st.db.QueryRow(ctx, "SELECT started_at FROM turns WHERE turn_id = $1", turnID).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Admitted turns are stored before they run; a missing row means
+		// it was deleted with its session meanwhile.
+		return time.Now(), nil
+	}
+	if err != nil {
+		return at, fmt.Errorf("read turn: %w", err)
+	}
+	return at, nil
+}
+
+// approvalRecord is an approval's row with its call's arguments.
+type approvalRecord struct {
+	SessionID, TurnID, ToolCallID, ToolName string
+	Status, Decision, Surface               string
+	Arguments                               string
+	CreatedAt                               time.Time
+	DecidedAt                               *time.Time
+}
+
+// approvalRecords reads the approvals named, by request id.
+func (st *store) approvalRecords(ctx context.Context, requestIDs []string) (map[string]approvalRecord, error) {
+	rows, err := st.db.Query(ctx, `SELECT a.request_id, a.session_id, a.turn_id, a.tool_call_id, a.tool_name, a.status,
+			a.decision, a.surface, COALESCE(c.raw_input::text, 'null'), a.created_at, a.decided_at
+		FROM approvals a LEFT JOIN tool_calls c ON c.session_id = a.session_id AND c.tool_call_id = a.tool_call_id
+		WHERE a.request_id = ANY($1)`, requestIDs)
+	if err != nil {
+		return nil, fmt.Errorf("read approvals: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[string]approvalRecord, len(requestIDs))
+	for rows.Next() {
+		var id string
+		var r approvalRecord
+		if err := rows.Scan(&id, &r.SessionID, &r.TurnID, &r.ToolCallID, &r.ToolName, &r.Status, &r.Decision, &r.Surface,
+			&r.Arguments, &r.CreatedAt, &r.DecidedAt); err != nil {
+			return nil, fmt.Errorf("read approvals: %w", err)
+		}
+		out[id] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read approvals: %w", err)
+	}
+	return out, nil
+}
+
+// transcript reads rows after index after (or the last limit rows when
+// after is -2), oldest first, and the transcript's length.
+func (st *store) transcript(ctx context.Context, id string, after, limit int64) ([]*sessionv1.TranscriptMessage, int64, error) {
+	var total int64
+	if err := st.db.QueryRow(ctx, "SELECT message_count FROM sessions WHERE session_id = $1", id).Scan(&total); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, 0, errNoRow
+		}
+		return nil, 0, fmt.Errorf("count messages: %w", err)
+	}
+	q := `SELECT idx, role, content, created_at FROM messages WHERE session_id = $1 AND idx > $2 ORDER BY idx LIMIT $3`
+	if after == -2 {
+		q = `SELECT idx, role, content, created_at FROM (
+			SELECT idx, role, content, created_at FROM messages WHERE session_id = $1 AND $2 = -2
+			ORDER BY idx DESC LIMIT $3) page ORDER BY idx`
+	}
+	rows, err := st.db.Query(ctx, q, id, after, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read transcript: %w", err)
+	}
+	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*sessionv1.TranscriptMessage, error) {
+		m := &sessionv1.TranscriptMessage{}
+		var at time.Time
+		err := row.Scan(&m.Index, &m.Role, &m.Content, &at)
+		m.CreatedAt = timestamppb.New(at)
+		return m, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("read transcript: %w", err)
+	}
+	return msgs, total, nil
+}
