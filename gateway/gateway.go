@@ -184,8 +184,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 			InitializeTimeout: g.limits.InitializeTimeout,
 			FrameTimeout:      g.limits.FrameTimeout,
 			WriteStallTimeout: g.limits.WriteStallTimeout,
-			Inline:            func(m string) bool { return methods[m].inline },
-			Logger:            g.log,
+			// Bounds of docs/spec.md §3: requests in flight per
+			// connection, unfinished frames across all of them.
+			MaxInflightRequests: g.limits.MaxInflightRequests,
+			FrameBudget:         jsonrpc.NewFrameBudget(g.limits.MaxBufferedFrameBytes),
+			Inline:              func(m string) bool { return methods[m].inline },
+			Logger:              g.log,
 		},
 		MaxConnections: g.limits.MaxConnections,
 		NewHandler: func(c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {

@@ -12,16 +12,18 @@ import (
 
 // outbox delivers session updates to one connection, in arrival order,
 // from its own goroutine: a connection that stops reading blocks only its
-// own outbox until the edge's write-stall rule closes it. The queue is
-// unbounded on purpose: nothing is dropped while the client keeps reading,
-// and the stall limit bounds how long a non-reader can let it grow.
+// own outbox until the edge's write-stall rule closes it. Nothing is ever
+// dropped from the middle of a stream: a connection whose backlog passes
+// maxOutboxBytes (it reads far slower than its sessions produce) is
+// closed instead, like a stalled one, and its turns are cancelled.
 type outbox struct {
-	cs   *connState
-	g    *Gateway
-	mu   sync.Mutex
-	cond *sync.Cond
-	q    []*busv1.SessionUpdate
-	done bool
+	cs    *connState
+	g     *Gateway
+	mu    sync.Mutex
+	cond  *sync.Cond
+	q     []*busv1.SessionUpdate
+	bytes int // JSON bytes queued in q
+	done  bool
 
 	// completed records the turn_ids whose turn_complete was written, so a
 	// session/prompt response never overtakes its own turn_complete. The
@@ -36,6 +38,10 @@ type outbox struct {
 // maxRecentTurns bounds the completions remembered for prompts to collect.
 const maxRecentTurns = 64
 
+// maxOutboxBytes bounds the updates queued for one connection beside the
+// engine's own output queue (jsonrpc.DefaultMaxPendingBytes).
+const maxOutboxBytes = 32 << 20
+
 func newOutbox(g *Gateway, cs *connState) *outbox {
 	o := &outbox{cs: cs, g: g, completed: map[string]chan struct{}{}}
 	o.cond = sync.NewCond(&o.mu)
@@ -48,7 +54,16 @@ func (o *outbox) push(u *busv1.SessionUpdate) {
 	if o.done {
 		return
 	}
+	if o.bytes+len(u.GetJson()) > maxOutboxBytes {
+		o.g.log.Warn("closing connection: session updates backlog over its bound",
+			zap.String("conn", o.cs.id), zap.Int("limit_bytes", maxOutboxBytes))
+		o.done, o.q, o.bytes = true, nil, 0
+		o.cond.Broadcast()
+		o.g.spawn(func() { _ = o.cs.conn.Close() }) // not under o.mu
+		return
+	}
 	o.q = append(o.q, u)
+	o.bytes += len(u.GetJson())
 	o.cond.Signal()
 }
 
@@ -57,7 +72,7 @@ func (o *outbox) close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.done = true
-	o.q = nil
+	o.q, o.bytes = nil, 0
 	o.cond.Broadcast()
 	for _, ch := range o.completed {
 		select {
@@ -103,6 +118,7 @@ func (o *outbox) run(ctx context.Context) {
 		u := o.q[0]
 		o.q[0] = nil
 		o.q = o.q[1:]
+		o.bytes -= len(u.GetJson())
 		o.mu.Unlock()
 		o.deliver(ctx, u)
 	}

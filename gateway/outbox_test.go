@@ -2,7 +2,13 @@ package gateway
 
 import (
 	"fmt"
+	"net"
+	"strings"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	"go.uber.org/zap"
 )
 
 func closed(ch <-chan struct{}) bool {
@@ -43,5 +49,34 @@ func TestOutboxTurnCompletions(t *testing.T) {
 	}
 	if !closed(o.turnDone(fmt.Sprintf("other-%d", 10*maxRecentTurns-1))) {
 		t.Fatal("the most recent completion was dropped")
+	}
+}
+
+// A connection whose update backlog passes its bound is closed, never
+// left to grow nor fed a stream with a hole in it.
+func TestOutboxBacklogBounded(t *testing.T) {
+	server, client := net.Pipe()
+	defer client.Close()
+	conn := jsonrpc.NewConn(server, nil, jsonrpc.Options{})
+	g := &Gateway{log: zap.NewNop()}
+	o := newOutbox(g, &connState{id: "conn-t", conn: conn})
+	chunk := &busv1.SessionUpdate{Json: strings.Repeat("x", 1<<20)}
+	for range maxOutboxBytes >> 20 {
+		o.push(chunk)
+	}
+	if o.bytes != maxOutboxBytes || len(o.q) != maxOutboxBytes>>20 {
+		t.Fatalf("queued %d bytes in %d updates", o.bytes, len(o.q))
+	}
+	o.push(chunk) // one past the bound
+	g.wg.Wait()
+	if !closed(conn.Done()) {
+		t.Fatal("the connection is still open past its backlog bound")
+	}
+	if o.bytes != 0 || len(o.q) != 0 || !o.done {
+		t.Fatalf("backlog kept: %d bytes, %d updates", o.bytes, len(o.q))
+	}
+	o.push(chunk)
+	if len(o.q) != 0 {
+		t.Fatal("an update was queued after the close")
 	}
 }

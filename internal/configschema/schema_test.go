@@ -3,6 +3,7 @@ package configschema
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -170,5 +171,17 @@ func TestMaskAndPatterns(t *testing.T) {
 		if MatchPattern(c.pattern, c.path) != c.want {
 			t.Errorf("MatchPattern(%q, %q) != %v", c.pattern, c.path, c.want)
 		}
+	}
+}
+
+// The unfinished-frame budget must hold a largest frame while it grows.
+func TestFrameBudgetHoldsALargestFrame(t *testing.T) {
+	doc := Effective(map[string]any{"rpc": map[string]any{"max_frame_bytes": int64(8 << 20), "max_buffered_frame_bytes": int64(10 << 20)}})
+	if err := Validate(doc); err == nil || !strings.Contains(err.Error(), "at least 1.5") {
+		t.Fatalf("a budget smaller than 1.5 frames: %v", err)
+	}
+	doc = Effective(map[string]any{"rpc": map[string]any{"max_frame_bytes": int64(8 << 20), "max_buffered_frame_bytes": int64(12 << 20)}})
+	if err := Validate(doc); err != nil {
+		t.Fatalf("a budget of 1.5 frames: %v", err)
 	}
 }

@@ -48,7 +48,34 @@ func Validate(doc map[string]any) error {
 			}
 		}
 	}
-	return nil
+	return checkFrameBudget(doc)
+}
+
+// checkFrameBudget: the unfinished-frame budget must hold one largest
+// frame while its buffer grows (the old and the new buffer for a moment),
+// or such a frame could never complete.
+func checkFrameBudget(doc map[string]any) error {
+	frame, ok1 := Get(doc, "rpc.max_frame_bytes")
+	budget, ok2 := Get(doc, "rpc.max_buffered_frame_bytes")
+	f, okf := asFloat(frame)
+	b, okb := asFloat(budget)
+	if !ok1 || !ok2 || !okf || !okb || b >= 1.5*f {
+		return nil
+	}
+	return &ValidationError{Paths: []string{"rpc.max_buffered_frame_bytes", "rpc.max_frame_bytes"},
+		Err: fmt.Errorf("%w: `rpc.max_buffered_frame_bytes` (%s) must be at least 1.5 × `rpc.max_frame_bytes` (%s)", ErrType, num(b), num(f))}
+}
+
+func asFloat(v any) (float64, bool) {
+	switch x := v.(type) {
+	case float64:
+		return x, true
+	case int64:
+		return float64(x), true
+	case int:
+		return float64(x), true
+	}
+	return 0, false
 }
 
 func checkRef(doc map[string]any, p *Property, path string, v any) error {
