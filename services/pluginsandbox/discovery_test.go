@@ -18,10 +18,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
-	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 

@@ -10,9 +10,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
-	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
 
 // maxSkillFileBytes caps a file ReadSkill returns.
