@@ -247,7 +247,7 @@ func TestDurableStory(t *testing.T) {
 		t.Fatalf("starter: %s", r)
 	}
 	eventsUntil(t, c, started.Pane, "the starter's reply", func(v collietest.PaneView) bool {
-		return v.State == "idle" && strings.Contains(v.Text("reply"), "hello from a starter and more")
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "hello from a starter\nand more")
 	})
 	wantReply(t, post(t, c, "/starter/nope", collietest.NewRequestID(), nil), http.StatusNotFound, "no-such-starter")
 	wantReply(t, post(t, c, "/rename", collietest.NewRequestID(), map[string]any{"target": map[string]any{"tab": "tab-default"}, "title": "Agents"}), http.StatusOK, "")
@@ -293,8 +293,8 @@ func TestDurableStory(t *testing.T) {
 	r, _ = c.Items(ctx, id, "after="+*items.Next)
 	// The rest: the reply, the stopped turn's prompt (no reply), the
 	// queued text and its reply.
-	if r.JSON(&items) != nil || len(items.Items) != 4 || items.Items[0].Kind != "reply" || items.Items[0].Text != "after " ||
-		items.Items[3].Text != "queued reply " || items.Next != nil {
+	if r.JSON(&items) != nil || len(items.Items) != 4 || items.Items[0].Kind != "reply" || items.Items[0].Text != "after" ||
+		items.Items[3].Text != "queued reply" || items.Next != nil {
 		t.Fatalf("items page 2: %s", r)
 	}
 	wantReply(t, must(c.Items(ctx, "sess_nobody", "")), http.StatusNotFound, "no-such-conversation")

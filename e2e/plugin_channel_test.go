@@ -69,10 +69,12 @@ func TestPluginChannelMessageReachesASession(t *testing.T) {
 	}))
 	t.Cleanup(hook.Close)
 
+	const channelToken = "channel-token-0123456789abcdef0123456789"
 	key := abi.InstanceKey("webhook", abi.WorldChannel, "web")
 	v.call("config/set-many", map[string]any{"sets": []map[string]any{
 		{"prop": "plugins.entries." + key + ".config", "value": map[string]any{"webhook_url": hook.URL, "token": "tok-e2e"}},
 		{"prop": "channels.plugin.web.plugin", "value": "webhook"},
+		{"prop": "channels.plugin.web.token", "value": channelToken},
 	}})
 
 	// The binding comes up on its own (config change, no restart), on
@@ -91,17 +93,33 @@ func TestPluginChannelMessageReachesASession(t *testing.T) {
 		t.Fatalf("the listener binds %s, want loopback", listen)
 	}
 
-	msg := `{"id":"m1","from":"ann","text":"/say hello from the channel","thread":"t-1"}`
-	resp, err := http.Post("http://"+listen+"/", "application/json", bytes.NewBufferString(msg))
-	if err != nil {
-		t.Fatal(err)
+	post := func(body, token string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
+	msg := `{"id":"m1","from":"ann","text":"/say hello from the channel","thread":"t-1"}`
+	// Any local account reaches a loopback port: without the binding's
+	// token, nothing is queued.
+	for _, tok := range []string{"", channelToken + "x"} {
+		if resp := post(msg, tok); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("a message with token %q: %s", tok, resp.Status)
+		}
+	}
+	if resp := post(msg, channelToken); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("listener answered %s", resp.Status)
 	}
-	if bad, err := http.Post("http://"+listen+"/", "application/json", bytes.NewBufferString(`[1]`)); err != nil || bad.StatusCode != http.StatusBadRequest {
-		t.Fatalf("a non-object body: %v %v", bad, err)
+	if bad := post(`[1]`, channelToken); bad.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a non-object body: %v", bad.Status)
 	}
 
 	waitFor(t, "the reply on the webhook", 60*time.Second, func() bool {

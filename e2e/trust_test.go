@@ -282,7 +282,7 @@ func TestForgedConfigChangeChangesNothing(t *testing.T) {
 	for range 5 {
 		var pr struct{ Outcome, Content string }
 		json.Unmarshal(v.call("session/prompt", map[string]any{"session_id": id, "prompt": "/say still mine"}), &pr)
-		if pr.Outcome != "completed" || pr.Content != "still mine " {
+		if pr.Outcome != "completed" || pr.Content != "still mine" {
 			t.Fatalf("turn after the forged announcement: %+v", pr)
 		}
 		time.Sleep(200 * time.Millisecond)

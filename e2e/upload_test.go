@@ -527,6 +527,14 @@ func TestUploadBudgetConnectionsAndGatewayDeath(t *testing.T) {
 		return nil
 	})
 	holders[0].refused("file/upload/chunk", chunkParams(ids[0], 1000, []byte("x")), -32602, "Unknown or expired upload `"+ids[0]+"`")
+	// The other idle ones go too (at the begin, or by the idle sweep when
+	// they were not idle long enough yet at the begin): only late's stays.
+	testenv.Eventually(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if st := stagingStats(t, s); st.GetUploads() != 1 {
+			return fmt.Errorf("idle uploads kept: %v", st)
+		}
+		return nil
+	})
 	op.must("config/set", map[string]any{"prop": "uploads.idle_timeout_secs", "value": 300}, nil)
 	late.c.Close()
 	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {

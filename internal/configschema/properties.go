@@ -123,6 +123,8 @@ var Properties = []Property{
 	{Path: "channels.plugin.*.listen", Type: String, Default: "127.0.0.1:0", Pattern: listenAddr,
 		Doc: "host:port of the host listener that feeds the channel; the host is explicit (0.0.0.0 for every interface)"},
 	{Path: "channels.plugin.*.agent", Type: String, Default: "default", Ref: "agents", Doc: "agent that answers the channel's messages"},
+	{Path: "channels.plugin.*.token", Type: String, Default: "", Secret: true, Pattern: durableToken,
+		Doc: "bearer token the host listener requires of every message (at least 32 printable ASCII bytes); without one the listener refuses everything, since any local account can reach a loopback port"},
 
 	// Uploads (docs/spec.md §6).
 	{Path: "uploads.chunk_bytes", Type: Integer, Default: 1048576, Min: f(1024), Max: f(4 << 20), Doc: "largest decoded chunk"},

@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"crypto/subtle"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
@@ -66,6 +67,7 @@ func newBinder(s *Server) *binder { return &binder{s: s, bound: map[string]*bind
 type binding struct {
 	cfg    ChannelBinding
 	entry  *entry
+	reveal func(ctx context.Context, prop string) (string, error)
 	ch     *wasmhost.Channel
 	srv    *http.Server
 	addr   string
@@ -151,7 +153,7 @@ const (
 // bind starts one binding; a failure is recorded on the binding (and
 // retried at the next scan), never fatal.
 func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry) *binding {
-	b := &binding{cfg: cfg, entry: e, notify: make(chan struct{}, 1),
+	b := &binding{cfg: cfg, entry: e, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
 		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}
 	fail := func(err error) *binding {
 		b.set(channelFailed, err.Error())
@@ -226,7 +228,17 @@ func (b *binding) stop() {
 // for the plugin, which turns it into a message from its poll-message
 // export. The object's shape is the plugin's business (the webhook
 // example reads {"id","from","text","thread"}).
+//
+// Every request must carry "Authorization: Bearer <token>" with the
+// binding's channels.plugin.<alias>.token, read from the config service
+// per request (so a rotation applies at once) and compared in constant
+// time: a loopback port is reachable by every local account.
 func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
+	if !b.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="clawmesh channel"`)
+		http.Error(w, "unauthorized: send Authorization: Bearer <channels.plugin."+b.cfg.Alias+".token>", http.StatusUnauthorized)
+		return
+	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "POST a JSON object", http.StatusMethodNotAllowed)
@@ -253,6 +265,22 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write([]byte(`{"queued":true}` + "\n"))
+}
+
+// authorized checks the request's bearer token against the binding's.
+func (b *binding) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || got == "" || b.reveal == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	want, err := b.reveal(ctx, "channels.plugin."+b.cfg.Alias+".token")
+	if err != nil {
+		b.log.Warn("channel token not read", zap.Error(err))
+		return false
+	}
+	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
 // poll configures the channel (retrying until its config resolves) and

@@ -127,7 +127,14 @@ func Register(ctx context.Context, env *service.Env) error {
 		Host: host, PluginsDir: settings.PluginsDir, Logger: env.Log,
 		ConfigSource: &ConfigService{Client: client, Log: env.Log},
 		Settings:     liveSettings,
-		Sessions:     sessionv1.NewSessionServiceClient(sessConn),
+		Reveal: func(ctx context.Context, prop string) (string, error) {
+			resp, err := client.Reveal(ctx, &configv1.RevealRequest{Prop: prop})
+			if err != nil {
+				return "", err
+			}
+			return resp.GetValue().GetStringValue(), nil
+		},
+		Sessions: sessionv1.NewSessionServiceClient(sessConn),
 	})
 	if err != nil {
 		return err

@@ -41,6 +41,9 @@ type Config struct {
 	// plugins.security, channels.plugin) at each scan; nil means
 	// DefaultLive.
 	Settings func() Live
+	// Reveal reads a secret config value (a channel's listener token);
+	// nil leaves every channel listener refusing, as without a token.
+	Reveal func(ctx context.Context, prop string) (string, error)
 	// Sessions is the session service channel messages are handed to; nil
 	// leaves channel bindings without a consumer (messages are logged and
 	// dropped).
