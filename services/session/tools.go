@@ -38,15 +38,20 @@ var builtins = map[string]builtinTool{
 type toolSet struct {
 	builtin map[string]builtinTool
 	plugin  map[string]*pluginv1.Tool
+	// refused are the tools that exist but the agent's tools list leaves
+	// out: a call of one is refused by policy, not unknown.
+	refused map[string]bool
 }
 
 // toolsFor lists the tools of a turn. A plugin sandbox that is missing,
 // not built yet or failing means no plugin tools, never a failed turn.
 func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) *toolSet {
-	ts := &toolSet{builtin: map[string]builtinTool{}, plugin: map[string]*pluginv1.Tool{}}
+	ts := &toolSet{builtin: map[string]builtinTool{}, plugin: map[string]*pluginv1.Tool{}, refused: map[string]bool{}}
 	for name, b := range builtins {
 		if agent.offers(name) {
 			ts.builtin[name] = b
+		} else {
+			ts.refused[name] = true
 		}
 	}
 	if s.cfg.Plugins == nil {
@@ -63,8 +68,13 @@ func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) *toolSet {
 	}
 	s.addPluginBackends(ts, agent, resp)
 	for _, t := range resp.GetTools() {
-		if _, clash := ts.builtin[t.GetName()]; !clash && agent.offers(t.GetName()) {
+		if _, clash := ts.builtin[t.GetName()]; clash {
+			continue
+		}
+		if agent.offers(t.GetName()) {
 			ts.plugin[t.GetName()] = t
+		} else {
+			ts.refused[t.GetName()] = true
 		}
 	}
 	return ts

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -212,4 +213,25 @@ func TestApprovals(t *testing.T) {
 		_, err = h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: bob, SessionId: id, RequestId: "ap_nope", Decision: sessionv1.Decision_DECISION_ALLOW_ONCE})
 		wantRefusal(t, err, codes.PermissionDenied, rpcerr.ReasonSessionNotOwned, id)
 	})
+}
+
+// A tool the agent's tools list leaves out is refused by policy, in those
+// words, not reported unknown.
+func TestToolRefusedByPolicySaysSo(t *testing.T) {
+	h := newHarness(t)
+	h.agents.Set(AgentConfig{Alias: "narrow", Provider: ProviderScripted, Tools: []string{"other"}})
+	id := h.newSession(alice, "narrow")
+	rec := h.record(id)
+	h.prompt(alice, id, "/tool echo {}\n/tool nosuch {}")
+	us := rec.until(UpdateTurnComplete)
+	var outputs []string
+	for _, u := range us {
+		if u.Type == UpdateToolResult {
+			outputs = append(outputs, u.str("raw_output"))
+		}
+	}
+	want := []string{"Tool `echo` is not allowed for agent `narrow` (agents.narrow.tools)", "Unknown tool `nosuch`"}
+	if !slices.Equal(outputs, want) {
+		t.Fatalf("tool results %q, want %q", outputs, want)
+	}
 }

@@ -239,6 +239,8 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 
 func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, args json.RawMessage, validArgs bool) (string, string) {
 	switch {
+	case tools.refused[name]:
+		return fmt.Sprintf("Tool `%s` is not allowed for agent `%s` (agents.%s.tools)", name, agent.Alias, agent.Alias), toolFailed
 	case !tools.has(name):
 		return fmt.Sprintf("Unknown tool `%s`", name), toolFailed
 	case !validArgs:
