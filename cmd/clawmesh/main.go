@@ -26,6 +26,7 @@ commands:
   up, daemon   run the whole stack on this host (see clawmesh up -h)
   chat         talk to an agent in the terminal (streams, approvals inline)
   call         call any method of the client socket and print the result
+  doctor       check the machine, the data directory and a running stack; say what to fix
   config       get, set, list or delete config properties of the running stack
   token        pair (create) or unpair (revoke) a user's auth token
   plugin       list, search, install, remove, inspect and sign plugins
@@ -46,6 +47,8 @@ func run(args []string) error {
 		return callCmd(args[1:], os.Stdout)
 	case "chat":
 		return chatCmd(args[1:], os.Stdin, os.Stdout)
+	case "doctor":
+		return doctorCmd(args[1:], os.Stdout)
 	case "token":
 		return tokenCmd(args[1:], os.Stdout)
 	case "plugin":

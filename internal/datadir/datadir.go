@@ -53,3 +53,7 @@ func ServiceSocket(dir, service string, replica int) string {
 
 // LockFile is held by the launcher for as long as a stack runs on dir.
 func LockFile(dir string) string { return filepath.Join(dir, "clawmesh.lock") }
+
+// SecretKey is the AES-256 key the config service encrypts secrets at
+// rest with, created 0600 on first start.
+func SecretKey(dir string) string { return filepath.Join(dir, ".secret_key") }

@@ -104,17 +104,19 @@ func newID(dataDir string) (string, error) {
 	return id, nil
 }
 
-// Collect removes root's clusters that no data directory owns any more:
+// Stale is a root cluster no data directory owns any more.
+type Stale struct {
+	Dir, Why string
+}
+
+// Stales lists root's clusters that no data directory owns any more:
 // those whose recorded data directory is gone or names another cluster,
 // and the cluster an earlier version kept for dataDir under a name made
-// from its path. A cluster whose server runs is left alone. It returns
-// the folders removed; it does nothing unless this process is root.
-func Collect(dataDir string, log *zap.Logger) []string {
+// from its path. A cluster whose server runs is never listed. It lists
+// nothing unless this process is root.
+func Stales(dataDir string) []Stale {
 	if os.Geteuid() != 0 {
 		return nil
-	}
-	if log == nil {
-		log = zap.NewNop()
 	}
 	entries, err := os.ReadDir(RootClusters)
 	if err != nil {
@@ -122,22 +124,34 @@ func Collect(dataDir string, log *zap.Logger) []string {
 	}
 	sum := sha256.Sum256([]byte(dataDir))
 	legacy := "pg-" + hex.EncodeToString(sum[:6])
-	var removed []string
+	var out []Stale
 	for _, e := range entries {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), "pg-") {
 			continue
 		}
 		dir := filepath.Join(RootClusters, e.Name())
 		stale, why := orphaned(dir, e.Name() == legacy)
-		if !stale || running(dir) {
+		if stale && !running(dir) {
+			out = append(out, Stale{Dir: dir, Why: why})
+		}
+	}
+	return out
+}
+
+// Collect removes the clusters Stales lists and returns the folders
+// removed.
+func Collect(dataDir string, log *zap.Logger) []string {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	var removed []string
+	for _, st := range Stales(dataDir) {
+		if err := os.RemoveAll(st.Dir); err != nil {
+			log.Warn("stale postgres cluster not removed", zap.String("dir", st.Dir), zap.Error(err))
 			continue
 		}
-		if err := os.RemoveAll(dir); err != nil {
-			log.Warn("stale postgres cluster not removed", zap.String("dir", dir), zap.Error(err))
-			continue
-		}
-		log.Info("stale postgres cluster removed", zap.String("dir", dir), zap.String("why", why))
-		removed = append(removed, dir)
+		log.Info("stale postgres cluster removed", zap.String("dir", st.Dir), zap.String("why", st.Why))
+		removed = append(removed, st.Dir)
 	}
 	return removed
 }

@@ -352,6 +352,10 @@ func readPassword(path string) (string, error) {
 	return pw, nil
 }
 
+// Binaries returns the folder holding initdb and postgres, or
+// ErrNoBinaries.
+func Binaries() (string, error) { return findBinaries() }
+
 // findBinaries returns the folder holding initdb and postgres.
 func findBinaries() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {

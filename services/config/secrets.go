@@ -14,11 +14,12 @@ import (
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/datadir"
 )
 
 // KeyFileName is the AES-256 key that encrypts secrets at rest, in the
 // data directory, created 0600 on first run.
-const KeyFileName = ".secret_key"
+var KeyFileName = filepath.Base(datadir.SecretKey(""))
 
 // encPrefix marks an encrypted value in the stored document.
 const encPrefix = "enc:v1:"

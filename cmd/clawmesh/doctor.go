@@ -1,0 +1,249 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/pgcluster"
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
+	"github.com/clawmesh/clawmesh/internal/version"
+)
+
+const doctorUsage = `usage: clawmesh doctor [--config-dir DIR] [--socket PATH] [--fix]
+
+Checks what a stack needs and says what to do about each problem: the
+PostgreSQL binaries, the data directory's owner and modes, its secret key
+and bus credentials, stale private clusters (root), the client socket, and
+the health and version of every process of a running stack. --fix removes
+stale clusters. Exits 1 when a check fails.
+`
+
+// doctor collects the results of the checks.
+type doctor struct {
+	out    io.Writer
+	failed int
+}
+
+func (d *doctor) ok(check, detail string) { fmt.Fprintf(d.out, "ok    %-18s %s\n", check, detail) }
+
+func (d *doctor) note(check, detail string) { fmt.Fprintf(d.out, "note  %-18s %s\n", check, detail) }
+
+func (d *doctor) fail(check, detail, fix string) {
+	d.failed++
+	fmt.Fprintf(d.out, "FAIL  %-18s %s\n", check, detail)
+	if fix != "" {
+		fmt.Fprintf(d.out, "      %-18s fix: %s\n", "", fix)
+	}
+}
+
+// doctorCmd runs `clawmesh doctor`.
+func doctorCmd(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
+	var sf socketFlags
+	sf.register(fs)
+	fix := fs.Bool("fix", false, "remove stale private PostgreSQL clusters")
+	rest, err := parseArgs(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		usageOf(out, doctorUsage, fs)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("doctor: unexpected argument %q", rest[0])
+	}
+	dir, err := datadir.Resolve(sf.dir)
+	if err != nil {
+		return err
+	}
+	d := &doctor{out: out}
+	d.binaries()
+	exists := d.dataDir(dir)
+	if exists {
+		d.privateFile("secret key", datadir.SecretKey(dir), "created by the config service at its first start")
+		for _, r := range bus.Roles {
+			d.privateFile("bus credential", bus.SeedFile(dir, r), "created by clawmesh up at its start")
+		}
+	}
+	d.staleClusters(dir, *fix)
+	socket := sf.socket
+	if socket == "" {
+		socket = datadir.Socket(dir)
+	}
+	d.stack(socket, &sf)
+	if d.failed > 0 {
+		return fmt.Errorf("doctor: %d check(s) failed", d.failed)
+	}
+	return nil
+}
+
+func (d *doctor) binaries() {
+	if os.Getenv("DATABASE_URL") != "" {
+		d.ok("postgres", "DATABASE_URL is set: the stack uses that server")
+		return
+	}
+	bin, err := pgcluster.Binaries()
+	if err != nil {
+		d.fail("postgres", "no initdb/postgres on PATH or under /usr/lib/postgresql/*/bin",
+			"install the PostgreSQL server (Debian: apt-get install postgresql), or set DATABASE_URL")
+		return
+	}
+	d.ok("postgres", "server binaries in "+bin)
+}
+
+// dataDir checks the data directory's owner and mode; it reports whether
+// the directory exists.
+func (d *doctor) dataDir(dir string) bool {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		d.note("data directory", dir+" does not exist yet: clawmesh up creates it")
+		return false
+	}
+	if err != nil {
+		d.fail("data directory", err.Error(), "")
+		return false
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		d.fail("data directory", dir+" is not a directory", "move it away, or pick another --config-dir")
+	case st != nil && int(st.Uid) != os.Geteuid():
+		d.fail("data directory", fmt.Sprintf("%s is owned by uid %d, not you (uid %d)", dir, st.Uid, os.Geteuid()),
+			fmt.Sprintf("run as its owner, or chown -R %d %s", os.Geteuid(), dir))
+	case fi.Mode().Perm()&0o077 != 0:
+		d.fail("data directory", fmt.Sprintf("%s is mode %04o: other accounts reach it", dir, fi.Mode().Perm()),
+			"chmod 700 "+dir+" (clawmesh up also does it at start)")
+	default:
+		d.ok("data directory", dir+" (0700, yours)")
+	}
+	return true
+}
+
+// privateFile checks that a secret file exists and only its owner reads it.
+func (d *doctor) privateFile(check, path, origin string) {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		d.note(check, path+" does not exist yet: "+origin)
+	case err != nil:
+		d.fail(check, err.Error(), "")
+	case fi.Mode().Perm()&0o077 != 0:
+		d.fail(check, fmt.Sprintf("%s is mode %04o", path, fi.Mode().Perm()), "chmod 600 "+path)
+	default:
+		d.ok(check, path+" (0600)")
+	}
+}
+
+func (d *doctor) staleClusters(dir string, fix bool) {
+	if os.Geteuid() != 0 {
+		return // an ordinary user's cluster lives in its data directory
+	}
+	stales := pgcluster.Stales(dir)
+	if len(stales) == 0 {
+		d.ok("stale clusters", "none under "+pgcluster.RootClusters)
+		return
+	}
+	if fix {
+		for _, removed := range pgcluster.Collect(dir, nil) {
+			d.ok("stale clusters", "removed "+removed)
+		}
+		return
+	}
+	for _, st := range stales {
+		d.fail("stale clusters", st.Dir+": "+st.Why, "clawmesh doctor --fix (clawmesh up also removes them at start)")
+	}
+}
+
+// stack checks the socket and, when a stack answers on it, the health and
+// version of every process.
+func (d *doctor) stack(socket string, sf *socketFlags) {
+	fi, err := os.Lstat(socket)
+	if errors.Is(err, fs.ErrNotExist) {
+		d.fail("socket", socket+" does not exist: no stack runs on this data directory", "clawmesh up (or make up)")
+		return
+	}
+	if err != nil {
+		d.fail("socket", err.Error(), "")
+		return
+	}
+	if fi.Mode()&fs.ModeSocket == 0 {
+		d.fail("socket", socket+" is not a socket", "remove it; clawmesh up creates the socket")
+		return
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		d.fail("socket", fmt.Sprintf("%s is mode %04o", socket, fi.Mode().Perm()), "restart the stack: it creates the socket 0600")
+	}
+	sf.socket = socket
+	c, err := sf.dial()
+	if err != nil {
+		d.fail("socket", err.Error(), "clawmesh up, or see <data>/logs/gateway.log")
+		return
+	}
+	defer c.Close()
+	c.Timeout = 10 * time.Second
+	d.ok("socket", socket+" answers")
+	d.health(c)
+}
+
+func (d *doctor) health(c *rpcclient.Client) {
+	raw, err := c.Call("health", nil)
+	if err != nil {
+		d.fail("health", cliError(err).Error(), "")
+		return
+	}
+	var h struct {
+		Components map[string]struct {
+			Status       string  `json:"status"`
+			LastError    *string `json:"last_error"`
+			RestartCount int     `json:"restart_count"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(raw, &h); err != nil {
+		d.fail("health", "undecodable answer: "+err.Error(), "")
+		return
+	}
+	names := make([]string, 0, len(h.Components))
+	for name := range h.Components {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		comp := h.Components[name]
+		detail := comp.Status
+		if comp.RestartCount > 0 {
+			detail += fmt.Sprintf(", restarted %d time(s)", comp.RestartCount)
+		}
+		if comp.Status == "serving" {
+			d.ok(name, detail)
+			continue
+		}
+		if comp.LastError != nil && *comp.LastError != "" {
+			detail += ": " + *comp.LastError
+		}
+		d.fail(name, detail, "see "+filepath.Join("<data>", "logs", name+".log"))
+	}
+	if raw, err := c.Call("status", nil); err == nil {
+		var st struct {
+			ServerVersion string `json:"server_version"`
+		}
+		if json.Unmarshal(raw, &st) == nil {
+			if st.ServerVersion == version.Version {
+				d.ok("version", "stack and CLI are "+version.Version)
+			} else {
+				d.note("version", fmt.Sprintf("the stack says %s, this CLI is %s (rpc.advertised_server_version may set the former)", st.ServerVersion, version.Version))
+			}
+		}
+	}
+}
