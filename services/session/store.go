@@ -148,28 +148,7 @@ func (st *store) deleteSession(ctx context.Context, id string) (bool, error) {
 // listSessions lists sessions newest first: the owner's, or everyone's
 // when owner is empty (the operator).
 func (st *store) listSessions(ctx context.Context, owner string, limit int64, includeClosed bool) ([]sessionRow, error) {
-	states := []string{stateIdle, stateRunning}
-	if includeClosed {
-		states = append(states, stateClosed, stateKilled)
-	}
-	rows, err := st.db.Query(ctx, "SELECT "+sessionColumns+` FROM sessions
-		WHERE ($1 = '' OR owner = $1) AND state = ANY($2) ORDER BY updated_at DESC, session_id LIMIT $3`, owner, states, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list sessions: %w", err)
-	}
-	defer rows.Close()
-	var out []sessionRow
-	for rows.Next() {
-		r, err := scanSession(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list sessions: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list sessions: %w", err)
-	}
-	return out, nil
+	return st.sessionPage(ctx, owner, includeClosed, nil, limit)
 }
 
 // openSession is an open session's id and owner.
