@@ -1,0 +1,248 @@
+package e2e_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
+)
+
+// rssOf reads a process's resident set from /proc.
+func rssOf(t *testing.T, pid int) int64 {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("read the gateway's status: %v", err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// peakRSS samples a process's resident set every 20 ms until stop is
+// closed, and returns the highest seen.
+func peakRSS(t *testing.T, pid int, stop <-chan struct{}) <-chan int64 {
+	out := make(chan int64, 1)
+	go func() {
+		var peak int64
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if rss := rssOf(t, pid); rss > peak {
+				peak = rss
+			}
+			select {
+			case <-stop:
+				out <- peak
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return out
+}
+
+
+// The pipelined-large-replies client of issue 18: hundreds of
+// session/messages for a large transcript, sent by a client that never
+// reads. The gateway stops reading it at rpc.max_inflight_requests, so it
+// holds at most that many replies beside its output queue; healthy
+// clients keep being served; the write-stall rule cuts the client.
+//
+// Documented bound (docs/spec.md §3): (max_inflight_requests + 2) ×
+// reply + 2 × the 16 MiB output queue + 64 MiB of slack for the
+// encodings a reply passes through.
+func TestPipelinedLargeRepliesBounded(t *testing.T) {
+	const (
+		inflight   = 8
+		stallLimit = 2 * time.Second
+	)
+	s := e2e.Start(t, e2e.Options{Args: []string{
+		"--set", "rpc.max_inflight_requests=" + strconv.Itoa(inflight),
+		"--set", "rpc.write_stall_timeout_ms=" + strconv.Itoa(int(stallLimit.Milliseconds())),
+	}})
+	v := newConv(t, s, nil)
+	id := v.newSession("")
+	// A transcript of about 6 MB: each turn stores a 1 MB prompt and the
+	// scripted provider's 1 MB answer (a line that is no command is said
+	// back).
+	word := strings.Repeat("x", mib)
+	for range 3 {
+		v.call("session/prompt", map[string]any{"session_id": id, "prompt": word})
+	}
+	raw := v.call("session/messages", map[string]any{"session_id": id, "limit": 1000})
+	reply := int64(len(raw))
+	if reply < 5*mib {
+		t.Fatalf("the transcript reply is %d bytes, want about 6 MB", reply)
+	}
+
+	gw := s.PIDOf("gateway")
+	before := rssOf(t, gw)
+	stop := make(chan struct{})
+	peak := peakRSS(t, gw, stop)
+
+	// The attacker: initialize, then 300 requests, never a read after.
+	bad, err := net.Dial("unix", s.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	var frames bytes.Buffer
+	frames.WriteString(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocol_version":1}}` + "\n")
+	for i := 1; i <= 300; i++ {
+		fmt.Fprintf(&frames, `{"jsonrpc":"2.0","id":%d,"method":"session/messages","params":{"session_id":%q,"limit":1000}}`+"\n", i, id)
+	}
+	if _, err := bad.Write(frames.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+
+	// Healthy clients keep being served meanwhile.
+	good := s.Dial(t)
+	if _, err := good.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		if _, err := good.Call("status", nil); err != nil {
+			t.Fatalf("a healthy client's status during the flood: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// The write-stall rule closes the attacker: reading its socket ends
+	// in EOF once the gateway closed it (what it has buffered is drained
+	// first, which costs no time).
+	closed := make(chan time.Time, 1)
+	go func() {
+		buf := make([]byte, 1<<20)
+		// Only start reading once the gateway must have given up, so the
+		// reads do not count as progress.
+		time.Sleep(stallLimit + 2*time.Second)
+		_ = bad.SetReadDeadline(time.Now().Add(30 * time.Second))
+		for {
+			if _, err := bad.Read(buf); err != nil {
+				closed <- time.Now()
+				return
+			}
+		}
+	}()
+	select {
+	case <-closed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the non-reading client was never closed")
+	}
+	close(stop)
+	grown := <-peak - before
+	bound := (inflight+2)*reply + 2*16*mib + 64*mib
+	t.Logf("gateway RSS %d MiB before, peak growth %d MiB (bound %d MiB, reply %d KiB); closed after the flood was sent",
+		before/mib, grown/mib, bound/mib, reply/1024)
+	if grown > bound {
+		t.Fatalf("gateway RSS grew %d MiB, over the documented bound of %d MiB", grown/mib, bound/mib)
+	}
+	// The stall rule measured the reader: the gateway gave up within the
+	// limit plus a second of its last progress (nothing was ever read),
+	// plus the time the replies took to be produced.
+	if cut := gatewayCutAfter(t, s, sent); cut > stallLimit+time.Second+5*time.Second {
+		t.Fatalf("the write-stall rule cut the client %v after the flood, limit %v", cut, stallLimit)
+	}
+	if _, err := good.Call("health", nil); err != nil {
+		t.Fatalf("a healthy client after the flood: %v", err)
+	}
+}
+
+// gatewayCutAfter is how long after since the gateway logged closing a
+// connection for a write stall.
+func gatewayCutAfter(t *testing.T, s *e2e.Stack, since time.Time) time.Duration {
+	t.Helper()
+	for _, line := range strings.Split(readLog(t, s, "gateway"), "\n") {
+		var entry struct {
+			TS  string `json:"ts"`
+			Msg string `json:"msg"`
+		}
+		if json.Unmarshal([]byte(line), &entry) != nil || !strings.Contains(entry.Msg, "write stall") {
+			continue
+		}
+		at, err := time.Parse("2006-01-02T15:04:05.000Z0700", entry.TS)
+		if err != nil {
+			t.Fatalf("log time %q: %v", entry.TS, err)
+		}
+		if at.After(since.Add(-time.Second)) {
+			return at.Sub(since)
+		}
+	}
+	t.Fatalf("no write-stall close in the gateway's log:\n%s", readLog(t, s, "gateway"))
+	return 0
+}
+
+// 50 connections holding unfinished frames of 8 MiB − 1 bytes: the
+// gateway holds at most rpc.max_buffered_frame_bytes of them, and closing
+// them copies nothing. Its resident set stays under the documented bound
+// (docs/spec.md §3): the budget, as much again for the Go collector's
+// headroom (GOGC=100 lets the heap reach twice what is live before a
+// collection), and 64 MiB for the runtime and the connections' small
+// buffers.
+func TestUnfinishedFramesWithinBudget(t *testing.T) {
+	const budget = 128 * mib // the default
+	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "rpc.frame_timeout_ms=60000"}})
+	gw := s.PIDOf("gateway")
+	before := rssOf(t, gw)
+	stop := make(chan struct{})
+	peak := peakRSS(t, gw, stop)
+
+	frame := bytes.Repeat([]byte("a"), 8*mib-1)
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	var written atomic.Int64
+	for range 50 {
+		c, err := net.Dial("unix", s.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A connection over the budget waits: its write blocks.
+			_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			n, _ := c.Write(frame)
+			written.Add(int64(n))
+		}()
+	}
+	wg.Wait()
+	// Give the gateway time to read what it will read.
+	time.Sleep(time.Second)
+	held := rssOf(t, gw) - before
+	for _, c := range conns {
+		c.Close()
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	grown := <-peak - before
+	t.Logf("%d MiB sent by 50 connections; gateway RSS +%d MiB while held, peak +%d MiB (budget %d MiB)",
+		written.Load()/mib, held/mib, grown/mib, budget/mib)
+	if written.Load() < budget {
+		t.Fatalf("only %d MiB sent: the test did not reach the budget", written.Load()/mib)
+	}
+	if bound := 2*budget + 64*mib; grown > int64(bound) {
+		t.Fatalf("gateway RSS grew %d MiB, over the documented bound of %d MiB (budget %d MiB)", grown/mib, bound/mib, budget/mib)
+	}
+	// The gateway still serves.
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatalf("after the unfinished frames: %v", err)
+	}
+}
