@@ -293,12 +293,16 @@ start=$SECONDS
 until_ok 240 every_replica_served || fail "not every replica served a call: $(counts)"
 log "every replica served calls after $((SECONDS - start)) s: $(counts)"
 
-CLIENTS=3 TURNS=12
-log "$CLIENTS host clients x $TURNS turns (2 tool calls each); one replica stopped mid-traffic"
+CLIENTS=3 AFTER=10
+log "$CLIENTS host clients running turns (2 tool calls each); one replica stopped mid-traffic"
+# Each client runs turns until the replica is stopped and then AFTER more,
+# so that turns run before, during and after the stop.
 client() {
-	local c=$1 t s
+	local c=$1 t=0 after=0 s
 	s=$(new_session)
-	for ((t = 1; t <= TURNS; t++)); do
+	while [ "$after" -lt "$AFTER" ] && [ "$t" -lt 400 ]; do
+		t=$((t + 1))
+		[ -e "$WORK/stopped" ] && after=$((after + 1))
 		if tool_turn "$s" "c$c-t$t-a" "c$c-t$t-b" >"$WORK/c$c-t$t.out" 2>&1; then
 			echo "ok $c $t" >>"$WORK/turns.log"
 		else
@@ -306,23 +310,31 @@ client() {
 		fi
 	done
 }
+turns_done() { [ "$(wc -l <"$WORK/turns.log")" -ge "$1" ]; }
 : >"$WORK/turns.log"
 pids=()
 for ((c = 1; c <= CLIENTS; c++)); do
 	client "$c" &
 	pids+=($!)
 done
-until_ok 120 test "$(wc -l <"$WORK/turns.log")" -ge "$CLIENTS" || fail "no turn finished"
+until_ok 120 turns_done $((2 * CLIENTS)) || fail "no turn finished"
 victim=${sandboxes[0]}
-log "  stopping sandbox ${victim:0:12} after $(wc -l <"$WORK/turns.log") turns; served so far: $(counts)"
+before_stop=$(wc -l <"$WORK/turns.log")
+alive_before=$(($(served "${sandboxes[1]}") + $(served "${sandboxes[2]}")))
+log "  stopping sandbox ${victim:0:12} after $before_stop turns; served so far: $(counts)"
+start=$SECONDS
 docker stop "$victim" >/dev/null
+log "  stopped in $((SECONDS - start)) s, exit code $(docker inspect -f '{{.State.ExitCode}}' "$victim") (0: drained); $(($(wc -l <"$WORK/turns.log") - before_stop)) turns finished meanwhile"
+touch "$WORK/stopped"
 for p in "${pids[@]}"; do wait "$p"; done
 total=$(wc -l <"$WORK/turns.log")
 completed=$(cat "$WORK"/c*-t*.out | grep -c '"outcome": "completed"' || true)
 ok_results=$(cat "$WORK"/c*-t*.out | grep '"type":"tool_result"' | grep -c '"status":"completed"' || true)
 all_results=$(cat "$WORK"/c*-t*.out | grep -c '"type":"tool_result"' || true)
-log "  turns: $total run, $completed completed; tool results: $ok_results of $all_results succeeded"
+log "  turns: $total run ($before_stop before the stop), $completed completed; tool results: $ok_results of $all_results succeeded"
 log "  served per replica: $(counts)(stopped: ${victim:0:12})"
-[ "$total" = $((CLIENTS * TURNS)) ] || fail "$total turns ran"
 grep -q '^error' "$WORK/turns.log" && fail "turns failed: $(grep '^error' "$WORK/turns.log" | tr '\n' ' ')"
 [ "$completed" = "$total" ] || fail "$completed of $total turns completed"
+[ "$total" -gt "$before_stop" ] || fail "no turn ran after the stop"
+alive_after=$(($(served "${sandboxes[1]}") + $(served "${sandboxes[2]}")))
+[ "$alive_after" -gt "$alive_before" ] || fail "the replicas alive served nothing after the stop"
