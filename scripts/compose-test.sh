@@ -229,6 +229,11 @@ read -r owner mode < <(stat -c '%u %a' "$SOCK")
 log "socket $SOCK: owner uid $owner, mode $mode"
 [ "$owner" = "$CLAWMESH_UID" ] && [ "$mode" = 600 ] || fail "socket owned by $owner with mode $mode"
 
+# Collie's private socket, from the durable bridge, beside it.
+read -r owner mode < <(stat -c '%u %a' "$CLAWMESH_RUN_DIR/durable.sock")
+log "socket $CLAWMESH_RUN_DIR/durable.sock: owner uid $owner, mode $mode"
+[ "$owner" = "$CLAWMESH_UID" ] && [ "$mode" = 600 ] || fail "durable socket owned by $owner with mode $mode"
+
 log "socat as uid $CLAWMESH_UID: initialize, status"
 hello=$(printf '%s\n' \
 	'{"jsonrpc":"2.0","method":"initialize","params":{"protocolVersion":1},"id":1}' \
