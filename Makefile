@@ -14,7 +14,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # 496/546); 1.9.1 is the newest release whose -unix works.
 GRPCURL_VERSION            := v1.9.1
 
-.PHONY: all build up test test-short bench proto check-proto lint-proto tools grpcurl fmt vet plugins clean
+.PHONY: all build up test test-short bench proto check-proto lint-proto tools grpcurl fmt vet plugins clean compose-test
 
 all: build
 
@@ -109,6 +109,14 @@ plugins:
 		GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o $$out/plugin.wasm ./$$d || exit 1; \
 		cp $$d/manifest.toml $$out/manifest.toml || exit 1; \
 	done
+
+# compose-test is the docker-compose.yml smoke test (not part of test): it
+# starts dockerd if none runs, stands the base images in from Debian's
+# packages when the registry cannot be reached, brings the stack up, runs
+# a turn with a tool call from the host through the socket, scales the
+# sandbox to 3, stops one replica mid-traffic, and tears everything down.
+compose-test:
+	bash scripts/compose-test.sh
 
 clean:
 	rm -rf $(BIN)

@@ -30,6 +30,8 @@ commands:
   config       get, set, list or delete config properties of the running stack
   token        pair (create) or unpair (revoke) a user's auth token
   plugin       list, search, install, remove, inspect and sign plugins
+  health       exit 0 only if a process's gRPC health is SERVING (container probes)
+  bus          bus credentials and nats-server config for an external NATS (containers)
   version      print the version
 `
 
@@ -53,6 +55,10 @@ func run(args []string) error {
 		return tokenCmd(args[1:], os.Stdout)
 	case "plugin":
 		return pluginCmd(args[1:], os.Stdout)
+	case "health":
+		return healthCmd(args[1:], os.Stdout)
+	case "bus":
+		return busCmd(args[1:], os.Stdout)
 	case "version", "--version":
 		return printVersion()
 	case "help", "-h", "--help":

@@ -35,9 +35,9 @@ func Run(keys map[bus.Role]string, log *zap.Logger) (*Server, error) {
 		Port:                  server.RANDOM_PORT,
 		NoLog:                 true,
 		NoSigs:                true,
-		MaxPayload:            8 << 20,
-		MaxPending:            64 << 20,
-		WriteDeadline:         10 * time.Second,
+		MaxPayload:            bus.MaxPayload,
+		MaxPending:            bus.MaxPending,
+		WriteDeadline:         bus.WriteDeadline,
 		DisableShortFirstPing: true,
 		Nkeys:                 Users(keys),
 	}
@@ -70,7 +70,7 @@ func Users(keys map[bus.Role]string) []*server.NkeyUser {
 			Subscribe: &server.SubjectPermission{Allow: p.Subscribe, Deny: denyRest(p.Subscribe)},
 		}
 		if p.Responses {
-			perms.Response = &server.ResponsePermission{MaxMsgs: 1, Expires: 15 * time.Minute}
+			perms.Response = &server.ResponsePermission{MaxMsgs: bus.ResponseMaxMsgs, Expires: bus.ResponseExpires}
 		}
 		users = append(users, &server.NkeyUser{Nkey: pub, Permissions: perms})
 	}

@@ -25,7 +25,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/datadir"
@@ -34,6 +36,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/stack"
 )
 
 // Causes of the base context's cancellation.
@@ -192,6 +195,23 @@ func parseFlags(spec Spec, args []string) (options, error) {
 	return o, nil
 }
 
+// ReplicaConnectionAge bounds the life of a client connection to a
+// process that runs several replicas. The server then sends GOAWAY (calls
+// in flight finish) and the client reconnects, which makes it resolve the
+// name again: replicas added since (docker compose --scale, a
+// HorizontalPodAutoscaler) get calls within this age plus the DNS
+// resolver's 30 s floor, where a connection kept forever would never
+// learn of them.
+const ReplicaConnectionAge = 30 * time.Second
+
+// serverOptions are the gRPC server options of the process named name.
+func serverOptions(name string) []grpc.ServerOption {
+	if p, ok := stack.Lookup(name); ok && p.Scalable {
+		return []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: ReplicaConnectionAge})}
+	}
+	return nil
+}
+
 // Run is Main without the exit: it returns when the process stopped.
 func Run(ctx context.Context, spec Spec, args []string) error {
 	o, err := parseFlags(spec, args)
@@ -219,7 +239,7 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}()
 
 	env := &Env{Log: log, DataDir: o.dataDir, Listen: o.listen, Peers: o.peers}
-	env.Server = grpcserver.New(log, o.drain)
+	env.Server = grpcserver.New(log, o.drain, serverOptions(spec.Name)...)
 	defer func() {
 		cancel(ErrShutdown)
 		env.wg.Wait()

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/datadir"
+)
+
+const busUsage = `usage: clawmesh bus <init|users|config> [flags]
+
+Credentials of the bus for a stack whose NATS runs outside the launcher
+(containers, Kubernetes). clawmesh up needs none of this: it creates the
+seeds and gives its embedded server the public keys itself.
+
+commands:
+  init     create the nkey seed of every role that has none (<data>/bus/<role>.nk,
+           0600, kept when present) and, with --nats-config, write the
+           nats-server configuration that admits exactly those roles with their
+           permissions (rendered again each time, from the role table)
+  users    print each role and its public key
+  config   print that nats-server configuration for the existing seeds
+
+A process finds its seed as <data>/bus/<role>.nk, or in the file
+CLAWMESH_NATS_SEED_FILE names, or in CLAWMESH_NATS_SEED itself.
+
+init also prepares what an init container prepares for the processes:
+--owner gives the data directory, the bus folder and every file init
+writes to the processes' uid:gid (init then runs as root), --own creates
+more folders for them (the client socket's), and --postgres-password
+creates a random PostgreSQL password file (kept when present; the
+official postgres image reads it with POSTGRES_PASSWORD_FILE) with, next
+to it, a .pgpass file the processes read through PGPASSFILE, so the
+password is never on a command line nor in DATABASE_URL.
+`
+
+// busCmd runs `clawmesh bus`.
+func busCmd(args []string, out io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, busUsage)
+		return errors.New("bus: no command")
+	}
+	cmd := args[0]
+	if cmd == "help" || cmd == "-h" || cmd == "--help" {
+		fmt.Fprint(out, busUsage)
+		return nil
+	}
+	if cmd != "init" && cmd != "users" && cmd != "config" {
+		fmt.Fprint(os.Stderr, busUsage)
+		return fmt.Errorf("bus: unknown command %q", cmd)
+	}
+	fsf := flag.NewFlagSet("bus "+cmd, flag.ContinueOnError)
+	var (
+		o   busInit
+		dir string
+	)
+	fsf.StringVar(&dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
+	fsf.StringVar(&o.addrs.Listen, "listen", "0.0.0.0:4222", "init, config: the server's client address")
+	fsf.StringVar(&o.addrs.Monitor, "monitor", "127.0.0.1:8222", "init, config: the server's HTTP monitoring address (/healthz), empty for none")
+	if cmd == "init" {
+		fsf.StringVar(&o.natsConfig, "nats-config", "", "write the nats-server configuration to this file")
+		fsf.StringVar(&o.owner, "owner", "", "uid:gid to give the data directory and every file init writes")
+		fsf.Var(&o.own, "own", "another folder to create (0700) for the processes (repeatable)")
+		fsf.StringVar(&o.pgPassword, "postgres-password", "", "create this PostgreSQL password file, and .pgpass beside it, when missing")
+	}
+	rest, err := parseArgs(fsf, args[1:])
+	if err == flag.ErrHelp {
+		usageOf(out, busUsage, fsf)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("bus %s: unexpected argument %q", cmd, rest[0])
+	}
+	if o.dataDir, err = datadir.Resolve(dir); err != nil {
+		return err
+	}
+	switch cmd {
+	case "init":
+		return o.run(out)
+	case "users":
+		keys, err := existingKeys(o.dataDir)
+		if err != nil {
+			return err
+		}
+		for _, r := range bus.Roles {
+			if _, err := fmt.Fprintf(out, "%s\t%s\n", r, keys[r]); err != nil {
+				return err
+			}
+		}
+		return nil
+	default: // config
+		keys, err := existingKeys(o.dataDir)
+		if err != nil {
+			return err
+		}
+		conf, err := bus.ServerConfig(keys, o.addrs)
+		if err != nil {
+			return err
+		}
+		_, err = out.Write(conf)
+		return err
+	}
+}
+
+// existingKeys reads every role's public key from seeds that must exist
+// already: users and config never create a credential.
+func existingKeys(dataDir string) (map[bus.Role]string, error) {
+	for _, r := range bus.Roles {
+		if _, err := os.Stat(bus.SeedFile(dataDir, r)); err != nil {
+			return nil, fmt.Errorf("bus: %w for role %s (%v); run clawmesh bus init first", bus.ErrNoCredential, r, err)
+		}
+	}
+	return bus.EnsureCredentials(dataDir)
+}
+
+// busInit is `clawmesh bus init`.
+type busInit struct {
+	dataDir    string
+	addrs      bus.ServerAddrs
+	natsConfig string
+	owner      string
+	own        multiFlag
+	pgPassword string
+}
+
+// owner is a parsed --owner; uid -1 when none.
+type ownerIDs struct{ uid, gid int }
+
+func parseOwner(s string) (ownerIDs, error) {
+	if s == "" {
+		return ownerIDs{-1, -1}, nil
+	}
+	u, g, ok := strings.Cut(s, ":")
+	uid, err1 := strconv.Atoi(u)
+	gid, err2 := strconv.Atoi(g)
+	if !ok || err1 != nil || err2 != nil || uid < 0 || gid < 0 {
+		return ownerIDs{}, fmt.Errorf("bus init: --owner %q: want numeric uid:gid", s)
+	}
+	return ownerIDs{uid, gid}, nil
+}
+
+// give hands path to the owner, when there is one.
+func (o ownerIDs) give(path string) error {
+	if o.uid < 0 {
+		return nil
+	}
+	if err := os.Lchown(path, o.uid, o.gid); err != nil {
+		return fmt.Errorf("bus init: %w", err)
+	}
+	return nil
+}
+
+func (b *busInit) run(out io.Writer) error {
+	owner, err := parseOwner(b.owner)
+	if err != nil {
+		return err
+	}
+	// Check the server configuration's addresses before anything is
+	// written, so a typo leaves no half-prepared folder.
+	if b.natsConfig != "" {
+		if err := b.addrs.Check(); err != nil {
+			return err
+		}
+	}
+	for _, dir := range append([]string{b.dataDir}, b.own...) {
+		if err := ownedDir(dir, owner); err != nil {
+			return err
+		}
+	}
+	keys, err := bus.EnsureCredentials(b.dataDir)
+	if err != nil {
+		return err
+	}
+	if err := owner.give(bus.CredentialDir(b.dataDir)); err != nil {
+		return err
+	}
+	for _, r := range bus.Roles {
+		if err := owner.give(bus.SeedFile(b.dataDir, r)); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(out, "bus seeds: %s (one 0600 file per role)\n", bus.CredentialDir(b.dataDir))
+	if b.natsConfig != "" {
+		conf, err := bus.ServerConfig(keys, b.addrs)
+		if err != nil {
+			return err
+		}
+		// The file holds public keys only; the server may run as another
+		// user than the processes.
+		if err := writeReplace(b.natsConfig, conf, 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "nats-server configuration: %s (%d roles)\n", b.natsConfig, len(keys))
+	}
+	if b.pgPassword != "" {
+		created, err := postgresPassword(b.pgPassword, owner)
+		if err != nil {
+			return err
+		}
+		verb := "kept"
+		if created {
+			verb = "created"
+		}
+		fmt.Fprintf(out, "postgres password: %s (%s), .pgpass: %s\n", b.pgPassword, verb, pgpassPath(b.pgPassword))
+	}
+	return nil
+}
+
+// ownedDir creates dir 0700 when missing and gives it to the owner; an
+// existing folder with an owner given is made 0700 too, since the
+// processes keep sockets and secrets in it.
+func ownedDir(dir string, owner ownerIDs) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("bus init: %w", err)
+	}
+	if owner.uid < 0 {
+		return nil
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("bus init: %w", err)
+	}
+	return owner.give(dir)
+}
+
+// pgpassPath is the .pgpass file beside the password file.
+func pgpassPath(passwordFile string) string {
+	return filepath.Join(filepath.Dir(passwordFile), ".pgpass")
+}
+
+// postgresPassword creates the password file when missing (32 random
+// bytes, hexadecimal: nothing to escape anywhere) and writes the .pgpass
+// line that matches every host, port, database and user with it.
+func postgresPassword(path string, owner ownerIDs) (created bool, err error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return false, fmt.Errorf("bus init: %w", err)
+	}
+	raw, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		secret := make([]byte, 32)
+		if _, err := rand.Read(secret); err != nil {
+			return false, fmt.Errorf("bus init: %w", err)
+		}
+		raw = []byte(hex.EncodeToString(secret))
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return false, fmt.Errorf("bus init: %w", err)
+		}
+		if _, err := f.Write(raw); err != nil {
+			f.Close()
+			return false, fmt.Errorf("bus init: %w", err)
+		}
+		if err := f.Close(); err != nil {
+			return false, fmt.Errorf("bus init: %w", err)
+		}
+		created = true
+	case err != nil:
+		return false, fmt.Errorf("bus init: %w", err)
+	}
+	password := strings.TrimSpace(string(raw))
+	if password == "" || strings.ContainsAny(password, ":\\\n") {
+		return false, fmt.Errorf("bus init: %s: want one line without ':' or '\\'", path)
+	}
+	if err := owner.give(path); err != nil {
+		return false, err
+	}
+	pgpass := pgpassPath(path)
+	if err := writeReplace(pgpass, []byte("*:*:*:*:"+password+"\n"), 0o600); err != nil {
+		return false, err
+	}
+	return created, owner.give(pgpass)
+}
+
+// writeReplace writes data to path through a temporary file renamed over
+// it, so a reader sees the old file or the new one, never half of one.
+func writeReplace(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("bus init: %w", err)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("bus init: %w", err)
+	}
+	defer os.Remove(f.Name()) // a no-op once renamed
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("bus init: %w", err)
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return fmt.Errorf("bus init: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("bus init: %w", err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("bus init: %w", err)
+	}
+	return nil
+}

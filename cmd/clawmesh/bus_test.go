@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+)
+
+func mode(t *testing.T, path string) os.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+// bus init prepares what the compose init service and a Kubernetes
+// operator need: every role's seed (0600), the server's configuration, a
+// PostgreSQL password with its .pgpass; a second run keeps every secret
+// and renders the configuration again.
+func TestBusInitPreparesAndKeeps(t *testing.T) {
+	base := t.TempDir()
+	data := filepath.Join(base, "data")
+	conf := filepath.Join(base, "nats", "nats.conf")
+	pw := filepath.Join(base, "secrets", "postgres_password")
+	run := filepath.Join(base, "run")
+	args := []string{"init", "--config-dir", data, "--nats-config", conf, "--postgres-password", pw, "--own", run}
+	var out bytes.Buffer
+	if err := busCmd(args, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range bus.Roles {
+		if m := mode(t, bus.SeedFile(data, r)); m != 0o600 {
+			t.Errorf("seed of %s: mode %v", r, m)
+		}
+	}
+	for path, want := range map[string]os.FileMode{
+		data: 0o700, bus.CredentialDir(data): 0o700, run: 0o700, conf: 0o644,
+		pw: 0o600, filepath.Join(base, "secrets", ".pgpass"): 0o600,
+	} {
+		if m := mode(t, path); m != want {
+			t.Errorf("%s: mode %v, want %v", path, m, want)
+		}
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("nats-server refuses the written configuration: %v", err)
+	}
+	if len(opts.Nkeys) != len(bus.Roles) || opts.HTTPHost != "127.0.0.1" || opts.HTTPPort != 8222 || opts.Port != 4222 {
+		t.Fatalf("configuration: %d users, monitor %s:%d, port %d", len(opts.Nkeys), opts.HTTPHost, opts.HTTPPort, opts.Port)
+	}
+	password, _ := os.ReadFile(pw)
+	pgpass, _ := os.ReadFile(filepath.Join(base, "secrets", ".pgpass"))
+	if len(password) != 64 || string(pgpass) != "*:*:*:*:"+string(password)+"\n" {
+		t.Fatalf("password %q, .pgpass %q", password, pgpass)
+	}
+	seed, _ := os.ReadFile(bus.SeedFile(data, bus.RoleSession))
+
+	// users prints the keys the configuration admits.
+	out.Reset()
+	if err := busCmd([]string{"users", "--config-dir", data}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != len(bus.Roles) {
+		t.Fatalf("users printed %q", out.String())
+	}
+	admitted := map[string]bool{}
+	for _, u := range opts.Nkeys {
+		admitted[u.Nkey] = true
+	}
+	for _, l := range lines {
+		role, key, _ := strings.Cut(l, "\t")
+		if !admitted[key] {
+			t.Errorf("role %s: key %s not in the configuration", role, key)
+		}
+	}
+
+	// Again: the secrets stay, the configuration is rendered anew.
+	if err := os.WriteFile(conf, []byte("stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := busCmd(args, &out); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := os.ReadFile(bus.SeedFile(data, bus.RoleSession)); !bytes.Equal(again, seed) {
+		t.Error("a second init replaced a seed")
+	}
+	if again, _ := os.ReadFile(pw); !bytes.Equal(again, password) {
+		t.Error("a second init replaced the postgres password")
+	}
+	if _, err := server.ProcessConfigFile(conf); err != nil {
+		t.Errorf("configuration not rendered again: %v", err)
+	}
+	if out.String() == "" || !strings.Contains(out.String(), "(kept)") {
+		t.Errorf("second run said %q", out.String())
+	}
+}
+
+func TestBusRefusals(t *testing.T) {
+	base := t.TempDir()
+	var out bytes.Buffer
+	for name, args := range map[string][]string{
+		"users before init":  {"users", "--config-dir", filepath.Join(base, "empty")},
+		"config before init": {"config", "--config-dir", filepath.Join(base, "empty")},
+		"bad owner":          {"init", "--config-dir", filepath.Join(base, "a"), "--owner", "me"},
+		"bad listen":         {"init", "--config-dir", filepath.Join(base, "b"), "--nats-config", filepath.Join(base, "n.conf"), "--listen", "nowhere"},
+		"unknown command":    {"frobnicate"},
+		"stray argument":     {"users", "extra"},
+	} {
+		if err := busCmd(args, &out); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// A refused init wrote nothing.
+	for _, dir := range []string{"a", "b", "empty"} {
+		if _, err := os.Stat(filepath.Join(base, dir)); err == nil {
+			t.Errorf("a refused command created %s", dir)
+		}
+	}
+}
+
+// As an init container (root), init gives every folder and file it
+// writes to the processes' uid:gid, and a folder that existed already
+// (a bind mount dockerd created root-owned) too.
+func TestBusInitOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown to another uid needs root")
+	}
+	base := t.TempDir()
+	data := filepath.Join(base, "data")
+	run := filepath.Join(base, "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pw := filepath.Join(base, "secrets", "postgres_password")
+	var out bytes.Buffer
+	err := busCmd([]string{"init", "--config-dir", data, "--owner", "4321:4322", "--own", run,
+		"--postgres-password", pw, "--nats-config", filepath.Join(base, "nats.conf")}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := []string{data, bus.CredentialDir(data), run, pw, filepath.Join(base, "secrets", ".pgpass")}
+	for _, r := range bus.Roles {
+		paths = append(paths, bus.SeedFile(data, r))
+	}
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if st.Uid != 4321 || st.Gid != 4322 {
+			t.Errorf("%s: owner %d:%d, want 4321:4322", p, st.Uid, st.Gid)
+		}
+	}
+	if m := mode(t, run); m != 0o700 {
+		t.Errorf("%s: mode %v, want 0700", run, m)
+	}
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
+)
+
+const healthUsage = `usage: clawmesh health [ADDR] [--service NAME] [--timeout D]
+
+Asks a Clawmesh process for its gRPC health and exits 0 only when it
+answers SERVING; otherwise prints the status and the reason the process
+gives (its database or the bus unreachable, shutting down) and exits 1.
+ADDR is a socket path or host:port, by default CLAWMESH_LISTEN (a
+wildcard host such as 0.0.0.0 is asked on loopback), so the one command
+serves as every container's health check and as an exec probe.
+`
+
+// ErrNotServing: the process answered, but not SERVING.
+var ErrNotServing = errors.New("not serving")
+
+// healthCmd runs `clawmesh health`.
+func healthCmd(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("health", flag.ContinueOnError)
+	service := fs.String("service", "", "the service name to ask about (default: the whole process)")
+	timeout := fs.Duration("timeout", 3*time.Second, "longest wait for the answer")
+	rest, err := parseArgs(fs, args)
+	if err == flag.ErrHelp {
+		usageOf(out, healthUsage, fs)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(rest) > 1 {
+		return fmt.Errorf("health: want at most one ADDR, got %q", rest)
+	}
+	addr := os.Getenv("CLAWMESH_LISTEN")
+	if len(rest) == 1 {
+		addr = rest[0]
+	}
+	if addr == "" {
+		return errors.New("health: no ADDR and no CLAWMESH_LISTEN")
+	}
+	addr = dialable(addr)
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	status, reason, err := checkHealth(ctx, addr, *service)
+	if err != nil {
+		return fmt.Errorf("health %s: %w", addr, err)
+	}
+	if status != healthpb.HealthCheckResponse_SERVING {
+		if reason != "" {
+			return fmt.Errorf("health %s: %w: %s (%s)", addr, ErrNotServing, status, reason)
+		}
+		return fmt.Errorf("health %s: %w: %s", addr, ErrNotServing, status)
+	}
+	_, err = fmt.Fprintln(out, status)
+	return err
+}
+
+// dialable turns a listen address into one to dial: a wildcard host
+// (0.0.0.0, ::, none) is the local host.
+func dialable(addr string) string {
+	if strings.HasPrefix(addr, "/") || strings.Contains(addr, "://") {
+		return addr
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	switch host {
+	case "", "0.0.0.0":
+		return net.JoinHostPort("127.0.0.1", port)
+	case "::":
+		return net.JoinHostPort("::1", port)
+	}
+	return addr
+}
+
+// checkHealth asks addr once and returns the status and the reason the
+// process attached to a NOT_SERVING answer.
+func checkHealth(ctx context.Context, addr, service string) (healthpb.HealthCheckResponse_ServingStatus, string, error) {
+	cc, err := grpcclient.Dial(addr)
+	if err != nil {
+		return 0, "", err
+	}
+	defer cc.Close()
+	var trailer metadata.MD
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.Trailer(&trailer))
+	if err != nil {
+		return 0, "", err
+	}
+	return resp.GetStatus(), strings.Join(trailer.Get(grpcserver.ReasonTrailer), "; "), nil
+}

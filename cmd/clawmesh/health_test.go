@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// serveHealth runs a process's gRPC server (health only) on a socket.
+func serveHealth(t *testing.T) (*grpcserver.Server, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cm-h-") // short: socket paths are bounded
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path := filepath.Join(dir, "p.sock")
+	srv := grpcserver.New(testenv.Logger(t), 0)
+	lis, err := grpcserver.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return srv, path
+}
+
+func TestHealthExitsZeroOnlyWhenServing(t *testing.T) {
+	srv, path := serveHealth(t)
+	srv.SetServing("clawmesh.test.v1.Thing")
+
+	var out bytes.Buffer
+	if err := healthCmd([]string{path}, &out); err != nil {
+		t.Fatalf("serving process: %v", err)
+	}
+	if strings.TrimSpace(out.String()) != "SERVING" {
+		t.Fatalf("printed %q", out.String())
+	}
+	if err := healthCmd([]string{path, "--service", "clawmesh.test.v1.Thing"}, &out); err != nil {
+		t.Fatalf("serving service: %v", err)
+	}
+	// CLAWMESH_LISTEN is the default address, as in a container.
+	t.Setenv("CLAWMESH_LISTEN", path)
+	if err := healthCmd(nil, &out); err != nil {
+		t.Fatalf("address from CLAWMESH_LISTEN: %v", err)
+	}
+
+	// A dependency down: NOT_SERVING, with the process's reason.
+	srv.SetDependency("database", errors.New("connection refused"))
+	err := healthCmd([]string{path}, &out)
+	if !errors.Is(err, ErrNotServing) || !strings.Contains(err.Error(), "database: connection refused") {
+		t.Fatalf("database down: %v, want not serving with the reason", err)
+	}
+	srv.SetDependency("database", nil)
+	if err := healthCmd([]string{path}, &out); err != nil {
+		t.Fatalf("database back: %v", err)
+	}
+
+	// A service the process does not serve, and no process at all.
+	if err := healthCmd([]string{path, "--service", "no.such.Service"}, &out); err == nil {
+		t.Fatal("an unknown service passed")
+	}
+	if err := healthCmd([]string{filepath.Join(t.TempDir(), "none.sock")}, &out); err == nil {
+		t.Fatal("no process passed")
+	}
+	t.Setenv("CLAWMESH_LISTEN", "")
+	if err := healthCmd(nil, &out); err == nil {
+		t.Fatal("no address passed")
+	}
+}
+
+func TestHealthDialsWildcardsOnLoopback(t *testing.T) {
+	for in, want := range map[string]string{
+		"0.0.0.0:50051":        "127.0.0.1:50051",
+		":50051":               "127.0.0.1:50051",
+		"[::]:50051":           "[::1]:50051",
+		"config:50051":         "config:50051",
+		"/data/config.sock":    "/data/config.sock",
+		"dns:///sandbox:50051": "dns:///sandbox:50051",
+	} {
+		if got := dialable(in); got != want {
+			t.Errorf("dialable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

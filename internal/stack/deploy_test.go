@@ -1,0 +1,401 @@
+package stack_test
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/clawmesh/clawmesh/internal/stack"
+)
+
+// binaries are the names of the binaries deploy/Dockerfile builds: it
+// builds what `go run ./internal/stack/list` prints, the table's packages.
+func binaries(t *testing.T) map[string]bool {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(moduleRoot(t), "deploy", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(raw, []byte("go build")) || !bytes.Contains(raw, []byte("$(go run ./internal/stack/list)")) {
+		t.Fatal("deploy/Dockerfile does not build the packages internal/stack/list prints")
+	}
+	out := map[string]bool{}
+	for _, p := range stack.Packages() {
+		out[filepath.Base(p)] = true
+	}
+	return out
+}
+
+// composeFile is what the tests read of docker-compose.yml.
+type composeFile struct {
+	Services map[string]struct {
+		Image       string                       `json:"image"`
+		Build       *struct{ Dockerfile string } `json:"build"`
+		Command     []string                     `json:"command"`
+		Environment map[string]string            `json:"environment"`
+		Healthcheck *struct {
+			Test    []string `json:"test"`
+			Disable bool     `json:"disable"`
+		} `json:"healthcheck"`
+	} `json:"services"`
+}
+
+func readCompose(t *testing.T) composeFile {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(moduleRoot(t), "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc composeFile
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	return doc
+}
+
+// pinned is an image with a version tag: not latest, not a bare name.
+var pinned = regexp.MustCompile(`^[a-z0-9./-]+:[0-9][A-Za-z0-9._-]*$`)
+
+// docker-compose.yml runs exactly the processes of the table, each with
+// its own binary as the command and its own bus identity, every one with
+// a health check; what it runs of our image is a binary the image has;
+// the other images are pinned.
+func TestComposeRunsTheTable(t *testing.T) {
+	bins := binaries(t)
+	doc := readCompose(t)
+	var running []string
+	for name, svc := range doc.Services {
+		if svc.Build == nil {
+			if !pinned.MatchString(svc.Image) {
+				t.Errorf("compose service %s: image %q is not pinned to a version", name, svc.Image)
+			}
+			continue
+		}
+		if svc.Build.Dockerfile != "deploy/Dockerfile" {
+			t.Errorf("compose service %s builds %s", name, svc.Build.Dockerfile)
+		}
+		if len(svc.Command) == 0 || !bins[svc.Command[0]] {
+			t.Errorf("compose service %s runs %v, not a binary the image builds", name, svc.Command)
+			continue
+		}
+		p, ok := stack.Lookup(name)
+		if !ok {
+			if svc.Command[0] != stack.CLI.Name {
+				t.Errorf("compose service %s runs %s, which the stack table does not name", name, svc.Command[0])
+			}
+			continue
+		}
+		if svc.Command[0] != p.Name {
+			t.Errorf("compose service %s runs %s, want the %s binary", name, strings.Join(svc.Command, " "), p.Name)
+		}
+		if seed := svc.Environment["CLAWMESH_NATS_SEED_FILE"]; !strings.HasSuffix(seed, "/"+string(p.Role)+".nk") {
+			t.Errorf("compose service %s connects to the bus with %q, want the seed of role %s", name, seed, p.Role)
+		}
+		if svc.Healthcheck == nil || svc.Healthcheck.Disable || !slices.Contains(svc.Healthcheck.Test, "health") {
+			t.Errorf("compose service %s has no gRPC health check", name)
+		}
+		running = append(running, name)
+	}
+	for _, p := range stack.Processes {
+		if !slices.Contains(running, p.Name) {
+			t.Errorf("docker-compose.yml does not run %s", p.Name)
+		}
+	}
+}
+
+// kustomization is what deploy/k8s/kustomization.yaml may hold.
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Namespace  string   `json:"namespace"`
+	Resources  []string `json:"resources"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName"`
+		NewTag  string `json:"newTag"`
+	} `json:"images"`
+}
+
+// ourImage is the image name the manifests use for deploy/Dockerfile's
+// image; kustomization.yaml maps it to a registry.
+const ourImage = "clawmesh"
+
+// manifestTypes are the kinds the manifests may hold, by apiVersion/kind.
+var manifestTypes = map[string]func() any{
+	"v1/Namespace":                           func() any { return &corev1.Namespace{} },
+	"v1/Service":                             func() any { return &corev1.Service{} },
+	"v1/PersistentVolumeClaim":               func() any { return &corev1.PersistentVolumeClaim{} },
+	"apps/v1/Deployment":                     func() any { return &appsv1.Deployment{} },
+	"apps/v1/StatefulSet":                    func() any { return &appsv1.StatefulSet{} },
+	"autoscaling/v2/HorizontalPodAutoscaler": func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
+	"networking.k8s.io/v1/NetworkPolicy":     func() any { return &networkingv1.NetworkPolicy{} },
+}
+
+// documents splits a YAML stream on its "---" lines, dropping documents
+// that hold only comments.
+func documents(raw []byte) [][]byte {
+	var out [][]byte
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(raw), -1) {
+		content := false
+		for _, line := range strings.Split(doc, "\n") {
+			if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
+				content = true
+				break
+			}
+		}
+		if content {
+			out = append(out, []byte(doc))
+		}
+	}
+	return out
+}
+
+// manifest is one decoded object and where it came from.
+type manifest struct {
+	file string
+	obj  any
+}
+
+// readManifests decodes every manifest under deploy/k8s strictly into
+// its k8s.io/api type: a field the type does not have fails.
+func readManifests(t *testing.T) (top []string, objs []manifest, kust kustomization) {
+	t.Helper()
+	dir := filepath.Join(moduleRoot(t), "deploy", "k8s")
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		if ext := filepath.Ext(path); ext != ".yaml" && ext != ".yml" {
+			t.Errorf("%s: not a manifest (want .yaml)", rel)
+			return nil
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if rel == "kustomization.yaml" {
+			if err := yaml.UnmarshalStrict(raw, &kust); err != nil {
+				t.Errorf("%s: %v", rel, err)
+			}
+			return nil
+		}
+		if !strings.Contains(rel, "/") {
+			top = append(top, rel)
+		}
+		for i, doc := range documents(raw) {
+			var meta struct {
+				APIVersion string `json:"apiVersion"`
+				Kind       string `json:"kind"`
+			}
+			if err := yaml.Unmarshal(doc, &meta); err != nil {
+				t.Errorf("%s #%d: %v", rel, i+1, err)
+				continue
+			}
+			newObj, ok := manifestTypes[meta.APIVersion+"/"+meta.Kind]
+			if !ok {
+				t.Errorf("%s #%d: kind %s/%s is not one the test knows", rel, i+1, meta.APIVersion, meta.Kind)
+				continue
+			}
+			obj := newObj()
+			if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+				t.Errorf("%s #%d (%s): %v", rel, i+1, meta.Kind, err)
+				continue
+			}
+			objs = append(objs, manifest{file: rel, obj: obj})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return top, objs, kust
+}
+
+// The strict decoding refuses what kubectl would refuse: a field the
+// type does not have, and a field given twice.
+func TestManifestDecodingIsStrict(t *testing.T) {
+	for name, doc := range map[string]string{
+		"unknown field":   "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {portz: []}\n",
+		"duplicate field": "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nmetadata: {name: y}\n",
+	} {
+		if err := yaml.UnmarshalStrict([]byte(doc), &corev1.Service{}); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// Every manifest under deploy/k8s decodes strictly into the Kubernetes
+// types; every container runs a binary deploy/Dockerfile builds (or a
+// third-party image pinned as in docker-compose.yml); every process of
+// the table runs with its own bus identity and gRPC health probes;
+// single-writer processes run one replica and the sandbox scales under an
+// autoscaler; kustomization.yaml lists every manifest.
+func TestManifestsRunTheTable(t *testing.T) {
+	bins := binaries(t)
+	top, objs, kust := readManifests(t)
+	if len(objs) == 0 {
+		t.Fatal("no manifests under deploy/k8s")
+	}
+
+	// kustomization.yaml applies every top-level manifest.
+	sort.Strings(top)
+	res := slices.Clone(kust.Resources)
+	sort.Strings(res)
+	if !slices.Equal(top, res) {
+		t.Errorf("kustomization.yaml resources %v, manifests %v", res, top)
+	}
+	if kust.Kind != "Kustomization" || kust.Namespace == "" || len(kust.Images) != 1 || kust.Images[0].Name != ourImage {
+		t.Errorf("kustomization.yaml: %+v", kust)
+	}
+
+	thirdParty := map[string]bool{}
+	for _, svc := range readCompose(t).Services {
+		if svc.Build == nil {
+			thirdParty[svc.Image] = true
+		}
+	}
+
+	deployed := map[string]*appsv1.Deployment{}
+	scaled := map[string]bool{}
+	services := map[string]bool{}
+	for _, m := range objs {
+		var spec *corev1.PodSpec
+		name := ""
+		switch o := m.obj.(type) {
+		case *appsv1.Deployment:
+			spec, name = &o.Spec.Template.Spec, o.Name
+			if !strings.Contains(m.file, "/") {
+				deployed[o.Name] = o
+			}
+		case *appsv1.StatefulSet:
+			spec, name = &o.Spec.Template.Spec, o.Name
+		case *autoscalingv2.HorizontalPodAutoscaler:
+			if o.Spec.ScaleTargetRef.Kind == "Deployment" {
+				scaled[o.Spec.ScaleTargetRef.Name] = true
+			}
+		case *corev1.Service:
+			services[o.Name] = true
+		}
+		if spec == nil {
+			continue
+		}
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+			where := m.file + ": " + name + "/" + c.Name
+			if c.Image != ourImage {
+				if !thirdParty[c.Image] {
+					t.Errorf("%s: image %q is neither %s nor an image docker-compose.yml pins", where, c.Image, ourImage)
+				}
+				continue
+			}
+			if len(c.Command) == 0 || !bins[c.Command[0]] {
+				t.Errorf("%s: command %v is not a binary deploy/Dockerfile builds", where, c.Command)
+				continue
+			}
+			for _, probe := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe, c.StartupProbe} {
+				if probe != nil && probe.Exec != nil && (len(probe.Exec.Command) == 0 || !bins[probe.Exec.Command[0]]) {
+					t.Errorf("%s: probe runs %v, not a binary deploy/Dockerfile builds", where, probe.Exec.Command)
+				}
+			}
+			p, ok := stack.Lookup(c.Command[0])
+			if !ok {
+				continue // the CLI (a client)
+			}
+			checkProcessContainer(t, where, p, c, spec)
+		}
+	}
+
+	for _, p := range stack.Processes {
+		d, ok := deployed[p.Name]
+		if !ok {
+			t.Errorf("no Deployment %s runs the %s process", p.Name, p.Name)
+			continue
+		}
+		runs := false
+		for _, c := range d.Spec.Template.Spec.Containers {
+			runs = runs || (len(c.Command) > 0 && c.Command[0] == p.Name)
+		}
+		if !runs {
+			t.Errorf("Deployment %s does not run the %s binary", p.Name, p.Name)
+		}
+		switch {
+		case p.Scalable:
+			if !scaled[p.Name] {
+				t.Errorf("%s scales, but no HorizontalPodAutoscaler targets its Deployment", p.Name)
+			}
+		case d.Spec.Replicas == nil || *d.Spec.Replicas != 1:
+			t.Errorf("%s runs one replica (single writer or one socket), Deployment says %v", p.Name, d.Spec.Replicas)
+		}
+		if !p.Scalable && !p.Edge && d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+			t.Errorf("%s: an update must replace the replica, never run two (strategy %q)", p.Name, d.Spec.Strategy.Type)
+		}
+		if !p.Edge && !services[p.Name] {
+			t.Errorf("no Service %s for the %s process", p.Name, p.Name)
+		}
+	}
+}
+
+// checkProcessContainer checks a container that runs process p: its bus
+// identity, and readiness and liveness on the gRPC health of its port.
+func checkProcessContainer(t *testing.T, where string, p stack.Process, c corev1.Container, spec *corev1.PodSpec) {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	seed := env["CLAWMESH_NATS_SEED_FILE"]
+	if !strings.HasSuffix(seed, "/"+string(p.Role)+".nk") {
+		t.Errorf("%s: CLAWMESH_NATS_SEED_FILE %q is not the seed of role %s", where, seed, p.Role)
+	}
+	mounted := false
+	for _, v := range spec.Volumes {
+		if v.Secret == nil {
+			continue
+		}
+		for _, it := range v.Secret.Items {
+			if it.Key == string(p.Role)+".nk" && strings.HasSuffix(seed, "/"+it.Path) {
+				mounted = true
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("%s: no Secret item mounts the seed of role %s", where, p.Role)
+	}
+	_, port, _ := strings.Cut(env["CLAWMESH_LISTEN"], ":")
+	for name, probe := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		if probe == nil || probe.GRPC == nil || port == "" || port != strconv.Itoa(int(probe.GRPC.Port)) {
+			t.Errorf("%s: %s probe is not gRPC health on the CLAWMESH_LISTEN port %q", where, name, port)
+		}
+	}
+}
+
+// Kubernetes and compose run the same third-party versions.
+func TestManifestsPinWhatComposePins(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	used := map[string]bool{}
+	for _, m := range objs {
+		if s, ok := m.obj.(*appsv1.StatefulSet); ok {
+			for _, c := range s.Spec.Template.Spec.Containers {
+				used[c.Image] = true
+			}
+		}
+	}
+	for name, svc := range readCompose(t).Services {
+		if svc.Build == nil && !used[svc.Image] {
+			t.Errorf("compose runs %s as %s; no StatefulSet under deploy/k8s runs that image", name, svc.Image)
+		}
+	}
+}
