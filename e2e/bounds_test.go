@@ -56,7 +56,6 @@ func peakRSS(t *testing.T, pid int, stop <-chan struct{}) <-chan int64 {
 	return out
 }
 
-
 // The pipelined-large-replies client of issue 18: hundreds of
 // session/messages for a large transcript, sent by a client that never
 // reads. The gateway stops reading it at rpc.max_inflight_requests, so it
