@@ -35,6 +35,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/logging"
 	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/pg"
+	"github.com/clawmesh/clawmesh/internal/profiling"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/stack"
 )
@@ -223,6 +224,15 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+	stopProfile, err := profiling.Start(spec.Name)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := stopProfile(); err != nil {
+			log.Warn("profiles not written", zap.Error(err))
+		}
+	}()
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
