@@ -1,6 +1,7 @@
 package jsonrpc
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -602,12 +603,7 @@ func marshalResult(v any) (json.RawMessage, error) {
 // compactJSON reports whether b is valid JSON with no LF, fit to be sent
 // as is.
 func compactJSON(b []byte) bool {
-	for _, c := range b {
-		if c == '\n' {
-			return false
-		}
-	}
-	return json.Valid(b)
+	return bytes.IndexByte(b, '\n') < 0 && valid(b)
 }
 
 func marshalParams(params any) (json.RawMessage, error) {
