@@ -38,6 +38,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/profiling"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/stack"
+	"github.com/clawmesh/clawmesh/internal/startpages"
 )
 
 // Causes of the base context's cancellation.
@@ -305,6 +306,8 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}
 	env.Server.SetServing(spec.HealthNames...)
 	log.Info("serving", zap.String("listen", o.listen), zap.String("data_dir", o.dataDir))
+	// Start-up is over: its pages of the binary go back (see startpages).
+	startpages.Release()
 
 	serveErr := make(chan error, 1)
 	go func() {
