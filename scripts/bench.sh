@@ -20,7 +20,10 @@ run -bench 'Socket|TurnStream|Upload' -benchtime 2s ./e2e/
 run -bench 'IdleFootprint|Startup' -benchtime 3x ./e2e/
 run -bench . -benchtime 2s ./gateway/... ./services/config/... ./services/session/... ./services/durablebridge/...
 # A Go guest call is milliseconds: a fixed number of calls.
-run -bench . -benchtime 300x ./services/pluginsandbox/...
+run -bench 'EchoCall|FuelOverhead|MinimalCall' -benchtime 300x ./services/pluginsandbox/...
+# One comparison of the two deadline mechanisms (a few seconds a run: at
+# 300x it alone took more than ten minutes).
+run -bench 'Interrupt' -benchtime 1x ./services/pluginsandbox/wasmhost/
 echo >&2
 echo "benchmarks took $(( $(date +%s) - start )) s; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$GO" run ./scripts/benchtable <"$out"
