@@ -58,10 +58,6 @@ type Server struct {
 // ReasonTrailer carries why a process is NOT_SERVING on a health Check.
 const ReasonTrailer = "clawmesh-not-serving-reason"
 
-// streamWorkers is how many goroutines serve calls before gRPC starts one
-// per call.
-const streamWorkers = 16
-
 // New builds a server. drain is the hard limit of a graceful stop; zero
 // means DefaultDrain.
 func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Server {
@@ -78,11 +74,6 @@ func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Serve
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
 		grpc.MaxRecvMsgSize(16<<20),
 		grpc.MaxSendMsgSize(16<<20),
-		// Calls run on reused goroutines whose stacks have grown to what
-		// a handler needs: a new goroutine per call spent a fifth of the
-		// session service's CPU growing its stack (runtime.newstack) under
-		// 64 clients polling status. Past these, gRPC spawns as before.
-		grpc.NumStreamWorkers(streamWorkers),
 	)
 	s.GRPC = grpc.NewServer(opts...)
 	s.deps = map[string]error{}
