@@ -87,3 +87,14 @@ func BenchmarkValid(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkClassify is the whole classification of a small request with a
+// numeric id, the shape of every health or status call.
+func BenchmarkClassify(b *testing.B) {
+	frame := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":12345}`)
+	for range b.N {
+		if m := Classify(frame); m.Kind != KindRequest {
+			b.Fatal(m.Problem)
+		}
+	}
+}

@@ -121,7 +121,7 @@ func parseID(b []byte) (ID, bool) {
 		s, ok := decodeString(b)
 		return ID{str: true, text: s}, ok
 	case c == '-' || (c >= '0' && c <= '9'):
-		if !json.Valid(b) {
+		if !valid(b) {
 			return ID{}, false
 		}
 		return ID{text: string(b)}, true
