@@ -41,12 +41,13 @@ test: check-proto lint-proto vet fmt-check
 test-short:
 	$(GO) test -count=1 -short ./...
 
-# bench runs every benchmark; each reports its baseline from the same run
-# (echo server, bare NATS, bare INSERT, unmetered wasm). The sandbox's run a
-# fixed number of calls: a Go guest call is milliseconds, not nanoseconds.
+# bench runs every benchmark and ends with one table: each figure, its
+# baseline from the same run (echo server, bare NATS, discard socket, bare
+# gRPC server, PostgreSQL alone, unmetered wasm), the ratio and the target
+# (scripts/bench.sh, scripts/benchtable, docs/performance.md). About 4
+# minutes on two cores, the build aside.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./e2e/ ./gateway/... ./services/config/... ./services/session/... ./services/durablebridge/...
-	$(GO) test -run '^$$' -bench . -benchtime 300x ./services/pluginsandbox/...
+	GO=$(GO) bash scripts/bench.sh
 
 vet:
 	$(GO) vet ./...

@@ -27,16 +27,38 @@ import (
 // and a line reader cost) and for the gateway's status (one gRPC hop to the
 // session service) and health (served inside the gateway), with 1 and 64
 // concurrent clients, all in the same run so the ratios mean something.
+//
+// session_state is session/state of one session (of the same local
+// principal), a read that crosses one gRPC hop to the session service.
 func BenchmarkSocket(b *testing.B) {
 	echo := startEcho(b)
 	s := e2e.Start(b, e2e.Options{})
+	owner := s.Dial(b)
+	if _, err := owner.Initialize(); err != nil {
+		b.Fatal(err)
+	}
+	raw, err := owner.Call("session/new", map[string]any{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var created struct {
+		SessionID string `json:"session_id"`
+	}
+	if err := json.Unmarshal(raw, &created); err != nil || created.SessionID == "" {
+		b.Fatalf("session/new: %s %v", raw, err)
+	}
+	requests := []struct{ name, line string }{
+		{"health", `{"jsonrpc":"2.0","method":"health","params":{},"id":1}`},
+		{"status", `{"jsonrpc":"2.0","method":"status","params":{},"id":1}`},
+		{"session_state", `{"jsonrpc":"2.0","method":"session/state","params":{"session_id":"` + created.SessionID + `"},"id":1}`},
+	}
 	for _, clients := range []int{1, 64} {
 		b.Run(fmt.Sprintf("echo/clients=%d", clients), func(b *testing.B) {
 			runClients(b, echo, clients, false, `{"jsonrpc":"2.0","method":"status","params":{},"id":1}`)
 		})
-		for _, method := range []string{"health", "status"} {
-			b.Run(fmt.Sprintf("%s/clients=%d", method, clients), func(b *testing.B) {
-				runClients(b, s.Socket, clients, true, `{"jsonrpc":"2.0","method":"`+method+`","params":{},"id":1}`)
+		for _, r := range requests {
+			b.Run(fmt.Sprintf("%s/clients=%d", r.name, clients), func(b *testing.B) {
+				runClients(b, s.Socket, clients, true, r.line)
 			})
 		}
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/bus"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
@@ -150,10 +152,20 @@ func (h *hub) dispatch(t *topic, u *busv1.SessionUpdate) {
 	if u.GetSeq() > t.lastSeq {
 		t.lastSeq = u.GetSeq()
 	}
+	if len(t.conns) == 0 {
+		return
+	}
+	// Checked and encoded once for every connection it goes to.
+	n, err := jsonrpc.EncodeNotification("session/update", json.RawMessage(u.GetJson()))
+	if err != nil {
+		h.log.Warn("session update not encodable, dropped", zap.String("session_id", u.GetSessionId()),
+			zap.Int64("seq", u.GetSeq()), zap.Error(err))
+		return
+	}
 	for cs := range t.conns {
 		if u.GetConnectionId() != "" && u.GetConnectionId() != cs.id {
 			continue
 		}
-		cs.outbox.push(u)
+		cs.outbox.push(u, n)
 	}
 }

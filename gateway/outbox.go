@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
@@ -21,7 +22,7 @@ type outbox struct {
 	g     *Gateway
 	mu    sync.Mutex
 	cond  *sync.Cond
-	q     []*busv1.SessionUpdate
+	q     []queued
 	bytes int // JSON bytes queued in q
 	done  bool
 
@@ -48,7 +49,14 @@ func newOutbox(g *Gateway, cs *connState) *outbox {
 	return o
 }
 
-func (o *outbox) push(u *busv1.SessionUpdate) {
+// queued is one update and its notification, encoded once by the hub for
+// every connection it goes to.
+type queued struct {
+	u *busv1.SessionUpdate
+	n jsonrpc.Notification
+}
+
+func (o *outbox) push(u *busv1.SessionUpdate, n jsonrpc.Notification) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.done {
@@ -62,7 +70,7 @@ func (o *outbox) push(u *busv1.SessionUpdate) {
 		o.g.spawn(func() { _ = o.cs.conn.Close() }) // not under o.mu
 		return
 	}
-	o.q = append(o.q, u)
+	o.q = append(o.q, queued{u, n})
 	o.bytes += len(u.GetJson())
 	o.cond.Signal()
 }
@@ -115,17 +123,22 @@ func (o *outbox) run(ctx context.Context) {
 			o.mu.Unlock()
 			return
 		}
-		u := o.q[0]
-		o.q[0] = nil
+		next := o.q[0]
+		o.q[0] = queued{}
 		o.q = o.q[1:]
-		o.bytes -= len(u.GetJson())
+		o.bytes -= len(next.u.GetJson())
 		o.mu.Unlock()
-		o.deliver(ctx, u)
+		o.deliver(ctx, next.u, next.n)
 	}
 }
 
-func (o *outbox) deliver(ctx context.Context, u *busv1.SessionUpdate) {
-	if err := o.cs.conn.Notify(ctx, "session/update", json.RawMessage(u.GetJson())); err != nil {
+// deliver writes one update. Send writes it on this goroutine when the
+// connection's output is idle (the common case: no hand-off to the
+// writer goroutine); the outbox serves this connection alone, so a peer
+// that stops reading holds only its own outbox, until the write-stall
+// rule closes it.
+func (o *outbox) deliver(ctx context.Context, u *busv1.SessionUpdate, n jsonrpc.Notification) {
+	if err := o.cs.conn.Send(ctx, n); err != nil {
 		o.g.log.Debug("update not delivered", zap.String("conn", o.cs.id), zap.Error(err))
 		return
 	}

@@ -62,12 +62,12 @@ func TestOutboxBacklogBounded(t *testing.T) {
 	o := newOutbox(g, &connState{id: "conn-t", conn: conn})
 	chunk := &busv1.SessionUpdate{Json: strings.Repeat("x", 1<<20)}
 	for range maxOutboxBytes >> 20 {
-		o.push(chunk)
+		o.push(chunk, jsonrpc.Notification{})
 	}
 	if o.bytes != maxOutboxBytes || len(o.q) != maxOutboxBytes>>20 {
 		t.Fatalf("queued %d bytes in %d updates", o.bytes, len(o.q))
 	}
-	o.push(chunk) // one past the bound
+	o.push(chunk, jsonrpc.Notification{}) // one past the bound
 	g.wg.Wait()
 	if !closed(conn.Done()) {
 		t.Fatal("the connection is still open past its backlog bound")
@@ -75,7 +75,7 @@ func TestOutboxBacklogBounded(t *testing.T) {
 	if o.bytes != 0 || len(o.q) != 0 || !o.done {
 		t.Fatalf("backlog kept: %d bytes, %d updates", o.bytes, len(o.q))
 	}
-	o.push(chunk)
+	o.push(chunk, jsonrpc.Notification{})
 	if len(o.q) != 0 {
 		t.Fatal("an update was queued after the close")
 	}

@@ -1,6 +1,7 @@
 package jsonrpc
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -602,12 +603,7 @@ func marshalResult(v any) (json.RawMessage, error) {
 // compactJSON reports whether b is valid JSON with no LF, fit to be sent
 // as is.
 func compactJSON(b []byte) bool {
-	for _, c := range b {
-		if c == '\n' {
-			return false
-		}
-	}
-	return json.Valid(b)
+	return bytes.IndexByte(b, '\n') < 0 && valid(b)
 }
 
 func marshalParams(params any) (json.RawMessage, error) {
@@ -737,6 +733,52 @@ func (c *Conn) Notify(ctx context.Context, method string, params any) error {
 	err = c.enqueue(ctx, b)
 	putScratch(bp, b)
 	return err
+}
+
+// Notification is one notification frame encoded once, to be sent on any
+// number of connections (a session update fanned out to every connection
+// attached to the session): the params are checked and the frame built
+// once, not once per connection. It is immutable.
+type Notification struct{ frame []byte }
+
+// EncodeNotification builds a notification of method with params (like
+// Notify's: nil for none, a json.RawMessage taken as it is when compact
+// and valid, anything else marshalled).
+func EncodeNotification(method string, params any) (Notification, error) {
+	raw, err := marshalParams(params)
+	if err != nil {
+		return Notification{}, err
+	}
+	return Notification{frame: appendRequest(nil, nil, method, raw)}, nil
+}
+
+// Send sends n. Like Notify it keeps the order of the calls that returned
+// and waits for room past Options.MaxPendingBytes; unlike Notify, when
+// nothing else is queued or being written it writes n on the calling
+// goroutine (as responses are), sparing the hand-off to the writer
+// goroutine. The caller must therefore be a goroutine this connection's
+// peer may hold, up to Options.WriteStallTimeout: one serving this
+// connection alone.
+func (c *Conn) Send(ctx context.Context, n Notification) error {
+	if len(n.frame) == 0 {
+		return fmt.Errorf("%w: empty notification", ErrInvalidFrame)
+	}
+	bp := scratchPool.Get().(*[]byte)
+	b := append((*bp)[:0], n.frame...) // writeDirect appends the LF
+	defer putScratch(bp, b)
+	if c.writeDirect(b) {
+		return c.writeErr()
+	}
+	return c.enqueue(ctx, n.frame)
+}
+
+// writeErr is nil while the connection is open, else why it closed (a
+// direct write that failed closed it).
+func (c *Conn) writeErr() error {
+	if c.isClosed() {
+		return c.closedErr()
+	}
+	return nil
 }
 
 // Call sends a request with the id zc-out-<n> (n counting from 0 on this

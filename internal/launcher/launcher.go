@@ -27,6 +27,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/service"
 	"github.com/clawmesh/clawmesh/internal/stack"
+	"github.com/clawmesh/clawmesh/internal/startpages"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
 
@@ -232,6 +233,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	fmt.Fprintf(cfg.Out, "clawmesh %s is up\nsocket: %s\n", cfg.DataDir, socket)
 	log.Info("stack up", zap.String("socket", socket), zap.String("data_dir", cfg.DataDir))
+	startpages.Release()
 
 	<-stopCtx.Done()
 	cause := context.Cause(stopCtx)

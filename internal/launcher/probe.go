@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -24,7 +26,13 @@ type healthProbe struct {
 }
 
 func newHealthProbe(addr string) (*healthProbe, error) {
-	cc, err := grpcclient.Dial(addr)
+	// At start the socket appears moments after the process: retry the
+	// connection within milliseconds (a failed connect to a local socket
+	// costs microseconds), not after grpcclient's 50 ms-and-growing backoff.
+	cc, err := grpcclient.Dial(addr, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.5, Jitter: 0.2, MaxDelay: 250 * time.Millisecond},
+		MinConnectTimeout: 2 * time.Second,
+	}))
 	if err != nil {
 		return nil, err
 	}
@@ -52,6 +60,27 @@ func (h *healthProbe) probe(ctx context.Context) (bool, error) {
 }
 
 func (h *healthProbe) close() { h.cc.Close() }
+
+// watch follows the process's health with the Watch stream, which the
+// server answers at once and then at every change; the call waits for the
+// connection (WaitForReady), so the first answer comes as soon as the
+// process listens.
+func (h *healthProbe) watch(ctx context.Context, changed func()) {
+	for ctx.Err() == nil {
+		stream, err := h.hc.Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		for err == nil {
+			if _, err = stream.Recv(); err == nil {
+				changed()
+			}
+		}
+		// The process went away or refused the stream: ask again shortly
+		// (the tick probes meanwhile).
+		select {
+		case <-ctx.Done():
+		case <-time.After(readyTick):
+		}
+	}
+}
 
 // postgresProbe asks the private cluster for a connection.
 type postgresProbe struct{ c *pgcluster.Prepared }

@@ -38,6 +38,9 @@ const (
 	probeEvery = time.Second
 	// waitLogEvery is how often a start that waits says what for.
 	waitLogEvery = 3 * time.Second
+	// readyTick is how often waitReady asks a process that does not
+	// notify (PostgreSQL: a connection attempt on a local socket).
+	readyTick = 10 * time.Millisecond
 )
 
 // prober asks a process whether it is alive and ready.
@@ -47,6 +50,15 @@ type prober interface {
 	// not.
 	probe(ctx context.Context) (answered bool, err error)
 	close()
+}
+
+// watcher is a prober that can tell, without being asked, when its
+// process's readiness may have changed: waitReady then probes at once
+// instead of at its next tick.
+type watcher interface {
+	// watch calls changed each time the readiness may have changed, until
+	// ctx ends.
+	watch(ctx context.Context, changed func())
 }
 
 // proc is one supervised process.
@@ -350,8 +362,28 @@ func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs [
 	start := time.Now()
 	deadline := time.NewTimer(limit)
 	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
+	// gRPC processes notify (their health Watch stream); the tick is for
+	// the others (PostgreSQL) and a fallback.
+	tick := time.NewTicker(readyTick)
 	defer tick.Stop()
+	kick := make(chan struct{}, 1)
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	defer func() { stopWatching(); watching.Wait() }()
+	for _, p := range procs {
+		if w, ok := p.probe.(watcher); ok {
+			watching.Add(1)
+			go func() {
+				defer watching.Done()
+				w.watch(watchCtx, func() {
+					select {
+					case kick <- struct{}{}:
+					default:
+					}
+				})
+			}()
+		}
+	}
 	lastLog := start
 	pending := append([]*proc(nil), procs...)
 	why := make(map[*proc]error, len(procs))
@@ -397,6 +429,7 @@ func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs [
 			}
 			return errors.Join(errs...)
 		case <-tick.C:
+		case <-kick:
 		}
 	}
 }

@@ -35,8 +35,10 @@ import (
 	"github.com/clawmesh/clawmesh/internal/logging"
 	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/pg"
+	"github.com/clawmesh/clawmesh/internal/profiling"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/stack"
+	"github.com/clawmesh/clawmesh/internal/startpages"
 )
 
 // Causes of the base context's cancellation.
@@ -82,6 +84,10 @@ type Spec struct {
 	// env.Server.GRPC. It may start goroutines with env.Go and add closers
 	// with env.OnClose.
 	Register func(ctx context.Context, env *Env) error
+	// KeepStartupPages leaves mapped the pages of the binary that start-up
+	// touched (see internal/startpages), which every other process gives
+	// back once it serves.
+	KeepStartupPages bool
 	// Run, when set, is the process's own work beside the gRPC server (the
 	// gateway serves its socket). It runs once the process serves; when it
 	// returns the process stops with its result, and ctx's cancellation
@@ -223,6 +229,15 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+	stopProfile, err := profiling.Start(spec.Name)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := stopProfile(); err != nil {
+			log.Warn("profiles not written", zap.Error(err))
+		}
+	}()
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -295,6 +310,11 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}
 	env.Server.SetServing(spec.HealthNames...)
 	log.Info("serving", zap.String("listen", o.listen), zap.String("data_dir", o.dataDir))
+	if !spec.KeepStartupPages {
+		// Start-up is over: its pages of the binary go back (see
+		// startpages).
+		startpages.Release()
+	}
 
 	serveErr := make(chan error, 1)
 	go func() {

@@ -34,6 +34,9 @@ type row struct {
 	// AtMost: the figure must be at most Target (latencies, overheads);
 	// else at least (throughputs).
 	AtMost bool
+	// Absolute: Target applies to the Subject's own value (MB, ms); the
+	// Baseline and the ratio are shown beside it for scale.
+	Absolute bool
 }
 
 // results maps "bench unit" to the values seen (one per run).
@@ -104,16 +107,18 @@ func render(w io.Writer, rows []row, res results) (met, measured int) {
 				measured--
 				continue
 			}
-			figure = now / b
 			base = format(b) + " " + r.Baseline.Unit
-			ratio = format(figure) + "×"
+			ratio = format(now/b) + "×"
+			if !r.Absolute {
+				figure = now / b
+			}
 		}
 		cmp, ok := "≥", figure >= r.Target
 		if r.AtMost {
 			cmp, ok = "≤", figure <= r.Target
 		}
 		target := cmp + " " + format(r.Target)
-		if r.Baseline.Bench != "" {
+		if r.Baseline.Bench != "" && !r.Absolute {
 			target += "×"
 		} else {
 			target += " " + r.Subject.Unit

@@ -11,6 +11,7 @@ BenchmarkSocket/health/clients=64-2       	  200000	      6000 ns/op	    170000 
 BenchmarkSocket/health/clients=64-2       	  200000	      6000 ns/op	    150000 req/s	       350 p50_us
 BenchmarkSocket/health/clients=64-2       	  200000	      6000 ns/op	    180000 req/s	       350 p50_us
 BenchmarkFuelOverhead-2   	     300	   1 ns/op	 1.7 ratio
+BenchmarkIdleFootprint-2   	       3	4947707347 ns/op	        11.25 baseline_MB	        14.84 ratio	       167.0 stack_MB
 PASS
 `
 
@@ -24,6 +25,7 @@ func TestTable(t *testing.T) {
 		{Work: "health", Subject: sel{"BenchmarkSocket/health/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.8},
 		{Work: "fuel", Subject: sel{"BenchmarkFuelOverhead", "ratio"}, Target: 1.5, AtMost: true},
 		{Work: "absent", Subject: sel{"BenchmarkNothing", "x"}, Target: 1},
+		{Work: "footprint", Subject: sel{"BenchmarkIdleFootprint", "stack_MB"}, Baseline: sel{"BenchmarkIdleFootprint", "baseline_MB"}, Target: 100, AtMost: true, Absolute: true},
 	}, res)
 	out := b.String()
 	// The median of three health runs (170000) over the echo baseline.
@@ -31,12 +33,14 @@ func TestTable(t *testing.T) {
 		"| health | 170000 req/s | 200000 req/s | 0.85× | ≥ 0.80× | ok |",
 		"| fuel | 1.70 ratio |  |  | ≤ 1.50 ratio | below target |",
 		"| absent | not measured |",
+		// An absolute target, the baseline beside it for scale.
+		"| footprint | 167 stack_MB | 11.2 baseline_MB | 14.8× | ≤ 100 stack_MB | below target |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	if met != 1 || measured != 2 {
+	if met != 1 || measured != 3 {
 		t.Errorf("met %d of %d", met, measured)
 	}
 }

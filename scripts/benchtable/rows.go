@@ -1,7 +1,8 @@
 package main
 
 // Rows is the performance picture: every benchmark with a target, next to
-// its baseline from the same run.
+// its baseline from the same run. docs/performance.md explains each row and
+// where its target comes from (issues 17 and 11).
 var Rows = []row{
 	{Work: "health in the gateway, 64 clients (req/s)",
 		Subject: sel{"BenchmarkSocket/health/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.8},
@@ -24,5 +25,13 @@ var Rows = []row{
 	{Work: "fuel metering on a CPU loop, Go guest (metered/unmetered)",
 		Subject: sel{"BenchmarkFuelOverhead", "ratio"}, Target: 1.5, AtMost: true},
 	{Work: "Go plugin tool call, fresh instance, p50 (µs)",
-		Subject: sel{"BenchmarkEchoCall/fresh", "p50-us"}, Target: 300, AtMost: true},
+		Subject: sel{"BenchmarkEchoCall/paced", "p50-us"}, Target: 300, AtMost: true},
+	{Work: "hand-assembled (WAT-level) plugin tool call, fresh instance, p50 (µs)",
+		Subject: sel{"BenchmarkMinimalCall", "p50-us"}, Target: 100, AtMost: true},
+	{Work: "idle footprint: launcher, gateway, five services (MB RSS)",
+		Subject: sel{"BenchmarkIdleFootprint", "stack_MB"}, Baseline: sel{"BenchmarkIdleFootprint", "baseline_MB"}, Target: 100, AtMost: true, Absolute: true},
+	{Work: "clawmesh up on an existing data dir -> first initialize (ms)",
+		Subject: sel{"BenchmarkStartup", "startup_ms"}, Baseline: sel{"BenchmarkStartup", "pg_start_ms"}, Target: 1000, AtMost: true, Absolute: true},
+	{Work: "clawmesh up, first run, initdb included (ms)",
+		Subject: sel{"BenchmarkStartup", "first_run_ms"}, Target: 2000, AtMost: true},
 }

@@ -98,7 +98,9 @@ func (s *Server) Status(ctx context.Context, req *sessionv1.StatusRequest) (*ses
 	if err := requirePrincipal(req.GetPrincipal()); err != nil {
 		return nil, err
 	}
-	open, err := s.store.openSessions(ctx)
+	// A read shared with the Status calls that arrived with this one,
+	// never one that started before this call did.
+	open, err := s.openReads.do(ctx, s.store.openSessions)
 	if err != nil {
 		return nil, err
 	}

@@ -138,6 +138,10 @@ type Server struct {
 	// mu guards lives (and each entry's refs and lastUsed) and closed; wg
 	// counts every turn goroutine, added under mu so none starts after
 	// Shutdown began waiting.
+	// openReads shares the open-sessions query among concurrent Status
+	// calls (status is polled by every client).
+	openReads coalesced[[]openSession]
+
 	mu       sync.Mutex
 	lives    map[string]*liveSession
 	closed   bool
@@ -155,6 +159,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB}, nc: cfg.NATS,
 		providers: defaultProviders(), lives: map[string]*liveSession{},
+		openReads: coalesced[[]openSession]{timeout: 10 * time.Second},
 		stopSweep: make(chan struct{}), swept: make(chan struct{}),
 	}
 	for name, f := range cfg.Providers {

@@ -78,6 +78,71 @@ func TestFuelCountsExactly(t *testing.T) {
 	}
 }
 
+// The counter is charged exactly at every segment but tested only at the
+// function's entry and at loop headers: a budget spent in straight-line
+// code is charged to the same count as when every segment tested it, and
+// the call returns with the counter negative (the host reports that as
+// exhaustion); a loop traps at its next header with the same count.
+func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
+	var b wb.Builder
+	ty := b.Type(nil, nil)
+	// Segments: [i32.const 1; if] 2 (entry: tested), [nop; nop; end] 3,
+	// [nop; nop; nop; end] 4: 9 in all.
+	straight := b.Func(ty, nil, []byte{0x41, 0x01, 0x04, 0x40, 0x01, 0x01, 0x0b, 0x01, 0x01, 0x01, 0x0b})
+	b.ExportFunc("straight", straight)
+	out, rep, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.FuelCharges != 3 {
+		t.Fatalf("charges = %d, want 3", rep.FuelCharges)
+	}
+	mod := instantiate(t, out)
+	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	f := mod.ExportedFunction("straight")
+	ctx := context.Background()
+	for budget := int64(0); budget <= 12; budget++ {
+		fuel.Set(uint64(budget))
+		_, err := f.Call(ctx)
+		left := int64(fuel.Get())
+		switch {
+		case budget < 2:
+			// The entry segment's test traps before anything else runs.
+			if err == nil || left != budget-2 {
+				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-2)
+			}
+		default:
+			// Past the entry, no test: the call returns, charged exactly.
+			if err != nil || left != budget-9 {
+				t.Errorf("budget %d: err %v, left %d; want a return with %d", budget, err, left, budget-9)
+			}
+		}
+	}
+
+	// spin's loop body is tested at every iteration: a budget k short of
+	// the need traps in the iteration that spends it, as before.
+	out, _, err = wasmbin.Prepare(spinModule(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod = instantiate(t, out)
+	fuel = mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	spin := mod.ExportedFunction("spin")
+	for _, short := range []int64{1, 4, 5, 6, 250} {
+		budget := 1 + 5*100 - short
+		fuel.Set(uint64(budget))
+		if _, err := spin.Call(ctx, 100); err == nil {
+			t.Fatalf("short by %d: no trap", short)
+		}
+		// Iterations paid in full: (budget-1)/5; the next one's charge
+		// makes the counter negative and its header test traps.
+		want := budget - 1 - 5*((budget-1)/5+1)
+		if left := int64(fuel.Get()); left != want {
+			t.Errorf("short by %d: counter %d after the trap, want %d", short, left, want)
+		}
+	}
+}
+
 func TestTableLimits(t *testing.T) {
 	build := func(min, max uint32, hasMax, grow bool) []byte {
 		var b wb.Builder

@@ -177,12 +177,23 @@ func (in *instance) invoke(ctx context.Context, f *frame, body func(context.Cont
 	if err == nil && ctx.Err() != nil {
 		err = ctx.Err() // the context is checked after every call
 	}
+	if err == nil && in.fuelLeft() < 0 {
+		// The guest tests its counter at loop headers and function
+		// entries only (wasmbin): a call whose budget ran out in its last
+		// straight-line stretch returns normally, and is exhausted all
+		// the same.
+		err = errFuelSpent
+	}
 	if err != nil {
 		in.broken = true
 		return nil, in.classify(ctx, err, fired)
 	}
 	return out, nil
 }
+
+// errFuelSpent is what a call that returned with its counter negative
+// failed with (classify turns it into ErrFuelExhausted).
+var errFuelSpent = errors.New("fuel counter negative after the call")
 
 func (in *instance) fuelLeft() int64 {
 	if in.fuel == nil {

@@ -169,7 +169,14 @@ func (h *Host) withMetadataInstance(ctx context.Context, c *compiled, fn func(co
 
 func (in *instance) checkVersion(ctx context.Context) error {
 	fn := in.mod.ExportedFunction(abi.ExportABIVersion)
-	res, err := fn.Call(ctx)
+	var res []uint64
+	// Under the call's budget like any export: the counter holds what
+	// _initialize left, or nothing in a guest without one.
+	_, err := in.invoke(ctx, nil, func(ctx context.Context) ([]byte, error) {
+		var err error
+		res, err = fn.Call(ctx)
+		return nil, err
+	})
 	if err != nil {
 		return fmt.Errorf("%w: clawmesh_abi_version: %w", ErrABI, err)
 	}

@@ -1,0 +1,100 @@
+package jsonrpc
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// validSeeds cover every branch of the grammar, the depth limit and the
+// places the eight-byte string loop hands over to the byte loop.
+var validSeeds = []string{
+	``, ` `, `0`, `-0`, `01`, `-`, `1.`, `1.5`, `1e`, `1e+`, `1E-7`, `-12.5e10`, `.5`, `+1`,
+	`true`, `tru`, `truex`, `false`, `null`, `nul`, `nulls`,
+	`""`, `"a"`, `"abcdefgh"`, `"abcdefghi"`, `"abcdefg\"`, `"\u00e9"`, `"\u00g9"`, `"\u00e"`, `"\x"`, `"\/\b\f\n\r\t"`,
+	"\"tab\there\"", "\"nul\x00\"", "\"\xff\xfe invalid utf-8\"", "\"\x1f\"", "\"\x7f\"", `"unterminated`,
+	`{}`, `{ }`, `[]`, `[ ]`, `{"a":1}`, `{"a" : 1 , "b":[1,2,{"c":null}]}`, `{"a"}`, `{"a":}`, `{,}`, `{"a":1,}`,
+	`[1,]`, `[,1]`, `[1 2]`, `{1:2}`, `{"a":1]`, `[1}`, `[[[]]]`, `[[[]]`, `{} {}`, ` {} `, "\t\r\n[\n]\n", `]`, `}`,
+	strings.Repeat("[", 10000) + strings.Repeat("]", 10000),
+	strings.Repeat("[", 10001) + strings.Repeat("]", 10001),
+	`{"jsonrpc":"2.0","method":"file/upload/chunk","params":{"upload_id":"x","offset":0,"data_b64":"` +
+		base64.StdEncoding.EncodeToString([]byte(strings.Repeat("chunk data ", 30))) + `"},"id":3}`,
+}
+
+func TestValidMatchesEncodingJSON(t *testing.T) {
+	for _, s := range validSeeds {
+		if got, want := valid([]byte(s)), json.Valid([]byte(s)); got != want {
+			t.Errorf("valid(%.60q) = %v, json.Valid says %v", s, got, want)
+		}
+	}
+	// Every byte value at every position of an eight-byte window, inside a
+	// string long enough for the fast loop.
+	for c := 0; c < 256; c++ {
+		for pos := 0; pos < 17; pos++ {
+			body := []byte(strings.Repeat("x", 24))
+			body[pos] = byte(c)
+			s := append(append([]byte(`"`), body...), '"')
+			if got, want := valid(s), json.Valid(s); got != want {
+				t.Errorf("byte %#x at %d: valid %v, json.Valid %v", c, pos, got, want)
+			}
+		}
+	}
+}
+
+// FuzzValid holds valid to json.Valid on any input.
+func FuzzValid(f *testing.F) {
+	for _, s := range validSeeds {
+		f.Add([]byte(s))
+	}
+	for _, s := range fuzzSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if got, want := valid(data), json.Valid(data); got != want {
+			t.Fatalf("valid(%q) = %v, json.Valid says %v", data, got, want)
+		}
+	})
+}
+
+// BenchmarkValid compares valid with json.Valid on a chunk frame (1 MiB of
+// data, base64) and on a small request.
+func BenchmarkValid(b *testing.B) {
+	chunk := []byte(fmt.Sprintf(`{"jsonrpc":"2.0","method":"file/upload/chunk","params":{"upload_id":"0123456789abcdef0123456789abcdef","offset":0,"data_b64":%q},"id":3}`,
+		base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0xa5, 0x17, 0x3c}, 1<<20/3))))
+	small := []byte(`{"jsonrpc":"2.0","method":"session/prompt","params":{"session_id":"sess-0123456789","prompt":"hello there"},"id":7}`)
+	for _, c := range []struct {
+		name  string
+		frame []byte
+	}{{"chunk", chunk}, {"small", small}} {
+		b.Run(c.name+"/valid", func(b *testing.B) {
+			b.SetBytes(int64(len(c.frame)))
+			for range b.N {
+				if !valid(c.frame) {
+					b.Fatal("invalid")
+				}
+			}
+		})
+		b.Run(c.name+"/json.Valid", func(b *testing.B) {
+			b.SetBytes(int64(len(c.frame)))
+			for range b.N {
+				if !json.Valid(c.frame) {
+					b.Fatal("invalid")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkClassify is the whole classification of a small request with a
+// numeric id, the shape of every health or status call.
+func BenchmarkClassify(b *testing.B) {
+	frame := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":12345}`)
+	for range b.N {
+		if m := Classify(frame); m.Kind != KindRequest {
+			b.Fatal(m.Problem)
+		}
+	}
+}

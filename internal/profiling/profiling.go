@@ -1,0 +1,78 @@
+// Package profiling writes a process's CPU, block and mutex profiles to a
+// folder when the environment asks for it, so a benchmark of the whole
+// stack (separate binaries under `clawmesh up`) can be profiled process by
+// process. It is off unless EnvDir is set: profiling costs CPU and the
+// block profile slows every channel and lock.
+package profiling
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+)
+
+// EnvDir names the folder profiles are written to; each process writes
+// <name>-<pid>.cpu.pprof while it runs and <name>-<pid>.block.pprof,
+// .mutex.pprof and .heap.pprof when it stops (after a graceful stop only:
+// a killed process leaves its CPU profile unfinished).
+const EnvDir = "CLAWMESH_PROFILE_DIR"
+
+// BlockRate is the block profile's sampling: one event per this many
+// nanoseconds blocked. MutexFraction samples one contention event in so
+// many.
+const (
+	BlockRate     = 10_000
+	MutexFraction = 10
+)
+
+// Start begins profiling the process named name when EnvDir is set and
+// returns the function that stops it and writes the profiles; without
+// EnvDir both do nothing.
+func Start(name string) (stop func() error, err error) {
+	dir := os.Getenv(EnvDir)
+	if dir == "" {
+		return func() error { return nil }, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("profile folder: %w", err)
+	}
+	base := filepath.Join(dir, name+"-"+strconv.Itoa(os.Getpid()))
+	cpu, err := os.Create(base + ".cpu.pprof")
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(cpu); err != nil {
+		cpu.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	runtime.SetBlockProfileRate(BlockRate)
+	runtime.SetMutexProfileFraction(MutexFraction)
+	return func() error {
+		pprof.StopCPUProfile()
+		errs := []error{cpu.Close()}
+		for _, p := range []string{"block", "mutex", "heap"} {
+			errs = append(errs, write(base+"."+p+".pprof", p))
+		}
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}, nil
+}
+
+func write(path, profile string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("%s profile: %w", profile, err)
+	}
+	if err := pprof.Lookup(profile).WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("%s profile: %w", profile, err)
+	}
+	return f.Close()
+}
