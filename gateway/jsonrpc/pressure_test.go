@@ -222,7 +222,9 @@ func TestFrameBudget(t *testing.T) {
 	budget.mu.Lock()
 	peak, waits := budget.peak, budget.waits
 	budget.mu.Unlock()
-	bound := int64(budgetSize + conns*initialFrameBuf + 4<<20)
+	// 8 MiB of slack for the test's own goroutines and the race
+	// detector's bookkeeping; the code before the budget grew 29 MiB.
+	bound := int64(budgetSize + conns*initialFrameBuf + 8<<20)
 	t.Logf("peak reserved %.1f MiB of %.1f, %d waits, peak heap growth %.1f MiB (bound %.1f MiB)",
 		float64(peak)/(1<<20), float64(budgetSize)/(1<<20), waits, float64(growth)/(1<<20), float64(bound)/(1<<20))
 	if peak > budgetSize {
