@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/testenv"
-	"github.com/clawmesh/clawmesh/services/durablebridge/collietest"
 )
 
 // The durable bridge restarts in the middle of an ask: the new start has

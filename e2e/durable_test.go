@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	durablev1 "github.com/clawmesh/clawmesh/proto/clawmesh/durable/v1"
-	"github.com/clawmesh/clawmesh/services/durablebridge/collietest"
 )
 
 // The durable bridge's tests drive it as Collie does, over its private

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/testenv"
-	"github.com/clawmesh/clawmesh/services/durablebridge/collietest"
 	"github.com/clawmesh/clawmesh/services/durablebridge/migrations"
 )
 

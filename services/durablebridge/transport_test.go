@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/services/durablebridge/collietest"
+	"github.com/clawmesh/clawmesh/internal/collietest"
 )
 
 // The private socket's path is refused at start when it is not private,
