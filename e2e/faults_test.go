@@ -519,7 +519,7 @@ func TestInterruptWhileStarting(t *testing.T) {
 	// Nothing listens there: the services wait for their bus.
 	cmd := exec.Command(filepath.Join(bin, "clawmesh"), "up", "--config-dir", dir)
 	cmd.Env = append(os.Environ(), "ZEROCLAW_SOCKET=", "NATS_URL=nats://127.0.0.1:1")
-	var stderr, stdout lockedBuf
+	var stderr, stdout e2e.LockedBuffer
 	cmd.Stderr, cmd.Stdout = &stderr, &stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -622,21 +622,4 @@ func TestStaleClusterIsReplaced(t *testing.T) {
 	if !strings.Contains(s2.Stderr(), "stale postgres cluster removed") {
 		t.Errorf("the launcher did not say it removed the old cluster")
 	}
-}
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

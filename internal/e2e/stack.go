@@ -27,7 +27,7 @@ type Stack struct {
 	BinDir  string
 
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *LockedBuffer
 	exited chan struct{}
 	t      testing.TB
 }
@@ -88,7 +88,7 @@ func LaunchEnv(t testing.TB, bin, dir string, env []string, args ...string) (*St
 	if err != nil {
 		return nil, err
 	}
-	s := &Stack{DataDir: dir, BinDir: bin, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{}), t: t}
+	s := &Stack{DataDir: dir, BinDir: bin, cmd: cmd, stderr: &LockedBuffer{}, exited: make(chan struct{}), t: t}
 	cmd.Stderr = s.stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -202,24 +202,25 @@ func Context(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-type lockedBuffer struct {
+// LockedBuffer collects a child process's output while tests read it.
+type LockedBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
+func (b *LockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *lockedBuffer) String() string {
+func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
 
-func (b *lockedBuffer) tail(n int) string {
+func (b *LockedBuffer) tail(n int) string {
 	s := b.String()
 	if len(s) > n {
 		return s[len(s)-n:]
