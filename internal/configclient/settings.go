@@ -88,6 +88,12 @@ type Agent struct {
 	ContextBudgetTokens int64
 }
 
+// AgentDefaults is an agent with every field at the schema's default.
+func AgentDefaults() Agent {
+	a, _ := Snapshot{Document: map[string]any{"agents": map[string]any{"default": map[string]any{}}}}.Agent("default")
+	return a
+}
+
 // Agent reads agents.<alias>; ok is false when the alias is not
 // configured.
 func (s Snapshot) Agent(alias string) (a Agent, ok bool) {

@@ -4,78 +4,46 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
-	"github.com/clawmesh/clawmesh/internal/configschema"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
 // DefaultAgentAlias is the agent that exists out of the box.
 const DefaultAgentAlias = "default"
 
-// Defaults of an agent's settings.
-const (
-	DefaultApprovalTimeout = 120 * time.Second
-	DefaultProviderTimeout = 60 * time.Second
-)
-
-// AgentConfig is one agents.<alias> entry of the config document.
+// AgentConfig is one agents.<alias> entry of the config document, as
+// configclient reads it, with the secret the session service reveals.
 type AgentConfig struct {
-	Alias string
-	// Provider names the provider: "scripted" or "openai".
-	Provider     string
-	Model        string
-	BaseURL      string
-	APIKey       string
-	SystemPrompt string
-	// Tools, when non-empty, limits the tools the agent is offered.
-	Tools []string
-	// ApprovalRequired lists the tools whose calls wait for a decision.
-	ApprovalRequired []string
-	// ApprovalTimeout is how long a call waits before it is denied
-	// (agents.<alias>.approval_timeout_secs).
-	ApprovalTimeout time.Duration
-	// Timeout bounds the wait for a provider's response and for each
-	// streamed chunk after it (agents.<alias>.timeout_secs).
-	Timeout time.Duration
-	// ContextBudgetTokens bounds the retained context, in estimated
-	// tokens (agents.<alias>.context_budget_tokens; see estimateTokens).
-	ContextBudgetTokens int64
+	configclient.Agent
+	// APIKey is agents.<alias>.api_key, revealed for an openai agent.
+	APIKey string
 }
 
 // DefaultAgent is the built-in default agent: the scripted provider, no
 // tool needing approval.
 func DefaultAgent() AgentConfig {
-	return AgentConfig{Alias: DefaultAgentAlias, Provider: ProviderScripted}.withDefaults()
+	return AgentConfig{Agent: configclient.Agent{Alias: DefaultAgentAlias, Provider: ProviderScripted}}.withDefaults()
 }
 
+// withDefaults fills what a caller left unset (tests and StaticAgents
+// build agents by hand) with the schema's defaults, as configclient does.
 func (a AgentConfig) withDefaults() AgentConfig {
+	d := configclient.AgentDefaults()
 	if a.ApprovalTimeout <= 0 {
-		a.ApprovalTimeout = DefaultApprovalTimeout
+		a.ApprovalTimeout = d.ApprovalTimeout
 	}
 	if a.Timeout <= 0 {
-		a.Timeout = DefaultProviderTimeout
+		a.Timeout = d.Timeout
 	}
 	if a.ContextBudgetTokens <= 0 {
-		a.ContextBudgetTokens = defaultContextBudget()
+		a.ContextBudgetTokens = d.ContextBudgetTokens
 	}
 	return a
-}
-
-// defaultContextBudget is the schema's default of
-// agents.<alias>.context_budget_tokens.
-func defaultContextBudget() int64 {
-	p, err := configschema.Lookup("agents." + DefaultAgentAlias + ".context_budget_tokens")
-	if err != nil {
-		panic("session: the config schema has no agents.*.context_budget_tokens: " + err.Error())
-	}
-	n, _ := p.Default.(int)
-	return int64(n)
 }
 
 func (a AgentConfig) needsApproval(tool string) bool {
@@ -161,11 +129,7 @@ func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, er
 		}
 		return AgentConfig{}, fmt.Errorf("%w: %s", ErrUnknownAgent, alias)
 	}
-	a := AgentConfig{
-		Alias: alias, Provider: entry.Provider, Model: entry.Model, BaseURL: entry.BaseURL, SystemPrompt: entry.SystemPrompt,
-		Tools: entry.Tools, ApprovalRequired: entry.ApprovalRequired, ApprovalTimeout: entry.ApprovalTimeout, Timeout: entry.Timeout,
-		ContextBudgetTokens: entry.ContextBudgetTokens,
-	}.withDefaults()
+	a := AgentConfig{Agent: entry}.withDefaults()
 	if a.Provider == ProviderOpenAI {
 		rev, err := c.Client.Reveal(ctx, &configv1.RevealRequest{Prop: "agents." + alias + ".api_key"})
 		switch {

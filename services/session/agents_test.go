@@ -59,7 +59,7 @@ func TestConfigAgents(t *testing.T) {
 	}
 	gpt, err := agents.Agent(ctx, "gpt")
 	if err != nil || gpt.Provider != ProviderOpenAI || gpt.Model != "gpt-x" || gpt.APIKey != "sk-real" || gpt.SystemPrompt != "be brief" ||
-		!gpt.offers("echo") || gpt.offers("other") || gpt.Timeout != 2*time.Second || gpt.ApprovalTimeout != DefaultApprovalTimeout {
+		!gpt.offers("echo") || gpt.offers("other") || gpt.Timeout != 2*time.Second || gpt.ApprovalTimeout != 120*time.Second {
 		t.Fatalf("gpt: %+v %v", gpt, err)
 	}
 	if _, err := agents.Agent(ctx, "ghost"); !errors.Is(err, ErrUnknownAgent) {

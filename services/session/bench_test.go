@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -100,7 +101,7 @@ func BenchmarkChunkToNATS(b *testing.B) {
 	h := newHarness(b, func(c *Config) {
 		c.Providers = map[string]ProviderFactory{"paced": func(AgentConfig) (Provider, error) { return pacedProvider{}, nil }}
 	})
-	h.agents.Set(AgentConfig{Alias: "paced", Provider: "paced"})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "paced", Provider: "paced"}})
 
 	for _, n := range []int{1, 10, 100} {
 		ids := make([]string, n)

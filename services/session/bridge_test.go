@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -46,8 +47,8 @@ func approvalOf(t *testing.T, h *harness, id, reqID string) *sessionv1.ApprovalV
 // reported afterwards, with its surface.
 func TestBridgeApprovalViews(t *testing.T) {
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 30 * time.Second})
-	h.agents.Set(AgentConfig{Alias: "hasty", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 300 * time.Millisecond})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 30 * time.Second}})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "hasty", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 300 * time.Millisecond}})
 	id := h.newSession(alice, "guarded")
 	rec := h.record(id)
 
@@ -113,7 +114,7 @@ func TestBridgeApprovalViews(t *testing.T) {
 // the approval the turn waited on reads cancelled.
 func TestBridgeStartAndCancelTurn(t *testing.T) {
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 30 * time.Second})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 30 * time.Second}})
 	id := h.newSession(operator, "guarded")
 	rec := h.record(id)
 	ctx, cancel := context.WithCancel(context.Background())

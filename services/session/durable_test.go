@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -156,7 +157,7 @@ func TestCrashMidTurnIsRecovered(t *testing.T) {
 // unanswered call.
 func TestCrashDuringToolCallIsRecovered(t *testing.T) {
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}}})
 	id := h.newSession(alice, "guarded")
 	rec := h.record(id)
 	h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say calling\n/tool echo {\"a\":1}"})
@@ -255,7 +256,7 @@ func TestOpenAIGivenEarlierToolResults(t *testing.T) {
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Alias: "gpt", Provider: ProviderOpenAI, BaseURL: srv.URL + "/v1", Model: "m"})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "gpt", Provider: ProviderOpenAI, BaseURL: srv.URL + "/v1", Model: "m"}})
 	id := h.newSession(alice, "gpt")
 	h.prompt(alice, id, "first")
 	h.prompt(alice, id, "second")
@@ -289,7 +290,7 @@ func TestTrimRetainedContext(t *testing.T) {
 	// The prompt "/say" and seven words is 14 estimated tokens, its answer
 	// 13; a prompt that thinks first, 20. The third turn's context (74)
 	// passes 70: the first turn goes.
-	h.agents.Set(AgentConfig{Alias: "tiny", Provider: ProviderScripted, ContextBudgetTokens: 70, SystemPrompt: "RUNTIME-SYSTEM-PROMPT"})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "tiny", Provider: ProviderScripted, ContextBudgetTokens: 70, SystemPrompt: "RUNTIME-SYSTEM-PROMPT"}})
 	id := h.newSession(alice, "tiny")
 	rec := h.record(id)
 	const say = "/say aaaa bbbb cccc dddd eeee ffff gggg"

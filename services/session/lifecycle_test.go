@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
@@ -74,7 +75,7 @@ func TestKillCancelsBeforeItWrites(t *testing.T) {
 func TestDeleteRemovesEveryRow(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}}})
 	id := h.newSession(alice, "guarded")
 	rec := h.record(id)
 	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say hi\n/tool echo {}"})
@@ -222,7 +223,7 @@ func TestIdleLiveSessionsEvicted(t *testing.T) {
 	touched := rec.until(UpdateTurnComplete)
 	lastSeq[ids[0]] = touched[len(touched)-1].Seq
 
-	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}}})
 	asking, running := h.newSession(alice, "guarded"), h.newSession(alice, "default")
 	askRec, runRec := h.record(asking), h.record(running)
 	askRes := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: asking, Prompt: "/tool echo {}"})

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -78,7 +79,7 @@ func TestOpenAIProvider(t *testing.T) {
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Alias: "gpt", Provider: ProviderOpenAI, BaseURL: srv.URL + "/v1/", Model: "test-model", APIKey: "sk-test", SystemPrompt: "be brief"})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "gpt", Provider: ProviderOpenAI, BaseURL: srv.URL + "/v1/", Model: "test-model", SystemPrompt: "be brief"}, APIKey: "sk-test"})
 	id := h.newSession(alice, "gpt")
 	rec := h.record(id)
 	res := h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "say hello and echo hi"})
@@ -161,7 +162,7 @@ func TestOpenAIProviderFailures(t *testing.T) {
 	t.Cleanup(srv.Close)
 	h := newHarness(t)
 	agent := func(alias, path string, timeout time.Duration) string {
-		h.agents.Set(AgentConfig{Alias: alias, Provider: ProviderOpenAI, BaseURL: srv.URL + path, Model: "m", Timeout: timeout})
+		h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: alias, Provider: ProviderOpenAI, BaseURL: srv.URL + path, Model: "m", Timeout: timeout}})
 		return h.newSession(alice, alias)
 	}
 
@@ -176,7 +177,7 @@ func TestOpenAIProviderFailures(t *testing.T) {
 		t.Run(tc.alias, func(t *testing.T) {
 			id := agent(tc.alias, tc.path, 300*time.Millisecond)
 			if tc.alias == "nobody" {
-				h.agents.Set(AgentConfig{Alias: tc.alias, Provider: ProviderOpenAI, BaseURL: "http://127.0.0.1:1/v1", Model: "m"})
+				h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: tc.alias, Provider: ProviderOpenAI, BaseURL: "http://127.0.0.1:1/v1", Model: "m"}})
 			}
 			rec := h.record(id)
 			resp := h.prompt(alice, id, "hi")
@@ -190,7 +191,7 @@ func TestOpenAIProviderFailures(t *testing.T) {
 		})
 	}
 	t.Run("no model", func(t *testing.T) {
-		h.agents.Set(AgentConfig{Alias: "unset", Provider: ProviderOpenAI})
+		h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "unset", Provider: ProviderOpenAI}})
 		id := h.newSession(alice, "unset")
 		if resp := h.prompt(alice, id, "hi"); resp.GetOutcome() != outcomeEnum[OutcomeFailed] || !strings.Contains(resp.GetContent(), "agents.unset.model is not set") {
 			t.Fatalf("prompt %v", resp)

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -220,7 +221,7 @@ func TestFailedTurn(t *testing.T) {
 		t.Fatalf("next turn %s", got)
 	}
 	// An agent whose provider is unknown fails its turns, clearly.
-	h.agents.Set(AgentConfig{Alias: "odd", Provider: "telepathy"})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "odd", Provider: "telepathy"}})
 	odd := h.newSession(alice, "odd")
 	if r := h.prompt(alice, odd, "hi"); r.GetOutcome() != outcomeEnum[OutcomeFailed] || r.GetContent() != "Agent `odd` names unknown provider `telepathy`" {
 		t.Fatalf("unknown provider: %v", r)

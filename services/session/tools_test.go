@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -60,8 +61,8 @@ func TestEchoToolTurn(t *testing.T) {
 // decisions wins, allow_always stops asking.
 func TestApprovals(t *testing.T) {
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 30 * time.Second})
-	h.agents.Set(AgentConfig{Alias: "hasty", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 200 * time.Millisecond})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 30 * time.Second}})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "hasty", Provider: ProviderScripted, ApprovalRequired: []string{"echo"}, ApprovalTimeout: 200 * time.Millisecond}})
 	const script = "/tool echo {\"cmd\":\"rm -rf /tmp/x\"}\n/say after"
 
 	// run starts a turn and returns its approval request.
@@ -219,7 +220,7 @@ func TestApprovals(t *testing.T) {
 // words, not reported unknown.
 func TestToolRefusedByPolicySaysSo(t *testing.T) {
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Alias: "narrow", Provider: ProviderScripted, Tools: []string{"other"}})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "narrow", Provider: ProviderScripted, Tools: []string{"other"}}})
 	id := h.newSession(alice, "narrow")
 	rec := h.record(id)
 	h.prompt(alice, id, "/tool echo {}\n/tool nosuch {}")
