@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,5 +87,45 @@ func waitPoolFull(t *testing.T, h *wasmhost.Host, _ *wasmhost.Tool) {
 			t.Fatalf("pool not refilled: %d instances in use, want 2", h.InstancesInUse())
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// Used instances are closed off the callers' path by the host's reaper;
+// Close waits for it, so once Close has returned and the calls racing it
+// have ended, no instance is left: used, pooled or queued for closing.
+func TestCloseWaitsForInstanceTeardown(t *testing.T) {
+	h := newHost(t, wasmhost.Limits{})
+	echo := loadTool(t, h, "echo")
+	const callers = 4
+	var wg sync.WaitGroup
+	var served atomic.Int64
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				_, err := echo.Execute(context.Background(), wasmhost.ToolCall{Args: json.RawMessage(`{"text":"x"}`)})
+				if errors.Is(err, wasmhost.ErrClosed) {
+					return
+				}
+				if err != nil {
+					t.Errorf("execute: %v", err)
+					return
+				}
+				served.Add(1)
+			}
+		}()
+	}
+	for deadline := time.Now().Add(30 * time.Second); served.Load() < 20; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d calls served", served.Load())
+		}
+	}
+	if err := h.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if n := h.InstancesInUse(); n != 0 {
+		t.Fatalf("%d instances left after Close, want 0", n)
 	}
 }
