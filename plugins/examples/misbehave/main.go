@@ -9,6 +9,8 @@
 //	logflood   log "n" records of "size" bytes each (logging queue)
 //	panic      panic (trap)
 //	sleep      sleep "ms" milliseconds in the host (deadline on a host wait)
+//	calls      return how many tool calls this instance has run, this one
+//	           included: always 1 when every call gets a fresh instance
 //
 // The module also exports the channel and memory worlds (worlds.go), so
 // one test guest covers every adapter: there a message or entry whose
@@ -38,6 +40,9 @@ func (misbehave) ParametersSchema() json.RawMessage {
 
 var sink []([]byte)
 
+// calls counts tool_execute calls in this instance (mode "calls").
+var calls int
+
 //go:noinline
 func spin(n int) uint64 {
 	var x uint64 = 1
@@ -55,10 +60,13 @@ func (misbehave) Execute(args json.RawMessage) (tool.Result, error) {
 		Size int    `json:"size"`
 		MS   int    `json:"ms"`
 	}
+	calls++
 	if err := json.Unmarshal(args, &in); err != nil {
 		return tool.Failure("bad arguments"), nil
 	}
 	switch in.Mode {
+	case "calls":
+		return tool.Result{Success: true, Output: strconv.Itoa(calls)}, nil
 	case "loop":
 		x := 0
 		for {

@@ -85,6 +85,11 @@ type compiled struct {
 	spec   *PluginSpec
 	mod    wazero.CompiledModule
 	report wasmbin.Report
+	// callExport, when set, is the export every call of a fresh instance
+	// runs (a tool's tool_execute): newInstance looks it up when it
+	// instantiates, off the call's path (wazero builds a call engine with
+	// its own stack for each lookup).
+	callExport string
 }
 
 // compile rewrites the module (table check, fuel, data merge), compiles it

@@ -29,7 +29,7 @@ type Host struct {
 	mu     sync.Mutex
 	pools  map[*pool]struct{}
 	closed atomic.Bool
-	bg     sync.WaitGroup // asynchronous instance closes
+	reaper reaper // closes used instances off the callers' path
 
 	// Running guest code must never see its module closed under it: an
 	// instance's memory is unmapped on close, and the guest would fault.
@@ -83,6 +83,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	h.logs = newLogQueue(sink, cfg.Logger, cfg.LogIdleReport)
 	h.slots.evict = h.evictIdle
+	h.reaper.start(h, int(cfg.Limits.MaxInstances))
 	return h, nil
 }
 
@@ -96,8 +97,8 @@ func (h *Host) LogStats() LogStats { return h.logs.stats() }
 // persistent).
 func (h *Host) InstancesInUse() int { return h.slots.inUse() }
 
-// Close stops every pool, waits for instance closes and the log drain, and
-// closes the runtime. It is safe to call twice.
+// Close stops every pool, waits for the instance closes queued to the
+// reaper and the log drain, and closes the runtime. It is safe to call twice.
 func (h *Host) Close(ctx context.Context) error {
 	if !h.closed.CompareAndSwap(false, true) {
 		return nil
@@ -128,7 +129,7 @@ func (h *Host) Close(ctx context.Context) error {
 	for _, p := range pools {
 		p.close()
 	}
-	h.bg.Wait()
+	h.reaper.stop()
 	h.logs.close()
 	err := h.rt.Close(ctx)
 	if h.cache != nil {

@@ -35,6 +35,7 @@ type instance struct {
 	fuel    api.MutableGlobal // nil when fuel is disabled
 	alloc   api.Function
 	dealloc api.Function
+	callFn  api.Function // c.callExport, or nil
 	stderr  tailBuffer
 	// sleepDone is the Done channel of the running call, so that WASI sleeps
 	// (poll_oneoff clock waits) end with the call.
@@ -65,11 +66,17 @@ func (h *Host) newInstance(ctx context.Context, c *compiled) (*instance, error) 
 	}
 	mod, err := h.rt.InstantiateModule(ictx, c.mod, cfg)
 	if err != nil {
+		if h.closed.Load() {
+			return nil, ErrClosed // the runtime closed under a call racing Close
+		}
 		return nil, fmt.Errorf("%w: instantiate: %w", ErrInvalidModule, err)
 	}
 	in.mod = mod
 	in.alloc = mod.ExportedFunction(abi.ExportAlloc)
 	in.dealloc = mod.ExportedFunction(abi.ExportDealloc)
+	if c.callExport != "" {
+		in.callFn = mod.ExportedFunction(c.callExport)
+	}
 	if g, ok := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal); ok {
 		in.fuel = g
 	}
@@ -105,7 +112,10 @@ func (in *instance) nanosleep(ns int64) {
 // (nil outside any service frame) and returns the bytes it returns. ctx must
 // carry the call deadline (Host.callContext).
 func (in *instance) call(ctx context.Context, f *frame, export string, arg []byte, release bool) ([]byte, error) {
-	fn := in.mod.ExportedFunction(export)
+	fn := in.callFn
+	if fn == nil || export != in.c.callExport {
+		fn = in.mod.ExportedFunction(export)
+	}
 	if fn == nil {
 		return nil, fmt.Errorf("%w: missing export %q", ErrABI, export)
 	}

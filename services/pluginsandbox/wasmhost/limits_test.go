@@ -140,7 +140,9 @@ func TestFuelIsDeterministic(t *testing.T) {
 	deterministic := func(c *wasmhost.Config) { c.DeterministicWASI = true }
 	h := newHost(t, wasmhost.Limits{CallFuel: 1_000_000_000}, deterministic)
 	bad := loadTool(t, h, "misbehave")
-	call := wasmhost.ToolCall{Args: args(map[string]any{"mode": "spin", "n": 100_000})}
+	// Large enough that half its need still covers _initialize (about 2.9
+	// million units for a Go guest, run under the same per-call budget).
+	call := wasmhost.ToolCall{Args: args(map[string]any{"mode": "spin", "n": 1_000_000})}
 	var used []uint64
 	for i := 0; i < 3; i++ {
 		res, err := bad.Execute(context.Background(), call)
@@ -152,7 +154,7 @@ func TestFuelIsDeterministic(t *testing.T) {
 	if used[0] != used[1] || used[1] != used[2] || used[0] == 0 {
 		t.Fatalf("fuel used across runs = %v, want equal and non-zero", used)
 	}
-	t.Logf("spin(100000) uses %d fuel", used[0])
+	t.Logf("spin(1000000) uses %d fuel", used[0])
 
 	small := newHost(t, wasmhost.Limits{CallFuel: used[0] / 2}, deterministic)
 	bad2 := loadTool(t, small, "misbehave")

@@ -142,13 +142,69 @@ func (h *Host) acquire(ctx context.Context, p *pool) (*instance, error) {
 	return in, nil
 }
 
-// discard closes an instance off the call path and frees its slot.
+// discard hands a used instance to the reaper, which closes it and frees its
+// slot off the caller's path. It never blocks: when the reaper is stopped
+// (Close) or its queue is full, the instance is closed here.
 func (h *Host) discard(in *instance) {
-	h.bg.Add(1)
-	go func() {
-		defer h.bg.Done()
+	if !h.reaper.enqueue(in) {
 		h.discardNow(in)
+	}
+}
+
+// reaper is the one goroutine that closes used instances (closing one
+// unmaps its memory and releases the module: tens of µs that a caller
+// should not wait for), owned by the host: Close stops it and waits until
+// it has closed everything queued.
+type reaper struct {
+	mu      sync.Mutex
+	q       chan *instance
+	stopped bool
+	done    chan struct{}
+}
+
+// maxReaperQueue bounds the queue when plugins.limits.max_instances is
+// larger than the config schema allows (the Limits of a Host built in code).
+const maxReaperQueue = 4096
+
+// start starts the goroutine. Its queue holds one entry per instance slot
+// (every queued instance still holds its slot until it is closed), so with
+// the schema's limits a discard always finds room.
+func (r *reaper) start(h *Host, slots int) {
+	r.q = make(chan *instance, min(slots, maxReaperQueue))
+	r.done = make(chan struct{})
+	go func() {
+		defer close(r.done)
+		for in := range r.q {
+			h.discardNow(in)
+		}
 	}()
+}
+
+// enqueue queues in for closing; false when the reaper is stopped or full.
+func (r *reaper) enqueue(in *instance) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return false
+	}
+	select {
+	case r.q <- in:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop closes the queue and waits until every queued instance is closed.
+// Later discards close their instance themselves.
+func (r *reaper) stop() {
+	r.mu.Lock()
+	if !r.stopped {
+		r.stopped = true
+		close(r.q)
+	}
+	r.mu.Unlock()
+	<-r.done
 }
 
 func (h *Host) discardNow(in *instance) {

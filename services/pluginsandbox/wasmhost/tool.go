@@ -48,6 +48,7 @@ func (h *Host) LoadTool(ctx context.Context, spec PluginSpec) (*Tool, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.callExport = abi.ExportToolExecute
 	t := &Tool{h: h, c: c}
 	if err := h.withMetadataInstance(ctx, c, func(ctx context.Context, in *instance) error {
 		var err error

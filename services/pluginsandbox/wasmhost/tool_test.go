@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -47,5 +50,82 @@ func TestLimitsMustBeNonZero(t *testing.T) {
 		if _, err := wasmhost.New(context.Background(), wasmhost.Config{Limits: l}); !errors.Is(err, wasmhost.ErrInvalidLimits) {
 			t.Errorf("limits %+v: err = %v, want ErrInvalidLimits", l, err)
 		}
+	}
+}
+
+// Every tool call runs in an instance no earlier call touched: the guest
+// counts its calls in a global, and each call sees only itself. Paced calls
+// take pre-instantiated instances from the pool; back-to-back calls drain
+// it and instantiate on the caller's path; both must be fresh.
+func TestEachToolCallGetsAFreshInstance(t *testing.T) {
+	h := newHost(t, wasmhost.Limits{})
+	tool := loadTool(t, h, "misbehave")
+	call := wasmhost.ToolCall{Args: json.RawMessage(`{"mode":"calls"}`)}
+	for _, paced := range []bool{true, false} {
+		for i := 0; i < 6; i++ {
+			if paced {
+				waitPoolFull(t, h, tool)
+			}
+			res, err := tool.Execute(context.Background(), call)
+			if err != nil || !res.Success {
+				t.Fatalf("paced %v, call %d: %+v, %v", paced, i, res, err)
+			}
+			if res.Output != "1" {
+				t.Fatalf("paced %v, call %d: the instance had run %s calls, want 1 (a fresh instance)", paced, i, res.Output)
+			}
+		}
+	}
+}
+
+// waitPoolFull polls until the host holds exactly the tool's pool of
+// pre-instantiated instances (the default PoolSize, 2) and nothing else.
+func waitPoolFull(t *testing.T, h *wasmhost.Host, _ *wasmhost.Tool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for h.InstancesInUse() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not refilled: %d instances in use, want 2", h.InstancesInUse())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Used instances are closed off the callers' path by the host's reaper;
+// Close waits for it, so once Close has returned and the calls racing it
+// have ended, no instance is left: used, pooled or queued for closing.
+func TestCloseWaitsForInstanceTeardown(t *testing.T) {
+	h := newHost(t, wasmhost.Limits{})
+	echo := loadTool(t, h, "echo")
+	const callers = 4
+	var wg sync.WaitGroup
+	var served atomic.Int64
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				_, err := echo.Execute(context.Background(), wasmhost.ToolCall{Args: json.RawMessage(`{"text":"x"}`)})
+				if errors.Is(err, wasmhost.ErrClosed) {
+					return
+				}
+				if err != nil {
+					t.Errorf("execute: %v", err)
+					return
+				}
+				served.Add(1)
+			}
+		}()
+	}
+	for deadline := time.Now().Add(30 * time.Second); served.Load() < 20; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d calls served", served.Load())
+		}
+	}
+	if err := h.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if n := h.InstancesInUse(); n != 0 {
+		t.Fatalf("%d instances left after Close, want 0", n)
 	}
 }
