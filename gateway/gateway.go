@@ -13,8 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/coalesce"
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/ids"
@@ -40,7 +42,9 @@ type Gateway struct {
 	log     *zap.Logger
 	limits  configclient.RPCLimits
 	version string // server_version sent at initialize
-	started time.Time
+	// statusFixed is the part of status's result fixed at start.
+	statusFixed []byte
+	started     time.Time
 
 	config  configv1.ConfigServiceClient
 	session sessionv1.SessionServiceClient
@@ -57,6 +61,12 @@ type Gateway struct {
 	// wg counts every goroutine the gateway starts (spawn): outboxes,
 	// elicitations, asks, the monitor. Run waits for them.
 	wg sync.WaitGroup
+
+	// reads share concurrent identical reads of the same principal (see
+	// status and sessionState): one gRPC call answers every caller that
+	// arrived while the previous one was in flight.
+	statusReads coalesce.Group[string, statusRead]
+	stateReads  coalesce.Group[stateKey, jsonrpc.EncodedJSON]
 
 	clients atomic.Int64
 	mu      sync.Mutex
@@ -126,6 +136,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	if g.version == "" {
 		g.version = version.Version
 	}
+	g.statusFixed = encodeStatusFixed(g.version, cfg.DataDir, cfg.Socket)
 	g.hub = newHub(g.nats, g.log)
 	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
 		g.Close()
@@ -329,8 +340,11 @@ type connState struct {
 	// transport is transportLocal for the local socket (file_methods.go).
 	transport string
 
-	mu          sync.Mutex
-	principal   *commonv1.Principal
+	mu        sync.Mutex
+	principal *commonv1.Principal
+	// readKey is the principal's encoding: reads shared between
+	// connections (Gateway.reads) are shared only under the same one.
+	readKey     string
 	elicitation bool
 	tuiID       string
 	askSub      *nats.Subscription
@@ -340,6 +354,20 @@ func (cs *connState) bind(p *commonv1.Principal, elicitation bool, tuiID string)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.principal, cs.elicitation, cs.tuiID = p, elicitation, tuiID
+	key, err := proto.MarshalOptions{Deterministic: true}.Marshal(p)
+	if err != nil {
+		// A principal the service sent always encodes; should one not,
+		// its reads are shared with nobody.
+		key = []byte(cs.id)
+	}
+	cs.readKey = string(key)
+}
+
+// principalKey is the bound principal and its readKey.
+func (cs *connState) principalKey() (*commonv1.Principal, string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.principal, cs.readKey
 }
 
 // principalOf is the bound principal (nil before initialize).

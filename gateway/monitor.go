@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,9 +47,12 @@ type monitor struct {
 
 	mu    sync.Mutex
 	state map[string]*component
-	// encoded copies of state and of the process sample, renewed by each
-	// poll, for health.
-	stateJSON, procJSON json.RawMessage
+	// procJSON is the last process sample, encoded; record the whole
+	// health record, renewed with every poll and restart notice, so that
+	// a client polling health costs no encoding at all.
+	procJSON, record json.RawMessage
+	// services maps each service to its status word, encoded (status).
+	services json.RawMessage
 }
 
 func newMonitor(interval time.Duration, log *zap.Logger) *monitor {
@@ -55,29 +60,47 @@ func newMonitor(interval time.Duration, log *zap.Logger) *monitor {
 	total := memTotalBytes()
 	m := &monitor{interval: interval, log: log, state: map[string]*component{}, started: now, ramTotal: total}
 	m.procJSON, _ = json.Marshal(sampleProcess(now, total))
-	m.stateJSON = json.RawMessage("{}")
+	m.encodeLocked()
 	return m
 }
 
-// processJSON is the last sample of the gateway's own figures.
-func (m *monitor) processJSON() json.RawMessage {
+// healthJSON is docs/spec.md §5's health record as of the last poll.
+func (m *monitor) healthJSON() json.RawMessage {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.procJSON
+	return m.record
 }
 
-// componentsJSON is the health record of every service, encoded.
-func (m *monitor) componentsJSON() json.RawMessage {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.stateJSON
-}
-
-// encodeLocked renews stateJSON; m.mu is held.
+// encodeLocked renews record; m.mu is held. The record's updated_at
+// and uptime_seconds are those of this moment, when its figures were
+// taken, not of the request that reads it: a record at most one poll
+// interval old says so.
 func (m *monitor) encodeLocked() {
-	if raw, err := json.Marshal(m.state); err == nil {
-		m.stateJSON = raw
+	components, err := json.Marshal(m.state)
+	if err != nil {
+		return
 	}
+	words := make(map[string]string, len(m.state))
+	for name, c := range m.state {
+		words[name] = c.Status
+	}
+	if m.services, err = json.Marshal(words); err != nil {
+		return
+	}
+	now := time.Now().UTC()
+	b := make([]byte, 0, 256+len(components)+len(m.procJSON))
+	b = append(b, `{"pid":`...)
+	b = strconv.AppendInt(b, int64(os.Getpid()), 10)
+	b = append(b, `,"updated_at":"`...)
+	b = now.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","uptime_seconds":`...)
+	b = strconv.AppendInt(b, int64(now.Sub(m.started).Seconds()), 10)
+	b = append(b, `,"components":`...)
+	b = append(b, components...)
+	b = append(b, `,"process":`...)
+	b = append(b, m.procJSON...)
+	b = append(b, '}')
+	m.record = b
 }
 
 func (m *monitor) add(name string, cc *grpc.ClientConn) {
@@ -151,15 +174,11 @@ func (m *monitor) poll(ctx context.Context, t target) {
 	}
 }
 
-// statuses maps each service to its last status word.
-func (m *monitor) statuses() map[string]string {
+// servicesJSON maps each service to its last status word, encoded.
+func (m *monitor) servicesJSON() json.RawMessage {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make(map[string]string, len(m.state))
-	for name, c := range m.state {
-		out[name] = c.Status
-	}
-	return out
+	return m.services
 }
 
 // watchRestarts records the launcher's restart counts.

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -236,15 +237,28 @@ func (g *Gateway) sessionState(ctx context.Context, cs *connState, params json.R
 	if err != nil {
 		return nil, err
 	}
-	resp, err := g.session.State(ctx, &sessionv1.StateRequest{Principal: cs.principalOf(), SessionId: id})
+	p, key := cs.principalKey()
+	// The reply is encoded once for every caller sharing the read.
+	reply, err := g.stateReads.Do(ctx, stateKey{key, id}, func(ctx context.Context) (jsonrpc.EncodedJSON, error) {
+		resp, err := g.session.State(ctx, &sessionv1.StateRequest{Principal: p, SessionId: id})
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(stateReply{SessionID: resp.GetSessionId(), State: stateWords[resp.GetState()], TurnID: resp.GetTurnId()})
+	})
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	out := map[string]any{"session_id": resp.GetSessionId(), "state": stateWords[resp.GetState()]}
-	if resp.GetTurnId() != "" {
-		out["turn_id"] = resp.GetTurnId()
-	}
-	return out, nil
+	return reply, nil
+}
+
+// stateKey is what makes two session/state reads the same read.
+type stateKey struct{ principal, session string }
+
+type stateReply struct {
+	SessionID string `json:"session_id"`
+	State     string `json:"state"`
+	TurnID    string `json:"turn_id,omitempty"`
 }
 
 func (g *Gateway) sessionMessages(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {

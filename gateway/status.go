@@ -16,45 +16,60 @@ import (
 
 // status answers docs/spec.md §5's status; services come from the health monitor.
 func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage) (any, error) {
-	st, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: cs.principalOf()})
+	p, key := cs.principalKey()
+	st, err := g.statusReads.Do(ctx, key, func(ctx context.Context) (statusRead, error) {
+		resp, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: p})
+		if err != nil {
+			return statusRead{}, err
+		}
+		ids := resp.GetSessionIds()
+		if ids == nil {
+			ids = []string{}
+		}
+		enc, err := json.Marshal(ids)
+		return statusRead{active: resp.GetActiveSessions(), ids: enc}, err
+	})
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	ids := st.GetSessionIds()
-	if ids == nil {
-		ids = []string{}
-	}
-	return map[string]any{
-		"server_version":     g.version,
-		"protocol_version":   version.Protocol,
-		"active_sessions":    st.GetActiveSessions(),
-		"session_ids":        ids,
-		"config_dir":         g.cfg.DataDir,
-		"local_ipc_endpoint": g.cfg.Socket,
-		"services":           g.monitor.statuses(),
-	}, nil
-}
-
-// health answers docs/spec.md §5's health: the gateway process and every service.
-// The components and process figures come encoded from the monitor's last
-// poll, and the reply is assembled from them as bytes: a client polling
-// health costs no /proc reads and no re-encoding.
-func (g *Gateway) health(context.Context, *connState, json.RawMessage) (any, error) {
-	now := time.Now().UTC()
-	b := make([]byte, 0, 1024)
-	b = append(b, `{"pid":`...)
-	b = strconv.AppendInt(b, int64(os.Getpid()), 10)
-	b = append(b, `,"updated_at":"`...)
-	b = now.AppendFormat(b, time.RFC3339Nano)
-	b = append(b, `","uptime_seconds":`...)
-	b = strconv.AppendInt(b, int64(now.Sub(g.started).Seconds()), 10)
-	b = append(b, `,"components":`...)
-	b = append(b, g.monitor.componentsJSON()...)
-	b = append(b, `,"process":`...)
-	b = append(b, g.monitor.processJSON()...)
+	services := g.monitor.servicesJSON()
+	b := make([]byte, 0, 64+len(g.statusFixed)+len(services)+len(st.ids))
+	b = append(b, `{"active_sessions":`...)
+	b = strconv.AppendInt(b, st.active, 10)
+	b = append(b, g.statusFixed...)
+	b = append(b, `,"services":`...)
+	b = append(b, services...)
+	b = append(b, `,"session_ids":`...)
+	b = append(b, st.ids...)
 	b = append(b, '}')
 	// Every part is valid JSON of the gateway's own making: no re-check.
 	return jsonrpc.EncodedJSON(b), nil
+}
+
+// statusRead is what status takes from one (shared) Status call, the ids
+// encoded once for every caller sharing it.
+type statusRead struct {
+	active int64
+	ids    json.RawMessage
+}
+
+// encodeStatusFixed encodes the members of status's result that do not
+// change while the gateway runs, between active_sessions and services
+// (the result's members are in the order of their names).
+func encodeStatusFixed(serverVersion, configDir, socket string) []byte {
+	str := func(v string) string { b, _ := json.Marshal(v); return string(b) }
+	return []byte(`,"config_dir":` + str(configDir) +
+		`,"local_ipc_endpoint":` + str(socket) +
+		`,"protocol_version":` + strconv.Itoa(version.Protocol) +
+		`,"server_version":` + str(serverVersion))
+}
+
+// health answers docs/spec.md §5's health from the record the monitor
+// encodes at each poll (every 500 ms): a client polling health costs no
+// /proc reads and no encoding.
+func (g *Gateway) health(context.Context, *connState, json.RawMessage) (any, error) {
+	// The record is valid JSON of the gateway's own making: no re-check.
+	return jsonrpc.EncodedJSON(g.monitor.healthJSON()), nil
 }
 
 type processStats struct {

@@ -214,6 +214,9 @@ type Conn struct {
 	room       chan struct{}
 	held       atomic.Pointer[Request]
 	readGated  atomic.Bool
+
+	// workers, when the connection belongs to a Server, run its handlers.
+	workers *workers
 }
 
 // NewConn wraps an accepted connection. The initialize deadline starts now;
@@ -514,10 +517,15 @@ func (c *Conn) dispatch(req *Request) {
 		return
 	}
 	c.wg.Add(1)
-	go func() {
+	task := func() {
 		defer c.wg.Done()
 		c.handle(req)
-	}()
+	}
+	if c.workers != nil {
+		c.workers.run(task)
+		return
+	}
+	go task()
 }
 
 func (c *Conn) handle(req *Request) {

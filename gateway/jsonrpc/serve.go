@@ -50,6 +50,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	budget    *FrameBudget // shared by the connections when Options has none
+	workers   *workers     // run the connections' handlers
 	conns     map[*Conn]struct{}
 	listeners map[*net.Listener]struct{} // by address: a listener need not be comparable
 	active    int
@@ -85,6 +86,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.listeners == nil {
 		s.listeners = make(map[*net.Listener]struct{})
 		s.conns = make(map[*Conn]struct{})
+	}
+	if s.workers == nil {
+		s.workers = newWorkers(maxIdleWorkers, workerIdleFor)
 	}
 	if s.budget == nil {
 		s.budget = s.Options.FrameBudget
@@ -195,10 +199,12 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	opts := s.Options
 	s.mu.Lock()
 	opts.FrameBudget = s.budget
+	workers := s.workers
 	s.mu.Unlock()
 	opts.Logger = s.logger().With(zap.Uint64("conn", s.nextConn.Add(1)),
 		zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
 	c := NewConn(nc, nil, opts)
+	c.workers = workers
 	c.h = notFoundHandler
 	if s.NewHandler != nil {
 		if h := s.NewHandler(c, peer); h != nil {
@@ -258,6 +264,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}()
 	select {
 	case <-idle:
+		s.stopWorkers()
 		return nil
 	case <-ctx.Done():
 	}
@@ -271,5 +278,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		c.closeWith(ErrShutdown)
 	}
 	<-idle
+	s.stopWorkers()
 	return ctx.Err()
+}
+
+// stopWorkers ends the handler workers once no connection is left.
+func (s *Server) stopWorkers() {
+	s.mu.Lock()
+	w := s.workers
+	s.mu.Unlock()
+	if w != nil {
+		w.close()
+	}
 }

@@ -100,7 +100,7 @@ func (s *Server) Status(ctx context.Context, req *sessionv1.StatusRequest) (*ses
 	}
 	// A read shared with the Status calls that arrived with this one,
 	// never one that started before this call did.
-	open, err := s.openReads.do(ctx, s.store.openSessions)
+	open, err := s.openReads.Do(ctx, struct{}{}, s.store.openSessions)
 	if err != nil {
 		return nil, err
 	}

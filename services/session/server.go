@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"github.com/clawmesh/clawmesh/internal/coalesce"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -135,13 +136,13 @@ type Server struct {
 	base       context.Context
 	cancelBase context.CancelCauseFunc
 
+	// openReads shares the open-sessions query among concurrent Status
+	// calls (status is polled by every client).
+	openReads coalesce.Group[struct{}, []openSession]
+
 	// mu guards lives (and each entry's refs and lastUsed) and closed; wg
 	// counts every turn goroutine, added under mu so none starts after
 	// Shutdown began waiting.
-	// openReads shares the open-sessions query among concurrent Status
-	// calls (status is polled by every client).
-	openReads coalesced[[]openSession]
-
 	mu       sync.Mutex
 	lives    map[string]*liveSession
 	closed   bool
@@ -159,7 +160,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB}, nc: cfg.NATS,
 		providers: defaultProviders(), lives: map[string]*liveSession{},
-		openReads: coalesced[[]openSession]{timeout: 10 * time.Second},
+		openReads: coalesce.Group[struct{}, []openSession]{Timeout: 10 * time.Second},
 		stopSweep: make(chan struct{}), swept: make(chan struct{}),
 	}
 	for name, f := range cfg.Providers {

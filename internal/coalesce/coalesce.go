@@ -1,0 +1,143 @@
+// Package coalesce shares a read among the callers that ask for the same
+// thing at the same time, without ever answering a caller with a read that
+// began before it asked.
+//
+// A caller arriving while a read of its key is in flight does not join
+// that read (it may have read the state before the caller's own last
+// write); it waits for the read to end, and one read started then answers
+// every caller that waited. What a caller sees is therefore as fresh as
+// its own read would have been, and under load the reads of a key drop to
+// one per read's duration, whatever the number of callers.
+package coalesce
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Group coalesces reads by key. The zero value is ready to use. Its memory
+// is bounded by its callers: a key is kept only while a caller of it is
+// inside Do.
+type Group[K comparable, T any] struct {
+	// Timeout bounds a shared read when the caller that runs it has no
+	// deadline (zero: no bound of the group's). A shared read runs on no
+	// caller's cancellation, so that a caller giving up does not fail the
+	// others, but within that caller's deadline.
+	Timeout time.Duration
+
+	mu   sync.Mutex
+	keys map[K]*slot[T]
+}
+
+type slot[T any] struct {
+	cur     *batch[T] // the read in flight, nil when none
+	next    *batch[T] // callers waiting for the next read, nil when none
+	callers int       // callers inside Do for this key
+}
+
+type batch[T any] struct {
+	done chan struct{} // closed once val and err are set
+	val  T
+	err  error
+}
+
+// Do returns read's result for a read of key that started after Do was
+// called. The value is shared by every caller of the batch: treat it as
+// read-only. A caller whose ctx ends while it waits returns ctx's cause.
+func (g *Group[K, T]) Do(ctx context.Context, key K, read func(context.Context) (T, error)) (T, error) {
+	g.mu.Lock()
+	s := g.keys[key]
+	if s == nil {
+		if g.keys == nil {
+			g.keys = make(map[K]*slot[T])
+		}
+		s = &slot[T]{}
+		g.keys[key] = s
+	}
+	s.callers++
+	// Every path below returns with g.mu released.
+	defer func() {
+		g.mu.Lock()
+		if s.callers--; s.callers == 0 {
+			delete(g.keys, key)
+		}
+		g.mu.Unlock()
+	}()
+	for {
+		if s.cur == nil {
+			// Nothing in flight: run the waiting batch (joining it) or a
+			// new one, now.
+			b := s.next
+			if b == nil {
+				b = &batch[T]{done: make(chan struct{})}
+			}
+			s.cur, s.next = b, nil
+			g.mu.Unlock()
+			rctx, cancel := g.readContext(ctx)
+			b.val, b.err = read(rctx)
+			cancel()
+			g.mu.Lock()
+			s.cur = nil
+			g.mu.Unlock()
+			close(b.done)
+			return b.val, b.err
+		}
+		// A read is in flight: wait for the next one.
+		if s.next == nil {
+			s.next = &batch[T]{done: make(chan struct{})}
+		}
+		b, inFlight := s.next, s.cur.done
+		g.mu.Unlock()
+		select {
+		case <-b.done:
+			return b.val, b.err
+		case <-ctx.Done():
+			var zero T
+			return zero, context.Cause(ctx)
+		case <-inFlight:
+		}
+		g.mu.Lock()
+		if s.cur == b {
+			// Another caller of the batch runs it.
+			g.mu.Unlock()
+			select {
+			case <-b.done:
+				return b.val, b.err
+			case <-ctx.Done():
+				var zero T
+				return zero, context.Cause(ctx)
+			}
+		}
+		// b may have run and ended while we were away.
+		select {
+		case <-b.done:
+			g.mu.Unlock()
+			return b.val, b.err
+		default:
+		}
+		// Loop: run b if nothing is in flight (s.next is still b), else
+		// wait again.
+	}
+}
+
+// readContext is the context of a shared read: ctx's values and deadline,
+// not its cancellation, and at most Timeout when ctx has no deadline.
+func (g *Group[K, T]) readContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	rctx := context.WithoutCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(rctx, dl)
+	}
+	if g.Timeout > 0 {
+		return context.WithTimeout(rctx, g.Timeout)
+	}
+	return context.WithCancel(rctx)
+}
+
+// Len reports how many keys have callers inside Do (for tests and
+// diagnostics).
+func (g *Group[K, T]) Len() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.keys)
+}

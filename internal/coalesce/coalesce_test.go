@@ -1,0 +1,175 @@
+package coalesce
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Every caller gets a read that started after it arrived: here, one that
+// sees the write it made just before calling.
+func TestReadIsNeverOlderThanTheCall(t *testing.T) {
+	var writes, reads atomic.Int64
+	var g Group[string, int64]
+	read := func(context.Context) (int64, error) {
+		reads.Add(1)
+		v := writes.Load()
+		time.Sleep(500 * time.Microsecond)
+		return v, nil
+	}
+	var wg sync.WaitGroup
+	const callers, rounds = 32, 20
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				mine := writes.Add(1)
+				got, err := g.Do(context.Background(), "k", read)
+				if err != nil || got < mine {
+					t.Errorf("read %d after write %d (err %v)", got, mine, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := reads.Load(); n >= callers*rounds {
+		t.Errorf("%d calls made %d reads: nothing shared", callers*rounds, n)
+	}
+	if n := g.Len(); n != 0 {
+		t.Errorf("%d keys kept after every caller left", n)
+	}
+}
+
+// Callers of different keys never share a read: each key's answer is its
+// own.
+func TestKeysAreApart(t *testing.T) {
+	var g Group[int, int]
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for k := range 8 {
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, err := g.Do(context.Background(), k, func(context.Context) (int, error) {
+					<-release
+					return k * 10, nil
+				})
+				if err != nil || got != k*10 {
+					t.Errorf("key %d answered %d, %v", k, got, err)
+				}
+			}()
+		}
+	}
+	for g.Len() < 8 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	if n := g.Len(); n != 0 {
+		t.Errorf("%d keys kept after every caller left", n)
+	}
+}
+
+// A waiting caller whose context ends leaves with its cause; a leader's
+// cancellation does not fail the read it runs for the others, and the
+// read keeps the leader's deadline.
+func TestCancellation(t *testing.T) {
+	var g Group[struct{}, int]
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	read := func(ctx context.Context) (int, error) {
+		started <- struct{}{}
+		select {
+		case <-release:
+			return 7, nil
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	leaderCtx, cancelLeader := context.WithCancel(context.Background())
+	leader := make(chan error, 1)
+	go func() { _, err := g.Do(leaderCtx, struct{}{}, read); leader <- err }()
+	<-started
+
+	why := errors.New("client left")
+	waitCtx, cancelWait := context.WithCancelCause(context.Background())
+	waiter := make(chan error, 1)
+	go func() { _, err := g.Do(waitCtx, struct{}{}, read); waiter <- err }()
+	cancelWait(why)
+	if err := <-waiter; !errors.Is(err, why) {
+		t.Fatalf("cancelled waiter: %v, want its cause", err)
+	}
+
+	cancelLeader()
+	close(release)
+	if err := <-leader; err != nil {
+		t.Fatalf("leader's read failed with its own cancellation: %v", err)
+	}
+	if v, err := g.Do(context.Background(), struct{}{}, read); err != nil || v != 7 {
+		t.Fatalf("next read: %d, %v", v, err)
+	}
+
+	// The shared read ends at the deadline of the caller running it.
+	dctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := g.Do(dctx, struct{}{}, func(ctx context.Context) (int, error) {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read past the caller's deadline: %v", err)
+	}
+}
+
+// A read's error reaches every caller that shared it.
+func TestErrorShared(t *testing.T) {
+	var g Group[string, int]
+	boom := errors.New("boom")
+	hold := make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := g.Do(context.Background(), "k", func(context.Context) (int, error) { <-hold; return 0, nil })
+		first <- err
+	}()
+	for g.Len() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	var reads atomic.Int32
+	for range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := g.Do(context.Background(), "k", func(context.Context) (int, error) {
+				reads.Add(1)
+				return 0, boom
+			})
+			if !errors.Is(err, boom) {
+				t.Errorf("got %v, want the shared read's error", err)
+			}
+		}()
+	}
+	for {
+		g.mu.Lock()
+		waiting := g.keys["k"].callers
+		g.mu.Unlock()
+		if waiting == 6 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(hold)
+	wg.Wait()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if n := reads.Load(); n != 1 {
+		t.Errorf("5 waiting callers made %d reads, want 1", n)
+	}
+}
