@@ -50,7 +50,7 @@ func BenchmarkSocket(b *testing.B) {
 	requests := []struct{ name, line string }{
 		{"health", `{"jsonrpc":"2.0","method":"health","params":{},"id":1}`},
 		{"status", `{"jsonrpc":"2.0","method":"status","params":{},"id":1}`},
-		{"session_state", `{"jsonrpc":"2.0","method":"session/state","params":{"session_id":"` + created.SessionID + `"},"id":1}`},
+		{"session_state", stateLine(created.SessionID)},
 	}
 	for _, clients := range []int{1, 64} {
 		b.Run(fmt.Sprintf("echo/clients=%d", clients), func(b *testing.B) {
@@ -62,9 +62,45 @@ func BenchmarkSocket(b *testing.B) {
 			})
 		}
 	}
+	// session_state_apart: each client reads a session of its own, so no
+	// two reads are ever shared and every request makes its own gRPC call.
+	// Its sessions are made last: status lists every open session.
+	var apart []string
+	b.Run("session_state_apart/clients=64", func(b *testing.B) {
+		for len(apart) < 64 {
+			raw, err := owner.Call("session/new", map[string]any{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var c struct {
+				SessionID string `json:"session_id"`
+			}
+			if err := json.Unmarshal(raw, &c); err != nil {
+				b.Fatal(err)
+			}
+			apart = append(apart, stateLine(c.SessionID))
+		}
+		runClientsEach(b, s.Socket, true, apart)
+	})
 }
 
+func stateLine(sessionID string) string {
+	return `{"jsonrpc":"2.0","method":"session/state","params":{"session_id":"` + sessionID + `"},"id":1}`
+}
+
+// runClients runs clients connections each sending req, one at a time.
 func runClients(b *testing.B, socket string, clients int, initialize bool, req string) {
+	reqs := make([]string, clients)
+	for i := range reqs {
+		reqs[i] = req
+	}
+	runClientsEach(b, socket, initialize, reqs)
+}
+
+// runClientsEach runs one connection per request line, each sending its
+// line, one at a time, b.N requests in all.
+func runClientsEach(b *testing.B, socket string, initialize bool, reqs []string) {
+	clients := len(reqs)
 	conns := make([]*bufio.ReadWriter, clients)
 	for i := range conns {
 		c, err := net.Dial("unix", socket)
@@ -78,7 +114,6 @@ func runClients(b *testing.B, socket string, clients int, initialize bool, req s
 		}
 		conns[i] = rw
 	}
-	line := []byte(req + "\n")
 	per := make([][]time.Duration, clients)
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -92,6 +127,7 @@ func runClients(b *testing.B, socket string, clients int, initialize bool, req s
 		go func() {
 			defer wg.Done()
 			lat := make([]time.Duration, 0, n)
+			line := []byte(reqs[i] + "\n")
 			for range n {
 				t0 := time.Now()
 				roundTrip(b, conns[i], line)

@@ -37,6 +37,10 @@ type row struct {
 	// Absolute: Target applies to the Subject's own value (MB, ms); the
 	// Baseline and the ratio are shown beside it for scale.
 	Absolute bool
+	// Scale rows have no target: they show what another row's figure
+	// rests on (e.g. the same read with nothing shared). They are not
+	// counted among the measured rows.
+	Scale bool
 }
 
 // results maps "bench unit" to the values seen (one per run).
@@ -98,13 +102,17 @@ func render(w io.Writer, rows []row, res results) (met, measured int) {
 			fmt.Fprintf(w, "| %s | not measured | | | | |\n", r.Work)
 			continue
 		}
-		measured++
+		if !r.Scale {
+			measured++
+		}
 		figure, base, ratio := now, "", ""
 		if r.Baseline.Bench != "" {
 			b, ok := res.value(r.Baseline)
 			if !ok || b == 0 {
 				fmt.Fprintf(w, "| %s | %s %s | not measured | | | |\n", r.Work, format(now), r.Subject.Unit)
-				measured--
+				if !r.Scale {
+					measured--
+				}
 				continue
 			}
 			base = format(b) + " " + r.Baseline.Unit
@@ -112,6 +120,10 @@ func render(w io.Writer, rows []row, res results) (met, measured int) {
 			if !r.Absolute {
 				figure = now / b
 			}
+		}
+		if r.Scale {
+			fmt.Fprintf(w, "| %s | %s %s | %s | %s | — | for scale |\n", r.Work, format(now), r.Subject.Unit, base, ratio)
+			continue
 		}
 		cmp, ok := "≥", figure >= r.Target
 		if r.AtMost {

@@ -26,6 +26,7 @@ func TestTable(t *testing.T) {
 		{Work: "fuel", Subject: sel{"BenchmarkFuelOverhead", "ratio"}, Target: 1.5, AtMost: true},
 		{Work: "absent", Subject: sel{"BenchmarkNothing", "x"}, Target: 1},
 		{Work: "footprint", Subject: sel{"BenchmarkIdleFootprint", "stack_MB"}, Baseline: sel{"BenchmarkIdleFootprint", "baseline_MB"}, Target: 100, AtMost: true, Absolute: true},
+		{Work: "health again", Subject: sel{"BenchmarkSocket/health/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Scale: true},
 	}, res)
 	out := b.String()
 	// The median of three health runs (170000) over the echo baseline.
@@ -35,6 +36,8 @@ func TestTable(t *testing.T) {
 		"| absent | not measured |",
 		// An absolute target, the baseline beside it for scale.
 		"| footprint | 167 stack_MB | 11.2 baseline_MB | 14.8× | ≤ 100 stack_MB | below target |",
+		// A row for scale: no target, not counted.
+		"| health again | 170000 req/s | 200000 req/s | 0.85× | — | for scale |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
