@@ -129,11 +129,7 @@ func TestConfigOverTheSocket(t *testing.T) {
 		{"prop": "permission_profiles.editor.config_paths", "value": []string{"agents.*.model", "agents.*.system_prompt"}},
 		{"prop": "users.alice.permission_profiles", "value": []string{"editor"}},
 	}})
-	out, err := clawmesh(t, s, "token", "create", "--user", "alice")
-	if err != nil {
-		t.Fatalf("token create: %v\n%s", err, out)
-	}
-	token := strings.TrimSpace(out)
+	token := userToken(t, s, "alice")
 
 	unpaired := s.Dial(t)
 	if _, err := unpaired.Call("initialize", map[string]any{"protocol_version": 1, "auth_token": token + "x"}); !isCode(err, -32010) {
@@ -178,7 +174,7 @@ func TestConfigOverTheSocket(t *testing.T) {
 	if out, err := clawmesh(t, s, "config", "get", "agents.default.system_prompt"); err != nil || strings.TrimSpace(out) != `"be brief"` {
 		t.Fatalf("config get: %q %v", out, err)
 	}
-	out, err = clawmesh(t, s, "config", "list", "agents.default.")
+	out, err := clawmesh(t, s, "config", "list", "agents.default.")
 	if err != nil || !strings.Contains(out, `agents.default.api_key = "***MASKED***"`) || !strings.Contains(out, `agents.default.tools = ["echo","shell"]`) {
 		t.Fatalf("config list: %v\n%s", err, out)
 	}

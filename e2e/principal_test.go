@@ -34,12 +34,8 @@ func TestPrincipalViewAndConfigThatExplainsItself(t *testing.T) {
 		{"prop": "permission_profiles.chatter.agents", "value": []string{"default"}},
 		{"prop": "users.alice.permission_profiles", "value": []string{"chatter"}},
 	}})
-	out, err := clawmesh(t, s, "token", "create", "--user", "alice")
-	if err != nil {
-		t.Fatalf("token create: %v\n%s", err, out)
-	}
 	alice := s.Dial(t)
-	init, err = alice.Initialize(strings.TrimSpace(out))
+	init, err = alice.Initialize(userToken(t, s, "alice"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,11 +71,11 @@ func TestPrincipalViewAndConfigThatExplainsItself(t *testing.T) {
 	}
 	cmd := exec.Command(filepath.Join(s.BinDir, "clawmesh"), "config", "set", "rpc.frame_timeout_ms=20000", "--socket", s.Socket)
 	raw, err := cmd.CombinedOutput()
-	if out = string(raw); err != nil || !strings.Contains(out, "note: rpc.frame_timeout_ms take(s) effect when the stack restarts") {
+	if out := string(raw); err != nil || !strings.Contains(out, "note: rpc.frame_timeout_ms take(s) effect when the stack restarts") {
 		t.Fatalf("CLI restart note: %v\n%s", err, out)
 	}
 	// The CLI refuses with the schema's words, naming the index.
-	out, err = clawmesh(t, s, "config", "set", "permission_profiles.p.permissions=agent:use,bogus")
+	out, err := clawmesh(t, s, "config", "set", "permission_profiles.p.permissions=agent:use,bogus")
 	if err == nil || !strings.Contains(out, "item 1") {
 		t.Fatalf("CLI list item: %v\n%s", err, out)
 	}

@@ -53,6 +53,27 @@ func newConv(t *testing.T, s *e2e.Stack, caps map[string]any) *conv {
 	return &conv{t: t, c: c, n: 100}
 }
 
+// userToken creates a token for user with the CLI and returns it.
+func userToken(t *testing.T, s *e2e.Stack, user string) string {
+	t.Helper()
+	out, err := clawmesh(t, s, "token", "create", "--user", user)
+	if err != nil {
+		t.Fatalf("token create: %v\n%s", err, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+// aliceChats lets the user alice use the default agent (and nothing else)
+// and returns a token of hers.
+func aliceChats(t *testing.T, s *e2e.Stack, op *conv) string {
+	t.Helper()
+	op.call("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "permission_profiles.chat.agents", "value": []string{"default"}},
+		{"prop": "users.alice.permission_profiles", "value": []string{"chat"}},
+	}})
+	return userToken(t, s, "alice")
+}
+
 // send writes a request and returns its id.
 func (v *conv) send(method string, params any) string {
 	v.t.Helper()
@@ -615,12 +636,8 @@ func TestSessionOwnershipAndAgentGrants(t *testing.T) {
 		{"prop": "users.bob.permission_profiles", "value": []string{"none"}},
 	}})
 	dial := func(user string) *conv {
-		out, err := clawmesh(t, s, "token", "create", "--user", user)
-		if err != nil {
-			t.Fatalf("token create: %v\n%s", err, out)
-		}
 		c := s.Dial(t)
-		if _, err := c.Call("initialize", map[string]any{"protocol_version": 1, "auth_token": strings.TrimSpace(out)}); err != nil {
+		if _, err := c.Call("initialize", map[string]any{"protocol_version": 1, "auth_token": userToken(t, s, user)}); err != nil {
 			t.Fatal(err)
 		}
 		return &conv{t: t, c: c, n: 100}

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,15 +21,7 @@ import (
 func TestSharedReadsStayPerPrincipalAndFresh(t *testing.T) {
 	s := e2e.Start(t, e2e.Options{})
 	op := newConv(t, s, nil)
-	op.call("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "permission_profiles.chat.agents", "value": []string{"default"}},
-		{"prop": "users.alice.permission_profiles", "value": []string{"chat"}},
-	}})
-	out, err := clawmesh(t, s, "token", "create", "--user", "alice")
-	if err != nil {
-		t.Fatalf("token create: %v\n%s", err, out)
-	}
-	token := strings.TrimSpace(out)
+	token := aliceChats(t, s, op)
 	dial := func(auth bool) *e2e.Client {
 		c := s.Dial(t)
 		params := map[string]any{"protocol_version": 1}

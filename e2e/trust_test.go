@@ -313,16 +313,9 @@ func TestNonOwnerSeesNothingAndBadIDsBreakNothing(t *testing.T) {
 	s := e2e.Start(t, e2e.Options{})
 	op := newConv(t, s, nil)
 	opSession := op.newSession("")
-	op.call("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "permission_profiles.chat.agents", "value": []string{"default"}},
-		{"prop": "users.alice.permission_profiles", "value": []string{"chat"}},
-	}})
-	out, err := clawmesh(t, s, "token", "create", "--user", "alice")
-	if err != nil {
-		t.Fatalf("token create: %v\n%s", err, out)
-	}
+	token := aliceChats(t, s, op)
 	alice := &conv{t: t, c: s.Dial(t), n: 100}
-	if _, err := alice.c.Call("initialize", map[string]any{"protocol_version": 1, "auth_token": strings.TrimSpace(out)}); err != nil {
+	if _, err := alice.c.Call("initialize", map[string]any{"protocol_version": 1, "auth_token": token}); err != nil {
 		t.Fatal(err)
 	}
 	other := newConv(t, s, nil) // a bystander, streaming its own turn

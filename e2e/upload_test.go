@@ -423,11 +423,7 @@ func TestUploadRefusalsOverTheSocket(t *testing.T) {
 		{"prop": "permission_profiles.chat.agents", "value": []string{"default"}},
 		{"prop": "users.bob.permission_profiles", "value": []string{"chat"}},
 	}}, nil)
-	out, err := clawmesh(t, s, "token", "create", "--user", "bob")
-	if err != nil {
-		t.Fatalf("token create: %v\n%s", err, out)
-	}
-	token := strings.TrimSpace(out)
+	token := userToken(t, s, "bob")
 	bob := dialUC(t, s, token)
 	bobs := bob.session(map[string]any{})
 	capsOf := func() string {
@@ -599,13 +595,7 @@ func TestUploadCommitRaces(t *testing.T) {
 		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
 		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
 	}}, nil)
-	pair := func() *uc {
-		out, err := clawmesh(t, s, "token", "create", "--user", "alice")
-		if err != nil {
-			t.Fatalf("token create: %v\n%s", err, out)
-		}
-		return dialUC(t, s, strings.TrimSpace(out))
-	}
+	pair := func() *uc { return dialUC(t, s, userToken(t, s, "alice")) }
 	alice := pair()
 	sess := alice.session(map[string]any{})
 	data := randomBytes(t, 2*mib+5)

@@ -89,25 +89,15 @@ func (g *Group[K, T]) Do(ctx context.Context, key K, read func(context.Context) 
 		}
 		b, inFlight := s.next, s.cur.done
 		g.mu.Unlock()
-		select {
-		case <-b.done:
-			return b.val, b.err
-		case <-ctx.Done():
-			var zero T
-			return zero, context.Cause(ctx)
-		case <-inFlight:
+		if ran, val, err := b.wait(ctx, inFlight); ran {
+			return val, err
 		}
 		g.mu.Lock()
 		if s.cur == b {
 			// Another caller of the batch runs it.
 			g.mu.Unlock()
-			select {
-			case <-b.done:
-				return b.val, b.err
-			case <-ctx.Done():
-				var zero T
-				return zero, context.Cause(ctx)
-			}
+			_, val, err := b.wait(ctx, nil)
+			return val, err
 		}
 		// b may have run and ended while we were away.
 		select {
@@ -118,6 +108,19 @@ func (g *Group[K, T]) Do(ctx context.Context, key K, read func(context.Context) 
 		}
 		// Loop: run b if nothing is in flight (s.next is still b), else
 		// wait again.
+	}
+}
+
+// wait waits for b's read, ctx's end or, when it is not nil, the end of
+// the read in flight. ran is false when only inFlight ended.
+func (b *batch[T]) wait(ctx context.Context, inFlight <-chan struct{}) (ran bool, val T, err error) {
+	select {
+	case <-b.done:
+		return true, b.val, b.err
+	case <-ctx.Done():
+		return true, val, context.Cause(ctx)
+	case <-inFlight:
+		return false, val, nil
 	}
 }
 
