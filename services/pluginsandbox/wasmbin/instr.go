@@ -15,6 +15,8 @@ const (
 	opBrIf               = 0x0d
 	opBrTable            = 0x0e
 	opReturn             = 0x0f
+	opCall               = 0x10
+	opCallIndirect       = 0x11
 	opReturnCall         = 0x12
 	opReturnCallIndirect = 0x13
 
