@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
@@ -317,6 +318,28 @@ func TestRefusesMalformed(t *testing.T) {
 	for i := codeStart + 1; i < len(good); i++ {
 		if _, _, err := wasmbin.Prepare(good[:i], wasmbin.Options{MaxTableElements: 1, Fuel: true}); !errors.Is(err, wasmbin.ErrMalformed) {
 			t.Fatalf("truncated at %d: err = %v, want ErrMalformed", i, err)
+		}
+	}
+}
+
+// A section's declared count is the module's word, not a size to
+// allocate: a 16-byte section announcing hundreds of millions of entries
+// is refused without reserving room for them, here or later in wazero's
+// decoder (found by FuzzPrepare: the fuzzing worker ran out of memory).
+func TestCountsDoNotSizeAllocations(t *testing.T) {
+	for _, wasm := range [][]byte{
+		[]byte("\x00asm\x01\x00\x00\x00\n\x10\xe0\xe0\xe0\xe00'0000000000"), // code
+		[]byte("\x00asm\x01\x00\x00\x00\v\x10\xe0\xe0\xe000\x80000000%000"), // data
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, _, err := wasmbin.Prepare(wasm, wasmbin.Options{MaxTableElements: 100, Fuel: true, MergeData: true})
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, wasmbin.ErrMalformed) {
+			t.Errorf("section %d: err = %v, want ErrMalformed", wasm[8], err)
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+			t.Errorf("section %d: Prepare of a 26-byte module allocated %d bytes", wasm[8], grew)
 		}
 	}
 }
