@@ -41,11 +41,11 @@ func segmentEnds(op uint32) bool {
 // exported global holds it wherever something else may look:
 //
 //   - at entry the local is loaded from the global and charged the entry
-//     segment: global.get $fuel; i64.const cost; i64.sub; local.tee $n;
+//     segment: global.get $fuel; i64.const cost; i64.sub; local.set $n;
 //   - other segments are charged in the local alone:
 //     local.get $n; i64.const cost; i64.sub; local.set $n;
 //   - the local is stored into the global (local.get $n; global.set $fuel)
-//     before every call, return, trap (unreachable, the sign test's trap) and
+//     before every call, return, trap (unreachable, the test's own trap) and
 //     branch out of the function and before the function's end, and loaded
 //     again after every call returns (the callee charged the global).
 //
