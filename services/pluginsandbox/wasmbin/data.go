@@ -33,7 +33,7 @@ func (m *Module) mergeData(codeUsesDataIndex bool) (before, after int, err error
 	if codeUsesDataIndex {
 		return before, before, nil
 	}
-	segs := make([]dataSegment, 0, n)
+	segs := make([]dataSegment, 0, min(int(n), len(p)))
 	for i := uint32(0); i < n; i++ {
 		var flag, off, size uint32
 		if flag, pos, err = readU32(p, pos); err != nil {

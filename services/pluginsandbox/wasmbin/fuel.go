@@ -10,6 +10,13 @@ import (
 // the call budget before each call and reads it back afterwards.
 const FuelGlobalExport = "__clawmesh_fuel"
 
+// InterruptGlobalExport is the name under which the rewritten module exports
+// its interrupt flag: a mutable i64 global, initialised to 0, that guest code
+// only reads. The host sets it negative to stop a running call: the guest
+// tests it with its counter at every function entry and loop header, and
+// traps at the first of them it reaches.
+const InterruptGlobalExport = "__clawmesh_interrupt"
+
 // segmentEnds reports whether op ends a metering segment. A segment is a run
 // of instructions that, once its first instruction runs, runs to its last
 // unless it traps: it ends at every instruction after which control may go
@@ -26,27 +33,81 @@ func segmentEnds(op uint32) bool {
 	return false
 }
 
-// instrumentBody returns expr with a fuel charge at the start of every
-// segment. The charge is the number of instructions in the segment, so the
-// counter goes negative exactly when the budget is spent:
+// fuelRewriter instruments one function body.
 //
-//	global.get $fuel; i64.const cost; i64.sub; global.set $fuel
+// Every segment is charged its number of instructions, so the counter goes
+// negative exactly when the budget is spent. Inside a function the counter
+// lives in a local added to the function (a register in compiled code); the
+// exported global holds it wherever something else may look:
 //
-// The sign is tested only where control can come back without bound: at
-// the function's entry and at the start of every loop body, the only
-// targets of a backward branch. There the charge ends with
+//   - at entry the local is loaded from the global and charged the entry
+//     segment: global.get $fuel; i64.const cost; i64.sub; local.set $n;
+//   - other segments are charged in the local alone:
+//     local.get $n; i64.const cost; i64.sub; local.set $n;
+//   - the local is stored into the global (local.get $n; global.set $fuel)
+//     before every call, return, trap (unreachable, the test's own trap) and
+//     branch out of the function and before the function's end, and loaded
+//     again after every call returns (the callee charged the global).
 //
-//	global.get $fuel; i64.const 0; i64.lt_s; if; unreachable; end
+// So the global holds, whenever the host or another function can read it,
+// the value it held when every segment charged the global itself.
 //
-// so a guest traps at the first loop iteration or call after its budget
-// ran out: past the exhausted segment it runs at most straight-line code
-// (no backward branch, no call) before the trap, and the trap leaves the
-// counter negative for the host to read. A call that returns without
-// reaching such a check still leaves it negative, and the host reports that
-// as exhaustion too. A segment made of a lone end or else is not charged:
-// it cannot repeat without a charged branch.
-func instrumentBody(expr []byte, fuelGlobal uint32, yield bool, out []byte) ([]byte, int, error) {
-	segStart, cost, blocks := 0, 0, 0
+// The counter and the interrupt flag are tested only where control can come
+// back without bound: at the function's entry and at the start of every loop
+// body, the only targets of a backward branch. There
+//
+//	local.get $n; global.get $interrupt; i64.or; i64.const 0; i64.lt_s
+//	if; local.get $n; global.set $fuel; unreachable; end
+//
+// traps when the budget is spent or the host raised the flag, so a guest
+// traps at the first loop iteration or call after either: past the
+// exhausted segment it runs at most straight-line code (no backward branch,
+// no call) before the trap, and the trap leaves the counter negative in the
+// global for the host to read. A call that returns without reaching such a
+// test still leaves it negative, and the host reports that as exhaustion
+// too. A segment made of a lone end or else is not charged: it cannot repeat
+// without a charged branch.
+//
+// The flag is a global of its own, never written by the guest, because a
+// host's write into the counter could be overwritten by the guest storing
+// its local (a whole straight stretch after the last load): the flag's
+// write cannot be lost.
+type fuelRewriter struct {
+	fuel, interrupt uint32 // global indices
+	counter         uint32 // the added local
+	yield           bool   // the module has a memory to yield with
+	live            bool   // the local holds the counter
+}
+
+// rewrite appends the instrumented body b (its locals with the counter
+// added, then its code) to out and returns it with the number of charges.
+func (r *fuelRewriter) rewrite(b funcBody, params uint32, out []byte) ([]byte, int, error) {
+	groups, declStart, err := readU32(b.locals, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	pos := declStart
+	locals := uint64(params)
+	for g := uint32(0); g < groups; g++ {
+		var n uint32
+		if n, pos, err = readU32(b.locals, pos); err != nil {
+			return nil, 0, err
+		}
+		if pos, err = skipValType(b.locals, pos); err != nil {
+			return nil, 0, err
+		}
+		locals += uint64(n)
+	}
+	if locals >= math.MaxUint32 {
+		return nil, 0, fmt.Errorf("%w: %d locals", ErrUnsupported, locals)
+	}
+	r.counter, r.live = uint32(locals), false
+	out = appendU32(out, groups+1)
+	out = append(out, b.locals[declStart:]...)
+	out = append(out, 0x01, 0x7e) // one i64
+
+	expr := b.expr
+	segStart, cost, blocks, depth := 0, 0, 0, 0
 	afterLoop := false
 	for pos := 0; pos < len(expr); {
 		op, next, err := nextInstr(expr, pos)
@@ -60,15 +121,21 @@ func instrumentBody(expr []byte, fuelGlobal uint32, yield bool, out []byte) ([]b
 		}
 		if cost > 1 || (op != opEnd && op != opElse) {
 			switch {
-			case yield && afterLoop:
-				out = appendCharge(out, fuelGlobal, int64(cost), false)
-				out = appendLoopTest(out, fuelGlobal, int64(cost))
+			case segStart == 0:
+				out = r.appendEntry(out, int64(cost))
+			case afterLoop && r.yield:
+				out = r.appendLoopTest(out, int64(cost))
+			case afterLoop:
+				out = r.appendCharge(out, int64(cost))
+				out = r.appendTest(out)
 			default:
-				out = appendCharge(out, fuelGlobal, int64(cost), segStart == 0 || afterLoop)
+				out = r.appendCharge(out, int64(cost))
 			}
 			blocks++
 		}
-		out = append(out, expr[segStart:pos]...)
+		if out, depth, err = r.copySegment(out, expr[segStart:pos], depth); err != nil {
+			return nil, 0, err
+		}
 		segStart, cost = pos, 0
 		afterLoop = op == opLoop
 	}
@@ -78,77 +145,251 @@ func instrumentBody(expr []byte, fuelGlobal uint32, yield bool, out []byte) ([]b
 	return out, blocks, nil
 }
 
-func appendCharge(out []byte, g uint32, cost int64, check bool) []byte {
+// copySegment appends the instructions of seg with the counter stored
+// before every exit and call and loaded after every call. depth is the
+// number of blocks open around seg's start inside the function; the
+// function's own label is depth deep.
+func (r *fuelRewriter) copySegment(out, seg []byte, depth int) ([]byte, int, error) {
+	for pos := 0; pos < len(seg); {
+		op, next, err := nextInstr(seg, pos)
+		if err != nil {
+			return nil, 0, err
+		}
+		exits, reload := false, false
+		switch op {
+		case opBlock, opLoop, opIf:
+			depth++
+		case opEnd:
+			if depth == 0 {
+				exits = true // the function's end
+			} else {
+				depth--
+			}
+		case opBr, opBrIf, opBrTable:
+			if exits, err = branchesOut(seg[pos+1:next], op, depth); err != nil {
+				return nil, 0, err
+			}
+		case opReturn, opReturnCall, opReturnCallIndirect, opUnreachable:
+			exits = true
+		case opCall, opCallIndirect:
+			exits, reload = true, true
+		}
+		if exits && r.live {
+			out = r.appendStore(out)
+		}
+		out = append(out, seg[pos:next]...)
+		if reload {
+			out = append(out, 0x23)
+			out = appendU32(out, r.fuel)
+			out = append(out, 0x21)
+			out = appendU32(out, r.counter)
+		}
+		pos = next
+	}
+	return out, depth, nil
+}
+
+// branchesOut reports whether a br, br_if or br_table with the immediates
+// imm may branch to the function's label (and so return).
+func branchesOut(imm []byte, op uint32, depth int) (bool, error) {
+	n, pos := uint32(0), 0
+	if op == opBrTable {
+		var err error
+		if n, pos, err = readU32(imm, 0); err != nil {
+			return false, err
+		}
+	}
+	for i := uint32(0); i <= n; i++ {
+		label, next, err := readU32(imm, pos)
+		if err != nil {
+			return false, err
+		}
+		if uint64(label) == uint64(depth) {
+			return true, nil
+		}
+		pos = next
+	}
+	return false, nil
+}
+
+// appendEntry loads the counter, charges the entry segment and tests it.
+func (r *fuelRewriter) appendEntry(out []byte, cost int64) []byte {
 	out = append(out, 0x23)
-	out = appendU32(out, g)
+	out = appendU32(out, r.fuel)
 	out = append(out, 0x42)
 	out = appendS64(out, cost)
-	out = append(out, 0x7d, 0x24)
-	out = appendU32(out, g)
-	if !check {
-		return out
-	}
+	out = append(out, 0x7d, 0x21)
+	out = appendU32(out, r.counter)
+	r.live = true
+	return r.appendTest(out)
+}
+
+func (r *fuelRewriter) appendCharge(out []byte, cost int64) []byte {
+	out = append(out, 0x20)
+	out = appendU32(out, r.counter)
+	out = append(out, 0x42)
+	out = appendS64(out, cost)
+	out = append(out, 0x7d, 0x21)
+	return appendU32(out, r.counter)
+}
+
+// appendStore stores the counter into the global.
+func (r *fuelRewriter) appendStore(out []byte) []byte {
+	out = append(out, 0x20)
+	out = appendU32(out, r.counter)
+	out = append(out, 0x24)
+	return appendU32(out, r.fuel)
+}
+
+// appendTest traps, the counter stored, when the counter is negative or the
+// interrupt flag raised.
+func (r *fuelRewriter) appendTest(out []byte) []byte {
+	out = append(out, 0x20)
+	out = appendU32(out, r.counter)
 	out = append(out, 0x23)
-	out = appendU32(out, g)
-	return append(out, 0x42, 0x00, 0x53, 0x04, 0x40, 0x00, 0x0b)
+	out = appendU32(out, r.interrupt)
+	out = append(out, 0x84, 0x42, 0x00, 0x53, 0x04, 0x40)
+	out = r.appendStore(out)
+	return append(out, 0x00, 0x0b)
 }
 
 // yieldPeriod is how much fuel a loop spends between two yields (2^20
 // units, about a millisecond of guest code).
 const yieldPeriod = 1 << 20
 
-// appendLoopTest ends a loop header's charge in a module with a memory: it
-// tests the counter's sign and makes the loop exit to the Go runtime about
+// appendLoopTest charges a loop header in a module with a memory: it tests
+// the counter and the flag and makes the loop exit to the Go runtime about
 // once per yieldPeriod units of fuel, with one comparison on the fast path:
 //
-//	global.get $fuel; i64.const 1<<63|yieldPeriod-1; i64.and
-//	i64.const cost; i64.sub; i64.const yieldPeriod; i64.ge_u
+//	local.get $n; global.get $interrupt; i64.or
+//	i64.const 1<<63|yieldPeriod-1; i64.and
+//	i64.const cost; i64.sub; i64.const yieldPeriod; i64.lt_u
+//	local.get $n; i64.const cost; i64.sub; local.set $n
 //	if
-//	  global.get $fuel; i64.const 0; i64.lt_s; if; unreachable; end
+//	else
+//	  (the test of appendTest)
 //	  i32.const 0; memory.grow 0; drop
 //	end
 //
-// With x the counter's sign bit and low bits, x-cost (wrapping) is below
-// yieldPeriod exactly when the counter is not negative and its low bits
-// are at least cost: the slow path runs when the counter is negative (and
-// traps) or when this charge crossed a multiple of yieldPeriod (and
-// yields).
+// With x the sign bit and low bits of the counter before the charge (the
+// flag's sign bit or-ed in), x-cost (wrapping) is below yieldPeriod exactly
+// when neither is negative and the counter's low bits are at least cost:
+// the slow path runs when the counter or the flag is negative (and traps)
+// or when this charge crossed a multiple of yieldPeriod (and yields).
+//
+// The fast path is the then-arm, empty, and the slow path the else-arm:
+// wazero's register allocator gives the code after the if the registers of
+// the first arm it allocated, the then-arm. The other way round, every
+// value live in the loop came back from its stack slot after every header,
+// because memory.grow (a call) clobbers the registers on the slow path
+// (measured: a 1.6x fuel ratio on a Go guest's loop, against 1.3-1.4x).
 //
 // wazero's compiled code cannot be preempted by the Go scheduler, so a guest
 // loop that never leaves it would hold its thread through a garbage
 // collector's stop-the-world, which then waits forever, and with it the
 // watchdog that is meant to stop the loop. memory.grow leaves compiled code
 // for a Go handler (a preemption point) and, with delta 0, changes nothing.
-func appendLoopTest(out []byte, g uint32, cost int64) []byte {
+func (r *fuelRewriter) appendLoopTest(out []byte, cost int64) []byte {
+	out = append(out, 0x20)
+	out = appendU32(out, r.counter)
 	out = append(out, 0x23)
-	out = appendU32(out, g)
-	out = append(out, 0x42)
+	out = appendU32(out, r.interrupt)
+	out = append(out, 0x84, 0x42)
 	out = appendS64(out, math.MinInt64|(yieldPeriod-1))
 	out = append(out, 0x83, 0x42)
 	out = appendS64(out, cost)
 	out = append(out, 0x7d, 0x42)
 	out = appendS64(out, yieldPeriod)
-	out = append(out, 0x5a, 0x04, 0x40, 0x23)
-	out = appendU32(out, g)
-	out = append(out, 0x42, 0x00, 0x53, 0x04, 0x40, 0x00, 0x0b)
+	out = append(out, 0x54)
+	out = r.appendCharge(out, cost)
+	out = append(out, 0x04, 0x40, 0x05)
+	out = r.appendTest(out)
 	return append(out, 0x41, 0x00, 0x40, 0x00, 0x1a, 0x0b)
 }
 
+// paramCounts returns the number of parameters of every defined function,
+// in the order of the code section, which must hold n bodies.
+func (m *Module) paramCounts(n int) ([]uint32, error) {
+	var types []uint32
+	if p := m.section(secType); p != nil {
+		count, pos, err := readU32(p, 0)
+		if err != nil {
+			return nil, err
+		}
+		for i := uint32(0); i < count; i++ {
+			if pos >= len(p) {
+				return nil, fmt.Errorf("%w: truncated type section", ErrMalformed)
+			}
+			if p[pos] != 0x60 {
+				return nil, fmt.Errorf("%w: type form %#x", ErrUnsupported, p[pos])
+			}
+			var params uint32
+			pos++
+			for vec := 0; vec < 2; vec++ {
+				var k uint32
+				if k, pos, err = readU32(p, pos); err != nil {
+					return nil, err
+				}
+				for j := uint32(0); j < k; j++ {
+					if pos, err = skipValType(p, pos); err != nil {
+						return nil, err
+					}
+				}
+				if vec == 0 {
+					params = k
+				}
+			}
+			types = append(types, params)
+		}
+	}
+	var count uint32
+	var pos int
+	p := m.section(secFunction)
+	if p != nil {
+		var err error
+		if count, pos, err = readU32(p, 0); err != nil {
+			return nil, err
+		}
+	}
+	if uint64(count) != uint64(n) {
+		return nil, fmt.Errorf("%w: %d functions, %d bodies", ErrMalformed, count, n)
+	}
+	params := make([]uint32, 0, n)
+	for i := 0; i < n; i++ {
+		t, next, err := readU32(p, pos)
+		if err != nil {
+			return nil, err
+		}
+		if uint64(t) >= uint64(len(types)) {
+			return nil, fmt.Errorf("%w: function %d has type %d of %d", ErrMalformed, i, t, len(types))
+		}
+		params = append(params, types[t])
+		pos = next
+	}
+	return params, nil
+}
+
 // instrumentFuel rewrites the code section with fuel charges and adds the
-// exported fuel global. It returns the number of charges inserted.
+// exported fuel counter and interrupt flag. It returns the number of
+// charges inserted.
 func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
-	if m.HasExport(FuelGlobalExport) {
-		return 0, fmt.Errorf("%w: %s", ErrNameClash, FuelGlobalExport)
+	for _, name := range []string{FuelGlobalExport, InterruptGlobalExport} {
+		if m.HasExport(name) {
+			return 0, fmt.Errorf("%w: %s", ErrNameClash, name)
+		}
+	}
+	params, err := m.paramCounts(len(bodies))
+	if err != nil {
+		return 0, err
 	}
 	g := m.ImportedGlobals + m.DefinedGlobals
 	code := appendU32(nil, uint32(len(bodies)))
 	var scratch []byte
 	total := 0
 	for i, b := range bodies {
-		var err error
+		r := fuelRewriter{fuel: g, interrupt: g + 1, yield: m.HasMemory}
 		var n int
-		scratch = append(scratch[:0], b.locals...)
-		if scratch, n, err = instrumentBody(b.expr, g, m.HasMemory, scratch); err != nil {
+		if scratch, n, err = r.rewrite(b, params[i], scratch[:0]); err != nil {
 			return 0, fmt.Errorf("function body %d: %w", i, err)
 		}
 		total += n
@@ -157,25 +398,27 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	}
 	m.setSection(secCode, code)
 
-	// Append (global (mut i64) (i64.const 0)).
-	globals := appendU32(nil, m.DefinedGlobals+1)
+	// Append (global (mut i64) (i64.const 0)) twice.
+	globals := appendU32(nil, m.DefinedGlobals+2)
 	if old := m.section(secGlobal); old != nil {
 		_, pos, _ := readU32(old, 0)
 		globals = append(globals, old[pos:]...)
 	}
-	globals = append(globals, 0x7e, 0x01, 0x42, 0x00, 0x0b)
+	globals = append(globals, 0x7e, 0x01, 0x42, 0x00, 0x0b, 0x7e, 0x01, 0x42, 0x00, 0x0b)
 	m.setSection(secGlobal, globals)
-	m.DefinedGlobals++
+	m.DefinedGlobals += 2
 
-	exports := appendU32(nil, uint32(len(m.Exports)+1))
+	exports := appendU32(nil, uint32(len(m.Exports)+2))
 	if old := m.section(secExport); old != nil {
 		_, pos, _ := readU32(old, 0)
 		exports = append(exports, old[pos:]...)
 	}
-	exports = appendName(exports, FuelGlobalExport)
-	exports = append(exports, 0x03)
-	exports = appendU32(exports, g)
+	for i, name := range []string{FuelGlobalExport, InterruptGlobalExport} {
+		exports = appendName(exports, name)
+		exports = append(exports, 0x03)
+		exports = appendU32(exports, g+uint32(i))
+		m.Exports = append(m.Exports, Export{Name: name, Kind: 3, Index: g + uint32(i)})
+	}
 	m.setSection(secExport, exports)
-	m.Exports = append(m.Exports, Export{Name: FuelGlobalExport, Kind: 3, Index: g})
 	return total, nil
 }

@@ -15,6 +15,8 @@ const (
 	opBrIf               = 0x0d
 	opBrTable            = 0x0e
 	opReturn             = 0x0f
+	opCall               = 0x10
+	opCallIndirect       = 0x11
 	opReturnCall         = 0x12
 	opReturnCallIndirect = 0x13
 
@@ -202,7 +204,7 @@ func decodeCode(p []byte) ([]funcBody, error) {
 	if err != nil {
 		return nil, err
 	}
-	bodies := make([]funcBody, 0, n)
+	bodies := make([]funcBody, 0, min(int(n), len(p)))
 	for i := uint32(0); i < n; i++ {
 		var size uint32
 		if size, pos, err = readU32(p, pos); err != nil {

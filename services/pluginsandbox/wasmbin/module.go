@@ -102,6 +102,24 @@ func Parse(b []byte) (*Module, error) {
 				return nil, fmt.Errorf("%w: section %d out of order", ErrMalformed, id)
 			}
 			lastRank = rank
+			if id == secDataCount {
+				if _, n, err := readU32(b[next:end], 0); err != nil || n != int(size) {
+					return nil, fmt.Errorf("%w: data count section of %d bytes", ErrMalformed, size)
+				}
+			} else if id != secStart {
+				// Every entry of a vector section takes at least a byte: a
+				// larger count is malformed, and refusing it here keeps
+				// wazero's decoder from reserving room for it (26 bytes
+				// announcing 100 million data segments made it allocate
+				// 5.7 GB).
+				count, _, err := readU32(b[next:end], 0)
+				if err != nil {
+					return nil, err
+				}
+				if uint64(count) > uint64(size) {
+					return nil, fmt.Errorf("%w: section %d declares %d entries in %d bytes", ErrMalformed, id, count, size)
+				}
+			}
 		}
 		m.Sections = append(m.Sections, Section{ID: id, Payload: b[next:end]})
 		pos = end
@@ -257,7 +275,7 @@ func decodeTables(p []byte) ([]Limits, error) {
 	if err != nil {
 		return nil, err
 	}
-	tables := make([]Limits, 0, n)
+	tables := make([]Limits, 0, min(int(n), len(p)))
 	for i := uint32(0); i < n; i++ {
 		if pos < len(p) && p[pos] == 0x40 {
 			return nil, fmt.Errorf("%w: table with initialiser", ErrUnsupported)
@@ -279,7 +297,7 @@ func decodeExports(p []byte) ([]Export, error) {
 	if err != nil {
 		return nil, err
 	}
-	exports := make([]Export, 0, n)
+	exports := make([]Export, 0, min(int(n), len(p)))
 	for i := uint32(0); i < n; i++ {
 		var e Export
 		if e.Name, pos, err = readName(p, pos); err != nil {

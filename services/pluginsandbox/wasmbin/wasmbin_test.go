@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
@@ -143,6 +144,112 @@ func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
 	}
 }
 
+// A function keeps the counter in a local, stores it before a call and
+// loads it after: the caller's and the callee's charges add up exactly, and
+// a callee whose entry spends the budget traps there with the count of
+// that moment.
+func TestFuelExactAcrossCalls(t *testing.T) {
+	var b wb.Builder
+	ty := b.Type(nil, nil)
+	callee := b.Func(ty, nil, []byte{0x01, 0x01, 0x01, 0x0b}) // nop x3; end: one segment of 4
+	// i32.const 1; drop; call callee; nop; nop; end: one segment of 6
+	// around the call, charged at the caller's entry.
+	caller := b.Func(ty, nil, []byte{0x41, 0x01, 0x1a, 0x10, byte(callee), 0x01, 0x01, 0x0b})
+	b.ExportFunc("caller", caller)
+	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := instantiate(t, out)
+	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	f := mod.ExportedFunction("caller")
+	ctx := context.Background()
+	for budget := int64(0); budget <= 12; budget++ {
+		fuel.Set(uint64(budget))
+		_, err := f.Call(ctx)
+		left := int64(fuel.Get())
+		switch {
+		case budget < 6: // the caller's entry test
+			if err == nil || left != budget-6 {
+				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-6)
+			}
+		case budget < 10: // the callee's entry test
+			if err == nil || left != budget-10 {
+				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-10)
+			}
+		default:
+			if err != nil || left != budget-10 {
+				t.Errorf("budget %d: err %v, left %d; want a return with %d", budget, err, left, budget-10)
+			}
+		}
+	}
+}
+
+// The interrupt flag is tested with the counter: raised before a call, the
+// guest traps at its entry; raised while a loop runs (here by the host
+// function the loop calls, in its k-th call), the loop traps at its next
+// header, its counter stored exactly.
+func TestInterruptFlagStopsEntriesAndLoops(t *testing.T) {
+	for _, memory := range []bool{false, true} {
+		var b wb.Builder
+		ty := b.Type(nil, nil)
+		tick := b.ImportFunc("env", "tick", ty)
+		if memory {
+			b.Memory(1, 1, true)
+		}
+		// spin(n): loop { call tick; n--; br_if n != 0 }: the entry segment
+		// (loop) costs 1, each iteration 6.
+		spin := b.Func(b.Type([]byte{wb.I32}, nil), nil, []byte{
+			0x03, 0x40, 0x10, byte(tick), 0x20, 0x00, 0x41, 0x01, 0x6b, 0x22, 0x00, 0x0d, 0x00, 0x0b, 0x0b,
+		})
+		b.ExportFunc("spin", spin)
+		out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		r := wazero.NewRuntime(ctx)
+		calls, raiseAt := 0, 0
+		_, err = r.NewHostModuleBuilder("env").NewFunctionBuilder().
+			WithFunc(func(ctx context.Context, m api.Module) {
+				if calls++; calls == raiseAt {
+					m.ExportedGlobal(wasmbin.InterruptGlobalExport).(api.MutableGlobal).Set(1 << 63)
+				}
+			}).Export("tick").Instantiate(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mod, err := r.Instantiate(ctx, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+		flag := mod.ExportedGlobal(wasmbin.InterruptGlobalExport).(api.MutableGlobal)
+		const budget = 1 << 40
+		for _, k := range []int{1, 2, 50} {
+			fuel.Set(budget)
+			flag.Set(0)
+			calls, raiseAt = 0, k
+			if _, err := mod.ExportedFunction("spin").Call(ctx, 1000); err == nil {
+				t.Fatalf("memory %v: flag raised in call %d: no trap", memory, k)
+			}
+			// k iterations paid and the next header's charge.
+			if calls != k || int64(fuel.Get()) != budget-1-6*int64(k+1) {
+				t.Errorf("memory %v: flag raised in call %d: %d calls, counter %d; want %d, %d",
+					memory, k, calls, int64(fuel.Get()), k, budget-1-6*(k+1))
+			}
+		}
+		fuel.Set(budget)
+		flag.Set(1 << 63)
+		calls, raiseAt = 0, 0
+		if _, err := mod.ExportedFunction("spin").Call(ctx, 1000); err == nil || calls != 0 || int64(fuel.Get()) != budget-1 {
+			t.Errorf("memory %v: flag raised before the call: err %v, %d calls, counter %d; want a trap at entry with %d",
+				memory, err, calls, int64(fuel.Get()), budget-1)
+		}
+		_ = r.Close(ctx)
+	}
+}
+
 func TestTableLimits(t *testing.T) {
 	build := func(min, max uint32, hasMax, grow bool) []byte {
 		var b wb.Builder
@@ -215,12 +322,80 @@ func TestRefusesMalformed(t *testing.T) {
 	}
 }
 
+// A section's declared count is the module's word, not a size to
+// allocate: a 16-byte section announcing hundreds of millions of entries
+// is refused without reserving room for them, here or later in wazero's
+// decoder (found by FuzzPrepare: the fuzzing worker ran out of memory).
+func TestCountsDoNotSizeAllocations(t *testing.T) {
+	for _, wasm := range [][]byte{
+		[]byte("\x00asm\x01\x00\x00\x00\n\x10\xe0\xe0\xe0\xe00'0000000000"), // code
+		[]byte("\x00asm\x01\x00\x00\x00\v\x10\xe0\xe0\xe000\x80000000%000"), // data
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, _, err := wasmbin.Prepare(wasm, wasmbin.Options{MaxTableElements: 100, Fuel: true, MergeData: true})
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, wasmbin.ErrMalformed) {
+			t.Errorf("section %d: err = %v, want ErrMalformed", wasm[8], err)
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+			t.Errorf("section %d: Prepare of a 26-byte module allocated %d bytes", wasm[8], grew)
+		}
+	}
+}
+
+// FuzzPrepare feeds Prepare arbitrary bytes: it must not panic, and a
+// module wazero accepts must still be accepted once rewritten (the
+// rewriter inserts code around calls, exits and loop headers, and a local
+// in every function).
 func FuzzPrepare(f *testing.F) {
 	f.Add(spinModule())
+	f.Add(callsFixture(false))
+	f.Add(callsFixture(true))
+	ctx := context.Background()
+	r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
+	f.Cleanup(func() { _ = r.Close(ctx) })
 	f.Fuzz(func(t *testing.T, b []byte) {
 		out, _, err := wasmbin.Prepare(b, wasmbin.Options{MaxTableElements: 100, Fuel: true, MergeData: true})
 		if err == nil && len(out) < 8 {
 			t.Fatal("short output without error")
 		}
+		if err != nil {
+			return
+		}
+		in, cerr := r.CompileModule(ctx, b)
+		if cerr != nil {
+			return
+		}
+		_ = in.Close(ctx)
+		rewritten, cerr := r.CompileModule(ctx, out)
+		if cerr != nil {
+			t.Fatalf("the input compiles, the rewritten module does not: %v", cerr)
+		}
+		_ = rewritten.Close(ctx)
 	})
+}
+
+// callsFixture is a module with calls, call_indirect, early returns and
+// nested loops (the same shapes as the reference test's).
+func callsFixture(memory bool) []byte {
+	var b wb.Builder
+	tI32 := b.Type([]byte{wb.I32}, []byte{wb.I32})
+	if memory {
+		b.Memory(1, 1, true)
+	}
+	leaf := b.Func(tI32, nil, []byte{0x20, 0x00, 0x41, 0x03, 0x6a, 0x0b})
+	run := b.Func(tI32, []byte{0x01, 0x01, wb.I32}, []byte{
+		0x02, 0x40, 0x03, 0x40, // block; loop
+		0x20, 0x00, 0x45, 0x0d, 0x01, // local.get 0; i32.eqz; br_if 1
+		0x20, 0x01, 0x10, byte(leaf), 0x21, 0x01, // acc = leaf(acc)
+		0x20, 0x01, 0x41, 0x00, 0x11, byte(tI32), 0x00, 0x21, 0x01, // acc = table[0](acc)
+		0x20, 0x01, 0x41, 0x28, 0x4a, 0x04, 0x40, 0x20, 0x01, 0x0f, 0x0b, // if acc > 40 return acc
+		0x20, 0x00, 0x41, 0x01, 0x6b, 0x21, 0x00, 0x0c, 0x00, // n--; br 0
+		0x0b, 0x0b, 0x20, 0x01, 0x0b,
+	})
+	b.Table(1, 1, true)
+	b.Elem(0, leaf)
+	b.ExportFunc("run", run)
+	return b.Bytes()
 }

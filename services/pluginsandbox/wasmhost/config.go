@@ -12,18 +12,20 @@ type Interrupt int
 
 const (
 	// InterruptWatchdog (the default) stops a guest at the deadline by
-	// driving its fuel counter negative, every millisecond until the call
-	// returns; the fuel check already in every basic block then traps.
-	// It costs nothing while the deadline is not reached.
+	// raising its interrupt flag (wasmbin), which the fuel test already at
+	// every loop header and function entry reads: the guest traps at its
+	// next loop iteration or call. The fuel test reads the flag anyway, so
+	// the watchdog costs nothing while the deadline is not reached.
 	//
 	// Measured on this 2-core machine with BenchmarkInterrupt (go test
 	// -run '^$' -bench Interrupt -benchtime 1x ./services/pluginsandbox/wasmhost),
-	// Go guest, both modes with fuel metering on:
-	//   CPU loop, 1e6 iterations:  watchdog 2.3 ms, close-on-done 37 ms
-	//   echo execute p50:          watchdog 546 us, close-on-done 826 us
-	//   infinite loop, 200 ms deadline, stopped after: watchdog 200-280 ms,
-	//   close-on-done 200 ms.
-	// Hence the watchdog: a comparable stop latency, no per-loop-header check.
+	// Go guest, both modes with fuel metering on, two runs (load 4.4):
+	//   CPU loop, 1e6 iterations:  watchdog 2.0-4.1 ms, close-on-done 27 ms
+	//   echo execute p50:          watchdog 187-286 us, close-on-done 188-240 us
+	//   infinite loop, 200 ms deadline, stopped after: watchdog 200-201 ms,
+	//   close-on-done 201-202 ms.
+	// Hence the watchdog: the same stop latency without a call into the
+	// runtime at every loop header.
 	InterruptWatchdog Interrupt = iota
 	// InterruptCloseOnDone uses wazero's WithCloseOnContextDone, which
 	// checks the context at every loop header and function entry.

@@ -24,19 +24,16 @@ import (
 // maxResultBytes caps what an export may return.
 const maxResultBytes = 16 << 20
 
-// interruptFuel is what the watchdog writes into the fuel counter at the
-// deadline: far below zero, so the next charge traps.
-const interruptFuel = -(int64(1) << 62)
-
 // instance is one instantiated module. It is used by one call at a time.
 type instance struct {
-	c       *compiled
-	mod     api.Module
-	fuel    api.MutableGlobal // nil when fuel is disabled
-	alloc   api.Function
-	dealloc api.Function
-	callFn  api.Function // c.callExport, or nil
-	stderr  tailBuffer
+	c         *compiled
+	mod       api.Module
+	fuel      api.MutableGlobal // nil when fuel is disabled
+	interrupt api.MutableGlobal // the guest's interrupt flag (wasmbin); with fuel
+	alloc     api.Function
+	dealloc   api.Function
+	callFn    api.Function // c.callExport, or nil
+	stderr    tailBuffer
 	// sleepDone is the Done channel of the running call, so that WASI sleeps
 	// (poll_oneoff clock waits) end with the call.
 	sleepDone atomic.Pointer[<-chan struct{}]
@@ -79,6 +76,10 @@ func (h *Host) newInstance(ctx context.Context, c *compiled) (*instance, error) 
 	}
 	if g, ok := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal); ok {
 		in.fuel = g
+		if in.interrupt, ok = mod.ExportedGlobal(wasmbin.InterruptGlobalExport).(api.MutableGlobal); !ok {
+			in.close(context.Background())
+			return nil, fmt.Errorf("%w: fuel counter without an interrupt flag", ErrInvalidModule)
+		}
 	}
 	if init := mod.ExportedFunction(abi.ExportInitialize); init != nil {
 		cctx, cancel := h.callContext(ctx)
@@ -177,6 +178,7 @@ func (in *instance) invoke(ctx context.Context, f *frame, body func(context.Cont
 	defer context.AfterFunc(h.stopCtx, func() { cancel(ErrClosed) })()
 	if in.fuel != nil {
 		in.fuel.Set(h.cfg.Limits.CallFuel)
+		in.interrupt.Set(0)
 	}
 	done := ctx.Done()
 	in.sleepDone.Store(&done)
@@ -213,7 +215,8 @@ func (in *instance) fuelLeft() int64 {
 }
 
 // classify maps what stopped a call to a sentinel error. Order matters: a
-// deadline drives fuel negative, so it is checked first.
+// guest stopped at its deadline traps in its fuel test, so the deadline is
+// checked first.
 func (in *instance) classify(ctx context.Context, err error, watchdogFired bool) error {
 	lim := in.c.host.cfg.Limits
 	if errors.Is(err, ErrABI) {
@@ -265,50 +268,38 @@ func (in *instance) close(ctx context.Context) {
 }
 
 // watchdog enforces the deadline under InterruptWatchdog: when the context
-// ends it writes interruptFuel into the fuel counter every millisecond until
-// the call returns (one write can be lost to the guest's own
-// read-modify-write of the counter, hence the repetition).
+// ends it raises the guest's interrupt flag, which the guest tests with its
+// fuel counter at every loop header and function entry (wasmbin). The guest
+// never writes the flag, so one write is enough.
 type watchdog struct {
 	stopFn func() bool
-	quit   chan struct{}
 	done   chan struct{}
-	fired  atomic.Bool
 }
 
 func (in *instance) startWatchdog(ctx context.Context) *watchdog {
 	if in.fuel == nil || in.c.host.cfg.Interrupt != InterruptWatchdog {
 		return nil
 	}
-	w := &watchdog{quit: make(chan struct{}), done: make(chan struct{})}
+	w := &watchdog{done: make(chan struct{})}
 	w.stopFn = context.AfterFunc(ctx, func() {
 		defer close(w.done)
-		w.fired.Store(true)
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			in.fuel.Set(interruptFuelBits)
-			select {
-			case <-w.quit:
-				return
-			case <-t.C:
-			}
-		}
+		in.interrupt.Set(interruptBits)
 	})
 	return w
 }
 
 // stop ends the watchdog and reports whether it fired.
 func (w *watchdog) stop() bool {
-	if w == nil {
+	if w == nil || w.stopFn() {
 		return false
 	}
-	if w.stopFn() {
-		return false
-	}
-	close(w.quit)
 	<-w.done
-	return w.fired.Load()
+	return true
 }
+
+// interruptBits is what the watchdog writes into the interrupt flag: the
+// sign bit alone, so that the flag or-ed with any counter is negative.
+const interruptBits = uint64(1) << 63
 
 // tailBuffer keeps the last 4 KiB written to it (the guest's stderr), only
 // to recognise an out-of-memory report; it is never shown to callers.
@@ -324,5 +315,3 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 }
 
 func (t *tailBuffer) bytes() []byte { return t.b }
-
-var interruptFuelBits = func() uint64 { v := interruptFuel; return uint64(v) }()

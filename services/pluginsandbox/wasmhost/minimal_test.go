@@ -19,6 +19,23 @@ import (
 // pad > 0 puts that many nops in an if-body before the result: straight
 // code, charged but not tested for exhaustion, with an exact fuel cost.
 func minimalTool(pad int) []byte {
+	return handTool(func(b *wb.Builder, result []byte) []byte {
+		var body []byte
+		if pad > 0 {
+			body = append(body, 0x41, 0x01, 0x04, 0x40) // i32.const 1; if
+			for range pad {
+				body = append(body, 0x01) // nop
+			}
+			body = append(body, 0x0b) // end
+		}
+		return append(body, result...)
+	})
+}
+
+// handTool encodes a hand-assembled tool guest like minimalTool's whose
+// tool_execute body is execute's: result is the code that pushes the
+// constant result and ends. execute may add functions of its own.
+func handTool(execute func(b *wb.Builder, result []byte) []byte) []byte {
 	var b wb.Builder
 	i32, i64 := []byte{wb.I32}, []byte{wb.I64}
 	b.Memory(2, 2, true)
@@ -45,16 +62,8 @@ func minimalTool(pad int) []byte {
 	name := b.Func(meta, nil, constI64(ptrLen[0]))
 	desc := b.Func(meta, nil, constI64(ptrLen[1]))
 	schema := b.Func(meta, nil, constI64(ptrLen[2]))
-	var body []byte
-	if pad > 0 {
-		body = append(body, 0x41, 0x01, 0x04, 0x40) // i32.const 1; if
-		for range pad {
-			body = append(body, 0x01) // nop
-		}
-		body = append(body, 0x0b) // end
-	}
-	body = append(body, constI64(ptrLen[3])...)
-	execute := b.Func(b.Type([]byte{wb.I32, wb.I32}, i64), nil, body)
+	body := execute(&b, constI64(ptrLen[3]))
+	exec := b.Func(b.Type([]byte{wb.I32, wb.I32}, i64), nil, body)
 
 	b.ExportFunc("clawmesh_abi_version", version)
 	b.ExportFunc("alloc", alloc)
@@ -62,13 +71,18 @@ func minimalTool(pad int) []byte {
 	b.ExportFunc("tool_name", name)
 	b.ExportFunc("tool_description", desc)
 	b.ExportFunc("tool_parameters_schema", schema)
-	b.ExportFunc("tool_execute", execute)
+	b.ExportFunc("tool_execute", exec)
 	return b.Bytes()
 }
 
 func loadMinimal(tb testing.TB, h *wasmhost.Host, pad int) *wasmhost.Tool {
 	tb.Helper()
-	tool, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "minimal", Version: "0.1.0", Wasm: minimalTool(pad)})
+	return loadHandTool(tb, h, minimalTool(pad))
+}
+
+func loadHandTool(tb testing.TB, h *wasmhost.Host, wasm []byte) *wasmhost.Tool {
+	tb.Helper()
+	tool, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "minimal", Version: "0.1.0", Wasm: wasm})
 	if err != nil {
 		tb.Fatalf("load the minimal tool: %v", err)
 	}

@@ -23,6 +23,8 @@ type Builder struct {
 	memory  []byte
 	exports []byte
 	nExport uint32
+	elems   []byte
+	nElems  uint32
 	data    []byte
 	nData   uint32
 }
@@ -74,6 +76,18 @@ func (b *Builder) Memory(min, max uint32, hasMax bool) {
 	b.export("memory", 0x02, 0)
 }
 
+// Elem adds an active element segment for table 0 at a constant offset.
+func (b *Builder) Elem(offset int32, funcs ...uint32) {
+	b.elems = append(b.elems, 0x00, 0x41)
+	b.elems = S64(b.elems, int64(offset))
+	b.elems = append(b.elems, 0x0b)
+	b.elems = U32(b.elems, uint32(len(funcs)))
+	for _, f := range funcs {
+		b.elems = U32(b.elems, f)
+	}
+	b.nElems++
+}
+
 // Data adds an active data segment for memory 0 at a constant offset.
 func (b *Builder) Data(offset int32, bytes []byte) {
 	b.data = append(b.data, 0x00, 0x41)
@@ -119,6 +133,9 @@ func (b *Builder) Bytes() []byte {
 	}
 	if b.nExport > 0 {
 		out = section(out, 7, append(U32(nil, b.nExport), b.exports...))
+	}
+	if b.nElems > 0 {
+		out = section(out, 9, append(U32(nil, b.nElems), b.elems...))
 	}
 	code := U32(nil, uint32(len(b.codes)))
 	for _, c := range b.codes {

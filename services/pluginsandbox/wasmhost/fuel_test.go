@@ -1,0 +1,113 @@
+package wasmhost_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	wb "github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin/wasmbuild"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// nops returns n nop instructions.
+func nops(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = 0x01
+	}
+	return b
+}
+
+// The guest keeps its fuel counter in a local of each function (wasmbin):
+// the watchdog's interrupt flag must still stop a loop that never calls
+// anything and loops that spend their iterations in long straight code,
+// in the loop's function or in another, with the garbage collector asking
+// for stop-the-worlds all along. (With the counter in a local, a watchdog
+// writing the counter itself would lose its write to the guest's next
+// store of it, which in such loops comes a whole straight stretch after
+// the guest last read it: hence the flag.)
+func TestWatchdogStopsLoopWithCountInLocal(t *testing.T) {
+	loops := map[string][]byte{
+		"bare loop": handTool(func(b *wb.Builder, result []byte) []byte {
+			return append([]byte{0x03, 0x40, 0x0c, 0x00, 0x0b}, result...) // loop; br 0; end
+		}),
+		"loop of straight code and an if": handTool(func(b *wb.Builder, result []byte) []byte {
+			// loop; nop x5000; i32.const 1; if; nop; end; br 0; end
+			body := append([]byte{0x03, 0x40}, nops(5000)...)
+			body = append(body, 0x41, 0x01, 0x04, 0x40, 0x01, 0x0b, 0x0c, 0x00, 0x0b)
+			return append(body, result...)
+		}),
+		"loop calling straight code": handTool(func(b *wb.Builder, result []byte) []byte {
+			straight := b.Func(b.Type(nil, nil), nil, append(nops(5000), 0x0b))
+			// loop; call straight; br 0; end
+			return append([]byte{0x03, 0x40, 0x10, byte(straight), 0x0c, 0x00, 0x0b}, result...)
+		}),
+	}
+	for name, wasm := range loops {
+		t.Run(name, func(t *testing.T) {
+			h := newHost(t, wasmhost.Limits{CallFuel: 1 << 60, CallTimeoutMS: 200})
+			tool := loadHandTool(t, h, wasm)
+			stopGC, gcDone := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(gcDone)
+				for {
+					select {
+					case <-stopGC:
+						return
+					default:
+						runtime.GC()
+					}
+				}
+			}()
+			start := time.Now()
+			_, err := tool.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{})})
+			elapsed := time.Since(start)
+			close(stopGC)
+			<-gcDone
+			if !errors.Is(err, wasmhost.ErrCallTimeout) {
+				t.Fatalf("err = %v after %v, want ErrCallTimeout", err, elapsed)
+			}
+			t.Logf("stopped after %v", elapsed)
+		})
+	}
+}
+
+// A call to another guest function keeps the exact count: the callee
+// charges the counter the caller stored, and the caller goes on from the
+// counter the callee left, to the instruction.
+func TestFuelExactAcrossGuestCall(t *testing.T) {
+	wasm := handTool(func(b *wb.Builder, result []byte) []byte {
+		helper := b.Func(b.Type(nil, nil), nil, append(nops(100), 0x0b))
+		body := []byte{0x10, byte(helper), 0x41, 0x01, 0x04, 0x40} // call helper; i32.const 1; if
+		body = append(body, nops(50)...)
+		body = append(body, 0x0b) // end
+		return append(body, result...)
+	})
+	call := wasmhost.ToolCall{Args: args(map[string]string{})}
+	big := loadHandTool(t, newHost(t, wasmhost.Limits{CallFuel: 1 << 30}), wasm)
+	res, err := big.Execute(context.Background(), call)
+	if err != nil || !res.Success {
+		t.Fatalf("with a large budget: %+v, %v", res, err)
+	}
+	// alloc 4+2; execute's entry segment (call; i32.const; if) 3; the
+	// helper 101; the if-body 51; execute's tail 2.
+	const need = 4 + 2 + 3 + 101 + 51 + 2
+	if res.FuelUsed != need {
+		t.Fatalf("fuel used = %d, want %d", res.FuelUsed, need)
+	}
+	for _, budget := range []uint64{need - 1, need - 2, need - 53, need - 54, need - 100, need - 155, need - 156} {
+		t.Run(fmt.Sprint("budget ", budget), func(t *testing.T) {
+			tool := loadHandTool(t, newHost(t, wasmhost.Limits{CallFuel: budget}), wasm)
+			if _, err := tool.Execute(context.Background(), call); !errors.Is(err, wasmhost.ErrFuelExhausted) {
+				t.Errorf("budget %d of %d: err = %v, want ErrFuelExhausted", budget, need, err)
+			}
+		})
+	}
+	exact := loadHandTool(t, newHost(t, wasmhost.Limits{CallFuel: need}), wasm)
+	if res, err := exact.Execute(context.Background(), call); err != nil || !res.Success || res.FuelUsed != need {
+		t.Errorf("budget exactly %d: %+v, %v", need, res, err)
+	}
+}
