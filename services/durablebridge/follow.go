@@ -107,7 +107,12 @@ func (f *follower) run(ctx context.Context) {
 	f.b.layout.SetReady()
 	log.Info("durable layout ready", zap.String("epoch", f.b.layout.Epoch()), zap.Int("panes", f.b.layout.PaneCount()))
 	f.drainQueues(ctx)
+	f.follow(ctx)
+}
 
+// follow applies updates, reloads, reconciles and expires asks until ctx
+// is done.
+func (f *follower) follow(ctx context.Context) {
 	tick := time.NewTicker(f.b.cfg.ReconcileEvery)
 	defer tick.Stop()
 	expiry := time.NewTimer(time.Hour)
