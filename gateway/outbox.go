@@ -113,7 +113,16 @@ func (o *outbox) forgetTurn(turnID string) {
 	delete(o.completed, turnID)
 }
 
+// maxBatchBytes bounds the updates run takes off the queue to write at
+// once; maxKeptBatch bounds the slots of a batch's array run keeps.
+const (
+	maxBatchBytes = 256 << 10
+	maxKeptBatch  = 1024
+)
+
 func (o *outbox) run(ctx context.Context) {
+	var batch []queued
+	var frames []jsonrpc.Notification
 	for {
 		o.mu.Lock()
 		for len(o.q) == 0 && !o.done {
@@ -123,36 +132,59 @@ func (o *outbox) run(ctx context.Context) {
 			o.mu.Unlock()
 			return
 		}
-		next := o.q[0]
-		o.q[0] = queued{}
-		o.q = o.q[1:]
-		o.bytes -= len(next.u.GetJson())
+		// Everything queued meanwhile goes out in one write, up to
+		// maxBatchBytes (at least one update).
+		size, n := 0, 0
+		for n < len(o.q) && (n == 0 || size+len(o.q[n].u.GetJson()) <= maxBatchBytes) {
+			size += len(o.q[n].u.GetJson())
+			n++
+		}
+		if n == len(o.q) {
+			batch, o.q = o.q, batch[:0] // the two arrays take turns
+		} else {
+			batch = append(batch[:0], o.q[:n]...)
+			clear(o.q[:n])
+			o.q = o.q[n:]
+		}
+		o.bytes -= size
 		o.mu.Unlock()
-		o.deliver(ctx, next.u, next.n)
+		frames = frames[:0]
+		for _, q := range batch {
+			frames = append(frames, q.n)
+		}
+		o.deliver(ctx, batch, frames)
+		clear(batch)
+		clear(frames)
+		if cap(batch) > maxKeptBatch {
+			batch, frames = nil, nil // a backlog's arrays are not kept
+		}
 	}
 }
 
-// deliver writes one update. Send writes it on this goroutine when the
-// connection's output is idle (the common case: no hand-off to the
-// writer goroutine); the outbox serves this connection alone, so a peer
-// that stops reading holds only its own outbox, until the write-stall
-// rule closes it.
-func (o *outbox) deliver(ctx context.Context, u *busv1.SessionUpdate, n jsonrpc.Notification) {
-	if err := o.cs.conn.Send(ctx, n); err != nil {
+// deliver writes a batch of updates, in order. SendAll writes it on this
+// goroutine when the connection's output is idle (the common case: no
+// hand-off to the writer goroutine); the outbox serves this connection
+// alone, so a peer that stops reading holds only its own outbox, until
+// the write-stall rule closes it.
+func (o *outbox) deliver(ctx context.Context, batch []queued, frames []jsonrpc.Notification) {
+	if err := o.cs.conn.SendAll(ctx, frames); err != nil {
 		o.g.log.Debug("update not delivered", zap.String("conn", o.cs.id), zap.Error(err))
 		return
 	}
-	switch u.GetType() {
-	case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
-		if o.cs.canElicit() {
-			o.g.spawn(func() { o.g.elicitApproval(ctx, o.cs, u) })
-		}
-	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
-		var tc struct {
-			TurnID string `json:"turn_id"`
-		}
-		if json.Unmarshal([]byte(u.GetJson()), &tc) == nil && tc.TurnID != "" {
-			o.markCompleted(tc.TurnID)
+	for _, q := range batch {
+		u := q.u
+		switch u.GetType() {
+		case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
+			if o.cs.canElicit() {
+				o.g.spawn(func() { o.g.elicitApproval(ctx, o.cs, u) })
+			}
+		case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
+			var tc struct {
+				TurnID string `json:"turn_id"`
+			}
+			if json.Unmarshal([]byte(u.GetJson()), &tc) == nil && tc.TurnID != "" {
+				o.markCompleted(tc.TurnID)
+			}
 		}
 	}
 }

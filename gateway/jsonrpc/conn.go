@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -694,7 +695,13 @@ const maxScratch = 64 << 10
 
 // writeDirect writes frame (plus LF) on the calling goroutine if the
 // output is idle, and reports whether it did (or the connection failed).
+// frame must have room for the LF or be the caller's to grow.
 func (c *Conn) writeDirect(frame []byte) bool {
+	return c.writeLinesDirect(append(frame, '\n'))
+}
+
+// writeLinesDirect is writeDirect of frames already LF-terminated.
+func (c *Conn) writeLinesDirect(lines []byte) bool {
 	c.wmu.Lock()
 	if c.writing || len(c.wq) > 0 || c.wclosed || c.flushClose {
 		c.wmu.Unlock()
@@ -702,7 +709,7 @@ func (c *Conn) writeDirect(frame []byte) bool {
 	}
 	c.writing = true
 	c.wmu.Unlock()
-	err := c.writeAll(append(frame, '\n'), false)
+	err := c.writeAll(lines, false)
 	c.wmu.Lock()
 	c.writing = false
 	more := len(c.wq) > 0 || c.flushClose
@@ -778,6 +785,35 @@ func (c *Conn) Send(ctx context.Context, n Notification) error {
 		return c.writeErr()
 	}
 	return c.enqueue(ctx, n.frame)
+}
+
+// SendAll sends ns in order, as Send would one by one, but in one write
+// when the output is idle (or as one batch for the writer otherwise): a
+// backlog of updates costs one system call, not one per update. Frames of
+// other senders never come between them.
+func (c *Conn) SendAll(ctx context.Context, ns []Notification) error {
+	size := 0
+	for _, n := range ns {
+		if len(n.frame) == 0 {
+			return fmt.Errorf("%w: empty notification", ErrInvalidFrame)
+		}
+		size += len(n.frame) + 1
+	}
+	if size == 0 {
+		return nil
+	}
+	bp := scratchPool.Get().(*[]byte)
+	b := slices.Grow((*bp)[:0], size)
+	for _, n := range ns {
+		b = append(b, n.frame...)
+		b = append(b, '\n')
+	}
+	defer putScratch(bp, b)
+	if c.writeLinesDirect(b) {
+		return c.writeErr()
+	}
+	// enqueue adds the LF of the last frame.
+	return c.enqueue(ctx, b[:len(b)-1])
 }
 
 // writeErr is nil while the connection is open, else why it closed (a

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
@@ -198,4 +199,77 @@ func ServeAsks(nc *nats.Conn, connID string, spawn func(func()), fn func(*busv1.
 		return nil, fmt.Errorf("bus: subscribe asks: %w", err)
 	}
 	return sub, nil
+}
+
+// SessionUpdatePublisher publishes the updates of one session on its
+// subject, built and checked once. Each update is encoded into a buffer
+// the publisher keeps (nats.go copies what it publishes), so a streaming
+// turn's chunk costs no allocation here. It is not safe for concurrent
+// use: the caller serializes its publishes, as it must anyway to keep
+// their seq order.
+type SessionUpdatePublisher struct {
+	nc        *nats.Conn
+	sessionID string
+	subject   string
+	buf       []byte
+}
+
+// NewSessionUpdatePublisher returns the publisher of sessionID's updates.
+func NewSessionUpdatePublisher(nc *nats.Conn, sessionID string) (*SessionUpdatePublisher, error) {
+	subject, err := SessionUpdateSubject(sessionID)
+	if err != nil {
+		return nil, err
+	}
+	return &SessionUpdatePublisher{nc: nc, sessionID: sessionID, subject: subject}, nil
+}
+
+// maxKeptUpdateBuffer bounds the buffer a publisher keeps between updates:
+// a large one (a long tool output) is not held for the session's life.
+const maxKeptUpdateBuffer = 64 << 10
+
+// Publish publishes the update {session_id, typ, seq, json} of the
+// publisher's session, to every attached connection; params is the
+// session/update params object, not retained. The bytes are those
+// proto.Marshal gives for the same busv1.SessionUpdate.
+func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params []byte) error {
+	b := appendSessionUpdate(p.buf[:0], p.sessionID, typ, seq, params)
+	err := p.nc.Publish(p.subject, b)
+	if cap(b) <= maxKeptUpdateBuffer {
+		p.buf = b
+	}
+	if err != nil {
+		return fmt.Errorf("bus: publish %s: %w", p.subject, err)
+	}
+	return nil
+}
+
+// Field numbers of busv1.SessionUpdate.
+const (
+	fieldUpdateSessionID protowire.Number = 1
+	fieldUpdateType      protowire.Number = 2
+	fieldUpdateSeq       protowire.Number = 3
+	fieldUpdateJSON      protowire.Number = 4
+)
+
+// appendSessionUpdate appends the wire form of a busv1.SessionUpdate
+// without connection_id: fields in number order, zero values omitted, as
+// proto.Marshal writes them.
+func appendSessionUpdate(b []byte, sessionID string, typ busv1.UpdateType, seq int64, params []byte) []byte {
+	if sessionID != "" {
+		b = protowire.AppendTag(b, fieldUpdateSessionID, protowire.BytesType)
+		b = protowire.AppendString(b, sessionID)
+	}
+	if typ != 0 {
+		b = protowire.AppendTag(b, fieldUpdateType, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(typ))
+	}
+	if seq != 0 {
+		b = protowire.AppendTag(b, fieldUpdateSeq, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(seq))
+	}
+	if len(params) > 0 {
+		b = protowire.AppendTag(b, fieldUpdateJSON, protowire.BytesType)
+		b = protowire.AppendBytes(b, params)
+	}
+	return b
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 )
 
@@ -19,6 +20,12 @@ import (
 // .mutex.pprof and .heap.pprof when it stops (after a graceful stop only:
 // a killed process leaves its CPU profile unfinished).
 const EnvDir = "CLAWMESH_PROFILE_DIR"
+
+// EnvTrace, set to 1 beside EnvDir, also makes each process write an
+// execution trace, <name>-<pid>.trace (go tool trace), while it runs: the
+// goroutine hand-offs and system calls of a latency path. A trace grows
+// by megabytes a second under load: for short runs.
+const EnvTrace = "CLAWMESH_PROFILE_TRACE"
 
 // BlockRate is the block profile's sampling: one event per this many
 // nanoseconds blocked. MutexFraction samples one contention event in so
@@ -48,11 +55,29 @@ func Start(name string) (stop func() error, err error) {
 		cpu.Close()
 		return nil, fmt.Errorf("cpu profile: %w", err)
 	}
+	var tf *os.File
+	if os.Getenv(EnvTrace) == "1" {
+		if tf, err = os.Create(base + ".trace"); err != nil {
+			pprof.StopCPUProfile()
+			cpu.Close()
+			return nil, fmt.Errorf("trace: %w", err)
+		}
+		if err := trace.Start(tf); err != nil {
+			pprof.StopCPUProfile()
+			cpu.Close()
+			tf.Close()
+			return nil, fmt.Errorf("trace: %w", err)
+		}
+	}
 	runtime.SetBlockProfileRate(BlockRate)
 	runtime.SetMutexProfileFraction(MutexFraction)
 	return func() error {
 		pprof.StopCPUProfile()
 		errs := []error{cpu.Close()}
+		if tf != nil {
+			trace.Stop()
+			errs = append(errs, tf.Close())
+		}
 		for _, p := range []string{"block", "mutex", "heap"} {
 			errs = append(errs, write(base+"."+p+".pprof", p))
 		}

@@ -99,6 +99,23 @@ func (c *Client) Reply(id json.RawMessage, result any) error {
 	return c.Send(string(raw))
 }
 
+// ReadLine reads the next line as it came, without its LF and not
+// decoded, waiting at most d. The line is valid until the next read: a
+// reader that looks for a few bytes (a benchmark's stamp) pays neither a
+// copy nor a JSON decoding per frame.
+func (c *Client) ReadLine(d time.Duration) ([]byte, error) {
+	c.conn.SetReadDeadline(time.Now().Add(d))
+	line, err := c.r.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		rest, e := c.r.ReadBytes('\n')
+		line, err = append(append([]byte(nil), line...), rest...), e
+	}
+	if err != nil {
+		return line, err
+	}
+	return line[:len(line)-1], nil
+}
+
 // Read reads the next frame, waiting at most d.
 func (c *Client) Read(d time.Duration) (*Frame, []byte, error) {
 	c.conn.SetReadDeadline(time.Now().Add(d))

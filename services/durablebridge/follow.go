@@ -107,21 +107,33 @@ func (f *follower) run(ctx context.Context) {
 	f.b.layout.SetReady()
 	log.Info("durable layout ready", zap.String("epoch", f.b.layout.Epoch()), zap.Int("panes", f.b.layout.PaneCount()))
 	f.drainQueues(ctx)
+	f.follow(ctx)
+}
 
+// follow applies updates, reloads, reconciles and expires asks until ctx
+// is done.
+func (f *follower) follow(ctx context.Context) {
 	tick := time.NewTicker(f.b.cfg.ReconcileEvery)
 	defer tick.Stop()
 	expiry := time.NewTimer(time.Hour)
 	defer expiry.Stop()
+	recheck := true
 	for {
-		expiry.Stop()
-		if next := f.b.layout.expire(time.Now()); !next.IsZero() {
-			expiry.Reset(time.Until(next))
+		// Every pane's asks are walked only when they may have changed or
+		// one may have expired: a streamed chunk changes none, and at
+		// hundreds of panes the walk per chunk cost more than the chunk.
+		if recheck {
+			expiry.Stop()
+			if next := f.b.layout.expire(time.Now()); !next.IsZero() {
+				expiry.Reset(time.Until(next))
+			}
 		}
+		recheck = true
 		select {
 		case <-ctx.Done():
 			return
 		case u := <-f.updates:
-			f.apply(ctx, u)
+			recheck = !f.apply(ctx, u)
 		case <-f.wake:
 			f.reloadMarked(ctx)
 			f.drainQueues(ctx)
@@ -280,15 +292,17 @@ type updateParams struct {
 	Dropped    int64           `json:"dropped_messages"`
 }
 
-// apply applies one session update.
-func (f *follower) apply(ctx context.Context, u *busv1.SessionUpdate) {
+// apply applies one session update. It reports asksKept: the update was
+// a streamed chunk of a pane already shown, in a turn already known, so
+// no ask was added, removed or given a new expiry.
+func (f *follower) apply(ctx context.Context, u *busv1.SessionUpdate) (asksKept bool) {
 	id := u.GetSessionId()
 	if u.GetType() == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
 		f.b.layout.remove(id)
 		if err := f.b.store.forgetPane(ctx, id); err != nil {
 			f.b.log.Warn("forget deleted session", zap.String("session_id", id), zap.Error(err))
 		}
-		return
+		return false
 	}
 	var seen int64 = -1
 	f.b.layout.read(id, func(p *pane) { seen = p.lastSeq })
@@ -296,27 +310,30 @@ func (f *follower) apply(ctx context.Context, u *busv1.SessionUpdate) {
 		// A session the layout does not show yet: its view covers this
 		// update.
 		f.discover(ctx, id)
-		return
+		return false
 	}
 	if u.GetSeq() <= seen {
-		return
+		return false
 	}
 	f.b.layout.mutate(id, func(p *pane) bool { p.lastSeq = u.GetSeq(); return false })
 	var up updateParams
 	if err := json.Unmarshal([]byte(u.GetJson()), &up); err != nil {
 		f.b.log.Warn("undecodable session update", zap.String("session_id", id), zap.Error(err))
-		return
+		return false
 	}
 	typ := u.GetType()
+	turnKnown := true
 	if up.TurnID != "" && typ != busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE {
-		f.noteTurn(ctx, id, up.TurnID)
+		turnKnown = !f.noteTurn(ctx, id, up.TurnID)
 	}
 	now := time.Now()
 	switch typ {
 	case busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK:
 		f.b.layout.mutate(id, func(p *pane) bool { p.putItem(up.TurnID+":reply", kindReply, up.Text, now, true); return false })
+		return turnKnown
 	case busv1.UpdateType_UPDATE_TYPE_AGENT_THOUGHT_CHUNK:
 		f.b.layout.mutate(id, func(p *pane) bool { p.putItem(up.TurnID+":thinking", kindThinking, up.Text, now, true); return false })
+		return turnKnown
 	case busv1.UpdateType_UPDATE_TYPE_TOOL_CALL:
 		f.b.layout.mutate(id, func(p *pane) bool {
 			p.putItem(up.ToolCallID, kindTool, up.Name+" "+string(up.RawInput), now, false)
@@ -343,6 +360,7 @@ func (f *follower) apply(ctx context.Context, u *busv1.SessionUpdate) {
 	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
 		f.turnEnded(ctx, id, up)
 	}
+	return false
 }
 
 // discover shows a session the layout does not have yet.
@@ -374,12 +392,12 @@ func open(s *sessionv1.Session) bool {
 
 // noteTurn starts following a turn the pane did not know: its start time
 // from the session's view, and the transcript rows written before it ran
-// (its prompt).
-func (f *follower) noteTurn(ctx context.Context, id, turnID string) {
+// (its prompt). It reports whether it did (false: the turn was known).
+func (f *follower) noteTurn(ctx context.Context, id, turnID string) (read bool) {
 	known := false
 	f.b.layout.read(id, func(p *pane) { known = p.turn != nil && p.turn.id == turnID || p.liveTurn == turnID })
 	if known {
-		return
+		return false
 	}
 	started := time.Now()
 	c, cancel := f.call(ctx)
@@ -395,6 +413,7 @@ func (f *follower) noteTurn(ctx context.Context, id, turnID string) {
 		f.showRows(p, rows, false)
 		return true
 	})
+	return true
 }
 
 // newRows reads the transcript rows the pane has not shown.

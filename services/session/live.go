@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
 )
 
 // DefaultLiveIdleTimeout is how long the in-memory half of a session with
@@ -48,6 +50,10 @@ type liveSession struct {
 	pubMu       sync.Mutex
 	seq         int64
 	seqReserved int64
+	// pub publishes on the session's subject; body is the buffer its
+	// updates' params are encoded into. Both are made on first publish.
+	pub  *bus.SessionUpdatePublisher
+	body []byte
 }
 
 // hold returns the in-memory session of a stored row, creating it on

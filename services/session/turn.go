@@ -139,7 +139,7 @@ func (s *Server) loop(t *turn) turnResult {
 			content.WriteString(c.Text)
 			step.WriteString(c.Text)
 		}
-		s.publish(t.ls, typ, fields{"turn_id": t.id, "text": c.Text})
+		s.publishChunk(t.ls, typ, t.id, c.Text)
 		t.log.stream(t.step, c.Thought, c.Text)
 	}
 	for n := 0; ; n++ {

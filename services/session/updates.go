@@ -3,12 +3,13 @@ package session
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
-	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
 // Update types of docs/spec.md §5 (defined once, in internal/bus).
@@ -29,33 +30,80 @@ const seqBlock = 1024
 // fields is one update's params beside session_id and type.
 type fields map[string]any
 
+// camelAliases are the camelCase aliases docs/spec.md §1 requires on
+// session/update params, by the snake_case name they copy.
+var camelAliases = map[string]string{"tool_call_id": "toolCallId", "raw_input": "rawInput", "raw_output": "rawOutput"}
+
+// field is one params member.
+type field struct {
+	key string
+	val any
+}
+
 // publish sends one update of ls (updates are defined in
 // proto/clawmesh/bus/v1 and sent through internal/bus). Sequence numbers are taken and messages
 // handed to NATS under ls.pubMu, so NATS carries them in seq order. A
 // publish failure is logged and does not stop the turn: updates are a
 // view, the transcript is the record.
 func (s *Server) publish(ls *liveSession, typ string, f fields) {
-	params := make(map[string]any, len(f)+3)
+	var buf [12]field
+	s.publishFields(ls, typ, appendMembers(buf[:0], f))
+}
+
+// appendMembers appends f's members, with the camelCase aliases, to
+// members.
+func appendMembers(members []field, f fields) []field {
 	for k, v := range f {
-		params[k] = v
-	}
-	params["session_id"] = ls.id
-	params["sessionId"] = ls.id
-	params["type"] = typ
-	// The camelCase aliases docs/spec.md §1 requires on session/update params.
-	for snake, camel := range map[string]string{"tool_call_id": "toolCallId", "raw_input": "rawInput", "raw_output": "rawOutput"} {
-		if v, ok := params[snake]; ok {
-			params[camel] = v
+		switch k {
+		case "session_id", "sessionId", "type":
+			continue // the update's own, below
+		}
+		if _, ok := camelAliasOf(f, k); ok {
+			continue // the alias copies its snake_case value, below
+		}
+		members = append(members, field{k, v})
+		if camel, ok := camelAliases[k]; ok {
+			members = append(members, field{camel, v})
 		}
 	}
-	body, err := json.Marshal(params)
+	return members
+}
+
+// camelAliasOf reports whether k is the camelCase alias of a snake_case
+// member f has.
+func camelAliasOf(f fields, k string) (string, bool) {
+	for snake, camel := range camelAliases {
+		if camel == k {
+			if _, ok := f[snake]; ok {
+				return snake, true
+			}
+		}
+	}
+	return "", false
+}
+
+// publishChunk publishes a streamed chunk (message or thought) of turnID:
+// the streaming path, with no map.
+func (s *Server) publishChunk(ls *liveSession, typ, turnID, text string) {
+	var buf [5]field
+	s.publishFields(ls, typ, append(buf[:0], field{"text", text}, field{"turn_id", turnID}))
+}
+
+// publishFields publishes an update whose params are members plus
+// session_id, sessionId and type. Members may come in any order: the
+// params are encoded with their keys sorted, the bytes encoding/json
+// gives for the same map.
+func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	body, err := appendUpdateParams(ls.body[:0], ls.id, typ, members)
 	if err != nil {
 		s.log.Error("encode session update", zap.String("session_id", ls.id), zap.String("type", typ), zap.Error(err))
 		return
 	}
-
-	ls.pubMu.Lock()
-	defer ls.pubMu.Unlock()
+	if cap(body) <= maxKeptBody {
+		ls.body = body
+	}
 	if ls.seq >= ls.seqReserved {
 		// A reservation survives the turn's cancellation: it must land
 		// before the number is used.
@@ -69,10 +117,86 @@ func (s *Server) publish(ls *liveSession, typ string, f fields) {
 		}
 	}
 	ls.seq++
-	u := &busv1.SessionUpdate{SessionId: ls.id, Type: bus.UpdateType(typ), Seq: ls.seq, Json: string(body)}
-	if err := bus.PublishSessionUpdate(s.nc, u); err != nil {
+	if ls.pub == nil {
+		if ls.pub, err = bus.NewSessionUpdatePublisher(s.nc, ls.id); err != nil {
+			s.log.Warn("publish session update", zap.String("session_id", ls.id), zap.String("type", typ), zap.Int64("seq", ls.seq), zap.Error(err))
+			return
+		}
+	}
+	if err := ls.pub.Publish(bus.UpdateType(typ), ls.seq, body); err != nil {
 		s.log.Warn("publish session update", zap.String("session_id", ls.id), zap.String("type", typ), zap.Int64("seq", ls.seq), zap.Error(err))
 	}
+}
+
+// maxKeptBody bounds the encoding buffer a session keeps between updates.
+const maxKeptBody = 64 << 10
+
+// appendUpdateParams appends the params object of an update of session
+// id: members plus session_id, sessionId and type (appended to members:
+// room for three more spares an allocation).
+func appendUpdateParams(b []byte, id, typ string, members []field) ([]byte, error) {
+	return appendParams(b, append(members, field{"session_id", id}, field{"sessionId", id}, field{"type", typ}))
+}
+
+// appendParams appends the JSON object of members, keys sorted (the
+// order encoding/json gives a map), each value as encoding/json encodes
+// it. Strings of plain ASCII (most streamed text) are written directly;
+// anything else goes through encoding/json.
+func appendParams(b []byte, members []field) ([]byte, error) {
+	// Insertion sort: a handful of members.
+	for i := 1; i < len(members); i++ {
+		for j := i; j > 0 && members[j].key < members[j-1].key; j-- {
+			members[j], members[j-1] = members[j-1], members[j]
+		}
+	}
+	b = append(b, '{')
+	for i, m := range members {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, m.key)
+		b = append(b, ':')
+		var err error
+		if b, err = appendValue(b, m.val); err != nil {
+			return nil, fmt.Errorf("%s: %w", m.key, err)
+		}
+	}
+	return append(b, '}'), nil
+}
+
+func appendValue(b []byte, v any) ([]byte, error) {
+	switch v := v.(type) {
+	case string:
+		return appendJSONString(b, v), nil
+	case int64:
+		return strconv.AppendInt(b, v, 10), nil
+	case int:
+		return strconv.AppendInt(b, int64(v), 10), nil
+	case bool:
+		return strconv.AppendBool(b, v), nil
+	case nil:
+		return append(b, "null"...), nil
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, raw...), nil
+}
+
+// appendJSONString appends s as encoding/json writes it: directly when
+// every byte is printable ASCII that needs no escape (encoding/json
+// escapes '"', '\\' and, for HTML, '<', '>' and '&'), else by encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			raw, _ := json.Marshal(s) // a string always encodes
+			return append(b, raw...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // flush waits until NATS has every update published so far, so that

@@ -239,12 +239,21 @@ func stamp(ctx context.Context, arg string, emit func(Chunk)) error {
 	if !ok {
 		return strconv.ErrSyntax
 	}
+	var t *time.Timer // one for the whole stream, reset per chunk
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for i := range n {
 		if i > 0 && gap > 0 {
-			t := time.NewTimer(gap)
+			if t == nil {
+				t = time.NewTimer(gap)
+			} else {
+				t.Reset(gap)
+			}
 			select {
 			case <-ctx.Done():
-				t.Stop()
 				return ctx.Err()
 			case <-t.C:
 			}
