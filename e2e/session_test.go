@@ -191,12 +191,14 @@ func TestSessionStreamingTurn(t *testing.T) {
 	if st.State != "running" {
 		t.Fatalf("state while the turn sleeps: %s", resp.Result)
 	}
-	// A long prompt never blocks status on the same connection.
-	if _, f := v.until(v.send("status", nil)); f.Error != nil {
+	// A long prompt never blocks status on the same connection. Updates
+	// read meanwhile are kept: the turn streams on.
+	during, f := v.until(v.send("status", nil))
+	if f.Error != nil {
 		t.Fatal(f.Error)
 	}
 	more, resp := v.until(prompt)
-	ups = append(append([]update{u}, ups...), more...)
+	ups = append(append(append([]update{u}, ups...), during...), more...)
 	var text strings.Builder
 	for _, u := range ups {
 		if u.Type == "agent_message_chunk" {
