@@ -21,11 +21,26 @@ import (
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
+// stamp is a time in health's records: RFC 3339 in UTC to the
+// millisecond. Services are polled every 500 ms; nanoseconds would only
+// lengthen a reply clients poll.
+type stamp time.Time
+
+const stampLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// MarshalJSON writes the stamp as a JSON string.
+func (t stamp) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, len(stampLayout)+2)
+	b = append(b, '"')
+	b = time.Time(t).UTC().AppendFormat(b, stampLayout)
+	return append(b, '"'), nil
+}
+
 // component is the health record of one service process.
 type component struct {
 	Status       string     `json:"status"`
-	UpdatedAt    time.Time  `json:"updated_at"`
-	LastOK       *time.Time `json:"last_ok"`
+	UpdatedAt    stamp      `json:"updated_at"`
+	LastOK       *stamp     `json:"last_ok"`
 	LastError    *string    `json:"last_error"`
 	RestartCount int        `json:"restart_count"`
 }
@@ -92,7 +107,7 @@ func (m *monitor) encodeLocked() {
 	b = append(b, `{"pid":`...)
 	b = strconv.AppendInt(b, int64(os.Getpid()), 10)
 	b = append(b, `,"updated_at":"`...)
-	b = now.AppendFormat(b, time.RFC3339Nano)
+	b = now.AppendFormat(b, stampLayout)
 	b = append(b, `","uptime_seconds":`...)
 	b = strconv.AppendInt(b, int64(now.Sub(m.started).Seconds()), 10)
 	b = append(b, `,"components":`...)
@@ -105,7 +120,7 @@ func (m *monitor) encodeLocked() {
 
 func (m *monitor) add(name string, cc *grpc.ClientConn) {
 	m.targets = append(m.targets, target{name: name, health: healthpb.NewHealthClient(cc)})
-	m.state[name] = &component{Status: "unknown", UpdatedAt: time.Now().UTC()}
+	m.state[name] = &component{Status: "unknown", UpdatedAt: stamp(time.Now())}
 	m.encodeLocked()
 }
 
@@ -153,7 +168,7 @@ func (m *monitor) poll(ctx context.Context, t target) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.state[t.name]
-	c.UpdatedAt = now
+	c.UpdatedAt = stamp(now)
 	switch {
 	case err != nil:
 		c.Status = "unreachable"
@@ -161,7 +176,8 @@ func (m *monitor) poll(ctx context.Context, t target) {
 		c.LastError = &msg
 	case resp.GetStatus() == healthpb.HealthCheckResponse_SERVING:
 		c.Status = "serving"
-		c.LastOK = &now
+		ok := stamp(now)
+		c.LastOK = &ok
 	default:
 		// The process says why: a dependency it needs is down (its
 		// database, the bus), or it is shutting down.

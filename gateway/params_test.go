@@ -55,3 +55,35 @@ func TestDecodeParamsRefusesHostileShapes(t *testing.T) {
 		}
 	}
 }
+
+// decodeSessionID reads {"session_id":"<token>"} directly and every other
+// shape through the general decoder; both give the same answers.
+func TestDecodeSessionID(t *testing.T) {
+	for _, tc := range []struct {
+		params, want string
+		bad          bool
+	}{
+		{params: `{"session_id":"sess_0123abc"}`, want: "sess_0123abc"},
+		{params: `{"sessionId":"sess_0123abc"}`, want: "sess_0123abc"},
+		{params: `{ "session_id" : "sess_1" }`, want: "sess_1"},
+		{params: `{"session_id":"a","x":"b"}`, want: "a"},
+		{params: `{"session_id":"a\u0062"}`, want: "ab"},
+		{params: `{"session_id":"*"}`, bad: true},
+		{params: `{"session_id":"a.b"}`, bad: true},
+		{params: `{"session_id":""}`, bad: true},
+		{params: `{"session_id":"a","session_id":"b"}`, bad: true},
+		{params: `{"session_id":"` + strings.Repeat("x", 129) + `"}`, bad: true},
+		{params: `{}`, bad: true},
+	} {
+		got, err := decodeSessionID(json.RawMessage(tc.params))
+		if tc.bad {
+			if err == nil {
+				t.Errorf("%s: accepted as %q", tc.params, got)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: %q, %v; want %q", tc.params, got, err, tc.want)
+		}
+	}
+}

@@ -376,6 +376,15 @@ func wireTime(ts *timestamppb.Timestamp) string {
 }
 
 func decodeSessionID(params json.RawMessage) (string, error) {
+	// The usual shape, {"session_id":"<token>"} exactly, is read as it
+	// is: a token has no escapes, quotes or anything else to decode, and
+	// any other shape takes the general path below.
+	const head, tail = `{"session_id":"`, `"}`
+	if len(params) > len(head)+len(tail) && string(params[:len(head)]) == head && string(params[len(params)-len(tail):]) == tail {
+		if id := string(params[len(head) : len(params)-len(tail)]); ids.Token(id) {
+			return id, nil
+		}
+	}
 	var p sessionRef
 	if err := decodeParams(params, &p); err != nil {
 		return "", err
