@@ -38,11 +38,11 @@ func (t stamp) MarshalJSON() ([]byte, error) {
 
 // component is the health record of one service process.
 type component struct {
-	Status       string     `json:"status"`
-	UpdatedAt    stamp      `json:"updated_at"`
-	LastOK       *stamp     `json:"last_ok"`
-	LastError    *string    `json:"last_error"`
-	RestartCount int        `json:"restart_count"`
+	Status       string  `json:"status"`
+	UpdatedAt    stamp   `json:"updated_at"`
+	LastOK       *stamp  `json:"last_ok"`
+	LastError    *string `json:"last_error"`
+	RestartCount int     `json:"restart_count"`
 }
 
 type target struct {
