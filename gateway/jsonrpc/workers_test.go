@@ -120,7 +120,7 @@ func TestInlineIdleOnlyWhenThePeerWaits(t *testing.T) {
 
 	// Pipelined in one write: the blocking one goes to a worker, and the
 	// next is answered while it still blocks.
-	c.send(`{"jsonrpc":"2.0","id":"b","method":"block"}`+"\n"+`{"jsonrpc":"2.0","id":"r","method":"read"}`)
+	c.send(`{"jsonrpc":"2.0","id":"b","method":"block"}` + "\n" + `{"jsonrpc":"2.0","id":"r","method":"read"}`)
 	if got := c.recv(); !strings.Contains(got, `"id":"r"`) {
 		t.Fatalf("first reply %s, want the read's while block waits", got)
 	}
