@@ -200,7 +200,6 @@ func (g *Gateway) Run(ctx context.Context) error {
 			MaxInflightRequests: g.limits.MaxInflightRequests,
 			FrameBudget:         jsonrpc.NewFrameBudget(g.limits.MaxBufferedFrameBytes),
 			Inline:              func(m string) bool { return methods[m].inline },
-			InlineIdle:          func(m string) bool { return methods[m].shared },
 			Logger:              g.log,
 		},
 		MaxConnections: g.limits.MaxConnections,

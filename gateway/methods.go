@@ -19,10 +19,6 @@ type method struct {
 	// so a pipelined request after it sees its binding, and methods that
 	// answer from memory without blocking, which saves a goroutine handoff.
 	inline bool
-	// shared methods are reads shared between concurrent callers (the
-	// gateway's coalesce groups): quick, and answered on the read loop
-	// when the client waits for nothing else (jsonrpc.Options.InlineIdle).
-	shared bool
 	// needs lists the permissions of which a principal must hold one for
 	// the method to be listed in its capabilities (none: everyone's). The
 	// service still decides every call.
@@ -87,14 +83,14 @@ func init() { methods = methodTable() }
 func methodTable() map[string]method {
 	return map[string]method{
 		"initialize": {preInit: true, inline: true, kind: kindQuick, call: (*Gateway).initialize},
-		"status":     {shared: true, kind: kindQuick, call: (*Gateway).status},
+		"status":     {kind: kindQuick, call: (*Gateway).status},
 		"health":     {inline: true, kind: kindLocal, call: (*Gateway).health},
 
 		"session/new":      {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionNew},
 		"session/prompt":   {needs: needsAgent, kind: kindTurn, call: (*Gateway).sessionPrompt},
 		"session/cancel":   {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionCancel},
 		"session/approve":  {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionApprove},
-		"session/state":    {needs: needsAgent, shared: true, kind: kindQuick, call: (*Gateway).sessionState},
+		"session/state":    {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionState},
 		"session/messages": {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionMessages},
 		"session/list":     {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionList},
 		"session/close":    {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionClose},

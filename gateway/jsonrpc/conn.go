@@ -93,13 +93,6 @@ type Options struct {
 	// other request is handled on its own goroutine. An inline handler
 	// must not wait for anything the peer sends (no Call).
 	Inline func(method string) bool
-	// InlineIdle reports methods answered on the read loop when the peer
-	// waits for nothing else (see Conn.answerHere), and on a worker
-	// otherwise. Such a handler may wait for a service, up to its own
-	// deadline: meanwhile the connection reads no further frame, which a
-	// peer with one request in flight never notices, and it is spared a
-	// goroutine hand-off. Like Inline, it must not wait for the peer.
-	InlineIdle func(method string) bool
 	// Logger receives static messages with structured fields; never frame
 	// contents. Nil means no logging.
 	Logger *zap.Logger
@@ -369,7 +362,7 @@ func (c *Conn) readLoop() {
 					return
 				}
 			}
-			c.dispatch(req, c.answerHere(req))
+			c.dispatch(req)
 		case KindResponse:
 			c.deliver(m.Response)
 		default:
@@ -417,7 +410,7 @@ func (c *Conn) awaitRoom() bool {
 // dispatchHeld dispatches the held request, if any.
 func (c *Conn) dispatchHeld() {
 	if h := c.held.Swap(nil); h != nil {
-		c.dispatch(h, false)
+		c.dispatch(h)
 	}
 }
 
@@ -506,19 +499,7 @@ func (c *Conn) drain(reason error) {
 	}
 }
 
-// answerHere reports whether the read loop itself should answer req, an
-// Options.InlineIdle method: only when the peer waits for this answer and
-// nothing else, that is when no other request of the connection is in
-// flight or held, no further bytes are buffered, and no outgoing call
-// waits for a response the loop must read.
-func (c *Conn) answerHere(req *Request) bool {
-	return c.opts.InlineIdle != nil && c.opts.InlineIdle(req.Method) &&
-		c.active.Load() == 0 && c.held.Load() == nil && !c.fr.Buffered() && !c.callsPending()
-}
-
-// dispatch runs req's handler: on this goroutine when here is true or the
-// method is inline, else on a worker.
-func (c *Conn) dispatch(req *Request, here bool) {
+func (c *Conn) dispatch(req *Request) {
 	c.hmu.Lock()
 	if c.draining {
 		c.hmu.Unlock()
@@ -532,7 +513,7 @@ func (c *Conn) dispatch(req *Request, here bool) {
 	n := c.active.Add(1)
 	for p := c.peakActive.Load(); n > p && !c.peakActive.CompareAndSwap(p, n); p = c.peakActive.Load() {
 	}
-	if here || c.opts.Inline != nil && c.opts.Inline(req.Method) {
+	if c.opts.Inline != nil && c.opts.Inline(req.Method) {
 		c.handle(req)
 		return
 	}

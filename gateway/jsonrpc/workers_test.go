@@ -1,9 +1,7 @@
 package jsonrpc
 
 import (
-	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -90,42 +88,4 @@ func idleIs(t *testing.T, w *workers, n int32) {
 		}
 		return nil
 	})
-}
-
-// An InlineIdle method is answered on the read loop while the peer waits
-// for nothing else (no worker is ever started for one request at a time),
-// and on a worker when more requests are already buffered behind it, so
-// that a pipelining peer is not held back by it.
-func TestInlineIdleOnlyWhenThePeerWaits(t *testing.T) {
-	release := make(chan struct{})
-	h := HandlerFunc(func(ctx context.Context, _ *Conn, req *Request) (any, error) {
-		if req.Method == "block" {
-			<-release
-		}
-		return "ok", nil
-	})
-	srv := &Server{Options: Options{InlineIdle: func(m string) bool { return m == "read" || m == "block" }},
-		NewHandler: func(*Conn, Peer) Handler { return h }}
-	ts := startServer(t, srv, nil)
-	c := dial(t, ts.path)
-	for i := range 20 {
-		c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"read"}`, i))
-		if got := c.recv(); !strings.Contains(got, `"ok"`) {
-			t.Fatalf("reply %s", got)
-		}
-	}
-	if n := srv.workers.started.Load(); n != 0 {
-		t.Fatalf("%d workers started for requests sent one at a time", n)
-	}
-
-	// Pipelined in one write: the blocking one goes to a worker, and the
-	// next is answered while it still blocks.
-	c.send(`{"jsonrpc":"2.0","id":"b","method":"block"}` + "\n" + `{"jsonrpc":"2.0","id":"r","method":"read"}`)
-	if got := c.recv(); !strings.Contains(got, `"id":"r"`) {
-		t.Fatalf("first reply %s, want the read's while block waits", got)
-	}
-	close(release)
-	if got := c.recv(); !strings.Contains(got, `"id":"b"`) {
-		t.Fatalf("second reply %s", got)
-	}
 }
