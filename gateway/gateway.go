@@ -62,9 +62,9 @@ type Gateway struct {
 	// elicitations, asks, the monitor. Run waits for them.
 	wg sync.WaitGroup
 
-	// reads share concurrent identical reads of the same principal (see
-	// status and sessionState): one gRPC call answers every caller that
-	// arrived while the previous one was in flight.
+	// statusReads and stateReads share concurrent identical reads of one
+	// principal (see status and sessionState): one gRPC call answers every
+	// caller that arrived while the previous one was in flight.
 	statusReads coalesce.Group[string, statusRead]
 	stateReads  coalesce.Group[stateKey, jsonrpc.EncodedJSON]
 
@@ -137,6 +137,8 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		g.version = version.Version
 	}
 	g.statusFixed = encodeStatusFixed(g.version, cfg.DataDir, cfg.Socket)
+	// A shared read has the deadline of one quick call from its start.
+	g.statusReads.Timeout, g.stateReads.Timeout = g.deadline(kindQuick), g.deadline(kindQuick)
 	g.hub = newHub(g.nats, g.log)
 	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
 		g.Close()
@@ -342,8 +344,9 @@ type connState struct {
 
 	mu        sync.Mutex
 	principal *commonv1.Principal
-	// readKey is the principal's encoding: reads shared between
-	// connections (Gateway.reads) are shared only under the same one.
+	// readKey is the principal's encoding: reads are shared between
+	// connections (Gateway.statusReads, stateReads) only under the same
+	// one, which names the client process too (peer pid and uid).
 	readKey     string
 	elicitation bool
 	tuiID       string

@@ -20,10 +20,11 @@ import (
 // is bounded by its callers: a key is kept only while a caller of it is
 // inside Do.
 type Group[K comparable, T any] struct {
-	// Timeout bounds a shared read when the caller that runs it has no
-	// deadline (zero: no bound of the group's). A shared read runs on no
-	// caller's cancellation, so that a caller giving up does not fail the
-	// others, but within that caller's deadline.
+	// Timeout bounds a shared read from its start (zero: no bound of the
+	// group's). A shared read runs on no caller's cancellation or
+	// deadline, so that a caller giving up does not fail the others; each
+	// caller still stops waiting at its own deadline. The caller that runs
+	// the read waits for it to end, at most Timeout.
 	Timeout time.Duration
 
 	mu   sync.Mutex
@@ -124,13 +125,12 @@ func (b *batch[T]) wait(ctx context.Context, inFlight <-chan struct{}) (ran bool
 	}
 }
 
-// readContext is the context of a shared read: ctx's values and deadline,
-// not its cancellation, and at most Timeout when ctx has no deadline.
+// readContext is the context of a shared read: ctx's values, neither its
+// cancellation nor its deadline (the caller that runs the read is often
+// the one that waited longest, with the least time left: its deadline
+// would fail callers that had time to spare), and Timeout from now.
 func (g *Group[K, T]) readContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	rctx := context.WithoutCancel(ctx)
-	if dl, ok := ctx.Deadline(); ok {
-		return context.WithDeadline(rctx, dl)
-	}
 	if g.Timeout > 0 {
 		return context.WithTimeout(rctx, g.Timeout)
 	}

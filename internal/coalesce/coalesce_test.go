@@ -115,15 +115,37 @@ func TestCancellation(t *testing.T) {
 		t.Fatalf("next read: %d, %v", v, err)
 	}
 
-	// The shared read ends at the deadline of the caller running it.
-	dctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	// A shared read ends at the group's Timeout, not at the deadline of
+	// the caller that runs it.
+	g.Timeout = 30 * time.Millisecond
+	dctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
+	start := time.Now()
 	_, err := g.Do(dctx, struct{}{}, func(ctx context.Context) (int, error) {
 		<-ctx.Done()
 		return 0, ctx.Err()
 	})
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("read past the caller's deadline: %v", err)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 10*time.Second {
+		t.Fatalf("read past the group's timeout: %v", err)
+	}
+}
+
+// The caller that runs a batch's read is often the one that waited the
+// longest: the read takes neither its deadline nor its cancellation, only
+// the group's Timeout, so a short deadline cannot fail callers with time
+// to spare.
+func TestReadTakesNotTheRunnersDeadline(t *testing.T) {
+	g := Group[string, int]{Timeout: 10 * time.Second}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	rctx, rcancel := g.readContext(short)
+	defer rcancel()
+	cancel()
+	if rctx.Err() != nil {
+		t.Fatal("the read ended with its runner's context")
+	}
+	if dl, ok := rctx.Deadline(); !ok || time.Until(dl) < 9*time.Second {
+		t.Fatalf("read deadline %v, want the group's 10 s", time.Until(dl))
 	}
 }
 
