@@ -52,6 +52,8 @@ var (
 	ErrBadSubject = errors.New("bus: unexpected subject")
 	// ErrDecode: a message on a subject is not what the subject carries.
 	ErrDecode = errors.New("bus: undecodable message")
+	// ErrEncode: a message cannot be encoded as its subject carries it.
+	ErrEncode = errors.New("bus: unencodable message")
 )
 
 // SessionUpdateSubject is the subject of one session's updates.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -225,13 +226,18 @@ func NewSessionUpdatePublisher(nc *nats.Conn, sessionID string) (*SessionUpdateP
 
 // maxKeptUpdateBuffer bounds the buffer a publisher keeps between updates:
 // a large one (a long tool output) is not held for the session's life.
-const maxKeptUpdateBuffer = 64 << 10
+const maxKeptUpdateBuffer = 4 << 10
 
 // Publish publishes the update {session_id, typ, seq, json} of the
 // publisher's session, to every attached connection; params is the
 // session/update params object, not retained. The bytes are those
 // proto.Marshal gives for the same busv1.SessionUpdate.
 func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params []byte) error {
+	// The json field is a proto string: proto.Marshal refuses invalid
+	// UTF-8, and so does this (every receiver would drop it).
+	if !utf8.Valid(params) {
+		return fmt.Errorf("publish %s: %w: params are not valid UTF-8", p.subject, ErrEncode)
+	}
 	b := appendSessionUpdate(p.buf[:0], p.sessionID, typ, seq, params)
 	err := p.nc.Publish(p.subject, b)
 	if cap(b) <= maxKeptUpdateBuffer {

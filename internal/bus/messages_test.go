@@ -2,6 +2,7 @@ package bus
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +72,11 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 	defer sub.Unsubscribe()
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
+	}
+	// Invalid UTF-8, which proto.Marshal refuses and every receiver would
+	// drop, is refused at the publisher.
+	if err := p.Publish(busv1.UpdateType_UPDATE_TYPE_TOOL_CALL, 9, []byte("{\"raw_input\":\"\xff\"}")); !errors.Is(err, ErrEncode) {
+		t.Fatalf("invalid UTF-8 published: %v", err)
 	}
 	bodies := []string{`{"a":1}`, strings.Repeat("x", maxKeptUpdateBuffer+1), `{"b":2}`}
 	for i, body := range bodies {

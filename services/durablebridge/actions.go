@@ -459,7 +459,13 @@ func (b *Bridge) show(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return b.follower.loadPane(ctx, v.GetView(), false)
+	if err := b.follower.loadPane(ctx, v.GetView(), false); err != nil {
+		return err
+	}
+	// The pane may have brought asks: the follower's loop walks them for
+	// expiry when woken, not on the chunks it streams meanwhile.
+	b.follower.poke()
+	return nil
 }
 
 // reopenCmd shows a closed conversation again.

@@ -128,8 +128,10 @@ func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
 	}
 }
 
-// maxKeptBody bounds the encoding buffer a session keeps between updates.
-const maxKeptBody = 64 << 10
+// maxKeptBody bounds the encoding buffer a session keeps between updates:
+// enough for every streamed chunk; a large update (a tool's output) is
+// encoded into a fresh buffer the collector takes back.
+const maxKeptBody = 4 << 10
 
 // appendUpdateParams appends the params object of an update of session
 // id: members plus session_id, sessionId and type (appended to members:
