@@ -113,7 +113,7 @@ func (o *outbox) forgetTurn(turnID string) {
 	delete(o.completed, turnID)
 }
 
-// maxBatchBytes bounds the updates run takes off the queue to write at
+// maxBatchBytes bounds the frames run takes off the queue to write at
 // once; maxKeptBatch bounds the slots of a batch's array run keeps.
 const (
 	maxBatchBytes = 256 << 10
@@ -133,10 +133,12 @@ func (o *outbox) run(ctx context.Context) {
 			return
 		}
 		// Everything queued meanwhile goes out in one write, up to
-		// maxBatchBytes (at least one update).
-		size, n := 0, 0
-		for n < len(o.q) && (n == 0 || size+len(o.q[n].u.GetJson()) <= maxBatchBytes) {
+		// maxBatchBytes of frames (at least one update). size counts what
+		// o.bytes counted: the updates' JSON.
+		size, frameBytes, n := 0, 0, 0
+		for n < len(o.q) && (n == 0 || frameBytes+o.q[n].n.Len() <= maxBatchBytes) {
 			size += len(o.q[n].u.GetJson())
+			frameBytes += o.q[n].n.Len()
 			n++
 		}
 		if n == len(o.q) {

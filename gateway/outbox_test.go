@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
@@ -79,4 +82,46 @@ func TestOutboxBacklogBounded(t *testing.T) {
 	if len(o.q) != 0 {
 		t.Fatal("an update was queued after the close")
 	}
+}
+
+// A backlog larger than one batch goes out in several, bounded by the
+// frames' bytes, every update once and in order.
+func TestOutboxBatchesSplitInOrder(t *testing.T) {
+	server, client := net.Pipe()
+	defer client.Close()
+	conn := jsonrpc.NewConn(server, nil, jsonrpc.Options{InitializeTimeout: -1, Logger: zap.NewNop()})
+	g := &Gateway{log: zap.NewNop()}
+	ctx, cancel := context.WithCancel(context.Background())
+	g.spawn(func() { _ = conn.Run(ctx) })
+	o := newOutbox(g, &connState{id: "conn-t", conn: conn})
+	const updates = 600 // 600 KiB of frames: three batches or more
+	for k := 1; k <= updates; k++ {
+		body := fmt.Sprintf(`{"seq":%d,"text":%q}`, k, strings.Repeat("x", 1000))
+		n, err := jsonrpc.EncodeNotification("session/update", json.RawMessage(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.push(&busv1.SessionUpdate{Seq: int64(k), Json: body}, n)
+	}
+	if len(o.q) != updates {
+		t.Fatalf("%d queued", len(o.q))
+	}
+	g.spawn(func() { o.run(ctx) })
+	r := bufio.NewReader(client)
+	for k := 1; k <= updates; k++ {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		var f struct {
+			Params struct{ Seq int } `json:"params"`
+		}
+		if err := json.Unmarshal(line, &f); err != nil || f.Params.Seq != k {
+			t.Fatalf("frame %d: seq %d (%v)", k, f.Params.Seq, err)
+		}
+	}
+	o.close()
+	cancel()
+	conn.Close()
+	g.wg.Wait()
 }

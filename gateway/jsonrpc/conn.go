@@ -756,6 +756,9 @@ func (c *Conn) Notify(ctx context.Context, method string, params any) error {
 // once, not once per connection. It is immutable.
 type Notification struct{ frame []byte }
 
+// Len is the length of the encoded frame, without its LF.
+func (n Notification) Len() int { return len(n.frame) }
+
 // EncodeNotification builds a notification of method with params (like
 // Notify's: nil for none, a json.RawMessage taken as it is when compact
 // and valid, anything else marshalled).
@@ -767,30 +770,14 @@ func EncodeNotification(method string, params any) (Notification, error) {
 	return Notification{frame: appendRequest(nil, nil, method, raw)}, nil
 }
 
-// Send sends n. Like Notify it keeps the order of the calls that returned
-// and waits for room past Options.MaxPendingBytes; unlike Notify, when
-// nothing else is queued or being written it writes n on the calling
-// goroutine (as responses are), sparing the hand-off to the writer
-// goroutine. The caller must therefore be a goroutine this connection's
-// peer may hold, up to Options.WriteStallTimeout: one serving this
-// connection alone.
-func (c *Conn) Send(ctx context.Context, n Notification) error {
-	if len(n.frame) == 0 {
-		return fmt.Errorf("%w: empty notification", ErrInvalidFrame)
-	}
-	bp := scratchPool.Get().(*[]byte)
-	b := append((*bp)[:0], n.frame...) // writeDirect appends the LF
-	defer putScratch(bp, b)
-	if c.writeDirect(b) {
-		return c.writeErr()
-	}
-	return c.enqueue(ctx, n.frame)
-}
-
-// SendAll sends ns in order, as Send would one by one, but in one write
-// when the output is idle (or as one batch for the writer otherwise): a
-// backlog of updates costs one system call, not one per update. Frames of
-// other senders never come between them.
+// SendAll sends ns in order. Like Notify it keeps the order of the calls
+// that returned and waits for room past Options.MaxPendingBytes; unlike
+// Notify, when nothing else is queued or being written it writes them on
+// the calling goroutine (as responses are), in one write: a backlog of
+// updates costs one system call and no hand-off to the writer goroutine.
+// The caller must therefore be a goroutine this connection's peer may
+// hold, up to Options.WriteStallTimeout: one serving this connection
+// alone. Frames of other senders never come between them.
 func (c *Conn) SendAll(ctx context.Context, ns []Notification) error {
 	size := 0
 	for _, n := range ns {

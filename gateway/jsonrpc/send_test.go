@@ -51,7 +51,7 @@ func TestSendAllKeepsBatchesWholeAndInOrder(t *testing.T) {
 	go func() {
 		defer senders.Done()
 		for k := range singles {
-			if err := c.Send(ctx, encode("b", k)); err != nil {
+			if err := c.SendAll(ctx, []Notification{encode("b", k)}); err != nil {
 				t.Error(err)
 				return
 			}
