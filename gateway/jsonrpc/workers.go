@@ -12,7 +12,9 @@ import (
 // keeps the stack it grew (measured: stack growth was 16% of the gateway's
 // CPU on session/state). Workers start on demand, so they never limit how
 // many handlers run (the connections' own bounds do); at most maxIdle of
-// them wait for work, each for at most idleFor.
+// them wait for work, each for at most idleFor. Server.Shutdown stops and
+// waits for them; after a Serve ended by its context alone, the idle ones
+// end within idleFor.
 type workers struct {
 	tasks   chan func() // unbuffered: a send succeeds only into a waiting worker
 	quit    chan struct{}

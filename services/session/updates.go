@@ -58,7 +58,7 @@ func appendMembers(members []field, f fields) []field {
 		case "session_id", "sessionId", "type":
 			continue // the update's own, below
 		}
-		if _, ok := camelAliasOf(f, k); ok {
+		if isCamelAliasOf(f, k) {
 			continue // the alias copies its snake_case value, below
 		}
 		members = append(members, field{k, v})
@@ -69,17 +69,17 @@ func appendMembers(members []field, f fields) []field {
 	return members
 }
 
-// camelAliasOf reports whether k is the camelCase alias of a snake_case
+// isCamelAliasOf reports whether k is the camelCase alias of a snake_case
 // member f has.
-func camelAliasOf(f fields, k string) (string, bool) {
+func isCamelAliasOf(f fields, k string) bool {
 	for snake, camel := range camelAliases {
 		if camel == k {
 			if _, ok := f[snake]; ok {
-				return snake, true
+				return true
 			}
 		}
 	}
-	return "", false
+	return false
 }
 
 // publishChunk publishes a streamed chunk (message or thought) of turnID:
