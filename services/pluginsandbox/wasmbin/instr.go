@@ -19,6 +19,11 @@ const (
 	opCallIndirect       = 0x11
 	opReturnCall         = 0x12
 	opReturnCallIndirect = 0x13
+	opLocalGet           = 0x20
+	opLocalSet           = 0x21
+	opLocalTee           = 0x22
+	opGlobalGet          = 0x23
+	opGlobalSet          = 0x24
 
 	opMemoryInit = 0xfc<<16 | 8
 	opDataDrop   = 0xfc<<16 | 9
