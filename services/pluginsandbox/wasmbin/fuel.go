@@ -438,8 +438,11 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	// Append (global (mut i64) (i64.const 0)) twice.
 	globals := appendU32(nil, m.DefinedGlobals+2)
 	if old := m.section(secGlobal); old != nil {
-		_, pos, _ := readU32(old, 0)
-		globals = append(globals, old[pos:]...)
+		entries, err := globalEntries(old)
+		if err != nil {
+			return 0, err
+		}
+		globals = append(globals, entries...)
 	}
 	globals = append(globals, 0x7e, 0x01, 0x42, 0x00, 0x0b, 0x7e, 0x01, 0x42, 0x00, 0x0b)
 	m.setSection(secGlobal, globals)
@@ -458,4 +461,30 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	}
 	m.setSection(secExport, exports)
 	return total, nil
+}
+
+// globalEntries returns the entries of a global section, checked to end
+// exactly where the section does: instrumentFuel appends entries after
+// them, and trailing bytes must not become part of those.
+func globalEntries(p []byte) ([]byte, error) {
+	n, start, err := readU32(p, 0)
+	if err != nil {
+		return nil, err
+	}
+	pos := start
+	for i := uint32(0); i < n; i++ {
+		if pos, err = skipValType(p, pos); err != nil {
+			return nil, err
+		}
+		if pos >= len(p) {
+			return nil, fmt.Errorf("%w: truncated global", ErrMalformed)
+		}
+		if pos, err = skipConstExpr(p, pos+1); err != nil { // past the mutability
+			return nil, err
+		}
+	}
+	if pos != len(p) {
+		return nil, fmt.Errorf("%w: trailing bytes in global section", ErrMalformed)
+	}
+	return p[start:], nil
 }
