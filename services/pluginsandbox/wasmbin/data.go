@@ -61,6 +61,16 @@ func (m *Module) mergeData(codeUsesDataIndex bool) (before, after int, err error
 		segs = append(segs, dataSegment{offset: off, bytes: p[pos:end]})
 		pos = end
 	}
+	if pos != len(p) {
+		return before, before, fmt.Errorf("%w: trailing bytes in data section", ErrMalformed)
+	}
+	if dc := m.section(secDataCount); dc != nil {
+		// The section is rewritten with the merged count: a count that
+		// disagrees with the data section must not be made to agree.
+		if want, _, err := readU32(dc, 0); err != nil || want != n {
+			return before, before, fmt.Errorf("%w: data count %d, %d data segments", ErrMalformed, want, n)
+		}
+	}
 	// Segments are applied in order, so order matters only where they
 	// overlap: sort by offset and give up on any overlap.
 	sort.SliceStable(segs, func(i, j int) bool { return segs[i].offset < segs[j].offset })

@@ -173,6 +173,10 @@ func (r *fuelRewriter) copySegment(out, seg []byte, depth int) ([]byte, int, err
 			exits = true
 		case opCall, opCallIndirect:
 			exits, reload = true, true
+		case opLocalGet, opLocalSet, opLocalTee, opGlobalGet, opGlobalSet:
+			if err := r.checkIndex(op, seg[pos+1:next]); err != nil {
+				return nil, 0, err
+			}
 		}
 		if exits && r.live {
 			out = r.appendStore(out)
@@ -187,6 +191,29 @@ func (r *fuelRewriter) copySegment(out, seg []byte, depth int) ([]byte, int, err
 		pos = next
 	}
 	return out, depth, nil
+}
+
+// checkIndex refuses a local.* naming the counter or beyond, and a
+// global.* naming the fuel counter, the interrupt flag or beyond. Such an
+// instruction is invalid in the module as written but valid once the
+// counter and the globals exist, and the compiler sees only the rewritten
+// module: left in, it would let a guest refill its budget or lower the
+// host's interrupt flag.
+func (r *fuelRewriter) checkIndex(op uint32, imm []byte) error {
+	idx, _, err := readU32(imm, 0)
+	if err != nil {
+		return err
+	}
+	if op == opGlobalGet || op == opGlobalSet {
+		if idx >= r.fuel {
+			return fmt.Errorf("%w: global index %d of %d globals", ErrMalformed, idx, r.fuel)
+		}
+		return nil
+	}
+	if idx >= r.counter {
+		return fmt.Errorf("%w: local index %d of %d locals", ErrMalformed, idx, r.counter)
+	}
+	return nil
 }
 
 // branchesOut reports whether a br, br_if or br_table with the immediates
@@ -382,7 +409,17 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if n := uint64(m.ImportedGlobals) + uint64(m.DefinedGlobals); n+2 > math.MaxUint32 {
+		return 0, fmt.Errorf("%w: %d globals", ErrUnsupported, n)
+	}
 	g := m.ImportedGlobals + m.DefinedGlobals
+	// The added globals take the next indices: an export naming one of
+	// them would be invalid as written and valid once rewritten.
+	for _, e := range m.Exports {
+		if e.Kind == 3 && e.Index >= g {
+			return 0, fmt.Errorf("%w: export %q of global %d of %d", ErrMalformed, e.Name, e.Index, g)
+		}
+	}
 	code := appendU32(nil, uint32(len(bodies)))
 	var scratch []byte
 	total := 0
@@ -401,8 +438,11 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	// Append (global (mut i64) (i64.const 0)) twice.
 	globals := appendU32(nil, m.DefinedGlobals+2)
 	if old := m.section(secGlobal); old != nil {
-		_, pos, _ := readU32(old, 0)
-		globals = append(globals, old[pos:]...)
+		entries, err := globalEntries(old)
+		if err != nil {
+			return 0, err
+		}
+		globals = append(globals, entries...)
 	}
 	globals = append(globals, 0x7e, 0x01, 0x42, 0x00, 0x0b, 0x7e, 0x01, 0x42, 0x00, 0x0b)
 	m.setSection(secGlobal, globals)
@@ -421,4 +461,30 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	}
 	m.setSection(secExport, exports)
 	return total, nil
+}
+
+// globalEntries returns the entries of a global section, checked to end
+// exactly where the section does: instrumentFuel appends entries after
+// them, and trailing bytes must not become part of those.
+func globalEntries(p []byte) ([]byte, error) {
+	n, start, err := readU32(p, 0)
+	if err != nil {
+		return nil, err
+	}
+	pos := start
+	for i := uint32(0); i < n; i++ {
+		if pos, err = skipValType(p, pos); err != nil {
+			return nil, err
+		}
+		if pos >= len(p) {
+			return nil, fmt.Errorf("%w: truncated global", ErrMalformed)
+		}
+		if pos, err = skipConstExpr(p, pos+1); err != nil { // past the mutability
+			return nil, err
+		}
+	}
+	if pos != len(p) {
+		return nil, fmt.Errorf("%w: trailing bytes in global section", ErrMalformed)
+	}
+	return p[start:], nil
 }

@@ -4,6 +4,12 @@ import "fmt"
 
 // Opcodes the rewriters care about. Prefixed opcodes are encoded as
 // prefix<<16 | sub-opcode.
+// MaxLocals is the most locals a function may declare besides its
+// parameters. wazero sizes allocations by the declared count (a single
+// group declaring 2^28 locals, in 8 bytes, made it panic); compilers emit
+// a few hundred at most.
+const MaxLocals = 50_000
+
 const (
 	opUnreachable        = 0x00
 	opBlock              = 0x02
@@ -19,6 +25,11 @@ const (
 	opCallIndirect       = 0x11
 	opReturnCall         = 0x12
 	opReturnCallIndirect = 0x13
+	opLocalGet           = 0x20
+	opLocalSet           = 0x21
+	opLocalTee           = 0x22
+	opGlobalGet          = 0x23
+	opGlobalSet          = 0x24
 
 	opMemoryInit = 0xfc<<16 | 8
 	opDataDrop   = 0xfc<<16 | 9
@@ -219,9 +230,14 @@ func decodeCode(p []byte) ([]funcBody, error) {
 		if err != nil {
 			return nil, err
 		}
+		var locals uint64
 		for g := uint32(0); g < groups; g++ {
-			if _, lp, err = readU32(body, lp); err != nil {
+			var k uint32
+			if k, lp, err = readU32(body, lp); err != nil {
 				return nil, err
+			}
+			if locals += uint64(k); locals > MaxLocals {
+				return nil, fmt.Errorf("%w: function body %d declares over %d locals", ErrMalformed, i, MaxLocals)
 			}
 			if lp, err = skipValType(body, lp); err != nil {
 				return nil, err

@@ -312,6 +312,11 @@ func decodeExports(p []byte) ([]Export, error) {
 		}
 		exports = append(exports, e)
 	}
+	if pos != len(p) {
+		// Prepare appends entries to this section: trailing bytes must not
+		// become part of them.
+		return nil, fmt.Errorf("%w: trailing bytes in export section", ErrMalformed)
+	}
 	return exports, nil
 }
 

@@ -32,6 +32,9 @@ func Prepare(wasm []byte, opts Options) ([]byte, Report, error) {
 	if err != nil {
 		return nil, rep, err
 	}
+	if err := m.checkSegments(); err != nil {
+		return nil, rep, err
+	}
 	bodies, err := decodeCode(m.section(secCode))
 	if err != nil && m.section(secCode) != nil {
 		return nil, rep, err

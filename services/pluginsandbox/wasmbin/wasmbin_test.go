@@ -322,6 +322,79 @@ func TestRefusesMalformed(t *testing.T) {
 	}
 }
 
+// The rewriter adds a local to every function (the counter) and two
+// globals (the fuel counter and the interrupt flag). Guest code naming
+// them is invalid in the module as written but would be valid once
+// rewritten, and wazero sees only the rewritten module: such code could
+// refill its own budget or lower the host's interrupt flag. Prepare
+// refuses it.
+func TestRefusesIndicesOfAddedLocalAndGlobals(t *testing.T) {
+	// f(i32) with one declared i64 local: locals 0 and 1 exist, the
+	// counter would be 2. One defined global (0): the fuel counter would
+	// be 1 and the interrupt flag 2.
+	build := func(body []byte, exportGlobal int) []byte {
+		var b wb.Builder
+		b.Global(7)
+		f := b.Func(b.Type([]byte{wb.I32}, nil), []byte{0x01, 0x01, wb.I64}, append(body, 0x0b))
+		b.ExportFunc("f", f)
+		if exportGlobal >= 0 {
+			b.ExportGlobal("g", uint32(exportGlobal))
+		}
+		return b.Bytes()
+	}
+	bigI64 := wb.S64([]byte{0x42}, 1<<62)
+	zeroI64 := []byte{0x42, 0x00}
+	cases := []struct {
+		name   string
+		body   []byte
+		export int
+		refuse bool
+	}{
+		{"local.get of the last local", []byte{0x20, 0x01, 0x1a}, -1, false},
+		{"global.get and global.set of the module's global", []byte{0x23, 0x00, 0x24, 0x00}, -1, false},
+		{"export of the module's global", nil, 0, false},
+		{"local.get of the counter", []byte{0x20, 0x02, 0x1a}, -1, true},
+		{"local.set of the counter", append(bigI64, 0x21, 0x02), -1, true},
+		{"local.tee of the counter", append(bigI64, 0x22, 0x02, 0x1a), -1, true},
+		{"local.set far past the counter", append(bigI64, 0x21, 0x80, 0x80, 0x04), -1, true},
+		{"global.get of the fuel counter", []byte{0x23, 0x01, 0x1a}, -1, true},
+		{"global.set of the fuel counter", append(bigI64, 0x24, 0x01), -1, true},
+		{"global.set of the interrupt flag", append(zeroI64, 0x24, 0x02), -1, true},
+		{"export of the fuel counter", nil, 1, true},
+		{"export of the interrupt flag", nil, 2, true},
+	}
+	ctx := context.Background()
+	r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
+	t.Cleanup(func() { _ = r.Close(ctx) })
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			wasm := build(c.body, c.export)
+			// The fixture itself is what it claims: valid exactly when it
+			// should be accepted.
+			if mod, err := r.CompileModule(ctx, wasm); (err != nil) != c.refuse {
+				t.Fatalf("wazero on the original: %v, want invalid %v", err, c.refuse)
+			} else if err == nil {
+				_ = mod.Close(ctx)
+			}
+			out, _, err := wasmbin.Prepare(wasm, wasmbin.Options{MaxTableElements: 10, Fuel: true})
+			if !c.refuse {
+				if err != nil {
+					t.Fatalf("Prepare: %v", err)
+				}
+				mod, err := r.CompileModule(ctx, out)
+				if err != nil {
+					t.Fatalf("rewritten module does not compile: %v", err)
+				}
+				_ = mod.Close(ctx)
+				return
+			}
+			if !errors.Is(err, wasmbin.ErrMalformed) {
+				t.Fatalf("Prepare: err = %v, want ErrMalformed", err)
+			}
+		})
+	}
+}
+
 // A section's declared count is the module's word, not a size to
 // allocate: a 16-byte section announcing hundreds of millions of entries
 // is refused without reserving room for them, here or later in wazero's
@@ -344,16 +417,90 @@ func TestCountsDoNotSizeAllocations(t *testing.T) {
 	}
 }
 
-// FuzzPrepare feeds Prepare arbitrary bytes: it must not panic, and a
-// module wazero accepts must still be accepted once rewritten (the
-// rewriter inserts code around calls, exits and loop headers, and a local
-// in every function).
+// Counts inside a section's entries size allocations too (wazero makes a
+// slice of a data segment's declared size, of an element vector's declared
+// length and of a function's declared locals): a few bytes declaring
+// gigabytes are refused by Prepare whatever the options, before any such
+// allocation, as is a function with more than MaxLocals locals.
+func TestCountsInsideSectionsDoNotSizeAllocations(t *testing.T) {
+	const magic = "\x00asm\x01\x00\x00\x00"
+	memory := "\x05\x03\x01\x00\x00"
+	funcType := "\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00" // type ()->(); one function of it
+	body := func(locals string) string {
+		b := locals + "\x0b"
+		code := "\x01" + string(wb.U32(nil, uint32(len(b)))) + b
+		return "\x0a" + string(wb.U32(nil, uint32(len(code)))) + code
+	}
+	locals := func(groups ...uint32) string {
+		s := string(wb.U32(nil, uint32(len(groups))))
+		for _, n := range groups {
+			s += string(wb.U32(nil, n)) + "\x7f"
+		}
+		return s
+	}
+	gib3 := "\x80\x80\x80\x80\x0c" // 3 GiB
+	two27 := "\x80\x80\x80\x40"    // 2^27
+	cases := []struct {
+		name string
+		wasm string
+		ok   bool
+	}{
+		{"passive data segment of 3 GiB", magic + memory + "\x0b\x07\x01\x01" + gib3, false},
+		{"data segment of 3 GiB for memory 0 by index", magic + memory + "\x0b\x0b\x01\x02\x00\x41\x00\x0b" + gib3, false},
+		{"active data segment of 3 GiB", magic + memory + "\x0b\x0a\x01\x00\x41\x00\x0b" + gib3, false},
+		{"active data segment of 3 GiB at a computed offset",
+			magic + "\x02\x08\x01\x01m\x01g\x03\x7f\x00" + memory + "\x0b\x0a\x01\x00\x23\x00\x0b" + gib3, false},
+		{"data segment longer than the section", magic + memory + "\x0b\x05\x01\x01\x05ab", false},
+		{"element vector of 2^27 function indices", magic + "\x09\x07\x01\x01\x00" + two27, false},
+		{"element vector of 2^27 expressions", magic + "\x09\x07\x01\x05\x70" + two27, false},
+		{"active element vector of 2^27", magic + "\x09\x08\x01\x00\x41\x00\x0b" + two27, false},
+		{"local group of 2^28", magic + funcType + body(locals(1<<28)), false},
+		{"locals over the limit in two groups", magic + funcType + body(locals(wasmbin.MaxLocals/2, wasmbin.MaxLocals/2+1)), false},
+		{"locals at the limit", magic + funcType + body(locals(wasmbin.MaxLocals/2, wasmbin.MaxLocals/2)), true},
+		{"passive data segment that fits", magic + memory + "\x0b\x06\x01\x01\x03abc", true},
+	}
+	for _, c := range cases {
+		for _, opts := range []wasmbin.Options{
+			{MaxTableElements: 100},
+			{MaxTableElements: 100, Fuel: true},
+			{MaxTableElements: 100, MergeData: true},
+			{MaxTableElements: 100, Fuel: true, MergeData: true},
+		} {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, _, err := wasmbin.Prepare([]byte(c.wasm), opts)
+			runtime.ReadMemStats(&after)
+			if c.ok {
+				if err != nil {
+					t.Errorf("%s (fuel %v, merge %v): %v", c.name, opts.Fuel, opts.MergeData, err)
+				}
+				continue
+			}
+			if !errors.Is(err, wasmbin.ErrMalformed) {
+				t.Errorf("%s (fuel %v, merge %v): err = %v, want ErrMalformed", c.name, opts.Fuel, opts.MergeData, err)
+			}
+			if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+				t.Errorf("%s (fuel %v, merge %v): Prepare of %d bytes allocated %d bytes", c.name, opts.Fuel, opts.MergeData, len(c.wasm), grew)
+			}
+		}
+	}
+}
+
+// FuzzPrepare feeds Prepare arbitrary bytes: it must not panic; a module
+// wazero accepts must still be accepted once rewritten (the rewriter
+// inserts code around calls, exits and loop headers, and a local in every
+// function); and a module wazero refuses must not become acceptable once
+// rewritten (the added local and globals must not give meaning to indices
+// that had none: see TestRefusesIndicesOfAddedLocalAndGlobals).
 func FuzzPrepare(f *testing.F) {
 	f.Add(spinModule())
 	f.Add(callsFixture(false))
 	f.Add(callsFixture(true))
+	f.Add(escapeFixture())
 	ctx := context.Background()
-	r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
+	// Without DWARF, as the host compiles: with it wazero refuses an empty
+	// custom section at the end of a module, which the rewrite moves.
+	r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter().WithDebugInfoEnabled(false))
 	f.Cleanup(func() { _ = r.Close(ctx) })
 	f.Fuzz(func(t *testing.T, b []byte) {
 		out, _, err := wasmbin.Prepare(b, wasmbin.Options{MaxTableElements: 100, Fuel: true, MergeData: true})
@@ -363,16 +510,20 @@ func FuzzPrepare(f *testing.F) {
 		if err != nil {
 			return
 		}
-		in, cerr := r.CompileModule(ctx, b)
-		if cerr != nil {
-			return
+		in, inErr := r.CompileModule(ctx, b)
+		if inErr == nil {
+			_ = in.Close(ctx)
 		}
-		_ = in.Close(ctx)
-		rewritten, cerr := r.CompileModule(ctx, out)
-		if cerr != nil {
-			t.Fatalf("the input compiles, the rewritten module does not: %v", cerr)
+		rewritten, outErr := r.CompileModule(ctx, out)
+		if outErr == nil {
+			_ = rewritten.Close(ctx)
 		}
-		_ = rewritten.Close(ctx)
+		switch {
+		case inErr == nil && outErr != nil:
+			t.Fatalf("the input compiles, the rewritten module does not: %v", outErr)
+		case inErr != nil && outErr == nil:
+			t.Fatalf("the input does not compile (%v), the rewritten module does", inErr)
+		}
 	})
 }
 
@@ -397,5 +548,16 @@ func callsFixture(memory bool) []byte {
 	b.Table(1, 1, true)
 	b.Elem(0, leaf)
 	b.ExportFunc("run", run)
+	return b.Bytes()
+}
+
+// escapeFixture is a module whose only function sets the local and the
+// global the rewriter would add: invalid, and a seed from which the fuzzer
+// reaches the other indices.
+func escapeFixture() []byte {
+	var b wb.Builder
+	b.Global(0)
+	body := append(wb.S64([]byte{0x03, 0x40, 0x42}, 1<<62), 0x21, 0x01, 0x42, 0x00, 0x24, 0x02, 0x0c, 0x00, 0x0b, 0x0b)
+	b.ExportFunc("f", b.Func(b.Type([]byte{wb.I32}, nil), nil, body))
 	return b.Bytes()
 }

@@ -111,3 +111,35 @@ func TestFuelExactAcrossGuestCall(t *testing.T) {
 		t.Errorf("budget exactly %d: %+v, %v", need, res, err)
 	}
 }
+
+// A guest cannot name the counter local or the globals the fuel rewriter
+// adds: tools whose loop refills the counter (local 2 of tool_execute,
+// which has two parameters and no locals) or lowers the interrupt flag
+// (global 1: the tool defines no global, so the fuel counter is 0) are
+// refused at load, before any of their code can run.
+func TestToolNamingTheMeteringStateIsRefused(t *testing.T) {
+	refill := wb.S64([]byte{0x42}, 1<<62)
+	escapes := map[string][]byte{
+		// loop; i64.const 2^62; local.set 2; br 0; end
+		"refills the counter local": append(append([]byte{0x03, 0x40}, refill...), 0x21, 0x02, 0x0c, 0x00, 0x0b),
+		// loop; i64.const 2^62; local.set 2; i64.const 0; global.set 1; br 0; end
+		"refills the counter and lowers the flag": append(append([]byte{0x03, 0x40}, refill...),
+			0x21, 0x02, 0x42, 0x00, 0x24, 0x01, 0x0c, 0x00, 0x0b),
+		// loop; i64.const 2^62; global.set 0; br 0; end
+		"refills the fuel global": append(append([]byte{0x03, 0x40}, refill...), 0x24, 0x00, 0x0c, 0x00, 0x0b),
+	}
+	h := newHost(t, wasmhost.Limits{CallFuel: 10000, CallTimeoutMS: 100})
+	for name, loop := range escapes {
+		t.Run(name, func(t *testing.T) {
+			wasm := handTool(func(b *wb.Builder, result []byte) []byte { return append(loop, result...) })
+			tool, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "minimal", Version: "0.1.0", Wasm: wasm})
+			if err == nil {
+				_ = tool.Close(context.Background())
+				t.Fatal("the tool was loaded")
+			}
+			if !errors.Is(err, wasmhost.ErrInvalidModule) {
+				t.Fatalf("err = %v, want ErrInvalidModule", err)
+			}
+		})
+	}
+}

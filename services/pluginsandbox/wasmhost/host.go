@@ -31,6 +31,9 @@ type Host struct {
 	closed atomic.Bool
 	reaper reaper // closes used instances off the callers' path
 
+	// Close runs each of its steps once, however often it is called.
+	stopPools, stopLogs, closeRuntime sync.Once
+
 	// Running guest code must never see its module closed under it: an
 	// instance's memory is unmapped on close, and the guest would fault.
 	// Close cancels the running calls (stopCalls) and waits for them.
@@ -97,45 +100,62 @@ func (h *Host) LogStats() LogStats { return h.logs.stats() }
 // persistent).
 func (h *Host) InstancesInUse() int { return h.slots.inUse() }
 
-// Close stops every pool, waits for the instance closes queued to the
-// reaper and the log drain, and closes the runtime. It is safe to call twice.
+// Close cancels the running calls, stops every pool and the reaper (after
+// the instance closes queued to it), waits for the calls to leave guest
+// code, stops the log drain and closes the runtime. When ctx ends first,
+// Close stops the log drain all the same and returns an error, leaving
+// only the runtime open: closing it would fault the guests still running.
+// A later Close waits for them again and closes the runtime; once one has,
+// Close returns nil.
 func (h *Host) Close(ctx context.Context) error {
-	if !h.closed.CompareAndSwap(false, true) {
+	if h.closed.CompareAndSwap(false, true) {
+		h.stopCalls()
+	}
+	h.stopPools.Do(func() {
+		h.mu.Lock()
+		pools := make([]*pool, 0, len(h.pools))
+		for p := range h.pools {
+			pools = append(pools, p)
+		}
+		h.mu.Unlock()
+		for _, p := range pools {
+			p.close()
+		}
+		h.reaper.stop()
+	})
+	waitErr := h.waitCalls(ctx)
+	h.stopLogs.Do(h.logs.close)
+	if waitErr != nil {
+		return waitErr
+	}
+	var err error
+	h.closeRuntime.Do(func() {
+		err = h.rt.Close(ctx)
+		if h.cache != nil {
+			err = errors.Join(err, h.cache.Close(ctx))
+		}
+	})
+	return err
+}
+
+// waitCalls waits, within ctx, until no call runs guest code.
+func (h *Host) waitCalls(ctx context.Context) error {
+	h.callMu.Lock()
+	if h.calls == 0 {
+		h.callMu.Unlock()
 		return nil
 	}
-	h.callMu.Lock()
-	var idle chan struct{}
-	if h.calls > 0 {
-		idle = make(chan struct{})
-		h.callsIdle = idle
+	if h.callsIdle == nil {
+		h.callsIdle = make(chan struct{})
 	}
+	idle := h.callsIdle
 	h.callMu.Unlock()
-	h.stopCalls()
-	if idle != nil {
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			// Leaving the runtime open leaks it; closing it would crash the
-			// calls still inside guest code.
-			return fmt.Errorf("wasmhost: close: guest calls still running: %w", ctx.Err())
-		}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wasmhost: close: guest calls still running: %w", ctx.Err())
 	}
-	h.mu.Lock()
-	pools := make([]*pool, 0, len(h.pools))
-	for p := range h.pools {
-		pools = append(pools, p)
-	}
-	h.mu.Unlock()
-	for _, p := range pools {
-		p.close()
-	}
-	h.reaper.stop()
-	h.logs.close()
-	err := h.rt.Close(ctx)
-	if h.cache != nil {
-		err = errors.Join(err, h.cache.Close(ctx))
-	}
-	return err
 }
 
 // beginCall registers a call about to run guest code; false once Close

@@ -343,3 +343,91 @@ func TestCloseWhileCallsRun(t *testing.T) {
 		t.Fatalf("a call after Close: %v", err)
 	}
 }
+
+// hostGoroutines counts the goroutines a host owns besides the calls: the
+// pools' refillers, the reaper and the log drain.
+func hostGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "wasmhost.(*pool).run") || strings.Contains(g, "wasmhost.(*reaper).start") ||
+			strings.Contains(g, "wasmhost.(*logQueue).drain") {
+			count++
+		}
+	}
+	return count
+}
+
+// waitHostGoroutines polls until at most n host goroutines are left (a
+// goroutine that has signalled its owner is still on its way out) and
+// returns how many are.
+func waitHostGoroutines(n int, within time.Duration) int {
+	got := hostGoroutines()
+	for deadline := time.Now().Add(within); got > n && time.Now().Before(deadline); got = hostGoroutines() {
+		time.Sleep(time.Millisecond)
+	}
+	return got
+}
+
+// When Close's context ends while a call still runs guest code, Close
+// leaves the runtime open (closing it would fault the guest) but stops
+// everything else: the pools (their idle instances closed), the reaper
+// and the log drain. A later Close, once the call is over, closes the
+// runtime.
+func TestCloseGivingUpOnRunningCallsStopsTheRest(t *testing.T) {
+	// Earlier tests' hosts are closed; their goroutines may still be
+	// exiting.
+	before := waitHostGoroutines(0, 5*time.Second)
+	h, err := wasmhost.New(context.Background(), wasmhost.Config{Limits: wasmhost.DefaultLimits(), CacheDir: cacheDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loadHandTool(t, h, minimalTool(0))
+	for deadline := time.Now().Add(30 * time.Second); h.InstancesInUse() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the pool did not fill")
+		}
+	}
+	if n := hostGoroutines(); n <= before {
+		t.Fatalf("%d host goroutines with a pool, %d before the host", n, before)
+	}
+	release, ok := h.HoldCall()
+	if !ok {
+		t.Fatal("could not register a call")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := h.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with a call running: %v, want DeadlineExceeded", err)
+	}
+	if n := waitHostGoroutines(before, 10*time.Second); n > before {
+		t.Errorf("%d host goroutines after Close gave up, %d before the host", n, before)
+	}
+	if n := h.InstancesInUse(); n != 0 {
+		t.Errorf("%d pooled instances after Close gave up, want 0", n)
+	}
+	if _, ok := h.HoldCall(); ok {
+		t.Error("a call began after Close")
+	}
+	// Still running: a second Close gives up again.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	if err := h.Close(ctx2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("second Close with a call running: %v, want DeadlineExceeded", err)
+	}
+	release()
+	if err := h.Close(context.Background()); err != nil {
+		t.Fatalf("Close once the call is over: %v", err)
+	}
+	if err := h.Close(context.Background()); err != nil {
+		t.Fatalf("Close after Close: %v", err)
+	}
+}

@@ -21,6 +21,8 @@ type Builder struct {
 	tables  []byte
 	nTables uint32
 	memory  []byte
+	globals []byte
+	nGlobal uint32
 	exports []byte
 	nExport uint32
 	elems   []byte
@@ -98,6 +100,18 @@ func (b *Builder) Data(offset int32, bytes []byte) {
 	b.nData++
 }
 
+// Global adds a mutable i64 global initialised to init and returns its
+// index (the builder imports no globals).
+func (b *Builder) Global(init int64) uint32 {
+	b.globals = append(b.globals, I64, 0x01, 0x42)
+	b.globals = append(S64(b.globals, init), 0x0b)
+	b.nGlobal++
+	return b.nGlobal - 1
+}
+
+// ExportGlobal exports a global by index, which need not exist.
+func (b *Builder) ExportGlobal(name string, idx uint32) { b.export(name, 0x03, idx) }
+
 // ExportFunc exports a function.
 func (b *Builder) ExportFunc(name string, idx uint32) { b.export(name, 0x00, idx) }
 
@@ -130,6 +144,9 @@ func (b *Builder) Bytes() []byte {
 	}
 	if b.memory != nil {
 		out = section(out, 5, b.memory)
+	}
+	if b.nGlobal > 0 {
+		out = section(out, 6, append(U32(nil, b.nGlobal), b.globals...))
 	}
 	if b.nExport > 0 {
 		out = section(out, 7, append(U32(nil, b.nExport), b.exports...))
