@@ -143,3 +143,34 @@ func TestSharedReadsStayPerPrincipalAndFresh(t *testing.T) {
 		}
 	}
 }
+
+// A deleted session's id is free, and may next name another principal's
+// session: the deletion detaches every connection that followed it, so
+// the operator sees nothing of the session alice then opens under the
+// same id.
+func TestDeletionDetachesBeforeTheIDIsReused(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{})
+	op := newConv(t, s, nil)
+	token := aliceChats(t, s, op)
+	id := op.newSession("")
+	op.call("session/prompt", map[string]any{"session_id": id, "prompt": "/say mine"})
+	op.call("session/delete", map[string]any{"session_id": id})
+
+	alice := &conv{t: t, c: s.Dial(t), n: 100}
+	if _, err := alice.c.Call("initialize", map[string]any{"protocol_version": 1, "auth_token": token}); err != nil {
+		t.Fatal(err)
+	}
+	alice.call("session/new", map[string]any{"session_id": id})
+	ups, _ := alice.until(alice.send("session/prompt", map[string]any{"session_id": id, "prompt": "/say alice's secret"}))
+	if countType(ups, "turn_complete") != 1 {
+		t.Fatalf("alice's turn: %+v", ups)
+	}
+	// Whatever the operator's connection still had coming has arrived by
+	// the answer to a call made after alice's turn ended.
+	seen, _ := op.until(op.send("status", nil))
+	for _, u := range seen {
+		if u.SessionIDc == id {
+			t.Fatalf("the operator saw alice's session under the reused id: %+v", u)
+		}
+	}
+}

@@ -125,10 +125,14 @@ func TestFanoutOrderPerConnection(t *testing.T) {
 		pubs.Add(1)
 		go func() {
 			defer pubs.Done()
+			p, err := bus.NewSessionUpdatePublisher(pub, id)
+			if err != nil {
+				t.Error(err)
+				return
+			}
 			for k := 1; k <= updates; k++ {
 				body := fmt.Sprintf(`{"session_id":%q,"seq":%d,"type":"agent_message_chunk","text":"x"}`, id, k)
-				u := &busv1.SessionUpdate{SessionId: id, Seq: int64(k), Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Json: body}
-				if err := bus.PublishSessionUpdate(pub, u); err != nil {
+				if err := p.Publish(busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, int64(k), []byte(body)); err != nil {
 					t.Error(err)
 					return
 				}

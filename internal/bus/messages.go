@@ -26,15 +26,6 @@ func SubscribeConfigChanged(nc *nats.Conn, fn func(*busv1.ConfigChanged), bad fu
 	return subscribe(nc, SubjectConfigChanged, func() *busv1.ConfigChanged { return &busv1.ConfigChanged{} }, fn, bad)
 }
 
-// PublishSessionUpdate publishes one session/update of u.SessionId.
-func PublishSessionUpdate(nc *nats.Conn, u *busv1.SessionUpdate) error {
-	subject, err := SessionUpdateSubject(u.GetSessionId())
-	if err != nil {
-		return err
-	}
-	return publish(nc, subject, u)
-}
-
 // SubscribeSessionUpdates follows one session's updates on subject, which
 // must be a session update subject (the one the session service returned
 // at attach). Updates claiming another session are dropped as bad.

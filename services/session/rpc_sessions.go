@@ -11,9 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/ids"
-	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -265,11 +263,8 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*ses
 	if err := os.RemoveAll(filepath.Join(s.cfg.DataDir, "workspaces", ls.id)); err != nil {
 		s.log.Warn("remove session workspace", zap.String("session_id", ls.id), zap.Error(err))
 	}
-	// The id is free now and may next name another principal's session:
-	// every gateway detaches its connections from it.
-	if err := bus.PublishSessionUpdate(s.nc, &busv1.SessionUpdate{SessionId: ls.id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED}); err != nil {
-		s.log.Warn("announce session deletion", zap.String("session_id", ls.id), zap.Error(err))
-	}
+	// The id is free now and may next name another principal's session.
+	s.publishDeleted(ls)
 	s.log.Info("session deleted", zap.String("session_id", ls.id))
 	return &sessionv1.DeleteResponse{SessionId: ls.id, Deleted: true}, nil
 }

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
 // Update types of docs/spec.md §5 (defined once, in internal/bus).
@@ -117,15 +118,33 @@ func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
 		}
 	}
 	ls.seq++
-	if ls.pub == nil {
-		if ls.pub, err = bus.NewSessionUpdatePublisher(s.nc, ls.id); err != nil {
-			s.log.Warn("publish session update", zap.String("session_id", ls.id), zap.String("type", typ), zap.Int64("seq", ls.seq), zap.Error(err))
-			return
-		}
-	}
-	if err := ls.pub.Publish(bus.UpdateType(typ), ls.seq, body); err != nil {
+	if err := s.publishLocked(ls, bus.UpdateType(typ), ls.seq, body); err != nil {
 		s.log.Warn("publish session update", zap.String("session_id", ls.id), zap.String("type", typ), zap.Int64("seq", ls.seq), zap.Error(err))
 	}
+}
+
+// publishDeleted announces the session's deletion, after every update it
+// published and with no sequence number of its own: every gateway then
+// detaches its connections from the id.
+func (s *Server) publishDeleted(ls *liveSession) {
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	if err := s.publishLocked(ls, busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED, 0, nil); err != nil {
+		s.log.Warn("announce session deletion", zap.String("session_id", ls.id), zap.Error(err))
+	}
+}
+
+// publishLocked publishes through the session's publisher, made on first
+// use; ls.pubMu is held.
+func (s *Server) publishLocked(ls *liveSession, typ busv1.UpdateType, seq int64, params []byte) error {
+	if ls.pub == nil {
+		pub, err := bus.NewSessionUpdatePublisher(s.nc, ls.id)
+		if err != nil {
+			return err
+		}
+		ls.pub = pub
+	}
+	return ls.pub.Publish(typ, seq, params)
 }
 
 // maxKeptBody bounds the encoding buffer a session keeps between updates:
