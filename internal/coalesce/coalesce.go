@@ -12,6 +12,7 @@ package coalesce
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -38,9 +39,10 @@ type slot[T any] struct {
 }
 
 type batch[T any] struct {
-	done chan struct{} // closed once val and err are set
-	val  T
-	err  error
+	done  chan struct{} // closed once val and err are set
+	ended bool          // set under Group.mu as the slot's cur is cleared
+	val   T
+	err   error
 }
 
 // Do returns read's result for a read of key that started after Do was
@@ -75,13 +77,7 @@ func (g *Group[K, T]) Do(ctx context.Context, key K, read func(context.Context) 
 			}
 			s.cur, s.next = b, nil
 			g.mu.Unlock()
-			rctx, cancel := g.readContext(ctx)
-			b.val, b.err = read(rctx)
-			cancel()
-			g.mu.Lock()
-			s.cur = nil
-			g.mu.Unlock()
-			close(b.done)
+			g.run(ctx, s, b, read)
 			return b.val, b.err
 		}
 		// A read is in flight: wait for the next one.
@@ -101,16 +97,35 @@ func (g *Group[K, T]) Do(ctx context.Context, key K, read func(context.Context) 
 			return val, err
 		}
 		// b may have run and ended while we were away.
-		select {
-		case <-b.done:
+		if b.ended {
 			g.mu.Unlock()
 			return b.val, b.err
-		default:
 		}
 		// Loop: run b if nothing is in flight (s.next is still b), else
 		// wait again.
 	}
 }
+
+// run runs b's read and ends the batch, even when read panics: the
+// panic goes on up the runner's stack, the batch's other callers get
+// ErrReadPanicked, and the key's next read can start (a batch left in
+// flight would make every later caller of the key wait out its deadline).
+func (g *Group[K, T]) run(ctx context.Context, s *slot[T], b *batch[T], read func(context.Context) (T, error)) {
+	defer func() {
+		g.mu.Lock()
+		s.cur, b.ended = nil, true
+		g.mu.Unlock()
+		close(b.done)
+	}()
+	rctx, cancel := g.readContext(ctx)
+	defer cancel()
+	b.err = ErrReadPanicked // unless read returns
+	b.val, b.err = read(rctx)
+}
+
+// ErrReadPanicked is what the callers sharing a read get when it panicked
+// (its runner gets the panic).
+var ErrReadPanicked = errors.New("coalesce: the shared read panicked")
 
 // wait waits for b's read, ctx's end or, when it is not nil, the end of
 // the read in flight. ran is false when only inFlight ended.

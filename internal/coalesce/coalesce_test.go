@@ -195,3 +195,65 @@ func TestErrorShared(t *testing.T) {
 		t.Errorf("5 waiting callers made %d reads, want 1", n)
 	}
 }
+
+// A read that panics ends its batch: the runner gets the panic, the
+// callers that shared it ErrReadPanicked, and the key's next read runs.
+func TestPanickingReadEndsItsBatch(t *testing.T) {
+	var g Group[string, int]
+	hold := make(chan struct{})
+	first := make(chan any, 1)
+	go func() {
+		defer func() { first <- recover() }()
+		_, _ = g.Do(context.Background(), "k", func(context.Context) (int, error) { <-hold; return 1, nil })
+	}()
+	for g.Len() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	type outcome struct {
+		panicked any
+		err      error
+	}
+	out := make(chan outcome, 2)
+	boom := func(context.Context) (int, error) { panic("boom") }
+	for range 2 {
+		go func() {
+			var o outcome
+			defer func() { o.panicked = recover(); out <- o }()
+			_, o.err = g.Do(context.Background(), "k", boom)
+		}()
+	}
+	for {
+		g.mu.Lock()
+		n := g.keys["k"].callers
+		g.mu.Unlock()
+		if n == 3 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(hold)
+	<-first
+	// One of the two ran the read and got its panic; the other shared it.
+	panics, shared := 0, 0
+	for range 2 {
+		select {
+		case o := <-out:
+			switch {
+			case o.panicked != nil:
+				panics++
+			case errors.Is(o.err, ErrReadPanicked):
+				shared++
+			default:
+				t.Fatalf("caller: %v", o.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a batch whose read panicked never ended")
+		}
+	}
+	if panics != 1 || shared != 1 {
+		t.Fatalf("%d panics, %d shared errors", panics, shared)
+	}
+	if v, err := g.Do(context.Background(), "k", func(context.Context) (int, error) { return 7, nil }); err != nil || v != 7 {
+		t.Fatalf("next read: %d, %v", v, err)
+	}
+}
