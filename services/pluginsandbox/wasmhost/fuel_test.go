@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
 
@@ -50,23 +49,11 @@ func TestWatchdogStopsLoopWithCountInLocal(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			h := newHost(t, wasmhost.Limits{CallFuel: 1 << 60, CallTimeoutMS: 200})
 			tool := loadHandTool(t, h, wasm)
-			stopGC, gcDone := make(chan struct{}), make(chan struct{})
-			go func() {
-				defer close(gcDone)
-				for {
-					select {
-					case <-stopGC:
-						return
-					default:
-						runtime.GC()
-					}
-				}
-			}()
+			stopGC := collectContinuously()
 			start := time.Now()
 			_, err := tool.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{})})
 			elapsed := time.Since(start)
-			close(stopGC)
-			<-gcDone
+			stopGC()
 			if !errors.Is(err, wasmhost.ErrCallTimeout) {
 				t.Fatalf("err = %v after %v, want ErrCallTimeout", err, elapsed)
 			}

@@ -3,6 +3,7 @@ package wasmhost_test
 import (
 	"context"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -103,4 +104,23 @@ func (s *recordingSink) all() []wasmhost.LogRecord {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]wasmhost.LogRecord(nil), s.records...)
+}
+
+// collectContinuously runs the garbage collector in a loop (a guest's
+// call must be stoppable while the runtime stops the world over and over)
+// until the returned function is called, which waits for the loop to end.
+func collectContinuously() (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
 }

@@ -112,13 +112,7 @@ func (h *Host) Close(ctx context.Context) error {
 		h.stopCalls()
 	}
 	h.stopPools.Do(func() {
-		h.mu.Lock()
-		pools := make([]*pool, 0, len(h.pools))
-		for p := range h.pools {
-			pools = append(pools, p)
-		}
-		h.mu.Unlock()
-		for _, p := range pools {
+		for _, p := range h.poolList() {
 			p.close()
 		}
 		h.reaper.stop()
@@ -192,15 +186,20 @@ func (h *Host) removePool(p *pool) {
 	h.mu.Unlock()
 }
 
-// evictIdle closes one idle pooled instance of any module.
-func (h *Host) evictIdle() bool {
+// poolList is a copy of the set of pools, to work on without h.mu.
+func (h *Host) poolList() []*pool {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	pools := make([]*pool, 0, len(h.pools))
 	for p := range h.pools {
 		pools = append(pools, p)
 	}
-	h.mu.Unlock()
-	for _, p := range pools {
+	return pools
+}
+
+// evictIdle closes one idle pooled instance of any module.
+func (h *Host) evictIdle() bool {
+	for _, p := range h.poolList() {
 		if p.evictOne() {
 			return true
 		}

@@ -93,24 +93,11 @@ func TestInfiniteLoopStoppedByDeadline(t *testing.T) {
 			bad := loadTool(t, h, "misbehave")
 			// Collect garbage all along: a stop-the-world must not wait
 			// forever for the looping guest (it yields to Go periodically).
-			stopGC := make(chan struct{})
-			gcDone := make(chan struct{})
-			go func() {
-				defer close(gcDone)
-				for {
-					select {
-					case <-stopGC:
-						return
-					default:
-						runtime.GC()
-					}
-				}
-			}()
+			stopGC := collectContinuously()
 			start := time.Now()
 			_, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"mode": "loop"})})
 			elapsed := time.Since(start)
-			close(stopGC)
-			<-gcDone
+			stopGC()
 			if !errors.Is(err, wasmhost.ErrCallTimeout) {
 				t.Fatalf("err = %v, want ErrCallTimeout", err)
 			}

@@ -128,20 +128,6 @@ func BenchmarkMinimalCall(b *testing.B) {
 	h := newHost(b, wasmhost.Limits{})
 	tool := loadMinimal(b, h, 0)
 	call := wasmhost.ToolCall{Args: args(map[string]string{"text": "hello"})}
-	ctx := context.Background()
 	time.Sleep(50 * time.Millisecond) // let the pool fill
-	samples := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		time.Sleep(2 * time.Millisecond)
-		b.StartTimer()
-		start := time.Now()
-		if _, err := tool.Execute(ctx, call); err != nil {
-			b.Fatal(err)
-		}
-		samples = append(samples, time.Since(start))
-	}
-	b.StopTimer()
-	reportLatency(b, samples)
+	timeCalls(b, tool, call, 2*time.Millisecond)
 }
