@@ -32,7 +32,7 @@ func Prepare(wasm []byte, opts Options) ([]byte, Report, error) {
 	if err != nil {
 		return nil, rep, err
 	}
-	if err := m.checkSegments(); err != nil {
+	if err := m.checkCounts(); err != nil {
 		return nil, rep, err
 	}
 	bodies, err := decodeCode(m.section(secCode))

@@ -458,7 +458,19 @@ func TestCountsInsideSectionsDoNotSizeAllocations(t *testing.T) {
 		{"locals over the limit in two groups", magic + funcType + body(locals(wasmbin.MaxLocals/2, wasmbin.MaxLocals/2+1)), false},
 		{"locals at the limit", magic + funcType + body(locals(wasmbin.MaxLocals/2, wasmbin.MaxLocals/2)), true},
 		{"passive data segment that fits", magic + memory + "\x0b\x06\x01\x01\x03abc", true},
+		{"function type of 2^27 parameters", magic + section(1, "\x01\x60"+two27+"\x00"), false},
+		{"function type of 2^27 results", magic + section(1, "\x01\x60\x00"+two27), false},
+		{"function type (i32, i64) -> f32", magic + section(1, "\x01\x60\x02\x7f\x7e\x01\x7d"), true},
+		{"name section naming 2^27 functions", magic + section(0, "\x04name"+subsection(1, two27)), false},
+		{"name section with local names of 2^27 functions", magic + section(0, "\x04name"+subsection(2, two27)), false},
+		{"name section with 2^27 local names of one function", magic + section(0, "\x04name"+subsection(2, "\x01\x00"+two27)), false},
+		{"name section with a name past its map", magic + section(0, "\x04name"+subsection(1, "\x01\x00\x7fab")), false},
+		{"name section naming a function and its local", magic + funcType + section(0, "\x04name"+subsection(0, "\x01m")+
+			subsection(1, "\x01\x00\x01f")+subsection(2, "\x01\x00\x01\x00\x01x")) + body(locals(1)), true},
 	}
+	ctx := context.Background()
+	r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
+	defer r.Close(ctx)
 	for _, c := range cases {
 		for _, opts := range []wasmbin.Options{
 			{MaxTableElements: 100},
@@ -468,11 +480,15 @@ func TestCountsInsideSectionsDoNotSizeAllocations(t *testing.T) {
 		} {
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			_, _, err := wasmbin.Prepare([]byte(c.wasm), opts)
+			out, _, err := wasmbin.Prepare([]byte(c.wasm), opts)
 			runtime.ReadMemStats(&after)
 			if c.ok {
 				if err != nil {
 					t.Errorf("%s (fuel %v, merge %v): %v", c.name, opts.Fuel, opts.MergeData, err)
+				} else if mod, err := r.CompileModule(ctx, out); err != nil {
+					t.Errorf("%s (fuel %v, merge %v): wazero refuses the prepared module: %v", c.name, opts.Fuel, opts.MergeData, err)
+				} else {
+					_ = mod.Close(ctx)
 				}
 				continue
 			}
@@ -485,6 +501,14 @@ func TestCountsInsideSectionsDoNotSizeAllocations(t *testing.T) {
 		}
 	}
 }
+
+// section encodes a section of the id around payload.
+func section(id byte, payload string) string {
+	return string([]byte{id}) + string(wb.U32(nil, uint32(len(payload)))) + payload
+}
+
+// subsection encodes a name subsection (the same framing as a section).
+func subsection(id byte, payload string) string { return section(id, payload) }
 
 // FuzzPrepare feeds Prepare arbitrary bytes: it must not panic; a module
 // wazero accepts must still be accepted once rewritten (the rewriter
