@@ -202,6 +202,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 			MaxInflightRequests: g.limits.MaxInflightRequests,
 			FrameBudget:         jsonrpc.NewFrameBudget(g.limits.MaxBufferedFrameBytes),
 			Inline:              func(m string) bool { return methods[m].inline },
+			Deferred:            func(m string) bool { return methods[m].later != nil },
 			Logger:              g.log,
 		},
 		MaxConnections: g.limits.MaxConnections,
@@ -248,9 +249,21 @@ func (g *Gateway) accept(serveCtx context.Context, c *jsonrpc.Conn, peer jsonrpc
 	g.mu.Unlock()
 	g.clientJoined()
 	g.spawn(func() { cs.outbox.run(serveCtx) })
-	return jsonrpc.HandlerFunc(func(ctx context.Context, c *jsonrpc.Conn, req *jsonrpc.Request) (any, error) {
-		return g.handle(ctx, cs, req)
-	})
+	return connHandler{g, cs}
+}
+
+// connHandler serves one connection's requests.
+type connHandler struct {
+	g  *Gateway
+	cs *connState
+}
+
+func (h connHandler) Handle(ctx context.Context, _ *jsonrpc.Conn, req *jsonrpc.Request) (any, error) {
+	return h.g.handle(ctx, h.cs, req)
+}
+
+func (h connHandler) HandleDeferred(ctx context.Context, _ *jsonrpc.Conn, req *jsonrpc.Request, reply jsonrpc.Reply) {
+	h.g.handleLater(ctx, h.cs, req, reply)
 }
 
 func (g *Gateway) disconnected(runCtx context.Context, stop context.CancelCauseFunc, c *jsonrpc.Conn) {
@@ -280,7 +293,45 @@ func (g *Gateway) handle(ctx context.Context, cs *connState, req *jsonrpc.Reques
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
+	if m.later != nil {
+		// Served with a goroutine after all (the connection did not
+		// defer it): wait for the reply here.
+		type answer struct {
+			result any
+			err    error
+		}
+		ch := make(chan answer, 1)
+		m.later(g, ctx, cs, req.Params, func(result any, err error) { ch <- answer{result, err} })
+		a := <-ch
+		return a.result, a.err
+	}
 	return m.call(g, ctx, cs, req.Params)
+}
+
+// handleLater routes one request of a method served later (method.later)
+// on the connection's read loop: the same checks and deadline as handle,
+// none of them blocking.
+func (g *Gateway) handleLater(ctx context.Context, cs *connState, req *jsonrpc.Request, reply jsonrpc.Reply) {
+	m, known := methods[req.Method]
+	if !known || m.later == nil {
+		// Options.Deferred names only methods with later set.
+		reply(nil, fmt.Errorf("gateway: %q is not a deferred method", req.Method))
+		return
+	}
+	if !m.preInit && !cs.initialized() {
+		reply(nil, jsonrpc.NewError(jsonrpc.CodeAuthRequired, "First call must be 'initialize'", nil))
+		return
+	}
+	if d := g.deadline(m.kind); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		answer := reply
+		reply = func(result any, err error) {
+			cancel()
+			answer(result, err)
+		}
+	}
+	m.later(g, ctx, cs, req.Params, reply)
 }
 
 func (g *Gateway) clientJoined() {

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
@@ -26,6 +27,13 @@ type method struct {
 	// kind sets the deadline of the method's calls (handle applies it).
 	kind callKind
 	call func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
+	// later, set instead of call, serves a method without a goroutine of
+	// its own (jsonrpc.DeferredHandler): it is called on the read loop,
+	// must not block, and answers through reply, once. The reads that
+	// many clients repeat (status, session/state) are shared this way: the
+	// goroutine that made a shared read answers every request it serves,
+	// and none waits for it.
+	later func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage, reply jsonrpc.Reply)
 }
 
 // callKind says how long the gateway waits for what a method asks of the
@@ -83,14 +91,14 @@ func init() { methods = methodTable() }
 func methodTable() map[string]method {
 	return map[string]method{
 		"initialize": {preInit: true, inline: true, kind: kindQuick, call: (*Gateway).initialize},
-		"status":     {kind: kindQuick, call: (*Gateway).status},
+		"status":     {kind: kindQuick, later: (*Gateway).status},
 		"health":     {inline: true, kind: kindLocal, call: (*Gateway).health},
 
 		"session/new":      {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionNew},
 		"session/prompt":   {needs: needsAgent, kind: kindTurn, call: (*Gateway).sessionPrompt},
 		"session/cancel":   {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionCancel},
 		"session/approve":  {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionApprove},
-		"session/state":    {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionState},
+		"session/state":    {needs: needsAgent, kind: kindQuick, later: (*Gateway).sessionState},
 		"session/messages": {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionMessages},
 		"session/list":     {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionList},
 		"session/close":    {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionClose},

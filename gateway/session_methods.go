@@ -232,24 +232,28 @@ func (g *Gateway) sessionApprove(ctx context.Context, cs *connState, params json
 	return out, nil
 }
 
-func (g *Gateway) sessionState(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
+// sessionState is deferred (see method.later): concurrent reads of one
+// session by one principal share one State call, encoded once.
+func (g *Gateway) sessionState(ctx context.Context, cs *connState, params json.RawMessage, reply jsonrpc.Reply) {
 	id, err := decodeSessionID(params)
 	if err != nil {
-		return nil, err
+		reply(nil, err)
+		return
 	}
 	p, key := cs.principalKey()
-	// The reply is encoded once for every caller sharing the read.
-	reply, err := g.stateReads.Do(ctx, stateKey{key, id}, func(ctx context.Context) (jsonrpc.EncodedJSON, error) {
+	g.stateReads.Go(ctx, stateKey{key, id}, func(ctx context.Context) (jsonrpc.EncodedJSON, error) {
 		resp, err := g.session.State(ctx, &sessionv1.StateRequest{Principal: p, SessionId: id})
 		if err != nil {
 			return nil, err
 		}
 		return json.Marshal(stateReply{SessionID: resp.GetSessionId(), State: stateWords[resp.GetState()], TurnID: resp.GetTurnId()})
+	}, func(enc jsonrpc.EncodedJSON, err error) {
+		if err != nil {
+			reply(nil, serviceError("session", err))
+			return
+		}
+		reply(enc, nil)
 	})
-	if err != nil {
-		return nil, serviceError("session", err)
-	}
-	return reply, nil
 }
 
 // stateKey is what makes two session/state reads the same read.

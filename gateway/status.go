@@ -14,10 +14,13 @@ import (
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
-// status answers docs/spec.md §5's status; services come from the health monitor.
-func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage) (any, error) {
+// status answers docs/spec.md §5's status; services come from the health
+// monitor. It is deferred (see method.later): concurrent statuses of one
+// principal share one Status call, and the goroutine that made it answers
+// them all.
+func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage, reply jsonrpc.Reply) {
 	p, key := cs.principalKey()
-	st, err := g.statusReads.Do(ctx, key, func(ctx context.Context) (statusRead, error) {
+	g.statusReads.Go(ctx, key, func(ctx context.Context) (statusRead, error) {
 		resp, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: p})
 		if err != nil {
 			return statusRead{}, err
@@ -28,10 +31,17 @@ func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage) 
 		}
 		enc, err := json.Marshal(ids)
 		return statusRead{active: resp.GetActiveSessions(), ids: enc}, err
+	}, func(st statusRead, err error) {
+		if err != nil {
+			reply(nil, serviceError("session", err))
+			return
+		}
+		reply(g.statusResult(st), nil)
 	})
-	if err != nil {
-		return nil, serviceError("session", err)
-	}
+}
+
+// statusResult is status's result around one shared read.
+func (g *Gateway) statusResult(st statusRead) jsonrpc.EncodedJSON {
 	services := g.monitor.servicesJSON()
 	b := make([]byte, 0, 64+len(g.statusFixed)+len(services)+len(st.ids))
 	b = append(b, `{"active_sessions":`...)
@@ -43,7 +53,7 @@ func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage) 
 	b = append(b, st.ids...)
 	b = append(b, '}')
 	// Every part is valid JSON of the gateway's own making: no re-check.
-	return jsonrpc.EncodedJSON(b), nil
+	return jsonrpc.EncodedJSON(b)
 }
 
 // statusRead is what status takes from one (shared) Status call, the ids

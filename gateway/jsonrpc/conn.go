@@ -93,6 +93,11 @@ type Options struct {
 	// other request is handled on its own goroutine. An inline handler
 	// must not wait for anything the peer sends (no Call).
 	Inline func(method string) bool
+	// Deferred reports the methods a DeferredHandler takes without a
+	// goroutine of their own: HandleDeferred is called on the read loop
+	// and must not block; the request counts as in flight until its
+	// reply is given. Ignored unless the Handler is a DeferredHandler.
+	Deferred func(method string) bool
 	// Logger receives static messages with structured fields; never frame
 	// contents. Nil means no logging.
 	Logger *zap.Logger
@@ -138,6 +143,26 @@ func (o Options) withDefaults() Options {
 type Handler interface {
 	Handle(ctx context.Context, c *Conn, req *Request) (result any, err error)
 }
+
+// DeferredHandler is a Handler that can take some requests (those
+// Options.Deferred names) and answer them later, with no goroutine waiting
+// for each one: a read shared by many requests answers them all from the
+// goroutine that ran it.
+type DeferredHandler interface {
+	Handler
+	// HandleDeferred is called on the read loop, in arrival order. It must
+	// return without blocking, having arranged for reply to be called
+	// exactly once, from any goroutine, or having called it. ctx is the
+	// one Handle would get.
+	HandleDeferred(ctx context.Context, c *Conn, req *Request, reply Reply)
+}
+
+// Reply gives a deferred request its answer, as Handle's results would.
+// It never blocks: the response is written at once if the socket takes it
+// now, else queued for the connection's writer, past
+// Options.MaxPendingBytes if need be (the bound on requests in flight
+// bounds that excess). A second call is ignored.
+type Reply func(result any, err error)
 
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, c *Conn, req *Request) (any, error)
@@ -191,6 +216,9 @@ type Conn struct {
 	sent       int64
 	kq         func() (int, bool)
 	kqResolved bool
+	// deadlineSet says the socket has a write deadline, which writeAll
+	// leaves behind; a write through writeNow would fail on it once past.
+	deadlineSet bool
 
 	// Outgoing calls.
 	seq     atomic.Uint64
@@ -218,6 +246,10 @@ type Conn struct {
 
 	// workers, when the connection belongs to a Server, run its handlers.
 	workers *workers
+
+	// writeNow writes what the socket takes without waiting (nil where
+	// unavailable): deferred replies use it, as they must not block.
+	writeNow func([]byte) (int, error)
 }
 
 // NewConn wraps an accepted connection. The initialize deadline starts now;
@@ -238,6 +270,7 @@ func NewConn(nc net.Conn, h Handler, opts Options) *Conn {
 		room:       make(chan struct{}, 1),
 		writerDone: make(chan struct{}),
 		pending:    make(map[ID]chan *Response),
+		writeNow:   writeNow(nc),
 	}
 	if opts.FrameBudget != nil {
 		c.fr.UseBudget(opts.FrameBudget, c.done)
@@ -517,6 +550,11 @@ func (c *Conn) dispatch(req *Request) {
 		c.handle(req)
 		return
 	}
+	if dh, ok := c.h.(DeferredHandler); ok && c.opts.Deferred != nil && c.opts.Deferred(req.Method) {
+		c.wg.Add(1)
+		c.handleDeferred(dh, req)
+		return
+	}
 	c.wg.Add(1)
 	task := func() {
 		defer c.wg.Done()
@@ -530,6 +568,34 @@ func (c *Conn) dispatch(req *Request) {
 }
 
 func (c *Conn) handle(req *Request) {
+	result, err := c.call(req)
+	c.finish(req, result, err, false)
+}
+
+// handleDeferred hands req to dh; its reply finishes it (and the wg count
+// dispatch took for it).
+func (c *Conn) handleDeferred(dh DeferredHandler, req *Request) {
+	var once atomic.Bool
+	reply := func(result any, err error) {
+		if !once.CompareAndSwap(false, true) {
+			return
+		}
+		defer c.wg.Done()
+		c.finish(req, result, err, true)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("handler panicked", zap.String("method", req.Method), zap.Any("panic", p), zap.StackSkip("stack", 1))
+			reply(nil, errHandlerPanic)
+		}
+	}()
+	dh.HandleDeferred(c.ctx, c, req, reply)
+}
+
+// finish answers req with the handler's results and releases its place
+// among the requests in flight; noWait sends the answer without ever
+// blocking (see Reply).
+func (c *Conn) finish(req *Request, result any, err error, noWait bool) {
 	defer func() {
 		if n := int(c.active.Add(-1)); n < c.opts.MaxInflightRequests && n+1 >= c.opts.MaxInflightRequests {
 			c.ringRoom()
@@ -546,7 +612,6 @@ func (c *Conn) handle(req *Request) {
 			c.closeAfterFlush(why)
 		}
 	}()
-	result, err := c.call(req)
 	if req.ID == nil {
 		if err != nil {
 			c.log.Debug("notification handler failed", zap.String("method", req.Method), zap.Error(err))
@@ -566,6 +631,10 @@ func (c *Conn) handle(req *Request) {
 			resp.Error = &Error{Code: CodeInternal, Message: "Internal error"}
 		}
 		resp.Result = nil
+	}
+	if noWait {
+		c.sendNoWait(resp)
+		return
 	}
 	c.send(context.Background(), resp)
 }
@@ -680,6 +749,64 @@ func (c *Conn) send(ctx context.Context, r *Response) {
 		}
 	}
 	putScratch(bp, b)
+}
+
+// sendNoWait is send for a goroutine that must not block on this
+// connection's peer (one answering the requests of many connections): it
+// writes what the socket takes at once, and queues the rest, ahead of
+// anything queued meanwhile, for the writer, whatever is already queued.
+// The excess over MaxPendingBytes is bounded by the requests in flight,
+// which the read loop bounds (and it reads nothing while output is over
+// MaxPendingBytes).
+func (c *Conn) sendNoWait(r *Response) {
+	bp := scratchPool.Get().(*[]byte)
+	b, err := appendResponse((*bp)[:0], r)
+	if err != nil {
+		c.log.Error("response not encodable", zap.Error(err))
+		b, _ = appendResponse((*bp)[:0], &Response{ID: r.ID, Error: &Error{Code: CodeInternal, Message: "Internal error"}})
+	}
+	b = append(b, '\n')
+	defer putScratch(bp, b)
+	c.wmu.Lock()
+	if c.wclosed || c.flushClose {
+		c.wmu.Unlock()
+		return
+	}
+	rest := b
+	if c.writeNow != nil && !c.writing && len(c.wq) == 0 {
+		c.writing = true
+		c.wmu.Unlock()
+		if c.deadlineSet {
+			_ = c.nc.SetWriteDeadline(time.Time{})
+			c.deadlineSet = false
+		}
+		n, err := c.writeNow(b)
+		c.sent += int64(n)
+		rest = b[n:]
+		c.wmu.Lock()
+		c.writing = false
+		if err != nil {
+			c.wmu.Unlock()
+			c.log.Debug("closing connection: write failed", zap.Error(err))
+			c.closeWith(fmt.Errorf("%w: %w", ErrPeerClosed, err))
+			return
+		}
+		if len(rest) == 0 {
+			more := len(c.wq) > 0 || c.flushClose
+			c.wmu.Unlock()
+			if more {
+				c.ring()
+			}
+			return
+		}
+		// Frames queued while this one was being written go after it.
+		c.wq = slices.Insert(c.wq, 0, rest...)
+	} else {
+		c.wq = append(c.wq, rest...)
+	}
+	c.outq.Add(int64(len(rest)))
+	c.wmu.Unlock()
+	c.ring()
 }
 
 // putScratch returns a scratch buffer to the pool, unless it grew large:
@@ -995,6 +1122,7 @@ func (c *Conn) writeAll(b []byte, queued bool) error {
 		chunk := b[:min(len(b), maxWriteChunk)]
 		if limit > 0 {
 			_ = c.nc.SetWriteDeadline(w.deadline(time.Now(), limit, c.kernelQueue() != nil))
+			c.deadlineSet = true
 		}
 		n, err := c.nc.Write(chunk)
 		b = b[n:]

@@ -76,3 +76,31 @@ func rawConn(nc net.Conn) syscall.RawConn {
 	}
 	return raw
 }
+
+// writeNow returns a function writing to a Unix socket what its buffer
+// takes at once, without waiting for room (one non-blocking write), or nil
+// for other connections.
+func writeNow(nc net.Conn) func([]byte) (int, error) {
+	raw := rawConn(nc)
+	if raw == nil {
+		return nil
+	}
+	return func(b []byte) (int, error) {
+		var n int
+		var err error
+		if rerr := raw.Write(func(fd uintptr) bool {
+			for {
+				n, err = unix.Write(int(fd), b)
+				if err != unix.EINTR {
+					return true // done, or full (EAGAIN): no waiting either way
+				}
+			}
+		}); rerr != nil {
+			return 0, rerr
+		}
+		if err == unix.EAGAIN {
+			return 0, nil
+		}
+		return max(n, 0), err
+	}
+}

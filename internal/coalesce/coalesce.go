@@ -29,10 +29,11 @@ type Group[K comparable, T any] struct {
 	Timeout time.Duration
 
 	mu   sync.Mutex
-	keys map[K]*slot[T]
+	keys map[K]*slot[K, T]
 }
 
-type slot[T any] struct {
+type slot[K comparable, T any] struct {
+	key     K
 	cur     *batch[T] // the read in flight, nil when none
 	next    *batch[T] // callers waiting for the next read, nil when none
 	callers int       // callers inside Do for this key
@@ -43,6 +44,21 @@ type batch[T any] struct {
 	ended bool          // set under Group.mu as the slot's cur is cleared
 	val   T
 	err   error
+
+	// Callers of Go: no goroutine waits for them; whoever ends the batch
+	// answers them. The first one's read and context run the batch when
+	// no caller of Do does.
+	waiters []*waiter[T]
+	read    func(context.Context) (T, error)
+	readCtx context.Context
+}
+
+// waiter is one caller of Go.
+type waiter[T any] struct {
+	done func(T, error)
+	// stop ends the watch on the caller's context; it reports false when
+	// that end already answered the caller, so each is answered once.
+	stop func() bool
 }
 
 // Do returns read's result for a read of key that started after Do was
@@ -50,21 +66,11 @@ type batch[T any] struct {
 // read-only. A caller whose ctx ends while it waits returns ctx's cause.
 func (g *Group[K, T]) Do(ctx context.Context, key K, read func(context.Context) (T, error)) (T, error) {
 	g.mu.Lock()
-	s := g.keys[key]
-	if s == nil {
-		if g.keys == nil {
-			g.keys = make(map[K]*slot[T])
-		}
-		s = &slot[T]{}
-		g.keys[key] = s
-	}
-	s.callers++
+	s := g.slot(key)
 	// Every path below returns with g.mu released.
 	defer func() {
 		g.mu.Lock()
-		if s.callers--; s.callers == 0 {
-			delete(g.keys, key)
-		}
+		g.leave(s, 1)
 		g.mu.Unlock()
 	}()
 	for {
@@ -110,17 +116,126 @@ func (g *Group[K, T]) Do(ctx context.Context, key K, read func(context.Context) 
 // panic goes on up the runner's stack, the batch's other callers get
 // ErrReadPanicked, and the key's next read can start (a batch left in
 // flight would make every later caller of the key wait out its deadline).
-func (g *Group[K, T]) run(ctx context.Context, s *slot[T], b *batch[T], read func(context.Context) (T, error)) {
-	defer func() {
-		g.mu.Lock()
-		s.cur, b.ended = nil, true
-		g.mu.Unlock()
-		close(b.done)
-	}()
+func (g *Group[K, T]) run(ctx context.Context, s *slot[K, T], b *batch[T], read func(context.Context) (T, error)) {
+	defer g.end(s, b)
 	rctx, cancel := g.readContext(ctx)
 	defer cancel()
 	b.err = ErrReadPanicked // unless read returns
 	b.val, b.err = read(rctx)
+}
+
+// end ends b, whose val and err are set: it answers b's callers and, when
+// callers of Go wait for the next read, starts that read (no goroutine of
+// theirs would).
+func (g *Group[K, T]) end(s *slot[K, T], b *batch[T]) {
+	g.mu.Lock()
+	s.cur, b.ended = nil, true
+	next := s.next
+	if next != nil && len(next.waiters) > 0 {
+		s.cur, s.next = next, nil
+	} else {
+		next = nil
+	}
+	g.mu.Unlock()
+	close(b.done)
+	g.answer(s, b)
+	if next != nil {
+		go g.runAsync(s, next)
+	}
+}
+
+// answer answers b's callers of Go that their contexts did not.
+func (g *Group[K, T]) answer(s *slot[K, T], b *batch[T]) {
+	n := 0
+	for _, w := range b.waiters {
+		if w.stop() {
+			w.done(b.val, b.err)
+			n++
+		}
+	}
+	if n > 0 {
+		g.mu.Lock()
+		g.leave(s, n)
+		g.mu.Unlock()
+	}
+}
+
+// runAsync runs b for its callers of Go, with the read and context of the
+// first of them; a panicking read answers them ErrReadPanicked (there is
+// no caller's stack to carry the panic up).
+func (g *Group[K, T]) runAsync(s *slot[K, T], b *batch[T]) {
+	defer g.end(s, b)
+	rctx, cancel := g.readContext(b.readCtx)
+	defer cancel()
+	b.err = ErrReadPanicked
+	defer func() { _ = recover() }()
+	b.val, b.err = b.read(rctx)
+}
+
+// slot returns key's slot, made if need be, with one caller more; called
+// with g.mu held.
+func (g *Group[K, T]) slot(key K) *slot[K, T] {
+	s := g.keys[key]
+	if s == nil {
+		if g.keys == nil {
+			g.keys = make(map[K]*slot[K, T])
+		}
+		s = &slot[K, T]{key: key}
+		g.keys[key] = s
+	}
+	s.callers++
+	return s
+}
+
+// leave drops n callers of s; called with g.mu held.
+func (g *Group[K, T]) leave(s *slot[K, T], n int) {
+	if s.callers -= n; s.callers == 0 {
+		delete(g.keys, s.key)
+	}
+}
+
+// Go is Do for a caller with no goroutine to spare: it returns at once,
+// and done is called exactly once, with what Do would have returned: the
+// result of a read of key that started after Go was called, or ctx's cause
+// when ctx ends first. done is called on the goroutine that ran the read
+// or on the one ctx's end runs it on, never on Go's: it must not block for
+// long, as the other callers of the batch are answered after it. When no
+// read of key is in flight, Go starts one on a goroutine of its own.
+func (g *Group[K, T]) Go(ctx context.Context, key K, read func(context.Context) (T, error), done func(T, error)) {
+	w := &waiter[T]{done: done}
+	g.mu.Lock()
+	s := g.slot(key)
+	var b *batch[T]
+	start := s.cur == nil
+	if start {
+		b = s.next
+		if b == nil {
+			b = &batch[T]{done: make(chan struct{})}
+		}
+		s.cur, s.next = b, nil
+	} else {
+		if s.next == nil {
+			s.next = &batch[T]{done: make(chan struct{})}
+		}
+		b = s.next
+	}
+	if b.read == nil {
+		b.read, b.readCtx = read, ctx
+	}
+	b.waiters = append(b.waiters, w)
+	// Registered under g.mu, so that whoever ends b finds stop set; the
+	// function runs on a goroutine of its own, after g.mu is released.
+	w.stop = context.AfterFunc(ctx, func() {
+		var zero T
+		done(zero, context.Cause(ctx))
+		g.mu.Lock()
+		g.leave(s, 1)
+		g.mu.Unlock()
+	})
+	g.mu.Unlock()
+	if start {
+		go g.runAsync(s, b)
+	}
 }
 
 // ErrReadPanicked is what the callers sharing a read get when it panicked

@@ -257,3 +257,174 @@ func TestPanickingReadEndsItsBatch(t *testing.T) {
 		t.Fatalf("next read: %d, %v", v, err)
 	}
 }
+
+// goCall is one call of Go, seen from its caller: the answer, and how many
+// times it came.
+type goCall struct {
+	val     int64
+	err     error
+	answers atomic.Int32
+	done    chan struct{}
+}
+
+func callGo(g *Group[string, int64], ctx context.Context, key string, read func(context.Context) (int64, error)) *goCall {
+	c := &goCall{done: make(chan struct{})}
+	g.Go(ctx, key, read, func(v int64, err error) {
+		if c.answers.Add(1) == 1 {
+			c.val, c.err = v, err
+			close(c.done)
+		}
+	})
+	return c
+}
+
+func (c *goCall) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a caller of Go was never answered")
+	}
+}
+
+// Go answers every caller exactly once with a read that started after it
+// called, shares reads, and keeps no key once all are answered; callers
+// of Do and Go on one key share the same batches.
+func TestGoAnswersOnceWithAFreshRead(t *testing.T) {
+	var writes, reads atomic.Int64
+	var g Group[string, int64]
+	read := func(context.Context) (int64, error) {
+		reads.Add(1)
+		v := writes.Load()
+		time.Sleep(300 * time.Microsecond)
+		return v, nil
+	}
+	const callers, rounds = 32, 20
+	var wg sync.WaitGroup
+	var calls sync.Map
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				mine := writes.Add(1)
+				if i%4 == 0 {
+					// A caller of Do among those of Go.
+					if got, err := g.Do(context.Background(), "k", read); err != nil || got < mine {
+						t.Errorf("Do read %d after write %d (err %v)", got, mine, err)
+					}
+					continue
+				}
+				c := callGo(&g, context.Background(), "k", read)
+				calls.Store(c, mine)
+				c.wait(t)
+				if c.err != nil || c.val < mine {
+					t.Errorf("Go read %d after write %d (err %v)", c.val, mine, c.err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	time.Sleep(20 * time.Millisecond) // a second answer, if any, would come now
+	calls.Range(func(k, _ any) bool {
+		if n := k.(*goCall).answers.Load(); n != 1 {
+			t.Errorf("a caller of Go answered %d times", n)
+		}
+		return true
+	})
+	if n := reads.Load(); n >= callers*rounds {
+		t.Errorf("%d calls made %d reads: nothing shared", callers*rounds, n)
+	}
+	waitKeys(t, &g, 0)
+}
+
+func waitKeys(t *testing.T, g *Group[string, int64], want int) {
+	t.Helper()
+	for i := 0; g.Len() != want; i++ {
+		if i > 1000 {
+			t.Fatalf("%d keys kept, want %d", g.Len(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A caller of Go whose context ends is answered at once with its cause,
+// and only then; the read goes on for the others, and a batch waiting
+// behind it still runs for its callers of Go, who have no goroutine to
+// run it.
+func TestGoContextEnds(t *testing.T) {
+	var g Group[string, int64]
+	release := make(chan struct{})
+	var reads atomic.Int32
+	read := func(context.Context) (int64, error) {
+		if reads.Add(1) == 1 {
+			<-release
+		}
+		return 5, nil
+	}
+	why := errors.New("client left")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	inFlight := callGo(&g, ctx, "k", read)               // starts the first read
+	other := callGo(&g, context.Background(), "k", read) // waits for the next one
+	late := callGo(&g, ctx, "k", read)
+	cancel(why)
+	inFlight.wait(t)
+	late.wait(t)
+	if !errors.Is(inFlight.err, why) || !errors.Is(late.err, why) {
+		t.Fatalf("cancelled callers: %v, %v; want the cause", inFlight.err, late.err)
+	}
+	close(release)
+	other.wait(t)
+	if other.err != nil || other.val != 5 {
+		t.Fatalf("the caller waiting for the next read: %d, %v", other.val, other.err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if inFlight.answers.Load() != 1 || late.answers.Load() != 1 || other.answers.Load() != 1 {
+		t.Fatalf("answers: %d, %d, %d; want one each", inFlight.answers.Load(), late.answers.Load(), other.answers.Load())
+	}
+	waitKeys(t, &g, 0)
+}
+
+// A read run for callers of Go that panics answers them ErrReadPanicked,
+// and the key's next read runs; the panic does not take the process down.
+func TestGoPanickingRead(t *testing.T) {
+	var g Group[string, int64]
+	hold := make(chan struct{})
+	first := callGo(&g, context.Background(), "k", func(context.Context) (int64, error) { <-hold; panic("boom") })
+	second := callGo(&g, context.Background(), "k", func(context.Context) (int64, error) { panic("boom") })
+	close(hold)
+	first.wait(t)
+	second.wait(t)
+	if !errors.Is(first.err, ErrReadPanicked) || !errors.Is(second.err, ErrReadPanicked) {
+		t.Fatalf("got %v and %v, want ErrReadPanicked", first.err, second.err)
+	}
+	next := callGo(&g, context.Background(), "k", func(context.Context) (int64, error) { return 7, nil })
+	next.wait(t)
+	if next.err != nil || next.val != 7 {
+		t.Fatalf("next read: %d, %v", next.val, next.err)
+	}
+	waitKeys(t, &g, 0)
+}
+
+// When a caller of Do runs a read, the callers of Go waiting behind it
+// get the next read started for them as it ends.
+func TestGoWaitingBehindDo(t *testing.T) {
+	var g Group[string, int64]
+	hold := make(chan struct{})
+	ran := make(chan int64, 1)
+	go func() {
+		v, _ := g.Do(context.Background(), "k", func(context.Context) (int64, error) { <-hold; return 1, nil })
+		ran <- v
+	}()
+	waitKeys(t, &g, 1)
+	c := callGo(&g, context.Background(), "k", func(context.Context) (int64, error) { return 2, nil })
+	close(hold)
+	if v := <-ran; v != 1 {
+		t.Fatalf("Do: %d", v)
+	}
+	c.wait(t)
+	if c.err != nil || c.val != 2 {
+		t.Fatalf("Go behind Do: %d, %v; want the next read's 2", c.val, c.err)
+	}
+	waitKeys(t, &g, 0)
+}
