@@ -1,0 +1,165 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// hungSession never answers Status or State until the test ends.
+type hungSession struct {
+	sessionv1.UnimplementedSessionServiceServer
+	release chan struct{}
+	calls   chan struct{}
+}
+
+func (h *hungSession) Status(ctx context.Context, _ *sessionv1.StatusRequest) (*sessionv1.StatusResponse, error) {
+	h.calls <- struct{}{}
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+	}
+	return nil, ctx.Err()
+}
+
+func (h *hungSession) ConnectionClosed(context.Context, *sessionv1.ConnectionClosedRequest) (*sessionv1.ConnectionClosedResponse, error) {
+	return &sessionv1.ConnectionClosedResponse{}, nil
+}
+
+// runGateway runs a gateway with fake config and session services until
+// the test ends.
+func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeout time.Duration) (*Gateway, string) {
+	t.Helper()
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	log := zap.NewNop()
+	socket := filepath.Join(t.TempDir(), "gw.sock")
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Gateway{
+		cfg: Config{Socket: socket, Drain: time.Second, EphemeralGrace: time.Second, Log: log}, log: log,
+		limits: configclient.RPCLimits{MaxFrameBytes: 1 << 20, InitializeTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second,
+			WriteStallTimeout: 10 * time.Second, MaxConnections: 64, CallTimeout: callTimeout},
+		started: time.Now(), nats: nc, hub: newHub(nc, log),
+		monitor: newMonitor(time.Hour, log), states: map[*jsonrpc.Conn]*connState{}, ln: ln,
+		config:  configv1.NewConfigServiceClient(serveFake(t, func(s *grpc.Server) { configv1.RegisterConfigServiceServer(s, fakeConfig{}) })),
+		session: sessionv1.NewSessionServiceClient(serveFake(t, func(s *grpc.Server) { sessionv1.RegisterSessionServiceServer(s, session) })),
+	}
+	g.statusReads.Timeout, g.stateReads.Timeout = g.deadline(kindQuick), g.deadline(kindQuick)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- g.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return g, socket
+}
+
+// status requests wait for a shared read without a goroutine each; with
+// the session service hung:
+//   - the connection still serves what it sends next (health) at once;
+//   - each status is answered with an error at its own deadline, the one
+//     sent while the first read was in flight too (not at the end of the
+//     read after it);
+//   - a client that leaves with statuses pending is let go at once: its
+//     connection is torn down without waiting for the hung read, and no
+//     caller is left in the group.
+func TestSharedReadsOfAHungService(t *testing.T) {
+	sess := &hungSession{release: make(chan struct{}), calls: make(chan struct{}, 16)}
+	t.Cleanup(func() { close(sess.release) })
+	const timeout = 300 * time.Millisecond
+	g, socket := runGateway(t, sess, timeout)
+
+	c, err := rpcclient.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := c.Send(`{"jsonrpc":"2.0","id":1,"method":"status","params":{}}`); err != nil {
+		t.Fatal(err)
+	}
+	<-sess.calls // the first read is in flight
+	if err := c.Send(`{"jsonrpc":"2.0","id":2,"method":"status","params":{}}`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Send(`{"jsonrpc":"2.0","id":3,"method":"health","params":{}}`); err != nil {
+		t.Fatal(err)
+	}
+	f, _, err := c.Read(10 * time.Second)
+	if err != nil || string(f.ID) != "3" || f.Error != nil {
+		t.Fatalf("first answer %+v, %v; want health's while both statuses wait", f, err)
+	}
+	for range 2 {
+		f, _, err := c.Read(10 * time.Second)
+		if err != nil || f.Error == nil {
+			t.Fatalf("status: %+v, %v; want an error from the hung service", f, err)
+		}
+	}
+	// Each at its own deadline: the second status did not wait for a read
+	// of its own to time out after the first one's.
+	if took := time.Since(start); took > 2*timeout+timeout/2 {
+		t.Fatalf("both statuses answered after %v; want about %v", took, timeout)
+	}
+
+	// A client leaving with statuses pending, on a gateway whose deadlines
+	// are far: whatever holds the connection now is the hung read.
+	g, socket = runGateway(t, sess, time.Hour)
+	leaver, err := rpcclient.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaver.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	for id := range 3 {
+		if err := leaver.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"status","params":{}}`, id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-sess.calls
+	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if n := g.statusReads.Len(); n != 1 {
+			return fmt.Errorf("%d keys with callers, want the leaver's", n)
+		}
+		return nil
+	})
+	leaver.Close()
+	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		g.mu.Lock()
+		open := len(g.states)
+		g.mu.Unlock()
+		if open != 0 {
+			return fmt.Errorf("%d connection states left after the client went", open)
+		}
+		if n := g.statusReads.Len(); n != 0 {
+			return fmt.Errorf("%d keys with callers left after the client went", n)
+		}
+		return nil
+	})
+}
