@@ -537,7 +537,10 @@ func (c *Conn) dispatch(req *Request) {
 	if c.draining {
 		c.hmu.Unlock()
 		if req.ID != nil {
-			c.send(context.Background(), &Response{ID: req.ID, Error: NewError(CodeInternal, "Server is shutting down", nil)})
+			// Never blocking: dispatch also runs on goroutines that answer
+			// other connections (a deferred reply dispatching a held
+			// request).
+			c.sendNoWait(&Response{ID: req.ID, Error: NewError(CodeInternal, "Server is shutting down", nil)})
 		}
 		return
 	}
