@@ -24,6 +24,10 @@ import (
 
 var allServices = []string{"config", "durable-bridge", "plugin-sandbox", "session", "upload-staging"}
 
+// upServices serve once a fresh stack is up; the durable bridge sleeps
+// until a Collie connects (TestDurableBridgeSleepsUntilCollieConnects).
+var upServices = []string{"config", "plugin-sandbox", "session", "upload-staging"}
+
 type statusResult struct {
 	ServerVersion    string            `json:"server_version"`
 	ProtocolVersion  int               `json:"protocol_version"`
@@ -41,6 +45,18 @@ func status(c *e2e.Client) (statusResult, error) {
 		return st, err
 	}
 	return st, json.Unmarshal(raw, &st)
+}
+
+// upServing is nil once a fresh stack's services (and extra) serve and
+// its durable bridge is dormant.
+func upServing(c *e2e.Client, extra ...string) error {
+	if err := allServing(c, append(append([]string{}, upServices...), extra...)); err != nil {
+		return err
+	}
+	if st, err := status(c); err != nil || st.Services["durable-bridge"] != "dormant" {
+		return fmt.Errorf("durable-bridge is %q, want dormant (%v)", st.Services["durable-bridge"], err)
+	}
+	return nil
 }
 
 // allServing is nil once every named service reports serving.
@@ -93,6 +109,9 @@ func TestStackUpRecoversAndStopsClean(t *testing.T) {
 		t.Fatalf("unknown method: %v", err)
 	}
 
+	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return upServing(c) })
+	// A Collie wakes the durable bridge; then all five serve.
+	phone(t, s)
 	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return allServing(c, allServices) })
 	st, err := status(c)
 	if err != nil {
@@ -190,10 +209,8 @@ func TestTwoStacksSideBySide(t *testing.T) {
 	if ib["server_version"] != "9.9.9" || ia["server_version"] != "0.1.0" {
 		t.Fatalf("server versions %v and %v", ia["server_version"], ib["server_version"])
 	}
-	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return allServing(ca, allServices) })
-	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error {
-		return allServing(cb, append(allServices, "plugin-sandbox.1"))
-	})
+	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return upServing(ca) })
+	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return upServing(cb, "plugin-sandbox.1") })
 
 	// The same data directory twice: refused, and the first stack unharmed.
 	bin, err := e2e.BinDir()
@@ -208,7 +225,7 @@ func TestTwoStacksSideBySide(t *testing.T) {
 	if !strings.Contains(err.Error(), "already running on this data directory") {
 		t.Fatalf("refusal message: %v", err)
 	}
-	if err := allServing(ca, allServices); err != nil {
+	if err := upServing(ca); err != nil {
 		t.Fatalf("first stack after the refused duplicate: %v", err)
 	}
 }

@@ -396,7 +396,7 @@ func TestNonOwnerSeesNothingAndBadIDsBreakNothing(t *testing.T) {
 	if resp.Error != nil || countType(ups, "agent_message_chunk") == 0 {
 		t.Fatalf("a new session after the bad ids: %v %+v", resp.Error, ups)
 	}
-	if err := allServing(fresh.c, allServices); err != nil {
+	if err := upServing(fresh.c); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -465,6 +465,7 @@ func TestNoSecretOnAnyCommandLine(t *testing.T) {
 			t.Fatalf("%s reads %v", prop, got["value"])
 		}
 	}
+	phone(t, s) // wakes the durable bridge, whose command line counts too
 	pids := s.PIDs()
 	if len(pids) != 6 {
 		t.Fatalf("want five services and the gateway, no private postgres: %v", pids)
@@ -537,6 +538,7 @@ func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 	if _, err := c.Initialize(); err != nil {
 		t.Fatal(err)
 	}
+	phone(t, s) // the durable bridge, woken, must tell of the bus too
 	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return allServing(c, allServices) })
 
 	// The server goes away.

@@ -33,7 +33,11 @@ type Config struct {
 	EphemeralGrace time.Duration
 	// Drain bounds in-flight requests at shutdown.
 	Drain time.Duration
-	Log   *zap.Logger
+	// Dormant names the services the launcher starts only when a client
+	// of theirs connects (the durable bridge): while the socket at their
+	// address is absent they show as "dormant", not unreachable.
+	Dormant []string
+	Log     *zap.Logger
 }
 
 func (c *Config) validate() error {

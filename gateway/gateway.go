@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -111,7 +114,11 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 			g.Close()
 			return nil, err
 		}
-		g.monitor.add(s.name, cc)
+		var asleep func() bool
+		if slices.Contains(cfg.Dormant, s.name) {
+			asleep = func() bool { _, err := os.Stat(s.addr); return errors.Is(err, fs.ErrNotExist) }
+		}
+		g.monitor.add(s.name, cc, asleep)
 		switch s.name {
 		case "config":
 			g.config = configv1.NewConfigServiceClient(cc)

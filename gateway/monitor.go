@@ -48,6 +48,7 @@ type component struct {
 type target struct {
 	name   string
 	health healthpb.HealthClient
+	asleep func() bool // nil: never dormant
 }
 
 // monitor polls each service's gRPC health so status and health answer
@@ -118,8 +119,10 @@ func (m *monitor) encodeLocked() {
 	m.record = b
 }
 
-func (m *monitor) add(name string, cc *grpc.ClientConn) {
-	m.targets = append(m.targets, target{name: name, health: healthpb.NewHealthClient(cc)})
+// add monitors a service; asleep, when not nil, reports that the
+// service is dormant (not started until a client of its own connects).
+func (m *monitor) add(name string, cc *grpc.ClientConn, asleep func() bool) {
+	m.targets = append(m.targets, target{name: name, health: healthpb.NewHealthClient(cc), asleep: asleep})
 	m.state[name] = &component{Status: "unknown", UpdatedAt: stamp(time.Now())}
 	m.encodeLocked()
 }
@@ -160,6 +163,16 @@ func (m *monitor) pollAll(ctx context.Context) {
 }
 
 func (m *monitor) poll(ctx context.Context, t target) {
+	if t.asleep != nil && t.asleep() {
+		// Not started: no call to make (a gRPC dial to a missing
+		// socket every poll would cost for nothing).
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		c := m.state[t.name]
+		c.UpdatedAt = stamp(time.Now().UTC())
+		c.Status, c.LastError = "dormant", nil
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, m.interval)
 	defer cancel()
 	var trailer metadata.MD
@@ -170,6 +183,11 @@ func (m *monitor) poll(ctx context.Context, t target) {
 	c := m.state[t.name]
 	c.UpdatedAt = stamp(now)
 	switch {
+	case err != nil && t.asleep != nil && t.asleep():
+		// Not started (or its socket went between the check above and
+		// the call): nothing is wrong with it.
+		c.Status = "dormant"
+		c.LastError = nil
 	case err != nil:
 		c.Status = "unreachable"
 		msg := status.Convert(err).Message()

@@ -225,8 +225,12 @@ func (d *doctor) health(c *rpcclient.Client) {
 		if comp.RestartCount > 0 {
 			detail += fmt.Sprintf(", restarted %d time(s)", comp.RestartCount)
 		}
-		if comp.Status == "serving" {
+		switch comp.Status {
+		case "serving":
 			d.ok(name, detail)
+			continue
+		case "dormant":
+			d.ok(name, "dormant: starts when a client first connects to its socket")
 			continue
 		}
 		if comp.LastError != nil && *comp.LastError != "" {

@@ -57,3 +57,9 @@ func LockFile(dir string) string { return filepath.Join(dir, "clawmesh.lock") }
 // SecretKey is the AES-256 key the config service encrypts secrets at
 // rest with, created 0600 on first start.
 func SecretKey(dir string) string { return filepath.Join(dir, ".secret_key") }
+
+// DurableWoken marks a data directory whose durable bridge has run once:
+// from then on it starts with the stack instead of sleeping until a
+// client connects (it has state to keep and duties of its own: asks to
+// raise again, texts waiting for a pane's next turn).
+func DurableWoken(dir string) string { return filepath.Join(dir, "durable-bridge.woken") }

@@ -208,15 +208,34 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("client socket: %w", err)
 	}
 	stoppers = append(stoppers, func() { clientFile.Close() })
-	// The processes stop before the bus and the socket they use.
+	// The durable bridge may sleep until a client connects
+	// (dormant.go); its socket is then the launcher's meanwhile.
+	durable, err := holdDurable(cfg.DataDir, log)
+	if err != nil {
+		return err
+	}
+	if durable != nil {
+		stoppers = append(stoppers, durable.release)
+	}
+	// The processes stop before the bus and the sockets they use.
 	stoppers = append(stoppers, sup.stopAll)
 
-	procs, err := plan(cfg, dbURL, natsURL, clientFile)
+	procs, err := plan(cfg, dbURL, natsURL, clientFile, durable)
 	if err != nil {
 		return err
 	}
 	// Services start together; the gateway only once they all serve.
 	services, gateway := procs[:len(procs)-1], procs[len(procs)-1]
+	var bridge *proc
+	if durable != nil {
+		for i, p := range services {
+			if p.name == DurableBridge {
+				bridge = p
+				services = append(services[:i:i], services[i+1:]...)
+				break
+			}
+		}
+	}
 	for _, p := range services {
 		if err := sup.start(p, stop); err != nil {
 			return err
@@ -224,6 +243,22 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, services); err != nil {
 		return err
+	}
+	if bridge != nil {
+		startBridge := func() error { return sup.start(bridge, stop) }
+		// Stopped before the processes (stoppers run in reverse), so no
+		// wake starts the bridge while they stop.
+		stoppers = append(stoppers, durable.close)
+		switch yes, err := configured(ctx, datadir.ServiceSocket(cfg.DataDir, "config", 0)); {
+		case err != nil:
+			log.Warn("durable settings not read; the bridge starts now", zap.Error(err))
+			durable.wake(false, "its settings could not be read", startBridge)
+		case yes:
+			durable.wake(false, "durable.socket_path or durable.listen_url is set", startBridge)
+		default:
+			log.Info("durable bridge dormant until a client connects", zap.String("socket", durable.path))
+			durable.watch(startBridge)
+		}
 	}
 	if err := sup.start(gateway, stop); err != nil {
 		return err
@@ -290,7 +325,7 @@ const (
 // plan lists the processes with their arguments and environment, in the
 // stack table's order (gateway last). The gateway gets the client socket
 // as a passed descriptor.
-func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File) ([]*proc, error) {
+func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, durable *dormant) ([]*proc, error) {
 	common := []string{"--config-dir", cfg.DataDir, "--nats-url", natsURL}
 	env := []string{service.EnvDatabaseURL + "=" + dbURL}
 	var plugins []string
@@ -322,6 +357,9 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File) ([]*proc, er
 			if sp.Edge && cfg.Ephemeral {
 				args = append(args, "--ephemeral")
 			}
+			if sp.Edge && durable != nil {
+				args = append(args, "--dormant", DurableBridge)
+			}
 			bin, edge := filepath.Join(cfg.BinDir, sp.Name), sp.Edge
 			if _, err := os.Stat(bin); err != nil {
 				return nil, fmt.Errorf("%s binary: %w (run make build)", sp.Name, err)
@@ -337,6 +375,9 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File) ([]*proc, er
 					cmd.Env = penv
 					if edge {
 						listenfd.Pass(cmd, []string{listenfd.ClientSocket}, []*os.File{clientSocket})
+					}
+					if f := durable.passed(); f != nil && sp.Name == DurableBridge {
+						listenfd.Pass(cmd, []string{listenfd.DurableSocket}, []*os.File{f})
 					}
 					// Own process group: a terminal's Ctrl-C reaches only
 					// the launcher, which stops everything in order.

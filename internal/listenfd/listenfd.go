@@ -70,3 +70,7 @@ func Listener(name string) (net.Listener, error) {
 
 // ClientSocket names the clients' socket the launcher passes the gateway.
 const ClientSocket = "clawmesh-client"
+
+// DurableSocket names the durable bridge's private socket, which the
+// launcher holds while the bridge is dormant and passes it when it wakes.
+const DurableSocket = "collie-durable"

@@ -39,6 +39,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/durablesock"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -51,8 +52,12 @@ type Config struct {
 	Sessions sessionv1.SessionServiceClient
 
 	// SocketPath is the private socket (COLLIE_DURABLE_SOCKET or
-	// <data_dir>/durable.sock); it must pass CheckSocketPath.
+	// <data_dir>/durable.sock); it must pass durablesock.CheckSocketPath.
 	SocketPath string
+	// Socket, when set, is the private socket already listening at
+	// SocketPath, handed over by the launcher that held it while the
+	// bridge was dormant; the bridge closes it when it stops.
+	Socket net.Listener
 	// ListenURL, when set, is the token transport's address: https://
 	// with TLSCertFile and TLSKeyFile, or http://127.0.0.1:<port> or
 	// http://localhost:<port> for a local test.
@@ -153,8 +158,11 @@ func New(ctx context.Context, cfg Config) (*Bridge, error) {
 	}
 	b.layout.setTitles(titles)
 
-	if b.socket, err = ListenSocket(cfg.SocketPath); err != nil {
-		return nil, err
+	b.socket = cfg.Socket
+	if b.socket == nil {
+		if b.socket, err = durablesock.ListenSocket(cfg.SocketPath); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.ListenURL != "" {
 		if b.tokenLn, b.prefix, err = listenToken(cfg.ListenURL, cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {

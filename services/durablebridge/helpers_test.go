@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/collietest"
+	"github.com/clawmesh/clawmesh/internal/durablesock"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/services/durablebridge/migrations"
@@ -51,7 +52,7 @@ func newWireBridge(t testing.TB, withDB bool) *wireBridge {
 		b.memory = newRequestMemory(b.store, testEpoch)
 	}
 	w := &wireBridge{b: b, socket: filepath.Join(t.TempDir(), "private", "durable.sock")}
-	ln, err := ListenSocket(w.socket)
+	ln, err := durablesock.ListenSocket(w.socket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ func main() { service.Main(spec()) }
 func spec() service.Spec {
 	var (
 		socket    string
+		dormant   string
 		ephemeral bool
 		drain     time.Duration
 		g         *gateway.Gateway
@@ -35,6 +36,7 @@ func spec() service.Spec {
 			fs.StringVar(&socket, "socket", "", "client socket (env ZEROCLAW_SOCKET; default <data>/daemon.sock)")
 			fs.BoolVar(&ephemeral, "ephemeral", false, "exit 1 s after the last client disconnects")
 			fs.DurationVar(&drain, "client-drain", 10*time.Second, "longest drain of in-flight client requests at shutdown")
+			fs.StringVar(&dormant, "dormant", "", "services the launcher may not have started yet (comma-separated): shown dormant while their socket is absent")
 		},
 		Register: func(ctx context.Context, env *service.Env) error {
 			if socket == "" {
@@ -58,6 +60,7 @@ func spec() service.Spec {
 				ConfigAddr: env.Peers.Config, SessionAddr: env.Peers.Session,
 				UploadAddr: env.Peers.Upload, DurableAddr: env.Peers.Durable,
 				PluginAddrs: plugins, Ephemeral: ephemeral, Drain: drain, Log: env.Log,
+				Dormant: strings.FieldsFunc(dormant, func(r rune) bool { return r == ',' }),
 			})
 			if err != nil {
 				return err

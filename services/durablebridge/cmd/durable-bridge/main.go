@@ -15,7 +15,9 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/durablesock"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/listenfd"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	durablev1 "github.com/clawmesh/clawmesh/proto/clawmesh/durable/v1"
@@ -68,10 +70,28 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	settings := live.Durable()
 	socket := settings.SocketPath
 	if socket == "" {
-		socket = os.Getenv(durablebridge.EnvSocket)
+		socket = os.Getenv(durablesock.EnvSocket)
 	}
 	if socket == "" {
-		socket = durablebridge.DefaultSocket(env.DataDir)
+		socket = durablesock.DefaultSocket(env.DataDir)
+	}
+	// The launcher holds the socket while the bridge is dormant and hands
+	// it over when a client's connection wakes the bridge: that
+	// connection waits in its backlog and is served.
+	passed, err := listenfd.Listener(listenfd.DurableSocket)
+	if err != nil {
+		return nil, fmt.Errorf("durable socket: %w", err)
+	}
+	if passed != nil && passed.Addr().String() != socket {
+		// durable.socket_path was set since the launcher took the
+		// socket: the bridge listens where it now says.
+		env.Log.Info("passed durable socket is not the configured one; listening there instead",
+			zap.String("passed", passed.Addr().String()), zap.String("socket", socket))
+		_ = passed.Close()
+		passed = nil
+	}
+	if passed != nil {
+		env.OnClose(func() { _ = passed.Close() })
 	}
 	host, _ := os.Hostname()
 	// Read on every socket connection's requests: kept current from the
@@ -80,7 +100,7 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	refuse.Store(settings.RefuseDescendants)
 	b, err := durablebridge.New(ctx, durablebridge.Config{
 		DB: env.DB, NATS: env.NATS, Log: env.Log, Sessions: sessionv1.NewSessionServiceClient(sessionConn),
-		SocketPath: socket, ListenURL: settings.ListenURL, TLSCertFile: settings.TLSCertFile, TLSKeyFile: settings.TLSKeyFile,
+		SocketPath: socket, Socket: passed, ListenURL: settings.ListenURL, TLSCertFile: settings.TLSCertFile, TLSKeyFile: settings.TLSKeyFile,
 		HostName:          "clawmesh on " + host,
 		RefuseDescendants: refuse.Load,
 	})

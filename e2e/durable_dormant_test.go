@@ -1,0 +1,135 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// serviceState is a service's word in status and its component in
+// health.
+func serviceState(t *testing.T, c *e2e.Client, name string) (inStatus, inHealth string, lastError *string) {
+	t.Helper()
+	st, err := status(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := c.Call("health", map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h struct {
+		Components map[string]struct {
+			Status    string  `json:"status"`
+			LastError *string `json:"last_error"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(raw, &h); err != nil {
+		t.Fatal(err)
+	}
+	return st.Services[name], h.Components[name].Status, h.Components[name].LastError
+}
+
+func waitState(t *testing.T, c *e2e.Client, name, want string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if got, _, _ := serviceState(t, c, name); got != want {
+			return fmt.Errorf("%s is %q, want %q", name, got, want)
+		}
+		return nil
+	})
+}
+
+// A stack no Collie has used does not run its durable bridge: the
+// launcher holds the bridge's socket, status and health say "dormant"
+// (no error), and doctor is content. The first Collie connection wakes
+// it and is served; the bridge's later runs get the same socket (a
+// client of a restarting bridge waits rather than being refused); and
+// from then on the data directory's stacks start it with the others.
+func TestDurableBridgeSleepsUntilCollieConnects(t *testing.T) {
+	base, err := os.MkdirTemp("", "cm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	dir := filepath.Join(base, "data")
+	s := e2e.Start(t, e2e.Options{DataDir: dir})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, "durable-bridge", "dormant")
+	if _, inHealth, lastErr := serviceState(t, c, "durable-bridge"); inHealth != "dormant" || lastErr != nil {
+		t.Fatalf("health: %q, last_error %v; want dormant with no error", inHealth, lastErr)
+	}
+	if pid := s.PIDOf("durable-bridge"); pid != 0 {
+		t.Fatalf("durable bridge running (pid %d) with no client of its own", pid)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "durable.sock")); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("the dormant bridge's socket is not held: %v", err)
+	}
+	if out, err := cli(t, s, "doctor"); err != nil {
+		t.Fatalf("doctor with the bridge dormant: %v\n%s", err, out)
+	}
+
+	// The first connection wakes it and is answered.
+	ph := phone(t, s)
+	first := s.PIDOf("durable-bridge")
+	if first == 0 {
+		t.Fatal("a Collie was served with no durable bridge running")
+	}
+	waitState(t, c, "durable-bridge", "serving")
+	if _, err := os.Stat(filepath.Join(dir, "durable-bridge.woken")); err != nil {
+		t.Fatalf("the data directory is not marked: %v", err)
+	}
+
+	// A restart of the bridge keeps the socket: the next hello is answered
+	// by the new run.
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
+		if _, err := ph.SayHello(context.Background()); err != nil {
+			return err
+		}
+		if pid := s.PIDOf("durable-bridge"); pid == 0 || pid == first {
+			return fmt.Errorf("bridge pid %d (killed %d)", pid, first)
+		}
+		return nil
+	})
+
+	// The next stack on this data directory starts it with the others.
+	s.Stop()
+	if _, err := os.Stat(filepath.Join(dir, "durable.sock")); !os.IsNotExist(err) {
+		t.Fatalf("durable.sock left after the stack stopped: %v", err)
+	}
+	s2 := e2e.Start(t, e2e.Options{DataDir: dir})
+	if s2.PIDOf("durable-bridge") == 0 {
+		t.Fatal("a bridge that has run before did not start with the stack")
+	}
+	c2 := s2.Dial(t)
+	if _, err := c2.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c2, "durable-bridge", "serving")
+}
+
+// Settings only the bridge can act on (a socket elsewhere, the token
+// transport) wake it with the stack, without the held socket.
+func TestDurableBridgeWokenBySettings(t *testing.T) {
+	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "durable.listen_url=http://127.0.0.1:0"}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, "durable-bridge", "serving")
+	phone(t, s)
+}
