@@ -39,6 +39,7 @@ type dormant struct {
 
 	// The watch's stop pipe.
 	stopR, stopW int
+	closeOnce    sync.Once
 
 	mu     sync.Mutex
 	handed bool // the socket goes to the bridge (else it listens itself)
@@ -197,14 +198,17 @@ func (d *dormant) wake(handOver bool, why string, start func() error) {
 // close stops the watch and waits for it; the held socket is closed (and
 // its file removed) by release, after the bridge has stopped.
 func (d *dormant) close() {
-	_, _ = unix.Write(d.stopW, []byte{0})
-	d.wg.Wait()
-	unix.Close(d.stopR)
-	unix.Close(d.stopW)
+	d.closeOnce.Do(func() {
+		_, _ = unix.Write(d.stopW, []byte{0})
+		d.wg.Wait()
+		unix.Close(d.stopR)
+		unix.Close(d.stopW)
+	})
 }
 
 // release closes the held socket; called once every process has stopped.
 func (d *dormant) release() {
+	d.close() // when the start failed before the watch's stopper was set
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.handed {

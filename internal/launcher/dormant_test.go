@@ -1,0 +1,117 @@
+package launcher
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/durablesock"
+)
+
+func privateDir(t *testing.T) string {
+	t.Helper()
+	base, err := os.MkdirTemp("", "dz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	dir := filepath.Join(base, "d")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// The held socket wakes the bridge once, at the first connection, which
+// stays in the backlog for the bridge to accept; a stale gRPC socket is
+// cleared; close ends the watch, release removes the socket.
+func TestDormantWakesOnFirstConnection(t *testing.T) {
+	t.Setenv(durablesock.EnvSocket, "")
+	dir := privateDir(t)
+	stale := datadir.ServiceSocket(dir, DurableBridge, 0)
+	if err := os.WriteFile(stale, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := holdDurable(dir, zap.NewNop())
+	if err != nil || d == nil {
+		t.Fatalf("holdDurable: %v, %v", d, err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("stale gRPC socket kept: %v", err)
+	}
+	var starts atomic.Int32
+	woke := make(chan struct{}, 2)
+	d.watch(func() error { starts.Add(1); woke <- struct{}{}; return nil })
+	select {
+	case <-woke:
+		t.Fatal("woken with no client")
+	case <-time.After(100 * time.Millisecond):
+	}
+	c, err := net.Dial("unix", filepath.Join(dir, "durable.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-woke:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a client connected and the bridge was not woken")
+	}
+	if _, err := os.Stat(datadir.DurableWoken(dir)); err != nil {
+		t.Fatalf("not marked: %v", err)
+	}
+	// The connection waits for the bridge, which gets the same socket.
+	f := d.passed()
+	if f == nil {
+		t.Fatal("no socket to hand over")
+	}
+	ln, err := net.FileListener(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetDeadline(time.Now().Add(10 * time.Second))
+	if conn, err := ln.Accept(); err != nil {
+		t.Fatalf("the waking connection is not in the backlog: %v", err)
+	} else {
+		conn.Close()
+	}
+	ln.Close()
+	d.close()
+	if n := starts.Load(); n != 1 {
+		t.Fatalf("started %d times", n)
+	}
+	d.release()
+	if _, err := os.Stat(filepath.Join(dir, "durable.sock")); !os.IsNotExist(err) {
+		t.Fatalf("socket left after release: %v", err)
+	}
+}
+
+// Nothing is held when the bridge has run before or its socket is put
+// elsewhere; close with no watch, and release, end a dormant that never
+// woke.
+func TestDormantOnlyWhenNeverRun(t *testing.T) {
+	dir := privateDir(t)
+	t.Setenv(durablesock.EnvSocket, filepath.Join(dir, "elsewhere.sock"))
+	if d, err := holdDurable(dir, zap.NewNop()); d != nil || err != nil {
+		t.Fatalf("with %s set: %v, %v", durablesock.EnvSocket, d, err)
+	}
+	t.Setenv(durablesock.EnvSocket, "")
+	d, err := holdDurable(dir, zap.NewNop())
+	if err != nil || d == nil {
+		t.Fatalf("fresh directory: %v, %v", d, err)
+	}
+	d.close()
+	d.release()
+	if err := os.WriteFile(datadir.DurableWoken(dir), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := holdDurable(dir, zap.NewNop()); d != nil || err != nil {
+		t.Fatalf("after the bridge ran: %v, %v", d, err)
+	}
+}
