@@ -55,12 +55,7 @@ func waitState(t *testing.T, c *e2e.Client, name, want string) {
 // client of a restarting bridge waits rather than being refused); and
 // from then on the data directory's stacks start it with the others.
 func TestDurableBridgeSleepsUntilCollieConnects(t *testing.T) {
-	base, err := os.MkdirTemp("", "cm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	dir := filepath.Join(base, "data")
+	dir := e2e.TempDataDir(t)
 	s := e2e.Start(t, e2e.Options{DataDir: dir})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {

@@ -570,12 +570,7 @@ func TestStaleClusterIsReplaced(t *testing.T) {
 	if testenvDatabaseURL() != "" {
 		t.Skip("DATABASE_URL selects an external server")
 	}
-	base, err := os.MkdirTemp("", "cm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	dir := filepath.Join(base, "data")
+	dir := e2e.TempDataDir(t)
 	s := e2e.Start(t, e2e.Options{DataDir: dir, Args: []string{"--set", "agents.default.api_key=sk-old-secret"}})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {

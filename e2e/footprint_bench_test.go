@@ -64,12 +64,7 @@ func BenchmarkIdleFootprint(b *testing.B) {
 // (pg_start_ms), alternating, in the same run. first_run_ms is the first
 // start, initdb included.
 func BenchmarkStartup(b *testing.B) {
-	base, err := os.MkdirTemp("", "cm-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(base) })
-	dir := filepath.Join(base, "data")
+	dir := e2e.TempDataDir(b)
 	first, s := timeUp(b, dir)
 	s.Stop()
 	b.Cleanup(func() {

@@ -31,12 +31,7 @@ func installPlugin(t *testing.T, dataDir, name string) {
 // plugins installed.
 func pluginStack(t *testing.T, plugins []string, args ...string) *e2e.Stack {
 	t.Helper()
-	base, err := os.MkdirTemp("", "cm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	dataDir := filepath.Join(base, "data")
+	dataDir := e2e.TempDataDir(t)
 	for _, p := range plugins {
 		installPlugin(t, dataDir, p)
 	}

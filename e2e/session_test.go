@@ -3,8 +3,6 @@ package e2e_test
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -573,12 +571,7 @@ func TestGatewayDrainsOnSIGTERM(t *testing.T) {
 // Sessions, their transcript and tool calls live in PostgreSQL: they
 // survive a restart of every process, the transcript never renumbered.
 func TestSessionsSurviveAFullRestart(t *testing.T) {
-	base, err := os.MkdirTemp("", "cm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	dir := filepath.Join(base, "data")
+	dir := e2e.TempDataDir(t)
 	s := e2e.Start(t, e2e.Options{DataDir: dir})
 	v := newConv(t, s, nil)
 	id := v.newSession("")

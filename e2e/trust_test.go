@@ -513,12 +513,7 @@ func busServer(t *testing.T, port int, keys map[bus.Role]string) *server.Server 
 // good: the process exits, the launcher restarts it (and keeps doing so
 // while the bus refuses it), and once the bus admits it again it serves.
 func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
-	base, err := os.MkdirTemp("", "cm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	dir := filepath.Join(base, "data")
+	dir := e2e.TempDataDir(t)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}

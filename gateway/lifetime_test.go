@@ -10,13 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/bus"
-	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
@@ -85,11 +81,6 @@ func serveFake(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
 // with the rest. After each round no connection state, no topic and no
 // bus subscription is left.
 func TestAttachRacingDisconnectLeavesNoSubscription(t *testing.T) {
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
 	sess := &fakeSession{answered: make(chan struct{}, 1)}
 	var mu sync.Mutex
 	var delay time.Duration
@@ -98,30 +89,8 @@ func TestAttachRacingDisconnectLeavesNoSubscription(t *testing.T) {
 		defer mu.Unlock()
 		return delay
 	}
-	log := zap.NewNop()
-	socket := filepath.Join(t.TempDir(), "gw.sock")
-	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &Gateway{
-		cfg: Config{Socket: socket, Drain: time.Second, EphemeralGrace: time.Second, Log: log}, log: log,
-		limits: configclient.RPCLimits{MaxFrameBytes: 1 << 20, InitializeTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second,
-			WriteStallTimeout: 10 * time.Second, MaxConnections: 64, CallTimeout: 10 * time.Second},
-		started: time.Now(), nats: nc, hub: newHub(nc, log),
-		monitor: newMonitor(time.Hour, log), states: map[*jsonrpc.Conn]*connState{}, ln: ln,
-		config:  configv1.NewConfigServiceClient(serveFake(t, func(s *grpc.Server) { configv1.RegisterConfigServiceServer(s, fakeConfig{}) })),
-		session: sessionv1.NewSessionServiceClient(serveFake(t, func(s *grpc.Server) { sessionv1.RegisterSessionServiceServer(s, sess) })),
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- g.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-ran; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
+	g, socket := runGateway(t, sess, 10*time.Second)
+	nc := g.nats
 	baseline := nc.NumSubscriptions()
 
 	const rounds = 60

@@ -52,13 +52,7 @@ func Start(t testing.TB, opts Options) *Stack {
 	}
 	dir := opts.DataDir
 	if dir == "" {
-		// Short paths: Unix socket paths are limited to 107 bytes.
-		base, err := os.MkdirTemp("", "cm-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(base) })
-		dir = filepath.Join(base, "data")
+		dir = TempDataDir(t)
 	}
 	s, err := LaunchEnv(t, bin, dir, opts.Env, opts.Args...)
 	if err != nil {
@@ -72,6 +66,19 @@ func Start(t testing.TB, opts Options) *Stack {
 		}
 	})
 	return s
+}
+
+// TempDataDir is the path of a data directory not made yet, in a
+// temporary folder removed when the test ends. The path is short: Unix
+// socket paths are limited to 107 bytes.
+func TempDataDir(t testing.TB) string {
+	t.Helper()
+	base, err := os.MkdirTemp("", "cm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	return filepath.Join(base, "data")
 }
 
 // Launch starts `clawmesh up` and waits for the socket line; it fails if
