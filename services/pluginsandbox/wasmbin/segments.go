@@ -31,7 +31,12 @@ func (m *Module) checkCounts() error {
 		if s.ID != secCustom {
 			continue
 		}
-		if name, pos, err := readName(s.Payload, 0); err == nil && name == "name" {
+		// wazero sizes a buffer by every custom section's name length.
+		name, pos, err := readName(s.Payload, 0)
+		if err != nil {
+			return fmt.Errorf("%w: custom section name: %w", ErrMalformed, err)
+		}
+		if name == "name" {
 			if err := checkNames(s.Payload[pos:]); err != nil {
 				return err
 			}
@@ -76,8 +81,8 @@ func checkTypes(p []byte) error {
 }
 
 // checkNames walks the subsections of the name section that wazero
-// decodes: function names (1) and local names (2); the module's name (0)
-// and the others are one length-prefixed blob each.
+// decodes: the module's name (0), function names (1) and local names
+// (2); the others are one length-prefixed blob each.
 func checkNames(p []byte) error {
 	pos := 0
 	for pos < len(p) {
@@ -92,6 +97,8 @@ func checkNames(p []byte) error {
 		}
 		sub := p[next:end]
 		switch id {
+		case 0:
+			_, _, err = readName(sub, 0)
 		case 1:
 			_, err = skipNameMap(sub, 0)
 		case 2:

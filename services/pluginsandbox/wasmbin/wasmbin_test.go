@@ -465,6 +465,8 @@ func TestCountsInsideSectionsDoNotSizeAllocations(t *testing.T) {
 		{"name section with local names of 2^27 functions", magic + section(0, "\x04name"+subsection(2, two27)), false},
 		{"name section with 2^27 local names of one function", magic + section(0, "\x04name"+subsection(2, "\x01\x00"+two27)), false},
 		{"name section with a name past its map", magic + section(0, "\x04name"+subsection(1, "\x01\x00\x7fab")), false},
+		{"name section with a module name of 4 GiB", magic + section(0, "\x04name"+subsection(0, "\xf0\xff\xff\xff\x0f")), false},
+		{"custom section named with 4 GiB", magic + section(0, "\xf0\xff\xff\xff\x0fab"), false},
 		{"name section naming a function and its local", magic + funcType + section(0, "\x04name"+subsection(0, "\x01m")+
 			subsection(1, "\x01\x00\x01f")+subsection(2, "\x01\x00\x01\x00\x01x")) + body(locals(1)), true},
 	}
