@@ -146,6 +146,8 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	g.statusFixed = encodeStatusFixed(g.version, cfg.DataDir, cfg.Socket)
 	// A shared read has the deadline of one quick call from its start.
 	g.statusReads.Timeout, g.stateReads.Timeout = g.deadline(kindQuick), g.deadline(kindQuick)
+	logPanic := func(v any) { g.log.Error("shared read panicked", zap.Any("panic", v), zap.StackSkip("stack", 2)) }
+	g.statusReads.OnPanic, g.stateReads.OnPanic = logPanic, logPanic
 	g.hub = newHub(g.nats, g.log)
 	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
 		g.Close()

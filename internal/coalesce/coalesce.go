@@ -19,7 +19,7 @@ import (
 
 // Group coalesces reads by key. The zero value is ready to use. Its memory
 // is bounded by its callers: a key is kept only while a caller of it is
-// inside Do.
+// inside Do or waits after Go, or a read of it runs.
 type Group[K comparable, T any] struct {
 	// Timeout bounds a shared read from its start (zero: no bound of the
 	// group's). A shared read runs on no caller's cancellation or
@@ -27,6 +27,11 @@ type Group[K comparable, T any] struct {
 	// caller still stops waiting at its own deadline. The caller that runs
 	// the read waits for it to end, at most Timeout.
 	Timeout time.Duration
+	// OnPanic, when set, is told of a panic in a read run for callers of
+	// Go only (there is no caller's stack to carry it up) and of a panic
+	// in a Go caller's done; the batch's other callers are answered all
+	// the same.
+	OnPanic func(v any)
 
 	mu   sync.Mutex
 	keys map[K]*slot[K, T]
@@ -36,7 +41,7 @@ type slot[K comparable, T any] struct {
 	key     K
 	cur     *batch[T] // the read in flight, nil when none
 	next    *batch[T] // callers waiting for the next read, nil when none
-	callers int       // callers inside Do for this key
+	callers int       // callers inside Do or waiting after Go, and runAsync's runners
 }
 
 type batch[T any] struct {
@@ -49,6 +54,8 @@ type batch[T any] struct {
 	// answers them. The first one's read and context run the batch when
 	// no caller of Do does.
 	waiters []*waiter[T]
+	live    int  // waiters not yet answered by their context's end
+	async   bool // run by runAsync, whose runner counts as a caller
 	read    func(context.Context) (T, error)
 	readCtx context.Context
 }
@@ -131,14 +138,23 @@ func (g *Group[K, T]) end(s *slot[K, T], b *batch[T]) {
 	g.mu.Lock()
 	s.cur, b.ended = nil, true
 	next := s.next
-	if next != nil && len(next.waiters) > 0 {
+	if next != nil && next.live > 0 {
+		// Callers of Go still wait for it (callers of Do among them,
+		// woken by b's end, find it running).
 		s.cur, s.next = next, nil
+		next.async = true
+		s.callers++ // its runner, until it ends
 	} else {
 		next = nil
 	}
 	g.mu.Unlock()
 	close(b.done)
 	g.answer(s, b)
+	if b.async {
+		g.mu.Lock()
+		g.leave(s, 1)
+		g.mu.Unlock()
+	}
 	if next != nil {
 		go g.runAsync(s, next)
 	}
@@ -149,7 +165,7 @@ func (g *Group[K, T]) answer(s *slot[K, T], b *batch[T]) {
 	n := 0
 	for _, w := range b.waiters {
 		if w.stop() {
-			w.done(b.val, b.err)
+			g.call(w.done, b.val, b.err)
 			n++
 		}
 	}
@@ -160,15 +176,28 @@ func (g *Group[K, T]) answer(s *slot[K, T], b *batch[T]) {
 	}
 }
 
+// call calls a Go caller's done; a panic in it is told to OnPanic, and
+// the batch's other callers are answered all the same.
+func (g *Group[K, T]) call(done func(T, error), val T, err error) {
+	defer g.recovered()
+	done(val, err)
+}
+
+func (g *Group[K, T]) recovered() {
+	if p := recover(); p != nil && g.OnPanic != nil {
+		g.OnPanic(p)
+	}
+}
+
 // runAsync runs b for its callers of Go, with the read and context of the
-// first of them; a panicking read answers them ErrReadPanicked (there is
-// no caller's stack to carry the panic up).
+// first of them; a panicking read answers them ErrReadPanicked and is
+// told to OnPanic (there is no caller's stack to carry it up).
 func (g *Group[K, T]) runAsync(s *slot[K, T], b *batch[T]) {
 	defer g.end(s, b)
 	rctx, cancel := g.readContext(b.readCtx)
 	defer cancel()
 	b.err = ErrReadPanicked
-	defer func() { _ = recover() }()
+	defer g.recovered()
 	b.val, b.err = b.read(rctx)
 }
 
@@ -213,6 +242,8 @@ func (g *Group[K, T]) Go(ctx context.Context, key K, read func(context.Context) 
 			b = &batch[T]{done: make(chan struct{})}
 		}
 		s.cur, s.next = b, nil
+		b.async = true
+		s.callers++ // the runner, until the read ends
 	} else {
 		if s.next == nil {
 			s.next = &batch[T]{done: make(chan struct{})}
@@ -223,14 +254,16 @@ func (g *Group[K, T]) Go(ctx context.Context, key K, read func(context.Context) 
 		b.read, b.readCtx = read, ctx
 	}
 	b.waiters = append(b.waiters, w)
+	b.live++
 	// Registered under g.mu, so that whoever ends b finds stop set; the
 	// function runs on a goroutine of its own, after g.mu is released.
 	w.stop = context.AfterFunc(ctx, func() {
-		var zero T
-		done(zero, context.Cause(ctx))
 		g.mu.Lock()
+		b.live--
 		g.leave(s, 1)
 		g.mu.Unlock()
+		var zero T
+		g.call(done, zero, context.Cause(ctx))
 	})
 	g.mu.Unlock()
 	if start {

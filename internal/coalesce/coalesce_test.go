@@ -428,3 +428,95 @@ func TestGoWaitingBehindDo(t *testing.T) {
 	}
 	waitKeys(t, &g, 0)
 }
+
+// A read run for callers of Go holds its key while it runs, even after
+// every caller left: a caller arriving then waits for it to end rather
+// than starting a second read of the key beside it. A batch whose callers
+// all left before it started is not run at all.
+func TestGoReadHoldsItsKey(t *testing.T) {
+	var g Group[string, int64]
+	release := make(chan struct{})
+	var reads, running, most atomic.Int32
+	read := func(context.Context) (int64, error) {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if reads.Add(1) == 1 {
+			<-release
+		}
+		return 1, nil
+	}
+	left, leave := context.WithCancel(context.Background())
+	first := callGo(&g, left, "k", read)
+	waitReads := func(n int32) {
+		for i := 0; reads.Load() != n; i++ {
+			if i > 1000 {
+				t.Fatalf("%d reads, want %d", reads.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitReads(1)
+	gone, goAway := context.WithCancel(context.Background())
+	behind := callGo(&g, gone, "k", read) // waits for the next read, then leaves
+	leave()
+	goAway()
+	first.wait(t)
+	behind.wait(t)
+	if n := g.Len(); n != 1 {
+		t.Fatalf("%d keys while the read runs with its callers gone, want 1", n)
+	}
+	late := callGo(&g, context.Background(), "k", read)
+	close(release)
+	late.wait(t)
+	if late.err != nil {
+		t.Fatal(late.err)
+	}
+	if m := most.Load(); m != 1 {
+		t.Fatalf("%d reads of one key at once", m)
+	}
+	// The first read, then late's; none for the batch whose caller left.
+	if n := reads.Load(); n != 2 {
+		t.Fatalf("%d reads, want 2", n)
+	}
+	waitKeys(t, &g, 0)
+}
+
+// Panics with no caller's stack to carry them (a read run for callers of
+// Go, a caller's done) are told to OnPanic; the other callers are answered.
+func TestGoPanicsTold(t *testing.T) {
+	var told atomic.Int32
+	g := Group[string, int64]{OnPanic: func(any) { told.Add(1) }}
+	c := callGo(&g, context.Background(), "k", func(context.Context) (int64, error) { panic("read bug") })
+	c.wait(t)
+	if !errors.Is(c.err, ErrReadPanicked) || told.Load() != 1 {
+		t.Fatalf("err %v, told %d; want ErrReadPanicked, told once", c.err, told.Load())
+	}
+	// Three callers of one batch (queued behind a held read), the first
+	// of them with a done that panics.
+	hold := make(chan struct{})
+	var answered atomic.Int32
+	first := callGo(&g, context.Background(), "j", func(context.Context) (int64, error) { <-hold; return 1, nil })
+	g.Go(context.Background(), "j", func(context.Context) (int64, error) { return 2, nil },
+		func(int64, error) { panic("done bug") })
+	ok := callGo(&g, context.Background(), "j", func(context.Context) (int64, error) { return 2, nil })
+	g.Go(context.Background(), "j", func(context.Context) (int64, error) { return 2, nil },
+		func(int64, error) { answered.Add(1) })
+	close(hold)
+	first.wait(t)
+	ok.wait(t)
+	if ok.val != 2 {
+		t.Fatalf("the batch behind answered %d, want 2", ok.val)
+	}
+	for i := 0; answered.Load() != 1; i++ {
+		if i > 1000 {
+			t.Fatal("a caller sharing a batch with a panicking done was not answered")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if told.Load() != 2 {
+		t.Fatalf("told %d panics, want 2", told.Load())
+	}
+	waitKeys(t, &g, 0)
+}
