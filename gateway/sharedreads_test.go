@@ -27,6 +27,13 @@ type hungSession struct {
 	calls   chan struct{}
 }
 
+// newHungSession is released when the test ends.
+func newHungSession(t *testing.T) *hungSession {
+	h := &hungSession{release: make(chan struct{}), calls: make(chan struct{}, 16)}
+	t.Cleanup(func() { close(h.release) })
+	return h
+}
+
 func (h *hungSession) Status(ctx context.Context, _ *sessionv1.StatusRequest) (*sessionv1.StatusResponse, error) {
 	h.calls <- struct{}{}
 	select {
@@ -84,11 +91,11 @@ func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeou
 //     sent while the first read was in flight too (not at the end of the
 //     read after it);
 //   - a client that leaves with statuses pending is let go at once: its
-//     connection is torn down without waiting for the hung read, and no
-//     caller is left in the group.
+//     connection is torn down without waiting for the hung read, which
+//     alone still holds its key, and no read is run for the callers that
+//     left.
 func TestSharedReadsOfAHungService(t *testing.T) {
-	sess := &hungSession{release: make(chan struct{}), calls: make(chan struct{}, 16)}
-	t.Cleanup(func() { close(sess.release) })
+	sess := newHungSession(t)
 	const timeout = 300 * time.Millisecond
 	g, socket := runGateway(t, sess, timeout)
 
@@ -105,6 +112,7 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-sess.calls // the first read is in flight
+	second := time.Now()
 	if err := c.Send(`{"jsonrpc":"2.0","id":2,"method":"status","params":{}}`); err != nil {
 		t.Fatal(err)
 	}
@@ -120,15 +128,22 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 		if err != nil || f.Error == nil {
 			t.Fatalf("status: %+v, %v; want an error from the hung service", f, err)
 		}
+		// Each at its own deadline: the second status does not wait for
+		// the first read to time out and then for a read of its own (it
+		// would come about 2 × timeout after it was sent).
+		if string(f.ID) == "2" {
+			if took := time.Since(second); took > timeout+timeout/2 {
+				t.Fatalf("the second status answered %v after it was sent; want about %v", took, timeout)
+			}
+		}
 	}
-	// Each at its own deadline: the second status did not wait for a read
-	// of its own to time out after the first one's.
-	if took := time.Since(start); took > 2*timeout+timeout/2 {
+	if took := time.Since(start); took > 2*timeout {
 		t.Fatalf("both statuses answered after %v; want about %v", took, timeout)
 	}
 
 	// A client leaving with statuses pending, on a gateway whose deadlines
 	// are far: whatever holds the connection now is the hung read.
+	sess = newHungSession(t)
 	g, socket = runGateway(t, sess, time.Hour)
 	leaver, err := rpcclient.Dial(socket)
 	if err != nil {
@@ -157,9 +172,17 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 		if open != 0 {
 			return fmt.Errorf("%d connection states left after the client went", open)
 		}
-		if n := g.statusReads.Len(); n != 0 {
-			return fmt.Errorf("%d keys with callers left after the client went", n)
-		}
 		return nil
 	})
+	// The hung read still holds its key (a status arriving now would wait
+	// for it rather than start a second read beside it), and no batch was
+	// run for the callers that left.
+	if n := g.statusReads.Len(); n != 1 {
+		t.Fatalf("%d keys held, want the hung read's", n)
+	}
+	select {
+	case <-sess.calls:
+		t.Fatal("a read was started for callers that had left")
+	case <-time.After(100 * time.Millisecond):
+	}
 }

@@ -49,8 +49,15 @@ type dormant struct {
 
 // holdDurable decides whether the durable bridge sleeps: it does unless
 // it has run on this data directory before or its socket is put
-// elsewhere (COLLIE_DURABLE_SOCKET). When it sleeps, the launcher listens
-// on its socket; a nil dormant means the bridge starts with the others.
+// elsewhere (COLLIE_DURABLE_SOCKET), or the default path cannot be held.
+// When it sleeps, the launcher listens on its socket; a nil dormant means
+// the bridge starts with the others.
+//
+// A durable.socket_path set while the stack runs takes effect at the
+// bridge's next run, which listens there and closes the socket it was
+// handed; the launcher keeps holding the default path until the stack
+// stops (a client there waits unanswered), and the next stack, the
+// bridge having run, does not hold it.
 func holdDurable(dataDir string, log *zap.Logger) (*dormant, error) {
 	if os.Getenv(durablesock.EnvSocket) != "" {
 		return nil, nil
@@ -61,7 +68,11 @@ func holdDurable(dataDir string, log *zap.Logger) (*dormant, error) {
 	path := durablesock.DefaultSocket(dataDir)
 	ln, err := durablesock.ListenSocket(path)
 	if err != nil {
-		return nil, err
+		// The bridge may be configured to listen elsewhere
+		// (durable.socket_path), which the launcher cannot know yet:
+		// it starts with the others and says itself what is wrong.
+		log.Warn("durable socket not held; the bridge starts with the stack", zap.String("socket", path), zap.Error(err))
+		return nil, nil
 	}
 	uln := ln.(*net.UnixListener)
 	file, err := uln.File()
@@ -180,18 +191,23 @@ func (d *dormant) wake(handOver bool, why string, start func() error) {
 		return
 	}
 	d.woken = true
-	if !handOver {
-		d.handed = false
-		d.ln.Close()
-		d.file.Close()
-	}
 	d.mu.Unlock()
-	if err := os.WriteFile(datadir.DurableWoken(d.dataDir), nil, 0o600); err != nil {
-		d.log.Warn("durable bridge not marked as woken; it sleeps again at the next start", zap.Error(err))
+	if !handOver {
+		d.drop()
 	}
 	d.log.Info("waking the durable bridge", zap.String("why", why))
-	if err := start(); err != nil && !errors.Is(err, errStopping) {
-		d.log.Error("durable bridge not started", zap.Error(err))
+	if err := start(); err != nil {
+		if !errors.Is(err, errStopping) {
+			d.log.Error("durable bridge not started; its socket is closed", zap.Error(err))
+		}
+		// A client waiting in the backlog is refused now, rather than
+		// left waiting for a bridge that will not come. (Not release:
+		// this may run on the watch, which release waits for.)
+		d.drop()
+		return
+	}
+	if err := os.WriteFile(datadir.DurableWoken(d.dataDir), nil, 0o600); err != nil {
+		d.log.Warn("durable bridge not marked as woken; it sleeps again at the next start", zap.Error(err))
 	}
 }
 
@@ -209,6 +225,11 @@ func (d *dormant) close() {
 // release closes the held socket; called once every process has stopped.
 func (d *dormant) release() {
 	d.close() // when the start failed before the watch's stopper was set
+	d.drop()
+}
+
+// drop closes the held socket (removing its file), once.
+func (d *dormant) drop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.handed {

@@ -1,9 +1,11 @@
 package launcher
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -113,5 +115,43 @@ func TestDormantOnlyWhenNeverRun(t *testing.T) {
 	}
 	if d, err := holdDurable(dir, zap.NewNop()); d != nil || err != nil {
 		t.Fatalf("after the bridge ran: %v, %v", d, err)
+	}
+}
+
+// A default socket path that cannot be held (too long here) does not stop
+// the stack: the bridge starts with the others and says itself what is
+// wrong. A wake whose start fails closes the held socket (a waiting client
+// is refused, not left hanging) and leaves the directory unmarked.
+func TestDormantFailures(t *testing.T) {
+	t.Setenv(durablesock.EnvSocket, "")
+	long := filepath.Join(privateDir(t), strings.Repeat("x", 100))
+	if err := os.Mkdir(long, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := holdDurable(long, zap.NewNop()); d != nil || err != nil {
+		t.Fatalf("a path too long to hold: %v, %v; want the bridge started with the stack", d, err)
+	}
+
+	dir := privateDir(t)
+	d, err := holdDurable(dir, zap.NewNop())
+	if err != nil || d == nil {
+		t.Fatalf("holdDurable: %v, %v", d, err)
+	}
+	d.watch(func() error { return errors.New("exec failed") })
+	c, err := net.Dial("unix", filepath.Join(dir, "durable.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the waiting client was not let go: %v", err)
+	}
+	d.release()
+	if _, err := os.Stat(datadir.DurableWoken(dir)); !os.IsNotExist(err) {
+		t.Fatalf("marked although the bridge never started: %v", err)
+	}
+	if _, err := net.Dial("unix", filepath.Join(dir, "durable.sock")); err == nil {
+		t.Fatal("the socket still takes connections")
 	}
 }
