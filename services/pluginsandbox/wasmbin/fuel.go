@@ -339,34 +339,9 @@ func (r *fuelRewriter) appendLoopTest(out []byte, cost int64) []byte {
 func (m *Module) paramCounts(n int) ([]uint32, error) {
 	var types []uint32
 	if p := m.section(secType); p != nil {
-		count, pos, err := readU32(p, 0)
-		if err != nil {
+		var err error
+		if types, err = typeParams(p); err != nil {
 			return nil, err
-		}
-		for i := uint32(0); i < count; i++ {
-			if pos >= len(p) {
-				return nil, fmt.Errorf("%w: truncated type section", ErrMalformed)
-			}
-			if p[pos] != 0x60 {
-				return nil, fmt.Errorf("%w: type form %#x", ErrUnsupported, p[pos])
-			}
-			var params uint32
-			pos++
-			for vec := 0; vec < 2; vec++ {
-				var k uint32
-				if k, pos, err = readU32(p, pos); err != nil {
-					return nil, err
-				}
-				for j := uint32(0); j < k; j++ {
-					if pos, err = skipValType(p, pos); err != nil {
-						return nil, err
-					}
-				}
-				if vec == 0 {
-					params = k
-				}
-			}
-			types = append(types, params)
 		}
 	}
 	var count uint32

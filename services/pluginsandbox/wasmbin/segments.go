@@ -13,7 +13,7 @@ import "fmt"
 // data and element sections must also end exactly after their last entry.
 func (m *Module) checkCounts() error {
 	if p := m.section(secType); p != nil {
-		if err := checkTypes(p); err != nil {
+		if _, err := typeParams(p); err != nil {
 			return err
 		}
 	}
@@ -45,39 +45,45 @@ func (m *Module) checkCounts() error {
 	return nil
 }
 
-// checkTypes walks the function types (the only form of core wasm 2.0).
-func checkTypes(p []byte) error {
+// typeParams walks the function types (the only form of core wasm 2.0),
+// checking each vector's count against the bytes left, and returns the
+// number of parameters of each type.
+func typeParams(p []byte) ([]uint32, error) {
 	n, pos, err := readU32(p, 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	params := make([]uint32, 0, min(int(n), len(p)))
 	for i := uint32(0); i < n; i++ {
 		if pos >= len(p) {
-			return fmt.Errorf("%w: truncated type section", ErrMalformed)
+			return nil, fmt.Errorf("%w: truncated type section", ErrMalformed)
 		}
 		if p[pos] != 0x60 {
-			return fmt.Errorf("%w: type form %#x", ErrUnsupported, p[pos])
+			return nil, fmt.Errorf("%w: type form %#x", ErrUnsupported, p[pos])
 		}
 		pos++
-		for _, what := range [2]string{"parameters", "results"} {
+		for vec, what := range [2]string{"parameters", "results"} {
 			var k uint32
 			if k, pos, err = readU32(p, pos); err != nil {
-				return err
+				return nil, err
 			}
 			if uint64(k) > uint64(len(p)-pos) {
-				return fmt.Errorf("%w: type %d declares %d %s, %d bytes left", ErrMalformed, i, k, what, len(p)-pos)
+				return nil, fmt.Errorf("%w: type %d declares %d %s, %d bytes left", ErrMalformed, i, k, what, len(p)-pos)
 			}
 			for j := uint32(0); j < k; j++ {
 				if pos, err = skipValType(p, pos); err != nil {
-					return err
+					return nil, err
 				}
+			}
+			if vec == 0 {
+				params = append(params, k)
 			}
 		}
 	}
 	if pos != len(p) {
-		return fmt.Errorf("%w: trailing bytes in type section", ErrMalformed)
+		return nil, fmt.Errorf("%w: trailing bytes in type section", ErrMalformed)
 	}
-	return nil
+	return params, nil
 }
 
 // checkNames walks the subsections of the name section that wazero
