@@ -740,18 +740,26 @@ var scratchPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return 
 // the read loop send responses, so a stalled peer only ever blocks work of
 // its own connection, and the write-stall deadline bounds even that.
 func (c *Conn) send(ctx context.Context, r *Response) {
-	bp := scratchPool.Get().(*[]byte)
-	b, err := appendResponse((*bp)[:0], r)
-	if err != nil {
-		c.log.Error("response not encodable", zap.Error(err))
-		b, _ = appendResponse((*bp)[:0], &Response{ID: r.ID, Error: &Error{Code: CodeInternal, Message: "Internal error"}})
-	}
+	bp, b := c.encodeResponse(r)
 	if !c.writeDirect(b) {
 		if err := c.enqueue(ctx, b); err != nil {
 			c.log.Debug("response not sent", zap.Error(err))
 		}
 	}
 	putScratch(bp, b)
+}
+
+// encodeResponse encodes r (without LF) into a scratch buffer, to be
+// given back with putScratch; a result that cannot be encoded becomes an
+// internal error.
+func (c *Conn) encodeResponse(r *Response) (*[]byte, []byte) {
+	bp := scratchPool.Get().(*[]byte)
+	b, err := appendResponse((*bp)[:0], r)
+	if err != nil {
+		c.log.Error("response not encodable", zap.Error(err))
+		b, _ = appendResponse((*bp)[:0], &Response{ID: r.ID, Error: &Error{Code: CodeInternal, Message: "Internal error"}})
+	}
+	return bp, b
 }
 
 // sendNoWait is send for a goroutine that must not block on this
@@ -762,12 +770,7 @@ func (c *Conn) send(ctx context.Context, r *Response) {
 // which the read loop bounds (and it reads nothing while output is over
 // MaxPendingBytes).
 func (c *Conn) sendNoWait(r *Response) {
-	bp := scratchPool.Get().(*[]byte)
-	b, err := appendResponse((*bp)[:0], r)
-	if err != nil {
-		c.log.Error("response not encodable", zap.Error(err))
-		b, _ = appendResponse((*bp)[:0], &Response{ID: r.ID, Error: &Error{Code: CodeInternal, Message: "Internal error"}})
-	}
+	bp, b := c.encodeResponse(r)
 	b = append(b, '\n')
 	defer putScratch(bp, b)
 	c.wmu.Lock()
