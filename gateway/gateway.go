@@ -290,18 +290,11 @@ func (g *Gateway) disconnected(runCtx context.Context, stop context.CancelCauseF
 
 // handle routes one request through the method table.
 func (g *Gateway) handle(ctx context.Context, cs *connState, req *jsonrpc.Request) (any, error) {
-	m, known := methods[req.Method]
-	if !(known && m.preInit) && !cs.initialized() {
-		return nil, jsonrpc.NewError(jsonrpc.CodeAuthRequired, "First call must be 'initialize'", nil)
+	m, ctx, cancel, err := g.route(ctx, cs, req)
+	if err != nil {
+		return nil, err
 	}
-	if !known {
-		return nil, jsonrpc.MethodNotFound(req.Method)
-	}
-	if d := g.deadline(m.kind); d > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d)
-		defer cancel()
-	}
+	defer cancel()
 	if m.later != nil {
 		// Served with a goroutine after all (the connection did not
 		// defer it): wait for the reply here.
@@ -318,29 +311,39 @@ func (g *Gateway) handle(ctx context.Context, cs *connState, req *jsonrpc.Reques
 }
 
 // handleLater routes one request of a method served later (method.later)
-// on the connection's read loop: the same checks and deadline as handle,
-// none of them blocking.
+// on the connection's read loop, as handle does, blocking on nothing.
 func (g *Gateway) handleLater(ctx context.Context, cs *connState, req *jsonrpc.Request, reply jsonrpc.Reply) {
-	m, known := methods[req.Method]
-	if !known || m.later == nil {
+	m, ctx, cancel, err := g.route(ctx, cs, req)
+	if err == nil && m.later == nil {
 		// Options.Deferred names only methods with later set.
-		reply(nil, fmt.Errorf("gateway: %q is not a deferred method", req.Method))
+		err = fmt.Errorf("gateway: %q is not a deferred method", req.Method)
+	}
+	if err != nil {
+		cancel()
+		reply(nil, err)
 		return
 	}
-	if !m.preInit && !cs.initialized() {
-		reply(nil, jsonrpc.NewError(jsonrpc.CodeAuthRequired, "First call must be 'initialize'", nil))
-		return
+	m.later(g, ctx, cs, req.Params, func(result any, err error) {
+		cancel()
+		reply(result, err)
+	})
+}
+
+// route finds req's method, checks that the connection may call it now,
+// and gives ctx the method's deadline; cancel releases that deadline.
+func (g *Gateway) route(ctx context.Context, cs *connState, req *jsonrpc.Request) (method, context.Context, context.CancelFunc, error) {
+	m, known := methods[req.Method]
+	if !(known && m.preInit) && !cs.initialized() {
+		return m, ctx, func() {}, jsonrpc.NewError(jsonrpc.CodeAuthRequired, "First call must be 'initialize'", nil)
+	}
+	if !known {
+		return m, ctx, func() {}, jsonrpc.MethodNotFound(req.Method)
 	}
 	if d := g.deadline(m.kind); d > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d)
-		answer := reply
-		reply = func(result any, err error) {
-			cancel()
-			answer(result, err)
-		}
+		ctx, cancel := context.WithTimeout(ctx, d)
+		return m, ctx, cancel, nil
 	}
-	m.later(g, ctx, cs, req.Params, reply)
+	return m, ctx, func() {}, nil
 }
 
 func (g *Gateway) clientJoined() {
