@@ -169,6 +169,10 @@ func (g *Gateway) Close() {
 	for _, cc := range g.conns {
 		cc.Close()
 	}
+	// The shared reads' goroutines: with the connections to the services
+	// closed, a read still in flight fails at once.
+	g.statusReads.Wait()
+	g.stateReads.Wait()
 	if g.ln != nil {
 		g.ln.Close()
 	}

@@ -33,8 +33,9 @@ type Group[K comparable, T any] struct {
 	// the same.
 	OnPanic func(v any)
 
-	mu   sync.Mutex
-	keys map[K]*slot[K, T]
+	mu      sync.Mutex
+	keys    map[K]*slot[K, T]
+	running sync.WaitGroup // reads run for callers of Go (see Wait)
 }
 
 type slot[K comparable, T any] struct {
@@ -156,7 +157,7 @@ func (g *Group[K, T]) end(s *slot[K, T], b *batch[T]) {
 		g.mu.Unlock()
 	}
 	if next != nil {
-		go g.runAsync(s, next)
+		g.startAsync(s, next)
 	}
 }
 
@@ -188,6 +189,21 @@ func (g *Group[K, T]) recovered() {
 		g.OnPanic(p)
 	}
 }
+
+// startAsync runs b on a goroutine of its own, which Wait waits for.
+func (g *Group[K, T]) startAsync(s *slot[K, T], b *batch[T]) {
+	g.running.Add(1)
+	go func() {
+		defer g.running.Done()
+		g.runAsync(s, b)
+	}()
+}
+
+// Wait waits for the reads Go started on goroutines of their own; each
+// ends within Timeout. Call it once no more callers come (a server's
+// connections closed): a read ending meanwhile may start the next one
+// for the callers still waiting.
+func (g *Group[K, T]) Wait() { g.running.Wait() }
 
 // runAsync runs b for its callers of Go, with the read and context of the
 // first of them; a panicking read answers them ErrReadPanicked and is
@@ -267,7 +283,7 @@ func (g *Group[K, T]) Go(ctx context.Context, key K, read func(context.Context) 
 	})
 	g.mu.Unlock()
 	if start {
-		go g.runAsync(s, b)
+		g.startAsync(s, b)
 	}
 }
 

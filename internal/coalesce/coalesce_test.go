@@ -520,3 +520,36 @@ func TestGoPanicsTold(t *testing.T) {
 	}
 	waitKeys(t, &g, 0)
 }
+
+// Wait returns once the reads Go started have ended, the batch started
+// behind a read included.
+func TestWaitForReads(t *testing.T) {
+	var g Group[string, int64]
+	release := make(chan struct{})
+	var ended atomic.Int32
+	read := func(context.Context) (int64, error) {
+		<-release
+		ended.Add(1)
+		return 1, nil
+	}
+	first := callGo(&g, context.Background(), "k", read)
+	second := callGo(&g, context.Background(), "k", read) // the next batch
+	waited := make(chan struct{})
+	go func() { g.Wait(); close(waited) }()
+	select {
+	case <-waited:
+		t.Fatal("Wait returned with a read running")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-waited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return after the reads ended")
+	}
+	if n := ended.Load(); n != 2 {
+		t.Fatalf("Wait returned after %d reads, want both", n)
+	}
+	first.wait(t)
+	second.wait(t)
+}
