@@ -3,9 +3,7 @@ package e2e_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -20,7 +18,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
@@ -272,28 +269,10 @@ func BenchmarkTurnStream(b *testing.B) {
 	// The rows above are a fresh stack's, whose durable bridge sleeps
 	// until a Collie connects. Once one has, the bridge follows every
 	// update too: the same streams with it awake, for scale.
-	wakeBridge(b, s)
+	phone(b, s) // wakes the bridge
 	for _, n := range []int{1, 100} {
 		b.Run(fmt.Sprintf("socket-bridge/sessions=%d", n), func(b *testing.B) { streamTurns(b, s, n, pace) })
 	}
-}
-
-// wakeBridge connects to the stack's durable socket as Collie does, which
-// starts the dormant bridge, and returns once it is ready.
-func wakeBridge(b *testing.B, s *e2e.Stack) {
-	c := collietest.Socket(filepath.Join(s.DataDir, "durable.sock"))
-	defer c.Close()
-	c.Timeouts = durableTimeouts
-	testenv.Eventually(b, 60*time.Second, 50*time.Millisecond, func() error {
-		h, err := c.SayHello(context.Background())
-		if err != nil {
-			return err
-		}
-		if !h.Ready {
-			return errors.New("durable bridge not ready")
-		}
-		return nil
-	})
 }
 
 var (

@@ -28,7 +28,7 @@ var approvalArgs = []string{"--set", `agents.default.approval_required=["echo"]`
 
 // phone is a Collie client of a stack's durable socket, with hello done
 // and the bridge ready.
-func phone(t *testing.T, s *e2e.Stack) *collietest.Client {
+func phone(t testing.TB, s *e2e.Stack) *collietest.Client {
 	t.Helper()
 	c := collietest.Socket(filepath.Join(s.DataDir, "durable.sock"))
 	c.Timeouts = durableTimeouts
