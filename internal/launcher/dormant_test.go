@@ -65,9 +65,6 @@ func TestDormantWakesOnFirstConnection(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a client connected and the bridge was not woken")
 	}
-	if _, err := os.Stat(datadir.DurableWoken(dir)); err != nil {
-		t.Fatalf("not marked: %v", err)
-	}
 	// The connection waits for the bridge, which gets the same socket.
 	f := d.passed()
 	if f == nil {
@@ -84,9 +81,12 @@ func TestDormantWakesOnFirstConnection(t *testing.T) {
 		conn.Close()
 	}
 	ln.Close()
-	d.close()
+	d.close() // waits for the watch, which marks the directory after the start
 	if n := starts.Load(); n != 1 {
 		t.Fatalf("started %d times", n)
+	}
+	if _, err := os.Stat(datadir.DurableWoken(dir)); err != nil {
+		t.Fatalf("not marked: %v", err)
 	}
 	d.release()
 	if _, err := os.Stat(filepath.Join(dir, "durable.sock")); !os.IsNotExist(err) {
