@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,8 +26,44 @@ import (
 // Every update of every session reaches every attached connection, in
 // the session's order, while several sessions publish at once and the
 // connections read at different paces (updates are encoded once per
-// update and written from each connection's outbox).
+// update and written by the fan-out itself while a connection's output is
+// idle, else from its outbox). Over a Unix socket, with some updates
+// larger than the socket's buffer and slow readers, the two ways take
+// turns within one stream; over net.Pipe, which cannot be written
+// without waiting, every update goes through the outbox.
 func TestFanoutOrderPerConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pair func(t *testing.T) (server, client net.Conn)
+		big  int // every big-th update carries 256 KiB of text
+	}{
+		{"unix", unixPair, 25},
+		{"pipe", func(*testing.T) (net.Conn, net.Conn) { return net.Pipe() }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) { fanoutInOrder(t, tc.pair, tc.big) })
+	}
+}
+
+// unixPair returns the two ends of a connected Unix stream socket.
+func unixPair(t *testing.T) (net.Conn, net.Conn) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ends [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends[i] = c
+	}
+	return ends[0], ends[1]
+}
+
+func fanoutInOrder(t *testing.T, pair func(t *testing.T) (net.Conn, net.Conn), big int) {
 	url := testenv.NATS(t)
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -65,14 +104,14 @@ func TestFanoutOrderPerConnection(t *testing.T) {
 	results := make([]*seen, conns)
 	var readers sync.WaitGroup
 	for c := range conns {
-		server, client := net.Pipe()
+		server, client := pair(t)
 		conn := jsonrpc.NewConn(server, nil, jsonrpc.Options{InitializeTimeout: -1, Logger: zap.NewNop()})
 		g.spawn(func() { _ = conn.Run(ctx) })
 		t.Cleanup(func() { conn.Close(); client.Close() })
 		cs := &connState{id: fmt.Sprintf("conn-%d", c), conn: conn}
-		cs.outbox = newOutbox(g, cs)
+		cs.outbox = newOutbox(ctx, g, cs)
 		states = append(states, cs)
-		g.spawn(func() { cs.outbox.run(ctx) })
+		g.spawn(cs.outbox.run)
 		for _, id := range sessionIDs {
 			subject, err := bus.SessionUpdateSubject(id)
 			if err != nil {
@@ -90,7 +129,7 @@ func TestFanoutOrderPerConnection(t *testing.T) {
 			r := bufio.NewReader(client)
 			for {
 				if c%2 == 1 {
-					time.Sleep(20 * time.Microsecond) // a slower reader
+					time.Sleep(50 * time.Microsecond) // a slower reader
 				}
 				line, err := r.ReadBytes('\n')
 				if err != nil {
@@ -131,7 +170,11 @@ func TestFanoutOrderPerConnection(t *testing.T) {
 				return
 			}
 			for k := 1; k <= updates; k++ {
-				body := fmt.Sprintf(`{"session_id":%q,"seq":%d,"type":"agent_message_chunk","text":"x"}`, id, k)
+				text := "x"
+				if big > 0 && k%big == 0 {
+					text = strings.Repeat("y", 256<<10)
+				}
+				body := fmt.Sprintf(`{"session_id":%q,"seq":%d,"type":"agent_message_chunk","text":%q}`, id, k, text)
 				if err := p.Publish(busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, int64(k), []byte(body)); err != nil {
 					t.Error(err)
 					return

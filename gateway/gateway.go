@@ -255,13 +255,13 @@ func (g *Gateway) Run(ctx context.Context) error {
 // no handler can attach anything to a connection already gone.
 func (g *Gateway) accept(serveCtx context.Context, c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
 	cs := &connState{id: ids.New("conn-"), transport: transportLocal, conn: c, peer: peer}
-	cs.outbox = newOutbox(g, cs)
+	cs.outbox = newOutbox(serveCtx, g, cs)
 	g.log.Info("connection accepted", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
 	g.mu.Lock()
 	g.states[c] = cs
 	g.mu.Unlock()
 	g.clientJoined()
-	g.spawn(func() { cs.outbox.run(serveCtx) })
+	g.spawn(cs.outbox.run)
 	return connHandler{g, cs}
 }
 

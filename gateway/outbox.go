@@ -18,12 +18,14 @@ import (
 // maxOutboxBytes (it reads far slower than its sessions produce) is
 // closed instead, like a stalled one, and its turns are cancelled.
 type outbox struct {
+	ctx   context.Context // the gateway's serving context
 	cs    *connState
 	g     *Gateway
 	mu    sync.Mutex
 	cond  *sync.Cond
 	q     []queued
-	bytes int // JSON bytes queued in q
+	bytes int  // JSON bytes queued in q
+	busy  bool // run is delivering a batch
 	done  bool
 
 	// completed records the turn_ids whose turn_complete was written, so a
@@ -43,8 +45,8 @@ const maxRecentTurns = 64
 // engine's own output queue (jsonrpc.DefaultMaxPendingBytes).
 const maxOutboxBytes = 32 << 20
 
-func newOutbox(g *Gateway, cs *connState) *outbox {
-	o := &outbox{cs: cs, g: g, completed: map[string]chan struct{}{}}
+func newOutbox(ctx context.Context, g *Gateway, cs *connState) *outbox {
+	o := &outbox{ctx: ctx, cs: cs, g: g, completed: map[string]chan struct{}{}}
 	o.cond = sync.NewCond(&o.mu)
 	return o
 }
@@ -68,6 +70,13 @@ func (o *outbox) push(u *busv1.SessionUpdate, n jsonrpc.Notification) {
 		o.done, o.q, o.bytes = true, nil, 0
 		o.cond.Broadcast()
 		o.g.spawn(func() { _ = o.cs.conn.Close() }) // not under o.mu
+		return
+	}
+	if len(o.q) == 0 && !o.busy && o.cs.conn.TrySend(n) {
+		// The connection's output was idle: written (or handed to its
+		// writer) on this goroutine, with no wake-up of run. Under o.mu,
+		// so an update pushed next cannot overtake it.
+		o.sent(u)
 		return
 	}
 	o.q = append(o.q, queued{u, n})
@@ -120,11 +129,12 @@ const (
 	maxKeptBatch  = 1024
 )
 
-func (o *outbox) run(ctx context.Context) {
+func (o *outbox) run() {
 	var batch []queued
 	var frames []jsonrpc.Notification
 	for {
 		o.mu.Lock()
+		o.busy = false
 		for len(o.q) == 0 && !o.done {
 			o.cond.Wait()
 		}
@@ -149,12 +159,13 @@ func (o *outbox) run(ctx context.Context) {
 			o.q = o.q[n:]
 		}
 		o.bytes -= size
+		o.busy = true
 		o.mu.Unlock()
 		frames = frames[:0]
 		for _, q := range batch {
 			frames = append(frames, q.n)
 		}
-		o.deliver(ctx, batch, frames)
+		o.deliver(batch, frames)
 		clear(batch)
 		clear(frames)
 		if cap(batch) > maxKeptBatch {
@@ -168,34 +179,40 @@ func (o *outbox) run(ctx context.Context) {
 // hand-off to the writer goroutine); the outbox serves this connection
 // alone, so a peer that stops reading holds only its own outbox, until
 // the write-stall rule closes it.
-func (o *outbox) deliver(ctx context.Context, batch []queued, frames []jsonrpc.Notification) {
-	if err := o.cs.conn.SendAll(ctx, frames); err != nil {
+func (o *outbox) deliver(batch []queued, frames []jsonrpc.Notification) {
+	if err := o.cs.conn.SendAll(o.ctx, frames); err != nil {
 		o.g.log.Debug("update not delivered", zap.String("conn", o.cs.id), zap.Error(err))
 		return
 	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	for _, q := range batch {
-		u := q.u
-		switch u.GetType() {
-		case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
-			if o.cs.canElicit() {
-				o.g.spawn(func() { o.g.elicitApproval(ctx, o.cs, u) })
-			}
-		case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
-			var tc struct {
-				TurnID string `json:"turn_id"`
-			}
-			if json.Unmarshal([]byte(u.GetJson()), &tc) == nil && tc.TurnID != "" {
-				o.markCompleted(tc.TurnID)
-			}
+		o.sent(q.u)
+	}
+}
+
+// sent does what follows an update's writing to the connection: an
+// approval request is put to the client, a turn_complete wakes the
+// prompt waiting for it. o.mu is held.
+func (o *outbox) sent(u *busv1.SessionUpdate) {
+	switch u.GetType() {
+	case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
+		if o.cs.canElicit() {
+			o.g.spawn(func() { o.g.elicitApproval(o.ctx, o.cs, u) })
+		}
+	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
+		var tc struct {
+			TurnID string `json:"turn_id"`
+		}
+		if json.Unmarshal([]byte(u.GetJson()), &tc) == nil && tc.TurnID != "" {
+			o.markCompleted(tc.TurnID)
 		}
 	}
 }
 
 // markCompleted records that turnID's turn_complete was written, waking a
-// prompt waiting for it.
+// prompt waiting for it; o.mu is held.
 func (o *outbox) markCompleted(turnID string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
 	ch, ok := o.completed[turnID]
 	if !ok {
 		ch = make(chan struct{})

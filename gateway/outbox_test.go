@@ -27,25 +27,31 @@ func closed(ch <-chan struct{}) bool {
 // the turn_complete was written, and a connection watching many turns
 // remembers only the recent ones.
 func TestOutboxTurnCompletions(t *testing.T) {
-	o := newOutbox(nil, nil)
+	o := newOutbox(context.Background(), nil, nil)
 	early := o.turnDone("t-early")
 	if closed(early) {
 		t.Fatal("completed before its turn_complete")
 	}
+	o.mu.Lock()
 	o.markCompleted("t-early")
+	o.mu.Unlock()
 	if !closed(early) {
 		t.Fatal("a waiting prompt was not woken")
 	}
 	o.forgetTurn("t-early")
 
+	o.mu.Lock()
 	o.markCompleted("t-late")
+	o.mu.Unlock()
 	if !closed(o.turnDone("t-late")) {
 		t.Fatal("a completion written before the prompt asked was lost")
 	}
 	o.forgetTurn("t-late")
 
 	for i := range 10 * maxRecentTurns {
+		o.mu.Lock()
 		o.markCompleted(fmt.Sprintf("other-%d", i))
+		o.mu.Unlock()
 	}
 	if n := len(o.completed); n > maxRecentTurns {
 		t.Fatalf("%d completions remembered, want at most %d", n, maxRecentTurns)
@@ -62,7 +68,7 @@ func TestOutboxBacklogBounded(t *testing.T) {
 	defer client.Close()
 	conn := jsonrpc.NewConn(server, nil, jsonrpc.Options{})
 	g := &Gateway{log: zap.NewNop()}
-	o := newOutbox(g, &connState{id: "conn-t", conn: conn})
+	o := newOutbox(context.Background(), g, &connState{id: "conn-t", conn: conn})
 	chunk := &busv1.SessionUpdate{Json: strings.Repeat("x", 1<<20)}
 	for range maxOutboxBytes >> 20 {
 		o.push(chunk, jsonrpc.Notification{})
@@ -93,7 +99,7 @@ func TestOutboxBatchesSplitInOrder(t *testing.T) {
 	g := &Gateway{log: zap.NewNop()}
 	ctx, cancel := context.WithCancel(context.Background())
 	g.spawn(func() { _ = conn.Run(ctx) })
-	o := newOutbox(g, &connState{id: "conn-t", conn: conn})
+	o := newOutbox(ctx, g, &connState{id: "conn-t", conn: conn})
 	const updates = 600 // 600 KiB of frames: three batches or more
 	for k := 1; k <= updates; k++ {
 		body := fmt.Sprintf(`{"seq":%d,"text":%q}`, k, strings.Repeat("x", 1000))
@@ -106,7 +112,7 @@ func TestOutboxBatchesSplitInOrder(t *testing.T) {
 	if len(o.q) != updates {
 		t.Fatalf("%d queued", len(o.q))
 	}
-	g.spawn(func() { o.run(ctx) })
+	g.spawn(o.run)
 	r := bufio.NewReader(client)
 	for k := 1; k <= updates; k++ {
 		line, err := r.ReadBytes('\n')

@@ -772,22 +772,48 @@ func (c *Conn) encodeResponse(r *Response) (*[]byte, []byte) {
 func (c *Conn) sendNoWait(r *Response) {
 	bp, b := c.encodeResponse(r)
 	b = append(b, '\n')
-	defer putScratch(bp, b)
+	c.writeNoWait(b, true)
+	putScratch(bp, b)
+}
+
+// TrySend sends n without ever blocking, when this connection's output
+// is idle: one non-blocking write, and what the socket did not take
+// queued for the writer ahead of anything queued after it. It reports
+// false, having sent nothing, when output is being written or queued (or
+// the connection cannot write without waiting, or is closed): the caller
+// then sends n in order after that output, with SendAll. A fan-out
+// goroutine serving many connections uses it to write an update at once,
+// with no hand-off, and never waits on a slow peer.
+func (c *Conn) TrySend(n Notification) bool {
+	if len(n.frame) == 0 || c.writeNow == nil {
+		return false
+	}
+	bp := scratchPool.Get().(*[]byte)
+	b := append(append((*bp)[:0], n.frame...), '\n')
+	ok := c.writeNoWait(b, false)
+	putScratch(bp, b)
+	return ok
+}
+
+// writeNoWait writes the LF-terminated lines b without blocking: what the
+// socket takes at once when the output is idle, the rest queued for the
+// writer ahead of anything queued meanwhile. When the output is busy it
+// queues all of b if queueBusy, else it does nothing and reports false.
+// The excess over MaxPendingBytes is one frame per caller: callers of
+// sendNoWait are bounded by the requests in flight (the read loop reads
+// nothing while output is over MaxPendingBytes), and TrySend queues only
+// the rest of a write it began.
+func (c *Conn) writeNoWait(b []byte, queueBusy bool) bool {
 	c.wmu.Lock()
 	if c.wclosed || c.flushClose {
 		c.wmu.Unlock()
-		return
+		return queueBusy
 	}
 	rest := b
 	if c.writeNow != nil && !c.writing && len(c.wq) == 0 {
 		c.writing = true
 		c.wmu.Unlock()
-		if c.deadlineSet {
-			_ = c.nc.SetWriteDeadline(time.Time{})
-			c.deadlineSet = false
-		}
-		n, err := c.writeNow(b)
-		c.sent += int64(n)
+		n, err := c.tryWrite(b)
 		rest = b[n:]
 		c.wmu.Lock()
 		c.writing = false
@@ -795,7 +821,7 @@ func (c *Conn) sendNoWait(r *Response) {
 			c.wmu.Unlock()
 			c.log.Debug("closing connection: write failed", zap.Error(err))
 			c.closeWith(fmt.Errorf("%w: %w", ErrPeerClosed, err))
-			return
+			return true
 		}
 		if len(rest) == 0 {
 			more := len(c.wq) > 0 || c.flushClose
@@ -803,16 +829,20 @@ func (c *Conn) sendNoWait(r *Response) {
 			if more {
 				c.ring()
 			}
-			return
+			return true
 		}
 		// Frames queued while this one was being written go after it.
 		c.wq = slices.Insert(c.wq, 0, rest...)
-	} else {
+	} else if queueBusy {
 		c.wq = append(c.wq, rest...)
+	} else {
+		c.wmu.Unlock()
+		return false
 	}
 	c.outq.Add(int64(len(rest)))
 	c.wmu.Unlock()
 	c.ring()
+	return true
 }
 
 // putScratch returns a scratch buffer to the pool, unless it grew large:
@@ -842,7 +872,7 @@ func (c *Conn) writeLinesDirect(lines []byte) bool {
 	}
 	c.writing = true
 	c.wmu.Unlock()
-	err := c.writeAll(lines, false)
+	err := c.writeOwned(lines)
 	c.wmu.Lock()
 	c.writing = false
 	more := len(c.wq) > 0 || c.flushClose
@@ -1152,6 +1182,39 @@ func (c *Conn) writeAll(b []byte, queued bool) error {
 		}
 	}
 	return nil
+}
+
+// writeOwned writes b for a caller that holds the output (c.writing):
+// first with one non-blocking write, which needs no write deadline and
+// is the whole write whenever the socket has room, then whatever is left
+// under the write-stall rule (writeAll).
+func (c *Conn) writeOwned(b []byte) error {
+	if c.writeNow != nil {
+		n, err := c.tryWrite(b)
+		if err != nil {
+			if c.isClosed() {
+				return ErrClosed
+			}
+			return fmt.Errorf("%w: %w", ErrPeerClosed, err)
+		}
+		if b = b[n:]; len(b) == 0 {
+			return nil
+		}
+	}
+	return c.writeAll(b, false)
+}
+
+// tryWrite is one non-blocking write of b (writeNow), for a caller that
+// holds the output: it returns what the socket took at once.
+func (c *Conn) tryWrite(b []byte) (int, error) {
+	if c.deadlineSet {
+		// A deadline writeAll left behind would fail the write once past.
+		_ = c.nc.SetWriteDeadline(time.Time{})
+		c.deadlineSet = false
+	}
+	n, err := c.writeNow(b)
+	c.sent += int64(n)
+	return n, err
 }
 
 // kernelQueue returns the function reading how many bytes the kernel holds

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -96,5 +97,87 @@ func TestSendAllKeepsBatchesWholeAndInOrder(t *testing.T) {
 	}
 	if err := c.SendAll(ctx, []Notification{{}}); err == nil {
 		t.Fatal("an empty notification was sent")
+	}
+}
+
+// TrySend writes at once while the output is idle and never blocks: a
+// frame larger than the socket's buffer, to a peer that reads nothing, is
+// written in part and the rest queued; while that is pending, TrySend
+// sends nothing and says so, and what is sent next (SendAll) goes after
+// the whole frame. A connection that cannot write without waiting
+// (net.Pipe) always says no.
+func TestTrySend(t *testing.T) {
+	path := socketPath(t)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewConn(server, nil, Options{InitializeTimeout: -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = c.Run(ctx) }()
+	defer func() { c.Close(); <-ran }()
+
+	note := func(text string) Notification {
+		raw, _ := json.Marshal([]string{text})
+		n, err := EncodeNotification("n", json.RawMessage(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	r := bufio.NewReader(client)
+	read := func() string {
+		t.Helper()
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		var f struct{ Params []string }
+		if err := json.Unmarshal(line, &f); err != nil || len(f.Params) != 1 {
+			t.Fatalf("frame %.80q: %v", line, err)
+		}
+		return f.Params[0]
+	}
+
+	if !c.TrySend(note("one")) {
+		t.Fatal("not sent on an idle connection")
+	}
+	if got := read(); got != "one" {
+		t.Fatalf("read %q", got)
+	}
+
+	big := strings.Repeat("x", 8<<20) // past any Unix socket buffer
+	if !c.TrySend(note(big)) {
+		t.Fatal("not sent on an idle connection")
+	}
+	if c.TrySend(note("skipped")) {
+		t.Fatal("sent while a frame was still pending")
+	}
+	if err := c.SendAll(ctx, []Notification{note("two")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got != big {
+		t.Fatalf("read %d bytes, want the %d of the big frame", len(got), len(big))
+	}
+	if got := read(); got != "two" {
+		t.Fatalf("read %q after the big frame, want two", got)
+	}
+
+	p1, p2 := net.Pipe()
+	defer p2.Close()
+	if NewConn(p1, nil, Options{}).TrySend(note("pipe")) {
+		t.Fatal("sent over a connection that cannot write without waiting")
 	}
 }
