@@ -11,9 +11,11 @@ import (
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
-// outbox delivers session updates to one connection, in arrival order,
-// from its own goroutine: a connection that stops reading blocks only its
-// own outbox until the edge's write-stall rule closes it. Nothing is ever
+// outbox delivers session updates to one connection, in arrival order.
+// While it holds nothing and the connection's output is idle, the fan-out
+// writes an update itself, without waiting (push); otherwise the outbox's
+// own goroutine writes what is queued, so a connection that stops reading
+// blocks only its own outbox until the edge's write-stall rule closes it. Nothing is ever
 // dropped from the middle of a stream: a connection whose backlog passes
 // maxOutboxBytes (it reads far slower than its sessions produce) is
 // closed instead, like a stalled one, and its turns are cancelled.
