@@ -46,6 +46,7 @@ func Open(ctx context.Context, url, schema string, migrations fs.FS, log *zap.Lo
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.RuntimeParams["application_name"] = "clawmesh-" + schema
+	cfg.ConnConfig.Tracer = &writeTracer{w: new(Writes)}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open pool: %w", err)

@@ -35,13 +35,18 @@ func owns(p *commonv1.Principal, row sessionRow) bool {
 
 // owned reads a session the principal may act on.
 func (s *Server) owned(ctx context.Context, p *commonv1.Principal, id string) (sessionRow, error) {
+	return s.ownedBy(ctx, p, id, s.store.session)
+}
+
+// ownedBy is owned with the row read by read.
+func (s *Server) ownedBy(ctx context.Context, p *commonv1.Principal, id string, read func(context.Context, string) (sessionRow, error)) (sessionRow, error) {
 	if err := requirePrincipal(p); err != nil {
 		return sessionRow{}, err
 	}
 	if id == "" {
 		return sessionRow{}, errInvalid("`session_id` is required")
 	}
-	row, err := s.store.session(ctx, id)
+	row, err := read(ctx, id)
 	if errors.Is(err, errNoRow) {
 		return row, errSessionNotFound(id)
 	}

@@ -9,7 +9,7 @@ import (
 
 // State reports idle, running (with the turn id), closed or killed.
 func (s *Server) State(ctx context.Context, req *sessionv1.StateRequest) (*sessionv1.StateResponse, error) {
-	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	row, err := s.ownedBy(ctx, req.GetPrincipal(), req.GetSessionId(), s.store.sessionKept)
 	if err != nil {
 		return nil, err
 	}
@@ -98,11 +98,15 @@ func (s *Server) Status(ctx context.Context, req *sessionv1.StatusRequest) (*ses
 	if err := requirePrincipal(req.GetPrincipal()); err != nil {
 		return nil, err
 	}
-	// A read shared with the Status calls that arrived with this one,
-	// never one that started before this call did.
-	open, err := s.openReads.Do(ctx, struct{}{}, s.store.openSessions)
-	if err != nil {
-		return nil, err
+	// The open sessions as last read while no write has ended since;
+	// else a read shared with the Status calls that arrived with this
+	// one, never one that started before this call did.
+	open, ok := s.store.openSessionsNow()
+	if !ok {
+		var err error
+		if open, err = s.openReads.Do(ctx, struct{}{}, s.store.openSessionsKeeping); err != nil {
+			return nil, err
+		}
 	}
 	resp := &sessionv1.StatusResponse{ActiveSessions: int64(len(open)), SessionIds: []string{}}
 	for _, o := range open {

@@ -37,6 +37,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/coalesce"
+	"github.com/clawmesh/clawmesh/internal/pg"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -158,7 +159,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB}, nc: cfg.NATS,
+		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB, kept: kept{writes: pg.WritesOf(cfg.DB)}}, nc: cfg.NATS,
 		providers: defaultProviders(), lives: map[string]*liveSession{},
 		openReads: coalesce.Group[struct{}, []openSession]{Timeout: 10 * time.Second},
 		stopSweep: make(chan struct{}), swept: make(chan struct{}),

@@ -37,7 +37,8 @@ var errNoRow = errors.New("no such row")
 // store is the session schema: every SQL statement of the service lives
 // here (and in store_durable.go). Nobody else reads these tables.
 type store struct {
-	db *pgxpool.Pool
+	db   *pgxpool.Pool
+	kept kept // reads kept until the next write (kept.go)
 }
 
 // querier is a pool or a transaction.
