@@ -51,7 +51,7 @@ func busCmd(args []string, out io.Writer) error {
 		return errors.New("bus: no command")
 	}
 	cmd := args[0]
-	if cmd == "help" || cmd == "-h" || cmd == "--help" {
+	if isHelp(cmd) {
 		fmt.Fprint(out, busUsage)
 		return nil
 	}
@@ -74,7 +74,7 @@ func busCmd(args []string, out io.Writer) error {
 		fsf.StringVar(&o.pgPassword, "postgres-password", "", "create this PostgreSQL password file, and .pgpass beside it, when missing")
 	}
 	rest, err := parseArgs(fsf, args[1:])
-	if err == flag.ErrHelp {
+	if errors.Is(err, flag.ErrHelp) {
 		usageOf(out, busUsage, fsf)
 		return nil
 	}

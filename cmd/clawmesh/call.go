@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,7 +30,7 @@ func callCmd(args []string, out io.Writer) error {
 	sf.register(fs)
 	timeout := fs.Duration("timeout", 5*time.Minute, "longest wait for the result")
 	rest, err := parseArgs(fs, args)
-	if err == flag.ErrHelp {
+	if errors.Is(err, flag.ErrHelp) {
 		usageOf(out, callUsage, fs)
 		return nil
 	}

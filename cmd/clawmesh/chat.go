@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,7 +38,7 @@ func chatCmd(args []string, in io.Reader, out io.Writer) error {
 	agent := fs.String("agent", "default", "agent alias of a new session")
 	session := fs.String("session", "", "resume this session instead of opening a new one")
 	rest, err := parseArgs(fs, args)
-	if err == flag.ErrHelp {
+	if errors.Is(err, flag.ErrHelp) {
 		usageOf(out, chatUsage, fs)
 		return nil
 	}

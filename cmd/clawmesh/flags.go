@@ -17,7 +17,7 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
+				return nil, helpRequested{fs}
 			}
 			return nil, fmt.Errorf("%s: %w (see %s -h)", fs.Name(), err, fs.Name())
 		}
@@ -44,3 +44,14 @@ func usageOf(w io.Writer, head string, fs *flag.FlagSet) {
 		fmt.Fprint(w, "\nflags:\n"+b.String())
 	}
 }
+
+// helpRequested is -h given to fs. A command with a usage text of its own
+// prints it (errors.Is(err, flag.ErrHelp)); for any other, main prints the
+// flags of fs and exits 0.
+type helpRequested struct{ fs *flag.FlagSet }
+
+func (h helpRequested) Error() string { return flag.ErrHelp.Error() }
+func (h helpRequested) Unwrap() error { return flag.ErrHelp }
+
+// isHelp reports whether a command's first argument asks for its usage.
+func isHelp(arg string) bool { return arg == "help" || arg == "-h" || arg == "--help" }

@@ -38,7 +38,7 @@ func healthCmd(args []string, out io.Writer) error {
 	service := fs.String("service", "", "the service name to ask about (default: the whole process)")
 	timeout := fs.Duration("timeout", 3*time.Second, "longest wait for the answer")
 	rest, err := parseArgs(fs, args)
-	if err == flag.ErrHelp {
+	if errors.Is(err, flag.ErrHelp) {
 		usageOf(out, healthUsage, fs)
 		return nil
 	}

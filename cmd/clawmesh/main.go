@@ -9,7 +9,13 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	err := run(os.Args[1:])
+	var help helpRequested
+	if errors.As(err, &help) {
+		usageOf(os.Stdout, "usage: clawmesh "+help.fs.Name()+" [flags]\n", help.fs)
+		return
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "clawmesh: %v\n", err)
 		code := 1
 		var ee *exitError
@@ -42,7 +48,7 @@ func run(args []string) error {
 	}
 	switch args[0] {
 	case "up", "daemon":
-		return up(args[1:])
+		return up(args[1:], os.Stdout)
 	case "config":
 		return configCmd(args[1:], os.Stdout)
 	case "call":

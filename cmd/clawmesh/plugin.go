@@ -75,7 +75,7 @@ func pluginCmd(args []string, out io.Writer) error {
 	fs.StringVar(&channel, "channel", "", "info: also print the instance key of this channel alias")
 	fs.BoolVar(&purge, "purge", false, "remove: also delete the plugin's plugins.entries config")
 	fs.BoolVar(&all, "all", true, "list: include refused and failed plugins")
-	if cmd == "help" || cmd == "-h" || cmd == "--help" {
+	if isHelp(cmd) {
 		fmt.Fprint(out, pluginUsage)
 		return nil
 	}

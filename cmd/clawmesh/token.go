@@ -27,6 +27,10 @@ on --config-addr / CLAWMESH_CONFIG_ADDR (host:port in containers).
 
 // tokenCmd runs `clawmesh token`.
 func tokenCmd(args []string, out io.Writer) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprint(out, tokenUsage)
+		return nil
+	}
 	if len(args) == 0 || (args[0] != "create" && args[0] != "revoke") {
 		fmt.Fprint(os.Stderr, tokenUsage)
 		return fmt.Errorf("token: want create or revoke")

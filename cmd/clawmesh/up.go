@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -25,7 +26,18 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-func up(args []string) error {
+const upUsage = `usage: clawmesh up [--config-dir DIR] [--set PROP=VALUE]... [--set-file FILE]
+                  [--scale SERVICE=N]... [--ephemeral] [--liveness-timeout D]
+
+Runs the whole stack on this host in the foreground (alias: daemon): a
+PostgreSQL cluster of the machine's binaries in the data directory (or
+DATABASE_URL), NATS embedded (or NATS_URL), the services and the gateway,
+each supervised and restarted when it dies. Clients connect to
+<data>/daemon.sock. Ctrl-C or SIGTERM stops everything it started.
+`
+
+// up runs `clawmesh up`; out receives the usage of -h.
+func up(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	var (
 		dir, binDir, logLevel, setFile string
@@ -43,6 +55,10 @@ func up(args []string) error {
 	fs.DurationVar(&liveness, "liveness-timeout", launcher.DefaultLiveness,
 		"kill and restart a process that leaves its health check unanswered this long; 0 disables")
 	rest, err := parseArgs(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		usageOf(out, upUsage, fs)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

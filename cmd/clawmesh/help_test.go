@@ -1,0 +1,54 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// asMain makes this test binary run clawmesh's main when re-executed with
+// it set (see runCLI).
+const asMain = "CLAWMESH_TEST_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asMain) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runCLI runs clawmesh with args in a process of its own and returns its
+// output and exit status.
+func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), asMain+"=1")
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return out.String(), errOut.String(), ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errOut.String(), 0
+}
+
+// Every command and subcommand answers -h with its usage on stdout and
+// exit status 0, never "flag: help requested".
+func TestEveryCommandAnswersHelp(t *testing.T) {
+	for _, args := range [][]string{
+		{"-h"}, {"up", "-h"}, {"daemon", "--help"}, {"chat", "-h"}, {"call", "-h"}, {"doctor", "-h"},
+		{"config", "-h"}, {"config", "get", "-h"}, {"config", "set", "-h"},
+		{"token", "-h"}, {"token", "create", "-h"}, {"token", "revoke", "-h"},
+		{"plugin", "-h"}, {"plugin", "install", "-h"}, {"plugin", "list", "-h"},
+		{"health", "-h"}, {"bus", "-h"}, {"bus", "init", "-h"},
+	} {
+		stdout, stderr, code := runCLI(t, args...)
+		if code != 0 || !strings.HasPrefix(stdout, "usage: clawmesh") || strings.Contains(stdout+stderr, "help requested") {
+			t.Errorf("clawmesh %s: exit %d\nstdout: %.200s\nstderr: %.200s", strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+}
