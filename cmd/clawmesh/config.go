@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -37,6 +38,11 @@ func configCmd(args []string, out io.Writer) error {
 		return fmt.Errorf("config: no command")
 	}
 	cmd := args[0]
+	if !slices.Contains([]string{"get", "list", "delete", "set", "schema", "help", "-h", "--help"}, cmd) {
+		// Before the flags: `config bogus -h` is refused, not helped.
+		fmt.Fprint(os.Stderr, configUsage)
+		return fmt.Errorf("config: unknown command %q", cmd)
+	}
 	fs := flag.NewFlagSet("config "+cmd, flag.ContinueOnError)
 	var sf socketFlags
 	sf.register(fs)

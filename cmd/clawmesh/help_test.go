@@ -52,3 +52,14 @@ func TestEveryCommandAnswersHelp(t *testing.T) {
 		}
 	}
 }
+
+// An unknown subcommand is refused, -h or not: no usage of a command that
+// does not exist, no exit 0.
+func TestUnknownSubcommandRefusedEvenWithHelp(t *testing.T) {
+	for _, args := range [][]string{{"config", "bogus", "-h"}, {"plugin", "bogus", "-h"}, {"bus", "bogus", "-h"}, {"token", "bogus", "-h"}} {
+		_, stderr, code := runCLI(t, args...)
+		if code == 0 || !strings.Contains(stderr, "bogus") && !strings.Contains(stderr, "want create or revoke") {
+			t.Errorf("clawmesh %s: exit %d, stderr %.200s", strings.Join(args, " "), code, stderr)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -78,6 +79,11 @@ func pluginCmd(args []string, out io.Writer) error {
 	if isHelp(cmd) {
 		fmt.Fprint(out, pluginUsage)
 		return nil
+	}
+	if !slices.Contains([]string{"list", "search", "install", "remove", "info", "sign", "keygen"}, cmd) {
+		// Before the flags: `plugin bogus -h` is refused, not helped.
+		fmt.Fprint(os.Stderr, pluginUsage)
+		return fmt.Errorf("plugin: unknown command %q", cmd)
 	}
 	rest, err := parseArgs(fs, args[1:])
 	if err != nil {

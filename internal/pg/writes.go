@@ -2,9 +2,14 @@ package pg
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -22,12 +27,99 @@ import (
 // database holds, to every caller whose own writes have returned. Being
 // raised by statements that change nothing (BEGIN, an UPDATE of no row)
 // only costs a query.
-type Writes struct{ n atomic.Uint64 }
+//
+// One case escapes the count: a write that failed on the client's side (a
+// deadline, a lost connection) has an unknown outcome. pgx closes the
+// connection and asks the server to cancel the statement, but the server
+// may run it on and commit it after the count rose (a COMMIT already
+// flushing, a cancel request that arrives late). Its backend is then
+// unsure until the server shows it gone or idle (Settled), and nothing
+// read may be kept meanwhile.
+type Writes struct {
+	n atomic.Uint64
+
+	mu       sync.Mutex
+	unsure   map[uint32]uint64 // backends whose write failed on our side, and when (failures)
+	failures uint64
+	nUnsure  atomic.Int32
+	overflow bool // more unsure backends than maxUnsure: nothing is kept again
+}
+
+// maxUnsure bounds the backends Writes follows.
+const maxUnsure = 1024
 
 // Load returns the count.
 func (w *Writes) Load() uint64 { return w.n.Load() }
 
 func (w *Writes) wrote() { w.n.Add(1) }
+
+// Failed records that a write on backend pid failed on the client's side,
+// its outcome unknown until the backend is seen gone or idle. The pool's
+// tracer calls it; so may code that learns of such a write otherwise.
+func (w *Writes) Failed(pid uint32) {
+	w.mu.Lock()
+	if w.unsure == nil {
+		w.unsure = make(map[uint32]uint64)
+	}
+	w.failures++
+	if _, ok := w.unsure[pid]; ok || len(w.unsure) < maxUnsure {
+		w.unsure[pid] = w.failures
+	} else {
+		w.overflow = true
+	}
+	w.nUnsure.Store(int32(len(w.unsure)))
+	w.mu.Unlock()
+	w.wrote()
+}
+
+// Settled reports whether every write whose outcome the client could not
+// see has ended on the server, asking the server (pg_stat_activity) when
+// there are such writes: only then may a result be kept. When the last
+// unsure backend is seen gone, the count rises once more, so that nothing
+// read while it ran is taken for current.
+func (w *Writes) Settled(ctx context.Context, db *pgxpool.Pool) bool {
+	if w.nUnsure.Load() == 0 {
+		return true
+	}
+	w.mu.Lock()
+	if w.overflow {
+		w.mu.Unlock()
+		return false
+	}
+	pids := make([]int64, 0, len(w.unsure))
+	for pid := range w.unsure {
+		pids = append(pids, int64(pid))
+	}
+	asked := w.failures
+	w.mu.Unlock()
+	// A backend gone, or idle, has ended the statement: committed or not,
+	// its outcome is in the database now (a transaction it left open
+	// cannot commit without a COMMIT from us, which is counted).
+	rows, err := db.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1) AND state NOT LIKE 'idle%'", pids)
+	if err != nil {
+		return false
+	}
+	alive, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return false
+	}
+	w.mu.Lock()
+	for _, pid := range pids {
+		// A backend that failed again since the question stays unsure.
+		if at, ok := w.unsure[uint32(pid)]; ok && at <= asked && !slices.Contains(alive, int32(pid)) {
+			delete(w.unsure, uint32(pid))
+		}
+	}
+	left := len(w.unsure)
+	if left == 0 {
+		// Raised before the fast path above can see no unsure backend:
+		// a result read while one ran carries an older count.
+		w.wrote()
+	}
+	w.nUnsure.Store(int32(left))
+	w.mu.Unlock()
+	return left == 0
+}
 
 // WritesOf returns the count of a pool made by Open, or nil for any other
 // pool (whose writes nobody counts: nothing read from it may be kept).
@@ -43,14 +135,40 @@ func WritesOf(pool *pgxpool.Pool) *Writes {
 // ways of writing).
 type writeTracer struct{ w *Writes }
 
-func (t *writeTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+// readKey marks, in a statement's context, a statement that only reads.
+type readKey struct{}
+
+func (t *writeTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if isRead(d.SQL) {
+		return context.WithValue(ctx, readKey{}, true)
+	}
 	return ctx
 }
 
-func (t *writeTracer) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
-	if d.Err != nil || !d.CommandTag.Select() {
+// isRead reports whether sql is a plain SELECT (no writing statement of
+// this code starts with one).
+func isRead(sql string) bool {
+	sql = strings.TrimLeft(sql, " \t\r\n")
+	return len(sql) >= 6 && strings.EqualFold(sql[:6], "SELECT")
+}
+
+func (t *writeTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+	switch {
+	case d.Err == nil && d.CommandTag.Select():
+	case d.Err != nil && ctx.Value(readKey{}) != nil:
+		// A read that failed wrote nothing, wherever it failed.
+	case d.Err != nil && !serverSaid(d.Err) && conn.PgConn().PID() != 0:
+		t.w.Failed(conn.PgConn().PID())
+	default:
 		t.w.wrote()
 	}
+}
+
+// serverSaid reports whether err is the server's answer to the statement,
+// which has then ended.
+func serverSaid(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
 }
 
 func (t *writeTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
@@ -59,12 +177,22 @@ func (t *writeTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tr
 
 func (t *writeTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
-func (t *writeTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) { t.w.wrote() }
+func (t *writeTracer) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
+	if d.Err != nil && !serverSaid(d.Err) && conn.PgConn().PID() != 0 {
+		t.w.Failed(conn.PgConn().PID())
+		return
+	}
+	t.w.wrote()
+}
 
 func (t *writeTracer) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
 	return ctx
 }
 
-func (t *writeTracer) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {
+func (t *writeTracer) TraceCopyFromEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceCopyFromEndData) {
+	if d.Err != nil && !serverSaid(d.Err) && conn.PgConn().PID() != 0 {
+		t.w.Failed(conn.PgConn().PID())
+		return
+	}
 	t.w.wrote()
 }

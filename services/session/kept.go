@@ -19,8 +19,10 @@ import (
 // call that ran it returns. A result is kept with the count read before
 // its query began, and used only while the count is still that: no write
 // has ended since the query began, so a caller whose own write returned
-// before it asked always sees that write. Without a count (a pool not
-// made by pg.Open) nothing is kept.
+// before it asked always sees that write. Nothing is kept, nor used,
+// while a write that failed on our side may still be running on the
+// server (pg.Writes.Settled), nor without a count (a pool not made by
+// pg.Open).
 type kept struct {
 	writes *pg.Writes
 
@@ -43,12 +45,13 @@ const maxKeptRows = 1024
 
 // openSessionsNow returns the open sessions when no write has ended since
 // they were last read.
-func (st *store) openSessionsNow() ([]openSession, bool) {
-	if st.kept.writes == nil {
+func (st *store) openSessionsNow(ctx context.Context) ([]openSession, bool) {
+	w := st.kept.writes
+	if w == nil || !w.Settled(ctx, st.db) {
 		return nil, false
 	}
 	o := st.kept.open.Load()
-	if o == nil || o.at != st.kept.writes.Load() {
+	if o == nil || o.at != w.Load() {
 		return nil, false
 	}
 	return o.open, true
@@ -57,13 +60,15 @@ func (st *store) openSessionsNow() ([]openSession, bool) {
 // openSessionsKeeping reads the open sessions and keeps them for
 // openSessionsNow.
 func (st *store) openSessionsKeeping(ctx context.Context) ([]openSession, error) {
+	w := st.kept.writes
+	keep := w != nil && w.Settled(ctx, st.db)
 	var at uint64
-	if st.kept.writes != nil {
-		at = st.kept.writes.Load()
+	if keep {
+		at = w.Load()
 	}
 	st.kept.queries.Add(1)
 	open, err := st.openSessions(ctx)
-	if err == nil && st.kept.writes != nil {
+	if err == nil && keep {
 		st.kept.open.Store(&keptOpen{at: at, open: open})
 	}
 	return open, err
@@ -73,7 +78,7 @@ func (st *store) openSessionsKeeping(ctx context.Context) ([]openSession, error)
 // ended when there is one. The row is shared: read-only.
 func (st *store) sessionKept(ctx context.Context, id string) (sessionRow, error) {
 	w := st.kept.writes
-	if w == nil {
+	if w == nil || !w.Settled(ctx, st.db) {
 		st.kept.queries.Add(1)
 		return st.session(ctx, id)
 	}

@@ -2,10 +2,13 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 
 	"google.golang.org/grpc/codes"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -98,4 +101,64 @@ func TestKeptReadsFollowWrites(t *testing.T) {
 	noQuery("state", func() { h.state(bob, c) })
 	_, err = h.srv.State(ctx, &sessionv1.StateRequest{Principal: alice, SessionId: c})
 	wantRefusal(t, err, codes.PermissionDenied, rpcerr.ReasonSessionNotOwned, c)
+}
+
+// While a write that failed on our side may still run on the server,
+// Status and State read the database every time and keep nothing; once
+// its backend is idle they keep again.
+func TestKeptReadsWaitForUnsureWrites(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(alice, "")
+	queries := func() int64 { return h.srv.store.kept.queries.Load() }
+	reads := func() int64 {
+		t.Helper()
+		before := queries()
+		if _, err := h.srv.Status(ctx, &sessionv1.StatusRequest{Principal: alice}); err != nil {
+			t.Fatal(err)
+		}
+		h.state(alice, id)
+		return queries() - before
+	}
+	reads()
+	if n := reads(); n != 0 {
+		t.Fatalf("%d queries with everything kept", n)
+	}
+
+	busy, err := pgx.Connect(ctx, h.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close(context.Background())
+	slept := make(chan error, 1)
+	go func() {
+		_, err := busy.Exec(ctx, "SELECT pg_sleep(20)")
+		slept <- err
+	}()
+	pid := busy.PgConn().PID()
+	eventually(t, func() error {
+		var state string
+		_ = h.pool.QueryRow(ctx, "SELECT coalesce(state, '') FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&state)
+		if state != "active" {
+			return fmt.Errorf("backend %d is %q", pid, state)
+		}
+		return nil
+	})
+	h.srv.store.kept.writes.Failed(pid) // as a write of ours that timed out there
+	for range 2 {
+		if n := reads(); n != 2 {
+			t.Fatalf("%d queries for a Status and a State with a write unsure, want 2", n)
+		}
+	}
+	if _, err := h.pool.Exec(ctx, "SELECT pg_cancel_backend($1)", int64(pid)); err != nil {
+		t.Fatal(err)
+	}
+	<-slept
+	eventually(t, func() error {
+		reads()
+		if n := reads(); n != 0 {
+			return fmt.Errorf("%d queries once the write is settled", n)
+		}
+		return nil
+	})
 }

@@ -101,7 +101,7 @@ func (s *Server) Status(ctx context.Context, req *sessionv1.StatusRequest) (*ses
 	// The open sessions as last read while no write has ended since;
 	// else a read shared with the Status calls that arrived with this
 	// one, never one that started before this call did.
-	open, ok := s.store.openSessionsNow()
+	open, ok := s.store.openSessionsNow(ctx)
 	if !ok {
 		var err error
 		if open, err = s.openReads.Do(ctx, struct{}{}, s.store.openSessionsKeeping); err != nil {
