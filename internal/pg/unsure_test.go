@@ -11,13 +11,15 @@ import (
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
-// A write that failed on the client's side (a deadline) leaves its
-// backend unsure: Settled says no while the server still runs a statement
-// there, and yes, with the count raised, once the backend is idle. A
-// write the server refused, or a read that failed, leaves nothing unsure.
+// A write that failed on the client's side with its connection closed
+// leaves its backend unsure: Settled says no while the backend lives
+// (even idle: it may not have read the statement yet), and yes, with the
+// count raised, once it is gone. A write the server refused, one that
+// failed with its connection kept (nothing sent), or a read that failed,
+// leaves nothing unsure.
 func TestUnsureWritesSettle(t *testing.T) {
 	url := testenv.Postgres(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	pool, err := Open(ctx, url, "unsure", fstest.MapFS{
 		"0001_init.sql": {Data: []byte("CREATE TABLE items (name text PRIMARY KEY);")},
@@ -27,14 +29,45 @@ func TestUnsureWritesSettle(t *testing.T) {
 	}
 	defer pool.Close()
 	w := WritesOf(pool)
-	tr := pool.Config().ConnConfig.Tracer.(*writeTracer)
+	settle := func(what string) {
+		t.Helper()
+		raised := w.Load()
+		deadline := time.Now().Add(20 * time.Second)
+		for !w.Settled(ctx, pool) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not settled", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if w.Load() == raised {
+			t.Fatalf("%s: settling did not raise the count: what was read meanwhile would be kept", what)
+		}
+		if w.nUnsure.Load() != 0 {
+			t.Fatalf("%s: unsure backends left", what)
+		}
+	}
 
-	if _, err := pool.Exec(ctx, "INSERT INTO nowhere VALUES (1)"); err == nil {
-		t.Fatal("an insert into a missing table succeeded")
+	known := func(what string, fn func() error) {
+		t.Helper()
+		before := w.Load()
+		if err := fn(); err == nil {
+			t.Fatalf("%s succeeded", what)
+		}
+		if w.Load() == before {
+			t.Fatalf("%s: the count did not rise", what)
+		}
+		if w.nUnsure.Load() != 0 || !w.Settled(ctx, pool) {
+			t.Fatalf("%s left its backend unsure", what)
+		}
 	}
-	if !w.Settled(ctx, pool) || w.nUnsure.Load() != 0 {
-		t.Fatal("a write the server refused left its backend unsure")
-	}
+	known("a write the server refused", func() error {
+		_, err := pool.Exec(ctx, "INSERT INTO nowhere VALUES (1)")
+		return err
+	})
+	known("a write that could not be encoded (nothing sent)", func() error {
+		_, err := pool.Exec(ctx, "INSERT INTO items VALUES ($1)", make(chan int))
+		return err
+	})
 	readCtx, readCancel := context.WithCancel(ctx)
 	readCancel()
 	if _, err := pool.Query(readCtx, "SELECT 1"); err == nil {
@@ -44,56 +77,30 @@ func TestUnsureWritesSettle(t *testing.T) {
 		t.Fatal("a failed read left its backend unsure")
 	}
 
-	// A backend busy with a statement stands for the failed write still
-	// running on the server.
-	busy, err := pgx.Connect(ctx, url)
+	// A write cut by its deadline while the server runs it: pgx closes
+	// the connection; the backend is unsure until it has exited.
+	short, shortCancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = pool.Exec(short, "INSERT INTO items SELECT 'slow' FROM pg_sleep(3)")
+	shortCancel()
+	if err == nil {
+		t.Fatal("the slow write beat its deadline")
+	}
+	if w.nUnsure.Load() != 1 {
+		t.Fatalf("%d unsure backends after a write cut by its deadline, want 1", w.nUnsure.Load())
+	}
+	settle("the write cut by its deadline")
+
+	// A backend that lives on, idle, stays unsure.
+	live, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer busy.Close(context.Background())
-	slept := make(chan error, 1)
-	go func() {
-		_, err := busy.Exec(ctx, "SELECT pg_sleep(20)")
-		slept <- err
-	}()
-	pid := busy.PgConn().PID()
-	for i := 0; ; i++ {
-		var state string
-		_ = pool.QueryRow(ctx, "SELECT coalesce(state, '') FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&state)
-		if state == "active" {
-			break
+	w.Failed(live.PgConn().PID())
+	for range 3 {
+		if w.Settled(ctx, pool) {
+			t.Fatal("settled while the failed write's backend lives")
 		}
-		if i > 200 {
-			t.Fatalf("backend %d never ran the statement", pid)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	before := w.Load()
-	tr.TraceQueryEnd(ctx, busy, pgx.TraceQueryEndData{Err: context.DeadlineExceeded})
-	if w.Load() == before {
-		t.Fatal("the count did not rise after a failed write")
-	}
-	if w.Settled(ctx, pool) {
-		t.Fatal("settled while the failed write's backend still runs a statement")
-	}
-	if _, err := pool.Exec(ctx, "SELECT pg_cancel_backend($1)", int64(pid)); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-slept; err == nil {
-		t.Fatal("the sleep was not cancelled")
-	}
-	raised := w.Load()
-	deadline := time.Now().Add(10 * time.Second)
-	for !w.Settled(ctx, pool) {
-		if time.Now().After(deadline) {
-			t.Fatal("not settled once the backend is idle")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if w.Load() == raised {
-		t.Fatal("settling did not raise the count: what was read meanwhile would be kept")
-	}
-	if w.nUnsure.Load() != 0 {
-		t.Fatal("unsure backends left")
-	}
+	live.Close(ctx)
+	settle("the backend closed")
 }

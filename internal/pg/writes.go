@@ -32,9 +32,13 @@ import (
 // deadline, a lost connection) has an unknown outcome. pgx closes the
 // connection and asks the server to cancel the statement, but the server
 // may run it on and commit it after the count rose (a COMMIT already
-// flushing, a cancel request that arrives late). Its backend is then
-// unsure until the server shows it gone or idle (Settled), and nothing
-// read may be kept meanwhile.
+// flushing, a cancel request that arrives late, a COMMIT still on its
+// way). Its backend is then unsure until the server shows it gone
+// (Settled): pgx ends such a connection with a Terminate after whatever
+// it sent, so a backend that has exited has done all it will. Nothing
+// read may be kept meanwhile. A failure that leaves the connection open
+// (nothing was sent, or the server answered) has a known outcome and is
+// only counted.
 type Writes struct {
 	n atomic.Uint64
 
@@ -54,8 +58,8 @@ func (w *Writes) Load() uint64 { return w.n.Load() }
 func (w *Writes) wrote() { w.n.Add(1) }
 
 // Failed records that a write on backend pid failed on the client's side,
-// its outcome unknown until the backend is seen gone or idle. The pool's
-// tracer calls it; so may code that learns of such a write otherwise.
+// its outcome unknown until the backend is seen gone. The pool's tracer
+// calls it; so may code that learns of such a write otherwise.
 func (w *Writes) Failed(pid uint32) {
 	w.mu.Lock()
 	if w.unsure == nil {
@@ -76,7 +80,7 @@ func (w *Writes) Failed(pid uint32) {
 // see has ended on the server, asking the server (pg_stat_activity) when
 // there are such writes: only then may a result be kept. When the last
 // unsure backend is seen gone, the count rises once more, so that nothing
-// read while it ran is taken for current.
+// read while it lived is taken for current.
 func (w *Writes) Settled(ctx context.Context, db *pgxpool.Pool) bool {
 	if w.nUnsure.Load() == 0 {
 		return true
@@ -92,10 +96,9 @@ func (w *Writes) Settled(ctx context.Context, db *pgxpool.Pool) bool {
 	}
 	asked := w.failures
 	w.mu.Unlock()
-	// A backend gone, or idle, has ended the statement: committed or not,
-	// its outcome is in the database now (a transaction it left open
-	// cannot commit without a COMMIT from us, which is counted).
-	rows, err := db.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1) AND state NOT LIKE 'idle%'", pids)
+	// Only a backend gone has surely ended the statement: one shown idle
+	// may not have read it yet.
+	rows, err := db.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)", pids)
 	if err != nil {
 		return false
 	}
@@ -157,18 +160,20 @@ func (t *writeTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.T
 	case d.Err == nil && d.CommandTag.Select():
 	case d.Err != nil && ctx.Value(readKey{}) != nil:
 		// A read that failed wrote nothing, wherever it failed.
-	case d.Err != nil && !serverSaid(d.Err) && conn.PgConn().PID() != 0:
+	case unknownOutcome(conn, d.Err):
 		t.w.Failed(conn.PgConn().PID())
 	default:
 		t.w.wrote()
 	}
 }
 
-// serverSaid reports whether err is the server's answer to the statement,
-// which has then ended.
-func serverSaid(err error) bool {
+// unknownOutcome reports whether a statement that ended with err may
+// still be run by the server: it failed on our side and pgx closed the
+// connection (it keeps one whose exchange is whole: nothing was sent, or
+// the server answered).
+func unknownOutcome(conn *pgx.Conn, err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
+	return err != nil && !errors.As(err, &pgErr) && conn.IsClosed() && conn.PgConn().PID() != 0
 }
 
 func (t *writeTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
@@ -178,7 +183,7 @@ func (t *writeTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tr
 func (t *writeTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
 func (t *writeTracer) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
-	if d.Err != nil && !serverSaid(d.Err) && conn.PgConn().PID() != 0 {
+	if unknownOutcome(conn, d.Err) {
 		t.w.Failed(conn.PgConn().PID())
 		return
 	}
@@ -190,7 +195,7 @@ func (t *writeTracer) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx
 }
 
 func (t *writeTracer) TraceCopyFromEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceCopyFromEndData) {
-	if d.Err != nil && !serverSaid(d.Err) && conn.PgConn().PID() != 0 {
+	if unknownOutcome(conn, d.Err) {
 		t.w.Failed(conn.PgConn().PID())
 		return
 	}
