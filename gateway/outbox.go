@@ -15,10 +15,11 @@ import (
 // While it holds nothing and the connection's output is idle, the fan-out
 // writes an update itself, without waiting (push); otherwise the outbox's
 // own goroutine writes what is queued, so a connection that stops reading
-// blocks only its own outbox until the edge's write-stall rule closes it. Nothing is ever
-// dropped from the middle of a stream: a connection whose backlog passes
-// maxOutboxBytes (it reads far slower than its sessions produce) is
-// closed instead, like a stalled one, and its turns are cancelled.
+// blocks only its own outbox until the edge's write-stall rule closes it.
+// Nothing is ever dropped from the middle of a stream: a connection whose
+// backlog passes maxOutboxBytes (it reads far slower than its sessions
+// produce) is closed instead, like a stalled one, and its turns are
+// cancelled.
 type outbox struct {
 	ctx   context.Context // the gateway's serving context
 	cs    *connState

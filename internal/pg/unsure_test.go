@@ -96,10 +96,16 @@ func TestUnsureWritesSettle(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Failed(live.PgConn().PID())
-	for range 3 {
+	// A flood of reads asks the server once per settleEvery, not once a
+	// read.
+	asked, start := w.questions.Load(), time.Now()
+	for range 2000 {
 		if w.Settled(ctx, pool) {
 			t.Fatal("settled while the failed write's backend lives")
 		}
+	}
+	if n, most := w.questions.Load()-asked, 2+int64(time.Since(start)/settleEvery); n < 1 || n > most {
+		t.Fatalf("%d questions to the server for 2000 reads, want 1 to %d", n, most)
 	}
 	live.Close(ctx)
 	settle("the backend closed")

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,15 +43,22 @@ import (
 type Writes struct {
 	n atomic.Uint64
 
-	mu       sync.Mutex
-	unsure   map[uint32]uint64 // backends whose write failed on our side, and when (failures)
-	failures uint64
-	nUnsure  atomic.Int32
-	overflow bool // more unsure backends than maxUnsure: nothing is kept again
+	mu        sync.Mutex
+	unsure    map[uint32]uint64 // backends whose write failed on our side, and when (failures)
+	failures  uint64
+	nUnsure   atomic.Int32
+	asking    bool // a Settled asks the server
+	lastAsked time.Time
+	questions atomic.Int64 // asked of the server (for tests)
+	overflow  bool         // more unsure backends than maxUnsure: nothing is kept again
 }
 
-// maxUnsure bounds the backends Writes follows.
-const maxUnsure = 1024
+// maxUnsure bounds the backends Writes follows; settleEvery spaces the
+// questions Settled asks the server.
+const (
+	maxUnsure   = 1024
+	settleEvery = 20 * time.Millisecond
+)
 
 // Load returns the count.
 func (w *Writes) Load() uint64 { return w.n.Load() }
@@ -81,15 +89,27 @@ func (w *Writes) Failed(pid uint32) {
 // there are such writes: only then may a result be kept. When the last
 // unsure backend is seen gone, the count rises once more, so that nothing
 // read while it lived is taken for current.
+//
+// The server is asked at most once per settleEvery and by one caller at
+// a time; the others are told no meanwhile (and read the database, as
+// they would with nothing kept): a flood of reads while a backend is
+// unsure adds a few queries a second, not one a read.
 func (w *Writes) Settled(ctx context.Context, db *pgxpool.Pool) bool {
 	if w.nUnsure.Load() == 0 {
 		return true
 	}
 	w.mu.Lock()
-	if w.overflow {
+	if w.overflow || w.asking || time.Since(w.lastAsked) < settleEvery {
 		w.mu.Unlock()
 		return false
 	}
+	w.asking, w.lastAsked = true, time.Now()
+	w.questions.Add(1)
+	defer func() {
+		w.mu.Lock()
+		w.asking = false
+		w.mu.Unlock()
+	}()
 	pids := make([]int64, 0, len(w.unsure))
 	for pid := range w.unsure {
 		pids = append(pids, int64(pid))
