@@ -2,9 +2,7 @@ package grpcclient
 
 import (
 	"context"
-	"net"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,63 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 )
-
-// freezer relays Unix connections to a server and can stop relaying
-// altogether, as a stopped (SIGSTOP) or deadlocked process would: bytes
-// sit in the socket buffers, nothing answers.
-type freezer struct {
-	mu     sync.Mutex
-	frozen chan struct{} // closed when frozen
-	conns  []net.Conn
-}
-
-func (f *freezer) serve(ln net.Listener, target string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("unix", target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		f.mu.Lock()
-		f.conns = append(f.conns, c, s)
-		f.mu.Unlock()
-		go f.relay(c, s)
-		go f.relay(s, c)
-	}
-}
-
-func (f *freezer) relay(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		select {
-		case <-f.frozen:
-			return // hold everything: never write, never read again
-		default:
-		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (f *freezer) close() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, c := range f.conns {
-		c.Close()
-	}
-}
 
 // A peer that stops answering fails the calls in flight on it by the
 // connection's keepalive, whatever their own deadline (here none): the
@@ -90,17 +33,22 @@ func TestHungPeerFailsCallsInFlight(t *testing.T) {
 	defer stop()
 	go srv.Serve(ctx, lis) //nolint:errcheck // ends with ctx
 
-	front := filepath.Join(dir, "front.sock")
-	ln, err := net.Listen("unix", front)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	f := &freezer{frozen: make(chan struct{})}
-	defer f.close()
-	go f.serve(ln, filepath.Join(dir, "server.sock"))
+	// The relay stops relaying altogether once frozen, as a stopped
+	// (SIGSTOP) or deadlocked process would: bytes sit in the socket
+	// buffers, nothing answers.
+	frozen := make(chan struct{})
+	front := testenv.StartRelay(t, filepath.Join(dir, "front.sock"), filepath.Join(dir, "server.sock"), func() testenv.RelayHook {
+		return func(bool, []byte) bool {
+			select {
+			case <-frozen:
+				return false
+			default:
+				return true
+			}
+		}
+	})
 
-	cc, err := Dial(front)
+	cc, err := Dial(front.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +62,8 @@ func TestHungPeerFailsCallsInFlight(t *testing.T) {
 	if first, err := w.Recv(); err != nil || first.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("first: %v %v", first, err)
 	}
-	close(f.frozen)
-	frozen := time.Now()
+	close(frozen)
+	frozeAt := time.Now()
 	done := make(chan error, 1)
 	go func() {
 		_, err := w.Recv()
@@ -123,7 +71,7 @@ func TestHungPeerFailsCallsInFlight(t *testing.T) {
 	}()
 	select {
 	case err := <-done:
-		took := time.Since(frozen)
+		took := time.Since(frozeAt)
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("the call in flight ended with %v", err)
 		}

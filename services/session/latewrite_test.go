@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"net/url"
 	"path/filepath"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,18 +76,14 @@ func TestKeptReadsSeeAWriteThatCommitsLate(t *testing.T) {
 	})
 }
 
-// holdProxy forwards PostgreSQL connections from a socket of its own to
-// the server's; while arm is set, on a connection whose client sends a
-// message holding marker, the client's next message is held for delay
-// (the statement is prepared, then its execution waits).
+// holdProxy relays PostgreSQL connections through a socket of its own;
+// while arm is set, on a connection whose client sends a message holding
+// marker, the client's next message is held for delay (the statement is
+// prepared, then its execution waits).
 type holdProxy struct {
 	url  string
 	arm  atomic.Bool
 	held atomic.Int32
-
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns []net.Conn
 }
 
 func startHoldProxy(t *testing.T, dbURL string, marker []byte, delay time.Duration) *holdProxy {
@@ -99,72 +93,29 @@ func startHoldProxy(t *testing.T, dbURL string, marker []byte, delay time.Durati
 		t.Fatal(err)
 	}
 	q := u.Query()
-	target := filepath.Join(q.Get("host"), ".s.PGSQL."+q.Get("port"))
+	socket := ".s.PGSQL." + q.Get("port")
 	dir := t.TempDir()
-	ln, err := net.Listen("unix", filepath.Join(dir, ".s.PGSQL."+q.Get("port")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	q.Set("host", dir)
-	u.RawQuery = q.Encode()
-	p := &holdProxy{url: u.String()}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	p := &holdProxy{}
+	// Registered before the harness's cleanup, so it runs after it.
+	testenv.StartRelay(t, filepath.Join(dir, socket), filepath.Join(q.Get("host"), socket), func() testenv.RelayHook {
+		holdNext := false // the client's direction only
+		return func(toTarget bool, chunk []byte) bool {
+			if !toTarget {
+				return true
 			}
-			s, err := net.Dial("unix", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			p.wg.Add(2)
-			go func() { defer p.wg.Done(); p.forward(s, c, marker, delay) }()
-			go func() { defer p.wg.Done(); p.forward(c, s, nil, 0) }()
-		}
-	}()
-	// After the harness's own cleanup (registered later, run first).
-	t.Cleanup(func() {
-		ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-// forward copies from to dst, holding the message after one holding
-// marker for delay while armed; it closes dst when from ends.
-func (p *holdProxy) forward(dst, from net.Conn, marker []byte, delay time.Duration) {
-	defer dst.Close()
-	buf := make([]byte, 64<<10)
-	holdNext := false
-	for {
-		n, err := from.Read(buf)
-		if n > 0 {
 			if holdNext {
 				holdNext = false
 				p.held.Add(1)
 				time.Sleep(delay)
 			}
-			if marker != nil && p.arm.Load() && bytes.Contains(bytes.ToLower(buf[:n]), marker) {
+			if p.arm.Load() && bytes.Contains(bytes.ToLower(chunk), marker) {
 				holdNext = true
 			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
+			return true
 		}
-		if err != nil {
-			return
-		}
-	}
+	})
+	q.Set("host", dir)
+	u.RawQuery = q.Encode()
+	p.url = u.String()
+	return p
 }
