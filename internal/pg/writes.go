@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -158,28 +157,17 @@ func WritesOf(pool *pgxpool.Pool) *Writes {
 // ways of writing).
 type writeTracer struct{ w *Writes }
 
-// readKey marks, in a statement's context, a statement that only reads.
-type readKey struct{}
-
-func (t *writeTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if isRead(d.SQL) {
-		return context.WithValue(ctx, readKey{}, true)
-	}
+func (t *writeTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	return ctx
 }
 
-// isRead reports whether sql is a plain SELECT (no writing statement of
-// this code starts with one).
-func isRead(sql string) bool {
-	sql = strings.TrimLeft(sql, " \t\r\n")
-	return len(sql) >= 6 && strings.EqualFold(sql[:6], "SELECT")
-}
-
-func (t *writeTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+// TraceQueryEnd counts every statement but a successful SELECT. A read
+// cut the same way as an unsure write is taken as one (the tracer does
+// not see the SQL here): keeping waits until its backend has exited,
+// moments after pgx closed the connection.
+func (t *writeTracer) TraceQueryEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
 	switch {
 	case d.Err == nil && d.CommandTag.Select():
-	case d.Err != nil && ctx.Value(readKey{}) != nil:
-		// A read that failed wrote nothing, wherever it failed.
 	case unknownOutcome(conn, d.Err):
 		t.w.Failed(conn.PgConn().PID())
 	default:
