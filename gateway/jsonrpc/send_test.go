@@ -18,12 +18,7 @@ import (
 func TestSendAllKeepsBatchesWholeAndInOrder(t *testing.T) {
 	server, client := net.Pipe()
 	defer client.Close()
-	c := NewConn(server, nil, Options{InitializeTimeout: -1})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ran := make(chan struct{})
-	go func() { defer close(ran); _ = c.Run(ctx) }()
-	defer func() { c.Close(); <-ran }()
+	c, ctx := runConn(t, server)
 
 	const batches, size, singles = 200, 5, 500
 	encode := func(method string, params ...int) Notification {
@@ -122,12 +117,7 @@ func TestTrySend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := NewConn(server, nil, Options{InitializeTimeout: -1})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ran := make(chan struct{})
-	go func() { defer close(ran); _ = c.Run(ctx) }()
-	defer func() { c.Close(); <-ran }()
+	c, ctx := runConn(t, server)
 
 	note := func(text string) Notification {
 		raw, _ := json.Marshal([]string{text})
@@ -180,4 +170,14 @@ func TestTrySend(t *testing.T) {
 	if NewConn(p1, nil, Options{}).TrySend(note("pipe")) {
 		t.Fatal("sent over a connection that cannot write without waiting")
 	}
+}
+
+// runConn runs a Conn without a handler on nc until the test ends.
+func runConn(t *testing.T, nc net.Conn) (*Conn, context.Context) {
+	c := NewConn(nc, nil, Options{InitializeTimeout: -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = c.Run(ctx) }()
+	t.Cleanup(func() { c.Close(); <-ran; cancel() })
+	return c, ctx
 }
