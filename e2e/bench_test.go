@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
@@ -30,6 +32,11 @@ import (
 //
 // session_state is session/state of one session (of the same local
 // principal), a read that crosses one gRPC hop to the session service.
+//
+// echo_sized is the echo server answering each line with one as long as
+// health's reply (about 900 bytes of the fields docs/spec.md §5 names,
+// against the echo's 55): what a socket and a line reader cost for
+// replies of that size, so health's figure can be read against both.
 func BenchmarkSocket(b *testing.B) {
 	echo := startEcho(b)
 	s := e2e.Start(b, e2e.Options{})
@@ -37,6 +44,8 @@ func BenchmarkSocket(b *testing.B) {
 	if _, err := owner.Initialize(); err != nil {
 		b.Fatal(err)
 	}
+	const healthLine = `{"jsonrpc":"2.0","method":"health","params":{},"id":1}`
+	sized := startBaseline(b, echoEnv, fmt.Sprintf("%s=%d", echoReplyEnv, replyLen(b, s.Socket, healthLine)))
 	raw, err := owner.Call("session/new", map[string]any{})
 	if err != nil {
 		b.Fatal(err)
@@ -48,7 +57,7 @@ func BenchmarkSocket(b *testing.B) {
 		b.Fatalf("session/new: %s %v", raw, err)
 	}
 	requests := []struct{ name, line string }{
-		{"health", `{"jsonrpc":"2.0","method":"health","params":{},"id":1}`},
+		{"health", healthLine},
 		{"status", `{"jsonrpc":"2.0","method":"status","params":{},"id":1}`},
 		{"session_state", stateLine(created.SessionID)},
 	}
@@ -56,6 +65,11 @@ func BenchmarkSocket(b *testing.B) {
 		b.Run(fmt.Sprintf("echo/clients=%d", clients), func(b *testing.B) {
 			runClients(b, echo, clients, false, `{"jsonrpc":"2.0","method":"status","params":{},"id":1}`)
 		})
+		if clients > 1 {
+			b.Run(fmt.Sprintf("echo_sized/clients=%d", clients), func(b *testing.B) {
+				runClients(b, sized, clients, false, healthLine)
+			})
+		}
 		for _, r := range requests {
 			b.Run(fmt.Sprintf("%s/clients=%d", r.name, clients), func(b *testing.B) {
 				runClients(b, s.Socket, clients, true, r.line)
@@ -152,37 +166,56 @@ func runClientsEach(b *testing.B, socket string, initialize bool, reqs []string)
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99_us")
 }
 
-func roundTrip(b *testing.B, rw *bufio.ReadWriter, line []byte) {
+// replyLen is the length of the reply to line (its LF included) on a
+// fresh, initialized connection to socket.
+func replyLen(b *testing.B, socket, line string) int {
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	rw := bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
+	roundTrip(b, rw, []byte(`{"jsonrpc":"2.0","method":"initialize","params":{"protocol_version":1},"id":0}`+"\n"))
+	return len(roundTrip(b, rw, []byte(line+"\n")))
+}
+
+func roundTrip(b *testing.B, rw *bufio.ReadWriter, line []byte) []byte {
 	if _, err := rw.Write(line); err != nil {
 		b.Error(err)
-		return
+		return nil
 	}
 	if err := rw.Flush(); err != nil {
 		b.Error(err)
-		return
+		return nil
 	}
 	reply, err := rw.ReadBytes('\n')
 	if err != nil {
 		b.Error(err)
-		return
+		return nil
 	}
 	if bytes.Contains(reply, []byte(`"error"`)) {
 		b.Errorf("error reply: %s", reply)
 	}
+	return reply
 }
 
 const echoEnv = "CLAWMESH_BENCH_ECHO_SOCKET"
+
+// echoReplyEnv, when set, makes the echo server pad each reply with
+// spaces before its LF to that many bytes (LF included).
+const echoReplyEnv = "CLAWMESH_BENCH_ECHO_REPLY_BYTES"
 
 // startEcho runs a raw NDJSON echo server in a child process (this test
 // binary, re-executed) and returns its socket.
 func startEcho(b *testing.B) string { return startBaseline(b, echoEnv) }
 
 // startBaseline re-executes this test binary with env naming a socket to
-// serve (see TestMain) and returns the socket once it accepts.
-func startBaseline(b *testing.B, env string) string {
+// serve (see TestMain), and extra as more of its environment, and returns
+// the socket once it accepts.
+func startBaseline(b *testing.B, env string, extra ...string) string {
 	path := filepath.Join(b.TempDir(), "baseline.sock")
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), env+"="+path)
+	cmd.Env = append(append(os.Environ(), env+"="+path), extra...)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -199,12 +232,64 @@ func startBaseline(b *testing.B, env string) string {
 	}
 }
 
-// serveEcho writes back every line it reads, on every connection.
-func serveEcho(path string) {
+const natsEnv = "CLAWMESH_BENCH_NATS_URL_FILE"
+
+// startNATS runs a NATS server in a child process (this test binary,
+// re-executed) and returns its client URL. The child ends when this
+// process's end of its stdin closes, so it never outlives a crashed test.
+func startNATS(b *testing.B) string {
+	file := filepath.Join(b.TempDir(), "nats.url")
+	r, w, err := os.Pipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), natsEnv+"="+file)
+	cmd.Stdin, cmd.Stderr = r, os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	r.Close()
+	b.Cleanup(func() { w.Close(); _ = cmd.Wait() })
+	for i := 0; ; i++ {
+		if url, err := os.ReadFile(file); err == nil {
+			return string(url)
+		}
+		if i > 500 {
+			b.Fatal("NATS server process did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// serveNATS runs a NATS server on a loopback port, writes its client URL
+// to file once it accepts connections, and returns when stdin closes.
+func serveNATS(file string) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nats-server:", err)
+		os.Exit(2)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		fmt.Fprintln(os.Stderr, "nats-server: not ready")
+		os.Exit(2)
+	}
+	if err := os.WriteFile(file+".tmp", []byte(srv.ClientURL()), 0o600); err != nil || os.Rename(file+".tmp", file) != nil {
+		os.Exit(2)
+	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	srv.Shutdown()
+}
+
+// serveEcho writes back every line it reads, on every connection; padded
+// with spaces to replyBytes when a line is shorter.
+func serveEcho(path string, replyBytes int) {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		os.Exit(2)
 	}
+	pad := bytes.Repeat([]byte(" "), replyBytes)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -219,7 +304,13 @@ func serveEcho(path string) {
 				if err != nil {
 					return
 				}
-				_, _ = w.Write(line)
+				if short := replyBytes - len(line); short > 0 {
+					_, _ = w.Write(line[:len(line)-1])
+					_, _ = w.Write(pad[:short])
+					_ = w.WriteByte('\n')
+				} else {
+					_, _ = w.Write(line)
+				}
 				if r.Buffered() == 0 && w.Flush() != nil {
 					return
 				}
@@ -255,16 +346,27 @@ var turnStreamPace = flag.Duration("turnstream.pace", 5*time.Millisecond,
 // client reads; both readers find the stamp in those bytes the same way
 // (chunkStamp), so the comparison is of the transports, not of two
 // decoders.
+//
+// The NATS server runs in a process of its own, as it does in a stack
+// (where the launcher holds it): a bare publish then crosses from the
+// publisher's process to the server's and back, as a NATS message between
+// two services does. nats-inproc, for scale, is the same baseline with
+// publisher, server and subscriber in this one process, where a message
+// never leaves it (the baseline until the fifth round of issue 17).
 func BenchmarkTurnStream(b *testing.B) {
 	pace := *turnStreamPace
 	if pace < time.Millisecond || pace%time.Millisecond != 0 {
 		b.Fatalf("-turnstream.pace %v: a whole number of milliseconds is needed", pace)
 	}
-	natsURL := testenv.NATS(b)
+	natsURL := startNATS(b)
+	inproc := testenv.NATS(b)
 	s := e2e.Start(b, e2e.Options{Env: []string{"NATS_URL=" + natsURL}})
 	for _, n := range []int{1, 10, 100} {
 		b.Run(fmt.Sprintf("socket/sessions=%d", n), func(b *testing.B) { streamTurns(b, s, n, pace) })
 		b.Run(fmt.Sprintf("nats/sessions=%d", n), func(b *testing.B) { streamNATS(b, natsURL, n, pace) })
+		if n != 10 {
+			b.Run(fmt.Sprintf("nats-inproc/sessions=%d", n), func(b *testing.B) { streamNATS(b, inproc, n, pace) })
+		}
 	}
 	// The rows above are a fresh stack's, whose durable bridge sleeps
 	// until a Collie connects. Once one has, the bridge follows every

@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
@@ -14,7 +15,12 @@ func TestMain(m *testing.M) {
 	// The benchmark's echo baseline runs in its own process, like the
 	// gateway, so both pay the same cross-process round trip.
 	if path := os.Getenv(echoEnv); path != "" {
-		serveEcho(path)
+		n, _ := strconv.Atoi(os.Getenv(echoReplyEnv))
+		serveEcho(path, n)
+		return
+	}
+	if file := os.Getenv(natsEnv); file != "" {
+		serveNATS(file)
 		return
 	}
 	if path := os.Getenv(discardEnv); path != "" {
