@@ -44,7 +44,7 @@ test-short:
 # bench runs every benchmark and ends with one table: each figure, its
 # baseline from the same run (echo server, bare NATS, discard socket, bare
 # gRPC server, PostgreSQL alone, unmetered wasm), the ratio and the target
-# (scripts/bench.sh, scripts/benchtable, docs/performance.md). About 5
+# (scripts/bench.sh, scripts/benchtable, docs/performance.md). About 7
 # minutes on two cores, the build aside.
 bench: build
 	GO=$(GO) bash scripts/bench.sh

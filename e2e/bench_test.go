@@ -176,7 +176,11 @@ func replyLen(b *testing.B, socket, line string) int {
 	defer c.Close()
 	rw := bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
 	roundTrip(b, rw, []byte(`{"jsonrpc":"2.0","method":"initialize","params":{"protocol_version":1},"id":0}`+"\n"))
-	return len(roundTrip(b, rw, []byte(line+"\n")))
+	n := len(roundTrip(b, rw, []byte(line+"\n")))
+	if n == 0 {
+		b.Fatalf("no reply to %s", line)
+	}
+	return n
 }
 
 func roundTrip(b *testing.B, rw *bufio.ReadWriter, line []byte) []byte {
@@ -255,7 +259,7 @@ func startNATS(b *testing.B) string {
 		if url, err := os.ReadFile(file); err == nil {
 			return string(url)
 		}
-		if i > 500 {
+		if i > 1500 {
 			b.Fatal("NATS server process did not start")
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -271,11 +275,16 @@ func serveNATS(file string) {
 		os.Exit(2)
 	}
 	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
+	if !srv.ReadyForConnections(10 * time.Second) { // startNATS waits 15 s
 		fmt.Fprintln(os.Stderr, "nats-server: not ready")
 		os.Exit(2)
 	}
-	if err := os.WriteFile(file+".tmp", []byte(srv.ClientURL()), 0o600); err != nil || os.Rename(file+".tmp", file) != nil {
+	err = os.WriteFile(file+".tmp", []byte(srv.ClientURL()), 0o600)
+	if err == nil {
+		err = os.Rename(file+".tmp", file)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nats-server: URL not written:", err)
 		os.Exit(2)
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)

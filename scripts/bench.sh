@@ -15,11 +15,12 @@ run() {
 }
 start=$(date +%s)
 # The socket, the turn stream and the upload: 2 s per figure. The socket's
-# rows are ratios of req/s on this machine, whose throughput moves by a
-# quarter from one run to the next: three runs, each on a fresh stack, and
-# the table takes the median of each figure.
-run -bench 'Socket' -count 3 -benchtime 2s ./e2e/
-run -bench 'TurnStream|Upload' -benchtime 2s ./e2e/
+# and the turn stream's rows are ratios of figures that move by a quarter
+# or more from one run to the next on this machine: three runs, each on a
+# fresh stack; the table takes the median of each figure, and of the
+# runs' own ratios.
+run -bench 'Socket|TurnStream' -count 3 -benchtime 2s ./e2e/
+run -bench 'Upload' -benchtime 2s ./e2e/
 # Whole stacks started and stopped: three of each.
 run -bench 'IdleFootprint|Startup' -benchtime 3x ./e2e/
 run -bench . -benchtime 2s ./gateway/... ./services/config/... ./services/session/... ./services/durablebridge/...

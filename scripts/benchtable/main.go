@@ -81,6 +81,30 @@ func (r results) value(s sel) (float64, bool) {
 	return vs[len(vs)/2], true
 }
 
+// ratio is subject over baseline. When both ran the same number of times
+// (go test -count), the i-th figure of each comes from the same run, and
+// the ratio is the median of the runs' own ratios: a figure and its
+// baseline are only compared within one run. Otherwise it is the ratio of
+// the medians.
+func (r results) ratio(subject, baseline sel) float64 {
+	ss, bs := r[subject.Bench+" "+subject.Unit], r[baseline.Bench+" "+baseline.Unit]
+	if len(ss) > 1 && len(ss) == len(bs) {
+		var rs []float64
+		for i := range ss {
+			if bs[i] != 0 {
+				rs = append(rs, ss[i]/bs[i])
+			}
+		}
+		if len(rs) == len(ss) {
+			sort.Float64s(rs)
+			return rs[len(rs)/2]
+		}
+	}
+	now, _ := r.value(subject)
+	b, _ := r.value(baseline)
+	return now / b
+}
+
 func format(v float64) string {
 	switch {
 	case v >= 100:
@@ -116,9 +140,10 @@ func render(w io.Writer, rows []row, res results) (met, measured int) {
 				continue
 			}
 			base = format(b) + " " + r.Baseline.Unit
-			ratio = format(now/b) + "×"
+			q := res.ratio(r.Subject, r.Baseline)
+			ratio = format(q) + "×"
 			if !r.Absolute {
-				figure = now / b
+				figure = q
 			}
 		}
 		if r.Scale {

@@ -47,3 +47,27 @@ func TestTable(t *testing.T) {
 		t.Errorf("met %d of %d", met, measured)
 	}
 }
+
+// A figure and its baseline that ran the same number of times are
+// compared run by run: the median of the runs' ratios, not the ratio of
+// the medians (which here would be 100000/150000 = 0.67).
+func TestRatioPairsRuns(t *testing.T) {
+	res, err := parse(strings.NewReader(`
+BenchmarkSocket/echo/clients=64-2     	1	1 ns/op	200000 req/s
+BenchmarkSocket/status/clients=64-2   	1	1 ns/op	170000 req/s
+BenchmarkSocket/echo/clients=64-2     	1	1 ns/op	100000 req/s
+BenchmarkSocket/status/clients=64-2   	1	1 ns/op	90000 req/s
+BenchmarkSocket/echo/clients=64-2     	1	1 ns/op	150000 req/s
+BenchmarkSocket/status/clients=64-2   	1	1 ns/op	100000 req/s
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	met, _ := render(&b, []row{
+		{Work: "status", Subject: sel{"BenchmarkSocket/status/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.8},
+	}, res)
+	if want := "| status | 100000 req/s | 150000 req/s | 0.85× | ≥ 0.80× | ok |"; !strings.Contains(b.String(), want) || met != 1 {
+		t.Errorf("table lacks %q:\n%s", want, b.String())
+	}
+}
