@@ -213,61 +213,68 @@ const echoReplyEnv = "CLAWMESH_BENCH_ECHO_REPLY_BYTES"
 // binary, re-executed) and returns its socket.
 func startEcho(b *testing.B) string { return startBaseline(b, echoEnv) }
 
-// startBaseline re-executes this test binary with env naming a socket to
-// serve (see TestMain), and extra as more of its environment, and returns
-// the socket once it accepts.
+// startBaseline runs a baseline server in a child process (see
+// startChild) with env naming the socket it serves, and extra as more of
+// its environment, and returns the socket once it accepts.
 func startBaseline(b *testing.B, env string, extra ...string) string {
 	path := filepath.Join(b.TempDir(), "baseline.sock")
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(append(os.Environ(), env+"="+path), extra...)
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for i := 0; ; i++ {
-		if c, err := net.Dial("unix", path); err == nil {
+	startChild(b, append([]string{env + "=" + path}, extra...)...)
+	testenv.Eventually(b, 15*time.Second, 10*time.Millisecond, func() error {
+		c, err := net.Dial("unix", path)
+		if err == nil {
 			c.Close()
-			return path
 		}
-		if i > 500 {
-			b.Fatalf("baseline server (%s) did not start", env)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err
+	})
+	return path
 }
 
 const natsEnv = "CLAWMESH_BENCH_NATS_URL_FILE"
 
-// startNATS runs a NATS server in a child process (this test binary,
-// re-executed) and returns its client URL. The child ends when this
-// process's end of its stdin closes, so it never outlives a crashed test.
+// startNATS runs a NATS server in a child process (see startChild) and
+// returns its client URL.
 func startNATS(b *testing.B) string {
 	file := filepath.Join(b.TempDir(), "nats.url")
+	startChild(b, natsEnv+"="+file)
+	var url []byte
+	testenv.Eventually(b, 15*time.Second, 10*time.Millisecond, func() (err error) {
+		url, err = os.ReadFile(file)
+		return err
+	})
+	return string(url)
+}
+
+// startChild re-executes this test binary with env added to its
+// environment, which names the server TestMain runs in it. The child's
+// stdin is a pipe only this process holds: it ends when the benchmark's
+// cleanup closes it, or when this process dies however it dies, and the
+// child then exits (exitWithParent), so no child outlives its test.
+func startChild(b *testing.B, env ...string) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		b.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), natsEnv+"="+file)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin, cmd.Stderr = r, os.Stderr
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
 		b.Fatal(err)
 	}
-	r.Close()
 	b.Cleanup(func() { w.Close(); _ = cmd.Wait() })
-	for i := 0; ; i++ {
-		if url, err := os.ReadFile(file); err == nil {
-			return string(url)
-		}
-		if i > 1500 {
-			b.Fatal("NATS server process did not start")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
-// serveNATS runs a NATS server on a loopback port, writes its client URL
-// to file once it accepts connections, and returns when stdin closes.
+// exitWithParent ends this child process once its stdin ends (startChild).
+func exitWithParent() {
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
+}
+
+// serveNATS runs a NATS server on a loopback port and writes its client
+// URL to file once it accepts connections; it serves until the process
+// ends (exitWithParent).
 func serveNATS(file string) {
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -287,8 +294,7 @@ func serveNATS(file string) {
 		fmt.Fprintln(os.Stderr, "nats-server: URL not written:", err)
 		os.Exit(2)
 	}
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	srv.Shutdown()
+	srv.WaitForShutdown()
 }
 
 // serveEcho writes back every line it reads, on every connection; padded

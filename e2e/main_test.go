@@ -12,19 +12,22 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// The benchmark's echo baseline runs in its own process, like the
-	// gateway, so both pay the same cross-process round trip.
-	if path := os.Getenv(echoEnv); path != "" {
+	// The benchmarks' baselines run in processes of their own, like the
+	// stack's, so both pay the same cross-process round trips
+	// (startChild); each child lives as long as the test that started it.
+	switch {
+	case os.Getenv(echoEnv) != "":
+		go exitWithParent()
 		n, _ := strconv.Atoi(os.Getenv(echoReplyEnv))
-		serveEcho(path, n)
+		serveEcho(os.Getenv(echoEnv), n)
 		return
-	}
-	if file := os.Getenv(natsEnv); file != "" {
-		serveNATS(file)
+	case os.Getenv(natsEnv) != "":
+		go exitWithParent()
+		serveNATS(os.Getenv(natsEnv))
 		return
-	}
-	if path := os.Getenv(discardEnv); path != "" {
-		serveDiscard(path)
+	case os.Getenv(discardEnv) != "":
+		go exitWithParent()
+		serveDiscard(os.Getenv(discardEnv))
 		return
 	}
 	code := m.Run()

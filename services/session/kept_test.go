@@ -6,9 +6,8 @@ import (
 	"slices"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
