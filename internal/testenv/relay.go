@@ -19,10 +19,11 @@ type RelayHook func(toTarget bool, chunk []byte) bool
 type Relay struct {
 	Path string
 
-	ln    net.Listener
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns []net.Conn
+	ln     net.Listener
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool // Close has run: a connection accepted since is closed at once
 }
 
 // StartRelay listens on path and relays each connection to target;
@@ -48,6 +49,14 @@ func StartRelay(t testing.TB, path, target string, newHook func() RelayHook) *Re
 				continue
 			}
 			r.mu.Lock()
+			if r.closed {
+				// Accepted just before Close shut the listener: nobody
+				// would close it later.
+				r.mu.Unlock()
+				c.Close()
+				s.Close()
+				return
+			}
 			r.conns = append(r.conns, c, s)
 			r.mu.Unlock()
 			hook := RelayHook(func(bool, []byte) bool { return true })
@@ -68,6 +77,7 @@ func StartRelay(t testing.TB, path, target string, newHook func() RelayHook) *Re
 func (r *Relay) Close() {
 	r.ln.Close()
 	r.mu.Lock()
+	r.closed = true
 	for _, c := range r.conns {
 		c.Close()
 	}
