@@ -11,20 +11,20 @@ import (
 const DefaultMaxBufferedFrameBytes = 128 << 20
 
 // FrameBudget bounds the memory that unfinished incoming frames hold across
-// every connection sharing it. Each connection reads into a buffer of
-// 64 KiB that the budget does not count (MaxConnections bounds those); to
-// grow it for a larger frame, the connection first reserves the new
-// buffer's size beyond 64 KiB, and returns the old buffer's reservation
-// once its bytes are copied (so one 8 MiB frame reserves up to 12 MiB for
-// a moment). When the budget is spent it waits, reading no more of
-// that frame, until other connections return budget or the frame timeout
-// cuts it off (the usual -32600 frame_timeout). Budget comes back when the
-// frame is complete and its buffer is handed over or released, and when
-// the connection closes.
+// every connection sharing it. Each connection reads into a block of
+// 64 KiB that the budget does not count (MaxConnections bounds those); a
+// larger frame goes on into further 64 KiB blocks, each reserved before it
+// is read into, and once complete is copied into one slice of its size,
+// reserved before the copy, while the blocks are still held (so one 8 MiB
+// frame reserves up to 16 MiB for a moment). When the budget is spent the
+// connection waits, reading no more of that frame, until other
+// connections return budget or the frame timeout cuts it off (the usual
+// -32600 frame_timeout). Budget comes back when the frame is complete and
+// handed over or dropped, and when the connection closes.
 //
 // Without a shared budget, 50 connections each sending 8 MiB without a
 // newline hold 400 MiB, and any number more hold more. With it the total
-// is capacity plus 64 KiB a connection. A capacity below 1.5 times
+// is capacity plus 64 KiB a connection. A capacity below twice
 // MaxFrameBytes lets no frame that large complete: keep it well above.
 //
 // A FrameBudget is safe for concurrent use.

@@ -5,14 +5,30 @@ import (
 	"errors"
 	"io"
 	"os"
+	"sync"
 	"time"
 )
 
 // DefaultMaxFrameBytes is the docs/spec.md §3 frame size limit: 8 MiB per line.
 const DefaultMaxFrameBytes = 8 << 20
 
-// initialFrameBuf is the reader's buffer size between large frames.
+// initialFrameBuf is the size of the reader's buffer and of each block a
+// larger frame is read into.
 const initialFrameBuf = 64 << 10
+
+// block is the unit a FrameReader reads into.
+type block [initialFrameBuf]byte
+
+// blocks keeps the blocks of finished frames for the next ones: a large
+// frame is read into blocks taken from here rather than into buffers
+// allocated (and zeroed) anew for every frame. What the pool holds is
+// free memory the collector may take back; the FrameBudget counts the
+// blocks while a frame holds them.
+var blocks = sync.Pool{New: func() any { return new(block) }}
+
+func getBlock() []byte { return blocks.Get().(*block)[:] }
+
+func putBlock(b []byte) { blocks.Put((*block)(b)) }
 
 // readDeadliner is the part of net.Conn the frame timeout needs.
 type readDeadliner interface {
@@ -35,8 +51,12 @@ type readDeadliner interface {
 // A final frame without LF at end of stream is returned like any other,
 // then io.EOF. A FrameReader is not safe for concurrent use.
 //
-// With a FrameBudget (see UseBudget), growing the buffer beyond its
-// initial 64 KiB first reserves the growth from the budget.
+// The reader reads into one 64 KiB block. A frame that fills it goes on
+// into further blocks and, once its LF has come, is copied into one slice
+// of its exact size: one allocation and one copy a large frame, however
+// it arrived, and the blocks go back to a pool for the next. With a
+// FrameBudget (see UseBudget), every block beyond the first and the
+// assembled frame are reserved from the budget first.
 type FrameReader struct {
 	r       io.Reader
 	dl      readDeadliner
@@ -45,10 +65,13 @@ type FrameReader struct {
 
 	budget   *FrameBudget
 	done     <-chan struct{} // ends a wait for budget
-	reserved int64           // budget held for buf beyond initialFrameBuf
+	reserved int64           // budget held for pieces
 
-	buf        []byte
+	buf        []byte    // one block; nil before the first read and after Release
 	start, end int       // unread bytes are buf[start:end]
+	pieces     [][]byte  // full blocks holding the current frame's first bytes; start is 0 while there are any
+	whole      []byte    // the last frame assembled from pieces, until handed over or the next ReadFrame
+	wholeHeld  int64     // budget held for whole
 	readAt     time.Time // when the latest Read returned data
 	frameAt    time.Time // when the current frame's first byte arrived; zero if none
 	armedFor   time.Time // the frameAt the read deadline is set for; zero if none
@@ -68,67 +91,53 @@ func NewFrameReader(r io.Reader, max int, timeout time.Duration) *FrameReader {
 	return f
 }
 
-// UseBudget makes the reader reserve from b before growing its buffer
-// beyond 64 KiB. A wait for budget ends at the frame deadline
-// (ErrFrameTimeout) or when done is closed (ErrClosed). Call it before the
-// first ReadFrame, and Release when done with the reader.
+// UseBudget makes the reader reserve from b every block beyond its first
+// and every frame it assembles from blocks. A wait for budget ends at the
+// frame deadline (ErrFrameTimeout) or when done is closed (ErrClosed).
+// Call it before the first ReadFrame, and Release when done with the
+// reader.
 func (f *FrameReader) UseBudget(b *FrameBudget, done <-chan struct{}) {
 	f.budget, f.done = b, done
 }
 
-// Release returns the reader's budget and drops its buffer, partial frame
-// included (nothing is copied). The reader must not be used afterwards.
+// Release returns the reader's budget and blocks, partial frame included
+// (nothing is copied). The reader must not be used afterwards, nor any
+// frame it returned that was not handed over with Own.
 func (f *FrameReader) Release() {
-	if f.budget != nil {
-		f.budget.release(f.reserved)
+	f.dropPieces()
+	f.dropWhole()
+	if f.buf != nil {
+		putBlock(f.buf)
 	}
-	f.reserved = 0
 	f.buf, f.start, f.end = nil, 0, 0
 }
 
 // Own returns frame, which ReadFrame has just returned, as a slice the
-// caller may keep: a small frame is copied; a large one is handed over
-// with the buffer it lies in (no copy), the reader moving what follows it
-// to a new buffer and returning the budget it no longer needs. Call it
-// before the next ReadFrame.
+// caller may keep: a frame that was read within one block is copied; one
+// assembled from several is handed over as it is (no copy), and its
+// budget returned. Call it before the next ReadFrame.
 func (f *FrameReader) Own(frame []byte) []byte {
-	if len(frame) <= initialFrameBuf || len(f.buf) <= initialFrameBuf {
+	if f.whole == nil {
 		return append([]byte(nil), frame...)
 	}
-	// What follows the frame is shorter than the buffer less the frame,
-	// so it fits the budget already held for the old buffer.
-	rest := f.buf[f.start:f.end]
-	buf := make([]byte, max(initialFrameBuf, len(rest)))
-	f.buf, f.start, f.end = buf, 0, copy(buf, rest)
-	f.resize()
+	f.dropWhole()
 	return frame
-}
-
-// resize gives back the budget beyond what the current buffer needs.
-func (f *FrameReader) resize() {
-	if f.budget == nil {
-		return
-	}
-	need := int64(max(len(f.buf)-initialFrameBuf, 0))
-	if f.reserved > need {
-		f.budget.release(f.reserved - need)
-		f.reserved = need
-	}
 }
 
 // MaxBytes returns the frame size limit.
 func (f *FrameReader) MaxBytes() int { return f.max }
 
 // Buffered reports whether part of a frame has been read.
-func (f *FrameReader) Buffered() bool { return f.start < f.end }
+func (f *FrameReader) Buffered() bool { return f.start < f.end || len(f.pieces) > 0 }
 
 // ReadFrame returns the next frame. The slice is valid until the next call.
 // Errors: ErrFrameTooLarge, ErrFrameTimeout, io.EOF at a clean end of
 // stream, or the underlying read error.
 func (f *FrameReader) ReadFrame() ([]byte, error) {
+	f.dropWhole() // not handed over: the caller is done with it
 	for {
 		if i := bytes.IndexByte(f.buf[f.start:f.end], '\n'); i >= 0 {
-			line := f.buf[f.start : f.start+i]
+			line, err := f.take(i)
 			f.start += i + 1
 			if f.start == f.end {
 				f.start, f.end = 0, 0
@@ -136,23 +145,30 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 			} else {
 				f.frameAt = f.readAt // the next frame began in that read, or before
 			}
-			if len(line) > f.max {
-				return nil, ErrFrameTooLarge
+			if err != nil {
+				return nil, err
 			}
 			if line = trimSpace(line); len(line) > 0 {
 				return line, nil
 			}
 			continue
 		}
-		n := f.end - f.start
+		n := f.buffered()
 		if n > f.max {
 			return nil, ErrFrameTooLarge
 		}
 		if f.err != nil {
 			err := f.err
-			if line := trimSpace(f.buf[f.start:f.end]); len(line) > 0 && err == io.EOF {
+			if err == io.EOF && n > 0 {
+				line, terr := f.take(f.end - f.start)
 				f.start, f.end = 0, 0
-				return line, nil
+				if terr != nil {
+					return nil, terr
+				}
+				if line = trimSpace(line); len(line) > 0 {
+					return line, nil
+				}
+				return nil, err
 			}
 			if n > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 				return nil, ErrFrameTimeout
@@ -163,42 +179,89 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 	}
 }
 
+// buffered is how many bytes of the current frame have been read.
+func (f *FrameReader) buffered() int {
+	return len(f.pieces)*initialFrameBuf + f.end - f.start
+}
+
+// take returns the current frame, whose last i bytes are buf[start:]: in
+// place when it lies in the one block, else assembled from the pieces.
+func (f *FrameReader) take(i int) ([]byte, error) {
+	if len(f.pieces) == 0 {
+		if i > f.max {
+			return nil, ErrFrameTooLarge
+		}
+		return f.buf[f.start : f.start+i], nil
+	}
+	size := len(f.pieces)*initialFrameBuf + i
+	if size > f.max {
+		f.dropPieces()
+		return nil, ErrFrameTooLarge
+	}
+	// The pieces stay reserved until the copy is done: the budget bounds
+	// what is really live, the moment of the copy included.
+	if err := f.reserve(int64(size)); err != nil {
+		f.dropPieces()
+		f.err = err
+		return nil, err
+	}
+	whole := make([]byte, size)
+	n := 0
+	for _, p := range f.pieces {
+		n += copy(whole[n:], p)
+	}
+	copy(whole[n:], f.buf[f.start:f.start+i])
+	f.dropPieces()
+	f.whole, f.wholeHeld = whole, int64(size)
+	return whole, nil
+}
+
+// dropPieces returns the pieces to the pool and their budget.
+func (f *FrameReader) dropPieces() {
+	for i, p := range f.pieces {
+		putBlock(p)
+		f.pieces[i] = nil
+	}
+	f.pieces = f.pieces[:0]
+	f.release(&f.reserved)
+}
+
+// dropWhole lets go of the assembled frame and returns its budget.
+func (f *FrameReader) dropWhole() {
+	f.whole = nil
+	f.release(&f.wholeHeld)
+}
+
+func (f *FrameReader) release(held *int64) {
+	if f.budget != nil && *held > 0 {
+		f.budget.release(*held)
+	}
+	*held = 0
+}
+
 // fill reads more bytes of the current frame, of which n are buffered.
 func (f *FrameReader) fill(n int) {
-	if f.start > 0 || (len(f.buf) > initialFrameBuf && n < initialFrameBuf) {
-		// Move the partial frame to the front; after a large frame, give
-		// the large buffer back.
-		buf := f.buf
-		if len(buf) > initialFrameBuf && n < initialFrameBuf {
-			buf = make([]byte, initialFrameBuf)
-		}
-		copy(buf, f.buf[f.start:f.end])
-		f.buf, f.start, f.end = buf, 0, n
-		f.resize()
+	if f.buf == nil {
+		f.buf = getBlock()
+	}
+	if f.start > 0 {
+		// Move the partial frame to the front.
+		copy(f.buf, f.buf[f.start:f.end])
+		f.start, f.end = 0, f.end-f.start
 	}
 	if f.end == len(f.buf) {
-		size := 2 * len(f.buf)
-		if size < min(initialFrameBuf, f.max+1) {
-			size = min(initialFrameBuf, f.max+1)
-		}
-		size = min(size, f.max+1)
-		// The old buffer stays reserved until the copy is done: the budget
-		// bounds what is really live, the moment of the copy included.
-		grown, err := f.reserve(size)
-		if err != nil {
+		// The frame fills its block: keep the block as a piece and read
+		// on into another.
+		if err := f.reserve(initialFrameBuf); err != nil {
 			f.err = err
 			return
 		}
-		buf := make([]byte, size)
-		copy(buf, f.buf[:f.end])
-		f.buf = buf
-		if f.budget != nil {
-			f.budget.release(f.reserved)
-			f.reserved = grown
-		}
+		f.reserved += initialFrameBuf
+		f.pieces = append(f.pieces, f.buf)
+		f.buf, f.end = getBlock(), 0
 	}
 	// Never read past max+1 bytes from the frame's first byte.
-	limit := min(len(f.buf), f.max+1)
+	limit := min(len(f.buf), f.max+1-len(f.pieces)*initialFrameBuf)
 
 	if f.dl != nil {
 		switch {
@@ -213,7 +276,7 @@ func (f *FrameReader) fill(n int) {
 	m, err := f.r.Read(f.buf[f.end:limit])
 	if m > 0 {
 		f.readAt = time.Now()
-		if f.end == 0 {
+		if n == 0 {
 			f.frameAt = f.readAt
 		}
 		f.end += m
@@ -223,20 +286,15 @@ func (f *FrameReader) fill(n int) {
 	}
 }
 
-// reserve takes from the budget what a new buffer of size bytes needs
-// beyond the initial 64 KiB, on top of what the current one holds, waiting
-// at most until the current frame's deadline. It returns the amount.
-func (f *FrameReader) reserve(size int) (int64, error) {
-	need := int64(size - initialFrameBuf)
-	if f.budget == nil || need <= 0 {
-		return 0, nil
+// reserve takes need bytes from the budget, waiting at most until the
+// current frame's deadline.
+func (f *FrameReader) reserve(need int64) error {
+	if f.budget == nil {
+		return nil
 	}
 	var deadline time.Time
 	if f.dl != nil && !f.frameAt.IsZero() {
 		deadline = f.frameAt.Add(f.timeout)
 	}
-	if err := f.budget.reserve(need, deadline, f.done); err != nil {
-		return 0, err
-	}
-	return need, nil
+	return f.budget.reserve(need, deadline, f.done)
 }

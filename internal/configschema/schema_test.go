@@ -174,14 +174,15 @@ func TestMaskAndPatterns(t *testing.T) {
 	}
 }
 
-// The unfinished-frame budget must hold a largest frame while it grows.
+// The unfinished-frame budget must hold a largest frame twice: its blocks
+// and the slice they are copied into.
 func TestFrameBudgetHoldsALargestFrame(t *testing.T) {
-	doc := Effective(map[string]any{"rpc": map[string]any{"max_frame_bytes": int64(8 << 20), "max_buffered_frame_bytes": int64(10 << 20)}})
-	if err := Validate(doc); err == nil || !strings.Contains(err.Error(), "at least 1.5") {
-		t.Fatalf("a budget smaller than 1.5 frames: %v", err)
+	doc := Effective(map[string]any{"rpc": map[string]any{"max_frame_bytes": int64(8 << 20), "max_buffered_frame_bytes": int64(16<<20 - 1)}})
+	if err := Validate(doc); err == nil || !strings.Contains(err.Error(), "at least 2 ×") {
+		t.Fatalf("a budget smaller than 2 frames: %v", err)
 	}
-	doc = Effective(map[string]any{"rpc": map[string]any{"max_frame_bytes": int64(8 << 20), "max_buffered_frame_bytes": int64(12 << 20)}})
+	doc = Effective(map[string]any{"rpc": map[string]any{"max_frame_bytes": int64(8 << 20), "max_buffered_frame_bytes": int64(16 << 20)}})
 	if err := Validate(doc); err != nil {
-		t.Fatalf("a budget of 1.5 frames: %v", err)
+		t.Fatalf("a budget of 2 frames: %v", err)
 	}
 }

@@ -52,18 +52,19 @@ func Validate(doc map[string]any) error {
 }
 
 // checkFrameBudget: the unfinished-frame budget must hold one largest
-// frame while its buffer grows (the old and the new buffer for a moment),
-// or such a frame could never complete.
+// frame twice, its blocks and the slice they are copied into for a
+// moment (gateway/jsonrpc.FrameBudget), or such a frame could never
+// complete.
 func checkFrameBudget(doc map[string]any) error {
 	frame, ok1 := Get(doc, "rpc.max_frame_bytes")
 	budget, ok2 := Get(doc, "rpc.max_buffered_frame_bytes")
 	f, okf := asFloat(frame)
 	b, okb := asFloat(budget)
-	if !ok1 || !ok2 || !okf || !okb || b >= 1.5*f {
+	if !ok1 || !ok2 || !okf || !okb || b >= 2*f {
 		return nil
 	}
 	return &ValidationError{Paths: []string{"rpc.max_buffered_frame_bytes", "rpc.max_frame_bytes"},
-		Err: fmt.Errorf("%w: `rpc.max_buffered_frame_bytes` (%s) must be at least 1.5 × `rpc.max_frame_bytes` (%s)", ErrType, num(b), num(f))}
+		Err: fmt.Errorf("%w: `rpc.max_buffered_frame_bytes` (%s) must be at least 2 × `rpc.max_frame_bytes` (%s)", ErrType, num(b), num(f))}
 }
 
 func asFloat(v any) (float64, bool) {

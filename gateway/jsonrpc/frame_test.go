@@ -1,0 +1,162 @@
+package jsonrpc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"testing"
+)
+
+// frameBody is n bytes without whitespace or LF, different for every
+// seed, so that a frame copied from the wrong block shows.
+func frameBody(n, seed int) []byte {
+	b := make([]byte, n)
+	x := uint32(seed*2654435761 + 1)
+	for i := range b {
+		x = x*1664525 + 1013904223
+		b[i] = 'A' + byte(x>>24)%58
+	}
+	return b
+}
+
+// TestFrameReaderAcrossBlocks: frames of around one, two and three of
+// the reader's blocks, exactly at the limit, with whitespace around them
+// and the last without its LF, come out whole under reads of several
+// sizes; a frame handed over with Own stays as it was while the reader's
+// blocks are reused for the frames after it; the budget is whole between
+// frames; and the reader never reads past max+1 bytes of a frame.
+func TestFrameReaderAcrossBlocks(t *testing.T) {
+	const b = initialFrameBuf
+	max := 3*b + 5
+	var data []byte
+	for i, n := range []int{10, b - 1, b, b + 1, 2 * b, 17, max, 3, 2*b + 3} {
+		switch i % 3 {
+		case 1:
+			data = append(data, "  "...)
+		case 2:
+			data = append(data, '\n')
+		}
+		data = append(data, frameBody(n, i)...)
+		if i%2 == 1 {
+			data = append(data, '\r')
+		}
+		if i < 8 {
+			data = append(data, '\n')
+		}
+	}
+	want := refFrames(data, max)
+	for _, chunk := range []int{1<<10 + 7, b - 1, b, 3 * b} {
+		t.Run(fmt.Sprint(chunk), func(t *testing.T) {
+			budget := NewFrameBudget(64 << 20)
+			fr := NewFrameReader(&countingReader{t: t, data: data, chunk: chunk, max: max}, max, 0)
+			fr.UseBudget(budget, nil)
+			defer fr.Release()
+			var owned [][]byte
+			for i := 0; ; i++ {
+				got, err := fr.ReadFrame()
+				if i == len(want) {
+					if !errors.Is(err, io.EOF) {
+						t.Fatalf("after %d frames: %q, %v; want EOF", i, got, err)
+					}
+					break
+				}
+				if err != nil || !bytes.Equal(got, want[i].frame) {
+					t.Fatalf("frame %d: %d bytes, %v; want %d bytes", i, len(got), err, len(want[i].frame))
+				}
+				owned = append(owned, fr.Own(got))
+				if r := budget.Reserved(); r != 0 {
+					t.Fatalf("%d bytes reserved after frame %d was handed over", r, i)
+				}
+			}
+			for i, o := range owned {
+				if !bytes.Equal(o, want[i].frame) {
+					t.Errorf("frame %d changed after it was handed over", i)
+				}
+			}
+		})
+	}
+}
+
+// TestFrameReaderTooLargeAcrossBlocks: a line one byte over a limit of
+// several blocks is refused without reading past max+1 bytes of it, and
+// its blocks go back to the budget.
+func TestFrameReaderTooLargeAcrossBlocks(t *testing.T) {
+	max := 2*initialFrameBuf + 100
+	data := append(append(frameBody(max, 1), '\n'), frameBody(max+1, 2)...)
+	data = append(data, "\n{}\n"...)
+	for _, chunk := range []int{4093, 3 * initialFrameBuf} {
+		budget := NewFrameBudget(64 << 20)
+		fr := NewFrameReader(&countingReader{t: t, data: data, chunk: chunk, max: max}, max, 0)
+		fr.UseBudget(budget, nil)
+		if got, err := fr.ReadFrame(); err != nil || len(got) != max {
+			t.Fatalf("frame at the limit: %d bytes, %v", len(got), err)
+		}
+		if got, err := fr.ReadFrame(); !errors.Is(err, ErrFrameTooLarge) {
+			t.Fatalf("frame over the limit: %d bytes, %v; want ErrFrameTooLarge", len(got), err)
+		}
+		fr.Release()
+		if r := budget.Reserved(); r != 0 {
+			t.Fatalf("%d bytes reserved after Release", r)
+		}
+	}
+}
+
+// TestFrameReaderNotOwned: a large frame the caller does not keep gives
+// its budget back at the next ReadFrame, and a partial one at Release.
+func TestFrameReaderNotOwned(t *testing.T) {
+	data := append(frameBody(3*initialFrameBuf, 1), '\n')
+	data = append(data, frameBody(2*initialFrameBuf, 2)...) // unfinished
+	budget := NewFrameBudget(64 << 20)
+	fr := NewFrameReader(&countingReader{t: t, data: data, chunk: 50000, max: DefaultMaxFrameBytes}, 0, 0)
+	fr.UseBudget(budget, nil)
+	if _, err := fr.ReadFrame(); err != nil {
+		t.Fatal(err)
+	}
+	if r := budget.Reserved(); r < 3*initialFrameBuf {
+		t.Fatalf("%d bytes reserved while a large frame is out, want at least its size", r)
+	}
+	// The unfinished frame at the end of the stream is returned too.
+	if got, err := fr.ReadFrame(); err != nil || len(got) != 2*initialFrameBuf {
+		t.Fatalf("last frame: %d bytes, %v", len(got), err)
+	}
+	fr.Release()
+	if r := budget.Reserved(); r != 0 {
+		t.Fatalf("%d bytes reserved after Release", r)
+	}
+}
+
+// TestLargeFrameAllocatedOnce: reading a large frame allocates about its
+// own size, the slice Own hands over, rather than a buffer grown by
+// doubling (about four times the frame, zeroed, and copied at each step,
+// before this reader). An upload chunk is such a frame.
+func TestLargeFrameAllocatedOnce(t *testing.T) {
+	const size, frames = 1400 << 10, 20
+	line := append(frameBody(size, 3), '\n')
+	var data []byte
+	for range frames {
+		data = append(data, line...)
+	}
+	fr := NewFrameReader(bytes.NewReader(data), 0, 0)
+	defer fr.Release()
+	if f, err := fr.ReadFrame(); err != nil || len(f) != size { // the pool's first blocks
+		t.Fatalf("first frame: %d bytes, %v", len(f), err)
+	}
+	fr.Own(nil)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := 1; i < frames; i++ {
+		f, err := fr.ReadFrame()
+		if err != nil || len(f) != size {
+			t.Fatalf("frame %d: %d bytes, %v", i, len(f), err)
+		}
+		_ = fr.Own(f)
+	}
+	runtime.ReadMemStats(&after)
+	perFrame := float64(after.TotalAlloc-before.TotalAlloc) / (frames - 1)
+	t.Logf("%.0f bytes allocated per %d-byte frame", perFrame, size)
+	if perFrame > 1.25*size {
+		t.Fatalf("%.0f bytes allocated per %d-byte frame, want about its size", perFrame, size)
+	}
+}
