@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -209,7 +210,8 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 	if p.data == nil {
 		return nil, invalidParams("`data_b64` is required")
 	}
-	data := make([]byte, base64.StdEncoding.DecodedLen(len(p.data)))
+	data := chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
+	defer putChunkBuffer(data)
 	n, err := base64.StdEncoding.Decode(data, p.data)
 	if err != nil {
 		return nil, invalidParams("`data_b64` is not valid base64")
@@ -225,6 +227,33 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 		return nil, serviceError("upload-staging", err)
 	}
 	return map[string]any{"received_bytes": resp.GetReceivedBytes()}, nil
+}
+
+// chunkBufBytes is the size of the pooled buffers chunks are decoded
+// into: docs/spec.md §6's default chunk, 1 MiB, with room for the two
+// bytes base64's padding adds to DecodedLen.
+const chunkBufBytes = 1<<20 + 2
+
+// chunkBufs keeps decoded chunks' buffers from one chunk to the next:
+// an upload would otherwise leave a megabyte of garbage per chunk. A
+// buffer is needed only until the staging service's Chunk call returns,
+// since gRPC has marshalled the request by then.
+var chunkBufs = sync.Pool{New: func() any { return new([chunkBufBytes]byte) }}
+
+// chunkBuffer returns n bytes to decode a chunk into: pooled when the
+// chunk is no larger than the default.
+func chunkBuffer(n int) []byte {
+	if n > chunkBufBytes {
+		return make([]byte, n)
+	}
+	return chunkBufs.Get().(*[chunkBufBytes]byte)[:n]
+}
+
+// putChunkBuffer gives back a buffer from chunkBuffer once nothing uses it.
+func putChunkBuffer(b []byte) {
+	if cap(b) == chunkBufBytes {
+		chunkBufs.Put((*[chunkBufBytes]byte)(b[:chunkBufBytes]))
+	}
 }
 
 // uploadCommit is file/upload/commit {upload_id} -> file entry.
