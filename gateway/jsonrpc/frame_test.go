@@ -156,7 +156,9 @@ func TestLargeFrameAllocatedOnce(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	perFrame := float64(after.TotalAlloc-before.TotalAlloc) / (frames - 1)
 	t.Logf("%.0f bytes allocated per %d-byte frame", perFrame, size)
-	if perFrame > 1.25*size {
+	// About its size: 1.0x, and 1.25x under the race detector, whose
+	// sync.Pool drops a quarter of what is put back; 2.46x before.
+	if perFrame > 1.75*size {
 		t.Fatalf("%.0f bytes allocated per %d-byte frame, want about its size", perFrame, size)
 	}
 }
