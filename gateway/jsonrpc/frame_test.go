@@ -162,3 +162,63 @@ func TestLargeFrameAllocatedOnce(t *testing.T) {
 		t.Fatalf("%.0f bytes allocated per %d-byte frame, want about its size", perFrame, size)
 	}
 }
+
+// FuzzFramesAcrossBlocks is FuzzFrames with every byte other than LF
+// stretched into a run of up to about 90 KB, so that frames span the
+// reader's blocks and cross a limit of three of them, read in pieces of
+// 1 to 200 KB (the reference reader's cost grows with the input over
+// the piece, so no smaller).
+func FuzzFramesAcrossBlocks(f *testing.F) {
+	f.Add([]byte("ab\ncd \r\n\n e"), uint16(7))
+	f.Add([]byte("abcd\nx"), uint16(65535))
+	f.Add([]byte("\x01\x02\x03\x04\x05\n"), uint16(1))
+	f.Fuzz(func(t *testing.T, in []byte, chunk uint16) {
+		if len(in) > 64 {
+			return
+		}
+		max := 3*initialFrameBuf + 11
+		var data []byte
+		for i, c := range in {
+			n := 1
+			if c != '\n' && c != ' ' && c != '\r' && c != '\t' {
+				n = (int(c)*7919 + i*104729) % 90000
+			}
+			data = append(data, bytes.Repeat([]byte{c}, n)...)
+		}
+		src := &countingReader{t: t, data: data, chunk: 1000 + int(chunk)*3, max: max}
+		budget := NewFrameBudget(64 << 20)
+		fr := NewFrameReader(src, max, 0)
+		fr.UseBudget(budget, nil)
+		defer fr.Release()
+		want := refFrames(data, max)
+		var owned [][]byte
+		for i := 0; ; i++ {
+			got, err := fr.ReadFrame()
+			if i >= len(want) {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("after %d frames: %d bytes, %v; want EOF", i, len(got), err)
+				}
+				break
+			}
+			if want[i].tooLarge {
+				if !errors.Is(err, ErrFrameTooLarge) {
+					t.Fatalf("frame %d: %d bytes, %v; want ErrFrameTooLarge", i, len(got), err)
+				}
+				break
+			}
+			if err != nil || !bytes.Equal(got, want[i].frame) {
+				t.Fatalf("frame %d: %d bytes, %v; want %d bytes", i, len(got), err, len(want[i].frame))
+			}
+			owned = append(owned, fr.Own(got))
+		}
+		for i, o := range owned {
+			if !bytes.Equal(o, want[i].frame) {
+				t.Fatalf("frame %d changed after it was handed over", i)
+			}
+		}
+		fr.Release()
+		if r := budget.Reserved(); r != 0 {
+			t.Fatalf("%d bytes reserved after Release", r)
+		}
+	})
+}
