@@ -151,6 +151,9 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 			if line = trimSpace(line); len(line) > 0 {
 				return line, nil
 			}
+			// A blank line: what it was assembled into is not returned,
+			// so Own must not hand over the frame that follows it.
+			f.dropWhole()
 			continue
 		}
 		n := f.buffered()
@@ -168,6 +171,7 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 				if line = trimSpace(line); len(line) > 0 {
 					return line, nil
 				}
+				f.dropWhole()
 				return nil, err
 			}
 			if n > 0 && errors.Is(err, os.ErrDeadlineExceeded) {

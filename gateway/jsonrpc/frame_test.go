@@ -45,6 +45,10 @@ func TestFrameReaderAcrossBlocks(t *testing.T) {
 		if i < 8 {
 			data = append(data, '\n')
 		}
+		if i == 4 {
+			// A blank line of several blocks, then a small frame.
+			data = append(append(data, bytes.Repeat([]byte(" "), 2*b+5)...), "\n{}\n"...)
+		}
 	}
 	want := refFrames(data, max)
 	for _, chunk := range []int{1<<10 + 7, b - 1, b, 3 * b} {
@@ -179,9 +183,12 @@ func FuzzFramesAcrossBlocks(f *testing.F) {
 		max := 3*initialFrameBuf + 11
 		var data []byte
 		for i, c := range in {
-			n := 1
-			if c != '\n' && c != ' ' && c != '\r' && c != '\t' {
-				n = (int(c)*7919 + i*104729) % 90000
+			n := (int(c)*7919 + i*104729) % 90000
+			switch c {
+			case '\n':
+				n = 1
+			case ' ', '\r', '\t':
+				n = n%3 + n/3*(i%2) // blank runs short and long
 			}
 			data = append(data, bytes.Repeat([]byte{c}, n)...)
 		}
