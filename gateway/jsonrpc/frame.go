@@ -117,11 +117,23 @@ func (f *FrameReader) Release() {
 // assembled from several is handed over as it is (no copy), and its
 // budget returned. Call it before the next ReadFrame.
 func (f *FrameReader) Own(frame []byte) []byte {
-	if f.whole == nil {
+	if !f.inWhole(frame) {
 		return append([]byte(nil), frame...)
 	}
 	f.dropWhole()
 	return frame
+}
+
+// inWhole reports whether frame lies in the assembled frame: only that
+// may be handed over without a copy; anything else lies in the block the
+// reader reads on into.
+func (f *FrameReader) inWhole(frame []byte) bool {
+	if len(f.whole) == 0 || len(frame) == 0 || cap(frame) > cap(f.whole) {
+		return false
+	}
+	// A slice of whole ends where whole ends: its first byte is then
+	// whole's byte at cap(whole)-cap(frame).
+	return &f.whole[cap(f.whole)-cap(frame)] == &frame[0]
 }
 
 // MaxBytes returns the frame size limit.
