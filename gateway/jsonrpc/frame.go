@@ -63,15 +63,15 @@ type FrameReader struct {
 	max     int
 	timeout time.Duration
 
-	budget   *FrameBudget
-	done     <-chan struct{} // ends a wait for budget
-	reserved int64           // budget held for pieces
+	budget *FrameBudget
+	done   <-chan struct{} // ends a wait for budget
 
+	// With a budget, every piece and whole are reserved from it, in
+	// their sizes, for as long as the reader holds them.
 	buf        []byte    // one block; nil before the first read and after Release
 	start, end int       // unread bytes are buf[start:end]
 	pieces     [][]byte  // full blocks holding the current frame's first bytes; start is 0 while there are any
 	whole      []byte    // the last frame assembled from pieces, until handed over or the next ReadFrame
-	wholeHeld  int64     // budget held for whole
 	readAt     time.Time // when the latest Read returned data
 	frameAt    time.Time // when the current frame's first byte arrived; zero if none
 	armedFor   time.Time // the frameAt the read deadline is set for; zero if none
@@ -228,31 +228,30 @@ func (f *FrameReader) take(i int) ([]byte, error) {
 	}
 	copy(whole[n:], f.buf[f.start:f.start+i])
 	f.dropPieces()
-	f.whole, f.wholeHeld = whole, int64(size)
+	f.whole = whole
 	return whole, nil
 }
 
 // dropPieces returns the pieces to the pool and their budget.
 func (f *FrameReader) dropPieces() {
+	f.release(len(f.pieces) * initialFrameBuf)
 	for i, p := range f.pieces {
 		putBlock(p)
 		f.pieces[i] = nil
 	}
 	f.pieces = f.pieces[:0]
-	f.release(&f.reserved)
 }
 
 // dropWhole lets go of the assembled frame and returns its budget.
 func (f *FrameReader) dropWhole() {
+	f.release(len(f.whole))
 	f.whole = nil
-	f.release(&f.wholeHeld)
 }
 
-func (f *FrameReader) release(held *int64) {
-	if f.budget != nil && *held > 0 {
-		f.budget.release(*held)
+func (f *FrameReader) release(n int) {
+	if f.budget != nil && n > 0 {
+		f.budget.release(int64(n))
 	}
-	*held = 0
 }
 
 // fill reads more bytes of the current frame, of which n are buffered.
@@ -272,7 +271,6 @@ func (f *FrameReader) fill(n int) {
 			f.err = err
 			return
 		}
-		f.reserved += initialFrameBuf
 		f.pieces = append(f.pieces, f.buf)
 		f.buf, f.end = getBlock(), 0
 	}

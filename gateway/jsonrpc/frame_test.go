@@ -53,32 +53,7 @@ func TestFrameReaderAcrossBlocks(t *testing.T) {
 	want := refFrames(data, max)
 	for _, chunk := range []int{1<<10 + 7, b - 1, b, 3 * b} {
 		t.Run(fmt.Sprint(chunk), func(t *testing.T) {
-			budget := NewFrameBudget(64 << 20)
-			fr := NewFrameReader(&countingReader{t: t, data: data, chunk: chunk, max: max}, max, 0)
-			fr.UseBudget(budget, nil)
-			defer fr.Release()
-			var owned [][]byte
-			for i := 0; ; i++ {
-				got, err := fr.ReadFrame()
-				if i == len(want) {
-					if !errors.Is(err, io.EOF) {
-						t.Fatalf("after %d frames: %q, %v; want EOF", i, got, err)
-					}
-					break
-				}
-				if err != nil || !bytes.Equal(got, want[i].frame) {
-					t.Fatalf("frame %d: %d bytes, %v; want %d bytes", i, len(got), err, len(want[i].frame))
-				}
-				owned = append(owned, fr.Own(got))
-				if r := budget.Reserved(); r != 0 {
-					t.Fatalf("%d bytes reserved after frame %d was handed over", r, i)
-				}
-			}
-			for i, o := range owned {
-				if !bytes.Equal(o, want[i].frame) {
-					t.Errorf("frame %d changed after it was handed over", i)
-				}
-			}
+			readOwned(t, &countingReader{t: t, data: data, chunk: chunk, max: max}, max, want)
 		})
 	}
 }
@@ -168,8 +143,9 @@ func TestLargeFrameAllocatedOnce(t *testing.T) {
 }
 
 // FuzzFramesAcrossBlocks is FuzzFrames with every byte other than LF
-// stretched into a run of up to about 90 KB, so that frames span the
-// reader's blocks and cross a limit of three of them, read in pieces of
+// stretched into a run of up to about 90 KB (blank ones into short or
+// long runs), so that frames and blank lines span the reader's blocks and
+// cross a limit of three of them, read in pieces of
 // 1 to 200 KB (the reference reader's cost grows with the input over
 // the piece, so no smaller).
 func FuzzFramesAcrossBlocks(f *testing.F) {
@@ -193,39 +169,51 @@ func FuzzFramesAcrossBlocks(f *testing.F) {
 			data = append(data, bytes.Repeat([]byte{c}, n)...)
 		}
 		src := &countingReader{t: t, data: data, chunk: 1000 + int(chunk)*3, max: max}
-		budget := NewFrameBudget(64 << 20)
-		fr := NewFrameReader(src, max, 0)
-		fr.UseBudget(budget, nil)
-		defer fr.Release()
-		want := refFrames(data, max)
-		var owned [][]byte
-		for i := 0; ; i++ {
-			got, err := fr.ReadFrame()
-			if i >= len(want) {
-				if !errors.Is(err, io.EOF) {
-					t.Fatalf("after %d frames: %d bytes, %v; want EOF", i, len(got), err)
-				}
-				break
-			}
-			if want[i].tooLarge {
-				if !errors.Is(err, ErrFrameTooLarge) {
-					t.Fatalf("frame %d: %d bytes, %v; want ErrFrameTooLarge", i, len(got), err)
-				}
-				break
-			}
-			if err != nil || !bytes.Equal(got, want[i].frame) {
-				t.Fatalf("frame %d: %d bytes, %v; want %d bytes", i, len(got), err, len(want[i].frame))
-			}
-			owned = append(owned, fr.Own(got))
-		}
-		for i, o := range owned {
-			if !bytes.Equal(o, want[i].frame) {
-				t.Fatalf("frame %d changed after it was handed over", i)
-			}
-		}
-		fr.Release()
-		if r := budget.Reserved(); r != 0 {
-			t.Fatalf("%d bytes reserved after Release", r)
-		}
+		readOwned(t, src, max, refFrames(data, max))
 	})
+}
+
+// readOwned reads src with a FrameReader of limit max and a budget,
+// expecting the frames want (refFrames): each frame as want has it, then
+// ErrFrameTooLarge where want says so, else EOF. Every frame is handed
+// over with Own, after which the budget must be whole, and compared once
+// more after the later frames reused the reader's blocks; after Release
+// the budget is whole too.
+func readOwned(t *testing.T, src io.Reader, max int, want []refFrame) {
+	t.Helper()
+	budget := NewFrameBudget(64 << 20)
+	fr := NewFrameReader(src, max, 0)
+	fr.UseBudget(budget, nil)
+	var owned [][]byte
+	for i := 0; ; i++ {
+		got, err := fr.ReadFrame()
+		if i == len(want) {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("after %d frames: %d bytes, %v; want EOF", i, len(got), err)
+			}
+			break
+		}
+		if want[i].tooLarge {
+			if !errors.Is(err, ErrFrameTooLarge) {
+				t.Fatalf("frame %d: %d bytes, %v; want ErrFrameTooLarge", i, len(got), err)
+			}
+			break
+		}
+		if err != nil || !bytes.Equal(got, want[i].frame) {
+			t.Fatalf("frame %d: %d bytes, %v; want %d bytes", i, len(got), err, len(want[i].frame))
+		}
+		owned = append(owned, fr.Own(got))
+		if r := budget.Reserved(); r != 0 {
+			t.Fatalf("%d bytes reserved after frame %d was handed over", r, i)
+		}
+	}
+	for i, o := range owned {
+		if !bytes.Equal(o, want[i].frame) {
+			t.Fatalf("frame %d changed after it was handed over", i)
+		}
+	}
+	fr.Release()
+	if r := budget.Reserved(); r != 0 {
+		t.Fatalf("%d bytes reserved after Release", r)
+	}
 }
