@@ -160,6 +160,16 @@ func TestStoreFileStoresOnceUnderItsHash(t *testing.T) {
 		t.Fatalf("declared image: %v", typed)
 	}
 
+	// A file larger than one write piece lands whole, piece by piece.
+	big := make([]byte, 2*writePiece+12345)
+	for i := range big {
+		big[i] = byte(i*7 + i/writePiece)
+	}
+	bf := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "big.bin", Data: big})
+	if got, err := os.ReadFile(bf.GetWorkspacePath()); err != nil || !bytes.Equal(got, big) || bf.GetRefId() != "sha256:"+sha(big) {
+		t.Fatalf("big file: %d bytes stored, %v, entry %v", len(got), err, bf)
+	}
+
 	// Another session stores its own copy.
 	other := h.newSession(alice, "default")
 	o := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: other, Filename: "notes.txt", Data: data})
@@ -559,5 +569,52 @@ func TestPromptAttachments(t *testing.T) {
 	renamed := &sessionv1.FileRef{RefId: doc.GetRefId(), Marker: "[Document: final.pdf] " + doc.GetWorkspacePath()}
 	if _, err := h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say ok", Attachments: []*sessionv1.FileRef{renamed}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// recordingWriter keeps what it is given and the size of each call; it
+// fails the call numbered failAt (from 1) if set.
+type recordingWriter struct {
+	got    []byte
+	calls  []int
+	failAt int
+}
+
+func (w *recordingWriter) Write(p []byte) (int, error) {
+	w.calls = append(w.calls, len(p))
+	if len(w.calls) == w.failAt {
+		return 0, errors.New("disk full")
+	}
+	w.got = append(w.got, p...)
+	return len(p), nil
+}
+
+// A file is handed to the kernel in writes of at most writePiece bytes
+// (why: writePieces), all of it, in order; a failed write ends it.
+func TestWritePiecesBoundsEachWrite(t *testing.T) {
+	for _, size := range []int{0, 1, writePiece - 1, writePiece, writePiece + 1, 10*writePiece + 3} {
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(i % 251)
+		}
+		var w recordingWriter
+		if err := writePieces(&w, data); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(w.got, data) {
+			t.Fatalf("size %d: wrote %d bytes, not the data", size, len(w.got))
+		}
+		if want := (size + writePiece - 1) / writePiece; len(w.calls) != want {
+			t.Fatalf("size %d: %d writes, want %d", size, len(w.calls), want)
+		}
+		for i, n := range w.calls {
+			if n > writePiece || n == 0 {
+				t.Fatalf("size %d: write %d was %d bytes", size, i, n)
+			}
+		}
+	}
+	w := recordingWriter{failAt: 2}
+	if err := writePieces(&w, make([]byte, 3*writePiece)); err == nil || err.Error() != "disk full" || len(w.calls) != 2 {
+		t.Fatalf("failed write: %v after %d calls", err, len(w.calls))
 	}
 }
