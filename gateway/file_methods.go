@@ -60,11 +60,12 @@ func fileEntry(f *sessionv1.FileEntry) map[string]any {
 
 // decodeB64 reads a data_b64 field.
 func decodeB64(s, field string) ([]byte, error) {
-	b, err := base64.StdEncoding.DecodeString(s)
+	b := make([]byte, base64.StdEncoding.DecodedLen(len(s)))
+	n, err := decodeBase64(b, []byte(s))
 	if err != nil {
 		return nil, invalidParams(fmt.Sprintf("`%s` is not valid base64", field))
 	}
-	return b, nil
+	return b[:n], nil
 }
 
 // uploadID reads an upload_id: 32 hexadecimal characters.
@@ -212,7 +213,7 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 	}
 	data := chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
 	defer putChunkBuffer(data)
-	n, err := base64.StdEncoding.Decode(data, p.data)
+	n, err := decodeBase64(data, p.data)
 	if err != nil {
 		return nil, invalidParams("`data_b64` is not valid base64")
 	}

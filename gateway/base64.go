@@ -1,0 +1,26 @@
+package gateway
+
+import (
+	"encoding/base64"
+
+	simdb64 "github.com/segmentio/asm/base64"
+)
+
+// decodeBase64 decodes standard, padded base64 from src into dst, which
+// has room for base64.StdEncoding.DecodedLen(len(src)) bytes, and
+// returns the decoded length.
+//
+// An upload's chunks are 1.4 MB of base64 each: encoding/base64 decodes
+// them at about 1.3 GB/s on the benchmark machine, the SIMD decoder of
+// segmentio/asm at about 15 GB/s (a millisecond a chunk saved). What is
+// accepted stays encoding/base64's: input the fast decoder refuses is
+// decoded again by encoding/base64, whose answer (its output or its
+// error) is the one returned, and the fast decoder accepts nothing
+// encoding/base64 refuses and decodes nothing differently
+// (FuzzDecodeBase64).
+func decodeBase64(dst, src []byte) (int, error) {
+	if n, err := simdb64.StdEncoding.Decode(dst, src); err == nil {
+		return n, nil
+	}
+	return base64.StdEncoding.Decode(dst, src)
+}

@@ -1,0 +1,64 @@
+package gateway
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"testing"
+)
+
+// sameAsStd fails t unless decodeBase64 gives what encoding/base64 gives
+// for in: the same bytes, or the same error.
+func sameAsStd(t *testing.T, in []byte) {
+	t.Helper()
+	want := make([]byte, base64.StdEncoding.DecodedLen(len(in)))
+	got := make([]byte, len(want))
+	wn, werr := base64.StdEncoding.Decode(want, in)
+	gn, gerr := decodeBase64(got, in)
+	if fmt.Sprint(gerr) != fmt.Sprint(werr) {
+		t.Fatalf("%.80q: error %v, encoding/base64 %v", in, gerr, werr)
+	}
+	if werr == nil && !bytes.Equal(got[:gn], want[:wn]) {
+		t.Fatalf("%.80q: decoded %d bytes unlike encoding/base64's %d", in, gn, wn)
+	}
+}
+
+// base64Seeds are inputs where a fast decoder could part from
+// encoding/base64: line breaks (which it skips), padding, a bad byte deep
+// in a long input (past the first vector), and a chunk-sized input.
+func base64Seeds() [][]byte {
+	long := make([]byte, 3000)
+	_, _ = rand.Read(long)
+	enc := []byte(base64.StdEncoding.EncodeToString(long))
+	seeds := [][]byte{
+		nil, []byte("QUJD"), []byte("QUI="), []byte("QQ=="), []byte("QQ="), []byte("QQ"), []byte("QR=="),
+		[]byte("QUJD\nRA=="), []byte("QUJD\r\nRA==\n"), []byte("=QUJ"), []byte("QU=D"), []byte("QUJD===="),
+		[]byte("QUJD-_"), []byte("QUJD RA=="), enc,
+	}
+	for _, at := range []int{0, 31, 32, 33, 64, 100, 1000, len(enc) - 5, len(enc) - 1} {
+		for _, c := range []byte{'!', '\n', '=', '-', 0x80, ' '} {
+			bad := bytes.Clone(enc)
+			bad[at] = c
+			seeds = append(seeds, bad)
+		}
+	}
+	chunk := make([]byte, 1<<20)
+	_, _ = rand.Read(chunk)
+	return append(seeds, []byte(base64.StdEncoding.EncodeToString(chunk)), enc[:len(enc)-1], append(bytes.Clone(enc), 'Q'))
+}
+
+func TestDecodeBase64AsEncodingBase64(t *testing.T) {
+	for _, in := range base64Seeds() {
+		sameAsStd(t, in)
+	}
+}
+
+func FuzzDecodeBase64(f *testing.F) {
+	for _, in := range base64Seeds() {
+		if len(in) < 4096 { // the fuzzer's corpus, not the megabyte
+			f.Add(in)
+		}
+	}
+	f.Fuzz(sameAsStd)
+}
