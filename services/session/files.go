@@ -544,13 +544,14 @@ func writeAt(dir int, name string, data []byte) (err error) {
 const writePiece = 1 << 20
 
 // writePieces writes data to w in pieces of at most writePiece bytes. A
-// file's bytes are written this way because the kernel takes far longer
-// over one large write into the page cache than over the same bytes in
-// smaller writes: on the 2-core machine the benchmarks run on (Linux 6.18,
-// ext4), a 10 MB file written in one call took 23 to 35 ms in most runs
-// (3 ms in some), in 1 MiB calls 3 ms in every run, with dd as with Go
-// (docs/performance.md, "Eighth round"). An upload's commit spent half its
-// time in that one call.
+// file's bytes are written this way because the kernel can take far
+// longer over one large write into the page cache than over the same
+// bytes in smaller writes: on the 2-core machine the benchmarks run on
+// (Linux 6.18, ext4, a virtual machine), a new 10 MB file written in one
+// call took 23 to 35 ms in most runs, in 1 MiB calls 3 ms, with dd as with
+// Go, for as long as the kernel had recently freed pages to give the page
+// cache (docs/performance.md, "Eighth round"). An upload's commit spent
+// half its time in that one call.
 func writePieces(w io.Writer, data []byte) error {
 	for len(data) > 0 {
 		n := min(len(data), writePiece)
