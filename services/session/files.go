@@ -548,10 +548,11 @@ const writePiece = 1 << 20
 // longer over one large write into the page cache than over the same
 // bytes in smaller writes: on the 2-core machine the benchmarks run on
 // (Linux 6.18, ext4, a virtual machine), a new 10 MB file written in one
-// call took 23 to 35 ms in most runs, in 1 MiB calls 3 ms, with dd as with
-// Go, for as long as the kernel had recently freed pages to give the page
-// cache (docs/performance.md, "Eighth round"). An upload's commit spent
-// half its time in that one call.
+// call took 23 to 29 ms in three runs of five (3 and 8 ms in the others),
+// in 1 MiB calls 3 ms in all five, and dd behaved alike; the pieces are
+// fast for as long as the kernel has recently freed pages to give the
+// page cache (docs/performance.md, "Eighth round"). An upload's commit
+// spent half its time in that one call.
 func writePieces(w io.Writer, data []byte) error {
 	for len(data) > 0 {
 		n := min(len(data), writePiece)

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
@@ -616,5 +618,53 @@ func TestWritePiecesBoundsEachWrite(t *testing.T) {
 	w := recordingWriter{failAt: 2}
 	if err := writePieces(&w, make([]byte, 3*writePiece)); err == nil || err.Error() != "disk full" || len(w.calls) != 2 {
 		t.Fatalf("failed write: %v after %d calls", err, len(w.calls))
+	}
+}
+
+// writeCalls is how many write system calls this process has made
+// (/proc/self/io's syscw, every thread counted).
+func writeCalls(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Skipf("no write count here: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var n int64
+		if _, err := fmt.Sscanf(line, "syscw: %d", &n); err == nil {
+			return n
+		}
+	}
+	t.Skip("no syscw in /proc/self/io")
+	return 0
+}
+
+// writeAt, the one place a stored file's bytes are written, hands them
+// to the kernel piece by piece: a file of three pieces and a bit takes at
+// least four write calls (one, if it were written whole).
+func TestWriteAtWritesInPieces(t *testing.T) {
+	dir, err := unix.Open(t.TempDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dir)
+	data := bytes.Repeat([]byte("0123456789abcdef"), (3*writePiece+16)/16)
+	before := writeCalls(t)
+	if err := writeAt(dir, "f.bin", data); err != nil {
+		t.Fatal(err)
+	}
+	if calls := writeCalls(t) - before; calls < 4 {
+		t.Fatalf("%d bytes written in %d write calls", len(data), calls)
+	}
+	fd, err := unix.Openat(dir, "f.bin", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "f.bin")
+	defer f.Close()
+	got := make([]byte, len(data)+1)
+	n, _ := io.ReadFull(f, got)
+	if !bytes.Equal(got[:n], data) {
+		t.Fatalf("read back %d bytes, not the %d written", n, len(data))
 	}
 }
