@@ -122,3 +122,35 @@ func TestShutdownHardLimit(t *testing.T) {
 		t.Fatal("a stuck call kept the server from stopping past its drain limit")
 	}
 }
+
+// The server's stream workers (streamWorkers, 16) reuse goroutines; they
+// must not bound how many calls run at once: calls that find every worker
+// busy run on goroutines of their own. 48 calls that each wait for the
+// others all get in.
+func TestCallsPastTheWorkersRunAtOnce(t *testing.T) {
+	_, cc, f, _, _ := start(t, time.Second)
+	client := configv1.NewConfigServiceClient(cc)
+	const calls = 48
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	results := make(chan error, calls)
+	for range calls {
+		go func() {
+			_, err := client.Live(ctx, &configv1.LiveRequest{})
+			results <- err
+		}()
+	}
+	for i := range calls {
+		select {
+		case <-f.entered:
+		case <-ctx.Done():
+			t.Fatalf("%d of %d calls running at once; the rest wait for a worker", i, calls)
+		}
+	}
+	close(f.release)
+	for range calls {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
