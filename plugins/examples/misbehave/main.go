@@ -11,6 +11,8 @@
 //	sleep      sleep "ms" milliseconds in the host (deadline on a host wait)
 //	calls      return how many tool calls this instance has run, this one
 //	           included: always 1 when every call gets a fresh instance
+//	fail       return the Go error "text" (the err side of the envelope)
+//	refuse     return a failed result whose output and error are "text"
 //
 // The module also exports the channel and memory worlds (worlds.go), so
 // one test guest covers every adapter: there a message or entry whose
@@ -22,6 +24,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -35,7 +38,7 @@ type misbehave struct{}
 func (misbehave) Name() string        { return "misbehave" }
 func (misbehave) Description() string { return "Misbehaves on request." }
 func (misbehave) ParametersSchema() json.RawMessage {
-	return json.RawMessage(`{"type":"object","properties":{"mode":{"type":"string"},"n":{"type":"integer"},"mb":{"type":"integer"},"size":{"type":"integer"},"ms":{"type":"integer"}},"required":["mode"]}`)
+	return json.RawMessage(`{"type":"object","properties":{"mode":{"type":"string"},"n":{"type":"integer"},"mb":{"type":"integer"},"size":{"type":"integer"},"ms":{"type":"integer"},"text":{"type":"string"}},"required":["mode"]}`)
 }
 
 var sink []([]byte)
@@ -59,6 +62,7 @@ func (misbehave) Execute(args json.RawMessage) (tool.Result, error) {
 		MB   int    `json:"mb"`
 		Size int    `json:"size"`
 		MS   int    `json:"ms"`
+		Text string `json:"text"`
 	}
 	calls++
 	if err := json.Unmarshal(args, &in); err != nil {
@@ -95,6 +99,12 @@ func (misbehave) Execute(args json.RawMessage) (tool.Result, error) {
 		return tool.Result{Success: true, Output: strconv.Itoa(in.N)}, nil
 	case "panic":
 		panic("misbehave: asked to panic")
+	case "fail":
+		return tool.Result{}, errors.New(in.Text)
+	case "refuse":
+		r := tool.Failure(in.Text)
+		r.Output = in.Text
+		return r, nil
 	case "sleep":
 		time.Sleep(time.Duration(in.MS) * time.Millisecond)
 		return tool.Result{Success: true, Output: "slept"}, nil

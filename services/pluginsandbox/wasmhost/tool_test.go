@@ -36,6 +36,36 @@ func TestEchoToolEndToEnd(t *testing.T) {
 	}
 }
 
+// A Go guest writes its result envelope by hand (abi.ToolEnvelope's
+// AppendJSON): what a tool returns on each of its three ways out, text
+// that needs every kind of escape included, reaches the host as returned.
+func TestToolResultEnvelopeEndToEnd(t *testing.T) {
+	h := newHost(t, wasmhost.Limits{})
+	echo := loadTool(t, h, "echo")
+	bad := loadTool(t, h, "misbehave")
+	texts := []string{"", "plain", "quote \" backslash \\ <tag> & amp", "ctl \b\f\n\r\t\u0000\u001f", "é 日本 🙂 \u2028 \u2029"}
+	ctx := context.Background()
+	for _, text := range texts {
+		call := func(tool *wasmhost.Tool, a map[string]string) wasmhost.ToolResult {
+			t.Helper()
+			res, err := tool.Execute(ctx, wasmhost.ToolCall{Args: args(a)})
+			if err != nil {
+				t.Fatalf("%s %v: %v", tool.Name(), a, err)
+			}
+			return res
+		}
+		if res := call(echo, map[string]string{"text": text}); !res.Success || res.Output != text || res.Error != nil {
+			t.Errorf("echo %q: %+v", text, res)
+		}
+		if res := call(bad, map[string]string{"mode": "refuse", "text": text}); res.Success || res.Output != text || res.Error == nil || *res.Error != text {
+			t.Errorf("refuse %q: %+v", text, res)
+		}
+		if res := call(bad, map[string]string{"mode": "fail", "text": text}); res.Success || res.Output != "" || res.Error == nil || *res.Error != text {
+			t.Errorf("fail %q: %+v", text, res)
+		}
+	}
+}
+
 func TestLimitsMustBeNonZero(t *testing.T) {
 	base := wasmhost.DefaultLimits()
 	for _, zero := range []func(*wasmhost.Limits){
