@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 )
 
 // The error codes of docs/spec.md §4.
@@ -103,7 +105,7 @@ func (id *ID) UnmarshalJSON(b []byte) error {
 
 func (id ID) appendJSON(dst []byte) []byte {
 	if id.str {
-		return appendString(dst, id.text)
+		return jsonstr.Append(dst, id.text)
 	}
 	if id.text == "" {
 		return append(dst, "null"...)
@@ -582,19 +584,6 @@ func decodeString(b []byte) (string, bool) {
 	return s, true
 }
 
-// appendString appends s as a JSON string.
-func appendString(dst []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
-			b, _ := json.Marshal(s)
-			return append(dst, b...)
-		}
-	}
-	dst = append(dst, '"')
-	dst = append(dst, s...)
-	return append(dst, '"')
-}
-
 // appendRequest appends one request frame (without LF). params must be
 // compact JSON or empty (left out).
 func appendRequest(dst []byte, id *ID, method string, params json.RawMessage) []byte {
@@ -604,7 +593,7 @@ func appendRequest(dst []byte, id *ID, method string, params json.RawMessage) []
 		dst = id.appendJSON(dst)
 	}
 	dst = append(dst, `,"method":`...)
-	dst = appendString(dst, method)
+	dst = jsonstr.Append(dst, method)
 	if len(params) > 0 {
 		dst = append(dst, `,"params":`...)
 		dst = append(dst, params...)

@@ -1,6 +1,6 @@
 package abi
 
-import "unicode/utf8"
+import "github.com/clawmesh/clawmesh/internal/jsonstr"
 
 // AppendJSON appends e as JSON: the same bytes encoding/json's Marshal
 // gives for it (FuzzToolEnvelopeJSON holds the two together).
@@ -16,13 +16,13 @@ func (e ToolEnvelope) AppendJSON(dst []byte) []byte {
 		dst = append(dst, `{"ok":`...)
 		dst = e.Ok.AppendJSON(dst)
 		dst = append(dst, `,"err":`...)
-		return append(appendJSONString(dst, *e.Err), '}')
+		return append(jsonstr.Append(dst, *e.Err), '}')
 	case e.Ok != nil:
 		dst = append(dst, `{"ok":`...)
 		return append(e.Ok.AppendJSON(dst), '}')
 	case e.Err != nil:
 		dst = append(dst, `{"err":`...)
-		return append(appendJSONString(dst, *e.Err), '}')
+		return append(jsonstr.Append(dst, *e.Err), '}')
 	}
 	return append(dst, "{}"...)
 }
@@ -34,69 +34,12 @@ func (r ToolResult) AppendJSON(dst []byte) []byte {
 	} else {
 		dst = append(dst, `{"success":false,"output":`...)
 	}
-	dst = appendJSONString(dst, r.Output)
+	dst = jsonstr.Append(dst, r.Output)
 	dst = append(dst, `,"error":`...)
 	if r.Error == nil {
 		dst = append(dst, "null"...)
 	} else {
-		dst = appendJSONString(dst, *r.Error)
+		dst = jsonstr.Append(dst, *r.Error)
 	}
 	return append(dst, '}')
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string with encoding/json's
-// escapes: quote and backslash; control characters (\b \f \n \r \t by
-// name, the rest as \u00XX); <, > and & as \u00XX, which keeps the text
-// inert inside HTML; U+2028 and U+2029, which end a line in JavaScript;
-// and each byte of invalid UTF-8 as \ufffd, the replacement character.
-func appendJSONString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		b := s[i]
-		if b < utf8.RuneSelf {
-			if b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch b {
-			case '"', '\\':
-				dst = append(dst, '\\', b)
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		c, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case c == utf8.RuneError && size == 1:
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-		case c == '\u2028' || c == '\u2029':
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[c&0xf])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }

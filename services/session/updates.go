@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
@@ -161,8 +162,9 @@ func appendUpdateParams(b []byte, id, typ string, members []field) ([]byte, erro
 
 // appendParams appends the JSON object of members, keys sorted (the
 // order encoding/json gives a map), each value as encoding/json encodes
-// it. Strings of plain ASCII (most streamed text) are written directly;
-// anything else goes through encoding/json.
+// it. Strings (streamed text above all) are written by jsonstr, with
+// encoding/json's escapes; other values of types not listed below go
+// through encoding/json.
 func appendParams(b []byte, members []field) ([]byte, error) {
 	// Insertion sort: a handful of members.
 	for i := 1; i < len(members); i++ {
@@ -175,7 +177,7 @@ func appendParams(b []byte, members []field) ([]byte, error) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, m.key)
+		b = jsonstr.Append(b, m.key)
 		b = append(b, ':')
 		var err error
 		if b, err = appendValue(b, m.val); err != nil {
@@ -188,7 +190,7 @@ func appendParams(b []byte, members []field) ([]byte, error) {
 func appendValue(b []byte, v any) ([]byte, error) {
 	switch v := v.(type) {
 	case string:
-		return appendJSONString(b, v), nil
+		return jsonstr.Append(b, v), nil
 	case int64:
 		return strconv.AppendInt(b, v, 10), nil
 	case int:
@@ -203,21 +205,6 @@ func appendValue(b []byte, v any) ([]byte, error) {
 		return nil, err
 	}
 	return append(b, raw...), nil
-}
-
-// appendJSONString appends s as encoding/json writes it: directly when
-// every byte is printable ASCII that needs no escape (encoding/json
-// escapes '"', '\\' and, for HTML, '<', '>' and '&'), else by encoding/json.
-func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			raw, _ := json.Marshal(s) // a string always encodes
-			return append(b, raw...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
 }
 
 // flush waits until NATS has every update published so far, so that

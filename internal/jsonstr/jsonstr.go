@@ -1,0 +1,78 @@
+// Package jsonstr writes a Go string as a JSON string, byte for byte as
+// encoding/json's Marshal writes it, without reflection or allocation.
+// Hot paths that build JSON by hand use it: a session update's params,
+// the gateway's frames, a Go plugin's tool result (which runs in a fresh
+// WebAssembly instance, where encoding/json's first use is costly).
+package jsonstr
+
+import "unicode/utf8"
+
+const hexDigits = "0123456789abcdef"
+
+// Append appends s to dst as a JSON string with encoding/json's escapes:
+// quote and backslash; control characters (\b \f \n \r \t by name, the
+// rest as \u00XX); <, > and & as \u00XX, which keeps the text inert
+// inside HTML; U+2028 and U+2029, which end a line in JavaScript; and
+// each byte of invalid UTF-8 as \ufffd, the replacement character.
+func Append(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	// Most strings (ids, keys, plain text) need no escape: found in one
+	// tight pass and copied whole.
+	i := 0
+	for i < len(s) && plain(s[i]) {
+		i++
+	}
+	start := 0
+	for i < len(s) {
+		b := s[i]
+		if b < utf8.RuneSelf {
+			if plain(b) {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch b {
+			case '"', '\\':
+				dst = append(dst, '\\', b)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		c, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case c == utf8.RuneError && size == 1:
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+		case c == '\u2028' || c == '\u2029':
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[c&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// plain reports whether encoding/json writes the byte b as it is: ASCII
+// that is neither a control character, a quote, a backslash nor one of
+// the HTML characters < > &.
+func plain(b byte) bool {
+	return b >= 0x20 && b < utf8.RuneSelf && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&'
+}
