@@ -105,3 +105,25 @@ func BenchmarkDecodeBase64(b *testing.B) {
 		})
 	}
 }
+
+// Decoding into a buffer of exactly DecodedLen writes nothing past it,
+// for every input length around the SIMD decoder's vector sizes, valid
+// or not: the buffer may sit inside a larger pooled array (chunkBuffer)
+// or a size class's spare room, and the client chooses the length.
+func TestDecodeBase64StaysInsideItsBuffer(t *testing.T) {
+	raw := make([]byte, 300)
+	_, _ = rand.Read(raw)
+	for n := range len(raw) {
+		enc := []byte(base64.StdEncoding.EncodeToString(raw[:n]))
+		for _, in := range [][]byte{enc, append(bytes.Clone(enc), '!')} {
+			room := base64.StdEncoding.DecodedLen(len(in))
+			backing := bytes.Repeat([]byte{0xee}, room+64)
+			_, _ = decodeBase64(backing[:room:room], in)
+			for i, c := range backing[room:] {
+				if c != 0xee {
+					t.Fatalf("input of %d bytes: byte %d past the buffer's end written", len(in), i)
+				}
+			}
+		}
+	}
+}
