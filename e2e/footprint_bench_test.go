@@ -24,7 +24,8 @@ const settle = 3 * time.Second
 
 // BenchmarkIdleFootprint reports the summed resident memory of an idle
 // stack's own processes (the launcher, which holds the embedded NATS
-// server, the gateway and the five services; PostgreSQL aside) after one
+// server, the gateway and the services a fresh stack runs, the durable
+// bridge and upload-staging being dormant; PostgreSQL aside) after one
 // client initialized, next to a bare Go gRPC server with health and
 // reflection (internal/e2e/baselinegrpc) measured in the same run.
 // Reported: stack_MB, baseline_MB, and the stack's per-process figures in

@@ -25,8 +25,12 @@ import (
 var allServices = []string{"config", "durable-bridge", "plugin-sandbox", "session", "upload-staging"}
 
 // upServices serve once a fresh stack is up; the durable bridge sleeps
-// until a Collie connects (TestDurableBridgeSleepsUntilCollieConnects).
-var upServices = []string{"config", "plugin-sandbox", "session", "upload-staging"}
+// until a Collie connects (TestDurableBridgeSleepsUntilCollieConnects),
+// upload-staging until a file is sent (TestUploadStagingSleepsUntilAFileIsSent).
+var upServices = []string{"config", "plugin-sandbox", "session"}
+
+// asleep are the services a fresh stack holds dormant.
+var asleep = []string{"durable-bridge", "upload-staging"}
 
 type statusResult struct {
 	ServerVersion    string            `json:"server_version"`
@@ -48,13 +52,19 @@ func status(c *e2e.Client) (statusResult, error) {
 }
 
 // upServing is nil once a fresh stack's services (and extra) serve and
-// its durable bridge is dormant.
+// the others are dormant.
 func upServing(c *e2e.Client, extra ...string) error {
 	if err := allServing(c, append(append([]string{}, upServices...), extra...)); err != nil {
 		return err
 	}
-	if st, err := status(c); err != nil || st.Services["durable-bridge"] != "dormant" {
-		return fmt.Errorf("durable-bridge is %q, want dormant (%v)", st.Services["durable-bridge"], err)
+	st, err := status(c)
+	if err != nil {
+		return err
+	}
+	for _, n := range asleep {
+		if st.Services[n] != "dormant" {
+			return fmt.Errorf("%s is %q, want dormant", n, st.Services[n])
+		}
 	}
 	return nil
 }
@@ -110,8 +120,10 @@ func TestStackUpRecoversAndStopsClean(t *testing.T) {
 	}
 
 	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return upServing(c) })
-	// A Collie wakes the durable bridge; then all five serve.
+	// A Collie wakes the durable bridge, a call on its socket
+	// upload-staging; then all five serve.
 	phone(t, s)
+	wakeStaging(t, s)
 	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return allServing(c, allServices) })
 	st, err := status(c)
 	if err != nil {

@@ -466,6 +466,7 @@ func TestNoSecretOnAnyCommandLine(t *testing.T) {
 		}
 	}
 	phone(t, s) // wakes the durable bridge, whose command line counts too
+	wakeStaging(t, s)
 	pids := s.PIDs()
 	if len(pids) != 6 {
 		t.Fatalf("want five services and the gateway, no private postgres: %v", pids)
@@ -534,6 +535,7 @@ func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	phone(t, s) // the durable bridge, woken, must tell of the bus too
+	wakeStaging(t, s)
 	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return allServing(c, allServices) })
 
 	// The server goes away.

@@ -34,8 +34,10 @@ type Config struct {
 	// Drain bounds in-flight requests at shutdown.
 	Drain time.Duration
 	// Dormant names the services the launcher starts only when a client
-	// of theirs connects (the durable bridge): while the socket at their
-	// address is absent they show as "dormant", not unreachable.
+	// of theirs connects (the durable bridge, upload-staging): while its
+	// marker (datadir.Dormant) is in DataDir a service shows as
+	// "dormant", not unreachable, and is not called for its health (a
+	// connection to its socket would wake it).
 	Dormant []string
 	Log     *zap.Logger
 }

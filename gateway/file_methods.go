@@ -28,6 +28,12 @@ import (
 // the connection's teardown discards its uploads (discardUploads). While
 // the gateway lives it renews a lease on its uploads (renewUploads), so
 // if it dies the staging service discards them once the lease lapses.
+//
+// The launcher starts upload-staging only when a client first connects to
+// its socket (docs/design.md, "Dormant processes"), so the gateway calls
+// it only for the file methods themselves: it renews its lease once one
+// of its connections has begun an upload or attached a file, and tells
+// it of a closed connection only when that connection did.
 
 // transportLocal marks a connection accepted on the local Unix socket.
 // The chunked-upload methods and file/attach's path mode are served only
@@ -133,6 +139,7 @@ func (g *Gateway) fileAttach(ctx context.Context, cs *connState, params json.Raw
 	if g.upload == nil {
 		return nil, uploadUnavailable
 	}
+	g.usingUploads(cs)
 	resp, err := g.upload.Attach(ctx, &uploadv1.AttachRequest{Principal: cs.principalOf(), ConnectionId: cs.id, SessionId: id, Files: files})
 	if err != nil {
 		return nil, serviceError("upload-staging", err)
@@ -170,6 +177,7 @@ func (g *Gateway) uploadBegin(ctx context.Context, cs *connState, params json.Ra
 	if g.upload == nil {
 		return nil, uploadUnavailable
 	}
+	g.usingUploads(cs)
 	resp, err := g.upload.Begin(ctx, &uploadv1.BeginRequest{
 		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, SessionId: id,
 		SizeBytes: *p.SizeBytes, Filename: p.Filename, Sha256: p.SHA256, MimeType: p.MimeType,
@@ -286,7 +294,7 @@ func (g *Gateway) uploadCommit(ctx context.Context, cs *connState, params json.R
 // uploads are discarded at once. If the call fails they are not lost
 // track of: they expire when idle.
 func (g *Gateway) discardUploads(ctx context.Context, cs *connState) {
-	if g.upload == nil {
+	if g.upload == nil || !cs.uploads.Load() {
 		return
 	}
 	if _, err := g.upload.DiscardConnection(ctx, &uploadv1.DiscardConnectionRequest{GatewayId: g.id, ConnectionId: cs.id}); err != nil {
@@ -297,12 +305,27 @@ func (g *Gateway) discardUploads(ctx context.Context, cs *connState) {
 // renewRetry is how soon a failed lease renewal is tried again.
 const renewRetry = time.Second
 
+// usingUploads marks cs, and this gateway, as having called the staging
+// service for uploads: from then on the connection's close is told to it
+// and the gateway's lease is renewed. It comes before the call, so that a
+// connection closing while its first call is in flight is told too.
+func (g *Gateway) usingUploads(cs *connState) {
+	cs.uploads.Store(true)
+	g.uploadsOnce.Do(func() { close(g.uploadsUsed) })
+}
+
 // renewUploads renews this gateway's lease on its connections' uploads
-// until ctx ends: at once, then three times per lease as the staging
-// service states it. Run owns it and waits for it.
+// until ctx ends, from the first upload call on (usingUploads): at once,
+// then three times per lease as the staging service states it. Run owns
+// it and waits for it.
 func (g *Gateway) renewUploads(ctx context.Context) {
 	if g.upload == nil {
 		return
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-g.uploadsUsed:
 	}
 	wait := time.Duration(0)
 	for {

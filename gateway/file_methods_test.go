@@ -11,12 +11,16 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
 )
 
@@ -178,26 +182,33 @@ func (s *chunkSink) Chunk(_ context.Context, req *uploadv1.ChunkRequest) (*uploa
 	return &uploadv1.ChunkResponse{ReceivedBytes: req.GetOffset() + int64(len(req.GetData()))}, nil
 }
 
+// serveStaging serves srv as the upload-staging service on a Unix socket
+// for the test's length and returns a real gRPC client of it.
+func serveStaging(t *testing.T, srv uploadv1.UploadServiceServer) uploadv1.UploadServiceClient {
+	t.Helper()
+	gs := grpc.NewServer()
+	uploadv1.RegisterUploadServiceServer(gs, srv)
+	lis, err := net.Listen("unix", filepath.Join(t.TempDir(), "up.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	cc, err := grpc.NewClient("unix:"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return uploadv1.NewUploadServiceClient(cc)
+}
+
 // Chunks decoded at once on several connections each reach the staging
 // service, over a real gRPC connection, as they were sent: the pooled
 // buffer a chunk is decoded into is not reused while its call still
 // needs it (the race detector watches the same buffers).
 func TestChunksDecodedConcurrentlyArriveIntact(t *testing.T) {
 	sink := &chunkSink{got: map[string][32]byte{}}
-	srv := grpc.NewServer()
-	uploadv1.RegisterUploadServiceServer(srv, sink)
-	lis, err := net.Listen("unix", filepath.Join(t.TempDir(), "up.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	cc, err := grpc.NewClient("unix:"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	g := &Gateway{upload: uploadv1.NewUploadServiceClient(cc)}
+	g := &Gateway{upload: serveStaging(t, sink)}
 
 	const conns, chunks = 6, 8
 	sizes := []int{1 << 20, 1<<20 - 1, 700 << 10, 1<<20 + 10} // the last is decoded outside the pool
@@ -239,5 +250,66 @@ func TestChunksDecodedConcurrentlyArriveIntact(t *testing.T) {
 		if sink.got[k] != sum {
 			t.Errorf("chunk %s arrived changed", k)
 		}
+	}
+}
+
+// stagingCalls counts the calls the gateway makes on its own, outside a
+// file method: lease renewals and closed connections.
+type stagingCalls struct {
+	uploadv1.UnimplementedUploadServiceServer
+	renews, discards atomic.Int32
+}
+
+func (s *stagingCalls) Renew(context.Context, *uploadv1.RenewRequest) (*uploadv1.RenewResponse, error) {
+	s.renews.Add(1)
+	return &uploadv1.RenewResponse{LeaseMs: 60_000}, nil
+}
+
+func (s *stagingCalls) DiscardConnection(context.Context, *uploadv1.DiscardConnectionRequest) (*uploadv1.DiscardConnectionResponse, error) {
+	s.discards.Add(1)
+	return &uploadv1.DiscardConnectionResponse{}, nil
+}
+
+func (s *stagingCalls) Begin(context.Context, *uploadv1.BeginRequest) (*uploadv1.BeginResponse, error) {
+	return &uploadv1.BeginResponse{UploadId: fmt.Sprintf("%032x", 1), ChunkBytes: 1 << 20, MaxBytes: 10 << 20}, nil
+}
+
+// A gateway calls the staging service only once a client uses a file
+// method (the launcher starts it on its first connection): no lease is
+// renewed and no closed connection told of until then; from an upload
+// on, the lease is renewed, and the close of the connection that began
+// it is told, while that of one that did not is still not.
+func TestStagingCalledOnlyOnceUploadsAreUsed(t *testing.T) {
+	calls := &stagingCalls{}
+	g := &Gateway{upload: serveStaging(t, calls), uploadsUsed: make(chan struct{}), log: zap.NewNop()}
+	ctx, cancel := context.WithCancel(context.Background())
+	renewing := make(chan struct{})
+	go func() { defer close(renewing); g.renewUploads(ctx) }()
+	defer func() { cancel(); <-renewing }()
+
+	idle := &connState{id: "conn-idle", transport: transportLocal}
+	g.discardUploads(context.Background(), idle)
+	time.Sleep(300 * time.Millisecond) // time enough for a renewal at once
+	if r, d := calls.renews.Load(), calls.discards.Load(); r != 0 || d != 0 {
+		t.Fatalf("before any upload: %d renewals, %d discards; want none", r, d)
+	}
+
+	up := &connState{id: "conn-up", transport: transportLocal}
+	if _, err := methods["file/upload/begin"].call(g, context.Background(), up, json.RawMessage(`{"session_id":"s1","size_bytes":5}`)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if calls.renews.Load() == 0 {
+			return errors.New("no lease renewal after an upload began")
+		}
+		return nil
+	})
+	g.discardUploads(context.Background(), idle)
+	if d := calls.discards.Load(); d != 0 {
+		t.Fatalf("a connection that began no upload was told of: %d discards", d)
+	}
+	g.discardUploads(context.Background(), up)
+	if d := calls.discards.Load(); d != 1 {
+		t.Fatalf("the uploading connection's close: %d discards, want 1", d)
 	}
 }

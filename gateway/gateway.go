@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"slices"
@@ -21,6 +20,7 @@ import (
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/coalesce"
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
@@ -60,6 +60,9 @@ type Gateway struct {
 	// id names this gateway process to the upload-staging service, which
 	// keeps its connections' uploads while it renews its lease.
 	id string
+	// uploadsUsed is closed at the first upload call (usingUploads).
+	uploadsUsed chan struct{}
+	uploadsOnce sync.Once
 
 	// wg counts every goroutine the gateway starts (spawn): outboxes,
 	// elicitations, asks, the monitor. Run waits for them.
@@ -85,7 +88,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, id: ids.New("gw-"),
+		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, id: ids.New("gw-"), uploadsUsed: make(chan struct{}),
 		monitor: newMonitor(500*time.Millisecond, cfg.Log), states: map[*jsonrpc.Conn]*connState{},
 	}
 	dial := func(name, addr string) (*grpc.ClientConn, error) {
@@ -116,7 +119,8 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		}
 		var asleep func() bool
 		if slices.Contains(cfg.Dormant, s.name) {
-			asleep = func() bool { _, err := os.Stat(s.addr); return errors.Is(err, fs.ErrNotExist) }
+			mark := datadir.Dormant(cfg.DataDir, s.name)
+			asleep = func() bool { _, err := os.Stat(mark); return err == nil }
 		}
 		g.monitor.add(s.name, cc, asleep)
 		switch s.name {
@@ -408,6 +412,9 @@ type connState struct {
 
 	// transport is transportLocal for the local socket (file_methods.go).
 	transport string
+	// uploads is set once the connection began an upload or attached a
+	// file (usingUploads).
+	uploads atomic.Bool
 
 	mu        sync.Mutex
 	principal *commonv1.Principal

@@ -63,3 +63,9 @@ func SecretKey(dir string) string { return filepath.Join(dir, ".secret_key") }
 // client connects (it has state to keep and duties of its own: asks to
 // raise again, texts waiting for a pane's next turn).
 func DurableWoken(dir string) string { return filepath.Join(dir, "durable-bridge.woken") }
+
+// Dormant marks a process the launcher holds the socket of and has not
+// started yet (the durable bridge, upload-staging): the gateway shows it
+// "dormant" while the file exists. The launcher removes it once the
+// process serves, and when it stops.
+func Dormant(dir, process string) string { return filepath.Join(dir, process+".dormant") }

@@ -16,33 +16,46 @@ import (
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/durablesock"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/listenfd"
+	"github.com/clawmesh/clawmesh/internal/unixsock"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
-// DurableBridge is the process that may sleep: it serves Collie alone,
+// DurableBridge may sleep (see dormant): it serves Collie alone,
 // and a stack no Collie has used has nothing for it to do (measured: an
 // idle bridge holds 11 MB resident).
 const DurableBridge = "durable-bridge"
 
-// dormant holds the durable bridge's private socket while the bridge is
-// not started. The first client connection wakes it: the launcher starts
-// the bridge and hands it the socket, and the connection, waiting in the
-// socket's backlog, is served. The launcher keeps the socket for the
-// bridge's later runs too, so a client connecting during a restart waits
-// instead of being refused.
+// UploadStaging sleeps too: it serves the gateway's file methods alone,
+// and a stack nobody has sent a file to has nothing staged (measured: an
+// idle upload-staging holds 8.8 MB resident).
+const UploadStaging = "upload-staging"
+
+// dormant holds the socket of a process the launcher has not started
+// (its clients' socket for the durable bridge, its gRPC socket for
+// upload-staging). The first client connection wakes it: the launcher
+// starts the process and hands it the socket, and the connection,
+// waiting in the socket's backlog, is served. The launcher keeps the
+// socket for the process's later runs too, so a client connecting during
+// a restart waits instead of being refused. While it sleeps the marker
+// datadir.Dormant says so to the gateway, which shows it "dormant".
 type dormant struct {
+	name    string // the process
+	fdName  string // the name it is passed the socket under (listenfd)
 	log     *zap.Logger
 	dataDir string
 	path    string
 	ln      *net.UnixListener
-	file    *os.File // the descriptor each run of the bridge is given
+	file    *os.File // the descriptor each run of the process is given
+	// woke runs once the process has started (nil: nothing to do).
+	woke func()
 
 	// The watch's stop pipe.
 	stopR, stopW int
 	closeOnce    sync.Once
 
 	mu     sync.Mutex
-	handed bool // the socket goes to the bridge (else it listens itself)
+	handed bool // the socket goes to the process (else it listens itself)
 	woken  bool
 	wg     sync.WaitGroup
 }
@@ -60,10 +73,10 @@ type dormant struct {
 // bridge having run, does not hold it.
 func holdDurable(dataDir string, log *zap.Logger) (*dormant, error) {
 	if os.Getenv(durablesock.EnvSocket) != "" {
-		return nil, nil
+		return nil, clearDormant(dataDir, DurableBridge)
 	}
 	if _, err := os.Stat(datadir.DurableWoken(dataDir)); err == nil {
-		return nil, nil
+		return nil, clearDormant(dataDir, DurableBridge)
 	}
 	path := durablesock.DefaultSocket(dataDir)
 	ln, err := durablesock.ListenSocket(path)
@@ -72,29 +85,82 @@ func holdDurable(dataDir string, log *zap.Logger) (*dormant, error) {
 		// (durable.socket_path), which the launcher cannot know yet:
 		// it starts with the others and says itself what is wrong.
 		log.Warn("durable socket not held; the bridge starts with the stack", zap.String("socket", path), zap.Error(err))
-		return nil, nil
+		return nil, clearDormant(dataDir, DurableBridge)
 	}
-	uln := ln.(*net.UnixListener)
+	// A gRPC socket left by an earlier run would be dialled by whoever
+	// looks for the bridge there; it belongs to a bridge that runs.
+	_ = os.Remove(datadir.ServiceSocket(dataDir, DurableBridge, 0))
+	d, err := hold(dataDir, DurableBridge, listenfd.DurableSocket, path, ln, log)
+	if err != nil {
+		return nil, fmt.Errorf("durable socket: %w", err)
+	}
+	d.woke = func() {
+		if err := os.WriteFile(datadir.DurableWoken(dataDir), nil, 0o600); err != nil {
+			log.Warn("durable bridge not marked as woken; it sleeps again at the next start", zap.Error(err))
+		}
+	}
+	return d, nil
+}
+
+// holdStaging makes upload-staging sleep until its first client (the
+// gateway's first file method, or an operator's grpcurl) connects to its
+// gRPC socket, on every start: it keeps nothing across runs. A socket
+// that cannot be held is no reason to stop: it then starts with the
+// others and listens itself (and says what is wrong).
+func holdStaging(dataDir string, log *zap.Logger) (*dormant, error) {
+	path := datadir.ServiceSocket(dataDir, UploadStaging, 0)
+	ln, err := unixsock.Listen(path)
+	if err != nil {
+		log.Warn("upload-staging socket not held; it starts with the stack", zap.String("socket", path), zap.Error(err))
+		return nil, clearDormant(dataDir, UploadStaging)
+	}
+	d, err := hold(dataDir, UploadStaging, listenfd.GRPCSocket, path, ln, log)
+	if err != nil {
+		return nil, fmt.Errorf("upload-staging socket: %w", err)
+	}
+	return d, nil
+}
+
+// hold makes the dormant of process name on ln, listening at path, and
+// marks it dormant for the gateway.
+func hold(dataDir, name, fdName, path string, ln net.Listener, log *zap.Logger) (*dormant, error) {
+	uln, ok := ln.(*net.UnixListener)
+	if !ok {
+		ln.Close()
+		return nil, fmt.Errorf("%s is not a Unix socket", path)
+	}
 	file, err := uln.File()
 	if err != nil {
 		ln.Close()
-		return nil, fmt.Errorf("durable socket: %w", err)
+		return nil, err
 	}
 	var pipe [2]int
 	if err := unix.Pipe2(pipe[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		file.Close()
 		ln.Close()
-		return nil, fmt.Errorf("durable socket watch: %w", err)
+		return nil, fmt.Errorf("watch: %w", err)
 	}
-	// A gRPC socket left by an earlier run would show the sleeping
-	// bridge as unreachable rather than dormant (the gateway tells them
-	// apart by the socket's presence).
-	_ = os.Remove(datadir.ServiceSocket(dataDir, DurableBridge, 0))
-	return &dormant{log: log, dataDir: dataDir, path: path, ln: uln, file: file, handed: true,
-		stopR: pipe[0], stopW: pipe[1]}, nil
+	if err := os.WriteFile(datadir.Dormant(dataDir, name), nil, 0o600); err != nil {
+		file.Close()
+		ln.Close()
+		unix.Close(pipe[0])
+		unix.Close(pipe[1])
+		return nil, fmt.Errorf("dormant marker: %w", err)
+	}
+	return &dormant{name: name, fdName: fdName, log: log, dataDir: dataDir, path: path, ln: uln, file: file,
+		handed: true, stopR: pipe[0], stopW: pipe[1]}, nil
 }
 
-// passed returns the socket to pass to a run of the bridge, or nil.
+// clearDormant removes a dormant marker an earlier launcher left (it died
+// before removing it): the process starts with the stack this time.
+func clearDormant(dataDir, name string) error {
+	if err := os.Remove(datadir.Dormant(dataDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%s: stale dormant marker: %w", name, err)
+	}
+	return nil
+}
+
+// passed returns the socket to pass to a run of the process, or nil.
 func (d *dormant) passed() *os.File {
 	if d == nil {
 		return nil
@@ -127,7 +193,7 @@ func configured(ctx context.Context, configSocket string) (bool, error) {
 	return d.SocketPath != "" || d.ListenURL != "", nil
 }
 
-// watch wakes the bridge, with start, when a client connects to its
+// watch wakes the process, with start, when a client connects to its
 // socket, on a goroutine the dormant owns until close. start runs at most
 // once.
 func (d *dormant) watch(start func() error) {
@@ -136,12 +202,22 @@ func (d *dormant) watch(start func() error) {
 		defer d.wg.Done()
 		if err := d.waitClient(); err != nil {
 			if !errors.Is(err, errStopWatch) {
-				d.log.Warn("durable socket not watched; the bridge starts now", zap.Error(err))
+				d.log.Warn("socket not watched; the process starts now", zap.String("process", d.name), zap.Error(err))
 				d.wake(true, "the socket could not be watched", start)
 			}
 			return
 		}
 		d.wake(true, "a client connected", start)
+	}()
+}
+
+// wakeSoon wakes the process at once, on a goroutine the dormant owns
+// until close: the stack's start does not wait for it.
+func (d *dormant) wakeSoon(handOver bool, why string, start func() error) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.wake(handOver, why, start)
 	}()
 }
 
@@ -168,7 +244,7 @@ func (d *dormant) waitClient() error {
 			case fds[1].Revents != 0:
 				werr = errStopWatch
 			case fds[0].Revents&unix.POLLIN == 0:
-				werr = fmt.Errorf("durable socket: poll events %#x", fds[0].Revents)
+				werr = fmt.Errorf("%s: poll events %#x", d.path, fds[0].Revents)
 			}
 			return
 		}
@@ -181,9 +257,10 @@ func (d *dormant) waitClient() error {
 // errStopWatch ends a watch at close.
 var errStopWatch = errors.New("watch stopped")
 
-// wake starts the bridge once. handOver false closes the held socket
-// first: the bridge listens where its config says. The data directory is
-// marked so that the bridge starts with the stack from now on.
+// wake starts the process once. handOver false closes the held socket
+// first: the process listens where its config says. Once start returns
+// (the process serves, or could not be started), the dormant marker goes:
+// the gateway then shows the process as it is.
 func (d *dormant) wake(handOver bool, why string, start func() error) {
 	d.mu.Lock()
 	if d.woken {
@@ -195,24 +272,28 @@ func (d *dormant) wake(handOver bool, why string, start func() error) {
 	if !handOver {
 		d.drop()
 	}
-	d.log.Info("waking the durable bridge", zap.String("why", why))
-	if err := start(); err != nil {
+	d.log.Info("waking a dormant process", zap.String("process", d.name), zap.String("why", why))
+	err := start()
+	if rerr := clearDormant(d.dataDir, d.name); rerr != nil {
+		d.log.Warn("dormant marker left", zap.Error(rerr))
+	}
+	if err != nil {
 		if !errors.Is(err, errStopping) {
-			d.log.Error("durable bridge not started; its socket is closed", zap.Error(err))
+			d.log.Error("dormant process not started; its socket is closed", zap.String("process", d.name), zap.Error(err))
 		}
 		// A client waiting in the backlog is refused now, rather than
-		// left waiting for a bridge that will not come. (Not release:
+		// left waiting for a process that will not come. (Not release:
 		// this may run on the watch, which release waits for.)
 		d.drop()
 		return
 	}
-	if err := os.WriteFile(datadir.DurableWoken(d.dataDir), nil, 0o600); err != nil {
-		d.log.Warn("durable bridge not marked as woken; it sleeps again at the next start", zap.Error(err))
+	if d.woke != nil {
+		d.woke()
 	}
 }
 
 // close stops the watch and waits for it; the held socket is closed (and
-// its file removed) by release, after the bridge has stopped.
+// its file removed) by release, after the process has stopped.
 func (d *dormant) close() {
 	d.closeOnce.Do(func() {
 		_, _ = unix.Write(d.stopW, []byte{0})
@@ -222,10 +303,14 @@ func (d *dormant) close() {
 	})
 }
 
-// release closes the held socket; called once every process has stopped.
+// release closes the held socket and removes the marker; called once
+// every process has stopped.
 func (d *dormant) release() {
 	d.close() // when the start failed before the watch's stopper was set
 	d.drop()
+	if err := clearDormant(d.dataDir, d.name); err != nil {
+		d.log.Warn("dormant marker left", zap.Error(err))
+	}
 }
 
 // drop closes the held socket (removing its file), once.

@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -11,9 +12,14 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/durablesock"
+	"github.com/clawmesh/clawmesh/internal/listenfd"
 )
 
 func privateDir(t *testing.T) string {
@@ -46,6 +52,9 @@ func TestDormantWakesOnFirstConnection(t *testing.T) {
 	}
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Fatalf("stale gRPC socket kept: %v", err)
+	}
+	if _, err := os.Stat(datadir.Dormant(dir, DurableBridge)); err != nil {
+		t.Fatalf("not marked dormant for the gateway: %v", err)
 	}
 	var starts atomic.Int32
 	woke := make(chan struct{}, 2)
@@ -88,6 +97,9 @@ func TestDormantWakesOnFirstConnection(t *testing.T) {
 	if _, err := os.Stat(datadir.DurableWoken(dir)); err != nil {
 		t.Fatalf("not marked: %v", err)
 	}
+	if _, err := os.Stat(datadir.Dormant(dir, DurableBridge)); !os.IsNotExist(err) {
+		t.Fatalf("still marked dormant once started: %v", err)
+	}
 	d.release()
 	if _, err := os.Stat(filepath.Join(dir, "durable.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left after release: %v", err)
@@ -113,8 +125,76 @@ func TestDormantOnlyWhenNeverRun(t *testing.T) {
 	if err := os.WriteFile(datadir.DurableWoken(dir), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A marker left by a launcher that died goes when nothing is held.
+	if err := os.WriteFile(datadir.Dormant(dir, DurableBridge), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if d, err := holdDurable(dir, zap.NewNop()); d != nil || err != nil {
 		t.Fatalf("after the bridge ran: %v, %v", d, err)
+	}
+	if _, err := os.Stat(datadir.Dormant(dir, DurableBridge)); !os.IsNotExist(err) {
+		t.Fatalf("stale dormant marker kept: %v", err)
+	}
+}
+
+// upload-staging's gRPC socket is held on every start and marked
+// dormant; the first connection, a gRPC call, waits in its backlog while
+// the service starts, is served by it on the socket it is handed, and
+// the marker goes once the start returns. release removes the socket.
+func TestDormantStagingServesTheWakingCall(t *testing.T) {
+	dir := privateDir(t)
+	path := datadir.ServiceSocket(dir, UploadStaging, 0)
+	d, err := holdStaging(dir, zap.NewNop())
+	if err != nil || d == nil {
+		t.Fatalf("holdStaging: %v, %v", d, err)
+	}
+	if d.fdName != listenfd.GRPCSocket {
+		t.Fatalf("handed as %q", d.fdName)
+	}
+	if _, err := os.Stat(datadir.Dormant(dir, UploadStaging)); err != nil {
+		t.Fatalf("not marked dormant: %v", err)
+	}
+	var starts atomic.Int32
+	served := make(chan *grpc.Server, 1)
+	d.watch(func() error {
+		starts.Add(1)
+		ln, err := net.FileListener(d.passed())
+		if err != nil {
+			return err
+		}
+		srv := grpc.NewServer()
+		hs := health.NewServer()
+		healthpb.RegisterHealthServer(srv, hs)
+		go func() { _ = srv.Serve(ln) }()
+		served <- srv
+		return nil
+	})
+	cc, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("the waking call: %v, %v", resp, err)
+	}
+	srv := <-served
+	d.close()
+	srv.Stop()
+	if n := starts.Load(); n != 1 {
+		t.Fatalf("started %d times", n)
+	}
+	if _, err := os.Stat(datadir.Dormant(dir, UploadStaging)); !os.IsNotExist(err) {
+		t.Fatalf("still marked dormant once started: %v", err)
+	}
+	if _, err := os.Stat(datadir.DurableWoken(dir)); !os.IsNotExist(err) {
+		t.Fatalf("upload-staging's wake marked the bridge's: %v", err)
+	}
+	d.release()
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("socket left after release: %v", err)
 	}
 }
 
@@ -150,6 +230,9 @@ func TestDormantFailures(t *testing.T) {
 	d.release()
 	if _, err := os.Stat(datadir.DurableWoken(dir)); !os.IsNotExist(err) {
 		t.Fatalf("marked although the bridge never started: %v", err)
+	}
+	if _, err := os.Stat(datadir.Dormant(dir, DurableBridge)); !os.IsNotExist(err) {
+		t.Fatalf("marked dormant although its start failed: %v", err)
 	}
 	if _, err := net.Dial("unix", filepath.Join(dir, "durable.sock")); err == nil {
 		t.Fatal("the socket still takes connections")

@@ -208,8 +208,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("client socket: %w", err)
 	}
 	stoppers = append(stoppers, func() { clientFile.Close() })
-	// The durable bridge may sleep until a client connects
-	// (dormant.go); its socket is then the launcher's meanwhile.
+	// The durable bridge and upload-staging may sleep until a client
+	// connects (dormant.go); their sockets are then the launcher's
+	// meanwhile.
 	durable, err := holdDurable(cfg.DataDir, log)
 	if err != nil {
 		return err
@@ -217,21 +218,34 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if durable != nil {
 		stoppers = append(stoppers, durable.release)
 	}
+	staging, err := holdStaging(cfg.DataDir, log)
+	if err != nil {
+		return err
+	}
+	if staging != nil {
+		stoppers = append(stoppers, staging.release)
+	}
+	var held []*dormant
+	for _, d := range []*dormant{durable, staging} {
+		if d != nil {
+			held = append(held, d)
+		}
+	}
 	// The processes stop before the bus and the sockets they use.
 	stoppers = append(stoppers, sup.stopAll)
 
-	procs, err := plan(cfg, dbURL, natsURL, clientFile, durable)
+	procs, err := plan(cfg, dbURL, natsURL, clientFile, held)
 	if err != nil {
 		return err
 	}
 	// Services start together; the gateway only once they all serve.
 	services, gateway := procs[:len(procs)-1], procs[len(procs)-1]
-	var bridge *proc
-	if durable != nil {
-		for i, p := range services {
-			if p.name == DurableBridge {
-				bridge = p
-				services = append(services[:i:i], services[i+1:]...)
+	sleeping := make([]*proc, len(held))
+	for i, d := range held {
+		for j, p := range services {
+			if p.name == d.name {
+				sleeping[i] = p
+				services = append(services[:j:j], services[j+1:]...)
 				break
 			}
 		}
@@ -244,21 +258,35 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, services); err != nil {
 		return err
 	}
-	if bridge != nil {
-		startBridge := func() error { return sup.start(bridge, stop) }
-		// Stopped before the processes (stoppers run in reverse), so no
-		// wake starts the bridge while they stop.
-		stoppers = append(stoppers, durable.close)
-		switch yes, err := configured(ctx, datadir.ServiceSocket(cfg.DataDir, "config", 0)); {
-		case err != nil:
-			log.Warn("durable settings not read; the bridge starts now", zap.Error(err))
-			durable.wake(false, "its settings could not be read", startBridge)
-		case yes:
-			durable.wake(false, "durable.socket_path or durable.listen_url is set", startBridge)
-		default:
-			log.Info("durable bridge dormant until a client connects", zap.String("socket", durable.path))
-			durable.watch(startBridge)
+	for i, d := range held {
+		p := sleeping[i]
+		// A wake ends once the process serves: until then the gateway
+		// shows it dormant rather than unreachable.
+		start := func() error {
+			if err := sup.start(p, stop); err != nil {
+				return err
+			}
+			if err := sup.waitReady(stopCtx, cfg.ReadyTimeout, []*proc{p}); err != nil {
+				log.Warn("a woken process is not ready", zap.String("process", p.name), zap.Error(err))
+			}
+			return nil
 		}
+		// Stopped before the processes (stoppers run in reverse), so no
+		// wake starts one while they stop.
+		stoppers = append(stoppers, d.close)
+		if d == durable {
+			switch yes, err := configured(ctx, datadir.ServiceSocket(cfg.DataDir, "config", 0)); {
+			case err != nil:
+				log.Warn("durable settings not read; the bridge starts now", zap.Error(err))
+				d.wakeSoon(false, "its settings could not be read", start)
+				continue
+			case yes:
+				d.wakeSoon(false, "durable.socket_path or durable.listen_url is set", start)
+				continue
+			}
+		}
+		log.Info("dormant until a client connects", zap.String("process", d.name), zap.String("socket", d.path))
+		d.watch(start)
 	}
 	if err := sup.start(gateway, stop); err != nil {
 		return err
@@ -325,7 +353,7 @@ const (
 // plan lists the processes with their arguments and environment, in the
 // stack table's order (gateway last). The gateway gets the client socket
 // as a passed descriptor.
-func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, durable *dormant) ([]*proc, error) {
+func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dormant) ([]*proc, error) {
 	common := []string{"--config-dir", cfg.DataDir, "--nats-url", natsURL}
 	env := []string{service.EnvDatabaseURL + "=" + dbURL}
 	var plugins []string
@@ -336,6 +364,10 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, durable *dor
 	sets, err := json.Marshal(cfg.Sets)
 	if err != nil {
 		return nil, fmt.Errorf("--set values: %w", err)
+	}
+	var asleep []string
+	for _, d := range held {
+		asleep = append(asleep, d.name)
 	}
 	var procs []*proc
 	for _, sp := range stack.Processes {
@@ -357,8 +389,14 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, durable *dor
 			if sp.Edge && cfg.Ephemeral {
 				args = append(args, "--ephemeral")
 			}
-			if sp.Edge && durable != nil {
-				args = append(args, "--dormant", DurableBridge)
+			if sp.Edge && len(asleep) > 0 {
+				args = append(args, "--dormant", strings.Join(asleep, ","))
+			}
+			var mine *dormant // the socket this process is handed, if held
+			for _, d := range held {
+				if d.name == name {
+					mine = d
+				}
 			}
 			bin, edge := filepath.Join(cfg.BinDir, sp.Name), sp.Edge
 			if _, err := os.Stat(bin); err != nil {
@@ -376,8 +414,8 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, durable *dor
 					if edge {
 						listenfd.Pass(cmd, []string{listenfd.ClientSocket}, []*os.File{clientSocket})
 					}
-					if f := durable.passed(); f != nil && sp.Name == DurableBridge {
-						listenfd.Pass(cmd, []string{listenfd.DurableSocket}, []*os.File{f})
+					if f := mine.passed(); f != nil {
+						listenfd.Pass(cmd, []string{mine.fdName}, []*os.File{f})
 					}
 					// Own process group: a terminal's Ctrl-C reaches only
 					// the launcher, which stops everything in order.

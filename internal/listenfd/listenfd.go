@@ -39,13 +39,18 @@ func Pass(cmd *exec.Cmd, names []string, files []*os.File) {
 // passed under that name. The descriptors passed are this process's only
 // when LISTEN_PID is unset (the launcher cannot know the pid before the
 // fork) or names this process, as systemd sets it. The variables are
-// removed, so a child of this process does not take them for its own.
+// removed once a socket is taken (or when they are another process's),
+// so a child of this process does not take them for its own; asking for
+// a name that was not passed leaves them for the process's other
+// lookups (every service asks for its gRPC socket, the gateway then for
+// the client socket).
 func Listener(name string) (net.Listener, error) {
 	count, names, pid := os.Getenv(envFDs), os.Getenv(envNames), os.Getenv(envPID)
-	os.Unsetenv(envFDs)
-	os.Unsetenv(envNames)
-	os.Unsetenv(envPID)
-	if count == "" || (pid != "" && pid != strconv.Itoa(os.Getpid())) {
+	if count == "" {
+		return nil, nil
+	}
+	if pid != "" && pid != strconv.Itoa(os.Getpid()) {
+		unset()
 		return nil, nil
 	}
 	n, err := strconv.Atoi(count)
@@ -57,6 +62,7 @@ func Listener(name string) (net.Listener, error) {
 		if i >= len(list) || list[i] != name {
 			continue
 		}
+		unset()
 		f := os.NewFile(uintptr(firstFD+i), name)
 		ln, err := net.FileListener(f)
 		f.Close() // FileListener holds its own duplicate
@@ -74,3 +80,13 @@ const ClientSocket = "clawmesh-client"
 // DurableSocket names the durable bridge's private socket, which the
 // launcher holds while the bridge is dormant and passes it when it wakes.
 const DurableSocket = "collie-durable"
+
+// GRPCSocket names a service's own gRPC socket, which the launcher holds
+// while the service is dormant (upload-staging) and passes it at each run.
+const GRPCSocket = "clawmesh-grpc"
+
+func unset() {
+	os.Unsetenv(envFDs)
+	os.Unsetenv(envNames)
+	os.Unsetenv(envPID)
+}

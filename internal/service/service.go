@@ -32,6 +32,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/listenfd"
 	"github.com/clawmesh/clawmesh/internal/logging"
 	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/pg"
@@ -304,7 +305,13 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	if err := spec.Register(ctx, env); err != nil {
 		return fmt.Errorf("register %s: %w", spec.Name, err)
 	}
-	lis, err := grpcserver.Listen(o.listen)
+	// A launcher that held this service's socket while it slept passes
+	// it (connections made meanwhile wait in its backlog); otherwise
+	// listen on the address.
+	lis, err := listenfd.Listener(listenfd.GRPCSocket)
+	if err == nil && lis == nil {
+		lis, err = grpcserver.Listen(o.listen)
+	}
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ var Rows = []row{
 		Subject: sel{"BenchmarkEchoCall/paced", "p50-us"}, Target: 300, AtMost: true},
 	{Work: "hand-assembled (WAT-level) plugin tool call, fresh instance, p50 (µs)",
 		Subject: sel{"BenchmarkMinimalCall", "p50-us"}, Target: 100, AtMost: true},
-	{Work: "idle footprint: launcher, gateway, services, durable bridge dormant (MB RSS)",
+	{Work: "idle footprint: launcher, gateway, services, durable bridge and upload-staging dormant (MB RSS)",
 		Subject: sel{"BenchmarkIdleFootprint", "stack_MB"}, Baseline: sel{"BenchmarkIdleFootprint", "baseline_MB"}, Target: 100, AtMost: true, Absolute: true},
 	{Work: "clawmesh up on an existing data dir -> first initialize (ms)",
 		Subject: sel{"BenchmarkStartup", "startup_ms"}, Baseline: sel{"BenchmarkStartup", "pg_start_ms"}, Target: 1000, AtMost: true, Absolute: true},

@@ -36,7 +36,7 @@ func spec() service.Spec {
 			fs.StringVar(&socket, "socket", "", "client socket (env ZEROCLAW_SOCKET; default <data>/daemon.sock)")
 			fs.BoolVar(&ephemeral, "ephemeral", false, "exit 1 s after the last client disconnects")
 			fs.DurationVar(&drain, "client-drain", 10*time.Second, "longest drain of in-flight client requests at shutdown")
-			fs.StringVar(&dormant, "dormant", "", "services the launcher may not have started yet (comma-separated): shown dormant while their socket is absent")
+			fs.StringVar(&dormant, "dormant", "", "services the launcher may not have started yet (comma-separated): shown dormant while the launcher marks them so")
 		},
 		Register: func(ctx context.Context, env *service.Env) error {
 			if socket == "" {
