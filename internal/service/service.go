@@ -85,10 +85,6 @@ type Spec struct {
 	// env.Server.GRPC. It may start goroutines with env.Go and add closers
 	// with env.OnClose.
 	Register func(ctx context.Context, env *Env) error
-	// KeepStartupPages leaves mapped the pages of the binary that start-up
-	// touched (see internal/startpages), which every other process gives
-	// back once it serves.
-	KeepStartupPages bool
 	// Run, when set, is the process's own work beside the gRPC server (the
 	// gateway serves its socket). It runs once the process serves; when it
 	// returns the process stops with its result, and ctx's cancellation
@@ -317,11 +313,8 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}
 	env.Server.SetServing(spec.HealthNames...)
 	log.Info("serving", zap.String("listen", o.listen), zap.String("data_dir", o.dataDir))
-	if !spec.KeepStartupPages {
-		// Start-up is over: its pages of the binary go back (see
-		// startpages).
-		startpages.Release()
-	}
+	// Start-up is over: its pages of the binary go back (see startpages).
+	startpages.Release()
 
 	serveErr := make(chan error, 1)
 	go func() {

@@ -28,10 +28,6 @@ func spec() service.Spec {
 	return service.Spec{
 		Name: "gateway",
 		Role: bus.RoleGateway,
-		// The edge keeps its pages: its first client requests would fault
-		// them back in, and its resident set is held to the bounds of
-		// docs/spec.md §3 measured from its start (e2e bounds_test.go).
-		KeepStartupPages: true,
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&socket, "socket", "", "client socket (env ZEROCLAW_SOCKET; default <data>/daemon.sock)")
 			fs.BoolVar(&ephemeral, "ephemeral", false, "exit 1 s after the last client disconnects")
