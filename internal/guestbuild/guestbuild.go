@@ -5,6 +5,9 @@
 package guestbuild
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -34,7 +37,25 @@ func Root() string {
 
 // Wasm builds plugins/examples/<name> on first use and returns the path of
 // its .wasm; later calls, from any goroutine, reuse it.
-func Wasm(name string) (string, error) {
+func Wasm(name string) (string, error) { return wasm(name, "", "") }
+
+// WasmWith builds plugins/examples/<name> with one more source file in its
+// folder, file holding src, added through go build's -overlay (the folder
+// is not touched); each file and content is built once, as Wasm's.
+// Benchmarks use it to move the example's code to other offsets.
+func WasmWith(name, file, src string) (string, error) {
+	if file == "" || filepath.Base(file) != file {
+		return "", fmt.Errorf("build guest %s: %q is not a file name", name, file)
+	}
+	return wasm(name, file, src)
+}
+
+func wasm(name, file, src string) (string, error) {
+	key := name
+	if file != "" {
+		sum := sha256.Sum256([]byte(file + "\x00" + src))
+		key = name + "-" + hex.EncodeToString(sum[:8])
+	}
 	state.mu.Lock()
 	if state.dir == "" {
 		dir, err := os.MkdirTemp("", "clawmesh-guests-")
@@ -44,14 +65,33 @@ func Wasm(name string) (string, error) {
 		}
 		state.dir, state.builds = dir, map[string]*build{}
 	}
-	b, ok := state.builds[name]
+	b, ok := state.builds[key]
 	if !ok {
-		b = &build{path: filepath.Join(state.dir, name+".wasm")}
-		state.builds[name] = b
+		b = &build{path: filepath.Join(state.dir, key+".wasm")}
+		state.builds[key] = b
 	}
+	dir := state.dir
 	state.mu.Unlock()
 	b.once.Do(func() {
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", b.path, "./plugins/examples/"+name)
+		args := []string{"build", "-buildmode=c-shared", "-o", b.path}
+		if file != "" {
+			extra := filepath.Join(dir, key+".go")
+			overlay := filepath.Join(dir, key+".overlay.json")
+			spec, err := json.Marshal(map[string]map[string]string{"Replace": {
+				filepath.Join(Root(), "plugins", "examples", name, file): extra}})
+			if err == nil {
+				err = os.WriteFile(extra, []byte(src), 0o644)
+			}
+			if err == nil {
+				err = os.WriteFile(overlay, spec, 0o644)
+			}
+			if err != nil {
+				b.err = fmt.Errorf("build guest %s: %w", name, err)
+				return
+			}
+			args = append(args, "-overlay", overlay)
+		}
+		cmd := exec.Command("go", append(args, "./plugins/examples/"+name)...)
 		cmd.Dir = Root()
 		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -42,6 +42,21 @@ func guest(tb testing.TB, name string) []byte {
 	return wasm
 }
 
+// guestWith is guest's example built with one more source file (see
+// guestbuild.WasmWith).
+func guestWith(tb testing.TB, name, file, src string) []byte {
+	tb.Helper()
+	path, err := guestbuild.WasmWith(name, file, src)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	wasm, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return wasm
+}
+
 // newHost starts a host with the shared cache; zero limit fields take the
 // defaults.
 func newHost(tb testing.TB, lim wasmhost.Limits, mut ...func(*wasmhost.Config)) *wasmhost.Host {
