@@ -47,6 +47,10 @@ func WasmWith(name, file, src string) (string, error) {
 	if file == "" || filepath.Base(file) != file {
 		return "", fmt.Errorf("build guest %s: %q is not a file name", name, file)
 	}
+	// An overlay of a file that exists would replace it, not add one.
+	if _, err := os.Stat(filepath.Join(Root(), "plugins", "examples", name, file)); err == nil {
+		return "", fmt.Errorf("build guest %s: %s exists; WasmWith adds a file", name, file)
+	}
 	return wasm(name, file, src)
 }
 

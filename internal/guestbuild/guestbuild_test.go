@@ -8,7 +8,7 @@ import (
 
 // WasmWith compiles the extra file into the example (the module differs
 // from the plain build), builds each file and content once, and refuses a
-// path where a file name belongs.
+// path where a file name belongs and a file the example already has.
 func TestWasmWithAddsAFile(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two guests")
@@ -39,6 +39,9 @@ func TestWasmWithAddsAFile(t *testing.T) {
 	}
 	if _, err := WasmWith("echo", "../aa_extra.go", src); err == nil {
 		t.Fatal("a path outside the example's folder was taken")
+	}
+	if _, err := WasmWith("echo", "main.go", src); err == nil {
+		t.Fatal("an existing file of the example was replaced")
 	}
 	if _, err := os.Stat("../../plugins/examples/echo/aa_extra.go"); !os.IsNotExist(err) {
 		t.Fatalf("the example's folder was written to: %v", err)

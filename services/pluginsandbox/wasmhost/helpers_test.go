@@ -32,14 +32,7 @@ func repoRoot() string { return guestbuild.Root() }
 func guest(tb testing.TB, name string) []byte {
 	tb.Helper()
 	path, err := guestbuild.Wasm(name)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	wasm, err := os.ReadFile(path)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return wasm
+	return readBuilt(tb, path, err)
 }
 
 // guestWith is guest's example built with one more source file (see
@@ -47,6 +40,12 @@ func guest(tb testing.TB, name string) []byte {
 func guestWith(tb testing.TB, name, file, src string) []byte {
 	tb.Helper()
 	path, err := guestbuild.WasmWith(name, file, src)
+	return readBuilt(tb, path, err)
+}
+
+// readBuilt reads the module a guestbuild call built at path.
+func readBuilt(tb testing.TB, path string, err error) []byte {
+	tb.Helper()
 	if err != nil {
 		tb.Fatal(err)
 	}
