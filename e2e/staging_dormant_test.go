@@ -51,8 +51,18 @@ func TestUploadStagingSleepsUntilAFileIsSent(t *testing.T) {
 	if _, inHealth, lastErr := serviceState(t, idle.c, "upload-staging"); inHealth != "dormant" || lastErr != nil {
 		t.Fatalf("health: %q, last_error %v; want dormant with no error", inHealth, lastErr)
 	}
-	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
+	held, err := os.Stat(sock)
+	if err != nil || held.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("the dormant service's socket is not held: %v", err)
+	}
+	// sameSocket fails unless the socket file is still the launcher's:
+	// a service that listened anew would replace it (and leave the
+	// connections waiting in the held one unanswered).
+	sameSocket := func(when string) {
+		t.Helper()
+		if fi, err := os.Stat(sock); err != nil || !os.SameFile(fi, held) {
+			t.Fatalf("%s: upload-staging.sock is not the socket the launcher held (%v)", when, err)
+		}
 	}
 	idle.c.Close()
 	// Three health polls and a lease renewal's worth: still asleep.
@@ -76,6 +86,7 @@ func TestUploadStagingSleepsUntilAFileIsSent(t *testing.T) {
 		t.Fatalf("commit %+v", fe)
 	}
 	waitState(t, u.c, "upload-staging", "serving")
+	sameSocket("once woken")
 	if _, err := os.Stat(mark); !os.IsNotExist(err) {
 		t.Fatalf("dormant marker left once it serves: %v", err)
 	}
@@ -94,9 +105,7 @@ func TestUploadStagingSleepsUntilAFileIsSent(t *testing.T) {
 		}
 		return nil
 	})
-	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
-		t.Fatalf("the socket went with the killed process: %v", err)
-	}
+	sameSocket("after a restart")
 
 	s.Stop()
 	for _, path := range []string{sock, mark} {

@@ -360,7 +360,16 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 	for i := range max(cfg.Scale["plugin-sandbox"], 1) {
 		plugins = append(plugins, datadir.ServiceSocket(cfg.DataDir, "plugin-sandbox", i))
 	}
-	peers := []string{"--plugin-addr", strings.Join(plugins, ",")}
+	// Every peer's address is given, so that a CLAWMESH_*_ADDR left in the
+	// launcher's environment (a container's settings) cannot send a child
+	// elsewhere than the sockets this stack listens on, and held: a
+	// dormant process starts only when its own socket is dialled.
+	addr := func(name string) string { return datadir.ServiceSocket(cfg.DataDir, name, 0) }
+	peers := []string{
+		"--config-addr", addr("config"), "--session-addr", addr("session"),
+		"--upload-addr", addr(UploadStaging), "--durable-addr", addr(DurableBridge),
+		"--plugin-addr", strings.Join(plugins, ","),
+	}
 	sets, err := json.Marshal(cfg.Sets)
 	if err != nil {
 		return nil, fmt.Errorf("--set values: %w", err)

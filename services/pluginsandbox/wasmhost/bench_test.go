@@ -124,7 +124,7 @@ func placementSource(k int) string {
 	for i := range k {
 		fmt.Fprintf(&body, "\tx = x*%d + %d\n", 2*i+3, i+1)
 	}
-	return "//go:build wasip1\n\npackage main\n\nvar placementSink uint64\n\n//go:noinline\nfunc placement() uint64 {\n\tx := uint64(len(sink))\n" +
+	return "//go:build wasip1\n\npackage main\n\nvar placementSink uint64\n\n//go:noinline\nfunc placement() uint64 {\n\tx := placementSink\n" +
 		body.String() + "\treturn x\n}\n\nfunc init() { placementSink = placement() }\n"
 }
 
