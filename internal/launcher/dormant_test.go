@@ -13,12 +13,12 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/durablesock"
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/listenfd"
 )
 
@@ -169,7 +169,8 @@ func TestDormantStagingServesTheWakingCall(t *testing.T) {
 		served <- srv
 		return nil
 	})
-	cc, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Dialled as the gateway dials upload-staging.
+	cc, err := grpcclient.Dial(path)
 	if err != nil {
 		t.Fatal(err)
 	}
