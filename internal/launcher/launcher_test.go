@@ -3,10 +3,15 @@ package launcher
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
+	"go.uber.org/zap"
+
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/listenfd"
 	"github.com/clawmesh/clawmesh/internal/stack"
 )
 
@@ -39,6 +44,55 @@ func TestPlanNamesEveryPeerSocket(t *testing.T) {
 			if i < 0 || i+1 >= len(args) || args[i+1] != datadir.ServiceSocket(dir, svc, 0) {
 				t.Errorf("%s: %s not given as the data directory's %s socket: %q", p.name, flag, svc, args)
 			}
+		}
+	}
+}
+
+// Descriptors passed to the launcher itself (LISTEN_FDS and the names
+// beside it, without a LISTEN_PID that would tie them to the launcher)
+// are not its children's: a child told it was passed "clawmesh-grpc"
+// at descriptor 3 would take whatever it has open there for its socket.
+// Each child is passed what the launcher hands it, and nothing else.
+func TestPlanPassesNoInheritedDescriptors(t *testing.T) {
+	t.Setenv("LISTEN_FDS", "1")
+	t.Setenv("LISTEN_FDNAMES", listenfd.GRPCSocket)
+	t.Setenv("LISTEN_PID", "")
+	dir, bin := privateDir(t), t.TempDir()
+	for _, p := range stack.Processes {
+		if err := os.WriteFile(filepath.Join(bin, p.Name), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	staging, err := holdStaging(dir, zap.NewNop())
+	if err != nil || staging == nil {
+		t.Fatalf("upload-staging socket not held: %v", err)
+	}
+	t.Cleanup(staging.release)
+	procs, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", nil, []*dormant{staging})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		cmd := p.command()
+		got := map[string][]string{}
+		for _, kv := range cmd.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			if strings.HasPrefix(k, "LISTEN_") {
+				got[k] = append(got[k], v)
+			}
+		}
+		var want map[string][]string
+		switch p.name {
+		case UploadStaging:
+			want = map[string][]string{"LISTEN_FDS": {"1"}, "LISTEN_FDNAMES": {listenfd.GRPCSocket}}
+		case "gateway":
+			want = map[string][]string{"LISTEN_FDS": {"1"}, "LISTEN_FDNAMES": {listenfd.ClientSocket}}
+		}
+		if !reflect.DeepEqual(got, want) && !(len(got) == 0 && len(want) == 0) {
+			t.Errorf("%s: passed %v, want %v", p.name, got, want)
+		}
+		if n := len(cmd.ExtraFiles); n != len(want["LISTEN_FDS"]) {
+			t.Errorf("%s: %d descriptors handed", p.name, n)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/graceful"
+	"github.com/clawmesh/clawmesh/internal/listenfd"
 	"github.com/clawmesh/clawmesh/internal/service"
 )
 
@@ -466,8 +467,10 @@ func lastLine(path string) string {
 // childEnv is the launcher's environment without what must not pass to
 // every child: a bus credential given to the launcher is the launcher's
 // own, and each child connects with its role's seed from the data
-// directory.
+// directory; descriptors passed to the launcher are its own too, and a
+// child is passed only the sockets plan hands it.
 func childEnv(env []string) []string {
+	env = listenfd.Without(env)
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
 		if strings.HasPrefix(kv, bus.EnvSeed+"=") || strings.HasPrefix(kv, bus.EnvSeedFile+"=") {

@@ -35,6 +35,21 @@ func Pass(cmd *exec.Cmd, names []string, files []*os.File) {
 	cmd.Env = append(cmd.Env, envFDs+"="+strconv.Itoa(len(files)), envNames+"="+strings.Join(names, ":"))
 }
 
+// Without returns env less the variables that describe passed
+// descriptors: a process that starts others hands each what it passes
+// (Pass), never what it was itself passed.
+func Without(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == envFDs || k == envNames || k == envPID {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
 // Listener returns the passed socket named name, or nil when none was
 // passed under that name. The descriptors passed are this process's only
 // when LISTEN_PID is unset (the launcher cannot know the pid before the
