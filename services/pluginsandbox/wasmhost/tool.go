@@ -95,13 +95,10 @@ func (t *Tool) Close(ctx context.Context) error {
 // Errors wrap the package's sentinels (ErrFuelExhausted, ErrCallTimeout,
 // ErrMemoryLimit, ErrTrap, ErrInstanceLimit, ErrConfig, ...).
 func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
-	var args map[string]json.RawMessage
-	if len(call.Args) == 0 {
-		args = map[string]json.RawMessage{}
-	} else if err := json.Unmarshal(call.Args, &args); err != nil || args == nil {
-		return ToolResult{}, fmt.Errorf("%w: arguments must be a JSON object", ErrABI)
+	args, err := readToolArgs(call.Args)
+	if err != nil {
+		return ToolResult{}, err
 	}
-	delete(args, "__config")
 
 	ctx, cancel := t.h.callContext(ctx)
 	defer cancel()
@@ -112,16 +109,15 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 	if err := f.view(ctx); err != nil {
 		return ToolResult{}, err
 	}
+	var config json.RawMessage
 	if len(f.public) > 0 {
-		pub, err := json.Marshal(f.public)
-		if err != nil {
+		if config, err = json.Marshal(f.public); err != nil {
 			return ToolResult{}, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		args["__config"] = pub
 	}
-	argJSON, err := json.Marshal(args)
+	argJSON, err := args.with(config)
 	if err != nil {
-		return ToolResult{}, fmt.Errorf("%w: %w", ErrABI, err)
+		return ToolResult{}, err
 	}
 
 	in, err := t.h.acquire(ctx, t.pool)
@@ -133,8 +129,8 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 	if err != nil {
 		return ToolResult{}, err
 	}
-	var env abi.ToolEnvelope
-	if err := json.Unmarshal(out, &env); err != nil || (env.Ok == nil) == (env.Err == nil) {
+	env, err := abi.DecodeToolEnvelope(out)
+	if err != nil || (env.Ok == nil) == (env.Err == nil) {
 		return ToolResult{}, fmt.Errorf("%w: tool_execute returned neither ok nor err", ErrABI)
 	}
 	used := t.h.cfg.Limits.CallFuel - uint64(in.fuelLeft())
