@@ -13,22 +13,21 @@ import (
 // goes there instead.
 const configArg = "__config"
 
-// toolArgs is a tool call's argument object, read: the arguments a
-// guest receives are its bytes (with): the object without a caller's
-// "__config", with the plugin's public config under that key when it has
-// one, keys sorted, duplicates resolved to the last, no insignificant
-// space. Those are the bytes encoding/json writes for the
-// map[string]json.RawMessage the arguments decode into, which is how the
-// host built them first and still does for some (byMap); FuzzToolArgs
-// holds every way to the same bytes.
+// toolArgs holds a tool call's argument object, read. What the guest
+// receives (with) is that object without a caller's "__config", with the
+// plugin's public config under that key when it has one, keys sorted,
+// the last of duplicate keys kept, no insignificant space: the bytes
+// encoding/json writes for the map[string]json.RawMessage the arguments
+// decode into, which is how the host first built them and still builds
+// some (byMap). FuzzToolArgs holds both ways to the same bytes.
 //
-// Most arguments take a shorter way, a compaction and a split of the
-// object's top level: the decoding and re-encoding with encoding/json
+// Most arguments take the shorter way, a compaction and a split of the
+// object's top level: decoding and encoding again with encoding/json
 // cost a call 15 to 20 µs on the cold caches calls run on, a fifth of a
 // call into a guest without a runtime (docs/performance.md, "Fourteenth
 // round"). Arguments with a key that is not plain ASCII without escapes,
 // or with a character encoding/json escapes for HTML anywhere, go by the
-// map, whose handling of those need not be written twice.
+// map, so that such keys are never read two ways.
 type toolArgs struct {
 	members []member                   // the short way
 	byMap   map[string]json.RawMessage // the long way, when not nil
