@@ -50,7 +50,8 @@ func TestDecodeToolEnvelopeAsEncodingJSON(t *testing.T) {
 	for _, c := range envelopeCases {
 		checkDecodeAsEncodingJSON(t, []byte(c))
 	}
-	// What a Go guest writes is read the short way and read right.
+	// What a Go guest writes is read right (and the short way:
+	// TestAppendJSONReadTheShortWay).
 	for _, r := range []abi.ToolResult{{Success: true, Output: "hello"}, {Output: "no", Error: new("refused")}} {
 		b := abi.ToolEnvelope{Ok: &r}.AppendJSON(nil)
 		checkDecodeAsEncodingJSON(t, b)
