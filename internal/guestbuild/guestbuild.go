@@ -21,6 +21,9 @@ var state struct {
 	mu     sync.Mutex
 	dir    string
 	builds map[string]*build
+
+	cacheDir  string // CompileCacheDir's
+	cacheTemp bool   // cacheDir is temporary: Cleanup removes it
 }
 
 type build struct {
@@ -131,12 +134,17 @@ func Install(dir, name string) error {
 	return nil
 }
 
-// Cleanup removes the built guests; call it from TestMain after m.Run.
+// Cleanup removes the built guests and a temporary compilation cache;
+// call it from TestMain after m.Run.
 func Cleanup() {
 	state.mu.Lock()
 	defer state.mu.Unlock()
 	if state.dir != "" {
 		os.RemoveAll(state.dir)
 		state.dir, state.builds = "", nil
+	}
+	if state.cacheTemp {
+		os.RemoveAll(state.cacheDir)
+		state.cacheDir, state.cacheTemp = "", false
 	}
 }

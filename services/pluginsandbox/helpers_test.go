@@ -8,17 +8,17 @@ import (
 )
 
 // Example plugins are built once per test binary (internal/guestbuild);
-// every server shares one compilation cache, so each module compiles once.
+// every server shares the suite's compilation cache
+// (guestbuild.CompileCacheDir), so each module compiles once.
 var cacheDir string
 
 func TestMain(m *testing.M) {
 	var err error
-	if cacheDir, err = os.MkdirTemp("", "pluginsandbox-cache-"); err != nil {
+	if cacheDir, err = guestbuild.CompileCacheDir(); err != nil {
 		panic(err)
 	}
 	code := m.Run()
 	guestbuild.Cleanup()
-	os.RemoveAll(cacheDir)
 	os.Exit(code)
 }
 

@@ -12,17 +12,17 @@ import (
 )
 
 // Guests are built from source once per test binary (internal/guestbuild);
-// hosts share one compilation cache so each module is compiled once.
+// hosts share the suite's compilation cache (guestbuild.CompileCacheDir),
+// so each module is compiled once, whichever package compiles it first.
 var cacheDir string
 
 func TestMain(m *testing.M) {
 	var err error
-	if cacheDir, err = os.MkdirTemp("", "wasmhost-cache-"); err != nil {
+	if cacheDir, err = guestbuild.CompileCacheDir(); err != nil {
 		panic(err)
 	}
 	code := m.Run()
 	guestbuild.Cleanup()
-	os.RemoveAll(cacheDir)
 	os.Exit(code)
 }
 
