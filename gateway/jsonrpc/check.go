@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/clawmesh/clawmesh/internal/jsonwalk"
 )
 
 // MaxParamsDepth is how deeply CheckParams lets a member of params nest:
@@ -113,7 +115,7 @@ type paramScan struct {
 
 func (s *paramScan) run(b []byte) error {
 	s.b = b
-	i := skipSpace(b, 0)
+	i := jsonwalk.SkipSpace(b, 0)
 	for {
 		// A value starts at b[i].
 		if i >= len(b) {
@@ -125,7 +127,7 @@ func (s *paramScan) run(b []byte) error {
 				return s.fail(ParamsTooDeep, len(s.stack))
 			}
 			s.stack = append(s.stack, scanFrame{obj: c == '{', keysAt: len(s.keys)})
-			i = skipSpace(b, i+1)
+			i = jsonwalk.SkipSpace(b, i+1)
 			if i < len(b) && (b[i] == '}' || b[i] == ']') {
 				s.pop()
 				i++
@@ -147,14 +149,14 @@ func (s *paramScan) run(b []byte) error {
 			i = end
 		default:
 			start := i
-			i = skipValue(b, i)
+			i = jsonwalk.SkipValue(b, i)
 			if i == start {
 				return nil // not JSON: the decoder will say so
 			}
 		}
 		// After a value: a separator, or the end of containers.
 		for {
-			i = skipSpace(b, i)
+			i = jsonwalk.SkipSpace(b, i)
 			if len(s.stack) == 0 || i >= len(b) {
 				return nil
 			}
@@ -162,12 +164,12 @@ func (s *paramScan) run(b []byte) error {
 			switch {
 			case b[i] == ',' && top.obj:
 				var err error
-				if i, err = s.key(skipSpace(b, i+1)); err != nil || i < 0 {
+				if i, err = s.key(jsonwalk.SkipSpace(b, i+1)); err != nil || i < 0 {
 					return err
 				}
 			case b[i] == ',':
 				top.index++
-				i = skipSpace(b, i+1)
+				i = jsonwalk.SkipSpace(b, i+1)
 			case (b[i] == '}' && top.obj) || (b[i] == ']' && !top.obj):
 				s.pop()
 				i++
@@ -204,11 +206,11 @@ func (s *paramScan) key(i int) (int, error) {
 	if s.seen(top, k) {
 		return -1, s.fail(ParamsDuplicateKey, len(s.stack))
 	}
-	i = skipSpace(b, end)
+	i = jsonwalk.SkipSpace(b, end)
 	if i >= len(b) || b[i] != ':' {
 		return -1, nil
 	}
-	return skipSpace(b, i+1), nil
+	return jsonwalk.SkipSpace(b, i+1), nil
 }
 
 // seen records k as a key of the object top and reports whether it was

@@ -1,6 +1,10 @@
 package jsonrpc
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/clawmesh/clawmesh/internal/jsonwalk"
+)
 
 // maxValidDepth is encoding/json's nesting limit: json.Valid refuses a
 // value nested deeper, and so does valid.
@@ -18,7 +22,7 @@ func valid(b []byte) bool {
 	// levels live in the array, deeper ones spill to the heap.
 	var small [64]byte
 	stack := small[:0]
-	i := skipSpace(b, 0)
+	i := jsonwalk.SkipSpace(b, 0)
 	for {
 		// A value starts at b[i].
 		if i >= len(b) {
@@ -30,7 +34,7 @@ func valid(b []byte) bool {
 				return false
 			}
 			stack = append(stack, c)
-			i = skipSpace(b, i+1)
+			i = jsonwalk.SkipSpace(b, i+1)
 			if i < len(b) && b[i] == c+2 { // '}' is '{'+2, ']' is '['+2
 				stack = stack[:len(stack)-1]
 				i++
@@ -68,7 +72,7 @@ func valid(b []byte) bool {
 		}
 		// After a value: a separator, the end of containers, or the end.
 		for {
-			i = skipSpace(b, i)
+			i = jsonwalk.SkipSpace(b, i)
 			if len(stack) == 0 {
 				return i == len(b)
 			}
@@ -78,7 +82,7 @@ func valid(b []byte) bool {
 			top := stack[len(stack)-1]
 			switch b[i] {
 			case ',':
-				i = skipSpace(b, i+1)
+				i = jsonwalk.SkipSpace(b, i+1)
 				if top == '{' {
 					if i = validKey(b, i); i < 0 {
 						return false
@@ -105,11 +109,11 @@ func validKey(b []byte, i int) int {
 	if i = validString(b, i); i < 0 {
 		return -1
 	}
-	i = skipSpace(b, i)
+	i = jsonwalk.SkipSpace(b, i)
 	if i >= len(b) || b[i] != ':' {
 		return -1
 	}
-	return skipSpace(b, i+1)
+	return jsonwalk.SkipSpace(b, i+1)
 }
 
 func hasWord(b []byte, i int, w string) bool {

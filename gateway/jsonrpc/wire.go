@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
+	"github.com/clawmesh/clawmesh/internal/jsonwalk"
 )
 
 // The error codes of docs/spec.md §4.
@@ -303,7 +304,7 @@ type envelope struct {
 }
 
 func (e *envelope) scan(b []byte) {
-	for key, val, i, ok := nextMember(b, 1); ok; key, val, i, ok = nextMember(b, i) {
+	for key, val, i, ok := jsonwalk.NextMember(b, 1); ok; key, val, i, ok = jsonwalk.NextMember(b, i) {
 		var bit uint8
 		switch string(keyName(key)) {
 		case "jsonrpc":
@@ -446,7 +447,7 @@ func parseErrorObject(b []byte) (*Error, bool) {
 		return nil, false
 	}
 	var code, msg, data []byte
-	for key, val, i, ok := nextMember(b, 1); ok; key, val, i, ok = nextMember(b, i) {
+	for key, val, i, ok := jsonwalk.NextMember(b, 1); ok; key, val, i, ok = jsonwalk.NextMember(b, i) {
 		switch string(keyName(key)) {
 		case "code":
 			code = val
@@ -470,102 +471,14 @@ func parseErrorObject(b []byte) (*Error, bool) {
 	return &Error{Code: n, Message: m, Data: data}, true
 }
 
-// nextMember walks the members of a JSON object that is known to be valid.
-// i is the index just past '{' or past the previous member. key is the raw
-// key with its quotes; val the raw value.
-func nextMember(b []byte, i int) (key, val []byte, next int, ok bool) {
-	i = skipSpace(b, i)
-	if i < len(b) && b[i] == ',' {
-		i = skipSpace(b, i+1)
-	}
-	if i >= len(b) || b[i] != '"' {
-		return nil, nil, i, false
-	}
-	ke := skipString(b, i)
-	key = b[i:ke]
-	i = skipSpace(b, ke)
-	i = skipSpace(b, i+1) // ':'
-	ve := skipValue(b, i)
-	return key, b[i:ve], ve, true
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && isSpace(b[i]) {
-		i++
-	}
-	return i
-}
-
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
-
 func trimSpace(b []byte) []byte {
-	for len(b) > 0 && isSpace(b[0]) {
+	for len(b) > 0 && jsonwalk.IsSpace(b[0]) {
 		b = b[1:]
 	}
-	for len(b) > 0 && isSpace(b[len(b)-1]) {
+	for len(b) > 0 && jsonwalk.IsSpace(b[len(b)-1]) {
 		b = b[:len(b)-1]
 	}
 	return b
-}
-
-// skipString returns the index just past the string starting at b[i]=='"'.
-// It searches for quotes and backslashes with bytes.IndexByte (a chunk's
-// string is 1.4 MB): each byte is searched at most once for each, however
-// many escapes the string holds.
-func skipString(b []byte, i int) int {
-	i++
-	q := -1 // the next quote at or after i, once known
-	for {
-		if q < i {
-			j := bytes.IndexByte(b[i:], '"')
-			if j < 0 {
-				return len(b)
-			}
-			q = i + j
-		}
-		e := bytes.IndexByte(b[i:q], '\\')
-		if e < 0 {
-			return q + 1
-		}
-		i += e + 2 // past the escape and the character it escapes
-	}
-}
-
-// skipValue returns the index just past the valid JSON value at b[i].
-func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return i
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	}
-	for i < len(b) {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\r', '\n':
-			return i
-		}
-		i++
-	}
-	return i
 }
 
 // decodeString decodes a raw JSON string (with its quotes).

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/jsonwalk"
 )
 
 // configArg is the argument member the host owns: what a caller sends
@@ -115,64 +117,14 @@ type member struct {
 // key holds a byte other than printable ASCII or a backslash: its
 // decoded form would differ from its bytes.
 func objectMembers(c []byte) (members []member, ok bool) {
-	i := 1 // past '{'
-	if c[i] == '}' {
-		return nil, true
-	}
-	for {
-		// c[i] is a key's opening quote.
-		end := i + 1
-		for ; c[end] != '"'; end++ {
-			if b := c[end]; b == '\\' || b < 0x20 || b >= 0x7f {
+	for key, val, i, more := jsonwalk.NextMember(c, 1); more; key, val, i, more = jsonwalk.NextMember(c, i) {
+		name := key[1 : len(key)-1] // the quotes off
+		for _, b := range name {
+			if b == '\\' || b < 0x20 || b >= 0x7f {
 				return nil, false
 			}
 		}
-		key := string(c[i+1 : end])
-		v := end + 2 // past the quote and ':'
-		i = skipValue(c, v)
-		members = append(members, member{key, c[v:i]})
-		if c[i] == '}' {
-			return members, true
-		}
-		i++ // past ','
+		members = append(members, member{string(name), val})
 	}
-}
-
-// skipValue returns the index just past the value starting at c[i], in
-// valid compact JSON.
-func skipValue(c []byte, i int) int {
-	depth := 0
-	for ; ; i++ {
-		switch c[i] {
-		case '"':
-			i = skipString(c, i)
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth == 0 {
-				return i // the end of the enclosing object: a scalar ended
-			}
-			depth--
-		case ',':
-			if depth == 0 {
-				return i
-			}
-		}
-		if depth == 0 && (c[i] == '"' || c[i] == '}' || c[i] == ']') {
-			return i + 1
-		}
-	}
-}
-
-// skipString returns the index of the closing quote of the string whose
-// opening quote is c[i].
-func skipString(c []byte, i int) int {
-	for i++; ; i++ {
-		switch c[i] {
-		case '\\':
-			i++ // the escaped byte cannot end the string
-		case '"':
-			return i
-		}
-	}
+	return members, true
 }
