@@ -233,15 +233,15 @@ const natsEnv = "CLAWMESH_BENCH_NATS_URL_FILE"
 
 // startNATS runs a NATS server in a child process (see startChild) and
 // returns its client URL.
-func startNATS(b *testing.B) string {
+func startNATS(b *testing.B) (url string, pid int) {
 	file := filepath.Join(b.TempDir(), "nats.url")
-	startChild(b, natsEnv+"="+file)
-	var url []byte
+	pid = startChild(b, natsEnv+"="+file)
+	var raw []byte
 	testenv.Eventually(b, 15*time.Second, 10*time.Millisecond, func() (err error) {
-		url, err = os.ReadFile(file)
+		raw, err = os.ReadFile(file)
 		return err
 	})
-	return string(url)
+	return string(raw), pid
 }
 
 // startChild re-executes this test binary with env added to its
@@ -249,7 +249,7 @@ func startNATS(b *testing.B) string {
 // stdin is a pipe only this process holds: it ends when the benchmark's
 // cleanup closes it, or when this process dies however it dies, and the
 // child then exits (exitWithParent), so no child outlives its test.
-func startChild(b *testing.B, env ...string) {
+func startChild(b *testing.B, env ...string) (pid int) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		b.Fatal(err)
@@ -264,6 +264,7 @@ func startChild(b *testing.B, env ...string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { w.Close(); _ = cmd.Wait() })
+	return cmd.Process.Pid
 }
 
 // exitWithParent ends this child process once its stdin ends (startChild).
@@ -373,14 +374,33 @@ func BenchmarkTurnStream(b *testing.B) {
 	if pace < time.Millisecond || pace%time.Millisecond != 0 {
 		b.Fatalf("-turnstream.pace %v: a whole number of milliseconds is needed", pace)
 	}
-	natsURL := startNATS(b)
+	natsURL, natsPID := startNATS(b)
 	inproc := testenv.NATS(b)
 	s := e2e.Start(b, e2e.Options{Env: []string{"NATS_URL=" + natsURL}})
+	// cpu_us/chunk at 100 sessions: the CPU of every process a chunk
+	// crosses, this one (the client, or the baseline's publisher and
+	// subscriber) included; for the stack, while every session streams
+	// (streamWindow). With fewer sessions the processes are idle most of
+	// the time and the figure would be mostly their idle work.
+	stackCPU := &cpuMeter{self: "client", pids: func() map[int]string {
+		pids := s.PIDs()
+		pids[natsPID], pids[s.LauncherPID()] = "nats-server", "launcher"
+		return pids
+	}}
+	natsCPU := &cpuMeter{self: "pubsub", pids: func() map[int]string {
+		return map[int]string{natsPID: "nats-server"}
+	}}
+	metered := func(n int, m *cpuMeter) *cpuMeter {
+		if n < 100 {
+			return nil
+		}
+		return m
+	}
 	for _, n := range []int{1, 10, 100} {
-		b.Run(fmt.Sprintf("socket/sessions=%d", n), func(b *testing.B) { streamTurns(b, s, n, pace) })
-		b.Run(fmt.Sprintf("nats/sessions=%d", n), func(b *testing.B) { streamNATS(b, natsURL, n, pace) })
+		b.Run(fmt.Sprintf("socket/sessions=%d", n), func(b *testing.B) { streamTurns(b, s, n, pace, metered(n, stackCPU)) })
+		b.Run(fmt.Sprintf("nats/sessions=%d", n), func(b *testing.B) { streamNATS(b, natsURL, n, pace, metered(n, natsCPU)) })
 		if n != 10 {
-			b.Run(fmt.Sprintf("nats-inproc/sessions=%d", n), func(b *testing.B) { streamNATS(b, inproc, n, pace) })
+			b.Run(fmt.Sprintf("nats-inproc/sessions=%d", n), func(b *testing.B) { streamNATS(b, inproc, n, pace, metered(n, natsCPU)) })
 		}
 	}
 	// The rows above are a fresh stack's, whose durable bridge sleeps
@@ -388,7 +408,7 @@ func BenchmarkTurnStream(b *testing.B) {
 	// update too: the same streams with it awake, for scale.
 	phone(b, s) // wakes the bridge
 	for _, n := range []int{1, 100} {
-		b.Run(fmt.Sprintf("socket-bridge/sessions=%d", n), func(b *testing.B) { streamTurns(b, s, n, pace) })
+		b.Run(fmt.Sprintf("socket-bridge/sessions=%d", n), func(b *testing.B) { streamTurns(b, s, n, pace, metered(n, stackCPU)) })
 	}
 }
 
@@ -421,7 +441,7 @@ func chunkStamp(frame []byte) (ns int64, ok bool, err error) {
 	return ns, true, nil
 }
 
-func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration) {
+func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration, cpu *cpuMeter) {
 	type client struct {
 		c  *e2e.Client
 		id string
@@ -446,10 +466,12 @@ func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration) {
 	lat := make([][]time.Duration, sessions)
 	var wg sync.WaitGroup
 	b.ResetTimer()
+	window := openWindow(cpu, sessions)
 	for i, cl := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { window.abandon(len(lat[i]), per) }()
 			params, _ := json.Marshal(map[string]any{"session_id": cl.id, "prompt": fmt.Sprintf("/stamp %d %d", per, pace.Milliseconds())})
 			if err := cl.c.Send(`{"jsonrpc":"2.0","id":"p","method":"session/prompt","params":` + string(params) + `}`); err != nil {
 				b.Error(err)
@@ -482,16 +504,18 @@ func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration) {
 				}
 				if ok {
 					lat[i] = append(lat[i], time.Duration(now-ns))
+					window.chunk(len(lat[i]), per)
 				}
 			}
 		}()
 	}
 	wg.Wait()
 	b.StopTimer()
-	reportLatency(b, lat)
+	reportLatency(b, lat, nil)
+	window.report(b)
 }
 
-func streamNATS(b *testing.B, url string, sessions int, pace time.Duration) {
+func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu *cpuMeter) {
 	pub, err := nats.Connect(url)
 	if err != nil {
 		b.Fatal(err)
@@ -533,6 +557,7 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration) {
 		b.Fatal(err)
 	}
 	var wg sync.WaitGroup
+	cpu.begin(b)
 	b.ResetTimer()
 	for i := range sessions {
 		wg.Add(1)
@@ -558,10 +583,12 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration) {
 	}
 	wg.Wait()
 	b.StopTimer()
-	reportLatency(b, lat)
+	reportLatency(b, lat, cpu)
 }
 
-func reportLatency(b *testing.B, per [][]time.Duration) {
+// reportLatency reports the chunks' p50 and p99, and the CPU cpu measured
+// per chunk (none when cpu is nil).
+func reportLatency(b *testing.B, per [][]time.Duration, cpu *cpuMeter) {
 	var all []time.Duration
 	for _, l := range per {
 		all = append(all, l...)
@@ -572,4 +599,5 @@ func reportLatency(b *testing.B, per [][]time.Duration) {
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50_us")
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99_us")
+	cpu.report(b, len(all), "chunk")
 }

@@ -18,6 +18,8 @@ var Rows = []row{
 		Subject: sel{"BenchmarkTurnStream/socket/sessions=100", "p50_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=100", "p50_us"}, Target: 2, AtMost: true},
 	{Work: "turn stream p99, 100 sessions (µs)",
 		Subject: sel{"BenchmarkTurnStream/socket/sessions=100", "p99_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=100", "p99_us"}, Target: 3, AtMost: true},
+	{Work: "turn stream CPU per chunk, 100 sessions: every process a chunk crosses, the client's included (µs)",
+		Subject: sel{"BenchmarkTurnStream/socket/sessions=100", "cpu_us/chunk"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=100", "cpu_us/chunk"}, Scale: true},
 	{Work: "turn stream p50, 1 session (µs)",
 		Subject: sel{"BenchmarkTurnStream/socket/sessions=1", "p50_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=1", "p50_us"}, Target: 2, AtMost: true},
 	{Work: "turn stream p50, 100 sessions, against NATS all in one process: publisher, server, subscriber (µs)",
