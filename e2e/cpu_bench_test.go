@@ -39,13 +39,14 @@ func (c cpuSample) sum() (d time.Duration) {
 	return d
 }
 
-func (m *cpuMeter) sample() (cpuSample, error) {
+// sample reads this process's CPU time and that of pids.
+func (m *cpuMeter) sample(pids map[int]string) (cpuSample, error) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return nil, fmt.Errorf("getrusage: %w", err)
 	}
 	c := cpuSample{m.self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
-	for pid, name := range m.pids() {
+	for pid, name := range pids {
 		d, err := processCPU(pid)
 		if err != nil {
 			// A process gone between the listing and the read: the stack
@@ -64,7 +65,7 @@ func (m *cpuMeter) begin(b *testing.B) {
 		return
 	}
 	var err error
-	if m.start, err = m.sample(); err != nil {
+	if m.start, err = m.sample(m.pids()); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -74,7 +75,7 @@ func (m *cpuMeter) report(b *testing.B, units int, unit string) {
 	if m == nil || units == 0 {
 		return
 	}
-	now, err := m.sample()
+	now, err := m.sample(m.pids())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -129,13 +130,19 @@ func openWindow(m *cpuMeter, sessions int) *streamWindow {
 	w := &streamWindow{done: make(chan struct{})}
 	w.first.Add(sessions)
 	w.last.Add(sessions)
+	// Listed now: the readings in the stream's midst are of a few files
+	// in /proc, not a scan of them all (which would hold up the client's
+	// readers for milliseconds). The stack's processes stay the same
+	// throughout; a PostgreSQL backend started meanwhile is missed, and
+	// PostgreSQL is nearly idle while the turns stream.
+	pids := m.pids()
 	go func() {
 		defer close(w.done)
 		w.first.Wait()
-		from, err := m.sample()
+		from, err := m.sample(pids)
 		n0 := w.chunks.Load()
 		w.last.Wait()
-		to, err1 := m.sample()
+		to, err1 := m.sample(pids)
 		w.from, w.to, w.units, w.err = from, to, w.chunks.Load()-n0, errors.Join(err, err1)
 	}()
 	return w
