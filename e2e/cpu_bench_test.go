@@ -18,10 +18,12 @@ import (
 const clockTick = 10 * time.Millisecond
 
 // cpuMeter sums the CPU time (user and system) spent by this process and
-// by the processes pids names, between two readings. The turn stream's
-// p50 at 100 sessions is mostly a burst's queue: a hundred chunks made in
-// the same millisecond wait on one another in every process they cross,
-// so the figure follows the CPU those processes spend per chunk.
+// by the processes pids names, between two readings. At 100 sessions the
+// turn stream's chunks come in clusters (timers that come due while a
+// process is busy fire together) and wait on one another in every
+// process they cross, which are busy much of the time: the p50 follows
+// the CPU those processes spend per chunk (docs/performance.md,
+// "Fifteenth round").
 type cpuMeter struct {
 	self  string                // this process's part in the figure
 	pids  func() map[int]string // the other processes, by pid, and their names
@@ -100,7 +102,7 @@ func reportCPU(b *testing.B, from, to cpuSample, units int, unit string) {
 			rest += d - from[name]
 		}
 	}
-	if len(to) > 2 {
+	if len(to) > 2 { // the baseline's two processes are both shown apart
 		b.ReportMetric(per(rest), "rest_cpu_us/"+unit)
 	}
 }
@@ -131,8 +133,8 @@ func openWindow(m *cpuMeter, sessions int) *streamWindow {
 	w.first.Add(sessions)
 	w.last.Add(sessions)
 	// Listed now: the readings in the stream's midst are of a few files
-	// in /proc, not a scan of them all (which would hold up the client's
-	// readers for milliseconds). The stack's processes stay the same
+	// in /proc, not a scan of every process's command line beside the
+	// client's readers. The stack's processes stay the same
 	// throughout; a PostgreSQL backend started meanwhile is missed, and
 	// PostgreSQL is nearly idle while the turns stream.
 	pids := m.pids()
