@@ -256,3 +256,59 @@ func TestStatCPU(t *testing.T) {
 		}
 	}
 }
+
+// A stream window closes once every session's reader has seen its last
+// chunk or stopped, so a failing stream cannot hang the benchmark, and
+// counts no more chunks than were read.
+func TestStreamWindowCloses(t *testing.T) {
+	meter := &cpuMeter{self: "test", pids: func() map[int]string { return map[int]string{os.Getpid(): "again"} }}
+	closed := func(w *streamWindow) bool {
+		select {
+		case <-w.done:
+			return true
+		case <-time.After(5 * time.Second):
+			return false
+		}
+	}
+
+	// Every session reads its five chunks.
+	w := openWindow(meter, 3)
+	for n := 1; n <= 5; n++ {
+		for range 3 {
+			w.chunk(n, 5)
+		}
+	}
+	for range 3 {
+		w.abandon(5, 5) // a reader's deferred call after a full stream: nothing
+	}
+	if !closed(w) {
+		t.Fatal("window still open after every session's last chunk")
+	}
+	if w.err != nil || w.units < 0 || w.units > 15 {
+		t.Fatalf("units %d, err %v", w.units, w.err)
+	}
+	if w.to["test"] < w.from["test"] || w.to["again"] < w.from["again"] {
+		t.Fatalf("CPU went back: from %v to %v", w.from, w.to)
+	}
+
+	// One session reads two chunks and fails, one fails before any.
+	w = openWindow(meter, 3)
+	for n := 1; n <= 5; n++ {
+		w.chunk(n, 5)
+	}
+	w.chunk(1, 5)
+	w.chunk(2, 5)
+	w.abandon(2, 5)
+	w.abandon(0, 5)
+	if !closed(w) {
+		t.Fatal("window still open after the other sessions stopped")
+	}
+
+	// No meter, no window: every call is a no-op.
+	var none *streamWindow = openWindow(nil, 3)
+	none.chunk(1, 1)
+	none.abandon(0, 1)
+	if none != nil {
+		t.Fatal("a window without a meter")
+	}
+}
