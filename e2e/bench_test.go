@@ -379,8 +379,8 @@ func BenchmarkTurnStream(b *testing.B) {
 	s := e2e.Start(b, e2e.Options{Env: []string{"NATS_URL=" + natsURL}})
 	// cpu_us/chunk at 100 sessions: the CPU of every process a chunk
 	// crosses, this one (the client, or the baseline's publisher and
-	// subscriber) included; for the stack, while every session streams
-	// (streamWindow). With fewer sessions the processes are idle most of
+	// subscriber) included, while every session streams (streamWindow).
+	// With fewer sessions the processes are idle most of
 	// the time and the figure would be mostly their idle work.
 	stackCPU := &cpuMeter{self: "client", pids: func() map[int]string {
 		pids := s.PIDs()
@@ -466,12 +466,12 @@ func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration, c
 	lat := make([][]time.Duration, sessions)
 	var wg sync.WaitGroup
 	b.ResetTimer()
-	window := openWindow(cpu, sessions)
+	window := openWindow(cpu, sessions, per)
 	for i, cl := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { window.abandon(len(lat[i]), per) }()
+			defer window.abandon(i)
 			params, _ := json.Marshal(map[string]any{"session_id": cl.id, "prompt": fmt.Sprintf("/stamp %d %d", per, pace.Milliseconds())})
 			if err := cl.c.Send(`{"jsonrpc":"2.0","id":"p","method":"session/prompt","params":` + string(params) + `}`); err != nil {
 				b.Error(err)
@@ -504,14 +504,14 @@ func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration, c
 				}
 				if ok {
 					lat[i] = append(lat[i], time.Duration(now-ns))
-					window.chunk(len(lat[i]), per)
+					window.chunk(i)
 				}
 			}
 		}()
 	}
 	wg.Wait()
 	b.StopTimer()
-	reportLatency(b, lat, nil)
+	reportLatency(b, lat)
 	window.report(b)
 }
 
@@ -529,6 +529,14 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 	per := max(1, (b.N+sessions-1)/sessions)
 	lat := make([][]time.Duration, sessions)
 	done := make([]chan struct{}, sessions)
+	window := openWindow(cpu, sessions, per)
+	// Ends the window's wait if the set-up below fails (b.Fatal); after a
+	// run each session has ended it already.
+	defer func() {
+		for i := range sessions {
+			window.abandon(i)
+		}
+	}()
 	for i := range sessions {
 		done[i] = make(chan struct{})
 		s, err := sub.Subscribe(fmt.Sprintf("bench.stream.%d", i), func(m *nats.Msg) {
@@ -543,6 +551,7 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 				return
 			}
 			lat[i] = append(lat[i], time.Duration(now-ns))
+			window.chunk(i)
 			if len(lat[i]) == per {
 				close(done[i])
 			}
@@ -557,12 +566,12 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 		b.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	cpu.begin(b)
 	b.ResetTimer()
 	for i := range sessions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer window.abandon(i)
 			// The bytes of the update frame the stack's client reads.
 			id := fmt.Sprintf("s-%026d", i)
 			head := `{"jsonrpc":"2.0","method":"session/update","params":{"session_id":"` + id + `","sessionId":"` + id + `","text":"`
@@ -583,12 +592,12 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 	}
 	wg.Wait()
 	b.StopTimer()
-	reportLatency(b, lat, cpu)
+	reportLatency(b, lat)
+	window.report(b)
 }
 
-// reportLatency reports the chunks' p50 and p99, and the CPU cpu measured
-// per chunk (none when cpu is nil).
-func reportLatency(b *testing.B, per [][]time.Duration, cpu *cpuMeter) {
+// reportLatency reports the chunks' p50 and p99.
+func reportLatency(b *testing.B, per [][]time.Duration) {
 	var all []time.Duration
 	for _, l := range per {
 		all = append(all, l...)
@@ -599,5 +608,4 @@ func reportLatency(b *testing.B, per [][]time.Duration, cpu *cpuMeter) {
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50_us")
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99_us")
-	cpu.report(b, len(all), "chunk")
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,16 +17,14 @@ import (
 const clockTick = 10 * time.Millisecond
 
 // cpuMeter sums the CPU time (user and system) spent by this process and
-// by the processes pids names, between two readings. At 100 sessions the
-// turn stream's chunks come in clusters (timers that come due while a
-// process is busy fire together) and wait on one another in every
-// process they cross, which are busy much of the time: the p50 follows
-// the CPU those processes spend per chunk (docs/performance.md,
-// "Fifteenth round").
+// by the processes pids names. At 100 sessions the turn stream's chunks
+// come in clusters (timers that come due while a process is busy fire
+// together) and wait on one another in every process they cross, which
+// are busy much of the time: the p50 follows the CPU those processes
+// spend per chunk (docs/performance.md, "Fifteenth round").
 type cpuMeter struct {
-	self  string                // this process's part in the figure
-	pids  func() map[int]string // the other processes, by pid, and their names
-	start cpuSample
+	self string                // this process's part in the figure
+	pids func() map[int]string // the other processes, by pid, and their names
 }
 
 // cpuSample is the CPU time each process has spent so far, by name
@@ -61,29 +58,6 @@ func (m *cpuMeter) sample(pids map[int]string) (cpuSample, error) {
 	return c, nil
 }
 
-// begin records the CPU spent so far; a nil meter measures nothing.
-func (m *cpuMeter) begin(b *testing.B) {
-	if m == nil {
-		return
-	}
-	var err error
-	if m.start, err = m.sample(m.pids()); err != nil {
-		b.Fatal(err)
-	}
-}
-
-// report records the CPU spent since begin, per unit of work done.
-func (m *cpuMeter) report(b *testing.B, units int, unit string) {
-	if m == nil || units == 0 {
-		return
-	}
-	now, err := m.sample(m.pids())
-	if err != nil {
-		b.Fatal(err)
-	}
-	reportCPU(b, m.start, now, units, unit)
-}
-
 // shownApart are the processes whose part of cpu_us is reported on its
 // own (<name>_cpu_us); the others' (the launcher, PostgreSQL, services a
 // chunk does not cross) are summed as rest_cpu_us.
@@ -107,73 +81,100 @@ func reportCPU(b *testing.B, from, to cpuSample, units int, unit string) {
 	}
 }
 
-// streamWindow measures a meter over the part of a stack's turn stream
-// where every session streams: from the moment each session has delivered
-// its first chunk to the moment each has delivered its last. The turns'
-// starts and ends (a prompt's and a completion's transactions, a hundred
-// of each) are work the bare NATS baseline has no counterpart for, and
-// would otherwise be spread over the chunks. Each session's reader calls
-// chunk for every chunk and abandon when it stops, whatever the reason,
-// so the window always closes.
+// streamWindow measures a meter over the part of a turn stream where every
+// session streams: from the moment each session has delivered its first
+// chunk to the moment each has delivered its last, counting the chunks
+// delivered in between. The stack's turns' starts and ends (a prompt's
+// and a completion's transactions, a hundred of each) are work the bare
+// NATS baseline has no counterpart for, and would otherwise be spread
+// over the chunks; the baseline is measured the same way. A session's
+// reader calls chunk for each of its chunks and abandon when it stops,
+// whatever the reason, so the window always closes; a chunk after its
+// session was abandoned is ignored.
 type streamWindow struct {
-	first, last sync.WaitGroup
-	chunks      atomic.Int64
-	done        chan struct{}
-	from, to    cpuSample
-	units       int64
-	err         error
+	per            int
+	mu             sync.Mutex
+	got            []int  // chunks delivered, by session
+	ended          []bool // by session: its last chunk came, or it was abandoned
+	toStart, toEnd int    // sessions without a first chunk, without an end
+	units          int    // chunks delivered while the window was open
+	opened, closed chan struct{}
+
+	done     chan struct{} // the readings are taken
+	from, to cpuSample
+	err      error
 }
 
-// openWindow starts measuring for sessions sessions; nil when m is.
-func openWindow(m *cpuMeter, sessions int) *streamWindow {
+// openWindow starts measuring sessions streams of per chunks each; nil
+// when m is.
+func openWindow(m *cpuMeter, sessions, per int) *streamWindow {
 	if m == nil {
 		return nil
 	}
-	w := &streamWindow{done: make(chan struct{})}
-	w.first.Add(sessions)
-	w.last.Add(sessions)
+	w := &streamWindow{
+		per: per, got: make([]int, sessions), ended: make([]bool, sessions),
+		toStart: sessions, toEnd: sessions,
+		opened: make(chan struct{}), closed: make(chan struct{}), done: make(chan struct{}),
+	}
 	// Listed now: the readings in the stream's midst are of a few files
 	// in /proc, not a scan of every process's command line beside the
-	// client's readers. The stack's processes stay the same
-	// throughout; a PostgreSQL backend started meanwhile is missed, and
-	// PostgreSQL is nearly idle while the turns stream.
+	// readers. The stack's processes stay the same throughout; a
+	// PostgreSQL backend started meanwhile is missed, and PostgreSQL is
+	// nearly idle while the turns stream.
 	pids := m.pids()
 	go func() {
 		defer close(w.done)
-		w.first.Wait()
+		<-w.opened
 		from, err := m.sample(pids)
-		n0 := w.chunks.Load()
-		w.last.Wait()
+		<-w.closed
 		to, err1 := m.sample(pids)
-		w.from, w.to, w.units, w.err = from, to, w.chunks.Load()-n0, errors.Join(err, err1)
+		w.from, w.to, w.err = from, to, errors.Join(err, err1)
 	}()
 	return w
 }
 
-// chunk records a session's n-th chunk of per.
-func (w *streamWindow) chunk(n, per int) {
+// chunk records a chunk of session i.
+func (w *streamWindow) chunk(i int) {
 	if w == nil {
 		return
 	}
-	w.chunks.Add(1)
-	if n == 1 {
-		w.first.Done()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended[i] {
+		return
 	}
-	if n == per {
-		w.last.Done()
+	if w.toStart == 0 {
+		w.units++
+	}
+	w.got[i]++
+	w.mark(i, w.got[i] == 1, w.got[i] == w.per)
+}
+
+// abandon records that session i's reader stopped; after its last chunk
+// that changes nothing.
+func (w *streamWindow) abandon(i int) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.ended[i] {
+		w.mark(i, w.got[i] == 0, true)
 	}
 }
 
-// abandon records that a session's reader stopped after n chunks of per.
-func (w *streamWindow) abandon(n, per int) {
-	if w == nil {
-		return
+// mark counts session i's first chunk and its end; w.mu is held.
+func (w *streamWindow) mark(i int, first, end bool) {
+	if first {
+		if w.toStart--; w.toStart == 0 {
+			close(w.opened)
+		}
 	}
-	if n < 1 {
-		w.first.Done()
-	}
-	if n < per {
-		w.last.Done()
+	if end {
+		w.ended[i] = true
+		if w.toEnd--; w.toEnd == 0 {
+			close(w.closed)
+		}
 	}
 }
 
@@ -186,8 +187,11 @@ func (w *streamWindow) report(b *testing.B) {
 	if w.err != nil {
 		b.Fatal(w.err)
 	}
-	if w.units > 0 {
-		reportCPU(b, w.from, w.to, int(w.units), "chunk")
+	w.mu.Lock()
+	units := w.units
+	w.mu.Unlock()
+	if units > 0 {
+		reportCPU(b, w.from, w.to, units, "chunk")
 	}
 }
 
@@ -257,10 +261,10 @@ func TestStatCPU(t *testing.T) {
 	}
 }
 
-// A stream window closes once every session's reader has seen its last
-// chunk or stopped, so a failing stream cannot hang the benchmark, and
-// counts no more chunks than were read.
-func TestStreamWindowCloses(t *testing.T) {
+// A stream window opens at the last session's first chunk and closes at
+// the last session's end, counting the chunks in between; it closes when
+// sessions stop early too, so a failing stream cannot hang the benchmark.
+func TestStreamWindow(t *testing.T) {
 	meter := &cpuMeter{self: "test", pids: func() map[int]string { return map[int]string{os.Getpid(): "again"} }}
 	closed := func(w *streamWindow) bool {
 		select {
@@ -271,43 +275,51 @@ func TestStreamWindowCloses(t *testing.T) {
 		}
 	}
 
-	// Every session reads its five chunks.
-	w := openWindow(meter, 3)
-	for n := 1; n <= 5; n++ {
-		for range 3 {
-			w.chunk(n, 5)
+	// Three sessions read their five chunks in turn: the window opens at
+	// the third chunk and holds the twelve after it.
+	w := openWindow(meter, 3, 5)
+	for range 5 {
+		for i := range 3 {
+			w.chunk(i)
 		}
 	}
-	for range 3 {
-		w.abandon(5, 5) // a reader's deferred call after a full stream: nothing
+	for i := range 3 {
+		w.abandon(i) // a reader's deferred call after a full stream: nothing
 	}
 	if !closed(w) {
 		t.Fatal("window still open after every session's last chunk")
 	}
-	if w.err != nil || w.units < 0 || w.units > 15 {
-		t.Fatalf("units %d, err %v", w.units, w.err)
+	if w.err != nil || w.units != 12 {
+		t.Fatalf("units %d (want 12), err %v", w.units, w.err)
 	}
 	if w.to["test"] < w.from["test"] || w.to["again"] < w.from["again"] {
 		t.Fatalf("CPU went back: from %v to %v", w.from, w.to)
 	}
 
-	// One session reads two chunks and fails, one fails before any.
-	w = openWindow(meter, 3)
-	for n := 1; n <= 5; n++ {
-		w.chunk(n, 5)
+	// One session reads its five; one reads two and fails; one fails
+	// before any. The window opens and closes at the last failure, with
+	// nothing in it; a chunk arriving after its session was abandoned
+	// (a message late on the bus) is ignored.
+	w = openWindow(meter, 3, 5)
+	for range 5 {
+		w.chunk(0)
 	}
-	w.chunk(1, 5)
-	w.chunk(2, 5)
-	w.abandon(2, 5)
-	w.abandon(0, 5)
+	w.chunk(1)
+	w.chunk(1)
+	w.abandon(1)
+	w.chunk(1)
+	w.abandon(2)
 	if !closed(w) {
 		t.Fatal("window still open after the other sessions stopped")
 	}
+	if w.units != 0 || w.got[1] != 2 {
+		t.Fatalf("units %d, session 1 got %d", w.units, w.got[1])
+	}
 
 	// No meter, no window: every call is a no-op.
-	var none *streamWindow = openWindow(nil, 3)
-	none.chunk(1, 1)
-	none.abandon(0, 1)
+	none := openWindow(nil, 3, 5)
+	none.chunk(1)
+	none.abandon(0)
 	if none != nil {
 		t.Fatal("a window without a meter")
 	}
