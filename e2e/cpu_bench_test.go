@@ -1,20 +1,16 @@
 package e2e_test
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
-)
 
-// clockTick is the unit of utime and stime in /proc/<pid>/stat: USER_HZ,
-// 100 on every Linux the stack runs on (the kernel's ABI fixes it there).
-const clockTick = 10 * time.Millisecond
+	"github.com/clawmesh/clawmesh/internal/procstat"
+)
 
 // cpuMeter sums the CPU time (user and system) spent by this process and
 // by the processes pids names. At 100 sessions the turn stream's chunks
@@ -46,14 +42,14 @@ func (m *cpuMeter) sample(pids map[int]string) (cpuSample, error) {
 	}
 	c := cpuSample{m.self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
 	for pid, name := range pids {
-		d, err := processCPU(pid)
+		st, err := procstat.Read(pid)
 		if err != nil {
 			// A process gone between the listing and the read: the stack
 			// keeps its processes for the whole benchmark, so this is one
 			// that was ending anyway (a zombie's reaping, say).
 			continue
 		}
-		c[name] += d
+		c[name] += st.CPU
 	}
 	return c, nil
 }
@@ -69,14 +65,15 @@ func reportCPU(b *testing.B, from, to cpuSample, units int, unit string) {
 	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(units) }
 	b.ReportMetric(per(to.sum()-from.sum()), "cpu_us/"+unit)
 	var rest time.Duration
+	others := false
 	for name, d := range to {
 		if shownApart[name] {
 			b.ReportMetric(per(d-from[name]), name+"_cpu_us/"+unit)
 		} else {
-			rest += d - from[name]
+			rest, others = rest+d-from[name], true
 		}
 	}
-	if len(to) > 2 { // the baseline's two processes are both shown apart
+	if others {
 		b.ReportMetric(per(rest), "rest_cpu_us/"+unit)
 	}
 }
@@ -192,72 +189,6 @@ func (w *streamWindow) report(b *testing.B) {
 	w.mu.Unlock()
 	if units > 0 {
 		reportCPU(b, w.from, w.to, units, "chunk")
-	}
-}
-
-// processCPU reads a process's user and system time from /proc.
-func processCPU(pid int) (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	d, err := statCPU(raw)
-	if err != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-	}
-	return d, nil
-}
-
-// statCPU is utime plus stime of a /proc/<pid>/stat line.
-func statCPU(raw []byte) (time.Duration, error) {
-	// The command name (field 2) may hold spaces and parentheses: the
-	// fields after it start past the last ')'.
-	i := bytes.LastIndexByte(raw, ')')
-	if i < 0 {
-		return 0, errors.New("no command name")
-	}
-	f := bytes.Fields(raw[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("%d fields after the command name", len(f))
-	}
-	utime, err1 := strconv.ParseInt(string(f[11]), 10, 64)
-	stime, err2 := strconv.ParseInt(string(f[12]), 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("utime %q, stime %q", f[11], f[12])
-	}
-	return time.Duration(utime+stime) * clockTick, nil
-}
-
-func TestStatCPU(t *testing.T) {
-	// A command name with a space and a parenthesis, utime 250 and stime
-	// 75 ticks.
-	line := []byte("4242 (gate way)) S 1 4242 4242 0 -1 4194560 1185 0 0 0 250 75 0 0 20 0 9 0 1234 1000 200\n")
-	d, err := statCPU(line)
-	if err != nil || d != 3250*time.Millisecond {
-		t.Fatalf("statCPU = %v, %v; want 3.25s", d, err)
-	}
-	for _, bad := range []string{"", "4242 (x) S 1 2", "4242 (x) S 1 4242 4242 0 -1 4194560 1185 0 0 0 2x0 75 0"} {
-		if _, err := statCPU([]byte(bad)); err == nil {
-			t.Errorf("statCPU(%q) accepted", bad)
-		}
-	}
-	// This process's own line reads, and spins up by a tick or more.
-	before, err := processCPU(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		now, err := processCPU(os.Getpid())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if now > before {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("CPU time stayed at %v while spinning for 5 s", now)
-		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
+	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -329,8 +330,8 @@ func TestHungServiceIsRestarted(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Kill(old, syscall.SIGCONT) })
 	// The signal is queued; the process stops when every thread has it.
 	testenv.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", old))
-		if err != nil || !strings.Contains(string(st), ") T ") {
+		st, err := procstat.Read(old)
+		if err != nil || st.State != 'T' {
 			return fmt.Errorf("session %d not stopped yet: %v", old, err)
 		}
 		return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/version"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -131,28 +132,13 @@ func memTotalBytes() int64 {
 	return 0
 }
 
-// cpuPercent is the process's average CPU use since start, from
-// /proc/self/stat (utime+stime in clock ticks of 1/100 s).
+// cpuPercent is the process's average CPU use since start; 0 where
+// /proc is unavailable.
 func cpuPercent(started, now time.Time) float64 {
-	raw, err := os.ReadFile("/proc/self/stat")
-	if err != nil {
+	st, err := procstat.Self()
+	elapsed := now.Sub(started)
+	if err != nil || elapsed <= 0 {
 		return 0
 	}
-	s := string(raw)
-	// Fields after the command name, which is in parentheses.
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	elapsed := now.Sub(started).Seconds()
-	if elapsed <= 0 {
-		return 0
-	}
-	return (utime + stime) / 100 / elapsed * 100
+	return st.CPU.Seconds() / elapsed.Seconds() * 100
 }

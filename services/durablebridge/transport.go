@@ -9,10 +9,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/procstat"
 )
 
 // ErrListenURL is a token transport address that breaks the rules.
@@ -137,31 +138,11 @@ func descendsFrom(pid, root int) bool {
 		if pid <= 1 {
 			return false
 		}
-		next, ok := parentPID(pid)
-		if !ok {
+		st, err := procstat.Read(pid)
+		if err != nil {
 			return false
 		}
-		pid = next
+		pid = st.PPID
 	}
 	return false
-}
-
-func parentPID(pid int) (int, bool) {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, false
-	}
-	// The command name is in parentheses and may hold anything: the
-	// fields after its last ")" are "state ppid ...".
-	s := string(raw)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0, false
-	}
-	pp, err := strconv.Atoi(f[1])
-	return pp, err == nil
 }
