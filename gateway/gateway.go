@@ -71,7 +71,7 @@ type Gateway struct {
 	// statusReads and stateReads share concurrent identical reads of one
 	// principal (see status and sessionState): one gRPC call answers every
 	// caller that arrived while the previous one was in flight.
-	statusReads coalesce.Group[string, statusRead]
+	statusReads coalesce.Group[string, jsonrpc.EncodedJSON]
 	stateReads  coalesce.Group[stateKey, jsonrpc.EncodedJSON]
 
 	clients atomic.Int64

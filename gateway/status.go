@@ -18,50 +18,47 @@ import (
 // status answers docs/spec.md §5's status; services come from the health
 // monitor. It is deferred (see method.later): concurrent statuses of one
 // principal share one Status call, and the goroutine that made it answers
-// them all.
+// them all with one result, encoded once.
 func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage, reply jsonrpc.Reply) {
 	p, key := cs.principalKey()
-	g.statusReads.Go(ctx, key, func(ctx context.Context) (statusRead, error) {
+	g.statusReads.Go(ctx, key, func(ctx context.Context) (jsonrpc.EncodedJSON, error) {
 		resp, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: p})
 		if err != nil {
-			return statusRead{}, err
+			return nil, err
 		}
 		ids := resp.GetSessionIds()
 		if ids == nil {
 			ids = []string{}
 		}
 		enc, err := json.Marshal(ids)
-		return statusRead{active: resp.GetActiveSessions(), ids: enc}, err
-	}, func(st statusRead, err error) {
+		if err != nil {
+			return nil, err
+		}
+		return g.statusResult(resp.GetActiveSessions(), enc), nil
+	}, func(result jsonrpc.EncodedJSON, err error) {
 		if err != nil {
 			reply(nil, serviceError("session", err))
 			return
 		}
-		reply(g.statusResult(st), nil)
+		reply(result, nil)
 	})
 }
 
-// statusResult is status's result around one shared read.
-func (g *Gateway) statusResult(st statusRead) jsonrpc.EncodedJSON {
+// statusResult is status's result around one shared read: the count and
+// the ids (encoded) of the principal's open sessions.
+func (g *Gateway) statusResult(active int64, ids json.RawMessage) jsonrpc.EncodedJSON {
 	services := g.monitor.servicesJSON()
-	b := make([]byte, 0, 64+len(g.statusFixed)+len(services)+len(st.ids))
+	b := make([]byte, 0, 64+len(g.statusFixed)+len(services)+len(ids))
 	b = append(b, `{"active_sessions":`...)
-	b = strconv.AppendInt(b, st.active, 10)
+	b = strconv.AppendInt(b, active, 10)
 	b = append(b, g.statusFixed...)
 	b = append(b, `,"services":`...)
 	b = append(b, services...)
 	b = append(b, `,"session_ids":`...)
-	b = append(b, st.ids...)
+	b = append(b, ids...)
 	b = append(b, '}')
 	// Every part is valid JSON of the gateway's own making: no re-check.
 	return jsonrpc.EncodedJSON(b)
-}
-
-// statusRead is what status takes from one (shared) Status call, the ids
-// encoded once for every caller sharing it.
-type statusRead struct {
-	active int64
-	ids    json.RawMessage
 }
 
 // encodeStatusFixed encodes the members of status's result that do not

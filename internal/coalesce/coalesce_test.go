@@ -338,6 +338,48 @@ func TestGoAnswersOnceWithAFreshRead(t *testing.T) {
 	waitKeys(t, &g, 0)
 }
 
+// The read for the callers of Go who arrived while one was in flight
+// starts before that one's callers are answered: here the first batch's
+// answer waits for the second read to begin.
+func TestNextReadStartsBeforeAnswers(t *testing.T) {
+	var g Group[string, int64]
+	release := make(chan struct{})
+	secondStarted := make(chan struct{})
+	var reads atomic.Int32
+	read := func(context.Context) (int64, error) {
+		n := reads.Add(1)
+		if n == 1 {
+			<-release
+		} else {
+			close(secondStarted)
+		}
+		return int64(n), nil
+	}
+	first := make(chan error, 1)
+	g.Go(context.Background(), "k", read, func(v int64, err error) {
+		select {
+		case <-secondStarted:
+			first <- err
+		case <-time.After(10 * time.Second):
+			first <- errors.New("the next read did not start while the first batch was being answered")
+		}
+	})
+	for reads.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	second := callGo(&g, context.Background(), "k", read)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	second.wait(t)
+	if second.err != nil || second.val != 2 {
+		t.Fatalf("second caller got %d, %v; want the second read", second.val, second.err)
+	}
+	g.Wait()
+	waitKeys(t, &g, 0)
+}
+
 func waitKeys(t *testing.T, g *Group[string, int64], want int) {
 	t.Helper()
 	for i := 0; g.Len() != want; i++ {
