@@ -136,8 +136,8 @@ func (g *Group[K, T]) run(ctx context.Context, s *slot[K, T], b *batch[T], read 
 // next read, it starts that read (no goroutine of theirs would), then it
 // answers b's callers. In that order: answering a batch of callers of Go
 // takes a write to each one's connection in the gateway, and the next read
-// has no reason to wait for them (about 4% of status's rate under 64
-// clients, docs/performance.md).
+// has no reason to wait for them (a few percent of status's rate under 64
+// clients at most: docs/performance.md, seventeenth round).
 func (g *Group[K, T]) end(s *slot[K, T], b *batch[T]) {
 	g.mu.Lock()
 	s.cur, b.ended = nil, true
