@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -19,8 +20,10 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -33,12 +36,19 @@ import (
 // session_state is session/state of one session (of the same local
 // principal), a read that crosses one gRPC hop to the session service.
 //
+// grpc_bare is no request over the socket: 64 goroutines calling health
+// Check on a bare gRPC server in another process (internal/e2e/baselinegrpc)
+// over one client connection made as the gateway makes its own
+// (grpcclient.Dial). It is what a gRPC hop between two processes gives on
+// the machine, for status and session/state to be read against.
+//
 // echo_sized is the echo server answering each line with one as long as
 // health's reply (about 900 bytes of the fields docs/spec.md §5 names,
 // against the echo's 55): what a socket and a line reader cost for
 // replies of that size, so health's figure can be read against both.
 func BenchmarkSocket(b *testing.B) {
 	echo := startEcho(b)
+	_, bareGRPC := startBaselineGRPC(b)
 	s := e2e.Start(b, e2e.Options{})
 	owner := s.Dial(b)
 	if _, err := owner.Initialize(); err != nil {
@@ -76,6 +86,7 @@ func BenchmarkSocket(b *testing.B) {
 			})
 		}
 	}
+	b.Run("grpc_bare/clients=64", func(b *testing.B) { runGRPCCallers(b, bareGRPC, 64) })
 	// session_state_apart: each client reads a session of its own, so no
 	// two reads are ever shared and every request makes its own gRPC call.
 	// Its sessions are made last: status lists every open session.
@@ -128,23 +139,58 @@ func runClientsEach(b *testing.B, socket string, initialize bool, reqs []string)
 		}
 		conns[i] = rw
 	}
-	per := make([][]time.Duration, clients)
+	lines := make([][]byte, clients)
+	for i, r := range reqs {
+		lines[i] = []byte(r + "\n")
+	}
+	runCallers(b, clients, func(i int) error {
+		roundTrip(b, conns[i], lines[i]) // reports its own failures
+		return nil
+	})
+}
+
+// runGRPCCallers runs callers goroutines calling health Check on the gRPC
+// server at sock over one client connection, b.N calls in all.
+func runGRPCCallers(b *testing.B, sock string, callers int) {
+	cc, err := grpcclient.Dial(sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	ctx := context.Background()
+	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		b.Fatal(err) // connected before the clock starts
+	}
+	runCallers(b, callers, func(int) error {
+		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	})
+}
+
+// runCallers runs callers goroutines, each calling call one call at a
+// time, b.N calls in all, and reports their rate and latency; a caller
+// stops at its first error.
+func runCallers(b *testing.B, callers int, call func(i int) error) {
+	per := make([][]time.Duration, callers)
 	var wg sync.WaitGroup
 	b.ResetTimer()
 	start := time.Now()
-	for i := range clients {
-		n := b.N / clients
-		if i < b.N%clients {
+	for i := range callers {
+		n := b.N / callers
+		if i < b.N%callers {
 			n++
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			lat := make([]time.Duration, 0, n)
-			line := []byte(reqs[i] + "\n")
 			for range n {
 				t0 := time.Now()
-				roundTrip(b, conns[i], line)
+				if err := call(i); err != nil {
+					b.Error(err)
+					break
+				}
 				lat = append(lat, time.Since(t0))
 			}
 			per[i] = lat

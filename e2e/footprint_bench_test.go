@@ -31,7 +31,7 @@ const settle = 3 * time.Second
 // Reported: stack_MB, baseline_MB, and the stack's per-process figures in
 // the log.
 func BenchmarkIdleFootprint(b *testing.B) {
-	baseline := startBaselineGRPC(b)
+	baseline, _ := startBaselineGRPC(b)
 	var stackMB, baseMB []float64
 	for range b.N {
 		s := e2e.Start(b, e2e.Options{})
@@ -184,14 +184,14 @@ func rssKB(pid int) int64 {
 }
 
 // startBaselineGRPC builds and starts internal/e2e/baselinegrpc and
-// returns its pid once it serves and has idled for settle.
-func startBaselineGRPC(b *testing.B) int {
+// returns its pid and socket once it serves.
+func startBaselineGRPC(b *testing.B) (pid int, sock string) {
 	dir := b.TempDir()
 	exe := filepath.Join(dir, "baselinegrpc")
 	if out, err := exec.Command("go", "build", "-o", exe, "github.com/clawmesh/clawmesh/internal/e2e/baselinegrpc").CombinedOutput(); err != nil {
 		b.Fatalf("build baselinegrpc: %v\n%s", err, out)
 	}
-	sock := filepath.Join(dir, "g.sock")
+	sock = filepath.Join(dir, "g.sock")
 	cmd := exec.Command(exe, sock)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -207,7 +207,7 @@ func startBaselineGRPC(b *testing.B) int {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return cmd.Process.Pid
+	return cmd.Process.Pid, sock
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

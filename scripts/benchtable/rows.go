@@ -14,6 +14,8 @@ var Rows = []row{
 		Subject: sel{"BenchmarkSocket/session_state/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.25},
 	{Work: "session/state, 64 clients each on its own session: nothing shared (req/s)",
 		Subject: sel{"BenchmarkSocket/session_state_apart/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Scale: true},
+	{Work: "status against bare gRPC calls between two processes: 64 callers of health Check on one connection (req/s)",
+		Subject: sel{"BenchmarkSocket/status/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/grpc_bare/clients=64", "req/s"}, Scale: true},
 	{Work: "turn stream p50, 100 sessions (µs)",
 		Subject: sel{"BenchmarkTurnStream/socket/sessions=100", "p50_us"}, Baseline: sel{"BenchmarkTurnStream/nats/sessions=100", "p50_us"}, Target: 2, AtMost: true},
 	{Work: "turn stream p99, 100 sessions (µs)",
