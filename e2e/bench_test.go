@@ -135,7 +135,9 @@ func runClientsEach(b *testing.B, socket string, initialize bool, reqs []string)
 		defer c.Close()
 		rw := bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
 		if initialize {
-			roundTrip(b, rw, []byte(`{"jsonrpc":"2.0","method":"initialize","params":{"protocol_version":1},"id":0}`+"\n"))
+			if _, err := roundTrip(rw, initLine); err != nil {
+				b.Fatal(err)
+			}
 		}
 		conns[i] = rw
 	}
@@ -144,8 +146,8 @@ func runClientsEach(b *testing.B, socket string, initialize bool, reqs []string)
 		lines[i] = []byte(r + "\n")
 	}
 	runCallers(b, clients, func(i int) error {
-		roundTrip(b, conns[i], lines[i]) // reports its own failures
-		return nil
+		_, err := roundTrip(conns[i], lines[i])
+		return err
 	})
 }
 
@@ -221,33 +223,37 @@ func replyLen(b *testing.B, socket, line string) int {
 	}
 	defer c.Close()
 	rw := bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
-	roundTrip(b, rw, []byte(`{"jsonrpc":"2.0","method":"initialize","params":{"protocol_version":1},"id":0}`+"\n"))
-	n := len(roundTrip(b, rw, []byte(line+"\n")))
-	if n == 0 {
-		b.Fatalf("no reply to %s", line)
+	if _, err := roundTrip(rw, initLine); err != nil {
+		b.Fatal(err)
 	}
-	return n
+	reply, err := roundTrip(rw, []byte(line+"\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return len(reply)
 }
 
-func roundTrip(b *testing.B, rw *bufio.ReadWriter, line []byte) []byte {
+// roundTrip writes line and reads one reply; an error reply is an error
+// too, so that a failing client stops instead of timing failures.
+func roundTrip(rw *bufio.ReadWriter, line []byte) ([]byte, error) {
 	if _, err := rw.Write(line); err != nil {
-		b.Error(err)
-		return nil
+		return nil, err
 	}
 	if err := rw.Flush(); err != nil {
-		b.Error(err)
-		return nil
+		return nil, err
 	}
 	reply, err := rw.ReadBytes('\n')
 	if err != nil {
-		b.Error(err)
-		return nil
+		return nil, err
 	}
 	if bytes.Contains(reply, []byte(`"error"`)) {
-		b.Errorf("error reply: %s", reply)
+		return reply, fmt.Errorf("error reply: %s", reply)
 	}
-	return reply
+	return reply, nil
 }
+
+// initLine initializes a benchmark client's connection.
+var initLine = []byte(`{"jsonrpc":"2.0","method":"initialize","params":{"protocol_version":1},"id":0}` + "\n")
 
 const echoEnv = "CLAWMESH_BENCH_ECHO_SOCKET"
 
