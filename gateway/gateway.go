@@ -69,10 +69,14 @@ type Gateway struct {
 	wg sync.WaitGroup
 
 	// statusReads and stateReads share concurrent identical reads of one
-	// principal (see status and sessionState): one gRPC call answers every
-	// caller that arrived while the previous one was in flight.
-	statusReads coalesce.Group[string, jsonrpc.EncodedJSON]
-	stateReads  coalesce.Group[stateKey, jsonrpc.EncodedJSON]
+	// principal (see status, sessionState and sharedRead): one gRPC call
+	// answers every caller that arrived while the previous one was in
+	// flight, and those that arrived before the service read.
+	statusReads coalesce.Group[string, sharedRead]
+	stateReads  coalesce.Group[stateKey, sharedRead]
+	// clockApart is set once a read_at proved the session service's clock
+	// is not this process's (see readAt).
+	clockApart atomic.Bool
 
 	clients atomic.Int64
 	mu      sync.Mutex
@@ -148,10 +152,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		g.version = version.Version
 	}
 	g.statusFixed = encodeStatusFixed(g.version, cfg.DataDir, cfg.Socket)
-	// A shared read has the deadline of one quick call from its start.
-	g.statusReads.Timeout, g.stateReads.Timeout = g.deadline(kindQuick), g.deadline(kindQuick)
-	logPanic := func(v any) { g.log.Error("shared read panicked", zap.Any("panic", v), zap.StackSkip("stack", 2)) }
-	g.statusReads.OnPanic, g.stateReads.OnPanic = logPanic, logPanic
+	g.initSharedReads()
 	g.hub = newHub(g.nats, g.log)
 	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
 		g.Close()

@@ -241,18 +241,22 @@ func (g *Gateway) sessionState(ctx context.Context, cs *connState, params json.R
 		return
 	}
 	p, key := cs.principalKey()
-	g.stateReads.Go(ctx, stateKey{key, id}, func(ctx context.Context) (jsonrpc.EncodedJSON, error) {
+	g.stateReads.Go(ctx, stateKey{key, id}, func(ctx context.Context) (sharedRead, error) {
 		resp, err := g.session.State(ctx, &sessionv1.StateRequest{Principal: p, SessionId: id})
 		if err != nil {
-			return nil, err
+			return sharedRead{}, err
 		}
-		return json.Marshal(stateReply{SessionID: resp.GetSessionId(), State: stateWords[resp.GetState()], TurnID: resp.GetTurnId()})
-	}, func(enc jsonrpc.EncodedJSON, err error) {
+		enc, err := json.Marshal(stateReply{SessionID: resp.GetSessionId(), State: stateWords[resp.GetState()], TurnID: resp.GetTurnId()})
+		if err != nil {
+			return sharedRead{}, err
+		}
+		return sharedRead{enc, g.readAt(resp.GetReadAt())}, nil
+	}, func(r sharedRead, err error) {
 		if err != nil {
 			reply(nil, serviceError("session", err))
 			return
 		}
-		reply(enc, nil)
+		reply(r.enc, nil)
 	})
 }
 

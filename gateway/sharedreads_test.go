@@ -71,7 +71,7 @@ func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeou
 		config:  configv1.NewConfigServiceClient(serveFake(t, func(s *grpc.Server) { configv1.RegisterConfigServiceServer(s, fakeConfig{}) })),
 		session: sessionv1.NewSessionServiceClient(serveFake(t, func(s *grpc.Server) { sessionv1.RegisterSessionServiceServer(s, session) })),
 	}
-	g.statusReads.Timeout, g.stateReads.Timeout = g.deadline(kindQuick), g.deadline(kindQuick)
+	g.initSharedReads()
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- g.Run(ctx) }()
@@ -82,6 +82,21 @@ func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeou
 		}
 	})
 	return g, socket
+}
+
+// dialInitialized connects to the gateway's socket and initializes; the
+// caller closes the client.
+func dialInitialized(t *testing.T, socket string) *rpcclient.Client {
+	t.Helper()
+	c, err := rpcclient.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Initialize(); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c
 }
 
 // status requests wait for a shared read without a goroutine each; with
@@ -99,14 +114,8 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	g, socket := runGateway(t, sess, timeout)
 
-	c, err := rpcclient.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialInitialized(t, socket)
 	defer c.Close()
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
 	start := time.Now()
 	if err := c.Send(`{"jsonrpc":"2.0","id":1,"method":"status","params":{}}`); err != nil {
 		t.Fatal(err)
@@ -145,13 +154,7 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 	// are far: whatever holds the connection now is the hung read.
 	sess = newHungSession(t)
 	g, socket = runGateway(t, sess, time.Hour)
-	leaver, err := rpcclient.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := leaver.Initialize(); err != nil {
-		t.Fatal(err)
-	}
+	leaver := dialInitialized(t, socket)
 	for id := range 3 {
 		if err := leaver.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"status","params":{}}`, id)); err != nil {
 			t.Fatal(err)

@@ -21,10 +21,10 @@ import (
 // them all with one result, encoded once.
 func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage, reply jsonrpc.Reply) {
 	p, key := cs.principalKey()
-	g.statusReads.Go(ctx, key, func(ctx context.Context) (jsonrpc.EncodedJSON, error) {
+	g.statusReads.Go(ctx, key, func(ctx context.Context) (sharedRead, error) {
 		resp, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: p})
 		if err != nil {
-			return nil, err
+			return sharedRead{}, err
 		}
 		ids := resp.GetSessionIds()
 		if ids == nil {
@@ -32,15 +32,15 @@ func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage, 
 		}
 		enc, err := json.Marshal(ids)
 		if err != nil {
-			return nil, err
+			return sharedRead{}, err
 		}
-		return g.statusResult(resp.GetActiveSessions(), enc), nil
-	}, func(result jsonrpc.EncodedJSON, err error) {
+		return sharedRead{g.statusResult(resp.GetActiveSessions(), enc), g.readAt(resp.GetReadAt())}, nil
+	}, func(r sharedRead, err error) {
 		if err != nil {
 			reply(nil, serviceError("session", err))
 			return
 		}
-		reply(result, nil)
+		reply(r.enc, nil)
 	})
 }
 

@@ -7,7 +7,9 @@
 // write); it waits for the read to end, and one read started then answers
 // every caller that waited. What a caller sees is therefore as fresh as
 // its own read would have been, and under load the reads of a key drop to
-// one per read's duration, whatever the number of callers.
+// one per read's duration, whatever the number of callers. A read that
+// can tell when it read the state (Group.Fresh) also answers the callers
+// that arrived while it was in flight but before that moment.
 package coalesce
 
 import (
@@ -32,6 +34,17 @@ type Group[K comparable, T any] struct {
 	// in a Go caller's done; the batch's other callers are answered all
 	// the same.
 	OnPanic func(v any)
+	// Fresh and Clock, when both are set, let a read answer the callers
+	// of Go that came while it was in flight and that it is fresh enough
+	// for, instead of making them wait for the next read: Clock stamps a
+	// caller's arrival (never earlier than the moment it is called), and
+	// Fresh(val, arrived) reports whether val reflects every write that
+	// ended before that arrival (a read that reports when it read the
+	// state, on a clock Clock shares). The promise stays the package's:
+	// no caller gets a state read before it asked. Callers of Do always
+	// wait for a read that started after them.
+	Fresh func(val T, arrived int64) bool
+	Clock func() int64
 
 	mu      sync.Mutex
 	keys    map[K]*slot[K, T]
@@ -64,6 +77,7 @@ type batch[T any] struct {
 // waiter is one caller of Go.
 type waiter[T any] struct {
 	done func(T, error)
+	at   int64 // arrival, by Group.Clock (when Fresh is set)
 	// stop ends the watch on the caller's context; it reports false when
 	// that end already answered the caller, so each is answered once.
 	stop func() bool
@@ -142,6 +156,10 @@ func (g *Group[K, T]) end(s *slot[K, T], b *batch[T]) {
 	g.mu.Lock()
 	s.cur, b.ended = nil, true
 	next := s.next
+	var joined []*waiter[T]
+	if next != nil && b.err == nil && g.fresh() {
+		joined = g.join(next, b.val)
+	}
 	if next != nil && next.live > 0 {
 		// Callers of Go still wait for it (callers of Do among them,
 		// woken by b's end, find it running).
@@ -157,11 +175,44 @@ func (g *Group[K, T]) end(s *slot[K, T], b *batch[T]) {
 		g.startAsync(s, next)
 	}
 	g.answer(s, b)
-	if b.async {
+	for _, w := range joined {
+		g.call(w.done, b.val, b.err)
+	}
+	if b.async || len(joined) > 0 {
+		n := len(joined)
+		if b.async {
+			n++
+		}
 		g.mu.Lock()
-		g.leave(s, 1)
+		g.leave(s, n)
 		g.mu.Unlock()
 	}
+}
+
+func (g *Group[K, T]) fresh() bool { return g.Fresh != nil && g.Clock != nil }
+
+// join takes out of next the callers of Go that val is fresh enough for,
+// their contexts' watches stopped, for the batch that read val to answer;
+// called with g.mu held. A caller whose context's end is answering it
+// stays in next, which answers it no second time.
+func (g *Group[K, T]) join(next *batch[T], val T) []*waiter[T] {
+	var joined []*waiter[T]
+	kept := next.waiters[:0]
+	for _, w := range next.waiters {
+		if g.Fresh(val, w.at) && w.stop() {
+			next.live--
+			joined = append(joined, w)
+			continue
+		}
+		kept = append(kept, w)
+	}
+	clear(next.waiters[len(kept):])
+	next.waiters = kept
+	if len(kept) == 0 {
+		// The next caller of Go brings its own read and context.
+		next.read, next.readCtx = nil, nil
+	}
+	return joined
 }
 
 // answer answers b's callers of Go that their contexts did not.
@@ -251,6 +302,9 @@ func (g *Group[K, T]) leave(s *slot[K, T], n int) {
 // read of key is in flight, Go starts one on a goroutine of its own.
 func (g *Group[K, T]) Go(ctx context.Context, key K, read func(context.Context) (T, error), done func(T, error)) {
 	w := &waiter[T]{done: done}
+	if g.fresh() {
+		w.at = g.Clock()
+	}
 	g.mu.Lock()
 	s := g.slot(key)
 	var b *batch[T]

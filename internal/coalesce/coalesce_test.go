@@ -3,6 +3,7 @@ package coalesce
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -397,13 +398,7 @@ func waitKeys(t *testing.T, g *Group[string, int64], want int) {
 func TestGoContextEnds(t *testing.T) {
 	var g Group[string, int64]
 	release := make(chan struct{})
-	var reads atomic.Int32
-	read := func(context.Context) (int64, error) {
-		if reads.Add(1) == 1 {
-			<-release
-		}
-		return 5, nil
-	}
+	read, _ := heldRead(release, 5)
 	why := errors.New("client left")
 	ctx, cancel := context.WithCancelCause(context.Background())
 	inFlight := callGo(&g, ctx, "k", read)               // starts the first read
@@ -594,4 +589,190 @@ func TestWaitForReads(t *testing.T) {
 	}
 	first.wait(t)
 	second.wait(t)
+}
+
+// heldRead returns a read of v whose first call waits for release, and
+// the count of its calls.
+func heldRead(release <-chan struct{}, v int64) (func(context.Context) (int64, error), *atomic.Int32) {
+	reads := new(atomic.Int32)
+	return func(context.Context) (int64, error) {
+		if reads.Add(1) == 1 {
+			<-release
+		}
+		return v, nil
+	}, reads
+}
+
+// fakeClock is a Group.Clock the test moves, and a read's value is the
+// moment it read (Fresh compares the two).
+type fakeClock struct{ now atomic.Int64 }
+
+func (c *fakeClock) withFresh(g *Group[string, int64]) *fakeClock {
+	g.Clock = c.now.Load
+	g.Fresh = func(readAt, arrived int64) bool { return arrived <= readAt }
+	return c
+}
+
+// With Fresh, a read answers the callers of Go that arrived while it was
+// in flight but before it read; those that arrived after wait for the
+// next read, which runs only if one of them is left.
+func TestFreshReadAnswersWhoCameBeforeIt(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		var g Group[string, int64]
+		clock := new(fakeClock).withFresh(&g)
+		release := make(chan int64)
+		var reads atomic.Int32
+		read := func(context.Context) (int64, error) {
+			if reads.Add(1) == 1 {
+				return <-release, nil
+			}
+			return 1000, nil
+		}
+		clock.now.Store(10)
+		first := callGo(&g, context.Background(), "k", read)
+		for reads.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		clock.now.Store(15)
+		early := callGo(&g, context.Background(), "k", read)
+		var after *goCall
+		if late {
+			clock.now.Store(25)
+			after = callGo(&g, context.Background(), "k", read)
+		}
+		release <- 20 // the first read read at 20
+		first.wait(t)
+		early.wait(t)
+		if first.val != 20 || early.val != 20 {
+			t.Fatalf("first and early callers got %d and %d; want the first read's 20 for both", first.val, early.val)
+		}
+		want := int32(1)
+		if late {
+			after.wait(t)
+			if after.val != 1000 {
+				t.Fatalf("the caller that came after the first read read got %d; want the next read's", after.val)
+			}
+			want = 2
+		}
+		g.Wait()
+		time.Sleep(20 * time.Millisecond) // a read for nobody would start now
+		if n := reads.Load(); n != want {
+			t.Fatalf("late=%v: %d reads, want %d", late, n, want)
+		}
+		for _, c := range []*goCall{first, early, after} {
+			if c != nil && c.answers.Load() != 1 {
+				t.Fatalf("a caller answered %d times", c.answers.Load())
+			}
+		}
+		waitKeys(t, &g, 0)
+	}
+}
+
+// A failed read answers only its own batch: the callers that came while
+// it was in flight get a read of their own.
+func TestFreshReadFailedSharesNothingMore(t *testing.T) {
+	var g Group[string, int64]
+	clock := new(fakeClock).withFresh(&g)
+	release := make(chan struct{})
+	var reads atomic.Int32
+	read := func(context.Context) (int64, error) {
+		if reads.Add(1) == 1 {
+			<-release
+			return 100, errors.New("down")
+		}
+		return 200, nil
+	}
+	first := callGo(&g, context.Background(), "k", read)
+	for reads.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	clock.now.Store(1)
+	early := callGo(&g, context.Background(), "k", read)
+	close(release)
+	first.wait(t)
+	early.wait(t)
+	if first.err == nil || early.err != nil || early.val != 200 {
+		t.Fatalf("first: %d, %v; early: %d, %v; want the error, then the second read", first.val, first.err, early.val, early.err)
+	}
+	g.Wait()
+	waitKeys(t, &g, 0)
+}
+
+// A caller whose context ends as the read it may join ends is answered
+// once, by one or the other, and leaves no key behind.
+func TestFreshJoinRacesTheCallersEnd(t *testing.T) {
+	for range 200 {
+		var g Group[string, int64]
+		new(fakeClock).withFresh(&g)
+		release := make(chan struct{})
+		read, reads := heldRead(release, 0)
+		first := callGo(&g, context.Background(), "k", read)
+		for reads.Load() == 0 {
+			runtime.Gosched()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		early := callGo(&g, ctx, "k", read)
+		go cancel()
+		close(release)
+		first.wait(t)
+		early.wait(t)
+		g.Wait()
+		time.Sleep(time.Millisecond)
+		if n := early.answers.Load(); n != 1 {
+			t.Fatalf("the caller was answered %d times", n)
+		}
+		if early.err != nil && !errors.Is(early.err, context.Canceled) {
+			t.Fatalf("early: %v", early.err)
+		}
+		waitKeys(t, &g, 0)
+	}
+}
+
+// Under callers of Go that each write and then read, with Fresh judging
+// by a clock every read and arrival ticks, every caller still sees its
+// own write, shared reads or not.
+func TestFreshReadsNeverOlderThanTheCall(t *testing.T) {
+	var tick, writes, reads atomic.Int64
+	var g Group[string, [2]int64] // a read's value: when it read, what it saw
+	g.Clock = func() int64 { return tick.Add(1) }
+	g.Fresh = func(v [2]int64, arrived int64) bool { return arrived <= v[0] }
+	read := func(context.Context) ([2]int64, error) {
+		reads.Add(1)
+		at := tick.Add(1)
+		v := writes.Load()
+		time.Sleep(200 * time.Microsecond)
+		return [2]int64{at, v}, nil
+	}
+	const callers, rounds = 32, 20
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				mine := writes.Add(1)
+				got := make(chan [2]int64, 1)
+				g.Go(context.Background(), "k", read, func(v [2]int64, err error) {
+					if err != nil {
+						t.Error(err)
+					}
+					got <- v
+				})
+				select {
+				case v := <-got:
+					if v[1] < mine {
+						t.Errorf("read %d after write %d", v[1], mine)
+					}
+				case <-time.After(10 * time.Second):
+					t.Error("a caller was never answered")
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	g.Wait()
+	if n := reads.Load(); n >= callers*rounds {
+		t.Errorf("%d calls made %d reads: nothing shared", callers*rounds, n)
+	}
 }

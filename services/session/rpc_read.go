@@ -4,16 +4,20 @@ import (
 	"context"
 	"errors"
 
+	"github.com/clawmesh/clawmesh/internal/hostclock"
+
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
 // State reports idle, running (with the turn id), closed or killed.
 func (s *Server) State(ctx context.Context, req *sessionv1.StateRequest) (*sessionv1.StateResponse, error) {
+	// Read before anything the answer holds (see read_at in the proto).
+	at := hostclock.Early()
 	row, err := s.ownedBy(ctx, req.GetPrincipal(), req.GetSessionId(), s.store.sessionKept)
 	if err != nil {
 		return nil, err
 	}
-	resp := &sessionv1.StateResponse{SessionId: row.ID, State: stateEnum[s.stateOf(row)]}
+	resp := &sessionv1.StateResponse{SessionId: row.ID, State: stateEnum[s.stateOf(row)], ReadAt: at}
 	if ls := s.lookupLive(row.ID); ls != nil {
 		if t := ls.running(); t != nil {
 			resp.TurnId = t.id
@@ -98,6 +102,8 @@ func (s *Server) Status(ctx context.Context, req *sessionv1.StatusRequest) (*ses
 	if err := requirePrincipal(req.GetPrincipal()); err != nil {
 		return nil, err
 	}
+	// Read before the sessions are (see read_at in the proto).
+	at := hostclock.Early()
 	// The open sessions as last read while no write has ended since;
 	// else a read shared with the Status calls that arrived with this
 	// one, never one that started before this call did.
@@ -108,7 +114,7 @@ func (s *Server) Status(ctx context.Context, req *sessionv1.StatusRequest) (*ses
 			return nil, err
 		}
 	}
-	resp := &sessionv1.StatusResponse{ActiveSessions: int64(len(open)), SessionIds: []string{}}
+	resp := &sessionv1.StatusResponse{ActiveSessions: int64(len(open)), SessionIds: []string{}, ReadAt: at}
 	for _, o := range open {
 		if req.GetPrincipal().GetOperator() || o.Owner == req.GetPrincipal().GetPrincipalId() {
 			resp.SessionIds = append(resp.SessionIds, o.ID)

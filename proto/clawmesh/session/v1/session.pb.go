@@ -1137,10 +1137,14 @@ func (x *StateRequest) GetSessionId() string {
 }
 
 type StateResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	State         SessionState           `protobuf:"varint,2,opt,name=state,proto3,enum=clawmesh.session.v1.SessionState" json:"state,omitempty"`
-	TurnId        string                 `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	State     SessionState           `protobuf:"varint,2,opt,name=state,proto3,enum=clawmesh.session.v1.SessionState" json:"state,omitempty"`
+	TurnId    string                 `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	// read_at is the host's CLOCK_MONOTONIC, in nanoseconds, read before
+	// the state was: it reflects every write answered before then (see
+	// StatusResponse.read_at).
+	ReadAt        int64 `protobuf:"varint,4,opt,name=read_at,json=readAt,proto3" json:"read_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1194,6 +1198,13 @@ func (x *StateResponse) GetTurnId() string {
 		return x.TurnId
 	}
 	return ""
+}
+
+func (x *StateResponse) GetReadAt() int64 {
+	if x != nil {
+		return x.ReadAt
+	}
+	return 0
 }
 
 type Message struct {
@@ -2427,8 +2438,14 @@ type StatusResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	ActiveSessions int64                  `protobuf:"varint,1,opt,name=active_sessions,json=activeSessions,proto3" json:"active_sessions,omitempty"`
 	SessionIds     []string               `protobuf:"bytes,2,rep,name=session_ids,json=sessionIds,proto3" json:"session_ids,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// read_at is the host's CLOCK_MONOTONIC, in nanoseconds, read before
+	// the sessions were: the answer reflects every write the service
+	// answered before then. A caller on the same host (the clock is the
+	// kernel's, shared by every process and container on it) may answer
+	// from it a request that arrived no later than read_at.
+	ReadAt        int64 `protobuf:"varint,3,opt,name=read_at,json=readAt,proto3" json:"read_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2473,6 +2490,13 @@ func (x *StatusResponse) GetSessionIds() []string {
 		return x.SessionIds
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetReadAt() int64 {
+	if x != nil {
+		return x.ReadAt
+	}
+	return 0
 }
 
 // ApprovalView is one approval request as the durable bridge shows it.
@@ -3544,12 +3568,13 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\fStateRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\x80\x01\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\x99\x01\n" +
 	"\rStateResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x127\n" +
 	"\x05state\x18\x02 \x01(\x0e2!.clawmesh.session.v1.SessionStateR\x05state\x12\x17\n" +
-	"\aturn_id\x18\x03 \x01(\tR\x06turnId\"M\n" +
+	"\aturn_id\x18\x03 \x01(\tR\x06turnId\x12\x17\n" +
+	"\aread_at\x18\x04 \x01(\x03R\x06readAt\"M\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x03R\x05index\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x18\n" +
@@ -3648,11 +3673,12 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12\"\n" +
 	"\fdeduplicated\x18\x05 \x01(\bR\fdeduplicated\"L\n" +
 	"\rStatusRequest\x12;\n" +
-	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\"Z\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\"s\n" +
 	"\x0eStatusResponse\x12'\n" +
 	"\x0factive_sessions\x18\x01 \x01(\x03R\x0eactiveSessions\x12\x1f\n" +
 	"\vsession_ids\x18\x02 \x03(\tR\n" +
-	"sessionIds\"\xac\x04\n" +
+	"sessionIds\x12\x17\n" +
+	"\aread_at\x18\x03 \x01(\x03R\x06readAt\"\xac\x04\n" +
 	"\fApprovalView\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
