@@ -115,6 +115,27 @@ func format(v float64) string {
 	return strconv.FormatFloat(v, 'f', 2, 64)
 }
 
+// formatNear is format with up to three more decimals when v would
+// otherwise read as target without being it: a ratio of 0.249 against
+// ≥ 0.25 reads 0.249, not 0.25 marked below target.
+func formatNear(v, target float64) string {
+	s := format(v)
+	if v == target || s != format(target) {
+		return s
+	}
+	d := 0
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		d = len(s) - i - 1
+	}
+	for more := 1; more <= 3; more++ {
+		s = strconv.FormatFloat(v, 'f', d+more, 64)
+		if s != strconv.FormatFloat(target, 'f', d+more, 64) {
+			break
+		}
+	}
+	return s
+}
+
 // render writes the table and returns how many rows meet their target
 // and how many were measured.
 func render(w io.Writer, rows []row, res results) (met, measured int) {
@@ -154,6 +175,13 @@ func render(w io.Writer, rows []row, res results) (met, measured int) {
 		if r.AtMost {
 			cmp, ok = "≤", figure <= r.Target
 		}
+		// The compared figure shows the digits that decide it.
+		shown := format(now)
+		if r.Baseline.Bench != "" && !r.Absolute {
+			ratio = formatNear(figure, r.Target) + "×"
+		} else {
+			shown = formatNear(now, r.Target)
+		}
 		target := cmp + " " + format(r.Target)
 		if r.Baseline.Bench != "" && !r.Absolute {
 			target += "×"
@@ -164,7 +192,7 @@ func render(w io.Writer, rows []row, res results) (met, measured int) {
 		if ok {
 			mark, met = "ok", met+1
 		}
-		fmt.Fprintf(w, "| %s | %s %s | %s | %s | %s | %s |\n", r.Work, format(now), r.Subject.Unit, base, ratio, target, mark)
+		fmt.Fprintf(w, "| %s | %s %s | %s | %s | %s | %s |\n", r.Work, shown, r.Subject.Unit, base, ratio, target, mark)
 	}
 	return met, measured
 }

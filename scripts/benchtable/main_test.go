@@ -71,3 +71,38 @@ BenchmarkSocket/status/clients=64-2   	1	1 ns/op	100000 req/s
 		t.Errorf("table lacks %q:\n%s", want, b.String())
 	}
 }
+
+// A figure that would read as its target without meeting it shows the
+// digits that decide it: the ratio 0.249 shows as 0.249×, below ≥ 0.25×,
+// and 100.4 MB is 100.4, past ≤ 100; one that is the target or clear of
+// it keeps its usual digits.
+func TestFigureNearItsTarget(t *testing.T) {
+	res, err := parse(strings.NewReader(`
+BenchmarkSocket/echo/clients=64-2     	1	1 ns/op	200000 req/s
+BenchmarkSocket/status/clients=64-2   	1	1 ns/op	49800 req/s
+BenchmarkSocket/state/clients=64-2    	1	1 ns/op	50000 req/s
+BenchmarkIdleFootprint-2   	       3	1 ns/op	        11.25 baseline_MB	       100.4 stack_MB
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	met, _ := render(&b, []row{
+		{Work: "status", Subject: sel{"BenchmarkSocket/status/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.25},
+		{Work: "state", Subject: sel{"BenchmarkSocket/state/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Target: 0.25},
+		{Work: "footprint", Subject: sel{"BenchmarkIdleFootprint", "stack_MB"}, Baseline: sel{"BenchmarkIdleFootprint", "baseline_MB"}, Target: 100, AtMost: true, Absolute: true},
+	}, res)
+	out := b.String()
+	for _, want := range []string{
+		"| status | 49800 req/s | 200000 req/s | 0.249× | ≥ 0.25× | below target |",
+		"| state | 50000 req/s | 200000 req/s | 0.25× | ≥ 0.25× | ok |",
+		"| footprint | 100.4 stack_MB | 11.2 baseline_MB | 8.92× | ≤ 100 stack_MB | below target |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if met != 1 {
+		t.Errorf("met %d, want 1", met)
+	}
+}
