@@ -14,8 +14,9 @@ import (
 // waiting when it started, those that arrived while it was in flight but
 // no later than the service read (coalesce.Group.Fresh): the answer
 // reflects every write the service answered before them. Under 64
-// clients polling status a caller so waits about one read instead of one
-// and a half (docs/performance.md, eighteenth round).
+// clients polling status a caller so waits about one and a half reads
+// instead of two, and status serves a tenth more (docs/performance.md,
+// eighteenth round).
 type sharedRead struct {
 	enc    jsonrpc.EncodedJSON
 	readAt int64

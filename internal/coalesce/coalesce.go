@@ -42,7 +42,8 @@ type Group[K comparable, T any] struct {
 	// ended before that arrival (a read that reports when it read the
 	// state, on a clock Clock shares). The promise stays the package's:
 	// no caller gets a state read before it asked. Callers of Do always
-	// wait for a read that started after them.
+	// wait for a read that started after them. Fresh runs with the
+	// group's lock held: it must be quick and must not call the group.
 	Fresh func(val T, arrived int64) bool
 	Clock func() int64
 
