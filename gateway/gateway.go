@@ -312,7 +312,7 @@ func (g *Gateway) handle(ctx context.Context, cs *connState, req *jsonrpc.Reques
 			err    error
 		}
 		ch := make(chan answer, 1)
-		m.later(g, ctx, cs, req.Params, func(result any, err error) { ch <- answer{result, err} })
+		m.later(g, ctx, laterWait{deadline: g.laterDeadline(m)}, cs, req.Params, func(result any, err error) { ch <- answer{result, err} })
 		a := <-ch
 		return a.result, a.err
 	}
@@ -332,14 +332,36 @@ func (g *Gateway) handleLater(ctx context.Context, cs *connState, req *jsonrpc.R
 		reply(nil, err)
 		return
 	}
-	m.later(g, ctx, cs, req.Params, func(result any, err error) {
-		cancel()
-		reply(result, err)
-	})
+	if !cs.waitsWatched {
+		cs.waitsWatched = true
+		context.AfterFunc(ctx, func() { cs.waits.Leave(context.Cause(ctx)) })
+	}
+	// route gave a method served later no context of its own: nothing to
+	// release once it replies. Its context's end is the connection's,
+	// which cs.waits stands for.
+	m.later(g, context.WithoutCancel(ctx), laterWait{g.laterDeadline(m), &cs.waits}, cs, req.Params, reply)
+}
+
+// laterWait is how long a request of a method served later waits for its
+// answer: until deadline (zero: no deadline), and until owner leaves
+// (nil: until the request's context ends).
+type laterWait struct {
+	deadline time.Time
+	owner    *coalesce.Owner
+}
+
+// laterDeadline is the deadline of a request of m, a method served later,
+// from now; zero when its kind has none.
+func (g *Gateway) laterDeadline(m method) time.Time {
+	if d := g.deadline(m.kind); d > 0 {
+		return time.Now().Add(d)
+	}
+	return time.Time{}
 }
 
 // route finds req's method, checks that the connection may call it now,
-// and gives ctx the method's deadline; cancel releases that deadline.
+// and gives ctx the method's deadline; cancel releases that deadline. A
+// method served later gets its deadline from laterDeadline instead.
 func (g *Gateway) route(ctx context.Context, cs *connState, req *jsonrpc.Request) (method, context.Context, context.CancelFunc, error) {
 	m, known := methods[req.Method]
 	if !(known && m.preInit) && !cs.initialized() {
@@ -348,7 +370,7 @@ func (g *Gateway) route(ctx context.Context, cs *connState, req *jsonrpc.Request
 	if !known {
 		return m, ctx, func() {}, jsonrpc.MethodNotFound(req.Method)
 	}
-	if d := g.deadline(m.kind); d > 0 {
+	if d := g.deadline(m.kind); d > 0 && m.later == nil {
 		ctx, cancel := context.WithTimeout(ctx, d)
 		return m, ctx, cancel, nil
 	}
@@ -416,6 +438,13 @@ type connState struct {
 	// uploads is set once the connection began an upload or attached a
 	// file (usingUploads).
 	uploads atomic.Bool
+
+	// waits stands for the connection's requests waiting for a shared
+	// read (statusReads, stateReads): the connection's end answers them
+	// all at once, watched once (waitsWatched, on the read loop alone)
+	// rather than once a request.
+	waits        coalesce.Owner
+	waitsWatched bool
 
 	mu        sync.Mutex
 	principal *commonv1.Principal

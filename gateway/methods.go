@@ -24,7 +24,8 @@ type method struct {
 	// the method to be listed in its capabilities (none: everyone's). The
 	// service still decides every call.
 	needs []string
-	// kind sets the deadline of the method's calls (handle applies it).
+	// kind sets the deadline of the method's calls (route applies it; a
+	// method served later gets it as a time, see later).
 	kind callKind
 	call func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
 	// later, set instead of call, serves a method without a goroutine of
@@ -32,8 +33,13 @@ type method struct {
 	// must not block, and answers through reply, once. The reads that
 	// many clients repeat (status, session/state) are shared this way: the
 	// goroutine that made a shared read answers every request it serves,
-	// and none waits for it.
-	later func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage, reply jsonrpc.Reply)
+	// and none waits for it. How long it waits comes in wait, not in ctx: a
+	// context with a deadline is a timer and two registrations a request,
+	// where a shared read keeps one timer for all its callers and the
+	// connection stands for all its requests (coalesce.Group.Go and
+	// coalesce.Owner; a sixth of status's rate, docs/performance.md,
+	// nineteenth round).
+	later func(g *Gateway, ctx context.Context, wait laterWait, cs *connState, params json.RawMessage, reply jsonrpc.Reply)
 }
 
 // callKind says how long the gateway waits for what a method asks of the

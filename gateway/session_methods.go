@@ -234,14 +234,14 @@ func (g *Gateway) sessionApprove(ctx context.Context, cs *connState, params json
 
 // sessionState is deferred (see method.later): concurrent reads of one
 // session by one principal share one State call, encoded once.
-func (g *Gateway) sessionState(ctx context.Context, cs *connState, params json.RawMessage, reply jsonrpc.Reply) {
+func (g *Gateway) sessionState(ctx context.Context, wait laterWait, cs *connState, params json.RawMessage, reply jsonrpc.Reply) {
 	id, err := decodeSessionID(params)
 	if err != nil {
 		reply(nil, err)
 		return
 	}
 	p, key := cs.principalKey()
-	g.stateReads.Go(ctx, stateKey{key, id}, func(ctx context.Context) (sharedRead, error) {
+	g.stateReads.Go(ctx, stateKey{key, id}, wait.deadline, wait.owner, func(ctx context.Context) (sharedRead, error) {
 		resp, err := g.session.State(ctx, &sessionv1.StateRequest{Principal: p, SessionId: id})
 		if err != nil {
 			return sharedRead{}, err

@@ -19,9 +19,9 @@ import (
 // monitor. It is deferred (see method.later): concurrent statuses of one
 // principal share one Status call, and the goroutine that made it answers
 // them all with one result, encoded once.
-func (g *Gateway) status(ctx context.Context, cs *connState, _ json.RawMessage, reply jsonrpc.Reply) {
+func (g *Gateway) status(ctx context.Context, wait laterWait, cs *connState, _ json.RawMessage, reply jsonrpc.Reply) {
 	p, key := cs.principalKey()
-	g.statusReads.Go(ctx, key, func(ctx context.Context) (sharedRead, error) {
+	g.statusReads.Go(ctx, key, wait.deadline, wait.owner, func(ctx context.Context) (sharedRead, error) {
 		resp, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: p})
 		if err != nil {
 			return sharedRead{}, err

@@ -264,13 +264,14 @@ func TestPanickingReadEndsItsBatch(t *testing.T) {
 type goCall struct {
 	val     int64
 	err     error
+	at      time.Time // when the answer came (goCallBy)
 	answers atomic.Int32
 	done    chan struct{}
 }
 
 func callGo(g *Group[string, int64], ctx context.Context, key string, read func(context.Context) (int64, error)) *goCall {
 	c := &goCall{done: make(chan struct{})}
-	g.Go(ctx, key, read, func(v int64, err error) {
+	g.Go(ctx, key, time.Time{}, nil, read, func(v int64, err error) {
 		if c.answers.Add(1) == 1 {
 			c.val, c.err = v, err
 			close(c.done)
@@ -357,7 +358,7 @@ func TestNextReadStartsBeforeAnswers(t *testing.T) {
 		return int64(n), nil
 	}
 	first := make(chan error, 1)
-	g.Go(context.Background(), "k", read, func(v int64, err error) {
+	g.Go(context.Background(), "k", time.Time{}, nil, read, func(v int64, err error) {
 		select {
 		case <-secondStarted:
 			first <- err
@@ -535,10 +536,10 @@ func TestGoPanicsTold(t *testing.T) {
 	hold := make(chan struct{})
 	var answered atomic.Int32
 	first := callGo(&g, context.Background(), "j", func(context.Context) (int64, error) { <-hold; return 1, nil })
-	g.Go(context.Background(), "j", func(context.Context) (int64, error) { return 2, nil },
+	g.Go(context.Background(), "j", time.Time{}, nil, func(context.Context) (int64, error) { return 2, nil },
 		func(int64, error) { panic("done bug") })
 	ok := callGo(&g, context.Background(), "j", func(context.Context) (int64, error) { return 2, nil })
-	g.Go(context.Background(), "j", func(context.Context) (int64, error) { return 2, nil },
+	g.Go(context.Background(), "j", time.Time{}, nil, func(context.Context) (int64, error) { return 2, nil },
 		func(int64, error) { answered.Add(1) })
 	close(hold)
 	first.wait(t)
@@ -752,7 +753,7 @@ func TestFreshReadsNeverOlderThanTheCall(t *testing.T) {
 			for range rounds {
 				mine := writes.Add(1)
 				got := make(chan [2]int64, 1)
-				g.Go(context.Background(), "k", read, func(v [2]int64, err error) {
+				g.Go(context.Background(), "k", time.Time{}, nil, read, func(v [2]int64, err error) {
 					if err != nil {
 						t.Error(err)
 					}
