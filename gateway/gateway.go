@@ -332,8 +332,7 @@ func (g *Gateway) handleLater(ctx context.Context, cs *connState, req *jsonrpc.R
 		reply(nil, err)
 		return
 	}
-	if !cs.waitsWatched {
-		cs.waitsWatched = true
+	if !cs.waitsWatched.Load() && cs.waitsWatched.CompareAndSwap(false, true) {
 		context.AfterFunc(ctx, func() { cs.waits.Leave(context.Cause(ctx)) })
 	}
 	// route gave a method served later no context of its own: nothing to
@@ -441,10 +440,11 @@ type connState struct {
 
 	// waits stands for the connection's requests waiting for a shared
 	// read (statusReads, stateReads): the connection's end answers them
-	// all at once, watched once (waitsWatched, on the read loop alone)
-	// rather than once a request.
+	// all at once, watched once (waitsWatched) rather than once a request.
+	// Atomic: a request held for room is dispatched by whichever
+	// goroutine frees it, beside the read loop.
 	waits        coalesce.Owner
-	waitsWatched bool
+	waitsWatched atomic.Bool
 
 	mu        sync.Mutex
 	principal *commonv1.Principal

@@ -29,11 +29,12 @@ type method struct {
 	kind callKind
 	call func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
 	// later, set instead of call, serves a method without a goroutine of
-	// its own (jsonrpc.DeferredHandler): it is called on the read loop,
-	// must not block, and answers through reply, once. The reads that
-	// many clients repeat (status, session/state) are shared this way: the
-	// goroutine that made a shared read answers every request it serves,
-	// and none waits for it. How long it waits comes in wait, not in ctx: a
+	// its own (jsonrpc.DeferredHandler): it is called on the read loop (or
+	// on the goroutine that frees room for a held request), must not
+	// block, and answers through reply, once. The reads that many clients
+	// repeat (status, session/state) are shared this way: the goroutine
+	// that made a shared read answers every request it serves, and none
+	// waits for it. How long it waits comes in wait, not in ctx: a
 	// context with a deadline is a timer and two registrations a request,
 	// where a shared read keeps one timer for all its callers and the
 	// connection stands for all its requests (coalesce.Group.Go and

@@ -95,7 +95,8 @@ type Options struct {
 	Inline func(method string) bool
 	// Deferred reports the methods a DeferredHandler takes without a
 	// goroutine of their own: HandleDeferred is called on the read loop
-	// and must not block; the request counts as in flight until its
+	// (or on the goroutine that frees room for a held request) and must
+	// not block; the request counts as in flight until its
 	// reply is given. Ignored unless the Handler is a DeferredHandler.
 	Deferred func(method string) bool
 	// Logger receives static messages with structured fields; never frame
@@ -150,10 +151,11 @@ type Handler interface {
 // goroutine that ran it.
 type DeferredHandler interface {
 	Handler
-	// HandleDeferred is called on the read loop, in arrival order. It must
-	// return without blocking, having arranged for reply to be called
-	// exactly once, from any goroutine, or having called it. ctx is the
-	// one Handle would get.
+	// HandleDeferred is called on the read loop or, for a request held
+	// until there was room for it, on the goroutine that made the room:
+	// two calls of one connection may overlap. It must return without
+	// blocking, having arranged for reply to be called exactly once, from
+	// any goroutine, or having called it. ctx is the one Handle would get.
 	HandleDeferred(ctx context.Context, c *Conn, req *Request, reply Reply)
 }
 

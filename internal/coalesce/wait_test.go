@@ -32,7 +32,7 @@ func TestGoDeadlines(t *testing.T) {
 	inFlight := goCallBy(&g, "k", start.Add(40*time.Millisecond), nil, read) // starts the first read
 	// Waiting for the next read: the later caller has the earlier deadline.
 	patient := goCallBy(&g, "k", time.Time{}, nil, read)
-	far := start.Add(400 * time.Millisecond)
+	far := start.Add(time.Second)
 	slow := goCallBy(&g, "k", far, nil, read)
 	near := start.Add(60 * time.Millisecond)
 	quick := goCallBy(&g, "k", near, nil, read)
