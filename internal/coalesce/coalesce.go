@@ -26,7 +26,8 @@ type Group[K comparable, T any] struct {
 	// Timeout bounds a shared read from its start (zero: no bound of the
 	// group's). A shared read runs on no caller's cancellation or
 	// deadline, so that a caller giving up does not fail the others; each
-	// caller still stops waiting at its own deadline. The caller that runs
+	// caller still stops waiting at its own deadline (Do's ctx's, Go's
+	// deadline) or when it leaves. The caller that runs
 	// the read waits for it to end, at most Timeout.
 	Timeout time.Duration
 	// OnPanic, when set, is told of a panic in a read run for callers of
@@ -69,16 +70,16 @@ type batch[K comparable, T any] struct {
 	// answers them. The first one's read and context run the batch when
 	// no caller of Do does.
 	waiters []*waiter[K, T]
-	live    int  // waiters not yet answered by their context's end or deadline
+	live    int  // waiters not answered before the read (deadline, context, owner)
 	async   bool // run by runAsync, whose runner counts as a caller
 	read    func(context.Context) (T, error)
 	readCtx context.Context
 
 	// One timer for the deadlines of all its waiters, at the earliest
 	// one not yet answered, rather than one timer per caller: under load
-	// a batch has dozens of callers, and a timer (with the context it
-	// came in) each was a tenth of the gateway's CPU under status
-	// (docs/performance.md, nineteenth round). Set under Group.mu.
+	// a batch has dozens of callers, and a context with a timer each was
+	// 5% of the gateway's CPU under status (docs/performance.md,
+	// nineteenth round). Set under Group.mu.
 	timer   *time.Timer
 	timerAt time.Time
 }
@@ -115,9 +116,9 @@ func (w *waiter[K, T]) take() bool {
 	return true
 }
 
-// leave answers w with cause, its owner having left, unless something
-// else answered it first.
-func (w *waiter[K, T]) leave(cause error) {
+// abandon answers w with cause, its context having ended or its owner
+// having left, unless something else answered it first.
+func (w *waiter[K, T]) abandon(cause error) {
 	g := w.g
 	g.mu.Lock()
 	if !w.take() {
@@ -148,14 +149,14 @@ type Owner struct {
 // owner's, under its mu.
 type owned struct {
 	owner      *Owner
-	caller     interface{ leave(error) }
+	caller     interface{ abandon(error) }
 	linked     bool
 	prev, next *owned
 }
 
 // join puts o on owner's list, reporting false, with the cause, when the
 // owner has left already.
-func (o *owned) join(owner *Owner, caller interface{ leave(error) }) (bool, error) {
+func (o *owned) join(owner *Owner, caller interface{ abandon(error) }) (bool, error) {
 	owner.mu.Lock()
 	defer owner.mu.Unlock()
 	if owner.left != nil {
@@ -205,7 +206,7 @@ func (owner *Owner) Leave(cause error) {
 		return
 	}
 	owner.left = cause
-	var callers []interface{ leave(error) }
+	var callers []interface{ abandon(error) }
 	for o := owner.first; o != nil; {
 		next := o.next
 		callers = append(callers, o.caller)
@@ -215,7 +216,7 @@ func (owner *Owner) Leave(cause error) {
 	owner.first = nil
 	owner.mu.Unlock()
 	for _, c := range callers {
-		c.leave(cause)
+		c.abandon(cause)
 	}
 }
 
@@ -560,18 +561,7 @@ func (g *Group[K, T]) Go(ctx context.Context, key K, deadline time.Time, owner *
 		// Registered under g.mu, so that whoever answers w finds unwatch
 		// set; the function runs on a goroutine of its own, after g.mu is
 		// released.
-		w.unwatch = context.AfterFunc(ctx, func() {
-			g.mu.Lock()
-			if !w.take() {
-				g.mu.Unlock()
-				return
-			}
-			b.live--
-			g.leave(s, 1)
-			g.mu.Unlock()
-			var zero T
-			g.call(done, zero, context.Cause(ctx))
-		})
+		w.unwatch = context.AfterFunc(ctx, func() { w.abandon(context.Cause(ctx)) })
 	}
 	g.mu.Unlock()
 	if start {
