@@ -264,20 +264,24 @@ func TestPanickingReadEndsItsBatch(t *testing.T) {
 type goCall struct {
 	val     int64
 	err     error
-	at      time.Time // when the answer came (goCallBy)
+	at      time.Time // when the first answer came
 	answers atomic.Int32
 	done    chan struct{}
 }
 
 func callGo(g *Group[string, int64], ctx context.Context, key string, read func(context.Context) (int64, error)) *goCall {
 	c := &goCall{done: make(chan struct{})}
-	g.Go(ctx, key, time.Time{}, nil, read, func(v int64, err error) {
-		if c.answers.Add(1) == 1 {
-			c.val, c.err = v, err
-			close(c.done)
-		}
-	})
+	g.Go(ctx, key, time.Time{}, nil, read, c.answer)
 	return c
+}
+
+// answer is the done function of a caller of Go: it counts every answer
+// and keeps the first.
+func (c *goCall) answer(v int64, err error) {
+	if c.answers.Add(1) == 1 {
+		c.val, c.err, c.at = v, err, time.Now()
+		close(c.done)
+	}
 }
 
 func (c *goCall) wait(t *testing.T) {

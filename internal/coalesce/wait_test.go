@@ -8,17 +8,39 @@ import (
 	"time"
 )
 
-// goCallBy is callGo with a deadline and an owner, and the moment the
-// answer came.
+// goCallBy is callGo with a deadline and an owner.
 func goCallBy(g *Group[string, int64], key string, deadline time.Time, owner *Owner, read func(context.Context) (int64, error)) *goCall {
 	c := &goCall{done: make(chan struct{})}
-	g.Go(context.Background(), key, deadline, owner, read, func(v int64, err error) {
-		if c.answers.Add(1) == 1 {
-			c.val, c.err, c.at = v, err, time.Now()
-			close(c.done)
-		}
-	})
+	g.Go(context.Background(), key, deadline, owner, read, c.answer)
 	return c
+}
+
+// waitingUntilRelease checks that c is not answered yet, releases the
+// read it waits for and checks that c then gets the read's value want.
+func (c *goCall) waitingUntilRelease(t *testing.T, who string, release chan struct{}, want int64) {
+	t.Helper()
+	select {
+	case <-c.done:
+		t.Fatalf("%s answered before its read: %d, %v", who, c.val, c.err)
+	default:
+	}
+	close(release)
+	c.wait(t)
+	if c.err != nil || c.val != want {
+		t.Fatalf("%s: %d, %v; want %d", who, c.val, c.err, want)
+	}
+}
+
+// answeredOnce checks, a moment after the last answer expected, that no
+// caller was answered twice.
+func answeredOnce(t *testing.T, calls ...*goCall) {
+	t.Helper()
+	time.Sleep(20 * time.Millisecond)
+	for _, c := range calls {
+		if n := c.answers.Load(); n != 1 {
+			t.Fatalf("a caller answered %d times", n)
+		}
+	}
 }
 
 // Callers of Go are answered context.DeadlineExceeded at their own
@@ -55,22 +77,8 @@ func TestGoDeadlines(t *testing.T) {
 	if !quick.at.Before(far) {
 		t.Fatalf("the quick caller answered %v after start, at the slow one's deadline", quick.at.Sub(start))
 	}
-	select {
-	case <-patient.done:
-		t.Fatalf("a caller with no deadline answered before its read: %d, %v", patient.val, patient.err)
-	default:
-	}
-	close(release)
-	patient.wait(t)
-	if patient.err != nil || patient.val != 5 {
-		t.Fatalf("patient: %d, %v", patient.val, patient.err)
-	}
-	time.Sleep(20 * time.Millisecond)
-	for _, c := range []*goCall{inFlight, patient, slow, quick} {
-		if n := c.answers.Load(); n != 1 {
-			t.Fatalf("a caller answered %d times", n)
-		}
-	}
+	patient.waitingUntilRelease(t, "a caller with no deadline", release, 5)
+	answeredOnce(t, inFlight, patient, slow, quick)
 	waitKeys(t, &g, 0)
 }
 
@@ -104,25 +112,14 @@ func TestOwnerLeaves(t *testing.T) {
 	if !errors.Is(late.err, why) {
 		t.Fatalf("a caller after the owner left: %d, %v", late.val, late.err)
 	}
-	select {
-	case <-stays.done:
-		t.Fatalf("a caller of no owner answered: %d, %v", stays.val, stays.err)
-	default:
-	}
-	close(release)
-	stays.wait(t)
-	if stays.err != nil || stays.val != 5 {
-		t.Fatalf("the caller of no owner: %d, %v", stays.val, stays.err)
-	}
+	stays.waitingUntilRelease(t, "the caller of no owner", release, 5)
 	g.Wait()
 	other.Wait()
-	time.Sleep(20 * time.Millisecond)
-	for _, c := range []*goCall{inFlight, behind, stays, elsewhere, late} {
-		if n := c.answers.Load(); n != 1 {
-			t.Fatalf("a caller answered %d times", n)
-		}
-	}
-	if owner.first != nil {
+	answeredOnce(t, inFlight, behind, stays, elsewhere, late)
+	owner.mu.Lock()
+	first := owner.first
+	owner.mu.Unlock()
+	if first != nil {
 		t.Fatal("the owner keeps callers after leaving")
 	}
 	waitKeys(t, &g, 0)
