@@ -49,7 +49,7 @@ import (
 func BenchmarkSocket(b *testing.B) {
 	echo := startEcho(b)
 	_, bareGRPC := startBaselineGRPC(b)
-	s := e2e.Start(b, e2e.Options{})
+	s := e2e.Start(b, e2e.Options{PrivateCluster: true})
 	owner := s.Dial(b)
 	if _, err := owner.Initialize(); err != nil {
 		b.Fatal(err)
@@ -428,7 +428,7 @@ func BenchmarkTurnStream(b *testing.B) {
 	}
 	natsURL, natsPID := startNATS(b)
 	inproc := testenv.NATS(b)
-	s := e2e.Start(b, e2e.Options{Env: []string{"NATS_URL=" + natsURL}})
+	s := e2e.Start(b, e2e.Options{PrivateCluster: true, Env: []string{"NATS_URL=" + natsURL}})
 	// cpu_us/chunk at 100 sessions: the CPU of every process a chunk
 	// crosses, this one (the client, or the baseline's publisher and
 	// subscriber) included, while every session streams (streamWindow).

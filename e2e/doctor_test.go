@@ -23,7 +23,7 @@ func doctor(t *testing.T, bin, dataDir string, args ...string) (string, error) {
 // the socket and every process's health; once the stack stops, the socket
 // check fails and says what to do.
 func TestDoctorChecksAStack(t *testing.T) {
-	s := e2e.Start(t, e2e.Options{})
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
 	out, _ := doctor(t, s.BinDir, s.DataDir)
 	for _, want := range []string{
 		"ok    postgres",

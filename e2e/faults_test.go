@@ -176,7 +176,7 @@ func TestPostgresKilledUnderTraffic(t *testing.T) {
 	if strings.TrimSpace(testenvDatabaseURL()) != "" {
 		t.Skip("DATABASE_URL selects an external server: no private cluster to kill")
 	}
-	s := e2e.Start(t, e2e.Options{})
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
 		t.Fatal(err)
@@ -572,7 +572,7 @@ func TestStaleClusterIsReplaced(t *testing.T) {
 		t.Skip("DATABASE_URL selects an external server")
 	}
 	dir := e2e.TempDataDir(t)
-	s := e2e.Start(t, e2e.Options{DataDir: dir, Args: []string{"--set", "agents.default.api_key=sk-old-secret"}})
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir, Args: []string{"--set", "agents.default.api_key=sk-old-secret"}})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
 		t.Fatal(err)
@@ -589,7 +589,7 @@ func TestStaleClusterIsReplaced(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	s2 := e2e.Start(t, e2e.Options{DataDir: dir})
+	s2 := e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir})
 	newCluster := pgcluster.Dir(dir)
 	if newCluster == "" || newCluster == oldCluster {
 		t.Fatalf("cluster after the data directory was recreated: %q (old %q)", newCluster, oldCluster)

@@ -34,7 +34,7 @@ func BenchmarkIdleFootprint(b *testing.B) {
 	baseline, _ := startBaselineGRPC(b)
 	var stackMB, baseMB []float64
 	for range b.N {
-		s := e2e.Start(b, e2e.Options{})
+		s := e2e.Start(b, e2e.Options{PrivateCluster: true})
 		c := s.Dial(b)
 		if _, err := c.Initialize(); err != nil {
 			b.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -31,6 +32,7 @@ func TestMain(m *testing.M) {
 		return
 	}
 	code := m.Run()
+	testenv.Stop()
 	e2e.Cleanup()
 	guestbuild.Cleanup()
 	os.Exit(code)

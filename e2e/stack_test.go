@@ -86,7 +86,7 @@ func allServing(c *e2e.Client, names []string) error {
 // The main scenario: up, initialize, every service serving, one
 // service killed and restarted, then a clean stop leaving nothing behind.
 func TestStackUpRecoversAndStopsClean(t *testing.T) {
-	s := e2e.Start(t, e2e.Options{})
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
 
 	// The socket is 0600 in a 0700 folder.
 	assertMode(t, s.Socket, 0o600)
@@ -201,8 +201,8 @@ func TestStackUpRecoversAndStopsClean(t *testing.T) {
 // on a data directory in use refuses with a clear message. The second
 // stack also carries --set and --scale.
 func TestTwoStacksSideBySide(t *testing.T) {
-	a := e2e.Start(t, e2e.Options{})
-	b := e2e.Start(t, e2e.Options{Args: []string{
+	a := e2e.Start(t, e2e.Options{PrivateCluster: true})
+	b := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{
 		"--set", "rpc.advertised_server_version=9.9.9",
 		"--scale", "plugin-sandbox=2",
 	}})

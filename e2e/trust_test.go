@@ -218,7 +218,7 @@ func runAs(t *testing.T, u *user.User, a attack) attackResult {
 // read a session's updates nor announce a config change.
 func TestSecondAccountReachesNothing(t *testing.T) {
 	u := newAccount(t)
-	s := e2e.Start(t, e2e.Options{})
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
 		t.Fatal(err)

@@ -33,7 +33,7 @@ const benchFileBytes = 10 * mib
 // upload_MB/s, baseline_MB/s, and their ratio (the target is 0.5).
 func BenchmarkUpload(b *testing.B) {
 	sink := startBaseline(b, discardEnv)
-	s := e2e.Start(b, e2e.Options{})
+	s := e2e.Start(b, e2e.Options{PrivateCluster: true})
 	conn, err := net.Dial("unix", s.Socket)
 	if err != nil {
 		b.Fatal(err)

@@ -38,11 +38,18 @@ var shared struct {
 // Main runs the package's tests and then stops the shared cluster.
 func Main(m *testing.M) {
 	code := m.Run()
+	Stop()
+	os.Exit(code)
+}
+
+// Stop stops the shared cluster, if one was started, and removes it; for
+// a TestMain that cannot use Main.
+func Stop() {
 	if shared.cluster != nil {
 		shared.cluster.Stop()
 		os.RemoveAll(shared.dir)
+		shared.cluster = nil
 	}
-	os.Exit(code)
 }
 
 func adminURL() (string, error) {
