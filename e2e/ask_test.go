@@ -43,6 +43,7 @@ func initializedConns(t *testing.T, s *e2e.Stack) []string {
 // the request goes out as zc-out-<n>, the client's answer comes back;
 // elicitation only to clients that advertised it.
 func TestAskThroughTheGateway(t *testing.T) {
+	t.Parallel()
 	natsURL := testenv.NATS(t)
 	s := e2e.Start(t, e2e.Options{Env: []string{"NATS_URL=" + natsURL}})
 	withElicit := s.Dial(t)

@@ -67,6 +67,7 @@ func peakRSS(t *testing.T, pid int, stop <-chan struct{}) <-chan int64 {
 // (the service's message, the result value, its JSON), + 2 × the 16 MiB
 // output queue + 64 MiB for the runtime.
 func TestPipelinedLargeRepliesBounded(t *testing.T) {
+	t.Parallel()
 	const (
 		inflight   = 8
 		stallLimit = 2 * time.Second
@@ -196,6 +197,7 @@ func gatewayCutAfter(t *testing.T, s *e2e.Stack, since time.Time) time.Duration 
 // collection), and 64 MiB for the runtime and the connections' small
 // buffers.
 func TestUnfinishedFramesWithinBudget(t *testing.T) {
+	t.Parallel()
 	const budget = 128 * mib // the default
 	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "rpc.frame_timeout_ms=60000"}})
 	gw := s.PIDOf("gateway")

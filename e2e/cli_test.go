@@ -16,6 +16,7 @@ import (
 // opens a session, streams a scripted turn, asks the approval inline and
 // shows the tool's result; the answer line decides the call.
 func TestChatAnswersApprovalsInline(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: []string{"--set", `agents.default.approval_required=["echo"]`}})
 	cmd := exec.Command(filepath.Join(s.BinDir, "clawmesh"), "chat", "--config-dir", s.DataDir, "--socket", s.Socket)
 	cmd.Stdin = strings.NewReader("/say ready\n" + `/tool echo {"n":7}` + "\no\n/say done\n/quit\n")
@@ -57,6 +58,7 @@ func TestChatAnswersApprovalsInline(t *testing.T) {
 // clawmesh call reaches any method and prints a turn's updates as they
 // come, then its result.
 func TestCallAnyMethod(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	bin := filepath.Join(s.BinDir, "clawmesh")
 	out, err := exec.Command(bin, "call", "session/new", `{"agent_alias":"default"}`, "--socket", s.Socket).Output()

@@ -60,6 +60,7 @@ func clawmesh(t *testing.T, s *e2e.Stack, args ...string) (string, error) {
 // The config methods over the socket, for the operator and for a
 // token-bound scoped user, and the CLI against the running stack.
 func TestConfigOverTheSocket(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := s.Dial(t)
 	init, err := op.Initialize()

@@ -196,6 +196,7 @@ func (w *streamWindow) report(b *testing.B) {
 // the last session's end, counting the chunks in between; it closes when
 // sessions stop early too, so a failing stream cannot hang the benchmark.
 func TestStreamWindow(t *testing.T) {
+	t.Parallel()
 	meter := &cpuMeter{self: "test", pids: func() map[int]string { return map[int]string{os.Getpid(): "again"} }}
 	closed := func(w *streamWindow) bool {
 		select {

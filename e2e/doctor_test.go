@@ -23,6 +23,7 @@ func doctor(t *testing.T, bin, dataDir string, args ...string) (string, error) {
 // the socket and every process's health; once the stack stops, the socket
 // check fails and says what to do.
 func TestDoctorChecksAStack(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
 	out, _ := doctor(t, s.BinDir, s.DataDir)
 	for _, want := range []string{
@@ -48,7 +49,8 @@ func TestDoctorChecksAStack(t *testing.T) {
 }
 
 // As root, a private cluster whose data directory is gone is stale:
-// doctor names it and --fix removes it.
+// doctor names it and --fix removes it. Not parallel: every stack that
+// starts its own cluster removes the stale ones it finds, this one too.
 func TestDoctorFindsAndRemovesStaleClusters(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("root's clusters live outside the data directory; as another user there are none to go stale")

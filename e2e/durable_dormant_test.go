@@ -55,6 +55,7 @@ func waitState(t *testing.T, c *e2e.Client, name, want string) {
 // client of a restarting bridge waits rather than being refused); and
 // from then on the data directory's stacks start it with the others.
 func TestDurableBridgeSleepsUntilCollieConnects(t *testing.T) {
+	t.Parallel()
 	dir := e2e.TempDataDir(t)
 	s := e2e.Start(t, e2e.Options{DataDir: dir})
 	c := s.Dial(t)
@@ -124,6 +125,7 @@ func TestDurableBridgeSleepsUntilCollieConnects(t *testing.T) {
 // Settings only the bridge can act on (a socket elsewhere, the token
 // transport) wake it with the stack, without the held socket.
 func TestDurableBridgeWokenBySettings(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "durable.listen_url=http://127.0.0.1:0"}})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {

@@ -25,6 +25,7 @@ import (
 // lands. The session service is held stopped (SIGSTOP) while the bridge
 // restarts, so the not-ready window is there for the test to see.
 func TestDurableRestartMidAsk(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: approvalArgs})
 	c := phone(t, s)
 	ctx := context.Background()
@@ -124,6 +125,7 @@ func TestDurableRestartMidAsk(t *testing.T) {
 // is refused when the bridge starts, and the stack does not come up; the
 // bridge's log says which part failed.
 func TestDurableSocketRefused(t *testing.T) {
+	t.Parallel()
 	bin, err := e2e.BinDir()
 	if err != nil {
 		t.Fatal(err)

@@ -105,6 +105,7 @@ func contextRoles(ms []contextLine) string {
 // one interruption marker; the next provider context holds the text and
 // not the marker.
 func TestSessionRecoversAfterSIGKILL(t *testing.T) {
+	t.Parallel()
 	s, _, db := durableStack(t)
 	v := newConv(t, s, nil)
 	id := v.newSession("")
@@ -199,6 +200,7 @@ func TestSessionRecoversAfterSIGKILL(t *testing.T) {
 // close, kill and delete over the socket, each with its durable meaning,
 // and the retained context's trim reaching the client.
 func TestSessionDurableLifecycle(t *testing.T) {
+	t.Parallel()
 	s, _, db := durableStack(t,
 		"--set", "agents.tiny.provider=scripted", "--set", "agents.tiny.context_budget_tokens=60")
 	v := newConv(t, s, nil)
@@ -328,6 +330,7 @@ func TestSessionDurableLifecycle(t *testing.T) {
 // the live session is kept and its rows are intact once PostgreSQL is
 // back.
 func TestSessionKillDeleteWhilePostgresStopped(t *testing.T) {
+	t.Parallel()
 	s, pg, db := durableStack(t)
 	v := newConv(t, s, nil)
 	id := v.newSession("")

@@ -109,6 +109,7 @@ func wantReply(t *testing.T, r *collietest.Reply, status int, code string) {
 // pane's events show its result and the reply; the transcript is in the
 // history afterwards.
 func TestDurableStory(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: append(approvalArgs,
 		"--set", "durable.starters.hello.title=Say hello",
 		"--set", "durable.starters.hello.prompt=/say hello from a starter")})
@@ -347,6 +348,7 @@ const durableToken = "test-token-0123456789-abcdefghijklmnop"
 // it; the token transport (plain http on loopback, as a local test may)
 // says 401 and nothing else without the token.
 func TestDurableStatusCodes(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: append(approvalArgs,
 		"--set", "durable.listen_url=http://127.0.0.1:0",
 		"--set", "durable.token="+durableToken,

@@ -96,6 +96,7 @@ func checkInitialize(raw json.RawMessage) error {
 }
 
 func TestEdgeBehaviourTable(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	c := s.Dial(t)
 	sentinel := 0
@@ -154,6 +155,7 @@ func TestEdgeBehaviourTable(t *testing.T) {
 // The limits of docs/spec.md §3, set short with --set, each with its exact reply
 // and the end of the stream.
 func TestEdgeLimits(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: []string{
 		"--set", "rpc.max_frame_bytes=1024",
 		"--set", "rpc.frame_timeout_ms=300",

@@ -18,6 +18,7 @@ func alive(t *testing.T, s *e2e.Stack, d time.Duration, why string) {
 }
 
 func TestEphemeral(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: []string{"--ephemeral"}})
 
 	// Never before the first client has connected.
@@ -56,6 +57,7 @@ func TestEphemeral(t *testing.T) {
 
 // Without --ephemeral the client count is ignored.
 func TestNotEphemeralIgnoresClients(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {

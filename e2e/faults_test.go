@@ -173,6 +173,7 @@ func everyMethodWorks(c *e2e.Client, session string) error {
 // within 10 s of the restart every method works again, and what was
 // committed (config, transcript) is intact.
 func TestPostgresKilledUnderTraffic(t *testing.T) {
+	t.Parallel()
 	if strings.TrimSpace(testenvDatabaseURL()) != "" {
 		t.Skip("DATABASE_URL selects an external server: no private cluster to kill")
 	}
@@ -303,6 +304,7 @@ func testenvDatabaseURL() string { return os.Getenv("DATABASE_URL") }
 // process once it has left its health check unanswered for the liveness
 // limit; then the session answers again.
 func TestHungServiceIsRestarted(t *testing.T) {
+	t.Parallel()
 	const callTimeout, liveness = 1500 * time.Millisecond, 3 * time.Second
 	s := e2e.Start(t, e2e.Options{Args: []string{
 		"--set", fmt.Sprintf("rpc.call_timeout_ms=%d", callTimeout.Milliseconds()),
@@ -383,6 +385,7 @@ func TestHungServiceIsRestarted(t *testing.T) {
 // that connect while no gateway runs wait in the backlog and are served
 // by the restarted one.
 func TestGatewayRestartRefusesNoConnection(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	first := s.Dial(t)
 	init, err := first.Initialize()
@@ -502,6 +505,7 @@ func processesOf(dir string) map[int]string {
 // seconds, what it was waiting for and why (here: a bus that does not
 // answer).
 func TestInterruptWhileStarting(t *testing.T) {
+	t.Parallel()
 	bin, err := e2e.BinDir()
 	if err != nil {
 		t.Fatal(err)
@@ -563,7 +567,8 @@ func TestInterruptWhileStarting(t *testing.T) {
 // As root the private cluster belongs to the data directory by an id kept
 // in it: delete the data directory and start again on the same path, and
 // the stack is fresh (nothing of the old config or sessions) on a fresh
-// cluster, and the old cluster is gone.
+// cluster, and the old cluster is gone. Not parallel: another stack
+// starting meanwhile could remove the old cluster before this one does.
 func TestStaleClusterIsReplaced(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("only root's clusters live outside the data directory")

@@ -1,5 +1,12 @@
 // Package e2e_test runs the whole stack from its real binaries, as a user
 // would with `clawmesh up`, and talks to it over the socket.
+//
+// Every test runs in parallel with the others (as many at once as
+// -parallel, GOMAXPROCS by default) but the two that make or expect a
+// stale cluster: each test's stack has its own data directory, socket,
+// bus and database, and most of a test's time is spent waiting for a
+// timeout, a restart or a stall to happen (on two cores: 214 s in
+// sequence, 150 s two at a time).
 package e2e_test
 
 import (

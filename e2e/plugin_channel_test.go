@@ -49,6 +49,7 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 // in a running stack; the sandbox hands it to a session, and the turn's
 // answer goes back out through the plugin to its webhook.
 func TestPluginChannelMessageReachesASession(t *testing.T) {
+	t.Parallel()
 	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200")
 	v := newConv(t, s, nil)
 

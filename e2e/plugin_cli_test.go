@@ -99,6 +99,7 @@ func skillRegistry(t *testing.T) string {
 // follows without a restart; a second plugin offering the same tool name
 // refuses both.
 func TestPluginCLIWithoutRestart(t *testing.T) {
+	t.Parallel()
 	s := pluginStack(t, nil, "--set", "plugins.scan_interval_ms=200")
 	v := newConv(t, s, nil)
 	sandboxPID := s.PIDOf("plugin-sandbox")

@@ -98,6 +98,7 @@ func waitForPluginTool(t *testing.T, v *conv, tool string) {
 // loop) is stopped by plugins.limits.call_timeout_ms set with --set, its turn goes on with
 // a failed tool result, and the echo plugin still serves afterwards.
 func TestPluginToolTurn(t *testing.T) {
+	t.Parallel()
 	// The fuel budget is raised so that the deadline is what stops the
 	// loop: both values reach the sandbox through the config service.
 	s := pluginStack(t, []string{"echo", "misbehave"},
@@ -143,6 +144,7 @@ func TestPluginToolTurn(t *testing.T) {
 // With two sandbox replicas, calls are spread over both and each serves
 // the tool: every replica loads the same plugins from the same folder.
 func TestPluginToolScaled(t *testing.T) {
+	t.Parallel()
 	s := pluginStack(t, []string{"echo"}, "--scale", "plugin-sandbox=2")
 	v := newConv(t, s, nil)
 	waitForPluginTool(t, v, echoTool)
@@ -187,6 +189,7 @@ func TestPluginToolScaled(t *testing.T) {
 // secret never shows in __config, the turn's updates or the sandbox log,
 // and a rotated secret is used on the next call without a restart.
 func TestPluginConfigAndSecretFromTheConfigService(t *testing.T) {
+	t.Parallel()
 	s := pluginStack(t, []string{"secretconfig"})
 	v := newConv(t, s, nil)
 	key := abi.InstanceKey("greeter", abi.WorldTool, "")

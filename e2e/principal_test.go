@@ -16,6 +16,7 @@ import (
 // refusals name the allowed values and list indexes; a write of a
 // property read only at start says it needs a restart.
 func TestPrincipalViewAndConfigThatExplainsItself(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := s.Dial(t)
 	init, err := op.Initialize()

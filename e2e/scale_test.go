@@ -124,6 +124,7 @@ func runTurns(socket string, client, turns int, done chan<- turnResult) error {
 // turn finishes, the calls after the kill go to the replicas alive, and
 // the launcher brings the killed one back.
 func TestThreeSandboxesShareCallsAndSurviveAKill(t *testing.T) {
+	t.Parallel()
 	const replicas = 3
 	s := pluginStack(t, []string{"echo"}, "--scale", fmt.Sprintf("plugin-sandbox=%d", replicas))
 	v := newConv(t, s, nil)

@@ -165,6 +165,7 @@ func countType(ups []update, typ string) int {
 }
 
 func TestSessionStreamingTurn(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	v := newConv(t, s, nil)
 	id := v.newSession("")
@@ -247,6 +248,7 @@ func TestSessionStreamingTurn(t *testing.T) {
 }
 
 func TestSessionRefusals(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	v := newConv(t, s, nil)
 	_, f := v.until(v.send("session/prompt", map[string]any{"session_id": "no-such-session", "prompt": "hi"}))
@@ -284,6 +286,7 @@ func TestSessionRefusals(t *testing.T) {
 }
 
 func TestSessionEchoToolTurn(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	v := newConv(t, s, nil)
 	id := v.newSession("")
@@ -359,6 +362,7 @@ func toolResult(t *testing.T, ups []update) string {
 }
 
 func TestSessionApprovals(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: []string{
 		"--set", `agents.default.approval_required=["echo"]`,
 		"--set", "agents.default.approval_timeout_secs=2",
@@ -432,6 +436,7 @@ func TestSessionApprovals(t *testing.T) {
 }
 
 func TestSessionFanOutAndStall(t *testing.T) {
+	t.Parallel()
 	// Long enough that the two readers, busy parsing 20,000 updates on a
 	// loaded machine, never look stalled; the third never reads at all.
 	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "rpc.write_stall_timeout_ms=2000"}})
@@ -487,6 +492,7 @@ func TestSessionFanOutAndStall(t *testing.T) {
 }
 
 func TestSessionCancelAndClose(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	v := newConv(t, s, nil)
 	id := v.newSession("")
@@ -533,6 +539,7 @@ func TestSessionCancelAndClose(t *testing.T) {
 // SIGTERM to the gateway: it stops accepting, lets the in-flight prompt
 // finish, then closes; the launcher brings a new gateway up on the socket.
 func TestGatewayDrainsOnSIGTERM(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	v := newConv(t, s, nil)
 	id := v.newSession("")
@@ -571,6 +578,7 @@ func TestGatewayDrainsOnSIGTERM(t *testing.T) {
 // Sessions, their transcript and tool calls live in PostgreSQL: they
 // survive a restart of every process, the transcript never renumbered.
 func TestSessionsSurviveAFullRestart(t *testing.T) {
+	t.Parallel()
 	dir := e2e.TempDataDir(t)
 	s := e2e.Start(t, e2e.Options{DataDir: dir})
 	v := newConv(t, s, nil)
@@ -621,6 +629,7 @@ func TestSessionsSurviveAFullRestart(t *testing.T) {
 // SESSION_NOT_OWNED, -32003), and agents need agent:use (FORBIDDEN,
 // -32012), checked again on every turn so a revocation stops the next one.
 func TestSessionOwnershipAndAgentGrants(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := newConv(t, s, nil)
 	opSession := op.newSession("")
@@ -669,6 +678,7 @@ func TestSessionOwnershipAndAgentGrants(t *testing.T) {
 // Agent settings follow the live config: a config/set on the running
 // stack reaches the session service (over NATS) with no restart.
 func TestSessionFollowsLiveAgentConfig(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	v := newConv(t, s, map[string]any{"elicitation": map[string]any{}})
 	id := v.newSession("")

@@ -19,6 +19,7 @@ import (
 // close has returned always sees it closed, however many reads of the same
 // session were in flight when it arrived.
 func TestSharedReadsStayPerPrincipalAndFresh(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := newConv(t, s, nil)
 	token := aliceChats(t, s, op)
@@ -149,6 +150,7 @@ func TestSharedReadsStayPerPrincipalAndFresh(t *testing.T) {
 // the operator sees nothing of the session alice then opens under the
 // same id.
 func TestDeletionDetachesBeforeTheIDIsReused(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := newConv(t, s, nil)
 	token := aliceChats(t, s, op)

@@ -86,6 +86,7 @@ func allServing(c *e2e.Client, names []string) error {
 // The main scenario: up, initialize, every service serving, one
 // service killed and restarted, then a clean stop leaving nothing behind.
 func TestStackUpRecoversAndStopsClean(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
 
 	// The socket is 0600 in a 0700 folder.
@@ -201,6 +202,7 @@ func TestStackUpRecoversAndStopsClean(t *testing.T) {
 // on a data directory in use refuses with a clear message. The second
 // stack also carries --set and --scale.
 func TestTwoStacksSideBySide(t *testing.T) {
+	t.Parallel()
 	a := e2e.Start(t, e2e.Options{PrivateCluster: true})
 	b := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{
 		"--set", "rpc.advertised_server_version=9.9.9",
@@ -298,6 +300,7 @@ func assertMode(t *testing.T, path string, want os.FileMode) {
 // A bad --set is refused before anything starts; a service that cannot
 // start fails the launch at once, naming it, instead of after a timeout.
 func TestBadStartRefusedClearly(t *testing.T) {
+	t.Parallel()
 	bin, err := e2e.BinDir()
 	if err != nil {
 		t.Fatal(err)

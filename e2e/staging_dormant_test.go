@@ -40,6 +40,7 @@ func wakeStaging(t testing.TB, s *e2e.Stack) {
 // restarted on the same socket; a stopped stack leaves neither socket nor
 // marker, and the next stack sleeps again (it keeps nothing).
 func TestUploadStagingSleepsUntilAFileIsSent(t *testing.T) {
+	t.Parallel()
 	dir := e2e.TempDataDir(t)
 	s := e2e.Start(t, e2e.Options{DataDir: dir})
 	sock := filepath.Join(dir, "upload-staging.sock")

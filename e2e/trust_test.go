@@ -217,6 +217,7 @@ func runAs(t *testing.T, u *user.User, a attack) attackResult {
 // it with no credential or with one of its own making, so it can neither
 // read a session's updates nor announce a config change.
 func TestSecondAccountReachesNothing(t *testing.T) {
+	t.Parallel()
 	u := newAccount(t)
 	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
 	c := s.Dial(t)
@@ -253,6 +254,7 @@ func TestSecondAccountReachesNothing(t *testing.T) {
 // nothing anywhere: the config reads the same, turns run as before, and
 // consumers are not pinned to it: the next real commit reaches them.
 func TestForgedConfigChangeChangesNothing(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	v := newConv(t, s, map[string]any{"elicitation": map[string]any{}})
 	id := v.newSession("")
@@ -310,6 +312,7 @@ func TestForgedConfigChangeChangesNothing(t *testing.T) {
 // refused with -32602 before they touch the bus, and every other client
 // keeps streaming and opening sessions afterwards.
 func TestNonOwnerSeesNothingAndBadIDsBreakNothing(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := newConv(t, s, nil)
 	opSession := op.newSession("")
@@ -407,6 +410,7 @@ func TestNonOwnerSeesNothingAndBadIDsBreakNothing(t *testing.T) {
 // (the launcher's own argv holds the plain --set: that is why the file
 // exists).
 func TestNoSecretOnAnyCommandLine(t *testing.T) {
+	t.Parallel()
 	if testenvDatabaseURL() != "" {
 		t.Skip("DATABASE_URL selects the database already")
 	}
@@ -514,6 +518,7 @@ func busServer(t *testing.T, port int, keys map[bus.Role]string) *server.Server 
 // good: the process exits, the launcher restarts it (and keeps doing so
 // while the bus refuses it), and once the bus admits it again it serves.
 func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
+	t.Parallel()
 	dir := e2e.TempDataDir(t)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)

@@ -202,6 +202,7 @@ func stagingStats(t *testing.T, s *e2e.Stack) *uploadv1.StatsResponse {
 // marker reaches the agent through session/prompt's attachments. Seed 000
 // "chunked uploads": the section's opening and steps 1 to 3.
 func TestUploadLandsLikeAttach(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	u := dialUC(t, s)
 	sess := u.session(map[string]any{})
@@ -308,6 +309,7 @@ func TestUploadLandsLikeAttach(t *testing.T) {
 // chunks are decoded into, come and go from the gateway's pools for all
 // of them together: every file lands byte-identical.
 func TestConcurrentUploadsLandIntact(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	type job struct {
 		u    *uc
@@ -356,6 +358,7 @@ func TestConcurrentUploadsLandIntact(t *testing.T) {
 // or replaced by a link writes the bytes back; the link's target is
 // untouched. Seed 000 "chunked uploads", the re-upload paragraph.
 func TestUploadRestoresTheWorkspaceCopy(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	u := dialUC(t, s)
 	sess := u.session(map[string]any{})
@@ -413,6 +416,7 @@ func TestUploadRestoresTheWorkspaceCopy(t *testing.T) {
 // TestUploadBudgetConnectionsAndGatewayDeath; the non-local transport's
 // -32012 in the gateway's TestUploadMethodsOnlyOnTheLocalSocket.)
 func TestUploadRefusalsOverTheSocket(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	u := dialUC(t, s)
 	other := dialUC(t, s)
@@ -506,6 +510,7 @@ func TestUploadRefusalsOverTheSocket(t *testing.T) {
 // loses its uploads when its lease lapses. Seed 000 "chunked uploads",
 // the limits paragraphs.
 func TestUploadBudgetConnectionsAndGatewayDeath(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{
 		Args: []string{"--set", "uploads.max_staged_bytes=1048576", "--set", "uploads.max_per_connection=1024"},
 		Env:  []string{"CLAWMESH_UPLOAD_GATEWAY_LEASE=2s"},
@@ -637,6 +642,7 @@ func TestUploadBudgetConnectionsAndGatewayDeath(t *testing.T) {
 // same id, each fail the commit with nothing written. Seed 000 "chunked
 // uploads", the paragraph on the session an upload is bound to.
 func TestUploadCommitRaces(t *testing.T) {
+	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := dialUC(t, s)
 	op.must("config/set-many", map[string]any{"sets": []map[string]any{
