@@ -2,15 +2,17 @@
 // would with `clawmesh up`, and talks to it over the socket.
 //
 // Every test runs in parallel with the others (as many at once as
-// -parallel, GOMAXPROCS by default) but the two that make or expect a
-// stale cluster: each test's stack has its own data directory, socket,
-// bus and database, and most of a test's time is spent waiting for a
-// timeout, a restart or a stall to happen (on two cores: 214 s in
-// sequence, 150 s two at a time).
+// -parallel, GOMAXPROCS by default, at most maxParallel) but the two that
+// make or expect a stale cluster: each test's stack has its own data
+// directory, socket, bus and database, and most of a test's time is spent
+// waiting for a timeout, a restart or a stall to happen (on two cores:
+// 214 s in sequence, 147 s two at a time).
 package e2e_test
 
 import (
+	"flag"
 	"os"
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -38,9 +40,25 @@ func TestMain(m *testing.M) {
 		serveDiscard(os.Getenv(discardEnv))
 		return
 	}
+	flag.Parse()
+	capParallel()
 	code := m.Run()
 	testenv.Stop()
 	e2e.Cleanup()
 	guestbuild.Cleanup()
 	os.Exit(code)
+}
+
+// maxParallel bounds the stacks that run at once when -parallel is not
+// given: GOMAXPROCS of them on a machine with many cores would open more
+// connections than the shared cluster takes (300; each service's pool
+// may hold as many as the machine has cores).
+const maxParallel = 4
+
+func capParallel() {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given && runtime.GOMAXPROCS(0) > maxParallel {
+		_ = flag.Set("test.parallel", strconv.Itoa(maxParallel))
+	}
 }
