@@ -225,6 +225,34 @@ func TestWriteStall(t *testing.T) {
 	}
 }
 
+// A connection's slot frees once its Run has returned, while its
+// OnDisconnect (the gateway's clean-up: leaving its sessions, cancelling
+// its turns) still runs: a client that reconnects at once is served, not
+// refused. TestConnectionLimit lost that race on a loaded machine when the
+// slot was freed after OnDisconnect.
+func TestSlotFreeBeforeDisconnectCleanup(t *testing.T) {
+	cleaning, release := make(chan struct{}, 1), make(chan struct{})
+	ts := startServer(t, &Server{
+		MaxConnections: 1,
+		NewHandler:     func(*Conn, Peer) Handler { return &testHandler{} },
+		OnDisconnect: func(*Conn, Peer, error) {
+			cleaning <- struct{}{}
+			<-release
+		},
+	}, nil)
+	t.Cleanup(func() { close(release) }) // before the server's cleanup
+	a := dial(t, ts.path)
+	a.send(`{"jsonrpc":"2.0","id":1,"method":"echo"}`)
+	a.recvMsg()
+	a.nc.Close()
+	<-cleaning
+	c := dial(t, ts.path)
+	c.send(`{"jsonrpc":"2.0","id":7,"method":"echo"}`)
+	if m := c.recvMsg(); string(m.ID) != "7" {
+		t.Fatalf("reconnecting while the old connection's clean-up runs: %v", m)
+	}
+}
+
 // TestConnectionLimit: over MaxConnections a client gets one -32004 with
 // data {"reason":"connection_limit","limit":N} and end of stream; one
 // warning is logged however many are refused; once a slot frees, new

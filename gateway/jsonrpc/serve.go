@@ -45,7 +45,8 @@ type Server struct {
 	// it reads anything.
 	OnConnect func(c *Conn, peer Peer)
 	// OnDisconnect, when set, is called after the connection has closed and
-	// all its handlers have returned, with Run's result.
+	// all its handlers have returned, with Run's result. The connection no
+	// longer counts against MaxConnections by then.
 	OnDisconnect func(c *Conn, peer Peer, err error)
 
 	mu        sync.Mutex
@@ -222,13 +223,15 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 		s.OnConnect(c, peer)
 	}
 	err := c.Run(ctx)
-	if s.OnDisconnect != nil {
-		s.OnDisconnect(c, peer, err)
-	}
+	// The slot frees before the clean-up runs: the peer has seen its
+	// connection end and may connect again at once.
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.active--
 	s.mu.Unlock()
+	if s.OnDisconnect != nil {
+		s.OnDisconnect(c, peer, err)
+	}
 }
 
 var notFoundHandler = HandlerFunc(func(_ context.Context, _ *Conn, req *Request) (any, error) {
