@@ -50,7 +50,8 @@ bench: build
 	GO=$(GO) bash scripts/bench.sh
 
 # vet builds with -race so that the packages it compiles are the ones the
-# race tests reuse: on a cold cache that halves what `make test` compiles.
+# race tests reuse instead of compiling them again (a cold `make test` on
+# two cores: 75 s less, vet 114 -> 149 s and the tests 530 -> 420 s).
 vet:
 	$(GO) vet -race ./...
 
