@@ -174,9 +174,6 @@ func everyMethodWorks(c *e2e.Client, session string) error {
 // committed (config, transcript) is intact.
 func TestPostgresKilledUnderTraffic(t *testing.T) {
 	t.Parallel()
-	if strings.TrimSpace(testenvDatabaseURL()) != "" {
-		t.Skip("DATABASE_URL selects an external server: no private cluster to kill")
-	}
 	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
@@ -295,8 +292,6 @@ func TestPostgresKilledUnderTraffic(t *testing.T) {
 		}
 	}
 }
-
-func testenvDatabaseURL() string { return os.Getenv("DATABASE_URL") }
 
 // A hung session service (SIGSTOP): a call to it answers an error within
 // its deadline (rpc.call_timeout_ms), a prompt in flight on it ends with an
@@ -572,9 +567,6 @@ func TestInterruptWhileStarting(t *testing.T) {
 func TestStaleClusterIsReplaced(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("only root's clusters live outside the data directory")
-	}
-	if testenvDatabaseURL() != "" {
-		t.Skip("DATABASE_URL selects an external server")
 	}
 	dir := e2e.TempDataDir(t)
 	s := e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir, Args: []string{"--set", "agents.default.api_key=sk-old-secret"}})

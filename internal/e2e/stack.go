@@ -48,8 +48,10 @@ type Options struct {
 	// test process shares (testenv.Postgres). That saves each stack the
 	// cluster's initdb, start and stop, about 2 s of the 2.5 a short test
 	// took and four fifths of its CPU. Tests of the cluster itself (its
-	// supervision, files, password, doctor) and the benchmarks set it; an
-	// Env that names DATABASE_URL wins either way.
+	// supervision, files, password, doctor) and the benchmarks set it. It
+	// holds even when the tests run against an external DATABASE_URL (the
+	// launcher is given an empty one); without the server binaries such a
+	// test is skipped. An Env that names DATABASE_URL wins either way.
 	PrivateCluster bool
 }
 
@@ -66,7 +68,14 @@ func Start(t testing.TB, opts Options) *Stack {
 		dir = TempDataDir(t)
 	}
 	env := opts.Env
-	if !opts.PrivateCluster && !setsDatabase(env) {
+	switch {
+	case setsDatabase(env):
+	case opts.PrivateCluster:
+		if _, err := pgcluster.Binaries(); err != nil {
+			t.Skipf("a stack with its own cluster: %v", err)
+		}
+		env = append([]string{"DATABASE_URL="}, env...)
+	default:
 		env = append([]string{"DATABASE_URL=" + databaseOf(t, dir)}, env...)
 	}
 	s, err := LaunchEnv(t, bin, dir, env, opts.Args...)
