@@ -158,10 +158,10 @@ func TestCallFailsOnClose(t *testing.T) {
 		t.Fatalf("got %v", m)
 	}
 	c.nc.Close()
-	if err := <-got; !errors.Is(err, ErrClosed) {
+	if err := within(t, got); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Call returned %v, want ErrClosed", err)
 	}
-	if err := <-ts.disconnects; err != nil {
+	if err := within(t, ts.disconnects); err != nil {
 		t.Fatalf("Run returned %v for a peer hang-up", err)
 	}
 }
@@ -188,7 +188,7 @@ func TestHalfClose(t *testing.T) {
 		t.Fatalf("got %v", m)
 	}
 	c.expectEOF()
-	if err := <-ts.disconnects; err != nil {
+	if err := within(t, ts.disconnects); err != nil {
 		t.Fatalf("Run returned %v", err)
 	}
 }
@@ -206,12 +206,12 @@ func TestHangUpCancels(t *testing.T) {
 	ts := startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
 	c := dial(t, ts.path)
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"turn"}`)
-	<-started
+	within(t, started)
 	c.nc.Close()
-	if err := <-cause; !errors.Is(err, ErrClosed) || !errors.Is(err, ErrPeerClosed) {
+	if err := within(t, cause); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrPeerClosed) {
 		t.Fatalf("cause %v", err)
 	}
-	<-ts.disconnects
+	within(t, ts.disconnects)
 }
 
 // TestShutdownDrains: Shutdown stops accepting, lets the in-flight request
@@ -226,7 +226,7 @@ func TestShutdownDrains(t *testing.T) {
 	ts := startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
 	c := dial(t, ts.path)
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"slow"}`)
-	<-started
+	within(t, started)
 
 	done := make(chan error, 1)
 	go func() {
@@ -256,7 +256,7 @@ func TestShutdownDrains(t *testing.T) {
 		t.Fatalf("got %v", m)
 	}
 	c.expectEOF()
-	if err := <-done; err != nil {
+	if err := within(t, done); err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
 	if err := ts.Shutdown(context.Background()); err != nil {
@@ -278,13 +278,13 @@ func TestShutdownDeadline(t *testing.T) {
 	ts := startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
 	c := dial(t, ts.path)
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"forever"}`)
-	<-started
+	within(t, started)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if err := ts.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Shutdown returned %v", err)
 	}
-	if err := <-cause; !errors.Is(err, ErrShutdown) {
+	if err := within(t, cause); !errors.Is(err, ErrShutdown) {
 		t.Fatalf("handler cause %v", err)
 	}
 	c.expectEOF()
@@ -333,14 +333,14 @@ func TestConnOverPipe(t *testing.T) {
 	ran := make(chan error, 1)
 	go func() { ran <- conn.Run(context.Background()) }()
 	go io.WriteString(cli, `{"jsonrpc":"2.0","id":1,"method":"x"}`+"\n")
-	<-entered
+	within(t, entered)
 	if err := conn.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := conn.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-ran; err != nil {
+	if err := within(t, ran); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	select {
@@ -348,7 +348,7 @@ func TestConnOverPipe(t *testing.T) {
 	default:
 		t.Fatalf("Run returned before its handler")
 	}
-	<-conn.Done()
+	within(t, conn.Done())
 	if _, err := conn.Call(context.Background(), "m", nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Call after Close: %v", err)
 	}

@@ -52,7 +52,7 @@ func TestDeferredRequestsAnsweredLater(t *testing.T) {
 	if m := c.recvMsg(); string(m.ID) != "3" {
 		t.Fatalf("first reply %s, want the echo's (id 3) while 1 and 2 wait", m)
 	}
-	p1, p2 := <-h.replies, <-h.replies
+	p1, p2 := within(t, h.replies), within(t, h.replies)
 	if p1.id != "1" || p2.id != "2" {
 		t.Fatalf("handed %s then %s, want arrival order", p1.id, p2.id)
 	}
@@ -63,7 +63,7 @@ func TestDeferredRequestsAnsweredLater(t *testing.T) {
 		p1.reply(nil, fmt.Errorf("wrapped: %w", NewError(CodeSessionNotFound, "Session not found", nil)))
 		p1.reply("a second reply is ignored", nil)
 	}()
-	<-done
+	within(t, done)
 	if m := c.recvMsg(); string(m.ID) != "2" || string(m.Result) != `{"n":2}` {
 		t.Fatalf("got %s, want id 2's result", m)
 	}
@@ -88,7 +88,7 @@ func TestDeferredReplyAfterAStaleWriteDeadline(t *testing.T) {
 	c.recvMsg()
 	time.Sleep(200 * time.Millisecond) // past the deadline that write set
 	c.send(`{"jsonrpc":"2.0","id":2,"method":"later"}`)
-	(<-h.replies).reply("ok", nil)
+	within(t, h.replies).reply("ok", nil)
 	if m := c.recvMsg(); string(m.ID) != "2" || string(m.Result) != `"ok"` {
 		t.Fatalf("got %s, want id 2's result", m)
 	}
@@ -144,8 +144,8 @@ func TestDeferredPanicAndClose(t *testing.T) {
 		t.Fatalf("got %s, want -32603", m)
 	}
 	c.send(`{"jsonrpc":"2.0","id":2,"method":"later"}`, `{"jsonrpc":"2.0","id":3,"method":"later"}`)
-	<-h.replies
-	<-h.replies
+	within(t, h.replies)
+	within(t, h.replies)
 	c.nc.Close()
 	select {
 	case <-ts.disconnects:
@@ -166,7 +166,7 @@ func TestDeferredRepliesConcurrent(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for range n {
-		p := <-h.replies
+		p := within(t, h.replies)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -40,6 +40,22 @@ func checkFor(t testing.TB, fn func() error) {
 	}
 }
 
+// within receives from ch, failing the test if nothing comes within
+// waitFor: a wait that never ends names its test instead of stalling the
+// package until go test's timeout.
+func within[T any](t testing.TB, ch <-chan T) T {
+	t.Helper()
+	timer := time.NewTimer(waitFor)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("nothing received within %v", waitFor)
+		panic("unreachable")
+	}
+}
+
 // socketPath returns a short socket path (sun_path is 108 bytes) removed
 // at cleanup.
 func socketPath(t testing.TB) string {
@@ -97,7 +113,7 @@ func startServer(t testing.TB, srv *Server, wrap func(net.Conn) net.Conn) *testS
 	}()
 	t.Cleanup(func() {
 		cancel()
-		<-ts.served
+		within(t, ts.served)
 	})
 	return ts
 }

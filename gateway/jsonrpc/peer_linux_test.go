@@ -15,7 +15,7 @@ func TestPeerCredentials(t *testing.T) {
 		return &testHandler{}
 	}}, nil)
 	dial(t, ts.path)
-	p := <-peers
+	p := within(t, peers)
 	if p.PID != int32(os.Getpid()) || p.UID != int32(os.Getuid()) {
 		t.Fatalf("peer %+v, want pid %d uid %d", p, os.Getpid(), os.Getuid())
 	}

@@ -104,7 +104,7 @@ func TestPipelineBackPressure(t *testing.T) {
 	if growth > bound {
 		t.Errorf("heap grew by %d bytes, bound %d", growth, bound)
 	}
-	if err := <-ts.disconnects; !errors.Is(err, ErrWriteStall) {
+	if err := within(t, ts.disconnects); !errors.Is(err, ErrWriteStall) {
 		t.Fatalf("Run returned %v, want ErrWriteStall", err)
 	}
 }
@@ -249,7 +249,7 @@ func TestFrameBudget(t *testing.T) {
 		}
 	}
 	for i := 0; i < conns; i++ {
-		if err := <-ts.disconnects; !errors.Is(err, ErrFrameTimeout) {
+		if err := within(t, ts.disconnects); !errors.Is(err, ErrFrameTimeout) {
 			t.Errorf("Run returned %v, want ErrFrameTimeout", err)
 		}
 	}

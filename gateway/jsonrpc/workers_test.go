@@ -49,7 +49,7 @@ func TestWorkersIdleBoundedAndReused(t *testing.T) {
 	for range 3 {
 		done := make(chan struct{})
 		w.run(func() { ran.Add(1); close(done) })
-		<-done
+		within(t, done)
 	}
 	idleIs(t, w, 3)
 	if n := w.started.Load() - before; n != 0 {
@@ -73,7 +73,7 @@ func TestWorkersCloseWaitsForRunningTasks(t *testing.T) {
 		time.Sleep(30 * time.Millisecond)
 		finished.Store(true)
 	})
-	<-started
+	within(t, started)
 	w.close()
 	if !finished.Load() {
 		t.Fatal("close returned before the running task ended")
