@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // rssOf reads a process's resident set from /proc.
@@ -147,7 +148,7 @@ func TestPipelinedLargeRepliesBounded(t *testing.T) {
 		t.Fatal("the non-reading client was never closed")
 	}
 	close(stop)
-	grown := <-peak - before
+	grown := testwait.Recv(t, peak) - before
 	bound := 3*(inflight+2)*reply + 2*16*mib + 64*mib
 	t.Logf("gateway RSS %d MiB before, peak growth %d MiB (bound %d MiB, reply %d KiB); closed after the flood was sent",
 		before/mib, grown/mib, bound/mib, reply/1024)
@@ -233,7 +234,7 @@ func TestUnfinishedFramesWithinBudget(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	close(stop)
-	grown := <-peak - before
+	grown := testwait.Recv(t, peak) - before
 	t.Logf("%d MiB sent by 50 connections; gateway RSS +%d MiB while held, peak +%d MiB (budget %d MiB)",
 		written.Load()/mib, held/mib, grown/mib, budget/mib)
 	if written.Load() < budget {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // update is one session/update's params.
@@ -474,7 +475,7 @@ func TestSessionFanOutAndStall(t *testing.T) {
 	if resp.Error != nil {
 		t.Fatal(resp.Error)
 	}
-	bUps := <-bDone
+	bUps := testwait.Recv(t, bDone)
 	if len(aUps) != len(bUps) || len(aUps) < 20000 {
 		t.Fatalf("prompting client saw %d updates, attached client %d", len(aUps), len(bUps))
 	}

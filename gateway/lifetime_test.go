@@ -17,6 +17,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -110,7 +111,7 @@ func TestAttachRacingDisconnectLeavesNoSubscription(t *testing.T) {
 		}
 		// Leave as the reply is on its way (now and then a little after
 		// or before it), so the handler attaches around the disconnect.
-		<-sess.answered
+		testwait.Recv(t, sess.answered)
 		time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
 		c.Close()
 		// The state is forgotten before the teardown detaches and

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/hostclock"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -69,7 +70,7 @@ func TestSharedReadAnswersWhoCameBeforeTheServiceRead(t *testing.T) {
 				if err := c.Send(`{"jsonrpc":"2.0","id":1,"method":"status","params":{}}`); err != nil {
 					t.Fatal(err)
 				}
-				<-sess.calls // the first read is in flight
+				testwait.Recv(t, sess.calls) // the first read is in flight
 				sent := hostclock.Early()
 				// health is answered after the read loop handed the status
 				// before it to the shared reads, stamped with its arrival.

@@ -16,6 +16,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -77,7 +78,7 @@ func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeou
 	go func() { ran <- g.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-ran; err != nil {
+		if err := testwait.Recv(t, ran); err != nil {
 			t.Errorf("run: %v", err)
 		}
 	})
@@ -120,7 +121,7 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 	if err := c.Send(`{"jsonrpc":"2.0","id":1,"method":"status","params":{}}`); err != nil {
 		t.Fatal(err)
 	}
-	<-sess.calls // the first read is in flight
+	testwait.Recv(t, sess.calls) // the first read is in flight
 	second := time.Now()
 	if err := c.Send(`{"jsonrpc":"2.0","id":2,"method":"status","params":{}}`); err != nil {
 		t.Fatal(err)
@@ -160,7 +161,7 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	<-sess.calls
+	testwait.Recv(t, sess.calls)
 	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() error {
 		if n := g.statusReads.Len(); n != 1 {
 			return fmt.Errorf("%d keys with callers, want the leaver's", n)

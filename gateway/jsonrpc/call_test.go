@@ -9,6 +9,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // askHandler's "ask" calls the client back with elicitation/create and
@@ -158,10 +160,10 @@ func TestCallFailsOnClose(t *testing.T) {
 		t.Fatalf("got %v", m)
 	}
 	c.nc.Close()
-	if err := within(t, got); !errors.Is(err, ErrClosed) {
+	if err := testwait.Recv(t, got); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Call returned %v, want ErrClosed", err)
 	}
-	if err := within(t, ts.disconnects); err != nil {
+	if err := testwait.Recv(t, ts.disconnects); err != nil {
 		t.Fatalf("Run returned %v for a peer hang-up", err)
 	}
 }
@@ -188,7 +190,7 @@ func TestHalfClose(t *testing.T) {
 		t.Fatalf("got %v", m)
 	}
 	c.expectEOF()
-	if err := within(t, ts.disconnects); err != nil {
+	if err := testwait.Recv(t, ts.disconnects); err != nil {
 		t.Fatalf("Run returned %v", err)
 	}
 }
@@ -206,12 +208,12 @@ func TestHangUpCancels(t *testing.T) {
 	ts := startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
 	c := dial(t, ts.path)
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"turn"}`)
-	within(t, started)
+	testwait.Recv(t, started)
 	c.nc.Close()
-	if err := within(t, cause); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrPeerClosed) {
+	if err := testwait.Recv(t, cause); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrPeerClosed) {
 		t.Fatalf("cause %v", err)
 	}
-	within(t, ts.disconnects)
+	testwait.Recv(t, ts.disconnects)
 }
 
 // TestShutdownDrains: Shutdown stops accepting, lets the in-flight request
@@ -226,7 +228,7 @@ func TestShutdownDrains(t *testing.T) {
 	ts := startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
 	c := dial(t, ts.path)
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"slow"}`)
-	within(t, started)
+	testwait.Recv(t, started)
 
 	done := make(chan error, 1)
 	go func() {
@@ -256,7 +258,7 @@ func TestShutdownDrains(t *testing.T) {
 		t.Fatalf("got %v", m)
 	}
 	c.expectEOF()
-	if err := within(t, done); err != nil {
+	if err := testwait.Recv(t, done); err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
 	if err := ts.Shutdown(context.Background()); err != nil {
@@ -278,13 +280,13 @@ func TestShutdownDeadline(t *testing.T) {
 	ts := startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
 	c := dial(t, ts.path)
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"forever"}`)
-	within(t, started)
+	testwait.Recv(t, started)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if err := ts.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Shutdown returned %v", err)
 	}
-	if err := within(t, cause); !errors.Is(err, ErrShutdown) {
+	if err := testwait.Recv(t, cause); !errors.Is(err, ErrShutdown) {
 		t.Fatalf("handler cause %v", err)
 	}
 	c.expectEOF()
@@ -333,14 +335,14 @@ func TestConnOverPipe(t *testing.T) {
 	ran := make(chan error, 1)
 	go func() { ran <- conn.Run(context.Background()) }()
 	go io.WriteString(cli, `{"jsonrpc":"2.0","id":1,"method":"x"}`+"\n")
-	within(t, entered)
+	testwait.Recv(t, entered)
 	if err := conn.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := conn.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := within(t, ran); err != nil {
+	if err := testwait.Recv(t, ran); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	select {
@@ -348,7 +350,7 @@ func TestConnOverPipe(t *testing.T) {
 	default:
 		t.Fatalf("Run returned before its handler")
 	}
-	within(t, conn.Done())
+	testwait.Recv(t, conn.Done())
 	if _, err := conn.Call(context.Background(), "m", nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Call after Close: %v", err)
 	}

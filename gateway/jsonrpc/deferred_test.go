@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // deferredHandler takes "later" requests on the read loop and hands their
@@ -52,7 +54,7 @@ func TestDeferredRequestsAnsweredLater(t *testing.T) {
 	if m := c.recvMsg(); string(m.ID) != "3" {
 		t.Fatalf("first reply %s, want the echo's (id 3) while 1 and 2 wait", m)
 	}
-	p1, p2 := within(t, h.replies), within(t, h.replies)
+	p1, p2 := testwait.Recv(t, h.replies), testwait.Recv(t, h.replies)
 	if p1.id != "1" || p2.id != "2" {
 		t.Fatalf("handed %s then %s, want arrival order", p1.id, p2.id)
 	}
@@ -63,7 +65,7 @@ func TestDeferredRequestsAnsweredLater(t *testing.T) {
 		p1.reply(nil, fmt.Errorf("wrapped: %w", NewError(CodeSessionNotFound, "Session not found", nil)))
 		p1.reply("a second reply is ignored", nil)
 	}()
-	within(t, done)
+	testwait.Recv(t, done)
 	if m := c.recvMsg(); string(m.ID) != "2" || string(m.Result) != `{"n":2}` {
 		t.Fatalf("got %s, want id 2's result", m)
 	}
@@ -88,7 +90,7 @@ func TestDeferredReplyAfterAStaleWriteDeadline(t *testing.T) {
 	c.recvMsg()
 	time.Sleep(200 * time.Millisecond) // past the deadline that write set
 	c.send(`{"jsonrpc":"2.0","id":2,"method":"later"}`)
-	within(t, h.replies).reply("ok", nil)
+	testwait.Recv(t, h.replies).reply("ok", nil)
 	if m := c.recvMsg(); string(m.ID) != "2" || string(m.Result) != `"ok"` {
 		t.Fatalf("got %s, want id 2's result", m)
 	}
@@ -144,8 +146,8 @@ func TestDeferredPanicAndClose(t *testing.T) {
 		t.Fatalf("got %s, want -32603", m)
 	}
 	c.send(`{"jsonrpc":"2.0","id":2,"method":"later"}`, `{"jsonrpc":"2.0","id":3,"method":"later"}`)
-	within(t, h.replies)
-	within(t, h.replies)
+	testwait.Recv(t, h.replies)
+	testwait.Recv(t, h.replies)
 	c.nc.Close()
 	select {
 	case <-ts.disconnects:
@@ -166,7 +168,7 @@ func TestDeferredRepliesConcurrent(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for range n {
-		p := within(t, h.replies)
+		p := testwait.Recv(t, h.replies)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -18,6 +18,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // waitFor is the bound on anything a test waits for. It is a failure
@@ -37,22 +39,6 @@ func checkFor(t testing.TB, fn func() error) {
 			t.Fatalf("condition not met within %v: %v", waitFor, err)
 		}
 		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// within receives from ch, failing the test if nothing comes within
-// waitFor: a wait that never ends names its test instead of stalling the
-// package until go test's timeout.
-func within[T any](t testing.TB, ch <-chan T) T {
-	t.Helper()
-	timer := time.NewTimer(waitFor)
-	defer timer.Stop()
-	select {
-	case v := <-ch:
-		return v
-	case <-timer.C:
-		t.Fatalf("nothing received within %v", waitFor)
-		panic("unreachable")
 	}
 }
 
@@ -113,7 +99,7 @@ func startServer(t testing.TB, srv *Server, wrap func(net.Conn) net.Conn) *testS
 	}()
 	t.Cleanup(func() {
 		cancel()
-		within(t, ts.served)
+		testwait.Recv(t, ts.served)
 	})
 	return ts
 }

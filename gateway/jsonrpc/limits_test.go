@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // TestFrameTooLarge: a line over the limit gets one -32600 frame_too_large
@@ -54,14 +56,14 @@ func TestFrameTooLarge(t *testing.T) {
 		t.Fatalf("data %s", m.Error.Data)
 	}
 	c.expectEOF()
-	n := within(t, wrote)
+	n := testwait.Recv(t, wrote)
 	if got := read.Load() - before; got > limit+1 {
 		t.Fatalf("server read %d bytes of the oversized line, limit+1 is %d", got, limit+1)
 	}
 	if n >= len(big) {
 		t.Fatalf("the client wrote all %d bytes: the rest of the line was consumed", n)
 	}
-	if err := within(t, ts.disconnects); !errors.Is(err, ErrFrameTooLarge) {
+	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("Run returned %v, want ErrFrameTooLarge", err)
 	}
 }
@@ -113,7 +115,7 @@ func TestFrameTimeout(t *testing.T) {
 		t.Fatalf("cut off before the limit")
 	}
 	c.expectEOF()
-	if err := within(t, ts.disconnects); !errors.Is(err, ErrFrameTimeout) {
+	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrFrameTimeout) {
 		t.Fatalf("Run returned %v, want ErrFrameTimeout", err)
 	}
 }
@@ -143,17 +145,17 @@ func TestInitializeDeadline(t *testing.T) {
 	if time.Since(start) < limit/2 {
 		t.Fatalf("closed too early")
 	}
-	if err := within(t, ts.disconnects); !errors.Is(err, ErrInitializeTimeout) {
+	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrInitializeTimeout) {
 		t.Fatalf("Run returned %v, want ErrInitializeTimeout", err)
 	}
 
 	slow := dial(t, ts.path)
 	slow.send(`{"jsonrpc":"2.0","id":1,"method":"slow-initialize"}`)
 	slow.expectEOF()
-	if err := within(t, slowCause); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrInitializeTimeout) {
+	if err := testwait.Recv(t, slowCause); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrInitializeTimeout) {
 		t.Fatalf("handler ctx cause %v", err)
 	}
-	within(t, ts.disconnects)
+	testwait.Recv(t, ts.disconnects)
 
 	ok := dial(t, ts.path)
 	ok.send(`{"jsonrpc":"2.0","id":1,"method":"initialize"}`)
@@ -216,7 +218,7 @@ func writeStallCase(t *testing.T, stall time.Duration) bool {
 		if !errors.Is(err, ErrClosed) {
 			t.Fatalf("Notify returned %v, want ErrClosed", err)
 		}
-		if err := within(t, ts.disconnects); !errors.Is(err, ErrWriteStall) {
+		if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrWriteStall) {
 			t.Fatalf("Run returned %v, want ErrWriteStall", err)
 		}
 		return false
@@ -246,10 +248,10 @@ func writeStallCase(t *testing.T, stall time.Duration) bool {
 	default:
 	}
 
-	if err := within(t, ts.disconnects); !errors.Is(err, ErrWriteStall) {
+	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrWriteStall) {
 		t.Fatalf("Run returned %v, want ErrWriteStall", err)
 	}
-	if err := within(t, streamErr); !errors.Is(err, ErrClosed) {
+	if err := testwait.Recv(t, streamErr); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Notify returned %v, want ErrClosed", err)
 	}
 	// The second client is still fine.
@@ -280,7 +282,7 @@ func TestSlotFreeBeforeDisconnectCleanup(t *testing.T) {
 	a.send(`{"jsonrpc":"2.0","id":1,"method":"echo"}`)
 	a.recvMsg()
 	a.nc.Close()
-	within(t, cleaning)
+	testwait.Recv(t, cleaning)
 	c := dial(t, ts.path)
 	c.send(`{"jsonrpc":"2.0","id":7,"method":"echo"}`)
 	if m := c.recvMsg(); string(m.ID) != "7" {
@@ -321,7 +323,7 @@ func TestConnectionLimit(t *testing.T) {
 	}
 
 	a.nc.Close()
-	within(t, ts.disconnects)
+	testwait.Recv(t, ts.disconnects)
 	c := dial(t, ts.path)
 	c.send(`{"jsonrpc":"2.0","id":7,"method":"echo"}`)
 	if m := c.recvMsg(); string(m.ID) != "7" {

@@ -5,6 +5,8 @@ package jsonrpc
 import (
 	"os"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // TestPeerCredentials: SO_PEERCRED gives this process's pid and uid.
@@ -15,7 +17,7 @@ func TestPeerCredentials(t *testing.T) {
 		return &testHandler{}
 	}}, nil)
 	dial(t, ts.path)
-	p := within(t, peers)
+	p := testwait.Recv(t, peers)
 	if p.PID != int32(os.Getpid()) || p.UID != int32(os.Getuid()) {
 		t.Fatalf("peer %+v, want pid %d uid %d", p, os.Getpid(), os.Getuid())
 	}

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // heapInuse returns HeapInuse after a full collection.
@@ -104,7 +106,7 @@ func TestPipelineBackPressure(t *testing.T) {
 	if growth > bound {
 		t.Errorf("heap grew by %d bytes, bound %d", growth, bound)
 	}
-	if err := within(t, ts.disconnects); !errors.Is(err, ErrWriteStall) {
+	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrWriteStall) {
 		t.Fatalf("Run returned %v, want ErrWriteStall", err)
 	}
 }
@@ -249,7 +251,7 @@ func TestFrameBudget(t *testing.T) {
 		}
 	}
 	for i := 0; i < conns; i++ {
-		if err := within(t, ts.disconnects); !errors.Is(err, ErrFrameTimeout) {
+		if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrFrameTimeout) {
 			t.Errorf("Run returned %v, want ErrFrameTimeout", err)
 		}
 	}

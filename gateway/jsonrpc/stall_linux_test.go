@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // streamServer serves "stream": notifications of 4 KiB until the
@@ -56,7 +58,7 @@ func TestWriteStallNeverRead(t *testing.T) {
 	c := dial(t, ts.path)
 	start := time.Now()
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"stream"}`)
-	err := within(t, ts.disconnects)
+	err := testwait.Recv(t, ts.disconnects)
 	took := time.Since(start)
 	if !errors.Is(err, ErrWriteStall) {
 		t.Fatalf("Run returned %v, want ErrWriteStall", err)
@@ -81,7 +83,7 @@ func TestWriteStallAfterReading(t *testing.T) {
 		c.readBytes(64 << 10)
 	}
 	last := time.Now()
-	err := within(t, ts.disconnects)
+	err := testwait.Recv(t, ts.disconnects)
 	took := time.Since(last)
 	if !errors.Is(err, ErrWriteStall) {
 		t.Fatalf("Run returned %v, want ErrWriteStall", err)
@@ -110,7 +112,7 @@ func TestWriteStallSlowReader(t *testing.T) {
 		}
 	}
 	c.nc.Close()
-	if err := within(t, ts.disconnects); errors.Is(err, ErrWriteStall) {
+	if err := testwait.Recv(t, ts.disconnects); errors.Is(err, ErrWriteStall) {
 		t.Fatalf("Run returned %v after the peer hung up", err)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // Workers never limit how many handlers run at once: every task that
@@ -49,7 +51,7 @@ func TestWorkersIdleBoundedAndReused(t *testing.T) {
 	for range 3 {
 		done := make(chan struct{})
 		w.run(func() { ran.Add(1); close(done) })
-		within(t, done)
+		testwait.Recv(t, done)
 	}
 	idleIs(t, w, 3)
 	if n := w.started.Load() - before; n != 0 {
@@ -73,7 +75,7 @@ func TestWorkersCloseWaitsForRunningTasks(t *testing.T) {
 		time.Sleep(30 * time.Millisecond)
 		finished.Store(true)
 	})
-	within(t, started)
+	testwait.Recv(t, started)
 	w.close()
 	if !finished.Load() {
 		t.Fatal("close returned before the running task ended")

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // Every caller gets a read that started after it arrived: here, one that
@@ -37,7 +39,7 @@ func TestReadIsNeverOlderThanTheCall(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	testwait.Returns(t, wg.Wait)
 	if n := reads.Load(); n >= callers*rounds {
 		t.Errorf("%d calls made %d reads: nothing shared", callers*rounds, n)
 	}
@@ -71,7 +73,7 @@ func TestKeysAreApart(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
-	wg.Wait()
+	testwait.Returns(t, wg.Wait)
 	if n := g.Len(); n != 0 {
 		t.Errorf("%d keys kept after every caller left", n)
 	}
@@ -96,20 +98,20 @@ func TestCancellation(t *testing.T) {
 	leaderCtx, cancelLeader := context.WithCancel(context.Background())
 	leader := make(chan error, 1)
 	go func() { _, err := g.Do(leaderCtx, struct{}{}, read); leader <- err }()
-	<-started
+	testwait.Recv(t, started)
 
 	why := errors.New("client left")
 	waitCtx, cancelWait := context.WithCancelCause(context.Background())
 	waiter := make(chan error, 1)
 	go func() { _, err := g.Do(waitCtx, struct{}{}, read); waiter <- err }()
 	cancelWait(why)
-	if err := <-waiter; !errors.Is(err, why) {
+	if err := testwait.Recv(t, waiter); !errors.Is(err, why) {
 		t.Fatalf("cancelled waiter: %v, want its cause", err)
 	}
 
 	cancelLeader()
 	close(release)
-	if err := <-leader; err != nil {
+	if err := testwait.Recv(t, leader); err != nil {
 		t.Fatalf("leader's read failed with its own cancellation: %v", err)
 	}
 	if v, err := g.Do(context.Background(), struct{}{}, read); err != nil || v != 7 {
@@ -188,8 +190,8 @@ func TestErrorShared(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	close(hold)
-	wg.Wait()
-	if err := <-first; err != nil {
+	testwait.Returns(t, wg.Wait)
+	if err := testwait.Recv(t, first); err != nil {
 		t.Fatal(err)
 	}
 	if n := reads.Load(); n != 1 {
@@ -233,7 +235,7 @@ func TestPanickingReadEndsItsBatch(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	close(hold)
-	<-first
+	testwait.Recv(t, first)
 	// One of the two ran the read and got its panic; the other shared it.
 	panics, shared := 0, 0
 	for range 2 {
@@ -330,7 +332,7 @@ func TestGoAnswersOnceWithAFreshRead(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	testwait.Returns(t, wg.Wait)
 	time.Sleep(20 * time.Millisecond) // a second answer, if any, would come now
 	calls.Range(func(k, _ any) bool {
 		if n := k.(*goCall).answers.Load(); n != 1 {
@@ -375,14 +377,14 @@ func TestNextReadStartsBeforeAnswers(t *testing.T) {
 	}
 	second := callGo(&g, context.Background(), "k", read)
 	close(release)
-	if err := <-first; err != nil {
+	if err := testwait.Recv(t, first); err != nil {
 		t.Fatal(err)
 	}
 	second.wait(t)
 	if second.err != nil || second.val != 2 {
 		t.Fatalf("second caller got %d, %v; want the second read", second.val, second.err)
 	}
-	g.Wait()
+	testwait.Returns(t, g.Wait)
 	waitKeys(t, &g, 0)
 }
 
@@ -461,7 +463,7 @@ func TestGoWaitingBehindDo(t *testing.T) {
 	waitKeys(t, &g, 1)
 	c := callGo(&g, context.Background(), "k", func(context.Context) (int64, error) { return 2, nil })
 	close(hold)
-	if v := <-ran; v != 1 {
+	if v := testwait.Recv(t, ran); v != 1 {
 		t.Fatalf("Do: %d", v)
 	}
 	c.wait(t)
@@ -659,7 +661,7 @@ func TestFreshReadAnswersWhoCameBeforeIt(t *testing.T) {
 			}
 			want = 2
 		}
-		g.Wait()
+		testwait.Returns(t, g.Wait)
 		time.Sleep(20 * time.Millisecond) // a read for nobody would start now
 		if n := reads.Load(); n != want {
 			t.Fatalf("late=%v: %d reads, want %d", late, n, want)
@@ -699,7 +701,7 @@ func TestFreshReadFailedSharesNothingMore(t *testing.T) {
 	if first.err == nil || early.err != nil || early.val != 200 {
 		t.Fatalf("first: %d, %v; early: %d, %v; want the error, then the second read", first.val, first.err, early.val, early.err)
 	}
-	g.Wait()
+	testwait.Returns(t, g.Wait)
 	waitKeys(t, &g, 0)
 }
 
@@ -721,7 +723,7 @@ func TestFreshJoinRacesTheCallersEnd(t *testing.T) {
 		close(release)
 		first.wait(t)
 		early.wait(t)
-		g.Wait()
+		testwait.Returns(t, g.Wait)
 		time.Sleep(time.Millisecond)
 		if n := early.answers.Load(); n != 1 {
 			t.Fatalf("the caller was answered %d times", n)
@@ -775,8 +777,8 @@ func TestFreshReadsNeverOlderThanTheCall(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
-	g.Wait()
+	testwait.Returns(t, wg.Wait)
+	testwait.Returns(t, g.Wait)
 	if n := reads.Load(); n >= callers*rounds {
 		t.Errorf("%d calls made %d reads: nothing shared", callers*rounds, n)
 	}

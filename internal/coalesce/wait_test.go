@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 // goCallBy is callGo with a deadline and an owner.
@@ -113,8 +115,8 @@ func TestOwnerLeaves(t *testing.T) {
 		t.Fatalf("a caller after the owner left: %d, %v", late.val, late.err)
 	}
 	stays.waitingUntilRelease(t, "the caller of no owner", release, 5)
-	g.Wait()
-	other.Wait()
+	testwait.Returns(t, g.Wait)
+	testwait.Returns(t, other.Wait)
 	answeredOnce(t, inFlight, behind, stays, elsewhere, late)
 	owner.mu.Lock()
 	first := owner.first
@@ -165,7 +167,7 @@ func TestWaitRacesTheRead(t *testing.T) {
 		for _, c := range []*goCall{first, early, leaving} {
 			c.wait(t)
 		}
-		g.Wait()
+		testwait.Returns(t, g.Wait)
 		time.Sleep(time.Millisecond)
 		for _, c := range []*goCall{early, leaving} {
 			if n := c.answers.Load(); n != 1 {

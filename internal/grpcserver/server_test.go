@@ -15,6 +15,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
@@ -92,7 +93,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 		}
 		result <- err
 	}()
-	<-f.entered
+	testwait.Recv(t, f.entered)
 	cancel() // SIGTERM in a service
 	// Health turns NOT_SERVING while the call is still running.
 	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
@@ -103,10 +104,10 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 		return nil
 	})
 	close(f.release)
-	if err := <-result; err != nil {
+	if err := testwait.Recv(t, result); err != nil {
 		t.Fatalf("in-flight call cut by a graceful stop: %v", err)
 	}
-	if err := <-done; err != nil {
+	if err := testwait.Recv(t, done); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -114,7 +115,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 func TestShutdownHardLimit(t *testing.T) {
 	_, cc, f, cancel, done := start(t, 200*time.Millisecond)
 	go func() { _, _ = configv1.NewConfigServiceClient(cc).Live(context.Background(), &configv1.LiveRequest{}) }()
-	<-f.entered
+	testwait.Recv(t, f.entered)
 	cancel()
 	select {
 	case <-done:

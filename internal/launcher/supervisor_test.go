@@ -17,6 +17,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 var fake struct {
@@ -259,7 +261,7 @@ func TestStopBetweenBackoffAndRestart(t *testing.T) {
 	if err := r.sup.start(p, noStop); err != nil {
 		t.Fatal(err)
 	}
-	<-stopped
+	testwait.Recv(t, stopped)
 	runs := r.runs("crasher")
 	for _, run := range runs {
 		if alive(run.pid) {

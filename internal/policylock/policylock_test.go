@@ -11,6 +11,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/policylock"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -90,7 +91,7 @@ func TestExclusiveWaitsForSharedAndBack(t *testing.T) {
 	default:
 	}
 	_ = store2.Rollback(ctx)
-	release := <-got
+	release := testwait.Recv(t, got)
 	if release == nil {
 		t.Fatal("no lock")
 	}
@@ -105,7 +106,7 @@ func TestExclusiveWaitsForSharedAndBack(t *testing.T) {
 	go func() { shared <- policylock.Shared(ctx, store3) }()
 	waitFor(t, p, 1)
 	release()
-	if err := <-shared; err != nil {
+	if err := testwait.Recv(t, shared); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -129,7 +130,7 @@ func TestExclusiveGivesUpWithItsContext(t *testing.T) {
 	}()
 	waitFor(t, p, 1)
 	cancel()
-	if err := <-done; err == nil {
+	if err := testwait.Recv(t, done); err == nil {
 		t.Fatal("Exclusive succeeded while a store held the lock")
 	}
 	_ = tx.Commit(ctx)

@@ -17,6 +17,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
@@ -374,7 +375,7 @@ func TestRevocationWhileWaitingRefusesBatch(t *testing.T) {
 				_, err := e.setMany(operator, kv{"users.alice.permission_profiles", []any{}})
 				revoked <- err
 			}()
-			<-inRevocation
+			testwait.Recv(t, inRevocation)
 			batch := make(chan error, 1)
 			go func() {
 				_, err := e.setMany(alice, kv{"agents.default.model", "after revocation"})

@@ -462,7 +462,7 @@ func TestStoreFilePolicyChangeIsOrderedAroundTheStore(t *testing.T) {
 		_, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Data: []byte("first")})
 		stored <- err
 	}()
-	<-checked
+	await(t, checked)
 	storeChecked.Store(nil)
 	revoked := make(chan struct{})
 	go func() {
@@ -483,10 +483,10 @@ func TestStoreFilePolicyChangeIsOrderedAroundTheStore(t *testing.T) {
 		return nil
 	})
 	close(proceed)
-	if err := <-stored; err != nil {
+	if err := await(t, stored); err != nil {
 		t.Fatalf("a store checked before the change: %v", err)
 	}
-	<-revoked
+	await(t, revoked)
 	if names, n := h.stored(id); len(names) != 1 || n != 1 {
 		t.Fatalf("stored %v, %d rows", names, n)
 	}
@@ -512,7 +512,7 @@ func TestStoreFilePolicyChangeIsOrderedAroundTheStore(t *testing.T) {
 	})
 	pol.revoke(alice, configschema.PermFilesCreate)
 	release()
-	wantRefusal(t, <-stored, codes.PermissionDenied, rpcerr.ReasonForbidden, "files:create")
+	wantRefusal(t, await(t, stored), codes.PermissionDenied, rpcerr.ReasonForbidden, "files:create")
 	if names, n := h.stored(id); len(names) != 1 || n != 1 {
 		t.Fatalf("stored %v, %d rows", names, n)
 	}

@@ -158,6 +158,9 @@ func (h *harness) prompt(p *commonv1.Principal, id, text string) *sessionv1.Prom
 	return resp
 }
 
+// await receives from ch, failing the test if nothing comes within wait:
+// a wait that never ends names its test instead of stalling the package
+// until go test's timeout.
 func await[T any](t testing.TB, ch <-chan T) T {
 	t.Helper()
 	select {

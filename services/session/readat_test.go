@@ -84,7 +84,7 @@ func TestReadAtPrecedesTheRead(t *testing.T) {
 		afterReads(t, &reads, 2)
 	}
 	close(stop)
-	as := <-got
+	as := await(t, got)
 	for _, a := range as {
 		n := int64(sort.Search(len(returned), func(i int) bool { return returned[i] > a.at }))
 		if a.active < n {
@@ -134,7 +134,7 @@ func TestStateReadAtPrecedesTheRead(t *testing.T) {
 		afterReads(t, &reads, 2)
 	}
 	close(stop)
-	<-done
+	await(t, done)
 }
 
 // afterReads waits until reads has risen by n, so that reads run between

@@ -1,0 +1,52 @@
+// Package testwait bounds the waits of a test body: a wait that never ends
+// (its sender stopped early, a condition that a loaded machine never
+// reached) fails its test, by name, instead of stalling the package until
+// go test's timeout and leaving only a goroutine dump to guess from.
+//
+// Bound is a failure bound, never a performance assertion: long enough for
+// anything a test waits on a loaded two-core machine (the e2e tests' waits
+// on a whole stack included), short enough that a hang is named well
+// within go test's timeout.
+package testwait
+
+import (
+	"testing"
+	"time"
+)
+
+// Bound is how long Recv and Returns wait.
+const Bound = time.Minute
+
+// Recv receives from ch, failing t if nothing comes within Bound. Call it
+// from the test's own goroutine (it may call t.Fatalf).
+func Recv[T any](t testing.TB, ch <-chan T) T {
+	t.Helper()
+	timer := time.NewTimer(Bound)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("nothing received within %v", Bound)
+		panic("unreachable")
+	}
+}
+
+// Returns calls wait (a WaitGroup's Wait, say) and fails t if it has not
+// returned within Bound. The goroutine that calls wait is left behind
+// then, as the test has failed.
+func Returns(t testing.TB, wait func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wait()
+	}()
+	timer := time.NewTimer(Bound)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		t.Fatalf("still waiting after %v", Bound)
+	}
+}
