@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -20,22 +21,30 @@ import (
 // rssOf reads a process's resident set from /proc.
 func rssOf(t *testing.T, pid int) int64 {
 	t.Helper()
+	rss, err := readRSS(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rss
+}
+
+func readRSS(pid int) (int64, error) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		t.Fatalf("read the gateway's status: %v", err)
+		return 0, fmt.Errorf("read the gateway's status: %w", err)
 	}
 	for _, line := range strings.Split(string(raw), "\n") {
 		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10
+			return kb << 10, nil
 		}
 	}
-	t.Fatal("no VmRSS")
-	return 0
+	return 0, errors.New("no VmRSS in the gateway's status")
 }
 
-// peakRSS samples a process's resident set every 20 ms until stop is
-// closed, and returns the highest seen.
+// peakRSS samples pid's RSS every 20 ms until stop is closed and then sends the
+// highest. A failed read (the gateway gone) fails the test and ends the
+// sampling with the peak so far: t.Fatal belongs to the test's goroutine.
 func peakRSS(t *testing.T, pid int, stop <-chan struct{}) <-chan int64 {
 	out := make(chan int64, 1)
 	go func() {
@@ -43,9 +52,13 @@ func peakRSS(t *testing.T, pid int, stop <-chan struct{}) <-chan int64 {
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			if rss := rssOf(t, pid); rss > peak {
-				peak = rss
+			rss, err := readRSS(pid)
+			if err != nil {
+				t.Error(err)
+				out <- peak
+				return
 			}
+			peak = max(peak, rss)
 			select {
 			case <-stop:
 				out <- peak

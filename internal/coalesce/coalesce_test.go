@@ -325,7 +325,12 @@ func TestGoAnswersOnceWithAFreshRead(t *testing.T) {
 				}
 				c := callGo(&g, context.Background(), "k", read)
 				calls.Store(c, mine)
-				c.wait(t)
+				select { // not c.wait: its t.Fatal belongs to the test's goroutine
+				case <-c.done:
+				case <-time.After(10 * time.Second):
+					t.Error("a caller of Go was never answered")
+					return
+				}
 				if c.err != nil || c.val < mine {
 					t.Errorf("Go read %d after write %d (err %v)", c.val, mine, c.err)
 				}

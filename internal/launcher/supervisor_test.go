@@ -246,15 +246,21 @@ func TestStopBetweenBackoffAndRestart(t *testing.T) {
 	r.sup.beforeRespawn = func() {
 		once.Do(func() {
 			go func() { r.sup.stopAll(); close(stopped) }()
-			// Hold the restart until the stop has begun.
-			r.eventually(10*time.Second, func() error {
+			// Hold the restart until the stop has begun. Not r.eventually:
+			// this runs on the supervisor's goroutine, where t.Fatal must
+			// not.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 				r.sup.mu.Lock()
-				defer r.sup.mu.Unlock()
-				if !r.sup.stopping {
-					return errors.New("stop not begun")
+				begun := r.sup.stopping
+				r.sup.mu.Unlock()
+				if begun {
+					return
 				}
-				return nil
-			})
+				if time.Now().After(deadline) {
+					t.Error("the stop had not begun after 10 s")
+					return
+				}
+			}
 		})
 	}
 	p := r.proc("crasher", "crash")

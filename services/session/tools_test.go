@@ -81,10 +81,13 @@ func TestApprovals(t *testing.T) {
 		}
 		return id, rec, res, ask
 	}
-	approve := func(id, reqID, decision, surface string) *sessionv1.ApproveResponse {
-		resp, err := h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{
+	approveErr := func(id, reqID, decision, surface string) (*sessionv1.ApproveResponse, error) {
+		return h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{
 			Principal: alice, SessionId: id, RequestId: reqID, Decision: decisionOf(decision), Surface: surfaceOf(surface), Replacement: "use ls instead",
 		})
+	}
+	approve := func(id, reqID, decision, surface string) *sessionv1.ApproveResponse {
+		resp, err := approveErr(id, reqID, decision, surface)
 		if err != nil {
 			t.Fatalf("approve: %v", err)
 		}
@@ -152,7 +155,12 @@ func TestApprovals(t *testing.T) {
 		answers := make([]*sessionv1.ApproveResponse, len(decisions))
 		var wg sync.WaitGroup
 		for i, d := range decisions {
-			wg.Go(func() { answers[i] = approve(id, ask.str("request_id"), d, SurfaceRPC) })
+			wg.Go(func() {
+				var err error // not approve: its t.Fatal belongs to the test's goroutine
+				if answers[i], err = approveErr(id, ask.str("request_id"), d, SurfaceRPC); err != nil {
+					t.Errorf("approve: %v", err)
+				}
+			})
 		}
 		wg.Wait()
 		winner := -1
