@@ -12,6 +12,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -327,7 +328,7 @@ func TestTrimRetainedContext(t *testing.T) {
 		strings.Contains(string(raw), "RUNTIME-SYSTEM-PROMPT") {
 		t.Fatalf("snapshot %s", raw)
 	}
-	if r := await(t, res); r.err != nil || r.resp.GetContent() != answer {
+	if r := testwait.Recv(t, res); r.err != nil || r.resp.GetContent() != answer {
 		t.Fatalf("trimmed turn %v %v", r.resp, r.err)
 	}
 	rec.until(UpdateTurnComplete)
@@ -444,7 +445,7 @@ func TestCheckpointBatches(t *testing.T) {
 	if _, err := h.srv.Cancel(context.Background(), &sessionv1.CancelRequest{Principal: alice, SessionId: id}); err != nil {
 		t.Fatal(err)
 	}
-	await(t, res)
+	testwait.Recv(t, res)
 	if got := h.checkpointed(id); got != text {
 		t.Fatalf("after the turn %d of %d bytes checkpointed", len(got), len(text))
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/policylock"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -462,7 +463,7 @@ func TestStoreFilePolicyChangeIsOrderedAroundTheStore(t *testing.T) {
 		_, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Data: []byte("first")})
 		stored <- err
 	}()
-	await(t, checked)
+	testwait.Recv(t, checked)
 	storeChecked.Store(nil)
 	revoked := make(chan struct{})
 	go func() {
@@ -483,10 +484,10 @@ func TestStoreFilePolicyChangeIsOrderedAroundTheStore(t *testing.T) {
 		return nil
 	})
 	close(proceed)
-	if err := await(t, stored); err != nil {
+	if err := testwait.Recv(t, stored); err != nil {
 		t.Fatalf("a store checked before the change: %v", err)
 	}
-	await(t, revoked)
+	testwait.Recv(t, revoked)
 	if names, n := h.stored(id); len(names) != 1 || n != 1 {
 		t.Fatalf("stored %v, %d rows", names, n)
 	}
@@ -512,7 +513,7 @@ func TestStoreFilePolicyChangeIsOrderedAroundTheStore(t *testing.T) {
 	})
 	pol.revoke(alice, configschema.PermFilesCreate)
 	release()
-	wantRefusal(t, await(t, stored), codes.PermissionDenied, rpcerr.ReasonForbidden, "files:create")
+	wantRefusal(t, testwait.Recv(t, stored), codes.PermissionDenied, rpcerr.ReasonForbidden, "files:create")
 	if names, n := h.stored(id); len(names) != 1 || n != 1 {
 		t.Fatalf("stored %v, %d rows", names, n)
 	}

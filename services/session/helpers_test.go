@@ -158,20 +158,6 @@ func (h *harness) prompt(p *commonv1.Principal, id, text string) *sessionv1.Prom
 	return resp
 }
 
-// await receives from ch, failing the test if nothing comes within wait:
-// a wait that never ends names its test instead of stalling the package
-// until go test's timeout.
-func await[T any](t testing.TB, ch <-chan T) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(wait):
-		t.Fatalf("nothing after %v", wait)
-		panic("unreachable")
-	}
-}
-
 func (h *harness) state(p *commonv1.Principal, id string) string {
 	h.t.Helper()
 	st, err := h.srv.State(context.Background(), &sessionv1.StateRequest{Principal: p, SessionId: id})

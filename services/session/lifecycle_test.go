@@ -13,6 +13,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -47,7 +48,7 @@ func TestKillCancelsBeforeItWrites(t *testing.T) {
 	if _, err := h.srv.Kill(ctx, &sessionv1.KillRequest{Principal: alice, SessionId: id}); err == nil || !strings.Contains(err.Error(), "tombstone refused") {
 		t.Fatalf("kill with a failing write: %v", err)
 	}
-	if r := await(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "working" {
+	if r := testwait.Recv(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "working" {
 		t.Fatalf("the turn kill meant to stop: %v %v", r.resp, r.err)
 	}
 	if got := h.state(alice, id); got != stateIdle {
@@ -85,7 +86,7 @@ func TestDeleteRemovesEveryRow(t *testing.T) {
 	if err != nil || !approve.GetAcknowledged() {
 		t.Fatalf("approve %v %v", approve, err)
 	}
-	await(t, res)
+	testwait.Recv(t, res)
 	for table, n := range h.rowsOf(id) {
 		if n == 0 {
 			t.Fatalf("the turn left no row in %s", table)
@@ -170,7 +171,7 @@ func TestKillAndDeleteWhilePostgresIsDown(t *testing.T) {
 	if err := h.srvKill(busy); !pg.IsUnavailable(err) {
 		t.Fatalf("kill of a running session with the database down: %v", err)
 	}
-	if r := await(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
+	if r := testwait.Recv(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
 		t.Fatalf("the running turn: %v %v", r.resp, r.err)
 	}
 	if u := busyRec.until(UpdateTurnComplete); u[len(u)-1].str("outcome") != OutcomeCancelled {
@@ -261,11 +262,11 @@ func TestIdleLiveSessionsEvicted(t *testing.T) {
 		Decision: sessionv1.Decision_DECISION_REJECT}); err != nil {
 		t.Fatal(err)
 	}
-	await(t, askRes)
+	testwait.Recv(t, askRes)
 	if _, err := h.srv.Cancel(ctx, &sessionv1.CancelRequest{Principal: alice, SessionId: running}); err != nil {
 		t.Fatal(err)
 	}
-	await(t, runRes)
+	testwait.Recv(t, runRes)
 }
 
 // With a short idle time the sweeper alone keeps the map bounded.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -105,7 +106,7 @@ func TestOpenAIProvider(t *testing.T) {
 	if us[4].str("raw_output") != `{"q":"hi"}` {
 		t.Fatalf("tool_result %v", us[4].Params)
 	}
-	r := await(t, res)
+	r := testwait.Recv(t, res)
 	if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "Hello done" {
 		t.Fatalf("prompt %v %v", r.resp, r.err)
 	}
@@ -207,7 +208,7 @@ func TestOpenAIProviderFailures(t *testing.T) {
 		if _, err := h.srv.Cancel(context.Background(), &sessionv1.CancelRequest{Principal: alice, SessionId: id}); err != nil {
 			t.Fatal(err)
 		}
-		if r := await(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "partial" {
+		if r := testwait.Recv(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "partial" {
 			t.Fatalf("prompt %v %v", r.resp, r.err)
 		}
 	})

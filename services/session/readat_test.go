@@ -10,6 +10,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/hostclock"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -84,7 +85,7 @@ func TestReadAtPrecedesTheRead(t *testing.T) {
 		afterReads(t, &reads, 2)
 	}
 	close(stop)
-	as := await(t, got)
+	as := testwait.Recv(t, got)
 	for _, a := range as {
 		n := int64(sort.Search(len(returned), func(i int) bool { return returned[i] > a.at }))
 		if a.active < n {
@@ -134,7 +135,7 @@ func TestStateReadAtPrecedesTheRead(t *testing.T) {
 		afterReads(t, &reads, 2)
 	}
 	close(stop)
-	await(t, done)
+	testwait.Recv(t, done)
 }
 
 // afterReads waits until reads has risen by n, so that reads run between

@@ -10,6 +10,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -168,7 +169,7 @@ func TestTurnStreamsBeforeItEnds(t *testing.T) {
 		t.Fatalf("thought chunks %q", got)
 	}
 	done := all[len(all)-1]
-	r := await(t, res)
+	r := testwait.Recv(t, res)
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -253,7 +254,7 @@ func TestBusyAndCancel(t *testing.T) {
 	if got := h.state(alice, id); got != stateIdle {
 		t.Fatalf("state after cancel: %s", got)
 	}
-	r := await(t, res)
+	r := testwait.Recv(t, res)
 	if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] || r.resp.GetContent() != "working" || r.resp.GetTurnId() != st.GetTurnId() {
 		t.Fatalf("cancelled prompt %v %v", r.resp, r.err)
 	}
@@ -285,7 +286,7 @@ func TestConnectionClosedCancelsTurns(t *testing.T) {
 	if err != nil || cc.GetCancelledTurns() != 1 {
 		t.Fatalf("connection closed: %v %v", cc, err)
 	}
-	if r := await(t, resA); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
+	if r := testwait.Recv(t, resA); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
 		t.Fatalf("conn-1's turn: %v %v", r.resp, r.err)
 	}
 	if u := ra.until(UpdateTurnComplete); u[0].str("outcome") != OutcomeCancelled {
@@ -307,13 +308,13 @@ func TestConnectionClosedCancelsTurns(t *testing.T) {
 	resC := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: a, Prompt: "/say c\n/sleep 60000"})
 	ra.until(UpdateMessageChunk)
 	cancel()
-	if r := await(t, resC); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
+	if r := testwait.Recv(t, resC); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
 		t.Fatalf("caller gone: %v %v", r.resp, r.err)
 	}
 
 	// Shutdown cancels what still runs, with its turn_complete.
 	h.srv.Shutdown()
-	if r := await(t, resB); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
+	if r := testwait.Recv(t, resB); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] {
 		t.Fatalf("at shutdown: %v %v", r.resp, r.err)
 	}
 	if u := rb.until(UpdateTurnComplete); u[len(u)-1].str("outcome") != OutcomeCancelled {

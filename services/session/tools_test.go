@@ -11,6 +11,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -98,7 +99,7 @@ func TestApprovals(t *testing.T) {
 		if got := types(us); got != "tool_result agent_message_chunk turn_complete" {
 			t.Fatalf("after the decision: %s", got)
 		}
-		r := await(t, res)
+		r := testwait.Recv(t, res)
 		if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "after" {
 			t.Fatalf("prompt %v %v", r.resp, r.err)
 		}
@@ -208,7 +209,7 @@ func TestApprovals(t *testing.T) {
 		if got := types(us); got != "tool_result turn_complete" || us[0].str("status") != toolCancelled || us[1].str("outcome") != OutcomeCancelled {
 			t.Fatalf("after cancel: %s %v", got, us)
 		}
-		await(t, res)
+		testwait.Recv(t, res)
 		if a := approve(id, ask.str("request_id"), DecisionAllowOnce, ""); !a.GetAlreadyDecided() {
 			t.Fatalf("answer after cancel: %v", a)
 		}
