@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -58,8 +59,13 @@ func channelPrincipal() *commonv1.Principal {
 // drains it and hands each message to a session.
 type binder struct {
 	s     *Server
-	mu    sync.Mutex
+	mu    sync.Mutex // held across a binding's load and stop: seconds
 	bound map[string]*binding
+	// listed is what ListChannels reads, the bindings by alias as of the
+	// last change (set under mu): a list never waits behind a binding
+	// that is loading or stopping. An operator's plugins/list did, and
+	// timed out while a channel plugin compiled on a loaded machine.
+	listed atomic.Pointer[[]*binding]
 }
 
 func newBinder(s *Server) *binder { return &binder{s: s, bound: map[string]*binding{}} }
@@ -114,6 +120,7 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || state == channelFailed {
 			cur.stop()
 			delete(bd.bound, alias)
+			bd.publish()
 		}
 	}
 	aliases := make([]string, 0, len(want))
@@ -127,6 +134,7 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 		}
 		b := bd.s.bind(ctx, want[alias], c.channels[want[alias].Plugin])
 		bd.bound[alias] = b
+		bd.publish()
 		// A failed binding is retried at every scan: log it once per reason.
 		if state, reason := b.status(); state == channelFailed && failed[alias] != reason {
 			b.log.Warn("channel binding failed", zap.String("reason", reason))
@@ -141,7 +149,18 @@ func (bd *binder) close(context.Context) {
 	for alias, b := range bd.bound {
 		b.stop()
 		delete(bd.bound, alias)
+		bd.publish()
 	}
+}
+
+// publish makes the bindings in bd.bound the listed ones; bd.mu is held.
+func (bd *binder) publish() {
+	l := make([]*binding, 0, len(bd.bound))
+	for _, b := range bd.bound {
+		l = append(l, b)
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i].cfg.Alias < l[j].cfg.Alias })
+	bd.listed.Store(&l)
 }
 
 // Channel binding states.
@@ -375,15 +394,14 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 
 // ListChannels reports this replica's channel bindings.
 func (s *Server) ListChannels(context.Context, *pluginv1.ListChannelsRequest) (*pluginv1.ListChannelsResponse, error) {
-	s.channels.mu.Lock()
-	defer s.channels.mu.Unlock()
 	resp := &pluginv1.ListChannelsResponse{}
-	for _, b := range s.channels.bound {
-		state, reason := b.status()
-		resp.Channels = append(resp.Channels, &pluginv1.Channel{Alias: b.cfg.Alias, Plugin: b.cfg.Plugin, Listen: b.addr,
-			Agent: b.cfg.Agent, InstanceKey: b.key, State: state, Reason: reason})
+	if l := s.channels.listed.Load(); l != nil {
+		for _, b := range *l {
+			state, reason := b.status()
+			resp.Channels = append(resp.Channels, &pluginv1.Channel{Alias: b.cfg.Alias, Plugin: b.cfg.Plugin, Listen: b.addr,
+				Agent: b.cfg.Agent, InstanceKey: b.key, State: state, Reason: reason})
+		}
 	}
-	sort.Slice(resp.Channels, func(i, j int) bool { return resp.Channels[i].Alias < resp.Channels[j].Alias })
 	return resp, nil
 }
 
