@@ -2,10 +2,12 @@ package pluginsandbox_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
@@ -52,16 +54,14 @@ func TestChannelsListedWhileABindingStops(t *testing.T) {
 		_ = ts.Rescan(context.Background())
 	}()
 	// The stop has begun once the listener refuses connections.
-	for deadline := time.Now().Add(testwait.Bound); ; time.Sleep(10 * time.Millisecond) {
+	testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
-			break
+			return nil
 		}
 		c.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("the binding's listener still accepts after its removal")
-		}
-	}
+		return errors.New("the binding's listener still accepts after its removal")
+	})
 	answered := make(chan *pluginv1.ListChannelsResponse, 1)
 	go func() {
 		l, _ := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
