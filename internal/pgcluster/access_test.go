@@ -152,7 +152,7 @@ func TestOnlyTheStackConnects(t *testing.T) {
 	}
 	psql := func(as *user.User, pw string) (string, error) {
 		cmd := exec.CommandContext(ctx, psqlBin, "-w", "-X", "-A", "-t", "-c", "SELECT 42",
-			fmt.Sprintf("host=%s port=%d user=%s dbname=postgres sslmode=disable", dir, port, dbUser))
+			fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", dir, port, dbUser, dbName))
 		cmd.Env = []string{"HOME=/", "PATH=/usr/bin:/bin", "PGPASSWORD=" + pw}
 		uid, _ := strconv.Atoi(as.Uid)
 		gid, _ := strconv.Atoi(as.Gid)

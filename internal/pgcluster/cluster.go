@@ -56,7 +56,11 @@ var (
 const (
 	dbUser = "clawmesh"
 	dbName = "clawmesh"
-	port   = 5432
+	// maintenanceDB is what a probe and EnsureDatabase connect to: every
+	// cluster has template1. The "postgres" database initdb makes becomes
+	// the clawmesh database of a new cluster (EnsureDatabase).
+	maintenanceDB = "template1"
+	port          = 5432
 	// PasswordFileName is the default name of a cluster's password file,
 	// inside its folder (owned by root, 0600: the server's account cannot
 	// read it, nor anyone else).
@@ -93,6 +97,9 @@ type Prepared struct {
 	cred     *syscall.Credential
 	fast     bool
 	password string // "" when the socket is trusted
+	// created is true when this Prepare ran initdb: the cluster's
+	// "postgres" database is initdb's, empty, and nothing has used it.
+	created bool
 }
 
 // Prepare creates the cluster if needed (initdb) and returns what is
@@ -134,6 +141,7 @@ func Prepare(ctx context.Context, opts Options) (*Prepared, error) {
 		if err := p.initdb(ctx, pgdata, opts.Log); err != nil {
 			return nil, err
 		}
+		p.created = true
 	}
 	return p, nil
 }
@@ -166,8 +174,10 @@ func (p *Prepared) Command() *exec.Cmd {
 // password when the cluster has one: pass it by environment, never argv.
 func (p *Prepared) URL() string { return p.urlFor(dbName) }
 
-// AdminURL is the connection string of the maintenance database.
-func (p *Prepared) AdminURL() string { return p.urlFor("postgres") }
+// AdminURL is the connection string of the maintenance database,
+// template1. A CREATE DATABASE copies template1 and waits for the other
+// connections to it to end: create databases from URL's connection.
+func (p *Prepared) AdminURL() string { return p.urlFor(maintenanceDB) }
 
 func (p *Prepared) urlFor(db string) string {
 	u := url.URL{Scheme: "postgres", Host: "", Path: "/" + db,
@@ -193,21 +203,31 @@ func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
 	return errors.As(err, &pe), err
 }
 
-// EnsureDatabase creates the clawmesh database when it does not exist.
+// EnsureDatabase makes the clawmesh database when it does not exist. On
+// the cluster this Prepare created it renames initdb's empty "postgres"
+// database, a catalog update of about 2 ms, where CREATE DATABASE copies
+// template1 in 100 to 200 ms on a first run's critical path; elsewhere
+// (a cluster whose clawmesh database was dropped) it creates one.
 func (p *Prepared) EnsureDatabase(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, p.AdminURL())
 	if err != nil {
 		return fmt.Errorf("connect postgres: %w", err)
 	}
 	defer conn.Close(ctx)
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", dbName).Scan(&exists); err != nil {
+	var exists, initial bool
+	if err := conn.QueryRow(ctx, `SELECT coalesce(bool_or(datname = $1), false), coalesce(bool_or(datname = 'postgres'), false)
+		FROM pg_database`, dbName).Scan(&exists, &initial); err != nil {
 		return fmt.Errorf("check database: %w", err)
 	}
-	if !exists {
-		if _, err := conn.Exec(ctx, "CREATE DATABASE "+dbName); err != nil {
-			return fmt.Errorf("create database: %w", err)
-		}
+	if exists {
+		return nil
+	}
+	stmt := "CREATE DATABASE " + dbName
+	if p.created && initial {
+		stmt = "ALTER DATABASE postgres RENAME TO " + dbName
+	}
+	if _, err := conn.Exec(ctx, stmt); err != nil {
+		return fmt.Errorf("create database: %w", err)
 	}
 	return nil
 }

@@ -63,6 +63,58 @@ func TestClusterPersistsAcrossRestart(t *testing.T) {
 	}
 }
 
+// A new cluster's clawmesh database is initdb's "postgres" database
+// renamed, not a copy of template1 made on the first run's critical path;
+// a cluster that lost its clawmesh database gets a new one on its next
+// start.
+func TestNewClusterRenamesInitdbsDatabase(t *testing.T) {
+	if os.Getenv("DATABASE_URL") != "" {
+		t.Skip("DATABASE_URL selects an external server")
+	}
+	dir, err := os.MkdirTemp("", "cm-pgc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	opts := pgcluster.Options{Dir: dir, Fast: true, Log: testenv.Logger(t)}
+	c, err := pgcluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	if got := databases(t, ctx, c.AdminURL()); got != "clawmesh,template0,template1" {
+		t.Fatalf("databases of a new cluster: %s", got)
+	}
+	exec(t, ctx, c.AdminURL(), "DROP DATABASE clawmesh")
+	c.Stop()
+
+	c2, err := pgcluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Stop()
+	if got := databases(t, ctx, c2.AdminURL()); got != "clawmesh,template0,template1" {
+		t.Fatalf("databases after the clawmesh database was dropped: %s", got)
+	}
+	exec(t, ctx, c2.URL(), "CREATE TABLE t (v int)")
+}
+
+func databases(t *testing.T, ctx context.Context, url string) string {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var names string
+	if err := conn.QueryRow(ctx, "SELECT string_agg(datname, ',' ORDER BY datname) FROM pg_database").Scan(&names); err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
 func exec(t *testing.T, ctx context.Context, url, sql string) {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, url)

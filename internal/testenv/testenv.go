@@ -71,7 +71,9 @@ func adminURL() (string, error) {
 			return
 		}
 		shared.cluster = c
-		shared.adminURL = c.AdminURL()
+		// Not AdminURL: template1 is what CREATE DATABASE copies, and it
+		// refuses to while another test is connected to it.
+		shared.adminURL = c.URL()
 	})
 	return shared.adminURL, shared.err
 }
