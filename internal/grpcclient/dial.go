@@ -41,8 +41,13 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 		// A peer is restarted by its supervisor within moments: find it
 		// again as fast (gRPC's default backoff grows to two minutes).
+		// At start a dependent asks for a peer that listens a few hundred
+		// milliseconds later; a delay grown past 100 ms would add most of
+		// itself to the stack's start (a refused connect costs
+		// microseconds, so ten a second to a peer that is down cost
+		// nothing).
 		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, Jitter: 0.2, MaxDelay: 100 * time.Millisecond},
 			MinConnectTimeout: 2 * time.Second,
 		}),
 		// A peer that hangs (stopped, deadlocked) fails the calls in
