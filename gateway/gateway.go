@@ -57,6 +57,8 @@ type Gateway struct {
 	monitor *monitor
 	conns   []*grpc.ClientConn
 	ln      net.Listener
+	// turnWait is turnCompleteWait unless a test shortens it.
+	turnWait time.Duration
 	// id names this gateway process to the upload-staging service, which
 	// keeps its connections' uploads while it renews its lease.
 	id string

@@ -30,6 +30,9 @@ type outbox struct {
 	bytes int  // JSON bytes queued in q
 	busy  bool // run is delivering a batch
 	done  bool
+	// written counts the updates written to the connection: a prompt
+	// waiting for its turn_complete sees the stream ahead of it move.
+	written uint64
 
 	// completed records the turn_ids whose turn_complete was written, so a
 	// session/prompt response never overtakes its own turn_complete. The
@@ -85,6 +88,14 @@ func (o *outbox) push(u *busv1.SessionUpdate, n jsonrpc.Notification) {
 	o.q = append(o.q, queued{u, n})
 	o.bytes += len(u.GetJson())
 	o.cond.Signal()
+}
+
+// progress returns the updates written to the connection so far and
+// whether any wait in the queue or in a write now.
+func (o *outbox) progress() (written uint64, pending bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.written, len(o.q) > 0 || o.busy
 }
 
 // close stops run after the queue is abandoned (the connection is gone).
@@ -198,6 +209,7 @@ func (o *outbox) deliver(batch []queued, frames []jsonrpc.Notification) {
 // approval request is put to the client, a turn_complete wakes the
 // prompt waiting for it. o.mu is held.
 func (o *outbox) sent(u *busv1.SessionUpdate) {
+	o.written++
 	switch u.GetType() {
 	case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
 		if o.cs.canElicit() {

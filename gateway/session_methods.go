@@ -108,8 +108,45 @@ func promptText(raw json.RawMessage) (string, error) {
 }
 
 // turnCompleteWait bounds how long a prompt's response waits for its own
-// turn_complete to be written first.
+// turn_complete while nothing moves on the connection: no update written
+// to it, none queued or being written. A turn_complete lost on the bus
+// must not hold the response for ever; one behind a stream still being
+// written (a loaded machine, a client reading slowly within the
+// write-stall rule) keeps it waiting, since the response comes after its
+// turn_complete (docs/spec.md §5). A fixed bound let the response of a
+// 20,000-update turn overtake 3,104 of its updates on a loaded machine.
 const turnCompleteWait = 5 * time.Second
+
+// awaitTurnComplete returns once turn's turn_complete was written to cs,
+// cs is gone or ctx ends, or after g.turnWait in which nothing moved on
+// cs (see turnCompleteWait).
+func (g *Gateway) awaitTurnComplete(ctx context.Context, cs *connState, turn string) {
+	wait := g.turnWait
+	if wait <= 0 {
+		wait = turnCompleteWait
+	}
+	done := cs.outbox.turnDone(turn)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	last, _ := cs.outbox.progress()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		written, pending := cs.outbox.progress()
+		if written == last && !pending {
+			g.log.Warn("turn_complete not seen before the prompt's response", zap.String("conn", cs.id), zap.String("turn_id", turn),
+				zap.Duration("idle", wait))
+			return
+		}
+		last = written
+		timer.Reset(wait)
+	}
+}
 
 func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
 	var p struct {
@@ -165,12 +202,7 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 		return nil, serviceError("session", err)
 	}
 	if turn := resp.GetTurnId(); turn != "" {
-		select {
-		case <-cs.outbox.turnDone(turn):
-		case <-time.After(turnCompleteWait):
-			g.log.Warn("turn_complete not seen before the prompt's response", zap.String("conn", cs.id), zap.String("turn_id", turn))
-		case <-ctx.Done():
-		}
+		g.awaitTurnComplete(ctx, cs, turn)
 		cs.outbox.forgetTurn(turn)
 	}
 	return map[string]any{

@@ -50,7 +50,7 @@ func (h *hungSession) ConnectionClosed(context.Context, *sessionv1.ConnectionClo
 
 // runGateway runs a gateway with fake config and session services until
 // the test ends.
-func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeout time.Duration) (*Gateway, string) {
+func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeout time.Duration, set ...func(*Gateway)) (*Gateway, string) {
 	t.Helper()
 	nc, err := nats.Connect(testenv.NATS(t))
 	if err != nil {
@@ -73,6 +73,9 @@ func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeou
 		session: sessionv1.NewSessionServiceClient(serveFake(t, func(s *grpc.Server) { sessionv1.RegisterSessionServiceServer(s, session) })),
 	}
 	g.initSharedReads()
+	for _, f := range set {
+		f(g)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- g.Run(ctx) }()

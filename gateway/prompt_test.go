@@ -1,0 +1,163 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/ids"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// streamingSession answers a prompt as the session service does: it
+// publishes the turn's updates on the session's subject, its
+// turn_complete last, and answers once they are all on the bus.
+type streamingSession struct {
+	sessionv1.UnimplementedSessionServiceServer
+	nc     *nats.Conn
+	chunks int
+	text   string
+	// lost leaves the turn_complete out, as if the bus had lost it.
+	lost bool
+}
+
+func (f *streamingSession) Attach(_ context.Context, req *sessionv1.AttachRequest) (*sessionv1.AttachResponse, error) {
+	subject, err := bus.SessionUpdateSubject(req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.AttachResponse{SessionId: req.GetSessionId(), Subject: subject}, nil
+}
+
+func (f *streamingSession) Prompt(_ context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
+	id := req.GetSessionId()
+	subject, err := bus.SessionUpdateSubject(id)
+	if err != nil {
+		return nil, err
+	}
+	publish := func(seq int, typ busv1.UpdateType, body map[string]any) error {
+		body["session_id"] = id
+		js, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		data, err := proto.Marshal(&busv1.SessionUpdate{SessionId: id, Type: typ, Seq: int64(seq), Json: string(js)})
+		if err != nil {
+			return err
+		}
+		return f.nc.Publish(subject, data)
+	}
+	const turn = "t-1"
+	for i := range f.chunks {
+		if err := publish(i+1, busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK,
+			map[string]any{"type": "agent_message_chunk", "text": f.text, "n": i}); err != nil {
+			return nil, err
+		}
+	}
+	if !f.lost {
+		if err := publish(f.chunks+1, busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE,
+			map[string]any{"type": "turn_complete", "turn_id": turn, "outcome": "completed"}); err != nil {
+			return nil, err
+		}
+	}
+	if err := f.nc.Flush(); err != nil {
+		return nil, err
+	}
+	return &sessionv1.PromptResponse{SessionId: id, TurnId: turn, Outcome: sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED}, nil
+}
+
+// A prompt's response comes after its turn_complete was written, however
+// long the stream ahead of it takes to write while it moves. The client
+// reads nothing for the first half second of a 20 MB turn, so the
+// connection's output queue fills to its bound (16 MiB) and the rest of
+// the stream, its turn_complete last, waits in the connection's outbox
+// for five times the gateway's wait for a connection where nothing moves
+// (100 ms here). With a bound on the whole wait, the response was queued
+// behind the first 16 MiB and ahead of the rest: it overtook the end of
+// its stream.
+func TestPromptResponseWaitsForAStreamStillBeingWritten(t *testing.T) {
+	const chunks = 5000
+	sess := &streamingSession{chunks: chunks, text: strings.Repeat("x", 4000)}
+	_, socket := runGateway(t, sess, 30*time.Second, func(g *Gateway) {
+		g.turnWait = 100 * time.Millisecond
+		sess.nc = g.nats // the gateway's bus, as the session service's would be
+	})
+	c := dialInitialized(t, socket)
+	defer c.Close()
+
+	id := ids.New("s-")
+	if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"session_id":%q,"prompt":"go"}}`, id)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	time.Sleep(500 * time.Millisecond)
+	updates := 0
+	for {
+		f, _, err := c.Read(10 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d updates: %v", updates, err)
+		}
+		if f.Method == "session/update" {
+			var u struct {
+				Type string `json:"type"`
+				N    int    `json:"n"`
+			}
+			if err := json.Unmarshal(f.Params, &u); err != nil {
+				t.Fatal(err)
+			}
+			if u.Type == "agent_message_chunk" && u.N != updates {
+				t.Fatalf("update %d arrived as number %d", u.N, updates)
+			}
+			updates++
+			continue
+		}
+		if f.Error != nil {
+			t.Fatalf("prompt failed: %v", f.Error)
+		}
+		if updates != chunks+1 {
+			t.Fatalf("the prompt's response came after %d of the turn's %d updates (%v into the stream)",
+				updates, chunks+1, time.Since(start).Round(time.Millisecond))
+		}
+		return
+	}
+}
+
+// A turn_complete that never comes does not hold the response for ever:
+// once the turn's other updates are written and nothing moves for the
+// gateway's wait, the response goes out, after them.
+func TestPromptResponseWithoutItsTurnComplete(t *testing.T) {
+	const chunks = 20
+	sess := &streamingSession{chunks: chunks, text: "hello", lost: true}
+	_, socket := runGateway(t, sess, 30*time.Second, func(g *Gateway) {
+		g.turnWait = 200 * time.Millisecond
+		sess.nc = g.nats
+	})
+	c := dialInitialized(t, socket)
+	defer c.Close()
+	if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"session_id":%q,"prompt":"go"}}`, ids.New("s-"))); err != nil {
+		t.Fatal(err)
+	}
+	updates := 0
+	for {
+		f, _, err := c.Read(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no response after %d updates: %v", updates, err)
+		}
+		if f.Method == "session/update" {
+			updates++
+			continue
+		}
+		if f.Error != nil || updates != chunks {
+			t.Fatalf("response %s %v after %d of %d updates", f.Result, f.Error, updates, chunks)
+		}
+		return
+	}
+}
