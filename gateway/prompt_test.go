@@ -13,6 +13,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -93,40 +94,14 @@ func TestPromptResponseWaitsForAStreamStillBeingWritten(t *testing.T) {
 	c := dialInitialized(t, socket)
 	defer c.Close()
 
-	id := ids.New("s-")
-	if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"session_id":%q,"prompt":"go"}}`, id)); err != nil {
-		t.Fatal(err)
-	}
 	start := time.Now()
-	time.Sleep(500 * time.Millisecond)
-	updates := 0
-	for {
-		f, _, err := c.Read(10 * time.Second)
-		if err != nil {
-			t.Fatalf("after %d updates: %v", updates, err)
-		}
-		if f.Method == "session/update" {
-			var u struct {
-				Type string `json:"type"`
-				N    int    `json:"n"`
-			}
-			if err := json.Unmarshal(f.Params, &u); err != nil {
-				t.Fatal(err)
-			}
-			if u.Type == "agent_message_chunk" && u.N != updates {
-				t.Fatalf("update %d arrived as number %d", u.N, updates)
-			}
-			updates++
-			continue
-		}
-		if f.Error != nil {
-			t.Fatalf("prompt failed: %v", f.Error)
-		}
-		if updates != chunks+1 {
-			t.Fatalf("the prompt's response came after %d of the turn's %d updates (%v into the stream)",
-				updates, chunks+1, time.Since(start).Round(time.Millisecond))
-		}
-		return
+	updates, resp := promptAndRead(t, c, 500*time.Millisecond)
+	if resp.Error != nil {
+		t.Fatalf("prompt failed: %v", resp.Error)
+	}
+	if updates != chunks+1 {
+		t.Fatalf("the prompt's response came after %d of the turn's %d updates (%v into the stream)",
+			updates, chunks+1, time.Since(start).Round(time.Millisecond))
 	}
 }
 
@@ -142,22 +117,40 @@ func TestPromptResponseWithoutItsTurnComplete(t *testing.T) {
 	})
 	c := dialInitialized(t, socket)
 	defer c.Close()
+	updates, resp := promptAndRead(t, c, 0)
+	if resp.Error != nil || updates != chunks {
+		t.Fatalf("response %s %v after %d of %d updates", resp.Result, resp.Error, updates, chunks)
+	}
+}
+
+// promptAndRead prompts a new session on c, leaves the connection unread
+// for pause, then reads until the prompt's response: it returns the
+// updates read before it, whose chunks must come in their order.
+func promptAndRead(t *testing.T, c *rpcclient.Client, pause time.Duration) (int, *rpcclient.Frame) {
+	t.Helper()
 	if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"session_id":%q,"prompt":"go"}}`, ids.New("s-"))); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(pause)
 	updates := 0
 	for {
 		f, _, err := c.Read(10 * time.Second)
 		if err != nil {
 			t.Fatalf("no response after %d updates: %v", updates, err)
 		}
-		if f.Method == "session/update" {
-			updates++
-			continue
+		if f.Method != "session/update" {
+			return updates, f
 		}
-		if f.Error != nil || updates != chunks {
-			t.Fatalf("response %s %v after %d of %d updates", f.Result, f.Error, updates, chunks)
+		var u struct {
+			Type string `json:"type"`
+			N    int    `json:"n"`
 		}
-		return
+		if err := json.Unmarshal(f.Params, &u); err != nil {
+			t.Fatal(err)
+		}
+		if u.Type == "agent_message_chunk" && u.N != updates {
+			t.Fatalf("update %d arrived as number %d", u.N, updates)
+		}
+		updates++
 	}
 }

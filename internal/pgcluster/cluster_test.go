@@ -15,17 +15,7 @@ import (
 // A cluster keeps its data across a stop and a start on the same folder,
 // and leaves no server behind.
 func TestClusterPersistsAcrossRestart(t *testing.T) {
-	if os.Getenv("DATABASE_URL") != "" {
-		t.Skip("DATABASE_URL selects an external server")
-	}
-	dir, err := os.MkdirTemp("", "cm-pgc-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	opts := pgcluster.Options{Dir: dir, Fast: true, Log: testenv.Logger(t)}
+	ctx, opts := newCluster(t)
 	c, err := pgcluster.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -68,17 +58,7 @@ func TestClusterPersistsAcrossRestart(t *testing.T) {
 // a cluster that lost its clawmesh database gets a new one on its next
 // start.
 func TestNewClusterRenamesInitdbsDatabase(t *testing.T) {
-	if os.Getenv("DATABASE_URL") != "" {
-		t.Skip("DATABASE_URL selects an external server")
-	}
-	dir, err := os.MkdirTemp("", "cm-pgc-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	opts := pgcluster.Options{Dir: dir, Fast: true, Log: testenv.Logger(t)}
+	ctx, opts := newCluster(t)
 	c, err := pgcluster.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -99,6 +79,24 @@ func TestNewClusterRenamesInitdbsDatabase(t *testing.T) {
 		t.Fatalf("databases after the clawmesh database was dropped: %s", got)
 	}
 	exec(t, ctx, c2.URL(), "CREATE TABLE t (v int)")
+}
+
+// newCluster gives a test a folder for a cluster of its own, removed when
+// it ends, and a context bounding the test; it skips the test when
+// DATABASE_URL selects an external server.
+func newCluster(t *testing.T) (context.Context, pgcluster.Options) {
+	t.Helper()
+	if os.Getenv("DATABASE_URL") != "" {
+		t.Skip("DATABASE_URL selects an external server")
+	}
+	dir, err := os.MkdirTemp("", "cm-pgc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	return ctx, pgcluster.Options{Dir: dir, Fast: true, Log: testenv.Logger(t)}
 }
 
 func databases(t *testing.T, ctx context.Context, url string) string {
