@@ -45,7 +45,11 @@ func Run(keys map[bus.Role]string, log *zap.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats-server: %w", err)
 	}
-	go srv.Start()
+	// Start returns once the listener is up (its accept loop runs on a
+	// goroutine of its own), so the check below passes at its first look;
+	// after a `go srv.Start()` it would most often sleep its 25 ms poll
+	// interval, on every start of the stack.
+	srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
 		return nil, ErrNotReady

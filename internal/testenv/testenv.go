@@ -126,7 +126,7 @@ func NATS(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("nats-server: %v", err)
 	}
-	go srv.Start()
+	srv.Start() // returns once it listens: see natsembed.Run
 	if !srv.ReadyForConnections(10 * time.Second) {
 		t.Fatalf("nats-server not ready")
 	}
