@@ -32,6 +32,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -100,6 +101,8 @@ type Prepared struct {
 	// created is true when this Prepare ran initdb: the cluster's
 	// "postgres" database is initdb's, empty, and nothing has used it.
 	created bool
+	// seen is set once a probe connected to the clawmesh database.
+	seen atomic.Bool
 }
 
 // Prepare creates the cluster if needed (initdb) and returns what is
@@ -190,18 +193,29 @@ func (p *Prepared) urlFor(db string) string {
 	return u.String()
 }
 
-// Probe asks the server for a connection. answered is true when the
-// postmaster replied at all, even with a refusal (still starting, too many
-// connections): it is alive. err is nil once it accepts connections.
+// Probe asks the server for a connection to the clawmesh database.
+// answered is true when the postmaster replied at all, even with a
+// refusal (still starting, too many connections): it is alive. err is nil
+// once it accepts connections, which a refusal for want of the database
+// also says (EnsureDatabase makes it).
 func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
-	conn, err := pgconn.Connect(ctx, p.AdminURL())
+	conn, err := pgconn.Connect(ctx, p.URL())
 	if err == nil {
 		_ = conn.Close(ctx)
+		// EnsureDatabase need not connect again to find what this
+		// connection found: a start saves a backend's fork and login.
+		p.seen.Store(true)
 		return true, nil
 	}
 	var pe *pgconn.PgError
-	return errors.As(err, &pe), err
+	if errors.As(err, &pe) && pe.Code == sqlstateNoDatabase {
+		return true, nil
+	}
+	return pe != nil, err
 }
+
+// sqlstateNoDatabase is invalid_catalog_name: the database does not exist.
+const sqlstateNoDatabase = "3D000"
 
 // EnsureDatabase makes the clawmesh database when it does not exist. On
 // the cluster this Prepare created it renames initdb's empty "postgres"
@@ -209,6 +223,9 @@ func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
 // template1 in 100 to 200 ms on a first run's critical path; elsewhere
 // (a cluster whose clawmesh database was dropped) it creates one.
 func (p *Prepared) EnsureDatabase(ctx context.Context) error {
+	if p.seen.Load() {
+		return nil
+	}
 	conn, err := pgx.Connect(ctx, p.AdminURL())
 	if err != nil {
 		return fmt.Errorf("connect postgres: %w", err)
