@@ -57,9 +57,9 @@ var (
 const (
 	dbUser = "clawmesh"
 	dbName = "clawmesh"
-	// maintenanceDB is what a probe and EnsureDatabase connect to: every
-	// cluster has template1. The "postgres" database initdb makes becomes
-	// the clawmesh database of a new cluster (EnsureDatabase).
+	// maintenanceDB is what EnsureDatabase connects to: every cluster has
+	// template1. The "postgres" database initdb makes becomes the clawmesh
+	// database of a new cluster (EnsureDatabase).
 	maintenanceDB = "template1"
 	port          = 5432
 	// PasswordFileName is the default name of a cluster's password file,
