@@ -149,8 +149,8 @@ func (bd *binder) close(context.Context) {
 	for alias, b := range bd.bound {
 		b.stop()
 		delete(bd.bound, alias)
-		bd.publish()
 	}
+	bd.publish()
 }
 
 // publish makes the bindings in bd.bound the listed ones; bd.mu is held.
