@@ -126,6 +126,12 @@ func (e *Env) Go(f func()) {
 	}()
 }
 
+// releasePagesAfter is how long a process serves before it gives its
+// start's pages of the executable back: past the launcher's readiness
+// checks and a stack's first calls, well before the idle footprint is
+// read (e2e's settle, 3 s after the first initialize).
+const releasePagesAfter = time.Second
+
 // Main runs the process and exits with its status.
 func Main(spec Spec) {
 	if err := Run(context.Background(), spec, os.Args[1:]); err != nil {
@@ -313,8 +319,19 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}
 	env.Server.SetServing(spec.HealthNames...)
 	log.Info("serving", zap.String("listen", o.listen), zap.String("data_dir", o.dataDir))
-	// Start-up is over: its pages of the binary go back (see startpages).
-	startpages.Release()
+	// Start-up is over: its pages of the binary go back (see startpages),
+	// once the stack's start has been served with them. Given back here,
+	// before the first health check and the first calls, they were
+	// faulted back in on the start's critical path.
+	env.Go(func() {
+		t := time.NewTimer(releasePagesAfter)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			startpages.Release()
+		}
+	})
 
 	serveErr := make(chan error, 1)
 	go func() {
