@@ -258,6 +258,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, services); err != nil {
 		return err
 	}
+	// The gateway starts before the dormant processes are settled: the
+	// durable bridge's settings are a call to the config service (6 to
+	// 10 ms), which the gateway's own start overlaps. It shows them
+	// dormant from its first health poll either way (their markers are
+	// in place since holdDurable and holdStaging).
+	if err := sup.start(gateway, stop); err != nil {
+		return err
+	}
 	for i, d := range held {
 		p := sleeping[i]
 		// A wake ends once the process serves: until then the gateway
@@ -287,9 +295,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		log.Info("dormant until a client connects", zap.String("process", d.name), zap.String("socket", d.path))
 		d.watch(start)
-	}
-	if err := sup.start(gateway, stop); err != nil {
-		return err
 	}
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, []*proc{gateway}); err != nil {
 		return err
