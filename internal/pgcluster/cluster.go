@@ -198,7 +198,16 @@ func (p *Prepared) urlFor(db string) string {
 // refusal (still starting, too many connections): it is alive. err is nil
 // once it accepts connections, which a refusal for want of the database
 // also says (EnsureDatabase makes it).
+//
+// While the postmaster's lock file says it is starting or stopping, Probe
+// does not connect (pg_ctl's -w reads the same line): each connection
+// then only forked a backend to refuse it, a FATAL line in the server's
+// log per probe, on the start's critical path. A stale "ready" (a server
+// killed outright) is only a hint: the connection still decides.
 func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
+	if st := p.serverStatus(); st == pmStarting || st == pmStopping {
+		return false, fmt.Errorf("%w: %s", ErrNotReady, st)
+	}
 	conn, err := pgconn.Connect(ctx, p.URL())
 	if err == nil {
 		_ = conn.Close(ctx)
@@ -212,6 +221,32 @@ func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
 		return true, nil
 	}
 	return pe != nil, err
+}
+
+// ErrNotReady: the server's lock file says it does not accept
+// connections yet (or any more).
+var ErrNotReady = errors.New("postgres is not accepting connections")
+
+// The postmaster's states in its lock file, postmaster.pid's eighth
+// line (PostgreSQL's pidfile.h).
+const (
+	pmStarting    = "starting"
+	pmStopping    = "stopping"
+	pidLineStatus = 8
+)
+
+// serverStatus is the state the postmaster last wrote in its lock file:
+// "" when there is no file or no such line yet.
+func (p *Prepared) serverStatus() string {
+	raw, err := os.ReadFile(filepath.Join(p.dir, "data", "postmaster.pid"))
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(string(raw), "\n")
+	if len(lines) < pidLineStatus {
+		return ""
+	}
+	return strings.TrimSpace(lines[pidLineStatus-1])
 }
 
 // sqlstateNoDatabase is invalid_catalog_name: the database does not exist.
