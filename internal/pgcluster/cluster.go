@@ -199,13 +199,16 @@ func (p *Prepared) urlFor(db string) string {
 // once it accepts connections, which a refusal for want of the database
 // also says (EnsureDatabase makes it).
 //
-// While the postmaster's lock file says it is starting or stopping, Probe
-// does not connect (pg_ctl's -w reads the same line): each connection
-// then only forked a backend to refuse it, a FATAL line in the server's
-// log per probe, on the start's critical path. A stale "ready" (a server
-// killed outright) is only a hint: the connection still decides.
+// While the postmaster's lock file says it is starting, Probe does not
+// connect (pg_ctl's -w reads the same line): each connection then only
+// forked a backend to refuse it, a FATAL line in the server's log per
+// probe, on the start's critical path. Such a server has not answered
+// (a stale "starting" is a crashed one). Any other state, a stale
+// "ready" included, is left to the connection: a server shutting down
+// still answers with its refusal, so liveness does not kill one that
+// waits for its clients to leave.
 func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
-	if st := p.serverStatus(); st == pmStarting || st == pmStopping {
+	if st := p.serverStatus(); st == pmStarting {
 		return false, fmt.Errorf("%w: %s", ErrNotReady, st)
 	}
 	conn, err := pgconn.Connect(ctx, p.URL())
@@ -223,15 +226,13 @@ func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
 	return pe != nil, err
 }
 
-// ErrNotReady: the server's lock file says it does not accept
-// connections yet (or any more).
+// ErrNotReady: the server's lock file says it is still starting.
 var ErrNotReady = errors.New("postgres is not accepting connections")
 
 // The postmaster's states in its lock file, postmaster.pid's eighth
 // line (PostgreSQL's pidfile.h).
 const (
 	pmStarting    = "starting"
-	pmStopping    = "stopping"
 	pidLineStatus = 8
 )
 
