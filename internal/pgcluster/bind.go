@@ -191,14 +191,34 @@ func orphaned(dir string, legacyOfThisDataDir bool) (bool, string) {
 	return false, ""
 }
 
+// dataDir is the PostgreSQL data directory of the cluster in dir.
+func dataDir(dir string) string { return filepath.Join(dir, "data") }
+
+// Lines of the postmaster's lock file, postmaster.pid (PostgreSQL's
+// pidfile.h): its pid first, its state (starting, stopping, ready)
+// eighth.
+const (
+	lockLinePID    = 1
+	lockLineStatus = 8
+)
+
+// lockFileLine is line n (from 1) of the lock file of the cluster in dir,
+// trimmed: "" when there is no file or no such line yet.
+func lockFileLine(dir string, n int) string {
+	raw, err := os.ReadFile(filepath.Join(dataDir(dir), "postmaster.pid"))
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(string(raw), "\n")
+	if len(lines) < n {
+		return ""
+	}
+	return strings.TrimSpace(lines[n-1])
+}
+
 // running reports whether the postmaster of the cluster in dir is alive.
 func running(dir string) bool {
-	raw, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid"))
-	if err != nil {
-		return false
-	}
-	first, _, _ := strings.Cut(string(raw), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	pid, err := strconv.Atoi(lockFileLine(dir, lockLinePID))
 	if err != nil || pid <= 0 {
 		return false
 	}

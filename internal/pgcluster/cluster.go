@@ -127,7 +127,7 @@ func Prepare(ctx context.Context, opts Options) (*Prepared, error) {
 	if pwFile == "" {
 		pwFile = filepath.Join(opts.Dir, PasswordFileName)
 	}
-	pgdata := filepath.Join(opts.Dir, "data")
+	pgdata := dataDir(opts.Dir)
 	_, err = os.Stat(filepath.Join(pgdata, "PG_VERSION"))
 	fresh := errors.Is(err, fs.ErrNotExist)
 	if cred != nil {
@@ -158,7 +158,7 @@ func (p *Prepared) Dir() string { return p.dir }
 // output is the caller's to set.
 func (p *Prepared) Command() *exec.Cmd {
 	args := []string{
-		"-D", filepath.Join(p.dir, "data"),
+		"-D", dataDir(p.dir),
 		"-k", p.dir,
 		"-p", strconv.Itoa(port),
 		"-c", "listen_addresses=",
@@ -229,25 +229,13 @@ func (p *Prepared) Probe(ctx context.Context) (answered bool, err error) {
 // ErrNotReady: the server's lock file says it is still starting.
 var ErrNotReady = errors.New("postgres is not accepting connections")
 
-// The postmaster's states in its lock file, postmaster.pid's eighth
-// line (PostgreSQL's pidfile.h).
-const (
-	pmStarting    = "starting"
-	pidLineStatus = 8
-)
+// pmStarting is the postmaster's state in its lock file while it starts.
+const pmStarting = "starting"
 
 // serverStatus is the state the postmaster last wrote in its lock file:
 // "" when there is no file or no such line yet.
 func (p *Prepared) serverStatus() string {
-	raw, err := os.ReadFile(filepath.Join(p.dir, "data", "postmaster.pid"))
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(string(raw), "\n")
-	if len(lines) < pidLineStatus {
-		return ""
-	}
-	return strings.TrimSpace(lines[pidLineStatus-1])
+	return lockFileLine(p.dir, lockLineStatus)
 }
 
 // sqlstateNoDatabase is invalid_catalog_name: the database does not exist.
