@@ -231,13 +231,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			held = append(held, d)
 		}
 	}
-	// The processes stop before the bus and the sockets they use.
-	stoppers = append(stoppers, sup.stopAll)
-
-	procs, err := plan(cfg, dbURL, natsURL, clientFile, held)
+	procs, release, err := plan(cfg, dbURL, natsURL, clientFile, held)
 	if err != nil {
 		return err
 	}
+	stoppers = append(stoppers, release)
+	// The processes stop before the bus and the sockets they use.
+	stoppers = append(stoppers, sup.stopAll)
 	// Services start together; the gateway only once they all serve.
 	services, gateway := procs[:len(procs)-1], procs[len(procs)-1]
 	sleeping := make([]*proc, len(held))
@@ -357,8 +357,11 @@ const (
 
 // plan lists the processes with their arguments and environment, in the
 // stack table's order (gateway last). The gateway gets the client socket
-// as a passed descriptor.
-func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dormant) ([]*proc, error) {
+// as a passed descriptor; every process not held dormant gets its gRPC
+// socket bound by the launcher for its first run (firstSocket). release
+// closes what was not handed over and removes those sockets; it runs
+// once the processes have stopped.
+func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dormant) (procs []*proc, release func(), err error) {
 	common := []string{"--config-dir", cfg.DataDir, "--nats-url", natsURL}
 	env := []string{service.EnvDatabaseURL + "=" + dbURL}
 	var plugins []string
@@ -377,13 +380,23 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 	}
 	sets, err := json.Marshal(cfg.Sets)
 	if err != nil {
-		return nil, fmt.Errorf("--set values: %w", err)
+		return nil, nil, fmt.Errorf("--set values: %w", err)
 	}
+	var bound []*firstSocket
+	release = func() {
+		for _, fs := range bound {
+			fs.release()
+		}
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	var asleep []string
 	for _, d := range held {
 		asleep = append(asleep, d.name)
 	}
-	var procs []*proc
 	for _, sp := range stack.Processes {
 		n := 1
 		if sp.Scalable {
@@ -414,22 +427,37 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 			}
 			bin, edge := filepath.Join(cfg.BinDir, sp.Name), sp.Edge
 			if _, err := os.Stat(bin); err != nil {
-				return nil, fmt.Errorf("%s binary: %w (run make build)", sp.Name, err)
+				return nil, nil, fmt.Errorf("%s binary: %w (run make build)", sp.Name, err)
+			}
+			var first *firstSocket
+			if mine == nil {
+				if first, err = bindFirst(sock); err != nil {
+					return nil, nil, fmt.Errorf("%s: %w", name, err)
+				}
+				bound = append(bound, first)
 			}
 			probe, err := newHealthProbe(sock)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			procs = append(procs, &proc{
 				name: name, probe: probe, gateway: edge, ephemeral: edge && cfg.Ephemeral,
 				command: func() *exec.Cmd {
 					cmd := exec.Command(bin, args...)
 					cmd.Env = penv
+					var names []string
+					var files []*os.File
 					if edge {
-						listenfd.Pass(cmd, []string{listenfd.ClientSocket}, []*os.File{clientSocket})
+						names, files = append(names, listenfd.ClientSocket), append(files, clientSocket)
 					}
 					if f := mine.passed(); f != nil {
-						listenfd.Pass(cmd, []string{mine.fdName}, []*os.File{f})
+						names, files = append(names, mine.fdName), append(files, f)
+					}
+					if f := first.handed(); f != nil {
+						names, files = append(names, listenfd.GRPCSocket), append(files, f)
+					}
+					if len(files) > 0 {
+						listenfd.Pass(cmd, names, files)
 					}
 					// Own process group: a terminal's Ctrl-C reaches only
 					// the launcher, which stops everything in order.
@@ -438,10 +466,67 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 					cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 					return cmd
 				},
+				started: first.close,
 			})
 		}
 	}
-	return procs, nil
+	return procs, release, nil
+}
+
+// firstSocket is a process's gRPC socket, bound by the launcher and
+// handed to the process's first run. The launcher's readiness check
+// then connects at once and waits in the socket's backlog until the
+// process serves, where it otherwise retried the connection 5 to 20 ms
+// apart until the socket appeared, as many milliseconds late on the
+// start's critical path for every phase. The launcher keeps no copy
+// once the run has started, so that the socket goes with the process
+// and a peer's call to a process gone fails at once (a dormant process's
+// socket is the one the launcher keeps, to wake it); later runs listen
+// themselves.
+type firstSocket struct {
+	path string
+	file *os.File // nil once closed
+}
+
+func bindFirst(path string) (*firstSocket, error) {
+	ln, err := unixsock.Listen(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ln.Close()
+	// The process serves the socket at path from now on: closing the
+	// launcher's listener must not remove it.
+	ln.SetUnlinkOnClose(false)
+	f, err := ln.File()
+	if err != nil {
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	return &firstSocket{path: path, file: f}, nil
+}
+
+// handed returns the socket for a run to take, nil after the first.
+func (s *firstSocket) handed() *os.File {
+	if s == nil {
+		return nil
+	}
+	return s.file
+}
+
+// close drops the launcher's copy: called once a run has started.
+func (s *firstSocket) close() {
+	if s != nil && s.file != nil {
+		s.file.Close()
+		s.file = nil
+	}
+}
+
+// release closes the copy if no run took it and removes the socket,
+// once every process has stopped: a process serving a passed socket
+// does not remove it when it closes it, as one that listened does.
+func (s *firstSocket) release() {
+	s.close()
+	_ = os.Remove(s.path)
 }
 
 func scalable() string {

@@ -1,12 +1,17 @@
 package launcher
 
 import (
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -29,10 +34,11 @@ func TestPlanNamesEveryPeerSocket(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	procs, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", nil, nil)
+	procs, release, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(release)
 	want := map[string]string{
 		"--config-addr": "config", "--session-addr": "session", "--upload-addr": UploadStaging,
 		"--durable-addr": DurableBridge, "--plugin-addr": "plugin-sandbox",
@@ -52,7 +58,9 @@ func TestPlanNamesEveryPeerSocket(t *testing.T) {
 // beside it, without a LISTEN_PID that would tie them to the launcher)
 // are not its children's: a child told it was passed "clawmesh-grpc"
 // at descriptor 3 would take whatever it has open there for its socket.
-// Each child is passed what the launcher hands it, and nothing else.
+// Each child is passed what the launcher hands it, and nothing else: its
+// gRPC socket at its first run (a dormant one's at every run), the
+// gateway its client socket at every run.
 func TestPlanPassesNoInheritedDescriptors(t *testing.T) {
 	t.Setenv("LISTEN_FDS", "1")
 	t.Setenv("LISTEN_FDNAMES", listenfd.GRPCSocket)
@@ -68,31 +76,110 @@ func TestPlanPassesNoInheritedDescriptors(t *testing.T) {
 		t.Fatalf("upload-staging socket not held: %v", err)
 	}
 	t.Cleanup(staging.release)
-	procs, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", nil, []*dormant{staging})
+	client, err := os.Open(os.DevNull) // stands for the client socket
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer client.Close()
+	procs, release, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", client, []*dormant{staging})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
 	for _, p := range procs {
-		cmd := p.command()
-		got := map[string][]string{}
-		for _, kv := range cmd.Env {
-			k, v, _ := strings.Cut(kv, "=")
-			if strings.HasPrefix(k, "LISTEN_") {
-				got[k] = append(got[k], v)
+		for run := 1; run <= 2; run++ {
+			cmd := p.command()
+			p.started()
+			got := map[string][]string{}
+			for _, kv := range cmd.Env {
+				k, v, _ := strings.Cut(kv, "=")
+				if strings.HasPrefix(k, "LISTEN_") {
+					got[k] = append(got[k], v)
+				}
+			}
+			var want map[string][]string
+			switch {
+			case p.name == UploadStaging:
+				want = map[string][]string{"LISTEN_FDS": {"1"}, "LISTEN_FDNAMES": {listenfd.GRPCSocket}}
+			case p.name == "gateway" && run == 1:
+				want = map[string][]string{"LISTEN_FDS": {"2"}, "LISTEN_FDNAMES": {listenfd.ClientSocket + ":" + listenfd.GRPCSocket}}
+			case p.name == "gateway":
+				want = map[string][]string{"LISTEN_FDS": {"1"}, "LISTEN_FDNAMES": {listenfd.ClientSocket}}
+			case run == 1:
+				want = map[string][]string{"LISTEN_FDS": {"1"}, "LISTEN_FDNAMES": {listenfd.GRPCSocket}}
+			}
+			if !reflect.DeepEqual(got, want) && !(len(got) == 0 && len(want) == 0) {
+				t.Errorf("%s, run %d: passed %v, want %v", p.name, run, got, want)
+			}
+			if n := strconv.Itoa(len(cmd.ExtraFiles)); len(want) > 0 && n != want["LISTEN_FDS"][0] || len(want) == 0 && n != "0" {
+				t.Errorf("%s, run %d: %s descriptors handed", p.name, run, n)
 			}
 		}
-		var want map[string][]string
-		switch p.name {
-		case UploadStaging:
-			want = map[string][]string{"LISTEN_FDS": {"1"}, "LISTEN_FDNAMES": {listenfd.GRPCSocket}}
-		case "gateway":
-			want = map[string][]string{"LISTEN_FDS": {"1"}, "LISTEN_FDNAMES": {listenfd.ClientSocket}}
+	}
+}
+
+// A process's first run is handed its gRPC socket already listening, so
+// that a client (the launcher's readiness check) connects before the
+// process serves and is answered once it does, with no retry. The
+// launcher drops its copy once the run has started: with the process
+// gone, a connection is refused at once. release removes the socket.
+func TestFirstRunIsHandedItsListeningSocket(t *testing.T) {
+	dir, bin := privateDir(t), t.TempDir()
+	for _, p := range stack.Processes {
+		if err := os.WriteFile(filepath.Join(bin, p.Name), nil, 0o755); err != nil {
+			t.Fatal(err)
 		}
-		if !reflect.DeepEqual(got, want) && !(len(got) == 0 && len(want) == 0) {
-			t.Errorf("%s: passed %v, want %v", p.name, got, want)
+	}
+	procs, release, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var config *proc
+	for _, p := range procs {
+		if p.name == "config" {
+			config = p
 		}
-		if n := len(cmd.ExtraFiles); n != len(want["LISTEN_FDS"]) {
-			t.Errorf("%s: %d descriptors handed", p.name, n)
-		}
+	}
+	sock := datadir.ServiceSocket(dir, "config", 0)
+	// Before any run, a client's connection waits in the backlog.
+	c, err := net.DialTimeout("unix", sock, 5*time.Second)
+	if err != nil {
+		t.Fatalf("the config socket does not listen before its first run: %v", err)
+	}
+	c.Close()
+	cmd := config.command()
+	if len(cmd.ExtraFiles) != 1 {
+		t.Fatalf("first run handed %d descriptors", len(cmd.ExtraFiles))
+	}
+	// The run holds its copy (here: the test, standing for the child).
+	ln, err := net.FileListener(cmd.ExtraFiles[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	config.started()
+	c, err = net.DialTimeout("unix", sock, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err := ln.Accept(); err != nil {
+		t.Fatal(err)
+	} else {
+		a.Close()
+	}
+	c.Close()
+	// The run gone, nothing holds the socket any more: refused at once.
+	ln.Close()
+	if c, err := net.DialTimeout("unix", sock, 5*time.Second); err == nil {
+		c.Close()
+		t.Fatal("the socket still listens once its run is gone: the launcher kept a copy")
+	} else if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial after the run: %v, want connection refused", err)
+	}
+	if cmd := config.command(); len(cmd.ExtraFiles) != 0 {
+		t.Fatalf("a later run was handed %d descriptors", len(cmd.ExtraFiles))
+	}
+	release()
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket left after release: %v", err)
 	}
 }

@@ -65,8 +65,11 @@ type watcher interface {
 // proc is one supervised process.
 type proc struct {
 	name string
-	// command makes the command of a new run.
+	// command makes the command of a new run; started, when set, is
+	// called once its Start has returned (the launcher closes its copies
+	// of what it handed the first run only).
 	command func() *exec.Cmd
+	started func()
 	// stopSignal asks the process to stop (SIGTERM; PostgreSQL's fast
 	// shutdown is SIGINT).
 	stopSignal syscall.Signal
@@ -188,7 +191,11 @@ func (s *supervisor) spawn(p *proc) error {
 	}
 	cmd := p.command()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	if p.started != nil {
+		p.started()
+	}
+	if err != nil {
 		logFile.Close()
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}

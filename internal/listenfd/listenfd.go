@@ -53,12 +53,13 @@ func Without(env []string) []string {
 // Listener returns the passed socket named name, or nil when none was
 // passed under that name. The descriptors passed are this process's only
 // when LISTEN_PID is unset (the launcher cannot know the pid before the
-// fork) or names this process, as systemd sets it. The variables are
-// removed once a socket is taken (or when they are another process's),
-// so a child of this process does not take them for its own; asking for
-// a name that was not passed leaves them for the process's other
-// lookups (every service asks for its gRPC socket, the gateway then for
-// the client socket).
+// fork) or names this process, as systemd sets it. A socket taken is
+// struck from LISTEN_FDNAMES (its place kept, so that the others keep
+// their descriptors), and the variables are removed once every socket
+// is taken (or when they are another process's), so a child of this
+// process does not take them for its own; asking for a name that was not
+// passed leaves them for the process's other lookups (the gateway takes
+// its client socket, then its gRPC socket as every service does).
 func Listener(name string) (net.Listener, error) {
 	count, names, pid := os.Getenv(envFDs), os.Getenv(envNames), os.Getenv(envPID)
 	if count == "" {
@@ -77,7 +78,12 @@ func Listener(name string) (net.Listener, error) {
 		if i >= len(list) || list[i] != name {
 			continue
 		}
-		unset()
+		list[i] = ""
+		if strings.Join(list, "") == "" {
+			unset()
+		} else {
+			os.Setenv(envNames, strings.Join(list, ":"))
+		}
 		f := os.NewFile(uintptr(firstFD+i), name)
 		ln, err := net.FileListener(f)
 		f.Close() // FileListener holds its own duplicate
@@ -96,8 +102,10 @@ const ClientSocket = "clawmesh-client"
 // launcher holds while the bridge is dormant and passes it when it wakes.
 const DurableSocket = "collie-durable"
 
-// GRPCSocket names a service's own gRPC socket, which the launcher holds
-// while the service is dormant (upload-staging) and passes it at each run.
+// GRPCSocket names a service's own gRPC socket: the launcher binds it
+// before a service's first run, so that its readiness check waits in the
+// socket's backlog instead of retrying the connection, and holds it while
+// a service is dormant (upload-staging), passing it at each run.
 const GRPCSocket = "clawmesh-grpc"
 
 func unset() {
