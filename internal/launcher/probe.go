@@ -26,11 +26,13 @@ type healthProbe struct {
 }
 
 func newHealthProbe(addr string) (*healthProbe, error) {
-	// At start the socket appears 100 to 400 ms after the process: retry
-	// the connection every few milliseconds (a failed connect to a local
-	// socket costs microseconds). A delay let grow to 250 ms put 60 to 170
-	// ms between a service's "serving" and the launcher's noticing it, on
-	// the start's critical path.
+	// A first run is handed its socket already listening (firstSocket):
+	// the connection is made at once and waits in the backlog until the
+	// process serves. A later run's socket appears 100 to 400 ms after
+	// the process: retry the connection every few milliseconds (a failed
+	// connect to a local socket costs microseconds). A delay let grow to
+	// 250 ms put 60 to 170 ms between a service's "serving" and the
+	// launcher's noticing it.
 	cc, err := grpcclient.Dial(addr, grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.5, Jitter: 0.2, MaxDelay: 20 * time.Millisecond},
 		MinConnectTimeout: 2 * time.Second,
