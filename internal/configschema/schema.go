@@ -61,6 +61,9 @@ type Property struct {
 	Enum []string
 	// Pattern, when set, must match a String (or each string item).
 	Pattern *regexp.Regexp
+	// MaxLen, when set, is the most characters a String (or each string
+	// item) may have.
+	MaxLen int
 	// Ref names a Map whose entry names a String (or each string item)
 	// must be; Wildcard also allows "*".
 	Ref      string
@@ -86,11 +89,14 @@ var (
 	ErrReference = errors.New("invalid reference")
 )
 
-// nameSegment is what a map entry's name may be: it is one path segment.
-var nameSegment = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_:@-]{0,63}$`)
+// nameSegment is what a map entry's name may be: it is one path segment,
+// of at most maxName characters (ASCII: bytes).
+var nameSegment = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_:@-]*$`)
+
+const maxName = 64
 
 // ValidName reports whether s can name a map entry.
-func ValidName(s string) bool { return nameSegment.MatchString(s) }
+func ValidName(s string) bool { return len(s) <= maxName && nameSegment.MatchString(s) }
 
 // row is a table row split into segments.
 type row struct {

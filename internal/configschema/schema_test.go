@@ -3,6 +3,7 @@ package configschema
 import (
 	"errors"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -184,5 +185,54 @@ func TestFrameBudgetHoldsALargestFrame(t *testing.T) {
 	doc = Effective(map[string]any{"rpc": map[string]any{"max_frame_bytes": int64(8 << 20), "max_buffered_frame_bytes": int64(16 << 20)}})
 	if err := Validate(doc); err != nil {
 		t.Fatalf("a budget of 2 frames: %v", err)
+	}
+}
+
+// The rows whose length bound left the pattern for MaxLen (a counted
+// repetition compiled to as many copies, 4 ms at every process's start)
+// accept and refuse what the patterns that counted did, at the bounds and
+// around them, in characters: multi-byte ones, invalid bytes and control
+// characters included.
+func TestLengthBoundsAsCountedPatterns(t *testing.T) {
+	counted := map[string]*regexp.Regexp{
+		"rpc.advertised_server_version":  regexp.MustCompile(`^[^\x00-\x1f]{0,64}$`),
+		"durable.starters.*.title":       regexp.MustCompile(`^[^\x00-\x1f]{0,64}$`),
+		"durable.starters.*.description": regexp.MustCompile(`^[^\x00-\x1f]{0,256}$`),
+		"agents.*.tools":                 regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$`),
+		"agents.*.approval_required":     regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$`),
+		"channels.plugin.*.plugin":       regexp.MustCompile(`^(|[a-z0-9][a-z0-9_-]{0,63})$`),
+	}
+	oldName := regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_:@-]{0,63}$`)
+	var inputs []string
+	for _, n := range []int{0, 1, 2, 31, 32, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300} {
+		for _, c := range []string{"a", "Z", "_", ".", ":", "-", "@", " ", "é", "日", "\x01", "\x1f", "\x7f", "\xff"} {
+			inputs = append(inputs, strings.Repeat(c, n), "a"+strings.Repeat(c, n), strings.Repeat(c, n)+"\n")
+		}
+	}
+	checked := 0
+	for path, old := range counted {
+		p, err := Lookup(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range inputs {
+			var v any = in
+			if p.Type == Array {
+				v = []any{in}
+			}
+			_, err := p.Check(v)
+			if got, want := err == nil, old.MatchString(in); got != want {
+				t.Errorf("%s: %q (%d bytes): accepted %v, the counted pattern %v (%v)", path, in, len(in), got, want, err)
+			}
+			checked++
+		}
+	}
+	for _, in := range inputs {
+		if got, want := ValidName(in), oldName.MatchString(in); got != want {
+			t.Errorf("ValidName(%q): %v, the counted pattern %v", in, got, want)
+		}
+	}
+	if checked < 2000 {
+		t.Fatalf("only %d checks", checked)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/jsonexact"
 )
@@ -68,6 +69,12 @@ func (p *Property) checkScalar(t Type, v any) (any, error) {
 		}
 		if len(p.Enum) > 0 && !slices.Contains(p.Enum, s) {
 			return nil, typeErr("%q must be one of %s", s, strings.Join(p.Enum, ", "))
+		}
+		if p.MaxLen > 0 && utf8.RuneCountInString(s) > p.MaxLen {
+			if p.Secret {
+				return nil, typeErr("the secret is not in the expected form")
+			}
+			return nil, typeErr("%q is longer than %d characters", s, p.MaxLen)
 		}
 		if p.Pattern != nil && !p.Pattern.MatchString(s) {
 			if p.Secret { // never echo a secret, not even a bad one
