@@ -28,12 +28,7 @@ func TestPlanNamesEveryPeerSocket(t *testing.T) {
 	for _, env := range []string{"CLAWMESH_CONFIG_ADDR", "CLAWMESH_SESSION_ADDR", "CLAWMESH_UPLOAD_ADDR", "CLAWMESH_DURABLE_ADDR", "CLAWMESH_PLUGIN_ADDR"} {
 		t.Setenv(env, "127.0.0.1:1")
 	}
-	dir, bin := privateDir(t), t.TempDir()
-	for _, p := range stack.Processes {
-		if err := os.WriteFile(filepath.Join(bin, p.Name), nil, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, bin := privateDir(t), stubBinaries(t)
 	procs, release, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -65,12 +60,7 @@ func TestPlanPassesNoInheritedDescriptors(t *testing.T) {
 	t.Setenv("LISTEN_FDS", "1")
 	t.Setenv("LISTEN_FDNAMES", listenfd.GRPCSocket)
 	t.Setenv("LISTEN_PID", "")
-	dir, bin := privateDir(t), t.TempDir()
-	for _, p := range stack.Processes {
-		if err := os.WriteFile(filepath.Join(bin, p.Name), nil, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, bin := privateDir(t), stubBinaries(t)
 	staging, err := holdStaging(dir, zap.NewNop())
 	if err != nil || staging == nil {
 		t.Fatalf("upload-staging socket not held: %v", err)
@@ -124,12 +114,7 @@ func TestPlanPassesNoInheritedDescriptors(t *testing.T) {
 // launcher drops its copy once the run has started: with the process
 // gone, a connection is refused at once. release removes the socket.
 func TestFirstRunIsHandedItsListeningSocket(t *testing.T) {
-	dir, bin := privateDir(t), t.TempDir()
-	for _, p := range stack.Processes {
-		if err := os.WriteFile(filepath.Join(bin, p.Name), nil, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, bin := privateDir(t), stubBinaries(t)
 	procs, release, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -182,4 +167,17 @@ func TestFirstRunIsHandedItsListeningSocket(t *testing.T) {
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket left after release: %v", err)
 	}
+}
+
+// stubBinaries is a folder with an empty file for every process's
+// binary: plan checks they exist, and these tests start none.
+func stubBinaries(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	for _, p := range stack.Processes {
+		if err := os.WriteFile(filepath.Join(bin, p.Name), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return bin
 }
