@@ -168,6 +168,15 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 		return fmt.Errorf("acquire connection: %w", err)
 	}
 	defer conn.Release()
+	ident := pgx.Identifier{schema}.Sanitize()
+	// Every start after the first finds all its migrations applied: one
+	// read says so, without the lock and the DDL below (five statements
+	// and their catalog locks, 9 to 15 ms of a service's start). It sees
+	// only committed migrations, each committed with its row, so one a
+	// replica is applying meanwhile is waited for under the lock.
+	if applied, err := appliedVersions(ctx, conn, ident); err == nil && pending(ms, applied) == 0 {
+		return nil
+	}
 	lockKey := lockKeyFor(schema)
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
 		return fmt.Errorf("migration lock: %w", err)
@@ -179,7 +188,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 		defer cancel()
 		_, _ = conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", lockKey)
 	}()
-	ident := pgx.Identifier{schema}.Sanitize()
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident); err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}
@@ -187,21 +195,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return fmt.Errorf("create migrations table: %w", err)
 	}
-	applied := map[int]bool{}
-	rows, err := conn.Query(ctx, "SELECT version FROM "+ident+".schema_migrations")
+	applied, err := appliedVersions(ctx, conn, ident)
 	if err != nil {
-		return fmt.Errorf("read applied migrations: %w", err)
-	}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return fmt.Errorf("read applied migrations: %w", err)
-		}
-		applied[v] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read applied migrations: %w", err)
 	}
 	for _, m := range ms {
@@ -224,6 +219,35 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 		log.Info("migration applied", zap.String("schema", schema), zap.String("migration", m.name))
 	}
 	return nil
+}
+
+// appliedVersions reads the versions recorded in the schema's
+// migrations table (an error when it does not exist yet).
+func appliedVersions(ctx context.Context, conn *pgxpool.Conn, ident string) (map[int]bool, error) {
+	rows, err := conn.Query(ctx, "SELECT version FROM "+ident+".schema_migrations")
+	if err != nil {
+		return nil, err
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, err
+	}
+	applied := make(map[int]bool, len(versions))
+	for _, v := range versions {
+		applied[v] = true
+	}
+	return applied, nil
+}
+
+// pending counts the migrations not applied yet.
+func pending(ms []migration, applied map[int]bool) int {
+	n := 0
+	for _, m := range ms {
+		if !applied[m.version] {
+			n++
+		}
+	}
+	return n
 }
 
 func lockKeyFor(schema string) int64 {

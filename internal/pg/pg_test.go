@@ -6,6 +6,8 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
@@ -80,5 +82,59 @@ func TestRejectsBadNames(t *testing.T) {
 	}
 	if _, err := pg.Open(ctx, url, "delta", fstest.MapFS{"init.sql": {Data: []byte("SELECT 1")}}, testenv.Logger(t)); err == nil {
 		t.Fatal("migration without a version accepted")
+	}
+}
+
+// A start on a schema whose migrations are all applied reads that they
+// are and takes no lock, so a replica migrating meanwhile (here: the lock
+// held elsewhere) does not hold it up; a start with a migration pending
+// waits for the lock, and applies it once the lock is free. A migration
+// added later is applied at the next start.
+func TestMigratedSchemaStartsWithoutTheLock(t *testing.T) {
+	url := testenv.Postgres(t)
+	log := testenv.Logger(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	migs := fstest.MapFS{"0001_init.sql": {Data: []byte("CREATE TABLE items (name text);")}}
+	p, err := pg.Open(ctx, url, "delta", migs, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	holder, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1)", pg.LockKeyFor("delta")); err != nil {
+		t.Fatal(err)
+	}
+
+	short, cancelShort := context.WithTimeout(ctx, 5*time.Second)
+	err = pg.Migrate(short, p, "delta", migs, log)
+	cancelShort()
+	if err != nil {
+		t.Fatalf("nothing pending, yet the start waited for the migration lock: %v", err)
+	}
+
+	more := fstest.MapFS{
+		"0001_init.sql": migs["0001_init.sql"],
+		"0002_more.sql": {Data: []byte("INSERT INTO items VALUES ('second');")},
+	}
+	short, cancelShort = context.WithTimeout(ctx, 300*time.Millisecond)
+	err = pg.Migrate(short, p, "delta", more, log)
+	cancelShort()
+	if err == nil {
+		t.Fatal("a pending migration was applied while another held the lock")
+	}
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", pg.LockKeyFor("delta")); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Migrate(ctx, p, "delta", more, log); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := p.QueryRow(ctx, "SELECT count(*) FROM items WHERE name = 'second'").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the migration added later: %d rows (%v), want 1", n, err)
 	}
 }
