@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/testenv"
@@ -73,6 +74,70 @@ func TestNewClusterRenamesInitdbsDatabase(t *testing.T) {
 		exec(t, ctx, c.URL(), "CREATE TABLE t (v int)")
 		exec(t, ctx, c.AdminURL(), "DROP DATABASE clawmesh")
 		c.Stop()
+	}
+}
+
+// A stack's server takes what the stack's three pools hold at their
+// fullest (pgxpool's default size each), with the launcher's probe and
+// an operator's connection beside them: its limit is sized for them, not
+// set at 300 for every start to pay.
+func TestStackServerFitsItsPools(t *testing.T) {
+	ctx, opts := newCluster(t)
+	c, err := pgcluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	var limit int
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, "SELECT current_setting('max_connections')::int").Scan(&limit); err != nil {
+		t.Fatal(err)
+	}
+	if limit != pgcluster.StackConnections() {
+		t.Fatalf("max_connections %d, want StackConnections() = %d", limit, pgcluster.StackConnections())
+	}
+	var held []*pgxpool.Conn
+	var pools []*pgxpool.Pool
+	defer func() {
+		for _, h := range held {
+			h.Release()
+		}
+		for _, p := range pools {
+			p.Close() // waits for its connections' release
+		}
+	}()
+	for _, schema := range []string{"config", "session", "durable"} {
+		cfg, err := pgxpool.ParseConfig(c.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["application_name"] = "clawmesh-" + schema
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pools = append(pools, pool)
+		for range cfg.MaxConns {
+			h, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatalf("%s's pool at %d connections: %v", schema, len(held), err)
+			}
+			held = append(held, h)
+		}
+	}
+	if answered, err := c.Probe(ctx); err != nil || !answered {
+		t.Fatalf("the launcher's probe beside full pools: %v", err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n < len(held)+1 {
+		t.Fatalf("%d client backends for %d held connections", n, len(held)+1)
 	}
 }
 

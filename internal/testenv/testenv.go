@@ -35,6 +35,10 @@ var shared struct {
 	err      error
 }
 
+// sharedConnections is the connection limit of a test server: every
+// test of a package shares it, each with pools of its own.
+const sharedConnections = 300
+
 // Main runs the package's tests and then stops the shared cluster.
 func Main(m *testing.M) {
 	code := m.Run()
@@ -64,7 +68,7 @@ func adminURL() (string, error) {
 			return
 		}
 		shared.dir = dir
-		c, err := pgcluster.Start(context.Background(), pgcluster.Options{Dir: dir, Fast: true})
+		c, err := pgcluster.Start(context.Background(), pgcluster.Options{Dir: dir, Fast: true, MaxConnections: sharedConnections})
 		if err != nil {
 			shared.err = err
 			os.RemoveAll(dir)
@@ -215,7 +219,7 @@ func (p *PGServer) Start() {
 	if p.c != nil {
 		return
 	}
-	c, err := pgcluster.Start(context.Background(), pgcluster.Options{Dir: p.dir, Fast: true})
+	c, err := pgcluster.Start(context.Background(), pgcluster.Options{Dir: p.dir, Fast: true, MaxConnections: sharedConnections})
 	if err != nil {
 		p.t.Fatalf("start postgres: %v", err)
 	}
