@@ -96,14 +96,19 @@ type Options struct {
 	MaxConnections int
 }
 
+// StackPools is how many of a stack's processes keep a pool on its
+// database: config, session and the durable bridge (the services whose
+// service.Spec names a Schema; internal/stack's tests count them).
+const StackPools = 3
+
 // StackConnections is the connection limit of a stack's server: room
-// for the three pools the stack keeps (config, session, the durable
-// bridge; pgxpool's default of max(4, cores) connections each), the
-// launcher's probe and an operator's psql, and never under 100. The
-// server sets up shared memory for every connection it may take, at
-// every start: the 300 it had took 24 ms more of each start than 40 on
-// two cores (exec to ready, medians 122 and 98 ms; 102 with 100).
-func StackConnections() int { return max(100, 3*max(4, runtime.NumCPU())+10) }
+// for the stack's pools (pgxpool's default of max(4, cores) connections
+// each), the launcher's probe and an operator's psql, and never under
+// 100. The server sets up shared memory for every connection it may
+// take, at every start: the 300 it had took 24 ms more of each start
+// than 40 on two cores (exec to ready, medians 122 and 98 ms; 102 with
+// 100).
+func StackConnections() int { return max(100, StackPools*max(4, runtime.NumCPU())+10) }
 
 // Prepared is a cluster ready to run: its folder initialised, its
 // binaries found, its account and credentials known.

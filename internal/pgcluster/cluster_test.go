@@ -77,9 +77,9 @@ func TestNewClusterRenamesInitdbsDatabase(t *testing.T) {
 	}
 }
 
-// A stack's server takes what the stack's three pools hold at their
-// fullest (pgxpool's default size each), with the launcher's probe and
-// an operator's connection beside them: its limit is sized for them, not
+// A stack's server takes what the stack's pools hold at their fullest
+// (pgxpool's default size each), with the launcher's probe and an
+// operator's connection beside them: its limit is sized for them, not
 // set at 300 for every start to pay.
 func TestStackServerFitsItsPools(t *testing.T) {
 	ctx, opts := newCluster(t)
@@ -110,12 +110,11 @@ func TestStackServerFitsItsPools(t *testing.T) {
 			p.Close() // waits for its connections' release
 		}
 	}()
-	for _, schema := range []string{"config", "session", "durable"} {
+	for i := range pgcluster.StackPools {
 		cfg, err := pgxpool.ParseConfig(c.URL())
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg.ConnConfig.RuntimeParams["application_name"] = "clawmesh-" + schema
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -124,7 +123,7 @@ func TestStackServerFitsItsPools(t *testing.T) {
 		for range cfg.MaxConns {
 			h, err := pool.Acquire(ctx)
 			if err != nil {
-				t.Fatalf("%s's pool at %d connections: %v", schema, len(held), err)
+				t.Fatalf("pool %d at %d connections: %v", i+1, len(held), err)
 			}
 			held = append(held, h)
 		}
