@@ -174,7 +174,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 	// and their catalog locks, 9 to 15 ms of a service's start). It sees
 	// only committed migrations, each committed with its row, so one a
 	// replica is applying meanwhile is waited for under the lock.
-	if applied, err := appliedVersions(ctx, conn, ident); err == nil && pending(ms, applied) == 0 {
+	if applied, err := appliedVersions(ctx, conn, ident); err == nil && allApplied(ms, applied) {
 		return nil
 	}
 	lockKey := lockKeyFor(schema)
@@ -239,15 +239,14 @@ func appliedVersions(ctx context.Context, conn *pgxpool.Conn, ident string) (map
 	return applied, nil
 }
 
-// pending counts the migrations not applied yet.
-func pending(ms []migration, applied map[int]bool) int {
-	n := 0
+// allApplied reports whether every migration of ms is applied.
+func allApplied(ms []migration, applied map[int]bool) bool {
 	for _, m := range ms {
 		if !applied[m.version] {
-			n++
+			return false
 		}
 	}
-	return n
+	return true
 }
 
 func lockKeyFor(schema string) int64 {
