@@ -14,6 +14,8 @@ run() {
 	"$GO" test -run '^$' "$@" 2>&1 | tee -a "$out"
 }
 start=$(date +%s)
+# The machine's prices first, while nothing else runs (a few seconds).
+run -bench 'Machine' -benchtime 1s ./e2e/
 # The socket, the turn stream and the upload: 2 s per figure. The socket's
 # and the turn stream's rows are ratios of figures that move by a quarter
 # or more from one run to the next on this machine: three runs, each on a

@@ -12,6 +12,7 @@ BenchmarkSocket/health/clients=64-2       	  200000	      6000 ns/op	    150000 
 BenchmarkSocket/health/clients=64-2       	  200000	      6000 ns/op	    180000 req/s	       350 p50_us
 BenchmarkFuelOverhead-2   	     300	   1 ns/op	 1.7 ratio
 BenchmarkIdleFootprint-2   	       3	4947707347 ns/op	        11.25 baseline_MB	        14.84 ratio	       167.0 stack_MB
+BenchmarkMachine/page_fault-2         	  100000	     11250 ns/op	         1.000 faults/page	        11.25 us/page
 PASS
 `
 
@@ -27,6 +28,7 @@ func TestTable(t *testing.T) {
 		{Work: "absent", Subject: sel{"BenchmarkNothing", "x"}, Target: 1},
 		{Work: "footprint", Subject: sel{"BenchmarkIdleFootprint", "stack_MB"}, Baseline: sel{"BenchmarkIdleFootprint", "baseline_MB"}, Target: 100, AtMost: true, Absolute: true},
 		{Work: "health again", Subject: sel{"BenchmarkSocket/health/clients=64", "req/s"}, Baseline: sel{"BenchmarkSocket/echo/clients=64", "req/s"}, Scale: true},
+		{Work: "page", Subject: sel{"BenchmarkMachine/page_fault", "us/page"}, Scale: true},
 	}, res)
 	out := b.String()
 	// The median of three health runs (170000) over the echo baseline.
@@ -38,6 +40,8 @@ func TestTable(t *testing.T) {
 		"| footprint | 167 stack_MB | 11.2 baseline_MB | 14.8× | ≤ 100 stack_MB | below target |",
 		// A row for scale: no target, not counted.
 		"| health again | 170000 req/s | 200000 req/s | 0.85× | — | for scale |",
+		// A figure for scale alone: no baseline, no target.
+		"| page | 11.2 us/page |  |  | — | for scale |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)

@@ -50,4 +50,11 @@ var Rows = []row{
 		Subject: sel{"BenchmarkStartup", "startup_ms"}, Baseline: sel{"BenchmarkStartup", "pg_start_ms"}, Target: 1000, AtMost: true, Absolute: true},
 	{Work: "clawmesh up, first run, initdb included (ms)",
 		Subject: sel{"BenchmarkStartup", "first_run_ms"}, Target: 2000, AtMost: true},
+	// The machine's own prices, to read the rows above against: the
+	// upload and the start pay the first for every page a process grows
+	// into, the one-session stream the second at every hop.
+	{Work: "the machine: a page of new memory touched the first time (µs)",
+		Subject: sel{"BenchmarkMachine/page_fault", "us/page"}, Scale: true},
+	{Work: "the machine: a line's round trip between two Go processes idle for 2 ms, against back to back (µs)",
+		Subject: sel{"BenchmarkMachine/round_trip/idle", "p50_us"}, Baseline: sel{"BenchmarkMachine/round_trip/back_to_back", "p50_us"}, Scale: true},
 }
