@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"net"
 	"os"
-	"sort"
 	"syscall"
 	"testing"
 	"time"
@@ -13,9 +12,10 @@ import (
 // BenchmarkMachine measures, for scale, two prices of the machine every
 // other benchmark runs on, so that a run's table can be read against the
 // machine it ran on (docs/performance.md, "Twenty-sixth round"). On the
-// virtual machines the targets were set on, both cost ten times what
-// they cost a C program or bare metal, and the upload, the start and the
-// one-session turn stream pay them many times over:
+// virtual machine the targets were set on, a page costs about as much
+// CPU as two whole requests to the echo server, an idle Go process
+// answers ten times later than an idle C one, and the upload, the start
+// and the one-session turn stream pay both many times over:
 //
 //   - page_fault: a page of anonymous memory touched the first time
 //     (us/page; faults/page says how many faults that took, under 1 where
@@ -23,9 +23,9 @@ import (
 //     its heap grows into and every page it touches at start.
 //   - round_trip/idle: one line to the echo server (another Go process,
 //     as the baselines use) and back, 2 ms after the last, so that both
-//     processes were idle (p50_us): what each process-to-process hop of a
-//     turn's chunk costs at one session. round_trip/back_to_back: the
-//     same without the pause.
+//     processes were idle (p50_us, p99_us): what each process-to-process
+//     hop of a turn's chunk costs at one session. round_trip/back_to_back:
+//     the same without the pause.
 func BenchmarkMachine(b *testing.B) {
 	b.Run("page_fault", benchPageFault)
 	sock := startEcho(b)
@@ -65,7 +65,7 @@ func benchPageFault(b *testing.B) {
 }
 
 // benchRoundTrip sends b.N lines to the echo server at sock, each pause
-// after the last reply, and reports the p50 of the round trips.
+// after the last reply, and reports the round trips' p50 and p99.
 func benchRoundTrip(b *testing.B, sock string, pause time.Duration) {
 	c, err := net.Dial("unix", sock)
 	if err != nil {
@@ -87,6 +87,5 @@ func benchRoundTrip(b *testing.B, sock string, pause time.Duration) {
 		lat = append(lat, time.Since(start))
 	}
 	b.StopTimer()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50_us")
+	reportLatency(b, [][]time.Duration{lat})
 }
