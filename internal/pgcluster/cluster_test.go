@@ -2,6 +2,7 @@ package pgcluster_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
@@ -78,7 +80,7 @@ func TestNewClusterRenamesInitdbsDatabase(t *testing.T) {
 }
 
 // A stack's server takes what the stack's pools hold at their fullest
-// (pgxpool's default size each), with the launcher's probe and an
+// (each opened as a service opens it, pg.Open, at its size), with the launcher's probe and an
 // operator's connection beside them: its limit is sized for them, not
 // set at 300 for every start to pay.
 func TestStackServerFitsItsPools(t *testing.T) {
@@ -111,16 +113,13 @@ func TestStackServerFitsItsPools(t *testing.T) {
 		}
 	}()
 	for i := range pgcluster.StackPools {
-		cfg, err := pgxpool.ParseConfig(c.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		// The pool a service opens (pg.Open), at the size it opens it.
+		pool, err := pg.Open(ctx, c.URL(), fmt.Sprintf("pool_%d", i), nil, testenv.Logger(t))
 		if err != nil {
 			t.Fatal(err)
 		}
 		pools = append(pools, pool)
-		for range cfg.MaxConns {
+		for range pool.Config().MaxConns {
 			h, err := pool.Acquire(ctx)
 			if err != nil {
 				t.Fatalf("pool %d at %d connections: %v", i+1, len(held), err)
