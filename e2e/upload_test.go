@@ -307,7 +307,9 @@ func TestUploadLandsLikeAttach(t *testing.T) {
 // Four connections upload different files at once, so that chunk frames
 // of several of the gateway's 64 KiB read blocks, and the buffers the
 // chunks are decoded into, come and go from the gateway's pools for all
-// of them together: every file lands byte-identical.
+// of them together: every file lands byte-identical. A second round of
+// slightly smaller files follows, two of them into the buffers
+// upload-staging kept from the first: those land byte-identical too.
 func TestConcurrentUploadsLandIntact(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
@@ -316,40 +318,47 @@ func TestConcurrentUploadsLandIntact(t *testing.T) {
 		id   string
 		data []byte
 	}
-	var jobs []job
-	for i := range 4 {
+	var conns []*uc
+	var sessions []string
+	for range 4 {
 		u := dialUC(t, s)
-		sess := u.session(map[string]any{})
-		data := randomBytes(t, 3*mib+mib/2+i)
-		id := u.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data), "filename": fmt.Sprintf("f%d.bin", i)})
-		jobs = append(jobs, job{u, id, data})
+		conns = append(conns, u)
+		sessions = append(sessions, u.session(map[string]any{}).ID)
 	}
-	errs := make(chan error, len(jobs))
-	for _, j := range jobs {
-		go func() {
-			for off := 0; off < len(j.data); off += mib {
-				end := min(off+mib, len(j.data))
-				if _, err := j.u.c.Call("file/upload/chunk", chunkParams(j.id, int64(off), j.data[off:end])); err != nil {
-					errs <- fmt.Errorf("chunk at %d of %s: %w", off, j.id, err)
-					return
+	for round := range 2 {
+		var jobs []job
+		for i, u := range conns {
+			data := randomBytes(t, 3*mib+mib/2+i-round*mib/4)
+			id := u.mustBegin(map[string]any{"session_id": sessions[i], "size_bytes": len(data), "filename": fmt.Sprintf("f%d-%d.bin", round, i)})
+			jobs = append(jobs, job{u, id, data})
+		}
+		errs := make(chan error, len(jobs))
+		for _, j := range jobs {
+			go func() {
+				for off := 0; off < len(j.data); off += mib {
+					end := min(off+mib, len(j.data))
+					if _, err := j.u.c.Call("file/upload/chunk", chunkParams(j.id, int64(off), j.data[off:end])); err != nil {
+						errs <- fmt.Errorf("chunk at %d of %s: %w", off, j.id, err)
+						return
+					}
 				}
+				errs <- nil
+			}()
+		}
+		for range jobs {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
 			}
-			errs <- nil
-		}()
-	}
-	for range jobs {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
 		}
-	}
-	for i, j := range jobs {
-		var up fileEntry
-		j.u.must("file/upload/commit", map[string]any{"upload_id": j.id}, &up)
-		if got, err := os.ReadFile(up.WorkspacePath); err != nil || !bytes.Equal(got, j.data) {
-			t.Errorf("file %d stored differs (%d bytes of %d, %v)", i, len(got), len(j.data), err)
-		}
-		if up.RefID != "sha256:"+hexSHA(j.data) {
-			t.Errorf("file %d ref %s", i, up.RefID)
+		for i, j := range jobs {
+			var up fileEntry
+			j.u.must("file/upload/commit", map[string]any{"upload_id": j.id}, &up)
+			if got, err := os.ReadFile(up.WorkspacePath); err != nil || !bytes.Equal(got, j.data) {
+				t.Errorf("round %d: file %d stored differs (%d bytes of %d, %v)", round, i, len(got), len(j.data), err)
+			}
+			if up.RefID != "sha256:"+hexSHA(j.data) {
+				t.Errorf("round %d: file %d ref %s", round, i, up.RefID)
+			}
 		}
 	}
 }

@@ -31,6 +31,8 @@ type Authorizer interface {
 // Config is what the service is built from.
 type Config struct {
 	// Sessions stores files (StoreFile) and checks begins (CheckUpload).
+	// StoreFile must not keep its request's Data once it returns: the
+	// buffer goes to a later upload (a gRPC client has sent it by then).
 	Sessions sessionv1.SessionServiceClient
 	// Authz checks files:create on each chunk; nil lets every principal.
 	Authz Authorizer

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
@@ -36,7 +37,9 @@ func (f *sessions) CheckUpload(_ context.Context, req *sessionv1.CheckUploadRequ
 func (f *sessions) StoreFile(_ context.Context, req *sessionv1.StoreFileRequest, _ ...grpc.CallOption) (*sessionv1.StoreFileResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.stores = append(f.stores, req)
+	// A copy, as a gRPC client's server would hold: the request's Data
+	// goes to the next upload once this returns.
+	f.stores = append(f.stores, proto.Clone(req).(*sessionv1.StoreFileRequest))
 	if f.storeErr != nil {
 		return nil, f.storeErr
 	}

@@ -5,10 +5,13 @@
 // What a client can make this process hold is bounded by the budget
 // (uploads.max_staged_bytes). Each upload is charged, from begin, its
 // whole declared size plus the metadata it keeps (see charge): the
-// payload buffer is allocated once at exactly the declared size, so the
-// charge is what it will ever hold, and a begin that does not fit is
-// refused (after reclaiming idle uploads) rather than a later chunk.
-// file/attach's bytes are charged too while they wait to be stored (Hold).
+// payload buffer is allocated once at exactly the declared size, or is a
+// finished upload's kept buffer of up to a quarter more and charged as
+// such, so the charge is what it will ever hold, and a begin that does
+// not fit is refused (after dropping kept buffers and reclaiming idle
+// uploads) rather than a later chunk. file/attach's bytes are charged too
+// while they wait to be stored (Hold). Kept buffers count against the
+// same budget.
 //
 // An upload belongs to the gateway connection that began it, named by
 // the gateway process's id and the connection's id, and to the principal
@@ -128,7 +131,30 @@ type Stage struct {
 	gateways map[string]*gatewayLease
 	charged  int64
 	payload  int64
+	// spares are payload buffers of finished uploads, newest last, kept
+	// for the next uploads of about their size (see takeSpareLocked);
+	// spare is their bytes, counted against the budget beside charged.
+	spares []spareBuf
+	spare  int64
 }
+
+// spareBuf is a kept payload buffer and when it was kept.
+type spareBuf struct {
+	buf  []byte
+	kept time.Time
+}
+
+// A finished upload's buffer of at least minSpareBytes is kept, up to
+// maxSpares of them, for spareIdle, and given to the next upload whose
+// size it fits with at most a quarter to spare. A new buffer of megabytes
+// lands on pages the process has never touched as often as not, and each
+// of those pages costs a fault as a chunk is copied in (docs/performance.md,
+// twenty-seventh round); a kept one has them already.
+const (
+	minSpareBytes = 1 << 20
+	maxSpares     = 2
+	spareIdle     = 30 * time.Second
+)
 
 // NewStage builds a stage on the live settings; lease <= 0 is
 // DefaultLease and now nil is time.Now.
@@ -218,6 +244,9 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 	if len(st.byConn[key]) >= lim.MaxPerConnection {
 		return "", capacity(uploads.TooManyForConnection(lim.MaxPerConnection))
 	}
+	if st.charged+st.spare+c > lim.MaxStagedBytes {
+		st.dropSparesLocked(time.Time{})
+	}
 	if st.charged+c > lim.MaxStagedBytes {
 		if n := st.reclaimIdleLocked(lim); n > 0 {
 			st.log.Info("idle uploads reclaimed for a new one", zap.Int("reclaimed", n))
@@ -252,6 +281,9 @@ func (st *Stage) Hold(n int64) (release func(), err error) {
 	lim := st.Limits()
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.charged+st.spare+n > lim.MaxStagedBytes {
+		st.dropSparesLocked(time.Time{})
+	}
 	if st.charged+n > lim.MaxStagedBytes {
 		st.reclaimIdleLocked(lim)
 	}
@@ -315,7 +347,16 @@ func (st *Stage) Chunk(o Owner, id string, offset int64, data []byte) (int64, er
 		return 0, invalid(uploads.ChunkPastSize(offset+n, u.decl.Size))
 	}
 	if u.data == nil {
-		u.data = make([]byte, 0, u.decl.Size)
+		if buf := st.takeSpareLocked(u.decl.Size); buf != nil {
+			// The upload holds the spare's bytes now instead of the
+			// buffer it was charged for.
+			extra := int64(cap(buf)) - u.decl.Size
+			u.data = buf[:0]
+			u.charge += extra
+			st.charged += extra
+		} else {
+			u.data = make([]byte, 0, u.decl.Size)
+		}
 	}
 	u.data = append(u.data, data...)
 	st.payload += n
@@ -411,6 +452,7 @@ func (st *Stage) Sweep() int {
 	defer st.mu.Unlock()
 	n := st.reclaimIdleLocked(lim)
 	now := st.now()
+	st.dropSparesLocked(now.Add(-spareIdle))
 	lapsed := map[string]bool{}
 	for gw, l := range st.gateways {
 		if now.Sub(l.renewed) > st.lease {
@@ -451,10 +493,12 @@ func (st *Stage) Run(ctx context.Context) {
 	}
 }
 
-// Stats is what is staged now.
+// Stats is what is staged now. Charged is the uploads' and attaches'
+// charge; Spare the kept buffers', which give way to them (see
+// takeSpareLocked).
 type Stats struct {
-	Uploads, Gateways       int
-	Charged, Payload, Limit int64
+	Uploads, Gateways              int
+	Charged, Payload, Spare, Limit int64
 }
 
 // Stats reports the staged uploads and the budget.
@@ -462,7 +506,7 @@ func (st *Stage) Stats() Stats {
 	lim := st.Limits()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return Stats{Uploads: len(st.uploads), Gateways: len(st.gateways), Charged: st.charged, Payload: st.payload, Limit: lim.MaxStagedBytes}
+	return Stats{Uploads: len(st.uploads), Gateways: len(st.gateways), Charged: st.charged, Payload: st.payload, Spare: st.spare, Limit: lim.MaxStagedBytes}
 }
 
 // reclaimIdleLocked drops every upload idle past the timeout.
@@ -516,4 +560,43 @@ func (st *Stage) releaseLocked(u *upload) {
 	delete(st.uploads, u.id)
 	st.charged -= u.charge
 	st.payload -= int64(len(u.data))
+	if c := int64(cap(u.data)); c >= minSpareBytes {
+		if len(st.spares) == maxSpares {
+			st.spare -= int64(cap(st.spares[0].buf))
+			st.spares = append(st.spares[:0], st.spares[1:]...)
+		}
+		st.spares = append(st.spares, spareBuf{buf: u.data, kept: st.now()})
+		st.spare += c
+	}
+	u.data = nil
+}
+
+// takeSpareLocked hands over the newest spare of at least size bytes
+// and at most a quarter more, or nil.
+func (st *Stage) takeSpareLocked(size int64) []byte {
+	for i := len(st.spares) - 1; i >= 0; i-- {
+		c := int64(cap(st.spares[i].buf))
+		if c >= size && c-size <= size/4 {
+			buf := st.spares[i].buf
+			st.spares = append(st.spares[:i], st.spares[i+1:]...)
+			st.spare -= c
+			return buf
+		}
+	}
+	return nil
+}
+
+// dropSparesLocked lets go of the spares kept before cutoff; the zero
+// time drops them all.
+func (st *Stage) dropSparesLocked(cutoff time.Time) {
+	kept := st.spares[:0]
+	for _, sp := range st.spares {
+		if !cutoff.IsZero() && sp.kept.After(cutoff) {
+			kept = append(kept, sp)
+			continue
+		}
+		st.spare -= int64(cap(sp.buf))
+	}
+	clear(st.spares[len(kept):])
+	st.spares = kept
 }

@@ -440,3 +440,116 @@ func TestStageHoldChargesAttaches(t *testing.T) {
 		t.Fatalf("after release %+v", s)
 	}
 }
+
+// fill sends data to upload id in chunks of the stage's chunk size.
+func fill(t *testing.T, st *Stage, o Owner, id string, data []byte) {
+	t.Helper()
+	step := int(st.Limits().ChunkBytes)
+	for off := 0; off < len(data); off += step {
+		if _, err := st.Chunk(o, id, int64(off), data[off:min(off+step, len(data))]); err != nil {
+			t.Fatalf("chunk at %d: %v", off, err)
+		}
+	}
+}
+
+// staged stages data as one complete upload and takes it for commit.
+func staged(t *testing.T, st *Stage, o Owner, data []byte) Pending {
+	t.Helper()
+	id := reserve(t, st, decl(o, int64(len(data))))
+	fill(t, st, o, id, data)
+	p, err := st.Take(o, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A finished upload's buffer goes to the next upload it fits with at
+// most a quarter to spare: the new upload is copied into pages the
+// process has touched already, and sees only its own bytes. While kept,
+// the buffer is counted apart from the uploads' charge.
+func TestStageReusesAFinishedUploadsBuffer(t *testing.T) {
+	st, _ := newStage(t, nil)
+	first := staged(t, st, connA, bytes.Repeat([]byte{0xaa}, 5<<18)) // 1.25 MiB
+	st.Finish(first.ID, false)
+	kept := int64(cap(first.Data))
+	if s := st.Stats(); s.Charged != 0 || s.Uploads != 0 || s.Spare != kept {
+		t.Fatalf("after the first upload: %+v", s)
+	}
+
+	want := bytes.Repeat([]byte{0x55}, 1<<20)
+	second := staged(t, st, connB, want)
+	if &second.Data[:1][0] != &first.Data[:1][0] {
+		t.Fatal("the second upload did not get the first one's buffer")
+	}
+	if !bytes.Equal(second.Data, want) {
+		t.Fatalf("the second upload holds %d bytes, not the %d it was sent", len(second.Data), len(want))
+	}
+	if s := st.Stats(); s.Spare != 0 || s.Charged < kept || s.Payload != int64(len(want)) {
+		t.Fatalf("while the second upload holds the buffer: %+v", s)
+	}
+	st.Finish(second.ID, false)
+	if s := st.Stats(); s.Charged != 0 || s.Spare != kept {
+		t.Fatalf("after the second upload: %+v", s)
+	}
+
+	// Too small for the buffer, or too large: a buffer of its own.
+	for _, size := range []int{1<<20 - 1, 2 << 20} {
+		p := staged(t, st, connA, make([]byte, size))
+		if &p.Data[:1][0] == &first.Data[:1][0] {
+			t.Fatalf("an upload of %d bytes got the %d-byte buffer", size, kept)
+		}
+		st.Finish(p.ID, false)
+	}
+	// A small upload's buffer is not kept; a third large one replaces
+	// the oldest.
+	if s := st.Stats(); s.Spare != kept+2<<20 || len(st.spares) != maxSpares {
+		t.Fatalf("after four uploads: %+v, %d kept", s, len(st.spares))
+	}
+	st.Finish(staged(t, st, connA, make([]byte, 4<<20)).ID, false)
+	if s := st.Stats(); s.Spare != 2<<20+4<<20 {
+		t.Fatalf("after a fifth upload: %+v", s)
+	}
+}
+
+// Kept buffers count against the budget and give way to any upload or
+// attach that needs the room; unused for spareIdle, they are dropped.
+func TestStageSparesGiveWay(t *testing.T) {
+	const budget = 3 << 20
+	st, clk := newStage(t, func(u *configclient.Uploads) { u.MaxStagedBytes = budget })
+	st.Finish(staged(t, st, connA, make([]byte, 2<<20)).ID, false)
+	if s := st.Stats(); s.Spare != 2<<20 {
+		t.Fatalf("kept %+v", s)
+	}
+	id := reserve(t, st, decl(connA, 3<<19)) // 1.5 MiB: over the budget beside the spare
+	if s := st.Stats(); s.Spare != 0 || s.Charged+s.Spare > budget {
+		t.Fatalf("the spare did not give way to an upload: %+v", s)
+	}
+	fill(t, st, connA, id, make([]byte, 3<<19))
+	p, err := st.Take(connA, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Finish(p.ID, false)
+	release, err := st.Hold(2 << 20)
+	if err != nil {
+		t.Fatalf("an attach beside a spare: %v", err)
+	}
+	if s := st.Stats(); s.Spare != 0 || s.Charged != 2<<20 {
+		t.Fatalf("the spare did not give way to an attach: %+v", s)
+	}
+	release()
+
+	st.Finish(staged(t, st, connA, make([]byte, 1<<20)).ID, false)
+	clk.advance(spareIdle - time.Second)
+	st.Renew(connA.Gateway)
+	st.Sweep()
+	if s := st.Stats(); s.Spare != 1<<20 {
+		t.Fatalf("dropped before its time: %+v", s)
+	}
+	clk.advance(2 * time.Second)
+	st.Sweep()
+	if s := st.Stats(); s.Spare != 0 || len(st.spares) != 0 {
+		t.Fatalf("kept past its time: %+v", s)
+	}
+}
