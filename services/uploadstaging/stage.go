@@ -26,6 +26,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
 	"sync"
 	"time"
 
@@ -563,7 +564,7 @@ func (st *Stage) releaseLocked(u *upload) {
 	if c := int64(cap(u.data)); c >= minSpareBytes {
 		if len(st.spares) == maxSpares {
 			st.spare -= int64(cap(st.spares[0].buf))
-			st.spares = append(st.spares[:0], st.spares[1:]...)
+			st.spares = slices.Delete(st.spares, 0, 1)
 		}
 		st.spares = append(st.spares, spareBuf{buf: u.data, kept: st.now()})
 		st.spare += c
@@ -578,7 +579,7 @@ func (st *Stage) takeSpareLocked(size int64) []byte {
 		c := int64(cap(st.spares[i].buf))
 		if c >= size && c-size <= size/4 {
 			buf := st.spares[i].buf
-			st.spares = append(st.spares[:i], st.spares[i+1:]...)
+			st.spares = slices.Delete(st.spares, i, i+1)
 			st.spare -= c
 			return buf
 		}
@@ -587,16 +588,15 @@ func (st *Stage) takeSpareLocked(size int64) []byte {
 }
 
 // dropSparesLocked lets go of the spares kept before cutoff; the zero
-// time drops them all.
+// time drops them all. Like every removal from spares it goes through
+// package slices, which clears the vacated slots: a buffer left there
+// would stay reachable, uncounted.
 func (st *Stage) dropSparesLocked(cutoff time.Time) {
-	kept := st.spares[:0]
-	for _, sp := range st.spares {
+	st.spares = slices.DeleteFunc(st.spares, func(sp spareBuf) bool {
 		if !cutoff.IsZero() && sp.kept.After(cutoff) {
-			kept = append(kept, sp)
-			continue
+			return false
 		}
 		st.spare -= int64(cap(sp.buf))
-	}
-	clear(st.spares[len(kept):])
-	st.spares = kept
+		return true
+	})
 }

@@ -464,6 +464,19 @@ func staged(t *testing.T, st *Stage, o Owner, data []byte) Pending {
 	return p
 }
 
+// noneHeldBeyond fails if the spares' backing array holds a buffer past
+// the list's length: one there would stay reachable and counted nowhere.
+func noneHeldBeyond(t *testing.T, st *Stage) {
+	t.Helper()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for i, sp := range st.spares[len(st.spares):cap(st.spares)] {
+		if sp.buf != nil {
+			t.Fatalf("a buffer of %d bytes still held past the %d kept (slot %d)", cap(sp.buf), len(st.spares), len(st.spares)+i)
+		}
+	}
+}
+
 // A finished upload's buffer goes to the next upload it fits with at
 // most a quarter to spare: the new upload is copied into pages the
 // process has touched already, and sees only its own bytes. While kept,
@@ -482,6 +495,7 @@ func TestStageReusesAFinishedUploadsBuffer(t *testing.T) {
 	if &second.Data[:1][0] != &first.Data[:1][0] {
 		t.Fatal("the second upload did not get the first one's buffer")
 	}
+	noneHeldBeyond(t, st)
 	if !bytes.Equal(second.Data, want) {
 		t.Fatalf("the second upload holds %d bytes, not the %d it was sent", len(second.Data), len(want))
 	}
@@ -510,6 +524,15 @@ func TestStageReusesAFinishedUploadsBuffer(t *testing.T) {
 	if s := st.Stats(); s.Spare != 2<<20+4<<20 {
 		t.Fatalf("after a fifth upload: %+v", s)
 	}
+	noneHeldBeyond(t, st)
+	// Both taken by uploads under way: nothing is left in the list's array.
+	a, b := staged(t, st, connA, make([]byte, 2<<20)), staged(t, st, connB, make([]byte, 4<<20))
+	if s := st.Stats(); s.Spare != 0 {
+		t.Fatalf("two uploads under way: %+v", s)
+	}
+	noneHeldBeyond(t, st)
+	st.Finish(a.ID, false)
+	st.Finish(b.ID, false)
 }
 
 // Kept buffers count against the budget and give way to any upload or
@@ -525,6 +548,7 @@ func TestStageSparesGiveWay(t *testing.T) {
 	if s := st.Stats(); s.Spare != 0 || s.Charged+s.Spare > budget {
 		t.Fatalf("the spare did not give way to an upload: %+v", s)
 	}
+	noneHeldBeyond(t, st)
 	fill(t, st, connA, id, make([]byte, 3<<19))
 	p, err := st.Take(connA, id)
 	if err != nil {
@@ -552,4 +576,5 @@ func TestStageSparesGiveWay(t *testing.T) {
 	if s := st.Stats(); s.Spare != 0 || len(st.spares) != 0 {
 		t.Fatalf("kept past its time: %+v", s)
 	}
+	noneHeldBeyond(t, st)
 }
