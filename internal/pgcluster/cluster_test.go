@@ -80,9 +80,9 @@ func TestNewClusterRenamesInitdbsDatabase(t *testing.T) {
 }
 
 // A stack's server takes what the stack's pools hold at their fullest
-// (each opened as a service opens it, pg.Open, at its size), with the launcher's probe and an
-// operator's connection beside them: its limit is sized for them, not
-// set at 300 for every start to pay.
+// (each opened as a service opens it, pg.Open, at its size), with the
+// launcher's probe and an operator's connection beside them: its limit
+// is sized for them, not set at 300 for every start to pay.
 func TestStackServerFitsItsPools(t *testing.T) {
 	ctx, opts := newCluster(t)
 	c, err := pgcluster.Start(ctx, opts)
