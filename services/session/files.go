@@ -234,9 +234,6 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	if mimeType == "" {
 		mimeType = guessMIME(name, data)
 	}
-	digest := sha256.Sum256(data)
-	sum := hex.EncodeToString(digest[:])
-
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	var entry *sessionv1.FileEntry
@@ -270,7 +267,7 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 		if hook := storeChecked.Load(); hook != nil {
 			(*hook)(id)
 		}
-		entry, err = s.writeFile(ctx, tx, r, storedFile{sum: sum, data: data, name: name, mime: mimeType})
+		entry, err = s.writeFile(ctx, tx, r, storedFile{data: data, name: name, mime: mimeType})
 		return err
 	})
 	if err != nil {
@@ -381,41 +378,69 @@ func fileExt(name string) string {
 
 // storedFile is one file to store.
 type storedFile struct {
-	sum, name, mime string
-	data            []byte
+	name, mime string
+	data       []byte
 }
+
+// writeAheadMin is the size from which a file is written while it is
+// hashed, before its hash says whether the session holds it already: the
+// SHA-256 of 10 MB takes about 6 ms on the two cores the benchmarks run
+// on, the write of a new file of 10 MB 3 to 30 ms (docs/performance.md,
+// "Sixth round"), and the two overlap. A copy found already in place then
+// costs the write into the page cache, never the disk: the file is synced
+// only once it is kept.
+const writeAheadMin = 1 << 20
 
 // writeFile writes f into the workspace unless an identical copy is
 // already at its indexed path, and indexes it; tx holds the session row.
 func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f storedFile) (*sessionv1.FileEntry, error) {
-	rel := UploadsDir + "/" + f.sum + fileExt(f.name)
+	dir, err := openUploadsDir(r.WorkspaceDir)
+	if err != nil {
+		return nil, fmt.Errorf("open workspace of session %s: %w", r.ID, err)
+	}
+	defer unix.Close(dir)
+
+	var sum string
+	var tmp *tempFile
+	if len(f.data) >= writeAheadMin {
+		sum, tmp, err = hashWritingAhead(dir, f.data)
+		if err != nil {
+			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
+		}
+		defer tmp.discard()
+	} else {
+		sum = hexSHA256(f.data)
+	}
+
+	rel := UploadsDir + "/" + sum + fileExt(f.name)
 	var indexed string
-	err := tx.QueryRow(ctx, "SELECT path FROM session_files WHERE session_id = $1 AND sha256 = $2", r.ID, f.sum).Scan(&indexed)
+	err = tx.QueryRow(ctx, "SELECT path FROM session_files WHERE session_id = $1 AND sha256 = $2", r.ID, sum).Scan(&indexed)
 	dedup := err == nil
 	switch {
 	case dedup:
 		// Only paths this code wrote are indexed; anything else is not
 		// followed.
-		if dir, base := filepath.Split(indexed); dir != UploadsDir+"/" || !strings.HasPrefix(base, f.sum) {
-			return nil, fmt.Errorf("index of session %s names %q for %s", r.ID, indexed, f.sum)
+		if dir, base := filepath.Split(indexed); dir != UploadsDir+"/" || !strings.HasPrefix(base, sum) {
+			return nil, fmt.Errorf("index of session %s names %q for %s", r.ID, indexed, sum)
 		}
 		rel = indexed
 	case !errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("read file index: %w", err)
 	}
 
-	dir, err := openUploadsDir(r.WorkspaceDir)
-	if err != nil {
-		return nil, fmt.Errorf("open workspace of session %s: %w", r.ID, err)
-	}
-	defer unix.Close(dir)
 	base := filepath.Base(rel)
-	same, err := sameContent(dir, base, f.sum, int64(len(f.data)))
+	same, err := sameContent(dir, base, sum, int64(len(f.data)))
 	if err != nil {
 		return nil, fmt.Errorf("compare stored file: %w", err)
 	}
 	if !same {
-		if err := writeAt(dir, base, f.data); err != nil {
+		if tmp == nil {
+			if tmp, err = createTemp(dir, f.data); err != nil {
+				return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
+			}
+			defer tmp.discard()
+		}
+		if err := tmp.placeAs(base); err != nil {
 			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
 		if dedup {
@@ -425,15 +450,29 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	if !dedup {
 		if _, err := tx.Exec(ctx, `INSERT INTO session_files (session_id, sha256, path, size_bytes, filename, mime_type)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id, sha256) DO NOTHING`,
-			r.ID, f.sum, rel, len(f.data), f.name, f.mime); err != nil {
+			r.ID, sum, rel, len(f.data), f.name, f.mime); err != nil {
 			return nil, fmt.Errorf("index file: %w", err)
 		}
 	}
 	path := filepath.Join(r.WorkspaceDir, rel)
 	return &sessionv1.FileEntry{
-		RefId: uploads.RefID(f.sum), Marker: uploads.Marker(f.mime, f.name, path), WorkspacePath: path,
+		RefId: uploads.RefID(sum), Marker: uploads.Marker(f.mime, f.name, path), WorkspacePath: path,
 		SizeBytes: int64(len(f.data)), Deduplicated: dedup,
 	}, nil
+}
+
+func hexSHA256(data []byte) string {
+	d := sha256.Sum256(data)
+	return hex.EncodeToString(d[:])
+}
+
+// hashWritingAhead hashes data on a goroutine of its own while it writes
+// data to a temporary file in dir, and waits for both.
+func hashWritingAhead(dir int, data []byte) (string, *tempFile, error) {
+	sum := make(chan string, 1)
+	go func() { sum <- hexSHA256(data) }()
+	tmp, err := createTemp(dir, data)
+	return <-sum, tmp, err
 }
 
 // openUploadsDir opens <workspace>/uploads, creating what is missing. The
@@ -506,38 +545,72 @@ func sameContent(dir int, name, sum string, size int64) (bool, error) {
 
 // writeAt writes data to name in dir: into a new temporary file, synced,
 // then renamed over name, which replaces a link without following it.
-func writeAt(dir int, name string, data []byte) (err error) {
+func writeAt(dir int, name string, data []byte) error {
+	tmp, err := createTemp(dir, data)
+	if err != nil {
+		return err
+	}
+	defer tmp.discard()
+	return tmp.placeAs(name)
+}
+
+// tempFile is a new file written in a folder under a temporary name, not
+// yet synced: placeAs keeps it, discard removes it.
+type tempFile struct {
+	dir  int
+	name string
+	f    *os.File // nil once placed or discarded
+}
+
+// createTemp writes data to a new temporary file in dir; nothing is left
+// behind when it fails.
+func createTemp(dir int, data []byte) (*tempFile, error) {
 	var rnd [12]byte
 	_, _ = rand.Read(rnd[:])
-	tmp := ".tmp-" + hex.EncodeToString(rnd[:])
-	fd, err := unix.Openat(dir, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	t := &tempFile{dir: dir, name: ".tmp-" + hex.EncodeToString(rnd[:])}
+	fd, err := unix.Openat(dir, t.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("create temporary file: %w", err)
+		return nil, fmt.Errorf("create temporary file: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), tmp)
-	defer func() {
-		if err != nil {
-			_ = unix.Unlinkat(dir, tmp, 0)
-		}
-	}()
-	if err := writePieces(f, data); err != nil {
-		f.Close()
+	t.f = os.NewFile(uintptr(fd), t.name)
+	if err := writePieces(t.f, data); err != nil {
+		t.discard()
+		return nil, err
+	}
+	return t, nil
+}
+
+// placeAs syncs the file, renames it over name and syncs the folder; the
+// file is removed if it cannot be synced or renamed.
+func (t *tempFile) placeAs(name string) error {
+	if err := t.f.Sync(); err != nil {
+		t.discard()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
+	err := t.f.Close()
+	t.f = nil
+	if err != nil {
+		_ = unix.Unlinkat(t.dir, t.name, 0)
 		return err
 	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := unix.Renameat(dir, tmp, dir, name); err != nil {
+	if err := unix.Renameat(t.dir, t.name, t.dir, name); err != nil {
+		_ = unix.Unlinkat(t.dir, t.name, 0)
 		return fmt.Errorf("rename into place: %w", err)
 	}
-	if err := unix.Fsync(dir); err != nil {
+	if err := unix.Fsync(t.dir); err != nil {
 		return fmt.Errorf("sync folder: %w", err)
 	}
 	return nil
+}
+
+// discard removes the file unless it was placed or discarded already.
+func (t *tempFile) discard() {
+	if t == nil || t.f == nil {
+		return
+	}
+	t.f.Close()
+	t.f = nil
+	_ = unix.Unlinkat(t.dir, t.name, 0)
 }
 
 // writePiece is the most writePieces hands the kernel in one write.

@@ -69,7 +69,7 @@ func (p *policy) Authorize(_ context.Context, who *commonv1.Principal, permissio
 
 const useDefault = configschema.PermAgentUse + " default"
 
-func fileHarness(t *testing.T) (*harness, *policy) {
+func fileHarness(t testing.TB) (*harness, *policy) {
 	pol := newPolicy()
 	pol.grant(alice, configschema.PermFilesCreate, useDefault)
 	h := newHarness(t, func(c *Config) { c.Authz = pol })
@@ -232,9 +232,23 @@ func TestStoreFileRefusesBadInput(t *testing.T) {
 // or replaced by a link (the file itself or the uploads folder) writes the
 // bytes back; a link's target is never touched.
 func TestStoreFileRestoresTheWorkspaceCopy(t *testing.T) {
+	// Small, and large enough to be written while it is hashed.
+	t.Run("small", func(t *testing.T) { storeRestores(t, []byte("original content")) })
+	t.Run("large", func(t *testing.T) { storeRestores(t, patterned(writeAheadMin+5, 1)) })
+}
+
+// patterned is size bytes that differ for each seed.
+func patterned(size, seed int) []byte {
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(i*7 + i/4093 + seed*31)
+	}
+	return b
+}
+
+func storeRestores(t *testing.T, data []byte) {
 	h, _ := fileHarness(t)
 	id := h.newSession(alice, "default")
-	data := []byte("original content")
 	req := &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a.txt", Data: data}
 	path := h.mustStore(req).GetWorkspacePath()
 	outside := filepath.Join(t.TempDir(), "target")
@@ -305,6 +319,80 @@ func TestStoreFileRestoresTheWorkspaceCopy(t *testing.T) {
 	}
 	if names, n := h.stored(id); len(names) != 1 || n != 1 {
 		t.Fatalf("left %v, %d rows", names, n)
+	}
+}
+
+// A file of writeAheadMin bytes or more is written while it is hashed: it
+// lands whole under its hash, a copy already in place is not replaced,
+// and no temporary file is left, also when the store fails once the hash
+// is known.
+func TestStoreFileWritesALargeFileAsItIsHashed(t *testing.T) {
+	h, _ := fileHarness(t)
+	id := h.newSession(alice, "default")
+	dir := filepath.Join(h.dataDir, "workspaces", id, UploadsDir)
+	store := func(name string, data []byte, wantDedup bool) *sessionv1.FileEntry {
+		t.Helper()
+		f := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: name, Data: data})
+		want := filepath.Join(dir, sha(data)+filepath.Ext(name))
+		if f.GetWorkspacePath() != want || f.GetRefId() != "sha256:"+sha(data) || f.GetDeduplicated() != wantDedup ||
+			f.GetSizeBytes() != int64(len(data)) {
+			t.Fatalf("%s: entry %v", name, f)
+		}
+		if got, err := os.ReadFile(want); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: %d bytes stored, %v", name, len(got), err)
+		}
+		return f
+	}
+	files := func(want int) {
+		t.Helper()
+		names, n := h.stored(id)
+		for _, name := range names {
+			if strings.HasPrefix(name, ".tmp-") {
+				t.Fatalf("temporary file left: %v", names)
+			}
+		}
+		if len(names) != want || n != want {
+			t.Fatalf("stored %v, %d rows; want %d", names, n, want)
+		}
+	}
+
+	a := patterned(writeAheadMin, 1)
+	first := store("a.bin", a, false)
+	files(1)
+	before, err := os.Stat(first.GetWorkspacePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store("again.bin", a, true)
+	after, err := os.Stat(first.GetWorkspacePath())
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("an identical copy was written again: %v", err)
+	}
+	files(1)
+	store("b.bin", patterned(writeAheadMin, 2), false) // the same size, other bytes
+	files(2)
+	store("c.bin", patterned(3*writeAheadMin+1, 3), false)
+	files(3)
+
+	// An index row that names no path of this code's: the store fails once
+	// the hash is known, and takes its temporary file with it.
+	d := patterned(writeAheadMin+7, 4)
+	if _, err := h.pool.Exec(context.Background(), `INSERT INTO session_files (session_id, sha256, path, size_bytes, filename, mime_type)
+		VALUES ($1, $2, '../elsewhere', 1, 'd.bin', 'application/octet-stream')`, id, sha(d)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "d.bin", Data: d}); err == nil ||
+		!strings.Contains(err.Error(), "../elsewhere") {
+		t.Fatalf("store under a bad index row: %v", err)
+	}
+	names, _ := h.stored(id)
+	if len(names) != 3 {
+		t.Fatalf("after the failed store: %v", names)
+	}
+	for _, name := range names {
+		if strings.HasPrefix(name, ".tmp-") {
+			t.Fatalf("temporary file left: %v", names)
+		}
 	}
 }
 
