@@ -544,19 +544,9 @@ func sameContent(dir int, name, sum string, size int64) (bool, error) {
 	return hex.EncodeToString(h.Sum(nil)) == sum, nil
 }
 
-// writeAt writes data to name in dir: into a new temporary file, synced,
-// then renamed over name, which replaces a link without following it.
-func writeAt(dir int, name string, data []byte) error {
-	tmp, err := createTemp(dir, data)
-	if err != nil {
-		return err
-	}
-	defer tmp.discard()
-	return tmp.placeAs(name)
-}
-
 // tempFile is a new file written in a folder under a temporary name, not
-// yet synced: placeAs keeps it, discard removes it.
+// yet synced: placeAs keeps it, synced and renamed over its name (which
+// replaces a link without following it), discard removes it.
 type tempFile struct {
 	dir  int
 	name string

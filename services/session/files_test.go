@@ -728,10 +728,10 @@ func writeCalls(t *testing.T) int64 {
 	return 0
 }
 
-// writeAt, the one place a stored file's bytes are written, hands them
+// createTemp, the one place a stored file's bytes are written, hands them
 // to the kernel piece by piece: a file of three pieces and a bit takes at
 // least four write calls (one, if it were written whole).
-func TestWriteAtWritesInPieces(t *testing.T) {
+func TestTempFileWritesInPieces(t *testing.T) {
 	dir, err := unix.Open(t.TempDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -739,7 +739,11 @@ func TestWriteAtWritesInPieces(t *testing.T) {
 	defer unix.Close(dir)
 	data := bytes.Repeat([]byte("0123456789abcdef"), (3*writePiece+16)/16)
 	before := writeCalls(t)
-	if err := writeAt(dir, "f.bin", data); err != nil {
+	tmp, err := createTemp(dir, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.placeAs("f.bin"); err != nil {
 		t.Fatal(err)
 	}
 	if calls := writeCalls(t) - before; calls < 4 {
