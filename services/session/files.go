@@ -403,12 +403,12 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 
 	var sum string
 	var tmp *tempFile
+	defer func() { tmp.discard() }()
 	if len(f.data) >= writeAheadMin {
 		sum, tmp, err = hashWritingAhead(dir, f.data)
 		if err != nil {
 			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
-		defer tmp.discard()
 	} else {
 		sum = hexSHA256(f.data)
 	}
@@ -439,7 +439,6 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 			if tmp, err = createTemp(dir, f.data); err != nil {
 				return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
 			}
-			defer tmp.discard()
 		}
 		if err := tmp.placeAs(base); err != nil {
 			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
@@ -546,11 +545,13 @@ func sameContent(dir int, name, sum string, size int64) (bool, error) {
 
 // tempFile is a new file written in a folder under a temporary name, not
 // yet synced: placeAs keeps it, synced and renamed over its name (which
-// replaces a link without following it), discard removes it.
+// replaces a link without following it). Its owner defers discard, which
+// closes it and removes it unless it was placed.
 type tempFile struct {
-	dir  int
-	name string
-	f    *os.File // nil once placed or discarded
+	dir    int
+	name   string
+	f      *os.File // nil once discarded
+	placed bool
 }
 
 // createTemp writes data to a new temporary file in dir; nothing is left
@@ -571,37 +572,32 @@ func createTemp(dir int, data []byte) (*tempFile, error) {
 	return t, nil
 }
 
-// placeAs syncs the file, renames it over name and syncs the folder; the
-// file is removed if it cannot be synced or renamed.
+// placeAs syncs the file, renames it over name and syncs the folder.
 func (t *tempFile) placeAs(name string) error {
 	if err := t.f.Sync(); err != nil {
-		t.discard()
-		return err
-	}
-	err := t.f.Close()
-	t.f = nil
-	if err != nil {
-		_ = unix.Unlinkat(t.dir, t.name, 0)
 		return err
 	}
 	if err := unix.Renameat(t.dir, t.name, t.dir, name); err != nil {
-		_ = unix.Unlinkat(t.dir, t.name, 0)
 		return fmt.Errorf("rename into place: %w", err)
 	}
+	t.placed = true
 	if err := unix.Fsync(t.dir); err != nil {
 		return fmt.Errorf("sync folder: %w", err)
 	}
 	return nil
 }
 
-// discard removes the file unless it was placed or discarded already.
+// discard closes the file and removes it unless it was placed; a nil or
+// already discarded tempFile is left alone.
 func (t *tempFile) discard() {
 	if t == nil || t.f == nil {
 		return
 	}
 	t.f.Close()
 	t.f = nil
-	_ = unix.Unlinkat(t.dir, t.name, 0)
+	if !t.placed {
+		_ = unix.Unlinkat(t.dir, t.name, 0)
+	}
 }
 
 // writePiece is the most writePieces hands the kernel in one write.

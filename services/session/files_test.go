@@ -743,6 +743,7 @@ func TestTempFileWritesInPieces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tmp.discard()
 	if err := tmp.placeAs("f.bin"); err != nil {
 		t.Fatal(err)
 	}
