@@ -8,6 +8,7 @@
 package uploads
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -126,6 +127,13 @@ func CheckFilename(name string) string {
 		}
 	}
 	return ""
+}
+
+// Sum is the hexadecimal SHA-256 of data: what a declared hash is checked
+// against and what a stored file is named and referred to by.
+func Sum(data []byte) string {
+	d := sha256.Sum256(data)
+	return hex.EncodeToString(d[:])
 }
 
 // RefID is the ref_id of content whose SHA-256 is sum (hexadecimal).

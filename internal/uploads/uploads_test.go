@@ -60,6 +60,14 @@ func TestCheckFilename(t *testing.T) {
 }
 
 func TestRefAndMarker(t *testing.T) {
+	// FIPS 180-2's first example: the hash a file of "abc" is stored under,
+	// a form ParseRefID takes back.
+	if got := Sum([]byte("abc")); got != "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad" {
+		t.Fatalf("Sum(abc) = %s", got)
+	}
+	if _, ok := ParseRefID(RefID(Sum(nil))); !ok {
+		t.Fatal("the ref_id of an empty file does not parse")
+	}
 	sum := strings.Repeat("0f", 32)
 	if got, ok := ParseRefID(RefID(sum)); !ok || got != sum {
 		t.Fatalf("round trip: %q %v", got, ok)

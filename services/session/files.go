@@ -410,7 +410,7 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
 	} else {
-		sum = hexSHA256(f.data)
+		sum = uploads.Sum(f.data)
 	}
 
 	rel := UploadsDir + "/" + sum + fileExt(f.name)
@@ -461,16 +461,11 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	}, nil
 }
 
-func hexSHA256(data []byte) string {
-	d := sha256.Sum256(data)
-	return hex.EncodeToString(d[:])
-}
-
 // hashWritingAhead hashes data on a goroutine of its own while it writes
 // data to a temporary file in dir, and waits for both.
 func hashWritingAhead(dir int, data []byte) (string, *tempFile, error) {
 	sum := make(chan string, 1)
-	go func() { sum <- hexSHA256(data) }()
+	go func() { sum <- uploads.Sum(data) }()
 	tmp, err := createTemp(dir, data)
 	return <-sum, tmp, err
 }

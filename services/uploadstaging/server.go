@@ -2,8 +2,6 @@ package uploadstaging
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"time"
 
@@ -325,9 +323,4 @@ func (s *Server) Stats(context.Context, *uploadv1.StatsRequest) (*uploadv1.Stats
 	return &uploadv1.StatsResponse{
 		Uploads: int32(st.Uploads), StagedBytes: st.Charged, BudgetBytes: st.Limit, PayloadBytes: st.Payload, Gateways: int32(st.Gateways),
 	}, nil
-}
-
-func sha256Hex(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
 }

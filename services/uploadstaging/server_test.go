@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/uploads"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
@@ -43,7 +44,7 @@ func (f *sessions) StoreFile(_ context.Context, req *sessionv1.StoreFileRequest,
 	if f.storeErr != nil {
 		return nil, f.storeErr
 	}
-	return &sessionv1.StoreFileResponse{File: &sessionv1.FileEntry{RefId: "sha256:" + sha256Hex(req.GetData()), SizeBytes: int64(len(req.GetData()))}}, nil
+	return &sessionv1.StoreFileResponse{File: &sessionv1.FileEntry{RefId: "sha256:" + uploads.Sum(req.GetData()), SizeBytes: int64(len(req.GetData()))}}, nil
 }
 
 func (f *sessions) failWith(err error) {
@@ -108,7 +109,7 @@ func TestCommitHandsTheUploadToStoreFile(t *testing.T) {
 	}
 	f.failWith(nil)
 	resp, err := commit(s, op, id)
-	if err != nil || resp.GetFile().GetRefId() != "sha256:"+sha256Hex([]byte("hello")) {
+	if err != nil || resp.GetFile().GetRefId() != "sha256:"+uploads.Sum([]byte("hello")) {
 		t.Fatalf("commit after: %v %v", resp, err)
 	}
 	last := f.stores[len(f.stores)-1]

@@ -392,7 +392,7 @@ func (st *Stage) Take(o Owner, id string) (Pending, error) {
 	p := Pending{ID: u.id, Decl: u.decl, Data: u.data}
 	st.mu.Unlock()
 
-	if p.Decl.SHA256 != "" && sha256Hex(p.Data) != p.Decl.SHA256 {
+	if p.Decl.SHA256 != "" && uploads.Sum(p.Data) != p.Decl.SHA256 {
 		st.Finish(id, false)
 		return Pending{}, invalid(uploads.HashMismatch)
 	}

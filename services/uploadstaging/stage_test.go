@@ -138,7 +138,7 @@ func TestStageRefusals(t *testing.T) {
 
 	// A declared hash that does not match discards the upload.
 	d := decl(connA, 3)
-	d.SHA256 = sha256Hex([]byte("abd"))
+	d.SHA256 = uploads.Sum([]byte("abd"))
 	id = reserve(t, st, d)
 	if _, err := st.Chunk(connA, id, 0, []byte("abc")); err != nil {
 		t.Fatal(err)
