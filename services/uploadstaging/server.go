@@ -322,5 +322,6 @@ func (s *Server) Stats(context.Context, *uploadv1.StatsRequest) (*uploadv1.Stats
 	st := s.stage.Stats()
 	return &uploadv1.StatsResponse{
 		Uploads: int32(st.Uploads), StagedBytes: st.Charged, BudgetBytes: st.Limit, PayloadBytes: st.Payload, Gateways: int32(st.Gateways),
+		KeptBytes: st.Spare,
 	}, nil
 }

@@ -134,6 +134,41 @@ func TestCommitHandsTheUploadToStoreFile(t *testing.T) {
 	}
 }
 
+// Stats shows the buffer a committed upload left for the next apart from
+// the uploads' charge, so that an operator (grpcurl) sees what the budget
+// holds: nothing staged, 2 MiB kept, then taken by the next upload.
+func TestStatsReportsKeptBuffers(t *testing.T) {
+	s, _ := newServer(t, nil)
+	stats := func() *uploadv1.StatsResponse {
+		t.Helper()
+		st, err := s.Stats(context.Background(), &uploadv1.StatsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	upload := func(size int) string {
+		t.Helper()
+		id := begin(t, s, op, int64(size), "")
+		for off := 0; off < size; off += 1 << 20 {
+			if _, err := chunk(s, op, id, int64(off), strings.Repeat("k", min(1<<20, size-off))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return id
+	}
+	if _, err := commit(s, op, upload(2<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if st := stats(); st.GetUploads() != 0 || st.GetStagedBytes() != 0 || st.GetKeptBytes() != 2<<20 || st.GetBudgetBytes() == 0 {
+		t.Fatalf("after a 2 MiB upload: %v", st)
+	}
+	upload(2<<20 - 5)
+	if st := stats(); st.GetUploads() != 1 || st.GetKeptBytes() != 0 || st.GetStagedBytes() < 2<<20 {
+		t.Fatalf("with the kept buffer taken: %v", st)
+	}
+}
+
 // Begin: the declared limits first, then the session service's check.
 func TestBeginRefusals(t *testing.T) {
 	s, _ := newServer(t, nil)

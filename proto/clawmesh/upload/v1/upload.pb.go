@@ -848,7 +848,12 @@ type StatsResponse struct {
 	// payload_bytes is the payload received so far.
 	PayloadBytes int64 `protobuf:"varint,4,opt,name=payload_bytes,json=payloadBytes,proto3" json:"payload_bytes,omitempty"`
 	// gateways counts the gateway leases held.
-	Gateways      int32 `protobuf:"varint,5,opt,name=gateways,proto3" json:"gateways,omitempty"`
+	Gateways int32 `protobuf:"varint,5,opt,name=gateways,proto3" json:"gateways,omitempty"`
+	// kept_bytes is the payload buffers of finished uploads (1 MiB or more,
+	// the last two, for 30 s) kept for the next uploads of about their size.
+	// They count against budget_bytes beside staged_bytes and are dropped
+	// first when a begin or an attach needs the room.
+	KeptBytes     int64 `protobuf:"varint,6,opt,name=kept_bytes,json=keptBytes,proto3" json:"kept_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -918,6 +923,13 @@ func (x *StatsResponse) GetGateways() int32 {
 	return 0
 }
 
+func (x *StatsResponse) GetKeptBytes() int64 {
+	if x != nil {
+		return x.KeptBytes
+	}
+	return 0
+}
+
 var File_clawmesh_upload_v1_upload_proto protoreflect.FileDescriptor
 
 const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
@@ -983,13 +995,15 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"gateway_id\x18\x01 \x01(\tR\tgatewayId\"*\n" +
 	"\rRenewResponse\x12\x19\n" +
 	"\blease_ms\x18\x01 \x01(\x03R\aleaseMs\"\x0e\n" +
-	"\fStatsRequest\"\xb0\x01\n" +
+	"\fStatsRequest\"\xcf\x01\n" +
 	"\rStatsResponse\x12\x18\n" +
 	"\auploads\x18\x01 \x01(\x05R\auploads\x12!\n" +
 	"\fstaged_bytes\x18\x02 \x01(\x03R\vstagedBytes\x12!\n" +
 	"\fbudget_bytes\x18\x03 \x01(\x03R\vbudgetBytes\x12#\n" +
 	"\rpayload_bytes\x18\x04 \x01(\x03R\fpayloadBytes\x12\x1a\n" +
-	"\bgateways\x18\x05 \x01(\x05R\bgateways2\xdb\x04\n" +
+	"\bgateways\x18\x05 \x01(\x05R\bgateways\x12\x1d\n" +
+	"\n" +
+	"kept_bytes\x18\x06 \x01(\x03R\tkeptBytes2\xdb\x04\n" +
 	"\rUploadService\x12L\n" +
 	"\x05Begin\x12 .clawmesh.upload.v1.BeginRequest\x1a!.clawmesh.upload.v1.BeginResponse\x12L\n" +
 	"\x05Chunk\x12 .clawmesh.upload.v1.ChunkRequest\x1a!.clawmesh.upload.v1.ChunkResponse\x12O\n" +
