@@ -207,6 +207,9 @@ func TestCloseWhileReadingInPlace(t *testing.T) {
 					<-ctx.Done()
 					return nil, ctx.Err()
 				case "close":
+					if !c.inPlace.Load() {
+						t.Error("a connection on a Unix socket is not read in place")
+					}
 					if tc.opts.Inline != nil {
 						c.Close()
 						close(closed)
