@@ -3,19 +3,15 @@
 package jsonrpc
 
 import (
+	"errors"
 	"net"
 	"syscall"
 )
 
-// inPlaceConn returns nil: the read loop reads through net.Conn.
+// inPlaceConn returns nil: the read loop reads through net.Conn, and the
+// two below are never called.
 func inPlaceConn(net.Conn) syscall.RawConn { return nil }
 
-// socketSource is never made here (inPlaceConn is nil).
-type socketSource struct {
-	fd           int
-	empty, ready bool
-}
-
-func (s *socketSource) Read([]byte) (int, error) { return 0, errWouldBlock }
+func readSocket(int, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
 func shutdownSocket(syscall.RawConn) {}
