@@ -450,11 +450,17 @@ func BenchmarkTurnStream(b *testing.B) {
 		}
 		return m
 	}
+	sock, publisherPID, forwarderPID := startForward(b, natsURL)
+	forwardCPU := &cpuMeter{self: "client", pids: func() map[int]string {
+		return map[int]string{natsPID: "nats-server", publisherPID: "publisher", forwarderPID: "forwarder"}
+	}}
 	for _, n := range []int{1, 10, 100} {
 		b.Run(fmt.Sprintf("socket/sessions=%d", n), func(b *testing.B) { streamTurns(b, s, n, pace, metered(n, stackCPU)) })
 		b.Run(fmt.Sprintf("nats/sessions=%d", n), func(b *testing.B) { streamNATS(b, natsURL, n, pace, metered(n, natsCPU)) })
 		if n != 10 {
 			b.Run(fmt.Sprintf("nats-inproc/sessions=%d", n), func(b *testing.B) { streamNATS(b, inproc, n, pace, metered(n, inprocCPU)) })
+			// The stack's path with nothing done on it (forward_bench_test.go).
+			b.Run(fmt.Sprintf("forward/sessions=%d", n), func(b *testing.B) { streamForward(b, natsURL, sock, n, pace, metered(n, forwardCPU)) })
 		}
 	}
 	// The rows above are a fresh stack's, whose durable bridge sleeps
@@ -627,15 +633,12 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 			defer wg.Done()
 			defer window.abandon(i)
 			// The bytes of the update frame the stack's client reads.
-			id := fmt.Sprintf("s-%026d", i)
-			head := `{"jsonrpc":"2.0","method":"session/update","params":{"session_id":"` + id + `","sessionId":"` + id + `","text":"`
-			tail := ` ","turn_id":"turn_000000000000000000000000","type":"agent_message_chunk"}}`
-			subject := fmt.Sprintf("bench.stream.%d", i)
+			f, subject := newChunkFrame(i), fmt.Sprintf("bench.stream.%d", i)
 			for k := range per {
 				if k > 0 {
 					time.Sleep(pace)
 				}
-				pub.Publish(subject, []byte(head+strconv.FormatInt(time.Now().UnixNano(), 10)+tail))
+				pub.Publish(subject, f.stamped())
 			}
 			select {
 			case <-done[i]:

@@ -57,7 +57,7 @@ func (m *cpuMeter) sample(pids map[int]string) (cpuSample, error) {
 // shownApart are the processes whose part of cpu_us is reported on its
 // own (<name>_cpu_us); the others' (the launcher, PostgreSQL, services a
 // chunk does not cross) are summed as rest_cpu_us.
-var shownApart = map[string]bool{"client": true, "pubsub": true, "gateway": true, "session": true, "nats-server": true, "durable-bridge": true}
+var shownApart = map[string]bool{"client": true, "pubsub": true, "gateway": true, "session": true, "nats-server": true, "durable-bridge": true, "publisher": true, "forwarder": true}
 
 // reportCPU reports the CPU spent between two samples per unit of work,
 // and each process's part of it.

@@ -35,6 +35,14 @@ func TestMain(m *testing.M) {
 		go exitWithParent()
 		serveNATS(os.Getenv(natsEnv))
 		return
+	case os.Getenv(publishEnv) != "":
+		go exitWithParent()
+		servePublisher(os.Getenv(forwardNATSEnv), os.Getenv(publishEnv))
+		return
+	case os.Getenv(forwardEnv) != "":
+		go exitWithParent()
+		serveForwarder(os.Getenv(forwardEnv), os.Getenv(forwardNATSEnv))
+		return
 	case os.Getenv(discardEnv) != "":
 		go exitWithParent()
 		serveDiscard(os.Getenv(discardEnv))
