@@ -30,8 +30,8 @@ import (
 // fan-out does at the least, with no decoding, no check and no
 // bookkeeping. The client reads as the stack's client does. What the
 // stack's p50 is against the forward p50 is what its own work costs; the
-// forward p50 against the baseline is the least the design's extra leg
-// costs on the machine.
+// forward p50 against the baseline is about the least the design's path
+// costs on the machine, written as plainly as Go allows.
 
 const (
 	forwardEnv     = "CLAWMESH_BENCH_FORWARD_SOCKET"   // the forwarder's socket path
