@@ -523,15 +523,14 @@ func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration, c
 		clients[i] = client{c, r.SessionID}
 	}
 	per := max(1, (b.N+sessions-1)/sessions)
-	lat := make([][]time.Duration, sessions)
 	var wg sync.WaitGroup
 	b.ResetTimer()
-	window := openWindow(cpu, sessions, per)
+	st := newStreamLatency(cpu, sessions, per)
 	for i, cl := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer window.abandon(i)
+			defer st.window.abandon(i)
 			params, _ := json.Marshal(map[string]any{"session_id": cl.id, "prompt": fmt.Sprintf("/stamp %d %d", per, pace.Milliseconds())})
 			if err := cl.c.Send(`{"jsonrpc":"2.0","id":"p","method":"session/prompt","params":` + string(params) + `}`); err != nil {
 				b.Error(err)
@@ -563,16 +562,14 @@ func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration, c
 					return
 				}
 				if ok {
-					lat[i] = append(lat[i], time.Duration(now-ns))
-					window.chunk(i)
+					st.add(i, now, ns)
 				}
 			}
 		}()
 	}
 	wg.Wait()
 	b.StopTimer()
-	reportLatency(b, lat)
-	window.report(b)
+	st.report(b)
 }
 
 func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu *cpuMeter) {
@@ -587,14 +584,13 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 	}
 	defer sub.Close()
 	per := max(1, (b.N+sessions-1)/sessions)
-	lat := make([][]time.Duration, sessions)
 	done := make([]chan struct{}, sessions)
-	window := openWindow(cpu, sessions, per)
+	st := newStreamLatency(cpu, sessions, per)
 	// Ends the window's wait if the set-up below fails (b.Fatal); after a
 	// run each session has ended it already.
 	defer func() {
 		for i := range sessions {
-			window.abandon(i)
+			st.window.abandon(i)
 		}
 	}()
 	for i := range sessions {
@@ -610,9 +606,7 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 				b.Errorf("message %q: %v", m.Data, err)
 				return
 			}
-			lat[i] = append(lat[i], time.Duration(now-ns))
-			window.chunk(i)
-			if len(lat[i]) == per {
+			if st.add(i, now, ns) == per {
 				close(done[i])
 			}
 		})
@@ -631,7 +625,7 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer window.abandon(i)
+			defer st.window.abandon(i)
 			// The bytes of the update frame the stack's client reads.
 			f, subject := newChunkFrame(i), fmt.Sprintf("bench.stream.%d", i)
 			for k := range per {
@@ -643,14 +637,38 @@ func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu 
 			select {
 			case <-done[i]:
 			case <-time.After(60 * time.Second):
-				b.Errorf("stream %d: received %d of %d", i, len(lat[i]), per)
+				b.Errorf("stream %d: received %d of %d", i, len(st.lat[i]), per)
 			}
 		}()
 	}
 	wg.Wait()
 	b.StopTimer()
-	reportLatency(b, lat)
-	window.report(b)
+	st.report(b)
+}
+
+// streamLatency holds a turn-stream benchmark's chunk latencies, by
+// stream, and the CPU window over them.
+type streamLatency struct {
+	lat    [][]time.Duration
+	window *streamWindow
+}
+
+func newStreamLatency(cpu *cpuMeter, sessions, per int) *streamLatency {
+	return &streamLatency{lat: make([][]time.Duration, sessions), window: openWindow(cpu, sessions, per)}
+}
+
+// add records a chunk of stream i stamped ns and read at now; it returns
+// the chunks stream i has had.
+func (st *streamLatency) add(i int, now, ns int64) int {
+	st.lat[i] = append(st.lat[i], time.Duration(now-ns))
+	st.window.chunk(i)
+	return len(st.lat[i])
+}
+
+// report reports the chunks' p50 and p99, and the CPU they cost.
+func (st *streamLatency) report(b *testing.B) {
+	reportLatency(b, st.lat)
+	st.window.report(b)
 }
 
 // reportLatency reports the chunks' p50 and p99.

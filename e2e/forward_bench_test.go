@@ -209,11 +209,10 @@ func streamForward(b *testing.B, url, sock string, sessions int, pace time.Durat
 		clients[i] = c
 	}
 	per := max(1, (b.N+sessions-1)/sessions)
-	lat := make([][]time.Duration, sessions)
-	window := openWindow(cpu, sessions, per)
+	st := newStreamLatency(cpu, sessions, per)
 	defer func() {
 		for i := range sessions {
-			window.abandon(i)
+			st.window.abandon(i)
 		}
 	}()
 	var wg sync.WaitGroup
@@ -226,8 +225,8 @@ func streamForward(b *testing.B, url, sock string, sessions int, pace time.Durat
 	})
 	for i, c := range clients {
 		wg.Go(func() {
-			defer window.abandon(i)
-			for len(lat[i]) < per {
+			defer st.window.abandon(i)
+			for n := 0; n < per; {
 				line, err := c.ReadLine(60 * time.Second)
 				if err != nil {
 					b.Errorf("read: %v %q", err, line)
@@ -239,13 +238,11 @@ func streamForward(b *testing.B, url, sock string, sessions int, pace time.Durat
 					b.Errorf("line %q: %v", line, err)
 					return
 				}
-				lat[i] = append(lat[i], time.Duration(now-ns))
-				window.chunk(i)
+				n = st.add(i, now, ns)
 			}
 		})
 	}
 	wg.Wait()
 	b.StopTimer()
-	reportLatency(b, lat)
-	window.report(b)
+	st.report(b)
 }
