@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,59 +249,5 @@ func TestCloseWhileReadingInPlace(t *testing.T) {
 				t.Fatalf("Run returned %v", err)
 			}
 		})
-	}
-}
-
-// TestFrameDeadlineBetweenFullReads: a frame begun in a read that filled
-// its buffer and taken up again after its deadline, with the rest already
-// in the socket, is refused for its time as the old path refuses it (its
-// read fails on the passed deadline), though the loop, reading on after a
-// full read, waits for nothing and the socket's deadline is checked only
-// in waits. Without the reader's own check the frame was served.
-func TestFrameDeadlineBetweenFullReads(t *testing.T) {
-	const limit = 100 * time.Millisecond
-	var holds atomic.Int32
-	entered := make(chan int32, 2)
-	release := make(chan struct{}, 2)
-	h := &testHandler{onCall: func(ctx context.Context, c *Conn, req *Request) (any, error) {
-		if req.Method == "hold" {
-			entered <- holds.Add(1)
-			<-release
-			return nil, nil
-		}
-		return nil, MethodNotFound(req.Method)
-	}}
-	ts := startServer(t, &Server{
-		Options: Options{FrameTimeout: limit, InitializeTimeout: -1,
-			Inline: func(m string) bool { return m == "hold" }},
-		NewHandler: func(*Conn, Peer) Handler { return h },
-	}, nil)
-	c := dial(t, ts.path)
-
-	// The first hold keeps the loop while the second and the start of a
-	// 70 KiB frame land: the loop's next read takes 64 KiB of them, full.
-	c.send(`{"jsonrpc":"2.0","method":"hold"}`)
-	testwait.Recv(t, entered)
-	head := `{"jsonrpc":"2.0","method":"hold"}` + "\n" + `{"jsonrpc":"2.0","id":"late","method":"echo","params":["` + strings.Repeat("x", 70<<10)
-	if _, err := c.nc.Write([]byte(head)); err != nil {
-		t.Fatal(err)
-	}
-	release <- struct{}{}
-	// The second hold keeps the loop past the frame's deadline, while
-	// the frame's end lands.
-	testwait.Recv(t, entered)
-	if _, err := c.nc.Write([]byte(`"]}` + "\n")); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(3 * limit) // the behaviour under test is the deadline passing
-	release <- struct{}{}
-
-	m := c.recvMsg()
-	if m.Error == nil || m.Error.Code != CodeInvalidRequest || errData(t, m.Error)["reason"] != "frame_timeout" {
-		t.Fatalf("got id %s, error %v (a line of %d bytes), want the frame refused for its time", m.ID, m.Error, len(m.line))
-	}
-	c.expectEOF()
-	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrFrameTimeout) {
-		t.Fatalf("Run returned %v, want ErrFrameTimeout", err)
 	}
 }
