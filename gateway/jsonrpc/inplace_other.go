@@ -3,15 +3,19 @@
 package jsonrpc
 
 import (
-	"errors"
 	"net"
 	"syscall"
 )
 
-// inPlaceConn returns nil: the read loop reads through net.Conn, and the
-// two below are never called.
+// inPlaceConn returns nil: the read loop reads through net.Conn.
 func inPlaceConn(net.Conn) syscall.RawConn { return nil }
 
-func readSocket(int, []byte) (int, error) { return 0, errors.ErrUnsupported }
+// socketSource is never made here (inPlaceConn is nil).
+type socketSource struct {
+	fd           int
+	empty, ready bool
+}
+
+func (s *socketSource) Read([]byte) (int, error) { return 0, errWouldBlock }
 
 func shutdownSocket(syscall.RawConn) {}
