@@ -76,17 +76,7 @@ type FrameReader struct {
 	frameAt    time.Time // when the current frame's first byte arrived; zero if none
 	armedFor   time.Time // the frameAt the read deadline is set for; zero if none
 	err        error     // sticky read error, returned once the buffer is drained
-
-	// inPlace, while set, is read instead of r (see readInPlace in
-	// conn.go): errWouldBlock from it is passed on, not kept, and the
-	// frame deadline is checked here before each read of a partial
-	// frame, as the socket's own deadline is checked only in its waits.
-	inPlace io.Reader
 }
-
-// errWouldBlock says the socket holds nothing to read now: the reader's
-// caller gives the wait back to the runtime's poller (readInPlace).
-var errWouldBlock = errors.New("jsonrpc: nothing to read yet")
 
 // NewFrameReader returns a reader of frames of at most max bytes (max <= 0
 // means DefaultMaxFrameBytes). timeout <= 0 disables the frame timeout.
@@ -181,10 +171,6 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 		n := f.buffered()
 		if n > f.max {
 			return nil, ErrFrameTooLarge
-		}
-		if f.err == errWouldBlock {
-			f.err = nil
-			return nil, errWouldBlock
 		}
 		if f.err != nil {
 			err := f.err
@@ -301,15 +287,7 @@ func (f *FrameReader) fill(n int) {
 			_ = f.dl.SetReadDeadline(time.Time{})
 		}
 	}
-	r := f.r
-	if f.inPlace != nil {
-		r = f.inPlace
-		if n > 0 && f.dl != nil && time.Now().After(f.frameAt.Add(f.timeout)) {
-			f.err = os.ErrDeadlineExceeded
-			return
-		}
-	}
-	m, err := r.Read(f.buf[f.end:limit])
+	m, err := f.r.Read(f.buf[f.end:limit])
 	if m > 0 {
 		f.readAt = time.Now()
 		if n == 0 {
@@ -318,13 +296,6 @@ func (f *FrameReader) fill(n int) {
 		f.end += m
 	}
 	if err != nil {
-		f.err = err
-	}
-}
-
-// fail makes err the reader's sticky error, as if a read had returned it.
-func (f *FrameReader) fail(err error) {
-	if f.err == nil {
 		f.err = err
 	}
 }
