@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -375,5 +376,55 @@ func TestEncodedResults(t *testing.T) {
 		if err != nil || string(got) != tc.want {
 			t.Errorf("marshalResult(%#v) = %s, %v; want %s", tc.in, got, err, tc.want)
 		}
+	}
+}
+
+// TestEndOfStreamWithTheLastFrame: a client whose last frame and end
+// of stream are both in the socket before the server reads either (here
+// while the read loop is held in an inline handler) gets its answer, if
+// the frame asks for one, then end of stream. The poller's one wake-up
+// stands for both: a reader that took a short read to mean "nothing more
+// until the poller says so" saw the end only when something else woke
+// the socket (the client reading an answer), and never after a
+// notification.
+func TestEndOfStreamWithTheLastFrame(t *testing.T) {
+	for _, last := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"echo","params":["last"]}`,
+		`{"jsonrpc":"2.0","method":"note"}`,
+	} {
+		t.Run(last, func(t *testing.T) {
+			held, release := make(chan struct{}), make(chan struct{})
+			h := &testHandler{onCall: func(ctx context.Context, c *Conn, req *Request) (any, error) {
+				switch req.Method {
+				case "hold":
+					close(held)
+					<-release
+					return nil, nil
+				}
+				return nil, nil
+			}}
+			ts := startServer(t, &Server{
+				Options:    Options{InitializeTimeout: -1, Inline: func(m string) bool { return m == "hold" }},
+				NewHandler: func(*Conn, Peer) Handler { return h },
+			}, nil)
+			c := dial(t, ts.path)
+			c.send(`{"jsonrpc":"2.0","method":"hold"}`)
+			testwait.Recv(t, held)
+			c.send(last)
+			if err := c.nc.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond) // both in the socket before the loop reads
+			close(release)
+			if strings.Contains(last, `"id"`) {
+				if m := c.recvMsg(); string(m.ID) != "1" || string(m.Result) != `["last"]` {
+					t.Fatalf("got %v", m)
+				}
+			}
+			c.expectEOF()
+			if err := testwait.Recv(t, ts.disconnects); err != nil {
+				t.Fatalf("Run returned %v", err)
+			}
+		})
 	}
 }
