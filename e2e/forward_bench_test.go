@@ -219,7 +219,11 @@ func streamForward(b *testing.B, url, sock string, sessions int, pace time.Durat
 	b.ResetTimer()
 	wg.Go(func() {
 		ask := fmt.Sprintf("%d %d %d", sessions, per, int64(pace))
-		if m, err := nc.Request(forwardGo, []byte(ask), time.Duration(per)*pace+time.Minute); err != nil || string(m.Data) != "done" {
+		m, err := nc.Request(forwardGo, []byte(ask), time.Duration(per)*pace+time.Minute)
+		if err == nil && string(m.Data) != "done" {
+			err = fmt.Errorf("answered %q", m.Data)
+		}
+		if err != nil {
 			b.Errorf("publisher: %v", err)
 		}
 	})
