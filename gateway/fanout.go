@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -156,7 +155,7 @@ func (h *hub) dispatch(t *topic, u *busv1.SessionUpdate) {
 		return
 	}
 	// Checked and encoded once for every connection it goes to.
-	n, err := jsonrpc.EncodeNotification("session/update", json.RawMessage(u.GetJson()))
+	n, err := jsonrpc.EncodeNotificationJSON("session/update", u.GetJson())
 	if err != nil {
 		h.log.Warn("session update not encodable, dropped", zap.String("session_id", u.GetSessionId()),
 			zap.Int64("seq", u.GetSeq()), zap.Error(err))

@@ -932,7 +932,31 @@ func EncodeNotification(method string, params any) (Notification, error) {
 	if err != nil {
 		return Notification{}, err
 	}
-	return Notification{frame: appendRequest(nil, nil, method, raw)}, nil
+	return Notification{frame: appendRequest(make([]byte, 0, notificationLen(method, len(raw))), nil, method, raw)}, nil
+}
+
+// EncodeNotificationJSON is EncodeNotification with params given as JSON
+// text, as a session update carries them: the text goes straight into
+// the frame, one allocation of its exact size, where a json.RawMessage
+// converted from it would be a copy more for the collector on every
+// update the gateway fans out. Params that are not compact valid JSON
+// take EncodeNotification's way (marshalled, or refused).
+func EncodeNotificationJSON(method, params string) (Notification, error) {
+	b := make([]byte, 0, notificationLen(method, len(params)))
+	b = appendRequest(b, nil, method, nil)
+	b = append(b[:len(b)-1], `,"params":`...) // over appendRequest's '}'
+	start := len(b)
+	b = append(b, params...)
+	if !compactJSON(b[start:]) {
+		return EncodeNotification(method, json.RawMessage(params))
+	}
+	return Notification{frame: append(b, '}')}, nil
+}
+
+// notificationLen is the length of a notification frame of method and
+// params of paramsLen bytes when method needs no escape.
+func notificationLen(method string, paramsLen int) int {
+	return len(`{"jsonrpc":"2.0","method":"`) + len(method) + len(`","params":`) + paramsLen + len(`}`)
 }
 
 // SendAll sends ns in order. Like Notify it keeps the order of the calls

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -180,4 +181,69 @@ func runConn(t *testing.T, nc net.Conn) (*Conn, context.Context) {
 	go func() { defer close(ran); _ = c.Run(ctx) }()
 	t.Cleanup(func() { c.Close(); <-ran; cancel() })
 	return c, ctx
+}
+
+// EncodeNotificationJSON gives EncodeNotification's frame, or its error,
+// for the same params given as text.
+func TestEncodeNotificationJSONAsEncodeNotification(t *testing.T) {
+	for _, tc := range []struct{ method, params string }{
+		{"session/update", `{"sessionId":"s_1","text":"1796357943194065258 ","type":"agent_message_chunk"}`},
+		{"session/update", `{"text":"caf\u00e9 \"quoted\" \\u2028 line\\nbreak"}`},
+		{"session/update", `[1,2,{"a":null}]`},
+		{"session/update", `"a string"`},
+		{"m", `{ "spaced" : [ 1 , 2 ] }`}, // valid, not compact: marshalled compact
+		{"m", "{\"a\":\n1}"},              // an LF: marshalled without it
+		{`quote"and\back`, `{"a":1}`},     // a method that needs escapes
+		{"m", `{"a":`},                    // invalid
+		{"m", `{"a":1} {"b":2}`},          // two values
+		{"m", ""},                         // empty
+	} {
+		want, wantErr := EncodeNotification(tc.method, json.RawMessage(tc.params))
+		got, err := EncodeNotificationJSON(tc.method, tc.params)
+		if (err != nil) != (wantErr != nil) {
+			t.Errorf("%q %q: error %v, EncodeNotification's %v", tc.method, tc.params, err, wantErr)
+			continue
+		}
+		if err != nil {
+			if !errors.Is(err, ErrInvalidFrame) {
+				t.Errorf("%q %q: error %v is not ErrInvalidFrame", tc.method, tc.params, err)
+			}
+			continue
+		}
+		if string(got.frame) != string(want.frame) {
+			t.Errorf("%q %q:\n got %s\nwant %s", tc.method, tc.params, got.frame, want.frame)
+		}
+		var f struct {
+			Method string          `json:"method"`
+			Params json.RawMessage `json:"params"`
+		}
+		if err := json.Unmarshal(got.frame, &f); err != nil || f.Method != tc.method {
+			t.Errorf("%q %q: frame %s does not decode: %v", tc.method, tc.params, got.frame, err)
+		}
+	}
+}
+
+// BenchmarkEncodeUpdate encodes a streamed chunk's session update, its
+// params arriving as text (a decoded bus message's string): through a
+// json.RawMessage converted from it, as the fan-out did, and given as
+// text. allocs/op and B/op are the garbage each update leaves in the
+// gateway, once for every connection it goes to.
+func BenchmarkEncodeUpdate(b *testing.B) {
+	params := `{"content":{"text":"1796357943194065258 ","type":"text"},"session_id":"s_0123456789abcdef01234567","sessionId":"s_0123456789abcdef01234567","sessionUpdate":"agent_message_chunk","turn_id":"t_0123456789abcdef01234567","type":"agent_message_chunk"}`
+	b.Run("raw-message", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := EncodeNotification("session/update", json.RawMessage(params)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("text", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := EncodeNotificationJSON("session/update", params); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
