@@ -97,14 +97,18 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 		g := req.GetClientTurnGeneration()
 		t.gen = &g
 	}
-	// The turn row, the prompt's transcript row and its first checkpoint
-	// event are one transaction.
+	// The turn row, the prompt's transcript row, its first checkpoint
+	// event and, when the session is short of them, the update numbers
+	// its first updates will use are one transaction.
+	reserve := ls.seqToReserve()
 	next, err := s.store.beginTurn(ctx, turnStart{
 		SessionID: ls.id, TurnID: t.id, ConnID: t.connID, Surface: t.surface, Prompt: prompt, Generation: t.gen,
+		ReserveSeq: reserve,
 	})
 	if err != nil {
 		return nil, err
 	}
+	ls.seqReservedUpTo(reserve)
 	t.ctx, t.cancel = context.WithCancelCause(s.base)
 	t.userSeq = next - 1
 	t.log = s.cp.open(ls.id, t.id, t.surface, next)

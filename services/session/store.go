@@ -316,9 +316,13 @@ func (st *store) liveState(ctx context.Context, id string) (seq int64, allowed [
 	return seq, allowed, nil
 }
 
+// reserveSeqSQL raises session $1's stored sequence bound to $2; a bound
+// already higher stays.
+const reserveSeqSQL = "UPDATE sessions SET update_seq = GREATEST(update_seq, $2) WHERE session_id = $1"
+
 // reserveSeq raises the session's stored sequence bound to upto.
 func (st *store) reserveSeq(ctx context.Context, sessionID string, upto int64) error {
-	if _, err := st.db.Exec(ctx, "UPDATE sessions SET update_seq = GREATEST(update_seq, $2) WHERE session_id = $1", sessionID, upto); err != nil {
+	if _, err := st.db.Exec(ctx, reserveSeqSQL, sessionID, upto); err != nil {
 		return fmt.Errorf("reserve update sequence: %w", err)
 	}
 	return nil

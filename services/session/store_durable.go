@@ -82,6 +82,9 @@ func nextEventSeq(ctx context.Context, q querier, sessionID string) (int64, erro
 type turnStart struct {
 	SessionID, TurnID, ConnID, Surface, Prompt string
 	Generation                                 *int64
+	// ReserveSeq, when not 0, raises the session's stored update
+	// sequence bound to it (reserveSeq) in the same transaction.
+	ReserveSeq int64
 }
 
 // beginTurn records a running turn in one transaction: its row, the
@@ -96,6 +99,11 @@ func (st *store) beginTurn(ctx context.Context, b turnStart) (int64, error) {
 		}
 		if _, err := tx.Exec(ctx, "UPDATE sessions SET state = 'running', updated_at = now() WHERE session_id = $1 AND state = 'idle'", b.SessionID); err != nil {
 			return err
+		}
+		if b.ReserveSeq != 0 {
+			if _, err := tx.Exec(ctx, reserveSeqSQL, b.SessionID, b.ReserveSeq); err != nil {
+				return err
+			}
 		}
 		if _, err := appendMessageTx(ctx, tx, b.SessionID, roleUser, b.Prompt); err != nil {
 			return err

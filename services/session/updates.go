@@ -29,6 +29,28 @@ const (
 // time, so publishing needs a write only once per block.
 const seqBlock = 1024
 
+// seqToReserve is the bound a turn starting on ls reserves in its own
+// transaction, or 0 when more than half a block is left. Without it the
+// turn's first update would wait for a write and commit of its own
+// before going out (publishFields), on a fresh session and on every
+// session once its block is spent: the first chunk of every turn that
+// starts with many others at once would wait behind all their commits.
+func (ls *liveSession) seqToReserve() int64 {
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	if ls.seqReserved-ls.seq > seqBlock/2 {
+		return 0
+	}
+	return ls.seq + seqBlock
+}
+
+// seqReservedUpTo records a bound stored by a committed reservation.
+func (ls *liveSession) seqReservedUpTo(upto int64) {
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	ls.seqReserved = max(ls.seqReserved, upto)
+}
+
 // fields is one update's params beside session_id and type.
 type fields map[string]any
 
