@@ -87,10 +87,15 @@ func (s *Server) runTurn(t *turn) {
 // its result goes back, until the provider stops.
 func (s *Server) loop(t *turn) turnResult {
 	ctx := t.ctx
-	var content strings.Builder
+	// The message said so far is the earlier steps' text, said, and the
+	// running step's, step: each chunk is copied into one builder, not
+	// into one for the step and one for the whole turn as well.
+	var said string
+	var step strings.Builder
+	content := func() string { return said + step.String() }
 	failed := func(err error) turnResult {
 		if ctx.Err() != nil {
-			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content.String()}
+			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content()}
 		}
 		msg := err.Error()
 		if msg == "" {
@@ -128,7 +133,6 @@ func (s *Server) loop(t *turn) turnResult {
 	tools := s.toolsFor(ctx, agent)
 	specs := tools.specs()
 
-	var step strings.Builder
 	emit := func(c Chunk) {
 		if c.Text == "" {
 			return
@@ -136,7 +140,6 @@ func (s *Server) loop(t *turn) turnResult {
 		typ := UpdateThoughtChunk
 		if !c.Thought {
 			typ = UpdateMessageChunk
-			content.WriteString(c.Text)
 			step.WriteString(c.Text)
 		}
 		s.publishChunk(t.ls, typ, t.id, c.Text)
@@ -147,28 +150,29 @@ func (s *Server) loop(t *turn) turnResult {
 			return failed(fmt.Errorf("%w: the provider asked for tools %d times in one turn", ErrTooManySteps, n))
 		}
 		t.step = n
-		step.Reset()
 		res, err := prov.Step(ctx, ProviderRequest{Agent: agent.providerAgent(), Messages: msgs, Tools: specs}, emit)
 		if ctx.Err() != nil {
-			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content.String()}
+			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content()}
 		}
 		if err != nil {
 			return failed(err)
 		}
 		msgs = append(msgs, ChatMessage{Role: roleAssistant, Content: step.String(), ToolCalls: res.ToolCalls})
+		said += step.String()
+		step.Reset()
 		if len(res.ToolCalls) == 0 {
 			stop := res.StopReason
 			if stop == "" {
 				stop = stopEndTurn
 			}
-			return turnResult{Outcome: OutcomeCompleted, StopReason: stop, Content: content.String()}
+			return turnResult{Outcome: OutcomeCompleted, StopReason: stop, Content: content()}
 		}
 		for _, call := range res.ToolCalls {
 			out := s.runTool(ctx, t, agent, tools, call)
 			msgs = append(msgs, ChatMessage{Role: roleTool, Content: out, ToolCallID: call.ID, Name: call.Name})
 		}
 		if ctx.Err() != nil {
-			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content.String()}
+			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content()}
 		}
 	}
 }
