@@ -58,11 +58,19 @@ type fields map[string]any
 // session/update params, by the snake_case name they copy.
 var camelAliases = map[string]string{"tool_call_id": "toolCallId", "raw_input": "rawInput", "raw_output": "rawOutput"}
 
-// field is one params member.
+// field is one params member: a string in str, anything else in val. A
+// string stored in an interface is copied to the heap; the streaming
+// path's members (text, turn and session ids, type) are strings on every
+// update and stay out of one.
 type field struct {
-	key string
-	val any
+	key   string
+	val   any
+	str   string
+	isStr bool
 }
+
+// strField is a string member.
+func strField(key, s string) field { return field{key: key, str: s, isStr: true} }
 
 // publish sends one update of ls (updates are defined in
 // proto/clawmesh/bus/v1 and sent through internal/bus). Sequence numbers are taken and messages
@@ -85,9 +93,9 @@ func appendMembers(members []field, f fields) []field {
 		if isCamelAliasOf(f, k) {
 			continue // the alias copies its snake_case value, below
 		}
-		members = append(members, field{k, v})
+		members = append(members, field{key: k, val: v})
 		if camel, ok := camelAliases[k]; ok {
-			members = append(members, field{camel, v})
+			members = append(members, field{key: camel, val: v})
 		}
 	}
 	return members
@@ -110,7 +118,7 @@ func isCamelAliasOf(f fields, k string) bool {
 // the streaming path, with no map.
 func (s *Server) publishChunk(ls *liveSession, typ, turnID, text string) {
 	var buf [5]field
-	s.publishFields(ls, typ, append(buf[:0], field{"text", text}, field{"turn_id", turnID}))
+	s.publishFields(ls, typ, append(buf[:0], strField("text", text), strField("turn_id", turnID)))
 }
 
 // publishFields publishes an update whose params are members plus
@@ -179,7 +187,7 @@ const maxKeptBody = 4 << 10
 // id: members plus session_id, sessionId and type (appended to members:
 // room for three more spares an allocation).
 func appendUpdateParams(b []byte, id, typ string, members []field) ([]byte, error) {
-	return appendParams(b, append(members, field{"session_id", id}, field{"sessionId", id}, field{"type", typ}))
+	return appendParams(b, append(members, strField("session_id", id), strField("sessionId", id), strField("type", typ)))
 }
 
 // appendParams appends the JSON object of members, keys sorted (the
@@ -202,7 +210,9 @@ func appendParams(b []byte, members []field) ([]byte, error) {
 		b = jsonstr.Append(b, m.key)
 		b = append(b, ':')
 		var err error
-		if b, err = appendValue(b, m.val); err != nil {
+		if m.isStr {
+			b = jsonstr.Append(b, m.str)
+		} else if b, err = appendValue(b, m.val); err != nil {
 			return nil, fmt.Errorf("%s: %w", m.key, err)
 		}
 	}

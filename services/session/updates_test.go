@@ -2,8 +2,10 @@ package session
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // oldParams is how update params were encoded before the streaming path
@@ -42,7 +44,7 @@ func TestUpdateParamsAsEncodingJSON(t *testing.T) {
 		for _, typ := range []string{UpdateMessageChunk, UpdateThoughtChunk} {
 			want := oldParams("s-1", typ, fields{"turn_id": "turn_1", "text": text})
 			var buf [5]field
-			got, err := appendUpdateParams(nil, "s-1", typ, append(buf[:0], field{"text", text}, field{"turn_id", "turn_1"}))
+			got, err := appendUpdateParams(nil, "s-1", typ, append(buf[:0], strField("text", text), strField("turn_id", "turn_1")))
 			if err != nil || string(got) != string(want) {
 				t.Fatalf("chunk %q: got %s (%v), want %s", text, got, err, want)
 			}
@@ -79,11 +81,16 @@ func BenchmarkUpdateParams(b *testing.B) {
 		}
 	})
 	b.Run("encoder", func(b *testing.B) {
+		// Strings made at run time, as a chunk's are: constants would
+		// hide what storing one in an interface costs.
+		id, turn := "s-"+strconv.Itoa(12345678), "turn_"+strconv.Itoa(12345678)
+		text := strconv.FormatInt(time.Now().UnixNano(), 10) + " "
 		var out []byte
+		b.ReportAllocs()
 		for b.Loop() {
 			var buf [5]field
-			out, _ = appendUpdateParams(out[:0], "s-0123456789abcdef", UpdateMessageChunk,
-				append(buf[:0], field{"text", "1764583093123456789 "}, field{"turn_id", "turn_0123456789abcdef"}))
+			out, _ = appendUpdateParams(out[:0], id, UpdateMessageChunk,
+				append(buf[:0], strField("text", text), strField("turn_id", turn)))
 		}
 	})
 }
