@@ -225,9 +225,11 @@ func TestEncodeNotificationJSONAsEncodeNotification(t *testing.T) {
 
 // BenchmarkEncodeUpdate encodes a streamed chunk's session update, its
 // params arriving as text (a decoded bus message's string): through a
-// json.RawMessage converted from it, as the fan-out did, and given as
+// json.RawMessage converted from it (the fan-out's way before
+// EncodeNotificationJSON, whose frame was then also grown from nothing:
+// 6 allocations and 712 B an update at 3689b5f's parent), and given as
 // text. allocs/op and B/op are the garbage each update leaves in the
-// gateway, once for every connection it goes to.
+// gateway, once however many connections it goes to.
 func BenchmarkEncodeUpdate(b *testing.B) {
 	params := `{"content":{"text":"1796357943194065258 ","type":"text"},"session_id":"s_0123456789abcdef01234567","sessionId":"s_0123456789abcdef01234567","sessionUpdate":"agent_message_chunk","turn_id":"t_0123456789abcdef01234567","type":"agent_message_chunk"}`
 	b.Run("raw-message", func(b *testing.B) {
