@@ -35,15 +35,15 @@ var approvalSchema = map[string]any{
 // elicitApproval asks the client to decide an approval_request and hands
 // the decision to the session service. Whoever decides first wins there;
 // a later answer from here is told it was already decided and ignored.
-func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *busv1.SessionUpdate) {
+func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u bus.Update) {
 	var ar struct {
 		RequestID        string `json:"request_id"`
 		ToolName         string `json:"tool_name"`
 		ArgumentsSummary string `json:"arguments_summary"`
 		TimeoutSecs      int64  `json:"timeout_secs"`
 	}
-	if err := json.Unmarshal([]byte(u.GetJson()), &ar); err != nil || ar.RequestID == "" {
-		g.log.Warn("approval_request without request_id", zap.String("session_id", u.GetSessionId()))
+	if err := json.Unmarshal(u.JSON, &ar); err != nil || ar.RequestID == "" {
+		g.log.Warn("approval_request without request_id", zap.String("session_id", u.SessionID))
 		return
 	}
 	timeout := time.Duration(ar.TimeoutSecs) * time.Second
@@ -53,7 +53,7 @@ func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *busv1.Se
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	raw, err := cs.conn.Call(ctx, "elicitation/create", map[string]any{
-		"sessionId":       u.GetSessionId(),
+		"sessionId":       u.SessionID,
 		"mode":            "form",
 		"message":         fmt.Sprintf("Allow the tool `%s` to run? %s", ar.ToolName, ar.ArgumentsSummary),
 		"requestedSchema": approvalSchema,
@@ -74,7 +74,7 @@ func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u *busv1.Se
 	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer acancel()
 	resp, err := g.session.Approve(actx, &sessionv1.ApproveRequest{
-		Principal: cs.principalOf(), SessionId: u.GetSessionId(), RequestId: ar.RequestID, Decision: decision, Surface: sessionv1.Surface_SURFACE_ELICITATION,
+		Principal: cs.principalOf(), SessionId: u.SessionID, RequestId: ar.RequestID, Decision: decision, Surface: sessionv1.Surface_SURFACE_ELICITATION,
 	})
 	if err != nil {
 		g.log.Info("elicitation decision not taken", zap.String("conn", cs.id), zap.Error(err))

@@ -59,7 +59,7 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, er
 	t, ok := h.topics[sessionID]
 	if !ok {
 		t = &topic{conns: map[*connState]struct{}{}, ready: make(chan struct{})}
-		t.sub, err = bus.SubscribeSessionUpdates(h.nc, subject, func(u *busv1.SessionUpdate) { h.dispatch(t, u) },
+		t.sub, err = bus.SubscribeSessionUpdates(h.nc, subject, func(u bus.Update) { h.dispatch(t, u) },
 			func(err error) {
 				h.log.Warn("bad session update dropped", zap.String("session_id", sessionID), zap.Error(err))
 			})
@@ -137,32 +137,32 @@ func (h *hub) drop(sessionID string) {
 	}
 }
 
-func (h *hub) dispatch(t *topic, u *busv1.SessionUpdate) {
-	if u.GetType() == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
-		h.drop(u.GetSessionId())
+func (h *hub) dispatch(t *topic, u bus.Update) {
+	if u.Type == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
+		h.drop(u.SessionID)
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.lastSeq != 0 && u.GetSeq() > t.lastSeq+1 {
-		h.log.Warn("session updates lost in transit", zap.String("session_id", u.GetSessionId()),
-			zap.Int64("after_seq", t.lastSeq), zap.Int64("got_seq", u.GetSeq()))
+	if t.lastSeq != 0 && u.Seq > t.lastSeq+1 {
+		h.log.Warn("session updates lost in transit", zap.String("session_id", u.SessionID),
+			zap.Int64("after_seq", t.lastSeq), zap.Int64("got_seq", u.Seq))
 	}
-	if u.GetSeq() > t.lastSeq {
-		t.lastSeq = u.GetSeq()
+	if u.Seq > t.lastSeq {
+		t.lastSeq = u.Seq
 	}
 	if len(t.conns) == 0 {
 		return
 	}
 	// Checked and encoded once for every connection it goes to.
-	n, err := jsonrpc.EncodeNotificationJSON("session/update", u.GetJson())
+	n, err := jsonrpc.EncodeRawNotification("session/update", u.JSON)
 	if err != nil {
-		h.log.Warn("session update not encodable, dropped", zap.String("session_id", u.GetSessionId()),
-			zap.Int64("seq", u.GetSeq()), zap.Error(err))
+		h.log.Warn("session update not encodable, dropped", zap.String("session_id", u.SessionID),
+			zap.Int64("seq", u.Seq), zap.Error(err))
 		return
 	}
 	for cs := range t.conns {
-		if u.GetConnectionId() != "" && u.GetConnectionId() != cs.id {
+		if u.ConnectionID != "" && u.ConnectionID != cs.id {
 			continue
 		}
 		cs.outbox.push(u, n)

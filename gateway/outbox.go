@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/bus"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
@@ -60,17 +61,17 @@ func newOutbox(ctx context.Context, g *Gateway, cs *connState) *outbox {
 // queued is one update and its notification, encoded once by the hub for
 // every connection it goes to.
 type queued struct {
-	u *busv1.SessionUpdate
+	u bus.Update
 	n jsonrpc.Notification
 }
 
-func (o *outbox) push(u *busv1.SessionUpdate, n jsonrpc.Notification) {
+func (o *outbox) push(u bus.Update, n jsonrpc.Notification) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.done {
 		return
 	}
-	if o.bytes+len(u.GetJson()) > maxOutboxBytes {
+	if o.bytes+len(u.JSON) > maxOutboxBytes {
 		o.g.log.Warn("closing connection: session updates backlog over its bound",
 			zap.String("conn", o.cs.id), zap.Int("limit_bytes", maxOutboxBytes))
 		o.done, o.q, o.bytes = true, nil, 0
@@ -86,7 +87,7 @@ func (o *outbox) push(u *busv1.SessionUpdate, n jsonrpc.Notification) {
 		return
 	}
 	o.q = append(o.q, queued{u, n})
-	o.bytes += len(u.GetJson())
+	o.bytes += len(u.JSON)
 	o.cond.Signal()
 }
 
@@ -161,7 +162,7 @@ func (o *outbox) run() {
 		// o.bytes counted: the updates' JSON.
 		size, frameBytes, n := 0, 0, 0
 		for n < len(o.q) && (n == 0 || frameBytes+o.q[n].n.Len() <= maxBatchBytes) {
-			size += len(o.q[n].u.GetJson())
+			size += len(o.q[n].u.JSON)
 			frameBytes += o.q[n].n.Len()
 			n++
 		}
@@ -208,9 +209,9 @@ func (o *outbox) deliver(batch []queued, frames []jsonrpc.Notification) {
 // sent does what follows an update's writing to the connection: an
 // approval request is put to the client, a turn_complete wakes the
 // prompt waiting for it. o.mu is held.
-func (o *outbox) sent(u *busv1.SessionUpdate) {
+func (o *outbox) sent(u bus.Update) {
 	o.written++
-	switch u.GetType() {
+	switch u.Type {
 	case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
 		if o.cs.canElicit() {
 			o.g.spawn(func() { o.g.elicitApproval(o.ctx, o.cs, u) })
@@ -219,7 +220,7 @@ func (o *outbox) sent(u *busv1.SessionUpdate) {
 		var tc struct {
 			TurnID string `json:"turn_id"`
 		}
-		if json.Unmarshal([]byte(u.GetJson()), &tc) == nil && tc.TurnID != "" {
+		if json.Unmarshal(u.JSON, &tc) == nil && tc.TurnID != "" {
 			o.markCompleted(tc.TurnID)
 		}
 	}

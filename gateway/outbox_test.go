@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
-	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"go.uber.org/zap"
 )
 
@@ -69,7 +69,7 @@ func TestOutboxBacklogBounded(t *testing.T) {
 	conn := jsonrpc.NewConn(server, nil, jsonrpc.Options{})
 	g := &Gateway{log: zap.NewNop()}
 	o := newOutbox(context.Background(), g, &connState{id: "conn-t", conn: conn})
-	chunk := &busv1.SessionUpdate{Json: strings.Repeat("x", 1<<20)}
+	chunk := bus.Update{JSON: []byte(strings.Repeat("x", 1<<20))}
 	for range maxOutboxBytes >> 20 {
 		o.push(chunk, jsonrpc.Notification{})
 	}
@@ -107,7 +107,7 @@ func TestOutboxBatchesSplitInOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.push(&busv1.SessionUpdate{Seq: int64(k), Json: body}, n)
+		o.push(bus.Update{Seq: int64(k), JSON: []byte(body)}, n)
 	}
 	if len(o.q) != updates {
 		t.Fatalf("%d queued", len(o.q))

@@ -935,22 +935,16 @@ func EncodeNotification(method string, params any) (Notification, error) {
 	return Notification{frame: appendRequest(make([]byte, 0, notificationLen(method, len(raw))), nil, method, raw)}, nil
 }
 
-// EncodeNotificationJSON is EncodeNotification with params given as JSON
-// text, as a session update carries them: the text goes straight into
-// the frame, one allocation of its exact size, where a json.RawMessage
-// converted from it would be a copy more for the collector on every
-// update the gateway fans out. Params that are not compact valid JSON
-// take EncodeNotification's way (marshalled, or refused).
-func EncodeNotificationJSON(method, params string) (Notification, error) {
-	b := make([]byte, 0, notificationLen(method, len(params)))
-	b = appendRequest(b, nil, method, nil)
-	b = append(b[:len(b)-1], `,"params":`...) // over appendRequest's '}'
-	start := len(b)
-	b = append(b, params...)
-	if !compactJSON(b[start:]) {
-		return EncodeNotification(method, json.RawMessage(params))
+// EncodeRawNotification is EncodeNotification for params already
+// encoded, as a session update's come off the bus: typed, so that
+// passing them boxes nothing in an interface, and copied once into a
+// frame of its exact size. Params that are not compact valid JSON take
+// EncodeNotification's way (marshalled, or refused).
+func EncodeRawNotification(method string, params json.RawMessage) (Notification, error) {
+	if !compactJSON(params) {
+		return EncodeNotification(method, params)
 	}
-	return Notification{frame: append(b, '}')}, nil
+	return Notification{frame: appendRequest(make([]byte, 0, notificationLen(method, len(params))), nil, method, params)}, nil
 }
 
 // notificationLen is the length of a notification frame of method and

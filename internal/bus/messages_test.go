@@ -3,6 +3,7 @@ package bus
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,8 +65,8 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	subject, _ := SessionUpdateSubject("s-round")
-	got := make(chan *busv1.SessionUpdate, 16)
-	sub, err := SubscribeSessionUpdates(nc, subject, func(u *busv1.SessionUpdate) { got <- u }, func(err error) { t.Error(err) })
+	got := make(chan Update, 16)
+	sub, err := SubscribeSessionUpdates(nc, subject, func(u Update) { got <- u }, func(err error) { t.Error(err) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,12 +88,86 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 	for i, body := range bodies {
 		select {
 		case u := <-got:
-			if u.GetSessionId() != "s-round" || u.GetSeq() != int64(i+1) || u.GetJson() != body ||
-				u.GetType() != busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK {
+			if u.SessionID != "s-round" || u.Seq != int64(i+1) || string(u.JSON) != body ||
+				u.Type != busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK {
 				t.Fatalf("update %d: %v", i+1, u)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("update %d not received", i+1)
 		}
 	}
+}
+
+// decodeSessionUpdate reads what proto.Unmarshal reads, refuses what it
+// refuses, and refuses an update of another session than the
+// subscription's.
+func TestDecodeSessionUpdateIsProtoUnmarshal(t *testing.T) {
+	valid := func(u *busv1.SessionUpdate) []byte {
+		b, err := proto.Marshal(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	chunk := valid(&busv1.SessionUpdate{SessionId: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 7, Json: `{"text":"x"}`})
+	tag := func(b []byte, n protowire.Number, typ protowire.Type) []byte { return protowire.AppendTag(b, n, typ) }
+	for name, data := range map[string][]byte{
+		"chunk":              chunk,
+		"to one connection":  valid(&busv1.SessionUpdate{SessionId: "s-1", Seq: 1, Json: "{}", ConnectionId: "c-9"}),
+		"deleted":            valid(&busv1.SessionUpdate{SessionId: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED}),
+		"negative seq":       valid(&busv1.SessionUpdate{SessionId: "s-1", Seq: -1, Json: "{}"}),
+		"unknown enum value": valid(&busv1.SessionUpdate{SessionId: "s-1", Type: busv1.UpdateType(99)}),
+		"large json":         valid(&busv1.SessionUpdate{SessionId: "s-1", Json: strings.Repeat("é", 70000)}),
+		"another session":    valid(&busv1.SessionUpdate{SessionId: "s-2", Json: "{}"}),
+		"no session":         valid(&busv1.SessionUpdate{Json: "{}"}),
+		"empty":              {},
+		"fields reversed": protowire.AppendString(tag(protowire.AppendVarint(tag(protowire.AppendString(tag(nil,
+			fieldUpdateJSON, protowire.BytesType), "{}"), fieldUpdateSeq, protowire.VarintType), 3), fieldUpdateSessionID, protowire.BytesType), "s-1"),
+		"repeated: last wins": protowire.AppendVarint(tag(append(slices.Clone(chunk), valid(&busv1.SessionUpdate{SessionId: "s-1", Json: `{"b":2}`})...),
+			fieldUpdateSeq, protowire.VarintType), 9),
+		"unknown field":            protowire.AppendString(tag(slices.Clone(chunk), 42, protowire.BytesType), "later"),
+		"unknown fixed32":          protowire.AppendFixed32(tag(slices.Clone(chunk), 43, protowire.Fixed32Type), 1),
+		"known number, wrong type": protowire.AppendVarint(tag(slices.Clone(chunk), fieldUpdateJSON, protowire.VarintType), 5),
+		"truncated":                chunk[:len(chunk)-3],
+		"truncated tag":            append(slices.Clone(chunk), 0x80),
+		"json not UTF-8":           protowire.AppendBytes(tag(slices.Clone(chunk), fieldUpdateJSON, protowire.BytesType), []byte("{\"a\":\"\xff\"}")),
+		"connection not UTF-8":     protowire.AppendBytes(tag(slices.Clone(chunk), fieldUpdateConnectionID, protowire.BytesType), []byte{0xff}),
+		"session not UTF-8":        protowire.AppendBytes(tag(nil, fieldUpdateSessionID, protowire.BytesType), []byte{0xff}),
+	} {
+		checkDecodeAsProto(t, name, data, "s-1")
+	}
+}
+
+func checkDecodeAsProto(t *testing.T, name string, data []byte, id string) {
+	t.Helper()
+	want := &busv1.SessionUpdate{}
+	wantErr := proto.Unmarshal(data, want)
+	if wantErr == nil && want.GetSessionId() != id {
+		wantErr = errors.New("another session")
+	}
+	got, err := decodeSessionUpdate(data, id)
+	if (err != nil) != (wantErr != nil) {
+		t.Fatalf("%s: decoded with error %v, proto.Unmarshal and the session check %v", name, err, wantErr)
+	}
+	if err != nil {
+		return
+	}
+	if got.SessionID != want.GetSessionId() || got.Type != want.GetType() || got.Seq != want.GetSeq() ||
+		string(got.JSON) != want.GetJson() || got.ConnectionID != want.GetConnectionId() {
+		t.Fatalf("%s: decoded %+v, proto.Unmarshal %v", name, got, want)
+	}
+}
+
+// FuzzDecodeSessionUpdate holds decodeSessionUpdate to proto.Unmarshal on
+// any bytes (the seeds run in every go test).
+func FuzzDecodeSessionUpdate(f *testing.F) {
+	for _, u := range []*busv1.SessionUpdate{
+		{SessionId: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_TOOL_CALL, Seq: 3, Json: `{"a":1}`},
+		{SessionId: "s-1", ConnectionId: "c"},
+	} {
+		b, _ := proto.Marshal(u)
+		f.Add(b)
+	}
+	f.Add([]byte{0x0a, 0x03, 's', '-', '1', 0x22, 0x01, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) { checkDecodeAsProto(t, "fuzz", data, "s-1") })
 }
