@@ -34,20 +34,7 @@ func SubscribeSessionUpdates(nc *nats.Conn, subject string, fn func(Update), bad
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q is not a session update subject", err, subject)
 	}
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
-		u, err := decodeSessionUpdate(m.Data, id)
-		if err != nil {
-			if bad != nil {
-				bad(fmt.Errorf("%w: %s: %w", ErrDecode, subject, err))
-			}
-			return
-		}
-		fn(u)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("bus: subscribe %s: %w", subject, err)
-	}
-	return sub, nil
+	return subscribeDecoded(nc, subject, func(data []byte) (Update, error) { return decodeSessionUpdate(data, id) }, fn, bad)
 }
 
 // Update is a busv1.SessionUpdate as a subscriber to one session
@@ -157,10 +144,21 @@ func publish(nc *nats.Conn, subject string, m proto.Message) error {
 	return nil
 }
 
+// subscribe calls fn with each message on subject decoded into a new
+// message of alloc's.
 func subscribe[M proto.Message](nc *nats.Conn, subject string, alloc func() M, fn func(M), bad func(error)) (*nats.Subscription, error) {
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+	return subscribeDecoded(nc, subject, func(data []byte) (M, error) {
 		v := alloc()
-		if err := proto.Unmarshal(m.Data, v); err != nil {
+		return v, proto.Unmarshal(data, v)
+	}, fn, bad)
+}
+
+// subscribeDecoded calls fn with each message on subject that decode
+// reads; what it refuses is reported to bad (when not nil) and dropped.
+func subscribeDecoded[T any](nc *nats.Conn, subject string, decode func([]byte) (T, error), fn func(T), bad func(error)) (*nats.Subscription, error) {
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		v, err := decode(m.Data)
+		if err != nil {
 			if bad != nil {
 				bad(fmt.Errorf("%w: %s: %w", ErrDecode, subject, err))
 			}
