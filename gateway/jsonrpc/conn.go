@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 )
 
 // Defaults of docs/spec.md §3, and of the settings it leaves open.
@@ -787,11 +789,11 @@ func (c *Conn) sendNoWait(r *Response) {
 // goroutine serving many connections uses it to write an update at once,
 // with no hand-off, and never waits on a slow peer.
 func (c *Conn) TrySend(n Notification) bool {
-	if len(n.frame) == 0 || c.writeNow == nil {
+	if n.size == 0 || c.writeNow == nil {
 		return false
 	}
 	bp := scratchPool.Get().(*[]byte)
-	b := append(append((*bp)[:0], n.frame...), '\n')
+	b := append(n.appendTo((*bp)[:0]), '\n')
 	ok := c.writeNoWait(b, false)
 	putScratch(bp, b)
 	return ok
@@ -915,42 +917,60 @@ func (c *Conn) Notify(ctx context.Context, method string, params any) error {
 	return err
 }
 
-// Notification is one notification frame encoded once, to be sent on any
+// Notification is one notification checked once, to be sent on any
 // number of connections (a session update fanned out to every connection
-// attached to the session): the params are checked and the frame built
-// once, not once per connection. It is immutable.
-type Notification struct{ frame []byte }
+// attached to the session): the params are checked and the frame measured
+// once, not once per connection. It is immutable. It holds its method and
+// params, not a frame: every send copies a frame into the connection's
+// scratch buffer (to end it with an LF, or to join a batch) and builds it
+// there, so an update costs the fan-out no frame of its own.
+type Notification struct {
+	method string
+	params json.RawMessage // compact valid JSON, or empty for none; kept, not copied
+	size   int             // the frame's length without its LF; 0 only in the zero Notification
+}
 
 // Len is the length of the encoded frame, without its LF.
-func (n Notification) Len() int { return len(n.frame) }
+func (n Notification) Len() int { return n.size }
+
+// appendTo appends the frame, without its LF.
+func (n Notification) appendTo(dst []byte) []byte {
+	return appendRequest(dst, nil, n.method, n.params)
+}
 
 // EncodeNotification builds a notification of method with params (like
 // Notify's: nil for none, a json.RawMessage taken as it is when compact
-// and valid, anything else marshalled).
+// and valid, anything else marshalled). A json.RawMessage taken as it is
+// is kept, not copied: the caller must not change it afterwards.
 func EncodeNotification(method string, params any) (Notification, error) {
 	raw, err := marshalParams(params)
 	if err != nil {
 		return Notification{}, err
 	}
-	return Notification{frame: appendRequest(make([]byte, 0, notificationLen(method, len(raw))), nil, method, raw)}, nil
+	return newNotification(method, raw), nil
 }
 
 // EncodeRawNotification is EncodeNotification for params already
 // encoded, as a session update's come off the bus: typed, so that
-// passing them boxes nothing in an interface, and copied once into a
-// frame of its exact size. Params that are not compact valid JSON take
-// EncodeNotification's way (marshalled, or refused).
+// passing them boxes nothing in an interface, and kept as they are (the
+// bus message's own bytes), never copied into a frame of their own.
+// Params that are not compact valid JSON take EncodeNotification's way
+// (marshalled, or refused).
 func EncodeRawNotification(method string, params json.RawMessage) (Notification, error) {
 	if !compactJSON(params) {
 		return EncodeNotification(method, params)
 	}
-	return Notification{frame: appendRequest(make([]byte, 0, notificationLen(method, len(params))), nil, method, params)}, nil
+	return newNotification(method, params), nil
 }
 
-// notificationLen is the length of a notification frame of method and
-// params of paramsLen bytes when method needs no escape.
-func notificationLen(method string, paramsLen int) int {
-	return len(`{"jsonrpc":"2.0","method":"`) + len(method) + len(`","params":`) + paramsLen + len(`}`)
+// newNotification measures the frame appendRequest builds of method and
+// params (compact valid JSON or empty).
+func newNotification(method string, params json.RawMessage) Notification {
+	size := len(`{"jsonrpc":"2.0","method":`) + jsonstr.Len(method) + len(`}`)
+	if len(params) > 0 {
+		size += len(`,"params":`) + len(params)
+	}
+	return Notification{method: method, params: params, size: size}
 }
 
 // SendAll sends ns in order. Like Notify it keeps the order of the calls
@@ -964,10 +984,10 @@ func notificationLen(method string, paramsLen int) int {
 func (c *Conn) SendAll(ctx context.Context, ns []Notification) error {
 	size := 0
 	for _, n := range ns {
-		if len(n.frame) == 0 {
+		if n.size == 0 {
 			return fmt.Errorf("%w: empty notification", ErrInvalidFrame)
 		}
-		size += len(n.frame) + 1
+		size += n.size + 1
 	}
 	if size == 0 {
 		return nil
@@ -975,8 +995,7 @@ func (c *Conn) SendAll(ctx context.Context, ns []Notification) error {
 	bp := scratchPool.Get().(*[]byte)
 	b := slices.Grow((*bp)[:0], size)
 	for _, n := range ns {
-		b = append(b, n.frame...)
-		b = append(b, '\n')
+		b = append(n.appendTo(b), '\n')
 	}
 	defer putScratch(bp, b)
 	if c.writeLinesDirect(b) {

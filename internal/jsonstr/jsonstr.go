@@ -70,6 +70,17 @@ func Append(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
+// Len is the length of what Append writes for s. A string that needs no
+// escape (most method names and ids) is measured without writing it.
+func Len(s string) int {
+	for i := 0; i < len(s); i++ {
+		if !plain(s[i]) {
+			return len(Append(nil, s))
+		}
+	}
+	return len(s) + 2
+}
+
 // plain reports whether encoding/json writes the byte b as it is: ASCII
 // that is neither a control character, a quote, a backslash nor one of
 // the HTML characters < > &.

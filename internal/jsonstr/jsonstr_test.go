@@ -18,6 +18,9 @@ func sameAsEncodingJSON(t *testing.T, s string) {
 	if got := jsonstr.Append(nil, s); !bytes.Equal(got, want) {
 		t.Fatalf("Append(%q)\n got %s\nwant %s", s, got, want)
 	}
+	if n := jsonstr.Len(s); n != len(want) {
+		t.Fatalf("Len(%q) = %d, Append writes %d bytes", s, n, len(want))
+	}
 }
 
 func TestAppendAsEncodingJSON(t *testing.T) {
