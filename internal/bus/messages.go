@@ -34,7 +34,7 @@ func SubscribeSessionUpdates(nc *nats.Conn, subject string, fn func(Update), bad
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q is not a session update subject", err, subject)
 	}
-	return subscribeDecoded(nc, subject, func(data []byte) (Update, error) { return decodeSessionUpdate(data, id) }, fn, bad)
+	return subscribeDecoded(nc, subject, func(_ string, data []byte) (Update, error) { return decodeSessionUpdate(data, id) }, fn, bad)
 }
 
 // Update is a busv1.SessionUpdate as a subscriber to one session
@@ -104,23 +104,18 @@ func decodeSessionUpdate(data []byte, id string) (Update, error) {
 }
 
 // SubscribeAllSessionUpdates follows every session's updates (the durable
-// bridge watches them all).
-func SubscribeAllSessionUpdates(nc *nats.Conn, fn func(*busv1.SessionUpdate), bad func(error)) (*nats.Subscription, error) {
-	return nc.Subscribe(SubjectAllSessionUpdates, func(m *nats.Msg) {
-		id, err := SessionOfSubject(m.Subject)
-		u := &busv1.SessionUpdate{}
-		if err == nil {
-			err = proto.Unmarshal(m.Data, u)
-		}
-		if err == nil && u.GetSessionId() != id {
-			err = fmt.Errorf("update of session %q on the subject of %q", u.GetSessionId(), id)
-		}
+// bridge watches them all), decoded as SubscribeSessionUpdates decodes
+// one session's: each update's session is its subject's, and an update
+// claiming another session, or on a subject that names none, is dropped
+// as bad.
+func SubscribeAllSessionUpdates(nc *nats.Conn, fn func(Update), bad func(error)) (*nats.Subscription, error) {
+	return subscribeDecoded(nc, SubjectAllSessionUpdates, func(subject string, data []byte) (Update, error) {
+		id, err := SessionOfSubject(subject)
 		if err != nil {
-			bad(fmt.Errorf("%w: %s: %w", ErrDecode, SubjectAllSessionUpdates, err))
-			return
+			return Update{}, err
 		}
-		fn(u)
-	})
+		return decodeSessionUpdate(data, id)
+	}, fn, bad)
 }
 
 // PublishRestart tells watchers the launcher restarted a process.
@@ -147,17 +142,18 @@ func publish(nc *nats.Conn, subject string, m proto.Message) error {
 // subscribe calls fn with each message on subject decoded into a new
 // message of alloc's.
 func subscribe[M proto.Message](nc *nats.Conn, subject string, alloc func() M, fn func(M), bad func(error)) (*nats.Subscription, error) {
-	return subscribeDecoded(nc, subject, func(data []byte) (M, error) {
+	return subscribeDecoded(nc, subject, func(_ string, data []byte) (M, error) {
 		v := alloc()
 		return v, proto.Unmarshal(data, v)
 	}, fn, bad)
 }
 
-// subscribeDecoded calls fn with each message on subject that decode
-// reads; what it refuses is reported to bad (when not nil) and dropped.
-func subscribeDecoded[T any](nc *nats.Conn, subject string, decode func([]byte) (T, error), fn func(T), bad func(error)) (*nats.Subscription, error) {
+// subscribeDecoded calls fn with each message on subject (a wildcard's
+// messages come on subjects of their own) that decode reads; what it
+// refuses is reported to bad (when not nil) and dropped.
+func subscribeDecoded[T any](nc *nats.Conn, subject string, decode func(subject string, data []byte) (T, error), fn func(T), bad func(error)) (*nats.Subscription, error) {
 	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
-		v, err := decode(m.Data)
+		v, err := decode(m.Subject, m.Data)
 		if err != nil {
 			if bad != nil {
 				bad(fmt.Errorf("%w: %s: %w", ErrDecode, subject, err))

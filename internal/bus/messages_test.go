@@ -3,6 +3,7 @@ package bus
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -95,6 +96,83 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("update %d not received", i+1)
 		}
+	}
+}
+
+// SubscribeAllSessionUpdates delivers every session's updates, each with
+// its subject's session, in each session's order, and drops as bad an
+// update claiming another session than its subject's or one that does
+// not decode.
+func TestSubscribeAllSessionUpdates(t *testing.T) {
+	url := testenv.NATS(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got := make(chan Update, 64)
+	bad := make(chan error, 8)
+	sub, err := SubscribeAllSessionUpdates(nc, func(u Update) { got <- u }, func(err error) { bad <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	pubs := map[string]*SessionUpdatePublisher{}
+	for _, id := range []string{"s-one", "s-two"} {
+		if pubs[id], err = NewSessionUpdatePublisher(nc, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	subjectOfTwo, _ := SessionUpdateSubject("s-two")
+	claimsOne := appendSessionUpdate(nil, "s-one", busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, 99, []byte(`{"x":1}`))
+	const perSession = 5
+	for k := 1; k <= perSession; k++ {
+		for _, id := range []string{"s-one", "s-two"} {
+			if err := pubs[id].Publish(busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, int64(k), []byte(fmt.Sprintf(`{"k":%d}`, k))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if k == 2 {
+			if err := nc.Publish(subjectOfTwo, claimsOne); err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Publish(subjectOfTwo, []byte{0xff, 0xff}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	last := map[string]int64{}
+	for range 2 * perSession {
+		select {
+		case u := <-got:
+			if u.Seq != last[u.SessionID]+1 || string(u.JSON) != fmt.Sprintf(`{"k":%d}`, u.Seq) {
+				t.Fatalf("after update %d of %s: %+v", last[u.SessionID], u.SessionID, u)
+			}
+			last[u.SessionID] = u.Seq
+		case <-time.After(10 * time.Second):
+			t.Fatalf("updates received: %v", last)
+		}
+	}
+	if last["s-one"] != perSession || last["s-two"] != perSession {
+		t.Fatalf("updates received: %v", last)
+	}
+	for range 2 {
+		select {
+		case err := <-bad:
+			if !errors.Is(err, ErrDecode) {
+				t.Fatalf("bad update reported as %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a bad update was not reported")
+		}
+	}
+	select {
+	case u := <-got:
+		t.Fatalf("a bad update was delivered: %+v", u)
+	default:
 	}
 }
 

@@ -37,7 +37,7 @@ const (
 // goroutine applies everything, in update order.
 type follower struct {
 	b       *Bridge
-	updates chan *busv1.SessionUpdate
+	updates chan bus.Update
 	wake    chan struct{}
 
 	mu     sync.Mutex
@@ -52,16 +52,16 @@ type follower struct {
 }
 
 func newFollower(b *Bridge) *follower {
-	return &follower{b: b, updates: make(chan *busv1.SessionUpdate, updateQueue), wake: make(chan struct{}, 1),
+	return &follower{b: b, updates: make(chan bus.Update, updateQueue), wake: make(chan struct{}, 1),
 		marked: map[string]bool{}, suspects: map[string]int64{}}
 }
 
 // push is the bus callback: it never blocks the subscription.
-func (f *follower) push(u *busv1.SessionUpdate) {
+func (f *follower) push(u bus.Update) {
 	select {
 	case f.updates <- u:
 	default:
-		f.mark(u.GetSessionId())
+		f.mark(u.SessionID)
 	}
 }
 
@@ -295,9 +295,9 @@ type updateParams struct {
 // apply applies one session update. It reports asksKept: the update was
 // a streamed chunk of a pane already shown, in a turn already known, so
 // no ask was added, removed or given a new expiry.
-func (f *follower) apply(ctx context.Context, u *busv1.SessionUpdate) (asksKept bool) {
-	id := u.GetSessionId()
-	if u.GetType() == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
+func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
+	id := u.SessionID
+	if u.Type == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
 		f.b.layout.remove(id)
 		if err := f.b.store.forgetPane(ctx, id); err != nil {
 			f.b.log.Warn("forget deleted session", zap.String("session_id", id), zap.Error(err))
@@ -312,16 +312,16 @@ func (f *follower) apply(ctx context.Context, u *busv1.SessionUpdate) (asksKept 
 		f.discover(ctx, id)
 		return false
 	}
-	if u.GetSeq() <= seen {
+	if u.Seq <= seen {
 		return false
 	}
-	f.b.layout.mutate(id, func(p *pane) bool { p.lastSeq = u.GetSeq(); return false })
+	f.b.layout.mutate(id, func(p *pane) bool { p.lastSeq = u.Seq; return false })
 	var up updateParams
-	if err := json.Unmarshal([]byte(u.GetJson()), &up); err != nil {
+	if err := json.Unmarshal(u.JSON, &up); err != nil {
 		f.b.log.Warn("undecodable session update", zap.String("session_id", id), zap.Error(err))
 		return false
 	}
-	typ := u.GetType()
+	typ := u.Type
 	turnKnown := true
 	if up.TurnID != "" && typ != busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE {
 		turnKnown = !f.noteTurn(ctx, id, up.TurnID)
@@ -354,7 +354,7 @@ func (f *follower) apply(ctx context.Context, u *busv1.SessionUpdate) (asksKept 
 		f.raise(ctx, id)
 	case busv1.UpdateType_UPDATE_TYPE_HISTORY_TRIMMED:
 		f.b.layout.mutate(id, func(p *pane) bool {
-			p.putItem(fmt.Sprintf("trim-%d", u.GetSeq()), kindNotice, fmt.Sprintf("Older history was trimmed (%d messages)", up.Dropped), now, false)
+			p.putItem(fmt.Sprintf("trim-%d", u.Seq), kindNotice, fmt.Sprintf("Older history was trimmed (%d messages)", up.Dropped), now, false)
 			return false
 		})
 	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
@@ -20,16 +21,16 @@ func TestAskExpiresWhileItsSessionStreams(t *testing.T) {
 	w.addPane("s-1", "main", 1, a) // its turn is turn-1
 	f := w.b.follower
 
-	chunk := func(seq int64) *busv1.SessionUpdate {
-		return &busv1.SessionUpdate{SessionId: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: seq,
-			Json: `{"turn_id":"turn-1","text":"x"}`}
+	chunk := func(seq int64) bus.Update {
+		return bus.Update{SessionID: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: seq,
+			JSON: []byte(`{"turn_id":"turn-1","text":"x"}`)}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if !f.apply(ctx, chunk(1)) {
 		t.Fatal("a chunk of the known turn reported as changing asks")
 	}
-	trimmed := &busv1.SessionUpdate{SessionId: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_HISTORY_TRIMMED, Seq: 2,
-		Json: `{"turn_id":"turn-1","dropped_messages":3}`}
+	trimmed := bus.Update{SessionID: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_HISTORY_TRIMMED, Seq: 2,
+		JSON: []byte(`{"turn_id":"turn-1","dropped_messages":3}`)}
 	if f.apply(ctx, trimmed) {
 		t.Fatal("an update other than a chunk reported as leaving asks alone")
 	}

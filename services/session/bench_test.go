@@ -92,12 +92,32 @@ func split(total, parts int) []int {
 	return out
 }
 
+// followChunks records the latency of every streamed chunk published on
+// any session's update subject, decoded as the durable bridge decodes
+// them.
+func followChunks(nc *nats.Conn, lat *latencies) (*nats.Subscription, error) {
+	return bus.SubscribeAllSessionUpdates(nc, func(u bus.Update) {
+		if u.Type != busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK {
+			return
+		}
+		var p struct {
+			Text string `json:"text"`
+		}
+		if json.Unmarshal(u.JSON, &p) == nil {
+			if sent, err := strconv.ParseInt(p.Text, 10, 64); err == nil {
+				lat.add(sent)
+			}
+		}
+	}, func(error) {})
+}
+
 // BenchmarkChunkToNATS measures a provider chunk's trip to a NATS
 // subscriber (the gateway's seat): the session service's publish path
 // (params JSON, Update protobuf, seq under the session's lock, publish)
 // and NATS, with 1, 10 and 100 sessions streaming at once. The baseline
 // in the same run publishes an Update of the same size directly from the
-// same number of goroutines at the same pace, and decodes it the same way.
+// same number of goroutines at the same pace, on the same subjects, and
+// decodes it the same way.
 func BenchmarkChunkToNATS(b *testing.B) {
 	h := newHarness(b, func(c *Config) {
 		c.Providers = map[string]ProviderFactory{"paced": func(AgentConfig) (Provider, error) { return pacedProvider{}, nil }}
@@ -111,19 +131,7 @@ func BenchmarkChunkToNATS(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("session/sessions=%d", n), func(b *testing.B) {
 			lat := &latencies{}
-			sub, err := bus.SubscribeAllSessionUpdates(h.listen, func(u *busv1.SessionUpdate) {
-				if u.GetType() != busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK {
-					return
-				}
-				var p struct {
-					Text string `json:"text"`
-				}
-				if json.Unmarshal([]byte(u.GetJson()), &p) == nil {
-					if sent, err := strconv.ParseInt(p.Text, 10, 64); err == nil {
-						lat.add(sent)
-					}
-				}
-			}, func(error) {})
+			sub, err := followChunks(h.listen, lat)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -155,20 +163,7 @@ func BenchmarkChunkToNATS(b *testing.B) {
 
 		b.Run(fmt.Sprintf("bare-nats/publishers=%d", n), func(b *testing.B) {
 			lat := &latencies{}
-			sub, err := h.listen.Subscribe("bench.*.update", func(m *nats.Msg) {
-				var u busv1.SessionUpdate
-				if proto.Unmarshal(m.Data, &u) != nil {
-					return
-				}
-				var p struct {
-					Text string `json:"text"`
-				}
-				if json.Unmarshal([]byte(u.GetJson()), &p) == nil {
-					if sent, err := strconv.ParseInt(p.Text, 10, 64); err == nil {
-						lat.add(sent)
-					}
-				}
-			})
+			sub, err := followChunks(h.listen, lat)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -179,7 +174,11 @@ func BenchmarkChunkToNATS(b *testing.B) {
 			var wg sync.WaitGroup
 			for i, count := range split(b.N, n) {
 				wg.Go(func() {
-					subject := "bench." + ids[i] + ".update"
+					subject, err := bus.SessionUpdateSubject(ids[i])
+					if err != nil {
+						b.Error(err)
+						return
+					}
 					tick := time.NewTicker(benchPace)
 					defer tick.Stop()
 					for k := 0; k < count; k++ {
