@@ -154,7 +154,8 @@ func (h *hub) dispatch(t *topic, u bus.Update) {
 	if len(t.conns) == 0 {
 		return
 	}
-	// Checked and encoded once for every connection it goes to.
+	// Checked and measured once for every connection it goes to; each
+	// send builds the frame in the buffer it writes.
 	n, err := jsonrpc.EncodeRawNotification("session/update", u.JSON)
 	if err != nil {
 		h.log.Warn("session update not encodable, dropped", zap.String("session_id", u.SessionID),

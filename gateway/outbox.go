@@ -58,7 +58,7 @@ func newOutbox(ctx context.Context, g *Gateway, cs *connState) *outbox {
 	return o
 }
 
-// queued is one update and its notification, encoded once by the hub for
+// queued is one update and its notification, checked once by the hub for
 // every connection it goes to.
 type queued struct {
 	u bus.Update

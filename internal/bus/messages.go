@@ -37,14 +37,15 @@ func SubscribeSessionUpdates(nc *nats.Conn, subject string, fn func(Update), bad
 	return subscribeDecoded(nc, subject, func(_ string, data []byte) (Update, error) { return decodeSessionUpdate(data, id) }, fn, bad)
 }
 
-// Update is a busv1.SessionUpdate as a subscriber to one session
-// receives it. It is decoded from the delivered message by hand, not
-// into a new busv1.SessionUpdate: JSON is a slice of the message's own
-// bytes (nats.go copies each message for its delivery, so the slice is
-// the update's alone) and SessionID the subscription's own string,
-// checked against the message's. A streamed chunk's update then costs
-// the subscriber no copy of its params and no allocation of its own.
-// Nothing may modify an Update's JSON.
+// Update is a busv1.SessionUpdate as a subscriber receives it (to one
+// session, the gateway; to all, the durable bridge). It is decoded from
+// the delivered message by hand, not into a new busv1.SessionUpdate:
+// JSON is a slice of the message's own bytes (nats.go copies each
+// message for its delivery, so the slice is the update's alone) and
+// SessionID the subscription's own string, or a slice of the subject it
+// came on, checked against the message's. A streamed chunk's update
+// then costs the subscriber no copy of its params and no allocation of
+// its own. Nothing may modify an Update's JSON.
 type Update struct {
 	SessionID    string
 	Type         busv1.UpdateType
