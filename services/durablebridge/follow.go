@@ -293,8 +293,9 @@ type updateParams struct {
 }
 
 // apply applies one session update. It reports asksKept: the update was
-// a streamed chunk of a pane already shown, in a turn already known, so
-// no ask was added, removed or given a new expiry.
+// a streamed chunk of a pane already shown, in a turn already known, or
+// one the pane's view already covered (skipped), so no ask was added,
+// removed or given a new expiry.
 func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 	id := u.SessionID
 	if u.Type == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
@@ -313,7 +314,10 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 		return false
 	}
 	if u.Seq <= seen {
-		return false
+		// Covered by the view the pane was loaded from: the updates
+		// queued while a pane loads are many under streaming, and none
+		// changes an ask.
+		return true
 	}
 	f.b.layout.mutate(id, func(p *pane) bool { p.lastSeq = u.Seq; return false })
 	var up updateParams

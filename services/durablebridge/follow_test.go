@@ -60,3 +60,38 @@ func TestAskExpiresWhileItsSessionStreams(t *testing.T) {
 		t.Fatalf("chunks not applied meanwhile: last seq %d", last)
 	}
 }
+
+// An update the pane already covers (queued while the pane was loaded
+// from a view that includes it) is skipped: the pane is left as it was
+// and no ask can have changed, so the follower does not walk the asks.
+func TestCoveredUpdateIsSkipped(t *testing.T) {
+	w := newWireBridge(t, false)
+	w.addPane("s-1", "main", 1, testAsk("s-1", "tc-1"))
+	f := w.b.follower
+	ctx := context.Background()
+	chunk := func(seq int64, text string) bus.Update {
+		return bus.Update{SessionID: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: seq,
+			JSON: []byte(`{"turn_id":"turn-1","text":"` + text + `"}`)}
+	}
+	if !f.apply(ctx, chunk(5, "new")) {
+		t.Fatal("a chunk of the known turn reported as changing asks")
+	}
+	reply := func() (text string, last int64) {
+		w.b.layout.read("s-1", func(p *pane) {
+			if it := p.itemByID["turn-1:reply"]; it != nil {
+				text = string(it.text)
+			}
+			last = p.lastSeq
+		})
+		return text, last
+	}
+	text, last := reply()
+	for _, seq := range []int64{5, 3} {
+		if !f.apply(ctx, chunk(seq, "covered")) {
+			t.Fatalf("update %d, already covered, reported as changing asks", seq)
+		}
+		if gotText, gotLast := reply(); gotText != text || gotLast != last {
+			t.Fatalf("update %d, already covered, changed the pane: %q seq %d, was %q seq %d", seq, gotText, gotLast, text, last)
+		}
+	}
+}
