@@ -49,15 +49,21 @@ func TestSessionUpdateEncodingIsProtoMarshal(t *testing.T) {
 	}
 }
 
-// Updates published one after another, through the reused buffer, arrive
-// intact and in order, a large one among them.
-func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
-	url := testenv.NATS(t)
-	nc, err := nats.Connect(url)
+// connect connects to the tests' NATS server, until the test ends.
+func connect(t *testing.T) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(testenv.NATS(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Updates published one after another, through the reused buffer, arrive
+// intact and in order, a large one among them.
+func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
+	nc := connect(t)
 	if _, err := NewSessionUpdatePublisher(nc, "bad.id"); err == nil {
 		t.Fatal("a publisher for an id that is not a token")
 	}
@@ -104,12 +110,7 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 // update claiming another session than its subject's or one that does
 // not decode.
 func TestSubscribeAllSessionUpdates(t *testing.T) {
-	url := testenv.NATS(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := connect(t)
 	got := make(chan Update, 64)
 	bad := make(chan error, 8)
 	sub, err := SubscribeAllSessionUpdates(nc, func(u Update) { got <- u }, func(err error) { bad <- err })
