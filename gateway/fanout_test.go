@@ -251,10 +251,16 @@ func BenchmarkFanOut(b *testing.B) {
 		sent++
 		u.Seq = sent
 		h.dispatch(tp, u)
-		// A stream's chunks come paced, each written before the next (at
-		// 100 sessions, one a session every 2 ms): the next waits for
-		// this one, so the outbox's queue never grows a backlog here.
+		// A stream's chunks come paced, each written before the next (the
+		// turn-stream benchmark's pace is one a session every 5 ms): the
+		// next waits for this one, so the outbox's queue never grows a
+		// backlog here. A connection that failed never counts it written.
 		for written, pending := cs.outbox.progress(); written != uint64(sent) || pending; written, pending = cs.outbox.progress() {
+			select {
+			case <-conn.Done():
+				b.Fatalf("connection closed after %d updates were written", written)
+			default:
+			}
 			runtime.Gosched()
 		}
 	}
