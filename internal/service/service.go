@@ -90,6 +90,9 @@ type Spec struct {
 	// returns the process stops with its result, and ctx's cancellation
 	// (cause ErrShutdown or ErrBusClosed) asks it to return.
 	Run func(ctx context.Context, env *Env) error
+	// ServerOptions are the process's own options for its gRPC server
+	// (a codec of its own, say).
+	ServerOptions []grpc.ServerOption
 }
 
 // Peers are the gRPC addresses of the other processes.
@@ -257,7 +260,7 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}()
 
 	env := &Env{Log: log, DataDir: o.dataDir, Listen: o.listen, Peers: o.peers}
-	env.Server = grpcserver.New(log, o.drain, serverOptions(spec.Name)...)
+	env.Server = grpcserver.New(log, o.drain, append(serverOptions(spec.Name), spec.ServerOptions...)...)
 	defer func() {
 		cancel(ErrShutdown)
 		env.wg.Wait()

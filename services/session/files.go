@@ -208,6 +208,9 @@ func (s *Server) CheckUpload(ctx context.Context, req *sessionv1.CheckUploadRequ
 // copy edited, deleted or replaced by a link is written again (the link
 // is replaced, its target untouched) and the entry reports deduplicated.
 func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest) (*sessionv1.StoreFileResponse, error) {
+	// Nothing keeps the bytes past the call: the file is written and
+	// hashed before it returns.
+	defer s.cfg.Files.Release(req.GetData())
 	p := req.GetPrincipal()
 	if err := requirePrincipal(p); err != nil {
 		return nil, err

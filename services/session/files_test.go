@@ -17,7 +17,10 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/policylock"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
@@ -760,5 +763,44 @@ func TestTempFileWritesInPieces(t *testing.T) {
 	n, _ := io.ReadFull(f, got)
 	if !bytes.Equal(got[:n], data) {
 		t.Fatalf("read back %d bytes, not the %d written", n, len(data))
+	}
+}
+
+// TestStoreFileGivesItsBytesBack: a file's bytes read by the process's
+// codec into a kept buffer (cmd/session) go back to it when StoreFile
+// returns, stored or refused, and the next file read into the same
+// buffer leaves the stored one as it was.
+func TestStoreFileGivesItsBytesBack(t *testing.T) {
+	files := bulkcodec.New(0, (&sessionv1.StoreFileRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
+	pol := newPolicy()
+	pol.grant(alice, configschema.PermFilesCreate, useDefault)
+	h := newHarness(t, func(c *Config) { c.Authz, c.Files = pol, files })
+	id := h.newSession(alice, "default")
+	decode := func(req *sessionv1.StoreFileRequest) *sessionv1.StoreFileRequest {
+		t.Helper()
+		wire, err := proto.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got sessionv1.StoreFileRequest
+		if err := files.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, &got); err != nil {
+			t.Fatal(err)
+		}
+		return &got
+	}
+	a, b := patterned(bulkcodec.DefaultMin, 1), patterned(bulkcodec.DefaultMin, 2)
+	first := h.mustStore(decode(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a.bin", Data: a}))
+	if files.Kept() != 1 {
+		t.Fatalf("%d buffers kept after a store, want 1", files.Kept())
+	}
+	if _, err := h.storeFile(decode(&sessionv1.StoreFileRequest{Principal: alice, SessionId: "sess_nosuch", Filename: "b.bin", Data: b})); err == nil {
+		t.Fatal("a store into no session passed")
+	}
+	if files.Kept() != 1 {
+		t.Fatalf("%d buffers kept after a refused store, want 1", files.Kept())
+	}
+	h.mustStore(decode(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "b.bin", Data: b}))
+	if got, err := os.ReadFile(first.GetWorkspacePath()); err != nil || !bytes.Equal(got, a) {
+		t.Fatalf("the first file changed once its buffer was reused: %v", err)
 	}
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/coalesce"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -77,6 +78,10 @@ type Config struct {
 	// LiveIdleTimeout is how long the in-memory half of an idle session is
 	// kept after its last use (default 10 min; see live.go).
 	LiveIdleTimeout time.Duration
+	// Files is the server's codec when it reads StoreFile's bytes into
+	// kept buffers (cmd/session): StoreFile gives them back when done.
+	// nil when the bytes are grpc's.
+	Files *bulkcodec.Codec
 }
 
 func (c Config) withDefaults() (Config, error) {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/ids"
@@ -43,6 +44,10 @@ type Config struct {
 	// at once: each is copied once more onto the wire (default 4).
 	MaxConcurrentStores int
 	Log                 *zap.Logger
+	// Chunks is the server's codec when it reads a chunk's bytes into
+	// kept buffers (cmd/upload-staging): Chunk gives them back once
+	// copied into the upload. nil when the bytes are grpc's.
+	Chunks *bulkcodec.Codec
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 }
@@ -153,6 +158,7 @@ func (s *Server) Begin(ctx context.Context, req *uploadv1.BeginRequest) (*upload
 // Chunk is file/upload/chunk. It needs files:create, like every upload
 // method.
 func (s *Server) Chunk(ctx context.Context, req *uploadv1.ChunkRequest) (*uploadv1.ChunkResponse, error) {
+	defer s.cfg.Chunks.Release(req.GetData()) // the stage copies what it keeps
 	o, err := owner(req.GetGatewayId(), req.GetConnectionId(), req.GetPrincipal())
 	if err != nil {
 		return nil, err

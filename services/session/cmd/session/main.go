@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
@@ -17,14 +20,19 @@ import (
 	"github.com/clawmesh/clawmesh/services/session/migrations"
 )
 
+// files reads StoreFile's bytes into buffers kept from one store to the
+// next (internal/bulkcodec).
+var files = bulkcodec.New(0, (&sessionv1.StoreFileRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
+
 func main() {
 	service.Main(service.Spec{
-		Name:        "session",
-		Role:        bus.RoleSession,
-		HealthNames: []string{sessionv1.SessionService_ServiceDesc.ServiceName},
-		Schema:      "session",
-		Migrations:  migrations.FS,
-		Register:    register,
+		Name:          "session",
+		Role:          bus.RoleSession,
+		HealthNames:   []string{sessionv1.SessionService_ServiceDesc.ServiceName},
+		Schema:        "session",
+		Migrations:    migrations.FS,
+		Register:      register,
+		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(files)},
 	})
 }
 
@@ -55,6 +63,7 @@ func register(ctx context.Context, env *service.Env) error {
 		Agents:  &session.ConfigAgents{Live: live, Client: configRPC, Log: env.Log},
 		Authz:   live,
 		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
+		Files:   files,
 	})
 	if err != nil {
 		return err

@@ -9,6 +9,9 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
@@ -22,12 +25,17 @@ import (
 // envLease names the environment fallback of --gateway-lease.
 const envLease = "CLAWMESH_UPLOAD_GATEWAY_LEASE"
 
+// chunks reads a chunk's bytes into buffers kept from one chunk to the
+// next (internal/bulkcodec).
+var chunks = bulkcodec.New(0, (&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
+
 func main() {
 	var lease time.Duration
 	service.Main(service.Spec{
-		Name:        "upload-staging",
-		Role:        bus.RoleUpload,
-		HealthNames: []string{uploadv1.UploadService_ServiceDesc.ServiceName},
+		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(chunks)},
+		Name:          "upload-staging",
+		Role:          bus.RoleUpload,
+		HealthNames:   []string{uploadv1.UploadService_ServiceDesc.ServiceName},
 		Flags: func(fs *flag.FlagSet) {
 			def := uploadstaging.DefaultLease
 			if v := os.Getenv(envLease); v != "" {
@@ -65,7 +73,7 @@ func register(ctx context.Context, env *service.Env, lease time.Duration) error 
 
 	srv, err := uploadstaging.New(uploadstaging.Config{
 		Sessions: sessionv1.NewSessionServiceClient(sessionConn), Authz: live, Settings: live.Uploads,
-		Lease: lease, Log: env.Log,
+		Lease: lease, Log: env.Log, Chunks: chunks,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,325 @@
+// Package bulkcodec is gRPC's proto codec for a server that receives
+// files: the one large bytes field of a request (a file's bytes, an
+// upload chunk's) is read from the transport's buffers straight into a
+// buffer the process keeps from one call to the next.
+//
+// grpc's own codec copies such a field twice into memory it has just
+// allocated: it assembles the whole message in one buffer, then
+// proto.Unmarshal copies the field out of it. Memory new to the process
+// costs a page fault a page, about 10 µs on the benchmark machine
+// (docs/performance.md, "Thirty-third round"): a 10 MB file's two copies
+// took 27 ms on average and up to 70, where a copy into pages the process
+// already has takes about 2.
+//
+// The handler owns the field's bytes until it gives them back with
+// Release (they are overwritten by a later call once given back, so
+// nothing may keep them past that). A handler that does not call Release
+// only loses the reuse: the buffer is then the collector's, as grpc's
+// would be.
+package bulkcodec
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"sync"
+	"time"
+	"unsafe"
+
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // registers the codec wrapped here
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// keepFor is how long a buffer is kept once given back (a variable for
+// the tests).
+var keepFor = 30 * time.Second
+
+const (
+	// DefaultMin is the smallest message that takes the kept buffers:
+	// below it grpc's pooled buffers cost little.
+	DefaultMin = 256 << 10
+	// maxIdle buffers are kept between calls, each for keepFor after it
+	// was given back: an upload's chunks or a commit's file reuse one,
+	// and a process that stopped receiving files gives the memory back.
+	maxIdle = 2
+	// maxLent bounds the buffers out with handlers at once; a call beyond
+	// it is decoded by grpc's codec.
+	maxLent = 8
+)
+
+// Codec is the codec; Name is "proto", so it stands in for grpc's
+// own with grpc.ForceServerCodecV2.
+type Codec struct {
+	proto  encoding.CodecV2
+	min    int
+	fields map[protoreflect.FullName]protoreflect.FieldDescriptor
+
+	mu    sync.Mutex
+	idle  []idleBuf
+	lent  map[*byte]struct{} // first byte of each buffer out with a handler
+	timer *time.Timer        // prunes idle buffers; nil when none is armed
+	keep  time.Duration
+}
+
+type idleBuf struct {
+	buf []byte
+	at  time.Time
+}
+
+// New returns a codec that reads field (a singular bytes field of its
+// message) of each of fields into kept buffers when the message is at
+// least min bytes long (min <= 0 means DefaultMin).
+func New(min int, fields ...protoreflect.FieldDescriptor) *Codec {
+	if min <= 0 {
+		min = DefaultMin
+	}
+	c := &Codec{
+		proto:  encoding.GetCodecV2("proto"),
+		min:    min,
+		fields: map[protoreflect.FullName]protoreflect.FieldDescriptor{},
+		lent:   map[*byte]struct{}{},
+		keep:   keepFor,
+	}
+	for _, fd := range fields {
+		if fd.Kind() != protoreflect.BytesKind || fd.Cardinality() == protoreflect.Repeated {
+			panic("bulkcodec: " + string(fd.FullName()) + " is not a singular bytes field")
+		}
+		c.fields[fd.ContainingMessage().FullName()] = fd
+	}
+	return c
+}
+
+// Name implements encoding.CodecV2.
+func (c *Codec) Name() string { return c.proto.Name() }
+
+// Marshal implements encoding.CodecV2: grpc's.
+func (c *Codec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+
+// Unmarshal implements encoding.CodecV2.
+func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(proto.Message)
+	if !ok || data.Len() < c.min {
+		return c.proto.Unmarshal(data, v)
+	}
+	fd, ok := c.fields[m.ProtoReflect().Descriptor().FullName()]
+	if !ok {
+		return c.proto.Unmarshal(data, v)
+	}
+	r := data.Reader()
+	defer r.Close()
+	rest, bulk, err := c.split(r, fd.Number())
+	if err != nil {
+		// Anything but a well-formed message of the common wire types is
+		// left to grpc's codec, which answers it as it always has: the
+		// reader took references of its own, data is whole.
+		c.giveBack(bulk)
+		return c.proto.Unmarshal(data, v)
+	}
+	if err := proto.Unmarshal(rest, m); err != nil {
+		c.giveBack(bulk)
+		return err
+	}
+	if bulk != nil {
+		m.ProtoReflect().Set(fd, protoreflect.ValueOfBytes(bulk))
+	}
+	return nil
+}
+
+var errFallBack = errors.New("bulkcodec: left to grpc's codec")
+
+// split reads a message's fields from r: every occurrence of field num
+// that is not empty into a kept buffer (the last one is the field's
+// value, as proto.Unmarshal would have it), everything else re-encoded
+// into rest. bulk is nil when the field is absent or its last occurrence
+// empty (rest then holds that one). bulk is a lent buffer whenever it is
+// not nil, even with an error.
+func (c *Codec) split(r *mem.Reader, num protowire.Number) (rest, bulk []byte, err error) {
+	var buf []byte // the kept buffer: bulk, when set, is buf[:n]
+	set := false
+	done := func(err error) ([]byte, []byte, error) {
+		if !set {
+			c.giveBack(buf)
+			buf = nil
+		}
+		if buf == nil {
+			return rest, nil, err
+		}
+		return rest, buf, err
+	}
+	// Varints are copied as they came, not re-encoded: a field the
+	// message does not know keeps its bytes as they were sent.
+	var head [2 * binary.MaxVarintLen64]byte
+	for r.Remaining() > 0 {
+		h, tag, err := appendVarint(head[:0], r)
+		if err != nil {
+			return done(errFallBack)
+		}
+		n, typ := protowire.DecodeTag(tag)
+		if n < protowire.MinValidNumber {
+			return done(errFallBack)
+		}
+		switch typ {
+		case protowire.VarintType:
+			if rest, _, err = appendVarint(append(rest, h...), r); err != nil {
+				return done(errFallBack)
+			}
+		case protowire.Fixed32Type, protowire.Fixed64Type:
+			size := 4
+			if typ == protowire.Fixed64Type {
+				size = 8
+			}
+			if rest, err = appendRead(append(rest, h...), r, size); err != nil {
+				return done(errFallBack)
+			}
+		case protowire.BytesType:
+			h, l, err := appendVarint(h, r)
+			if err != nil || l > uint64(r.Remaining()) {
+				return done(errFallBack)
+			}
+			if n != num || l == 0 {
+				if n == num {
+					set = false // an empty last occurrence: the field is empty
+				}
+				if rest, err = appendRead(append(rest, h...), r, int(l)); err != nil {
+					return done(errFallBack)
+				}
+				continue
+			}
+			if cap(buf) < int(l) {
+				c.giveBack(buf)
+				if buf = c.lend(int(l)); buf == nil {
+					return done(errFallBack)
+				}
+			}
+			buf = buf[:l]
+			if _, err := io.ReadFull(r, buf); err != nil {
+				return done(errFallBack)
+			}
+			set = true
+		default: // groups: not in any message here
+			return done(errFallBack)
+		}
+	}
+	return done(nil)
+}
+
+// appendVarint reads a varint from r and appends its bytes, as they
+// came, to b. It refuses what protowire.ConsumeVarint refuses.
+func appendVarint(b []byte, r io.ByteReader) ([]byte, uint64, error) {
+	var x uint64
+	for i := range binary.MaxVarintLen64 {
+		c, err := r.ReadByte()
+		if err != nil {
+			return b, 0, errFallBack
+		}
+		b = append(b, c)
+		if i == binary.MaxVarintLen64-1 && c > 1 {
+			return b, 0, errFallBack
+		}
+		x |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			return b, x, nil
+		}
+	}
+	return b, 0, errFallBack
+}
+
+// appendRead appends the next n bytes of r to b.
+func appendRead(b []byte, r io.Reader, n int) ([]byte, error) {
+	b = append(b, make([]byte, n)...)
+	_, err := io.ReadFull(r, b[len(b)-n:])
+	return b, err
+}
+
+// lend returns a buffer of at least n bytes, kept or new, recorded as
+// out with a handler; nil when maxLent are out.
+func (c *Codec) lend(n int) []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.lent) >= maxLent {
+		return nil
+	}
+	var buf []byte
+	// The smallest kept buffer that fits, if it wastes at most half.
+	best := -1
+	for i, ib := range c.idle {
+		if cap(ib.buf) >= n && cap(ib.buf) <= 2*n && (best < 0 || cap(ib.buf) < cap(c.idle[best].buf)) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		buf = c.idle[best].buf
+		last := len(c.idle) - 1
+		copy(c.idle[best:], c.idle[best+1:])
+		c.idle[last] = idleBuf{} // no view of a lent buffer kept past len
+		c.idle = c.idle[:last]
+	} else {
+		buf = make([]byte, n)
+	}
+	c.lent[unsafe.SliceData(buf)] = struct{}{}
+	return buf
+}
+
+// Release gives back the bytes an Unmarshal set in a message's field,
+// once the handler is done with them. Bytes that did not come from the
+// codec (grpc's codec decoded the call, or the caller made them) are
+// left alone.
+func (c *Codec) Release(b []byte) {
+	if c == nil || cap(b) == 0 {
+		return
+	}
+	c.giveBack(b)
+}
+
+// giveBack takes a lent buffer back and keeps it for the next call.
+func (c *Codec) giveBack(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	key := unsafe.SliceData(b)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.lent[key]; !ok {
+		return
+	}
+	delete(c.lent, key)
+	if len(c.idle) == maxIdle {
+		// The oldest goes.
+		copy(c.idle, c.idle[1:])
+		c.idle = c.idle[:maxIdle-1]
+	}
+	c.idle = append(c.idle, idleBuf{buf: b[:cap(b)], at: time.Now()})
+	if c.timer == nil {
+		c.timer = time.AfterFunc(c.keep, c.prune)
+	}
+}
+
+// Kept is the number of buffers kept for the next calls.
+func (c *Codec) Kept() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.idle)
+}
+
+// prune drops the buffers kept for keepFor, and waits on for the others.
+func (c *Codec) prune() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	kept := c.idle[:0]
+	for _, ib := range c.idle {
+		if now.Sub(ib.at) < c.keep {
+			kept = append(kept, ib)
+		}
+	}
+	clear(c.idle[len(kept):])
+	c.idle = kept
+	c.timer = nil
+	if len(kept) > 0 {
+		c.timer = time.AfterFunc(c.keep-now.Sub(kept[0].at), c.prune)
+	}
+}
