@@ -11,6 +11,10 @@
 // took 27 ms on average and up to 70, where a copy into pages the process
 // already has takes about 2.
 //
+// A client sending such a message (upload-staging's StoreFile) uses the
+// codec too: the message is marshalled into a kept buffer, which grpc
+// gives back once it has written it.
+//
 // The handler owns the field's bytes until it gives them back with
 // Release (they are overwritten by a later call once given back, so
 // nothing may keep them past that). A handler that does not call Release
@@ -52,7 +56,7 @@ const (
 )
 
 // Codec is the codec; Name is "proto", so it stands in for grpc's
-// own with grpc.ForceServerCodecV2.
+// own with grpc.ForceServerCodecV2 or grpc.ForceCodecV2.
 type Codec struct {
 	proto  encoding.CodecV2
 	min    int
@@ -96,8 +100,53 @@ func New(min int, fields ...protoreflect.FieldDescriptor) *Codec {
 // Name implements encoding.CodecV2.
 func (c *Codec) Name() string { return c.proto.Name() }
 
-// Marshal implements encoding.CodecV2: grpc's.
-func (c *Codec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+// Marshal implements encoding.CodecV2. A message named to the codec, of
+// min bytes or more, is marshalled into a kept buffer, which grpc gives
+// back (Put) once it has written it: the sending side's copy, too, goes
+// into pages the process has. Anything else is grpc's.
+func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return c.proto.Marshal(v)
+	}
+	if _, ok := c.fields[m.ProtoReflect().Descriptor().FullName()]; !ok {
+		return c.proto.Marshal(v)
+	}
+	size := proto.Size(m)
+	if size < c.min {
+		return c.proto.Marshal(v)
+	}
+	buf := c.Get(size)
+	// UseCachedSize: the size was computed just above.
+	out, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend((*buf)[:0], m)
+	if err != nil {
+		c.Put(buf)
+		return nil, err
+	}
+	*buf = out
+	return mem.BufferSlice{mem.NewBuffer(buf, c)}, nil
+}
+
+// Get implements mem.BufferPool for Marshal's buffers: a kept one that
+// fits, or a new one.
+func (c *Codec) Get(n int) *[]byte {
+	c.mu.Lock()
+	buf := c.takeIdle(n)
+	c.mu.Unlock()
+	if buf == nil {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	return &buf
+}
+
+// Put implements mem.BufferPool: grpc is done with a buffer Marshal
+// made; it is kept for the next call.
+func (c *Codec) Put(b *[]byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.keepLocked(*b)
+}
 
 // Unmarshal implements encoding.CodecV2.
 func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
@@ -243,24 +292,31 @@ func (c *Codec) lend(n int) []byte {
 	if len(c.lent) >= maxLent {
 		return nil
 	}
-	var buf []byte
-	// The smallest kept buffer that fits, if it wastes at most half.
+	buf := c.takeIdle(n)
+	if buf == nil {
+		buf = make([]byte, n)
+	}
+	c.lent[unsafe.SliceData(buf)] = struct{}{}
+	return buf
+}
+
+// takeIdle takes the smallest kept buffer of at least n bytes that
+// wastes at most half of itself; nil if none. c.mu is held.
+func (c *Codec) takeIdle(n int) []byte {
 	best := -1
 	for i, ib := range c.idle {
 		if cap(ib.buf) >= n && cap(ib.buf) <= 2*n && (best < 0 || cap(ib.buf) < cap(c.idle[best].buf)) {
 			best = i
 		}
 	}
-	if best >= 0 {
-		buf = c.idle[best].buf
-		last := len(c.idle) - 1
-		copy(c.idle[best:], c.idle[best+1:])
-		c.idle[last] = idleBuf{} // no view of a lent buffer kept past len
-		c.idle = c.idle[:last]
-	} else {
-		buf = make([]byte, n)
+	if best < 0 {
+		return nil
 	}
-	c.lent[unsafe.SliceData(buf)] = struct{}{}
+	buf := c.idle[best].buf
+	last := len(c.idle) - 1
+	copy(c.idle[best:], c.idle[best+1:])
+	c.idle[last] = idleBuf{} // no view of a buffer in use kept past len
+	c.idle = c.idle[:last]
 	return buf
 }
 
@@ -287,8 +343,13 @@ func (c *Codec) giveBack(b []byte) {
 		return
 	}
 	delete(c.lent, key)
+	c.keepLocked(b)
+}
+
+// keepLocked keeps b for the next call, in place of the oldest kept
+// buffer when maxIdle are. c.mu is held.
+func (c *Codec) keepLocked(b []byte) {
 	if len(c.idle) == maxIdle {
-		// The oldest goes.
 		copy(c.idle, c.idle[1:])
 		c.idle = c.idle[:maxIdle-1]
 	}

@@ -268,8 +268,9 @@ func TestThroughGRPC(t *testing.T) {
 	sessionv1.RegisterSessionServiceServer(srv, rec)
 	go srv.Serve(lis)
 	defer srv.Stop()
+	sender := dataField()
 	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(16<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(16<<20), grpc.ForceCodecV2(sender)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,5 +285,64 @@ func TestThroughGRPC(t *testing.T) {
 	}
 	if first, second := <-rec.at, <-rec.at; first != second {
 		t.Fatal("the second file was not read into the first one's buffer")
+	}
+	// grpc gave the sender's buffer back once it had written it.
+	deadline := time.Now().Add(10 * time.Second)
+	for sender.Kept() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sender keeps %d buffers, want 1", sender.Kept())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestMarshalAsGRPC: a named message is marshalled to grpc's bytes, into
+// a buffer that comes back to the codec when freed and is used for the
+// next one; other messages, and small ones, are grpc's.
+func TestMarshalAsGRPC(t *testing.T) {
+	c := dataField()
+	grpcCodec := encoding.GetCodecV2("proto")
+	first := &sessionv1.StoreFileRequest{Principal: &commonv1.Principal{PrincipalId: "p"}, SessionId: "s", Filename: "f", Data: payload(300 << 10), MaxBytes: 9}
+	marshal := func(m proto.Message) (mem.BufferSlice, []byte) {
+		t.Helper()
+		got, err := c.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := grpcCodec.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Materialize(), want.Materialize()) {
+			t.Fatalf("%T marshalled unlike grpc's codec", m)
+		}
+		return got, got[0].ReadOnlyData()
+	}
+	out, data := marshal(first)
+	if c.Kept() != 0 {
+		t.Fatal("a buffer in grpc's hands was kept")
+	}
+	out.Free()
+	if c.Kept() != 1 {
+		t.Fatalf("%d buffers kept once grpc freed its buffer, want 1", c.Kept())
+	}
+	again, data2 := marshal(&sessionv1.StoreFileRequest{SessionId: "t", Data: payload(290 << 10)})
+	if unsafe.SliceData(data2) != unsafe.SliceData(data) {
+		t.Fatal("the kept buffer was not used for the next message")
+	}
+	again.Free()
+	for _, m := range []proto.Message{
+		&sessionv1.StoreFileRequest{SessionId: "small", Data: payload(100)},
+		&sessionv1.StoreFileResponse{File: &sessionv1.FileEntry{RefId: "r"}},
+	} {
+		out, _ := marshal(m)
+		out.Free()
+	}
+	c2 := dataField()
+	c2.min = DefaultMin
+	out, _ = c2.Marshal(&sessionv1.StoreFileRequest{Data: payload(100 << 10)})
+	out.Free()
+	if c.Kept() != 1 || c2.Kept() != 0 {
+		t.Fatal("a message under the minimum or of another type went into a kept buffer")
 	}
 }

@@ -25,14 +25,17 @@ import (
 // envLease names the environment fallback of --gateway-lease.
 const envLease = "CLAWMESH_UPLOAD_GATEWAY_LEASE"
 
-// chunks reads a chunk's bytes into buffers kept from one chunk to the
-// next (internal/bulkcodec).
-var chunks = bulkcodec.New(0, (&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
+// bulk reads a chunk's bytes into buffers kept from one chunk to the
+// next, and marshals a file for StoreFile into one (internal/bulkcodec):
+// the codec of the process's server and of its session service client.
+var bulk = bulkcodec.New(0,
+	(&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"),
+	(&sessionv1.StoreFileRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
 
 func main() {
 	var lease time.Duration
 	service.Main(service.Spec{
-		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(chunks)},
+		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(bulk)},
 		Name:          "upload-staging",
 		Role:          bus.RoleUpload,
 		HealthNames:   []string{uploadv1.UploadService_ServiceDesc.ServiceName},
@@ -55,7 +58,7 @@ func register(ctx context.Context, env *service.Env, lease time.Duration) error 
 		return fmt.Errorf("config service: %w", err)
 	}
 	env.OnClose(func() { _ = configConn.Close() })
-	sessionConn, err := grpcclient.Dial(env.Peers.Session)
+	sessionConn, err := grpcclient.Dial(env.Peers.Session, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(bulk)))
 	if err != nil {
 		return fmt.Errorf("session service: %w", err)
 	}
@@ -73,7 +76,7 @@ func register(ctx context.Context, env *service.Env, lease time.Duration) error 
 
 	srv, err := uploadstaging.New(uploadstaging.Config{
 		Sessions: sessionv1.NewSessionServiceClient(sessionConn), Authz: live, Settings: live.Uploads,
-		Lease: lease, Log: env.Log, Chunks: chunks,
+		Lease: lease, Log: env.Log, Chunks: bulk,
 	})
 	if err != nil {
 		return err
