@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
@@ -227,12 +228,19 @@ func TestLentAndKeptBounded(t *testing.T) {
 	if c.Kept() != maxIdle {
 		t.Fatalf("%d buffers kept, want %d", c.Kept(), maxIdle)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Kept() != 0 {
+	waitKept(t, c, 0) // after keepFor
+}
+
+// waitKept waits until c keeps want buffers; what it waits for happens
+// on another goroutine (a timer, grpc's writer).
+func waitKept(t *testing.T, c *Codec, want int) {
+	t.Helper()
+	deadline := time.Now().Add(testwait.Bound)
+	for c.Kept() != want {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d buffers still kept long after keepFor", c.Kept())
+			t.Fatalf("%d buffers kept after %v, want %d", c.Kept(), testwait.Bound, want)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -286,14 +294,7 @@ func TestThroughGRPC(t *testing.T) {
 	if first, second := <-rec.at, <-rec.at; first != second {
 		t.Fatal("the second file was not read into the first one's buffer")
 	}
-	// grpc gave the sender's buffer back once it had written it.
-	deadline := time.Now().Add(10 * time.Second)
-	for sender.Kept() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the sender keeps %d buffers, want 1", sender.Kept())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitKept(t, sender, 1) // grpc gave the sender's buffer back once written
 }
 
 // TestMarshalAsGRPC: a named message is marshalled to grpc's bytes, into
