@@ -17,9 +17,9 @@
 //
 // The handler owns the field's bytes until it gives them back with
 // Release (they are overwritten by a later call once given back, so
-// nothing may keep them past that). A handler that does not call Release
-// only loses the reuse: the buffer is then the collector's, as grpc's
-// would be.
+// nothing may keep them past that). Every handler given such bytes must
+// give them back: a buffer never released stays counted, and held, as
+// lent (at most maxLent; beyond that grpc's codec decodes the calls).
 package bulkcodec
 
 import (
