@@ -1,6 +1,7 @@
 package jsonrpc
 
 import (
+	"bytes"
 	"encoding/binary"
 
 	"github.com/clawmesh/clawmesh/internal/jsonwalk"
@@ -14,9 +15,11 @@ const maxValidDepth = 10000
 // (same grammar, same depth limit; invalid UTF-8 inside strings is
 // accepted by both), but several times faster on long strings: a chunk
 // frame is one 1.4 MB base64 string, which json.Valid's state machine
-// walks one byte and one indirect call at a time. Strings are skipped
-// eight bytes at a time until one of them may be a quote, a backslash or
-// a control character. The fuzz test FuzzValid holds it to json.Valid.
+// walks one byte and one indirect call at a time. A string without an
+// escape is found by the runtime's vector search for its closing quote
+// and checked for a backslash and control bytes; one with escapes is
+// walked a word at a time until a word may hold a quote, a backslash or
+// a control byte. The fuzz test FuzzValid holds it to json.Valid.
 func valid(b []byte) bool {
 	// stack holds one byte per open container: '{' or '['; the first
 	// levels live in the array, deeper ones spill to the heap.
@@ -127,18 +130,65 @@ const (
 	swarHighs = 0x8080808080808080
 )
 
+// special marks, in its bytes' high bits, the bytes of x that may end a
+// run of plain string bytes: below 0x20, '"' or '\\'. A mark may be
+// false only in a byte above a true one, so "is any byte special" is
+// exact.
+func special(x uint64) uint64 {
+	q := x ^ ('"' * swarOnes)
+	s := x ^ ('\\' * swarOnes)
+	return ((x - 0x20*swarOnes) &^ x) | ((q - swarOnes) &^ q) | ((s - swarOnes) &^ s)
+}
+
+// hasControl reports whether b holds a byte below 0x20.
+func hasControl(b []byte) bool {
+	i := 0
+	for ; len(b)-i >= 32; i += 32 {
+		w := b[i : i+32]
+		x0, x1 := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+		x2, x3 := binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])
+		if ((x0-0x20*swarOnes)&^x0|(x1-0x20*swarOnes)&^x1|(x2-0x20*swarOnes)&^x2|(x3-0x20*swarOnes)&^x3)&swarHighs != 0 {
+			return true
+		}
+	}
+	for ; i < len(b); i++ {
+		if b[i] < 0x20 {
+			return true
+		}
+	}
+	return false
+}
+
 // validString checks the string at b[i] == '"' and returns the index past
 // its closing quote, or -1.
 func validString(b []byte, i int) int {
 	i++
+	// The common string, with no escape: up to the first quote, no
+	// backslash and no control byte. The two searches are the runtime's
+	// vector code; only the control bytes are left to look for here.
+	if e := bytes.IndexByte(b[i:], '"'); e >= 0 {
+		if seg := b[i : i+e]; bytes.IndexByte(seg, '\\') < 0 {
+			if !hasControl(seg) {
+				return i + e + 1
+			}
+			return -1
+		}
+	}
 	for {
+		// A string with escapes: thirty-two plain bytes at a time while
+		// there are, one branch for four words that the core works on
+		// side by side.
+		for len(b)-i >= 32 {
+			w := b[i : i+32]
+			if (special(binary.LittleEndian.Uint64(w))|special(binary.LittleEndian.Uint64(w[8:]))|
+				special(binary.LittleEndian.Uint64(w[16:]))|special(binary.LittleEndian.Uint64(w[24:])))&swarHighs != 0 {
+				break
+			}
+			i += 32
+		}
 		// Eight plain bytes at a time: none below 0x20, none '"' or '\\'.
 		for len(b)-i >= 8 {
-			x := binary.LittleEndian.Uint64(b[i:])
-			q := x ^ ('"' * swarOnes)
-			s := x ^ ('\\' * swarOnes)
-			special := ((x - 0x20*swarOnes) &^ x) | ((q - swarOnes) &^ q) | ((s - swarOnes) &^ s)
-			if special&swarHighs != 0 {
+			if special(binary.LittleEndian.Uint64(b[i:]))&swarHighs != 0 {
 				break
 			}
 			i += 8

@@ -14,7 +14,7 @@ import (
 var validSeeds = []string{
 	``, ` `, `0`, `-0`, `01`, `-`, `1.`, `1.5`, `1e`, `1e+`, `1E-7`, `-12.5e10`, `.5`, `+1`,
 	`true`, `tru`, `truex`, `false`, `null`, `nul`, `nulls`,
-	`""`, `"a"`, `"abcdefgh"`, `"abcdefghi"`, `"abcdefg\"`, `"\u00e9"`, `"\u00g9"`, `"\u00e"`, `"\x"`, `"\/\b\f\n\r\t"`,
+	`""`, `"a"`, `"abcdefgh"`, `"abcdefghi"`, `"abcdefg\"`, `"\u00e9"`, `"\u00g9"`, `"\u00e"`, `"\x"`, `"\/\b\f\n\r\t"`, `"a\"b"`, `"\\"`, `"\\\"`, `"a\\"b"`, "\"ctrl\x01 then \\n\"", "\"\\n then ctrl\x01\"",
 	"\"tab\there\"", "\"nul\x00\"", "\"\xff\xfe invalid utf-8\"", "\"\x1f\"", "\"\x7f\"", `"unterminated`,
 	`{}`, `{ }`, `[]`, `[ ]`, `{"a":1}`, `{"a" : 1 , "b":[1,2,{"c":null}]}`, `{"a"}`, `{"a":}`, `{,}`, `{"a":1,}`,
 	`[1,]`, `[,1]`, `[1 2]`, `{1:2}`, `{"a":1]`, `[1}`, `[[[]]]`, `[[[]]`, `{} {}`, ` {} `, "\t\r\n[\n]\n", `]`, `}`,
@@ -30,15 +30,20 @@ func TestValidMatchesEncodingJSON(t *testing.T) {
 			t.Errorf("valid(%.60q) = %v, json.Valid says %v", s, got, want)
 		}
 	}
-	// Every byte value at every position of an eight-byte window, inside a
-	// string long enough for the fast loop.
-	for c := 0; c < 256; c++ {
-		for pos := 0; pos < 17; pos++ {
-			body := []byte(strings.Repeat("x", 24))
-			body[pos] = byte(c)
-			s := append(append([]byte(`"`), body...), '"')
-			if got, want := valid(s), json.Valid(s); got != want {
-				t.Errorf("byte %#x at %d: valid %v, json.Valid %v", c, pos, got, want)
+	// Every byte value at every position of a string long enough for the
+	// word loops (two 32-byte blocks, an 8-byte word and a tail), both
+	// without an escape (the searches for the closing quote and a
+	// backslash, then the control bytes' loop) and after one (the
+	// string's own loops).
+	for _, prefix := range []string{``, `\n`} {
+		for c := 0; c < 256; c++ {
+			for pos := 0; pos < 75; pos++ {
+				body := []byte(strings.Repeat("x", 75))
+				body[pos] = byte(c)
+				s := append(append([]byte(`"`+prefix), body...), '"')
+				if got, want := valid(s), json.Valid(s); got != want {
+					t.Errorf("prefix %q, byte %#x at %d: valid %v, json.Valid %v", prefix, c, pos, got, want)
+				}
 			}
 		}
 	}
