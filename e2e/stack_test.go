@@ -180,6 +180,42 @@ func TestStackUpRecoversAndStopsClean(t *testing.T) {
 		t.Errorf("the launcher did not log the restart")
 	}
 
+	// A gateway started again was not subscribed when the session's
+	// restart was announced: the count reaches it all the same.
+	gw := s.PIDOf("gateway")
+	if err := syscall.Kill(gw, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if p := s.PIDOf("gateway"); p == 0 || p == gw {
+			return errors.New("gateway not restarted yet")
+		}
+		return nil
+	})
+	c.Close()
+	c = s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() error {
+		raw, err := c.Call("health", map[string]any{})
+		if err != nil {
+			return err
+		}
+		var h struct {
+			Components map[string]struct {
+				RestartCount int `json:"restart_count"`
+			} `json:"components"`
+		}
+		if err := json.Unmarshal(raw, &h); err != nil {
+			return err
+		}
+		if n := h.Components["session"].RestartCount; n != 1 {
+			return fmt.Errorf("the new gateway says the session restarted %d times, want 1", n)
+		}
+		return nil
+	})
+
 	// Stop: nothing of the stack is left, no socket file either.
 	before := s.PIDs()
 	if len(before) < 7 {

@@ -190,9 +190,18 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	stoppers = append(stoppers, nc.Close)
+	notices := newRestartNotices(func(name string, n int) error { return bus.PublishRestart(nc, name, n) })
 	sup.mu.Lock()
-	sup.onRestart = func(name string, restarts int) { _ = bus.PublishRestart(nc, name, restarts) }
+	sup.onRestart = notices.restarted
 	sup.mu.Unlock()
+	repeatCtx, stopRepeat := context.WithCancel(ctx)
+	repeated := make(chan struct{})
+	go func() {
+		defer close(repeated)
+		notices.repeat(repeatCtx, restartRepeat)
+	}()
+	// Before the bus connection closes (stoppers run in reverse).
+	stoppers = append(stoppers, func() { stopRepeat(); <-repeated })
 
 	// The client socket is the launcher's: the gateway gets a copy, and a
 	// gateway that crashes or is replaced refuses no connection, which

@@ -1,0 +1,56 @@
+package launcher
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"time"
+)
+
+// restartRepeat is how often every restart count is said again.
+const restartRepeat = 2 * time.Second
+
+// restartNotices tells the bus of each restart the supervisor makes, and
+// says every count again each restartRepeat. A notice is a plain NATS
+// message: a watcher not subscribed when it goes out never sees it, and
+// the gateway's health would show the count it had before for good. That
+// happens to a gateway started again (it begins at zero), and to one
+// that reconnects to a bus back from an outage later than the launcher
+// does, which then publishes to nobody.
+type restartNotices struct {
+	publish func(name string, count int) error
+
+	mu     sync.Mutex
+	counts map[string]int // one entry per process of the stack
+}
+
+func newRestartNotices(publish func(name string, count int) error) *restartNotices {
+	return &restartNotices{publish: publish, counts: map[string]int{}}
+}
+
+// restarted records and announces the count of name's restarts.
+func (r *restartNotices) restarted(name string, count int) {
+	r.mu.Lock()
+	r.counts[name] = count
+	r.mu.Unlock()
+	_ = r.publish(name, count)
+}
+
+// repeat says every recorded count again each interval until ctx ends.
+func (r *restartNotices) repeat(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		counts := maps.Clone(r.counts)
+		r.mu.Unlock()
+		for name, n := range counts {
+			_ = r.publish(name, n)
+		}
+	}
+}
