@@ -158,21 +158,12 @@ func TestStackUpRecoversAndStopsClean(t *testing.T) {
 		return allServing(c, allServices)
 	})
 	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() error {
-		raw, err := c.Call("health", map[string]any{})
+		h, err := healthOf(c)
 		if err != nil {
 			return err
 		}
-		var h struct {
-			Components map[string]struct {
-				Status       string `json:"status"`
-				RestartCount int    `json:"restart_count"`
-			} `json:"components"`
-		}
-		if err := json.Unmarshal(raw, &h); err != nil {
-			return err
-		}
-		if h.Components["session"].RestartCount != 1 || h.Components["session"].Status != "serving" {
-			return fmt.Errorf("session component %+v", h.Components["session"])
+		if h["session"].RestartCount != 1 || h["session"].Status != "serving" {
+			return fmt.Errorf("session component %+v", h["session"])
 		}
 		return nil
 	})
@@ -198,19 +189,11 @@ func TestStackUpRecoversAndStopsClean(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() error {
-		raw, err := c.Call("health", map[string]any{})
+		h, err := healthOf(c)
 		if err != nil {
 			return err
 		}
-		var h struct {
-			Components map[string]struct {
-				RestartCount int `json:"restart_count"`
-			} `json:"components"`
-		}
-		if err := json.Unmarshal(raw, &h); err != nil {
-			return err
-		}
-		if n := h.Components["session"].RestartCount; n != 1 {
+		if n := h["session"].RestartCount; n != 1 {
 			return fmt.Errorf("the new gateway says the session restarted %d times, want 1", n)
 		}
 		return nil
