@@ -2,7 +2,6 @@ package launcher
 
 import (
 	"context"
-	"maps"
 	"sync"
 	"time"
 )
@@ -28,11 +27,14 @@ func newRestartNotices(publish func(name string, count int) error) *restartNotic
 	return &restartNotices{publish: publish, counts: map[string]int{}}
 }
 
-// restarted records and announces the count of name's restarts.
+// restarted records and announces the count of name's restarts. It
+// publishes under the lock, as repeat does, so that a count said again
+// never goes out after a newer one (a publish only queues the message
+// on the connection).
 func (r *restartNotices) restarted(name string, count int) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.counts[name] = count
-	r.mu.Unlock()
 	_ = r.publish(name, count)
 }
 
@@ -47,10 +49,9 @@ func (r *restartNotices) repeat(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 		r.mu.Lock()
-		counts := maps.Clone(r.counts)
-		r.mu.Unlock()
-		for name, n := range counts {
+		for name, n := range r.counts {
 			_ = r.publish(name, n)
 		}
+		r.mu.Unlock()
 	}
 }
