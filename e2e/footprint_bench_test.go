@@ -75,7 +75,7 @@ func BenchmarkStartup(b *testing.B) {
 		// The writes of what ran before (make bench runs this after the
 		// upload's files and three idle stacks; here, after the last
 		// first start) are flushed first, not while initdb writes its
-		// cluster: left pending they added 0.3 to 0.8 s to a first
+		// cluster: left pending they added up to 0.9 s to a first
 		// start.
 		syscall.Sync()
 		first, s := timeUp(b, dir)
