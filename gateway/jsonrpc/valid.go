@@ -137,17 +137,19 @@ const (
 func special(x uint64) uint64 {
 	q := x ^ ('"' * swarOnes)
 	s := x ^ ('\\' * swarOnes)
-	return ((x - 0x20*swarOnes) &^ x) | ((q - swarOnes) &^ q) | ((s - swarOnes) &^ s)
+	return control(x) | ((q - swarOnes) &^ q) | ((s - swarOnes) &^ s)
 }
+
+// control marks the bytes of x below 0x20, as special does.
+func control(x uint64) uint64 { return (x - 0x20*swarOnes) &^ x }
 
 // hasControl reports whether b holds a byte below 0x20.
 func hasControl(b []byte) bool {
 	i := 0
 	for ; len(b)-i >= 32; i += 32 {
 		w := b[i : i+32]
-		x0, x1 := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
-		x2, x3 := binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])
-		if ((x0-0x20*swarOnes)&^x0|(x1-0x20*swarOnes)&^x1|(x2-0x20*swarOnes)&^x2|(x3-0x20*swarOnes)&^x3)&swarHighs != 0 {
+		if (control(binary.LittleEndian.Uint64(w))|control(binary.LittleEndian.Uint64(w[8:]))|
+			control(binary.LittleEndian.Uint64(w[16:]))|control(binary.LittleEndian.Uint64(w[24:])))&swarHighs != 0 {
 			return true
 		}
 	}
