@@ -19,8 +19,11 @@ const restartRepeat = 2 * time.Second
 type restartNotices struct {
 	publish func(name string, count int) error
 
-	mu     sync.Mutex
-	counts map[string]int // one entry per process of the stack
+	mu sync.Mutex
+	// counts are the counts announced, one entry per process of the
+	// stack. Not the supervisor's own: it counts a restart when the
+	// process exits, a backoff (up to 10 s) before the restart is made.
+	counts map[string]int
 }
 
 func newRestartNotices(publish func(name string, count int) error) *restartNotices {
