@@ -223,6 +223,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 			FrameBudget:         jsonrpc.NewFrameBudget(g.limits.MaxBufferedFrameBytes),
 			Inline:              func(m string) bool { return methods[m].inline },
 			Deferred:            func(m string) bool { return methods[m].later != nil },
+			ParamsDone:          func(m string) bool { return methods[m].paramsDone },
 			Logger:              g.log,
 		},
 		MaxConnections: g.limits.MaxConnections,

@@ -20,6 +20,12 @@ type method struct {
 	// so a pipelined request after it sees its binding, and methods that
 	// answer from memory without blocking, which saves a goroutine handoff.
 	inline bool
+	// paramsDone says the call keeps nothing of its params once it has
+	// returned (jsonrpc.Options.ParamsDone): its frame's memory goes to
+	// the next large frame. Only for methods whose frames are large and
+	// many, and whose handler was read for it: a slice of the params kept
+	// past the call would see a later frame's bytes.
+	paramsDone bool
 	// needs lists the permissions of which a principal must hold one for
 	// the method to be listed in its capabilities (none: everyone's). The
 	// service still decides every call.
@@ -122,7 +128,7 @@ func methodTable() map[string]method {
 
 		"file/attach":        {needs: needsFiles, kind: kindSlow, call: (*Gateway).fileAttach},
 		"file/upload/begin":  {needs: needsFiles, kind: kindQuick, call: (*Gateway).uploadBegin},
-		"file/upload/chunk":  {needs: needsFiles, kind: kindQuick, call: (*Gateway).uploadChunk},
+		"file/upload/chunk":  {needs: needsFiles, kind: kindQuick, paramsDone: true, call: (*Gateway).uploadChunk},
 		"file/upload/commit": {needs: needsFiles, kind: kindSlow, call: (*Gateway).uploadCommit},
 	}
 }

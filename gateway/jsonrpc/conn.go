@@ -101,6 +101,13 @@ type Options struct {
 	// not block; the request counts as in flight until its
 	// reply is given. Ignored unless the Handler is a DeferredHandler.
 	Deferred func(method string) bool
+	// ParamsDone reports the methods whose Handle keeps nothing of the
+	// request's Params (no slice of them, in anything that outlives the
+	// call) once it has returned: a large frame of such a request is
+	// assembled again, once answered, in the same memory by a later
+	// frame. Deferred methods are never recycled so. Upload chunks are
+	// such requests: 1.4 MB frames, one after another.
+	ParamsDone func(method string) bool
 	// Logger receives static messages with structured fields; never frame
 	// contents. Nil means no logging.
 	Logger *zap.Logger
@@ -372,10 +379,12 @@ func (c *Conn) readLoop() {
 			c.readFailed(err)
 			return
 		}
-		m := Classify(c.fr.Own(line))
+		frame, lease := c.fr.Own(line)
+		m := Classify(frame)
 		switch m.Kind {
 		case KindRequest, KindNotification:
 			req := m.Request
+			req.lease = lease
 			inline := c.opts.Inline != nil && c.opts.Inline(req.Method)
 			if c.held.Load() != nil && c.hasRoom() {
 				c.dispatchHeld()
@@ -546,6 +555,7 @@ func (c *Conn) dispatch(req *Request) {
 			// request).
 			c.sendNoWait(&Response{ID: req.ID, Error: NewError(CodeInternal, "Server is shutting down", nil)})
 		}
+		req.lease.Return() // nothing read its params
 		return
 	}
 	c.inflight++
@@ -577,6 +587,13 @@ func (c *Conn) dispatch(req *Request) {
 func (c *Conn) handle(req *Request) {
 	result, err := c.call(req)
 	c.finish(req, result, err, false)
+	// The answer is encoded (its id is a string of its own): a handler
+	// that keeps nothing of the params leaves nothing referring to the
+	// frame.
+	if c.opts.ParamsDone != nil && c.opts.ParamsDone(req.Method) {
+		req.lease.Return()
+	}
+	req.lease = Lease{}
 }
 
 // handleDeferred hands req to dh; its reply finishes it (and the wg count

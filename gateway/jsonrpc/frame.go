@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,6 +31,78 @@ func getBlock() []byte { return blocks.Get().(*block)[:] }
 
 func putBlock(b []byte) { blocks.Put((*block)(b)) }
 
+// wholes keeps the buffers large frames were assembled in, by how many
+// blocks they span: wholes[k] holds buffers of more than k-1 blocks and
+// at most k. A frame given back (the reader was done with it, or its
+// handler returned its Lease) is where the next frame of its size is
+// assembled, in pages the process already has: a new 1.4 MB buffer an
+// upload chunk had each of its pages faulted in anew once the runtime
+// had handed free ones back to the system (docs/performance.md,
+// thirty-fifth round). Frames past the default limit are not pooled.
+var wholes [DefaultMaxFrameBytes/initialFrameBuf + 1]sync.Pool
+
+// wholesPut counts the buffers put into each of wholes and not yet taken
+// (more, after the collector emptied a pool, until a Get finds it
+// empty). A pool nothing was given to is not asked: a Get on an empty
+// sync.Pool slowed every frame never given back from 250 to 630 µs a
+// 1.4 MB frame (BenchmarkReadLargeFrame/kept; the profile had the
+// collector stopping the goroutine, runtime.suspendG, at a sixth of it).
+var wholesPut [len(wholes)]atomic.Int32
+
+// wholeClass is the pool of buffers for frames of size bytes, or -1.
+func wholeClass(size int) int {
+	if k := (size + initialFrameBuf - 1) / initialFrameBuf; k < len(wholes) {
+		return k
+	}
+	return -1
+}
+
+// pooledWhole returns a pooled buffer of length size to assemble a frame
+// in, or nil. A buffer of the class too short for this frame (the class
+// spans a block's worth of sizes) is dropped: the frames of an upload
+// are all of one size but the last.
+func pooledWhole(size int) []byte {
+	if k := wholeClass(size); k >= 0 {
+		if wholesPut[k].Load() <= 0 {
+			return nil
+		}
+		p, _ := wholes[k].Get().(*[]byte)
+		if p == nil {
+			wholesPut[k].Store(0)
+			return nil
+		}
+		wholesPut[k].Add(-1)
+		if cap(*p) >= size {
+			return (*p)[:size]
+		}
+	}
+	return nil
+}
+
+// putWhole gives a buffer a frame was assembled in to its pool.
+func putWhole(b []byte) {
+	if k := wholeClass(cap(b)); k >= 0 {
+		b = b[:cap(b)]
+		wholes[k].Put(&b)
+		wholesPut[k].Add(1)
+	}
+}
+
+// Lease is the buffer a frame Own handed over was assembled in. Return
+// gives it to the frames after it: call it once, when nothing refers to
+// the frame any more (its bytes are overwritten by a later one). A Lease
+// never returned costs nothing but the buffer, which the collector takes
+// like any slice; a frame that needed no assembly has a zero Lease,
+// whose Return does nothing.
+type Lease struct{ buf []byte }
+
+// Return gives the buffer back; see Lease.
+func (l Lease) Return() {
+	if l.buf != nil {
+		putWhole(l.buf)
+	}
+}
+
 // readDeadliner is the part of net.Conn the frame timeout needs.
 type readDeadliner interface {
 	SetReadDeadline(time.Time) error
@@ -52,11 +125,14 @@ type readDeadliner interface {
 // then io.EOF. A FrameReader is not safe for concurrent use.
 //
 // The reader reads into one 64 KiB block. A frame that fills it goes on
-// into further blocks and, once its LF has come, is copied into one slice
-// of its exact size: one allocation and one copy a large frame, however
-// it arrived, and the blocks go back to a pool for the next. With a
-// FrameBudget (see UseBudget), every block beyond the first and the
-// assembled frame are reserved from the budget first.
+// into further blocks and, once its LF has come, is copied into one
+// buffer of a whole number of blocks, taken from a pool of buffers of
+// that size: one copy a large frame, however it arrived, and the blocks
+// go back to a pool for the next. The buffer goes back to its pool at
+// the next ReadFrame, or, once Own has handed the frame over, when the
+// one it was handed to returns its Lease. With a FrameBudget (see
+// UseBudget), every block beyond the first and the assembled frame's
+// buffer are reserved from the budget first.
 type FrameReader struct {
 	r       io.Reader
 	dl      readDeadliner
@@ -114,14 +190,17 @@ func (f *FrameReader) Release() {
 
 // Own returns frame, which ReadFrame has just returned, as a slice the
 // caller may keep: a frame that was read within one block is copied; one
-// assembled from several is handed over as it is (no copy), and its
-// budget returned. Call it before the next ReadFrame.
-func (f *FrameReader) Own(frame []byte) []byte {
+// assembled from several is handed over as it is (no copy), with the
+// Lease of the buffer it lies in, and its budget returned. Call it before
+// the next ReadFrame.
+func (f *FrameReader) Own(frame []byte) ([]byte, Lease) {
 	if !f.inWhole(frame) {
-		return append([]byte(nil), frame...)
+		return append([]byte(nil), frame...), Lease{}
 	}
-	f.dropWhole()
-	return frame
+	l := Lease{f.whole}
+	f.release(len(f.whole))
+	f.whole = nil // handed over: not pooled here
+	return frame, l
 }
 
 // inWhole reports whether frame lies in the assembled frame: only that
@@ -221,12 +300,22 @@ func (f *FrameReader) take(i int) ([]byte, error) {
 		f.err = err
 		return nil, err
 	}
-	// bytes.Join allocates its result without zeroing it first: every
-	// byte is copied over at once, and zeroing a chunk's 1.4 MB first
-	// was a tenth of the read loop's work on an upload.
-	parts := append(f.pieces, f.buf[f.start:f.start+i])
-	whole := bytes.Join(parts, nil)
-	parts[len(parts)-1] = nil // the spare slot holds no view of buf
+	last := f.buf[f.start : f.start+i]
+	whole := pooledWhole(size)
+	if whole != nil {
+		n := 0
+		for _, piece := range f.pieces {
+			n += copy(whole[n:], piece)
+		}
+		copy(whole[n:], last)
+	} else {
+		// bytes.Join allocates its result without zeroing it first:
+		// every byte is copied over at once, and zeroing a chunk's 1.4
+		// MB first was a tenth of the read loop's work on an upload.
+		parts := append(f.pieces, last)
+		whole = bytes.Join(parts, nil)
+		parts[len(parts)-1] = nil // the spare slot holds no view of buf
+	}
 	f.dropPieces()
 	f.whole = whole
 	return whole, nil
@@ -242,9 +331,14 @@ func (f *FrameReader) dropPieces() {
 	f.pieces = f.pieces[:0]
 }
 
-// dropWhole lets go of the assembled frame and returns its budget.
+// dropWhole lets go of the assembled frame, pooling its buffer unless it
+// was handed over, and returns its budget.
 func (f *FrameReader) dropWhole() {
+	if f.whole == nil {
+		return
+	}
 	f.release(len(f.whole))
+	putWhole(f.whole)
 	f.whole = nil
 }
 

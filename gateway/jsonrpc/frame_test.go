@@ -130,7 +130,7 @@ func TestLargeFrameAllocatedOnce(t *testing.T) {
 		if err != nil || len(f) != size {
 			t.Fatalf("frame %d: %d bytes, %v", i, len(f), err)
 		}
-		_ = fr.Own(f)
+		_, _ = fr.Own(f)
 	}
 	runtime.ReadMemStats(&after)
 	perFrame := float64(after.TotalAlloc-before.TotalAlloc) / (frames - 1)
@@ -176,9 +176,10 @@ func FuzzFramesAcrossBlocks(f *testing.F) {
 // readOwned reads src with a FrameReader of limit max and a budget,
 // expecting the frames want (refFrames): each frame as want has it, then
 // ErrFrameTooLarge where want says so, else EOF. Every frame is handed
-// over with Own, after which the budget must be whole, and compared once
-// more after the later frames reused the reader's blocks; after Release
-// the budget is whole too.
+// over with Own, after which the budget must be whole; every second one's
+// Lease is returned, and the others are compared once more after the
+// later frames reused the reader's blocks and the returned buffers; after
+// Release the budget is whole too.
 func readOwned(t *testing.T, src io.Reader, max int, want []refFrame) {
 	t.Helper()
 	budget := NewFrameBudget(64 << 20)
@@ -202,13 +203,19 @@ func readOwned(t *testing.T, src io.Reader, max int, want []refFrame) {
 		if err != nil || !bytes.Equal(got, want[i].frame) {
 			t.Fatalf("frame %d: %d bytes, %v; want %d bytes", i, len(got), err, len(want[i].frame))
 		}
-		owned = append(owned, fr.Own(got))
+		o, lease := fr.Own(got)
 		if r := budget.Reserved(); r != 0 {
 			t.Fatalf("%d bytes reserved after frame %d was handed over", r, i)
 		}
+		if i%2 == 1 {
+			// Given back: the frames after it may be assembled in it.
+			lease.Return()
+			o = nil
+		}
+		owned = append(owned, o)
 	}
 	for i, o := range owned {
-		if !bytes.Equal(o, want[i].frame) {
+		if o != nil && !bytes.Equal(o, want[i].frame) {
 			t.Fatalf("frame %d changed after it was handed over", i)
 		}
 	}
@@ -233,18 +240,27 @@ func (r *repeatReader) Read(p []byte) (int, error) {
 
 // BenchmarkReadLargeFrame is an upload chunk's frame (1 MiB in base64,
 // about 1.4 MB) read across the reader's blocks and handed over, as the
-// gateway's read loop does with every chunk.
+// gateway's read loop does with every chunk: kept, a frame whose buffer
+// is never given back (a new one each); returned, one whose Lease is
+// returned once it is answered (file/upload/chunk's), its buffer the
+// next one's.
 func BenchmarkReadLargeFrame(b *testing.B) {
 	const size = 1400 << 10
-	fr := NewFrameReader(&repeatReader{line: append(frameBody(size, 5), '\n')}, 0, 0)
-	defer fr.Release()
-	b.SetBytes(size)
-	b.ReportAllocs()
-	for b.Loop() {
-		f, err := fr.ReadFrame()
-		if err != nil || len(f) != size {
-			b.Fatalf("%d bytes, %v", len(f), err)
-		}
-		_ = fr.Own(f)
+	for _, give := range []bool{false, true} {
+		b.Run(map[bool]string{false: "kept", true: "returned"}[give], func(b *testing.B) {
+			fr := NewFrameReader(&repeatReader{line: append(frameBody(size, 5), '\n')}, 0, 0)
+			defer fr.Release()
+			b.SetBytes(size)
+			b.ReportAllocs()
+			for b.Loop() {
+				f, err := fr.ReadFrame()
+				if err != nil || len(f) != size {
+					b.Fatalf("%d bytes, %v", len(f), err)
+				}
+				if _, lease := fr.Own(f); give {
+					lease.Return()
+				}
+			}
+		})
 	}
 }

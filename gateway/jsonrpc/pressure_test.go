@@ -300,7 +300,7 @@ func TestFrameBudgetLargeFramesServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	owned := fr.Own(line)
+	owned, _ := fr.Own(line)
 	if &owned[0] != &line[0] {
 		t.Errorf("a large frame was copied")
 	}

@@ -138,6 +138,8 @@ type Request struct {
 	ID     *ID
 	Method string
 	Params json.RawMessage
+
+	lease Lease // the buffer of the frame Params lies in, if pooled
 }
 
 // IsNotification reports whether the request expects no response.
