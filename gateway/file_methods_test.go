@@ -253,6 +253,45 @@ func TestChunksDecodedConcurrentlyArriveIntact(t *testing.T) {
 	}
 }
 
+// A method marked paramsDone has its frame's memory reused by a later
+// frame once its handler returns (jsonrpc.Options.ParamsDone): each of
+// file/upload/chunk's chunks reaches the staging service as sent though
+// its params are written over the moment the call returns, as the next
+// frame writes over them; and no other method is marked without a case
+// here that shows its handler keeps nothing of its params.
+func TestParamsDoneMethodsKeepNothing(t *testing.T) {
+	for name, m := range methods {
+		if m.paramsDone && name != "file/upload/chunk" {
+			t.Errorf("%s is marked paramsDone, with no test here that its handler keeps nothing of its params", name)
+		}
+	}
+	sink := &chunkSink{got: map[string][32]byte{}}
+	g := &Gateway{upload: serveStaging(t, sink)}
+	local := &connState{id: "conn-local", transport: transportLocal}
+	want := make(map[string][32]byte)
+	for i := range 4 {
+		data := make([]byte, 1<<20)
+		_, _ = rand.Read(data)
+		id, off := fmt.Sprintf("%032x", 7), int64(i)<<20
+		want[fmt.Sprint(id, "@", off)] = sha256.Sum256(data)
+		params, _ := json.Marshal(map[string]any{"upload_id": id, "offset": off, "data_b64": base64.StdEncoding.EncodeToString(data)})
+		if _, err := methods["file/upload/chunk"].call(g, context.Background(), local, params); err != nil {
+			t.Fatal(err)
+		}
+		for j := range params {
+			params[j] = 'A'
+		}
+	}
+	for k, sum := range want {
+		sink.mu.Lock()
+		got, ok := sink.got[k]
+		sink.mu.Unlock()
+		if !ok || got != sum {
+			t.Errorf("chunk %s: arrived %v, as sent %v", k, ok, got == sum)
+		}
+	}
+}
+
 // stagingCalls counts the calls the gateway makes on its own, outside a
 // file method: lease renewals and closed connections.
 type stagingCalls struct {

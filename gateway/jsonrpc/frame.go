@@ -126,13 +126,13 @@ type readDeadliner interface {
 //
 // The reader reads into one 64 KiB block. A frame that fills it goes on
 // into further blocks and, once its LF has come, is copied into one
-// buffer of a whole number of blocks, taken from a pool of buffers of
-// that size: one copy a large frame, however it arrived, and the blocks
-// go back to a pool for the next. The buffer goes back to its pool at
-// the next ReadFrame, or, once Own has handed the frame over, when the
-// one it was handed to returns its Lease. With a FrameBudget (see
-// UseBudget), every block beyond the first and the assembled frame's
-// buffer are reserved from the budget first.
+// buffer: one an earlier frame of about its size was assembled in (see
+// wholes), or a new one of its exact size. One copy a large frame,
+// however it arrived, and the blocks go back to a pool for the next. The
+// buffer goes to the pools at the next ReadFrame, or, once Own has
+// handed the frame over, when the one it was handed to returns its
+// Lease. With a FrameBudget (see UseBudget), every block beyond the
+// first and the assembled frame are reserved from the budget first.
 type FrameReader struct {
 	r       io.Reader
 	dl      readDeadliner
