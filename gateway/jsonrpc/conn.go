@@ -555,7 +555,7 @@ func (c *Conn) dispatch(req *Request) {
 			// request).
 			c.sendNoWait(&Response{ID: req.ID, Error: NewError(CodeInternal, "Server is shutting down", nil)})
 		}
-		req.lease.Return() // nothing read its params
+		req.returnLease() // nothing read its params
 		return
 	}
 	c.inflight++
@@ -589,11 +589,11 @@ func (c *Conn) handle(req *Request) {
 	c.finish(req, result, err, false)
 	// The answer is encoded (its id is a string of its own): a handler
 	// that keeps nothing of the params leaves nothing referring to the
-	// frame.
-	if c.opts.ParamsDone != nil && c.opts.ParamsDone(req.Method) {
-		req.lease.Return()
+	// frame. Only a large frame has a lease: every other request skips
+	// the method lookup.
+	if req.lease.buf != nil && c.opts.ParamsDone != nil && c.opts.ParamsDone(req.Method) {
+		req.returnLease()
 	}
-	req.lease = Lease{}
 }
 
 // handleDeferred hands req to dh; its reply finishes it (and the wg count

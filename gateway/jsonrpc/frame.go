@@ -210,9 +210,13 @@ func (f *FrameReader) inWhole(frame []byte) bool {
 	if len(f.whole) == 0 || len(frame) == 0 || cap(frame) > cap(f.whole) {
 		return false
 	}
-	// A slice of whole ends where whole ends: its first byte is then
-	// whole's byte at cap(whole)-cap(frame).
-	return &f.whole[cap(f.whole)-cap(frame)] == &frame[0]
+	// A slice of whole ends where whole's buffer ends: its first byte is
+	// then the buffer's byte at cap(whole)-cap(frame). Indexed in the
+	// whole buffer, past whole's length too: a pooled buffer is longer
+	// than its frame, and a slice from elsewhere must be told apart, not
+	// index past the length.
+	all := f.whole[:cap(f.whole)]
+	return &all[cap(all)-cap(frame)] == &frame[0]
 }
 
 // MaxBytes returns the frame size limit.

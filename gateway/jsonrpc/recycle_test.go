@@ -159,3 +159,39 @@ func TestParamsDoneFrameReused(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnTellsForeignSliceFromPooledFrame: a frame assembled in a pooled
+// buffer longer than itself is still told apart from a slice that is not
+// in it (which Own copies), and is handed over itself without a copy.
+// The check once indexed the frame past its length there and panicked.
+func TestOwnTellsForeignSliceFromPooledFrame(t *testing.T) {
+	const first = 22*initialFrameBuf - 10
+	const second = first - 50000 // the same pool: 22 blocks
+	for try := 0; ; try++ {
+		data := append(append(frameBody(first, 1), '\n'), append(frameBody(second, 2), '\n')...)
+		fr := NewFrameReader(bytes.NewReader(data), 0, 0)
+		if _, err := fr.ReadFrame(); err != nil {
+			t.Fatal(err)
+		}
+		f, err := fr.ReadFrame() // in the first's buffer, when the pool gives it
+		if err != nil || len(f) != second {
+			t.Fatalf("second frame: %d bytes, %v", len(f), err)
+		}
+		if cap(f) == len(f) {
+			fr.Release()
+			if try == 20 {
+				t.Skip("the pool never gave the first frame's buffer back") // the race detector's pools drop some
+			}
+			continue
+		}
+		foreign := []byte("x")
+		if got, lease := fr.Own(foreign); &got[0] == &foreign[0] || lease.buf != nil {
+			t.Fatal("a slice not in the frame was handed over as the frame")
+		}
+		if got, lease := fr.Own(f); &got[0] != &f[0] || lease.buf == nil {
+			t.Fatal("the pooled frame was not handed over as it is")
+		}
+		fr.Release()
+		return
+	}
+}

@@ -142,6 +142,14 @@ type Request struct {
 	lease Lease // the buffer of the frame Params lies in, if pooled
 }
 
+// returnLease gives the frame's buffer back, once: the lease is cleared,
+// so that no second Return puts the buffer in a pool twice (two frames
+// would then be assembled in it at once).
+func (r *Request) returnLease() {
+	r.lease.Return()
+	r.lease = Lease{}
+}
+
 // IsNotification reports whether the request expects no response.
 func (r *Request) IsNotification() bool { return r.ID == nil }
 
