@@ -385,14 +385,18 @@ type storedFile struct {
 	data       []byte
 }
 
-// writeAheadMin is the size from which a file is written while it is
-// hashed, before its hash says whether the session holds it already: the
-// SHA-256 of 10 MB takes about 6 ms on the two cores the benchmarks run
-// on, the write of a new file of 10 MB 3 to 30 ms (docs/performance.md,
-// "Sixth round"), and the two overlap. A copy found already in place then
-// costs the write into the page cache, never the disk: the file is synced
-// only once it is kept. Below 1 MiB the hash takes under a millisecond,
-// less than creating and removing a file that turns out not to be needed.
+// writeAheadMin is the size from which a file is written and synced
+// while it is hashed, before its hash says whether the session holds it
+// already: the SHA-256 of 10 MB takes 6 to 8 ms on the two cores the
+// benchmarks run on, the write of a new file of 10 MB about 2 ms and its
+// sync about 7 (the virtual disk's flush; docs/performance.md,
+// "Thirty-sixth round"), and the sync waits on the disk, not a core, so
+// the three overlap. A copy found already in place then costs a write and
+// a flush it did not need, overlapped with the hash all the same: storing
+// the same file again is the rarer case, and it takes no longer than a
+// new file. Below 1 MiB the hash takes under a millisecond, less than
+// creating and removing a file that turns out not to be needed; such a
+// file is written, and synced, only once it is known to be kept.
 const writeAheadMin = 1 << 20
 
 // writeFile writes f into the workspace unless an identical copy is
@@ -408,7 +412,7 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	var tmp *tempFile
 	defer func() { tmp.discard() }()
 	if len(f.data) >= writeAheadMin {
-		sum, tmp, err = hashWritingAhead(dir, f.data)
+		sum, tmp, err = hashWritingAhead(dir, f.data, uploads.Sum, (*os.File).Sync)
 		if err != nil {
 			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
@@ -464,12 +468,21 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	}, nil
 }
 
-// hashWritingAhead hashes data on a goroutine of its own while it writes
-// data to a temporary file in dir, and waits for both.
-func hashWritingAhead(dir int, data []byte) (string, *tempFile, error) {
+// hashWritingAhead hashes data (with hash) on a goroutine of its own
+// while it writes data to a temporary file in dir and syncs it (with
+// sync), and waits for both. The file comes back synced, or not at all.
+func hashWritingAhead(dir int, data []byte, hash func([]byte) string, sync func(*os.File) error) (string, *tempFile, error) {
 	sum := make(chan string, 1)
-	go func() { sum <- uploads.Sum(data) }()
+	go func() { sum <- hash(data) }()
 	tmp, err := createTemp(dir, data)
+	if err == nil {
+		if err = sync(tmp.f); err != nil {
+			tmp.discard()
+			tmp, err = nil, fmt.Errorf("sync temporary file: %w", err)
+		} else {
+			tmp.synced = true
+		}
+	}
 	return <-sum, tmp, err
 }
 
@@ -541,14 +554,15 @@ func sameContent(dir int, name, sum string, size int64) (bool, error) {
 	return hex.EncodeToString(h.Sum(nil)) == sum, nil
 }
 
-// tempFile is a new file written in a folder under a temporary name, not
-// yet synced: placeAs keeps it, synced and renamed over its name (which
-// replaces a link without following it). Its owner defers discard, which
-// closes it and removes it unless it was placed.
+// tempFile is a new file written in a folder under a temporary name:
+// placeAs keeps it, synced and renamed over its name (which replaces a
+// link without following it). Its owner defers discard, which closes it
+// and removes it unless it was placed.
 type tempFile struct {
 	dir    int
 	name   string
 	f      *os.File // nil once discarded
+	synced bool     // synced already (hashWritingAhead)
 	placed bool
 }
 
@@ -570,10 +584,13 @@ func createTemp(dir int, data []byte) (*tempFile, error) {
 	return t, nil
 }
 
-// placeAs syncs the file, renames it over name and syncs the folder.
+// placeAs syncs the file unless it is synced already, renames it over
+// name and syncs the folder.
 func (t *tempFile) placeAs(name string) error {
-	if err := t.f.Sync(); err != nil {
-		return err
+	if !t.synced {
+		if err := t.f.Sync(); err != nil {
+			return err
+		}
 	}
 	if err := unix.Renameat(t.dir, t.name, t.dir, name); err != nil {
 		return fmt.Errorf("rename into place: %w", err)

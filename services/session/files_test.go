@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -25,6 +26,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/policylock"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testwait"
+	"github.com/clawmesh/clawmesh/internal/uploads"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -763,6 +765,63 @@ func TestTempFileWritesInPieces(t *testing.T) {
 	n, _ := io.ReadFull(f, got)
 	if !bytes.Equal(got[:n], data) {
 		t.Fatalf("read back %d bytes, not the %d written", n, len(data))
+	}
+}
+
+// A file written ahead of its hash is synced while the hash runs, not
+// after it: the hash here waits for the sync (it would wait in vain if
+// the sync came after it, and give a wrong sum), and placing the file
+// syncs it no second time. A sync that fails takes the temporary file
+// with it.
+func TestWriteAheadSyncsWhileHashing(t *testing.T) {
+	path := t.TempDir()
+	dir, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dir)
+	data := patterned(writeAheadMin+3, 5)
+	synced := make(chan struct{})
+	hash := func(b []byte) string {
+		select {
+		case <-synced:
+			return uploads.Sum(b)
+		case <-time.After(10 * time.Second):
+			return "the file was not synced while it was hashed"
+		}
+	}
+	syncs := 0
+	sync := func(f *os.File) error {
+		syncs++
+		defer close(synced)
+		return f.Sync()
+	}
+	sum, tmp, err := hashWritingAhead(dir, data, hash, sync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmp.discard()
+	if sum != uploads.Sum(data) {
+		t.Fatalf("sum %q", sum)
+	}
+	if !tmp.synced || syncs != 1 {
+		t.Fatalf("synced %v after %d syncs", tmp.synced, syncs)
+	}
+	if err := tmp.placeAs("f.bin"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(path, "f.bin")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes, %v", len(got), err)
+	}
+
+	failed := func(*os.File) error { return errors.New("disk gone") }
+	sum, tmp, err = hashWritingAhead(dir, data, uploads.Sum, failed)
+	if err == nil || tmp != nil || !strings.Contains(err.Error(), "disk gone") || sum != uploads.Sum(data) {
+		t.Fatalf("a failed sync: %v, %v, %q", tmp, err, sum)
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil || len(entries) != 1 || entries[0].Name() != "f.bin" {
+		t.Fatalf("left %v, %v", entries, err)
 	}
 }
 
