@@ -616,3 +616,57 @@ func TestStaleClusterIsReplaced(t *testing.T) {
 		t.Errorf("the launcher did not say it removed the old cluster")
 	}
 }
+
+// PIDOf("postgres") is the postmaster, as its lock file names it, and
+// never a backend the postmaster has just forked, which carries the
+// postmaster's command line until it retitles itself: the test above
+// kills "postgres" to take the database down, and a backend killed in
+// its place leaves the postmaster up (the crash recovery without a
+// restart, which CI once met). Connections are opened all along, as the
+// services' pools and the launcher's probes do under traffic.
+func TestPIDOfPostgresIsThePostmaster(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
+	raw, err := os.ReadFile(filepath.Join(pgcluster.Dir(s.DataDir), "data", "postmaster.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	postmaster, err := strconv.Atoi(strings.SplitN(string(raw), "\n", 2)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c, err := e2e.Dial(s.Socket)
+			if err != nil {
+				continue
+			}
+			if _, err := c.Initialize(); err == nil {
+				_, _ = c.Call("session/list", map[string]any{})
+			}
+			c.Close()
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+	scans, others := 0, 0
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); scans++ {
+		for pid, name := range s.PIDs() {
+			if name == "postgres" && pid != postmaster {
+				others++
+			}
+		}
+		if got := s.PIDOf("postgres"); got != postmaster {
+			t.Fatalf("scan %d: PIDOf(\"postgres\") = %d, the postmaster is %d (processes %v)", scans, got, postmaster, s.PIDs())
+		}
+	}
+	t.Logf("%d scans, %d sightings of another process with the postmaster's command line", scans, others)
+}
