@@ -219,19 +219,26 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 	if p.data == nil {
 		return nil, invalidParams("`data_b64` is required")
 	}
-	data := chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
-	defer putChunkBuffer(data)
-	n, err := decodeBase64(data, p.data)
+	buf := chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
+	n, err := decodeBase64(buf, p.data)
 	if err != nil {
+		putChunkBuffer(buf)
 		return nil, invalidParams("`data_b64` is not valid base64")
 	}
-	data = data[:n]
 	if g.upload == nil {
+		putChunkBuffer(buf)
 		return nil, uploadUnavailable
 	}
+	data := buf[:n]
+	// The call sends the bytes from buf; buf is reused only once grpc no
+	// longer holds them (a call that failed before it wrote them may).
+	loan := g.chunks.Lend(data)
 	resp, err := g.upload.Chunk(ctx, &uploadv1.ChunkRequest{
 		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: *p.offset, Data: data,
 	})
+	if loan.Return() {
+		putChunkBuffer(buf)
+	}
 	if err != nil {
 		return nil, serviceError("upload-staging", err)
 	}
@@ -245,8 +252,8 @@ const chunkBufBytes = 1<<20 + 2
 
 // chunkBufs keeps decoded chunks' buffers from one chunk to the next:
 // an upload would otherwise leave a megabyte of garbage per chunk. A
-// buffer is needed only until the staging service's Chunk call returns,
-// since gRPC has marshalled the request by then.
+// buffer is needed until the staging service's Chunk call returns and
+// grpc has given back the loan of its bytes (uploadChunk).
 var chunkBufs = sync.Pool{New: func() any { return new([chunkBufBytes]byte) }}
 
 // chunkBuffer returns n bytes to decode a chunk into: pooled when the

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
 )
@@ -183,8 +184,9 @@ func (s *chunkSink) Chunk(_ context.Context, req *uploadv1.ChunkRequest) (*uploa
 }
 
 // serveStaging serves srv as the upload-staging service on a Unix socket
-// for the test's length and returns a real gRPC client of it.
-func serveStaging(t *testing.T, srv uploadv1.UploadServiceServer) uploadv1.UploadServiceClient {
+// for the test's length and returns a real gRPC client of it, dialled
+// with opts.
+func serveStaging(t *testing.T, srv uploadv1.UploadServiceServer, opts ...grpc.DialOption) uploadv1.UploadServiceClient {
 	t.Helper()
 	gs := grpc.NewServer()
 	uploadv1.RegisterUploadServiceServer(gs, srv)
@@ -194,7 +196,7 @@ func serveStaging(t *testing.T, srv uploadv1.UploadServiceServer) uploadv1.Uploa
 	}
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient("unix:"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient("unix:"+lis.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,10 +207,27 @@ func serveStaging(t *testing.T, srv uploadv1.UploadServiceServer) uploadv1.Uploa
 // Chunks decoded at once on several connections each reach the staging
 // service, over a real gRPC connection, as they were sent: the pooled
 // buffer a chunk is decoded into is not reused while its call still
-// needs it (the race detector watches the same buffers).
+// needs it (the race detector watches the same buffers), whether grpc's
+// codec copies the bytes or the gateway's codec sends them from the
+// buffer itself (lent, as New sets it up: none of them then goes through
+// a kept buffer).
 func TestChunksDecodedConcurrentlyArriveIntact(t *testing.T) {
-	sink := &chunkSink{got: map[string][32]byte{}}
-	g := &Gateway{upload: serveStaging(t, sink)}
+	t.Run("copied", func(t *testing.T) {
+		sink := &chunkSink{got: map[string][32]byte{}}
+		chunksArriveIntact(t, &Gateway{upload: serveStaging(t, sink)}, sink)
+	})
+	t.Run("lent", func(t *testing.T) {
+		sink := &chunkSink{got: map[string][32]byte{}}
+		codec := bulkcodec.New(0, (&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
+		g := &Gateway{upload: serveStaging(t, sink, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(codec))), chunks: codec}
+		chunksArriveIntact(t, g, sink)
+		if codec.Kept() != 0 {
+			t.Fatal("chunks were copied into kept buffers, not sent from where they were decoded")
+		}
+	})
+}
+
+func chunksArriveIntact(t *testing.T, g *Gateway, sink *chunkSink) {
 
 	const conns, chunks = 6, 8
 	sizes := []int{1 << 20, 1<<20 - 1, 700 << 10, 1<<20 + 10} // the last is decoded outside the pool

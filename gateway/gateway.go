@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/coalesce"
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/datadir"
@@ -52,6 +53,10 @@ type Gateway struct {
 	config  configv1.ConfigServiceClient
 	session sessionv1.SessionServiceClient
 	upload  uploadv1.UploadServiceClient
+	// chunks is the upload-staging client's codec: a chunk's decoded
+	// bytes are lent to it and sent from where they were decoded
+	// (uploadChunk), not copied into a message first.
+	chunks  *bulkcodec.Codec
 	nats    *nats.Conn
 	hub     *hub
 	monitor *monitor
@@ -97,8 +102,13 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, id: ids.New("gw-"), uploadsUsed: make(chan struct{}),
 		monitor: newMonitor(500*time.Millisecond, cfg.Log), states: map[*jsonrpc.Conn]*connState{},
 	}
+	g.chunks = bulkcodec.New(0, (&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
 	dial := func(name, addr string) (*grpc.ClientConn, error) {
-		cc, err := grpcclient.Dial(addr)
+		var opts []grpc.DialOption
+		if name == "upload-staging" {
+			opts = append(opts, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(g.chunks)))
+		}
+		cc, err := grpcclient.Dial(addr, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}

@@ -11,9 +11,12 @@
 // took 27 ms on average and up to 70, where a copy into pages the process
 // already has takes about 2.
 //
-// A client sending such a message (upload-staging's StoreFile) uses the
-// codec too: the message is marshalled into a kept buffer, which grpc
-// gives back once it has written it.
+// A client sending such a message uses the codec too. Bytes its owner
+// lends (Lend: the gateway's decoded chunk, upload-staging's file) are
+// sent from where they are: the message's other fields are marshalled on
+// their own and the field's bytes follow them uncopied, held by grpc
+// until it has written them. Any other such message is marshalled into a
+// kept buffer, which grpc gives back once it has written it.
 //
 // The handler owns the field's bytes until it gives them back with
 // Release (they are overwritten by a later call once given back, so
@@ -27,6 +30,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -65,6 +69,7 @@ type Codec struct {
 	mu    sync.Mutex
 	idle  []idleBuf
 	lent  map[*byte]struct{} // first byte of each buffer out with a handler
+	loans map[*byte]*Loan    // first byte of each buffer lent to Marshal
 	timer *time.Timer        // prunes idle buffers; nil when none is armed
 	keep  time.Duration
 }
@@ -86,6 +91,7 @@ func New(min int, fields ...protoreflect.FieldDescriptor) *Codec {
 		min:    min,
 		fields: map[protoreflect.FullName]protoreflect.FieldDescriptor{},
 		lent:   map[*byte]struct{}{},
+		loans:  map[*byte]*Loan{},
 		keep:   keepFor,
 	}
 	for _, fd := range fields {
@@ -100,17 +106,22 @@ func New(min int, fields ...protoreflect.FieldDescriptor) *Codec {
 // Name implements encoding.CodecV2.
 func (c *Codec) Name() string { return c.proto.Name() }
 
-// Marshal implements encoding.CodecV2. A message named to the codec, of
-// min bytes or more, is marshalled into a kept buffer, which grpc gives
-// back (Put) once it has written it: the sending side's copy, too, goes
-// into pages the process has. Anything else is grpc's.
+// Marshal implements encoding.CodecV2. A message named to the codec whose
+// field holds lent bytes (Lend) is sent from them. Any other message named
+// to the codec, of min bytes or more, is marshalled into a kept buffer,
+// which grpc gives back (Put) once it has written it: the sending side's
+// copy, too, goes into pages the process has. Anything else is grpc's.
 func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
 	m, ok := v.(proto.Message)
 	if !ok {
 		return c.proto.Marshal(v)
 	}
-	if _, ok := c.fields[m.ProtoReflect().Descriptor().FullName()]; !ok {
+	fd, ok := c.fields[m.ProtoReflect().Descriptor().FullName()]
+	if !ok {
 		return c.proto.Marshal(v)
+	}
+	if l := c.borrow(m.ProtoReflect().Get(fd).Bytes()); l != nil {
+		return c.marshalLent(m, fd, l)
 	}
 	size := proto.Size(m)
 	if size < c.min {
@@ -126,6 +137,109 @@ func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
 	*buf = out
 	return mem.BufferSlice{mem.NewBuffer(buf, c)}, nil
 }
+
+// A Loan lends a buffer's bytes to Marshal, which sends a message whose
+// field holds exactly those bytes from them instead of copying them. grpc
+// holds them until it has written them, or dropped the call; the owner
+// ends the loan with Return, which says whether it may write into them
+// again.
+type Loan struct {
+	c    *Codec
+	key  *byte
+	n    int
+	refs atomic.Int32 // the owner's, until Return, and one a Marshal until grpc frees it
+}
+
+// Lend lends b to Marshal until the Loan's Return. Bytes shorter than the
+// codec's min, or lent already, are not lent: nil, whose Return reports
+// true. A nil Codec lends nothing.
+func (c *Codec) Lend(b []byte) *Loan {
+	if c == nil || len(b) < c.min {
+		return nil
+	}
+	l := &Loan{c: c, key: unsafe.SliceData(b), n: len(b)}
+	l.refs.Store(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.loans[l.key]; ok {
+		return nil
+	}
+	c.loans[l.key] = l
+	return l
+}
+
+// Return ends the loan: Marshal copies the bytes again from now on. It
+// reports whether grpc still holds none of them, in which case the owner
+// may reuse them; when it reports false the owner must leave them to the
+// collector, since grpc may still read them (a call that failed before
+// its message was written). Return is called once.
+func (l *Loan) Return() bool {
+	if l == nil {
+		return true
+	}
+	l.c.mu.Lock()
+	if l.c.loans[l.key] == l {
+		delete(l.c.loans, l.key)
+	}
+	l.c.mu.Unlock()
+	return l.refs.Add(-1) == 0
+}
+
+// borrow takes a reference for a Marshal on the loan of b, when b is
+// exactly the bytes lent; nil otherwise.
+func (c *Codec) borrow(b []byte) *Loan {
+	if len(b) < c.min {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.loans[unsafe.SliceData(b)]
+	if l == nil || l.n != len(b) {
+		return nil
+	}
+	l.refs.Add(1)
+	return l
+}
+
+// marshalLent marshals m's other fields, then the field's tag and length,
+// and hands grpc the lent bytes after them as a buffer of their own,
+// whose release (Put) gives back the Marshal's reference. Fields may come
+// in any order on the wire: a parser keeps the last occurrence of a
+// singular field wherever it is.
+func (c *Codec) marshalLent(m proto.Message, fd protoreflect.FieldDescriptor, l *Loan) (mem.BufferSlice, error) {
+	rm := m.ProtoReflect()
+	bulk := rm.Get(fd).Bytes()
+	rest := rm.New()
+	rm.Range(func(f protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if f != fd {
+			rest.Set(f, v) // shared, not copied: only read from here
+		}
+		return true
+	})
+	rest.SetUnknown(rm.GetUnknown())
+	head, err := proto.MarshalOptions{}.MarshalAppend(nil, rest.Interface())
+	if err != nil {
+		l.refs.Add(-1)
+		return nil, err
+	}
+	head = protowire.AppendTag(head, fd.Number(), protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(len(bulk)))
+	return mem.BufferSlice{mem.SliceBuffer(head), mem.NewBuffer(&bulk, loanRef{l})}, nil
+}
+
+// loanRef is the pool of a lent buffer handed to grpc: its Put is grpc's
+// release of the buffer, which gives back one reference of the loan.
+type loanRef struct{ l *Loan }
+
+// Get implements mem.BufferPool; grpc never asks a buffer's own pool for
+// another.
+func (loanRef) Get(n int) *[]byte {
+	b := make([]byte, n)
+	return &b
+}
+
+// Put implements mem.BufferPool: grpc is done with the lent bytes.
+func (r loanRef) Put(*[]byte) { r.l.refs.Add(-1) }
 
 // Get implements mem.BufferPool for Marshal's buffers: a kept one that
 // fits, or a new one.

@@ -48,6 +48,10 @@ type Config struct {
 	// kept buffers (cmd/upload-staging): Chunk gives them back once
 	// copied into the upload. nil when the bytes are grpc's.
 	Chunks *bulkcodec.Codec
+	// Files is the codec of the Sessions client (cmd/upload-staging):
+	// Commit lends it the upload's bytes, which StoreFile's request is
+	// then sent from, uncopied. nil when grpc's codec marshals it.
+	Files *bulkcodec.Codec
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 }
@@ -193,13 +197,14 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 		return nil, err
 	}
 	d := p.Decl
+	loan := s.cfg.Files.Lend(p.Data)
 	entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
 		Principal: req.GetPrincipal(), SessionId: d.SessionID, Generation: d.Generation, Incarnation: d.Incarnation,
 		Owner: d.SessionOwner, AgentAlias: d.Agent, Filename: d.Filename, MimeType: d.MIME, Data: p.Data,
 		MaxBytes: s.stage.Limits().MaxFileBytes,
 	})
 	keep := err != nil && passing(err)
-	s.stage.Finish(p.ID, keep)
+	s.stage.Finish(p.ID, keep, loan.Return())
 	if err != nil {
 		s.log.Info("upload commit refused", zap.String("upload_id", p.ID), zap.Bool("kept", keep), zap.Error(err))
 		return nil, err

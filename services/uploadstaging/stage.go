@@ -96,6 +96,10 @@ type upload struct {
 	// expired nor reclaimed, and a discard leaves its charge for Finish to
 	// release.
 	committing bool
+	// shared is set once a commit's call may still be reading data after
+	// it returned (a loan grpc had not given back): the buffer is never
+	// kept as a spare, where a later upload would write into it.
+	shared bool
 }
 
 // charge is what an upload costs the budget: its declared payload and
@@ -393,7 +397,7 @@ func (st *Stage) Take(o Owner, id string) (Pending, error) {
 	st.mu.Unlock()
 
 	if p.Decl.SHA256 != "" && uploads.Sum(p.Data) != p.Decl.SHA256 {
-		st.Finish(id, false)
+		st.Finish(id, false, true)
 		return Pending{}, invalid(uploads.HashMismatch)
 	}
 	return p, nil
@@ -401,8 +405,10 @@ func (st *Stage) Take(o Owner, id string) (Pending, error) {
 
 // Finish ends a commit that Take started: the upload is dropped, or kept
 // for another commit when keep (the store failed for a reason that may
-// pass).
-func (st *Stage) Finish(id string, keep bool) {
+// pass). reusable says the commit's call no longer reads the upload's
+// bytes (bulkcodec.Loan's Return); when false the buffer goes to the
+// collector, now or whenever the upload is dropped, never to a spare.
+func (st *Stage) Finish(id string, keep, reusable bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	u := st.uploads[id]
@@ -410,6 +416,9 @@ func (st *Stage) Finish(id string, keep bool) {
 		return
 	}
 	u.committing = false
+	if !reusable {
+		u.shared = true
+	}
 	if u.owner == (Owner{}) {
 		// Discarded during the commit: its charge waited for now.
 		st.releaseLocked(u)
@@ -561,7 +570,7 @@ func (st *Stage) releaseLocked(u *upload) {
 	delete(st.uploads, u.id)
 	st.charged -= u.charge
 	st.payload -= int64(len(u.data))
-	if c := int64(cap(u.data)); c >= minSpareBytes {
+	if c := int64(cap(u.data)); c >= minSpareBytes && !u.shared {
 		if len(st.spares) == maxSpares {
 			st.spare -= int64(cap(st.spares[0].buf))
 			st.spares = slices.Delete(st.spares, 0, 1)

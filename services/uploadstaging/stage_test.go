@@ -133,7 +133,7 @@ func TestStageRefusals(t *testing.T) {
 	if p, err := st.Take(connA, id); err != nil || string(p.Data) != "abcdefghij" {
 		t.Fatalf("take %q %v", p.Data, err)
 	}
-	st.Finish(id, false)
+	st.Finish(id, false, true)
 	refused(t, chunk(0, "a"), rpcerr.ReasonNotFound, "Unknown or expired upload `"+id+"`")
 
 	// A declared hash that does not match discards the upload.
@@ -391,7 +391,7 @@ func TestStageCommitHoldsTheCharge(t *testing.T) {
 	if err := st.CheckRoom(connA); err != nil {
 		t.Fatalf("the closed connection's slot: %v", err)
 	}
-	st.Finish(id, true)
+	st.Finish(id, true, true)
 	if s := st.Stats(); s.Charged != 0 || s.Uploads != 0 {
 		t.Fatalf("after the commit: %+v", s)
 	}
@@ -404,11 +404,11 @@ func TestStageCommitHoldsTheCharge(t *testing.T) {
 	if _, err := st.Take(connA, id); err != nil {
 		t.Fatal(err)
 	}
-	st.Finish(id, true)
+	st.Finish(id, true, true)
 	if _, err := st.Take(connA, id); err != nil {
 		t.Fatalf("kept upload: %v", err)
 	}
-	st.Finish(id, false)
+	st.Finish(id, false, true)
 	if s := st.Stats(); s.Charged != 0 {
 		t.Fatalf("after the second commit: %+v", s)
 	}
@@ -484,7 +484,7 @@ func noneHeldBeyond(t *testing.T, st *Stage) {
 func TestStageReusesAFinishedUploadsBuffer(t *testing.T) {
 	st, _ := newStage(t, nil)
 	first := staged(t, st, connA, bytes.Repeat([]byte{0xaa}, 5<<18)) // 1.25 MiB
-	st.Finish(first.ID, false)
+	st.Finish(first.ID, false, true)
 	kept := int64(cap(first.Data))
 	if s := st.Stats(); s.Charged != 0 || s.Uploads != 0 || s.Spare != kept {
 		t.Fatalf("after the first upload: %+v", s)
@@ -502,7 +502,7 @@ func TestStageReusesAFinishedUploadsBuffer(t *testing.T) {
 	if s := st.Stats(); s.Spare != 0 || s.Charged < kept || s.Payload != int64(len(want)) {
 		t.Fatalf("while the second upload holds the buffer: %+v", s)
 	}
-	st.Finish(second.ID, false)
+	st.Finish(second.ID, false, true)
 	if s := st.Stats(); s.Charged != 0 || s.Spare != kept {
 		t.Fatalf("after the second upload: %+v", s)
 	}
@@ -513,14 +513,14 @@ func TestStageReusesAFinishedUploadsBuffer(t *testing.T) {
 		if &p.Data[:1][0] == &first.Data[:1][0] {
 			t.Fatalf("an upload of %d bytes got the %d-byte buffer", size, kept)
 		}
-		st.Finish(p.ID, false)
+		st.Finish(p.ID, false, true)
 	}
 	// A small upload's buffer is not kept; a third large one replaces
 	// the oldest.
 	if s := st.Stats(); s.Spare != kept+2<<20 || len(st.spares) != maxSpares {
 		t.Fatalf("after four uploads: %+v, %d kept", s, len(st.spares))
 	}
-	st.Finish(staged(t, st, connA, make([]byte, 4<<20)).ID, false)
+	st.Finish(staged(t, st, connA, make([]byte, 4<<20)).ID, false, true)
 	if s := st.Stats(); s.Spare != 2<<20+4<<20 {
 		t.Fatalf("after a fifth upload: %+v", s)
 	}
@@ -531,8 +531,38 @@ func TestStageReusesAFinishedUploadsBuffer(t *testing.T) {
 		t.Fatalf("two uploads under way: %+v", s)
 	}
 	noneHeldBeyond(t, st)
-	st.Finish(a.ID, false)
-	st.Finish(b.ID, false)
+	st.Finish(a.ID, false, true)
+	st.Finish(b.ID, false, true)
+}
+
+// A buffer a commit's call may still be reading (its loan not given
+// back) is never kept for another upload to be written into: not when
+// the upload is dropped at once, nor when it is kept for another commit
+// that later succeeds. A buffer given back is kept, as before.
+func TestStageKeepsNoBufferACallMayRead(t *testing.T) {
+	st, _ := newStage(t, nil)
+	p := staged(t, st, connA, make([]byte, 2<<20))
+	st.Finish(p.ID, false, false)
+	if s := st.Stats(); s.Spare != 0 || s.Charged != 0 || s.Uploads != 0 {
+		t.Fatalf("dropped while its call may read it: %+v", s)
+	}
+
+	q := staged(t, st, connA, make([]byte, 2<<20))
+	st.Finish(q.ID, true, false) // kept for another commit
+	again, err := st.Take(connA, q.ID)
+	if err != nil || &again.Data[:1][0] != &q.Data[:1][0] {
+		t.Fatalf("the kept upload taken again: %v", err)
+	}
+	st.Finish(again.ID, false, true) // this call gave its loan back; the first may not have
+	if s := st.Stats(); s.Spare != 0 || s.Uploads != 0 {
+		t.Fatalf("dropped after an earlier call that may read it: %+v", s)
+	}
+
+	r := staged(t, st, connA, make([]byte, 2<<20))
+	st.Finish(r.ID, false, true)
+	if s := st.Stats(); s.Spare != int64(cap(r.Data)) {
+		t.Fatalf("a buffer given back was not kept: %+v", s)
+	}
 }
 
 // Kept buffers count against the budget and give way to any upload or
@@ -540,7 +570,7 @@ func TestStageReusesAFinishedUploadsBuffer(t *testing.T) {
 func TestStageSparesGiveWay(t *testing.T) {
 	const budget = 3 << 20
 	st, clk := newStage(t, func(u *configclient.Uploads) { u.MaxStagedBytes = budget })
-	st.Finish(staged(t, st, connA, make([]byte, 2<<20)).ID, false)
+	st.Finish(staged(t, st, connA, make([]byte, 2<<20)).ID, false, true)
 	if s := st.Stats(); s.Spare != 2<<20 {
 		t.Fatalf("kept %+v", s)
 	}
@@ -554,7 +584,7 @@ func TestStageSparesGiveWay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.Finish(p.ID, false)
+	st.Finish(p.ID, false, true)
 	release, err := st.Hold(2 << 20)
 	if err != nil {
 		t.Fatalf("an attach beside a spare: %v", err)
@@ -564,7 +594,7 @@ func TestStageSparesGiveWay(t *testing.T) {
 	}
 	release()
 
-	st.Finish(staged(t, st, connA, make([]byte, 1<<20)).ID, false)
+	st.Finish(staged(t, st, connA, make([]byte, 1<<20)).ID, false, true)
 	clk.advance(spareIdle - time.Second)
 	st.Renew(connA.Gateway)
 	st.Sweep()

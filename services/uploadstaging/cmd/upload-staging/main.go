@@ -26,8 +26,9 @@ import (
 const envLease = "CLAWMESH_UPLOAD_GATEWAY_LEASE"
 
 // bulk reads a chunk's bytes into buffers kept from one chunk to the
-// next, and marshals a file for StoreFile into one (internal/bulkcodec):
-// the codec of the process's server and of its session service client.
+// next, and sends a committed file's bytes to StoreFile from where they
+// are staged (internal/bulkcodec): the codec of the process's server and
+// of its session service client.
 var bulk = bulkcodec.New(0,
 	(&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"),
 	(&sessionv1.StoreFileRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
@@ -76,7 +77,7 @@ func register(ctx context.Context, env *service.Env, lease time.Duration) error 
 
 	srv, err := uploadstaging.New(uploadstaging.Config{
 		Sessions: sessionv1.NewSessionServiceClient(sessionConn), Authz: live, Settings: live.Uploads,
-		Lease: lease, Log: env.Log, Chunks: bulk,
+		Lease: lease, Log: env.Log, Chunks: bulk, Files: bulk,
 	})
 	if err != nil {
 		return err
