@@ -622,8 +622,8 @@ func TestStaleClusterIsReplaced(t *testing.T) {
 // postmaster's command line until it retitles itself: the test above
 // kills "postgres" to take the database down, and a backend killed in
 // its place leaves the postmaster up (the crash recovery without a
-// restart, which CI once met). Connections are opened all along, as the
-// services' pools and the launcher's probes do under traffic.
+// restart, which CI once met). Under traffic, as there: the services'
+// pools and the launcher's probes open connections all along.
 func TestPIDOfPostgresIsThePostmaster(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
@@ -637,25 +637,7 @@ func TestPIDOfPostgresIsThePostmaster(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			c, err := e2e.Dial(s.Socket)
-			if err != nil {
-				continue
-			}
-			if _, err := c.Initialize(); err == nil {
-				_, _ = c.Call("session/list", map[string]any{})
-			}
-			c.Close()
-		}
-	}()
+	traffic(t, s, &recorder{}, stop, &wg, map[string]any{"session/list": map[string]any{}, "session/new": map[string]any{}})
 	defer func() { close(stop); wg.Wait() }()
 	scans, others := 0, 0
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); scans++ {

@@ -261,9 +261,11 @@ func (r *recorder) StoreFile(_ context.Context, req *sessionv1.StoreFileRequest)
 	return &sessionv1.StoreFileResponse{}, nil
 }
 
-// TestThroughGRPC: with the codec forced on a real server, a 3 MB file's
-// bytes arrive intact and the second call's land in the first's buffer.
-func TestThroughGRPC(t *testing.T) {
+// serveFiles serves a recorder, with a codec of DefaultMin forced on the
+// server, over a Unix socket for the test's length, and returns a client
+// of it whose codec is sender.
+func serveFiles(t *testing.T, sender *Codec) (sessionv1.SessionServiceClient, *recorder) {
+	t.Helper()
 	c := dataField()
 	c.min = DefaultMin
 	sock := filepath.Join(t.TempDir(), "s.sock")
@@ -272,18 +274,24 @@ func TestThroughGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(grpc.ForceServerCodecV2(c), grpc.MaxRecvMsgSize(16<<20))
-	rec := &recorder{c: c, at: make(chan *byte, 2)}
+	rec := &recorder{c: c, at: make(chan *byte, 8)}
 	sessionv1.RegisterSessionServiceServer(srv, rec)
 	go srv.Serve(lis)
-	defer srv.Stop()
-	sender := dataField()
+	t.Cleanup(srv.Stop)
 	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(16<<20), grpc.ForceCodecV2(sender)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
-	client := sessionv1.NewSessionServiceClient(cc)
+	t.Cleanup(func() { cc.Close() })
+	return sessionv1.NewSessionServiceClient(cc), rec
+}
+
+// TestThroughGRPC: with the codec forced on a real server, a 3 MB file's
+// bytes arrive intact and the second call's land in the first's buffer.
+func TestThroughGRPC(t *testing.T) {
+	sender := dataField()
+	client, rec := serveFiles(t, sender)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := range 2 {
@@ -431,26 +439,8 @@ func TestLentBytesSentWhereTheyAre(t *testing.T) {
 // the handler too. A call cancelled while its bytes are written gives
 // them back when grpc drops it, if not at its return.
 func TestLentThroughGRPC(t *testing.T) {
-	c := dataField()
-	c.min = DefaultMin
-	sock := filepath.Join(t.TempDir(), "s.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(c), grpc.MaxRecvMsgSize(16<<20))
-	rec := &recorder{c: c, at: make(chan *byte, 8)}
-	sessionv1.RegisterSessionServiceServer(srv, rec)
-	go srv.Serve(lis)
-	defer srv.Stop()
 	sender := dataField()
-	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(16<<20), grpc.ForceCodecV2(sender)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	client := sessionv1.NewSessionServiceClient(cc)
+	client, rec := serveFiles(t, sender)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
