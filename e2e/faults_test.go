@@ -621,9 +621,10 @@ func TestStaleClusterIsReplaced(t *testing.T) {
 // never a backend the postmaster has just forked, which carries the
 // postmaster's command line until it retitles itself: the test above
 // kills "postgres" to take the database down, and a backend killed in
-// its place leaves the postmaster up (the crash recovery without a
-// restart, which CI once met). Under traffic, as there: the services'
-// pools and the launcher's probes open connections all along.
+// its place leaves the postmaster up (a crash recovery without a
+// restart, which a run of .ci/run once met). Under traffic, as there:
+// the services' pools and the launcher's probes open connections all
+// along.
 func TestPIDOfPostgresIsThePostmaster(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
