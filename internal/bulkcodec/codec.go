@@ -151,8 +151,10 @@ type Loan struct {
 }
 
 // Lend lends b to Marshal until the Loan's Return. Bytes shorter than the
-// codec's min, or lent already, are not lent: nil, whose Return reports
-// true. A nil Codec lends nothing.
+// codec's min are not lent: nil, whose Return reports true, since Marshal
+// copies them. A nil Codec lends nothing. Bytes are lent by their one
+// owner, once at a time: bytes out on a loan already are not lent again
+// (nil), and only the first loan's Return says whether grpc holds them.
 func (c *Codec) Lend(b []byte) *Loan {
 	if c == nil || len(b) < c.min {
 		return nil
