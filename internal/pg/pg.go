@@ -263,7 +263,10 @@ func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+	// ErrConnClosed: the connection was lost earlier in the same
+	// operation (a COMMIT whose answer never came reads it), or was
+	// already closed when the operation began.
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, pgconn.ErrConnClosed) {
 		return true
 	}
 	var ce *pgconn.ConnectError

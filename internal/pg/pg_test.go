@@ -2,11 +2,15 @@ package pg_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"testing"
 	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/testenv"
@@ -136,5 +140,26 @@ func TestMigratedSchemaStartsWithoutTheLock(t *testing.T) {
 	var n int
 	if err := p.QueryRow(ctx, "SELECT count(*) FROM items WHERE name = 'second'").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the migration added later: %d rows (%v), want 1", n, err)
+	}
+}
+
+func TestIsUnavailable(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"a connection lost earlier in the operation", fmt.Errorf("commit failed: %w", pgconn.ErrConnClosed), true},
+		{"a connection lost mid-read", fmt.Errorf("insert: %w", io.ErrUnexpectedEOF), true},
+		{"crash shutdown", &pgconn.PgError{Code: "57P02"}, true},
+		{"cannot connect now", &pgconn.PgError{Code: "57P03"}, true},
+		{"connection exception", &pgconn.PgError{Code: "08006"}, true},
+		{"a unique violation", fmt.Errorf("insert: %w", &pgconn.PgError{Code: "23505"}), false},
+		{"anything else", errors.New("encode config: bad value"), false},
+	} {
+		if got := pg.IsUnavailable(c.err); got != c.want {
+			t.Errorf("%s: IsUnavailable(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
 	}
 }

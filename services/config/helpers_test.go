@@ -44,11 +44,17 @@ func ctxFor(t testing.TB) context.Context {
 // a gRPC client on a Unix socket; log may be nil.
 func newEnv(t testing.TB, log *zap.Logger) *env {
 	t.Helper()
+	return newEnvOn(t, testenv.Postgres(t), log)
+}
+
+// newEnvOn is newEnv on the database at dbURL.
+func newEnvOn(t testing.TB, dbURL string, log *zap.Logger) *env {
+	t.Helper()
 	ctx := ctxFor(t)
 	if log == nil {
 		log = zap.NewNop()
 	}
-	db, err := pg.Open(ctx, testenv.Postgres(t), "config", migrations.FS, log)
+	db, err := pg.Open(ctx, dbURL, "config", migrations.FS, log)
 	if err != nil {
 		t.Fatal(err)
 	}

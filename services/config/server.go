@@ -18,8 +18,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
@@ -80,6 +82,14 @@ type Server struct {
 	// releasePolicy releases the policy lock the write holds; it is set
 	// and cleared under writeLock.
 	releasePolicy func()
+	// unsure is set when a write reached the database and its outcome was
+	// not seen (a COMMIT whose answer was lost, the check after it failing
+	// too): the database may hold a revision, or a token change, that the
+	// live snapshot lacks. The next write, and Run meanwhile, reload the
+	// snapshot before anything else: otherwise every later commit would
+	// insert a revision number the database already holds, and a revoked
+	// token could stay live until a restart.
+	unsure atomic.Bool
 
 	hooks hooks
 }
@@ -132,10 +142,83 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 // current is the live snapshot.
 func (s *Server) current() *snapshot { return s.snap.Load() }
 
+// ReconcileEvery is how often Run looks for a write of unknown outcome
+// to reload after.
+const ReconcileEvery = 250 * time.Millisecond
+
+// Run reloads the live snapshot after a write whose outcome was not seen,
+// once the database answers again, so that reads follow what the
+// database holds without waiting for the next write. It returns when ctx
+// is done.
+func (s *Server) Run(ctx context.Context) {
+	t := time.NewTicker(ReconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !s.unsure.Load() {
+			continue
+		}
+		// The in-process lock alone: reloading changes nothing in the
+		// database, so the policy lock across processes is not needed.
+		select {
+		case s.writeLock <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := s.reconcile(rctx)
+		cancel()
+		<-s.writeLock
+		if err != nil && ctx.Err() == nil {
+			s.log.Debug("config not reloaded yet", zap.Error(err))
+		}
+	}
+}
+
+// reconcile reloads the snapshot when a write's outcome is unknown, and
+// announces a revision the database held that the snapshot lacked. The
+// caller holds writeLock.
+func (s *Server) reconcile(ctx context.Context) error {
+	if !s.unsure.Load() {
+		return nil
+	}
+	snap, err := s.load(ctx)
+	if err != nil {
+		return fmt.Errorf("reload after a write of unknown outcome: %w", err)
+	}
+	cur := s.current()
+	s.snap.Store(snap)
+	s.unsure.Store(false)
+	s.log.Warn("config reloaded after a write of unknown outcome",
+		zap.Int64("was", cur.revision), zap.Int64("revision", snap.revision))
+	if snap.revision != cur.revision {
+		// Which props changed is not known here: consumers take nil as
+		// anything may have.
+		s.publish(snap, nil)
+	}
+	return nil
+}
+
+// failedWrite marks the snapshot unsure when a statement that changes
+// data failed without an answer from the server, which may have run it
+// all the same, and returns err.
+func (s *Server) failedWrite(err error) error {
+	var pe *pgconn.PgError
+	if err != nil && !errors.As(err, &pe) {
+		s.unsure.Store(true)
+	}
+	return err
+}
+
 // lock takes the write lock, or fails when ctx ends first. With it comes
 // the policy lock across processes (internal/policylock), held until the
 // new snapshot is live: a file store checked under the old policy
-// finishes first, and none checks against a policy about to change.
+// finishes first, and none checks against a policy about to change. After
+// a write of unknown outcome the snapshot is reloaded first (reconcile).
 func (s *Server) lock(ctx context.Context) error {
 	s.waiting.Add(1)
 	defer s.waiting.Add(-1)
@@ -150,6 +233,10 @@ func (s *Server) lock(ctx context.Context) error {
 		return err
 	}
 	s.releasePolicy = release
+	if err := s.reconcile(ctx); err != nil {
+		s.unlock()
+		return err
+	}
 	if s.hooks.locked != nil {
 		s.hooks.locked()
 	}

@@ -79,7 +79,7 @@ func (s *Server) CreateToken(ctx context.Context, req *configv1.CreateTokenReque
 				fmt.Sprintf("user %q does not exist; set users.%s.permission_profiles first", user, user))
 		}
 		if _, err := s.db.Exec(ctx, "INSERT INTO tokens (token_hash, username) VALUES ($1, $2)", id, user); err != nil {
-			return fmt.Errorf("store token: %w", err)
+			return fmt.Errorf("store token: %w", s.failedWrite(err))
 		}
 		tokens[id] = user
 		return nil
@@ -102,7 +102,7 @@ func (s *Server) RevokeToken(ctx context.Context, req *configv1.RevokeTokenReque
 	err := s.changeTokens(ctx, req.GetPrincipal(), func(_ *snapshot, tokens map[string]string) error {
 		tag, err := s.db.Exec(ctx, "UPDATE tokens SET revoked_at = now() WHERE username = $1 AND revoked_at IS NULL", user)
 		if err != nil {
-			return fmt.Errorf("revoke tokens: %w", err)
+			return fmt.Errorf("revoke tokens: %w", s.failedWrite(err))
 		}
 		n = tag.RowsAffected()
 		maps.DeleteFunc(tokens, func(_, u string) bool { return u == user })

@@ -169,9 +169,16 @@ func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, wh
 	}
 	checkCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if got, err := s.storedRevision(checkCtx); err == nil && got == rev {
+	got, err := s.storedRevision(checkCtx)
+	switch {
+	case err == nil && got == rev:
 		s.log.Warn("commit reported an error but is stored", zap.Int64("revision", rev), zap.Error(commitErr))
 		return nil
+	case err != nil:
+		// The revision may be stored all the same: the next write, or
+		// Run, reloads the snapshot first.
+		s.unsure.Store(true)
+		s.log.Warn("commit of unknown outcome", zap.Int64("revision", rev), zap.Error(commitErr), zap.NamedError("check", err))
 	}
 	return fmt.Errorf("%w: %w", ErrCommit, commitErr)
 }

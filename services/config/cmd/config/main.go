@@ -61,6 +61,7 @@ func spec() service.Spec {
 				return err
 			}
 			configv1.RegisterConfigServiceServer(env.Server.GRPC, srv)
+			env.Go(func() { srv.Run(ctx) })
 			return nil
 		},
 	}
