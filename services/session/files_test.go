@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -862,4 +863,55 @@ func TestStoreFileGivesItsBytesBack(t *testing.T) {
 	if got, err := os.ReadFile(first.GetWorkspacePath()); err != nil || !bytes.Equal(got, a) {
 		t.Fatalf("the first file changed once its buffer was reused: %v", err)
 	}
+}
+
+// A stored file, once durable, leaves the page cache: nothing in the
+// stack reads it back, and its pages serve the next file (placeAs).
+// Checked with mincore on the stored file, large (written while hashed)
+// and small (written once known to be new).
+func TestStoredFileLeavesThePageCache(t *testing.T) {
+	h, _ := fileHarness(t)
+	var fs unix.Statfs_t
+	if err := unix.Statfs(h.dataDir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Type == unix.TMPFS_MAGIC {
+		t.Skip("on tmpfs the page cache is the file")
+	}
+	id := h.newSession(alice, "default")
+	for _, size := range []int{writeAheadMin + 4<<20, 64 << 10} {
+		data := patterned(size, 11)
+		f := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "f.bin", Data: data})
+		resident, pages := residentPages(t, f.GetWorkspacePath())
+		if resident != 0 {
+			t.Errorf("a stored file of %d bytes: %d of its %d pages still in the page cache", size, resident, pages)
+		}
+	}
+}
+
+// residentPages counts the pages of the file at path in the page cache.
+func residentPages(t *testing.T, path string) (resident, pages int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal(errno)
+	}
+	for _, v := range vec {
+		resident += int(v & 1)
+	}
+	return resident, len(vec)
 }
