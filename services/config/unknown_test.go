@@ -272,3 +272,31 @@ func waitLost(t *testing.T, db *lossyDB) {
 		t.Fatal("the armed statement never ran")
 	}
 }
+
+// A commit that lands after the check read (a COMMIT the server was still
+// running) leaves a revision the snapshot lacks even when the check saw
+// none: here it is inserted behind the service's back. The write that
+// meets it fails, as a duplicate revision; the next one reloads first
+// and succeeds, on top of it.
+func TestARevisionLandedLateIsReloaded(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	rev := e.mustSet(kv{"agents.default.model", "one"})
+	if _, err := e.opts.DB.Exec(ctx, `INSERT INTO revisions (revision, document, committed_by)
+		VALUES ($1, '{"agents":{"default":{"model":"late"}}}', 'late')`, rev+1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.setMany(operator, kv{"agents.default.model", "two"}); err == nil {
+		t.Fatal("a write over a revision stored behind the snapshot succeeded")
+	}
+	got, err := e.setMany(operator, kv{"agents.default.system_prompt", "three"})
+	if err != nil {
+		t.Fatalf("the next write: %v", err)
+	}
+	if got.GetRevision() != rev+2 {
+		t.Fatalf("the next write committed revision %d, want %d", got.GetRevision(), rev+2)
+	}
+	if v, err := e.get("agents.default.model"); err != nil || v != "late" {
+		t.Fatalf("the model after the reload: %v %v, want the late revision's", v, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 
@@ -156,6 +157,14 @@ func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, wh
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after a commit it is a no-op
 	if err := s.insertRevision(ctx, tx, rev, stored, who, props); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "23505" { // unique_violation
+			// The database holds this revision already: a commit whose
+			// outcome looked settled landed after all (a COMMIT still
+			// running when the check read). This write fails; the next
+			// reloads first.
+			s.unsure.Store(true)
+		}
 		return fmt.Errorf("%w: %w", ErrCommit, err)
 	}
 	if s.hooks.beforeCommit != nil {
@@ -174,9 +183,10 @@ func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, wh
 	case err == nil && got == rev:
 		s.log.Warn("commit reported an error but is stored", zap.Int64("revision", rev), zap.Error(commitErr))
 		return nil
-	case err != nil:
-		// The revision may be stored all the same: the next write, or
-		// Run, reloads the snapshot first.
+	default:
+		// The revision may be stored all the same, or still be: a
+		// COMMIT the server is running when the check reads lands after
+		// it. The next write, or Run, reloads the snapshot first.
 		s.unsure.Store(true)
 		s.log.Warn("commit of unknown outcome", zap.Int64("revision", rev), zap.Error(commitErr), zap.NamedError("check", err))
 	}
