@@ -195,14 +195,7 @@ func TestPostgresKilledUnderTraffic(t *testing.T) {
 		"config/set":       map[string]any{"prop": "agents.default.model", "value": "during-fault"},
 	})
 	watchHealth(t, s, rec, stop, &wg)
-	stopped := false
-	stopTraffic := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
-		}
-	}
+	stopTraffic := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	defer stopTraffic()
 	time.Sleep(300 * time.Millisecond) // traffic flowing before the fault
 
@@ -703,14 +696,7 @@ func TestPostgresBackendsKilledUnderTraffic(t *testing.T) {
 		"config/set":      map[string]any{"prop": "agents.default.model", "value": "during-fault"},
 		"config/set-many": map[string]any{"sets": []map[string]any{{"prop": "agents.default.model", "value": "during-fault-2"}}},
 	})
-	stopped := false
-	stopTraffic := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
-		}
-	}
+	stopTraffic := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	defer stopTraffic()
 	time.Sleep(300 * time.Millisecond) // traffic flowing before the first fault
 

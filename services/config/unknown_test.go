@@ -149,15 +149,10 @@ func TestCommitOfUnknownOutcomeIsReloaded(t *testing.T) {
 	e := newEnvOn(t, db.url, nil)
 	rev := e.mustSet(kv{"agents.default.model", "one"})
 
-	db.arm("commit")
-	done := make(chan error, 1)
-	go func() {
+	err := db.cut("commit", func() error {
 		_, err := e.setMany(operator, kv{"agents.default.model", "two"})
-		done <- err
-	}()
-	waitLost(t, db)
-	db.down()
-	err := <-done
+		return err
+	})
 	if status.Code(err) != codes.Unavailable || status.Convert(err).Message() != "database unavailable" {
 		t.Fatalf("the write of unknown outcome: %v, want Unavailable \"database unavailable\"", err)
 	}
@@ -190,15 +185,11 @@ func TestRunReloadsAfterAWriteOfUnknownOutcome(t *testing.T) {
 	go func() { defer wg.Done(); e.srv.Run(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	db.arm("commit")
-	done := make(chan error, 1)
-	go func() {
+	err := db.cut("commit", func() error {
 		_, err := e.setMany(operator, kv{"agents.default.model", "two"})
-		done <- err
-	}()
-	waitLost(t, db)
-	db.down()
-	if err := <-done; status.Code(err) != codes.Unavailable {
+		return err
+	})
+	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("the write of unknown outcome: %v", err)
 	}
 	// Down for a few of Run's turns: it keeps trying.
@@ -238,17 +229,13 @@ func TestRevokeOfUnknownOutcomeIsReloaded(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	db.arm("update tokens set revoked_at")
-	done := make(chan error, 1)
-	go func() {
+	err = db.cut("update tokens set revoked_at", func() error {
 		_, err := e.rpc.RevokeToken(ctx, &configv1.RevokeTokenRequest{Principal: operator, User: "alice"})
-		done <- err
-	}()
-	waitLost(t, db)
-	db.down()
+		return err
+	})
 	// Its error is the process frame's to class (grpcserver, with
 	// pg.IsUnavailable); this server is a bare one.
-	if err := <-done; err == nil {
+	if err == nil {
 		t.Fatal("the revoke of unknown outcome succeeded")
 	}
 	var revoked bool
@@ -264,13 +251,21 @@ func TestRevokeOfUnknownOutcomeIsReloaded(t *testing.T) {
 	}
 }
 
-func waitLost(t *testing.T, db *lossyDB) {
-	t.Helper()
+// cut runs call with marker armed: once the statement holding it has run
+// and its answer is dropped, the database goes away (down); it returns
+// call's error.
+func (d *lossyDB) cut(marker string, call func() error) error {
+	d.t.Helper()
+	d.arm(marker)
+	done := make(chan error, 1)
+	go func() { done <- call() }()
 	select {
-	case <-db.lost:
+	case <-d.lost:
 	case <-time.After(20 * time.Second):
-		t.Fatal("the armed statement never ran")
+		d.t.Fatal("the armed statement never ran")
 	}
+	d.down()
+	return <-done
 }
 
 // A commit that lands after the check read (a COMMIT the server was still
