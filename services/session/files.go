@@ -588,8 +588,10 @@ func createTemp(dir int, data []byte) (*tempFile, error) {
 // name and syncs the folder, then gives the file's pages in the page
 // cache back to the kernel.
 //
-// Nothing in the stack reads a stored file back (a tool may, later, and
-// reads it from the disk then), and on a virtual machine whose free
+// The stack reads a stored file back only to check the copy in place
+// when the same bytes are stored again (a tool may read it, later): such
+// a read comes from the disk then (storing 10 MB again, medians of
+// twelve, 25.3 → 31.6 ms). On a virtual machine whose free
 // memory goes back to its host (free page reporting, as on the machine
 // the benchmarks run on) every page the page cache takes beyond those
 // recently freed is faulted in from the host: there the write of a new
