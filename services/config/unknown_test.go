@@ -110,11 +110,13 @@ func (d *lossyDB) storedModel(rev int64) string {
 	d.t.Helper()
 	var model *string
 	err := d.conn().QueryRow(ctxFor(d.t), "SELECT document->'agents'->'default'->>'model' FROM config.revisions WHERE revision = $1", rev).Scan(&model)
-	if errors.Is(err, pgx.ErrNoRows) || model == nil {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return ""
-	}
-	if err != nil {
+	case err != nil:
 		d.t.Fatal(err)
+	case model == nil:
+		return ""
 	}
 	return *model
 }
