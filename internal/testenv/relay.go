@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"net"
+	"net/url"
+	"path/filepath"
 	"sync"
 	"testing"
 )
@@ -104,4 +106,28 @@ func relay(dst, src net.Conn, toTarget bool, hook RelayHook) {
 			return
 		}
 	}
+}
+
+// PostgresRelayed names the sockets a relay in front of a PostgreSQL
+// server uses: Path, in a folder of the test's, is where the relay
+// listens; Target is the server's own socket; URL is dbURL through Path.
+type PostgresRelayed struct{ URL, Path, Target string }
+
+// RelayPostgres describes a relay in front of the server of dbURL (a Unix
+// socket URL, as Postgres returns); the caller starts it with StartRelay
+// on Path and Target.
+func RelayPostgres(t testing.TB, dbURL string) PostgresRelayed {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	socket := ".s.PGSQL." + q.Get("port")
+	dir := t.TempDir()
+	r := PostgresRelayed{Path: filepath.Join(dir, socket), Target: filepath.Join(q.Get("host"), socket)}
+	q.Set("host", dir)
+	u.RawQuery = q.Encode()
+	r.URL = u.String()
+	return r
 }

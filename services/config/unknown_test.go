@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"net/url"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,18 +40,9 @@ type lossyDB struct {
 func startLossyDB(t *testing.T) *lossyDB {
 	t.Helper()
 	direct := testenv.Postgres(t)
-	u, err := url.Parse(direct)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	socket := ".s.PGSQL." + q.Get("port")
-	dir := t.TempDir()
-	d := &lossyDB{t: t, direct: direct, path: filepath.Join(dir, socket), target: filepath.Join(q.Get("host"), socket), lost: make(chan struct{}, 1)}
+	r := testenv.RelayPostgres(t, direct)
+	d := &lossyDB{t: t, url: r.URL, direct: direct, path: r.Path, target: r.Target, lost: make(chan struct{}, 1)}
 	d.up()
-	q.Set("host", dir)
-	u.RawQuery = q.Encode()
-	d.url = u.String()
 	return d
 }
 

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net/url"
-	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -88,16 +86,10 @@ type holdProxy struct {
 
 func startHoldProxy(t *testing.T, dbURL string, marker []byte, delay time.Duration) *holdProxy {
 	t.Helper()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	socket := ".s.PGSQL." + q.Get("port")
-	dir := t.TempDir()
-	p := &holdProxy{}
+	r := testenv.RelayPostgres(t, dbURL)
+	p := &holdProxy{url: r.URL}
 	// Registered before the harness's cleanup, so it runs after it.
-	testenv.StartRelay(t, filepath.Join(dir, socket), filepath.Join(q.Get("host"), socket), func() testenv.RelayHook {
+	testenv.StartRelay(t, r.Path, r.Target, func() testenv.RelayHook {
 		holdNext := false // the client's direction only
 		return func(toTarget bool, chunk []byte) bool {
 			if !toTarget {
@@ -114,8 +106,5 @@ func startHoldProxy(t *testing.T, dbURL string, marker []byte, delay time.Durati
 			return true
 		}
 	})
-	q.Set("host", dir)
-	u.RawQuery = q.Encode()
-	p.url = u.String()
 	return p
 }
