@@ -144,7 +144,7 @@ func (s *Server) Begin(ctx context.Context, req *uploadv1.BeginRequest) (*upload
 	}
 	chk, err := s.cfg.Sessions.CheckUpload(ctx, &sessionv1.CheckUploadRequest{Principal: req.GetPrincipal(), SessionId: req.GetSessionId()})
 	if err != nil {
-		return nil, err
+		return nil, fromSessions(err)
 	}
 	id, err := s.stage.Reserve(Declared{
 		Owner: o, SessionID: req.GetSessionId(), Size: req.GetSizeBytes(), Filename: req.GetFilename(), MIME: req.GetMimeType(), SHA256: sum,
@@ -232,9 +232,26 @@ func (s *Server) store(ctx context.Context, req *sessionv1.StoreFileRequest) (*s
 	defer func() { <-s.stores }()
 	resp, err := s.cfg.Sessions.StoreFile(ctx, req)
 	if err != nil {
-		return nil, err
+		return nil, fromSessions(err)
 	}
 	return resp.GetFile(), nil
+}
+
+// fromSessions names the session service when a call to it failed below
+// its answers (its process gone or not yet back): the edge names the
+// service it called in such a failure, and would have blamed
+// upload-staging. The session service's own refusals and its own named
+// dependencies pass as they are; the code stays, so a commit keeps its
+// upload for another try.
+func fromSessions(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return err
+	}
+	if reason, _ := rpcerr.Details(st); reason != "" {
+		return err
+	}
+	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, "session service unavailable")
 }
 
 // Attach is file/attach: whole files, each stored through StoreFile in

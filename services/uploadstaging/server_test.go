@@ -35,6 +35,9 @@ func (f *sessions) CheckUpload(_ context.Context, req *sessionv1.CheckUploadRequ
 	if req.GetSessionId() == "sess_none" {
 		return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonSessionNotFound, rpcerr.NoIndex, "Session sess_none not found")
 	}
+	if req.GetSessionId() == "sess_down" { // the session service's process gone
+		return nil, status.Error(codes.Unavailable, "connection error")
+	}
 	return &sessionv1.CheckUploadResponse{Generation: 3, Incarnation: 9, Owner: req.GetPrincipal().GetPrincipalId(), AgentAlias: "default"}, nil
 }
 
@@ -106,9 +109,22 @@ func TestCommitHandsTheUploadToStoreFile(t *testing.T) {
 	if _, err := chunk(s, op, id, 0, "hello"); err != nil {
 		t.Fatal(err)
 	}
-	f.failWith(status.Error(codes.Unavailable, "session unavailable"))
-	if _, err := commit(s, op, id); status.Code(err) != codes.Unavailable {
+	// Its process gone: the failure names the session service (the edge
+	// would name upload-staging), and the upload stays.
+	f.failWith(status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial unix session.sock: connect: connection refused\""))
+	_, err := commit(s, op, id)
+	if reason, _ := rpcerr.Details(status.Convert(err)); status.Code(err) != codes.Unavailable || reason != rpcerr.ReasonDependency ||
+		status.Convert(err).Message() != "session service unavailable" {
 		t.Fatalf("commit with the session service down: %v", err)
+	}
+	if _, err := s.Begin(context.Background(), &uploadv1.BeginRequest{Principal: op, GatewayId: "gw-1", ConnectionId: "conn-1",
+		SessionId: "sess_down", SizeBytes: 1}); status.Code(err) != codes.Unavailable || status.Convert(err).Message() != "session service unavailable" {
+		t.Fatalf("begin with the session service down: %v", err)
+	}
+	// Up, with a dependency of its own down and named: passed as it is.
+	f.failWith(rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, "database unavailable"))
+	if _, err := commit(s, op, id); status.Convert(err).Message() != "database unavailable" {
+		t.Fatalf("commit with the session service's database down: %v", err)
 	}
 	f.failWith(nil)
 	resp, err := commit(s, op, id)
