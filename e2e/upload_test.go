@@ -721,3 +721,101 @@ func TestUploadCommitRaces(t *testing.T) {
 		t.Fatalf("commit %+v", f)
 	}
 }
+
+// A session service killed while it stores a committed file, between
+// writing the file under a temporary name and renaming it into place,
+// left that temporary file, as large as the upload, in the workspace's
+// uploads folder for good, and the commit was refused as "upload-staging
+// unavailable". It is refused naming the session service, the upload
+// stays staged, and the same commit tried again once
+// the service is back lands the file, the first store of the new process
+// into the session, which removes what the dead one left.
+func TestSessionKilledWhileStoringLeavesNoTemporaryFile(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	u := dialUC(t, s)
+	sess := u.session(map[string]any{})
+	uploadsDir := filepath.Join(sess.Workspace, "uploads")
+	temps := func() []string {
+		var names []string
+		for _, name := range uploadsIn(t, sess.Workspace) {
+			if strings.HasPrefix(name, ".tmp-") {
+				names = append(names, name)
+			}
+		}
+		return names
+	}
+
+	const attempts = 8
+	for attempt := 1; ; attempt++ {
+		if attempt > attempts {
+			t.Fatalf("no kill landed while the file was written, in %d commits", attempts)
+		}
+		data := randomBytes(t, 10*mib)
+		id := u.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data), "filename": "big.bin"})
+		u.sendAll(id, data)
+		pid := s.PIDOf("session")
+		committed := make(chan error, 1)
+		go func() {
+			_, err := u.c.Call("file/upload/commit", map[string]any{"upload_id": id})
+			committed <- err
+		}()
+		// Killed as soon as the temporary file shows.
+		killed := false
+		var err error
+	watch:
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+			select {
+			case err = <-committed:
+				break watch
+			default:
+			}
+			if len(temps()) > 0 {
+				if e := syscall.Kill(pid, syscall.SIGKILL); e != nil {
+					t.Fatal(e)
+				}
+				killed = true
+				err = <-committed
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		if !killed {
+			if err != nil {
+				t.Fatalf("commit %d: %v", attempt, err)
+			}
+			continue // stored before the watch saw its file
+		}
+		// Refused as the session service's failure, not upload-staging's.
+		var re *e2e.RPCError
+		if !errors.As(err, &re) || re.Code != -32603 || re.Message != "upload-staging: session service unavailable" {
+			t.Fatalf("commit %d with its session service killed: %v, want -32603 %q", attempt, err, "upload-staging: session service unavailable")
+		}
+		left := temps()
+		t.Logf("commit %d: killed with %v in the uploads folder; refused %s", attempt, left, re.Describe())
+
+		// Tried again once the service is back, the staged upload lands.
+		var fe fileEntry
+		testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+			if p := s.PIDOf("session"); p == 0 || p == pid {
+				return fmt.Errorf("session service pid %d (killed %d)", p, pid)
+			}
+			if re := u.try("file/upload/commit", map[string]any{"upload_id": id}, &fe); re != nil {
+				return fmt.Errorf("commit again: %s", re.Describe())
+			}
+			return nil
+		})
+		if fe.RefID != "sha256:"+hexSHA(data) {
+			t.Fatalf("commit again: %+v", fe)
+		}
+		if got, err := os.ReadFile(fe.WorkspacePath); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("stored file: %d bytes, %v", len(got), err)
+		}
+		if rest := temps(); len(rest) > 0 {
+			t.Fatalf("left in %s after the next store: %v", uploadsDir, rest)
+		}
+		if len(left) > 0 {
+			return // the case this test is for happened, and was mended
+		}
+	}
+}

@@ -407,6 +407,7 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 		return nil, fmt.Errorf("open workspace of session %s: %w", r.ID, err)
 	}
 	defer unix.Close(dir)
+	s.clearLeftovers(r.ID, dir)
 
 	var sum string
 	var tmp *tempFile
@@ -569,9 +570,9 @@ type tempFile struct {
 // createTemp writes data to a new temporary file in dir; nothing is left
 // behind when it fails.
 func createTemp(dir int, data []byte) (*tempFile, error) {
-	var rnd [12]byte
+	var rnd [tempHexLen / 2]byte
 	_, _ = rand.Read(rnd[:])
-	t := &tempFile{dir: dir, name: ".tmp-" + hex.EncodeToString(rnd[:])}
+	t := &tempFile{dir: dir, name: tempPrefix + hex.EncodeToString(rnd[:])}
 	fd, err := unix.Openat(dir, t.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create temporary file: %w", err)
@@ -630,6 +631,115 @@ func (t *tempFile) discard() {
 	if !t.placed {
 		_ = unix.Unlinkat(t.dir, t.name, 0)
 	}
+}
+
+// tempPrefix and tempHexLen make a temporary file's name.
+const (
+	tempPrefix = ".tmp-"
+	tempHexLen = 24
+)
+
+// staleTempAge is how long a temporary file goes unwritten before it is
+// taken for one a dead process left even if it was written after this
+// process started: a StoreFile holds its session's row, so no other
+// writes into the same folder, and gives up after storeTimeout.
+const staleTempAge = 2 * storeTimeout
+
+// maxClearedSessions bounds the sessions whose uploads folder this process
+// remembers having cleared; past it the set starts again (a folder cleared
+// twice costs a read of it).
+const maxClearedSessions = 4096
+
+// clearLeftovers removes, the first time this process stores a file into
+// a session, the temporary files a StoreFile left in its uploads folder
+// when its process died between writing and placing them (a SIGKILL, a
+// crash, the machine stopped): otherwise each would stay there, as large
+// as the file it was, for good. dir is the folder, held under the
+// session's row, so a temporary file written before this process started
+// is a dead process's. A clearing that fails is logged and tried again
+// at the next store; the store goes on.
+func (s *Server) clearLeftovers(sessionID string, dir int) {
+	s.clearedMu.Lock()
+	_, done := s.cleared[sessionID]
+	s.clearedMu.Unlock()
+	if done {
+		return
+	}
+	cutoff := time.Now().Add(-staleTempAge)
+	if s.started.After(cutoff) {
+		cutoff = s.started
+	}
+	removed, err := removeLeftTemps(dir, cutoff)
+	for _, name := range removed {
+		s.log.Info("temporary file left by a stopped store removed",
+			zap.String("session_id", sessionID), zap.String("name", UploadsDir+"/"+name))
+	}
+	if err != nil {
+		s.log.Warn("temporary files left by a stopped store not cleared", zap.String("session_id", sessionID), zap.Error(err))
+		return
+	}
+	s.clearedMu.Lock()
+	if len(s.cleared) >= maxClearedSessions {
+		clear(s.cleared)
+	}
+	s.cleared[sessionID] = struct{}{}
+	s.clearedMu.Unlock()
+}
+
+// removeLeftTemps removes from dir every regular file named as createTemp
+// names them and last written before cutoff, and returns their names.
+// Nothing else is touched: not a link, not a folder, not a name the stack
+// does not make.
+func removeLeftTemps(dir int, cutoff time.Time) (removed []string, err error) {
+	fd, err := unix.FcntlInt(uintptr(dir), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read folder: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), UploadsDir)
+	defer f.Close()
+	for {
+		entries, err := f.ReadDir(256)
+		for _, e := range entries {
+			name := e.Name()
+			if !isTempName(name) {
+				continue
+			}
+			var st unix.Stat_t
+			if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				if errors.Is(err, unix.ENOENT) {
+					continue
+				}
+				return removed, fmt.Errorf("look at %s: %w", name, err)
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFREG || !time.Unix(st.Mtim.Unix()).Before(cutoff) {
+				continue
+			}
+			if err := unix.Unlinkat(dir, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+				return removed, fmt.Errorf("remove %s: %w", name, err)
+			}
+			removed = append(removed, name)
+		}
+		if errors.Is(err, io.EOF) {
+			return removed, nil
+		}
+		if err != nil {
+			return removed, fmt.Errorf("read folder: %w", err)
+		}
+	}
+}
+
+// isTempName reports whether name is one createTemp makes.
+func isTempName(name string) bool {
+	hexPart, ok := strings.CutPrefix(name, tempPrefix)
+	if !ok || len(hexPart) != tempHexLen {
+		return false
+	}
+	for i := 0; i < len(hexPart); i++ {
+		if c := hexPart[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // writePiece is the most writePieces hands the kernel in one write.

@@ -915,3 +915,87 @@ func residentPages(t *testing.T, path string) (resident, pages int) {
 	}
 	return resident, len(vec)
 }
+
+// A store a dead process left between writing its temporary file and
+// placing it (a SIGKILL of the service in the middle of a commit) leaves
+// the file in the session's uploads folder. The next process clears them
+// at its first store into the session: the regular files named as the
+// stack names them, written before it started. A link, a folder, another
+// name and a file written since it started are left; a session already
+// cleared is not read again by the same process.
+func TestStoreFileClearsWhatAStoppedStoreLeft(t *testing.T) {
+	h, _ := fileHarness(t)
+	id := h.newSession(alice, "default")
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a.txt", Data: []byte("a")})
+	uploadsDir := filepath.Join(h.dataDir, "workspaces", id, UploadsDir)
+	outside := filepath.Join(t.TempDir(), "target")
+	if err := os.WriteFile(outside, []byte("not the stack's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	tempName := func() string { n++; return fmt.Sprintf(".tmp-%024x", n) }
+	plant := func(name string, age time.Duration, make func(path string) error) string {
+		t.Helper()
+		path := filepath.Join(uploadsDir, name)
+		if err := make(path); err != nil {
+			t.Fatal(err)
+		}
+		when := time.Now().Add(-age)
+		ts := []unix.Timespec{unix.NsecToTimespec(when.UnixNano()), unix.NsecToTimespec(when.UnixNano())}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, path, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			t.Fatal(err)
+		}
+		return name
+	}
+	file := func(path string) error { return os.WriteFile(path, make([]byte, 4096), 0o600) }
+	names := func() map[string]bool {
+		entries, err := os.ReadDir(uploadsDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, e := range entries {
+			m[e.Name()] = true
+		}
+		return m
+	}
+	want := func(when string, gone, kept []string) {
+		t.Helper()
+		have := names()
+		for _, name := range gone {
+			if have[name] {
+				t.Errorf("%s: %s left in the uploads folder", when, name)
+			}
+		}
+		for _, name := range kept {
+			if !have[name] {
+				t.Errorf("%s: %s removed", when, name)
+			}
+		}
+	}
+
+	// Left by the process before: seconds and an hour before it stopped.
+	justBefore := plant(tempName(), time.Second, file)
+	anHourAgo := plant(tempName(), time.Hour, file)
+	link := plant(tempName(), time.Hour, func(path string) error { return os.Symlink(outside, path) })
+	folder := plant(tempName(), time.Hour, func(path string) error { return os.Mkdir(path, 0o700) })
+	short := plant(".tmp-0123", time.Hour, file)
+	upper := plant(".tmp-"+strings.Repeat("A", 24), time.Hour, file)
+	theirs := plant("notes.tmp", time.Hour, file)
+	h.restart()
+	since := plant(tempName(), 0, file)
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "b.txt", Data: []byte("b")})
+	want("the first store after a restart", []string{justBefore, anHourAgo},
+		[]string{link, folder, short, upper, theirs, since, sha([]byte("a")) + ".txt", sha([]byte("b")) + ".txt"})
+	if got, err := os.ReadFile(outside); err != nil || string(got) != "not the stack's" {
+		t.Fatalf("a link's target: %q %v", got, err)
+	}
+
+	// Cleared once a process: the next store does not read the folder.
+	later := plant(tempName(), time.Hour, file)
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "c.txt", Data: []byte("c")})
+	want("a second store", nil, []string{later})
+	h.restart()
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "d.txt", Data: []byte("d")})
+	want("the first store after another restart", []string{later, since}, []string{link, folder, short, upper, theirs})
+}

@@ -137,6 +137,13 @@ type Server struct {
 	stopSweep chan struct{}
 	swept     chan struct{}
 
+	// started is when this process made the service; cleared holds the
+	// sessions whose uploads folder it cleared of temporary files a dead
+	// process left (clearLeftovers).
+	started   time.Time
+	clearedMu sync.Mutex
+	cleared   map[string]struct{}
+
 	// base is the parent of every turn's context; Shutdown cancels it
 	// with ErrShutdown.
 	base       context.Context
@@ -167,7 +174,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB, kept: kept{writes: pg.WritesOf(cfg.DB)}}, nc: cfg.NATS,
 		providers: defaultProviders(), lives: map[string]*liveSession{},
 		openReads: coalesce.Group[struct{}, []openSession]{Timeout: 10 * time.Second},
-		stopSweep: make(chan struct{}), swept: make(chan struct{}),
+		stopSweep: make(chan struct{}), swept: make(chan struct{}), cleared: map[string]struct{}{},
+		started: time.Now(),
 	}
 	for name, f := range cfg.Providers {
 		s.providers[name] = f
