@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
@@ -257,4 +259,55 @@ func toStrings(vs []any) []string {
 		out = append(out, s)
 	}
 	return out
+}
+
+// The plugin sandbox keeps its compilation cache in its bound: an entry
+// no one used for a day in a cache past 512 MiB (a plugin rebuilt many
+// times, a wazero upgraded) is removed when the sandbox starts, and a
+// temporary file a killed compile left with it; a recent entry stays.
+func TestPluginSandboxTrimsItsCompilationCache(t *testing.T) {
+	t.Parallel()
+	dir := e2e.TempDataDir(t)
+	cache := filepath.Join(dir, "wasm-cache", "wazero-0.0.1-amd64-linux")
+	if err := os.MkdirAll(cache, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	day := time.Now().Add(-25 * time.Hour)
+	plant := func(name string, size int64, when time.Time) string {
+		t.Helper()
+		path := filepath.Join(cache, name)
+		f, err := os.Create(path)
+		if err == nil {
+			err = f.Truncate(size) // sparse: counted at its size, stored in nothing
+		}
+		if err == nil {
+			err = f.Close()
+		}
+		if err == nil {
+			err = os.Chtimes(path, when, when)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	stale := plant("0001", 600<<20, day)
+	left := plant("0002.77.tmp", 1<<20, day)
+	recent := plant("0003", 1<<20, time.Now().Add(-time.Minute))
+
+	s := e2e.Start(t, e2e.Options{DataDir: dir})
+	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() error {
+		for _, path := range []string{stale, left} {
+			if _, err := os.Stat(path); !os.IsNotExist(err) {
+				return fmt.Errorf("%s still in the cache (%v)", filepath.Base(path), err)
+			}
+		}
+		return nil
+	})
+	if _, err := os.Stat(recent); err != nil {
+		t.Fatalf("a recent entry: %v", err)
+	}
+	if s.PIDOf("plugin-sandbox") == 0 {
+		t.Fatal("no plugin sandbox running")
+	}
 }

@@ -17,6 +17,13 @@ import (
 // wazero versions left behind goes.
 const cacheMaxAge = 7 * 24 * time.Hour
 
+// CompileCacheMaxBytes is the bound the suite's hosts keep
+// CompileCacheDir in (wasmhost.Config.CacheMaxBytes): far above what one
+// run compiles (about 30 modules of up to 16 MB), so that no host trims
+// an entry another package compiled in the same run, and a recompile under
+// the race detector costs seconds; still a bound on a developer's cache.
+const CompileCacheMaxBytes = 4 << 30
+
 // CompileCacheDir returns the directory of wazero's compilation cache
 // the test binaries of the suite share, across packages and runs.
 // Compiling a Go guest takes wazero's compiler 13 to 15 s when the

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -78,7 +79,7 @@ func newTestServer(t *testing.T, dir string, mut ...func(*pluginsandbox.Config))
 	t.Helper()
 	ctx := context.Background()
 	sink := &recordingSink{}
-	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, Logger: zap.NewNop(), LogSink: sink})
+	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(), LogSink: sink})
 	if err != nil {
 		t.Fatal(err)
 	}

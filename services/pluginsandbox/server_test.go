@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
@@ -24,7 +25,7 @@ import (
 func startServer(t *testing.T, pluginsDir string, source wasmhost.ConfigSource) pluginv1.PluginServiceClient {
 	t.Helper()
 	ctx := context.Background()
-	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, Logger: zap.NewNop()})
+	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -119,6 +119,7 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
 	}
 	mod, err := h.rt.CompileModule(ctx, prepared)
+	h.trimCache() // the compile may have added an entry
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
 	}

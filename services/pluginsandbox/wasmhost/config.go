@@ -50,6 +50,9 @@ type Config struct {
 	Limits Limits
 	// CacheDir holds wazero's compilation cache; empty keeps it in memory.
 	CacheDir string
+	// CacheMaxBytes bounds CacheDir (cachedir.go); default
+	// DefaultCacheMaxBytes.
+	CacheMaxBytes int64
 	// PoolSize is the number of pre-instantiated instances kept per tool
 	// module; default 2. Zero after defaults means 2; use -1 for none.
 	PoolSize int
@@ -82,6 +85,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if err := c.Limits.Validate(); err != nil {
 		return c, err
+	}
+	if c.CacheMaxBytes <= 0 {
+		c.CacheMaxBytes = DefaultCacheMaxBytes
 	}
 	if c.PoolSize == 0 {
 		c.PoolSize = 2

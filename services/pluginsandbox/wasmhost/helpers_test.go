@@ -76,7 +76,7 @@ func newHost(tb testing.TB, lim wasmhost.Limits, mut ...func(*wasmhost.Config)) 
 	if lim.MaxInstances == 0 {
 		lim.MaxInstances = def.MaxInstances
 	}
-	cfg := wasmhost.Config{Limits: lim, CacheDir: cacheDir}
+	cfg := wasmhost.Config{Limits: lim, CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes}
 	for _, m := range mut {
 		m(&cfg)
 	}

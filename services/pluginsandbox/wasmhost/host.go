@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/experimental"
@@ -29,7 +30,14 @@ type Host struct {
 	mu     sync.Mutex
 	pools  map[*pool]struct{}
 	closed atomic.Bool
+
 	reaper reaper // closes used instances off the callers' path
+
+	// started is when the host was made, less fileClockSlack: cache
+	// entries written since are in use. trimMu serializes the cache's
+	// trims (trimCache).
+	started time.Time
+	trimMu  sync.Mutex
 
 	// Close runs each of its steps once, however often it is called.
 	stopPools, stopLogs, closeRuntime sync.Once
@@ -57,12 +65,13 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		WithCloseOnContextDone(cfg.Interrupt == InterruptCloseOnDone).
 		WithDebugInfoEnabled(false)
 	h := &Host{
-		cfg:    cfg,
-		slots:  newSlots(int(cfg.Limits.MaxInstances)),
-		http:   newHTTPClient(),
-		alloc:  memoryAllocator(),
-		logger: cfg.Logger,
-		pools:  map[*pool]struct{}{},
+		cfg:     cfg,
+		slots:   newSlots(int(cfg.Limits.MaxInstances)),
+		http:    newHTTPClient(),
+		alloc:   memoryAllocator(),
+		logger:  cfg.Logger,
+		pools:   map[*pool]struct{}{},
+		started: time.Now().Add(-fileClockSlack),
 	}
 	h.stopCtx, h.stopCalls = context.WithCancel(context.Background())
 	if cfg.CacheDir != "" {
@@ -70,6 +79,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 			return nil, fmt.Errorf("wasmhost: compilation cache: %w", err)
 		}
 		rc = rc.WithCompilationCache(h.cache)
+		h.trimCache()
 	}
 	h.rt = wazero.NewRuntimeWithConfig(ctx, rc)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	wb "github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin/wasmbuild"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -373,7 +374,7 @@ func TestCloseGivingUpOnRunningCallsStopsTheRest(t *testing.T) {
 	// Earlier tests' hosts are closed; their goroutines may still be
 	// exiting.
 	before := waitHostGoroutines(0, 5*time.Second)
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{Limits: wasmhost.DefaultLimits(), CacheDir: cacheDir})
+	h, err := wasmhost.New(context.Background(), wasmhost.Config{Limits: wasmhost.DefaultLimits(), CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
