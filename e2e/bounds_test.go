@@ -183,24 +183,29 @@ func TestPipelinedLargeRepliesBounded(t *testing.T) {
 // connection for a write stall.
 func gatewayCutAfter(t *testing.T, s *e2e.Stack, since time.Time) time.Duration {
 	t.Helper()
-	for _, line := range strings.Split(readLog(t, s, "gateway"), "\n") {
-		var entry struct {
-			TS  string `json:"ts"`
-			Msg string `json:"msg"`
+	// The launcher copies the gateway's output into its log: a line may
+	// land a moment after the close it tells of.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		for _, line := range strings.Split(readLog(t, s, "gateway"), "\n") {
+			var entry struct {
+				TS  string `json:"ts"`
+				Msg string `json:"msg"`
+			}
+			if json.Unmarshal([]byte(line), &entry) != nil || !strings.Contains(entry.Msg, "write stall") {
+				continue
+			}
+			at, err := time.Parse("2006-01-02T15:04:05.000Z0700", entry.TS)
+			if err != nil {
+				t.Fatalf("log time %q: %v", entry.TS, err)
+			}
+			if at.After(since.Add(-time.Second)) {
+				return at.Sub(since)
+			}
 		}
-		if json.Unmarshal([]byte(line), &entry) != nil || !strings.Contains(entry.Msg, "write stall") {
-			continue
-		}
-		at, err := time.Parse("2006-01-02T15:04:05.000Z0700", entry.TS)
-		if err != nil {
-			t.Fatalf("log time %q: %v", entry.TS, err)
-		}
-		if at.After(since.Add(-time.Second)) {
-			return at.Sub(since)
+		if time.Now().After(deadline) {
+			t.Fatalf("no write-stall close in the gateway's log:\n%s", readLog(t, s, "gateway"))
 		}
 	}
-	t.Fatalf("no write-stall close in the gateway's log:\n%s", readLog(t, s, "gateway"))
-	return 0
 }
 
 // 50 connections holding unfinished frames of 8 MiB − 1 bytes: the

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net/url"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
 // cli runs the stack's clawmesh binary against it and returns its output.
@@ -131,9 +133,12 @@ func TestPluginCLIWithoutRestart(t *testing.T) {
 	if _, results, _ := toolTurn(t, v, probe, "/tool "+echoTool+` {"text":"x"}`); len(results) != 1 || results[0].Status != "failed" {
 		t.Fatalf("a clashing tool was served: %+v", results)
 	}
-	if l := readLog(t, s, "plugin-sandbox"); !regexp.MustCompile(`tool name offered by several plugins; all refused.*"echo","echo-twin"`).MatchString(l) {
-		t.Fatal("no log line names both plugins of the clash")
-	}
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if l := readLog(t, s, "plugin-sandbox"); !regexp.MustCompile(`tool name offered by several plugins; all refused.*"echo","echo-twin"`).MatchString(l) {
+			return errors.New("no log line names both plugins of the clash")
+		}
+		return nil
+	})
 	if list := mustCLI(t, s, "plugin", "list"); !strings.Contains(list, "echo-twin") || !strings.Contains(list, "refused") {
 		t.Fatalf("plugin list:\n%s", list)
 	}

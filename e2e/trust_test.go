@@ -584,9 +584,12 @@ func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 		}
 		return nil
 	})
-	if !strings.Contains(readLog(t, s, "session"), "bus connection closed for good, stopping") {
-		t.Error("the session service did not say why it stopped")
-	}
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if !strings.Contains(readLog(t, s, "session"), "bus connection closed for good, stopping") {
+			return errors.New("the session service did not say why it stopped")
+		}
+		return nil
+	})
 	// The others, admitted, come back by themselves (status needs the
 	// session service: read health).
 	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() error {

@@ -76,6 +76,8 @@ type proc struct {
 	probe      prober
 	// gateway, with ephemeral: a clean exit stops the stack.
 	gateway, ephemeral bool
+	// log is the process's log file, shared by its runs (logfile.go).
+	log *logFile
 
 	mu       sync.Mutex
 	run      *run
@@ -128,6 +130,8 @@ type supervisor struct {
 	onRestart func(name string, restarts int)
 	// tunables, set by newSupervisor; tests shorten them.
 	minBackoff, maxBackoff, healthyRun, probeEvery, waitLogEvery, stopGrace time.Duration
+	// maxLog is the size at which a process's log is rotated.
+	maxLog int64
 	// beforeRespawn, when set, runs after a backoff, right before the
 	// restart: tests stop the supervisor there.
 	beforeRespawn func()
@@ -149,7 +153,7 @@ func newSupervisor(log *zap.Logger, logDir string, liveness time.Duration) *supe
 		log: log, logDir: logDir, liveness: liveness, onRestart: func(string, int) {},
 		minBackoff: minBackoff, maxBackoff: maxBackoff, healthyRun: healthyRun,
 		probeEvery: probeEvery, waitLogEvery: waitLogEvery, stopGrace: stopGrace,
-		ctx: ctx, cancel: cancel,
+		maxLog: maxLogBytes, ctx: ctx, cancel: cancel,
 	}
 }
 
@@ -167,7 +171,13 @@ func (s *supervisor) start(p *proc, stop context.CancelCauseFunc) error {
 	if p.stopSignal == 0 {
 		p.stopSignal = syscall.SIGTERM
 	}
+	lf, err := openLog(s.logPath(p), s.maxLog)
+	if err != nil {
+		return fmt.Errorf("%s log: %w", p.name, err)
+	}
+	p.log = lf
 	if err := s.spawn(p); err != nil {
+		lf.Close()
 		return err
 	}
 	p.supervised = make(chan struct{})
@@ -183,31 +193,48 @@ func (s *supervisor) start(p *proc, stop context.CancelCauseFunc) error {
 
 func (s *supervisor) logPath(p *proc) string { return filepath.Join(s.logDir, p.name+".log") }
 
-// spawn starts a new run of p, with its own goroutine waiting for it.
+// spawn starts a new run of p, its output copied into p's log, with its
+// own goroutines waiting for it and copying.
 func (s *supervisor) spawn(p *proc) error {
-	logFile, err := os.OpenFile(s.logPath(p), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	pr, pw, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("%s log: %w", p.name, err)
 	}
 	cmd := p.command()
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Stdout, cmd.Stderr = pw, pw
 	err = cmd.Start()
+	pw.Close() // the run holds its own copy
 	if p.started != nil {
 		p.started()
 	}
 	if err != nil {
-		logFile.Close()
+		pr.Close()
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
 	r := &run{cmd: cmd, started: time.Now(), exited: make(chan struct{})}
 	p.mu.Lock()
 	p.run = r
 	p.mu.Unlock()
-	s.wg.Add(1)
+	copied := make(chan struct{})
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		defer close(copied)
+		copyLog(pr, p.log)
+	}()
 	go func() {
 		defer s.wg.Done()
 		_ = cmd.Wait()
-		logFile.Close()
+		// The run's last lines are in its log before the exit is seen
+		// (lastLine reads them). A process of its own that outlives it
+		// (a PostgreSQL backend) may keep the pipe open: its lines are
+		// dropped after logDrainGrace.
+		select {
+		case <-copied:
+		case <-time.After(logDrainGrace):
+		}
+		pr.Close()
+		<-copied
 		close(r.exited)
 	}()
 	s.log.Info("process started", zap.String("child", p.name), zap.Int("pid", cmd.Process.Pid))
@@ -358,6 +385,7 @@ func (s *supervisor) stopAll() {
 		if p.probe != nil {
 			p.probe.close()
 		}
+		p.log.Close()
 	}
 }
 

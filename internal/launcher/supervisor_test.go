@@ -392,3 +392,69 @@ func TestWaitReadySaysWhatItWaitsFor(t *testing.T) {
 		t.Fatalf("interrupted wait: %v", err)
 	}
 }
+
+// A process's log is kept in its bound however much its runs write (each
+// run here writes ten times the bound and crashes), in whole lines, and
+// what a run wrote last, the reason a permanent failure gives, is in it
+// when the exit is seen.
+func TestProcessLogsStayInTheirBound(t *testing.T) {
+	r := newRig(t, 0)
+	r.sup.minBackoff, r.sup.maxBackoff = time.Millisecond, 5*time.Millisecond
+	r.sup.maxLog = 64 << 10
+	p := r.proc("chatty", "crash", fmt.Sprintf("FAKE_SPAM=%d", 10*r.sup.maxLog), "FAKE_MESSAGE=chatty: about to fail")
+	if err := r.sup.start(p, noStop); err != nil {
+		t.Fatal(err)
+	}
+	r.eventually(20*time.Second, func() error {
+		if n := len(r.runs("chatty")); n < 4 {
+			return fmt.Errorf("%d runs", n)
+		}
+		return nil
+	})
+	r.sup.stopAll()
+	path := filepath.Join(r.dir, "chatty.log")
+	var total int64
+	for _, name := range []string{path, path + ".old"} {
+		fi, err := os.Stat(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() > r.sup.maxLog+100 {
+			t.Errorf("%s holds %d bytes, bound %d", filepath.Base(name), fi.Size(), r.sup.maxLog)
+		}
+		total += fi.Size()
+	}
+	runs := len(r.runs("chatty"))
+	if entries, _ := filepath.Glob(path + "*"); len(entries) != 2 {
+		t.Errorf("log files %v", entries)
+	}
+	t.Logf("%d runs wrote %d bytes; %d kept", runs, int64(runs)*10*r.sup.maxLog, total)
+	// Every line kept is whole.
+	for _, name := range []string{path, path + ".old"} {
+		raw, _ := os.ReadFile(name)
+		for _, line := range strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n") {
+			if len(line) != 99 && line != "chatty: about to fail" {
+				t.Fatalf("%s: a line cut: %q", filepath.Base(name), line)
+			}
+		}
+	}
+
+	// The permanent failure's reason is read from the log as the exit is
+	// seen, after a run wrote past the bound.
+	r2 := newRig(t, 0)
+	r2.sup.maxLog = 64 << 10
+	p2 := r2.proc("config", "crash", fmt.Sprintf("FAKE_SPAM=%d", 3*r2.sup.maxLog), "FAKE_CODE=78", "FAKE_MESSAGE=config: cannot run")
+	ctx, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	if err := r2.sup.start(p2, stop); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stack was not stopped")
+	}
+	if err := context.Cause(ctx); !strings.Contains(err.Error(), "config: cannot run") {
+		t.Fatalf("cause %v", err)
+	}
+}

@@ -1,6 +1,8 @@
 // Command fakeproc stands in for a stack process in the supervisor's
 // tests. FAKE_RECORD names a file it appends "<pid> <start unix ns>" to;
-// FAKE_MODE says what it does:
+// FAKE_SPAM, when set, is a count of bytes it first writes to stderr in
+// numbered lines of 100 bytes ("<pid> <n> xxx…"); FAKE_MODE says what it
+// does then:
 //
 //	crash       write FAKE_MESSAGE to stderr and exit FAKE_CODE (default 3)
 //	            after FAKE_LIFE
@@ -17,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,6 +39,12 @@ func main() {
 		}
 		fmt.Fprintf(f, "%d %d\n", os.Getpid(), time.Now().UnixNano())
 		f.Close()
+	}
+	if n, err := strconv.Atoi(os.Getenv("FAKE_SPAM")); err == nil {
+		for i := 0; i*100 < n; i++ {
+			line := fmt.Sprintf("%d %d ", os.Getpid(), i)
+			fmt.Fprintln(os.Stderr, line+strings.Repeat("x", 99-len(line)))
+		}
 	}
 	life, _ := time.ParseDuration(os.Getenv("FAKE_LIFE"))
 	switch os.Getenv("FAKE_MODE") {

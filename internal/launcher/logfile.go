@@ -1,0 +1,144 @@
+package launcher
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"sync"
+	"time"
+)
+
+// Each process's log (<data>/logs/<name>.log) is kept under a bound: the
+// launcher hands every run of a process one end of a pipe for its stdout
+// and stderr and copies what comes out of the other into the file
+// (copyLog). Once the file holds maxLogBytes, the line under way is
+// finished in it, and it is renamed to <name>.log.old, replacing the one
+// before, and a new one begun, so a process running for months or restarting in a
+// loop keeps at most about twice the bound on disk. Appended to directly,
+// as before, every log grew for good.
+//
+// A process whose launcher is gone gets EPIPE (or SIGPIPE) on its next
+// log line; it is being stopped then already (Pdeathsig).
+
+// maxLogBytes is the size at which a process's log is rotated.
+const maxLogBytes = 8 << 20
+
+// logDrainGrace bounds how long an exited run's output is still copied.
+const logDrainGrace = 2 * time.Second
+
+// logFile is one process's log, shared by its runs (an exited run's last
+// lines may still be copied while the next run writes).
+type logFile struct {
+	path string
+	max  int64
+
+	mu        sync.Mutex
+	f         *os.File
+	size      int64
+	lineStart bool // the last write ended a line
+}
+
+// openLog opens path for appending, creating it.
+func openLog(path string, max int64) (*logFile, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &logFile{path: path, max: max, f: f, size: fi.Size(), lineStart: true}, nil
+}
+
+// Write appends p. The line that crosses the bound is finished in the
+// file, which is then rotated where the next line starts (a pipe's reads
+// end anywhere in a line); a line that never ends is cut once the file
+// holds twice the bound.
+func (l *logFile) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return 0, os.ErrClosed
+	}
+	written := 0
+	for len(p) > 0 {
+		if l.size >= 2*l.max || l.size >= l.max && l.lineStart {
+			if err := l.rotate(); err != nil {
+				return written, err
+			}
+		}
+		cut := len(p)
+		if room := l.max - l.size; int64(len(p)) > room {
+			from := max(room-1, 0)
+			if i := bytes.IndexByte(p[from:], '\n'); i >= 0 {
+				cut = int(from) + i + 1
+			}
+		}
+		n, err := l.write(p[:cut])
+		written += n
+		if err != nil {
+			return written, err
+		}
+		p = p[cut:]
+	}
+	return written, nil
+}
+
+func (l *logFile) write(p []byte) (int, error) {
+	n, err := l.f.Write(p)
+	l.size += int64(n)
+	if n > 0 {
+		l.lineStart = p[n-1] == '\n'
+	}
+	return n, err
+}
+
+// rotate moves the file to path.old and begins a new one. Where the rename
+// fails the file is emptied instead: the bound holds, the old lines go.
+func (l *logFile) rotate() error {
+	renamed := os.Rename(l.path, l.path+".old")
+	if renamed != nil {
+		if err := l.f.Truncate(0); err != nil {
+			return errors.Join(renamed, err)
+		}
+		l.size = 0
+		return nil
+	}
+	f, err := os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err // l.f, now path.old, takes the lines meanwhile
+	}
+	l.f.Close()
+	l.f, l.size = f, 0
+	return nil
+}
+
+// Close closes the file; later writes fail.
+func (l *logFile) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+// copyLog copies a run's output from r into l until r ends (every holder
+// of the pipe's other end has exited) or is closed. A write that fails
+// drops what it held: the process must never block on its log.
+func copyLog(r *os.File, l *logFile) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			_, _ = l.Write(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,69 @@
+package launcher
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A log past its bound is rotated where a line starts: every line is
+// whole in one file, the two files hold the newest lines in order, and
+// neither passes the bound by more than a write. A write with no line end
+// waits for its line unless the file holds twice the bound.
+func TestLogFileRotatesAtALineStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.log")
+	l, err := openLog(path, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var lines []string
+	for i := range 40 {
+		line := fmt.Sprintf("line %02d %s\n", i, strings.Repeat("x", 20))
+		lines = append(lines, line)
+		// Half the lines come in two writes.
+		if i%2 == 1 {
+			if _, err := l.Write([]byte(line[:5])); err != nil {
+				t.Fatal(err)
+			}
+			line = line[5:]
+		}
+		if _, err := l.Write([]byte(line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	older, _ := os.ReadFile(path + ".old")
+	newer, _ := os.ReadFile(path)
+	if len(older) > 100+30 || len(newer) > 100+30 || len(newer) == 0 || len(older) == 0 {
+		t.Fatalf("%d and %d bytes, bound 100", len(older), len(newer))
+	}
+	kept := string(older) + string(newer)
+	if !strings.HasSuffix(strings.Join(lines, ""), kept) || !strings.HasPrefix(kept, "line ") {
+		t.Fatalf("kept %q: not the newest whole lines in order", kept)
+	}
+
+	// No line end: the file goes on to twice the bound, no further.
+	for range 10 {
+		if _, err := l.Write([]byte(strings.Repeat("y", 30))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Size() > 2*100+30 {
+		t.Fatalf("an endless line: %v %v", fi.Size(), err)
+	}
+
+	// Reopened, it counts what the file holds.
+	l.Close()
+	if l, err = openLog(path, 100); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.Stat(path)
+	if _, err := l.Write([]byte("\nnext\n")); err != nil {
+		t.Fatal(err)
+	}
+	if l.size != before.Size()+6 {
+		t.Fatalf("size %d after reopening a file of %d", l.size, before.Size())
+	}
+}
