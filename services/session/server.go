@@ -184,6 +184,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.recover(ctx); err != nil {
 		return nil, err
 	}
+	s.clearOrphans(ctx)
 	s.cp = newCheckpointer(s.store, s.log, cfg.CheckpointInterval, cfg.CheckpointBytes, cfg.UnwindTimeout)
 	go func() {
 		defer close(s.swept)

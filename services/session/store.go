@@ -146,6 +146,20 @@ func (st *store) deleteSession(ctx context.Context, id string) (bool, error) {
 	return tag.RowsAffected() == 1, nil
 }
 
+// missingSessions returns those of ids no session row holds.
+func (st *store) missingSessions(ctx context.Context, ids []string) ([]string, error) {
+	rows, err := st.db.Query(ctx, `SELECT id FROM unnest($1::text[]) AS id
+		WHERE NOT EXISTS (SELECT 1 FROM sessions WHERE session_id = id)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up sessions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("look up sessions: %w", err)
+	}
+	return out, nil
+}
+
 // listSessions lists sessions newest first: the owner's, or everyone's
 // when owner is empty (the operator).
 func (st *store) listSessions(ctx context.Context, owner string, limit int64, includeClosed bool) ([]sessionRow, error) {
