@@ -23,6 +23,11 @@ const StagingPrefix = ".install-"
 // trashPrefix starts a folder being removed.
 const trashPrefix = ".remove-"
 
+// replacedPrefix starts the installed version of a plugin moved aside
+// while its new version takes its place (where the file system cannot
+// exchange two names in one step).
+const replacedPrefix = ".replaced-"
+
 // lockName is the lock file serialising installs and removals.
 const lockName = ".lock"
 
@@ -266,10 +271,53 @@ func (in *Installer) lock() (func(), error) {
 		f.Close()
 		return nil, fmt.Errorf("install: lock: %w", err)
 	}
-	return func() {
+	unlock := func() {
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 		f.Close()
-	}, nil
+	}
+	if err := in.clearLeftovers(); err != nil {
+		unlock()
+		return nil, err
+	}
+	return unlock, nil
+}
+
+// clearLeftovers mends what an install or a removal killed midway (a
+// SIGKILL, the machine stopped) left in the plugins directory; it runs
+// under the lock, so nothing there is another's work in progress. A
+// staging folder (a download, a copy, or the old version after an
+// exchange) and a folder being removed go. A version moved aside for its
+// replacement is put back when the replacement never took its place,
+// else it goes.
+func (in *Installer) clearLeftovers() error {
+	entries, err := os.ReadDir(in.PluginsDir)
+	if err != nil {
+		return fmt.Errorf("install: plugins directory: %w", err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(in.PluginsDir, name)
+		switch {
+		case strings.HasPrefix(name, StagingPrefix), strings.HasPrefix(name, trashPrefix):
+		case strings.HasPrefix(name, replacedPrefix):
+			if m, err := manifest.Load(dir); err == nil {
+				if _, err := in.findByName(m.Name); errors.Is(err, ErrNotInstalled) {
+					if err := os.Rename(dir, filepath.Join(in.PluginsDir, m.Name)); err == nil {
+						continue
+					}
+				}
+			}
+		default:
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("install: remove what an interrupted install left: %w", err)
+		}
+	}
+	return nil
 }
 
 func randomSuffix() string {

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -131,7 +132,7 @@ func pluginDirs(t *testing.T, in *install.Installer) []string {
 	entries, _ := os.ReadDir(in.PluginsDir)
 	var out []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".install-") || strings.HasPrefix(e.Name(), ".remove-") {
+		if strings.HasPrefix(e.Name(), ".install-") || strings.HasPrefix(e.Name(), ".remove-") || strings.HasPrefix(e.Name(), ".replaced-") {
 			t.Fatalf("leftover %s", e.Name())
 		}
 		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
@@ -343,6 +344,52 @@ func TestLocalInstallAndRemove(t *testing.T) {
 	}
 	if _, err := in.InstallPath(ctx, src); !errors.Is(err, manifest.ErrLayout) {
 		t.Fatalf("symlink in source: %v", err)
+	}
+}
+
+// An install or a removal killed midway leaves its folders in the plugins
+// directory: a staging folder (a download, a copy), a plugin half
+// removed, or, where names cannot be exchanged in one step, the installed
+// version moved aside with its replacement not yet in place. The next
+// install or removal, under the lock, removes the first two and puts the
+// moved version back when nothing took its place (else removes it).
+func TestInterruptedInstallsAreMended(t *testing.T) {
+	ctx := context.Background()
+	in := newInstaller(t, install.Limits{})
+	src := writeDir(t, map[string]string{"manifest.toml": toolManifest("cal", "1.0.0"), "plugin.wasm": "wasm"})
+	if _, err := in.InstallPath(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	plant := func(rel, body string) {
+		t.Helper()
+		p := filepath.Join(in.PluginsDir, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plant(".install-0001/plugin/manifest.toml", toolManifest("half", "1.0.0"))
+	plant(".install-0002/archive.zip", "PK partial download")
+	plant(".remove-0003/plugin.wasm", "half removed")
+	plant(".replaced-0004/manifest.toml", toolManifest("lost", "2.0.0"))
+	plant(".replaced-0004/plugin.wasm", "the installed version")
+	plant(".replaced-0005/manifest.toml", toolManifest("cal", "0.9.0"))
+	plant(".replaced-0005/plugin.wasm", "an older cal")
+
+	// Even a removal refused mends them.
+	if _, err := in.Remove("none"); !errors.Is(err, install.ErrNotInstalled) {
+		t.Fatalf("remove: %v", err)
+	}
+	if dirs := pluginDirs(t, in); !slices.Equal(dirs, []string{"cal", "lost"}) {
+		t.Fatalf("plugins after mending: %v", dirs)
+	}
+	if got, err := os.ReadFile(filepath.Join(in.PluginsDir, "lost", "plugin.wasm")); err != nil || string(got) != "the installed version" {
+		t.Fatalf("the version put back: %q %v", got, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(in.PluginsDir, "cal", "manifest.toml")); err != nil || !strings.Contains(string(got), `"1.0.0"`) {
+		t.Fatalf("the installed cal: %q %v", got, err)
 	}
 }
 

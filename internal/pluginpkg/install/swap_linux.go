@@ -28,7 +28,7 @@ func exchange(staged, dst string) error {
 // swapByRenames moves dst aside, then staged into place: a scan between
 // the two sees the plugin missing for an instant, never half-written.
 func swapByRenames(staged, dst string) error {
-	old := filepath.Join(filepath.Dir(dst), trashPrefix+randomSuffix())
+	old := filepath.Join(filepath.Dir(dst), replacedPrefix+randomSuffix())
 	if err := os.Rename(dst, old); err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 // exchange moves dst aside, then staged into place: a scan between the two
 // renames sees the plugin missing for an instant, never half-written.
 func exchange(staged, dst string) error {
-	old := filepath.Join(filepath.Dir(dst), trashPrefix+randomSuffix())
+	old := filepath.Join(filepath.Dir(dst), replacedPrefix+randomSuffix())
 	if err := os.Rename(dst, old); err != nil {
 		return err
 	}
