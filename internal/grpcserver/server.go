@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
 
@@ -223,6 +225,10 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 	return err
 }
 
+// ErrDiskFull is what a call that failed for want of disk space (ENOSPC,
+// EDQUOT) answers, as an unavailable dependency.
+var ErrDiskFull = errors.New("no space left on the disk")
+
 // ClassifyError lets a process name the dependency behind an error (the
 // service frame sets it to recognise an unreachable database): it returns
 // a status error for err, or nil when it does not recognise it.
@@ -230,9 +236,10 @@ func (s *Server) ClassifyError(fn func(error) error) { s.classify = fn }
 
 // toStatus makes every error leaving a handler a status: a status passes
 // as it is; a context error is Canceled or DeadlineExceeded; a dependency
-// the classifier recognises is Unavailable with its name; anything else is
-// logged here, with its chain, and sent as Internal "internal error", so
-// no database or file system text reaches another process.
+// the classifier recognises, and a disk full, are Unavailable with their
+// name; anything else is logged here, with its chain, and sent as
+// Internal "internal error", so no database or file system text reaches
+// another process.
 func (s *Server) toStatus(method string, err error) error {
 	if err == nil {
 		return nil
@@ -242,6 +249,13 @@ func (s *Server) toStatus(method string, err error) error {
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return status.FromContextError(err).Err()
+	}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		// Said to the client as it is (a disk full is theirs to mend, and
+		// an upload committed then stays staged for another try); the
+		// path stays in this log.
+		s.log.Warn("rpc failed: disk full", zap.String("method", method), zap.Error(err))
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, ErrDiskFull.Error())
 	}
 	if s.classify != nil {
 		if st := s.classify(err); st != nil {

@@ -2,8 +2,11 @@ package grpcserver_test
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
@@ -40,6 +44,10 @@ func (f *fake) Live(ctx context.Context, _ *configv1.LiveRequest) (*configv1.Liv
 
 func (f *fake) Get(context.Context, *configv1.GetRequest) (*configv1.GetResponse, error) {
 	panic("handler bug")
+}
+
+func (f *fake) Set(context.Context, *configv1.SetRequest) (*configv1.SetResponse, error) {
+	return nil, fmt.Errorf("write /data/secret/path: %w", &os.PathError{Op: "write", Path: "/data/x", Err: syscall.ENOSPC})
 }
 
 func start(t *testing.T, drain time.Duration) (*grpcserver.Server, *grpc.ClientConn, *fake, context.CancelFunc, chan error) {
@@ -79,6 +87,18 @@ func TestHealthAndPanicRecovery(t *testing.T) {
 	// The process survived the panic and still serves.
 	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("after panic: %v", err)
+	}
+}
+
+// A handler that failed for want of disk space answers so, as a
+// dependency unavailable (the client's to mend, worth another try), with
+// no path in it; any other error stays "internal error".
+func TestDiskFullIsSaid(t *testing.T) {
+	_, cc, _, _, _ := start(t, time.Second)
+	_, err := configv1.NewConfigServiceClient(cc).Set(context.Background(), &configv1.SetRequest{})
+	st := status.Convert(err)
+	if reason, _ := rpcerr.Details(st); st.Code() != codes.Unavailable || reason != rpcerr.ReasonDependency || st.Message() != "no space left on the disk" {
+		t.Fatalf("a disk full answered %v", err)
 	}
 }
 
