@@ -12,10 +12,10 @@ import (
 // launcher hands every run of a process one end of a pipe for its stdout
 // and stderr and copies what comes out of the other into the file
 // (copyLog). Once the file holds maxLogBytes, the line under way is
-// finished in it, and it is renamed to <name>.log.old, replacing the one
-// before, and a new one begun, so a process running for months or restarting in a
-// loop keeps at most about twice the bound on disk. Appended to directly,
-// as before, every log grew for good.
+// finished in it, the file becomes <name>.log.old (replacing the one
+// before) and a new one begins, so a process that runs for months or
+// restarts in a loop keeps at most about twice the bound on disk.
+// Appended to directly, as the children's logs were, they grew for good.
 //
 // A process whose launcher is gone gets EPIPE (or SIGPIPE) on its next
 // log line; it is being stopped then already (Pdeathsig).
