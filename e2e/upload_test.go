@@ -786,6 +786,20 @@ func TestSessionKilledWhileStoringLeavesNoTemporaryFile(t *testing.T) {
 			}
 			continue // stored before the watch saw its file
 		}
+		if err == nil {
+			// The store answered before the kill landed (the watch was
+			// descheduled): nothing was left; try again once it is back.
+			testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+				if p := s.PIDOf("session"); p == 0 || p == pid {
+					return fmt.Errorf("session service pid %d (killed %d)", p, pid)
+				}
+				if re := u.try("session/state", map[string]any{"session_id": sess.ID}, nil); re != nil {
+					return fmt.Errorf("session/state: %s", re.Describe())
+				}
+				return nil
+			})
+			continue
+		}
 		// Refused as the session service's failure, not upload-staging's.
 		var re *e2e.RPCError
 		if !errors.As(err, &re) || re.Code != -32603 || re.Message != "upload-staging: session service unavailable" {
