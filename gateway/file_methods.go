@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/uploads"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -76,13 +77,8 @@ func decodeB64(s, field string) ([]byte, error) {
 
 // uploadID reads an upload_id: 32 hexadecimal characters.
 func uploadID(id string) (string, error) {
-	if len(id) != uploads.IDHexLen {
+	if !ids.LowerHex(id, uploads.IDHexLen) {
 		return "", invalidParams("`upload_id` must be 32 hexadecimal characters")
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return "", invalidParams("`upload_id` must be 32 hexadecimal characters")
-		}
 	}
 	return id, nil
 }

@@ -48,6 +48,21 @@ func Check(s string) error {
 	return nil
 }
 
+// LowerHex reports whether s is exactly n lowercase hexadecimal digits,
+// the form of the random parts New and the services make (an upload_id,
+// a temporary file's name).
+func LowerHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // New returns prefix followed by 24 random hex digits; prefix must itself
 // be made of token characters.
 func New(prefix string) string {

@@ -33,3 +33,22 @@ func TestToken(t *testing.T) {
 		t.Errorf("New = %q", id)
 	}
 }
+
+func TestLowerHex(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want bool
+	}{
+		{"0123456789abcdef", 16, true},
+		{"0123456789abcdef", 15, false},
+		{"0123456789abcdeF", 16, false},
+		{"0123456789abcdeg", 16, false},
+		{"", 0, true},
+		{"../../../etc/pas", 16, false},
+	} {
+		if got := LowerHex(tc.in, tc.n); got != tc.want {
+			t.Errorf("LowerHex(%q, %d) = %v", tc.in, tc.n, got)
+		}
+	}
+}

@@ -731,15 +731,7 @@ func removeLeftTemps(dir int, cutoff time.Time) (removed []string, err error) {
 // isTempName reports whether name is one createTemp makes.
 func isTempName(name string) bool {
 	hexPart, ok := strings.CutPrefix(name, tempPrefix)
-	if !ok || len(hexPart) != tempHexLen {
-		return false
-	}
-	for i := 0; i < len(hexPart); i++ {
-		if c := hexPart[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return ok && ids.LowerHex(hexPart, tempHexLen)
 }
 
 // writePiece is the most writePieces hands the kernel in one write.
