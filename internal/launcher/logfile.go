@@ -129,13 +129,19 @@ func (l *logFile) Close() error {
 
 // copyLog copies a run's output from r into l until r ends (every holder
 // of the pipe's other end has exited) or is closed. A write that fails
-// drops what it held: the process must never block on its log.
-func copyLog(r *os.File, l *logFile) {
+// drops what it held: the process must never block on its log. The first
+// failure of the run is told to failed (a full disk would otherwise lose
+// the lines unsaid).
+func copyLog(r *os.File, l *logFile, failed func(error)) {
 	buf := make([]byte, 32<<10)
+	told := false
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
-			_, _ = l.Write(buf[:n])
+			if _, werr := l.Write(buf[:n]); werr != nil && !told {
+				failed(werr)
+				told = true
+			}
 		}
 		if err != nil {
 			return

@@ -67,3 +67,34 @@ func TestLogFileRotatesAtALineStart(t *testing.T) {
 		t.Fatalf("size %d after reopening a file of %d", l.size, before.Size())
 	}
 }
+
+// A log that cannot be written drops the run's lines without blocking
+// it, and says so once.
+func TestCopyLogSaysOnceWhenItCannotWrite(t *testing.T) {
+	l, err := openLog(filepath.Join(t.TempDir(), "p.log"), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close() // every write fails from here
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var told []error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		copyLog(r, l, func(err error) { told = append(told, err) })
+	}()
+	for i := range 50 {
+		if _, err := fmt.Fprintf(w, "line %d\n", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	<-done
+	r.Close()
+	if len(told) != 1 {
+		t.Fatalf("told %d times: %v", len(told), told)
+	}
+}

@@ -220,7 +220,9 @@ func (s *supervisor) spawn(p *proc) error {
 	go func() {
 		defer s.wg.Done()
 		defer close(copied)
-		copyLog(pr, p.log)
+		copyLog(pr, p.log, func(err error) {
+			s.log.Warn("process log not written, its lines dropped", zap.String("child", p.name), zap.Error(err))
+		})
 	}()
 	go func() {
 		defer s.wg.Done()
