@@ -260,7 +260,7 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*ses
 		return nil, err
 	}
 	s.forget(ls.id)
-	if err := os.RemoveAll(filepath.Join(s.cfg.DataDir, "workspaces", ls.id)); err != nil {
+	if err := s.removeWorkspace(ls.id); err != nil {
 		s.log.Warn("remove session workspace", zap.String("session_id", ls.id), zap.Error(err))
 	}
 	// The id is free now and may next name another principal's session.

@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -82,6 +83,10 @@ type Config struct {
 	// kept buffers (cmd/session): StoreFile gives them back when done.
 	// nil when the bytes are grpc's.
 	Files *bulkcodec.Codec
+
+	// removeAll removes a discarded workspace: os.RemoveAll, a failing
+	// one in tests.
+	removeAll func(path string) error
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -118,6 +123,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.LiveIdleTimeout <= 0 {
 		c.LiveIdleTimeout = DefaultLiveIdleTimeout
 	}
+	if c.removeAll == nil {
+		c.removeAll = os.RemoveAll
+	}
 	return c, nil
 }
 
@@ -136,6 +144,9 @@ type Server struct {
 	// when it ended.
 	stopSweep chan struct{}
 	swept     chan struct{}
+	// emptied is closed once the discarded workspaces are removed (or
+	// the removal stopped with stopSweep); see orphans.go.
+	emptied chan struct{}
 
 	// started is when this process made the service; cleared holds the
 	// sessions whose uploads folder it cleared of temporary files a dead
@@ -174,7 +185,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB, kept: kept{writes: pg.WritesOf(cfg.DB)}}, nc: cfg.NATS,
 		providers: defaultProviders(), lives: map[string]*liveSession{},
 		openReads: coalesce.Group[struct{}, []openSession]{Timeout: 10 * time.Second},
-		stopSweep: make(chan struct{}), swept: make(chan struct{}), cleared: map[string]struct{}{},
+		stopSweep: make(chan struct{}), swept: make(chan struct{}), emptied: make(chan struct{}), cleared: map[string]struct{}{},
 		started: time.Now(),
 	}
 	for name, f := range cfg.Providers {
@@ -189,6 +200,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	go func() {
 		defer close(s.swept)
 		s.sweep(s.stopSweep)
+	}()
+	go func() {
+		defer close(s.emptied)
+		s.emptyDiscarded(s.stopSweep)
 	}()
 	return s, nil
 }
@@ -270,6 +285,7 @@ func (s *Server) Shutdown() {
 		s.wg.Wait()
 		close(s.stopSweep)
 		<-s.swept
+		<-s.emptied
 		s.cp.shutdown()
 
 		s.mu.Lock()
