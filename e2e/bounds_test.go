@@ -2,10 +2,12 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 )
@@ -265,5 +268,102 @@ func TestUnfinishedFramesWithinBudget(t *testing.T) {
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
 		t.Fatalf("after the unfinished frames: %v", err)
+	}
+}
+
+// A transcript whose last page is larger than a message between the
+// processes may be (16 MiB): session/messages failed for it, whatever
+// the limit, and a client could not read back its own session. A page
+// now ends before the message that would take it past its byte bound
+// (at least one message a page), and the client pages on with
+// before_index to the first message.
+func TestLargeTranscriptReadInPages(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	v := newConv(t, s, nil)
+	id := v.newSession("")
+	// Three turns of a 3 MiB prompt and the scripted provider's 3 MiB
+	// answer (a line that is no command is said back): about 19 MB.
+	var want []int
+	for i := range 3 {
+		word := strings.Repeat(string(rune('a'+i)), 3*mib)
+		v.call("session/prompt", map[string]any{"session_id": id, "prompt": word})
+		want = append(want, len(word), len(word))
+	}
+	type page struct {
+		Messages []struct {
+			Index   int64  `json:"index"`
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"messages"`
+		Total int64 `json:"total"`
+	}
+	var got []int
+	params := map[string]any{"session_id": id, "limit": 1000}
+	for pages := 0; ; pages++ {
+		if pages > len(want) {
+			t.Fatalf("more pages than messages")
+		}
+		_, f := v.until(v.send("session/messages", params))
+		if f.Error != nil {
+			t.Fatalf("session/messages %v: %v", params, f.Error)
+		}
+		if len(f.Result) > 8*mib {
+			t.Fatalf("a page of %d bytes: past the frame limit a client reads", len(f.Result))
+		}
+		var p page
+		if err := json.Unmarshal(f.Result, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Total != int64(len(want)) || len(p.Messages) == 0 {
+			t.Fatalf("page %d: total %d, %d messages", pages, p.Total, len(p.Messages))
+		}
+		sizes := make([]int, 0, len(p.Messages))
+		for _, m := range p.Messages {
+			sizes = append(sizes, len(m.Content))
+		}
+		got = append(sizes, got...)
+		first := p.Messages[0].Index
+		if first == 0 {
+			break
+		}
+		params["before_index"] = first
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("message sizes read back %v, want %v", got, want)
+	}
+
+	// Collie: the durable bridge shows the session's pane (it read the
+	// transcript's last page, which failed the same way, and left the
+	// pane out), and pages through its items to the last.
+	c := phone(t, s)
+	pollUntil(t, c, "the large session's pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	var kinds []string
+	query := "limit=1000"
+	for pages := 0; ; pages++ {
+		if pages > len(want) {
+			t.Fatalf("more item pages than messages")
+		}
+		r, err := c.Items(context.Background(), id, query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var items struct {
+			Items []struct{ Kind string }
+			Next  *string
+		}
+		if r.Status != http.StatusOK || r.JSON(&items) != nil || len(items.Items) == 0 {
+			t.Fatalf("items %q: %s", query, r)
+		}
+		for _, it := range items.Items {
+			kinds = append(kinds, it.Kind)
+		}
+		if items.Next == nil {
+			break
+		}
+		query = "limit=1000&after=" + *items.Next
+	}
+	if fmt.Sprint(kinds) != "[user reply user reply user reply]" {
+		t.Fatalf("items read back: %v", kinds)
 	}
 }

@@ -65,6 +65,14 @@ func ToWire(service string, err error) WireError {
 	if !known {
 		code, known = codeTable[st.Code()]
 	}
+	// A service refuses for capacity with a reason (rpcerr.ReasonCapacity);
+	// without one, ResourceExhausted is grpc's own: a message past the
+	// size bound between the processes, a failure to name, not a refusal
+	// to pass on (its text describes the inside).
+	tooLarge := st.Code() == codes.ResourceExhausted && reason == ""
+	if tooLarge {
+		known = false
+	}
 	if !known && reason == rpcerr.ReasonDependency {
 		return WireError{Code: jsonrpc.CodeInternal, Message: service + ": " + st.Message()}
 	}
@@ -72,7 +80,7 @@ func ToWire(service string, err error) WireError {
 		msg := service + " unavailable"
 		if st.Code() == codes.DeadlineExceeded {
 			msg = service + " timed out"
-		} else if st.Code() == codes.Internal || st.Code() == codes.Unknown {
+		} else if st.Code() == codes.Internal || st.Code() == codes.Unknown || tooLarge {
 			msg = service + " failed"
 		}
 		return WireError{Code: jsonrpc.CodeInternal, Message: msg}

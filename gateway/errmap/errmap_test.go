@@ -48,6 +48,10 @@ func TestToWireTable(t *testing.T) {
 			errmap.WireError{Code: -32603, Message: "session failed"}},
 		{"deadline", fmt.Errorf("call: %w", context.DeadlineExceeded),
 			errmap.WireError{Code: -32603, Message: "session timed out"}},
+		{"capacity refusal", rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, "the plugin sandbox is running its maximum number of instances; retry later"),
+			errmap.WireError{Code: -32602, Message: "the plugin sandbox is running its maximum number of instances; retry later", Data: map[string]any{"reason": "capacity"}}},
+		{"a reply past grpc's size bound", status.Error(codes.ResourceExhausted, "trying to send message larger than max (18874522 vs. 16777216)"),
+			errmap.WireError{Code: -32603, Message: "session failed"}},
 		{"plain error", errors.New("boom"),
 			errmap.WireError{Code: -32603, Message: "session failed"}},
 	} {

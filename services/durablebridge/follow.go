@@ -433,11 +433,14 @@ func (f *follower) newRows(ctx context.Context, id string) []*sessionv1.Transcri
 			f.b.log.Warn("read transcript", zap.String("session_id", id), zap.Error(err))
 			return out
 		}
-		out = append(out, tr.GetMessages()...)
-		if len(tr.GetMessages()) < maxViewItems {
+		// A page may end early, at the session service's byte bound: the
+		// total says whether rows are left.
+		ms := tr.GetMessages()
+		out = append(out, ms...)
+		if len(ms) == 0 || ms[len(ms)-1].GetIndex()+1 >= tr.GetTotal() {
 			return out
 		}
-		next = tr.GetMessages()[len(tr.GetMessages())-1].GetIndex() + 1
+		next = ms[len(ms)-1].GetIndex() + 1
 	}
 }
 

@@ -190,7 +190,8 @@ func (s *Server) pendingApprovals(ctx context.Context, ls *liveSession) ([]*sess
 }
 
 // Transcript reads the visible transcript: the first limit rows after
-// after_index, or the last limit rows; oldest first either way.
+// after_index, or the last limit rows; oldest first either way, and fewer
+// when their content passes pageBytes (Messages).
 func (s *Server) Transcript(ctx context.Context, req *sessionv1.TranscriptRequest) (*sessionv1.TranscriptResponse, error) {
 	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
 		return nil, err
@@ -499,13 +500,11 @@ func (st *store) transcript(ctx context.Context, id string, after, limit int64) 
 		}
 		return nil, 0, fmt.Errorf("count messages: %w", err)
 	}
-	q := `SELECT idx, role, content, created_at FROM messages WHERE session_id = $1 AND idx > $2 ORDER BY idx LIMIT $3`
+	q := pageSQL("idx, role, content, created_at", "idx > $2", false)
 	if after == -2 {
-		q = `SELECT idx, role, content, created_at FROM (
-			SELECT idx, role, content, created_at FROM messages WHERE session_id = $1 AND $2 = -2
-			ORDER BY idx DESC LIMIT $3) page ORDER BY idx`
+		q = pageSQL("idx, role, content, created_at", "$2 = -2", true)
 	}
-	rows, err := st.db.Query(ctx, q, id, after, limit)
+	rows, err := st.db.Query(ctx, q, id, after, limit, pageBytes)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read transcript: %w", err)
 	}

@@ -38,9 +38,18 @@ func (s *Server) stateOf(row sessionRow) string {
 	return stateIdle
 }
 
+// pageBytes bounds the content of one page of Messages. A message may be
+// megabytes (a prompt up to the 8 MiB frame, the provider's answer), and
+// a page of 1000 of them would pass the 16 MiB a message between the
+// processes may be and the frame a client reads: the page ends before the
+// message that takes it past this, holding at least one, and the client
+// pages on with before_index.
+const pageBytes = 4 << 20
+
 // Messages pages through the visible transcript, oldest first: the last
 // limit rows (default 50, at most 1000) before before_index when given,
-// and the transcript's total length. Indexes never change.
+// fewer when their content passes pageBytes, and the transcript's total
+// length. Indexes never change.
 func (s *Server) Messages(ctx context.Context, req *sessionv1.MessagesRequest) (*sessionv1.MessagesResponse, error) {
 	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
 		return nil, err

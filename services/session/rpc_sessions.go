@@ -16,6 +16,9 @@ import (
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
+// maxCwdBytes bounds a session's cwd.
+const maxCwdBytes = 4096
+
 // NewSession creates a session, or resumes the durable session named by
 // session_id (a closed one is reopened in a new generation; a killed one
 // cannot be; one of another interaction surface is not touched). A
@@ -35,6 +38,11 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	}
 	if len(surface) > 64 {
 		return nil, errInvalid("`interaction_surface` is longer than 64 bytes")
+	}
+	// A path is at most PATH_MAX (4096) bytes on Linux; a longer cwd is
+	// no path, only megabytes kept in every session row.
+	if n := len(req.GetCwd()); n > maxCwdBytes {
+		return nil, errInvalid(fmt.Sprintf("`cwd` is %d bytes; the limit is %d", n, maxCwdBytes))
 	}
 	alias := req.GetAgentAlias()
 	if alias == "" {

@@ -207,6 +207,25 @@ type messageRow struct {
 
 // messages returns up to limit rows before beforeIndex (all when < 0),
 // oldest first, and the transcript's total length.
+// pageSQL is the query of one page of a session's messages: the columns
+// cols of the rows matching cond ($1 is the session, $2 an index bound),
+// at most $3 of them counted from the newest or the oldest end, ending
+// before the row that takes their content past $4 bytes but holding at
+// least one; oldest first. upto is the content's bytes from the page's
+// first row to this one, summed in the order the page is taken.
+func pageSQL(cols, cond string, newestFirst bool) string {
+	order := "idx"
+	if newestFirst {
+		order = "idx DESC"
+	}
+	return `SELECT ` + cols + ` FROM (
+			SELECT ` + cols + `, octet_length(content) AS size,
+				sum(octet_length(content)) OVER (ORDER BY ` + order + ` ROWS UNBOUNDED PRECEDING) AS upto
+			FROM messages WHERE session_id = $1 AND ` + cond + `
+			ORDER BY ` + order + ` LIMIT $3) page
+		WHERE upto <= $4 OR upto = size ORDER BY idx`
+}
+
 func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int64) ([]messageRow, int64, error) {
 	var total int64
 	if err := st.db.QueryRow(ctx, "SELECT message_count FROM sessions WHERE session_id = $1", id).Scan(&total); err != nil {
@@ -215,9 +234,7 @@ func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int
 		}
 		return nil, 0, fmt.Errorf("count messages: %w", err)
 	}
-	rows, err := st.db.Query(ctx, `SELECT idx, role, content FROM (
-			SELECT idx, role, content FROM messages WHERE session_id = $1 AND ($2 < 0 OR idx < $2)
-			ORDER BY idx DESC LIMIT $3) page ORDER BY idx`, id, beforeIndex, limit)
+	rows, err := st.db.Query(ctx, pageSQL("idx, role, content", "($2 < 0 OR idx < $2)", true), id, beforeIndex, limit, pageBytes)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read messages: %w", err)
 	}

@@ -1272,7 +1272,8 @@ type MessagesRequest struct {
 	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// limit is how many rows to return, the last ones before before_index
-	// (or the end), oldest first: 0 means 50, at most 1000.
+	// (or the end), oldest first: 0 means 50, at most 1000. Fewer come when
+	// their content passes 4 MiB (at least one row).
 	Limit         int64  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	BeforeIndex   *int64 `protobuf:"varint,4,opt,name=before_index,json=beforeIndex,proto3,oneof" json:"before_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -3017,7 +3018,8 @@ type TranscriptRequest struct {
 	// after_index, when set, returns the first limit rows after it; when
 	// absent, the last limit rows.
 	AfterIndex *int64 `protobuf:"varint,3,opt,name=after_index,json=afterIndex,proto3,oneof" json:"after_index,omitempty"`
-	// limit: 0 means 50, at most 2000.
+	// limit: 0 means 50, at most 2000. Fewer come when their content
+	// passes 4 MiB (at least one row): the total says whether more follow.
 	Limit         int64 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

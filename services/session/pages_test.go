@@ -1,0 +1,113 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// A page of the transcript ends before the message that takes its content
+// past pageBytes, holds at least one message however large, and a message
+// left empty after the bound does not slip in; paged on, every message is
+// read once, in order, from either end.
+func TestTranscriptPagesBoundedByBytes(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(alice, "default")
+	const m = pageBytes / 4
+	sizes := []int{m, 3 * m, m, m, 5 * m, 0, 0}
+	for i, n := range sizes {
+		if _, err := h.pool.Exec(ctx, "INSERT INTO messages (session_id, idx, role, content) VALUES ($1, $2, 'user', $3)",
+			id, i, strings.Repeat("x", n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.pool.Exec(ctx, "UPDATE sessions SET message_count = $2 WHERE session_id = $1", id, len(sizes)); err != nil {
+		t.Fatal(err)
+	}
+
+	// session/messages, from the newest end back.
+	var back []string
+	req := &sessionv1.MessagesRequest{Principal: alice, SessionId: id, Limit: MaxPageLimit}
+	for range sizes {
+		resp, err := h.srv.Messages(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var idx []int64
+		for _, msg := range resp.GetMessages() {
+			idx = append(idx, msg.GetIndex())
+			if len(msg.GetContent()) != sizes[msg.GetIndex()] {
+				t.Fatalf("message %d has %d bytes", msg.GetIndex(), len(msg.GetContent()))
+			}
+		}
+		back = append(back, fmt.Sprint(idx))
+		if len(idx) == 0 || idx[0] == 0 {
+			break
+		}
+		req.BeforeIndex = &idx[0]
+	}
+	if got := strings.Join(back, " "); got != "[4 5 6] [2 3] [0 1]" {
+		t.Fatalf("pages from the end: %s", got)
+	}
+
+	// Transcript (the durable bridge's), from the first message on.
+	var fwd []string
+	after := int64(-1)
+	for range sizes {
+		resp, err := h.srv.Transcript(ctx, &sessionv1.TranscriptRequest{Principal: operator, SessionId: id, AfterIndex: &after, Limit: MaxTranscriptLimit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var idx []int64
+		for _, msg := range resp.GetMessages() {
+			idx = append(idx, msg.GetIndex())
+		}
+		fwd = append(fwd, fmt.Sprint(idx))
+		if len(idx) == 0 || idx[len(idx)-1]+1 >= resp.GetTotal() {
+			break
+		}
+		after = idx[len(idx)-1]
+	}
+	if got := strings.Join(fwd, " "); got != "[0 1] [2 3] [4] [5 6]" {
+		t.Fatalf("pages from the start: %s", got)
+	}
+	// Its last page, from the end.
+	resp, err := h.srv.Transcript(ctx, &sessionv1.TranscriptRequest{Principal: operator, SessionId: id, Limit: MaxTranscriptLimit})
+	if err != nil || len(resp.GetMessages()) != 3 || resp.GetMessages()[0].GetIndex() != 4 {
+		t.Fatalf("the last page: %v %v", resp.GetMessages(), err)
+	}
+
+	// The row limit still holds.
+	one, err := h.srv.Messages(ctx, &sessionv1.MessagesRequest{Principal: alice, SessionId: id, Limit: 1})
+	if err != nil || len(one.GetMessages()) != 1 || one.GetMessages()[0].GetIndex() != 6 {
+		t.Fatalf("a page of one: %v %v", one.GetMessages(), err)
+	}
+}
+
+// A cwd is kept in the session's row: one past PATH_MAX is refused
+// before anything is made, where it was stored whatever its size (up to
+// the 8 MiB frame, in every session an attacker made).
+func TestNewSessionRefusesCwdPastPathMax(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, AgentAlias: "default", SessionId: "sess_longcwd", Cwd: "/" + strings.Repeat("d", maxCwdBytes)})
+	if status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != "`cwd` is 4097 bytes; the limit is 4096" {
+		t.Fatalf("a cwd of 4097 bytes: %v", err)
+	}
+	if _, serr := os.Stat(filepath.Join(h.dataDir, "workspaces", "sess_longcwd")); !os.IsNotExist(serr) {
+		t.Fatalf("a workspace made for a refused session: %v", serr)
+	}
+	resp, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, AgentAlias: "default", Cwd: strings.Repeat("d", maxCwdBytes)})
+	if err != nil || resp.GetSessionId() == "" {
+		t.Fatalf("a cwd of 4096 bytes: %v", err)
+	}
+}
