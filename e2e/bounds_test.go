@@ -97,15 +97,16 @@ func TestPipelinedLargeRepliesBounded(t *testing.T) {
 	id := v.newSession("")
 	// A transcript of about 6 MB: each turn stores a 1 MB prompt and the
 	// scripted provider's 1 MB answer (a line that is no command is said
-	// back).
+	// back). A reply is its last page, the largest a page may be: four
+	// messages, 4 MiB of content (docs/spec.md §5).
 	word := strings.Repeat("x", mib)
 	for range 3 {
 		v.call("session/prompt", map[string]any{"session_id": id, "prompt": word})
 	}
 	raw := v.call("session/messages", map[string]any{"session_id": id, "limit": 1000})
 	reply := int64(len(raw))
-	if reply < 5*mib {
-		t.Fatalf("the transcript reply is %d bytes, want about 6 MB", reply)
+	if reply < 4*mib {
+		t.Fatalf("the transcript reply is %d bytes, want a full page of 4 MiB", reply)
 	}
 
 	gw := s.PIDOf("gateway")
