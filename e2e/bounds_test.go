@@ -368,3 +368,28 @@ func TestLargeTranscriptReadInPages(t *testing.T) {
 		t.Fatalf("items read back: %v", kinds)
 	}
 }
+
+// Three 6 MiB system prompts, each one a set-many within the frame limit,
+// made a config no process could read whole: the services lost it, and
+// the next clawmesh up never came up (plugin-sandbox: "read the live
+// config: ... larger than max"). Each is refused now, and the stack
+// starts again on the same data directory with what was kept.
+func TestConfigPastItsBoundRefusedAndTheStackStartsAgain(t *testing.T) {
+	t.Parallel()
+	dir := e2e.TempDataDir(t)
+	s := e2e.Start(t, e2e.Options{DataDir: dir})
+	op := newConv(t, s, nil)
+	big := strings.Repeat("p", 6<<20)
+	for _, a := range []string{"a", "b", "c"} {
+		_, f := op.until(op.send("config/set-many", map[string]any{"sets": []map[string]any{{"prop": "agents." + a + ".system_prompt", "value": big}}}))
+		if f.Error == nil || f.Error.Code != -32602 || !strings.Contains(f.Error.Message, "; the limit is 4194304") {
+			t.Fatalf("a 6 MiB system prompt for agent %s: %+v", a, f.Error)
+		}
+	}
+	op.call("config/set-many", map[string]any{"sets": []map[string]any{{"prop": "agents.a.system_prompt", "value": strings.Repeat("p", mib)}}})
+	s.Stop()
+
+	s = e2e.Start(t, e2e.Options{DataDir: dir})
+	op = newConv(t, s, nil)
+	op.newSession("a")
+}

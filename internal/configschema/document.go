@@ -14,6 +14,21 @@ import (
 // defaults. Both are plain values: copy with Clone before changing one
 // that is shared.
 
+// MaxDocumentBytes bounds the stored document, as JSON. Every service
+// reads the whole document in one gRPC message (Live), whose bound is 16
+// MiB (internal/grpcserver); the document also travels with its secrets
+// sealed (about a third larger), with its defaults, and as protobuf
+// Struct values, so a quarter of that keeps it readable with room to
+// spare. A config past it could not be loaded at all: not by the running
+// services, nor by the next start.
+const MaxDocumentBytes = 4 << 20
+
+// DocumentBytes is the size MaxDocumentBytes bounds.
+func DocumentBytes(doc map[string]any) (int, error) {
+	b, err := json.Marshal(doc)
+	return len(b), err
+}
+
 // Clone deep-copies a document.
 func Clone(doc map[string]any) map[string]any {
 	out := make(map[string]any, len(doc))

@@ -71,6 +71,12 @@ type Server struct {
 // ReasonTrailer carries why a process is NOT_SERVING on a health Check.
 const ReasonTrailer = "clawmesh-not-serving-reason"
 
+// MaxMessageBytes bounds one message between the processes, either way
+// (grpcclient's calls too): gRPC's default of 4 MiB is below a 10 MB
+// stored file. What a service returns whole (the live config, a page of
+// a transcript) is bounded well below it where it is made.
+const MaxMessageBytes = 16 << 20
+
 // New builds a server. drain is the hard limit of a graceful stop; zero
 // means DefaultDrain.
 func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Server {
@@ -85,8 +91,8 @@ func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Serve
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
-		grpc.MaxRecvMsgSize(16<<20),
-		grpc.MaxSendMsgSize(16<<20),
+		grpc.MaxRecvMsgSize(MaxMessageBytes),
+		grpc.MaxSendMsgSize(MaxMessageBytes),
 		grpc.NumStreamWorkers(streamWorkers),
 	)
 	s.GRPC = grpc.NewServer(opts...)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/clawmesh/clawmesh/gateway/errmap"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
@@ -75,11 +76,12 @@ func newEnvOn(t testing.TB, dbURL string, log *zap.Logger) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(grpcserver.MaxMessageBytes), grpc.MaxSendMsgSize(grpcserver.MaxMessageBytes))
 	configv1.RegisterConfigServiceServer(gs, e.srv)
 	go gs.Serve(lis) //nolint:errcheck // ends at Stop
 	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcserver.MaxMessageBytes), grpc.MaxCallSendMsgSize(grpcserver.MaxMessageBytes)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -410,3 +410,57 @@ func lookup(doc map[string]any, path string) any {
 	}
 	return cur
 }
+
+// A user allowed to edit agents' system prompts set three of 6 MiB: each
+// was stored, and the document (19 MB) passed the 16 MiB a gRPC message
+// may be, so no service could read the live config any more, nor start
+// again: the stack was down for good. A commit that takes the document
+// past configschema.MaxDocumentBytes is refused, naming the largest value
+// of its batch; the live config stays readable.
+func TestDocumentBoundKeepsConfigReadable(t *testing.T) {
+	e := newEnv(t, nil)
+	alice := scopedUser(e)
+	_, rev := e.storedRevisions()
+	big := strings.Repeat("p", 6<<20)
+	for _, a := range []string{"a", "b", "c"} {
+		_, err := e.setMany(alice, kv{"agents." + a + ".model", "m"}, kv{"agents." + a + ".system_prompt", big})
+		st, reason, index := refusal(t, err)
+		if st.Code() != codes.InvalidArgument || reason != rpcerr.ReasonInvalid || index != 1 ||
+			!strings.Contains(st.Message(), "; the limit is 4194304") {
+			t.Fatalf("a 6 MiB system prompt: %v (reason %q index %d)", err, reason, index)
+		}
+	}
+	if _, newest := e.storedRevisions(); newest != rev {
+		t.Fatalf("stored revision moved to %d", newest)
+	}
+	// Up to the bound, prompts are kept; the one past it is refused.
+	e2 := strings.Repeat("q", 2<<20)
+	if _, err := e.setMany(alice, kv{"agents.a.system_prompt", e2}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.setMany(alice, kv{"agents.b.system_prompt", e2}, kv{"agents.b.model", "m"})
+	if _, _, index := refusal(t, err); index != 0 {
+		t.Fatalf("the document past its bound by a second 2 MiB prompt: %v", err)
+	}
+	live, err := e.rpc.Live(ctxFor(t), &configv1.LiveRequest{})
+	if err != nil {
+		t.Fatalf("live config: %v", err)
+	}
+	if got := live.GetDocument().GetFields()["agents"].GetStructValue().GetFields()["a"].GetStructValue().GetFields()["system_prompt"].GetStringValue(); got != e2 {
+		t.Fatalf("the prompt within the bound: %d bytes", len(got))
+	}
+}
+
+// A document stored past the bound (by a version before it) can still be
+// made smaller, not larger.
+func TestDocumentPastBoundMayShrink(t *testing.T) {
+	over := map[string]any{"agents": map[string]any{"a": map[string]any{"system_prompt": strings.Repeat("p", 5<<20)}}}
+	smaller := map[string]any{"agents": map[string]any{"a": map[string]any{"system_prompt": strings.Repeat("p", 5<<20-1)}}}
+	larger := map[string]any{"agents": map[string]any{"a": map[string]any{"system_prompt": strings.Repeat("p", 5<<20+1)}}}
+	if err := withinBound(smaller, over, []write{{prop: "agents.a.system_prompt", value: "x"}}); err != nil {
+		t.Fatalf("shrinking: %v", err)
+	}
+	if err := withinBound(larger, over, []write{{prop: "agents.a.system_prompt", value: "x"}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("growing: %v", err)
+	}
+}

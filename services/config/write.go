@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -100,6 +101,9 @@ func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, erro
 			return nil, refuse(i, kind, err)
 		}
 	}
+	if err := withinBound(candidate, cur.stored, req.writes); err != nil {
+		return nil, err
+	}
 	effective := configschema.Effective(candidate)
 	if err := configschema.Validate(effective); err != nil {
 		return nil, refuse(configschema.Blame(err, props), ErrInvalid, err)
@@ -118,6 +122,33 @@ func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, erro
 	s.publish(snap, changed)
 	s.log.Info("config committed", zap.Int64("revision", next), zap.String("by", req.who.by), zap.Strings("props", changed))
 	return snap, nil
+}
+
+// withinBound refuses a candidate past configschema.MaxDocumentBytes,
+// unless it is no larger than the stored document (a config stored past
+// the bound by an older version can still be made smaller). The refusal
+// names the largest value the batch sets.
+func withinBound(candidate, stored map[string]any, writes []write) error {
+	size, err := configschema.DocumentBytes(candidate)
+	if err != nil {
+		return refuse(0, ErrInvalid, err)
+	}
+	if size <= configschema.MaxDocumentBytes {
+		return nil
+	}
+	if was, err := configschema.DocumentBytes(stored); err == nil && size <= was {
+		return nil
+	}
+	blame, largest := 0, -1
+	for i, w := range writes {
+		if w.delete {
+			continue
+		}
+		if b, err := json.Marshal(w.value); err == nil && len(b) > largest {
+			blame, largest = i, len(b)
+		}
+	}
+	return atIndex(blame, ErrInvalid, "the config would be %d bytes; the limit is %d", size, configschema.MaxDocumentBytes)
 }
 
 // stage applies one write to the candidate; a refusal says its kind.
