@@ -87,3 +87,40 @@ func Len(s string) int {
 func plain(b byte) bool {
 	return b >= 0x20 && b < utf8.RuneSelf && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&'
 }
+
+// Fit returns the length of the longest prefix of s, ending at a character
+// boundary, that Append writes in at most n bytes between its quotes, and
+// how many bytes it writes for it. It measures without writing, for a
+// bound on text as its JSON (a turn's reply in its turn_complete).
+func Fit(s string, n int) (prefix, written int) {
+	// Plain text, the most of it, in one tight pass.
+	i := 0
+	for i < len(s) && i < n && plain(s[i]) {
+		i++
+	}
+	w := i
+	for i < len(s) {
+		size, out := 1, 1
+		if b := s[i]; b < utf8.RuneSelf {
+			switch {
+			case plain(b):
+			case b == '"' || b == '\\' || b == '\b' || b == '\f' || b == '\n' || b == '\r' || b == '\t':
+				out = 2
+			default:
+				out = 6
+			}
+		} else {
+			var c rune
+			c, size = utf8.DecodeRuneInString(s[i:])
+			out = size
+			if (c == utf8.RuneError && size == 1) || c == '\u2028' || c == '\u2029' {
+				out = 6
+			}
+		}
+		if w+out > n {
+			break
+		}
+		i, w = i+size, w+out
+	}
+	return i, w
+}

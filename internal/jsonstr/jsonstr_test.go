@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
 )
@@ -20,6 +21,24 @@ func sameAsEncodingJSON(t *testing.T, s string) {
 	}
 	if n := jsonstr.Len(s); n != len(want) {
 		t.Fatalf("Len(%q) = %d, Append writes %d bytes", s, n, len(want))
+	}
+	// Fit, for every bound up to the whole (the first 64 of a long one):
+	// its prefix is written in what it says, within the bound, and one
+	// more character would pass it.
+	for n := 0; n <= len(want)-2 && n < 64; n++ {
+		p, w := jsonstr.Fit(s, n)
+		if got := len(jsonstr.Append(nil, s[:p])) - 2; got != w || w > n {
+			t.Fatalf("Fit(%q, %d) = %d, %d; Append writes %d bytes for the prefix", s, n, p, w, got)
+		}
+		if p < len(s) {
+			_, size := utf8.DecodeRuneInString(s[p:])
+			if len(jsonstr.Append(nil, s[:p+size]))-2 <= n {
+				t.Fatalf("Fit(%q, %d) = %d: the next character fits too", s, n, p)
+			}
+		}
+	}
+	if p, w := jsonstr.Fit(s, len(want)-2); p != len(s) || w != len(want)-2 {
+		t.Fatalf("Fit(%q, %d) = %d, %d: not the whole", s, len(want)-2, p, w)
 	}
 }
 
@@ -53,6 +72,15 @@ func BenchmarkAppend(b *testing.B) {
 			buf := make([]byte, 0, 256)
 			for b.Loop() {
 				buf = jsonstr.Append(buf[:0], c.s)
+			}
+		})
+		// Fit measures each chunk a provider streams (the reply bound).
+		b.Run(c.name+"/fit", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if p, _ := jsonstr.Fit(c.s, 1<<22); p != len(c.s) {
+					b.Fatal(p)
+				}
 			}
 		})
 		b.Run(c.name+"/encoding-json", func(b *testing.B) {

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 )
 
@@ -126,7 +127,9 @@ func Postgres(t testing.TB) string {
 // test and returns its URL; it is shut down when the test ends.
 func NATS(t testing.TB) string {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
+	// The stack's message bound (natsembed, natsconf), not the server's
+	// default of 1 MB: a test sees what the stack does with a large update.
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true, MaxPayload: bus.MaxPayload})
 	if err != nil {
 		t.Fatalf("nats-server: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	"github.com/clawmesh/clawmesh/services/session/provider"
 )
@@ -26,7 +27,23 @@ const (
 	stopToolUse   = provider.StopToolUse
 	stopCancelled = "cancelled"
 	stopError     = "error"
+	stopMaxTokens = "max_tokens"
 )
+
+// MaxReplyBytes bounds what a provider streams in one turn, its reply and
+// its thoughts together, measured as JSON (a control character is six
+// bytes): about a million tokens of text, more than any model's output,
+// and a reply whose turn_complete fits one bus message (8 MiB). Without
+// it a provider that streams without end (a model in a loop, a broken or
+// hostile endpoint) kept its turn running for good, the reply growing in
+// memory, and a long reply's turn_complete was refused by the bus, so the
+// client never saw its turn end. Past it the step is cut and the turn
+// completes with what fits, stop_reason max_tokens, as when a model runs
+// out of tokens.
+const MaxReplyBytes = 4 << 20
+
+// errReplyTooLong is the cause a step is cut with at MaxReplyBytes.
+var errReplyTooLong = errors.New("the provider's reply passed its bound")
 
 // turn is one running prompt. Its context derives from the server's base
 // context and is cancelled with a cause (session/cancel, the prompting
@@ -133,9 +150,23 @@ func (s *Server) loop(t *turn) turnResult {
 	tools := s.toolsFor(ctx, agent)
 	specs := tools.specs()
 
+	// streamed counts what the provider streamed in this turn, thoughts
+	// included, as JSON; past MaxReplyBytes the step is cut (cutStep) and
+	// the turn ends with what fits.
+	streamed, cut := 0, false
+	var cutStep context.CancelCauseFunc
 	emit := func(c Chunk) {
-		if c.Text == "" {
+		if c.Text == "" || cut {
 			return
+		}
+		fits, written := jsonstr.Fit(c.Text, MaxReplyBytes-streamed)
+		streamed += written
+		if fits < len(c.Text) {
+			c.Text, cut = c.Text[:fits], true
+			cutStep(errReplyTooLong)
+			if c.Text == "" {
+				return
+			}
 		}
 		typ := UpdateThoughtChunk
 		if !c.Thought {
@@ -150,9 +181,17 @@ func (s *Server) loop(t *turn) turnResult {
 			return failed(fmt.Errorf("%w: the provider asked for tools %d times in one turn", ErrTooManySteps, n))
 		}
 		t.step = n
-		res, err := prov.Step(ctx, ProviderRequest{Agent: agent.providerAgent(), Messages: msgs, Tools: specs}, emit)
+		stepCtx, cancel := context.WithCancelCause(ctx)
+		cutStep = cancel
+		res, err := prov.Step(stepCtx, ProviderRequest{Agent: agent.providerAgent(), Messages: msgs, Tools: specs}, emit)
+		cancel(nil)
 		if ctx.Err() != nil {
 			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content()}
+		}
+		if cut {
+			// The step's tool calls, if any came before the cut, are
+			// dropped with the rest of its reply.
+			return turnResult{Outcome: OutcomeCompleted, StopReason: stopMaxTokens, Content: content()}
 		}
 		if err != nil {
 			return failed(err)
