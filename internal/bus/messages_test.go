@@ -250,3 +250,10 @@ func FuzzDecodeSessionUpdate(f *testing.F) {
 	f.Add([]byte{0x0a, 0x03, 's', '-', '1', 0x22, 0x01, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) { checkDecodeAsProto(t, "fuzz", data, "s-1") })
 }
+
+// The tests' NATS server bounds a message as the stack's does.
+func TestTestServersTakeTheStacksBound(t *testing.T) {
+	if testenv.NATSMaxPayload != MaxPayload {
+		t.Fatalf("testenv.NATSMaxPayload %d, bus.MaxPayload %d", testenv.NATSMaxPayload, MaxPayload)
+	}
+}

@@ -24,7 +24,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 )
 
@@ -123,13 +122,18 @@ func Postgres(t testing.TB) string {
 	return u.String()
 }
 
+// NATSMaxPayload is the test server's message bound: bus.MaxPayload, the
+// stack's (bus cannot be imported here, its tests import this package;
+// TestTestServersTakeTheStacksBound in bus holds the two equal).
+const NATSMaxPayload = 8 << 20
+
 // NATS starts an in-process nats-server on a random loopback port for this
 // test and returns its URL; it is shut down when the test ends.
 func NATS(t testing.TB) string {
 	t.Helper()
-	// The stack's message bound (natsembed, natsconf), not the server's
-	// default of 1 MB: a test sees what the stack does with a large update.
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true, MaxPayload: bus.MaxPayload})
+	// The stack's message bound, not the server's default of 1 MB: a test
+	// sees what the stack does with a large update.
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true, MaxPayload: NATSMaxPayload})
 	if err != nil {
 		t.Fatalf("nats-server: %v", err)
 	}
