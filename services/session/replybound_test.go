@@ -112,3 +112,25 @@ func TestReplyBoundCountsItsJSON(t *testing.T) {
 		t.Fatalf("turn_complete's content: %d bytes", len(got))
 	}
 }
+
+// The scripted provider takes a tool call's arguments from the prompt, a
+// line of up to the 8 MiB frame: a call past provider.MaxToolCallBytes
+// fails the turn, before it runs or is announced.
+func TestToolCallPastBoundFailsTheTurn(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	prompt := `/tool echo {"x":"` + strings.Repeat("a", 2<<20) + `"}`
+	resp, err := h.srv.Prompt(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: prompt})
+	if err != nil || resp.GetOutcome() != outcomeEnum[OutcomeFailed] ||
+		!strings.Contains(resp.GetContent(), "the provider asked for tool calls of 2097174 bytes in one step; the limit is 1048576") {
+		t.Fatalf("prompt: %v %q %v", resp.GetOutcome(), resp.GetContent(), err)
+	}
+	if got := types(rec.until(UpdateTurnComplete)); got != "turn_complete" {
+		t.Fatalf("updates %s", got)
+	}
+	var calls int
+	if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM tool_calls WHERE session_id = $1", id).Scan(&calls); err != nil || calls != 0 {
+		t.Fatalf("%d tool calls recorded (%v)", calls, err)
+	}
+}

@@ -42,6 +42,24 @@ const (
 // out of tokens.
 const MaxReplyBytes = 4 << 20
 
+// checkToolCalls refuses a step's tool calls past provider.MaxToolCalls
+// or provider.MaxToolCallBytes, whichever provider made them (the openai
+// provider stops reading at the bound; the scripted one takes a prompt's
+// line of up to the 8 MiB frame).
+func checkToolCalls(calls []ToolCall) error {
+	if len(calls) > provider.MaxToolCalls {
+		return fmt.Errorf("the provider asked for %d tool calls in one step; the limit is %d", len(calls), provider.MaxToolCalls)
+	}
+	size := 0
+	for _, c := range calls {
+		size += len(c.ID) + len(c.Name) + len(c.Arguments)
+	}
+	if size > provider.MaxToolCallBytes {
+		return fmt.Errorf("the provider asked for tool calls of %d bytes in one step; the limit is %d", size, provider.MaxToolCallBytes)
+	}
+	return nil
+}
+
 // errReplyTooLong is the cause a step is cut with at MaxReplyBytes.
 var errReplyTooLong = errors.New("the provider's reply passed its bound")
 
@@ -194,6 +212,9 @@ func (s *Server) loop(t *turn) turnResult {
 			return turnResult{Outcome: OutcomeCompleted, StopReason: stopMaxTokens, Content: content()}
 		}
 		if err != nil {
+			return failed(err)
+		}
+		if err := checkToolCalls(res.ToolCalls); err != nil {
 			return failed(err)
 		}
 		msgs = append(msgs, ChatMessage{Role: roleAssistant, Content: step.String(), ToolCalls: res.ToolCalls})

@@ -134,7 +134,12 @@ func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepR
 	}
 	idle.Reset(p.timeout)
 
-	calls := map[int]*ToolCall{}
+	// Tool calls arrive in pieces, each delta naming its call by index:
+	// gathered in builders (a string grown by += copies every piece before
+	// it, quadratic in the pieces), at most MaxToolCalls of them and
+	// MaxToolCallBytes in all.
+	calls := map[int]*callParts{}
+	callBytes := 0
 	var finish string
 	// Any byte that arrives (a keep-alive comment too) is progress.
 	events := NewSSEReader(progressReader{r: resp.Body, progress: func() { idle.Reset(p.timeout) }}, DefaultMaxEventBytes)
@@ -180,14 +185,20 @@ func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepR
 				}
 				call := calls[idx]
 				if call == nil {
-					call = &ToolCall{}
+					if len(calls) == MaxToolCalls {
+						return StepResult{}, Errorf("openai provider: the model asked for more than %d tool calls in one step", MaxToolCalls)
+					}
+					call = &callParts{}
 					calls[idx] = call
 				}
-				if tc.ID != "" {
-					call.ID = tc.ID
+				if callBytes += len(tc.ID) + len(tc.Function.Name) + len(tc.Function.Arguments); callBytes > MaxToolCallBytes {
+					return StepResult{}, Errorf("openai provider: the tool calls passed %d bytes in one step", MaxToolCallBytes)
 				}
-				call.Name += tc.Function.Name
-				call.Arguments += tc.Function.Arguments
+				if tc.ID != "" {
+					call.id = tc.ID
+				}
+				call.name.WriteString(tc.Function.Name)
+				call.args.WriteString(tc.Function.Arguments)
 			}
 			if ch.FinishReason != nil && *ch.FinishReason != "" {
 				finish = *ch.FinishReason
@@ -208,13 +219,20 @@ func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepR
 	}
 	sort.Ints(idxs)
 	for n, i := range idxs {
-		c := *calls[i]
+		p := calls[i]
+		c := ToolCall{ID: p.id, Name: p.name.String(), Arguments: p.args.String()}
 		if c.ID == "" {
 			c.ID = "call_" + strconv.Itoa(n)
 		}
 		res.ToolCalls = append(res.ToolCalls, c)
 	}
 	return res, nil
+}
+
+// callParts gathers one streamed tool call.
+type callParts struct {
+	id         string
+	name, args strings.Builder
 }
 
 func (p *openAI) request(req Request) oaRequest {

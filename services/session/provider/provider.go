@@ -64,6 +64,17 @@ type ToolSpec struct {
 	Parameters json.RawMessage
 }
 
+// MaxToolCalls and MaxToolCallBytes bound the tool calls of one step,
+// their ids, names and arguments together: far past what a model asks
+// for (an output of 1 MiB is some 250k tokens), and what a call's
+// arguments may be in its tool_call update, escaped as a string when
+// they are not JSON, within one bus message. A step past them fails: a
+// model in a loop or a hostile endpoint cannot grow them without end.
+const (
+	MaxToolCalls     = 128
+	MaxToolCallBytes = 1 << 20
+)
+
 // ToolCall is a call the provider asks for. ID is the provider's own id;
 // Arguments is the JSON text the provider produced.
 type ToolCall struct {
