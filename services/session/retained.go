@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"unicode/utf8"
 
 	"go.uber.org/zap"
@@ -113,13 +114,21 @@ func eventsToMessages(evs []cpEvent) []ChatMessage {
 	}
 	var out []ChatMessage
 	var cur *ChatMessage
+	// text gathers cur's text: a step's reply may be a thousand events
+	// (one a checkpoint), and joining them with += copied every one
+	// before, at each prompt (BenchmarkEventsToMessages).
+	var text strings.Builder
 	var curTurn string
 	curStep := -1
 	end := func() {
-		if cur != nil && (cur.Content != "" || len(cur.ToolCalls) > 0) {
-			out = append(out, *cur)
+		if cur != nil {
+			cur.Content = text.String()
+			if cur.Content != "" || len(cur.ToolCalls) > 0 {
+				out = append(out, *cur)
+			}
 		}
 		cur = nil
+		text = strings.Builder{}
 	}
 	assistant := func(e cpEvent) *ChatMessage {
 		if cur == nil || curTurn != e.TurnID || curStep != e.Step {
@@ -134,8 +143,8 @@ func eventsToMessages(evs []cpEvent) []ChatMessage {
 			end()
 			out = append(out, ChatMessage{Role: roleUser, Content: e.Content})
 		case eventText:
-			m := assistant(e)
-			m.Content += e.Content
+			assistant(e)
+			text.WriteString(e.Content)
 		case eventToolCall:
 			if results[e.ToolCallID] {
 				m := assistant(e)
