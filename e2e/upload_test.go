@@ -302,6 +302,19 @@ func TestUploadLandsLikeAttach(t *testing.T) {
 	if f.Error == nil || f.Error.Code != -32602 || !strings.Contains(f.Error.Message, "`attachments[0].workspace_path` is not where") {
 		t.Fatalf("forged attachment: %+v", f.Error)
 	}
+	// One prompt names at most 64 files (each a lookup and a marker; an
+	// 8 MiB frame listed 100,000 of them); the same file 64 times is fine.
+	many := make([]fileEntry, 65)
+	for i := range many {
+		many[i] = up
+	}
+	_, f = v.until(v.send("session/prompt", map[string]any{"session_id": sess.ID, "prompt": "/say many", "attachments": many}))
+	if f.Error == nil || f.Error.Code != -32602 || f.Error.Message != "Invalid params: `attachments` lists 65 files; the limit is 64" {
+		t.Fatalf("65 attachments: %+v", f.Error)
+	}
+	if err := json.Unmarshal(v.call("session/prompt", map[string]any{"session_id": sess.ID, "prompt": "/say many", "attachments": many[:64]}), &pr); err != nil || pr.Outcome != "completed" {
+		t.Fatalf("64 attachments: %+v %v", pr, err)
+	}
 }
 
 // Four connections upload different files at once, so that chunk frames

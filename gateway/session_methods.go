@@ -11,6 +11,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/uploads"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -180,6 +181,9 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 		}
 		if err := json.Unmarshal(p.AttachRaw, &files); err != nil {
 			return nil, invalidParams("`attachments` must be an array of file entries")
+		}
+		if len(files) > uploads.MaxAttachments {
+			return nil, invalidParams(uploads.TooManyAttachments(len(files)))
 		}
 		for _, f := range files {
 			attachments = append(attachments, &sessionv1.FileRef{RefId: f.RefID, Marker: f.Marker, WorkspacePath: f.WorkspacePath})

@@ -27,7 +27,17 @@ const (
 	RefPrefix = "sha256:"
 	// IDHexLen is the length of an upload_id: 32 hexadecimal characters.
 	IDHexLen = 32
+	// MaxAttachments bounds the attachments of one prompt. Each is looked
+	// up in the session's file index and adds its marker to the prompt:
+	// unbounded, one 8 MiB frame listed some 100,000 and held the session
+	// service for tens of minutes (10,000 took 23 s).
+	MaxAttachments = 64
 )
+
+// TooManyAttachments refuses a prompt with more than MaxAttachments.
+func TooManyAttachments(n int) string {
+	return fmt.Sprintf("`attachments` lists %d files; the limit is %d", n, MaxAttachments)
+}
 
 // The refusal messages of docs/spec.md §6, each sent as -32602.
 

@@ -769,6 +769,14 @@ type indexedFile struct {
 // a marker of that file (only the filename of a document marker is the
 // client's), so a prompt can never point the agent at another path.
 func (s *Server) withAttachments(ctx context.Context, sessionID, workspace, prompt string, refs []*sessionv1.FileRef) (string, error) {
+	if len(refs) > uploads.MaxAttachments {
+		return "", errInvalid(uploads.TooManyAttachments(len(refs)))
+	}
+	if len(refs) == 0 {
+		return prompt, nil
+	}
+	var out strings.Builder
+	out.WriteString(prompt)
 	for i, ref := range refs {
 		sum, ok := uploads.ParseRefID(ref.GetRefId())
 		if !ok {
@@ -793,12 +801,12 @@ func (s *Server) withAttachments(ctx context.Context, sessionID, workspace, prom
 		} else if !validMarker(marker, f.MIME, path) {
 			return "", errInvalid(fmt.Sprintf("`attachments[%d].marker` is not a marker of %s", i, ref.GetRefId()))
 		}
-		if prompt != "" {
-			prompt += "\n"
+		if out.Len() > 0 {
+			out.WriteByte('\n')
 		}
-		prompt += marker
+		out.WriteString(marker)
 	}
-	return prompt, nil
+	return out.String(), nil
 }
 
 // validMarker reports whether marker is the marker of the file at path

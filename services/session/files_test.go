@@ -662,6 +662,17 @@ func TestPromptAttachments(t *testing.T) {
 			wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, tc.msg)
 		})
 	}
+	// At most uploads.MaxAttachments: 10,000 held the service 23 s, each a
+	// lookup and a marker added to the prompt by copying all of it.
+	many := make([]*sessionv1.FileRef, uploads.MaxAttachments+1)
+	for i := range many {
+		many[i] = ref(doc)
+	}
+	_, err = h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say many", Attachments: many})
+	wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, "`attachments` lists 65 files; the limit is 64")
+	if _, err := h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say many", Attachments: many[1:]}); err != nil {
+		t.Fatal(err)
+	}
 	// A document marker may carry another filename for the same file.
 	renamed := &sessionv1.FileRef{RefId: doc.GetRefId(), Marker: "[Document: final.pdf] " + doc.GetWorkspacePath()}
 	if _, err := h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say ok", Attachments: []*sessionv1.FileRef{renamed}}); err != nil {
