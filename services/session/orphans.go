@@ -100,8 +100,8 @@ func (s *Server) discardOrphanWorkspaces(ctx context.Context) (moved []string, e
 			}
 			for _, id := range gone {
 				if _, derr := s.discardWorkspace(id); derr != nil {
-					// One message is enough to say why; the count is in
-					// what the caller logs.
+					// The first error says why; a folder left is tried
+					// again at the next start.
 					if failed == nil {
 						failed = derr
 					}
