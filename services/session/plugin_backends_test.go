@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
@@ -82,5 +83,33 @@ func TestPluginSkillAndMemoryTools(t *testing.T) {
 	}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("results\n%q\nwant\n%q", got, want)
+	}
+}
+
+// A tool's output went whole into its tool_result update: a recall of
+// three memories of 1 MiB of control characters is some 60 MiB as the
+// update's JSON, past the bus's 8 MiB message, so the update was refused
+// and the client saw a gap where the result was. The update carries at
+// most MaxLiveToolOutputBytes of it (as JSON), and says it was cut.
+func TestLargeToolOutputStillReachesTheClient(t *testing.T) {
+	ctrl := strings.Repeat("\x01", 1<<20)
+	sb := &backendSandbox{mem: map[string]string{"a": ctrl, "b": ctrl, "c": ctrl}}
+	h := newHarness(t, func(c *Config) { c.Plugins = pluginClient(t, serveSandbox(t, sb)) })
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	resp := h.prompt(alice, id, `/tool plugin_memory_recall {"query":"\u0001"}`+"\n/say end")
+	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+		t.Fatalf("prompt %v", resp)
+	}
+	us := rec.until(UpdateTurnComplete)
+	checkSeq(t, us)
+	var out string
+	for _, u := range us {
+		if u.Type == UpdateToolResult {
+			out = u.str("raw_output")
+		}
+	}
+	if n := len(jsonstr.Append(nil, out)); n > MaxLiveToolOutputBytes || !strings.Contains(out, "[tool output truncated: ") {
+		t.Fatalf("tool_result's raw_output: %d bytes as JSON, ends %q", n, out[max(0, len(out)-80):])
 	}
 }

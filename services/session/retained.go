@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 )
 
 // A session keeps two records (see store_durable.go): the visible
@@ -25,8 +27,15 @@ const historyLimit = 200
 
 // MaxToolOutputBytes caps a tool call's output as the transcript, the
 // tool call's row and the retained context keep it (and as the provider
-// is given it); the live tool_result update carries it whole.
+// is given it); the live tool_result update carries up to
+// MaxLiveToolOutputBytes of it.
 const MaxToolOutputBytes = 16 << 10
+
+// MaxLiveToolOutputBytes caps a tool call's output in its tool_result
+// update, measured as JSON: a plugin may return 16 MiB, and an update past
+// the bus's 8 MiB message was refused, so the client saw a gap where the
+// result was.
+const MaxLiveToolOutputBytes = 1 << 20
 
 // trimReason is history_trimmed's reason when the budget was passed.
 const trimReason = "context_budget"
@@ -42,6 +51,17 @@ func capToolOutput(out string) string {
 		cut--
 	}
 	return out[:cut] + fmt.Sprintf("\n[tool output truncated: %d of %d bytes kept]", cut, len(out))
+}
+
+// capLiveOutput cuts out where its JSON reaches MaxLiveToolOutputBytes, at
+// a character boundary, and says so where it was cut.
+func capLiveOutput(out string) string {
+	// Room for the note, whose JSON is plain.
+	fits, _ := jsonstr.Fit(out, MaxLiveToolOutputBytes-64)
+	if fits == len(out) {
+		return out
+	}
+	return out[:fits] + fmt.Sprintf("\n[tool output truncated: %d of %d bytes shown]", fits, len(out))
 }
 
 // estimateTokens estimates the tokens of a context: a token is about four

@@ -297,7 +297,7 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	}); err != nil {
 		s.log.Warn("record tool result", zap.String("session_id", ls.id), zap.Error(err))
 	}
-	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": out, "status": st})
+	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out), "status": st})
 	return kept
 }
 
