@@ -49,6 +49,11 @@ func errSessionNotOwned(id string) error {
 	return rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonSessionNotOwned, rpcerr.NoIndex, fmt.Sprintf("Session %s belongs to another principal", id))
 }
 
+func errSessionLimit() error {
+	return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonSessionLimit, rpcerr.NoIndex,
+		fmt.Sprintf("%d sessions are open for this principal, the limit; close or delete one first", MaxOpenSessions))
+}
+
 func errSessionBusy(id string) error {
 	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, fmt.Sprintf("Session %s is running a turn", id))
 }

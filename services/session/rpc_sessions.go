@@ -74,6 +74,10 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	}
 	row := sessionRow{ID: id, AgentAlias: alias, Owner: p.GetPrincipalId(), Surface: surface, WorkspaceDir: dir, Cwd: req.GetCwd()}
 	created, err := s.store.createSession(ctx, row)
+	if errors.Is(err, errOpenLimit) {
+		_ = os.Remove(dir) // the folder made above, if it is empty
+		return nil, errSessionLimit()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +120,10 @@ func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, sur
 	case stateKilled:
 		return nil, errSessionEnded(id, row.State)
 	case stateClosed:
-		reopened, err := s.store.reopen(ctx, id, cwd)
+		reopened, err := s.store.reopen(ctx, id, row.Owner, cwd)
+		if errors.Is(err, errOpenLimit) {
+			return nil, errSessionLimit()
+		}
 		if errors.Is(err, errNoRow) {
 			// Killed or deleted meanwhile.
 			return nil, errSessionNotFound(id)

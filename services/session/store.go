@@ -95,11 +95,46 @@ func (st *store) session(ctx context.Context, id string) (sessionRow, error) {
 	return r, err
 }
 
+// MaxOpenSessions bounds the sessions one principal has open (idle or
+// running). Every status lists the caller's open sessions, the
+// operator's all of them, in one message between the processes: some
+// 540,000 ids pass its 16 MiB, and a principal making sessions in a loop
+// made the operator's status fail for good. It also bounds what one
+// principal keeps in the database and in workspaces.
+const MaxOpenSessions = 1000
+
+// errOpenLimit: the owner has MaxOpenSessions open.
+var errOpenLimit = errors.New("open sessions at the limit")
+
+// openLockClass is the first key of the per-owner admission lock
+// ("CMSO"; policylock's class is "CMSH").
+const openLockClass int32 = 0x434d534f
+
+// admitOpen serializes, for the rest of tx, the sessions of owner made or
+// reopened, and refuses when the owner has MaxOpenSessions open.
+func admitOpen(ctx context.Context, tx pgx.Tx, owner string) error {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", openLockClass, owner); err != nil {
+		return err
+	}
+	var n int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM sessions WHERE owner = $1 AND state IN ('idle', 'running')", owner).Scan(&n); err != nil {
+		return err
+	}
+	if n >= MaxOpenSessions {
+		return errOpenLimit
+	}
+	return nil
+}
+
 // createSession inserts a new idle session with an explicitly empty
-// retained context; it reports false when the id is taken.
+// retained context; it reports false when the id is taken, and
+// errOpenLimit when the owner has MaxOpenSessions open.
 func (st *store) createSession(ctx context.Context, r sessionRow) (bool, error) {
 	created := false
 	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		if err := admitOpen(ctx, tx, r.Owner); err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
 			VALUES ($1, $2, $3, 'idle', $4, $5, $6) ON CONFLICT (session_id) DO NOTHING`,
 			r.ID, r.AgentAlias, r.Owner, r.Surface, r.WorkspaceDir, r.Cwd)
@@ -117,12 +152,21 @@ func (st *store) createSession(ctx context.Context, r sessionRow) (bool, error) 
 	return created, nil
 }
 
-// reopen makes a closed (or idle) session idle again in a new generation.
-func (st *store) reopen(ctx context.Context, id, cwd string) (sessionRow, error) {
-	r, err := scanSession(st.db.QueryRow(ctx, `UPDATE sessions SET state = 'idle', generation = generation + 1,
-		cwd = CASE WHEN $2 = '' THEN cwd ELSE $2 END, updated_at = now()
-		WHERE session_id = $1 AND state IN ('idle', 'closed') RETURNING `+sessionColumns, id, cwd))
-	if err != nil && !errors.Is(err, errNoRow) {
+// reopen makes a closed (or idle) session of owner idle again in a new
+// generation; errOpenLimit when the owner has MaxOpenSessions open.
+func (st *store) reopen(ctx context.Context, id, owner, cwd string) (sessionRow, error) {
+	var r sessionRow
+	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		if err := admitOpen(ctx, tx, owner); err != nil {
+			return err
+		}
+		var err error
+		r, err = scanSession(tx.QueryRow(ctx, `UPDATE sessions SET state = 'idle', generation = generation + 1,
+			cwd = CASE WHEN $2 = '' THEN cwd ELSE $2 END, updated_at = now()
+			WHERE session_id = $1 AND state IN ('idle', 'closed') RETURNING `+sessionColumns, id, cwd))
+		return err
+	})
+	if err != nil && !errors.Is(err, errNoRow) && !errors.Is(err, errOpenLimit) {
 		return r, fmt.Errorf("reopen session: %w", err)
 	}
 	return r, err
