@@ -570,6 +570,13 @@ func streamTurns(b *testing.B, s *e2e.Stack, sessions int, pace time.Duration, c
 	wg.Wait()
 	b.StopTimer()
 	st.report(b)
+	// A principal keeps at most 1,000 sessions open, and each run of this
+	// function (b.N's ramp, every count) makes its own on one stack.
+	for _, cl := range clients {
+		if _, err := cl.c.Call("session/close", map[string]any{"session_id": cl.id}); err != nil {
+			b.Fatalf("session/close: %v", err)
+		}
+	}
 }
 
 func streamNATS(b *testing.B, url string, sessions int, pace time.Duration, cpu *cpuMeter) {
