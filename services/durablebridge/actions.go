@@ -301,6 +301,11 @@ func (b *Bridge) sessionRefusal(op string, err error, notFound string) (int, any
 		return http.StatusNotFound, wireFail(notFound, status.Convert(err).Message())
 	case codes.InvalidArgument:
 		return http.StatusBadRequest, wireFail(codeBadRequest, status.Convert(err).Message())
+	case codes.ResourceExhausted:
+		// The service answered, at a bound (a principal's open sessions):
+		// said as it is, and as a 5xx, which is not remembered, so the
+		// same request id may be tried once there is room.
+		return http.StatusServiceUnavailable, wireFail(codeUnavailable, status.Convert(err).Message())
 	}
 	return b.unavailable(op, err)
 }
