@@ -50,7 +50,12 @@ func capToolOutput(out string) string {
 	for cut > 0 && !utf8.RuneStart(out[cut]) {
 		cut--
 	}
-	return out[:cut] + fmt.Sprintf("\n[tool output truncated: %d of %d bytes kept]", cut, len(out))
+	return cutOutput(out, cut, "kept")
+}
+
+// cutOutput is out's first cut bytes and the note that says so.
+func cutOutput(out string, cut int, verb string) string {
+	return out[:cut] + fmt.Sprintf("\n[tool output truncated: %d of %d bytes %s]", cut, len(out), verb)
 }
 
 // capLiveOutput cuts out where its JSON reaches MaxLiveToolOutputBytes, at
@@ -61,7 +66,7 @@ func capLiveOutput(out string) string {
 	if fits == len(out) {
 		return out
 	}
-	return out[:fits] + fmt.Sprintf("\n[tool output truncated: %d of %d bytes shown]", fits, len(out))
+	return cutOutput(out, fits, "shown")
 }
 
 // estimateTokens estimates the tokens of a context: a token is about four
