@@ -35,6 +35,7 @@ type entry struct {
 
 	tool     *wasmhost.Tool
 	memory   *wasmhost.Memory
+	ledger   *ledger // the memory plugin's entries, given back to a rebuilt instance
 	observer *observerRun
 	wasm     []byte // kept for channel bindings, which load per alias
 
@@ -295,6 +296,7 @@ func (s *Server) load(ctx context.Context, dir, path, fp string, policy manifest
 		if e.memory, err = s.cfg.Host.LoadMemory(ctx, mem); err != nil {
 			e.err = fmt.Errorf("memory world: %w", err)
 		}
+		e.ledger = newLedger()
 	}
 	if e.err == nil && m.Has(manifest.CapObserver) {
 		obs := spec

@@ -75,7 +75,7 @@ func (s *recordingSink) messages() []string {
 }
 
 // newTestServer serves dir with live settings the test controls.
-func newTestServer(t *testing.T, dir string, mut ...func(*pluginsandbox.Config)) *testServer {
+func newTestServer(t testing.TB, dir string, mut ...func(*pluginsandbox.Config)) *testServer {
 	t.Helper()
 	ctx := context.Background()
 	sink := &recordingSink{}

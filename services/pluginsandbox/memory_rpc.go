@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -46,21 +47,30 @@ func (s *Server) memoryFor(plugin string) (*entry, error) {
 	return e, nil
 }
 
-// withMemory runs fn on the plugin's backend. The sandbox owns the
-// instance: after a limit or a trap it is unavailable, so the sandbox
-// rebuilds it (empty: its state lived in the old one) and runs fn once
+// withMemory runs fn on the plugin's backend, holding the plugin's ledger
+// (fn records in it what the plugin answered success to). The sandbox owns
+// the instance: after a limit or a trap it is unavailable, so the sandbox
+// rebuilds it, gives it its entries back from the ledger and runs fn once
 // more.
-func (s *Server) withMemory(ctx context.Context, plugin string, fn func(*wasmhost.Memory) error) error {
+func (s *Server) withMemory(ctx context.Context, plugin string, fn func(*wasmhost.Memory, *ledger) error) error {
 	e, err := s.memoryFor(plugin)
 	if err != nil {
 		return err
 	}
 	defer e.release()
-	err = fn(e.memory)
+	l := e.ledger
+	if err := l.acquire(ctx); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	defer l.release()
+	err = fn(e.memory, l)
 	if errors.Is(err, wasmhost.ErrUnavailable) {
-		s.logger.Warn("memory plugin instance was stopped; rebuilding it empty", zap.String("plugin", e.name()))
-		if err = e.memory.Rebuild(ctx); err == nil {
-			err = fn(e.memory)
+		s.logger.Warn("memory plugin instance was stopped; rebuilding it with its entries",
+			zap.String("plugin", e.name()), zap.Int("entries", len(l.entries)), zap.Int("bytes", l.bytes))
+		if err = l.restore(ctx, e.memory); err == nil {
+			err = fn(e.memory, l)
+		} else {
+			s.logger.Warn("rebuild memory plugin", zap.String("plugin", e.name()), zap.Error(err))
 		}
 	}
 	return memoryError(err)
@@ -70,6 +80,8 @@ func memoryError(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, errMemoryFull):
+		return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, err.Error())
 	case errors.Is(err, wasmhost.ErrPluginFailed):
 		return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex, err.Error())
 	case errors.Is(err, wasmhost.ErrInstanceLimit):
@@ -96,7 +108,16 @@ func (s *Server) MemoryStore(ctx context.Context, req *pluginv1.MemoryStoreReque
 	}
 	e := wasmhost.MemoryEntry{Key: in.GetKey(), Content: in.GetContent(), Category: in.GetCategory(),
 		SessionID: in.GetSessionId(), Timestamp: in.GetTimestamp()}
-	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory) error { return m.Store(ctx, e) })
+	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory, l *ledger) error {
+		if err := l.admit(e); err != nil {
+			return err
+		}
+		if err := m.Store(ctx, e); err != nil {
+			return err
+		}
+		l.stored(e)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +131,7 @@ func (s *Server) MemoryRecall(ctx context.Context, req *pluginv1.MemoryRecallReq
 		limit = maxRecallLimit
 	}
 	var got []wasmhost.MemoryEntry
-	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory) error {
+	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory, _ *ledger) error {
 		var err error
 		got, err = m.Recall(ctx, req.GetQuery(), limit)
 		return err
@@ -135,9 +156,11 @@ func (s *Server) MemoryForget(ctx context.Context, req *pluginv1.MemoryForgetReq
 		return nil, invalid(fmt.Sprintf("`key` must be 1 to %d bytes", maxMemoryKey))
 	}
 	var existed bool
-	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory) error {
+	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory, l *ledger) error {
 		var err error
-		existed, err = m.Forget(ctx, req.GetKey())
+		if existed, err = m.Forget(ctx, req.GetKey()); err == nil {
+			l.forgot(req.GetKey())
+		}
 		return err
 	})
 	if err != nil {

@@ -1,0 +1,118 @@
+package pluginsandbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// Bounds on what the sandbox keeps of one memory plugin's entries. A
+// rebuild stores them all again, one call each, so they also bound how
+// long a rebuild takes: 0.45 s for 10,000 entries, four of them 1 MiB
+// (BenchmarkMemoryRebuild).
+const (
+	MaxMemoryEntries = 10000
+	MaxMemoryBytes   = 16 << 20
+)
+
+// ledger is the sandbox's record of a memory plugin's entries: what the
+// plugin answered success to, in order. A memory plugin keeps its state in
+// its instance, and a limit or a trap stops the instance for good (seed
+// 003): a recall of a few MiB spent kv's fuel, and the fresh instance the
+// sandbox rebuilt was empty, every memory lost to one call. With the
+// ledger the rebuilt instance is given its entries back, stored again in
+// the order they were last stored, so a plugin that ranks by recency ranks
+// as before.
+//
+// The lock is held across a guest call and the change it makes to the
+// ledger, so the ledger's order is the plugin's; it is a channel so that a
+// caller waiting for it stops with its context.
+type ledger struct {
+	lock    chan struct{}
+	entries map[string]ledgerEntry // by key
+	seq     uint64
+	bytes   int
+}
+
+type ledgerEntry struct {
+	e    wasmhost.MemoryEntry
+	seq  uint64
+	size int
+}
+
+// errMemoryFull is a store refused at MaxMemoryEntries or MaxMemoryBytes.
+var errMemoryFull = errors.New("memory plugin full")
+
+func newLedger() *ledger {
+	return &ledger{lock: make(chan struct{}, 1), entries: map[string]ledgerEntry{}}
+}
+
+func (l *ledger) acquire(ctx context.Context) error {
+	select {
+	case l.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *ledger) release() { <-l.lock }
+
+// entrySize is what an entry counts against MaxMemoryBytes: the bytes of
+// its strings.
+func entrySize(e wasmhost.MemoryEntry) int {
+	return len(e.Key) + len(e.Content) + len(e.Category) + len(e.SessionID)
+}
+
+// admit says why storing e would pass a bound, or nil.
+func (l *ledger) admit(e wasmhost.MemoryEntry) error {
+	old, replaces := l.entries[e.Key]
+	if !replaces && len(l.entries) >= MaxMemoryEntries {
+		return fmt.Errorf("%w: it holds %d entries, the limit; forget some first", errMemoryFull, len(l.entries))
+	}
+	if n := l.bytes - old.size + entrySize(e); n > MaxMemoryBytes {
+		return fmt.Errorf("%w: its entries would be %d bytes, the limit is %d; forget some first", errMemoryFull, n, MaxMemoryBytes)
+	}
+	return nil
+}
+
+// stored records a store the plugin answered success to.
+func (l *ledger) stored(e wasmhost.MemoryEntry) {
+	l.forgot(e.Key)
+	l.seq++
+	size := entrySize(e)
+	l.entries[e.Key] = ledgerEntry{e: e, seq: l.seq, size: size}
+	l.bytes += size
+}
+
+// forgot records a forget.
+func (l *ledger) forgot(key string) {
+	if old, ok := l.entries[key]; ok {
+		l.bytes -= old.size
+		delete(l.entries, key)
+	}
+}
+
+// restore rebuilds the plugin's instance and stores the ledger's entries
+// in it again, oldest first. A store that fails leaves the ledger as it is
+// (the next call rebuilds again).
+func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) error {
+	if err := m.Rebuild(ctx); err != nil {
+		return err
+	}
+	all := make([]ledgerEntry, 0, len(l.entries))
+	for _, le := range l.entries {
+		all = append(all, le)
+	}
+	slices.SortFunc(all, func(a, b ledgerEntry) int { return cmp.Compare(a.seq, b.seq) })
+	for i, le := range all {
+		if err := m.Store(ctx, le.e); err != nil {
+			return fmt.Errorf("store entry %d of %d again: %w", i+1, len(all), err)
+		}
+	}
+	return nil
+}

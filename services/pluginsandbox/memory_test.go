@@ -1,0 +1,154 @@
+package pluginsandbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+)
+
+func store(t *testing.T, ts *testServer, key, content string) error {
+	t.Helper()
+	_, err := ts.MemoryStore(context.Background(), &pluginv1.MemoryStoreRequest{Entry: &pluginv1.MemoryEntry{Key: key, Content: content}})
+	return err
+}
+
+func recallKeys(t *testing.T, ts *testServer, query string, limit int32) []string {
+	t.Helper()
+	got, err := ts.MemoryRecall(context.Background(), &pluginv1.MemoryRecallRequest{Query: query, Limit: limit})
+	if err != nil {
+		t.Fatalf("recall %q: %v", query, err)
+	}
+	var keys []string
+	for _, e := range got.Entries {
+		keys = append(keys, e.Key)
+	}
+	return keys
+}
+
+// A recall of four memories of 1 MiB each (each within the store's bound)
+// spends kv's fuel and stops its instance; the sandbox rebuilt it empty,
+// so every memory was lost to one recall. The rebuilt instance now gets
+// its entries back, in the order they were stored.
+func TestMemoriesOutliveTheirInstance(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c"} {
+		if err := store(t, ts, k, "note "+k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := strings.Repeat("z", 1<<20)
+	for i := range 4 {
+		if err := store(t, ts, fmt.Sprintf("big%d", i), big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := store(t, ts, "a", "note a, again"); err != nil { // a is now the newest
+		t.Fatal(err)
+	}
+	_, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "z", Limit: 100})
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "out of fuel") {
+		t.Fatalf("kv recalling 4 MiB: %v (the test needs the instance stopped)", err)
+	}
+	for i := range 4 {
+		got, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf("big%d", i)})
+		if err != nil || !got.Existed {
+			t.Fatalf("forget big%d after the instance stopped: %v %v", i, got, err)
+		}
+	}
+	if got := recallKeys(t, ts, "note", 10); strings.Join(got, ",") != "a,c,b" {
+		t.Fatalf("recall after the rebuild, newest first: %v", got)
+	}
+	// A rebuild after forgetting gives back what is left, not more.
+	if _, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "z", Limit: 100}); err != nil {
+		t.Fatalf("recall of nothing large: %v", err)
+	}
+}
+
+// What the sandbox keeps of a memory plugin is bounded, and a store past a
+// bound is refused without touching what is stored.
+func TestMemoryBounds(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	mib := strings.Repeat("y", 1<<20)
+	n := pluginsandbox.MaxMemoryBytes / (1 << 20)
+	for i := range n - 1 {
+		if err := store(t, ts, fmt.Sprintf("m%02d", i), mib); err != nil {
+			t.Fatalf("store %d: %v", i, err)
+		}
+	}
+	err := store(t, ts, "one-too-many", mib)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), fmt.Sprint(pluginsandbox.MaxMemoryBytes)) {
+		t.Fatalf("store past the byte bound: %v", err)
+	}
+	// Replacing an entry counts its new size only.
+	if err := store(t, ts, "m00", mib[:1<<19]); err != nil {
+		t.Fatalf("replace: %v", err)
+	}
+	for i := range n - 1 {
+		if _, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf("m%02d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range pluginsandbox.MaxMemoryEntries {
+		if err := store(t, ts, fmt.Sprintf("e%05d", i), "x"); err != nil {
+			t.Fatalf("store %d: %v", i, err)
+		}
+	}
+	err = store(t, ts, "e-new", "x")
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), fmt.Sprint(pluginsandbox.MaxMemoryEntries)) {
+		t.Fatalf("store past the entry bound: %v", err)
+	}
+	if err := store(t, ts, "e00000", "replaced"); err != nil {
+		t.Fatalf("replace at the bound: %v", err)
+	}
+	if got := recallKeys(t, ts, "replaced", 5); len(got) != 1 || got[0] != "e00000" {
+		t.Fatalf("recall: %v", got)
+	}
+}
+
+// BenchmarkMemoryRebuild times the call after an instance stopped: the
+// rebuild and the stores that give it back MaxMemoryEntries entries (4 MiB
+// of them in four, the rest 100 bytes each).
+func BenchmarkMemoryRebuild(b *testing.B) {
+	dir := b.TempDir()
+	if err := guestbuild.Install(dir, "kv"); err != nil {
+		b.Fatal(err)
+	}
+	ts := newTestServer(b, dir)
+	ctx := context.Background()
+	small := strings.Repeat("s", 100)
+	for i := range pluginsandbox.MaxMemoryEntries - 4 {
+		if _, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Entry: &pluginv1.MemoryEntry{Key: fmt.Sprintf("s%05d", i), Content: small}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	big := strings.Repeat("z", 1<<20)
+	for i := range 4 {
+		if _, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Entry: &pluginv1.MemoryEntry{Key: fmt.Sprintf("big%d", i), Content: big}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		b.StopTimer()
+		if _, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "z", Limit: 100}); status.Code(err) != codes.Aborted {
+			b.Fatalf("the recall that stops the instance: %v", err)
+		}
+		b.StartTimer()
+		if _, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: "absent"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
