@@ -393,3 +393,107 @@ func TestConfigPastItsBoundRefusedAndTheStackStartsAgain(t *testing.T) {
 	op = newConv(t, s, nil)
 	op.newSession("a")
 }
+
+// A page of transcript is bounded by its content's bytes, but a client
+// reads it as JSON, where a '<' or a control character takes six: three
+// prompts of 1.3 MiB of '<' (each a frame of 7.8 MiB) and their answers
+// made a session/messages page of 23.6 MiB, three times the frame a
+// client reads. A page is now bounded as JSON, and every message reads
+// back whole, in pages a client can read.
+func TestTranscriptPageBoundedAsJSON(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	v := newConv(t, s, nil)
+	id := v.newSession("")
+	var want []int
+	for range 3 {
+		word := strings.Repeat("<", 1300<<10)
+		_, f := v.until(v.send("session/prompt", map[string]any{"session_id": id, "prompt": word}))
+		if f.Error != nil {
+			t.Fatalf("prompt: %v", f.Error)
+		}
+		want = append(want, len(word), -1)
+	}
+	var got []int
+	params := map[string]any{"session_id": id, "limit": 1000}
+	for pages := 0; ; pages++ {
+		if pages > len(want) {
+			t.Fatalf("more pages than messages")
+		}
+		_, f := v.until(v.send("session/messages", params))
+		if f.Error != nil {
+			t.Fatalf("session/messages %v: %v", params, f.Error)
+		}
+		if len(f.Result) > 8*mib {
+			t.Fatalf("a page of %d bytes of JSON: past the frame a client reads", len(f.Result))
+		}
+		var p struct {
+			Messages []struct {
+				Index   int64  `json:"index"`
+				Role    string `json:"role"`
+				Content string `json:"content"`
+			} `json:"messages"`
+		}
+		if err := json.Unmarshal(f.Result, &p); err != nil {
+			t.Fatal(err)
+		}
+		sizes := make([]int, 0, len(p.Messages))
+		for _, m := range p.Messages {
+			n := len(m.Content)
+			if m.Role == "assistant" {
+				n = -1 // the answer said back is cut at the reply's bound
+			}
+			sizes = append(sizes, n)
+		}
+		got = append(sizes, got...)
+		if len(p.Messages) == 0 || p.Messages[0].Index == 0 {
+			break
+		}
+		params["before_index"] = p.Messages[0].Index
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("message sizes read back %v, want %v", got, want)
+	}
+}
+
+// A message of more than 16 MiB, which a stack before the page and reply
+// bounds could store, left its session's page unreadable for good
+// (session/messages failed whatever its limit), and the durable bridge,
+// which reads each open session's last page when it wakes, never became
+// ready. Such a message is now read cut to what a frame carries, and says
+// so.
+func TestMessagePastEveryBoundReadsCut(t *testing.T) {
+	t.Parallel()
+	s, _, db := durableStack(t)
+	v := newConv(t, s, nil)
+	id := v.newSession("")
+	v.call("session/prompt", map[string]any{"session_id": id, "prompt": "hello"})
+	ctx := e2e.Context(t, 30*time.Second)
+	if _, err := db.Exec(ctx, "UPDATE session.messages SET content = repeat('w', 17 << 20), json_size = NULL WHERE session_id = $1 AND idx = 0", id); err != nil {
+		t.Fatal(err)
+	}
+	// The last page ends before the large message (the answer to it,
+	// said back, is the page); the next page is the large message alone.
+	var p struct {
+		Messages []struct{ Content string } `json:"messages"`
+	}
+	for _, params := range []map[string]any{{"session_id": id, "limit": 1000}, {"session_id": id, "limit": 1000, "before_index": 1}} {
+		_, f := v.until(v.send("session/messages", params))
+		if f.Error != nil {
+			t.Fatalf("session/messages %v: %v", params, f.Error)
+		}
+		if len(f.Result) > 8*mib {
+			t.Fatalf("a page of %d bytes of JSON", len(f.Result))
+		}
+		if err := json.Unmarshal(f.Result, &p); err != nil || len(p.Messages) != 1 {
+			t.Fatalf("page %v: %v, %d messages", params, err, len(p.Messages))
+		}
+	}
+	got := p.Messages[0].Content
+	if !strings.HasPrefix(got, "wwww") || !strings.HasSuffix(got, "bytes shown]") || !strings.Contains(got, fmt.Sprintf("of its %d bytes", 17<<20)) {
+		t.Fatalf("the large message read back: %d bytes ending %q", len(got), got[max(0, len(got)-80):])
+	}
+
+	c := phone(t, s)
+	pollUntil(t, c, "the session's pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+}

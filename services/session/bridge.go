@@ -512,6 +512,7 @@ func (st *store) transcript(ctx context.Context, id string, after, limit int64) 
 		m := &sessionv1.TranscriptMessage{}
 		var at time.Time
 		err := row.Scan(&m.Index, &m.Role, &m.Content, &at)
+		m.Content = cutForRead(m.Content)
 		m.CreatedAt = timestamppb.New(at)
 		return m, err
 	})

@@ -15,18 +15,19 @@ import (
 )
 
 // A page of the transcript ends before the message that takes its content
-// past pageBytes, holds at least one message however large, and a message
-// left empty after the bound does not slip in; paged on, every message is
-// read once, in order, from either end.
+// past pageBytes of JSON and holds at least one message however large;
+// paged on, every message is read once, in order, from either end.
 func TestTranscriptPagesBoundedByBytes(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	id := h.newSession(alice, "default")
 	const m = pageBytes / 4
-	sizes := []int{m, 3 * m, m, m, 5 * m, 0, 0}
+	// As JSON, its quotes included: m, 3m, m, m, 5m, 2, 2.
+	sizes := []int{m - 2, 3*m - 2, m - 2, m - 2, 5*m - 2, 0, 0}
 	for i, n := range sizes {
-		if _, err := h.pool.Exec(ctx, "INSERT INTO messages (session_id, idx, role, content) VALUES ($1, $2, 'user', $3)",
-			id, i, strings.Repeat("x", n)); err != nil {
+		content := strings.Repeat("x", n)
+		if _, err := h.pool.Exec(ctx, "INSERT INTO messages (session_id, idx, role, content, json_size) VALUES ($1, $2, 'user', $3, $4)",
+			id, i, content, jsonSize(content)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -55,7 +56,7 @@ func TestTranscriptPagesBoundedByBytes(t *testing.T) {
 		}
 		req.BeforeIndex = &idx[0]
 	}
-	if got := strings.Join(back, " "); got != "[4 5 6] [2 3] [0 1]" {
+	if got := strings.Join(back, " "); got != "[5 6] [4] [2 3] [0 1]" {
 		t.Fatalf("pages from the end: %s", got)
 	}
 
@@ -82,7 +83,7 @@ func TestTranscriptPagesBoundedByBytes(t *testing.T) {
 	}
 	// Its last page, from the end.
 	resp, err := h.srv.Transcript(ctx, &sessionv1.TranscriptRequest{Principal: operator, SessionId: id, Limit: MaxTranscriptLimit})
-	if err != nil || len(resp.GetMessages()) != 3 || resp.GetMessages()[0].GetIndex() != 4 {
+	if err != nil || len(resp.GetMessages()) != 2 || resp.GetMessages()[0].GetIndex() != 5 {
 		t.Fatalf("the last page: %v %v", resp.GetMessages(), err)
 	}
 
@@ -90,6 +91,67 @@ func TestTranscriptPagesBoundedByBytes(t *testing.T) {
 	one, err := h.srv.Messages(ctx, &sessionv1.MessagesRequest{Principal: alice, SessionId: id, Limit: 1})
 	if err != nil || len(one.GetMessages()) != 1 || one.GetMessages()[0].GetIndex() != 6 {
 		t.Fatalf("a page of one: %v %v", one.GetMessages(), err)
+	}
+}
+
+// A page is bounded by its messages as JSON: a '<' is six bytes there.
+// Messages written before json_size was kept count six bytes a byte; and
+// a message past what a frame carries is read cut, and says so.
+func TestTranscriptPagesBoundedAsJSON(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(alice, "default")
+	lt := strings.Repeat("<", pageBytes/6/2) // half a page as JSON
+	if jsonSize(lt) != int64(len(lt))*6+2 {
+		t.Fatalf("jsonSize of %d '<': %d", len(lt), jsonSize(lt))
+	}
+	rows := []struct {
+		content string
+		legacy  bool
+	}{
+		{strings.Repeat("w", 9<<20), true}, // past the frame as JSON
+		{lt, false}, {lt, false}, {lt, false},
+		{strings.Repeat("a", pageBytes/6/2), true}, {strings.Repeat("a", pageBytes/6/2), true},
+	}
+	for i, r := range rows {
+		var size any
+		if !r.legacy {
+			size = jsonSize(r.content)
+		}
+		if _, err := h.pool.Exec(ctx, "INSERT INTO messages (session_id, idx, role, content, json_size) VALUES ($1, $2, 'user', $3, $4)",
+			id, i, r.content, size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.pool.Exec(ctx, "UPDATE sessions SET message_count = $2 WHERE session_id = $1", id, len(rows)); err != nil {
+		t.Fatal(err)
+	}
+	var back []string
+	var first string
+	req := &sessionv1.MessagesRequest{Principal: alice, SessionId: id, Limit: MaxPageLimit}
+	for range rows {
+		resp, err := h.srv.Messages(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var idx []int64
+		for _, msg := range resp.GetMessages() {
+			idx = append(idx, msg.GetIndex())
+			if msg.GetIndex() == 0 {
+				first = msg.GetContent()
+			}
+		}
+		back = append(back, fmt.Sprint(idx))
+		if len(idx) == 0 || idx[0] == 0 {
+			break
+		}
+		req.BeforeIndex = &idx[0]
+	}
+	if got := strings.Join(back, " "); got != "[4 5] [2 3] [1] [0]" {
+		t.Fatalf("pages from the end: %s", got)
+	}
+	if jsonSize(first) > maxReadMessage || !strings.HasSuffix(first, fmt.Sprintf(" of its %d bytes shown]", 9<<20)) {
+		t.Fatalf("the message past the frame read back as %d bytes of JSON, ending %q", jsonSize(first), first[len(first)-60:])
 	}
 }
 

@@ -38,12 +38,15 @@ func (s *Server) stateOf(row sessionRow) string {
 	return stateIdle
 }
 
-// pageBytes bounds the content of one page of Messages. A message may be
-// megabytes (a prompt up to the 8 MiB frame, the provider's answer), and
-// a page of 1000 of them would pass the 16 MiB a message between the
-// processes may be and the frame a client reads: the page ends before the
-// message that takes it past this, holding at least one, and the client
-// pages on with before_index.
+// pageBytes bounds the content of one page of Messages, as JSON. A message
+// may be megabytes (a prompt up to the 8 MiB frame, the provider's
+// answer), and a page of 1000 of them would pass the 16 MiB a message
+// between the processes may be and the frame a client reads: the page
+// ends before the message that takes it past this, holding at least one
+// (cut at maxReadMessage), and the client pages on with before_index. It
+// is measured as JSON, not as bytes: a '<' or a control character is six
+// bytes in the page a client reads, and a page of three prompts of '<'
+// bounded by their bytes was 24 MB.
 const pageBytes = 4 << 20
 
 // Messages pages through the visible transcript, oldest first: the last

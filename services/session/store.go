@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	"github.com/clawmesh/clawmesh/services/session/provider"
 )
 
@@ -238,9 +240,36 @@ func appendMessageTx(ctx context.Context, tx pgx.Tx, id, role, content string) (
 		WHERE session_id = $1 RETURNING message_count - 1`, id).Scan(&idx); err != nil {
 		return 0, err
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, interaction_surface)
-		SELECT $1, $2, $3, $4, interaction_surface FROM sessions WHERE session_id = $1`, id, idx, role, pgText(content))
+	content = pgText(content)
+	_, err := tx.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, json_size, interaction_surface)
+		SELECT $1, $2, $3, $4, $5, interaction_surface FROM sessions WHERE session_id = $1`, id, idx, role, content, jsonSize(content))
 	return idx, err
+}
+
+// jsonSize is what s takes as a JSON string, its quotes included.
+func jsonSize(s string) int64 {
+	_, n := jsonstr.Fit(s, math.MaxInt)
+	return int64(n) + 2
+}
+
+// maxReadMessage bounds one message as a page carries it, measured as
+// JSON: a page holds at least one message, and a client reads a page in
+// one frame of 8 MiB. A prompt arrives within that frame and a reply is at
+// most 4 MiB of JSON, so only a message written before these bounds (the
+// largest were megabytes past 16 MiB, which no page could carry) or a
+// prompt of the frame's whole size is read cut, saying so at its end.
+const maxReadMessage = 8<<20 - 64<<10
+
+// cutForRead cuts a message read for a page to maxReadMessage as JSON.
+func cutForRead(s string) string {
+	if len(s) <= maxReadMessage/6 {
+		return s
+	}
+	fits, _ := jsonstr.Fit(s, maxReadMessage-128)
+	if fits == len(s) {
+		return s
+	}
+	return s[:fits] + fmt.Sprintf("\n[message cut when read: %d of its %d bytes shown]", fits, len(s))
 }
 
 type messageRow struct {
@@ -254,17 +283,18 @@ type messageRow struct {
 // pageSQL is the query of one page of a session's messages: the columns
 // cols of the rows matching cond ($1 is the session, $2 an index bound),
 // at most $3 of them counted from the newest or the oldest end, ending
-// before the row that takes their content past $4 bytes but holding at
-// least one; oldest first. upto is the content's bytes from the page's
-// first row to this one, summed in the order the page is taken.
+// before the row that takes their content past $4 bytes of JSON but
+// holding at least one; oldest first. upto is the content's JSON from the
+// page's first row to this one, summed in the order the page is taken.
 func pageSQL(cols, cond string, newestFirst bool) string {
 	order := "idx"
 	if newestFirst {
 		order = "idx DESC"
 	}
+	const size = `COALESCE(json_size, octet_length(content) * 6)`
 	return `SELECT ` + cols + ` FROM (
-			SELECT ` + cols + `, octet_length(content) AS size,
-				sum(octet_length(content)) OVER (ORDER BY ` + order + ` ROWS UNBOUNDED PRECEDING) AS upto
+			SELECT ` + cols + `, ` + size + ` AS size,
+				sum(` + size + `) OVER (ORDER BY ` + order + ` ROWS UNBOUNDED PRECEDING) AS upto
 			FROM messages WHERE session_id = $1 AND ` + cond + `
 			ORDER BY ` + order + ` LIMIT $3) page
 		WHERE upto <= $4 OR upto = size ORDER BY idx`
@@ -285,6 +315,7 @@ func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int
 	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (messageRow, error) {
 		var m messageRow
 		err := row.Scan(&m.Index, &m.Role, &m.Content)
+		m.Content = cutForRead(m.Content)
 		return m, err
 	})
 	if err != nil {
