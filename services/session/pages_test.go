@@ -102,7 +102,7 @@ func TestTranscriptPagesBoundedAsJSON(t *testing.T) {
 	ctx := context.Background()
 	id := h.newSession(alice, "default")
 	lt := strings.Repeat("<", pageBytes/6/2) // half a page as JSON
-	if jsonSize(lt) != int64(len(lt))*6+2 {
+	if jsonSize(lt) != int32(len(lt))*6+2 {
 		t.Fatalf("jsonSize of %d '<': %d", len(lt), jsonSize(lt))
 	}
 	rows := []struct {
@@ -150,7 +150,7 @@ func TestTranscriptPagesBoundedAsJSON(t *testing.T) {
 	if got := strings.Join(back, " "); got != "[4 5] [2 3] [1] [0]" {
 		t.Fatalf("pages from the end: %s", got)
 	}
-	if jsonSize(first) > maxReadMessage || !strings.HasSuffix(first, fmt.Sprintf(" of its %d bytes shown]", 9<<20)) {
+	if int(jsonSize(first)) > maxReadMessage || !strings.HasSuffix(first, fmt.Sprintf(" of its %d bytes shown]", 9<<20)) {
 		t.Fatalf("the message past the frame read back as %d bytes of JSON, ending %q", jsonSize(first), first[len(first)-60:])
 	}
 }
@@ -173,3 +173,39 @@ func TestNewSessionRefusesCwdPastPathMax(t *testing.T) {
 		t.Fatalf("a cwd of 4096 bytes: %v", err)
 	}
 }
+
+// BenchmarkMessagesPage reads a page of 1,000 messages (of 200 bytes)
+// from a session of 100,000: the last, and one in the middle.
+func BenchmarkMessagesPage(b *testing.B) {
+	h := newHarness(b)
+	ctx := context.Background()
+	id := h.newSession(alice, "default")
+	const n = 100_000
+	content := strings.Repeat("m", 200)
+	if _, err := h.pool.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, json_size)
+		SELECT $1, i, 'user', $2, $3 FROM generate_series(0, $4 - 1) i`, id, content, jsonSize(content), n); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := h.pool.Exec(ctx, "UPDATE sessions SET message_count = $2 WHERE session_id = $1", id, n); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := h.pool.Exec(ctx, "ANALYZE messages"); err != nil {
+		b.Fatal(err)
+	}
+	for _, at := range []struct {
+		name   string
+		before *int64
+	}{{"last", nil}, {"middle", ptrTo(int64(n / 2))}} {
+		b.Run(at.name, func(b *testing.B) {
+			req := &sessionv1.MessagesRequest{Principal: alice, SessionId: id, Limit: MaxPageLimit, BeforeIndex: at.before}
+			for b.Loop() {
+				resp, err := h.srv.Messages(ctx, req)
+				if err != nil || len(resp.GetMessages()) != MaxPageLimit {
+					b.Fatalf("%d messages: %v", len(resp.GetMessages()), err)
+				}
+			}
+		})
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

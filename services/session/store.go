@@ -246,10 +246,11 @@ func appendMessageTx(ctx context.Context, tx pgx.Tx, id, role, content string) (
 	return idx, err
 }
 
-// jsonSize is what s takes as a JSON string, its quotes included.
-func jsonSize(s string) int64 {
+// jsonSize is what s takes as a JSON string, its quotes included (a
+// message is at most a frame, so this is far within an integer column).
+func jsonSize(s string) int32 {
 	_, n := jsonstr.Fit(s, math.MaxInt)
-	return int64(n) + 2
+	return int32(min(n+2, math.MaxInt32))
 }
 
 // maxReadMessage bounds one message as a page carries it, measured as
@@ -291,7 +292,11 @@ func pageSQL(cols, cond string, newestFirst bool) string {
 	if newestFirst {
 		order = "idx DESC"
 	}
-	const size = `COALESCE(json_size, octet_length(content) * 6)`
+	// Integers, not bigints: PostgreSQL sums an integer into a bigint but
+	// a bigint into a numeric, which made each page 15% slower. A row
+	// written before json_size (NULL) counts six bytes a byte, capped so
+	// the product stays an integer (such a row is a page alone anyway).
+	const size = `COALESCE(json_size, LEAST(octet_length(content), 300000000) * 6)`
 	return `SELECT ` + cols + ` FROM (
 			SELECT ` + cols + `, ` + size + ` AS size,
 				sum(` + size + `) OVER (ORDER BY ` + order + ` ROWS UNBOUNDED PRECEDING) AS upto

@@ -3,4 +3,4 @@
 -- takes as a JSON string, measured when it is written. Rows written
 -- before this column are NULL and counted at six bytes a byte, the most
 -- any character can take.
-ALTER TABLE messages ADD COLUMN json_size bigint;
+ALTER TABLE messages ADD COLUMN json_size integer;
