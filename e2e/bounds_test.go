@@ -98,14 +98,15 @@ func TestPipelinedLargeRepliesBounded(t *testing.T) {
 	// A transcript of about 6 MB: each turn stores a 1 MB prompt and the
 	// scripted provider's 1 MB answer (a line that is no command is said
 	// back). A reply is its last page, the largest a page may be: four
-	// messages, 4 MiB of content (docs/spec.md §5).
-	word := strings.Repeat("x", mib)
+	// messages, 4 MiB of content as JSON, their quotes included
+	// (docs/spec.md §5).
+	word := strings.Repeat("x", mib-2)
 	for range 3 {
 		v.call("session/prompt", map[string]any{"session_id": id, "prompt": word})
 	}
 	raw := v.call("session/messages", map[string]any{"session_id": id, "limit": 1000})
 	reply := int64(len(raw))
-	if reply < 4*mib {
+	if reply < 4*mib-8 {
 		t.Fatalf("the transcript reply is %d bytes, want a full page of 4 MiB", reply)
 	}
 
