@@ -311,3 +311,42 @@ func TestPluginSandboxTrimsItsCompilationCache(t *testing.T) {
 		t.Fatal("no plugin sandbox running")
 	}
 }
+
+// A memory plugin keeps its entries in its instance, one per sandbox
+// replica; with two replicas the session service spread memory calls
+// round-robin like tool calls, so a memory stored on one replica was not
+// there for a recall served by the other. Memory calls now go to one
+// replica.
+func TestMemoryPluginScaled(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"echo", "kv"}, "--scale", "plugin-sandbox=2")
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+	id := v.newSession("")
+	served := func(path string) int {
+		raw, _ := os.ReadFile(path)
+		return strings.Count(string(raw), `"tool executed"`)
+	}
+	// Both replicas connected: each has served a tool call.
+	deadline := time.Now().Add(90 * time.Second)
+	for served(filepath.Join(s.DataDir, "logs", "plugin-sandbox.log")) == 0 || served(filepath.Join(s.DataDir, "logs", "plugin-sandbox.1.log")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("not every replica served a call")
+		}
+		toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"a"}`+"\n/tool "+echoTool+` {"msg":"b"}`)
+	}
+	_, results, _ := toolTurn(t, v, id, `/tool plugin_memory_store {"key":"sky","content":"the sky is blue"}`)
+	if len(results) != 1 || results[0].Status != "completed" {
+		t.Fatalf("store: %+v", results)
+	}
+	prompt := strings.Repeat(`/tool plugin_memory_recall {"query":"blue"}`+"\n", 6)
+	_, results, _ = toolTurn(t, v, id, prompt)
+	if len(results) != 6 {
+		t.Fatalf("recalls: %+v", results)
+	}
+	for i, r := range results {
+		if r.Status != "completed" || !strings.Contains(r.RawOutput, `"key":"sky"`) {
+			t.Fatalf("recall %d of 6 did not find the memory: %+v", i+1, r)
+		}
+	}
+}

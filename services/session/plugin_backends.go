@@ -101,7 +101,7 @@ func (s *Server) memoryStore(ctx context.Context, args json.RawMessage) (string,
 	if err := decodeArgs(args, &a); err != nil {
 		return "", err
 	}
-	_, err := s.cfg.Plugins.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Plugin: a.Plugin,
+	_, err := s.memory().MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Plugin: a.Plugin,
 		Entry: &pluginv1.MemoryEntry{Key: a.Key, Content: a.Content, Category: a.Category}})
 	if err != nil {
 		return "", sandboxError(err)
@@ -117,7 +117,7 @@ func (s *Server) memoryRecall(ctx context.Context, args json.RawMessage) (string
 	if err := decodeArgs(args, &a); err != nil {
 		return "", err
 	}
-	resp, err := s.cfg.Plugins.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Plugin: a.Plugin, Query: a.Query, Limit: a.Limit})
+	resp, err := s.memory().MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Plugin: a.Plugin, Query: a.Query, Limit: a.Limit})
 	if err != nil {
 		return "", sandboxError(err)
 	}
@@ -141,7 +141,7 @@ func (s *Server) memoryForget(ctx context.Context, args json.RawMessage) (string
 	if err := decodeArgs(args, &a); err != nil {
 		return "", err
 	}
-	resp, err := s.cfg.Plugins.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Plugin: a.Plugin, Key: a.Key})
+	resp, err := s.memory().MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Plugin: a.Plugin, Key: a.Key})
 	if err != nil {
 		return "", sandboxError(err)
 	}
@@ -149,4 +149,12 @@ func (s *Server) memoryForget(ctx context.Context, args json.RawMessage) (string
 		return "no memory under " + a.Key, nil
 	}
 	return "forgot " + a.Key, nil
+}
+
+// memory is the sandbox client memory calls go to.
+func (s *Server) memory() pluginv1.PluginServiceClient {
+	if s.cfg.Memory != nil {
+		return s.cfg.Memory
+	}
+	return s.cfg.Plugins
 }

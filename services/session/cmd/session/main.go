@@ -47,6 +47,13 @@ func register(ctx context.Context, env *service.Env) error {
 		return fmt.Errorf("plugin sandbox: %w", err)
 	}
 	env.OnClose(func() { _ = pluginConn.Close() })
+	// A memory plugin's entries live in one replica's instance: memory
+	// calls go to one replica, where tool calls are spread.
+	memoryConn, err := grpcclient.DialOne(env.Peers.Plugin)
+	if err != nil {
+		return fmt.Errorf("plugin sandbox: %w", err)
+	}
+	env.OnClose(func() { _ = memoryConn.Close() })
 
 	configRPC := configv1.NewConfigServiceClient(configConn)
 	// The agents come from the live config, followed over NATS.
@@ -63,6 +70,7 @@ func register(ctx context.Context, env *service.Env) error {
 		Agents:  &session.ConfigAgents{Live: live, Client: configRPC, Log: env.Log},
 		Authz:   live,
 		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
+		Memory:  pluginv1.NewPluginServiceClient(memoryConn),
 		Files:   files,
 	})
 	if err != nil {
