@@ -36,6 +36,10 @@ type ledger struct {
 	entries map[string]ledgerEntry // by key
 	seq     uint64
 	bytes   int
+	// partial is set while a restore has not finished: one the plugin
+	// refused an entry of leaves a live instance without the rest, which
+	// the next call must not use as it is.
+	partial bool
 }
 
 type ledgerEntry struct {
@@ -99,8 +103,9 @@ func (l *ledger) forgot(key string) {
 
 // restore rebuilds the plugin's instance and stores the ledger's entries
 // in it again, oldest first. A store that fails leaves the ledger as it is
-// (the next call rebuilds again).
+// and the restore unfinished: the next call restores again.
 func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) error {
+	l.partial = true
 	if err := m.Rebuild(ctx); err != nil {
 		return err
 	}
@@ -114,5 +119,6 @@ func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) error {
 			return fmt.Errorf("store entry %d of %d again: %w", i+1, len(all), err)
 		}
 	}
+	l.partial = false
 	return nil
 }

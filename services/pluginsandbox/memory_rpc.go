@@ -63,7 +63,11 @@ func (s *Server) withMemory(ctx context.Context, plugin string, fn func(*wasmhos
 		return status.FromContextError(err).Err()
 	}
 	defer l.release()
-	err = fn(e.memory, l)
+	if l.partial {
+		err = wasmhost.ErrUnavailable // the last restore did not finish
+	} else {
+		err = fn(e.memory, l)
+	}
 	if errors.Is(err, wasmhost.ErrUnavailable) {
 		s.logger.Warn("memory plugin instance was stopped; rebuilding it with its entries",
 			zap.String("plugin", e.name()), zap.Int("entries", len(l.entries)), zap.Int("bytes", l.bytes))
