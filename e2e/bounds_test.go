@@ -292,44 +292,9 @@ func TestLargeTranscriptReadInPages(t *testing.T) {
 		v.call("session/prompt", map[string]any{"session_id": id, "prompt": word})
 		want = append(want, len(word), len(word))
 	}
-	type page struct {
-		Messages []struct {
-			Index   int64  `json:"index"`
-			Role    string `json:"role"`
-			Content string `json:"content"`
-		} `json:"messages"`
-		Total int64 `json:"total"`
-	}
 	var got []int
-	params := map[string]any{"session_id": id, "limit": 1000}
-	for pages := 0; ; pages++ {
-		if pages > len(want) {
-			t.Fatalf("more pages than messages")
-		}
-		_, f := v.until(v.send("session/messages", params))
-		if f.Error != nil {
-			t.Fatalf("session/messages %v: %v", params, f.Error)
-		}
-		if len(f.Result) > 8*mib {
-			t.Fatalf("a page of %d bytes: past the frame limit a client reads", len(f.Result))
-		}
-		var p page
-		if err := json.Unmarshal(f.Result, &p); err != nil {
-			t.Fatal(err)
-		}
-		if p.Total != int64(len(want)) || len(p.Messages) == 0 {
-			t.Fatalf("page %d: total %d, %d messages", pages, p.Total, len(p.Messages))
-		}
-		sizes := make([]int, 0, len(p.Messages))
-		for _, m := range p.Messages {
-			sizes = append(sizes, len(m.Content))
-		}
-		got = append(sizes, got...)
-		first := p.Messages[0].Index
-		if first == 0 {
-			break
-		}
-		params["before_index"] = first
+	for _, m := range readMessagePages(t, v, id, len(want)) {
+		got = append(got, len(m.Content))
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("message sizes read back %v, want %v", got, want)
@@ -416,41 +381,12 @@ func TestTranscriptPageBoundedAsJSON(t *testing.T) {
 		want = append(want, len(word), -1)
 	}
 	var got []int
-	params := map[string]any{"session_id": id, "limit": 1000}
-	for pages := 0; ; pages++ {
-		if pages > len(want) {
-			t.Fatalf("more pages than messages")
+	for _, m := range readMessagePages(t, v, id, len(want)) {
+		n := len(m.Content)
+		if m.Role == "assistant" {
+			n = -1 // the answer said back is cut at the reply's bound
 		}
-		_, f := v.until(v.send("session/messages", params))
-		if f.Error != nil {
-			t.Fatalf("session/messages %v: %v", params, f.Error)
-		}
-		if len(f.Result) > 8*mib {
-			t.Fatalf("a page of %d bytes of JSON: past the frame a client reads", len(f.Result))
-		}
-		var p struct {
-			Messages []struct {
-				Index   int64  `json:"index"`
-				Role    string `json:"role"`
-				Content string `json:"content"`
-			} `json:"messages"`
-		}
-		if err := json.Unmarshal(f.Result, &p); err != nil {
-			t.Fatal(err)
-		}
-		sizes := make([]int, 0, len(p.Messages))
-		for _, m := range p.Messages {
-			n := len(m.Content)
-			if m.Role == "assistant" {
-				n = -1 // the answer said back is cut at the reply's bound
-			}
-			sizes = append(sizes, n)
-		}
-		got = append(sizes, got...)
-		if len(p.Messages) == 0 || p.Messages[0].Index == 0 {
-			break
-		}
-		params["before_index"] = p.Messages[0].Index
+		got = append(got, n)
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("message sizes read back %v, want %v", got, want)
@@ -475,26 +411,58 @@ func TestMessagePastEveryBoundReadsCut(t *testing.T) {
 	}
 	// The last page ends before the large message (the answer to it,
 	// said back, is the page); the next page is the large message alone.
-	var p struct {
-		Messages []struct{ Content string } `json:"messages"`
+	msgs := readMessagePages(t, v, id, 2)
+	if len(msgs) != 2 {
+		t.Fatalf("%d messages read back", len(msgs))
 	}
-	for _, params := range []map[string]any{{"session_id": id, "limit": 1000}, {"session_id": id, "limit": 1000, "before_index": 1}} {
-		_, f := v.until(v.send("session/messages", params))
-		if f.Error != nil {
-			t.Fatalf("session/messages %v: %v", params, f.Error)
-		}
-		if len(f.Result) > 8*mib {
-			t.Fatalf("a page of %d bytes of JSON", len(f.Result))
-		}
-		if err := json.Unmarshal(f.Result, &p); err != nil || len(p.Messages) != 1 {
-			t.Fatalf("page %v: %v, %d messages", params, err, len(p.Messages))
-		}
-	}
-	got := p.Messages[0].Content
+	got := msgs[0].Content
 	if !strings.HasPrefix(got, "wwww") || !strings.HasSuffix(got, "bytes shown]") || !strings.Contains(got, fmt.Sprintf("of its %d bytes", 17<<20)) {
 		t.Fatalf("the large message read back: %d bytes ending %q", len(got), got[max(0, len(got)-80):])
 	}
 
 	c := phone(t, s)
 	pollUntil(t, c, "the session's pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+}
+
+// pageMessage is a message of a session/messages page.
+type pageMessage struct {
+	Index   int64  `json:"index"`
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// readMessagePages reads a session's whole transcript with
+// session/messages, from the last page back, each page within the frame a
+// client reads and the total the n messages expected; oldest first.
+func readMessagePages(t *testing.T, v *conv, id string, n int) []pageMessage {
+	t.Helper()
+	var out []pageMessage
+	params := map[string]any{"session_id": id, "limit": 1000}
+	for pages := 0; ; pages++ {
+		if pages > n {
+			t.Fatalf("more pages than messages")
+		}
+		_, f := v.until(v.send("session/messages", params))
+		if f.Error != nil {
+			t.Fatalf("session/messages %v: %v", params, f.Error)
+		}
+		if len(f.Result) > 8*mib {
+			t.Fatalf("a page of %d bytes of JSON: past the frame a client reads", len(f.Result))
+		}
+		var p struct {
+			Messages []pageMessage `json:"messages"`
+			Total    int64         `json:"total"`
+		}
+		if err := json.Unmarshal(f.Result, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Total != int64(n) || len(p.Messages) == 0 {
+			t.Fatalf("page %d: total %d, %d messages", pages, p.Total, len(p.Messages))
+		}
+		out = append(p.Messages, out...)
+		if p.Messages[0].Index == 0 {
+			return out
+		}
+		params["before_index"] = p.Messages[0].Index
+	}
 }

@@ -36,25 +36,11 @@ func TestTranscriptPagesBoundedByBytes(t *testing.T) {
 	}
 
 	// session/messages, from the newest end back.
-	var back []string
-	req := &sessionv1.MessagesRequest{Principal: alice, SessionId: id, Limit: MaxPageLimit}
-	for range sizes {
-		resp, err := h.srv.Messages(ctx, req)
-		if err != nil {
-			t.Fatal(err)
+	back, contents := pagesBack(t, h, id, len(sizes))
+	for i, c := range contents {
+		if len(c) != sizes[i] {
+			t.Fatalf("message %d has %d bytes", i, len(c))
 		}
-		var idx []int64
-		for _, msg := range resp.GetMessages() {
-			idx = append(idx, msg.GetIndex())
-			if len(msg.GetContent()) != sizes[msg.GetIndex()] {
-				t.Fatalf("message %d has %d bytes", msg.GetIndex(), len(msg.GetContent()))
-			}
-		}
-		back = append(back, fmt.Sprint(idx))
-		if len(idx) == 0 || idx[0] == 0 {
-			break
-		}
-		req.BeforeIndex = &idx[0]
 	}
 	if got := strings.Join(back, " "); got != "[5 6] [4] [2 3] [0 1]" {
 		t.Fatalf("pages from the end: %s", got)
@@ -126,27 +112,8 @@ func TestTranscriptPagesBoundedAsJSON(t *testing.T) {
 	if _, err := h.pool.Exec(ctx, "UPDATE sessions SET message_count = $2 WHERE session_id = $1", id, len(rows)); err != nil {
 		t.Fatal(err)
 	}
-	var back []string
-	var first string
-	req := &sessionv1.MessagesRequest{Principal: alice, SessionId: id, Limit: MaxPageLimit}
-	for range rows {
-		resp, err := h.srv.Messages(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var idx []int64
-		for _, msg := range resp.GetMessages() {
-			idx = append(idx, msg.GetIndex())
-			if msg.GetIndex() == 0 {
-				first = msg.GetContent()
-			}
-		}
-		back = append(back, fmt.Sprint(idx))
-		if len(idx) == 0 || idx[0] == 0 {
-			break
-		}
-		req.BeforeIndex = &idx[0]
-	}
+	back, contents := pagesBack(t, h, id, len(rows))
+	first := contents[0]
 	if got := strings.Join(back, " "); got != "[4 5] [2 3] [1] [0]" {
 		t.Fatalf("pages from the end: %s", got)
 	}
@@ -209,3 +176,32 @@ func BenchmarkMessagesPage(b *testing.B) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// pagesBack reads session id's n messages with Messages from the newest
+// end back, and returns each page's indexes and every message's content
+// by index.
+func pagesBack(t *testing.T, h *harness, id string, n int) (pages []string, contents map[int64]string) {
+	t.Helper()
+	contents = map[int64]string{}
+	req := &sessionv1.MessagesRequest{Principal: alice, SessionId: id, Limit: MaxPageLimit}
+	for range n {
+		resp, err := h.srv.Messages(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var idx []int64
+		for _, msg := range resp.GetMessages() {
+			idx = append(idx, msg.GetIndex())
+			contents[msg.GetIndex()] = msg.GetContent()
+		}
+		pages = append(pages, fmt.Sprint(idx))
+		if len(idx) == 0 || idx[0] == 0 {
+			break
+		}
+		req.BeforeIndex = &idx[0]
+	}
+	if len(contents) != n {
+		t.Fatalf("%d of %d messages read", len(contents), n)
+	}
+	return pages, contents
+}
