@@ -127,9 +127,11 @@ func (s *Server) Rescan(ctx context.Context) error {
 		next.entries, scanErr = s.scanEntries(ctx, old, live)
 	}
 	s.resolve(next)
+	release := s.handOverMemories(ctx, old, next)
 	s.mu.Lock()
 	s.cat = next
 	s.mu.Unlock()
+	release()
 
 	kept := map[*entry]bool{}
 	for _, e := range next.entries {
@@ -150,6 +152,31 @@ func (s *Server) Rescan(ctx context.Context) error {
 	}
 	s.channels.reconcile(ctx, next)
 	return scanErr
+}
+
+// handOverMemories gives each memory plugin loaded anew by this scan the
+// entries its earlier load held (handOver); release lets calls reach
+// them once next is in place.
+func (s *Server) handOverMemories(ctx context.Context, old, next *catalog) (release func()) {
+	var releases []func()
+	for name, to := range next.memories {
+		from := old.memories[name]
+		if from == nil || from == to {
+			continue
+		}
+		r, err := handOver(ctx, from.ledger, to.ledger)
+		if err != nil {
+			s.logger.Warn("memory entries not handed to the plugin's new load", zap.String("plugin", name), zap.Error(err))
+			continue
+		}
+		s.logger.Info("memory entries handed to the plugin's new load", zap.String("plugin", name), zap.Int("entries", len(to.ledger.entries)))
+		releases = append(releases, r)
+	}
+	return func() {
+		for _, r := range releases {
+			r()
+		}
+	}
 }
 
 func (c *catalog) contains(e *entry) bool {

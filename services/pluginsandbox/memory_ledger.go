@@ -38,8 +38,12 @@ type ledger struct {
 	bytes   int
 	// partial is set while a restore has not finished: one the plugin
 	// refused an entry of leaves a live instance without the rest, which
-	// the next call must not use as it is.
+	// the next call must not use as it is. A ledger handed over from an
+	// earlier load of the plugin starts partial too.
 	partial bool
+	// moved is set once the entries went to a new load of the plugin: a
+	// call that reached this one looks the plugin up again.
+	moved bool
 }
 
 type ledgerEntry struct {
@@ -121,4 +125,28 @@ func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) error {
 	}
 	l.partial = false
 	return nil
+}
+
+// handOver gives a new load of a memory plugin (its folder changed, or
+// the signature policy) the entries of the load it replaces, which were
+// otherwise lost with the old instance. Both ledgers
+// are held until the catalog that names the new load is in place
+// (release), so no call reaches either meanwhile: one already waiting on
+// the old ledger finds it moved and looks the plugin up again, one on
+// the new finds it partial and restores it first.
+func handOver(ctx context.Context, from, to *ledger) (release func(), err error) {
+	if err := from.acquire(ctx); err != nil {
+		return nil, err
+	}
+	if err := to.acquire(ctx); err != nil {
+		from.release()
+		return nil, err
+	}
+	for k, le := range from.entries {
+		to.entries[k] = le
+	}
+	to.seq, to.bytes = from.seq, from.bytes
+	to.partial = len(to.entries) > 0
+	from.entries, from.bytes, from.moved = map[string]ledgerEntry{}, 0, true
+	return func() { to.release(); from.release() }, nil
 }

@@ -53,23 +53,38 @@ func (s *Server) memoryFor(plugin string) (*entry, error) {
 // rebuilds it, gives it its entries back from the ledger and runs fn once
 // more.
 func (s *Server) withMemory(ctx context.Context, plugin string, fn func(*wasmhost.Memory, *ledger) error) error {
-	e, err := s.memoryFor(plugin)
-	if err != nil {
-		return err
+	for {
+		e, err := s.memoryFor(plugin)
+		if err != nil {
+			return err
+		}
+		moved, err := s.withLedger(ctx, e, fn)
+		if !moved {
+			return err
+		}
+		// A rescan handed the entries to a new load of the plugin.
 	}
+}
+
+// withLedger is withMemory on one load of the plugin; moved reports that
+// its entries went to a newer load before fn could run.
+func (s *Server) withLedger(ctx context.Context, e *entry, fn func(*wasmhost.Memory, *ledger) error) (moved bool, err error) {
 	defer e.release()
 	l := e.ledger
 	if err := l.acquire(ctx); err != nil {
-		return status.FromContextError(err).Err()
+		return false, status.FromContextError(err).Err()
 	}
 	defer l.release()
+	if l.moved {
+		return true, nil
+	}
 	if l.partial {
 		err = wasmhost.ErrUnavailable // the last restore did not finish
 	} else {
 		err = fn(e.memory, l)
 	}
 	if errors.Is(err, wasmhost.ErrUnavailable) {
-		s.logger.Warn("memory plugin instance was stopped; rebuilding it with its entries",
+		s.logger.Warn("rebuilding the memory plugin's instance with its entries",
 			zap.String("plugin", e.name()), zap.Int("entries", len(l.entries)), zap.Int("bytes", l.bytes))
 		if err = l.restore(ctx, e.memory); err == nil {
 			err = fn(e.memory, l)
@@ -77,7 +92,7 @@ func (s *Server) withMemory(ctx context.Context, plugin string, fn func(*wasmhos
 			s.logger.Warn("rebuild memory plugin", zap.String("plugin", e.name()), zap.Error(err))
 		}
 	}
-	return memoryError(err)
+	return false, memoryError(err)
 }
 
 func memoryError(err error) error {

@@ -3,6 +3,8 @@ package pluginsandbox_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -150,5 +152,40 @@ func BenchmarkMemoryRebuild(b *testing.B) {
 		if _, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: "absent"}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A plugin loaded again (its folder changed, or the signature policy)
+// got a new, empty instance: every memory was lost to an edit of its
+// manifest. The new load now gets the entries of the one it replaces.
+func TestMemoriesOutliveAReload(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	ts := newTestServer(t, dir)
+	for _, k := range []string{"a", "b", "c", "a"} {
+		if err := store(t, ts, k, "note "+k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "kv", "manifest.toml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("\n# edited\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	ts.rescan(t)
+	if n := ts.logs.FilterMessage("plugin loaded").Len(); n != 2 {
+		t.Fatalf("the plugin loaded %d times", n)
+	}
+	if got := recallKeys(t, ts, "note", 10); strings.Join(got, ",") != "a,c,b" {
+		t.Fatalf("recall after the reload, newest first: %v", got)
+	}
+	if err := store(t, ts, "d", "note d"); err != nil {
+		t.Fatal(err)
+	}
+	if got := recallKeys(t, ts, "note", 10); strings.Join(got, ",") != "d,a,c,b" {
+		t.Fatalf("recall after a store on the new load: %v", got)
 	}
 }
