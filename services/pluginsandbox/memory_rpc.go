@@ -15,7 +15,8 @@ import (
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
-// Bounds on what a memory call carries.
+// Bounds on what a memory call carries: a key, and each of an entry's
+// labels (category, session id), at most maxMemoryKey bytes.
 const (
 	maxMemoryKey     = 512
 	maxMemoryContent = 1 << 20
@@ -124,6 +125,10 @@ func (s *Server) MemoryStore(ctx context.Context, req *pluginv1.MemoryStoreReque
 		return nil, invalid(fmt.Sprintf("`entry.key` must be 1 to %d bytes", maxMemoryKey))
 	case len(in.GetContent()) > maxMemoryContent:
 		return nil, invalid(fmt.Sprintf("`entry.content` exceeds %d bytes", maxMemoryContent))
+	case len(in.GetCategory()) > maxMemoryKey:
+		return nil, invalid(fmt.Sprintf("`entry.category` exceeds %d bytes", maxMemoryKey))
+	case len(in.GetSessionId()) > maxMemoryKey:
+		return nil, invalid(fmt.Sprintf("`entry.session_id` exceeds %d bytes", maxMemoryKey))
 	}
 	e := wasmhost.MemoryEntry{Key: in.GetKey(), Content: in.GetContent(), Category: in.GetCategory(),
 		SessionID: in.GetSessionId(), Timestamp: in.GetTimestamp()}

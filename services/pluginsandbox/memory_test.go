@@ -84,6 +84,17 @@ func TestMemoryBounds(t *testing.T) {
 	installExample(t, dir, "kv")
 	ts := newTestServer(t, dir)
 	ctx := context.Background()
+	// An entry's labels are bounded like its key: a category of 15 MiB
+	// passed, within one message, and came back with every recall.
+	for _, e := range []*pluginv1.MemoryEntry{
+		{Key: "k", Content: "x", Category: strings.Repeat("c", 513)},
+		{Key: "k", Content: "x", SessionId: strings.Repeat("s", 513)},
+	} {
+		_, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Entry: e})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "512 bytes") {
+			t.Fatalf("an entry with a label of 513 bytes: %v", err)
+		}
+	}
 	mib := strings.Repeat("y", 1<<20)
 	n := pluginsandbox.MaxMemoryBytes / (1 << 20)
 	for i := range n - 1 {
