@@ -106,12 +106,17 @@ func (l *ledger) forgot(key string) {
 }
 
 // restore rebuilds the plugin's instance and stores the ledger's entries
-// in it again, oldest first. A store that fails leaves the ledger as it is
-// and the restore unfinished: the next call restores again.
-func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) error {
+// in it again, oldest first. An entry the plugin refuses (it answered an
+// error; its instance lives on) is dropped from the ledger and reported:
+// a new version of the plugin may not accept what an old one did, and
+// before, that one entry failed every later call with a rebuild and the
+// same refusal. A store that stops the instance (a limit, a trap, the
+// caller's deadline) leaves the ledger as it is and the restore
+// unfinished: the next call restores again.
+func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) (refused []refusal, err error) {
 	l.partial = true
 	if err := m.Rebuild(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	all := make([]ledgerEntry, 0, len(l.entries))
 	for _, le := range l.entries {
@@ -119,12 +124,23 @@ func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) error {
 	}
 	slices.SortFunc(all, func(a, b ledgerEntry) int { return cmp.Compare(a.seq, b.seq) })
 	for i, le := range all {
-		if err := m.Store(ctx, le.e); err != nil {
-			return fmt.Errorf("store entry %d of %d again: %w", i+1, len(all), err)
+		err := m.Store(ctx, le.e)
+		switch {
+		case errors.Is(err, wasmhost.ErrPluginFailed):
+			l.forgot(le.e.Key)
+			refused = append(refused, refusal{key: le.e.Key, err: err})
+		case err != nil:
+			return refused, fmt.Errorf("store entry %d of %d again: %w", i+1, len(all), err)
 		}
 	}
 	l.partial = false
-	return nil
+	return refused, nil
+}
+
+// refusal is an entry a restore dropped because the plugin refused it.
+type refusal struct {
+	key string
+	err error
 }
 
 // handOver gives a new load of a memory plugin (its folder changed, or

@@ -87,7 +87,18 @@ func (s *Server) withLedger(ctx context.Context, e *entry, fn func(*wasmhost.Mem
 	if errors.Is(err, wasmhost.ErrUnavailable) {
 		s.logger.Warn("rebuilding the memory plugin's instance with its entries",
 			zap.String("plugin", e.name()), zap.Int("entries", len(l.entries)), zap.Int("bytes", l.bytes))
-		if err = l.restore(ctx, e.memory); err == nil {
+		var refused []refusal
+		refused, err = l.restore(ctx, e.memory)
+		if len(refused) > 0 {
+			keys := make([]string, 0, min(len(refused), 10))
+			for _, r := range refused[:cap(keys)] {
+				keys = append(keys, r.key)
+			}
+			s.logger.Warn("memory plugin refused entries it was given back; they are dropped",
+				zap.String("plugin", e.name()), zap.Int("refused", len(refused)), zap.Strings("keys", keys),
+				zap.Error(refused[0].err))
+		}
+		if err == nil {
 			err = fn(e.memory, l)
 		} else {
 			s.logger.Warn("rebuild memory plugin", zap.String("plugin", e.name()), zap.Error(err))

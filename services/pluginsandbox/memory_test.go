@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -198,5 +199,140 @@ func TestMemoriesOutliveAReload(t *testing.T) {
 	}
 	if got := recallKeys(t, ts, "note", 10); strings.Join(got, ",") != "d,a,c,b" {
 		t.Fatalf("recall after a store on the new load: %v", got)
+	}
+}
+
+// A restore cut midway by the caller's deadline holds the entries stored
+// so far and not the rest; the next call restores again rather than
+// answer from it (the cut store stops the instance, and the ledger stays
+// partial).
+func TestMemoryRestoreCutMidway(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	const n = 2000
+	for i := range n {
+		if err := store(t, ts, fmt.Sprintf("n%04d", i), "note"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := strings.Repeat("z", 1<<20)
+	for i := range 4 {
+		if err := store(t, ts, fmt.Sprintf("big%d", i), big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := func() {
+		t.Helper()
+		if _, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "z", Limit: 100}); status.Code(err) != codes.Aborted {
+			t.Fatalf("the recall that stops the instance: %v", err)
+		}
+	}
+	stop()
+	// Deadlines from 1 ms up until one ends the restore between two of
+	// its stores.
+	cut := false
+	for d := time.Millisecond; d < 10*time.Second && !cut; d *= 2 {
+		dctx, cancel := context.WithTimeout(ctx, d)
+		_, err := ts.MemoryForget(dctx, &pluginv1.MemoryForgetRequest{Key: "absent"})
+		cancel()
+		for _, e := range ts.logs.TakeAll() {
+			if e.Message == "rebuild memory plugin" && strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "store entry") &&
+				!strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "store entry 1 of") {
+				cut = true
+			}
+		}
+		if err == nil { // the restore finished in time: stop it again
+			stop()
+		}
+	}
+	if !cut {
+		t.Fatal("no deadline ended the restore midway")
+	}
+	missing := 0
+	for i := range n {
+		got, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf("n%04d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Existed {
+			missing++
+		}
+	}
+	if missing > 0 {
+		t.Fatalf("after a restore cut midway, %d of %d entries were missing", missing, n)
+	}
+}
+
+// A new version of a memory plugin may refuse an entry the old one
+// accepted. The restore that gives the new load its entries stopped at
+// that entry, and every later call rebuilt the instance and stopped there
+// again: one entry made the plugin unusable. A refused entry is now
+// dropped, with a warning, and the rest are given back.
+func TestMemoryRestoreDropsARefusedEntry(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	ts := newTestServer(t, dir)
+	for _, k := range []string{"a", "b", "c"} {
+		content := "note " + k
+		if k == "b" {
+			content += " refuse-me"
+		}
+		if err := store(t, ts, k, content); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The same kv, with a Store that refuses one content.
+	wasm, err := guestbuild.WasmWith("kv", "refuse.go", `//go:build wasip1
+
+package main
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk/memory"
+)
+
+type stricter struct{ kv }
+
+func (s stricter) Store(e memory.Entry) error {
+	if strings.Contains(e.Content, "refuse-me") {
+		return errors.New("content not accepted")
+	}
+	return s.kv.Store(e)
+}
+
+func init() { memory.Register(stricter{}) } // after main.go's init
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(wasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kv", "plugin.wasm"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts.rescan(t)
+	if n := ts.logs.FilterMessage("plugin loaded").Len(); n != 2 {
+		t.Fatalf("the plugin loaded %d times", n)
+	}
+	for range 2 {
+		if got := recallKeys(t, ts, "note", 10); strings.Join(got, ",") != "c,a" {
+			t.Fatalf("recall on the stricter load: %v", got)
+		}
+	}
+	warned := ts.logs.FilterMessage("memory plugin refused entries it was given back; they are dropped").All()
+	if len(warned) != 1 || fmt.Sprint(warned[0].ContextMap()["keys"]) != "[b]" {
+		t.Fatalf("warnings: %v", warned)
+	}
+	if n := ts.logs.FilterMessage("rebuilding the memory plugin's instance with its entries").Len(); n != 1 {
+		t.Fatalf("%d rebuilds, want the one after the reload", n)
+	}
+	if err := store(t, ts, "d", "note d refuse-me"); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a store the new load refuses: %v", err)
 	}
 }
