@@ -13,9 +13,59 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 )
+
+// installTestKV installs kv with two changes for tests of the sandbox: a
+// recall of "spin" spends the call's fuel (and stops the instance), and
+// kv's own bound on what it holds is taken away, so that the sandbox's
+// bounds are the ones met.
+func installTestKV(t testing.TB, dir string) {
+	t.Helper()
+	if err := guestbuild.Install(dir, "kv"); err != nil {
+		t.Fatal(err)
+	}
+	wasm, err := guestbuild.WasmWith("kv", "testhooks.go", `//go:build wasip1
+
+package main
+
+import "github.com/clawmesh/clawmesh/plugins/pdk/memory"
+
+type hooked struct{ kv }
+
+var spins int
+
+func (h hooked) Recall(query string, limit int) ([]memory.Entry, error) {
+	for query == "spin" {
+		spins++
+	}
+	return h.kv.Recall(query, limit)
+}
+
+func init() { maxBytes = 1 << 30; memory.Register(hooked{}) } // after main.go's init
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(wasm)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "kv", "plugin.wasm"), data, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// spin stops the instance of a kv installed by installTestKV.
+func spin(t testing.TB, ts *testServer) {
+	t.Helper()
+	_, err := ts.MemoryRecall(context.Background(), &pluginv1.MemoryRecallRequest{Query: "spin", Limit: 100})
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "out of fuel") {
+		t.Fatalf("the recall that stops the instance: %v", err)
+	}
+}
 
 func store(t *testing.T, ts *testServer, key, content string) error {
 	t.Helper()
@@ -37,12 +87,13 @@ func recallKeys(t *testing.T, ts *testServer, query string, limit int32) []strin
 }
 
 // A recall of four memories of 1 MiB each (each within the store's bound)
-// spends kv's fuel and stops its instance; the sandbox rebuilt it empty,
-// so every memory was lost to one recall. The rebuilt instance now gets
-// its entries back, in the order they were stored.
+// spent kv's fuel and stopped its instance (TestKVRecallsAtTheBounds); the
+// sandbox rebuilt it empty, so every memory was lost to one recall. The
+// rebuilt instance now gets its entries back, in the order they were
+// stored.
 func TestMemoriesOutliveTheirInstance(t *testing.T) {
 	dir := t.TempDir()
-	installExample(t, dir, "kv")
+	installTestKV(t, dir)
 	ts := newTestServer(t, dir)
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c"} {
@@ -59,10 +110,7 @@ func TestMemoriesOutliveTheirInstance(t *testing.T) {
 	if err := store(t, ts, "a", "note a, again"); err != nil { // a is now the newest
 		t.Fatal(err)
 	}
-	_, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "z", Limit: 100})
-	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "out of fuel") {
-		t.Fatalf("kv recalling 4 MiB: %v (the test needs the instance stopped)", err)
-	}
+	spin(t, ts)
 	for i := range 4 {
 		got, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf("big%d", i)})
 		if err != nil || !got.Existed {
@@ -73,8 +121,9 @@ func TestMemoriesOutliveTheirInstance(t *testing.T) {
 		t.Fatalf("recall after the rebuild, newest first: %v", got)
 	}
 	// A rebuild after forgetting gives back what is left, not more.
-	if _, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "z", Limit: 100}); err != nil {
-		t.Fatalf("recall of nothing large: %v", err)
+	spin(t, ts)
+	if got := recallKeys(t, ts, "z", 10); len(got) != 0 {
+		t.Fatalf("forgotten entries came back: %v", got)
 	}
 }
 
@@ -82,7 +131,7 @@ func TestMemoriesOutliveTheirInstance(t *testing.T) {
 // bound is refused without touching what is stored.
 func TestMemoryBounds(t *testing.T) {
 	dir := t.TempDir()
-	installExample(t, dir, "kv")
+	installTestKV(t, dir)
 	ts := newTestServer(t, dir)
 	ctx := context.Background()
 	// An entry's labels are bounded like its key: a category of 15 MiB
@@ -138,9 +187,7 @@ func TestMemoryBounds(t *testing.T) {
 // of them in four, the rest 100 bytes each).
 func BenchmarkMemoryRebuild(b *testing.B) {
 	dir := b.TempDir()
-	if err := guestbuild.Install(dir, "kv"); err != nil {
-		b.Fatal(err)
-	}
+	installTestKV(b, dir)
 	ts := newTestServer(b, dir)
 	ctx := context.Background()
 	small := strings.Repeat("s", 100)
@@ -157,9 +204,7 @@ func BenchmarkMemoryRebuild(b *testing.B) {
 	}
 	for b.Loop() {
 		b.StopTimer()
-		if _, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "z", Limit: 100}); status.Code(err) != codes.Aborted {
-			b.Fatalf("the recall that stops the instance: %v", err)
-		}
+		spin(b, ts)
 		b.StartTimer()
 		if _, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: "absent"}); err != nil {
 			b.Fatal(err)
@@ -208,7 +253,7 @@ func TestMemoriesOutliveAReload(t *testing.T) {
 // partial).
 func TestMemoryRestoreCutMidway(t *testing.T) {
 	dir := t.TempDir()
-	installExample(t, dir, "kv")
+	installTestKV(t, dir)
 	ts := newTestServer(t, dir)
 	ctx := context.Background()
 	const n = 2000
@@ -223,13 +268,7 @@ func TestMemoryRestoreCutMidway(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	stop := func() {
-		t.Helper()
-		if _, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "z", Limit: 100}); status.Code(err) != codes.Aborted {
-			t.Fatalf("the recall that stops the instance: %v", err)
-		}
-	}
-	stop()
+	spin(t, ts)
 	// Deadlines from 1 ms up until one ends the restore between two of
 	// its stores.
 	cut := false
@@ -244,7 +283,7 @@ func TestMemoryRestoreCutMidway(t *testing.T) {
 			}
 		}
 		if err == nil { // the restore finished in time: stop it again
-			stop()
+			spin(t, ts)
 		}
 	}
 	if !cut {
@@ -334,5 +373,60 @@ func init() { memory.Register(stricter{}) } // after main.go's init
 	}
 	if err := store(t, ts, "d", "note d refuse-me"); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("a store the new load refuses: %v", err)
+	}
+}
+
+// kv lowered every entry at every recall, about 170 wasm instructions a
+// byte: past 5.5 MiB of entries, well within what the sandbox accepts, a
+// recall spent its fuel whether anything matched or not, and so did every
+// recall after the rebuild. Encoding what matched cost 300 more a byte, so
+// four matches of 1 MiB stopped it too. kv now lowers once, at the store,
+// holds at most 6 MiB, and the guest library keeps an answer to
+// abi.RecallAnswerBytes.
+func TestKVRecallsAtTheBounds(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	// Mixed case, and a query's first byte ("e") every ten bytes: the
+	// search's slowest path.
+	body := strings.Repeat("Memory Of Something ", 1<<20/20+1)
+	const n = 6
+	size := 1<<20 - 8
+	for i := range n {
+		content := (fmt.Sprintf("Entry%02d ", i) + body)[:size]
+		if err := store(t, ts, fmt.Sprintf("e%02d", i), content); err != nil {
+			t.Fatalf("store %d: %v", i, err)
+		}
+	}
+	err := store(t, ts, "one-too-many", body[:1<<10])
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "forget some first") {
+		t.Fatalf("a store past kv's bound: %v", err)
+	}
+	if got := recallKeys(t, ts, "absent", 10); len(got) != 0 {
+		t.Fatalf("recall of nothing: %v", got)
+	}
+	if got := recallKeys(t, ts, "entry03", 10); strings.Join(got, ",") != "e03" {
+		t.Fatalf("recall of one, case folded: %v", got)
+	}
+	got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "SOMETHING", Limit: 100})
+	if err != nil {
+		t.Fatalf("recall of every entry: %v", err)
+	}
+	if len(got.Entries) != 1 || got.Entries[0].Key != fmt.Sprintf("e%02d", n-1) || len(got.Entries[0].Content) != size {
+		t.Fatalf("recall of every entry: %d entries, the first %q (an answer holds %d bytes)", len(got.Entries), got.Entries[0].GetKey(), abi.RecallAnswerBytes)
+	}
+	if got := recallKeys(t, ts, "memory", 100); len(got) != 1 {
+		t.Fatalf("recall of every entry again: %v", got)
+	}
+	// Forgetting makes room.
+	if _, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: "e00"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store(t, ts, "one-more", body[:1<<10]); err != nil {
+		t.Fatalf("a store after a forget: %v", err)
+	}
+	if n := ts.logs.FilterMessage("rebuilding the memory plugin's instance with its entries").Len(); n != 0 {
+		t.Fatalf("the instance was rebuilt %d times", n)
 	}
 }

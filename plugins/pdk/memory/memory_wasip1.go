@@ -65,10 +65,14 @@ func memoryRecall(ptr, size uint32) uint64 {
 		return guest.ReturnErr("malformed query: " + err.Error())
 	}
 	entries, err := registered.Recall(a.Query, a.Limit)
-	if entries == nil {
-		entries = []Entry{}
+	if err != nil {
+		return guest.ReturnErr(err.Error())
 	}
-	return guest.Result(entries, err)
+	b, err := recallAnswer(entries)
+	if err != nil {
+		return guest.ReturnErr(err.Error())
+	}
+	return guest.Return(b)
 }
 
 //go:wasmexport memory_forget
