@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -348,5 +349,41 @@ func TestMemoryPluginScaled(t *testing.T) {
 		if r.Status != "completed" || !strings.Contains(r.RawOutput, `"key":"sky"`) {
 			t.Fatalf("recall %d of 6 did not find the memory: %+v", i+1, r)
 		}
+	}
+}
+
+// A memory plugin keeps its entries in its instance: a plugin sandbox
+// killed and restarted by the launcher came back with none. Its journal
+// under the data directory now gives them back.
+func TestMemoriesOutliveASandboxKill(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"echo", "kv"})
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+	id := v.newSession("")
+	_, results, _ := toolTurn(t, v, id, `/tool plugin_memory_store {"key":"sky","content":"the sky is blue"}`)
+	if len(results) != 1 || results[0].Status != "completed" {
+		t.Fatalf("store: %+v", results)
+	}
+	victim := replicaPID(t, s, 0)
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRestarted(s, 0, victim); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, results, _ = toolTurn(t, v, id, `/tool plugin_memory_recall {"query":"blue"}`)
+		if len(results) == 1 && results[0].Status == "completed" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recall after the restart: %+v", results)
+		}
+		time.Sleep(200 * time.Millisecond) // the sandbox is still starting
+	}
+	if !strings.Contains(results[0].RawOutput, `"key":"sky"`) {
+		t.Fatalf("the memory did not outlive the kill: %s", results[0].RawOutput)
 	}
 }

@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -227,7 +226,7 @@ func TestThreeSandboxesShareCallsAndSurviveAKill(t *testing.T) {
 		t.Errorf("the replicas alive served nothing after the kill: %v then %v", servedAtKill, after)
 	}
 	// The launcher restarts the killed replica, which serves again.
-	if err := waitRestarted(s, victim); err != nil {
+	if err := waitRestarted(s, 1, victim); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(90 * time.Second)
@@ -239,9 +238,9 @@ func TestThreeSandboxesShareCallsAndSurviveAKill(t *testing.T) {
 	}
 }
 
-// waitRestarted waits until replica 1 runs again under another pid.
-func waitRestarted(s *e2e.Stack, old int) error {
-	sock := datadir.ServiceSocket(s.DataDir, "plugin-sandbox", 1)
+// waitRestarted waits until replica i runs again under another pid.
+func waitRestarted(s *e2e.Stack, i, old int) error {
+	sock := datadir.ServiceSocket(s.DataDir, "plugin-sandbox", i)
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		for pid, name := range s.PIDs() {
@@ -252,5 +251,5 @@ func waitRestarted(s *e2e.Stack, old int) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return errors.New("the killed replica was not restarted")
+	return fmt.Errorf("the killed replica %d was not restarted", i)
 }

@@ -154,6 +154,31 @@ func (s *Server) Rescan(ctx context.Context) error {
 	return scanErr
 }
 
+// memoryLedger makes a memory plugin's ledger, with the entries its
+// journal holds when the sandbox has a memory directory. A journal that
+// cannot be read fails the plugin's load, naming the file, rather than
+// start it empty and let a restart lose what it held.
+func (s *Server) memoryLedger(plugin string) (*ledger, error) {
+	if s.cfg.MemoryDir == "" {
+		return newLedger(nil), nil
+	}
+	j, err := openJournal(s.cfg.MemoryDir, plugin)
+	if err != nil {
+		return newLedger(nil), err
+	}
+	l := newLedger(j)
+	torn, err := j.load(l)
+	if err != nil {
+		return newLedger(nil), err
+	}
+	if torn > 0 {
+		s.logger.Warn("memory journal ended in a record cut short; it is dropped", zap.String("plugin", plugin), zap.Int("bytes", torn))
+	}
+	// The instance starts empty: the first call gives it the entries.
+	l.partial = len(l.entries) > 0
+	return l, nil
+}
+
 // handOverMemories gives each memory plugin loaded anew by this scan the
 // entries its earlier load held (handOver); release lets calls reach
 // them once next is in place.
@@ -323,7 +348,10 @@ func (s *Server) load(ctx context.Context, dir, path, fp string, policy manifest
 		if e.memory, err = s.cfg.Host.LoadMemory(ctx, mem); err != nil {
 			e.err = fmt.Errorf("memory world: %w", err)
 		}
-		e.ledger = newLedger()
+		e.ledger, err = s.memoryLedger(m.Name)
+		if err != nil && e.err == nil {
+			e.err = err
+		}
 	}
 	if e.err == nil && m.Has(manifest.CapObserver) {
 		obs := spec

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 }
 
 // installExample installs plugins/examples/<name> as dir/<name>/.
-func installExample(t *testing.T, dir, name string) {
+func installExample(t testing.TB, dir, name string) {
 	t.Helper()
 	if err := guestbuild.Install(dir, name); err != nil {
 		t.Fatal(err)

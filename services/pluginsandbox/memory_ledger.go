@@ -44,6 +44,8 @@ type ledger struct {
 	// moved is set once the entries went to a new load of the plugin: a
 	// call that reached this one looks the plugin up again.
 	moved bool
+	// journal keeps the entries on disk; nil keeps them in memory only.
+	journal *journal
 }
 
 type ledgerEntry struct {
@@ -55,8 +57,30 @@ type ledgerEntry struct {
 // errMemoryFull is a store refused at MaxMemoryEntries or MaxMemoryBytes.
 var errMemoryFull = errors.New("memory plugin full")
 
-func newLedger() *ledger {
-	return &ledger{lock: make(chan struct{}, 1), entries: map[string]ledgerEntry{}}
+func newLedger(j *journal) *ledger {
+	return &ledger{lock: make(chan struct{}, 1), entries: map[string]ledgerEntry{}, journal: j}
+}
+
+// inOrder returns the entries in the order they were last stored.
+func (l *ledger) inOrder() []ledgerEntry {
+	all := make([]ledgerEntry, 0, len(l.entries))
+	for _, le := range l.entries {
+		all = append(all, le)
+	}
+	slices.SortFunc(all, func(a, b ledgerEntry) int { return cmp.Compare(a.seq, b.seq) })
+	return all
+}
+
+// record writes a change the plugin answered success to into the
+// journal, if there is one.
+func (l *ledger) record(r ...journalRecord) error {
+	if l.journal == nil || len(r) == 0 {
+		return nil
+	}
+	if err := l.journal.append(r...); err != nil {
+		return fmt.Errorf("%w: %w", errNotRecorded, err)
+	}
+	return nil
 }
 
 func (l *ledger) acquire(ctx context.Context) error {
@@ -118,11 +142,7 @@ func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) (refused []ref
 	if err := m.Rebuild(ctx); err != nil {
 		return nil, err
 	}
-	all := make([]ledgerEntry, 0, len(l.entries))
-	for _, le := range l.entries {
-		all = append(all, le)
-	}
-	slices.SortFunc(all, func(a, b ledgerEntry) int { return cmp.Compare(a.seq, b.seq) })
+	all := l.inOrder()
 	for i, le := range all {
 		err := m.Store(ctx, le.e)
 		switch {

@@ -89,6 +89,13 @@ func (s *Server) withLedger(ctx context.Context, e *entry, fn func(*wasmhost.Mem
 			zap.String("plugin", e.name()), zap.Int("entries", len(l.entries)), zap.Int("bytes", l.bytes))
 		var refused []refusal
 		refused, err = l.restore(ctx, e.memory)
+		forgets := make([]journalRecord, 0, len(refused))
+		for _, r := range refused {
+			forgets = append(forgets, journalRecord{Op: opForget, Key: []byte(r.key)})
+		}
+		if rerr := l.record(forgets...); rerr != nil {
+			s.logger.Warn("the entries dropped are still in the memory journal", zap.String("plugin", e.name()), zap.Error(rerr))
+		}
 		if len(refused) > 0 {
 			keys := make([]string, 0, min(len(refused), 10))
 			for _, r := range refused[:cap(keys)] {
@@ -111,6 +118,9 @@ func memoryError(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, errNotRecorded):
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonCapacity, rpcerr.NoIndex,
+			"the memory plugin made the change, but the sandbox could not write it to disk, so it would not outlive a restart; retry: "+err.Error())
 	case errors.Is(err, errMemoryFull):
 		return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, err.Error())
 	case errors.Is(err, wasmhost.ErrPluginFailed):
@@ -151,7 +161,7 @@ func (s *Server) MemoryStore(ctx context.Context, req *pluginv1.MemoryStoreReque
 			return err
 		}
 		l.stored(e)
-		return nil
+		return l.record(storeRecord(e))
 	})
 	if err != nil {
 		return nil, err
@@ -195,6 +205,9 @@ func (s *Server) MemoryForget(ctx context.Context, req *pluginv1.MemoryForgetReq
 		var err error
 		if existed, err = m.Forget(ctx, req.GetKey()); err == nil {
 			l.forgot(req.GetKey())
+			if existed {
+				err = l.record(journalRecord{Op: opForget, Key: []byte(req.GetKey())})
+			}
 		}
 		return err
 	})

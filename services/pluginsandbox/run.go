@@ -124,7 +124,7 @@ func Register(ctx context.Context, env *service.Env) error {
 		return l
 	}
 	srv, err := NewServer(ctx, Config{
-		Host: host, PluginsDir: settings.PluginsDir, Logger: env.Log,
+		Host: host, PluginsDir: settings.PluginsDir, MemoryDir: filepath.Join(env.DataDir, "memories"), Logger: env.Log,
 		ConfigSource: &ConfigService{Client: client, Log: env.Log},
 		Settings:     liveSettings,
 		Reveal: func(ctx context.Context, prop string) (string, error) {

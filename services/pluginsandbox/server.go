@@ -48,6 +48,10 @@ type Config struct {
 	// leaves channel bindings without a consumer (messages are logged and
 	// dropped).
 	Sessions sessionv1.SessionServiceClient
+	// MemoryDir keeps each memory plugin's entries on disk (a journal per
+	// plugin), so they outlive the sandbox; empty keeps them in memory
+	// only.
+	MemoryDir string
 	// Logger is required.
 	Logger *zap.Logger
 }

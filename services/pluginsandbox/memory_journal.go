@@ -1,0 +1,245 @@
+package pluginsandbox
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// A journal keeps what a memory plugin's ledger holds on disk, one file
+// per plugin in the sandbox's memory directory (<data_dir>/memories), so
+// that a sandbox that restarts gives its memory plugins their entries
+// back: before, a restart (a crash, an upgrade, make up again) lost every
+// memory a plugin kept in its instance.
+//
+// The file is a log of records, one JSON line each, appended and synced
+// before the call that made them answers; it is rewritten with only what
+// is live once it grows past twice what it held after its last rewrite.
+// Replicas of the sandbox share the directory: every append and rewrite
+// holds an exclusive flock on the file, an append checks that the file it
+// locked is still the one at the path (a rewrite renames a new file over
+// it), and a rewrite reads the file, not a ledger, so what another replica
+// appended is kept.
+type journal struct {
+	path string
+	base int64 // the file's size after its last rewrite (or at load)
+}
+
+// journalRecord is one line of a journal. The strings are bytes so that
+// they are written as base64: a content of control characters would take
+// six bytes each as a JSON string, base64 takes 4/3.
+type journalRecord struct {
+	Op        string `json:"op"` // "store" or "forget"
+	Key       []byte `json:"key"`
+	Content   []byte `json:"content,omitempty"`
+	Category  []byte `json:"category,omitempty"`
+	SessionID []byte `json:"session_id,omitempty"`
+	Timestamp int64  `json:"timestamp,omitempty"`
+}
+
+const (
+	opStore  = "store"
+	opForget = "forget"
+	// maxJournalBytes bounds what a load reads: a rewrite keeps a file
+	// under twice its live size (MaxMemoryBytes as base64 and framing)
+	// and one record more.
+	maxJournalBytes = 3*MaxMemoryBytes*4/3 + 8<<20
+	// rewriteSlack is added to twice the base, so a small journal is
+	// not rewritten at every append.
+	rewriteSlack = 1 << 20
+)
+
+func storeRecord(e wasmhost.MemoryEntry) journalRecord {
+	return journalRecord{Op: opStore, Key: []byte(e.Key), Content: []byte(e.Content), Category: []byte(e.Category),
+		SessionID: []byte(e.SessionID), Timestamp: e.Timestamp}
+}
+
+func (r journalRecord) entry() wasmhost.MemoryEntry {
+	return wasmhost.MemoryEntry{Key: string(r.Key), Content: string(r.Content), Category: string(r.Category),
+		SessionID: string(r.SessionID), Timestamp: r.Timestamp}
+}
+
+// openJournal names the journal of plugin in dir; the directory is made
+// if it is missing.
+func openJournal(dir, plugin string) (*journal, error) {
+	if !manifest.NamePattern.MatchString(plugin) {
+		return nil, fmt.Errorf("memory journal: plugin name %q is not a file name", plugin)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("memory journal: %w", err)
+	}
+	return &journal{path: filepath.Join(dir, plugin+".jsonl")}, nil
+}
+
+// lockedFile opens the journal with flags and holds an exclusive flock on
+// it, on the file that is at the path once the lock is held.
+func (j *journal) lockedFile(flags int) (*os.File, error) {
+	for range 100 {
+		f, err := os.OpenFile(j.path, flags, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			f.Close()
+			return nil, err
+		}
+		var held, now unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(j.path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+			return f, nil
+		}
+		f.Close() // rewritten meanwhile: lock the new file
+	}
+	return nil, fmt.Errorf("memory journal %s: replaced at every try", j.path)
+}
+
+// load replays the journal into a ledger's entries, in the order they
+// were last stored. A last line cut short (the process stopped while
+// appending) is cut off the file; anything else unreadable is an error,
+// and the file is left as it is.
+func (j *journal) load(l *ledger) (torn int, err error) {
+	f, err := j.lockedFile(os.O_RDWR | os.O_CREATE)
+	if err != nil {
+		return 0, fmt.Errorf("memory journal: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxJournalBytes+1))
+	if err != nil {
+		return 0, fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	if len(data) > maxJournalBytes {
+		return 0, fmt.Errorf("memory journal %s: larger than %d bytes", j.path, maxJournalBytes)
+	}
+	whole := len(data)
+	if i := bytes.LastIndexByte(data, '\n'); i+1 < len(data) {
+		torn, whole = len(data)-(i+1), i+1
+	}
+	if err := replay(data[:whole], l); err != nil {
+		return 0, fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	if torn > 0 {
+		if err := f.Truncate(int64(whole)); err != nil {
+			return torn, fmt.Errorf("memory journal %s: cut its torn end: %w", j.path, err)
+		}
+	}
+	j.base = int64(whole)
+	return torn, nil
+}
+
+// replay applies the records in data to l.
+func replay(data []byte, l *ledger) error {
+	line := 0
+	for len(data) > 0 {
+		line++
+		i := bytes.IndexByte(data, '\n')
+		var r journalRecord
+		if err := json.Unmarshal(data[:i], &r); err != nil {
+			return fmt.Errorf("line %d: %w", line, err)
+		}
+		data = data[i+1:]
+		switch r.Op {
+		case opStore:
+			l.stored(r.entry())
+		case opForget:
+			l.forgot(string(r.Key))
+		default:
+			return fmt.Errorf("line %d: unknown op %q", line, r.Op)
+		}
+	}
+	return nil
+}
+
+// append writes records and syncs them, and rewrites the journal once it
+// has grown past twice its base.
+func (j *journal) append(records ...journalRecord) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for _, r := range records {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	f, err := j.lockedFile(os.O_RDWR | os.O_APPEND | os.O_CREATE)
+	if err != nil {
+		return fmt.Errorf("memory journal: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	st, err := f.Stat()
+	if err != nil || st.Size() <= 2*j.base+rewriteSlack {
+		return nil
+	}
+	// A failed rewrite leaves the log as it was, whole.
+	return j.rewrite(f)
+}
+
+// rewrite replaces the journal, whose lock f holds, with its live
+// entries, in the order they were last stored.
+func (j *journal) rewrite(f *os.File) error {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxJournalBytes+1))
+	if err != nil {
+		return err
+	}
+	if i := bytes.LastIndexByte(data, '\n'); i+1 < len(data) {
+		data = data[:i+1]
+	}
+	live := newLedger(nil)
+	if err := replay(data, live); err != nil {
+		return fmt.Errorf("memory journal %s: not rewritten: %w", j.path, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(j.path), filepath.Base(j.path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // fails once renamed
+	w := bufio.NewWriterSize(tmp, 1<<20)
+	enc := json.NewEncoder(w)
+	for _, le := range live.inOrder() {
+		if err := enc.Encode(storeRecord(le.e)); err != nil {
+			tmp.Close()
+			return err
+		}
+	}
+	err = w.Flush()
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), j.path)
+	}
+	if err != nil {
+		return fmt.Errorf("memory journal %s: rewrite: %w", j.path, err)
+	}
+	if d, err := os.Open(filepath.Dir(j.path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	if st, err := os.Stat(j.path); err == nil {
+		j.base = st.Size()
+	}
+	return nil
+}
+
+// errNotRecorded is a change the plugin made that its journal does not
+// hold: it does not outlive a restart of the sandbox.
+var errNotRecorded = errors.New("not written to the memory journal")

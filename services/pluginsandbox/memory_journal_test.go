@@ -1,0 +1,148 @@
+package pluginsandbox_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+)
+
+func withMemoryDir(dir string) func(*pluginsandbox.Config) {
+	return func(c *pluginsandbox.Config) { c.MemoryDir = dir }
+}
+
+// A memory plugin keeps its entries in its instance, and a restart of the
+// sandbox (a crash, an upgrade, make up again) lost every memory. Each
+// change is now written to a journal under the sandbox's data directory
+// before the call answers, and a sandbox that starts gives the plugin its
+// entries back, in the order they were stored.
+func TestMemoriesOutliveTheSandbox(t *testing.T) {
+	plugins, memories := t.TempDir(), t.TempDir()
+	installExample(t, plugins, "kv")
+	first := newTestServer(t, plugins, withMemoryDir(memories))
+	for _, k := range []string{"a", "b", "c", "a"} {
+		if err := store(t, first, k, "note "+k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	if _, err := first.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store(t, first, "ctl", "note "+strings.Repeat("\x01", 1000)); err != nil {
+		t.Fatal(err)
+	}
+
+	// A second sandbox on the same directories is one that restarted: its
+	// kv instance starts empty.
+	second := newTestServer(t, plugins, withMemoryDir(memories))
+	if got := recallKeys(t, second, "note", 10); strings.Join(got, ",") != "ctl,a,c" {
+		t.Fatalf("recall after a restart, newest first: %v", got)
+	}
+	got, err := second.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "\x01"})
+	if err != nil || len(got.Entries) != 1 || got.Entries[0].Content != "note "+strings.Repeat("\x01", 1000) {
+		t.Fatalf("an entry of control characters: %v %v", got, err)
+	}
+
+	// The process stopped while appending: the cut record is dropped and
+	// the rest kept.
+	path := filepath.Join(memories, "kv.jsonl")
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"op":"store","key":"ZA`); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	third := newTestServer(t, plugins, withMemoryDir(memories))
+	if n := third.logs.FilterMessage("memory journal ended in a record cut short; it is dropped").Len(); n != 1 {
+		t.Fatalf("%d warnings of the cut record", n)
+	}
+	if err := store(t, third, "d", "note d"); err != nil {
+		t.Fatal(err)
+	}
+	fourth := newTestServer(t, plugins, withMemoryDir(memories))
+	if got := recallKeys(t, fourth, "note", 10); strings.Join(got, ",") != "d,ctl,a,c" {
+		t.Fatalf("recall after a cut record and a store: %v", got)
+	}
+}
+
+// The journal is a log; it is rewritten with what is live once it has
+// doubled, so storing one key again and again does not grow it without
+// bound.
+func TestMemoryJournalIsBounded(t *testing.T) {
+	plugins, memories := t.TempDir(), t.TempDir()
+	installExample(t, plugins, "kv")
+	ts := newTestServer(t, plugins, withMemoryDir(memories))
+	mib := strings.Repeat("m", 1<<20)
+	for i := range 12 {
+		if err := store(t, ts, "same", mib[:1<<20-i]); err != nil {
+			t.Fatalf("store %d: %v", i, err)
+		}
+	}
+	st, err := os.Stat(filepath.Join(memories, "kv.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One record is 1.4 MiB as base64; 12 of them were 16.8 MiB.
+	if st.Size() > 6<<20 {
+		t.Fatalf("the journal holds %d bytes for one entry of 1 MiB", st.Size())
+	}
+	again := newTestServer(t, plugins, withMemoryDir(memories))
+	got, err := again.MemoryRecall(context.Background(), &pluginv1.MemoryRecallRequest{Query: "m"})
+	if err != nil || len(got.Entries) != 1 || len(got.Entries[0].Content) != 1<<20-11 {
+		t.Fatalf("after the rewrites: %v", err)
+	}
+}
+
+// A journal that cannot be read fails the plugin's load, naming the file,
+// and is left as it is: starting empty would let the next change and a
+// restart lose what it held.
+func TestMemoryJournalUnreadable(t *testing.T) {
+	plugins, memories := t.TempDir(), t.TempDir()
+	installExample(t, plugins, "kv")
+	path := filepath.Join(memories, "kv.jsonl")
+	bad := "{\"op\":\"store\",\"key\":\"YQ==\",\"content\":\"Yg==\"}\nnot json\n"
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestServer(t, plugins, withMemoryDir(memories))
+	p := ts.plugins(t)["kv"]
+	if p.GetStatus() == "loaded" || !strings.Contains(p.GetReason(), path) || !strings.Contains(p.GetReason(), "line 2") {
+		t.Fatalf("kv with an unreadable journal: %v", p)
+	}
+	if raw, _ := os.ReadFile(path); string(raw) != bad {
+		t.Fatalf("the journal was changed: %q", raw)
+	}
+}
+
+// BenchmarkMemoryStore times a store of a small entry, with the journal
+// (appended and synced before the call answers) and without.
+func BenchmarkMemoryStore(b *testing.B) {
+	for _, journal := range []bool{false, true} {
+		name := "memory-only"
+		if journal {
+			name = "journal"
+		}
+		b.Run(name, func(b *testing.B) {
+			plugins := b.TempDir()
+			installExample(b, plugins, "kv")
+			var mut []func(*pluginsandbox.Config)
+			if journal {
+				mut = append(mut, withMemoryDir(b.TempDir()))
+			}
+			ts := newTestServer(b, plugins, mut...)
+			ctx := context.Background()
+			for b.Loop() {
+				if _, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Entry: &pluginv1.MemoryEntry{Key: "k", Content: "a note of a hundred bytes or so, as a memory tends to be: short, and stored again"}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
