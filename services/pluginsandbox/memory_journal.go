@@ -57,6 +57,8 @@ const (
 	// rewriteSlack is added to twice the base, so a small journal is
 	// not rewritten at every append.
 	rewriteSlack = 1 << 20
+	// maxRecordBytes is more than a record of the largest entry takes.
+	maxRecordBytes = 2 << 20
 )
 
 func storeRecord(e wasmhost.MemoryEntry) journalRecord {
@@ -119,20 +121,53 @@ func (j *journal) load(l *ledger) (torn int, err error) {
 	if len(data) > maxJournalBytes {
 		return 0, fmt.Errorf("memory journal %s: larger than %d bytes", j.path, maxJournalBytes)
 	}
-	whole := len(data)
-	if i := bytes.LastIndexByte(data, '\n'); i+1 < len(data) {
-		torn, whole = len(data)-(i+1), i+1
-	}
+	whole := bytes.LastIndexByte(data, '\n') + 1
 	if err := replay(data[:whole], l); err != nil {
 		return 0, fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
-	if torn > 0 {
-		if err := f.Truncate(int64(whole)); err != nil {
-			return torn, fmt.Errorf("memory journal %s: cut its torn end: %w", j.path, err)
+	if torn, err = cutTorn(f); err != nil {
+		return 0, fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	// A rewrite cut short left its temporary file; none is under way
+	// while the lock is held.
+	if stale, err := filepath.Glob(j.path + ".*"); err == nil {
+		for _, p := range stale {
+			_ = os.Remove(p)
 		}
 	}
 	j.base = int64(whole)
 	return torn, nil
+}
+
+// cutTorn cuts off the end of the file f after its last newline, a record
+// the process writing it did not finish, and reports how many bytes it
+// cut. A record is at most the entry bounds as base64, well within the
+// last maxRecordBytes.
+func cutTorn(f *os.File) (int, error) {
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		return 0, err
+	}
+	last := make([]byte, 1)
+	if _, err := f.ReadAt(last, st.Size()-1); err != nil {
+		return 0, err
+	}
+	if last[0] == '\n' {
+		return 0, nil
+	}
+	from := max(st.Size()-maxRecordBytes, 0)
+	tail := make([]byte, st.Size()-from)
+	if _, err := f.ReadAt(tail, from); err != nil {
+		return 0, err
+	}
+	keep := from + int64(bytes.LastIndexByte(tail, '\n')+1) // from, when tail has none
+	if keep == from && from > 0 {
+		return 0, errors.New("its end is not a record")
+	}
+	if err := f.Truncate(keep); err != nil {
+		return 0, fmt.Errorf("cut its torn end: %w", err)
+	}
+	return int(st.Size() - keep), nil
 }
 
 // replay applies the records in data to l.
@@ -173,6 +208,11 @@ func (j *journal) append(records ...journalRecord) error {
 		return fmt.Errorf("memory journal: %w", err)
 	}
 	defer f.Close()
+	// A replica that stopped while appending left a record cut short; a
+	// record written after it would make it a line in the middle.
+	if _, err := cutTorn(f); err != nil {
+		return fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
 	if _, err := f.Write(buf.Bytes()); err != nil {
 		return fmt.Errorf("memory journal %s: %w", j.path, err)
 	}

@@ -51,18 +51,31 @@ func TestMemoriesOutliveTheSandbox(t *testing.T) {
 	// The process stopped while appending: the cut record is dropped and
 	// the rest kept.
 	path := filepath.Join(memories, "kv.jsonl")
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
+	cut := func() {
+		t.Helper()
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(`{"op":"store","key":"ZA`); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	cut()
+	// And a rewrite cut short left its temporary file.
+	if err := os.WriteFile(path+".123", []byte("partial"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteString(`{"op":"store","key":"ZA`); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
 	third := newTestServer(t, plugins, withMemoryDir(memories))
 	if n := third.logs.FilterMessage("memory journal ended in a record cut short; it is dropped").Len(); n != 1 {
 		t.Fatalf("%d warnings of the cut record", n)
 	}
+	if _, err := os.Stat(path + ".123"); !os.IsNotExist(err) {
+		t.Fatalf("the temporary file of a rewrite cut short: %v", err)
+	}
+	// Another replica, sharing the journal, stopped while appending.
+	cut()
 	if err := store(t, third, "d", "note d"); err != nil {
 		t.Fatal(err)
 	}
