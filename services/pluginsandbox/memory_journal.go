@@ -33,6 +33,30 @@ import (
 type journal struct {
 	path string
 	base int64 // the file's size after its last rewrite (or at load)
+	// seen is the file as this process last left it, read or written;
+	// a file at the path that is not it (another replica appended or
+	// rewrote) makes the ledger read it again (refresh). stale is set
+	// when an append found records it had not read.
+	seen  fileID
+	stale bool
+}
+
+// fileID tells one state of a journal file from another.
+type fileID struct {
+	dev, ino uint64
+	size     int64
+}
+
+func idOf(st *unix.Stat_t) fileID {
+	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: st.Size}
+}
+
+// see records what f, whose lock is held, is now.
+func (j *journal) see(f *os.File) {
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) == nil {
+		j.seen = idOf(&st)
+	}
 }
 
 // journalRecord is one line of a journal. The strings are bytes so that
@@ -136,6 +160,7 @@ func (j *journal) load(l *ledger) (torn int, err error) {
 		}
 	}
 	j.base = int64(whole)
+	j.see(f)
 	return torn, nil
 }
 
@@ -213,12 +238,17 @@ func (j *journal) append(records ...journalRecord) error {
 	if _, err := cutTorn(f); err != nil {
 		return fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
+	var before unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &before); err != nil || idOf(&before) != j.seen {
+		j.stale = true // records of another replica's since this one read
+	}
 	if _, err := f.Write(buf.Bytes()); err != nil {
 		return fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
+	j.see(f)
 	st, err := f.Stat()
 	if err != nil || st.Size() <= 2*j.base+rewriteSlack {
 		return nil
@@ -274,11 +304,40 @@ func (j *journal) rewrite(f *os.File) error {
 		_ = d.Sync()
 		d.Close()
 	}
-	if st, err := os.Stat(j.path); err == nil {
-		j.base = st.Size()
+	var st unix.Stat_t
+	if err := unix.Stat(j.path, &st); err == nil {
+		j.base = st.Size
+		if !j.stale {
+			j.seen = idOf(&st)
+		}
 	}
 	return nil
 }
+
+// changed reports whether the file at the path is no longer the one this
+// process last read or wrote: another replica appended to it or rewrote
+// it. It costs a stat.
+func (j *journal) changed() bool {
+	var st unix.Stat_t
+	if j.stale || unix.Stat(j.path, &st) != nil {
+		return true
+	}
+	return idOf(&st) != j.seen
+}
+
+// reload replaces l's entries with what the journal holds.
+func (j *journal) reload(l *ledger) error {
+	fresh := newLedger(nil)
+	if _, err := j.load(fresh); err != nil {
+		return err
+	}
+	j.stale = false
+	l.entries, l.seq, l.bytes = fresh.entries, fresh.seq, fresh.bytes
+	return nil
+}
+
+// errJournal is a journal that could not be read when a call needed it.
+var errJournal = errors.New("memory journal unreadable")
 
 // errNotRecorded is a change the plugin made that its journal does not
 // hold: it does not outlive a restart of the sandbox.

@@ -159,3 +159,39 @@ func BenchmarkMemoryStore(b *testing.B) {
 		})
 	}
 }
+
+// Replicas of the sandbox share the journal, each with its own instance.
+// One that serves memory calls after another did (the other stopped, or
+// a client called it directly) answered from what it had read when it
+// started; it now takes what the other recorded first.
+func TestMemoryReplicasShareTheJournal(t *testing.T) {
+	plugins, memories := t.TempDir(), t.TempDir()
+	installExample(t, plugins, "kv")
+	one := newTestServer(t, plugins, withMemoryDir(memories))
+	two := newTestServer(t, plugins, withMemoryDir(memories))
+	if err := store(t, one, "a", "note a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := recallKeys(t, two, "note", 10); strings.Join(got, ",") != "a" {
+		t.Fatalf("replica two after a store on one: %v", got)
+	}
+	if err := store(t, two, "b", "note b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := two.MemoryForget(context.Background(), &pluginv1.MemoryForgetRequest{Key: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if got := recallKeys(t, one, "note", 10); strings.Join(got, ",") != "b" {
+			t.Fatalf("replica one after a store and a forget on two: %v", got)
+		}
+	}
+	// Calls that find the journal as they left it read nothing again.
+	const rebuilt = "rebuilding the memory plugin's instance with its entries"
+	if n := one.logs.FilterMessage(rebuilt).Len(); n != 1 {
+		t.Fatalf("replica one rebuilt its instance %d times", n)
+	}
+	if n := two.logs.FilterMessage(rebuilt).Len(); n != 1 {
+		t.Fatalf("replica two rebuilt its instance %d times", n)
+	}
+}

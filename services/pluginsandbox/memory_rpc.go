@@ -79,6 +79,16 @@ func (s *Server) withLedger(ctx context.Context, e *entry, fn func(*wasmhost.Mem
 	if l.moved {
 		return true, nil
 	}
+	// Replicas share the journal: one that serves memory calls after
+	// another did (the other stopped, or a client called it directly)
+	// takes what the other recorded, and its instance is given it.
+	if l.journal != nil && l.journal.changed() {
+		if err := l.journal.reload(l); err != nil {
+			s.logger.Warn("read the memory journal", zap.String("plugin", e.name()), zap.Error(err))
+			return false, memoryError(fmt.Errorf("%w: %w", errJournal, err))
+		}
+		l.partial = true
+	}
 	if l.partial {
 		err = wasmhost.ErrUnavailable // the last restore did not finish
 	} else {
@@ -118,6 +128,8 @@ func memoryError(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, errJournal):
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonCapacity, rpcerr.NoIndex, err.Error())
 	case errors.Is(err, errNotRecorded):
 		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonCapacity, rpcerr.NoIndex,
 			"the memory plugin made the change, but the sandbox could not write it to disk, so it would not outlive a restart; retry: "+err.Error())
