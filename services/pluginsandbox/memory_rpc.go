@@ -97,31 +97,37 @@ func (s *Server) withLedger(ctx context.Context, e *entry, fn func(*wasmhost.Mem
 	if errors.Is(err, wasmhost.ErrUnavailable) {
 		s.logger.Warn("rebuilding the memory plugin's instance with its entries",
 			zap.String("plugin", e.name()), zap.Int("entries", len(l.entries)), zap.Int("bytes", l.bytes))
-		var refused []refusal
-		refused, err = l.restore(ctx, e.memory)
-		forgets := make([]journalRecord, 0, len(refused))
-		for _, r := range refused {
-			forgets = append(forgets, journalRecord{Op: opForget, Key: []byte(r.key)})
-		}
-		if rerr := l.record(forgets...); rerr != nil {
-			s.logger.Warn("the entries dropped are still in the memory journal", zap.String("plugin", e.name()), zap.Error(rerr))
-		}
-		if len(refused) > 0 {
-			keys := make([]string, 0, min(len(refused), 10))
-			for _, r := range refused[:cap(keys)] {
-				keys = append(keys, r.key)
-			}
-			s.logger.Warn("memory plugin refused entries it was given back; they are dropped",
-				zap.String("plugin", e.name()), zap.Int("refused", len(refused)), zap.Strings("keys", keys),
-				zap.Error(refused[0].err))
-		}
-		if err == nil {
+		if err = s.restoreLedger(ctx, e, l); err == nil {
 			err = fn(e.memory, l)
 		} else {
 			s.logger.Warn("rebuild memory plugin", zap.String("plugin", e.name()), zap.Error(err))
 		}
 	}
 	return false, memoryError(err)
+}
+
+// restoreLedger rebuilds the plugin's instance with the ledger's entries,
+// and records and reports those the plugin refused.
+func (s *Server) restoreLedger(ctx context.Context, e *entry, l *ledger) error {
+	refused, err := l.restore(ctx, e.memory)
+	if len(refused) == 0 {
+		return err
+	}
+	forgets := make([]journalRecord, 0, len(refused))
+	keys := make([]string, 0, min(len(refused), 10))
+	for _, r := range refused {
+		forgets = append(forgets, journalRecord{Op: opForget, Key: []byte(r.key)})
+		if len(keys) < cap(keys) {
+			keys = append(keys, r.key)
+		}
+	}
+	s.logger.Warn("memory plugin refused entries it was given back; they are dropped",
+		zap.String("plugin", e.name()), zap.Int("refused", len(refused)), zap.Strings("keys", keys),
+		zap.Error(refused[0].err))
+	if rerr := l.record(forgets...); rerr != nil {
+		s.logger.Warn("the entries dropped are still in the memory journal", zap.String("plugin", e.name()), zap.Error(rerr))
+	}
+	return err
 }
 
 func memoryError(err error) error {
@@ -215,13 +221,14 @@ func (s *Server) MemoryForget(ctx context.Context, req *pluginv1.MemoryForgetReq
 	var existed bool
 	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory, l *ledger) error {
 		var err error
-		if existed, err = m.Forget(ctx, req.GetKey()); err == nil {
-			l.forgot(req.GetKey())
-			if existed {
-				err = l.record(journalRecord{Op: opForget, Key: []byte(req.GetKey())})
-			}
+		if existed, err = m.Forget(ctx, req.GetKey()); err != nil {
+			return err
 		}
-		return err
+		if _, held := l.entries[req.GetKey()]; held || existed {
+			l.forgot(req.GetKey())
+			return l.record(journalRecord{Op: opForget, Key: []byte(req.GetKey())})
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
