@@ -27,7 +27,7 @@ func installTestKV(t testing.TB, dir string) {
 	if err := guestbuild.Install(dir, "kv"); err != nil {
 		t.Fatal(err)
 	}
-	wasm, err := guestbuild.WasmWith("kv", "testhooks.go", `//go:build wasip1
+	replaceKV(t, dir, "testhooks.go", `//go:build wasip1
 
 package main
 
@@ -46,6 +46,13 @@ func (h hooked) Recall(query string, limit int) ([]memory.Entry, error) {
 
 func init() { maxBytes = 1 << 30; memory.Register(hooked{}) } // after main.go's init
 `)
+}
+
+// replaceKV builds kv with the file name added, holding src, and puts it
+// in place of the module installed in dir/kv.
+func replaceKV(t testing.TB, dir, name, src string) {
+	t.Helper()
+	wasm, err := guestbuild.WasmWith("kv", name, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +330,7 @@ func TestMemoryRestoreDropsARefusedEntry(t *testing.T) {
 		}
 	}
 	// The same kv, with a Store that refuses one content.
-	wasm, err := guestbuild.WasmWith("kv", "refuse.go", `//go:build wasip1
+	replaceKV(t, dir, "refuse.go", `//go:build wasip1
 
 package main
 
@@ -345,16 +352,6 @@ func (s stricter) Store(e memory.Entry) error {
 
 func init() { memory.Register(stricter{}) } // after main.go's init
 `)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(wasm)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kv", "plugin.wasm"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	ts.rescan(t)
 	if n := ts.logs.FilterMessage("plugin loaded").Len(); n != 2 {
 		t.Fatalf("the plugin loaded %d times", n)
