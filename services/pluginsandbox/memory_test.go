@@ -427,3 +427,29 @@ func TestKVRecallsAtTheBounds(t *testing.T) {
 		t.Fatalf("the instance was rebuilt %d times", n)
 	}
 }
+
+// A store decoded its entry with encoding/json, about 725 wasm
+// instructions of fuel a byte, and the host escaped <, > and & to six
+// bytes each: 512 KiB of "<a&b>" ran out of fuel, and with kv lowering at
+// the store, so did 1 MiB of accented text. Entries of the content bound,
+// 1 MiB, of any of these now store and are recalled.
+func TestKVStoresWhatTheSandboxAccepts(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	ts := newTestServer(t, dir)
+	for i, unit := range []string{"plain ascii text ", "日本語のメモ", "Élan vital à Paris ", "<a href=\"x\">&amp;</a> ", "tab\tand\nnewline "} {
+		content := strings.Repeat(unit, 1<<20/len(unit))
+		key := fmt.Sprintf("k%d", i)
+		if err := store(t, ts, key, content); err != nil {
+			t.Fatalf("store 1 MiB of %q: %v", unit, err)
+		}
+		query := strings.ToUpper(string([]rune(unit)[:3]))
+		got, err := ts.MemoryRecall(context.Background(), &pluginv1.MemoryRecallRequest{Query: query, Limit: 1})
+		if err != nil || len(got.Entries) != 1 || got.Entries[0].Key != key || got.Entries[0].Content != content {
+			t.Fatalf("recall %q: %v", query, err)
+		}
+		if _, err := ts.MemoryForget(context.Background(), &pluginv1.MemoryForgetRequest{Key: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

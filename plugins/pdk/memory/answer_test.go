@@ -46,3 +46,23 @@ func TestRecallAnswerKeepsToItsBudget(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodeEntry(t *testing.T) {
+	in := abi.MemoryEntry{Key: "k\"ey", Content: "a <b> & \u00e9\u65e5 \x01\n\\ \u2028 end", Category: "c", SessionID: "s", Timestamp: 1764900000000}
+	raw, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeEntry(raw)
+	if err != nil || got != in {
+		t.Fatalf("decode %s: %+v %v", raw, got, err)
+	}
+	if got, err := decodeEntry([]byte(`{"key":"k","content":"c","category":null,"extra":[1]}`)); err != nil || got != (abi.MemoryEntry{Key: "k", Content: "c"}) {
+		t.Fatalf("null and unknown fields: %+v %v", got, err)
+	}
+	for _, bad := range []string{``, `[]`, `{"key":1}`, `{"key":"k","timestamp":"x"}`, `{"key":"k"`} {
+		if _, err := decodeEntry([]byte(bad)); err == nil {
+			t.Errorf("%s decoded", bad)
+		}
+	}
+}

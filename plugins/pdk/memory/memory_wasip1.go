@@ -51,8 +51,8 @@ func memoryCapabilities() uint64 {
 
 //go:wasmexport memory_store
 func memoryStore(ptr, size uint32) uint64 {
-	var e Entry
-	if err := json.Unmarshal(guest.Take(ptr, size), &e); err != nil {
+	e, err := decodeEntry(guest.Take(ptr, size))
+	if err != nil {
 		return guest.ReturnErr("malformed entry: " + err.Error())
 	}
 	return guest.Result(nil, registered.Store(e))

@@ -126,7 +126,7 @@ func (c *Channel) reconfigure(ctx context.Context) error {
 
 // Send delivers one message through the plugin.
 func (c *Channel) Send(ctx context.Context, info CallInfo, msg SendMessage) error {
-	arg, err := json.Marshal(msg)
+	arg, err := guestJSON(msg)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrABI, err)
 	}

@@ -1,7 +1,6 @@
 package wasmhost
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -30,7 +29,7 @@ func NewInboundQueue(max int) *InboundQueue {
 
 // Push queues one message, which must be a JSON object.
 func (q *InboundQueue) Push(msg any) error {
-	b, err := json.Marshal(msg)
+	b, err := guestJSON(msg)
 	if err != nil {
 		return fmt.Errorf("wasmhost: inbound message: %w", err)
 	}

@@ -2,7 +2,6 @@ package wasmhost
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/clawmesh/clawmesh/plugins/abi"
@@ -71,7 +70,7 @@ func (m *Memory) call(ctx context.Context, export string, arg any, v any) error 
 	var raw []byte
 	if arg != nil {
 		var err error
-		if raw, err = json.Marshal(arg); err != nil {
+		if raw, err = guestJSON(arg); err != nil {
 			return fmt.Errorf("%w: %w", ErrABI, err)
 		}
 	}

@@ -2,7 +2,6 @@ package wasmhost
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/clawmesh/clawmesh/plugins/abi"
@@ -48,7 +47,7 @@ func (o *Observer) PluginName() string { return o.r.c.spec.Name }
 
 // RecordEvent hands one event to the plugin.
 func (o *Observer) RecordEvent(ctx context.Context, e ObserverEvent) error {
-	arg, err := json.Marshal(e)
+	arg, err := guestJSON(e)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrABI, err)
 	}
