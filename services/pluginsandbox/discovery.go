@@ -162,7 +162,7 @@ func (s *Server) memoryLedger(plugin string) (*ledger, error) {
 	if s.cfg.MemoryDir == "" {
 		return newLedger(nil), nil
 	}
-	j, err := openJournal(s.cfg.MemoryDir, plugin)
+	j, err := openJournal(s.cfg.MemoryDir, plugin, s.logger.With(zap.String("plugin", plugin)))
 	if err != nil {
 		return newLedger(nil), err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
@@ -32,6 +33,7 @@ import (
 // appended is kept.
 type journal struct {
 	path string
+	log  *zap.Logger
 	base int64 // the file's size after its last rewrite (or at load)
 	// seen is the file as this process last left it, read or written;
 	// a file at the path that is not it (another replica appended or
@@ -97,14 +99,14 @@ func (r journalRecord) entry() wasmhost.MemoryEntry {
 
 // openJournal names the journal of plugin in dir; the directory is made
 // if it is missing.
-func openJournal(dir, plugin string) (*journal, error) {
+func openJournal(dir, plugin string, log *zap.Logger) (*journal, error) {
 	if !manifest.NamePattern.MatchString(plugin) {
 		return nil, fmt.Errorf("memory journal: plugin name %q is not a file name", plugin)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory journal: %w", err)
 	}
-	return &journal{path: filepath.Join(dir, plugin+".jsonl")}, nil
+	return &journal{path: filepath.Join(dir, plugin+".jsonl"), log: log}, nil
 }
 
 // lockedFile opens the journal with flags and holds an exclusive flock on
@@ -253,8 +255,13 @@ func (j *journal) append(records ...journalRecord) error {
 	if err != nil || st.Size() <= 2*j.base+rewriteSlack {
 		return nil
 	}
-	// A failed rewrite leaves the log as it was, whole.
-	return j.rewrite(f)
+	// The records are written and synced: a failed rewrite leaves the
+	// log as it was, whole, and is no failure of the call (before, the
+	// store answered "not written to disk" for what was).
+	if err := j.rewrite(f); err != nil {
+		j.log.Warn("memory journal not rewritten; it stays a longer log", zap.String("path", j.path), zap.Error(err))
+	}
+	return nil
 }
 
 // rewrite replaces the journal, whose lock f holds, with its live

@@ -74,10 +74,21 @@ func spin(t testing.TB, ts *testServer) {
 	}
 }
 
-func store(t *testing.T, ts *testServer, key, content string) error {
+func store(t testing.TB, ts *testServer, key, content string) error {
 	t.Helper()
 	_, err := ts.MemoryStore(context.Background(), &pluginv1.MemoryStoreRequest{Entry: &pluginv1.MemoryEntry{Key: key, Content: content}})
 	return err
+}
+
+// storeN stores n entries of content under keys made by key from 0 to
+// n-1, and stops the test at the first that fails.
+func storeN(t testing.TB, ts *testServer, key string, n int, content string) {
+	t.Helper()
+	for i := range n {
+		if err := store(t, ts, fmt.Sprintf(key, i), content); err != nil {
+			t.Fatalf("store %s: %v", fmt.Sprintf(key, i), err)
+		}
+	}
 }
 
 func recallKeys(t *testing.T, ts *testServer, query string, limit int32) []string {
@@ -108,12 +119,7 @@ func TestMemoriesOutliveTheirInstance(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	big := strings.Repeat("z", 1<<20)
-	for i := range 4 {
-		if err := store(t, ts, fmt.Sprintf("big%d", i), big); err != nil {
-			t.Fatal(err)
-		}
-	}
+	storeN(t, ts, "big%d", 4, strings.Repeat("z", 1<<20))
 	if err := store(t, ts, "a", "note a, again"); err != nil { // a is now the newest
 		t.Fatal(err)
 	}
@@ -154,11 +160,7 @@ func TestMemoryBounds(t *testing.T) {
 	}
 	mib := strings.Repeat("y", 1<<20)
 	n := pluginsandbox.MaxMemoryBytes / (1 << 20)
-	for i := range n - 1 {
-		if err := store(t, ts, fmt.Sprintf("m%02d", i), mib); err != nil {
-			t.Fatalf("store %d: %v", i, err)
-		}
-	}
+	storeN(t, ts, "m%02d", n-1, mib)
 	err := store(t, ts, "one-too-many", mib)
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), fmt.Sprint(pluginsandbox.MaxMemoryBytes)) {
 		t.Fatalf("store past the byte bound: %v", err)
@@ -197,18 +199,8 @@ func BenchmarkMemoryRebuild(b *testing.B) {
 	installTestKV(b, dir)
 	ts := newTestServer(b, dir)
 	ctx := context.Background()
-	small := strings.Repeat("s", 100)
-	for i := range pluginsandbox.MaxMemoryEntries - 4 {
-		if _, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Entry: &pluginv1.MemoryEntry{Key: fmt.Sprintf("s%05d", i), Content: small}}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	big := strings.Repeat("z", 1<<20)
-	for i := range 4 {
-		if _, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Entry: &pluginv1.MemoryEntry{Key: fmt.Sprintf("big%d", i), Content: big}}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	storeN(b, ts, "s%05d", pluginsandbox.MaxMemoryEntries-4, strings.Repeat("s", 100))
+	storeN(b, ts, "big%d", 4, strings.Repeat("z", 1<<20))
 	for b.Loop() {
 		b.StopTimer()
 		spin(b, ts)
@@ -264,17 +256,8 @@ func TestMemoryRestoreCutMidway(t *testing.T) {
 	ts := newTestServer(t, dir)
 	ctx := context.Background()
 	const n = 2000
-	for i := range n {
-		if err := store(t, ts, fmt.Sprintf("n%04d", i), "note"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	big := strings.Repeat("z", 1<<20)
-	for i := range 4 {
-		if err := store(t, ts, fmt.Sprintf("big%d", i), big); err != nil {
-			t.Fatal(err)
-		}
-	}
+	storeN(t, ts, "n%04d", n, "note")
+	storeN(t, ts, "big%d", 4, strings.Repeat("z", 1<<20))
 	spin(t, ts)
 	// Deadlines from 1 ms up until one ends the restore between two of
 	// its stores.
