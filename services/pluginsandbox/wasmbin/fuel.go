@@ -17,6 +17,18 @@ const FuelGlobalExport = "__clawmesh_fuel"
 // traps at the first of them it reaches.
 const InterruptGlobalExport = "__clawmesh_interrupt"
 
+// YieldMarkGlobalExport is the name under which the rewritten module
+// exports where its next yield is due: a mutable i64 global. A loop header
+// whose counter is below it yields to the Go runtime and moves it down to
+// the start of the counter's block of yieldPeriod units. The host sets it
+// with YieldMark when it sets the counter.
+const YieldMarkGlobalExport = "__clawmesh_yield_mark"
+
+// YieldMark is the yield mark for a counter of fuel: the start of its
+// block of yieldPeriod units, so that the first yield comes when the
+// counter leaves that block.
+func YieldMark(fuel uint64) uint64 { return fuel &^ (yieldPeriod - 1) }
+
 // segmentEnds reports whether op ends a metering segment. A segment is a run
 // of instructions that, once its first instruction runs, runs to its last
 // unless it traps: it ends at every instruction after which control may go
@@ -35,8 +47,8 @@ func segmentEnds(op uint32) bool {
 
 // fuelRewriter instruments one function body.
 //
-// Every segment is charged its number of instructions, so the counter goes
-// negative exactly when the budget is spent. Inside a function the counter
+// Every segment is charged what its instructions cost (instrCost), so the
+// counter goes negative exactly when the budget is spent. Inside a function the counter
 // lives in a local added to the function (a register in compiled code); the
 // exported global holds it wherever something else may look:
 //
@@ -65,18 +77,35 @@ func segmentEnds(op uint32) bool {
 // no call) before the trap, and the trap leaves the counter negative in the
 // global for the host to read. A call that returns without reaching such a
 // test still leaves it negative, and the host reports that as exhaustion
-// too. A segment made of a lone end or else is not charged: it cannot repeat
-// without a charged branch.
+// too. A segment made of a lone end or else is not tested: it cannot repeat
+// without a branch.
 //
 // The flag is a global of its own, never written by the guest, because a
 // host's write into the counter could be overwritten by the guest storing
 // its local (a whole straight stretch after the last load): the flag's
 // write cannot be lost.
 type fuelRewriter struct {
-	fuel, interrupt uint32 // global indices
-	counter         uint32 // the added local
-	yield           bool   // the module has a memory to yield with
-	live            bool   // the local holds the counter
+	fuel, interrupt, mark uint32 // global indices
+	counter               uint32 // the added local
+	yield                 bool   // the module has a memory to yield with
+	live                  bool   // the local holds the counter
+}
+
+// instrCost is what one instruction is charged: a unit, as the seed's
+// engine (Wasmtime with consume_fuel) counts, but nothing for those that
+// compile to no code of their own: nop, drop, block, loop, else, end,
+// unreachable and return. A loop still costs at least its branch back.
+//
+// Charging them too made a Go guest pay for its functions' shape: each
+// one is a loop around a br_table under one block per resumption point,
+// so every jump in Go code re-entered a segment of about a hundred
+// blocks (kv's decoding spent some 1,200 units an escaped character).
+func instrCost(op uint32) int {
+	switch op {
+	case opNop, opDrop, opBlock, opLoop, opElse, opEnd, opUnreachable, opReturn:
+		return 0
+	}
+	return 1
 }
 
 // rewrite appends the instrumented body b (its locals with the counter
@@ -107,19 +136,20 @@ func (r *fuelRewriter) rewrite(b funcBody, params uint32, out []byte) ([]byte, i
 	out = append(out, 0x01, 0x7e) // one i64
 
 	expr := b.expr
-	segStart, cost, blocks, depth := 0, 0, 0, 0
+	segStart, n, cost, charges, depth := 0, 0, 0, 0, 0
 	afterLoop := false
 	for pos := 0; pos < len(expr); {
 		op, next, err := nextInstr(expr, pos)
 		if err != nil {
 			return nil, 0, err
 		}
-		cost++
+		n++
+		cost += instrCost(op)
 		pos = next
 		if !segmentEnds(op) {
 			continue
 		}
-		if cost > 1 || (op != opEnd && op != opElse) {
+		if n > 1 || (op != opEnd && op != opElse) {
 			switch {
 			case segStart == 0:
 				out = r.appendEntry(out, int64(cost))
@@ -128,21 +158,23 @@ func (r *fuelRewriter) rewrite(b funcBody, params uint32, out []byte) ([]byte, i
 			case afterLoop:
 				out = r.appendCharge(out, int64(cost))
 				out = r.appendTest(out)
-			default:
+			case cost > 0:
 				out = r.appendCharge(out, int64(cost))
+			default:
+				charges-- // free: nothing to charge, no test here
 			}
-			blocks++
+			charges++
 		}
 		if out, depth, err = r.copySegment(out, expr[segStart:pos], depth); err != nil {
 			return nil, 0, err
 		}
-		segStart, cost = pos, 0
+		segStart, n, cost = pos, 0, 0
 		afterLoop = op == opLoop
 	}
 	if segStart != len(expr) {
 		return nil, 0, fmt.Errorf("%w: function body does not end with end", ErrMalformed)
 	}
-	return out, blocks, nil
+	return out, charges, nil
 }
 
 // copySegment appends the instructions of seg with the counter stored
@@ -285,24 +317,27 @@ func (r *fuelRewriter) appendTest(out []byte) []byte {
 const yieldPeriod = 1 << 20
 
 // appendLoopTest charges a loop header in a module with a memory: it tests
-// the counter and the flag and makes the loop exit to the Go runtime about
-// once per yieldPeriod units of fuel, with one comparison on the fast path:
+// the counter and the flag and makes the loop exit to the Go runtime once
+// the counter is below the yield mark, with one comparison on the fast
+// path:
 //
-//	local.get $n; global.get $interrupt; i64.or
-//	i64.const 1<<63|yieldPeriod-1; i64.and
-//	i64.const cost; i64.sub; i64.const yieldPeriod; i64.lt_u
 //	local.get $n; i64.const cost; i64.sub; local.set $n
+//	local.get $n; global.get $mark; i64.sub; global.get $interrupt; i64.or
+//	i64.const 0; i64.ge_s
 //	if
 //	else
 //	  (the test of appendTest)
+//	  local.get $n; i64.const -yieldPeriod; i64.and; global.set $mark
 //	  i32.const 0; memory.grow 0; drop
 //	end
 //
-// With x the sign bit and low bits of the counter before the charge (the
-// flag's sign bit or-ed in), x-cost (wrapping) is below yieldPeriod exactly
-// when neither is negative and the counter's low bits are at least cost:
-// the slow path runs when the counter or the flag is negative (and traps)
-// or when this charge crossed a multiple of yieldPeriod (and yields).
+// The slow path runs when the counter has left the block of yieldPeriod
+// units the mark starts (or is negative), or the flag is raised: it traps,
+// or moves the mark to the start of the counter's block and yields. The
+// mark is one global, so each block is yielded once, whichever frame sees
+// it first. (Before, a header yielded only when its own charge crossed a
+// multiple of yieldPeriod: a loop whose length and header lined up badly
+// never yielded.)
 //
 // The fast path is the then-arm, empty, and the slow path the else-arm:
 // wazero's register allocator gives the code after the if the registers of
@@ -313,24 +348,29 @@ const yieldPeriod = 1 << 20
 //
 // wazero's compiled code cannot be preempted by the Go scheduler, so a guest
 // loop that never leaves it would hold its thread through a garbage
-// collector's stop-the-world, which then waits forever, and with it the
-// watchdog that is meant to stop the loop. memory.grow leaves compiled code
-// for a Go handler (a preemption point) and, with delta 0, changes nothing.
+// collector's stop-the-world, which then waits, and with it the watchdog
+// that is meant to stop the loop, until the budget is spent. memory.grow
+// leaves compiled code for a Go handler (a preemption point) and, with
+// delta 0, changes nothing.
 func (r *fuelRewriter) appendLoopTest(out []byte, cost int64) []byte {
+	if cost > 0 {
+		out = r.appendCharge(out, cost)
+	}
 	out = append(out, 0x20)
 	out = appendU32(out, r.counter)
 	out = append(out, 0x23)
+	out = appendU32(out, r.mark)
+	out = append(out, 0x7d, 0x23) // i64.sub; global.get
 	out = appendU32(out, r.interrupt)
-	out = append(out, 0x84, 0x42)
-	out = appendS64(out, math.MinInt64|(yieldPeriod-1))
-	out = append(out, 0x83, 0x42)
-	out = appendS64(out, cost)
-	out = append(out, 0x7d, 0x42)
-	out = appendS64(out, yieldPeriod)
-	out = append(out, 0x54)
-	out = r.appendCharge(out, cost)
-	out = append(out, 0x04, 0x40, 0x05)
+	out = append(out, 0x84, 0x42, 0x00, 0x59) // i64.or; i64.const 0; i64.ge_s
+	out = append(out, 0x04, 0x40, 0x05)       // if; else
 	out = r.appendTest(out)
+	out = append(out, 0x20)
+	out = appendU32(out, r.counter)
+	out = append(out, 0x42)
+	out = appendS64(out, -yieldPeriod)
+	out = append(out, 0x83, 0x24) // i64.and; global.set
+	out = appendU32(out, r.mark)
 	return append(out, 0x41, 0x00, 0x40, 0x00, 0x1a, 0x0b)
 }
 
@@ -372,10 +412,11 @@ func (m *Module) paramCounts(n int) ([]uint32, error) {
 }
 
 // instrumentFuel rewrites the code section with fuel charges and adds the
-// exported fuel counter and interrupt flag. It returns the number of
+// exported fuel counter, interrupt flag and yield mark. It returns the number of
 // charges inserted.
 func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
-	for _, name := range []string{FuelGlobalExport, InterruptGlobalExport} {
+	added := []string{FuelGlobalExport, InterruptGlobalExport, YieldMarkGlobalExport}
+	for _, name := range added {
 		if m.HasExport(name) {
 			return 0, fmt.Errorf("%w: %s", ErrNameClash, name)
 		}
@@ -384,7 +425,7 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if n := uint64(m.ImportedGlobals) + uint64(m.DefinedGlobals); n+2 > math.MaxUint32 {
+	if n := uint64(m.ImportedGlobals) + uint64(m.DefinedGlobals); n+3 > math.MaxUint32 {
 		return 0, fmt.Errorf("%w: %d globals", ErrUnsupported, n)
 	}
 	g := m.ImportedGlobals + m.DefinedGlobals
@@ -399,7 +440,7 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	var scratch []byte
 	total := 0
 	for i, b := range bodies {
-		r := fuelRewriter{fuel: g, interrupt: g + 1, yield: m.HasMemory}
+		r := fuelRewriter{fuel: g, interrupt: g + 1, mark: g + 2, yield: m.HasMemory}
 		var n int
 		if scratch, n, err = r.rewrite(b, params[i], scratch[:0]); err != nil {
 			return 0, fmt.Errorf("function body %d: %w", i, err)
@@ -410,8 +451,8 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	}
 	m.setSection(secCode, code)
 
-	// Append (global (mut i64) (i64.const 0)) twice.
-	globals := appendU32(nil, m.DefinedGlobals+2)
+	// Append (global (mut i64) (i64.const 0)) for each.
+	globals := appendU32(nil, m.DefinedGlobals+uint32(len(added)))
 	if old := m.section(secGlobal); old != nil {
 		entries, err := globalEntries(old)
 		if err != nil {
@@ -419,16 +460,18 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 		}
 		globals = append(globals, entries...)
 	}
-	globals = append(globals, 0x7e, 0x01, 0x42, 0x00, 0x0b, 0x7e, 0x01, 0x42, 0x00, 0x0b)
+	for range added {
+		globals = append(globals, 0x7e, 0x01, 0x42, 0x00, 0x0b)
+	}
 	m.setSection(secGlobal, globals)
-	m.DefinedGlobals += 2
+	m.DefinedGlobals += uint32(len(added))
 
-	exports := appendU32(nil, uint32(len(m.Exports)+2))
+	exports := appendU32(nil, uint32(len(m.Exports)+len(added)))
 	if old := m.section(secExport); old != nil {
 		_, pos, _ := readU32(old, 0)
 		exports = append(exports, old[pos:]...)
 	}
-	for i, name := range []string{FuelGlobalExport, InterruptGlobalExport} {
+	for i, name := range added {
 		exports = appendName(exports, name)
 		exports = append(exports, 0x03)
 		exports = appendU32(exports, g+uint32(i))

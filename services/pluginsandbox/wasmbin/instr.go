@@ -12,6 +12,7 @@ const MaxLocals = 50_000
 
 const (
 	opUnreachable        = 0x00
+	opNop                = 0x01
 	opBlock              = 0x02
 	opLoop               = 0x03
 	opIf                 = 0x04
@@ -23,6 +24,7 @@ const (
 	opReturn             = 0x0f
 	opCall               = 0x10
 	opCallIndirect       = 0x11
+	opDrop               = 0x1a
 	opReturnCall         = 0x12
 	opReturnCallIndirect = 0x13
 	opLocalGet           = 0x20

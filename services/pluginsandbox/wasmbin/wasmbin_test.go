@@ -6,6 +6,7 @@ import (
 	"errors"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -15,7 +16,8 @@ import (
 )
 
 // spinModule exports spin(n i32): a loop that runs n times. Instrumented, a
-// call costs 1 (the entry segment ending at loop) + 5 per iteration.
+// call costs 5 an iteration (the entry segment, the loop instruction, is
+// free).
 func spinModule() []byte {
 	var b wb.Builder
 	t := b.Type([]byte{wb.I32}, nil)
@@ -31,6 +33,15 @@ func spinModule() []byte {
 	})
 	b.ExportFunc("spin", f)
 	return b.Bytes()
+}
+
+// work is k units of fuel: (i32.const 0; drop) k times.
+func work(k int) []byte {
+	var b []byte
+	for range k {
+		b = append(b, 0x41, 0x00, 0x1a)
+	}
+	return b
 }
 
 func instantiate(t *testing.T, wasm []byte) api.Module {
@@ -64,13 +75,13 @@ func TestFuelCountsExactly(t *testing.T) {
 			t.Fatalf("spin(%d): %v", n, err)
 		}
 		used := int64(1<<40) - int64(fuel.Get())
-		if want := int64(1 + 5*n); used != want {
+		if want := int64(5 * n); used != want {
 			t.Errorf("spin(%d) used %d fuel, want %d", n, used, want)
 		}
 	}
 
 	// A budget one short of the need traps and leaves the counter negative.
-	fuel.Set(uint64(1 + 5*100 - 1))
+	fuel.Set(uint64(5*100 - 1))
 	if _, err := spin.Call(ctx, 100); err == nil {
 		t.Fatal("spin with short budget did not trap")
 	}
@@ -87,9 +98,14 @@ func TestFuelCountsExactly(t *testing.T) {
 func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
 	var b wb.Builder
 	ty := b.Type(nil, nil)
-	// Segments: [i32.const 1; if] 2 (entry: tested), [nop; nop; end] 3,
-	// [nop; nop; nop; end] 4: 9 in all.
-	straight := b.Func(ty, nil, []byte{0x41, 0x01, 0x04, 0x40, 0x01, 0x01, 0x0b, 0x01, 0x01, 0x01, 0x0b})
+	// Segments: [i32.const 1; if] 2 (entry: tested), [(i32.const 0;
+	// drop) x3; end] 3, [(i32.const 0; drop) x4; end] 4: 9 in all (drop and
+	// end are free).
+	body := []byte{0x41, 0x01, 0x04, 0x40}
+	body = append(body, work(3)...)
+	body = append(body, 0x0b)
+	body = append(body, work(4)...)
+	straight := b.Func(ty, nil, append(body, 0x0b))
 	b.ExportFunc("straight", straight)
 	out, rep, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
 	if err != nil {
@@ -130,14 +146,14 @@ func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
 	fuel = mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
 	spin := mod.ExportedFunction("spin")
 	for _, short := range []int64{1, 4, 5, 6, 250} {
-		budget := 1 + 5*100 - short
+		budget := 5*100 - short
 		fuel.Set(uint64(budget))
 		if _, err := spin.Call(ctx, 100); err == nil {
 			t.Fatalf("short by %d: no trap", short)
 		}
-		// Iterations paid in full: (budget-1)/5; the next one's charge
-		// makes the counter negative and its header test traps.
-		want := budget - 1 - 5*((budget-1)/5+1)
+		// Iterations paid in full: budget/5; the next one's charge makes
+		// the counter negative and its header test traps.
+		want := budget - 5*(budget/5+1)
 		if left := int64(fuel.Get()); left != want {
 			t.Errorf("short by %d: counter %d after the trap, want %d", short, left, want)
 		}
@@ -151,10 +167,10 @@ func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
 func TestFuelExactAcrossCalls(t *testing.T) {
 	var b wb.Builder
 	ty := b.Type(nil, nil)
-	callee := b.Func(ty, nil, []byte{0x01, 0x01, 0x01, 0x0b}) // nop x3; end: one segment of 4
-	// i32.const 1; drop; call callee; nop; nop; end: one segment of 6
-	// around the call, charged at the caller's entry.
-	caller := b.Func(ty, nil, []byte{0x41, 0x01, 0x1a, 0x10, byte(callee), 0x01, 0x01, 0x0b})
+	callee := b.Func(ty, nil, append(work(4), 0x0b)) // one segment of 4
+	// i32.const 1; drop; call callee; (i32.const 0; drop) x4; end: one
+	// segment of 6 around the call, charged at the caller's entry.
+	caller := b.Func(ty, nil, append(append([]byte{0x41, 0x01, 0x1a, 0x10, byte(callee)}, work(4)...), 0x0b))
 	b.ExportFunc("caller", caller)
 	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
 	if err != nil {
@@ -198,7 +214,7 @@ func TestInterruptFlagStopsEntriesAndLoops(t *testing.T) {
 			b.Memory(1, 1, true)
 		}
 		// spin(n): loop { call tick; n--; br_if n != 0 }: the entry segment
-		// (loop) costs 1, each iteration 6.
+		// (loop) is free, each iteration costs 6.
 		spin := b.Func(b.Type([]byte{wb.I32}, nil), nil, []byte{
 			0x03, 0x40, 0x10, byte(tick), 0x20, 0x00, 0x41, 0x01, 0x6b, 0x22, 0x00, 0x0d, 0x00, 0x0b, 0x0b,
 		})
@@ -234,17 +250,17 @@ func TestInterruptFlagStopsEntriesAndLoops(t *testing.T) {
 				t.Fatalf("memory %v: flag raised in call %d: no trap", memory, k)
 			}
 			// k iterations paid and the next header's charge.
-			if calls != k || int64(fuel.Get()) != budget-1-6*int64(k+1) {
+			if calls != k || int64(fuel.Get()) != budget-6*int64(k+1) {
 				t.Errorf("memory %v: flag raised in call %d: %d calls, counter %d; want %d, %d",
-					memory, k, calls, int64(fuel.Get()), k, budget-1-6*(k+1))
+					memory, k, calls, int64(fuel.Get()), k, budget-6*(k+1))
 			}
 		}
 		fuel.Set(budget)
 		flag.Set(1 << 63)
 		calls, raiseAt = 0, 0
-		if _, err := mod.ExportedFunction("spin").Call(ctx, 1000); err == nil || calls != 0 || int64(fuel.Get()) != budget-1 {
+		if _, err := mod.ExportedFunction("spin").Call(ctx, 1000); err == nil || calls != 0 || int64(fuel.Get()) != budget {
 			t.Errorf("memory %v: flag raised before the call: err %v, %d calls, counter %d; want a trap at entry with %d",
-				memory, err, calls, int64(fuel.Get()), budget-1)
+				memory, err, calls, int64(fuel.Get()), budget)
 		}
 		_ = r.Close(ctx)
 	}
@@ -586,4 +602,110 @@ func escapeFixture() []byte {
 	body := append(wb.S64([]byte{0x03, 0x40, 0x42}, 1<<62), 0x21, 0x01, 0x42, 0x00, 0x24, 0x02, 0x0c, 0x00, 0x0b, 0x0b)
 	b.ExportFunc("f", b.Func(b.Type([]byte{wb.I32}, nil), nil, body))
 	return b.Bytes()
+}
+
+// The seed's engine charges nothing for what compiles to no code: a Go
+// guest's function is a loop around a br_table under one block per
+// resumption point, re-entered at every jump, and was charged for every
+// block each time. Here a dispatch over 100 blocks costs its two real
+// instructions an iteration, as in Wasmtime.
+func TestFuelChargesNothingForBlocks(t *testing.T) {
+	const blocks = 100
+	var b wb.Builder
+	// loop; block x100; local.get 0; br_table 0 (out of the innermost);
+	// end; local.get 0; i32.const 1; i32.sub; local.tee 0; br_if (the
+	// loop); end x99; end (loop); end
+	body := []byte{0x03, 0x40}
+	for range blocks {
+		body = append(body, 0x02, 0x40)
+	}
+	body = append(body, 0x20, 0x00, 0x0e, 0x00, 0x00, 0x0b)
+	body = append(body, 0x20, 0x00, 0x41, 0x01, 0x6b, 0x22, 0x00, 0x0d, blocks-1)
+	for range blocks - 1 {
+		body = append(body, 0x0b)
+	}
+	body = append(body, 0x0b, 0x0b)
+	f := b.Func(b.Type([]byte{wb.I32}, nil), nil, body)
+	b.ExportFunc("dispatch", f)
+	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := instantiate(t, out)
+	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	for _, n := range []uint64{1, 10, 1000} {
+		fuel.Set(1 << 40)
+		if _, err := mod.ExportedFunction("dispatch").Call(context.Background(), n); err != nil {
+			t.Fatal(err)
+		}
+		// local.get; br_table; then local.get; i32.const; i32.sub;
+		// local.tee; br_if.
+		if used, want := int64(1<<40)-int64(fuel.Get()), int64(7*n); used != want {
+			t.Errorf("dispatch(%d) used %d fuel, want %d", n, used, want)
+		}
+	}
+}
+
+// A guest loop yields to the Go runtime once its counter crosses a
+// multiple of the yield period, wherever in the loop that happens. Before,
+// only the header's own charge was looked at: here it is 3 units of an
+// iteration's 32 as main counted them (2 of 16 now), and the budget put
+// every header at 16 modulo 32, so no header saw a crossing, the loop
+// never left compiled code, a collection's stop-the-world waited for it,
+// and so did the goroutine meant to raise the interrupt flag, until the
+// budget was spent.
+func TestLoopsYieldWhateverTheirShape(t *testing.T) {
+	var b wb.Builder
+	b.Memory(1, 1, true)
+	// loop; block; i32.const 0; br_if 0; (13 units); nop; end; br 1 (the
+	// loop); end; end
+	body := []byte{0x03, 0x40, 0x02, 0x40, 0x41, 0x00, 0x0d, 0x00}
+	body = append(body, work(13)...)
+	body = append(body, 0x01, 0x0b, 0x0c, 0x00, 0x0b, 0x0b)
+	f := b.Func(b.Type(nil, nil), nil, body)
+	b.ExportFunc("forever", f)
+	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := instantiate(t, out)
+	const budget = 1<<34 + 17 // seconds of this loop
+	mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal).Set(budget)
+	mod.ExportedGlobal(wasmbin.YieldMarkGlobalExport).(api.MutableGlobal).Set(wasmbin.YieldMark(budget))
+	flag := mod.ExportedGlobal(wasmbin.InterruptGlobalExport).(api.MutableGlobal)
+
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	raise := time.AfterFunc(50*time.Millisecond, func() { flag.Set(1 << 63) })
+	defer raise.Stop()
+	_, err = mod.ExportedFunction("forever").Call(context.Background())
+	close(quit)
+	<-done
+	left := int64(mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal).Get())
+	if err == nil || left < 0 {
+		t.Fatalf("err %v, counter %d: the loop ran until its budget was spent, not stopped by the flag", err, left)
+	}
+	t.Logf("stopped by the flag with %d of %d units left", left, int64(budget))
+}
+
+// The globals the rewriter adds are exported under names a module must not
+// use itself: one that does is refused, whichever of the three it takes.
+func TestRefusesTheAddedNames(t *testing.T) {
+	for _, name := range []string{wasmbin.FuelGlobalExport, wasmbin.InterruptGlobalExport, wasmbin.YieldMarkGlobalExport} {
+		var b wb.Builder
+		b.ExportGlobal(name, b.Global(0))
+		if _, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true}); !errors.Is(err, wasmbin.ErrNameClash) {
+			t.Errorf("a module exporting %s: err = %v, want ErrNameClash", name, err)
+		}
+	}
 }

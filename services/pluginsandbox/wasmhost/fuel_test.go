@@ -11,11 +11,12 @@ import (
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
-// nops returns n nop instructions.
-func nops(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = 0x01
+// work returns n units of fuel: (i32.const 0; drop) n times (drop, like
+// nop, is free).
+func work(n int) []byte {
+	var b []byte
+	for range n {
+		b = append(b, 0x41, 0x00, 0x1a)
 	}
 	return b
 }
@@ -34,13 +35,13 @@ func TestWatchdogStopsLoopWithCountInLocal(t *testing.T) {
 			return append([]byte{0x03, 0x40, 0x0c, 0x00, 0x0b}, result...) // loop; br 0; end
 		}),
 		"loop of straight code and an if": handTool(func(b *wb.Builder, result []byte) []byte {
-			// loop; nop x5000; i32.const 1; if; nop; end; br 0; end
-			body := append([]byte{0x03, 0x40}, nops(5000)...)
+			// loop; 5000 units; i32.const 1; if; nop; end; br 0; end
+			body := append([]byte{0x03, 0x40}, work(5000)...)
 			body = append(body, 0x41, 0x01, 0x04, 0x40, 0x01, 0x0b, 0x0c, 0x00, 0x0b)
 			return append(body, result...)
 		}),
 		"loop calling straight code": handTool(func(b *wb.Builder, result []byte) []byte {
-			straight := b.Func(b.Type(nil, nil), nil, append(nops(5000), 0x0b))
+			straight := b.Func(b.Type(nil, nil), nil, append(work(5000), 0x0b))
 			// loop; call straight; br 0; end
 			return append([]byte{0x03, 0x40, 0x10, byte(straight), 0x0c, 0x00, 0x0b}, result...)
 		}),
@@ -67,9 +68,9 @@ func TestWatchdogStopsLoopWithCountInLocal(t *testing.T) {
 // counter the callee left, to the instruction.
 func TestFuelExactAcrossGuestCall(t *testing.T) {
 	wasm := handTool(func(b *wb.Builder, result []byte) []byte {
-		helper := b.Func(b.Type(nil, nil), nil, append(nops(100), 0x0b))
+		helper := b.Func(b.Type(nil, nil), nil, append(work(100), 0x0b))
 		body := []byte{0x10, byte(helper), 0x41, 0x01, 0x04, 0x40} // call helper; i32.const 1; if
-		body = append(body, nops(50)...)
+		body = append(body, work(50)...)
 		body = append(body, 0x0b) // end
 		return append(body, result...)
 	})
@@ -79,9 +80,9 @@ func TestFuelExactAcrossGuestCall(t *testing.T) {
 	if err != nil || !res.Success {
 		t.Fatalf("with a large budget: %+v, %v", res, err)
 	}
-	// alloc 4+2; execute's entry segment (call; i32.const; if) 3; the
-	// helper 101; the if-body 51; execute's tail 2.
-	const need = 4 + 2 + 3 + 101 + 51 + 2
+	// alloc 4+1; execute's entry segment (call; i32.const; if) 3; the
+	// helper 100; the if-body 50; execute's tail 1 (end is free).
+	const need = 4 + 1 + 3 + 100 + 50 + 1
 	if res.FuelUsed != need {
 		t.Fatalf("fuel used = %d, want %d", res.FuelUsed, need)
 	}

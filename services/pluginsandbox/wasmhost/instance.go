@@ -29,6 +29,7 @@ type instance struct {
 	c         *compiled
 	mod       api.Module
 	fuel      api.MutableGlobal // nil when fuel is disabled
+	mark      api.MutableGlobal // where the guest's next yield is due (wasmbin); with fuel
 	interrupt api.MutableGlobal // the guest's interrupt flag (wasmbin); with fuel
 	alloc     api.Function
 	dealloc   api.Function
@@ -79,6 +80,10 @@ func (h *Host) newInstance(ctx context.Context, c *compiled) (*instance, error) 
 		if in.interrupt, ok = mod.ExportedGlobal(wasmbin.InterruptGlobalExport).(api.MutableGlobal); !ok {
 			in.close(context.Background())
 			return nil, fmt.Errorf("%w: fuel counter without an interrupt flag", ErrInvalidModule)
+		}
+		if in.mark, ok = mod.ExportedGlobal(wasmbin.YieldMarkGlobalExport).(api.MutableGlobal); !ok {
+			in.close(context.Background())
+			return nil, fmt.Errorf("%w: fuel counter without a yield mark", ErrInvalidModule)
 		}
 	}
 	if init := mod.ExportedFunction(abi.ExportInitialize); init != nil {
@@ -178,6 +183,7 @@ func (in *instance) invoke(ctx context.Context, f *frame, body func(context.Cont
 	defer context.AfterFunc(h.stopCtx, func() { cancel(ErrClosed) })()
 	if in.fuel != nil {
 		in.fuel.Set(h.cfg.Limits.CallFuel)
+		in.mark.Set(wasmbin.YieldMark(h.cfg.Limits.CallFuel))
 		in.interrupt.Set(0)
 	}
 	done := ctx.Done()

@@ -16,16 +16,15 @@ import (
 // tool_execute returns {"ok":{"success":true,"output":"ok"}}. It shows
 // what a call costs the host itself, next to a Go guest's runtime.
 //
-// pad > 0 puts that many nops in an if-body before the result: straight
-// code, charged but not tested for exhaustion, with an exact fuel cost.
+// pad > 0 puts that many units of work in an if-body before the result:
+// straight code, charged but not tested for exhaustion, with an exact fuel
+// cost.
 func minimalTool(pad int) []byte {
 	return handTool(func(b *wb.Builder, result []byte) []byte {
 		var body []byte
 		if pad > 0 {
 			body = append(body, 0x41, 0x01, 0x04, 0x40) // i32.const 1; if
-			for range pad {
-				body = append(body, 0x01) // nop
-			}
+			body = append(body, work(pad)...)
 			body = append(body, 0x0b) // end
 		}
 		return append(body, result...)
@@ -103,10 +102,10 @@ func TestFuelSpentInStraightCodeIsExhaustion(t *testing.T) {
 		t.Fatalf("with a large budget: %+v, %v", res, err)
 	}
 	need := res.FuelUsed
-	// alloc: its entry segment (4) and its tail (i32.const; end); execute:
-	// its entry segment (i32.const; if), the if-body (100 nops and end)
-	// and its tail (i64.const; end).
-	if want := uint64(4 + 2 + 2 + 101 + 2); need != want {
+	// alloc: its entry segment (4) and its tail (i32.const; end: 1, end is
+	// free); execute: its entry segment (i32.const; if), the if-body (100
+	// units and end) and its tail (i64.const; end).
+	if want := uint64(4 + 1 + 2 + 100 + 1); need != want {
 		t.Fatalf("fuel used = %d, want %d", need, want)
 	}
 	for _, budget := range []uint64{need - 1, need - 50, need - 102} {
