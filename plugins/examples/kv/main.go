@@ -4,17 +4,18 @@
 // memory world has no file, network or config import), recalled by a
 // case-insensitive substring match on key or content, newest first.
 //
-// Everything a recall does is paid in fuel (10^9 wasm instructions a call
-// by default), and Go compiled to wasm spends many a byte: strings.ToLower
-// about 170 (280 when it converts), strings.Contains 7 when the query's
-// first byte is rare and about 115 when it is common, encoding/json 300 to
-// encode. Lowering every entry at every recall spent the fuel on 5.5 MiB of
-// entries, matching or not, so a kv holding more could recall nothing. So
-// each entry keeps its key and content lowered, made once when it is
-// stored (a store of 1 MiB: 0.07 x 10^9 of ASCII, 0.55 of Japanese, 0.71 of
-// accented Latin, which goes through strings.ToLower), and kv holds at most
-// maxBytes: a recall over all of it spent 0.72 x 10^9 at most, the answer
-// the guest library keeps to abi.RecallAnswerBytes included.
+// Everything a recall does is paid in fuel (10^9 units a call by default,
+// about a wasm instruction each), and Go compiled to wasm spends many a
+// byte: strings.ToLower about 45 (130 when it converts), strings.Contains 7
+// when the query's first byte is rare and about 47 when it is common,
+// encoding/json 50 to encode. Lowering every entry at every recall would
+// spend 0.05 to 0.14 x 10^9 a MiB, matching or not. So each entry keeps its
+// key and content lowered, made once when it is stored (a store of 1 MiB:
+// 0.05 x 10^9 of ASCII, 0.34 of Japanese, 0.33 of accented Latin, which
+// goes through strings.ToLower), and kv holds at most maxBytes: a recall
+// over all of it spends 0.29 x 10^9 at most, the answer the guest library
+// keeps to abi.RecallAnswerBytes included (0.72 while the fuel meter
+// charged Go's dispatch blocks, for which maxBytes was chosen).
 package main
 
 import (

@@ -10,11 +10,12 @@ package guest
 // no earlier call touched).
 //
 // Measured with the echo tool (fuel units, about one wasm instruction
-// each): its first call cost 1.31 million, a second call in the same
-// instance 0.09 million. Half of the difference was the export's goroutine
-// growing its stack by copying (a Go stack starts at 8 KiB and
-// encoding/json recurses), the rest encoding/json building its per-type
-// caches and the allocator's first spans.
+// each, block, loop and end then included): its first call cost 1.31
+// million, a second call in the same instance 0.09 million. Half of the
+// difference was the export's goroutine growing its stack by copying (a Go
+// stack starts at 8 KiB and encoding/json recurses), the rest
+// encoding/json building its per-type caches and the allocator's first
+// spans.
 
 // warmStackFrames is how many 1 KiB frames growStack nests: 32 KiB in use,
 // so the stack that export calls run on is 64 KiB before the first call.
