@@ -61,7 +61,7 @@ type MemoryEntry struct {
 // RecallAnswerBytes is what a memory_recall answer should keep to: the
 // guest library stops adding entries, best first, once the next would
 // take the answer past it, and always keeps the first. Encoding is paid in
-// the plugin's fuel (encoding/json spends about 50 units a byte of ASCII
+// the plugin's fuel (encoding/json spends about 55 units a byte of ASCII
 // and up to about 280 a control character, which it writes as \u00XX), the
 // host refuses results past 16 MiB, and the session keeps 1 MiB of a
 // tool's output (what it takes of a recall).

@@ -87,6 +87,7 @@ func segmentEnds(op uint32) bool {
 type fuelRewriter struct {
 	fuel, interrupt, mark uint32 // global indices
 	counter               uint32 // the added local
+	length                uint32 // a second, i32: a bulk instruction's length
 	yield                 bool   // the module has a memory to yield with
 	live                  bool   // the local holds the counter
 }
@@ -106,6 +107,18 @@ func instrCost(op uint32) int {
 		return 0
 	}
 	return 1
+}
+
+// bulk reports whether op's work grows with its last operand, a length
+// (bytes or table elements; table.grow's delta): Wasmtime charges that
+// length on top of the instruction's unit, and so does the rewriter.
+// Charged one unit, a memory.fill of 256 MiB cost what an add does.
+func bulk(op uint32) bool {
+	switch op {
+	case opMemoryInit, opMemoryCopy, opMemoryFill, opTableInit, opTableCopy, opTableGrow, opTableFill:
+		return true
+	}
+	return false
 }
 
 // rewrite appends the instrumented body b (its locals with the counter
@@ -130,10 +143,10 @@ func (r *fuelRewriter) rewrite(b funcBody, params uint32, out []byte) ([]byte, i
 	if locals >= math.MaxUint32 {
 		return nil, 0, fmt.Errorf("%w: %d locals", ErrUnsupported, locals)
 	}
-	r.counter, r.live = uint32(locals), false
-	out = appendU32(out, groups+1)
+	r.counter, r.length, r.live = uint32(locals), uint32(locals)+1, false
+	out = appendU32(out, groups+2)
 	out = append(out, b.locals[declStart:]...)
-	out = append(out, 0x01, 0x7e) // one i64
+	out = append(out, 0x01, 0x7e, 0x01, 0x7f) // one i64, one i32
 
 	expr := b.expr
 	segStart, n, cost, charges, depth := 0, 0, 0, 0, 0
@@ -213,6 +226,9 @@ func (r *fuelRewriter) copySegment(out, seg []byte, depth int) ([]byte, int, err
 		if exits && r.live {
 			out = r.appendStore(out)
 		}
+		if bulk(op) && r.live {
+			out = r.appendLengthCharge(out)
+		}
 		out = append(out, seg[pos:next]...)
 		if reload {
 			out = append(out, 0x23)
@@ -290,6 +306,24 @@ func (r *fuelRewriter) appendCharge(out []byte, cost int64) []byte {
 	out = appendS64(out, cost)
 	out = append(out, 0x7d, 0x21)
 	return appendU32(out, r.counter)
+}
+
+// appendLengthCharge charges the length on top of the stack, before the
+// bulk instruction that takes it, and tests the counter: an instruction
+// the budget cannot pay for traps before it runs.
+//
+//	local.tee $len; local.get $n; local.get $len; i64.extend_i32_u;
+//	i64.sub; local.set $n; (the test of appendTest)
+func (r *fuelRewriter) appendLengthCharge(out []byte) []byte {
+	out = append(out, 0x22)
+	out = appendU32(out, r.length)
+	out = append(out, 0x20)
+	out = appendU32(out, r.counter)
+	out = append(out, 0x20)
+	out = appendU32(out, r.length)
+	out = append(out, 0xad, 0x7d, 0x21) // i64.extend_i32_u; i64.sub; local.set
+	out = appendU32(out, r.counter)
+	return r.appendTest(out)
 }
 
 // appendStore stores the counter into the global.

@@ -35,7 +35,12 @@ const (
 
 	opMemoryInit = 0xfc<<16 | 8
 	opDataDrop   = 0xfc<<16 | 9
+	opMemoryCopy = 0xfc<<16 | 10
+	opMemoryFill = 0xfc<<16 | 11
+	opTableInit  = 0xfc<<16 | 12
+	opTableCopy  = 0xfc<<16 | 14
 	opTableGrow  = 0xfc<<16 | 15
+	opTableFill  = 0xfc<<16 | 17
 )
 
 // nextInstr decodes the instruction at code[pos:] and returns its opcode and

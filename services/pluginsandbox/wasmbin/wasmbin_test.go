@@ -709,3 +709,48 @@ func TestRefusesTheAddedNames(t *testing.T) {
 		}
 	}
 }
+
+// A bulk instruction pays for its length, a unit a byte or element, as in
+// Wasmtime, before it runs: charged its unit alone, a memory.fill of the
+// whole memory cost what an add does, and a loop of them ran for its
+// deadline, not its fuel.
+func TestFuelChargesBulkLengths(t *testing.T) {
+	var b wb.Builder
+	b.Memory(2, 2, true)
+	ty := b.Type([]byte{wb.I32}, nil)
+	// fill(n): i32.const 0; i32.const 7; local.get 0; memory.fill; end
+	fill := b.Func(ty, nil, []byte{0x41, 0x00, 0x41, 0x07, 0x20, 0x00, 0xfc, 0x0b, 0x00, 0x0b})
+	// move(n): i32.const 65536; i32.const 0; local.get 0; memory.copy; end
+	move := b.Func(ty, nil, []byte{0x41, 0x80, 0x80, 0x04, 0x41, 0x00, 0x20, 0x00, 0xfc, 0x0a, 0x00, 0x00, 0x0b})
+	b.ExportFunc("fill", fill)
+	b.ExportFunc("move", move)
+	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := instantiate(t, out)
+	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	ctx := context.Background()
+	for _, name := range []string{"fill", "move"} {
+		for _, n := range []uint64{0, 1, 1000, 65536} {
+			fuel.Set(1 << 40)
+			if _, err := mod.ExportedFunction(name).Call(ctx, n); err != nil {
+				t.Fatalf("%s(%d): %v", name, n, err)
+			}
+			// Three operands and the instruction, then the length.
+			if used, want := int64(1<<40)-int64(fuel.Get()), int64(4+n); used != want {
+				t.Errorf("%s(%d) used %d fuel, want %d", name, n, used, want)
+			}
+		}
+	}
+	// A budget short of the length traps before a byte is written.
+	mem := mod.ExportedMemory("memory")
+	mem.Write(0, make([]byte, 65536))
+	fuel.Set(4 + 65536 - 1)
+	if _, err := mod.ExportedFunction("fill").Call(ctx, 65536); err == nil {
+		t.Fatal("a fill the budget cannot pay for ran")
+	}
+	if got, _ := mem.ReadByte(0); got != 0 || int64(fuel.Get()) != -1 {
+		t.Errorf("after the trap: memory[0] = %d, counter %d; want 0, -1", got, int64(fuel.Get()))
+	}
+}
