@@ -15,8 +15,8 @@ var (
 
 // unquote decodes the JSON string literal q, its quotes included, as
 // encoding/json does (a surrogate escape without its pair becomes U+FFFD),
-// in q's own memory, and returns the string over it: q must not be used
-// again.
+// in q's own memory; without escapes the string returned is made over q,
+// so q must not be used again.
 //
 // fastjson's own unescaping spent about 1,200 units of the plugin's fuel
 // an escape (1 MiB of control characters ran out of a call's fuel).
@@ -83,7 +83,9 @@ func unquote(q []byte) (string, error) {
 		}
 		w += utf8.EncodeRune(s[w:], r)
 	}
-	return unsafe.String(unsafe.SliceData(s), w), nil
+	// A copy: the string may be kept for long (kv keeps every entry), and
+	// over q it would hold all of q, up to six times its own length.
+	return string(s[:w]), nil
 }
 
 // hex4 decodes the escape \uXXXX at the start of s, or returns -1.

@@ -162,19 +162,21 @@ func (r *fuelRewriter) rewrite(b funcBody, params uint32, out []byte) ([]byte, i
 		if !segmentEnds(op) {
 			continue
 		}
-		if n > 1 || (op != opEnd && op != opElse) {
+		// A segment that costs nothing needs code only where it is tested.
+		tested := segStart == 0 || afterLoop
+		if (n > 1 || (op != opEnd && op != opElse)) && (tested || cost > 0) {
 			switch {
 			case segStart == 0:
 				out = r.appendEntry(out, int64(cost))
 			case afterLoop && r.yield:
 				out = r.appendLoopTest(out, int64(cost))
 			case afterLoop:
-				out = r.appendCharge(out, int64(cost))
+				if cost > 0 {
+					out = r.appendCharge(out, int64(cost))
+				}
 				out = r.appendTest(out)
-			case cost > 0:
-				out = r.appendCharge(out, int64(cost))
 			default:
-				charges-- // free: nothing to charge, no test here
+				out = r.appendCharge(out, int64(cost))
 			}
 			charges++
 		}
