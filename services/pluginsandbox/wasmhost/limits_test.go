@@ -128,7 +128,7 @@ func TestFuelIsDeterministic(t *testing.T) {
 	deterministic := func(c *wasmhost.Config) { c.DeterministicWASI = true }
 	h := newHost(t, wasmhost.Limits{CallFuel: 1_000_000_000}, deterministic)
 	bad := loadTool(t, h, "misbehave")
-	// Large enough that half its need still covers _initialize (about 1.2
+	// Large enough that half its need still covers _initialize (about 1.4
 	// million units for a Go guest, run under the same per-call budget).
 	call := wasmhost.ToolCall{Args: args(map[string]any{"mode": "spin", "n": 1_000_000})}
 	var used []uint64
