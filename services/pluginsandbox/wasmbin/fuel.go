@@ -48,9 +48,10 @@ func segmentEnds(op uint32) bool {
 // fuelRewriter instruments one function body.
 //
 // Every segment is charged what its instructions cost (instrCost), so the
-// counter goes negative exactly when the budget is spent. Inside a function the counter
-// lives in a local added to the function (a register in compiled code); the
-// exported global holds it wherever something else may look:
+// counter goes negative exactly when the budget is spent. Inside a function
+// the counter lives in a local added to the function (a register in
+// compiled code); the exported global holds it wherever something else may
+// look:
 //
 //   - at entry the local is loaded from the global and charged the entry
 //     segment: global.get $fuel; i64.const cost; i64.sub; local.set $n;

@@ -722,16 +722,20 @@ func TestFuelChargesBulkLengths(t *testing.T) {
 	fill := b.Func(ty, nil, []byte{0x41, 0x00, 0x41, 0x07, 0x20, 0x00, 0xfc, 0x0b, 0x00, 0x0b})
 	// move(n): i32.const 65536; i32.const 0; local.get 0; memory.copy; end
 	move := b.Func(ty, nil, []byte{0x41, 0x80, 0x80, 0x04, 0x41, 0x00, 0x20, 0x00, 0xfc, 0x0a, 0x00, 0x00, 0x0b})
+	b.Table(65536, 65536, true)
+	// clear(n): i32.const 0; ref.null func; local.get 0; table.fill 0; end
+	clear := b.Func(ty, nil, []byte{0x41, 0x00, 0xd0, 0x70, 0x20, 0x00, 0xfc, 0x11, 0x00, 0x0b})
 	b.ExportFunc("fill", fill)
 	b.ExportFunc("move", move)
-	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	b.ExportFunc("clear", clear)
+	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 65536, Fuel: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mod := instantiate(t, out)
 	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
 	ctx := context.Background()
-	for _, name := range []string{"fill", "move"} {
+	for _, name := range []string{"fill", "move", "clear"} {
 		for _, n := range []uint64{0, 1, 1000, 65536} {
 			fuel.Set(1 << 40)
 			if _, err := mod.ExportedFunction(name).Call(ctx, n); err != nil {
