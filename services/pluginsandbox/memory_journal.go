@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -41,6 +42,18 @@ type journal struct {
 	// when an append found records it had not read.
 	seen  fileID
 	stale bool
+	// A rewrite that failed is tried again once the file has grown by a
+	// quarter (retrySize) or retryBackoff has passed (retryTime),
+	// whichever comes first: each try reads the whole file, and retried
+	// at every append a failing rewrite cost every store a read of up to
+	// maxJournalBytes.
+	retrySize int64
+	retryTime time.Time
+	// createTemp makes the rewrite's new file: os.CreateTemp, a failing
+	// one in tests (root may write where permissions would refuse).
+	createTemp func(dir, pattern string) (*os.File, error)
+	// limit is maxJournalBytes; a test's may be smaller.
+	limit int64
 }
 
 // fileID tells one state of a journal file from another.
@@ -85,6 +98,10 @@ const (
 	rewriteSlack = 1 << 20
 	// maxRecordBytes is more than a record of the largest entry takes.
 	maxRecordBytes = 2 << 20
+	// retryBackoff is how long a failed rewrite waits for its next try
+	// when the file does not grow (at maxJournalBytes, appends are
+	// refused).
+	retryBackoff = 30 * time.Second
 )
 
 func storeRecord(e wasmhost.MemoryEntry) journalRecord {
@@ -106,7 +123,7 @@ func openJournal(dir, plugin string, log *zap.Logger) (*journal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory journal: %w", err)
 	}
-	return &journal{path: filepath.Join(dir, plugin+".jsonl"), log: log}, nil
+	return &journal{path: filepath.Join(dir, plugin+".jsonl"), log: log, createTemp: os.CreateTemp, limit: maxJournalBytes}, nil
 }
 
 // lockedFile opens the journal with flags and holds an exclusive flock on
@@ -140,12 +157,9 @@ func (j *journal) load(l *ledger) (torn int, err error) {
 		return 0, fmt.Errorf("memory journal: %w", err)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxJournalBytes+1))
+	data, err := j.readAll(f)
 	if err != nil {
-		return 0, fmt.Errorf("memory journal %s: %w", j.path, err)
-	}
-	if len(data) > maxJournalBytes {
-		return 0, fmt.Errorf("memory journal %s: larger than %d bytes", j.path, maxJournalBytes)
+		return 0, err
 	}
 	whole := bytes.LastIndexByte(data, '\n') + 1
 	if err := replay(data[:whole], l); err != nil {
@@ -164,6 +178,19 @@ func (j *journal) load(l *ledger) (torn int, err error) {
 	j.base = int64(whole)
 	j.see(f)
 	return torn, nil
+}
+
+// readAll reads f from where it is to its end, if that is within the
+// journal's limit.
+func (j *journal) readAll(f *os.File) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(f, j.limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	if int64(len(data)) > j.limit {
+		return nil, fmt.Errorf("memory journal %s: larger than %d bytes", j.path, j.limit)
+	}
+	return data, nil
 }
 
 // cutTorn cuts off the end of the file f after its last newline, a record
@@ -221,7 +248,9 @@ func replay(data []byte, l *ledger) error {
 }
 
 // append writes records and syncs them, and rewrites the journal once it
-// has grown past twice its base.
+// has grown past twice its base. Records that would take the file past
+// maxJournalBytes, which a load refuses to read, are refused unless a
+// rewrite first makes room for them.
 func (j *journal) append(records ...journalRecord) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -230,6 +259,20 @@ func (j *journal) append(records ...journalRecord) error {
 			return err
 		}
 	}
+	err := j.appendLocked(buf.Bytes(), true)
+	if errors.Is(err, errRewritten) {
+		err = j.appendLocked(buf.Bytes(), false) // to the new file
+	}
+	return err
+}
+
+// errRewritten is an append that rewrote the file to make room, and has
+// to lock the new one.
+var errRewritten = errors.New("memory journal rewritten to make room")
+
+// appendLocked is append on the file at the path, under its lock; with
+// mayRewrite unset, records that do not fit are refused without a try.
+func (j *journal) appendLocked(data []byte, mayRewrite bool) error {
 	f, err := j.lockedFile(os.O_RDWR | os.O_APPEND | os.O_CREATE)
 	if err != nil {
 		return fmt.Errorf("memory journal: %w", err)
@@ -241,10 +284,23 @@ func (j *journal) append(records ...journalRecord) error {
 		return fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
 	var before unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &before); err != nil || idOf(&before) != j.seen {
+	if err := unix.Fstat(int(f.Fd()), &before); err != nil {
+		return fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	if idOf(&before) != j.seen {
 		j.stale = true // records of another replica's since this one read
 	}
-	if _, err := f.Write(buf.Bytes()); err != nil {
+	if before.Size+int64(len(data)) > j.limit {
+		// Only rewrites that fail let the file come this far.
+		if !mayRewrite || !j.mayRetry(before.Size) {
+			return fmt.Errorf("memory journal %s: full (%d bytes), rewrites failing", j.path, before.Size)
+		}
+		if err := j.tryRewrite(f, before.Size); err != nil {
+			return fmt.Errorf("memory journal %s: full (%d bytes) and not rewritten: %w", j.path, before.Size, err)
+		}
+		return errRewritten
+	}
+	if _, err := f.Write(data); err != nil {
 		return fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
 	if err := f.Sync(); err != nil {
@@ -252,25 +308,53 @@ func (j *journal) append(records ...journalRecord) error {
 	}
 	j.see(f)
 	st, err := f.Stat()
-	if err != nil || st.Size() <= 2*j.base+rewriteSlack {
+	if err != nil || st.Size() <= 2*j.base+rewriteSlack || !j.mayRetry(st.Size()) {
 		return nil
 	}
 	// The records are written and synced: a failed rewrite leaves the
 	// log as it was, whole, and is no failure of the call (before, the
 	// store answered "not written to disk" for what was).
-	if err := j.rewrite(f); err != nil {
+	if err := j.tryRewrite(f, st.Size()); err != nil {
 		j.log.Warn("memory journal not rewritten; it stays a longer log", zap.String("path", j.path), zap.Error(err))
 	}
+	return nil
+}
+
+// mayRetry reports whether a rewrite may be tried at size: none failed
+// since the last that succeeded, or the failure's backoff has passed.
+func (j *journal) mayRetry(size int64) bool {
+	return j.retrySize == 0 || size >= j.retrySize || !time.Now().Before(j.retryTime)
+}
+
+// tryRewrite rewrites the journal of size bytes, whose lock f holds, and
+// sets when a failure is tried again.
+func (j *journal) tryRewrite(f *os.File, size int64) error {
+	if err := j.rewrite(f); err != nil {
+		j.retrySize = size + max(rewriteSlack, size/4)
+		j.retryTime = time.Now().Add(retryBackoff)
+		return err
+	}
+	j.retrySize, j.retryTime = 0, time.Time{}
 	return nil
 }
 
 // rewrite replaces the journal, whose lock f holds, with its live
 // entries, in the order they were last stored.
 func (j *journal) rewrite(f *os.File) error {
+	// The new file first: a directory that refuses it costs no read.
+	tmp, err := j.createTemp(filepath.Dir(j.path), filepath.Base(j.path)+".*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		tmp.Close()
+		os.Remove(tmp.Name()) // fails once renamed
+	}()
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	data, err := io.ReadAll(io.LimitReader(f, maxJournalBytes+1))
+	// Rewritten from a part of it, the file would lose what lies past.
+	data, err := j.readAll(f)
 	if err != nil {
 		return err
 	}
@@ -281,16 +365,10 @@ func (j *journal) rewrite(f *os.File) error {
 	if err := replay(data, live); err != nil {
 		return fmt.Errorf("memory journal %s: not rewritten: %w", j.path, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(j.path), filepath.Base(j.path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // fails once renamed
 	w := bufio.NewWriterSize(tmp, 1<<20)
 	enc := json.NewEncoder(w)
 	for _, le := range live.inOrder() {
 		if err := enc.Encode(storeRecord(le.e)); err != nil {
-			tmp.Close()
 			return err
 		}
 	}

@@ -1,0 +1,110 @@
+package pluginsandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// A rewrite that kept failing (a directory that refuses the new file, a
+// disk that refuses its write) was tried again at every append past the
+// first failure, each try reading the whole file, and the file grew past
+// maxJournalBytes, which a load refuses to read; once past it, a rewrite
+// that worked again was made from the part it had read, and the records
+// after it were lost. Now a failed rewrite waits for the file to grow by
+// a quarter (or for retryBackoff), an append that would take the file
+// past the bound is refused, and no record answered as written is lost.
+// (On the code before: 78 tries over 80 appends, the file past the bound
+// from the 36th, and k3 loaded as its 31st append's version where the
+// 79th had been answered as written.)
+func TestJournalRewriteFailing(t *testing.T) {
+	dir := t.TempDir()
+	j, err := openJournal(dir, "kv", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A smaller bound than maxJournalBytes, for the test's time (72 MiB
+	// took 17 s with the race detector on).
+	j.limit = 12 << 20
+	tries, failing := 0, true
+	j.createTemp = func(dir, pattern string) (*os.File, error) {
+		tries++
+		if failing {
+			return nil, errors.New("refused by the test")
+		}
+		return os.CreateTemp(dir, pattern)
+	}
+	size := func() int64 {
+		t.Helper()
+		st, err := os.Stat(j.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	// Four keys stored again and again, 256 KiB each (342 KiB a record):
+	// what is live stays under 1.4 MiB, far under the bound.
+	latest := map[string]string{}
+	content := func(i int) string { return fmt.Sprintf("%05d", i) + strings.Repeat("m", 256<<10) }
+	written, refused := 0, 0
+	for i := 0; i < 80 && refused == 0; i++ {
+		key := fmt.Sprintf("k%d", i%4)
+		err := j.append(journalRecord{Op: opStore, Key: []byte(key), Content: []byte(content(i))})
+		switch {
+		case err == nil:
+			written++
+			latest[key] = content(i)
+		case strings.Contains(err.Error(), "full"):
+			refused++
+		default:
+			t.Fatalf("append %d: %v", i, err)
+		}
+		if s := size(); s > j.limit {
+			t.Fatalf("after %d appends the journal holds %d bytes, past the %d a load reads", i+1, s, j.limit)
+		}
+	}
+	if refused == 0 {
+		t.Fatalf("%d appends, none refused at %d bytes", written, size())
+	}
+	// Tried once the file passed 1 MiB, then after each further MiB
+	// until a quarter is more: 9 tries on the way to 12 MiB.
+	t.Logf("%d appends written, the next refused at %d bytes; %d tries of the rewrite", written, size(), tries)
+	if tries > 10 {
+		t.Fatalf("%d tries of a failing rewrite over %d appends", tries, written)
+	}
+
+	// The directory takes new files again; once the backoff has passed,
+	// the next append rewrites the journal to make room for itself.
+	failing = false
+	j.retryTime = time.Now()
+	if err := j.append(journalRecord{Op: opStore, Key: []byte("k0"), Content: []byte(content(100))}); err != nil {
+		t.Fatalf("append after the rewrite works again: %v", err)
+	}
+	latest["k0"] = content(100)
+	if s := size(); s > 2<<20 {
+		t.Fatalf("rewritten, the journal still holds %d bytes", s)
+	}
+
+	again, err := openJournal(dir, "kv", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	again.limit = j.limit
+	l := newLedger(again)
+	if _, err := again.load(l); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.entries) != len(latest) {
+		t.Fatalf("%d entries loaded, %d written", len(l.entries), len(latest))
+	}
+	for k, want := range latest {
+		if got := l.entries[k].e.Content; got != want {
+			t.Fatalf("%s: loaded version %q, last written %q", k, got[:5], want[:5])
+		}
+	}
+}
