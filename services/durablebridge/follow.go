@@ -410,35 +410,41 @@ func (f *follower) noteTurn(ctx context.Context, id, turnID string) (read bool) 
 	if err == nil && resp.GetView().GetTurnId() == turnID {
 		started = resp.GetView().GetTurnStartedAt().AsTime()
 	}
-	rows := f.newRows(ctx, id)
+	f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, false) })
 	f.b.layout.mutate(id, func(p *pane) bool {
 		p.turn = &turnInfo{id: turnID, started: started}
 		p.liveTurn = turnID
-		f.showRows(p, rows, false)
 		return true
 	})
 	return true
 }
 
-// newRows reads the transcript rows the pane has not shown.
-func (f *follower) newRows(ctx context.Context, id string) []*sessionv1.TranscriptMessage {
-	var next int64
+// showNewRows reads the transcript rows the pane has not shown, a page at
+// a time, and hands each page to show under the layout's lock before it
+// reads the next: gathered first, the rows a turn wrote could be tens of
+// MiB held at once, where a page is at most the session service's 4 MiB.
+func (f *follower) showNewRows(ctx context.Context, id string, show func(p *pane, rows []*sessionv1.TranscriptMessage)) {
+	next := int64(-1)
 	f.b.layout.read(id, func(p *pane) { next = p.transcriptNext })
-	var out []*sessionv1.TranscriptMessage
+	if next < 0 {
+		return // no pane
+	}
 	for {
 		c, cancel := f.call(ctx)
 		tr, err := f.b.sessions.Transcript(c, &sessionv1.TranscriptRequest{Principal: operator(), SessionId: id, AfterIndex: ptr(next - 1), Limit: maxViewItems})
 		cancel()
 		if err != nil {
 			f.b.log.Warn("read transcript", zap.String("session_id", id), zap.Error(err))
-			return out
+			return
+		}
+		ms := tr.GetMessages()
+		if !f.b.layout.mutate(id, func(p *pane) bool { show(p, ms); return len(ms) > 0 }) {
+			return // the pane went meanwhile
 		}
 		// A page may end early, at the session service's byte bound: the
 		// total says whether rows are left.
-		ms := tr.GetMessages()
-		out = append(out, ms...)
 		if len(ms) == 0 || ms[len(ms)-1].GetIndex()+1 >= tr.GetTotal() {
-			return out
+			return
 		}
 		next = ms[len(ms)-1].GetIndex() + 1
 	}
@@ -477,13 +483,20 @@ func (f *follower) turnEnded(ctx context.Context, id string, up updateParams) {
 	for _, a := range left {
 		f.resolve(ctx, id, a)
 	}
-	rows := f.newRows(ctx, id)
+	// The reply first, then the rows the turn wrote that its updates did
+	// not show (those of a turn the pane did not follow live), then its
+	// end.
+	live := false
 	f.b.layout.mutate(id, func(p *pane) bool {
-		live := p.liveTurn == up.TurnID
+		live = p.liveTurn == up.TurnID
 		if live && up.Content != "" {
 			p.putItem(up.TurnID+":reply", kindReply, up.Content, time.Now(), false)
+			return true
 		}
-		f.showRows(p, rows, live)
+		return false
+	})
+	f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, live) })
+	f.b.layout.mutate(id, func(p *pane) bool {
 		if p.turn != nil && p.turn.id == up.TurnID {
 			p.turn = nil
 		}

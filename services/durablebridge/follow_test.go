@@ -2,11 +2,19 @@ package durablebridge
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/clawmesh/clawmesh/internal/bus"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
 // A streamed chunk of a shown pane's known turn leaves every ask as it
@@ -93,5 +101,94 @@ func TestCoveredUpdateIsSkipped(t *testing.T) {
 		if gotText, gotLast := reply(); gotText != text || gotLast != last {
 			t.Fatalf("update %d, already covered, changed the pane: %q seq %d, was %q seq %d", seq, gotText, gotLast, text, last)
 		}
+	}
+}
+
+// pagedSessions serves a session's transcript two rows a page, and notes
+// each read that comes before the pane has shown the pages it served.
+type pagedSessions struct {
+	sessionv1.SessionServiceClient
+	layout *Layout
+	rows   []*sessionv1.TranscriptMessage
+	reads  int
+	early  []string
+}
+
+func (s *pagedSessions) Transcript(_ context.Context, in *sessionv1.TranscriptRequest, _ ...grpc.CallOption) (*sessionv1.TranscriptResponse, error) {
+	s.reads++
+	from := in.GetAfterIndex() + 1
+	var shown int64 = -1
+	s.layout.read(in.GetSessionId(), func(p *pane) { shown = p.transcriptNext })
+	if shown != from {
+		s.early = append(s.early, fmt.Sprintf("read %d from row %d with the pane at row %d", s.reads, from, shown))
+	}
+	end := min(from+2, int64(len(s.rows)))
+	return &sessionv1.TranscriptResponse{SessionId: in.GetSessionId(), Total: int64(len(s.rows)), Messages: s.rows[from:end]}, nil
+}
+
+func (s *pagedSessions) GetSessionView(context.Context, *sessionv1.GetSessionViewRequest, ...grpc.CallOption) (*sessionv1.GetSessionViewResponse, error) {
+	return nil, status.Error(codes.Unavailable, "not in this test")
+}
+
+func (s *pagedSessions) add(role, content string) {
+	s.rows = append(s.rows, &sessionv1.TranscriptMessage{Index: int64(len(s.rows)), Role: role, Content: content, CreatedAt: timestamppb.Now()})
+}
+
+// The rows of a turn the pane had not shown (its prompt, when the bridge
+// meets the turn mid-way; at its end, what it wrote) were all read, page
+// after page, before any was shown: a turn's rows could be tens of MiB
+// held at once. Each page is now shown before the next is read.
+func TestTurnRowsShownPageByPage(t *testing.T) {
+	w := newWireBridge(t, false)
+	ss := &pagedSessions{layout: w.b.layout}
+	w.b.sessions = ss
+	w.b.layout.put(newPane("s-1", "main", time.Now()))
+	for i := range 5 {
+		ss.add("user", fmt.Sprintf("prompt %d", i))
+	}
+	f := w.b.follower
+	ctx := context.Background()
+
+	// A chunk of a turn the pane does not know: the rows before it are
+	// read and shown.
+	f.apply(ctx, bus.Update{SessionID: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 1,
+		JSON: []byte(`{"turn_id":"turn-2","text":"partial"}`)})
+	if ss.reads != 3 || len(ss.early) > 0 {
+		t.Fatalf("meeting the turn: %d reads, %v", ss.reads, ss.early)
+	}
+	var turn, live string
+	w.b.layout.read("s-1", func(p *pane) {
+		if p.turn != nil {
+			turn = p.turn.id
+		}
+		live = p.liveTurn
+	})
+	if turn != "turn-2" || live != "turn-2" {
+		t.Fatalf("the turn met: %q, live %q", turn, live)
+	}
+
+	// The turn ends having written tool results and its reply, which its
+	// updates showed, and a user's message queued meanwhile.
+	for _, r := range []string{"tool", "tool", "user", "tool", "assistant"} {
+		ss.add(r, r+" row")
+	}
+	ss.reads = 0
+	f.apply(ctx, bus.Update{SessionID: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE, Seq: 2,
+		JSON: []byte(`{"turn_id":"turn-2","content":"the reply"}`)})
+	if ss.reads != 3 || len(ss.early) > 0 {
+		t.Fatalf("the turn's end: %d reads, %v", ss.reads, ss.early)
+	}
+	var ids []string
+	w.b.layout.read("s-1", func(p *pane) {
+		for _, it := range p.items {
+			ids = append(ids, it.id)
+		}
+		turn, live = "", p.liveTurn
+		if p.turn != nil {
+			turn = p.turn.id
+		}
+	})
+	if got := strings.Join(ids, ","); got != "m0,m1,m2,m3,m4,turn-2:reply,m7" || turn != "" || live != "" {
+		t.Fatalf("after the turn's end: items %s, turn %q, live %q", got, turn, live)
 	}
 }
