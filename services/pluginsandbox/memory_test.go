@@ -411,6 +411,116 @@ func TestKVRecallsAtTheBounds(t *testing.T) {
 	}
 }
 
+// kv's search was strings.Contains, which on wasm compares the whole
+// query wherever its first two bytes match until its failures pass one
+// in sixteen bytes, then goes on with Rabin-Karp under a fixed, public
+// hash. Two queries ran kv out of fuel within its own 6 MiB, each recall
+// stopping the instance: one of 193 bytes repeating the content's period
+// of sixteen (compared in full at every period), and one whose hash is
+// that of every window of the content (compared at every byte). kv's
+// search is now linear whatever the query: the compares have a budget,
+// and its Rabin-Karp draws its hash at random.
+func TestKVRecallWhateverTheQuery(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	period := "abcccccccccccccc"
+	colliding := goHashCollision("m", 64)
+	if goHash(colliding) != goHash(strings.Repeat("m", len(colliding))) || colliding == strings.Repeat("m", len(colliding)) {
+		t.Fatalf("%q does not collide", colliding)
+	}
+	for _, c := range []struct{ name, unit, query string }{
+		{"a period of sixteen", period, strings.Repeat(period, 12) + "x"},
+		{"every window's hash", "m", colliding},
+	} {
+		content := strings.Repeat(c.unit, (1<<20-8)/len(c.unit))
+		for i := range 6 {
+			if err := store(t, ts, fmt.Sprintf("e%d", i), content); err != nil {
+				t.Fatalf("%s: store %d: %v", c.name, i, err)
+			}
+		}
+		got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: c.query, Limit: 10})
+		if err != nil || len(got.Entries) != 0 {
+			t.Fatalf("%s: recall: %v %v", c.name, got, err)
+		}
+		// The query found where it is.
+		if err := store(t, ts, "e0", content[:1<<19]+c.query+content[1<<19:len(content)-len(c.query)]); err != nil {
+			t.Fatal(err)
+		}
+		if got := recallKeys(t, ts, c.query, 10); strings.Join(got, ",") != "e0" {
+			t.Fatalf("%s: recall of the one that holds it: %v", c.name, got)
+		}
+	}
+	if n := ts.logs.FilterMessage("rebuilding the memory plugin's instance with its entries").Len(); n != 0 {
+		t.Fatalf("the instance was rebuilt %d times", n)
+	}
+}
+
+// goHash is strings.Index's Rabin-Karp hash of s.
+func goHash(s string) uint32 {
+	var h uint32
+	for i := 0; i < len(s); i++ {
+		h = h*16777619 + uint32(s[i])
+	}
+	return h
+}
+
+// goHashCollision is prefix repeated to n bytes, then eight lower-case
+// letters, whose hash under strings.Index's Rabin-Karp (h = h*16777619 +
+// b, modulo 2^32) is that of prefix repeated to n+8 bytes: the eight
+// letters' differences from it, d, meet sum d[j]*16777619^(7-j) = 0
+// modulo 2^32, found by meeting in the middle.
+func goHashCollision(prefix string, n int) string {
+	const prime = 16777619
+	p := byte(prefix[0])
+	lo, hi := byte('a')-p, byte('z')-p // as int8 below
+	span := int(int8(hi)) - int(int8(lo)) + 1
+	pow := [8]uint32{1}
+	for j := 1; j < 8; j++ {
+		pow[j] = pow[j-1] * prime
+	}
+	// half sums the differences of four letters at positions of weights
+	// pow[w..w+3], the four coded in base span.
+	half := func(code, w int) (uint32, [4]int) {
+		var sum uint32
+		var d [4]int
+		for k := range 4 {
+			d[k] = code%span + int(int8(lo))
+			code /= span
+			sum += uint32(int32(d[k])) * pow[w+k]
+		}
+		return sum, d
+	}
+	total := span * span * span * span
+	low := make(map[uint32]int, total)
+	for code := range total {
+		sum, _ := half(code, 0)
+		low[sum] = code
+	}
+	for code := range total {
+		sum, dh := half(code, 4)
+		lc, ok := low[-sum]
+		if !ok {
+			continue
+		}
+		_, dl := half(lc, 0)
+		if dh == [4]int{} && dl == [4]int{} {
+			continue
+		}
+		// pow[7] weighs the first letter: the high half comes first.
+		b := []byte(strings.Repeat(prefix, n)[:n])
+		for k := 3; k >= 0; k-- {
+			b = append(b, byte(int(p)+dh[k]))
+		}
+		for k := 3; k >= 0; k-- {
+			b = append(b, byte(int(p)+dl[k]))
+		}
+		return string(b)
+	}
+	panic("no collision")
+}
+
 // A store decoded its entry with encoding/json, about 725 wasm
 // instructions of fuel a byte, and the host escaped <, > and & to six
 // bytes each: 512 KiB of "<a&b>" ran out of fuel, and with kv lowering at

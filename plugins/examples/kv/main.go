@@ -77,10 +77,10 @@ func lower(s string) string {
 }
 
 func (kv) Recall(query string, limit int) ([]memory.Entry, error) {
-	q := lower(query)
+	q := newFinder(lower(query))
 	var found []stored
 	for _, s := range entries {
-		if strings.Contains(s.key, q) || strings.Contains(s.content, q) {
+		if q.in(s.key) || q.in(s.content) {
 			found = append(found, s)
 		}
 	}
