@@ -19,8 +19,9 @@ import (
 // the next place the query's first byte is, and counts the bytes its
 // compares take: once they pass the bytes it has moved over, it goes on
 // with Rabin-Karp modulo a prime, its base drawn at random for each
-// recall, where a window that is not the query matches its hash with a
-// chance of len(query) in 2^31.
+// recall (the Go runtime's generator, which the sandbox seeds from
+// crypto/rand), where a window that is not the query matches its hash
+// with a chance of at most len(query) in 2^31.
 type finder struct {
 	q    string
 	base uint64 // the hash's base, drawn per finder
