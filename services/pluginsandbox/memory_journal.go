@@ -321,7 +321,8 @@ func (j *journal) appendLocked(data []byte, mayRewrite bool) error {
 }
 
 // mayRetry reports whether a rewrite may be tried at size: none failed
-// since the last that succeeded, or the failure's backoff has passed.
+// since the last that succeeded, or the file has grown to the failure's
+// retrySize, or its retryTime has come.
 func (j *journal) mayRetry(size int64) bool {
 	return j.retrySize == 0 || size >= j.retrySize || !time.Now().Before(j.retryTime)
 }
