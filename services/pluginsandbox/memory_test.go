@@ -528,12 +528,14 @@ func goHashCollision(prefix string, n int) string {
 // spent about 1,200 units an escape under a meter that charged Go's
 // dispatch blocks (4,200 a \u00XX): 256 KiB of control characters ran out
 // of fuel. Entries of the content bound, 1 MiB, of any of these now store
-// and are recalled.
+// and are recalled, with kv's own lowering (two-byte runes by a table,
+// runes whose lower case is longer or shorter) found by an upper-case
+// query.
 func TestKVStoresWhatTheSandboxAccepts(t *testing.T) {
 	dir := t.TempDir()
 	installExample(t, dir, "kv")
 	ts := newTestServer(t, dir)
-	for i, unit := range []string{"plain ascii text ", "日本語のメモ", "Élan vital à Paris ", "<a href=\"x\">&amp;</a> ", "tab\tand\nnewline ", "\x01\x02\x1f", "\"quoted\"\n"} {
+	for i, unit := range []string{"plain ascii text ", "日本語のメモ", "Élan vital à Paris ", "<a href=\"x\">&amp;</a> ", "tab\tand\nnewline ", "\x01\x02\x1f", "\"quoted\"\n", "ПРИВЕТ мир ", "Ⱥİ ΩẞK "} {
 		content := strings.Repeat(unit, 1<<20/len(unit))
 		key := fmt.Sprintf("k%d", i)
 		if err := store(t, ts, key, content); err != nil {

@@ -21,7 +21,6 @@ package main
 import (
 	"fmt"
 	"sort"
-	"strings"
 
 	"github.com/clawmesh/clawmesh/plugins/pdk/memory"
 )
@@ -59,21 +58,6 @@ func (kv) Store(e memory.Entry) error {
 	clock++
 	entries[e.Key] = stored{e: e, key: lower(e.Key), content: lower(e.Content), order: clock}
 	return nil
-}
-
-// lower is strings.ToLower with a loop for ASCII of its own, a third of
-// ToLower's fuel (its conversion went through a builder rune by rune).
-func lower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		switch {
-		case c >= 0x80:
-			return strings.ToLower(s)
-		case 'A' <= c && c <= 'Z':
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
 }
 
 func (kv) Recall(query string, limit int) ([]memory.Entry, error) {
