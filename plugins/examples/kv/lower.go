@@ -120,16 +120,19 @@ func lowerTwo() *[0x800]rune {
 
 var twoByte *[0x800]rune
 
-// caseless reports whether r, of three or four UTF-8 bytes, is in a
-// stretch of Unicode where no rune has a lower case of its own (CJK,
-// kana, Hangul, symbols, emoji); TestCaselessRanges checks each against
-// unicode.ToLower.
+// caseless reports whether r, of three or four UTF-8 bytes, is where no
+// rune has a lower case of its own: a block of 256 (U+0800 to U+FFFF)
+// marked in caselessBlocks, 237 of the 248 (CJK, kana, Hangul,
+// punctuation, symbols), or a stretch of the planes above (emoji among
+// them). TestCaselessRanges checks each rune against unicode.ToLower.
 func caseless(r rune) bool {
-	switch {
-	case r < 0x10A0, 0x13F6 <= r && r < 0x1C90, 0x24D0 <= r && r < 0x2C00,
-		0x2CF3 <= r && r < 0xA640, 0xA7F6 <= r && r < 0xFF21, 0xFF3B <= r && r < 0x10400,
-		0x16E60 <= r && r < 0x1E900, 0x1E922 <= r:
-		return true
+	if r < 0x10000 {
+		k := r >> 8
+		return caselessBlocks[k>>6]>>(k&63)&1 != 0
 	}
-	return false
+	return r < 0x10400 || 0x118C0 <= r && r < 0x16E40 || 0x16E60 <= r && r < 0x1E900 || 0x1E922 <= r
 }
+
+// caselessBlocks has bit k set when no rune from k<<8 to k<<8+255 has a
+// lower case of its own (k from 8; made with unicode.ToLower).
+var caselessBlocks = [4]uint64{0xffffefed2ff6ff00, 0xffffffffffffffff, 0xffffff3fffffffff, 0x7fffffffffffffff}

@@ -27,12 +27,21 @@ func TestLowerAgreesWithToLower(t *testing.T) {
 	}
 }
 
-// The stretches caseless names have no rune with a lower case of its
-// own in this Go's Unicode tables.
+// What caseless names has no rune with a lower case of its own in this
+// Go's Unicode tables, and every block of 256 without one is named.
 func TestCaselessRanges(t *testing.T) {
 	for r := rune(0x800); r <= unicode.MaxRune; r++ {
 		if caseless(r) && unicode.ToLower(r) != r {
 			t.Fatalf("%U is in a caseless stretch but lowers to %U", r, unicode.ToLower(r))
+		}
+	}
+	for k := rune(8); k < 256; k++ {
+		none := true
+		for r := k << 8; r < (k+1)<<8; r++ {
+			none = none && unicode.ToLower(r) == r
+		}
+		if none && !caseless(k<<8) {
+			t.Errorf("U+%04X to U+%04X has no lower case, not marked", k<<8, k<<8+255)
 		}
 	}
 }
