@@ -4,18 +4,17 @@
 // memory world has no file, network or config import), recalled by a
 // case-insensitive substring match on key or content, newest first.
 //
-// Everything a recall does is paid in fuel (10^9 units a call by default,
-// about a wasm instruction each), and Go compiled to wasm spends many a
-// byte: strings.ToLower about 45 (130 when it converts), strings.Contains 7
-// when the query's first byte is rare and about 48 when it is common,
-// encoding/json 55 to encode. Lowering every entry at every recall would
-// spend 0.05 to 0.14 x 10^9 a MiB, matching or not. So each entry keeps its
-// key and content lowered, made once when it is stored (a store of 1 MiB:
-// 0.06 x 10^9 of ASCII, 0.35 of Japanese, 0.33 of accented Latin, which
-// goes through strings.ToLower), and kv holds at most maxBytes: a recall
-// over all of it spends 0.29 x 10^9 at most, the answer the guest library
-// keeps to abi.RecallAnswerBytes included (0.72 while the fuel meter
-// charged Go's dispatch blocks, for which maxBytes was chosen).
+// Everything a recall and a store do is paid in fuel (10^9 units a call by
+// default, about a wasm instruction each), and Go compiled to wasm spends
+// many a byte. Lowering every entry at every recall would spend 0.05 to
+// 0.14 x 10^9 a MiB, matching or not, so each entry keeps its key and
+// content lowered, made once when it is stored by lower (lower.go: a store
+// of 1 MiB costs 0.06 x 10^9 of ASCII, about 0.1 of accented, Greek or
+// Cyrillic text, 0.17 of Japanese). A recall searches with finder
+// (find.go), linear whatever the query, and kv holds at most maxBytes: a
+// recall over all of it spends 0.38 x 10^9 at most, the answer the guest
+// library keeps to abi.RecallAnswerBytes included (maxBytes was chosen
+// when the fuel meter charged Go's dispatch blocks, at 0.72).
 package main
 
 import (
