@@ -38,16 +38,16 @@ func lower(s string) string {
 			i += n
 			continue
 		}
-		if two == nil {
-			two = lowerTwo()
-		}
 		if c >= 0xC2 && c < 0xE0 && i+1 < len(b) && b[i+1]&0xC0 == 0x80 {
 			// Two bytes, decoded here: utf8's calls cost more than the
 			// rest of the rune's work.
+			if two == nil {
+				two = lowerTwo()
+			}
 			r := rune(c&0x1F)<<6 | rune(b[i+1]&0x3F)
 			if l := two[r]; l != r {
 				if l < 0x80 || l >= 0x800 {
-					return lowerFrom(s, b, i, two)
+					return lowerFrom(s, b, i)
 				}
 				b[i], b[i+1] = 0xC0|byte(l>>6), 0x80|byte(l&0x3F)
 			}
@@ -61,7 +61,7 @@ func lower(s string) string {
 		if !caseless(r) {
 			if l := unicode.ToLower(r); l != r {
 				if utf8.RuneLen(l) != n {
-					return lowerFrom(s, b, i, two)
+					return lowerFrom(s, b, i)
 				}
 				utf8.EncodeRune(b[i:], l)
 			}
@@ -73,7 +73,8 @@ func lower(s string) string {
 
 // lowerFrom finishes lower in a new copy, from b[i], the first rune
 // whose lower case is not as long as it is (b[:i] is done).
-func lowerFrom(s string, b []byte, i int, two *[0x800]rune) string {
+func lowerFrom(s string, b []byte, i int) string {
+	two := lowerTwo()
 	out := make([]byte, i, len(b)+len(b)/2+utf8.UTFMax)
 	copy(out, b[:i])
 	for i < len(b) {
