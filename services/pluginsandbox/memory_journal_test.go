@@ -160,33 +160,6 @@ func BenchmarkMemoryStore(b *testing.B) {
 	}
 }
 
-// BenchmarkMemoryStoreText times a store of 1 MiB of text into kv, in
-// memory only: the guest's decoding and kv's lowering, which for text
-// that is not ASCII went rune by rune through unicode.ToLower.
-func BenchmarkMemoryStoreText(b *testing.B) {
-	for _, c := range []struct{ name, unit string }{
-		{"ascii", "Plain ASCII text "},
-		{"accented", "Élan vital à Paris "},
-		{"cyrillic", "ПРИВЕТ мир "},
-		{"greek", "Ωμέγα "},
-		{"japanese", "日本語のメモ"},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			plugins := b.TempDir()
-			installExample(b, plugins, "kv")
-			ts := newTestServer(b, plugins)
-			content := strings.Repeat(c.unit, (1<<20)/len(c.unit))
-			b.SetBytes(int64(len(content)))
-			ctx := context.Background()
-			for b.Loop() {
-				if _, err := ts.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Entry: &pluginv1.MemoryEntry{Key: "k", Content: content}}); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
-
 // Replicas of the sandbox share the journal, each with its own instance.
 // One that serves memory calls after another did (the other stopped, or
 // a client called it directly) answered from what it had read when it
