@@ -24,6 +24,15 @@ const InterruptGlobalExport = "__clawmesh_interrupt"
 // with YieldMark when it sets the counter.
 const YieldMarkGlobalExport = "__clawmesh_yield_mark"
 
+// StartExport is the name under which the rewritten module exports its
+// start function, if it has one, in place of its start section. wazero
+// runs a start section inside instantiation, before the host can set the
+// fuel counter (0 until then) or arm a deadline: every start function
+// would trap at its entry's charge. The host calls it itself, under the
+// limits of a call, before _initialize, as Wasmtime runs it on the store's
+// fuel.
+const StartExport = "__clawmesh_start"
+
 // YieldMark is the yield mark for a counter of fuel: the start of its
 // block of yieldPeriod units, so that the first yield comes when the
 // counter leaves that block.
@@ -47,11 +56,11 @@ func segmentEnds(op uint32) bool {
 
 // fuelRewriter instruments one function body.
 //
-// Every segment is charged what its instructions cost (instrCost), so the
-// counter goes negative exactly when the budget is spent. Inside a function
-// the counter lives in a local added to the function (a register in
-// compiled code); the exported global holds it wherever something else may
-// look:
+// Every segment is charged what its instructions cost (instrCost), the
+// entry segment entryCost more, so the counter goes negative exactly when
+// the budget is spent. Inside a function the counter lives in a local
+// added to the function (a register in compiled code); the exported global
+// holds it wherever something else may look:
 //
 //   - at entry the local is loaded from the global and charged the entry
 //     segment: global.get $fuel; i64.const cost; i64.sub; local.set $n;
@@ -110,6 +119,14 @@ func instrCost(op uint32) int {
 	return 1
 }
 
+// entryCost is what entering a function costs on top of its instructions,
+// charged with its entry segment: Wasmtime charges a unit there, so that
+// even an empty function costs something (in its fuel tests, a call to an
+// empty function costs two units: the call and the callee's entry).
+// Without it a guest's calls to small functions came cheaper than the
+// seed's engine counts them.
+const entryCost = 1
+
 // bulk reports whether op's work grows with its last operand, a length
 // (bytes or table elements; table.grow's delta): Wasmtime charges that
 // length on top of the instruction's unit, and so does the rewriter.
@@ -150,7 +167,7 @@ func (r *fuelRewriter) rewrite(b funcBody, params uint32, out []byte) ([]byte, i
 	out = append(out, 0x01, 0x7e, 0x01, 0x7f) // one i64, one i32
 
 	expr := b.expr
-	segStart, n, cost, charges, depth := 0, 0, 0, 0, 0
+	segStart, n, cost, charges, depth := 0, 0, entryCost, 0, 0
 	afterLoop := false
 	for pos := 0; pos < len(expr); {
 		op, next, err := nextInstr(expr, pos)
@@ -163,9 +180,9 @@ func (r *fuelRewriter) rewrite(b funcBody, params uint32, out []byte) ([]byte, i
 		if !segmentEnds(op) {
 			continue
 		}
-		// A segment that costs nothing needs code only where it is tested.
-		tested := segStart == 0 || afterLoop
-		if (n > 1 || (op != opEnd && op != opElse)) && (tested || cost > 0) {
+		// A segment that costs nothing needs code only where it is tested;
+		// the entry segment always costs.
+		if segStart == 0 || (n > 1 || (op != opEnd && op != opElse)) && (afterLoop || cost > 0) {
 			switch {
 			case segStart == 0:
 				out = r.appendEntry(out, int64(cost))
@@ -453,10 +470,14 @@ func (m *Module) paramCounts(n int) ([]uint32, error) {
 // charges inserted.
 func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	added := []string{FuelGlobalExport, InterruptGlobalExport, YieldMarkGlobalExport}
-	for _, name := range added {
+	for _, name := range append(added, StartExport) {
 		if m.HasExport(name) {
 			return 0, fmt.Errorf("%w: %s", ErrNameClash, name)
 		}
+	}
+	start, hasStart, err := m.startFunc()
+	if err != nil {
+		return 0, err
 	}
 	params, err := m.paramCounts(len(bodies))
 	if err != nil {
@@ -503,7 +524,11 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	m.setSection(secGlobal, globals)
 	m.DefinedGlobals += uint32(len(added))
 
-	exports := appendU32(nil, uint32(len(m.Exports)+len(added)))
+	n := len(m.Exports) + len(added)
+	if hasStart {
+		n++
+	}
+	exports := appendU32(nil, uint32(n))
 	if old := m.section(secExport); old != nil {
 		_, pos, _ := readU32(old, 0)
 		exports = append(exports, old[pos:]...)
@@ -514,8 +539,32 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 		exports = appendU32(exports, g+uint32(i))
 		m.Exports = append(m.Exports, Export{Name: name, Kind: 3, Index: g + uint32(i)})
 	}
+	if hasStart {
+		exports = appendName(exports, StartExport)
+		exports = append(exports, 0x00)
+		exports = appendU32(exports, start)
+		m.Exports = append(m.Exports, Export{Name: StartExport, Kind: 0, Index: start})
+		m.removeSection(secStart)
+	}
 	m.setSection(secExport, exports)
 	return total, nil
+}
+
+// startFunc returns the index of the module's start function, if it has
+// one.
+func (m *Module) startFunc() (uint32, bool, error) {
+	p := m.section(secStart)
+	if p == nil {
+		return 0, false, nil
+	}
+	idx, pos, err := readU32(p, 0)
+	if err != nil {
+		return 0, false, err
+	}
+	if pos != len(p) {
+		return 0, false, fmt.Errorf("%w: start section of %d bytes", ErrMalformed, len(p))
+	}
+	return idx, true, nil
 }
 
 // globalEntries returns the entries of a global section, checked to end

@@ -17,10 +17,11 @@ import (
 // loop headers. It is kept here as the reference the rewriter must agree
 // with: the same counter at every return and every trap. Its costs are
 // stated here again, from Wasmtime's table (an instruction one unit;
-// nop, drop, block, loop, else, end, unreachable and return none), not
+// nop, drop, block, loop, else, end, unreachable and return none, a
+// function's entry one), not
 // taken from instrCost, which would agree with itself.
 func refInstrumentBody(expr []byte, g uint32, yield bool, out []byte) []byte {
-	segStart, n, cost := 0, 0, 0
+	segStart, n, cost := 0, 0, 1 // a unit for entering the function
 	afterLoop := false
 	for pos := 0; pos < len(expr); {
 		op, next, err := nextInstr(expr, pos)
@@ -37,7 +38,7 @@ func refInstrumentBody(expr []byte, g uint32, yield bool, out []byte) []byte {
 		if !segmentEnds(op) {
 			continue
 		}
-		if n > 1 || (op != opEnd && op != opElse) {
+		if segStart == 0 || n > 1 || (op != opEnd && op != opElse) {
 			if yield && afterLoop {
 				out = refAppendCharge(out, g, int64(cost), false)
 				out = refAppendLoopTest(out, g, int64(cost))
@@ -121,7 +122,8 @@ func refPrepare(t *testing.T, wasm []byte) []byte {
 
 // callsModule exercises every way the counter crosses a function boundary:
 // call, call_indirect, return, br_if, br and br_table to the function's
-// label, an unreachable of the guest's own, tree recursion, nested loops.
+// label, an unreachable of the guest's own, tree recursion, nested loops,
+// a function of nothing but its end.
 // run(n) returns a value depending on every path taken.
 func callsModule(memory bool) []byte {
 	var b wb.Builder
@@ -157,8 +159,10 @@ func callsModule(memory bool) []byte {
 	// trapIf(x): an unreachable of the guest's own when x == 77 (in the
 	// first iteration of run(71)).
 	trapIf := b.Func(tI32, nil, []byte{0x20, 0x00, 0x41, 0xcd, 0x00, 0x46, 0x04, 0x40, 0x00, 0x0b, 0x0b})
+	// empty(): nothing but its entry.
+	empty := b.Func(b.Type(nil, nil), nil, []byte{0x0b})
 	// run(n): acc = 0; while n != 0 { acc = leaf(acc); early(n);
-	// acc = table[0](acc); tree(2); trapIf(acc+n); inner loop twice;
+	// acc = table[0](acc); tree(2); trapIf(acc+n); empty(); inner loop twice;
 	// if acc > 40 return acc; n-- }; return acc
 	run := b.Func(tI32I32, []byte{0x01, 0x02, wb.I32}, []byte{
 		0x02, 0x40, // block
@@ -169,6 +173,7 @@ func callsModule(memory bool) []byte {
 		0x20, 0x01, 0x41, 0x00, 0x11, byte(tI32I32), 0x00, 0x21, 0x01, // acc = table[0](acc)
 		0x41, 0x02, 0x10, byte(tree), // tree(2)
 		0x20, 0x01, 0x20, 0x00, 0x6a, 0x10, byte(trapIf), // trapIf(acc+n)
+		0x10, byte(empty), // empty()
 		0x41, 0x02, 0x21, 0x02, // i = 2
 		0x03, 0x40, 0x20, 0x02, 0x41, 0x01, 0x6b, 0x22, 0x02, 0x0d, 0x00, 0x0b, // loop; i--; br_if; end
 		0x20, 0x01, 0x41, 0x28, 0x4a, // acc > 40

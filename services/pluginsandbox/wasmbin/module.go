@@ -181,6 +181,16 @@ func (m *Module) setSection(id byte, payload []byte) {
 	m.Sections[at] = Section{ID: id, Payload: payload}
 }
 
+// removeSection drops the section with the id.
+func (m *Module) removeSection(id byte) {
+	for i, s := range m.Sections {
+		if s.ID == id {
+			m.Sections = append(m.Sections[:i], m.Sections[i+1:]...)
+			return
+		}
+	}
+}
+
 // Encode serialises the module.
 func (m *Module) Encode() []byte {
 	n := len(magicVersion)

@@ -16,8 +16,8 @@ import (
 )
 
 // spinModule exports spin(n i32): a loop that runs n times. Instrumented, a
-// call costs 5 an iteration (the entry segment, the loop instruction, is
-// free).
+// call costs 5 an iteration and a unit for entering the function (its
+// entry segment, the loop instruction, costs nothing else).
 func spinModule() []byte {
 	var b wb.Builder
 	t := b.Type([]byte{wb.I32}, nil)
@@ -75,13 +75,13 @@ func TestFuelCountsExactly(t *testing.T) {
 			t.Fatalf("spin(%d): %v", n, err)
 		}
 		used := int64(1<<40) - int64(fuel.Get())
-		if want := int64(5 * n); used != want {
+		if want := int64(5*n + 1); used != want {
 			t.Errorf("spin(%d) used %d fuel, want %d", n, used, want)
 		}
 	}
 
 	// A budget one short of the need traps and leaves the counter negative.
-	fuel.Set(uint64(5*100 - 1))
+	fuel.Set(uint64(5 * 100))
 	if _, err := spin.Call(ctx, 100); err == nil {
 		t.Fatal("spin with short budget did not trap")
 	}
@@ -98,9 +98,9 @@ func TestFuelCountsExactly(t *testing.T) {
 func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
 	var b wb.Builder
 	ty := b.Type(nil, nil)
-	// Segments: [i32.const 1; if] 2 (entry: tested), [(i32.const 0;
-	// drop) x3; end] 3, [(i32.const 0; drop) x4; end] 4: 9 in all (drop and
-	// end are free).
+	// Segments: [i32.const 1; if] 2 and the entry's unit (tested),
+	// [(i32.const 0; drop) x3; end] 3, [(i32.const 0; drop) x4; end] 4: 10
+	// in all (drop and end are free).
 	body := []byte{0x41, 0x01, 0x04, 0x40}
 	body = append(body, work(3)...)
 	body = append(body, 0x0b)
@@ -123,15 +123,15 @@ func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
 		_, err := f.Call(ctx)
 		left := int64(fuel.Get())
 		switch {
-		case budget < 2:
+		case budget < 3:
 			// The entry segment's test traps before anything else runs.
-			if err == nil || left != budget-2 {
-				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-2)
+			if err == nil || left != budget-3 {
+				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-3)
 			}
 		default:
 			// Past the entry, no test: the call returns, charged exactly.
-			if err != nil || left != budget-9 {
-				t.Errorf("budget %d: err %v, left %d; want a return with %d", budget, err, left, budget-9)
+			if err != nil || left != budget-10 {
+				t.Errorf("budget %d: err %v, left %d; want a return with %d", budget, err, left, budget-10)
 			}
 		}
 	}
@@ -146,14 +146,15 @@ func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
 	fuel = mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
 	spin := mod.ExportedFunction("spin")
 	for _, short := range []int64{1, 4, 5, 6, 250} {
-		budget := 5*100 - short
+		budget := 5*100 + 1 - short
 		fuel.Set(uint64(budget))
 		if _, err := spin.Call(ctx, 100); err == nil {
 			t.Fatalf("short by %d: no trap", short)
 		}
-		// Iterations paid in full: budget/5; the next one's charge makes
-		// the counter negative and its header test traps.
-		want := budget - 5*(budget/5+1)
+		// Past the entry's unit, iterations paid in full: (budget-1)/5;
+		// the next one's charge makes the counter negative and its header
+		// test traps.
+		want := budget - 1 - 5*((budget-1)/5+1)
 		if left := int64(fuel.Get()); left != want {
 			t.Errorf("short by %d: counter %d after the trap, want %d", short, left, want)
 		}
@@ -167,9 +168,10 @@ func TestFuelTestedAtEntriesAndLoopHeaders(t *testing.T) {
 func TestFuelExactAcrossCalls(t *testing.T) {
 	var b wb.Builder
 	ty := b.Type(nil, nil)
-	callee := b.Func(ty, nil, append(work(4), 0x0b)) // one segment of 4
+	callee := b.Func(ty, nil, append(work(4), 0x0b)) // one segment of 4, 5 with the entry
 	// i32.const 1; drop; call callee; (i32.const 0; drop) x4; end: one
-	// segment of 6 around the call, charged at the caller's entry.
+	// segment of 6 around the call, charged at the caller's entry with its
+	// unit: 7.
 	caller := b.Func(ty, nil, append(append([]byte{0x41, 0x01, 0x1a, 0x10, byte(callee)}, work(4)...), 0x0b))
 	b.ExportFunc("caller", caller)
 	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
@@ -180,22 +182,22 @@ func TestFuelExactAcrossCalls(t *testing.T) {
 	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
 	f := mod.ExportedFunction("caller")
 	ctx := context.Background()
-	for budget := int64(0); budget <= 12; budget++ {
+	for budget := int64(0); budget <= 14; budget++ {
 		fuel.Set(uint64(budget))
 		_, err := f.Call(ctx)
 		left := int64(fuel.Get())
 		switch {
-		case budget < 6: // the caller's entry test
-			if err == nil || left != budget-6 {
-				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-6)
+		case budget < 7: // the caller's entry test
+			if err == nil || left != budget-7 {
+				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-7)
 			}
-		case budget < 10: // the callee's entry test
-			if err == nil || left != budget-10 {
-				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-10)
+		case budget < 12: // the callee's entry test
+			if err == nil || left != budget-12 {
+				t.Errorf("budget %d: err %v, left %d; want a trap with %d", budget, err, left, budget-12)
 			}
 		default:
-			if err != nil || left != budget-10 {
-				t.Errorf("budget %d: err %v, left %d; want a return with %d", budget, err, left, budget-10)
+			if err != nil || left != budget-12 {
+				t.Errorf("budget %d: err %v, left %d; want a return with %d", budget, err, left, budget-12)
 			}
 		}
 	}
@@ -214,7 +216,7 @@ func TestInterruptFlagStopsEntriesAndLoops(t *testing.T) {
 			b.Memory(1, 1, true)
 		}
 		// spin(n): loop { call tick; n--; br_if n != 0 }: the entry segment
-		// (loop) is free, each iteration costs 6.
+		// (loop) costs the entry's unit, each iteration 6.
 		spin := b.Func(b.Type([]byte{wb.I32}, nil), nil, []byte{
 			0x03, 0x40, 0x10, byte(tick), 0x20, 0x00, 0x41, 0x01, 0x6b, 0x22, 0x00, 0x0d, 0x00, 0x0b, 0x0b,
 		})
@@ -249,18 +251,18 @@ func TestInterruptFlagStopsEntriesAndLoops(t *testing.T) {
 			if _, err := mod.ExportedFunction("spin").Call(ctx, 1000); err == nil {
 				t.Fatalf("memory %v: flag raised in call %d: no trap", memory, k)
 			}
-			// k iterations paid and the next header's charge.
-			if calls != k || int64(fuel.Get()) != budget-6*int64(k+1) {
+			// The entry, k iterations paid and the next header's charge.
+			if want := budget - 1 - 6*int64(k+1); calls != k || int64(fuel.Get()) != want {
 				t.Errorf("memory %v: flag raised in call %d: %d calls, counter %d; want %d, %d",
-					memory, k, calls, int64(fuel.Get()), k, budget-6*(k+1))
+					memory, k, calls, int64(fuel.Get()), k, want)
 			}
 		}
 		fuel.Set(budget)
 		flag.Set(1 << 63)
 		calls, raiseAt = 0, 0
-		if _, err := mod.ExportedFunction("spin").Call(ctx, 1000); err == nil || calls != 0 || int64(fuel.Get()) != budget {
+		if _, err := mod.ExportedFunction("spin").Call(ctx, 1000); err == nil || calls != 0 || int64(fuel.Get()) != budget-1 {
 			t.Errorf("memory %v: flag raised before the call: err %v, %d calls, counter %d; want a trap at entry with %d",
-				memory, err, calls, int64(fuel.Get()), budget)
+				memory, err, calls, int64(fuel.Get()), budget-1)
 		}
 		_ = r.Close(ctx)
 	}
@@ -638,9 +640,9 @@ func TestFuelChargesNothingForBlocks(t *testing.T) {
 		if _, err := mod.ExportedFunction("dispatch").Call(context.Background(), n); err != nil {
 			t.Fatal(err)
 		}
-		// local.get; br_table; then local.get; i32.const; i32.sub;
-		// local.tee; br_if.
-		if used, want := int64(1<<40)-int64(fuel.Get()), int64(7*n); used != want {
+		// The entry's unit, then an iteration: local.get; br_table; then
+		// local.get; i32.const; i32.sub; local.tee; br_if.
+		if used, want := int64(1<<40)-int64(fuel.Get()), int64(7*n+1); used != want {
 			t.Errorf("dispatch(%d) used %d fuel, want %d", n, used, want)
 		}
 	}
@@ -741,8 +743,9 @@ func TestFuelChargesBulkLengths(t *testing.T) {
 			if _, err := mod.ExportedFunction(name).Call(ctx, n); err != nil {
 				t.Fatalf("%s(%d): %v", name, n, err)
 			}
-			// Three operands and the instruction, then the length.
-			if used, want := int64(1<<40)-int64(fuel.Get()), int64(4+n); used != want {
+			// The entry's unit, three operands and the instruction, then
+			// the length.
+			if used, want := int64(1<<40)-int64(fuel.Get()), int64(5+n); used != want {
 				t.Errorf("%s(%d) used %d fuel, want %d", name, n, used, want)
 			}
 		}
@@ -750,11 +753,176 @@ func TestFuelChargesBulkLengths(t *testing.T) {
 	// A budget short of the length traps before a byte is written.
 	mem := mod.ExportedMemory("memory")
 	mem.Write(0, make([]byte, 65536))
-	fuel.Set(4 + 65536 - 1)
+	fuel.Set(5 + 65536 - 1)
 	if _, err := mod.ExportedFunction("fill").Call(ctx, 65536); err == nil {
 		t.Fatal("a fill the budget cannot pay for ran")
 	}
 	if got, _ := mem.ReadByte(0); got != 0 || int64(fuel.Get()) != -1 {
 		t.Errorf("after the trap: memory[0] = %d, counter %d; want 0, -1", got, int64(fuel.Get()))
 	}
+}
+
+// Wasmtime's own fuel tests (tests/all/fuel.wast: a start function run
+// with consume_fuel) give what each function below costs there; every one
+// of those counts is two more than the rewriter charges the same function,
+// the empty function included (3 there, 1 here): what Wasmtime spends
+// around running a start function, outside the function's own code. The
+// differences between the cases are the whole cost table: an instruction
+// a unit, none for nop, drop, block, loop, else, end, unreachable and
+// return, a unit to enter a function, a unit a byte or element of a bulk
+// instruction, and nothing for code a branch skips.
+func TestFuelMatchesWasmtimesCounts(t *testing.T) {
+	i32 := func(v int64) []byte { return wb.S64([]byte{0x41}, v) }
+	cat := func(parts ...[]byte) []byte {
+		var out []byte
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	end := []byte{0x0b}
+	const (
+		none = iota
+		memory
+		table
+	)
+	type other struct {
+		params, results []byte
+		body            []byte
+	}
+	cases := []struct {
+		name     string
+		wasmtime int64 // fuel.wast's count
+		body     []byte
+		other    *other // function 1, called by f
+		has      int
+		tableMin uint32
+		traps    bool
+	}{
+		{name: "empty", wasmtime: 3, body: end},
+		{name: "const drop", wasmtime: 4, body: cat(i32(0), []byte{0x1a}, end)},
+		{name: "block", wasmtime: 3, body: []byte{0x02, 0x40, 0x0b, 0x0b}},
+		{name: "unreachable", wasmtime: 3, body: []byte{0x00, 0x0b}, traps: true},
+		{name: "six consts, unreachable", wasmtime: 9,
+			body: cat(i32(0), i32(0), i32(0), i32(0), i32(0), i32(0), []byte{0x00, 0x0b}), traps: true},
+		{name: "return before code", wasmtime: 3,
+			body: cat([]byte{0x0f}, i32(0), i32(0), i32(0), i32(0), i32(0), i32(0), []byte{0x00, 0x0b})},
+		{name: "if not taken", wasmtime: 5, body: cat(i32(0), []byte{0x04, 0x40, 0x10, 0x00, 0x0b, 0x0b})},
+		{name: "if taken", wasmtime: 6, body: cat(i32(1), []byte{0x04, 0x40}, i32(0), []byte{0x1a, 0x0b, 0x0b})},
+		{name: "if taken, else skipped", wasmtime: 6,
+			body: cat(i32(1), []byte{0x04, 0x40}, i32(0), []byte{0x1a, 0x05, 0x10, 0x00, 0x0b, 0x0b})},
+		{name: "else taken", wasmtime: 6,
+			body: cat(i32(0), []byte{0x04, 0x40, 0x10, 0x00, 0x05}, i32(0), []byte{0x1a, 0x0b, 0x0b})},
+		{name: "br_if taken", wasmtime: 5,
+			body: cat([]byte{0x02, 0x40}, i32(1), []byte{0x0d, 0x00}, i32(0), []byte{0x1a, 0x0b, 0x0b})},
+		{name: "br_if not taken", wasmtime: 6,
+			body: cat([]byte{0x02, 0x40}, i32(0), []byte{0x0d, 0x00}, i32(0), []byte{0x1a, 0x0b, 0x0b})},
+		{name: "code before unreachable", wasmtime: 4, body: cat(i32(0), []byte{0x00, 0x0b}), traps: true},
+		{name: "code before return", wasmtime: 4, body: cat(i32(0), []byte{0x0f, 0x0b})},
+		{name: "call of an empty function", wasmtime: 5, body: []byte{0x10, 0x01, 0x0b}, other: &other{body: end}},
+		{name: "call with an argument", wasmtime: 7,
+			body:  cat(i32(0), []byte{0x10, 0x01}, i32(0), []byte{0x1a, 0x0b}),
+			other: &other{params: []byte{wb.I32}, body: end}},
+		{name: "call with a result", wasmtime: 6, body: []byte{0x10, 0x01, 0x1a, 0x0b},
+			other: &other{results: []byte{wb.I32}, body: cat(i32(0), end)}},
+		{name: "call_indirect", wasmtime: 6, body: cat(i32(0), []byte{0x11, 0x00, 0x00, 0x0b}),
+			other: &other{body: end}, has: table, tableMin: 1},
+		{name: "empty loop", wasmtime: 3, body: []byte{0x03, 0x40, 0x0b, 0x0b}},
+		{name: "ten iterations", wasmtime: 55, body: cat(i32(10), []byte{0x21, 0x00, 0x03, 0x40, 0x20, 0x00},
+			i32(1), []byte{0x6b, 0x22, 0x00, 0x0d, 0x00, 0x0b, 0x0b})},
+		{name: "memory.copy 100", wasmtime: 107, body: cat(i32(0), i32(0), i32(100), []byte{0xfc, 0x0a, 0x00, 0x00, 0x0b}), has: memory},
+		{name: "memory.fill 100", wasmtime: 107, body: cat(i32(0), i32(0), i32(100), []byte{0xfc, 0x0b, 0x00, 0x0b}), has: memory},
+		{name: "table.copy 100", wasmtime: 107, body: cat(i32(0), i32(0), i32(100), []byte{0xfc, 0x0e, 0x00, 0x00, 0x0b}),
+			has: table, tableMin: 100},
+		{name: "table.fill 100", wasmtime: 107, body: cat(i32(0), []byte{0xd0, 0x70}, i32(100), []byte{0xfc, 0x11, 0x00, 0x0b}),
+			has: table, tableMin: 100},
+		{name: "table.grow 100", wasmtime: 106, body: cat([]byte{0xd0, 0x70}, i32(100), []byte{0xfc, 0x0f, 0x00, 0x1a, 0x0b}),
+			has: table},
+		{name: "memory.copy 200", wasmtime: 207, body: cat(i32(0), i32(0), i32(200), []byte{0xfc, 0x0a, 0x00, 0x00, 0x0b}), has: memory},
+		{name: "memory.fill 200", wasmtime: 207, body: cat(i32(0), i32(0), i32(200), []byte{0xfc, 0x0b, 0x00, 0x0b}), has: memory},
+		{name: "table.copy 200", wasmtime: 207, body: cat(i32(0), i32(0), i32(200), []byte{0xfc, 0x0e, 0x00, 0x00, 0x0b}),
+			has: table, tableMin: 200},
+		{name: "table.fill 200", wasmtime: 207, body: cat(i32(0), []byte{0xd0, 0x70}, i32(200), []byte{0xfc, 0x11, 0x00, 0x0b}),
+			has: table, tableMin: 200},
+		{name: "table.grow 200", wasmtime: 206, body: cat([]byte{0xd0, 0x70}, i32(200), []byte{0xfc, 0x0f, 0x00, 0x1a, 0x0b}),
+			has: table},
+	}
+	const outside = 2 // what fuel.wast counts around a start function
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var b wb.Builder
+			switch c.has {
+			case memory:
+				b.Memory(1, 1, true)
+			case table:
+				b.Table(c.tableMin, 1000, true)
+			}
+			f := b.Func(b.Type(nil, nil), []byte{0x01, 0x01, wb.I32}, c.body)
+			if c.other != nil {
+				g := b.Func(b.Type(c.other.params, c.other.results), nil, c.other.body)
+				if c.has == table {
+					b.Elem(0, g)
+				}
+			}
+			b.ExportFunc("f", f)
+			out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 1000, Fuel: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mod := instantiate(t, out)
+			fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+			fuel.Set(1 << 40)
+			_, err = mod.ExportedFunction("f").Call(context.Background())
+			if trapped := err != nil; trapped != c.traps {
+				t.Fatalf("err = %v, want a trap: %v", err, c.traps)
+			}
+			if used, want := int64(1<<40)-int64(fuel.Get()), c.wasmtime-outside; used != want {
+				t.Errorf("used %d fuel, want %d (Wasmtime's %d less %d)", used, want, c.wasmtime, outside)
+			}
+		})
+	}
+}
+
+// A start section becomes an export the host calls under its limits: the
+// prepared module instantiates without running it (here it would trap),
+// and the export runs it, charged like any function. A start section with
+// bytes past its index is refused.
+func TestStartSectionBecomesExport(t *testing.T) {
+	var b wb.Builder
+	start := b.Func(b.Type(nil, nil), nil, append(work(3), 0x00, 0x0b)) // 3 units; unreachable
+	b.Start(start)
+	wasm := b.Bytes()
+	out, _, err := wasmbin.Prepare(wasm, wasmbin.Options{MaxTableElements: 10, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := instantiate(t, out)
+	fn := mod.ExportedFunction(wasmbin.StartExport)
+	if fn == nil {
+		t.Fatalf("no export %s", wasmbin.StartExport)
+	}
+	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	fuel.Set(100)
+	if _, err := fn.Call(context.Background()); err == nil {
+		t.Fatal("the start function did not trap")
+	}
+	if left := int64(fuel.Get()); left != 100-4 {
+		t.Errorf("counter %d after the start function, want %d", left, 100-4)
+	}
+
+	// The sections of wasm, walked to the start section (id 8, one byte of
+	// size): given a byte past its index.
+	for pos := 8; pos < len(wasm); {
+		id, size := wasm[pos], int(wasm[pos+1])
+		if id == 8 {
+			bad := append(append(append([]byte(nil), wasm[:pos]...), 8, byte(size+1)), wasm[pos+2:pos+2+size]...)
+			bad = append(append(bad, 0x00), wasm[pos+2+size:]...)
+			if _, _, err := wasmbin.Prepare(bad, wasmbin.Options{MaxTableElements: 10, Fuel: true}); !errors.Is(err, wasmbin.ErrMalformed) {
+				t.Errorf("a start section with a trailing byte: err = %v, want ErrMalformed", err)
+			}
+			return
+		}
+		pos += 2 + size
+	}
+	t.Fatal("no start section in the module")
 }

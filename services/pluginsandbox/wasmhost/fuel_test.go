@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,13 +81,18 @@ func TestFuelExactAcrossGuestCall(t *testing.T) {
 	if err != nil || !res.Success {
 		t.Fatalf("with a large budget: %+v, %v", res, err)
 	}
-	// alloc 4+1; execute's entry segment (call; i32.const; if) 3; the
-	// helper 100; the if-body 50; execute's tail 1 (end is free).
-	const need = 4 + 1 + 3 + 100 + 50 + 1
+	// alloc: its entry's unit, its entry segment 4 and its tail 1;
+	// execute's entry segment (call; i32.const; if) 3 and its unit; the
+	// helper 100 and its unit; the if-body 50; execute's tail 1 (end is
+	// free).
+	const need = 1 + 4 + 1 + 1 + 3 + 1 + 100 + 50 + 1
 	if res.FuelUsed != need {
 		t.Fatalf("fuel used = %d, want %d", res.FuelUsed, need)
 	}
-	for _, budget := range []uint64{need - 1, need - 2, need - 53, need - 54, need - 100, need - 155, need - 156} {
+	// Short in execute's tail; in the if-body (by 1 and by all of it); at
+	// the helper's entry (by 1, 100 and all its 101); at execute's entry
+	// (by 1 and by all its 4); in alloc's tail; at alloc's entry.
+	for _, budget := range []uint64{need - 1, need - 2, need - 51, need - 52, need - 151, need - 152, need - 153, need - 156, need - 157, need - 158} {
 		t.Run(fmt.Sprint("budget ", budget), func(t *testing.T) {
 			tool := loadHandTool(t, newHost(t, wasmhost.Limits{CallFuel: budget}), wasm)
 			if _, err := tool.Execute(context.Background(), call); !errors.Is(err, wasmhost.ErrFuelExhausted) {
@@ -129,5 +135,47 @@ func TestToolNamingTheMeteringStateIsRefused(t *testing.T) {
 				t.Fatalf("err = %v, want ErrInvalidModule", err)
 			}
 		})
+	}
+}
+
+// A module's start function runs under the limits of a call, before
+// _initialize, as Wasmtime runs it on the store's fuel. wazero would run
+// it inside instantiation, before the host sets the counter (0 then), so
+// every start function trapped at its entry's charge and the module could
+// not load; and one that spent its budget was not told from a broken
+// module.
+func TestStartFunctionRunsUnderCallLimits(t *testing.T) {
+	call := wasmhost.ToolCall{Args: args(map[string]string{})}
+	h := newHost(t, wasmhost.Limits{CallFuel: 10_000, CallTimeoutMS: 2_000})
+
+	// (work; i64.const 7; global.set g; end): the tool sees what it set.
+	sets := handTool(func(b *wb.Builder, result []byte) []byte {
+		g := b.Global(0)
+		start := append(work(100), 0x42, 0x07, 0x24, byte(g), 0x0b)
+		b.Start(b.Func(b.Type(nil, nil), nil, start))
+		return append([]byte{0x23, byte(g), 0x42, 0x07, 0x52, 0x04, 0x40, 0x00, 0x0b}, result...)
+	})
+	tool := loadHandTool(t, h, sets)
+	if res, err := tool.Execute(context.Background(), call); err != nil || !res.Success {
+		t.Fatalf("a tool whose start function sets a global: %+v, %v", res, err)
+	}
+
+	// loop; br 0; end: stopped by its budget, and said so.
+	spins := handTool(func(b *wb.Builder, result []byte) []byte {
+		b.Start(b.Func(b.Type(nil, nil), nil, []byte{0x03, 0x40, 0x0c, 0x00, 0x0b, 0x0b}))
+		return result
+	})
+	_, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "minimal", Version: "0.1.0", Wasm: spins})
+	if !errors.Is(err, wasmhost.ErrFuelExhausted) || !strings.Contains(err.Error(), "start function") {
+		t.Fatalf("a start function that never returns: err = %v, want ErrFuelExhausted naming the start function", err)
+	}
+
+	// A module exporting the name the start function takes is refused.
+	clash := handTool(func(b *wb.Builder, result []byte) []byte {
+		b.ExportFunc("__clawmesh_start", b.Func(b.Type(nil, nil), nil, []byte{0x0b}))
+		return result
+	})
+	if _, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "minimal", Version: "0.1.0", Wasm: clash}); !errors.Is(err, wasmhost.ErrInvalidModule) {
+		t.Fatalf("a module exporting __clawmesh_start: err = %v, want ErrInvalidModule", err)
 	}
 }

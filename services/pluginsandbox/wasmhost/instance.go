@@ -42,9 +42,10 @@ type instance struct {
 	closed    atomic.Bool
 }
 
-// newInstance instantiates c and runs _initialize under the call limits,
-// with no service frame (config and secrets are unavailable there). The
-// caller holds a slot for it; newInstance does not release it on failure.
+// newInstance instantiates c and runs its start function and _initialize
+// under the call limits, with no service frame (config and secrets are
+// unavailable there). The caller holds a slot for it; newInstance does not
+// release it on failure.
 func (h *Host) newInstance(ctx context.Context, c *compiled) (*instance, error) {
 	in := &instance{c: c}
 	cfg := wazero.NewModuleConfig().
@@ -86,16 +87,26 @@ func (h *Host) newInstance(ctx context.Context, c *compiled) (*instance, error) 
 			return nil, fmt.Errorf("%w: fuel counter without a yield mark", ErrInvalidModule)
 		}
 	}
-	if init := mod.ExportedFunction(abi.ExportInitialize); init != nil {
+	// The module's start function (exported by wasmbin in place of its
+	// start section), then the reactor's _initialize, each a call of its
+	// own.
+	for _, init := range []struct{ name, export string }{
+		{"the start function", wasmbin.StartExport},
+		{"_initialize", abi.ExportInitialize},
+	} {
+		fn := mod.ExportedFunction(init.export)
+		if fn == nil {
+			continue
+		}
 		cctx, cancel := h.callContext(ctx)
 		_, err := in.invoke(cctx, nil, func(ctx context.Context) ([]byte, error) {
-			_, err := init.Call(ctx)
+			_, err := fn.Call(ctx)
 			return nil, err
 		})
 		cancel()
 		if err != nil {
 			in.close(context.Background())
-			return nil, fmt.Errorf("_initialize: %w", err)
+			return nil, fmt.Errorf("%s: %w", init.name, err)
 		}
 	}
 	return in, nil

@@ -102,10 +102,11 @@ func TestFuelSpentInStraightCodeIsExhaustion(t *testing.T) {
 		t.Fatalf("with a large budget: %+v, %v", res, err)
 	}
 	need := res.FuelUsed
-	// alloc: its entry segment (4) and its tail (i32.const; end: 1, end is
-	// free); execute: its entry segment (i32.const; if), the if-body (100
-	// units and end) and its tail (i64.const; end).
-	if want := uint64(4 + 1 + 2 + 100 + 1); need != want {
+	// alloc: its entry segment (4 and the entry's unit) and its tail
+	// (i32.const; end: 1, end is free); execute: its entry segment
+	// (i32.const; if; the unit), the if-body (100 units and end) and its
+	// tail (i64.const; end).
+	if want := uint64(5 + 1 + 3 + 100 + 1); need != want {
 		t.Fatalf("fuel used = %d, want %d", need, want)
 	}
 	for _, budget := range []uint64{need - 1, need - 50, need - 102} {

@@ -29,6 +29,7 @@ type Builder struct {
 	nElems  uint32
 	data    []byte
 	nData   uint32
+	start   []byte // the start section's payload, if any
 }
 
 // Type adds a function type and returns its index.
@@ -122,6 +123,9 @@ func (b *Builder) export(name string, kind byte, idx uint32) {
 	b.nExport++
 }
 
+// Start makes function idx the module's start function.
+func (b *Builder) Start(idx uint32) { b.start = U32(nil, idx) }
+
 // Bytes encodes the module.
 func (b *Builder) Bytes() []byte {
 	out := []byte{0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00}
@@ -150,6 +154,9 @@ func (b *Builder) Bytes() []byte {
 	}
 	if b.nExport > 0 {
 		out = section(out, 7, append(U32(nil, b.nExport), b.exports...))
+	}
+	if b.start != nil {
+		out = section(out, 8, b.start)
 	}
 	if b.nElems > 0 {
 		out = section(out, 9, append(U32(nil, b.nElems), b.elems...))
