@@ -52,12 +52,15 @@ const (
 	ImportInboundPending = "inbound_pending"
 	ImportHTTPRequest    = "http_request"
 	ImportHTTPResponse   = "http_response"
+	// ImportFuelLeft answers in every world, in a frame or not: it is no
+	// capability, only what the call can still spend.
+	ImportFuelLeft = "fuel_left"
 )
 
 // Imports lists every host import.
 var Imports = []string{
 	ImportLogRecord, ImportSecretsGet, ImportConfigGet, ImportInboundPoll,
-	ImportInboundPending, ImportHTTPRequest, ImportHTTPResponse,
+	ImportInboundPending, ImportHTTPRequest, ImportHTTPResponse, ImportFuelLeft,
 }
 
 // World names a plugin world.

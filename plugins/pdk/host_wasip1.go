@@ -95,3 +95,13 @@ func Fetch(req HTTPRequest) (*HTTPResponse, error) {
 	}
 	return &resp, nil
 }
+
+// FuelLeft returns the fuel the current call can still spend
+// (plugins.limits.call_fuel less what the call has spent so far, in
+// Wasmtime's units), exactly as of the moment it is called; negative once
+// the budget is spent, as the call is about to stop. A plugin whose work
+// grows with what it holds can check it before work it cannot finish, and
+// answer with an error of its own rather than be stopped (a stopped
+// instance is rebuilt). Any world may call it; it costs a host call, not
+// one of a frame's budget of them.
+func FuelLeft() int64 { return guest.FuelLeft() }

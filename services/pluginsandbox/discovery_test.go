@@ -77,9 +77,16 @@ func (s *recordingSink) messages() []string {
 // newTestServer serves dir with live settings the test controls.
 func newTestServer(t testing.TB, dir string, mut ...func(*pluginsandbox.Config)) *testServer {
 	t.Helper()
+	return newTestServerLimits(t, dir, wasmhost.Limits{}, mut...)
+}
+
+// newTestServerLimits is newTestServer with a host of the limits lim (all
+// zero: the defaults).
+func newTestServerLimits(t testing.TB, dir string, lim wasmhost.Limits, mut ...func(*pluginsandbox.Config)) *testServer {
+	t.Helper()
 	ctx := context.Background()
 	sink := &recordingSink{}
-	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(), LogSink: sink})
+	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(), LogSink: sink, Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
 // installTestKV installs kv with two changes for tests of the sandbox: a
@@ -455,6 +456,66 @@ func TestKVRecallWhateverTheQuery(t *testing.T) {
 	if n := ts.logs.FilterMessage("rebuilding the memory plugin's instance with its entries").Len(); n != 0 {
 		t.Fatalf("the instance was rebuilt %d times", n)
 	}
+}
+
+// kv holds 6 MiB whatever plugins.limits.call_fuel is, and searched all
+// of it at every recall, up to 0.38 x 10^9 units for a query shaped
+// against its content: under a call_fuel of 2.5 x 10^8 such a recall ran
+// out of fuel, stopping the instance, and the sandbox rebuilt it, every
+// entry stored again, at every such recall. kv now searches newest first,
+// stops at its answer, and checks the fuel left (the fuel_left import)
+// before each entry: what the budget cannot search fails with kv's own
+// error, the instance kept, and forgetting brings the rest within it.
+func TestKVRecallWithinALowerCallFuel(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	lim := wasmhost.DefaultLimits()
+	lim.CallFuel = 250_000_000
+	ts := newTestServerLimits(t, dir, lim)
+	ctx := context.Background()
+	period := "abcccccccccccccc"
+	shaped := strings.Repeat(period, 12) + "x" // compared in full at every period
+	fill := strings.Repeat(period, 1<<18/len(period))
+	const n = 24 // of 256 KiB: kv's 6 MiB
+	for i := range n {
+		if err := store(t, ts, fmt.Sprintf("e%02d", i), (fmt.Sprintf("Entry%02d something ", i) + fill)[:1<<18-16]); err != nil {
+			t.Fatalf("store %d: %v", i, err)
+		}
+	}
+	if got := recallKeys(t, ts, "something", 1); strings.Join(got, ",") != "e23" {
+		t.Fatalf("recall of the newest: %v", got)
+	}
+	if got := recallKeys(t, ts, "entry20", 10); strings.Join(got, ",") != "e20" {
+		t.Fatalf("recall of the fourth newest: %v", got)
+	}
+	_, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: shaped, Limit: 10})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "forget some entries or raise it") {
+		t.Fatalf("a recall past the budget: %v", err)
+	}
+	t.Log(err)
+	if n := ts.logs.FilterMessage("rebuilding the memory plugin's instance with its entries").Len(); n != 0 {
+		t.Fatalf("the instance was rebuilt %d times", n)
+	}
+	for i := range 14 {
+		if _, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf("e%02d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := recallKeys(t, ts, shaped, 10); len(got) != 0 {
+		t.Fatalf("the same recall over what is left: %v", got)
+	}
+	// Every entry left matches: the answer is the newest, as many as the
+	// budget can answer, then the size of an answer (three of 256 KiB).
+	got := recallKeys(t, ts, "something", 100)
+	if len(got) == 0 || len(got) > 3 {
+		t.Fatalf("recall of every entry left: %v", got)
+	}
+	for i, k := range got {
+		if k != fmt.Sprintf("e%02d", n-1-i) {
+			t.Fatalf("recall of every entry left, not newest first: %v", got)
+		}
+	}
+	t.Logf("%d entries of 256 KiB answered", len(got))
 }
 
 // goHash is strings.Index's Rabin-Karp hash of s.

@@ -179,3 +179,21 @@ func TestStartFunctionRunsUnderCallLimits(t *testing.T) {
 		t.Fatalf("a module exporting __clawmesh_start: err = %v, want ErrInvalidModule", err)
 	}
 }
+
+// fuel_left answers what the call has left at the moment of the import,
+// to the unit: the guest stores its counter before every call.
+func TestFuelLeftIsExact(t *testing.T) {
+	const budget = 10_000
+	// alloc: 1 + 4 + 1; execute's entry segment (call fuel_left; i64.const;
+	// i64.ne; if) 4 and its unit, charged before the call.
+	const left = budget - 6 - 5
+	wasm := handToolImporting([]string{"fuel_left"}, func(b *wb.Builder, result []byte, imported []uint32) []byte {
+		body := []byte{0x10, byte(imported[0])}
+		body = append(wb.S64(append(body, 0x42), left), 0x52, 0x04, 0x40, 0x00, 0x0b) // i64.ne; if; unreachable; end
+		return append(body, result...)
+	})
+	tool := loadHandTool(t, newHost(t, wasmhost.Limits{CallFuel: budget}), wasm)
+	if res, err := tool.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{})}); err != nil || !res.Success {
+		t.Fatalf("fuel_left did not answer %d: %+v, %v", left, res, err)
+	}
+}

@@ -2,10 +2,12 @@ package wasmhost
 
 import (
 	"context"
+	"math"
 
 	"github.com/tetratelabs/wazero/api"
 
 	"github.com/clawmesh/clawmesh/plugins/abi"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin"
 )
 
 // HostModule is the import module name of the plugin ABI.
@@ -41,8 +43,23 @@ func (h *Host) instantiateImports(ctx context.Context) error {
 	fn(abi.ImportInboundPending, h.importInboundPending, nil, []api.ValueType{i32})
 	fn(abi.ImportHTTPRequest, h.importHTTPRequest, []api.ValueType{i32, i32}, []api.ValueType{i64})
 	fn(abi.ImportHTTPResponse, h.importHTTPResponse, []api.ValueType{i32, i32}, []api.ValueType{i64})
+	fn(abi.ImportFuelLeft, importFuelLeft, nil, []api.ValueType{i64})
 	_, err := b.Instantiate(ctx)
 	return err
+}
+
+// importFuelLeft answers the fuel the calling guest has left: the guest
+// stores its counter into the global before every call (wasmbin), so the
+// global holds it exactly. It spends nothing of the frame's budget of host
+// calls: it does no work a guest's own fuel does not already pay for. A
+// guest run without metering has all the fuel there is.
+func importFuelLeft(_ context.Context, m api.Module, stack []uint64) {
+	g, ok := m.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	if !ok {
+		stack[0] = math.MaxInt64
+		return
+	}
+	stack[0] = g.Get()
 }
 
 // writeOut copies data into the guest buffer when it fits and returns the

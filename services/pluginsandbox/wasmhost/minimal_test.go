@@ -35,8 +35,19 @@ func minimalTool(pad int) []byte {
 // tool_execute body is execute's: result is the code that pushes the
 // constant result and ends. execute may add functions of its own.
 func handTool(execute func(b *wb.Builder, result []byte) []byte) []byte {
+	return handToolImporting(nil, func(b *wb.Builder, result []byte, _ []uint32) []byte { return execute(b, result) })
+}
+
+// handToolImporting is handTool whose module first imports the clawmesh
+// functions named in imports, each of type () -> i64; execute gets their
+// function indices.
+func handToolImporting(imports []string, execute func(b *wb.Builder, result []byte, imported []uint32) []byte) []byte {
 	var b wb.Builder
 	i32, i64 := []byte{wb.I32}, []byte{wb.I64}
+	var imported []uint32
+	for _, name := range imports {
+		imported = append(imported, b.ImportFunc("clawmesh", name, b.Type(nil, i64)))
+	}
 	b.Memory(2, 2, true)
 	const argBuf = 65536 // the second page holds the arguments
 	strs := []string{`"minimal"`, `"a hand-assembled tool"`, `{"type":"object"}`, `{"ok":{"success":true,"output":"ok"}}`}
@@ -61,7 +72,7 @@ func handTool(execute func(b *wb.Builder, result []byte) []byte) []byte {
 	name := b.Func(meta, nil, constI64(ptrLen[0]))
 	desc := b.Func(meta, nil, constI64(ptrLen[1]))
 	schema := b.Func(meta, nil, constI64(ptrLen[2]))
-	body := execute(&b, constI64(ptrLen[3]))
+	body := execute(&b, constI64(ptrLen[3]), imported)
 	exec := b.Func(b.Type([]byte{wb.I32, wb.I32}, i64), nil, body)
 
 	b.ExportFunc("clawmesh_abi_version", version)

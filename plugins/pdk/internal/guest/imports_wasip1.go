@@ -28,3 +28,6 @@ func HTTPRequest(req unsafe.Pointer, reqLen uint32) int64
 
 //go:wasmimport clawmesh http_response
 func HTTPResponse(buf unsafe.Pointer, bufCap uint32) int64
+
+//go:wasmimport clawmesh fuel_left
+func FuelLeft() int64
