@@ -61,8 +61,9 @@ type MemoryEntry struct {
 // RecallAnswerBytes is what a memory_recall answer should keep to: the
 // guest library stops adding entries, best first, once the next would
 // take the answer past it, and always keeps the first. Encoding is paid in
-// the plugin's fuel (encoding/json spends about 55 units a byte of ASCII
-// and up to about 340 a control character, which it writes as \u00XX), the
+// the plugin's fuel (the guest library's encoder about 10.5 units a byte
+// of ASCII and up to about 250 a control character, which it writes as
+// \u00XX; encoding/json 55 and 340), the
 // host refuses results past 16 MiB, and the session keeps 1 MiB of a
 // tool's output (what it takes of a recall).
 const RecallAnswerBytes = 1 << 20

@@ -632,6 +632,37 @@ func BenchmarkMemoryStoreText(b *testing.B) {
 	}
 }
 
+// BenchmarkMemoryRecallText recalls one entry of 1 MiB through the
+// sandbox: the guest's search finds it at once, and most of the call is
+// the guest library's encoding of the answer.
+func BenchmarkMemoryRecallText(b *testing.B) {
+	for _, c := range []struct{ name, unit string }{
+		{"ascii", "Plain ASCII text "},
+		{"html", "<a href=\"x\">&amp;</a> "},
+		{"accented", "Élan vital à Paris "},
+		{"japanese", "日本語のメモ"},
+		{"lines", "a short line of text\n"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			plugins := b.TempDir()
+			installExample(b, plugins, "kv")
+			ts := newTestServer(b, plugins)
+			content := strings.Repeat(c.unit, (1<<20)/len(c.unit))
+			if err := store(b, ts, "k", content); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(content)))
+			ctx := context.Background()
+			for b.Loop() {
+				got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: c.unit[:3], Limit: 1})
+				if err != nil || len(got.Entries) != 1 {
+					b.Fatal(got, err)
+				}
+			}
+		})
+	}
+}
+
 // A store decoded its entry with encoding/json, about 725 wasm
 // instructions of fuel a byte, and the host escaped <, > and & to six
 // bytes each: 512 KiB of "<a&b>" ran out of fuel, and with kv lowering at

@@ -22,9 +22,9 @@ func TestRecallAnswerKeepsToItsBudget(t *testing.T) {
 		{"none", nil, ""},
 		{"what fits, best first", entries, "newest"},
 		{"small ones", []abi.MemoryEntry{{Key: "a", Content: "x"}, {Key: "b", Content: "y"}}, "a,b"},
-		// The first is kept whatever its size: 1 MiB of "<" is 6 MiB
+		// The first is kept whatever its size: 1 MiB of "\x01" is 6 MiB
 		// of JSON.
-		{"the first alone", []abi.MemoryEntry{{Key: "lt", Content: strings.Repeat("<", 1<<20)}, {Key: "b", Content: "y"}}, "lt"},
+		{"the first alone", []abi.MemoryEntry{{Key: "c", Content: strings.Repeat("\x01", 1<<20)}, {Key: "b", Content: "y"}}, "c"},
 	} {
 		b, err := recallAnswer(c.in)
 		if err != nil {
@@ -65,4 +65,47 @@ func TestDecodeEntry(t *testing.T) {
 			t.Errorf("%s decoded", bad)
 		}
 	}
+}
+
+// appendEntry decodes, by encoding/json, to what encoding/json's own
+// encoding of the entry decodes to, whatever the strings hold: escapes,
+// HTML's characters, JavaScript's line separators, text that is not
+// ASCII, bytes that are not UTF-8 (each U+FFFD), and the fields
+// encoding/json omits.
+func FuzzAppendEntry(f *testing.F) {
+	for _, s := range []string{
+		"", "plain", "k\"ey", "a <b> & c", "\x00\x01\x1f\x7f", "\n\r\t\\\b\f", "\u00e9\u65e5\U0001F600",
+		"\u2028\u2029", "\xff", "a\xc3", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\"\\\"",
+	} {
+		f.Add(s, s+"!", int64(0), 0.0, false)
+		f.Add("key", s, int64(1764900000000), 0.25, true)
+	}
+	f.Fuzz(func(t *testing.T, key, content string, ts int64, score float64, scored bool) {
+		e := abi.MemoryEntry{Key: key, Content: content, Category: content, SessionID: key, Timestamp: ts}
+		if scored {
+			e.Score = &score
+		}
+		want, werr := json.Marshal(e)
+		got, gerr := appendEntry(nil, e)
+		if (werr != nil) != (gerr != nil) {
+			t.Fatalf("errors: encoding/json %v, appendEntry %v", werr, gerr)
+		}
+		if werr != nil {
+			return
+		}
+		var w, g abi.MemoryEntry
+		if err := json.Unmarshal(want, &w); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(got, &g); err != nil {
+			t.Fatalf("%q: %v", got, err)
+		}
+		if g.Key != w.Key || g.Content != w.Content || g.Category != w.Category || g.SessionID != w.SessionID ||
+			g.Timestamp != w.Timestamp || (g.Score == nil) != (w.Score == nil) || g.Score != nil && *g.Score != *w.Score {
+			t.Fatalf("%q decodes to %+v, encoding/json's %q to %+v", got, g, want, w)
+		}
+		if !json.Valid(got) {
+			t.Fatalf("%q is not JSON", got)
+		}
+	})
 }
