@@ -144,6 +144,15 @@ func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) (refused []ref
 	}
 	all := l.inOrder()
 	for i, le := range all {
+		if restoreHook != nil {
+			restoreHook(i)
+		}
+		// A caller gone between two stores leaves the instance alive with
+		// the entries given so far: partial stays set, so the next call
+		// restores again rather than answer from them.
+		if err := ctx.Err(); err != nil {
+			return refused, fmt.Errorf("store entry %d of %d again: %w", i+1, len(all), err)
+		}
 		err := m.Store(ctx, le.e)
 		switch {
 		case errors.Is(err, wasmhost.ErrPluginFailed):
@@ -156,6 +165,10 @@ func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) (refused []ref
 	l.partial = false
 	return refused, nil
 }
+
+// restoreHook, when set (by tests), is called before a restore stores its
+// i-th entry.
+var restoreHook func(i int)
 
 // refusal is an entry a restore dropped because the plugin refused it.
 type refusal struct {

@@ -295,6 +295,45 @@ func TestMemoryRestoreCutMidway(t *testing.T) {
 	}
 }
 
+// A restore whose caller goes between two of its stores leaves the
+// instance alive, holding the entries given so far and no error of its
+// own: only the ledger's partial flag stops the next call answering from
+// it. (TestMemoryRestoreCutMidway cuts where the deadline falls, mostly
+// inside a store, which stops the instance whatever the flag says.)
+func TestMemoryRestoreCutBetweenStores(t *testing.T) {
+	dir := t.TempDir()
+	installTestKV(t, dir)
+	ts := newTestServer(t, dir)
+	const n = 50
+	storeN(t, ts, "n%02d", n, "note")
+	spin(t, ts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	undo := pluginsandbox.SetRestoreHook(func(i int) {
+		if i == 20 {
+			cancel()
+		}
+	})
+	_, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: "absent"})
+	undo()
+	if err == nil {
+		t.Fatal("the call whose caller went midway through its restore succeeded")
+	}
+	missing := 0
+	for i := range n {
+		got, err := ts.MemoryForget(context.Background(), &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf("n%02d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Existed {
+			missing++
+		}
+	}
+	if missing > 0 {
+		t.Fatalf("after a restore cut between two stores, %d of %d entries were missing", missing, n)
+	}
+}
+
 // A new version of a memory plugin may refuse an entry the old one
 // accepted. The restore that gives the new load its entries stopped at
 // that entry, and every later call rebuilt the instance and stopped there

@@ -1,0 +1,9 @@
+package pluginsandbox
+
+// SetRestoreHook has hook called before a memory restore stores its i-th
+// entry, until the returned func puts the hook back.
+func SetRestoreHook(hook func(i int)) (undo func()) {
+	old := restoreHook
+	restoreHook = hook
+	return func() { restoreHook = old }
+}
