@@ -122,7 +122,7 @@ func (kv) Recall(query string, limit int) ([]memory.Entry, error) {
 			return cut(out, searched)
 		}
 		out, answer = append(out, s.e), next
-		if limit > 0 && len(out) == limit || answer > abi.RecallAnswerBytes {
+		if (limit > 0 && len(out) == limit) || answer > abi.RecallAnswerBytes {
 			break // the answer is whole: its JSON is never shorter than its strings
 		}
 	}
