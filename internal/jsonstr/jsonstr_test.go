@@ -62,6 +62,56 @@ func FuzzAppend(f *testing.F) {
 	f.Fuzz(sameAsEncodingJSON)
 }
 
+// decodesAsEncodingJSON checks AppendMinimal(s): valid JSON that decodes
+// to what encoding/json's own encoding of s decodes to (invalid UTF-8
+// as U+FFFD), wherever the bytes to escape fall in its eight-byte words.
+func decodesAsEncodingJSON(t *testing.T, s string) {
+	t.Helper()
+	want, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w string
+	if err := json.Unmarshal(want, &w); err != nil {
+		t.Fatal(err)
+	}
+	for pad := range 8 {
+		p := strings.Repeat("p", pad)
+		got := jsonstr.AppendMinimal([]byte("pre:"), p+s)
+		var g string
+		if !bytes.HasPrefix(got, []byte("pre:")) || !json.Valid(got[4:]) || json.Unmarshal(got[4:], &g) != nil || g != p+w {
+			t.Fatalf("AppendMinimal(%q) = %q, decoding to %q; encoding/json's decodes to %q", p+s, got, g, p+w)
+		}
+	}
+}
+
+func TestAppendMinimal(t *testing.T) {
+	for _, s := range []string{
+		"", "hello", `quote " backslash \ slash /`, "\b\f\n\r\t\x00\x01\x1f\x7f",
+		"<script>&amp;</script>", "é ü 日本 🙂", "line\u2028para\u2029end",
+		"bad \xff\xfe utf-8 \xc3", "cut rune \xe6\x97", "\xed\xa0\x80 surrogate",
+		strings.Repeat("long plain text ", 100), strings.Repeat("\x01a", 20), "0123456\"89abcdef\x1f",
+	} {
+		decodesAsEncodingJSON(t, s)
+	}
+	// Only what JSON requires is escaped.
+	for s, want := range map[string]string{
+		"a<b>&c\u2028d": "\"a<b>&c\u2028d\"",
+		"x\"y\\z\n\x01": `"x\"y\\z\n\u0001"`,
+	} {
+		if got := string(jsonstr.AppendMinimal(nil, s)); got != want {
+			t.Errorf("AppendMinimal(%q) = %s, want %s", s, got, want)
+		}
+	}
+}
+
+func FuzzAppendMinimal(f *testing.F) {
+	f.Add("hello")
+	f.Add("<\x00\xff\u2028>\"\\")
+	f.Add("01234567\x1f9abcdef\"")
+	f.Fuzz(decodesAsEncodingJSON)
+}
+
 func BenchmarkAppend(b *testing.B) {
 	for _, c := range []struct{ name, s string }{
 		{"ascii", "The quick brown fox jumps over the lazy dog, 1234567890."},

@@ -4,11 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"unicode/utf8"
-	"unsafe"
 
 	"github.com/valyala/fastjson"
 
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
@@ -83,23 +82,24 @@ func recallAnswer(entries []abi.MemoryEntry) ([]byte, error) {
 }
 
 // appendEntry appends e as a JSON object of abi.MemoryEntry's fields,
-// omitting those encoding/json would omit. An answer of 1 MiB in kv, fuel
-// a byte, encoding/json → appendString: plain text 50 → 10.5, `<` 284 →
-// 10.5, accented 162 → 52, Japanese 118 → 45, control characters 337 →
-// 250 (each \u00XX; one every other byte 168 → 206, its runs of one
-// byte copied by a call).
+// omitting those encoding/json would omit, its strings with the escapes
+// JSON requires alone (jsonstr.AppendMinimal). An answer of 1 MiB in kv,
+// fuel a byte, encoding/json → AppendMinimal: plain text 50 → 10.5, `<`
+// 284 → 10.5, accented 162 → 52, Japanese 118 → 45, control characters
+// 337 → 250 (each \u00XX; one every other byte 168 → 206, its runs of
+// one byte copied by a call).
 func appendEntry(out []byte, e abi.MemoryEntry) ([]byte, error) {
 	out = append(out, `{"key":`...)
-	out = appendString(out, e.Key)
+	out = jsonstr.AppendMinimal(out, e.Key)
 	out = append(out, `,"content":`...)
-	out = appendString(out, e.Content)
+	out = jsonstr.AppendMinimal(out, e.Content)
 	if e.Category != "" {
 		out = append(out, `,"category":`...)
-		out = appendString(out, e.Category)
+		out = jsonstr.AppendMinimal(out, e.Category)
 	}
 	if e.SessionID != "" {
 		out = append(out, `,"session_id":`...)
-		out = appendString(out, e.SessionID)
+		out = jsonstr.AppendMinimal(out, e.SessionID)
 	}
 	if e.Timestamp != 0 {
 		out = append(out, `,"timestamp":`...)
@@ -114,71 +114,4 @@ func appendEntry(out []byte, e abi.MemoryEntry) ([]byte, error) {
 		out = append(out, b...)
 	}
 	return append(out, '}'), nil
-}
-
-// plain marks the bytes a JSON string holds as they are, once the string
-// is known to be valid UTF-8: all but the control characters, the quote
-// and the backslash. (encoding/json also escapes <, > and &, for HTML,
-// and U+2028 and U+2029, for JavaScript; JSON needs neither.)
-var plain = func() (t [256]bool) {
-	for c := 0x20; c < 256; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
-const hexDigits = "0123456789abcdef"
-
-// special reports whether one of the eight bytes of w is not plain: a byte
-// below 0x20, a quote or a backslash (a byte b of w is zero in w^(b*ones)
-// and below n exactly when it sets its high bit in (w-n*ones)&^w).
-func special(w uint64) bool {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	q, b := w^(ones*'"'), w^(ones*'\\')
-	return ((w-ones*0x20)&^w|(q-ones)&^q|(b-ones)&^b)&highs != 0
-}
-
-// appendString appends s as a JSON string. A string that is not valid
-// UTF-8 goes through encoding/json, which writes U+FFFD for each bad byte.
-//
-// Go compiled to wasm pays for every byte a loop visits: runs of plain
-// bytes are found eight at a time, and copied whole.
-func appendString(out []byte, s string) []byte {
-	if !utf8.ValidString(s) {
-		b, _ := json.Marshal(s) // a string always marshals
-		return append(out, b...)
-	}
-	out = append(out, '"')
-	p := unsafe.Pointer(unsafe.StringData(s))
-	start, i := 0, 0
-	for {
-		for i+8 <= len(s) && !special(*(*uint64)(unsafe.Add(p, i))) {
-			i += 8
-		}
-		for i < len(s) && plain[s[i]] {
-			i++
-		}
-		if i == len(s) {
-			break
-		}
-		if start < i {
-			out = append(out, s[start:i]...)
-		}
-		switch c := s[i]; c {
-		case '"', '\\':
-			out = append(out, '\\', c)
-		case '\n':
-			out = append(out, '\\', 'n')
-		case '\r':
-			out = append(out, '\\', 'r')
-		case '\t':
-			out = append(out, '\\', 't')
-		default:
-			out = append(out, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		}
-		i++
-		start = i
-	}
-	out = append(out, s[start:]...)
-	return append(out, '"')
 }
