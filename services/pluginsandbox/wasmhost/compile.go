@@ -141,6 +141,12 @@ func (c *compiled) checkABI() error {
 	if len(c.mod.ExportedMemories()) == 0 {
 		return fmt.Errorf("%w: module exports no memory", ErrABI)
 	}
+	// A start section naming a function that takes or returns values is
+	// invalid as written; once wasmbin has made it an export nothing else
+	// would refuse it.
+	if f, ok := exports[wasmbin.StartExport]; ok && (len(f.ParamTypes()) > 0 || len(f.ResultTypes()) > 0) {
+		return fmt.Errorf("%w: the start function takes or returns values", ErrInvalidModule)
+	}
 	for _, imp := range c.mod.ImportedFunctions() {
 		mod, name, _ := imp.Import()
 		switch {

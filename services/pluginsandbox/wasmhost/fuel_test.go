@@ -170,6 +170,16 @@ func TestStartFunctionRunsUnderCallLimits(t *testing.T) {
 		t.Fatalf("a start function that never returns: err = %v, want ErrFuelExhausted naming the start function", err)
 	}
 
+	// A start function must take and return nothing, as the start section
+	// requires: wasmbin's export of it must not make such a module valid.
+	takes := handTool(func(b *wb.Builder, result []byte) []byte {
+		b.Start(b.Func(b.Type([]byte{wb.I32}, nil), nil, []byte{0x0b}))
+		return result
+	})
+	if _, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "minimal", Version: "0.1.0", Wasm: takes}); !errors.Is(err, wasmhost.ErrInvalidModule) {
+		t.Fatalf("a start function taking an i32: err = %v, want ErrInvalidModule", err)
+	}
+
 	// A module exporting the name the start function takes is refused.
 	clash := handTool(func(b *wb.Builder, result []byte) []byte {
 		b.ExportFunc("__clawmesh_start", b.Func(b.Type(nil, nil), nil, []byte{0x0b}))
