@@ -93,6 +93,20 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, er
 	return already, nil
 }
 
+// attachNew is attach for a session that has just been created. Its id
+// may have named a session since deleted: a topic still held for the id
+// is that session's, left until its deletion's update arrives, which
+// under load may come after the new session's first attach. Joining that
+// topic, the new session's connection was dropped with it, and its
+// owner saw none of its turns. The topic is dropped first (its
+// connections followed the deleted session, as the deletion's update
+// would detach them) and the new session gets a topic of its own.
+func (h *hub) attachNew(cs *connState, sessionID, subject string) error {
+	h.drop(sessionID)
+	_, err := h.attach(cs, sessionID, subject)
+	return err
+}
+
 // attached reports whether cs follows the session.
 func (h *hub) attached(cs *connState, sessionID string) bool {
 	h.mu.Lock()
@@ -128,18 +142,23 @@ func (h *hub) detach(cs *connState, sessionID string) {
 
 // drop detaches every connection from a session (it was deleted: its id
 // may next name another principal's session).
-func (h *hub) drop(sessionID string) {
+func (h *hub) drop(sessionID string) { h.dropTopic(sessionID, nil) }
+
+// dropTopic is drop of the session's topic if it is t (any, if t is nil):
+// a deletion's update arriving on a topic attachNew has since replaced
+// leaves the new session's topic alone.
+func (h *hub) dropTopic(sessionID string, t *topic) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if t, ok := h.topics[sessionID]; ok {
-		_ = t.sub.Unsubscribe()
+	if cur, ok := h.topics[sessionID]; ok && (t == nil || cur == t) {
+		_ = cur.sub.Unsubscribe()
 		delete(h.topics, sessionID)
 	}
 }
 
 func (h *hub) dispatch(t *topic, u bus.Update) {
 	if u.Type == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
-		h.drop(u.SessionID)
+		h.dropTopic(u.SessionID, t)
 		return
 	}
 	t.mu.Lock()

@@ -281,3 +281,44 @@ func BenchmarkFanOut(b *testing.B) {
 		b.Fatalf("%d bytes reached the socket's reader, want %d updates of %d", n, sent, frame)
 	}
 }
+
+// A deleted session's id may name another principal's new session at
+// once, and the deletion's update may reach the hub after the new
+// session's first attach (under load it did: TestDeletionDetachesBefore
+// TheIDIsReused saw alice's turn complete with none of its updates). The
+// new session's connection joined the deleted session's topic and was
+// dropped with it. attachNew gives it a topic of its own, and the late
+// deletion drops only the topic it came on.
+func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	h := newHub(nc, zap.NewNop())
+	id := ids.New("s-")
+	subject, err := bus.SessionUpdateSubject(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	operator, alice := &connState{id: "operator"}, &connState{id: "alice"}
+	if _, err := h.attach(operator, id, subject); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	deleted := h.topics[id]
+	h.mu.Unlock()
+
+	if err := h.attachNew(alice, id, subject); err != nil {
+		t.Fatal(err)
+	}
+	// The deleted session's last update, on its own topic, late.
+	h.dispatch(deleted, bus.Update{SessionID: id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED})
+	if !h.attached(alice, id) {
+		t.Fatal("the new session's connection was detached by the deletion of the session its id named before")
+	}
+	if h.attached(operator, id) {
+		t.Fatal("the deleted session's follower follows the new session")
+	}
+	h.detach(alice, "")
+}

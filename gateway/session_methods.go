@@ -71,7 +71,7 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	if _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
+	if err := g.hub.attachNew(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
 		return nil, serviceError("gateway", err)
 	}
 	return map[string]any{
