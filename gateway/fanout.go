@@ -93,18 +93,18 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, er
 	return already, nil
 }
 
-// attachNew is attach for a session that has just been created. Its id
-// may have named a session since deleted: a topic still held for the id
-// is that session's, left until its deletion's update arrives, which
-// under load may come after the new session's first attach. Joining that
-// topic, the new session's connection was dropped with it, and its
-// owner saw none of its turns. The topic is dropped first (its
-// connections followed the deleted session, as the deletion's update
-// would detach them) and the new session gets a topic of its own.
-func (h *hub) attachNew(cs *connState, sessionID, subject string) error {
+// attachNew is attach for a session the call that returned subject has
+// just created (NewSession's created, not a resumed one). Its id may
+// have named a session since deleted: a topic still held for the id is
+// that session's, left until its deletion's update arrives, which under
+// load may come after the new session's first attach. Joining that
+// topic, the new session's connection was dropped with it, and its owner
+// saw none of its turns. The topic is dropped first (its connections
+// followed the deleted session, as the deletion's update would detach
+// them) and the new session gets a topic of its own.
+func (h *hub) attachNew(cs *connState, sessionID, subject string) (already bool, err error) {
 	h.drop(sessionID)
-	_, err := h.attach(cs, sessionID, subject)
-	return err
+	return h.attach(cs, sessionID, subject)
 }
 
 // attached reports whether cs follows the session.

@@ -309,7 +309,7 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	deleted := h.topics[id]
 	h.mu.Unlock()
 
-	if err := h.attachNew(alice, id, subject); err != nil {
+	if _, err := h.attachNew(alice, id, subject); err != nil {
 		t.Fatal(err)
 	}
 	// The deleted session's last update, on its own topic, late.

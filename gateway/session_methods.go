@@ -71,7 +71,11 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	if err := g.hub.attachNew(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
+	attach := g.hub.attach
+	if resp.GetCreated() {
+		attach = g.hub.attachNew
+	}
+	if _, err := attach(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
 		return nil, serviceError("gateway", err)
 	}
 	return map[string]any{

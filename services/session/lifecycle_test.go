@@ -104,8 +104,14 @@ func TestDeleteRemovesEveryRow(t *testing.T) {
 		t.Fatal("the live session outlived delete")
 	}
 	re, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, SessionId: id})
-	if err != nil || re.GetSessionId() != id || re.GetMessageCount() != 0 {
+	if err != nil || re.GetSessionId() != id || re.GetMessageCount() != 0 || !re.GetCreated() {
 		t.Fatalf("session/new after delete: %v %v", re, err)
+	}
+	// The same call again resumes it: not created (the gateway gives a
+	// created session a subscription of its own, since its id may have
+	// named a session just deleted, and joins a resumed one's).
+	if again, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, SessionId: id}); err != nil || again.GetCreated() {
+		t.Fatalf("session/new of an existing session: %v %v", again, err)
 	}
 	given := contextOf(t, h.prompt(alice, id, "/context").GetContent())
 	if roles(given) != "user" {

@@ -90,7 +90,7 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: alias, WorkspaceDir: dir, UpdateSubject: subject}, nil
+	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: alias, WorkspaceDir: dir, UpdateSubject: subject, Created: true}, nil
 }
 
 // resume returns an existing session, reopening a closed one; errNoRow

@@ -523,6 +523,10 @@ type NewSessionResponse struct {
 	// update_subject is the bus subject of the session's updates, as Attach
 	// names it: the caller owns the session.
 	UpdateSubject string `protobuf:"bytes,5,opt,name=update_subject,json=updateSubject,proto3" json:"update_subject,omitempty"`
+	// created is set when this call made the session, unset when it resumed
+	// one: a session just made may carry the id of one deleted a moment
+	// ago, whose updates may still be on their way to a subscriber.
+	Created       bool `protobuf:"varint,6,opt,name=created,proto3" json:"created,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,6 +594,13 @@ func (x *NewSessionResponse) GetUpdateSubject() string {
 		return x.UpdateSubject
 	}
 	return ""
+}
+
+func (x *NewSessionResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
 }
 
 type FileRef struct {
@@ -3512,7 +3523,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12/\n" +
 	"\x13interaction_surface\x18\x05 \x01(\tR\x12interactionSurface\x12#\n" +
-	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\"\xc5\x01\n" +
+	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\"\xdf\x01\n" +
 	"\x12NewSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1f\n" +
@@ -3520,7 +3531,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"agentAlias\x12#\n" +
 	"\rmessage_count\x18\x03 \x01(\x03R\fmessageCount\x12#\n" +
 	"\rworkspace_dir\x18\x04 \x01(\tR\fworkspaceDir\x12%\n" +
-	"\x0eupdate_subject\x18\x05 \x01(\tR\rupdateSubject\"_\n" +
+	"\x0eupdate_subject\x18\x05 \x01(\tR\rupdateSubject\x12\x18\n" +
+	"\acreated\x18\x06 \x01(\bR\acreated\"_\n" +
 	"\aFileRef\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
 	"\x06marker\x18\x02 \x01(\tR\x06marker\x12%\n" +
