@@ -35,23 +35,7 @@ func Append(dst []byte, s string) []byte {
 				i++
 				continue
 			}
-			dst = append(dst, s[start:i]...)
-			switch b {
-			case '"', '\\':
-				dst = append(dst, '\\', b)
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xf])
-			}
+			dst = appendEscaped(append(dst, s[start:i]...), b)
 			i++
 			start = i
 			continue
@@ -73,6 +57,26 @@ func Append(dst []byte, s string) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+// appendEscaped appends the escape of the ASCII byte b: by name where
+// JSON has one (quote, backslash, \b \f \n \r \t), else \u00XX.
+func appendEscaped(dst []byte, b byte) []byte {
+	switch b {
+	case '"', '\\':
+		return append(dst, '\\', b)
+	case '\b':
+		return append(dst, '\\', 'b')
+	case '\f':
+		return append(dst, '\\', 'f')
+	case '\n':
+		return append(dst, '\\', 'n')
+	case '\r':
+		return append(dst, '\\', 'r')
+	case '\t':
+		return append(dst, '\\', 't')
+	}
+	return append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xf])
 }
 
 // Len is the length of what Append writes for s. A string that needs no
@@ -131,8 +135,8 @@ func Fit(s string, n int) (prefix, written int) {
 }
 
 // AppendMinimal appends s to dst as a JSON string with only the escapes
-// JSON requires: quote, backslash and control characters (\n \r \t by
-// name, the rest as \u00XX). <, > and &, U+2028 and U+2029 are written as
+// JSON requires: quote, backslash and control characters (\b \f \n \r
+// \t by name, the rest as \u00XX). <, > and &, U+2028 and U+2029 are written as
 // they are. A string that is not valid UTF-8 is written by Append, each
 // bad byte as \ufffd. It decodes to what Append's output decodes to.
 //
@@ -160,18 +164,7 @@ func AppendMinimal(dst []byte, s string) []byte {
 		if start < i {
 			dst = append(dst, s[start:i]...)
 		}
-		switch b := s[i]; b {
-		case '"', '\\':
-			dst = append(dst, '\\', b)
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xf])
-		}
+		dst = appendEscaped(dst, s[i])
 		i++
 		start = i
 	}

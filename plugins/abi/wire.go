@@ -62,7 +62,7 @@ type MemoryEntry struct {
 // guest library stops adding entries, best first, once the next would
 // take the answer past it, and always keeps the first. Encoding is paid in
 // the plugin's fuel (the guest library's encoder about 10.5 units a byte
-// of ASCII and up to about 250 a control character, which it writes as
+// of ASCII and up to about 265 a control character, which it writes as
 // \u00XX; encoding/json 55 and 340), the
 // host refuses results past 16 MiB, and the session keeps 1 MiB of a
 // tool's output (what it takes of a recall).

@@ -55,7 +55,7 @@ var (
 // left: searchUnitsPerByte a byte of key and content searched (the
 // finder's costliest query measured about 61), answerUnitsPerByte a byte
 // of key and content the guest library encodes into the answer (measured
-// 10.5 for plain text, 45 to 52 for text that is not ASCII, 250 for
+// 10.5 for plain text, 45 to 52 for text that is not ASCII, 263 for
 // control characters, each six bytes of JSON), and recallReserve for the
 // rest of the call. Under the default call_fuel (10^9) the whole of what
 // kv holds and a whole answer fit: 6 MiB searched and 1 MiB answered are
