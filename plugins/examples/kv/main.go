@@ -33,7 +33,6 @@ type kv struct{}
 type stored struct {
 	e            memory.Entry
 	key, content string // lowered
-	dead         bool   // replaced or forgotten since
 }
 
 // maxBytes bounds the keys and contents kv holds (a variable so that the
@@ -44,10 +43,9 @@ var (
 	entries = map[string]*stored{}
 	// recent holds the entries in the order they were stored, the newest
 	// last, so that a recall searches newest first and stops once it has
-	// its answer. A replaced or forgotten entry stays, dead, until more
-	// than half are (compact).
+	// its answer. A replaced or forgotten entry stays until more than half
+	// are (compact); an entry is live while entries holds it (live).
 	recent []*stored
-	dead   int
 	held   int // bytes of keys and contents
 )
 
@@ -79,10 +77,6 @@ func (kv) Store(e memory.Entry) error {
 		return fmt.Errorf("kv holds at most %d bytes of keys and contents; forget some first", maxBytes)
 	}
 	held = n
-	if replaces {
-		old.dead = true
-		dead++
-	}
 	s := &stored{e: e, key: lower(e.Key), content: lower(e.Content)}
 	entries[e.Key] = s
 	recent = append(recent, s)
@@ -106,7 +100,7 @@ func (kv) Recall(query string, limit int) ([]memory.Entry, error) {
 	answer, searched := 0, 0
 	for i := len(recent) - 1; i >= 0; i-- {
 		s := recent[i]
-		if s.dead {
+		if !live(s) {
 			continue
 		}
 		size := len(s.key) + len(s.content)
@@ -150,27 +144,30 @@ func (kv) Forget(key string) (bool, error) {
 		return false, nil
 	}
 	held -= len(old.e.Key) + len(old.e.Content)
-	old.dead = true
-	dead++
 	delete(entries, key)
 	compact()
 	return true, nil
 }
 
-// compact drops the dead entries from recent once they are more than half
-// of it: each store or forget pays for it once, on average.
+// live reports whether s is its key's entry, not one replaced or
+// forgotten since.
+func live(s *stored) bool { return entries[s.e.Key] == s }
+
+// compact drops the entries no longer live from recent once they are
+// more than half of it: each store or forget pays for it once, on
+// average.
 func compact() {
-	if dead <= len(recent)/2 {
+	if len(recent) <= 2*len(entries) {
 		return
 	}
-	live := recent[:0]
+	kept := recent[:0]
 	for _, s := range recent {
-		if !s.dead {
-			live = append(live, s)
+		if live(s) {
+			kept = append(kept, s)
 		}
 	}
-	clear(recent[len(live):])
-	recent, dead = live, 0
+	clear(recent[len(kept):])
+	recent = kept
 }
 
 func (kv) Count() (int, error) { return len(entries), nil }
