@@ -280,9 +280,17 @@ func TestMemoryRestoreCutMidway(t *testing.T) {
 	if !cut {
 		t.Fatal("no deadline ended the restore midway")
 	}
-	missing := 0
+	if missing := forgetMissing(t, ts, "n%04d", n); missing > 0 {
+		t.Fatalf("after a restore cut midway, %d of %d entries were missing", missing, n)
+	}
+}
+
+// forgetMissing forgets the entries keyed by key (a format) from 0 to n-1 and
+// returns how many the plugin did not hold.
+func forgetMissing(t *testing.T, ts *testServer, key string, n int) (missing int) {
+	t.Helper()
 	for i := range n {
-		got, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf("n%04d", i)})
+		got, err := ts.MemoryForget(context.Background(), &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf(key, i)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -290,9 +298,7 @@ func TestMemoryRestoreCutMidway(t *testing.T) {
 			missing++
 		}
 	}
-	if missing > 0 {
-		t.Fatalf("after a restore cut midway, %d of %d entries were missing", missing, n)
-	}
+	return missing
 }
 
 // A restore whose caller goes between two of its stores leaves the
@@ -319,17 +325,7 @@ func TestMemoryRestoreCutBetweenStores(t *testing.T) {
 	if err == nil {
 		t.Fatal("the call whose caller went midway through its restore succeeded")
 	}
-	missing := 0
-	for i := range n {
-		got, err := ts.MemoryForget(context.Background(), &pluginv1.MemoryForgetRequest{Key: fmt.Sprintf("n%02d", i)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !got.Existed {
-			missing++
-		}
-	}
-	if missing > 0 {
+	if missing := forgetMissing(t, ts, "n%02d", n); missing > 0 {
 		t.Fatalf("after a restore cut between two stores, %d of %d entries were missing", missing, n)
 	}
 }
