@@ -24,15 +24,16 @@ type hub struct {
 	log *zap.Logger
 
 	mu     sync.Mutex
-	topics map[string]*topic // by session id
+	topics map[string]*topic // by session id, of its latest incarnation
 }
 
 // topic is one session's subscription. Its own lock orders delivery, so
 // sessions fan out in parallel.
 type topic struct {
-	sub   *nats.Subscription
-	ready chan struct{} // closed once the subscription is in place at the server
-	err   error         // set before ready closes when it could not be
+	incarnation int64 // of the session, as its subject names it
+	sub         *nats.Subscription
+	ready       chan struct{} // closed once the subscription is in place at the server
+	err         error         // set before ready closes when it could not be
 
 	mu      sync.Mutex
 	conns   map[*connState]struct{}
@@ -46,19 +47,40 @@ func newHub(nc *nats.Conn, log *zap.Logger) *hub {
 // errAttach wraps a failure to follow a session's updates.
 var errAttach = errors.New("follow session updates")
 
+// errReplaced: the session was deleted and its id names a new session.
+var errReplaced = fmt.Errorf("%w: deleted and its id reused", errAttach)
+
 // attach subscribes cs to the updates on subject, the update subject of
 // sessionID as the session service returned it, and returns once the
 // subscription is in place at the server (so the caller may start the
 // turn whose updates it wants). Attaching twice is a no-op; it reports
 // whether cs was attached before.
+//
+// The subject names the session's incarnation. A topic held for an
+// earlier one is a deleted session's, kept until its deletion's update
+// arrives, which under load comes after the id names a new session and
+// its connections attach: it is dropped (its connections followed the
+// deleted session, as that update would detach them) and the new one
+// gets a topic of its own. A subject of an earlier incarnation than the
+// topic's names a session deleted since the session service returned
+// it: errReplaced.
 func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, err error) {
-	if id, err := bus.SessionOfSubject(subject); err != nil || id != sessionID {
+	id, incarnation, err := bus.SessionOfSubject(subject)
+	if err != nil || id != sessionID {
 		return false, fmt.Errorf("%w: subject %q does not name session %q", errAttach, subject, sessionID)
 	}
 	h.mu.Lock()
 	t, ok := h.topics[sessionID]
+	switch {
+	case ok && t.incarnation > incarnation:
+		h.mu.Unlock()
+		return false, fmt.Errorf("%w: session %q", errReplaced, sessionID)
+	case ok && t.incarnation < incarnation:
+		h.dropLocked(sessionID, t)
+		ok = false
+	}
 	if !ok {
-		t = &topic{conns: map[*connState]struct{}{}, ready: make(chan struct{})}
+		t = &topic{incarnation: incarnation, conns: map[*connState]struct{}{}, ready: make(chan struct{})}
 		t.sub, err = bus.SubscribeSessionUpdates(h.nc, subject, func(u bus.Update) { h.dispatch(t, u) },
 			func(err error) {
 				h.log.Warn("bad session update dropped", zap.String("session_id", sessionID), zap.Error(err))
@@ -91,20 +113,6 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, er
 		return false, fmt.Errorf("%w: %w", errAttach, t.err)
 	}
 	return already, nil
-}
-
-// attachNew is attach for a session the call that returned subject has
-// just created (NewSession's created, not a resumed one). Its id may
-// have named a session since deleted: a topic still held for the id is
-// that session's, left until its deletion's update arrives, which under
-// load may come after the new session's first attach. Joining that
-// topic, the new session's connection was dropped with it, and its owner
-// saw none of its turns. The topic is dropped first (its connections
-// followed the deleted session, as the deletion's update would detach
-// them) and the new session gets a topic of its own.
-func (h *hub) attachNew(cs *connState, sessionID, subject string) (already bool, err error) {
-	h.drop(sessionID)
-	return h.attach(cs, sessionID, subject)
 }
 
 // attached reports whether cs follows the session.
@@ -140,17 +148,11 @@ func (h *hub) detach(cs *connState, sessionID string) {
 	}
 }
 
-// drop detaches every connection from a session (it was deleted: its id
-// may next name another principal's session).
-func (h *hub) drop(sessionID string) { h.dropTopic(sessionID, nil) }
-
-// dropTopic is drop of the session's topic if it is t (any, if t is nil):
-// a deletion's update arriving on a topic attachNew has since replaced
-// leaves the new session's topic alone.
-func (h *hub) dropTopic(sessionID string, t *topic) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if cur, ok := h.topics[sessionID]; ok && (t == nil || cur == t) {
+// dropLocked detaches every connection from the session's topic t, if it
+// is still the session's (a deletion's update may come after a new
+// session under the id has replaced it); h.mu is held.
+func (h *hub) dropLocked(sessionID string, t *topic) {
+	if cur, ok := h.topics[sessionID]; ok && cur == t {
 		_ = cur.sub.Unsubscribe()
 		delete(h.topics, sessionID)
 	}
@@ -158,7 +160,9 @@ func (h *hub) dropTopic(sessionID string, t *topic) {
 
 func (h *hub) dispatch(t *topic, u bus.Update) {
 	if u.Type == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
-		h.dropTopic(u.SessionID, t)
+		h.mu.Lock()
+		h.dropLocked(u.SessionID, t)
+		h.mu.Unlock()
 		return
 	}
 	t.mu.Lock()

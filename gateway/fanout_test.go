@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -115,7 +116,7 @@ func fanoutInOrder(t *testing.T, pair func(testing.TB) (net.Conn, net.Conn), big
 		states = append(states, cs)
 		g.spawn(cs.outbox.run)
 		for _, id := range sessionIDs {
-			subject, err := bus.SessionUpdateSubject(id)
+			subject, err := bus.SessionUpdateSubject(id, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -166,7 +167,7 @@ func fanoutInOrder(t *testing.T, pair func(testing.TB) (net.Conn, net.Conn), big
 		pubs.Add(1)
 		go func() {
 			defer pubs.Done()
-			p, err := bus.NewSessionUpdatePublisher(pub, id)
+			p, err := bus.NewSessionUpdatePublisher(pub, id, 1)
 			if err != nil {
 				t.Error(err)
 				return
@@ -282,13 +283,19 @@ func BenchmarkFanOut(b *testing.B) {
 	}
 }
 
-// A deleted session's id may name another principal's new session at
-// once, and the deletion's update may reach the hub after the new
-// session's first attach (under load it did: TestDeletionDetachesBefore
-// TheIDIsReused saw alice's turn complete with none of its updates). The
-// new session's connection joined the deleted session's topic and was
-// dropped with it. attachNew gives it a topic of its own, and the late
-// deletion drops only the topic it came on.
+// A deleted session's id may name a new session at once, and the
+// deletion's update may reach the hub after the new session's
+// connections attach: under load it did (TestDeletionDetachesBefore
+// TheIDIsReused saw alice's turn complete with none of its updates).
+// The new session's subject names its incarnation, a later one than the
+// deleted session's: its connections get a topic of their own whichever
+// path attached them first (session/new of the connection that made it,
+// session/load of her other connection in the instant before, or a load
+// of a session made where this hub did not see it), and the late
+// deletion drops only the deleted session's topic. Before incarnations
+// (the forty-fourth round) the hub dropped the held topic only at
+// session/new: a load that came first joined the deleted session's
+// topic and was detached with it.
 func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	nc, err := nats.Connect(testenv.NATS(t))
 	if err != nil {
@@ -297,28 +304,49 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	defer nc.Close()
 	h := newHub(nc, zap.NewNop())
 	id := ids.New("s-")
-	subject, err := bus.SessionUpdateSubject(id)
+	before, err := bus.SessionUpdateSubject(id, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
-	operator, alice := &connState{id: "operator"}, &connState{id: "alice"}
-	if _, err := h.attach(operator, id, subject); err != nil {
+	after, err := bus.SessionUpdateSubject(id, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	operator := &connState{id: "operator"}
+	loaded, made := &connState{id: "alice-load"}, &connState{id: "alice-new"}
+	if _, err := h.attach(operator, id, before); err != nil {
 		t.Fatal(err)
 	}
 	h.mu.Lock()
 	deleted := h.topics[id]
 	h.mu.Unlock()
 
-	if _, err := h.attachNew(alice, id, subject); err != nil {
-		t.Fatal(err)
-	}
-	// The deleted session's last update, on its own topic, late.
-	h.dispatch(deleted, bus.Update{SessionID: id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED})
-	if !h.attached(alice, id) {
-		t.Fatal("the new session's connection was detached by the deletion of the session its id named before")
+	for _, cs := range []*connState{loaded, made} {
+		if _, err := h.attach(cs, id, after); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if h.attached(operator, id) {
 		t.Fatal("the deleted session's follower follows the new session")
 	}
-	h.detach(alice, "")
+	// A subject the session service gave for the deleted session, used
+	// after the new one's: refused, not joined.
+	if _, err := h.attach(operator, id, before); !errors.Is(err, errReplaced) {
+		t.Fatalf("attach on the deleted session's subject: %v", err)
+	}
+	// The deleted session's last update, on its own topic, late.
+	h.dispatch(deleted, bus.Update{SessionID: id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED})
+	for _, cs := range []*connState{loaded, made} {
+		if !h.attached(cs, id) {
+			t.Errorf("%s was detached from the new session by the deletion of the one its id named before", cs.id)
+		}
+	}
+	// The new session's own deletion detaches them.
+	h.mu.Lock()
+	current := h.topics[id]
+	h.mu.Unlock()
+	h.dispatch(current, bus.Update{SessionID: id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED})
+	if h.attached(loaded, id) || h.attached(made, id) {
+		t.Error("the new session's deletion left its followers attached")
+	}
 }

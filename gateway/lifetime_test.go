@@ -44,7 +44,7 @@ type fakeSession struct {
 func (f *fakeSession) NewSession(_ context.Context, req *sessionv1.NewSessionRequest) (*sessionv1.NewSessionResponse, error) {
 	time.Sleep(f.delay())
 	id := ids.New("s-")
-	subject, err := bus.SessionUpdateSubject(id)
+	subject, err := bus.SessionUpdateSubject(id, 1)
 	if err != nil {
 		return nil, err
 	}

@@ -31,7 +31,7 @@ type streamingSession struct {
 }
 
 func (f *streamingSession) Attach(_ context.Context, req *sessionv1.AttachRequest) (*sessionv1.AttachResponse, error) {
-	subject, err := bus.SessionUpdateSubject(req.GetSessionId())
+	subject, err := bus.SessionUpdateSubject(req.GetSessionId(), 1)
 	if err != nil {
 		return nil, err
 	}
@@ -40,7 +40,7 @@ func (f *streamingSession) Attach(_ context.Context, req *sessionv1.AttachReques
 
 func (f *streamingSession) Prompt(_ context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
 	id := req.GetSessionId()
-	subject, err := bus.SessionUpdateSubject(id)
+	subject, err := bus.SessionUpdateSubject(id, 1)
 	if err != nil {
 		return nil, err
 	}

@@ -3,14 +3,18 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/uploads"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -71,12 +75,8 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	attach := g.hub.attach
-	if resp.GetCreated() {
-		attach = g.hub.attachNew
-	}
-	if _, err := attach(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
-		return nil, serviceError("gateway", err)
+	if _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
+		return nil, attachError(resp.GetSessionId(), err)
 	}
 	return map[string]any{
 		"session_id":    resp.GetSessionId(),
@@ -410,9 +410,20 @@ func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string) (
 	}
 	already, err = g.hub.attach(cs, sessionID, resp.GetSubject())
 	if err != nil {
-		return false, serviceError("gateway", err)
+		return false, attachError(sessionID, err)
 	}
 	return already, nil
+}
+
+// attachError maps the hub's refusal: a session deleted (its id naming a
+// new one) between the session service's answer and the attach is not
+// found, as it would be a moment later; anything else is the gateway's.
+func attachError(sessionID string, err error) error {
+	if errors.Is(err, errReplaced) {
+		return serviceError("session", rpcerr.Error(codes.NotFound, rpcerr.ReasonSessionNotFound, rpcerr.NoIndex,
+			fmt.Sprintf("Session %s not found", sessionID)))
+	}
+	return serviceError("gateway", err)
 }
 
 // wireTime is a timestamp as the socket shows it: RFC 3339 in UTC.

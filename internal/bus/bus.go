@@ -16,6 +16,7 @@ package bus
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
@@ -38,8 +39,9 @@ const (
 
 // Wildcard subjects, for permissions and monitoring.
 const (
-	// SubjectAllSessionUpdates matches every session's updates.
-	SubjectAllSessionUpdates = sessionPrefix + "*" + sessionSuffix
+	// SubjectAllSessionUpdates matches every session's updates: the
+	// tokens are the session id and its incarnation.
+	SubjectAllSessionUpdates = sessionPrefix + "*.*" + sessionSuffix
 	// SubjectAllAsks matches every connection's asks.
 	SubjectAllAsks = askPrefix + "*" + askSuffix
 )
@@ -56,26 +58,44 @@ var (
 	ErrEncode = errors.New("bus: unencodable message")
 )
 
-// SessionUpdateSubject is the subject of one session's updates.
-func SessionUpdateSubject(sessionID string) (string, error) {
+// SessionUpdateSubject is the subject of the updates of one incarnation
+// of a session: the session service's number for the stored session
+// (positive, never given twice). A deleted session's id may name a new
+// session at once, while updates of the deleted one, its deletion last,
+// are still on their way to subscribers; each has a subject of its own,
+// so no subscriber of one hears the other.
+func SessionUpdateSubject(sessionID string, incarnation int64) (string, error) {
 	if !ids.Token(sessionID) {
 		return "", fmt.Errorf("%w: session id", ErrBadToken)
 	}
-	return sessionPrefix + sessionID + sessionSuffix, nil
+	if incarnation <= 0 {
+		return "", fmt.Errorf("%w: session incarnation %d", ErrBadToken, incarnation)
+	}
+	return sessionPrefix + sessionID + "." + strconv.FormatInt(incarnation, 10) + sessionSuffix, nil
 }
 
-// SessionOfSubject returns the session id a session update subject names,
-// or ErrBadSubject when subject is not one.
-func SessionOfSubject(subject string) (string, error) {
+// SessionOfSubject returns the session id and incarnation a session
+// update subject names, or ErrBadSubject when subject is not one. The id
+// is a slice of subject.
+func SessionOfSubject(subject string) (id string, incarnation int64, err error) {
 	rest, ok := strings.CutPrefix(subject, sessionPrefix)
 	if !ok {
-		return "", ErrBadSubject
+		return "", 0, ErrBadSubject
 	}
-	id, ok := strings.CutSuffix(rest, sessionSuffix)
+	rest, ok = strings.CutSuffix(rest, sessionSuffix)
+	if !ok {
+		return "", 0, ErrBadSubject
+	}
+	id, n, ok := strings.Cut(rest, ".")
 	if !ok || !ids.Token(id) {
-		return "", ErrBadSubject
+		return "", 0, ErrBadSubject
 	}
-	return id, nil
+	incarnation, err = strconv.ParseInt(n, 10, 64)
+	// One spelling for each number: no sign, no leading zero.
+	if err != nil || incarnation <= 0 || n[0] == '+' || n[0] == '0' {
+		return "", 0, ErrBadSubject
+	}
+	return id, incarnation, nil
 }
 
 // AskSubject is the subject on which the gateway holding connection

@@ -30,7 +30,7 @@ func SubscribeConfigChanged(nc *nats.Conn, fn func(*busv1.ConfigChanged), bad fu
 // must be a session update subject (the one the session service returned
 // at attach). Updates claiming another session are dropped as bad.
 func SubscribeSessionUpdates(nc *nats.Conn, subject string, fn func(Update), bad func(error)) (*nats.Subscription, error) {
-	id, err := SessionOfSubject(subject)
+	id, _, err := SessionOfSubject(subject)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q is not a session update subject", err, subject)
 	}
@@ -111,7 +111,7 @@ func decodeSessionUpdate(data []byte, id string) (Update, error) {
 // as bad.
 func SubscribeAllSessionUpdates(nc *nats.Conn, fn func(Update), bad func(error)) (*nats.Subscription, error) {
 	return subscribeDecoded(nc, SubjectAllSessionUpdates, func(subject string, data []byte) (Update, error) {
-		id, err := SessionOfSubject(subject)
+		id, _, err := SessionOfSubject(subject)
 		if err != nil {
 			return Update{}, err
 		}
@@ -274,9 +274,10 @@ type SessionUpdatePublisher struct {
 	buf       []byte
 }
 
-// NewSessionUpdatePublisher returns the publisher of sessionID's updates.
-func NewSessionUpdatePublisher(nc *nats.Conn, sessionID string) (*SessionUpdatePublisher, error) {
-	subject, err := SessionUpdateSubject(sessionID)
+// NewSessionUpdatePublisher returns the publisher of the updates of
+// sessionID's incarnation.
+func NewSessionUpdatePublisher(nc *nats.Conn, sessionID string, incarnation int64) (*SessionUpdatePublisher, error) {
+	subject, err := SessionUpdateSubject(sessionID, incarnation)
 	if err != nil {
 		return nil, err
 	}

@@ -64,14 +64,14 @@ func connect(t *testing.T) *nats.Conn {
 // intact and in order, a large one among them.
 func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 	nc := connect(t)
-	if _, err := NewSessionUpdatePublisher(nc, "bad.id"); err == nil {
+	if _, err := NewSessionUpdatePublisher(nc, "bad.id", 1); err == nil {
 		t.Fatal("a publisher for an id that is not a token")
 	}
-	p, err := NewSessionUpdatePublisher(nc, "s-round")
+	p, err := NewSessionUpdatePublisher(nc, "s-round", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	subject, _ := SessionUpdateSubject("s-round")
+	subject, _ := SessionUpdateSubject("s-round", 1)
 	got := make(chan Update, 16)
 	sub, err := SubscribeSessionUpdates(nc, subject, func(u Update) { got <- u }, func(err error) { t.Error(err) })
 	if err != nil {
@@ -123,11 +123,11 @@ func TestSubscribeAllSessionUpdates(t *testing.T) {
 	}
 	pubs := map[string]*SessionUpdatePublisher{}
 	for _, id := range []string{"s-one", "s-two"} {
-		if pubs[id], err = NewSessionUpdatePublisher(nc, id); err != nil {
+		if pubs[id], err = NewSessionUpdatePublisher(nc, id, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
-	subjectOfTwo, _ := SessionUpdateSubject("s-two")
+	subjectOfTwo, _ := SessionUpdateSubject("s-two", 1)
 	claimsOne := appendSessionUpdate(nil, "s-one", busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, 99, []byte(`{"x":1}`))
 	const perSession = 5
 	for k := 1; k <= perSession; k++ {

@@ -159,7 +159,7 @@ func TestEachRoleOnlyWhatItOwns(t *testing.T) {
 
 	// Only the session service publishes session updates.
 	sess, _ := s.as(bus.RoleSession)
-	subject, _ := bus.SessionUpdateSubject("sess_1")
+	subject, _ := bus.SessionUpdateSubject("sess_1", 1)
 	if err := sess.Publish(subject, []byte{}); err != nil {
 		t.Fatal(err)
 	}

@@ -173,12 +173,8 @@ func BenchmarkChunkToNATS(b *testing.B) {
 			b.ResetTimer()
 			var wg sync.WaitGroup
 			for i, count := range split(b.N, n) {
+				subject := h.subject(ids[i])
 				wg.Go(func() {
-					subject, err := bus.SessionUpdateSubject(ids[i])
-					if err != nil {
-						b.Error(err)
-						return
-					}
 					tick := time.NewTicker(benchPace)
 					defer tick.Stop()
 					for k := 0; k < count; k++ {

@@ -212,15 +212,26 @@ type recorder struct {
 	ch  chan *nats.Msg
 }
 
+// subject is the update subject of the stored session id, of its
+// incarnation now.
+func (h *harness) subject(id string) string {
+	h.t.Helper()
+	var incarnation int64
+	if err := h.pool.QueryRow(context.Background(), "SELECT incarnation FROM sessions WHERE session_id = $1", id).Scan(&incarnation); err != nil {
+		h.t.Fatalf("incarnation of %s: %v", id, err)
+	}
+	subject, err := bus.SessionUpdateSubject(id, incarnation)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return subject
+}
+
 func (h *harness) record(id string) *recorder {
 	h.t.Helper()
 	r := &recorder{t: h.t, ch: make(chan *nats.Msg, 4096)}
 	var err error
-	subject, err := bus.SessionUpdateSubject(id)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	if r.sub, err = h.listen.ChanSubscribe(subject, r.ch); err != nil {
+	if r.sub, err = h.listen.ChanSubscribe(h.subject(id), r.ch); err != nil {
 		h.t.Fatalf("subscribe: %v", err)
 	}
 	if err := h.listen.Flush(); err != nil {

@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/testwait"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -92,8 +94,22 @@ func TestDeleteRemovesEveryRow(t *testing.T) {
 			t.Fatalf("the turn left no row in %s", table)
 		}
 	}
+	deletedSubject := h.subject(id)
 	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
 		t.Fatal(err)
+	}
+	// The deletion is the last update on the deleted session's subject.
+	for deleted := false; !deleted; {
+		select {
+		case m := <-rec.ch:
+			u := &busv1.SessionUpdate{}
+			if err := proto.Unmarshal(m.Data, u); err != nil {
+				t.Fatal(err)
+			}
+			deleted = u.GetType() == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED
+		case <-time.After(wait):
+			t.Fatal("no deletion on the deleted session's subject")
+		}
 	}
 	for table, n := range h.rowsOf(id) {
 		if n != 0 {
@@ -107,16 +123,24 @@ func TestDeleteRemovesEveryRow(t *testing.T) {
 	if err != nil || re.GetSessionId() != id || re.GetMessageCount() != 0 || !re.GetCreated() {
 		t.Fatalf("session/new after delete: %v %v", re, err)
 	}
-	// The same call again resumes it: not created (the gateway gives a
-	// created session a subscription of its own, since its id may have
-	// named a session just deleted, and joins a resumed one's).
-	if again, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, SessionId: id}); err != nil || again.GetCreated() {
+	// The new session's updates have a subject of their own (the deleted
+	// session's may still be on their way to a gateway, the deletion
+	// last). The same call again resumes it: not created, the same
+	// subject.
+	if re.GetUpdateSubject() == deletedSubject || re.GetUpdateSubject() != h.subject(id) {
+		t.Fatalf("the new session's subject %q, the deleted one's %q", re.GetUpdateSubject(), deletedSubject)
+	}
+	again, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, SessionId: id})
+	if err != nil || again.GetCreated() || again.GetUpdateSubject() != re.GetUpdateSubject() {
 		t.Fatalf("session/new of an existing session: %v %v", again, err)
 	}
+	newRec := h.record(id)
 	given := contextOf(t, h.prompt(alice, id, "/context").GetContent())
 	if roles(given) != "user" {
 		t.Fatalf("the new session was given %+v", given)
 	}
+	newRec.until(UpdateTurnComplete)
+	rec.quiet(200 * time.Millisecond)
 
 	// With no live session (the process restarted), the durable row is
 	// what delete finds and removes.

@@ -25,6 +25,9 @@ const DefaultLiveIdleTimeout = 10 * time.Minute
 // the map holds the sessions in use, not every session ever touched.
 type liveSession struct {
 	id string
+	// incarnation is the stored session's (sessionRow.Incarnation): its
+	// updates' subject names it.
+	incarnation int64
 	// owner and surface never change for a session id; kept here so a
 	// kill or delete can reach a running turn without the database.
 	owner, surface string
@@ -61,7 +64,7 @@ type liveSession struct {
 // entry starts from the stored sequence bound and allow_always tools,
 // read again so that an entry evicted a moment ago is continued exactly.
 func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, release func()) {
-	if ls := s.holdExisting(row.ID); ls != nil {
+	if ls := s.holdExisting(row.ID, row.Incarnation); ls != nil {
 		return ls, func() { s.release(ls) }
 	}
 	seq, allowed, err := s.store.liveState(ctx, row.ID)
@@ -73,12 +76,15 @@ func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, rel
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ls, ok := s.lives[row.ID]; ok {
+	if ls, ok := s.lives[row.ID]; ok && ls.incarnation == row.Incarnation {
 		ls.refs++
 		return ls, func() { s.release(ls) }
 	}
+	// An entry of another incarnation is a deleted session's, on its way
+	// out (Delete forgets only its own entry): the new session's replaces
+	// it, so that it never publishes on the deleted one's subject.
 	ls = &liveSession{
-		id: row.ID, owner: row.Owner, surface: row.Surface, refs: 1,
+		id: row.ID, incarnation: row.Incarnation, owner: row.Owner, surface: row.Surface, refs: 1,
 		approvals: map[string]*approval{}, alwaysAllowed: map[string]bool{},
 		seq: seq, seqReserved: seq,
 	}
@@ -89,14 +95,16 @@ func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, rel
 	return ls, func() { s.release(ls) }
 }
 
-// holdExisting holds the in-memory session if there is one.
-func (s *Server) holdExisting(id string) *liveSession {
+// holdExisting holds the in-memory session of id if there is one, of
+// the given incarnation (0: whichever it is).
+func (s *Server) holdExisting(id string, incarnation int64) *liveSession {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ls := s.lives[id]
-	if ls != nil {
-		ls.refs++
+	if ls == nil || (incarnation != 0 && ls.incarnation != incarnation) {
+		return nil
 	}
+	ls.refs++
 	return ls
 }
 
@@ -116,10 +124,14 @@ func (s *Server) lookupLive(id string) *liveSession {
 	return s.lives[id]
 }
 
-func (s *Server) forget(id string) {
+// forget removes ls from memory unless a new session under its id has
+// replaced it already.
+func (s *Server) forget(ls *liveSession) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.lives, id)
+	if s.lives[ls.id] == ls {
+		delete(s.lives, ls.id)
+	}
 }
 
 // running returns the session's running turn, or nil.

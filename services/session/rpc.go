@@ -93,8 +93,8 @@ var outcomeEnum = map[string]sessionv1.TurnOutcome{
 }
 
 // updateSubject is the bus subject of a stored session's updates.
-func updateSubject(id string) (string, error) {
-	subject, err := bus.SessionUpdateSubject(id)
+func updateSubject(id string, incarnation int64) (string, error) {
+	subject, err := bus.SessionUpdateSubject(id, incarnation)
 	if err != nil {
 		return "", fmt.Errorf("session %q: %w", id, err)
 	}

@@ -73,7 +73,7 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 		return nil, fmt.Errorf("create session workspace: %w", err)
 	}
 	row := sessionRow{ID: id, AgentAlias: alias, Owner: p.GetPrincipalId(), Surface: surface, WorkspaceDir: dir, Cwd: req.GetCwd()}
-	created, err := s.store.createSession(ctx, row)
+	incarnation, err := s.store.createSession(ctx, row)
 	if errors.Is(err, errOpenLimit) {
 		_ = os.Remove(dir) // the folder made above, if it is empty
 		return nil, errSessionLimit()
@@ -81,12 +81,12 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	if err != nil {
 		return nil, err
 	}
-	if !created {
+	if incarnation == 0 {
 		// Someone created this id meanwhile: resume it like any other.
 		return s.resume(ctx, p, id, req.GetCwd(), surface)
 	}
 	s.log.Info("session created", zap.String("session_id", id), zap.String("agent_alias", alias), zap.String("owner", row.Owner))
-	subject, err := updateSubject(id)
+	subject, err := updateSubject(id, incarnation)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, sur
 	if row.Surface != surface {
 		return nil, errOtherSurface(id, row.Surface)
 	}
-	if ls := s.lookupLive(id); ls != nil {
+	if ls := s.lookupLive(id); ls != nil && ls.incarnation == row.Incarnation {
 		ls.mu.Lock()
 		deleting := ls.deleting
 		ls.mu.Unlock()
@@ -137,7 +137,7 @@ func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, sur
 	if err := os.MkdirAll(row.WorkspaceDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create session workspace: %w", err)
 	}
-	subject, err := updateSubject(id)
+	subject, err := updateSubject(id, row.Incarnation)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func (s *Server) target(ctx context.Context, p *commonv1.Principal, id string) (
 	if err := requirePrincipal(p); err != nil {
 		return nil, nil, err
 	}
-	if ls := s.holdExisting(id); ls != nil {
+	if ls := s.holdExisting(id, 0); ls != nil {
 		if !p.GetOperator() && ls.owner != p.GetPrincipalId() {
 			s.release(ls)
 			return nil, nil, errSessionNotOwned(id)
@@ -267,14 +267,14 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*ses
 	if t != nil {
 		s.stopTurn(ctx, t, fmt.Errorf("%w: deleted", ErrSessionEnded))
 	}
-	if _, err := s.store.deleteSession(ctx, ls.id); err != nil {
+	if _, err := s.store.deleteSession(ctx, ls.id, ls.incarnation); err != nil {
 		ls.mu.Lock()
 		ls.deleting = false
 		ls.mu.Unlock()
 		s.log.Warn("session not deleted", zap.String("session_id", ls.id), zap.Bool("turn_cancelled", t != nil), zap.Error(err))
 		return nil, err
 	}
-	s.forget(ls.id)
+	s.forget(ls)
 	if err := s.removeWorkspace(ls.id); err != nil {
 		s.log.Warn("remove session workspace", zap.String("session_id", ls.id), zap.Error(err))
 	}
@@ -291,7 +291,7 @@ func (s *Server) Attach(ctx context.Context, req *sessionv1.AttachRequest) (*ses
 	if err != nil {
 		return nil, err
 	}
-	subject, err := updateSubject(row.ID)
+	subject, err := updateSubject(row.ID, row.Incarnation)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,7 +64,7 @@ func TestSessionLifecycle(t *testing.T) {
 		t.Fatalf("operator's list: %v %v", list, err)
 	}
 	att, err := h.srv.Attach(ctx, &sessionv1.AttachRequest{Principal: alice, SessionId: id, ConnectionId: "c1"})
-	if err != nil || att.GetSubject() != "clawmesh.session."+id+".update" {
+	if err != nil || att.GetSubject() != h.subject(id) || !strings.HasPrefix(att.GetSubject(), "clawmesh.session."+id+".") {
 		t.Fatalf("attach: %v %v", att, err)
 	}
 	_, err = h.srv.Attach(ctx, &sessionv1.AttachRequest{Principal: bob, SessionId: id})

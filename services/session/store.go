@@ -74,15 +74,18 @@ type sessionRow struct {
 	AlwaysAllowed []string
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	// Incarnation tells this session from any other its id names before
+	// or after it (migrations/0004): uploads and its updates' subject carry it.
+	Incarnation int64
 }
 
 const sessionColumns = `session_id, agent_alias, owner, state, generation, interaction_surface, workspace_dir,
-	title, cwd, message_count, update_seq, always_allowed, created_at, updated_at`
+	title, cwd, message_count, update_seq, always_allowed, created_at, updated_at, incarnation`
 
 func scanSession(row pgx.Row) (sessionRow, error) {
 	var r sessionRow
 	err := row.Scan(&r.ID, &r.AgentAlias, &r.Owner, &r.State, &r.Generation, &r.Surface, &r.WorkspaceDir,
-		&r.Title, &r.Cwd, &r.MessageCount, &r.UpdateSeq, &r.AlwaysAllowed, &r.CreatedAt, &r.UpdatedAt)
+		&r.Title, &r.Cwd, &r.MessageCount, &r.UpdateSeq, &r.AlwaysAllowed, &r.CreatedAt, &r.UpdatedAt, &r.Incarnation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, errNoRow
 	}
@@ -129,29 +132,30 @@ func admitOpen(ctx context.Context, tx pgx.Tx, owner string) error {
 }
 
 // createSession inserts a new idle session with an explicitly empty
-// retained context; it reports false when the id is taken, and
-// errOpenLimit when the owner has MaxOpenSessions open.
-func (st *store) createSession(ctx context.Context, r sessionRow) (bool, error) {
-	created := false
-	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+// retained context and returns its incarnation; 0 when the id is taken,
+// and errOpenLimit when the owner has MaxOpenSessions open.
+func (st *store) createSession(ctx context.Context, r sessionRow) (incarnation int64, err error) {
+	err = pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
 		if err := admitOpen(ctx, tx, r.Owner); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
-			VALUES ($1, $2, $3, 'idle', $4, $5, $6) ON CONFLICT (session_id) DO NOTHING`,
-			r.ID, r.AgentAlias, r.Owner, r.Surface, r.WorkspaceDir, r.Cwd)
-		if err != nil || tag.RowsAffected() != 1 {
+		err := tx.QueryRow(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
+			VALUES ($1, $2, $3, 'idle', $4, $5, $6) ON CONFLICT (session_id) DO NOTHING RETURNING incarnation`,
+			r.ID, r.AgentAlias, r.Owner, r.Surface, r.WorkspaceDir, r.Cwd).Scan(&incarnation)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
 			return err
 		}
-		created = true
 		_, err = tx.Exec(ctx, `INSERT INTO context_snapshots (session_id, boundary, messages, interaction_surface)
 			VALUES ($1, 0, '[]', $2)`, r.ID, r.Surface)
 		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("create session: %w", err)
+		return 0, fmt.Errorf("create session: %w", err)
 	}
-	return created, nil
+	return incarnation, nil
 }
 
 // reopen makes a closed (or idle) session of owner idle again in a new
@@ -184,8 +188,10 @@ func (st *store) setState(ctx context.Context, id, state string, from ...string)
 	return tag.RowsAffected() == 1, nil
 }
 
-func (st *store) deleteSession(ctx context.Context, id string) (bool, error) {
-	tag, err := st.db.Exec(ctx, "DELETE FROM sessions WHERE session_id = $1", id)
+// deleteSession deletes the session id of the given incarnation (never
+// a new session its id names since).
+func (st *store) deleteSession(ctx context.Context, id string, incarnation int64) (bool, error) {
+	tag, err := st.db.Exec(ctx, "DELETE FROM sessions WHERE session_id = $1 AND incarnation = $2", id, incarnation)
 	if err != nil {
 		return false, fmt.Errorf("delete session: %w", err)
 	}

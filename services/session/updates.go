@@ -169,7 +169,7 @@ func (s *Server) publishDeleted(ls *liveSession) {
 // use; ls.pubMu is held.
 func (s *Server) publishLocked(ls *liveSession, typ busv1.UpdateType, seq int64, params []byte) error {
 	if ls.pub == nil {
-		pub, err := bus.NewSessionUpdatePublisher(s.nc, ls.id)
+		pub, err := bus.NewSessionUpdatePublisher(s.nc, ls.id, ls.incarnation)
 		if err != nil {
 			return err
 		}

@@ -521,11 +521,13 @@ type NewSessionResponse struct {
 	MessageCount int64                  `protobuf:"varint,3,opt,name=message_count,json=messageCount,proto3" json:"message_count,omitempty"`
 	WorkspaceDir string                 `protobuf:"bytes,4,opt,name=workspace_dir,json=workspaceDir,proto3" json:"workspace_dir,omitempty"`
 	// update_subject is the bus subject of the session's updates, as Attach
-	// names it: the caller owns the session.
+	// names it: the caller owns the session. It names the session's
+	// incarnation, so a session made under the id of one deleted a moment
+	// ago, whose updates may still be on their way, has a subject of its
+	// own.
 	UpdateSubject string `protobuf:"bytes,5,opt,name=update_subject,json=updateSubject,proto3" json:"update_subject,omitempty"`
 	// created is set when this call made the session, unset when it resumed
-	// one: a session just made may carry the id of one deleted a moment
-	// ago, whose updates may still be on their way to a subscriber.
+	// one.
 	Created       bool `protobuf:"varint,6,opt,name=created,proto3" json:"created,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
