@@ -54,7 +54,7 @@ var errReplaced = fmt.Errorf("%w: deleted and its id reused", errAttach)
 // sessionID as the session service returned it, and returns once the
 // subscription is in place at the server (so the caller may start the
 // turn whose updates it wants). Attaching twice is a no-op; it reports
-// whether cs was attached before.
+// whether cs was attached before, and the incarnation subject names.
 //
 // The subject names the session's incarnation. A topic held for an
 // earlier one is a deleted session's, kept until its deletion's update
@@ -64,17 +64,17 @@ var errReplaced = fmt.Errorf("%w: deleted and its id reused", errAttach)
 // gets a topic of its own. A subject of an earlier incarnation than the
 // topic's names a session deleted since the session service returned
 // it: errReplaced.
-func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, err error) {
+func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, incarnation int64, err error) {
 	id, incarnation, err := bus.SessionOfSubject(subject)
 	if err != nil || id != sessionID {
-		return false, fmt.Errorf("%w: subject %q does not name session %q", errAttach, subject, sessionID)
+		return false, 0, fmt.Errorf("%w: subject %q does not name session %q", errAttach, subject, sessionID)
 	}
 	h.mu.Lock()
 	t, ok := h.topics[sessionID]
 	switch {
 	case ok && t.incarnation > incarnation:
 		h.mu.Unlock()
-		return false, fmt.Errorf("%w: session %q", errReplaced, sessionID)
+		return false, 0, fmt.Errorf("%w: session %q", errReplaced, sessionID)
 	case ok && t.incarnation < incarnation:
 		h.dropLocked(sessionID, t)
 		ok = false
@@ -87,7 +87,7 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, er
 			})
 		if err != nil {
 			h.mu.Unlock()
-			return false, fmt.Errorf("%w: %w", errAttach, err)
+			return false, 0, fmt.Errorf("%w: %w", errAttach, err)
 		}
 		// A burst of updates must not be cut by NATS's default pending
 		// limits before the outboxes take them: the outboxes and the
@@ -110,23 +110,24 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, er
 	<-t.ready
 	if t.err != nil {
 		h.detach(cs, sessionID)
-		return false, fmt.Errorf("%w: %w", errAttach, t.err)
+		return false, 0, fmt.Errorf("%w: %w", errAttach, t.err)
 	}
-	return already, nil
+	return already, incarnation, nil
 }
 
-// attached reports whether cs follows the session.
-func (h *hub) attached(cs *connState, sessionID string) bool {
+// attached reports whether cs follows the session, and the incarnation
+// it follows (the topic's: it may be of a session deleted a moment ago).
+func (h *hub) attached(cs *connState, sessionID string) (incarnation int64, ok bool) {
 	h.mu.Lock()
 	t, ok := h.topics[sessionID]
 	h.mu.Unlock()
 	if !ok {
-		return false
+		return 0, false
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	_, ok = t.conns[cs]
-	return ok
+	return t.incarnation, ok
 }
 
 // detach removes cs from one session, or from all when sessionID is "".

@@ -120,7 +120,7 @@ func fanoutInOrder(t *testing.T, pair func(testing.TB) (net.Conn, net.Conn), big
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := h.attach(cs, id, subject); err != nil {
+			if _, _, err := h.attach(cs, id, subject); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -314,7 +314,7 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	}
 	operator := &connState{id: "operator"}
 	loaded, made := &connState{id: "alice-load"}, &connState{id: "alice-new"}
-	if _, err := h.attach(operator, id, before); err != nil {
+	if _, _, err := h.attach(operator, id, before); err != nil {
 		t.Fatal(err)
 	}
 	h.mu.Lock()
@@ -322,22 +322,22 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	h.mu.Unlock()
 
 	for _, cs := range []*connState{loaded, made} {
-		if _, err := h.attach(cs, id, after); err != nil {
+		if _, _, err := h.attach(cs, id, after); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if h.attached(operator, id) {
+	if _, ok := h.attached(operator, id); ok {
 		t.Fatal("the deleted session's follower follows the new session")
 	}
 	// A subject the session service gave for the deleted session, used
 	// after the new one's: refused, not joined.
-	if _, err := h.attach(operator, id, before); !errors.Is(err, errReplaced) {
+	if _, _, err := h.attach(operator, id, before); !errors.Is(err, errReplaced) {
 		t.Fatalf("attach on the deleted session's subject: %v", err)
 	}
 	// The deleted session's last update, on its own topic, late.
 	h.dispatch(deleted, bus.Update{SessionID: id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED})
 	for _, cs := range []*connState{loaded, made} {
-		if !h.attached(cs, id) {
+		if n, ok := h.attached(cs, id); !ok || n != 8 {
 			t.Errorf("%s was detached from the new session by the deletion of the one its id named before", cs.id)
 		}
 	}
@@ -346,7 +346,10 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	current := h.topics[id]
 	h.mu.Unlock()
 	h.dispatch(current, bus.Update{SessionID: id, Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED})
-	if h.attached(loaded, id) || h.attached(made, id) {
+	if _, ok := h.attached(loaded, id); ok {
+		t.Error("the new session's deletion left its followers attached")
+	}
+	if _, ok := h.attached(made, id); ok {
 		t.Error("the new session's deletion left its followers attached")
 	}
 }

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
@@ -28,10 +31,20 @@ type streamingSession struct {
 	text   string
 	// lost leaves the turn_complete out, as if the bus had lost it.
 	lost bool
+	// incarnation is the session's (1 when unset); prompts to another are
+	// refused as the session service refuses them, and counted.
+	incarnation, refused atomic.Int64
+}
+
+func (f *streamingSession) current() int64 {
+	if n := f.incarnation.Load(); n != 0 {
+		return n
+	}
+	return 1
 }
 
 func (f *streamingSession) Attach(_ context.Context, req *sessionv1.AttachRequest) (*sessionv1.AttachResponse, error) {
-	subject, err := bus.SessionUpdateSubject(req.GetSessionId(), 1)
+	subject, err := bus.SessionUpdateSubject(req.GetSessionId(), f.current())
 	if err != nil {
 		return nil, err
 	}
@@ -40,7 +53,11 @@ func (f *streamingSession) Attach(_ context.Context, req *sessionv1.AttachReques
 
 func (f *streamingSession) Prompt(_ context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
 	id := req.GetSessionId()
-	subject, err := bus.SessionUpdateSubject(id, 1)
+	if n := req.GetIncarnation(); n != 0 && n != f.current() {
+		f.refused.Add(1)
+		return nil, status.Errorf(codes.NotFound, "Session %s not found", id)
+	}
+	subject, err := bus.SessionUpdateSubject(id, f.current())
 	if err != nil {
 		return nil, err
 	}
@@ -123,12 +140,45 @@ func TestPromptResponseWithoutItsTurnComplete(t *testing.T) {
 	}
 }
 
+// A connection that follows a session may still follow it after it was
+// deleted, its id naming a new session made where this gateway did not
+// see it, until the deletion's update reaches the hub. A prompt in that
+// instant goes to the new session, whose updates come on the new
+// incarnation's subject: the session service refuses a prompt whose
+// incarnation is not the session's, and the gateway attaches again and
+// retries, so the turn's updates reach the connection. (The deletion's
+// update never comes here: the hub holds the old topic throughout.)
+func TestPromptToASessionReplacedWhileFollowed(t *testing.T) {
+	const chunks = 3
+	sess := &streamingSession{chunks: chunks, text: "hello"}
+	_, socket := runGateway(t, sess, 30*time.Second, func(g *Gateway) { sess.nc = g.nats })
+	c := dialInitialized(t, socket)
+	defer c.Close()
+	id := ids.New("s-")
+	for turn, incarnation := range []int64{1, 2, 2} {
+		sess.incarnation.Store(incarnation)
+		updates, resp := promptAndReadSession(t, c, id, 0)
+		if resp.Error != nil || updates != chunks+1 {
+			t.Fatalf("prompt %d (incarnation %d): %d of %d updates, %s %v", turn, incarnation, updates, chunks+1, resp.Result, resp.Error)
+		}
+	}
+	if n := sess.refused.Load(); n != 1 {
+		t.Fatalf("%d prompts refused, want the one to the deleted incarnation", n)
+	}
+}
+
 // promptAndRead prompts a new session on c, leaves the connection unread
 // for pause, then reads until the prompt's response: it returns the
 // updates read before it, whose chunks must come in their order.
 func promptAndRead(t *testing.T, c *rpcclient.Client, pause time.Duration) (int, *rpcclient.Frame) {
 	t.Helper()
-	if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"session_id":%q,"prompt":"go"}}`, ids.New("s-"))); err != nil {
+	return promptAndReadSession(t, c, ids.New("s-"), pause)
+}
+
+// promptAndReadSession is promptAndRead of session id.
+func promptAndReadSession(t *testing.T, c *rpcclient.Client, id string, pause time.Duration) (int, *rpcclient.Frame) {
+	t.Helper()
+	if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"session_id":%q,"prompt":"go"}}`, id)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(pause)

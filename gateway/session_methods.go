@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
@@ -75,7 +76,7 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	if _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
+	if _, _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
 		return nil, attachError(resp.GetSessionId(), err)
 	}
 	return map[string]any{
@@ -193,21 +194,19 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 			attachments = append(attachments, &sessionv1.FileRef{RefId: f.RefID, Marker: f.Marker, WorkspacePath: f.WorkspacePath})
 		}
 	}
-	// Follow the session before the turn starts, so its first chunk is
-	// not missed; only once the session service accepted this principal.
-	already, err := g.attach(ctx, cs, id)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := g.session.Prompt(ctx, &sessionv1.PromptRequest{
+	req := &sessionv1.PromptRequest{
 		Principal: cs.principalOf(), SessionId: id, Prompt: text, ClientTurnGeneration: gen,
 		Attachments: attachments, ConnectionId: cs.id, Elicitation: cs.canElicit(),
-	})
+	}
+	resp, err := g.prompt(ctx, cs, req, false)
+	if status.Code(err) == codes.NotFound {
+		// The session followed may have been deleted a moment ago, its id
+		// naming a new one whose updates come on another subject: attach
+		// again, on the subject the session service names now, once.
+		resp, err = g.prompt(ctx, cs, req, true)
+	}
 	if err != nil {
-		if !already {
-			g.hub.detach(cs, id)
-		}
-		return nil, serviceError("session", err)
+		return nil, err
 	}
 	if turn := resp.GetTurnId(); turn != "" {
 		g.awaitTurnComplete(ctx, cs, turn)
@@ -219,6 +218,32 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 		"stop_reason": resp.GetStopReason(),
 		"content":     resp.GetContent(),
 	}, nil
+}
+
+// prompt follows the session, then prompts it with the incarnation
+// followed: the session service refuses the prompt if the id names
+// another. fresh asks the session service for the subject even when cs
+// follows the session already. An error is the session service's status,
+// or a mapped *jsonrpc.Error.
+func (g *Gateway) prompt(ctx context.Context, cs *connState, req *sessionv1.PromptRequest, fresh bool) (*sessionv1.PromptResponse, error) {
+	// Follow the session before the turn starts, so its first chunk is
+	// not missed; only once the session service accepted this principal.
+	already, incarnation, err := g.attach(ctx, cs, req.GetSessionId(), fresh)
+	if err != nil {
+		return nil, err
+	}
+	req.Incarnation = incarnation
+	resp, err := g.session.Prompt(ctx, req)
+	if err != nil {
+		if !already {
+			g.hub.detach(cs, req.GetSessionId())
+		}
+		if status.Code(err) == codes.NotFound && !fresh {
+			return nil, err
+		}
+		return nil, serviceError("session", err)
+	}
+	return resp, nil
 }
 
 func (g *Gateway) sessionCancel(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
@@ -399,20 +424,22 @@ func (g *Gateway) sessionDelete(ctx context.Context, cs *connState, params json.
 }
 
 // attach follows a session's updates for cs once the session service has
-// accepted cs's principal for it (Attach), on the subject it returned.
-func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string) (already bool, err error) {
-	if g.hub.attached(cs, sessionID) {
-		return true, nil
+// accepted cs's principal for it (Attach), on the subject it returned,
+// and returns the incarnation followed. A connection that follows the
+// session already is not asked about unless fresh.
+func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string, fresh bool) (already bool, incarnation int64, err error) {
+	if incarnation, ok := g.hub.attached(cs, sessionID); ok && !fresh {
+		return true, incarnation, nil
 	}
 	resp, err := g.session.Attach(ctx, &sessionv1.AttachRequest{Principal: cs.principalOf(), SessionId: sessionID, ConnectionId: cs.id})
 	if err != nil {
-		return false, serviceError("session", err)
+		return false, 0, serviceError("session", err)
 	}
-	already, err = g.hub.attach(cs, sessionID, resp.GetSubject())
+	already, incarnation, err = g.hub.attach(cs, sessionID, resp.GetSubject())
 	if err != nil {
-		return false, attachError(sessionID, err)
+		return false, 0, attachError(sessionID, err)
 	}
-	return already, nil
+	return already, incarnation, nil
 }
 
 // attachError maps the hub's refusal: a session deleted (its id naming a

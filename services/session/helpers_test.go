@@ -212,15 +212,21 @@ type recorder struct {
 	ch  chan *nats.Msg
 }
 
-// subject is the update subject of the stored session id, of its
-// incarnation now.
-func (h *harness) subject(id string) string {
+// incarnation is the stored session id's incarnation now.
+func (h *harness) incarnation(id string) int64 {
 	h.t.Helper()
 	var incarnation int64
 	if err := h.pool.QueryRow(context.Background(), "SELECT incarnation FROM sessions WHERE session_id = $1", id).Scan(&incarnation); err != nil {
 		h.t.Fatalf("incarnation of %s: %v", id, err)
 	}
-	subject, err := bus.SessionUpdateSubject(id, incarnation)
+	return incarnation
+}
+
+// subject is the update subject of the stored session id, of its
+// incarnation now.
+func (h *harness) subject(id string) string {
+	h.t.Helper()
+	subject, err := bus.SessionUpdateSubject(id, h.incarnation(id))
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -94,7 +94,7 @@ func TestDeleteRemovesEveryRow(t *testing.T) {
 			t.Fatalf("the turn left no row in %s", table)
 		}
 	}
-	deletedSubject := h.subject(id)
+	deletedSubject, deletedIncarnation := h.subject(id), h.incarnation(id)
 	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
 		t.Fatal(err)
 	}
@@ -134,10 +134,18 @@ func TestDeleteRemovesEveryRow(t *testing.T) {
 	if err != nil || again.GetCreated() || again.GetUpdateSubject() != re.GetUpdateSubject() {
 		t.Fatalf("session/new of an existing session: %v %v", again, err)
 	}
+	// A prompt from a gateway that follows the deleted session is refused
+	// before any turn (its updates would not reach it); it attaches again.
+	_, err = h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say hi", Incarnation: deletedIncarnation})
+	wantRefusal(t, err, codes.NotFound, rpcerr.ReasonSessionNotFound, id)
 	newRec := h.record(id)
 	given := contextOf(t, h.prompt(alice, id, "/context").GetContent())
 	if roles(given) != "user" {
 		t.Fatalf("the new session was given %+v", given)
+	}
+	newRec.until(UpdateTurnComplete)
+	if _, err := h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say hi", Incarnation: h.incarnation(id)}); err != nil {
+		t.Fatal(err)
 	}
 	newRec.until(UpdateTurnComplete)
 	rec.quiet(200 * time.Millisecond)

@@ -27,6 +27,9 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 	if err != nil {
 		return nil, err
 	}
+	if n := req.GetIncarnation(); n != 0 && n != row.Incarnation {
+		return nil, errSessionNotFound(id)
+	}
 	// Attachments must be files stored in this session (files.go).
 	if prompt, err = s.withAttachments(ctx, row.ID, row.WorkspaceDir, prompt, req.GetAttachments()); err != nil {
 		return nil, err

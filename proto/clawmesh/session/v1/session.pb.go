@@ -677,7 +677,13 @@ type PromptRequest struct {
 	// stalls the turn is cancelled.
 	ConnectionId string `protobuf:"bytes,6,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
 	// elicitation says the prompting connection can answer approvals itself.
-	Elicitation   bool `protobuf:"varint,7,opt,name=elicitation,proto3" json:"elicitation,omitempty"`
+	Elicitation bool `protobuf:"varint,7,opt,name=elicitation,proto3" json:"elicitation,omitempty"`
+	// incarnation, when set, is the incarnation of the session whose update
+	// subject the caller follows. A session under the id that is not that
+	// one (the one followed was deleted, its id names a new session) is
+	// refused as SESSION_NOT_FOUND before any turn starts: its updates
+	// would not reach the caller, who attaches again and retries.
+	Incarnation   int64 `protobuf:"varint,8,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -759,6 +765,13 @@ func (x *PromptRequest) GetElicitation() bool {
 		return x.Elicitation
 	}
 	return false
+}
+
+func (x *PromptRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type PromptResponse struct {
@@ -3538,7 +3551,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\aFileRef\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
 	"\x06marker\x18\x02 \x01(\tR\x06marker\x12%\n" +
-	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\xe0\x02\n" +
+	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\x82\x03\n" +
 	"\rPromptRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -3547,7 +3560,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x16client_turn_generation\x18\x04 \x01(\x03H\x00R\x14clientTurnGeneration\x88\x01\x01\x12>\n" +
 	"\vattachments\x18\x05 \x03(\v2\x1c.clawmesh.session.v1.FileRefR\vattachments\x12#\n" +
 	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\x12 \n" +
-	"\velicitation\x18\a \x01(\bR\velicitationB\x19\n" +
+	"\velicitation\x18\a \x01(\bR\velicitation\x12 \n" +
+	"\vincarnation\x18\b \x01(\x03R\vincarnationB\x19\n" +
 	"\x17_client_turn_generation\"\xbf\x01\n" +
 	"\x0ePromptResponse\x12\x1d\n" +
 	"\n" +
