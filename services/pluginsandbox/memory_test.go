@@ -742,6 +742,30 @@ func BenchmarkMemoryRecallText(b *testing.B) {
 	}
 }
 
+// BenchmarkMemoryRecallMany searches what kv holds as many small entries
+// (10,000 of 600 bytes, 6 MiB) for a word none has: every entry is
+// searched, newest first, each checked against the call's fuel.
+func BenchmarkMemoryRecallMany(b *testing.B) {
+	plugins := b.TempDir()
+	installExample(b, plugins, "kv")
+	ts := newTestServer(b, plugins)
+	const n, size = 10_000, 600
+	line := strings.Repeat("a short line of text, ", size/22+1)
+	for i := range n {
+		if err := store(b, ts, fmt.Sprintf("entry-%05d", i), line[:size-11]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.SetBytes(n * size)
+	ctx := context.Background()
+	for b.Loop() {
+		got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "absent", Limit: 10})
+		if err != nil || len(got.Entries) != 0 {
+			b.Fatal(got, err)
+		}
+	}
+}
+
 // A store decoded its entry with encoding/json, about 725 wasm
 // instructions of fuel a byte, and the host escaped <, > and & to six
 // bytes each: 512 KiB of "<a&b>" ran out of fuel, and with kv lowering at
