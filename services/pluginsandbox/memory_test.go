@@ -730,15 +730,19 @@ func BenchmarkMemoryRecallText(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.SetBytes(int64(len(content)))
-			ctx := context.Background()
-			query := strings.Fields(c.unit)[0] // found at once, whole runes
-			for b.Loop() {
-				got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: query, Limit: 1})
-				if err != nil || len(got.Entries) != 1 {
-					b.Fatal(got, err)
-				}
-			}
+			benchRecall(b, ts, strings.Fields(c.unit)[0], 1) // found at once, whole runes
 		})
+	}
+}
+
+// benchRecall times recalls of query, each answered with want entries.
+func benchRecall(b *testing.B, ts *testServer, query string, want int) {
+	ctx := context.Background()
+	for b.Loop() {
+		got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: query, Limit: 10})
+		if err != nil || len(got.Entries) != want {
+			b.Fatal(got, err)
+		}
 	}
 }
 
@@ -757,13 +761,7 @@ func BenchmarkMemoryRecallMany(b *testing.B) {
 		}
 	}
 	b.SetBytes(n * size)
-	ctx := context.Background()
-	for b.Loop() {
-		got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "absent", Limit: 10})
-		if err != nil || len(got.Entries) != 0 {
-			b.Fatal(got, err)
-		}
-	}
+	benchRecall(b, ts, "absent", 0)
 }
 
 // A store decoded its entry with encoding/json, about 725 wasm
