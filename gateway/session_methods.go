@@ -198,12 +198,12 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 		Principal: cs.principalOf(), SessionId: id, Prompt: text, ClientTurnGeneration: gen,
 		Attachments: attachments, ConnectionId: cs.id, Elicitation: cs.canElicit(),
 	}
-	resp, err := g.prompt(ctx, cs, req, false)
-	if status.Code(err) == codes.NotFound {
+	resp, notFound, err := g.prompt(ctx, cs, req, false)
+	if notFound {
 		// The session followed may have been deleted a moment ago, its id
 		// naming a new one whose updates come on another subject: attach
 		// again, on the subject the session service names now, once.
-		resp, err = g.prompt(ctx, cs, req, true)
+		resp, _, err = g.prompt(ctx, cs, req, true)
 	}
 	if err != nil {
 		return nil, err
@@ -221,29 +221,26 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 }
 
 // prompt follows the session, then prompts it with the incarnation
-// followed: the session service refuses the prompt if the id names
-// another. fresh asks the session service for the subject even when cs
-// follows the session already. An error is the session service's status,
-// or a mapped *jsonrpc.Error.
-func (g *Gateway) prompt(ctx context.Context, cs *connState, req *sessionv1.PromptRequest, fresh bool) (*sessionv1.PromptResponse, error) {
+// followed: the session service refuses the prompt as not found if the
+// id names another, and notFound says it refused so. fresh asks the
+// session service for the subject even when cs follows the session
+// already.
+func (g *Gateway) prompt(ctx context.Context, cs *connState, req *sessionv1.PromptRequest, fresh bool) (resp *sessionv1.PromptResponse, notFound bool, err error) {
 	// Follow the session before the turn starts, so its first chunk is
 	// not missed; only once the session service accepted this principal.
 	already, incarnation, err := g.attach(ctx, cs, req.GetSessionId(), fresh)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	req.Incarnation = incarnation
-	resp, err := g.session.Prompt(ctx, req)
+	resp, err = g.session.Prompt(ctx, req)
 	if err != nil {
 		if !already {
 			g.hub.detach(cs, req.GetSessionId())
 		}
-		if status.Code(err) == codes.NotFound && !fresh {
-			return nil, err
-		}
-		return nil, serviceError("session", err)
+		return nil, status.Code(err) == codes.NotFound, serviceError("session", err)
 	}
-	return resp, nil
+	return resp, false, nil
 }
 
 func (g *Gateway) sessionCancel(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
