@@ -76,17 +76,27 @@ func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, rel
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ls, ok := s.lives[row.ID]; ok && ls.incarnation == row.Incarnation {
-		ls.refs++
-		return ls, func() { s.release(ls) }
-	}
-	// An entry of another incarnation is a deleted session's, on its way
-	// out (Delete forgets only its own entry): the new session's replaces
-	// it, so that it never publishes on the deleted one's subject.
 	ls = &liveSession{
 		id: row.ID, incarnation: row.Incarnation, owner: row.Owner, surface: row.Surface, refs: 1,
 		approvals: map[string]*approval{}, alwaysAllowed: map[string]bool{},
 		seq: seq, seqReserved: seq,
+	}
+	if cur, ok := s.lives[row.ID]; ok {
+		switch {
+		case cur.incarnation == row.Incarnation:
+			cur.refs++
+			return cur, func() { s.release(cur) }
+		case cur.incarnation > row.Incarnation:
+			// row was read before its session was deleted and the id
+			// named a new one: the session it names is gone. The entry
+			// is kept out of memory and refuses what is asked of it as a
+			// deleted session's does.
+			ls.deleting = true
+			return ls, func() { s.release(ls) }
+		}
+		// cur is a deleted session's, on its way out (Delete forgets only
+		// its own entry): the new session's replaces it, so that it never
+		// publishes on the deleted one's subject.
 	}
 	for _, t := range allowed {
 		ls.alwaysAllowed[t] = true
