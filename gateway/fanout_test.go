@@ -290,12 +290,12 @@ func BenchmarkFanOut(b *testing.B) {
 // The new session's subject names its incarnation, a later one than the
 // deleted session's: its connections get a topic of their own whichever
 // path attached them first (session/new of the connection that made it,
-// session/load of her other connection in the instant before, or a load
-// of a session made where this hub did not see it), and the late
-// deletion drops only the deleted session's topic. Before incarnations
-// (the forty-fourth round) the hub dropped the held topic only at
-// session/new: a load that came first joined the deleted session's
-// topic and was detached with it.
+// a resume or a prompt of her other connection in the instant before,
+// or either of a session made where this hub did not see it), and the
+// late deletion drops only the deleted session's topic. Before
+// incarnations (the forty-fourth round) the hub dropped the held topic
+// only when session/new had created the session: an attach that came
+// first joined the deleted session's topic and was detached with it.
 func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	nc, err := nats.Connect(testenv.NATS(t))
 	if err != nil {
