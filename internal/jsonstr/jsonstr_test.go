@@ -105,6 +105,42 @@ func TestAppendMinimal(t *testing.T) {
 	}
 }
 
+// AppendMinimal finds the next byte to escape from a word's lowest set
+// bit, where a borrow out of a byte to escape may set the bits of the
+// bytes after it (0x01 then 0x20, say). Every pair of ASCII bytes, at
+// every offset in two words, is written exactly as a byte loop writes it.
+func TestAppendMinimalEveryPairEveryOffset(t *testing.T) {
+	byByte := func(s []byte) string {
+		out := []byte{'"'}
+		for _, c := range s {
+			switch {
+			case c == '"' || c == '\\':
+				out = append(out, '\\', c)
+			case c < 0x20:
+				e := jsonstr.Append(nil, string(c)) // "\n", "\u0001"
+				out = append(out, e[1:len(e)-1]...)
+			default:
+				out = append(out, c)
+			}
+		}
+		return string(append(out, '"'))
+	}
+	s := []byte(strings.Repeat("p", 17))
+	var buf []byte
+	for off := range 16 {
+		for a := range 128 {
+			for b := range 128 {
+				s[off], s[off+1] = byte(a), byte(b)
+				buf = jsonstr.AppendMinimal(buf[:0], string(s))
+				if want := byByte(s); string(buf) != want {
+					t.Fatalf("AppendMinimal(%q) = %s, want %s", s, buf, want)
+				}
+			}
+		}
+		s[off] = 'p'
+	}
+}
+
 func FuzzAppendMinimal(f *testing.F) {
 	f.Add("hello")
 	f.Add("<\x00\xff\u2028>\"\\")
