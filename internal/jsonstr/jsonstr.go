@@ -146,7 +146,7 @@ func Fit(s string, n int) (prefix, written int) {
 // (escapeMask), the run before it copied whole, and its escape written by
 // one store of a word from a table (a memory plugin's answer of 1 MiB of
 // plain text, 50 units a byte through encoding/json, is 10.5; of control
-// characters 263, then 206).
+// characters 263, then 209).
 func AppendMinimal(dst []byte, s string) []byte {
 	if !utf8.ValidString(s) {
 		return Append(dst, s)
