@@ -57,6 +57,18 @@ func instantiate(t *testing.T, wasm []byte) api.Module {
 	return mod
 }
 
+// metered prepares wasm with fuel metering and instantiates it, and
+// returns the module and its fuel counter.
+func metered(t *testing.T, wasm []byte, maxTable uint64) (api.Module, api.MutableGlobal) {
+	t.Helper()
+	out, _, err := wasmbin.Prepare(wasm, wasmbin.Options{MaxTableElements: maxTable, Fuel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := instantiate(t, out)
+	return mod, mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+}
+
 func TestFuelCountsExactly(t *testing.T) {
 	out, rep, err := wasmbin.Prepare(spinModule(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
 	if err != nil {
@@ -175,12 +187,7 @@ func TestFuelExactAcrossCalls(t *testing.T) {
 	// unit: 7.
 	caller := b.Func(ty, nil, append(append([]byte{0x41, 0x01, 0x1a, 0x10, byte(callee)}, work(4)...), 0x0b))
 	b.ExportFunc("caller", caller)
-	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mod := instantiate(t, out)
-	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	mod, fuel := metered(t, b.Bytes(), 10)
 	f := mod.ExportedFunction("caller")
 	ctx := context.Background()
 	for budget := int64(0); budget <= 14; budget++ {
@@ -630,12 +637,7 @@ func TestFuelChargesNothingForBlocks(t *testing.T) {
 	body = append(body, 0x0b, 0x0b)
 	f := b.Func(b.Type([]byte{wb.I32}, nil), nil, body)
 	b.ExportFunc("dispatch", f)
-	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 10, Fuel: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mod := instantiate(t, out)
-	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	mod, fuel := metered(t, b.Bytes(), 10)
 	for _, n := range []uint64{1, 10, 1000} {
 		fuel.Set(1 << 40)
 		if _, err := mod.ExportedFunction("dispatch").Call(context.Background(), n); err != nil {
@@ -731,12 +733,7 @@ func TestFuelChargesBulkLengths(t *testing.T) {
 	b.ExportFunc("fill", fill)
 	b.ExportFunc("move", move)
 	b.ExportFunc("clear", clear)
-	out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 65536, Fuel: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mod := instantiate(t, out)
-	fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+	mod, fuel := metered(t, b.Bytes(), 65536)
 	ctx := context.Background()
 	for _, name := range []string{"fill", "move", "clear"} {
 		for _, n := range []uint64{0, 1, 1000, 65536} {
@@ -878,14 +875,9 @@ func TestFuelMatchesWasmtimesCounts(t *testing.T) {
 				}
 			}
 			b.ExportFunc("f", f)
-			out, _, err := wasmbin.Prepare(b.Bytes(), wasmbin.Options{MaxTableElements: 1000, Fuel: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mod := instantiate(t, out)
-			fuel := mod.ExportedGlobal(wasmbin.FuelGlobalExport).(api.MutableGlobal)
+			mod, fuel := metered(t, b.Bytes(), 1000)
 			fuel.Set(1 << 40)
-			_, err = mod.ExportedFunction("f").Call(context.Background())
+			_, err := mod.ExportedFunction("f").Call(context.Background())
 			if trapped := err != nil; trapped != c.traps {
 				t.Fatalf("err = %v, want a trap: %v", err, c.traps)
 			}
