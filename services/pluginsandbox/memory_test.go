@@ -19,6 +19,15 @@ import (
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
+// newKVServer is a sandbox serving the example kv, from a plugins folder
+// of its own.
+func newKVServer(t testing.TB) *testServer {
+	t.Helper()
+	dir := t.TempDir()
+	installExample(t, dir, "kv")
+	return newTestServer(t, dir)
+}
+
 // installTestKV installs kv with two changes for tests of the sandbox: a
 // recall of "spin" spends the call's fuel (and stops the instance), and
 // kv's own bound on what it holds is taken away, so that the sandbox's
@@ -400,9 +409,7 @@ func init() { memory.Register(stricter{}) } // after main.go's init
 // holds at most 6 MiB, and the guest library keeps an answer to
 // abi.RecallAnswerBytes.
 func TestKVRecallsAtTheBounds(t *testing.T) {
-	dir := t.TempDir()
-	installExample(t, dir, "kv")
-	ts := newTestServer(t, dir)
+	ts := newKVServer(t)
 	ctx := context.Background()
 	// Mixed case, and a query's first byte ("e") every ten bytes: the
 	// search's slowest path.
@@ -457,9 +464,7 @@ func TestKVRecallsAtTheBounds(t *testing.T) {
 // search is now linear whatever the query: the compares have a budget,
 // and its Rabin-Karp draws its hash at random.
 func TestKVRecallWhateverTheQuery(t *testing.T) {
-	dir := t.TempDir()
-	installExample(t, dir, "kv")
-	ts := newTestServer(t, dir)
+	ts := newKVServer(t)
 	ctx := context.Background()
 	period := "abcccccccccccccc"
 	colliding := goHashCollision("m", 64)
@@ -559,9 +564,7 @@ func TestKVRecallWithinALowerCallFuel(t *testing.T) {
 // never found, before or after the compaction, and a replaced key ranks
 // as new.
 func TestKVRecallsOnlyLiveEntries(t *testing.T) {
-	dir := t.TempDir()
-	installExample(t, dir, "kv")
-	ts := newTestServer(t, dir)
+	ts := newKVServer(t)
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c"} {
 		if err := store(t, ts, k, "old note "+k); err != nil {
@@ -666,9 +669,7 @@ func goHashCollision(prefix string, n int) string {
 // time, each time rebuilding the instance. kv lowers through its own
 // table now, about 96 million a store.
 func TestKVStoresCyrillicAgain(t *testing.T) {
-	dir := t.TempDir()
-	installExample(t, dir, "kv")
-	ts := newTestServer(t, dir)
+	ts := newKVServer(t)
 	content := strings.Repeat("ПРИВЕТ мир ", (1<<20)/len("ПРИВЕТ мир "))
 	for n := range 3 {
 		if err := store(t, ts, "note", content); err != nil {
@@ -701,9 +702,7 @@ var benchTexts = []struct{ name, unit string }{
 func BenchmarkMemoryStoreText(b *testing.B) {
 	for _, c := range benchTexts {
 		b.Run(c.name, func(b *testing.B) {
-			plugins := b.TempDir()
-			installExample(b, plugins, "kv")
-			ts := newTestServer(b, plugins)
+			ts := newKVServer(b)
 			content := strings.Repeat(c.unit, (1<<20)/len(c.unit))
 			b.SetBytes(int64(len(content)))
 			ctx := context.Background()
@@ -722,9 +721,7 @@ func BenchmarkMemoryStoreText(b *testing.B) {
 func BenchmarkMemoryRecallText(b *testing.B) {
 	for _, c := range benchTexts {
 		b.Run(c.name, func(b *testing.B) {
-			plugins := b.TempDir()
-			installExample(b, plugins, "kv")
-			ts := newTestServer(b, plugins)
+			ts := newKVServer(b)
 			content := strings.Repeat(c.unit, (1<<20)/len(c.unit))
 			if err := store(b, ts, "k", content); err != nil {
 				b.Fatal(err)
@@ -750,9 +747,7 @@ func benchRecall(b *testing.B, ts *testServer, query string, want int) {
 // (10,000 of 600 bytes, 6 MiB) for a word none has: every entry is
 // searched, newest first, each checked against the call's fuel.
 func BenchmarkMemoryRecallMany(b *testing.B) {
-	plugins := b.TempDir()
-	installExample(b, plugins, "kv")
-	ts := newTestServer(b, plugins)
+	ts := newKVServer(b)
 	const n, size = 10_000, 600
 	line := strings.Repeat("a short line of text, ", size/22+1)
 	for i := range n {
@@ -775,9 +770,7 @@ func BenchmarkMemoryRecallMany(b *testing.B) {
 // runes whose lower case is longer or shorter) found by an upper-case
 // query.
 func TestKVStoresWhatTheSandboxAccepts(t *testing.T) {
-	dir := t.TempDir()
-	installExample(t, dir, "kv")
-	ts := newTestServer(t, dir)
+	ts := newKVServer(t)
 	for i, unit := range []string{"plain ascii text ", "日本語のメモ", "Élan vital à Paris ", "<a href=\"x\">&amp;</a> ", "tab\tand\nnewline ", "\x01\x02\x1f", "\"quoted\"\n", "ПРИВЕТ мир ", "Ⱥİ ΩẞK "} {
 		content := strings.Repeat(unit, 1<<20/len(unit))
 		key := fmt.Sprintf("k%d", i)
