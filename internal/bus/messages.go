@@ -30,11 +30,13 @@ func SubscribeConfigChanged(nc *nats.Conn, fn func(*busv1.ConfigChanged), bad fu
 // must be a session update subject (the one the session service returned
 // at attach). Updates claiming another session are dropped as bad.
 func SubscribeSessionUpdates(nc *nats.Conn, subject string, fn func(Update), bad func(error)) (*nats.Subscription, error) {
-	id, _, err := SessionOfSubject(subject)
+	id, incarnation, err := SessionOfSubject(subject)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q is not a session update subject", err, subject)
 	}
-	return subscribeDecoded(nc, subject, func(_ string, data []byte) (Update, error) { return decodeSessionUpdate(data, id) }, fn, bad)
+	return subscribeDecoded(nc, subject, func(_ string, data []byte) (Update, error) {
+		return decodeSessionUpdate(data, id, incarnation)
+	}, fn, bad)
 }
 
 // Update is a busv1.SessionUpdate as a subscriber receives it (to one
@@ -47,19 +49,24 @@ func SubscribeSessionUpdates(nc *nats.Conn, subject string, fn func(Update), bad
 // then costs the subscriber no copy of its params and no allocation of
 // its own. Nothing may modify an Update's JSON.
 type Update struct {
-	SessionID    string
+	SessionID string
+	// Incarnation is the one the update's subject names: a session
+	// deleted and made again under its id has another (a late update of
+	// the deleted one is told from the new one's by it).
+	Incarnation  int64
 	Type         busv1.UpdateType
 	Seq          int64
 	JSON         []byte
 	ConnectionID string
 }
 
-// decodeSessionUpdate decodes a busv1.SessionUpdate of session id as
-// proto.Unmarshal would (the last of a repeated field wins, a field of
-// another wire type than its own or of an unknown number is skipped,
-// strings must be valid UTF-8) and refuses one of another session.
-func decodeSessionUpdate(data []byte, id string) (Update, error) {
-	u := Update{SessionID: id}
+// decodeSessionUpdate decodes a busv1.SessionUpdate of session id, of
+// the incarnation its subject named, as proto.Unmarshal would (the last
+// of a repeated field wins, a field of another wire type than its own or
+// of an unknown number is skipped, strings must be valid UTF-8) and
+// refuses one of another session.
+func decodeSessionUpdate(data []byte, id string, incarnation int64) (Update, error) {
+	u := Update{SessionID: id, Incarnation: incarnation}
 	var session []byte
 	for len(data) > 0 {
 		num, typ, n := protowire.ConsumeTag(data)
@@ -111,11 +118,11 @@ func decodeSessionUpdate(data []byte, id string) (Update, error) {
 // as bad.
 func SubscribeAllSessionUpdates(nc *nats.Conn, fn func(Update), bad func(error)) (*nats.Subscription, error) {
 	return subscribeDecoded(nc, SubjectAllSessionUpdates, func(subject string, data []byte) (Update, error) {
-		id, _, err := SessionOfSubject(subject)
+		id, incarnation, err := SessionOfSubject(subject)
 		if err != nil {
 			return Update{}, err
 		}
-		return decodeSessionUpdate(data, id)
+		return decodeSessionUpdate(data, id, incarnation)
 	}, fn, bad)
 }
 

@@ -67,11 +67,11 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 	if _, err := NewSessionUpdatePublisher(nc, "bad.id", 1); err == nil {
 		t.Fatal("a publisher for an id that is not a token")
 	}
-	p, err := NewSessionUpdatePublisher(nc, "s-round", 1)
+	p, err := NewSessionUpdatePublisher(nc, "s-round", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	subject, _ := SessionUpdateSubject("s-round", 1)
+	subject, _ := SessionUpdateSubject("s-round", 3)
 	got := make(chan Update, 16)
 	sub, err := SubscribeSessionUpdates(nc, subject, func(u Update) { got <- u }, func(err error) { t.Error(err) })
 	if err != nil {
@@ -95,7 +95,7 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 	for i, body := range bodies {
 		select {
 		case u := <-got:
-			if u.SessionID != "s-round" || u.Seq != int64(i+1) || string(u.JSON) != body ||
+			if u.SessionID != "s-round" || u.Incarnation != 3 || u.Seq != int64(i+1) || string(u.JSON) != body ||
 				u.Type != busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK {
 				t.Fatalf("update %d: %v", i+1, u)
 			}
@@ -106,7 +106,7 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 }
 
 // SubscribeAllSessionUpdates delivers every session's updates, each with
-// its subject's session, in each session's order, and drops as bad an
+// its subject's session and incarnation, in each session's order, and drops as bad an
 // update claiming another session than its subject's or one that does
 // not decode.
 func TestSubscribeAllSessionUpdates(t *testing.T) {
@@ -122,12 +122,13 @@ func TestSubscribeAllSessionUpdates(t *testing.T) {
 		t.Fatal(err)
 	}
 	pubs := map[string]*SessionUpdatePublisher{}
-	for _, id := range []string{"s-one", "s-two"} {
-		if pubs[id], err = NewSessionUpdatePublisher(nc, id, 1); err != nil {
+	incarnations := map[string]int64{"s-one": 1, "s-two": 12}
+	for id, n := range incarnations {
+		if pubs[id], err = NewSessionUpdatePublisher(nc, id, n); err != nil {
 			t.Fatal(err)
 		}
 	}
-	subjectOfTwo, _ := SessionUpdateSubject("s-two", 1)
+	subjectOfTwo, _ := SessionUpdateSubject("s-two", 12)
 	claimsOne := appendSessionUpdate(nil, "s-one", busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, 99, []byte(`{"x":1}`))
 	const perSession = 5
 	for k := 1; k <= perSession; k++ {
@@ -149,7 +150,7 @@ func TestSubscribeAllSessionUpdates(t *testing.T) {
 	for range 2 * perSession {
 		select {
 		case u := <-got:
-			if u.Seq != last[u.SessionID]+1 || string(u.JSON) != fmt.Sprintf(`{"k":%d}`, u.Seq) {
+			if u.Seq != last[u.SessionID]+1 || u.Incarnation != incarnations[u.SessionID] || string(u.JSON) != fmt.Sprintf(`{"k":%d}`, u.Seq) {
 				t.Fatalf("after update %d of %s: %+v", last[u.SessionID], u.SessionID, u)
 			}
 			last[u.SessionID] = u.Seq
@@ -224,14 +225,14 @@ func checkDecodeAsProto(t *testing.T, name string, data []byte, id string) {
 	if wantErr == nil && want.GetSessionId() != id {
 		wantErr = errors.New("another session")
 	}
-	got, err := decodeSessionUpdate(data, id)
+	got, err := decodeSessionUpdate(data, id, 7)
 	if (err != nil) != (wantErr != nil) {
 		t.Fatalf("%s: decoded with error %v, proto.Unmarshal and the session check %v", name, err, wantErr)
 	}
 	if err != nil {
 		return
 	}
-	if got.SessionID != want.GetSessionId() || got.Type != want.GetType() || got.Seq != want.GetSeq() ||
+	if got.SessionID != want.GetSessionId() || got.Incarnation != 7 || got.Type != want.GetType() || got.Seq != want.GetSeq() ||
 		string(got.JSON) != want.GetJson() || got.ConnectionID != want.GetConnectionId() {
 		t.Fatalf("%s: decoded %+v, proto.Unmarshal %v", name, got, want)
 	}

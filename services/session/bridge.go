@@ -72,47 +72,56 @@ func (s *Server) ListSessionViews(ctx context.Context, req *sessionv1.ListSessio
 // GetSessionView returns one session's view.
 func (s *Server) GetSessionView(ctx context.Context, req *sessionv1.GetSessionViewRequest) (*sessionv1.GetSessionViewResponse, error) {
 	// The sequence is read before the row, as in view: see there.
-	seq := s.updateSeq(req.GetSessionId(), -1)
+	seq, incarnation := s.liveSeq(req.GetSessionId())
 	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
 	if err != nil {
 		return nil, err
 	}
-	if seq < 0 {
-		seq = row.UpdateSeq
-	}
-	v, err := s.viewAt(ctx, row, seq)
+	v, err := s.viewAt(ctx, row, seqOf(row, seq, incarnation))
 	if err != nil {
 		return nil, err
 	}
 	return &sessionv1.GetSessionViewResponse{View: v}, nil
 }
 
-// updateSeq is the last update sequence number a live session used, or
-// dflt when the session has no live half.
-func (s *Server) updateSeq(id string, dflt int64) int64 {
+// liveSeq is the last update sequence number a live session used, and
+// the incarnation of the live session; 0, 0 when the id has no live half.
+func (s *Server) liveSeq(id string) (seq, incarnation int64) {
 	ls := s.lookupLive(id)
 	if ls == nil {
-		return dflt
+		return 0, 0
 	}
 	ls.pubMu.Lock()
 	defer ls.pubMu.Unlock()
-	return ls.seq
+	return ls.seq, ls.incarnation
+}
+
+// seqOf is the update_seq of row's view given what liveSeq read: the live
+// half's when it is row's incarnation. A session without a live half of
+// its own (none, or one of a deleted session under the id) has published
+// nothing above its stored bound, which its row holds.
+func seqOf(row sessionRow, seq, incarnation int64) int64 {
+	if incarnation != row.Incarnation {
+		return row.UpdateSeq
+	}
+	return seq
 }
 
 // view builds a session's view from its row.
 func (s *Server) view(ctx context.Context, row sessionRow) (*sessionv1.SessionView, error) {
-	return s.viewAt(ctx, row, s.updateSeq(row.ID, row.UpdateSeq))
+	seq, incarnation := s.liveSeq(row.ID)
+	return s.viewAt(ctx, row, seqOf(row, seq, incarnation))
 }
 
 // viewAt builds the view with update_seq seq. The sequence must have been
 // read before everything else the view shows: a reader that applies every
 // update after it then misses nothing (it may see some twice, which the
-// bridge's handling tolerates). A session without a live half has
-// published nothing above its stored bound, which its row holds.
+// bridge's handling tolerates). A live half of another incarnation (a
+// session deleted under the id) has no turn or approval of row's.
 func (s *Server) viewAt(ctx context.Context, row sessionRow, seq int64) (*sessionv1.SessionView, error) {
-	v := &sessionv1.SessionView{Session: toProto(row, s.stateOf(row)), UpdateSeq: seq}
+	v := &sessionv1.SessionView{Session: toProto(row, s.stateOf(row)), UpdateSeq: seq, Incarnation: row.Incarnation}
 	ls := s.lookupLive(row.ID)
-	if ls == nil {
+	if ls == nil || ls.incarnation != row.Incarnation {
 		return v, nil
 	}
 	if t := ls.running(); t != nil {
@@ -332,6 +341,9 @@ func (s *Server) StartTurn(ctx context.Context, req *sessionv1.StartTurnRequest)
 	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
 	if err != nil {
 		return nil, err
+	}
+	if n := req.GetIncarnation(); n != 0 && n != row.Incarnation {
+		return nil, errSessionNotFound(row.ID)
 	}
 	if err := s.mayUseAgent(ctx, req.GetPrincipal(), row.AgentAlias); err != nil {
 		return nil, err

@@ -227,3 +227,82 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// A session deleted and made again under its id is another session to the
+// bridge: its view names its own incarnation, and counts its updates from
+// its own row even while the deleted session's entry is still in memory
+// (Delete forgets it only after removing the rows, and a holder keeps it
+// longer); StartTurn naming the deleted incarnation starts no turn in the
+// new session.
+func TestBridgeViewAndTurnOfAReplacedIncarnation(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(operator, "default")
+	first, err := h.srv.GetSessionView(ctx, &sessionv1.GetSessionViewRequest{Principal: operator, SessionId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.GetView().GetIncarnation() != h.incarnation(id) {
+		t.Fatalf("the view names incarnation %d, the row %d", first.GetView().GetIncarnation(), h.incarnation(id))
+	}
+	h.prompt(operator, id, "/say one\n/say two")
+	old, err := h.srv.store.session(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldLive, release := h.srv.hold(ctx, old)
+	if oldLive.seq == 0 {
+		t.Fatal("the turn published no update")
+	}
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: operator, SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	h.srv.mu.Lock()
+	h.srv.lives[id] = oldLive
+	h.srv.mu.Unlock()
+	if _, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator, SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := h.srv.store.session(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	v, err := h.srv.GetSessionView(ctx, &sessionv1.GetSessionViewRequest{Principal: operator, SessionId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := h.srv.ListSessionViews(ctx, &sessionv1.ListSessionViewsRequest{Principal: operator})
+	if err != nil || len(list.GetViews()) != 1 {
+		t.Fatalf("list %v %v", list, err)
+	}
+	for name, got := range map[string]*sessionv1.SessionView{"GetSessionView": v.GetView(), "ListSessionViews": list.GetViews()[0]} {
+		if got.GetIncarnation() != cur.Incarnation || got.GetIncarnation() == old.Incarnation {
+			t.Fatalf("%s: incarnation %d, the new row's %d, the deleted one's %d", name, got.GetIncarnation(), cur.Incarnation, old.Incarnation)
+		}
+		// The deleted session's sequence would have the bridge skip the
+		// new session's first updates as already shown.
+		if got.GetUpdateSeq() != cur.UpdateSeq {
+			t.Fatalf("%s: update_seq %d, the new row's %d (the deleted session's entry is at %d)", name, got.GetUpdateSeq(), cur.UpdateSeq, oldLive.seq)
+		}
+	}
+
+	rec := h.record(id)
+	_, err = h.srv.StartTurn(ctx, &sessionv1.StartTurnRequest{Principal: operator, SessionId: id, Prompt: "/say lost", Incarnation: old.Incarnation})
+	wantRefusal(t, err, codes.NotFound, rpcerr.ReasonSessionNotFound, id)
+	release()
+	started, err := h.srv.StartTurn(ctx, &sessionv1.StartTurnRequest{Principal: operator, SessionId: id, Prompt: "/say kept", Incarnation: cur.Incarnation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := rec.until(UpdateTurnComplete)
+	for _, u := range ups {
+		if s := u.str("turn_id"); s != "" && s != started.GetTurnId() {
+			t.Fatalf("an update of turn %s in the new session: %v", s, u.Params)
+		}
+	}
+	tr, err := h.srv.Transcript(ctx, &sessionv1.TranscriptRequest{Principal: operator, SessionId: id, Limit: 10})
+	if err != nil || tr.GetTotal() != 2 {
+		t.Fatalf("transcript of the new session %v %v, want the kept turn's 2 rows", tr, err)
+	}
+}

@@ -2677,7 +2677,12 @@ type SessionView struct {
 	// update_seq is the seq of the last session update published when the
 	// view was read: updates up to it are reflected here or lost to the
 	// view (streamed text), later ones are not.
-	UpdateSeq     int64 `protobuf:"varint,5,opt,name=update_seq,json=updateSeq,proto3" json:"update_seq,omitempty"`
+	UpdateSeq int64 `protobuf:"varint,5,opt,name=update_seq,json=updateSeq,proto3" json:"update_seq,omitempty"`
+	// incarnation is the session row's (new each time a session is made
+	// under its id), as its update subject names it: an update of another
+	// incarnation is of a session deleted under the id, or made again
+	// since, and not of this one.
+	Incarnation   int64 `protobuf:"varint,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2743,6 +2748,13 @@ func (x *SessionView) GetApprovals() []*ApprovalView {
 func (x *SessionView) GetUpdateSeq() int64 {
 	if x != nil {
 		return x.UpdateSeq
+	}
+	return 0
+}
+
+func (x *SessionView) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -3275,10 +3287,16 @@ func (x *GetApprovalResponse) GetApproval() *ApprovalView {
 }
 
 type StartTurnRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
-	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Prompt        string                 `protobuf:"bytes,3,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Prompt    string                 `protobuf:"bytes,3,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// incarnation, when set, is the incarnation of the session the caller
+	// shows (SessionView.incarnation): a session under the id that is not
+	// that one is refused as SESSION_NOT_FOUND before any turn starts, so a
+	// prompt typed into a deleted session's pane never starts a turn in a
+	// new session that took its id.
+	Incarnation   int64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3332,6 +3350,13 @@ func (x *StartTurnRequest) GetPrompt() string {
 		return x.Prompt
 	}
 	return ""
+}
+
+func (x *StartTurnRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type StartTurnResponse struct {
@@ -3728,14 +3753,15 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
 	"\n" +
-	"decided_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\x82\x02\n" +
+	"decided_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\xa4\x02\n" +
 	"\vSessionView\x126\n" +
 	"\asession\x18\x01 \x01(\v2\x1c.clawmesh.session.v1.SessionR\asession\x12\x17\n" +
 	"\aturn_id\x18\x02 \x01(\tR\x06turnId\x12B\n" +
 	"\x0fturn_started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rturnStartedAt\x12?\n" +
 	"\tapprovals\x18\x04 \x03(\v2!.clawmesh.session.v1.ApprovalViewR\tapprovals\x12\x1d\n" +
 	"\n" +
-	"update_seq\x18\x05 \x01(\x03R\tupdateSeq\"\xb9\x01\n" +
+	"update_seq\x18\x05 \x01(\x03R\tupdateSeq\x12 \n" +
+	"\vincarnation\x18\x06 \x01(\x03R\vincarnation\"\xb9\x01\n" +
 	"\x17ListSessionViewsRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12%\n" +
 	"\x0einclude_closed\x18\x02 \x01(\bR\rincludeClosed\x12\x1b\n" +
@@ -3777,12 +3803,13 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\"T\n" +
 	"\x13GetApprovalResponse\x12=\n" +
-	"\bapproval\x18\x01 \x01(\v2!.clawmesh.session.v1.ApprovalViewR\bapproval\"\x86\x01\n" +
+	"\bapproval\x18\x01 \x01(\v2!.clawmesh.session.v1.ApprovalViewR\bapproval\"\xa8\x01\n" +
 	"\x10StartTurnRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x16\n" +
-	"\x06prompt\x18\x03 \x01(\tR\x06prompt\"K\n" +
+	"\x06prompt\x18\x03 \x01(\tR\x06prompt\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\x03R\vincarnation\"K\n" +
 	"\x11StartTurnResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
