@@ -255,16 +255,19 @@ type sendReply struct {
 }
 
 func (c *sendCmd) run(ctx context.Context, b *Bridge, _ transport) (int, any) {
-	if !b.layout.has(c.pane) {
+	// The text is for the session the pane shows: a session made under
+	// its id since is another (StartTurn refuses it as not found).
+	var incarnation int64
+	if !b.layout.read(c.pane, func(p *pane) { incarnation = p.incarnation }) {
 		return http.StatusNotFound, wireFail(codeNoSuchPane, "")
 	}
 	if c.turn == "" {
-		_, err := b.sessions.StartTurn(ctx, &sessionv1.StartTurnRequest{Principal: operator(), SessionId: c.pane, Prompt: c.text})
+		_, err := b.sessions.StartTurn(ctx, &sessionv1.StartTurnRequest{Principal: operator(), SessionId: c.pane, Prompt: c.text, Incarnation: incarnation})
 		switch {
 		case err == nil:
 			return http.StatusOK, sendReply{OK: true}
 		case isBusy(err):
-			return b.enqueue(ctx, c.pane, c.text)
+			return b.enqueue(ctx, c.pane, incarnation, c.text)
 		}
 		return b.sessionRefusal("start turn", err, codeNoSuchPane)
 	}
@@ -272,15 +275,18 @@ func (c *sendCmd) run(ctx context.Context, b *Bridge, _ transport) (int, any) {
 	if err != nil {
 		return b.sessionRefusal("read session", err, codeNoSuchPane)
 	}
+	if v.GetView().GetIncarnation() != incarnation {
+		return http.StatusNotFound, wireFail(codeNoSuchPane, "")
+	}
 	if v.GetView().GetTurnId() != c.turn {
 		return http.StatusConflict, wireFail(codeTurnChanged, "the turn named is not the running one")
 	}
 	// A running turn cannot take more input: the text starts the next.
-	return b.enqueue(ctx, c.pane, c.text)
+	return b.enqueue(ctx, c.pane, incarnation, c.text)
 }
 
-func (b *Bridge) enqueue(ctx context.Context, paneID, text string) (int, any) {
-	err := b.store.enqueue(ctx, paneID, text)
+func (b *Bridge) enqueue(ctx context.Context, paneID string, incarnation int64, text string) (int, any) {
+	err := b.store.enqueue(ctx, paneID, incarnation, text)
 	if err == errQueueFull {
 		return http.StatusConflict, wireFail(codeQueueFull, err.Error())
 	}
@@ -449,7 +455,9 @@ func (c *starterCmd) run(ctx context.Context, b *Bridge, _ transport) (int, any)
 		prompt += c.text
 	}
 	if strings.TrimSpace(prompt) != "" {
-		if _, err := b.sessions.StartTurn(ctx, &sessionv1.StartTurnRequest{Principal: operator(), SessionId: id, Prompt: prompt}); err != nil {
+		var incarnation int64
+		b.layout.read(id, func(p *pane) { incarnation = p.incarnation })
+		if _, err := b.sessions.StartTurn(ctx, &sessionv1.StartTurnRequest{Principal: operator(), SessionId: id, Prompt: prompt, Incarnation: incarnation}); err != nil {
 			// The pane exists: say so, and why its first turn did not start.
 			b.log.Warn("starter's first turn", zap.String("session_id", id), zap.Error(err))
 		}

@@ -196,6 +196,7 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, repla
 		return fmt.Errorf("read transcript of %s: %w", s.GetSessionId(), err)
 	}
 	p := newPane(s.GetSessionId(), s.GetAgentAlias(), s.GetCreatedAt().AsTime())
+	p.incarnation = v.GetIncarnation()
 	p.sessionTitle = s.GetTitle()
 	p.lastSeq = v.GetUpdateSeq()
 	p.transcriptNext = tr.GetTotal()
@@ -298,6 +299,14 @@ type updateParams struct {
 // removed or given a new expiry.
 func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 	id := u.SessionID
+	var seen, incarnation int64 = -1, 0
+	f.b.layout.read(id, func(p *pane) { seen, incarnation = p.lastSeq, p.incarnation })
+	if seen >= 0 && u.Incarnation < incarnation {
+		// A late update of a session deleted under the id the pane's
+		// session took after it: not this pane's, whatever its seq (a
+		// new session counts from the start again).
+		return true
+	}
 	if u.Type == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
 		f.b.layout.remove(id)
 		if err := f.b.store.forgetPane(ctx, id); err != nil {
@@ -305,12 +314,17 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 		}
 		return false
 	}
-	var seen int64 = -1
-	f.b.layout.read(id, func(p *pane) { seen = p.lastSeq })
 	if seen < 0 {
 		// A session the layout does not show yet: its view covers this
 		// update.
 		f.discover(ctx, id)
+		return false
+	}
+	if u.Incarnation > incarnation {
+		// The pane shows a session deleted under the id whose deletion
+		// did not come (dropped at the queue's bound): the session now
+		// under it is another one, shown from its view.
+		f.reload(ctx, id)
 		return false
 	}
 	if u.Seq <= seen {
@@ -648,12 +662,15 @@ func (f *follower) reconcile(ctx context.Context) {
 	for _, v := range views {
 		id := v.GetSession().GetSessionId()
 		seen[id] = true
-		var exists, stale bool
+		var exists, replaced, stale bool
 		var applied int64
 		var missing []*sessionv1.ApprovalView
 		var gone []*ask
 		f.b.layout.read(id, func(p *pane) {
 			exists, applied = true, p.lastSeq
+			if replaced = p.incarnation != v.GetIncarnation(); replaced {
+				return
+			}
 			turn := ""
 			if p.turn != nil {
 				turn = p.turn.id
@@ -686,6 +703,10 @@ func (f *follower) reconcile(ctx context.Context) {
 			if err := f.loadPane(ctx, v, false); err != nil {
 				f.b.log.Warn("show session", zap.String("session_id", id), zap.Error(err))
 			}
+		case replaced:
+			// The pane shows a session deleted under the id (its deletion
+			// not applied yet, or lost): the one listed is another.
+			f.reload(ctx, id)
 		case stale:
 			if last, ok := f.suspects[id]; ok && last == applied {
 				f.b.log.Info("pane out of step with its session, reloading", zap.String("session_id", id))
@@ -740,7 +761,7 @@ func (f *follower) drainQueues(ctx context.Context) {
 			continue
 		}
 		c, cancel := f.call(ctx)
-		_, err := f.b.sessions.StartTurn(c, &sessionv1.StartTurnRequest{Principal: operator(), SessionId: q.paneID, Prompt: q.text})
+		_, err := f.b.sessions.StartTurn(c, &sessionv1.StartTurnRequest{Principal: operator(), SessionId: q.paneID, Prompt: q.text, Incarnation: q.incarnation})
 		cancel()
 		if isBusy(err) {
 			continue

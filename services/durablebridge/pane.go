@@ -23,7 +23,11 @@ const (
 // pane is one session as the phone sees it. Its fields are guarded by the
 // Layout's mu.
 type pane struct {
-	id, alias    string
+	id, alias string
+	// incarnation is the shown session's (SessionView.incarnation): the
+	// id may be deleted and made again, and updates of another
+	// incarnation are not this session's.
+	incarnation  int64
 	sessionTitle string
 	firstPrompt  string
 	created      time.Time

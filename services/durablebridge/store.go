@@ -164,8 +164,9 @@ func (st *store) setTitle(ctx context.Context, target, title string) error {
 // errQueueFull: the pane already has maxQueuedPerPane texts waiting.
 var errQueueFull = errors.New("too many texts wait for this pane's next turn")
 
-// enqueue stores a text for the pane's next turn.
-func (st *store) enqueue(ctx context.Context, paneID, text string) error {
+// enqueue stores a text for the next turn of the pane's session of that
+// incarnation.
+func (st *store) enqueue(ctx context.Context, paneID string, incarnation int64, text string) error {
 	return pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
 		// Serialize a pane's enqueues so the bound holds.
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", paneID); err != nil {
@@ -178,7 +179,7 @@ func (st *store) enqueue(ctx context.Context, paneID, text string) error {
 		if n >= maxQueuedPerPane {
 			return errQueueFull
 		}
-		if _, err := tx.Exec(ctx, "INSERT INTO queued_sends (pane_id, body) VALUES ($1, $2)", paneID, text); err != nil {
+		if _, err := tx.Exec(ctx, "INSERT INTO queued_sends (pane_id, incarnation, body) VALUES ($1, $2, $3)", paneID, incarnation, text); err != nil {
 			return fmt.Errorf("queue text: %w", err)
 		}
 		return nil
@@ -187,20 +188,21 @@ func (st *store) enqueue(ctx context.Context, paneID, text string) error {
 
 // queued is one text waiting for a pane's next turn.
 type queued struct {
-	seq    int64
-	paneID string
-	text   string
+	seq         int64
+	paneID      string
+	incarnation int64
+	text        string
 }
 
 // nextQueued returns the oldest text waiting for each pane.
 func (st *store) nextQueued(ctx context.Context) ([]queued, error) {
-	rows, err := st.db.Query(ctx, `SELECT DISTINCT ON (pane_id) seq, pane_id, body FROM queued_sends ORDER BY pane_id, seq`)
+	rows, err := st.db.Query(ctx, `SELECT DISTINCT ON (pane_id) seq, pane_id, incarnation, body FROM queued_sends ORDER BY pane_id, seq`)
 	if err != nil {
 		return nil, fmt.Errorf("read queued texts: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (queued, error) {
 		var q queued
-		err := row.Scan(&q.seq, &q.paneID, &q.text)
+		err := row.Scan(&q.seq, &q.paneID, &q.incarnation, &q.text)
 		return q, err
 	})
 	if err != nil {
