@@ -323,8 +323,10 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 	if u.Incarnation > incarnation {
 		// The pane shows a session deleted under the id whose deletion
 		// did not come (dropped at the queue's bound): the session now
-		// under it is another one, shown from its view.
-		f.reload(ctx, id)
+		// under it is another one, shown from its view once the follower
+		// reloads marked panes: one read however many of its updates
+		// come meanwhile, and another at its next update if that fails.
+		f.mark(id)
 		return false
 	}
 	if u.Seq <= seen {

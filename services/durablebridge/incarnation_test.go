@@ -203,6 +203,8 @@ func TestUpdatesOfAReplacedIncarnation(t *testing.T) {
 	// The second session's deletion is lost (at the queue's bound): the
 	// third session's first update shows the third session in its place.
 	f.apply(ctx, chunk(3, 1, "turn-c", "third reply"))
+	f.apply(ctx, chunk(3, 2, "turn-c", " more"))
+	f.reloadMarked(ctx)
 	if inc, items := shown(); inc != 3 || !strings.HasPrefix(items, "m0=third prompt") || strings.Contains(items, "second") {
 		t.Fatalf("an update of a later incarnation: incarnation %d shown: %s", inc, items)
 	}
