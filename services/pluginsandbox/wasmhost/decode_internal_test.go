@@ -1,0 +1,83 @@
+package wasmhost
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/plugins/abi"
+)
+
+// BenchmarkDecodeRecallAnswer is the host's share of a 1 MiB recall
+// answer: decodeResult over the JSON the guest wrote, for texts whose
+// escapes make the JSON one to six times the text.
+func BenchmarkDecodeRecallAnswer(b *testing.B) {
+	for _, c := range []struct{ name, period string }{
+		{"plain", "the quick brown fox jumps over the lazy dog "},
+		{"lines", "a line of a log\n"},
+		{"quotes", `"\`},
+		{"control", "\x01"},
+	} {
+		text := strings.Repeat(c.period, (1<<20)/len(c.period))
+		out, err := json.Marshal(map[string][]abi.MemoryEntry{"ok": {{Key: "k", Content: text, Timestamp: 1}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(out)))
+			for b.Loop() {
+				var got []abi.MemoryEntry
+				if err := decodeResult("recall", out, &got); err != nil || len(got) != 1 || got[0].Content != text {
+					b.Fatalf("decoded %d entries: %v", len(got), err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/answer")
+		})
+	}
+}
+
+// decodeResultCases are envelopes a guest may write: the library's own
+// shape, and ones only the general path reads or refuses.
+var decodeResultCases = []string{
+	`{"ok":[{"key":"k","content":"a\u0001\"b","timestamp":3,"score":0.5}]}`,
+	`{"ok":[]}`, `{"ok":null}`, `{"ok":true}`, `{"ok":7}`, `{"err":"no"}`,
+	`{"ok":1,"ok":2}`, `{"ok":1,"err":"x"}`, `{"ok":1}}`, `{"ok":1} `, ` {"ok":1}`,
+	`{"ok": [ ]}`, `{"ok":[1]}`, `{"ok":"x"}`, `{"ok":{"key":"k"}}`, `{"ok":[{"key":5}]}`,
+	`{"ok":[{"key":"\ud800"}]}`, "{\"ok\":[{\"key\":\"\xff\"}]}", `{"ok":}`, `{"ok":`, `{"ok":"}`,
+	`{"OK":1}`, `{"ok":[{"KEY":"k"}]}`, `{}`, `[]`, ``,
+}
+
+// decodeResult answers every envelope as its general path does: the same
+// value into each kind of target, or the same error.
+func TestDecodeResultAsTheGeneralPath(t *testing.T) {
+	for _, c := range decodeResultCases {
+		checkDecodeResult(t, []byte(c))
+	}
+}
+
+func FuzzDecodeResult(f *testing.F) {
+	for _, c := range decodeResultCases {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(checkDecodeResult)
+}
+
+func checkDecodeResult(t *testing.T, out []byte) {
+	for _, target := range []func() any{
+		func() any { return new([]abi.MemoryEntry) },
+		func() any { return new(bool) },
+		func() any { return new(int) },
+		func() any { return nil },
+	} {
+		got, want := target(), target()
+		gotErr, wantErr := decodeResult("recall", out, got), decodeEnvelope("recall", out, want)
+		if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+			t.Fatalf("%q into %T: error %v, the general path %v", out, got, gotErr, wantErr)
+		}
+		if gotErr == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q into %T: %v, the general path %v", out, got, reflect.ValueOf(got).Elem(), reflect.ValueOf(want).Elem())
+		}
+	}
+}
