@@ -66,3 +66,67 @@ func FuzzDecodeToolEnvelope(f *testing.F) {
 		checkDecodeAsEncodingJSON(t, b)
 	})
 }
+
+// checkRecallAsEncodingJSON fails when DecodeRecallAnswer reads b and
+// encoding/json does not read it as one "ok" of the same entries.
+func checkRecallAsEncodingJSON(t *testing.T, b []byte) {
+	t.Helper()
+	got, ok := abi.DecodeRecallAnswer(b)
+	if !ok {
+		return
+	}
+	var env map[string]json.RawMessage
+	var want []abi.MemoryEntry
+	if err := json.Unmarshal(b, &env); err != nil || len(env) != 1 || env["ok"] == nil {
+		t.Fatalf("%q read as %+v; encoding/json's envelope %v (%v)", b, got, env, err)
+	}
+	if err := json.Unmarshal(env["ok"], &want); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("%q read as %+v; encoding/json %+v (%v)", b, got, want, err)
+	}
+}
+
+var recallCases = []string{
+	`{"ok":[]}`,
+	`{"ok":[{"key":"k","content":"c"}]}`,
+	`{"ok":[{"key":"k","content":"a\nb\u0001\"\\ é","category":"x","session_id":"s-1","timestamp":-12,"score":0.25}]}`,
+	`{"ok":[{"key":"a","content":""},{"key":"b","content":"","score":1e3},{"key":"c","content":"","score":-0}]}`,
+	`{"ok":[{"key":"k","content":"c","timestamp":1.5}]}`,
+	`{"ok":[{"key":"k","content":"c","timestamp":01}]}`,
+	`{"ok":[{"key":"k","content":"c","timestamp":99999999999999999999}]}`,
+	`{"ok":[{"key":"k","content":"c","score":1e999}]}`,
+	`{"ok":[{"key":"k","content":"c","score":.5}]}`,
+	`{"ok":[{"key":"k","content":"c","score":1.}]}`,
+	`{"ok":[{"key":"k","content":"c","score":1e}]}`,
+	`{"ok":[{"key":"k","content":"c","score":-}]}`,
+	`{"ok":[{"key":"k","content":"c"},]}`,
+	`{"ok":[{"key":"k","content":"c"}]} `,
+	`{"ok":[{"key":"k","content":"c"}]}}`,
+	`{"ok":[{"content":"c","key":"k"}]}`,
+	`{"ok":[{"key":"k","content":"c","key":"k2"}]}`,
+	`{"ok":[{"KEY":"k","content":"c"}]}`,
+	`{"ok":null}`,
+	`{"err":"no"}`,
+	"{\"ok\":[{\"key\":\"k\",\"content\":\"\xff\"}]}",
+	`{"ok":[{"key":"k","content":"\ud800"}]}`,
+	`{"ok":[{"key":"k","content":"c","timestamp":-0,"score":0E+2}]}`,
+	``,
+}
+
+func TestDecodeRecallAnswerAsEncodingJSON(t *testing.T) {
+	for _, c := range recallCases {
+		checkRecallAsEncodingJSON(t, []byte(c))
+	}
+	// What the guest library writes is read the short way.
+	for _, c := range recallCases[:4] {
+		if _, ok := abi.DecodeRecallAnswer([]byte(c)); !ok {
+			t.Fatalf("%s not read", c)
+		}
+	}
+}
+
+func FuzzDecodeRecallAnswer(f *testing.F) {
+	for _, c := range recallCases {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(checkRecallAsEncodingJSON)
+}

@@ -107,5 +107,16 @@ func FuzzAppendEntry(f *testing.F) {
 		if !json.Valid(got) {
 			t.Fatalf("%q is not JSON", got)
 		}
+		// The host reads the answer the short way, to the same entry.
+		answer, err := recallAnswer([]abi.MemoryEntry{e})
+		if err != nil {
+			t.Fatal(err)
+		}
+		read, ok := abi.DecodeRecallAnswer(answer)
+		if !ok || len(read) != 1 || read[0].Key != g.Key || read[0].Content != g.Content || read[0].Category != g.Category ||
+			read[0].SessionID != g.SessionID || read[0].Timestamp != g.Timestamp || (read[0].Score == nil) != (g.Score == nil) ||
+			g.Score != nil && *read[0].Score != *g.Score {
+			t.Fatalf("%q read by the host as %+v (%v), encoding/json %+v", answer, read, ok, g)
+		}
 	})
 }

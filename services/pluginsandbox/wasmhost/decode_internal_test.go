@@ -11,7 +11,7 @@ import (
 )
 
 // BenchmarkDecodeRecallAnswer is the host's share of a 1 MiB recall
-// answer: decodeResult over the JSON the guest wrote, for texts whose
+// answer: decodeRecall over the JSON the guest wrote, for texts whose
 // escapes make the JSON one to six times the text.
 func BenchmarkDecodeRecallAnswer(b *testing.B) {
 	for _, c := range []struct{ name, period string }{
@@ -28,8 +28,8 @@ func BenchmarkDecodeRecallAnswer(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(out)))
 			for b.Loop() {
-				var got []abi.MemoryEntry
-				if err := decodeResult("recall", out, &got); err != nil || len(got) != 1 || got[0].Content != text {
+				got, err := decodeRecall(out)
+				if err != nil || len(got) != 1 || got[0].Content != text {
 					b.Fatalf("decoded %d entries: %v", len(got), err)
 				}
 			}
@@ -49,8 +49,8 @@ var decodeResultCases = []string{
 	`{"OK":1}`, `{"ok":[{"KEY":"k"}]}`, `{}`, `[]`, ``,
 }
 
-// decodeResult answers every envelope as its general path does: the same
-// value into each kind of target, or the same error.
+// decodeResult and decodeRecall answer every envelope as the general path
+// does: the same value into each kind of target, or the same error.
 func TestDecodeResultAsTheGeneralPath(t *testing.T) {
 	for _, c := range decodeResultCases {
 		checkDecodeResult(t, []byte(c))
@@ -65,6 +65,12 @@ func FuzzDecodeResult(f *testing.F) {
 }
 
 func checkDecodeResult(t *testing.T, out []byte) {
+	got, gotErr := decodeRecall(out)
+	var want []abi.MemoryEntry
+	wantErr := decodeEnvelope(abi.ExportMemoryRecall, out, &want)
+	if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || gotErr == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("%q recalled as %+v (%v), the general path %+v (%v)", out, got, gotErr, want, wantErr)
+	}
 	for _, target := range []func() any{
 		func() any { return new([]abi.MemoryEntry) },
 		func() any { return new(bool) },

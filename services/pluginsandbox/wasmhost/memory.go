@@ -67,18 +67,23 @@ func (m *Memory) Capabilities() MemoryCapabilities { return m.caps }
 func (m *Memory) PluginName() string { return m.r.c.spec.Name }
 
 func (m *Memory) call(ctx context.Context, export string, arg any, v any) error {
-	var raw []byte
-	if arg != nil {
-		var err error
-		if raw, err = guestJSON(arg); err != nil {
-			return fmt.Errorf("%w: %w", ErrABI, err)
-		}
-	}
-	out, err := m.r.call(ctx, export, raw, frameSpan{}, false)
+	out, err := m.answer(ctx, export, arg)
 	if err != nil {
 		return err
 	}
 	return decodeResult(export, out, v)
+}
+
+// answer calls export with arg and returns the guest's answer as written.
+func (m *Memory) answer(ctx context.Context, export string, arg any) ([]byte, error) {
+	var raw []byte
+	if arg != nil {
+		var err error
+		if raw, err = guestJSON(arg); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrABI, err)
+		}
+	}
+	return m.r.call(ctx, export, raw, frameSpan{}, false)
 }
 
 // Store stores one entry (an existing key is replaced).
@@ -88,9 +93,22 @@ func (m *Memory) Store(ctx context.Context, e MemoryEntry) error {
 
 // Recall returns at most limit entries matching query, best first.
 func (m *Memory) Recall(ctx context.Context, query string, limit int) ([]MemoryEntry, error) {
-	var out []MemoryEntry
-	err := m.call(ctx, abi.ExportMemoryRecall, abi.RecallArgs{Query: query, Limit: limit}, &out)
-	return out, err
+	out, err := m.answer(ctx, abi.ExportMemoryRecall, abi.RecallArgs{Query: query, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	return decodeRecall(out)
+}
+
+// decodeRecall reads a recall answer: the guest library's own shape the
+// short way (abi.DecodeRecallAnswer), any other as decodeResult does.
+func decodeRecall(out []byte) ([]MemoryEntry, error) {
+	if entries, ok := abi.DecodeRecallAnswer(out); ok {
+		return entries, nil
+	}
+	var entries []MemoryEntry
+	err := decodeResult(abi.ExportMemoryRecall, out, &entries)
+	return entries, err
 }
 
 // Forget removes one entry and reports whether it existed.
