@@ -120,8 +120,8 @@ func (s *Server) view(ctx context.Context, row sessionRow) (*sessionv1.SessionVi
 // session deleted under the id) has no turn or approval of row's.
 func (s *Server) viewAt(ctx context.Context, row sessionRow, seq int64) (*sessionv1.SessionView, error) {
 	v := &sessionv1.SessionView{Session: toProto(row, s.stateOf(row)), UpdateSeq: seq, Incarnation: row.Incarnation}
-	ls := s.lookupLive(row.ID)
-	if ls == nil || ls.incarnation != row.Incarnation {
+	ls := s.liveOf(row)
+	if ls == nil {
 		return v, nil
 	}
 	if t := ls.running(); t != nil {

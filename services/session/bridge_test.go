@@ -228,12 +228,13 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// A session deleted and made again under its id is another session to the
-// bridge: its view names its own incarnation, and counts its updates from
-// its own row even while the deleted session's entry is still in memory
-// (Delete forgets it only after removing the rows, and a holder keeps it
-// longer); StartTurn naming the deleted incarnation starts no turn in the
-// new session.
+// A session deleted and made again under its id is another session: its
+// view names its own incarnation, and counts its updates from its own row
+// even while the deleted session's entry is still in memory (Delete
+// forgets it only after removing the rows, a holder keeps it longer, and
+// its turn may outlive the rows), whose turn is not the new session's to
+// show or cancel; StartTurn naming the deleted incarnation starts no turn
+// in the new session.
 func TestBridgeViewAndTurnOfAReplacedIncarnation(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -267,6 +268,12 @@ func TestBridgeViewAndTurnOfAReplacedIncarnation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The deleted session's turn outlived its rows (Delete waits for it a
+	// bounded time).
+	stale := &turn{id: "turn_stale", ls: oldLive, done: make(chan struct{})}
+	oldLive.mu.Lock()
+	oldLive.turn = stale
+	oldLive.mu.Unlock()
 
 	v, err := h.srv.GetSessionView(ctx, &sessionv1.GetSessionViewRequest{Principal: operator, SessionId: id})
 	if err != nil {
@@ -285,7 +292,20 @@ func TestBridgeViewAndTurnOfAReplacedIncarnation(t *testing.T) {
 		if got.GetUpdateSeq() != cur.UpdateSeq {
 			t.Fatalf("%s: update_seq %d, the new row's %d (the deleted session's entry is at %d)", name, got.GetUpdateSeq(), cur.UpdateSeq, oldLive.seq)
 		}
+		if got.GetTurnId() != "" || got.GetSession().GetState() != sessionv1.SessionState_SESSION_STATE_IDLE {
+			t.Fatalf("%s: the new session shows turn %q, state %v", name, got.GetTurnId(), got.GetSession().GetState())
+		}
 	}
+	st, err := h.srv.State(ctx, &sessionv1.StateRequest{Principal: operator, SessionId: id})
+	if err != nil || st.GetState() != sessionv1.SessionState_SESSION_STATE_IDLE || st.GetTurnId() != "" {
+		t.Fatalf("session/state of the new session: %v %v", st, err)
+	}
+	if c, err := h.srv.Cancel(ctx, &sessionv1.CancelRequest{Principal: operator, SessionId: id}); err != nil || c.GetCancelled() {
+		t.Fatalf("cancel of the new session, idle: %v %v", c, err)
+	}
+	oldLive.mu.Lock()
+	oldLive.turn = nil
+	oldLive.mu.Unlock()
 
 	rec := h.record(id)
 	_, err = h.srv.StartTurn(ctx, &sessionv1.StartTurnRequest{Principal: operator, SessionId: id, Prompt: "/say lost", Incarnation: old.Incarnation})

@@ -134,6 +134,16 @@ func (s *Server) lookupLive(id string) *liveSession {
 	return s.lives[id]
 }
 
+// liveOf is lookupLive for row: nil when the entry under its id is of
+// another incarnation, a deleted session's, whose turn may outlive its
+// rows (Delete waits for it a bounded time) and is not row's.
+func (s *Server) liveOf(row sessionRow) *liveSession {
+	if ls := s.lookupLive(row.ID); ls != nil && ls.incarnation == row.Incarnation {
+		return ls
+	}
+	return nil
+}
+
 // forget removes ls from memory unless a new session under its id has
 // replaced it already.
 func (s *Server) forget(ls *liveSession) {

@@ -124,11 +124,12 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 // Cancel cancels the running turn, if any, and waits (bounded) for it to
 // end: afterwards the session reads idle.
 func (s *Server) Cancel(ctx context.Context, req *sessionv1.CancelRequest) (*sessionv1.CancelResponse, error) {
-	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
 		return nil, err
 	}
 	resp := &sessionv1.CancelResponse{SessionId: req.GetSessionId()}
-	if ls := s.lookupLive(req.GetSessionId()); ls != nil {
+	if ls := s.liveOf(row); ls != nil {
 		if t := ls.running(); t != nil {
 			s.stopTurn(ctx, t, ErrCancelRequested)
 			resp.Cancelled = true

@@ -18,7 +18,7 @@ func (s *Server) State(ctx context.Context, req *sessionv1.StateRequest) (*sessi
 		return nil, err
 	}
 	resp := &sessionv1.StateResponse{SessionId: row.ID, State: stateEnum[s.stateOf(row)], ReadAt: at}
-	if ls := s.lookupLive(row.ID); ls != nil {
+	if ls := s.liveOf(row); ls != nil {
 		if t := ls.running(); t != nil {
 			resp.TurnId = t.id
 		}
@@ -32,7 +32,7 @@ func (s *Server) stateOf(row sessionRow) string {
 	if row.State != stateIdle && row.State != stateRunning {
 		return row.State
 	}
-	if ls := s.lookupLive(row.ID); ls != nil && ls.running() != nil {
+	if ls := s.liveOf(row); ls != nil && ls.running() != nil {
 		return stateRunning
 	}
 	return stateIdle
