@@ -247,26 +247,9 @@ func TestBridgeViewAndTurnOfAReplacedIncarnation(t *testing.T) {
 		t.Fatalf("the view names incarnation %d, the row %d", first.GetView().GetIncarnation(), h.incarnation(id))
 	}
 	h.prompt(operator, id, "/say one\n/say two")
-	old, err := h.srv.store.session(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldLive, release := h.srv.hold(ctx, old)
+	old, oldLive, release, cur := h.reuseHeld(operator, id)
 	if oldLive.seq == 0 {
 		t.Fatal("the turn published no update")
-	}
-	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: operator, SessionId: id}); err != nil {
-		t.Fatal(err)
-	}
-	h.srv.mu.Lock()
-	h.srv.lives[id] = oldLive
-	h.srv.mu.Unlock()
-	if _, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator, SessionId: id}); err != nil {
-		t.Fatal(err)
-	}
-	cur, err := h.srv.store.session(ctx, id)
-	if err != nil {
-		t.Fatal(err)
 	}
 	// The deleted session's turn outlived its rows (Delete waits for it a
 	// bounded time).

@@ -212,6 +212,35 @@ type recorder struct {
 	ch  chan *nats.Msg
 }
 
+// reuseHeld deletes session id while its live entry is held, and makes a
+// new session under the id while that entry is still in memory (Delete
+// forgets it only once released, a holder keeps it longer, a turn may
+// outlive the rows): it returns the deleted session's row and entry, the
+// hold's release, and the new session's row, of a later incarnation.
+func (h *harness) reuseHeld(p *commonv1.Principal, id string) (old sessionRow, oldLive *liveSession, release func(), cur sessionRow) {
+	h.t.Helper()
+	ctx := context.Background()
+	old, err := h.srv.store.session(ctx, id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	oldLive, release = h.srv.hold(ctx, old)
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: p, SessionId: id}); err != nil {
+		h.t.Fatal(err)
+	}
+	h.srv.mu.Lock()
+	h.srv.lives[id] = oldLive
+	h.srv.mu.Unlock()
+	if _, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: p, SessionId: id}); err != nil {
+		h.t.Fatal(err)
+	}
+	cur, err = h.srv.store.session(ctx, id)
+	if err != nil || cur.Incarnation <= old.Incarnation {
+		h.t.Fatalf("the new session's row %+v %v, the deleted one's incarnation %d", cur, err, old.Incarnation)
+	}
+	return old, oldLive, release, cur
+}
+
 // incarnation is the stored session id's incarnation now.
 func (h *harness) incarnation(id string) int64 {
 	h.t.Helper()

@@ -82,26 +82,7 @@ func TestHoldOfAReplacedIncarnation(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	id := h.newSession(alice, "default")
-	old, err := h.srv.store.session(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldLive, release := h.srv.hold(ctx, old)
-	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
-		t.Fatal(err)
-	}
-	// Deleted while held: its entry is forgotten only once released, and
-	// a new session under the id is made meanwhile.
-	h.srv.mu.Lock()
-	h.srv.lives[id] = oldLive
-	h.srv.mu.Unlock()
-	if _, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: alice, SessionId: id}); err != nil {
-		t.Fatal(err)
-	}
-	cur, err := h.srv.store.session(ctx, id)
-	if err != nil || cur.Incarnation <= old.Incarnation {
-		t.Fatalf("the new session's row %+v %v, the deleted one's incarnation %d", cur, err, old.Incarnation)
-	}
+	old, oldLive, release, cur := h.reuseHeld(alice, id)
 	newLive, releaseNew := h.srv.hold(ctx, cur)
 	defer releaseNew()
 	if newLive == oldLive || newLive.incarnation != cur.Incarnation || h.srv.lookupLive(id) != newLive {
@@ -114,7 +95,7 @@ func TestHoldOfAReplacedIncarnation(t *testing.T) {
 	if h.srv.lookupLive(id) != newLive {
 		t.Fatal("a row of the deleted session replaced the new session's entry")
 	}
-	_, err = h.srv.admit(ctx, stale, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say hi"}, "/say hi")
+	_, err := h.srv.admit(ctx, stale, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say hi"}, "/say hi")
 	wantRefusal(t, err, codes.NotFound, rpcerr.ReasonSessionNotFound, id)
 	// The new session runs.
 	h.prompt(alice, id, "/say hi")
