@@ -19,6 +19,10 @@ import (
 // plugin's answer): encoding/json scans and decodes a string at about 200
 // MB/s; here the next quote, backslash or control character is found
 // eight bytes at a time (escapeMask) and the run before it copied whole.
+// The guest library decodes a store's strings with its own unquote
+// (plugins/pdk/memory): in place, after fastjson found the literal, and
+// tuned to what each byte costs in fuel under the meter, where the
+// calls a shared one would add are paid for at every escape.
 func Unquote(b []byte) (s string, rest []byte, ok bool) {
 	end, saved := literalEnd(b)
 	if end < 0 {
@@ -88,7 +92,8 @@ func Unquote(b []byte) (s string, rest []byte, ok bool) {
 // at least, decoded: one a short escape (two bytes to one), three a
 // \uXXXX (six to at most three; a pair, twelve to four). end is -1 when b
 // does not start with a quote, holds a control character before the end,
-// or ends first.
+// or ends first. Its word loop is AppendMinimal's, not shared with it:
+// AppendMinimal runs in plugins, where a call per escape found costs fuel.
 func literalEnd(b []byte) (end, saved int) {
 	if len(b) == 0 || b[0] != '"' {
 		return -1, 0
