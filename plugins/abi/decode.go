@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
 )
@@ -31,7 +30,7 @@ func DecodeToolEnvelope(b []byte) (ToolEnvelope, error) {
 
 // decodeEnvelopeShort reads {"ok":{"success":B,"output":S}} and
 // {"ok":{"success":B,"output":S,"error":null|S}}, nothing around it,
-// strings without escapes; ok is false for any other input.
+// strings jsonstr.Unquote reads; ok is false for any other input.
 func decodeEnvelopeShort(b []byte) (ToolEnvelope, bool) {
 	var r ToolResult
 	var ok bool
@@ -49,13 +48,13 @@ func decodeEnvelopeShort(b []byte) (ToolEnvelope, bool) {
 	if b, ok = cutPrefix(b, `,"output":`); !ok {
 		return ToolEnvelope{}, false
 	}
-	if r.Output, b, ok = plainString(b); !ok {
+	if r.Output, b, ok = jsonstr.Unquote(b); !ok {
 		return ToolEnvelope{}, false
 	}
 	if rest, found := cutPrefix(b, `,"error":`); found {
 		if rest, found = cutPrefix(rest, "null"); !found {
 			var msg string
-			if msg, rest, ok = plainString(rest); !ok {
+			if msg, rest, ok = jsonstr.Unquote(rest); !ok {
 				return ToolEnvelope{}, false
 			}
 			r.Error = &msg
@@ -73,25 +72,6 @@ func cutPrefix(b []byte, prefix string) ([]byte, bool) {
 		return b, false
 	}
 	return b[len(prefix):], true
-}
-
-// plainString reads a JSON string at the start of b that decodes to its
-// own bytes: valid UTF-8, no escape, no control character. ok is false
-// for any other.
-func plainString(b []byte) (s string, rest []byte, ok bool) {
-	if len(b) == 0 || b[0] != '"' {
-		return "", b, false
-	}
-	end := 1
-	for ; end < len(b) && b[end] != '"'; end++ {
-		if b[end] == '\\' || b[end] < 0x20 {
-			return "", b, false
-		}
-	}
-	if end == len(b) || !utf8.Valid(b[1:end]) {
-		return "", b, false
-	}
-	return string(b[1:end]), b[end+1:], true
 }
 
 // DecodeRecallAnswer reads memory_recall's answer as the guest library

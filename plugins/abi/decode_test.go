@@ -28,6 +28,9 @@ var envelopeCases = []string{
 	`{"ok":{"success":true,"output":"é 日本 🙂"}}`,
 	`{"ok":{"success":true,"output":"a\nb"}}`,
 	`{"ok":{"success":true,"output":"a\u0041"}}`,
+	`{"ok":{"success":true,"output":"{\"a\":\"\u003cb\u003e\"}\n\ud83d\ude00 \ud800 \ufffd"}}`,
+	`{"ok":{"success":true,"output":"a\u00"}}`,
+	`{"ok":{"success":false,"output":"x","error":"\"boom\"\t"}}`,
 	"{\"ok\":{\"success\":true,\"output\":\"bad \xff\"}}",
 	"{\"ok\":{\"success\":true,\"output\":\"tab\t\"}}",
 	`{"ok":{"success":true,"output":"ok"}} `,
@@ -129,4 +132,17 @@ func FuzzDecodeRecallAnswer(f *testing.F) {
 		f.Add([]byte(c))
 	}
 	f.Fuzz(checkRecallAsEncodingJSON)
+}
+
+// BenchmarkDecodeToolEnvelope reads a tool's result whose output is a
+// small JSON document, every quote of it escaped.
+func BenchmarkDecodeToolEnvelope(b *testing.B) {
+	out := `{"city":"Paris","temp":21.5,"conditions":["cloudy","wind"],"source":"<https://example.org/weather?q=paris&units=metric>"}`
+	env := abi.ToolEnvelope{Ok: &abi.ToolResult{Success: true, Output: out}}.AppendJSON(nil)
+	b.SetBytes(int64(len(env)))
+	for b.Loop() {
+		if e, err := abi.DecodeToolEnvelope(env); err != nil || e.Ok.Output != out {
+			b.Fatal(e, err)
+		}
+	}
 }
