@@ -1,6 +1,7 @@
 package jsonstr
 
 import (
+	"bytes"
 	"math/bits"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -42,14 +43,13 @@ func Unquote(b []byte) (s string, rest []byte, ok bool) {
 	w, i := 0, 0
 	for i < len(lit) {
 		if lit[i] != '\\' {
-			j := i + 1
-			for j < len(lit) && lit[j] != '\\' {
-				j++
-			}
-			w += copy(out[w:], lit[i:j])
-			if i = j; i == len(lit) {
+			j := bytes.IndexByte(lit[i:], '\\')
+			if j < 0 {
+				w += copy(out[w:], lit[i:])
 				break
 			}
+			w += copy(out[w:], lit[i:i+j])
+			i += j
 		}
 		if e := shortEscapes[lit[i+1]]; e != 0 {
 			out[w] = e
