@@ -77,7 +77,8 @@ func cutPrefix(b []byte, prefix string) ([]byte, bool) {
 // DecodeRecallAnswer reads memory_recall's answer as the guest library
 // writes it: {"ok":[E,…]} and nothing around it, each E {"key":S,
 // "content":S} followed, in this order and each at most once, by
-// "category":S, "session_id":S, "timestamp":I and "score":N. It gives
+// "category":S, "session_id":S, "timestamp":I and "score":N (numbers by
+// JSON's grammar, jsonstr.NumberEnd, parsed as encoding/json parses them). It gives
 // what encoding/json gives for the entries (FuzzDecodeRecallAnswer holds
 // the two together); ok is false for any other answer, which the caller
 // leaves to encoding/json.
@@ -123,17 +124,23 @@ func DecodeRecallAnswer(b []byte) (entries []MemoryEntry, ok bool) {
 			}
 		}
 		if rest, found := cutPrefix(b, `,"timestamp":`); found {
-			n := numberLen(rest)
+			n := jsonstr.NumberEnd(rest, 0)
+			if n < 0 {
+				return nil, false
+			}
 			t, err := strconv.ParseInt(string(rest[:n]), 10, 64)
-			if n == 0 || err != nil {
+			if err != nil {
 				return nil, false
 			}
 			e.Timestamp, b = t, rest[n:]
 		}
 		if rest, found := cutPrefix(b, `,"score":`); found {
-			n := numberLen(rest)
+			n := jsonstr.NumberEnd(rest, 0)
+			if n < 0 {
+				return nil, false
+			}
 			f, err := strconv.ParseFloat(string(rest[:n]), 64)
-			if n == 0 || err != nil {
+			if err != nil {
 				return nil, false
 			}
 			e.Score, b = &f, rest[n:]
@@ -143,42 +150,4 @@ func DecodeRecallAnswer(b []byte) (entries []MemoryEntry, ok bool) {
 		}
 		entries = append(entries, e)
 	}
-}
-
-// numberLen is the length of the JSON number at the start of b, or 0:
-// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
-func numberLen(b []byte) int {
-	i := 0
-	digits := func() int {
-		j := i
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-		}
-		return i - j
-	}
-	if i < len(b) && b[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(b) && b[i] == '0':
-		i++
-	case digits() == 0:
-		return 0
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if digits() == 0 {
-			return 0
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if digits() == 0 {
-			return 0
-		}
-	}
-	return i
 }
