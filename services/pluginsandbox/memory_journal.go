@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -226,25 +227,39 @@ func cutTorn(f *os.File) (int, error) {
 
 // replay applies the records in data to l.
 func replay(data []byte, l *ledger) error {
+	return eachRecord(data, func(r journalRecord) { r.applyTo(l) })
+}
+
+// eachRecord checks and decodes the records in data, whole lines, and
+// gives each to fn in order.
+func eachRecord(data []byte, fn func(journalRecord)) error {
 	line := 0
 	for len(data) > 0 {
 		line++
 		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			return fmt.Errorf("line %d: cut short", line)
+		}
 		var r journalRecord
 		if err := json.Unmarshal(data[:i], &r); err != nil {
 			return fmt.Errorf("line %d: %w", line, err)
 		}
 		data = data[i+1:]
-		switch r.Op {
-		case opStore:
-			l.stored(r.entry())
-		case opForget:
-			l.forgot(string(r.Key))
-		default:
+		if r.Op != opStore && r.Op != opForget {
 			return fmt.Errorf("line %d: unknown op %q", line, r.Op)
 		}
+		fn(r)
 	}
 	return nil
+}
+
+// applyTo makes the change r records in l.
+func (r journalRecord) applyTo(l *ledger) {
+	if r.Op == opStore {
+		l.stored(r.entry())
+	} else {
+		l.forgot(string(r.Key))
+	}
 }
 
 // append writes records and syncs them, and rewrites the journal once it
@@ -411,15 +426,112 @@ func (j *journal) changed() bool {
 	return idOf(&st) != j.seen
 }
 
-// reload replaces l's entries with what the journal holds.
-func (j *journal) reload(l *ledger) error {
+// update brings l up to the journal another replica changed, and returns
+// the records that take an instance holding l's entries as they were to
+// what l holds now, in order: those the others appended, when that is all
+// that changed, else what changesTo finds. Before, the instance was
+// rebuilt and given every entry again, 0.45 s at MaxMemoryEntries, at the
+// first call after any change another replica made. exact is false when
+// no records can (see changesTo): the instance is to be rebuilt.
+func (j *journal) update(l *ledger) (ops []journalRecord, exact bool, err error) {
+	if ops, ok, err := j.appended(l); err != nil || ok {
+		return ops, ok, err
+	}
 	fresh := newLedger(nil)
 	if _, err := j.load(fresh); err != nil {
-		return err
+		return nil, false, err
 	}
 	j.stale = false
+	ops, exact = changesTo(l, fresh)
 	l.entries, l.seq, l.bytes = fresh.entries, fresh.seq, fresh.bytes
-	return nil
+	return ops, exact, nil
+}
+
+// appended reads the records other replicas appended since this process
+// last read or wrote the file, applies them to l and returns them. ok is
+// false, and nothing read, when more changed: the file was rewritten, or
+// this process appended after records it had not read (stale), which its
+// instance has after its own.
+func (j *journal) appended(l *ledger) (ops []journalRecord, ok bool, err error) {
+	if j.stale {
+		return nil, false, nil
+	}
+	f, err := j.lockedFile(os.O_RDWR)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("memory journal: %w", err)
+	}
+	defer f.Close()
+	if _, err := cutTorn(f); err != nil {
+		return nil, false, fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, false, fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	now := idOf(&st)
+	if now.dev != j.seen.dev || now.ino != j.seen.ino || now.size < j.seen.size {
+		return nil, false, nil
+	}
+	if now.size > j.limit {
+		return nil, false, fmt.Errorf("memory journal %s: larger than %d bytes", j.path, j.limit)
+	}
+	data := make([]byte, now.size-j.seen.size)
+	if _, err := f.ReadAt(data, j.seen.size); err != nil {
+		return nil, false, fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	// Decoded whole before l changes: a record that does not decode
+	// leaves l as it was.
+	if err := eachRecord(data, func(r journalRecord) { ops = append(ops, r) }); err != nil {
+		return nil, false, fmt.Errorf("memory journal %s, from byte %d: %w", j.path, j.seen.size, err)
+	}
+	for _, r := range ops {
+		r.applyTo(l)
+	}
+	j.seen = now
+	return ops, true, nil
+}
+
+// changesTo returns forgets and stores that take an instance holding
+// have's entries, stored in have's order, to one holding want's stored in
+// want's order, when there are such: every entry the two hold alike comes,
+// in want's order, before all the others and in have's order (another
+// replica's rewrite of the journal after it stored entries of its own).
+// An entry held alike that want has later than one it changed (stored
+// again, or after an entry this process stored past records it had not
+// read) makes ok false: only a rebuild gives the order.
+func changesTo(have, want *ledger) (ops []journalRecord, ok bool) {
+	var alike []string // in have's order
+	for _, le := range have.inOrder() {
+		if w, held := want.entries[le.e.Key]; held && sameEntry(w.e, le.e) {
+			alike = append(alike, le.e.Key)
+		} else {
+			// A changed entry is forgotten first, so that its store
+			// makes it the newest whatever the plugin does with a key
+			// stored again.
+			ops = append(ops, journalRecord{Op: opForget, Key: []byte(le.e.Key)})
+		}
+	}
+	i, stored := 0, false
+	for _, le := range want.inOrder() {
+		if h, held := have.entries[le.e.Key]; held && sameEntry(h.e, le.e) {
+			if stored || alike[i] != le.e.Key {
+				return nil, false
+			}
+			i++
+			continue
+		}
+		ops, stored = append(ops, storeRecord(le.e)), true
+	}
+	return ops, true
+}
+
+// sameEntry compares what a journal keeps of two entries.
+func sameEntry(a, b wasmhost.MemoryEntry) bool {
+	return a.Key == b.Key && a.Content == b.Content && a.Category == b.Category &&
+		a.SessionID == b.SessionID && a.Timestamp == b.Timestamp
 }
 
 // errJournal is a journal that could not be read when a call needed it.

@@ -3,12 +3,15 @@ package pluginsandbox
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
 // A rewrite that kept failing (a directory that refuses the new file, a
@@ -105,6 +108,56 @@ func TestJournalRewriteFailing(t *testing.T) {
 	for k, want := range latest {
 		if got := l.entries[k].e.Content; got != want {
 			t.Fatalf("%s: loaded version %q, last written %q", k, got[:5], want[:5])
+		}
+	}
+}
+
+// BenchmarkJournalUpdateAfterARewrite times what a replica reads when
+// another rewrote the journal, MaxMemoryEntries entries of 100 bytes and
+// four of 1 MiB: the whole file, and the changes it finds (one store).
+func BenchmarkJournalUpdateAfterARewrite(b *testing.B) {
+	dir := b.TempDir()
+	w, err := openJournal(dir, "kv", zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var records []journalRecord
+	for i := range MaxMemoryEntries - 4 {
+		records = append(records, storeRecord(wasmhost.MemoryEntry{Key: fmt.Sprintf("s%05d", i), Content: strings.Repeat("s", 100)}))
+	}
+	for i := range 4 {
+		records = append(records, storeRecord(wasmhost.MemoryEntry{Key: fmt.Sprintf("big%d", i), Content: strings.Repeat("z", 1<<20)}))
+	}
+	if err := w.append(records...); err != nil {
+		b.Fatal(err)
+	}
+	r, err := openJournal(dir, "kv", zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	have := newLedger(r)
+	if _, err := r.load(have); err != nil {
+		b.Fatal(err)
+	}
+	if err := w.append(storeRecord(wasmhost.MemoryEntry{Key: "new", Content: "a note"})); err != nil {
+		b.Fatal(err)
+	}
+	f, err := w.lockedFile(os.O_RDWR)
+	if err != nil {
+		b.Fatal(err)
+	}
+	err = w.rewrite(f)
+	f.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	entries, seq, bytes, seen := have.entries, have.seq, have.bytes, r.seen
+	for b.Loop() {
+		have.entries = maps.Clone(entries)
+		have.seq, have.bytes, r.seen = seq, bytes, seen
+		ops, exact, err := r.update(have)
+		if err != nil || !exact || len(ops) != 1 || string(ops[0].Key) != "new" {
+			b.Fatalf("%d changes (exact %v): %v", len(ops), exact, err)
 		}
 	}
 }

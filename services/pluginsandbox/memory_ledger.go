@@ -13,7 +13,8 @@ import (
 // Bounds on what the sandbox keeps of one memory plugin's entries. A
 // rebuild stores them all again, one call each, so they also bound how
 // long a rebuild takes: 0.45 s for 10,000 entries, four of them 1 MiB
-// (BenchmarkMemoryRebuild).
+// (BenchmarkMemoryRebuild). A replica that finds the journal changed by
+// another gives its instance only the changes (catchUp).
 const (
 	MaxMemoryEntries = 10000
 	MaxMemoryBytes   = 16 << 20
@@ -164,6 +165,25 @@ func (l *ledger) restore(ctx context.Context, m *wasmhost.Memory) (refused []ref
 	}
 	l.partial = false
 	return refused, nil
+}
+
+// catchUp gives the instance the changes another replica made, records
+// whose result l already holds, in order. One that fails leaves the
+// instance to a rebuild (partial): it holds some of them.
+func (l *ledger) catchUp(ctx context.Context, m *wasmhost.Memory, ops []journalRecord) error {
+	for i, r := range ops {
+		var err error
+		if r.Op == opStore {
+			err = m.Store(ctx, r.entry())
+		} else {
+			_, err = m.Forget(ctx, string(r.Key))
+		}
+		if err != nil {
+			l.partial = true
+			return fmt.Errorf("give the instance change %d of %d: %w", i+1, len(ops), err)
+		}
+	}
+	return nil
 }
 
 // restoreHook, when set (by tests), is called before a restore stores its

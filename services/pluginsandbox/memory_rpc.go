@@ -83,11 +83,21 @@ func (s *Server) withLedger(ctx context.Context, e *entry, fn func(*wasmhost.Mem
 	// another did (the other stopped, or a client called it directly)
 	// takes what the other recorded, and its instance is given it.
 	if l.journal != nil && l.journal.changed() {
-		if err := l.journal.reload(l); err != nil {
+		ops, exact, err := l.journal.update(l)
+		if err != nil {
 			s.logger.Warn("read the memory journal", zap.String("plugin", e.name()), zap.Error(err))
 			return false, memoryError(fmt.Errorf("%w: %w", errJournal, err))
 		}
-		l.partial = true
+		// A rebuild makes a fresh instance, about as dear as four stores
+		// (BenchmarkMemoryRebuild, a tool call's fresh instance), and
+		// stores every entry once: past that many changes it is cheaper.
+		if !exact || len(ops) > len(l.entries)+4 {
+			l.partial = true
+		} else if !l.partial {
+			if err := l.catchUp(ctx, e.memory, ops); err != nil {
+				s.logger.Warn("memory plugin's instance not given another replica's changes", zap.String("plugin", e.name()), zap.Error(err))
+			}
+		}
 	}
 	if l.partial {
 		err = wasmhost.ErrUnavailable // the last restore did not finish
