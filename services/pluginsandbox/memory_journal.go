@@ -181,15 +181,26 @@ func (j *journal) load(l *ledger) (torn int, err error) {
 	return torn, nil
 }
 
-// readAll reads f from where it is to its end, if that is within the
-// journal's limit.
+// readAll reads f, whose lock is held, from where it is to its end, if
+// that is within the journal's limit. It reads into one buffer of the
+// file's size: io.ReadAll's growing ones were a quarter of a 7.5 MB
+// journal's read and decode, their copies and the clearing of each.
 func (j *journal) readAll(f *os.File) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(f, j.limit+1))
+	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
-	if int64(len(data)) > j.limit {
+	at, err := f.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, fmt.Errorf("memory journal %s: %w", j.path, err)
+	}
+	n := max(st.Size()-at, 0)
+	if n > j.limit {
 		return nil, fmt.Errorf("memory journal %s: larger than %d bytes", j.path, j.limit)
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(f, data); err != nil {
+		return nil, fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
 	return data, nil
 }
