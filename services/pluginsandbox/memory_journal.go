@@ -3,6 +3,7 @@ package pluginsandbox
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,11 +11,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -252,7 +255,7 @@ func eachRecord(data []byte, fn func(journalRecord)) error {
 			return fmt.Errorf("line %d: cut short", line)
 		}
 		var r journalRecord
-		if err := json.Unmarshal(data[:i], &r); err != nil {
+		if err := decodeRecord(data[:i], &r); err != nil {
 			return fmt.Errorf("line %d: %w", line, err)
 		}
 		data = data[i+1:]
@@ -262,6 +265,112 @@ func eachRecord(data []byte, fn func(journalRecord)) error {
 		fn(r)
 	}
 	return nil
+}
+
+// decodeRecord decodes one line of a journal. A line as this sandbox
+// writes it (one object, no spaces, the strings base64 and the names as
+// journalRecord's tags) is read here; any other is left to encoding/json,
+// so what a line means is what encoding/json makes of it. Its check of
+// the whole line before it decodes it, and the decode's second pass, were
+// 47% of the read of a 7.5 MB journal.
+func decodeRecord(line []byte, r *journalRecord) error {
+	if plainRecord(line, r) {
+		return nil
+	}
+	*r = journalRecord{}
+	return json.Unmarshal(line, r)
+}
+
+// plainRecord decodes line into r if it is written as this sandbox writes
+// a record, and reports whether it was.
+func plainRecord(line []byte, r *journalRecord) bool {
+	if len(line) < 2 || line[0] != '{' || line[len(line)-1] != '}' {
+		return false
+	}
+	b := line[1 : len(line)-1]
+	for len(b) > 0 {
+		var ok bool
+		if b, ok = plainMember(b, r); !ok {
+			return false
+		}
+		if len(b) > 0 {
+			if b[0] != ',' || len(b) == 1 {
+				return false
+			}
+			b = b[1:]
+		}
+	}
+	return true
+}
+
+// plainMember decodes the member at the start of b into r, and returns
+// what follows it.
+func plainMember(b []byte, r *journalRecord) (rest []byte, ok bool) {
+	name, b, ok := plainString(b)
+	if !ok || len(b) == 0 || b[0] != ':' {
+		return nil, false
+	}
+	b = b[1:]
+	var field *[]byte
+	switch string(name) {
+	case "op":
+		v, rest, ok := plainString(b)
+		switch {
+		case ok && string(v) == opStore:
+			r.Op = opStore
+		case ok && string(v) == opForget:
+			r.Op = opForget
+		default:
+			return nil, false
+		}
+		return rest, true
+	case "timestamp":
+		end := jsonstr.NumberEnd(b, 0)
+		if end < 0 {
+			return nil, false
+		}
+		ts, err := strconv.ParseInt(string(b[:end]), 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		r.Timestamp = ts
+		return b[end:], true
+	case "key":
+		field = &r.Key
+	case "content":
+		field = &r.Content
+	case "category":
+		field = &r.Category
+	case "session_id":
+		field = &r.SessionID
+	default:
+		return nil, false
+	}
+	v, rest, ok := plainString(b)
+	// base64 skips a carriage return, which JSON refuses in a string.
+	if !ok || bytes.IndexByte(v, '\r') >= 0 {
+		return nil, false
+	}
+	dec := make([]byte, base64.StdEncoding.DecodedLen(len(v)))
+	n, err := base64.StdEncoding.Decode(dec, v)
+	if err != nil {
+		return nil, false
+	}
+	*field = dec[:n]
+	return rest, true
+}
+
+// plainString returns the JSON string at the start of b when it has no
+// escapes, and what follows it.
+func plainString(b []byte) (s, rest []byte, ok bool) {
+	if len(b) == 0 || b[0] != '"' {
+		return nil, nil, false
+	}
+	end := bytes.IndexByte(b[1:], '"')
+	if end < 0 || bytes.IndexByte(b[1:1+end], '\\') >= 0 {
+		return nil, nil, false
+	}
+	return b[1 : 1+end], b[2+end:], true
 }
 
 // applyTo makes the change r records in l.

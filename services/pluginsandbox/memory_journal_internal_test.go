@@ -1,10 +1,13 @@
 package pluginsandbox
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,4 +163,87 @@ func BenchmarkJournalUpdateAfterARewrite(b *testing.B) {
 			b.Fatalf("%d changes (exact %v): %v", len(ops), exact, err)
 		}
 	}
+}
+
+// A journal line is decoded without encoding/json when it is written as
+// the sandbox writes it; what it decodes to must be what encoding/json
+// makes of the same line, and any line it cannot be sure of is left to
+// encoding/json. The lines here are records as written, and each of them
+// with every byte cut out, and with a byte of JSON's syntax, a space, an
+// escape or a carriage return in place of every byte or before it.
+func TestJournalRecordReadAsEncodingJSONReadsIt(t *testing.T) {
+	lines := journalLines(t)
+	marks := []byte("\"\\,:{}[] \r\t0-1.eE+=A/nul")
+	n, plain := 0, 0
+	check := func(line []byte) {
+		t.Helper()
+		n++
+		var got, want journalRecord
+		if !plainRecord(line, &got) {
+			return
+		}
+		plain++
+		if err := json.Unmarshal(line, &want); err != nil {
+			t.Fatalf("%q: read as a record, which encoding/json refuses: %v", line, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: read as %+v, encoding/json reads %+v", line, got, want)
+		}
+	}
+	for _, line := range lines {
+		check(line)
+		for i := range line {
+			check(slices.Delete(slices.Clone(line), i, i+1))
+			for _, m := range marks {
+				changed := slices.Clone(line)
+				changed[i] = m
+				check(changed)
+				check(slices.Insert(slices.Clone(line), i, m))
+			}
+		}
+	}
+	if plain < len(lines) {
+		t.Fatalf("%d of the %d lines as written read without encoding/json", plain, len(lines))
+	}
+	t.Logf("%d lines, %d read without encoding/json", n, plain)
+}
+
+// journalLines are records as the journal writes them, one a line.
+func journalLines(t testing.TB) [][]byte {
+	records := []journalRecord{
+		storeRecord(wasmhost.MemoryEntry{Key: "k", Content: "a note"}),
+		storeRecord(wasmhost.MemoryEntry{Key: "ключ", Content: "\x00\x01\"\\\u2028 ünïcode", Category: "c", SessionID: "s-1", Timestamp: -1700000000123}),
+		storeRecord(wasmhost.MemoryEntry{Key: "ab", Content: "abcd", Category: "abcde", SessionID: "x", Timestamp: 9223372036854775807}),
+		{Op: opForget, Key: []byte("gone")},
+		{Op: opStore, Key: []byte{}, Content: []byte{0xff, 0xfe}},
+	}
+	var lines [][]byte
+	for _, r := range records {
+		line, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+func FuzzJournalRecord(f *testing.F) {
+	for _, line := range journalLines(f) {
+		f.Add(line)
+	}
+	f.Add([]byte(`{"op":"store","key":"a2V5",}`))
+	f.Add([]byte(`{"op":"store","KEY":"a2V5"}`))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		var got, want journalRecord
+		if !plainRecord(line, &got) {
+			return
+		}
+		if err := json.Unmarshal(line, &want); err != nil {
+			t.Fatalf("%q: read as a record, which encoding/json refuses: %v", line, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: read as %+v, encoding/json reads %+v", line, got, want)
+		}
+	})
 }
