@@ -91,6 +91,11 @@ func Incomplete(received, size int64) string {
 	return fmt.Sprintf("Upload has %d of %d declared bytes; send the rest before committing", received, size)
 }
 
+// Committing: a commit of an upload whose commit is still running.
+func Committing(id string) string {
+	return fmt.Sprintf("Upload `%s` is being committed; its first commit answers with the file", id)
+}
+
 // HashMismatch: the content is not what begin declared.
 const HashMismatch = "Upload content does not match the SHA-256 declared at begin; begin again"
 

@@ -315,3 +315,74 @@ func TestChunkGivesItsBytesBack(t *testing.T) {
 		t.Fatalf("stored %d bytes, not the two chunks as sent", len(got))
 	}
 }
+
+// gatedSessions holds the first StoreFile until gate closes, as a store
+// waiting on the session's lock or the store semaphore would, and records
+// the hash of each store's bytes when it reads them.
+type gatedSessions struct {
+	sessions
+	gate, in chan struct{}
+	first    sync.Once
+	sums     []string
+}
+
+func (f *gatedSessions) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest, _ ...grpc.CallOption) (*sessionv1.StoreFileResponse, error) {
+	held := false
+	f.first.Do(func() { held = true })
+	if held {
+		close(f.in)
+		<-f.gate
+	}
+	sum := uploads.Sum(req.GetData())
+	f.mu.Lock()
+	f.sums = append(f.sums, sum)
+	f.mu.Unlock()
+	return &sessionv1.StoreFileResponse{File: &sessionv1.FileEntry{RefId: "sha256:" + sum}}, nil
+}
+
+// A second commit of an upload whose first is still storing it ran its
+// own store and finished first; the buffer went to another connection's
+// upload (alice's) while the first store was still to read it, and the
+// first store wrote alice's bytes into the operator's session. The second
+// commit is refused now, and every store has the upload's own bytes.
+func TestCommitWhileOneRunsIsRefused(t *testing.T) {
+	f := &gatedSessions{gate: make(chan struct{}), in: make(chan struct{})}
+	s, err := New(Config{Sessions: f, Settings: defaults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := strings.Repeat("\xaa", 2<<20)
+	id := begin(t, s, op, int64(len(mine)), "")
+	for off := 0; off < len(mine); off += 1 << 20 {
+		if _, err := chunk(s, op, id, int64(off), mine[off:off+1<<20]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { _, err := commit(s, op, id); done <- err }()
+	<-f.in
+	_, err = commit(s, op, id)
+	if st, _ := status.FromError(err); err == nil || st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "is being committed") {
+		t.Fatalf("a second commit while the first stores: %v", err)
+	}
+	// Another connection, another principal, the same size.
+	theirs := strings.Repeat("\x55", 2<<20)
+	resp, err := s.Begin(context.Background(), &uploadv1.BeginRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-2", SessionId: "sess_2", SizeBytes: int64(len(theirs))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < len(theirs); off += 1 << 20 {
+		if _, err := s.Chunk(context.Background(), &uploadv1.ChunkRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-2", UploadId: resp.GetUploadId(), Offset: int64(off), Data: []byte(theirs[off : off+1<<20])}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(f.gate)
+	if err := <-done; err != nil {
+		t.Fatalf("the first commit: %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.sums) != 1 || f.sums[0] != uploads.Sum([]byte(mine)) {
+		t.Fatalf("stored %v; the upload's own bytes are %s, the other connection's %s", f.sums, uploads.Sum([]byte(mine)), uploads.Sum([]byte(theirs)))
+	}
+}

@@ -392,6 +392,14 @@ func (st *Stage) Take(o Owner, id string) (Pending, error) {
 		st.mu.Unlock()
 		return Pending{}, invalid(uploads.Incomplete(received, u.decl.Size))
 	}
+	// One commit at a time: a second handed the same bytes outlived the
+	// first's Finish, which gave the buffer to the next upload of its
+	// size, and stored that upload's bytes (another connection's, another
+	// principal's) in this one's session.
+	if u.committing {
+		st.mu.Unlock()
+		return Pending{}, invalid(uploads.Committing(id))
+	}
 	u.committing = true
 	p := Pending{ID: u.id, Decl: u.decl, Data: u.data}
 	st.mu.Unlock()

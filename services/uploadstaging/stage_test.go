@@ -608,3 +608,34 @@ func TestStageSparesGiveWay(t *testing.T) {
 	}
 	noneHeldBeyond(t, st)
 }
+
+// Two commits of one upload (file/upload/commit sent twice without
+// waiting) were both handed its bytes; the first to finish gave the
+// buffer to the next upload of its size while the second's store still
+// read it, and that store sent the other upload's bytes. A commit while
+// one runs is refused now, and the upload is left to the first.
+func TestStageOneCommitAtATime(t *testing.T) {
+	st, _ := newStage(t, nil)
+	mine := bytes.Repeat([]byte{0xaa}, 2<<20)
+	id := reserve(t, st, decl(connA, int64(len(mine))))
+	fill(t, st, connA, id, mine)
+	first, err := st.Take(connA, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Take(connA, id)
+	refused(t, err, rpcerr.ReasonInvalid, "Upload `"+id+"` is being committed; its first commit answers with the file")
+	if !bytes.Equal(first.Data, mine) {
+		t.Fatal("the first commit's bytes changed")
+	}
+	// A store that may pass keeps the upload: a commit after it is served.
+	st.Finish(id, true, true)
+	again, err := st.Take(connA, id)
+	if err != nil || !bytes.Equal(again.Data, mine) {
+		t.Fatalf("a commit after the first ended: %v", err)
+	}
+	st.Finish(id, false, true)
+	if s := st.Stats(); s.Uploads != 0 {
+		t.Fatalf("after the commit: %+v", s)
+	}
+}
