@@ -21,6 +21,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/uploads"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
 )
 
@@ -522,6 +523,14 @@ func TestUploadRefusalsOverTheSocket(t *testing.T) {
 	}
 	bob.refused(beginM, map[string]any{"session_id": sess.ID, "size_bytes": 1}, -32003, "Session "+sess.ID+" belongs to another principal")
 	bob.mustBegin(map[string]any{"session_id": bobs.ID, "size_bytes": 1})
+	// A path is read as the daemon's user: a user's is refused before the
+	// file is opened, the daemon's secret as any other.
+	for _, path := range []string{filepath.Join(s.DataDir, ".secret_key"), filepath.Join(s.DataDir, "none")} {
+		bob.refused("file/attach", map[string]any{"session_id": bobs.ID, "files": []map[string]any{{"path": path}}}, -32012, uploads.PathForbidden)
+	}
+	if names := uploadsIn(t, bobs.Workspace); len(names) != 0 {
+		t.Fatalf("workspace uploads %v", names)
+	}
 	u.must("config/set", map[string]any{"prop": "permission_profiles.chat.agents", "value": []string{}}, nil)
 	bob.refused(beginM, map[string]any{"session_id": bobs.ID, "size_bytes": 1}, -32012, "user:bob does not hold agent:use on `default`")
 }

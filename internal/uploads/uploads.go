@@ -96,6 +96,10 @@ func Committing(id string) string {
 	return fmt.Sprintf("Upload `%s` is being committed; its first commit answers with the file", id)
 }
 
+// PathForbidden: a file named by path, from a principal that is neither
+// the operator nor an admin.
+const PathForbidden = "A file named by `path` is read as the daemon's user; only the operator or an admin may attach one. Send its bytes in `data_b64` or through file/upload"
+
 // HashMismatch: the content is not what begin declared.
 const HashMismatch = "Upload content does not match the SHA-256 declared at begin; begin again"
 

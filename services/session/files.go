@@ -132,6 +132,25 @@ func (s *Server) mayCreateFiles(ctx context.Context, p *commonv1.Principal) erro
 	return s.authorize(ctx, p, configschema.PermFilesCreate, "")
 }
 
+// mayReadPath refuses a file named by path to all but the operator and
+// an admin. The file is read as the daemon's user: another principal (a
+// uid named by users.<name>.uid, a paired token) could otherwise copy the
+// daemon's own secrets into a workspace, and learn from the refusals
+// whether any file exists, its size and its hash. It runs before the file
+// is opened.
+func (s *Server) mayReadPath(ctx context.Context, p *commonv1.Principal) error {
+	if p.GetOperator() {
+		return nil
+	}
+	if s.cfg.Authz != nil {
+		err := s.authorize(ctx, p, configschema.PermAdmin, "")
+		if status.Code(err) != codes.PermissionDenied {
+			return err
+		}
+	}
+	return rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonForbidden, rpcerr.NoIndex, uploads.PathForbidden)
+}
+
 // mayStoreIn refuses a principal that neither owns the session nor is an
 // admin.
 func (s *Server) mayStoreIn(ctx context.Context, p *commonv1.Principal, r fileSession) error {
@@ -229,6 +248,11 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	mimeType, err := declaredMIME(req.GetMimeType())
 	if err != nil {
 		return nil, err
+	}
+	if req.GetPath() != "" {
+		if err := s.mayReadPath(ctx, p); err != nil {
+			return nil, err
+		}
 	}
 	data, err := fileContent(req)
 	if err != nil {

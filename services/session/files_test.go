@@ -210,13 +210,13 @@ func TestStoreFileRefusesBadInput(t *testing.T) {
 		{"newline in filename", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a\n[IMAGE:/etc/passwd]"}, "control characters"},
 		{"bad mime", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, MimeType: "nonsense"}, "`mime_type` must be"},
 		{"data over the limit", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Data: make([]byte, 11), MaxBytes: 10}, "Upload of 11 bytes exceeds the 10 bytes file limit"},
-		{"relative path", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: "big", MaxBytes: 1 << 20}, "`path` must be an absolute path"},
-		{"path without bound", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: big}, "`max_bytes` is required"},
-		{"path and data", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: big, Data: []byte("x"), MaxBytes: 1 << 20}, "not both"},
-		{"path over the limit", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: big, MaxBytes: 1024}, "Upload of 2048 bytes exceeds the 1024 bytes file limit"},
-		{"missing path", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: filepath.Join(dir, "none"), MaxBytes: 1 << 20}, "cannot be read: no such file or directory"},
-		{"folder", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: dir, MaxBytes: 1 << 20}, "is not a regular file"},
-		{"fifo", &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: fifo, MaxBytes: 1 << 20}, "is not a regular file"},
+		{"relative path", &sessionv1.StoreFileRequest{Principal: operator, SessionId: id, Path: "big", MaxBytes: 1 << 20}, "`path` must be an absolute path"},
+		{"path without bound", &sessionv1.StoreFileRequest{Principal: operator, SessionId: id, Path: big}, "`max_bytes` is required"},
+		{"path and data", &sessionv1.StoreFileRequest{Principal: operator, SessionId: id, Path: big, Data: []byte("x"), MaxBytes: 1 << 20}, "not both"},
+		{"path over the limit", &sessionv1.StoreFileRequest{Principal: operator, SessionId: id, Path: big, MaxBytes: 1024}, "Upload of 2048 bytes exceeds the 1024 bytes file limit"},
+		{"missing path", &sessionv1.StoreFileRequest{Principal: operator, SessionId: id, Path: filepath.Join(dir, "none"), MaxBytes: 1 << 20}, "cannot be read: no such file or directory"},
+		{"folder", &sessionv1.StoreFileRequest{Principal: operator, SessionId: id, Path: dir, MaxBytes: 1 << 20}, "is not a regular file"},
+		{"fifo", &sessionv1.StoreFileRequest{Principal: operator, SessionId: id, Path: fifo, MaxBytes: 1 << 20}, "is not a regular file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := h.storeFile(tc.req)
@@ -228,9 +228,41 @@ func TestStoreFileRefusesBadInput(t *testing.T) {
 	h.nothingStored(id)
 
 	// A readable path is stored like data.
-	f := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: big, Filename: "big.bin", MaxBytes: 1 << 20})
+	f := h.mustStore(&sessionv1.StoreFileRequest{Principal: operator, SessionId: id, Path: big, Filename: "big.bin", MaxBytes: 1 << 20})
 	if f.GetRefId() != "sha256:"+sha(make([]byte, 2048)) {
 		t.Fatalf("path entry %v", f)
+	}
+}
+
+// A file named by path is read as the daemon's user. A user (a uid named
+// by users.<name>.uid, a paired token) holding files:create had it read
+// and stored in its session, so it could copy the daemon's secrets into a
+// workspace; and the refusals told it whether any file existed, its size
+// and, as the ref_id, its hash. Only the operator and an admin may name a
+// path now, and the refusal comes before the file is opened: the same for
+// a secret, a missing file and one past the limit.
+func TestStoreFileByPathIsTheOperators(t *testing.T) {
+	h, pol := fileHarness(t)
+	id := h.newSession(alice, "default")
+	dir := t.TempDir()
+	secret := filepath.Join(dir, ".secret_key")
+	if err := os.WriteFile(secret, []byte("the daemon's key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{secret, filepath.Join(dir, "none"), dir} {
+		for _, limit := range []int64{1 << 20, 4} {
+			_, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: path, MaxBytes: limit})
+			wantRefusal(t, err, codes.PermissionDenied, rpcerr.ReasonForbidden, uploads.PathForbidden)
+		}
+	}
+	h.nothingStored(id)
+	// The same user sending the bytes is served.
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Data: []byte("its own bytes")})
+	// An admin may, as the operator may.
+	pol.grant(alice, configschema.PermAdmin)
+	f := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Path: secret, MaxBytes: 1 << 20})
+	if f.GetRefId() != "sha256:"+sha([]byte("the daemon's key")) {
+		t.Fatalf("an admin's path entry %v", f)
 	}
 }
 
