@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/pgtext"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -58,7 +59,9 @@ func parsePost(name string, body map[string]any, ids []string) (command, string)
 		if v, present := body["turn"]; present && v != nil && turn == "" {
 			return nil, "`turn` must be a turn id or null"
 		}
-		return &sendCmd{pane: ids[0], text: cutText(text, maxPhoneText), turn: turn}, ""
+		// As the session service will store it: queued here first, a NUL
+		// (JSON's \u0000) failed the insert, answered 503 at every retry.
+		return &sendCmd{pane: ids[0], text: cutText(pgtext.Text(text), maxPhoneText), turn: turn}, ""
 	case "abort":
 		turn, ok := str("turn")
 		if !ok {
@@ -94,7 +97,7 @@ func parsePost(name string, body map[string]any, ids []string) (command, string)
 				return nil, "`text` must be a string"
 			}
 		}
-		return &starterCmd{starter: ids[0], text: cutText(text, maxPhoneText)}, ""
+		return &starterCmd{starter: ids[0], text: cutText(pgtext.Text(text), maxPhoneText)}, ""
 	case "reopen":
 		conv, ok := str("conversation")
 		if !ok {
@@ -154,6 +157,13 @@ func (b *Bridge) unavailable(op string, err error) (int, any) {
 	return http.StatusServiceUnavailable, wireFail(codeUnavailable, "the session service did not answer")
 }
 
+// storeUnavailable is unavailable for the bridge's own database: the
+// session service was not at fault, and the phone is not told it was.
+func (b *Bridge) storeUnavailable(op string, err error) (int, any) {
+	b.log.Warn("durable store call failed", zap.String("op", op), zap.Error(err))
+	return http.StatusServiceUnavailable, wireFail(codeUnavailable, "the bridge's database did not answer")
+}
+
 // answerCmd answers an ask.
 type answerCmd struct {
 	pane, ask string
@@ -196,7 +206,7 @@ func (c *answerCmd) run(ctx context.Context, b *Bridge, tr transport) (int, any)
 			return http.StatusConflict, decidedReply{Code: codeDecided, By: d.by, Outcome: wireOutcome{Option: d.outcome}}
 		}
 		if err != errNoRow {
-			return b.unavailable("read decided ask", err)
+			return b.storeUnavailable("read decided ask", err)
 		}
 		return http.StatusOK, answerReply{OK: false, Code: codeTooLate}
 	}
@@ -237,6 +247,7 @@ func (c *answerCmd) run(ctx context.Context, b *Bridge, tr transport) (int, any)
 
 // closeAsk records how an ask ended and closes it on its pane.
 func (b *Bridge) closeAsk(ctx context.Context, paneID, id string, d decided) {
+	// Recorded even when the phone left (the store bounds the call).
 	if err := b.store.recordDecided(context.WithoutCancel(ctx), paneID, id, d); err != nil {
 		b.log.Warn("record decided ask", zap.String("session_id", paneID), zap.Error(err))
 	}
@@ -291,7 +302,7 @@ func (b *Bridge) enqueue(ctx context.Context, paneID string, incarnation int64, 
 		return http.StatusConflict, wireFail(codeQueueFull, err.Error())
 	}
 	if err != nil {
-		return b.unavailable("queue text", err)
+		return b.storeUnavailable("queue text", err)
 	}
 	b.follower.poke()
 	return http.StatusOK, sendReply{OK: true, Queued: true}
@@ -380,7 +391,7 @@ func (c *renameCmd) run(ctx context.Context, b *Bridge, _ transport) (int, any) 
 		key = tabKey(alias)
 	}
 	if err := b.store.setTitle(ctx, key, c.title); err != nil {
-		return b.unavailable("store title", err)
+		return b.storeUnavailable("store title", err)
 	}
 	b.layout.setTitle(key, c.title)
 	return http.StatusOK, okReply{OK: true}

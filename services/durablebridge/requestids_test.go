@@ -143,3 +143,47 @@ func TestDecidedAsksKept(t *testing.T) {
 		t.Fatalf("another pane's ask: %+v %v", d, err)
 	}
 }
+
+// The store's calls on a POST's path had no deadline, and two of them run
+// on a context without the phone's cancellation: with a lock held on
+// request_ids (a stalled database does the same) a rename's answer waited
+// to be remembered for as long as the lock lasted, holding its in-flight
+// slot (every POST is refused 503 past 256 of them) and its handler, which
+// the bridge's shutdown waits for. Each store call ends at its bound now.
+func TestStoreCallsEndWhileTheDatabaseStalls(t *testing.T) {
+	w := newWireBridge(t, true)
+	w.b.store.timeout = 300 * time.Millisecond
+	w.addPane("s-1", "main", 1)
+	w.b.layout.SetReady()
+	ctx := context.Background()
+	tx, err := w.b.store.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE request_ids IN EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	c := w.collie(t)
+	r := raw(t, c, http.MethodPost, "/rename", v1(), []byte(`{"requestId":"r1","target":{"workspace":"ws-main"},"title":"x"}`))
+	if r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "send it again with the same requestId") {
+		t.Fatalf("a rename whose answer cannot be remembered: %d %s", r.Status, r.Body)
+	}
+	if n := w.b.memory.joined("r1"); n != -1 {
+		t.Fatal("the request is still in flight")
+	}
+	done := make(chan struct{})
+	go func() { w.b.handlers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a handler is still waiting for the database")
+	}
+	// The lock gone, the same id is served.
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := raw(t, c, http.MethodPost, "/rename", v1(), []byte(`{"requestId":"r1","target":{"workspace":"ws-main"},"title":"x"}`)); r.Status != http.StatusOK {
+		t.Fatalf("after the stall: %d %s", r.Status, r.Body)
+	}
+}

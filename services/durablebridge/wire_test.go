@@ -7,7 +7,12 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
 // The handler's own rules, in WIRE.md's order, over the private socket.
@@ -171,5 +176,32 @@ func TestSnapshotLimitsAndAsks(t *testing.T) {
 	_, body = l.Snapshot(overToken)
 	if strings.Contains(string(body), optAllowAlways) {
 		t.Fatal("allow_always offered behind the token")
+	}
+}
+
+// busySessions answers every StartTurn that a turn is running.
+type busySessions struct{ sessionv1.SessionServiceClient }
+
+func (busySessions) StartTurn(context.Context, *sessionv1.StartTurnRequest, ...grpc.CallOption) (*sessionv1.StartTurnResponse, error) {
+	return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, "Session s-1 is busy")
+}
+
+// A text with a NUL (JSON's \u0000) sent to a busy pane is queued in the
+// bridge's database, whose text column refuses NUL: it was answered 503
+// "the session service did not answer" at every retry of the same id. It
+// is queued now as the session service would store it, NUL as U+FFFD.
+func TestSendQueuesATextWithNUL(t *testing.T) {
+	w := newWireBridge(t, true)
+	w.b.sessions = busySessions{}
+	w.addPane("s-1", "main", 1)
+	w.b.layout.SetReady()
+	c := w.collie(t)
+	r := raw(t, c, http.MethodPost, "/pane/s-1/send", v1(), []byte(`{"requestId":"r1","text":"hello\u0000world"}`))
+	if r.Status != http.StatusOK || string(r.Body) != `{"ok":true,"queued":true}` {
+		t.Fatalf("send: %d %s", r.Status, r.Body)
+	}
+	var body string
+	if err := w.b.store.db.QueryRow(context.Background(), "SELECT body FROM queued_sends").Scan(&body); err != nil || body != "hello\uFFFDworld" {
+		t.Fatalf("queued %q %v", body, err)
 	}
 }

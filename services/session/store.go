@@ -5,15 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
+	"github.com/clawmesh/clawmesh/internal/pgtext"
 	"github.com/clawmesh/clawmesh/services/session/provider"
 )
 
@@ -48,15 +47,6 @@ type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// pgText makes s storable as PostgreSQL text and jsonb, which refuse NUL
-// and invalid UTF-8: both become U+FFFD.
-func pgText(s string) string {
-	if utf8.ValidString(s) && !strings.Contains(s, "\x00") {
-		return s
-	}
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 type sessionRow struct {
@@ -246,7 +236,7 @@ func appendMessageTx(ctx context.Context, tx pgx.Tx, id, role, content string) (
 		WHERE session_id = $1 RETURNING message_count - 1`, id).Scan(&idx); err != nil {
 		return 0, err
 	}
-	content = pgText(content)
+	content = pgtext.Text(content)
 	_, err := tx.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, json_size, interaction_surface)
 		SELECT $1, $2, $3, $4, $5, interaction_surface FROM sessions WHERE session_id = $1`, id, idx, role, content, jsonSize(content))
 	return idx, err
@@ -339,7 +329,7 @@ func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int
 // again (a session closed meanwhile keeps its state).
 func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult) error {
 	if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
-		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgText(res.Content)); err != nil {
+		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgtext.Text(res.Content)); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", turnID); err != nil {
@@ -374,13 +364,13 @@ func (st *store) interruptedTurns(ctx context.Context) ([]interruptedTurn, error
 
 func insertToolCallTx(ctx context.Context, q querier, sessionID, turnID string, c toolCall, status string) error {
 	_, err := q.Exec(ctx, `INSERT INTO tool_calls (session_id, tool_call_id, turn_id, name, raw_input, status)
-		VALUES ($1, $2, $3, $4, $5, $6)`, sessionID, c.ID, turnID, pgText(c.Name), string(c.Arguments), status)
+		VALUES ($1, $2, $3, $4, $5, $6)`, sessionID, c.ID, turnID, pgtext.Text(c.Name), string(c.Arguments), status)
 	return err
 }
 
 func finishToolCallTx(ctx context.Context, q querier, sessionID, callID, output, status string) error {
 	_, err := q.Exec(ctx, "UPDATE tool_calls SET raw_output = $3, status = $4 WHERE session_id = $1 AND tool_call_id = $2",
-		sessionID, callID, pgText(output), status)
+		sessionID, callID, pgtext.Text(output), status)
 	return err
 }
 

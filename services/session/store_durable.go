@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/clawmesh/clawmesh/internal/pgtext"
 )
 
 // Kinds of checkpoint events. user, text, tool_call and tool_result are
@@ -53,7 +55,7 @@ func insertEvents(ctx context.Context, q querier, evs []cpEvent) error {
 	seq, step := make([]int64, n), make([]int32, n)
 	for i, e := range evs {
 		sid[i], seq[i], turn[i], step[i], kind[i] = e.SessionID, e.Seq, e.TurnID, int32(e.Step), e.Kind
-		surface[i], content[i], callID[i], tcID[i], name[i] = e.Surface, pgText(e.Content), pgText(e.CallID), e.ToolCallID, pgText(e.Name)
+		surface[i], content[i], callID[i], tcID[i], name[i] = e.Surface, pgtext.Text(e.Content), pgtext.Text(e.CallID), e.ToolCallID, pgtext.Text(e.Name)
 	}
 	_, err := q.Exec(ctx, `INSERT INTO checkpoint_events
 			(session_id, seq, turn_id, step, kind, interaction_surface, content, call_id, tool_call_id, name)
@@ -333,9 +335,9 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 func toStored(msgs []ChatMessage) []storedMessage {
 	out := make([]storedMessage, 0, len(msgs))
 	for _, m := range msgs {
-		sm := storedMessage{Role: m.Role, Content: pgText(m.Content), ToolCallID: pgText(m.ToolCallID), Name: pgText(m.Name)}
+		sm := storedMessage{Role: m.Role, Content: pgtext.Text(m.Content), ToolCallID: pgtext.Text(m.ToolCallID), Name: pgtext.Text(m.Name)}
 		for _, c := range m.ToolCalls {
-			sm.ToolCalls = append(sm.ToolCalls, storedCall{ID: pgText(c.ID), Name: pgText(c.Name), Arguments: pgText(c.Arguments)})
+			sm.ToolCalls = append(sm.ToolCalls, storedCall{ID: pgtext.Text(c.ID), Name: pgtext.Text(c.Name), Arguments: pgtext.Text(c.Arguments)})
 		}
 		out = append(out, sm)
 	}
