@@ -125,3 +125,54 @@ func TestItemText(t *testing.T) {
 	readPage(t, l, "p1", testEpoch, 0, false) // fails past the limit
 	readPage(t, l, "p1", testEpoch, 1, true)
 }
+
+// An item gone from the view kept its text in the event log until the
+// log moved 4,096 events past it: 4,000 tool items of 32 KiB held 125 MiB
+// in one pane whose view held 7.75 MiB, and the bridge follows every open
+// session. The text of gone items' events is bounded as the view's is;
+// past it the oldest events go, and a reader behind them gets the view.
+func TestPaneLogHoldsNoMoreThanItsView(t *testing.T) {
+	l := NewLayout(testEpoch)
+	p := newPane("p1", "default", time.Now())
+	p.putItem("m0", kindUser, "hello", time.Now(), false)
+	l.put(p)
+	first := readPage(t, l, "p1", testEpoch, 0, true)
+	text := strings.Repeat("a", maxCodeText)
+	held := func() int {
+		n := 0
+		for _, e := range p.events {
+			if !e.dead && e.typ == evItem {
+				n += len(e.item.text)
+			}
+		}
+		return n
+	}
+	for i := range 4000 {
+		l.mutate("p1", func(p *pane) bool { p.putItem(fmt.Sprintf("tc-%d", i), kindTool, text, time.Now(), false); return false })
+		if n := held(); n > 2*maxPaneItemBytes {
+			t.Fatalf("after %d items the log holds %d bytes of text; the view's bound is %d", i+1, n, maxPaneItemBytes)
+		}
+	}
+	if p.itemBytes > maxPaneItemBytes || p.orphanBytes > maxPaneItemBytes || p.orphanBytes < 0 {
+		t.Fatalf("view %d bytes, gone items %d", p.itemBytes, p.orphanBytes)
+	}
+	if v := readPage(t, l, "p1", testEpoch, first.Cursor, true); !v.Reset || v.Items[len(v.Items)-1].ID != "tc-3999" {
+		t.Fatalf("a reader behind the log: reset %v, %d items", v.Reset, len(v.Items))
+	}
+	// A reader at the floor reads on, every event after it.
+	cursor, seen := p.floor, 0
+	for {
+		pg := readPage(t, l, "p1", testEpoch, cursor, true)
+		if pg.Reset {
+			t.Fatalf("a reader at the floor was reset")
+		}
+		if len(pg.Events) == 0 {
+			break
+		}
+		seen += len(pg.Events)
+		cursor = pg.Cursor
+	}
+	if want := len(p.events) - p.dead; seen != want || cursor != p.cursor {
+		t.Fatalf("read %d events to %d; the log has %d to %d", seen, cursor, want, p.cursor)
+	}
+}

@@ -16,7 +16,9 @@ const (
 	// behind gets the pane's current view.
 	maxKeptEvents = 4096
 	// maxPaneItemBytes bounds the text of a pane's items: the newest ones
-	// are kept, as many as an events response can carry.
+	// are kept, as many as an events response can carry. The text of
+	// items gone from the view whose events a reader behind may still
+	// read is bounded by it too (orphanBytes).
 	maxPaneItemBytes = limitEvents - (256 << 10)
 )
 
@@ -51,6 +53,10 @@ type pane struct {
 	dead   int
 	cursor int64
 	floor  int64
+	// orphanBytes is the text of items gone from the view whose events
+	// are still live. Before it was bounded, 4,000 tool items of 32 KiB
+	// held 125 MiB through the log where the view held 7.75.
+	orphanBytes int
 
 	// shown is the turn and state the last turn event announced.
 	shownTurn  string
@@ -77,6 +83,8 @@ type item struct {
 	at       time.Time
 	// ev is the item's current event (nil before the pane's first view).
 	ev *event
+	// gone is set once the item left the view (trimItems).
+	gone bool
 }
 
 // ask is one open approval request of a pane. It does not change once
@@ -186,12 +194,23 @@ func (p *pane) trim() {
 	for ; i < len(p.events) && drop > 0; i++ {
 		if !p.events[i].dead {
 			drop--
-		} else {
-			p.dead--
 		}
-		p.floor = p.events[i].seq
 	}
-	p.events = slices.Delete(p.events, 0, i)
+	p.dropFront(i)
+}
+
+// dropFront drops the first n events, and raises the floor past them.
+func (p *pane) dropFront(n int) {
+	for _, e := range p.events[:n] {
+		switch {
+		case e.dead:
+			p.dead--
+		case e.typ == evItem && e.item.gone:
+			p.orphanBytes -= len(e.item.text)
+		}
+		p.floor = e.seq
+	}
+	p.events = slices.Delete(p.events, 0, n)
 }
 
 func (p *pane) compact() {
@@ -245,17 +264,33 @@ func appendClean(b []byte, text string, limit int) []byte {
 }
 
 // trimItems forgets the oldest items beyond the pane's bounds. Their
-// events stay until the log moves past them.
+// events stay until the log moves past them, or until their text passes
+// maxPaneItemBytes: then the oldest events go, and a reader behind them
+// gets the current view.
 func (p *pane) trimItems() {
 	n := 0
 	for len(p.items)-n > maxViewItems || (p.itemBytes > maxPaneItemBytes && len(p.items)-n > 1) {
 		it := p.items[n]
 		p.itemBytes -= len(it.text)
 		delete(p.itemByID, it.id)
+		it.gone = true
+		if it.ev != nil && !it.ev.dead {
+			p.orphanBytes += len(it.text)
+		}
 		n++
 	}
-	if n > 0 {
-		p.items = slices.Delete(p.items, 0, n)
+	if n == 0 {
+		return
+	}
+	p.items = slices.Delete(p.items, 0, n)
+	i := 0
+	for over := p.orphanBytes - maxPaneItemBytes; over > 0 && i < len(p.events); i++ {
+		if e := p.events[i]; !e.dead && e.typ == evItem && e.item.gone {
+			over -= len(e.item.text)
+		}
+	}
+	if i > 0 {
+		p.dropFront(i)
 	}
 }
 
