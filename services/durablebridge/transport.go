@@ -13,11 +13,21 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/net/netutil"
+
 	"github.com/clawmesh/clawmesh/internal/procstat"
 )
 
 // ErrListenURL is a token transport address that breaks the rules.
 var ErrListenURL = errors.New("durable.listen_url")
+
+// tokenConns bounds the token transport's open connections; past it a
+// connection waits in the kernel's backlog until one closes. The address
+// faces the network, where anyone may connect before any token is read:
+// without a bound each connection held a goroutine and a TLS handshake's
+// memory for up to the 5 s header timeout, as many as a peer could open.
+// Collie holds one or two; a variable so that a test may lower it.
+var tokenConns = 256
 
 // listenToken listens on the token transport's address: https:// with a
 // certificate, or plain http:// on loopback for a local test. It returns
@@ -55,11 +65,12 @@ func listenToken(raw, certFile, keyFile string) (net.Listener, string, error) {
 		if err != nil {
 			return nil, "", bad("TLS key pair: %v", err)
 		}
-		ln, err := tls.Listen("tcp", addr, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return nil, "", bad("%v", err)
 		}
-		return ln, prefix, nil
+		ln = netutil.LimitListener(ln, tokenConns)
+		return tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}), prefix, nil
 	case "http":
 		if host != "127.0.0.1" && host != "localhost" {
 			return nil, "", bad("plain http is allowed on 127.0.0.1 or localhost only")
@@ -68,7 +79,7 @@ func listenToken(raw, certFile, keyFile string) (net.Listener, string, error) {
 		if err != nil {
 			return nil, "", bad("%v", err)
 		}
-		return ln, prefix, nil
+		return netutil.LimitListener(ln, tokenConns), prefix, nil
 	}
 	return nil, "", bad("the scheme must be https (or http on loopback)")
 }

@@ -136,3 +136,52 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string) {
 	}
 	return certFile, keyFile
 }
+
+// The token transport faces the network, where anyone may connect before
+// a token is read; its open connections are bounded, and a connection
+// past the bound waits until one closes.
+func TestTokenTransportBoundsConnections(t *testing.T) {
+	defer func(n int) { tokenConns = n }(tokenConns)
+	tokenConns = 3
+	w := newWireBridge(t, false)
+	w.b.layout.SetReady()
+	const token = "0123456789abcdefghijklmnopqrstuvwxyz!#"
+	w.b.SetToken(token)
+	cert, key := selfSigned(t, t.TempDir())
+	ln, prefix, err := listenToken("https://127.0.0.1:0/agent", cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.serve(t, ln, overToken, prefix)
+	pool := x509.NewCertPool()
+	certPEM, _ := os.ReadFile(cert)
+	pool.AppendCertsFromPEM(certPEM)
+	hello := func(within time.Duration) error {
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+		c := collietest.URL("https://"+ln.Addr().String()+"/agent", token, hc)
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		_, err := c.SayHello(ctx)
+		return err
+	}
+	if err := hello(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Connections that send nothing, as many as the bound.
+	var idle []net.Conn
+	for range tokenConns {
+		nc, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, nc)
+		defer nc.Close()
+	}
+	if err := hello(time.Second); err == nil {
+		t.Fatal("a connection past the bound was served")
+	}
+	idle[0].Close()
+	if err := hello(10 * time.Second); err != nil {
+		t.Fatalf("once one closed: %v", err)
+	}
+}
