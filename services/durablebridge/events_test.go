@@ -148,7 +148,10 @@ func TestPaneLogHoldsNoMoreThanItsView(t *testing.T) {
 		return n
 	}
 	for i := range 4000 {
-		l.mutate("p1", func(p *pane) bool { p.putItem(fmt.Sprintf("tc-%d", i), kindTool, text, time.Now(), false); return false })
+		l.mutate("p1", func(p *pane) bool {
+			p.putItem(fmt.Sprintf("tc-%d", i), kindTool, text, time.Now(), false)
+			return false
+		})
 		if n := held(); n > 2*maxPaneItemBytes {
 			t.Fatalf("after %d items the log holds %d bytes of text; the view's bound is %d", i+1, n, maxPaneItemBytes)
 		}
