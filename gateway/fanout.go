@@ -7,9 +7,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
@@ -40,6 +42,14 @@ type topic struct {
 	lastSeq int64
 }
 
+// has reports whether cs follows t.
+func (t *topic) has(cs *connState) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.conns[cs]
+	return ok
+}
+
 func newHub(nc *nats.Conn, log *zap.Logger) *hub {
 	return &hub{nc: nc, log: log, topics: map[string]*topic{}}
 }
@@ -49,6 +59,30 @@ var errAttach = errors.New("follow session updates")
 
 // errReplaced: the session was deleted and its id names a new session.
 var errReplaced = fmt.Errorf("%w: deleted and its id reused", errAttach)
+
+// maxFollowed bounds the sessions one connection follows, each a topic
+// and with the first connection a NATS subscription and its goroutine. A
+// session closed or killed by another connection (or the durable bridge)
+// stays followed until the connection ends; before the bound, two
+// connections creating and closing sessions in a loop made the gateway
+// hold 2,000 subscriptions and goroutines in 2,000 rounds, and any number
+// more. A principal keeps at most 1,000 sessions open. A variable so
+// that a test may lower it.
+var maxFollowed = 2048
+
+// errFollowLimit: the connection follows maxFollowed sessions.
+func errFollowLimit() error {
+	return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonSessionLimit, rpcerr.NoIndex,
+		fmt.Sprintf("This connection follows %d sessions, the most one connection may; reconnect to follow others", maxFollowed))
+}
+
+// full reports whether cs follows maxFollowed sessions; a caller asks
+// before it makes or resumes a session it would have cs follow.
+func (h *hub) full(cs *connState) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return cs.following >= maxFollowed
+}
 
 // attach subscribes cs to the updates on subject, the update subject of
 // sessionID as the session service returned it, and returns once the
@@ -79,6 +113,10 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, in
 		h.dropLocked(sessionID, t)
 		ok = false
 	}
+	if cs.following >= maxFollowed && !(ok && t.has(cs)) {
+		h.mu.Unlock()
+		return false, 0, errFollowLimit()
+	}
 	if !ok {
 		t = &topic{incarnation: incarnation, conns: map[*connState]struct{}{}, ready: make(chan struct{})}
 		t.sub, err = bus.SubscribeSessionUpdates(h.nc, subject, func(u bus.Update) { h.dispatch(t, u) },
@@ -97,7 +135,10 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, in
 	}
 	t.mu.Lock()
 	_, already = t.conns[cs]
-	t.conns[cs] = struct{}{}
+	if !already {
+		t.conns[cs] = struct{}{}
+		cs.following++
+	}
 	t.mu.Unlock()
 	h.mu.Unlock()
 
@@ -139,7 +180,10 @@ func (h *hub) detach(cs *connState, sessionID string) {
 			continue
 		}
 		t.mu.Lock()
-		delete(t.conns, cs)
+		if _, ok := t.conns[cs]; ok {
+			delete(t.conns, cs)
+			cs.following--
+		}
 		empty := len(t.conns) == 0
 		t.mu.Unlock()
 		if empty {
@@ -156,6 +200,12 @@ func (h *hub) dropLocked(sessionID string, t *topic) {
 	if cur, ok := h.topics[sessionID]; ok && cur == t {
 		_ = cur.sub.Unsubscribe()
 		delete(h.topics, sessionID)
+		t.mu.Lock()
+		for cs := range t.conns {
+			cs.following--
+		}
+		clear(t.conns)
+		t.mu.Unlock()
 	}
 }
 

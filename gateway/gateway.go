@@ -459,6 +459,9 @@ type connState struct {
 	waits        coalesce.Owner
 	waitsWatched atomic.Bool
 
+	// following counts the sessions the connection follows (hub.mu).
+	following int
+
 	mu        sync.Mutex
 	principal *commonv1.Principal
 	// readKey is the principal's encoding: reads are shared between

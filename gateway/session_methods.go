@@ -69,6 +69,9 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, err
 	}
+	if g.hub.full(cs) {
+		return nil, serviceError("gateway", errFollowLimit())
+	}
 	resp, err := g.session.NewSession(ctx, &sessionv1.NewSessionRequest{
 		Principal: cs.principalOf(), AgentAlias: alias, Cwd: p.CWD,
 		SessionId: id, InteractionSurface: p.InteractionSurface, ConnectionId: cs.id,
@@ -393,6 +396,10 @@ func (g *Gateway) sessionClose(ctx context.Context, cs *connState, params json.R
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
+	// A closed session publishes nothing until it is resumed, which
+	// follows it again: following it on would hold its subscription for
+	// the connection's life.
+	g.hub.detach(cs, id)
 	return map[string]any{"session_id": resp.GetSessionId(), "closed": resp.GetClosed()}, nil
 }
 
@@ -405,6 +412,7 @@ func (g *Gateway) sessionKill(ctx context.Context, cs *connState, params json.Ra
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
+	g.hub.detach(cs, id)
 	return map[string]any{"session_id": resp.GetSessionId(), "killed": resp.GetKilled()}, nil
 }
 
@@ -425,8 +433,12 @@ func (g *Gateway) sessionDelete(ctx context.Context, cs *connState, params json.
 // and returns the incarnation followed. A connection that follows the
 // session already is not asked about unless fresh.
 func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string, fresh bool) (already bool, incarnation int64, err error) {
-	if incarnation, ok := g.hub.attached(cs, sessionID); ok && !fresh {
+	incarnation, ok := g.hub.attached(cs, sessionID)
+	if ok && !fresh {
 		return true, incarnation, nil
+	}
+	if !ok && g.hub.full(cs) {
+		return false, 0, serviceError("gateway", errFollowLimit())
 	}
 	resp, err := g.session.Attach(ctx, &sessionv1.AttachRequest{Principal: cs.principalOf(), SessionId: sessionID, ConnectionId: cs.id})
 	if err != nil {
