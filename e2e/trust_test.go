@@ -625,3 +625,49 @@ func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 	t.Logf("every service serving %v after the bus admitted the session again; session restarted %d times meanwhile",
 		time.Since(back).Round(time.Millisecond), h["session"].RestartCount)
 }
+
+// Revoking a user's tokens ends the authority of the connections they
+// bound (docs/spec.md §4). Only a prompt and a new session asked the config
+// service: on her open connection, alice read her transcript, listed,
+// closed and deleted her sessions after the revocation. Every session
+// method now refuses her, and the operator's calls go on.
+func TestRevokedTokenEndsTheSessionsAuthority(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	op := newConv(t, s, nil)
+	token := aliceChats(t, s, op)
+	alice := &conv{t: t, c: s.Dial(t), n: 100}
+	if _, err := alice.c.Call("initialize", map[string]any{"protocol_version": 1, "auth_token": token}); err != nil {
+		t.Fatal(err)
+	}
+	mine := alice.newSession("")
+	other := alice.newSession("")
+	alice.call("session/prompt", map[string]any{"session_id": mine, "prompt": "/say before"})
+	alice.call("session/messages", map[string]any{"session_id": mine})
+
+	if out, err := clawmesh(t, s, "token", "revoke", "--user", "alice"); err != nil {
+		t.Fatalf("token revoke: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		method string
+		params map[string]any
+	}{
+		{"session/messages", map[string]any{"session_id": mine}},
+		{"session/list", map[string]any{}},
+		{"session/state", map[string]any{"session_id": mine}},
+		{"session/cancel", map[string]any{"session_id": mine}},
+		{"session/close", map[string]any{"session_id": other}},
+		{"session/kill", map[string]any{"session_id": other}},
+		{"session/delete", map[string]any{"session_id": mine}},
+		{"session/new", map[string]any{"session_id": mine}},
+		{"session/prompt", map[string]any{"session_id": mine, "prompt": "/say after"}},
+	} {
+		_, err := alice.c.Call(c.method, c.params)
+		if !isCode(err, -32012) || !strings.Contains(err.Error(), `the token of user "alice" was revoked`) {
+			t.Fatalf("%s after the revocation: %v", c.method, err)
+		}
+	}
+	// Her sessions are as they were: the operator reads them.
+	op.call("session/messages", map[string]any{"session_id": mine})
+	op.call("session/close", map[string]any{"session_id": other})
+}

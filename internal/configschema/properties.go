@@ -16,6 +16,13 @@ const (
 	PermPluginsManage = "plugins:manage"
 )
 
+// PermStanding is no permission a profile grants: the config service
+// allows it to every principal whose binding stands (a user that exists,
+// its token paired or its uid still its own), and refuses it, saying why,
+// to one whose binding was revoked. A service asks it where a call needs
+// no permission of its own, only a principal whose authority lasts.
+const PermStanding = "standing"
+
 // Permissions lists every permission name.
 var Permissions = []string{
 	PermAdmin, PermConfigRead, PermConfigUpdate, PermFilesCreate, PermAgentUse,

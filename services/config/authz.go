@@ -94,7 +94,7 @@ func (sn *snapshot) authorize(pr *commonv1.Principal, permission, resource strin
 		return allow()
 	}
 	profiles, d := sn.profiles(pr)
-	if !d.allowed {
+	if !d.allowed || permission == configschema.PermStanding {
 		return d
 	}
 	for _, p := range profiles {

@@ -111,6 +111,12 @@ func TestAuthorize(t *testing.T) {
 		{userPrincipal("alice", 1002), "files:create", "", false}, // uid no longer alice's
 		{userPrincipal("dave", 1004), "files:create", "", false},  // no such user
 		{nil, "files:create", "", false},
+		// standing: any principal whose binding stands, whatever it holds.
+		{operator, "standing", "", true},
+		{alice, "standing", "", true},
+		{carol, "standing", "", true},
+		{userPrincipal("alice", 1002), "standing", "", false},
+		{userPrincipal("dave", 1004), "standing", "", false},
 	}
 	for _, c := range cases {
 		resp, err := e.rpc.Authorize(ctx, &configv1.AuthorizeRequest{Principal: c.who, Permission: c.perm, Resource: c.res})

@@ -24,6 +24,10 @@ import (
 // next (internal/bulkcodec).
 var files = bulkcodec.New(0, (&sessionv1.StoreFileRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
 
+// standing refuses a user principal whose binding was revoked, at every
+// method; register gives it the live config.
+var standing session.Standing
+
 func main() {
 	service.Main(service.Spec{
 		Name:          "session",
@@ -32,7 +36,7 @@ func main() {
 		Schema:        "session",
 		Migrations:    migrations.FS,
 		Register:      register,
-		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(files)},
+		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(files), grpc.ChainUnaryInterceptor(standing.Unary)},
 	})
 }
 
@@ -64,6 +68,7 @@ func register(ctx context.Context, env *service.Env) error {
 		return fmt.Errorf("config service: %w", err)
 	}
 	env.OnClose(live.Close)
+	standing.Set(live)
 
 	srv, err := session.New(ctx, session.Config{
 		DB: env.DB, NATS: env.NATS, Log: env.Log, DataDir: env.DataDir,

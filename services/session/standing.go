@@ -1,0 +1,57 @@
+package session
+
+import (
+	"context"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+)
+
+// Standing refuses every call of a user principal whose binding no longer
+// stands: the user removed, its token revoked, its uid changed. Only a
+// prompt, a new session and the file methods asked the config service;
+// reading a transcript, listing, closing, deleting or approving checked
+// the session's owner alone, so a connection bound by a revoked token went
+// on with its sessions (docs/spec.md §4: revoking a user's tokens ends
+// the authority of the connections they bound). It is a gRPC interceptor,
+// one place for every method that names a principal; the operator is
+// never asked about (a connection's end, ConnectionClosed, names none).
+type Standing struct {
+	authz atomic.Pointer[Authorizer]
+}
+
+// Set gives s the authorizer it asks; until then it asks nothing.
+func (s *Standing) Set(a Authorizer) { s.authz.Store(&a) }
+
+// Unary is the interceptor.
+func (s *Standing) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := s.check(ctx, req); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (s *Standing) check(ctx context.Context, req any) error {
+	a := s.authz.Load()
+	r, ok := req.(interface{ GetPrincipal() *commonv1.Principal })
+	if a == nil || !ok {
+		return nil
+	}
+	p := r.GetPrincipal()
+	if p == nil || p.GetOperator() {
+		return nil
+	}
+	err := (*a).Authorize(ctx, p, configschema.PermStanding, "")
+	if status.Code(err) == codes.PermissionDenied {
+		return err
+	}
+	if err != nil {
+		return status.Error(codes.Unavailable, "check the caller's binding: config service unavailable")
+	}
+	return nil
+}
