@@ -319,16 +319,27 @@ func (w *watchdog) stop() bool {
 const interruptBits = uint64(1) << 63
 
 // tailBuffer keeps the last 4 KiB written to it (the guest's stderr), only
-// to recognise an out-of-memory report; it is never shown to callers.
+// to recognise an out-of-memory report; it is never shown to callers. It
+// holds at most twice that: a write was appended whole before it was cut,
+// and the cut kept the grown array, so one fd_write of a guest's 100 MiB
+// took 100 MiB of the host's heap, outside the guest's memory limit, for
+// as long as the instance lived.
 type tailBuffer struct{ b []byte }
 
+const tailBytes = 4 << 10
+
 func (t *tailBuffer) Write(p []byte) (int, error) {
-	const max = 4 << 10
-	t.b = append(t.b, p...)
-	if len(t.b) > max {
-		t.b = append(t.b[:0], t.b[len(t.b)-max:]...)
+	n := len(p)
+	if len(p) >= tailBytes {
+		t.b = append(t.b[:0], p[len(p)-tailBytes:]...)
+		return n, nil
 	}
-	return len(p), nil
+	if len(t.b)+len(p) > 2*tailBytes {
+		drop := len(t.b) + len(p) - tailBytes
+		t.b = t.b[:copy(t.b, t.b[drop:])]
+	}
+	t.b = append(t.b, p...)
+	return n, nil
 }
 
-func (t *tailBuffer) bytes() []byte { return t.b }
+func (t *tailBuffer) bytes() []byte { return t.b[max(len(t.b)-tailBytes, 0):] }

@@ -419,3 +419,37 @@ func TestCloseGivingUpOnRunningCallsStopsTheRest(t *testing.T) {
 		t.Fatalf("Close after Close: %v", err)
 	}
 }
+
+// MaxResponseBytes bounded a response's body only: 9 MiB of headers were
+// read, and given to the guest as JSON six bytes to one for each <. A
+// response whose headers pass 64 KiB is refused as too large; one that
+// redirects more than five times is not followed on.
+func TestHTTPResponseHeadersBounded(t *testing.T) {
+	var hops atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/headers":
+			w.Header().Set("X-Big", strings.Repeat("<", 9<<20))
+		case "/loop":
+			hops.Add(1)
+			http.Redirect(w, r, "/loop", http.StatusFound)
+			return
+		}
+		fmt.Fprint(w, "hi")
+	}))
+	t.Cleanup(srv.Close)
+	h := newHost(t, wasmhost.Limits{}, func(c *wasmhost.Config) { c.HTTP.MaxResponseBytes = 1024 })
+	fetch := loadTool(t, h, "httpfetch", func(s *wasmhost.PluginSpec) { s.Grants.HTTPClient = true })
+	res, err := fetch.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL + "/headers"})})
+	if err != nil || res.Success || res.Error == nil || !strings.Contains(*res.Error, "too-large") {
+		t.Fatalf("9 MiB of headers: %+v, %v", res, err)
+	}
+	res, err = fetch.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL + "/loop"})})
+	if err != nil || res.Success || hops.Load() != 6 {
+		t.Fatalf("a redirect loop: %+v, %v, %d requests", res, err, hops.Load())
+	}
+	res, err = fetch.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]string{"url": srv.URL + "/"})})
+	if err != nil || !res.Success || res.Output != "200 hi" {
+		t.Fatalf("a plain response: %+v, %v", res, err)
+	}
+}
