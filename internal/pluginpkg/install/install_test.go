@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -441,4 +442,48 @@ func FuzzExtract(f *testing.F) {
 			return nil
 		})
 	})
+}
+
+// A folder costs no byte of ExpandedBytes, and only an archive's entries
+// were counted: 201 entries 1,900 folders deep made 380,201 folders (1.45
+// GiB of disk) within an ExpandedBytes of 64. The folders an entry's path
+// makes count against Entries now, and a name is at most 1024 bytes and
+// 32 folders deep; the refusal comes before anything is written.
+func TestExtractCountsTheFoldersItMakes(t *testing.T) {
+	lim := install.Limits{ExpandedBytes: 4096, Entries: 100}
+	deepName := func(i, depth int) string {
+		return fmt.Sprintf("d%d/", i) + strings.Repeat("x/", depth) + "f"
+	}
+	for _, c := range []struct {
+		name    string
+		entries []zipEntry
+		want    string
+	}{
+		{"many folders", func() []zipEntry {
+			var es []zipEntry
+			for i := range 10 {
+				es = append(es, zipEntry{Name: deepName(i, 20)})
+			}
+			return append(es, zipEntry{Name: "manifest.toml", Body: toolManifest("deep", "1.0.0")})
+		}(), "221 files and folders; the limit is 100"},
+		{"too deep", []zipEntry{{Name: deepName(0, 40)}, {Name: "manifest.toml", Body: toolManifest("deep", "1.0.0")}}, "at most 32 folders deep"},
+		{"too long", []zipEntry{{Name: strings.Repeat("n", 1025)}, {Name: "manifest.toml", Body: toolManifest("deep", "1.0.0")}}, "at most 1024 bytes"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			data := makeZip(t, c.entries...)
+			dest := t.TempDir()
+			_, err := install.Extract(bytes.NewReader(data), int64(len(data)), dest, lim)
+			if !errors.Is(err, install.ErrArchive) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want %q", err, c.want)
+			}
+			if left, _ := os.ReadDir(dest); len(left) != 0 {
+				t.Fatalf("written before the refusal: %v", left)
+			}
+		})
+	}
+	// Within the bounds: folders a few deep, listed or not.
+	data := makeZip(t, zipEntry{Name: "a/b/c/f", Body: "x"}, zipEntry{Name: "a/"}, zipEntry{Name: "manifest.toml", Body: toolManifest("ok", "1.0.0")})
+	if _, err := install.Extract(bytes.NewReader(data), int64(len(data)), t.TempDir(), lim); err != nil {
+		t.Fatal(err)
+	}
 }
