@@ -7,3 +7,11 @@ func SetRestoreHook(hook func(i int)) (undo func()) {
 	restoreHook = hook
 	return func() { restoreHook = old }
 }
+
+// SetListBudget sets the bound of a listing's answer until the returned
+// func puts it back.
+func SetListBudget(n int) (undo func()) {
+	old := listBudget
+	listBudget = n
+	return func() { listBudget = old }
+}

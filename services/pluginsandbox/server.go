@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
@@ -180,7 +181,14 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// ListTools lists every tool with its parameters schema.
+// listBudget bounds a listing's answer below gRPC's 16 MiB message cap:
+// past it the rest is left out and logged, where before the whole listing
+// failed and its caller saw nothing. A variable so that a test may lower
+// it.
+var listBudget = 12 << 20
+
+// ListTools lists every tool with its parameters schema, by name, within
+// listBudget.
 func (s *Server) ListTools(context.Context, *pluginv1.ListToolsRequest) (*pluginv1.ListToolsResponse, error) {
 	c := s.current()
 	resp := &pluginv1.ListToolsResponse{}
@@ -192,6 +200,14 @@ func (s *Server) ListTools(context.Context, *pluginv1.ListToolsRequest) (*plugin
 		})
 	}
 	sort.Slice(resp.Tools, func(i, j int) bool { return resp.Tools[i].Name < resp.Tools[j].Name })
+	size := 0
+	for i, t := range resp.Tools {
+		if size += proto.Size(t) + 8; size > listBudget {
+			s.logger.Warn("tools left out of the listing: it would pass its bound", zap.Int("listed", i), zap.Int("left_out", len(resp.Tools)-i))
+			resp.Tools = resp.Tools[:i]
+			break
+		}
+	}
 	for name := range c.memories {
 		resp.MemoryPlugins = append(resp.MemoryPlugins, name)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
@@ -74,6 +75,14 @@ func TestServerListsAndExecutesTools(t *testing.T) {
 	}
 	if len(tools.Tools) != 2 || tools.Tools[0].Name != "misbehave" || tools.Tools[1].Name != "wasm_echo" || tools.Tools[1].ParametersSchemaJson == "" {
 		t.Fatalf("tools = %v", tools.Tools)
+	}
+	// A listing past its bound leaves the rest out rather than fail: one
+	// plugin's large metadata hid every tool.
+	undo := pluginsandbox.SetListBudget(int(proto.Size(tools.Tools[0])) + 8)
+	short, err := client.ListTools(ctx, &pluginv1.ListToolsRequest{})
+	undo()
+	if err != nil || len(short.Tools) != 1 || short.Tools[0].Name != "misbehave" {
+		t.Fatalf("a listing past its bound: %v, %v", short, err)
 	}
 	plugins, err := client.ListPlugins(ctx, &pluginv1.ListPluginsRequest{})
 	if err != nil || len(plugins.Plugins) != 2 {

@@ -23,6 +23,10 @@ const (
 	MaxSkills = 256
 	// MaxSkillBytes bounds one SKILL.md.
 	MaxSkillBytes = 256 << 10
+	// MaxSkillDescription bounds a skill's description, as agentskills.io
+	// does (1024 characters): every skill's goes into one listing, and 256
+	// skills of a bundle could have put 64 MiB in it.
+	MaxSkillDescription = 1024
 )
 
 // skillName is the agentskills.io form of a skill's name, which is also
@@ -125,6 +129,8 @@ func readSkill(dir, rel string) (Skill, error) {
 		return Skill{}, fmt.Errorf("%w: %s/%s: front matter lacks name", ErrLayout, rel, SkillFile)
 	case strings.TrimSpace(fm.Description) == "":
 		return Skill{}, fmt.Errorf("%w: %s/%s: front matter lacks description", ErrLayout, rel, SkillFile)
+	case len(strings.TrimSpace(fm.Description)) > MaxSkillDescription:
+		return Skill{}, fmt.Errorf("%w: %s/%s: description is %d bytes; the limit is %d", ErrLayout, rel, SkillFile, len(strings.TrimSpace(fm.Description)), MaxSkillDescription)
 	case fm.Name != filepath.Base(dir):
 		return Skill{}, fmt.Errorf("%w: %s/%s: name %q differs from its folder's", ErrLayout, rel, SkillFile, fm.Name)
 	}

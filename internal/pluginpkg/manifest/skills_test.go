@@ -70,6 +70,8 @@ func TestSkillBundleRefusals(t *testing.T) {
 		"name differs":        {"skills/a/SKILL.md": "---\nname: b\ndescription: d\n---\n"},
 		"no SKILL.md":         {"skills/a/notes.md": good},
 		"bad folder name":     {"skills/A/SKILL.md": good},
+		// Every skill's description goes into one listing.
+		"description past 1024 bytes": {"skills/a/SKILL.md": "---\nname: a\ndescription: " + strings.Repeat("d", 1025) + "\n---\n"},
 	}
 	for name, files := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -68,12 +68,37 @@ func (h *Host) LoadTool(ctx context.Context, spec PluginSpec) (*Tool, error) {
 		_ = c.mod.Close(ctx)
 		return nil, err
 	}
-	if t.name == "" {
+	if err := checkToolMetadata(t.name, t.description, t.schema); err != nil {
 		_ = c.mod.Close(ctx)
-		return nil, fmt.Errorf("%w: tool_name is empty", ErrABI)
+		return nil, err
 	}
 	t.pool = newPool(h, c, h.cfg.PoolSize)
 	return t, nil
+}
+
+// Bounds on a tool's metadata. Each was read up to 16 MiB, the bound of
+// any guest result, and every tool goes into one ListTools answer, which
+// gRPC caps at 16 MiB: one tool whose schema held 16 MiB made the listing
+// fail, and the session service then saw no plugin tool at all.
+const (
+	MaxToolName        = 64
+	MaxToolDescription = 16 << 10
+	MaxToolSchema      = 64 << 10
+)
+
+// checkToolMetadata refuses a tool's metadata past its bounds.
+func checkToolMetadata(name, description string, schema []byte) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: tool_name is empty", ErrABI)
+	case len(name) > MaxToolName:
+		return fmt.Errorf("%w: tool_name is %d bytes; the limit is %d", ErrABI, len(name), MaxToolName)
+	case len(description) > MaxToolDescription:
+		return fmt.Errorf("%w: tool_description is %d bytes; the limit is %d", ErrABI, len(description), MaxToolDescription)
+	case len(schema) > MaxToolSchema:
+		return fmt.Errorf("%w: tool_parameters_schema is %d bytes; the limit is %d", ErrABI, len(schema), MaxToolSchema)
+	}
+	return nil
 }
 
 // Name, Description and ParametersSchema are the metadata read at load.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,4 +159,28 @@ func TestCloseWaitsForInstanceTeardown(t *testing.T) {
 	if n := h.InstancesInUse(); n != 0 {
 		t.Fatalf("%d instances left after Close, want 0", n)
 	}
+}
+
+// A tool's name, description and schema were read up to 16 MiB each, and
+// every tool goes into one listing that gRPC caps at 16 MiB: one tool with
+// a 16 MiB schema made the sandbox's listing fail, and the session service
+// saw no plugin tool at all. A tool past the bounds does not load.
+func TestToolMetadataBounded(t *testing.T) {
+	h := newHost(t, wasmhost.Limits{})
+	for _, c := range []struct{ method, body, want string }{
+		{"ParametersSchema() json.RawMessage", "return json.RawMessage(`{\"type\":\"object\",\"description\":\"` + strings.Repeat(\"A\", 70000) + `\"}`)", "tool_parameters_schema is 70034 bytes; the limit is 65536"},
+		{"Description() string", "return strings.Repeat(\"d\", 20000)", "tool_description is 20000 bytes; the limit is 16384"},
+		{"Name() string", "return strings.Repeat(\"n\", 65)", "tool_name is 65 bytes; the limit is 64"},
+	} {
+		src := "//go:build wasip1\n\npackage main\n\nimport (\n\t\"encoding/json\"\n\t\"strings\"\n\n\t\"github.com/clawmesh/clawmesh/plugins/pdk/tool\"\n)\n\n" +
+			"var _ = json.Valid\nvar _ = strings.Repeat\n\ntype big struct{ echo }\n\nfunc (big) " + c.method + " { " + c.body + " }\n\n" +
+			"func init() { tool.Register(big{}) } // after main.go's init\n"
+		wasm := guestWith(t, "echo", "zz_big.go", src)
+		_, err := h.LoadTool(context.Background(), wasmhost.PluginSpec{Name: "echo", Version: "0.1.0", Wasm: wasm})
+		if !errors.Is(err, wasmhost.ErrABI) || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: %v, want %q", c.method, err, c.want)
+		}
+	}
+	// At the bounds, a tool loads.
+	loadTool(t, h, "echo")
 }
