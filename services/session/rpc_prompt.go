@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -53,10 +57,20 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 	}, nil
 }
 
+// admitTimeout bounds admit's database work, done holding ls.mu. A
+// prompt's call has no deadline (a turn runs as long as it runs), and a
+// stalled database (a lock on the session's row, a hung server) kept the
+// lock for as long as it lasted: every call that reads a session's turn
+// (ConnectionClosed for any connection, Cancel, State, Close) waited
+// past its own deadline. A variable so that a test may shorten it.
+var admitTimeout = 10 * time.Second
+
 // admit starts a turn on ls unless one is running or the session ended.
 func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.PromptRequest, prompt string) (*turn, error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
+	defer cancel()
 	if ls.deleting {
 		return nil, errSessionNotFound(ls.id)
 	}
@@ -72,7 +86,7 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 		return nil, errSessionNotFound(ls.id)
 	}
 	if err != nil {
-		return nil, err
+		return nil, admitError(err)
 	}
 	if row.State == stateClosed || row.State == stateKilled {
 		return nil, errSessionEnded(ls.id, row.State)
@@ -109,7 +123,7 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 		ReserveSeq: reserve,
 	})
 	if err != nil {
-		return nil, err
+		return nil, admitError(err)
 	}
 	ls.seqReservedUpTo(reserve)
 	t.ctx, t.cancel = context.WithCancelCause(s.base)
@@ -119,6 +133,14 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	started = true
 	go s.runTurn(t)
 	return t, nil
+}
+
+// admitError says a database that did not answer in time so.
+func admitError(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return status.Error(codes.Unavailable, "the session store did not answer in time; the turn was not started")
+	}
+	return err
 }
 
 // Cancel cancels the running turn, if any, and waits (bounded) for it to
