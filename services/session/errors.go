@@ -54,6 +54,11 @@ func errSessionLimit() error {
 		fmt.Sprintf("%d sessions are open for this principal, the limit; close or delete one first", MaxOpenSessions))
 }
 
+func errKeptSessionLimit() error {
+	return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonSessionLimit, rpcerr.NoIndex,
+		fmt.Sprintf("%d sessions are kept for this principal, open or closed, the limit; delete one first", MaxKeptSessions))
+}
+
 func errSessionBusy(id string) error {
 	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, fmt.Sprintf("Session %s is running a turn", id))
 }

@@ -69,3 +69,38 @@ func TestOpenSessionsBoundedPerPrincipal(t *testing.T) {
 		t.Fatalf("reopened with room: %v", err)
 	}
 }
+
+// A closed session keeps its rows and its workspace until it is deleted,
+// and only open sessions were counted: a user making and closing sessions
+// in a loop kept any number. A user keeps at most MaxKeptSessions, open or
+// not: past it a new session is refused, a closed one may still be
+// reopened, and deleting one makes room. The operator is not bounded.
+func TestKeptSessionsBoundedPerUser(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	fill := func(owner, prefix string, n int) {
+		t.Helper()
+		if _, err := h.pool.Exec(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, workspace_dir)
+			SELECT $2 || i, 'default', $1, 'closed', '/nonexistent' FROM generate_series(1, $3) AS i`, owner, prefix, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(bob.GetPrincipalId(), "sess_bobclosed", MaxKeptSessions-1)
+	last := h.newSession(bob, "default")
+	_, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: bob, AgentAlias: "default"})
+	wantRefusal(t, err, codes.ResourceExhausted, rpcerr.ReasonSessionLimit, "10000 sessions are kept for this principal, open or closed, the limit; delete one first")
+	// Reopening a closed one adds nothing.
+	if _, err := h.srv.Close(ctx, &sessionv1.CloseRequest{Principal: bob, SessionId: last}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: bob, SessionId: last, AgentAlias: "default"}); err != nil {
+		t.Fatalf("reopen at the bound: %v", err)
+	}
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: bob, SessionId: last}); err != nil {
+		t.Fatal(err)
+	}
+	h.newSession(bob, "default")
+	// The operator keeps what it keeps.
+	fill(operator.GetPrincipalId(), "sess_opclosed", MaxKeptSessions)
+	h.newSession(operator, "default")
+}

@@ -74,8 +74,11 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	}
 	row := sessionRow{ID: id, AgentAlias: alias, Owner: p.GetPrincipalId(), Surface: surface, WorkspaceDir: dir, Cwd: req.GetCwd()}
 	incarnation, err := s.store.createSession(ctx, row)
-	if errors.Is(err, errOpenLimit) {
+	if errors.Is(err, errOpenLimit) || errors.Is(err, errKeptLimit) {
 		_ = os.Remove(dir) // the folder made above, if it is empty
+		if errors.Is(err, errKeptLimit) {
+			return nil, errKeptSessionLimit()
+		}
 		return nil, errSessionLimit()
 	}
 	if err != nil {
