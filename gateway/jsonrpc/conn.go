@@ -251,6 +251,13 @@ type Conn struct {
 	// readGated are for tests and diagnostics.
 	active     atomic.Int32
 	peakActive atomic.Int32
+	// heldFrames is the bytes of the assembled frames (longer than a read
+	// block) that requests in flight hold; the loop reads on only while it
+	// is under maxHeldFrames. The frame budget counts a frame until it is
+	// handed to its handler: one that waits (a prompt for its turn, a
+	// config write for the lock) held it uncounted, 64 of 8 MiB a
+	// connection, every connection.
+	heldFrames atomic.Int64
 	room       chan struct{}
 	held       atomic.Pointer[Request]
 	readGated  atomic.Bool
@@ -385,6 +392,9 @@ func (c *Conn) readLoop() {
 		case KindRequest, KindNotification:
 			req := m.Request
 			req.lease = lease
+			if req.held = int64(cap(lease.buf)); req.held > 0 {
+				c.heldFrames.Add(req.held)
+			}
 			inline := c.opts.Inline != nil && c.opts.Inline(req.Method)
 			if c.held.Load() != nil && c.hasRoom() {
 				c.dispatchHeld()
@@ -425,8 +435,14 @@ func (c *Conn) readLoop() {
 
 // hasRoom reports whether the read loop may take more work.
 func (c *Conn) hasRoom() bool {
-	return int(c.active.Load()) < c.opts.MaxInflightRequests && c.outq.Load() < int64(c.opts.MaxPendingBytes)
+	return int(c.active.Load()) < c.opts.MaxInflightRequests && c.outq.Load() < int64(c.opts.MaxPendingBytes) &&
+		c.heldFrames.Load() < c.maxHeldFrames()
 }
+
+// maxHeldFrames bounds the assembled frames a connection's requests in
+// flight hold: two of the largest, so that one is always handled while
+// the next is read.
+func (c *Conn) maxHeldFrames() int64 { return 2 * int64(c.opts.MaxFrameBytes) }
 
 // awaitRoom holds the read loop, before it reads a frame, while
 // MaxInflightRequests are in flight or MaxPendingBytes of output are
@@ -555,6 +571,8 @@ func (c *Conn) dispatch(req *Request) {
 			// request).
 			c.sendNoWait(&Response{ID: req.ID, Error: NewError(CodeInternal, "Server is shutting down", nil)})
 		}
+		c.heldFrames.Add(-req.held)
+		req.held = 0
 		req.returnLease() // nothing read its params
 		return
 	}
@@ -622,6 +640,11 @@ func (c *Conn) handleDeferred(dh DeferredHandler, req *Request) {
 func (c *Conn) finish(req *Request, result any, err error, noWait bool) {
 	defer func() {
 		if n := int(c.active.Add(-1)); n < c.opts.MaxInflightRequests && n+1 >= c.opts.MaxInflightRequests {
+			c.ringRoom()
+		}
+		if req.held > 0 {
+			c.heldFrames.Add(-req.held)
+			req.held = 0
 			c.ringRoom()
 		}
 		if c.held.Load() != nil && c.hasRoom() {

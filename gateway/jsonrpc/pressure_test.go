@@ -383,3 +383,58 @@ func TestHeldRequestDispatchedWhenRoomFrees(t *testing.T) {
 		t.Fatalf("got %v", m)
 	}
 }
+
+// The frame budget counts a frame until it is handed to its handler; one
+// whose handler waits (a prompt for its turn, a config write for the lock)
+// held its frame uncounted, 64 of the largest a connection. A
+// connection's requests in flight hold at most two largest frames'
+// worth: past that it reads no more until one finishes, and every
+// request is served in the end.
+func TestHeldFramesBoundTheReading(t *testing.T) {
+	const (
+		maxFrame = 256 << 10
+		frame    = 200 << 10
+		requests = 10
+	)
+	release := make(chan struct{})
+	var started atomic.Int64
+	h := HandlerFunc(func(ctx context.Context, c *Conn, req *Request) (any, error) {
+		started.Add(1)
+		<-release
+		return len(req.Params), nil
+	})
+	ts := startServer(t, &Server{
+		Options:    Options{InitializeTimeout: -1, MaxFrameBytes: maxFrame, MaxInflightRequests: 64},
+		NewHandler: func(*Conn, Peer) Handler { return h },
+	}, nil)
+	c := dial(t, ts.path)
+	var b strings.Builder
+	for i := range requests {
+		fmt.Fprintf(&b, `{"jsonrpc":"2.0","id":%d,"method":"wait","params":{"pad":"%s"}}`+"\n", i, strings.Repeat("p", frame))
+	}
+	go c.nc.Write([]byte(b.String())) // blocks once the server stops reading
+
+	conn := onlyConn(t, ts.Server)
+	checkFor(t, func() error {
+		if !conn.readGated.Load() || started.Load() == 0 {
+			return fmt.Errorf("gated %v, %d started", conn.readGated.Load(), started.Load())
+		}
+		return nil
+	})
+	// Read while under the bound: at most one frame (its buffer, up to 64
+	// KiB more than its bytes, rounded up as pooled) past it.
+	n, held := started.Load(), conn.heldFrames.Load()
+	close(release)
+	if n >= requests || held > 2*maxFrame+2*frame {
+		t.Fatalf("%d handlers hold %d bytes of frames; the bound is %d", n, held, 2*maxFrame)
+	}
+	t.Logf("%d of %d requests read, holding %d bytes of frames", n, requests, held)
+	for range requests {
+		if m := c.recvMsg(); m.Error != nil {
+			t.Fatalf("answer: %+v", m)
+		}
+	}
+	if n := conn.heldFrames.Load(); n != 0 {
+		t.Fatalf("%d bytes still counted once every request finished", n)
+	}
+}

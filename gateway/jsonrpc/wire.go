@@ -140,6 +140,9 @@ type Request struct {
 	Params json.RawMessage
 
 	lease Lease // the buffer of the frame Params lies in, if pooled
+	// held is the bytes of an assembled frame (a lease) counted against
+	// its connection's maxHeldFrames until the request finishes.
+	held int64
 }
 
 // returnLease gives the frame's buffer back, once: the lease is cleared,
