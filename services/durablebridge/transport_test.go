@@ -21,6 +21,23 @@ import (
 	"github.com/clawmesh/clawmesh/internal/collietest"
 )
 
+// serveToken serves w's token transport on https://127.0.0.1:<port>/agent
+// with a self-signed certificate, and returns its listener and the pool
+// that trusts it.
+func serveToken(t *testing.T, w *wireBridge) (net.Listener, *x509.CertPool) {
+	t.Helper()
+	cert, key := selfSigned(t, t.TempDir())
+	ln, prefix, err := listenToken("https://127.0.0.1:0/agent", cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.serve(t, ln, overToken, prefix)
+	pool := x509.NewCertPool()
+	certPEM, _ := os.ReadFile(cert)
+	pool.AppendCertsFromPEM(certPEM)
+	return ln, pool
+}
+
 // Behind the token the token is checked first: without it, or with a
 // wrong one, every call (hello too, a wrong version too) is a bare 401.
 // The same bytes otherwise, but no allow_always.
@@ -31,16 +48,7 @@ func TestTokenTransport(t *testing.T) {
 	const token = "0123456789abcdefghijklmnopqrstuvwxyz!#"
 	w.b.SetToken(token)
 
-	dir := t.TempDir()
-	cert, key := selfSigned(t, dir)
-	ln, prefix, err := listenToken("https://127.0.0.1:0/agent", cert, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.serve(t, ln, overToken, prefix)
-	pool := x509.NewCertPool()
-	certPEM, _ := os.ReadFile(cert)
-	pool.AppendCertsFromPEM(certPEM)
+	ln, pool := serveToken(t, w)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	base := "https://" + ln.Addr().String() + "/agent"
 	ctx := context.Background()
@@ -147,15 +155,7 @@ func TestTokenTransportBoundsConnections(t *testing.T) {
 	w.b.layout.SetReady()
 	const token = "0123456789abcdefghijklmnopqrstuvwxyz!#"
 	w.b.SetToken(token)
-	cert, key := selfSigned(t, t.TempDir())
-	ln, prefix, err := listenToken("https://127.0.0.1:0/agent", cert, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.serve(t, ln, overToken, prefix)
-	pool := x509.NewCertPool()
-	certPEM, _ := os.ReadFile(cert)
-	pool.AppendCertsFromPEM(certPEM)
+	ln, pool := serveToken(t, w)
 	hello := func(within time.Duration) error {
 		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
 		c := collietest.URL("https://"+ln.Addr().String()+"/agent", token, hc)
