@@ -74,10 +74,40 @@ func Bind(dataDir string) (string, error) {
 		return "", fmt.Errorf("cluster folder: %w", err)
 	}
 	owner := dataDir + "\n" + id + "\n"
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(owner), 0o600); err != nil {
+	if err := writeOwnFile(filepath.Join(dir, ownerFile), []byte(owner), -1, -1); err != nil {
 		return "", fmt.Errorf("cluster owner record: %w", err)
 	}
 	return dir, nil
+}
+
+// writeOwnFile writes data to a new file at path, 0600, owned by uid and
+// gid (-1: this process's), in place of whatever was there. The cluster
+// folder belongs to the account PostgreSQL runs as, shared with other
+// software: a link it left at the path was followed by os.WriteFile and
+// os.Chown, as root, so that account could truncate and fill, or take,
+// any file on the machine. The name is removed (a link itself, not its
+// target) and made anew without following a link, exclusively: a link
+// put back in between fails the write rather than being followed. The
+// owner is set on the open file, never by name.
+func writeOwnFile(path string, data []byte, uid, gid int) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil && uid >= 0 {
+		err = f.Chown(uid, gid)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+	}
+	return err
 }
 
 func readID(dataDir string) (string, error) {

@@ -193,7 +193,26 @@ func (p *Prepared) Command() *exec.Cmd {
 	}
 	cmd := exec.Command(filepath.Join(p.bin, "postgres"), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+	cmd.Env = serverEnv(os.Environ())
 	return cmd
+}
+
+// serverEnv keeps of env what the server may need: the search path, the
+// locale and time zone, a temporary folder and a library path. It got the
+// launcher's whole environment, its bus seed and any secret with it, and
+// run as root the server is the one child under another account (shared
+// with other software), which reads its environment in /proc.
+func serverEnv(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case name == "PATH", name == "LANG", name == "TZ", name == "TMPDIR", name == "LD_LIBRARY_PATH",
+			strings.HasPrefix(name, "LC_"):
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // URL is the connection string of the clawmesh database. It holds the
@@ -386,13 +405,14 @@ func (p *Prepared) initdb(ctx context.Context, pgdata string, log *zap.Logger) e
 		// initdb reads the password from a file the account can read; it
 		// lives only for the command.
 		pwTmp := filepath.Join(p.dir, ".initdb-password")
-		if err := os.WriteFile(pwTmp, []byte(p.password+"\n"), 0o600); err != nil {
+		uid, gid := -1, -1
+		if p.cred != nil {
+			uid, gid = int(p.cred.Uid), int(p.cred.Gid)
+		}
+		if err := writeOwnFile(pwTmp, []byte(p.password+"\n"), uid, gid); err != nil {
 			return fmt.Errorf("initdb password: %w", err)
 		}
 		defer os.Remove(pwTmp)
-		if err := os.Chown(pwTmp, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
-			return fmt.Errorf("initdb password: %w", err)
-		}
 		args = append(args, "--auth=scram-sha-256", "--pwfile="+pwTmp)
 	}
 	cmd := exec.CommandContext(ctx, filepath.Join(p.bin, "initdb"), args...)
@@ -414,7 +434,7 @@ func newPassword(path string) (string, error) {
 	}
 	pw := hex.EncodeToString(b)
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(pw+"\n"), 0o600); err != nil {
+	if err := writeOwnFile(tmp, []byte(pw+"\n"), -1, -1); err != nil {
 		return "", fmt.Errorf("postgres password: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
