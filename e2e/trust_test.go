@@ -127,21 +127,29 @@ func natsTry(u string, kp nkeys.KeyPair) error {
 	return nc.LastError()
 }
 
-// natsURLOf reads the bus URL from a child's command line (it is no
-// secret: the bus refuses whoever has no credential).
+// natsURLOf reads the bus URL from a child's environment, where the
+// launcher puts it (an operator's NATS_URL may carry a credential), and
+// checks that no child's command line names it.
 func natsURLOf(t *testing.T, s *e2e.Stack) string {
 	t.Helper()
+	url := ""
 	for pid := range s.PIDs() {
-		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		args := strings.Split(string(raw), "\x00")
-		for i, a := range args {
-			if a == "--nats-url" && i+1 < len(args) {
-				return args[i+1]
+		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		for _, kv := range strings.Split(string(raw), "\x00") {
+			if v, ok := strings.CutPrefix(kv, "NATS_URL="); ok {
+				url = v
 			}
 		}
 	}
-	t.Fatal("no child names the bus")
-	return ""
+	if url == "" {
+		t.Fatal("no child names the bus")
+	}
+	for pid := range s.PIDs() {
+		if raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(raw), url) {
+			t.Fatalf("pid %d names the bus on its command line: %q", pid, raw)
+		}
+	}
+	return url
 }
 
 // newAccount creates a Unix account for the test and removes it after.

@@ -371,8 +371,11 @@ const (
 // closes what was not handed over and removes those sockets; it runs
 // once the processes have stopped.
 func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dormant) (procs []*proc, release func(), err error) {
-	common := []string{"--config-dir", cfg.DataDir, "--nats-url", natsURL}
-	env := []string{service.EnvDatabaseURL + "=" + dbURL}
+	common := []string{"--config-dir", cfg.DataDir}
+	// The bus URL too: an operator's NATS_URL may carry a token or a user
+	// and password (nats.go uses them), and on the command line every
+	// local user read it in /proc/<pid>/cmdline.
+	env := []string{service.EnvDatabaseURL + "=" + dbURL, service.EnvNATSURL + "=" + natsURL}
 	var plugins []string
 	for i := range max(cfg.Scale["plugin-sandbox"], 1) {
 		plugins = append(plugins, datadir.ServiceSocket(cfg.DataDir, "plugin-sandbox", i))

@@ -185,3 +185,26 @@ func stubBinaries(t *testing.T) string {
 	}
 	return bin
 }
+
+// An operator's NATS_URL may carry a token or a user and password, which
+// nats.go uses; the launcher put it on every child's command line, which
+// any local user reads in /proc/<pid>/cmdline. It travels in the
+// environment now, as the database URL does.
+func TestBusURLNotOnACommandLine(t *testing.T) {
+	dir, bin := privateDir(t), stubBinaries(t)
+	const url = "nats://s3cret-token@nats.example:4222"
+	procs, release, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", url, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	for _, p := range procs {
+		cmd := p.command()
+		if a := strings.Join(cmd.Args, " "); strings.Contains(a, "s3cret-token") {
+			t.Fatalf("%s: the bus URL on its command line: %s", p.name, a)
+		}
+		if !slices.Contains(cmd.Env, "NATS_URL="+url) {
+			t.Fatalf("%s: no NATS_URL in its environment", p.name)
+		}
+	}
+}

@@ -156,6 +156,10 @@ type options struct {
 // only, never from a flag, so a password in it never shows in ps.
 const EnvDatabaseURL = "DATABASE_URL"
 
+// EnvNATSURL names the bus. The launcher passes it here, not as
+// --nats-url: the URL may carry a credential.
+const EnvNATSURL = "NATS_URL"
+
 func parseFlags(spec Spec, args []string) (options, error) {
 	var o options
 	name := spec.Name
@@ -165,7 +169,7 @@ func parseFlags(spec Spec, args []string) (options, error) {
 	}
 	fsFlags.StringVar(&o.dataDir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	fsFlags.StringVar(&o.listen, "listen", os.Getenv("CLAWMESH_LISTEN"), "gRPC address: a socket path or host:port (env CLAWMESH_LISTEN; default <data>/"+name+".sock)")
-	fsFlags.StringVar(&o.natsURL, "nats-url", os.Getenv("NATS_URL"), "NATS URL (env NATS_URL); the credential comes from "+bus.EnvSeedFile+", "+bus.EnvSeed+" or <data>/bus/<role>.nk")
+	fsFlags.StringVar(&o.natsURL, "nats-url", os.Getenv(EnvNATSURL), "NATS URL (env NATS_URL, where the launcher puts it); the credential comes from "+bus.EnvSeedFile+", "+bus.EnvSeed+" or <data>/bus/<role>.nk")
 	fsFlags.StringVar(&o.logLevel, "log-level", "", "debug, info, warn or error (env CLAWMESH_LOG_LEVEL)")
 	fsFlags.DurationVar(&o.drain, "drain", grpcserver.DefaultDrain, "longest graceful drain at shutdown")
 	fsFlags.StringVar(&o.peers.Config, "config-addr", os.Getenv("CLAWMESH_CONFIG_ADDR"), "config service address (env CLAWMESH_CONFIG_ADDR; default <data>/config.sock)")
