@@ -29,32 +29,26 @@ const encPrefix = "enc:v1:"
 type sealer struct{ aead cipher.AEAD }
 
 // loadKey reads the key file in dir, creating it (0600, 32 random bytes)
-// when it does not exist.
+// when it does not exist. The key is written whole to a temporary file and
+// linked into place, so the key file is never seen part-written: created
+// first and written after, a failed write (a full disk, a crash between
+// the two) left an empty key file that failed every later start. An empty
+// key file, which only such a creation can have left, so nothing was ever
+// sealed with it, is made anew.
 func loadKey(dir string) (*sealer, error) {
 	path := filepath.Join(dir, KeyFileName)
 	key, err := os.ReadFile(path)
+	if err == nil && len(key) == 0 {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("secret key: %w", err)
+		}
+		err = fs.ErrNotExist
+	}
 	if errors.Is(err, fs.ErrNotExist) {
-		key = make([]byte, 32)
-		if _, err := rand.Read(key); err != nil {
-			return nil, fmt.Errorf("secret key: %w", err)
+		if err := createKey(dir, path); err != nil {
+			return nil, err
 		}
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("secret key: %w", err)
-		}
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			return loadKey(dir) // another process won the race
-		}
-		if err != nil {
-			return nil, fmt.Errorf("create secret key: %w", err)
-		}
-		if _, err := f.Write(key); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("write secret key: %w", err)
-		}
-		if err := f.Close(); err != nil {
-			return nil, fmt.Errorf("write secret key: %w", err)
-		}
+		return loadKey(dir)
 	} else if err != nil {
 		return nil, fmt.Errorf("read secret key: %w", err)
 	}
@@ -70,6 +64,41 @@ func loadKey(dir string) (*sealer, error) {
 		return nil, fmt.Errorf("secret key: %w", err)
 	}
 	return &sealer{aead: aead}, nil
+}
+
+// createKey writes a new key to path unless one appears there first
+// (another process won the race: its key is the one).
+func createKey(dir, path string) error {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return fmt.Errorf("secret key: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("secret key: %w", err)
+	}
+	f, err := os.CreateTemp(dir, KeyFileName+".*")
+	if err != nil {
+		return fmt.Errorf("create secret key: %w", err)
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(key)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write secret key: %w", err)
+	}
+	if err := os.Link(f.Name(), path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("create secret key: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
 }
 
 // seal returns a copy of a stored document with every secret value
