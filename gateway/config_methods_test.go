@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
 // Integer limits are read as integers: a number a float64 would round
@@ -40,5 +42,50 @@ func TestConfigValuesAreExact(t *testing.T) {
 		if !errors.As(err, &re) || re.Code != jsonrpc.CodeInvalidParams || !strings.HasPrefix(re.Message, tc.want) {
 			t.Errorf("%s %s: %v, want -32602 %q", tc.method, tc.params, err, tc.want)
 		}
+	}
+}
+
+// A config write was decoded before the config service was asked: 8 MiB
+// of "1," became 80 bytes of memory for every two of JSON (910 MiB for one
+// frame, the gateway's resident set 20 MiB → 3 GiB for six), whoever sent
+// it. A write larger than a config document, or carrying more than
+// maxWriteValues values, is refused before it is decoded.
+func TestConfigWriteBoundedBeforeDecoding(t *testing.T) {
+	g := &Gateway{}
+	ctx := context.Background()
+	ones := "[" + strings.Repeat("1,", maxWriteValues) + "1]"
+	huge := `"` + strings.Repeat("x", configschema.MaxDocumentBytes) + `"`
+	for _, tc := range []struct {
+		method, params, want string
+	}{
+		{"config/set", `{"prop":"agents.default.tools","value":` + ones + `}`,
+			"Invalid params: `value` holds 16386 JSON values or more; a config write carries at most 16384"},
+		{"config/set", `{"prop":"agents.default.system_prompt","value":` + huge + `}`,
+			"Invalid params: `value` is 4194306 bytes; the config document holds at most 4194304"},
+		{"config/set-many", `{"sets":[{"prop":"agents.default.tools","value":` + ones + `}]}`,
+			"Invalid params: `sets` holds"},
+	} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		var err error
+		switch tc.method {
+		case "config/set":
+			_, err = g.configSet(ctx, nil, json.RawMessage(tc.params))
+		case "config/set-many":
+			_, err = g.configSetMany(ctx, nil, json.RawMessage(tc.params))
+		}
+		runtime.ReadMemStats(&after)
+		var re *jsonrpc.Error
+		if !errors.As(err, &re) || re.Code != jsonrpc.CodeInvalidParams || !strings.HasPrefix(re.Message, tc.want) {
+			t.Fatalf("%s: %v, want -32602 %q", tc.method, err, tc.want)
+		}
+		// The params are read as raw JSON, a copy; nothing is decoded.
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 3*uint64(len(tc.params)) {
+			t.Fatalf("%s: %d bytes allocated for %d of params", tc.method, grew, len(tc.params))
+		}
+	}
+	if n := jsonValues([]byte(`{"a":[1,"x,[{"],"b":{"c":"\"{"}}`)); n != 6 {
+		t.Fatalf("values counted in strings: %d", n)
 	}
 }
