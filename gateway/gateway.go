@@ -215,6 +215,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	defer g.wg.Wait()
 	g.spawn(func() { g.monitor.run(ctx) })
 	g.spawn(func() { g.renewUploads(ctx) })
+	g.spawn(func() { g.watchStanding(ctx) })
 
 	// Connections and their requests live on serveCtx, which the stop
 	// signal does not cancel: the drain below lets in-flight requests
