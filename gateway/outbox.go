@@ -43,7 +43,22 @@ type outbox struct {
 	// long-lived connection (a prompt waits for its turn within moments).
 	completed map[string]chan struct{}
 	recent    []string
+
+	// asks are the elicitations put to the client and not yet answered,
+	// by session, each with what cancels it. An approval decided elsewhere
+	// (session/approve, the phone, its timeout) left its elicitation
+	// waiting for the client for up to the approval's timeout (a day at
+	// most), a goroutine and a pending call each: it ends with its turn
+	// now, and at most maxAsks are open at once.
+	asks   map[string]map[uint64]context.CancelFunc
+	nasks  int
+	askSeq uint64
 }
+
+// maxAsks bounds the elicitations open on one connection; an approval
+// past it is not put to the client, which may still decide it with
+// session/approve.
+const maxAsks = 64
 
 // maxRecentTurns bounds the completions remembered for prompts to collect.
 const maxRecentTurns = 64
@@ -53,7 +68,7 @@ const maxRecentTurns = 64
 const maxOutboxBytes = 32 << 20
 
 func newOutbox(ctx context.Context, g *Gateway, cs *connState) *outbox {
-	o := &outbox{ctx: ctx, cs: cs, g: g, completed: map[string]chan struct{}{}}
+	o := &outbox{ctx: ctx, cs: cs, g: g, completed: map[string]chan struct{}{}, asks: map[string]map[uint64]context.CancelFunc{}}
 	o.cond = sync.NewCond(&o.mu)
 	return o
 }
@@ -214,7 +229,7 @@ func (o *outbox) sent(u bus.Update) {
 	switch u.Type {
 	case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
 		if o.cs.canElicit() {
-			o.g.spawn(func() { o.g.elicitApproval(o.ctx, o.cs, u) })
+			o.ask(u)
 		}
 	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
 		var tc struct {
@@ -223,7 +238,42 @@ func (o *outbox) sent(u bus.Update) {
 		if json.Unmarshal(u.JSON, &tc) == nil && tc.TurnID != "" {
 			o.markCompleted(tc.TurnID)
 		}
+		// A session runs one turn at a time: its approvals ended with it.
+		for _, cancel := range o.asks[u.SessionID] {
+			cancel()
+		}
 	}
+}
+
+// ask puts the approval u requests to the client, within maxAsks; o.mu is
+// held.
+func (o *outbox) ask(u bus.Update) {
+	if o.nasks >= maxAsks {
+		o.g.log.Warn("approval not put to the client: too many open", zap.String("conn", o.cs.id),
+			zap.String("session_id", u.SessionID), zap.Int("open", o.nasks))
+		return
+	}
+	ctx, cancel := context.WithCancel(o.ctx)
+	o.askSeq++
+	id := o.askSeq
+	if o.asks[u.SessionID] == nil {
+		o.asks[u.SessionID] = map[uint64]context.CancelFunc{}
+	}
+	o.asks[u.SessionID][id] = cancel
+	o.nasks++
+	o.g.spawn(func() {
+		defer func() {
+			cancel()
+			o.mu.Lock()
+			delete(o.asks[u.SessionID], id)
+			if len(o.asks[u.SessionID]) == 0 {
+				delete(o.asks, u.SessionID)
+			}
+			o.nasks--
+			o.mu.Unlock()
+		}()
+		o.g.elicitApproval(ctx, o.cs, u)
+	})
 }
 
 // markCompleted records that turnID's turn_complete was written, waking a
