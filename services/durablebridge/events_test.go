@@ -179,3 +179,43 @@ func TestPaneLogHoldsNoMoreThanItsView(t *testing.T) {
 		t.Fatalf("read %d events to %d; the log has %d to %d", seen, cursor, want, p.cursor)
 	}
 }
+
+// orphanBytes counts the text of gone items whose events are in the log:
+// an item whose event the log had already dropped (pushed out by 4,096
+// newer events while the item stayed in view) added its text when it left
+// the view, which no drop ever took back, and past the bound every later
+// trim emptied the whole log.
+func TestPaneGoneItemsCountedOnlyInTheLog(t *testing.T) {
+	l := NewLayout(testEpoch)
+	p := newPane("p1", "default", time.Now())
+	l.put(p)
+	big := strings.Repeat("b", maxCodeText)
+	put := func(id, kind, text string) {
+		l.mutate("p1", func(p *pane) bool { p.putItem(id, kind, text, time.Now(), false); return false })
+	}
+	for i := range 200 {
+		put(fmt.Sprintf("early-%d", i), kindTool, big)
+	}
+	for i := range maxKeptEvents + 10 { // the early items' events leave the log
+		l.mutate("p1", func(p *pane) bool { p.addAsk(testAsk("p1", fmt.Sprintf("tc_%d", i))); return false })
+	}
+	for i := range maxViewItems + 60 { // and then the items leave the view
+		kind, text := kindNotice, "n"
+		if i >= maxViewItems {
+			kind, text = kindTool, big
+		}
+		put(fmt.Sprintf("late-%d", i), kind, text)
+	}
+	held := 0
+	for _, e := range p.events {
+		if !e.dead && e.typ == evItem && e.item.gone {
+			held += len(e.item.text)
+		}
+	}
+	if p.orphanBytes != held {
+		t.Fatalf("orphanBytes %d, the log's gone items hold %d", p.orphanBytes, held)
+	}
+	if v := readPage(t, l, "p1", testEpoch, p.cursor-5, true); v.Reset || len(v.Events) != 5 {
+		t.Fatalf("a reader five events behind: reset %v, %d events", v.Reset, len(v.Events))
+	}
+}

@@ -155,7 +155,7 @@ func (l *Layout) install(np *pane, replace bool) {
 		base = old.cursor + 1
 	}
 	clear(np.events)
-	np.events, np.dead = np.events[:0], 0
+	np.events, np.dead, np.orphanBytes = np.events[:0], 0, 0
 	for _, it := range np.items {
 		it.ev = nil
 	}

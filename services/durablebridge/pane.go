@@ -205,8 +205,14 @@ func (p *pane) dropFront(n int) {
 		switch {
 		case e.dead:
 			p.dead--
-		case e.typ == evItem && e.item.gone:
-			p.orphanBytes -= len(e.item.text)
+		case e.typ == evItem:
+			if e.item.gone {
+				p.orphanBytes -= len(e.item.text)
+			}
+			// Its item has no event in the log now: trimmed from the view
+			// later, it adds nothing to orphanBytes, and put again it
+			// supersedes nothing.
+			e.item.ev = nil
 		}
 		p.floor = e.seq
 	}
