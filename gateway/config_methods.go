@@ -52,10 +52,10 @@ const maxWriteValues = 16 << 10
 // maxWriteValues values.
 func checkWriteSize(raw json.RawMessage, field string) error {
 	if len(raw) > configschema.MaxDocumentBytes {
-		return fmt.Errorf("`%s` is %d bytes; the config document holds at most %d", field, len(raw), configschema.MaxDocumentBytes)
+		return fmt.Errorf("`%s` is %d bytes, more than a config document may be; the limit is %d", field, len(raw), configschema.MaxDocumentBytes)
 	}
 	if n := jsonValues(raw); n > maxWriteValues {
-		return fmt.Errorf("`%s` holds %d JSON values or more; a config write carries at most %d", field, n, maxWriteValues)
+		return fmt.Errorf("`%s` holds %d JSON values or more, more than a config write may carry; the limit is %d", field, n, maxWriteValues)
 	}
 	return nil
 }

@@ -59,9 +59,9 @@ func TestConfigWriteBoundedBeforeDecoding(t *testing.T) {
 		method, params, want string
 	}{
 		{"config/set", `{"prop":"agents.default.tools","value":` + ones + `}`,
-			"Invalid params: `value` holds 16386 JSON values or more; a config write carries at most 16384"},
+			"Invalid params: `value` holds 16386 JSON values or more, more than a config write may carry; the limit is 16384"},
 		{"config/set", `{"prop":"agents.default.system_prompt","value":` + huge + `}`,
-			"Invalid params: `value` is 4194306 bytes; the config document holds at most 4194304"},
+			"Invalid params: `value` is 4194306 bytes, more than a config document may be; the limit is 4194304"},
 		{"config/set-many", `{"sets":[{"prop":"agents.default.tools","value":` + ones + `}]}`,
 			"Invalid params: `sets` holds"},
 	} {

@@ -46,7 +46,12 @@ func (g *Gateway) checkStanding(ctx context.Context) {
 	byKey := map[string][]*connState{}
 	principals := map[string]*commonv1.Principal{}
 	g.mu.Lock()
+	states := make([]*connState, 0, len(g.states))
 	for _, cs := range g.states {
+		states = append(states, cs)
+	}
+	g.mu.Unlock()
+	for _, cs := range states {
 		p := cs.principalOf()
 		if p == nil || p.GetOperator() {
 			continue
@@ -55,7 +60,6 @@ func (g *Gateway) checkStanding(ctx context.Context) {
 		byKey[key] = append(byKey[key], cs)
 		principals[key] = p
 	}
-	g.mu.Unlock()
 	for key, p := range principals {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := configclient.Authorize(cctx, g.config, p, configschema.PermStanding, "")
