@@ -12,13 +12,25 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configschema"
 )
 
+// configWrite calls config/set or config/set-many on g with params, as
+// the connection's handler would with no principal bound.
+func configWrite(g *Gateway, method, params string) error {
+	var err error
+	switch method {
+	case "config/set":
+		_, err = g.configSet(context.Background(), nil, json.RawMessage(params))
+	case "config/set-many":
+		_, err = g.configSetMany(context.Background(), nil, json.RawMessage(params))
+	}
+	return err
+}
+
 // Integer limits are read as integers: a number a float64 would round
 // (2^53+1 is 2^53 as a float64, within call_fuel's maximum) is refused
 // with -32602 naming the property, in config/set and in each set-many
 // entry, before anything reaches the config service.
 func TestConfigValuesAreExact(t *testing.T) {
 	g := &Gateway{}
-	ctx := context.Background()
 	for _, tc := range []struct {
 		method, params, want string
 	}{
@@ -31,13 +43,7 @@ func TestConfigValuesAreExact(t *testing.T) {
 		{"config/set-many", `{"sets":[{"prop":"rpc.max_local_connections","value":64},{"prop":"plugins.limits.call_fuel","value":9007199254740993}]}`,
 			"Invalid params: sets[1]: `plugins.limits.call_fuel`: number cannot be held exactly"},
 	} {
-		var err error
-		switch tc.method {
-		case "config/set":
-			_, err = g.configSet(ctx, nil, json.RawMessage(tc.params))
-		case "config/set-many":
-			_, err = g.configSetMany(ctx, nil, json.RawMessage(tc.params))
-		}
+		err := configWrite(g, tc.method, tc.params)
 		var re *jsonrpc.Error
 		if !errors.As(err, &re) || re.Code != jsonrpc.CodeInvalidParams || !strings.HasPrefix(re.Message, tc.want) {
 			t.Errorf("%s %s: %v, want -32602 %q", tc.method, tc.params, err, tc.want)
@@ -52,7 +58,6 @@ func TestConfigValuesAreExact(t *testing.T) {
 // maxWriteValues values, is refused before it is decoded.
 func TestConfigWriteBoundedBeforeDecoding(t *testing.T) {
 	g := &Gateway{}
-	ctx := context.Background()
 	ones := "[" + strings.Repeat("1,", maxWriteValues) + "1]"
 	huge := `"` + strings.Repeat("x", configschema.MaxDocumentBytes) + `"`
 	for _, tc := range []struct {
@@ -68,13 +73,7 @@ func TestConfigWriteBoundedBeforeDecoding(t *testing.T) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		var err error
-		switch tc.method {
-		case "config/set":
-			_, err = g.configSet(ctx, nil, json.RawMessage(tc.params))
-		case "config/set-many":
-			_, err = g.configSetMany(ctx, nil, json.RawMessage(tc.params))
-		}
+		err := configWrite(g, tc.method, tc.params)
 		runtime.ReadMemStats(&after)
 		var re *jsonrpc.Error
 		if !errors.As(err, &re) || re.Code != jsonrpc.CodeInvalidParams || !strings.HasPrefix(re.Message, tc.want) {
