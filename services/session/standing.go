@@ -23,6 +23,10 @@ import (
 // never asked about (a connection's end, ConnectionClosed, names none).
 type Standing struct {
 	authz atomic.Pointer[Authorizer]
+	// Refused, when set, is given each request refused before its
+	// handler ran, to release what the handler would have: a StoreFile's
+	// bytes, lent by the codec to the handler, which gives them back.
+	Refused func(req any)
 }
 
 // Set gives s the authorizer it asks; until then it asks nothing.
@@ -31,6 +35,9 @@ func (s *Standing) Set(a Authorizer) { s.authz.Store(&a) }
 // Unary is the interceptor.
 func (s *Standing) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if err := s.check(ctx, req); err != nil {
+		if s.Refused != nil {
+			s.Refused(req)
+		}
 		return nil, err
 	}
 	return handler(ctx, req)

@@ -35,7 +35,8 @@ func (r revokedOf) Authorize(_ context.Context, p *commonv1.Principal, permissio
 // handler runs; the operator and a connection's end (no principal) are
 // never asked about, and nothing is asked before the live config is set.
 func TestStandingRefusesARevokedPrincipal(t *testing.T) {
-	var s Standing
+	var refused []any
+	s := Standing{Refused: func(req any) { refused = append(refused, req) }}
 	ran := 0
 	handler := func(context.Context, any) (any, error) { ran++; return "ok", nil }
 	call := func(method string, req any) error {
@@ -48,8 +49,8 @@ func TestStandingRefusesARevokedPrincipal(t *testing.T) {
 	}
 	s.Set(revokedOf{"user:alice": true})
 	err := call(messages, &sessionv1.MessagesRequest{Principal: alice})
-	if status.Code(err) != codes.PermissionDenied || ran != 1 {
-		t.Fatalf("alice revoked: %v (handler ran %d times)", err, ran)
+	if status.Code(err) != codes.PermissionDenied || ran != 1 || len(refused) != 1 {
+		t.Fatalf("alice revoked: %v (handler ran %d times, %d refusals released)", err, ran, len(refused))
 	}
 	for _, c := range []struct {
 		method string
@@ -62,6 +63,9 @@ func TestStandingRefusesARevokedPrincipal(t *testing.T) {
 		if err := call(c.method, c.req); err != nil {
 			t.Fatalf("%s: %v", c.method, err)
 		}
+	}
+	if len(refused) != 1 {
+		t.Fatalf("%d refusals released; one was refused", len(refused))
 	}
 	err = call(messages, &sessionv1.MessagesRequest{Principal: &commonv1.Principal{PrincipalId: "user:down", User: "down"}})
 	if status.Code(err) != codes.Unavailable {

@@ -25,8 +25,13 @@ import (
 var files = bulkcodec.New(0, (&sessionv1.StoreFileRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
 
 // standing refuses a user principal whose binding was revoked, at every
-// method; register gives it the live config.
-var standing session.Standing
+// method; register gives it the live config. A StoreFile it refuses never
+// reaches the handler that gives the file's bytes back to files.
+var standing = session.Standing{Refused: func(req any) {
+	if r, ok := req.(*sessionv1.StoreFileRequest); ok {
+		files.Release(r.GetData())
+	}
+}}
 
 func main() {
 	service.Main(service.Spec{
