@@ -122,15 +122,23 @@ func admitOpen(ctx context.Context, tx pgx.Tx, owner string, adding bool) error 
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", openLockClass, owner); err != nil {
 		return err
 	}
+	// The open ones are counted on their own index; all of a user's only
+	// when it makes one (the operator's history, which may be long, never).
 	var open, kept int
-	if err := tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE state IN ('idle', 'running')), count(*) FROM sessions WHERE owner = $1",
-		owner).Scan(&open, &kept); err != nil {
+	var err error
+	if adding && owner != configschema.OperatorPrincipal {
+		err = tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE state IN ('idle', 'running')), count(*) FROM sessions WHERE owner = $1",
+			owner).Scan(&open, &kept)
+	} else {
+		err = tx.QueryRow(ctx, "SELECT count(*) FROM sessions WHERE owner = $1 AND state IN ('idle', 'running')", owner).Scan(&open)
+	}
+	if err != nil {
 		return err
 	}
 	switch {
 	case open >= MaxOpenSessions:
 		return errOpenLimit
-	case adding && kept >= MaxKeptSessions && owner != configschema.OperatorPrincipal:
+	case kept >= MaxKeptSessions:
 		return errKeptLimit
 	}
 	return nil
