@@ -20,7 +20,7 @@ import (
 // prompt fails as unavailable, and the others are served.
 func TestPromptStallReleasesTheSession(t *testing.T) {
 	defer func(d time.Duration) { admitTimeout = d }(admitTimeout)
-	admitTimeout = 500 * time.Millisecond
+	admitTimeout = 2 * time.Second // long enough to see admit hold the lock, short of the checks' five
 	h := newHarness(t)
 	id := h.newSession(operator, "")
 	ctx := context.Background()
