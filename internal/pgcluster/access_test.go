@@ -204,22 +204,11 @@ func otherAccount(t *testing.T, serverUID uint32) *user.User {
 // named after the path. A cluster of a live data directory, and one
 // without any owner record, stay.
 func TestBindAndCollect(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("only root's clusters live outside the data directory")
-	}
-	base := tempDir(t)
-	data := filepath.Join(base, "data")
-	if err := os.Mkdir(data, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	base, data := rootDataDir(t)
 	if Dir(data) != "" {
 		t.Fatalf("a data directory without an id has a cluster: %s", Dir(data))
 	}
-	first, err := Bind(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(first) })
+	first := bindFor(t, data)
 	if again, err := Bind(data); err != nil || again != first || Dir(data) != first {
 		t.Fatalf("bind twice: %s %s %v", first, again, err)
 	}
@@ -227,11 +216,7 @@ func TestBindAndCollect(t *testing.T) {
 	if err := os.Mkdir(live, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	liveCluster, err := Bind(live)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(liveCluster) })
+	liveCluster := bindFor(t, live)
 	// An earlier version's cluster of this path, and a foreign folder
 	// without a record (another version's, or one being created).
 	sum := legacyName(data)
@@ -250,11 +235,7 @@ func TestBindAndCollect(t *testing.T) {
 	if err := os.Mkdir(data, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	second, err := Bind(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(second) })
+	second := bindFor(t, data)
 	if second == first {
 		t.Fatal("a recreated data directory got the old cluster")
 	}

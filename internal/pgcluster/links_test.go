@@ -80,19 +80,8 @@ func TestServerEnvironmentIsMinimal(t *testing.T) {
 // Bind writes the owner record at every start: a link the account put in
 // its place is replaced, its target untouched.
 func TestBindFollowsNoLink(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("only root's clusters live outside the data directory")
-	}
-	base := tempDir(t)
-	data := filepath.Join(base, "data")
-	if err := os.Mkdir(data, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := Bind(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	base, data := rootDataDir(t)
+	dir := bindFor(t, data)
 	victim := filepath.Join(base, "victim")
 	if err := os.WriteFile(victim, []byte("root's own"), 0o600); err != nil {
 		t.Fatal(err)
@@ -113,4 +102,31 @@ func TestBindFollowsNoLink(t *testing.T) {
 	if fi, err := os.Lstat(record); err != nil || !fi.Mode().IsRegular() {
 		t.Fatalf("the owner record: %v %v", fi, err)
 	}
+}
+
+// rootDataDir skips the test unless it runs as root, whose clusters live
+// outside the data directory, and makes a data directory in a folder of
+// the test's.
+func rootDataDir(t *testing.T) (base, data string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("only root's clusters live outside the data directory")
+	}
+	base = tempDir(t)
+	data = filepath.Join(base, "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return base, data
+}
+
+// bindFor binds data to its cluster folder, removed when the test ends.
+func bindFor(t *testing.T, data string) string {
+	t.Helper()
+	dir, err := Bind(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
