@@ -855,3 +855,79 @@ func TestSessionKilledWhileStoringLeavesNoTemporaryFile(t *testing.T) {
 		}
 	}
 }
+
+// A user's sessions hold at most uploads.max_user_stored_bytes in stored
+// files, checked at begin (the declared size), again at commit (two
+// uploads begun on the same room) and for file/attach; deleting a session
+// frees its files' room, and the operator is not bounded. Without it a
+// paired token stored 10 MB files in a loop until the disk was full.
+func TestUploadUserStoredQuota(t *testing.T) {
+	t.Parallel()
+	const quota = 3 * mib
+	s := e2e.Start(t, e2e.Options{Args: []string{"--set", fmt.Sprintf("uploads.max_user_stored_bytes=%d", quota)}})
+	op := dialUC(t, s)
+	op.must("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
+		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
+		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
+	}}, nil)
+	token := userToken(t, s, "alice")
+	alice := dialUC(t, s, token)
+	s1, s2 := alice.session(map[string]any{}), alice.session(map[string]any{})
+	upload := func(sess session, data []byte) string {
+		id := alice.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data)})
+		alice.sendAll(id, data)
+		return id
+	}
+	full := func(held, n int) string { return uploads.StoredBytesFull(int64(held), int64(n), quota) }
+
+	a, b := randomBytes(t, 2*mib), randomBytes(t, 2*mib)
+	// Two begun while nothing is stored: both pass begin; the second
+	// commit finds the room taken and its upload is discarded.
+	first, second := upload(s1, a), upload(s2, b)
+	alice.must("file/upload/commit", map[string]any{"upload_id": first}, nil)
+	re := alice.refused("file/upload/commit", map[string]any{"upload_id": second}, -32602, full(2*mib, 2*mib))
+	if !strings.Contains(string(re.Data), `"capacity"`) {
+		t.Fatalf("data %s", re.Data)
+	}
+	alice.refused("file/upload/commit", map[string]any{"upload_id": second}, -32602, "Unknown or expired upload `"+second+"`")
+	if names := uploadsIn(t, s2.Workspace); len(names) != 0 {
+		t.Fatalf("refused upload written: %v", names)
+	}
+	// Refused at begin, before any byte is sent, and for file/attach.
+	alice.refused("file/upload/begin", map[string]any{"session_id": s2.ID, "size_bytes": 2 * mib}, -32602, full(2*mib, 2*mib))
+	alice.refused("file/attach", map[string]any{"session_id": s2.ID, "files": []map[string]any{
+		{"data_b64": base64.StdEncoding.EncodeToString(b[:mib+1])}}}, -32602, full(2*mib, mib+1))
+	// What fits is stored.
+	alice.must("file/upload/commit", map[string]any{"upload_id": upload(s2, b[:mib])}, nil)
+
+	// The operator's own sessions are not bounded.
+	ops := op.session(map[string]any{})
+	for range 2 {
+		data := randomBytes(t, 2*mib)
+		id := op.mustBegin(map[string]any{"session_id": ops.ID, "size_bytes": len(data)})
+		op.sendAll(id, data)
+		op.must("file/upload/commit", map[string]any{"upload_id": id}, nil)
+	}
+
+	// Deleting s1 frees its 2 MiB.
+	alice.must("session/delete", map[string]any{"session_id": s1.ID}, nil)
+	alice.must("file/upload/commit", map[string]any{"upload_id": upload(s2, b)}, nil)
+	if names := uploadsIn(t, s2.Workspace); len(names) != 2 {
+		t.Fatalf("stored %v; want two files", names)
+	}
+	// The quota follows the live config (which each service follows over
+	// NATS: a moment later).
+	op.must("config/set", map[string]any{"prop": "uploads.max_user_stored_bytes", "value": 0}, nil)
+	want := uploads.StoredBytesFull(3*mib, 1, 0)
+	testenv.Eventually(t, 15*time.Second, 50*time.Millisecond, func() error {
+		// A connection of its own each time: a begin that passed keeps
+		// its upload, and a connection stages at most four.
+		c := dialUC(t, s, token)
+		defer c.c.Close()
+		if _, re := c.begin(map[string]any{"session_id": s2.ID, "size_bytes": 1}); re == nil || re.Code != -32602 || re.Message != want {
+			return fmt.Errorf("begin after the quota went to 0: %v", re)
+		}
+		return nil
+	})
+}

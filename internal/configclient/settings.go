@@ -122,16 +122,22 @@ type Uploads struct {
 	MaxPerConnection int
 	MaxStagedBytes   int64
 	IdleTimeout      time.Duration
+	// MaxUserStoredBytes and MaxUserStoredFiles bound what the sessions of
+	// one user (any owner but the operator) hold in stored files.
+	MaxUserStoredBytes int64
+	MaxUserStoredFiles int64
 }
 
 // Uploads reads uploads.*.
 func (s Snapshot) Uploads() Uploads {
 	return Uploads{
-		ChunkBytes:       s.Int("uploads.chunk_bytes"),
-		MaxFileBytes:     s.Int("uploads.max_file_bytes"),
-		MaxPerConnection: int(s.Int("uploads.max_per_connection")),
-		MaxStagedBytes:   s.Int("uploads.max_staged_bytes"),
-		IdleTimeout:      time.Duration(s.Int("uploads.idle_timeout_secs")) * time.Second,
+		ChunkBytes:         s.Int("uploads.chunk_bytes"),
+		MaxFileBytes:       s.Int("uploads.max_file_bytes"),
+		MaxPerConnection:   int(s.Int("uploads.max_per_connection")),
+		MaxStagedBytes:     s.Int("uploads.max_staged_bytes"),
+		IdleTimeout:        time.Duration(s.Int("uploads.idle_timeout_secs")) * time.Second,
+		MaxUserStoredBytes: s.Int("uploads.max_user_stored_bytes"),
+		MaxUserStoredFiles: s.Int("uploads.max_user_stored_files"),
 	}
 }
 

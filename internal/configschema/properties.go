@@ -143,6 +143,10 @@ var Properties = []Property{
 	{Path: "uploads.max_per_connection", Type: Integer, Default: 4, Min: f(1), Max: f(1024), Doc: "staged uploads per connection"},
 	{Path: "uploads.max_staged_bytes", Type: Integer, Default: 268435456, Min: f(1 << 20), Max: f(1 << 36), Doc: "staged bytes across the daemon"},
 	{Path: "uploads.idle_timeout_secs", Type: Integer, Default: 300, Min: f(1), Max: f(86400), Doc: "an idle staged upload is reclaimed after this"},
+	{Path: "uploads.max_user_stored_bytes", Type: Integer, Default: 1 << 30, Min: f(0), Max: f(1 << 50),
+		Doc: "bytes of stored files the sessions of one user (any principal but the operator) may hold; a session's files are freed when it is deleted"},
+	{Path: "uploads.max_user_stored_files", Type: Integer, Default: 100000, Min: f(0), Max: f(1 << 30),
+		Doc: "stored files the sessions of one user (any principal but the operator) may hold"},
 
 	// The durable bridge (seed 004).
 	{Path: "durable.socket_path", Type: String, Default: "", Restart: true, Doc: "private socket; empty for COLLIE_DURABLE_SOCKET or <data>/durable.sock"},

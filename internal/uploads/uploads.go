@@ -66,6 +66,18 @@ func TooManyForConnection(limit int) string {
 // idle uploads).
 const OverBudget = "The daemon is staging too many uploads to accept this one now; retry after in-progress uploads finish"
 
+// StoredBytesFull: storing n more bytes would take the stored files of the
+// session's owner past its limit (uploads.max_user_stored_bytes).
+func StoredBytesFull(held, n, limit int64) string {
+	return fmt.Sprintf("The session's owner holds %d bytes of stored files; %d more would pass its limit of %d; delete sessions it no longer needs to free their files", held, n, limit)
+}
+
+// StoredFilesFull: the session's owner holds as many stored files as it
+// may (uploads.max_user_stored_files).
+func StoredFilesFull(limit int64) string {
+	return fmt.Sprintf("The session's owner holds %d stored files, its limit; delete sessions it no longer needs to free their files", limit)
+}
+
 // ChunkSize: a chunk of no bytes or more than the chunk limit.
 func ChunkSize(limit int64) string {
 	return fmt.Sprintf("A chunk must carry between 1 and %d decoded bytes", limit)

@@ -211,6 +211,9 @@ func (s *Server) CheckUpload(ctx context.Context, req *sessionv1.CheckUploadRequ
 	if err := s.mayUpload(ctx, p, r); err != nil {
 		return nil, err
 	}
+	if err := s.mayStoreBytes(ctx, r.Owner, req.GetSizeBytes()); err != nil {
+		return nil, err
+	}
 	return &sessionv1.CheckUploadResponse{Generation: r.Generation, Incarnation: r.Incarnation, AgentAlias: r.AgentAlias, Owner: r.Owner}, nil
 }
 
@@ -461,6 +464,12 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 		return nil, fmt.Errorf("read file index: %w", err)
 	}
 
+	if !dedup {
+		// Charged before the file is placed: a refusal leaves nothing.
+		if err := s.chargeStored(ctx, tx, r.Owner, int64(len(f.data))); err != nil {
+			return nil, err
+		}
+	}
 	base := filepath.Base(rel)
 	same, err := sameContent(dir, base, sum, int64(len(f.data)))
 	if err != nil {
@@ -491,6 +500,89 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 		RefId: uploads.RefID(sum), Marker: uploads.Marker(f.mime, f.name, path), WorkspacePath: path,
 		SizeBytes: int64(len(f.data)), Deduplicated: dedup,
 	}, nil
+}
+
+// storedQuota is what a user's sessions may hold in stored files: the
+// config's, or its defaults without one (tests).
+func (s *Server) storedQuota() (bytes, files int64) {
+	if s.cfg.Uploads == nil {
+		return DefaultMaxUserStoredBytes, DefaultMaxUserStoredFiles
+	}
+	u := s.cfg.Uploads()
+	return u.MaxUserStoredBytes, u.MaxUserStoredFiles
+}
+
+// Defaults of uploads.max_user_stored_bytes and uploads.max_user_stored_files.
+const (
+	DefaultMaxUserStoredBytes = 1 << 30
+	DefaultMaxUserStoredFiles = 100000
+)
+
+// chargeStored adds a new stored file of n bytes to what its owner's
+// sessions hold (table stored_usage), or refuses it when that would pass
+// the owner's quota. Without one, a user stored any number of 10 MB files
+// across its 10,000 sessions: a paired token could fill the daemon's
+// disk. The operator is not charged.
+//
+// One statement checks and adds under the owner's row lock, held to the
+// end of tx: two stores of one owner into different sessions (whose own
+// locks do not order them) cannot both pass on the same room, and a store
+// that fails later gives its charge back with its rollback.
+func (s *Server) chargeStored(ctx context.Context, tx pgx.Tx, owner string, n int64) error {
+	if owner == configschema.OperatorPrincipal {
+		return nil
+	}
+	maxBytes, maxFiles := s.storedQuota()
+	var charged bool
+	err := tx.QueryRow(ctx, `INSERT INTO stored_usage AS u (owner, bytes, files) VALUES ($1, $2, 1)
+		ON CONFLICT (owner) DO UPDATE SET bytes = u.bytes + EXCLUDED.bytes, files = u.files + 1
+		WHERE u.bytes + EXCLUDED.bytes <= $3 AND u.files < $4
+		RETURNING true`, owner, n, maxBytes, maxFiles).Scan(&charged)
+	if err == nil && (n > maxBytes || maxFiles < 1) {
+		// A first file is inserted unchecked above: refuse it here (the
+		// rollback takes the row back).
+		return storedFull(0, 0, n, maxBytes, maxFiles)
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		if err != nil {
+			return fmt.Errorf("charge stored file: %w", err)
+		}
+		return nil
+	}
+	var held, files int64
+	if err := tx.QueryRow(ctx, "SELECT bytes, files FROM stored_usage WHERE owner = $1", owner).Scan(&held, &files); err != nil {
+		return fmt.Errorf("read stored usage: %w", err)
+	}
+	return storedFull(held, files, n, maxBytes, maxFiles)
+}
+
+// mayStoreBytes refuses, ahead of a store, a new file of n bytes (n > 0)
+// its owner's quota has no room for now. It only reads: the store's
+// chargeStored decides.
+func (s *Server) mayStoreBytes(ctx context.Context, owner string, n int64) error {
+	if n <= 0 || owner == configschema.OperatorPrincipal {
+		return nil
+	}
+	maxBytes, maxFiles := s.storedQuota()
+	var held, files int64
+	err := s.store.db.QueryRow(ctx, "SELECT bytes, files FROM stored_usage WHERE owner = $1", owner).Scan(&held, &files)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("read stored usage: %w", err)
+	}
+	if held+n > maxBytes || files >= maxFiles {
+		return storedFull(held, files, n, maxBytes, maxFiles)
+	}
+	return nil
+}
+
+// storedFull is the refusal of a file past its owner's quota: -32602
+// with reason capacity, as the other upload limits (docs/spec.md §6).
+func storedFull(held, files, n, maxBytes, maxFiles int64) error {
+	msg := uploads.StoredBytesFull(held, n, maxBytes)
+	if held+n <= maxBytes && files >= maxFiles {
+		msg = uploads.StoredFilesFull(maxFiles)
+	}
+	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonCapacity, rpcerr.NoIndex, msg)
 }
 
 // hashWritingAhead hashes data (with hash) on a goroutine of its own

@@ -17,12 +17,14 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/policylock"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
@@ -1041,4 +1043,140 @@ func TestStoreFileClearsWhatAStoppedStoreLeft(t *testing.T) {
 	h.restart()
 	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "d.txt", Data: []byte("d")})
 	want("the first store after another restart", []string{later, since}, []string{link, folder, short, upper, theirs})
+}
+
+// quotaHarness is fileHarness with a user's stored files bounded to
+// maxBytes and maxFiles.
+func quotaHarness(t testing.TB, maxBytes, maxFiles int64) (*harness, *policy) {
+	pol := newPolicy()
+	pol.grant(alice, configschema.PermFilesCreate, useDefault)
+	pol.grant(bob, configschema.PermFilesCreate, useDefault)
+	h := newHarness(t, func(c *Config) {
+		c.Authz = pol
+		c.Uploads = func() configclient.Uploads {
+			return configclient.Uploads{MaxUserStoredBytes: maxBytes, MaxUserStoredFiles: maxFiles}
+		}
+	})
+	return h, pol
+}
+
+// usage is what stored_usage holds for a principal.
+func (h *harness) usage(p *commonv1.Principal) (bytes, files int64) {
+	h.t.Helper()
+	err := h.pool.QueryRow(context.Background(), "SELECT bytes, files FROM stored_usage WHERE owner = $1", p.GetPrincipalId()).Scan(&bytes, &files)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		h.t.Fatal(err)
+	}
+	return bytes, files
+}
+
+// A user's sessions hold at most the quota in stored files: a new file
+// past it is refused (at begin when its size is declared, and at the
+// store), nothing of it written; a file the session already holds is not
+// charged again; the operator is not bounded; deleting a session frees
+// its files' room. An audit stored 10 MB files in a loop into a token
+// user's sessions with nothing to stop it but the disk.
+func TestStoreFileKeepsAUserWithinItsQuota(t *testing.T) {
+	h, _ := quotaHarness(t, 100, 3)
+	ctx := context.Background()
+	s1, s2 := h.newSession(alice, "default"), h.newSession(alice, "default")
+	store := func(p *commonv1.Principal, id string, data []byte) error {
+		_, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: p, SessionId: id, Filename: "f.bin", Data: data})
+		return err
+	}
+	begin := func(p *commonv1.Principal, id string, n int64) error {
+		_, err := h.srv.CheckUpload(ctx, &sessionv1.CheckUploadRequest{Principal: p, SessionId: id, SizeBytes: n})
+		return err
+	}
+	a, b := bytes.Repeat([]byte("a"), 60), bytes.Repeat([]byte("b"), 50)
+	if err := store(alice, s1, a); err != nil {
+		t.Fatal(err)
+	}
+	if got, n := h.usage(alice); got != 60 || n != 1 {
+		t.Fatalf("usage %d bytes, %d files; want 60, 1", got, n)
+	}
+	wantRefusal(t, begin(alice, s2, 50), codes.InvalidArgument, rpcerr.ReasonCapacity,
+		"holds 60 bytes of stored files; 50 more would pass its limit of 100")
+	wantRefusal(t, store(alice, s2, b), codes.InvalidArgument, rpcerr.ReasonCapacity,
+		"holds 60 bytes of stored files; 50 more would pass its limit of 100")
+	h.nothingStored(s2)
+	// Stored again in its own session: no new room taken.
+	if err := store(alice, s1, a); err != nil {
+		t.Fatal(err)
+	}
+	// In another session it is a new file.
+	wantRefusal(t, store(alice, s2, a), codes.InvalidArgument, rpcerr.ReasonCapacity, "60 more would pass")
+	if err := begin(alice, s2, 40); err != nil {
+		t.Fatal(err)
+	}
+	if err := store(alice, s2, b[:40]); err != nil {
+		t.Fatal(err)
+	}
+	// An admin storing into alice's session is charged to alice.
+	if err := store(operator, s2, []byte("x")); err == nil {
+		t.Fatal("the operator stored past alice's quota into her session")
+	}
+	// bob and the operator have room of their own.
+	if err := store(bob, h.newSession(bob, "default"), b); err != nil {
+		t.Fatal(err)
+	}
+	op := h.newSession(operator, "default")
+	for i := range 5 {
+		if err := store(operator, op, bytes.Repeat([]byte{byte(i)}, 90)); err != nil {
+			t.Fatalf("operator's store %d: %v", i, err)
+		}
+	}
+	if got, n := h.usage(operator); got != 0 || n != 0 {
+		t.Fatalf("operator charged %d bytes, %d files", got, n)
+	}
+
+	// Deleting s1 frees its 60 bytes.
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: s1}); err != nil {
+		t.Fatal(err)
+	}
+	if got, n := h.usage(alice); got != 40 || n != 1 {
+		t.Fatalf("usage after delete %d bytes, %d files; want 40, 1", got, n)
+	}
+	if err := store(alice, s2, b); err != nil {
+		t.Fatal(err)
+	}
+	// The file count: two held, a third allowed, a fourth refused.
+	if err := store(alice, s2, []byte("c")); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, store(alice, s2, []byte("d")), codes.InvalidArgument, rpcerr.ReasonCapacity, "holds 3 stored files, its limit")
+	wantRefusal(t, begin(alice, s2, 1), codes.InvalidArgument, rpcerr.ReasonCapacity, "holds 3 stored files, its limit")
+}
+
+// Two stores of one user into two sessions at once, each fitting the
+// quota alone and not together: one is stored, the other refused. The
+// sessions' own locks do not order them; the owner's usage row does.
+func TestStoreFileQuotaHoldsUnderConcurrentStores(t *testing.T) {
+	h, _ := quotaHarness(t, 100, 100)
+	for round := range 5 {
+		s1, s2 := h.newSession(alice, "default"), h.newSession(alice, "default")
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, id := range []string{s1, s2} {
+			wg.Go(func() {
+				_, errs[i] = h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id,
+					Data: bytes.Repeat([]byte{byte(round), byte(i)}, 30)})
+			})
+		}
+		wg.Wait()
+		if (errs[0] == nil) == (errs[1] == nil) {
+			t.Fatalf("round %d: %v, %v; want one stored and one refused", round, errs[0], errs[1])
+		}
+		if got, _ := h.usage(alice); got != 60 {
+			t.Fatalf("round %d: usage %d; want 60", round, got)
+		}
+		for _, id := range []string{s1, s2} {
+			if _, err := h.srv.Delete(context.Background(), &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, n := h.usage(alice); got != 0 || n != 0 {
+			t.Fatalf("round %d: usage after deletes %d bytes, %d files", round, got, n)
+		}
+	}
 }

@@ -39,6 +39,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/coalesce"
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -82,6 +83,9 @@ type Config struct {
 	// LiveIdleTimeout is how long the in-memory half of an idle session is
 	// kept after its last use (default 10 min; see live.go).
 	LiveIdleTimeout time.Duration
+	// Uploads gives uploads.* in force now: the quota of a user's stored
+	// files. nil: DefaultMaxUserStoredBytes and DefaultMaxUserStoredFiles.
+	Uploads func() configclient.Uploads
 	// Files is the server's codec when it reads StoreFile's bytes into
 	// kept buffers (cmd/session): StoreFile gives them back when done.
 	// nil when the bytes are grpc's.

@@ -202,13 +202,37 @@ func (st *store) setState(ctx context.Context, id, state string, from ...string)
 }
 
 // deleteSession deletes the session id of the given incarnation (never
-// a new session its id names since).
+// a new session its id names since), and frees what its stored files
+// held of its owner's quota (files.go, chargeStored). The row is locked
+// first: a store into the session that holds it ends before the files
+// are summed, each read then seeing what committed before it.
 func (st *store) deleteSession(ctx context.Context, id string, incarnation int64) (bool, error) {
-	tag, err := st.db.Exec(ctx, "DELETE FROM sessions WHERE session_id = $1 AND incarnation = $2", id, incarnation)
+	var deleted bool
+	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
+		var owner string
+		err := tx.QueryRow(ctx, "SELECT owner FROM sessions WHERE session_id = $1 AND incarnation = $2 FOR UPDATE",
+			id, incarnation).Scan(&owner)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if owner != configschema.OperatorPrincipal {
+			if _, err := tx.Exec(ctx, `UPDATE stored_usage AS u SET bytes = greatest(u.bytes - f.bytes, 0), files = greatest(u.files - f.files, 0)
+				FROM (SELECT coalesce(sum(size_bytes), 0) AS bytes, count(*) AS files FROM session_files WHERE session_id = $1) AS f
+				WHERE u.owner = $2 AND f.files > 0`, id, owner); err != nil {
+				return err
+			}
+		}
+		tag, err := tx.Exec(ctx, "DELETE FROM sessions WHERE session_id = $1", id)
+		deleted = tag.RowsAffected() == 1
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("delete session: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return deleted, nil
 }
 
 // missingSessions returns those of ids no session row holds.

@@ -2044,9 +2044,13 @@ func (x *ConnectionClosedResponse) GetCancelledTurns() int32 {
 }
 
 type CheckUploadRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
-	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Principal *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// size_bytes, when non-zero, is the declared size: an upload that
+	// would take the session owner's stored files past their quota is
+	// refused at begin, before its bytes are sent (StoreFile checks again).
+	SizeBytes     int64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2093,6 +2097,13 @@ func (x *CheckUploadRequest) GetSessionId() string {
 		return x.SessionId
 	}
 	return ""
+}
+
+func (x *CheckUploadRequest) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
 }
 
 type CheckUploadResponse struct {
@@ -3688,11 +3699,13 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x17ConnectionClosedRequest\x12#\n" +
 	"\rconnection_id\x18\x01 \x01(\tR\fconnectionId\"C\n" +
 	"\x18ConnectionClosedResponse\x12'\n" +
-	"\x0fcancelled_turns\x18\x01 \x01(\x05R\x0ecancelledTurns\"p\n" +
+	"\x0fcancelled_turns\x18\x01 \x01(\x05R\x0ecancelledTurns\"\x8f\x01\n" +
 	"\x12CheckUploadRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\x8e\x01\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\"\x8e\x01\n" +
 	"\x13CheckUploadResponse\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +

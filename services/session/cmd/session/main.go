@@ -82,6 +82,7 @@ func register(ctx context.Context, env *service.Env) error {
 		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
 		Memory:  pluginv1.NewPluginServiceClient(memoryConn),
 		Files:   files,
+		Uploads: live.Uploads,
 	})
 	if err != nil {
 		return err
