@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzFrames runs arbitrary bytes through the frame reader (with a small
@@ -188,9 +189,19 @@ func checkWire(t *testing.T, r *Response) {
 		t.Fatalf("response encodes as %q, %v", b, err)
 	}
 	again := Classify(b)
-	if again.Kind != KindResponse || !sameID(again.Response.ID, r.ID) {
+	if again.Kind != KindResponse || !sameID(again.Response.ID, plainID(r.ID)) {
 		t.Fatalf("response %q classifies as %v (%s)", b, again.Kind, again.Problem)
 	}
+}
+
+// plainID is id as a response carrying it is read back: its value, not
+// its literal.
+func plainID(id *ID) *ID {
+	if id == nil || *id == (ID{}) {
+		return nil
+	}
+	v := ID{str: id.str, text: id.text}
+	return &v
 }
 
 func sameID(a, b *ID) bool {
@@ -226,12 +237,28 @@ func refClassify(b []byte) refResult {
 		}
 		return s, json.Unmarshal(raw, &s) == nil
 	}
-	id := func(raw json.RawMessage) (*ID, bool) {
-		if raw == nil || string(raw) == "null" {
+	// A request's id keeps its literal (to answer with); null is an id
+	// of a request, none of a response.
+	id := func(raw json.RawMessage, request bool) (*ID, bool) {
+		if raw == nil {
 			return nil, true
+		}
+		if string(raw) == "null" {
+			if request {
+				return &ID{}, true
+			}
+			return nil, true
+		}
+		if raw[0] == '"' && !utf8.Valid(raw) {
+			return nil, false
 		}
 		if s, ok := str(raw); ok {
 			v := StringID(s)
+			if request && bytes.IndexByte(raw, '\\') >= 0 {
+				v.raw = string(raw)
+			} else if request {
+				v.verbatim = true
+			}
 			return &v, true
 		}
 		if raw[0] == '-' || (raw[0] >= '0' && raw[0] <= '9') {
@@ -251,7 +278,7 @@ func refClassify(b []byte) refResult {
 	_, hasResult := m["result"]
 	_, hasError := m["error"]
 	if rawMethod, ok := m["method"]; ok {
-		rid, idOK := id(rawID)
+		rid, idOK := id(rawID, true)
 		bad := func(p string) refResult {
 			return refResult{kind: KindInvalid, replyCode: CodeInvalidRequest, id: rid, problem: p}
 		}
@@ -271,14 +298,14 @@ func refClassify(b []byte) refResult {
 		case hasResult || hasError:
 			return bad("result")
 		}
-		if rid == nil {
+		if !hasID {
 			return refResult{kind: KindNotification, method: method}
 		}
 		return refResult{kind: KindRequest, method: method, id: rid}
 	}
 	drop := refResult{kind: KindInvalid, problem: "response"}
 	_, hasParams := m["params"]
-	rid, idOK := id(rawID)
+	rid, idOK := id(rawID, false)
 	if anyDup || !versionOK || !hasID || !idOK || hasParams || hasResult == hasError {
 		return drop
 	}

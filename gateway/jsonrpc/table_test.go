@@ -93,7 +93,18 @@ var wireCases = []wireCase{
 	{name: "notification unknown method", in: `{"jsonrpc":"2.0","method":"no/such"}`, silent: true},
 	{name: "notification handler error", in: `{"jsonrpc":"2.0","method":"boom"}`, silent: true},
 	{name: "notification handler *Error", in: `{"jsonrpc":"2.0","method":"fail"}`, silent: true},
-	{name: "notification with id null", in: `{"jsonrpc":"2.0","id":null,"method":"no/such"}`, silent: true},
+	// "id":null is an id, not a notification (JSON-RPC 2.0: a
+	// notification has no id member): answered, with null.
+	{name: "request with id null", in: `{"jsonrpc":"2.0","id":null,"method":"no/such"}`, wantID: `null`, wantCode: CodeMethodNotFound, wantMsg: "Unknown method: no/such"},
+	{name: "request with id null served", in: `{"jsonrpc":"2.0","id":null,"method":"echo","params":[7]}`, wantID: `null`, wantResult: `[7]`},
+	// A string id comes back as it was written, escapes and all: a lone
+	// surrogate decodes to U+FFFD, an id the client never sent.
+	{name: "id lone surrogate", in: `{"jsonrpc":"2.0","id":"\ud800","method":"echo","params":{}}`, wantID: `"\ud800"`, wantResult: `{}`},
+	{name: "id with characters JSON may escape", in: `{"jsonrpc":"2.0","id":"<a&b>` + "\u2028" + `","method":"echo","params":{}}`, wantID: `"<a&b>` + "\u2028" + `"`, wantResult: `{}`},
+	{name: "id escaped", in: `{"jsonrpc":"2.0","id":"a\u0062\n","method":"echo","params":{}}`, wantID: `"a\u0062\n"`, wantResult: `{}`},
+	{name: "id surrogates reversed", in: `{"jsonrpc":"2.0","id":"\udc00\ud800","method":"no/such"}`, wantID: `"\udc00\ud800"`, wantCode: CodeMethodNotFound},
+	// Not UTF-8: it could not be answered as JSON, so it is no id.
+	{name: "id not UTF-8", in: `{"jsonrpc":"2.0","id":"a` + "\xff" + `b","method":"echo","params":{}}`, wantID: `null`, wantCode: CodeInvalidRequest},
 	// Requests.
 	{name: "unknown method", in: `{"jsonrpc":"2.0","id":20,"method":"no/such"}`, wantID: `20`, wantCode: CodeMethodNotFound, wantMsg: "Unknown method: no/such"},
 	{name: "result null", in: `{"jsonrpc":"2.0","id":21,"method":"null"}`, wantID: `21`, wantResult: `null`},
@@ -133,7 +144,7 @@ func TestWireTable(t *testing.T) {
 				checkRow(t, tc, got)
 			}
 			// Every notification reached the handler, none was answered.
-			want := []string{"echo", "no/such", "boom", "fail", "no/such"}
+			want := []string{"echo", "no/such", "boom", "fail"}
 			checkFor(t, func() error {
 				if got := h.notifications(); fmt.Sprint(got) != fmt.Sprint(want) && mode == "inline" {
 					return fmt.Errorf("notifications %v, want %v", got, want)
@@ -207,7 +218,7 @@ func TestClassifyKinds(t *testing.T) {
 	for in, want := range map[string]Kind{
 		`{"jsonrpc":"2.0","id":1,"method":"m"}`:           KindRequest,
 		`{"jsonrpc":"2.0","method":"m"}`:                  KindNotification,
-		`{"jsonrpc":"2.0","id":null,"method":"m"}`:        KindNotification,
+		`{"jsonrpc":"2.0","id":null,"method":"m"}`:        KindRequest,
 		`{"jsonrpc":"2.0","id":1,"result":null}`:          KindResponse,
 		`{"jsonrpc":"2.0","id":null,"result":1}`:          KindResponse,
 		`{"jsonrpc":"2.0","id":1,"result":1,"error":{}}`:  KindInvalid,
@@ -222,7 +233,7 @@ func TestClassifyKinds(t *testing.T) {
 		t.Errorf("result null: %+v", m.Response)
 	}
 	m = Classify([]byte(`{"jsonrpc":"2.0","id":"x","method":"m"}`))
-	if string(m.Request.Params) != "{}" || *m.Request.ID != StringID("x") {
+	if string(m.Request.Params) != "{}" || !m.Request.ID.IsString() || m.Request.ID.String() != "x" {
 		t.Errorf("params default: %+v", m.Request)
 	}
 }

@@ -67,14 +67,20 @@ var (
 	ErrShutdown = errors.New("jsonrpc: server shutting down")
 )
 
-// ID is a JSON-RPC request id: a string or a number. A number keeps its
-// original JSON text (1, 1.0 and 1e0 are three different ids); a string is
-// held decoded and re-encoded on output. IDs are comparable with == and
-// usable as map keys: two ids are equal when kind and textual value agree.
-// The zero ID is the number-less, string-less placeholder and is never sent.
+// ID is a JSON-RPC request id: a string, a number or null. A number keeps
+// its original JSON text (1, 1.0 and 1e0 are three different ids); a
+// string is held decoded, and a request's is answered as it was written
+// (verbatim when it has no escape, else raw): a lone surrogate such as
+// "\ud800" decodes to U+FFFD, and "<" re-encodes as "\u003c", neither the
+// id the client sent. IDs are comparable with == and usable as map keys:
+// two ids are equal when kind and textual value agree (the ids compared,
+// a response's to an outgoing call's, keep neither). The zero ID is null:
+// the id of a request sent with "id":null, answered with it.
 type ID struct {
-	str  bool
-	text string
+	str      bool
+	verbatim bool   // text is the string's literal, quotes left out
+	text     string // the decoded string, or the number as written
+	raw      string // the string's literal with its escapes, quotes included
 }
 
 // StringID returns the string id s.
@@ -96,7 +102,7 @@ func (id ID) MarshalJSON() ([]byte, error) { return id.appendJSON(nil), nil }
 // UnmarshalJSON accepts a JSON string or number.
 func (id *ID) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
-	v, ok := parseID(b)
+	v, ok := parseID(b, false)
 	if !ok {
 		return fmt.Errorf("%w: id must be a string or a number", ErrInvalidFrame)
 	}
@@ -105,6 +111,14 @@ func (id *ID) UnmarshalJSON(b []byte) error {
 }
 
 func (id ID) appendJSON(dst []byte) []byte {
+	switch {
+	case id.raw != "":
+		return append(dst, id.raw...)
+	case id.verbatim:
+		dst = append(dst, '"')
+		dst = append(dst, id.text...)
+		return append(dst, '"')
+	}
 	if id.str {
 		return jsonstr.Append(dst, id.text)
 	}
@@ -114,15 +128,29 @@ func (id ID) appendJSON(dst []byte) []byte {
 	return append(dst, id.text...)
 }
 
-// parseID reads a raw JSON value as an id. b must be one valid JSON value.
-func parseID(b []byte) (ID, bool) {
+// parseID reads a raw JSON value as an id, keeping a string's escaped
+// spelling when keepRaw (a request's id, to answer with). b must be one
+// valid JSON value. A string that is not UTF-8 is not an id: it could be
+// neither echoed (the answer would not be JSON) nor decoded as sent.
+func parseID(b []byte, keepRaw bool) (ID, bool) {
 	if len(b) == 0 {
 		return ID{}, false
 	}
 	switch c := b[0]; {
 	case c == '"':
+		if !utf8.Valid(b) {
+			return ID{}, false
+		}
 		s, ok := decodeString(b)
-		return ID{str: true, text: s}, ok
+		id := ID{str: true, text: s}
+		if keepRaw {
+			if bytes.IndexByte(b, '\\') >= 0 {
+				id.raw = string(b)
+			} else {
+				id.verbatim = true
+			}
+		}
+		return id, ok
 	case c == '-' || (c >= '0' && c <= '9'):
 		if !valid(b) {
 			return ID{}, false
@@ -368,8 +396,13 @@ func (e *envelope) request() Message {
 	idOK := true
 	if e.dup&hasID != 0 {
 		idOK = false // ambiguous: no occurrence is more the id than another
-	} else if e.has&hasID != 0 && string(e.id) != "null" {
-		v, ok := parseID(e.id)
+	} else if e.has&hasID != 0 {
+		// "id":null is an id (JSON-RPC 2.0: a notification has no id
+		// member), answered with null.
+		v, ok := ID{}, true
+		if string(e.id) != "null" {
+			v, ok = parseID(e.id, true)
+		}
 		if ok {
 			id = &v
 		}
@@ -436,7 +469,7 @@ func (e *envelope) response() Message {
 	}
 	resp := &Response{}
 	if string(e.id) != "null" {
-		v, ok := parseID(e.id)
+		v, ok := parseID(e.id, false)
 		if !ok {
 			return dropped("response: bad id")
 		}
