@@ -220,7 +220,7 @@ func stampArgs(arg string) (n int, gap time.Duration, ok bool) {
 		return 0, 0, false
 	}
 	n, err := strconv.Atoi(f[0])
-	if err != nil || n < 0 {
+	if err != nil || n < 0 || n > MaxStampChunks {
 		return 0, 0, false
 	}
 	if len(f) == 2 {
@@ -233,7 +233,14 @@ func stampArgs(arg string) (n int, gap time.Duration, ok bool) {
 	return n, gap, true
 }
 
+// MaxStampChunks bounds /stamp's N: each chunk is 20 bytes, so past some
+// 200,000 of them the turn's reply is cut anyway (MaxReplyBytes).
+const MaxStampChunks = 1 << 20
+
 // stamp emits "/stamp N [MS]": N chunks holding the time they were made.
+// It ends when ctx does, between any two chunks: with no gap, "/stamp
+// 9000000000000000000" ran on through every cancel, a core for ever and
+// a turn left running after session/cancel said cancelled.
 func stamp(ctx context.Context, arg string, emit func(Chunk)) error {
 	n, gap, ok := stampArgs(arg)
 	if !ok {
@@ -246,6 +253,9 @@ func stamp(ctx context.Context, arg string, emit func(Chunk)) error {
 		}
 	}()
 	for i := range n {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if i > 0 && gap > 0 {
 			if t == nil {
 				t = time.NewTimer(gap)

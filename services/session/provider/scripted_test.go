@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -105,5 +106,26 @@ func TestScriptedProvider(t *testing.T) {
 	cancel()
 	if _, err := (ScriptedProvider{}).Step(ctx, Request{Messages: user("/sleep 60000", 0)}, func(Chunk) {}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled sleep: %v", err)
+	}
+}
+
+// /stamp with no gap ends as soon as its context does, and refuses an N
+// past MaxStampChunks (said, like any bad /stamp).
+func TestScriptedStampEndsWithItsContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	start := time.Now()
+	_, err := (ScriptedProvider{}).Step(ctx, Request{Messages: []Message{{Role: RoleUser, Content: fmt.Sprintf("/stamp %d", MaxStampChunks)}}}, func(Chunk) {
+		if n++; n == 10 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) || n != 10 {
+		t.Fatalf("after %d chunks and %v: %v; want context.Canceled after 10", n, time.Since(start), err)
+	}
+	var said []Chunk
+	if _, err := (ScriptedProvider{}).Step(context.Background(), Request{Messages: []Message{{Role: RoleUser, Content: fmt.Sprintf("/stamp %d", MaxStampChunks+1)}}},
+		func(c Chunk) { said = append(said, c) }); err != nil || len(said) != 2 || said[0].Text != "/stamp " {
+		t.Fatalf("an N past the bound: %+v %v", said, err)
 	}
 }
