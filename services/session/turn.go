@@ -52,12 +52,127 @@ func checkToolCalls(calls []ToolCall) error {
 	}
 	size := 0
 	for _, c := range calls {
+		if len(c.Name) > MaxToolNameBytes {
+			return fmt.Errorf("the provider asked for a tool named in %d bytes; the limit is %d", len(c.Name), MaxToolNameBytes)
+		}
 		size += len(c.ID) + len(c.Name) + len(c.Arguments)
 	}
 	if size > provider.MaxToolCallBytes {
 		return fmt.Errorf("the provider asked for tool calls of %d bytes in one step; the limit is %d", size, provider.MaxToolCallBytes)
 	}
 	return nil
+}
+
+// Bounds on what a provider says beside its reply, each within what one
+// update may carry on the bus (8 MiB) with room to spare, measured as
+// JSON where the text is JSON-escaped (a '<' is six bytes there):
+//
+//   - MaxToolNameBytes: a tool's name in a call; no tool has a longer one
+//     (a plugin's are at most 64 bytes), and a call's name goes into its
+//     tool_call and tool_result updates.
+//   - MaxFailureBytes: a failed turn's message, which its turn_complete
+//     carries twice (content and error). A provider's error event of 2 MiB
+//     of '<' made a 24 MiB turn_complete the bus refused: followers never
+//     saw the turn end.
+//   - MaxStopReasonBytes: a stop reason passed on from a provider; one
+//     longer, or not a plain word, is stopOther.
+//   - MaxLiveToolInputBytes: a call's arguments in its tool_call update,
+//     which carries them twice (raw_input and rawInput). Arguments within
+//     provider.MaxToolCallBytes made a 12 MiB update when escaped.
+const (
+	MaxToolNameBytes      = 256
+	MaxFailureBytes       = 8 << 10
+	MaxStopReasonBytes    = 64
+	MaxLiveToolInputBytes = 1 << 20
+)
+
+// stopOther is the stop reason of a provider's that is too long or not a
+// plain word.
+const stopOther = "other"
+
+// capFailure cuts a failure message where its JSON reaches
+// MaxFailureBytes, at a character boundary, and says so.
+func capFailure(msg string) string {
+	fits, _ := jsonstr.Fit(msg, MaxFailureBytes-64)
+	if fits == len(msg) {
+		return msg
+	}
+	return msg[:fits] + fmt.Sprintf(" [message truncated: %d of %d bytes]", fits, len(msg))
+}
+
+// boundStopReason passes a provider's stop reason on when it is a plain
+// word ([A-Za-z0-9_.-]) of at most MaxStopReasonBytes, else stopOther.
+func boundStopReason(s string) string {
+	if len(s) > MaxStopReasonBytes {
+		return stopOther
+	}
+	for i := range len(s) {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return stopOther
+		}
+	}
+	return s
+}
+
+// liveToolInput is a call's arguments as its tool_call update shows them:
+// raw (JSON, or the text as a string when it is not JSON) while their JSON
+// fits MaxLiveToolInputBytes, else the text cut there with a note. Measured
+// as a JSON string, which is never shorter than the same text embedded as
+// JSON.
+func liveToolInput(args []byte, raw any) any {
+	s := string(args)
+	fits, _ := jsonstr.Fit(s, MaxLiveToolInputBytes-64)
+	if fits == len(s) {
+		return raw
+	}
+	return s[:fits] + fmt.Sprintf("\n[tool input truncated: %d of %d bytes shown]", fits, len(s))
+}
+
+// jsonbSafe reports whether valid JSON text can be stored as jsonb:
+// PostgreSQL refuses the escape \u0000 and a surrogate escape not in a
+// pair, which encoding/json accepts. Such arguments were refused by the
+// tool_calls row's insert, and the call ran with no row.
+func jsonbSafe(b []byte) bool {
+	hex := func(i int) (rune, bool) {
+		if i+6 > len(b) || b[i+1] != 'u' {
+			return 0, false
+		}
+		var v rune
+		for _, c := range b[i+2 : i+6] {
+			switch {
+			case c >= '0' && c <= '9':
+				v = v<<4 | rune(c-'0')
+			case c >= 'a' && c <= 'f':
+				v = v<<4 | rune(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				v = v<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return v, true
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		v, ok := hex(i)
+		switch {
+		case !ok:
+			i++ // a two-byte escape: \\ among them
+		case v == 0 || v >= 0xDC00 && v <= 0xDFFF:
+			return false
+		case v >= 0xD800 && v <= 0xDBFF:
+			if lo, ok := hex(i + 6); !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return false
+			}
+			i += 11
+		default:
+			i += 5
+		}
+	}
+	return true
 }
 
 // errReplyTooLong is the cause a step is cut with at MaxReplyBytes.
@@ -132,7 +247,7 @@ func (s *Server) loop(t *turn) turnResult {
 		if ctx.Err() != nil {
 			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content()}
 		}
-		msg := err.Error()
+		msg := capFailure(err.Error())
 		if msg == "" {
 			msg = "turn failed"
 		}
@@ -221,7 +336,7 @@ func (s *Server) loop(t *turn) turnResult {
 		said += step.String()
 		step.Reset()
 		if len(res.ToolCalls) == 0 {
-			stop := res.StopReason
+			stop := boundStopReason(res.StopReason)
 			if stop == "" {
 				stop = stopEndTurn
 			}
@@ -268,7 +383,7 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 		rawInput = string(args)
 	}
 	stored := args
-	if !validArgs {
+	if !validArgs || !jsonbSafe(args) {
 		stored, _ = json.Marshal(string(args))
 	}
 	// The call is checkpointed, with the events before it, before it runs.
@@ -280,7 +395,7 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	}); err != nil {
 		s.log.Warn("record tool call", zap.String("session_id", ls.id), zap.Error(err))
 	}
-	s.publish(ls, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": rawInput})
+	s.publish(ls, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": liveToolInput(args, rawInput)})
 
 	out, st := s.toolOutcome(ctx, t, agent, tools, call.Name, id, args, validArgs)
 	kept := capToolOutput(out)
