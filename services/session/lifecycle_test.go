@@ -350,3 +350,72 @@ func TestLiveSessionsSwept(t *testing.T) {
 		return nil
 	})
 }
+
+// stubbornProvider holds its step until release is closed, whatever its
+// context says (a provider library that does not watch it), then says
+// "late reply".
+type stubbornProvider struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (p stubbornProvider) Step(ctx context.Context, req ProviderRequest, emit func(Chunk)) (StepResult, error) {
+	select {
+	case p.started <- struct{}{}:
+	default:
+	}
+	<-p.release
+	emit(Chunk{Text: "late reply"})
+	return StepResult{}, nil
+}
+
+// A turn that outlives its session's Delete (which waits UnwindTimeout
+// for it, then frees the id) writes nothing once it ends: the id may name
+// another principal's session by then, and the deleted session's reply
+// landed in that session's transcript and set its state.
+func TestTurnOutlivingDeleteWritesNothingIntoTheNextSession(t *testing.T) {
+	p := stubbornProvider{started: make(chan struct{}, 1), release: make(chan struct{})}
+	h := newHarness(t, func(c *Config) {
+		c.UnwindTimeout = 300 * time.Millisecond
+		c.Providers = map[string]ProviderFactory{"stubborn": func(AgentConfig) (Provider, error) { return p, nil }}
+	})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "slow", Provider: "stubborn"}})
+	ctx := context.Background()
+	id := h.newSession(alice, "slow")
+	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "hi"})
+	<-p.started
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: bob, AgentAlias: "default", SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	// bob's session runs a turn of its own while alice's ends.
+	bobs := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: bob, SessionId: id, Prompt: "/sleep 2000"})
+	eventually(t, func() error {
+		if st := h.state(bob, id); st != stateRunning {
+			return fmt.Errorf("bob's session %s", st)
+		}
+		return nil
+	})
+	close(p.release)
+	select {
+	case <-res:
+	case <-time.After(30 * time.Second):
+		t.Fatal("alice's turn never ended")
+	}
+	var n int
+	var state string
+	if err := h.pool.QueryRow(ctx, "SELECT message_count, state FROM sessions WHERE session_id = $1", id).Scan(&n, &state); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || state != stateRunning {
+		t.Fatalf("bob's session holds %d messages and is %s; want its own prompt, running", n, state)
+	}
+	if err := h.pool.QueryRow(ctx, "SELECT count(*) FROM checkpoint_events WHERE session_id = $1 AND turn_id NOT IN (SELECT turn_id FROM turns)", id).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d checkpoint events of a turn not bob's (%v)", n, err)
+	}
+	if r := <-bobs; r.err != nil {
+		t.Fatal(r.err)
+	}
+}

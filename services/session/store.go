@@ -274,17 +274,30 @@ func (st *store) openSessions(ctx context.Context) ([]openSession, error) {
 	return out, nil
 }
 
+// errTurnGone: a turn's write found its turn row gone, with the session
+// it ran in (deleted while the turn unwound). Nothing of it is written:
+// the id may name another session by then, another principal's.
+var errTurnGone = errors.New("the turn's session was deleted")
+
 // appendMessageTx adds one transcript row at the next index, taken under
 // the session row's lock: indexes are dense, in commit order, never
-// reused. The row carries the session's interaction surface.
-func appendMessageTx(ctx context.Context, tx pgx.Tx, id, role, content string) (int64, error) {
+// reused. The row carries the session's interaction surface. A turn's
+// row (turnID not empty) is written only while the turn's own row stands,
+// so errTurnGone once its session was deleted: a turn that outlived its
+// session's Delete wrote its reply into the next session of that id.
+func appendMessageTx(ctx context.Context, tx pgx.Tx, id, turnID, role, content string) (int64, error) {
 	var idx int64
-	if err := tx.QueryRow(ctx, `UPDATE sessions SET message_count = message_count + 1, updated_at = now()
-		WHERE session_id = $1 RETURNING message_count - 1`, id).Scan(&idx); err != nil {
+	err := tx.QueryRow(ctx, `UPDATE sessions SET message_count = message_count + 1, updated_at = now()
+		WHERE session_id = $1 AND ($2 = '' OR EXISTS (SELECT 1 FROM turns WHERE turn_id = $2 AND session_id = $1))
+		RETURNING message_count - 1`, id, turnID).Scan(&idx)
+	if errors.Is(err, pgx.ErrNoRows) && turnID != "" {
+		return 0, errTurnGone
+	}
+	if err != nil {
 		return 0, err
 	}
 	content = pgtext.Text(content)
-	_, err := tx.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, json_size, interaction_surface)
+	_, err = tx.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, json_size, interaction_surface)
 		SELECT $1, $2, $3, $4, $5, interaction_surface FROM sessions WHERE session_id = $1`, id, idx, role, content, jsonSize(content))
 	return idx, err
 }
@@ -375,14 +388,18 @@ func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int
 // finishTurnTx records a turn's outcome and makes a running session idle
 // again (a session closed meanwhile keeps its state).
 func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult) error {
-	if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
-		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgtext.Text(res.Content)); err != nil {
+	tag, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
+		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgtext.Text(res.Content))
+	if err != nil {
 		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return errTurnGone // and the session of this id, if any, is another's
 	}
 	if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", turnID); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, "UPDATE sessions SET state = 'idle', updated_at = now() WHERE session_id = $1 AND state = 'running'", sessionID)
+	_, err = tx.Exec(ctx, "UPDATE sessions SET state = 'idle', updated_at = now() WHERE session_id = $1 AND state = 'running'", sessionID)
 	return err
 }
 
@@ -410,8 +427,10 @@ func (st *store) interruptedTurns(ctx context.Context) ([]interruptedTurn, error
 }
 
 func insertToolCallTx(ctx context.Context, q querier, sessionID, turnID string, c toolCall, status string) error {
+	// Written only while the turn's row stands (see errTurnGone).
 	_, err := q.Exec(ctx, `INSERT INTO tool_calls (session_id, tool_call_id, turn_id, name, raw_input, status)
-		VALUES ($1, $2, $3, $4, $5, $6)`, sessionID, c.ID, turnID, pgtext.Text(c.Name), string(c.Arguments), status)
+		SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM turns WHERE turn_id = $3 AND session_id = $1)`,
+		sessionID, c.ID, turnID, pgtext.Text(c.Name), string(c.Arguments), status)
 	return err
 }
 

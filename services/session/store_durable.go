@@ -43,8 +43,9 @@ type cpEvent struct {
 	CallID, ToolCallID, Name string
 }
 
-// insertEvents writes events in one statement. Events of a session that
-// no longer exists (deleted while its turn unwound) are skipped.
+// insertEvents writes events in one statement. Events of a turn that no
+// longer exists, its session deleted while it unwound, are skipped: the
+// session's id may name another session by then.
 func insertEvents(ctx context.Context, q querier, evs []cpEvent) error {
 	if len(evs) == 0 {
 		return nil
@@ -62,7 +63,7 @@ func insertEvents(ctx context.Context, q querier, evs []cpEvent) error {
 		SELECT u.* FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
 			$8::text[], $9::text[], $10::text[]) AS u(session_id, seq, turn_id, step, kind, interaction_surface, content,
 			call_id, tool_call_id, name)
-		WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = u.session_id)`,
+		WHERE EXISTS (SELECT 1 FROM turns t WHERE t.turn_id = u.turn_id AND t.session_id = u.session_id)`,
 		sid, seq, turn, step, kind, surface, content, callID, tcID, name)
 	if err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
@@ -107,7 +108,7 @@ func (st *store) beginTurn(ctx context.Context, b turnStart) (int64, error) {
 				return err
 			}
 		}
-		if _, err := appendMessageTx(ctx, tx, b.SessionID, roleUser, b.Prompt); err != nil {
+		if _, err := appendMessageTx(ctx, tx, b.SessionID, "", roleUser, b.Prompt); err != nil {
 			return err
 		}
 		seq, err := nextEventSeq(ctx, tx, b.SessionID)
@@ -310,18 +311,18 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 			if err := finishToolCallTx(ctx, tx, it.SessionID, e.ToolCallID, toolInterruptedOutput, toolCancelled); err != nil {
 				return err
 			}
-			if _, err := appendMessageTx(ctx, tx, it.SessionID, roleTool, e.Name+": "+toolInterruptedOutput); err != nil {
+			if _, err := appendMessageTx(ctx, tx, it.SessionID, "", roleTool, e.Name+": "+toolInterruptedOutput); err != nil {
 				return err
 			}
 		}
 		rec.Content = string(text)
 		res.Content = rec.Content
 		if rec.Content != "" {
-			if _, err := appendMessageTx(ctx, tx, it.SessionID, roleAssistant, rec.Content); err != nil {
+			if _, err := appendMessageTx(ctx, tx, it.SessionID, "", roleAssistant, rec.Content); err != nil {
 				return err
 			}
 		}
-		if _, err := appendMessageTx(ctx, tx, it.SessionID, roleSystem, marker); err != nil {
+		if _, err := appendMessageTx(ctx, tx, it.SessionID, "", roleSystem, marker); err != nil {
 			return err
 		}
 		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res)

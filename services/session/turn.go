@@ -406,10 +406,10 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 			if err := finishToolCallTx(c, tx, ls.id, id, kept, st); err != nil {
 				return err
 			}
-			_, err := appendMessageTx(c, tx, ls.id, roleTool, call.Name+": "+kept)
+			_, err := appendMessageTx(c, tx, ls.id, t.id, roleTool, call.Name+": "+kept)
 			return err
 		})
-	}); err != nil {
+	}); err != nil && !errors.Is(err, errTurnGone) {
 		s.log.Warn("record tool result", zap.String("session_id", ls.id), zap.Error(err))
 	}
 	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out), "status": st})
@@ -469,16 +469,18 @@ func (s *Server) finish(t *turn, res turnResult) {
 		return s.cp.write(ctx, t.log, func(tx pgx.Tx) error {
 			var err error
 			if res.Outcome == OutcomeFailed {
-				_, err = appendMessageTx(ctx, tx, ls.id, roleSystem, "Turn failed: "+res.Error)
+				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleSystem, "Turn failed: "+res.Error)
 			} else if res.Content != "" {
-				_, err = appendMessageTx(ctx, tx, ls.id, roleAssistant, res.Content)
+				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, res.Content)
 			}
 			if err != nil {
 				return err
 			}
 			return finishTurnTx(ctx, tx, ls.id, t.id, res)
 		})
-	}); err != nil {
+	}); errors.Is(err, errTurnGone) {
+		s.log.Info("turn end not recorded: its session was deleted", zap.String("session_id", ls.id), zap.String("turn_id", t.id))
+	} else if err != nil {
 		s.log.Warn("record turn end", zap.String("session_id", ls.id), zap.Error(err))
 	}
 	s.cp.close(t.log)
