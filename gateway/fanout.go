@@ -37,8 +37,12 @@ type topic struct {
 	ready       chan struct{} // closed once the subscription is in place at the server
 	err         error         // set before ready closes when it could not be
 
-	mu      sync.Mutex
-	conns   map[*connState]struct{}
+	mu sync.Mutex
+	// conns are the connections following, each with whether it is kept:
+	// followed by session/new, or relied on by a prompt that found it
+	// followed. A follow only one prompt made, not kept, is undone when
+	// the session service refuses that prompt (release).
+	conns   map[*connState]bool
 	lastSeq int64
 }
 
@@ -98,7 +102,7 @@ func (h *hub) full(cs *connState) bool {
 // gets a topic of its own. A subject of an earlier incarnation than the
 // topic's names a session deleted since the session service returned
 // it: errReplaced.
-func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, incarnation int64, err error) {
+func (h *hub) attach(cs *connState, sessionID, subject string, keep bool) (already bool, incarnation int64, err error) {
 	id, incarnation, err := bus.SessionOfSubject(subject)
 	if err != nil || id != sessionID {
 		return false, 0, fmt.Errorf("%w: subject %q does not name session %q", errAttach, subject, sessionID)
@@ -118,7 +122,7 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, in
 		return false, 0, errFollowLimit()
 	}
 	if !ok {
-		t = &topic{incarnation: incarnation, conns: map[*connState]struct{}{}, ready: make(chan struct{})}
+		t = &topic{incarnation: incarnation, conns: map[*connState]bool{}, ready: make(chan struct{})}
 		t.sub, err = bus.SubscribeSessionUpdates(h.nc, subject, func(u bus.Update) { h.dispatch(t, u) },
 			func(err error) {
 				h.log.Warn("bad session update dropped", zap.String("session_id", sessionID), zap.Error(err))
@@ -134,9 +138,11 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, in
 		h.topics[sessionID] = t
 	}
 	t.mu.Lock()
-	_, already = t.conns[cs]
+	// A follow found here was made by another call, which may be refused
+	// and release it: this one relies on it, so it is kept.
+	kept, already := t.conns[cs]
+	t.conns[cs] = kept || keep || already
 	if !already {
-		t.conns[cs] = struct{}{}
 		cs.following++
 	}
 	t.mu.Unlock()
@@ -158,6 +164,7 @@ func (h *hub) attach(cs *connState, sessionID, subject string) (already bool, in
 
 // attached reports whether cs follows the session, and the incarnation
 // it follows (the topic's: it may be of a session deleted a moment ago).
+// A follow found is kept from then on: the prompt that asks relies on it.
 func (h *hub) attached(cs *connState, sessionID string) (incarnation int64, ok bool) {
 	h.mu.Lock()
 	t, ok := h.topics[sessionID]
@@ -167,8 +174,30 @@ func (h *hub) attached(cs *connState, sessionID string) (incarnation int64, ok b
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	_, ok = t.conns[cs]
+	if _, ok = t.conns[cs]; ok {
+		t.conns[cs] = true
+	}
 	return t.incarnation, ok
+}
+
+// release undoes a follow of the session that a refused prompt made,
+// unless it is kept: a second prompt on the connection that found it and
+// was admitted, or a session/new, relies on it. Detaching regardless cut
+// the admitted turn's updates, turn_complete included, from its own
+// connection.
+func (h *hub) release(cs *connState, sessionID string) {
+	h.mu.Lock()
+	t, ok := h.topics[sessionID]
+	h.mu.Unlock()
+	if !ok {
+		return
+	}
+	t.mu.Lock()
+	kept, ok := t.conns[cs]
+	t.mu.Unlock()
+	if ok && !kept {
+		h.detachIf(cs, sessionID, t)
+	}
 }
 
 // detach removes cs from one session, or from all when sessionID is "".
@@ -179,17 +208,33 @@ func (h *hub) detach(cs *connState, sessionID string) {
 		if sessionID != "" && id != sessionID {
 			continue
 		}
-		t.mu.Lock()
-		if _, ok := t.conns[cs]; ok {
-			delete(t.conns, cs)
-			cs.following--
-		}
-		empty := len(t.conns) == 0
-		t.mu.Unlock()
-		if empty {
-			_ = t.sub.Unsubscribe()
-			delete(h.topics, id)
-		}
+		h.detachLocked(cs, id, t, false)
+	}
+}
+
+// detachIf removes cs from the session's topic t, if it is still the
+// session's and cs's follow of it is still not kept.
+func (h *hub) detachIf(cs *connState, sessionID string, t *topic) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cur, ok := h.topics[sessionID]; ok && cur == t {
+		h.detachLocked(cs, sessionID, t, true)
+	}
+}
+
+// detachLocked removes cs from t (unless onlyUnkept and its follow is
+// kept) and drops t once nobody follows it; h.mu is held.
+func (h *hub) detachLocked(cs *connState, id string, t *topic, onlyUnkept bool) {
+	t.mu.Lock()
+	if kept, ok := t.conns[cs]; ok && !(onlyUnkept && kept) {
+		delete(t.conns, cs)
+		cs.following--
+	}
+	empty := len(t.conns) == 0
+	t.mu.Unlock()
+	if empty {
+		_ = t.sub.Unsubscribe()
+		delete(h.topics, id)
 	}
 }
 

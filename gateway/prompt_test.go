@@ -17,6 +17,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -202,5 +203,93 @@ func promptAndReadSession(t *testing.T, c *rpcclient.Client, id string, pause ti
 			t.Fatalf("update %d arrived as number %d", u.N, updates)
 		}
 		updates++
+	}
+}
+
+// busySession admits the prompt "win" and refuses "lose" as busy, once
+// "win" was admitted; "win"'s updates go out after "lose" was answered.
+type busySession struct {
+	sessionv1.UnimplementedSessionServiceServer
+	nc                           *nats.Conn
+	loseIn, winStarted, loseDone chan struct{}
+}
+
+func (f *busySession) Attach(_ context.Context, req *sessionv1.AttachRequest) (*sessionv1.AttachResponse, error) {
+	subject, err := bus.SessionUpdateSubject(req.GetSessionId(), 1)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.AttachResponse{SessionId: req.GetSessionId(), Subject: subject}, nil
+}
+
+func (f *busySession) Prompt(_ context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
+	id := req.GetSessionId()
+	if req.GetPrompt() == "lose" {
+		close(f.loseIn)
+		<-f.winStarted
+		defer close(f.loseDone)
+		return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, "Session "+id+" is running a turn")
+	}
+	close(f.winStarted)
+	<-f.loseDone
+	time.Sleep(200 * time.Millisecond) // the gateway has the refusal by then
+	subject, _ := bus.SessionUpdateSubject(id, 1)
+	for i, typ := range []busv1.UpdateType{busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE} {
+		body := map[string]any{"session_id": id, "turn_id": "t-1", "type": "agent_message_chunk", "text": "hello"}
+		if i == 1 {
+			body = map[string]any{"session_id": id, "turn_id": "t-1", "type": "turn_complete", "outcome": "completed"}
+		}
+		js, _ := json.Marshal(body)
+		data, _ := proto.Marshal(&busv1.SessionUpdate{SessionId: id, Type: typ, Seq: int64(i + 1), Json: string(js)})
+		if err := f.nc.Publish(subject, data); err != nil {
+			return nil, err
+		}
+	}
+	_ = f.nc.Flush()
+	return &sessionv1.PromptResponse{SessionId: id, TurnId: "t-1", Outcome: sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED, Content: "hello"}, nil
+}
+
+// Two prompts to one session on one connection: the first follows the
+// session, the second finds it followed and is admitted, the first is
+// refused SESSION_BUSY. Undoing the first's follow cut the admitted
+// turn's updates, turn_complete included, from its connection: a follow
+// another prompt relies on is kept.
+func TestRefusedPromptKeepsTheFollowAnAdmittedOneReliesOn(t *testing.T) {
+	sess := &busySession{loseIn: make(chan struct{}), winStarted: make(chan struct{}), loseDone: make(chan struct{})}
+	_, socket := runGateway(t, sess, 30*time.Second, func(g *Gateway) {
+		g.turnWait = 500 * time.Millisecond
+		sess.nc = g.nats
+	})
+	c := dialInitialized(t, socket)
+	defer c.Close()
+	id := ids.New("s-")
+	if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"session_id":%q,"prompt":"lose"}}`, id)); err != nil {
+		t.Fatal(err)
+	}
+	<-sess.loseIn // "lose" follows the session and waits in Prompt for "win"
+	if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"session_id":%q,"prompt":"win"}}`, id)); err != nil {
+		t.Fatal(err)
+	}
+	var updates []string
+	for {
+		f, _, err := c.Read(10 * time.Second)
+		if err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		if f.Method == "session/update" {
+			var p struct{ Type string }
+			_ = json.Unmarshal(f.Params, &p)
+			updates = append(updates, p.Type)
+			continue
+		}
+		if string(f.ID) == "1" && (f.Error == nil || f.Error.Code != -32002) {
+			t.Fatalf("the first prompt: %s %v; want SESSION_BUSY", f.Result, f.Error)
+		}
+		if string(f.ID) == "2" {
+			break
+		}
+	}
+	if strings.Join(updates, " ") != "agent_message_chunk turn_complete" {
+		t.Fatalf("the admitted turn's connection got updates %v", updates)
 	}
 }

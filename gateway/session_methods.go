@@ -79,7 +79,7 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	if _, _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject()); err != nil {
+	if _, _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject(), true); err != nil {
 		return nil, attachError(resp.GetSessionId(), err)
 	}
 	return map[string]any{
@@ -239,7 +239,7 @@ func (g *Gateway) prompt(ctx context.Context, cs *connState, req *sessionv1.Prom
 	resp, err = g.session.Prompt(ctx, req)
 	if err != nil {
 		if !already {
-			g.hub.detach(cs, req.GetSessionId())
+			g.hub.release(cs, req.GetSessionId())
 		}
 		return nil, status.Code(err) == codes.NotFound, serviceError("session", err)
 	}
@@ -444,7 +444,7 @@ func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string, f
 	if err != nil {
 		return false, 0, serviceError("session", err)
 	}
-	already, incarnation, err = g.hub.attach(cs, sessionID, resp.GetSubject())
+	already, incarnation, err = g.hub.attach(cs, sessionID, resp.GetSubject(), false)
 	if err != nil {
 		return false, 0, attachError(sessionID, err)
 	}
