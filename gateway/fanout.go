@@ -85,7 +85,29 @@ func errFollowLimit() error {
 func (h *hub) full(cs *connState) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return cs.following >= maxFollowed
+	return cs.following+cs.reserved >= maxFollowed
+}
+
+// reserve holds a follow for a session session/new is about to make, or
+// reports false when cs follows (or has reserved) maxFollowed already.
+// Checked only before the call, two session/new calls at the bound each
+// made a session and the later one was refused -32001 for it, the session
+// left made and unfollowed. The caller attaches with reserved set, and
+// unreserves when done.
+func (h *hub) reserve(cs *connState) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cs.following+cs.reserved >= maxFollowed {
+		return false
+	}
+	cs.reserved++
+	return true
+}
+
+func (h *hub) unreserve(cs *connState) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cs.reserved--
 }
 
 // attach subscribes cs to the updates on subject, the update subject of
@@ -102,7 +124,7 @@ func (h *hub) full(cs *connState) bool {
 // gets a topic of its own. A subject of an earlier incarnation than the
 // topic's names a session deleted since the session service returned
 // it: errReplaced.
-func (h *hub) attach(cs *connState, sessionID, subject string, keep bool) (already bool, incarnation int64, err error) {
+func (h *hub) attach(cs *connState, sessionID, subject string, keep, reserved bool) (already bool, incarnation int64, err error) {
 	id, incarnation, err := bus.SessionOfSubject(subject)
 	if err != nil || id != sessionID {
 		return false, 0, fmt.Errorf("%w: subject %q does not name session %q", errAttach, subject, sessionID)
@@ -117,7 +139,11 @@ func (h *hub) attach(cs *connState, sessionID, subject string, keep bool) (alrea
 		h.dropLocked(sessionID, t)
 		ok = false
 	}
-	if cs.following >= maxFollowed && !(ok && t.has(cs)) {
+	others := cs.reserved // held by other calls: not this one's to take
+	if reserved {
+		others--
+	}
+	if cs.following+others >= maxFollowed && !(ok && t.has(cs)) {
 		h.mu.Unlock()
 		return false, 0, errFollowLimit()
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,5 +117,73 @@ func TestClosedSessionsAreNotFollowed(t *testing.T) {
 			t.Fatalf("%d still followed after the connection ended", followed())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// slowNew is openClose whose session/new takes a moment, counting the
+// sessions it makes.
+type slowNew struct {
+	openClose
+	made atomic.Int64
+}
+
+func (s *slowNew) NewSession(ctx context.Context, req *sessionv1.NewSessionRequest) (*sessionv1.NewSessionResponse, error) {
+	time.Sleep(100 * time.Millisecond)
+	s.made.Add(1)
+	return s.openClose.NewSession(ctx, req)
+}
+
+// Concurrent session/new calls at the follow bound: each holds its follow
+// from before it asks the session service, so one makes a session and
+// the others are refused without making any. Checked only before the
+// call, each made a session and the later ones were refused -32001 for
+// sessions left made and unfollowed.
+func TestSessionNewAtTheFollowBoundMakesNothingItRefuses(t *testing.T) {
+	// Restored after the gateway's own cleanup: its handlers read it.
+	t.Cleanup(func(n int) func() { return func() { maxFollowed = n } }(maxFollowed))
+	maxFollowed = 4
+	sess := &slowNew{}
+	g, socket := runGateway(t, sess, 10*time.Second)
+	c := dialInitialized(t, socket)
+	defer c.Close()
+	for range maxFollowed - 1 {
+		if _, err := c.Call("session/new", map[string]any{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		if err := c.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"session/new","params":{}}`, 100+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	made, refused := 0, 0
+	for range 4 {
+		f, _, err := c.Read(10 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case f.Error == nil:
+			made++
+		case f.Error.Code == jsonrpc.CodeSessionLimit:
+			refused++
+		default:
+			t.Fatalf("session/new: %v", f.Error)
+		}
+	}
+	if made != 1 || refused != 3 || sess.made.Load() != int64(maxFollowed) {
+		t.Fatalf("%d made, %d refused, %d sessions made by the service; want 1, 3, %d", made, refused, sess.made.Load(), maxFollowed)
+	}
+	// A prompt to a session not followed is refused at the bound too,
+	// before the session service is asked (it serves no Attach here).
+	_, err := c.Call("session/prompt", map[string]any{"session_id": ids.New("sess_"), "prompt": "hi"})
+	var re *rpcclient.RPCError
+	if !errors.As(err, &re) || re.Code != jsonrpc.CodeSessionLimit {
+		t.Fatalf("a prompt past the bound: %v", err)
+	}
+	g.hub.mu.Lock()
+	defer g.hub.mu.Unlock()
+	if n := len(g.hub.topics); n != maxFollowed {
+		t.Fatalf("%d followed", n)
 	}
 }

@@ -460,8 +460,10 @@ type connState struct {
 	waits        coalesce.Owner
 	waitsWatched atomic.Bool
 
-	// following counts the sessions the connection follows (hub.mu).
-	following int
+	// following counts the sessions the connection follows, reserved the
+	// follows session/new calls in progress hold for the sessions they
+	// make (both hub.mu).
+	following, reserved int
 
 	mu        sync.Mutex
 	principal *commonv1.Principal

@@ -69,9 +69,10 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, err
 	}
-	if g.hub.full(cs) {
+	if !g.hub.reserve(cs) {
 		return nil, serviceError("gateway", errFollowLimit())
 	}
+	defer g.hub.unreserve(cs)
 	resp, err := g.session.NewSession(ctx, &sessionv1.NewSessionRequest{
 		Principal: cs.principalOf(), AgentAlias: alias, Cwd: p.CWD,
 		SessionId: id, InteractionSurface: p.InteractionSurface, ConnectionId: cs.id,
@@ -79,7 +80,7 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	if _, _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject(), true); err != nil {
+	if _, _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject(), true, true); err != nil {
 		return nil, attachError(resp.GetSessionId(), err)
 	}
 	return map[string]any{
@@ -444,7 +445,7 @@ func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string, f
 	if err != nil {
 		return false, 0, serviceError("session", err)
 	}
-	already, incarnation, err = g.hub.attach(cs, sessionID, resp.GetSubject(), false)
+	already, incarnation, err = g.hub.attach(cs, sessionID, resp.GetSubject(), false, false)
 	if err != nil {
 		return false, 0, attachError(sessionID, err)
 	}
