@@ -27,6 +27,9 @@ type entry struct {
 	dir  string // folder name under the plugins directory
 	path string
 	fp   string // fingerprint of what was loaded
+	// parsed is the manifest fingerprint parsed, for the next scan's
+	// fingerprint to reuse while the bytes stay the same.
+	parsed parsedManifest
 
 	bundle  *manifest.Bundle // nil when the manifest or layout was refused
 	err     error            // manifest, layout or module failure
@@ -266,21 +269,41 @@ func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*e
 			continue
 		}
 		path := filepath.Join(dir, d.Name())
-		fp := fingerprint(path)
-		if e, ok := prev[d.Name()]; ok && e.fp == fp && samePolicy {
+		var cached parsedManifest
+		e, ok := prev[d.Name()]
+		if ok {
+			cached = e.parsed
+		}
+		fp, parsed := fingerprint(path, cached)
+		if ok && e.fp == fp && samePolicy {
 			out = append(out, e)
 			continue
 		}
-		out = append(out, s.load(ctx, d.Name(), path, fp, live.Policy))
+		e = s.load(ctx, d.Name(), path, fp, live.Policy)
+		e.parsed = parsed
+		out = append(out, e)
 	}
 	return out, nil
 }
 
+// parsedManifest is a manifest's bytes' digest and what they parsed to
+// (nil when refused); read is false when the file could not be read.
+type parsedManifest struct {
+	read bool
+	sum  [sha256.Size]byte
+	m    *manifest.Manifest
+}
+
+// parseManifest is manifest.Parse; tests count its calls.
+var parseManifest = manifest.Parse
+
 // fingerprint summarises what a load reads from a plugin folder: the
 // folder itself (a reinstall renames a new one into place), the
-// manifest's bytes, the module's and every skill file's identity. It is
-// cheap enough to run on every scan.
-func fingerprint(dir string) string {
+// manifest's bytes, the module's and every skill file's identity. It runs
+// on every scan, so it parses the manifest only when its bytes differ
+// from cached (the previous scan's): a manifest can cost far more to
+// parse than to read and hash.
+func fingerprint(dir string, cached parsedManifest) (string, parsedManifest) {
 	h := sha256.New()
 	stat := func(p string) {
 		fi, err := os.Lstat(p)
@@ -291,26 +314,33 @@ func fingerprint(dir string) string {
 		fmt.Fprintf(h, "%s:%d:%d:%s:%s\n", p, fi.Size(), fi.ModTime().UnixNano(), fi.Mode(), inode(fi))
 	}
 	stat(dir)
+	var parsed parsedManifest
 	data, err := manifest.ReadFile(filepath.Join(dir, manifest.FileName))
 	if err != nil {
 		fmt.Fprintf(h, "manifest:%v\n", err)
 	} else {
 		h.Write(data)
-		if m, err := manifest.Parse(data); err == nil {
-			if m.WasmPath != "" {
-				stat(filepath.Join(dir, filepath.FromSlash(m.WasmPath)))
-			}
-			if m.Has(manifest.CapSkill) {
-				_ = filepath.WalkDir(filepath.Join(dir, manifest.SkillsDir), func(p string, _ fs.DirEntry, err error) error {
-					if err == nil {
-						stat(p)
-					}
-					return nil
-				})
-			}
+		parsed = parsedManifest{read: true, sum: sha256.Sum256(data)}
+		if cached.read && cached.sum == parsed.sum {
+			parsed.m = cached.m
+		} else if m, err := parseManifest(data); err == nil {
+			parsed.m = m
 		}
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	if m := parsed.m; m != nil {
+		if m.WasmPath != "" {
+			stat(filepath.Join(dir, filepath.FromSlash(m.WasmPath)))
+		}
+		if m.Has(manifest.CapSkill) {
+			_ = filepath.WalkDir(filepath.Join(dir, manifest.SkillsDir), func(p string, _ fs.DirEntry, err error) error {
+				if err == nil {
+					stat(p)
+				}
+				return nil
+			})
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), parsed
 }
 
 // load reads one plugin folder and loads its worlds.

@@ -1,5 +1,11 @@
 package pluginsandbox
 
+import (
+	"sync"
+
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
+)
+
 // SetRestoreHook has hook called before a memory restore stores its i-th
 // entry, until the returned func puts the hook back.
 func SetRestoreHook(hook func(i int)) (undo func()) {
@@ -14,4 +20,24 @@ func SetListBudget(n int) (undo func()) {
 	old := listBudget
 	listBudget = n
 	return func() { listBudget = old }
+}
+
+// CountManifestParses counts the manifests discovery's fingerprint parses,
+// until the returned undo puts the parser back.
+func CountManifestParses() (count func() int, undo func()) {
+	old := parseManifest
+	var mu sync.Mutex
+	n := 0
+	parseManifest = func(data []byte) (*manifest.Manifest, error) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		return old(data)
+	}
+	count = func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+	return count, func() { parseManifest = old }
 }

@@ -145,11 +145,14 @@ func Parse(data []byte) (*Manifest, error) {
 	if !utf8.Valid(data) {
 		return nil, fieldErr("manifest", "is not UTF-8")
 	}
+	if err := checkNesting(data); err != nil {
+		return nil, err
+	}
 	doc := map[string]any{}
 	if _, err := toml.Decode(string(data), &doc); err != nil {
 		return nil, fieldErr("manifest", "is not valid TOML: %v", tomlMessage(err))
 	}
-	if err := checkValues("", doc); err != nil {
+	if err := checkValues(doc); err != nil {
 		return nil, err
 	}
 	m := &Manifest{doc: doc}
@@ -238,43 +241,63 @@ func tomlMessage(err error) string {
 
 // checkValues refuses values a JSON Schema and the canonical signing
 // bytes cannot carry: TOML datetimes and non-finite floats.
-func checkValues(at string, v any) error {
-	join := func(k string) string {
-		if at == "" {
-			return keyName(k)
-		}
-		return at + "." + keyName(k)
+func checkValues(doc map[string]any) error {
+	rev, reason := badValue(doc)
+	if reason == "" {
+		return nil
 	}
+	var b strings.Builder
+	for i := len(rev) - 1; i >= 0; i-- {
+		if !rev[i].index && b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(rev[i].s)
+	}
+	return fieldErr(b.String(), "%s", reason)
+}
+
+// pathPart is one step of a value's path: a key (already quoted as
+// keyName does) or an index ("[3]").
+type pathPart struct {
+	s     string
+	index bool
+}
+
+// badValue returns why v, or a value inside it, cannot be carried ("" when
+// all can), with the path to it innermost first. The path is built on the
+// way out of a refusal only: building it on the way in would cost every
+// level the length of the path above it.
+func badValue(v any) (rev []pathPart, reason string) {
 	switch x := v.(type) {
 	case map[string]any:
 		for k, child := range x {
-			if err := checkValues(join(k), child); err != nil {
-				return err
+			if rev, reason = badValue(child); reason != "" {
+				return append(rev, pathPart{s: keyName(k)}), reason
 			}
 		}
 	case []any:
 		for i, child := range x {
-			if err := checkValues(fmt.Sprintf("%s[%d]", at, i), child); err != nil {
-				return err
+			if rev, reason = badValue(child); reason != "" {
+				return append(rev, pathPart{s: "[" + strconv.Itoa(i) + "]", index: true}), reason
 			}
 		}
 	case []map[string]any:
 		for i, child := range x {
-			if err := checkValues(fmt.Sprintf("%s[%d]", at, i), child); err != nil {
-				return err
+			if rev, reason = badValue(child); reason != "" {
+				return append(rev, pathPart{s: "[" + strconv.Itoa(i) + "]", index: true}), reason
 			}
 		}
 	case float64:
 		if math.IsNaN(x) || math.IsInf(x, 0) {
-			return fieldErr(at, "must be a finite number")
+			return nil, "must be a finite number"
 		}
 	case time.Time:
-		return fieldErr(at, "datetimes are not allowed")
+		return nil, "datetimes are not allowed"
 	case string, int64, bool:
 	default:
-		return fieldErr(at, "unsupported value of type %T", v)
+		return nil, fmt.Sprintf("unsupported value of type %T", v)
 	}
-	return nil
+	return nil, ""
 }
 
 // keyName is how a refusal names a key: quoted when it is empty or holds

@@ -30,6 +30,11 @@ var propTypes = map[string]bool{"string": true, "boolean": true, "integer": true
 // local JSON pointer; x-secret may only be true, only on a direct top-level
 // string property.
 func CompileSchema(raw map[string]any) (*ConfigSchema, error) {
+	// The compiler, the secret check and the JSON round trip each walk
+	// the schema once per level below; bound the levels first.
+	if deeper(raw, MaxNesting) {
+		return nil, fieldErr(fieldConfigSchema, "nests deeper than %d levels", MaxNesting)
+	}
 	// Round-trip through JSON so TOML's int64 and nested tables become
 	// plain JSON values.
 	js, err := json.Marshal(raw)
@@ -102,6 +107,35 @@ func CompileSchema(raw map[string]any) (*ConfigSchema, error) {
 		return nil, fieldErr(fieldConfigSchema, "is not a valid JSON Schema 2020-12: %v", err)
 	}
 	return s, nil
+}
+
+// deeper reports whether v nests tables and arrays more than limit levels
+// deep, without walking further than that.
+func deeper(v any, limit int) bool {
+	if limit < 0 {
+		return true
+	}
+	switch x := v.(type) {
+	case map[string]any:
+		for _, child := range x {
+			if deeper(child, limit-1) {
+				return true
+			}
+		}
+	case []any:
+		for _, child := range x {
+			if deeper(child, limit-1) {
+				return true
+			}
+		}
+	case []map[string]any:
+		for _, child := range x {
+			if deeper(child, limit-1) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // propertyType returns the declared type of a top-level property, following
