@@ -85,7 +85,7 @@ func (in *Installer) InstallPath(ctx context.Context, src string) (*Result, erro
 	if err := copyTree(ctx, src, dst, in.Client.Limits.withDefaults()); err != nil {
 		return nil, err
 	}
-	return in.place(dst)
+	return in.place(dst, nil)
 }
 
 // InstallRegistry resolves NAME[@VERSION] in the index at indexURL,
@@ -134,15 +134,7 @@ func (in *Installer) InstallRegistry(ctx context.Context, indexURL, ref string) 
 	if err != nil {
 		return nil, err
 	}
-	res, err := in.place(root)
-	if err != nil {
-		return nil, err
-	}
-	if res.Name != entry.Name {
-		// Placed under the manifest's name: say so rather than hide it.
-		return res, fmt.Errorf("%w: the index entry %s installed a plugin named %s", ErrRegistry, entry.Name, res.Name)
-	}
-	return res, nil
+	return in.place(root, &entry)
 }
 
 // check loads a plugin directory and applies the signature policy.
@@ -159,14 +151,21 @@ func (in *Installer) check(dir string) (*manifest.Bundle, manifest.Verdict, erro
 }
 
 // place checks the staged plugin at dir and moves it to its final folder,
-// swapping out an installed version of the same plugin. The caller holds
-// the lock; dir is inside the plugins directory.
-func (in *Installer) place(dir string) (*Result, error) {
+// swapping out an installed version of the same plugin. When it comes
+// from a registry, entry is the index entry it was downloaded for: the
+// manifest must name the same plugin and version, since the folder it
+// takes (and the config and secrets that go with it) is the manifest's
+// name's. The caller holds the lock; dir is inside the plugins directory.
+func (in *Installer) place(dir string, entry *Entry) (*Result, error) {
 	b, verdict, err := in.check(dir)
 	if err != nil {
 		return nil, err
 	}
 	m := b.Manifest
+	if entry != nil && (m.Name != entry.Name || m.Version != entry.Version) {
+		return nil, fmt.Errorf("%w: the index entry %s %s holds a plugin whose manifest says %s %s; nothing installed",
+			ErrRegistry, entry.Name, entry.Version, m.Name, m.Version)
+	}
 	res := &Result{Name: m.Name, Version: m.Version, Manifest: m, Verdict: verdict,
 		Dir: filepath.Join(in.PluginsDir, m.Name)}
 	if other, err := in.findByName(m.Name); err == nil && filepath.Base(other) != m.Name {
