@@ -32,6 +32,9 @@ commands:
   list                      installed plugins; with the stack running, their state (plugins/list)
   search QUERY              search the registry index (reads the index only: installs and runs nothing)
   install SOURCE            install from ./dir, ./dir/manifest.toml, or NAME[@VERSION] from the registry
+                            (SOURCE is a path only when it holds a /, starts with . or ends in
+                            manifest.toml: a bare NAME is always the registry's, even when the
+                            current directory holds a folder of that name)
   remove NAME               uninstall (--purge also deletes plugins.entries.<key>)
   info NAME                 manifest, signature and the default tool binding's instance key
   sign --key FILE PATH      sign PATH (a plugin dir or its manifest.toml) with an Ed25519 key
@@ -239,13 +242,12 @@ func (p *pluginEnv) installer() (*install.Installer, error) {
 	return &install.Installer{PluginsDir: dir, Policy: pol}, nil
 }
 
-// isLocal tells a path from NAME[@VERSION].
+// isLocal tells a path from NAME[@VERSION] by its spelling alone, as seed
+// 003's forms do (./my-plugin, ./my-plugin/manifest.toml,
+// /path/to/my-plugin/). Never by what the current directory holds: in a
+// shared one (/tmp) another user's folder would shadow the registry entry.
 func isLocal(src string) bool {
-	if strings.ContainsAny(src, `/\`) || strings.HasPrefix(src, ".") || strings.HasSuffix(src, manifest.FileName) {
-		return true
-	}
-	_, err := os.Stat(src)
-	return err == nil
+	return strings.ContainsAny(src, `/\`) || strings.HasPrefix(src, ".") || strings.HasSuffix(src, manifest.FileName)
 }
 
 func (p *pluginEnv) install(ctx context.Context, registry, src string) error {
@@ -258,6 +260,9 @@ func (p *pluginEnv) install(ctx context.Context, registry, src string) error {
 		res, err = in.InstallPath(ctx, src)
 	} else {
 		res, err = in.InstallRegistry(ctx, install.RegistryURL(registry), src)
+		if _, serr := os.Lstat(src); err != nil && serr == nil {
+			err = fmt.Errorf("%w (a bare name is looked up in the registry; for the folder here, write ./%s)", err, src)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("plugin install: %w", err)
