@@ -2,8 +2,10 @@ package manifest
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // MaxModuleBytes caps a plugin's module file.
@@ -49,27 +51,56 @@ func (b *Bundle) ModulePath() string {
 	return filepath.Join(b.Dir, filepath.FromSlash(b.Manifest.WasmPath))
 }
 
+// moduleInfo checks every component of wasm_path with Lstat: the folders
+// on the way must be folders, not links to folders (which could lead out
+// of the plugin), and the module a regular file within MaxModuleBytes.
 func (b *Bundle) moduleInfo() (os.FileInfo, error) {
-	fi, err := os.Lstat(b.ModulePath())
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("%w: wasm_path %q: %w", ErrLayout, b.Manifest.WasmPath, err)
-	case !fi.Mode().IsRegular():
-		return nil, fmt.Errorf("%w: wasm_path %q is not a regular file", ErrLayout, b.Manifest.WasmPath)
-	case fi.Size() > MaxModuleBytes:
-		return nil, fmt.Errorf("%w: wasm_path %q is %d bytes; the limit is %d", ErrLayout, b.Manifest.WasmPath, fi.Size(), MaxModuleBytes)
+	wp := b.Manifest.WasmPath
+	parts := strings.Split(wp, "/")
+	p := b.Dir
+	for i, part := range parts {
+		p = filepath.Join(p, part)
+		fi, err := os.Lstat(p)
+		last := i == len(parts)-1
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%w: wasm_path %q: %w", ErrLayout, wp, err)
+		case !last && !fi.IsDir():
+			return nil, fmt.Errorf("%w: wasm_path %q: %s is not a folder (a link to one is refused)", ErrLayout, wp, strings.Join(parts[:i+1], "/"))
+		case !last:
+		case !fi.Mode().IsRegular():
+			return nil, fmt.Errorf("%w: wasm_path %q is not a regular file", ErrLayout, wp)
+		case fi.Size() > MaxModuleBytes:
+			return nil, fmt.Errorf("%w: wasm_path %q is %d bytes; the limit is %d", ErrLayout, wp, fi.Size(), MaxModuleBytes)
+		default:
+			return fi, nil
+		}
 	}
-	return fi, nil
+	return nil, fmt.Errorf("%w: wasm_path %q is empty", ErrLayout, wp)
 }
 
-// ReadModule reads the module.
+// ReadModule reads the module, through the plugin directory as an
+// os.Root: a link swapped in after moduleInfo still cannot lead out of it.
 func (b *Bundle) ReadModule() ([]byte, error) {
 	if _, err := b.moduleInfo(); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(b.ModulePath())
+	root, err := os.OpenRoot(b.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: wasm_path: %w", ErrLayout, err)
+	}
+	defer root.Close()
+	f, err := root.Open(filepath.FromSlash(b.Manifest.WasmPath))
+	if err != nil {
+		return nil, fmt.Errorf("%w: wasm_path: %w", ErrLayout, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxModuleBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: wasm_path: %w", ErrLayout, err)
+	}
+	if len(data) > MaxModuleBytes {
+		return nil, fmt.Errorf("%w: wasm_path %q is over %d bytes", ErrLayout, b.Manifest.WasmPath, MaxModuleBytes)
 	}
 	return data, nil
 }
