@@ -337,7 +337,7 @@ func (p *pluginEnv) search(ctx context.Context, registry, query string) error {
 	tw := tabwriter.NewWriter(p.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tVERSION\tCAPABILITIES\tDESCRIPTION")
 	for _, e := range idx.Search(query) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Name, e.Version, strings.Join(e.Capabilities, ","), e.Description)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", shown(e.Name), shown(e.Version), shown(strings.Join(e.Capabilities, ",")), shown(e.Description))
 	}
 	return tw.Flush()
 }
@@ -365,14 +365,14 @@ func (p *pluginEnv) list(all bool) error {
 		if err := json.Unmarshal(res, &r); err != nil {
 			return err
 		}
-		fmt.Fprintf(tw, "plugins %s in %s, signature_mode %s\n", map[bool]string{true: "enabled", false: "DISABLED"}[r.Enabled], r.Dir, r.Mode)
+		fmt.Fprintf(tw, "plugins %s in %s, signature_mode %s\n", map[bool]string{true: "enabled", false: "DISABLED"}[r.Enabled], shown(r.Dir), shown(r.Mode))
 		fmt.Fprintln(tw, "NAME\tVERSION\tSTATUS\tSIGNATURE\tCAPABILITIES\tTOOL\tREASON")
 		for _, pl := range r.Plugins {
-			fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%v\t%v\t%v\n", pl["name"], pl["version"], pl["status"], pl["signature_status"],
-				joinAny(pl["capabilities"]), pl["tool_name"], pl["reason"])
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", shownAny(pl["name"]), shownAny(pl["version"]), shownAny(pl["status"]),
+				shownAny(pl["signature_status"]), shown(joinAny(pl["capabilities"])), shownAny(pl["tool_name"]), shownAny(pl["reason"]))
 		}
 		for _, ch := range r.Channels {
-			fmt.Fprintf(tw, "channel %v\t%v\t%v\t%v\t%v\n", ch["alias"], ch["plugin"], ch["listen"], ch["state"], ch["reason"])
+			fmt.Fprintf(tw, "channel %s\t%s\t%s\t%s\t%s\n", shownAny(ch["alias"]), shownAny(ch["plugin"]), shownAny(ch["listen"]), shownAny(ch["state"]), shownAny(ch["reason"]))
 		}
 		return nil
 	}
@@ -389,7 +389,7 @@ func (p *pluginEnv) list(all bool) error {
 		}
 		b, err := manifest.LoadBundle(filepath.Join(dir, e.Name()))
 		if err != nil {
-			fmt.Fprintf(tw, "?\t?\t\t%s\t%v\n", e.Name(), err)
+			fmt.Fprintf(tw, "?\t?\t\t%s\t%s\n", shown(e.Name()), shownAny(err))
 			continue
 		}
 		m := b.Manifest
@@ -397,7 +397,7 @@ func (p *pluginEnv) list(all bool) error {
 		for i, c := range m.Capabilities {
 			caps[i] = string(c)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", m.Name, m.Version, strings.Join(caps, ","), e.Name())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", shown(m.Name), shown(m.Version), shown(strings.Join(caps, ",")), shown(e.Name()))
 	}
 	return nil
 }
@@ -417,6 +417,9 @@ func (p *pluginEnv) info(name, channel string) error {
 	if err != nil {
 		return err
 	}
+	if !manifest.NamePattern.MatchString(name) {
+		return fmt.Errorf("plugin info: %q is not a plugin name", name)
+	}
 	dir := filepath.Join(in.PluginsDir, name)
 	b, err := manifest.LoadBundle(dir)
 	if err != nil {
@@ -424,7 +427,8 @@ func (p *pluginEnv) info(name, channel string) error {
 	}
 	m := b.Manifest
 	v, perr := in.Policy.Check(m)
-	fmt.Fprintf(p.out, "name:          %s\nversion:       %s\ndescription:   %s\nauthor:        %s\nfolder:        %s\n", m.Name, m.Version, m.Description, m.Author, dir)
+	fmt.Fprintf(p.out, "name:          %s\nversion:       %s\ndescription:   %s\nauthor:        %s\nfolder:        %s\n",
+		shown(m.Name), shown(m.Version), shown(m.Description), shown(m.Author), shown(dir))
 	caps := make([]string, len(m.Capabilities))
 	for i, c := range m.Capabilities {
 		caps[i] = string(c)
@@ -433,13 +437,13 @@ func (p *pluginEnv) info(name, channel string) error {
 	for i, c := range m.Permissions {
 		perms[i] = string(c)
 	}
-	fmt.Fprintf(p.out, "capabilities:  %s\npermissions:   %s\n", strings.Join(caps, ", "), strings.Join(perms, ", "))
+	fmt.Fprintf(p.out, "capabilities:  %s\npermissions:   %s\n", shown(strings.Join(caps, ", ")), shown(strings.Join(perms, ", ")))
 	if inert := m.Inert(); len(inert) > 0 {
-		fmt.Fprintf(p.out, "grant nothing: %v\n", inert)
+		fmt.Fprintf(p.out, "grant nothing: %s\n", shownAny(inert))
 	}
 	fmt.Fprintf(p.out, "signature:     %s under signature_mode %s%s\n", v.Status, in.Policy.Mode, warning(v))
 	if perr != nil {
-		fmt.Fprintf(p.out, "               refused: %v\n", perr)
+		fmt.Fprintf(p.out, "               refused: %s\n", shownAny(perr))
 	}
 	if m.Has(manifest.CapTool) {
 		key := abi.InstanceKey(m.Name, abi.WorldTool, "")
@@ -452,7 +456,7 @@ func (p *pluginEnv) info(name, channel string) error {
 		fmt.Fprintf(p.out, "channel key:   %s (alias %s)\n", abi.InstanceKey(m.Name, abi.WorldChannel, channel), channel)
 	}
 	for _, sk := range b.Skills {
-		fmt.Fprintf(p.out, "skill:         %s  %s\n", sk.ID, sk.Description)
+		fmt.Fprintf(p.out, "skill:         %s  %s\n", shown(sk.ID), shown(sk.Description))
 	}
 	if m.Schema() != nil {
 		raw, _ := json.Marshal(m.ConfigSchema)
