@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
@@ -408,5 +409,48 @@ func TestMemoryAndObserverWorlds(t *testing.T) {
 			t.Fatalf("the observer never logged the tool call: %s", msgs)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func writeFileAll(t *testing.T, p string, body []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Answers carry text, which a proto string must hold as UTF-8: a skill's
+// binary reference failed ReadSkill as an internal error, and one folder
+// named in Latin-1 made the whole ListPlugins answer unsendable. The
+// file is refused by name; the folder is listed with U+FFFD in its name.
+func TestAnswersHoldOnlyUTF8(t *testing.T) {
+	dir := t.TempDir()
+	writeFileAll(t, filepath.Join(dir, "kit/manifest.toml"), []byte("name = \"kit\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n"))
+	writeFileAll(t, filepath.Join(dir, "kit/skills/s/SKILL.md"), []byte("---\nname: s\ndescription: d\n---\n"))
+	writeFileAll(t, filepath.Join(dir, "kit/skills/s/references/logo.png"), []byte("\x89PNG\r\n\x1a\n\xff\xfe"))
+	if err := os.Mkdir(filepath.Join(dir, "caf\xe9"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestServer(t, dir)
+	_, err := ts.ReadSkill(context.Background(), &pluginv1.ReadSkillRequest{Id: "plugin:kit/s", Path: "references/logo.png"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "`references/logo.png` is not UTF-8 text") {
+		t.Fatalf("ReadSkill of a binary file: %v", err)
+	}
+	resp, err := ts.ListPlugins(context.Background(), &pluginv1.ListPluginsRequest{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := proto.Marshal(resp); err != nil {
+		t.Fatalf("the ListPlugins answer cannot be sent: %v", err)
+	}
+	found := false
+	for _, p := range resp.GetPlugins() {
+		found = found || strings.HasSuffix(p.GetDir(), "caf\uFFFD")
+	}
+	if !found {
+		t.Fatalf("the folder is not listed: %v", resp.GetPlugins())
 	}
 }

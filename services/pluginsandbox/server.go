@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -147,6 +148,11 @@ func describe(c *catalog, e *entry) *pluginv1.Plugin {
 	case c.refusals[e] != "":
 		p.Status, p.Reason = statusRefused, c.refusals[e]
 	}
+	// A folder's name, and an error naming a path, need not be UTF-8,
+	// which a proto string must be: one such folder in the plugins folder
+	// made the whole answer unsendable, and plugins/list failed for every
+	// plugin.
+	p.Dir, p.Reason = strings.ToValidUTF8(p.Dir, "\uFFFD"), strings.ToValidUTF8(p.Reason, "\uFFFD")
 	if e.bundle == nil {
 		return p
 	}

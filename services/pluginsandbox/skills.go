@@ -7,6 +7,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 
@@ -66,6 +67,11 @@ func (s *Server) ReadSkill(_ context.Context, req *pluginv1.ReadSkillRequest) (*
 	data, err := os.ReadFile(cur)
 	if err != nil {
 		return nil, rpcerr.Error(codes.Unavailable, rpcerr.ReasonCapacity, rpcerr.NoIndex, "skill file unreadable")
+	}
+	// The answer carries text: a file that is not UTF-8 (an image among
+	// a skill's references) failed the call as an internal error.
+	if !utf8.Valid(data) {
+		return nil, rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, fmt.Sprintf("`%s` is not UTF-8 text", rel))
 	}
 	return &pluginv1.ReadSkillResponse{Id: sk.ID, Path: rel, Content: string(data)}, nil
 }
