@@ -119,7 +119,11 @@ type readDeadliner interface {
 // When the underlying reader can SetReadDeadline and the timeout is
 // positive, a frame must be complete within that time of its first byte
 // (any byte, whitespace included, after the previous LF), or ReadFrame
-// returns ErrFrameTimeout. Time between frames is not bounded.
+// returns ErrFrameTimeout. Time between frames is not bounded. Nor is the
+// time the caller holds the reader between ReadFrame calls counted against
+// a frame of which one read brought the start: the client sent those bytes
+// and is not to blame that nobody read on (a connection held back by its
+// bounds would otherwise be cut off for the server's own pause).
 //
 // A final frame without LF at end of stream is returned like any other,
 // then io.EOF. A FrameReader is not safe for concurrent use.
@@ -148,8 +152,9 @@ type FrameReader struct {
 	start, end int       // unread bytes are buf[start:end]
 	pieces     [][]byte  // full blocks holding the current frame's first bytes; start is 0 while there are any
 	whole      []byte    // the last frame assembled from pieces, until handed over or the next ReadFrame
-	readAt     time.Time // when the latest Read returned data
-	frameAt    time.Time // when the current frame's first byte arrived; zero if none
+	readAt     time.Time // when the latest Read returned data, moved on by heldAt pauses since
+	frameAt    time.Time // when the current frame's first byte arrived, moved on likewise; zero if none
+	heldAt     time.Time // when a frame was returned with the next one's start buffered; zero if not
 	armedFor   time.Time // the frameAt the read deadline is set for; zero if none
 	err        error     // sticky read error, returned once the buffer is drained
 }
@@ -230,6 +235,14 @@ func (f *FrameReader) Buffered() bool { return f.start < f.end || len(f.pieces) 
 // stream, or the underlying read error.
 func (f *FrameReader) ReadFrame() ([]byte, error) {
 	f.dropWhole() // not handed over: the caller is done with it
+	if !f.heldAt.IsZero() {
+		// The pause since the last frame was the caller's: the buffered
+		// start of this frame (and the read it came in) is dated as if
+		// read now. Only a read that ends in the middle of the next frame
+		// pays for this; one whole frame per read does not.
+		held := time.Since(f.heldAt)
+		f.frameAt, f.readAt, f.heldAt = f.frameAt.Add(held), f.readAt.Add(held), time.Time{}
+	}
 	for {
 		if i := bytes.IndexByte(f.buf[f.start:f.end], '\n'); i >= 0 {
 			line, err := f.take(i)
@@ -244,6 +257,9 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 				return nil, err
 			}
 			if line = trimSpace(line); len(line) > 0 {
+				if f.start < f.end {
+					f.heldAt = time.Now()
+				}
 				return line, nil
 			}
 			// A blank line: what it was assembled into is not returned,

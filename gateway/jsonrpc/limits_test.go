@@ -120,6 +120,60 @@ func TestFrameTimeout(t *testing.T) {
 	}
 }
 
+// TestFrameTimeoutNotCountedWhileHeld: when one read brings a whole
+// frame and the start of the next, and the server then stops reading
+// (here at MaxInflightRequests), the wait is not the client's: the next
+// frame, sent in full within 20 ms, is served once there is room. A
+// partial frame whose rest never comes is still cut off after the pause.
+func TestFrameTimeoutNotCountedWhileHeld(t *testing.T) {
+	const limit = 200 * time.Millisecond
+	h := &testHandler{onCall: func(ctx context.Context, c *Conn, req *Request) (any, error) {
+		if req.Method == "slow" {
+			time.Sleep(3 * limit) // holds the connection's one slot past the limit
+			return "slow-done", nil
+		}
+		return map[string]string{"method": req.Method}, nil
+	}}
+	ts := startServer(t, &Server{
+		Options:    Options{FrameTimeout: limit, MaxInflightRequests: 1},
+		NewHandler: func(*Conn, Peer) Handler { return h },
+	}, nil)
+	slow := `{"jsonrpc":"2.0","id":1,"method":"slow"}` + "\n"
+	next := `{"jsonrpc":"2.0","id":2,"method":"echo","params":{}}`
+
+	t.Run("rest sent promptly", func(t *testing.T) {
+		c := dial(t, ts.path)
+		if _, err := c.nc.Write([]byte(slow + next[:20])); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if _, err := c.nc.Write([]byte(next[20:] + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"1", "2"} {
+			m := c.recvMsg()
+			if string(m.ID) != want || m.Error != nil {
+				t.Fatalf("want the answer to id %s, got %s", want, m.line)
+			}
+		}
+	})
+
+	t.Run("rest never sent", func(t *testing.T) {
+		c := dial(t, ts.path)
+		if _, err := c.nc.Write([]byte(slow + next[:20])); err != nil {
+			t.Fatal(err)
+		}
+		if m := c.recvMsg(); string(m.ID) != "1" {
+			t.Fatalf("want the answer to id 1, got %s", m.line)
+		}
+		m := c.recvMsg()
+		if m.Error == nil || string(m.ID) != "null" || errData(t, m.Error)["reason"] != "frame_timeout" {
+			t.Fatalf("want frame_timeout, got %s", m.line)
+		}
+		c.expectEOF()
+	})
+}
+
 // TestInitializeDeadline: a silent client is closed with no reply; one
 // whose initialize is still being handled at the deadline is closed too
 // (its handler's context cancelled); one that initialized in time stays.
