@@ -364,11 +364,17 @@ type chunkFields struct {
 // encoding/json would scan byte by byte and copy twice. The frame is
 // valid JSON already (the connection checked it), so members are found by
 // skipping strings with a byte search. Anything but the plain shape
-// (an escape in a string, a nested value, a non-integer offset) reports
-// !ok, and the caller decodes the params the ordinary way, with its
-// ordinary messages.
+// (an escape in a string, a nested value, a non-integer offset, a key
+// that appears twice, more than a few unknown keys) reports !ok, and the
+// caller decodes the params the ordinary way, with its ordinary messages
+// and refusals.
 func scanChunkParams(params []byte) (chunkFields, bool) {
 	var f chunkFields
+	// The keys seen so far: a repeated one is refused by the ordinary
+	// path (CheckParams), so it must not be read here, last one winning.
+	var seen struct{ uploadID, offset, data bool }
+	var others [4][]byte
+	nothers := 0
 	i := skipWS(params, 0)
 	if i >= len(params) || params[i] != '{' {
 		return f, false
@@ -420,14 +426,16 @@ func scanChunkParams(params []byte) (chunkFields, bool) {
 		}
 		switch k {
 		case "upload_id":
-			if !isString {
+			if !isString || seen.uploadID {
 				return f, false
 			}
+			seen.uploadID = true
 			f.uploadID = string(val)
 		case "offset":
-			if isString {
+			if isString || seen.offset {
 				return f, false
 			}
+			seen.offset = true
 			if string(val) == "null" {
 				f.offset = nil
 				break
@@ -438,10 +446,24 @@ func scanChunkParams(params []byte) (chunkFields, bool) {
 			}
 			f.offset = &n
 		case "data_b64":
-			if !isString {
+			if !isString || seen.data {
 				return f, false
 			}
+			seen.data = true
 			f.data = val
+		default:
+			// Unknown keys are ignored, but a repeated one is refused all
+			// the same; a client sending many is left to the ordinary path.
+			for _, o := range others[:nothers] {
+				if bytes.Equal(o, key) {
+					return f, false
+				}
+			}
+			if nothers == len(others) {
+				return f, false
+			}
+			others[nothers] = key
+			nothers++
 		}
 		i = skipWS(params, next)
 		if i < len(params) && params[i] == ',' {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -78,6 +79,9 @@ func TestFileMethodParams(t *testing.T) {
 		{"file/upload/chunk", `{"upload_id":"0123456789abcdef0123456789abcdef","data_b64":"eA=="}`, "Invalid params: `offset` is required"},
 		{"file/upload/chunk", `{"upload_id":"0123456789abcdef0123456789abcdef","offset":0}`, "Invalid params: `data_b64` is required"},
 		{"file/upload/chunk", `{"upload_id":"0123456789abcdef0123456789abcdef","offset":0,"data_b64":"%%%"}`, "Invalid params: `data_b64` is not valid base64"},
+		{"file/upload/chunk", `{"upload_id":"0123456789abcdef0123456789abcdef","offset":0,"data_b64":"eA==","offset":5}`, "Invalid params: `offset` appears twice"},
+		{"file/upload/chunk", `{"upload_id":"0123456789abcdef0123456789abcdef","offset":0,"data_b64":"eA==","data_b64":"eB=="}`, "Invalid params: `data_b64` appears twice"},
+		{"file/upload/chunk", `{"upload_id":"ffffffffffffffffffffffffffffffff","upload_id":"0123456789abcdef0123456789abcdef","offset":0,"data_b64":"eA=="}`, "Invalid params: `upload_id` appears twice"},
 		{"file/upload/commit", `{}`, "Invalid params: `upload_id` must be 32 hexadecimal characters"},
 		{"file/attach", `{"session_id":"s1"}`, "Invalid params: `files` must list at least one file"},
 		{"file/attach", `{"session_id":"s1","files":[{}]}`, "Invalid params: `files[0]`: send `path` or `data_b64`"},
@@ -92,14 +96,16 @@ func TestFileMethodParams(t *testing.T) {
 	}
 }
 
-// chunkBySlowPath decodes chunk params with encoding/json, the reference.
+// chunkBySlowPath decodes chunk params as uploadChunk does when the fast
+// path declines them, the reference: decodeParams, checks included.
 func chunkBySlowPath(params []byte) (chunkFields, error) {
 	var slow struct {
 		UploadID string  `json:"upload_id"`
 		Offset   *int64  `json:"offset"`
 		DataB64  *string `json:"data_b64"`
 	}
-	if err := json.Unmarshal(params, &slow); err != nil {
+	// The connection hands a handler params from its first byte on.
+	if err := decodeParams(bytes.TrimSpace(params), &slow); err != nil {
 		return chunkFields{}, err
 	}
 	f := chunkFields{uploadID: slow.UploadID, offset: slow.Offset}
@@ -123,14 +129,19 @@ var chunkSeeds = []string{
 	`{"upload_id":"a","offset":1e3,"data_b64":"eA=="}`,
 	`{"upload_id":"a\u0062","offset":1,"data_b64":"e\/A="}`,
 	`{"upload_id":"a","offset":1,"data_b64":"eA==","data_b64":"eB=="}`,
+	`{"upload_id":"a","offset":0,"data_b64":"eA==","offset":5}`,
+	`{"upload_id":"b","upload_id":"a","offset":0,"data_b64":"eA=="}`,
+	`{"upload_id":"a","offset":null,"offset":0,"data_b64":"eA=="}`,
+	`{"upload_id":"a","extra":1,"offset":0,"extra":2,"data_b64":"eA=="}`,
 	`{"upload_id":"a","nested":{"offset":2},"offset":1}`,
 	`{"upload_id":true,"offset":"1","data_b64":3}`,
 	`{}`, `[]`, `null`, `"x"`,
 }
 
-// The fast reading of chunk params agrees with encoding/json whenever it
-// answers, and declines everything unusual.
-func TestScanChunkParamsAgreesWithEncodingJSON(t *testing.T) {
+// The fast reading of chunk params agrees with the ordinary one
+// (decodeParams) whenever it answers, refusals included, and declines
+// everything unusual.
+func TestScanChunkParamsAgreesWithDecodeParams(t *testing.T) {
 	answered := 0
 	for _, in := range chunkSeeds {
 		fast, ok := scanChunkParams([]byte(in))
@@ -140,7 +151,7 @@ func TestScanChunkParamsAgreesWithEncodingJSON(t *testing.T) {
 		answered++
 		slow, err := chunkBySlowPath([]byte(in))
 		if err != nil || !sameChunk(fast, slow) {
-			t.Errorf("%s: fast %+v, encoding/json %+v %v", in, fast, slow, err)
+			t.Errorf("%s: fast %+v, decodeParams %+v %v", in, fast, slow, err)
 		}
 	}
 	if answered < 4 {
@@ -162,7 +173,7 @@ func FuzzScanChunkParams(f *testing.F) {
 		}
 		slow, err := chunkBySlowPath(in)
 		if err != nil || !sameChunk(fast, slow) {
-			t.Fatalf("%q: fast %+v, encoding/json %+v %v", in, fast, slow, err)
+			t.Fatalf("%q: fast %+v, decodeParams %+v %v", in, fast, slow, err)
 		}
 	})
 }
