@@ -161,7 +161,18 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 			Prop  *string         `json:"prop"`
 			Value json.RawMessage `json:"value"`
 		}
-		if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
+		if len(raw) == 0 || raw[0] != '{' {
+			return nil, invalidEntry(i, "must be an object with `prop` and `value`")
+		}
+		// The entry is decoded into a struct, whose fields match keys
+		// whatever their case: "prop" and "PROP" are one key, as in params
+		// (which CheckParams folds at the top level only).
+		var pe *jsonrpc.ParamsError
+		if err := jsonrpc.CheckParams(raw); errors.As(err, &pe) {
+			pe.Path = fmt.Sprintf("sets[%d].%s", i, pe.Path)
+			return nil, invalidParams(pe.Error())
+		}
+		if json.Unmarshal(raw, &e) != nil {
 			return nil, invalidEntry(i, "must be an object with `prop` and `value`")
 		}
 		if e.Prop == nil || *e.Prop == "" {

@@ -51,6 +51,29 @@ func TestConfigValuesAreExact(t *testing.T) {
 	}
 }
 
+// A key given twice, in two spellings encoding/json reads as one field,
+// is refused like any repeated key: otherwise the last would win unseen,
+// in config/set and in each set-many entry.
+func TestConfigWriteRefusesKeysEqualButForCase(t *testing.T) {
+	g := &Gateway{}
+	for _, tc := range []struct {
+		method, params, want string
+	}{
+		{"config/set", `{"prop":"agents.default.provider","PROP":"rpc.max_local_connections","value":1}`,
+			"Invalid params: `PROP` appears twice"},
+		{"config/set-many", `{"sets":[{"prop":"agents.default.provider","value":"x"},{"prop":"rpc.max_local_connections","Prop":"agents.default.provider","value":1}]}`,
+			"Invalid params: `sets[1].Prop` appears twice"},
+		{"config/set-many", "{\"sets\":[{\"prop\":\"rpc.max_local_connections\",\"value\":64,\"VALUE\":65}]}",
+			"Invalid params: `sets[0].VALUE` appears twice"},
+	} {
+		err := configWrite(g, tc.method, tc.params)
+		var re *jsonrpc.Error
+		if !errors.As(err, &re) || re.Code != jsonrpc.CodeInvalidParams || re.Message != tc.want {
+			t.Errorf("%s %s: %v, want -32602 %q", tc.method, tc.params, err, tc.want)
+		}
+	}
+}
+
 // A config write was decoded before the config service was asked: 8 MiB
 // of "1," became 80 bytes of memory for every two of JSON (910 MiB for one
 // frame, the gateway's resident set 20 MiB → 3 GiB for six), whoever sent

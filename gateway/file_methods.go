@@ -453,9 +453,10 @@ func scanChunkParams(params []byte) (chunkFields, bool) {
 			f.data = val
 		default:
 			// Unknown keys are ignored, but a repeated one is refused all
-			// the same; a client sending many is left to the ordinary path.
+			// the same, in any case as CheckParams compares them; a client
+			// sending many is left to the ordinary path.
 			for _, o := range others[:nothers] {
-				if bytes.Equal(o, key) {
+				if bytes.EqualFold(o, key) {
 					return f, false
 				}
 			}

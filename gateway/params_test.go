@@ -32,6 +32,11 @@ func TestDecodeParamsRefusesHostileShapes(t *testing.T) {
 		{"duplicate nested key", `{"value":{"a":1,"a":2}}`, "`value.a` appears twice"},
 		{"duplicate escaped key", `{"value":{"a":1,"\u0061":2}}`, "`value.a` appears twice"},
 		{"duplicate in array element", `{"sets":[{"value":1},{"value":1,"value":2}]}`, "`sets[1].value` appears twice"},
+		// encoding/json matches a field to any key equal under Unicode
+		// case folding, and the last such key would win.
+		{"duplicate top-level key by case", `{"prompt":"a","PROMPT":"b"}`, "`PROMPT` appears twice"},
+		{"duplicate top-level key by long s", "{\"sets\":[],\"\u017fets\":[]}", "`\u017fets` appears twice"},
+		{"nested keys differing in case are a map's", `{"value":{"Path":1,"PATH":2}}`, ""},
 		{"NUL in a string", `{"prompt":"a\u0000b"}`, "`prompt` must not contain NUL characters"},
 		{"NUL deep in a value", `{"sets":[{},{},{"value":{"x":"\u0000"}}]}`, "`sets[2].value.x` must not contain NUL characters"},
 		{"NUL in an array element", `{"value":["ok","\u0000"]}`, "`value[1]` must not contain NUL characters"},

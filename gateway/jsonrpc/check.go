@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strconv"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/jsonwalk"
@@ -19,7 +20,8 @@ type ParamsProblem uint8
 
 const (
 	// ParamsDuplicateKey: an object has the same key twice (compared after
-	// unescaping, as encoding/json compares them).
+	// unescaping, as encoding/json compares them). In params itself, keys
+	// equal under Unicode case folding are the same key (see CheckParams).
 	ParamsDuplicateKey ParamsProblem = iota + 1
 	// ParamsNUL: a string or a key holds U+0000, which PostgreSQL text and
 	// jsonb cannot store.
@@ -71,6 +73,15 @@ const keyListMax = 16
 // a duplicate key in any object, a NUL character (U+0000, escaped or raw)
 // in any string or key, or a member nesting deeper than MaxParamsDepth.
 // It returns nil or a *ParamsError for the first problem in document order.
+//
+// The keys of the outermost object are duplicates when they are equal
+// under Unicode case folding (bytes.EqualFold): that object is decoded
+// into a struct, and encoding/json matches a field to any such key, the
+// last one winning ("session_id" and "SESSION_ID", or "ſession_id"
+// with a long s). Deeper objects may be maps, whose keys are told apart
+// by case ("PATH" and "Path" in an env), so there only equal keys are.
+// A caller decoding a nested object into a struct checks its keys with
+// CheckParams of that object.
 //
 // It is one left-to-right scan with an explicit stack bounded by
 // MaxParamsDepth: no recursion, so a 9000-deep value costs neither stack
@@ -203,7 +214,7 @@ func (s *paramScan) key(i int) (int, error) {
 	}
 	top := &s.stack[len(s.stack)-1]
 	top.key = k
-	if s.seen(top, k) {
+	if s.seen(top, k, len(s.stack) == 1) {
 		return -1, s.fail(ParamsDuplicateKey, len(s.stack))
 	}
 	i = jsonwalk.SkipSpace(b, end)
@@ -214,18 +225,22 @@ func (s *paramScan) key(i int) (int, error) {
 }
 
 // seen records k as a key of the object top and reports whether it was
-// already there.
-func (s *paramScan) seen(top *scanFrame, k []byte) bool {
+// already there: equal to one before it, or with fold, equal under case
+// folding.
+func (s *paramScan) seen(top *scanFrame, k []byte, fold bool) bool {
 	if top.set != nil {
-		if _, ok := top.set[string(k)]; ok {
+		name := setKey(k, fold)
+		if _, ok := top.set[name]; ok {
 			return true
 		}
-		top.set[string(k)] = struct{}{}
+		top.set[name] = struct{}{}
 		return false
 	}
 	mine := s.keys[top.keysAt:]
 	for _, prev := range mine {
-		if bytes.Equal(prev, k) {
+		// EqualFold stops at the first byte that differs by more than
+		// case, the first one for most distinct keys.
+		if fold && bytes.EqualFold(prev, k) || !fold && bytes.Equal(prev, k) {
 			return true
 		}
 	}
@@ -235,11 +250,44 @@ func (s *paramScan) seen(top *scanFrame, k []byte) bool {
 	}
 	top.set = make(map[string]struct{}, 2*keyListMax)
 	for _, prev := range mine {
-		top.set[string(prev)] = struct{}{}
+		top.set[setKey(prev, fold)] = struct{}{}
 	}
-	top.set[string(k)] = struct{}{}
+	top.set[setKey(k, fold)] = struct{}{}
 	s.keys = s.keys[:top.keysAt]
 	return false
+}
+
+// setKey is k as a scanFrame's set holds it: with fold, one spelling for
+// all keys bytes.EqualFold finds equal (as encoding/json folds names):
+// upper-case ASCII, and every other rune the least of its fold orbit.
+func setKey(k []byte, fold bool) string {
+	if !fold {
+		return string(k)
+	}
+	out := make([]byte, 0, len(k))
+	for i := 0; i < len(k); {
+		if c := k[i]; c < utf8.RuneSelf {
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			out = append(out, c)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(k[i:])
+		for {
+			// SimpleFold walks the orbit upwards and wraps to its least.
+			next := unicode.SimpleFold(r)
+			if next <= r {
+				r = next
+				break
+			}
+			r = next
+		}
+		out = utf8.AppendRune(out, r)
+		i += n
+	}
+	return string(out)
 }
 
 func (s *paramScan) pop() {

@@ -49,6 +49,14 @@ func TestCheckParams(t *testing.T) {
 		{"objects past the limit", `{"sets":[` + nested(`{"a":`, "}", MaxParamsDepth, "{}") + `]}`, ParamsTooDeep, "sets"},
 		{"9000-deep array", `{"value":` + nested("[", "]", 9000, "") + `}`, ParamsTooDeep, "value"},
 		{"NUL beyond the limit is not reached", `{"value":` + nested("[", "]", 9000, `"\u0000"`) + `}`, ParamsTooDeep, "value"},
+		{"duplicate top by case", `{"session_id":1,"SESSION_ID":2}`, ParamsDuplicateKey, "SESSION_ID"},
+		{"duplicate top by mixed case", `{"prop":1,"value":2,"Prop":3}`, ParamsDuplicateKey, "Prop"},
+		{"duplicate top by long s", "{\"session_id\":1,\"\u017fession_id\":2}", ParamsDuplicateKey, "\u017fession_id"},
+		{"duplicate top by Kelvin sign", "{\"kind\":1,\"\u212aind\":2}", ParamsDuplicateKey, "\u212aind"},
+		{"duplicate top by escaped case", `{"prompt":1,"\u0050rompt":2}`, ParamsDuplicateKey, "Prompt"},
+		{"duplicate by case in many", many + `"K40":1}`, ParamsDuplicateKey, "K40"},
+		{"duplicate by long s in many", many + "\"\u017fession\":1,\"SESSION\":2}", ParamsDuplicateKey, "SESSION"},
+		{"case kept apart in nested objects", `{"env":{"PATH":"a","Path":"b"},"value":[{"A":1,"a":2}]}`, 0, ""},
 		{"long key cut short", `{"` + strings.Repeat("k", 500) + `":1,"` + strings.Repeat("k", 500) + `":2}`, ParamsDuplicateKey, strings.Repeat("k", maxPathKeyBytes) + "..."},
 		// Not JSON: nothing to say, the decoder will.
 		{"truncated", `{"a":[1,`, 0, ""},
@@ -127,6 +135,8 @@ func FuzzCheckParams(f *testing.F) {
 		`"\\u0000"`,
 		"{\"\xff\":1,\"\xfe\":2}",
 		`{"a":"\ud800","b":"\udc00\u0000"}`,
+		`{"session_id":1,"SESSION_ID":2,"v":{"a":1,"A":2}}`,
+		"{\"s\":1,\"\u017f\":2,\"\u212a\":3,\"k\":4}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -200,6 +210,13 @@ func refCheckParams(data []byte) *ParamsError {
 			top.key = k
 			if top.keys[k] {
 				return &ParamsError{Problem: ParamsDuplicateKey, Path: path(len(stack))}
+			}
+			if len(stack) == 1 { // params itself: keys equal but for case are one
+				for prev := range top.keys {
+					if strings.EqualFold(prev, k) {
+						return &ParamsError{Problem: ParamsDuplicateKey, Path: path(len(stack))}
+					}
+				}
 			}
 			top.keys[k] = true
 			expectKey = false
