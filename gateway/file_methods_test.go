@@ -72,7 +72,8 @@ func TestFileMethodParams(t *testing.T) {
 		method, params, msg string
 	}{
 		{"file/upload/begin", `{"session_id":"s1"}`, "Invalid params: `size_bytes` is required"},
-		{"file/upload/begin", `{"session_id":"s1","size_bytes":"big"}`, "Invalid params: `size_bytes` must be a number"},
+		{"file/upload/begin", `{"session_id":"s1","size_bytes":"big"}`, "Invalid params: `size_bytes` must be an integer"},
+		{"file/upload/begin", `{"session_id":"s1","size_bytes":1.5}`, "Invalid params: `size_bytes` must be an integer"},
 		{"file/upload/begin", `{"size_bytes":1}`, "Invalid params: `session_id` is required"},
 		{"file/upload/chunk", `{"upload_id":"nope","offset":0,"data_b64":"eA=="}`, "Invalid params: `upload_id` must be 32 hexadecimal characters"},
 		{"file/upload/chunk", `{"upload_id":"0123456789ABCDEF0123456789abcdef","offset":0,"data_b64":"eA=="}`, "Invalid params: `upload_id` must be 32 hexadecimal characters"},

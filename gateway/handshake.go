@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 
 	"go.uber.org/zap"
 
@@ -14,8 +15,8 @@ import (
 )
 
 type initializeParams struct {
-	ProtocolVersion      *json.Number    `json:"protocol_version"`
-	ProtocolVersionCamel *json.Number    `json:"protocolVersion"`
+	ProtocolVersion      json.RawMessage `json:"protocol_version"`
+	ProtocolVersionCamel json.RawMessage `json:"protocolVersion"`
 	ClientCapabilities   json.RawMessage `json:"client_capabilities"`
 	ClientCapsCamel      json.RawMessage `json:"clientCapabilities"`
 	AuthToken            string          `json:"auth_token"`
@@ -34,16 +35,21 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	v := p.ProtocolVersion
-	if v == nil {
-		v = p.ProtocolVersionCamel
+	v, field := p.ProtocolVersion, "protocol_version"
+	if isAbsent(v) {
+		v, field = p.ProtocolVersionCamel, "protocolVersion"
 	}
-	if v == nil {
+	if isAbsent(v) {
 		return nil, invalidParams("`protocol_version` is required")
 	}
-	if n, err := v.Int64(); err != nil || n != version.Protocol {
+	// Read as written: a json.Number would take "1" as 1 and answer "abc"
+	// in the decoder's words, and 1.0 is not a version a client sends.
+	if !isIntegerLiteral(v) {
+		return nil, invalidParams(fmt.Sprintf("`%s` must be an integer", field))
+	}
+	if n, err := strconv.ParseInt(string(v), 10, 64); err != nil || n != version.Protocol {
 		return nil, jsonrpc.NewError(jsonrpc.CodeVersionMismatch,
-			fmt.Sprintf("Protocol version mismatch: server=%d, client=%s", version.Protocol, v.String()), nil)
+			fmt.Sprintf("Protocol version mismatch: server=%d, client=%s", version.Protocol, v), nil)
 	}
 	caps := p.ClientCapabilities
 	if len(caps) == 0 {
@@ -104,6 +110,27 @@ func isElicitation(raw json.RawMessage) bool {
 	switch string(raw) {
 	case "", "null", "false":
 		return false
+	}
+	return true
+}
+
+// isAbsent reports whether a field read as json.RawMessage was left out
+// or sent as null.
+func isAbsent(v json.RawMessage) bool { return len(v) == 0 || string(v) == "null" }
+
+// isIntegerLiteral reports whether v is a JSON number without fraction or
+// exponent: -?(0|[1-9][0-9]*).
+func isIntegerLiteral(v []byte) bool {
+	if len(v) > 0 && v[0] == '-' {
+		v = v[1:]
+	}
+	if len(v) == 0 || len(v) > 1 && v[0] == '0' {
+		return false
+	}
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return false
+		}
 	}
 	return true
 }

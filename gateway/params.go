@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/clawmesh/clawmesh/gateway/errmap"
@@ -12,8 +13,8 @@ import (
 )
 
 // decodeParams reads params into v. A failure is -32602 with a message
-// that names the field, e.g. "Invalid params: `protocol_version` must be a
-// number". Unknown fields are ignored, as zerocode may send more.
+// that names the field, e.g. "Invalid params: `size_bytes` must be an
+// integer". Unknown fields are ignored, as zerocode may send more.
 //
 // Before unmarshalling, jsonrpc.CheckParams refuses what no method may
 // take: a duplicate key anywhere (encoding/json would silently keep the
@@ -32,24 +33,29 @@ func decodeParams(params json.RawMessage, v any) error {
 	if err := json.Unmarshal(params, v); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return invalidParams(fmt.Sprintf("`%s` must be %s", typeErr.Field, article(typeErr.Type.Kind().String())))
+			return invalidParams(fmt.Sprintf("`%s` must be %s", typeErr.Field, article(typeErr.Type.Kind())))
 		}
 		return invalidParams(err.Error())
 	}
 	return nil
 }
 
-func article(kind string) string {
+// article names what a field of kind takes, as a client would say it: a
+// count given 1.5 is told it needs an integer, not "a number" it sent.
+func article(kind reflect.Kind) string {
 	switch kind {
-	case "int", "int32", "int64", "uint", "uint32", "uint64", "float64", "float32":
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
 		return "a number"
-	case "string":
+	case reflect.String:
 		return "a string"
-	case "bool":
+	case reflect.Bool:
 		return "a boolean"
-	case "slice":
+	case reflect.Slice, reflect.Array:
 		return "an array"
-	case "map", "struct", "ptr":
+	case reflect.Map, reflect.Struct, reflect.Pointer:
 		return "an object"
 	}
 	return "of another type"

@@ -16,6 +16,8 @@ import (
 func TestDecodeParamsRefusesHostileShapes(t *testing.T) {
 	type params struct {
 		Prompt string          `json:"prompt"`
+		Count  *int64          `json:"count"`
+		Ratio  float64         `json:"ratio"`
 		Value  json.RawMessage `json:"value"`
 		Sets   []struct {
 			Value json.RawMessage `json:"value"`
@@ -42,6 +44,11 @@ func TestDecodeParamsRefusesHostileShapes(t *testing.T) {
 		{"NUL in an array element", `{"value":["ok","\u0000"]}`, "`value[1]` must not contain NUL characters"},
 		{"NUL in a nested key", `{"value":{"a\u0000":1}}`, "`value` must not contain NUL characters"},
 		{"NUL in a top-level key", `{"a\u0000":1}`, "params must not contain NUL characters"},
+		// The field's type is named as a client knows it: an integer is
+		// not just any number.
+		{"fraction for an integer", `{"count":1.5}`, "`count` must be an integer"},
+		{"string for an integer", `{"count":"1"}`, "`count` must be an integer"},
+		{"string for a number", `{"ratio":"1"}`, "`ratio` must be a number"},
 		{"nesting at the limit", `{"value":` + nest(jsonrpc.MaxParamsDepth) + `}`, ""},
 		{"nesting past the limit", `{"value":` + nest(jsonrpc.MaxParamsDepth+1) + `}`, "`value` nests deeper than 64 levels"},
 		{"9000-deep array", `{"value":` + nest(9000) + `}`, "`value` nests deeper than 64 levels"},
