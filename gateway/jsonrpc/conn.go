@@ -43,7 +43,8 @@ const maxWriteChunk = 256 << 10
 // For the durations, zero means the default and a negative value disables
 // the limit (tests only: production keeps every limit).
 type Options struct {
-	// MaxFrameBytes bounds one incoming line (bytes before the LF).
+	// MaxFrameBytes bounds one incoming line (bytes before the LF, a CR
+	// just before it not counted).
 	// Default 8 MiB. Breach: one -32600, id null,
 	// data {"reason":"frame_too_large","limit_bytes":N}, then close; the
 	// rest of the line is never read.

@@ -112,9 +112,11 @@ type readDeadliner interface {
 //
 // A frame is the bytes before an LF, with surrounding whitespace (and so a
 // trailing CR) trimmed; blank lines are skipped. A line of more than max
-// bytes before its LF is refused with ErrFrameTooLarge, and the reader
-// never reads more than max+1 bytes past the first byte of the current
-// frame: the rest of an oversized line stays unread in the socket.
+// bytes before its LF, one CR just before the LF not counted, is refused
+// with ErrFrameTooLarge, and the reader never reads more than max+1 bytes
+// past the first byte of the current frame, or max+2 when the byte past
+// max is a CR (its LF may come next): the rest of an oversized line stays
+// unread in the socket.
 //
 // When the underlying reader can SetReadDeadline and the timeout is
 // positive, a frame must be complete within that time of its first byte
@@ -268,7 +270,7 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 			continue
 		}
 		n := f.buffered()
-		if n > f.max {
+		if n > f.max && f.over(n, f.lastByte()) {
 			return nil, ErrFrameTooLarge
 		}
 		if f.err != nil {
@@ -299,17 +301,35 @@ func (f *FrameReader) buffered() int {
 	return len(f.pieces)*initialFrameBuf + f.end - f.start
 }
 
+// over reports whether a line of size bytes whose last is last passes
+// the limit: the CR a line may end in before its LF is not the frame's
+// (docs/spec.md §2), so max bytes and a CR are not over it.
+func (f *FrameReader) over(size int, last byte) bool {
+	return size > f.max && (size > f.max+1 || last != '\r')
+}
+
+// lastByte is the latest byte of the current frame read, 0 if none.
+func (f *FrameReader) lastByte() byte {
+	if f.end > f.start {
+		return f.buf[f.end-1]
+	}
+	if len(f.pieces) > 0 {
+		return f.pieces[len(f.pieces)-1][initialFrameBuf-1]
+	}
+	return 0
+}
+
 // take returns the current frame, whose last i bytes are buf[start:]: in
 // place when it lies in the one block, else assembled from the pieces.
 func (f *FrameReader) take(i int) ([]byte, error) {
 	if len(f.pieces) == 0 {
-		if i > f.max {
+		if i > f.max && f.over(i, f.buf[f.start+i-1]) {
 			return nil, ErrFrameTooLarge
 		}
 		return f.buf[f.start : f.start+i], nil
 	}
 	size := len(f.pieces)*initialFrameBuf + i
-	if size > f.max {
+	if size > f.max && f.over(size, f.lastOf(i)) {
 		f.dropPieces()
 		return nil, ErrFrameTooLarge
 	}
@@ -339,6 +359,15 @@ func (f *FrameReader) take(i int) ([]byte, error) {
 	f.dropPieces()
 	f.whole = whole
 	return whole, nil
+}
+
+// lastOf is the last byte of the current frame, whose last i bytes are
+// buf[start:]; there are pieces.
+func (f *FrameReader) lastOf(i int) byte {
+	if i > 0 {
+		return f.buf[f.start+i-1]
+	}
+	return f.pieces[len(f.pieces)-1][initialFrameBuf-1]
 }
 
 // dropPieces returns the pieces to the pool and their budget.
@@ -388,8 +417,13 @@ func (f *FrameReader) fill(n int) {
 		f.pieces = append(f.pieces, f.buf)
 		f.buf, f.end = getBlock(), 0
 	}
-	// Never read past max+1 bytes from the frame's first byte.
-	limit := min(len(f.buf), f.max+1-len(f.pieces)*initialFrameBuf)
+	// Never read past max+1 bytes from the frame's first byte, but for
+	// the LF after a CR at max+1 (ReadFrame has refused anything else).
+	bound := f.max + 1
+	if n > f.max {
+		bound++
+	}
+	limit := min(len(f.buf), bound-len(f.pieces)*initialFrameBuf)
 
 	if f.dl != nil {
 		switch {

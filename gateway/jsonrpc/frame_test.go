@@ -60,17 +60,23 @@ func TestFrameReaderAcrossBlocks(t *testing.T) {
 
 // TestFrameReaderTooLargeAcrossBlocks: a line one byte over a limit of
 // several blocks is refused without reading past max+1 bytes of it, and
-// its blocks go back to the budget.
+// its blocks go back to the budget. A line of the limit and a CR is not
+// over it, however the reads fall: the CR is read, then the LF.
 func TestFrameReaderTooLargeAcrossBlocks(t *testing.T) {
 	max := 2*initialFrameBuf + 100
-	data := append(append(frameBody(max, 1), '\n'), frameBody(max+1, 2)...)
+	data := append(append(frameBody(max, 1), '\n'), frameBody(max, 3)...)
+	data = append(data, "\r\n"...)
+	data = append(data, frameBody(max+1, 2)...)
 	data = append(data, "\n{}\n"...)
-	for _, chunk := range []int{4093, 3 * initialFrameBuf} {
+	for _, chunk := range []int{4093, 3 * initialFrameBuf, max, max + 1} {
 		budget := NewFrameBudget(64 << 20)
 		fr := NewFrameReader(&countingReader{t: t, data: data, chunk: chunk, max: max}, max, 0)
 		fr.UseBudget(budget, nil)
 		if got, err := fr.ReadFrame(); err != nil || len(got) != max {
 			t.Fatalf("frame at the limit: %d bytes, %v", len(got), err)
+		}
+		if got, err := fr.ReadFrame(); err != nil || !bytes.Equal(got, frameBody(max, 3)) {
+			t.Fatalf("frame at the limit ending in CRLF: %d bytes, %v", len(got), err)
 		}
 		if got, err := fr.ReadFrame(); !errors.Is(err, ErrFrameTooLarge) {
 			t.Fatalf("frame over the limit: %d bytes, %v; want ErrFrameTooLarge", len(got), err)

@@ -68,6 +68,35 @@ func TestFrameTooLarge(t *testing.T) {
 	}
 }
 
+// TestFrameAtLimitEndingInCRLF: the CR a line may end with is not part of
+// the frame, so a frame of exactly the limit is served whether its line
+// ends in LF or CRLF; the server reads the CR and the LF and no further.
+func TestFrameAtLimitEndingInCRLF(t *testing.T) {
+	const limit = 1024
+	var read atomic.Int64
+	ts := startServer(t, &Server{
+		Options:    Options{MaxFrameBytes: limit},
+		NewHandler: func(*Conn, Peer) Handler { return &testHandler{} },
+	}, func(nc net.Conn) net.Conn { return countingConn{nc, &read} })
+	c := dial(t, ts.path)
+	head := `{"jsonrpc":"2.0","id":1,"method":"echo","params":{"pad":"`
+	tail := `"}}`
+	exact := head + strings.Repeat("x", limit-len(head)-len(tail)) + tail
+	c.send(exact + "\r")
+	if m := c.recvMsg(); string(m.ID) != "1" || m.Error != nil {
+		t.Fatalf("frame of exactly %d bytes ending in CRLF: %v", limit, m)
+	}
+	if got := read.Load(); got != int64(len(exact)+2) {
+		t.Fatalf("server read %d bytes, want %d", got, len(exact)+2)
+	}
+	// Two CRs are one byte too many.
+	c.send(exact + "\r\r")
+	m := c.recvMsg()
+	if m.Error == nil || m.Error.Code != CodeInvalidRequest || errData(t, m.Error)["reason"] != "frame_too_large" {
+		t.Fatalf("frame of %d bytes and two CRs: %v, want frame_too_large", limit, m)
+	}
+}
+
 // TestFrameTimeout: a frame that keeps trickling in is cut off FrameTimeout
 // after its first byte with one -32600 frame_timeout, then close; the time
 // between complete frames is not bounded.
