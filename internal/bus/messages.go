@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/clawmesh/clawmesh/internal/natsutil"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
@@ -141,7 +142,7 @@ func publish(nc *nats.Conn, subject string, m proto.Message) error {
 	if err != nil {
 		return fmt.Errorf("bus: encode %s: %w", subject, err)
 	}
-	if err := nc.Publish(subject, data); err != nil {
+	if err := natsutil.Publish(nc, subject, data); err != nil {
 		return fmt.Errorf("bus: publish %s: %w", subject, err)
 	}
 	return nil
@@ -221,6 +222,7 @@ func Ask(ctx context.Context, nc *nats.Conn, connID, method string, params any, 
 	ctx, cancel := context.WithTimeout(ctx, timeout+2*time.Second)
 	defer cancel()
 	msg, err := nc.RequestWithContext(ctx, subject, data)
+	natsutil.WriteFailed(nc, err)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, ErrNoConnection
 	}
@@ -259,7 +261,9 @@ func ServeAsks(nc *nats.Conn, connID string, spawn func(func()), fn func(*busv1.
 			if err != nil {
 				data, _ = proto.Marshal(&busv1.AskReply{Error: &busv1.AskError{Failure: busv1.AskFailure_ASK_FAILURE_INVALID, Message: "ask: reply not encodable"}})
 			}
-			_ = m.Respond(data)
+			if err := m.Respond(data); err != nil {
+				natsutil.WriteFailed(nc, err)
+			}
 		})
 	})
 	if err != nil {
@@ -306,7 +310,7 @@ func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params
 		return fmt.Errorf("publish %s: %w: params are not valid UTF-8", p.subject, ErrEncode)
 	}
 	b := appendSessionUpdate(p.buf[:0], p.sessionID, typ, seq, params)
-	err := p.nc.Publish(p.subject, b)
+	err := natsutil.Publish(p.nc, p.subject, b)
 	if cap(b) <= maxKeptUpdateBuffer {
 		p.buf = b
 	}

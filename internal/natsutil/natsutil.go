@@ -6,6 +6,8 @@ package natsutil
 import (
 	"errors"
 	"fmt"
+	"net"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,6 +36,25 @@ type Options struct {
 // ErrClosed reports a connection closed for good.
 var ErrClosed = errors.New("nats connection closed")
 
+// Liveness bounds of a connection. nats.go's defaults (a write may take a
+// minute; a silent server is noticed after two pings two minutes apart)
+// would let a server that stops reading hold every publish, which writes
+// under the connection's lock, for a minute at a time while health still
+// says serving.
+const (
+	// WriteTimeout bounds one write to the server (nats.FlusherTimeout):
+	// a publish that has to write waits no longer than this.
+	WriteTimeout = 2 * time.Second
+	// PingInterval and MaxPingsOut: a server that answers no ping for
+	// about three intervals is taken for gone and reconnected to.
+	PingInterval = 5 * time.Second
+	MaxPingsOut  = 2
+)
+
+// watched holds the state callback of each connection Connect made, by
+// connection, for Publish to report a failed write through.
+var watched sync.Map // *nats.Conn → func(error)
+
 // Connect opens a connection that keeps reconnecting for as long as the
 // process lives. The first connection is waited for (retrying) only up to
 // the server's refusal: bad credentials fail at once.
@@ -48,6 +69,12 @@ func Connect(o Options) (*nats.Conn, error) {
 	}
 	opts := []nats.Option{
 		nats.Name(o.Name),
+		nats.FlusherTimeout(WriteTimeout),
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(MaxPingsOut),
+		// A write the flusher goroutine fails (the server stopped
+		// reading) reconnects instead of leaving the connection stuck.
+		nats.ReconnectOnFlusherError(),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(200 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
@@ -64,6 +91,7 @@ func Connect(o Options) (*nats.Conn, error) {
 			state(nil)
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
+			watched.Delete(nc)
 			err := nc.LastError()
 			if err == nil {
 				err = ErrClosed
@@ -112,8 +140,51 @@ func Connect(o Options) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect nats %s: %w", o.URL, err)
 	}
+	watched.Store(nc, func(err error) {
+		o.Log.Warn("nats write failed, reconnecting", zap.Error(err))
+		state(fmt.Errorf("bus write failed: %w", err))
+	})
 	if !nc.IsConnected() {
 		state(errors.New("bus not connected yet"))
 	}
 	return nc, nil
+}
+
+// Publish publishes data on subject through nc. A publish that fails to
+// write to the server (a write error, or a write that took longer than
+// WriteTimeout: the server stopped reading) reports the bus down through
+// the OnState of nc's Connect and starts a reconnect, so that the
+// publishes after it are buffered for the new connection instead of each
+// waiting on the stalled one; OnState is told when the bus is up again.
+func Publish(nc *nats.Conn, subject string, data []byte) error {
+	err := nc.Publish(subject, data)
+	if err != nil {
+		WriteFailed(nc, err)
+	}
+	return err
+}
+
+// WriteFailed handles err, returned by an operation of nc that writes
+// to the server: when it is a failed write (not, say, a message over the
+// size bound or a closed connection), the bus is reported down through
+// the OnState of nc's Connect (nc made there) and a reconnect is started.
+// It reports whether err was a failed write; a nil err is none.
+func WriteFailed(nc *nats.Conn, err error) bool {
+	if err == nil {
+		return false
+	}
+	// A socket's write fails with a *net.OpError (a deadline passed, a
+	// reset, a connection nats.go closed after a partial write); not a
+	// net.Error: a context's deadline is one too, and is no write's.
+	var oe *net.OpError
+	if !errors.As(err, &oe) && !errors.Is(err, net.ErrClosed) {
+		return false
+	}
+	if report, ok := watched.Load(nc); ok {
+		report.(func(error))(err)
+	}
+	// A connection already reconnecting just tries again at once; a
+	// closed one has nothing to reconnect (its ClosedHandler reported it).
+	_ = nc.ForceReconnect()
+	return true
 }

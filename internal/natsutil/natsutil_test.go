@@ -1,0 +1,220 @@
+package natsutil
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// stallProxy relays TCP connections to a server; while stalled it stops
+// reading what clients send, as a bus server that hangs (SIGSTOP, docker
+// pause, a stuck disk) stops reading its clients. What the server sends
+// still goes through.
+type stallProxy struct {
+	ln      net.Listener
+	target  string
+	stalled atomic.Bool
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
+	closed  bool
+}
+
+func startStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *stallProxy) url() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *stallProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		// A small buffer on the stalled side: the client's writes block
+		// after little data, not after megabytes the kernel would take.
+		_ = c.(*net.TCPConn).SetReadBuffer(16 << 10)
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			c.Close()
+			s.Close()
+			return
+		}
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() {
+			defer p.wg.Done()
+			_, _ = io.Copy(c, s)
+			c.Close()
+		}()
+		go func() {
+			defer p.wg.Done()
+			buf := make([]byte, 16<<10)
+			for {
+				for p.stalled.Load() && !p.isClosed() {
+					time.Sleep(10 * time.Millisecond)
+				}
+				n, err := c.Read(buf)
+				if n > 0 {
+					if _, err := s.Write(buf[:n]); err != nil {
+						c.Close()
+						return
+					}
+				}
+				if err != nil {
+					s.Close()
+					return
+				}
+			}
+		}()
+	}
+}
+
+func (p *stallProxy) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+func (p *stallProxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	p.closed = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// stateLog records what a connection's OnState was told, last first.
+type stateLog struct {
+	mu   sync.Mutex
+	last error
+	up   bool
+	n    int
+}
+
+func (s *stateLog) report(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last, s.up = err, err == nil
+	s.n++
+}
+
+func (s *stateLog) get() (last error, up bool, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last, s.up, s.n
+}
+
+// A bus server that stops reading must not hold a publish for nats.go's
+// default write timeout of a minute (the session service publishes under
+// its session's locks, so every turn would stall with it) while health
+// says serving: the publish fails within a few seconds, the bus is
+// reported down, and it is reported up again once the server reads again.
+func TestPublishToStalledServerFailsAndReportsBusDown(t *testing.T) {
+	u, err := url.Parse(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startStallProxy(t, u.Host)
+	var states stateLog
+	nc, err := Connect(Options{URL: p.url(), Name: "session", Log: zap.NewNop(), OnState: states.report})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, up, _ := states.get(); !up {
+		t.Fatalf("connected, yet the bus is not reported up")
+	}
+
+	p.stalled.Store(true)
+	// Publish until a write blocks on the stalled server and fails. The
+	// bound is liveness: without a write timeout a publish waits a minute.
+	payload := make([]byte, 256<<10)
+	failed := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			if err := Publish(nc, "clawmesh.test.stall", payload); err != nil {
+				failed <- fmt.Errorf("publish %d: %w", i, err)
+				return
+			}
+			if nc.IsClosed() {
+				failed <- errors.New("connection closed")
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-failed:
+		t.Logf("stalled server: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("publishing to a stalled bus server did not fail within 10s")
+	}
+	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if last, up, _ := states.get(); up {
+			return fmt.Errorf("bus still reported up (last state %v)", last)
+		}
+		return nil
+	})
+
+	// The server reads again: the connection comes back, and says so.
+	p.stalled.Store(false)
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if last, up, _ := states.get(); !up {
+			return fmt.Errorf("bus still reported down: %v", last)
+		}
+		return nil
+	})
+	sub, err := nats.Connect(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	got, err := sub.SubscribeSync("clawmesh.test.after")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := Publish(nc, "clawmesh.test.after", []byte("up")); err != nil {
+		t.Fatalf("publish after the server came back: %v", err)
+	}
+	if _, err := got.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("a publish after the server came back was not delivered: %v", err)
+	}
+}
