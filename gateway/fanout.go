@@ -54,8 +54,42 @@ func (t *topic) has(cs *connState) bool {
 	return ok
 }
 
+// newHub returns the hub of the gateway's bus connection nc. It adds its
+// own to nc's reconnect handler: see reconnected.
 func newHub(nc *nats.Conn, log *zap.Logger) *hub {
-	return &hub{nc: nc, log: log, topics: map[string]*topic{}}
+	h := &hub{nc: nc, log: log, topics: map[string]*topic{}}
+	if nc != nil {
+		prev := nc.ReconnectHandler()
+		nc.SetReconnectHandler(func(nc *nats.Conn) {
+			if prev != nil {
+				prev(nc)
+			}
+			h.reconnected()
+		})
+	}
+	return h
+}
+
+// reconnected closes every connection that follows a session: while the
+// bus connection was down, updates published meanwhile went nowhere, and
+// a connection is never fed a stream with a hole in it. A hole the
+// stream would not show (the turn's last update, its turn_complete,
+// lost) is why it is done here and not left to dispatch's check of seq.
+// Connections that follow nothing stay open.
+func (h *hub) reconnected() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, t := range h.topics {
+		t.mu.Lock()
+		// The stream's place is not known across the outage: the next
+		// update starts it again, for connections that attach from now.
+		t.lastSeq = 0
+		for cs := range t.conns {
+			cs.outbox.cut("closing connection: session updates may have been lost while the bus was disconnected",
+				zap.String("session_id", id))
+		}
+		t.mu.Unlock()
+	}
 }
 
 // errAttach wraps a failure to follow a session's updates.
@@ -290,8 +324,12 @@ func (h *hub) dispatch(t *topic, u bus.Update) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.lastSeq != 0 && u.Seq > t.lastSeq+1 {
-		h.log.Warn("session updates lost in transit", zap.String("session_id", u.SessionID),
-			zap.Int64("after_seq", t.lastSeq), zap.Int64("got_seq", u.Seq))
+		// Updates were lost in transit: the connections following the
+		// session are closed rather than fed a stream with a hole in it.
+		for cs := range t.conns {
+			cs.outbox.cut("closing connection: session updates lost in transit", zap.String("session_id", u.SessionID),
+				zap.Int64("after_seq", t.lastSeq), zap.Int64("got_seq", u.Seq))
+		}
 	}
 	if u.Seq > t.lastSeq {
 		t.lastSeq = u.Seq

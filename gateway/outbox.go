@@ -89,9 +89,7 @@ func (o *outbox) push(u bus.Update, n jsonrpc.Notification) {
 	if o.bytes+len(u.JSON) > maxOutboxBytes {
 		o.g.log.Warn("closing connection: session updates backlog over its bound",
 			zap.String("conn", o.cs.id), zap.Int("limit_bytes", maxOutboxBytes))
-		o.done, o.q, o.bytes = true, nil, 0
-		o.cond.Broadcast()
-		o.g.spawn(func() { _ = o.cs.conn.Close() }) // not under o.mu
+		o.abandonLocked()
 		return
 	}
 	if len(o.q) == 0 && !o.busy && o.cs.conn.TrySend(n) {
@@ -104,6 +102,29 @@ func (o *outbox) push(u bus.Update, n jsonrpc.Notification) {
 	o.q = append(o.q, queued{u, n})
 	o.bytes += len(u.JSON)
 	o.cond.Signal()
+}
+
+// cut closes the connection because its stream of session updates would
+// have a hole in it (updates lost on the bus): it is never fed one.
+// What is queued is abandoned, as when the backlog passes its bound;
+// like any disconnect, the connection's turns are cancelled. msg is the
+// static reason logged with the connection's id and fields.
+func (o *outbox) cut(msg string, fields ...zap.Field) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.done {
+		return
+	}
+	o.g.log.Warn(msg, append(fields, zap.String("conn", o.cs.id))...)
+	o.abandonLocked()
+}
+
+// abandonLocked drops what is queued, stops run and closes the
+// connection; o.mu is held.
+func (o *outbox) abandonLocked() {
+	o.done, o.q, o.bytes = true, nil, 0
+	o.cond.Broadcast()
+	o.g.spawn(func() { _ = o.cs.conn.Close() }) // not under o.mu
 }
 
 // progress returns the updates written to the connection so far and

@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"sync"
@@ -131,18 +132,81 @@ const NATSMaxPayload = 8 << 20
 // test and returns its URL; it is shut down when the test ends.
 func NATS(t testing.TB) string {
 	t.Helper()
+	return StartNATS(t).URL()
+}
+
+// NATSServer is an in-process nats-server of one test's, which the test
+// may reach into (to disconnect a client) or restart.
+type NATSServer struct {
+	t    testing.TB
+	port int
+
+	mu  sync.Mutex
+	srv *server.Server
+}
+
+// StartNATS starts an in-process nats-server on a random loopback port
+// for this test; it is shut down when the test ends.
+func StartNATS(t testing.TB) *NATSServer {
+	t.Helper()
+	s := &NATSServer{t: t, port: server.RANDOM_PORT}
+	t.Cleanup(s.Shutdown)
+	s.start()
+	return s
+}
+
+func (s *NATSServer) start() {
+	s.t.Helper()
 	// The stack's message bound, not the server's default of 1 MB: a test
 	// sees what the stack does with a large update.
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true, MaxPayload: NATSMaxPayload})
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: s.port, NoLog: true, NoSigs: true, MaxPayload: NATSMaxPayload})
 	if err != nil {
-		t.Fatalf("nats-server: %v", err)
+		s.t.Fatalf("nats-server: %v", err)
 	}
 	srv.Start() // returns once it listens: see natsembed.Run
 	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatalf("nats-server not ready")
+		srv.Shutdown()
+		s.t.Fatalf("nats-server not ready")
 	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv.ClientURL()
+	s.mu.Lock()
+	s.srv = srv
+	s.port = srv.Addr().(*net.TCPAddr).Port // the same one across a restart
+	s.mu.Unlock()
+}
+
+// URL is the server's client URL; it stays the same across a restart.
+func (s *NATSServer) URL() string {
+	return fmt.Sprintf("nats://127.0.0.1:%d", s.port)
+}
+
+// Server is the running server (nil while it is shut down).
+func (s *NATSServer) Server() *server.Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.srv
+}
+
+// Shutdown shuts the server down and waits for it; its clients see it
+// gone. Safe to call twice.
+func (s *NATSServer) Shutdown() {
+	s.mu.Lock()
+	srv := s.srv
+	s.srv = nil
+	s.mu.Unlock()
+	if srv != nil {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}
+}
+
+// Start starts the server again, on the same port, after Shutdown; it
+// returns once it accepts connections.
+func (s *NATSServer) Start() {
+	s.t.Helper()
+	if s.Server() != nil {
+		return
+	}
+	s.start()
 }
 
 // Logger logs through the test's output.
