@@ -53,6 +53,12 @@ type liveSession struct {
 	pubMu       sync.Mutex
 	seq         int64
 	seqReserved int64
+	// seqUnsure: seq was not read from the stored bound (the read
+	// failed) and may be behind it; seqLost counts the updates not
+	// published since a reservation failed. Either way the next
+	// reservation is made past the stored bound (reserveSeqLocked).
+	seqUnsure bool
+	seqLost   int64
 	// pub publishes on the session's subject; body is the buffer its
 	// updates' params are encoded into. Both are made on first publish.
 	pub  *bus.SessionUpdatePublisher
@@ -68,18 +74,21 @@ func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, rel
 		return ls, func() { s.release(ls) }
 	}
 	seq, allowed, err := s.store.liveState(ctx, row.ID)
+	unsure := false
 	if err != nil {
 		if !errors.Is(err, errNoRow) {
 			s.log.Warn("read session sequence", zap.String("session_id", row.ID), zap.Error(err))
 		}
-		seq, allowed = row.UpdateSeq, row.AlwaysAllowed
+		// row's bound may be older than the stored one (an entry evicted
+		// since row was read stored the last number it used).
+		seq, allowed, unsure = row.UpdateSeq, row.AlwaysAllowed, true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ls = &liveSession{
 		id: row.ID, incarnation: row.Incarnation, owner: row.Owner, surface: row.Surface, refs: 1,
 		approvals: map[string]*approval{}, alwaysAllowed: map[string]bool{},
-		seq: seq, seqReserved: seq,
+		seq: seq, seqReserved: seq, seqUnsure: unsure,
 	}
 	if cur, ok := s.lives[row.ID]; ok {
 		switch {

@@ -493,12 +493,20 @@ func (st *store) liveState(ctx context.Context, id string) (seq int64, allowed [
 // already higher stays.
 const reserveSeqSQL = "UPDATE sessions SET update_seq = GREATEST(update_seq, $2) WHERE session_id = $1"
 
-// reserveSeq raises the session's stored sequence bound to upto.
-func (st *store) reserveSeq(ctx context.Context, sessionID string, upto int64) error {
-	if _, err := st.db.Exec(ctx, reserveSeqSQL, sessionID, upto); err != nil {
-		return fmt.Errorf("reserve update sequence: %w", err)
+// reserveSeqAfter raises the session's stored sequence bound to block
+// numbers past both seq and the bound stored before, and returns the new
+// bound: the numbers from it less block up to it are the caller's.
+func (st *store) reserveSeqAfter(ctx context.Context, sessionID string, seq, block int64) (int64, error) {
+	var upto int64
+	err := st.db.QueryRow(ctx, "UPDATE sessions SET update_seq = GREATEST(update_seq, $2) + $3 WHERE session_id = $1 RETURNING update_seq",
+		sessionID, seq, block).Scan(&upto)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("reserve update sequence: %w", errNoRow)
 	}
-	return nil
+	if err != nil {
+		return 0, fmt.Errorf("reserve update sequence: %w", err)
+	}
+	return upto, nil
 }
 
 // releaseSeq lowers the stored bound from reserved to the last sequence

@@ -86,7 +86,7 @@ type turnStart struct {
 	SessionID, TurnID, ConnID, Surface, Prompt string
 	Generation                                 *int64
 	// ReserveSeq, when not 0, raises the session's stored update
-	// sequence bound to it (reserveSeq) in the same transaction.
+	// sequence bound to it (reserveSeqSQL) in the same transaction.
 	ReserveSeq int64
 }
 

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -38,7 +39,10 @@ const seqBlock = 1024
 func (ls *liveSession) seqToReserve() int64 {
 	ls.pubMu.Lock()
 	defer ls.pubMu.Unlock()
-	if ls.seqReserved-ls.seq > seqBlock/2 {
+	if ls.seqReserved-ls.seq > seqBlock/2 || ls.seqUnsure || ls.seqLost > 0 {
+		// An entry whose start is not known to be the stored bound, or
+		// that lost updates, reserves on its first publish (see
+		// reserveSeqLocked), relative to the stored bound.
 		return 0
 	}
 	return ls.seq + seqBlock
@@ -136,22 +140,63 @@ func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
 	if cap(body) <= maxKeptBody {
 		ls.body = body
 	}
-	if ls.seq >= ls.seqReserved {
-		// A reservation survives the turn's cancellation: it must land
-		// before the number is used.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := s.store.reserveSeq(ctx, ls.id, ls.seq+seqBlock)
-		cancel()
-		if err != nil {
-			s.log.Warn("reserve update sequence", zap.String("session_id", ls.id), zap.Error(err))
-		} else {
-			ls.seqReserved = ls.seq + seqBlock
+	if ls.seq >= ls.seqReserved && !s.reserveSeqLocked(ls) {
+		// No number past the stored bound is ever given: the next process
+		// starts from that bound, and would give it again. The update is
+		// lost (updates are a view, the transcript is the record); the
+		// number skipped once a reservation lands tells subscribers so.
+		if ls.seqLost == 0 {
+			s.log.Warn("session updates not published: their sequence numbers could not be reserved",
+				zap.String("session_id", ls.id), zap.Int64("seq", ls.seq))
 		}
+		ls.seqLost++
+		return
 	}
 	ls.seq++
 	if err := s.publishLocked(ls, bus.UpdateType(typ), ls.seq, body); err != nil {
 		s.log.Warn("publish session update", zap.String("session_id", ls.id), zap.String("type", typ), zap.Int64("seq", ls.seq), zap.Error(err))
 	}
+}
+
+// reserveSeqLocked stores a new bound for ls's sequence numbers, the
+// next seqBlock of them, and reports whether it did; ls.pubMu is held. A
+// reservation survives the turn's cancellation: it must land before a
+// number is used.
+//
+// The block starts after both ls.seq and the bound stored before: an
+// entry that started from a bound older than the stored one (its reading
+// failed, see hold) never gives a number given before. After updates
+// were lost for want of a reservation, one number is skipped, so that
+// subscribers see a gap in seq where updates are missing.
+func (s *Server) reserveSeqLocked(ls *liveSession) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	upto, err := s.store.reserveSeqAfter(ctx, ls.id, ls.seq, seqBlock)
+	cancel()
+	if errors.Is(err, errNoRow) {
+		// The session's row is gone (deleted): no process will start
+		// from its bound, so the numbers need no reservation.
+		ls.seqReserved = ls.seq + seqBlock
+		return true
+	}
+	if err != nil {
+		if ls.seqLost == 0 {
+			s.log.Warn("reserve update sequence", zap.String("session_id", ls.id), zap.Error(err))
+		}
+		return false
+	}
+	from := upto - seqBlock
+	if from != ls.seq {
+		s.log.Warn("update sequence continued past the stored bound", zap.String("session_id", ls.id),
+			zap.Int64("seq", ls.seq), zap.Int64("stored_bound", from))
+	}
+	ls.seq, ls.seqReserved, ls.seqUnsure = from, upto, false
+	if ls.seqLost > 0 {
+		s.log.Warn("session update sequence reserved again", zap.String("session_id", ls.id),
+			zap.Int64("lost_updates", ls.seqLost), zap.Int64("skipped_seq", ls.seq+1))
+		ls.seq++
+		ls.seqLost = 0
+	}
+	return true
 }
 
 // publishDeleted announces the session's deletion, after every update it
