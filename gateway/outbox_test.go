@@ -69,7 +69,7 @@ func TestOutboxBacklogBounded(t *testing.T) {
 	conn := jsonrpc.NewConn(server, nil, jsonrpc.Options{})
 	g := &Gateway{log: zap.NewNop()}
 	o := newOutbox(context.Background(), g, &connState{id: "conn-t", conn: conn})
-	chunk := bus.Update{JSON: []byte(strings.Repeat("x", 1<<20))}
+	chunk := bus.Update{JSON: []byte(strings.Repeat("x", 1<<20-outboxEntryOverhead))} // 1 MiB charged
 	for range maxOutboxBytes >> 20 {
 		o.push(chunk, jsonrpc.Notification{})
 	}
