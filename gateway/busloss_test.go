@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"testing"
@@ -79,7 +80,7 @@ func newLossRig(t *testing.T, url string) *lossRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := h.attach(r.follower, r.sessionID, subject); err != nil {
+	if _, _, err := h.attach(r.follower, r.sessionID, subject, true, false); err != nil {
 		t.Fatal(err)
 	}
 	if r.pub, err = bus.NewSessionUpdatePublisher(pubnc, r.sessionID, 1); err != nil {
@@ -264,5 +265,64 @@ func TestSeqGapClosesConnectionsFollowingTheSession(t *testing.T) {
 	}
 	got := r.followerStream() // at most 1 and 2: what was queued is dropped
 	t.Logf("the following connection got seqs %v, then was closed", got)
+	r.idleStaysOpen()
+}
+
+// The session service started again: its publisher's first update is
+// numbered from the stored bound, past numbers never published, and says
+// so. The connections following the session are not closed for that gap;
+// a gap between two updates of the new publisher still closes them.
+func TestRenumberedUpdateIsNoGap(t *testing.T) {
+	r := newLossRig(t, testenv.NATS(t))
+	r.publish(1, false)
+	r.publish(2, false)
+	var err error
+	if r.pub, err = bus.NewSessionUpdatePublisher(r.pubnc, r.sessionID, 1); err != nil { // the new process's
+		t.Fatal(err)
+	}
+	r.publish(1025, false)
+	r.publish(1026, false)
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(r.followerClient)
+	_ = r.followerClient.SetReadDeadline(time.Now().Add(20 * time.Second))
+	var got []int64
+	for len(got) < 4 {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("after seqs %v: %v", got, err)
+		}
+		var f struct {
+			Params struct {
+				Seq int64 `json:"seq"`
+			} `json:"params"`
+		}
+		if err := json.Unmarshal(line, &f); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, f.Params.Seq)
+	}
+	if fmt.Sprint(got) != "[1 2 1025 1026]" {
+		t.Fatalf("seqs %v", got)
+	}
+	select {
+	case <-r.follower.conn.Done():
+		t.Fatal("the following connection was closed for a renumbering")
+	case <-time.After(100 * time.Millisecond):
+	}
+	// A hole after it is a loss.
+	r.publish(1030, true)
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
+		select {
+		case <-r.follower.conn.Done():
+			return nil
+		default:
+			return errors.New("still open after a gap")
+		}
+	})
 	r.idleStaysOpen()
 }

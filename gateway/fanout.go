@@ -323,7 +323,10 @@ func (h *hub) dispatch(t *topic, u bus.Update) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.lastSeq != 0 && u.Seq > t.lastSeq+1 {
+	// A renumbered update is a publisher's first (the session service
+	// started again): its seq follows the stored bound, and the numbers
+	// it skips were never published.
+	if t.lastSeq != 0 && u.Seq > t.lastSeq+1 && !u.Renumbered {
 		// Updates were lost in transit: the connections following the
 		// session are closed rather than fed a stream with a hole in it.
 		for cs := range t.conns {

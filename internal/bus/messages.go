@@ -59,6 +59,10 @@ type Update struct {
 	Seq          int64
 	JSON         []byte
 	ConnectionID string
+	// Renumbered: the first update of its publisher, whose seq follows
+	// the stored bound rather than the update before it (no gap before
+	// it means anything lost).
+	Renumbered bool
 }
 
 // decodeSessionUpdate decodes a busv1.SessionUpdate of session id, of
@@ -91,6 +95,10 @@ func decodeSessionUpdate(data []byte, id string, incarnation int64) (Update, err
 			if n >= 0 && !utf8.Valid(u.JSON) {
 				return Update{}, errors.New("json: invalid UTF-8")
 			}
+		case num == fieldUpdateRenumbered && typ == protowire.VarintType:
+			var v uint64
+			v, n = protowire.ConsumeVarint(data)
+			u.Renumbered = v != 0
 		case num == fieldUpdateConnectionID && typ == protowire.BytesType:
 			var v []byte
 			v, n = protowire.ConsumeBytes(data)
@@ -283,6 +291,7 @@ type SessionUpdatePublisher struct {
 	sessionID string
 	subject   string
 	buf       []byte
+	published bool // an update went out: the next are not renumbered
 }
 
 // NewSessionUpdatePublisher returns the publisher of the updates of
@@ -309,7 +318,7 @@ func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params
 	if !utf8.Valid(params) {
 		return fmt.Errorf("publish %s: %w: params are not valid UTF-8", p.subject, ErrEncode)
 	}
-	b := appendSessionUpdate(p.buf[:0], p.sessionID, typ, seq, params)
+	b := appendSessionUpdate(p.buf[:0], p.sessionID, typ, seq, params, !p.published)
 	err := natsutil.Publish(p.nc, p.subject, b)
 	if cap(b) <= maxKeptUpdateBuffer {
 		p.buf = b
@@ -317,6 +326,7 @@ func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params
 	if err != nil {
 		return fmt.Errorf("bus: publish %s: %w", p.subject, err)
 	}
+	p.published = true
 	return nil
 }
 
@@ -327,12 +337,13 @@ const (
 	fieldUpdateSeq          protowire.Number = 3
 	fieldUpdateJSON         protowire.Number = 4
 	fieldUpdateConnectionID protowire.Number = 5
+	fieldUpdateRenumbered   protowire.Number = 6
 )
 
 // appendSessionUpdate appends the wire form of a busv1.SessionUpdate
 // without connection_id: fields in number order, zero values omitted, as
 // proto.Marshal writes them.
-func appendSessionUpdate(b []byte, sessionID string, typ busv1.UpdateType, seq int64, params []byte) []byte {
+func appendSessionUpdate(b []byte, sessionID string, typ busv1.UpdateType, seq int64, params []byte, renumbered bool) []byte {
 	if sessionID != "" {
 		b = protowire.AppendTag(b, fieldUpdateSessionID, protowire.BytesType)
 		b = protowire.AppendString(b, sessionID)
@@ -348,6 +359,10 @@ func appendSessionUpdate(b []byte, sessionID string, typ busv1.UpdateType, seq i
 	if len(params) > 0 {
 		b = protowire.AppendTag(b, fieldUpdateJSON, protowire.BytesType)
 		b = protowire.AppendBytes(b, params)
+	}
+	if renumbered {
+		b = protowire.AppendTag(b, fieldUpdateRenumbered, protowire.VarintType)
+		b = protowire.AppendVarint(b, 1)
 	}
 	return b
 }

@@ -36,13 +36,14 @@ func TestSessionUpdateEncodingIsProtoMarshal(t *testing.T) {
 		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE, Seq: 1 << 40, Json: strings.Repeat("é", 70000)},
 		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED},
 		{SessionId: "s-abc", Seq: -1, Json: "{}"},
+		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 1025, Json: "{}", Renumbered: true},
 	}
 	for _, u := range cases {
 		want, err := proto.Marshal(u)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := appendSessionUpdate([]byte("junk")[:0], u.SessionId, u.Type, u.Seq, []byte(u.Json))
+		got := appendSessionUpdate([]byte("junk")[:0], u.SessionId, u.Type, u.Seq, []byte(u.Json), u.Renumbered)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("%v: encoded %x, proto.Marshal %x", u, got, want)
 		}
@@ -129,7 +130,7 @@ func TestSubscribeAllSessionUpdates(t *testing.T) {
 		}
 	}
 	subjectOfTwo, _ := SessionUpdateSubject("s-two", 12)
-	claimsOne := appendSessionUpdate(nil, "s-one", busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, 99, []byte(`{"x":1}`))
+	claimsOne := appendSessionUpdate(nil, "s-one", busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, 99, []byte(`{"x":1}`), false)
 	const perSession = 5
 	for k := 1; k <= perSession; k++ {
 		for _, id := range []string{"s-one", "s-two"} {

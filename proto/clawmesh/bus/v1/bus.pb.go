@@ -236,7 +236,13 @@ type SessionUpdate struct {
 	Json string `protobuf:"bytes,4,opt,name=json,proto3" json:"json,omitempty"`
 	// connection_id, when set, limits delivery to one connection; the
 	// session service leaves it empty (every attached connection).
-	ConnectionId  string `protobuf:"bytes,5,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
+	ConnectionId string `protobuf:"bytes,5,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
+	// renumbered marks the first update a publisher sends for the session
+	// (a session service process started, or its live entry made again):
+	// its seq follows the stored bound, not the update before it, so a
+	// subscriber takes it as the stream's place and counts no gap before it.
+	// Between two updates of one publisher a gap is updates lost.
+	Renumbered    bool `protobuf:"varint,6,opt,name=renumbered,proto3" json:"renumbered,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -304,6 +310,13 @@ func (x *SessionUpdate) GetConnectionId() string {
 		return x.ConnectionId
 	}
 	return ""
+}
+
+func (x *SessionUpdate) GetRenumbered() bool {
+	if x != nil {
+		return x.Renumbered
+	}
+	return false
 }
 
 // AskRequest asks one client connection something through the gateway
@@ -555,14 +568,17 @@ const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\x19clawmesh/bus/v1/bus.proto\x12\x0fclawmesh.bus.v1\"A\n" +
 	"\rConfigChanged\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
-	"\x05props\x18\x02 \x03(\tR\x05props\"\xaa\x01\n" +
+	"\x05props\x18\x02 \x03(\tR\x05props\"\xca\x01\n" +
 	"\rSessionUpdate\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12/\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1b.clawmesh.bus.v1.UpdateTypeR\x04type\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x03R\x03seq\x12\x12\n" +
 	"\x04json\x18\x04 \x01(\tR\x04json\x12#\n" +
-	"\rconnection_id\x18\x05 \x01(\tR\fconnectionId\"d\n" +
+	"\rconnection_id\x18\x05 \x01(\tR\fconnectionId\x12\x1e\n" +
+	"\n" +
+	"renumbered\x18\x06 \x01(\bR\n" +
+	"renumbered\"d\n" +
 	"\n" +
 	"AskRequest\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x1f\n" +
