@@ -205,9 +205,11 @@ func BenchmarkChunkToNATS(b *testing.B) {
 // BenchmarkStoreFile stores a new 10 MB file a call, an upload's commit as
 // the session service sees it: hashed, written, synced, renamed, indexed.
 // The files are kept, as an upload's are, so that each write takes page
-// cache pages anew; they go with the test's folder at its end.
+// cache pages anew; they go with the test's folder at its end. The user's
+// quota is past what a run stores (its charge is measured, not its
+// refusal).
 func BenchmarkStoreFile(b *testing.B) {
-	h, _ := fileHarness(b)
+	h, _ := quotaHarness(b, 1<<50, 1<<30)
 	id := h.newSession(alice, "default")
 	data := patterned(10<<20, 0)
 	b.SetBytes(int64(len(data)))
