@@ -14,23 +14,30 @@ import (
 	"github.com/clawmesh/clawmesh/internal/testwait"
 )
 
+// limitServer serves frames of at most limit bytes, counting what it
+// reads in read, with a client dialled to it and a request of exactly
+// limit bytes (id 1) to send.
+func limitServer(t *testing.T, limit int) (ts *testServer, c *client, read *atomic.Int64, exact string) {
+	t.Helper()
+	read = new(atomic.Int64)
+	ts = startServer(t, &Server{
+		Options:    Options{MaxFrameBytes: limit},
+		NewHandler: func(*Conn, Peer) Handler { return &testHandler{} },
+	}, func(nc net.Conn) net.Conn { return countingConn{nc, read} })
+	head := `{"jsonrpc":"2.0","id":1,"method":"echo","params":{"pad":"`
+	tail := `"}}`
+	return ts, dial(t, ts.path), read, head + strings.Repeat("x", limit-len(head)-len(tail)) + tail
+}
+
 // TestFrameTooLarge: a line over the limit gets one -32600 frame_too_large
 // and the connection closes; the server never read more than limit+1
 // bytes of that line, so the client's writer is left with most of its
 // bytes unsent. A line of exactly the limit is served.
 func TestFrameTooLarge(t *testing.T) {
 	const limit = 1024
-	var read atomic.Int64
-	ts := startServer(t, &Server{
-		Options:    Options{MaxFrameBytes: limit},
-		NewHandler: func(*Conn, Peer) Handler { return &testHandler{} },
-	}, func(nc net.Conn) net.Conn { return countingConn{nc, &read} })
-	c := dial(t, ts.path)
+	ts, c, read, exact := limitServer(t, limit)
 
 	// Exactly at the limit: served.
-	head := `{"jsonrpc":"2.0","id":1,"method":"echo","params":{"pad":"`
-	tail := `"}}`
-	exact := head + strings.Repeat("x", limit-len(head)-len(tail)) + tail
 	c.send(exact)
 	if m := c.recvMsg(); string(m.ID) != "1" || m.Error != nil {
 		t.Fatalf("frame of exactly %d bytes: %v", limit, m)
@@ -73,15 +80,7 @@ func TestFrameTooLarge(t *testing.T) {
 // ends in LF or CRLF; the server reads the CR and the LF and no further.
 func TestFrameAtLimitEndingInCRLF(t *testing.T) {
 	const limit = 1024
-	var read atomic.Int64
-	ts := startServer(t, &Server{
-		Options:    Options{MaxFrameBytes: limit},
-		NewHandler: func(*Conn, Peer) Handler { return &testHandler{} },
-	}, func(nc net.Conn) net.Conn { return countingConn{nc, &read} })
-	c := dial(t, ts.path)
-	head := `{"jsonrpc":"2.0","id":1,"method":"echo","params":{"pad":"`
-	tail := `"}}`
-	exact := head + strings.Repeat("x", limit-len(head)-len(tail)) + tail
+	_, c, read, exact := limitServer(t, limit)
 	c.send(exact + "\r")
 	if m := c.recvMsg(); string(m.ID) != "1" || m.Error != nil {
 		t.Fatalf("frame of exactly %d bytes ending in CRLF: %v", limit, m)

@@ -8,6 +8,26 @@ import (
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
+// heldOnPrivatePostgres is a harness on a PostgreSQL cluster of the
+// test's own (to stop and start), a session of alice's, a recorder of its
+// updates and its live entry, held until release.
+func heldOnPrivatePostgres(t *testing.T) (*testenv.PGServer, *harness, string, *recorder, *liveSession, func()) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL cluster of its own")
+	}
+	server := testenv.PrivatePostgres(t)
+	h := newHarnessOn(t, server.URL(), func(c *Config) { c.UnwindTimeout = 2 * time.Second })
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	row, err := h.srv.store.session(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, release := h.srv.hold(context.Background(), row)
+	return server, h, id, rec, ls, release
+}
+
 // spendBlock publishes chunks of turn on ls until its reserved numbers
 // are all used, and returns the updates rec saw of them.
 func spendBlock(t *testing.T, h *harness, ls *liveSession, rec *recorder, turn string) map[int64]string {
@@ -37,19 +57,7 @@ func spendBlock(t *testing.T, h *harness, ls *liveSession, rec *recorder, turn s
 // anything; the next one starts from the stored bound and gives no
 // number twice.
 func TestSeqNotReusedAfterAFailedReservationAndACrash(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL cluster of its own")
-	}
-	server := testenv.PrivatePostgres(t)
-	h := newHarnessOn(t, server.URL(), func(c *Config) { c.UnwindTimeout = 2 * time.Second })
-	ctx := context.Background()
-	id := h.newSession(alice, "default")
-	rec := h.record(id)
-	row, err := h.srv.store.session(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, release := h.srv.hold(ctx, row)
+	server, h, id, rec, ls, release := heldOnPrivatePostgres(t)
 	seen := spendBlock(t, h, ls, rec, "t-old")
 
 	server.Stop()
@@ -79,19 +87,7 @@ func TestSeqNotReusedAfterAFailedReservationAndACrash(t *testing.T) {
 // stored again, so that subscribers (the gateway closes the connections
 // following the session) see that some are missing.
 func TestUpdatesLostForWantOfAReservationLeaveAGap(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL cluster of its own")
-	}
-	server := testenv.PrivatePostgres(t)
-	h := newHarnessOn(t, server.URL(), func(c *Config) { c.UnwindTimeout = 2 * time.Second })
-	ctx := context.Background()
-	id := h.newSession(alice, "default")
-	rec := h.record(id)
-	row, err := h.srv.store.session(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, release := h.srv.hold(ctx, row)
+	server, h, id, rec, ls, release := heldOnPrivatePostgres(t)
 	defer release()
 	spendBlock(t, h, ls, rec, "t-1")
 
