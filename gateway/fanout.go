@@ -247,16 +247,9 @@ func (h *hub) attached(cs *connState, sessionID string) (incarnation int64, ok b
 // connection.
 func (h *hub) release(cs *connState, sessionID string) {
 	h.mu.Lock()
-	t, ok := h.topics[sessionID]
-	h.mu.Unlock()
-	if !ok {
-		return
-	}
-	t.mu.Lock()
-	kept, ok := t.conns[cs]
-	t.mu.Unlock()
-	if ok && !kept {
-		h.detachIf(cs, sessionID, t)
+	defer h.mu.Unlock()
+	if t, ok := h.topics[sessionID]; ok {
+		h.detachLocked(cs, sessionID, t, true)
 	}
 }
 
@@ -269,16 +262,6 @@ func (h *hub) detach(cs *connState, sessionID string) {
 			continue
 		}
 		h.detachLocked(cs, id, t, false)
-	}
-}
-
-// detachIf removes cs from the session's topic t, if it is still the
-// session's and cs's follow of it is still not kept.
-func (h *hub) detachIf(cs *connState, sessionID string, t *topic) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if cur, ok := h.topics[sessionID]; ok && cur == t {
-		h.detachLocked(cs, sessionID, t, true)
 	}
 }
 
