@@ -61,12 +61,20 @@ func cutOutput(out string, cut int, verb string) string {
 // capLiveOutput cuts out where its JSON reaches MaxLiveToolOutputBytes, at
 // a character boundary, and says so where it was cut.
 func capLiveOutput(out string) string {
-	// Room for the note, whose JSON is plain.
-	fits, _ := jsonstr.Fit(out, MaxLiveToolOutputBytes-64)
-	if fits == len(out) {
-		return out
+	return cutJSON(out, MaxLiveToolOutputBytes, "\n[tool output truncated: %d of %d bytes shown]")
+}
+
+// cutJSON is s when its JSON (as jsonstr writes it) fits in limit bytes,
+// else s cut where its JSON reaches limit less room for the note, at a
+// character boundary, and the note: a format of the bytes kept and the
+// bytes there were, plain text of at most 128 bytes.
+func cutJSON(s string, limit int, note string) string {
+	fits, _ := jsonstr.Fit(s, limit)
+	if fits == len(s) {
+		return s
 	}
-	return cutOutput(out, fits, "shown")
+	fits, _ = jsonstr.Fit(s, limit-128)
+	return s[:fits] + fmt.Sprintf(note, fits, len(s))
 }
 
 // estimateTokens estimates the tokens of a context: a token is about four

@@ -322,11 +322,7 @@ func cutForRead(s string) string {
 	if len(s) <= maxReadMessage/6 {
 		return s
 	}
-	fits, _ := jsonstr.Fit(s, maxReadMessage-128)
-	if fits == len(s) {
-		return s
-	}
-	return s[:fits] + fmt.Sprintf("\n[message cut when read: %d of its %d bytes shown]", fits, len(s))
+	return cutJSON(s, maxReadMessage, "\n[message cut when read: %d of its %d bytes shown]")
 }
 
 type messageRow struct {

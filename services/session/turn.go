@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -93,11 +94,7 @@ const stopOther = "other"
 // capFailure cuts a failure message where its JSON reaches
 // MaxFailureBytes, at a character boundary, and says so.
 func capFailure(msg string) string {
-	fits, _ := jsonstr.Fit(msg, MaxFailureBytes-64)
-	if fits == len(msg) {
-		return msg
-	}
-	return msg[:fits] + fmt.Sprintf(" [message truncated: %d of %d bytes]", fits, len(msg))
+	return cutJSON(msg, MaxFailureBytes, " [message truncated: %d of %d bytes]")
 }
 
 // boundStopReason passes a provider's stop reason on when it is a plain
@@ -122,11 +119,10 @@ func boundStopReason(s string) string {
 // JSON.
 func liveToolInput(args []byte, raw any) any {
 	s := string(args)
-	fits, _ := jsonstr.Fit(s, MaxLiveToolInputBytes-64)
-	if fits == len(s) {
-		return raw
+	if cut := cutJSON(s, MaxLiveToolInputBytes, "\n[tool input truncated: %d of %d bytes shown]"); cut != s {
+		return cut
 	}
-	return s[:fits] + fmt.Sprintf("\n[tool input truncated: %d of %d bytes shown]", fits, len(s))
+	return raw
 }
 
 // jsonbSafe reports whether valid JSON text can be stored as jsonb:
@@ -134,24 +130,12 @@ func liveToolInput(args []byte, raw any) any {
 // pair, which encoding/json accepts. Such arguments were refused by the
 // tool_calls row's insert, and the call ran with no row.
 func jsonbSafe(b []byte) bool {
-	hex := func(i int) (rune, bool) {
+	hex := func(i int) (rune, bool) { // the escape \uXXXX at b[i], if it is one
 		if i+6 > len(b) || b[i+1] != 'u' {
 			return 0, false
 		}
-		var v rune
-		for _, c := range b[i+2 : i+6] {
-			switch {
-			case c >= '0' && c <= '9':
-				v = v<<4 | rune(c-'0')
-			case c >= 'a' && c <= 'f':
-				v = v<<4 | rune(c-'a'+10)
-			case c >= 'A' && c <= 'F':
-				v = v<<4 | rune(c-'A'+10)
-			default:
-				return 0, false
-			}
-		}
-		return v, true
+		v, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 32)
+		return rune(v), err == nil
 	}
 	for i := 0; i < len(b); i++ {
 		if b[i] != '\\' {
