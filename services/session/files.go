@@ -533,25 +533,24 @@ func (s *Server) chargeStored(ctx context.Context, tx pgx.Tx, owner string, n in
 		return nil
 	}
 	maxBytes, maxFiles := s.storedQuota()
-	var charged bool
-	err := tx.QueryRow(ctx, `INSERT INTO stored_usage AS u (owner, bytes, files) VALUES ($1, $2, 1)
-		ON CONFLICT (owner) DO UPDATE SET bytes = u.bytes + EXCLUDED.bytes, files = u.files + 1
-		WHERE u.bytes + EXCLUDED.bytes <= $3 AND u.files < $4
-		RETURNING true`, owner, n, maxBytes, maxFiles).Scan(&charged)
-	if err == nil && (n > maxBytes || maxFiles < 1) {
-		// A first file is inserted unchecked above: refuse it here (the
-		// rollback takes the row back).
-		return storedFull(0, 0, n, maxBytes, maxFiles)
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		if err != nil {
+	if n <= maxBytes && maxFiles > 0 {
+		// A first file fits (the check above): it is inserted; any other
+		// is added only within the quota.
+		var charged bool
+		err := tx.QueryRow(ctx, `INSERT INTO stored_usage AS u (owner, bytes, files) VALUES ($1, $2, 1)
+			ON CONFLICT (owner) DO UPDATE SET bytes = u.bytes + EXCLUDED.bytes, files = u.files + 1
+			WHERE u.bytes + EXCLUDED.bytes <= $3 AND u.files < $4
+			RETURNING true`, owner, n, maxBytes, maxFiles).Scan(&charged)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("charge stored file: %w", err)
 		}
-		return nil
 	}
-	var held, files int64
-	if err := tx.QueryRow(ctx, "SELECT bytes, files FROM stored_usage WHERE owner = $1", owner).Scan(&held, &files); err != nil {
-		return fmt.Errorf("read stored usage: %w", err)
+	held, files, err := storedUsage(ctx, tx, owner)
+	if err != nil {
+		return err
 	}
 	return storedFull(held, files, n, maxBytes, maxFiles)
 }
@@ -564,15 +563,24 @@ func (s *Server) mayStoreBytes(ctx context.Context, owner string, n int64) error
 		return nil
 	}
 	maxBytes, maxFiles := s.storedQuota()
-	var held, files int64
-	err := s.store.db.QueryRow(ctx, "SELECT bytes, files FROM stored_usage WHERE owner = $1", owner).Scan(&held, &files)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("read stored usage: %w", err)
+	held, files, err := storedUsage(ctx, s.store.db, owner)
+	if err != nil {
+		return err
 	}
 	if held+n > maxBytes || files >= maxFiles {
 		return storedFull(held, files, n, maxBytes, maxFiles)
 	}
 	return nil
+}
+
+// storedUsage is what owner's sessions hold in stored files (none
+// without a row).
+func storedUsage(ctx context.Context, q rowQuerier, owner string) (bytes, files int64, err error) {
+	err = q.QueryRow(ctx, "SELECT bytes, files FROM stored_usage WHERE owner = $1", owner).Scan(&bytes, &files)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return 0, 0, fmt.Errorf("read stored usage: %w", err)
+	}
+	return bytes, files, nil
 }
 
 // storedFull is the refusal of a file past its owner's quota: -32602

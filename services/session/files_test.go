@@ -1116,8 +1116,15 @@ func TestStoreFileKeepsAUserWithinItsQuota(t *testing.T) {
 	if err := store(operator, s2, []byte("x")); err == nil {
 		t.Fatal("the operator stored past alice's quota into her session")
 	}
-	// bob and the operator have room of their own.
-	if err := store(bob, h.newSession(bob, "default"), b); err != nil {
+	// bob and the operator have room of their own; a first file past the
+	// whole quota is refused, and leaves no charge.
+	bobs := h.newSession(bob, "default")
+	wantRefusal(t, store(bob, bobs, bytes.Repeat([]byte("c"), 101)), codes.InvalidArgument, rpcerr.ReasonCapacity,
+		"holds 0 bytes of stored files; 101 more would pass its limit of 100")
+	if got, n := h.usage(bob); got != 0 || n != 0 {
+		t.Fatalf("a refused first file charged %d bytes, %d files", got, n)
+	}
+	if err := store(bob, bobs, b); err != nil {
 		t.Fatal(err)
 	}
 	op := h.newSession(operator, "default")
