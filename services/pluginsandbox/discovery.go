@@ -319,8 +319,8 @@ func fingerprint(dir string, cached parsedManifest) (string, parsedManifest) {
 	if err != nil {
 		fmt.Fprintf(h, "manifest:%v\n", err)
 	} else {
-		h.Write(data)
 		parsed = parsedManifest{read: true, sum: sha256.Sum256(data)}
+		h.Write(parsed.sum[:]) // the bytes, hashed once
 		if cached.read && cached.sum == parsed.sum {
 			parsed.m = cached.m
 		} else if m, err := parseManifest(data); err == nil {
