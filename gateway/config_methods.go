@@ -155,6 +155,11 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 	if err := json.Unmarshal(p.Sets, &raws); err != nil {
 		return nil, invalidParams("`sets` must be an array")
 	}
+	// Each entry is decoded into a struct, whose fields match keys
+	// whatever their case: "prop" and "PROP" are one key, as in params.
+	if err := checkStructs(p.Sets, "sets", 2); err != nil {
+		return nil, err
+	}
 	entries := make([]*configv1.Entry, len(raws))
 	for i, raw := range raws {
 		var e struct {
@@ -163,14 +168,6 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 		}
 		if len(raw) == 0 || raw[0] != '{' {
 			return nil, invalidEntry(i, "must be an object with `prop` and `value`")
-		}
-		// The entry is decoded into a struct, whose fields match keys
-		// whatever their case: "prop" and "PROP" are one key, as in params
-		// (which CheckParams folds at the top level only).
-		var pe *jsonrpc.ParamsError
-		if err := jsonrpc.CheckParams(raw); errors.As(err, &pe) {
-			pe.Path = fmt.Sprintf("sets[%d].%s", i, pe.Path)
-			return nil, invalidParams(pe.Error())
 		}
 		if json.Unmarshal(raw, &e) != nil {
 			return nil, invalidEntry(i, "must be an object with `prop` and `value`")

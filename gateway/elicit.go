@@ -86,8 +86,8 @@ func (g *Gateway) elicitApproval(ctx context.Context, cs *connState, u bus.Updat
 }
 
 // elicitationDecision maps an elicitation reply to an approval decision:
-// accept with a known choice is that choice; decline, cancel, null, or
-// anything else rejects.
+// accept with a known choice is that choice; decline, cancel, null, an
+// ambiguous reply, or anything else rejects.
 func elicitationDecision(raw json.RawMessage) sessionv1.Decision {
 	var r struct {
 		Action  string `json:"action"`
@@ -95,7 +95,9 @@ func elicitationDecision(raw json.RawMessage) sessionv1.Decision {
 			Choice string `json:"choice"`
 		} `json:"content"`
 	}
-	if json.Unmarshal(raw, &r) != nil || r.Action != "accept" {
+	// A reply whose keys repeat under case folding ("action" and
+	// "ACTION") says two things; encoding/json would take the last.
+	if jsonrpc.CheckStructs(raw, 2) != nil || json.Unmarshal(raw, &r) != nil || r.Action != "accept" {
 		return sessionv1.Decision_DECISION_REJECT
 	}
 	switch r.Content.Choice {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -85,12 +86,14 @@ func uploadID(id string) (string, error) {
 
 type attachParams struct {
 	sessionRef
-	Files []struct {
-		Path     *string `json:"path"`
-		DataB64  *string `json:"data_b64"`
-		Filename string  `json:"filename"`
-		MimeType string  `json:"mime_type"`
-	} `json:"files"`
+	FilesRaw json.RawMessage `json:"files"`
+}
+
+type attachFile struct {
+	Path     *string `json:"path"`
+	DataB64  *string `json:"data_b64"`
+	Filename string  `json:"filename"`
+	MimeType string  `json:"mime_type"`
 }
 
 // fileAttach is file/attach {session_id, files:[{path?|data_b64?,
@@ -106,11 +109,26 @@ func (g *Gateway) fileAttach(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, err
 	}
-	if len(p.Files) == 0 {
+	if err := checkStructs(p.FilesRaw, "files", 2); err != nil {
+		return nil, err
+	}
+	var raws []json.RawMessage
+	if !isAbsent(p.FilesRaw) && json.Unmarshal(p.FilesRaw, &raws) != nil {
+		return nil, invalidParams("`files` must be an array")
+	}
+	if len(raws) == 0 {
 		return nil, invalidParams("`files` must list at least one file")
 	}
-	files := make([]*uploadv1.AttachFile, len(p.Files))
-	for i, f := range p.Files {
+	files := make([]*uploadv1.AttachFile, len(raws))
+	for i, raw := range raws {
+		var f attachFile
+		if err := json.Unmarshal(raw, &f); err != nil {
+			var typeErr *json.UnmarshalTypeError
+			if errors.As(err, &typeErr) && typeErr.Field != "" {
+				return nil, invalidParams(fmt.Sprintf("`files[%d].%s` must be %s", i, typeErr.Field, article(typeErr.Type.Kind())))
+			}
+			return nil, invalidParams(fmt.Sprintf("`files[%d]` must be an object", i))
+		}
 		af := &uploadv1.AttachFile{Filename: f.Filename, MimeType: f.MimeType}
 		switch {
 		case f.Path != nil && f.DataB64 != nil:

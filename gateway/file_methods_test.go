@@ -88,6 +88,15 @@ func TestFileMethodParams(t *testing.T) {
 		{"file/attach", `{"session_id":"s1","files":[{}]}`, "Invalid params: `files[0]`: send `path` or `data_b64`"},
 		{"file/attach", `{"session_id":"s1","files":[{"path":"/a","data_b64":""}]}`, "Invalid params: `files[0]`: send either `path` or `data_b64`, not both"},
 		{"file/attach", `{"session_id":"s1","files":[{"data_b64":"eA=="},{"data_b64":"*"}]}`, "Invalid params: `files[1].data_b64` is not valid base64"},
+		// Each file is decoded into a struct, whose fields take a key
+		// whatever its case: two spellings of one field are refused, not
+		// the last one read (a path the client did not see in its log).
+		{"file/attach", `{"session_id":"s1","files":[{"data_b64":"eA=="},{"path":"/a","PATH":"/etc/shadow"}]}`, "Invalid params: `files[1].PATH` appears twice"},
+		{"file/attach", `{"session_id":"s1","files":[{"data_b64":"eA==","Data_B64":"eB=="}]}`, "Invalid params: `files[0].Data_B64` appears twice"},
+		{"file/attach", `{"session_id":"s1","files":"x"}`, "Invalid params: `files` must be an array"},
+		{"file/attach", `{"session_id":"s1","files":[]}`, "Invalid params: `files` must list at least one file"},
+		{"file/attach", `{"session_id":"s1","files":[7]}`, "Invalid params: `files[0]` must be an object"},
+		{"file/attach", `{"session_id":"s1","files":[{"data_b64":"eA=="},{"path":7}]}`, "Invalid params: `files[1].path` must be a string"},
 	} {
 		_, err := methods[tc.method].call(g, context.Background(), local, json.RawMessage(tc.params))
 		var we *jsonrpc.Error

@@ -51,12 +51,15 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 		return nil, jsonrpc.NewError(jsonrpc.CodeVersionMismatch,
 			fmt.Sprintf("Protocol version mismatch: server=%d, client=%s", version.Protocol, v), nil)
 	}
-	caps := p.ClientCapabilities
+	caps, capsField := p.ClientCapabilities, "client_capabilities"
 	if len(caps) == 0 {
-		caps = p.ClientCapsCamel
+		caps, capsField = p.ClientCapsCamel, "clientCapabilities"
 	}
 	var cc clientCapabilities
 	if len(caps) > 0 && caps[0] == '{' {
+		if err := checkStructs(caps, capsField, 1); err != nil {
+			return nil, err
+		}
 		if err := json.Unmarshal(caps, &cc); err != nil {
 			return nil, invalidParams("`client_capabilities` must be an object")
 		}

@@ -36,6 +36,10 @@ func TestInitializeProtocolVersionMessages(t *testing.T) {
 		{`{"protocol_version":-1}`, jsonrpc.CodeVersionMismatch, "Protocol version mismatch: server=1, client=-1"},
 		{`{"protocol_version":99999999999999999999}`, jsonrpc.CodeVersionMismatch, "Protocol version mismatch: server=1, client=99999999999999999999"},
 		{`{"protocol_version":2,"protocolVersion":1}`, jsonrpc.CodeVersionMismatch, "Protocol version mismatch: server=1, client=2"},
+		// client_capabilities is decoded into a struct: "elicitation" and
+		// "Elicitation" are one field said twice.
+		{`{"protocol_version":1,"client_capabilities":{"elicitation":false,"Elicitation":true}}`, jsonrpc.CodeInvalidParams, "Invalid params: `client_capabilities.Elicitation` appears twice"},
+		{`{"protocol_version":1,"clientCapabilities":{"ELICITATION":true,"elicitation":false}}`, jsonrpc.CodeInvalidParams, "Invalid params: `clientCapabilities.elicitation` appears twice"},
 	} {
 		_, err := g.initialize(context.Background(), nil, json.RawMessage(tc.params))
 		var we *jsonrpc.Error

@@ -40,6 +40,28 @@ func decodeParams(params json.RawMessage, v any) error {
 	return nil
 }
 
+// checkStructs refuses keys equal under case folding in raw, a member
+// named field that the method decodes into structs down to depth
+// containers (jsonrpc.CheckStructs): decodeParams folds only the keys of
+// params itself, and encoding/json would take "PATH" for "path" in a
+// nested struct too, the last one winning. The error names the key by
+// its whole path, e.g. "`files[1].Path` appears twice".
+func checkStructs(raw json.RawMessage, field string, depth int) error {
+	var pe *jsonrpc.ParamsError
+	if err := jsonrpc.CheckStructs(raw, depth); errors.As(err, &pe) {
+		switch {
+		case pe.Path == "":
+			pe.Path = field
+		case pe.Path[0] == '[':
+			pe.Path = field + pe.Path
+		default:
+			pe.Path = field + "." + pe.Path
+		}
+		return invalidParams(pe.Error())
+	}
+	return nil
+}
+
 // article names what a field of kind takes, as a client would say it: a
 // count given 1.5 is told it needs an integer, not "a number" it sent.
 func article(kind reflect.Kind) string {

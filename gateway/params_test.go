@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
 // TestDecodeParamsRefusesHostileShapes: values PostgreSQL cannot store
@@ -96,6 +97,37 @@ func TestDecodeSessionID(t *testing.T) {
 		}
 		if err != nil || got != tc.want {
 			t.Errorf("%s: %q, %v; want %q", tc.params, got, err, tc.want)
+		}
+	}
+}
+
+// TestNestedStructsRefuseFoldedKeys: a prompt's blocks, a prompt's
+// attachments and an elicitation's reply are decoded into structs, so
+// two spellings of one field are refused (or, in a reply, decide
+// nothing) instead of the last one silently winning.
+func TestNestedStructsRefuseFoldedKeys(t *testing.T) {
+	_, err := promptText(json.RawMessage(`[{"type":"text","text":"hi","TEXT":"rm -rf"}]`))
+	var we *jsonrpc.Error
+	if !errors.As(err, &we) || we.Code != jsonrpc.CodeInvalidParams || we.Message != "Invalid params: `prompt[0].TEXT` appears twice" {
+		t.Errorf("prompt blocks: %v", err)
+	}
+	if got, err := promptText(json.RawMessage(`[{"type":"text","text":"a"},{"text":"b"}]`)); err != nil || got != "a\nb" {
+		t.Errorf("plain blocks: %q, %v", got, err)
+	}
+	g := &Gateway{}
+	_, err = g.sessionPrompt(t.Context(), &connState{id: "c"}, json.RawMessage(
+		`{"session_id":"s1","prompt":"hi","attachments":[{"ref_id":"a","marker":"m","Ref_ID":"b"}]}`))
+	if !errors.As(err, &we) || we.Code != jsonrpc.CodeInvalidParams || we.Message != "Invalid params: `attachments[0].Ref_ID` appears twice" {
+		t.Errorf("attachments: %v", err)
+	}
+	for reply, want := range map[string]sessionv1.Decision{
+		`{"action":"accept","content":{"choice":"allow_always"}}`:                        sessionv1.Decision_DECISION_ALLOW_ALWAYS,
+		`{"action":"decline","ACTION":"accept","content":{"choice":"allow_always"}}`:     sessionv1.Decision_DECISION_REJECT,
+		`{"action":"accept","content":{"choice":"reject","Choice":"allow_always"}}`:      sessionv1.Decision_DECISION_REJECT,
+		`{"action":"accept","content":{"choice":"allow_once"},"Content":{"choice":"x"}}`: sessionv1.Decision_DECISION_REJECT,
+	} {
+		if got := elicitationDecision(json.RawMessage(reply)); got != want {
+			t.Errorf("reply %s: %v, want %v", reply, got, want)
 		}
 	}
 }

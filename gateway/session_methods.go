@@ -105,6 +105,9 @@ func promptText(raw json.RawMessage) (string, error) {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}
+	if err := checkStructs(raw, "prompt", 2); err != nil {
+		return "", err
+	}
 	if err := json.Unmarshal(raw, &blocks); err != nil {
 		return "", invalidParams("`prompt` must be a string or an array of text blocks")
 	}
@@ -187,6 +190,9 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 			RefID         string `json:"ref_id"`
 			Marker        string `json:"marker"`
 			WorkspacePath string `json:"workspace_path"`
+		}
+		if err := checkStructs(p.AttachRaw, "attachments", 2); err != nil {
+			return nil, err
 		}
 		if err := json.Unmarshal(p.AttachRaw, &files); err != nil {
 			return nil, invalidParams("`attachments` must be an array of file entries")

@@ -80,16 +80,24 @@ const keyListMax = 16
 // last one winning ("session_id" and "SESSION_ID", or "ſession_id"
 // with a long s). Deeper objects may be maps, whose keys are told apart
 // by case ("PATH" and "Path" in an env), so there only equal keys are.
-// A caller decoding a nested object into a struct checks its keys with
-// CheckParams of that object.
+// A caller decoding a nested value into structs checks it with
+// CheckStructs.
 //
 // It is one left-to-right scan with an explicit stack bounded by
 // MaxParamsDepth: no recursion, so a 9000-deep value costs neither stack
 // nor more than one pass. raw should be valid JSON (Classify has checked
 // the frame); on invalid JSON CheckParams stops at the first byte it does
 // not expect and returns nil, leaving the syntax error to the decoder.
-func CheckParams(raw []byte) error {
+func CheckParams(raw []byte) error { return CheckStructs(raw, 1) }
+
+// CheckStructs is CheckParams for a value decoded into structs down to
+// depth containers: keys of an object opened at most depth containers
+// deep (raw's own container is 1) are duplicates when equal under case
+// folding, deeper ones only when equal. An array of objects each decoded
+// into a struct takes 2, as its objects are one container inside it.
+func CheckStructs(raw []byte, depth int) error {
 	s := scanPool.Get().(*paramScan)
+	s.foldDepth = depth
 	err := s.run(raw)
 	s.reset()
 	scanPool.Put(s)
@@ -119,9 +127,10 @@ type scanFrame struct {
 }
 
 type paramScan struct {
-	b     []byte
-	stack []scanFrame
-	keys  [][]byte
+	b         []byte
+	stack     []scanFrame
+	keys      [][]byte
+	foldDepth int // objects at most this deep fold their keys
 }
 
 func (s *paramScan) run(b []byte) error {
@@ -214,7 +223,7 @@ func (s *paramScan) key(i int) (int, error) {
 	}
 	top := &s.stack[len(s.stack)-1]
 	top.key = k
-	if s.seen(top, k, len(s.stack) == 1) {
+	if s.seen(top, k, len(s.stack) <= s.foldDepth) {
 		return -1, s.fail(ParamsDuplicateKey, len(s.stack))
 	}
 	i = jsonwalk.SkipSpace(b, end)

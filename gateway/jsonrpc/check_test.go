@@ -273,3 +273,40 @@ func BenchmarkCheckParams(b *testing.B) {
 		}
 	})
 }
+
+// TestCheckStructsFoldsToItsDepth: a value decoded into structs down to a
+// depth has its keys folded there, and only there (maps below keep keys
+// that differ by case).
+func TestCheckStructsFoldsToItsDepth(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		depth int
+		path  string // "" means accepted
+	}{
+		{`[{"path":"/a"},{"path":"/b","PATH":"/c"}]`, 2, "[1].PATH"},
+		{`[{"path":"/a"},{"path":"/b","PATH":"/c"}]`, 1, ""},
+		{`[{"env":{"PATH":"a","Path":"b"}}]`, 2, ""},
+		{`[{"env":{"PATH":"a","Path":"b"}}]`, 3, "[0].env.Path"},
+		{`[{"env":{"PATH":"a","PATH":"b"}}]`, 2, "[0].env.PATH"},
+		{`{"elicitation":true,"ſlicitation":1,"Elicitation":false}`, 1, "Elicitation"},
+		{`{"action":"accept","content":{"choice":"reject","CHOICE":"allow_always"}}`, 2, "content.CHOICE"},
+		{`{"action":"accept","content":{"choice":"reject","CHOICE":"allow_always"}}`, 1, ""},
+	} {
+		err := CheckStructs([]byte(tc.in), tc.depth)
+		if tc.path == "" {
+			if err != nil {
+				t.Errorf("%s at depth %d: refused: %v", tc.in, tc.depth, err)
+			}
+			continue
+		}
+		var pe *ParamsError
+		if !errors.As(err, &pe) || pe.Problem != ParamsDuplicateKey || pe.Path != tc.path {
+			t.Errorf("%s at depth %d: got %v, want a duplicate at %q", tc.in, tc.depth, err, tc.path)
+		}
+	}
+	// The pool's scanners are reused: a deep check leaves none folding
+	// deeper for the next CheckParams.
+	if err := CheckParams([]byte(`{"v":[{"a":1,"A":2}]}`)); err != nil {
+		t.Fatalf("CheckParams after CheckStructs: %v", err)
+	}
+}
