@@ -84,6 +84,9 @@ type Agent struct {
 	ApprovalRequired []string
 	ApprovalTimeout  time.Duration
 	Timeout          time.Duration
+	// StepTimeout bounds one provider step whole: Timeout bounds only the
+	// gaps, which a provider's keep-alives fill for ever.
+	StepTimeout time.Duration
 	// ContextBudgetTokens bounds the retained context (estimated tokens).
 	ContextBudgetTokens int64
 }
@@ -111,6 +114,7 @@ func (s Snapshot) Agent(alias string) (a Agent, ok bool) {
 		ApprovalRequired:    s.Strings(base + ".approval_required"),
 		ApprovalTimeout:     time.Duration(s.Int(base+".approval_timeout_secs")) * time.Second,
 		Timeout:             time.Duration(s.Int(base+".timeout_secs")) * time.Second,
+		StepTimeout:         time.Duration(s.Int(base+".step_timeout_secs")) * time.Second,
 		ContextBudgetTokens: s.Int(base + ".context_budget_tokens"),
 	}, true
 }

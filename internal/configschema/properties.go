@@ -109,6 +109,8 @@ var Properties = []Property{
 		Doc: "an approval nobody answers within this is denied"},
 	{Path: "agents.*.timeout_secs", Type: Integer, Default: 60, Min: f(1), Max: f(3600),
 		Doc: "longest wait for the provider's response and for each streamed chunk"},
+	{Path: "agents.*.step_timeout_secs", Type: Integer, Default: 1800, Min: f(1), Max: f(86400),
+		Doc: "longest one provider step may take, from its request to its last byte, keep-alives included; past it the turn fails"},
 	{Path: "agents.*.context_budget_tokens", Type: Integer, Default: 100000, Min: f(1), Max: f(100_000_000),
 		Doc: "tokens of retained context the agent's model is given; past it the oldest turns are trimmed (estimate: a token per 4 bytes, plus 4 per message)"},
 

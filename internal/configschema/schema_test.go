@@ -21,6 +21,7 @@ func TestGatewayLimitsDefaults(t *testing.T) {
 		"rpc.advertised_server_version":        "",
 		"agents.default.provider":              "scripted",
 		"agents.default.approval_timeout_secs": int64(120),
+		"agents.default.step_timeout_secs":     int64(1800),
 		"plugins.limits.call_fuel":             int64(1_000_000_000),
 		"plugins.security.signature_mode":      "permissive",
 	} {

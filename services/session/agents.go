@@ -40,6 +40,9 @@ func (a AgentConfig) withDefaults() AgentConfig {
 	if a.Timeout <= 0 {
 		a.Timeout = d.Timeout
 	}
+	if a.StepTimeout <= 0 {
+		a.StepTimeout = d.StepTimeout
+	}
 	if a.ContextBudgetTokens <= 0 {
 		a.ContextBudgetTokens = d.ContextBudgetTokens
 	}

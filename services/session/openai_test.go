@@ -213,3 +213,44 @@ func TestOpenAIProviderFailures(t *testing.T) {
 		}
 	})
 }
+
+// A provider that answers, streams a little, then sends only keep-alive
+// comments is idle never (each byte resets the idle timeout), and held
+// its turn for good. The step's own deadline ends the turn failed, naming
+// the setting, and the endpoint's request is cancelled.
+func TestOpenAIKeepAlivesAloneEndAtTheStepDeadline(t *testing.T) {
+	var cancelled sync.WaitGroup
+	cancelled.Add(1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer cancelled.Done()
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"thinking\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+				fmt.Fprint(w, ": still here\n\n")
+				w.(http.Flusher).Flush()
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	h := newHarness(t)
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "chatty", Provider: ProviderOpenAI, BaseURL: srv.URL + "/v1",
+		Model: "m", Timeout: 200 * time.Millisecond, StepTimeout: 800 * time.Millisecond}})
+	id := h.newSession(alice, "chatty")
+	rec := h.record(id)
+	resp := h.prompt(alice, id, "hi")
+	want := "the provider did not finish its step within 800ms (agents.chatty.step_timeout_secs)"
+	if resp.GetOutcome() != outcomeEnum[OutcomeFailed] || resp.GetContent() != want {
+		t.Fatalf("prompt %v, want failed %q", resp, want)
+	}
+	if us := rec.until(UpdateTurnComplete); us[0].str("text") != "thinking" || us[len(us)-1].str("error") != want {
+		t.Fatalf("updates %v", us)
+	}
+	cancelled.Wait() // the request to the endpoint was let go
+}

@@ -162,6 +162,11 @@ func jsonbSafe(b []byte) bool {
 // errReplyTooLong is the cause a step is cut with at MaxReplyBytes.
 var errReplyTooLong = errors.New("the provider's reply passed its bound")
 
+// errStepTooLong is the cause a step is cut with at its agent's
+// StepTimeout: the idle timeout resets on every byte, so a provider
+// sending keep-alives and nothing else held its turn for good.
+var errStepTooLong = errors.New("the provider's step passed its time")
+
 // turn is one running prompt. Its context derives from the server's base
 // context and is cancelled with a cause (session/cancel, the prompting
 // connection closing, the caller leaving, the session ending, shutdown).
@@ -300,7 +305,10 @@ func (s *Server) loop(t *turn) turnResult {
 		t.step = n
 		stepCtx, cancel := context.WithCancelCause(ctx)
 		cutStep = cancel
+		stepCtx, stopClock := context.WithTimeoutCause(stepCtx, agent.StepTimeout, errStepTooLong)
 		res, err := prov.Step(stepCtx, ProviderRequest{Agent: agent.providerAgent(), Messages: msgs, Tools: specs}, emit)
+		overran := errors.Is(context.Cause(stepCtx), errStepTooLong)
+		stopClock()
 		cancel(nil)
 		if ctx.Err() != nil {
 			return turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled, Content: content()}
@@ -309,6 +317,9 @@ func (s *Server) loop(t *turn) turnResult {
 			// The step's tool calls, if any came before the cut, are
 			// dropped with the rest of its reply.
 			return turnResult{Outcome: OutcomeCompleted, StopReason: stopMaxTokens, Content: content()}
+		}
+		if err != nil && overran {
+			return failed(fmt.Errorf("the provider did not finish its step within %s (agents.%s.step_timeout_secs)", agent.StepTimeout, t.alias))
 		}
 		if err != nil {
 			return failed(err)
