@@ -257,6 +257,11 @@ func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*e
 		// over a transient error.
 		return old.entries, fmt.Errorf("pluginsandbox: read plugins dir: %w", err)
 	}
+	if err := checkPluginsDir(dir); err != nil {
+		// Nothing loads from a folder another user could fill, and what
+		// was loaded from it goes.
+		return nil, fmt.Errorf("pluginsandbox: plugins dir refused, no plugin loaded: %w", err)
+	}
 	prev := map[string]*entry{}
 	for _, e := range old.entries {
 		prev[e.dir] = e
@@ -275,7 +280,9 @@ func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*e
 			cached = e.parsed
 		}
 		fp, parsed := fingerprint(path, cached)
-		if ok && e.fp == fp && samePolicy {
+		// A folder refused as untrusted is loaded again once its files
+		// are safe: a chmod of a file inside changes no fingerprint.
+		if ok && e.fp == fp && samePolicy && !(errors.Is(e.err, errUntrusted) && checkPluginFolder(path) == nil) {
 			out = append(out, e)
 			continue
 		}
@@ -346,6 +353,10 @@ func fingerprint(dir string, cached parsedManifest) (string, parsedManifest) {
 // load reads one plugin folder and loads its worlds.
 func (s *Server) load(ctx context.Context, dir, path, fp string, policy manifest.Policy) *entry {
 	e := &entry{dir: dir, path: path, fp: fp}
+	if err := checkPluginFolder(path); err != nil {
+		e.err = err
+		return e
+	}
 	b, err := manifest.LoadBundle(path)
 	if err != nil {
 		e.err = err
@@ -504,6 +515,7 @@ func (s *Server) unloadLater(e *entry) {
 func (s *Server) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	lastErr := ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -511,8 +523,16 @@ func (s *Server) Run(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		case <-s.kick:
 		}
-		if err := s.Rescan(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("plugin rescan", zap.Error(err))
+		// The same failure scan after scan (a plugins folder refused) is
+		// said once, and again when it changes or clears.
+		err := s.Rescan(ctx)
+		if msg := errText(err); msg != lastErr && ctx.Err() == nil {
+			if err != nil {
+				s.logger.Warn("plugin rescan", zap.Error(err))
+			} else {
+				s.logger.Info("plugin rescan succeeds again")
+			}
+			lastErr = msg
 		}
 	}
 }

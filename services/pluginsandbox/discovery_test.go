@@ -454,3 +454,100 @@ func TestAnswersHoldOnlyUTF8(t *testing.T) {
 		t.Fatalf("the folder is not listed: %v", resp.GetPlugins())
 	}
 }
+
+// A plugin runs with the grants its manifest asks for, so a plugin folder
+// another user could write (a file writable by all, or owned by someone
+// else) is refused, naming the file, and loads again once it is safe; a
+// plugins folder another user could fill loads nothing at all.
+func TestPluginFilesOthersCouldChangeAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "echo")
+	ts := newTestServer(t, dir)
+	if tools := ts.tools(t); !slices.Equal(tools, []string{"wasm_echo"}) {
+		t.Fatalf("tools at start: %v", tools)
+	}
+	manifestPath := filepath.Join(dir, "echo", "manifest.toml")
+	refused := func(want string) {
+		t.Helper()
+		p := ts.plugins(t)["echo"]
+		if p == nil || p.Status != "failed" || !strings.Contains(p.Reason, want) {
+			t.Fatalf("plugin %+v, want failed with %q", p, want)
+		}
+		if tools := ts.tools(t); len(tools) != 0 {
+			t.Fatalf("a refused plugin's tools are served: %v", tools)
+		}
+	}
+	loaded := func() {
+		t.Helper()
+		if p := ts.plugins(t)["echo"]; p == nil || p.Status != "loaded" {
+			t.Fatalf("plugin %+v, want loaded", p)
+		}
+	}
+
+	// Made writable by all, then changed (by anyone): refused.
+	if err := os.Chmod(manifestPath, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	rewriteManifest(t, dir, "echo", func(s string) string { return s + "\n# changed\n" })
+	ts.rescan(t)
+	refused(manifestPath + " is writable by others (mode 0666")
+	// Its owner takes the write bit back: the next scan loads it, though
+	// no byte changed.
+	if err := os.Chmod(manifestPath, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts.rescan(t)
+	loaded()
+
+	// A folder inside writable by all.
+	wasmDir := filepath.Join(dir, "echo", "sub")
+	if err := os.Mkdir(wasmDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(wasmDir, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	rewriteManifest(t, dir, "echo", func(s string) string { return s + "\n# again\n" })
+	ts.rescan(t)
+	refused(wasmDir + " is writable by others")
+	if err := os.Remove(wasmDir); err != nil {
+		t.Fatal(err)
+	}
+	rewriteManifest(t, dir, "echo", func(s string) string { return s + "\n# and again\n" })
+	ts.rescan(t)
+	loaded()
+
+	if os.Geteuid() == 0 {
+		// Owned by another user.
+		if err := os.Chown(manifestPath, 4242, 4242); err != nil {
+			t.Fatal(err)
+		}
+		rewriteManifest(t, dir, "echo", func(s string) string { return s + "\n# theirs\n" })
+		ts.rescan(t)
+		refused(manifestPath + " is owned by uid 4242")
+		if err := os.Chown(manifestPath, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		ts.rescan(t)
+		loaded()
+	}
+
+	// The plugins folder itself writable by all: nothing loads, and what
+	// was loaded is unloaded; made safe again, the plugin is back.
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.Rescan(context.Background()); err == nil || !strings.Contains(err.Error(), "plugins dir refused") || !strings.Contains(err.Error(), dir+" is writable by others") {
+		t.Fatalf("scan of a plugins folder writable by all: %v", err)
+	}
+	if tools := ts.tools(t); len(tools) != 0 {
+		t.Fatalf("tools served from a plugins folder writable by all: %v", tools)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ts.rescan(t)
+	if tools := ts.tools(t); !slices.Equal(tools, []string{"wasm_echo"}) {
+		t.Fatalf("tools once the folder is safe: %v", tools)
+	}
+}

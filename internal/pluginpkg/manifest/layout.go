@@ -2,7 +2,6 @@ package manifest
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,17 +89,11 @@ func (b *Bundle) ReadModule() ([]byte, error) {
 		return nil, fmt.Errorf("%w: wasm_path: %w", ErrLayout, err)
 	}
 	defer root.Close()
-	f, err := root.Open(filepath.FromSlash(b.Manifest.WasmPath))
+	data, err := readRegular(filepath.FromSlash(b.Manifest.WasmPath), MaxModuleBytes, func(name string, flag int) (*os.File, error) {
+		return root.OpenFile(name, flag, 0)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: wasm_path: %w", ErrLayout, err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxModuleBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("%w: wasm_path: %w", ErrLayout, err)
-	}
-	if len(data) > MaxModuleBytes {
-		return nil, fmt.Errorf("%w: wasm_path %q is over %d bytes", ErrLayout, b.Manifest.WasmPath, MaxModuleBytes)
 	}
 	return data, nil
 }

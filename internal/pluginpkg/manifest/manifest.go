@@ -331,7 +331,7 @@ func ReadFile(file string) ([]byte, error) {
 	if fi.Size() > MaxBytes {
 		return nil, fieldErr("manifest", "is %d bytes; the limit is %d", fi.Size(), MaxBytes)
 	}
-	data, err := os.ReadFile(file)
+	data, err := readRegular(file, MaxBytes, openNoFollow)
 	if err != nil {
 		return nil, fmt.Errorf("manifest: read: %w", err)
 	}

@@ -116,7 +116,7 @@ func readSkill(dir, rel string) (Skill, error) {
 	case fi.Size() > MaxSkillBytes:
 		return Skill{}, fmt.Errorf("%w: %s/%s is %d bytes; the limit is %d", ErrLayout, rel, SkillFile, fi.Size(), MaxSkillBytes)
 	}
-	data, err := os.ReadFile(file)
+	data, err := readRegular(file, MaxSkillBytes, openNoFollow)
 	if err != nil {
 		return Skill{}, fmt.Errorf("%w: %s/%s: %w", ErrLayout, rel, SkillFile, err)
 	}
