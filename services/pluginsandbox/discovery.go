@@ -286,19 +286,20 @@ func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*e
 			out = append(out, e)
 			continue
 		}
-		e = s.load(ctx, d.Name(), path, fp, live.Policy)
+		e = s.load(ctx, d.Name(), path, fp, parsed, live.Policy)
 		e.parsed = parsed
 		out = append(out, e)
 	}
 	return out, nil
 }
 
-// parsedManifest is a manifest's bytes' digest and what they parsed to
-// (nil when refused); read is false when the file could not be read.
+// parsedManifest is a manifest's bytes' digest and what they parsed to,
+// or why they could not be read (read false) or parsed (m nil).
 type parsedManifest struct {
 	read bool
 	sum  [sha256.Size]byte
 	m    *manifest.Manifest
+	err  error
 }
 
 // parseManifest is manifest.Parse; tests count its calls.
@@ -325,13 +326,14 @@ func fingerprint(dir string, cached parsedManifest) (string, parsedManifest) {
 	data, err := manifest.ReadFile(filepath.Join(dir, manifest.FileName))
 	if err != nil {
 		fmt.Fprintf(h, "manifest:%v\n", err)
+		parsed.err = err
 	} else {
 		parsed = parsedManifest{read: true, sum: sha256.Sum256(data)}
 		h.Write(parsed.sum[:]) // the bytes, hashed once
 		if cached.read && cached.sum == parsed.sum {
-			parsed.m = cached.m
-		} else if m, err := parseManifest(data); err == nil {
-			parsed.m = m
+			parsed.m, parsed.err = cached.m, cached.err
+		} else {
+			parsed.m, parsed.err = parseManifest(data)
 		}
 	}
 	if m := parsed.m; m != nil {
@@ -351,13 +353,19 @@ func fingerprint(dir string, cached parsedManifest) (string, parsedManifest) {
 }
 
 // load reads one plugin folder and loads its worlds.
-func (s *Server) load(ctx context.Context, dir, path, fp string, policy manifest.Policy) *entry {
+func (s *Server) load(ctx context.Context, dir, path, fp string, parsed parsedManifest, policy manifest.Policy) *entry {
 	e := &entry{dir: dir, path: path, fp: fp}
 	if err := checkPluginFolder(path); err != nil {
 		e.err = err
 		return e
 	}
-	b, err := manifest.LoadBundle(path)
+	// What fingerprint read and parsed is what loads: the manifest is
+	// parsed once, and no bytes but those fingerprinted are loaded.
+	if parsed.m == nil {
+		e.err = parsed.err
+		return e
+	}
+	b, err := manifest.BundleOf(path, parsed.m)
 	if err != nil {
 		e.err = err
 		return e

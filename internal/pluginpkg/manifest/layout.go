@@ -28,6 +28,13 @@ func LoadBundle(dir string) (*Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
+	return BundleOf(dir, m)
+}
+
+// BundleOf is LoadBundle for a manifest the caller has read and parsed
+// from dir already: a manifest can cost far more to parse than to read.
+func BundleOf(dir string, m *Manifest) (*Bundle, error) {
+	var err error
 	b := &Bundle{Dir: dir, Manifest: m}
 	if m.WasmPath != "" {
 		if _, err := b.moduleInfo(); err != nil {
