@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
@@ -36,13 +37,41 @@ func TestDoctorChecksAStack(t *testing.T) {
 		"ok    config             serving",
 		"ok    plugin-sandbox     serving",
 		"ok    version",
+		"note  plugins            " + filepath.Join(s.DataDir, "plugins") + " does not exist yet",
 	} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("doctor lacks %q:\n%s", want, out)
 		}
 	}
-	s.Stop()
+
+	// A plugin the sandbox refused is named with its reason; a plugins
+	// folder anybody may write is refused whole, and doctor says why.
+	plugins := filepath.Join(s.DataDir, "plugins")
+	if err := os.MkdirAll(filepath.Join(plugins, "broken"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(plugins, "broken", "manifest.toml"), []byte("name = \"broken\"\nversion = 7\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for out, _ = doctor(t, s.BinDir, s.DataDir); !strings.Contains(out, "FAIL  plugin broken"); out, _ = doctor(t, s.BinDir, s.DataDir) {
+		if time.Now().After(deadline) {
+			t.Fatalf("doctor never named the refused plugin:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(out, "failed: ") || !strings.Contains(out, "ok    plugins            0 of 1 loaded from "+plugins) {
+		t.Fatalf("doctor on a refused plugin:\n%s", out)
+	}
+	if err := os.Chmod(plugins, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	out, err := doctor(t, s.BinDir, s.DataDir)
+	if err == nil || !strings.Contains(out, "FAIL  plugins            no plugin loads: untrusted plugin files: "+plugins+" is writable by others") {
+		t.Fatalf("doctor on a plugins folder writable by all: %v\n%s", err, out)
+	}
+	s.Stop()
+	out, err = doctor(t, s.BinDir, s.DataDir)
 	if err == nil || !strings.Contains(out, "FAIL  socket") || !strings.Contains(out, "fix: clawmesh up") {
 		t.Fatalf("doctor on a stopped stack: %v\n%s", err, out)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/trust"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
 	"github.com/clawmesh/clawmesh/internal/version"
 )
@@ -24,8 +25,9 @@ const doctorUsage = `usage: clawmesh doctor [--config-dir DIR] [--socket PATH] [
 
 Checks what a stack needs and says what to do about each problem: the
 PostgreSQL binaries, the data directory's owner and modes, its secret key
-and bus credentials, stale private clusters (root), the client socket, and
-the health and version of every process of a running stack. --fix removes
+and bus credentials, stale private clusters (root), the client socket, the
+health and version of every process of a running stack, and its plugins
+(the plugins folder's owner and modes, each plugin not loaded and why). --fix removes
 stale clusters. Exits 1 when a check fails.
 `
 
@@ -250,4 +252,54 @@ func (d *doctor) health(c *rpcclient.Client) {
 			}
 		}
 	}
+	d.plugins(c)
+}
+
+// plugins checks the plugins folder as the sandbox does before it loads
+// anything from it, and names each plugin the sandbox did not load.
+func (d *doctor) plugins(c *rpcclient.Client) {
+	raw, err := c.Call("plugins/list", map[string]any{})
+	if err != nil {
+		d.note("plugins", "not listed: "+cliError(err).Error())
+		return
+	}
+	var l struct {
+		Enabled    bool   `json:"enabled"`
+		PluginsDir string `json:"plugins_dir"`
+		Plugins    []struct {
+			Name   string `json:"name"`
+			Dir    string `json:"dir"`
+			Status string `json:"status"`
+			Reason string `json:"reason"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(raw, &l); err != nil {
+		d.fail("plugins", "undecodable answer: "+err.Error(), "")
+		return
+	}
+	if !l.Enabled {
+		d.note("plugins", "plugins.enabled is false: none load")
+		return
+	}
+	if _, err := os.Stat(l.PluginsDir); errors.Is(err, fs.ErrNotExist) {
+		d.note("plugins", l.PluginsDir+" does not exist yet: clawmesh plugin install creates it")
+		return
+	}
+	if err := trust.CheckPluginsDir(l.PluginsDir); err != nil {
+		d.fail("plugins", "no plugin loads: "+err.Error(), "make it and the folders above it yours (or root's) and chmod go-w them")
+		return
+	}
+	loaded := 0
+	for _, p := range l.Plugins {
+		if p.Status == "loaded" {
+			loaded++
+			continue
+		}
+		name := p.Name
+		if name == "" {
+			name = p.Dir
+		}
+		d.fail("plugin "+name, p.Status+": "+p.Reason, "see "+filepath.Join("<data>", "logs", "plugin-sandbox.log"))
+	}
+	d.ok("plugins", fmt.Sprintf("%d of %d loaded from %s", loaded, len(l.Plugins), l.PluginsDir))
 }

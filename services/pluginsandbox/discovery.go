@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/trust"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
@@ -257,7 +258,7 @@ func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*e
 		// over a transient error.
 		return old.entries, fmt.Errorf("pluginsandbox: read plugins dir: %w", err)
 	}
-	if err := checkPluginsDir(dir); err != nil {
+	if err := trust.CheckPluginsDir(dir); err != nil {
 		// Nothing loads from a folder another user could fill, and what
 		// was loaded from it goes.
 		return nil, fmt.Errorf("pluginsandbox: plugins dir refused, no plugin loaded: %w", err)
@@ -282,7 +283,7 @@ func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*e
 		fp, parsed := fingerprint(path, cached)
 		// A folder refused as untrusted is loaded again once its files
 		// are safe: a chmod of a file inside changes no fingerprint.
-		if ok && e.fp == fp && samePolicy && !(errors.Is(e.err, errUntrusted) && checkPluginFolder(path) == nil) {
+		if ok && e.fp == fp && samePolicy && !(errors.Is(e.err, trust.ErrUntrusted) && trust.CheckPluginFolder(path) == nil) {
 			out = append(out, e)
 			continue
 		}
@@ -355,7 +356,7 @@ func fingerprint(dir string, cached parsedManifest) (string, parsedManifest) {
 // load reads one plugin folder and loads its worlds.
 func (s *Server) load(ctx context.Context, dir, path, fp string, parsed parsedManifest, policy manifest.Policy) *entry {
 	e := &entry{dir: dir, path: path, fp: fp}
-	if err := checkPluginFolder(path); err != nil {
+	if err := trust.CheckPluginFolder(path); err != nil {
 		e.err = err
 		return e
 	}

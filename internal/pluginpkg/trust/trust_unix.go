@@ -1,23 +1,14 @@
 //go:build unix
 
-package pluginsandbox
+package trust
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
 )
-
-// maxPluginEntries bounds the files and folders a plugin folder may hold,
-// as an install's copy is bounded: the trust check reads each one.
-const maxPluginEntries = 10000
-
-// errUntrusted marks a plugin folder, or the plugins folder, that someone
-// other than the stack's own user (or root) could change.
-var errUntrusted = errors.New("untrusted plugin files")
 
 // ownedSafely reports why fi (of path p) could be changed by someone
 // other than the sandbox's user or root: another owner, write access for
@@ -32,23 +23,23 @@ func ownedSafely(p string, fi fs.FileInfo, stickyOK bool) error {
 		return nil
 	}
 	if uid := int(st.Uid); uid != 0 && uid != os.Geteuid() {
-		return fmt.Errorf("%w: %s is owned by uid %d, not by this user (uid %d) or root", errUntrusted, p, uid, os.Geteuid())
+		return fmt.Errorf("%w: %s is owned by uid %d, not by this user (uid %d) or root", ErrUntrusted, p, uid, os.Geteuid())
 	}
 	perm := fi.Mode().Perm()
 	if stickyOK && fi.IsDir() && fi.Mode()&fs.ModeSticky != 0 {
 		return nil
 	}
 	if perm&0o002 != 0 || perm&0o020 != 0 && int(st.Gid) != os.Getegid() {
-		return fmt.Errorf("%w: %s is writable by others (mode %04o, group %d); `chmod go-w` it", errUntrusted, p, perm, st.Gid)
+		return fmt.Errorf("%w: %s is writable by others (mode %04o, group %d); `chmod go-w` it", ErrUntrusted, p, perm, st.Gid)
 	}
 	return nil
 }
 
-// checkPluginsDir checks the plugins folder and every folder above it: a
+// CheckPluginsDir checks the plugins folder and every folder above it: a
 // plugin runs with the grants its manifest asks for, so whoever can write
 // or rename one of them chooses what loads. A symlinked path is checked
 // where it leads.
-func checkPluginsDir(dir string) error {
+func CheckPluginsDir(dir string) error {
 	real, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return err
@@ -71,17 +62,17 @@ func checkPluginsDir(dir string) error {
 	}
 }
 
-// checkPluginFolder checks a plugin's folder and everything in it. Links
+// CheckPluginFolder checks a plugin's folder and everything in it. Links
 // are not followed (the loader refuses them where it reads), so their own
 // bits do not matter.
-func checkPluginFolder(dir string) error {
+func CheckPluginFolder(dir string) error {
 	n := 0
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if n++; n > maxPluginEntries {
-			return fmt.Errorf("plugin folder holds more than %d files and folders", maxPluginEntries)
+		if n++; n > MaxEntries {
+			return fmt.Errorf("plugin folder holds more than %d files and folders", MaxEntries)
 		}
 		if d.Type()&fs.ModeSymlink != 0 {
 			return nil
