@@ -739,3 +739,93 @@ func TestPostgresBackendsKilledUnderTraffic(t *testing.T) {
 	}
 	t.Logf("%d kills, %d calls, %d failed with database unavailable", kills, len(rec.all()), failed)
 }
+
+// pgGroup lists the postmaster and its children (backends, background
+// workers).
+func pgGroup(postmaster int) []int {
+	out := []int{postmaster}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := procstat.Read(pid); err == nil && st.PPID == postmaster {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// PostgreSQL hung whole (the postmaster and every backend stopped, as a
+// frozen host or a SIGSTOP leaves it) for longer than the liveness limit:
+// the launcher kills the hung server with its backends and starts it
+// again, and every method works again while the hung processes would
+// still be stopped. Before the liveness kill took the children too, it
+// killed the postmaster alone: its stopped backends kept the cluster's
+// shared memory, each new postmaster exited at once ("pre-existing
+// shared memory block ... is still in use"), and the launcher
+// restarted it in a loop (8 times in 20 s, its backoff up to 10 s) with
+// the database down until the backends went.
+func TestStalledPostgresIsReplaced(t *testing.T) {
+	t.Parallel()
+	const liveness = 3 * time.Second
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{"--liveness-timeout", liveness.String()}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	call(t, c, "config/set", map[string]any{"prop": "agents.default.system_prompt", "value": "kept across the stall"})
+	v := newConv(t, s, nil)
+	session := v.newSession("")
+	v.call("session/prompt", map[string]any{"session_id": session, "prompt": "/say before the stall"})
+
+	old := s.PIDOf("postgres")
+	if old == 0 {
+		t.Fatalf("no postmaster among %v", s.PIDs())
+	}
+	hung := pgGroup(old)
+	for _, pid := range hung {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopped := time.Now()
+	// Whatever the launcher left of them goes on (and, its postmaster
+	// gone, exits) when the test ends.
+	t.Cleanup(func() {
+		for _, pid := range hung {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			log, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", "postgres.log"))
+			t.Logf("postgres log:\n%s", log[max(0, len(log)-1500):])
+		}
+	})
+
+	var recovered time.Time
+	testenv.Eventually(t, liveness+20*time.Second, 100*time.Millisecond, func() error {
+		if err := everyMethodWorks(c, session); err != nil {
+			return err
+		}
+		recovered = time.Now()
+		return nil
+	})
+	for _, pid := range hung {
+		if st, err := procstat.Read(pid); err == nil && st.State == 'T' {
+			t.Errorf("process %d of the hung server is still there, stopped", pid)
+		}
+	}
+	restarts := strings.Count(s.Stderr(), `"child":"postgres","exit_code"`)
+	if restarts != 1 {
+		t.Errorf("postgres restarted %d times, want once", restarts)
+	}
+	got := call(t, c, "config/get", map[string]any{"prop": "agents.default.system_prompt"})
+	if got["value"] != "kept across the stall" {
+		t.Errorf("committed config after the stall: %v", got)
+	}
+	t.Logf("every method worked again %v after PostgreSQL hung (liveness %v), after %d restart(s)",
+		recovered.Sub(stopped).Round(time.Millisecond), liveness, restarts)
+}
