@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
@@ -828,4 +831,68 @@ func TestStalledPostgresIsReplaced(t *testing.T) {
 	}
 	t.Logf("every method worked again %v after PostgreSQL hung (liveness %v), after %d restart(s)",
 		recovered.Sub(stopped).Round(time.Millisecond), liveness, restarts)
+}
+
+// Statements PostgreSQL cancels (pg_cancel_backend here; a
+// statement_timeout or a deadlock victim is refused the same way) under
+// traffic: each call that fails says "<service>: database busy", a
+// reason a client can act on (try again), not "<service> failed"; every
+// method works once the cancelling stops.
+func TestCancelledStatementsSayDatabaseBusy(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.Postgres(t)
+	s := e2e.Start(t, e2e.Options{Env: []string{"DATABASE_URL=" + dbURL}})
+	ctx := e2e.Context(t, 60*time.Second)
+	admin, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	v := newConv(t, s, nil)
+	session := v.newSession("")
+	rec := &recorder{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	traffic(t, s, rec, stop, &wg, map[string]any{
+		"session/new":    map[string]any{},
+		"session/list":   map[string]any{},
+		"session/prompt": map[string]any{"session_id": session, "prompt": "/say during the cancels"},
+		"config/set":     map[string]any{"prop": "agents.default.model", "value": "during-cancels"},
+	})
+	stopTraffic := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopTraffic()
+	cancels := 0
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE 'clawmesh-%' AND state = 'active'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		cancels += n
+		time.Sleep(2 * time.Millisecond)
+	}
+	stopTraffic()
+	failed := 0
+	for _, sm := range rec.all() {
+		if sm.err == nil {
+			continue
+		}
+		failed++
+		var re *e2e.RPCError
+		service := strings.SplitN(sm.what, "/", 2)[0]
+		if !errors.As(sm.err, &re) || re.Code != -32603 || re.Message != service+": database busy" {
+			t.Errorf("%s while statements were cancelled: %v, want -32603 %q", sm.what, sm.err, service+": database busy")
+		}
+	}
+	if failed == 0 {
+		t.Fatalf("%d statements cancelled, no call failed: the fault was not observed", cancels)
+	}
+	t.Logf("%d statements cancelled; %d of %d calls failed", cancels, failed, len(rec.all()))
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := everyMethodWorks(c, session); err != nil {
+		t.Fatalf("after the cancels: %v", err)
+	}
 }

@@ -119,6 +119,10 @@ const WatchInterval = time.Second
 // ErrUnavailable reports a database that does not answer.
 var ErrUnavailable = errors.New("database unavailable")
 
+// ErrBusy reports a statement the database answered but would not finish
+// for now (see IsBusy); the database itself is up.
+var ErrBusy = errors.New("database busy")
+
 type migration struct {
 	version int
 	name    string
@@ -284,4 +288,25 @@ func IsUnavailable(err error) bool {
 		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
 	}
 	return pgconn.SafeToRetry(err)
+}
+
+// IsBusy reports whether err is a statement the database gave up on
+// though it is up: cancelled (statement_timeout, pg_cancel_backend), rolled
+// back as a deadlock victim or for a serialization failure, or refused a
+// lock under lock_timeout. The same call may succeed when tried again;
+// without a name of its own it was an internal error, "failed", with no
+// reason a client could act on.
+func IsBusy(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case "57014", // query_canceled
+		"40001", // serialization_failure
+		"40P01", // deadlock_detected
+		"55P03": // lock_not_available
+		return true
+	}
+	return false
 }

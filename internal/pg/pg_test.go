@@ -163,3 +163,40 @@ func TestIsUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// A statement the server cancels or rolls back is busy, not unavailable:
+// the database answered, and health stays as it is.
+func TestIsBusy(t *testing.T) {
+	url := testenv.Postgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SET statement_timeout = 10"); err != nil {
+		t.Fatal(err)
+	}
+	_, timedOut := conn.Exec(ctx, "SELECT pg_sleep(1)")
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"a statement_timeout", fmt.Errorf("list sessions: %w", timedOut), true},
+		{"a deadlock victim", &pgconn.PgError{Code: "40P01"}, true},
+		{"a serialization failure", &pgconn.PgError{Code: "40001"}, true},
+		{"a lock_timeout", &pgconn.PgError{Code: "55P03"}, true},
+		{"a unique violation", &pgconn.PgError{Code: "23505"}, false},
+		{"a connection lost", fmt.Errorf("insert: %w", io.ErrUnexpectedEOF), false},
+	} {
+		if got := pg.IsBusy(c.err); got != c.want {
+			t.Errorf("%s: IsBusy(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+		if c.want && pg.IsUnavailable(c.err) {
+			t.Errorf("%s: IsUnavailable(%v): the database answered", c.name, c.err)
+		}
+	}
+}

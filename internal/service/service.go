@@ -290,6 +290,10 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 				env.Server.SetDependency(DepDatabase, pg.ErrUnavailable)
 				return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrUnavailable.Error())
 			}
+			if pg.IsBusy(err) {
+				// Named, but health is left alone: the database answers.
+				return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrBusy.Error())
+			}
 			return nil
 		})
 		env.Go(func() { pg.Watch(ctx, env.DB, func(err error) { env.Server.SetDependency(DepDatabase, err) }) })

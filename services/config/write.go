@@ -251,10 +251,14 @@ func unique(props []string) []string {
 
 // toStatus maps a write-path error to the gRPC status the edge reads. A
 // database that cannot be reached (refused, or lost mid-commit) is named
-// as the process frame names it: Unavailable "database unavailable".
+// as the process frame names it: Unavailable "database unavailable"; a
+// statement it gave up on (pg.IsBusy) likewise, "database busy".
 func toStatus(err error) error {
 	if pg.IsUnavailable(err) {
 		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrUnavailable.Error())
+	}
+	if pg.IsBusy(err) {
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrBusy.Error())
 	}
 	index := rpcerr.NoIndex
 	var ee *entryError
