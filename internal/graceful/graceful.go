@@ -4,12 +4,15 @@ package graceful
 
 import (
 	"os"
+	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/procstat"
 )
 
 // Stop sends sig to p and waits up to grace for exited to close; then it
-// kills p and waits for exited. It reports whether p had to be killed. A
+// kills p with what it started (KillTree) and waits for exited. It reports whether p had to be killed. A
 // process that already exited is left alone.
 func Stop(p *os.Process, exited <-chan struct{}, sig os.Signal, grace time.Duration) (killed bool) {
 	select {
@@ -25,7 +28,47 @@ func Stop(p *os.Process, exited <-chan struct{}, sig os.Signal, grace time.Durat
 		return false
 	case <-t.C:
 	}
-	_ = p.Signal(syscall.SIGKILL)
+	KillTree(p.Pid)
 	<-exited
 	return true
+}
+
+// KillTree kills a process with the processes it started: its
+// process group (every child runs in one of its own, Setpgid) and its
+// own children, each with its group. PostgreSQL's backends are the
+// postmaster's children, each in a session of its own (setsid): killed
+// alone, a postmaster hung with its backends (a SIGSTOP, a frozen host)
+// left them holding the cluster's shared memory, and each new postmaster
+// exited at once, restarted in a loop with the database down until they
+// went. The children are listed before the kill, while their parent is
+// theirs.
+func KillTree(pid int) {
+	children := childrenOf(pid)
+	killGroup(pid)
+	for _, c := range children {
+		killGroup(c)
+	}
+}
+
+// killGroup kills the group pid leads, or pid alone when it leads none.
+func killGroup(pid int) {
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := procstat.Read(child); err == nil && st.PPID == pid {
+			out = append(out, child)
+		}
+	}
+	return out
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,7 +18,6 @@ import (
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/graceful"
 	"github.com/clawmesh/clawmesh/internal/listenfd"
-	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/service"
 )
 
@@ -349,50 +347,10 @@ func (s *supervisor) watchLiveness(p *proc, r *run) {
 			s.log.Warn("process not answering its health check, killing it", zap.String("child", p.name),
 				zap.Int("pid", r.cmd.Process.Pid), zap.Duration("silent_for", now.Sub(last).Round(time.Millisecond)),
 				zap.Duration("liveness", s.liveness), zap.Error(err))
-			killHung(r.cmd.Process.Pid)
+			graceful.KillTree(r.cmd.Process.Pid)
 			return
 		}
 	}()
-}
-
-// killHung kills a hung process with the processes it started: its
-// process group (every child runs in one of its own, Setpgid) and its
-// own children, each with its group. PostgreSQL's backends are the
-// postmaster's children, each in a session of its own (setsid): killed
-// alone, a postmaster hung with its backends (a SIGSTOP, a frozen host)
-// left them holding the cluster's shared memory, and each new postmaster
-// exited at once, restarted in a loop with the database down until they
-// went. The children are listed before the kill, while their parent is
-// theirs.
-func killHung(pid int) {
-	children := childrenOf(pid)
-	killGroup(pid)
-	for _, c := range children {
-		killGroup(c)
-	}
-}
-
-// killGroup kills the group pid leads, or pid alone when it leads none.
-func killGroup(pid int) {
-	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
-
-// childrenOf lists the processes whose parent is pid.
-func childrenOf(pid int) []int {
-	ents, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range ents {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, err := procstat.Read(child); err == nil && st.PPID == pid {
-			out = append(out, child)
-		}
-	}
-	return out
 }
 
 // stopAll ends supervision, waits for every supervise loop (so no
