@@ -49,6 +49,14 @@ func EnsureCredentials(dataDir string) (map[Role]string, error) {
 	for _, r := range Roles {
 		path := SeedFile(dataDir, r)
 		seed, err := os.ReadFile(path)
+		if err == nil && len(seed) == 0 {
+			// Only a creation cut short left an empty file (before
+			// newSeed linked seeds into place whole): no process ever
+			// connected with it, so it is made anew.
+			if err = os.Remove(path); err == nil || errors.Is(err, fs.ErrNotExist) {
+				err = fs.ErrNotExist
+			}
+		}
 		if errors.Is(err, fs.ErrNotExist) {
 			if seed, err = newSeed(path); err != nil {
 				return nil, err
@@ -67,6 +75,12 @@ func EnsureCredentials(dataDir string) (map[Role]string, error) {
 	return keys, nil
 }
 
+// newSeed writes a new seed to path unless one appears there first, and
+// returns the seed at path. The seed is written whole to a temporary file,
+// synced and linked into place, so the seed file is never seen
+// part-written: created first and written after, a write that failed (a
+// full disk, a crash before the data reached it) left an empty or cut
+// seed file, and every later start failed on it, space back or not.
 func newSeed(path string) ([]byte, error) {
 	kp, err := nkeys.CreateUser()
 	if err != nil {
@@ -76,18 +90,33 @@ func newSeed(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus credential: %w", err)
 	}
-	// O_EXCL: two launchers never race on one data directory (it is
-	// locked), but a file that appeared meanwhile is never overwritten.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
 	if err != nil {
 		return nil, fmt.Errorf("bus credential: %w", err)
 	}
-	if _, err := f.Write(append(seed, '\n')); err != nil {
-		f.Close()
+	defer os.Remove(f.Name())
+	_, err = f.Write(append(seed, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return nil, fmt.Errorf("bus credential: %w", err)
 	}
-	if err := f.Close(); err != nil {
+	// A link never replaces: two launchers never race on one data
+	// directory (it is locked), but a file that appeared meanwhile is
+	// never overwritten, and it is the seed.
+	if err := os.Link(f.Name(), path); errors.Is(err, fs.ErrExist) {
+		return os.ReadFile(path)
+	} else if err != nil {
 		return nil, fmt.Errorf("bus credential: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
 	}
 	return seed, nil
 }
