@@ -115,6 +115,12 @@ func readID(dataDir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if len(raw) == 0 {
+		// Only a creation cut short left an empty file (before newID
+		// renamed the id into place whole): no cluster was ever bound
+		// by it.
+		return "", fmt.Errorf("%s: empty: %w", filepath.Join(dataDir, IDFile), fs.ErrNotExist)
+	}
 	id := strings.TrimSpace(string(raw))
 	if !idPattern.MatchString(id) {
 		return "", fmt.Errorf("%s: not a cluster id", filepath.Join(dataDir, IDFile))
@@ -128,10 +134,42 @@ func newID(dataDir string) (string, error) {
 		return "", fmt.Errorf("cluster id: %w", err)
 	}
 	id := hex.EncodeToString(b)
-	if err := os.WriteFile(filepath.Join(dataDir, IDFile), []byte(id+"\n"), 0o600); err != nil {
+	if err := writeWhole(filepath.Join(dataDir, IDFile), []byte(id+"\n")); err != nil {
 		return "", fmt.Errorf("cluster id: %w", err)
 	}
 	return id, nil
+}
+
+// writeWhole writes data to a temporary file beside path, syncs it and
+// renames it over path, so path holds all of data or what it held before.
+// Written in place, a write that failed (a full disk, a crash before the
+// data reached the disk) left an empty id file, and every later start
+// failed on "not a cluster id" once space was back.
+func writeWhole(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // fails once renamed
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
 }
 
 // Stale is a root cluster no data directory owns any more.
