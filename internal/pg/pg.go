@@ -310,3 +310,15 @@ func IsBusy(err error) bool {
 	}
 	return false
 }
+
+// IsDiskFull reports whether err is the database refusing a write for want
+// of disk space (SQLSTATE 53100, disk_full: PostgreSQL's ENOSPC). The
+// database is reachable and reads go on; only what it would write fails,
+// until space is back.
+func IsDiskFull(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == sqlStateDiskFull
+}
+
+// sqlStateDiskFull is disk_full (PostgreSQL's errcodes.txt, class 53).
+const sqlStateDiskFull = "53100"

@@ -200,3 +200,21 @@ func TestIsBusy(t *testing.T) {
 		}
 	}
 }
+
+func TestIsDiskFull(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"disk full", fmt.Errorf("append: %w", &pgconn.PgError{Code: "53100"}), true},
+		{"out of memory", &pgconn.PgError{Code: "53200"}, false},
+		{"crash shutdown", &pgconn.PgError{Code: "57P02"}, false},
+		{"a lost connection", io.ErrUnexpectedEOF, false},
+	} {
+		if got := pg.IsDiskFull(c.err); got != c.want {
+			t.Errorf("%s: IsDiskFull(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+	}
+}

@@ -65,6 +65,34 @@ const (
 	DepBus      = "bus"
 )
 
+// ErrDatabaseDiskFull is what a call answers whose write the database
+// refused for want of disk space.
+var ErrDatabaseDiskFull = errors.New("database: no space left on its disk")
+
+// classifyDatabase names the database behind a failed call: unreachable
+// (and health says so through setDependency), out of disk space, or busy
+// (a statement it cancelled or rolled back), as an unavailable
+// dependency; nil for any other error. A full disk was
+// "internal error", "<service> failed" to the client, however long it
+// lasted: nothing told a user that freeing space would mend it. Health
+// stays as it is then: the database answers, and reads go on.
+func classifyDatabase(err error, setDependency func(error)) error {
+	switch {
+	case pg.IsUnavailable(err):
+		// Health says so at once, not at the next ping: a request
+		// failing is the first sign of a database gone; the watch
+		// clears it when the database answers again.
+		setDependency(pg.ErrUnavailable)
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrUnavailable.Error())
+	case pg.IsDiskFull(err):
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, ErrDatabaseDiskFull.Error())
+	case pg.IsBusy(err):
+		// Named, but health is left alone: the database answers.
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrBusy.Error())
+	}
+	return nil
+}
+
 // Spec describes one process.
 type Spec struct {
 	// Name is the process name and the default socket name: <data>/<Name>.sock.
@@ -283,18 +311,7 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		env.OnClose(env.DB.Close)
 		env.Server.SetDependency(DepDatabase, nil)
 		env.Server.ClassifyError(func(err error) error {
-			if pg.IsUnavailable(err) {
-				// Health says so at once, not at the next ping: a request
-				// failing is the first sign of a database gone; the
-				// watch below clears it when the database answers again.
-				env.Server.SetDependency(DepDatabase, pg.ErrUnavailable)
-				return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrUnavailable.Error())
-			}
-			if pg.IsBusy(err) {
-				// Named, but health is left alone: the database answers.
-				return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, pg.ErrBusy.Error())
-			}
-			return nil
+			return classifyDatabase(err, func(err error) { env.Server.SetDependency(DepDatabase, err) })
 		})
 		env.Go(func() { pg.Watch(ctx, env.DB, func(err error) { env.Server.SetDependency(DepDatabase, err) }) })
 	}
