@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 
 	"github.com/tetratelabs/wazero"
+	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/plugins/abi"
@@ -119,7 +122,23 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
 	}
 	mod, err := h.rt.CompileModule(ctx, prepared)
+	if err != nil && cacheFailed(err) {
+		// The cache only saves a later compile: an entry that could not
+		// be written (a full disk, the folder removed) refused a good
+		// module as invalid, and discovery kept the refusal while the
+		// plugin's files stayed the same. wazero keeps the module it
+		// compiled in memory before it writes the entry, and answers the
+		// same module from there, so a second compile loads it. (That
+		// first compile's hold on the memory entry is never given back:
+		// one compiled module per module whose entry failed.)
+		h.logger.Warn("compilation cache entry not written; the module is compiled but not cached",
+			zap.String("plugin", spec.Name), zap.Error(err))
+		mod, err = h.rt.CompileModule(ctx, prepared)
+	}
 	h.trimCache() // the compile may have added an entry
+	if err != nil && cacheFailed(err) {
+		return nil, fmt.Errorf("wasmhost: compilation cache: %w", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
 	}
@@ -129,6 +148,15 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 		return nil, err
 	}
 	return c, nil
+}
+
+// cacheFailed reports whether a compile failed on the compilation cache's
+// files rather than on the module: wazero returns the file system's error
+// as it is (the module's own are never a path's).
+func cacheFailed(err error) bool {
+	var pe *fs.PathError
+	var le *os.LinkError
+	return errors.As(err, &pe) || errors.As(err, &le)
 }
 
 func (c *compiled) checkABI() error {
