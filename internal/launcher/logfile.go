@@ -35,7 +35,11 @@ type logFile struct {
 	mu        sync.Mutex
 	f         *os.File
 	size      int64
-	lineStart bool // the last write ended a line
+	lineStart bool  // the last write ended a line
+	lineAt    int64 // where the line under way began in the file
+	// dropping is set while the rest of a line a failed write cut is
+	// dropped: the stream's bytes up to its next line end.
+	dropping bool
 }
 
 // openLog opens path for appending, creating it.
@@ -49,13 +53,19 @@ func openLog(path string, max int64) (*logFile, error) {
 		f.Close()
 		return nil, err
 	}
-	return &logFile{path: path, max: max, f: f, size: fi.Size(), lineStart: true}, nil
+	return &logFile{path: path, max: max, f: f, size: fi.Size(), lineStart: true, lineAt: fi.Size()}, nil
 }
 
 // Write appends p. The line that crosses the bound is finished in the
 // file, which is then rotated where the next line starts (a pipe's reads
 // end anywhere in a line); a line that never ends is cut once the file
 // holds twice the bound.
+//
+// A write that fails (a full disk) drops the rest of p, and the line it
+// cut is taken out of the file again, the rest of it dropped from what
+// comes next: before, the head of the cut line stayed and the next line
+// went on from it, two JSON records run together into one that no
+// reader of the log could parse.
 func (l *logFile) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -63,6 +73,15 @@ func (l *logFile) Write(p []byte) (int, error) {
 		return 0, os.ErrClosed
 	}
 	written := 0
+	if l.dropping {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		l.dropping = false
+		written, p = i+1, p[i+1:]
+	}
+	endsLine := len(p) > 0 && p[len(p)-1] == '\n'
 	for len(p) > 0 {
 		if l.size >= 2*l.max || l.size >= l.max && l.lineStart {
 			if err := l.rotate(); err != nil {
@@ -79,7 +98,7 @@ func (l *logFile) Write(p []byte) (int, error) {
 		n, err := l.write(p[:cut])
 		written += n
 		if err != nil {
-			return written, err
+			return written, l.cutLine(err, endsLine)
 		}
 		p = p[cut:]
 	}
@@ -88,11 +107,30 @@ func (l *logFile) Write(p []byte) (int, error) {
 
 func (l *logFile) write(p []byte) (int, error) {
 	n, err := l.f.Write(p)
+	if i := bytes.LastIndexByte(p[:n], '\n'); i >= 0 {
+		l.lineAt = l.size + int64(i) + 1
+	}
 	l.size += int64(n)
 	if n > 0 {
 		l.lineStart = p[n-1] == '\n'
 	}
 	return n, err
+}
+
+// cutLine follows a write that failed with err: the line it cut is
+// truncated off the file, and, unless the bytes the caller gave ended a
+// line (endsLine), the rest of that line is dropped from the next
+// writes. Where the truncation fails too the head of the line stays.
+func (l *logFile) cutLine(err error, endsLine bool) error {
+	l.dropping = !endsLine
+	if l.lineStart {
+		return err
+	}
+	if terr := l.f.Truncate(l.lineAt); terr != nil {
+		return errors.Join(err, terr)
+	}
+	l.size, l.lineStart = l.lineAt, true
+	return err
 }
 
 // rotate moves the file to path.old and begins a new one. Where the rename
@@ -103,7 +141,7 @@ func (l *logFile) rotate() error {
 		if err := l.f.Truncate(0); err != nil {
 			return errors.Join(renamed, err)
 		}
-		l.size = 0
+		l.size, l.lineAt = 0, 0
 		return nil
 	}
 	f, err := os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND|os.O_TRUNC, 0o600)
@@ -111,7 +149,7 @@ func (l *logFile) rotate() error {
 		return err // l.f, now path.old, takes the lines meanwhile
 	}
 	l.f.Close()
-	l.f, l.size = f, 0
+	l.f, l.size, l.lineAt = f, 0, 0
 	return nil
 }
 

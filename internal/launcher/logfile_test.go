@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/internal/testdisk"
 )
 
 // A log past its bound is rotated where a line starts: every line is
@@ -96,5 +98,48 @@ func TestCopyLogSaysOnceWhenItCannotWrite(t *testing.T) {
 	r.Close()
 	if len(told) != 1 {
 		t.Fatalf("told %d times: %v", len(told), told)
+	}
+}
+
+// On a full disk a write of a log line stopped partway: the head of the
+// line stayed in the file and the next line went on from it, two JSON
+// records run together into one no reader could parse (seen in
+// session.log after a commit on a full disk). The cut line is taken out
+// again and the rest of it dropped: the log holds whole lines only, and
+// goes on once there is room.
+func TestLogFileKeepsWholeLinesOnAFullDisk(t *testing.T) {
+	disk := testdisk.New(t, 1<<20)
+	path := filepath.Join(disk.Dir, "p.log")
+	l, err := openLog(path, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Write([]byte("first\n")); err != nil {
+		t.Fatal(err)
+	}
+	disk.Fill()
+	// Longer than the room left in the file's last page, in two reads of
+	// the pipe; the next line comes in the second.
+	long := `{"msg":"` + strings.Repeat("x", 6000) + `"}` + "\n"
+	if _, err := l.Write([]byte(long[:5000])); err == nil {
+		t.Fatal("a line past the room left was written")
+	}
+	if _, err := l.Write([]byte(long[5000:] + "third\n")); err != nil {
+		t.Fatalf("a short line with the room given back: %v", err)
+	}
+	disk.Free()
+	if _, err := l.Write([]byte("fourth\n")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "first\nthird\nfourth\n" {
+		t.Fatalf("the log holds %d bytes, not whole lines: %.80q...", len(got), got)
+	}
+	if fi, _ := os.Stat(path); l.size != fi.Size() {
+		t.Fatalf("size %d for a file of %d", l.size, fi.Size())
 	}
 }
