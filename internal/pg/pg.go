@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -277,9 +278,16 @@ func IsUnavailable(err error) bool {
 	if errors.As(err, &ce) {
 		return true
 	}
+	// A syscall.Errno is a net.Error too (it has Timeout and Temporary):
+	// a file's error (a folder removed, a disk read-only) took the
+	// database for gone, answered "database unavailable" and turned the
+	// service's health NOT_SERVING. The network's errors come as
+	// *net.OpError, before the errno they wrap.
 	var ne net.Error
 	if errors.As(err, &ne) {
-		return true
+		if _, errno := ne.(syscall.Errno); !errno {
+			return true
+		}
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {

@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -157,6 +161,10 @@ func TestIsUnavailable(t *testing.T) {
 		{"connection exception", &pgconn.PgError{Code: "08006"}, true},
 		{"a unique violation", fmt.Errorf("insert: %w", &pgconn.PgError{Code: "23505"}), false},
 		{"anything else", errors.New("encode config: bad value"), false},
+		{"a connection reset", fmt.Errorf("query: %w", &net.OpError{Op: "read", Net: "unix", Err: os.NewSyscallError("read", syscall.ECONNRESET)}), true},
+		// A file's error, not the database's: its errno is a net.Error.
+		{"a folder removed", fmt.Errorf("open workspace: %w", &fs.PathError{Op: "open", Path: "/data/workspaces", Err: syscall.ENOENT}), false},
+		{"a disk read-only", fmt.Errorf("write file: %w", &fs.PathError{Op: "open", Path: "/data/x", Err: syscall.EROFS}), false},
 	} {
 		if got := pg.IsUnavailable(c.err); got != c.want {
 			t.Errorf("%s: IsUnavailable(%v) = %v, want %v", c.name, c.err, got, c.want)
