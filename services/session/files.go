@@ -615,8 +615,18 @@ func hashWritingAhead(dir int, data []byte, hash func([]byte) string, sync func(
 // workspace's parent is the service's own; the workspace and everything
 // in it may have been changed by the agent, so from there on no link is
 // followed.
+//
+// The parent (<data>/workspaces) is made again when it is gone: removed
+// under a running service, every store into a session made before failed
+// until the service restarted or the session was resumed.
 func openUploadsDir(workspace string) (int, error) {
 	parent, err := unix.Open(filepath.Dir(workspace), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		if err := os.MkdirAll(filepath.Dir(workspace), 0o700); err != nil {
+			return -1, fmt.Errorf("create %s: %w", filepath.Dir(workspace), err)
+		}
+		parent, err = unix.Open(filepath.Dir(workspace), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return -1, fmt.Errorf("open %s: %w", filepath.Dir(workspace), err)
 	}

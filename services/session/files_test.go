@@ -1187,3 +1187,31 @@ func TestStoreFileQuotaHoldsUnderConcurrentStores(t *testing.T) {
 		}
 	}
 }
+
+// The workspaces folder removed under a running service (an operator
+// clearing space, a cleanup gone wrong): every store into a session made
+// before failed, until the service restarted or the session was resumed
+// (and the failure read "database unavailable"). The folder is made again
+// and the file stored; a file indexed before is written back.
+func TestStoreFileAfterTheWorkspacesFolderWasRemoved(t *testing.T) {
+	h, _ := fileHarness(t)
+	id := h.newSession(alice, "default")
+	first := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a.txt", Data: []byte("before")})
+	if err := os.RemoveAll(filepath.Join(h.dataDir, "workspaces")); err != nil {
+		t.Fatal(err)
+	}
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "b.txt", Data: []byte("after")})
+	again := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a.txt", Data: []byte("before")})
+	if !again.GetDeduplicated() || again.GetWorkspacePath() != first.GetWorkspacePath() {
+		t.Fatalf("stored again as %v", again)
+	}
+	if got, err := os.ReadFile(first.GetWorkspacePath()); err != nil || string(got) != "before" {
+		t.Fatalf("the indexed file: %q, %v", got, err)
+	}
+	if names, n := h.stored(id); len(names) != 2 || n != 2 {
+		t.Fatalf("stored %v, %d index rows", names, n)
+	}
+	if fi, err := os.Stat(filepath.Join(h.dataDir, "workspaces")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the workspaces folder made again: %v %v", fi, err)
+	}
+}
