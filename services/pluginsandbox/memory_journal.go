@@ -455,6 +455,22 @@ func (j *journal) appendLocked(data []byte, mayRewrite bool) error {
 	return nil
 }
 
+// recreate makes the journal's folder again and writes l's entries, in
+// the order they were last stored, to the journal: the folder and the
+// file in it were removed.
+func (j *journal) recreate(l *ledger) error {
+	if err := os.MkdirAll(filepath.Dir(j.path), 0o700); err != nil {
+		return fmt.Errorf("memory journal: %w", err)
+	}
+	live := l.inOrder()
+	records := make([]journalRecord, len(live))
+	for i, le := range live {
+		records[i] = storeRecord(le.e)
+	}
+	j.log.Warn("memory journal's folder was removed; made again with the entries held", zap.String("path", j.path), zap.Int("entries", len(records)))
+	return j.append(records...)
+}
+
 // mayRetry reports whether a rewrite may be tried at size: none failed
 // since the last that succeeded, or the file has grown to the failure's
 // retrySize, or its retryTime has come.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -246,4 +247,59 @@ func FuzzJournalRecord(f *testing.F) {
 			t.Fatalf("%q: read as %+v, encoding/json reads %+v", line, got, want)
 		}
 	})
+}
+
+// The memory folder removed under a running sandbox: every store and
+// forget failed as "not written to disk; retry", and retrying never
+// helped until the sandbox restarted, with every memory gone. The folder
+// is made again and the journal given what the ledger holds, so a load
+// finds every entry, in order.
+func TestJournalFolderRemoved(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "memories")
+	j, err := openJournal(dir, "kv", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLedger(j)
+	if _, err := j.load(l); err != nil {
+		t.Fatal(err)
+	}
+	store := func(key string) error {
+		e := wasmhost.MemoryEntry{Key: key, Content: "content of " + key, Timestamp: 7}
+		l.stored(e)
+		return l.record(storeRecord(e))
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if err := store(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := store("d"); err != nil {
+		t.Fatalf("a store after the folder was removed: %v", err)
+	}
+	l.forgot("b")
+	if err := l.record(journalRecord{Op: opForget, Key: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the folder made again: %v %v", fi, err)
+	}
+	loaded := newLedger(nil)
+	again, err := openJournal(dir, "kv", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.load(loaded); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, le := range loaded.inOrder() {
+		keys = append(keys, le.e.Key)
+	}
+	if !slices.Equal(keys, []string{"a", "c", "d"}) {
+		t.Fatalf("loaded %v, want [a c d]", keys)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -78,7 +79,15 @@ func (l *ledger) record(r ...journalRecord) error {
 	if l.journal == nil || len(r) == 0 {
 		return nil
 	}
-	if err := l.journal.append(r...); err != nil {
+	err := l.journal.append(r...)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The memory folder was removed under the sandbox: every change
+		// failed as "not written, retry" until the sandbox restarted,
+		// and then came back empty. It is made again and given every
+		// entry the ledger holds, this change's with them.
+		err = l.journal.recreate(l)
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %w", errNotRecorded, err)
 	}
 	return nil
