@@ -123,6 +123,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
+	// Before anything is written in it (private.go).
+	if err := checkPrivate(cfg.DataDir); err != nil {
+		return err
+	}
 	// The client socket lives here: the folder must be the owner's alone.
 	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
