@@ -399,14 +399,16 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 		return nil, nil, fmt.Errorf("--set values: %w", err)
 	}
 	var bound []*firstSocket
-	release = func() {
+	releaseBound := func() {
 		for _, fs := range bound {
 			fs.release()
 		}
 	}
+	release = releaseBound
 	defer func() {
+		// Not release: an early return has set it to nil.
 		if err != nil {
-			release()
+			releaseBound()
 		}
 	}()
 	var asleep []string

@@ -208,3 +208,24 @@ func TestBusURLNotOnACommandLine(t *testing.T) {
 		}
 	}
 }
+
+// A binary missing from the stack's folder (a build cut short, one file
+// removed) panicked the launcher: plan's early return set its release
+// to nil, which its deferred clean-up then called. The launcher says
+// which binary is missing and what to do, and releases the sockets it
+// had bound.
+func TestPlanWithABinaryMissing(t *testing.T) {
+	dir, bin := privateDir(t), stubBinaries(t)
+	last := stack.Processes[len(stack.Processes)-1].Name
+	if err := os.Remove(filepath.Join(bin, last)); err != nil {
+		t.Fatal(err)
+	}
+	_, release, err := plan(Config{DataDir: dir, BinDir: bin}, "postgres:///x", "nats://127.0.0.1:4222", nil, nil)
+	if err == nil || release != nil || !strings.Contains(err.Error(), last+" binary") || !strings.Contains(err.Error(), "make build") {
+		t.Fatalf("plan without the %s binary: %v", last, err)
+	}
+	// The sockets bound for the processes before it are released.
+	if socks, _ := filepath.Glob(filepath.Join(dir, "*.sock")); len(socks) != 0 {
+		t.Fatalf("sockets left bound: %v", socks)
+	}
+}
