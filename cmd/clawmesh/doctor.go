@@ -24,10 +24,11 @@ import (
 const doctorUsage = `usage: clawmesh doctor [--config-dir DIR] [--socket PATH] [--fix]
 
 Checks what a stack needs and says what to do about each problem: the
-PostgreSQL binaries, the data directory's owner and modes, its secret key
-and bus credentials, stale private clusters (root), the client socket, the
-health and version of every process of a running stack, and its plugins
-(the plugins folder's owner and modes, each plugin not loaded and why). --fix removes
+PostgreSQL binaries, the data directory's owner and modes, the free space
+on its disk and the database's, its secret key and bus credentials, stale
+private clusters (root), the client socket, the health and version of
+every process of a running stack, and its plugins (the plugins folder's
+owner and modes, each plugin not loaded and why). --fix removes
 stale clusters. Exits 1 when a check fails.
 `
 
@@ -74,6 +75,10 @@ func doctorCmd(args []string, out io.Writer) error {
 	d.binaries()
 	exists := d.dataDir(dir)
 	if exists {
+		d.diskSpace("disk space", dir)
+		if cluster := pgcluster.Dir(dir); cluster != "" && os.Getenv("DATABASE_URL") == "" {
+			d.diskSpace("database disk", cluster)
+		}
 		d.privateFile("secret key", datadir.SecretKey(dir), "created by the config service at its first start")
 		for _, r := range bus.Roles {
 			d.privateFile("bus credential", bus.SeedFile(dir, r), "created by clawmesh up at its start")
@@ -131,6 +136,36 @@ func (d *doctor) dataDir(dir string) bool {
 		d.ok("data directory", dir+" (0700, yours)")
 	}
 	return true
+}
+
+// minFreeBytes is the free space below which the disk of the data
+// directory (or of the database) fails the check: one upload at its 10 MB
+// limit and the logs' next lines.
+const minFreeBytes = 16 << 20
+
+// diskSpace checks that the disk holding path has room, and inodes, left.
+// On a full disk the stack keeps serving what needs no writes, health
+// included: uploads, plugin memories, logs and (on the database's disk)
+// every change fail with "no space left on the disk", and this is where a
+// user asking what is wrong learns it.
+func (d *doctor) diskSpace(check, path string) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(path, &st); err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			d.fail(check, err.Error(), "")
+		}
+		return
+	}
+	free := int64(st.Bavail) * st.Bsize
+	switch {
+	case free < minFreeBytes:
+		d.fail(check, fmt.Sprintf("%d bytes free on the disk of %s: once it is full, uploads, plugin memories and logs fail there, and so do the database's writes on its disk", free, path),
+			"free space on that disk (df -h "+path+")")
+	case st.Files > 0 && st.Ffree == 0:
+		d.fail(check, "no inodes free on the disk of "+path, "remove files on that disk (df -i "+path+")")
+	default:
+		d.ok(check, fmt.Sprintf("%d MiB free under %s", free>>20, path))
+	}
 }
 
 // privateFile checks that a secret file exists and only its owner reads it.
