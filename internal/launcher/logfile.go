@@ -3,8 +3,11 @@ package launcher
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -40,7 +43,15 @@ type logFile struct {
 	// dropping is set while the rest of a line a failed write cut is
 	// dropped: the stream's bytes up to its next line end.
 	dropping bool
+	// checked is when the file at the path was last compared with f;
+	// reopenEvery is how often it is (reopenIfGone).
+	checked     time.Time
+	reopenEvery time.Duration
 }
+
+// logReopenEvery is how often a log's writes look whether its file is
+// still at its path: a stat, at most once a second.
+const logReopenEvery = time.Second
 
 // openLog opens path for appending, creating it.
 func openLog(path string, max int64) (*logFile, error) {
@@ -53,7 +64,41 @@ func openLog(path string, max int64) (*logFile, error) {
 		f.Close()
 		return nil, err
 	}
-	return &logFile{path: path, max: max, f: f, size: fi.Size(), lineStart: true, lineAt: fi.Size()}, nil
+	return &logFile{path: path, max: max, f: f, size: fi.Size(), lineStart: true, lineAt: fi.Size(),
+		checked: time.Now(), reopenEvery: logReopenEvery}, nil
+}
+
+// reopenIfGone opens the log at its path again when the file there is no
+// longer the one written: removed (by hand, to free space, or with its
+// folder) or replaced. Before, the lines went on into a file nobody could
+// read, which kept its space until the next rotation (up to maxLogBytes,
+// for each process), and the log was back only when the launcher
+// restarted. A file that cannot be opened again is tried at the next
+// check.
+func (l *logFile) reopenIfGone() {
+	var at, held syscall.Stat_t
+	err := syscall.Stat(l.path, &at)
+	if err == nil {
+		if syscall.Fstat(int(l.f.Fd()), &held) != nil || at.Dev == held.Dev && at.Ino == held.Ino {
+			return
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
+		return
+	}
+	f, err := os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return
+	}
+	l.f.Close()
+	l.f, l.size, l.lineAt = f, fi.Size(), fi.Size()
 }
 
 // Write appends p. The line that crosses the bound is finished in the
@@ -73,6 +118,11 @@ func (l *logFile) Write(p []byte) (int, error) {
 		return 0, os.ErrClosed
 	}
 	written := 0
+	// At a line start, so that no line is split between two files.
+	if now := time.Now(); l.lineStart && now.Sub(l.checked) >= l.reopenEvery {
+		l.checked = now
+		l.reopenIfGone()
+	}
 	if l.dropping {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {

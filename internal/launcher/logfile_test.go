@@ -143,3 +143,50 @@ func TestLogFileKeepsWholeLinesOnAFullDisk(t *testing.T) {
 		t.Fatalf("size %d for a file of %d", l.size, fi.Size())
 	}
 }
+
+// A log removed under the launcher (by hand, to free space on a full
+// disk, or with the logs folder) was written on into the removed file:
+// its space was not freed until the next rotation, and the process's
+// lines were nowhere to read until the launcher restarted. The file is
+// made again at the next line.
+func TestLogFileRemovedIsMadeAgain(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "logs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "p.log")
+	l, err := openLog(path, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.reopenEvery = 0 // every write looks
+	write := func(s string) {
+		t.Helper()
+		if _, err := l.Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holds := func(want string) {
+		t.Helper()
+		got, err := os.ReadFile(path)
+		if err != nil || string(got) != want {
+			t.Fatalf("the log holds %q (%v), want %q", got, err, want)
+		}
+	}
+	write("one\n")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	write("two\n")
+	holds("two\n")
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	write("thr")
+	write("ee\n")
+	holds("three\n")
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the folder made again: %v %v", fi, err)
+	}
+}
