@@ -248,6 +248,14 @@ func postgresPassword(path string, owner ownerIDs) (created bool, err error) {
 		return false, fmt.Errorf("bus init: %w", err)
 	}
 	raw, err := os.ReadFile(path)
+	if err == nil && len(raw) == 0 {
+		// Only a creation cut short left an empty file (before the
+		// password was linked into place whole): no server was ever
+		// given it, so it is made anew.
+		if err = os.Remove(path); err == nil || errors.Is(err, fs.ErrNotExist) {
+			err = fs.ErrNotExist
+		}
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		secret := make([]byte, 32)
@@ -255,15 +263,27 @@ func postgresPassword(path string, owner ownerIDs) (created bool, err error) {
 			return false, fmt.Errorf("bus init: %w", err)
 		}
 		raw = []byte(hex.EncodeToString(secret))
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		// Written whole to a temporary file and linked into place:
+		// created first and written after, a write that failed (a full
+		// disk) left an empty password file, and every later bus init
+		// refused it, space back or not. A link never replaces a file
+		// that appeared meanwhile.
+		f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 		if err != nil {
 			return false, fmt.Errorf("bus init: %w", err)
 		}
-		if _, err := f.Write(raw); err != nil {
-			f.Close()
-			return false, fmt.Errorf("bus init: %w", err)
+		defer os.Remove(f.Name())
+		_, err = f.Write(raw)
+		if err == nil {
+			err = f.Sync()
 		}
-		if err := f.Close(); err != nil {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Link(f.Name(), path)
+		}
+		if err != nil {
 			return false, fmt.Errorf("bus init: %w", err)
 		}
 		created = true

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/testdisk"
 )
 
 func mode(t *testing.T, path string) os.FileMode {
@@ -164,5 +165,34 @@ func TestBusInitOwner(t *testing.T) {
 	}
 	if m := mode(t, run); m != 0o700 {
 		t.Errorf("%s: mode %v, want 0700", run, m)
+	}
+}
+
+// The database password of bus init was created first and written after:
+// on a full disk the write failed and left an empty password file, and
+// every later bus init refused it ("want one line") once space was back.
+// It is linked into place whole now, and an empty one, which only such a
+// creation left, is made anew.
+func TestBusInitPasswordWrittenWhole(t *testing.T) {
+	disk := testdisk.New(t, 1<<20)
+	pw := filepath.Join(disk.Dir, "secrets", "postgres.password")
+	if err := os.MkdirAll(filepath.Dir(pw), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	disk.Fill()
+	if _, err := postgresPassword(pw, ownerIDs{-1, -1}); err == nil {
+		t.Fatal("a password written on a full disk")
+	}
+	disk.Free()
+	created, err := postgresPassword(pw, ownerIDs{-1, -1})
+	if err != nil || !created {
+		t.Fatalf("space back: created %v, %v", created, err)
+	}
+	raw, err := os.ReadFile(pw)
+	if err != nil || len(strings.TrimSpace(string(raw))) != 64 {
+		t.Fatalf("the password file: %q %v", raw, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(pw), ".postgres.password.*")); len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
 	}
 }
