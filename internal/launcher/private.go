@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/clawmesh/clawmesh/internal/pathcheck"
 )
 
 // ErrDataDirNotPrivate: another user could change what the data directory
@@ -40,50 +42,33 @@ func checkPrivate(dir string) error {
 	return nil
 }
 
-// checkChain checks the components of the absolute path dir, from the
-// root down, without following the last.
+// checkChain checks the absolute path dir: every component above it
+// (pathcheck.Above, no group write), and dir itself, a link this user's
+// or root's, or a folder this user's.
 func checkChain(dir string) error {
 	uid := uint32(os.Geteuid())
 	refuse := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s: %s", ErrDataDirNotPrivate, dir, fmt.Sprintf(format, args...))
 	}
-	var parts []string
-	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
-		parts = append(parts, d)
-		if d == filepath.Dir(d) {
-			break
-		}
+	d := filepath.Clean(dir)
+	if err := pathcheck.Above(d, false); err != nil {
+		return refuse("%v", err)
 	}
-	for i := len(parts) - 1; i >= 0; i-- {
-		d := parts[i]
-		fi, err := os.Lstat(d)
-		if err != nil {
-			return fmt.Errorf("data directory: %w", err)
+	fi, err := os.Lstat(d)
+	if err != nil {
+		return fmt.Errorf("data directory: %w", err)
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		if err := pathcheck.Owned(d, fi, pathcheck.Rule{}); err != nil {
+			return refuse("the link %v", err)
 		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return refuse("%s: no owner to check", d)
-		}
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			if st.Uid != uid && st.Uid != 0 {
-				return refuse("the link %s belongs to another user (uid %d)", d, st.Uid)
-			}
-		case i == 0:
-			if !fi.IsDir() {
-				return refuse("not a folder")
-			}
-			if st.Uid != uid {
-				return refuse("the folder belongs to another user (uid %d); it must be this user's (uid %d)", st.Uid, uid)
-			}
-		default:
-			if st.Uid != uid && st.Uid != 0 {
-				return refuse("the folder %s above it belongs to another user (uid %d)", d, st.Uid)
-			}
-			if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
-				return refuse("the folder %s above it is writable by group or others (mode %04o) and not sticky", d, fi.Mode().Perm())
-			}
-		}
+		return nil
+	}
+	if !fi.IsDir() {
+		return refuse("not a folder")
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != uid {
+		return refuse("the folder belongs to another user; it must be this user's (uid %d)", uid)
 	}
 	return nil
 }

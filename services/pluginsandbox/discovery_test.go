@@ -524,7 +524,7 @@ func TestPluginFilesOthersCouldChangeAreRefused(t *testing.T) {
 		}
 		rewriteManifest(t, dir, "echo", func(s string) string { return s + "\n# theirs\n" })
 		ts.rescan(t)
-		refused(manifestPath + " is owned by uid 4242")
+		refused(manifestPath + " belongs to another user (uid 4242)")
 		if err := os.Chown(manifestPath, 0, 0); err != nil {
 			t.Fatal(err)
 		}

@@ -7,33 +7,16 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
+
+	"github.com/clawmesh/clawmesh/internal/pathcheck"
 )
 
-// ownedSafely reports why fi (of path p) could be changed by someone
-// other than the sandbox's user or root: another owner, write access for
-// everyone, or for a group other than the sandbox's own (a user's private
-// group under umask 002, a Kubernetes volume's fsGroup). A folder
-// writable by everyone but sticky (/tmp) lets nobody rename or remove
-// what others own in it, so it is safe as an ancestor; inside a plugin it
-// is not.
-func ownedSafely(p string, fi fs.FileInfo, stickyOK bool) error {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return nil
-	}
-	if uid := int(st.Uid); uid != 0 && uid != os.Geteuid() {
-		return fmt.Errorf("%w: %s is owned by uid %d, not by this user (uid %d) or root", ErrUntrusted, p, uid, os.Geteuid())
-	}
-	perm := fi.Mode().Perm()
-	if stickyOK && fi.IsDir() && fi.Mode()&fs.ModeSticky != 0 {
-		return nil
-	}
-	if perm&0o002 != 0 || perm&0o020 != 0 && int(st.Gid) != os.Getegid() {
-		return fmt.Errorf("%w: %s is writable by others (mode %04o, group %d); `chmod go-w` it", ErrUntrusted, p, perm, st.Gid)
-	}
-	return nil
-}
+// inside is the rule for the plugins folder and what it holds: the
+// sandbox's own group may write (a user's private group under umask 002,
+// a Kubernetes volume's fsGroup), never another; a sticky folder is safe
+// only above the plugins folder, not inside a plugin, whose every entry
+// is read.
+var inside = pathcheck.Rule{OwnGroup: true}
 
 // CheckPluginsDir checks the plugins folder and every folder above it: a
 // plugin runs with the grants its manifest asks for, so whoever can write
@@ -44,22 +27,20 @@ func CheckPluginsDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	real, err = filepath.Abs(real)
+	if real, err = filepath.Abs(real); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(real)
 	if err != nil {
 		return err
 	}
-	for p := real; ; p = filepath.Dir(p) {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return err
-		}
-		if err := ownedSafely(p, fi, p != real); err != nil {
-			return err
-		}
-		if p == filepath.Dir(p) {
-			return nil
-		}
+	if err := pathcheck.Owned(real, fi, inside); err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrusted, err)
 	}
+	if err := pathcheck.Above(real, inside.OwnGroup); err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrusted, err)
+	}
+	return nil
 }
 
 // CheckPluginFolder checks a plugin's folder and everything in it. Links
@@ -81,6 +62,9 @@ func CheckPluginFolder(dir string) error {
 		if err != nil {
 			return err
 		}
-		return ownedSafely(p, fi, false)
+		if err := pathcheck.Owned(p, fi, inside); err != nil {
+			return fmt.Errorf("%w: %w", ErrUntrusted, err)
+		}
+		return nil
 	})
 }
