@@ -1,9 +1,11 @@
 package pluginsandbox_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -37,7 +39,11 @@ func TestChannelsListedWhileABindingStops(t *testing.T) {
 	addr := listed.Channels[0].Listen
 
 	// A request that never finishes its headers holds the listener's
-	// graceful stop for its 5 s.
+	// graceful stop for its 5 s, once accepted: one still in the listen
+	// queue when the listener closed let the stop end at once on a busy
+	// machine, and the test took that for a list waiting behind it. A
+	// whole request on a second connection, answered, is the barrier: the
+	// server accepts in the order connections came.
 	hold, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +52,17 @@ func TestChannelsListedWhileABindingStops(t *testing.T) {
 	if _, err := hold.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\n")); err != nil {
 		t.Fatal(err)
 	}
+	barrier, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := barrier.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.ReadResponse(bufio.NewReader(barrier), nil); err != nil {
+		t.Fatal(err)
+	}
+	barrier.Close()
 
 	ts.live.set(func(l *pluginsandbox.Live) { l.Channels = nil })
 	rescanned := make(chan struct{})
