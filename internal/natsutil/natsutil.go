@@ -6,6 +6,7 @@ package natsutil
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -51,12 +52,45 @@ const (
 	MaxPingsOut  = 2
 )
 
+// Reconnect backoff. A fixed wait of 200 ms had every process of the
+// stack (of every stack on the host sharing an external server) try a
+// server that is down five times a second each for as long as it stayed
+// down; a server coming back met them all in step.
+const (
+	// FirstReconnectWait is the most the first attempt of an outage
+	// waits: a blip (a server restarted, a connection dropped) is mended
+	// at once.
+	FirstReconnectWait = 200 * time.Millisecond
+	// MaxReconnectWait bounds the wait between two attempts, and so how
+	// long a process may stay off the bus once the server is back.
+	MaxReconnectWait = 5 * time.Second
+)
+
+// reconnectDelay is the wait before reconnect attempt n of an outage (1
+// for the first; nats.go counts afresh each time the connection drops):
+// a bound that doubles from FirstReconnectWait up to MaxReconnectWait,
+// less a random part of up to half of it, so that processes that lost
+// the server together do not come back together.
+func reconnectDelay(n int) time.Duration {
+	bound := MaxReconnectWait
+	if n < 1 {
+		n = 1
+	}
+	// Past 2^5 times the first wait the bound is the cap: no shift that
+	// could overflow.
+	if n <= 6 {
+		bound = min(bound, FirstReconnectWait<<(n-1))
+	}
+	return bound - rand.N(bound/2+1)
+}
+
 // watched holds the state callback of each connection Connect made, by
 // connection, for Publish to report a failed write through.
 var watched sync.Map // *nats.Conn → func(error)
 
 // Connect opens a connection that keeps reconnecting for as long as the
-// process lives. The first connection is waited for (retrying) only up to
+// process lives, backing off (reconnectDelay) while the server stays
+// away. The first connection is waited for (retrying) only up to
 // the server's refusal: bad credentials fail at once.
 func Connect(o Options) (*nats.Conn, error) {
 	if o.Log == nil {
@@ -76,7 +110,7 @@ func Connect(o Options) (*nats.Conn, error) {
 		// reading) reconnects instead of leaving the connection stuck.
 		nats.ReconnectOnFlusherError(),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(200 * time.Millisecond),
+		nats.CustomReconnectDelay(reconnectDelay),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil {

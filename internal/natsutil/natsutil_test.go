@@ -218,3 +218,89 @@ func TestPublishToStalledServerFailsAndReportsBusDown(t *testing.T) {
 		t.Fatalf("a publish after the server came back was not delivered: %v", err)
 	}
 }
+
+// Each wait is within its bound: no more than FirstReconnectWait for the
+// first attempt of an outage, a bound doubling from there up to
+// MaxReconnectWait, and never less than half of it (the jitter).
+func TestReconnectDelayBacksOffWithinBounds(t *testing.T) {
+	bound := FirstReconnectWait
+	for n := 1; n <= 40; n++ {
+		lo, hi := time.Duration(1<<62), time.Duration(0)
+		for range 1000 {
+			d := reconnectDelay(n)
+			lo, hi = min(lo, d), max(hi, d)
+		}
+		if lo < bound/2 || hi > bound {
+			t.Fatalf("attempt %d: waits from %v to %v, want within [%v, %v]", n, lo, hi, bound/2, bound)
+		}
+		if hi-lo < bound/4 {
+			t.Fatalf("attempt %d: waits from %v to %v: no jitter to speak of", n, lo, hi)
+		}
+		bound = min(2*bound, MaxReconnectWait)
+	}
+}
+
+// A bus server that is down is not hammered: the first reconnect attempt
+// comes at once, the later ones back off (a fixed 200 ms wait made about
+// twenty in four seconds, from every process of the stack), and once the
+// server is back the connection is up again within MaxReconnectWait.
+func TestReconnectBacksOffWhileServerIsDown(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states stateLog
+	nc, err := Connect(Options{URL: srv.URL(), Name: "session", Log: zap.NewNop(), OnState: states.report})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	srv.Shutdown()
+	down := time.Now()
+	// The server's port now answers and hangs up at once: each
+	// connection it takes is one reconnect attempt.
+	ln, err := net.Listen("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts := make(chan time.Time, 1000)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			attempts <- time.Now()
+			c.Close()
+		}
+	}()
+	const window = 4 * time.Second
+	time.Sleep(window) // the rate over a window is what is measured
+	ln.Close()
+	var at []time.Duration
+	for len(attempts) > 0 {
+		at = append(at, (<-attempts).Sub(down).Round(time.Millisecond))
+	}
+	t.Logf("reconnect attempts at %v after the server went down", at)
+	if len(at) == 0 || at[0] > FirstReconnectWait+300*time.Millisecond {
+		t.Fatalf("the first reconnect attempt did not come at once: attempts at %v", at)
+	}
+	if len(at) > 7 {
+		t.Fatalf("%d reconnect attempts in %v: no backoff (attempts at %v)", len(at), window, at)
+	}
+
+	srv.Start()
+	back := time.Now()
+	testenv.Eventually(t, MaxReconnectWait+2*time.Second, 10*time.Millisecond, func() error {
+		if last, up, _ := states.get(); !up {
+			return fmt.Errorf("bus still reported down: %v", last)
+		}
+		return nil
+	})
+	t.Logf("reconnected %v after the server came back", time.Since(back).Round(time.Millisecond))
+}
