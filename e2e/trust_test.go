@@ -634,6 +634,93 @@ func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 		time.Since(back).Round(time.Millisecond), h["session"].RestartCount)
 }
 
+// gatewayWord is what status and health say of the gateway itself: its
+// status word in each, and health's last_error.
+func gatewayWord(c *e2e.Client) (inStatus, inHealth, lastError string, err error) {
+	st, err := status(c)
+	if err != nil {
+		return "", "", "", err
+	}
+	h, err := healthOf(c)
+	if err != nil {
+		return "", "", "", err
+	}
+	if e := h["gateway"].LastError; e != nil {
+		lastError = *e
+	}
+	return st.Services["gateway"], h["gateway"].Status, lastError, nil
+}
+
+// The gateway's own bus link is what carries every session/update to a
+// client: while it is down, status and health say the gateway is
+// not_serving, with the bus as the reason, even though every service may
+// serve; once it is back they say serving again. Before, only the
+// gateway's gRPC health said so, and a client was told all was well while
+// no update could reach it.
+func TestBusLossTellsClientsTheGatewayCannotDeliver(t *testing.T) {
+	t.Parallel()
+	dir := e2e.TempDataDir(t)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := bus.EnsureCredentials(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	srv := busServer(t, port, keys)
+	s := e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", port)}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error {
+		inStatus, inHealth, _, err := gatewayWord(c)
+		if err != nil {
+			return err
+		}
+		if inStatus != "serving" || inHealth != "serving" {
+			return fmt.Errorf("gateway: status says %q, health %q", inStatus, inHealth)
+		}
+		return nil
+	})
+
+	srv.Shutdown()
+	lost := time.Now()
+	var why string
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		inStatus, inHealth, lastError, err := gatewayWord(c)
+		if err != nil {
+			return err
+		}
+		if inStatus != "not_serving" || inHealth != "not_serving" || !strings.Contains(lastError, "bus") {
+			return fmt.Errorf("gateway with its bus link down: status says %q, health %q (%q)", inStatus, inHealth, lastError)
+		}
+		why = lastError
+		return nil
+	})
+	t.Logf("%v after the bus went away, the gateway is not_serving: %s", time.Since(lost).Round(time.Millisecond), why)
+
+	busServer(t, port, keys)
+	back := time.Now()
+	testenv.Eventually(t, 15*time.Second, 50*time.Millisecond, func() error {
+		inStatus, inHealth, _, err := gatewayWord(c)
+		if err != nil {
+			return err
+		}
+		if inStatus != "serving" || inHealth != "serving" {
+			return fmt.Errorf("gateway with its bus link back: status says %q, health %q", inStatus, inHealth)
+		}
+		return nil
+	})
+	t.Logf("%v after the bus came back, the gateway is serving", time.Since(back).Round(time.Millisecond))
+}
+
 // Revoking a user's tokens ends the authority of the connections they
 // bound (docs/spec.md §4). Only a prompt and a new session asked the config
 // service: on her open connection, alice read her transcript, listed,

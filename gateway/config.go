@@ -27,6 +27,11 @@ type Config struct {
 	PluginAddrs                                      []string
 	// NATS is the gateway's bus connection (role gateway).
 	NATS *nats.Conn
+	// Reason, when set, says why this process is not serving ("" while
+	// it is), as its own gRPC health says it: its bus link is down (it
+	// cannot deliver session updates), or it is shutting down. health and
+	// status report it as the component SelfName beside the services.
+	Reason func() string
 	// Ephemeral exits the gateway (and so the stack) 1 s after the last
 	// client leaves; never before the first client came.
 	Ephemeral      bool

@@ -102,6 +102,9 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, id: ids.New("gw-"), uploadsUsed: make(chan struct{}),
 		monitor: newMonitor(500*time.Millisecond, cfg.Log), states: map[*jsonrpc.Conn]*connState{},
 	}
+	if cfg.Reason != nil {
+		g.monitor.addSelf(cfg.Reason)
+	}
 	g.chunks = bulkcodec.New(0, (&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
 	dial := func(name, addr string) (*grpc.ClientConn, error) {
 		var opts []grpc.DialOption

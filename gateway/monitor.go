@@ -45,6 +45,11 @@ type component struct {
 	RestartCount int     `json:"restart_count"`
 }
 
+// SelfName is the gateway's own component in health and status. Its
+// bus link is on no service's health: while it is down, every service may
+// serve and yet no session/update reaches a client.
+const SelfName = "gateway"
+
 type target struct {
 	name   string
 	health healthpb.HealthClient
@@ -54,7 +59,10 @@ type target struct {
 // monitor polls each service's gRPC health so status and health answer
 // from a fresh record without a round of calls per request.
 type monitor struct {
-	targets  []target
+	targets []target
+	// self, when set, is the gateway's own reason for not serving (see
+	// Config.Reason), reported as SelfName.
+	self     func() string
 	interval time.Duration
 	log      *zap.Logger
 
@@ -127,6 +135,16 @@ func (m *monitor) add(name string, cc *grpc.ClientConn, asleep func() bool) {
 	m.encodeLocked()
 }
 
+// addSelf reports the gateway itself as SelfName, from reason (see
+// Config.Reason).
+func (m *monitor) addSelf(reason func() string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.self = reason
+	m.state[SelfName] = &component{Status: "unknown", UpdatedAt: stamp(time.Now())}
+	m.encodeLocked()
+}
+
 // run polls until ctx is done.
 func (m *monitor) run(ctx context.Context) {
 	t := time.NewTicker(m.interval)
@@ -151,6 +169,7 @@ func (m *monitor) pollAll(ctx context.Context) {
 		m.encodeLocked()
 		m.mu.Unlock()
 	}()
+	m.pollSelf()
 	var wg sync.WaitGroup
 	for _, t := range m.targets {
 		wg.Add(1)
@@ -206,6 +225,29 @@ func (m *monitor) poll(ctx context.Context, t target) {
 		}
 		c.LastError = &reason
 	}
+}
+
+// pollSelf records the gateway's own state as its services' are
+// recorded: not_serving with the reason (last_error kept once it serves
+// again), or serving.
+func (m *monitor) pollSelf() {
+	if m.self == nil {
+		return
+	}
+	reason := m.self()
+	now := time.Now().UTC()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.state[SelfName]
+	c.UpdatedAt = stamp(now)
+	if reason != "" {
+		c.Status = "not_serving"
+		c.LastError = &reason
+		return
+	}
+	c.Status = "serving"
+	ok := stamp(now)
+	c.LastOK = &ok
 }
 
 // servicesJSON maps each service to its last status word, encoded.

@@ -52,7 +52,7 @@ func spec() service.Spec {
 				return err
 			}
 			g, err = gateway.New(ctx, gateway.Config{
-				DataDir: env.DataDir, Socket: socket, Listener: ln, NATS: env.NATS,
+				DataDir: env.DataDir, Socket: socket, Listener: ln, NATS: env.NATS, Reason: env.Server.Reason,
 				ConfigAddr: env.Peers.Config, SessionAddr: env.Peers.Session,
 				UploadAddr: env.Peers.Upload, DurableAddr: env.Peers.Durable,
 				PluginAddrs: plugins, Ephemeral: ephemeral, Drain: drain, Log: env.Log,
