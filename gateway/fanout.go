@@ -92,6 +92,39 @@ func (h *hub) reconnected() {
 	}
 }
 
+// turnLost closes the connections that follow the session when cs, one
+// of them, waited in vain for the turn_complete of turn, a turn of its
+// own prompt that ended (see awaitTurnComplete): nothing was queued for
+// cs meanwhile, so the update never reached the session's topic, and
+// none of them had it. It reports whether it closed them; a cs no longer
+// following, or itself closed already (its backlog over the bound, say:
+// the update may have reached the others), closes no one.
+func (h *hub) turnLost(cs *connState, sessionID, turn string) bool {
+	if cs.outbox.ended() {
+		return false
+	}
+	h.mu.Lock()
+	t, ok := h.topics[sessionID]
+	h.mu.Unlock()
+	if !ok {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.conns[cs]; !ok {
+		return false
+	}
+	for c := range t.conns {
+		c.outbox.cut("closing connection: a turn ended and its turn_complete never came: session updates lost",
+			zap.String("session_id", sessionID), zap.String("turn_id", turn))
+	}
+	return true
+}
+
+// errTurnLost is the prompt's error when turnLost closed its connection,
+// in case the answer is written before the connection closes.
+var errTurnLost = errors.New("the turn ended, but its session updates were lost on the bus; its transcript has it")
+
 // errAttach wraps a failure to follow a session's updates.
 var errAttach = errors.New("follow session updates")
 

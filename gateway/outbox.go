@@ -151,6 +151,14 @@ func (o *outbox) progress() (written uint64, pending bool) {
 	return o.written, len(o.q) > 0 || o.busy
 }
 
+// ended reports whether the outbox stopped: its connection is closed or
+// being closed.
+func (o *outbox) ended() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.done
+}
+
 // close stops run after the queue is abandoned (the connection is gone).
 func (o *outbox) close() {
 	o.mu.Lock()

@@ -132,8 +132,8 @@ const turnCompleteWait = 5 * time.Second
 
 // awaitTurnComplete returns once turn's turn_complete was written to cs,
 // cs is gone or ctx ends, or after g.turnWait in which nothing moved on
-// cs (see turnCompleteWait).
-func (g *Gateway) awaitTurnComplete(ctx context.Context, cs *connState, turn string) {
+// cs (see turnCompleteWait); it reports false only in the last case.
+func (g *Gateway) awaitTurnComplete(ctx context.Context, cs *connState, turn string) (seen bool) {
 	wait := g.turnWait
 	if wait <= 0 {
 		wait = turnCompleteWait
@@ -145,16 +145,16 @@ func (g *Gateway) awaitTurnComplete(ctx context.Context, cs *connState, turn str
 	for {
 		select {
 		case <-done:
-			return
+			return true
 		case <-ctx.Done():
-			return
+			return true
 		case <-timer.C:
 		}
 		written, pending := cs.outbox.progress()
 		if written == last && !pending {
 			g.log.Warn("turn_complete not seen before the prompt's response", zap.String("conn", cs.id), zap.String("turn_id", turn),
 				zap.Duration("idle", wait))
-			return
+			return false
 		}
 		last = written
 		timer.Reset(wait)
@@ -219,8 +219,17 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 		return nil, err
 	}
 	if turn := resp.GetTurnId(); turn != "" {
-		g.awaitTurnComplete(ctx, cs, turn)
+		seen := g.awaitTurnComplete(ctx, cs, turn)
 		cs.outbox.forgetTurn(turn)
+		// Answering the turn as ended without its turn_complete told the
+		// client its stream was whole when the bus had lost its tail (a
+		// bus server stopped for 20 s: turns answered "completed" with
+		// 66 of 100 chunks, or none, and no turn_complete): no later
+		// update need come to show the hole. The connections that follow
+		// the session are closed instead, as for a gap in seq.
+		if !seen && g.hub.turnLost(cs, id, turn) {
+			return nil, serviceError("gateway", rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, errTurnLost.Error()))
+		}
 	}
 	return map[string]any{
 		"session_id":  resp.GetSessionId(),

@@ -1,0 +1,166 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// externalBus is a stack on a bus server of the test's (NATS_URL), which
+// the test may shut down and start again on the same port.
+type externalBus struct {
+	t    *testing.T
+	s    *e2e.Stack
+	keys map[bus.Role]string
+	port int
+	srv  *server.Server
+}
+
+func startOnExternalBus(t *testing.T) *externalBus {
+	t.Helper()
+	dir := e2e.TempDataDir(t)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := bus.EnsureCredentials(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &externalBus{t: t, keys: keys, port: l.Addr().(*net.TCPAddr).Port}
+	l.Close()
+	b.srv = busServer(t, b.port, keys)
+	b.s = e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", b.port)}})
+	return b
+}
+
+func (b *externalBus) shutdown() { b.srv.Shutdown() }
+func (b *externalBus) start()    { b.srv = busServer(b.t, b.port, b.keys) }
+
+// updateKinds counts a connection's session/update notifications by type.
+type updateKinds map[string]int
+
+// onUpdates has c count the updates Call reads into kinds, and signal
+// first at the first one.
+func onUpdates(c *e2e.Client, kinds updateKinds, first chan<- struct{}) {
+	c.OnFrame = func(f *e2e.Frame, _ []byte) {
+		if f.Method != "session/update" {
+			return
+		}
+		var p struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(f.Params, &p)
+		kinds[p.Type]++
+		select {
+		case first <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func newSession(c *e2e.Client) (string, error) {
+	raw, err := c.Call("session/new", map[string]any{})
+	if err != nil {
+		return "", err
+	}
+	var n struct {
+		SessionID string `json:"session_id"`
+	}
+	return n.SessionID, json.Unmarshal(raw, &n)
+}
+
+// The bus server goes away mid-turn and stays away: the turn's later
+// updates, its turn_complete among them, reach no client, and no later
+// update comes to show the hole. The prompt is never answered as ended
+// over a stream that lacks its end: it fails, its connection closed like
+// any connection that follows a session whose updates were lost. Before,
+// it was answered "completed" about 10 s on (the session service's flush
+// bound, then the gateway's wait for turn_complete), the connection left
+// open. Once the bus is back, a new connection streams whole turns.
+func TestBusLostMidTurnIsNoSilentHole(t *testing.T) {
+	t.Parallel()
+	b := startOnExternalBus(t)
+	c := b.s.Dial(t)
+	c.Timeout = 60 * time.Second
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	session, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := updateKinds{}
+	first := make(chan struct{}, 1)
+	onUpdates(c, kinds, first)
+	type answer struct {
+		raw json.RawMessage
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		raw, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say before\n/sleep 1000\n/say after"})
+		answered <- answer{raw, err}
+	}()
+	select {
+	case <-first:
+	case a := <-answered:
+		t.Fatalf("the prompt was answered before its first update: %s %v", a.raw, a.err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no update of the turn in 20 s")
+	}
+
+	b.shutdown()
+	lost := time.Now()
+	var a answer
+	select {
+	case a = <-answered:
+	case <-time.After(45 * time.Second):
+		t.Fatal("the prompt was not answered 45 s after the bus went away")
+	}
+	if a.err == nil {
+		t.Fatalf("%v after the bus went away mid-turn, the prompt was answered %s over a stream of %v: a hole the client was not told of",
+			time.Since(lost).Round(time.Millisecond), a.raw, kinds)
+	}
+	t.Logf("%v after the bus went away mid-turn, the prompt failed: %v (stream: %v)", time.Since(lost).Round(time.Millisecond), a.err, kinds)
+
+	b.start()
+	back := time.Now()
+	testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() error {
+		c, err := e2e.Dial(b.s.Socket)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.Timeout = 20 * time.Second
+		if _, err := c.Initialize(); err != nil {
+			return err
+		}
+		session, err := newSession(c)
+		if err != nil {
+			return err
+		}
+		kinds := updateKinds{}
+		onUpdates(c, kinds, make(chan struct{}, 1))
+		if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two three"}); err != nil {
+			return err
+		}
+		if kinds["agent_message_chunk"] != 3 || kinds["turn_complete"] != 1 {
+			return fmt.Errorf("a turn streamed %v", kinds)
+		}
+		return nil
+	})
+	t.Logf("%v after the bus came back, a new connection streams whole turns", time.Since(back).Round(time.Millisecond))
+}
