@@ -59,6 +59,9 @@ type liveSession struct {
 	// reservation is made past the stored bound (reserveSeqLocked).
 	seqUnsure bool
 	seqLost   int64
+	// pubFailed counts the updates the bus refused since the last one
+	// it took (publishFields).
+	pubFailed int64
 	// pub publishes on the session's subject; body is the buffer its
 	// updates' params are encoded into. Both are made on first publish.
 	pub  *bus.SessionUpdatePublisher
