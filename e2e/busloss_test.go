@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -163,4 +164,91 @@ func TestBusLostMidTurnIsNoSilentHole(t *testing.T) {
 		return nil
 	})
 	t.Logf("%v after the bus came back, a new connection streams whole turns", time.Since(back).Round(time.Millisecond))
+}
+
+// While the gateway's bus link is down, a call that would start or
+// follow a session is refused at once, -32603 "gateway: bus unavailable",
+// and makes nothing: before, session/new waited 10 s, failed "gateway
+// failed" and left open a session the client never learned of (one more
+// at each retry), and a prompt ran its turn for a client that could see
+// none of it. Once the bus is back, both work.
+func TestBusDownRefusesSessionCallsAtOnce(t *testing.T) {
+	t.Parallel()
+	b := startOnExternalBus(t)
+	c := b.s.Dial(t)
+	c.Timeout = 60 * time.Second
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	session, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	b.shutdown()
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, inHealth, _, err := gatewayWord(c)
+		if err != nil {
+			return err
+		}
+		if inHealth != "not_serving" {
+			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
+		}
+		return nil
+	})
+	for _, call := range []struct {
+		method string
+		params map[string]any
+	}{
+		{"session/new", map[string]any{}},
+		{"session/prompt", map[string]any{"session_id": session, "prompt": "/say unseen"}},
+	} {
+		start := time.Now()
+		_, err := c.Call(call.method, call.params)
+		took := time.Since(start)
+		var re *e2e.RPCError
+		if !errors.As(err, &re) || re.Code != -32603 || re.Message != "gateway: bus unavailable" || took > 2*time.Second {
+			t.Fatalf("%s with the gateway's bus link down: %v after %v", call.method, err, took.Round(time.Millisecond))
+		}
+	}
+	st, err := status(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ActiveSessions != 1 {
+		t.Fatalf("%d sessions open after session/new was refused: %v", st.ActiveSessions, st.SessionIDs)
+	}
+	raw, err := c.Call("session/messages", map[string]any{"session_id": session})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Total int `json:"total"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Total != 0 {
+		t.Fatalf("the refused prompt ran a turn: %s", raw)
+	}
+
+	// Back: c, which follows a session, is closed (its updates may have
+	// been lost meanwhile); a new connection makes and prompts sessions.
+	b.start()
+	testenv.Eventually(t, 15*time.Second, 100*time.Millisecond, func() error {
+		c, err := e2e.Dial(b.s.Socket)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Initialize(); err != nil {
+			return err
+		}
+		session, err := newSession(c)
+		if err != nil {
+			return err
+		}
+		_, err = c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say seen"})
+		return err
+	})
 }

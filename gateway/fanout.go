@@ -125,6 +125,22 @@ func (h *hub) turnLost(cs *connState, sessionID, turn string) bool {
 // in case the answer is written before the connection closes.
 var errTurnLost = errors.New("the turn ended, but its session updates were lost on the bus; its transcript has it")
 
+// errBusDown: the gateway's own bus link is down.
+var errBusDown = errors.New("bus unavailable")
+
+// busDown is the error of a call that would start or follow a session
+// while the gateway's bus link is down, nil while it is up. Made anyway,
+// session/new waited 10 s for the subscription, failed "gateway failed"
+// and left the session it had made open, unknown to the client (one more
+// at each retry); a prompt ran its turn, tools and all, for a client that
+// could see none of it. Either is refused at once instead.
+func (h *hub) busDown() error {
+	if h.nc == nil || h.nc.IsConnected() {
+		return nil
+	}
+	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, errBusDown.Error())
+}
+
 // errAttach wraps a failure to follow a session's updates.
 var errAttach = errors.New("follow session updates")
 

@@ -69,6 +69,9 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, err
 	}
+	if err := g.hub.busDown(); err != nil {
+		return nil, serviceError("gateway", err)
+	}
 	if !g.hub.reserve(cs) {
 		return nil, serviceError("gateway", errFollowLimit())
 	}
@@ -203,6 +206,9 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 		for _, f := range files {
 			attachments = append(attachments, &sessionv1.FileRef{RefId: f.RefID, Marker: f.Marker, WorkspacePath: f.WorkspacePath})
 		}
+	}
+	if err := g.hub.busDown(); err != nil {
+		return nil, serviceError("gateway", err)
 	}
 	req := &sessionv1.PromptRequest{
 		Principal: cs.principalOf(), SessionId: id, Prompt: text, ClientTurnGeneration: gen,
