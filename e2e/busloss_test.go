@@ -1,17 +1,20 @@
 package e2e_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
@@ -251,4 +254,45 @@ func TestBusDownRefusesSessionCallsAtOnce(t *testing.T) {
 		_, err = c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say seen"})
 		return err
 	})
+}
+
+// The bus goes away mid-turn: the durable bridge misses the turn's end,
+// and no later update comes to show it. The phone's pane is rebuilt from
+// the session service within a few reconciles, showing the turn ended and
+// its whole reply; before, it showed the turn running, its reply cut
+// after "before", until the session's next turn.
+func TestBusLostMidTurnHealsThePhonesPane(t *testing.T) {
+	t.Parallel()
+	b := startOnExternalBus(t)
+	ph := phone(t, b.s)
+	c := b.s.Dial(t)
+	c.Timeout = 60 * time.Second
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	id, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, ph, "the session", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Call("session/prompt", map[string]any{"session_id": id, "prompt": "/say before\n/sleep 1500\n/say after"})
+		done <- err
+	}()
+	pollUntil(t, ph, "the turn", func(s *collietest.Snapshot) bool { p := s.Pane(id); return p != nil && p.Turn != nil })
+	b.shutdown()
+	<-done // the turn has ended; the bus lost its end
+	ended := time.Now()
+	b.start()
+	testenv.Eventually(t, 15*time.Second, 50*time.Millisecond, func() error {
+		if _, err := ph.Events(context.Background(), id); err != nil {
+			return err
+		}
+		if v := ph.View(id); v.State != "idle" || v.Turn != nil || !strings.Contains(v.Text("reply"), "after") {
+			return fmt.Errorf("the pane shows the turn %s, its reply %q", v.State, v.Text("reply"))
+		}
+		return nil
+	})
+	t.Logf("the pane showed the ended turn %v after its end", time.Since(ended).Round(time.Millisecond))
 }

@@ -677,7 +677,14 @@ func (f *follower) reconcile(ctx context.Context) {
 			if p.turn != nil {
 				turn = p.turn.id
 			}
-			stale = v.GetUpdateSeq() <= p.lastSeq && turn != v.GetTurnId() || p.sessionTitle != v.GetSession().GetTitle()
+			// Behind the view (v's seq past the pane's) is stale too once
+			// no update came between two looks (suspects, below): the
+			// updates it lacks were lost on the bus, a turn's end among
+			// them, and none may come to show it. Such a pane showed an
+			// ended turn running, its reply cut, until the session's
+			// next turn.
+			stale = v.GetUpdateSeq() <= p.lastSeq && turn != v.GetTurnId() || p.sessionTitle != v.GetSession().GetTitle() ||
+				v.GetUpdateSeq() > p.lastSeq
 			if v.GetUpdateSeq() != p.lastSeq {
 				// Only a view taken exactly where the pane stands says
 				// which asks it lacks or holds too many of.
