@@ -298,10 +298,10 @@ func startNATS(b *testing.B) (url string, pid int) {
 
 // startChild re-executes this test binary with env added to its
 // environment, which names the server TestMain runs in it. The child's
-// stdin is a pipe only this process holds: it ends when the benchmark's
-// cleanup closes it, or when this process dies however it dies, and the
+// stdin is a pipe only this process holds: it ends when the test's or
+// benchmark's cleanup closes it, or when this process dies however it dies, and the
 // child then exits (exitWithParent), so no child outlives its test.
-func startChild(b *testing.B, env ...string) (pid int) {
+func startChild(b testing.TB, env ...string) (pid int) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		b.Fatal(err)

@@ -31,6 +31,10 @@ func TestMain(m *testing.M) {
 		n, _ := strconv.Atoi(os.Getenv(echoReplyEnv))
 		serveEcho(os.Getenv(echoEnv), n)
 		return
+	case os.Getenv(busChildEnv) != "":
+		go exitWithParent()
+		serveBus(os.Getenv(busChildEnv))
+		return
 	case os.Getenv(natsEnv) != "":
 		go exitWithParent()
 		serveNATS(os.Getenv(natsEnv))
