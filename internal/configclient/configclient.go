@@ -52,9 +52,11 @@ type Client struct {
 	log *zap.Logger
 	sub *nats.Subscription
 
-	// wake tells the follower goroutine a newer revision was announced;
-	// ctx ends it, done closes when it has returned.
+	// wake tells the follower goroutine a newer revision was announced,
+	// resync that the bus connection came back (see New); ctx ends it,
+	// done closes when it has returned.
 	wake   chan struct{}
+	resync chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -73,7 +75,7 @@ func New(ctx context.Context, rpc configv1.ConfigServiceClient, nc *nats.Conn, l
 	if log == nil {
 		log = zap.NewNop()
 	}
-	c := &Client{rpc: rpc, log: log, wake: make(chan struct{}, 1), done: make(chan struct{}), props: map[int64][]string{}}
+	c := &Client{rpc: rpc, log: log, wake: make(chan struct{}, 1), resync: make(chan struct{}, 1), done: make(chan struct{}), props: map[int64][]string{}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	sub, err := bus.SubscribeConfigChanged(nc, c.hint, func(err error) { log.Warn("config change announcement dropped", zap.Error(err)) })
 	if err != nil {
@@ -93,6 +95,21 @@ func New(ctx context.Context, rpc configv1.ConfigServiceClient, nc *nats.Conn, l
 	c.mu.Lock()
 	c.cur = snap
 	c.mu.Unlock()
+	// A change committed while this connection was away from the bus was
+	// announced to no one here: the document is read again as soon as
+	// the connection is back, not up to Resync later (a config/set
+	// acknowledged during an outage took effect 30 s after it). The
+	// handler is added to nc's own; after Close it does nothing.
+	prev := nc.ReconnectHandler()
+	nc.SetReconnectHandler(func(nc *nats.Conn) {
+		if prev != nil {
+			prev(nc)
+		}
+		select {
+		case c.resync <- struct{}{}:
+		default:
+		}
+	})
 	go c.follow()
 	return c, nil
 }
@@ -146,12 +163,12 @@ func (c *Client) hint(ch *busv1.ConfigChanged) {
 }
 
 // Resync is how often the live document is read without an
-// announcement, so a lost one (the bus was down at the commit) delays a
-// change at most this long.
+// announcement, so a lost one delays a change at most this long (one lost
+// while the bus was away from this process is read once it is back).
 const Resync = 30 * time.Second
 
 // follow reads the live document each time a newer revision is announced,
-// and every Resync.
+// when the bus connection is back, and every Resync.
 func (c *Client) follow() {
 	defer close(c.done)
 	t := time.NewTicker(Resync)
@@ -163,6 +180,8 @@ func (c *Client) follow() {
 			return
 		case <-c.wake:
 		case <-t.C:
+			resync = true
+		case <-c.resync:
 			resync = true
 		}
 		c.mu.Lock()

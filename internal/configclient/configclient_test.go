@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/natsutil"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
@@ -101,6 +103,44 @@ func TestRevisionsReadFromTheService(t *testing.T) {
 	if fmt.Sprint(seen) != "[4[rev] 7[] 8[] 9[rev]]" {
 		t.Fatalf("watchers saw %v", seen)
 	}
+}
+
+// A revision committed while the bus was away from this process was
+// announced to no one here: it is read as soon as the connection is
+// back, not at the next Resync (30 s on).
+func TestRevisionCommittedWhileTheBusWasAwayIsReadOnReconnect(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	nc, err := natsutil.Connect(natsutil.Options{URL: srv.URL(), Name: "session", Log: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	stub := &liveStub{rev: 3}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := configclient.New(ctx, stub, nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	srv.Shutdown()
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if nc.IsConnected() {
+			return fmt.Errorf("the bus connection was not seen dropped")
+		}
+		return nil
+	})
+	stub.set(4) // committed now: its announcement reaches no one
+	srv.Start()
+	back := time.Now()
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if got := c.Current().Revision; got != 4 {
+			return fmt.Errorf("at revision %d, want 4", got)
+		}
+		return nil
+	})
+	t.Logf("revision 4 read %v after the bus came back", time.Since(back).Round(time.Millisecond))
 }
 
 // The typed views take absent properties from the schema's defaults.
