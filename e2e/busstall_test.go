@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -203,6 +204,25 @@ func TestBusStoppedWhileSessionsStreamIsNoSilentHole(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
+	// A session made in the stall, before the gateway's link is seen
+	// stale (busDown lets it through), fails as the bus's failure.
+	made := make(chan error, 1)
+	go func() {
+		time.Sleep(time.Second)
+		c, err := e2e.Dial(s.Socket)
+		if err != nil {
+			made <- err
+			return
+		}
+		defer c.Close()
+		c.Timeout = 60 * time.Second
+		if _, err := c.Initialize(); err != nil {
+			made <- err
+			return
+		}
+		_, err = newSession(c)
+		made <- err
+	}()
 	var said string
 	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error {
 		_, inHealth, lastError, err := gatewayWord(hc)
@@ -216,6 +236,12 @@ func TestBusStoppedWhileSessionsStreamIsNoSilentHole(t *testing.T) {
 		return nil
 	})
 	t.Logf("%v into the stall, the gateway is not_serving: %s", time.Since(stopped).Round(time.Millisecond), said)
+	var re *e2e.RPCError
+	if err := <-made; !errors.As(err, &re) || re.Code != -32603 || re.Message != "gateway: bus unavailable" {
+		t.Errorf("session/new in the stall: %v, want -32603 gateway: bus unavailable", err)
+	} else {
+		t.Logf("session/new in the stall: %v after %v", err, time.Since(stopped.Add(time.Second)).Round(time.Millisecond))
+	}
 	time.Sleep(time.Until(stopped.Add(20 * time.Second)))
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)

@@ -144,6 +144,11 @@ func (h *hub) busDown() error {
 // errAttach wraps a failure to follow a session's updates.
 var errAttach = errors.New("follow session updates")
 
+// errNotAtServer: the subscription was not confirmed by the bus server
+// (its link went down, or the server hangs and the link is not yet seen
+// down: busDown let the call through).
+var errNotAtServer = fmt.Errorf("%w: the bus server did not confirm the subscription", errAttach)
+
 // errReplaced: the session was deleted and its id names a new session.
 var errReplaced = fmt.Errorf("%w: deleted and its id reused", errAttach)
 
@@ -266,7 +271,7 @@ func (h *hub) attach(cs *connState, sessionID, subject string, keep, reserved bo
 	<-t.ready
 	if t.err != nil {
 		h.detach(cs, sessionID)
-		return false, 0, fmt.Errorf("%w: %w", errAttach, t.err)
+		return false, 0, fmt.Errorf("%w: %w", errNotAtServer, t.err)
 	}
 	return already, incarnation, nil
 }

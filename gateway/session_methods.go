@@ -477,6 +477,11 @@ func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string, f
 // new one) between the session service's answer and the attach is not
 // found, as it would be a moment later; anything else is the gateway's.
 func attachError(sessionID string, err error) error {
+	if errors.Is(err, errNotAtServer) {
+		// The bus, not the gateway, failed: said as busDown says it, not
+		// "gateway failed".
+		return serviceError("gateway", rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, errBusDown.Error()))
+	}
 	if errors.Is(err, errReplaced) {
 		return serviceError("session", rpcerr.Error(codes.NotFound, rpcerr.ReasonSessionNotFound, rpcerr.NoIndex,
 			fmt.Sprintf("Session %s not found", sessionID)))
