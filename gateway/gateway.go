@@ -70,6 +70,9 @@ type Gateway struct {
 	// uploadsUsed is closed at the first upload call (usingUploads).
 	uploadsUsed chan struct{}
 	uploadsOnce sync.Once
+	// backlog is what every connection's outbox holds together
+	// (entryBytes), bounded by maxBacklogBytes.
+	backlog atomic.Int64
 
 	// wg counts every goroutine the gateway starts (spawn): outboxes,
 	// elicitations, asks, the monitor. Run waits for them.

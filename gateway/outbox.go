@@ -69,6 +69,18 @@ const maxRecentTurns = 64
 // (jsonrpc.DefaultMaxPendingBytes).
 const maxOutboxBytes = 32 << 20
 
+// maxBacklogBytes bounds what every connection's outbox holds together.
+// Each is bounded alone, but 512 connections that follow busy sessions
+// and read nothing could hold 512 times maxOutboxBytes; past this bound
+// a connection holding more than maxFairBacklogBytes of it is closed as
+// one past its own bound is, and the connections holding little keep
+// theirs. A variable so that a test may lower it.
+var maxBacklogBytes int64 = 256 << 20
+
+// maxFairBacklogBytes is what a connection may hold when the gateway's
+// backlog is past its bound.
+const maxFairBacklogBytes = 2 << 20
+
 // outboxEntryOverhead is what a queued update holds beside its JSON,
 // charged with it so that the bound is on memory held, not on JSON alone
 // (a backlog of streamed chunks of about 140 B of JSON held 2.3 times the
@@ -102,9 +114,16 @@ func (o *outbox) push(u bus.Update, n jsonrpc.Notification) {
 	if o.done {
 		return
 	}
-	if o.bytes+entryBytes(u) > maxOutboxBytes {
+	e := entryBytes(u)
+	if o.bytes+e > maxOutboxBytes {
 		o.g.log.Warn("closing connection: session updates backlog over its bound",
 			zap.String("conn", o.cs.id), zap.Int("limit_bytes", maxOutboxBytes))
+		o.abandonLocked()
+		return
+	}
+	if o.bytes+e > maxFairBacklogBytes && o.g.backlog.Load()+int64(e) > maxBacklogBytes {
+		o.g.log.Warn("closing connection: the gateway's session updates backlog is over its bound and this connection holds more than its share",
+			zap.String("conn", o.cs.id), zap.Int("held_bytes", o.bytes), zap.Int64("limit_bytes", maxBacklogBytes))
 		o.abandonLocked()
 		return
 	}
@@ -116,7 +135,8 @@ func (o *outbox) push(u bus.Update, n jsonrpc.Notification) {
 		return
 	}
 	o.q = append(o.q, queued{u, n})
-	o.bytes += entryBytes(u)
+	o.bytes += e
+	o.g.backlog.Add(int64(e))
 	o.cond.Signal()
 }
 
@@ -138,6 +158,7 @@ func (o *outbox) cut(msg string, fields ...zap.Field) {
 // abandonLocked drops what is queued, stops run and closes the
 // connection; o.mu is held.
 func (o *outbox) abandonLocked() {
+	o.g.backlog.Add(-int64(o.bytes))
 	o.done, o.q, o.bytes = true, nil, 0
 	o.cond.Broadcast()
 	o.g.spawn(func() { _ = o.cs.conn.Close() }) // not under o.mu
@@ -164,6 +185,9 @@ func (o *outbox) close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.done = true
+	if o.g != nil {
+		o.g.backlog.Add(-int64(o.bytes))
+	}
 	o.q, o.bytes = nil, 0
 	o.cond.Broadcast()
 	for _, ch := range o.completed {
@@ -234,6 +258,7 @@ func (o *outbox) run() {
 			o.q = o.q[n:]
 		}
 		o.bytes -= size
+		o.g.backlog.Add(-int64(size))
 		o.busy = true
 		o.mu.Unlock()
 		frames = frames[:0]
