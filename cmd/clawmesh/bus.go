@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 )
@@ -263,30 +264,18 @@ func postgresPassword(path string, owner ownerIDs) (created bool, err error) {
 			return false, fmt.Errorf("bus init: %w", err)
 		}
 		raw = []byte(hex.EncodeToString(secret))
-		// Written whole to a temporary file and linked into place:
-		// created first and written after, a write that failed (a full
-		// disk) left an empty password file, and every later bus init
-		// refused it, space back or not. A link never replaces a file
-		// that appeared meanwhile.
-		f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-		if err != nil {
+		// Written whole (atomicfile): created first and written after,
+		// a write that failed (a full disk) left an empty password file,
+		// and every later bus init refused it, space back or not.
+		if created, err = atomicfile.Create(path, raw, 0o600); err != nil {
 			return false, fmt.Errorf("bus init: %w", err)
 		}
-		defer os.Remove(f.Name())
-		_, err = f.Write(raw)
-		if err == nil {
-			err = f.Sync()
+		if !created {
+			// Another bus init made it meanwhile: its password is the one.
+			if raw, err = os.ReadFile(path); err != nil {
+				return false, fmt.Errorf("bus init: %w", err)
+			}
 		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err == nil {
-			err = os.Link(f.Name(), path)
-		}
-		if err != nil {
-			return false, fmt.Errorf("bus init: %w", err)
-		}
-		created = true
 	case err != nil:
 		return false, fmt.Errorf("bus init: %w", err)
 	}
@@ -304,30 +293,13 @@ func postgresPassword(path string, owner ownerIDs) (created bool, err error) {
 	return created, owner.give(pgpass)
 }
 
-// writeReplace writes data to path through a temporary file renamed over
-// it, so a reader sees the old file or the new one, never half of one.
+// writeReplace writes data to path whole (atomicfile.Replace), making
+// its folder first.
 func writeReplace(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("bus init: %w", err)
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("bus init: %w", err)
-	}
-	defer os.Remove(f.Name()) // a no-op once renamed
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("bus init: %w", err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("bus init: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("bus init: %w", err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
+	if err := atomicfile.Replace(path, data, mode); err != nil {
 		return fmt.Errorf("bus init: %w", err)
 	}
 	return nil

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
@@ -487,22 +488,7 @@ func signManifest(out io.Writer, keyFile, target string) error {
 	if err != nil {
 		return fmt.Errorf("plugin sign: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(target), ".manifest-*.toml")
-	if err != nil {
-		return fmt.Errorf("plugin sign: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(signed); err != nil {
-		tmp.Close()
-		return fmt.Errorf("plugin sign: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("plugin sign: %w", err)
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		return fmt.Errorf("plugin sign: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), target); err != nil {
+	if err := atomicfile.Replace(target, signed, 0o644); err != nil {
 		return fmt.Errorf("plugin sign: %w", err)
 	}
 	fmt.Fprintf(out, "signed %s\npublisher_key = %s\n", target, hex.EncodeToString(priv.Public().(ed25519.PublicKey)))

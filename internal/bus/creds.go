@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nkeys"
+
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 )
 
 // Credentials: each role connects with its own nkey. The launcher
@@ -90,33 +92,15 @@ func newSeed(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus credential: %w", err)
 	}
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	// Two launchers never race on one data directory (it is locked), but
+	// a file that appeared meanwhile is never overwritten, and it is the
+	// seed.
+	created, err := atomicfile.Create(path, append(seed, '\n'), 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("bus credential: %w", err)
 	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(append(seed, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("bus credential: %w", err)
-	}
-	// A link never replaces: two launchers never race on one data
-	// directory (it is locked), but a file that appeared meanwhile is
-	// never overwritten, and it is the seed.
-	if err := os.Link(f.Name(), path); errors.Is(err, fs.ErrExist) {
+	if !created {
 		return os.ReadFile(path)
-	} else if err != nil {
-		return nil, fmt.Errorf("bus credential: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
 	}
 	return seed, nil
 }

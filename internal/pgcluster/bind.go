@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 )
 
 // A data directory owns its database. As an ordinary user the cluster
@@ -134,42 +136,10 @@ func newID(dataDir string) (string, error) {
 		return "", fmt.Errorf("cluster id: %w", err)
 	}
 	id := hex.EncodeToString(b)
-	if err := writeWhole(filepath.Join(dataDir, IDFile), []byte(id+"\n")); err != nil {
+	if err := atomicfile.Replace(filepath.Join(dataDir, IDFile), []byte(id+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("cluster id: %w", err)
 	}
 	return id, nil
-}
-
-// writeWhole writes data to a temporary file beside path, syncs it and
-// renames it over path, so path holds all of data or what it held before.
-// Written in place, a write that failed (a full disk, a crash before the
-// data reached the disk) left an empty id file, and every later start
-// failed on "not a cluster id" once space was back.
-func writeWhole(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // fails once renamed
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
 }
 
 // Stale is a root cluster no data directory owns any more.

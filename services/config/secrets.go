@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 )
@@ -76,27 +77,8 @@ func createKey(dir, path string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("secret key: %w", err)
 	}
-	f, err := os.CreateTemp(dir, KeyFileName+".*")
-	if err != nil {
+	if _, err := atomicfile.Create(path, key, 0o600); err != nil {
 		return fmt.Errorf("create secret key: %w", err)
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(key)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("write secret key: %w", err)
-	}
-	if err := os.Link(f.Name(), path); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("create secret key: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
 	}
 	return nil
 }
