@@ -653,17 +653,9 @@ func TestPIDOfPostgresIsThePostmaster(t *testing.T) {
 // clientBackends are the postmaster's children that serve a client on
 // the server's socket ("postgres: <user> <db> [local] ...").
 func clientBackends(postmaster int) []int {
-	ents, _ := os.ReadDir("/proc")
 	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, err := procstat.Read(pid); err != nil || st.PPID != postmaster {
-			continue
-		}
-		if cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && strings.Contains(string(cmd), "[local]") {
+	for _, pid := range procstat.Children(postmaster) {
+		if cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline")); err == nil && strings.Contains(string(cmd), "[local]") {
 			out = append(out, pid)
 		}
 	}
@@ -746,18 +738,7 @@ func TestPostgresBackendsKilledUnderTraffic(t *testing.T) {
 // pgGroup lists the postmaster and its children (backends, background
 // workers).
 func pgGroup(postmaster int) []int {
-	out := []int{postmaster}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, err := procstat.Read(pid); err == nil && st.PPID == postmaster {
-			out = append(out, pid)
-		}
-	}
-	return out
+	return append([]int{postmaster}, procstat.Children(postmaster)...)
 }
 
 // PostgreSQL hung whole (the postmaster and every backend stopped, as a

@@ -4,7 +4,6 @@ package graceful
 
 import (
 	"os"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -43,7 +42,7 @@ func Stop(p *os.Process, exited <-chan struct{}, sig os.Signal, grace time.Durat
 // went. The children are listed before the kill, while their parent is
 // theirs.
 func KillTree(pid int) {
-	children := childrenOf(pid)
+	children := procstat.Children(pid)
 	killGroup(pid)
 	for _, c := range children {
 		killGroup(c)
@@ -55,20 +54,4 @@ func killGroup(pid int) {
 	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-}
-
-// childrenOf lists the processes whose parent is pid.
-func childrenOf(pid int) []int {
-	ents, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range ents {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, err := procstat.Read(child); err == nil && st.PPID == pid {
-			out = append(out, child)
-		}
-	}
-	return out
 }

@@ -33,6 +33,22 @@ func Read(pid int) (Stat, error) {
 // Self reads this process's stat line.
 func Self() (Stat, error) { return readFile("/proc/self/stat") }
 
+// Children lists the processes whose parent is pid, from /proc.
+func Children(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := Read(child); err == nil && st.PPID == pid {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
 func readFile(path string) (Stat, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
