@@ -235,6 +235,12 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 // EDQUOT) answers, as an unavailable dependency.
 var ErrDiskFull = errors.New("no space left on the disk")
 
+// ErrReadOnly is what a call that failed on a read-only file system
+// (EROFS: a disk remounted read-only after errors, a volume mounted so)
+// answers, as an unavailable dependency: "<service> failed" told the
+// operator nothing to mend.
+var ErrReadOnly = errors.New("the disk is read-only")
+
 // ClassifyError lets a process name the dependency behind an error (the
 // service frame sets it to recognise an unreachable database): it returns
 // a status error for err, or nil when it does not recognise it.
@@ -262,6 +268,10 @@ func (s *Server) toStatus(method string, err error) error {
 		// path stays in this log.
 		s.log.Warn("rpc failed: disk full", zap.String("method", method), zap.Error(err))
 		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, ErrDiskFull.Error())
+	}
+	if errors.Is(err, syscall.EROFS) {
+		s.log.Warn("rpc failed: read-only file system", zap.String("method", method), zap.Error(err))
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, ErrReadOnly.Error())
 	}
 	if s.classify != nil {
 		if st := s.classify(err); st != nil {

@@ -50,6 +50,10 @@ func (f *fake) Set(context.Context, *configv1.SetRequest) (*configv1.SetResponse
 	return nil, fmt.Errorf("write /data/secret/path: %w", &os.PathError{Op: "write", Path: "/data/x", Err: syscall.ENOSPC})
 }
 
+func (f *fake) SetMany(context.Context, *configv1.SetManyRequest) (*configv1.SetManyResponse, error) {
+	return nil, fmt.Errorf("rename into /data/workspaces: %w", &os.LinkError{Op: "rename", Old: "/data/a", New: "/data/b", Err: syscall.EROFS})
+}
+
 func start(t *testing.T, drain time.Duration) (*grpcserver.Server, *grpc.ClientConn, *fake, context.CancelFunc, chan error) {
 	t.Helper()
 	srv := grpcserver.New(testenv.Logger(t), drain)
@@ -99,6 +103,11 @@ func TestDiskFullIsSaid(t *testing.T) {
 	st := status.Convert(err)
 	if reason, _ := rpcerr.Details(st); st.Code() != codes.Unavailable || reason != rpcerr.ReasonDependency || st.Message() != "no space left on the disk" {
 		t.Fatalf("a disk full answered %v", err)
+	}
+	_, err = configv1.NewConfigServiceClient(cc).SetMany(context.Background(), &configv1.SetManyRequest{})
+	st = status.Convert(err)
+	if reason, _ := rpcerr.Details(st); st.Code() != codes.Unavailable || reason != rpcerr.ReasonDependency || st.Message() != "the disk is read-only" {
+		t.Fatalf("a read-only disk answered %v", err)
 	}
 }
 
