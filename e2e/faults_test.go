@@ -736,7 +736,7 @@ func TestPostgresBackendsKilledUnderTraffic(t *testing.T) {
 	if t.Failed() {
 		// What the services said of the calls that failed otherwise (one
 		// config/set answered "config failed" in a CI run, once in five,
-		// and never again in 20 runs alone or three at once).
+		// and never again in 15 runs since, alone and three at once).
 		for _, name := range []string{"config", "session"} {
 			raw, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", name+".log"))
 			for _, line := range strings.Split(string(raw), "\n") {
