@@ -5,53 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
-	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
-
-// externalBus is a stack on a bus server of the test's (NATS_URL), which
-// the test may shut down and start again on the same port.
-type externalBus struct {
-	t    *testing.T
-	s    *e2e.Stack
-	keys map[bus.Role]string
-	port int
-	srv  *server.Server
-}
-
-func startOnExternalBus(t *testing.T) *externalBus {
-	t.Helper()
-	dir := e2e.TempDataDir(t)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := bus.EnsureCredentials(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &externalBus{t: t, keys: keys, port: l.Addr().(*net.TCPAddr).Port}
-	l.Close()
-	b.srv = busServer(t, b.port, keys)
-	b.s = e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", b.port)}})
-	return b
-}
-
-func (b *externalBus) shutdown() { b.srv.Shutdown() }
-func (b *externalBus) start()    { b.srv = busServer(b.t, b.port, b.keys) }
 
 // updateKinds counts a connection's session/update notifications by type.
 type updateKinds map[string]int

@@ -499,6 +499,40 @@ func TestNoSecretOnAnyCommandLine(t *testing.T) {
 	}
 }
 
+// externalBus is a stack on a bus server of the test's (NATS_URL), which
+// the test may shut down and start again on the same port.
+type externalBus struct {
+	t    *testing.T
+	s    *e2e.Stack
+	keys map[bus.Role]string
+	port int
+	srv  *server.Server
+}
+
+func startOnExternalBus(t *testing.T) *externalBus {
+	t.Helper()
+	dir := e2e.TempDataDir(t)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := bus.EnsureCredentials(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &externalBus{t: t, keys: keys, port: l.Addr().(*net.TCPAddr).Port}
+	l.Close()
+	b.srv = busServer(t, b.port, keys)
+	b.s = e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", b.port)}})
+	return b
+}
+
+func (b *externalBus) shutdown() { b.srv.Shutdown() }
+func (b *externalBus) start()    { b.srv = busServer(b.t, b.port, b.keys) }
+
 // busServer runs a nats-server on port admitting the given identities,
 // as an operator's external NATS_URL server would.
 func busServer(t *testing.T, port int, keys map[bus.Role]string) *server.Server {
@@ -524,22 +558,8 @@ func busServer(t *testing.T, port int, keys map[bus.Role]string) *server.Server 
 // while the bus refuses it), and once the bus admits it again it serves.
 func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 	t.Parallel()
-	dir := e2e.TempDataDir(t)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := bus.EnsureCredentials(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	srv := busServer(t, port, keys)
-	s := e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", port)}})
+	b := startOnExternalBus(t)
+	s := b.s
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
 		t.Fatal(err)
@@ -549,7 +569,7 @@ func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error { return allServing(c, allServices) })
 
 	// The server goes away.
-	srv.Shutdown()
+	b.shutdown()
 	lost := time.Now()
 	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
 		h, err := healthOf(c)
@@ -579,13 +599,13 @@ func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 	// Back, refusing the session service: its connection closes for good,
 	// the process exits and is restarted, again and again.
 	refusing := map[bus.Role]string{}
-	for r, k := range keys {
+	for r, k := range b.keys {
 		if r != bus.RoleSession {
 			refusing[r] = k
 		}
 	}
 	old := s.PIDOf("session")
-	srv = busServer(t, port, refusing)
+	b.srv = busServer(t, b.port, refusing)
 	testenv.Eventually(t, 20*time.Second, 50*time.Millisecond, func() error {
 		if p := s.PIDOf("session"); p == 0 || p == old {
 			return errors.New("session not restarted after its bus connection closed")
@@ -614,14 +634,15 @@ func TestBusLossMakesHealthTellAndRestarts(t *testing.T) {
 	})
 
 	// Admitted again: it serves, its restarts counted.
-	srv.Shutdown()
-	busServer(t, port, keys)
+	b.shutdown()
+	b.start()
 	back := time.Now()
 	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error { return allServing(c, allServices) })
 	// The restarts were announced while the bus refused the session and
 	// the gateway may have been reconnecting: the launcher says the
 	// counts again every two seconds.
 	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() error {
+		var err error
 		if h, err = healthOf(c); err != nil {
 			return err
 		}
@@ -659,22 +680,8 @@ func gatewayWord(c *e2e.Client) (inStatus, inHealth, lastError string, err error
 // no update could reach it.
 func TestBusLossTellsClientsTheGatewayCannotDeliver(t *testing.T) {
 	t.Parallel()
-	dir := e2e.TempDataDir(t)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := bus.EnsureCredentials(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	srv := busServer(t, port, keys)
-	s := e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", port)}})
+	b := startOnExternalBus(t)
+	s := b.s
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
 		t.Fatal(err)
@@ -690,7 +697,7 @@ func TestBusLossTellsClientsTheGatewayCannotDeliver(t *testing.T) {
 		return nil
 	})
 
-	srv.Shutdown()
+	b.shutdown()
 	lost := time.Now()
 	var why string
 	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
@@ -706,7 +713,7 @@ func TestBusLossTellsClientsTheGatewayCannotDeliver(t *testing.T) {
 	})
 	t.Logf("%v after the bus went away, the gateway is not_serving: %s", time.Since(lost).Round(time.Millisecond), why)
 
-	busServer(t, port, keys)
+	b.start()
 	back := time.Now()
 	testenv.Eventually(t, 15*time.Second, 50*time.Millisecond, func() error {
 		inStatus, inHealth, _, err := gatewayWord(c)
