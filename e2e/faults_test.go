@@ -67,6 +67,17 @@ func (r *recorder) all() []sample {
 	return append([]sample(nil), r.samples...)
 }
 
+// wantFailedAs checks that the failed call sm answered -32603
+// "<service>: why", its service named by its method.
+func wantFailedAs(t *testing.T, sm sample, why, during string) {
+	t.Helper()
+	var re *e2e.RPCError
+	want := strings.SplitN(sm.what, "/", 2)[0] + ": " + why
+	if !errors.As(sm.err, &re) || re.Code != -32603 || re.Message != want {
+		t.Errorf("%s %s: %v, want -32603 %q", sm.what, during, sm.err, want)
+	}
+}
+
 // traffic runs calls on their own connections until stop closes,
 // recording each outcome.
 func traffic(t *testing.T, s *e2e.Stack, rec *recorder, stop <-chan struct{}, wg *sync.WaitGroup, calls map[string]any) {
@@ -242,11 +253,7 @@ func TestPostgresKilledUnderTraffic(t *testing.T) {
 		case sm.what == "health":
 			t.Errorf("health failed during the fault: %v", sm.err)
 		case sm.err != nil:
-			var re *e2e.RPCError
-			service := strings.SplitN(sm.what, "/", 2)[0]
-			if !errors.As(sm.err, &re) || re.Code != -32603 || re.Message != service+": database unavailable" {
-				t.Errorf("%s during the fault: %v, want -32603 %q", sm.what, sm.err, service+": database unavailable")
-			}
+			wantFailedAs(t, sm, "database unavailable", "during the fault")
 			if firstFail.IsZero() {
 				firstFail = sm.at
 			}
@@ -726,11 +733,7 @@ func TestPostgresBackendsKilledUnderTraffic(t *testing.T) {
 			continue
 		}
 		failed++
-		var re *e2e.RPCError
-		service := strings.SplitN(sm.what, "/", 2)[0]
-		if !errors.As(sm.err, &re) || re.Code != -32603 || re.Message != service+": database unavailable" {
-			t.Errorf("%s during the faults: %v, want -32603 %q", sm.what, sm.err, service+": database unavailable")
-		}
+		wantFailedAs(t, sm, "database unavailable", "during the faults")
 	}
 	t.Logf("%d kills, %d calls, %d failed with database unavailable", kills, len(rec.all()), failed)
 	if t.Failed() {
@@ -872,11 +875,7 @@ func TestCancelledStatementsSayDatabaseBusy(t *testing.T) {
 			continue
 		}
 		failed++
-		var re *e2e.RPCError
-		service := strings.SplitN(sm.what, "/", 2)[0]
-		if !errors.As(sm.err, &re) || re.Code != -32603 || re.Message != service+": database busy" {
-			t.Errorf("%s while statements were cancelled: %v, want -32603 %q", sm.what, sm.err, service+": database busy")
-		}
+		wantFailedAs(t, sm, "database busy", "while statements were cancelled")
 	}
 	if failed == 0 {
 		t.Fatalf("%d statements cancelled, no call failed: the fault was not observed", cancels)
