@@ -70,9 +70,10 @@ type Gateway struct {
 	// uploadsUsed is closed at the first upload call (usingUploads).
 	uploadsUsed chan struct{}
 	uploadsOnce sync.Once
-	// backlog is what every connection's outbox holds together
-	// (entryBytes), bounded by maxBacklogBytes.
-	backlog atomic.Int64
+	// output is what the gateway holds for its clients and they have not
+	// read: every connection's outbox (entryBytes) and output queue
+	// together, bounded by rpc.max_buffered_output_bytes.
+	output *jsonrpc.OutputBudget
 
 	// wg counts every goroutine the gateway starts (spawn): outboxes,
 	// elicitations, asks, the monitor. Run waits for them.
@@ -165,6 +166,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	}
 	g.limits = live.RPCLimits()
 	live.Close()
+	g.output = jsonrpc.NewOutputBudget(g.limits.MaxBufferedOutputBytes)
 	g.version = g.limits.AdvertisedServerVersion
 	if g.version == "" {
 		g.version = version.Version
@@ -235,9 +237,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 			FrameTimeout:      g.limits.FrameTimeout,
 			WriteStallTimeout: g.limits.WriteStallTimeout,
 			// Bounds of docs/spec.md §3: requests in flight per
-			// connection, unfinished frames across all of them.
+			// connection, unfinished frames and unread output across
+			// all of them.
 			MaxInflightRequests: g.limits.MaxInflightRequests,
 			FrameBudget:         jsonrpc.NewFrameBudget(g.limits.MaxBufferedFrameBytes),
+			OutputBudget:        g.output,
 			Inline:              func(m string) bool { return methods[m].inline },
 			Deferred:            func(m string) bool { return methods[m].later != nil },
 			ParamsDone:          func(m string) bool { return methods[m].paramsDone },

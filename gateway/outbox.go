@@ -69,17 +69,13 @@ const maxRecentTurns = 64
 // (jsonrpc.DefaultMaxPendingBytes).
 const maxOutboxBytes = 32 << 20
 
-// maxBacklogBytes bounds what every connection's outbox holds together.
-// Each is bounded alone, but 512 connections that follow busy sessions
-// and read nothing could hold 512 times maxOutboxBytes; past this bound
-// a connection holding more than maxFairBacklogBytes of it is closed as
-// one past its own bound is, and the connections holding little keep
-// theirs. A variable so that a test may lower it.
-var maxBacklogBytes int64 = 256 << 20
-
-// maxFairBacklogBytes is what a connection may hold when the gateway's
-// backlog is past its bound.
-const maxFairBacklogBytes = 2 << 20
+// Every outbox is bounded alone, but 512 connections that follow busy
+// sessions and read nothing could hold 512 times maxOutboxBytes: the
+// updates queued count against the gateway's output budget
+// (rpc.max_buffered_output_bytes, shared with the connections' output
+// queues), and past it a connection holding more than
+// jsonrpc.FairOutputShare of updates is closed as one past its own bound
+// is, while the connections holding little keep theirs.
 
 // outboxEntryOverhead is what a queued update holds beside its JSON,
 // charged with it so that the bound is on memory held, not on JSON alone
@@ -121,9 +117,9 @@ func (o *outbox) push(u bus.Update, n jsonrpc.Notification) {
 		o.abandonLocked()
 		return
 	}
-	if o.bytes+e > maxFairBacklogBytes && o.g.backlog.Load()+int64(e) > maxBacklogBytes {
-		o.g.log.Warn("closing connection: the gateway's session updates backlog is over its bound and this connection holds more than its share",
-			zap.String("conn", o.cs.id), zap.Int("held_bytes", o.bytes), zap.Int64("limit_bytes", maxBacklogBytes))
+	if !o.g.output.Admits(int64(o.bytes), int64(e)) {
+		o.g.log.Warn("closing connection: the output held for clients is over its bound and this connection's session updates backlog holds more than its share",
+			zap.String("conn", o.cs.id), zap.Int("held_bytes", o.bytes), zap.Int64("limit_bytes", o.g.output.Capacity()))
 		o.abandonLocked()
 		return
 	}
@@ -136,7 +132,7 @@ func (o *outbox) push(u bus.Update, n jsonrpc.Notification) {
 	}
 	o.q = append(o.q, queued{u, n})
 	o.bytes += e
-	o.g.backlog.Add(int64(e))
+	o.g.output.Charge(int64(e))
 	o.cond.Signal()
 }
 
@@ -158,7 +154,7 @@ func (o *outbox) cut(msg string, fields ...zap.Field) {
 // abandonLocked drops what is queued, stops run and closes the
 // connection; o.mu is held.
 func (o *outbox) abandonLocked() {
-	o.g.backlog.Add(-int64(o.bytes))
+	o.g.output.Charge(-int64(o.bytes))
 	o.done, o.q, o.bytes = true, nil, 0
 	o.cond.Broadcast()
 	o.g.spawn(func() { _ = o.cs.conn.Close() }) // not under o.mu
@@ -186,7 +182,7 @@ func (o *outbox) close() {
 	defer o.mu.Unlock()
 	o.done = true
 	if o.g != nil {
-		o.g.backlog.Add(-int64(o.bytes))
+		o.g.output.Charge(-int64(o.bytes))
 	}
 	o.q, o.bytes = nil, 0
 	o.cond.Broadcast()
@@ -258,7 +254,7 @@ func (o *outbox) run() {
 			o.q = o.q[n:]
 		}
 		o.bytes -= size
-		o.g.backlog.Add(-int64(size))
+		o.g.output.Charge(-int64(size))
 		o.busy = true
 		o.mu.Unlock()
 		frames = frames[:0]

@@ -95,9 +95,7 @@ func TestOutboxBacklogBounded(t *testing.T) {
 // one holding little keeps its updates, and what a closed one held is
 // given back to the others.
 func TestGatewayBacklogBounded(t *testing.T) {
-	defer func(old int64) { maxBacklogBytes = old }(maxBacklogBytes)
-	maxBacklogBytes = 8 << 20
-	g := &Gateway{log: zap.NewNop()}
+	g := &Gateway{log: zap.NewNop(), output: jsonrpc.NewOutputBudget(8 << 20)}
 	open := func(id string) (*outbox, *jsonrpc.Conn) {
 		server, client := net.Pipe()
 		t.Cleanup(func() { client.Close() })
@@ -115,31 +113,31 @@ func TestGatewayBacklogBounded(t *testing.T) {
 	c, cConn := open("conn-c")
 	push(a, 5)
 	push(b, 3) // 8 MiB in all: at the bound, not past it
-	if got := g.backlog.Load(); got != 8<<20 || a.ended() || b.ended() {
+	if got := g.output.Held(); got != 8<<20 || a.ended() || b.ended() {
 		t.Fatalf("backlog %d, a ended %v, b ended %v", got, a.ended(), b.ended())
 	}
 	push(b, 1) // past it, and b holds more than its share
 	g.wg.Wait()
-	if !closed(bConn.Done()) || g.backlog.Load() != 5<<20 {
-		t.Fatalf("b open %v, backlog %d after b passed the gateway's bound", !closed(bConn.Done()), g.backlog.Load())
+	if !closed(bConn.Done()) || g.output.Held() != 5<<20 {
+		t.Fatalf("b open %v, backlog %d after b passed the gateway's bound", !closed(bConn.Done()), g.output.Held())
 	}
 	push(c, 4) // c's last MiB passes the bound with c past its share
 	g.wg.Wait()
-	if !closed(cConn.Done()) || g.backlog.Load() != 5<<20 {
-		t.Fatalf("c open %v, backlog %d", !closed(cConn.Done()), g.backlog.Load())
+	if !closed(cConn.Done()) || g.output.Held() != 5<<20 {
+		t.Fatalf("c open %v, backlog %d", !closed(cConn.Done()), g.output.Held())
 	}
 	c2, _ := open("conn-c2")
 	push(c2, 2)
-	if c2.ended() || g.backlog.Load() != 7<<20 {
-		t.Fatalf("a connection within its share past the bound: ended %v, backlog %d", c2.ended(), g.backlog.Load())
+	if c2.ended() || g.output.Held() != 7<<20 {
+		t.Fatalf("a connection within its share past the bound: ended %v, backlog %d", c2.ended(), g.output.Held())
 	}
 	push(a, 2) // a, holding the most, is closed
 	g.wg.Wait()
-	if !closed(aConn.Done()) || g.backlog.Load() != 2<<20 || c2.ended() {
-		t.Fatalf("a open %v, backlog %d, c2 ended %v", !closed(aConn.Done()), g.backlog.Load(), c2.ended())
+	if !closed(aConn.Done()) || g.output.Held() != 2<<20 || c2.ended() {
+		t.Fatalf("a open %v, backlog %d, c2 ended %v", !closed(aConn.Done()), g.output.Held(), c2.ended())
 	}
 	c2.close()
-	if got := g.backlog.Load(); got != 0 {
+	if got := g.output.Held(); got != 0 {
 		t.Fatalf("backlog %d once every outbox is closed", got)
 	}
 }

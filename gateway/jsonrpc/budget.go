@@ -2,6 +2,7 @@ package jsonrpc
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -112,4 +113,72 @@ func (b *FrameBudget) release(n int64) {
 		b.freed = nil
 	}
 	b.mu.Unlock()
+}
+
+// DefaultMaxBufferedOutputBytes is the capacity of the OutputBudget a
+// Server makes when Options.OutputBudget is nil: 256 MiB of output queued
+// for peers across all its connections.
+const DefaultMaxBufferedOutputBytes = 256 << 20
+
+// FairOutputShare is what one holder may keep queued, and add to, while
+// an OutputBudget is spent (or one frame of any size, queued when it held
+// nothing).
+const FairOutputShare = 2 << 20
+
+// OutputBudget bounds the output held for peers that do not read it,
+// across every connection sharing it. Each connection's queue is bounded
+// alone (Options.MaxPendingBytes), but replies to requests already in
+// flight are queued past it (they cannot wait: see sendNoWait), and a
+// connection may hold MaxPendingBytes: twelve connections that pipelined
+// requests for 4 MiB pages and read nothing held 1.9 GiB together within
+// 25 s, and each more held more. Once the budget is spent, a holder with
+// more than FairOutputShare queued is closed when it would queue more,
+// as one that stalled would be (a reply is never dropped from a stream
+// that goes on); the holders with little keep theirs. Other holders than
+// a Conn (the gateway's backlogs of session updates) share it through
+// Charge and Admits.
+//
+// An OutputBudget is safe for concurrent use; its methods do nothing on a
+// nil one.
+type OutputBudget struct {
+	capacity int64
+	held     atomic.Int64
+}
+
+// NewOutputBudget returns a budget of capacity bytes (at least
+// FairOutputShare).
+func NewOutputBudget(capacity int64) *OutputBudget {
+	return &OutputBudget{capacity: max(capacity, FairOutputShare)}
+}
+
+// Capacity returns the budget's size in bytes.
+func (b *OutputBudget) Capacity() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.capacity
+}
+
+// Held returns the bytes charged and not yet returned; it may pass
+// Capacity by what the holders under their fair share added.
+func (b *OutputBudget) Held() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.held.Load()
+}
+
+// Charge adds n bytes (returns them when n is negative).
+func (b *OutputBudget) Charge(n int64) {
+	if b != nil && n != 0 {
+		b.held.Add(n)
+	}
+}
+
+// Admits reports whether a holder of own bytes may queue n more: always
+// when it holds nothing (a reader that keeps up gets any reply, however
+// large) or stays within its fair share, and past it only while the
+// budget has room.
+func (b *OutputBudget) Admits(own, n int64) bool {
+	return b == nil || own <= 0 || own+n <= FairOutputShare || b.held.Load()+n <= b.capacity
 }

@@ -91,6 +91,11 @@ type Options struct {
 	// Server uses its own budget of DefaultMaxBufferedFrameBytes when this
 	// is nil; a bare Conn then has none (MaxFrameBytes still applies).
 	FrameBudget *FrameBudget
+	// OutputBudget, when set, bounds the output queued for peers across
+	// every connection sharing it (see OutputBudget). A Server uses its
+	// own budget of DefaultMaxBufferedOutputBytes when this is nil; a bare
+	// Conn then has none (MaxPendingBytes still applies).
+	OutputBudget *OutputBudget
 	// Inline reports the methods handled on the read loop, in arrival
 	// order, before the next frame is read (e.g. "initialize"). Every
 	// other request is handled on its own goroutine. An inline handler
@@ -211,9 +216,13 @@ type Conn struct {
 	// wake producers waiting for room. wbusy is the part of the writer's
 	// batch not yet written; queued output is len(wq)+wbusy, mirrored in
 	// outq for the read loop.
-	wmu        sync.Mutex
-	wq         []byte
-	wbusy      int
+	wmu   sync.Mutex
+	wq    []byte
+	wbusy int
+	// waiting is what frames waiting in enqueue for room in the queue
+	// hold (under wmu): their senders keep them, but they are output
+	// held for the peer all the same.
+	waiting    int
 	outq       atomic.Int64
 	wspace     chan struct{}
 	wclosed    bool
@@ -370,6 +379,9 @@ func (c *Conn) Run(ctx context.Context) error {
 	c.readLoop()
 	<-c.writerDone
 	c.wg.Wait()
+	// Closed, its writer gone and its handlers returned: nothing charges
+	// the budget or returns to it any more.
+	c.opts.OutputBudget.Charge(-c.outq.Swap(0))
 	return c.Err()
 }
 
@@ -876,18 +888,50 @@ func (c *Conn) writeNoWait(b []byte, queueBusy bool) bool {
 			}
 			return true
 		}
+		if !c.admitsLocked(len(rest)) {
+			c.wmu.Unlock()
+			c.overBudget(len(rest))
+			return true
+		}
 		// Frames queued while this one was being written go after it.
 		c.wq = slices.Insert(c.wq, 0, rest...)
 	} else if queueBusy {
+		if !c.admitsLocked(len(rest)) {
+			c.wmu.Unlock()
+			c.overBudget(len(rest))
+			return true
+		}
 		c.wq = append(c.wq, rest...)
 	} else {
 		c.wmu.Unlock()
 		return false
 	}
-	c.outq.Add(int64(len(rest)))
+	c.charge(len(rest))
 	c.wmu.Unlock()
 	c.ring()
 	return true
+}
+
+// admitsLocked reports whether the output budget lets this connection
+// queue n more bytes; c.wmu is held.
+func (c *Conn) admitsLocked(n int) bool {
+	return c.opts.OutputBudget.Admits(c.outq.Load()+int64(c.waiting), int64(n))
+}
+
+// charge counts n bytes queued for the writer, against MaxPendingBytes
+// and the output budget; c.wmu is held.
+func (c *Conn) charge(n int) {
+	c.outq.Add(int64(n))
+	c.opts.OutputBudget.Charge(int64(n))
+}
+
+// overBudget closes the connection because queuing n more bytes for it
+// would pass the output budget while it holds more than its share.
+func (c *Conn) overBudget(n int) {
+	c.log.Warn("closing connection: the output held for clients is over its bound and this connection holds more than its share",
+		zap.Int64("held_bytes", c.outq.Load()), zap.Int("adding_bytes", n),
+		zap.Int64("limit_bytes", c.opts.OutputBudget.Capacity()))
+	c.closeWith(ErrOutputOverBudget)
 }
 
 // putScratch returns a scratch buffer to the pool, unless it grew large:
@@ -1130,8 +1174,51 @@ func wrapClosed(reason error) error {
 
 // enqueue queues one encoded frame (without LF) for the writer.
 func (c *Conn) enqueue(ctx context.Context, frame []byte) error {
+	n := len(frame) + 1
 	c.wmu.Lock()
-	for q := len(c.wq) + c.wbusy; q > 0 && q+len(frame) > c.opts.MaxPendingBytes && !c.wclosed; q = len(c.wq) + c.wbusy {
+	if q := len(c.wq) + c.wbusy; q > 0 && q+len(frame) > c.opts.MaxPendingBytes && !c.wclosed {
+		// The peer is behind: the frame waits for room, held by its
+		// sender, and counts against the output budget while it does
+		// (64 replies in flight, each waiting, held four times what the
+		// queue may).
+		if !c.admitsLocked(n) {
+			c.wmu.Unlock()
+			c.overBudget(n)
+			return c.closedErr()
+		}
+		c.waiting += n
+		c.opts.OutputBudget.Charge(int64(n))
+		err := c.awaitSpaceLocked(ctx, len(frame))
+		c.waiting -= n
+		c.opts.OutputBudget.Charge(-int64(n))
+		if err != nil {
+			c.wmu.Unlock()
+			return err
+		}
+	}
+	if c.wclosed || c.flushClose {
+		c.wmu.Unlock()
+		return c.closedErr()
+	}
+	if !c.admitsLocked(n) {
+		c.wmu.Unlock()
+		c.overBudget(n)
+		return c.closedErr()
+	}
+	c.wq = append(c.wq, frame...)
+	c.wq = append(c.wq, '\n')
+	c.charge(n)
+	c.wmu.Unlock()
+	c.ring()
+	return nil
+}
+
+// awaitSpaceLocked waits until a frame of size bytes fits in the output
+// queue, or the queue is empty, or the connection closes; it fails when
+// ctx ends. c.wmu is held when it is called and when it returns, and
+// released while it waits.
+func (c *Conn) awaitSpaceLocked(ctx context.Context, size int) error {
+	for q := len(c.wq) + c.wbusy; q > 0 && q+size > c.opts.MaxPendingBytes && !c.wclosed; q = len(c.wq) + c.wbusy {
 		if c.wspace == nil {
 			c.wspace = make(chan struct{})
 		}
@@ -1140,20 +1227,12 @@ func (c *Conn) enqueue(ctx context.Context, frame []byte) error {
 		select {
 		case <-space:
 		case <-ctx.Done():
+			c.wmu.Lock()
 			return context.Cause(ctx)
 		case <-c.done:
 		}
 		c.wmu.Lock()
 	}
-	if c.wclosed || c.flushClose {
-		c.wmu.Unlock()
-		return c.closedErr()
-	}
-	c.wq = append(c.wq, frame...)
-	c.wq = append(c.wq, '\n')
-	c.outq.Add(int64(len(frame) + 1))
-	c.wmu.Unlock()
-	c.ring()
 	return nil
 }
 
@@ -1222,6 +1301,7 @@ func (c *Conn) wrote(n int) {
 		c.wspace = nil
 	}
 	c.wmu.Unlock()
+	c.opts.OutputBudget.Charge(-int64(n))
 	max := int64(c.opts.MaxPendingBytes)
 	if q := c.outq.Add(-int64(n)); q < max && q+int64(n) >= max {
 		c.ringRoom()

@@ -30,7 +30,8 @@ type Server struct {
 	// receives the server's own logs; each connection logs with fields
 	// conn (a counter), peer_pid and peer_uid added. Options.FrameBudget is
 	// shared by all connections; when nil, the server makes one of
-	// DefaultMaxBufferedFrameBytes (128 MiB) at its first Serve.
+	// DefaultMaxBufferedFrameBytes (128 MiB) at its first Serve; likewise
+	// Options.OutputBudget, of DefaultMaxBufferedOutputBytes (256 MiB).
 	Options Options
 	// MaxConnections is the ceiling on open connections (default 512).
 	// Over it, a new connection gets one -32004, id null,
@@ -50,8 +51,9 @@ type Server struct {
 	OnDisconnect func(c *Conn, peer Peer, err error)
 
 	mu        sync.Mutex
-	budget    *FrameBudget // shared by the connections when Options has none
-	workers   *workers     // run the connections' handlers
+	budget    *FrameBudget  // shared by the connections when Options has none
+	outBudget *OutputBudget // likewise
+	workers   *workers      // run the connections' handlers
 	conns     map[*Conn]struct{}
 	listeners map[*net.Listener]struct{} // by address: a listener need not be comparable
 	active    int
@@ -95,6 +97,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.budget = s.Options.FrameBudget
 		if s.budget == nil {
 			s.budget = NewFrameBudget(DefaultMaxBufferedFrameBytes)
+		}
+	}
+	if s.outBudget == nil {
+		s.outBudget = s.Options.OutputBudget
+		if s.outBudget == nil {
+			s.outBudget = NewOutputBudget(DefaultMaxBufferedOutputBytes)
 		}
 	}
 	s.listeners[&ln] = struct{}{}
@@ -200,6 +208,7 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	opts := s.Options
 	s.mu.Lock()
 	opts.FrameBudget = s.budget
+	opts.OutputBudget = s.outBudget
 	workers := s.workers
 	s.mu.Unlock()
 	opts.Logger = s.logger().With(zap.Uint64("conn", s.nextConn.Add(1)),

@@ -55,6 +55,10 @@ var (
 	// ErrWriteStall: output was pending and the peer read nothing for
 	// Options.WriteStallTimeout.
 	ErrWriteStall = errors.New("jsonrpc: write stalled")
+	// ErrOutputOverBudget: the connection would have queued more output
+	// while Options.OutputBudget was spent and it held more than
+	// FairOutputShare of it.
+	ErrOutputOverBudget = errors.New("jsonrpc: output held for peers over its bound")
 	// ErrClosed: the connection is closed. Calls pending at close, and
 	// handler contexts, carry an error wrapping it (and the reason).
 	ErrClosed = errors.New("jsonrpc: connection closed")

@@ -24,6 +24,7 @@ type RPCLimits struct {
 	MaxConnections          int
 	MaxInflightRequests     int
 	MaxBufferedFrameBytes   int64
+	MaxBufferedOutputBytes  int64
 	AdvertisedServerVersion string
 	// CallTimeout is the deadline of the gateway's short calls.
 	CallTimeout time.Duration
@@ -39,6 +40,7 @@ func (s Snapshot) RPCLimits() RPCLimits {
 		MaxConnections:          int(s.Int("rpc.max_local_connections")),
 		MaxInflightRequests:     int(s.Int("rpc.max_inflight_requests")),
 		MaxBufferedFrameBytes:   s.Int("rpc.max_buffered_frame_bytes"),
+		MaxBufferedOutputBytes:  s.Int("rpc.max_buffered_output_bytes"),
 		AdvertisedServerVersion: s.String("rpc.advertised_server_version"),
 		CallTimeout:             s.Millis("rpc.call_timeout_ms"),
 	}

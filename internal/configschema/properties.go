@@ -78,6 +78,8 @@ var Properties = []Property{
 		Doc: "deadline of the gateway's short calls to a service (session/state, lists, cancel, approve, status, config reads); config writes, session/new, session/delete and session/messages get three times it; session/prompt lasts as long as its turn"},
 	{Path: "rpc.max_buffered_frame_bytes", Type: Integer, Default: 134217728, Min: f(1 << 20), Max: f(1 << 36), Restart: true,
 		Doc: "unfinished frames held across every connection; a connection that would pass it waits (its frame timeout still runs)"},
+	{Path: "rpc.max_buffered_output_bytes", Type: Integer, Default: 268435456, Min: f(16 << 20), Max: f(1 << 36), Restart: true,
+		Doc: "output held for clients that have not read it (replies and session updates) across every connection; past it a connection holding more than 2 MiB is closed when it would queue more"},
 
 	// Principals (docs/spec.md §4, §7).
 	{Path: "users", Type: Map, Doc: "users, by name: who a uid or a paired token is"},
