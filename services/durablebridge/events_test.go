@@ -219,3 +219,50 @@ func TestPaneGoneItemsCountedOnlyInTheLog(t *testing.T) {
 		t.Fatalf("a reader five events behind: reset %v, %d events", v.Reset, len(v.Events))
 	}
 }
+
+// A pane removed and shown again in the same epoch (closed, then
+// reopened, by the phone or by another client) started its cursor at 1
+// again: a reader that still held the first pane's cursor, once the new
+// pane's events passed it, was answered with the events after it, as if
+// it had read the ones before, and never saw the turn, the items and the
+// ask that came first. A pane shown again starts above every cursor an
+// earlier one gave out, so that reader gets the current view.
+func TestPaneShownAgainStartsAboveItsOldCursors(t *testing.T) {
+	l := NewLayout(testEpoch)
+	show := func() {
+		p := newPane("p1", "default", time.Now())
+		p.putItem("m0", kindUser, "hello", time.Now(), false)
+		l.putNew(p)
+	}
+	show()
+	old := readPage(t, l, "p1", testEpoch, 0, true)
+	for i := range 5 {
+		l.mutate("p1", func(p *pane) bool {
+			p.putItem(fmt.Sprintf("a%d", i), kindNotice, "first", time.Now(), false)
+			return false
+		})
+	}
+	old = readPage(t, l, "p1", testEpoch, old.Cursor, true)
+	if old.Reset || len(old.Events) != 5 {
+		t.Fatalf("the first pane's events %+v", old)
+	}
+	l.remove("p1")
+	show()
+	// The new pane's first turn: an ask opens, items come, more than the
+	// old reader's cursor counts.
+	l.mutate("p1", func(p *pane) bool { p.addAsk(testAsk("p1", "tc_9")); return true })
+	for i := range 10 {
+		l.mutate("p1", func(p *pane) bool {
+			p.putItem(fmt.Sprintf("b%d", i), kindNotice, "second", time.Now(), false)
+			return false
+		})
+	}
+	got := readPage(t, l, "p1", testEpoch, old.Cursor, true)
+	if !got.Reset || got.State != stateWaiting || len(got.Items) != 11 {
+		t.Fatalf("a reader of the first pane, after it was shown again: reset %v, state %q, %d items, %d events",
+			got.Reset, got.State, len(got.Items), len(got.Events))
+	}
+	if v := readPage(t, l, "p1", testEpoch, got.Cursor, true); v.Reset || len(v.Events) != 0 {
+		t.Fatalf("the view's cursor does not lead on: %+v", v)
+	}
+}

@@ -37,9 +37,14 @@ type Layout struct {
 	epoch string
 	ready atomic.Bool
 
-	mu       sync.RWMutex
-	rev      int64
-	panes    map[string]*pane
+	mu    sync.RWMutex
+	rev   int64
+	panes map[string]*pane
+	// retired is the highest cursor of a pane removed in this epoch: a
+	// pane shown again under its id starts above it, so a reader still
+	// holding the old pane's cursor takes the new pane's view instead of
+	// its events from the middle.
+	retired  int64
 	titles   map[string]string
 	starters []configclient.DurableStarter
 
@@ -147,7 +152,9 @@ func (l *Layout) put(np *pane) { l.install(np, true) }
 func (l *Layout) install(np *pane, replace bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	base := int64(1) // a reader's first read (after 0) takes the view
+	// A reader's first read (after 0) takes the view, as does a reader of
+	// a pane removed before (retired).
+	base := l.retired + 1
 	if old := l.panes[np.id]; old != nil {
 		if !replace {
 			return
@@ -178,7 +185,7 @@ func (l *Layout) removeIfBefore(id string, t time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if p := l.panes[id]; p != nil && p.shownAt.Before(t) {
-		delete(l.panes, id)
+		l.retire(p)
 		l.bump()
 	}
 }
@@ -187,12 +194,19 @@ func (l *Layout) removeIfBefore(id string, t time.Time) {
 func (l *Layout) remove(id string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.panes[id] == nil {
+	p := l.panes[id]
+	if p == nil {
 		return false
 	}
-	delete(l.panes, id)
+	l.retire(p)
 	l.bump()
 	return true
+}
+
+// retire drops a pane and keeps its cursor in retired; mu is held.
+func (l *Layout) retire(p *pane) {
+	delete(l.panes, p.id)
+	l.retired = max(l.retired, p.cursor)
 }
 
 // paneIDs lists the panes, all of them or those of one alias.
