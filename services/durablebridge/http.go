@@ -260,7 +260,9 @@ func (h *handler) post(w http.ResponseWriter, r *http.Request, rt *route, ids []
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.UseNumber()
 		var v any
-		if err := dec.Decode(&v); err != nil || dec.More() {
+		// Nothing but white space may follow the object: dec.More alone
+		// let a stray `}` or `]` through.
+		if err := dec.Decode(&v); err != nil || !atEOF(dec) {
 			h.fail(w, http.StatusBadRequest, codeBadRequest, "the body must be one JSON object")
 			return
 		}
@@ -312,6 +314,12 @@ func (h *handler) post(w http.ResponseWriter, r *http.Request, rt *route, ids []
 		return
 	}
 	h.writeLimited(w, rt, status, out)
+}
+
+// atEOF reports whether dec has nothing left but white space.
+func atEOF(dec *json.Decoder) bool {
+	_, err := dec.Token()
+	return err == io.EOF
 }
 
 // lookup reads a dotted field of a JSON object.

@@ -205,3 +205,26 @@ func TestSendQueuesATextWithNUL(t *testing.T) {
 		t.Fatalf("queued %q %v", body, err)
 	}
 }
+
+// A POST body is one JSON object and nothing after it: a body with a
+// stray closing brace or bracket after the object (`{...}}`, `{...}]`)
+// was taken for the object alone and acted on, where a stray letter was
+// refused.
+func TestPostBodyWithTrailingBytes(t *testing.T) {
+	w := newWireBridge(t, false)
+	w.b.layout.SetReady()
+	c := w.collie(t)
+	for _, tail := range []string{"}", "]", " }", "x", " {}", ","} {
+		r := raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), []byte(`{"requestId":"r1"}`+tail))
+		want(t, r, http.StatusBadRequest, codeBadRequest)
+		if !strings.Contains(string(r.Body), "one JSON object") {
+			t.Errorf("a body with %q after the object: %s", tail, r)
+		}
+	}
+	for _, tail := range []string{"", "\n", " \r\n\t"} {
+		r := raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), []byte(`{"requestId":"r1"}`+tail))
+		if !strings.Contains(string(r.Body), "`askId` is required") {
+			t.Errorf("a body with %q after the object: %s", tail, r)
+		}
+	}
+}
