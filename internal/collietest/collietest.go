@@ -106,15 +106,20 @@ func URL(base, token string, client *http.Client) *Client {
 // another host.
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// CheckSocketPath is Collie's check before each connection: every part of
-// the path is checked with lstat, none is a symbolic link, the socket's
-// folder is the user's with mode 0700, no folder above it is writable by
-// group or others unless sticky, the socket is the user's with no group
-// or other bits.
+// CheckSocketPath is Collie's check before each connection: the path is
+// clean, every part of it is checked with lstat, none is a symbolic link,
+// the socket's folder is the user's with mode 0700, no folder above it is
+// writable by group or others unless sticky, the socket is the user's with
+// no group or other bits.
 func CheckSocketPath(path string) error {
 	fail := func(part, why string) error { return fmt.Errorf("%w: %s: %s", ErrNotPrivate, part, why) }
 	if !filepath.IsAbs(path) || len(path) > 103 {
 		return fail(path, "not an absolute path of at most 103 bytes")
+	}
+	// The parts checked below are the cleaned path's; the kernel follows
+	// the path as written, through a symbolic link before a `..` too.
+	if filepath.Clean(path) != path {
+		return fail(path, "not a clean path (no //, . or .. parts)")
 	}
 	uid := os.Getuid()
 	dir := filepath.Dir(path)
