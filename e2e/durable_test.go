@@ -492,3 +492,38 @@ func approvalRequestOf(t *testing.T, v *conv) string {
 		}
 	}
 }
+
+// A conversation the phone opened from a starter is a session of the
+// durable surface. Reopening it after the phone closed it named no
+// surface (the session service then means its socket clients') and was
+// refused as a conversation of another surface: 404
+// no-such-conversation, for a conversation the history lists.
+func TestDurableReopenAStartersConversation(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{
+		"--set", "durable.starters.hello.title=Say hello",
+		"--set", "durable.starters.hello.prompt=/say hello from a starter"}})
+	c := phone(t, s)
+	r := post(t, c, "/starter/hello", collietest.NewRequestID(), nil)
+	var started struct {
+		OK   bool   `json:"ok"`
+		Pane string `json:"pane"`
+	}
+	if r.Status != http.StatusOK || r.JSON(&started) != nil || !started.OK || started.Pane == "" {
+		t.Fatalf("starter: %s", r)
+	}
+	eventsUntil(t, c, started.Pane, "the starter's reply", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "hello from a starter")
+	})
+	wantReply(t, post(t, c, "/close", collietest.NewRequestID(), map[string]any{"target": map[string]any{"pane": started.Pane}}), http.StatusOK, "")
+	pollUntil(t, c, "the closed pane gone", func(s *collietest.Snapshot) bool { return s.Pane(started.Pane) == nil })
+	r = post(t, c, "/reopen", collietest.NewRequestID(), map[string]any{"conversation": started.Pane})
+	var reopened struct {
+		OK   bool   `json:"ok"`
+		Pane string `json:"pane"`
+	}
+	if r.Status != http.StatusOK || r.JSON(&reopened) != nil || !reopened.OK || reopened.Pane != started.Pane {
+		t.Fatalf("reopen the starter's conversation: %s", r)
+	}
+	pollUntil(t, c, "the reopened pane", func(s *collietest.Snapshot) bool { return s.Pane(started.Pane) != nil })
+}

@@ -435,6 +435,10 @@ func (b *Bridge) closePanes(ctx context.Context, ids []string) (int, any) {
 	return http.StatusOK, okReply{OK: true}
 }
 
+// durableSurface is the interaction surface of the sessions the bridge
+// opens (starters).
+const durableSurface = "durable"
+
 // starterCmd opens a session from a configured starter.
 type starterCmd struct {
 	starter, text string
@@ -450,7 +454,7 @@ func (c *starterCmd) run(ctx context.Context, b *Bridge, _ transport) (int, any)
 	if !ok {
 		return http.StatusNotFound, wireFail(codeNoSuchStarter, "")
 	}
-	created, err := b.sessions.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator(), AgentAlias: s.Agent, InteractionSurface: "durable"})
+	created, err := b.sessions.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator(), AgentAlias: s.Agent, InteractionSurface: durableSurface})
 	if err != nil {
 		return b.sessionRefusal("new session", err, codeNoSuchStarter)
 	}
@@ -505,7 +509,14 @@ func (c *reopenCmd) run(ctx context.Context, b *Bridge, _ transport) (int, any) 
 	if v.GetView().GetSession().GetState() == sessionv1.SessionState_SESSION_STATE_KILLED {
 		return http.StatusConflict, wireFail(codeConversationEnded, "this conversation was killed and cannot be reopened")
 	}
-	if _, err := b.sessions.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator(), SessionId: c.conversation}); err != nil {
+	// The session service resumes a session from its own surface only: a
+	// starter's conversation is the bridge's (durableSurface), the others
+	// are its socket clients' (no surface named).
+	surface := ""
+	if v.GetView().GetSession().GetInteractionSurface() == durableSurface {
+		surface = durableSurface
+	}
+	if _, err := b.sessions.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator(), SessionId: c.conversation, InteractionSurface: surface}); err != nil {
 		return b.sessionRefusal("reopen", err, codeNoSuchConv)
 	}
 	if err := b.show(ctx, c.conversation); err != nil {
