@@ -87,3 +87,41 @@ func TestSocketPrivacy(t *testing.T) {
 		t.Fatalf("Collie through a link: %v", err)
 	}
 }
+
+// A socket file is stale when nobody listens on it. One a running durable
+// agent listens on (another stack's, both reading COLLIE_DURABLE_SOCKET)
+// was removed all the same and listened on again: the first agent went on
+// running, unreachable, and lost the path for good when the second
+// stopped and unlinked it. It is refused now, and left to its owner.
+func TestLiveSocketIsNotTakenOver(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run", "d.sock")
+	first, err := ListenSocket(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	second, err := ListenSocket(path)
+	if err == nil {
+		second.Close()
+		t.Fatalf("a second listener took %s over", path)
+	}
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("second listener: %v, want %v naming the path", err, ErrInUse)
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := first.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("the first listener is unreachable: %v", err)
+	}
+	c.Close()
+	if err := <-accepted; err != nil {
+		t.Fatalf("the first listener did not get the connection: %v", err)
+	}
+}
