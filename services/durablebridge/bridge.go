@@ -235,7 +235,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	serve(b.socket, overSocket, "")
+	serve(boundConns(b.socket, socketConns), overSocket, "")
 	if b.tokenLn != nil {
 		serve(b.tokenLn, overToken, b.prefix)
 	}

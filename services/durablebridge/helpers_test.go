@@ -56,7 +56,7 @@ func newWireBridge(t testing.TB, withDB bool) *wireBridge {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.serve(t, ln, overSocket, "")
+	w.serve(t, boundConns(ln, socketConns), overSocket, "")
 	return w
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -28,6 +29,68 @@ var ErrListenURL = errors.New("durable.listen_url")
 // memory for up to the 5 s header timeout, as many as a peer could open.
 // Collie holds one or two; a variable so that a test may lower it.
 var tokenConns = 256
+
+// socketConns bounds the private socket's open connections; past it a
+// connection waits in the kernel's backlog until one closes. Any process
+// of the user may connect, the stack's descendants too (a tool the model
+// runs), refused or not: without a bound each connection held a goroutine
+// and its buffers, an events response's 8 MiB for a reader that does not
+// read, as many as were opened. A variable so that a test may lower it.
+var socketConns = 256
+
+// boundConns bounds ln's open connections to n, as netutil.LimitListener
+// does, but its connections keep their syscall.Conn: the caller's pid is
+// read through it (peerPID).
+func boundConns(ln net.Listener, n int) net.Listener {
+	return &boundListener{Listener: ln, slots: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+type boundListener struct {
+	net.Listener
+	slots     chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *boundListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &boundConn{Conn: c, release: func() { <-l.slots }}, nil
+}
+
+func (l *boundListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+type boundConn struct {
+	net.Conn
+	release   func()
+	closeOnce sync.Once
+}
+
+func (c *boundConn) Close() error {
+	err := c.Conn.Close()
+	c.closeOnce.Do(c.release)
+	return err
+}
+
+// SyscallConn is the underlying connection's.
+func (c *boundConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
+}
 
 // listenToken listens on the token transport's address: https:// with a
 // certificate, or plain http:// on loopback for a local test. It returns
@@ -111,11 +174,11 @@ func (b *Bridge) httpServer(tr transport, prefix string) *http.Server {
 
 // peerPID reads a Unix socket peer's pid (SO_PEERCRED).
 func peerPID(c net.Conn) (int, bool) {
-	uc, ok := c.(*net.UnixConn)
+	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return 0, false
 	}
-	raw, err := uc.SyscallConn()
+	raw, err := sc.SyscallConn()
 	if err != nil {
 		return 0, false
 	}

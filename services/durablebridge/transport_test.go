@@ -185,3 +185,46 @@ func TestTokenTransportBoundsConnections(t *testing.T) {
 		t.Fatalf("once one closed: %v", err)
 	}
 }
+
+// The private socket's open connections are bounded too: any process of
+// the user may connect, the stack's own descendants among them (a tool
+// the model runs), refused or not, and each connection held a goroutine
+// and its buffers for as long as it lasted, as many as were opened. Past
+// the bound a connection waits until one closes; the caller's pid is
+// still read through the bound (caller-refused).
+func TestSocketBoundsConnections(t *testing.T) {
+	defer func(n int) { socketConns = n }(socketConns)
+	socketConns = 3
+	w := newWireBridge(t, false)
+	w.b.layout.SetReady()
+	hello := func(within time.Duration) error {
+		c := w.collie(t)
+		c.Timeouts.Read = within
+		_, err := c.SayHello(context.Background())
+		c.Close()
+		return err
+	}
+	if err := hello(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var idle []net.Conn
+	for range socketConns {
+		nc, err := net.Dial("unix", w.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, nc)
+		defer nc.Close()
+	}
+	if err := hello(time.Second); err == nil {
+		t.Fatal("a connection past the bound was served")
+	}
+	idle[0].Close()
+	if err := hello(10 * time.Second); err != nil {
+		t.Fatalf("once one closed: %v", err)
+	}
+	w.b.cfg.RefuseDescendants = func() bool { return true }
+	w.b.launcher = os.Getpid()
+	c := w.collie(t)
+	want(t, raw(t, c, http.MethodGet, "/hello", nil, nil), http.StatusForbidden, codeCallerRefused)
+}
