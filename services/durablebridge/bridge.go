@@ -150,7 +150,7 @@ func New(ctx context.Context, cfg Config) (*Bridge, error) {
 		return nil, err
 	}
 	b.layout = NewLayout(epoch)
-	b.memory = newRequestMemory(b.store, epoch)
+	b.memory = newRequestMemory(b.store, epoch, b.log)
 	b.follower = newFollower(b)
 	titles, err := b.store.titles(ctx)
 	if err != nil {

@@ -49,7 +49,7 @@ func newWireBridge(t testing.TB, withDB bool) *wireBridge {
 		}
 		t.Cleanup(pool.Close)
 		b.store = &store{db: pool}
-		b.memory = newRequestMemory(b.store, testEpoch)
+		b.memory = newRequestMemory(b.store, testEpoch, b.log)
 	}
 	w := &wireBridge{b: b, socket: filepath.Join(t.TempDir(), "private", "durable.sock")}
 	ln, err := durablesock.ListenSocket(w.socket)

@@ -7,8 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
+
+	"go.uber.org/zap"
 )
 
 // requestMemory makes every POST run at most once per request id within
@@ -18,10 +21,17 @@ import (
 type requestMemory struct {
 	store *store
 	epoch string
+	log   *zap.Logger
 	count atomic.Int64
 
 	mu       sync.Mutex
 	inflight map[string]*flight
+	// unstored holds the answers that ran but could not be written to
+	// the database (oldest first in unstoredOrder, at most
+	// keptRequestIDs): the work was done, so a retry is answered from
+	// here rather than running it again.
+	unstored      map[string]storedResponse
+	unstoredOrder []string
 }
 
 type flight struct {
@@ -39,8 +49,8 @@ type flight struct {
 // refused before it runs (503, so the phone may retry the same id).
 const maxInflight = 256
 
-func newRequestMemory(st *store, epoch string) *requestMemory {
-	return &requestMemory{store: st, epoch: epoch, inflight: map[string]*flight{}}
+func newRequestMemory(st *store, epoch string, log *zap.Logger) *requestMemory {
+	return &requestMemory{store: st, epoch: epoch, log: log, inflight: map[string]*flight{}, unstored: map[string]storedResponse{}}
 }
 
 // fingerprint is the SHA-256 of the route and the body as canonical JSON,
@@ -95,6 +105,13 @@ func (m *requestMemory) do(ctx context.Context, id string, fp [32]byte, run func
 		}
 		return f.status, replayed(f.body), nil
 	}
+	if kept, ok := m.unstored[id]; ok {
+		m.mu.Unlock()
+		if !bytes.Equal(kept.fingerprint, fp[:]) {
+			return reused()
+		}
+		return kept.status, replayed(kept.body), nil
+	}
 	if len(m.inflight) >= maxInflight {
 		m.mu.Unlock()
 		return 0, nil, errBusy
@@ -125,12 +142,32 @@ func (m *requestMemory) do(ctx context.Context, id string, fp [32]byte, run func
 	if status == http.StatusOK || status == http.StatusConflict {
 		prune := m.count.Add(1)%pruneEvery == 0
 		// Stored even when the phone left: its retry must find the answer.
-		if err := m.store.remember(context.WithoutCancel(ctx), m.epoch, id, storedResponse{fingerprint: fp[:], status: status, body: body}, prune); err != nil {
-			return 0, nil, err
+		r := storedResponse{fingerprint: fp[:], status: status, body: body}
+		if err := m.store.remember(context.WithoutCancel(ctx), m.epoch, id, r, prune); err != nil {
+			// The work ran: its answer is said, and kept for a retry.
+			m.log.Warn("request id kept in memory only", zap.String("request_id", id), zap.Error(err))
+			m.keepUnstored(id, r)
 		}
 	}
 	f.status, f.body = status, body
 	return status, body, nil
+}
+
+// keepUnstored keeps an answer the database did not take, dropping the
+// oldest beyond keptRequestIDs.
+func (m *requestMemory) keepUnstored(id string, r storedResponse) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.unstored[id]; !ok {
+		m.unstoredOrder = append(m.unstoredOrder, id)
+	}
+	m.unstored[id] = r
+	if over := len(m.unstoredOrder) - keptRequestIDs; over > 0 {
+		for _, old := range m.unstoredOrder[:over] {
+			delete(m.unstored, old)
+		}
+		m.unstoredOrder = slices.Delete(m.unstoredOrder, 0, over)
+	}
 }
 
 func reused() (int, []byte, error) {

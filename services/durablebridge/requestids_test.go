@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
 // A request id runs once per epoch: a replay gets the first answer with
@@ -149,7 +152,8 @@ func TestDecidedAsksKept(t *testing.T) {
 // request_ids (a stalled database does the same) a rename's answer waited
 // to be remembered for as long as the lock lasted, holding its in-flight
 // slot (every POST is refused 503 past 256 of them) and its handler, which
-// the bridge's shutdown waits for. Each store call ends at its bound now.
+// the bridge's shutdown waits for. Each store call ends at its bound now
+// (and the answer, which the database did not take, is kept in memory).
 func TestStoreCallsEndWhileTheDatabaseStalls(t *testing.T) {
 	w := newWireBridge(t, true)
 	w.b.store.timeout = 300 * time.Millisecond
@@ -166,7 +170,7 @@ func TestStoreCallsEndWhileTheDatabaseStalls(t *testing.T) {
 	}
 	c := w.collie(t)
 	r := raw(t, c, http.MethodPost, "/rename", v1(), []byte(`{"requestId":"r1","target":{"workspace":"ws-main"},"title":"x"}`))
-	if r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "send it again with the same requestId") {
+	if r.Status != http.StatusOK || string(r.Body) != `{"ok":true}` {
 		t.Fatalf("a rename whose answer cannot be remembered: %d %s", r.Status, r.Body)
 	}
 	if n := w.b.memory.joined("r1"); n != -1 {
@@ -179,11 +183,63 @@ func TestStoreCallsEndWhileTheDatabaseStalls(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a handler is still waiting for the database")
 	}
-	// The lock gone, the same id is served.
+	// The lock gone, the same id is answered again.
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r := raw(t, c, http.MethodPost, "/rename", v1(), []byte(`{"requestId":"r1","target":{"workspace":"ws-main"},"title":"x"}`)); r.Status != http.StatusOK {
+	if r := raw(t, c, http.MethodPost, "/rename", v1(), []byte(`{"requestId":"r1","target":{"workspace":"ws-main"},"title":"x"}`)); r.Status != http.StatusOK || string(r.Body) != `{"replayed":true,"ok":true}` {
 		t.Fatalf("after the stall: %d %s", r.Status, r.Body)
 	}
+}
+
+// countingSessions starts every turn asked for, and counts them.
+type countingSessions struct {
+	sessionv1.SessionServiceClient
+	turns atomic.Int32
+}
+
+func (s *countingSessions) StartTurn(context.Context, *sessionv1.StartTurnRequest, ...grpc.CallOption) (*sessionv1.StartTurnResponse, error) {
+	s.turns.Add(1)
+	return &sessionv1.StartTurnResponse{}, nil
+}
+
+// A POST that ran but whose answer could not be written to the database
+// was answered 503 "send it again with the same requestId", and the
+// retry, finding nothing stored, ran it again: a text the phone sent once
+// started two turns. The answer is kept in memory for the epoch then, so
+// the POST gets its real answer and a retry gets it again, replayed.
+func TestRequestRunsOnceWhenItsAnswerCannotBeStored(t *testing.T) {
+	w := newWireBridge(t, true)
+	sessions := &countingSessions{}
+	w.b.sessions = sessions
+	w.b.store.timeout = 300 * time.Millisecond
+	w.addPane("s-1", "main", 1)
+	w.b.layout.SetReady()
+	ctx := context.Background()
+	tx, err := w.b.store.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE request_ids IN EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	c := w.collie(t)
+	send := []byte(`{"requestId":"r1","text":"hello"}`)
+	first := raw(t, c, http.MethodPost, "/pane/s-1/send", v1(), send)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := raw(t, c, http.MethodPost, "/pane/s-1/send", v1(), send)
+	if n := sessions.turns.Load(); n != 1 {
+		t.Fatalf("one send started %d turns (answers: %s, then %s)", n, first, again)
+	}
+	if first.Status != http.StatusOK || string(first.Body) != `{"ok":true,"queued":false}` {
+		t.Fatalf("the send whose answer was not stored: %s", first)
+	}
+	if again.Status != http.StatusOK || string(again.Body) != `{"replayed":true,"ok":true,"queued":false}` {
+		t.Fatalf("its retry: %s", again)
+	}
+	other := raw(t, c, http.MethodPost, "/pane/s-1/send", v1(), []byte(`{"requestId":"r1","text":"bye"}`))
+	want(t, other, http.StatusConflict, codeRequestIDReused)
 }
