@@ -51,6 +51,12 @@ func ServiceSocket(dir, service string, replica int) string {
 	return filepath.Join(dir, service+"."+strconv.Itoa(replica)+".sock")
 }
 
+// Memories is where the plugin sandbox keeps its memory plugins'
+// journals, one folder shared by every replica (a replica that starts, or
+// another that serves the next call, reads what the others wrote):
+// deployments mount it from storage the replicas share.
+func Memories(dir string) string { return filepath.Join(dir, "memories") }
+
 // LockFile is held by the launcher for as long as a stack runs on dir.
 func LockFile(dir string) string { return filepath.Join(dir, "clawmesh.lock") }
 

@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/stack"
 )
 
@@ -397,5 +398,102 @@ func TestManifestsPinWhatComposePins(t *testing.T) {
 		if svc.Build == nil && !used[svc.Image] {
 			t.Errorf("compose runs %s as %s; no StatefulSet under deploy/k8s runs that image", name, svc.Image)
 		}
+	}
+}
+
+// mountOf returns the volume of spec that holds path in container c (the
+// mount with the longest path that contains it) and the mount; nil when
+// the path is on the container's own file system.
+func mountOf(spec *corev1.PodSpec, c corev1.Container, path string) (*corev1.Volume, *corev1.VolumeMount) {
+	var best *corev1.VolumeMount
+	for i, m := range c.VolumeMounts {
+		if (path == m.MountPath || strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")) &&
+			(best == nil || len(m.MountPath) > len(best.MountPath)) {
+			best = &c.VolumeMounts[i]
+		}
+	}
+	if best == nil {
+		return nil, nil
+	}
+	for i, v := range spec.Volumes {
+		if v.Name == best.Name {
+			return &spec.Volumes[i], best
+		}
+	}
+	return nil, best
+}
+
+// envOf is a container's environment by name (values given inline).
+func envOf(c corev1.Container) map[string]string {
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	return env
+}
+
+// A process that scales keeps what its replicas share (the memory
+// plugins' journals, datadir.Memories) on a volume every replica mounts
+// read-write and that outlives a pod: on an emptyDir each replica had a
+// journal of its own, a memory stored through one was missing from the
+// next, and a pod's restart lost every entry the journal is there to
+// keep. No volume of its pod may be ReadWriteOnce, which pods on two
+// nodes cannot both mount.
+func TestScalableReplicasShareTheirState(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	claims := map[string]*corev1.PersistentVolumeClaim{}
+	for _, m := range objs {
+		if pvc, ok := m.obj.(*corev1.PersistentVolumeClaim); ok {
+			claims[pvc.Name] = pvc
+		}
+	}
+	checked := 0
+	for _, m := range objs {
+		d, ok := m.obj.(*appsv1.Deployment)
+		if !ok || strings.Contains(m.file, "/") {
+			continue
+		}
+		p, ok := stack.Lookup(d.Name)
+		if !ok || !p.Scalable {
+			continue
+		}
+		spec := &d.Spec.Template.Spec
+		for _, v := range spec.Volumes {
+			if v.PersistentVolumeClaim == nil {
+				continue
+			}
+			pvc := claims[v.PersistentVolumeClaim.ClaimName]
+			if pvc == nil {
+				t.Errorf("%s: volume %s claims %s, which no manifest makes", d.Name, v.Name, v.PersistentVolumeClaim.ClaimName)
+			} else if !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
+				t.Errorf("%s scales, but its volume %s is %v: replicas on two nodes cannot share it", d.Name, v.Name, pvc.Spec.AccessModes)
+			}
+		}
+		for _, c := range spec.Containers {
+			if len(c.Command) == 0 || c.Command[0] != p.Name {
+				continue
+			}
+			checked++
+			dir := envOf(c)["ZEROCLAW_DATA_DIR"]
+			if dir == "" {
+				t.Errorf("%s: no ZEROCLAW_DATA_DIR", d.Name)
+				continue
+			}
+			shared := datadir.Memories(dir)
+			v, mnt := mountOf(spec, c, shared)
+			switch {
+			case v == nil || v.PersistentVolumeClaim == nil:
+				where := "the container's own file system"
+				if v != nil {
+					where = "volume " + v.Name
+				}
+				t.Errorf("%s: %s is on %s, not on a volume claim the replicas share", d.Name, shared, where)
+			case mnt.ReadOnly || v.PersistentVolumeClaim.ReadOnly:
+				t.Errorf("%s: %s is mounted read-only; the replicas write it", d.Name, shared)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("no Deployment runs a process that scales")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
@@ -124,7 +125,7 @@ func Register(ctx context.Context, env *service.Env) error {
 		return l
 	}
 	srv, err := NewServer(ctx, Config{
-		Host: host, PluginsDir: settings.PluginsDir, MemoryDir: filepath.Join(env.DataDir, "memories"), Logger: env.Log,
+		Host: host, PluginsDir: settings.PluginsDir, MemoryDir: datadir.Memories(env.DataDir), Logger: env.Log,
 		ConfigSource: &ConfigService{Client: client, Log: env.Log},
 		Settings:     liveSettings,
 		Reveal: func(ctx context.Context, prop string) (string, error) {
