@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/stack"
 )
@@ -495,5 +496,87 @@ func TestScalableReplicasShareTheirState(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Error("no Deployment runs a process that scales")
+	}
+}
+
+// podSpecs are the pod templates of the manifests, by "file: name".
+func podSpecs(objs []manifest) map[string]*corev1.PodSpec {
+	out := map[string]*corev1.PodSpec{}
+	for _, m := range objs {
+		switch o := m.obj.(type) {
+		case *appsv1.Deployment:
+			out[m.file+": "+o.Name] = &o.Spec.Template.Spec
+		case *appsv1.StatefulSet:
+			out[m.file+": "+o.Name] = &o.Spec.Template.Spec
+		}
+	}
+	return out
+}
+
+// goMemLimit parses a GOMEMLIMIT value: bytes, or a number with B, KiB,
+// MiB, GiB or TiB (what the Go runtime accepts).
+func goMemLimit(s string) (int64, bool) {
+	unit := int64(1)
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, unit = strings.TrimSuffix(s, u.suffix), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n * unit, err == nil && n > 0
+}
+
+// Every container has a memory limit, and every Go program (ours, NATS)
+// a GOMEMLIMIT below it: the Go runtime does not read the cgroup's limit,
+// so without one its heap grows to twice the live data before a
+// collection and the kernel kills the pod first, with every call and
+// turn it was running. The processes whose memory a setting bounds hold
+// that much under their limit: upload-staging the staged bytes
+// (uploads.max_staged_bytes), a sandbox one instance of the largest
+// memory (plugins.limits.max_memory_mb).
+func TestManifestsLimitMemory(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	bound := map[string]int64{}
+	for _, p := range configschema.Properties {
+		n, _ := p.Default.(int)
+		switch p.Path {
+		case "uploads.max_staged_bytes":
+			bound["upload-staging"] = int64(n)
+		case "plugins.limits.max_memory_mb":
+			bound["plugin-sandbox"] = int64(n) << 20
+		}
+	}
+	if len(bound) != 2 {
+		t.Fatalf("configschema: the bounds of upload-staging and plugin-sandbox not found (%v)", bound)
+	}
+	for where, spec := range podSpecs(objs) {
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+			at := where + "/" + c.Name
+			limit, ok := c.Resources.Limits[corev1.ResourceMemory]
+			if !ok {
+				t.Errorf("%s: no memory limit", at)
+				continue
+			}
+			if req, ok := c.Resources.Requests[corev1.ResourceMemory]; ok && req.Cmp(limit) > 0 {
+				t.Errorf("%s: requests %s of memory, more than its limit %s", at, req.String(), limit.String())
+			}
+			if c.Image != ourImage && !strings.HasPrefix(c.Image, "nats:") {
+				continue
+			}
+			raw := envOf(c)["GOMEMLIMIT"]
+			soft, ok := goMemLimit(raw)
+			switch {
+			case !ok:
+				t.Errorf("%s: GOMEMLIMIT %q: want a soft limit under the memory limit %s", at, raw, limit.String())
+			case soft > limit.Value()*9/10 || soft < limit.Value()*7/10:
+				t.Errorf("%s: GOMEMLIMIT %s is not 70 to 90%% of the memory limit %s", at, raw, limit.String())
+			case len(c.Command) > 0 && soft <= bound[c.Command[0]]:
+				t.Errorf("%s: GOMEMLIMIT %s does not hold the %d bytes its settings let it keep", at, raw, bound[c.Command[0]])
+			}
+		}
 	}
 }
