@@ -49,9 +49,9 @@ const DefaultDrain = 10 * time.Second
 // Health tells the truth: the process reports SERVING only once it
 // registered its services (SetServing) and while every dependency it
 // needs (SetDependency: its database, the bus) is reachable. While one is
-// not, every name reports NOT_SERVING and a Check answers with the reason
-// in the trailer ReasonTrailer, which the gateway's status and health
-// show and grpcurl prints.
+// not, every name but Liveness reports NOT_SERVING and a Check answers
+// with the reason in the trailer ReasonTrailer, which the gateway's status
+// and health show and grpcurl prints.
 type Server struct {
 	GRPC   *grpc.Server
 	Health *health.Server
@@ -67,6 +67,15 @@ type Server struct {
 	deps     map[string]error // a dependency's last error, nil when fine
 	shutdown bool
 }
+
+// Liveness is the health name that answers SERVING from SetServing until
+// shutdown whatever the dependencies say: the process runs and its server
+// answers. It is what a liveness probe asks (deploy/k8s): the overall
+// name is NOT_SERVING while the database or the bus is away, and a
+// liveness probe on it restarted every process a minute into an outage
+// of either, killing the turns and staged uploads they held, when each
+// reconnects by itself (and one whose bus is closed for good exits).
+const Liveness = "clawmesh.liveness"
 
 // ReasonTrailer carries why a process is NOT_SERVING on a health Check.
 const ReasonTrailer = "clawmesh-not-serving-reason"
@@ -161,6 +170,7 @@ func (s *Server) applyLocked() {
 	for _, name := range s.names {
 		s.Health.SetServingStatus(name, st)
 	}
+	s.Health.SetServingStatus(Liveness, healthpb.HealthCheckResponse_SERVING)
 }
 
 // healthWithReason is the health service with the reason trailer.

@@ -184,3 +184,30 @@ func TestCallsPastTheWorkersRunAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// Liveness answers SERVING while a dependency is down and the process
+// name says NOT_SERVING: a liveness probe on the overall name restarted
+// every process a minute into a database or bus outage, which a restart
+// does not mend (the process reconnects by itself) and which killed the
+// turns and staged uploads it held.
+func TestLivenessIgnoresDependencies(t *testing.T) {
+	srv, cc, _, _, _ := start(t, time.Second)
+	hc := healthpb.NewHealthClient(cc)
+	ctx := context.Background()
+	srv.SetDependency("database", fmt.Errorf("connection refused"))
+	for name, want := range map[string]healthpb.HealthCheckResponse_ServingStatus{
+		"":                  healthpb.HealthCheckResponse_NOT_SERVING,
+		grpcserver.Liveness: healthpb.HealthCheckResponse_SERVING,
+		configv1.ConfigService_ServiceDesc.ServiceName: healthpb.HealthCheckResponse_NOT_SERVING,
+	} {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.GetStatus() != want {
+			t.Errorf("health %q with the database down: %v %v, want %v", name, resp.GetStatus(), err, want)
+		}
+	}
+	srv.Shutdown()
+	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: grpcserver.Liveness})
+	if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("liveness SERVING after shutdown")
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/stack"
 )
 
@@ -380,6 +381,23 @@ func checkProcessContainer(t *testing.T, where string, p stack.Process, c corev1
 	for name, probe := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
 		if probe == nil || probe.GRPC == nil || port == "" || port != strconv.Itoa(int(probe.GRPC.Port)) {
 			t.Errorf("%s: %s probe is not gRPC health on the CLAWMESH_LISTEN port %q", where, name, port)
+		}
+	}
+	// Readiness asks the whole process (NOT_SERVING while its database
+	// or the bus is away: no calls then); liveness only whether it runs
+	// (grpcserver.Liveness), since a restart mends no outage of either.
+	service := func(p *corev1.Probe) string {
+		if p == nil || p.GRPC == nil || p.GRPC.Service == nil {
+			return ""
+		}
+		return *p.GRPC.Service
+	}
+	if s := service(c.ReadinessProbe); s != "" {
+		t.Errorf("%s: readiness asks the health of %q, not of the whole process", where, s)
+	}
+	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "startup": c.StartupProbe} {
+		if probe != nil && probe.GRPC != nil && service(probe) != grpcserver.Liveness {
+			t.Errorf("%s: %s probe asks the health of %q, want %q (a restart mends no outage of the database or the bus)", where, name, service(probe), grpcserver.Liveness)
 		}
 	}
 }
