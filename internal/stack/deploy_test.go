@@ -16,6 +16,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
@@ -596,5 +597,212 @@ func TestManifestsLimitMemory(t *testing.T) {
 				t.Errorf("%s: GOMEMLIMIT %s does not hold the %d bytes its settings let it keep", at, raw, bound[c.Command[0]])
 			}
 		}
+	}
+}
+
+// dials is whom each process calls over gRPC (the grpcclient.Dial calls
+// of its main and Register), which the NetworkPolicies must admit and
+// nothing more.
+var dials = map[string][]string{
+	"config":         nil,
+	"session":        {"config", "plugin-sandbox"},
+	"upload-staging": {"config", "session"},
+	"plugin-sandbox": {"config", "session"},
+	"durable-bridge": {"config", "session"},
+	"gateway":        {"config", "session", "upload-staging", "plugin-sandbox", "durable-bridge"},
+}
+
+// collieListener is the durable bridge's port for Collie from outside the
+// cluster (durable.listen_url), by its name in the pod and the Service.
+const collieListener = "https"
+
+// selects reports whether a label selector matches labels (matchLabels
+// and the four operators of matchExpressions).
+func selects(sel *metav1.LabelSelector, labels map[string]string) bool {
+	if sel == nil {
+		return false
+	}
+	for k, v := range sel.MatchLabels {
+		if labels[k] != v {
+			return false
+		}
+	}
+	for _, e := range sel.MatchExpressions {
+		v, has := labels[e.Key]
+		switch e.Operator {
+		case metav1.LabelSelectorOpIn:
+			if !has || !slices.Contains(e.Values, v) {
+				return false
+			}
+		case metav1.LabelSelectorOpNotIn:
+			if has && slices.Contains(e.Values, v) {
+				return false
+			}
+		case metav1.LabelSelectorOpExists:
+			if !has {
+				return false
+			}
+		case metav1.LabelSelectorOpDoesNotExist:
+			if has {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// pod is a pod template as the policies see it.
+type pod struct {
+	name    string
+	labels  map[string]string
+	spec    *corev1.PodSpec
+	outside bool // a client outside the namespace (Collie)
+}
+
+// admits reports whether the policies let from reach port (a container
+// port of to) under NetworkPolicy's rules: a pod no policy selects takes
+// everything, else the union of the rules of the policies that select it.
+func admits(policies []*networkingv1.NetworkPolicy, from, to pod, port corev1.ContainerPort) bool {
+	selected := false
+	for _, np := range policies {
+		if !selects(&np.Spec.PodSelector, to.labels) {
+			continue
+		}
+		selected = true
+		for _, rule := range np.Spec.Ingress {
+			portOK := len(rule.Ports) == 0
+			for _, p := range rule.Ports {
+				if p.Port == nil || (p.Port.IntVal != 0 && p.Port.IntVal == port.ContainerPort) || (p.Port.StrVal != "" && p.Port.StrVal == port.Name) {
+					portOK = true
+				}
+			}
+			peerOK := len(rule.From) == 0
+			for _, peer := range rule.From {
+				switch {
+				case peer.IPBlock != nil:
+					peerOK = peerOK || from.outside
+				case peer.NamespaceSelector != nil:
+					allNS := len(peer.NamespaceSelector.MatchLabels) == 0 && len(peer.NamespaceSelector.MatchExpressions) == 0
+					peerOK = peerOK || (allNS && (peer.PodSelector == nil || selects(peer.PodSelector, from.labels)))
+				case peer.PodSelector != nil:
+					peerOK = peerOK || (!from.outside && selects(peer.PodSelector, from.labels))
+				}
+			}
+			if portOK && peerOK {
+				return true
+			}
+		}
+	}
+	return !selected
+}
+
+// The NetworkPolicies admit exactly the connections the processes make:
+// each gRPC port from the processes that dial it (dials), NATS from
+// every pod that sets NATS_URL, PostgreSQL from those that set
+// DATABASE_URL, and from outside the namespace only Collie's TLS
+// listener on the durable bridge, which deploy/README.md says Collie
+// reaches from outside the cluster.
+func TestNetworkPoliciesAdmitWhatTheStackDials(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	var policies []*networkingv1.NetworkPolicy
+	var pods []pod
+	var targets []pod
+	collieService := false
+	for _, m := range objs {
+		var p pod
+		switch o := m.obj.(type) {
+		case *networkingv1.NetworkPolicy:
+			policies = append(policies, o)
+			continue
+		case *corev1.Service:
+			for _, sp := range o.Spec.Ports {
+				collieService = collieService || (o.Name == "durable-bridge" && sp.Name == collieListener)
+			}
+			continue
+		case *appsv1.Deployment:
+			p = pod{name: m.file + ": " + o.Name, labels: o.Spec.Template.Labels, spec: &o.Spec.Template.Spec}
+		case *appsv1.StatefulSet:
+			p = pod{name: m.file + ": " + o.Name, labels: o.Spec.Template.Labels, spec: &o.Spec.Template.Spec}
+		default:
+			continue
+		}
+		pods = append(pods, p)
+		if !strings.Contains(m.file, "/") {
+			targets = append(targets, p)
+		}
+	}
+	if len(policies) == 0 {
+		t.Fatal("no NetworkPolicy")
+	}
+	if !collieService {
+		t.Errorf("the durable-bridge Service has no port %q for Collie's TLS listener", collieListener)
+	}
+	// What runs in a pod: our processes by command, NATS and PostgreSQL
+	// by image.
+	runs := func(p pod) (procs []string, nats, postgres bool) {
+		if p.spec == nil {
+			return
+		}
+		for _, c := range p.spec.Containers {
+			switch {
+			case c.Image == ourImage && len(c.Command) > 0:
+				procs = append(procs, c.Command[0])
+			case strings.HasPrefix(c.Image, "nats:"):
+				nats = true
+			case strings.HasPrefix(c.Image, "postgres:"):
+				postgres = true
+			}
+		}
+		return
+	}
+	sets := func(p pod, name string) bool {
+		if p.spec == nil {
+			return false
+		}
+		for _, c := range p.spec.Containers {
+			if _, ok := envOf(c)[name]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	outside := pod{name: "a client outside the namespace", labels: map[string]string{}, outside: true}
+	collie := false
+	for _, to := range targets {
+		toProcs, toNATS, toPostgres := runs(to)
+		for _, c := range to.spec.Containers {
+			for _, port := range c.Ports {
+				for _, from := range append(slices.Clone(pods), outside) {
+					fromProcs, _, _ := runs(from)
+					need := false
+					switch {
+					case port.Name == collieListener && slices.Contains(toProcs, "durable-bridge"):
+						need = true // public by design: TLS and a token
+					case from.outside:
+					case toNATS:
+						need = sets(from, "NATS_URL")
+					case toPostgres:
+						need = sets(from, "DATABASE_URL")
+					default:
+						for _, f := range fromProcs {
+							for _, q := range toProcs {
+								need = need || slices.Contains(dials[f], q)
+							}
+						}
+					}
+					got := admits(policies, from, to, port)
+					switch {
+					case need && !got:
+						t.Errorf("the policies block %s from %s port %s (%d), which it needs", from.name, to.name, port.Name, port.ContainerPort)
+					case !need && got:
+						t.Errorf("the policies admit %s to %s port %s (%d), which it never dials", from.name, to.name, port.Name, port.ContainerPort)
+					}
+					collie = collie || (from.outside && need && got)
+				}
+			}
+		}
+	}
+	if !collie {
+		t.Errorf("nothing outside the namespace reaches the durable bridge's %s port", collieListener)
 	}
 }
