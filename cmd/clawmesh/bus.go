@@ -35,6 +35,11 @@ commands:
 A process finds its seed as <data>/bus/<role>.nk, or in the file
 CLAWMESH_NATS_SEED_FILE names, or in CLAWMESH_NATS_SEED itself.
 
+--export-seeds DIR also writes each process role's seed alone to
+DIR/<role>/<role>.nk, so that a container mounts only its own (compose
+mounts one volume per role there); the data directory's bus folder then
+stays init's own, not --owner's.
+
 init also prepares what an init container prepares for the processes:
 --owner gives the data directory, the bus folder and every file init
 writes to the processes' uid:gid (init then runs as root), --own creates
@@ -73,6 +78,7 @@ func busCmd(args []string, out io.Writer) error {
 		fsf.StringVar(&o.owner, "owner", "", "uid:gid to give the data directory and every file init writes")
 		fsf.Var(&o.own, "own", "another folder to create (0700) for the processes (repeatable)")
 		fsf.StringVar(&o.pgPassword, "postgres-password", "", "create this PostgreSQL password file, and .pgpass beside it, when missing")
+		fsf.StringVar(&o.exportSeeds, "export-seeds", "", "also write each process role's seed alone to DIR/<role>/<role>.nk (folder 0700), for a container that mounts only its role's folder")
 	}
 	rest, err := parseArgs(fsf, args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -129,12 +135,13 @@ func existingKeys(dataDir string) (map[bus.Role]string, error) {
 
 // busInit is `clawmesh bus init`.
 type busInit struct {
-	dataDir    string
-	addrs      bus.ServerAddrs
-	natsConfig string
-	owner      string
-	own        multiFlag
-	pgPassword string
+	dataDir     string
+	addrs       bus.ServerAddrs
+	natsConfig  string
+	owner       string
+	own         multiFlag
+	pgPassword  string
+	exportSeeds string
 }
 
 // owner is a parsed --owner; uid -1 when none.
@@ -185,15 +192,29 @@ func (b *busInit) run(out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := owner.give(bus.CredentialDir(b.dataDir)); err != nil {
+	// With the seeds exported, the processes read theirs from there and
+	// the bus folder, every role's seed, stays init's own (taken back
+	// from an earlier run that gave it away): the containers mount the
+	// data directory as the owner, and could each read every seed.
+	seedOwner := owner
+	if b.exportSeeds != "" && owner.uid >= 0 {
+		seedOwner = ownerIDs{os.Getuid(), os.Getgid()}
+	}
+	if err := seedOwner.give(bus.CredentialDir(b.dataDir)); err != nil {
 		return err
 	}
 	for _, r := range bus.Roles {
-		if err := owner.give(bus.SeedFile(b.dataDir, r)); err != nil {
+		if err := seedOwner.give(bus.SeedFile(b.dataDir, r)); err != nil {
 			return err
 		}
 	}
 	fmt.Fprintf(out, "bus seeds: %s (one 0600 file per role)\n", bus.CredentialDir(b.dataDir))
+	if b.exportSeeds != "" {
+		if err := exportSeeds(b.dataDir, b.exportSeeds, owner); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "bus seeds exported: %s/<role>/<role>.nk\n", b.exportSeeds)
+	}
 	if b.natsConfig != "" {
 		conf, err := bus.ServerConfig(keys, b.addrs)
 		if err != nil {
@@ -216,6 +237,42 @@ func (b *busInit) run(out io.Writer) error {
 			verb = "created"
 		}
 		fmt.Fprintf(out, "postgres password: %s (%s), .pgpass: %s\n", b.pgPassword, verb, pgpassPath(b.pgPassword))
+	}
+	return nil
+}
+
+// exportSeeds writes each process role's seed, alone, into its own folder
+// under dir: a container mounts its role's folder and reads no other
+// role's seed, where one data folder holding them all let any container
+// connect to the bus as any role (and so publish what only that role
+// may). The launcher's role is clawmesh up's own; no container runs it.
+// Written again at each run, so a folder always holds the seed that
+// nats-server's configuration admits.
+func exportSeeds(dataDir, dir string, owner ownerIDs) error {
+	for _, r := range bus.Roles {
+		if r == bus.RoleLauncher {
+			continue
+		}
+		seed, err := os.ReadFile(bus.SeedFile(dataDir, r))
+		if err != nil {
+			return fmt.Errorf("bus init: %w", err)
+		}
+		folder := filepath.Join(dir, string(r))
+		if err := ownedDir(folder, owner); err != nil {
+			return err
+		}
+		// ownedDir leaves an existing folder's mode alone without an
+		// owner; the seed's folder is the role's own either way.
+		if err := os.Chmod(folder, 0o700); err != nil {
+			return fmt.Errorf("bus init: %w", err)
+		}
+		path := filepath.Join(folder, string(r)+".nk")
+		if err := writeReplace(path, seed, 0o600); err != nil {
+			return err
+		}
+		if err := owner.give(path); err != nil {
+			return err
+		}
 	}
 	return nil
 }

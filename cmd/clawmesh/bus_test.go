@@ -196,3 +196,98 @@ func TestBusInitPasswordWrittenWhole(t *testing.T) {
 		t.Fatalf("temporary files left: %v", left)
 	}
 }
+
+// --export-seeds gives each process role a folder holding its own seed
+// alone, for a container that mounts only that folder: in compose every
+// container mounted the data volume, where every role's seed is, and
+// could connect to the bus as any role. The launcher's role, which no
+// container runs, is not exported.
+func TestBusInitExportsEachSeed(t *testing.T) {
+	base := t.TempDir()
+	data := filepath.Join(base, "setup")
+	seeds := filepath.Join(base, "seeds")
+	var out bytes.Buffer
+	if err := busCmd([]string{"init", "--config-dir", data, "--export-seeds", seeds}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range bus.Roles {
+		dir := filepath.Join(seeds, string(r))
+		if r == bus.RoleLauncher {
+			if _, err := os.Stat(dir); err == nil {
+				t.Errorf("the launcher's seed was exported to %s", dir)
+			}
+			continue
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 1 || entries[0].Name() != string(r)+".nk" {
+			t.Errorf("%s holds %v, want %s.nk alone", dir, entries, r)
+			continue
+		}
+		want, _ := os.ReadFile(bus.SeedFile(data, r))
+		got, _ := os.ReadFile(filepath.Join(dir, string(r)+".nk"))
+		if len(want) == 0 || !bytes.Equal(got, want) {
+			t.Errorf("%s: exported seed differs from %s", r, bus.SeedFile(data, r))
+		}
+		if m := mode(t, dir); m != 0o700 {
+			t.Errorf("%s: mode %v, want 0700", dir, m)
+		}
+		if m := mode(t, filepath.Join(dir, string(r)+".nk")); m != 0o600 {
+			t.Errorf("%s seed: mode %v, want 0600", r, m)
+		}
+	}
+}
+
+// With --export-seeds and --owner the data directory's bus folder, which
+// holds every role's seed, stays init's own (root's under compose): the
+// containers mount the data directory and run as the owner, so a bus
+// folder given to it let each read every role's seed. A folder an
+// earlier run gave to the owner is taken back.
+func TestBusInitExportKeepsTheBusFolderItsOwn(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown to another uid needs root")
+	}
+	base := t.TempDir()
+	data := filepath.Join(base, "data")
+	seeds := filepath.Join(base, "seeds")
+	var out bytes.Buffer
+	// An earlier run, before --export-seeds, gave the folder away.
+	if err := busCmd([]string{"init", "--config-dir", data, "--owner", "4321:4322"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := busCmd([]string{"init", "--config-dir", data, "--owner", "4321:4322", "--export-seeds", seeds}, &out); err != nil {
+		t.Fatal(err)
+	}
+	owner := func(p string) (uint32, uint32) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid
+	}
+	if u, g := owner(data); u != 4321 || g != 4322 {
+		t.Errorf("%s: owner %d:%d, want 4321:4322", data, u, g)
+	}
+	paths := []string{bus.CredentialDir(data)}
+	for _, r := range bus.Roles {
+		paths = append(paths, bus.SeedFile(data, r))
+	}
+	for _, p := range paths {
+		if u, g := owner(p); u != 0 || g != 0 {
+			t.Errorf("%s: owner %d:%d, want init's own 0:0", p, u, g)
+		}
+	}
+	for _, r := range bus.Roles {
+		if r == bus.RoleLauncher {
+			continue
+		}
+		for _, p := range []string{filepath.Join(seeds, string(r)), filepath.Join(seeds, string(r), string(r)+".nk")} {
+			if u, g := owner(p); u != 4321 || g != 4322 {
+				t.Errorf("%s: owner %d:%d, want 4321:4322", p, u, g)
+			}
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
@@ -50,6 +51,9 @@ type composeFile struct {
 		Build       *struct{ Dockerfile string } `json:"build"`
 		Command     []string                     `json:"command"`
 		Environment map[string]string            `json:"environment"`
+		Volumes     []string                     `json:"volumes"`
+		User        string                       `json:"user"`
+		CapDrop     []string                     `json:"cap_drop"`
 		Healthcheck *struct {
 			Test    []string `json:"test"`
 			Disable bool     `json:"disable"`
@@ -804,5 +808,89 @@ func TestNetworkPoliciesAdmitWhatTheStackDials(t *testing.T) {
 	}
 	if !collie {
 		t.Errorf("nothing outside the namespace reaches the durable bridge's %s port", collieListener)
+	}
+}
+
+// composeMount is one "source:target[:mode]" of a compose service.
+type composeMount struct{ source, target string }
+
+func composeMounts(vols []string) []composeMount {
+	var out []composeMount
+	for _, v := range vols {
+		parts := strings.Split(v, ":")
+		if len(parts) >= 2 {
+			out = append(out, composeMount{parts[0], parts[1]})
+		}
+	}
+	return out
+}
+
+// under reports whether path is dir or inside it.
+func under(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// In compose each process reads its own bus seed and no other role's:
+// the roles' permissions are what confine a process (docs/design.md, "Why
+// the compose network needs the same credentials": a compromised sandbox
+// must not publish session updates), and a container that can read
+// another role's seed connects as that role. Where the setup service
+// writes the seeds comes from its command: every role's under
+// --config-dir's bus/ folder, each role's alone under --export-seeds's
+// <role>/ folder. With --export-seeds the bus/ folder stays setup's own
+// (root's, 0700), which a process running as another user without
+// capabilities cannot open.
+func TestComposeGivesEachProcessOnlyItsSeed(t *testing.T) {
+	doc := readCompose(t)
+	setup, ok := doc.Services["setup"]
+	if !ok {
+		t.Fatal("docker-compose.yml has no setup service")
+	}
+	flagOf := func(name string) string {
+		for _, a := range setup.Command {
+			if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	// holds maps a named volume to the roles whose seeds it holds.
+	holds := map[string][]bus.Role{}
+	all := filepath.Join(flagOf("config-dir"), "bus")
+	export := flagOf("export-seeds")
+	for _, m := range composeMounts(setup.Volumes) {
+		for _, r := range bus.Roles {
+			if (export == "" && (under(all, m.target) || under(m.target, all))) ||
+				(export != "" && (under(filepath.Join(export, string(r)), m.target) || under(m.target, filepath.Join(export, string(r))))) {
+				holds[m.source] = append(holds[m.source], r)
+			}
+		}
+	}
+	for name, svc := range doc.Services {
+		p, ok := stack.Lookup(name)
+		if !ok {
+			continue
+		}
+		if u := svc.User; u == "" || u == "0" || strings.HasPrefix(u, "0:") || strings.HasPrefix(u, "root") || !slices.Contains(svc.CapDrop, "ALL") {
+			t.Errorf("compose service %s runs as %q with cap_drop %v: it could open setup's own folders", name, u, svc.CapDrop)
+		}
+		seed := svc.Environment["CLAWMESH_NATS_SEED_FILE"]
+		own := false
+		for _, m := range composeMounts(svc.Volumes) {
+			var others []bus.Role
+			for _, r := range holds[m.source] {
+				if r != p.Role {
+					others = append(others, r)
+				} else if under(seed, m.target) {
+					own = true
+				}
+			}
+			if len(others) > 0 {
+				t.Errorf("compose service %s mounts volume %s at %s, which holds the seeds of roles %v", name, m.source, m.target, others)
+			}
+		}
+		if !own {
+			t.Errorf("compose service %s: its seed %q is on no volume the setup service writes its role's seed to", name, seed)
+		}
 	}
 }
