@@ -894,3 +894,51 @@ func TestComposeGivesEachProcessOnlyItsSeed(t *testing.T) {
 		}
 	}
 }
+
+// Every pod runs as deploy/README.md says: non-root, no privilege
+// escalation, every capability dropped, a read-only root file system
+// with the folders a process writes (its data directory, /tmp, the
+// PostgreSQL socket folder) on writable volumes, and no Kubernetes API
+// token (nothing of the stack calls the API; mounted by default, the
+// default account's token was a credential in every container, the
+// plugin sandbox's included).
+func TestManifestsRestrictEveryPod(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	for where, spec := range podSpecs(objs) {
+		if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+			t.Errorf("%s: the service account token is mounted", where)
+		}
+		if sc := spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Errorf("%s: not runAsNonRoot", where)
+		}
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+			at := where + "/" + c.Name
+			sc := c.SecurityContext
+			switch {
+			case sc == nil:
+				t.Errorf("%s: no securityContext", at)
+				continue
+			case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+				t.Errorf("%s: the root file system is writable", at)
+			case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+				t.Errorf("%s: privilege escalation allowed", at)
+			case sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL"):
+				t.Errorf("%s: capabilities not all dropped", at)
+			}
+			var writes []string
+			if dir := envOf(c)["ZEROCLAW_DATA_DIR"]; dir != "" {
+				writes = append(writes, dir, "/tmp")
+			}
+			if strings.HasPrefix(c.Image, "postgres:") {
+				writes = append(writes, envOf(c)["PGDATA"], "/var/run/postgresql", "/tmp")
+			}
+			for _, w := range writes {
+				// A mount without a volume of the pod is a
+				// StatefulSet's claim template.
+				if v, m := mountOf(spec, c, w); m == nil || m.ReadOnly || (v != nil && (v.Secret != nil || v.ConfigMap != nil)) {
+					t.Errorf("%s: %s is not on a writable volume", at, w)
+				}
+			}
+		}
+	}
+}
