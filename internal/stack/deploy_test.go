@@ -54,6 +54,8 @@ type composeFile struct {
 		Volumes     []string                     `json:"volumes"`
 		User        string                       `json:"user"`
 		CapDrop     []string                     `json:"cap_drop"`
+		ReadOnly    bool                         `json:"read_only"`
+		Tmpfs       []string                     `json:"tmpfs"`
 		Healthcheck *struct {
 			Test    []string `json:"test"`
 			Disable bool     `json:"disable"`
@@ -938,6 +940,35 @@ func TestManifestsRestrictEveryPod(t *testing.T) {
 				if v, m := mountOf(spec, c, w); m == nil || m.ReadOnly || (v != nil && (v.Secret != nil || v.ConfigMap != nil)) {
 					t.Errorf("%s: %s is not on a writable volume", at, w)
 				}
+			}
+		}
+	}
+}
+
+// In compose our containers and NATS run with a read-only root file
+// system (their writes go to volumes, /tmp to a tmpfs) and NATS, which
+// the official image starts as root, as nobody without capabilities, as
+// the Kubernetes manifests run them. PostgreSQL's entrypoint needs root
+// to hand its volume to its own account, and drops it itself.
+func TestComposeRestrictsContainers(t *testing.T) {
+	for name, svc := range readCompose(t).Services {
+		ours := svc.Build != nil
+		nats := strings.HasPrefix(svc.Image, "nats:")
+		if !ours && !nats {
+			continue
+		}
+		if !svc.ReadOnly {
+			t.Errorf("compose service %s: the root file system is writable", name)
+		}
+		if ours && !slices.Contains(svc.Tmpfs, "/tmp") {
+			t.Errorf("compose service %s: no tmpfs on /tmp", name)
+		}
+		if nats {
+			if u := svc.User; u == "" || u == "0" || strings.HasPrefix(u, "0:") || strings.HasPrefix(u, "root") {
+				t.Errorf("compose service %s runs as %q: root", name, u)
+			}
+			if !slices.Contains(svc.CapDrop, "ALL") {
+				t.Errorf("compose service %s keeps capabilities (cap_drop %v)", name, svc.CapDrop)
 			}
 		}
 	}
