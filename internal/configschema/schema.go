@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -176,11 +177,19 @@ func Lookup(path string) (*Property, error) {
 	return nil, fmt.Errorf("%w `%s`", ErrUnknown, path)
 }
 
-// LookupLeaf returns the row of a settable path.
+// LookupLeaf returns the row of a settable path: a concrete one, whose
+// entry names are names. A "*" segment is the schema's stand-in for any
+// name, which Lookup also takes literally (patterns name rows with it);
+// written, it made an entry named "*" (agents.*, users.*), which no valid
+// name can be and which config/delete, taking only valid names, could
+// then never remove.
 func LookupLeaf(path string) (*Property, error) {
 	p, err := Lookup(path)
 	if err != nil {
 		return nil, err
+	}
+	if slices.Contains(strings.Split(path, "."), "*") {
+		return nil, fmt.Errorf("%w `%s`: `*` stands for an entry's name in the schema; name the entry", ErrUnknown, path)
 	}
 	if !p.Leaf() {
 		return nil, fmt.Errorf("%w: `%s` is a map of named entries; set its entries' fields", ErrNotLeaf, path)
@@ -203,7 +212,12 @@ func Readable(path string) bool {
 // named entries ("users.alice"), else nil.
 func EntryMap(path string) *Property {
 	segs, err := Split(path)
-	if err != nil || len(segs) < 2 || !ValidName(segs[len(segs)-1]) {
+	if err != nil || len(segs) < 2 {
+		return nil
+	}
+	// "*" too, though no entry may be named so now (LookupLeaf): an older
+	// version stored such entries, and deleting is how they go.
+	if last := segs[len(segs)-1]; !ValidName(last) && last != "*" {
 		return nil
 	}
 	p, err := Lookup(strings.Join(segs[:len(segs)-1], "."))

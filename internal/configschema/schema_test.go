@@ -52,6 +52,8 @@ func TestLookup(t *testing.T) {
 		"users.a.b.uid":                    "",
 		"users..uid":                       "",
 		"users.has space.uid":              "",
+		"users.*.uid":                      "", // a pattern, not an entry
+		"plugins.entries.*.config":         "",
 	} {
 		p, err := LookupLeaf(path)
 		switch {
@@ -64,7 +66,7 @@ func TestLookup(t *testing.T) {
 	if !Readable("agents.default") || !Readable("plugins.limits") || Readable("plugins.nope") {
 		t.Error("Readable")
 	}
-	if EntryMap("users.alice") == nil || EntryMap("users.alice.uid") != nil || EntryMap("rpc.x") != nil {
+	if EntryMap("users.alice") == nil || EntryMap("users.alice.uid") != nil || EntryMap("rpc.x") != nil || EntryMap("users.*") == nil {
 		t.Error("EntryMap")
 	}
 }

@@ -2,11 +2,13 @@ package config
 
 import (
 	"os"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
@@ -188,5 +190,42 @@ func TestDelete(t *testing.T) {
 	}
 	if err := del("rpc"); wire(err).Code != jsonrpc.CodeInvalidParams {
 		t.Fatalf("deleting a group: %v", err)
+	}
+}
+
+// A "*" segment is the schema's stand-in for an entry's name, not a name:
+// written, it made entries named "*" (agents.*, users.*, ...) that
+// config/delete, taking only valid names, could never remove. Such a
+// write is refused; an entry an older version stored so can be deleted.
+func TestEntryNamedStarRefusedAndDeletable(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	for _, s := range []kv{
+		{"agents.*.model", "x"}, {"users.*.uid", 5555}, {"permission_profiles.*.permissions", []any{"admin"}},
+		{"plugins.entries.*.config", map[string]any{}},
+	} {
+		_, err := e.setMany(operator, s)
+		if w := wire(err); w.Code != jsonrpc.CodeInvalidParams || !strings.Contains(w.Message, "stands for an entry's name") {
+			t.Errorf("set %s: %v, want -32602", s.prop, err)
+		}
+	}
+	if _, newest := e.storedRevisions(); newest != 0 {
+		t.Fatalf("a refused write committed revision %d", newest)
+	}
+
+	// An older version's document, with an agent named "*".
+	if _, err := e.opts.DB.Exec(ctx, "INSERT INTO revisions (revision, document, committed_by) VALUES (1, $1, 'old')",
+		[]byte(`{"agents":{"*":{"model":"x"}}}`)); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(ctx, e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Delete(ctx, &configv1.DeleteRequest{Principal: operator, Prop: "agents.*"}); err != nil {
+		t.Fatalf("deleting the entry named *: %v", err)
+	}
+	if _, left := configschema.Get(srv.current().stored, "agents.*"); left {
+		t.Fatalf("stored after the delete: %v", srv.current().stored)
 	}
 }
