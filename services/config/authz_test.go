@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/configschema"
@@ -227,5 +228,51 @@ func TestEntryNamedStarRefusedAndDeletable(t *testing.T) {
 	}
 	if _, left := configschema.Get(srv.current().stored, "agents.*"); left {
 		t.Fatalf("stored after the delete: %v", srv.current().stored)
+	}
+}
+
+// Removing a user unpairs its tokens: a user created later under the
+// same name (another person, other profiles) is not reachable with the
+// tokens of the one removed. A token an older version left paired with a
+// removed name is unpaired when the name is created again.
+func TestRemovedUsersTokensStayUnpaired(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	scopedUser(e) // alice
+	resolve := func(token string) error {
+		_, err := e.rpc.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{PeerUid: 4242, PeerPid: 7, AuthToken: token})
+		return err
+	}
+	tok, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rpc.Delete(ctx, &configv1.DeleteRequest{Principal: operator, Prop: "users.alice"}); err != nil {
+		t.Fatal(err)
+	}
+	e.mustSet(kv{"users.alice.permission_profiles", []any{"editor"}})
+	if err := resolve(tok.GetToken()); wire(err).Code != jsonrpc.CodeAuthRequired {
+		t.Fatalf("token of the removed alice, with a new alice: %v", err)
+	}
+	var live int
+	if err := e.opts.DB.QueryRow(ctx, "SELECT count(*) FROM tokens WHERE revoked_at IS NULL").Scan(&live); err != nil || live != 0 {
+		t.Fatalf("tokens still paired in the database: %d (%v)", live, err)
+	}
+
+	// Left paired by an older version with a name that no longer exists.
+	stale := TokenPrefix + "stale"
+	if _, err := e.opts.DB.Exec(ctx, "INSERT INTO tokens (token_hash, username) VALUES ($1, 'bob')", tokenID(stale)); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(ctx, e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Set(ctx, &configv1.SetRequest{Principal: operator, Prop: "users.bob.permission_profiles",
+		Value: structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewStringValue("editor")}})}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{PeerUid: 4242, AuthToken: stale}); wire(err).Code != jsonrpc.CodeAuthRequired {
+		t.Fatalf("stale token of bob, with a new bob: %v", err)
 	}
 }

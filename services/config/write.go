@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -114,14 +116,43 @@ func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, erro
 
 	next := cur.revision + 1
 	changed := unique(props)
-	if err := s.store(ctx, next, candidate, req.who, changed); err != nil {
+	unpair := usersComeOrGone(cur.doc, effective)
+	if err := s.store(ctx, next, candidate, req.who, changed, unpair); err != nil {
 		return nil, err
 	}
-	snap := &snapshot{revision: next, stored: candidate, doc: effective, masked: configschema.Mask(effective), tokens: cur.tokens}
+	tokens := cur.tokens
+	if len(unpair) > 0 {
+		tokens = maps.Clone(tokens)
+		maps.DeleteFunc(tokens, func(_, user string) bool { return slices.Contains(unpair, user) })
+	}
+	snap := &snapshot{revision: next, stored: candidate, doc: effective, masked: configschema.Mask(effective), tokens: tokens}
 	s.snap.Store(snap)
 	s.publish(snap, changed)
 	s.log.Info("config committed", zap.Int64("revision", next), zap.String("by", req.who.by), zap.Strings("props", changed))
 	return snap, nil
+}
+
+// usersComeOrGone lists the users that exist in one document and not in
+// the other. Their tokens are unpaired with the commit: a token names its
+// user by name alone, so one of a removed user left paired reached
+// whoever was later created under the same name, with that user's
+// profiles. A name created anew unpairs what an older version left
+// paired with it.
+func usersComeOrGone(before, after map[string]any) []string {
+	was, _ := before["users"].(map[string]any)
+	is, _ := after["users"].(map[string]any)
+	var out []string
+	for name := range was {
+		if _, ok := is[name]; !ok {
+			out = append(out, name)
+		}
+	}
+	for name := range is {
+		if _, ok := was[name]; !ok {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // withinBound refuses a candidate past configschema.MaxDocumentBytes,
@@ -178,10 +209,11 @@ func stage(candidate map[string]any, w write) (kind, err error) {
 	return nil, nil
 }
 
-// store inserts the revision in one transaction. A failed COMMIT is
-// checked against the database, since the commit may have happened before
-// the connection was lost: then the candidate is live after all.
-func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, who audit, props []string) error {
+// store inserts the revision in one transaction, with it unpairing the
+// tokens of the users named in unpair. A failed COMMIT is checked against
+// the database, since the commit may have happened before the connection
+// was lost: then the candidate is live after all.
+func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, who audit, props, unpair []string) error {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: begin: %w", ErrCommit, err)
@@ -197,6 +229,11 @@ func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, wh
 			s.unsure.Store(true)
 		}
 		return fmt.Errorf("%w: %w", ErrCommit, err)
+	}
+	if len(unpair) > 0 {
+		if _, err := tx.Exec(ctx, "UPDATE tokens SET revoked_at = now() WHERE username = ANY($1) AND revoked_at IS NULL", unpair); err != nil {
+			return fmt.Errorf("%w: unpair the tokens of users removed or created: %w", ErrCommit, err)
+		}
 	}
 	if s.hooks.beforeCommit != nil {
 		if err := s.hooks.beforeCommit(ctx, tx); err != nil {
