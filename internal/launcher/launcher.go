@@ -5,7 +5,6 @@ package launcher
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -90,6 +89,11 @@ func (c *Config) withDefaults() error {
 		if n < 1 || n > 64 {
 			return fmt.Errorf("--scale %s=%d: replicas must be between 1 and 64", name, n)
 		}
+	}
+	// Before anything starts: too large, they would fail the config
+	// service's start.
+	if _, err := service.StartupSetsEnv(c.Sets); err != nil {
+		return err
 	}
 	if c.ReadyTimeout <= 0 {
 		c.ReadyTimeout = 60 * time.Second
@@ -360,14 +364,6 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 	return cl.URL(), nil
 }
 
-// Environment a child gets besides the launcher's own: secrets travel
-// here, never on a command line another user can read in ps.
-const (
-	// envSets holds the --set overrides for the config service, a JSON
-	// array of "prop=value" strings.
-	envSets = "CLAWMESH_STARTUP_SETS"
-)
-
 // plan lists the processes with their arguments and environment, in the
 // stack table's order (gateway last). The gateway gets the client socket
 // as a passed descriptor; every process not held dormant gets its gRPC
@@ -394,9 +390,11 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 		"--upload-addr", addr(UploadStaging), "--durable-addr", addr(DurableBridge),
 		"--plugin-addr", strings.Join(plugins, ","),
 	}
-	sets, err := json.Marshal(cfg.Sets)
+	// The --set overrides travel in the config service's environment,
+	// never on a command line another user can read in ps.
+	sets, err := service.StartupSetsEnv(cfg.Sets)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--set values: %w", err)
+		return nil, nil, err
 	}
 	var bound []*firstSocket
 	releaseBound := func() {
@@ -428,8 +426,8 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 			sock := datadir.ServiceSocket(cfg.DataDir, sp.Name, i)
 			args := append(append(append([]string{}, common...), "--listen", sock), peers...)
 			penv := append(childEnv(os.Environ()), env...)
-			if sp.Role == bus.RoleConfig && len(cfg.Sets) > 0 {
-				penv = append(penv, envSets+"="+string(sets))
+			if sp.Role == bus.RoleConfig {
+				penv = append(penv, sets...)
 			}
 			if sp.Edge && cfg.Ephemeral {
 				args = append(args, "--ephemeral")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/listenfd"
+	"github.com/clawmesh/clawmesh/internal/service"
 	"github.com/clawmesh/clawmesh/internal/stack"
 )
 
@@ -227,5 +228,51 @@ func TestPlanWithABinaryMissing(t *testing.T) {
 	// The sockets bound for the processes before it are released.
 	if socks, _ := filepath.Glob(filepath.Join(dir, "*.sock")); len(socks) != 0 {
 		t.Fatalf("sockets left bound: %v", socks)
+	}
+}
+
+// --set overrides reach the config service in its environment. One
+// variable longer than Linux's MAX_ARG_STRLEN (131072 bytes) failed the
+// start ("fork/exec .../config: argument list too long"): a --set-file
+// with a system prompt of 140 KB could not start the stack. They are cut
+// into pieces the config service joins; overrides past what a process's
+// environment can hold are refused before anything starts, saying so; an
+// inherited piece is not passed on.
+func TestLargeStartupSetsReachTheConfigService(t *testing.T) {
+	t.Setenv(service.EnvStartupSets+"_7", "stale")
+	dir, bin := privateDir(t), stubBinaries(t)
+	if err := os.WriteFile(filepath.Join(bin, "config"), []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sets := []string{"agents.default.system_prompt=" + strings.Repeat("long prompt ", 25000), "rpc.max_local_connections=64"}
+	procs, release, err := plan(Config{DataDir: dir, BinDir: bin, Sets: sets}, "postgres:///x", "nats://127.0.0.1:4222", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	for _, p := range procs {
+		if p.name != "config" {
+			continue
+		}
+		cmd := p.command()
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("config with %d bytes of --set: %v", len(sets[0]), err)
+		}
+		env := map[string]string{}
+		for _, kv := range cmd.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		if _, ok := env[service.EnvStartupSets+"_7"]; ok {
+			t.Error("an inherited piece of --set overrides was passed on")
+		}
+		got, err := service.StartupSets(func(k string) string { return env[k] })
+		if err != nil || !reflect.DeepEqual(got, sets) {
+			t.Fatalf("the config service reads %d sets (%v), want the %d passed", len(got), err, len(sets))
+		}
+	}
+	huge := Config{DataDir: dir, BinDir: bin, Sets: []string{"agents.default.system_prompt=" + strings.Repeat("x", service.MaxStartupSetsBytes)}}
+	if err := huge.withDefaults(); err == nil || !strings.Contains(err.Error(), "set the larger ones with config/set once the stack is up") {
+		t.Fatalf("overrides past the bound: %v", err)
 	}
 }

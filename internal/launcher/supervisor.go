@@ -505,12 +505,14 @@ func lastLine(path string) string {
 // every child: a bus credential given to the launcher is the launcher's
 // own, and each child connects with its role's seed from the data
 // directory; descriptors passed to the launcher are its own too, and a
-// child is passed only the sockets plan hands it.
+// child is passed only the sockets plan hands it; so are --set overrides
+// in its environment, which the config service would join to the ones
+// plan passes.
 func childEnv(env []string) []string {
 	env = listenfd.Without(env)
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
-		if strings.HasPrefix(kv, bus.EnvSeed+"=") || strings.HasPrefix(kv, bus.EnvSeedFile+"=") {
+		if strings.HasPrefix(kv, bus.EnvSeed+"=") || strings.HasPrefix(kv, bus.EnvSeedFile+"=") || service.IsStartupSets(kv) {
 			continue
 		}
 		out = append(out, kv)

@@ -3,7 +3,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,23 +14,9 @@ import (
 	"github.com/clawmesh/clawmesh/services/config/migrations"
 )
 
-// EnvStartupSets holds the launcher's --set overrides, a JSON array of
-// "prop=value" strings. They travel in the environment, never on the
-// command line, because they may hold secrets (api keys).
-const EnvStartupSets = "CLAWMESH_STARTUP_SETS"
-
-// startupSets reads EnvStartupSets.
-func startupSets() ([]string, error) {
-	raw := os.Getenv(EnvStartupSets)
-	if raw == "" {
-		return nil, nil
-	}
-	var sets []string
-	if err := json.Unmarshal([]byte(raw), &sets); err != nil {
-		return nil, fmt.Errorf("%s: %w", EnvStartupSets, err)
-	}
-	return sets, nil
-}
+// EnvStartupSets holds the launcher's --set overrides (see
+// service.EnvStartupSets).
+const EnvStartupSets = service.EnvStartupSets
 
 func main() { service.Main(spec()) }
 
@@ -46,7 +31,7 @@ func spec() service.Spec {
 		Schema:      "config",
 		Migrations:  migrations.FS,
 		Register: func(ctx context.Context, env *service.Env) error {
-			sets, err := startupSets()
+			sets, err := service.StartupSets(os.Getenv)
 			if err != nil {
 				return err
 			}
