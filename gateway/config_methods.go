@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -23,6 +24,11 @@ import (
 func configValue(raw json.RawMessage, field, prop string) (*structpb.Value, error) {
 	if len(raw) == 0 {
 		return nil, fmt.Errorf("`%s` is required", field)
+	}
+	// JSON is UTF-8; the decoder reads a byte that is not as U+FFFD, and
+	// the value stored would not be the one sent.
+	if !utf8.Valid(raw) {
+		return nil, fmt.Errorf("`%s` of `%s` is not UTF-8 text", field, prop)
 	}
 	v, err := jsonexact.Decode(raw)
 	switch {

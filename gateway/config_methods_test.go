@@ -74,6 +74,29 @@ func TestConfigWriteRefusesKeysEqualButForCase(t *testing.T) {
 	}
 }
 
+// JSON is UTF-8: a value with bytes that are not (Latin-1 text) was read
+// with U+FFFD in their place and stored so, answered set:true. It is
+// refused, naming the entry, before the config service is asked.
+func TestConfigValuesAreUTF8(t *testing.T) {
+	g := &Gateway{}
+	for _, tc := range []struct {
+		method, params, want string
+	}{
+		{"config/set", "{\"prop\":\"agents.default.system_prompt\",\"value\":\"caf\xe9\"}",
+			"Invalid params: `value` of `agents.default.system_prompt` is not UTF-8 text"},
+		{"config/set", "{\"prop\":\"plugins.entries.k.config\",\"value\":{\"caf\xe9\":\"x\"}}",
+			"Invalid params: `value` of `plugins.entries.k.config` is not UTF-8 text"},
+		{"config/set-many", "{\"sets\":[{\"prop\":\"agents.default.model\",\"value\":\"m\"},{\"prop\":\"agents.default.model\",\"value\":\"\xff\"}]}",
+			"Invalid params: sets[1]: `value` of `agents.default.model` is not UTF-8 text"},
+	} {
+		err := configWrite(g, tc.method, tc.params)
+		var re *jsonrpc.Error
+		if !errors.As(err, &re) || re.Code != jsonrpc.CodeInvalidParams || re.Message != tc.want {
+			t.Errorf("%s %q: %v, want -32602 %q", tc.method, tc.params, err, tc.want)
+		}
+	}
+}
+
 // A config write was decoded before the config service was asked: 8 MiB
 // of "1," became 80 bytes of memory for every two of JSON (910 MiB for one
 // frame, the gateway's resident set 20 MiB → 3 GiB for six), whoever sent

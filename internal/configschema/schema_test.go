@@ -97,6 +97,10 @@ func TestCheckAndParseText(t *testing.T) {
 		{"permission_profiles.p.permissions", "root", nil, true},
 		{"permission_profiles.p.config_paths", "agents.*.model,*", []any{"agents.*.model", "*"}, false},
 		{"permission_profiles.p.config_paths", "agents..model", nil, true},
+		// Latin-1 text: stored as U+FFFD, it was not the value typed.
+		{"agents.default.system_prompt", "caf\xe9", nil, true},
+		{"agents.default.tools", "caf\xe9", nil, true},
+		{"agents.default.tools", "[\"caf\xe9\"]", nil, true},
 	}
 	for _, c := range cases {
 		got, err := ParseText(c.path, c.raw)

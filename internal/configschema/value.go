@@ -139,6 +139,12 @@ func ParseText(path, raw string) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Text in another encoding (Latin-1 from a terminal or a --set-file)
+	// reached the daemon as JSON, which has no way to carry it: each
+	// byte that is not UTF-8 became U+FFFD, stored without a word.
+	if !utf8.ValidString(raw) {
+		return nil, fmt.Errorf("`%s`: %w: the text is not UTF-8", path, ErrType)
+	}
 	var v any
 	switch {
 	case p.Type == String:
