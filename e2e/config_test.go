@@ -9,9 +9,12 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
 // rpcData decodes an error's data.
@@ -199,4 +202,35 @@ func containsAny(list []any, s string) bool {
 		}
 	}
 	return false
+}
+
+// The launcher's --set overrides are committed when the stack starts.
+// The launcher gave them to every run of the config service, so one
+// restarted after a crash committed them again: a config/set made since
+// was undone without a word.
+func TestStartupSetsNotReappliedOnAConfigRestart(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "agents.default.model=from-start"}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	call(t, c, "config/set", map[string]any{"prop": "agents.default.model", "value": "set-since"})
+	pid := s.PIDOf("config")
+	if pid == 0 {
+		t.Fatalf("no config process among %v", s.PIDs())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if p := s.PIDOf("config"); p == 0 || p == pid {
+			return errors.New("config not restarted yet")
+		}
+		_, err := c.Call("config/get", map[string]any{"prop": "agents.default.model"})
+		return err
+	})
+	if got := call(t, c, "config/get", map[string]any{"prop": "agents.default.model"}); got["value"] != "set-since" {
+		t.Fatalf("agents.default.model after the config service restarted: %v, want set-since", got["value"])
+	}
 }

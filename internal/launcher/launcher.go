@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -275,6 +277,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, services); err != nil {
 		return err
 	}
+	for _, p := range services {
+		if p.served != nil {
+			p.served()
+		}
+	}
 	// The gateway starts before the dormant processes are settled: the
 	// durable bridge's settings are a call to the config service (6 to
 	// 10 ms), which the gateway's own start overlaps. It shows them
@@ -426,9 +433,15 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 			sock := datadir.ServiceSocket(cfg.DataDir, sp.Name, i)
 			args := append(append(append([]string{}, common...), "--listen", sock), peers...)
 			penv := append(childEnv(os.Environ()), env...)
+			// The --set overrides go to the config service's runs until
+			// one has served (it commits them before it serves), not to
+			// a run after a crash: committed again, they undid every
+			// config/set made since the stack started.
+			var overrides []string
 			if sp.Role == bus.RoleConfig {
-				penv = append(penv, sets...)
+				overrides = sets
 			}
+			var served atomic.Bool
 			if sp.Edge && cfg.Ephemeral {
 				args = append(args, "--ephemeral")
 			}
@@ -460,7 +473,10 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 				name: name, probe: probe, gateway: edge, ephemeral: edge && cfg.Ephemeral,
 				command: func() *exec.Cmd {
 					cmd := exec.Command(bin, args...)
-					cmd.Env = penv
+					cmd.Env = slices.Clip(penv)
+					if !served.Load() {
+						cmd.Env = append(cmd.Env, overrides...)
+					}
 					var names []string
 					var files []*os.File
 					if edge {
@@ -483,6 +499,7 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 					return cmd
 				},
 				started: first.close,
+				served:  func() { served.Store(true) },
 			})
 		}
 	}

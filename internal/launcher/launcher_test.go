@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -274,5 +275,28 @@ func TestLargeStartupSetsReachTheConfigService(t *testing.T) {
 	huge := Config{DataDir: dir, BinDir: bin, Sets: []string{"agents.default.system_prompt=" + strings.Repeat("x", service.MaxStartupSetsBytes)}}
 	if err := huge.withDefaults(); err == nil || !strings.Contains(err.Error(), "set the larger ones with config/set once the stack is up") {
 		t.Fatalf("overrides past the bound: %v", err)
+	}
+}
+
+// The --set overrides go to the config service's runs until one has
+// served, not to a later run (after a crash), which would commit them
+// again over every config/set made since the start.
+func TestStartupSetsOnlyUntilConfigServed(t *testing.T) {
+	dir, bin := privateDir(t), stubBinaries(t)
+	procs, release, err := plan(Config{DataDir: dir, BinDir: bin, Sets: []string{"agents.default.model=m"}},
+		"postgres:///x", "nats://127.0.0.1:4222", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	hasSets := func(cmd *exec.Cmd) bool { return slices.ContainsFunc(cmd.Env, service.IsStartupSets) }
+	for _, p := range procs {
+		if got := hasSets(p.command()); got != (p.name == "config") {
+			t.Errorf("%s's first run given --set overrides: %v", p.name, got)
+		}
+		p.served()
+		if hasSets(p.command()) {
+			t.Errorf("%s's run after one served given --set overrides", p.name)
+		}
 	}
 }

@@ -70,6 +70,10 @@ type proc struct {
 	// of what it handed the first run only).
 	command func() *exec.Cmd
 	started func()
+	// served, when set, is called once a run has served (the start's
+	// readiness): the config process's later runs are not given the
+	// --set overrides.
+	served func()
 	// stopSignal asks the process to stop (SIGTERM; PostgreSQL's fast
 	// shutdown is SIGINT).
 	stopSignal syscall.Signal
