@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
@@ -189,5 +190,32 @@ func TestApplyStartup(t *testing.T) {
 	}
 	if n, _ := e.storedRevisions(); n != 1 {
 		t.Fatalf("refused --set stored something: %d revisions", n)
+	}
+}
+
+// A secret reads "***MASKED***"; a client that wrote back what it read
+// (config/get of the whole document, then set-many of it) stored the
+// mask as the secret, and the real one was gone. Writing the mask to a
+// secret is refused and the stored secret stays.
+func TestMaskWrittenBackIsNotStoredAsTheSecret(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	e.mustSet(kv{"agents.default.api_key", "sk-real-0123456789"}, kv{"plugins.entries.p.config", map[string]any{"k": "v-real", "u": "x"}})
+	for _, s := range []kv{
+		{"agents.default.api_key", configschema.Masked},
+		{"plugins.entries.p.config", map[string]any{"k": configschema.Masked, "u": "y"}},
+	} {
+		_, err := e.setMany(operator, s)
+		if w := wire(err); w.Code != jsonrpc.CodeInvalidParams || !strings.Contains(w.Message, "what a secret reads as") {
+			t.Errorf("writing the mask to %s: %v, want -32602", s.prop, err)
+		}
+	}
+	key, err := e.srv.Reveal(ctx, &configv1.RevealRequest{Prop: "agents.default.api_key"})
+	if err != nil || key.GetValue().GetStringValue() != "sk-real-0123456789" {
+		t.Fatalf("api_key after the mask was written: %v %v", key.GetValue(), err)
+	}
+	vals, err := e.srv.PluginValues(ctx, &configv1.PluginValuesRequest{PluginKey: "p"})
+	if err != nil || vals.GetSecrets()["k"] != "v-real" {
+		t.Fatalf("plugin values after the mask was written: %v %v", vals.GetSecrets(), err)
 	}
 }

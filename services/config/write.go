@@ -203,10 +203,33 @@ func stage(candidate map[string]any, w write) (kind, err error) {
 	if err != nil {
 		return ErrInvalid, fmt.Errorf("`%s`: %w", w.prop, err)
 	}
+	if p.Secret && holdsMask(v) {
+		// A client writing back what it read (the whole document, say)
+		// replaced the secret with the mask, and the real one was gone.
+		// Refused here, not in Check: a document an older version
+		// stored so must still load.
+		return ErrInvalid, fmt.Errorf("`%s`: %q is what a secret reads as, not a secret; send the secret itself", w.prop, configschema.Masked)
+	}
 	if err := configschema.Set(candidate, w.prop, v); err != nil {
 		return ErrInvalid, err
 	}
 	return nil, nil
+}
+
+// holdsMask reports whether a secret's value is, or holds as one of its
+// object's values, what secrets read as.
+func holdsMask(v any) bool {
+	switch x := v.(type) {
+	case string:
+		return x == configschema.Masked
+	case map[string]any:
+		for _, it := range x {
+			if it == configschema.Masked {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // store inserts the revision in one transaction, with it unpairing the
