@@ -276,3 +276,40 @@ func TestRemovedUsersTokensStayUnpaired(t *testing.T) {
 		t.Fatalf("stale token of bob, with a new bob: %v", err)
 	}
 }
+
+// A principal whose binding no longer stands (its token revoked, its
+// user removed) is refused, naming why, on every config call: config/get
+// of the whole document and config/list answered an empty success, as if
+// the user could read nothing, where config/get of one property said why.
+func TestRevokedPrincipalRefusedWholeDocumentAndList(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	alice := scopedUser(e)
+	tok, err := e.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byToken := &commonv1.Principal{PrincipalId: "user:alice", User: "alice", TokenId: tokenID(tok.GetToken()), PeerUid: 4242}
+	for _, pr := range []*commonv1.Principal{alice, byToken} {
+		if _, err := e.rpc.List(ctx, &configv1.ListRequest{Principal: pr}); err != nil {
+			t.Fatalf("list while the binding stands: %v", err)
+		}
+	}
+	if _, err := e.rpc.RevokeToken(ctx, &configv1.RevokeTokenRequest{Principal: operator, User: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	e.mustSet(kv{"users.alice.uid", 1002})
+	for _, pr := range []*commonv1.Principal{alice, byToken} {
+		_, err := e.rpc.Get(ctx, &configv1.GetRequest{Principal: pr})
+		if w := wire(err); w.Code != jsonrpc.CodeForbidden || !strings.Contains(w.Message, "alice") {
+			t.Errorf("config/get of the whole document by %v: %v, want -32012", pr, err)
+		}
+		_, err = e.rpc.List(ctx, &configv1.ListRequest{Principal: pr})
+		if w := wire(err); w.Code != jsonrpc.CodeForbidden || !strings.Contains(w.Message, "alice") {
+			t.Errorf("config/list by %v: %v, want -32012", pr, err)
+		}
+	}
+	if _, err := e.rpc.List(ctx, &configv1.ListRequest{Principal: operator}); err != nil {
+		t.Fatalf("operator's list: %v", err)
+	}
+}

@@ -129,6 +129,9 @@ func (s *Server) Get(ctx context.Context, req *configv1.GetRequest) (*configv1.G
 	snap := s.current()
 	prop := req.GetProp()
 	if prop == "" {
+		if err := snap.standing(req.GetPrincipal()); err != nil {
+			return nil, err
+		}
 		doc := snap.readable(req.GetPrincipal())
 		v, err := structpb.NewValue(doc)
 		if err != nil {
@@ -153,6 +156,18 @@ func (s *Server) Get(ctx context.Context, req *configv1.GetRequest) (*configv1.G
 	return &configv1.GetResponse{Prop: prop, Value: v, Revision: snap.revision}, nil
 }
 
+// standing refuses, saying why, a principal whose binding no longer
+// stands (its token revoked, its user removed or given another uid).
+// The whole document and the list are cut down to what a principal may
+// read; without it such a principal got them empty, an answer, where
+// docs/spec.md §4 promises every config call a refusal naming why.
+func (sn *snapshot) standing(pr *commonv1.Principal) error {
+	if d := sn.authorize(pr, configschema.PermStanding, ""); !d.allowed {
+		return rpcerr.Error(codes.PermissionDenied, rpcerr.ReasonForbidden, rpcerr.NoIndex, d.reason)
+	}
+	return nil
+}
+
 // readable is the masked document cut down to what pr may read.
 func (sn *snapshot) readable(pr *commonv1.Principal) map[string]any {
 	if sn.authorize(pr, PermConfigRead, "").allowed {
@@ -174,6 +189,9 @@ func (s *Server) List(ctx context.Context, req *configv1.ListRequest) (*configv1
 		return nil, err
 	}
 	snap := s.current()
+	if err := snap.standing(req.GetPrincipal()); err != nil {
+		return nil, err
+	}
 	entries := []*configv1.Entry{}
 	for _, e := range configschema.Flatten(snap.readable(req.GetPrincipal())) {
 		if !strings.HasPrefix(e.Prop, req.GetPrefix()) {
