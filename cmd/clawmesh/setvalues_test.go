@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -25,5 +27,26 @@ func TestSetReadsIntegersExactly(t *testing.T) {
 	err = configCmd([]string{"set", "plugins.limits.call_fuel=9007199254740993", "--socket", "/nonexistent/socket"}, io.Discard)
 	if !errors.Is(err, jsonexact.ErrInexact) || !strings.Contains(err.Error(), "plugins.limits.call_fuel") {
 		t.Fatalf("clawmesh config set 2^53+1: %v", err)
+	}
+}
+
+// --set-file was read whole, however large: a file named by mistake (a
+// log of gigabytes, /dev/zero) filled the launcher's memory before any
+// line was looked at. Past what the overrides may be, with room for
+// comments, it is refused naming the bound.
+func TestSetFileIsBounded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sets")
+	body := "agents.default.model=m\n" + strings.Repeat("# a comment line\n", maxSetFileBytes/17+1)
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSetFile(path); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("a --set-file of %d bytes: %v", len(body), err)
+	}
+	if err := os.WriteFile(path, []byte("# ok\nagents.default.model=m\r\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if sets, err := readSetFile(path); err != nil || len(sets) != 1 || sets[0] != "agents.default.model=m" {
+		t.Fatalf("a small --set-file: %q %v", sets, err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/launcher"
 	"github.com/clawmesh/clawmesh/internal/logging"
+	"github.com/clawmesh/clawmesh/internal/service"
 	"github.com/clawmesh/clawmesh/internal/version"
 )
 
@@ -144,12 +145,26 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
+// maxSetFileBytes bounds a --set-file: the overrides it holds may be at
+// most service.MaxStartupSetsBytes, and this leaves room for comments.
+// Read whole without a bound, a file named by mistake (a log of
+// gigabytes, /dev/zero) filled the launcher's memory first.
+const maxSetFileBytes = 4 * service.MaxStartupSetsBytes
+
 // readSetFile reads prop=value lines; blank lines and lines starting with
 // # are skipped.
 func readSetFile(path string) ([]string, error) {
-	raw, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("--set-file: %w", err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, maxSetFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("--set-file: %w", err)
+	}
+	if len(raw) > maxSetFileBytes {
+		return nil, fmt.Errorf("--set-file %s: larger than %d bytes, more than a file of --set values may be", path, maxSetFileBytes)
 	}
 	var sets []string
 	for i, line := range strings.Split(string(raw), "\n") {
