@@ -199,7 +199,7 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 }
 
 // withRestart adds requires_restart to a write's result: the props among
-// those written that the stack reads only at start (the schema's Restart
+// those written (or deleted) that the stack reads only at start (the schema's Restart
 // flag), so a client can tell the operator the change waits for a
 // restart.
 func withRestart(result map[string]any, props []string) map[string]any {
@@ -240,7 +240,8 @@ type configDeleteParams struct {
 	Prop string `json:"prop"`
 }
 
-// configDelete is config/delete {prop} -> {prop, deleted:true}: a
+// configDelete is config/delete {prop} -> {prop, deleted:true,
+// requires_restart?}: a
 // property goes back to its default, a map entry is removed.
 func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
 	var p configDeleteParams
@@ -253,5 +254,7 @@ func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.R
 	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: cs.principalOf(), Prop: p.Prop}); err != nil {
 		return nil, serviceError("config", err)
 	}
-	return map[string]any{"prop": p.Prop, "deleted": true}, nil
+	// A property read only at start goes back to its default at the next
+	// restart, as a set of it would take effect then.
+	return withRestart(map[string]any{"prop": p.Prop, "deleted": true}, []string{p.Prop}), nil
 }

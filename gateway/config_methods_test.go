@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
 // configWrite calls config/set or config/set-many on g with params, as
@@ -132,5 +136,41 @@ func TestConfigWriteBoundedBeforeDecoding(t *testing.T) {
 	}
 	if n := jsonValues([]byte(`{"a":[1,"x,[{"],"b":{"c":"\"{"}}`)); n != 6 {
 		t.Fatalf("values counted in strings: %d", n)
+	}
+}
+
+// deletingConfig answers every Delete as done.
+type deletingConfig struct {
+	configv1.UnimplementedConfigServiceServer
+}
+
+func (deletingConfig) Delete(_ context.Context, req *configv1.DeleteRequest) (*configv1.DeleteResponse, error) {
+	return &configv1.DeleteResponse{Prop: req.GetProp()}, nil
+}
+
+// Deleting a property the stack reads only at start returns it to its
+// default at the next restart, as setting it does; config/set said so
+// (requires_restart, the CLI's note) and config/delete did not, so the
+// operator took the default to be in force.
+func TestConfigDeleteSaysWhenItWaitsForARestart(t *testing.T) {
+	g := &Gateway{config: configv1.NewConfigServiceClient(serveFake(t, func(s *grpc.Server) {
+		configv1.RegisterConfigServiceServer(s, deletingConfig{})
+	}))}
+	for prop, want := range map[string]any{
+		"rpc.max_local_connections": []string{"rpc.max_local_connections"},
+		"agents.default.model":      nil,
+		"users.alice":               nil,
+	} {
+		res, err := g.configDelete(context.Background(), &connState{}, json.RawMessage(`{"prop":"`+prop+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := res.(map[string]any)
+		if got := m["requires_restart"]; !reflect.DeepEqual(got, want) {
+			t.Errorf("config/delete %s: requires_restart %v, want %v", prop, got, want)
+		}
+		if m["deleted"] != true || m["prop"] != prop {
+			t.Errorf("config/delete %s: %v", prop, m)
+		}
 	}
 }

@@ -116,7 +116,7 @@ func first(args []string) string {
 
 func printResult(out io.Writer, cmd string, res json.RawMessage) error {
 	switch cmd {
-	case "set":
+	case "set", "delete":
 		var r struct {
 			Restart []string `json:"requires_restart"`
 		}
