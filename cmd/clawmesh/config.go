@@ -50,6 +50,15 @@ func configCmd(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// One PROP or PREFIX: a second was dropped without a word, and its
+	// silence read as an answer.
+	if (cmd == "get" || cmd == "list" || cmd == "schema") && len(rest) > 1 {
+		what := "PREFIX"
+		if cmd == "get" {
+			what = "PROP"
+		}
+		return fmt.Errorf("config %s: want at most one %s, have %d", cmd, what, len(rest))
+	}
 	if cmd == "schema" {
 		return printSchema(out, first(rest))
 	}

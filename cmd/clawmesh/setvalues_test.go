@@ -50,3 +50,20 @@ func TestSetFileIsBounded(t *testing.T) {
 		t.Fatalf("a small --set-file: %q %v", sets, err)
 	}
 }
+
+// `config get A B` printed A alone and `config list P Q` listed under P
+// alone, the rest dropped without a word: the operator took B's silence
+// for an answer. More than one PROP or PREFIX is refused before the
+// stack is asked.
+func TestConfigReadsTakeOneArgument(t *testing.T) {
+	for _, args := range [][]string{
+		{"get", "agents.default.model", "agents.default.provider"},
+		{"list", "rpc", "agents"},
+		{"schema", "rpc", "agents"},
+	} {
+		err := configCmd(append(args, "--socket", "/nonexistent/socket"), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "want at most one") {
+			t.Errorf("config %q: %v", args, err)
+		}
+	}
+}
