@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -151,7 +152,11 @@ func printResult(out io.Writer, cmd string, res json.RawMessage) error {
 			return err
 		}
 		for _, e := range r.Entries {
-			fmt.Fprintf(out, "%s = %s\n", e.Prop, e.Value)
+			v, err := reencode(e.Value, "")
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%s = %s\n", e.Prop, v)
 		}
 		return nil
 	}
@@ -159,16 +164,33 @@ func printResult(out io.Writer, cmd string, res json.RawMessage) error {
 }
 
 func printJSON(out io.Writer, raw json.RawMessage) error {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(v, "", "  ")
+	b, err := reencode(raw, "  ")
 	if err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(out, "%s\n", b)
 	return err
+}
+
+// reencode writes the JSON value raw again, indented by indent (compact
+// when ""), with <, > and & as themselves: the daemon's JSON escapes them
+// (\u003c), and a system prompt "Use <b>" printed so was not the text the
+// operator had set. Numbers keep their written form.
+func reencode(raw json.RawMessage, indent string) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", indent)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 func num(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }

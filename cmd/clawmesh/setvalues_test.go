@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -64,6 +65,24 @@ func TestConfigReadsTakeOneArgument(t *testing.T) {
 		err := configCmd(append(args, "--socket", "/nonexistent/socket"), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "want at most one") {
 			t.Errorf("config %q: %v", args, err)
+		}
+	}
+}
+
+// The CLI printed what the daemon's JSON escapes as such: a system
+// prompt "Use <b> & co" read "Use \u003cb\u003e \u0026 co", which is not
+// what the operator had set. It prints the characters.
+func TestConfigPrintsTextAsIs(t *testing.T) {
+	for cmd, res := range map[string]string{
+		"get":  `{"prop":"p","value":"Use \u003cb\u003e \u0026 co"}`,
+		"list": `{"entries":[{"prop":"agents.default.system_prompt","value":"Use \u003cb\u003e \u0026 co"}]}`,
+	} {
+		var out strings.Builder
+		if err := printResult(&out, cmd, json.RawMessage(res)); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), `"Use <b> & co"`) {
+			t.Errorf("config %s printed %q", cmd, out.String())
 		}
 	}
 }
