@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -84,5 +85,28 @@ func TestConfigPrintsTextAsIs(t *testing.T) {
 		if !strings.Contains(out.String(), `"Use <b> & co"`) {
 			t.Errorf("config %s printed %q", cmd, out.String())
 		}
+	}
+}
+
+// A --set-file line is trimmed at its ends, and was not around its "=":
+// "agents.default.model = gpt-4o", as a config file is often written,
+// set the model " gpt-4o", which the provider then did not know. Spaces
+// around "=" are dropped; a JSON string keeps spaces on purpose.
+func TestSetFileSpacesAroundEquals(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sets")
+	body := "agents.default.model = gpt-4o\n  agents.default.system_prompt=\"  two spaces\"  \n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sets, err := readSetFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"agents.default.model=gpt-4o", `agents.default.system_prompt="  two spaces"`}
+	if !slices.Equal(sets, want) {
+		t.Fatalf("read %q, want %q", sets, want)
+	}
+	if v, err := configschema.ParseText("agents.default.system_prompt", strings.SplitN(sets[1], "=", 2)[1]); err != nil || v != "  two spaces" {
+		t.Fatalf("quoted value: %q %v", v, err)
 	}
 }

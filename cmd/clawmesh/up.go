@@ -152,7 +152,7 @@ func (e *exitError) Unwrap() error { return e.err }
 const maxSetFileBytes = 4 * service.MaxStartupSetsBytes
 
 // readSetFile reads prop=value lines; blank lines and lines starting with
-// # are skipped.
+// # are skipped, and spaces around the "=" dropped.
 func readSetFile(path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -172,10 +172,15 @@ func readSetFile(path string) ([]string, error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		if !strings.Contains(line, "=") {
+		prop, value, ok := strings.Cut(line, "=")
+		if !ok {
 			return nil, fmt.Errorf("--set-file %s:%d: want prop=value", path, i+1)
 		}
-		sets = append(sets, line)
+		// "prop = value", as config files are often written: the value
+		// kept its leading space ("agents.default.model = gpt-4o" set
+		// the model " gpt-4o"), when the line's ends were trimmed
+		// already. A JSON string keeps spaces on purpose.
+		sets = append(sets, strings.TrimSpace(prop)+"="+strings.TrimSpace(value))
 	}
 	return sets, nil
 }
