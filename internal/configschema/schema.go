@@ -186,6 +186,11 @@ func Lookup(path string) (*Property, error) {
 func LookupLeaf(path string) (*Property, error) {
 	p, err := Lookup(path)
 	if err != nil {
+		// A group or a map entry is something config/get reads: called
+		// unknown, written or deleted, it read as a typo.
+		if Readable(path) {
+			return nil, fmt.Errorf("%w: `%s` is a group of properties, not one; name one of them (clawmesh config schema lists them)", ErrNotLeaf, path)
+		}
 		return nil, err
 	}
 	if slices.Contains(strings.Split(path, "."), "*") {

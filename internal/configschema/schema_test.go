@@ -243,3 +243,19 @@ func TestLengthBoundsAsCountedPatterns(t *testing.T) {
 		t.Fatalf("only %d checks", checked)
 	}
 }
+
+// A group (rpc, plugins.limits) or a map entry (agents.default) is
+// something config/get reads; written or deleted, it was refused as an
+// "unknown config property", which it is not. It is named for what it
+// is.
+func TestLookupLeafNamesAGroup(t *testing.T) {
+	for _, path := range []string{"rpc", "plugins.limits", "agents.default"} {
+		_, err := LookupLeaf(path)
+		if !errors.Is(err, ErrNotLeaf) || !strings.Contains(err.Error(), "a group of properties") {
+			t.Errorf("%s: %v", path, err)
+		}
+	}
+	if _, err := LookupLeaf("rpc.nope"); !errors.Is(err, ErrUnknown) {
+		t.Errorf("rpc.nope: %v", err)
+	}
+}
