@@ -63,8 +63,8 @@ func (sn *snapshot) profiles(pr *commonv1.Principal) ([]profile, decision) {
 		if sn.tokens[id] != user {
 			return nil, deny("the token of user %q was revoked", user)
 		}
-	} else if uid, ok := entry["uid"].(int64); !ok || uid != int64(pr.GetPeerUid()) {
-		return nil, deny("uid %d is no longer bound to user %q", pr.GetPeerUid(), user)
+	} else if uid, ok := entry["uid"].(int64); !ok || !peerIs(pr.GetPeerUid(), uid) {
+		return nil, deny("uid %d is no longer bound to user %q", uint32(pr.GetPeerUid()), user)
 	}
 	all, _ := sn.doc["permission_profiles"].(map[string]any)
 	var out []profile
@@ -161,12 +161,22 @@ func (sn *snapshot) holds(pr *commonv1.Principal) []string {
 	return out
 }
 
+// peerIs reports whether a peer's uid, as it travels (an int32, since
+// the wire has no unsigned type), is uid. A uid is 32 bits without a
+// sign: read as signed, one past 2^31-1 was negative and matched no
+// users.<name>.uid, which the schema takes up to 4294967295. -1 is the
+// gateway's "no credentials" ((uid_t)-1 is no process's uid) and is
+// nobody.
+func peerIs(peer int32, uid int64) bool {
+	return peer != -1 && int64(uint32(peer)) == uid
+}
+
 // userForUID is the user whose users.<name>.uid is uid, if any.
 func (sn *snapshot) userForUID(uid int32) (string, bool) {
 	users, _ := sn.doc["users"].(map[string]any)
 	for name, v := range users {
 		entry, _ := v.(map[string]any)
-		if u, ok := entry["uid"].(int64); ok && u == int64(uid) {
+		if u, ok := entry["uid"].(int64); ok && peerIs(uid, u) {
 			return name, true
 		}
 	}

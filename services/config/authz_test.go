@@ -313,3 +313,31 @@ func TestRevokedPrincipalRefusedWholeDocumentAndList(t *testing.T) {
 		t.Fatalf("operator's list: %v", err)
 	}
 }
+
+// A uid is 32 bits without a sign (the schema takes users.<name>.uid up
+// to 4294967295); the peer's travels as an int32, so one past 2^31-1
+// arrived negative and matched no user: a user configured with uid
+// 3000000000 could never connect. It binds now, and stands; -1, the
+// gateway's "no credentials", binds no user, not even one whose uid is
+// 4294967295.
+func TestUIDsPast2To31Bind(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxFor(t)
+	const big = 3000000000
+	e.mustSet(kv{"permission_profiles.reader.permissions", []any{"Config:Read"}},
+		kv{"permission_profiles.reader.config_paths", []any{"agents"}},
+		kv{"users.big.uid", big}, kv{"users.big.permission_profiles", []any{"reader"}},
+		kv{"users.max.uid", 4294967295}, kv{"users.max.permission_profiles", []any{"reader"}})
+	var u uint32 = big
+	wrapped := int32(u) // what SO_PEERCRED's uid becomes as an int32: -1294967296
+	resp, err := e.rpc.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{PeerUid: wrapped, PeerPid: 7})
+	if err != nil || resp.GetPrincipal().GetPrincipalId() != "user:big" {
+		t.Fatalf("uid %d: %v %v", big, resp.GetPrincipal(), err)
+	}
+	if _, err := e.rpc.Get(ctx, &configv1.GetRequest{Principal: resp.GetPrincipal(), Prop: "agents.default.model"}); err != nil {
+		t.Fatalf("uid %d reading: %v", big, err)
+	}
+	if resp, err := e.rpc.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{PeerUid: -1, PeerPid: 7}); err == nil {
+		t.Fatalf("a peer without credentials bound to %v", resp.GetPrincipal())
+	}
+}

@@ -50,14 +50,14 @@ func (s *Server) ResolvePrincipal(_ context.Context, req *configv1.ResolvePrinci
 		}
 		return peer(&commonv1.Principal{PrincipalId: configschema.UserPrincipal(user), User: user, TokenId: id}), nil
 	}
-	if int(req.GetPeerUid()) == s.uid {
+	if peerIs(req.GetPeerUid(), int64(s.uid)) {
 		return peer(&commonv1.Principal{PrincipalId: OperatorPrincipal, Operator: true}), nil
 	}
 	if user, ok := snap.userForUID(req.GetPeerUid()); ok {
 		return peer(&commonv1.Principal{PrincipalId: configschema.UserPrincipal(user), User: user}), nil
 	}
 	return nil, rpcerr.Error(codes.Unauthenticated, rpcerr.ReasonAuthRequired, rpcerr.NoIndex,
-		fmt.Sprintf("peer uid %d is not the daemon's user nor any users.<name>.uid; pair a token with 'clawmesh token create'", req.GetPeerUid()))
+		fmt.Sprintf("peer uid %d is not the daemon's user nor any users.<name>.uid; pair a token with 'clawmesh token create'", uint32(req.GetPeerUid())))
 }
 
 // CreateToken pairs a new token with an existing user. Only the operator
