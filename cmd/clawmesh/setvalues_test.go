@@ -110,3 +110,14 @@ func TestSetFileSpacesAroundEquals(t *testing.T) {
 		t.Fatalf("quoted value: %q %v", v, err)
 	}
 }
+
+// `clawmesh token` printed gRPC's framing: with no stack running,
+// "rpc error: code = Unavailable desc = connection error: desc =
+// \"transport: Error while dialing: ...\"". It says what is wrong, as
+// `clawmesh config` does.
+func TestTokenWithoutAStackSaysSo(t *testing.T) {
+	err := tokenCmd([]string{"create", "--user", "alice", "--config-dir", t.TempDir()}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "is the stack running?") || strings.Contains(err.Error(), "rpc error") {
+		t.Fatalf("token create without a stack: %v", err)
+	}
+}

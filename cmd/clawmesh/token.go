@@ -8,6 +8,9 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
@@ -69,15 +72,32 @@ func tokenCmd(args []string, out io.Writer) error {
 	if args[0] == "revoke" {
 		resp, err := rpc.RevokeToken(ctx, &configv1.RevokeTokenRequest{Principal: operator, User: user})
 		if err != nil {
-			return fmt.Errorf("token revoke: %w", err)
+			return tokenError("revoke", addr, err)
 		}
 		_, err = fmt.Fprintf(out, "revoked %d token(s) of %s\n", resp.GetRevoked(), user)
 		return err
 	}
 	resp, err := rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: user})
 	if err != nil {
-		return fmt.Errorf("token create: %w", err)
+		return tokenError("create", addr, err)
 	}
 	_, err = fmt.Fprintln(out, resp.GetToken())
 	return err
+}
+
+// tokenError says what the config service answered, without gRPC's
+// framing: "token create: rpc error: code = NotFound desc = user ..."
+// read as an internal failure, and a stack that was not running as
+// "rpc error: code = Unavailable desc = connection error: desc =
+// \"transport: Error while dialing: ...\"", where `clawmesh config`
+// asks whether the stack is running.
+func tokenError(op, addr string, err error) error {
+	st, ok := status.FromError(err)
+	switch {
+	case !ok:
+		return fmt.Errorf("token %s: %w", op, err)
+	case st.Code() == codes.Unavailable:
+		return fmt.Errorf("token %s: is the stack running? the config service at %s does not answer: %s", op, addr, st.Message())
+	}
+	return fmt.Errorf("token %s: %s", op, st.Message())
 }
