@@ -55,6 +55,7 @@ type PluginSettings struct {
 	MaxMemoryMB      uint64
 	MaxTableElements uint64
 	MaxInstances     uint64
+	MaxTotalMemoryMB uint64
 	// SignatureMode is disabled, permissive or strict.
 	SignatureMode        string
 	TrustedPublisherKeys []string
@@ -69,6 +70,7 @@ func (s Snapshot) PluginSettings() PluginSettings {
 		MaxMemoryMB:          s.Uint("plugins.limits.max_memory_mb"),
 		MaxTableElements:     s.Uint("plugins.limits.max_table_elements"),
 		MaxInstances:         s.Uint("plugins.limits.max_instances"),
+		MaxTotalMemoryMB:     s.Uint("plugins.limits.max_total_memory_mb"),
 		SignatureMode:        s.String("plugins.security.signature_mode"),
 		TrustedPublisherKeys: s.Strings("plugins.security.trusted_publisher_keys"),
 	}

@@ -126,6 +126,8 @@ var Properties = []Property{
 	{Path: "plugins.limits.max_memory_mb", Type: Integer, Restart: true, Default: 256, Min: f(1), Max: f(4096), Doc: "linear memory per instance"},
 	{Path: "plugins.limits.max_table_elements", Type: Integer, Restart: true, Default: 100_000, Min: f(1), Max: f(10_000_000), Doc: "elements per table"},
 	{Path: "plugins.limits.max_instances", Type: Integer, Restart: true, Default: 64, Min: f(1), Max: f(4096), Doc: "instances host-wide"},
+	{Path: "plugins.limits.max_total_memory_mb", Type: Integer, Restart: true, Default: 1024, Min: f(1), Max: f(1 << 20),
+		Doc: "linear memory of every instance together, in each sandbox replica; past it an instance is not made and a memory does not grow (keep it under the replica's memory limit, less 128 MiB for the rest of the process)"},
 	{Path: "plugins.security.signature_mode", Type: String, Default: "permissive", Enum: []string{"disabled", "permissive", "strict"},
 		Doc: "manifest signatures: disabled ignores them; permissive verifies them and loads every plugin, warning about a missing, untrusted or failing one; strict loads only plugins signed by a trusted key"},
 	{Path: "plugins.security.trusted_publisher_keys", Type: Array, Items: String, Default: []any{}, Pattern: hexKey,

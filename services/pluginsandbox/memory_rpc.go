@@ -155,6 +155,8 @@ func memoryError(err error) error {
 		return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex, err.Error())
 	case errors.Is(err, wasmhost.ErrInstanceLimit):
 		return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, "the plugin sandbox is running its maximum number of instances; retry later")
+	case errors.Is(err, wasmhost.ErrMemoryBudget):
+		return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, "the plugin sandbox's instances hold all the memory it may give them; retry later: "+err.Error())
 	case errors.Is(err, wasmhost.ErrFuelExhausted), errors.Is(err, wasmhost.ErrCallTimeout),
 		errors.Is(err, wasmhost.ErrMemoryLimit), errors.Is(err, wasmhost.ErrTrap), errors.Is(err, wasmhost.ErrABI):
 		return rpcerr.Error(codes.Aborted, rpcerr.ReasonInvalid, rpcerr.NoIndex, "memory plugin stopped: "+err.Error())

@@ -164,7 +164,7 @@ func Register(ctx context.Context, env *service.Env) error {
 		zap.Duration("scan_interval", settings.ScanInterval),
 		zap.Uint64("call_fuel", l.CallFuel), zap.Uint64("call_timeout_ms", l.CallTimeoutMS),
 		zap.Uint64("max_memory_mb", l.MaxMemoryMB), zap.Uint64("max_table_elements", l.MaxTableElements),
-		zap.Uint64("max_instances", l.MaxInstances))
+		zap.Uint64("max_instances", l.MaxInstances), zap.Uint64("max_total_memory_mb", l.MaxTotalMemoryMB))
 	pluginv1.RegisterPluginServiceServer(env.Server.GRPC, srv)
 	return nil
 }

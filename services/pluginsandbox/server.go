@@ -270,6 +270,8 @@ func toolFailure(err error) (*pluginv1.ExecuteToolResponse, error) {
 		return &pluginv1.ExecuteToolResponse{Success: false, Error: err.Error()}, nil
 	case errors.Is(err, wasmhost.ErrInstanceLimit):
 		return nil, rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, "the plugin sandbox is running its maximum number of instances; retry later")
+	case errors.Is(err, wasmhost.ErrMemoryBudget):
+		return nil, rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonCapacity, rpcerr.NoIndex, "the plugin sandbox's instances hold all the memory it may give them; retry later: "+err.Error())
 	case errors.Is(err, wasmhost.ErrConfigUnavailable):
 		return nil, rpcerr.Error(codes.Unavailable, rpcerr.ReasonCapacity, rpcerr.NoIndex, "plugin config unavailable")
 	case errors.Is(err, wasmhost.ErrConfig):

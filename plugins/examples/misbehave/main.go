@@ -5,7 +5,8 @@
 //
 //	loop       spin forever without calling anything (fuel, deadline)
 //	spin       run a CPU loop of "n" iterations and return (fuel metering)
-//	memhog     allocate "mb" MiB, 1 MiB at a time, touching every page (memory)
+//	memhog     allocate "mb" MiB, 1 MiB at a time, touching every page
+//	           (memory), then sleep "ms" milliseconds holding it
 //	logflood   log "n" records of "size" bytes each (logging queue)
 //	panic      panic (trap)
 //	sleep      sleep "ms" milliseconds in the host (deadline on a host wait)
@@ -90,6 +91,9 @@ func (misbehave) Execute(args json.RawMessage) (tool.Result, error) {
 			}
 			sink = append(sink, b)
 		}
+		// With "ms", the memory is held that long in the host's sleep
+		// (instances holding memory together).
+		time.Sleep(time.Duration(in.MS) * time.Millisecond)
 		return tool.Result{Success: true, Output: strconv.Itoa(len(sink))}, nil
 	case "logflood":
 		msg := strings.Repeat("x", in.Size)

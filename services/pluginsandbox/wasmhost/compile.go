@@ -93,6 +93,9 @@ type compiled struct {
 	// instantiates, off the call's path (wazero builds a call engine with
 	// its own stack for each lookup).
 	callExport string
+	// minMemory is the module's memory's minimum in bytes: what an
+	// instance commits when it is made.
+	minMemory uint64
 }
 
 // compile rewrites the module (table check, fuel, data merge), compiles it
@@ -142,7 +145,7 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
 	}
-	c := &compiled{host: h, spec: &spec, mod: mod, report: rep}
+	c := &compiled{host: h, spec: &spec, mod: mod, report: rep, minMemory: minMemory(mod)}
 	if err := c.checkABI(); err != nil {
 		_ = mod.Close(ctx)
 		return nil, err
@@ -185,4 +188,17 @@ func (c *compiled) checkABI() error {
 		}
 	}
 	return nil
+}
+
+// minMemory is what the module's memories (one in wasm 1.0, imported or
+// its own) take when an instance is made, in bytes.
+func minMemory(mod wazero.CompiledModule) uint64 {
+	var pages uint64
+	for _, m := range mod.ExportedMemories() {
+		pages += uint64(m.Min())
+	}
+	for _, m := range mod.ImportedMemories() {
+		pages += uint64(m.Min())
+	}
+	return pages << 16
 }

@@ -16,6 +16,10 @@ var (
 	// ErrMemoryLimit: the guest ran out of linear memory under
 	// plugins.limits.max_memory_mb.
 	ErrMemoryLimit = errors.New("wasmhost: memory limit reached")
+	// ErrMemoryBudget: the host's instances together hold
+	// plugins.limits.max_total_memory_mb, so an instance could not be
+	// made, or could not grow its memory.
+	ErrMemoryBudget = errors.New("wasmhost: the sandbox's memory budget is spent")
 	// ErrTableLimit: a table breaks plugins.limits.max_table_elements.
 	ErrTableLimit = errors.New("wasmhost: table limit")
 	// ErrInstanceLimit: no instance slot became free before the deadline

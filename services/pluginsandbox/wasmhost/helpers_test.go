@@ -76,6 +76,9 @@ func newHost(tb testing.TB, lim wasmhost.Limits, mut ...func(*wasmhost.Config)) 
 	if lim.MaxInstances == 0 {
 		lim.MaxInstances = def.MaxInstances
 	}
+	if lim.MaxTotalMemoryMB == 0 {
+		lim.MaxTotalMemoryMB = def.MaxTotalMemoryMB
+	}
 	cfg := wasmhost.Config{Limits: lim, CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes}
 	for _, m := range mut {
 		m(&cfg)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
-	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 	"go.uber.org/zap"
 )
@@ -24,7 +23,7 @@ type Host struct {
 	slots  *slots
 	logs   *logQueue
 	http   *http.Client
-	alloc  experimental.MemoryAllocator
+	mem    *memBudget
 	logger *zap.Logger
 
 	mu     sync.Mutex
@@ -68,7 +67,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		cfg:     cfg,
 		slots:   newSlots(int(cfg.Limits.MaxInstances)),
 		http:    newHTTPClient(),
-		alloc:   memoryAllocator(),
+		mem:     newMemBudget(cfg.Limits.MaxTotalMemoryMB),
 		logger:  cfg.Logger,
 		pools:   map[*pool]struct{}{},
 		started: time.Now().Add(-fileClockSlack),

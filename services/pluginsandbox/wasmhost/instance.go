@@ -40,6 +40,9 @@ type instance struct {
 	sleepDone atomic.Pointer[<-chan struct{}]
 	broken    bool
 	closed    atomic.Bool
+	// memRefused is set when the host's memory budget refused a growth
+	// of this instance's memory.
+	memRefused atomic.Bool
 }
 
 // newInstance instantiates c and runs its start function and _initialize
@@ -60,8 +63,11 @@ func (h *Host) newInstance(ctx context.Context, c *compiled) (*instance, error) 
 		cfg = cfg.WithSysWalltime().WithSysNanotime().WithRandSource(crand.Reader)
 	}
 	ictx := ctx
-	if h.alloc != nil {
-		ictx = experimental.WithMemoryAllocator(ctx, h.alloc)
+	if alloc := memoryAllocator(h.mem, &in.memRefused); alloc != nil {
+		if !h.mem.fits(c.minMemory) {
+			return nil, h.mem.spent()
+		}
+		ictx = experimental.WithMemoryAllocator(ctx, alloc)
 	}
 	mod, err := h.rt.InstantiateModule(ictx, c.mod, cfg)
 	if err != nil {
@@ -247,6 +253,9 @@ func (in *instance) classify(ctx context.Context, err error, watchdogFired bool)
 	}
 	if in.fuel != nil && in.fuelLeft() < 0 {
 		return fmt.Errorf("%w: plugins.limits.call_fuel %d", ErrFuelExhausted, lim.CallFuel)
+	}
+	if in.memRefused.Load() {
+		return in.c.host.mem.spent()
 	}
 	if in.outOfMemory() {
 		return fmt.Errorf("%w: plugins.limits.max_memory_mb %d", ErrMemoryLimit, lim.MaxMemoryMB)

@@ -21,6 +21,9 @@ type Limits struct {
 	MaxTableElements uint64
 	// MaxInstances is plugins.limits.max_instances, host-wide.
 	MaxInstances uint64
+	// MaxTotalMemoryMB is plugins.limits.max_total_memory_mb: the linear
+	// memory every instance of the host holds together.
+	MaxTotalMemoryMB uint64
 }
 
 // DefaultLimits returns the defaults of seed 003, as the config schema
@@ -37,11 +40,15 @@ func LimitsFrom(s configclient.PluginSettings) Limits {
 		MaxMemoryMB:      s.MaxMemoryMB,
 		MaxTableElements: s.MaxTableElements,
 		MaxInstances:     s.MaxInstances,
+		MaxTotalMemoryMB: s.MaxTotalMemoryMB,
 	}
 }
 
 // maxMemoryMB is what a wasm32 address space allows.
 const maxMemoryMB = 4096
+
+// maxTotalMemoryMB bounds plugins.limits.max_total_memory_mb (1 TiB).
+const maxTotalMemoryMB = 1 << 20
 
 // Validate reports the first zero or out-of-range limit.
 func (l Limits) Validate() error {
@@ -54,6 +61,7 @@ func (l Limits) Validate() error {
 		{"plugins.limits.max_memory_mb", l.MaxMemoryMB},
 		{"plugins.limits.max_table_elements", l.MaxTableElements},
 		{"plugins.limits.max_instances", l.MaxInstances},
+		{"plugins.limits.max_total_memory_mb", l.MaxTotalMemoryMB},
 	} {
 		if f.v == 0 {
 			return fmt.Errorf("%w: %s must be non-zero", ErrInvalidLimits, f.name)
@@ -61,6 +69,9 @@ func (l Limits) Validate() error {
 	}
 	if l.MaxMemoryMB > maxMemoryMB {
 		return fmt.Errorf("%w: plugins.limits.max_memory_mb %d exceeds the wasm32 address space (%d)", ErrInvalidLimits, l.MaxMemoryMB, maxMemoryMB)
+	}
+	if l.MaxTotalMemoryMB > maxTotalMemoryMB {
+		return fmt.Errorf("%w: plugins.limits.max_total_memory_mb %d is too large", ErrInvalidLimits, l.MaxTotalMemoryMB)
 	}
 	if l.CallFuel > 1<<62 {
 		return fmt.Errorf("%w: plugins.limits.call_fuel %d is too large", ErrInvalidLimits, l.CallFuel)

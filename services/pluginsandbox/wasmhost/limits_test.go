@@ -453,3 +453,55 @@ func TestHTTPResponseHeadersBounded(t *testing.T) {
 		t.Fatalf("a plain response: %+v, %v", res, err)
 	}
 }
+
+// Each instance is bounded alone (max_memory_mb), and all of them
+// together by max_total_memory_mb: while one call holds 40 MiB, another
+// that grows to 60 MiB is refused with the budget's error, where before
+// both went on (64 instances of 256 MiB could hold 16 GiB); once the
+// first ends, what it held is given back and the same call succeeds.
+func TestMemoryBudgetHostWide(t *testing.T) {
+	h := newHost(t, wasmhost.Limits{MaxMemoryMB: 64, MaxTotalMemoryMB: 96, CallTimeoutMS: 60_000})
+	bad := loadTool(t, h, "misbehave")
+	holder := make(chan error, 1)
+	go func() {
+		res, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"mode": "memhog", "mb": 40, "ms": 3000})})
+		if err == nil && !res.Success {
+			err = fmt.Errorf("result %+v", res)
+		}
+		holder <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for h.MemoryInUse() < 40<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the holder's memory never reached 40 MiB: %d bytes in use", h.MemoryInUse())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"mode": "memhog", "mb": 60})})
+	if !errors.Is(err, wasmhost.ErrMemoryBudget) {
+		t.Fatalf("a call growing past the budget: err = %v, want ErrMemoryBudget", err)
+	}
+	t.Logf("refused: %v", err)
+	if err := <-holder; err != nil {
+		t.Fatalf("the holder: %v", err)
+	}
+	// The holder's memory comes back once its instance is closed (off
+	// the call's path); a fresh instance kept ready for the next call
+	// holds a few MiB.
+	for h.MemoryInUse() >= 40<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still counted once every call ended", h.MemoryInUse())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	res, err := bad.Execute(context.Background(), wasmhost.ToolCall{Args: args(map[string]any{"mode": "memhog", "mb": 60})})
+	if err != nil || !res.Success {
+		t.Fatalf("the same call alone: %+v, %v", res, err)
+	}
+	if err := h.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.MemoryInUse(); n != 0 {
+		t.Fatalf("%d bytes still counted once the host closed every instance", n)
+	}
+}

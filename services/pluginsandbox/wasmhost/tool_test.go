@@ -75,6 +75,7 @@ func TestLimitsMustBeNonZero(t *testing.T) {
 		func(l *wasmhost.Limits) { l.MaxMemoryMB = 0 },
 		func(l *wasmhost.Limits) { l.MaxTableElements = 0 },
 		func(l *wasmhost.Limits) { l.MaxInstances = 0 },
+		func(l *wasmhost.Limits) { l.MaxTotalMemoryMB = 0 },
 	} {
 		l := base
 		zero(&l)
