@@ -34,6 +34,10 @@ type method struct {
 	// method served later gets it as a time, see later).
 	kind callKind
 	call func(g *Gateway, ctx context.Context, cs *connState, params json.RawMessage) (any, error)
+	// large says a reply may be megabytes (a transcript page, the whole
+	// config document): at most maxLargeReads such calls run at once,
+	// gateway-wide (see Gateway.largeReads).
+	large bool
 	// later, set instead of call, serves a method without a goroutine of
 	// its own (jsonrpc.DeferredHandler): it is called on the read loop (or
 	// on the goroutine that frees room for a held request), must not
@@ -112,16 +116,16 @@ func methodTable() map[string]method {
 		"session/cancel":   {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionCancel},
 		"session/approve":  {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionApprove},
 		"session/state":    {needs: needsAgent, kind: kindQuick, later: (*Gateway).sessionState},
-		"session/messages": {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionMessages},
+		"session/messages": {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionMessages, large: true},
 		"session/list":     {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionList},
 		"session/close":    {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionClose},
 		"session/kill":     {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionKill},
 		"session/delete":   {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionDelete},
 
-		"config/get":      {needs: needsConfigRead, kind: kindQuick, call: (*Gateway).configGet},
+		"config/get":      {needs: needsConfigRead, kind: kindQuick, call: (*Gateway).configGet, large: true},
 		"config/set":      {needs: needsConfigEdit, kind: kindSlow, call: (*Gateway).configSet},
 		"config/set-many": {needs: needsConfigEdit, kind: kindSlow, call: (*Gateway).configSetMany},
-		"config/list":     {needs: needsConfigRead, kind: kindQuick, call: (*Gateway).configList},
+		"config/list":     {needs: needsConfigRead, kind: kindQuick, call: (*Gateway).configList, large: true},
 		"config/delete":   {needs: needsConfigEdit, kind: kindSlow, call: (*Gateway).configDelete},
 
 		"plugins/list": {needs: []string{configschema.PermPluginsManage}, kind: kindQuick, call: (*Gateway).pluginsList},

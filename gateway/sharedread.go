@@ -25,6 +25,7 @@ type sharedRead struct {
 // initSharedReads sets up statusReads and stateReads once the limits are
 // known.
 func (g *Gateway) initSharedReads() {
+	g.largeReads = make(chan struct{}, maxLargeReads)
 	// A shared read has the deadline of one quick call from its start.
 	g.statusReads.Timeout, g.stateReads.Timeout = g.deadline(kindQuick), g.deadline(kindQuick)
 	logPanic := func(v any) { g.log.Error("shared read panicked", zap.Any("panic", v), zap.StackSkip("stack", 2)) }
