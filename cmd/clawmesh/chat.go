@@ -121,6 +121,13 @@ func (ch *chat) loop() error {
 		ch.setTurning(false)
 		ch.endLine()
 		if err != nil {
+			var re *rpcclient.RPCError
+			if !errors.As(err, &re) {
+				// Not the daemon's answer: the connection is gone (the
+				// gateway restarted, the stack stopped), and every line
+				// after this one would fail the same way.
+				return fmt.Errorf("chat: the connection to the stack was lost: %w; once it is up, resume with clawmesh chat --session %s", err, ch.session)
+			}
 			fmt.Fprintf(ch.out, "error: %v\n", cliError(err))
 			continue
 		}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fakeStack serves the client socket the way the gateway does, for what
+// chat needs: initialize, session/new, session/state of known sessions
+// (others are -32000). A session/prompt closes the connection, as a
+// gateway that dies (or a stack that stops) mid-turn does.
+func fakeStack(t *testing.T, known ...string) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "daemon.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serveFake(conn, known)
+		}
+	}()
+	return sock
+}
+
+func serveFake(conn net.Conn, known []string) {
+	defer conn.Close()
+	lines := bufio.NewScanner(conn)
+	for lines.Scan() {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Params struct {
+				SessionID string `json:"session_id"`
+			} `json:"params"`
+		}
+		if json.Unmarshal(lines.Bytes(), &req) != nil {
+			return
+		}
+		var result, rpcErr any
+		switch req.Method {
+		case "initialize":
+			result = map[string]any{"protocol_version": 1}
+		case "session/new":
+			id := req.Params.SessionID
+			if id == "" {
+				id = "sess_new"
+			}
+			result = map[string]any{"session_id": id, "agent_alias": "default", "message_count": 0}
+		case "session/state":
+			rpcErr = map[string]any{"code": -32000, "message": "Session " + req.Params.SessionID + " not found"}
+			for _, k := range known {
+				if k == req.Params.SessionID {
+					result, rpcErr = map[string]any{"session_id": k, "state": "idle"}, nil
+				}
+			}
+		case "session/prompt":
+			return
+		default:
+			rpcErr = map[string]any{"code": -32601, "message": "Unknown method: " + req.Method}
+		}
+		resp := map[string]any{"jsonrpc": "2.0", "id": req.ID}
+		if rpcErr != nil {
+			resp["error"] = rpcErr
+		} else {
+			resp["result"] = result
+		}
+		raw, _ := json.Marshal(resp)
+		if _, err := conn.Write(append(raw, '\n')); err != nil {
+			return
+		}
+	}
+}
+
+// A chat whose connection is lost (the gateway died, the stack stopped)
+// ends with the reason and how to resume, and a non-zero exit: it used to
+// print "error: write ...: broken pipe" for every line that followed and
+// exit 0, as if the script had run.
+func TestChatEndsWhenTheConnectionIsLost(t *testing.T) {
+	sock := fakeStack(t)
+	var out strings.Builder
+	err := chatCmd([]string{"--socket", sock}, strings.NewReader("/say one\n/say two\n/say three\n"), &out)
+	if err == nil || !strings.Contains(err.Error(), "connection to the stack was lost") ||
+		!strings.Contains(err.Error(), "clawmesh chat --session sess_new") {
+		t.Fatalf("chat returned %v\noutput:\n%s", err, out.String())
+	}
+	if strings.Contains(out.String(), "error:") {
+		t.Fatalf("chat went on after the connection was lost:\n%s", out.String())
+	}
+}
