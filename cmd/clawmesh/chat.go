@@ -21,14 +21,18 @@ import (
 
 const chatUsage = `usage: clawmesh chat [--agent ALIAS] [--session ID] [--token T] [--config-dir DIR] [--socket PATH]
 
-A terminal client: opens (or, with --session, resumes) a session and sends
-each line you type as a prompt. The agent's text streams as it arrives,
-thoughts in parentheses, tool calls and results on their own lines.
-Approvals are asked inline: answer o (allow once), a (always) or r
-(reject). Ctrl-C cancels the running turn; Ctrl-C at the prompt, /quit or
-end of input leaves. Input that is not a terminal is read line by line
-the same way, so chat can be scripted.
+A terminal client: opens (or, with --session, resumes: it must exist) a
+session and sends each line you type as a prompt. The agent's text
+streams as it arrives, thoughts in parentheses, tool calls and results on
+their own lines. Approvals are asked inline: answer o (allow once), a
+(always) or r (reject). Ctrl-C cancels the running turn; Ctrl-C at the
+prompt, /quit or end of input leaves; a lost connection ends chat with
+how to resume. Input that is not a terminal is read line by line the same
+way, so chat can be scripted.
 `
+
+// codeSessionNotFound is docs/spec.md's SESSION_NOT_FOUND.
+const codeSessionNotFound = -32000
 
 // chatCmd runs `clawmesh chat`.
 func chatCmd(args []string, in io.Reader, out io.Writer) error {
@@ -57,6 +61,14 @@ func chatCmd(args []string, in io.Reader, out io.Writer) error {
 
 	params := map[string]any{"agent_alias": *agent}
 	if *session != "" {
+		// session/new makes a session under an id that names none: a
+		// mistyped --session would open an empty one where the person
+		// meant to resume theirs.
+		_, err := c.Call("session/state", map[string]any{"session_id": *session})
+		var re *rpcclient.RPCError
+		if errors.As(err, &re) && re.Code == codeSessionNotFound {
+			return fmt.Errorf("chat: --session %s: %s; clawmesh call session/list lists yours, and chat without --session opens a new one", *session, re.Message)
+		}
 		params["session_id"] = *session
 	}
 	raw, err := c.Call("session/new", params)

@@ -98,3 +98,23 @@ func TestChatEndsWhenTheConnectionIsLost(t *testing.T) {
 		t.Fatalf("chat went on after the connection was lost:\n%s", out.String())
 	}
 }
+
+// --session resumes a session; one that does not exist (a typo, one
+// deleted) is refused and named, where session/new used to make a new,
+// empty session under the mistyped id and chat went on in it.
+func TestChatSessionMustExist(t *testing.T) {
+	sock := fakeStack(t, "sess_known")
+	var out strings.Builder
+	err := chatCmd([]string{"--socket", sock, "--session", "sess_knwon"}, strings.NewReader("/quit\n"), &out)
+	if err == nil || !strings.Contains(err.Error(), "sess_knwon") || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("chat --session of no session: %v\noutput:\n%s", err, out.String())
+	}
+	if out.Len() != 0 {
+		t.Fatalf("chat opened a session:\n%s", out.String())
+	}
+	out.Reset()
+	if err := chatCmd([]string{"--socket", sock, "--session", "sess_known"}, strings.NewReader("/quit\n"), &out); err != nil ||
+		!strings.HasPrefix(out.String(), "session sess_known ") {
+		t.Fatalf("chat --session of a known session: %v\n%s", err, out.String())
+	}
+}
