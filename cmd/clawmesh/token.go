@@ -85,19 +85,17 @@ func tokenCmd(args []string, out io.Writer) error {
 	return err
 }
 
-// tokenError says what the config service answered, without gRPC's
-// framing: "token create: rpc error: code = NotFound desc = user ..."
-// read as an internal failure, and a stack that was not running as
-// "rpc error: code = Unavailable desc = connection error: desc =
-// \"transport: Error while dialing: ...\"", where `clawmesh config`
-// asks whether the stack is running.
-func tokenError(op, addr string, err error) error {
+// tokenError shows the config service's failure as a person reads it: the
+// service's words without gRPC's "rpc error: code = ... desc =", and a
+// service that does not answer (the stack is not running) with what to
+// do about it.
+func tokenError(cmd, addr string, err error) error {
 	st, ok := status.FromError(err)
 	switch {
 	case !ok:
-		return fmt.Errorf("token %s: %w", op, err)
+		return fmt.Errorf("token %s: %w", cmd, err)
 	case st.Code() == codes.Unavailable:
-		return fmt.Errorf("token %s: is the stack running? the config service at %s does not answer: %s", op, addr, st.Message())
+		return fmt.Errorf("token %s: no config service answers at %s: is the stack running? (clawmesh up; in containers, its address is --config-addr): %s", cmd, addr, st.Message())
 	}
-	return fmt.Errorf("token %s: %s", op, st.Message())
+	return fmt.Errorf("token %s: %s", cmd, st.Message())
 }
