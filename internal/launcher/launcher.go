@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +47,9 @@ var (
 	// ErrCannotRun: a process exited with service.ExitPermanent, a
 	// failure no restart mends; the stack was stopped.
 	ErrCannotRun = errors.New("process cannot run as configured")
+	// ErrSocketInUse: the client socket's path is served by another
+	// process (another stack's, through a shared ZEROCLAW_SOCKET).
+	ErrSocketInUse = errors.New("another process serves this socket")
 )
 
 // Config is the launcher's configuration.
@@ -142,6 +146,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer unlock()
+	// The lock covers the data directory, not a client socket moved out
+	// of it (ZEROCLAW_SOCKET): one that answers is another stack's, which
+	// listening would have taken over, leaving that stack unreachable.
+	// Refused before anything starts.
+	if socket := datadir.Socket(cfg.DataDir); serving(socket) {
+		return fmt.Errorf("client socket %s: %w; stop that stack, or give this one another ZEROCLAW_SOCKET", socket, ErrSocketInUse)
+	}
 
 	var stoppers []func() // run in reverse
 	defer func() {
@@ -570,6 +581,18 @@ func scalable() string {
 		}
 	}
 	return strings.Join(names, ", ")
+}
+
+// serving reports whether a process accepts connections on the Unix
+// socket at path (a full backlog included). A stale socket file, left by
+// a process that died, refuses them.
+func serving(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return true
+	}
+	return errors.Is(err, syscall.EAGAIN)
 }
 
 // lock takes the data directory's lock, so a second stack on the same
