@@ -37,6 +37,11 @@ func callCmd(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *timeout <= 0 {
+		// The client would wait its own 30 s instead: no limit is not
+		// on offer, a turn is bounded by the stack anyway.
+		return fmt.Errorf("call: --timeout %v: want a duration above zero, e.g. 10m", *timeout)
+	}
 	if len(rest) < 1 || len(rest) > 2 {
 		fmt.Fprint(os.Stderr, callUsage)
 		return fmt.Errorf("call: want METHOD and optional PARAMS_JSON")
@@ -59,6 +64,9 @@ func callCmd(args []string, out io.Writer) error {
 		}
 	}
 	res, err := c.Call(rest[0], params)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("call %s: no answer within %v (--timeout): %w", rest[0], *timeout, err)
+	}
 	if err != nil {
 		return cliError(err)
 	}

@@ -118,3 +118,58 @@ func TestChatSessionMustExist(t *testing.T) {
 		t.Fatalf("chat --session of a known session: %v\n%s", err, out.String())
 	}
 }
+
+// call --timeout: a call the stack does not answer in time fails naming
+// the method, the limit and the flag, where it said "waiting for response
+// 2 to session/prompt: read unix @->...: i/o timeout (read \"\")"; a limit
+// that is no limit (0, negative) is refused, where it meant 30 s unsaid.
+func TestCallTimeoutSaid(t *testing.T) {
+	sock := fakeStack(t)
+	var out strings.Builder
+	quiet := filepath.Join(t.TempDir(), "quiet.sock")
+	ln, err := net.Listen("unix", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serveQuietAfterInit(c)
+		}
+	}()
+	err = callCmd([]string{"--socket", quiet, "--timeout", "200ms", "session/prompt", `{"session_id":"s","prompt":"hi"}`}, &out)
+	if err == nil || !strings.Contains(err.Error(), "session/prompt: no answer within 200ms (--timeout)") {
+		t.Fatalf("call past its timeout: %v", err)
+	}
+	for _, d := range []string{"0", "-1s"} {
+		err := callCmd([]string{"--socket", sock, "--timeout", d, "status"}, &out)
+		if err == nil || !strings.Contains(err.Error(), "--timeout") {
+			t.Errorf("call --timeout %s: %v", d, err)
+		}
+	}
+}
+
+// serveQuietAfterInit answers initialize and nothing after it.
+func serveQuietAfterInit(conn net.Conn) {
+	defer conn.Close()
+	lines := bufio.NewScanner(conn)
+	for lines.Scan() {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(lines.Bytes(), &req) != nil {
+			return
+		}
+		if req.Method == "initialize" {
+			raw, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": map[string]any{}})
+			if _, err := conn.Write(append(raw, '\n')); err != nil {
+				return
+			}
+		}
+	}
+}
