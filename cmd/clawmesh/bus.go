@@ -54,7 +54,7 @@ password is never on a command line nor in DATABASE_URL.
 func busCmd(args []string, out io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, busUsage)
-		return errors.New("bus: no command")
+		return usageErrorf("bus: no command")
 	}
 	cmd := args[0]
 	if isHelp(cmd) {
@@ -63,7 +63,7 @@ func busCmd(args []string, out io.Writer) error {
 	}
 	if cmd != "init" && cmd != "users" && cmd != "config" {
 		fmt.Fprint(os.Stderr, busUsage)
-		return fmt.Errorf("bus: unknown command %q", cmd)
+		return usageErrorf("bus: unknown command %q", cmd)
 	}
 	fsf := flag.NewFlagSet("bus "+cmd, flag.ContinueOnError)
 	var (
@@ -89,7 +89,7 @@ func busCmd(args []string, out io.Writer) error {
 		return err
 	}
 	if len(rest) > 0 {
-		return fmt.Errorf("bus %s: unexpected argument %q", cmd, rest[0])
+		return usageErrorf("bus %s: unexpected argument %q", cmd, rest[0])
 	}
 	if o.dataDir, err = datadir.Resolve(dir); err != nil {
 		return err

@@ -40,16 +40,16 @@ func callCmd(args []string, out io.Writer) error {
 	if *timeout <= 0 {
 		// The client would wait its own 30 s instead: no limit is not
 		// on offer, a turn is bounded by the stack anyway.
-		return fmt.Errorf("call: --timeout %v: want a duration above zero, e.g. 10m", *timeout)
+		return usageErrorf("call: --timeout %v: want a duration above zero, e.g. 10m", *timeout)
 	}
 	if len(rest) < 1 || len(rest) > 2 {
 		fmt.Fprint(os.Stderr, callUsage)
-		return fmt.Errorf("call: want METHOD and optional PARAMS_JSON")
+		return usageErrorf("call: want METHOD and optional PARAMS_JSON")
 	}
 	var params any = map[string]any{}
 	if len(rest) == 2 {
 		if err := json.Unmarshal([]byte(rest[1]), &params); err != nil {
-			return fmt.Errorf("call: PARAMS_JSON: %w", err)
+			return usageErrorf("call: PARAMS_JSON: %w", err)
 		}
 	}
 	c, err := sf.dial()

@@ -50,7 +50,7 @@ func chatCmd(args []string, in io.Reader, out io.Writer) error {
 		return err
 	}
 	if len(rest) > 0 {
-		return fmt.Errorf("chat: unexpected argument %q", rest[0])
+		return usageErrorf("chat: unexpected argument %q", rest[0])
 	}
 	c, err := sf.dialWith(map[string]any{"elicitation": map[string]any{}})
 	if err != nil {

@@ -36,13 +36,13 @@ Secrets read ***MASKED***. Flags: --config-dir, --socket, --token.
 func configCmd(args []string, out io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, configUsage)
-		return fmt.Errorf("config: no command")
+		return usageErrorf("config: no command")
 	}
 	cmd := args[0]
 	if !slices.Contains([]string{"get", "list", "delete", "set", "schema", "help", "-h", "--help"}, cmd) {
 		// Before the flags: `config bogus -h` is refused, not helped.
 		fmt.Fprint(os.Stderr, configUsage)
-		return fmt.Errorf("config: unknown command %q", cmd)
+		return usageErrorf("config: unknown command %q", cmd)
 	}
 	fs := flag.NewFlagSet("config "+cmd, flag.ContinueOnError)
 	var sf socketFlags
@@ -58,7 +58,7 @@ func configCmd(args []string, out io.Writer) error {
 		if cmd == "get" {
 			what = "PROP"
 		}
-		return fmt.Errorf("config %s: want at most one %s, have %d", cmd, what, len(rest))
+		return usageErrorf("config %s: want at most one %s, have %d", cmd, what, len(rest))
 	}
 	if cmd == "schema" {
 		return printSchema(out, first(rest))
@@ -74,23 +74,23 @@ func configCmd(args []string, out io.Writer) error {
 		method, params = "config/list", map[string]any{"prefix": first(rest)}
 	case "delete":
 		if len(rest) != 1 {
-			return fmt.Errorf("config delete: want one PROP")
+			return usageErrorf("config delete: want one PROP")
 		}
 		method, params = "config/delete", map[string]any{"prop": rest[0]}
 	case "set":
 		if len(rest) == 0 {
-			return fmt.Errorf("config set: want PROP=VALUE")
+			return usageErrorf("config set: want PROP=VALUE")
 		}
 		sets := make([]map[string]any, len(rest))
 		for i, kv := range rest {
 			prop, raw, ok := strings.Cut(kv, "=")
 			if !ok || prop == "" {
-				return fmt.Errorf("config set %q: want PROP=VALUE", kv)
+				return usageErrorf("config set %q: want PROP=VALUE", kv)
 			}
 			v, err := configschema.ParseText(prop, raw)
 			if err != nil {
 				// The schema is the daemon's: refuse here with its words.
-				return fmt.Errorf("config set %s: %w", prop, err)
+				return usageErrorf("config set %s: %w", prop, err)
 			}
 			sets[i] = map[string]any{"prop": prop, "value": v}
 		}
@@ -103,7 +103,7 @@ func configCmd(args []string, out io.Writer) error {
 		return nil
 	default:
 		fmt.Fprint(os.Stderr, configUsage)
-		return fmt.Errorf("config: unknown command %q", cmd)
+		return usageErrorf("config: unknown command %q", cmd)
 	}
 	c, err := sf.dial()
 	if err != nil {

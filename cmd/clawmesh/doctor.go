@@ -65,7 +65,7 @@ func doctorCmd(args []string, out io.Writer) error {
 		return err
 	}
 	if len(rest) > 0 {
-		return fmt.Errorf("doctor: unexpected argument %q", rest[0])
+		return usageErrorf("doctor: unexpected argument %q", rest[0])
 	}
 	dir, err := datadir.Resolve(sf.dir)
 	if err != nil {

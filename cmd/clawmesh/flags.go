@@ -19,7 +19,7 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, helpRequested{fs}
 			}
-			return nil, fmt.Errorf("%s: %w (see %s -h)", fs.Name(), err, fs.Name())
+			return nil, usageErrorf("%s: %w (see clawmesh %s -h)", fs.Name(), err, fs.Name())
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {

@@ -42,6 +42,11 @@ func healthCmd(args []string, out io.Writer) error {
 		usageOf(out, healthUsage, fs)
 		return nil
 	}
+	var usage *exitError
+	if errors.As(err, &usage) {
+		// A probe knows 0 and 1; Docker reserves 2 of a health check.
+		return usage.err
+	}
 	if err != nil {
 		return err
 	}

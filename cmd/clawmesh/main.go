@@ -39,12 +39,14 @@ commands:
   health       exit 0 only if a process's gRPC health is SERVING (container probes)
   bus          bus credentials and nats-server config for an external NATS (containers)
   version      print the version
+
+Exit status: 0 done, 1 failed, 2 the command line is wrong (health: 1).
 `
 
 func run(args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, usage)
-		return fmt.Errorf("no command")
+		return usageErrorf("no command")
 	}
 	switch args[0] {
 	case "up", "daemon":
@@ -72,5 +74,5 @@ func run(args []string) error {
 		return nil
 	}
 	fmt.Fprint(os.Stderr, usage)
-	return fmt.Errorf("unknown command %q", args[0])
+	return usageErrorf("unknown command %q", args[0])
 }

@@ -58,7 +58,7 @@ policy again when it loads the plugin, and nothing is seeded.
 func pluginCmd(args []string, out io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, pluginUsage)
-		return errors.New("plugin: no command")
+		return usageErrorf("plugin: no command")
 	}
 	cmd := args[0]
 	fs := flag.NewFlagSet("plugin "+cmd, flag.ContinueOnError)
@@ -87,7 +87,7 @@ func pluginCmd(args []string, out io.Writer) error {
 	if !slices.Contains([]string{"list", "search", "install", "remove", "info", "sign", "keygen"}, cmd) {
 		// Before the flags: `plugin bogus -h` is refused, not helped.
 		fmt.Fprint(os.Stderr, pluginUsage)
-		return fmt.Errorf("plugin: unknown command %q", cmd)
+		return usageErrorf("plugin: unknown command %q", cmd)
 	}
 	rest, err := parseArgs(fs, args[1:])
 	if err != nil {
@@ -104,32 +104,32 @@ func pluginCmd(args []string, out io.Writer) error {
 		return p.search(ctx, registry, strings.Join(rest, " "))
 	case "install":
 		if len(rest) != 1 {
-			return errors.New("plugin install: want one SOURCE")
+			return usageErrorf("plugin install: want one SOURCE")
 		}
 		return p.install(ctx, registry, rest[0])
 	case "remove":
 		if len(rest) != 1 {
-			return errors.New("plugin remove: want one NAME")
+			return usageErrorf("plugin remove: want one NAME")
 		}
 		return p.remove(rest[0], purge)
 	case "info":
 		if len(rest) != 1 {
-			return errors.New("plugin info: want one NAME")
+			return usageErrorf("plugin info: want one NAME")
 		}
 		return p.info(rest[0], channel)
 	case "sign":
 		if len(rest) != 1 || keyFile == "" {
-			return errors.New("plugin sign: want --key FILE and one PATH")
+			return usageErrorf("plugin sign: want --key FILE and one PATH")
 		}
 		return signManifest(out, keyFile, rest[0])
 	case "keygen":
 		if outFile == "" {
-			return errors.New("plugin keygen: want --out FILE")
+			return usageErrorf("plugin keygen: want --out FILE")
 		}
 		return keygen(out, outFile)
 	}
 	fmt.Fprint(os.Stderr, pluginUsage)
-	return fmt.Errorf("plugin: unknown command %q", cmd)
+	return usageErrorf("plugin: unknown command %q", cmd)
 }
 
 // pluginEnv is what the plugin commands share: the data directory, the

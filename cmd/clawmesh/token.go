@@ -36,7 +36,7 @@ func tokenCmd(args []string, out io.Writer) error {
 	}
 	if len(args) == 0 || (args[0] != "create" && args[0] != "revoke") {
 		fmt.Fprint(os.Stderr, tokenUsage)
-		return fmt.Errorf("token: want create or revoke")
+		return usageErrorf("token: want create or revoke")
 	}
 	fs := flag.NewFlagSet("token "+args[0], flag.ContinueOnError)
 	var dir, user, addr string
@@ -48,10 +48,10 @@ func tokenCmd(args []string, out io.Writer) error {
 		return err
 	}
 	if len(rest) > 0 {
-		return fmt.Errorf("token %s: unexpected argument %q", args[0], rest[0])
+		return usageErrorf("token %s: unexpected argument %q", args[0], rest[0])
 	}
 	if user == "" {
-		return fmt.Errorf("token %s: --user is required", args[0])
+		return usageErrorf("token %s: --user is required", args[0])
 	}
 	if addr == "" {
 		data, err := datadir.Resolve(dir)

@@ -64,7 +64,7 @@ func up(args []string, out io.Writer) error {
 		return err
 	}
 	if len(rest) > 0 {
-		return fmt.Errorf("up: unexpected argument %q", rest[0])
+		return usageErrorf("up: unexpected argument %q", rest[0])
 	}
 	if setFile != "" {
 		fromFile, err := readSetFile(setFile)
@@ -82,7 +82,7 @@ func up(args []string, out io.Writer) error {
 		name, n, ok := strings.Cut(s, "=")
 		count, err := strconv.Atoi(n)
 		if !ok || err != nil {
-			return fmt.Errorf("--scale %q: want service=N", s)
+			return usageErrorf("--scale %q: want service=N", s)
 		}
 		scale[name] = count
 	}
@@ -92,10 +92,10 @@ func up(args []string, out io.Writer) error {
 	for _, s := range sets {
 		prop, raw, ok := strings.Cut(s, "=")
 		if prop = strings.TrimSpace(prop); !ok || prop == "" {
-			return fmt.Errorf("--set %q: want prop=value", s)
+			return usageErrorf("--set %q: want prop=value", s)
 		}
 		if _, err := configschema.ParseText(prop, raw); err != nil {
-			return fmt.Errorf("--set %s: %w", prop, err)
+			return usageErrorf("--set %s: %w", prop, err)
 		}
 	}
 	log, err := logging.New("clawmesh", logLevel)
@@ -135,6 +135,17 @@ func up(args []string, out io.Writer) error {
 // exitInterrupted is the exit status of `clawmesh up` interrupted while
 // starting: 128 + SIGINT. A stop once the stack is up exits 0.
 const exitInterrupted = 130
+
+// exitUsage is the exit status of a command line the command cannot run
+// (an unknown command or flag, a missing or extra argument, a value of
+// the wrong type), as the flag package's own: a script tells "called
+// wrongly" from "ran and failed" (1).
+const exitUsage = 2
+
+// usageErrorf is a usage error: exit status exitUsage.
+func usageErrorf(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
 
 // exitError is an error with its own exit status.
 type exitError struct {

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A command line the command cannot run exits 2, one that ran and failed
+// exits 1, so a script tells "called wrongly" from "it failed"; both say
+// why on the last line of stderr. Usage errors used to exit 1 like any
+// failure. health exits 1 for both: a probe knows 0 and 1 (Docker
+// reserves 2).
+func TestUsageErrorsExitTwo(t *testing.T) {
+	none := filepath.Join(t.TempDir(), "none")
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{nil, 2, "no command"},
+		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		{[]string{"up", "--bogus"}, 2, "flag provided but not defined: -bogus (see clawmesh up -h)"},
+		{[]string{"up", "extra", "--config-dir", none}, 2, `unexpected argument "extra"`},
+		{[]string{"up", "--config-dir", none, "--set", "rpc.max_local_connections=abc"}, 2, "rpc.max_local_connections"},
+		{[]string{"call"}, 2, "want METHOD"},
+		{[]string{"call", "status", "{bad", "--config-dir", none}, 2, "PARAMS_JSON"},
+		{[]string{"call", "status", "--timeout", "abc"}, 2, "see clawmesh call -h"},
+		{[]string{"chat", "extra", "--config-dir", none}, 2, `unexpected argument "extra"`},
+		{[]string{"doctor", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"config"}, 2, "no command"},
+		{[]string{"config", "get", "--tokn", "x"}, 2, "see clawmesh config get -h"},
+		{[]string{"config", "delete", "--config-dir", none}, 2, "want one PROP"},
+		{[]string{"config", "set", "rpc.max_local_connections=abc", "--config-dir", none}, 2, "not JSON of type integer"},
+		{[]string{"token", "create", "--config-dir", none}, 2, "--user is required"},
+		{[]string{"token", "bogus"}, 2, "want create or revoke"},
+		{[]string{"plugin", "install", "--config-dir", none}, 2, "want one SOURCE"},
+		{[]string{"plugin", "bogus"}, 2, `unknown command "bogus"`},
+		{[]string{"bus", "users", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"health", "--bogus"}, 1, "flag provided but not defined"},
+		{[]string{"health", "a", "b"}, 1, "at most one ADDR"},
+		// Failures, not usage errors.
+		{[]string{"call", "status", "--config-dir", none}, 1, "is the stack running?"},
+		{[]string{"config", "get", "--config-dir", none}, 1, "is the stack running?"},
+		{[]string{"bus", "users", "--config-dir", none}, 1, "bus init"},
+		{[]string{"health", none}, 1, "health"},
+	} {
+		_, stderr, code := runCLI(t, tc.args...)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		last := lines[len(lines)-1]
+		if code != tc.code || !strings.HasPrefix(last, "clawmesh: ") || !strings.Contains(last, tc.says) {
+			t.Errorf("clawmesh %s: exit %d (want %d), last line %q (want %q)", strings.Join(tc.args, " "), code, tc.code, last, tc.says)
+		}
+	}
+}
