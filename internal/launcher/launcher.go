@@ -153,6 +153,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if socket := datadir.Socket(cfg.DataDir); serving(socket) {
 		return fmt.Errorf("client socket %s: %w; stop that stack, or give this one another ZEROCLAW_SOCKET", socket, ErrSocketInUse)
 	}
+	// Before PostgreSQL is prepared and started: a clawmesh built alone
+	// (no make build) learnt only then that the services were missing.
+	if err := binariesPresent(cfg.BinDir); err != nil {
+		return err
+	}
 
 	var stoppers []func() // run in reverse
 	defer func() {
@@ -414,6 +419,9 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := binariesPresent(cfg.BinDir); err != nil {
+		return nil, nil, err
+	}
 	var bound []*firstSocket
 	releaseBound := func() {
 		for _, fs := range bound {
@@ -466,9 +474,6 @@ func plan(cfg Config, dbURL, natsURL string, clientSocket *os.File, held []*dorm
 				}
 			}
 			bin, edge := filepath.Join(cfg.BinDir, sp.Name), sp.Edge
-			if _, err := os.Stat(bin); err != nil {
-				return nil, nil, fmt.Errorf("%s binary: %w (run make build)", sp.Name, err)
-			}
 			var first *firstSocket
 			if mine == nil {
 				if first, err = bindFirst(sock); err != nil {
@@ -581,6 +586,17 @@ func scalable() string {
 		}
 	}
 	return strings.Join(names, ", ")
+}
+
+// binariesPresent checks that every process of the stack has its binary
+// in binDir.
+func binariesPresent(binDir string) error {
+	for _, sp := range stack.Processes {
+		if _, err := os.Stat(filepath.Join(binDir, sp.Name)); err != nil {
+			return fmt.Errorf("%s binary: %w (run make build)", sp.Name, err)
+		}
+	}
+	return nil
 }
 
 // serving reports whether a process accepts connections on the Unix
