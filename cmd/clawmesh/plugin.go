@@ -381,9 +381,14 @@ func (p *pluginEnv) list(all bool) error {
 	if err != nil {
 		return err
 	}
+	// A folder not made yet holds no plugin; one that cannot be read
+	// (a file, a folder not ours to list) must not read as empty.
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("plugin list: %w", err)
+	}
 	fmt.Fprintf(tw, "the stack is not running; plugins installed in %s:\n", dir)
 	fmt.Fprintln(tw, "NAME\tVERSION\tCAPABILITIES\tFOLDER\tPROBLEM")
-	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
