@@ -34,7 +34,8 @@ Runs the whole stack on this host in the foreground (alias: daemon): a
 PostgreSQL cluster of the machine's binaries in the data directory (or
 DATABASE_URL), NATS embedded (or NATS_URL), the services and the gateway,
 each supervised and restarted when it dies. Clients connect to
-<data>/daemon.sock. Ctrl-C or SIGTERM stops everything it started.
+<data>/daemon.sock. Ctrl-C, SIGTERM or SIGHUP (the terminal closing)
+stops everything it started.
 `
 
 // up runs `clawmesh up`; out receives the usage of -h.
@@ -107,7 +108,7 @@ func up(args []string, out io.Writer) error {
 	if liveness == 0 {
 		liveness = -1 // the launcher's "disabled"
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
 	err = launcher.Run(ctx, launcher.Config{
 		DataDir:     data,
@@ -130,6 +131,20 @@ func up(args []string, out io.Writer) error {
 		return &exitError{code: exitInterrupted, err: errors.New("interrupted while starting; everything started was stopped")}
 	}
 	return err
+}
+
+// stopSignals are the signals that stop the stack in order. SIGHUP is one:
+// the terminal of a foreground `clawmesh up` closing (a window shut, an
+// ssh session dropped) otherwise killed the launcher at once, its
+// children stopped all together by their parent-death signal and their
+// sockets left behind. Not when it is ignored (nohup): Notify would undo
+// that.
+func stopSignals() []os.Signal {
+	sigs := []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		sigs = append(sigs, syscall.SIGHUP)
+	}
+	return sigs
 }
 
 // exitInterrupted is the exit status of `clawmesh up` interrupted while
