@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -73,8 +74,8 @@ func doctorCmd(args []string, out io.Writer) error {
 	}
 	d := &doctor{out: out}
 	d.binaries()
-	exists := d.dataDir(dir)
-	if exists {
+	state := d.dataDir(dir)
+	if state == dirUsable {
 		d.diskSpace("disk space", dir)
 		if cluster := pgcluster.Dir(dir); cluster != "" && os.Getenv("DATABASE_URL") == "" {
 			d.diskSpace("database disk", cluster)
@@ -89,7 +90,11 @@ func doctorCmd(args []string, out io.Writer) error {
 	if socket == "" {
 		socket = datadir.Socket(dir)
 	}
-	d.stack(socket, &sf)
+	// A socket inside a data directory that is not one (a file) is that
+	// one failure again, said already with its fix.
+	if state != dirUnusable || !strings.HasPrefix(socket, dir+string(filepath.Separator)) {
+		d.stack(socket, &sf)
+	}
 	if d.failed > 0 {
 		return fmt.Errorf("doctor: %d check(s) failed", d.failed)
 	}
@@ -110,22 +115,33 @@ func (d *doctor) binaries() {
 	d.ok("postgres", "server binaries in "+bin)
 }
 
-// dataDir checks the data directory's owner and mode; it reports whether
-// the directory exists.
-func (d *doctor) dataDir(dir string) bool {
+// dirState is what the data directory check found.
+type dirState int
+
+const (
+	dirMissing  dirState = iota // not made yet
+	dirUnusable                 // not a directory, or not to be read
+	dirUsable                   // a directory the other checks look in
+)
+
+// dataDir checks the data directory's owner and mode, and says whether
+// the checks of what it holds can look in it: a file, or a folder that
+// cannot be read, fails once here rather than again for each of them.
+func (d *doctor) dataDir(dir string) dirState {
 	fi, err := os.Stat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		d.note("data directory", dir+" does not exist yet: clawmesh up creates it")
-		return false
+		return dirMissing
 	}
 	if err != nil {
 		d.fail("data directory", err.Error(), "")
-		return false
+		return dirUnusable
 	}
 	st, _ := fi.Sys().(*syscall.Stat_t)
 	switch {
 	case !fi.IsDir():
 		d.fail("data directory", dir+" is not a directory", "move it away, or pick another --config-dir")
+		return dirUnusable
 	case st != nil && int(st.Uid) != os.Geteuid():
 		d.fail("data directory", fmt.Sprintf("%s is owned by uid %d, not you (uid %d)", dir, st.Uid, os.Geteuid()),
 			fmt.Sprintf("run as its owner, or chown -R %d %s", os.Geteuid(), dir))
@@ -135,7 +151,7 @@ func (d *doctor) dataDir(dir string) bool {
 	default:
 		d.ok("data directory", dir+" (0700, yours)")
 	}
-	return true
+	return dirUsable
 }
 
 // minFreeBytes is the free space below which the disk of the data
