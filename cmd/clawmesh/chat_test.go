@@ -10,9 +10,11 @@ import (
 )
 
 // fakeStack serves the client socket the way the gateway does, for what
-// chat needs: initialize, session/new, session/state of known sessions
-// (others are -32000). A session/prompt closes the connection, as a
-// gateway that dies (or a stack that stops) mid-turn does.
+// chat and doctor need: initialize, session/new, session/state of known
+// sessions (others are -32000), health (the gateway serving), status
+// failing as with the session service down. A session/prompt closes the
+// connection, as a gateway that dies (or a stack that stops) mid-turn
+// does.
 func fakeStack(t *testing.T, known ...string) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "daemon.sock")
@@ -66,6 +68,10 @@ func serveFake(conn net.Conn, known []string) {
 			}
 		case "session/prompt":
 			return
+		case "health":
+			result = map[string]any{"components": map[string]any{"gateway": map[string]any{"status": "serving"}}}
+		case "status":
+			rpcErr = map[string]any{"code": -32603, "message": "session unavailable"}
 		default:
 			rpcErr = map[string]any{"code": -32601, "message": "Unknown method: " + req.Method}
 		}

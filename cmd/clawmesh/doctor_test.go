@@ -30,3 +30,15 @@ func TestDoctorDataDirIsAFile(t *testing.T) {
 		t.Fatalf("doctor on a file:\n%s", out.String())
 	}
 }
+
+// The version check asks status, which fails while the session service
+// is down; doctor dropped the check without a word, and a reader took
+// the missing line for a check that passed.
+func TestDoctorSaysWhyTheVersionIsUnknown(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres:///none")
+	var out strings.Builder
+	_ = doctorCmd([]string{"--config-dir", t.TempDir(), "--socket", fakeStack(t)}, &out)
+	if !strings.Contains(out.String(), "note  version") || !strings.Contains(out.String(), "session unavailable") {
+		t.Fatalf("doctor with status failing:\n%s", out.String())
+	}
+}
