@@ -86,7 +86,7 @@ func chatCmd(args []string, in io.Reader, out io.Writer) error {
 	fmt.Fprintf(out, "session %s (agent %s, %d messages); /quit to leave\n", s.SessionID, s.AgentAlias, s.MessageCount)
 
 	ch := &chat{c: c, out: out, lines: bufio.NewScanner(in), session: s.SessionID}
-	ch.lines.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	ch.lines.Buffer(make([]byte, 0, 64<<10), maxInputLine)
 	if f, ok := in.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		ch.interactive = true
 	}
@@ -98,6 +98,9 @@ func chatCmd(args []string, in io.Reader, out io.Writer) error {
 	go ch.interrupts(sigs, done)
 	return ch.loop()
 }
+
+// maxInputLine is the longest line chat reads: one prompt.
+const maxInputLine = 1 << 20
 
 // chat is one chat session's state.
 type chat struct {
@@ -118,6 +121,9 @@ func (ch *chat) loop() error {
 			fmt.Fprint(ch.out, "> ")
 		}
 		if !ch.lines.Scan() {
+			if errors.Is(ch.lines.Err(), bufio.ErrTooLong) {
+				return fmt.Errorf("chat: a line of input is longer than 1 MiB, the longest prompt chat sends: %w", ch.lines.Err())
+			}
 			return ch.lines.Err()
 		}
 		line := strings.TrimSpace(ch.lines.Text())

@@ -179,3 +179,14 @@ func serveQuietAfterInit(conn net.Conn) {
 		}
 	}
 }
+
+// A line of input past chat's 1 MiB ends chat saying so, where it said
+// "bufio.Scanner: token too long".
+func TestChatSaysALineIsTooLong(t *testing.T) {
+	sock := fakeStack(t)
+	var out strings.Builder
+	err := chatCmd([]string{"--socket", sock}, strings.NewReader("/say "+strings.Repeat("a", 2<<20)+"\n"), &out)
+	if err == nil || !strings.Contains(err.Error(), "longer than 1 MiB") {
+		t.Fatalf("chat of a 2 MiB line: %v", err)
+	}
+}
