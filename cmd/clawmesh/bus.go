@@ -127,7 +127,7 @@ func busCmd(args []string, out io.Writer) error {
 func existingKeys(dataDir string) (map[bus.Role]string, error) {
 	for _, r := range bus.Roles {
 		if _, err := os.Stat(bus.SeedFile(dataDir, r)); err != nil {
-			return nil, fmt.Errorf("bus: %w for role %s (%v); run clawmesh bus init first", bus.ErrNoCredential, r, err)
+			return nil, fmt.Errorf("%w for role %s (%v); run clawmesh bus init first", bus.ErrNoCredential, r, err)
 		}
 	}
 	return bus.EnsureCredentials(dataDir)

@@ -291,3 +291,13 @@ func TestBusInitExportKeepsTheBusFolderItsOwn(t *testing.T) {
 		}
 	}
 }
+
+// bus users before bus init names the missing seed and the fix, once
+// prefixed: it read "bus: bus: no credential for role launcher ...".
+func TestBusUsersBeforeInitSaid(t *testing.T) {
+	var out bytes.Buffer
+	err := busCmd([]string{"users", "--config-dir", filepath.Join(t.TempDir(), "empty")}, &out)
+	if err == nil || !strings.HasPrefix(err.Error(), "bus: no credential for role ") || !strings.Contains(err.Error(), "run clawmesh bus init first") {
+		t.Fatalf("bus users before init: %v", err)
+	}
+}
