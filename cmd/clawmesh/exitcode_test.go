@@ -20,6 +20,9 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	}{
 		{nil, 2, "no command"},
 		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		// "flags may go anywhere" is after the command: one before it is
+		// named as such, not as an unknown command "--config-dir".
+		{[]string{"--config-dir", none, "call", "status"}, 2, `flag "--config-dir" before the command: flags follow it, e.g. clawmesh call --config-dir`},
 		{[]string{"up", "--bogus"}, 2, "flag provided but not defined: -bogus (see clawmesh up -h)"},
 		{[]string{"up", "extra", "--config-dir", none}, 2, `unexpected argument "extra"`},
 		{[]string{"up", "--config-dir", none, "--set", "rpc.max_local_connections=abc"}, 2, "rpc.max_local_connections"},

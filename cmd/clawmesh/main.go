@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 )
 
 func main() {
@@ -73,6 +75,21 @@ func run(args []string) error {
 		fmt.Print(usage)
 		return nil
 	}
+	if strings.HasPrefix(args[0], "-") {
+		// Flags go anywhere after the command, not before it: say so
+		// rather than call the flag an unknown command.
+		cmd := "call"
+		for _, a := range args[1:] {
+			if slices.Contains(commands, a) {
+				cmd = a
+				break
+			}
+		}
+		return usageErrorf("flag %q before the command: flags follow it, e.g. clawmesh %s %s ...", args[0], cmd, args[0])
+	}
 	fmt.Fprint(os.Stderr, usage)
 	return usageErrorf("unknown command %q", args[0])
 }
+
+// commands are the command names run knows.
+var commands = []string{"up", "daemon", "config", "call", "chat", "doctor", "token", "plugin", "health", "bus", "version"}
