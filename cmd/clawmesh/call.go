@@ -51,6 +51,13 @@ func callCmd(args []string, out io.Writer) error {
 		if err := json.Unmarshal([]byte(rest[1]), &params); err != nil {
 			return usageErrorf("call: PARAMS_JSON: %w", err)
 		}
+		switch params.(type) {
+		case map[string]any, []any:
+		default:
+			// JSON-RPC params are structured; the daemon refuses
+			// anything else as an invalid request.
+			return usageErrorf("call: PARAMS_JSON: want a JSON object or array, not %s", rest[1])
+		}
 	}
 	c, err := sf.dial()
 	if err != nil {

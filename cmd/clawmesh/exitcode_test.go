@@ -28,6 +28,10 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"up", "--config-dir", none, "--set", "rpc.max_local_connections=abc"}, 2, "rpc.max_local_connections"},
 		{[]string{"call"}, 2, "want METHOD"},
 		{[]string{"call", "status", "{bad", "--config-dir", none}, 2, "PARAMS_JSON"},
+		// JSON, but not params: refused here, before the stack is dialled
+		// (it said "is the stack running?" or the daemon's -32600).
+		{[]string{"call", "status", "null", "--config-dir", none}, 2, "PARAMS_JSON: want a JSON object or array"},
+		{[]string{"call", "status", `"x"`, "--config-dir", none}, 2, "PARAMS_JSON: want a JSON object or array"},
 		{[]string{"call", "status", "--timeout", "abc"}, 2, "see clawmesh call -h"},
 		{[]string{"chat", "extra", "--config-dir", none}, 2, `unexpected argument "extra"`},
 		{[]string{"doctor", "extra"}, 2, `unexpected argument "extra"`},
