@@ -435,8 +435,9 @@ func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs [
 			r := p.current()
 			select {
 			case <-r.exited:
-				return fmt.Errorf("%s exited during start (%s): %s; see %s", p.name, r.cmd.ProcessState,
+				err := fmt.Errorf("%s exited during start (%s): %s; see %s", p.name, r.cmd.ProcessState,
 					lastLine(s.logPath(p)), s.logPath(p))
+				return s.stillWaiting(err, p, pending, why)
 			default:
 			}
 			pctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -474,6 +475,25 @@ func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs [
 		case <-kick:
 		}
 	}
+}
+
+// stillWaiting adds to the exit during start of p the processes that were
+// not ready yet, each with the last line of its log. A process often dies
+// at start for want of another one still starting (plugin-sandbox that
+// could not read the config, config waiting for an unreachable
+// database), and what that one waits for is in its log only: it answers
+// no health check meanwhile.
+func (s *supervisor) stillWaiting(err error, p *proc, pending []*proc, why map[*proc]error) error {
+	var others []string
+	for _, o := range pending {
+		if o != p && why[o] != nil {
+			others = append(others, fmt.Sprintf("%s (not ready) last logged: %s", o.name, lastLine(s.logPath(o))))
+		}
+	}
+	if len(others) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; meanwhile %s", err, strings.Join(others, "; "))
 }
 
 // lastLine is the last non-empty line of a log file (a process that fails

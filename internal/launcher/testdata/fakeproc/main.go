@@ -8,7 +8,8 @@
 //	            after FAKE_LIFE
 //	serve       serve gRPC health (SERVING) on --listen until SIGTERM
 //	notserving  serve health NOT_SERVING, the reason "database: FAKE_MESSAGE"
-//	slowstart   wait FAKE_LIFE, then serve
+//	slowstart   write FAKE_MESSAGE to stderr (when set), wait FAKE_LIFE,
+//	            then serve
 package main
 
 import (
@@ -57,6 +58,9 @@ func main() {
 		}
 		os.Exit(code)
 	case "slowstart":
+		if msg := os.Getenv("FAKE_MESSAGE"); msg != "" {
+			fmt.Fprintln(os.Stderr, msg)
+		}
 		time.Sleep(life)
 		serve(*listen, nil)
 	case "notserving":
