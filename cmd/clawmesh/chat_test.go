@@ -44,6 +44,7 @@ func serveFake(conn net.Conn, known []string) {
 			Method string          `json:"method"`
 			Params struct {
 				SessionID string `json:"session_id"`
+				AuthToken string `json:"auth_token"`
 			} `json:"params"`
 		}
 		if json.Unmarshal(lines.Bytes(), &req) != nil {
@@ -53,6 +54,9 @@ func serveFake(conn net.Conn, known []string) {
 		switch req.Method {
 		case "initialize":
 			result = map[string]any{"protocol_version": 1}
+			if req.Params.AuthToken == "refused-token" {
+				result, rpcErr = nil, map[string]any{"code": -32010, "message": "auth_token is not paired"}
+			}
 		case "session/new":
 			id := req.Params.SessionID
 			if id == "" {

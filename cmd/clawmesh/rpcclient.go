@@ -15,12 +15,19 @@ import (
 // stack over its client socket.
 type socketFlags struct {
 	dir, socket, token string
+	tokenSet           bool // --token given, if only empty
 }
 
 func (f *socketFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	fs.StringVar(&f.socket, "socket", "", "client socket (env ZEROCLAW_SOCKET; default <data>/daemon.sock)")
-	fs.StringVar(&f.token, "token", os.Getenv("ZEROCLAW_TOKEN"), "paired auth_token to initialize with (env ZEROCLAW_TOKEN); none for the operator")
+	// Not the flag's default: -h prints defaults, and the token is a
+	// credential. dialWith reads the environment unless --token is given
+	// (--token= is the operator's, whatever the environment holds).
+	fs.Func("token", "paired auth_token to initialize with (env ZEROCLAW_TOKEN); none for the operator", func(v string) error {
+		f.token, f.tokenSet = v, true
+		return nil
+	})
 }
 
 // dial connects to the stack's socket and initializes.
@@ -43,8 +50,12 @@ func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, 
 	}
 	c.Timeout = 60 * time.Second
 	params := map[string]any{"protocol_version": 1}
-	if f.token != "" {
-		params["auth_token"] = f.token
+	token := f.token
+	if !f.tokenSet {
+		token = os.Getenv("ZEROCLAW_TOKEN")
+	}
+	if token != "" {
+		params["auth_token"] = token
 	}
 	if capabilities != nil {
 		params["client_capabilities"] = capabilities
