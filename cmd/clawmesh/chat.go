@@ -83,6 +83,13 @@ func chatCmd(args []string, in io.Reader, out io.Writer) error {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return fmt.Errorf("session/new: %w", err)
 	}
+	agentGiven := false
+	fs.Visit(func(f *flag.Flag) { agentGiven = agentGiven || f.Name == "agent" })
+	if agentGiven && s.AgentAlias != *agent {
+		// A session keeps the agent it was made with: say the flag was
+		// not used rather than let the reader think it was.
+		fmt.Fprintf(out, "note: --agent %s is not used: session %s runs agent %s\n", *agent, s.SessionID, s.AgentAlias)
+	}
 	fmt.Fprintf(out, "session %s (agent %s, %d messages); /quit to leave\n", s.SessionID, s.AgentAlias, s.MessageCount)
 
 	ch := &chat{c: c, out: out, lines: bufio.NewScanner(in), session: s.SessionID}

@@ -194,3 +194,20 @@ func TestChatSaysALineIsTooLong(t *testing.T) {
 		t.Fatalf("chat of a 2 MiB line: %v", err)
 	}
 }
+
+// --agent with --session: a session keeps the agent it was made with, and
+// chat went on with it without a word about the --agent it was given.
+func TestChatSaysAgentOfAResumedSession(t *testing.T) {
+	sock := fakeStack(t, "sess_known")
+	var out strings.Builder
+	if err := chatCmd([]string{"--socket", sock, "--session", "sess_known", "--agent", "other"}, strings.NewReader("/quit\n"), &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "--agent other is not used: session sess_known runs agent default") {
+		t.Fatalf("chat --session --agent:\n%s", out.String())
+	}
+	out.Reset()
+	if err := chatCmd([]string{"--socket", sock, "--session", "sess_known"}, strings.NewReader("/quit\n"), &out); err != nil || strings.Contains(out.String(), "not used") {
+		t.Fatalf("chat --session alone: %v\n%s", err, out.String())
+	}
+}
