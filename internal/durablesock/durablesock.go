@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
@@ -29,8 +28,9 @@ const maxSocketPath = 103
 // ErrNotPrivate is a socket path that fails the privacy rules.
 var ErrNotPrivate = errors.New("durable socket is not private")
 
-// ErrInUse is a socket path another process listens on.
-var ErrInUse = errors.New("durable socket is in use")
+// ErrInUse is a socket path another process listens on (unixsock's:
+// every socket the stack listens on is refused so).
+var ErrInUse = unixsock.ErrInUse
 
 // CheckSocketPath applies seed 004's rules to the private socket's path:
 // absolute, at most 103 bytes, no part of it a symbolic link, its folder
@@ -114,24 +114,9 @@ func ListenSocket(path string) (net.Listener, error) {
 	if err := CheckSocketPath(path); err != nil {
 		return nil, err
 	}
-	if listening(path) {
-		return nil, fmt.Errorf("%w: %s: another process listens there", ErrInUse, path)
-	}
 	ln, err := unixsock.Listen(path)
 	if err != nil {
 		return nil, fmt.Errorf("durable socket: %w", err)
 	}
 	return ln, nil
-}
-
-// listening reports whether a process accepts connections on the socket
-// at path (one whose backlog is full counts too); a missing file, or one
-// nobody listens on (ECONNREFUSED), does not.
-func listening(path string) bool {
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		c.Close()
-		return true
-	}
-	return errors.Is(err, syscall.EAGAIN)
 }

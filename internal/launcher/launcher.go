@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,7 +149,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	// of it (ZEROCLAW_SOCKET): one that answers is another stack's, which
 	// listening would have taken over, leaving that stack unreachable.
 	// Refused before anything starts.
-	if socket := datadir.Socket(cfg.DataDir); serving(socket) {
+	if socket := datadir.Socket(cfg.DataDir); unixsock.Serving(socket) {
 		return fmt.Errorf("client socket %s: %w; stop that stack, or give this one another ZEROCLAW_SOCKET", socket, ErrSocketInUse)
 	}
 	// Before PostgreSQL is prepared and started: a clawmesh built alone
@@ -597,18 +596,6 @@ func binariesPresent(binDir string) error {
 		}
 	}
 	return nil
-}
-
-// serving reports whether a process accepts connections on the Unix
-// socket at path (a full backlog included). A stale socket file, left by
-// a process that died, refuses them.
-func serving(path string) bool {
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		c.Close()
-		return true
-	}
-	return errors.Is(err, syscall.EAGAIN)
 }
 
 // lock takes the data directory's lock, so a second stack on the same

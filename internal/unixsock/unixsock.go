@@ -1,6 +1,6 @@
 // Package unixsock listens on Unix sockets the careful way: the folder is
-// created 0700, a leftover path is removed only if it really is a socket,
-// and the socket file is 0600.
+// created 0700, a leftover path is removed only if it really is a socket
+// and no process listens on it, and the socket file is 0600.
 package unixsock
 
 import (
@@ -11,11 +11,29 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 )
 
 // ErrNotSocket is returned when the socket path exists and is something
 // other than a socket, which is never removed.
 var ErrNotSocket = errors.New("path exists and is not a socket")
+
+// ErrInUse is returned when a process accepts connections on the socket
+// path: it is not stale, and removing it would leave that process running
+// and unreachable (a second stack, gateway or bridge named the same path).
+var ErrInUse = errors.New("another process listens on the socket")
+
+// Serving reports whether a process accepts connections on the Unix
+// socket at path (a full backlog included). A missing path does not, nor
+// a socket file a process that died left (its connect is refused).
+func Serving(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return true
+	}
+	return errors.Is(err, syscall.EAGAIN)
+}
 
 // Listen creates the socket at path. The parent folder is created with mode
 // 0700 when missing; an existing parent is left as it is.
@@ -52,6 +70,9 @@ func removeStale(path string) error {
 	}
 	if fi.Mode()&fs.ModeSocket == 0 {
 		return fmt.Errorf("%s: %w", path, ErrNotSocket)
+	}
+	if Serving(path) {
+		return fmt.Errorf("%s: %w", path, ErrInUse)
 	}
 	if err := os.Remove(path); err != nil {
 		return fmt.Errorf("remove stale socket: %w", err)

@@ -2,6 +2,7 @@ package unixsock_test
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -52,5 +53,32 @@ func TestNeverRemovesAFile(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(path); string(b) != "data" {
 		t.Fatal("the regular file was touched")
+	}
+}
+
+// A socket a process listens on is not stale: removing it left that
+// process running and unreachable (a second gateway, bridge or service
+// started on the path of a running one took it over). Each of them
+// listens through here, so each is refused the same way.
+func TestLiveSocketNotTakenOver(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.sock")
+	ln, err := unixsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if !unixsock.Serving(path) {
+		t.Fatal("Serving is false for a socket that is listened on")
+	}
+	if _, err := unixsock.Listen(path); !errors.Is(err, unixsock.ErrInUse) {
+		t.Fatalf("second Listen: %v, want ErrInUse", err)
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("the first listener lost its socket: %v", err)
+	}
+	c.Close()
+	if unixsock.Serving(filepath.Join(t.TempDir(), "none.sock")) {
+		t.Fatal("Serving is true for a missing path")
 	}
 }
