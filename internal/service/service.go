@@ -14,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/signal"
@@ -188,16 +189,22 @@ const EnvDatabaseURL = "DATABASE_URL"
 // --nats-url: the URL may carry a credential.
 const EnvNATSURL = "NATS_URL"
 
+// usageOutput is where -h and flag errors are printed (a test reads it).
+var usageOutput io.Writer = os.Stderr
+
 func parseFlags(spec Spec, args []string) (options, error) {
 	var o options
 	name := spec.Name
 	fsFlags := flag.NewFlagSet(name, flag.ContinueOnError)
+	fsFlags.SetOutput(usageOutput)
 	if spec.Flags != nil {
 		spec.Flags(fsFlags)
 	}
 	fsFlags.StringVar(&o.dataDir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	fsFlags.StringVar(&o.listen, "listen", os.Getenv("CLAWMESH_LISTEN"), "gRPC address: a socket path or host:port (env CLAWMESH_LISTEN; default <data>/"+name+".sock)")
-	fsFlags.StringVar(&o.natsURL, "nats-url", os.Getenv(EnvNATSURL), "NATS URL (env NATS_URL, where the launcher puts it); the credential comes from "+bus.EnvSeedFile+", "+bus.EnvSeed+" or <data>/bus/<role>.nk")
+	// Not the flag's default: -h prints a default, and the URL may hold a
+	// password (nats://user:password@host).
+	fsFlags.StringVar(&o.natsURL, "nats-url", "", "NATS URL (env NATS_URL, where the launcher puts it); the credential comes from "+bus.EnvSeedFile+", "+bus.EnvSeed+" or <data>/bus/<role>.nk")
 	fsFlags.StringVar(&o.logLevel, "log-level", "", "debug, info, warn or error (env CLAWMESH_LOG_LEVEL)")
 	fsFlags.DurationVar(&o.drain, "drain", grpcserver.DefaultDrain, "longest graceful drain at shutdown")
 	fsFlags.StringVar(&o.peers.Config, "config-addr", os.Getenv("CLAWMESH_CONFIG_ADDR"), "config service address (env CLAWMESH_CONFIG_ADDR; default <data>/config.sock)")
@@ -232,6 +239,9 @@ func parseFlags(spec Spec, args []string) (options, error) {
 	o.databaseURL = os.Getenv(EnvDatabaseURL)
 	if spec.Schema != "" && o.databaseURL == "" {
 		return o, errors.New("no database: set " + EnvDatabaseURL + " (clawmesh up does this for you)")
+	}
+	if o.natsURL == "" {
+		o.natsURL = os.Getenv(EnvNATSURL)
 	}
 	if o.natsURL == "" {
 		return o, errors.New("no NATS: pass --nats-url or set NATS_URL (clawmesh up does this for you)")
