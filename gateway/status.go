@@ -37,11 +37,29 @@ func (g *Gateway) status(ctx context.Context, wait laterWait, cs *connState, _ j
 		return sharedRead{g.statusResult(resp.GetActiveSessions(), enc), g.readAt(resp.GetReadAt())}, nil
 	}, func(r sharedRead, err error) {
 		if err != nil {
-			reply(nil, serviceError("session", err))
+			reply(nil, g.statusFailed(err))
 			return
 		}
 		reply(r.enc, nil)
 	})
+}
+
+// statusFailed is status's error when the session service did not give
+// the open sessions. A failure of the service (not a refusal of the
+// caller) carries the services as status would show them, in
+// data.services: status is what an operator asks when something is
+// wrong, and it failed as a whole, saying nothing of the others, exactly
+// when the session service or its database was away.
+func (g *Gateway) statusFailed(err error) *jsonrpc.Error {
+	e := serviceError("session", err)
+	if e.Code == jsonrpc.CodeInternal && e.Data == nil {
+		services := g.monitor.servicesJSON()
+		if len(services) == 0 {
+			services = json.RawMessage(`{}`)
+		}
+		e.Data = append(append([]byte(`{"services":`), services...), '}')
+	}
+	return e
 }
 
 // statusResult is status's result around one shared read: the count and
