@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/net/netutil"
-
 	"github.com/clawmesh/clawmesh/internal/procstat"
 )
 
@@ -38,9 +36,9 @@ var tokenConns = 256
 // read, as many as were opened. A variable so that a test may lower it.
 var socketConns = 256
 
-// boundConns bounds ln's open connections to n, as netutil.LimitListener
-// does, but its connections keep their syscall.Conn: the caller's pid is
-// read through it (peerPID).
+// boundConns bounds ln's open connections to n (both transports), as
+// x/net's netutil.LimitListener does, but its connections keep their
+// syscall.Conn: a socket caller's pid is read through it (peerPID).
 func boundConns(ln net.Listener, n int) net.Listener {
 	return &boundListener{Listener: ln, slots: make(chan struct{}, n), done: make(chan struct{})}
 }
@@ -132,7 +130,7 @@ func listenToken(raw, certFile, keyFile string) (net.Listener, string, error) {
 		if err != nil {
 			return nil, "", bad("%v", err)
 		}
-		ln = netutil.LimitListener(ln, tokenConns)
+		ln = boundConns(ln, tokenConns)
 		return tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}), prefix, nil
 	case "http":
 		if host != "127.0.0.1" && host != "localhost" {
@@ -142,7 +140,7 @@ func listenToken(raw, certFile, keyFile string) (net.Listener, string, error) {
 		if err != nil {
 			return nil, "", bad("%v", err)
 		}
-		return netutil.LimitListener(ln, tokenConns), prefix, nil
+		return boundConns(ln, tokenConns), prefix, nil
 	}
 	return nil, "", bad("the scheme must be https (or http on loopback)")
 }
