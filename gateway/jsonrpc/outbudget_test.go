@@ -28,6 +28,19 @@ func outputBudgetServer(t *testing.T, budget *OutputBudget) (*testServer, *defer
 	return ts, h, page
 }
 
+// closedOverBudget waits for the connection's end, which must be the
+// budget's doing, and checks it gave back all it held: only others, what
+// they charged, is held after.
+func closedOverBudget(t *testing.T, ts *testServer, budget *OutputBudget, others int64) {
+	t.Helper()
+	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrOutputOverBudget) {
+		t.Fatalf("the connection ended with %v, want ErrOutputOverBudget", err)
+	}
+	if held := budget.Held(); held != others {
+		t.Fatalf("budget holds %d bytes once the connection is closed, want %d", held, others)
+	}
+}
+
 func pipelined(method string, n int) []string {
 	var lines []string
 	for i := range n {
@@ -46,12 +59,7 @@ func TestOutputBudgetCountsRepliesWaitingForRoom(t *testing.T) {
 	ts, _, _ := outputBudgetServer(t, budget)
 	a := dial(t, ts.path)
 	a.send(pipelined("page", 12)...)
-	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrOutputOverBudget) {
-		t.Fatalf("the connection ended with %v, want ErrOutputOverBudget", err)
-	}
-	if held := budget.Held(); held != 0 {
-		t.Fatalf("budget holds %d bytes once the connection is closed", held)
-	}
+	closedOverBudget(t, ts, budget, 0)
 }
 
 // Deferred replies cannot wait for room (their sender answers many
@@ -70,12 +78,7 @@ func TestOutputBudgetBoundsDeferredReplies(t *testing.T) {
 	for _, r := range replies {
 		r.reply(page, nil)
 	}
-	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrOutputOverBudget) {
-		t.Fatalf("the connection ended with %v, want ErrOutputOverBudget", err)
-	}
-	if held := budget.Held(); held != 0 {
-		t.Fatalf("budget holds %d bytes once the connection is closed", held)
-	}
+	closedOverBudget(t, ts, budget, 0)
 }
 
 // While others spend the budget (the gateway's backlogs of updates
@@ -99,11 +102,5 @@ func TestOutputBudgetSpentByOthers(t *testing.T) {
 	for range 3 {
 		testwait.Recv(t, h.replies).reply(page, nil)
 	}
-	if err := testwait.Recv(t, ts.disconnects); !errors.Is(err, ErrOutputOverBudget) {
-		t.Fatalf("the connection ended with %v, want ErrOutputOverBudget", err)
-	}
-	budget.Charge(-5 << 20)
-	if held := budget.Held(); held != 0 {
-		t.Fatalf("budget holds %d bytes once the connection is closed", held)
-	}
+	closedOverBudget(t, ts, budget, 5<<20)
 }
