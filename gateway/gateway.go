@@ -292,7 +292,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 // down once the connection closed and every handler of it returned, so
 // no handler can attach anything to a connection already gone.
 func (g *Gateway) accept(serveCtx context.Context, c *jsonrpc.Conn, peer jsonrpc.Peer) jsonrpc.Handler {
-	cs := &connState{id: ids.New("conn-"), transport: transportLocal, conn: c, peer: peer}
+	cs := &connState{id: ids.New("conn-"), transport: transportLocal, conn: c, peer: peer, largeReads: make(chan struct{}, maxLargeReadsPerConn)}
 	cs.outbox = newOutbox(serveCtx, g, cs)
 	g.log.Info("connection accepted", zap.String("conn", cs.id), zap.Int32("peer_pid", peer.PID), zap.Int32("peer_uid", peer.UID))
 	g.mu.Lock()
@@ -350,20 +350,33 @@ func (g *Gateway) handle(ctx context.Context, cs *connState, req *jsonrpc.Reques
 		return a.result, a.err
 	}
 	if m.large && g.largeReads != nil {
-		select {
-		case g.largeReads <- struct{}{}:
-		case <-ctx.Done():
-			service, _, _ := strings.Cut(req.Method, "/")
-			return nil, serviceError(service, context.Cause(ctx))
+		// The connection's own slots first, then the gateway's: one
+		// connection that pipelines large reads holds at most
+		// maxLargeReadsPerConn of the gateway's, and the others' calls
+		// still get theirs.
+		for _, slots := range []chan struct{}{cs.largeReads, g.largeReads} {
+			if slots == nil {
+				continue
+			}
+			select {
+			case slots <- struct{}{}:
+				defer func() { <-slots }()
+			case <-ctx.Done():
+				service, _, _ := strings.Cut(req.Method, "/")
+				return nil, serviceError(service, context.Cause(ctx))
+			}
 		}
-		defer func() { <-g.largeReads }()
 	}
 	return m.call(g, ctx, cs, req.Params)
 }
 
 // maxLargeReads bounds the calls of large methods running at once: the
 // replies they make hold at most three times 4 MiB each until queued.
-const maxLargeReads = 8
+// maxLargeReadsPerConn is what one connection may hold of them.
+const (
+	maxLargeReads        = 8
+	maxLargeReadsPerConn = 2
+)
 
 // handleLater routes one request of a method served later (method.later)
 // on the connection's read loop, as handle does, blocking on nothing.
@@ -491,6 +504,10 @@ type connState struct {
 	// goroutine frees it, beside the read loop.
 	waits        coalesce.Owner
 	waitsWatched atomic.Bool
+
+	// largeReads holds a slot for each of the connection's calls of a
+	// large method running (maxLargeReadsPerConn).
+	largeReads chan struct{}
 
 	// following counts the sessions the connection follows, reserved the
 	// follows session/new calls in progress hold for the sessions they
