@@ -40,6 +40,11 @@ func parsePost(name string, body map[string]any, ids []string) (command, string)
 		if err != nil {
 			return nil, "`revision` must be a whole number"
 		}
+		// Revisions start at 1: a lower one was never an ask's, so it is
+		// not an older revision (409 stale) but a body that does not fit.
+		if rev < 1 {
+			return nil, "`revision` starts at 1"
+		}
 		ans, ok := body["answer"].(map[string]any)
 		if !ok {
 			return nil, "`answer` must be an object"

@@ -228,3 +228,28 @@ func TestPostBodyWithTrailingBytes(t *testing.T) {
 		}
 	}
 }
+
+// Revisions start at 1 (WIRE.md): an answer naming revision 0 or a
+// negative one does not fit the route, a 400 bad-request, which is not
+// remembered. It was taken for an older revision and answered 409 stale,
+// telling the phone the ask had changed when it had not.
+func TestAnswerRevisionBelowOne(t *testing.T) {
+	w := newWireBridge(t, true)
+	w.addPane("p1", "default", 0, testAsk("p1", "tc_1"))
+	w.b.layout.SetReady()
+	c := w.collie(t)
+	askID := askID("p1", "tc_1")
+	for _, rev := range []string{"0", "-1", "-9223372036854775808"} {
+		body := []byte(`{"requestId":"r-` + rev + `","askId":"` + askID + `","revision":` + rev + `,"answer":{"option":"allow_once"}}`)
+		r := raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), body)
+		want(t, r, http.StatusBadRequest, codeBadRequest)
+		if !strings.Contains(string(r.Body), "revision") {
+			t.Errorf("revision %s: %s", rev, r)
+		}
+	}
+	// A revision the ask does not have now (it changed since, or the
+	// phone read a later one before a restart) is still stale.
+	w.b.layout.mutate("p1", func(p *pane) bool { p.findAsk(askID).revision = 3; return true })
+	body := []byte(`{"requestId":"r-2","askId":"` + askID + `","revision":2,"answer":{"option":"allow_once"}}`)
+	want(t, raw(t, c, http.MethodPost, "/pane/p1/answer", v1(), body), http.StatusConflict, codeStale)
+}
