@@ -18,8 +18,14 @@ import (
 
 // whoIs is the audit record of a principal's commit.
 func whoIs(pr *commonv1.Principal) audit {
-	uid, pid := pr.GetPeerUid(), pr.GetPeerPid()
-	return audit{by: pr.GetPrincipalId(), peerUID: &uid, peerPID: &pid}
+	pid := pr.GetPeerPid()
+	a := audit{by: pr.GetPrincipalId(), peerPID: &pid}
+	// -1 is the gateway's "no credentials" (peerIs), no uid to record.
+	if peer := pr.GetPeerUid(); peer != -1 {
+		uid := int64(uint32(peer))
+		a.peerUID = &uid
+	}
+	return a
 }
 
 // batchError prefixes an entry's refusal with its place in the batch.

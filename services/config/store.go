@@ -68,8 +68,11 @@ func (s *Server) load(ctx context.Context) (*snapshot, error) {
 
 // audit is who a commit is by.
 type audit struct {
-	by               string
-	peerUID, peerPID *int32
+	by string
+	// peerUID is the uid as the kernel gives it, unsigned (the int32 on
+	// gRPC wraps past 2^31-1); nil when there is none.
+	peerUID *int64
+	peerPID *int32
 }
 
 // KeepDocuments is how many of the newest revisions keep their full
