@@ -230,7 +230,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := serveWire(srv, ln, tr); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("durable %s transport: %w", tr, err)
 			}
 		}()

@@ -63,7 +63,7 @@ func newWireBridge(t testing.TB, withDB bool) *wireBridge {
 func (w *wireBridge) serve(t testing.TB, ln net.Listener, tr transport, prefix string) {
 	srv := w.b.httpServer(tr, prefix)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
+	go func() { defer close(done); _ = serveWire(srv, ln, tr) }()
 	t.Cleanup(func() { _ = srv.Close(); <-done })
 }
 

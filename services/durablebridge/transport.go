@@ -158,6 +158,9 @@ func (b *Bridge) httpServer(tr transport, prefix string) *http.Server {
 		WriteTimeout:      40 * time.Second,
 		IdleTimeout:       90 * time.Second,
 		MaxHeaderBytes:    16 << 10,
+		// "OPTIONS *" is no route of the wire: 404 not-found from the
+		// handler, not net/http's empty 200 (and not before the token).
+		DisableGeneralOptionsHandler: true,
 	}
 	if tr == overSocket {
 		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
