@@ -3,6 +3,8 @@ package stack_test
 import (
 	"bytes"
 	"io/fs"
+	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -680,7 +682,7 @@ type pod struct {
 func admits(policies []*networkingv1.NetworkPolicy, from, to pod, port corev1.ContainerPort) bool {
 	selected := false
 	for _, np := range policies {
-		if !selects(&np.Spec.PodSelector, to.labels) {
+		if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) || !selects(&np.Spec.PodSelector, to.labels) {
 			continue
 		}
 		selected = true
@@ -819,6 +821,223 @@ func TestNetworkPoliciesAdmitWhatTheStackDials(t *testing.T) {
 	}
 	if !collie {
 		t.Errorf("nothing outside the namespace reaches the durable bridge's %s port", collieListener)
+	}
+}
+
+// callsOut are the processes that open connections beyond the cluster:
+// the session service to the model providers (services/session/provider)
+// and the plugin sandbox for plugins granted http_client
+// (services/pluginsandbox/wasmhost/httpout.go). No other process dials
+// anything but its peers, NATS, PostgreSQL and DNS.
+var callsOut = []string{"session", "plugin-sandbox"}
+
+// destination is where a pod opens a connection to, as an egress policy
+// sees it: a pod (labels, its namespace's labels) with its address, or
+// an address outside the cluster (labels nil).
+type destination struct {
+	name     string
+	labels   map[string]string
+	nsLabels map[string]string
+	addr     netip.Addr
+}
+
+// ourNamespace is the labels of the namespace the manifests run in.
+var ourNamespace = map[string]string{"kubernetes.io/metadata.name": "clawmesh"}
+
+// inBlock reports whether addr is in the ipBlock and none of its excepts.
+func inBlock(t *testing.T, b *networkingv1.IPBlock, addr netip.Addr) bool {
+	cidr, err := netip.ParsePrefix(b.CIDR)
+	if err != nil {
+		t.Fatalf("ipBlock %q: %v", b.CIDR, err)
+	}
+	if !cidr.Contains(addr) {
+		return false
+	}
+	for _, e := range b.Except {
+		ex, err := netip.ParsePrefix(e)
+		if err != nil {
+			t.Fatalf("ipBlock except %q: %v", e, err)
+		}
+		if ex.Contains(addr) {
+			return false
+		}
+	}
+	return true
+}
+
+// letsOut reports whether the policies let from open a connection to
+// port/proto of to under NetworkPolicy's rules: a pod no Egress policy
+// selects opens anything, else the union of the egress rules of the
+// policies that select it. An ipBlock may match a pod's address too
+// (what a CNI does there is its own): a pod is reached through a pod
+// selector, or the block excepts its range.
+func letsOut(t *testing.T, policies []*networkingv1.NetworkPolicy, from pod, to destination, port int32, proto corev1.Protocol) bool {
+	selected := false
+	for _, np := range policies {
+		if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) || !selects(&np.Spec.PodSelector, from.labels) {
+			continue
+		}
+		selected = true
+		for _, rule := range np.Spec.Egress {
+			portOK := len(rule.Ports) == 0
+			for _, p := range rule.Ports {
+				pr := corev1.ProtocolTCP
+				if p.Protocol != nil {
+					pr = *p.Protocol
+				}
+				switch {
+				case pr != proto:
+				case p.Port == nil:
+					portOK = true
+				case p.Port.StrVal != "":
+					t.Fatalf("%s: a named egress port (%s) is resolved at the destination: give the number", np.Name, p.Port.StrVal)
+				case p.EndPort != nil:
+					portOK = portOK || (port >= p.Port.IntVal && port <= *p.EndPort)
+				default:
+					portOK = portOK || port == p.Port.IntVal
+				}
+			}
+			peerOK := len(rule.To) == 0
+			for _, peer := range rule.To {
+				switch {
+				case peer.IPBlock != nil:
+					peerOK = peerOK || inBlock(t, peer.IPBlock, to.addr)
+				case to.labels == nil:
+				case peer.NamespaceSelector != nil:
+					peerOK = peerOK || (selects(peer.NamespaceSelector, to.nsLabels) || (len(peer.NamespaceSelector.MatchLabels) == 0 && len(peer.NamespaceSelector.MatchExpressions) == 0)) &&
+						(peer.PodSelector == nil || selects(peer.PodSelector, to.labels))
+				case peer.PodSelector != nil:
+					peerOK = peerOK || (maps.Equal(to.nsLabels, ourNamespace) && selects(peer.PodSelector, to.labels))
+				}
+			}
+			if portOK && peerOK {
+				return true
+			}
+		}
+	}
+	return !selected
+}
+
+// The egress policies let each pod open exactly the connections its
+// process makes: the gRPC ports it dials (dials), NATS from every pod
+// that sets NATS_URL, PostgreSQL from those that set DATABASE_URL, the
+// cluster's DNS from every process, and addresses beyond the cluster
+// from the processes that call out (callsOut) only, never the metadata
+// address, link-local, loopback or the private ranges clusters number
+// their pods, Services and nodes from. Without egress policies a plugin
+// sandbox pod reached 169.254.169.254 and every port of every pod.
+func TestNetworkPoliciesLetOutOnlyWhatTheStackDials(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	var policies []*networkingv1.NetworkPolicy
+	var pods []pod
+	for _, m := range objs {
+		switch o := m.obj.(type) {
+		case *networkingv1.NetworkPolicy:
+			policies = append(policies, o)
+		case *appsv1.Deployment:
+			pods = append(pods, pod{name: m.file + ": " + o.Name, labels: o.Spec.Template.Labels, spec: &o.Spec.Template.Spec})
+		case *appsv1.StatefulSet:
+			pods = append(pods, pod{name: m.file + ": " + o.Name, labels: o.Spec.Template.Labels, spec: &o.Spec.Template.Spec})
+		}
+	}
+	procsOf := func(p pod) (procs []string) {
+		for _, c := range p.spec.Containers {
+			if c.Image == ourImage && len(c.Command) > 0 {
+				procs = append(procs, c.Command[0])
+			}
+		}
+		return procs
+	}
+	sets := func(p pod, name string) bool {
+		for _, c := range p.spec.Containers {
+			if _, ok := envOf(c)[name]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	// The stack's own pods, each at an address of a cluster range.
+	var targets []destination
+	for i, p := range pods {
+		targets = append(targets, destination{name: p.name, labels: p.labels, nsLabels: ourNamespace,
+			addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(i + 2)})})
+	}
+	dns := destination{name: "kube-dns", labels: map[string]string{"k8s-app": "kube-dns"},
+		nsLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}, addr: netip.MustParseAddr("10.244.0.10")}
+	internet := []destination{
+		{name: "a provider (IPv4)", addr: netip.MustParseAddr("203.0.113.10")},
+		{name: "a provider (IPv6)", addr: netip.MustParseAddr("2001:db8::10")},
+	}
+	never := []destination{
+		{name: "the metadata address", addr: netip.MustParseAddr("169.254.169.254")},
+		{name: "the metadata address (IPv6)", addr: netip.MustParseAddr("fd00:ec2::254")},
+		{name: "Alibaba's metadata address", addr: netip.MustParseAddr("100.100.100.200")},
+		{name: "the Kubernetes API's Service", addr: netip.MustParseAddr("10.96.0.1")},
+		{name: "a node", addr: netip.MustParseAddr("192.168.1.20")},
+		{name: "a Service of a 172.16/12 cluster", addr: netip.MustParseAddr("172.20.0.1")},
+		{name: "loopback", addr: netip.MustParseAddr("127.0.0.1")},
+		{name: "an IPv6 link-local address", addr: netip.MustParseAddr("fe80::1")},
+		{name: "an IPv6 pod", addr: netip.MustParseAddr("fd12:3456::7")},
+		{name: "a pod of another namespace", labels: map[string]string{"app": "other"},
+			nsLabels: map[string]string{"kubernetes.io/metadata.name": "other"}, addr: netip.MustParseAddr("10.244.9.9")},
+	}
+	for _, from := range pods {
+		fromProcs := procsOf(from)
+		// Every port of every pod of the stack.
+		for _, to := range targets {
+			toPod := pods[slices.IndexFunc(pods, func(p pod) bool { return p.name == to.name })]
+			toProcs := procsOf(toPod)
+			for _, c := range toPod.spec.Containers {
+				for _, port := range c.Ports {
+					need := false
+					switch {
+					case strings.HasPrefix(c.Image, "nats:"):
+						need = sets(from, "NATS_URL")
+					case strings.HasPrefix(c.Image, "postgres:"):
+						need = sets(from, "DATABASE_URL")
+					case port.Name == "grpc":
+						for _, f := range fromProcs {
+							for _, q := range toProcs {
+								need = need || slices.Contains(dials[f], q)
+							}
+						}
+					}
+					got := letsOut(t, policies, from, to, port.ContainerPort, corev1.ProtocolTCP)
+					switch {
+					case need && !got:
+						t.Errorf("the policies keep %s from %s port %s (%d), which it dials", from.name, to.name, port.Name, port.ContainerPort)
+					case !need && got:
+						t.Errorf("the policies let %s out to %s port %s (%d), which it never dials", from.name, to.name, port.Name, port.ContainerPort)
+					}
+				}
+			}
+		}
+		for _, proto := range []corev1.Protocol{corev1.ProtocolUDP, corev1.ProtocolTCP} {
+			need, got := len(fromProcs) > 0, letsOut(t, policies, from, dns, 53, proto)
+			switch {
+			case need && !got:
+				t.Errorf("the policies keep %s from the cluster's DNS (%s 53)", from.name, proto)
+			case !need && got:
+				t.Errorf("the policies let %s out to the cluster's DNS (%s 53), which it never asks", from.name, proto)
+			}
+		}
+		out := slices.ContainsFunc(fromProcs, func(p string) bool { return slices.Contains(callsOut, p) })
+		for _, to := range internet {
+			got := letsOut(t, policies, from, to, 443, corev1.ProtocolTCP)
+			switch {
+			case out && !got:
+				t.Errorf("the policies keep %s from %s (%s), which it calls", from.name, to.name, netip.AddrPortFrom(to.addr, 443))
+			case !out && got:
+				t.Errorf("the policies let %s out to %s (%s), which it never calls", from.name, to.name, netip.AddrPortFrom(to.addr, 443))
+			}
+		}
+		for _, to := range never {
+			for _, port := range []int32{80, 443, 8080, 50051} {
+				if letsOut(t, policies, from, to, port, corev1.ProtocolTCP) {
+					t.Errorf("the policies let %s out to %s (%s)", from.name, to.name, netip.AddrPortFrom(to.addr, uint16(port)))
+				}
+			}
+		}
 	}
 }
 
