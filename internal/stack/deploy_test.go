@@ -633,6 +633,11 @@ var dials = map[string][]string{
 // cluster (durable.listen_url), by its name in the pod and the Service.
 const collieListener = "https"
 
+// channelListener is the plugin sandbox's port for the channel listeners
+// (channels.plugin.<alias>.listen, docs/spec.md §8), by its name in the
+// pod and the Service: a door for outsiders by design.
+const channelListener = "channel"
+
 // selects reports whether a label selector matches labels (matchLabels
 // and the four operators of matchExpressions).
 func selects(sel *metav1.LabelSelector, labels map[string]string) bool {
@@ -795,6 +800,8 @@ func TestNetworkPoliciesAdmitWhatTheStackDials(t *testing.T) {
 					switch {
 					case port.Name == collieListener && slices.Contains(toProcs, "durable-bridge"):
 						need = true // public by design: TLS and a token
+					case port.Name == channelListener && slices.Contains(toProcs, "plugin-sandbox"):
+						need = true // public by design: a webhook's door
 					case from.outside:
 					case toNATS:
 						need = sets(from, "NATS_URL")
@@ -821,6 +828,54 @@ func TestNetworkPoliciesAdmitWhatTheStackDials(t *testing.T) {
 	}
 	if !collie {
 		t.Errorf("nothing outside the namespace reaches the durable bridge's %s port", collieListener)
+	}
+}
+
+// A channel's listener is reachable as deploy/README.md says: the
+// sandbox's container names the port, a Service with one address (not
+// the headless one: a webhook's sender posts to one name and any replica
+// takes the message) forwards to it, the policies admit it from outside
+// the namespace (TestNetworkPoliciesAdmitWhatTheStackDials), and the
+// README binds channels there. Before, nothing named the port and no
+// Service reached it: the channel listener the sandbox runs could not be
+// reached at all in Kubernetes.
+func TestChannelListenerIsReachable(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	port := int32(0)
+	for where, spec := range podSpecs(objs) {
+		for _, c := range spec.Containers {
+			if c.Image != ourImage || len(c.Command) == 0 || c.Command[0] != "plugin-sandbox" {
+				continue
+			}
+			for _, p := range c.Ports {
+				if p.Name == channelListener {
+					port = p.ContainerPort
+				}
+			}
+			if port == 0 {
+				t.Errorf("%s: no container port %q for the channel listener", where, channelListener)
+			}
+		}
+	}
+	served := false
+	for _, m := range objs {
+		svc, ok := m.obj.(*corev1.Service)
+		if !ok || svc.Spec.ClusterIP == corev1.ClusterIPNone || svc.Spec.Selector["app.kubernetes.io/name"] != "plugin-sandbox" {
+			continue
+		}
+		for _, p := range svc.Spec.Ports {
+			served = served || (p.Name == channelListener && p.TargetPort.String() == channelListener)
+		}
+	}
+	if !served {
+		t.Errorf("no Service with a cluster address forwards port %q to the plugin sandbox", channelListener)
+	}
+	readme, err := os.ReadFile(filepath.Join(moduleRoot(t), "deploy", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bind := "channels.plugin.<alias>.listen=0.0.0.0:" + strconv.Itoa(int(port)); port != 0 && !bytes.Contains(readme, []byte(bind)) {
+		t.Errorf("deploy/README.md does not bind channels where the Service sends them (%s)", bind)
 	}
 }
 
