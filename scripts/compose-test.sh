@@ -224,6 +224,14 @@ healthy() {
 until_ok 180 healthy gateway || fail "the gateway is not healthy"
 compose ps
 
+# The config service's key for secrets at rest is on its own volume,
+# which no other container mounts (it was in the shared data volume).
+log "the config key: in the config service's volume, in no other container"
+compose exec -T config test -s /data/.secret_key || fail "the config service has no key at /data/.secret_key"
+for svc in session upload-staging plugin-sandbox durable-bridge gateway; do
+	compose exec -T "$svc" test ! -e /data/.secret_key || fail "$svc can see the config key at /data/.secret_key"
+done
+
 # --- 4. the host user through the socket -----------------------------------
 read -r owner mode < <(stat -c '%u %a' "$SOCK")
 log "socket $SOCK: owner uid $owner, mode $mode"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -48,6 +49,13 @@ creates a random PostgreSQL password file (kept when present; the
 official postgres image reads it with POSTGRES_PASSWORD_FILE) with, next
 to it, a .pgpass file the processes read through PGPASSFILE, so the
 password is never on a command line nor in DATABASE_URL.
+
+--config-key-dir DIR is the config service's own data directory, where
+it keeps its key for secrets at rest (.secret_key), when the other
+processes share --config-dir (compose): DIR is created (0700, --owner's)
+and a key an earlier deployment left in --config-dir moves there, so
+that the config service keeps the key its stored secrets were sealed
+with and no other container holds it. Two different keys stop init.
 `
 
 // busCmd runs `clawmesh bus`.
@@ -79,6 +87,7 @@ func busCmd(args []string, out io.Writer) error {
 		fsf.Var(&o.own, "own", "another folder to create (0700) for the processes (repeatable)")
 		fsf.StringVar(&o.pgPassword, "postgres-password", "", "create this PostgreSQL password file, and .pgpass beside it, when missing")
 		fsf.StringVar(&o.exportSeeds, "export-seeds", "", "also write each process role's seed alone to DIR/<role>/<role>.nk (folder 0700), for a container that mounts only its role's folder")
+		fsf.StringVar(&o.configKeyDir, "config-key-dir", "", "the config service's own data directory: create it (0700) and move a secret key left in the data directory there")
 	}
 	rest, err := parseArgs(fsf, args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -135,13 +144,14 @@ func existingKeys(dataDir string) (map[bus.Role]string, error) {
 
 // busInit is `clawmesh bus init`.
 type busInit struct {
-	dataDir     string
-	addrs       bus.ServerAddrs
-	natsConfig  string
-	owner       string
-	own         multiFlag
-	pgPassword  string
-	exportSeeds string
+	dataDir      string
+	addrs        bus.ServerAddrs
+	natsConfig   string
+	owner        string
+	own          multiFlag
+	pgPassword   string
+	exportSeeds  string
+	configKeyDir string
 }
 
 // owner is a parsed --owner; uid -1 when none.
@@ -183,9 +193,22 @@ func (b *busInit) run(out io.Writer) error {
 			return err
 		}
 	}
-	for _, dir := range append([]string{b.dataDir}, b.own...) {
+	dirs := append([]string{b.dataDir}, b.own...)
+	if b.configKeyDir != "" {
+		dirs = append(dirs, b.configKeyDir)
+	}
+	for _, dir := range dirs {
 		if err := ownedDir(dir, owner); err != nil {
 			return err
+		}
+	}
+	if b.configKeyDir != "" {
+		moved, err := moveConfigKey(b.dataDir, b.configKeyDir, owner)
+		if err != nil {
+			return err
+		}
+		if moved {
+			fmt.Fprintf(out, "config key: moved to %s\n", datadir.SecretKey(b.configKeyDir))
 		}
 	}
 	keys, err := bus.EnsureCredentials(b.dataDir)
@@ -239,6 +262,57 @@ func (b *busInit) run(out io.Writer) error {
 		fmt.Fprintf(out, "postgres password: %s (%s), .pgpass: %s\n", b.pgPassword, verb, pgpassPath(b.pgPassword))
 	}
 	return nil
+}
+
+// moveConfigKey moves the config service's key for secrets at rest out
+// of dataDir, which every container mounts, into dir, the config
+// service's own: in compose the key sat in the shared data volume, where
+// every container could read it. The key is written whole into dir
+// before it leaves dataDir, so a failure between the two leaves a copy
+// and the next run finishes the move. A different key already in dir
+// stops init: one of the two sealed the stored secrets, and which one is
+// the operator's to say.
+func moveConfigKey(dataDir, dir string, owner ownerIDs) (moved bool, err error) {
+	src, dst := datadir.SecretKey(dataDir), datadir.SecretKey(dir)
+	if filepath.Clean(src) == filepath.Clean(dst) {
+		return false, nil
+	}
+	key, err := os.ReadFile(src)
+	switch {
+	case errors.Is(err, fs.ErrNotExist): // nothing left to move
+	case err != nil:
+		return false, fmt.Errorf("bus init: config key: %w", err)
+	default:
+		have, err := os.ReadFile(dst)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Linked into place whole, never over a key that appeared
+			// meanwhile: what is there is compared below.
+			if _, err := atomicfile.Create(dst, key, 0o600); err != nil {
+				return false, fmt.Errorf("bus init: config key: %w", err)
+			}
+			have, err = os.ReadFile(dst)
+		}
+		switch {
+		case err != nil:
+			return false, fmt.Errorf("bus init: config key: %w", err)
+		case !bytes.Equal(have, key):
+			return false, fmt.Errorf("bus init: config key: %s and %s differ; keep the one the stored secrets were sealed with in %s and remove the other", src, dst, dir)
+		}
+		if err := os.Remove(src); err != nil {
+			return false, fmt.Errorf("bus init: config key: %w", err)
+		}
+		moved = true
+	}
+	// The key, moved here or made by the config service, is the
+	// processes' (after a change of --owner too, as the folders are).
+	if _, err := os.Lstat(dst); err == nil {
+		if err := owner.give(dst); err != nil {
+			return false, err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("bus init: config key: %w", err)
+	}
+	return moved, nil
 }
 
 // exportSeeds writes each process role's seed, alone, into its own folder

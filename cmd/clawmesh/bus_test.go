@@ -301,3 +301,54 @@ func TestBusUsersBeforeInitSaid(t *testing.T) {
 		t.Fatalf("bus users before init: %v", err)
 	}
 }
+
+// --config-key-dir moves the config service's key out of the data
+// directory every container shares into the config service's own, kept
+// byte for byte (the stored secrets were sealed with it) and 0600; a
+// second run finds it there and changes nothing; a different key already
+// there stops init with both kept, for the operator to choose.
+func TestBusInitMovesTheConfigKey(t *testing.T) {
+	base := t.TempDir()
+	data := filepath.Join(base, "data")
+	own := filepath.Join(base, "config")
+	key := bytes.Repeat([]byte{7}, 32)
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, ".secret_key"), key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for run := 1; run <= 2; run++ {
+		var out bytes.Buffer
+		if err := busCmd([]string{"init", "--config-dir", data, "--config-key-dir", own}, &out); err != nil {
+			t.Fatalf("run %d: %v", run, err)
+		}
+		if _, err := os.Stat(filepath.Join(data, ".secret_key")); !os.IsNotExist(err) {
+			t.Errorf("run %d: the key is still in the shared data directory (%v)", run, err)
+		}
+		got, err := os.ReadFile(filepath.Join(own, ".secret_key"))
+		if err != nil || !bytes.Equal(got, key) {
+			t.Errorf("run %d: the config service's key is %x (%v), want the one that was in the data directory", run, got, err)
+		}
+		if m := mode(t, filepath.Join(own, ".secret_key")); m != 0o600 {
+			t.Errorf("run %d: key mode %v, want 0600", run, m)
+		}
+		if m := mode(t, own); m != 0o700 {
+			t.Errorf("run %d: %s mode %v, want 0700", run, own, m)
+		}
+	}
+
+	other := bytes.Repeat([]byte{9}, 32)
+	if err := os.WriteFile(filepath.Join(data, ".secret_key"), other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := busCmd([]string{"init", "--config-dir", data, "--config-key-dir", own}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "differ") {
+		t.Fatalf("two different keys: err %v, want one saying they differ", err)
+	}
+	a, _ := os.ReadFile(filepath.Join(data, ".secret_key"))
+	b, _ := os.ReadFile(filepath.Join(own, ".secret_key"))
+	if !bytes.Equal(a, other) || !bytes.Equal(b, key) {
+		t.Errorf("after the refusal: data %x, config %x; want both kept", a, b)
+	}
+}

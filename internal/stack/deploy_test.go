@@ -1180,6 +1180,65 @@ func TestComposeGivesEachProcessOnlyItsSeed(t *testing.T) {
 	}
 }
 
+// In compose the config service's key for secrets at rest
+// (datadir.SecretKey of its data directory) is on a volume no other
+// process mounts: before, it was in the data volume every container
+// mounts, so the gateway and the plugin sandbox could read the key that
+// opens every stored secret. The setup service, which alone mounts it
+// besides, moves a key an earlier run left in the shared data volume
+// there (--config-key-dir) and hands the folder to the processes' uid.
+func TestComposeGivesTheConfigKeyOnlyToConfig(t *testing.T) {
+	doc := readCompose(t)
+	cfg, ok := doc.Services["config"]
+	if !ok {
+		t.Fatal("docker-compose.yml has no config service")
+	}
+	dataDir := cfg.Environment["ZEROCLAW_DATA_DIR"]
+	if dataDir == "" {
+		t.Fatal("compose service config: no ZEROCLAW_DATA_DIR")
+	}
+	// volumeAt is the named volume holding path in a service (the mount
+	// with the longest target that contains it), and that target.
+	volumeAt := func(vols []string, path string) (source, target string) {
+		for _, m := range composeMounts(vols) {
+			if under(path, m.target) && len(m.target) > len(target) {
+				source, target = m.source, m.target
+			}
+		}
+		return source, target
+	}
+	keyVol, _ := volumeAt(cfg.Volumes, datadir.SecretKey(dataDir))
+	if keyVol == "" {
+		t.Fatalf("compose service config: its key %s is on no volume (lost with the container)", datadir.SecretKey(dataDir))
+	}
+	for name, svc := range doc.Services {
+		if name == "config" || name == "setup" {
+			continue
+		}
+		for _, m := range composeMounts(svc.Volumes) {
+			if m.source == keyVol {
+				t.Errorf("compose service %s mounts volume %s at %s, which holds the config service's key", name, keyVol, m.target)
+			}
+		}
+	}
+	setup := doc.Services["setup"]
+	var keyDir, sharedDir string
+	for _, a := range setup.Command {
+		if v, ok := strings.CutPrefix(a, "--config-key-dir="); ok {
+			keyDir = v
+		}
+		if v, ok := strings.CutPrefix(a, "--config-dir="); ok {
+			sharedDir = v
+		}
+	}
+	if src, target := volumeAt(setup.Volumes, keyDir); keyDir == "" || src != keyVol || target != keyDir {
+		t.Errorf("the setup service does not prepare the config service's volume %s (--config-key-dir=%q, mounted there: %q)", keyVol, keyDir, src)
+	}
+	if src, _ := volumeAt(setup.Volumes, sharedDir); src == keyVol {
+		t.Errorf("the setup service's --config-dir %s is on the config key's volume %s", sharedDir, keyVol)
+	}
+}
+
 // Every pod runs as deploy/README.md says: non-root, no privilege
 // escalation, every capability dropped, a read-only root file system
 // with the folders a process writes (its data directory, /tmp, the
