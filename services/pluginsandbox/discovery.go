@@ -373,15 +373,17 @@ func (s *Server) load(ctx context.Context, dir, path, fp string, parsed parsedMa
 	}
 	e.bundle = b
 	m := b.Manifest
-	if e.verdict, e.policy = policy.Check(m); e.policy != nil {
-		return e
+	// The module is read before the policy is applied: a signature
+	// covers its bytes (wasm_sha256), and the bytes checked are the ones
+	// compiled.
+	var wasm []byte
+	if !m.SkillOnly() {
+		if wasm, err = b.ReadModule(); err != nil {
+			e.err = err
+			return e
+		}
 	}
-	if m.SkillOnly() {
-		return e
-	}
-	wasm, err := b.ReadModule()
-	if err != nil {
-		e.err = err
+	if e.verdict, e.policy = policy.Check(m, wasm); e.policy != nil || m.SkillOnly() {
 		return e
 	}
 	grants := s.cfg.Grant(m)

@@ -275,7 +275,8 @@ func TestSignaturePolicyAtDiscovery(t *testing.T) {
 	pub := hex.EncodeToString(key.Public().(ed25519.PublicKey))
 	mf := filepath.Join(dir, "echo", "manifest.toml")
 	raw, _ := os.ReadFile(mf)
-	signed, err := manifest.Sign(raw, key)
+	module, _ := os.ReadFile(filepath.Join(dir, "echo", "plugin.wasm"))
+	signed, err := manifest.Sign(raw, module, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,5 +550,46 @@ func TestPluginFilesOthersCouldChangeAreRefused(t *testing.T) {
 	ts.rescan(t)
 	if tools := ts.tools(t); !slices.Equal(tools, []string{"wasm_echo"}) {
 		t.Fatalf("tools once the folder is safe: %v", tools)
+	}
+}
+
+// A module swapped after a signed plugin was installed is refused at the
+// next scan in strict mode: the signature covers the module's bytes, not
+// only the manifest. Before, echo's trusted signature loaded misbehave's
+// code under echo's name.
+func TestSignatureCoversModuleAtDiscovery(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "echo")
+	installExample(t, dir, "misbehave")
+	key := ed25519.NewKeyFromSeed([]byte(strings.Repeat("m", 32)))
+	pub := hex.EncodeToString(key.Public().(ed25519.PublicKey))
+	mf := filepath.Join(dir, "echo", "manifest.toml")
+	raw, _ := os.ReadFile(mf)
+	module, _ := os.ReadFile(filepath.Join(dir, "echo", "plugin.wasm"))
+	signed, err := manifest.Sign(raw, module, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mf, signed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestServer(t, dir)
+	ts.live.set(func(l *pluginsandbox.Live) {
+		l.Policy = manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pub}}
+	})
+	ts.rescan(t)
+	if p := ts.plugins(t)["echo"]; p.Status != "loaded" || p.SignatureStatus != "trusted" {
+		t.Fatalf("strict, trusted: %+v", p)
+	}
+	other, err := os.ReadFile(filepath.Join(dir, "misbehave", "plugin.wasm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "echo", "plugin.wasm"), other, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts.rescan(t)
+	if p := ts.plugins(t)["echo"]; p.Status != "refused" || p.SignatureStatus != "invalid" || !strings.Contains(p.Reason, "module") {
+		t.Fatalf("strict, module swapped: %+v", p)
 	}
 }

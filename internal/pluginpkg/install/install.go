@@ -137,13 +137,20 @@ func (in *Installer) InstallRegistry(ctx context.Context, indexURL, ref string) 
 	return in.place(root, &entry)
 }
 
-// check loads a plugin directory and applies the signature policy.
+// check loads a plugin directory and applies the signature policy, to
+// the manifest and the module it names.
 func (in *Installer) check(dir string) (*manifest.Bundle, manifest.Verdict, error) {
 	b, err := manifest.LoadBundle(dir)
 	if err != nil {
 		return nil, manifest.Verdict{}, err
 	}
-	v, err := in.Policy.Check(b.Manifest)
+	var module []byte
+	if !b.Manifest.SkillOnly() {
+		if module, err = b.ReadModule(); err != nil {
+			return nil, manifest.Verdict{}, err
+		}
+	}
+	v, err := in.Policy.Check(b.Manifest, module)
 	if err != nil {
 		return nil, v, err
 	}

@@ -324,7 +324,7 @@ func TestLocalInstallAndRemove(t *testing.T) {
 		t.Fatalf("strict unsigned: %v", err)
 	}
 	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{9}, 32))
-	signed, err := manifest.Sign([]byte(toolManifest("cal", "1.0.0")), key)
+	signed, err := manifest.Sign([]byte(toolManifest("cal", "1.0.0")), []byte("wasm"), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,5 +485,33 @@ func TestExtractCountsTheFoldersItMakes(t *testing.T) {
 	data := makeZip(t, zipEntry{Name: "a/b/c/f", Body: "x"}, zipEntry{Name: "a/"}, zipEntry{Name: "manifest.toml", Body: toolManifest("ok", "1.0.0")})
 	if _, err := install.Extract(bytes.NewReader(data), int64(len(data)), t.TempDir(), lim); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A signature covers the module as well as the manifest: a package whose
+// plugin.wasm was swapped after signing is refused in strict mode, with
+// the publisher's key trusted, and named as invalid in permissive mode.
+func TestInstallRefusesSwappedModule(t *testing.T) {
+	ctx := context.Background()
+	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
+	text := toolManifest("cal", "1.0.0")
+	signed, err := manifest.Sign([]byte(text), []byte("\x00asm\x01\x00\x00\x00"), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := writeDir(t, map[string]string{"manifest.toml": string(signed), "plugin.wasm": "\x00asm\x01\x00\x00\x00"})
+	if err := os.WriteFile(filepath.Join(src, "plugin.wasm"), []byte("\x00asm\x01\x00\x00\x00 swapped"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := newInstaller(t, install.Limits{})
+	in.Policy = manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{hex.EncodeToString(key.Public().(ed25519.PublicKey))}}
+	res, err := in.InstallPath(ctx, src)
+	if !errors.Is(err, manifest.ErrSignature) || !strings.Contains(fmt.Sprint(err), "module") {
+		t.Fatalf("strict install of a swapped module: %+v %v", res, err)
+	}
+	in.Policy.Mode = manifest.ModePermissive
+	res, err = in.InstallPath(ctx, src)
+	if err != nil || res.Verdict.Status != manifest.StatusInvalid {
+		t.Fatalf("permissive install of a swapped module: %+v %v", res, err)
 	}
 }

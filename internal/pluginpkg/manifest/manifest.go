@@ -110,10 +110,11 @@ const (
 	fieldConfigSchema = "config_schema"
 	fieldSignature    = "signature"
 	fieldPublisherKey = "publisher_key"
+	fieldWasmSHA256   = "wasm_sha256"
 )
 
 var rootFields = []string{fieldName, fieldVersion, fieldDescription, fieldAuthor, fieldWasmPath,
-	fieldCapabilities, fieldPermissions, fieldConfigSchema, fieldSignature, fieldPublisherKey}
+	fieldCapabilities, fieldPermissions, fieldConfigSchema, fieldSignature, fieldPublisherKey, fieldWasmSHA256}
 
 // Manifest is the content of manifest.toml.
 type Manifest struct {
@@ -129,6 +130,10 @@ type Manifest struct {
 	// PublisherKey the hexadecimal public key (lower-cased).
 	Signature    string
 	PublisherKey string
+	// WasmSHA256 is the hexadecimal SHA-256 of the module (lower-cased):
+	// a root entry like any other, so the signature covers it, and
+	// through it the module's bytes.
+	WasmSHA256 string
 
 	version *semver.Version
 	schema  *ConfigSchema
@@ -208,6 +213,7 @@ func Parse(data []byte) (*Manifest, error) {
 	str(fieldWasmPath, &m.WasmPath)
 	str(fieldSignature, &m.Signature)
 	str(fieldPublisherKey, &m.PublisherKey)
+	str(fieldWasmSHA256, &m.WasmSHA256)
 	for _, c := range list(fieldCapabilities) {
 		m.Capabilities = append(m.Capabilities, Capability(c))
 	}
@@ -439,6 +445,15 @@ func (m *Manifest) validate() error {
 }
 
 func (m *Manifest) validateSignatureFields() error {
+	if m.WasmSHA256 != "" {
+		if m.WasmPath == "" {
+			return fieldErr(fieldWasmSHA256, "a skill-only plugin carries no module")
+		}
+		if !hexKey.MatchString(m.WasmSHA256) {
+			return fieldErr(fieldWasmSHA256, "must be a SHA-256 digest in hexadecimal (64 characters)")
+		}
+		m.WasmSHA256 = strings.ToLower(m.WasmSHA256)
+	}
 	switch {
 	case m.Signature == "" && m.PublisherKey == "":
 		return nil

@@ -3,6 +3,7 @@ package manifest
 import (
 	"bytes"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
@@ -29,11 +30,17 @@ const SigningDomain = "clawmesh-plugin-manifest-v1\n"
 // encoding/json writes them (HTML characters unescaped), integers in
 // decimal, floats always with a fraction or an exponent so that 1 and 1.0
 // stay distinct. Comments, key order, quoting and layout of the TOML file
-// are not covered: they carry no meaning.
+// are not covered: they carry no meaning. The root entry wasm_sha256 is
+// covered: it is how a signature covers the module's bytes.
 func (m *Manifest) CanonicalBytes() []byte {
+	return m.canonical(fieldSignature, fieldPublisherKey)
+}
+
+// canonical is CanonicalBytes without the root entries named.
+func (m *Manifest) canonical(without ...string) []byte {
 	doc := make(map[string]any, len(m.doc))
 	for k, v := range m.doc {
-		if k == fieldSignature || k == fieldPublisherKey {
+		if slices.Contains(without, k) {
 			continue
 		}
 		doc[k] = v
@@ -42,6 +49,13 @@ func (m *Manifest) CanonicalBytes() []byte {
 	b.WriteString(SigningDomain)
 	writeCanonical(&b, doc)
 	return b.Bytes()
+}
+
+// ModuleDigest is what wasm_sha256 holds for module: its SHA-256 in
+// lower-case hexadecimal.
+func ModuleDigest(module []byte) string {
+	sum := sha256.Sum256(module)
+	return hex.EncodeToString(sum[:])
 }
 
 func writeCanonical(b *bytes.Buffer, v any) {
@@ -187,8 +201,15 @@ type Verdict struct {
 // Verified reports whether the signature verified (trusted or not).
 func (v Verdict) Verified() bool { return v.Status == StatusTrusted || v.Status == StatusUntrusted }
 
-// Verify checks m's signature against its publisher key.
-func Verify(m *Manifest) error {
+// Verify checks m's signature against its publisher key and, unless the
+// plugin is skill-only, module (the bytes at wasm_path) against the
+// wasm_sha256 the signature covers. A signature over the manifest alone
+// let anyone swap the module of a signed plugin, in the package before
+// install or in the folder after, and the plugin still verified as its
+// publisher's; a signed manifest without wasm_sha256 (made before
+// signatures covered the module) is therefore refused, with a word on
+// how to sign it again.
+func Verify(m *Manifest, module []byte) error {
 	if !m.Signed() {
 		return errors.New("the manifest is not signed")
 	}
@@ -203,19 +224,28 @@ func Verify(m *Manifest) error {
 	if !ed25519.Verify(ed25519.PublicKey(key), m.CanonicalBytes(), sig) {
 		return errors.New("the signature does not match the manifest")
 	}
+	if m.WasmPath == "" {
+		return nil
+	}
+	if m.WasmSHA256 == "" {
+		return errors.New("the signature does not cover the module: the manifest has no wasm_sha256 (signed before signatures covered the module); sign it again with `clawmesh plugin sign`")
+	}
+	if got := ModuleDigest(module); got != m.WasmSHA256 {
+		return fmt.Errorf("the module does not match the signed manifest: its SHA-256 is %s, wasm_sha256 says %s (changed after signing?)", got, m.WasmSHA256)
+	}
 	return nil
 }
 
-// Check applies the policy to m. In strict mode anything but a signature
-// verified under a trusted key is an error wrapping ErrSignature; in
-// permissive mode the verdict carries a warning instead; in disabled mode
-// nothing is checked.
-func (p Policy) Check(m *Manifest) (Verdict, error) {
+// Check applies the policy to m and its module (nil for a skill-only
+// plugin). In strict mode anything but a signature verified under a
+// trusted key is an error wrapping ErrSignature; in permissive mode the
+// verdict carries a warning instead; in disabled mode nothing is checked.
+func (p Policy) Check(m *Manifest, module []byte) (Verdict, error) {
 	if p.Mode == ModeDisabled {
 		return Verdict{Status: StatusUnchecked}, nil
 	}
 	var v Verdict
-	switch err := Verify(m); {
+	switch err := Verify(m, module); {
 	case !m.Signed():
 		v = Verdict{Status: StatusUnsigned, Warning: "the manifest is not signed"}
 	case err != nil:
@@ -232,14 +262,17 @@ func (p Policy) Check(m *Manifest) (Verdict, error) {
 	return v, nil
 }
 
-// rootSigLine matches a root-level signature or publisher_key assignment.
-var rootSigLine = regexp.MustCompile(`^\s*("?)(signature|publisher_key)("?)\s*=`)
+// rootSigLine matches a root-level signature, publisher_key or
+// wasm_sha256 assignment.
+var rootSigLine = regexp.MustCompile(`^\s*("?)(signature|publisher_key|wasm_sha256)("?)\s*=`)
 
-// Sign returns the manifest file text with a fresh signature and the
-// publisher key of priv. Root signature and publisher_key lines already in
+// Sign returns the manifest file text with a fresh signature, the
+// publisher key of priv and, unless the plugin is skill-only, the
+// wasm_sha256 of module (the bytes at wasm_path), which the signature
+// covers. Root signature, publisher_key and wasm_sha256 lines already in
 // the file are removed and the new ones are written first; the result is
 // parsed and verified again before it is returned.
-func Sign(data []byte, priv ed25519.PrivateKey) ([]byte, error) {
+func Sign(data, module []byte, priv ed25519.PrivateKey) ([]byte, error) {
 	m, err := Parse(data)
 	if err != nil {
 		return nil, err
@@ -258,20 +291,28 @@ func Sign(data []byte, priv ed25519.PrivateKey) ([]byte, error) {
 	}
 	body := strings.Join(kept, "")
 	unsigned, err := Parse([]byte(body))
-	if err != nil || unsigned.Signed() {
-		return nil, fmt.Errorf("%w: cannot remove the old signature lines; write signature and publisher_key as plain one-line root keys", ErrInvalid)
+	if err != nil || unsigned.Signed() || unsigned.WasmSHA256 != "" {
+		return nil, fmt.Errorf("%w: cannot remove the old signature lines; write signature, publisher_key and wasm_sha256 as plain one-line root keys", ErrInvalid)
 	}
-	if !bytes.Equal(unsigned.CanonicalBytes(), m.CanonicalBytes()) {
+	if !bytes.Equal(unsigned.canonical(fieldWasmSHA256), m.canonical(fieldSignature, fieldPublisherKey, fieldWasmSHA256)) {
 		return nil, fmt.Errorf("%w: removing the old signature lines changed the manifest", ErrInvalid)
 	}
-	sig := ed25519.Sign(priv, m.CanonicalBytes())
+	head := ""
+	if m.WasmPath != "" {
+		head = fmt.Sprintf("wasm_sha256 = %q\n", ModuleDigest(module))
+	}
+	toSign, err := Parse([]byte(head + body))
+	if err != nil {
+		return nil, err
+	}
+	sig := ed25519.Sign(priv, toSign.CanonicalBytes())
 	pub := priv.Public().(ed25519.PublicKey)
-	out := fmt.Sprintf("signature = %q\npublisher_key = %q\n%s", base64.RawURLEncoding.EncodeToString(sig), hex.EncodeToString(pub), body)
+	out := fmt.Sprintf("signature = %q\npublisher_key = %q\n%s%s", base64.RawURLEncoding.EncodeToString(sig), hex.EncodeToString(pub), head, body)
 	signed, err := Parse([]byte(out))
 	if err != nil {
 		return nil, err
 	}
-	if err := Verify(signed); err != nil {
+	if err := Verify(signed, module); err != nil {
 		return nil, fmt.Errorf("%w: the signed manifest does not verify: %v", ErrSignature, err)
 	}
 	return []byte(out), nil

@@ -2,6 +2,7 @@ package manifest_test
 
 import (
 	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"strings"
@@ -33,9 +34,12 @@ func newKey(t *testing.T, seed byte) ed25519.PrivateKey {
 
 func pubHex(k ed25519.PrivateKey) string { return hex.EncodeToString(k.Public().(ed25519.PublicKey)) }
 
+// module is the module the test manifests' signatures cover.
+var module = []byte("\x00asm\x01\x00\x00\x00")
+
 func sign(t *testing.T, text string, k ed25519.PrivateKey) string {
 	t.Helper()
-	out, err := manifest.Sign([]byte(text), k)
+	out, err := manifest.Sign([]byte(text), module, k)
 	if err != nil {
 		t.Fatalf("sign: %v", err)
 	}
@@ -71,7 +75,7 @@ func TestSignaturePolicy(t *testing.T) {
 	for _, c := range cases {
 		m := parse(t, c.text)
 		t.Run(c.name+"/strict", func(t *testing.T) {
-			v, err := manifest.Policy{Mode: manifest.ModeStrict, Trusted: trusted}.Check(m)
+			v, err := manifest.Policy{Mode: manifest.ModeStrict, Trusted: trusted}.Check(m, module)
 			if v.Status != c.status {
 				t.Fatalf("status %s, want %s", v.Status, c.status)
 			}
@@ -86,7 +90,7 @@ func TestSignaturePolicy(t *testing.T) {
 			}
 		})
 		t.Run(c.name+"/permissive", func(t *testing.T) {
-			v, err := manifest.Policy{Mode: manifest.ModePermissive, Trusted: trusted}.Check(m)
+			v, err := manifest.Policy{Mode: manifest.ModePermissive, Trusted: trusted}.Check(m, module)
 			if err != nil || v.Status != c.status {
 				t.Fatalf("permissive: %v %+v", err, v)
 			}
@@ -95,7 +99,7 @@ func TestSignaturePolicy(t *testing.T) {
 			}
 		})
 		t.Run(c.name+"/disabled", func(t *testing.T) {
-			v, err := manifest.Policy{Mode: manifest.ModeDisabled, Trusted: trusted}.Check(m)
+			v, err := manifest.Policy{Mode: manifest.ModeDisabled, Trusted: trusted}.Check(m, module)
 			if err != nil || v.Status != manifest.StatusUnchecked || v.Warning != "" {
 				t.Fatalf("disabled: %v %+v", err, v)
 			}
@@ -108,20 +112,20 @@ func TestSignaturePolicy(t *testing.T) {
 func TestNestedSignaturePropertyIsSigned(t *testing.T) {
 	k := newKey(t, 3)
 	text := sign(t, base+nestedSigSchema, k)
-	if err := manifest.Verify(parse(t, text)); err != nil {
+	if err := manifest.Verify(parse(t, text), module); err != nil {
 		t.Fatalf("fresh signature: %v", err)
 	}
 	tampered := strings.Replace(text, "the webhook's own signing secret name", "something else", 1)
-	if err := manifest.Verify(parse(t, tampered)); err == nil {
+	if err := manifest.Verify(parse(t, tampered), module); err == nil {
 		t.Fatal("a change to the nested signature property kept the signature valid")
 	}
 	retyped := strings.Replace(text, "[config_schema.properties.publisher_key]\ntype = \"string\"", "[config_schema.properties.publisher_key]\ntype = \"integer\"", 1)
-	if err := manifest.Verify(parse(t, retyped)); err == nil {
+	if err := manifest.Verify(parse(t, retyped), module); err == nil {
 		t.Fatal("a change to the nested publisher_key property kept the signature valid")
 	}
 	// Layout, comments and key order are not content.
 	relaid := strings.Replace(text, "capabilities = [\"tool\"]", "# a comment\ncapabilities = [ \"tool\" ]", 1)
-	if err := manifest.Verify(parse(t, relaid)); err != nil {
+	if err := manifest.Verify(parse(t, relaid), module); err != nil {
 		t.Fatalf("a comment broke the signature: %v", err)
 	}
 }
@@ -138,7 +142,7 @@ func TestSignReplacesAndDistinguishesNumbers(t *testing.T) {
 	withInt := base + `permissions = ["config_read"]` + schema
 	signed := sign(t, withInt, a)
 	asFloat := strings.Replace(signed, "minimum = 0", "minimum = 0.0", 1)
-	if err := manifest.Verify(parse(t, asFloat)); err == nil {
+	if err := manifest.Verify(parse(t, asFloat), module); err == nil {
 		t.Fatal("0 and 0.0 have the same canonical bytes")
 	}
 }
@@ -153,5 +157,60 @@ func TestParsePrivateKey(t *testing.T) {
 	}
 	if _, err := manifest.ParsePrivateKey([]byte("zz")); err == nil {
 		t.Fatal("garbage accepted")
+	}
+}
+
+// The signature covers the module through wasm_sha256: another module
+// under a signed manifest does not verify, nor does a manifest signed
+// before wasm_sha256 existed (its signature covers no module), and a
+// skill-only plugin has no module to cover.
+func TestSignatureCoversModule(t *testing.T) {
+	k := newKey(t, 7)
+	text := sign(t, base, k)
+	m := parse(t, text)
+	if m.WasmSHA256 != manifest.ModuleDigest(module) {
+		t.Fatalf("wasm_sha256 %q, want the module's digest", m.WasmSHA256)
+	}
+	if err := manifest.Verify(m, []byte("\x00asm\x01\x00\x00\x00\x01")); err == nil || !strings.Contains(err.Error(), "module does not match") {
+		t.Fatalf("swapped module: %v", err)
+	}
+	v, err := manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pubHex(k)}}.Check(m, nil)
+	if v.Status != manifest.StatusInvalid || !errors.Is(err, manifest.ErrSignature) {
+		t.Fatalf("strict, no module: %+v %v", v, err)
+	}
+
+	// A signature made as before: the canonical bytes of a manifest
+	// without wasm_sha256.
+	unsigned := parse(t, base)
+	old := "signature = \"" + base64.RawURLEncoding.EncodeToString(ed25519.Sign(k, unsigned.CanonicalBytes())) +
+		"\"\npublisher_key = \"" + pubHex(k) + "\"\n" + base
+	err = manifest.Verify(parse(t, old), module)
+	if err == nil || !strings.Contains(err.Error(), "no wasm_sha256") || !strings.Contains(err.Error(), "clawmesh plugin sign") {
+		t.Fatalf("a signature over the manifest alone: %v", err)
+	}
+	// Signing it again adds the digest, and replaces one already there.
+	again := sign(t, old, k)
+	if err := manifest.Verify(parse(t, again), module); err != nil {
+		t.Fatalf("signed again: %v\n%s", err, again)
+	}
+	other := []byte("\x00asm\x01\x00\x00\x00\x02")
+	out, err := manifest.Sign([]byte(again), other, k)
+	if err != nil || strings.Count(string(out), "wasm_sha256") != 1 {
+		t.Fatalf("signed for another module: %v\n%s", err, out)
+	}
+	if err := manifest.Verify(parse(t, string(out)), other); err != nil {
+		t.Fatalf("signed for another module: %v", err)
+	}
+
+	skill := "name = \"s\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n"
+	signedSkill := sign(t, skill, k)
+	if strings.Contains(signedSkill, "wasm_sha256") {
+		t.Fatalf("a skill-only plugin got a module digest:\n%s", signedSkill)
+	}
+	if err := manifest.Verify(parse(t, signedSkill), nil); err != nil {
+		t.Fatalf("skill-only: %v", err)
+	}
+	if _, err := manifest.Parse([]byte(skill + "wasm_sha256 = \"" + manifest.ModuleDigest(nil) + "\"\n")); err == nil {
+		t.Fatal("a skill-only manifest with wasm_sha256 was accepted")
 	}
 }
