@@ -2,6 +2,7 @@ package manifest_test
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -140,5 +141,105 @@ func TestParseValueErrorNamesPath(t *testing.T) {
 	var fe *manifest.FieldError
 	if !errors.As(err, &fe) || fe.Field != `x."a.b".y[1].z[0]` {
 		t.Fatalf("err = %v, want a refusal of x.\"a.b\".y[1].z[0]", err)
+	}
+}
+
+// shape is a document of a head, count lines and a tail.
+type shape struct {
+	head string
+	line func(i int) string
+	tail string
+}
+
+// doc returns the shape with count lines, or ok false past MaxBytes.
+func (sh shape) doc(count int) (doc string, ok bool) {
+	var b strings.Builder
+	b.WriteString(sh.head)
+	for i := range count {
+		b.WriteString(sh.line(i))
+		if b.Len()+len(sh.tail) > manifest.MaxBytes {
+			return "", false
+		}
+	}
+	return b.String() + sh.tail, true
+}
+
+// refused reports whether Parse refused doc as a whole before decoding.
+func refused(doc string) bool {
+	_, err := manifest.Parse([]byte(doc))
+	var fe *manifest.FieldError
+	return errors.As(err, &fe) && fe.Field == "manifest"
+}
+
+// TestParseBoundsDecoderCost: documents of up to MaxBytes that stay
+// within MaxNesting still cost the TOML decoder time and memory in the
+// depth and the length of their keys, for every key: a key's full path
+// is joined into strings several times, and once per prefix for a dotted
+// key. For each shape, the most lines the bound lets through (or as many
+// as fit in MaxBytes) decode within allocBound. Before the bound, 256 KiB
+// of 31-part dotted keys took 310 MiB, and a 32 KiB table header with
+// short keys under it 3.9 GiB.
+func TestParseBoundsDecoderCost(t *testing.T) {
+	d30 := strings.Repeat("a.", 30)
+	long := strings.Repeat("a", 1024)
+	shapes := map[string]shape{
+		"dotted keys 31 deep":          {"", func(i int) string { return fmt.Sprintf("%sk%d=1\n", d30, i) }, ""},
+		"dotted keys in inline tables": {"x = [", func(int) string { return "{" + d30 + "a=1}," }, "]\n"},
+		"inline tables 15 deep":        {"x = [", func(int) string { return strings.Repeat("{a=", 15) + "1" + strings.Repeat("}", 15) + "," }, "]\n"},
+		"dotted keys of long parts": {"", func(i int) string {
+			return strings.Repeat(strings.Repeat("a", 256)+".", 30) + fmt.Sprintf("k%d=1\n", i)
+		}, ""},
+		"long table header, many keys": {"[" + strings.Repeat(long+".", 30) + long + "]\n", func(i int) string { return fmt.Sprintf("k%d=1\n", i) }, ""},
+		"long header part, many keys":  {"[" + strings.Repeat("a", 8000) + "]\n", func(i int) string { return fmt.Sprintf("k%d=1\n", i) }, ""},
+		"long inline key, many keys":   {"x = {" + strings.Repeat(long+".", 7) + long + "={", func(i int) string { return fmt.Sprintf("k%d=1,", i) }, "z=1}}\n"},
+		"headers 31 deep":              {"", func(i int) string { return fmt.Sprintf("[%sk%d]\n", d30, i) }, ""},
+		"short keys":                   {"", func(i int) string { return fmt.Sprintf("k%d=1\n", i) }, ""},
+	}
+	for name, sh := range shapes {
+		t.Run(name, func(t *testing.T) {
+			// The most lines that fit and are not refused.
+			lo, hi := 0, 1
+			for {
+				d, ok := sh.doc(hi)
+				if !ok || refused(d) {
+					break
+				}
+				lo, hi = hi, hi*2
+			}
+			for hi-lo > 1 {
+				mid := (lo + hi) / 2
+				if d, ok := sh.doc(mid); ok && !refused(d) {
+					lo = mid
+				} else {
+					hi = mid
+				}
+			}
+			doc, _ := sh.doc(lo)
+			n := allocated(func() { _, _ = manifest.Parse([]byte(doc)) })
+			t.Logf("%d lines, %d bytes let through: %d KiB allocated", lo, len(doc), n>>10)
+			if n > allocBound {
+				t.Errorf("a %d-byte manifest allocated %d MiB", len(doc), n>>20)
+			}
+			if over, ok := sh.doc(lo + 1); ok {
+				_, err := manifest.Parse([]byte(over))
+				if !strings.Contains(fmt.Sprint(err), "too many keys") {
+					t.Errorf("one line more: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestParseManyRealKeysAccepted: a large manifest of the kind a plugin
+// may really have, a config_schema of 500 properties each described by a
+// table, is well within the keys' cost bound.
+func TestParseManyRealKeysAccepted(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(toolWithSchema + "[config_schema]\ntype = \"object\"\nadditionalProperties = false\n")
+	for i := range 500 {
+		fmt.Fprintf(&b, "[config_schema.properties.option_number_%d]\ntype = \"string\"\ndescription = \"option %d\"\nmaxLength = 64\n", i, i)
+	}
+	if _, err := manifest.Parse([]byte(b.String())); err != nil {
+		t.Fatalf("%d bytes: %v", b.Len(), err)
 	}
 }
