@@ -42,6 +42,9 @@ func TestCompilationCacheThatCannotBeWritten(t *testing.T) {
 		return h
 	}
 
+	// The folder removed while the host runs is made again: before,
+	// every module compiled until a restart went uncached (and kept a
+	// compiled copy in memory for good).
 	t.Run("folder removed", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "cache")
 		h := host(t, dir)
@@ -49,6 +52,21 @@ func TestCompilationCacheThatCannotBeWritten(t *testing.T) {
 			t.Fatal(err)
 		}
 		load(t, h, "removed", minimalTool(0))
+		if n := entries(t, dir); n != 1 {
+			t.Fatalf("%d cache entries after the folder was removed, want 1", n)
+		}
+		// Its inner, per-version folder alone, likewise.
+		inner, _ := filepath.Glob(filepath.Join(dir, "*"))
+		if len(inner) != 1 {
+			t.Fatalf("cache folder holds %v", inner)
+		}
+		if err := os.RemoveAll(inner[0]); err != nil {
+			t.Fatal(err)
+		}
+		load(t, h, "inner removed", minimalTool(1))
+		if n := entries(t, dir); n != 1 {
+			t.Fatalf("%d cache entries after the inner folder was removed, want 1", n)
+		}
 	})
 
 	t.Run("full disk", func(t *testing.T) {

@@ -124,6 +124,7 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
 	}
+	h.remakeCacheDir()
 	mod, err := h.rt.CompileModule(ctx, prepared)
 	if err != nil && cacheFailed(err) {
 		// The cache only saves a later compile: an entry that could not
@@ -151,6 +152,24 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 		return nil, err
 	}
 	return c, nil
+}
+
+// remakeCacheDir makes the compilation cache's folders again if they were
+// removed (by hand, or a cleaner of old files): wazero makes them only
+// when the cache is made, so until the sandbox restarted every module
+// compiled went uncached, and each kept a compiled copy in memory for
+// good (see the retry in compile). Making a cache for the same folder has
+// wazero make them as it names them, and costs two stats when they are
+// there; compiles are rare (a load), and the one that follows writes its
+// entry. A failure is left to the compile, which loads the module
+// uncached.
+func (h *Host) remakeCacheDir() {
+	if h.cfg.CacheDir == "" {
+		return
+	}
+	if c, err := wazero.NewCompilationCacheWithDir(h.cfg.CacheDir); err == nil {
+		_ = c.Close(context.Background()) // holds no engine: nothing compiled through it
+	}
 }
 
 // cacheFailed reports whether a compile failed on the compilation cache's
