@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -36,7 +37,8 @@ commands:
                             (SOURCE is a path only when it holds a /, starts with . or ends in
                             manifest.toml: a bare NAME is always the registry's, even when the
                             current directory holds a folder of that name)
-  remove NAME               uninstall (--purge also deletes plugins.entries.<key>)
+  remove NAME               uninstall (--purge also deletes plugins.entries.<key>
+                            and the plugin's memory journal)
   info NAME                 manifest, signature and the default tool binding's instance key
   sign --key FILE PATH      sign PATH (a plugin dir or its manifest.toml) with an Ed25519 key
   keygen --out FILE         write a new Ed25519 key (hex seed, 0600) and print its public key
@@ -78,7 +80,7 @@ func pluginCmd(args []string, out io.Writer) error {
 	fs.StringVar(&keyFile, "key", "", "sign: Ed25519 private key file (PEM PKCS#8, or hex seed)")
 	fs.StringVar(&outFile, "out", "", "keygen: where to write the new key")
 	fs.StringVar(&channel, "channel", "", "info: also print the instance key of this channel alias")
-	fs.BoolVar(&purge, "purge", false, "remove: also delete the plugin's plugins.entries config")
+	fs.BoolVar(&purge, "purge", false, "remove: also delete the plugin's plugins.entries config and memory journal")
 	fs.BoolVar(&all, "all", true, "list: include refused and failed plugins")
 	if isHelp(cmd) {
 		fmt.Fprint(out, pluginUsage)
@@ -319,6 +321,9 @@ func (p *pluginEnv) remove(name string, purge bool) error {
 	if !purge {
 		return nil
 	}
+	if err := p.purgeMemories(name); err != nil {
+		return fmt.Errorf("plugin remove --purge: %w", err)
+	}
 	if p.stack() == nil {
 		return fmt.Errorf("plugin remove --purge: the stack is not running; its config entry was kept")
 	}
@@ -327,6 +332,30 @@ func (p *pluginEnv) remove(name string, purge bool) error {
 		return fmt.Errorf("plugin remove --purge: %w", err)
 	}
 	fmt.Fprintf(p.out, "deleted plugins.entries.%s\n", key)
+	return nil
+}
+
+// purgeMemories deletes a memory plugin's journal in the data
+// directory, and any file a rewrite of it cut short left: removal alone
+// keeps it, so that the plugin installed again gets its memories back
+// (a sandbox loading it reads the journal), and nothing else ever
+// deleted it.
+func (p *pluginEnv) purgeMemories(name string) error {
+	data, err := datadir.Resolve(p.sf.dir)
+	if err != nil {
+		return err
+	}
+	journal := datadir.MemoryJournal(datadir.Memories(data), name)
+	leftovers, _ := filepath.Glob(journal + ".*")
+	for _, f := range append([]string{journal}, leftovers...) {
+		err := os.Remove(f)
+		switch {
+		case err == nil:
+			fmt.Fprintf(p.out, "deleted %s\n", shown(f))
+		case !errors.Is(err, fs.ErrNotExist):
+			return err
+		}
+	}
 	return nil
 }
 

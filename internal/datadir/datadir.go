@@ -57,6 +57,13 @@ func ServiceSocket(dir, service string, replica int) string {
 // deployments mount it from storage the replicas share.
 func Memories(dir string) string { return filepath.Join(dir, "memories") }
 
+// MemoryJournal is the journal of the memory plugin named plugin in the
+// folder memories (Memories). A rewrite writes its new file beside it,
+// named as the journal followed by a dot and a random suffix.
+func MemoryJournal(memories, plugin string) string {
+	return filepath.Join(memories, plugin+".jsonl")
+}
+
 // LockFile is held by the launcher for as long as a stack runs on dir.
 func LockFile(dir string) string { return filepath.Join(dir, "clawmesh.lock") }
 

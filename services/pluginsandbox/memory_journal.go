@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -127,7 +128,7 @@ func openJournal(dir, plugin string, log *zap.Logger) (*journal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory journal: %w", err)
 	}
-	return &journal{path: filepath.Join(dir, plugin+".jsonl"), log: log, createTemp: os.CreateTemp, limit: maxJournalBytes}, nil
+	return &journal{path: datadir.MemoryJournal(dir, plugin), log: log, createTemp: os.CreateTemp, limit: maxJournalBytes}, nil
 }
 
 // lockedFile opens the journal with flags and holds an exclusive flock on
