@@ -224,6 +224,13 @@ healthy() {
 until_ok 180 healthy gateway || fail "the gateway is not healthy"
 compose ps
 
+# PostgreSQL came up healthy under read_only, cap_drop ALL with the
+# five capabilities its entrypoint needs, and no-new-privileges.
+pg=$(compose ps -q postgres)
+read -r ro caps < <(docker inspect -f '{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapAdd}}' "$pg")
+log "postgres: read-only root file system $ro, capabilities added $caps"
+[ "$ro" = true ] || fail "postgres runs with a writable root file system"
+
 # The config service's key for secrets at rest is on its own volume,
 # which no other container mounts (it was in the shared data volume).
 log "the config key: in the config service's volume, in no other container"

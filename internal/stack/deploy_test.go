@@ -56,6 +56,8 @@ type composeFile struct {
 		Volumes     []string                     `json:"volumes"`
 		User        string                       `json:"user"`
 		CapDrop     []string                     `json:"cap_drop"`
+		CapAdd      []string                     `json:"cap_add"`
+		SecurityOpt []string                     `json:"security_opt"`
 		ReadOnly    bool                         `json:"read_only"`
 		Tmpfs       []string                     `json:"tmpfs"`
 		Healthcheck *struct {
@@ -1287,31 +1289,51 @@ func TestManifestsRestrictEveryPod(t *testing.T) {
 	}
 }
 
-// In compose our containers and NATS run with a read-only root file
-// system (their writes go to volumes, /tmp to a tmpfs) and NATS, which
-// the official image starts as root, as nobody without capabilities, as
-// the Kubernetes manifests run them. PostgreSQL's entrypoint needs root
-// to hand its volume to its own account, and drops it itself.
+// rootStarts are the compose services that start as root, and the
+// capabilities each keeps for what it does as root before it drops to
+// its account or ends: setup hands the folders and files it writes to
+// CLAWMESH_UID; PostgreSQL's entrypoint hands its volume to its own
+// account (CHOWN, FOWNER), reads the password file that belongs to
+// CLAWMESH_UID (DAC_OVERRIDE) and drops to its account (SETUID, SETGID).
+var rootStarts = map[string][]string{
+	"setup":    {"CHOWN", "DAC_OVERRIDE", "FOWNER"},
+	"postgres": {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"},
+}
+
+// In compose every container runs with a read-only root file system
+// (its writes go to volumes; /tmp, and PostgreSQL's socket folder, to a
+// tmpfs; NATS writes nothing), every capability dropped but the few a root start needs
+// (rootStarts), and no-new-privileges; all but those run as a non-root
+// user (NATS, which the official image starts as root, as nobody), as
+// the Kubernetes manifests run them. PostgreSQL ran with a writable root
+// file system and Docker's default capabilities (NET_RAW, MKNOD,
+// SYS_CHROOT, ... kept by its root entrypoint).
 func TestComposeRestrictsContainers(t *testing.T) {
 	for name, svc := range readCompose(t).Services {
-		ours := svc.Build != nil
-		nats := strings.HasPrefix(svc.Image, "nats:")
-		if !ours && !nats {
-			continue
-		}
 		if !svc.ReadOnly {
 			t.Errorf("compose service %s: the root file system is writable", name)
 		}
-		if ours && !slices.Contains(svc.Tmpfs, "/tmp") {
+		postgres := strings.HasPrefix(svc.Image, "postgres:")
+		if (svc.Build != nil || postgres) && !slices.Contains(svc.Tmpfs, "/tmp") {
 			t.Errorf("compose service %s: no tmpfs on /tmp", name)
 		}
-		if nats {
-			if u := svc.User; u == "" || u == "0" || strings.HasPrefix(u, "0:") || strings.HasPrefix(u, "root") {
-				t.Errorf("compose service %s runs as %q: root", name, u)
+		if postgres && !slices.Contains(svc.Tmpfs, "/var/run/postgresql") {
+			t.Errorf("compose service %s: no tmpfs on /var/run/postgresql, its socket folder", name)
+		}
+		if !slices.Contains(svc.SecurityOpt, "no-new-privileges:true") {
+			t.Errorf("compose service %s: no no-new-privileges (security_opt %v)", name, svc.SecurityOpt)
+		}
+		if !slices.Contains(svc.CapDrop, "ALL") {
+			t.Errorf("compose service %s keeps capabilities (cap_drop %v)", name, svc.CapDrop)
+		}
+		for _, c := range svc.CapAdd {
+			if !slices.Contains(rootStarts[name], c) {
+				t.Errorf("compose service %s adds capability %s", name, c)
 			}
-			if !slices.Contains(svc.CapDrop, "ALL") {
-				t.Errorf("compose service %s keeps capabilities (cap_drop %v)", name, svc.CapDrop)
-			}
+		}
+		_, root := rootStarts[name]
+		if u := svc.User; !root && (u == "" || u == "0" || strings.HasPrefix(u, "0:") || strings.HasPrefix(u, "root")) {
+			t.Errorf("compose service %s runs as %q: root", name, u)
 		}
 	}
 }
