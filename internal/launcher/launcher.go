@@ -29,6 +29,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/service"
 	"github.com/clawmesh/clawmesh/internal/stack"
 	"github.com/clawmesh/clawmesh/internal/startpages"
+	"github.com/clawmesh/clawmesh/internal/subreaper"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
 
@@ -156,6 +157,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	// (no make build) learnt only then that the services were missing.
 	if err := binariesPresent(cfg.BinDir); err != nil {
 		return err
+	}
+
+	// Orphaned descendants stay in the launcher's tree (and are reaped
+	// here): the durable bridge refuses the launcher's descendants by
+	// walking parent pids, which a `setsid -f` or a double fork escaped.
+	if stopReaping, err := subreaper.Start(); err != nil {
+		log.Warn("orphaned descendants leave the launcher's tree; durable.refuse_descendants misses them", zap.Error(err))
+	} else {
+		defer stopReaping()
 	}
 
 	var stoppers []func() // run in reverse

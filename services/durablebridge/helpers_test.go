@@ -17,7 +17,12 @@ import (
 	"github.com/clawmesh/clawmesh/services/durablebridge/migrations"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	if actAsCaller() {
+		return
+	}
+	testenv.Main(m)
+}
 
 const testEpoch = "00112233445566778899aabbccddeeff"
 
@@ -31,6 +36,13 @@ type wireBridge struct {
 }
 
 func newWireBridge(t testing.TB, withDB bool) *wireBridge {
+	t.Helper()
+	return newWireBridgeWith(t, withDB, nil)
+}
+
+// newWireBridgeWith is newWireBridge with setup run on the Bridge before
+// it serves (a field set later races with the handler that reads it).
+func newWireBridgeWith(t testing.TB, withDB bool, setup func(b *Bridge)) *wireBridge {
 	t.Helper()
 	b := &Bridge{
 		cfg:    Config{Log: testenv.Logger(t), HostName: "test host", RefuseDescendants: func() bool { return false }, CallTimeout: time.Second},
@@ -50,6 +62,9 @@ func newWireBridge(t testing.TB, withDB bool) *wireBridge {
 		t.Cleanup(pool.Close)
 		b.store = &store{db: pool}
 		b.memory = newRequestMemory(b.store, testEpoch, b.log)
+	}
+	if setup != nil {
+		setup(b)
 	}
 	w := &wireBridge{b: b, socket: filepath.Join(t.TempDir(), "private", "durable.sock")}
 	ln, err := durablesock.ListenSocket(w.socket)
