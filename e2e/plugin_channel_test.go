@@ -50,7 +50,8 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 // answer goes back out through the plugin to its webhook.
 func TestPluginChannelMessageReachesASession(t *testing.T) {
 	t.Parallel()
-	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200")
+	// The hook listens on loopback, which a plugin reaches only when allowed.
+	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
 	v := newConv(t, s, nil)
 
 	var (

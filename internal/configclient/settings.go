@@ -56,6 +56,9 @@ type PluginSettings struct {
 	MaxTableElements uint64
 	MaxInstances     uint64
 	MaxTotalMemoryMB uint64
+	// HTTPAllowedNetworks is plugins.http.allowed_networks: CIDRs a
+	// plugin's outbound HTTP may reach though they are not public.
+	HTTPAllowedNetworks []string
 	// SignatureMode is disabled, permissive or strict.
 	SignatureMode        string
 	TrustedPublisherKeys []string
@@ -71,6 +74,7 @@ func (s Snapshot) PluginSettings() PluginSettings {
 		MaxTableElements:     s.Uint("plugins.limits.max_table_elements"),
 		MaxInstances:         s.Uint("plugins.limits.max_instances"),
 		MaxTotalMemoryMB:     s.Uint("plugins.limits.max_total_memory_mb"),
+		HTTPAllowedNetworks:  s.Strings("plugins.http.allowed_networks"),
 		SignatureMode:        s.String("plugins.security.signature_mode"),
 		TrustedPublisherKeys: s.Strings("plugins.security.trusted_publisher_keys"),
 	}

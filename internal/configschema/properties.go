@@ -1,6 +1,10 @@
 package configschema
 
-import "regexp"
+import (
+	"errors"
+	"net/netip"
+	"regexp"
+)
 
 // Permission names, as the seeds use them: what a permission profile may
 // grant and what services ask the config service about. "admin" holds
@@ -128,6 +132,8 @@ var Properties = []Property{
 	{Path: "plugins.limits.max_instances", Type: Integer, Restart: true, Default: 64, Min: f(1), Max: f(4096), Doc: "instances host-wide"},
 	{Path: "plugins.limits.max_total_memory_mb", Type: Integer, Restart: true, Default: 1024, Min: f(1), Max: f(1 << 20),
 		Doc: "linear memory of every instance together, in each sandbox replica; past it an instance is not made and a memory does not grow (keep it under the replica's memory limit, less 128 MiB for the rest of the process)"},
+	{Path: "plugins.http.allowed_networks", Type: Array, Items: String, Default: []any{}, Valid: checkCIDR, Restart: true,
+		Doc: "networks (CIDR) a plugin's outbound HTTP may reach although they are not public: loopback, private, link-local (cloud metadata), shared and unspecified addresses are refused unless listed here"},
 	{Path: "plugins.security.signature_mode", Type: String, Default: "permissive", Enum: []string{"disabled", "permissive", "strict"},
 		Doc: "manifest signatures: disabled ignores them; permissive verifies them and loads every plugin, warning about a missing, untrusted or failing one; strict loads only plugins signed by a trusted key"},
 	{Path: "plugins.security.trusted_publisher_keys", Type: Array, Items: String, Default: []any{}, Pattern: hexKey,
@@ -169,4 +175,13 @@ var Properties = []Property{
 	{Path: "durable.starters.*.agent", Type: String, Default: "default", Ref: "agents", Doc: "agent alias of the session it opens"},
 	{Path: "durable.starters.*.prompt", Type: String, Default: "",
 		Doc: "first prompt of the session; the phone's text, when it sends one, follows it; empty with no text starts no turn"},
+}
+
+// checkCIDR accepts a network as netip.ParsePrefix reads it
+// ("10.0.0.0/8", "fd00::/8"): the sandbox takes it as it is.
+func checkCIDR(s string) error {
+	if _, err := netip.ParsePrefix(s); err != nil {
+		return errors.New("not a network in CIDR form (such as 10.0.0.0/8 or fd00::/8)")
+	}
+	return nil
 }

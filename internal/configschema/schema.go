@@ -62,6 +62,9 @@ type Property struct {
 	Enum []string
 	// Pattern, when set, must match a String (or each string item).
 	Pattern *regexp.Regexp
+	// Valid, when set, must accept a String (or each string item) that
+	// passed Pattern; its error says what is wrong with the value.
+	Valid func(string) error
 	// MaxLen, when set, is the most characters a String (or each string
 	// item) may have.
 	MaxLen int

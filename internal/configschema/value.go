@@ -82,6 +82,11 @@ func (p *Property) checkScalar(t Type, v any) (any, error) {
 			}
 			return nil, typeErr("%q is not in the expected form", s)
 		}
+		if p.Valid != nil {
+			if err := p.Valid(s); err != nil {
+				return nil, typeErr("%q: %v", s, err)
+			}
+		}
 		return s, nil
 	case Bool:
 		b, ok := v.(bool)

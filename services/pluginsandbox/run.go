@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -32,6 +33,9 @@ type Settings struct {
 	// ScanInterval is plugins.scan_interval_ms: how often the replica
 	// rescans the plugins folder.
 	ScanInterval time.Duration
+	// HTTPAllowedNetworks is plugins.http.allowed_networks: the networks
+	// that are not public a plugin's outbound HTTP may still reach.
+	HTTPAllowedNetworks []netip.Prefix
 }
 
 // ErrSettings: a plugins.* value in the config document is unusable.
@@ -47,6 +51,13 @@ func SettingsFrom(p configclient.PluginSettings, dataDir string) (Settings, erro
 	}
 	if err := s.Limits.Validate(); err != nil {
 		return s, fmt.Errorf("%w: %w", ErrSettings, err)
+	}
+	for _, n := range p.HTTPAllowedNetworks {
+		pfx, err := netip.ParsePrefix(n)
+		if err != nil {
+			return s, fmt.Errorf("%w: plugins.http.allowed_networks: %w", ErrSettings, err)
+		}
+		s.HTTPAllowedNetworks = append(s.HTTPAllowedNetworks, pfx)
 	}
 	return s, nil
 }
@@ -103,6 +114,7 @@ func Register(ctx context.Context, env *service.Env) error {
 		Limits:   settings.Limits,
 		CacheDir: filepath.Join(env.DataDir, "wasm-cache"),
 		Logger:   env.Log,
+		HTTP:     wasmhost.HTTPLimits{AllowedNetworks: settings.HTTPAllowedNetworks},
 	})
 	if err != nil {
 		return err
@@ -164,7 +176,8 @@ func Register(ctx context.Context, env *service.Env) error {
 		zap.Duration("scan_interval", settings.ScanInterval),
 		zap.Uint64("call_fuel", l.CallFuel), zap.Uint64("call_timeout_ms", l.CallTimeoutMS),
 		zap.Uint64("max_memory_mb", l.MaxMemoryMB), zap.Uint64("max_table_elements", l.MaxTableElements),
-		zap.Uint64("max_instances", l.MaxInstances), zap.Uint64("max_total_memory_mb", l.MaxTotalMemoryMB))
+		zap.Uint64("max_instances", l.MaxInstances), zap.Uint64("max_total_memory_mb", l.MaxTotalMemoryMB),
+		zap.Stringers("http_allowed_networks", settings.HTTPAllowedNetworks))
 	pluginv1.RegisterPluginServiceServer(env.Server.GRPC, srv)
 	return nil
 }

@@ -2,6 +2,7 @@ package wasmhost
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,6 +42,10 @@ type HTTPLimits struct {
 	MaxResponseBytes int64
 	// Timeout caps one request; default 10 s. The call deadline still wins.
 	Timeout time.Duration
+	// AllowedNetworks are plugins.http.allowed_networks: addresses that
+	// are not public (loopback, private, link-local, shared) are refused
+	// unless inside one of them.
+	AllowedNetworks []netip.Prefix
 }
 
 // Config configures a Host. Zero values take the defaults noted.

@@ -2,6 +2,7 @@ package wasmhost_test
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"runtime"
 	"sync"
@@ -80,6 +81,9 @@ func newHost(tb testing.TB, lim wasmhost.Limits, mut ...func(*wasmhost.Config)) 
 		lim.MaxTotalMemoryMB = def.MaxTotalMemoryMB
 	}
 	cfg := wasmhost.Config{Limits: lim, CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes}
+	// The tests' HTTP servers listen on loopback, which a plugin reaches
+	// only when the operator allows it (egress_test.go has the default).
+	cfg.HTTP.AllowedNetworks = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 	for _, m := range mut {
 		m(&cfg)
 	}

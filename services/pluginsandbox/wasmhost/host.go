@@ -66,7 +66,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	h := &Host{
 		cfg:     cfg,
 		slots:   newSlots(int(cfg.Limits.MaxInstances)),
-		http:    newHTTPClient(),
+		http:    newHTTPClient(cfg.HTTP.AllowedNetworks),
 		mem:     newMemBudget(cfg.Limits.MaxTotalMemoryMB),
 		logger:  cfg.Logger,
 		pools:   map[*pool]struct{}{},

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
@@ -30,10 +33,12 @@ var errTooManyRedirects = errors.New("too many redirects")
 
 // newHTTPClient returns the client behind the http_request import: no proxy
 // from the environment, no cookie jar, at most 5 redirects, at most
-// maxResponseHeaderBytes of headers.
-func newHTTPClient() *http.Client {
+// maxResponseHeaderBytes of headers, and only public addresses or those in
+// allowed.
+func newHTTPClient(allowed []netip.Prefix) *http.Client {
 	tr := &http.Transport{
 		Proxy:                  nil,
+		DialContext:            guardedDialer(allowed).DialContext,
 		MaxIdleConns:           64,
 		IdleConnTimeout:        30 * time.Second,
 		TLSHandshakeTimeout:    10 * time.Second,
@@ -86,6 +91,10 @@ func (h *Host) doHTTP(ctx context.Context, raw []byte) ([]byte, int64) {
 		hr.Header.Set(k, v)
 	}
 	resp, err := h.http.Do(hr)
+	if errors.Is(err, errDestinationRefused) {
+		h.logger.Warn("plugin http request refused", zap.String("url", u.Redacted()), zap.Error(err))
+		return nil, codeAccessDenied
+	}
 	if err != nil {
 		// The transport says so in words only.
 		if strings.Contains(err.Error(), "server response headers exceeded") {
