@@ -505,31 +505,35 @@ func (st *store) approvalRecords(ctx context.Context, requestIDs []string) (map[
 // transcript reads rows after index after (or the last limit rows when
 // after is -2), oldest first, and the transcript's length.
 func (st *store) transcript(ctx context.Context, id string, after, limit int64) ([]*sessionv1.TranscriptMessage, int64, error) {
-	var total int64
-	if err := st.db.QueryRow(ctx, "SELECT message_count FROM sessions WHERE session_id = $1", id).Scan(&total); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, 0, errNoRow
-		}
-		return nil, 0, fmt.Errorf("count messages: %w", err)
-	}
 	q := pageSQL("idx, role, content, created_at", "idx > $2", false)
 	if after == -2 {
 		q = pageSQL("idx, role, content, created_at", "$2 = -2", true)
 	}
-	rows, err := st.db.Query(ctx, q, id, after, limit, pageBytes)
+	rows, err := st.db.Query(ctx, countedPageSQL(q, "p.idx, p.role, p.content, p.created_at"), id, after, limit, pageBytes)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read transcript: %w", err)
 	}
-	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*sessionv1.TranscriptMessage, error) {
-		m := &sessionv1.TranscriptMessage{}
-		var at time.Time
-		err := row.Scan(&m.Index, &m.Role, &m.Content, &at)
-		m.Content = cutForRead(m.Content)
-		m.CreatedAt = timestamppb.New(at)
-		return m, err
-	})
-	if err != nil {
+	var total int64
+	found := false
+	msgs := []*sessionv1.TranscriptMessage{}
+	for rows.Next() {
+		var idx *int64
+		var role, content *string
+		var at *time.Time
+		if err := rows.Scan(&total, &idx, &role, &content, &at); err != nil {
+			rows.Close()
+			return nil, 0, fmt.Errorf("read transcript: %w", err)
+		}
+		found = true
+		if idx != nil {
+			msgs = append(msgs, &sessionv1.TranscriptMessage{Index: *idx, Role: *role, Content: cutForRead(*content), CreatedAt: timestamppb.New(*at)})
+		}
+	}
+	if err := rows.Err(); err != nil {
 		return nil, 0, fmt.Errorf("read transcript: %w", err)
+	}
+	if !found {
+		return nil, 0, errNoRow
 	}
 	return msgs, total, nil
 }

@@ -7,10 +7,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -204,4 +208,83 @@ func pagesBack(t *testing.T, h *harness, id string, n int) (pages []string, cont
 		t.Fatalf("%d of %d messages read", len(contents), n)
 	}
 	return pages, contents
+}
+
+// A page and the total beside it are read at one moment: a message
+// written while the page was read is in both or in neither. Read apart,
+// the total came from before the message and the page from after it, so
+// the newest page held an index at the total or past it (18 pages of 400
+// read while another connection prompted).
+func TestPageAndTotalReadTogether(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(alice, "default")
+	for i := range 3 {
+		if err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+			_, err := appendMessageTx(ctx, tx, id, "", roleUser, fmt.Sprintf("m%d", i))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, read := range []struct {
+		name string
+		last func() (int64, int64, error) // the page's last index, and the total
+	}{
+		{"session/messages", func() (int64, int64, error) {
+			resp, err := h.srv.Messages(ctx, &sessionv1.MessagesRequest{Principal: alice, SessionId: id})
+			if err != nil || len(resp.GetMessages()) == 0 {
+				return 0, 0, fmt.Errorf("%v %w", resp, err)
+			}
+			return resp.GetMessages()[len(resp.GetMessages())-1].GetIndex(), resp.GetTotal(), nil
+		}},
+		{"Transcript", func() (int64, int64, error) {
+			resp, err := h.srv.Transcript(ctx, &sessionv1.TranscriptRequest{Principal: operator, SessionId: id})
+			if err != nil || len(resp.GetMessages()) == 0 {
+				return 0, 0, fmt.Errorf("%v %w", resp, err)
+			}
+			return resp.GetMessages()[len(resp.GetMessages())-1].GetIndex(), resp.GetTotal(), nil
+		}},
+	} {
+		// A transaction holding the messages table makes the read wait
+		// on it; a message is written in it and committed while the read
+		// waits.
+		tx, err := h.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE messages IN ACCESS EXCLUSIVE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		type page struct {
+			last, total int64
+			err         error
+		}
+		got := make(chan page, 1)
+		go func() {
+			last, total, err := read.last()
+			got <- page{last, total, err}
+		}()
+		testenv.Eventually(t, wait, 5*time.Millisecond, func() error {
+			var n int
+			if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+				WHERE relation = 'messages'::regclass AND NOT granted`).Scan(&n); err != nil || n == 0 {
+				return fmt.Errorf("the read does not wait for the table yet (%v)", err)
+			}
+			return nil
+		})
+		if _, err := appendMessageTx(ctx, tx, id, "", roleUser, "written while the page was read"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		p := testwait.Recv(t, got)
+		if p.err != nil {
+			t.Fatalf("%s: %v", read.name, p.err)
+		}
+		if p.last != p.total-1 {
+			t.Fatalf("%s: the newest page ends at index %d, the total is %d", read.name, p.last, p.total)
+		}
+	}
 }

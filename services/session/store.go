@@ -358,27 +358,46 @@ func pageSQL(cols, cond string, newestFirst bool) string {
 }
 
 func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int64) ([]messageRow, int64, error) {
+	rows, err := st.db.Query(ctx, countedPageSQL(pageSQL("idx, role, content", "($2 < 0 OR idx < $2)", true), "p.idx, p.role, p.content"),
+		id, beforeIndex, limit, pageBytes)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read messages: %w", err)
+	}
 	var total int64
-	if err := st.db.QueryRow(ctx, "SELECT message_count FROM sessions WHERE session_id = $1", id).Scan(&total); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, 0, errNoRow
+	found := false
+	msgs := []messageRow{}
+	for rows.Next() {
+		var idx *int64
+		var role, content *string
+		if err := rows.Scan(&total, &idx, &role, &content); err != nil {
+			rows.Close()
+			return nil, 0, fmt.Errorf("read messages: %w", err)
 		}
-		return nil, 0, fmt.Errorf("count messages: %w", err)
+		found = true
+		if idx != nil {
+			msgs = append(msgs, messageRow{Index: *idx, Role: *role, Content: cutForRead(*content)})
+		}
 	}
-	rows, err := st.db.Query(ctx, pageSQL("idx, role, content", "($2 < 0 OR idx < $2)", true), id, beforeIndex, limit, pageBytes)
-	if err != nil {
+	if err := rows.Err(); err != nil {
 		return nil, 0, fmt.Errorf("read messages: %w", err)
 	}
-	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (messageRow, error) {
-		var m messageRow
-		err := row.Scan(&m.Index, &m.Role, &m.Content)
-		m.Content = cutForRead(m.Content)
-		return m, err
-	})
-	if err != nil {
-		return nil, 0, fmt.Errorf("read messages: %w", err)
+	if !found {
+		return nil, 0, errNoRow
 	}
 	return msgs, total, nil
+}
+
+// countedPageSQL is page, a pageSQL query, with the transcript's length
+// (message_count) in front of each of its rows, cols (page's columns as
+// p.<name>), and one row of NULLs when the page is empty: no row at all
+// says there is no session. One statement reads both at one moment. Read
+// apart, a message committed between the count and the page was in the
+// page and not in the total: the newest page held an index at the total
+// or past it (18 pages of 400 read while another connection prompted),
+// and the durable bridge, which goes on from the total, showed it twice.
+func countedPageSQL(page, cols string) string {
+	return `SELECT s.message_count, ` + cols + ` FROM sessions s LEFT JOIN (` + page + `) p ON true
+		WHERE s.session_id = $1 ORDER BY p.idx`
 }
 
 // finishTurnTx records a turn's outcome and makes a running session idle
