@@ -144,7 +144,10 @@ func admitError(err error) error {
 }
 
 // Cancel cancels the running turn, if any, and waits (bounded) for it to
-// end: afterwards the session reads idle.
+// end: afterwards the session reads idle. It says cancelled when the turn
+// ended cancelled, or is still unwinding: a cancel that reaches a turn
+// once its provider has answered, while it writes its end, changes
+// nothing, and the turn completes.
 func (s *Server) Cancel(ctx context.Context, req *sessionv1.CancelRequest) (*sessionv1.CancelResponse, error) {
 	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
 	if err != nil {
@@ -153,8 +156,8 @@ func (s *Server) Cancel(ctx context.Context, req *sessionv1.CancelRequest) (*ses
 	resp := &sessionv1.CancelResponse{SessionId: req.GetSessionId()}
 	if ls := s.liveOf(row); ls != nil {
 		if t := ls.running(); t != nil {
-			s.stopTurn(ctx, t, ErrCancelRequested)
-			resp.Cancelled = true
+			// t.result is set before t.done closes.
+			resp.Cancelled = !s.stopTurn(ctx, t, ErrCancelRequested) || t.result.Outcome == OutcomeCancelled
 		}
 	}
 	return resp, nil

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -324,5 +325,67 @@ func TestConnectionClosedCancelsTurns(t *testing.T) {
 	_, err = h.srv.Prompt(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: b, Prompt: "late"})
 	if err == nil {
 		t.Fatal("prompt accepted after shutdown")
+	}
+}
+
+// A cancel that reaches a turn once its provider has answered, while the
+// turn writes its end, does not cancel it: the turn completes, and Cancel
+// says it cancelled nothing. It said cancelled: true, beside a
+// turn_complete and a prompt's answer of outcome completed (1 round of 20
+// over the socket, a cancel sent as a one-line reply streamed).
+func TestCancelSaysWhetherTheTurnEndedCancelled(t *testing.T) {
+	p := stubbornProvider{started: make(chan struct{}, 1), release: make(chan struct{})}
+	h := newHarness(t, func(c *Config) {
+		c.Providers = map[string]ProviderFactory{"stubborn": func(AgentConfig) (Provider, error) { return p, nil }}
+	})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "slow", Provider: "stubborn"}})
+	ctx := context.Background()
+	id := h.newSession(alice, "slow")
+	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "hi"})
+	<-p.started
+	turn := h.srv.lookupLive(id).running()
+
+	// The session's row, held, keeps the turn's end from being written
+	// once the provider has answered.
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE", id); err != nil {
+		t.Fatal(err)
+	}
+	close(p.release)
+	eventually(t, func() error {
+		var n int
+		if err := h.pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted").Scan(&n); err != nil || n == 0 {
+			return fmt.Errorf("the turn's end does not wait for the session's row yet (%v)", err)
+		}
+		return nil
+	})
+	cancelled := make(chan *sessionv1.CancelResponse, 1)
+	go func() {
+		c, err := h.srv.Cancel(ctx, &sessionv1.CancelRequest{Principal: alice, SessionId: id})
+		if err != nil {
+			t.Error(err)
+		}
+		cancelled <- c
+	}()
+	eventually(t, func() error {
+		if turn.ctx.Err() == nil {
+			return fmt.Errorf("the cancel has not reached the turn yet")
+		}
+		return nil
+	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := testwait.Recv(t, res)
+	c := testwait.Recv(t, cancelled)
+	if r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || r.resp.GetContent() != "late reply" {
+		t.Fatalf("prompt: %v %v", r.resp, r.err)
+	}
+	if c.GetCancelled() {
+		t.Fatal("cancel said cancelled of a turn that completed")
 	}
 }
