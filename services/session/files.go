@@ -51,6 +51,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/policylock"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
@@ -267,6 +268,7 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	var entry *sessionv1.FileEntry
+	var placed bool
 	err = pgx.BeginFunc(ctx, s.store.db, func(tx pgx.Tx) error {
 		r, err := readFileSession(ctx, tx, id, true)
 		if errors.Is(err, errNoRow) {
@@ -297,10 +299,15 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 		if hook := storeChecked.Load(); hook != nil {
 			(*hook)(id)
 		}
-		entry, err = s.writeFile(ctx, tx, r, storedFile{data: data, name: name, mime: mimeType})
+		entry, placed, err = s.writeFile(ctx, tx, r, storedFile{data: data, name: name, mime: mimeType})
 		return err
 	})
 	if err != nil {
+		if placed {
+			// The file is in place and its row is not (the commit
+			// failed): the next store into the session removes it.
+			s.forgetCleared(id)
+		}
 		return nil, err
 	}
 	s.log.Info("file stored", zap.String("session_id", id), zap.String("ref_id", entry.GetRefId()),
@@ -428,13 +435,15 @@ const writeAheadMin = 1 << 20
 
 // writeFile writes f into the workspace unless an identical copy is
 // already at its indexed path, and indexes it; tx holds the session row.
-func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f storedFile) (*sessionv1.FileEntry, error) {
+// placed reports a new file renamed into place, which no committed row
+// names until tx commits.
+func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f storedFile) (entry *sessionv1.FileEntry, placed bool, err error) {
 	dir, err := openUploadsDir(r.WorkspaceDir)
 	if err != nil {
-		return nil, fmt.Errorf("open workspace of session %s: %w", r.ID, err)
+		return nil, false, fmt.Errorf("open workspace of session %s: %w", r.ID, err)
 	}
 	defer unix.Close(dir)
-	s.clearLeftovers(r.ID, dir)
+	s.clearLeftovers(ctx, tx, r.ID, dir)
 
 	var sum string
 	var tmp *tempFile
@@ -442,7 +451,7 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	if len(f.data) >= writeAheadMin {
 		sum, tmp, err = hashWritingAhead(dir, f.data, uploads.Sum, (*os.File).Sync)
 		if err != nil {
-			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
+			return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
 	} else {
 		sum = uploads.Sum(f.data)
@@ -457,49 +466,51 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 		// Only paths this code wrote are indexed; anything else is not
 		// followed.
 		if dir, base := filepath.Split(indexed); dir != UploadsDir+"/" || !strings.HasPrefix(base, sum) {
-			return nil, fmt.Errorf("index of session %s names %q for %s", r.ID, indexed, sum)
+			return nil, false, fmt.Errorf("index of session %s names %q for %s", r.ID, indexed, sum)
 		}
 		rel = indexed
 	case !errors.Is(err, pgx.ErrNoRows):
-		return nil, fmt.Errorf("read file index: %w", err)
+		return nil, false, fmt.Errorf("read file index: %w", err)
 	}
 
 	if !dedup {
 		// Charged before the file is placed: a refusal leaves nothing.
 		if err := s.chargeStored(ctx, tx, r.Owner, int64(len(f.data))); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	base := filepath.Base(rel)
 	same, err := sameContent(dir, base, sum, int64(len(f.data)))
 	if err != nil {
-		return nil, fmt.Errorf("compare stored file: %w", err)
+		return nil, false, fmt.Errorf("compare stored file: %w", err)
 	}
 	if !same {
 		if tmp == nil {
 			if tmp, err = createTemp(dir, f.data); err != nil {
-				return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
+				return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
 			}
 		}
 		if err := tmp.placeAs(base); err != nil {
-			return nil, fmt.Errorf("write file into session %s: %w", r.ID, err)
+			return nil, tmp.placed && !dedup, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
 		if dedup {
 			s.log.Info("workspace copy restored", zap.String("session_id", r.ID), zap.String("path", rel))
 		}
 	}
 	if !dedup {
+		// From here a file is in place that no committed row names.
+		placed = true
 		if _, err := tx.Exec(ctx, `INSERT INTO session_files (session_id, sha256, path, size_bytes, filename, mime_type)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id, sha256) DO NOTHING`,
 			r.ID, sum, rel, len(f.data), f.name, f.mime); err != nil {
-			return nil, fmt.Errorf("index file: %w", err)
+			return nil, true, fmt.Errorf("index file: %w", err)
 		}
 	}
 	path := filepath.Join(r.WorkspaceDir, rel)
 	return &sessionv1.FileEntry{
 		RefId: uploads.RefID(sum), Marker: uploads.Marker(f.mime, f.name, path), WorkspacePath: path,
 		SizeBytes: int64(len(f.data)), Deduplicated: dedup,
-	}, nil
+	}, placed, nil
 }
 
 // storedQuota is what a user's sessions may hold in stored files: the
@@ -790,9 +801,12 @@ const maxClearedSessions = 4096
 // crash, the machine stopped): otherwise each would stay there, as large
 // as the file it was, for good. dir is the folder, held under the
 // session's row, so a temporary file written before this process started
-// is a dead process's. A clearing that fails is logged and tried again
-// at the next store; the store goes on.
-func (s *Server) clearLeftovers(sessionID string, dir int) {
+// is a dead process's. So are the stored files no row indexes: a store
+// that died, or whose commit failed, between placing its file and
+// committing its row left it there, uncharged to the owner's quota (see
+// removeUnindexed). A clearing that fails is logged and tried again at
+// the next store; the store goes on.
+func (s *Server) clearLeftovers(ctx context.Context, tx pgx.Tx, sessionID string, dir int) {
 	s.clearedMu.Lock()
 	_, done := s.cleared[sessionID]
 	s.clearedMu.Unlock()
@@ -812,12 +826,118 @@ func (s *Server) clearLeftovers(sessionID string, dir int) {
 		s.log.Warn("temporary files left by a stopped store not cleared", zap.String("session_id", sessionID), zap.Error(err))
 		return
 	}
+	removed, err = removeUnindexed(ctx, tx, sessionID, dir)
+	for _, name := range removed {
+		s.log.Info("file a failed store left unindexed removed",
+			zap.String("session_id", sessionID), zap.String("name", UploadsDir+"/"+name))
+	}
+	if err != nil {
+		s.log.Warn("files a failed store left unindexed not cleared", zap.String("session_id", sessionID), zap.Error(err))
+		return
+	}
 	s.clearedMu.Lock()
 	if len(s.cleared) >= maxClearedSessions {
 		clear(s.cleared)
 	}
 	s.cleared[sessionID] = struct{}{}
 	s.clearedMu.Unlock()
+}
+
+// forgetCleared has the next store into the session clear its uploads
+// folder again: a store placed a file there and failed to commit its row.
+func (s *Server) forgetCleared(sessionID string) {
+	s.clearedMu.Lock()
+	delete(s.cleared, sessionID)
+	s.clearedMu.Unlock()
+}
+
+// removeUnindexed removes from dir, the uploads folder of session
+// sessionID held under its row by tx, every file placed as writeFile
+// places them that no row of the session's index names, and returns
+// their names. Under the row the index is settled: no store into the
+// session is between its rename and its commit but one whose
+// transaction is already lost. Only a regular file named as a stored file
+// is (a SHA-256 and the extension fileExt keeps) and holding the content
+// its name says is removed: what the agent made under another name, or
+// wrote over such a name, is left.
+func removeUnindexed(ctx context.Context, tx pgx.Tx, sessionID string, dir int) (removed []string, err error) {
+	// A descriptor of its own: one duplicated from dir would share its
+	// offset, at the end once removeLeftTemps read the folder.
+	fd, err := unix.Openat(dir, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read folder: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), UploadsDir)
+	defer f.Close()
+	for {
+		entries, rerr := f.ReadDir(256)
+		sums := map[string]string{} // name -> the SHA-256 it carries
+		var list []string
+		for _, e := range entries {
+			if sum, ok := storedSum(e.Name()); ok && e.Type().IsRegular() {
+				sums[e.Name()] = sum
+				list = append(list, sum)
+			}
+		}
+		if len(list) > 0 {
+			rows, err := tx.Query(ctx, "SELECT path FROM session_files WHERE session_id = $1 AND sha256 = ANY($2)", sessionID, list)
+			if err != nil {
+				return removed, fmt.Errorf("read file index: %w", err)
+			}
+			indexed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return removed, fmt.Errorf("read file index: %w", err)
+			}
+			for _, path := range indexed {
+				delete(sums, strings.TrimPrefix(path, UploadsDir+"/"))
+			}
+			for name, sum := range sums {
+				var st unix.Stat_t
+				if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					if errors.Is(err, unix.ENOENT) {
+						continue
+					}
+					return removed, fmt.Errorf("look at %s: %w", name, err)
+				}
+				// Larger than any file a store takes (one message between
+				// the processes), it is not one; and it is not read.
+				if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > grpcserver.MaxMessageBytes {
+					continue
+				}
+				same, err := sameContent(dir, name, sum, st.Size)
+				if err != nil {
+					return removed, fmt.Errorf("read %s: %w", name, err)
+				}
+				if !same {
+					continue
+				}
+				if err := unix.Unlinkat(dir, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+					return removed, fmt.Errorf("remove %s: %w", name, err)
+				}
+				removed = append(removed, name)
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return removed, nil
+		}
+		if rerr != nil {
+			return removed, fmt.Errorf("read folder: %w", rerr)
+		}
+	}
+}
+
+// storedSum returns the SHA-256 a stored file's name carries, when name
+// is one writeFile makes: 64 lower-case hexadecimal digits and the
+// extension fileExt keeps, if any.
+func storedSum(name string) (string, bool) {
+	const n = 2 * sha256.Size
+	if len(name) < n || !ids.LowerHex(name[:n], n) {
+		return "", false
+	}
+	if ext := name[n:]; ext != "" && fileExt(ext) != ext {
+		return "", false
+	}
+	return name[:n], true
 }
 
 // removeLeftTemps removes from dir every regular file named as createTemp

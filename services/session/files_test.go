@@ -1215,3 +1215,94 @@ func TestStoreFileAfterTheWorkspacesFolderWasRemoved(t *testing.T) {
 		t.Fatalf("the workspaces folder made again: %v %v", fi, err)
 	}
 }
+
+// A store that placed its file and then failed to commit its index row
+// (the database restarted, the service was killed between the rename and
+// the commit) left the file in the uploads folder with no row: never
+// charged to the owner's quota, never freed but by deleting the session,
+// as large as the upload. The first store into the session after such a
+// failure, by the same process or the next, removes the stack's files
+// that no row indexes: a regular file named as a stored file is, holding
+// the content its name says. Anything else in the folder is left: an
+// indexed file, a name the stack does not make, a file whose content is
+// not its name's, a link.
+func TestStoreFileRemovesAFileItsFailedCommitLeft(t *testing.T) {
+	h, _ := fileHarness(t)
+	id := h.newSession(alice, "default")
+	ctx := context.Background()
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a.txt", Data: []byte("a")})
+	uploadsDir := filepath.Join(h.dataDir, "workspaces", id, UploadsDir)
+	have := func(name string) bool {
+		_, err := os.Lstat(filepath.Join(uploadsDir, name))
+		return err == nil
+	}
+	// A constraint trigger deferred to the commit fails it once the file
+	// was renamed into place and its row inserted.
+	failCommits := func(on bool) {
+		t.Helper()
+		sql := `DROP TRIGGER IF EXISTS fail_commit ON session_files`
+		if on {
+			sql = `CREATE OR REPLACE FUNCTION fail_commit() RETURNS trigger LANGUAGE plpgsql AS
+				$$ BEGIN RAISE EXCEPTION 'commit failed (test)'; END $$;
+				CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON session_files
+				DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_commit()`
+		}
+		if _, err := h.pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plant := func(name string, data []byte) string {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(uploadsDir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return name
+	}
+	notItsName := plant(sha([]byte("x"))+".txt", []byte("not x"))
+	theirs := plant("notes.txt", []byte("b"))
+	link := sha([]byte("y")) + ".txt"
+	if err := os.Symlink(filepath.Join(uploadsDir, theirs), filepath.Join(uploadsDir, link)); err != nil {
+		t.Fatal(err)
+	}
+	kept := []string{sha([]byte("a")) + ".txt", notItsName, theirs, link}
+
+	failed := func(data string) string {
+		t.Helper()
+		failCommits(true)
+		defer failCommits(false)
+		if _, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: data + ".txt", Data: []byte(data)}); err == nil {
+			t.Fatal("store with its commit failing: no error")
+		}
+		name := sha([]byte(data)) + ".txt"
+		if !have(name) {
+			t.Skipf("the failed store left no %s: nothing to clear", name)
+		}
+		return name
+	}
+
+	// The same process stores again.
+	left := failed("b")
+	if _, rows := h.stored(id); rows != 1 {
+		t.Fatalf("%d index rows after the failed commit, want 1", rows)
+	}
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "c.txt", Data: []byte("c")})
+	if have(left) {
+		t.Errorf("the same process: %s, which no row indexes, left in the uploads folder", left)
+	}
+	// The service killed between the rename and the commit: the next
+	// process's first store into the session.
+	left = failed("d")
+	h.crash()
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "e.txt", Data: []byte("e")})
+	if have(left) {
+		t.Errorf("after a restart: %s, which no row indexes, left in the uploads folder", left)
+	}
+	for _, name := range append(kept, sha([]byte("c"))+".txt", sha([]byte("e"))+".txt") {
+		if !have(name) {
+			t.Errorf("%s removed", name)
+		}
+	}
+	if b, files := h.usage(alice); b != 3 || files != 3 {
+		t.Errorf("usage %d bytes in %d files, want 3 in 3", b, files)
+	}
+}
