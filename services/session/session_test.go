@@ -231,6 +231,33 @@ func TestFailedTurn(t *testing.T) {
 	}
 }
 
+// What a failed turn streamed before it failed stays in the transcript,
+// before the failure, as a cancelled or interrupted turn's does; its
+// followers saw it, and the provider is given it at the next turn. The
+// transcript held the prompt and "Turn failed: ..." only, while /context
+// showed the provider the lost reply.
+func TestFailedTurnKeepsWhatItStreamed(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	if r := h.prompt(alice, id, "/say partial words\n/tool echo {}\n/say more\n/fail boom"); r.GetOutcome() != outcomeEnum[OutcomeFailed] {
+		t.Fatalf("prompt %v", r)
+	}
+	if r := h.prompt(alice, id, "/fail at once"); r.GetOutcome() != outcomeEnum[OutcomeFailed] {
+		t.Fatalf("prompt %v", r)
+	}
+	var got []string
+	for _, m := range h.transcript(id) {
+		got = append(got, m.GetRole()+": "+m.GetContent())
+	}
+	want := []string{
+		"user: /say partial words\n/tool echo {}\n/say more\n/fail boom", "tool: echo: {}", "assistant: partial words\nmore", "system: Turn failed: boom",
+		"user: /fail at once", "system: Turn failed: at once",
+	}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("transcript\n%q\nwant\n%q", got, want)
+	}
+}
+
 // A second prompt during a running turn is SESSION_BUSY; session/cancel
 // ends the turn cancelled, once, and the session is idle and usable.
 func TestBusyAndCancel(t *testing.T) {

@@ -196,8 +196,9 @@ type turn struct {
 
 type turnResult struct {
 	Outcome, StopReason, Content string
-	// Error is the failure message of a failed turn.
-	Error string
+	// Error is the failure message of a failed turn; Said is the reply
+	// it had streamed before it failed.
+	Error, Said string
 }
 
 // unwound runs a write that must happen even when ctx was cancelled (a
@@ -240,7 +241,7 @@ func (s *Server) loop(t *turn) turnResult {
 		if msg == "" {
 			msg = "turn failed"
 		}
-		return turnResult{Outcome: OutcomeFailed, StopReason: stopError, Content: msg, Error: msg}
+		return turnResult{Outcome: OutcomeFailed, StopReason: stopError, Content: msg, Error: msg, Said: content()}
 	}
 
 	agent, err := s.cfg.Agents.Agent(ctx, t.alias)
@@ -464,6 +465,15 @@ func (s *Server) finish(t *turn, res turnResult) {
 		return s.cp.write(ctx, t.log, func(tx pgx.Tx) error {
 			var err error
 			if res.Outcome == OutcomeFailed {
+				// What it streamed before it failed stays, as a
+				// cancelled or interrupted turn's does: its followers
+				// saw it and the provider is given it (the checkpoint
+				// holds it), so the transcript shows it too.
+				if res.Said != "" {
+					if _, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, res.Said); err != nil {
+						return err
+					}
+				}
 				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleSystem, "Turn failed: "+res.Error)
 			} else if res.Content != "" {
 				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, res.Content)
