@@ -227,6 +227,9 @@ func (h *hub) attach(cs *connState, sessionID, subject string, keep, reserved bo
 		h.dropLocked(sessionID, t)
 		ok = false
 	}
+	if keep {
+		delete(cs.leaving, sessionID) // followed again: see leave
+	}
 	others := cs.reserved // held by other calls: not this one's to take
 	if reserved {
 		others--
@@ -304,6 +307,55 @@ func (h *hub) release(cs *connState, sessionID string) {
 	defer h.mu.Unlock()
 	if t, ok := h.topics[sessionID]; ok {
 		h.detachLocked(cs, sessionID, t, true)
+	}
+}
+
+// promptBegins and promptEnds bracket a prompt of cs on the session: see
+// leave.
+func (h *hub) promptBegins(cs *connState, sessionID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cs.prompting == nil {
+		cs.prompting = map[string]int{}
+	}
+	cs.prompting[sessionID]++
+}
+
+func (h *hub) promptEnds(cs *connState, sessionID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cs.prompting[sessionID] > 1 {
+		cs.prompting[sessionID]--
+		return
+	}
+	delete(cs.prompting, sessionID)
+	if cs.leaving[sessionID] {
+		delete(cs.leaving, sessionID)
+		if t, ok := h.topics[sessionID]; ok {
+			h.detachLocked(cs, sessionID, t, false)
+		}
+	}
+}
+
+// leave detaches cs from a session it closed or killed. While a prompt
+// of cs on the session is in progress, it is detached once that prompt
+// has ended instead: the close cancelled the prompt's turn, whose
+// turn_complete the prompt waits for and may reach the gateway after the
+// close's answer. Detached at once, the turn_complete went to nobody and
+// the prompt answered without it, a turn wait later. A session/new of the
+// session meanwhile follows it again (attach with keep).
+func (h *hub) leave(cs *connState, sessionID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cs.prompting[sessionID] > 0 {
+		if cs.leaving == nil {
+			cs.leaving = map[string]bool{}
+		}
+		cs.leaving[sessionID] = true
+		return
+	}
+	if t, ok := h.topics[sessionID]; ok {
+		h.detachLocked(cs, sessionID, t, false)
 	}
 }
 

@@ -513,6 +513,11 @@ type connState struct {
 	// follows session/new calls in progress hold for the sessions they
 	// make (both hub.mu).
 	following, reserved int
+	// prompting counts the connection's prompts in progress by session;
+	// leaving holds the sessions it closed or killed while one ran, left
+	// once the last of them ends (both hub.mu; see hub.leave).
+	prompting map[string]int
+	leaving   map[string]bool
 
 	mu        sync.Mutex
 	principal *commonv1.Principal

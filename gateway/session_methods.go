@@ -214,6 +214,10 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 		Principal: cs.principalOf(), SessionId: id, Prompt: text, ClientTurnGeneration: gen,
 		Attachments: attachments, ConnectionId: cs.id, Elicitation: cs.canElicit(),
 	}
+	// A session/close or session/kill of this session on cs meanwhile
+	// leaves it only once this prompt has its turn_complete (hub.leave).
+	g.hub.promptBegins(cs, id)
+	defer g.hub.promptEnds(cs, id)
 	resp, notFound, err := g.prompt(ctx, cs, req, false)
 	if notFound {
 		// The session followed may have been deleted a moment ago, its id
@@ -421,7 +425,7 @@ func (g *Gateway) sessionClose(ctx context.Context, cs *connState, params json.R
 	// A closed session publishes nothing until it is resumed, which
 	// follows it again: following it on would hold its subscription for
 	// the connection's life.
-	g.hub.detach(cs, id)
+	g.hub.leave(cs, id)
 	return map[string]any{"session_id": resp.GetSessionId(), "closed": resp.GetClosed()}, nil
 }
 
@@ -434,7 +438,7 @@ func (g *Gateway) sessionKill(ctx context.Context, cs *connState, params json.Ra
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	g.hub.detach(cs, id)
+	g.hub.leave(cs, id)
 	return map[string]any{"session_id": resp.GetSessionId(), "killed": resp.GetKilled()}, nil
 }
 
