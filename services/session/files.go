@@ -843,6 +843,126 @@ func (s *Server) clearLeftovers(ctx context.Context, tx pgx.Tx, sessionID string
 	s.clearedMu.Unlock()
 }
 
+// clearAllLeftovers clears, once as the process starts and while it
+// serves, the uploads folder of every session that holds something a
+// dead process's store may have left (clearLeftovers): without it a
+// session never stored into again kept what a SIGKILL in the middle of
+// a commit left, as large as the upload, until it was deleted. Each
+// folder is cleared under its session's row, as a store would; a folder
+// that holds no name the stack makes is only read. A failure is logged
+// and left to the session's next store.
+func (s *Server) clearAllLeftovers(stop <-chan struct{}) {
+	root, err := os.Open(s.workspacesRoot())
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err != nil {
+		s.log.Warn("workspaces not cleared of what stopped stores left", zap.Error(err))
+		return
+	}
+	defer root.Close()
+	for {
+		entries, err := root.ReadDir(orphanBatch)
+		for _, e := range entries {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if !e.IsDir() || !ids.Token(e.Name()) {
+				continue
+			}
+			if err := s.clearSessionLeftovers(e.Name()); err != nil {
+				s.log.Warn("uploads folder not cleared of what stopped stores left", zap.String("session_id", e.Name()), zap.Error(err))
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				s.log.Warn("workspaces not all read", zap.Error(err))
+			}
+			return
+		}
+	}
+}
+
+// clearSessionLeftovers runs clearLeftovers on the uploads folder of
+// session id, under its row, when the folder holds a temporary file or a
+// stored file's name. Nothing is made: no folder, no row.
+func (s *Server) clearSessionLeftovers(id string) error {
+	if !mayHoldLeftovers(filepath.Join(s.workspacesRoot(), id, UploadsDir)) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.base, storeTimeout)
+	defer cancel()
+	return pgx.BeginFunc(ctx, s.store.db, func(tx pgx.Tx) error {
+		r, err := readFileSession(ctx, tx, id, true)
+		if errors.Is(err, errNoRow) {
+			return nil // deleted: its workspace goes with it
+		}
+		if err != nil {
+			return err
+		}
+		dir, err := openExistingUploadsDir(r.WorkspaceDir)
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		defer unix.Close(dir)
+		s.clearLeftovers(ctx, tx, id, dir)
+		return nil
+	})
+}
+
+// mayHoldLeftovers reports whether the folder at path (read without the
+// session's lock, a hint only) names a temporary file or a stored file.
+// A link or anything but a folder in its place is not opened: the agent
+// may have put a FIFO there, whose plain open would wait for a writer.
+func mayHoldLeftovers(path string) bool {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	for {
+		names, err := f.Readdirnames(256)
+		for _, name := range names {
+			if _, ok := storedSum(name); ok || isTempName(name) {
+				return true
+			}
+		}
+		if err != nil {
+			return false
+		}
+	}
+}
+
+// openExistingUploadsDir opens <workspace>/uploads as openUploadsDir does
+// but makes nothing: a folder missing, or a link in its place, is ENOENT.
+func openExistingUploadsDir(workspace string) (int, error) {
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	parent, err := unix.Open(filepath.Dir(workspace), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(parent)
+	ws, err := unix.Openat(parent, filepath.Base(workspace), flags, 0)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return -1, unix.ENOENT
+	}
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(ws)
+	dir, err := unix.Openat(ws, UploadsDir, flags, 0)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return -1, unix.ENOENT
+	}
+	return dir, err
+}
+
 // forgetCleared has the next store into the session clear its uploads
 // folder again: a store placed a file there and failed to commit its row.
 func (s *Server) forgetCleared(sessionID string) {

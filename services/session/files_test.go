@@ -1306,3 +1306,66 @@ func TestStoreFileRemovesAFileItsFailedCommitLeft(t *testing.T) {
 		t.Errorf("usage %d bytes in %d files, want 3 in 3", b, files)
 	}
 }
+
+// What a store killed in the middle of a commit left (its temporary
+// file, or its file placed with no row) was removed only by the next
+// store into the same session: a session never stored into again kept
+// it, as large as the upload, until it was deleted. A process clears
+// every session's uploads folder as it starts, while it serves, under
+// each session's row; what is not a leftover stays, and nothing is made
+// where there was no folder.
+func TestStartClearsWhatStoppedStoresLeft(t *testing.T) {
+	h, _ := fileHarness(t)
+	id := h.newSession(alice, "default")
+	bare := h.newSession(alice, "default")
+	h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a.txt", Data: []byte("a")})
+	uploadsDir := filepath.Join(h.dataDir, "workspaces", id, UploadsDir)
+	plant := func(name, data string, age time.Duration) string {
+		t.Helper()
+		path := filepath.Join(uploadsDir, name)
+		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		when := time.Now().Add(-age)
+		if err := os.Chtimes(path, when, when); err != nil {
+			t.Fatal(err)
+		}
+		return name
+	}
+	temp := plant(fmt.Sprintf(".tmp-%024x", 1), "half a file", time.Second)
+	unindexed := plant(sha([]byte("b"))+".txt", "b", time.Second)
+	kept := []string{sha([]byte("a")) + ".txt", plant("notes.txt", "c", time.Hour), plant(sha([]byte("d"))+".txt", "not d", time.Hour)}
+
+	h.crash()
+	<-h.srv.tidied
+	entries, err := os.ReadDir(uploadsDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, e := range entries {
+		have[e.Name()] = true
+	}
+	for _, name := range []string{temp, unindexed} {
+		if have[name] {
+			t.Errorf("%s left in the uploads folder once the next process started", name)
+		}
+	}
+	for _, name := range kept {
+		if !have[name] {
+			t.Errorf("%s removed", name)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(h.dataDir, "workspaces", bare, UploadsDir)); !os.IsNotExist(err) {
+		t.Errorf("an uploads folder made in a session that had none: %v", err)
+	}
+
+	// A FIFO the agent put in the folder's place is not opened: the
+	// clearing, and the Shutdown that waits for it, would wait for a
+	// writer for good.
+	if err := unix.Mkfifo(filepath.Join(h.dataDir, "workspaces", bare, UploadsDir), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.restart()
+	testwait.Returns(t, func() { <-h.srv.tidied })
+}

@@ -154,6 +154,10 @@ type Server struct {
 	// emptied is closed once the discarded workspaces are removed (or
 	// the removal stopped with stopSweep); see orphans.go.
 	emptied chan struct{}
+	// tidied is closed once every session's uploads folder was cleared
+	// of what a dead process left (or the clearing stopped with
+	// stopSweep); see clearAllLeftovers.
+	tidied chan struct{}
 
 	// started is when this process made the service; cleared holds the
 	// sessions whose uploads folder it cleared of temporary files a dead
@@ -192,7 +196,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg: cfg, log: cfg.Log, store: &store{db: cfg.DB, kept: kept{writes: pg.WritesOf(cfg.DB)}}, nc: cfg.NATS,
 		providers: defaultProviders(), lives: map[string]*liveSession{},
 		openReads: coalesce.Group[struct{}, []openSession]{Timeout: 10 * time.Second},
-		stopSweep: make(chan struct{}), swept: make(chan struct{}), emptied: make(chan struct{}), cleared: map[string]struct{}{},
+		stopSweep: make(chan struct{}), swept: make(chan struct{}), emptied: make(chan struct{}), tidied: make(chan struct{}), cleared: map[string]struct{}{},
 		started: time.Now(),
 	}
 	for name, f := range cfg.Providers {
@@ -211,6 +215,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	go func() {
 		defer close(s.emptied)
 		s.emptyDiscarded(s.stopSweep)
+	}()
+	go func() {
+		defer close(s.tidied)
+		s.clearAllLeftovers(s.stopSweep)
 	}()
 	return s, nil
 }
@@ -293,6 +301,7 @@ func (s *Server) Shutdown() {
 		close(s.stopSweep)
 		<-s.swept
 		<-s.emptied
+		<-s.tidied
 		s.cp.shutdown()
 
 		s.mu.Lock()
