@@ -265,11 +265,20 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	if mimeType == "" {
 		mimeType = guessMIME(name, data)
 	}
-	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	// The checks are the caller's: a caller gone (a client that closed
+	// its connection in the middle of a commit, a deadline) ends them.
+	// The write and the commit are the store's own, bounded by
+	// storeTimeout alone: cut between the rename and the commit, the
+	// store left a file no row indexes, charged to no one.
+	caller := ctx
+	storeCtx, cancel := context.WithTimeout(context.WithoutCancel(caller), storeTimeout)
 	defer cancel()
+	ctx, cancelChecks := context.WithCancel(storeCtx)
+	defer cancelChecks()
+	defer context.AfterFunc(caller, cancelChecks)()
 	var entry *sessionv1.FileEntry
 	var placed bool
-	err = pgx.BeginFunc(ctx, s.store.db, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(storeCtx, s.store.db, func(tx pgx.Tx) error {
 		r, err := readFileSession(ctx, tx, id, true)
 		if errors.Is(err, errNoRow) {
 			if req.GetGeneration() != 0 {
@@ -299,7 +308,10 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 		if hook := storeChecked.Load(); hook != nil {
 			(*hook)(id)
 		}
-		entry, placed, err = s.writeFile(ctx, tx, r, storedFile{data: data, name: name, mime: mimeType})
+		if err := ctx.Err(); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, name: name, mime: mimeType})
 		return err
 	})
 	if err != nil {

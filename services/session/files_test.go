@@ -28,6 +28,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/policylock"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	"github.com/clawmesh/clawmesh/internal/uploads"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
@@ -1368,4 +1369,63 @@ func TestStartClearsWhatStoppedStoresLeft(t *testing.T) {
 	}
 	h.restart()
 	testwait.Returns(t, func() { <-h.srv.tidied })
+}
+
+// A caller that goes away while its store commits (a client closing its
+// connection in the middle of file/upload/commit, a deadline) cut the
+// store between renaming its file into place and committing its row:
+// the file stayed, indexed by nothing and charged to no one, so a client
+// repeating it could fill the disk past its quota. Once the file is
+// written the store runs to its commit whatever its caller does; before
+// that a caller gone still ends it.
+func TestStoreFileOutlivesItsCallerOnceWritten(t *testing.T) {
+	h, _ := fileHarness(t)
+	id := h.newSession(alice, "default")
+	ctx := context.Background()
+	// The commit waits, in a deferred trigger, for a lock the test holds.
+	if _, err := h.pool.Exec(ctx, `CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON session_files
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_xact_lock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+
+	data := []byte("written, then its caller left")
+	path := filepath.Join(h.dataDir, "workspaces", id, UploadsDir, sha(data)+".txt")
+	caller, leave := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.srv.StoreFile(caller, &sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "x.txt", Data: data})
+		done <- err
+	}()
+	testenv.Eventually(t, 30*time.Second, time.Millisecond, func() error { _, err := os.Stat(path); return err })
+	leave()
+	// The store either ends on its own (cut, as before) or waits on the
+	// lock; either way the lock goes once the caller left and the store
+	// had its chance to end.
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Second):
+		_ = holder.Rollback(ctx)
+		err = testwait.Recv(t, done)
+	}
+	_ = holder.Rollback(ctx)
+	t.Logf("store whose caller left: %v", err)
+
+	_, statErr := os.Stat(path)
+	names, rows := h.stored(id)
+	if statErr == nil && rows != 1 {
+		t.Fatalf("uploads folder holds %v and the index %d rows: a file no row names", names, rows)
+	}
+	if b, files := h.usage(alice); (rows == 1) != (b == int64(len(data)) && files == 1) {
+		t.Fatalf("usage %d bytes in %d files with %d index rows", b, files, rows)
+	}
 }
