@@ -419,3 +419,76 @@ func TestTurnOutlivingDeleteWritesNothingIntoTheNextSession(t *testing.T) {
 		t.Fatal(r.err)
 	}
 }
+
+// A delete or kill that arrives while a close waits for the session's
+// turn to end waits for the close, then does what it was asked; a close
+// that arrives during a kill is refused as the kill left the session.
+// They were refused at once with "Session X is closed; resume it with
+// session/new and its session_id", though the session was not closed
+// yet (and would stay open if the close's write failed), and a closed
+// session may be deleted or killed.
+func TestLifecycleCallsDuringAnotherWaitForIt(t *testing.T) {
+	p := stubbornProvider{started: make(chan struct{}, 1), release: make(chan struct{})}
+	h := newHarness(t, func(c *Config) {
+		c.UnwindTimeout = 30 * time.Second
+		c.Providers = map[string]ProviderFactory{"stubborn": func(AgentConfig) (Provider, error) { return p, nil }}
+	})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "slow", Provider: "stubborn"}})
+	ctx := context.Background()
+	ending := func(id string) error {
+		ls := h.srv.lookupLive(id)
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		if ls.ending == "" {
+			return fmt.Errorf("no close or kill under way")
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		first, then string
+		wantErr     string
+	}{
+		{"close", "delete", ""},
+		{"close", "kill", ""},
+		{"kill", "close", "was killed"},
+	} {
+		id := h.newSession(alice, "slow")
+		res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "hi"})
+		<-p.started
+		call := func(op string) error {
+			var err error
+			switch op {
+			case "close":
+				_, err = h.srv.Close(ctx, &sessionv1.CloseRequest{Principal: alice, SessionId: id})
+			case "kill":
+				_, err = h.srv.Kill(ctx, &sessionv1.KillRequest{Principal: alice, SessionId: id})
+			case "delete":
+				_, err = h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id})
+			}
+			return err
+		}
+		firstDone, thenDone := make(chan error, 1), make(chan error, 1)
+		go func() { firstDone <- call(c.first) }()
+		eventually(t, func() error { return ending(id) })
+		go func() { thenDone <- call(c.then) }()
+		// The provider answers only now: the turn ends, then the first
+		// call, then the second.
+		p.release <- struct{}{}
+		if err := testwait.Recv(t, firstDone); err != nil {
+			t.Fatalf("%s: %v", c.first, err)
+		}
+		err := testwait.Recv(t, thenDone)
+		if c.wantErr == "" && err != nil || c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)) {
+			t.Fatalf("%s during %s: %v, want %q", c.then, c.first, err, c.wantErr)
+		}
+		testwait.Recv(t, res)
+		want := map[string]string{"delete": "gone", "kill": stateKilled, "close": stateKilled}[c.then]
+		var state string
+		if err := h.pool.QueryRow(ctx, "SELECT state FROM sessions WHERE session_id = $1", id).Scan(&state); err != nil {
+			state = "gone"
+		}
+		if state != want {
+			t.Fatalf("%s during %s left the session %s, want %s", c.then, c.first, state, want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 )
@@ -43,8 +44,10 @@ type liveSession struct {
 	turn     *turn
 	deleting bool
 	// ending is set while close or kill cancels the turn and writes the
-	// new state: no turn is admitted meanwhile.
+	// new state: no turn is admitted meanwhile. endingDone is closed when
+	// it is cleared (see settle).
 	ending        string
+	endingDone    chan struct{}
 	approvals     map[string]*approval
 	alwaysAllowed map[string]bool
 
@@ -164,6 +167,28 @@ func (s *Server) forget(ls *liveSession) {
 	if s.lives[ls.id] == ls {
 		delete(s.lives, ls.id)
 	}
+}
+
+// settle waits until no close or kill of ls is under way and returns
+// with ls.mu held; or, when ctx ends first, returns its error with ls.mu
+// not held. A lifecycle call that arrives during another waits for it
+// and then acts on what it left: refused at once, a delete or kill
+// arriving while a close waited for the turn was told the session "is
+// closed; resume it", which it was not yet (and would not be, had the
+// close's write failed), and a closed session may be deleted or killed.
+func (ls *liveSession) settle(ctx context.Context) error {
+	ls.mu.Lock()
+	for ls.ending != "" {
+		done := ls.endingDone
+		ls.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		ls.mu.Lock()
+	}
+	return nil
 }
 
 // running returns the session's running turn, or nil.

@@ -209,17 +209,14 @@ func (s *Server) target(ctx context.Context, p *commonv1.Principal, id string) (
 // fails the error is returned and the session stays as it was, minus the
 // cancelled turn.
 func (s *Server) endSession(ctx context.Context, ls *liveSession, state string) error {
-	ls.mu.Lock()
-	switch {
-	case ls.deleting:
+	if err := ls.settle(ctx); err != nil {
+		return err
+	}
+	if ls.deleting {
 		ls.mu.Unlock()
 		return errSessionNotFound(ls.id)
-	case ls.ending != "":
-		ending := ls.ending
-		ls.mu.Unlock()
-		return errSessionEnded(ls.id, ending)
 	}
-	ls.ending = state
+	ls.ending, ls.endingDone = state, make(chan struct{})
 	t := ls.turn
 	ls.mu.Unlock()
 	if t != nil {
@@ -229,15 +226,24 @@ func (s *Server) endSession(ctx context.Context, ls *liveSession, state string) 
 	ls.mu.Lock()
 	defer func() {
 		ls.ending = ""
+		close(ls.endingDone)
 		ls.mu.Unlock()
 	}()
 	from := []string{stateIdle, stateRunning, stateClosed}
 	if state == stateClosed {
 		from = []string{stateIdle, stateRunning}
 	}
-	if _, err := s.store.setState(ctx, ls.id, state, from...); err != nil {
+	changed, err := s.store.setState(ctx, ls.id, state, from...)
+	if err != nil {
 		s.log.Warn("session not ended", zap.String("session_id", ls.id), zap.String("state", state), zap.Bool("turn_cancelled", t != nil), zap.Error(err))
 		return err
+	}
+	if !changed && state == stateClosed {
+		// Killed since the caller read it (a kill this close waited
+		// for, say): a close does not undo that, nor says it closed.
+		if row, err := s.store.session(ctx, ls.id); err == nil && row.State == stateKilled {
+			return errSessionEnded(ls.id, stateKilled)
+		}
 	}
 	s.log.Info("session ended", zap.String("session_id", ls.id), zap.String("state", state))
 	return nil
@@ -254,15 +260,12 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*ses
 		return nil, err
 	}
 	defer release()
-	ls.mu.Lock()
-	switch {
-	case ls.deleting:
+	if err := ls.settle(ctx); err != nil {
+		return nil, err
+	}
+	if ls.deleting {
 		ls.mu.Unlock()
 		return nil, errSessionNotFound(ls.id)
-	case ls.ending != "":
-		ending := ls.ending
-		ls.mu.Unlock()
-		return nil, errSessionEnded(ls.id, ending)
 	}
 	ls.deleting = true
 	t := ls.turn
