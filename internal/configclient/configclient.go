@@ -211,7 +211,15 @@ func (c *Client) follow() {
 	}
 }
 
+// fetchPause is the longest pause between two attempts of fetch. The
+// first pauses are shorter: a config service that is starting answers
+// Unavailable at once (its health answers from the moment it listens),
+// where its socket held the call in the backlog until it served, and a
+// fixed 100 ms put up to that much on every start of the stack.
+const fetchPause = 100 * time.Millisecond
+
 func (c *Client) fetch(ctx context.Context) (Snapshot, error) {
+	pause := 5 * time.Millisecond
 	for {
 		live, err := c.rpc.Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true))
 		if err == nil {
@@ -220,8 +228,9 @@ func (c *Client) fetch(ctx context.Context) (Snapshot, error) {
 		select {
 		case <-ctx.Done():
 			return Snapshot{}, fmt.Errorf("read the live config: %w", err)
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(pause):
 		}
+		pause = min(2*pause, fetchPause)
 	}
 }
 

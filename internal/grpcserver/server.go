@@ -65,7 +65,13 @@ type Server struct {
 	hmu      sync.Mutex
 	names    []string         // set by SetServing; nil before
 	deps     map[string]error // a dependency's last error, nil when fine
+	starting string           // what the start waits for (SetStarting)
 	shutdown bool
+
+	// early answers health on the listener while the process starts
+	// (ServeEarly), until Serve takes the listener over.
+	early    *grpc.Server
+	earlyLis *handoff
 }
 
 // Liveness is the health name that answers SERVING from SetServing until
@@ -106,9 +112,59 @@ func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Serve
 	)
 	s.GRPC = grpc.NewServer(opts...)
 	s.deps = map[string]error{}
+	// health.NewServer starts the overall name SERVING: nothing serves
+	// yet, and ServeEarly answers before SetServing.
+	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	s.Health.SetServingStatus(Liveness, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(s.GRPC, &healthWithReason{Server: s.Health, s: s})
 	reflection.Register(s.GRPC)
 	return s
+}
+
+// SetStarting says what the process's start waits for (its database,
+// say); health gives it as the reason until SetServing.
+func (s *Server) SetStarting(what string) {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	s.starting = what
+}
+
+// ServeEarly answers health on lis from now on, NOT_SERVING with the
+// reason (SetStarting, SetDependency) until the process serves, and any
+// other call with Unavailable: a process whose start hung (a database
+// that accepts and never answers) answered nothing at all, and its
+// probes and the gateway's status saw only timeouts, saying nothing of
+// why. gRPC takes no service once it serves, hence a server of its own
+// for the start. It returns the listener to give Serve, which takes the
+// connections over from the start's server (those it held are closed;
+// their clients connect again); Shutdown closes lis when Serve never
+// ran.
+func (s *Server) ServeEarly(lis net.Listener) net.Listener {
+	h := newHandoff(lis)
+	early := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		reason := s.Reason() // "starting: ..." until it serves
+		if reason == "" {
+			reason = "starting"
+		}
+		return status.Error(codes.Unavailable, reason)
+	}))
+	healthpb.RegisterHealthServer(early, &healthWithReason{Server: s.Health, s: s})
+	s.hmu.Lock()
+	s.early, s.earlyLis = early, h
+	s.hmu.Unlock()
+	go func() { _ = early.Serve(h.view(false)) }()
+	return h.view(true)
+}
+
+// stopEarly stops the start's server, if any.
+func (s *Server) stopEarly() {
+	s.hmu.Lock()
+	early := s.early
+	s.early = nil
+	s.hmu.Unlock()
+	if early != nil {
+		early.Stop()
+	}
 }
 
 // SetServing marks the overall health and each named service SERVING,
@@ -156,6 +212,9 @@ func (s *Server) reasonLocked() string {
 		}
 	}
 	sort.Strings(down)
+	if s.names == nil && s.starting != "" {
+		down = append([]string{"starting: " + s.starting}, down...)
+	}
 	return strings.Join(down, "; ")
 }
 
@@ -192,6 +251,7 @@ func (h *healthWithReason) Check(ctx context.Context, req *healthpb.HealthCheckR
 // Serve serves lis until ctx is done, then drains. It returns nil after a
 // shutdown caused by ctx, or the listener's error.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	s.stopEarly()
 	errc := make(chan error, 1)
 	go func() { errc <- s.GRPC.Serve(lis) }()
 	select {
@@ -215,12 +275,18 @@ func (s *Server) Shutdown() {
 		s.shutdown = true
 		s.hmu.Unlock()
 		s.Health.Shutdown()
+		s.stopEarly()
 		timer := time.AfterFunc(s.drain, func() {
 			s.log.Warn("drain limit reached, stopping hard", zap.Duration("drain", s.drain))
 			s.GRPC.Stop()
 		})
 		s.GRPC.GracefulStop()
 		timer.Stop()
+		if s.earlyLis != nil {
+			// Serve may never have run (a start that failed); when it
+			// did, its stop closed it already.
+			s.earlyLis.close()
+		}
 	})
 }
 

@@ -80,6 +80,10 @@ func waitReady(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
 		}
 		select {
 		case <-ctx.Done():
+			if errors.Is(err, ctx.Err()) {
+				// The ping ran out with ctx: saying it twice told nothing more.
+				return fmt.Errorf("database not reachable: %w", err)
+			}
 			return fmt.Errorf("database not reachable: %w", errors.Join(ctx.Err(), err))
 		case <-time.After(100 * time.Millisecond):
 		}

@@ -16,8 +16,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -163,6 +166,23 @@ func (e *Env) Go(f func()) {
 // checks and a stack's first calls, well before the idle footprint is
 // read (e2e's settle, 3 s after the first initialize).
 const releasePagesAfter = time.Second
+
+// databaseStartWait bounds the wait for the database at start (its first
+// answer and the migrations): past it the process exits saying so, and
+// the launcher (or Kubernetes) starts it again.
+var databaseStartWait = 60 * time.Second
+
+// databaseHost is where url points, without its user or password.
+func databaseHost(url string) string {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil || cfg.ConnConfig.Host == "" {
+		return "DATABASE_URL"
+	}
+	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+		return cfg.ConnConfig.Host
+	}
+	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+}
 
 // Main runs the process and exits with its status.
 func Main(spec Spec) {
@@ -311,11 +331,39 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		}
 	}()
 
+	// A launcher that held this service's socket (its first run, or a
+	// dormant service woken by a client) passes it: the connections made
+	// meanwhile wait in its backlog until the process serves, and are
+	// left there, a dormant service's first call among them (answered
+	// now it would fail); the launcher says why it waits. Otherwise the
+	// process listens on the address, and health answers from here on,
+	// NOT_SERVING with what the start waits for: a start that hung on its
+	// database answered no probe and no status at all, only timeouts.
+	lis, err := listenfd.Listener(listenfd.GRPCSocket)
+	if err != nil {
+		return err
+	}
+	if lis != nil {
+		// Serve closes it once it served; a failed start closes it here.
+		defer lis.Close()
+	} else {
+		if lis, err = grpcserver.Listen(o.listen); err != nil {
+			return err
+		}
+		lis = env.Server.ServeEarly(lis)
+		// Before the closers: the database is not closed under a call.
+		defer env.Server.Shutdown()
+	}
+
 	if spec.Schema != "" {
-		dbCtx, dbCancel := context.WithTimeout(ctx, 60*time.Second)
+		env.Server.SetStarting("waiting for the database")
+		dbCtx, dbCancel := context.WithTimeout(ctx, databaseStartWait)
 		env.DB, err = pg.Open(dbCtx, o.databaseURL, spec.Schema, spec.Migrations, log)
 		dbCancel()
 		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				return fmt.Errorf("the database at %s did not answer within %v: %w", databaseHost(o.databaseURL), databaseStartWait, err)
+			}
 			return err
 		}
 		env.OnClose(env.DB.Close)
@@ -325,6 +373,7 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		})
 		env.Go(func() { pg.Watch(ctx, env.DB, func(err error) { env.Server.SetDependency(DepDatabase, err) }) })
 	}
+	env.Server.SetStarting("connecting to the bus")
 	seed, err := bus.LoadSeed(o.dataDir, spec.Role)
 	if err != nil {
 		return err
@@ -342,18 +391,9 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}
 	env.OnClose(func() { _ = env.NATS.Drain() })
 
+	env.Server.SetStarting("setting up its services")
 	if err := spec.Register(ctx, env); err != nil {
 		return fmt.Errorf("register %s: %w", spec.Name, err)
-	}
-	// A launcher that held this service's socket while it slept passes
-	// it (connections made meanwhile wait in its backlog); otherwise
-	// listen on the address.
-	lis, err := listenfd.Listener(listenfd.GRPCSocket)
-	if err == nil && lis == nil {
-		lis, err = grpcserver.Listen(o.listen)
-	}
-	if err != nil {
-		return err
 	}
 	env.Server.SetServing(spec.HealthNames...)
 	log.Info("serving", zap.String("listen", o.listen), zap.String("data_dir", o.dataDir))

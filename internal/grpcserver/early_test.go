@@ -1,0 +1,94 @@
+package grpcserver_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+// The start's server answers health and refuses other calls with the
+// reason; once the process serves, the same listener serves its services
+// (a client's connection to the start's server is dropped and made
+// again), and a start that never served leaves no socket behind.
+func TestEarlyHealthHandsTheListenerOver(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cm-e-") // short: socket paths are bounded
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "p.sock")
+	srv := grpcserver.New(testenv.Logger(t), time.Second)
+	lis, err := grpcserver.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis = srv.ServeEarly(lis)
+	srv.SetStarting("waiting for the database")
+	cc, err := grpcclient.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hc := healthpb.NewHealthClient(cc)
+	if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health while starting: %v, %v", resp, err)
+	}
+	_, err = configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+	if status.Code(err) != codes.Unavailable || status.Convert(err).Message() != "starting: waiting for the database" {
+		t.Fatalf("a call while starting: %v", err)
+	}
+
+	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
+	close(f.release)
+	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+	srv.SetServing()
+	serveCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(serveCtx, lis) }()
+	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
+		resp, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+		if err != nil {
+			return err
+		}
+		if resp.GetRevision() != 7 {
+			return errors.New("not the process's service")
+		}
+		return nil
+	})
+	if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health once serving: %v, %v", resp, err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket left after the stop: %v", err)
+	}
+
+	// A start that fails before it serves: Shutdown closes the listener.
+	srv2 := grpcserver.New(testenv.Logger(t), time.Second)
+	lis2, err := grpcserver.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2.ServeEarly(lis2)
+	srv2.Shutdown()
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket left after a failed start: %v", err)
+	}
+}
