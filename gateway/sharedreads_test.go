@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,9 +107,10 @@ func dialInitialized(t *testing.T, socket string) *rpcclient.Client {
 // status requests wait for a shared read without a goroutine each; with
 // the session service hung:
 //   - the connection still serves what it sends next (health) at once;
-//   - each status is answered with an error at its own deadline, the one
-//     sent while the first read was in flight too (not at the end of the
-//     read after it);
+//   - each status is answered at its own deadline (sessions_unavailable
+//     saying the session service timed out), the one sent while the
+//     first read was in flight too (not at the end of the read after
+//     it);
 //   - a client that leaves with statuses pending is let go at once: its
 //     connection is torn down without waiting for the hung read, which
 //     alone still holds its key, and no read is run for the callers that
@@ -138,8 +140,8 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 	}
 	for range 2 {
 		f, _, err := c.Read(10 * time.Second)
-		if err != nil || f.Error == nil {
-			t.Fatalf("status: %+v, %v; want an error from the hung service", f, err)
+		if err != nil || f.Error != nil || !strings.Contains(string(f.Result), `"sessions_unavailable":"session timed out"`) {
+			t.Fatalf("status: %+v, %v; want the hung service's time-out in sessions_unavailable", f, err)
 		}
 		// Each at its own deadline: the second status does not wait for
 		// the first read to time out and then for a read of its own (it

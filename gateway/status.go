@@ -37,29 +37,36 @@ func (g *Gateway) status(ctx context.Context, wait laterWait, cs *connState, _ j
 		return sharedRead{g.statusResult(resp.GetActiveSessions(), enc), g.readAt(resp.GetReadAt())}, nil
 	}, func(r sharedRead, err error) {
 		if err != nil {
-			reply(nil, g.statusFailed(err))
+			enc, e := g.statusFailed(err)
+			if e != nil {
+				reply(nil, e)
+				return
+			}
+			reply(enc, nil)
 			return
 		}
 		reply(r.enc, nil)
 	})
 }
 
-// statusFailed is status's error when the session service did not give
+// statusFailed is status's answer when the session service did not give
 // the open sessions. A failure of the service (not a refusal of the
-// caller) carries the services as status would show them, in
-// data.services: status is what an operator asks when something is
-// wrong, and it failed as a whole, saying nothing of the others, exactly
-// when the session service or its database was away.
-func (g *Gateway) statusFailed(err error) *jsonrpc.Error {
+// caller) is still a status: the other members as ever, the services as
+// the monitor saw them, and sessions_unavailable saying why the counts
+// are unknown (active_sessions 0 and session_ids [] then). status is
+// what an operator asks when something is wrong, and it failed as a
+// whole exactly when the session service or its database was away, so
+// that a client polling it showed the whole daemon as down.
+func (g *Gateway) statusFailed(err error) (jsonrpc.EncodedJSON, *jsonrpc.Error) {
 	e := serviceError("session", err)
-	if e.Code == jsonrpc.CodeInternal && e.Data == nil {
-		services := g.monitor.servicesJSON()
-		if len(services) == 0 {
-			services = json.RawMessage(`{}`)
-		}
-		e.Data = append(append([]byte(`{"services":`), services...), '}')
+	if e.Code != jsonrpc.CodeInternal || e.Data != nil {
+		return nil, e
 	}
-	return e
+	why, _ := json.Marshal(e.Message)
+	r := g.statusResult(0, json.RawMessage(`[]`))
+	r = append(r[:len(r)-1], `,"sessions_unavailable":`...)
+	r = append(r, why...)
+	return append(r, '}'), nil
 }
 
 // statusResult is status's result around one shared read: the count and

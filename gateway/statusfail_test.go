@@ -29,25 +29,60 @@ func (awaySession) ConnectionClosed(context.Context, *sessionv1.ConnectionClosed
 }
 
 // status failed as a whole when the session service could not list the
-// open sessions, saying nothing of the services, exactly when an
-// operator asks it why the stack does not serve. It still fails (its
-// counts are unknown), and its data holds the services as status shows
-// them.
+// open sessions (-32603 "session unavailable", the services only in its
+// data), exactly when an operator asks it why the stack does not serve,
+// and a client polling it showed the whole daemon as down. It answers
+// now, every member as ever, the services as the monitor saw them, and
+// sessions_unavailable saying why the counts are unknown.
 func TestStatusSaysTheServicesWhenSessionsAreUnknown(t *testing.T) {
 	_, socket := runGateway(t, awaySession{}, 5*time.Second, func(g *Gateway) {
 		g.monitor.addSelf(func() string { return "" })
+		g.statusFixed = encodeStatusFixed("0.1.0", "/data", g.cfg.Socket)
 	})
 	c := dialInitialized(t, socket)
 	defer c.Close()
-	_, err := c.Call("status", nil)
-	var rpcErr *rpcclient.RPCError
-	if !errors.As(err, &rpcErr) || rpcErr.Code != jsonrpc.CodeInternal || rpcErr.Message != "session unavailable" {
-		t.Fatalf("status: %v, want -32603 session unavailable", err)
+	raw, err := c.Call("status", nil)
+	if err != nil {
+		t.Fatalf("status failed while the session service is away: %v", err)
 	}
-	var data struct {
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, member := range []string{"server_version", "protocol_version", "active_sessions", "session_ids", "config_dir", "local_ipc_endpoint", "services"} {
+		if _, ok := got[member]; !ok {
+			t.Errorf("status %s: no %s", raw, member)
+		}
+	}
+	var st struct {
+		Active   *int64            `json:"active_sessions"`
+		IDs      []string          `json:"session_ids"`
 		Services map[string]string `json:"services"`
+		Why      string            `json:"sessions_unavailable"`
 	}
-	if err := json.Unmarshal(rpcErr.Data, &data); err != nil || data.Services[SelfName] == "" {
-		t.Fatalf("status's error data %s: want the services (%v)", rpcErr.Data, err)
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Why != "session unavailable" || st.Active == nil || *st.Active != 0 || st.IDs == nil || len(st.IDs) != 0 ||
+		st.Services[SelfName] != "serving" {
+		t.Fatalf("status while the session service is away: %s", raw)
+	}
+}
+
+// A refusal of the caller is no outage: status fails with it as before.
+type refusingSession struct{ awaySession }
+
+func (refusingSession) Status(context.Context, *sessionv1.StatusRequest) (*sessionv1.StatusResponse, error) {
+	return nil, status.Error(codes.PermissionDenied, "not yours")
+}
+
+func TestStatusRefusedIsStillAFailure(t *testing.T) {
+	_, socket := runGateway(t, refusingSession{}, 5*time.Second)
+	c := dialInitialized(t, socket)
+	defer c.Close()
+	raw, err := c.Call("status", nil)
+	var rpcErr *rpcclient.RPCError
+	if !errors.As(err, &rpcErr) || rpcErr.Code == jsonrpc.CodeInternal {
+		t.Fatalf("status refused by the session service: %s, %v", raw, err)
 	}
 }
