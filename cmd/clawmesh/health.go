@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -78,13 +79,19 @@ func healthCmd(args []string, out io.Writer) error {
 }
 
 // dialable turns a listen address into one to dial: a wildcard host
-// (0.0.0.0, ::, none) is the local host.
+// (0.0.0.0, ::, none) is the local host, and anything that is not
+// host:port a socket path, made absolute. A relative path was dialled
+// as a host name and failed with gRPC's "no children to pick from",
+// which named neither the path nor a socket.
 func dialable(addr string) string {
 	if strings.HasPrefix(addr, "/") || strings.Contains(addr, "://") {
 		return addr
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
+		if abs, err := filepath.Abs(addr); err == nil {
+			return abs
+		}
 		return addr
 	}
 	switch host {

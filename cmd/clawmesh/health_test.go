@@ -97,3 +97,28 @@ func TestHealthDialsWildcardsOnLoopback(t *testing.T) {
 		}
 	}
 }
+
+// A relative socket path was dialled as a host name: "no children to
+// pick from", naming neither the path nor a socket. It is the socket
+// under the working directory.
+func TestHealthDialsARelativeSocketPath(t *testing.T) {
+	srv, path := serveHealth(t)
+	srv.SetServing()
+	t.Chdir(filepath.Dir(path))
+	var out bytes.Buffer
+	if err := healthCmd([]string{filepath.Base(path)}, &out); err != nil {
+		t.Fatalf("health %s in %s: %v", filepath.Base(path), filepath.Dir(path), err)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for in, want := range map[string]string{
+		"config.sock":          filepath.Join(wd, "config.sock"),
+		"run/data/config.sock": filepath.Join(wd, "run/data/config.sock"),
+	} {
+		if got := dialable(in); got != want {
+			t.Errorf("dialable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
