@@ -133,7 +133,10 @@ type Uploads struct {
 	MaxFileBytes     int64
 	MaxPerConnection int
 	MaxStagedBytes   int64
-	IdleTimeout      time.Duration
+	// MaxUserStagedBytes bounds what one principal (not the operator)
+	// stages across its connections.
+	MaxUserStagedBytes int64
+	IdleTimeout        time.Duration
 	// MaxUserStoredBytes and MaxUserStoredFiles bound what the sessions of
 	// one user (any owner but the operator) hold in stored files.
 	MaxUserStoredBytes int64
@@ -147,6 +150,7 @@ func (s Snapshot) Uploads() Uploads {
 		MaxFileBytes:       s.Int("uploads.max_file_bytes"),
 		MaxPerConnection:   int(s.Int("uploads.max_per_connection")),
 		MaxStagedBytes:     s.Int("uploads.max_staged_bytes"),
+		MaxUserStagedBytes: s.Int("uploads.max_user_staged_bytes"),
 		IdleTimeout:        time.Duration(s.Int("uploads.idle_timeout_secs")) * time.Second,
 		MaxUserStoredBytes: s.Int("uploads.max_user_stored_bytes"),
 		MaxUserStoredFiles: s.Int("uploads.max_user_stored_files"),

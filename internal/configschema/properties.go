@@ -154,6 +154,8 @@ var Properties = []Property{
 	{Path: "uploads.max_file_bytes", Type: Integer, Default: 10485760, Min: f(1), Max: f(1 << 30), Doc: "largest file"},
 	{Path: "uploads.max_per_connection", Type: Integer, Default: 4, Min: f(1), Max: f(1024), Doc: "staged uploads per connection"},
 	{Path: "uploads.max_staged_bytes", Type: Integer, Default: 268435456, Min: f(1 << 20), Max: f(1 << 36), Doc: "staged bytes across the daemon"},
+	{Path: "uploads.max_user_staged_bytes", Type: Integer, Default: 134217728, Min: f(1 << 20), Max: f(1 << 36),
+		Doc: "staged bytes of one user's uploads, across its connections (any principal but the operator), so that one user cannot take the whole staging budget"},
 	{Path: "uploads.idle_timeout_secs", Type: Integer, Default: 300, Min: f(1), Max: f(86400), Doc: "an idle staged upload is reclaimed after this"},
 	{Path: "uploads.max_user_stored_bytes", Type: Integer, Default: 1 << 30, Min: f(0), Max: f(1 << 50),
 		Doc: "bytes of stored files the sessions of one user (any principal but the operator) may hold; a session's files are freed when it is deleted"},

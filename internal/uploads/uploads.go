@@ -66,6 +66,12 @@ func TooManyForConnection(limit int) string {
 // idle uploads).
 const OverBudget = "The daemon is staging too many uploads to accept this one now; retry after in-progress uploads finish"
 
+// UserStagingFull: a new upload would take what its principal stages past
+// uploads.max_user_staged_bytes.
+func UserStagingFull(held, n, limit int64) string {
+	return fmt.Sprintf("You are staging %d bytes of uploads; %d more would pass your limit of %d; commit them or let them expire before beginning another", held, n, limit)
+}
+
 // StoredBytesFull: storing n more bytes would take the stored files of the
 // session's owner past its limit (uploads.max_user_stored_bytes).
 func StoredBytesFull(held, n, limit int64) string {

@@ -148,6 +148,7 @@ func (s *Server) Begin(ctx context.Context, req *uploadv1.BeginRequest) (*upload
 	}
 	id, err := s.stage.Reserve(Declared{
 		Owner: o, SessionID: req.GetSessionId(), Size: req.GetSizeBytes(), Filename: req.GetFilename(), MIME: req.GetMimeType(), SHA256: sum,
+		Operator:   req.GetPrincipal().GetOperator(),
 		Generation: chk.GetGeneration(), Incarnation: chk.GetIncarnation(), SessionOwner: chk.GetOwner(), Agent: chk.GetAgentAlias(),
 	})
 	if err != nil {

@@ -70,6 +70,9 @@ type Declared struct {
 	MIME      string
 	// SHA256 is the declared hash, normalized, or "".
 	SHA256 string
+	// Operator is set when the principal is the operator, whose uploads
+	// uploads.max_user_staged_bytes does not bound.
+	Operator bool
 	// The session as CheckUpload saw it; StoreFile re-checks them.
 	Generation, Incarnation int64
 	SessionOwner, Agent     string
@@ -89,8 +92,11 @@ type upload struct {
 	decl  Declared
 	// data has capacity decl.Size from the first chunk on; len(data) is
 	// the bytes received.
-	data       []byte
-	charge     int64
+	data   []byte
+	charge int64
+	// userCharge is what the upload adds to its principal's staged bytes
+	// (0 for the operator's).
+	userCharge int64
 	lastActive time.Time
 	// committing is set while StoreFile runs: the upload is neither
 	// expired nor reclaimed, and a discard leaves its charge for Finish to
@@ -134,8 +140,11 @@ type Stage struct {
 	uploads  map[string]*upload
 	byConn   map[string]map[string]*upload
 	gateways map[string]*gatewayLease
-	charged  int64
-	payload  int64
+	// byUser is the charge each principal but the operator has staged;
+	// an entry goes when it reaches zero.
+	byUser  map[string]int64
+	charged int64
+	payload int64
 	// spares are payload buffers of finished uploads, newest last, kept
 	// for the next uploads of about their size (see takeSpareLocked);
 	// spare is their bytes, counted against the budget beside charged.
@@ -176,6 +185,7 @@ func NewStage(settings func() configclient.Uploads, lease time.Duration, now fun
 	return &Stage{
 		settings: settings, lease: lease, now: now, log: log,
 		uploads: map[string]*upload{}, byConn: map[string]map[string]*upload{}, gateways: map[string]*gatewayLease{},
+		byUser: map[string]int64{},
 	}
 }
 
@@ -260,8 +270,24 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 	if st.charged+c > lim.MaxStagedBytes {
 		return "", capacity(uploads.OverBudget)
 	}
+	// One user's connections together stage at most their share, so that
+	// one paired client opening connections cannot take the whole budget
+	// from everyone else. Their own idle uploads were reclaimed above only
+	// if the budget was short: reclaim them here too before refusing.
+	var userCharge int64
+	if !d.Operator {
+		userCharge = c
+		p := d.Owner.Principal
+		if st.byUser[p]+c > lim.MaxUserStagedBytes {
+			st.reclaimIdleLocked(lim)
+		}
+		if held := st.byUser[p]; held+c > lim.MaxUserStagedBytes {
+			return "", capacity(uploads.UserStagingFull(held, c, lim.MaxUserStagedBytes))
+		}
+		st.byUser[p] += c
+	}
 	now := st.now()
-	u := &upload{id: id, owner: d.Owner, decl: d, charge: c, lastActive: now}
+	u := &upload{id: id, owner: d.Owner, decl: d, charge: c, userCharge: userCharge, lastActive: now}
 	st.uploads[id] = u
 	if st.byConn[key] == nil {
 		st.byConn[key] = map[string]*upload{}
@@ -344,7 +370,9 @@ func (st *Stage) Chunk(o Owner, id string, offset int64, data []byte) (int64, er
 		return 0, invalid(uploads.ChunkGap(offset, received))
 	case offset < received:
 		if offset+n <= received && bytes.Equal(u.data[offset:offset+n], data) {
-			u.lastActive = st.now()
+			// Acknowledged, but not activity: only new bytes keep an
+			// upload from going idle, or resending one chunk would hold
+			// its charge for ever.
 			return received, nil
 		}
 		return 0, invalid(uploads.ChunkOverlap(offset, received))
@@ -577,6 +605,13 @@ func (st *Stage) dropLocked(u *upload) {
 func (st *Stage) releaseLocked(u *upload) {
 	delete(st.uploads, u.id)
 	st.charged -= u.charge
+	if u.userCharge > 0 {
+		p := u.decl.Owner.Principal
+		if st.byUser[p] -= u.userCharge; st.byUser[p] <= 0 {
+			delete(st.byUser, p)
+		}
+		u.userCharge = 0
+	}
 	st.payload -= int64(len(u.data))
 	if c := int64(cap(u.data)); c >= minSpareBytes && !u.shared {
 		if len(st.spares) == maxSpares {

@@ -639,3 +639,75 @@ func TestStageOneCommitAtATime(t *testing.T) {
 		t.Fatalf("after the commit: %+v", s)
 	}
 }
+
+// One user's connections together stage at most
+// uploads.max_user_staged_bytes: a paired client opening connections
+// cannot take the whole budget from the others. The operator is not
+// bounded by it; a user's idle uploads give way to its new one.
+func TestStagePerUserBudget(t *testing.T) {
+	st, clk := newStage(t, func(u *configclient.Uploads) {
+		u.MaxStagedBytes = 64 << 20
+		u.MaxUserStagedBytes = 16 << 20
+	})
+	mallory := func(i int) Owner {
+		return Owner{Gateway: "gw-1", Conn: fmt.Sprintf("m-%d", i), Principal: "mallory"}
+	}
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, reserve(t, st, decl(mallory(i), 5<<20)))
+	}
+	// 15 MiB and the metadata staged: another 5 MiB, on a new
+	// connection, passes mallory's share though the budget has room.
+	d := decl(mallory(3), 5<<20)
+	_, err := st.Reserve(d)
+	held := 3 * charge(ids[0], decl(mallory(0), 5<<20))
+	if !strings.HasPrefix(fmt.Sprint(err), "rpc error") {
+		t.Fatalf("fourth upload: %v", err)
+	}
+	msg := status.Convert(err).Message()
+	if want := fmt.Sprintf("You are staging %d bytes of uploads;", held); !strings.HasPrefix(msg, want) {
+		t.Fatalf("refusal %q, want it to start %q", msg, want)
+	}
+	refused(t, err, rpcerr.ReasonCapacity, msg)
+
+	// Another user and the operator still begin.
+	alice := Owner{Gateway: "gw-1", Conn: "a-0", Principal: "alice"}
+	reserve(t, st, decl(alice, 5<<20))
+	op := decl(Owner{Gateway: "gw-1", Conn: "o-0", Principal: "shared-operator"}, 20<<20)
+	op.Operator = true
+	reserve(t, st, op)
+
+	// A finished upload gives its share back.
+	if _, err := st.Chunk(mallory(0), ids[0], 0, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	st.DiscardConnection("gw-1", "m-0")
+	reserve(t, st, decl(mallory(3), 5<<20))
+	// Idle uploads of mallory's go to make room for a new one.
+	clk.advance(6 * time.Minute)
+	reserve(t, st, decl(mallory(4), 10<<20))
+	// Everything else was idle too and went: mallory holds the new one
+	// only, and nobody else has an entry (the operator never had one).
+	if want := charge("", decl(mallory(4), 10<<20)) + 32; len(st.byUser) != 1 || st.byUser["mallory"] != want {
+		t.Fatalf("byUser %v, want mallory's %d only", st.byUser, want)
+	}
+}
+
+// Resending an accepted chunk is acknowledged but is not activity: an
+// upload that only repeats itself goes idle and is reclaimed, so its
+// charge is not held for ever.
+func TestStageResendDoesNotKeepAnUploadAlive(t *testing.T) {
+	st, clk := newStage(t, nil)
+	id := reserve(t, st, decl(connA, 6))
+	if _, err := st.Chunk(connA, id, 0, []byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	for range 6 {
+		clk.advance(time.Minute)
+		if _, err := st.Chunk(connA, id, 0, []byte("abc")); err != nil {
+			refused(t, err, rpcerr.ReasonNotFound, "Unknown or expired upload `"+id+"`")
+			return
+		}
+	}
+	t.Fatal("an upload resending one chunk every minute was never expired")
+}
