@@ -250,6 +250,16 @@ func (m *monitor) pollSelf() {
 	c.LastOK = &ok
 }
 
+// statusOf is name's last status word ("" for no such service).
+func (m *monitor) statusOf(name string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.state[name]; ok {
+		return c.Status
+	}
+	return ""
+}
+
 // servicesJSON maps each service to its last status word, encoded.
 func (m *monitor) servicesJSON() json.RawMessage {
 	m.mu.Lock()

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/version"
@@ -22,8 +25,20 @@ import (
 func (g *Gateway) status(ctx context.Context, wait laterWait, cs *connState, _ json.RawMessage, reply jsonrpc.Reply) {
 	p, key := cs.principalKey()
 	g.statusReads.Go(ctx, key, wait.deadline, wait.owner, func(ctx context.Context) (sharedRead, error) {
+		away := g.monitor.statusOf("session") == "unreachable"
+		if away {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, awayStatusWait)
+			defer cancel()
+		}
 		resp, err := g.session.Status(ctx, &sessionv1.StatusRequest{Principal: p})
 		if err != nil {
+			// The service's own side of the deadline may answer a hair
+			// before this side's timer fires: either way it is the
+			// short wait that ran out.
+			if away && status.Code(err) == codes.DeadlineExceeded {
+				return sharedRead{}, status.Error(codes.Unavailable, "unreachable")
+			}
 			return sharedRead{}, err
 		}
 		ids := resp.GetSessionIds()
@@ -48,6 +63,13 @@ func (g *Gateway) status(ctx context.Context, wait laterWait, cs *connState, _ j
 		reply(r.enc, nil)
 	})
 }
+
+// awayStatusWait bounds status's call to a session service whose health
+// check the monitor found unanswered (a hung process: SIGSTOPped,
+// swapped out): with the session service stopped status took the whole
+// call deadline (8.7 s of rpc.call_timeout_ms's 10) to say what health
+// said within a poll. Long enough for a busy service that still answers.
+const awayStatusWait = time.Second
 
 // statusFailed is status's answer when the session service did not give
 // the open sessions. A failure of the service (not a refusal of the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +85,26 @@ func TestStatusRefusedIsStillAFailure(t *testing.T) {
 	var rpcErr *rpcclient.RPCError
 	if !errors.As(err, &rpcErr) || rpcErr.Code == jsonrpc.CodeInternal {
 		t.Fatalf("status refused by the session service: %s, %v", raw, err)
+	}
+}
+
+// With the session service hung (SIGSTOPped), status took the whole call
+// deadline (8.7 s) to say what health said within a poll. Once the
+// monitor found the service unreachable, status gives it a short while
+// and answers, sessions_unavailable saying so; here the call deadline is
+// an hour.
+func TestStatusDoesNotWaitOutAnUnreachableSession(t *testing.T) {
+	sess := newHungSession(t)
+	_, socket := runGateway(t, sess, time.Hour, func(g *Gateway) {
+		g.monitor.state["session"] = &component{Status: "unreachable"}
+	})
+	c := dialInitialized(t, socket)
+	defer c.Close()
+	if err := c.Send(`{"jsonrpc":"2.0","id":1,"method":"status","params":{}}`); err != nil {
+		t.Fatal(err)
+	}
+	f, _, err := c.Read(30 * time.Second)
+	if err != nil || f.Error != nil || !strings.Contains(string(f.Result), `"sessions_unavailable":"session unavailable"`) {
+		t.Fatalf("status with the session service unreachable: %+v, %v", f, err)
 	}
 }
