@@ -417,15 +417,20 @@ func TestDurableStatusCodes(t *testing.T) {
 	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": "hi", "turn": "turn_gone"}), http.StatusConflict, "turn-changed")
 	wantReply(t, post(t, c, "/pane/"+id+"/abort", collietest.NewRequestID(), map[string]any{"turn": "turn_gone"}), http.StatusConflict, "turn-changed")
 
-	// 409 stale: a tap on an older revision of an open ask. 409 decided:
+	// 409 stale: a tap on another revision of an open ask than the
+	// current (an ask here never changes in place, so there is no older
+	// one to name: the test names the next; revision 0 is no revision at
+	// all, 400). 409 decided:
 	// a tap after the socket client decided (program), with its outcome.
 	// 409 request-id-reused: the same id with another body.
 	reqID := collietest.NewRequestID()
 	wantReply(t, post(t, c, "/pane/"+id+"/send", reqID, map[string]any{"text": `/tool echo {"s":1}`}), http.StatusOK, "")
 	a := openAsk(t, c, id)
-	old := a
-	old.Revision = a.Revision - 1
-	wantReply(t, must(c.Answer(ctx, id, collietest.NewRequestID(), old, "allow_once")), http.StatusConflict, "stale")
+	other := a
+	other.Revision = a.Revision + 1
+	wantReply(t, must(c.Answer(ctx, id, collietest.NewRequestID(), other, "allow_once")), http.StatusConflict, "stale")
+	other.Revision = 0
+	wantReply(t, must(c.Answer(ctx, id, collietest.NewRequestID(), other, "allow_once")), http.StatusBadRequest, "bad-request")
 	if a.Revision != 1 {
 		t.Fatalf("a new ask's revision is %d", a.Revision)
 	}
