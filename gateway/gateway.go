@@ -51,6 +51,11 @@ type Gateway struct {
 	statusFixed []byte
 	started     time.Time
 
+	// uid is this process's own (os.Getuid at New): a local peer with it
+	// is bound as the operator when config cannot be asked
+	// (operatorWithoutConfig).
+	uid int64
+
 	config  configv1.ConfigServiceClient
 	session sessionv1.SessionServiceClient
 	upload  uploadv1.UploadServiceClient
@@ -112,7 +117,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
-		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, id: ids.New("gw-"), uploadsUsed: make(chan struct{}),
+		cfg: cfg, log: cfg.Log, started: time.Now(), nats: cfg.NATS, id: ids.New("gw-"), uploadsUsed: make(chan struct{}), uid: int64(os.Getuid()),
 		monitor: newMonitor(500*time.Millisecond, cfg.Log), states: map[*jsonrpc.Conn]*connState{},
 	}
 	if cfg.Reason != nil {

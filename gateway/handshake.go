@@ -3,14 +3,21 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/version"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
@@ -64,9 +71,7 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 			return nil, invalidParams("`client_capabilities` must be an object")
 		}
 	}
-	resp, err := g.config.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{
-		PeerUid: cs.peer.UID, PeerPid: cs.peer.PID, AuthToken: p.AuthToken,
-	})
+	resp, withoutConfig, err := g.resolvePrincipal(ctx, cs, p.AuthToken)
 	if err != nil {
 		werr := serviceError("config", err)
 		if werr.Code == jsonrpc.CodeAuthRequired {
@@ -96,7 +101,7 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 	g.log.Info("connection initialized", zap.String("conn", cs.id),
 		zap.Int32("peer_pid", cs.peer.PID), zap.Int32("peer_uid", cs.peer.UID),
 		zap.String("principal_id", principal.GetPrincipalId()))
-	return map[string]any{
+	result := map[string]any{
 		"protocol_version": version.Protocol,
 		"protocolVersion":  version.Protocol,
 		"server_version":   g.version,
@@ -104,7 +109,76 @@ func (g *Gateway) initialize(ctx context.Context, cs *connState, params json.Raw
 		"server_pid":       os.Getpid(),
 		"capabilities":     capabilitiesFor(resp.GetPermissions()),
 		"principal_id":     principal.GetPrincipalId(),
-	}, nil
+	}
+	if withoutConfig != "" {
+		result["config_unavailable"] = withoutConfig
+	}
+	return result, nil
+}
+
+// resolvePrincipal asks the config service who the peer is (docs/spec.md
+// §4). When the service cannot be reached (down, hung) and the peer is
+// the operator as the gateway alone can tell (operatorWithoutConfig), it
+// binds the operator anyway and withoutConfig says why config was not
+// asked: initialize needed config, so exactly when an operator asked the
+// socket what was wrong (health, status, clawmesh doctor) every call
+// failed with "config unavailable" after the whole call deadline.
+func (g *Gateway) resolvePrincipal(ctx context.Context, cs *connState, token string) (resp *configv1.ResolvePrincipalResponse, withoutConfig string, err error) {
+	operator := g.operatorWithoutConfig(cs, token)
+	if operator && g.monitor.statusOf("config") == "unreachable" {
+		// The monitor found config unanswering: a short while is enough
+		// for one that still answers, and the operator is not kept
+		// waiting the whole deadline (the peers config alone can name
+		// still wait it out, as before).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, awayStatusWait)
+		defer cancel()
+	}
+	resp, err = g.config.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{
+		PeerUid: cs.peer.UID, PeerPid: cs.peer.PID, AuthToken: token,
+	})
+	if err == nil || !operator || !configUnreachable(err) {
+		return resp, "", err
+	}
+	why := serviceError("config", err).Message
+	g.log.Warn("config service unreachable: bound the operator by its uid alone",
+		zap.String("conn", cs.id), zap.Int32("peer_pid", cs.peer.PID), zap.Int32("peer_uid", cs.peer.UID),
+		zap.String("reason", why), zap.Error(err))
+	return &configv1.ResolvePrincipalResponse{
+		Principal: &commonv1.Principal{
+			PrincipalId: configschema.OperatorPrincipal, Operator: true,
+			PeerUid: cs.peer.UID, PeerPid: cs.peer.PID,
+		},
+		Permissions: slices.Clone(configschema.Permissions),
+	}, why, nil
+}
+
+// operatorWithoutConfig reports whether the peer may be bound as the
+// operator when the config service cannot be asked: a local peer that
+// sent no token (a token is config's to check, with no fallback) and
+// whose uid, read with SO_PEERCRED, is the gateway's own. The daemon's
+// uid is the operator (§4), and every process of the stack runs as it
+// (`clawmesh up`, the compose file, the Kubernetes manifests); a peer
+// with the gateway's uid already holds the gateway's own authority (it
+// may signal, trace or read it), so naming it the operator gives it
+// nothing more. users.<name>.uid entries are config's and are not
+// known here: those peers still fail.
+func (g *Gateway) operatorWithoutConfig(cs *connState, token string) bool {
+	return token == "" && cs.local() && cs.peer.UID != -1 && int64(uint32(cs.peer.UID)) == g.uid
+}
+
+// configUnreachable reports whether err says the config service gave no
+// answer (it is down, not yet restarted, or hung past the deadline), as
+// opposed to an answer: a refusal, or a failure it named.
+func configUnreachable(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return errors.Is(err, context.DeadlineExceeded)
+	}
+	if reason, _ := rpcerr.Details(st); reason != "" {
+		return false
+	}
+	return st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded
 }
 
 // isElicitation reads client_capabilities.elicitation: true or any object

@@ -1,0 +1,106 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/procstat"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// The config service hung (SIGSTOP): initialize asked it who the caller
+// was, so that a new connection could not even ask health or status
+// (both failed after 9 s with "config unavailable"), exactly when the
+// operator needed to see what was wrong. The operator (the stack's own
+// uid, no token) is now bound without config, the initialize result
+// saying so; health and status answer, showing config unreachable; a
+// token is still config's to check; once config answers again a new
+// connection is resolved by it.
+func TestOperatorInitializesWhileConfigIsHung(t *testing.T) {
+	t.Parallel()
+	// The launcher would replace the hung process after its liveness
+	// limit: keep it stopped for the test.
+	s := e2e.Start(t, e2e.Options{Args: []string{"--liveness-timeout", "10m", "--set", "rpc.call_timeout_ms=3000"}})
+	watcher := s.Dial(t)
+	if _, err := watcher.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	pid := s.PIDOf("config")
+	if pid == 0 {
+		t.Fatalf("no config process among %v", s.PIDs())
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	continued := false
+	t.Cleanup(func() {
+		if !continued {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		h, err := healthOf(watcher)
+		if err != nil {
+			return err
+		}
+		if h["config"].Status != "unreachable" {
+			return fmt.Errorf("config is %q", h["config"].Status)
+		}
+		return nil
+	})
+
+	c := s.Dial(t)
+	init, err := c.Initialize()
+	if err != nil {
+		t.Fatalf("the operator's initialize with config stopped: %v", err)
+	}
+	if init["principal_id"] != "shared-operator" || init["config_unavailable"] == nil {
+		t.Fatalf("initialize with config stopped: %v", init)
+	}
+	h, err := healthOf(c)
+	if err != nil || h["config"].Status != "unreachable" {
+		t.Fatalf("health with config stopped: %v, %v", h, err)
+	}
+	raw, err := c.Call("status", map[string]any{})
+	if err != nil {
+		t.Fatalf("status with config stopped: %v", err)
+	}
+	var st struct {
+		Services map[string]string `json:"services"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil || st.Services["config"] != "unreachable" {
+		t.Fatalf("status with config stopped: %s, %v", raw, err)
+	}
+	// A token is config's to check: no fallback to the operator.
+	tok := s.Dial(t)
+	if _, err := tok.Initialize("cmt_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"); err == nil {
+		t.Fatal("a token was bound with config stopped")
+	} else if re := (*e2e.RPCError)(nil); !errors.As(err, &re) || re.Code != -32603 {
+		t.Fatalf("initialize with a token, config stopped: %v", err)
+	}
+
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	continued = true
+	testenv.Eventually(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if st, err := procstat.Read(pid); err == nil && st.State == 'T' {
+			return errors.New("config still stopped")
+		}
+		again := s.Dial(t)
+		defer again.Close()
+		init, err := again.Initialize()
+		if err != nil {
+			return err
+		}
+		if _, ok := init["config_unavailable"]; ok {
+			return fmt.Errorf("still bound without config: %v", init)
+		}
+		return nil
+	})
+}
