@@ -4,6 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -76,6 +81,25 @@ func TestOperatorInitializesWhileConfigIsHung(t *testing.T) {
 	if err := json.Unmarshal(raw, &st); err != nil || st.Services["config"] != "unreachable" {
 		t.Fatalf("status with config stopped: %s, %v", raw, err)
 	}
+	// The CLI says the same: clawmesh status names config, exit 1.
+	out, err := exec.Command(filepath.Join(s.BinDir, "clawmesh"), "status", "--socket", s.Socket).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "not every service is serving: config unreachable") {
+		t.Fatalf("clawmesh status with config stopped: %v\n%s", err, out)
+	}
+	// clawmesh doctor names the stopped service, where it could not
+	// initialize.
+	if dout, _ := doctor(t, s.BinDir, s.DataDir); !strings.Contains(dout, "FAIL  config             unreachable") {
+		t.Fatalf("clawmesh doctor with config stopped:\n%s", dout)
+	}
+	// Another uid is no operator: it reaches the socket (through a link
+	// the test opens to it) and still fails initialize.
+	if os.Getuid() == 0 {
+		out, err := asNobody(t, s, "status")
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "config timed out") {
+			t.Fatalf("clawmesh status as uid 65534 with config stopped: %v\n%s", err, out)
+		}
+	}
 	// A token is config's to check: no fallback to the operator.
 	tok := s.Dial(t)
 	if _, err := tok.Initialize("cmt_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"); err == nil {
@@ -103,4 +127,47 @@ func TestOperatorInitializesWhileConfigIsHung(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// asNobody runs clawmesh args as uid 65534 on the stack's socket, reached
+// through a hard link in a folder of the test's that uid may enter (the
+// data folder is 0700). The socket's mode is opened while it runs.
+func asNobody(t *testing.T, s *e2e.Stack, args ...string) ([]byte, error) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cm-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "daemon.sock")
+	if err := os.Link(s.Socket, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(link, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chmod(s.Socket, 0o600) //nolint:errcheck // the same inode
+	bin := filepath.Join(dir, "clawmesh")
+	src, err := os.Open(filepath.Join(s.BinDir, "clawmesh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, append(args, "--socket", link)...)
+	cmd.Env = []string{"HOME=/", "PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	return cmd.CombinedOutput()
 }

@@ -40,7 +40,7 @@ func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
 // exit status 0, never "flag: help requested".
 func TestEveryCommandAnswersHelp(t *testing.T) {
 	for _, args := range [][]string{
-		{"-h"}, {"up", "-h"}, {"daemon", "--help"}, {"chat", "-h"}, {"call", "-h"}, {"doctor", "-h"},
+		{"-h"}, {"up", "-h"}, {"daemon", "--help"}, {"chat", "-h"}, {"call", "-h"}, {"status", "-h"}, {"doctor", "-h"},
 		{"config", "-h"}, {"config", "get", "-h"}, {"config", "set", "-h"},
 		{"token", "-h"}, {"token", "create", "-h"}, {"token", "revoke", "-h"},
 		{"plugin", "-h"}, {"plugin", "install", "-h"}, {"plugin", "list", "-h"},

@@ -34,6 +34,7 @@ commands:
   up, daemon   run the whole stack on this host (see clawmesh up -h)
   chat         talk to an agent in the terminal (streams, approvals inline)
   call         call any method of the client socket and print the result
+  status       print the running stack's status: sessions, each service's state
   doctor       check the machine, the data directory and a running stack; say what to fix
   config       get, set, list or delete config properties of the running stack
   token        pair (create) or unpair (revoke) a user's auth token
@@ -57,6 +58,8 @@ func run(args []string) error {
 		return configCmd(args[1:], os.Stdout)
 	case "call":
 		return callCmd(args[1:], os.Stdout)
+	case "status":
+		return statusCmd(args[1:], os.Stdout)
 	case "chat":
 		return chatCmd(args[1:], os.Stdin, os.Stdout)
 	case "doctor":
@@ -92,4 +95,4 @@ func run(args []string) error {
 }
 
 // commands are the command names run knows.
-var commands = []string{"up", "daemon", "config", "call", "chat", "doctor", "token", "plugin", "health", "bus", "version"}
+var commands = []string{"up", "daemon", "config", "call", "status", "chat", "doctor", "token", "plugin", "health", "bus", "version"}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+const statusUsage = `usage: clawmesh status [--token T] [--config-dir DIR] [--socket PATH]
+
+Asks the running stack for its status (the socket's status method) and
+prints it readably: the version, the socket, the open sessions of the
+caller and each service's state (serving, not_serving, unreachable,
+unknown, dormant). Exits 0 when every service serves or is dormant,
+1 otherwise (or when the stack does not answer). clawmesh call status
+prints the same as JSON.
+`
+
+// statusReply is the status method's result (docs/spec.md §5).
+type statusReply struct {
+	ServerVersion       string            `json:"server_version"`
+	ProtocolVersion     int               `json:"protocol_version"`
+	ActiveSessions      int64             `json:"active_sessions"`
+	SessionIDs          []string          `json:"session_ids"`
+	ConfigDir           string            `json:"config_dir"`
+	Socket              string            `json:"local_ipc_endpoint"`
+	Services            map[string]string `json:"services"`
+	SessionsUnavailable string            `json:"sessions_unavailable"`
+}
+
+// ErrServicesDown: status answered, and some service is neither serving
+// nor dormant.
+var ErrServicesDown = errors.New("not every service is serving")
+
+// statusCmd runs `clawmesh status`.
+func statusCmd(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	var sf socketFlags
+	sf.register(fs)
+	rest, err := parseArgs(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		usageOf(out, statusUsage, fs)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		fmt.Fprint(os.Stderr, statusUsage)
+		return usageErrorf("status: want no arguments, got %q", rest)
+	}
+	c, err := sf.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	raw, err := c.Call("status", map[string]any{})
+	if err != nil {
+		return cliError(err)
+	}
+	var st statusReply
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return fmt.Errorf("status: unreadable answer: %w", err)
+	}
+	return printStatus(out, st)
+}
+
+// printStatus writes st as aligned lines; ErrServicesDown names the
+// services that are neither serving nor dormant.
+func printStatus(out io.Writer, st statusReply) error {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "server\t%s (protocol %d)\n", st.ServerVersion, st.ProtocolVersion)
+	fmt.Fprintf(w, "socket\t%s\n", st.Socket)
+	fmt.Fprintf(w, "data dir\t%s\n", st.ConfigDir)
+	switch {
+	case st.SessionsUnavailable != "":
+		fmt.Fprintf(w, "sessions\tunknown (%s)\n", st.SessionsUnavailable)
+	case len(st.SessionIDs) == 0:
+		fmt.Fprintf(w, "sessions\t%d open\n", st.ActiveSessions)
+	default:
+		fmt.Fprintf(w, "sessions\t%d open: %s\n", st.ActiveSessions, strings.Join(st.SessionIDs, ", "))
+	}
+	names := make([]string, 0, len(st.Services))
+	for name := range st.Services {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var down []string
+	fmt.Fprintln(w, "services:")
+	for _, name := range names {
+		state := st.Services[name]
+		fmt.Fprintf(w, "  %s\t%s\n", name, state)
+		if state != "serving" && state != "dormant" {
+			down = append(down, name+" "+state)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(down) > 0 {
+		return fmt.Errorf("%w: %s", ErrServicesDown, strings.Join(down, ", "))
+	}
+	return nil
+}
