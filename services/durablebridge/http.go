@@ -255,23 +255,10 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request, rt *route, pane
 
 // post runs a POST once per request id.
 func (h *handler) post(w http.ResponseWriter, r *http.Request, rt *route, ids []string, raw []byte) {
-	body := map[string]any{}
-	if len(bytes.TrimSpace(raw)) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.UseNumber()
-		var v any
-		// Nothing but white space may follow the object: dec.More alone
-		// let a stray `}` or `]` through.
-		if err := dec.Decode(&v); err != nil || !atEOF(dec) {
-			h.fail(w, http.StatusBadRequest, codeBadRequest, "the body must be one JSON object")
-			return
-		}
-		obj, ok := v.(map[string]any)
-		if !ok {
-			h.fail(w, http.StatusBadRequest, codeBadRequest, "the body must be one JSON object")
-			return
-		}
-		body = obj
+	body, ok := postBody(raw)
+	if !ok {
+		h.fail(w, http.StatusBadRequest, codeBadRequest, "the body must be one JSON object")
+		return
 	}
 	reqID, hasID := body["requestId"]
 	idStr, isStr := reqID.(string)
@@ -314,6 +301,24 @@ func (h *handler) post(w http.ResponseWriter, r *http.Request, rt *route, ids []
 		return
 	}
 	h.writeLimited(w, rt, status, out)
+}
+
+// postBody decodes a POST body: one JSON object (numbers kept as
+// json.Number), or nothing but white space for an empty one.
+func postBody(raw []byte) (map[string]any, bool) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return map[string]any{}, true
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	// Nothing but white space may follow the object: dec.More alone let
+	// a stray `}` or `]` through.
+	if err := dec.Decode(&v); err != nil || !atEOF(dec) {
+		return nil, false
+	}
+	obj, ok := v.(map[string]any)
+	return obj, ok
 }
 
 // atEOF reports whether dec has nothing left but white space.
