@@ -60,13 +60,20 @@ func parsePost(name string, body map[string]any, ids []string) (command, string)
 		if !ok || strings.TrimSpace(text) == "" {
 			return nil, "`text` must be a non-empty string"
 		}
+		// As the session service will store it: queued here first, a NUL
+		// (JSON's \u0000) failed the insert, answered 503 at every retry.
+		text = cutText(pgtext.Text(text), maxPhoneText)
+		// Checked again as it is sent: blank in its first 32 KiB, it was
+		// queued, refused by the session service as no prompt at every
+		// drain, and held back every text queued behind it.
+		if strings.TrimSpace(text) == "" {
+			return nil, "`text` is blank in its first 32 KiB, which is all that is sent"
+		}
 		turn, _ := str("turn")
 		if v, present := body["turn"]; present && v != nil && turn == "" {
 			return nil, "`turn` must be a turn id or null"
 		}
-		// As the session service will store it: queued here first, a NUL
-		// (JSON's \u0000) failed the insert, answered 503 at every retry.
-		return &sendCmd{pane: ids[0], text: cutText(pgtext.Text(text), maxPhoneText), turn: turn}, ""
+		return &sendCmd{pane: ids[0], text: text, turn: turn}, ""
 	case "abort":
 		turn, ok := str("turn")
 		if !ok {
