@@ -775,7 +775,10 @@ func (f *follower) drainQueues(ctx context.Context) {
 		if isBusy(err) {
 			continue
 		}
-		if err != nil && status.Code(err) != codes.NotFound && status.Code(err) != codes.FailedPrecondition {
+		// NotFound and FailedPrecondition: the session is gone or ended;
+		// InvalidArgument: the text can never run. Kept, either would
+		// hold every later text of its pane behind it for ever.
+		if code := status.Code(err); err != nil && code != codes.NotFound && code != codes.FailedPrecondition && code != codes.InvalidArgument {
 			f.b.log.Warn("start queued turn", zap.String("session_id", q.paneID), zap.Error(err))
 			continue
 		}

@@ -214,3 +214,46 @@ func TestUpdatesOfAReplacedIncarnation(t *testing.T) {
 		t.Fatalf("the pane of a deleted session stays, incarnation %d", inc)
 	}
 }
+
+// poisonSessions refuses, as the session service would, a prompt it can
+// never run.
+type poisonSessions struct{ *reusedSessions }
+
+func (s poisonSessions) StartTurn(ctx context.Context, in *sessionv1.StartTurnRequest, opts ...grpc.CallOption) (*sessionv1.StartTurnResponse, error) {
+	if in.GetPrompt() == "poison" {
+		return nil, status.Error(codes.InvalidArgument, "`prompt` is required")
+	}
+	return s.reusedSessions.StartTurn(ctx, in, opts...)
+}
+
+// A queued text the session service refuses as invalid can never run:
+// the drain kept it at the head of its pane's queue for ever, retrying it
+// at every drain, and every text queued after it waited behind it until
+// the queue filled. It is dropped, as a text for a session that is gone.
+func TestQueuedTextRefusedAsInvalidIsDropped(t *testing.T) {
+	w := newWireBridge(t, true)
+	ss := &reusedSessions{}
+	w.b.sessions = poisonSessions{ss}
+	f := w.b.follower
+	ctx := context.Background()
+	ss.replace(1, "first prompt")
+	f.reconcile(ctx)
+	for _, text := range []string{"poison", "after it"} {
+		if code, body := w.b.enqueue(ctx, "s-1", 1, text); code != 200 {
+			t.Fatalf("queue %q: %d %v", text, code, body)
+		}
+	}
+	for range 3 {
+		f.drainQueues(ctx)
+	}
+	if got := strings.Join(ss.turns(), "|"); got != "after it" {
+		t.Fatalf("turns started from the queue: %q, want the text after the refused one", got)
+	}
+	var left int
+	if err := w.b.store.db.QueryRow(ctx, "SELECT count(*) FROM queued_sends").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d texts left queued", left)
+	}
+}
