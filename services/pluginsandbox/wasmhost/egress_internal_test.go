@@ -1,6 +1,11 @@
 package wasmhost
 
 import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"testing"
 )
@@ -36,5 +41,29 @@ func TestDestinationAllowed(t *testing.T) {
 		if got := destinationAllowed(netip.MustParseAddr(c.addr), lan); got != c.want {
 			t.Errorf("%s: allowed = %v, want %v", c.addr, got, c.want)
 		}
+	}
+}
+
+// The address check is a dialer of the transport's own, and a transport
+// with its own dialer (or TLS settings) speaks HTTP/2 only when forced:
+// the plugins' client kept HTTP/1.1 alone once the check was added.
+func TestGuardedClientSpeaksHTTP2(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, r.Proto)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	c := newHTTPClient([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")})
+	tr := c.Transport.(*http.Transport)
+	tr.TLSClientConfig = &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}
+	resp, err := c.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.ProtoMajor != 2 || string(body) != "HTTP/2.0" {
+		t.Fatalf("the plugins' client spoke %s (server saw %s), want HTTP/2", resp.Proto, body)
 	}
 }

@@ -37,8 +37,11 @@ var errTooManyRedirects = errors.New("too many redirects")
 // allowed.
 func newHTTPClient(allowed []netip.Prefix) *http.Client {
 	tr := &http.Transport{
-		Proxy:                  nil,
-		DialContext:            guardedDialer(allowed).DialContext,
+		Proxy:       nil,
+		DialContext: guardedDialer(allowed).DialContext,
+		// A transport with its own dialer speaks HTTP/2 only when asked:
+		// without this the address check took it from plugins.
+		ForceAttemptHTTP2:      true,
 		MaxIdleConns:           64,
 		IdleConnTimeout:        30 * time.Second,
 		TLSHandshakeTimeout:    10 * time.Second,
