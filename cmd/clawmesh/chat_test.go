@@ -16,6 +16,12 @@ import (
 // connection, as a gateway that dies (or a stack that stops) mid-turn
 // does.
 func fakeStack(t *testing.T, known ...string) string {
+	return fakeSocket(t, func(conn net.Conn) { serveFake(conn, known) })
+}
+
+// fakeSocket listens on a client socket until the test ends and runs
+// serve on each connection.
+func fakeSocket(t *testing.T, serve func(net.Conn)) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "daemon.sock")
 	ln, err := net.Listen("unix", sock)
@@ -29,7 +35,7 @@ func fakeStack(t *testing.T, known ...string) string {
 			if err != nil {
 				return
 			}
-			go serveFake(conn, known)
+			go serve(conn)
 		}
 	}()
 	return sock

@@ -4,50 +4,33 @@ import (
 	"bufio"
 	"encoding/json"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 )
 
 // statusStack serves initialize and answers status with result.
 func statusStack(t *testing.T, result map[string]any) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "daemon.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
+	return fakeSocket(t, func(conn net.Conn) {
+		defer conn.Close()
+		lines := bufio.NewScanner(conn)
+		for lines.Scan() {
+			var req struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+			}
+			if json.Unmarshal(lines.Bytes(), &req) != nil {
 				return
 			}
-			go func() {
-				defer conn.Close()
-				lines := bufio.NewScanner(conn)
-				for lines.Scan() {
-					var req struct {
-						ID     json.RawMessage `json:"id"`
-						Method string          `json:"method"`
-					}
-					if json.Unmarshal(lines.Bytes(), &req) != nil {
-						return
-					}
-					var res any = map[string]any{"protocol_version": 1}
-					if req.Method == "status" {
-						res = result
-					}
-					raw, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": res})
-					if _, err := conn.Write(append(raw, '\n')); err != nil {
-						return
-					}
-				}
-			}()
+			var res any = map[string]any{"protocol_version": 1}
+			if req.Method == "status" {
+				res = result
+			}
+			raw, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": res})
+			if _, err := conn.Write(append(raw, '\n')); err != nil {
+				return
+			}
 		}
-	}()
-	return sock
+	})
 }
 
 // `clawmesh status` was an unknown command (exit 2): the status method

@@ -271,18 +271,7 @@ func TestSignaturePolicyAtDiscovery(t *testing.T) {
 	dir := t.TempDir()
 	installExample(t, dir, "echo")
 	installExample(t, dir, "misbehave")
-	key := ed25519.NewKeyFromSeed([]byte(strings.Repeat("k", 32)))
-	pub := hex.EncodeToString(key.Public().(ed25519.PublicKey))
-	mf := filepath.Join(dir, "echo", "manifest.toml")
-	raw, _ := os.ReadFile(mf)
-	module, _ := os.ReadFile(filepath.Join(dir, "echo", "plugin.wasm"))
-	signed, err := manifest.Sign(raw, module, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(mf, signed, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	pub := signExample(t, dir, "echo", "k")
 	ts := newTestServer(t, dir)
 	ts.live.set(func(l *pluginsandbox.Live) {
 		l.Policy = manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pub}}
@@ -561,18 +550,7 @@ func TestSignatureCoversModuleAtDiscovery(t *testing.T) {
 	dir := t.TempDir()
 	installExample(t, dir, "echo")
 	installExample(t, dir, "misbehave")
-	key := ed25519.NewKeyFromSeed([]byte(strings.Repeat("m", 32)))
-	pub := hex.EncodeToString(key.Public().(ed25519.PublicKey))
-	mf := filepath.Join(dir, "echo", "manifest.toml")
-	raw, _ := os.ReadFile(mf)
-	module, _ := os.ReadFile(filepath.Join(dir, "echo", "plugin.wasm"))
-	signed, err := manifest.Sign(raw, module, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(mf, signed, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	pub := signExample(t, dir, "echo", "m")
 	ts := newTestServer(t, dir)
 	ts.live.set(func(l *pluginsandbox.Live) {
 		l.Policy = manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pub}}
@@ -592,4 +570,28 @@ func TestSignatureCoversModuleAtDiscovery(t *testing.T) {
 	if p := ts.plugins(t)["echo"]; p.Status != "refused" || p.SignatureStatus != "invalid" || !strings.Contains(p.Reason, "module") {
 		t.Fatalf("strict, module swapped: %+v", p)
 	}
+}
+
+// signExample signs the installed plugin name (manifest and module) with
+// the key of seed (one byte, repeated) and returns its public key.
+func signExample(t *testing.T, dir, name, seed string) string {
+	t.Helper()
+	key := ed25519.NewKeyFromSeed([]byte(strings.Repeat(seed, 32)))
+	mf := filepath.Join(dir, name, "manifest.toml")
+	raw, err := os.ReadFile(mf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	module, err := os.ReadFile(filepath.Join(dir, name, "plugin.wasm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed, err := manifest.Sign(raw, module, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mf, signed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(key.Public().(ed25519.PublicKey))
 }
