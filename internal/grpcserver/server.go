@@ -70,8 +70,9 @@ type Server struct {
 
 	// early answers health on the listener while the process starts
 	// (ServeEarly), until Serve takes the listener over.
-	early    *grpc.Server
-	earlyLis *handoff
+	early     *grpc.Server
+	earlyLis  *handoff
+	earlyDone chan struct{} // closed when early's Serve returned
 }
 
 // Liveness is the health name that answers SERVING from SetServing until
@@ -150,20 +151,25 @@ func (s *Server) ServeEarly(lis net.Listener) net.Listener {
 	}))
 	healthpb.RegisterHealthServer(early, &healthWithReason{Server: s.Health, s: s})
 	s.hmu.Lock()
-	s.early, s.earlyLis = early, h
+	done := make(chan struct{})
+	s.early, s.earlyLis, s.earlyDone = early, h, done
 	s.hmu.Unlock()
-	go func() { _ = early.Serve(h.view(false)) }()
+	go func() {
+		defer close(done)
+		_ = early.Serve(h.view(false))
+	}()
 	return h.view(true)
 }
 
 // stopEarly stops the start's server, if any.
 func (s *Server) stopEarly() {
 	s.hmu.Lock()
-	early := s.early
+	early, done := s.early, s.earlyDone
 	s.early = nil
 	s.hmu.Unlock()
 	if early != nil {
 		early.Stop()
+		<-done // its Serve has returned: no goroutine of the start is left
 	}
 }
 
