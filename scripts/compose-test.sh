@@ -231,6 +231,15 @@ read -r ro caps < <(docker inspect -f '{{.HostConfig.ReadonlyRootfs}} {{.HostCon
 log "postgres: read-only root file system $ro, capabilities added $caps"
 [ "$ro" = true ] || fail "postgres runs with a writable root file system"
 
+# Every running container came up under its memory and process bounds
+# (mem_limit, pids_limit), and the Go ones with GOMEMLIMIT under it.
+for id in $(compose ps -q); do
+	read -r name mem pids < <(docker inspect -f '{{.Name}} {{.HostConfig.Memory}} {{.HostConfig.PidsLimit}}' "$id")
+	[ "$mem" -gt 0 ] 2>/dev/null || fail "$name runs without a memory limit"
+	[ "$pids" -gt 0 ] 2>/dev/null || fail "$name runs without a process limit"
+	log "  $name: memory limit $((mem >> 20)) MiB, at most $pids processes"
+done
+
 # The config service's key for secrets at rest is on its own volume,
 # which no other container mounts (it was in the shared data volume).
 log "the config key: in the config service's volume, in no other container"

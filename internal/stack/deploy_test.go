@@ -60,6 +60,8 @@ type composeFile struct {
 		SecurityOpt []string                     `json:"security_opt"`
 		ReadOnly    bool                         `json:"read_only"`
 		Tmpfs       []string                     `json:"tmpfs"`
+		MemLimit    string                       `json:"mem_limit"`
+		PidsLimit   int                          `json:"pids_limit"`
 		Healthcheck *struct {
 			Test    []string `json:"test"`
 			Disable bool     `json:"disable"`
@@ -1334,6 +1336,75 @@ func TestComposeRestrictsContainers(t *testing.T) {
 		_, root := rootStarts[name]
 		if u := svc.User; !root && (u == "" || u == "0" || strings.HasPrefix(u, "0:") || strings.HasPrefix(u, "root")) {
 			t.Errorf("compose service %s runs as %q: root", name, u)
+		}
+	}
+}
+
+// composeBytes reads a compose size (mem_limit): a number of bytes with
+// an optional b, k, m or g suffix, as Docker reads it.
+func composeBytes(s string) (int64, bool) {
+	unit := int64(1)
+	s = strings.ToLower(s)
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"kb", 1 << 10}, {"mb", 1 << 20}, {"gb", 1 << 30}, {"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"b", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, unit = strings.TrimSuffix(s, u.suffix), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n * unit, err == nil && n > 0
+}
+
+// docker-compose.yml bounds every container as the manifests bound its
+// pod: the same memory limit and, for a Go process, the same GOMEMLIMIT
+// (TestManifestsLimitMemory checks those against the settings), and a
+// bound on processes. Without them one container (a sandbox a plugin
+// fills, a gateway of clients that do not read) could take the host's
+// memory from every other and from the user's own programs.
+func TestComposeLimitsMemory(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	type bound struct {
+		limit int64
+		soft  string
+	}
+	manifest := map[string]bound{} // by the process's binary, or image name
+	for _, spec := range podSpecs(objs) {
+		for _, c := range spec.Containers {
+			limit, ok := c.Resources.Limits[corev1.ResourceMemory]
+			if !ok {
+				continue
+			}
+			key := strings.SplitN(c.Image, ":", 2)[0]
+			if c.Image == ourImage && len(c.Command) > 0 {
+				key = c.Command[0]
+			}
+			manifest[key] = bound{limit.Value(), envOf(c)["GOMEMLIMIT"]}
+		}
+	}
+	for name, svc := range readCompose(t).Services {
+		limit, ok := composeBytes(svc.MemLimit)
+		if !ok {
+			t.Errorf("compose service %s: no memory limit (mem_limit %q)", name, svc.MemLimit)
+		}
+		if svc.PidsLimit <= 0 {
+			t.Errorf("compose service %s: no bound on its processes (pids_limit)", name)
+		}
+		key := strings.SplitN(svc.Image, ":", 2)[0]
+		if svc.Build != nil && len(svc.Command) > 0 {
+			key = svc.Command[0]
+		}
+		want, ok := manifest[key]
+		if !ok || svc.Build != nil && key == stack.CLI.Name {
+			continue // the one-shot setup: no pod of its own
+		}
+		if limit != want.limit {
+			t.Errorf("compose service %s: mem_limit %s, the manifests limit it to %d bytes", name, svc.MemLimit, want.limit)
+		}
+		if got := svc.Environment["GOMEMLIMIT"]; got != want.soft {
+			t.Errorf("compose service %s: GOMEMLIMIT %q, the manifests give it %q", name, got, want.soft)
 		}
 	}
 }
