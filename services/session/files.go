@@ -212,8 +212,21 @@ func (s *Server) CheckUpload(ctx context.Context, req *sessionv1.CheckUploadRequ
 	if err := s.mayUpload(ctx, p, r); err != nil {
 		return nil, err
 	}
-	if err := s.mayStoreBytes(ctx, r.Owner, req.GetSizeBytes()); err != nil {
+	sum, ok := uploads.NormalizeSHA256(req.GetSha256())
+	if !ok {
+		return nil, errInvalid(uploads.BadSHA256)
+	}
+	held, err := holdsContent(ctx, s.store.db, r.ID, sum)
+	if err != nil {
 		return nil, err
+	}
+	// Content the session holds is deduplicated when stored and takes no
+	// new room: a client that lost its commit's reply and sends the file
+	// again must not be refused for the room the file already has.
+	if !held {
+		if err := s.mayStoreBytes(ctx, r.Owner, req.GetSizeBytes()); err != nil {
+			return nil, err
+		}
 	}
 	return &sessionv1.CheckUploadResponse{Generation: r.Generation, Incarnation: r.Incarnation, AgentAlias: r.AgentAlias, Owner: r.Owner}, nil
 }
@@ -594,6 +607,23 @@ func (s *Server) mayStoreBytes(ctx context.Context, owner string, n int64) error
 		return storedFull(held, files, n, maxBytes, maxFiles)
 	}
 	return nil
+}
+
+// holdsContent reports whether a session indexes the content whose
+// SHA-256 is sum (hexadecimal; "" holds nothing).
+func holdsContent(ctx context.Context, q rowQuerier, sessionID, sum string) (bool, error) {
+	if sum == "" {
+		return false, nil
+	}
+	var one int
+	err := q.QueryRow(ctx, "SELECT 1 FROM session_files WHERE session_id = $1 AND sha256 = $2", sessionID, sum).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read file index: %w", err)
+	}
+	return true, nil
 }
 
 // storedUsage is what owner's sessions hold in stored files (none

@@ -1156,6 +1156,40 @@ func TestStoreFileKeepsAUserWithinItsQuota(t *testing.T) {
 	wantRefusal(t, begin(alice, s2, 1), codes.InvalidArgument, rpcerr.ReasonCapacity, "holds 3 stored files, its limit")
 }
 
+// Content the session already indexes takes no new room when stored
+// again (it is deduplicated), so a begin that declares its hash is not
+// refused for room, even with the quota full; any other content still
+// is. A client whose commit reply was lost begins again with the same
+// content to find its file: it was refused "N more would pass its
+// limit" for a file already stored and charged.
+func TestCheckUploadDoesNotChargeHeldContent(t *testing.T) {
+	h, _ := quotaHarness(t, 100, 2)
+	ctx := context.Background()
+	s1, s2 := h.newSession(alice, "default"), h.newSession(alice, "default")
+	a, b := bytes.Repeat([]byte("a"), 60), bytes.Repeat([]byte("b"), 40)
+	for _, data := range [][]byte{a, b} {
+		h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: s1, Filename: "f.bin", Data: data})
+	}
+	begin := func(id string, n int64, sum string) error {
+		_, err := h.srv.CheckUpload(ctx, &sessionv1.CheckUploadRequest{Principal: alice, SessionId: id, SizeBytes: n, Sha256: sum})
+		return err
+	}
+	if err := begin(s1, 60, sha(a)); err != nil {
+		t.Fatalf("begin of content s1 holds, with the quota full: %v", err)
+	}
+	if f := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: s1, Filename: "f.bin", Data: a}); !f.GetDeduplicated() {
+		t.Fatalf("stored again: %v", f)
+	}
+	if got, n := h.usage(alice); got != 100 || n != 2 {
+		t.Fatalf("usage %d bytes, %d files; want 100, 2", got, n)
+	}
+	wantRefusal(t, begin(s1, 60, ""), codes.InvalidArgument, rpcerr.ReasonCapacity, "holds 100 bytes of stored files; 60 more")
+	wantRefusal(t, begin(s1, 60, sha([]byte("c"))), codes.InvalidArgument, rpcerr.ReasonCapacity, "holds 100 bytes of stored files; 60 more")
+	// Another session does not hold it: there it is a new file.
+	wantRefusal(t, begin(s2, 60, sha(a)), codes.InvalidArgument, rpcerr.ReasonCapacity, "holds 100 bytes of stored files; 60 more")
+	wantRefusal(t, begin(s1, 60, "not a hash"), codes.InvalidArgument, rpcerr.ReasonInvalid, "`sha256` must be 64 hexadecimal characters")
+}
+
 // Two stores of one user into two sessions at once, each fitting the
 // quota alone and not together: one is stored, the other refused. The
 // sessions' own locks do not order them; the owner's usage row does.

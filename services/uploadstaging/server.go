@@ -142,7 +142,7 @@ func (s *Server) Begin(ctx context.Context, req *uploadv1.BeginRequest) (*upload
 	if err := s.stage.CheckRoom(o); err != nil {
 		return nil, err
 	}
-	chk, err := s.cfg.Sessions.CheckUpload(ctx, &sessionv1.CheckUploadRequest{Principal: req.GetPrincipal(), SessionId: req.GetSessionId(), SizeBytes: req.GetSizeBytes()})
+	chk, err := s.cfg.Sessions.CheckUpload(ctx, &sessionv1.CheckUploadRequest{Principal: req.GetPrincipal(), SessionId: req.GetSessionId(), SizeBytes: req.GetSizeBytes(), Sha256: sum})
 	if err != nil {
 		return nil, fromSessions(err)
 	}

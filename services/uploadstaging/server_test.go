@@ -29,9 +29,13 @@ type sessions struct {
 	mu       sync.Mutex
 	storeErr error
 	stores   []*sessionv1.StoreFileRequest
+	checks   []*sessionv1.CheckUploadRequest
 }
 
 func (f *sessions) CheckUpload(_ context.Context, req *sessionv1.CheckUploadRequest, _ ...grpc.CallOption) (*sessionv1.CheckUploadResponse, error) {
+	f.mu.Lock()
+	f.checks = append(f.checks, proto.Clone(req).(*sessionv1.CheckUploadRequest))
+	f.mu.Unlock()
 	if req.GetSessionId() == "sess_none" {
 		return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonSessionNotFound, rpcerr.NoIndex, "Session sess_none not found")
 	}
@@ -215,6 +219,20 @@ func TestBeginRefusals(t *testing.T) {
 	_, err := s.Begin(ctx, &uploadv1.BeginRequest{Principal: op, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_none", SizeBytes: 1})
 	if !strings.HasPrefix(status.Convert(err).Message(), "This connection already has 4 uploads in progress") {
 		t.Fatalf("fifth begin: %v", err)
+	}
+}
+
+// Begin tells the session service the declared hash, normalized, with
+// the size: content the session already holds takes no new room, and
+// its check must not refuse it for room (a client resending a file
+// whose commit reply it lost).
+func TestBeginDeclaresTheHashToTheSessionService(t *testing.T) {
+	s, f := newServer(t, nil)
+	sum := uploads.Sum([]byte("hello"))
+	begin(t, s, user, 5, " "+strings.ToUpper(sum)+" ")
+	begin(t, s, user, 5, "")
+	if len(f.checks) != 2 || f.checks[0].GetSha256() != sum || f.checks[0].GetSizeBytes() != 5 || f.checks[1].GetSha256() != "" {
+		t.Fatalf("checks %v", f.checks)
 	}
 }
 

@@ -2050,7 +2050,11 @@ type CheckUploadRequest struct {
 	// size_bytes, when non-zero, is the declared size: an upload that
 	// would take the session owner's stored files past their quota is
 	// refused at begin, before its bytes are sent (StoreFile checks again).
-	SizeBytes     int64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	SizeBytes int64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// sha256, when set, is the declared hash (64 lower-case hexadecimal
+	// characters): content the session already indexes takes no new room
+	// when stored (it is deduplicated), so it is not refused for room.
+	Sha256        string `protobuf:"bytes,4,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2104,6 +2108,13 @@ func (x *CheckUploadRequest) GetSizeBytes() int64 {
 		return x.SizeBytes
 	}
 	return 0
+}
+
+func (x *CheckUploadRequest) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
 }
 
 type CheckUploadResponse struct {
@@ -3699,13 +3710,14 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x17ConnectionClosedRequest\x12#\n" +
 	"\rconnection_id\x18\x01 \x01(\tR\fconnectionId\"C\n" +
 	"\x18ConnectionClosedResponse\x12'\n" +
-	"\x0fcancelled_turns\x18\x01 \x01(\x05R\x0ecancelledTurns\"\x8f\x01\n" +
+	"\x0fcancelled_turns\x18\x01 \x01(\x05R\x0ecancelledTurns\"\xa7\x01\n" +
 	"\x12CheckUploadRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\"\x8e\x01\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x12\x16\n" +
+	"\x06sha256\x18\x04 \x01(\tR\x06sha256\"\x8e\x01\n" +
 	"\x13CheckUploadResponse\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
