@@ -243,7 +243,12 @@ func TestUploadLandsLikeAttach(t *testing.T) {
 	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("stored file differs (%d bytes, %v)", len(got), err)
 	}
-	u.refused("file/upload/commit", map[string]any{"upload_id": id}, -32602, "Unknown or expired upload `"+id+"`")
+	// A commit sent again (its reply lost) is answered the same file.
+	var resent fileEntry
+	u.must("file/upload/commit", map[string]any{"upload_id": id}, &resent)
+	if resent != up {
+		t.Fatalf("commit sent again %+v\nwant             %+v", resent, up)
+	}
 
 	// file/attach of the same bytes, by path (9.5 MB does not fit one
 	// frame as base64): the same entry, deduplicated.
@@ -930,4 +935,22 @@ func TestUploadUserStoredQuota(t *testing.T) {
 		}
 		return nil
 	})
+	// With no room at all, content s2 holds is still taken: a client
+	// that lost a commit's reply sends the file again, declaring its
+	// hash, and gets its entry, deduplicated (it was refused for the
+	// room the file itself took); or it commits the same upload again
+	// from a new connection and gets the entry it missed.
+	c := dialUC(t, s, token)
+	id := c.mustBegin(map[string]any{"session_id": s2.ID, "size_bytes": len(b), "sha256": hexSHA(b)})
+	c.sendAll(id, b)
+	var again, missed fileEntry
+	c.must("file/upload/commit", map[string]any{"upload_id": id}, &again)
+	if !again.Deduplicated || again.RefID != "sha256:"+hexSHA(b) {
+		t.Fatalf("sent again %+v", again)
+	}
+	c.c.Close()
+	dialUC(t, s, token).must("file/upload/commit", map[string]any{"upload_id": id}, &missed)
+	if missed != again {
+		t.Fatalf("committed again from a new connection %+v\nwant %+v", missed, again)
+	}
 }

@@ -3,6 +3,8 @@ package uploadstaging
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -60,10 +62,73 @@ type Config struct {
 type Server struct {
 	uploadv1.UnimplementedUploadServiceServer
 
-	cfg    Config
-	log    *zap.Logger
-	stage  *Stage
-	stores chan struct{}
+	cfg     Config
+	log     *zap.Logger
+	stage   *Stage
+	stores  chan struct{}
+	answers answers
+}
+
+// maxAnswers bounds the committed uploads' answers kept (answers): some
+// 1,024 file entries of a few hundred bytes each.
+const maxAnswers = 1024
+
+// answers keeps the file entry each committed upload was answered with,
+// for the idle time (uploads.idle_timeout_secs) after its commit, so a
+// commit sent again gets it again. A client whose commit reply was lost
+// (its connection dropped as the reply was written) commits again, from
+// the same connection or a new one; it was told "Unknown or expired
+// upload", as if the file it had stored were lost. Only the principal
+// that committed it is answered; the oldest answers go first past
+// maxAnswers, and a commit sent again after that is unknown, as before.
+type answers struct {
+	mu    sync.Mutex
+	byID  map[string]answer
+	order []string // ids, oldest first
+}
+
+type answer struct {
+	principal string
+	file      *sessionv1.FileEntry
+	at        time.Time
+}
+
+// keep records the answer of upload id's commit.
+func (a *answers) keep(id, principal string, file *sessionv1.FileEntry, now time.Time, ttl time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.byID == nil {
+		a.byID = map[string]answer{}
+	}
+	a.expireLocked(now, ttl)
+	if len(a.order) == maxAnswers {
+		delete(a.byID, a.order[0])
+		a.order = slices.Delete(a.order, 0, 1)
+	}
+	a.byID[id] = answer{principal: principal, file: file, at: now}
+	a.order = append(a.order, id)
+}
+
+// get returns the file upload id's commit answered principal with, or
+// nil.
+func (a *answers) get(id, principal string, now time.Time, ttl time.Duration) *sessionv1.FileEntry {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.expireLocked(now, ttl)
+	if ans, ok := a.byID[id]; ok && ans.principal == principal {
+		return ans.file
+	}
+	return nil
+}
+
+// expireLocked drops the answers older than ttl.
+func (a *answers) expireLocked(now time.Time, ttl time.Duration) {
+	n := 0
+	for n < len(a.order) && now.Sub(a.byID[a.order[n]].at) >= ttl {
+		delete(a.byID, a.order[n])
+		n++
+	}
+	a.order = slices.Delete(a.order, 0, n)
 }
 
 // New builds the service.
@@ -193,6 +258,10 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	if err != nil {
 		return nil, err
 	}
+	ttl := s.stage.Limits().IdleTimeout
+	if f := s.answers.get(req.GetUploadId(), o.Principal, s.stage.now(), ttl); f != nil {
+		return &uploadv1.CommitResponse{File: f}, nil
+	}
 	p, err := s.stage.Take(o, req.GetUploadId())
 	if err != nil {
 		return nil, err
@@ -205,6 +274,12 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 		MaxBytes: s.stage.Limits().MaxFileBytes,
 	})
 	keep := err != nil && passing(err)
+	if err == nil {
+		// Kept before the upload leaves the stage, so that a commit
+		// sent again meanwhile is told it is being committed, then
+		// gets this answer, and is never told it is unknown.
+		s.answers.keep(p.ID, o.Principal, entry, s.stage.now(), ttl)
+	}
 	s.stage.Finish(p.ID, keep, loan.Return())
 	if err != nil {
 		s.log.Info("upload commit refused", zap.String("upload_id", p.ID), zap.Bool("kept", keep), zap.Error(err))

@@ -3,9 +3,11 @@ package uploadstaging
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -140,8 +142,11 @@ func TestCommitHandsTheUploadToStoreFile(t *testing.T) {
 		last.GetSessionId() != "sess_1" || last.GetMaxBytes() != 10485760 || string(last.GetData()) != "hello" {
 		t.Fatalf("store request %v", last)
 	}
-	if _, err := commit(s, op, id); err == nil || !strings.HasPrefix(status.Convert(err).Message(), "Unknown or expired upload") {
-		t.Fatalf("second commit: %v", err)
+	// Committed: a second commit is answered the same file, not stored
+	// again (TestCommitSentAgainGetsTheSameFile).
+	stores := len(f.stores)
+	if again, err := commit(s, op, id); err != nil || !proto.Equal(again, resp) || len(f.stores) != stores {
+		t.Fatalf("second commit: %v %v, %d stores", again, err, len(f.stores)-stores)
 	}
 
 	id = begin(t, s, op, 1, "")
@@ -402,5 +407,94 @@ func TestCommitWhileOneRunsIsRefused(t *testing.T) {
 	defer f.mu.Unlock()
 	if len(f.sums) != 1 || f.sums[0] != uploads.Sum([]byte(mine)) {
 		t.Fatalf("stored %v; the upload's own bytes are %s, the other connection's %s", f.sums, uploads.Sum([]byte(mine)), uploads.Sum([]byte(theirs)))
+	}
+}
+
+// A commit whose reply was lost (the connection dropped as it was
+// written) and that the client sends again, on the same connection or a
+// new one, was told "Unknown or expired upload": its file was stored,
+// and nothing said so. The same principal now gets the first commit's
+// entry, with no second store, for the idle time after the commit;
+// anyone else is still told the upload does not exist.
+func TestCommitSentAgainGetsTheSameFile(t *testing.T) {
+	f := &sessions{}
+	c := &clock{now: time.Unix(1_700_000_000, 0)}
+	s, err := New(Config{Sessions: f, Settings: defaults, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := begin(t, s, user, 5, "")
+	if _, err := chunk(s, user, id, 0, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	first, err := commit(s, user, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	on := func(p *commonv1.Principal, conn string) (*uploadv1.CommitResponse, error) {
+		return s.Commit(context.Background(), &uploadv1.CommitRequest{Principal: p, GatewayId: "gw-2", ConnectionId: conn, UploadId: id})
+	}
+	for _, conn := range []string{"conn-1", "conn-9"} {
+		again, err := on(user, conn)
+		if err != nil || !proto.Equal(again.GetFile(), first.GetFile()) {
+			t.Fatalf("commit sent again on %s: %v %v; want %v", conn, again, err, first)
+		}
+	}
+	if len(f.stores) != 1 {
+		t.Fatalf("%d stores; want 1", len(f.stores))
+	}
+	unknown := "Unknown or expired upload `" + id + "`"
+	other := &commonv1.Principal{PrincipalId: "user:bob", User: "bob"}
+	if _, err := on(other, "conn-1"); status.Convert(err).Message() != unknown {
+		t.Fatalf("another principal's commit: %v", err)
+	}
+	c.advance(defaults().IdleTimeout)
+	if _, err := on(user, "conn-1"); status.Convert(err).Message() != unknown {
+		t.Fatalf("commit sent again after the idle time: %v", err)
+	}
+}
+
+// A commit sent again from a new connection while the first still
+// stores (its connection gone) is told the upload is being committed,
+// not that it does not exist; once the first is done, it gets the file.
+func TestCommitSentAgainWhileTheFirstStores(t *testing.T) {
+	f := &gatedSessions{gate: make(chan struct{}), in: make(chan struct{})}
+	s, err := New(Config{Sessions: f, Settings: defaults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := begin(t, s, user, 5, "")
+	if _, err := chunk(s, user, id, 0, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := commit(s, user, id); done <- err }()
+	<-f.in
+	s.DiscardConnection(context.Background(), &uploadv1.DiscardConnectionRequest{GatewayId: "gw-1", ConnectionId: "conn-1"})
+	again := func() (*uploadv1.CommitResponse, error) {
+		return s.Commit(context.Background(), &uploadv1.CommitRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-2", UploadId: id})
+	}
+	if _, err := again(); !strings.Contains(status.Convert(err).Message(), "is being committed") {
+		t.Fatalf("commit from a new connection while the first stores: %v", err)
+	}
+	close(f.gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := again(); err != nil || resp.GetFile().GetRefId() != "sha256:"+uploads.Sum([]byte("hello")) {
+		t.Fatalf("commit from a new connection once the first stored: %v %v", resp, err)
+	}
+}
+
+// The answers kept are bounded: past maxAnswers the oldest goes.
+func TestCommitAnswersAreBounded(t *testing.T) {
+	var a answers
+	now := time.Unix(1_700_000_000, 0)
+	f := &sessionv1.FileEntry{RefId: "sha256:x"}
+	for i := range maxAnswers + 1 {
+		a.keep(strconv.Itoa(i), "p", f, now, time.Minute)
+	}
+	if len(a.byID) != maxAnswers || len(a.order) != maxAnswers || a.get("0", "p", now, time.Minute) != nil || a.get("1", "p", now, time.Minute) != f {
+		t.Fatalf("%d answers, %d in order", len(a.byID), len(a.order))
 	}
 }

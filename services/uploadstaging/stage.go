@@ -412,6 +412,13 @@ func (st *Stage) Take(o Owner, id string) (Pending, error) {
 	st.mu.Lock()
 	u, err := st.lookupLocked(o, id, lim)
 	if err != nil {
+		// A commit sent again, from a new connection, by a client whose
+		// connection closed while its first commit stores the upload:
+		// not unknown, and its answer is kept once it is done (Server's
+		// answers).
+		if v := st.uploads[id]; v != nil && v.committing && v.decl.Owner.Principal == o.Principal {
+			err = invalid(uploads.Committing(id))
+		}
 		st.mu.Unlock()
 		return Pending{}, err
 	}

@@ -52,6 +52,8 @@ type UploadServiceClient interface {
 	// far; an identical resend of accepted bytes is acknowledged unchanged.
 	Chunk(ctx context.Context, in *ChunkRequest, opts ...grpc.CallOption) (*ChunkResponse, error)
 	// Commit hands a complete upload to the session service's StoreFile.
+	// A commit sent again once one succeeded, by the same principal on
+	// any connection, is answered the same file entry for the idle time.
 	Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*CommitResponse, error)
 	// Attach stores whole files carried in one frame (file/attach) through
 	// the same StoreFile step.
@@ -155,6 +157,8 @@ type UploadServiceServer interface {
 	// far; an identical resend of accepted bytes is acknowledged unchanged.
 	Chunk(context.Context, *ChunkRequest) (*ChunkResponse, error)
 	// Commit hands a complete upload to the session service's StoreFile.
+	// A commit sent again once one succeeded, by the same principal on
+	// any connection, is answered the same file entry for the idle time.
 	Commit(context.Context, *CommitRequest) (*CommitResponse, error)
 	// Attach stores whole files carried in one frame (file/attach) through
 	// the same StoreFile step.
