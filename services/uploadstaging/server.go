@@ -204,18 +204,19 @@ func (s *Server) Begin(ctx context.Context, req *uploadv1.BeginRequest) (*upload
 	if err := checkMIME(req.GetMimeType()); err != nil {
 		return nil, err
 	}
-	if err := s.stage.CheckRoom(o); err != nil {
+	d := Declared{
+		Owner: o, SessionID: req.GetSessionId(), Size: req.GetSizeBytes(), Filename: req.GetFilename(), MIME: req.GetMimeType(), SHA256: sum,
+		Operator: req.GetPrincipal().GetOperator(),
+	}
+	if err := s.stage.CheckRoom(d); err != nil {
 		return nil, err
 	}
 	chk, err := s.cfg.Sessions.CheckUpload(ctx, &sessionv1.CheckUploadRequest{Principal: req.GetPrincipal(), SessionId: req.GetSessionId(), SizeBytes: req.GetSizeBytes(), Sha256: sum})
 	if err != nil {
 		return nil, fromSessions(err)
 	}
-	id, err := s.stage.Reserve(Declared{
-		Owner: o, SessionID: req.GetSessionId(), Size: req.GetSizeBytes(), Filename: req.GetFilename(), MIME: req.GetMimeType(), SHA256: sum,
-		Operator:   req.GetPrincipal().GetOperator(),
-		Generation: chk.GetGeneration(), Incarnation: chk.GetIncarnation(), SessionOwner: chk.GetOwner(), Agent: chk.GetAgentAlias(),
-	})
+	d.Generation, d.Incarnation, d.SessionOwner, d.Agent = chk.GetGeneration(), chk.GetIncarnation(), chk.GetOwner(), chk.GetAgentAlias()
+	id, err := s.stage.Reserve(d)
 	if err != nil {
 		return nil, err
 	}

@@ -498,3 +498,18 @@ func TestCommitAnswersAreBounded(t *testing.T) {
 		t.Fatalf("%d answers, %d in order", len(a.byID), len(a.order))
 	}
 }
+
+// Begin sent again on a full connection, through the server: the
+// connection's room is checked before the session is, and must let a
+// begin it resumes through (TestStageBeginSentAgainResumesTheUpload).
+func TestBeginSentAgainOnAFullConnection(t *testing.T) {
+	s, _ := newServer(t, nil)
+	sum := uploads.Sum([]byte("hello"))
+	id := begin(t, s, user, 5, sum)
+	for range 3 {
+		begin(t, s, user, 1, "")
+	}
+	if again := begin(t, s, user, 5, strings.ToUpper(sum)); again != id {
+		t.Fatalf("begin sent again: %s, want %s", again, id)
+	}
+}

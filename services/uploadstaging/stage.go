@@ -228,20 +228,49 @@ func (st *Stage) CheckDeclared(size int64, filename, sha string) (string, error)
 
 // CheckRoom refuses a begin on a connection already at its limit of
 // staged uploads (its idle ones expired first), so a full connection does
-// not cost a call to the session service. Reserve checks again.
-func (st *Stage) CheckRoom(o Owner) error {
+// not cost a call to the session service. Reserve checks again. d is the
+// begin as the client declared it (no session check yet): a begin that
+// may resume an upload (resumableLocked) is let through.
+func (st *Stage) CheckRoom(d Declared) error {
 	lim := st.Limits()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	st.expireConnLocked(o.connKey(), lim)
-	if len(st.byConn[o.connKey()]) >= lim.MaxPerConnection {
+	key := d.Owner.connKey()
+	st.expireConnLocked(key, lim)
+	if len(st.byConn[key]) >= lim.MaxPerConnection && st.resumableLocked(d, false) == nil {
 		return capacity(uploads.TooManyForConnection(lim.MaxPerConnection))
 	}
 	return nil
 }
 
+// resumableLocked returns the upload a begin of d resumes, or nil: one
+// its connection stages, not being committed, declared with a hash
+// (which commit checks, so the bytes it holds are d's content or the
+// commit refuses them) and with every other declared field the same;
+// with checked, the session as CheckUpload saw it the same too.
+//
+// A client whose begin's reply was lost (its own timeout) sends it
+// again: staged a second time, the same content was charged twice, and
+// a user with room for it once was refused for content it had staged.
+func (st *Stage) resumableLocked(d Declared, checked bool) *upload {
+	if d.SHA256 == "" {
+		return nil
+	}
+	for _, u := range st.byConn[d.Owner.connKey()] {
+		e := u.decl
+		if !checked {
+			e.Generation, e.Incarnation, e.SessionOwner, e.Agent = d.Generation, d.Incarnation, d.SessionOwner, d.Agent
+		}
+		if !u.committing && e == d {
+			return u
+		}
+	}
+	return nil
+}
+
 // Reserve stages a new upload and returns its id (32 hexadecimal
-// characters, random). The connection may hold MaxPerConnection uploads;
+// characters, random), or resumes the upload a begin of d sent again
+// names (resumableLocked) and returns its id. The connection may hold MaxPerConnection uploads;
 // the daemon MaxStagedBytes of charge. When the new upload does not fit,
 // every upload idle past the idle timeout is reclaimed first, whichever
 // connection holds it.
@@ -256,6 +285,12 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 	defer st.mu.Unlock()
 	key := d.Owner.connKey()
 	st.expireConnLocked(key, lim)
+	if u := st.resumableLocked(d, true); u != nil {
+		// Charged once, its bytes kept (sent again, they are
+		// acknowledged). Not activity: begins sent again must not keep
+		// an upload that gets no bytes.
+		return u.id, nil
+	}
 	if len(st.byConn[key]) >= lim.MaxPerConnection {
 		return "", capacity(uploads.TooManyForConnection(lim.MaxPerConnection))
 	}

@@ -221,14 +221,14 @@ func TestStagePerConnectionLimit(t *testing.T) {
 		reserve(t, st, decl(connA, 1))
 	}
 	msg := "This connection already has 4 uploads in progress; commit them or let them expire before beginning another"
-	refused(t, st.CheckRoom(connA), rpcerr.ReasonCapacity, msg)
+	refused(t, st.CheckRoom(decl(connA, 1)), rpcerr.ReasonCapacity, msg)
 	_, err := st.Reserve(decl(connA, 1))
 	refused(t, err, rpcerr.ReasonCapacity, msg)
-	if err := st.CheckRoom(connB); err != nil {
+	if err := st.CheckRoom(decl(connB, 1)); err != nil {
 		t.Fatalf("another connection: %v", err)
 	}
 	clk.advance(5 * time.Minute)
-	if err := st.CheckRoom(connA); err != nil {
+	if err := st.CheckRoom(decl(connA, 1)); err != nil {
 		t.Fatalf("after the idle timeout: %v", err)
 	}
 	reserve(t, st, decl(connA, 1))
@@ -388,7 +388,7 @@ func TestStageCommitHoldsTheCharge(t *testing.T) {
 	if s := st.Stats(); s.Charged != charged {
 		t.Fatalf("charge released while the commit holds the bytes: %+v", s)
 	}
-	if err := st.CheckRoom(connA); err != nil {
+	if err := st.CheckRoom(decl(connA, 1)); err != nil {
 		t.Fatalf("the closed connection's slot: %v", err)
 	}
 	st.Finish(id, true, true)
@@ -703,4 +703,74 @@ func TestStageResendDoesNotKeepAnUploadAlive(t *testing.T) {
 		}
 	}
 	t.Fatal("an upload resending one chunk every minute was never expired")
+}
+
+// A begin sent again on its connection for the same declared content
+// (its reply lost to a client's timeout) was staged and charged a second
+// time: a user with room for the file once was refused for the content
+// it already staged, and four such retries filled the connection. The
+// upload already staged is resumed now: the same id, no new charge, the
+// bytes received kept (resent, they are acknowledged). Only a begin
+// declaring a hash is resumed, on the connection that began it, with
+// every declared field the same; it is not activity.
+func TestStageBeginSentAgainResumesTheUpload(t *testing.T) {
+	st, clk := newStage(t, func(u *configclient.Uploads) { u.MaxUserStagedBytes = 15 << 20 })
+	alice := Owner{Gateway: "gw-1", Conn: "a-0", Principal: "alice"}
+	data := bytes.Repeat([]byte("r"), 10<<20)
+	d := decl(alice, int64(len(data)))
+	d.SHA256 = uploads.Sum(data)
+	id := reserve(t, st, d)
+	if _, err := st.Chunk(alice, id, 0, data[:1<<20]); err != nil {
+		t.Fatal(err)
+	}
+	before := st.Stats()
+	clk.advance(time.Minute)
+	for range 5 {
+		if again := reserve(t, st, d); again != id {
+			t.Fatalf("begin sent again: upload %s, want %s", again, id)
+		}
+	}
+	if after := st.Stats(); after != before || st.byUser["alice"] != before.Charged {
+		t.Fatalf("stats %+v after the begins sent again, %+v before; alice %d", after, before, st.byUser["alice"])
+	}
+	if got, err := st.Chunk(alice, id, 0, data[:1<<20]); err != nil || got != 1<<20 {
+		t.Fatalf("resent chunk: %d %v", got, err)
+	}
+	// Not activity: it expires when it would have.
+	clk.advance(4 * time.Minute)
+	if _, err := st.Chunk(alice, id, 1<<20, data[1<<20:2<<20]); err == nil {
+		t.Fatal("an upload kept alive by begins sent again")
+	}
+
+	// Anything else is a new upload: no hash, another filename, another
+	// connection of the same user.
+	d = decl(alice, 5)
+	d.SHA256 = uploads.Sum([]byte("hello"))
+	id = reserve(t, st, d)
+	for _, other := range []func(*Declared){
+		func(o *Declared) { o.SHA256 = "" },
+		func(o *Declared) { o.Filename = "other.bin" },
+		func(o *Declared) { o.Owner.Conn = "a-1" },
+	} {
+		o := d
+		other(&o)
+		if again := reserve(t, st, o); again == id {
+			t.Fatalf("%+v resumed %+v", o, d)
+		}
+	}
+	// A full connection is no refusal for a begin it resumes, before
+	// the session is checked (CheckRoom) or after; the session changed
+	// since (another generation) is.
+	reserve(t, st, decl(alice, 1))
+	asDeclared := d
+	asDeclared.Generation, asDeclared.Incarnation, asDeclared.SessionOwner, asDeclared.Agent = 0, 0, "", ""
+	if err := st.CheckRoom(asDeclared); err != nil {
+		t.Fatalf("room for a begin sent again on a full connection: %v", err)
+	}
+	if again := reserve(t, st, d); again != id {
+		t.Fatalf("begin sent again on a full connection: %s, want %s", again, id)
+	}
+	d.Generation++
+	_, err := st.Reserve(d)
+	refused(t, err, rpcerr.ReasonCapacity, uploads.TooManyForConnection(4))
 }

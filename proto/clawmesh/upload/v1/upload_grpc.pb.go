@@ -47,6 +47,8 @@ type UploadServiceClient interface {
 	// the principal may upload into the session (CheckUpload), and reserves
 	// the upload's whole charge (declared size plus kept metadata) in the
 	// staging budget, reclaiming idle uploads first when it does not fit.
+	// A begin sent again on its connection with a sha256 and every other
+	// field the same resumes the staged upload: its id, charged once.
 	Begin(ctx context.Context, in *BeginRequest, opts ...grpc.CallOption) (*BeginResponse, error)
 	// Chunk appends bytes at offset, which must equal the bytes received so
 	// far; an identical resend of accepted bytes is acknowledged unchanged.
@@ -152,6 +154,8 @@ type UploadServiceServer interface {
 	// the principal may upload into the session (CheckUpload), and reserves
 	// the upload's whole charge (declared size plus kept metadata) in the
 	// staging budget, reclaiming idle uploads first when it does not fit.
+	// A begin sent again on its connection with a sha256 and every other
+	// field the same resumes the staged upload: its id, charged once.
 	Begin(context.Context, *BeginRequest) (*BeginResponse, error)
 	// Chunk appends bytes at offset, which must equal the bytes received so
 	// far; an identical resend of accepted bytes is acknowledged unchanged.
