@@ -368,7 +368,7 @@ func (s *Server) Attach(ctx context.Context, req *uploadv1.AttachRequest) (*uplo
 		held += int64(len(f.GetData()))
 	}
 	if held > 0 {
-		release, err := s.stage.Hold(held + UploadOverhead)
+		release, err := s.stage.Hold(req.GetPrincipal().GetPrincipalId(), req.GetPrincipal().GetOperator(), held+UploadOverhead)
 		if err != nil {
 			return nil, err
 		}

@@ -311,15 +311,10 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 	// if the budget was short: reclaim them here too before refusing.
 	var userCharge int64
 	if !d.Operator {
+		if err := st.chargeUserLocked(d.Owner.Principal, c, lim); err != nil {
+			return "", err
+		}
 		userCharge = c
-		p := d.Owner.Principal
-		if st.byUser[p]+c > lim.MaxUserStagedBytes {
-			st.reclaimIdleLocked(lim)
-		}
-		if held := st.byUser[p]; held+c > lim.MaxUserStagedBytes {
-			return "", capacity(uploads.UserStagingFull(held, c, lim.MaxUserStagedBytes))
-		}
-		st.byUser[p] += c
 	}
 	now := st.now()
 	u := &upload{id: id, owner: d.Owner, decl: d, charge: c, userCharge: userCharge, lastActive: now}
@@ -339,11 +334,34 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 	return id, nil
 }
 
+// chargeUserLocked adds c to what principal stages, or refuses it past
+// the user's share (its own idle uploads reclaimed first).
+func (st *Stage) chargeUserLocked(principal string, c int64, lim configclient.Uploads) error {
+	if st.byUser[principal]+c > lim.MaxUserStagedBytes {
+		st.reclaimIdleLocked(lim)
+	}
+	if held := st.byUser[principal]; held+c > lim.MaxUserStagedBytes {
+		return capacity(uploads.UserStagingFull(held, c, lim.MaxUserStagedBytes))
+	}
+	st.byUser[principal] += c
+	return nil
+}
+
+// releaseUserLocked takes c from what principal stages.
+func (st *Stage) releaseUserLocked(principal string, c int64) {
+	if st.byUser[principal] -= c; st.byUser[principal] <= 0 {
+		delete(st.byUser, principal)
+	}
+}
+
 // Hold charges n bytes of a whole-file attach to the budget while it is
 // stored, reclaiming idle uploads first when they do not fit, and returns
 // the function that gives them back. The attach's bytes are already in
 // memory; holding them in the budget bounds how many wait to be stored.
-func (st *Stage) Hold(n int64) (release func(), err error) {
+// They count in the principal's share too (but the operator's), as its
+// uploads do: else one paired client sending attaches on many
+// connections took the whole budget from everyone else's begins.
+func (st *Stage) Hold(principal string, operator bool, n int64) (release func(), err error) {
 	lim := st.Limits()
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -356,12 +374,20 @@ func (st *Stage) Hold(n int64) (release func(), err error) {
 	if st.charged+n > lim.MaxStagedBytes {
 		return nil, capacity(uploads.OverBudget)
 	}
+	if !operator {
+		if err := st.chargeUserLocked(principal, n, lim); err != nil {
+			return nil, err
+		}
+	}
 	st.charged += n
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			st.mu.Lock()
 			st.charged -= n
+			if !operator {
+				st.releaseUserLocked(principal, n)
+			}
 			st.mu.Unlock()
 		})
 	}, nil
@@ -648,10 +674,7 @@ func (st *Stage) releaseLocked(u *upload) {
 	delete(st.uploads, u.id)
 	st.charged -= u.charge
 	if u.userCharge > 0 {
-		p := u.decl.Owner.Principal
-		if st.byUser[p] -= u.userCharge; st.byUser[p] <= 0 {
-			delete(st.byUser, p)
-		}
+		st.releaseUserLocked(u.decl.Owner.Principal, u.userCharge)
 		u.userCharge = 0
 	}
 	st.payload -= int64(len(u.data))

@@ -419,16 +419,16 @@ func TestStageCommitHoldsTheCharge(t *testing.T) {
 func TestStageHoldChargesAttaches(t *testing.T) {
 	st, clk := newStage(t, func(u *configclient.Uploads) { u.MaxStagedBytes = 2 << 20 })
 	reserve(t, st, decl(connA, 1<<20))
-	release, err := st.Hold(1 << 19)
+	release, err := st.Hold("shared-operator", true, 1<<19)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = st.Hold(1 << 20)
+	_, err = st.Hold("shared-operator", true, 1<<20)
 	refused(t, err, rpcerr.ReasonCapacity, uploads.OverBudget)
 	release()
 	release()
 	clk.advance(5 * time.Minute)
-	release, err = st.Hold(2 << 20)
+	release, err = st.Hold("shared-operator", true, 2<<20)
 	if err != nil {
 		t.Fatalf("after the idle upload was reclaimed: %v", err)
 	}
@@ -439,6 +439,44 @@ func TestStageHoldChargesAttaches(t *testing.T) {
 	if s := st.Stats(); s.Charged != 0 {
 		t.Fatalf("after release %+v", s)
 	}
+}
+
+// A user's attaches count in its share of the budget while they are
+// stored, as its uploads do: one paired client sending attaches on many
+// connections took the whole budget from everyone else's begins, past
+// uploads.max_user_staged_bytes, which bounded its uploads only.
+func TestStageHoldChargesTheUsersShare(t *testing.T) {
+	st, _ := newStage(t, func(u *configclient.Uploads) {
+		u.MaxStagedBytes = 64 << 20
+		u.MaxUserStagedBytes = 16 << 20
+	})
+	release, err := st.Hold("mallory", false, 10<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Hold("mallory", false, 10<<20)
+	refused(t, err, rpcerr.ReasonCapacity, uploads.UserStagingFull(10<<20, 10<<20, 16<<20))
+	m := decl(Owner{Gateway: "gw-1", Conn: "m-0", Principal: "mallory"}, 10<<20)
+	_, err = st.Reserve(m)
+	refused(t, err, rpcerr.ReasonCapacity, uploads.UserStagingFull(10<<20, charge("", m)+32, 16<<20))
+	// Others, and the operator past any share, still hold.
+	for _, who := range []struct {
+		p        string
+		operator bool
+		n        int64
+	}{{"alice", false, 10 << 20}, {"shared-operator", true, 20 << 20}} {
+		rel, err := st.Hold(who.p, who.operator, who.n)
+		if err != nil {
+			t.Fatalf("%s: %v", who.p, err)
+		}
+		defer rel()
+	}
+	release()
+	release()
+	if _, ok := st.byUser["mallory"]; ok {
+		t.Fatalf("byUser %v after the release", st.byUser)
+	}
+	reserve(t, st, m)
 }
 
 // fill sends data to upload id in chunks of the stage's chunk size.
@@ -585,7 +623,7 @@ func TestStageSparesGiveWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Finish(p.ID, false, true)
-	release, err := st.Hold(2 << 20)
+	release, err := st.Hold("shared-operator", true, 2<<20)
 	if err != nil {
 		t.Fatalf("an attach beside a spare: %v", err)
 	}
