@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"mime"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -145,6 +146,25 @@ func NormalizeSHA256(s string) (string, bool) {
 		return "", false
 	}
 	return s, true
+}
+
+// BadMIME refuses a declared mime_type that is not a MIME type.
+const BadMIME = "`mime_type` must be a MIME type such as image/png"
+
+// NormalizeMIME checks and normalizes a declared mime_type: type/subtype,
+// parameters dropped, lower case; ok is false when it is not one. An
+// empty input is ok and declares nothing. The session service stores a
+// file under it; upload-staging checks it at begin and for each file of
+// an attach, before any byte is sent or stored.
+func NormalizeMIME(s string) (string, bool) {
+	if s == "" {
+		return "", true
+	}
+	mt, _, err := mime.ParseMediaType(s)
+	if err != nil || len(mt) > 127 || !strings.Contains(mt, "/") {
+		return "", false
+	}
+	return mt, true
 }
 
 // CheckFilename returns the refusal of a declared filename, or "" when it

@@ -400,9 +400,9 @@ func declaredMIME(s string) (string, error) {
 	if s == "" {
 		return "", nil
 	}
-	mt, _, err := mime.ParseMediaType(s)
-	if err != nil || len(mt) > 127 || !strings.Contains(mt, "/") {
-		return "", errInvalid("`mime_type` must be a MIME type such as image/png")
+	mt, ok := uploads.NormalizeMIME(s)
+	if !ok {
+		return "", errInvalid(uploads.BadMIME)
 	}
 	return mt, nil
 }

@@ -177,13 +177,16 @@ func checkSessionID(id string) error {
 	return nil
 }
 
-// checkMIME bounds a declared mime_type; the session service checks its
-// form when it stores the file.
-func checkMIME(m string) error {
-	if len(m) > 127 {
-		return invalid("`mime_type` must be a MIME type such as image/png")
+// checkMIME refuses a declared mime_type the session service would
+// refuse when it stores the file, before any byte is sent (a begin) or
+// any file of a batch stored (an attach): checked only at the store, a
+// whole upload was sent and then discarded for it. Its length is bounded
+// as given, for it is kept and charged as given.
+func checkMIME(m string) string {
+	if _, ok := uploads.NormalizeMIME(m); !ok || len(m) > 127 {
+		return uploads.BadMIME
 	}
-	return nil
+	return ""
 }
 
 // Begin is file/upload/begin: the declared upload is checked against the
@@ -201,8 +204,8 @@ func (s *Server) Begin(ctx context.Context, req *uploadv1.BeginRequest) (*upload
 	if err != nil {
 		return nil, err
 	}
-	if err := checkMIME(req.GetMimeType()); err != nil {
-		return nil, err
+	if msg := checkMIME(req.GetMimeType()); msg != "" {
+		return nil, invalid(msg)
 	}
 	d := Declared{
 		Owner: o, SessionID: req.GetSessionId(), Size: req.GetSizeBytes(), Filename: req.GetFilename(), MIME: req.GetMimeType(), SHA256: sum,
@@ -355,8 +358,8 @@ func (s *Server) Attach(ctx context.Context, req *uploadv1.AttachRequest) (*uplo
 			msg = uploads.FileTooLarge(int64(len(f.GetData())), lim.MaxFileBytes)
 		default:
 			msg = uploads.CheckFilename(f.GetFilename())
-			if msg == "" && len(f.GetMimeType()) > 127 {
-				msg = "`mime_type` must be a MIME type such as image/png"
+			if msg == "" {
+				msg = checkMIME(f.GetMimeType())
 			}
 		}
 		if msg != "" {

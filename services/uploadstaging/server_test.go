@@ -271,6 +271,13 @@ func TestAttachNamesTheRefusedFile(t *testing.T) {
 	if _, err := s.Attach(ctx, req); status.Convert(err).Message() != "`filename` is 256 bytes; the limit is 255" {
 		t.Fatalf("filename: %v", err)
 	}
+	// A malformed mime_type too: the first file was stored, then the
+	// session service refused the second's.
+	req.Files[1] = &uploadv1.AttachFile{Data: []byte("two"), MimeType: "text"}
+	_, err = s.Attach(ctx, req)
+	if _, index := rpcerr.Details(status.Convert(err)); status.Convert(err).Message() != "`mime_type` must be a MIME type such as image/png" || index != 1 || len(f.stores) != 0 {
+		t.Fatalf("mime_type: %v (index %d), %d stored", err, index, len(f.stores))
+	}
 	req.Files[1] = &uploadv1.AttachFile{Data: []byte("two")}
 	f.failWith(nil)
 	resp, err := s.Attach(ctx, req)
@@ -511,5 +518,22 @@ func TestBeginSentAgainOnAFullConnection(t *testing.T) {
 	}
 	if again := begin(t, s, user, 5, strings.ToUpper(sum)); again != id {
 		t.Fatalf("begin sent again: %s, want %s", again, id)
+	}
+}
+
+// A mime_type the session service refuses at the store is refused at
+// begin, before any byte is sent: it was taken, the whole file was sent,
+// and commit was refused "`mime_type` must be a MIME type such as
+// image/png", the upload discarded with it. A well-formed one passes.
+func TestBeginRefusesAMalformedMIMEType(t *testing.T) {
+	s, _ := newServer(t, nil)
+	for _, m := range []string{"not a mime type", "text", "/", "text/plain; charset"} {
+		_, err := s.Begin(context.Background(), &uploadv1.BeginRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_1", SizeBytes: 5, MimeType: m})
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || st.Message() != "`mime_type` must be a MIME type such as image/png" {
+			t.Errorf("begin with mime_type %q: %v", m, err)
+		}
+	}
+	if _, err := s.Begin(context.Background(), &uploadv1.BeginRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_1", SizeBytes: 5, MimeType: "Text/Plain; charset=utf-8"}); err != nil {
+		t.Fatal(err)
 	}
 }
