@@ -76,10 +76,11 @@ func decodeB64(s, field string) ([]byte, error) {
 	return b[:n], nil
 }
 
-// uploadID reads an upload_id: 32 hexadecimal characters.
+// uploadID reads an upload_id: 32 lower-case hexadecimal characters, as
+// upload-staging makes them.
 func uploadID(id string) (string, error) {
 	if !ids.LowerHex(id, uploads.IDHexLen) {
-		return "", invalidParams("`upload_id` must be 32 hexadecimal characters")
+		return "", invalidParams("`upload_id` must be 32 lower-case hexadecimal characters")
 	}
 	return id, nil
 }
