@@ -383,7 +383,14 @@ func (s *Server) load(ctx context.Context, dir, path, fp string, parsed parsedMa
 			return e
 		}
 	}
-	if e.verdict, e.policy = policy.Check(m, wasm); e.policy != nil || m.SkillOnly() {
+	e.verdict, e.policy = policy.Check(m, wasm)
+	if errors.Is(e.policy, manifest.ErrDigest) {
+		// A package its own digests disown is broken, not a matter of
+		// policy: it fails, and says so, in every signature_mode.
+		e.err, e.policy = e.policy, nil
+		return e
+	}
+	if e.policy != nil || m.SkillOnly() {
 		return e
 	}
 	grants := s.cfg.Grant(m)

@@ -567,8 +567,29 @@ func TestSignatureCoversModuleAtDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts.rescan(t)
-	if p := ts.plugins(t)["echo"]; p.Status != "refused" || p.SignatureStatus != "invalid" || !strings.Contains(p.Reason, "module") {
+	if p := ts.plugins(t)["echo"]; p.Status != "failed" || !strings.Contains(p.Reason, "module") {
 		t.Fatalf("strict, module swapped: %+v", p)
+	}
+	// A module its manifest's wasm_sha256 does not match fails in every
+	// mode, signed or not: permissive loaded the signed one with a
+	// warning, and any mode the unsigned one.
+	mf := filepath.Join(dir, "misbehave", "manifest.toml")
+	raw, err := os.ReadFile(mf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := "wasm_sha256 = \"" + manifest.ModuleDigest([]byte("another module")) + "\"\n"
+	if err := os.WriteFile(mf, append([]byte(wrong), raw...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []manifest.Mode{manifest.ModePermissive, manifest.ModeDisabled} {
+		ts.live.set(func(l *pluginsandbox.Live) { l.Policy.Mode = mode })
+		ts.rescan(t)
+		for _, name := range []string{"echo", "misbehave"} {
+			if p := ts.plugins(t)[name]; p.Status != "failed" || !strings.Contains(p.Reason, "wasm_sha256") {
+				t.Fatalf("%s, %s whose module does not match wasm_sha256: %+v", mode, name, p)
+			}
+		}
 	}
 }
 

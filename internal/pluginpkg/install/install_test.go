@@ -509,9 +509,38 @@ func TestInstallRefusesSwappedModule(t *testing.T) {
 	if !errors.Is(err, manifest.ErrSignature) || !strings.Contains(fmt.Sprint(err), "module") {
 		t.Fatalf("strict install of a swapped module: %+v %v", res, err)
 	}
+	// Permissive loads a plugin whose signature fails, with a warning,
+	// but not a module its own manifest's wasm_sha256 does not match.
 	in.Policy.Mode = manifest.ModePermissive
 	res, err = in.InstallPath(ctx, src)
-	if err != nil || res.Verdict.Status != manifest.StatusInvalid {
+	if !errors.Is(err, manifest.ErrDigest) {
 		t.Fatalf("permissive install of a swapped module: %+v %v", res, err)
+	}
+}
+
+// A wasm_sha256 the module does not match is a broken or tampered
+// package, whatever signs it and whatever signature_mode says: it was
+// checked only inside signature verification, so an unsigned manifest
+// with a wrong digest installed under permissive and disabled, and a
+// signed one under permissive.
+func TestInstallRefusesModuleNotMatchingItsDigest(t *testing.T) {
+	ctx := context.Background()
+	wasm := "\x00asm\x01\x00\x00\x00"
+	wrong := manifest.ModuleDigest([]byte(wasm + " other"))
+	unsigned := "wasm_sha256 = \"" + wrong + "\"\n" + toolManifest("cal", "1.0.0")
+	src := writeDir(t, map[string]string{"manifest.toml": unsigned, "plugin.wasm": wasm})
+	for _, mode := range manifest.Modes {
+		in := newInstaller(t, install.Limits{})
+		in.Policy.Mode = mode
+		res, err := in.InstallPath(ctx, src)
+		if !errors.Is(err, manifest.ErrDigest) || !strings.Contains(fmt.Sprint(err), "wasm_sha256") || len(pluginDirs(t, in)) != 0 {
+			t.Fatalf("%s: install of an unsigned plugin whose module does not match wasm_sha256: %+v %v", mode, res, err)
+		}
+	}
+	// The digest right, it installs unsigned as before.
+	good := writeDir(t, map[string]string{"manifest.toml": "wasm_sha256 = \"" + manifest.ModuleDigest([]byte(wasm)) + "\"\n" + toolManifest("cal", "1.0.0"), "plugin.wasm": wasm})
+	in := newInstaller(t, install.Limits{})
+	if res, err := in.InstallPath(ctx, good); err != nil || res.Verdict.Status != manifest.StatusUnsigned {
+		t.Fatalf("unsigned plugin with the right wasm_sha256: %+v %v", res, err)
 	}
 }

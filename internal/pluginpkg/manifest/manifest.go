@@ -31,6 +31,10 @@ var (
 	ErrConfig = errors.New("manifest: config rejected")
 	// ErrSignature reports a manifest refused by the signature policy.
 	ErrSignature = errors.New("manifest: signature refused")
+	// ErrDigest reports content that does not match the digest its
+	// manifest gives for it (wasm_sha256): a broken or tampered package,
+	// refused whatever the signature policy.
+	ErrDigest = errors.New("manifest: content does not match its digest")
 	// ErrLayout reports a plugin directory that does not hold what its
 	// manifest declares (the module, the skills bundle).
 	ErrLayout = errors.New("manifest: plugin layout invalid")

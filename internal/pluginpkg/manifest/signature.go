@@ -236,11 +236,43 @@ func Verify(m *Manifest, module []byte) error {
 	return nil
 }
 
+// CheckDigests refuses a module that does not match the manifest's
+// wasm_sha256, signed or not: the digest is the package's own word on
+// its module, and a mismatch means a broken or tampered package
+// whichever signature_mode is in force. A manifest without wasm_sha256
+// asserts nothing here.
+func CheckDigests(m *Manifest, module []byte) error {
+	if m.WasmPath == "" || m.WasmSHA256 == "" {
+		return nil
+	}
+	if got := ModuleDigest(module); got != m.WasmSHA256 {
+		return fmt.Errorf("%w: the module at %s has SHA-256 %s, but the manifest's wasm_sha256 says %s (a broken or tampered package; refused whatever signature_mode)",
+			ErrDigest, m.WasmPath, got, m.WasmSHA256)
+	}
+	return nil
+}
+
 // Check applies the policy to m and its module (nil for a skill-only
-// plugin). In strict mode anything but a signature verified under a
-// trusted key is an error wrapping ErrSignature; in permissive mode the
-// verdict carries a warning instead; in disabled mode nothing is checked.
+// plugin). A module that does not match wasm_sha256 is an error wrapping
+// ErrDigest in every mode (CheckDigests). Otherwise, in strict mode
+// anything but a signature verified under a trusted key is an error
+// wrapping ErrSignature; in permissive mode the verdict carries a
+// warning instead; in disabled mode nothing is checked.
 func (p Policy) Check(m *Manifest, module []byte) (Verdict, error) {
+	v, err := p.check(m, module)
+	// Before the policy's verdict: permissive and disabled load what is
+	// unsigned or wrongly signed, never what its own digests disown.
+	if derr := CheckDigests(m, module); derr != nil {
+		if err != nil {
+			// Strict refused it too: both are said, and both match.
+			return v, fmt.Errorf("%w; and %w", derr, err)
+		}
+		return v, derr
+	}
+	return v, err
+}
+
+func (p Policy) check(m *Manifest, module []byte) (Verdict, error) {
 	if p.Mode == ModeDisabled {
 		return Verdict{Status: StatusUnchecked}, nil
 	}

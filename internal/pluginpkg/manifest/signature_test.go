@@ -214,3 +214,25 @@ func TestSignatureCoversModule(t *testing.T) {
 		t.Fatal("a skill-only manifest with wasm_sha256 was accepted")
 	}
 }
+
+// A module that does not match the manifest's wasm_sha256 is refused in
+// every mode, signed or not (ErrDigest); it was checked only inside
+// signature verification, so unsigned it loaded under permissive and
+// disabled, and signed it loaded under permissive with a warning.
+func TestModuleDigestCheckedWhateverTheSignature(t *testing.T) {
+	publisher := newKey(t, 1)
+	other := []byte("\x00asm\x01\x00\x00\x00 swapped")
+	unsigned := "wasm_sha256 = \"" + manifest.ModuleDigest(module) + "\"\n" + base
+	for _, text := range []string{unsigned, sign(t, base, publisher)} {
+		m := parse(t, text)
+		for _, mode := range manifest.Modes {
+			pol := manifest.Policy{Mode: mode, Trusted: []string{pubHex(publisher)}}
+			if _, err := pol.Check(m, other); !errors.Is(err, manifest.ErrDigest) || !strings.Contains(err.Error(), "wasm_sha256") {
+				t.Errorf("%s, signed %v: a module not matching wasm_sha256: %v", mode, m.Signed(), err)
+			}
+			if _, err := pol.Check(m, module); errors.Is(err, manifest.ErrDigest) {
+				t.Errorf("%s, signed %v: the matching module: %v", mode, m.Signed(), err)
+			}
+		}
+	}
+}
