@@ -49,7 +49,8 @@ else the default (https, http, file:// or a local path).
 Installing and removing work on the data directory's plugins folder
 (--config-dir, or --plugins-dir): every sandbox replica notices the change
 by itself, without a restart. With the stack running, the CLI reads
-plugins.plugins_dir and plugins.security from it over the client socket
+plugins.plugins_dir, plugins.security and its data directory (where
+--purge deletes memory journals) from it over the client socket
 (as the operator, or --token) and seeds plugins.entries.<key>.config of a
 tool; with the stack stopped it installs under --signature-mode and
 --trusted-key (default: permissive), the sandbox checks the signature
@@ -146,6 +147,7 @@ type pluginEnv struct {
 	client  *rpcclient.Client
 	dialed  bool
 	dialErr error
+	data    string // dataDir's answer, once known
 }
 
 func (p *pluginEnv) close() {
@@ -202,11 +204,40 @@ func (p *pluginEnv) dir() (string, error) {
 			return dir, nil
 		}
 	}
-	data, err := datadir.Resolve(p.sf.dir)
+	data, err := p.dataDir()
 	if err != nil {
 		return "", err
 	}
 	return filepath.Join(data, "plugins"), nil
+}
+
+// dataDir is the running stack's data directory (status's config_dir),
+// else the CLI's own (--config-dir, the environment). A stack reached
+// through --socket or ZEROCLAW_SOCKET may run on another directory than
+// the CLI would resolve: its plugins and memory journals are there, and
+// acting on the CLI's removed and purged what the stack never reads.
+func (p *pluginEnv) dataDir() (string, error) {
+	if p.data != "" {
+		return p.data, nil
+	}
+	c := p.stack()
+	if c == nil {
+		dir, err := datadir.Resolve(p.sf.dir)
+		p.data = dir
+		return dir, err
+	}
+	raw, err := c.Call("status", map[string]any{})
+	if err != nil {
+		return "", fmt.Errorf("the running stack's data directory (status): %w", err)
+	}
+	var st struct {
+		ConfigDir string `json:"config_dir"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil || st.ConfigDir == "" {
+		return "", fmt.Errorf("the running stack's status names no config_dir (%v)", err)
+	}
+	p.data = st.ConfigDir
+	return p.data, nil
 }
 
 // policy is the running stack's plugins.security, else the flags'.
@@ -336,25 +367,32 @@ func (p *pluginEnv) remove(name string, purge bool) error {
 }
 
 // purgeMemories deletes a memory plugin's journal in the data
-// directory, and any file a rewrite of it cut short left: removal alone
-// keeps it, so that the plugin installed again gets its memories back
-// (a sandbox loading it reads the journal), and nothing else ever
-// deleted it.
+// directory (the running stack's, else the CLI's), and any file a
+// rewrite of it cut short left: removal alone keeps it, so that the
+// plugin installed again gets its memories back (a sandbox loading it
+// reads the journal), and nothing else ever deleted it. It says which
+// folder it looked in, found or not.
 func (p *pluginEnv) purgeMemories(name string) error {
-	data, err := datadir.Resolve(p.sf.dir)
+	data, err := p.dataDir()
 	if err != nil {
 		return err
 	}
-	journal := datadir.MemoryJournal(datadir.Memories(data), name)
+	memories := datadir.Memories(data)
+	journal := datadir.MemoryJournal(memories, name)
 	leftovers, _ := filepath.Glob(journal + ".*")
+	found := false
 	for _, f := range append([]string{journal}, leftovers...) {
 		err := os.Remove(f)
 		switch {
 		case err == nil:
+			found = true
 			fmt.Fprintf(p.out, "deleted %s\n", shown(f))
 		case !errors.Is(err, fs.ErrNotExist):
 			return err
 		}
+	}
+	if !found {
+		fmt.Fprintf(p.out, "no memory journal of %s in %s\n", shown(name), shown(memories))
 	}
 	return nil
 }

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -59,5 +63,83 @@ func TestPluginRemovePurgeDeletesMemoryJournal(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Fatalf("another plugin's journal: %v", err)
+	}
+}
+
+// With the stack running on another data directory than the CLI's own
+// (--socket, or ZEROCLAW_SOCKET, names its socket), remove and --purge
+// act on the stack's: its plugins folder (plugins.plugins_dir empty)
+// and its memory journal, taken from status's config_dir. Before, both
+// were the CLI's: the plugin was "not installed", and a --purge that
+// found it deleted a journal the stack never reads while the stack's
+// stayed.
+func TestPluginRemovePurgeActsOnTheStacksDataDir(t *testing.T) {
+	stackData, cliData := t.TempDir(), t.TempDir()
+	writeTestFile(t, filepath.Join(stackData, "plugins", "team-calendar", "manifest.toml"), []byte(calendarManifest))
+	writeTestFile(t, filepath.Join(stackData, "plugins", "team-calendar", "plugin.wasm"), []byte("module"))
+	stackJournal := filepath.Join(stackData, "memories", "team-calendar.jsonl")
+	cliJournal := filepath.Join(cliData, "memories", "team-calendar.jsonl")
+	writeTestFile(t, stackJournal, []byte(`{"op":"store","key":"YQ=="}`+"\n"))
+	writeTestFile(t, cliJournal, []byte(`{"op":"store","key":"YQ=="}`+"\n"))
+	var deleted []string
+	var mu sync.Mutex
+	sock := fakeSocket(t, func(conn net.Conn) {
+		defer conn.Close()
+		lines := bufio.NewScanner(conn)
+		for lines.Scan() {
+			var req struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+				Params struct {
+					Prop string `json:"prop"`
+				} `json:"params"`
+			}
+			if json.Unmarshal(lines.Bytes(), &req) != nil {
+				return
+			}
+			var result any
+			switch {
+			case req.Method == "initialize":
+				result = map[string]any{"protocol_version": 1}
+			case req.Method == "status":
+				result = map[string]any{"config_dir": stackData, "active_sessions": 0}
+			case req.Method == "config/get" && req.Params.Prop == "plugins.plugins_dir":
+				result = map[string]any{"value": ""}
+			case req.Method == "config/get" && req.Params.Prop == "plugins.security":
+				result = map[string]any{"value": map[string]any{"signature_mode": "permissive", "trusted_publisher_keys": []string{}}}
+			case req.Method == "config/delete":
+				mu.Lock()
+				deleted = append(deleted, req.Params.Prop)
+				mu.Unlock()
+				result = map[string]any{}
+			}
+			resp := map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result}
+			if result == nil {
+				resp = map[string]any{"jsonrpc": "2.0", "id": req.ID, "error": map[string]any{"code": -32601, "message": "Unknown method: " + req.Method}}
+			}
+			raw, _ := json.Marshal(resp)
+			if _, err := conn.Write(append(raw, '\n')); err != nil {
+				return
+			}
+		}
+	})
+	var out bytes.Buffer
+	err := pluginCmd([]string{"remove", "--purge", "--config-dir", cliData, "--socket", sock, "team-calendar"}, &out)
+	if err != nil {
+		t.Fatalf("remove --purge: %v\n%s", err, out.String())
+	}
+	if _, err := os.Stat(filepath.Join(stackData, "plugins", "team-calendar")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the stack's plugin folder: %v\n%s", err, out.String())
+	}
+	if _, err := os.Stat(stackJournal); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the stack's journal was kept: %v\n%s", err, out.String())
+	}
+	if _, err := os.Stat(cliJournal); err != nil {
+		t.Fatalf("the CLI's own data directory was touched: %v\n%s", err, out.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(deleted) != 1 || !strings.Contains(out.String(), stackData) {
+		t.Fatalf("config/delete %v; output:\n%s", deleted, out.String())
 	}
 }
