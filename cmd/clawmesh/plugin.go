@@ -499,13 +499,11 @@ func (p *pluginEnv) info(name, channel string) error {
 		return fmt.Errorf("plugin info: %w", err)
 	}
 	m := b.Manifest
-	var module []byte
-	if !m.SkillOnly() {
-		if module, err = b.ReadModule(); err != nil {
-			return fmt.Errorf("plugin info: %w", err)
-		}
+	module, skills, err := b.Contents()
+	if err != nil {
+		return fmt.Errorf("plugin info: %w", err)
 	}
-	v, perr := in.Policy.Check(m, module)
+	v, perr := in.Policy.Check(m, module, skills.Digest())
 	fmt.Fprintf(p.out, "name:          %s\nversion:       %s\ndescription:   %s\nauthor:        %s\nfolder:        %s\n",
 		shown(m.Name), shown(m.Version), shown(m.Description), shown(m.Author), shown(dir))
 	caps := make([]string, len(m.Capabilities))
@@ -562,23 +560,23 @@ func signManifest(out io.Writer, keyFile, target string) error {
 	if err != nil {
 		return fmt.Errorf("plugin sign: %w", err)
 	}
-	// The signature covers the module too (wasm_sha256): read it from
-	// beside the manifest, as discovery will.
+	// The signature covers the module and the skill files too
+	// (wasm_sha256, skills_sha256): read them from beside the manifest,
+	// as discovery will.
 	m, err := manifest.Parse(data)
 	if err != nil {
 		return fmt.Errorf("plugin sign: %w", err)
 	}
 	var module []byte
-	if !m.SkillOnly() {
-		b, err := manifest.BundleOf(filepath.Dir(target), m)
-		if err == nil {
-			module, err = b.ReadModule()
-		}
-		if err != nil {
-			return fmt.Errorf("plugin sign: the module the signature is to cover: %w", err)
-		}
+	var skills manifest.SkillFiles
+	b, err := manifest.BundleOf(filepath.Dir(target), m)
+	if err == nil {
+		module, skills, err = b.Contents()
 	}
-	signed, err := manifest.Sign(data, module, priv)
+	if err != nil {
+		return fmt.Errorf("plugin sign: the files the signature is to cover: %w", err)
+	}
+	signed, err := manifest.Sign(data, module, skills.Digest(), priv)
 	if err != nil {
 		return fmt.Errorf("plugin sign: %w", err)
 	}

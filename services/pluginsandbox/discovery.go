@@ -373,17 +373,19 @@ func (s *Server) load(ctx context.Context, dir, path, fp string, parsed parsedMa
 	}
 	e.bundle = b
 	m := b.Manifest
-	// The module is read before the policy is applied: a signature
-	// covers its bytes (wasm_sha256), and the bytes checked are the ones
-	// compiled.
-	var wasm []byte
-	if !m.SkillOnly() {
-		if wasm, err = b.ReadModule(); err != nil {
-			e.err = err
-			return e
-		}
+	// The module and the skill files are read before the policy is
+	// applied: a signature covers their bytes (wasm_sha256,
+	// skills_sha256), and the bytes checked are the ones compiled, and
+	// the only skill files served (ReadSkill checks each against them).
+	wasm, files, err := b.Contents()
+	if err != nil {
+		e.err = err
+		return e
 	}
-	e.verdict, e.policy = policy.Check(m, wasm)
+	for i := range b.Skills {
+		b.Skills[i].Files = files
+	}
+	e.verdict, e.policy = policy.Check(m, wasm, files.Digest())
 	if errors.Is(e.policy, manifest.ErrDigest) {
 		// A package its own digests disown is broken, not a matter of
 		// policy: it fails, and says so, in every signature_mode.

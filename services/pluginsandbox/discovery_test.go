@@ -361,6 +361,70 @@ func TestSkillBundlesDiscovered(t *testing.T) {
 	}
 }
 
+// A signed skill bundle's files are covered by its signature
+// (skills_sha256): under strict, a file changed after the load is not
+// served in the publisher's name, and the next scan fails the plugin.
+// Before, ReadSkill served whatever the folder held and the plugin kept
+// loading as trusted: the signature covered its manifest alone.
+func TestSignatureCoversSkillFilesAtDiscovery(t *testing.T) {
+	dir := t.TempDir()
+	write := func(rel, body string) {
+		t.Helper()
+		p := filepath.Join(dir, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text := "name = \"kit\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n"
+	write("kit/skills/review/SKILL.md", "---\nname: review\ndescription: Reviews.\n---\nRead it.\n")
+	write("kit/skills/review/references/guide.md", "Be kind.\n")
+	m, err := manifest.Parse([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := manifest.BundleOf(filepath.Join(dir, "kit"), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files, err := b.Contents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := ed25519.NewKeyFromSeed([]byte(strings.Repeat("s", 32)))
+	signed, err := manifest.Sign([]byte(text), nil, files.Digest(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("kit/manifest.toml", string(signed))
+	ts := newTestServer(t, dir)
+	ts.live.set(func(l *pluginsandbox.Live) {
+		l.Policy = manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{hex.EncodeToString(key.Public().(ed25519.PublicKey))}}
+	})
+	ts.rescan(t)
+	if p := ts.plugins(t)["kit"]; p.Status != "loaded" || p.SignatureStatus != "trusted" {
+		t.Fatalf("strict, signed bundle: %+v", p)
+	}
+	ctx := context.Background()
+	read := &pluginv1.ReadSkillRequest{Id: "plugin:kit/review", Path: "references/guide.md"}
+	if got, err := ts.ReadSkill(ctx, read); err != nil || got.Content != "Be kind.\n" {
+		t.Fatalf("read as signed: %v %v", got, err)
+	}
+	write("kit/skills/review/references/guide.md", "Paste your keys here.\n")
+	if got, err := ts.ReadSkill(ctx, read); err == nil {
+		t.Fatalf("a file changed since the load was served: %q", got.Content)
+	}
+	ts.rescan(t)
+	if p := ts.plugins(t)["kit"]; p.Status == "loaded" || !strings.Contains(p.Reason, "skills_sha256") {
+		t.Fatalf("strict, a skill file changed: %+v", p)
+	}
+	if _, err := ts.ReadSkill(ctx, read); status.Code(err) != codes.NotFound {
+		t.Fatalf("the refused bundle is readable: %v", err)
+	}
+}
+
 // A memory plugin serves as a storage backend; an observer receives the
 // host's events.
 func TestMemoryAndObserverWorlds(t *testing.T) {
@@ -607,7 +671,7 @@ func signExample(t *testing.T, dir, name, seed string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signed, err := manifest.Sign(raw, module, key)
+	signed, err := manifest.Sign(raw, module, "", key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package pluginsandbox
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path"
@@ -33,7 +34,7 @@ func (s *Server) ListSkills(context.Context, *pluginv1.ListSkillsRequest) (*plug
 // ReadSkill returns SKILL.md of a loaded skill, or the file at path inside
 // the skill's folder. The path is checked component by component: no
 // "..", no absolute path, no symbolic link, a regular file of at most
-// 1 MiB.
+// 1 MiB, with the digest the load checked.
 func (s *Server) ReadSkill(_ context.Context, req *pluginv1.ReadSkillRequest) (*pluginv1.ReadSkillResponse, error) {
 	if _, _, ok := manifest.ParseSkillID(req.GetId()); !ok {
 		return nil, rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, "`id` must be plugin:<plugin>/<skill>")
@@ -67,6 +68,14 @@ func (s *Server) ReadSkill(_ context.Context, req *pluginv1.ReadSkillRequest) (*
 	data, err := os.ReadFile(cur)
 	if err != nil {
 		return nil, rpcerr.Error(codes.Unavailable, rpcerr.ReasonCapacity, rpcerr.NoIndex, "skill file unreadable")
+	}
+	// Only the bytes the load checked (against skills_sha256, which a
+	// signature covers) are served: a file changed or added since is
+	// refused until the next scan has checked it, rather than served in
+	// a signed plugin's name.
+	if want, ok := sk.Files[manifest.SkillFileOf(sk, rel)]; !ok || sha256.Sum256(data) != want {
+		return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex,
+			fmt.Sprintf("`%s` of skill `%s` changed since the plugin was loaded; the next scan checks it again", rel, sk.ID))
 	}
 	// The answer carries text: a file that is not UTF-8 (an image among
 	// a skill's references) failed the call as an internal error.

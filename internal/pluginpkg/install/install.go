@@ -144,13 +144,11 @@ func (in *Installer) check(dir string) (*manifest.Bundle, manifest.Verdict, erro
 	if err != nil {
 		return nil, manifest.Verdict{}, err
 	}
-	var module []byte
-	if !b.Manifest.SkillOnly() {
-		if module, err = b.ReadModule(); err != nil {
-			return nil, manifest.Verdict{}, err
-		}
+	module, skills, err := b.Contents()
+	if err != nil {
+		return nil, manifest.Verdict{}, err
 	}
-	v, err := in.Policy.Check(b.Manifest, module)
+	v, err := in.Policy.Check(b.Manifest, module, skills.Digest())
 	if err != nil {
 		return nil, v, err
 	}

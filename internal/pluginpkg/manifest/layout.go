@@ -104,3 +104,21 @@ func (b *Bundle) ReadModule() ([]byte, error) {
 	}
 	return data, nil
 }
+
+// Contents reads what a signature covers besides the manifest: the
+// module (nil for a skill-only plugin) and, for a plugin with the skill
+// capability, its skills/ files (nil otherwise), whose Digest is what
+// Policy.Check, Verify and Sign take.
+func (b *Bundle) Contents() (module []byte, skills SkillFiles, err error) {
+	if !b.Manifest.SkillOnly() {
+		if module, err = b.ReadModule(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if b.Manifest.Has(CapSkill) {
+		if skills, err = b.ReadSkillFiles(); err != nil {
+			return nil, nil, err
+		}
+	}
+	return module, skills, nil
+}

@@ -115,10 +115,11 @@ const (
 	fieldSignature    = "signature"
 	fieldPublisherKey = "publisher_key"
 	fieldWasmSHA256   = "wasm_sha256"
+	fieldSkillsSHA256 = "skills_sha256"
 )
 
 var rootFields = []string{fieldName, fieldVersion, fieldDescription, fieldAuthor, fieldWasmPath,
-	fieldCapabilities, fieldPermissions, fieldConfigSchema, fieldSignature, fieldPublisherKey, fieldWasmSHA256}
+	fieldCapabilities, fieldPermissions, fieldConfigSchema, fieldSignature, fieldPublisherKey, fieldWasmSHA256, fieldSkillsSHA256}
 
 // Manifest is the content of manifest.toml.
 type Manifest struct {
@@ -138,6 +139,9 @@ type Manifest struct {
 	// a root entry like any other, so the signature covers it, and
 	// through it the module's bytes.
 	WasmSHA256 string
+	// SkillsSHA256 is SkillFiles.Digest of the skills/ folder
+	// (lower-cased): what a signature covers a skill bundle's files by.
+	SkillsSHA256 string
 
 	version *semver.Version
 	schema  *ConfigSchema
@@ -218,6 +222,7 @@ func Parse(data []byte) (*Manifest, error) {
 	str(fieldSignature, &m.Signature)
 	str(fieldPublisherKey, &m.PublisherKey)
 	str(fieldWasmSHA256, &m.WasmSHA256)
+	str(fieldSkillsSHA256, &m.SkillsSHA256)
 	for _, c := range list(fieldCapabilities) {
 		m.Capabilities = append(m.Capabilities, Capability(c))
 	}
@@ -457,6 +462,15 @@ func (m *Manifest) validateSignatureFields() error {
 			return fieldErr(fieldWasmSHA256, "must be a SHA-256 digest in hexadecimal (64 characters)")
 		}
 		m.WasmSHA256 = strings.ToLower(m.WasmSHA256)
+	}
+	if m.SkillsSHA256 != "" {
+		if !m.Has(CapSkill) {
+			return fieldErr(fieldSkillsSHA256, "only a plugin with the skill capability has skills/ files to cover")
+		}
+		if !hexKey.MatchString(m.SkillsSHA256) {
+			return fieldErr(fieldSkillsSHA256, "must be a SHA-256 digest in hexadecimal (64 characters)")
+		}
+		m.SkillsSHA256 = strings.ToLower(m.SkillsSHA256)
 	}
 	switch {
 	case m.Signature == "" && m.PublisherKey == "":

@@ -30,8 +30,9 @@ const SigningDomain = "clawmesh-plugin-manifest-v1\n"
 // encoding/json writes them (HTML characters unescaped), integers in
 // decimal, floats always with a fraction or an exponent so that 1 and 1.0
 // stay distinct. Comments, key order, quoting and layout of the TOML file
-// are not covered: they carry no meaning. The root entry wasm_sha256 is
-// covered: it is how a signature covers the module's bytes.
+// are not covered: they carry no meaning. The root entries wasm_sha256
+// and skills_sha256 are covered: they are how a signature covers the
+// module's bytes and the skills/ files.
 func (m *Manifest) CanonicalBytes() []byte {
 	return m.canonical(fieldSignature, fieldPublisherKey)
 }
@@ -203,13 +204,15 @@ func (v Verdict) Verified() bool { return v.Status == StatusTrusted || v.Status 
 
 // Verify checks m's signature against its publisher key and, unless the
 // plugin is skill-only, module (the bytes at wasm_path) against the
-// wasm_sha256 the signature covers. A signature over the manifest alone
-// let anyone swap the module of a signed plugin, in the package before
-// install or in the folder after, and the plugin still verified as its
-// publisher's; a signed manifest without wasm_sha256 (made before
-// signatures covered the module) is therefore refused, with a word on
-// how to sign it again.
-func Verify(m *Manifest, module []byte) error {
+// wasm_sha256 the signature covers; for a plugin with the skill
+// capability, skills (SkillFiles.Digest of its skills/ folder) against
+// skills_sha256 likewise. A signature over the manifest alone let anyone
+// swap the module or the skill files of a signed plugin, in the package
+// before install or in the folder after, and the plugin still verified
+// as its publisher's; a signed manifest without the digest (made before
+// signatures covered the files) is therefore refused, with a word on how
+// to sign it again.
+func Verify(m *Manifest, module []byte, skills string) error {
 	if !m.Signed() {
 		return errors.New("the manifest is not signed")
 	}
@@ -224,6 +227,14 @@ func Verify(m *Manifest, module []byte) error {
 	if !ed25519.Verify(ed25519.PublicKey(key), m.CanonicalBytes(), sig) {
 		return errors.New("the signature does not match the manifest")
 	}
+	if m.Has(CapSkill) {
+		if m.SkillsSHA256 == "" {
+			return errors.New("the signature does not cover the skills/ files: the manifest has no skills_sha256 (signed before signatures covered them); sign it again with `clawmesh plugin sign`")
+		}
+		if skills != m.SkillsSHA256 {
+			return fmt.Errorf("the skills/ files do not match the signed manifest: their digest is %s, skills_sha256 says %s (changed after signing?)", skills, m.SkillsSHA256)
+		}
+	}
 	if m.WasmPath == "" {
 		return nil
 	}
@@ -237,32 +248,38 @@ func Verify(m *Manifest, module []byte) error {
 }
 
 // CheckDigests refuses a module that does not match the manifest's
-// wasm_sha256, signed or not: the digest is the package's own word on
-// its module, and a mismatch means a broken or tampered package
-// whichever signature_mode is in force. A manifest without wasm_sha256
-// asserts nothing here.
-func CheckDigests(m *Manifest, module []byte) error {
-	if m.WasmPath == "" || m.WasmSHA256 == "" {
-		return nil
+// wasm_sha256, and skills/ files (skills, their digest) that do not
+// match its skills_sha256, signed or not: a digest is the package's own
+// word on its files, and a mismatch means a broken or tampered package
+// whichever signature_mode is in force. A digest left out asserts
+// nothing here.
+func CheckDigests(m *Manifest, module []byte, skills string) error {
+	if m.WasmPath != "" && m.WasmSHA256 != "" {
+		if got := ModuleDigest(module); got != m.WasmSHA256 {
+			return fmt.Errorf("%w: the module at %s has SHA-256 %s, but the manifest's wasm_sha256 says %s (a broken or tampered package; refused whatever signature_mode)",
+				ErrDigest, m.WasmPath, got, m.WasmSHA256)
+		}
 	}
-	if got := ModuleDigest(module); got != m.WasmSHA256 {
-		return fmt.Errorf("%w: the module at %s has SHA-256 %s, but the manifest's wasm_sha256 says %s (a broken or tampered package; refused whatever signature_mode)",
-			ErrDigest, m.WasmPath, got, m.WasmSHA256)
+	if m.Has(CapSkill) && m.SkillsSHA256 != "" && skills != m.SkillsSHA256 {
+		return fmt.Errorf("%w: the skills/ files have digest %s, but the manifest's skills_sha256 says %s (a broken or tampered package; refused whatever signature_mode)",
+			ErrDigest, skills, m.SkillsSHA256)
 	}
 	return nil
 }
 
-// Check applies the policy to m and its module (nil for a skill-only
-// plugin). A module that does not match wasm_sha256 is an error wrapping
-// ErrDigest in every mode (CheckDigests). Otherwise, in strict mode
+// Check applies the policy to m, its module (nil for a skill-only
+// plugin) and its skills/ files' digest (SkillFiles.Digest; "" without
+// the skill capability). Files that do not match wasm_sha256 or
+// skills_sha256 are an error wrapping ErrDigest in every mode
+// (CheckDigests). Otherwise, in strict mode
 // anything but a signature verified under a trusted key is an error
 // wrapping ErrSignature; in permissive mode the verdict carries a
 // warning instead; in disabled mode nothing is checked.
-func (p Policy) Check(m *Manifest, module []byte) (Verdict, error) {
-	v, err := p.check(m, module)
+func (p Policy) Check(m *Manifest, module []byte, skills string) (Verdict, error) {
+	v, err := p.check(m, module, skills)
 	// Before the policy's verdict: permissive and disabled load what is
 	// unsigned or wrongly signed, never what its own digests disown.
-	if derr := CheckDigests(m, module); derr != nil {
+	if derr := CheckDigests(m, module, skills); derr != nil {
 		if err != nil {
 			// Strict refused it too: both are said, and both match.
 			return v, fmt.Errorf("%w; and %w", derr, err)
@@ -272,12 +289,12 @@ func (p Policy) Check(m *Manifest, module []byte) (Verdict, error) {
 	return v, err
 }
 
-func (p Policy) check(m *Manifest, module []byte) (Verdict, error) {
+func (p Policy) check(m *Manifest, module []byte, skills string) (Verdict, error) {
 	if p.Mode == ModeDisabled {
 		return Verdict{Status: StatusUnchecked}, nil
 	}
 	var v Verdict
-	switch err := Verify(m, module); {
+	switch err := Verify(m, module, skills); {
 	case !m.Signed():
 		v = Verdict{Status: StatusUnsigned, Warning: "the manifest is not signed"}
 	case err != nil:
@@ -294,17 +311,19 @@ func (p Policy) check(m *Manifest, module []byte) (Verdict, error) {
 	return v, nil
 }
 
-// rootSigLine matches a root-level signature, publisher_key or
-// wasm_sha256 assignment.
-var rootSigLine = regexp.MustCompile(`^\s*("?)(signature|publisher_key|wasm_sha256)("?)\s*=`)
+// rootSigLine matches a root-level signature, publisher_key,
+// wasm_sha256 or skills_sha256 assignment.
+var rootSigLine = regexp.MustCompile(`^\s*("?)(signature|publisher_key|wasm_sha256|skills_sha256)("?)\s*=`)
 
 // Sign returns the manifest file text with a fresh signature, the
 // publisher key of priv and, unless the plugin is skill-only, the
-// wasm_sha256 of module (the bytes at wasm_path), which the signature
-// covers. Root signature, publisher_key and wasm_sha256 lines already in
-// the file are removed and the new ones are written first; the result is
-// parsed and verified again before it is returned.
-func Sign(data, module []byte, priv ed25519.PrivateKey) ([]byte, error) {
+// wasm_sha256 of module (the bytes at wasm_path), and for a plugin with
+// the skill capability skills_sha256 = skills (SkillFiles.Digest of its
+// skills/ folder), which the signature covers. Root signature,
+// publisher_key, wasm_sha256 and skills_sha256 lines already in the file
+// are removed and the new ones are written first; the result is parsed
+// and verified again before it is returned.
+func Sign(data, module []byte, skills string, priv ed25519.PrivateKey) ([]byte, error) {
 	m, err := Parse(data)
 	if err != nil {
 		return nil, err
@@ -323,15 +342,21 @@ func Sign(data, module []byte, priv ed25519.PrivateKey) ([]byte, error) {
 	}
 	body := strings.Join(kept, "")
 	unsigned, err := Parse([]byte(body))
-	if err != nil || unsigned.Signed() || unsigned.WasmSHA256 != "" {
-		return nil, fmt.Errorf("%w: cannot remove the old signature lines; write signature, publisher_key and wasm_sha256 as plain one-line root keys", ErrInvalid)
+	if err != nil || unsigned.Signed() || unsigned.WasmSHA256 != "" || unsigned.SkillsSHA256 != "" {
+		return nil, fmt.Errorf("%w: cannot remove the old signature lines; write signature, publisher_key, wasm_sha256 and skills_sha256 as plain one-line root keys", ErrInvalid)
 	}
-	if !bytes.Equal(unsigned.canonical(fieldWasmSHA256), m.canonical(fieldSignature, fieldPublisherKey, fieldWasmSHA256)) {
+	if !bytes.Equal(unsigned.canonical(fieldWasmSHA256, fieldSkillsSHA256), m.canonical(fieldSignature, fieldPublisherKey, fieldWasmSHA256, fieldSkillsSHA256)) {
 		return nil, fmt.Errorf("%w: removing the old signature lines changed the manifest", ErrInvalid)
 	}
 	head := ""
 	if m.WasmPath != "" {
 		head = fmt.Sprintf("wasm_sha256 = %q\n", ModuleDigest(module))
+	}
+	if m.Has(CapSkill) {
+		if !hexKey.MatchString(skills) {
+			return nil, fmt.Errorf("%w: no digest of the skills/ files to sign", ErrSignature)
+		}
+		head += fmt.Sprintf("skills_sha256 = %q\n", skills)
 	}
 	toSign, err := Parse([]byte(head + body))
 	if err != nil {
@@ -344,7 +369,7 @@ func Sign(data, module []byte, priv ed25519.PrivateKey) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := Verify(signed, module); err != nil {
+	if err := Verify(signed, module, skills); err != nil {
 		return nil, fmt.Errorf("%w: the signed manifest does not verify: %v", ErrSignature, err)
 	}
 	return []byte(out), nil

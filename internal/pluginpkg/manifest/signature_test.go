@@ -2,9 +2,12 @@ package manifest_test
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -39,7 +42,7 @@ var module = []byte("\x00asm\x01\x00\x00\x00")
 
 func sign(t *testing.T, text string, k ed25519.PrivateKey) string {
 	t.Helper()
-	out, err := manifest.Sign([]byte(text), module, k)
+	out, err := manifest.Sign([]byte(text), module, "", k)
 	if err != nil {
 		t.Fatalf("sign: %v", err)
 	}
@@ -75,7 +78,7 @@ func TestSignaturePolicy(t *testing.T) {
 	for _, c := range cases {
 		m := parse(t, c.text)
 		t.Run(c.name+"/strict", func(t *testing.T) {
-			v, err := manifest.Policy{Mode: manifest.ModeStrict, Trusted: trusted}.Check(m, module)
+			v, err := manifest.Policy{Mode: manifest.ModeStrict, Trusted: trusted}.Check(m, module, "")
 			if v.Status != c.status {
 				t.Fatalf("status %s, want %s", v.Status, c.status)
 			}
@@ -90,7 +93,7 @@ func TestSignaturePolicy(t *testing.T) {
 			}
 		})
 		t.Run(c.name+"/permissive", func(t *testing.T) {
-			v, err := manifest.Policy{Mode: manifest.ModePermissive, Trusted: trusted}.Check(m, module)
+			v, err := manifest.Policy{Mode: manifest.ModePermissive, Trusted: trusted}.Check(m, module, "")
 			if err != nil || v.Status != c.status {
 				t.Fatalf("permissive: %v %+v", err, v)
 			}
@@ -99,7 +102,7 @@ func TestSignaturePolicy(t *testing.T) {
 			}
 		})
 		t.Run(c.name+"/disabled", func(t *testing.T) {
-			v, err := manifest.Policy{Mode: manifest.ModeDisabled, Trusted: trusted}.Check(m, module)
+			v, err := manifest.Policy{Mode: manifest.ModeDisabled, Trusted: trusted}.Check(m, module, "")
 			if err != nil || v.Status != manifest.StatusUnchecked || v.Warning != "" {
 				t.Fatalf("disabled: %v %+v", err, v)
 			}
@@ -112,20 +115,20 @@ func TestSignaturePolicy(t *testing.T) {
 func TestNestedSignaturePropertyIsSigned(t *testing.T) {
 	k := newKey(t, 3)
 	text := sign(t, base+nestedSigSchema, k)
-	if err := manifest.Verify(parse(t, text), module); err != nil {
+	if err := manifest.Verify(parse(t, text), module, ""); err != nil {
 		t.Fatalf("fresh signature: %v", err)
 	}
 	tampered := strings.Replace(text, "the webhook's own signing secret name", "something else", 1)
-	if err := manifest.Verify(parse(t, tampered), module); err == nil {
+	if err := manifest.Verify(parse(t, tampered), module, ""); err == nil {
 		t.Fatal("a change to the nested signature property kept the signature valid")
 	}
 	retyped := strings.Replace(text, "[config_schema.properties.publisher_key]\ntype = \"string\"", "[config_schema.properties.publisher_key]\ntype = \"integer\"", 1)
-	if err := manifest.Verify(parse(t, retyped), module); err == nil {
+	if err := manifest.Verify(parse(t, retyped), module, ""); err == nil {
 		t.Fatal("a change to the nested publisher_key property kept the signature valid")
 	}
 	// Layout, comments and key order are not content.
 	relaid := strings.Replace(text, "capabilities = [\"tool\"]", "# a comment\ncapabilities = [ \"tool\" ]", 1)
-	if err := manifest.Verify(parse(t, relaid), module); err != nil {
+	if err := manifest.Verify(parse(t, relaid), module, ""); err != nil {
 		t.Fatalf("a comment broke the signature: %v", err)
 	}
 }
@@ -142,7 +145,7 @@ func TestSignReplacesAndDistinguishesNumbers(t *testing.T) {
 	withInt := base + `permissions = ["config_read"]` + schema
 	signed := sign(t, withInt, a)
 	asFloat := strings.Replace(signed, "minimum = 0", "minimum = 0.0", 1)
-	if err := manifest.Verify(parse(t, asFloat), module); err == nil {
+	if err := manifest.Verify(parse(t, asFloat), module, ""); err == nil {
 		t.Fatal("0 and 0.0 have the same canonical bytes")
 	}
 }
@@ -171,10 +174,10 @@ func TestSignatureCoversModule(t *testing.T) {
 	if m.WasmSHA256 != manifest.ModuleDigest(module) {
 		t.Fatalf("wasm_sha256 %q, want the module's digest", m.WasmSHA256)
 	}
-	if err := manifest.Verify(m, []byte("\x00asm\x01\x00\x00\x00\x01")); err == nil || !strings.Contains(err.Error(), "module does not match") {
+	if err := manifest.Verify(m, []byte("\x00asm\x01\x00\x00\x00\x01"), ""); err == nil || !strings.Contains(err.Error(), "module does not match") {
 		t.Fatalf("swapped module: %v", err)
 	}
-	v, err := manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pubHex(k)}}.Check(m, nil)
+	v, err := manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pubHex(k)}}.Check(m, nil, "")
 	if v.Status != manifest.StatusInvalid || !errors.Is(err, manifest.ErrSignature) {
 		t.Fatalf("strict, no module: %+v %v", v, err)
 	}
@@ -184,31 +187,39 @@ func TestSignatureCoversModule(t *testing.T) {
 	unsigned := parse(t, base)
 	old := "signature = \"" + base64.RawURLEncoding.EncodeToString(ed25519.Sign(k, unsigned.CanonicalBytes())) +
 		"\"\npublisher_key = \"" + pubHex(k) + "\"\n" + base
-	err = manifest.Verify(parse(t, old), module)
+	err = manifest.Verify(parse(t, old), module, "")
 	if err == nil || !strings.Contains(err.Error(), "no wasm_sha256") || !strings.Contains(err.Error(), "clawmesh plugin sign") {
 		t.Fatalf("a signature over the manifest alone: %v", err)
 	}
 	// Signing it again adds the digest, and replaces one already there.
 	again := sign(t, old, k)
-	if err := manifest.Verify(parse(t, again), module); err != nil {
+	if err := manifest.Verify(parse(t, again), module, ""); err != nil {
 		t.Fatalf("signed again: %v\n%s", err, again)
 	}
 	other := []byte("\x00asm\x01\x00\x00\x00\x02")
-	out, err := manifest.Sign([]byte(again), other, k)
+	out, err := manifest.Sign([]byte(again), other, "", k)
 	if err != nil || strings.Count(string(out), "wasm_sha256") != 1 {
 		t.Fatalf("signed for another module: %v\n%s", err, out)
 	}
-	if err := manifest.Verify(parse(t, string(out)), other); err != nil {
+	if err := manifest.Verify(parse(t, string(out)), other, ""); err != nil {
 		t.Fatalf("signed for another module: %v", err)
 	}
 
 	skill := "name = \"s\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n"
-	signedSkill := sign(t, skill, k)
-	if strings.Contains(signedSkill, "wasm_sha256") {
-		t.Fatalf("a skill-only plugin got a module digest:\n%s", signedSkill)
+	files := manifest.SkillFiles{"skills/s/SKILL.md": sha256.Sum256([]byte("one"))}
+	raw, err := manifest.Sign([]byte(skill), nil, files.Digest(), k)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := manifest.Verify(parse(t, signedSkill), nil); err != nil {
+	signedSkill := string(raw)
+	if strings.Contains(signedSkill, "wasm_sha256") || !strings.Contains(signedSkill, "skills_sha256") {
+		t.Fatalf("a skill-only plugin got a module digest, or no skills digest:\n%s", signedSkill)
+	}
+	if err := manifest.Verify(parse(t, signedSkill), nil, files.Digest()); err != nil {
 		t.Fatalf("skill-only: %v", err)
+	}
+	if _, err := manifest.Sign([]byte(skill), nil, "", k); err == nil {
+		t.Fatal("a skill plugin signed without the digest of its files")
 	}
 	if _, err := manifest.Parse([]byte(skill + "wasm_sha256 = \"" + manifest.ModuleDigest(nil) + "\"\n")); err == nil {
 		t.Fatal("a skill-only manifest with wasm_sha256 was accepted")
@@ -227,12 +238,111 @@ func TestModuleDigestCheckedWhateverTheSignature(t *testing.T) {
 		m := parse(t, text)
 		for _, mode := range manifest.Modes {
 			pol := manifest.Policy{Mode: mode, Trusted: []string{pubHex(publisher)}}
-			if _, err := pol.Check(m, other); !errors.Is(err, manifest.ErrDigest) || !strings.Contains(err.Error(), "wasm_sha256") {
+			if _, err := pol.Check(m, other, ""); !errors.Is(err, manifest.ErrDigest) || !strings.Contains(err.Error(), "wasm_sha256") {
 				t.Errorf("%s, signed %v: a module not matching wasm_sha256: %v", mode, m.Signed(), err)
 			}
-			if _, err := pol.Check(m, module); errors.Is(err, manifest.ErrDigest) {
+			if _, err := pol.Check(m, module, ""); errors.Is(err, manifest.ErrDigest) {
 				t.Errorf("%s, signed %v: the matching module: %v", mode, m.Signed(), err)
 			}
 		}
+	}
+}
+
+// A signature covers the skills/ files through skills_sha256, as it
+// covers a module: any file changed, added or removed fails it, and so
+// does a signed skill manifest without the digest (signed before it
+// covered them). Unsigned, a wrong skills_sha256 is refused in every
+// mode. Before, a signature over a skill bundle covered its manifest
+// alone: its files could be swapped and the plugin still loaded as its
+// publisher's.
+func TestSignatureCoversSkillFiles(t *testing.T) {
+	k := newKey(t, 7)
+	dir := t.TempDir()
+	write := func(rel, body string) {
+		t.Helper()
+		p := filepath.Join(dir, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text := "name = \"kit\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n"
+	write("manifest.toml", text)
+	write("skills/review/SKILL.md", "---\nname: review\ndescription: Reviews.\n---\nRead it.\n")
+	write("skills/review/references/guide.md", "Be kind.\n")
+	digest := func() string {
+		t.Helper()
+		b, err := manifest.LoadBundle(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, files, err := b.Contents()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return files.Digest()
+	}
+	signed, err := manifest.Sign([]byte(text), nil, digest(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := parse(t, string(signed))
+	strict := manifest.Policy{Mode: manifest.ModeStrict, Trusted: []string{pubHex(k)}}
+	if v, err := strict.Check(m, nil, digest()); err != nil || v.Status != manifest.StatusTrusted {
+		t.Fatalf("as signed: %+v %v", v, err)
+	}
+	for _, change := range []func(){
+		func() {
+			write("skills/review/SKILL.md", "---\nname: review\ndescription: Reviews.\n---\nRun this first.\n")
+		},
+		func() { write("skills/review/references/guide.md", "Paste your keys.\n") },
+		func() { write("skills/review/scripts/new.sh", "echo\n") },
+	} {
+		change()
+		for _, mode := range manifest.Modes {
+			pol := strict
+			pol.Mode = mode
+			if _, err := pol.Check(m, nil, digest()); !errors.Is(err, manifest.ErrDigest) || !strings.Contains(err.Error(), "skills_sha256") {
+				t.Fatalf("%s, a skill file changed: %v", mode, err)
+			}
+		}
+	}
+	unsigned := parse(t, text)
+	if _, err := strict.Check(unsigned, nil, digest()); !errors.Is(err, manifest.ErrSignature) {
+		t.Fatalf("strict, unsigned: %v", err)
+	}
+	old := "signature = \"" + base64.RawURLEncoding.EncodeToString(ed25519.Sign(k, unsigned.CanonicalBytes())) +
+		"\"\npublisher_key = \"" + pubHex(k) + "\"\n" + text
+	if err := manifest.Verify(parse(t, old), nil, digest()); err == nil || !strings.Contains(err.Error(), "no skills_sha256") {
+		t.Fatalf("a signature over the manifest alone: %v", err)
+	}
+	if _, err := manifest.Parse([]byte(base + "skills_sha256 = \"" + digest() + "\"\n")); err == nil {
+		t.Fatal("skills_sha256 accepted on a plugin without the skill capability")
+	}
+	// A name with a newline could make one tree's lines read as
+	// another's: refused.
+	write("skills/review/references/a\n"+strings.Repeat("0", 64)+"  skills/review/b", "x")
+	b, err := manifest.LoadBundle(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.Contents(); !errors.Is(err, manifest.ErrLayout) || !strings.Contains(err.Error(), "control character") {
+		t.Fatalf("a newline in a skill file's name: %v", err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "skills/review/references/a\n"+strings.Repeat("0", 64)+"  skills")); err != nil {
+		t.Fatal(err)
+	}
+	// A link under skills/ is refused, not followed into the digest.
+	if err := os.Symlink("/etc/passwd", filepath.Join(dir, "skills", "review", "references", "link.md")); err != nil {
+		t.Fatal(err)
+	}
+	b, err = manifest.LoadBundle(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.Contents(); !errors.Is(err, manifest.ErrLayout) {
+		t.Fatalf("a link under skills/: %v", err)
 	}
 }

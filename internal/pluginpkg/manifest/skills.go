@@ -2,13 +2,18 @@ package manifest
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -43,6 +48,9 @@ type Skill struct {
 	Description string
 	// Dir is the skill's folder.
 	Dir string
+	// Files are the bundle's files as loaded (discovery fills them): a
+	// file is served only while it still has the digest checked.
+	Files SkillFiles
 }
 
 // SkillID is the namespaced id of a plugin's skill.
@@ -179,4 +187,100 @@ func FrontMatter(data []byte) (SkillFrontMatter, error) {
 		*dst = s
 	}
 	return fm, nil
+}
+
+// Limits of the skills/ folder whose files a signature covers.
+const (
+	// MaxSkillTreeFiles bounds the files and folders under skills/, as
+	// an install bounds an archive's entries.
+	MaxSkillTreeFiles = 10000
+	// MaxSkillTreeBytes bounds the bytes of every file under skills/
+	// together, as an install bounds what it extracts.
+	MaxSkillTreeBytes = 256 << 20
+)
+
+// SkillFiles is the SHA-256 of every file under a plugin's skills/
+// folder, by its slash path from the plugin folder (skills/<skill>/...).
+type SkillFiles map[string][sha256.Size]byte
+
+// Digest is what skills_sha256 holds for these files: the SHA-256, in
+// lower-case hexadecimal, of one line "<hex SHA-256>  <path>\n" a file,
+// in byte order of path (what `sha256sum` prints, sorted). Folders are
+// not covered, only the files in them. Nil (no skills/ read) is "".
+func (f SkillFiles) Digest() string {
+	if f == nil {
+		return ""
+	}
+	paths := make([]string, 0, len(f))
+	for p := range f {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	h := sha256.New()
+	for _, p := range paths {
+		sum := f[p]
+		fmt.Fprintf(h, "%s  %s\n", hex.EncodeToString(sum[:]), p)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// SkillFileOf is the key of SkillFiles for the file at rel (a slash
+// path) inside skill sk's folder.
+func SkillFileOf(sk Skill, rel string) string { return SkillsDir + "/" + sk.Name + "/" + rel }
+
+// ReadSkillFiles hashes every file under the bundle's skills/ folder,
+// read through the plugin folder as an os.Root: a symbolic link, or
+// anything but a folder or a regular file, is refused (as LoadSkills
+// and ReadSkill refuse them), and so are more than MaxSkillTreeFiles
+// entries or MaxSkillTreeBytes bytes.
+func (b *Bundle) ReadSkillFiles() (SkillFiles, error) {
+	root, err := os.OpenRoot(b.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrLayout, SkillsDir, err)
+	}
+	defer root.Close()
+	files := SkillFiles{}
+	var entries int
+	var total int64
+	err = fs.WalkDir(root.FS(), SkillsDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if entries++; entries > MaxSkillTreeFiles {
+			return fmt.Errorf("more than %d files and folders", MaxSkillTreeFiles)
+		}
+		// A path is one line of what Digest hashes: a newline in a
+		// name would let one tree's lines read as another's.
+		if strings.ContainsFunc(p, unicode.IsControl) {
+			return fmt.Errorf("%q: a name holds a control character", p)
+		}
+		switch {
+		case d.IsDir():
+			return nil
+		case !d.Type().IsRegular():
+			return fmt.Errorf("%s is not a regular file or a folder (a symbolic link?)", p)
+		}
+		f, err := root.OpenFile(filepath.FromSlash(p), os.O_RDONLY|oNonBlock|oNoFollow, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("%s is not a regular file", p)
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, io.LimitReader(f, MaxSkillTreeBytes-total+1))
+		if err != nil {
+			return err
+		}
+		if total += n; total > MaxSkillTreeBytes {
+			return fmt.Errorf("its files hold more than %d bytes", MaxSkillTreeBytes)
+		}
+		files[p] = [sha256.Size]byte(h.Sum(nil))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrLayout, SkillsDir, err)
+	}
+	return files, nil
 }
