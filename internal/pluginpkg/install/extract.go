@@ -21,7 +21,8 @@ import (
 //
 // Before anything is written, every entry name is checked: no absolute
 // path, no Windows drive letter or backslash, no ".." segment, no link or
-// other special file, no duplicate, no name past maxEntryName bytes or
+// other special file, no duplicate, no file that is also a folder of
+// another entry, no name past maxEntryName bytes or
 // maxEntryDepth folders deep, at most lim.Entries files and folders (the
 // folders an entry's path makes counted too) and exactly one
 // manifest.toml, at the root or one level down. While writing,
@@ -65,9 +66,25 @@ func Extract(r io.ReaderAt, size int64, dest string, lim Limits) (string, error)
 	// entries 1,900 folders deep made 380,201 of them (1.45 GiB of disk)
 	// within an ExpandedBytes of 64.
 	folders := map[string]bool{}
+	files := map[string]bool{}
 	for _, e := range entries {
-		for d := path.Dir(e.name); d != "." && !seen[d] && !folders[d]; d = path.Dir(d) {
+		if !e.dir {
+			files[e.name] = true
+		}
+	}
+	for _, e := range entries {
+		for d := path.Dir(e.name); d != "." && !folders[d]; d = path.Dir(d) {
+			// A file that is also an entry's folder failed halfway
+			// through the writing, naming a staging path.
+			if files[d] {
+				return "", fmt.Errorf("%w: %q is both a file and a folder (of %q)", ErrArchive, d, e.name)
+			}
 			folders[d] = true
+		}
+	}
+	for d := range folders {
+		if seen[d] {
+			delete(folders, d) // listed: counted among the entries
 		}
 	}
 	if n := len(entries) + len(folders); n > lim.Entries {

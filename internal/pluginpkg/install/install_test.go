@@ -611,3 +611,26 @@ func signDir(dir string, text []byte, key ed25519.PrivateKey) ([]byte, error) {
 	}
 	return manifest.Sign(text, nil, files.Digest(), key)
 }
+
+// An entry that is a file and the folder of another entry is refused as
+// the archive's fault, before anything is written, whichever comes
+// first. It failed halfway through the extraction instead, with the
+// files before it written and an error naming a staging path ("install:
+// extract: mkdir .../plugin.wasm: not a directory"), not the archive.
+func TestExtractRefusesAFileThatIsAlsoAFolder(t *testing.T) {
+	tm := toolManifest("cal", "1.0.0")
+	for _, entries := range [][]zipEntry{
+		{{Name: "manifest.toml", Body: tm}, {Name: "plugin.wasm", Body: "wasm"}, {Name: "plugin.wasm/x", Body: "y"}},
+		{{Name: "manifest.toml", Body: tm}, {Name: "sub/deeper/x", Body: "x"}, {Name: "sub", Body: "y"}},
+	} {
+		data := makeZip(t, entries...)
+		dest := t.TempDir()
+		_, err := install.Extract(bytes.NewReader(data), int64(len(data)), dest, install.Limits{})
+		if !errors.Is(err, install.ErrArchive) || !strings.Contains(err.Error(), "both a file and a folder") {
+			t.Fatalf("%v: err = %v", entries, err)
+		}
+		if left, _ := os.ReadDir(dest); len(left) != 0 {
+			t.Fatalf("written before the refusal: %v", left)
+		}
+	}
+}
