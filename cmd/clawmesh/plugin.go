@@ -38,7 +38,8 @@ commands:
                             manifest.toml: a bare NAME is always the registry's, even when the
                             current directory holds a folder of that name)
   remove NAME               uninstall (--purge also deletes plugins.entries.<key>
-                            and the plugin's memory journal)
+                            and the plugin's memory journal, of a plugin
+                            removed before too)
   info NAME                 manifest, signature and the default tool binding's instance key
   sign --key FILE PATH      sign PATH (a plugin dir or its manifest.toml) with an Ed25519 key
   keygen --out FILE         write a new Ed25519 key (hex seed, 0600) and print its public key
@@ -345,10 +346,17 @@ func (p *pluginEnv) remove(name string, purge bool) error {
 		return err
 	}
 	dir, err := in.Remove(name)
-	if err != nil {
+	switch {
+	case purge && errors.Is(err, install.ErrNotInstalled) && manifest.NamePattern.MatchString(name):
+		// What a plain remove kept (the journal, the config entry) is
+		// what --purge is for, and it is still there after the plugin
+		// is gone: nothing else deletes it.
+		fmt.Fprintf(p.out, "%s is not installed in %s; purging what it left\n", name, in.PluginsDir)
+	case err != nil:
 		return fmt.Errorf("plugin remove: %w", err)
+	default:
+		fmt.Fprintf(p.out, "removed %s from %s\n", name, dir)
 	}
-	fmt.Fprintf(p.out, "removed %s from %s\n", name, dir)
 	if !purge {
 		return nil
 	}

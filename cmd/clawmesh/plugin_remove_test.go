@@ -143,3 +143,32 @@ func TestPluginRemovePurgeActsOnTheStacksDataDir(t *testing.T) {
 		t.Fatalf("config/delete %v; output:\n%s", deleted, out.String())
 	}
 }
+
+// remove keeps a memory plugin's journal so that a reinstall gets its
+// memories back; `remove --purge` of a plugin removed before must still
+// delete it. It failed "not installed" and left the journal for good:
+// nothing else in the CLI ever deleted it.
+func TestPluginPurgeAfterRemove(t *testing.T) {
+	data := t.TempDir()
+	plugins := filepath.Join(data, "plugins")
+	socket := filepath.Join(t.TempDir(), "none.sock")
+	journal := filepath.Join(data, "memories", "kv.jsonl")
+	writeTestFile(t, journal, []byte(`{"op":"store","key":"YQ=="}`+"\n"))
+	var out bytes.Buffer
+	err := pluginCmd([]string{"remove", "--purge", "--plugins-dir", plugins, "--config-dir", data, "--socket", socket, "kv"}, &out)
+	// The stack is not running: the config entry stays, and says so.
+	if err == nil || !strings.Contains(err.Error(), "config entry was kept") {
+		t.Fatalf("remove --purge of a removed plugin: %v\n%s", err, out.String())
+	}
+	if _, err := os.Stat(journal); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the journal of a plugin removed before was kept: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "kv is not installed") {
+		t.Fatalf("output does not say the plugin was not installed:\n%s", out.String())
+	}
+	// Without --purge, a plugin not installed is still an error.
+	out.Reset()
+	if err := pluginCmd([]string{"remove", "--plugins-dir", plugins, "--config-dir", data, "--socket", socket, "kv"}, &out); err == nil {
+		t.Fatalf("remove of a plugin not installed succeeded:\n%s", out.String())
+	}
+}
