@@ -398,7 +398,18 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 }
 
 func (p *Prepared) initdb(ctx context.Context, pgdata string, log *zap.Logger) error {
-	args := []string{"-D", pgdata, "-U", dbUser, "-E", "UTF8", "--locale=C", "--no-sync"}
+	// initdb fills a folder of its own, renamed into place once whole.
+	// It writes PG_VERSION first and global/pg_control last: one cut
+	// short (the launcher killed with its children, the machine stopped)
+	// left a data folder every later start took for a cluster, on which
+	// the server refused to run, at each start, for want of pg_control.
+	// What a cut-short run left here is cleared first (its files are the
+	// server account's: RemoveAll follows no link they put there).
+	tmp := pgdata + ".initdb"
+	if err := os.RemoveAll(tmp); err != nil {
+		return fmt.Errorf("initdb: clear an earlier attempt: %w", err)
+	}
+	args := []string{"-D", tmp, "-U", dbUser, "-E", "UTF8", "--locale=C", "--no-sync"}
 	if p.password == "" {
 		args = append(args, "--auth=trust")
 	} else {
@@ -420,6 +431,9 @@ func (p *Prepared) initdb(ctx context.Context, pgdata string, log *zap.Logger) e
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("initdb: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	if err := os.Rename(tmp, pgdata); err != nil {
+		return fmt.Errorf("initdb: %w", err)
 	}
 	log.Info("postgres cluster created", zap.String("pgdata", pgdata), zap.Bool("password", p.password != ""))
 	return nil

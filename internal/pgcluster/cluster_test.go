@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -181,4 +182,49 @@ func exec(t *testing.T, ctx context.Context, url, sql string) {
 	if _, err := conn.Exec(ctx, sql); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// An initdb cut short (killed with the launcher, or the machine
+// stopped) leaves nothing the next start takes for a cluster: that start
+// creates one and its server runs. initdb writes PG_VERSION first and
+// global/pg_control last; here a stand-in initdb stops for good between
+// the two.
+func TestInitdbCutShortIsMadeAgain(t *testing.T) {
+	ctx, opts := newCluster(t)
+	bin, err := pgcluster.Binaries()
+	if err != nil {
+		t.Skip(err)
+	}
+	// Reachable by the server's account when the test runs as root.
+	fake, err := os.MkdirTemp("", "cm-initdb-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(fake) })
+	if err := os.Chmod(fake, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := "#!/bin/sh\n" +
+		"while [ $# -gt 0 ]; do [ \"$1\" = -D ] && d=$2; shift; done\n" +
+		"mkdir -p \"$d/global\" && echo 15 > \"$d/PG_VERSION\"\n" +
+		"kill -9 $$\n"
+	if err := os.WriteFile(filepath.Join(fake, "initdb"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(bin, "postgres"), filepath.Join(fake, "postgres")); err != nil {
+		t.Fatal(err)
+	}
+	path := os.Getenv("PATH")
+	t.Setenv("PATH", fake+string(os.PathListSeparator)+path)
+	if c, err := pgcluster.Start(ctx, opts); err == nil {
+		c.Stop()
+		t.Fatal("a killed initdb gave a cluster")
+	}
+	t.Setenv("PATH", path)
+	c, err := pgcluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("the start after an initdb cut short: %v", err)
+	}
+	defer c.Stop()
+	exec(t, ctx, c.URL(), "CREATE TABLE t (v int)")
 }
