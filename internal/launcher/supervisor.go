@@ -231,6 +231,13 @@ func (s *supervisor) spawn(p *proc) error {
 	go func() {
 		defer s.wg.Done()
 		_ = cmd.Wait()
+		// Nothing the run started outlives it: every process leads its
+		// own group (Setpgid), which its children share. A PostgreSQL
+		// killed outright during its crash recovery left its startup
+		// process holding the cluster's shared memory, and each restart
+		// refused to run ("pre-existing shared memory block is still in
+		// use") until that process gave up, a minute later.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		// The run's last lines are in its log before the exit is seen
 		// (lastLine reads them). A process of its own that outlives it
 		// (a PostgreSQL backend) may keep the pipe open: its lines are

@@ -458,3 +458,53 @@ func TestProcessLogsStayInTheirBound(t *testing.T) {
 		t.Fatalf("cause %v", err)
 	}
 }
+
+// A run that dies leaves nothing it started running: its process group
+// is killed once it has exited. A PostgreSQL killed outright during its
+// crash recovery left its startup process holding the cluster's shared
+// memory, and every restart refused to run ("pre-existing shared memory
+// block is still in use") until that process gave up, a minute later.
+func TestExitedRunLeavesNothingRunning(t *testing.T) {
+	r := newRig(t, 0)
+	r.sup.minBackoff = 50 * time.Millisecond
+	childFile := filepath.Join(r.dir, "child")
+	p := &proc{name: "server", command: func() *exec.Cmd {
+		// Its child is in its process group, as a postmaster's are.
+		cmd := exec.Command("sh", "-c", `sleep 300 & echo $! > "$0"; exec sleep 300`, childFile)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		return cmd
+	}}
+	if err := r.sup.start(p, noStop); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	r.eventually(10*time.Second, func() error {
+		raw, err := os.ReadFile(childFile)
+		if err == nil {
+			child, err = strconv.Atoi(strings.TrimSpace(string(raw)))
+		}
+		return err
+	})
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	if err := p.current().cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	r.eventually(10*time.Second, func() error {
+		if running(child) {
+			return fmt.Errorf("the child %d of the killed run still runs", child)
+		}
+		return nil
+	})
+}
+
+// running reports whether pid is a process that has not exited (a
+// zombie has: nothing may reap it here).
+func running(pid int) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
