@@ -30,6 +30,13 @@ import (
 // ErrBadMigration reports a migration file whose name is not NNNN_name.sql.
 var ErrBadMigration = errors.New("migration file name must be NNNN_name.sql")
 
+// ErrNewerSchema reports a schema that a newer version of the program has
+// migrated past the migrations this one knows: its code does not keep
+// what the newer tables expect (a counter a newer version maintains, a
+// column it fills), so running would leave the data wrong for the newer
+// version when it comes back. A restart does not mend it.
+var ErrNewerSchema = errors.New("the database was migrated by a newer version")
+
 var schemaName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 
 // Open connects to url with search_path set to schema, creates the schema
@@ -183,8 +190,13 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 	// and their catalog locks, 9 to 15 ms of a service's start). It sees
 	// only committed migrations, each committed with its row, so one a
 	// replica is applying meanwhile is waited for under the lock.
-	if applied, err := appliedVersions(ctx, conn, ident); err == nil && allApplied(ms, applied) {
-		return nil
+	if applied, err := appliedVersions(ctx, conn, ident); err == nil {
+		if err := checkKnown(schema, ms, applied); err != nil {
+			return err
+		}
+		if allApplied(ms, applied) {
+			return nil
+		}
 	}
 	lockKey := lockKeyFor(schema)
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
@@ -207,6 +219,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 	applied, err := appliedVersions(ctx, conn, ident)
 	if err != nil {
 		return fmt.Errorf("read applied migrations: %w", err)
+	}
+	// Again under the lock: a newer replica may have migrated meanwhile.
+	if err := checkKnown(schema, ms, applied); err != nil {
+		return err
 	}
 	for _, m := range ms {
 		if applied[m.version] {
@@ -246,6 +262,34 @@ func appliedVersions(ctx context.Context, conn *pgxpool.Conn, ident string) (map
 		applied[v] = true
 	}
 	return applied, nil
+}
+
+// checkKnown refuses a schema where a migration this program does not
+// have is applied: a newer version's. Without it an older binary started
+// on a newer data directory found its own migrations applied and ran,
+// writing rows the way it knew (a stored file the newer session service
+// counts per user went uncounted), which the newer version then read
+// wrong.
+func checkKnown(schema string, ms []migration, applied map[int]bool) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	known := make(map[int]bool, len(ms))
+	for _, m := range ms {
+		known[m.version] = true
+	}
+	var unknown []int
+	for v := range applied {
+		if !known[v] {
+			unknown = append(unknown, v)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	sort.Ints(unknown)
+	return fmt.Errorf("%w: schema %s has migration %04d applied, this version knows up to %s; run the newer version (or restore a backup taken before it ran)",
+		ErrNewerSchema, schema, unknown[len(unknown)-1], ms[len(ms)-1].name)
 }
 
 // allApplied reports whether every migration of ms is applied.

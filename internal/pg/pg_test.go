@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"testing/fstest"
@@ -144,6 +145,40 @@ func TestMigratedSchemaStartsWithoutTheLock(t *testing.T) {
 	var n int
 	if err := p.QueryRow(ctx, "SELECT count(*) FROM items WHERE name = 'second'").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the migration added later: %d rows (%v), want 1", n, err)
+	}
+}
+
+// A schema a newer version migrated further is refused by an older one,
+// whose own migrations are all applied there: it would write rows the
+// way it knew, and the newer version read them wrong. Nothing is
+// changed in the schema.
+func TestNewerSchemaRefused(t *testing.T) {
+	url := testenv.Postgres(t)
+	log := testenv.Logger(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	older := fstest.MapFS{"0001_init.sql": {Data: []byte("CREATE TABLE items (name text);")}}
+	newer := fstest.MapFS{
+		"0001_init.sql":  older["0001_init.sql"],
+		"0002_count.sql": {Data: []byte("CREATE TABLE item_count (n int);")},
+	}
+	p, err := pg.Open(ctx, url, "epsilon", newer, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	_, err = pg.Open(ctx, url, "epsilon", older, log)
+	if !errors.Is(err, pg.ErrNewerSchema) {
+		t.Fatalf("an older version on a newer schema: %v, want ErrNewerSchema", err)
+	}
+	for _, want := range []string{"epsilon", "0002", "0001_init.sql"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not name %s", err, want)
+		}
+	}
+	// The newer version still runs on it.
+	if err := pg.Migrate(ctx, p, "epsilon", newer, log); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -364,6 +364,11 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 				return fmt.Errorf("the database at %s did not answer within %v: %w", databaseHost(o.databaseURL), databaseStartWait, err)
 			}
+			if errors.Is(err, pg.ErrNewerSchema) {
+				// Restarting would only find it again: the stack stops
+				// and says why.
+				return fmt.Errorf("%w: %w", ErrPermanent, err)
+			}
 			return err
 		}
 		env.OnClose(env.DB.Close)
