@@ -286,3 +286,43 @@ func execSQL(t *testing.T, ctx context.Context, url, sql string) {
 		t.Fatal(err)
 	}
 }
+
+// A data directory moved to another path keeps its cluster: the start
+// from the new path does not collect the cluster its own id names (the
+// owner record still names the old path, which is gone), and binding
+// records the new path. It removed the cluster, then made an empty one
+// in its place: every session and config value of the moved directory
+// was gone.
+func TestMovedDataDirectoryKeepsItsCluster(t *testing.T) {
+	base, data := rootDataDir(t)
+	cluster := bindFor(t, data)
+	kept := filepath.Join(cluster, "data", "PG_VERSION")
+	if err := os.MkdirAll(filepath.Dir(kept), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kept, []byte("15\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	moved := filepath.Join(base, "moved")
+	if err := os.Rename(data, moved); err != nil {
+		t.Fatal(err)
+	}
+	if removed := Collect(moved, zaptest.NewLogger(t)); contains(removed, cluster) {
+		t.Fatalf("the start of the moved data directory removed its own cluster %s", cluster)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Fatalf("the moved data directory's cluster lost its data: %v", err)
+	}
+	if again, err := Bind(moved); err != nil || again != cluster {
+		t.Fatalf("the moved data directory binds %s (%v), want %s", again, err, cluster)
+	}
+	// Bound again, the record names the new path: another data
+	// directory's start leaves it too.
+	other := filepath.Join(base, "other")
+	if err := os.Mkdir(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if removed := Collect(other, zaptest.NewLogger(t)); contains(removed, cluster) {
+		t.Fatalf("another start removed the moved data directory's cluster %s", cluster)
+	}
+}

@@ -162,9 +162,17 @@ func Stales(dataDir string) []Stale {
 	}
 	sum := sha256.Sum256([]byte(dataDir))
 	legacy := "pg-" + hex.EncodeToString(sum[:6])
+	// The cluster dataDir's own id names is its, whatever path its
+	// record holds: a data directory moved elsewhere is started from a
+	// path its record does not name, and the old one is gone. Taken for
+	// stale, it was removed and Bind made an empty one in its place.
+	var own string
+	if id, err := readID(dataDir); err == nil {
+		own = "pg-" + id
+	}
 	var out []Stale
 	for _, e := range entries {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), "pg-") {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "pg-") || e.Name() == own {
 			continue
 		}
 		dir := filepath.Join(RootClusters, e.Name())
