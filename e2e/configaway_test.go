@@ -171,3 +171,78 @@ func asNobody(t *testing.T, s *e2e.Stack, args ...string) ([]byte, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	return cmd.CombinedOutput()
 }
+
+// The gateway killed (or crashed) while the config service hung: the
+// launcher restarted it, and it waited 60 s for config's rpc.* and
+// failed, again and again, so that no client got an answer, the
+// operator asking status included. It now listens on the defaults of
+// rpc.* and binds the operator without config; once config answers
+// with other rpc.* (rpc.call_timeout_ms here) it stops and the launcher
+// starts it again on them, and new connections are config's again.
+func TestGatewayRestartedWhileConfigIsHung(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{"--liveness-timeout", "10m", "--set", "rpc.call_timeout_ms=3000"}})
+	cfg, gw := s.PIDOf("config"), s.PIDOf("gateway")
+	if cfg == 0 || gw == 0 {
+		t.Fatalf("no config or gateway among %v", s.PIDs())
+	}
+	if err := syscall.Kill(cfg, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	continued := false
+	t.Cleanup(func() {
+		if !continued {
+			_ = syscall.Kill(cfg, syscall.SIGCONT)
+		}
+	})
+	if err := syscall.Kill(gw, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var fallback int
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+		fallback = s.PIDOf("gateway")
+		if fallback == 0 || fallback == gw {
+			return errors.New("the gateway is not started again yet")
+		}
+		c := s.Dial(t)
+		defer c.Close()
+		init, err := c.Initialize()
+		if err != nil {
+			return err
+		}
+		if init["principal_id"] != "shared-operator" || init["config_unavailable"] == nil {
+			return fmt.Errorf("initialize with config stopped: %v", init)
+		}
+		raw, err := c.Call("status", map[string]any{})
+		if err != nil {
+			return err
+		}
+		var st struct {
+			Services map[string]string `json:"services"`
+		}
+		if err := json.Unmarshal(raw, &st); err != nil || st.Services["config"] != "unreachable" {
+			return fmt.Errorf("status with config stopped: %s, %v", raw, err)
+		}
+		return nil
+	})
+
+	if err := syscall.Kill(cfg, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	continued = true
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+		if pid := s.PIDOf("gateway"); pid == fallback || pid == 0 {
+			return errors.New("the gateway on the defaults still runs")
+		}
+		c := s.Dial(t)
+		defer c.Close()
+		init, err := c.Initialize()
+		if err != nil {
+			return err
+		}
+		if _, ok := init["config_unavailable"]; ok {
+			return fmt.Errorf("still bound without config: %v", init)
+		}
+		return nil
+	})
+}

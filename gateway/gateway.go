@@ -39,7 +39,18 @@ var (
 	ErrEphemeralExit = errors.New("gateway: last client disconnected (ephemeral)")
 	// ErrShutdown: the process was asked to stop.
 	ErrShutdown = errors.New("gateway: shutting down")
+	// ErrConfigSettingsDiffer: the gateway started on the defaults of
+	// rpc.* while config was away, and config, back, holds others. They
+	// are read only at start: the gateway stops (not cleanly, so that
+	// its supervisor starts it again, on them).
+	ErrConfigSettingsDiffer = errors.New("gateway: started on the defaults of rpc.* while config was away, and config holds others: stopping to start again on them")
 )
+
+// configStartWait bounds New's wait for the config service's answer
+// before the gateway listens on the defaults of rpc.*. The launcher
+// starts the gateway once config serves, so config answers at once
+// then; past this it is away or hung.
+var configStartWait = 5 * time.Second
 
 // Gateway is the edge process.
 type Gateway struct {
@@ -55,6 +66,10 @@ type Gateway struct {
 	// is bound as the operator when config cannot be asked
 	// (operatorWithoutConfig).
 	uid int64
+	// configAway is set while the gateway listens on the defaults of
+	// rpc.*, config having given no answer at its start (New), until
+	// config answers with the same values (awaitConfig).
+	configAway atomic.Bool
 
 	config  configv1.ConfigServiceClient
 	session sessionv1.SessionServiceClient
@@ -170,16 +185,32 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		}
 	}
 	// The edge's settings are read once, when the listener starts (they
-	// need a restart to change).
-	liveCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	// need a restart to change). A config service that gives no answer
+	// within configStartWait (down, or hung) does not keep the gateway
+	// from listening: it listens on the schema's defaults, and Run reads
+	// config's settings once it answers (awaitConfig). Waiting for config
+	// failed the start after 60 s, in a loop, so that no client, the
+	// operator asking health or status included, got any answer while
+	// config was away. The defaults open no trust: who a caller is is
+	// still config's to say at each initialize, and without it only the
+	// operator is bound, by its uid (operatorWithoutConfig).
+	liveCtx, cancel := context.WithTimeout(ctx, configStartWait)
 	live, err := configclient.New(liveCtx, g.config, g.nats, g.log)
+	away := err != nil && liveCtx.Err() != nil && ctx.Err() == nil
 	cancel()
-	if err != nil {
+	switch {
+	case err == nil:
+		g.limits = live.RPCLimits()
+		live.Close()
+	case away:
+		g.limits = configclient.Snapshot{}.RPCLimits()
+		g.configAway.Store(true)
+		g.log.Warn("config service unanswered: listening on the defaults of rpc.* until it answers",
+			zap.Duration("waited", configStartWait), zap.Error(err))
+	default:
 		g.Close()
 		return nil, fmt.Errorf("config service: %w", err)
 	}
-	g.limits = live.RPCLimits()
-	live.Close()
 	g.output = jsonrpc.NewOutputBudget(g.limits.MaxBufferedOutputBytes)
 	g.version = g.limits.AdvertisedServerVersion
 	if g.version == "" {
@@ -238,6 +269,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.spawn(func() { g.monitor.run(ctx) })
 	g.spawn(func() { g.renewUploads(ctx) })
 	g.spawn(func() { g.watchStanding(ctx) })
+	if g.configAway.Load() {
+		g.spawn(func() { g.awaitConfig(ctx, cancel) })
+	}
 
 	// Connections and their requests live on serveCtx, which the stop
 	// signal does not cancel: the drain below lets in-flight requests
@@ -287,10 +321,49 @@ func (g *Gateway) Run(ctx context.Context) error {
 		g.log.Warn("drain cut short", zap.Error(err))
 	}
 	g.ln.Close()
-	if cause := context.Cause(ctx); errors.Is(cause, ErrEphemeralExit) {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, ErrEphemeralExit):
 		return ErrEphemeralExit
+	case errors.Is(cause, ErrConfigSettingsDiffer):
+		return ErrConfigSettingsDiffer
 	}
 	return nil
+}
+
+// awaitConfig reads the live config once the config service answers,
+// the gateway having started without it on the defaults of rpc.*
+// (New): the same values, and nothing changes; others, and it stops the
+// gateway with ErrConfigSettingsDiffer, to be started again on them, as
+// a change of rpc.* always takes effect. The connections that stop then
+// were made while config was away, when only the operator could bind.
+func (g *Gateway) awaitConfig(ctx context.Context, stop context.CancelCauseFunc) {
+	for {
+		// No deadline: New waits for config's answer until ctx ends.
+		live, err := configclient.New(ctx, g.config, g.nats, g.log)
+		if err == nil {
+			limits := live.RPCLimits()
+			live.Close()
+			if limits == g.limits {
+				g.configAway.Store(false)
+				g.log.Info("config service answered: its rpc.* are the defaults the gateway listens on")
+				return
+			}
+			g.log.Warn("config service answered with rpc.* other than the defaults the gateway listens on: stopping to start again on them",
+				zap.Any("config", limits), zap.Any("listening_on", g.limits))
+			stop(ErrConfigSettingsDiffer)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// The bus refused the subscription: try again shortly.
+		g.log.Warn("config not followed yet", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // accept builds one client connection's state; disconnected tears it
