@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
@@ -105,9 +107,11 @@ func (g *Gateway) configGet(ctx context.Context, cs *connState, params json.RawM
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
+	ctx, cancel, away := g.configWait(ctx)
+	defer cancel()
 	resp, err := g.config.Get(ctx, &configv1.GetRequest{Principal: cs.principalOf(), Prop: p.Prop})
 	if err != nil {
-		return nil, serviceError("config", err)
+		return nil, configError(err, away, false)
 	}
 	return map[string]any{"prop": p.Prop, "value": resp.GetValue().AsInterface()}, nil
 }
@@ -133,8 +137,10 @@ func (g *Gateway) configSet(ctx context.Context, cs *connState, params json.RawM
 	if err != nil {
 		return nil, invalidParams(err.Error())
 	}
+	ctx, cancel, away := g.configWait(ctx)
+	defer cancel()
 	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: cs.principalOf(), Prop: p.Prop, Value: v}); err != nil {
-		return nil, serviceError("config", err)
+		return nil, configError(err, away, true)
 	}
 	return withRestart(map[string]any{"prop": p.Prop, "set": true}, []string{p.Prop}), nil
 }
@@ -187,9 +193,11 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 		}
 		entries[i] = &configv1.Entry{Prop: *e.Prop, Value: pv}
 	}
+	ctx, cancel, away := g.configWait(ctx)
+	defer cancel()
 	resp, err := g.config.SetMany(ctx, &configv1.SetManyRequest{Principal: cs.principalOf(), Sets: entries})
 	if err != nil {
-		return nil, serviceError("config", err)
+		return nil, configError(err, away, true)
 	}
 	props := resp.GetProps()
 	if props == nil {
@@ -225,9 +233,11 @@ func (g *Gateway) configList(ctx context.Context, cs *connState, params json.Raw
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
+	ctx, cancel, away := g.configWait(ctx)
+	defer cancel()
 	resp, err := g.config.List(ctx, &configv1.ListRequest{Principal: cs.principalOf(), Prefix: p.Prefix})
 	if err != nil {
-		return nil, serviceError("config", err)
+		return nil, configError(err, away, false)
 	}
 	entries := make([]map[string]any, len(resp.GetEntries()))
 	for i, e := range resp.GetEntries() {
@@ -251,10 +261,47 @@ func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.R
 	if p.Prop == "" {
 		return nil, invalidParams("`prop` is required")
 	}
+	ctx, cancel, away := g.configWait(ctx)
+	defer cancel()
 	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: cs.principalOf(), Prop: p.Prop}); err != nil {
-		return nil, serviceError("config", err)
+		return nil, configError(err, away, true)
 	}
 	// A property read only at start goes back to its default at the next
 	// restart, as a set of it would take effect then.
 	return withRestart(map[string]any{"prop": p.Prop, "deleted": true}, []string{p.Prop}), nil
 }
+
+// configWait bounds a call to the config service to awayStatusWait when
+// the health monitor found config unanswering (a hung process:
+// SIGSTOPped, swapped out), as status does for the session service and
+// initialize for the operator; away reports that it did. A config/get
+// waited the whole call deadline then (10 s, 30 s for a write) to say
+// "config timed out", what health had said within a poll. Long enough
+// for a busy service that still answers.
+func (g *Gateway) configWait(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	if g.monitor.statusOf("config") != "unreachable" {
+		return ctx, func() {}, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, awayStatusWait)
+	return ctx, cancel, true
+}
+
+// configError is a config call's failure as the client reads it. A call
+// cut short by configWait says that config does not answer (its health
+// neither), and a write that its change may still be applied: the
+// request may wait in the hung process's socket and be served when it
+// runs again.
+func configError(err error, away, write bool) *jsonrpc.Error {
+	if !away || status.Code(err) != codes.DeadlineExceeded {
+		return serviceError("config", err)
+	}
+	msg := configHungMessage
+	if write {
+		msg += "; the change may still be applied once it answers"
+	}
+	return jsonrpc.NewError(jsonrpc.CodeInternal, msg, nil)
+}
+
+// configHungMessage is the failure of a call to a config service that
+// neither answers it nor its health check.
+const configHungMessage = "config: not answering (hung: its health check goes unanswered too)"

@@ -8,7 +8,9 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
@@ -155,7 +157,7 @@ func (deletingConfig) Delete(_ context.Context, req *configv1.DeleteRequest) (*c
 func TestConfigDeleteSaysWhenItWaitsForARestart(t *testing.T) {
 	g := &Gateway{config: configv1.NewConfigServiceClient(serveFake(t, func(s *grpc.Server) {
 		configv1.RegisterConfigServiceServer(s, deletingConfig{})
-	}))}
+	})), monitor: newMonitor(time.Hour, zap.NewNop())}
 	for prop, want := range map[string]any{
 		"rpc.max_local_connections": []string{"rpc.max_local_connections"},
 		"agents.default.model":      nil,

@@ -32,8 +32,11 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 	all := p.All == nil || *p.All
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := configclient.Authorize(ctx, g.config, cs.principalOf(), configschema.PermPluginsManage, ""); err != nil {
-		return nil, serviceError("config", err)
+	actx, acancel, away := g.configWait(ctx)
+	err := configclient.Authorize(actx, g.config, cs.principalOf(), configschema.PermPluginsManage, "")
+	acancel()
+	if err != nil {
+		return nil, configError(err, away, false)
 	}
 	if len(g.cfg.PluginAddrs) == 0 {
 		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "no plugin sandbox configured", nil)
