@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,10 @@ import (
 type socketFlags struct {
 	dir, socket, token string
 	tokenSet           bool // --token given, if only empty
+	// withoutConfig is initialize's config_unavailable once dial has
+	// run: why the gateway bound the operator without the config
+	// service ("" when config bound the caller).
+	withoutConfig string
 }
 
 func (f *socketFlags) register(fs *flag.FlagSet) {
@@ -60,10 +65,17 @@ func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, 
 	if capabilities != nil {
 		params["client_capabilities"] = capabilities
 	}
-	if _, err := c.Call("initialize", params); err != nil {
+	raw, err := c.Call("initialize", params)
+	if err != nil {
 		c.Close()
 		return nil, cliError(err)
 	}
+	var init struct {
+		ConfigUnavailable string `json:"config_unavailable"`
+	}
+	// Only this member is read; a result it does not fit leaves it "".
+	_ = json.Unmarshal(raw, &init)
+	f.withoutConfig = init.ConfigUnavailable
 	return c, nil
 }
 

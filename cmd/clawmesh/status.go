@@ -17,7 +17,9 @@ const statusUsage = `usage: clawmesh status [--token T] [--config-dir DIR] [--so
 Asks the running stack for its status (the socket's status method) and
 prints it readably: the version, the socket, the open sessions of the
 caller and each service's state (serving, not_serving, unreachable,
-unknown, dormant). Exits 0 when every service serves or is dormant,
+unknown, dormant), and, when the gateway bound the operator without
+the config service (config away: no other caller can initialize), a
+caller line saying so. Exits 0 when every service serves or is dormant,
 1 otherwise (or when the stack does not answer). clawmesh call status
 prints the same as JSON.
 `
@@ -32,6 +34,9 @@ type statusReply struct {
 	Socket              string            `json:"local_ipc_endpoint"`
 	Services            map[string]string `json:"services"`
 	SessionsUnavailable string            `json:"sessions_unavailable"`
+	// withoutConfig is why the gateway bound this caller, the operator,
+	// without the config service (initialize's config_unavailable).
+	withoutConfig string
 }
 
 // ErrServicesDown: status answered, and some service is neither serving
@@ -68,6 +73,7 @@ func statusCmd(args []string, out io.Writer) error {
 	if err := json.Unmarshal(raw, &st); err != nil {
 		return fmt.Errorf("status: unreadable answer: %w", err)
 	}
+	st.withoutConfig = sf.withoutConfig
 	return printStatus(out, st)
 }
 
@@ -85,6 +91,12 @@ func printStatus(out io.Writer, st statusReply) error {
 		fmt.Fprintf(w, "sessions\t%d open\n", st.ActiveSessions)
 	default:
 		fmt.Fprintf(w, "sessions\t%d open: %s\n", st.ActiveSessions, strings.Join(st.SessionIDs, ", "))
+	}
+	if st.withoutConfig != "" {
+		// The gateway's fallback (docs/spec.md §4): it binds the
+		// operator by its uid alone, and every other caller's
+		// initialize fails until config answers.
+		fmt.Fprintf(w, "caller\tthe operator, bound without the config service (%s): until it answers, no other caller can initialize\n", st.withoutConfig)
 	}
 	names := make([]string, 0, len(st.Services))
 	for name := range st.Services {
