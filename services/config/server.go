@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -90,6 +91,9 @@ type Server struct {
 	// insert a revision number the database already holds, and a revoked
 	// token could stay live until a restart.
 	unsure atomic.Bool
+	// seen is what the database held (storedFingerprint) when the live
+	// snapshot was last loaded from it; only New and Run use it.
+	seen fingerprint
 
 	hooks hooks
 }
@@ -130,6 +134,11 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	}
 	s := &Server{db: opts.DB, nc: opts.NATS, log: opts.Log, uid: os.Getuid(), sealer: sl, writeLock: make(chan struct{}, 1),
 		keyFile: filepath.Join(opts.DataDir, KeyFileName)}
+	// Read before the load: a change between the two is loaded, and
+	// only read again by Run (follow).
+	if s.seen, err = s.storedFingerprint(ctx); err != nil {
+		return nil, fmt.Errorf("load config: %w", err)
+	}
 	snap, err := s.load(ctx)
 	if err != nil {
 		return nil, err
@@ -146,17 +155,32 @@ func (s *Server) current() *snapshot { return s.snap.Load() }
 // to reload after.
 const ReconcileEvery = 250 * time.Millisecond
 
+// FollowEvery is how often Run reads whether the database changed under
+// the live snapshot (follow).
+const FollowEvery = time.Second
+
 // Run reloads the live snapshot after a write whose outcome was not seen,
 // once the database answers again, so that reads follow what the
-// database holds without waiting for the next write. It returns when ctx
-// is done.
+// database holds without waiting for the next write; and after another
+// config process committed to the same database (follow). It returns
+// when ctx is done.
 func (s *Server) Run(ctx context.Context) {
 	t := time.NewTicker(ReconcileEvery)
 	defer t.Stop()
+	f := time.NewTicker(FollowEvery)
+	defer f.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-f.C:
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := s.follow(fctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				s.log.Debug("stored config not followed", zap.Error(err))
+			}
+			continue
 		case <-t.C:
 		}
 		if !s.unsure.Load() {
@@ -198,6 +222,62 @@ func (s *Server) reconcile(ctx context.Context) error {
 	if snap.revision != cur.revision {
 		// Which props changed is not known here: consumers take nil as
 		// anything may have.
+		s.publish(snap, nil)
+	}
+	return nil
+}
+
+// fingerprint is what changes in the database with every commit and
+// every token paired or revoked: the newest revision, and the token rows
+// and revoked ones (rows are never deleted, so each count only grows).
+type fingerprint struct{ revision, tokens, revoked int64 }
+
+func (s *Server) storedFingerprint(ctx context.Context) (fingerprint, error) {
+	var f fingerprint
+	err := s.db.QueryRow(ctx, "SELECT (SELECT coalesce(max(revision), 0) FROM revisions), count(*), count(revoked_at) FROM tokens").
+		Scan(&f.revision, &f.tokens, &f.revoked)
+	return f, err
+}
+
+// follow reloads the live snapshot when the database changed since it
+// was loaded. A process served the snapshot of its start, changed only
+// by its own writes: with two config processes on one database (two
+// replicas, or an old one still running beside its replacement), a
+// commit through one was never read, nor announced, by the other, whose
+// readers (and consumers) kept the old values, and a token revoked
+// through one still bound its user through the other. The reload is
+// announced when it brings a newer revision, so that consumers that
+// read this process before it caught up read it again. This process's
+// own writes change the fingerprint too: each costs one reload that
+// finds nothing new.
+func (s *Server) follow(ctx context.Context) error {
+	fp, err := s.storedFingerprint(ctx)
+	if err != nil || fp == s.seen {
+		return err
+	}
+	// The in-process lock alone, as reconcile: no write of this process
+	// is under way while the database is read, so none is undone.
+	select {
+	case s.writeLock <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.writeLock }()
+	snap, err := s.load(ctx)
+	if err != nil {
+		return err
+	}
+	// fp was read before the load: a change between them is loaded
+	// now, and read again at the next tick.
+	s.seen = fp
+	cur := s.current()
+	if snap.revision == cur.revision && maps.Equal(snap.tokens, cur.tokens) {
+		return nil
+	}
+	s.snap.Store(snap)
+	s.log.Info("config reloaded: changed in the database by another config process",
+		zap.Int64("was", cur.revision), zap.Int64("revision", snap.revision))
+	if snap.revision > cur.revision {
 		s.publish(snap, nil)
 	}
 	return nil

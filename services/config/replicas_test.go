@@ -1,0 +1,73 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+// Two config processes on one database (two replicas, or an old process
+// still running beside its replacement): each served the snapshot it
+// loaded at its start, changed only by its own writes. A change
+// committed through one was never seen by the other (its Live, Get and
+// ResolvePrincipal went on with the old values, and the consumers that
+// read from it too), and a token revoked through one still bound its
+// user through the other, for as long as it ran. Each now reads what
+// the database holds once it changed.
+func TestReplicaServesWhatAnotherCommitted(t *testing.T) {
+	a := newEnv(t, nil)
+	ctx := ctxFor(t)
+	b, err := New(ctx, a.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); b.Run(runCtx) }()
+	t.Cleanup(func() { stop(); testwait.Recv(t, ran) })
+
+	rev := a.mustSet(kv{"rpc.call_timeout_ms", 2500})
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		live, err := b.Live(ctx, &configv1.LiveRequest{})
+		if err != nil {
+			return err
+		}
+		got, err := b.Get(ctx, &configv1.GetRequest{Principal: operator, Prop: "rpc.call_timeout_ms"})
+		if err != nil {
+			return err
+		}
+		if live.GetRevision() != rev || got.GetValue().GetNumberValue() != 2500 {
+			return fmt.Errorf("the other replica serves revision %d, rpc.call_timeout_ms %v; want %d, 2500",
+				live.GetRevision(), got.GetValue().AsInterface(), rev)
+		}
+		return nil
+	})
+
+	// A token paired through one replica binds through the other, and
+	// once revoked through the first binds through neither.
+	scopedUser(a)
+	tok, err := a.rpc.CreateToken(ctx, &configv1.CreateTokenRequest{Principal: operator, User: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolve := func() error {
+		_, err := b.ResolvePrincipal(ctx, &configv1.ResolvePrincipalRequest{PeerUid: 4242, PeerPid: 7, AuthToken: tok.GetToken()})
+		return err
+	}
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, resolve)
+	if _, err := a.rpc.RevokeToken(ctx, &configv1.RevokeTokenRequest{Principal: operator, User: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if resolve() == nil {
+			return errors.New("a token revoked through the other replica still binds")
+		}
+		return nil
+	})
+}
