@@ -6,10 +6,10 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 )
 
@@ -32,7 +32,16 @@ func (s *Server) mayUseAgent(ctx context.Context, p *commonv1.Principal, alias s
 	}
 	err := s.cfg.Authz.Authorize(ctx, p, PermAgentUse, alias)
 	if errors.Is(err, configclient.ErrConfigUnavailable) {
-		return status.Error(codes.Unavailable, fmt.Sprintf("authorize %s: config service unavailable", PermAgentUse))
+		return configAway(PermAgentUse)
 	}
 	return err
+}
+
+// configAway is the failure of a call the config service could not
+// authorize (down, or hung past the call's deadline), named as the
+// dependency's: a bare Unavailable reached the client as "session
+// unavailable", naming the session service, which was up.
+func configAway(permission string) error {
+	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex,
+		fmt.Sprintf("config service unavailable (authorizing %s)", permission))
 }

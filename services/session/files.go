@@ -118,7 +118,7 @@ func errSessionChanged(id string) error {
 func (s *Server) authorize(ctx context.Context, p *commonv1.Principal, permission, resource string) error {
 	err := s.cfg.Authz.Authorize(ctx, p, permission, resource)
 	if errors.Is(err, configclient.ErrConfigUnavailable) {
-		return status.Error(codes.Unavailable, fmt.Sprintf("authorize %s: config service unavailable", permission))
+		return configAway(permission)
 	}
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 )
 
@@ -58,7 +59,10 @@ func (s *Standing) check(ctx context.Context, req any) error {
 		return err
 	}
 	if err != nil {
-		return status.Error(codes.Unavailable, "check the caller's binding: config service unavailable")
+		// Named as the dependency's failure: a bare Unavailable reached
+		// the client as "session unavailable", the session service being
+		// up.
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, "config service unavailable (checking the caller's binding)")
 	}
 	return nil
 }

@@ -240,7 +240,10 @@ func (s *Server) Chunk(ctx context.Context, req *uploadv1.ChunkRequest) (*upload
 	if p := req.GetPrincipal(); !p.GetOperator() && s.cfg.Authz != nil {
 		if err := s.cfg.Authz.Authorize(ctx, p, configschema.PermFilesCreate, ""); err != nil {
 			if errors.Is(err, configclient.ErrConfigUnavailable) {
-				return nil, status.Error(codes.Unavailable, "authorize files:create: config service unavailable")
+				// Named as the dependency's failure: a bare Unavailable
+				// reached the client as "upload-staging unavailable".
+				return nil, rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex,
+					"config service unavailable (authorizing files:create)")
 			}
 			return nil, err
 		}
