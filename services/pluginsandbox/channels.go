@@ -347,8 +347,12 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 
 // deliver hands one message to the session of its conversation and sends
 // the turn's answer back through the channel. The session id derives from
-// the binding and the message's thread (or sender), so every replica
-// picks the same session for one conversation.
+// the binding (alias, plugin and agent) and the message's thread (or
+// sender), so every replica picks the same session for one conversation.
+// The agent is part of it because the session service resumes a session
+// with the agent it was created for: without it, a channel rebound to
+// another agent kept answering every known thread with the old one, and
+// its tools.
 func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelMessage) {
 	s.observe(abi.ObserverChannelReceived, map[string]string{"channel": b.cfg.Alias, "plugin": b.cfg.Plugin, "message_id": msg.ID})
 	log := b.log.With(zap.String("message_id", msg.ID))
@@ -360,7 +364,7 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	if conv == "" {
 		conv = msg.Sender
 	}
-	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + conv))
+	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + b.cfg.Agent + "\x00" + conv))
 	sessionID := "chan_" + hex.EncodeToString(sum[:16])
 	ctx, cancel := context.WithTimeout(ctx, promptTimeout)
 	defer cancel()

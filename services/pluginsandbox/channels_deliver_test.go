@@ -1,0 +1,157 @@
+package pluginsandbox_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// chanToken is the listener token of the channels these tests bind.
+const chanToken = "channel-token-0123456789abcdef0123456789"
+
+// seenPrompt is one Prompt the fake session service received.
+type seenPrompt struct{ session, agent, prompt string }
+
+// fakeSessions is a session service that keeps, like the real one, the
+// agent a session was created for: NewSession with a known id resumes it
+// as it is, whatever agent the request names.
+type fakeSessions struct {
+	sessionv1.SessionServiceClient
+
+	mu      sync.Mutex
+	agents  map[string]string
+	newErrs []error // answered by NewSession, one per call, before it serves
+	// hold, when set, is what the next Prompt waits for (or its context).
+	hold    chan struct{}
+	prompts chan seenPrompt
+}
+
+func newFakeSessions() *fakeSessions {
+	return &fakeSessions{agents: map[string]string{}, prompts: make(chan seenPrompt, 64)}
+}
+
+func (f *fakeSessions) NewSession(_ context.Context, req *sessionv1.NewSessionRequest, _ ...grpc.CallOption) (*sessionv1.NewSessionResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.newErrs) > 0 {
+		err := f.newErrs[0]
+		f.newErrs = f.newErrs[1:]
+		return nil, err
+	}
+	id := req.GetSessionId()
+	if agent, ok := f.agents[id]; ok {
+		return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: agent}, nil
+	}
+	f.agents[id] = req.GetAgentAlias()
+	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: req.GetAgentAlias(), Created: true}, nil
+}
+
+func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest, _ ...grpc.CallOption) (*sessionv1.PromptResponse, error) {
+	f.mu.Lock()
+	agent := f.agents[req.GetSessionId()]
+	hold := f.hold
+	f.hold = nil
+	f.mu.Unlock()
+	f.prompts <- seenPrompt{session: req.GetSessionId(), agent: agent, prompt: req.GetPrompt()}
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	// No content: nothing is sent back through the plugin.
+	return &sessionv1.PromptResponse{SessionId: req.GetSessionId()}, nil
+}
+
+// channelServer is a sandbox with the webhook example installed and
+// configured for the alias web, handing its messages to sessions.
+func channelServer(t *testing.T, sessions sessionv1.SessionServiceClient) *testServer {
+	t.Helper()
+	dir := t.TempDir()
+	installExample(t, dir, "webhook")
+	cfg := &wasmhost.MemoryConfig{}
+	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web"), map[string]string{"webhook_url": "http://127.0.0.1:1/", "token": "tok"})
+	return newTestServer(t, dir, func(c *pluginsandbox.Config) {
+		c.ConfigSource = cfg
+		c.Sessions = sessions
+		c.Reveal = func(context.Context, string) (string, error) { return chanToken, nil }
+	})
+}
+
+// bindChannels makes the bindings the live settings and rescans; it
+// returns this replica's channels by alias.
+func bindChannels(t *testing.T, ts *testServer, bindings ...pluginsandbox.ChannelBinding) map[string]*pluginv1.Channel {
+	t.Helper()
+	ts.live.set(func(l *pluginsandbox.Live) {
+		l.Channels = map[string]pluginsandbox.ChannelBinding{}
+		for _, b := range bindings {
+			l.Channels[b.Alias] = b
+		}
+	})
+	ts.rescan(t)
+	listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*pluginv1.Channel{}
+	for _, c := range listed.Channels {
+		out[c.Alias] = c
+	}
+	return out
+}
+
+// postMessage posts body to a channel listener with the token and returns
+// the status code.
+func postMessage(t *testing.T, addr, body string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/", bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+chanToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// A channel rebound to another agent answers with that agent, also in a
+// conversation it had before: the session service resumes a session with
+// the agent it was created for, and the session id named the alias, the
+// plugin and the conversation only, so a sender who kept writing on a
+// known thread kept the old agent (and its tools) after the operator
+// chose another.
+func TestChannelRebindToAnotherAgentAppliesToKnownThreads(t *testing.T) {
+	fs := newFakeSessions()
+	ts := channelServer(t, fs)
+	msg := `{"id":"m1","from":"ann","text":"hello","thread":"t-1"}`
+
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	if code := postMessage(t, web.Listen, msg); code != http.StatusAccepted {
+		t.Fatalf("post: %d", code)
+	}
+	if p := testwait.Recv(t, fs.prompts); p.agent != "open" {
+		t.Fatalf("first prompt went to agent %q, want open", p.agent)
+	}
+
+	web = bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "locked"})["web"]
+	if code := postMessage(t, web.Listen, msg); code != http.StatusAccepted {
+		t.Fatalf("post after the rebind: %d", code)
+	}
+	if p := testwait.Recv(t, fs.prompts); p.agent != "locked" {
+		t.Fatalf("after binding web to agent locked, the known thread's prompt went to agent %q (session %s)", p.agent, p.session)
+	}
+}
