@@ -110,6 +110,7 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 	if c.live.Enabled {
 		want = c.live.Channels
 	}
+	clashes := listenClashes(want)
 	failed := map[string]string{}
 	for alias, cur := range bd.bound {
 		w, ok := want[alias]
@@ -117,7 +118,7 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 		if state == channelFailed {
 			failed[alias] = reason
 		}
-		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || state == channelFailed {
+		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || state == channelFailed || clashes[alias] != "" {
 			cur.stop()
 			delete(bd.bound, alias)
 			bd.publish()
@@ -132,7 +133,7 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 		if _, ok := bd.bound[alias]; ok {
 			continue
 		}
-		b := bd.s.bind(ctx, want[alias], c.channels[want[alias].Plugin])
+		b := bd.s.bind(ctx, want[alias], c.channels[want[alias].Plugin], clashes[alias])
 		bd.bound[alias] = b
 		bd.publish()
 		// A failed binding is retried at every scan: log it once per reason.
@@ -163,6 +164,50 @@ func (bd *binder) publish() {
 	bd.listed.Store(&l)
 }
 
+// listenClashes names, by alias, the bindings that listen where another
+// does: one fixed port of one host, or of every interface. Each replica
+// listens with SO_REUSEPORT (so that replicas share an address), which
+// lets two aliases of one replica bind the same address too; the kernel
+// then spread a sender's connections over both, so its messages reached
+// either agent at random. Like two plugins of one name, all parties are
+// refused, never the first come.
+func listenClashes(want map[string]ChannelBinding) map[string]string {
+	type at struct{ host, port string }
+	where := map[string]at{}
+	for alias, w := range want {
+		host, port, err := net.SplitHostPort(w.Listen)
+		if err != nil || port == "0" {
+			continue // validate says what is wrong; port 0 is a fresh port
+		}
+		if host == "localhost" {
+			host = "127.0.0.1"
+		}
+		if ip := net.ParseIP(host); ip != nil {
+			if ip.IsUnspecified() {
+				host = ""
+			} else {
+				host = ip.String()
+			}
+		}
+		where[alias] = at{host, port}
+	}
+	out := map[string]string{}
+	for alias, a := range where {
+		var others []string
+		for other, o := range where {
+			if other != alias && o.port == a.port && (o.host == a.host || o.host == "" || a.host == "") {
+				others = append(others, "channels.plugin."+other)
+			}
+		}
+		if len(others) > 0 {
+			sort.Strings(others)
+			out[alias] = fmt.Sprintf("channels.plugin.%s.listen %s is also where %s listens; give each channel its own address",
+				alias, want[alias].Listen, strings.Join(others, ", "))
+		}
+	}
+	return out
+}
+
 // Channel binding states.
 const (
 	channelRunning = "running"
@@ -170,8 +215,9 @@ const (
 )
 
 // bind starts one binding; a failure is recorded on the binding (and
-// retried at the next scan), never fatal.
-func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry) *binding {
+// retried at the next scan), never fatal. A non-empty clash refuses it
+// (listenClashes).
+func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash string) *binding {
 	b := &binding{cfg: cfg, entry: e, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
 		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}
 	fail := func(err error) *binding {
@@ -181,6 +227,9 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry) *bindin
 	}
 	if err := cfg.validate(); err != nil {
 		return fail(err)
+	}
+	if clash != "" {
+		return fail(errors.New(clash))
 	}
 	if e == nil {
 		return fail(fmt.Errorf("no loaded channel plugin %s", cfg.Plugin))

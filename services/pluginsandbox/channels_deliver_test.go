@@ -3,7 +3,9 @@ package pluginsandbox_test
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -153,5 +155,37 @@ func TestChannelRebindToAnotherAgentAppliesToKnownThreads(t *testing.T) {
 	}
 	if p := testwait.Recv(t, fs.prompts); p.agent != "locked" {
 		t.Fatalf("after binding web to agent locked, the known thread's prompt went to agent %q (session %s)", p.agent, p.session)
+	}
+}
+
+// Two aliases given one listen address are both refused, each naming the
+// other: with SO_REUSEPORT both bound it, and the kernel spread the
+// connections over them, so a sender's messages reached either agent at
+// random (or were refused with the other alias's token).
+func TestChannelsSharingAListenAddressAreRefused(t *testing.T) {
+	ts := channelServer(t, newFakeSessions())
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	got := bindChannels(t, ts,
+		pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: addr, Agent: "open"},
+		pluginsandbox.ChannelBinding{Alias: "web2", Plugin: "webhook", Listen: addr, Agent: "locked"})
+	for alias, other := range map[string]string{"web": "web2", "web2": "web"} {
+		c := got[alias]
+		if c == nil || c.State != "failed" || !strings.Contains(c.Reason, addr) || !strings.Contains(c.Reason, other) {
+			t.Fatalf("channel %s on the address of %s: %v", alias, other, c)
+		}
+	}
+	// Once apart, both bind.
+	got = bindChannels(t, ts,
+		pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: addr, Agent: "open"},
+		pluginsandbox.ChannelBinding{Alias: "web2", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "locked"})
+	for _, alias := range []string{"web", "web2"} {
+		if c := got[alias]; c == nil || c.State != "running" {
+			t.Fatalf("channel %s apart: %v", alias, c)
+		}
 	}
 }
