@@ -75,13 +75,17 @@ type binding struct {
 	entry  *entry
 	reveal func(ctx context.Context, prop string) (string, error)
 	ch     *wasmhost.Channel
-	srv    *http.Server
-	addr   string
-	key    string
-	notify chan struct{}
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	log    *zap.Logger
+	// inbound is what the listener queues for ch; a rebuilt binding of
+	// the same plugin takes it over, so queued messages outlive the
+	// binding that accepted them.
+	inbound *wasmhost.InboundQueue
+	srv     *http.Server
+	addr    string
+	key     string
+	notify  chan struct{}
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	log     *zap.Logger
 
 	mu     sync.Mutex
 	state  string
@@ -112,6 +116,10 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 	}
 	clashes := listenClashes(want)
 	failed := map[string]string{}
+	// kept are the inbound queues of rebuilt bindings, by alias: what their
+	// listeners accepted (202) is the next binding's to deliver, as long
+	// as the same plugin reads it (the message's shape is the plugin's).
+	kept := map[string]*wasmhost.InboundQueue{}
 	for alias, cur := range bd.bound {
 		w, ok := want[alias]
 		state, reason := cur.status()
@@ -120,6 +128,9 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 		}
 		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || state == channelFailed || clashes[alias] != "" {
 			cur.stop()
+			if ok && w.Plugin == cur.cfg.Plugin {
+				kept[alias] = cur.inbound
+			}
 			delete(bd.bound, alias)
 			bd.publish()
 		}
@@ -133,7 +144,7 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 		if _, ok := bd.bound[alias]; ok {
 			continue
 		}
-		b := bd.s.bind(ctx, want[alias], c.channels[want[alias].Plugin], clashes[alias])
+		b := bd.s.bind(ctx, want[alias], c.channels[want[alias].Plugin], clashes[alias], kept[alias])
 		bd.bound[alias] = b
 		bd.publish()
 		// A failed binding is retried at every scan: log it once per reason.
@@ -216,9 +227,13 @@ const (
 
 // bind starts one binding; a failure is recorded on the binding (and
 // retried at the next scan), never fatal. A non-empty clash refuses it
-// (listenClashes).
-func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash string) *binding {
-	b := &binding{cfg: cfg, entry: e, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
+// (listenClashes). inbound is the queue of the binding it replaces, nil
+// for a new one.
+func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash string, inbound *wasmhost.InboundQueue) *binding {
+	if inbound == nil {
+		inbound = wasmhost.NewInboundQueue(inboundQueue)
+	}
+	b := &binding{cfg: cfg, entry: e, inbound: inbound, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
 		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}
 	fail := func(err error) *binding {
 		b.set(channelFailed, err.Error())
@@ -239,7 +254,7 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	ch, err := s.cfg.Host.LoadChannel(ctx, wasmhost.PluginSpec{
 		Name: m.Name, Version: m.Version, Wasm: e.wasm, Grants: s.cfg.Grant(m), Schema: m.Schema(),
 		Config: s.cfg.ConfigSource, Binding: cfg.Alias, InstanceKey: b.key,
-	}, wasmhost.NewInboundQueue(inboundQueue))
+	}, b.inbound)
 	if err != nil {
 		return fail(fmt.Errorf("load channel: %w", err))
 	}
@@ -322,7 +337,7 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the body must be a JSON object", http.StatusBadRequest)
 		return
 	}
-	if err := b.ch.Inbound().Push(json.RawMessage(raw)); err != nil {
+	if err := b.inbound.Push(json.RawMessage(raw)); err != nil {
 		http.Error(w, "the channel's queue is full; retry later", http.StatusServiceUnavailable)
 		return
 	}

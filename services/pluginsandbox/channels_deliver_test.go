@@ -189,3 +189,35 @@ func TestChannelsSharingAListenAddressAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// Messages the listener accepted (202) are still delivered when the
+// binding is rebuilt (its agent changed): each binding made a new inbound
+// queue, and what the old one held was dropped with it, never answered.
+func TestChannelRebindKeepsQueuedMessages(t *testing.T) {
+	fs := newFakeSessions()
+	fs.hold = make(chan struct{}) // the first turn runs until the rebind
+	ts := channelServer(t, fs)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	post := func(addr, text string) {
+		t.Helper()
+		if code := postMessage(t, addr, `{"id":"`+text+`","from":"ann","text":"`+text+`"}`); code != http.StatusAccepted {
+			t.Fatalf("post %s: %d", text, code)
+		}
+	}
+	post(web.Listen, "m1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "m1" {
+		t.Fatalf("first prompt %q", p.prompt)
+	}
+	post(web.Listen, "m2")
+	post(web.Listen, "m3")
+
+	web = bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "locked"})["web"]
+	post(web.Listen, "m4")
+	var got []string
+	for len(got) == 0 || got[len(got)-1] != "m4" {
+		got = append(got, testwait.Recv(t, fs.prompts).prompt)
+	}
+	if strings.Join(got, " ") != "m2 m3 m4" {
+		t.Fatalf("prompts after the rebind: %v, want m2 m3 m4", got)
+	}
+}
