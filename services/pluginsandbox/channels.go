@@ -17,9 +17,12 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"crypto/subtle"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -433,14 +436,20 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	ctx, cancel := context.WithTimeout(ctx, promptTimeout)
 	defer cancel()
 	p := channelPrincipal()
-	if _, err := s.cfg.Sessions.NewSession(ctx, &sessionv1.NewSessionRequest{
-		Principal: p, AgentAlias: b.cfg.Agent, SessionId: sessionID, InteractionSurface: "channel:" + b.cfg.Alias,
+	if err := whenAvailable(ctx, log, func() error {
+		_, err := s.cfg.Sessions.NewSession(ctx, &sessionv1.NewSessionRequest{
+			Principal: p, AgentAlias: b.cfg.Agent, SessionId: sessionID, InteractionSurface: "channel:" + b.cfg.Alias,
+		})
+		return err
 	}); err != nil {
 		log.Warn("channel message: no session", zap.Error(err))
 		return
 	}
-	resp, err := s.cfg.Sessions.Prompt(ctx, &sessionv1.PromptRequest{Principal: p, SessionId: sessionID, Prompt: msg.Content})
-	if err != nil {
+	var resp *sessionv1.PromptResponse
+	if err := whenAvailable(ctx, log, func() (err error) {
+		resp, err = s.cfg.Sessions.Prompt(ctx, &sessionv1.PromptRequest{Principal: p, SessionId: sessionID, Prompt: msg.Content})
+		return err
+	}); err != nil {
 		log.Warn("channel message: prompt failed", zap.String("session_id", sessionID), zap.Error(err))
 		return
 	}
@@ -458,6 +467,58 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		return
 	}
 	s.observe(abi.ObserverChannelSent, map[string]string{"channel": b.cfg.Alias, "plugin": b.cfg.Plugin, "session_id": sessionID})
+}
+
+// Retries of a channel message's hand-off (whenAvailable).
+const (
+	retryFirst = 200 * time.Millisecond
+	retryMost  = 5 * time.Second
+)
+
+// whenAvailable runs call until it succeeds, fails for good, or ctx (the
+// message's promptTimeout, or the binding's end) is done. It retries what
+// passes: the session service (or the config service behind NewSession)
+// away, restarting or unreachable, and a turn of another replica on the
+// same conversation (replicas share a listen address). Each was a message
+// logged and dropped that its sender had been answered 202 for; the
+// poller waiting here instead fills the queue, and senders get 503. A
+// Prompt cut off by the session service's restart may run twice: an
+// answer twice beats none.
+func whenAvailable(ctx context.Context, log *zap.Logger, call func() error) error {
+	wait := retryFirst
+	for warned := false; ; warned = true {
+		err := call()
+		if err == nil || !passing(err) {
+			return err
+		}
+		if !warned {
+			log.Warn("channel message waits for the session service", zap.Error(err))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("gave up waiting: %w", err)
+		case <-t.C:
+		}
+		wait = min(2*wait, retryMost)
+	}
+}
+
+// passing reports whether err is a refusal that a later try may not get.
+func passing(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return true
+	case codes.FailedPrecondition:
+		reason, _ := rpcerr.Details(st)
+		return reason == rpcerr.ReasonSessionBusy
+	}
+	return false
 }
 
 // ListChannels reports this replica's channel bindings.

@@ -10,7 +10,10 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -33,6 +36,8 @@ type fakeSessions struct {
 	mu      sync.Mutex
 	agents  map[string]string
 	newErrs []error // answered by NewSession, one per call, before it serves
+	// promptErrs are answered by Prompt, one per call, before it serves.
+	promptErrs []error
 	// hold, when set, is what the next Prompt waits for (or its context).
 	hold    chan struct{}
 	prompts chan seenPrompt
@@ -60,6 +65,12 @@ func (f *fakeSessions) NewSession(_ context.Context, req *sessionv1.NewSessionRe
 
 func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest, _ ...grpc.CallOption) (*sessionv1.PromptResponse, error) {
 	f.mu.Lock()
+	if len(f.promptErrs) > 0 {
+		err := f.promptErrs[0]
+		f.promptErrs = f.promptErrs[1:]
+		f.mu.Unlock()
+		return nil, err
+	}
 	agent := f.agents[req.GetSessionId()]
 	hold := f.hold
 	f.hold = nil
@@ -219,5 +230,28 @@ func TestChannelRebindKeepsQueuedMessages(t *testing.T) {
 	}
 	if strings.Join(got, " ") != "m2 m3 m4" {
 		t.Fatalf("prompts after the rebind: %v, want m2 m3 m4", got)
+	}
+}
+
+// A message that arrives while the session service (or the config service
+// behind it) is away, or while another replica runs a turn of the same
+// conversation, waits and is delivered, in order: it was logged and
+// dropped, though the sender had been told 202.
+func TestChannelMessageWaitsForTheSessionService(t *testing.T) {
+	fs := newFakeSessions()
+	away := status.Error(codes.Unavailable, "connection refused")
+	fs.newErrs = []error{away, away, away}
+	fs.promptErrs = []error{rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, "Session s is running a turn")}
+	ts := channelServer(t, fs)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	for _, text := range []string{"m1", "m2"} {
+		if code := postMessage(t, web.Listen, `{"id":"`+text+`","from":"ann","text":"`+text+`"}`); code != http.StatusAccepted {
+			t.Fatalf("post %s: %d", text, code)
+		}
+	}
+	for _, want := range []string{"m1", "m2"} {
+		if p := testwait.Recv(t, fs.prompts); p.prompt != want {
+			t.Fatalf("prompt %q, want %q: a message sent while the session service was away was dropped", p.prompt, want)
+		}
 	}
 }
