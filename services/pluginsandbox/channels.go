@@ -298,7 +298,13 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 func (b *binding) stop() {
 	if b.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = b.srv.Shutdown(ctx)
+		if err := b.srv.Shutdown(ctx); err != nil {
+			// A request still sending (a slow or hostile sender) kept
+			// its connection past the graceful stop, and was answered
+			// 202 afterwards for a queue of a binding already gone:
+			// close what is left.
+			_ = b.srv.Close()
+		}
 		cancel()
 	}
 	if b.cancel != nil {

@@ -1,8 +1,10 @@
 package pluginsandbox_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -253,5 +255,38 @@ func TestChannelMessageWaitsForTheSessionService(t *testing.T) {
 		if p := testwait.Recv(t, fs.prompts); p.prompt != want {
 			t.Fatalf("prompt %q, want %q: a message sent while the session service was away was dropped", p.prompt, want)
 		}
+	}
+}
+
+// A removed binding accepts nothing more once its removal returned: a
+// request still sending its body when the listener's graceful stop gave
+// up (5 s) kept its connection, and was answered 202 afterwards, queued
+// into a channel nobody drains.
+func TestChannelRemovedAcceptsNothingAfterwards(t *testing.T) {
+	ts := channelServer(t, newFakeSessions())
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	body := `{"id":"late","from":"ann","text":"late"}`
+	conn, err := net.Dial("tcp", web.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	head := fmt.Sprintf("POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", chanToken, len(body), body[:5])
+	if _, err := conn.Write([]byte(head)); err != nil {
+		t.Fatal(err)
+	}
+	// A whole request on a second connection, answered, is the barrier:
+	// the server accepts in the order connections came, so the first one
+	// is in its handler by then.
+	if code := postMessage(t, web.Listen, `[1]`); code != http.StatusBadRequest {
+		t.Fatalf("barrier: %d", code)
+	}
+
+	bindChannels(t, ts) // removes web; its stop gives up on the slow request
+	_, _ = conn.Write([]byte(body[5:]))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("a removed channel answered %s to a message completed after its removal", resp.Status)
 	}
 }
