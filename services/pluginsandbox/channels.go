@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,10 @@ const (
 	// promptTimeout bounds one message's turn in the session service.
 	promptTimeout = 5 * time.Minute
 )
+
+// maxInboundConns bounds the connections a channel listener serves at
+// once (boundConns); a variable so that a test may lower it.
+var maxInboundConns = 512
 
 // channelPrincipal is who a channel acts as towards the session service:
 // the operator principal, which the config service grants to the daemon's
@@ -267,6 +272,7 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 		return fail(fmt.Errorf("listen %s: %w", cfg.Listen, err))
 	}
 	b.addr = lis.Addr().String()
+	lis = boundConns(lis, maxInboundConns)
 	b.srv = &http.Server{
 		Handler:           http.HandlerFunc(b.serveInbound),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -538,6 +544,61 @@ func (s *Server) ListChannels(context.Context, *pluginv1.ListChannelsRequest) (*
 		}
 	}
 	return resp, nil
+}
+
+// boundConns serves at most n connections of lis at once. The listener
+// takes connections from anyone who reaches its address, before any token
+// is checked, and a connection lives on with a request every idle minute:
+// without a bound, a local account could hold the sandbox's descriptors
+// (which its gRPC server and plugins share) and a goroutine with buffers
+// per connection. One past the bound is answered 503 and closed at once
+// rather than left in the kernel's queue, so the sender learns why.
+func boundConns(lis net.Listener, n int) net.Listener {
+	return &connBound{Listener: lis, slots: make(chan struct{}, n)}
+}
+
+type connBound struct {
+	net.Listener
+	slots chan struct{}
+}
+
+// connRefusal is what a connection past the bound reads.
+var connRefusal = func() string {
+	const body = "the channel has too many connections; retry later\n"
+	return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}()
+
+func (l *connBound) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &slotConn{Conn: c, free: sync.OnceFunc(func() { <-l.slots })}, nil
+		default:
+		}
+		// A fresh socket's send buffer takes the few bytes at once; the
+		// deadline keeps a stuck one from holding the accept loop.
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = io.WriteString(c, connRefusal)
+		_ = c.Close()
+	}
+}
+
+// slotConn gives its slot back when closed (once, however often Close
+// is called).
+type slotConn struct {
+	net.Conn
+	free func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.free()
+	return err
 }
 
 // listenReusePort listens with SO_REUSEPORT where the platform has it, so

@@ -10,12 +10,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -289,4 +291,55 @@ func TestChannelRemovedAcceptsNothingAfterwards(t *testing.T) {
 		resp.Body.Close()
 		t.Fatalf("a removed channel answered %s to a message completed after its removal", resp.Status)
 	}
+}
+
+// A listener serves a bounded number of connections at once; one past
+// the bound is answered 503 and closed. Anyone who reaches the address
+// could open connections without limit (each a goroutine and buffers,
+// kept by a request every idle minute, no token needed), up to the
+// sandbox's descriptors, which its gRPC server and plugins share.
+func TestChannelListenerBoundsItsConnections(t *testing.T) {
+	defer pluginsandbox.SetChannelConnections(3)()
+	ts := channelServer(t, newFakeSessions())
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range 3 {
+		c, err := net.Dial("tcp", web.Listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		if _, err := c.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	extra, err := net.Dial("tcp", web.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	// Nothing is written: the refusal comes unasked (and a request
+	// unread when the server closes could turn its FIN into a reset).
+	resp, err := http.ReadResponse(bufio.NewReader(extra), nil)
+	if err != nil {
+		t.Fatalf("a connection past the bound: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("a connection past the bound was answered %s, want 503", resp.Status)
+	}
+	// A slot freed serves again.
+	held[0].Close()
+	held = held[1:]
+	testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
+		if code := postMessage(t, web.Listen, `[1]`); code != http.StatusBadRequest {
+			return fmt.Errorf("after a slot freed: %d", code)
+		}
+		return nil
+	})
 }

@@ -41,3 +41,11 @@ func CountManifestParses() (count func() int, undo func()) {
 	}
 	return count, func() { parseManifest = old }
 }
+
+// SetChannelConnections sets how many connections a channel listener
+// serves at once until the returned func puts it back.
+func SetChannelConnections(n int) (undo func()) {
+	old := maxInboundConns
+	maxInboundConns = n
+	return func() { maxInboundConns = old }
+}
