@@ -443,6 +443,26 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	if conv == "" {
 		conv = msg.Sender
 	}
+	to := msg.ReplyTarget
+	if to == "" {
+		to = msg.Sender
+	}
+	// notify answers a message that gets no answer of the agent's: its
+	// sender was told 202 and heard nothing at all. The reason stays in
+	// the log: it may name the operator's agents and sessions. The
+	// binding's context, not the turn's: a turn past its time still gets
+	// its notice.
+	bctx := ctx
+	notify := func(text string) {
+		if to == "" || bctx.Err() != nil {
+			return
+		}
+		nctx, cancel := context.WithTimeout(bctx, 30*time.Second)
+		defer cancel()
+		if err := b.ch.Send(nctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: text, ThreadID: msg.ThreadID}); err != nil {
+			log.Warn("channel notice failed", zap.Error(err))
+		}
+	}
 	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + b.cfg.Agent + "\x00" + conv))
 	sessionID := "chan_" + hex.EncodeToString(sum[:16])
 	ctx, cancel := context.WithTimeout(ctx, promptTimeout)
@@ -455,6 +475,7 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		return err
 	}); err != nil {
 		log.Warn("channel message: no session", zap.Error(err))
+		notify(noAnswer)
 		return
 	}
 	var resp *sessionv1.PromptResponse
@@ -463,15 +484,21 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		return err
 	}); err != nil {
 		log.Warn("channel message: prompt failed", zap.String("session_id", sessionID), zap.Error(err))
+		notify(noAnswer)
 		return
 	}
 	log.Info("channel message handed to a session", zap.String("session_id", sessionID), zap.Stringer("outcome", resp.GetOutcome()))
-	to := msg.ReplyTarget
-	if to == "" {
-		to = msg.Sender
-	}
 	answer := strings.TrimSpace(resp.GetContent())
-	if to == "" || answer == "" {
+	if answer == "" {
+		switch resp.GetOutcome() {
+		case sessionv1.TurnOutcome_TURN_OUTCOME_FAILED:
+			notify("This message got no answer: the agent's turn failed.")
+		case sessionv1.TurnOutcome_TURN_OUTCOME_CANCELLED:
+			notify("This message got no answer: the agent's turn was cancelled.")
+		}
+		return
+	}
+	if to == "" {
 		return
 	}
 	if err := b.ch.Send(ctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: answer, ThreadID: msg.ThreadID}); err != nil {
@@ -480,6 +507,9 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	}
 	s.observe(abi.ObserverChannelSent, map[string]string{"channel": b.cfg.Alias, "plugin": b.cfg.Plugin, "session_id": sessionID})
 }
+
+// noAnswer is the notice for a message the session service refused.
+const noAnswer = "This message could not be answered; the operator's log has the reason."
 
 // Retries of a channel message's hand-off (whenAvailable).
 const (

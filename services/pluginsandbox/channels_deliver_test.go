@@ -4,18 +4,23 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/testwait"
@@ -42,6 +47,8 @@ type fakeSessions struct {
 	newErrs []error // answered by NewSession, one per call, before it serves
 	// promptErrs are answered by Prompt, one per call, before it serves.
 	promptErrs []error
+	// outcome is every turn's outcome (unspecified when zero).
+	outcome sessionv1.TurnOutcome
 	// hold, when set, is what the next Prompt waits for (or its context).
 	hold    chan struct{}
 	prompts chan seenPrompt
@@ -76,6 +83,7 @@ func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest,
 		return nil, err
 	}
 	agent := f.agents[req.GetSessionId()]
+	outcome := f.outcome
 	hold := f.hold
 	f.hold = nil
 	f.mu.Unlock()
@@ -88,18 +96,34 @@ func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest,
 		}
 	}
 	// No content: nothing is sent back through the plugin.
-	return &sessionv1.PromptResponse{SessionId: req.GetSessionId()}, nil
+	return &sessionv1.PromptResponse{SessionId: req.GetSessionId(), Outcome: outcome}, nil
 }
 
 // channelServer is a sandbox with the webhook example installed and
 // configured for the alias web, handing its messages to sessions.
 func channelServer(t *testing.T, sessions sessionv1.SessionServiceClient) *testServer {
 	t.Helper()
+	return channelServerHook(t, sessions, "http://127.0.0.1:1/")
+}
+
+// channelServerHook is channelServer with the webhook's replies posted to
+// hook.
+func channelServerHook(t *testing.T, sessions sessionv1.SessionServiceClient, hook string) *testServer {
+	t.Helper()
 	dir := t.TempDir()
 	installExample(t, dir, "webhook")
 	cfg := &wasmhost.MemoryConfig{}
-	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web"), map[string]string{"webhook_url": "http://127.0.0.1:1/", "token": "tok"})
+	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web"), map[string]string{"webhook_url": hook, "token": "tok"})
+	// The hook is on loopback, which a plugin reaches only when allowed.
+	ctx := context.Background()
+	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(),
+		HTTP: wasmhost.HTTPLimits{AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = host.Close(ctx) })
 	return newTestServer(t, dir, func(c *pluginsandbox.Config) {
+		c.Host = host
 		c.ConfigSource = cfg
 		c.Sessions = sessions
 		c.Reveal = func(context.Context, string) (string, error) { return chanToken, nil }
@@ -342,4 +366,42 @@ func TestChannelListenerBoundsItsConnections(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A message that gets no answer (the session service refused it, or its
+// turn failed or was cancelled without a word) is answered with a notice
+// through the plugin: the sender, told 202, heard nothing at all.
+func TestChannelUnansweredMessageGetsANotice(t *testing.T) {
+	replies := make(chan map[string]string, 8)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		replies <- body
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+	fs := newFakeSessions()
+	fs.promptErrs = []error{rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, "`prompt` is required")}
+	ts := channelServerHook(t, fs, hook.URL)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+
+	if code := postMessage(t, web.Listen, `{"id":"m1","from":"ann","text":"","thread":"t-1"}`); code != http.StatusAccepted {
+		t.Fatalf("post: %d", code)
+	}
+	r := testwait.Recv(t, replies)
+	if r["recipient"] != "ann" || r["thread_id"] != "t-1" || !strings.Contains(r["content"], "could not be answered") {
+		t.Fatalf("reply to a refused message: %v", r)
+	}
+
+	fs.mu.Lock()
+	fs.outcome = sessionv1.TurnOutcome_TURN_OUTCOME_FAILED
+	fs.mu.Unlock()
+	if code := postMessage(t, web.Listen, `{"id":"m2","from":"bob","text":"hello"}`); code != http.StatusAccepted {
+		t.Fatalf("post: %d", code)
+	}
+	testwait.Recv(t, fs.prompts)
+	r = testwait.Recv(t, replies)
+	if r["recipient"] != "bob" || !strings.Contains(r["content"], "failed") {
+		t.Fatalf("reply to a failed turn: %v", r)
+	}
 }
