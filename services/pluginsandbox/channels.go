@@ -43,8 +43,14 @@ const (
 	pollEvery = time.Second
 	// pollBatch bounds the messages drained per wake-up.
 	pollBatch = 64
-	// promptTimeout bounds one message's turn in the session service.
-	promptTimeout = 5 * time.Minute
+	// awayWait bounds how long one message waits for a session service
+	// that is away (whenAvailable), and a NewSession call. A turn itself
+	// has no bound of the channel's: the agent's own bound it
+	// (approval_timeout_secs, step_timeout_secs, timeout_secs). A fixed
+	// five minutes here cancelled a channel turn whose approval the
+	// operator had given longer, and answered in time, with no word to
+	// the sender.
+	awayWait = 5 * time.Minute
 )
 
 // maxInboundConns bounds the connections a channel listener serves at
@@ -449,15 +455,13 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	}
 	// notify answers a message that gets no answer of the agent's: its
 	// sender was told 202 and heard nothing at all. The reason stays in
-	// the log: it may name the operator's agents and sessions. The
-	// binding's context, not the turn's: a turn past its time still gets
-	// its notice.
-	bctx := ctx
+	// the log: it may name the operator's agents and sessions. A binding
+	// that is stopping sends none.
 	notify := func(text string) {
-		if to == "" || bctx.Err() != nil {
+		if to == "" || ctx.Err() != nil {
 			return
 		}
-		nctx, cancel := context.WithTimeout(bctx, 30*time.Second)
+		nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		if err := b.ch.Send(nctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: text, ThreadID: msg.ThreadID}); err != nil {
 			log.Warn("channel notice failed", zap.Error(err))
@@ -465,10 +469,10 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	}
 	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + b.cfg.Agent + "\x00" + conv))
 	sessionID := "chan_" + hex.EncodeToString(sum[:16])
-	ctx, cancel := context.WithTimeout(ctx, promptTimeout)
-	defer cancel()
 	p := channelPrincipal()
 	if err := whenAvailable(ctx, log, func() error {
+		ctx, cancel := context.WithTimeout(ctx, awayWait)
+		defer cancel()
 		_, err := s.cfg.Sessions.NewSession(ctx, &sessionv1.NewSessionRequest{
 			Principal: p, AgentAlias: b.cfg.Agent, SessionId: sessionID, InteractionSurface: "channel:" + b.cfg.Alias,
 		})
@@ -517,8 +521,9 @@ const (
 	retryMost  = 5 * time.Second
 )
 
-// whenAvailable runs call until it succeeds, fails for good, or ctx (the
-// message's promptTimeout, or the binding's end) is done. It retries what
+// whenAvailable runs call until it succeeds, fails for good, awayWait
+// has passed since its first refusal, or ctx (the binding's) is done. It
+// retries what
 // passes: the session service (or the config service behind NewSession)
 // away, restarting or unreachable, and a turn of another replica on the
 // same conversation (replicas share a listen address). Each was a message
@@ -528,13 +533,17 @@ const (
 // answer twice beats none.
 func whenAvailable(ctx context.Context, log *zap.Logger, call func() error) error {
 	wait := retryFirst
-	for warned := false; ; warned = true {
+	var giveUp time.Time
+	for {
 		err := call()
 		if err == nil || !passing(err) {
 			return err
 		}
-		if !warned {
+		if giveUp.IsZero() {
+			giveUp = time.Now().Add(awayWait)
 			log.Warn("channel message waits for the session service", zap.Error(err))
+		} else if time.Now().After(giveUp) {
+			return fmt.Errorf("gave up waiting after %v: %w", awayWait, err)
 		}
 		t := time.NewTimer(wait)
 		select {

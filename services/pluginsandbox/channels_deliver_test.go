@@ -34,7 +34,11 @@ import (
 const chanToken = "channel-token-0123456789abcdef0123456789"
 
 // seenPrompt is one Prompt the fake session service received.
-type seenPrompt struct{ session, agent, prompt string }
+type seenPrompt struct {
+	session, agent, prompt string
+	// deadline is whether the call's context had one.
+	deadline bool
+}
 
 // fakeSessions is a session service that keeps, like the real one, the
 // agent a session was created for: NewSession with a known id resumes it
@@ -87,7 +91,8 @@ func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest,
 	hold := f.hold
 	f.hold = nil
 	f.mu.Unlock()
-	f.prompts <- seenPrompt{session: req.GetSessionId(), agent: agent, prompt: req.GetPrompt()}
+	_, deadline := ctx.Deadline()
+	f.prompts <- seenPrompt{session: req.GetSessionId(), agent: agent, prompt: req.GetPrompt(), deadline: deadline}
 	if hold != nil {
 		select {
 		case <-hold:
@@ -403,5 +408,22 @@ func TestChannelUnansweredMessageGetsANotice(t *testing.T) {
 	r = testwait.Recv(t, replies)
 	if r["recipient"] != "bob" || !strings.Contains(r["content"], "failed") {
 		t.Fatalf("reply to a failed turn: %v", r)
+	}
+}
+
+// A channel's turn runs under the agent's own bounds, not one of the
+// channel's: the Prompt call carried a fixed five-minute deadline, which
+// cancelled a turn waiting on an approval the operator had given longer
+// (agents.*.approval_timeout_secs goes to a day, step_timeout_secs
+// defaults to half an hour) and answered in time, e.g. from the phone.
+func TestChannelTurnHasNoDeadlineOfItsOwn(t *testing.T) {
+	fs := newFakeSessions()
+	ts := channelServer(t, fs)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	if code := postMessage(t, web.Listen, `{"id":"m1","from":"ann","text":"hello"}`); code != http.StatusAccepted {
+		t.Fatalf("post: %d", code)
+	}
+	if p := testwait.Recv(t, fs.prompts); p.deadline {
+		t.Fatal("the channel's Prompt call has a deadline of its own, cutting the agent's approval and step timeouts short")
 	}
 }
