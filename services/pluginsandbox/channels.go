@@ -338,7 +338,15 @@ func (b *binding) stop() {
 // per request (so a rotation applies at once) and compared in constant
 // time: a loopback port is reachable by every local account.
 func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
-	if !b.authorized(r) {
+	ok, err := b.authorized(r)
+	if err != nil {
+		// The config service is away: the token may well be right, and
+		// 401 told the sender to send the one it had sent.
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "the channel cannot check its token now; retry later", http.StatusServiceUnavailable)
+		return
+	}
+	if !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="clawmesh channel"`)
 		http.Error(w, "unauthorized: send Authorization: Bearer <channels.plugin."+b.cfg.Alias+".token>", http.StatusUnauthorized)
 		return
@@ -371,20 +379,21 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(`{"queued":true}` + "\n"))
 }
 
-// authorized checks the request's bearer token against the binding's.
-func (b *binding) authorized(r *http.Request) bool {
+// authorized checks the request's bearer token against the binding's;
+// an error is the binding's token that could not be read.
+func (b *binding) authorized(r *http.Request) (bool, error) {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || got == "" || b.reveal == nil {
-		return false
+		return false, nil
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	want, err := b.reveal(ctx, "channels.plugin."+b.cfg.Alias+".token")
 	if err != nil {
 		b.log.Warn("channel token not read", zap.Error(err))
-		return false
+		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
 	}
-	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1, nil
 }
 
 // poll configures the channel (retrying until its config resolves) and

@@ -113,7 +113,7 @@ func channelServer(t *testing.T, sessions sessionv1.SessionServiceClient) *testS
 
 // channelServerHook is channelServer with the webhook's replies posted to
 // hook.
-func channelServerHook(t *testing.T, sessions sessionv1.SessionServiceClient, hook string) *testServer {
+func channelServerHook(t *testing.T, sessions sessionv1.SessionServiceClient, hook string, mut ...func(*pluginsandbox.Config)) *testServer {
 	t.Helper()
 	dir := t.TempDir()
 	installExample(t, dir, "webhook")
@@ -132,6 +132,9 @@ func channelServerHook(t *testing.T, sessions sessionv1.SessionServiceClient, ho
 		c.ConfigSource = cfg
 		c.Sessions = sessions
 		c.Reveal = func(context.Context, string) (string, error) { return chanToken, nil }
+		for _, m := range mut {
+			m(c)
+		}
 	})
 }
 
@@ -425,5 +428,33 @@ func TestChannelTurnHasNoDeadlineOfItsOwn(t *testing.T) {
 	}
 	if p := testwait.Recv(t, fs.prompts); p.deadline {
 		t.Fatal("the channel's Prompt call has a deadline of its own, cutting the agent's approval and step timeouts short")
+	}
+}
+
+// A message whose token cannot be checked (the config service is away)
+// is answered 503, to retry, not 401: the sender was told its token was
+// wrong, with the hint to send the one it had sent.
+func TestChannelTokenUncheckableIsNotUnauthorized(t *testing.T) {
+	var mu sync.Mutex
+	away := true
+	ts := channelServerHook(t, newFakeSessions(), "http://127.0.0.1:1/", func(c *pluginsandbox.Config) {
+		c.Reveal = func(context.Context, string) (string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if away {
+				return "", status.Error(codes.Unavailable, "connection refused")
+			}
+			return chanToken, nil
+		}
+	})
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	if code := postMessage(t, web.Listen, `{"id":"m1","from":"ann","text":"hello"}`); code != http.StatusServiceUnavailable {
+		t.Fatalf("a message while its token cannot be checked: %d, want 503", code)
+	}
+	mu.Lock()
+	away = false
+	mu.Unlock()
+	if code := postMessage(t, web.Listen, `{"id":"m1","from":"ann","text":"hello"}`); code != http.StatusAccepted {
+		t.Fatalf("a message once the token is checked again: %d", code)
 	}
 }
