@@ -347,6 +347,9 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
+		// Kept alive, an unauthenticated client held one of the bounded
+		// connections (boundConns) a minute per request.
+		w.Header().Set("Connection", "close")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="clawmesh channel"`)
 		http.Error(w, "unauthorized: send Authorization: Bearer <channels.plugin."+b.cfg.Alias+".token>", http.StatusUnauthorized)
 		return

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -456,5 +457,35 @@ func TestChannelTokenUncheckableIsNotUnauthorized(t *testing.T) {
 	mu.Unlock()
 	if code := postMessage(t, web.Listen, `{"id":"m1","from":"ann","text":"hello"}`); code != http.StatusAccepted {
 		t.Fatalf("a message once the token is checked again: %d", code)
+	}
+}
+
+// A refused request (no token, a wrong one) ends its connection: kept
+// alive, an unauthenticated client held one of the listener's bounded
+// connections for a minute per request, and took them all with a few
+// hundred.
+func TestChannelRefusedRequestClosesItsConnection(t *testing.T) {
+	ts := channelServer(t, newFakeSessions())
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	conn, err := net.Dial("tcp", web.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 2\r\n\r\n{}")); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !resp.Close {
+		t.Fatalf("a wrong token: %s, close %v; want 401 and the connection closed", resp.Status, resp.Close)
+	}
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("the connection of a refused request stays open")
 	}
 }
