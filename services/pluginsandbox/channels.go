@@ -35,9 +35,13 @@ import (
 const (
 	// maxInboundBody caps one message posted to a channel's listener.
 	maxInboundBody = 1 << 20
-	// inboundQueue bounds a channel's queued messages; a full queue
-	// answers 503.
-	inboundQueue = 256
+	// inboundQueue bounds a channel's queued messages, and
+	// inboundQueueBytes their bytes together; a full queue answers 503.
+	// The count alone let one sender with the listener's token queue 256
+	// messages of 1 MiB, 256 MiB an alias, past the heap the sandbox's
+	// GOMEMLIMIT (416 MiB in the deployments) and its limit allow.
+	inboundQueue      = 256
+	inboundQueueBytes = 16 << 20
 	// pollEvery drains a channel even without a new message (a rebuilt
 	// instance, a configure that failed earlier).
 	pollEvery = time.Second
@@ -245,7 +249,7 @@ const (
 // for a new one.
 func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash string, inbound *wasmhost.InboundQueue) *binding {
 	if inbound == nil {
-		inbound = wasmhost.NewInboundQueue(inboundQueue)
+		inbound = wasmhost.NewInboundQueue(inboundQueue, inboundQueueBytes)
 	}
 	b := &binding{cfg: cfg, entry: e, inbound: inbound, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
 		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}

@@ -51,7 +51,7 @@ type Channel struct {
 func (h *Host) LoadChannel(ctx context.Context, spec PluginSpec, inbound *InboundQueue) (*Channel, error) {
 	spec.World = WorldChannel
 	if inbound == nil {
-		inbound = NewInboundQueue(0)
+		inbound = NewInboundQueue(0, 0)
 	}
 	ch := &Channel{}
 	r, err := h.loadResident(ctx, spec, inbound, func(ctx context.Context, r *resident) error {

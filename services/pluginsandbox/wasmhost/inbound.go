@@ -14,17 +14,25 @@ var ErrInboundFull = errors.New("wasmhost: inbound queue full")
 // poll-message export through the inbound_poll and inbound_pending imports.
 // It is safe for concurrent use.
 type InboundQueue struct {
-	mu   sync.Mutex
-	msgs [][]byte
-	max  int
+	mu       sync.Mutex
+	msgs     [][]byte
+	bytes    int64 // the queued messages' lengths together
+	max      int
+	maxBytes int64
 }
 
-// NewInboundQueue returns a queue holding at most max messages.
-func NewInboundQueue(max int) *InboundQueue {
+// NewInboundQueue returns a queue holding at most max messages and at
+// most maxBytes of them together (non-positive: 1024 messages, 16 MiB).
+// The byte bound is the one that holds memory: a count alone let
+// messages of the listener's largest size fill a sandbox's heap.
+func NewInboundQueue(max int, maxBytes int64) *InboundQueue {
 	if max <= 0 {
 		max = 1024
 	}
-	return &InboundQueue{max: max}
+	if maxBytes <= 0 {
+		maxBytes = 16 << 20
+	}
+	return &InboundQueue{max: max, maxBytes: maxBytes}
 }
 
 // Push queues one message, which must be a JSON object.
@@ -35,10 +43,11 @@ func (q *InboundQueue) Push(msg any) error {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.msgs) >= q.max {
+	if len(q.msgs) >= q.max || q.bytes+int64(len(b)) > q.maxBytes {
 		return ErrInboundFull
 	}
 	q.msgs = append(q.msgs, b)
+	q.bytes += int64(len(b))
 	return nil
 }
 
@@ -63,5 +72,6 @@ func (q *InboundQueue) popIfFits(capacity uint32) (msg []byte, size int) {
 	}
 	q.msgs[0] = nil
 	q.msgs = q.msgs[1:]
+	q.bytes -= int64(len(head))
 	return head, len(head)
 }
