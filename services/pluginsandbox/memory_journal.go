@@ -576,6 +576,13 @@ func (j *journal) update(l *ledger) (ops []journalRecord, exact bool, err error)
 	}
 	fresh := newLedger(nil)
 	if _, err := j.load(fresh); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			// The memory folder was removed: made again with what l
+			// holds, as a change's record makes it (ledger.record).
+			// Before, every call failed here, the journal unreadable,
+			// until a restart found the folder empty.
+			return nil, true, j.recreate(l)
+		}
 		return nil, false, err
 	}
 	j.stale = false

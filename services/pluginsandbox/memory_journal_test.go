@@ -331,3 +331,34 @@ func BenchmarkMemoryReplicaCatchUp(b *testing.B) {
 		b.Fatalf("replica two rebuilt its instance %d times", n)
 	}
 }
+
+// The memory folder removed under a running sandbox (its data directory
+// wiped): the journal's folder is made again with the entries held
+// (TestJournalFolderRemoved), but a call found the journal changed first,
+// read it to catch up, and failed as "memory journal unreadable" on the
+// missing folder; every store, forget and recall failed so until a
+// restart, which found the folder empty. Now the catch-up makes the
+// folder again with what the ledger holds, and the call goes on.
+func TestMemoryFolderRemovedWhileRunning(t *testing.T) {
+	plugins, memories := t.TempDir(), filepath.Join(t.TempDir(), "memories")
+	installExample(t, plugins, "kv")
+	ts := newTestServer(t, plugins, withMemoryDir(memories))
+	for _, k := range []string{"a", "b"} {
+		if err := store(t, ts, k, "note "+k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(memories); err != nil {
+		t.Fatal(err)
+	}
+	if got := recallKeys(t, ts, "note", 10); strings.Join(got, ",") != "b,a" {
+		t.Fatalf("recall after the folder was removed: %v", got)
+	}
+	if err := store(t, ts, "c", "note c"); err != nil {
+		t.Fatalf("store after the folder was removed: %v", err)
+	}
+	again := newTestServer(t, plugins, withMemoryDir(memories))
+	if got := recallKeys(t, again, "note", 10); strings.Join(got, ",") != "c,b,a" {
+		t.Fatalf("recall after a restart: %v", got)
+	}
+}
