@@ -1,6 +1,7 @@
 package pluginsandbox
 
 import (
+	"os"
 	"sync"
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
@@ -48,4 +49,11 @@ func SetChannelConnections(n int) (undo func()) {
 	old := maxInboundConns
 	maxInboundConns = n
 	return func() { maxInboundConns = old }
+}
+
+// SetMemoryJournal gives the journal of the memory plugin named plugin a
+// bound and a maker of a rewrite's new file.
+func SetMemoryJournal(s *Server, plugin string, limit int64, createTemp func(dir, pattern string) (*os.File, error)) {
+	j := s.current().memories[plugin].ledger.journal
+	j.limit, j.createTemp = limit, createTemp
 }

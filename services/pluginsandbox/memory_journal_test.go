@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
@@ -359,6 +363,43 @@ func TestMemoryFolderRemovedWhileRunning(t *testing.T) {
 	}
 	again := newTestServer(t, plugins, withMemoryDir(memories))
 	if got := recallKeys(t, again, "note", 10); strings.Join(got, ",") != "c,b,a" {
+		t.Fatalf("recall after a restart: %v", got)
+	}
+}
+
+// A forget whose record the journal refused (full, its rewrite failing)
+// answers that the change would not outlive a restart, and to retry. The
+// retry found the entry in neither the ledger nor the instance, wrote
+// nothing and answered success, and a restart brought the entry back.
+// Now the ledger keeps the entry while the journal does, so the retry
+// writes the forget.
+func TestMemoryForgetRetriedIsWritten(t *testing.T) {
+	plugins, memories := t.TempDir(), t.TempDir()
+	installExample(t, plugins, "kv")
+	ts := newTestServer(t, plugins, withMemoryDir(memories))
+	for _, k := range []string{"a", "b"} {
+		if err := store(t, ts, k, "note "+k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := os.Stat(filepath.Join(memories, "kv.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pluginsandbox.SetMemoryJournal(ts.Server, "kv", st.Size(), func(string, string) (*os.File, error) {
+		return nil, errors.New("refused by the test")
+	})
+	ctx := context.Background()
+	_, err = ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: "a"})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "retry") {
+		t.Fatalf("forget with the journal full: %v", err)
+	}
+	pluginsandbox.SetMemoryJournal(ts.Server, "kv", st.Size()+1<<20, os.CreateTemp)
+	if _, err := ts.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Key: "a"}); err != nil {
+		t.Fatalf("the forget retried: %v", err)
+	}
+	again := newTestServer(t, plugins, withMemoryDir(memories))
+	if got := recallKeys(t, again, "note", 10); strings.Join(got, ",") != "b" {
 		t.Fatalf("recall after a restart: %v", got)
 	}
 }

@@ -236,9 +236,19 @@ func (s *Server) MemoryForget(ctx context.Context, req *pluginv1.MemoryForgetReq
 		if existed, err = m.Forget(ctx, req.GetKey()); err != nil {
 			return err
 		}
-		if _, held := l.entries[req.GetKey()]; held || existed {
+		if old, held := l.entries[req.GetKey()]; held || existed {
 			l.forgot(req.GetKey())
-			return l.record(journalRecord{Op: opForget, Key: []byte(req.GetKey())})
+			if err := l.record(journalRecord{Op: opForget, Key: []byte(req.GetKey())}); err != nil {
+				// The journal still holds the entry, and so does the
+				// ledger, where it was: the retry the answer asks for
+				// writes the forget. Before, the retry found the entry
+				// nowhere, wrote nothing and answered success, and a
+				// restart brought it back.
+				if held {
+					l.entries[old.e.Key], l.bytes = old, l.bytes+old.size
+				}
+				return err
+			}
 		}
 		return nil
 	})
