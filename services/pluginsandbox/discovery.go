@@ -91,6 +91,9 @@ func (e *entry) closeWorlds(ctx context.Context) {
 	if e.memory != nil {
 		_ = e.memory.Close(ctx)
 	}
+	if e.ledger != nil {
+		e.ledger.journal.close()
+	}
 	if e.observer != nil {
 		e.observer.stop(ctx)
 	}

@@ -47,6 +47,16 @@ type journal struct {
 	// when an append found records it had not read.
 	seen  fileID
 	stale bool
+	// held is the file seen names, kept open: a file's inode number
+	// goes to a new file once the last open of it is closed, and a
+	// rewrite's new file took the number of the file this process had
+	// read (ext4 gives it back at once), which then passed for it: two
+	// rewrites by another replica went unseen, or the new file was read
+	// from where the old one ended. Held, the number names no other
+	// file; the cost is that the file an idle replica last read keeps
+	// its room on disk until its next memory call, or the plugin's
+	// unload, once another rewrote it.
+	held *os.File
 	// A rewrite that failed is tried again once the file has grown by a
 	// quarter (retrySize) or retryBackoff has passed (retryTime),
 	// whichever comes first: each try reads the whole file, and retried
@@ -71,11 +81,48 @@ func idOf(st *unix.Stat_t) fileID {
 	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: st.Size}
 }
 
-// see records what f, whose lock is held, is now.
+// see records what f, whose lock is held, is now, and holds the file.
 func (j *journal) see(f *os.File) {
 	var st unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &st) == nil {
-		j.seen = idOf(&st)
+	if unix.Fstat(int(f.Fd()), &st) != nil {
+		return
+	}
+	id := idOf(&st)
+	if j.held != nil && id.dev == j.seen.dev && id.ino == j.seen.ino {
+		j.seen = id
+		return
+	}
+	// Opened again, not dup'ed: a dup would share f's open file, and
+	// with it the flock, past f's close. Under the lock the path names
+	// f (a rewrite renames only under the lock of the file it replaces).
+	g, err := os.Open(j.path)
+	var held unix.Stat_t
+	if err == nil && (unix.Fstat(int(g.Fd()), &held) != nil || held.Dev != st.Dev || held.Ino != st.Ino) {
+		g.Close()
+		err = errors.New("not the file locked")
+	}
+	if err != nil {
+		// Not held, its number may go to another file: the next call
+		// reads the whole file.
+		j.hold(nil, id)
+		j.stale = true
+		return
+	}
+	j.hold(g, id)
+}
+
+// hold makes f, the file id names, the one held.
+func (j *journal) hold(f *os.File, id fileID) {
+	if j.held != nil && j.held != f {
+		j.held.Close()
+	}
+	j.held, j.seen = f, id
+}
+
+// close lets go of the file held; the plugin's load is unloaded.
+func (j *journal) close() {
+	if j != nil {
+		j.hold(nil, fileID{})
 	}
 }
 
@@ -499,9 +546,12 @@ func (j *journal) rewrite(f *os.File) error {
 	if err != nil {
 		return err
 	}
+	held := false
 	defer func() {
-		tmp.Close()
-		os.Remove(tmp.Name()) // fails once renamed
+		if !held {
+			tmp.Close()
+			os.Remove(tmp.Name()) // fails once renamed
+		}
 	}()
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
@@ -529,8 +579,9 @@ func (j *journal) rewrite(f *os.File) error {
 	if err == nil {
 		err = tmp.Sync()
 	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
+	var st unix.Stat_t
+	if err == nil {
+		err = unix.Fstat(int(tmp.Fd()), &st)
 	}
 	if err == nil {
 		err = os.Rename(tmp.Name(), j.path)
@@ -542,12 +593,13 @@ func (j *journal) rewrite(f *os.File) error {
 		_ = d.Sync()
 		d.Close()
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(j.path, &st); err == nil {
-		j.base = st.Size
-		if !j.stale {
-			j.seen = idOf(&st)
-		}
+	// The file as this process wrote it, not as a stat of the path
+	// finds it: another replica may have appended to it since the
+	// rename, records this one has not read.
+	j.base = st.Size
+	if !j.stale {
+		j.hold(tmp, idOf(&st))
+		held = true
 	}
 	return nil
 }

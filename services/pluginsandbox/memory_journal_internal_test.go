@@ -303,3 +303,62 @@ func TestJournalFolderRemoved(t *testing.T) {
 		t.Fatalf("loaded %v, want [a c d]", keys)
 	}
 }
+
+// A replica tells the journal it last read from the one at the path by
+// its inode and size, but a file's inode number is given to a new file
+// once the old one is closed and removed: a rewrite's new file took the
+// number of the one before the last rewrite (ext4 gives it back at
+// once). Another replica's two rewrites of a same-sized file went
+// unseen, the replica answering from the entry as it was (on the code
+// before: after the second rewrite it held "v0" where the journal held
+// "v2"); of a larger file, it read the new file from where the old one
+// ended as if the rest were appended, and failed on a record cut in
+// two. Now a replica keeps open the file it last read, so that its
+// number names no other while it does.
+func TestJournalInodeReusedByARewrite(t *testing.T) {
+	dir := t.TempDir()
+	a, err := openJournal(dir, "kv", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := openJournal(dir, "kv", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.close(); b.close() })
+	// b stores "a" again and rewrites the journal, as a store past twice
+	// the journal's base does.
+	rewritten := func(content string) {
+		t.Helper()
+		if err := b.append(journalRecord{Op: opStore, Key: []byte("a"), Content: []byte(content)}); err != nil {
+			t.Fatal(err)
+		}
+		f, err := b.lockedFile(os.O_RDWR)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := b.rewrite(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rewritten("v0")
+	l := newLedger(a)
+	if _, err := a.load(l); err != nil {
+		t.Fatal(err)
+	}
+	// Two rewrites between the replica's reads: the second's new file
+	// may take the number of the file the replica read.
+	for i, content := range []string{"v2", "v4", "v666", "v88888"} {
+		rewritten(content[:len(content)-1] + "x")
+		rewritten(content)
+		if a.changed() {
+			if _, _, err := a.update(l); err != nil {
+				t.Fatalf("rewrites to %s: catching up: %v", content, err)
+			}
+		}
+		if got := l.entries["a"].e.Content; got != content {
+			t.Fatalf("step %d: the replica holds %q, the journal %q", i+1, got, content)
+		}
+	}
+}
