@@ -403,3 +403,42 @@ func TestMemoryForgetRetriedIsWritten(t *testing.T) {
 		t.Fatalf("recall after a restart: %v", got)
 	}
 }
+
+// A plugin loaded again by a rescan took the entries of the load it
+// replaced over those its own load read from the journal: an entry
+// another replica forgot since the old load last read the journal came
+// back on this replica, and its instance was given it again. With a
+// journal, the new load now keeps what it read, which holds every change
+// the old load recorded, and catches up on later ones from the journal.
+func TestMemoryReloadKeepsAnotherReplicasForget(t *testing.T) {
+	plugins, memories := t.TempDir(), t.TempDir()
+	installExample(t, plugins, "kv")
+	one := newTestServer(t, plugins, withMemoryDir(memories))
+	two := newTestServer(t, plugins, withMemoryDir(memories))
+	for _, k := range []string{"a", "b"} {
+		if err := store(t, one, k, "note "+k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := two.MemoryForget(context.Background(), &pluginv1.MemoryForgetRequest{Key: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(plugins, "kv", "manifest.toml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("\n# edited\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	one.rescan(t)
+	if got := recallKeys(t, one, "note", 10); strings.Join(got, ",") != "b" {
+		t.Fatalf("replica one after two forgot a and one reloaded kv: %v", got)
+	}
+	if err := store(t, one, "c", "note c"); err != nil {
+		t.Fatal(err)
+	}
+	if got := recallKeys(t, one, "note", 10); strings.Join(got, ",") != "c,b" {
+		t.Fatalf("replica one after a store on the new load: %v", got)
+	}
+}

@@ -207,7 +207,8 @@ type refusal struct {
 
 // handOver gives a new load of a memory plugin (its folder changed, or
 // the signature policy) the entries of the load it replaces, which were
-// otherwise lost with the old instance. Both ledgers
+// otherwise lost with the old instance; with a journal, those the new
+// load read from it. Both ledgers
 // are held until the catalog that names the new load is in place
 // (release), so no call reaches either meanwhile: one already waiting on
 // the old ledger finds it moved and looks the plugin up again, one on
@@ -220,11 +221,17 @@ func handOver(ctx context.Context, from, to *ledger) (release func(), err error)
 		from.release()
 		return nil, err
 	}
-	for k, le := range from.entries {
-		to.entries[k] = le
+	// A new load with a journal read it (memoryLedger): it holds every
+	// change the old load recorded, and the journal gives it those made
+	// since. Laid over it, the old load's entries brought back those
+	// other replicas forgot since the old load last read the journal.
+	if to.journal == nil {
+		for k, le := range from.entries {
+			to.entries[k] = le
+		}
+		to.seq, to.bytes = from.seq, from.bytes
+		to.partial = len(to.entries) > 0
 	}
-	to.seq, to.bytes = from.seq, from.bytes
-	to.partial = len(to.entries) > 0
 	from.entries, from.bytes, from.moved = map[string]ledgerEntry{}, 0, true
 	return func() { to.release(); from.release() }, nil
 }
