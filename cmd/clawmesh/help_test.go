@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -60,6 +61,34 @@ func TestUnknownSubcommandRefusedEvenWithHelp(t *testing.T) {
 		_, stderr, code := runCLI(t, args...)
 		if code == 0 || !strings.Contains(stderr, "bogus") && !strings.Contains(stderr, "want create or revoke") {
 			t.Errorf("clawmesh %s: exit %d, stderr %.200s", strings.Join(args, " "), code, stderr)
+		}
+	}
+}
+
+// The layouts of README.md and docs/design.md name every command of the
+// CLI on their cmd/clawmesh/ line: they listed seven of the eleven
+// (status, doctor, health and bus were missing).
+func TestLayoutsNameEveryCommand(t *testing.T) {
+	for _, doc := range []string{"../../README.md", "../../docs/design.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var line string
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "cmd/clawmesh/ ") {
+				line = l
+			}
+		}
+		if line == "" {
+			t.Fatalf("%s has no cmd/clawmesh/ line in its layout", doc)
+		}
+		_, named, _ := strings.Cut(line, "the CLI:")
+		words := strings.FieldsFunc(named, func(r rune) bool { return r == ',' || r == '/' || r == ' ' })
+		for _, c := range commands {
+			if !slices.Contains(words, c) {
+				t.Errorf("%s's layout line %q does not name %s", doc, line, c)
+			}
 		}
 	}
 }
