@@ -79,7 +79,7 @@ var Properties = []Property{
 	{Path: "rpc.max_inflight_requests", Type: Integer, Default: 64, Min: f(1), Max: f(4096), Restart: true,
 		Doc: "requests one connection may have in flight; past it the gateway stops reading that connection until replies drain"},
 	{Path: "rpc.call_timeout_ms", Type: Integer, Default: 10000, Min: f(100), Max: f(3_600_000), Restart: true,
-		Doc: "deadline of the gateway's short calls to a service (session/state, lists, cancel, approve, status, config reads); config writes, session/new, session/delete and session/messages get three times it; session/prompt lasts as long as its turn"},
+		Doc: "deadline of the gateway's short calls to a service (session/state, lists, cancel, approve, status, config reads); config writes, session/new, session/delete, session/messages, file/attach and file/upload/commit get three times it; session/prompt lasts as long as its turn"},
 	{Path: "rpc.max_buffered_frame_bytes", Type: Integer, Default: 134217728, Min: f(1 << 20), Max: f(1 << 36), Restart: true,
 		Doc: "unfinished frames held across every connection; a connection that would pass it waits (its frame timeout still runs)"},
 	{Path: "rpc.max_buffered_output_bytes", Type: Integer, Default: 268435456, Min: f(16 << 20), Max: f(1 << 36), Restart: true,
