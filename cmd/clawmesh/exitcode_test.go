@@ -26,6 +26,11 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"up", "--bogus"}, 2, "flag provided but not defined: -bogus (see clawmesh up -h)"},
 		{[]string{"up", "extra", "--config-dir", none}, 2, `unexpected argument "extra"`},
 		{[]string{"up", "--config-dir", none, "--set", "rpc.max_local_connections=abc"}, 2, "rpc.max_local_connections"},
+		// The launcher's own checks of --scale exited 1, as if the
+		// stack had failed.
+		{[]string{"up", "--config-dir", none, "--scale", "plugin-sandbox=65"}, 2, "replicas must be between 1 and 64"},
+		{[]string{"up", "--config-dir", none, "--scale", "plugin-sandbox=0"}, 2, "replicas must be between 1 and 64"},
+		{[]string{"up", "--config-dir", none, "--scale", "session=2"}, 2, "only plugin-sandbox runs several replicas"},
 		{[]string{"call"}, 2, "want METHOD"},
 		{[]string{"call", "status", "{bad", "--config-dir", none}, 2, "PARAMS_JSON"},
 		// JSON, but not params: refused here, before the stack is dialled

@@ -87,6 +87,9 @@ func up(args []string, out io.Writer) error {
 		}
 		scale[name] = count
 	}
+	if err := launcher.CheckScale(scale); err != nil {
+		return usageErrorf("%w", err)
+	}
 	// Typed and checked against the schema here, so a bad --set fails
 	// before anything starts (the config service checks it again, with the
 	// whole document).

@@ -88,13 +88,8 @@ func (c *Config) withDefaults() error {
 		}
 		c.BinDir = filepath.Dir(exe)
 	}
-	for name, n := range c.Scale {
-		if p, ok := stack.Lookup(name); !ok || !p.Scalable {
-			return fmt.Errorf("--scale %s: only %s runs several replicas", name, scalable())
-		}
-		if n < 1 || n > 64 {
-			return fmt.Errorf("--scale %s=%d: replicas must be between 1 and 64", name, n)
-		}
+	if err := CheckScale(c.Scale); err != nil {
+		return err
 	}
 	// Before anything starts: too large, they would fail the config
 	// service's start.
@@ -585,6 +580,21 @@ func (s *firstSocket) close() {
 func (s *firstSocket) release() {
 	s.close()
 	_ = os.Remove(s.path)
+}
+
+// CheckScale refuses replica counts the launcher cannot run: a process
+// that does not scale, or a count outside 1 to 64. The CLI calls it to
+// refuse such a --scale as a command-line error before anything starts.
+func CheckScale(scale map[string]int) error {
+	for name, n := range scale {
+		if p, ok := stack.Lookup(name); !ok || !p.Scalable {
+			return fmt.Errorf("--scale %s: only %s runs several replicas", name, scalable())
+		}
+		if n < 1 || n > 64 {
+			return fmt.Errorf("--scale %s=%d: replicas must be between 1 and 64", name, n)
+		}
+	}
+	return nil
 }
 
 func scalable() string {
