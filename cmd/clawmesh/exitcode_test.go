@@ -31,6 +31,8 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"up", "--config-dir", none, "--scale", "plugin-sandbox=65"}, 2, "replicas must be between 1 and 64"},
 		{[]string{"up", "--config-dir", none, "--scale", "plugin-sandbox=0"}, 2, "replicas must be between 1 and 64"},
 		{[]string{"up", "--config-dir", none, "--scale", "session=2"}, 2, "only plugin-sandbox runs several replicas"},
+		// A negative timeout disabled the probe without a word, as 0 does.
+		{[]string{"up", "--config-dir", none, "--liveness-timeout", "-5s"}, 2, "--liveness-timeout -5s: want a duration of 0 or more (0 disables the probe)"},
 		{[]string{"call"}, 2, "want METHOD"},
 		{[]string{"call", "status", "{bad", "--config-dir", none}, 2, "PARAMS_JSON"},
 		// JSON, but not params: refused here, before the stack is dialled

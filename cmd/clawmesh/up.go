@@ -67,6 +67,11 @@ func up(args []string, out io.Writer) error {
 	if len(rest) > 0 {
 		return usageErrorf("up: unexpected argument %q", rest[0])
 	}
+	// A negative timeout is a typo, not a choice: the launcher would read
+	// it as "disabled" and the stack would run without its liveness probe.
+	if liveness < 0 {
+		return usageErrorf("--liveness-timeout %s: want a duration of 0 or more (0 disables the probe)", liveness)
+	}
 	if setFile != "" {
 		fromFile, err := readSetFile(setFile)
 		if err != nil {
