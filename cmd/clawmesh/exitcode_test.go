@@ -51,6 +51,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"plugin", "install", "--config-dir", none}, 2, "want one SOURCE"},
 		{[]string{"plugin", "bogus"}, 2, `unknown command "bogus"`},
 		{[]string{"bus", "users", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"version", "extra"}, 2, `version: unexpected argument "extra"`},
 		{[]string{"health", "--bogus"}, 1, "flag provided but not defined"},
 		{[]string{"health", "a", "b"}, 1, "at most one ADDR"},
 		// Failures, not usage errors.

@@ -73,6 +73,9 @@ func run(args []string) error {
 	case "bus":
 		return busCmd(args[1:], os.Stdout)
 	case "version", "--version":
+		if len(args) > 1 {
+			return usageErrorf("version: unexpected argument %q", args[1])
+		}
 		return printVersion()
 	case "help", "-h", "--help":
 		fmt.Print(usage)
