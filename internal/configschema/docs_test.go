@@ -45,3 +45,30 @@ func TestChannelAndSecretPropertiesDocumented(t *testing.T) {
 		}
 	}
 }
+
+// A value refused by a property's pattern is told what form it must
+// have: "the secret is not in the expected form" left an operator
+// setting channels.plugin.<alias>.token guessing, and so did `"8080" is
+// not in the expected form` for a listener's address.
+func TestPatternRefusalsSayTheForm(t *testing.T) {
+	for _, tc := range []struct{ prop, text, says string }{
+		{"channels.plugin.x.token", "short", "at least 32 printable ASCII characters without spaces"},
+		{"durable.token", strings.Repeat("a", 31), "at least 32 printable ASCII characters without spaces"},
+		{"channels.plugin.x.listen", "8080", "host:port"},
+		{"agents.default.base_url", "host/v1", "http://, https:// or unix://"},
+		{"plugins.security.trusted_publisher_keys", "abc", "64 lower-case hexadecimal"},
+	} {
+		_, err := ParseText(tc.prop, tc.text)
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s=%s: %v, want it to say %q", tc.prop, tc.text, err, tc.says)
+		}
+		if p, _ := LookupLeaf(tc.prop); p != nil && p.Secret && err != nil && strings.Contains(err.Error(), tc.text) {
+			t.Errorf("%s: the refusal echoes the secret: %v", tc.prop, err)
+		}
+	}
+	for _, p := range Properties {
+		if p.Pattern != nil && patternForms[p.Pattern] == "" {
+			t.Errorf("%s: its pattern has no form in patternForms", p.Path)
+		}
+	}
+}

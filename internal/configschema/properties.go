@@ -187,3 +187,17 @@ func checkCIDR(s string) error {
 	}
 	return nil
 }
+
+// patternForms says in words what each pattern accepts, for the refusal
+// of a value that does not match (a secret's refusal cannot show the
+// value, so the form is all it can say).
+var patternForms = map[*regexp.Regexp]string{
+	configPathPattern: "a dotted config path whose segments are letters, digits, _ : @ - (not first) or *",
+	urlPattern:        "empty, or a URL starting http://, https:// or unix:// without spaces",
+	toolPattern:       "a tool name: letters, digits, _ . : - (not first)",
+	hexKey:            "64 lower-case hexadecimal characters",
+	durableToken:      "empty, or at least 32 printable ASCII characters without spaces",
+	pluginName:        "a plugin name: lower-case letters, digits, _ - (not first)",
+	listenAddr:        "host:port with an explicit host (an IPv4 address, [IPv6] or localhost), such as 127.0.0.1:0 or 0.0.0.0:8080",
+	noControl:         "one line of text, without control characters",
+}

@@ -77,10 +77,12 @@ func (p *Property) checkScalar(t Type, v any) (any, error) {
 			return nil, typeErr("%q is longer than %d characters", s, p.MaxLen)
 		}
 		if p.Pattern != nil && !p.Pattern.MatchString(s) {
+			// The form in words: a secret's refusal cannot show the value.
+			form := patternForms[p.Pattern]
 			if p.Secret { // never echo a secret, not even a bad one
-				return nil, typeErr("the secret is not in the expected form")
+				return nil, typeErr("the secret is not in the expected form: %s", form)
 			}
-			return nil, typeErr("%q is not in the expected form", s)
+			return nil, typeErr("%q is not in the expected form: %s", s, form)
 		}
 		if p.Valid != nil {
 			if err := p.Valid(s); err != nil {
