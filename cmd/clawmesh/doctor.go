@@ -22,7 +22,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/version"
 )
 
-const doctorUsage = `usage: clawmesh doctor [--config-dir DIR] [--socket PATH] [--fix]
+const doctorUsage = `usage: clawmesh doctor [--config-dir DIR] [--socket PATH] [--token T] [--fix]
 
 Checks what a stack needs and says what to do about each problem: the
 PostgreSQL binaries, the data directory's owner and modes, the free space

@@ -92,3 +92,27 @@ func TestLayoutsNameEveryCommand(t *testing.T) {
 		}
 	}
 }
+
+// A command's usage line names every flag its -h lists below it: up's
+// left out --bin-dir and --log-level, doctor's --token.
+func TestUsageLinesNameEveryFlag(t *testing.T) {
+	for _, cmd := range []string{"up", "call", "status", "chat", "doctor"} {
+		out, _, code := runCLI(t, cmd, "-h")
+		if code != 0 {
+			t.Fatalf("clawmesh %s -h: exit %d", cmd, code)
+		}
+		head, flags, ok := strings.Cut(out, "\nflags:\n")
+		if !ok {
+			t.Fatalf("clawmesh %s -h has no flags section:\n%s", cmd, out)
+		}
+		usage, _, _ := strings.Cut(head, "\n\n")
+		for _, l := range strings.Split(flags, "\n") {
+			if f, ok := strings.CutPrefix(l, "  -"); ok {
+				name, _, _ := strings.Cut(f, " ")
+				if !strings.Contains(usage, "--"+name+" ") && !strings.Contains(usage, "--"+name+"]") {
+					t.Errorf("clawmesh %s: usage %q does not name --%s", cmd, usage, name)
+				}
+			}
+		}
+	}
+}

@@ -29,6 +29,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 const upUsage = `usage: clawmesh up [--config-dir DIR] [--set PROP=VALUE]... [--set-file FILE]
                   [--scale SERVICE=N]... [--ephemeral] [--liveness-timeout D]
+                  [--bin-dir DIR] [--log-level LEVEL]
 
 Runs the whole stack on this host in the foreground (alias: daemon): a
 PostgreSQL cluster of the machine's binaries in the data directory (or
