@@ -39,11 +39,18 @@ type outbox struct {
 	// completed records the turn_ids whose turn_complete was written, so a
 	// session/prompt response never overtakes its own turn_complete. The
 	// connection sees the turns of every session it attached to, not only
-	// its own prompts: the entries delivery adds are kept in recent and the
-	// oldest dropped past maxRecentTurns, so the map stays small on a
-	// long-lived connection (a prompt waits for its turn within moments).
+	// its own prompts, so a turn_complete is recorded only while a prompt
+	// of the connection on its session is in flight (prompting, counted
+	// by session): only such a prompt can come to collect it, and a
+	// prompt's turn_complete is written after its start. The entries of a
+	// session (bySession) go when its last prompt ends. Remembering the
+	// last 64 turn_completes of the connection instead, whoever's, lost a
+	// prompt's own behind those of the other turns of the sessions it
+	// followed that ended before its answer came: it waited in vain, and
+	// the connection was closed as one whose updates were lost.
 	completed map[string]chan struct{}
-	recent    []string
+	prompting map[string]int
+	bySession map[string][]string
 
 	// asks are the elicitations put to the client and not yet answered,
 	// by session, each with what cancels it. An approval decided elsewhere
@@ -61,7 +68,12 @@ type outbox struct {
 // session/approve.
 const maxAsks = 64
 
-// maxRecentTurns bounds the completions remembered for prompts to collect.
+// maxRecentTurns bounds the completions remembered for the prompts in
+// flight on one session to collect, the oldest dropped past it. A session
+// runs one turn at a time: it takes that many turns, each admitted and
+// ended, between a prompt's turn_complete and its answer to drop the
+// prompt's own (the prompt then waits out turnCompleteWait and closes
+// the connection, as for a turn_complete lost).
 const maxRecentTurns = 64
 
 // maxOutboxBytes bounds the memory the updates queued for one connection
@@ -92,7 +104,8 @@ const outboxEntryOverhead = 2 * int(unsafe.Sizeof(queued{}))
 func entryBytes(u bus.Update) int { return len(u.JSON) + outboxEntryOverhead }
 
 func newOutbox(ctx context.Context, g *Gateway, cs *connState) *outbox {
-	o := &outbox{ctx: ctx, cs: cs, g: g, completed: map[string]chan struct{}{}, asks: map[string]map[uint64]context.CancelFunc{}}
+	o := &outbox{ctx: ctx, cs: cs, g: g, completed: map[string]chan struct{}{}, prompting: map[string]int{},
+		bySession: map[string][]string{}, asks: map[string]map[uint64]context.CancelFunc{}}
 	o.cond = sync.NewCond(&o.mu)
 	return o
 }
@@ -217,6 +230,29 @@ func (o *outbox) forgetTurn(turnID string) {
 	delete(o.completed, turnID)
 }
 
+// promptBegins and promptEnds bracket a prompt of the connection on the
+// session: while one is in flight, the session's turn_completes are
+// recorded for it to collect (see completed).
+func (o *outbox) promptBegins(sessionID string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.prompting[sessionID]++
+}
+
+func (o *outbox) promptEnds(sessionID string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.prompting[sessionID] > 1 {
+		o.prompting[sessionID]--
+		return
+	}
+	delete(o.prompting, sessionID)
+	for _, turn := range o.bySession[sessionID] {
+		delete(o.completed, turn)
+	}
+	delete(o.bySession, sessionID)
+}
+
 // maxBatchBytes bounds the frames run takes off the queue to write at
 // once; maxKeptBatch bounds the slots of a batch's array run keeps.
 const (
@@ -301,8 +337,8 @@ func (o *outbox) sent(u bus.Update) {
 		var tc struct {
 			TurnID string `json:"turn_id"`
 		}
-		if json.Unmarshal(u.JSON, &tc) == nil && tc.TurnID != "" {
-			o.markCompleted(tc.TurnID)
+		if o.prompting[u.SessionID] > 0 && json.Unmarshal(u.JSON, &tc) == nil && tc.TurnID != "" {
+			o.markCompleted(u.SessionID, tc.TurnID)
 		}
 		// A session runs one turn at a time: its approvals ended with it.
 		for _, cancel := range o.asks[u.SessionID] {
@@ -342,18 +378,20 @@ func (o *outbox) ask(u bus.Update) {
 	})
 }
 
-// markCompleted records that turnID's turn_complete was written, waking a
-// prompt waiting for it; o.mu is held.
-func (o *outbox) markCompleted(turnID string) {
+// markCompleted records that the turn_complete of turnID, a turn of the
+// session, was written, waking a prompt waiting for it; o.mu is held and
+// a prompt of the connection on the session is in flight.
+func (o *outbox) markCompleted(sessionID, turnID string) {
 	ch, ok := o.completed[turnID]
 	if !ok {
 		ch = make(chan struct{})
 		o.completed[turnID] = ch
-		o.recent = append(o.recent, turnID)
-		if len(o.recent) > maxRecentTurns {
-			delete(o.completed, o.recent[0])
-			o.recent = o.recent[1:]
+		kept := append(o.bySession[sessionID], turnID)
+		if len(kept) > maxRecentTurns {
+			delete(o.completed, kept[0])
+			kept = kept[1:]
 		}
+		o.bySession[sessionID] = kept
 	}
 	select {
 	case <-ch:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/bus"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	"go.uber.org/zap"
 )
 
@@ -24,40 +25,52 @@ func closed(ch <-chan struct{}) bool {
 }
 
 // A prompt collects its turn's completion whether it asks before or after
-// the turn_complete was written, and a connection watching many turns
-// remembers only the recent ones.
+// the turn_complete was written; only the sessions with a prompt in
+// flight have their completions remembered, at most maxRecentTurns each,
+// and none once their prompts ended.
 func TestOutboxTurnCompletions(t *testing.T) {
 	o := newOutbox(context.Background(), nil, nil)
+	complete := func(session, turn string) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.sent(bus.Update{SessionID: session, Type: busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE,
+			JSON: []byte(fmt.Sprintf(`{"turn_id":%q}`, turn))})
+	}
+	o.promptBegins("s")
 	early := o.turnDone("t-early")
 	if closed(early) {
 		t.Fatal("completed before its turn_complete")
 	}
-	o.mu.Lock()
-	o.markCompleted("t-early")
-	o.mu.Unlock()
+	complete("s", "t-early")
 	if !closed(early) {
 		t.Fatal("a waiting prompt was not woken")
 	}
 	o.forgetTurn("t-early")
 
-	o.mu.Lock()
-	o.markCompleted("t-late")
-	o.mu.Unlock()
+	complete("s", "t-late")
+	for i := range 10 * maxRecentTurns {
+		complete("followed", fmt.Sprintf("other-%d", i)) // no prompt of it in flight
+	}
 	if !closed(o.turnDone("t-late")) {
 		t.Fatal("a completion written before the prompt asked was lost")
 	}
 	o.forgetTurn("t-late")
+	if n := len(o.completed); n != 0 {
+		t.Fatalf("%d completions of sessions with no prompt in flight remembered", n)
+	}
 
 	for i := range 10 * maxRecentTurns {
-		o.mu.Lock()
-		o.markCompleted(fmt.Sprintf("other-%d", i))
-		o.mu.Unlock()
+		complete("s", fmt.Sprintf("crowd-%d", i))
 	}
 	if n := len(o.completed); n > maxRecentTurns {
 		t.Fatalf("%d completions remembered, want at most %d", n, maxRecentTurns)
 	}
-	if !closed(o.turnDone(fmt.Sprintf("other-%d", 10*maxRecentTurns-1))) {
+	if !closed(o.turnDone(fmt.Sprintf("crowd-%d", 10*maxRecentTurns-1))) {
 		t.Fatal("the most recent completion was dropped")
+	}
+	o.promptEnds("s")
+	if n, m := len(o.completed), len(o.bySession); n != 0 || m != 0 {
+		t.Fatalf("%d completions of %d sessions remembered after their prompts ended", n, m)
 	}
 }
 

@@ -218,6 +218,8 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 	// leaves it only once this prompt has its turn_complete (hub.leave).
 	g.hub.promptBegins(cs, id)
 	defer g.hub.promptEnds(cs, id)
+	cs.outbox.promptBegins(id)
+	defer cs.outbox.promptEnds(id)
 	resp, notFound, err := g.prompt(ctx, cs, req, false)
 	if notFound {
 		// The session followed may have been deleted a moment ago, its id
