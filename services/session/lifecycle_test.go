@@ -2,11 +2,14 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
@@ -490,5 +493,94 @@ func TestLifecycleCallsDuringAnotherWaitForIt(t *testing.T) {
 		if state != want {
 			t.Fatalf("%s during %s left the session %s, want %s", c.then, c.first, state, want)
 		}
+	}
+}
+
+// A turn whose provider ignores its cancellation past the unwind bound
+// still ends, for its followers, before its session's deletion is
+// announced: the deletion detaches every gateway's connections from the
+// session, so a turn_complete published after it reached nobody, and
+// the client that prompted never saw its turn end. It ends once: the
+// provider's late return publishes no second turn_complete, and the
+// prompt answers as the turn_complete said.
+func TestTurnOutlivingDeleteEndsBeforeTheDeletion(t *testing.T) {
+	p := stubbornProvider{started: make(chan struct{}, 1), release: make(chan struct{})}
+	h := newHarness(t, func(c *Config) {
+		c.UnwindTimeout = 300 * time.Millisecond
+		c.Providers = map[string]ProviderFactory{"stubborn": func(AgentConfig) (Provider, error) { return p, nil }}
+	})
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "slow", Provider: "stubborn"}})
+	var once sync.Once
+	release := func() { once.Do(func() { close(p.release) }) }
+	t.Cleanup(release) // before the server's shutdown, which waits for the turn
+	ctx := context.Background()
+	id := h.newSession(alice, "slow")
+	msgs := make(chan *nats.Msg, 64)
+	sub, err := h.listen.ChanSubscribe(h.subject(id), msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := h.listen.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "hi"})
+	<-p.started
+	if _, err := h.srv.Delete(ctx, &sessionv1.DeleteRequest{Principal: alice, SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	next := func() *busv1.SessionUpdate {
+		t.Helper()
+		select {
+		case m := <-msgs:
+			u := &busv1.SessionUpdate{}
+			if err := proto.Unmarshal(m.Data, u); err != nil {
+				t.Fatal(err)
+			}
+			return u
+		case <-time.After(wait):
+			t.Fatal("no update")
+			return nil
+		}
+	}
+	var seen []string
+	var end map[string]any
+	for {
+		u := next()
+		seen = append(seen, u.GetType().String())
+		if u.GetType() == busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE {
+			if err := json.Unmarshal([]byte(u.GetJson()), &end); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if u.GetType() == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
+			break
+		}
+	}
+	if end == nil {
+		t.Fatalf("the session's deletion was announced before its turn ended: %v", seen)
+	}
+	release()
+	var r promptResult
+	select {
+	case r = <-res:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the turn never ended")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if word, _ := end["outcome"].(string); r.resp.GetOutcome() != outcomeEnum[word] || r.resp.GetTurnId() != end["turn_id"] ||
+		r.resp.GetContent() != end["content"] {
+		t.Fatalf("the prompt answered turn %s %s %q; its turn_complete said %v", r.resp.GetTurnId(), r.resp.GetOutcome(), r.resp.GetContent(), end)
+	}
+	select {
+	case m := <-msgs:
+		u := &busv1.SessionUpdate{}
+		_ = proto.Unmarshal(m.Data, u)
+		if u.GetType() == busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE {
+			t.Fatalf("a second turn_complete: %s", u.GetJson())
+		}
+	case <-time.After(200 * time.Millisecond):
 	}
 }

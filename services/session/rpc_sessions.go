@@ -270,8 +270,9 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*ses
 	ls.deleting = true
 	t := ls.turn
 	ls.mu.Unlock()
+	unwound := true
 	if t != nil {
-		s.stopTurn(ctx, t, fmt.Errorf("%w: deleted", ErrSessionEnded))
+		unwound = s.stopTurn(ctx, t, fmt.Errorf("%w: deleted", ErrSessionEnded))
 	}
 	if _, err := s.store.deleteSession(ctx, ls.id, ls.incarnation); err != nil {
 		ls.mu.Lock()
@@ -283,6 +284,9 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*ses
 	s.forget(ls)
 	if err := s.removeWorkspace(ls.id); err != nil {
 		s.log.Warn("remove session workspace", zap.String("session_id", ls.id), zap.Error(err))
+	}
+	if !unwound {
+		s.endAbandoned(t)
 	}
 	// The id is free now and may next name another principal's session.
 	s.publishDeleted(ls)

@@ -192,6 +192,10 @@ type turn struct {
 	// was freed for the next turn; result is set before.
 	done   chan struct{}
 	result turnResult
+	// ended is set, under ls.mu, once the turn's turn_complete was
+	// published: by finish, or by endAbandoned before its session's
+	// deletion when the turn did not unwind in time.
+	ended bool
 }
 
 type turnResult struct {
@@ -489,8 +493,25 @@ func (s *Server) finish(t *turn, res turnResult) {
 		s.log.Warn("record turn end", zap.String("session_id", ls.id), zap.Error(err))
 	}
 	s.cp.close(t.log)
-	t.result = res
 
+	// turn_complete is published while mu is held: the next turn cannot be
+	// admitted, so cannot publish, before it.
+	ls.mu.Lock()
+	if !t.ended {
+		s.completeLocked(t, res)
+	}
+	ls.turn = nil
+	ls.mu.Unlock()
+	s.flush()
+	t.cancel(nil)
+	close(t.done)
+}
+
+// completeLocked sets t's result, ends its approvals and publishes its
+// turn_complete; t.ls.mu is held.
+func (s *Server) completeLocked(t *turn, res turnResult) {
+	ls := t.ls
+	t.result, t.ended = res, true
 	f := fields{"turn_id": t.id, "outcome": res.Outcome, "content": res.Content, "stop_reason": res.StopReason}
 	if t.gen != nil {
 		f["client_turn_generation"] = *t.gen
@@ -498,18 +519,28 @@ func (s *Server) finish(t *turn, res turnResult) {
 	if res.Error != "" {
 		f["error"] = res.Error
 	}
-	// turn_complete is published while mu is held: the next turn cannot be
-	// admitted, so cannot publish, before it.
-	ls.mu.Lock()
 	for _, a := range ls.approvals {
 		if a.TurnID == t.id {
 			ls.decideLocked(a, decision{Decision: decisionCancelled, Surface: surfaceService})
 		}
 	}
-	ls.turn = nil
 	s.publish(ls, UpdateTurnComplete, f)
-	ls.mu.Unlock()
-	s.flush()
-	t.cancel(nil)
-	close(t.done)
+}
+
+// endAbandoned publishes the turn_complete of t, cancelled, when t is
+// still running once its session's rows are deleted: Delete waits the
+// unwind bound for a cancelled turn, and a provider that ignores its
+// cancellation outlives it. The deletion's announcement, which comes
+// next, detaches every connection from the session, so the turn's own
+// turn_complete, published whenever its provider returned, reached
+// nobody: the client that prompted never saw its turn end. The turn ends
+// here, with no content (what it streamed is deleted with the session),
+// and its prompt answers so when the turn's goroutine is done; finish
+// publishes nothing more.
+func (s *Server) endAbandoned(t *turn) {
+	t.ls.mu.Lock()
+	defer t.ls.mu.Unlock()
+	if !t.ended {
+		s.completeLocked(t, turnResult{Outcome: OutcomeCancelled, StopReason: stopCancelled})
+	}
 }
