@@ -42,7 +42,14 @@ type topic struct {
 	// followed by session/new, or relied on by a prompt that found it
 	// followed. A follow only one prompt made, not kept, is undone when
 	// the session service refuses that prompt (release).
-	conns   map[*connState]bool
+	conns map[*connState]bool
+	// muted are the connections of conns that follow the session only for
+	// a prompt the session service has not admitted yet: they are sent
+	// nothing until the session's UPDATE_TYPE_TURN_STARTED names them.
+	// The gateway follows a session before it prompts it, so that the
+	// turn's first chunk is not missed; a prompt refused SESSION_BUSY was
+	// sent the running turn's updates meanwhile, someone else's turn.
+	muted   map[*connState]struct{}
 	lastSeq int64
 }
 
@@ -262,6 +269,16 @@ func (h *hub) attach(cs *connState, sessionID, subject string, keep, reserved bo
 	if !already {
 		cs.following++
 	}
+	switch {
+	case keep:
+		delete(t.muted, cs)
+	case !already:
+		// A prompt's follow: see muted.
+		if t.muted == nil {
+			t.muted = map[*connState]struct{}{}
+		}
+		t.muted[cs] = struct{}{}
+	}
 	t.mu.Unlock()
 	h.mu.Unlock()
 
@@ -329,12 +346,27 @@ func (h *hub) promptEnds(cs *connState, sessionID string) {
 		return
 	}
 	delete(cs.prompting, sessionID)
-	if cs.leaving[sessionID] {
+	t, ok := h.topics[sessionID]
+	switch {
+	case cs.leaving[sessionID]:
 		delete(cs.leaving, sessionID)
-		if t, ok := h.topics[sessionID]; ok {
+		if ok {
 			h.detachLocked(cs, sessionID, t, false)
 		}
+	case ok && t.isMuted(cs):
+		// No prompt of cs was admitted (its turn's start would have
+		// unmuted it): the follow, kept by a prompt that relied on it
+		// and was refused too, serves nobody.
+		h.detachLocked(cs, sessionID, t, false)
 	}
+}
+
+// isMuted reports whether cs follows t only for a prompt not admitted.
+func (t *topic) isMuted(cs *connState) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.muted[cs]
+	return ok
 }
 
 // leave detaches cs from a session it closed or killed. While a prompt
@@ -377,6 +409,7 @@ func (h *hub) detachLocked(cs *connState, id string, t *topic, onlyUnkept bool) 
 	t.mu.Lock()
 	if kept, ok := t.conns[cs]; ok && !(onlyUnkept && kept) {
 		delete(t.conns, cs)
+		delete(t.muted, cs)
 		cs.following--
 	}
 	empty := len(t.conns) == 0
@@ -399,15 +432,29 @@ func (h *hub) dropLocked(sessionID string, t *topic) {
 			cs.following--
 		}
 		clear(t.conns)
+		clear(t.muted)
 		t.mu.Unlock()
 	}
 }
 
 func (h *hub) dispatch(t *topic, u bus.Update) {
-	if u.Type == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
+	switch u.Type {
+	case busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED:
 		h.mu.Lock()
 		h.dropLocked(u.SessionID, t)
 		h.mu.Unlock()
+		return
+	case busv1.UpdateType_UPDATE_TYPE_TURN_STARTED:
+		// Not a client's update, and without a seq: it lets the
+		// connection whose prompt started the turn have the session's
+		// updates from here on.
+		t.mu.Lock()
+		for cs := range t.muted {
+			if cs.id == u.ConnectionID {
+				delete(t.muted, cs)
+			}
+		}
+		t.mu.Unlock()
 		return
 	}
 	t.mu.Lock()
@@ -437,9 +484,15 @@ func (h *hub) dispatch(t *topic, u bus.Update) {
 			zap.Int64("seq", u.Seq), zap.Error(err))
 		return
 	}
+	muted := len(t.muted) > 0
 	for cs := range t.conns {
 		if u.ConnectionID != "" && u.ConnectionID != cs.id {
 			continue
+		}
+		if muted {
+			if _, ok := t.muted[cs]; ok {
+				continue
+			}
 		}
 		cs.outbox.push(u, n)
 	}

@@ -120,7 +120,7 @@ func fanoutInOrder(t *testing.T, pair func(testing.TB) (net.Conn, net.Conn), big
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := h.attach(cs, id, subject, false, false); err != nil {
+			if _, _, err := h.attach(cs, id, subject, true, false); err != nil {
 				t.Fatal(err)
 			}
 		}

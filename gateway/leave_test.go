@@ -36,6 +36,9 @@ func (f *endingSession) Attach(_ context.Context, req *sessionv1.AttachRequest) 
 
 func (f *endingSession) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
 	id := req.GetSessionId()
+	if err := turnStarted(f.nc, id, req.GetConnectionId()); err != nil {
+		return nil, err
+	}
 	f.started <- struct{}{}
 	select {
 	case <-f.release:

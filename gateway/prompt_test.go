@@ -63,6 +63,13 @@ func (f *streamingSession) Prompt(_ context.Context, req *sessionv1.PromptReques
 	if err != nil {
 		return nil, err
 	}
+	started, err := proto.Marshal(&busv1.SessionUpdate{SessionId: id, Type: busv1.UpdateType_UPDATE_TYPE_TURN_STARTED, ConnectionId: req.GetConnectionId()})
+	if err != nil {
+		return nil, err
+	}
+	if err := f.nc.Publish(subject, started); err != nil {
+		return nil, err
+	}
 	publish := func(seq int, typ busv1.UpdateType, body map[string]any) error {
 		body["session_id"] = id
 		js, err := json.Marshal(body)
@@ -252,6 +259,9 @@ func (f *busySession) Prompt(_ context.Context, req *sessionv1.PromptRequest) (*
 		<-f.winStarted
 		defer close(f.loseDone)
 		return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, "Session "+id+" is running a turn")
+	}
+	if err := turnStarted(f.nc, id, req.GetConnectionId()); err != nil {
+		return nil, err
 	}
 	close(f.winStarted)
 	<-f.loseDone

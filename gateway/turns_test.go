@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -62,6 +65,9 @@ func (f *crowdSession) complete(id, turn string) error {
 func (f *crowdSession) Prompt(_ context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
 	id := req.GetSessionId()
 	turn := ids.New("t-")
+	if err := turnStarted(f.nc, id, req.GetConnectionId()); err != nil {
+		return nil, err
+	}
 	if err := f.complete(id, turn); err != nil {
 		return nil, err
 	}
@@ -125,5 +131,121 @@ func TestPromptCollectsItsTurnCompleteBehindOthers(t *testing.T) {
 	// The connection is still open and serves.
 	if _, err := c.Call("session/prompt", map[string]any{"session_id": own, "prompt": "again"}); err != nil {
 		t.Fatalf("the connection after the prompt: %v", err)
+	}
+}
+
+// turnStarted publishes the UPDATE_TYPE_TURN_STARTED of a turn of session
+// id (incarnation 1) started by connection conn, as the session service
+// does when it admits a prompt.
+func turnStarted(nc *nats.Conn, id, conn string) error {
+	subject, err := bus.SessionUpdateSubject(id, 1)
+	if err != nil {
+		return err
+	}
+	data, err := proto.Marshal(&busv1.SessionUpdate{SessionId: id, Type: busv1.UpdateType_UPDATE_TYPE_TURN_STARTED, ConnectionId: conn})
+	if err != nil {
+		return err
+	}
+	return nc.Publish(subject, data)
+}
+
+// otherTurnSession runs another connection's turn on its session while
+// a prompt of "lose" waits to be refused SESSION_BUSY: the turn's first
+// chunk goes out while the refused prompt's connection follows the
+// session for it, its turn_complete once the refusal was answered. A
+// prompt of anything else is admitted: its turn_complete, then the
+// answer.
+type otherTurnSession struct {
+	crowdSession
+	// chunkOut is closed once the other turn's chunk is on the bus;
+	// refuse, when closed, lets the "lose" prompt be refused.
+	chunkOut, refuse chan struct{}
+}
+
+func (f *otherTurnSession) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*sessionv1.PromptResponse, error) {
+	id := req.GetSessionId()
+	if req.GetPrompt() != "lose" {
+		return f.crowdSession.Prompt(ctx, req)
+	}
+	f.mu.Lock()
+	f.seq[id]++
+	subject, _ := bus.SessionUpdateSubject(id, 1)
+	js, _ := json.Marshal(map[string]any{"session_id": id, "type": "agent_message_chunk", "turn_id": "t-other", "text": "not yours"})
+	data, _ := proto.Marshal(&busv1.SessionUpdate{SessionId: id, Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: f.seq[id], Json: string(js)})
+	err := f.nc.Publish(subject, data)
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := f.nc.Flush(); err != nil {
+		return nil, err
+	}
+	close(f.chunkOut)
+	<-f.refuse
+	return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, "Session "+id+" is running a turn")
+}
+
+// A prompt refused SESSION_BUSY shows its connection nothing of the turn
+// that is running: the gateway follows the session for the prompt before
+// the session service admits or refuses it, and the running turn's
+// updates reached the connection meanwhile, a chunk of someone else's
+// turn, out of its context, with no turn_complete ever after it.
+func TestBusyPromptShowsNothingOfTheRunningTurn(t *testing.T) {
+	id, elsewhere := ids.New("s-"), ids.New("s-")
+	sess := &otherTurnSession{crowdSession: crowdSession{seq: map[string]int64{}}, chunkOut: make(chan struct{}), refuse: make(chan struct{})}
+	_, socket := runGateway(t, sess, 30*time.Second, func(g *Gateway) { sess.nc = g.nats })
+	follower := dialInitialized(t, socket)
+	defer follower.Close()
+	refused := dialInitialized(t, socket)
+	defer refused.Close()
+	// follower follows the session from its own prompt on.
+	if _, err := follower.Call("session/prompt", map[string]any{"session_id": id, "prompt": "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	follower.Notifications = nil
+	if err := refused.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"session_id":%q,"prompt":"lose"}}`, id)); err != nil {
+		t.Fatal(err)
+	}
+	<-sess.chunkOut
+	// Once follower has the chunk, the hub has handed it to every
+	// connection following the session.
+	if f, _, err := follower.Read(10 * time.Second); err != nil || f.Method != "session/update" {
+		t.Fatalf("the follower got %v %v, want the other turn's chunk", f, err)
+	}
+	close(sess.refuse)
+	var got []string
+	for {
+		f, line, err := refused.Read(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		if f.Method == "session/update" {
+			got = append(got, string(line))
+			continue
+		}
+		if f.Error == nil || f.Error.Code != -32002 {
+			t.Fatalf("the prompt: %s %v; want SESSION_BUSY", f.Result, f.Error)
+		}
+		break
+	}
+	// The running turn ends; refused, prompting another session, sees its
+	// own turn's end alone.
+	if err := sess.complete(id, "t-other"); err != nil {
+		t.Fatal(err)
+	}
+	if f, _, err := follower.Read(10 * time.Second); err != nil || f.Method != "session/update" {
+		t.Fatalf("the follower got %v %v, want the other turn's end", f, err)
+	}
+	refused.Notifications = nil
+	if _, err := refused.Call("session/prompt", map[string]any{"session_id": elsewhere, "prompt": "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range refused.Notifications {
+		if !strings.Contains(string(n), elsewhere) {
+			got = append(got, string(n))
+		}
+	}
+	if len(got) > 0 {
+		t.Fatalf("the connection refused SESSION_BUSY was sent the running turn's updates: %s", got)
 	}
 }

@@ -330,6 +330,27 @@ func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params
 	return nil
 }
 
+// PublishTurnStarted publishes the UPDATE_TYPE_TURN_STARTED of a turn
+// of the publisher's session that connection connID started ("" for
+// none): no seq, no params, delivered to no client. It does not count as
+// the publisher's first update: the first with a seq is still marked
+// renumbered.
+func (p *SessionUpdatePublisher) PublishTurnStarted(connID string) error {
+	b := appendSessionUpdate(p.buf[:0], p.sessionID, busv1.UpdateType_UPDATE_TYPE_TURN_STARTED, 0, nil, false)
+	if connID != "" {
+		b = protowire.AppendTag(b, fieldUpdateConnectionID, protowire.BytesType)
+		b = protowire.AppendString(b, connID)
+	}
+	err := natsutil.Publish(p.nc, p.subject, b)
+	if cap(b) <= maxKeptUpdateBuffer {
+		p.buf = b
+	}
+	if err != nil {
+		return fmt.Errorf("bus: publish %s: %w", p.subject, err)
+	}
+	return nil
+}
+
 // Field numbers of busv1.SessionUpdate.
 const (
 	fieldUpdateSessionID    protowire.Number = 1

@@ -259,3 +259,43 @@ func TestTestServersTakeTheStacksBound(t *testing.T) {
 		t.Fatalf("testenv.NATSMaxPayload %d, bus.MaxPayload %d", testenv.NATSMaxPayload, MaxPayload)
 	}
 }
+
+// A turn's start goes out as proto.Marshal encodes it, connection and
+// all, and leaves the publisher's first update with a seq marked
+// renumbered.
+func TestPublishTurnStarted(t *testing.T) {
+	nc := connect(t)
+	pub, err := NewSessionUpdatePublisher(nc, "s-abc", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := make(chan *nats.Msg, 4)
+	sub, err := nc.ChanSubscribe(pub.subject, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := pub.PublishTurnStarted("conn-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, 7, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []*busv1.SessionUpdate{
+		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_TURN_STARTED, ConnectionId: "conn-1"},
+		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 7, Json: "{}", Renumbered: true},
+	} {
+		want, err := proto.Marshal(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-msgs:
+			if !bytes.Equal(m.Data, want) {
+				t.Fatalf("published %x, want %v: %x", m.Data, u, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%v not published", u)
+		}
+	}
+}

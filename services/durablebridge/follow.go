@@ -58,6 +58,11 @@ func newFollower(b *Bridge) *follower {
 
 // push is the bus callback: it never blocks the subscription.
 func (f *follower) push(u bus.Update) {
+	if u.Type == busv1.UpdateType_UPDATE_TYPE_TURN_STARTED {
+		// For gateways (which connection's prompt was admitted): the
+		// turn's first update shows it here.
+		return
+	}
 	select {
 	case f.updates <- u:
 	default:

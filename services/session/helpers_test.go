@@ -276,7 +276,20 @@ func (h *harness) record(id string) *recorder {
 	return r
 }
 
+// next is the next update a client would see: a turn's start, for
+// gateways alone, is skipped.
 func (r *recorder) next() update {
+	r.t.Helper()
+	for {
+		u := r.nextOnBus()
+		if u.GetType() != busv1.UpdateType_UPDATE_TYPE_TURN_STARTED {
+			return r.decode(u)
+		}
+	}
+}
+
+// nextOnBus is the next message on the session's subject.
+func (r *recorder) nextOnBus() *busv1.SessionUpdate {
 	r.t.Helper()
 	select {
 	case m := <-r.ch:
@@ -284,21 +297,27 @@ func (r *recorder) next() update {
 		if err := proto.Unmarshal(m.Data, u); err != nil {
 			r.t.Fatalf("decode: %v", err)
 		}
-		var params map[string]any
-		if err := json.Unmarshal([]byte(u.GetJson()), &params); err != nil {
-			r.t.Fatalf("update json %q: %v", u.GetJson(), err)
-		}
-		if params["type"] != bus.UpdateTypeName(u.GetType()) || params["session_id"] != u.GetSessionId() || params["sessionId"] != u.GetSessionId() {
-			r.t.Fatalf("update params %v disagree with the envelope %v", params, u)
-		}
-		if u.GetConnectionId() != "" {
-			r.t.Fatalf("update addressed to a connection: %v", u)
-		}
-		return update{Seq: u.GetSeq(), Type: bus.UpdateTypeName(u.GetType()), Params: params}
+		return u
 	case <-time.After(wait):
 		r.t.Fatalf("no update after %v", wait)
 		panic("unreachable")
 	}
+}
+
+// decode checks a client's update and decodes its params.
+func (r *recorder) decode(u *busv1.SessionUpdate) update {
+	r.t.Helper()
+	var params map[string]any
+	if err := json.Unmarshal([]byte(u.GetJson()), &params); err != nil {
+		r.t.Fatalf("update json %q: %v", u.GetJson(), err)
+	}
+	if params["type"] != bus.UpdateTypeName(u.GetType()) || params["session_id"] != u.GetSessionId() || params["sessionId"] != u.GetSessionId() {
+		r.t.Fatalf("update params %v disagree with the envelope %v", params, u)
+	}
+	if u.GetConnectionId() != "" {
+		r.t.Fatalf("update addressed to a connection: %v", u)
+	}
+	return update{Seq: u.GetSeq(), Type: bus.UpdateTypeName(u.GetType()), Params: params}
 }
 
 // until collects updates up to and including the first of type typ.

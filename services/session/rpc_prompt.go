@@ -131,6 +131,7 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	t.log = s.cp.open(ls.id, t.id, t.surface, next)
 	ls.turn = t
 	started = true
+	s.publishTurnStarted(ls, t.connID)
 	go s.runTurn(t)
 	return t, nil
 }

@@ -223,6 +223,28 @@ func (s *Server) publishDeleted(ls *liveSession) {
 	}
 }
 
+// publishTurnStarted announces a turn admitted on ls, started by
+// connection connID, before any update of it: a gateway that follows
+// the session for a prompt not yet admitted sends that prompt's
+// connection the session's updates only from its own turn's start (see
+// busv1.UpdateType_UPDATE_TYPE_TURN_STARTED). Like the deletion's, the
+// announcement has no sequence number of its own.
+func (s *Server) publishTurnStarted(ls *liveSession, connID string) {
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	if ls.pub == nil {
+		pub, err := bus.NewSessionUpdatePublisher(s.nc, ls.id, ls.incarnation)
+		if err != nil {
+			s.log.Warn("announce turn start", zap.String("session_id", ls.id), zap.Error(err))
+			return
+		}
+		ls.pub = pub
+	}
+	if err := ls.pub.PublishTurnStarted(connID); err != nil {
+		s.log.Warn("announce turn start", zap.String("session_id", ls.id), zap.Error(err))
+	}
+}
+
 // publishLocked publishes through the session's publisher, made on first
 // use; ls.pubMu is held.
 func (s *Server) publishLocked(ls *liveSession, typ busv1.UpdateType, seq int64, params []byte) error {

@@ -45,6 +45,14 @@ const (
 	// gateways to detach every connection from the session, whose id may
 	// next name another principal's session.
 	UpdateType_UPDATE_TYPE_SESSION_DELETED UpdateType = 8
+	// UPDATE_TYPE_TURN_STARTED is never shown to clients either: published
+	// with no seq of its own when a turn is admitted, before any update of
+	// it, with connection_id naming the connection whose prompt started it
+	// (empty for a turn no connection started). A gateway delivers a
+	// session's updates to a connection that follows it only for a prompt
+	// not yet admitted once this names that connection: a prompt refused as
+	// busy gets none of the running turn's updates.
+	UpdateType_UPDATE_TYPE_TURN_STARTED UpdateType = 9
 )
 
 // Enum value maps for UpdateType.
@@ -59,6 +67,7 @@ var (
 		6: "UPDATE_TYPE_HISTORY_TRIMMED",
 		7: "UPDATE_TYPE_TURN_COMPLETE",
 		8: "UPDATE_TYPE_SESSION_DELETED",
+		9: "UPDATE_TYPE_TURN_STARTED",
 	}
 	UpdateType_value = map[string]int32{
 		"UPDATE_TYPE_UNSPECIFIED":         0,
@@ -70,6 +79,7 @@ var (
 		"UPDATE_TYPE_HISTORY_TRIMMED":     6,
 		"UPDATE_TYPE_TURN_COMPLETE":       7,
 		"UPDATE_TYPE_SESSION_DELETED":     8,
+		"UPDATE_TYPE_TURN_STARTED":        9,
 	}
 )
 
@@ -235,7 +245,8 @@ type SessionUpdate struct {
 	// stop_reason, and error when the outcome is failed.
 	Json string `protobuf:"bytes,4,opt,name=json,proto3" json:"json,omitempty"`
 	// connection_id, when set, limits delivery to one connection; the
-	// session service leaves it empty (every attached connection).
+	// session service leaves it empty (every attached connection), but for
+	// UPDATE_TYPE_TURN_STARTED, which is delivered to none.
 	ConnectionId string `protobuf:"bytes,5,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
 	// renumbered marks the first update a publisher sends for the session
 	// (a session service process started, or its live entry made again):
@@ -597,7 +608,7 @@ const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\tdata_json\x18\x04 \x01(\tR\bdataJson\"Q\n" +
 	"\x10ProcessRestarted\x12\x18\n" +
 	"\aprocess\x18\x01 \x01(\tR\aprocess\x12#\n" +
-	"\rrestart_count\x18\x02 \x01(\x05R\frestartCount*\xae\x02\n" +
+	"\rrestart_count\x18\x02 \x01(\x05R\frestartCount*\xcc\x02\n" +
 	"\n" +
 	"UpdateType\x12\x1b\n" +
 	"\x17UPDATE_TYPE_UNSPECIFIED\x10\x00\x12#\n" +
@@ -608,7 +619,8 @@ const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\x1cUPDATE_TYPE_APPROVAL_REQUEST\x10\x05\x12\x1f\n" +
 	"\x1bUPDATE_TYPE_HISTORY_TRIMMED\x10\x06\x12\x1d\n" +
 	"\x19UPDATE_TYPE_TURN_COMPLETE\x10\a\x12\x1f\n" +
-	"\x1bUPDATE_TYPE_SESSION_DELETED\x10\b*\x9b\x01\n" +
+	"\x1bUPDATE_TYPE_SESSION_DELETED\x10\b\x12\x1c\n" +
+	"\x18UPDATE_TYPE_TURN_STARTED\x10\t*\x9b\x01\n" +
 	"\n" +
 	"AskFailure\x12\x1b\n" +
 	"\x17ASK_FAILURE_UNSPECIFIED\x10\x00\x12\x1c\n" +
