@@ -166,7 +166,7 @@ func TestCrashDuringToolCallIsRecovered(t *testing.T) {
 	h.crash()
 	rec.until(UpdateTurnComplete)
 	msgs := h.transcript(id)
-	if len(msgs) != 4 || msgs[1].GetContent() != "echo: "+toolInterruptedOutput || msgs[2].GetContent() != "calling" || msgs[3].GetContent() != interruptedMarker {
+	if len(msgs) != 4 || msgs[1].GetContent() != "calling" || msgs[2].GetContent() != "echo: "+toolInterruptedOutput || msgs[3].GetContent() != interruptedMarker {
 		t.Fatalf("transcript %v", msgs)
 	}
 	if n := h.count("SELECT count(*) FROM tool_calls WHERE session_id = $1 AND status = 'cancelled'", id); n != 1 {
@@ -480,5 +480,37 @@ func TestToolOutputIsCapped(t *testing.T) {
 	given := contextOf(t, h.prompt(alice, id, "/context").GetContent())
 	if len(given) != 4 || given[2].Role != roleTool || given[2].Content != want {
 		t.Fatalf("context %s", roles(given))
+	}
+}
+
+// A turn that said something, called a tool and said more, interrupted
+// by a crash, is recovered in the transcript in the order it streamed:
+// the text before the call (in the transcript since the call), the
+// call's result, the text after it, the marker; the first text once.
+func TestCrashAfterToolCallRecoveredInOrder(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	const prompt = "/say before\n/tool echo {}\n/say after\n/sleep 60000\n/say never"
+	h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: prompt})
+	rec.until(UpdateToolResult)
+	if u := rec.next(); u.Type != UpdateMessageChunk || u.str("text") != "\nafter" {
+		t.Fatalf("the chunk after the tool %v", u.Params)
+	}
+	eventually(t, func() error {
+		if got := h.checkpointed(id); !strings.HasSuffix(got, "\nafter") {
+			return fmt.Errorf("checkpoint holds %q", got)
+		}
+		return nil
+	})
+	h.crash()
+	rec.until(UpdateTurnComplete)
+	var got []string
+	for _, m := range h.transcript(id) {
+		got = append(got, m.GetRole()+": "+m.GetContent())
+	}
+	want := []string{"user: " + prompt, "assistant: before", "tool: echo: {}", "assistant: \nafter", "system: " + interruptedMarker}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("transcript after recovery\n%q\nwant\n%q", got, want)
 	}
 }

@@ -250,7 +250,8 @@ func TestFailedTurnKeepsWhatItStreamed(t *testing.T) {
 		got = append(got, m.GetRole()+": "+m.GetContent())
 	}
 	want := []string{
-		"user: /say partial words\n/tool echo {}\n/say more\n/fail boom", "tool: echo: {}", "assistant: partial words\nmore", "system: Turn failed: boom",
+		"user: /say partial words\n/tool echo {}\n/say more\n/fail boom", "assistant: partial words", "tool: echo: {}", "assistant: \nmore",
+		"system: Turn failed: boom",
 		"user: /fail at once", "system: Turn failed: at once",
 	}
 	if strings.Join(got, "|") != strings.Join(want, "|") {

@@ -253,7 +253,8 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
 		rec = recovered{}
 		var state string
-		err := tx.QueryRow(ctx, "SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", it.TurnID).Scan(&state)
+		var shownSteps int
+		err := tx.QueryRow(ctx, "SELECT state, shown_steps FROM turns WHERE turn_id = $1 FOR UPDATE", it.TurnID).Scan(&state, &shownSteps)
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && state != turnRunning) {
 			return nil
 		}
@@ -298,9 +299,27 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 		if err != nil {
 			return err
 		}
+		// The rows go in the order of the turn's events: the text of a
+		// step the transcript lacks (its steps from shownSteps on, see
+		// showTextTx) before the rows of the calls that followed it.
+		var unshown []byte
+		showText := func() error {
+			if len(unshown) == 0 {
+				return nil
+			}
+			_, err := appendMessageTx(ctx, tx, it.SessionID, "", roleAssistant, string(unshown))
+			unshown = unshown[:0]
+			return err
+		}
 		for _, e := range evs {
+			if e.Kind == eventText && e.Step >= shownSteps {
+				unshown = append(unshown, e.Content...)
+			}
 			if e.Kind != eventToolCall || answered[e.ToolCallID] {
 				continue
+			}
+			if err := showText(); err != nil {
+				return err
 			}
 			result := e
 			result.Kind, result.Seq, result.Content = eventToolResult, next, toolInterruptedOutput
@@ -315,13 +334,11 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 				return err
 			}
 		}
+		if err := showText(); err != nil {
+			return err
+		}
 		rec.Content = string(text)
 		res.Content = rec.Content
-		if rec.Content != "" {
-			if _, err := appendMessageTx(ctx, tx, it.SessionID, "", roleAssistant, rec.Content); err != nil {
-				return err
-			}
-		}
 		if _, err := appendMessageTx(ctx, tx, it.SessionID, "", roleSystem, marker); err != nil {
 			return err
 		}

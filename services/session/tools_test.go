@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +24,8 @@ func TestEchoToolTurn(t *testing.T) {
 	h := newHarness(t)
 	id := h.newSession(alice, "default")
 	rec := h.record(id)
-	resp := h.prompt(alice, id, "/say calling\n/tool echo {\"x\": [1, 2]}\n/tool nosuch {}\n/say done")
+	const prompt = "/say calling\n/tool echo {\"x\": [1, 2]}\n/tool nosuch {}\n/say done"
+	resp := h.prompt(alice, id, prompt)
 	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "calling\ndone" {
 		t.Fatalf("prompt %v", resp)
 	}
@@ -51,9 +53,17 @@ func TestEchoToolTurn(t *testing.T) {
 		call.str("tool_call_id")).Scan(&name, &status, &output); err != nil || status != toolCompleted || output != `{"x":[1,2]}` {
 		t.Fatalf("stored tool call: %s %s %s %v", name, status, output, err)
 	}
+	// The transcript shows the turn in the order its updates did: the
+	// text said before the tool calls, their results, the text after.
+	// It stored the tool rows first and the turn's text as one row last.
 	msgs, _ := h.srv.Messages(context.Background(), &sessionv1.MessagesRequest{Principal: alice, SessionId: id})
-	if msgs.GetTotal() != 4 || msgs.GetMessages()[1].GetRole() != roleTool || msgs.GetMessages()[3].GetContent() != "calling\ndone" {
-		t.Fatalf("transcript %v", msgs.GetMessages())
+	var rows []string
+	for _, m := range msgs.GetMessages() {
+		rows = append(rows, m.GetRole()+": "+m.GetContent())
+	}
+	want := []string{"user: " + prompt, "assistant: calling", "tool: echo: {\"x\":[1,2]}", "tool: nosuch: Unknown tool `nosuch`", "assistant: \ndone"}
+	if strings.Join(rows, "|") != strings.Join(want, "|") {
+		t.Fatalf("transcript %q, want %q", rows, want)
 	}
 }
 

@@ -185,6 +185,13 @@ type turn struct {
 	log     *turnLog
 	userSeq int64
 	step    int
+	// shown is how much of the text the turn said (its steps' text, in
+	// order) is in the transcript, and unshown the text of the steps up
+	// to the running one that is not: a step that asks for tools has its
+	// text written before its tool calls' rows (showText), the rest is
+	// written at the turn's end. Only the turn's goroutine uses them.
+	shown   int
+	unshown string
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -342,6 +349,7 @@ func (s *Server) loop(t *turn) turnResult {
 			}
 			return turnResult{Outcome: OutcomeCompleted, StopReason: stop, Content: content()}
 		}
+		t.unshown = said[t.shown:]
 		for _, call := range res.ToolCalls {
 			out := s.runTool(ctx, t, agent, tools, call)
 			msgs = append(msgs, ChatMessage{Role: roleTool, Content: out, ToolCallID: call.ID, Name: call.Name})
@@ -390,10 +398,15 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	t.log.add(cpEvent{Step: t.step, Kind: eventToolCall, Content: call.Arguments, CallID: call.ID, ToolCallID: id, Name: call.Name})
 	if err := s.unwound(ctx, func(c context.Context) error {
 		return s.cp.write(c, t.log, func(tx pgx.Tx) error {
+			if err := s.showTextTx(c, tx, t); err != nil {
+				return err
+			}
 			return insertToolCallTx(c, tx, ls.id, t.id, toolCall{ID: id, Name: call.Name, Arguments: stored}, "running")
 		})
 	}); err != nil {
 		s.log.Warn("record tool call", zap.String("session_id", ls.id), zap.Error(err))
+	} else {
+		t.textShown()
 	}
 	s.publish(ls, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": liveToolInput(args, rawInput)})
 
@@ -406,14 +419,52 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 			if err := finishToolCallTx(c, tx, ls.id, id, kept, st); err != nil {
 				return err
 			}
+			if err := s.showTextTx(c, tx, t); err != nil {
+				return err
+			}
 			_, err := appendMessageTx(c, tx, ls.id, t.id, roleTool, call.Name+": "+kept)
 			return err
 		})
 	}); err != nil && !errors.Is(err, errTurnGone) {
 		s.log.Warn("record tool result", zap.String("session_id", ls.id), zap.Error(err))
+	} else if err == nil {
+		t.textShown()
 	}
 	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out), "status": st})
 	return kept
+}
+
+// showTextTx writes the text the turn said before the tool call being
+// recorded, when the transcript lacks it, as an assistant row ahead of
+// the call's own row, and records up to which step the transcript has
+// the turn's text (for recovery). The text was stored as one row at the
+// turn's end, after every tool row: session/messages showed a turn's
+// tool results before the words that had introduced them, not in the
+// order its followers saw. t.textShown follows the write's commit.
+func (s *Server) showTextTx(ctx context.Context, tx pgx.Tx, t *turn) error {
+	if t.unshown == "" {
+		return nil
+	}
+	if _, err := appendMessageTx(ctx, tx, t.ls.id, t.id, roleAssistant, t.unshown); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, "UPDATE turns SET shown_steps = $2 WHERE turn_id = $1", t.id, t.step+1)
+	return err
+}
+
+// textShown records that showTextTx's write committed.
+func (t *turn) textShown() {
+	t.shown += len(t.unshown)
+	t.unshown = ""
+}
+
+// unshownOf is the part of text, what the turn said, that is not in the
+// transcript yet.
+func (t *turn) unshownOf(text string) string {
+	if t.shown > len(text) {
+		return ""
+	}
+	return text[t.shown:]
 }
 
 func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, args json.RawMessage, validArgs bool) (string, string) {
@@ -473,14 +524,16 @@ func (s *Server) finish(t *turn, res turnResult) {
 				// cancelled or interrupted turn's does: its followers
 				// saw it and the provider is given it (the checkpoint
 				// holds it), so the transcript shows it too.
-				if res.Said != "" {
-					if _, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, res.Said); err != nil {
+				if said := t.unshownOf(res.Said); said != "" {
+					if _, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, said); err != nil {
 						return err
 					}
 				}
 				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleSystem, "Turn failed: "+res.Error)
-			} else if res.Content != "" {
-				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, res.Content)
+			} else if said := t.unshownOf(res.Content); said != "" {
+				// The text of the steps that asked for tools is in the
+				// transcript already, before their tool rows.
+				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, said)
 			}
 			if err != nil {
 				return err
