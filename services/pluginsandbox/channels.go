@@ -61,6 +61,15 @@ const (
 // once (boundConns); a variable so that a test may lower it.
 var maxInboundConns = 512
 
+// maxConversations bounds the conversations a channel delivers at once
+// (deliveries); a variable so that a test may lower it.
+var maxConversations = 8
+
+// convBacklog bounds the messages of one conversation waiting behind its
+// running turn; one more is refused with a notice, so that one sender
+// cannot take the backlog that the other conversations share.
+const convBacklog = 32
+
 // channelPrincipal is who a channel acts as towards the session service:
 // the operator principal, which the config service grants to the daemon's
 // own processes. The operator chooses what a channel's senders reach by
@@ -97,13 +106,20 @@ type binding struct {
 	// the same plugin takes it over, so queued messages outlive the
 	// binding that accepted them.
 	inbound *wasmhost.InboundQueue
-	srv     *http.Server
-	addr    string
-	key     string
-	notify  chan struct{}
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	log     *zap.Logger
+	// backlog is, before the poller runs, the messages polled but not
+	// delivered by the binding this one replaces, and once it stopped,
+	// this binding's own: the next binding of the same plugin takes them
+	// over with inbound.
+	backlog []*wasmhost.ChannelMessage
+	// dl is the poller's deliveries (set before it starts).
+	dl     *deliveries
+	srv    *http.Server
+	addr   string
+	key    string
+	notify chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	log    *zap.Logger
 
 	mu     sync.Mutex
 	state  string
@@ -134,10 +150,11 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 	}
 	clashes := listenClashes(want)
 	failed := map[string]string{}
-	// kept are the inbound queues of rebuilt bindings, by alias: what their
-	// listeners accepted (202) is the next binding's to deliver, as long
-	// as the same plugin reads it (the message's shape is the plugin's).
-	kept := map[string]*wasmhost.InboundQueue{}
+	// kept are the inbound queues and backlogs of rebuilt bindings, by
+	// alias: what their listeners accepted (202) is the next binding's to
+	// deliver, as long as the same plugin reads it (the message's shape
+	// is the plugin's).
+	kept := map[string]*binding{}
 	for alias, cur := range bd.bound {
 		w, ok := want[alias]
 		state, reason := cur.status()
@@ -147,7 +164,7 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || state == channelFailed || clashes[alias] != "" {
 			cur.stop()
 			if ok && w.Plugin == cur.cfg.Plugin {
-				kept[alias] = cur.inbound
+				kept[alias] = cur
 			}
 			delete(bd.bound, alias)
 			bd.publish()
@@ -245,13 +262,15 @@ const (
 
 // bind starts one binding; a failure is recorded on the binding (and
 // retried at the next scan), never fatal. A non-empty clash refuses it
-// (listenClashes). inbound is the queue of the binding it replaces, nil
-// for a new one.
-func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash string, inbound *wasmhost.InboundQueue) *binding {
-	if inbound == nil {
-		inbound = wasmhost.NewInboundQueue(inboundQueue, inboundQueueBytes)
+// (listenClashes). prev is the stopped binding it replaces, whose queue
+// and backlog it takes over; nil for a new one.
+func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash string, prev *binding) *binding {
+	inbound := wasmhost.NewInboundQueue(inboundQueue, inboundQueueBytes)
+	var backlog []*wasmhost.ChannelMessage
+	if prev != nil {
+		inbound, backlog = prev.inbound, prev.backlog
 	}
-	b := &binding{cfg: cfg, entry: e, inbound: inbound, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
+	b := &binding{cfg: cfg, entry: e, inbound: inbound, backlog: backlog, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
 		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}
 	fail := func(err error) *binding {
 		b.set(channelFailed, err.Error())
@@ -294,6 +313,7 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	}
 	pctx, cancel := context.WithCancel(context.Background())
 	b.cancel = cancel
+	b.dl = &deliveries{s: s, b: b, ctx: pctx, freed: make(chan struct{}, 1), convs: map[string][]*wasmhost.ChannelMessage{}}
 	b.wg.Add(2)
 	go func() {
 		defer b.wg.Done()
@@ -310,7 +330,8 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	return b
 }
 
-// stop closes the listener, ends the poller and unloads the channel.
+// stop closes the listener, ends the poller and its deliveries (what
+// they had not begun stays in b.backlog) and unloads the channel.
 func (b *binding) stop() {
 	if b.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -404,8 +425,19 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 }
 
 // poll configures the channel (retrying until its config resolves) and
-// drains its messages into sessions, one at a time.
+// drains its messages into b.dl, which delivers them. It polls only while
+// the backlog has room: past it, the inbound queue fills and senders get
+// 503, so polled messages are bounded as queued ones are.
 func (s *Server) poll(ctx context.Context, b *binding) {
+	d := b.dl
+	seed := b.backlog
+	defer func() {
+		// Every delivery is owned here: the binding's stop (unbind,
+		// rebind, shutdown) returns once none runs, and what none had
+		// begun is the next binding's.
+		d.wg.Wait()
+		b.backlog = append(d.remainder(), seed...)
+	}()
 	t := time.NewTicker(pollEvery)
 	defer t.Stop()
 	info := wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}
@@ -416,6 +448,7 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 		case <-ctx.Done():
 			return
 		case <-b.notify:
+		case <-d.freed:
 		case <-t.C:
 		}
 		if !configured {
@@ -429,8 +462,17 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			}
 			configured, lastErr = true, ""
 			b.set(channelRunning, "")
+			// The previous binding's backlog goes first: it was
+			// polled before anything the queue still holds.
+			for _, msg := range seed {
+				d.add(msg)
+			}
+			seed = nil
 		}
 		for range pollBatch {
+			if !d.room() {
+				break
+			}
 			msg, err := b.ch.PollMessage(ctx, info)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -441,8 +483,159 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			if msg == nil {
 				break
 			}
-			s.deliver(ctx, b, msg)
+			d.add(msg)
 		}
+	}
+}
+
+// deliveries hands a binding's polled messages to sessions: the messages
+// of one conversation in order, one at a time (its session runs one turn
+// at a time), and up to maxConversations conversations at once. One at a
+// time for the whole channel, a turn waiting on an approval (which may
+// take the agent's approval_timeout_secs, up to a day) held every other
+// conversation of the channel, and the full queue then answered 503 to
+// every sender.
+type deliveries struct {
+	s   *Server
+	b   *binding
+	ctx context.Context // the poller's: done when the binding stops
+	wg  sync.WaitGroup  // the running workers
+	// freed wakes the poller when a delivery ended (the backlog has room).
+	freed chan struct{}
+
+	mu sync.Mutex
+	// convs are the messages of each conversation that is delivering
+	// (its head is the one in delivery) or waiting for a worker.
+	convs map[string][]*wasmhost.ChannelMessage
+	// waiting are the conversations waiting for a worker, oldest first.
+	waiting []string
+	running int
+	// held and heldBytes count the messages in convs; the poller takes
+	// no more past inboundQueue and inboundQueueBytes.
+	held      int
+	heldBytes int
+}
+
+// conversation is the key of msg's conversation: its thread, else its
+// sender.
+func conversation(msg *wasmhost.ChannelMessage) string {
+	if msg.ThreadID != "" {
+		return msg.ThreadID
+	}
+	return msg.Sender
+}
+
+// msgBytes is about what msg holds in memory.
+func msgBytes(msg *wasmhost.ChannelMessage) int {
+	return len(msg.ID) + len(msg.Sender) + len(msg.ReplyTarget) + len(msg.Content) + len(msg.ThreadID)
+}
+
+// room reports whether the backlog takes another message.
+func (d *deliveries) room() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.held < inboundQueue && d.heldBytes < inboundQueueBytes
+}
+
+// add queues msg behind its conversation and starts a worker for a
+// conversation that has none, within maxConversations.
+func (d *deliveries) add(msg *wasmhost.ChannelMessage) {
+	conv := conversation(msg)
+	d.mu.Lock()
+	msgs, known := d.convs[conv]
+	if len(msgs) >= convBacklog {
+		d.mu.Unlock()
+		d.b.log.Warn("channel message refused: its conversation has too many waiting", zap.String("message_id", msg.ID), zap.Int("waiting", len(msgs)))
+		d.b.notice(d.ctx, msg, fmt.Sprintf("This message was not delivered: %d earlier messages of this conversation are still waiting for the agent; send it again later.", len(msgs)))
+		return
+	}
+	d.convs[conv] = append(msgs, msg)
+	d.held++
+	d.heldBytes += msgBytes(msg)
+	if !known {
+		if d.running < maxConversations {
+			d.running++
+			d.wg.Add(1)
+			go d.work(conv)
+		} else {
+			d.waiting = append(d.waiting, conv)
+		}
+	}
+	d.mu.Unlock()
+}
+
+// work delivers conv's messages until it has none, then takes the oldest
+// waiting conversation, until none waits or the binding stops.
+func (d *deliveries) work(conv string) {
+	defer d.wg.Done()
+	for {
+		d.mu.Lock()
+		msgs := d.convs[conv]
+		if len(msgs) == 0 || d.ctx.Err() != nil {
+			if len(msgs) == 0 {
+				delete(d.convs, conv)
+			}
+			if d.ctx.Err() != nil || len(d.waiting) == 0 {
+				d.running--
+				d.mu.Unlock()
+				return
+			}
+			conv = d.waiting[0]
+			d.waiting = d.waiting[1:]
+			d.mu.Unlock()
+			continue
+		}
+		msg := msgs[0]
+		d.mu.Unlock()
+		d.s.deliver(d.ctx, d.b, msg)
+		d.mu.Lock()
+		msgs = d.convs[conv]
+		msgs[0] = nil
+		d.convs[conv] = msgs[1:]
+		d.held--
+		d.heldBytes -= msgBytes(msg)
+		d.mu.Unlock()
+		select {
+		case d.freed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// remainder is what no delivery began, each conversation in order; the
+// workers have ended.
+func (d *deliveries) remainder() []*wasmhost.ChannelMessage {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []*wasmhost.ChannelMessage
+	for _, msgs := range d.convs {
+		out = append(out, msgs...)
+	}
+	return out
+}
+
+// pending is the number of messages polled and not yet delivered.
+func (d *deliveries) pending() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.held
+}
+
+// notice answers msg with text through the plugin (a message that gets
+// no answer of the agent's: its sender was told 202). A binding that is
+// stopping sends none.
+func (b *binding) notice(ctx context.Context, msg *wasmhost.ChannelMessage, text string) {
+	to := msg.ReplyTarget
+	if to == "" {
+		to = msg.Sender
+	}
+	if to == "" || ctx.Err() != nil {
+		return
+	}
+	nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := b.ch.Send(nctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: text, ThreadID: msg.ThreadID}); err != nil {
+		b.log.Warn("channel notice failed", zap.String("message_id", msg.ID), zap.Error(err))
 	}
 }
 
@@ -461,28 +654,15 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		log.Warn("channel message dropped: no session service")
 		return
 	}
-	conv := msg.ThreadID
-	if conv == "" {
-		conv = msg.Sender
-	}
+	conv := conversation(msg)
 	to := msg.ReplyTarget
 	if to == "" {
 		to = msg.Sender
 	}
-	// notify answers a message that gets no answer of the agent's: its
-	// sender was told 202 and heard nothing at all. The reason stays in
-	// the log: it may name the operator's agents and sessions. A binding
-	// that is stopping sends none.
-	notify := func(text string) {
-		if to == "" || ctx.Err() != nil {
-			return
-		}
-		nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if err := b.ch.Send(nctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: text, ThreadID: msg.ThreadID}); err != nil {
-			log.Warn("channel notice failed", zap.Error(err))
-		}
-	}
+	// notify answers a message that gets no answer of the agent's. The
+	// reason stays in the log: it may name the operator's agents and
+	// sessions.
+	notify := func(text string) { b.notice(ctx, msg, text) }
 	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + b.cfg.Agent + "\x00" + conv))
 	sessionID := "chan_" + hex.EncodeToString(sum[:16])
 	p := channelPrincipal()
@@ -544,7 +724,9 @@ const (
 // away, restarting or unreachable, and a turn of another replica on the
 // same conversation (replicas share a listen address). Each was a message
 // logged and dropped that its sender had been answered 202 for; the
-// poller waiting here instead fills the queue, and senders get 503. A
+// delivery waiting here holds its conversation (and one of the channel's
+// maxConversations), and once every one waits, the queue fills and
+// senders get 503. A
 // Prompt cut off by the session service's restart may run twice: an
 // answer twice beats none.
 func whenAvailable(ctx context.Context, log *zap.Logger, call func() error) error {

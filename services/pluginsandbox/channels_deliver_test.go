@@ -55,12 +55,23 @@ type fakeSessions struct {
 	// outcome is every turn's outcome (unspecified when zero).
 	outcome sessionv1.TurnOutcome
 	// hold, when set, is what the next Prompt waits for (or its context).
-	hold    chan struct{}
+	hold chan struct{}
+	// holdFor are what a Prompt of the given text waits for.
+	holdFor map[string]chan struct{}
+	// answer has every turn answer "re: <prompt>".
+	answer  bool
 	prompts chan seenPrompt
+	// inflight counts the Prompts running, by session and together;
+	// overlap and most are what they reached.
+	inflight map[string]int
+	running  int
+	overlap  bool
+	most     int
 }
 
 func newFakeSessions() *fakeSessions {
-	return &fakeSessions{agents: map[string]string{}, prompts: make(chan seenPrompt, 64)}
+	return &fakeSessions{agents: map[string]string{}, prompts: make(chan seenPrompt, 64),
+		holdFor: map[string]chan struct{}{}, inflight: map[string]int{}}
 }
 
 func (f *fakeSessions) NewSession(_ context.Context, req *sessionv1.NewSessionRequest, _ ...grpc.CallOption) (*sessionv1.NewSessionResponse, error) {
@@ -91,7 +102,24 @@ func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest,
 	outcome := f.outcome
 	hold := f.hold
 	f.hold = nil
+	if h, ok := f.holdFor[req.GetPrompt()]; ok {
+		hold = h
+	}
+	answer := ""
+	if f.answer {
+		answer = "re: " + req.GetPrompt()
+	}
+	f.inflight[req.GetSessionId()]++
+	f.overlap = f.overlap || f.inflight[req.GetSessionId()] > 1
+	f.running++
+	f.most = max(f.most, f.running)
 	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.inflight[req.GetSessionId()]--
+		f.running--
+		f.mu.Unlock()
+	}()
 	_, deadline := ctx.Deadline()
 	f.prompts <- seenPrompt{session: req.GetSessionId(), agent: agent, prompt: req.GetPrompt(), deadline: deadline}
 	if hold != nil {
@@ -101,8 +129,8 @@ func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest,
 			return nil, ctx.Err()
 		}
 	}
-	// No content: nothing is sent back through the plugin.
-	return &sessionv1.PromptResponse{SessionId: req.GetSessionId(), Outcome: outcome}, nil
+	// No content (unless answer): nothing is sent back through the plugin.
+	return &sessionv1.PromptResponse{SessionId: req.GetSessionId(), Outcome: outcome, Content: answer}, nil
 }
 
 // channelServer is a sandbox with the webhook example installed and
@@ -258,6 +286,14 @@ func TestChannelRebindKeepsQueuedMessages(t *testing.T) {
 	}
 	post(web.Listen, "m2")
 	post(web.Listen, "m3")
+	// m2 and m3 are polled, waiting behind m1: the next binding takes
+	// them over as well as what its queue still holds.
+	testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
+		if n := pluginsandbox.ChannelPending(ts.Server, "web"); n != 3 {
+			return fmt.Errorf("%d messages polled and undelivered, want m1..m3", n)
+		}
+		return nil
+	})
 
 	web = bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "locked"})["web"]
 	post(web.Listen, "m4")
@@ -487,5 +523,175 @@ func TestChannelRefusedRequestClosesItsConnection(t *testing.T) {
 	}
 	if _, err := br.ReadByte(); err == nil {
 		t.Fatal("the connection of a refused request stays open")
+	}
+}
+
+// replyHook is a webhook that receives a channel's replies.
+func replyHook(t *testing.T) (url string, replies chan map[string]string) {
+	t.Helper()
+	replies = make(chan map[string]string, 64)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		replies <- body
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+	return hook.URL, replies
+}
+
+// postThread posts the message text on thread from ann.
+func postThread(t *testing.T, addr, thread, text string) {
+	t.Helper()
+	if code := postMessage(t, addr, `{"id":"`+text+`","from":"ann","text":"`+text+`","thread":"`+thread+`"}`); code != http.StatusAccepted {
+		t.Fatalf("post %s: %d", text, code)
+	}
+}
+
+// A turn that waits (on an approval, for as long as the agent allows)
+// holds its own conversation only: the channel delivered one message at
+// a time, so every other conversation waited behind it, and once the
+// queue filled every sender was answered 503.
+func TestChannelConversationsDoNotWaitForEachOther(t *testing.T) {
+	hook, replies := replyHook(t)
+	fs := newFakeSessions()
+	fs.answer = true
+	release := make(chan struct{})
+	fs.holdFor["a1"] = release
+	ts := channelServerHook(t, fs, hook)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+
+	postThread(t, web.Listen, "A", "a1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "a1" {
+		t.Fatalf("first prompt %q", p.prompt)
+	}
+	postThread(t, web.Listen, "B", "b1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "b1" {
+		t.Fatalf("prompt %q, want b1 while a1's turn waits", p.prompt)
+	}
+	if r := testwait.Recv(t, replies); r["content"] != "re: b1" || r["thread_id"] != "B" {
+		t.Fatalf("reply while a1's turn waits: %v, want b1's answer", r)
+	}
+	close(release)
+	if r := testwait.Recv(t, replies); r["content"] != "re: a1" || r["thread_id"] != "A" {
+		t.Fatalf("reply once a1's turn ended: %v", r)
+	}
+}
+
+// The messages of one conversation are delivered in order, one at a time,
+// also while other conversations run: its session runs one turn at a
+// time, and a second Prompt is refused as busy.
+func TestChannelConversationKeepsItsOrder(t *testing.T) {
+	fs := newFakeSessions()
+	release := make(chan struct{})
+	fs.holdFor["a1"] = release
+	ts := channelServer(t, fs)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postThread(t, web.Listen, "A", "a1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "a1" {
+		t.Fatalf("first prompt %q", p.prompt)
+	}
+	for _, text := range []string{"a2", "a3", "a4"} {
+		postThread(t, web.Listen, "A", text)
+	}
+	postThread(t, web.Listen, "B", "b1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "b1" {
+		t.Fatalf("prompt %q, want b1 (a2 must wait for a1)", p.prompt)
+	}
+	// a2..a4 are polled, waiting behind a1.
+	testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
+		if n := pluginsandbox.ChannelPending(ts.Server, "web"); n != 4 {
+			return fmt.Errorf("%d messages polled and undelivered, want a1..a4", n)
+		}
+		return nil
+	})
+	close(release)
+	for _, want := range []string{"a2", "a3", "a4"} {
+		if p := testwait.Recv(t, fs.prompts); p.prompt != want {
+			t.Fatalf("prompt %q, want %q", p.prompt, want)
+		}
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.overlap {
+		t.Fatal("two turns of one conversation ran at once")
+	}
+}
+
+// A channel runs a bounded number of conversations at once; the next
+// waits for one to end (and then runs).
+func TestChannelBoundsItsConversations(t *testing.T) {
+	defer pluginsandbox.SetChannelConversations(2)()
+	fs := newFakeSessions()
+	c1, c2 := make(chan struct{}), make(chan struct{})
+	fs.holdFor["c1"], fs.holdFor["c2"] = c1, c2
+	ts := channelServer(t, fs)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postThread(t, web.Listen, "1", "c1")
+	postThread(t, web.Listen, "2", "c2")
+	got := map[string]bool{}
+	for range 2 {
+		got[testwait.Recv(t, fs.prompts).prompt] = true
+	}
+	if !got["c1"] || !got["c2"] {
+		t.Fatalf("prompts %v, want c1 and c2", got)
+	}
+	postThread(t, web.Listen, "3", "c3")
+	testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
+		if n := pluginsandbox.ChannelPending(ts.Server, "web"); n != 3 {
+			return fmt.Errorf("%d messages polled and undelivered, want c1..c3", n)
+		}
+		return nil
+	})
+	fs.mu.Lock()
+	most := fs.most
+	fs.mu.Unlock()
+	if most != 2 {
+		t.Fatalf("%d turns ran at once, want the bound 2", most)
+	}
+	close(c1)
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "c3" {
+		t.Fatalf("prompt %q, want c3 once c1 ended", p.prompt)
+	}
+	close(c2)
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.most != 2 {
+		t.Fatalf("%d turns ran at once, want the bound 2", fs.most)
+	}
+}
+
+// One conversation holds a bounded number of polled messages; one more
+// is refused with a notice, and the conversation goes on with the rest.
+// Unbounded, one sender whose turn waits took the backlog that every
+// conversation of the channel shares.
+func TestChannelConversationBacklogIsBounded(t *testing.T) {
+	hook, replies := replyHook(t)
+	fs := newFakeSessions()
+	release := make(chan struct{})
+	fs.holdFor["a0"] = release
+	ts := channelServerHook(t, fs, hook)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postThread(t, web.Listen, "A", "a0")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "a0" {
+		t.Fatalf("first prompt %q", p.prompt)
+	}
+	const bound = 32 // the one in delivery and 31 waiting
+	for i := 1; i <= bound; i++ {
+		postThread(t, web.Listen, "A", fmt.Sprintf("a%d", i))
+	}
+	r := testwait.Recv(t, replies)
+	if r["recipient"] != "ann" || r["thread_id"] != "A" || !strings.Contains(r["content"], "not delivered") {
+		t.Fatalf("reply to a message past the conversation's backlog: %v", r)
+	}
+	close(release)
+	for i := 1; i < bound; i++ {
+		if p := testwait.Recv(t, fs.prompts); p.prompt != fmt.Sprintf("a%d", i) {
+			t.Fatalf("prompt %q, want a%d", p.prompt, i)
+		}
+	}
+	postThread(t, web.Listen, "A", "last")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "last" {
+		t.Fatalf("prompt %q, want last (a%d was refused)", p.prompt, bound)
 	}
 }

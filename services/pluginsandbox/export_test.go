@@ -57,3 +57,24 @@ func SetMemoryJournal(s *Server, plugin string, limit int64, createTemp func(dir
 	j := s.current().memories[plugin].ledger.journal
 	j.limit, j.createTemp = limit, createTemp
 }
+
+// SetChannelConversations sets how many conversations a channel delivers
+// at once until the returned func puts it back.
+func SetChannelConversations(n int) (undo func()) {
+	old := maxConversations
+	maxConversations = n
+	return func() { maxConversations = old }
+}
+
+// ChannelPending is the number of messages the channel alias polled and
+// has not yet delivered (0 for an alias not bound).
+func ChannelPending(s *Server, alias string) int {
+	if l := s.channels.listed.Load(); l != nil {
+		for _, b := range *l {
+			if b.cfg.Alias == alias && b.dl != nil {
+				return b.dl.pending()
+			}
+		}
+	}
+	return 0
+}
