@@ -37,6 +37,11 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrCommit: the database refused or lost the commit; nothing changed.
 	ErrCommit = errors.New("commit failed")
+	// errRevisionTaken: the database holds the revision a commit was
+	// about to store (another config process committed it, or a commit
+	// of unknown outcome landed after the reload); commit stages the
+	// write again on what the database holds.
+	errRevisionTaken = errors.New("the revision is stored already")
 )
 
 // entryError is a refusal of kind (one of the sentinels above) of one
@@ -84,6 +89,24 @@ func (s *Server) commit(ctx context.Context, req commitRequest) (*snapshot, erro
 		return nil, err
 	}
 	defer s.unlock()
+	snap, err := s.commitLocked(ctx, req)
+	if errors.Is(err, errRevisionTaken) {
+		// The snapshot was behind the database (another config process
+		// committed before follow read it, or a commit of unknown
+		// outcome landed late): the caller's write was sound, and failed
+		// as an internal error. Reload and stage it again, once; the
+		// cross-process policy lock held keeps a second miss to a
+		// commit landing late again.
+		if err := s.reconcile(ctx); err != nil {
+			return nil, err
+		}
+		snap, err = s.commitLocked(ctx, req)
+	}
+	return snap, err
+}
+
+// commitLocked is commit under the write lock.
+func (s *Server) commitLocked(ctx context.Context, req commitRequest) (*snapshot, error) {
 	cur := s.current()
 
 	// Authority first, under the lock, before anything is staged.
@@ -247,9 +270,10 @@ func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, wh
 		if errors.As(err, &pe) && pe.Code == "23505" { // unique_violation
 			// The database holds this revision already: a commit whose
 			// outcome looked settled landed after all (a COMMIT still
-			// running when the check read). This write fails; the next
-			// reloads first.
+			// running when the check read), or another config process
+			// committed it: commit reloads and stages again.
 			s.unsure.Store(true)
+			return fmt.Errorf("%w: %w: %w", ErrCommit, errRevisionTaken, err)
 		}
 		return fmt.Errorf("%w: %w", ErrCommit, err)
 	}
