@@ -203,6 +203,13 @@ func (d *doctor) staleClusters(dir string, fix bool) {
 	if os.Geteuid() != 0 {
 		return // an ordinary user's cluster lives in its data directory
 	}
+	switch old, cur := pgcluster.EarlierCluster(dir), pgcluster.Dir(dir); {
+	case old == "":
+	case cur == "":
+		d.note("earlier cluster", old+" holds the database of an earlier version; clawmesh up adopts it")
+	default:
+		d.note("earlier cluster", old+" (an earlier version's, never removed by a start) may hold data; "+dir+" uses "+cur)
+	}
 	stales := pgcluster.Stales(dir)
 	if len(stales) == 0 {
 		d.ok("stale clusters", "none under "+pgcluster.RootClusters)

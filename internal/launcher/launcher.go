@@ -368,6 +368,12 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 	if err != nil {
 		return "", err
 	}
+	if old := pgcluster.EarlierCluster(cfg.DataDir); old != "" {
+		// Bind adopts it unless the data directory has a cluster already:
+		// said, never removed, since it may hold what the user wants.
+		log.Warn("an earlier version's postgres cluster of this data directory is left in place: the data directory uses another; remove it once nothing in it is needed",
+			zap.String("earlier", old), zap.String("dir", dir))
+	}
 	log.Info("preparing private postgres", zap.String("dir", dir))
 	prepCtx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
 	defer cancel()

@@ -200,9 +200,12 @@ func otherAccount(t *testing.T, serverUID uint32) *user.User {
 
 // A data directory owns its cluster by id, not by path: deleted and made
 // again on the same path it gets a fresh cluster, and the old one is
-// removed at the next collection, as is the cluster an earlier version
-// named after the path. A cluster of a live data directory, and one
-// without any owner record, stay.
+// removed at the next collection, as is the folder an earlier version
+// named after the path when it holds no database. A cluster of a live
+// data directory, and one without any owner record, stay; so does the
+// earlier version's cluster holding a database of a data directory bound
+// to another cluster already (TestEarlierVersionsClusterIsAdopted: one
+// that is not is adopted): it holds data no start may remove.
 func TestBindAndCollect(t *testing.T) {
 	base, data := rootDataDir(t)
 	if Dir(data) != "" {
@@ -252,6 +255,24 @@ func TestBindAndCollect(t *testing.T) {
 		if _, err := os.Stat(keep); err != nil {
 			t.Errorf("%s removed: %v", keep, err)
 		}
+	}
+
+	liveLegacy := filepath.Join(RootClusters, legacyName(live))
+	t.Cleanup(func() { os.RemoveAll(liveLegacy) })
+	if err := os.MkdirAll(filepath.Join(liveLegacy, "data"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(liveLegacy, "data", "PG_VERSION"), []byte("15\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if removed := Collect(live, zaptest.NewLogger(t)); contains(removed, liveLegacy) {
+		t.Errorf("the earlier version's cluster holding a database was collected")
+	}
+	if again, err := Bind(live); err != nil || again != liveCluster {
+		t.Errorf("a bound data directory rebinds to %s (%v), want %s", again, err, liveCluster)
+	}
+	if got := EarlierCluster(live); got != liveLegacy {
+		t.Errorf("the earlier cluster left is %q, want %s", got, liveLegacy)
 	}
 }
 

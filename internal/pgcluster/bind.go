@@ -69,6 +69,9 @@ func Bind(dataDir string) (string, error) {
 		return "", err
 	}
 	dir := filepath.Join(RootClusters, "pg-"+id)
+	if err := adopt(dataDir, dir); err != nil {
+		return "", err
+	}
 	if err := os.MkdirAll(RootClusters, 0o755); err != nil {
 		return "", fmt.Errorf("cluster folder: %w", err)
 	}
@@ -80,6 +83,63 @@ func Bind(dataDir string) (string, error) {
 		return "", fmt.Errorf("cluster owner record: %w", err)
 	}
 	return dir, nil
+}
+
+// legacyDir is where a version before clusters were bound by id kept
+// root's cluster of dataDir: a folder named after its path.
+func legacyDir(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return filepath.Join(RootClusters, "pg-"+hex.EncodeToString(sum[:6]))
+}
+
+// EarlierCluster is the cluster a version before clusters were bound by
+// id kept for dataDir, when it is still there and holds a database: ""
+// otherwise, and unless this process is root. Bind adopts it; one left
+// is a data directory bound to another cluster already, and holds data
+// no start removes.
+func EarlierCluster(dataDir string) string {
+	if os.Geteuid() != 0 {
+		return ""
+	}
+	dir := legacyDir(dataDir)
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return ""
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "PG_VERSION")); err != nil {
+		return ""
+	}
+	return dir
+}
+
+// adopt makes the cluster an earlier version kept for dataDir the one
+// bound by id, in dir: such a data directory (upgraded from a version
+// before clusters were bound by id) has no id, and its database, all its
+// sessions and settings, is in that cluster. It was removed as stale and
+// an empty cluster made in its place, said only in an info line. Adopted
+// rather than refused: the folder is renamed under RootClusters, root's
+// alone, whole and at once (a cluster's data names no path of its own),
+// and Prepare then switches it from trusting its socket to the generated
+// password, as a new cluster of root is made. A cut short adoption is
+// taken up again: the id is kept before the rename, and the folder is
+// still there under its earlier name until it is renamed. A data
+// directory bound to a cluster already keeps it; the earlier one is left
+// as it is, never removed (EarlierCluster names it).
+func adopt(dataDir, dir string) error {
+	legacy := EarlierCluster(dataDir)
+	if legacy == "" {
+		return nil
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if running(legacy) {
+		return fmt.Errorf("the postgres cluster %s of an earlier version still runs (pid %s): stop that server, then start again; its data is adopted then",
+			legacy, lockFileLine(legacy, lockLinePID))
+	}
+	if err := os.Rename(legacy, dir); err != nil {
+		return fmt.Errorf("adopt the postgres cluster %s of an earlier version: %w", legacy, err)
+	}
+	return nil
 }
 
 // writeOwnFile writes data to a new file at path, 0600, owned by uid and
@@ -149,8 +209,9 @@ type Stale struct {
 
 // Stales lists root's clusters that no data directory owns any more:
 // those whose recorded data directory is gone or names another cluster,
-// and the cluster an earlier version kept for dataDir under a name made
-// from its path. A cluster whose server runs is never listed. It lists
+// and the folder an earlier version kept for dataDir under a name made
+// from its path when it holds no database (one that does is adopted by
+// Bind, or left). A cluster whose server runs is never listed. It lists
 // nothing unless this process is root.
 func Stales(dataDir string) []Stale {
 	if os.Geteuid() != 0 {
@@ -160,8 +221,7 @@ func Stales(dataDir string) []Stale {
 	if err != nil {
 		return nil
 	}
-	sum := sha256.Sum256([]byte(dataDir))
-	legacy := "pg-" + hex.EncodeToString(sum[:6])
+	legacy := filepath.Base(legacyDir(dataDir))
 	// The cluster dataDir's own id names is its, whatever path its
 	// record holds: a data directory moved elsewhere is started from a
 	// path its record does not name, and the old one is gone. Taken for
@@ -207,10 +267,13 @@ func orphaned(dir string, legacyOfThisDataDir bool) (bool, string) {
 	raw, err := os.ReadFile(filepath.Join(dir, ownerFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		// No record: an earlier version's cluster, or one being created
-		// right now. Only this data directory's old one is known to be
-		// unowned: the data directory now binds a cluster by id.
+		// right now. This data directory's old one holding a database
+		// holds its data: Bind adopts it (adopt). Without one (an
+		// earlier initdb cut short) there is nothing to keep.
 		if legacyOfThisDataDir {
-			return true, "the data directory's cluster before clusters were bound by id"
+			if _, err := os.Stat(filepath.Join(dir, "data", "PG_VERSION")); errors.Is(err, fs.ErrNotExist) {
+				return true, "the data directory's cluster before clusters were bound by id, holding no database"
+			}
 		}
 		return false, ""
 	}

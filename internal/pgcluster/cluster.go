@@ -154,13 +154,22 @@ func Prepare(ctx context.Context, opts Options) (*Prepared, error) {
 	_, err = os.Stat(filepath.Join(pgdata, "PG_VERSION"))
 	fresh := errors.Is(err, fs.ErrNotExist)
 	if cred != nil {
-		if fresh {
+		switch trusted, err := trusts(pgdata); {
+		case fresh:
 			if p.password, err = newPassword(pwFile); err != nil {
 				return nil, err
 			}
-		} else if p.password, err = readPassword(pwFile); err != nil {
-			return nil, fmt.Errorf("%w: the cluster %s runs as a shared account and needs the password kept in %s: %w",
-				ErrNoPassword, opts.Dir, pwFile, err)
+		case err != nil:
+			return nil, err
+		case trusted:
+			if err := p.untrust(ctx, pgdata, pwFile, opts.Log); err != nil {
+				return nil, err
+			}
+		default:
+			if p.password, err = readPassword(pwFile); err != nil {
+				return nil, fmt.Errorf("%w: the cluster %s runs as a shared account and needs the password kept in %s: %w",
+					ErrNoPassword, opts.Dir, pwFile, err)
+			}
 		}
 	}
 	if fresh {
@@ -436,6 +445,124 @@ func (p *Prepared) initdb(ctx context.Context, pgdata string, log *zap.Logger) e
 		return fmt.Errorf("initdb: %w", err)
 	}
 	log.Info("postgres cluster created", zap.String("pgdata", pgdata), zap.Bool("password", p.password != ""))
+	return nil
+}
+
+// hbaFile names the server's client authentication file in its data
+// folder.
+const hbaFile = "pg_hba.conf"
+
+// scramHBA is the client authentication of a cluster that runs as a
+// shared account: what initdb --auth=scram-sha-256 writes, comments
+// aside. Its lines hold no tab nor backslash: COPY writes them as they
+// are (untrust).
+var scramHBA = []string{
+	"local all all scram-sha-256",
+	"host all all 127.0.0.1/32 scram-sha-256",
+	"host all all ::1/128 scram-sha-256",
+	"local replication all scram-sha-256",
+	"host replication all 127.0.0.1/32 scram-sha-256",
+	"host replication all ::1/128 scram-sha-256",
+}
+
+// trusts reports whether the server of the data folder pgdata lets a
+// client in by some line of its pg_hba.conf without a password: the
+// cluster an earlier version made for root did, or a switch cut short.
+func trusts(pgdata string) (bool, error) {
+	raw, err := readServerFile(filepath.Join(pgdata, hbaFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil // a new cluster's, or the server says what is wrong
+	}
+	if err != nil {
+		return false, fmt.Errorf("postgres client authentication: %w", err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		for _, f := range strings.Fields(line) {
+			if f == "trust" {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// readServerFile reads, as root, a file of the server's account (shared
+// with other software): a link it left there is not followed, and a
+// fifo or a device, which would hold the start or fill its memory, is
+// refused, as is more than 1 MiB.
+func readServerFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	const limit = 1 << 20
+	raw, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err == nil && len(raw) > limit {
+		err = fmt.Errorf("%s: over 1 MiB", path)
+	}
+	return raw, err
+}
+
+// untrust switches a cluster that runs as a shared account but trusts
+// its socket (made by a version before root's clusters needed a
+// password, and adopted by Bind) to the generated password, as initdb
+// sets up a new one: the clawmesh role gets the password kept in pwFile
+// (made when missing) and pg_hba.conf becomes scramHBA. Both are done by
+// the server in single-user mode, which opens no socket: the shared
+// account never finds the server trusting, and the file is written by
+// the server's account in its own folder, where root following a link
+// the account left would write anywhere. The password goes by standard
+// input, on no command line. Cut short, the next start does it again
+// (the file still trusts), with the same password.
+func (p *Prepared) untrust(ctx context.Context, pgdata, pwFile string, log *zap.Logger) error {
+	pw, err := readPassword(pwFile)
+	if err != nil {
+		if pw, err = newPassword(pwFile); err != nil {
+			return err
+		}
+	}
+	lines := make([]string, len(scramHBA))
+	for i, l := range scramHBA {
+		lines[i] = "'" + l + "'"
+	}
+	hba, err := filepath.Abs(filepath.Join(pgdata, hbaFile)) // COPY takes no relative path
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	// One statement a line: single-user mode ends a statement at a
+	// newline.
+	script := "ALTER ROLE " + dbUser + " PASSWORD '" + pw + "'\n" +
+		"COPY (SELECT unnest(ARRAY[" + strings.Join(lines, ",") + "])) TO '" + strings.ReplaceAll(hba, "'", "''") + "'\n"
+	cmd := exec.CommandContext(ctx, filepath.Join(p.bin, "postgres"), "--single", "-D", pgdata,
+		"-c", "password_encryption=scram-sha-256", maintenanceDB)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	cmd.Env = serverEnv(os.Environ())
+	cmd.Stdin = strings.NewReader(script)
+	out, err := cmd.CombinedOutput()
+	// Single-user mode goes on after a failed statement and exits 0.
+	text := strings.ReplaceAll(strings.TrimSpace(string(out)), pw, "***")
+	if err == nil && (strings.Contains(text, "ERROR:") || strings.Contains(text, "FATAL:")) {
+		err = errors.New("a statement failed")
+	}
+	if err == nil {
+		var still bool
+		if still, err = trusts(pgdata); err == nil && still {
+			err = errors.New(hbaFile + " still trusts")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("postgres: switch the cluster %s from trusting its socket to a password: %w: %s", p.dir, err, text)
+	}
+	p.password = pw
+	log.Warn("postgres cluster of an earlier version now requires the generated password (it trusted its socket)",
+		zap.String("pgdata", pgdata), zap.String("password_file", pwFile))
 	return nil
 }
 
