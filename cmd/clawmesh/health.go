@@ -111,6 +111,11 @@ func checkHealth(ctx context.Context, addr, service string) (healthpb.HealthChec
 		return 0, "", err
 	}
 	defer cc.Close()
+	return healthOn(ctx, cc, service)
+}
+
+// healthOn is checkHealth on a connection open already.
+func healthOn(ctx context.Context, cc *grpc.ClientConn, service string) (healthpb.HealthCheckResponse_ServingStatus, string, error) {
 	var trailer metadata.MD
 	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.Trailer(&trailer))
 	if err != nil {
