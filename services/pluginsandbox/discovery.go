@@ -283,18 +283,49 @@ func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*e
 		if ok {
 			cached = e.parsed
 		}
-		fp, parsed := fingerprint(path, cached)
-		// A folder refused as untrusted is loaded again once its files
-		// are safe: a chmod of a file inside changes no fingerprint.
-		if ok && e.fp == fp && samePolicy && !(errors.Is(e.err, trust.ErrUntrusted) && trust.CheckPluginFolder(path) == nil) {
-			out = append(out, e)
-			continue
+		// An upgrade renames a new folder into place (and deletes the
+		// old one) at any instant, and a load reads the folder by its
+		// path many times: a swap meanwhile mixed the old manifest with
+		// the new files, or failed the load on a file deleted under it,
+		// leaving the plugin so until the next scan. The folder seen
+		// before the fingerprint and after the load is compared, and a
+		// load that spans a swap is done again, a bounded number of
+		// times (installs are serialised, so one more is enough).
+		for attempt := 1; ; attempt++ {
+			before := folderID(path)
+			fp, parsed := fingerprint(path, cached)
+			// A folder refused as untrusted is loaded again once its files
+			// are safe: a chmod of a file inside changes no fingerprint.
+			if ok && e.fp == fp && samePolicy && !(errors.Is(e.err, trust.ErrUntrusted) && trust.CheckPluginFolder(path) == nil) {
+				out = append(out, e)
+				break
+			}
+			ne := s.load(ctx, d.Name(), path, fp, parsed, live.Policy)
+			ne.parsed = parsed
+			if attempt == maxLoadAttempts || folderID(path) == before {
+				out = append(out, ne)
+				break
+			}
+			ne.closeWorlds(ctx)
+			s.logger.Info("plugin folder replaced while it was read; reading it again", zap.String("dir", d.Name()))
 		}
-		e = s.load(ctx, d.Name(), path, fp, parsed, live.Policy)
-		e.parsed = parsed
-		out = append(out, e)
 	}
 	return out, nil
+}
+
+// maxLoadAttempts bounds the loads of one folder in one scan while it
+// keeps being replaced under the scan.
+const maxLoadAttempts = 3
+
+// folderID identifies the folder at path: a rename-swap puts another
+// folder (another inode) there; a file added or removed in it changes
+// its modification time.
+func folderID(path string) string {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return "missing"
+	}
+	return fmt.Sprintf("%d:%s", fi.ModTime().UnixNano(), inode(fi))
 }
 
 // parsedManifest is a manifest's bytes' digest and what they parsed to,
@@ -308,6 +339,10 @@ type parsedManifest struct {
 
 // parseManifest is manifest.Parse; tests count its calls.
 var parseManifest = manifest.Parse
+
+// loadHook, when set, runs in load between the manifest's read and the
+// reads of the files it names: tests swap the folder there.
+var loadHook func(path string)
 
 // fingerprint summarises what a load reads from a plugin folder: the
 // folder itself (a reinstall renames a new one into place), the
@@ -368,6 +403,9 @@ func (s *Server) load(ctx context.Context, dir, path, fp string, parsed parsedMa
 	if parsed.m == nil {
 		e.err = parsed.err
 		return e
+	}
+	if loadHook != nil {
+		loadHook(path)
 	}
 	b, err := manifest.BundleOf(path, parsed.m)
 	if err != nil {

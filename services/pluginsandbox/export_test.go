@@ -78,3 +78,11 @@ func ChannelPending(s *Server, alias string) int {
 	}
 	return 0
 }
+
+// SetLoadHook has hook called in a load between the manifest's read and
+// the reads of the files it names, until the returned func puts it back.
+func SetLoadHook(hook func(path string)) (undo func()) {
+	old := loadHook
+	loadHook = hook
+	return func() { loadHook = old }
+}

@@ -1,0 +1,102 @@
+package pluginsandbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+)
+
+// writeSkillKit writes a skill plugin kit of version at dir, with the
+// one skill named skill; with digest its manifest carries the
+// skills_sha256 of its files.
+func writeSkillKit(t *testing.T, dir, version, skill string, digest bool) {
+	t.Helper()
+	p := filepath.Join(dir, "skills", skill, "SKILL.md")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("---\nname: "+skill+"\ndescription: Version "+version+".\n---\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	text := "name = \"kit\"\nversion = \"" + version + "\"\ncapabilities = [\"skill\"]\n"
+	if digest {
+		m, err := manifest.Parse([]byte(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := manifest.BundleOf(dir, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, files, err := b.Contents()
+		if err != nil {
+			t.Fatal(err)
+		}
+		text += fmt.Sprintf("skills_sha256 = %q\n", files.Digest())
+	}
+	if err := os.WriteFile(filepath.Join(dir, manifest.FileName), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An upgrade that swaps a plugin's folder while a scan reads it (here
+// between the manifest's read and the reads of the files it names, as
+// the hook puts it) loads the new version whole. Before, the scan loaded
+// the old manifest with the new files: without digests, kit 1.0.0
+// offering version 2's skill; with skills_sha256, a failure ("its files
+// do not match skills_sha256") that kept the plugin unavailable until
+// the next scan.
+func TestUpgradeDuringLoadLoadsOneVersion(t *testing.T) {
+	for _, digest := range []bool{false, true} {
+		t.Run(fmt.Sprintf("digest=%v", digest), func(t *testing.T) {
+			dir := t.TempDir()
+			writeSkillKit(t, filepath.Join(dir, "kit"), "1.0.0", "one", digest)
+			ts := newTestServer(t, dir)
+			if p := ts.plugins(t)["kit"]; p.GetStatus() != "loaded" || p.GetVersion() != "1.0.0" {
+				t.Fatalf("version 1: %+v", p)
+			}
+			src := filepath.Join(t.TempDir(), "kit")
+			writeSkillKit(t, src, "2.0.0", "two", digest)
+			in := &install.Installer{PluginsDir: dir, Policy: manifest.DefaultPolicy()}
+			swapped := false
+			undo := pluginsandbox.SetLoadHook(func(string) {
+				if swapped {
+					return
+				}
+				swapped = true
+				if res, err := in.InstallPath(context.Background(), src); err != nil || !res.Replaced {
+					t.Errorf("upgrade: %+v %v", res, err)
+				}
+			})
+			defer undo()
+			// The manifest's bytes change, so the scan reads it anew.
+			rewriteManifest(t, dir, "kit", func(s string) string { return s + "# touched\n" })
+			ts.rescan(t)
+			if !swapped {
+				t.Fatal("the hook never ran")
+			}
+			p := ts.plugins(t)["kit"]
+			skills, err := ts.ListSkills(context.Background(), &pluginv1.ListSkillsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, sk := range skills.Skills {
+				ids = append(ids, sk.Id)
+			}
+			if p.GetStatus() != "loaded" || p.GetVersion() != "2.0.0" || !slices.Equal(ids, []string{"plugin:kit/two"}) {
+				t.Fatalf("after an upgrade during the load: status %q version %q reason %q skills %v; want loaded 2.0.0 [plugin:kit/two]",
+					p.GetStatus(), p.GetVersion(), p.GetReason(), strings.Join(ids, ","))
+			}
+		})
+	}
+}
