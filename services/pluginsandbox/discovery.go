@@ -335,10 +335,17 @@ type parsedManifest struct {
 	sum  [sha256.Size]byte
 	m    *manifest.Manifest
 	err  error
+	// skillsOver says the fingerprint found more than
+	// MaxSkillTreeFiles entries under skills/ (this scan's finding, not
+	// the manifest's, so never taken from a cached parse).
+	skillsOver bool
 }
 
 // parseManifest is manifest.Parse; tests count its calls.
 var parseManifest = manifest.Parse
+
+// lstat is os.Lstat; tests count the fingerprint's calls.
+var lstat = os.Lstat
 
 // loadHook, when set, runs in load between the manifest's read and the
 // reads of the files it names: tests swap the folder there.
@@ -352,13 +359,14 @@ var loadHook func(path string)
 // parse than to read and hash.
 func fingerprint(dir string, cached parsedManifest) (string, parsedManifest) {
 	h := sha256.New()
-	stat := func(p string) {
-		fi, err := os.Lstat(p)
+	stat := func(p string) os.FileInfo {
+		fi, err := lstat(p)
 		if err != nil {
 			fmt.Fprintf(h, "%s:missing\n", p)
-			return
+			return nil
 		}
 		fmt.Fprintf(h, "%s:%d:%d:%s:%s\n", p, fi.Size(), fi.ModTime().UnixNano(), fi.Mode(), inode(fi))
+		return fi
 	}
 	stat(dir)
 	var parsed parsedManifest
@@ -380,15 +388,58 @@ func fingerprint(dir string, cached parsedManifest) (string, parsedManifest) {
 			stat(filepath.Join(dir, filepath.FromSlash(m.WasmPath)))
 		}
 		if m.Has(manifest.CapSkill) {
-			_ = filepath.WalkDir(filepath.Join(dir, manifest.SkillsDir), func(p string, _ fs.DirEntry, err error) error {
-				if err == nil {
-					stat(p)
-				}
-				return nil
-			})
+			if !walkSkillTree(filepath.Join(dir, manifest.SkillsDir), stat) {
+				fmt.Fprintf(h, "skills:over\n")
+				parsed.skillsOver = true
+			}
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil)), parsed
+}
+
+// walkSkillTree calls stat on root and everything under it, in lexical
+// order, and reports whether it held at most MaxSkillTreeFiles entries
+// (as ReadSkillFiles counts them). It runs on every scan, and a plugin
+// copied in by hand has no install to bound its tree: the walk stops at
+// the bound, and names are read in batches, so a folder of a million
+// files costs no more than the bound. A folder is closed before its
+// subfolders are read, so depth holds no file descriptors.
+func walkSkillTree(root string, stat func(p string) os.FileInfo) bool {
+	n := 1
+	var walk func(dir string) bool
+	walk = func(dir string) bool {
+		// Not followed if a link, nor waited on if a FIFO, swapped in
+		// since stat said it was a folder.
+		f, err := os.OpenFile(dir, os.O_RDONLY|openDirFlags, 0)
+		if err != nil {
+			return true // the fingerprint has its stat; the load says why
+		}
+		var names []string
+		for {
+			batch, err := f.Readdirnames(256)
+			names = append(names, batch...)
+			if n += len(batch); n > manifest.MaxSkillTreeFiles {
+				f.Close()
+				return false
+			}
+			if err != nil {
+				break
+			}
+		}
+		f.Close()
+		sort.Strings(names)
+		for _, name := range names {
+			p := filepath.Join(dir, name)
+			if fi := stat(p); fi != nil && fi.IsDir() && !walk(p) {
+				return false
+			}
+		}
+		return true
+	}
+	if fi := stat(root); fi == nil || !fi.IsDir() {
+		return true
+	}
+	return walk(root)
 }
 
 // load reads one plugin folder and loads its worlds.
@@ -402,6 +453,13 @@ func (s *Server) load(ctx context.Context, dir, path, fp string, parsed parsedMa
 	// parsed once, and no bytes but those fingerprinted are loaded.
 	if parsed.m == nil {
 		e.err = parsed.err
+		return e
+	}
+	if parsed.skillsOver {
+		// Refused before anything under skills/ is read: the load would
+		// read the whole tree to find what the fingerprint found.
+		e.err = fmt.Errorf("%w: %s: more than %d files and folders (the bound of an install, which a plugin copied in by hand is held to too)",
+			manifest.ErrLayout, manifest.SkillsDir, manifest.MaxSkillTreeFiles)
 		return e
 	}
 	if loadHook != nil {

@@ -86,3 +86,23 @@ func SetLoadHook(hook func(path string)) (undo func()) {
 	loadHook = hook
 	return func() { loadHook = old }
 }
+
+// CountFingerprintStats counts the files discovery's fingerprint looks
+// at, until the returned undo puts os.Lstat back.
+func CountFingerprintStats() (count func() int, undo func()) {
+	old := lstat
+	var mu sync.Mutex
+	n := 0
+	lstat = func(name string) (os.FileInfo, error) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		return old(name)
+	}
+	count = func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+	return count, func() { lstat = old }
+}

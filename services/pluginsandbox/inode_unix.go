@@ -16,3 +16,7 @@ func inode(fi os.FileInfo) string {
 	}
 	return ""
 }
+
+// openDirFlags open a folder without following a link or waiting on a
+// FIFO put in its place.
+const openDirFlags = syscall.O_DIRECTORY | syscall.O_NOFOLLOW | syscall.O_NONBLOCK

@@ -100,3 +100,38 @@ func TestUpgradeDuringLoadLoadsOneVersion(t *testing.T) {
 		})
 	}
 }
+
+// A plugin copied in by hand is not bounded by an install's 10,000
+// entries: every scan's fingerprint walked its whole skills/ tree, and
+// its load read it all before refusing it. Now the fingerprint looks at
+// no more than the bound allows (and reads no folder past it), and the
+// plugin is refused, saying the bound.
+func TestSkillTreePastTheBoundIsRefusedWithoutWalkingIt(t *testing.T) {
+	dir := t.TempDir()
+	writeSkillKit(t, filepath.Join(dir, "kit"), "1.0.0", "one", false)
+	refs := filepath.Join(dir, "kit", "skills", "one", "refs")
+	if err := os.Mkdir(refs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const extra = 500
+	for i := range manifest.MaxSkillTreeFiles + extra {
+		if err := os.WriteFile(filepath.Join(refs, fmt.Sprintf("f%05d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats, undo := pluginsandbox.CountFingerprintStats()
+	defer undo()
+	ts := newTestServer(t, dir)
+	p := ts.plugins(t)["kit"]
+	if p.GetStatus() != "failed" || !strings.Contains(p.GetReason(), fmt.Sprintf("more than %d files and folders", manifest.MaxSkillTreeFiles)) {
+		t.Fatalf("a skills/ tree past the bound: status %q reason %q", p.GetStatus(), p.GetReason())
+	}
+	first := stats()
+	ts.rescan(t)
+	if n := stats() - first; n > manifest.MaxSkillTreeFiles+2 {
+		t.Fatalf("a scan looked at %d files of a plugin whose skills/ holds %d; want at most %d", n, manifest.MaxSkillTreeFiles+extra+4, manifest.MaxSkillTreeFiles+2)
+	}
+	if p := ts.plugins(t)["kit"]; p.GetStatus() != "failed" {
+		t.Fatalf("refused plugin after a rescan: %+v", p)
+	}
+}
