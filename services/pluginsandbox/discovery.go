@@ -43,10 +43,13 @@ type entry struct {
 	observer *observerRun
 	wasm     []byte // kept for channel bindings, which load per alias
 
-	// calls guards the loaded worlds: calls hold it for reading; unload
-	// takes it for writing, so it waits for them, then sets closed.
-	calls  sync.RWMutex
+	// mu guards the call references: calls count the running calls;
+	// unload sets closed, so no call starts after it, then waits for
+	// idle (made when calls are running) before it closes the worlds.
+	mu     sync.Mutex
+	calls  int
 	closed bool
+	idle   chan struct{}
 }
 
 func (e *entry) name() string {
@@ -59,26 +62,47 @@ func (e *entry) name() string {
 // usable reports whether the entry loaded and passed the policy.
 func (e *entry) usable() bool { return e.bundle != nil && e.err == nil && e.policy == nil }
 
-// acquire takes a call reference; false when the entry was unloaded.
+// acquire takes a call reference; false once the entry is unloaded or
+// being unloaded, when the catalog holds what replaced it already. It
+// never waits: with a read lock, a call that looked the entry up just
+// before an upgrade's scan waited behind the unload for the longest
+// running call, then failed as an unknown tool.
 func (e *entry) acquire() bool {
-	e.calls.RLock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.closed {
-		e.calls.RUnlock()
 		return false
 	}
+	e.calls++
 	return true
 }
 
-func (e *entry) release() { e.calls.RUnlock() }
+func (e *entry) release() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.calls--; e.calls == 0 && e.idle != nil {
+		close(e.idle)
+		e.idle = nil
+	}
+}
 
 // unload waits for running calls, then closes every loaded world.
 func (e *entry) unload(ctx context.Context) {
-	e.calls.Lock()
-	defer e.calls.Unlock()
+	e.mu.Lock()
 	if e.closed {
+		e.mu.Unlock()
 		return
 	}
 	e.closed = true
+	var idle chan struct{}
+	if e.calls > 0 {
+		idle = make(chan struct{})
+		e.idle = idle
+	}
+	e.mu.Unlock()
+	if idle != nil {
+		<-idle
+	}
 	e.closeWorlds(ctx)
 }
 

@@ -106,3 +106,12 @@ func CountFingerprintStats() (count func() int, undo func()) {
 	}
 	return count, func() { lstat = old }
 }
+
+// SetToolLookupHook has hook called in ExecuteTool between the tool's
+// lookup and the call reference taken on its plugin, until the returned
+// func puts it back.
+func SetToolLookupHook(hook func(tool string)) (undo func()) {
+	old := toolLookupHook
+	toolLookupHook = hook
+	return func() { toolLookupHook = old }
+}

@@ -24,8 +24,27 @@ const (
 )
 
 // memoryFor picks the memory plugin a request names (or the only one),
-// holding a call reference on it.
+// holding a call reference on it. A plugin being unloaded was replaced
+// in the catalog before: it is picked again there, so a request racing
+// an upgrade reaches the new load.
 func (s *Server) memoryFor(plugin string) (*entry, error) {
+	for attempt := 1; ; attempt++ {
+		e, err := s.pickMemory(plugin)
+		if err != nil {
+			return nil, err
+		}
+		if e != nil && e.acquire() {
+			return e, nil
+		}
+		if e == nil || attempt == maxLoadAttempts {
+			return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, rpcerr.NoIndex, "no such memory plugin is loaded")
+		}
+	}
+}
+
+// pickMemory is the memory plugin a request names (or the only one) in
+// the current catalog, or nil.
+func (s *Server) pickMemory(plugin string) (*entry, error) {
 	c := s.current()
 	var e *entry
 	if plugin != "" {
@@ -41,9 +60,6 @@ func (s *Server) memoryFor(plugin string) (*entry, error) {
 		}
 		sort.Strings(names)
 		return nil, rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, fmt.Sprintf("several memory plugins are loaded (%v): name one in `plugin`", names))
-	}
-	if e == nil || !e.acquire() {
-		return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, rpcerr.NoIndex, "no such memory plugin is loaded")
 	}
 	return e, nil
 }

@@ -222,13 +222,38 @@ func (s *Server) ListTools(context.Context, *pluginv1.ListToolsRequest) (*plugin
 	return resp, nil
 }
 
+// acquireTool returns the plugin offering tool, holding a call reference
+// on it, or nil. A plugin being unloaded was replaced in the catalog
+// before: the tool is looked up again there, so a call racing an upgrade
+// runs on the new load.
+func (s *Server) acquireTool(tool string) *entry {
+	for range maxLoadAttempts {
+		p, ok := s.current().tools[tool]
+		if toolLookupHook != nil {
+			toolLookupHook(tool)
+		}
+		if !ok {
+			return nil
+		}
+		if p.acquire() {
+			return p
+		}
+	}
+	return nil
+}
+
+// toolLookupHook, when set, runs in ExecuteTool between the tool's
+// lookup and the call reference taken on its plugin: tests upgrade the
+// plugin there.
+var toolLookupHook func(tool string)
+
 // ExecuteTool runs one tool call in a fresh instance. A guest stopped by a
 // limit (fuel, deadline, memory), a trap or a malformed result is a failed
 // tool call (success false, error says which limit); refusals before any
 // guest code runs are gRPC errors.
 func (s *Server) ExecuteTool(ctx context.Context, req *pluginv1.ExecuteToolRequest) (*pluginv1.ExecuteToolResponse, error) {
-	p, ok := s.current().tools[req.GetToolName()]
-	if !ok || !p.acquire() {
+	p := s.acquireTool(req.GetToolName())
+	if p == nil {
 		return nil, rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, rpcerr.NoIndex, fmt.Sprintf("Unknown tool `%s`", req.GetToolName()))
 	}
 	defer p.release()
