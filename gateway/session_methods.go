@@ -84,6 +84,9 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 		return nil, serviceError("session", err)
 	}
 	if _, _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject(), true, true); err != nil {
+		if resp.GetCreated() && !errors.Is(err, errReplaced) {
+			g.unmake(ctx, cs, resp.GetSessionId(), err)
+		}
 		return nil, attachError(resp.GetSessionId(), err)
 	}
 	return map[string]any{
@@ -92,6 +95,29 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 		"message_count": resp.GetMessageCount(),
 		"workspace_dir": resp.GetWorkspaceDir(),
 	}, nil
+}
+
+// unmake deletes the session a session/new made and then could not
+// follow (err): the call fails, and its session goes with it. Left, it
+// stayed open with its id told to no client and followed by none (the
+// bus server stopped is seen only after two missed pings, some 14 s in
+// which busDown lets session/new through), one more at each retry,
+// each counted against the principal's open and kept sessions. Deleted
+// rather than closed, as a closed one stays kept: made a moment ago, it
+// holds nothing yet. A session the call resumed was there before it and
+// is left as it is; so is one errReplaced names, whose id names another
+// session now.
+func (g *Gateway) unmake(ctx context.Context, cs *connState, sessionID string, err error) {
+	// The call's own deadline may be spent waiting for the bus.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, derr := g.session.Delete(ctx, &sessionv1.DeleteRequest{Principal: cs.principalOf(), SessionId: sessionID}); derr != nil {
+		g.log.Warn("session made by a session/new that could not follow it not deleted", zap.String("conn", cs.id),
+			zap.String("session_id", sessionID), zap.NamedError("follow_error", err), zap.Error(derr))
+		return
+	}
+	g.log.Info("session made by a session/new that could not follow it deleted", zap.String("conn", cs.id),
+		zap.String("session_id", sessionID), zap.Error(err))
 }
 
 // promptText reads a prompt given as a string or as ACP content blocks
