@@ -544,14 +544,17 @@ func podSpecs(objs []manifest) map[string]*corev1.PodSpec {
 	return out
 }
 
-// goMemLimit parses a GOMEMLIMIT value: bytes, or a number with B, KiB,
-// MiB, GiB or TiB (what the Go runtime accepts).
-func goMemLimit(s string) (int64, bool) {
+// sizeUnit is a suffix of a size and the bytes it stands for.
+type sizeUnit struct {
+	suffix string
+	n      int64
+}
+
+// parseSize reads a positive number of bytes with at most one of units
+// as its suffix (tried in order: the longer suffixes first).
+func parseSize(s string, units []sizeUnit) (int64, bool) {
 	unit := int64(1)
-	for _, u := range []struct {
-		suffix string
-		n      int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+	for _, u := range units {
 		if strings.HasSuffix(s, u.suffix) {
 			s, unit = strings.TrimSuffix(s, u.suffix), u.n
 			break
@@ -559,6 +562,12 @@ func goMemLimit(s string) (int64, bool) {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	return n * unit, err == nil && n > 0
+}
+
+// goMemLimit parses a GOMEMLIMIT value: bytes, or a number with B, KiB,
+// MiB, GiB or TiB (what the Go runtime accepts).
+func goMemLimit(s string) (int64, bool) {
+	return parseSize(s, []sizeUnit{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}})
 }
 
 // Every container has a memory limit, and every Go program (ours, NATS)
@@ -1341,21 +1350,9 @@ func TestComposeRestrictsContainers(t *testing.T) {
 }
 
 // composeBytes reads a compose size (mem_limit): a number of bytes with
-// an optional b, k, m or g suffix, as Docker reads it.
+// an optional b, k, m or g suffix (kb, mb, gb too), as Docker reads it.
 func composeBytes(s string) (int64, bool) {
-	unit := int64(1)
-	s = strings.ToLower(s)
-	for _, u := range []struct {
-		suffix string
-		n      int64
-	}{{"kb", 1 << 10}, {"mb", 1 << 20}, {"gb", 1 << 30}, {"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"b", 1}} {
-		if strings.HasSuffix(s, u.suffix) {
-			s, unit = strings.TrimSuffix(s, u.suffix), u.n
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n * unit, err == nil && n > 0
+	return parseSize(strings.ToLower(s), []sizeUnit{{"kb", 1 << 10}, {"mb", 1 << 20}, {"gb", 1 << 30}, {"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"b", 1}})
 }
 
 // docker-compose.yml bounds every container as the manifests bound its
