@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -19,12 +18,7 @@ import (
 // Before, the session stayed open, its id told to no client.
 func TestBusStoppedSessionNewLeavesNoSession(t *testing.T) {
 	t.Parallel()
-	dir := e2e.TempDataDir(t)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	pid, url := startBusChild(t, dir)
-	s := e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{"NATS_URL=" + url}})
+	s, pid := stackOnBusChild(t)
 	c := s.Dial(t)
 	c.Timeout = 60 * time.Second
 	if _, err := c.Initialize(); err != nil {

@@ -169,6 +169,19 @@ func (s *streamer) open() (*e2e.Client, string, error) {
 	return c, session, nil
 }
 
+// stackOnBusChild starts a stack whose NATS server runs in a child
+// process of this test (startBusChild), so that a test may stop it
+// (SIGSTOP) without stopping the stack's processes; pid is the child's.
+func stackOnBusChild(t *testing.T) (s *e2e.Stack, pid int) {
+	t.Helper()
+	dir := e2e.TempDataDir(t)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pid, url := startBusChild(t, dir)
+	return e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{"NATS_URL=" + url}}), pid
+}
+
 // The bus server hangs (SIGSTOP) for 20 s while four clients stream
 // turns of 100 chunks. No turn is answered as ended over a stream that
 // lacks chunks or its turn_complete: each turn the stall cut fails or
@@ -179,12 +192,7 @@ func (s *streamer) open() (*e2e.Client, string, error) {
 // no turn_complete.
 func TestBusStoppedWhileSessionsStreamIsNoSilentHole(t *testing.T) {
 	t.Parallel()
-	dir := e2e.TempDataDir(t)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	pid, url := startBusChild(t, dir)
-	s := e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{"NATS_URL=" + url}})
+	s, pid := stackOnBusChild(t)
 	hc := s.Dial(t)
 	if _, err := hc.Initialize(); err != nil {
 		t.Fatal(err)
