@@ -246,3 +246,71 @@ func TestGatewayRestartedWhileConfigIsHung(t *testing.T) {
 		return nil
 	})
 }
+
+// The session service killed (or crashed) while the config service
+// hung: the launcher restarted it, and it waited 60 s for config's live
+// document and exited, again and again, its health saying only
+// "starting: setting up its services". It now waits for config as long
+// as it takes, health saying so, and serves once config answers, the
+// same process.
+func TestSessionRestartedWhileConfigIsHung(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{"--liveness-timeout", "10m"}})
+	watcher := s.Dial(t)
+	if _, err := watcher.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	cfg, sess := s.PIDOf("config"), s.PIDOf("session")
+	if cfg == 0 || sess == 0 {
+		t.Fatalf("no config or session among %v", s.PIDs())
+	}
+	if err := syscall.Kill(cfg, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	continued := false
+	t.Cleanup(func() {
+		if !continued {
+			_ = syscall.Kill(cfg, syscall.SIGCONT)
+		}
+	})
+	if err := syscall.Kill(sess, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var restarted int
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+		restarted = s.PIDOf("session")
+		if restarted == 0 || restarted == sess {
+			return errors.New("the session service is not started again yet")
+		}
+		h, err := healthOf(watcher)
+		if err != nil {
+			return err
+		}
+		c, why := h["session"], ""
+		if c.LastError != nil {
+			why = *c.LastError
+		}
+		if c.Status != "not_serving" || why != "starting: waiting for the config service" {
+			return fmt.Errorf("session with config stopped: %s %q (restarts %d)", c.Status, why, c.RestartCount)
+		}
+		return nil
+	})
+
+	if err := syscall.Kill(cfg, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	continued = true
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+		h, err := healthOf(watcher)
+		if err != nil {
+			return err
+		}
+		if h["session"].Status != "serving" {
+			return fmt.Errorf("session with config back: %+v", h["session"])
+		}
+		return nil
+	})
+	if pid := s.PIDOf("session"); pid != restarted {
+		t.Fatalf("the session service was started again (%d, then %d) rather than waiting", restarted, pid)
+	}
+}

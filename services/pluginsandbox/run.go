@@ -71,12 +71,9 @@ func scanInterval(snap configclient.Snapshot) (time.Duration, error) {
 	return d, nil
 }
 
-// liveTimeout bounds reading the config document at start; the launcher
-// starts the config service first, so this only matters when it is down.
-const liveTimeout = 15 * time.Second
-
 // Register builds a replica inside the service frame: it reads its
-// settings from the config service, starts a wasmhost.Host (compile cache
+// settings from the config service (waiting for it as long as it is
+// away: service.Env.AwaitConfig), starts a wasmhost.Host (compile cache
 // <data_dir>/wasm-cache, shared by replicas), loads the plugins and
 // registers PluginService. It follows the live config (plugins.enabled,
 // plugins.security.*, channels.plugin.*: a change triggers a rescan) and
@@ -91,11 +88,12 @@ func Register(ctx context.Context, env *service.Env) error {
 	}
 	env.OnClose(func() { _ = conn.Close() })
 	client := configv1.NewConfigServiceClient(conn)
-	liveCtx, cancel := context.WithTimeout(ctx, liveTimeout)
-	live, err := configclient.New(liveCtx, client, env.NATS, env.Log)
-	cancel()
+	// The replica waits for config however long it is away
+	// (AwaitConfig): which plugins load, their limits and the networks
+	// they may reach are config's, never the defaults.
+	live, err := env.AwaitConfig(ctx, client)
 	if err != nil {
-		return fmt.Errorf("config service: %w", err)
+		return err
 	}
 	env.OnClose(live.Close)
 	settings, err := SettingsFrom(live.PluginSettings(), env.DataDir)

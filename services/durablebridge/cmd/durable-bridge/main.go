@@ -59,11 +59,12 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	env.OnClose(func() { _ = sessionConn.Close() })
 
 	configRPC := configv1.NewConfigServiceClient(configConn)
-	liveCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	live, err := configclient.New(liveCtx, configRPC, env.NATS, env.Log)
-	cancel()
+	// The bridge waits for config however long it is away (AwaitConfig):
+	// where it listens, its TLS, its token and whether it refuses
+	// descendants are config's, never the defaults.
+	live, err := env.AwaitConfig(ctx, configRPC)
 	if err != nil {
-		return nil, fmt.Errorf("config service: %w", err)
+		return nil, err
 	}
 	env.OnClose(live.Close)
 

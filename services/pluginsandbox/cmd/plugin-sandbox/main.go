@@ -9,11 +9,13 @@ import (
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 )
 
-func main() {
-	service.Main(service.Spec{
+func main() { service.Main(spec()) }
+
+func spec() service.Spec {
+	return service.Spec{
 		Name:        "plugin-sandbox",
 		Role:        bus.RolePlugin,
 		HealthNames: []string{pluginv1.PluginService_ServiceDesc.ServiceName},
 		Register:    pluginsandbox.Register,
-	})
+	}
 }

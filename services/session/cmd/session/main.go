@@ -4,13 +4,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/bus"
-	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
@@ -65,12 +63,13 @@ func register(ctx context.Context, env *service.Env) error {
 	env.OnClose(func() { _ = memoryConn.Close() })
 
 	configRPC := configv1.NewConfigServiceClient(configConn)
-	// The agents come from the live config, followed over NATS.
-	liveCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	live, err := configclient.New(liveCtx, configRPC, env.NATS, env.Log)
-	cancel()
+	// The agents come from the live config, followed over NATS. The
+	// service waits for config however long it is away (AwaitConfig):
+	// its agents and the bounds of stored files are config's, never the
+	// defaults, and each user's call needs config's authorization.
+	live, err := env.AwaitConfig(ctx, configRPC)
 	if err != nil {
-		return fmt.Errorf("config service: %w", err)
+		return err
 	}
 	env.OnClose(live.Close)
 	standing.Set(live)

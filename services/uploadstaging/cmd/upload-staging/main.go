@@ -13,7 +13,6 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/bus"
-	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
@@ -33,9 +32,12 @@ var bulk = bulkcodec.New(0,
 	(&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"),
 	(&sessionv1.StoreFileRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
 
-func main() {
+func main() { service.Main(spec()) }
+
+// spec is the process, its flags read into register's lease.
+func spec() service.Spec {
 	var lease time.Duration
-	service.Main(service.Spec{
+	return service.Spec{
 		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(bulk)},
 		Name:          "upload-staging",
 		Role:          bus.RoleUpload,
@@ -50,7 +52,7 @@ func main() {
 			fs.DurationVar(&lease, "gateway-lease", def, "how long a gateway's uploads outlive its last renewal (env "+envLease+")")
 		},
 		Register: func(ctx context.Context, env *service.Env) error { return register(ctx, env, lease) },
-	})
+	}
 }
 
 func register(ctx context.Context, env *service.Env, lease time.Duration) error {
@@ -66,12 +68,11 @@ func register(ctx context.Context, env *service.Env, lease time.Duration) error 
 	env.OnClose(func() { _ = sessionConn.Close() })
 
 	// uploads.* follow the live config, read over gRPC on each announced
-	// change.
-	liveCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	live, err := configclient.New(liveCtx, configv1.NewConfigServiceClient(configConn), env.NATS, env.Log)
-	cancel()
+	// change. The service waits for config however long it is away
+	// (AwaitConfig): every call needs config's authorization anyway.
+	live, err := env.AwaitConfig(ctx, configv1.NewConfigServiceClient(configConn))
 	if err != nil {
-		return fmt.Errorf("config service: %w", err)
+		return err
 	}
 	env.OnClose(live.Close)
 
