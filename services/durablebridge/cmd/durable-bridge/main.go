@@ -111,20 +111,22 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	b.SetStarters(settings.Starters)
 
 	// The token is a secret: the live document has it masked, Reveal
-	// reads it, again whenever a change may have touched it.
-	reveal := func() {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		resp, err := configRPC.Reveal(rctx, &configv1.RevealRequest{Prop: tokenProp})
-		if err != nil {
-			env.Log.Warn("durable token not read; the token transport refuses every call", zap.Error(err))
-			b.SetToken("")
-			return
-		}
-		b.SetToken(resp.GetValue().GetStringValue())
-	}
-	reveal()
+	// reads it, again whenever a change may have touched it, and again
+	// after a read that failed until one succeeds.
 	wake := make(chan struct{}, 1)
+	tokens := durablebridge.TokenSource{
+		Read: func(rctx context.Context) (string, error) {
+			resp, err := configRPC.Reveal(rctx, &configv1.RevealRequest{Prop: tokenProp})
+			return resp.GetValue().GetStringValue(), err
+		},
+		Set:   b.SetToken,
+		Wake:  wake,
+		Retry: time.Second,
+		Log: func(err error) {
+			env.Log.Warn("durable token not read; the token transport refuses every call until it is", zap.Error(err))
+		},
+	}
+	loaded := tokens.Load(ctx)
 	live.OnChange(func(s configclient.Snapshot, props []string) {
 		d := s.Durable()
 		refuse.Store(d.RefuseDescendants)
@@ -136,16 +138,7 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 			}
 		}
 	})
-	env.Go(func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-wake:
-				reveal()
-			}
-		}
-	})
+	env.Go(func() { tokens.Follow(ctx, loaded) })
 	durablev1.RegisterDurableServiceServer(env.Server.GRPC, durablebridge.NewGRPC(b))
 	return b, nil
 }
