@@ -517,12 +517,21 @@ type deliveries struct {
 }
 
 // conversation is the key of msg's conversation: its thread, else its
-// sender.
+// sender, each in a key space of its own. Keyed by the bare thread or
+// sender, a message on thread "bob" went to the session of sender "bob"
+// writing without a thread, and the agent answered a stranger from bob's
+// history. A thread keeps its bare id (so that its session is the one it
+// had); a sender's key, and a thread's beginning with NUL, start with a
+// NUL that no bare thread key has, so no two meet. Conversations without
+// a thread started afresh once with this change.
 func conversation(msg *wasmhost.ChannelMessage) string {
-	if msg.ThreadID != "" {
-		return msg.ThreadID
+	switch {
+	case msg.ThreadID == "":
+		return "\x00sender\x00" + msg.Sender
+	case strings.HasPrefix(msg.ThreadID, "\x00"):
+		return "\x00thread\x00" + msg.ThreadID
 	}
-	return msg.Sender
+	return msg.ThreadID
 }
 
 // msgBytes is about what msg holds in memory.

@@ -695,3 +695,25 @@ func TestChannelConversationBacklogIsBounded(t *testing.T) {
 		t.Fatalf("prompt %q, want last (a%d was refused)", p.prompt, bound)
 	}
 }
+
+// A thread and a sender of the same name are two conversations, with a
+// session each: the conversation was keyed by the thread, else the
+// sender, so a message on thread "bob" went to the session of sender
+// "bob" writing without a thread, with its history (and the agent's
+// answer drew on it).
+func TestChannelThreadAndSenderOfOneNameAreApart(t *testing.T) {
+	fs := newFakeSessions()
+	ts := channelServer(t, fs)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	if code := postMessage(t, web.Listen, `{"id":"m1","from":"bob","text":"from bob"}`); code != http.StatusAccepted {
+		t.Fatalf("post: %d", code)
+	}
+	direct := testwait.Recv(t, fs.prompts)
+	if code := postMessage(t, web.Listen, `{"id":"m2","from":"mallory","text":"on thread bob","thread":"bob"}`); code != http.StatusAccepted {
+		t.Fatalf("post: %d", code)
+	}
+	threaded := testwait.Recv(t, fs.prompts)
+	if direct.session == threaded.session {
+		t.Fatalf("sender bob (no thread) and thread bob share session %s", direct.session)
+	}
+}
