@@ -70,6 +70,10 @@ var maxConversations = 8
 // cannot take the backlog that the other conversations share.
 const convBacklog = 32
 
+// noticeQueue bounds the refusals' notices waiting for a channel's
+// notifier (deliveries.notices); one more is dropped with a log line.
+const noticeQueue = 8
+
 // channelPrincipal is who a channel acts as towards the session service:
 // the operator principal, which the config service grants to the daemon's
 // own processes. The operator chooses what a channel's senders reach by
@@ -313,7 +317,8 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	}
 	pctx, cancel := context.WithCancel(context.Background())
 	b.cancel = cancel
-	b.dl = &deliveries{s: s, b: b, ctx: pctx, freed: make(chan struct{}, 1), convs: map[string][]*wasmhost.ChannelMessage{}}
+	b.dl = &deliveries{s: s, b: b, ctx: pctx, freed: make(chan struct{}, 1), convs: map[string][]*wasmhost.ChannelMessage{},
+		noticed: map[string]bool{}, notices: make(chan backlogNotice, noticeQueue)}
 	b.wg.Add(2)
 	go func() {
 		defer b.wg.Done()
@@ -431,11 +436,20 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 func (s *Server) poll(ctx context.Context, b *binding) {
 	d := b.dl
 	seed := b.backlog
+	notified := make(chan struct{})
+	go func() {
+		defer close(notified)
+		for n := range d.notices {
+			b.notice(ctx, n.msg, n.text)
+		}
+	}()
 	defer func() {
-		// Every delivery is owned here: the binding's stop (unbind,
-		// rebind, shutdown) returns once none runs, and what none had
-		// begun is the next binding's.
+		// Every delivery and the notifier are owned here: the
+		// binding's stop (unbind, rebind, shutdown) returns once none
+		// runs, and what no delivery had begun is the next binding's.
 		d.wg.Wait()
+		close(d.notices) // only the poller adds
+		<-notified
 		b.backlog = append(d.remainder(), seed...)
 	}()
 	t := time.NewTicker(pollEvery)
@@ -514,6 +528,23 @@ type deliveries struct {
 	// no more past inboundQueue and inboundQueueBytes.
 	held      int
 	heldBytes int
+	// noticed are the conversations whose sender was told of a refusal
+	// since their backlog last had room: one notice per full backlog,
+	// not one per refused message.
+	noticed map[string]bool
+	// notices are the refusals' notices, which the poller's notifier
+	// sends (noticeQueue at most wait). The poller sent each itself: a
+	// send takes up to plugins.limits.call_timeout_ms (30 s) when the
+	// plugin's endpoint hangs, and a sender flooding its conversation
+	// held up the polling of every other for as long, per message.
+	notices chan backlogNotice
+}
+
+// backlogNotice is the notice of a message that its conversation's backlog
+// refused.
+type backlogNotice struct {
+	msg  *wasmhost.ChannelMessage
+	text string
 }
 
 // conversation is the key of msg's conversation: its thread, else its
@@ -553,9 +584,23 @@ func (d *deliveries) add(msg *wasmhost.ChannelMessage) {
 	d.mu.Lock()
 	msgs, known := d.convs[conv]
 	if len(msgs) >= convBacklog {
+		// The plugin runs one call at a time, so even off the poller a
+		// notice per message of a flood held every poll behind one
+		// send: the sender hears once per full backlog.
+		told := d.noticed[conv]
+		d.noticed[conv] = true
 		d.mu.Unlock()
-		d.b.log.Warn("channel message refused: its conversation has too many waiting", zap.String("message_id", msg.ID), zap.Int("waiting", len(msgs)))
-		d.b.notice(d.ctx, msg, fmt.Sprintf("This message was not delivered: %d earlier messages of this conversation are still waiting for the agent; send it again later.", len(msgs)))
+		log := d.b.log.With(zap.String("message_id", msg.ID), zap.Int("waiting", len(msgs)))
+		if told {
+			log.Warn("channel message refused: its conversation has too many waiting (its sender was told at the first)")
+			return
+		}
+		log.Warn("channel message refused: its conversation has too many waiting")
+		select {
+		case d.notices <- backlogNotice{msg, fmt.Sprintf("This message was not delivered: %d earlier messages of this conversation are still waiting for the agent, and until it answers one, more are not delivered either; send them again later.", len(msgs))}:
+		default:
+			log.Warn("channel notice dropped: too many notices waiting")
+		}
 		return
 	}
 	d.convs[conv] = append(msgs, msg)
@@ -601,6 +646,7 @@ func (d *deliveries) work(conv string) {
 		msgs = d.convs[conv]
 		msgs[0] = nil
 		d.convs[conv] = msgs[1:]
+		delete(d.noticed, conv) // its backlog has room again
 		d.held--
 		d.heldBytes -= msgBytes(msg)
 		d.mu.Unlock()

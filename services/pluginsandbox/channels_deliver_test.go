@@ -717,3 +717,73 @@ func TestChannelThreadAndSenderOfOneNameAreApart(t *testing.T) {
 		t.Fatalf("sender bob (no thread) and thread bob share session %s", direct.session)
 	}
 }
+
+// A sender flooding its conversation past the backlog bound, whose
+// notices hang in the plugin's send, holds up no other conversation for
+// more than the one notice in flight: the poller sent every refusal's
+// notice itself, each up to plugins.limits.call_timeout_ms (30 s), so
+// the next conversation's message waited 30 s per refused message. And
+// the flood gets one notice, not one per message: the plugin runs one
+// call at a time, so notices queued for another goroutine still held
+// every poll behind one send each.
+func TestChannelBacklogNoticesDoNotHoldThePoller(t *testing.T) {
+	notices, release, done := make(chan map[string]string, 64), make(chan struct{}), make(chan struct{})
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		if strings.Contains(body["content"], "not delivered") {
+			notices <- body
+			// Hangs until released, like a tarpit the sender chose.
+			select {
+			case <-release:
+			case <-done:
+			case <-r.Context().Done():
+			}
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+	fs := newFakeSessions()
+	fs.holdFor["a0"] = make(chan struct{}) // A's turn runs on, and C's
+	fs.holdFor["c0"] = fs.holdFor["a0"]
+	ts := channelServerHook(t, fs, hook.URL)
+	t.Cleanup(func() { close(done) }) // before the sandbox stops
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	// fill has thread's turn run on and 31 more wait behind it.
+	fill := func(thread string, held int) {
+		t.Helper()
+		first := strings.ToLower(thread) + "0"
+		postThread(t, web.Listen, thread, first)
+		if p := testwait.Recv(t, fs.prompts); p.prompt != first {
+			t.Fatalf("prompt %q, want %s", p.prompt, first)
+		}
+		for i := 1; i < 32; i++ {
+			postThread(t, web.Listen, thread, fmt.Sprintf("%s%d", strings.ToLower(thread), i))
+		}
+		testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
+			if n := pluginsandbox.ChannelPending(ts.Server, "web"); n != held {
+				return fmt.Errorf("%d messages polled and undelivered, want %d", n, held)
+			}
+			return nil
+		})
+	}
+	fill("A", 32)
+	for i := 32; i < 40; i++ { // refused, each
+		postThread(t, web.Listen, "A", fmt.Sprintf("a%d", i))
+	}
+	postThread(t, web.Listen, "B", "b1")
+	if n := testwait.Recv(t, notices); n["thread_id"] != "A" {
+		t.Fatalf("notice %v, want A's", n)
+	}
+	release <- struct{}{} // the first notice's send ends
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "b1" {
+		t.Fatalf("prompt %q, want b1", p.prompt)
+	}
+	// Notices go out in order: once C's comes, A's flood has had all
+	// it gets.
+	fill("C", 64)
+	postThread(t, web.Listen, "C", "c32")
+	if n := testwait.Recv(t, notices); n["thread_id"] != "C" {
+		t.Fatalf("notice %v, want C's: A's flood got a notice per refused message", n)
+	}
+}
