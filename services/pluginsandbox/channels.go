@@ -55,6 +55,10 @@ const (
 	// operator had given longer, and answered in time, with no word to
 	// the sender.
 	awayWait = 5 * time.Minute
+	// stopGrace is how long a stopping binding's sends (answers, and
+	// notices to the senders of the turns it cuts) have, all together:
+	// the binder's lock is held meanwhile.
+	stopGrace = 5 * time.Second
 )
 
 // maxInboundConns bounds the connections a channel listener serves at
@@ -122,8 +126,14 @@ type binding struct {
 	key    string
 	notify chan struct{}
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	log    *zap.Logger
+	// sends is the context of the binding's sends through the plugin
+	// (answers and notices): it outlives the poller's by stopGrace when
+	// the binding stops, so that the senders of the turns the stop cuts
+	// are told, and an answer being sent goes out.
+	sends    context.Context
+	endSends context.CancelFunc
+	wg       sync.WaitGroup
+	log      *zap.Logger
 
 	mu     sync.Mutex
 	state  string
@@ -317,6 +327,7 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	}
 	pctx, cancel := context.WithCancel(context.Background())
 	b.cancel = cancel
+	b.sends, b.endSends = context.WithCancel(context.Background())
 	b.dl = &deliveries{s: s, b: b, ctx: pctx, freed: make(chan struct{}, 1), convs: map[string][]*wasmhost.ChannelMessage{},
 		noticed: map[string]bool{}, notices: make(chan backlogNotice, noticeQueue)}
 	b.wg.Add(2)
@@ -336,7 +347,8 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 }
 
 // stop closes the listener, ends the poller and its deliveries (what
-// they had not begun stays in b.backlog) and unloads the channel.
+// they had not begun stays in b.backlog; the senders of the turns they
+// cut are told, within stopGrace) and unloads the channel.
 func (b *binding) stop() {
 	if b.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -349,10 +361,16 @@ func (b *binding) stop() {
 		}
 		cancel()
 	}
+	var grace *time.Timer
 	if b.cancel != nil {
 		b.cancel()
+		grace = time.AfterFunc(stopGrace, b.endSends)
 	}
 	b.wg.Wait()
+	if grace != nil {
+		grace.Stop()
+		b.endSends()
+	}
 	if b.ch != nil {
 		_ = b.ch.Close(context.Background())
 	}
@@ -440,7 +458,7 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 	go func() {
 		defer close(notified)
 		for n := range d.notices {
-			b.notice(ctx, n.msg, n.text)
+			b.notice(n.msg, n.text)
 		}
 	}()
 	defer func() {
@@ -678,16 +696,16 @@ func (d *deliveries) pending() int {
 
 // notice answers msg with text through the plugin (a message that gets
 // no answer of the agent's: its sender was told 202). A binding that is
-// stopping sends none.
-func (b *binding) notice(ctx context.Context, msg *wasmhost.ChannelMessage, text string) {
+// stopping sends it within stopGrace (b.sends).
+func (b *binding) notice(msg *wasmhost.ChannelMessage, text string) {
 	to := msg.ReplyTarget
 	if to == "" {
 		to = msg.Sender
 	}
-	if to == "" || ctx.Err() != nil {
+	if to == "" || b.sends.Err() != nil {
 		return
 	}
-	nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	nctx, cancel := context.WithTimeout(b.sends, 30*time.Second)
 	defer cancel()
 	if err := b.ch.Send(nctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: text, ThreadID: msg.ThreadID}); err != nil {
 		b.log.Warn("channel notice failed", zap.String("message_id", msg.ID), zap.Error(err))
@@ -717,7 +735,18 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	// notify answers a message that gets no answer of the agent's. The
 	// reason stays in the log: it may name the operator's agents and
 	// sessions.
-	notify := func(text string) { b.notice(ctx, msg, text) }
+	notify := func(text string) { b.notice(msg, text) }
+	// unanswered tells why a session did not answer. The binding's stop
+	// (an unbind, a rebind, the sandbox's shutdown) cuts its turns in
+	// flight: their notices were suppressed with the stop, so the
+	// sender, told 202, never heard of its message again.
+	unanswered := func() {
+		if ctx.Err() != nil {
+			notify(cutShort)
+			return
+		}
+		notify(noAnswer)
+	}
 	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + b.cfg.Agent + "\x00" + conv))
 	sessionID := "chan_" + hex.EncodeToString(sum[:16])
 	p := channelPrincipal()
@@ -730,7 +759,7 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		return err
 	}); err != nil {
 		log.Warn("channel message: no session", zap.Error(err))
-		notify(noAnswer)
+		unanswered()
 		return
 	}
 	var resp *sessionv1.PromptResponse
@@ -739,7 +768,7 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		return err
 	}); err != nil {
 		log.Warn("channel message: prompt failed", zap.String("session_id", sessionID), zap.Error(err))
-		notify(noAnswer)
+		unanswered()
 		return
 	}
 	log.Info("channel message handed to a session", zap.String("session_id", sessionID), zap.Stringer("outcome", resp.GetOutcome()))
@@ -756,7 +785,9 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	if to == "" {
 		return
 	}
-	if err := b.ch.Send(ctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: answer, ThreadID: msg.ThreadID}); err != nil {
+	// b.sends, not ctx: an answer the turn gave goes out though the
+	// binding stops meanwhile.
+	if err := b.ch.Send(b.sends, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: answer, ThreadID: msg.ThreadID}); err != nil {
 		log.Warn("channel reply failed", zap.String("session_id", sessionID), zap.Error(err))
 		return
 	}
@@ -765,6 +796,10 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 
 // noAnswer is the notice for a message the session service refused.
 const noAnswer = "This message could not be answered; the operator's log has the reason."
+
+// cutShort is the notice for a message whose delivery its binding's stop
+// cut.
+const cutShort = "This message was not answered: the channel was reconfigured or stopped before the agent's answer; send it again."
 
 // Retries of a channel message's hand-off (whenAvailable).
 const (

@@ -787,3 +787,24 @@ func TestChannelBacklogNoticesDoNotHoldThePoller(t *testing.T) {
 		t.Fatalf("notice %v, want C's: A's flood got a notice per refused message", n)
 	}
 }
+
+// A turn in flight when its binding stops (a rebind, an unbind, the
+// sandbox's shutdown) is cut, and its sender is told so: the notice was
+// suppressed because the binding was stopping, and the sender, told 202,
+// heard nothing at all.
+func TestChannelTurnCutByARebindGetsANotice(t *testing.T) {
+	hook, replies := replyHook(t)
+	fs := newFakeSessions()
+	fs.holdFor["m1"] = make(chan struct{}) // runs until the binding stops
+	ts := channelServerHook(t, fs, hook)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postThread(t, web.Listen, "A", "m1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "m1" {
+		t.Fatalf("first prompt %q", p.prompt)
+	}
+	bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "locked"})
+	r := testwait.Recv(t, replies)
+	if r["recipient"] != "ann" || r["thread_id"] != "A" || !strings.Contains(r["content"], "not answered") {
+		t.Fatalf("reply to a turn cut by a rebind: %v", r)
+	}
+}
