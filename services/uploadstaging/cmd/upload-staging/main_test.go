@@ -4,24 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nkeys"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/clawmesh/clawmesh/internal/bus"
-	"github.com/clawmesh/clawmesh/internal/grpcclient"
-	"github.com/clawmesh/clawmesh/internal/grpcserver"
-	"github.com/clawmesh/clawmesh/internal/service"
+	"github.com/clawmesh/clawmesh/internal/service/servicetest"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
@@ -47,50 +39,9 @@ func (liveConfig) Live(context.Context, *configv1.LiveRequest) (*configv1.LiveRe
 // config's settings and authorization), and serves once config answers,
 // the same process.
 func TestStartWaitsForAHungConfig(t *testing.T) {
-	dir := t.TempDir()
-	cfgSock := filepath.Join(dir, "config.sock")
-	// Listening and never accepting: a stopped process's socket.
-	hung, err := net.Listen("unix", cfgSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, err := kp.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("ZEROCLAW_DATA_DIR", dir)
-	t.Setenv(service.EnvNATSURL, testenv.NATS(t))
-	t.Setenv(bus.EnvSeed, string(seed))
-
-	sock := filepath.Join(dir, "upload-staging.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- service.Run(ctx, spec(), []string{"--listen", sock, "--config-addr", cfgSock, "--session-addr", filepath.Join(dir, "session.sock")})
-	}()
-	cc, err := grpcclient.Dial(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	health := func() (healthpb.HealthCheckResponse_ServingStatus, string, error) {
-		select {
-		case err := <-done:
-			t.Fatalf("upload-staging stopped: %v", err)
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		var md metadata.MD
-		resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&md))
-		return resp.GetStatus(), strings.Join(md.Get(grpcserver.ReasonTrailer), "; "), err
-	}
+	st := servicetest.StartWithHungConfig(t, "upload-staging", spec())
+	cc := st.Conn
+	health := func() (healthpb.HealthCheckResponse_ServingStatus, string, error) { return st.Health(t) }
 	const waiting = "starting: waiting for the config service"
 	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() error {
 		st, reason, err := health()
@@ -105,7 +56,7 @@ func TestStartWaitsForAHungConfig(t *testing.T) {
 	// A call is refused, naming what is missing: nothing is accepted
 	// without config.
 	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
-	_, err = uploadv1.NewUploadServiceClient(cc).DiscardConnection(cctx, &uploadv1.DiscardConnectionRequest{ConnectionId: "c", GatewayId: "g"})
+	_, err := uploadv1.NewUploadServiceClient(cc).DiscardConnection(cctx, &uploadv1.DiscardConnectionRequest{ConnectionId: "c", GatewayId: "g"})
 	ccancel()
 	if status.Code(err) != codes.Unavailable || status.Convert(err).Message() != waiting {
 		t.Fatalf("a call with config hung: %v, want Unavailable %q", err, waiting)
@@ -115,7 +66,7 @@ func TestStartWaitsForAHungConfig(t *testing.T) {
 	// served, and the same process serves.
 	srv := grpc.NewServer()
 	configv1.RegisterConfigServiceServer(srv, liveConfig{})
-	go srv.Serve(hung) //nolint:errcheck // ends with Stop
+	go srv.Serve(st.Hung) //nolint:errcheck // ends with Stop
 	defer srv.Stop()
 	testenv.Eventually(t, 60*time.Second, 20*time.Millisecond, func() error {
 		st, reason, err := health()
@@ -127,8 +78,8 @@ func TestStartWaitsForAHungConfig(t *testing.T) {
 		}
 		return nil
 	})
-	cancel()
-	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+	st.Stop()
+	if err := <-st.Done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("stop: %v", err)
 	}
 }
