@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +18,25 @@ import (
 	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
+
+// hang stops process pid (SIGSTOP), as a hung process is: it keeps its
+// sockets, and what connects waits in their backlogs. resume lets it run
+// again (SIGCONT); the test's cleanup does if the test has not.
+func hang(t *testing.T, pid int) (resume func()) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) })
+	return func() {
+		once.Do(func() {
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
 
 // The config service hung (SIGSTOP): initialize asked it who the caller
 // was, so that a new connection could not even ask health or status
@@ -39,15 +59,7 @@ func TestOperatorInitializesWhileConfigIsHung(t *testing.T) {
 	if pid == 0 {
 		t.Fatalf("no config process among %v", s.PIDs())
 	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	continued := false
-	t.Cleanup(func() {
-		if !continued {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	})
+	resume := hang(t, pid)
 	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
 		h, err := healthOf(watcher)
 		if err != nil {
@@ -108,10 +120,7 @@ func TestOperatorInitializesWhileConfigIsHung(t *testing.T) {
 		t.Fatalf("initialize with a token, config stopped: %v", err)
 	}
 
-	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	continued = true
+	resume()
 	testenv.Eventually(t, 20*time.Second, 50*time.Millisecond, func() error {
 		if st, err := procstat.Read(pid); err == nil && st.State == 'T' {
 			return errors.New("config still stopped")
@@ -186,15 +195,7 @@ func TestGatewayRestartedWhileConfigIsHung(t *testing.T) {
 	if cfg == 0 || gw == 0 {
 		t.Fatalf("no config or gateway among %v", s.PIDs())
 	}
-	if err := syscall.Kill(cfg, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	continued := false
-	t.Cleanup(func() {
-		if !continued {
-			_ = syscall.Kill(cfg, syscall.SIGCONT)
-		}
-	})
+	resume := hang(t, cfg)
 	if err := syscall.Kill(gw, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -226,10 +227,7 @@ func TestGatewayRestartedWhileConfigIsHung(t *testing.T) {
 		return nil
 	})
 
-	if err := syscall.Kill(cfg, syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	continued = true
+	resume()
 	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
 		if pid := s.PIDOf("gateway"); pid == fallback || pid == 0 {
 			return errors.New("the gateway on the defaults still runs")
@@ -264,15 +262,7 @@ func TestSessionRestartedWhileConfigIsHung(t *testing.T) {
 	if cfg == 0 || sess == 0 {
 		t.Fatalf("no config or session among %v", s.PIDs())
 	}
-	if err := syscall.Kill(cfg, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	continued := false
-	t.Cleanup(func() {
-		if !continued {
-			_ = syscall.Kill(cfg, syscall.SIGCONT)
-		}
-	})
+	resume := hang(t, cfg)
 	if err := syscall.Kill(sess, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -296,10 +286,7 @@ func TestSessionRestartedWhileConfigIsHung(t *testing.T) {
 		return nil
 	})
 
-	if err := syscall.Kill(cfg, syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	continued = true
+	resume()
 	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
 		h, err := healthOf(watcher)
 		if err != nil {
