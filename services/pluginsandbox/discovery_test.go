@@ -22,6 +22,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -368,16 +369,7 @@ func TestSkillBundlesDiscovered(t *testing.T) {
 // loading as trusted: the signature covered its manifest alone.
 func TestSignatureCoversSkillFilesAtDiscovery(t *testing.T) {
 	dir := t.TempDir()
-	write := func(rel, body string) {
-		t.Helper()
-		p := filepath.Join(dir, filepath.FromSlash(rel))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, body string) { t.Helper(); testenv.WriteFile(t, dir, rel, body) }
 	text := "name = \"kit\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n"
 	write("kit/skills/review/SKILL.md", "---\nname: review\ndescription: Reviews.\n---\nRead it.\n")
 	write("kit/skills/review/references/guide.md", "Be kind.\n")

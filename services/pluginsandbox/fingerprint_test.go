@@ -2,10 +2,9 @@ package pluginsandbox_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 )
@@ -16,16 +15,7 @@ import (
 // a change to the files the manifest names.
 func TestRescanParsesOnlyChangedManifests(t *testing.T) {
 	dir := t.TempDir()
-	write := func(rel, body string) {
-		t.Helper()
-		p := filepath.Join(dir, filepath.FromSlash(rel))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, body string) { t.Helper(); testenv.WriteFile(t, dir, rel, body) }
 	write("kit/manifest.toml", "name = \"kit\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n")
 	write("kit/skills/s/SKILL.md", "---\nname: s\ndescription: first\n---\n")
 	write("refused/manifest.toml", "name = \"refused\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\ncolour = \"red\"\n")

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
 // A schema with properties named like the root signature fields: they are
@@ -258,16 +259,7 @@ func TestModuleDigestCheckedWhateverTheSignature(t *testing.T) {
 func TestSignatureCoversSkillFiles(t *testing.T) {
 	k := newKey(t, 7)
 	dir := t.TempDir()
-	write := func(rel, body string) {
-		t.Helper()
-		p := filepath.Join(dir, filepath.FromSlash(rel))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, body string) { t.Helper(); testenv.WriteFile(t, dir, rel, body) }
 	text := "name = \"kit\"\nversion = \"1.0.0\"\ncapabilities = [\"skill\"]\n"
 	write("manifest.toml", text)
 	write("skills/review/SKILL.md", "---\nname: review\ndescription: Reviews.\n---\nRead it.\n")
