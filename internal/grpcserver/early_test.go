@@ -92,3 +92,55 @@ func TestEarlyHealthHandsTheListenerOver(t *testing.T) {
 		t.Fatalf("socket left after a failed start: %v", err)
 	}
 }
+
+// A start that waits on another process (the config service, hung)
+// answers the liveness name SERVING meanwhile: it is alive, and
+// restarting it mends nothing. Kubernetes' startup probe asks that name,
+// and restarted such a pod every 120 s for as long as config hung. The
+// overall name stays NOT_SERVING with the reason, and a start that goes
+// on to its own steps is not alive in that sense until it serves.
+func TestWaitingOnAnotherProcessIsAlive(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cm-w-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "p.sock")
+	srv := grpcserver.New(testenv.Logger(t), time.Second)
+	lis, err := grpcserver.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis = srv.ServeEarly(lis)
+	t.Cleanup(func() { srv.Shutdown(); lis.Close() })
+	cc, err := grpcclient.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	check := func(name string) healthpb.HealthCheckResponse_ServingStatus {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil {
+			t.Fatalf("health %q: %v", name, err)
+		}
+		return resp.GetStatus()
+	}
+	srv.SetWaitingOn("waiting for the config service")
+	if got := check(grpcserver.Liveness); got != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("liveness while waiting on config: %v, want SERVING", got)
+	}
+	if got := check(""); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health while waiting on config: %v, want NOT_SERVING", got)
+	}
+	if r := srv.Reason(); r != "starting: waiting for the config service" {
+		t.Fatalf("reason %q", r)
+	}
+	srv.SetStarting("setting up its services")
+	if got := check(grpcserver.Liveness); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("liveness once the start goes on: %v, want NOT_SERVING", got)
+	}
+}

@@ -128,6 +128,24 @@ func (s *Server) SetStarting(what string) {
 	s.hmu.Lock()
 	defer s.hmu.Unlock()
 	s.starting = what
+	if s.names == nil && !s.shutdown {
+		s.Health.SetServingStatus(Liveness, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+}
+
+// SetWaitingOn is SetStarting for a wait on another process (the config
+// service) that may last as long as that process is away: Liveness
+// answers SERVING meanwhile, since this process is alive and restarting
+// it mends nothing. A pod's startup probe asks Liveness (deploy/k8s) and
+// restarted a service every 120 s for as long as config hung. The next
+// SetStarting or SetServing ends it.
+func (s *Server) SetWaitingOn(what string) {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	s.starting = what
+	if s.names == nil && !s.shutdown {
+		s.Health.SetServingStatus(Liveness, healthpb.HealthCheckResponse_SERVING)
+	}
 }
 
 // ServeEarly answers health on lis from now on, NOT_SERVING with the

@@ -41,7 +41,9 @@ var configAttempt = 10 * time.Second
 // An error other than config's silence (the bus refusing the
 // subscription) ends the start as before, and so does ctx's end.
 func (e *Env) AwaitConfig(ctx context.Context, rpc configv1.ConfigServiceClient) (*configclient.Client, error) {
-	e.Server.SetStarting(StartingConfig)
+	// Alive while it waits (grpcserver.SetWaitingOn): a pod's startup
+	// probe would restart it every 120 s for as long as config hangs.
+	e.Server.SetWaitingOn(StartingConfig)
 	defer e.Server.SetStarting("setting up its services")
 	start := time.Now()
 	for {

@@ -88,3 +88,13 @@ func (s *Started) Health(t *testing.T) (healthpb.HealthCheckResponse_ServingStat
 	resp, err := healthpb.NewHealthClient(s.Conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&md))
 	return resp.GetStatus(), strings.Join(md.Get(grpcserver.ReasonTrailer), "; "), err
 }
+
+// Alive reports whether the process answers its liveness name
+// (grpcserver.Liveness, what a pod's probes ask) SERVING.
+func (s *Started) Alive(t *testing.T) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(s.Conn).Check(ctx, &healthpb.HealthCheckRequest{Service: grpcserver.Liveness})
+	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}

@@ -29,6 +29,11 @@ func TestStartWaitsForAHungConfig(t *testing.T) {
 		}
 		return nil
 	})
+	// Alive meanwhile: a pod's startup probe asks the liveness name, and
+	// restarted the replica every 120 s while config hung.
+	if !st.Alive(t) {
+		t.Fatal("liveness NOT_SERVING while the start waits for config")
+	}
 	st.Stop()
 	if err := <-st.Done; err == nil || !strings.Contains(err.Error(), "stopped while waiting for it") {
 		t.Fatalf("a stop while waiting for config: %v", err)
