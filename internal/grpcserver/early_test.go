@@ -3,11 +3,13 @@ package grpcserver_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -18,36 +20,43 @@ import (
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
-// The start's server answers health and refuses other calls with the
-// reason; once the process serves, the same listener serves its services
-// (a client's connection to the start's server is dropped and made
-// again), and a start that never served leaves no socket behind.
-func TestEarlyHealthHandsTheListenerOver(t *testing.T) {
+// startEarly makes a server answering on a socket of its own from the
+// start (ServeEarly), and a client of that socket; it returns the
+// listener to give Serve.
+func startEarly(t *testing.T) (srv *grpcserver.Server, lis net.Listener, sock string, cc *grpc.ClientConn) {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "cm-e-") // short: socket paths are bounded
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "p.sock")
-	srv := grpcserver.New(testenv.Logger(t), time.Second)
-	lis, err := grpcserver.Listen(sock)
-	if err != nil {
+	sock = filepath.Join(dir, "p.sock")
+	srv = grpcserver.New(testenv.Logger(t), time.Second)
+	if lis, err = grpcserver.Listen(sock); err != nil {
 		t.Fatal(err)
 	}
 	lis = srv.ServeEarly(lis)
-	srv.SetStarting("waiting for the database")
-	cc, err := grpcclient.Dial(sock)
-	if err != nil {
+	if cc, err = grpcclient.Dial(sock); err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
+	t.Cleanup(func() { cc.Close() })
+	return srv, lis, sock, cc
+}
+
+// The start's server answers health and refuses other calls with the
+// reason; once the process serves, the same listener serves its services
+// (a client's connection to the start's server is dropped and made
+// again), and a start that never served leaves no socket behind.
+func TestEarlyHealthHandsTheListenerOver(t *testing.T) {
+	srv, lis, sock, cc := startEarly(t)
+	srv.SetStarting("waiting for the database")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	hc := healthpb.NewHealthClient(cc)
 	if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("health while starting: %v, %v", resp, err)
 	}
-	_, err = configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+	_, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
 	if status.Code(err) != codes.Unavailable || status.Convert(err).Message() != "starting: waiting for the database" {
 		t.Fatalf("a call while starting: %v", err)
 	}
@@ -100,24 +109,8 @@ func TestEarlyHealthHandsTheListenerOver(t *testing.T) {
 // overall name stays NOT_SERVING with the reason, and a start that goes
 // on to its own steps is not alive in that sense until it serves.
 func TestWaitingOnAnotherProcessIsAlive(t *testing.T) {
-	dir, err := os.MkdirTemp("", "cm-w-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "p.sock")
-	srv := grpcserver.New(testenv.Logger(t), time.Second)
-	lis, err := grpcserver.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis = srv.ServeEarly(lis)
+	srv, lis, _, cc := startEarly(t)
 	t.Cleanup(func() { srv.Shutdown(); lis.Close() })
-	cc, err := grpcclient.Dial(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
 	hc := healthpb.NewHealthClient(cc)
 	check := func(name string) healthpb.HealthCheckResponse_ServingStatus {
 		t.Helper()
