@@ -277,8 +277,20 @@ func ServeAsks(nc *nats.Conn, connID string, spawn func(func()), fn func(*busv1.
 	if err != nil {
 		return nil, fmt.Errorf("bus: subscribe asks: %w", err)
 	}
+	// The subscription reaches the server before the caller answers the
+	// client's initialize: without the flush, an ask sent right after
+	// (the connection's id known from that answer) could find no
+	// responder and be refused ErrNoConnection (seen once in CI).
+	if err := nc.FlushTimeout(askFlushWait); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("bus: subscribe asks: %w", err)
+	}
 	return sub, nil
 }
+
+// askFlushWait bounds ServeAsks' wait for the server to have its
+// subscription.
+const askFlushWait = 2 * time.Second
 
 // SessionUpdatePublisher publishes the updates of one session on its
 // subject, built and checked once. Each update is encoded into a buffer
