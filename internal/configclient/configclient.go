@@ -64,6 +64,7 @@ type Client struct {
 	mu       sync.Mutex
 	cur      Snapshot
 	pending  int64 // newest revision announced and not read yet
+	back     bool  // a revision below the one read was announced
 	watchers []func(Snapshot, []string)
 	props    map[int64][]string // props of announced revisions not read yet
 }
@@ -147,14 +148,20 @@ const maxPendingProps = 64
 func (c *Client) hint(ch *busv1.ConfigChanged) {
 	rev := ch.GetRevision()
 	c.mu.Lock()
-	if rev <= c.cur.Revision {
+	switch {
+	case rev == c.cur.Revision:
 		c.mu.Unlock()
 		return
+	case rev < c.cur.Revision:
+		// The config service may have started a new history (its
+		// database replaced or reset): read what it serves (follow).
+		c.back = true
+	default:
+		if len(c.props) < maxPendingProps {
+			c.props[rev] = ch.GetProps()
+		}
+		c.pending = max(c.pending, rev)
 	}
-	if len(c.props) < maxPendingProps {
-		c.props[rev] = ch.GetProps()
-	}
-	c.pending = max(c.pending, rev)
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -167,12 +174,23 @@ func (c *Client) hint(ch *busv1.ConfigChanged) {
 // while the bus was away from this process is read once it is back).
 const Resync = 30 * time.Second
 
+// confirmBack is how long after the config service first served a
+// revision below the one read it is asked again: the lower revision is
+// taken as a new history only when it is still what it serves then (a
+// database replaced or reset), not a read that lagged (an old config
+// process beside its replacement reads the database's commits within
+// its follow's second).
+const confirmBack = 2 * time.Second
+
 // follow reads the live document each time a newer revision is announced,
 // when the bus connection is back, and every Resync.
 func (c *Client) follow() {
 	defer close(c.done)
 	t := time.NewTicker(Resync)
 	defer t.Stop()
+	// confirm fires at confirmAt, the second read of a lower revision.
+	var confirm <-chan time.Time
+	var confirmAt time.Time
 	for {
 		resync := false
 		select {
@@ -183,13 +201,15 @@ func (c *Client) follow() {
 			resync = true
 		case <-c.resync:
 			resync = true
+		case <-confirm:
+			resync = true
 		}
 		c.mu.Lock()
-		rev := c.pending
-		c.pending = 0
+		rev, back := c.pending, c.back
+		c.pending, c.back = 0, false
 		cur := c.cur.Revision
 		c.mu.Unlock()
-		if rev <= cur && !resync {
+		if rev <= cur && !resync && !back {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
@@ -207,6 +227,30 @@ func (c *Client) follow() {
 			c.log.Warn("announced config revision unknown to the config service",
 				zap.Int64("announced", rev), zap.Int64("live", snap.Revision))
 		}
+		if snap.Revision < c.Current().Revision {
+			// Read from the config service itself, never the bus: its
+			// history went back. Every revision below the one read was
+			// ignored, so a process whose config database was replaced
+			// or reset kept the old document until the new history
+			// passed the old revision number. Taken once a second read
+			// agrees.
+			switch {
+			case confirmAt.IsZero():
+				c.log.Warn("the config service serves an older revision than the one read; asking again",
+					zap.Int64("read", c.Current().Revision), zap.Int64("live", snap.Revision))
+				confirmAt = time.Now().Add(confirmBack)
+				confirm = time.After(confirmBack)
+				continue
+			case time.Now().Before(confirmAt):
+				continue // a read before the second one is due
+			}
+			confirm, confirmAt = nil, time.Time{}
+			c.log.Warn("config history replaced: following the config service's new one",
+				zap.Int64("was", c.Current().Revision), zap.Int64("revision", snap.Revision))
+			c.replace(snap)
+			continue
+		}
+		confirm, confirmAt = nil, time.Time{}
 		c.install(snap)
 	}
 }
@@ -257,6 +301,26 @@ func (c *Client) install(s Snapshot) {
 	}
 	for _, fn := range watchers {
 		fn(s, props)
+	}
+}
+
+// replace installs s, a revision below the one read, as the start of a
+// new history: what was announced of the old one is forgotten, and the
+// watchers are told that anything may have changed (props nil).
+func (c *Client) replace(s Snapshot) {
+	c.mu.Lock()
+	if s.Revision >= c.cur.Revision {
+		c.mu.Unlock()
+		c.install(s)
+		return
+	}
+	clear(c.props)
+	c.pending = 0
+	c.cur = s
+	watchers := append([]func(Snapshot, []string){}, c.watchers...)
+	c.mu.Unlock()
+	for _, fn := range watchers {
+		fn(s, nil)
 	}
 }
 

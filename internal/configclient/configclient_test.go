@@ -26,6 +26,9 @@ type liveStub struct {
 	mu    sync.Mutex
 	rev   int64
 	calls int
+	// once, when not zero, is the revision the next Live alone serves
+	// (a read from a process that lags).
+	once int64
 }
 
 func (l *liveStub) set(rev int64) { l.mu.Lock(); l.rev = rev; l.mu.Unlock() }
@@ -34,8 +37,12 @@ func (l *liveStub) Live(context.Context, *configv1.LiveRequest, ...grpc.CallOpti
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.calls++
-	doc, _ := structpb.NewStruct(map[string]any{"rev": fmt.Sprint(l.rev)})
-	return &configv1.LiveResponse{Revision: l.rev, Document: doc}, nil
+	rev := l.rev
+	if l.once != 0 {
+		rev, l.once = l.once, 0
+	}
+	doc, _ := structpb.NewStruct(map[string]any{"rev": fmt.Sprint(rev)})
+	return &configv1.LiveResponse{Revision: rev, Document: doc}, nil
 }
 
 // Announcements are hints: each revision is read from the config service,
@@ -79,7 +86,17 @@ func TestRevisionsReadFromTheService(t *testing.T) {
 			return nil
 		})
 	}
-	announce(2) // older than what was read: not even read
+	// Older than what was read: read (a replaced history would be
+	// lower), and nothing installed, the service being at 3.
+	calls := func() int { stub.mu.Lock(); defer stub.mu.Unlock(); return stub.calls }
+	before := calls()
+	announce(2)
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if calls() == before {
+			return fmt.Errorf("revision 2's announcement not read yet")
+		}
+		return nil
+	})
 	stub.set(4)
 	announce(4)
 	at(4)
@@ -101,6 +118,80 @@ func TestRevisionsReadFromTheService(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if fmt.Sprint(seen) != "[4[rev] 7[] 8[] 9[rev]]" {
+		t.Fatalf("watchers saw %v", seen)
+	}
+}
+
+// A config service whose database was replaced or reset serves a
+// history whose revisions are below the one read: every one of them was
+// ignored (as older than what was read), so the process kept the old
+// document until the new history passed the old revision number. A
+// lower revision the service still serves when asked again is now a new
+// history, followed from there; one read that lagged is not.
+func TestReplacedHistoryIsFollowed(t *testing.T) {
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	stub := &liveStub{rev: 9}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := configclient.New(ctx, stub, nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var mu sync.Mutex
+	var seen []string
+	c.OnChange(func(s configclient.Snapshot, props []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%d%v", s.Revision, props))
+	})
+	announce := func(rev int64) {
+		if err := bus.PublishConfigChanged(nc, rev, []string{"rev"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := func() int { stub.mu.Lock(); defer stub.mu.Unlock(); return stub.calls }
+	at := func(rev int64) {
+		t.Helper()
+		testenv.Eventually(t, 15*time.Second, 5*time.Millisecond, func() error {
+			if got := c.Current(); got.Revision != rev || got.String("rev") != fmt.Sprint(rev) {
+				return fmt.Errorf("at revision %d (%v), want %d", got.Revision, got.Document, rev)
+			}
+			return nil
+		})
+	}
+
+	// One read that lags (revision 8 once), then the service is at 9
+	// again: nothing is installed.
+	stub.mu.Lock()
+	stub.once = 8
+	stub.mu.Unlock()
+	before := calls()
+	announce(8)
+	testenv.Eventually(t, 15*time.Second, 5*time.Millisecond, func() error {
+		if n := calls() - before; n < 2 {
+			return fmt.Errorf("%d reads since the lagging one's announcement, want its second read", n)
+		}
+		return nil
+	})
+	if got := c.Current().Revision; got != 9 {
+		t.Fatalf("a lagging read installed revision %d", got)
+	}
+
+	// The database replaced: the service serves revision 2 from now on.
+	stub.set(2)
+	announce(2)
+	at(2)
+	stub.set(3)
+	announce(3)
+	at(3)
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(seen) != "[2[] 3[rev]]" {
 		t.Fatalf("watchers saw %v", seen)
 	}
 }

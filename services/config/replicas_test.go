@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/testwait"
+	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
@@ -102,5 +104,46 @@ func TestWriteAfterAnotherCommittedTakesTheNextRevision(t *testing.T) {
 	}
 	if got.GetValue().GetNumberValue() != 2500 {
 		t.Fatalf("rpc.call_timeout_ms after the replica's write: %v, want a's 2500 kept", got.GetValue().AsInterface())
+	}
+}
+
+// A database reset or replaced under a running config process (here:
+// its newest revisions removed) was reloaded, but announced only when it
+// brought a newer revision: its consumers, which take a lower revision
+// the service serves as a new history, waited for their next resync
+// (30 s). The lower revision is now announced as a newer one is.
+func TestLowerRevisionInTheDatabaseIsAnnounced(t *testing.T) {
+	a := newEnv(t, nil)
+	ctx := ctxFor(t)
+	first := a.mustSet(kv{"rpc.call_timeout_ms", 2500})
+	a.mustSet(kv{"rpc.call_timeout_ms", 3500})
+	announced := make(chan int64, 16)
+	nc := a.nats()
+	sub, err := bus.SubscribeConfigChanged(nc, func(ch *busv1.ConfigChanged) { announced <- ch.GetRevision() }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() }) //nolint:errcheck // the connection may be closed already
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); a.srv.Run(runCtx) }()
+	t.Cleanup(func() { stop(); testwait.Recv(t, ran) })
+
+	if _, err := a.opts.DB.Exec(ctx, "DELETE FROM revisions WHERE revision > $1", first); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		rev := testwait.Recv(t, announced)
+		if rev == first {
+			break
+		}
+		t.Logf("announced %d", rev)
+	}
+	live, err := a.rpc.Live(ctx, &configv1.LiveRequest{})
+	if err != nil || live.GetRevision() != first {
+		t.Fatalf("live after the reset: %v, %v; want revision %d", live.GetRevision(), err, first)
 	}
 }

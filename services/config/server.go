@@ -247,7 +247,8 @@ func (s *Server) storedFingerprint(ctx context.Context) (fingerprint, error) {
 // readers (and consumers) kept the old values, and a token revoked
 // through one still bound its user through the other. The reload is
 // announced when it brings a newer revision, so that consumers that
-// read this process before it caught up read it again. This process's
+// read this process before it caught up read it again, and when it
+// brings a lower one (the database replaced or reset). This process's
 // own writes change the fingerprint too: each costs one reload that
 // finds nothing new.
 func (s *Server) follow(ctx context.Context) error {
@@ -277,7 +278,11 @@ func (s *Server) follow(ctx context.Context) error {
 	s.snap.Store(snap)
 	s.log.Info("config reloaded: changed in the database by another config process",
 		zap.Int64("was", cur.revision), zap.Int64("revision", snap.revision))
-	if snap.revision > cur.revision {
+	if snap.revision != cur.revision {
+		// A lower one too: the database was replaced or reset, and its
+		// consumers take a lower revision the service serves as a new
+		// history (configclient), here without waiting for their
+		// resync.
 		s.publish(snap, nil)
 	}
 	return nil
