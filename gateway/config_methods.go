@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
@@ -107,11 +108,11 @@ func (g *Gateway) configGet(ctx context.Context, cs *connState, params json.RawM
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	ctx, cancel, away := g.configWait(ctx)
+	ctx, cancel, cut := g.configWait(ctx)
 	defer cancel()
 	resp, err := g.config.Get(ctx, &configv1.GetRequest{Principal: cs.principalOf(), Prop: p.Prop})
 	if err != nil {
-		return nil, configError(err, away, false)
+		return nil, configError(err, cut(), false)
 	}
 	return map[string]any{"prop": p.Prop, "value": resp.GetValue().AsInterface()}, nil
 }
@@ -137,10 +138,10 @@ func (g *Gateway) configSet(ctx context.Context, cs *connState, params json.RawM
 	if err != nil {
 		return nil, invalidParams(err.Error())
 	}
-	ctx, cancel, away := g.configWait(ctx)
+	ctx, cancel, cut := g.configWait(ctx)
 	defer cancel()
 	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: cs.principalOf(), Prop: p.Prop, Value: v}); err != nil {
-		return nil, configError(err, away, true)
+		return nil, configError(err, cut(), true)
 	}
 	return withRestart(map[string]any{"prop": p.Prop, "set": true}, []string{p.Prop}), nil
 }
@@ -193,11 +194,11 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 		}
 		entries[i] = &configv1.Entry{Prop: *e.Prop, Value: pv}
 	}
-	ctx, cancel, away := g.configWait(ctx)
+	ctx, cancel, cut := g.configWait(ctx)
 	defer cancel()
 	resp, err := g.config.SetMany(ctx, &configv1.SetManyRequest{Principal: cs.principalOf(), Sets: entries})
 	if err != nil {
-		return nil, configError(err, away, true)
+		return nil, configError(err, cut(), true)
 	}
 	props := resp.GetProps()
 	if props == nil {
@@ -233,11 +234,11 @@ func (g *Gateway) configList(ctx context.Context, cs *connState, params json.Raw
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	ctx, cancel, away := g.configWait(ctx)
+	ctx, cancel, cut := g.configWait(ctx)
 	defer cancel()
 	resp, err := g.config.List(ctx, &configv1.ListRequest{Principal: cs.principalOf(), Prefix: p.Prefix})
 	if err != nil {
-		return nil, configError(err, away, false)
+		return nil, configError(err, cut(), false)
 	}
 	entries := make([]map[string]any, len(resp.GetEntries()))
 	for i, e := range resp.GetEntries() {
@@ -261,10 +262,10 @@ func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.R
 	if p.Prop == "" {
 		return nil, invalidParams("`prop` is required")
 	}
-	ctx, cancel, away := g.configWait(ctx)
+	ctx, cancel, cut := g.configWait(ctx)
 	defer cancel()
 	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: cs.principalOf(), Prop: p.Prop}); err != nil {
-		return nil, configError(err, away, true)
+		return nil, configError(err, cut(), true)
 	}
 	// A property read only at start goes back to its default at the next
 	// restart, as a set of it would take effect then.
@@ -274,25 +275,53 @@ func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.R
 // configWait bounds a call to the config service to awayStatusWait when
 // the health monitor found config unanswering (a hung process:
 // SIGSTOPped, swapped out), as status does for the session service and
-// initialize for the operator; away reports that it did. A config/get
+// initialize for the operator; cut reports that it did. A config/get
 // waited the whole call deadline then (10 s, 30 s for a write) to say
 // "config timed out", what health had said within a poll. Long enough
 // for a busy service that still answers.
-func (g *Gateway) configWait(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+//
+// The call is cut only if health still finds config unanswering when
+// the wait is over: one poll that timed out (a config slow for a
+// moment, alive) cut every call that took longer, saying config did
+// not answer its health check, for as long as the monitor's record
+// stood, and a call in flight when config came back was cut all the
+// same.
+func (g *Gateway) configWait(ctx context.Context) (_ context.Context, cancel context.CancelFunc, cut func() bool) {
 	if g.monitor.statusOf("config") != "unreachable" {
-		return ctx, func() {}, false
+		return ctx, func() {}, func() bool { return false }
 	}
-	ctx, cancel := context.WithTimeout(ctx, awayStatusWait)
-	return ctx, cancel, true
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	go func() {
+		t := time.NewTimer(awayStatusWait)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if g.monitor.statusOf("config") == "unreachable" {
+				cancelCause(errConfigHung)
+				return
+			}
+			// Answering again: looked at again a wait later, so that
+			// a config that hangs anew is cut then.
+			t.Reset(awayStatusWait)
+		}
+	}()
+	return ctx, func() { cancelCause(nil) }, func() bool { return errors.Is(context.Cause(ctx), errConfigHung) }
 }
+
+// errConfigHung ends a call configWait cut short.
+var errConfigHung = errors.New(configHungMessage)
 
 // configError is a config call's failure as the client reads it. A call
 // cut short by configWait says that config does not answer (its health
 // neither), and a write that its change may still be applied: the
 // request may wait in the hung process's socket and be served when it
 // runs again.
-func configError(err error, away, write bool) *jsonrpc.Error {
-	if !away || status.Code(err) != codes.DeadlineExceeded {
+func configError(err error, cut, write bool) *jsonrpc.Error {
+	if !cut || status.Code(err) != codes.Canceled {
 		return serviceError("config", err)
 	}
 	msg := configHungMessage

@@ -96,3 +96,63 @@ func TestConfigCallsWhileConfigIsHung(t *testing.T) {
 		}
 	}
 }
+
+// slowConfig answers Set once the test releases it: a config service
+// that is slow for a moment, and alive.
+type slowConfig struct {
+	fakeConfig
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s slowConfig) Set(ctx context.Context, req *configv1.SetRequest) (*configv1.SetResponse, error) {
+	s.entered <- struct{}{}
+	select {
+	case <-s.release:
+		return &configv1.SetResponse{Prop: req.GetProp()}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// One health poll of config that timed out (a config slow for a moment)
+// cut every config call to awayStatusWait for as long as the monitor's
+// record said unreachable, a call in flight when config answered again
+// included: a config/set that config was serving failed with "not
+// answering (hung: its health check goes unanswered too)" though health
+// had found config serving meanwhile. A call is now cut only if health
+// still finds config unanswering once the wait is over.
+func TestConfigCallGoesOnOnceConfigAnswersAgain(t *testing.T) {
+	cfg := slowConfig{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	g, socket := runGateway(t, statusSession{}, time.Hour, func(g *Gateway) {
+		g.config = configv1.NewConfigServiceClient(serveFake(t, func(s *grpc.Server) { configv1.RegisterConfigServiceServer(s, cfg) }))
+		g.monitor.state["config"] = &component{Status: "unreachable"}
+		g.monitor.encodeLocked()
+	})
+	c, err := rpcclient.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Timeout = 20 * time.Second
+	if _, err := c.Initialize(); err != nil {
+		t.Fatalf("initialize: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Call("config/set", map[string]any{"prop": "rpc.call_timeout_ms", "value": 2000})
+		done <- err
+	}()
+	<-cfg.entered
+	// A poll finds config serving again, while the call is in flight.
+	g.monitor.mu.Lock()
+	g.monitor.state["config"].Status = "serving"
+	g.monitor.encodeLocked()
+	g.monitor.mu.Unlock()
+	// Past the wait: the call would have been cut by now.
+	time.Sleep(awayStatusWait + awayStatusWait/2)
+	close(cfg.release)
+	if err := <-done; err != nil {
+		t.Fatalf("config/set served by a config that answers again: %v", err)
+	}
+}

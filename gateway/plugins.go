@@ -32,11 +32,11 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 	all := p.All == nil || *p.All
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	actx, acancel, away := g.configWait(ctx)
+	actx, acancel, cut := g.configWait(ctx)
 	err := configclient.Authorize(actx, g.config, cs.principalOf(), configschema.PermPluginsManage, "")
 	acancel()
 	if err != nil {
-		return nil, configError(err, away, false)
+		return nil, configError(err, cut(), false)
 	}
 	if len(g.cfg.PluginAddrs) == 0 {
 		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "no plugin sandbox configured", nil)
