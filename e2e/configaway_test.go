@@ -16,6 +16,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/procstat"
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -285,6 +286,13 @@ func TestSessionRestartedWhileConfigIsHung(t *testing.T) {
 		}
 		return nil
 	})
+	// A call routed to it meanwhile says what it waits for: it read
+	// "session unavailable", as if the session service were down.
+	_, err := watcher.Call("session/new", map[string]any{})
+	var re *rpcclient.RPCError
+	if !errors.As(err, &re) || re.Code != -32603 || re.Message != "session: starting: waiting for the config service" {
+		t.Fatalf("session/new while the session service waits for config: %v", err)
+	}
 
 	resume()
 	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
@@ -135,5 +136,34 @@ func TestWaitingOnAnotherProcessIsAlive(t *testing.T) {
 	srv.SetStarting("setting up its services")
 	if got := check(grpcserver.Liveness); got != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("liveness once the start goes on: %v, want NOT_SERVING", got)
+	}
+}
+
+// A call while the start waits on another process names it as a
+// dependency, so that the gateway tells the client what it waits for
+// ("session: starting: waiting for the config service") rather than
+// "session unavailable", as if the process itself were down. Its own
+// steps (the database, the bus) stay a bare Unavailable.
+func TestEarlyCallNamesTheProcessWaitedOn(t *testing.T) {
+	srv, lis, _, cc := startEarly(t)
+	t.Cleanup(func() { srv.Shutdown(); lis.Close() })
+	call := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+		return err
+	}
+	srv.SetWaitingOn("waiting for the config service")
+	err := call()
+	st := status.Convert(err)
+	if reason, _ := rpcerr.Details(st); st.Code() != codes.Unavailable || reason != rpcerr.ReasonDependency ||
+		st.Message() != "starting: waiting for the config service" {
+		t.Fatalf("a call while waiting on config: %v (reason %q)", err, reason)
+	}
+	srv.SetStarting("setting up its services")
+	err = call()
+	st = status.Convert(err)
+	if reason, _ := rpcerr.Details(st); st.Code() != codes.Unavailable || reason != "" {
+		t.Fatalf("a call while setting up: %v (reason %q)", err, reason)
 	}
 }

@@ -66,6 +66,7 @@ type Server struct {
 	names    []string         // set by SetServing; nil before
 	deps     map[string]error // a dependency's last error, nil when fine
 	starting string           // what the start waits for (SetStarting)
+	waitsOn  bool             // starting is another process (SetWaitingOn)
 	shutdown bool
 
 	// early answers health on the listener while the process starts
@@ -127,7 +128,7 @@ func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Serve
 func (s *Server) SetStarting(what string) {
 	s.hmu.Lock()
 	defer s.hmu.Unlock()
-	s.starting = what
+	s.starting, s.waitsOn = what, false
 	if s.names == nil && !s.shutdown {
 		s.Health.SetServingStatus(Liveness, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
@@ -142,10 +143,21 @@ func (s *Server) SetStarting(what string) {
 func (s *Server) SetWaitingOn(what string) {
 	s.hmu.Lock()
 	defer s.hmu.Unlock()
-	s.starting = what
+	s.starting, s.waitsOn = what, true
 	if s.names == nil && !s.shutdown {
 		s.Health.SetServingStatus(Liveness, healthpb.HealthCheckResponse_SERVING)
 	}
+}
+
+// waitingOn is what the start waits for when that is another process
+// (SetWaitingOn), else "".
+func (s *Server) waitingOn() string {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	if !s.waitsOn || s.names != nil || s.shutdown {
+		return ""
+	}
+	return s.starting
 }
 
 // ServeEarly answers health on lis from now on, NOT_SERVING with the
@@ -161,6 +173,13 @@ func (s *Server) SetWaitingOn(what string) {
 func (s *Server) ServeEarly(lis net.Listener) net.Listener {
 	h := newHandoff(lis)
 	early := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		if waiting := s.waitingOn(); waiting != "" {
+			// Named to the client (the gateway sends "session:
+			// starting: waiting for the config service"): a bare
+			// Unavailable read "session unavailable", as if the
+			// process were down, when the one to mend is config.
+			return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, "starting: "+waiting)
+		}
 		reason := s.Reason() // "starting: ..." until it serves
 		if reason == "" {
 			reason = "starting"
