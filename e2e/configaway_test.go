@@ -309,3 +309,45 @@ func TestSessionRestartedWhileConfigIsHung(t *testing.T) {
 		t.Fatalf("the session service was started again (%d, then %d) rather than waiting", restarted, pid)
 	}
 }
+
+// upload-staging sleeps until the first file method wakes it, the
+// launcher handing it its socket with the waking call in the backlog.
+// Woken while the config service hung, it waited for config without
+// answering anything on that socket: the call waited unanswered, then
+// failed without naming config. Past a moment of waiting it now answers,
+// saying what it waits for, and serves the same call once config is
+// back.
+func TestUploadStagingWokenWhileConfigIsHung(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{"--liveness-timeout", "10m"}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := c.Call("session/new", map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sess struct {
+		SessionID string `json:"session_id"`
+	}
+	if err := json.Unmarshal(raw, &sess); err != nil {
+		t.Fatal(err)
+	}
+	if pid := s.PIDOf("upload-staging"); pid != 0 {
+		t.Fatalf("upload-staging runs before any file method (pid %d)", pid)
+	}
+	resume := hang(t, s.PIDOf("config"))
+	begin := map[string]any{"session_id": sess.SessionID, "size_bytes": 3, "filename": "a.txt"}
+	_, err = c.Call("file/upload/begin", begin)
+	var re *rpcclient.RPCError
+	if !errors.As(err, &re) || re.Code != -32603 || re.Message != "upload-staging: starting: waiting for the config service" {
+		t.Fatalf("file/upload/begin waking upload-staging with config hung: %v", err)
+	}
+
+	resume()
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+		_, err := c.Call("file/upload/begin", begin)
+		return err
+	})
+}

@@ -167,3 +167,62 @@ func TestEarlyCallNamesTheProcessWaitedOn(t *testing.T) {
 		t.Fatalf("a call while setting up: %v (reason %q)", err, reason)
 	}
 }
+
+// A socket the launcher handed over is held (HoldEarly): its calls wait
+// for the process to serve them, until the start asks it to answer
+// (AnswerEarly, a wait on config that lasts), and then they are
+// answered with the reason; Serve takes the listener over as from
+// ServeEarly.
+func TestHeldListenerAnswersWhenAsked(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cm-h-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "p.sock")
+	srv := grpcserver.New(testenv.Logger(t), time.Second)
+	lis, err := grpcserver.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis = srv.HoldEarly(lis)
+	cc, err := grpcclient.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	srv.SetWaitingOn("waiting for the config service")
+
+	// Held: a call gets no answer (its own deadline ends it).
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err = configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true))
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a call on the held socket: %v, want no answer", err)
+	}
+
+	srv.AnswerEarly()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true))
+	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "starting: waiting for the config service" {
+		t.Fatalf("a call once the held socket answers: %v", err)
+	}
+
+	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
+	close(f.release)
+	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+	srv.SetServing()
+	serveCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(serveCtx, lis) }()
+	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
+		_, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+		return err
+	})
+	srv.AnswerEarly() // once it serves: nothing
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+}

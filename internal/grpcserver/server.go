@@ -74,6 +74,7 @@ type Server struct {
 	early     *grpc.Server
 	earlyLis  *handoff
 	earlyDone chan struct{} // closed when early's Serve returned
+	earlyOver bool          // stopEarly ran: no start's server any more
 }
 
 // Liveness is the health name that answers SERVING from SetServing until
@@ -171,7 +172,34 @@ func (s *Server) waitingOn() string {
 // their clients connect again); Shutdown closes lis when Serve never
 // ran.
 func (s *Server) ServeEarly(lis net.Listener) net.Listener {
+	lis = s.HoldEarly(lis)
+	s.AnswerEarly()
+	return lis
+}
+
+// HoldEarly is ServeEarly that does not answer yet: the connections
+// wait (in lis's backlog) until the process serves, or until
+// AnswerEarly. It is for a socket the launcher bound and handed over
+// (listenfd), whose first calls are better served a moment later than
+// refused now (a dormant process's waking call), unless the start waits
+// on and on.
+func (s *Server) HoldEarly(lis net.Listener) net.Listener {
 	h := newHandoff(lis)
+	s.hmu.Lock()
+	s.earlyLis = h
+	s.hmu.Unlock()
+	return h.view(true)
+}
+
+// AnswerEarly begins answering on the listener HoldEarly took, as
+// ServeEarly does; it does nothing once the process serves or shuts
+// down, or when it answers already.
+func (s *Server) AnswerEarly() {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	if s.earlyLis == nil || s.early != nil || s.earlyOver {
+		return
+	}
 	early := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
 		if waiting := s.waitingOn(); waiting != "" {
 			// Named to the client (the gateway sends "session:
@@ -187,22 +215,20 @@ func (s *Server) ServeEarly(lis net.Listener) net.Listener {
 		return status.Error(codes.Unavailable, reason)
 	}))
 	healthpb.RegisterHealthServer(early, &healthWithReason{Server: s.Health, s: s})
-	s.hmu.Lock()
 	done := make(chan struct{})
-	s.early, s.earlyLis, s.earlyDone = early, h, done
-	s.hmu.Unlock()
+	s.early, s.earlyDone = early, done
+	view := s.earlyLis.view(false)
 	go func() {
 		defer close(done)
-		_ = early.Serve(h.view(false))
+		_ = early.Serve(view)
 	}()
-	return h.view(true)
 }
 
-// stopEarly stops the start's server, if any.
+// stopEarly stops the start's server, if any; none starts after it.
 func (s *Server) stopEarly() {
 	s.hmu.Lock()
 	early, done := s.early, s.earlyDone
-	s.early = nil
+	s.early, s.earlyOver = nil, true
 	s.hmu.Unlock()
 	if early != nil {
 		early.Stop()

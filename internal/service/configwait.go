@@ -15,6 +15,12 @@ import (
 // service gives no answer (AwaitConfig).
 const StartingConfig = "waiting for the config service"
 
+// answerEarlyAfter is how long AwaitConfig waits for config before a
+// socket the launcher handed over answers (grpcserver.AnswerEarly):
+// config answers a start in milliseconds, and the gateway gives a hung
+// config as long (awayStatusWait).
+var answerEarlyAfter = time.Second
+
 // configAttempt bounds one attempt of AwaitConfig to read the live
 // config: past it the wait is logged and goes on.
 var configAttempt = 10 * time.Second
@@ -45,6 +51,14 @@ func (e *Env) AwaitConfig(ctx context.Context, rpc configv1.ConfigServiceClient)
 	// probe would restart it every 120 s for as long as config hangs.
 	e.Server.SetWaitingOn(StartingConfig)
 	defer e.Server.SetStarting("setting up its services")
+	// A socket the launcher handed over (grpcserver.HoldEarly) answered
+	// nothing meanwhile: the call that woke a dormant upload-staging
+	// with config hung waited in its backlog, its client told nothing
+	// of why. Past a moment the process answers, saying what it waits
+	// for; a config that answers at once keeps the call waiting for
+	// the process to serve it.
+	early := time.AfterFunc(answerEarlyAfter, e.Server.AnswerEarly)
+	defer early.Stop()
 	start := time.Now()
 	for {
 		attempt, cancel := context.WithTimeout(ctx, configAttempt)

@@ -335,25 +335,27 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	// dormant service woken by a client) passes it: the connections made
 	// meanwhile wait in its backlog until the process serves, and are
 	// left there, a dormant service's first call among them (answered
-	// now it would fail); the launcher says why it waits. Otherwise the
-	// process listens on the address, and health answers from here on,
-	// NOT_SERVING with what the start waits for: a start that hung on its
-	// database answered no probe and no status at all, only timeouts.
+	// now it would fail); the launcher says why it waits. Only a start
+	// that waits on the config service past a moment answers them
+	// (AwaitConfig). Otherwise the process listens on the address, and
+	// health answers from here on, NOT_SERVING with what the start waits
+	// for: a start that hung on its database answered no probe and no
+	// status at all, only timeouts.
 	lis, err := listenfd.Listener(listenfd.GRPCSocket)
 	if err != nil {
 		return err
 	}
 	if lis != nil {
-		// Serve closes it once it served; a failed start closes it here.
-		defer lis.Close()
+		lis = env.Server.HoldEarly(lis)
 	} else {
 		if lis, err = grpcserver.Listen(o.listen); err != nil {
 			return err
 		}
 		lis = env.Server.ServeEarly(lis)
-		// Before the closers: the database is not closed under a call.
-		defer env.Server.Shutdown()
 	}
+	// Serve closes lis once it served; a failed start closes it here.
+	// Before the closers: the database is not closed under a call.
+	defer env.Server.Shutdown()
 
 	if spec.Schema != "" {
 		env.Server.SetStarting("waiting for the database")
