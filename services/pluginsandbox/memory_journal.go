@@ -69,6 +69,10 @@ type journal struct {
 	createTemp func(dir, pattern string) (*os.File, error)
 	// limit is maxJournalBytes; a test's may be smaller.
 	limit int64
+	// folder is the memory folder as this process last read or made
+	// the journal in it: another (another inode) is one removed and
+	// made again, by another replica or by hand (folderRemade).
+	folder fileID
 }
 
 // fileID tells one state of a journal file from another.
@@ -229,7 +233,50 @@ func (j *journal) load(l *ledger) (torn int, err error) {
 	}
 	j.base = int64(whole)
 	j.see(f)
+	j.folder = folderOf(j.path)
 	return torn, nil
+}
+
+// folderOf identifies the folder the file at path is in; zero if it is
+// gone.
+func folderOf(path string) fileID {
+	var st unix.Stat_t
+	if unix.Stat(filepath.Dir(path), &st) != nil {
+		return fileID{}
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino}
+}
+
+// folderRemade reports whether the memory folder is another than the
+// one this process last read the journal in: it was removed and made
+// again.
+func (j *journal) folderRemade() bool {
+	now := folderOf(j.path)
+	return j.folder != (fileID{}) && now != (fileID{}) && now != j.folder
+}
+
+// unread returns the whole records other replicas appended to the file
+// this process holds since it last read it. Once the folder is removed
+// the file held is the only place they are left.
+func (j *journal) unread() []journalRecord {
+	if j.held == nil || j.stale {
+		return nil
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(j.held.Fd()), &st) != nil || st.Dev != j.seen.dev || st.Ino != j.seen.ino ||
+		st.Size <= j.seen.size || st.Size > j.limit {
+		return nil
+	}
+	data := make([]byte, st.Size-j.seen.size)
+	if _, err := j.held.ReadAt(data, j.seen.size); err != nil {
+		return nil
+	}
+	var out []journalRecord
+	if err := eachRecord(data[:bytes.LastIndexByte(data, '\n')+1], func(r journalRecord) { out = append(out, r) }); err != nil {
+		j.log.Warn("memory journal removed; what other replicas appended to it is not read", zap.String("path", j.path), zap.Error(err))
+		return nil
+	}
+	return out
 }
 
 // readAll reads f, whose lock is held, from where it is to its end, if
@@ -505,18 +552,58 @@ func (j *journal) appendLocked(data []byte, mayRewrite bool) error {
 
 // recreate makes the journal's folder again and writes l's entries, in
 // the order they were last stored, to the journal: the folder and the
-// file in it were removed.
-func (j *journal) recreate(l *ledger) error {
+// file in it were removed. What other replicas appended to the file
+// this process last read, and it had not, is applied to l first (and
+// returned, for the instance), then mine, changes l holds already that
+// are newer: before, the new journal lacked them, and the replicas that
+// had made them forgot them as well at their next call.
+func (j *journal) recreate(l *ledger, mine ...journalRecord) (ops []journalRecord, err error) {
 	if err := os.MkdirAll(filepath.Dir(j.path), 0o700); err != nil {
-		return fmt.Errorf("memory journal: %w", err)
+		return nil, fmt.Errorf("memory journal: %w", err)
+	}
+	ops = j.unread()
+	for _, r := range ops {
+		r.applyTo(l)
+	}
+	for _, r := range mine {
+		r.applyTo(l)
 	}
 	live := l.inOrder()
 	records := make([]journalRecord, len(live))
 	for i, le := range live {
 		records[i] = storeRecord(le.e)
 	}
-	j.log.Warn("memory journal's folder was removed; made again with the entries held", zap.String("path", j.path), zap.Int("entries", len(records)))
-	return j.append(records...)
+	j.log.Warn("memory journal's folder was removed; made again with the entries held", zap.String("path", j.path), zap.Int("entries", len(records)),
+		zap.Int("unread_changes", len(ops)))
+	if err := j.append(records...); err != nil {
+		return ops, err
+	}
+	j.folder = folderOf(j.path)
+	return ops, nil
+}
+
+// merge writes into the journal, which fresh holds as read, the entries
+// of mine it lacks, and applies them to fresh: the folder was made again
+// by another replica, with what that one held.
+func (j *journal) merge(mine, fresh *ledger) error {
+	var records []journalRecord
+	for _, le := range mine.inOrder() {
+		if _, held := fresh.entries[le.e.Key]; !held {
+			records = append(records, storeRecord(le.e))
+		}
+	}
+	if len(records) == 0 {
+		return nil
+	}
+	j.log.Warn("memory journal's folder was made again by another; the entries it lacks are written to it", zap.String("path", j.path),
+		zap.Int("entries", len(records)))
+	if err := j.append(records...); err != nil {
+		return err
+	}
+	for _, r := range records {
+		r.applyTo(fresh)
+	}
+	return nil
 }
 
 // mayRetry reports whether a rewrite may be tried at size: none failed
@@ -626,6 +713,14 @@ func (j *journal) update(l *ledger) (ops []journalRecord, exact bool, err error)
 	if ops, ok, err := j.appended(l); err != nil || ok {
 		return ops, ok, err
 	}
+	var mine *ledger
+	if j.folderRemade() {
+		// Read before the load lets go of the file held.
+		mine = l.clone()
+		for _, r := range j.unread() {
+			r.applyTo(mine)
+		}
+	}
 	fresh := newLedger(nil)
 	if _, err := j.load(fresh); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -633,9 +728,15 @@ func (j *journal) update(l *ledger) (ops []journalRecord, exact bool, err error)
 			// holds, as a change's record makes it (ledger.record).
 			// Before, every call failed here, the journal unreadable,
 			// until a restart found the folder empty.
-			return nil, true, j.recreate(l)
+			ops, err := j.recreate(l)
+			return ops, true, err
 		}
 		return nil, false, err
+	}
+	if mine != nil {
+		if err := j.merge(mine, fresh); err != nil {
+			return nil, false, err
+		}
 	}
 	j.stale = false
 	ops, exact = changesTo(l, fresh)

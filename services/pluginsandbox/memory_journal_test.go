@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -440,5 +441,83 @@ func TestMemoryReloadKeepsAnotherReplicasForget(t *testing.T) {
 	}
 	if got := recallKeys(t, one, "note", 10); strings.Join(got, ",") != "c,b" {
 		t.Fatalf("replica one after a store on the new load: %v", got)
+	}
+}
+
+// Two replicas share the memory folder, and it is removed (a data
+// directory wiped) and made again by the one that calls first, with the
+// entries it holds. What the other recorded that the first had not read
+// was lost: the other read the made-again journal at its next call and
+// forgot it too, and a restart found none of it. Now the first writes
+// into the new journal what others appended to the file it last read,
+// and a replica that finds the folder made again by another writes its
+// entries the new journal lacks into it.
+func TestMemoryFolderRemadeKeepsAnotherReplicasChanges(t *testing.T) {
+	big := strings.Repeat("x", 1_000_000)
+	for _, tc := range []struct {
+		name string
+		// run makes the changes on the two replicas and removes the
+		// folder; first is the one that calls first after.
+		run  func(t *testing.T, one, two *testServer, rm func())
+		want string // sorted keys of the entries kept
+	}{
+		{"appended, not read", func(t *testing.T, one, two *testServer, rm func()) {
+			mustStore(t, one, "a")
+			mustStore(t, two, "b")
+			rm()
+		}, "a,b,c"},
+		{"a forget, not read", func(t *testing.T, one, two *testServer, rm func()) {
+			mustStore(t, one, "a")
+			mustStore(t, one, "z")
+			recallKeys(t, two, "note", 10)
+			if _, err := one.MemoryForget(context.Background(), &pluginv1.MemoryForgetRequest{Key: "z"}); err != nil {
+				t.Fatal(err)
+			}
+			rm()
+			// Two finds the folder gone first this time.
+			mustStore(t, two, "b")
+		}, "a,b,c"},
+		{"after a rewrite, not read", func(t *testing.T, one, two *testServer, rm func()) {
+			mustStore(t, one, "a")
+			if err := store(t, two, "big", "note "+big); err != nil { // a rewrite: a new file
+				t.Fatal(err)
+			}
+			mustStore(t, two, "b")
+			rm()
+		}, "a,b,big,c"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plugins, memories := t.TempDir(), filepath.Join(t.TempDir(), "memories")
+			installExample(t, plugins, "kv")
+			one := newTestServer(t, plugins, withMemoryDir(memories))
+			two := newTestServer(t, plugins, withMemoryDir(memories))
+			tc.run(t, one, two, func() {
+				if err := os.RemoveAll(memories); err != nil {
+					t.Fatal(err)
+				}
+			})
+			mustStore(t, one, "c")
+			sorted := func(ts *testServer) string {
+				keys := recallKeys(t, ts, "note", 10)
+				slices.Sort(keys)
+				return strings.Join(keys, ",")
+			}
+			if got := sorted(two); got != tc.want {
+				t.Fatalf("replica two after the folder was made again: %s, want %s", got, tc.want)
+			}
+			if got := sorted(one); got != tc.want {
+				t.Fatalf("replica one after two's next call: %s, want %s", got, tc.want)
+			}
+			if got := sorted(newTestServer(t, plugins, withMemoryDir(memories))); got != tc.want {
+				t.Fatalf("after a restart: %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func mustStore(t *testing.T, ts *testServer, key string) {
+	t.Helper()
+	if err := store(t, ts, key, "note "+key); err != nil {
+		t.Fatalf("store %s: %v", key, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"slices"
 
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -63,6 +64,13 @@ func newLedger(j *journal) *ledger {
 	return &ledger{lock: make(chan struct{}, 1), entries: map[string]ledgerEntry{}, journal: j}
 }
 
+// clone returns a copy of l's entries, with no journal.
+func (l *ledger) clone() *ledger {
+	c := newLedger(nil)
+	c.entries, c.seq, c.bytes = maps.Clone(l.entries), l.seq, l.bytes
+	return c
+}
+
 // inOrder returns the entries in the order they were last stored.
 func (l *ledger) inOrder() []ledgerEntry {
 	all := make([]ledgerEntry, 0, len(l.entries))
@@ -84,8 +92,14 @@ func (l *ledger) record(r ...journalRecord) error {
 		// The memory folder was removed under the sandbox: every change
 		// failed as "not written, retry" until the sandbox restarted,
 		// and then came back empty. It is made again and given every
-		// entry the ledger holds, this change's with them.
-		err = l.journal.recreate(l)
+		// entry the ledger holds, this change's with them. Changes of
+		// other replicas it takes into the ledger leave the instance
+		// to a rebuild, which gives it them.
+		var ops []journalRecord
+		ops, err = l.journal.recreate(l, r...)
+		if len(ops) > 0 {
+			l.partial = true
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", errNotRecorded, err)
