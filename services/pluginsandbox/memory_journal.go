@@ -721,6 +721,7 @@ func (j *journal) update(l *ledger) (ops []journalRecord, exact bool, err error)
 			r.applyTo(mine)
 		}
 	}
+	_, statErr := os.Stat(j.path)
 	fresh := newLedger(nil)
 	if _, err := j.load(fresh); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -736,6 +737,18 @@ func (j *journal) update(l *ledger) (ops []journalRecord, exact bool, err error)
 	if mine != nil {
 		if err := j.merge(mine, fresh); err != nil {
 			return nil, false, err
+		}
+	}
+	if len(fresh.entries) == 0 && len(l.entries) > 0 {
+		// A purge deletes the journal, and every replica drops what it
+		// held with it; so does a deletion by hand, which before went
+		// unsaid: the plugin's memories were gone without a word.
+		if errors.Is(statErr, fs.ErrNotExist) {
+			j.log.Warn("memory journal deleted (plugin remove --purge, or by hand); the plugin's entries are dropped with it",
+				zap.String("path", j.path), zap.Int("entries", len(l.entries)))
+		} else {
+			j.log.Warn("memory journal replaced by an empty one (deleted, or every entry forgotten by another replica); the plugin's entries are dropped",
+				zap.String("path", j.path), zap.Int("entries", len(l.entries)))
 		}
 	}
 	j.stale = false

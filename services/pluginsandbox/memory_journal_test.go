@@ -521,3 +521,31 @@ func mustStore(t *testing.T, ts *testServer, key string) {
 		t.Fatalf("store %s: %v", key, err)
 	}
 }
+
+// A journal file deleted under running replicas, its folder kept (by
+// `plugin remove --purge`, or by hand), empties the plugin's memory on
+// every replica, as a purge means to. It did so without a word: the
+// next call found an empty journal and forgot every entry. Each replica
+// now says so, with how many entries went.
+func TestMemoryJournalDeletedIsSaid(t *testing.T) {
+	plugins, memories := t.TempDir(), t.TempDir()
+	installExample(t, plugins, "kv")
+	one := newTestServer(t, plugins, withMemoryDir(memories))
+	two := newTestServer(t, plugins, withMemoryDir(memories))
+	for _, k := range []string{"a", "b"} {
+		mustStore(t, one, k)
+	}
+	recallKeys(t, two, "note", 10)
+	if err := os.Remove(filepath.Join(memories, "kv.jsonl")); err != nil {
+		t.Fatal(err)
+	}
+	for i, ts := range []*testServer{one, two} {
+		if got := recallKeys(t, ts, "note", 10); len(got) != 0 {
+			t.Fatalf("replica %d after its journal was deleted: %v", i+1, got)
+		}
+		said := ts.logs.FilterMessageSnippet("memory journal").FilterMessageSnippet("entries are dropped").All()
+		if len(said) != 1 || said[0].ContextMap()["entries"] != int64(2) {
+			t.Fatalf("replica %d said %v of the entries dropped", i+1, said)
+		}
+	}
+}
