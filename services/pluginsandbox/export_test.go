@@ -115,3 +115,12 @@ func SetToolLookupHook(hook func(tool string)) (undo func()) {
 	toolLookupHook = hook
 	return func() { toolLookupHook = old }
 }
+
+// SetMemoryCallHook has hook called in a memory call once the replica
+// has caught up on the journal, before the call's own work, until the
+// returned func puts it back.
+func SetMemoryCallHook(hook func()) (undo func()) {
+	old := memoryCallHook
+	memoryCallHook = hook
+	return func() { memoryCallHook = old }
+}

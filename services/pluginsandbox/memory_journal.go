@@ -482,6 +482,18 @@ func (r journalRecord) applyTo(l *ledger) {
 // maxJournalBytes, which a load refuses to read, are refused unless a
 // rewrite first makes room for them.
 func (j *journal) append(records ...journalRecord) error {
+	return j.appendChecked(nil, records...)
+}
+
+// unreadCheck is given the journal file, whose lock is held, when other
+// replicas changed it since this process last read it, and from where
+// in it their records are (0: the whole file is to be read); an error
+// refuses the append.
+type unreadCheck func(f *os.File, from int64) error
+
+// appendChecked is append, with check run on what other replicas wrote
+// to the file before the records are.
+func (j *journal) appendChecked(check unreadCheck, records ...journalRecord) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	for _, r := range records {
@@ -489,9 +501,9 @@ func (j *journal) append(records ...journalRecord) error {
 			return err
 		}
 	}
-	err := j.appendLocked(buf.Bytes(), true)
+	err := j.appendLocked(buf.Bytes(), true, check)
 	if errors.Is(err, errRewritten) {
-		err = j.appendLocked(buf.Bytes(), false) // to the new file
+		err = j.appendLocked(buf.Bytes(), false, check) // to the new file
 	}
 	return err
 }
@@ -502,7 +514,7 @@ var errRewritten = errors.New("memory journal rewritten to make room")
 
 // appendLocked is append on the file at the path, under its lock; with
 // mayRewrite unset, records that do not fit are refused without a try.
-func (j *journal) appendLocked(data []byte, mayRewrite bool) error {
+func (j *journal) appendLocked(data []byte, mayRewrite bool, check unreadCheck) error {
 	f, err := j.lockedFile(os.O_RDWR | os.O_APPEND | os.O_CREATE)
 	if err != nil {
 		return fmt.Errorf("memory journal: %w", err)
@@ -518,6 +530,17 @@ func (j *journal) appendLocked(data []byte, mayRewrite bool) error {
 		return fmt.Errorf("memory journal %s: %w", j.path, err)
 	}
 	if idOf(&before) != j.seen {
+		if check != nil {
+			from := int64(0)
+			if !j.stale && before.Dev == j.seen.dev && before.Ino == j.seen.ino && before.Size >= j.seen.size {
+				from = j.seen.size
+			}
+			if err := check(f, from); errors.Is(err, errMemoryFull) {
+				return err
+			} else if err != nil {
+				return fmt.Errorf("memory journal %s: %w", j.path, err)
+			}
+		}
 		j.stale = true // records of another replica's since this one read
 	}
 	if before.Size+int64(len(data)) > j.limit {

@@ -549,3 +549,70 @@ func TestMemoryJournalDeletedIsSaid(t *testing.T) {
 		}
 	}
 }
+
+// Two replicas one entry short of MaxMemoryEntries store a new key each
+// at once: each checked the bound against the entries it held, and the
+// journal came to hold one past it (a restart loaded 10,001). The bound
+// now holds across replicas: the store that would pass it, checked under
+// the journal's lock against what the file holds, is refused.
+func TestMemoryBoundsHoldAcrossReplicas(t *testing.T) {
+	plugins, memories := t.TempDir(), t.TempDir()
+	installExample(t, plugins, "kv")
+	path := filepath.Join(memories, "kv.jsonl")
+	var journal bytes.Buffer
+	enc := json.NewEncoder(&journal)
+	for i := range pluginsandbox.MaxMemoryEntries - 1 {
+		if err := enc.Encode(map[string]any{"op": "store", "key": []byte(fmt.Sprintf("s%05d", i)), "content": []byte("s")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(path, journal.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	one := newTestServer(t, plugins, withMemoryDir(memories))
+	two := newTestServer(t, plugins, withMemoryDir(memories))
+	var twoErr error
+	fired := false
+	// Two's store lands between one's catch-up and its own store.
+	undo := pluginsandbox.SetMemoryCallHook(func() {
+		if !fired {
+			fired = true
+			twoErr = store(t, two, "from-two", "unique two")
+		}
+	})
+	oneErr := store(t, one, "from-one", "unique one")
+	undo()
+	if twoErr != nil {
+		t.Fatalf("replica two's store, the last under the bound: %v", twoErr)
+	}
+	if status.Code(oneErr) != codes.ResourceExhausted || !strings.Contains(oneErr.Error(), fmt.Sprint(pluginsandbox.MaxMemoryEntries)) {
+		t.Fatalf("replica one's store, past the bound: %v", oneErr)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]bool{}
+	for _, line := range bytes.Split(bytes.TrimSpace(raw), []byte("\n")) {
+		var r struct {
+			Op  string `json:"op"`
+			Key []byte `json:"key"`
+		}
+		if err := json.Unmarshal(line, &r); err != nil {
+			t.Fatal(err)
+		}
+		live[string(r.Key)] = r.Op == "store"
+		if r.Op != "store" {
+			delete(live, string(r.Key))
+		}
+	}
+	if len(live) != pluginsandbox.MaxMemoryEntries || live["from-one"] {
+		t.Fatalf("the journal holds %d entries (from-one: %v), the bound is %d", len(live), live["from-one"], pluginsandbox.MaxMemoryEntries)
+	}
+	// Replica one's instance does not hold the entry it was refused.
+	for _, ts := range []*testServer{one, two} {
+		if got := strings.Join(recallKeys(t, ts, "unique", 10), ","); got != "from-two" {
+			t.Fatalf("recall after the refused store: %s, want from-two", got)
+		}
+	}
+}

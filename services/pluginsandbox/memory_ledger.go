@@ -1,12 +1,14 @@
 package pluginsandbox
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"maps"
+	"os"
 	"slices"
 
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -84,10 +86,53 @@ func (l *ledger) inOrder() []ledgerEntry {
 // record writes a change the plugin answered success to into the
 // journal, if there is one.
 func (l *ledger) record(r ...journalRecord) error {
+	return l.recordChecked(nil, r...)
+}
+
+// recordStore is record of a store of e, which l holds already in place
+// of prev (had: there was one). The bounds are checked again under the
+// journal's lock when other replicas wrote to it since this one caught
+// up: each checked against what it held, two replicas storing at once
+// passed the bounds by one between them.
+func (l *ledger) recordStore(e wasmhost.MemoryEntry, prev ledgerEntry, had bool) error {
+	check := func(f *os.File, from int64) error {
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		n := max(st.Size()-from, 0)
+		if n > l.journal.limit {
+			return fmt.Errorf("larger than %d bytes", l.journal.limit)
+		}
+		data := make([]byte, n)
+		if _, err := f.ReadAt(data, from); err != nil {
+			return err
+		}
+		data = data[:bytes.LastIndexByte(data, '\n')+1]
+		now := newLedger(nil)
+		if from > 0 {
+			// l as it was before e, and what the others appended since.
+			now = l.clone()
+			now.forgot(e.Key)
+			if had {
+				now.entries[e.Key], now.bytes = prev, now.bytes+prev.size
+			}
+		}
+		if err := replay(data, now); err != nil {
+			return fmt.Errorf("from byte %d: %w", from, err)
+		}
+		return now.admit(e)
+	}
+	return l.recordChecked(check, storeRecord(e))
+}
+
+// recordChecked is record, with check run under the journal's lock on
+// what other replicas wrote since this one read it.
+func (l *ledger) recordChecked(check unreadCheck, r ...journalRecord) error {
 	if l.journal == nil || len(r) == 0 {
 		return nil
 	}
-	err := l.journal.append(r...)
+	err := l.journal.appendChecked(check, r...)
 	if errors.Is(err, fs.ErrNotExist) {
 		// The memory folder was removed under the sandbox: every change
 		// failed as "not written, retry" until the sandbox restarted,
@@ -100,6 +145,9 @@ func (l *ledger) record(r ...journalRecord) error {
 		if len(ops) > 0 {
 			l.partial = true
 		}
+	}
+	if errors.Is(err, errMemoryFull) {
+		return err // refused, not a failure to write
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", errNotRecorded, err)

@@ -115,6 +115,9 @@ func (s *Server) withLedger(ctx context.Context, e *entry, fn func(*wasmhost.Mem
 			}
 		}
 	}
+	if memoryCallHook != nil {
+		memoryCallHook()
+	}
 	if l.partial {
 		err = wasmhost.ErrUnavailable // the last restore did not finish
 	} else {
@@ -155,6 +158,10 @@ func (s *Server) restoreLedger(ctx context.Context, e *entry, l *ledger) error {
 	}
 	return err
 }
+
+// memoryCallHook, when set (by tests), is called in a memory call once
+// the replica caught up on the journal, before the call's own work.
+var memoryCallHook func()
 
 func memoryError(err error) error {
 	switch {
@@ -206,8 +213,20 @@ func (s *Server) MemoryStore(ctx context.Context, req *pluginv1.MemoryStoreReque
 		if err := m.Store(ctx, e); err != nil {
 			return err
 		}
+		prev, had := l.entries[e.Key]
 		l.stored(e)
-		return l.record(storeRecord(e))
+		err := l.recordStore(e, prev, had)
+		if errors.Is(err, errMemoryFull) {
+			// Another replica's stores took the room: the entry goes
+			// from the ledger, and the instance, which holds it, is
+			// rebuilt at the next call.
+			l.forgot(e.Key)
+			if had {
+				l.entries[e.Key], l.bytes = prev, l.bytes+prev.size
+			}
+			l.partial = true
+		}
+		return err
 	})
 	if err != nil {
 		return nil, err
