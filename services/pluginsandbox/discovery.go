@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/trust"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -154,8 +155,19 @@ func (s *Server) Rescan(ctx context.Context) error {
 	old := s.current()
 	next := &catalog{live: live, refusals: map[*entry]string{}}
 	var scanErr error
+	s.movedAside = false
 	if live.Enabled {
 		next.entries, scanErr = s.scanEntries(ctx, old, live)
+	}
+	if s.movedAside {
+		// An upgrade is between its two renames: the scan after the
+		// second loads the new version. A few, further apart each, in
+		// case the install was killed between them.
+		if s.asideScans++; s.asideScans <= maxAsideScans {
+			time.AfterFunc(time.Duration(s.asideScans)*asideRescan, s.Kick)
+		}
+	} else {
+		s.asideScans = 0
 	}
 	s.resolve(next)
 	release := s.handOverMemories(ctx, old, next)
@@ -334,8 +346,54 @@ func (s *Server) scanEntries(ctx context.Context, old *catalog, live Live) ([]*e
 			s.logger.Info("plugin folder replaced while it was read; reading it again", zap.String("dir", d.Name()))
 		}
 	}
-	return out, nil
+	return s.keepMovedAside(old, list, out), nil
 }
+
+// keepMovedAside returns out with the entries of old whose folder an
+// upgrade moved aside (install.ReplacedPrefix) and has not yet replaced:
+// where the file system cannot exchange two folders in one step, the
+// installed one is renamed aside, then the new one into place, and a
+// scan between the two unloaded the plugin, its tools and skills missing
+// until the next scan, a whole scan interval. The version loaded is
+// served until the new one is in place, and the scan is done again soon
+// (Rescan). A folder left aside by an install that was killed is put
+// back by the next install; its version is served meanwhile.
+func (s *Server) keepMovedAside(old *catalog, list []os.DirEntry, out []*entry) []*entry {
+	found := map[string]bool{}
+	for _, e := range out {
+		found[e.dir] = true
+	}
+	var aside map[string]bool // plugin names in folders moved aside
+	for _, e := range old.entries {
+		if found[e.dir] || e.bundle == nil {
+			continue
+		}
+		if aside == nil {
+			aside = map[string]bool{}
+			for _, d := range list {
+				if d.IsDir() && strings.HasPrefix(d.Name(), install.ReplacedPrefix) {
+					if m, err := manifest.Load(filepath.Join(s.cfg.PluginsDir, d.Name())); err == nil {
+						aside[m.Name] = true
+					}
+				}
+			}
+		}
+		if aside[e.dir] {
+			s.logger.Info("plugin folder moved aside by an upgrade; serving the version loaded until the new one is in place",
+				zap.String("dir", e.dir), zap.String("plugin", e.name()))
+			out = append(out, e)
+			s.movedAside = true
+		}
+	}
+	return out
+}
+
+// A scan that found a plugin's folder moved aside by an upgrade is done
+// again after asideRescan, twice that, ..., maxAsideScans times.
+const (
+	asideRescan   = 200 * time.Millisecond
+	maxAsideScans = 5
+)
 
 // maxLoadAttempts bounds the loads of one folder in one scan while it
 // keeps being replaced under the scan.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/install"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
@@ -133,5 +134,59 @@ func TestSkillTreePastTheBoundIsRefusedWithoutWalkingIt(t *testing.T) {
 	}
 	if p := ts.plugins(t)["kit"]; p.GetStatus() != "failed" {
 		t.Fatalf("refused plugin after a rescan: %+v", p)
+	}
+}
+
+// Where the file system cannot exchange two folders in one step, an
+// upgrade renames the installed folder aside (install.ReplacedPrefix),
+// then the new one into place. A scan between the two renames found the
+// plugin gone and unloaded it: its tools and skills were missing until
+// the next scan, a whole scan interval. The scan now keeps serving the
+// version it loaded while the folder is moved aside, and scans again
+// soon, which loads the new version once it is in place.
+func TestHalfSwappedUpgradeKeepsTheOldVersion(t *testing.T) {
+	dir := t.TempDir()
+	writeSkillKit(t, filepath.Join(dir, "kit"), "1.0.0", "one", false)
+	ts := newTestServer(t, dir)
+	staged := filepath.Join(dir, install.StagingPrefix+"test")
+	writeSkillKit(t, staged, "2.0.0", "two", false)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ts.Run(ctx, time.Hour) // scans when kicked only
+	}()
+	defer func() { cancel(); <-done }()
+
+	if err := os.Rename(filepath.Join(dir, "kit"), filepath.Join(dir, install.ReplacedPrefix+"test")); err != nil {
+		t.Fatal(err)
+	}
+	ts.Kick()
+	waitFor(t, "the scan of the folder moved aside", func() bool {
+		return ts.logs.FilterMessageSnippet("moved aside").Len() > 0 || ts.logs.FilterMessage("plugin unloaded").Len() > 0
+	})
+	if p := ts.plugins(t)["kit"]; p.GetStatus() != "loaded" || p.GetVersion() != "1.0.0" {
+		t.Fatalf("kit while its folder is moved aside: %+v, want 1.0.0 loaded", p)
+	}
+	if err := os.Rename(staged, filepath.Join(dir, "kit")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, install.ReplacedPrefix+"test")); err != nil {
+		t.Fatal(err)
+	}
+	// No kick: the scan the half swap asked for loads version 2.
+	waitFor(t, "kit 2.0.0", func() bool {
+		p := ts.plugins(t)["kit"]
+		return p.GetStatus() == "loaded" && p.GetVersion() == "2.0.0"
+	})
+}
+
+// waitFor polls cond until it holds, failing the test after 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 30 s", what)
+		}
 	}
 }

@@ -65,9 +65,14 @@ type Server struct {
 	logger *zap.Logger
 
 	scanMu sync.Mutex // one scan at a time
-	mu     sync.RWMutex
-	cat    *catalog
-	kick   chan struct{}
+	// movedAside is set by a scan that kept a plugin whose folder an
+	// upgrade moved aside; asideScans counts such scans in a row. Both
+	// are guarded by scanMu.
+	movedAside bool
+	asideScans int
+	mu         sync.RWMutex
+	cat        *catalog
+	kick       chan struct{}
 
 	channels *binder
 	bg       sync.WaitGroup // unloads

@@ -23,10 +23,11 @@ const StagingPrefix = ".install-"
 // trashPrefix starts a folder being removed.
 const trashPrefix = ".remove-"
 
-// replacedPrefix starts the installed version of a plugin moved aside
+// ReplacedPrefix starts the installed version of a plugin moved aside
 // while its new version takes its place (where the file system cannot
-// exchange two names in one step).
-const replacedPrefix = ".replaced-"
+// exchange two names in one step). The plugin sandbox keeps serving the
+// version it loaded while its folder is so.
+const ReplacedPrefix = ".replaced-"
 
 // lockName is the lock file serialising installs and removals.
 const lockName = ".lock"
@@ -306,7 +307,7 @@ func (in *Installer) clearLeftovers() error {
 		dir := filepath.Join(in.PluginsDir, name)
 		switch {
 		case strings.HasPrefix(name, StagingPrefix), strings.HasPrefix(name, trashPrefix):
-		case strings.HasPrefix(name, replacedPrefix):
+		case strings.HasPrefix(name, ReplacedPrefix):
 			if m, err := manifest.Load(dir); err == nil {
 				if _, err := in.findByName(m.Name); errors.Is(err, ErrNotInstalled) {
 					if err := os.Rename(dir, filepath.Join(in.PluginsDir, m.Name)); err == nil {

@@ -26,9 +26,10 @@ func exchange(staged, dst string) error {
 }
 
 // swapByRenames moves dst aside, then staged into place: a scan between
-// the two sees the plugin missing for an instant, never half-written.
+// the two finds its folder moved aside, never half-written (the plugin
+// sandbox serves the version it loaded until the new one is in place).
 func swapByRenames(staged, dst string) error {
-	old := filepath.Join(filepath.Dir(dst), replacedPrefix+randomSuffix())
+	old := filepath.Join(filepath.Dir(dst), ReplacedPrefix+randomSuffix())
 	if err := os.Rename(dst, old); err != nil {
 		return err
 	}

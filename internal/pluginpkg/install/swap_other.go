@@ -8,9 +8,10 @@ import (
 )
 
 // exchange moves dst aside, then staged into place: a scan between the two
-// renames sees the plugin missing for an instant, never half-written.
+// renames finds its folder moved aside, never half-written (the plugin
+// sandbox serves the version it loaded until the new one is in place).
 func exchange(staged, dst string) error {
-	old := filepath.Join(filepath.Dir(dst), replacedPrefix+randomSuffix())
+	old := filepath.Join(filepath.Dir(dst), ReplacedPrefix+randomSuffix())
 	if err := os.Rename(dst, old); err != nil {
 		return err
 	}
