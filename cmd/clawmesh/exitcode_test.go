@@ -68,3 +68,27 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		}
 	}
 }
+
+// A command that found no stack on its socket asked "is the stack
+// running? dial unix ...: no such file or directory" and named no fix;
+// it names the command that starts one on that data directory, or the
+// flags that point at one that runs.
+func TestNoStackNamesTheFix(t *testing.T) {
+	none := filepath.Join(t.TempDir(), "none")
+	sock := filepath.Join(none, "daemon.sock")
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"status", "--config-dir", none}, "no stack listens on " + sock + ": start one with `clawmesh up --config-dir " + none + "`"},
+		{[]string{"config", "get", "--config-dir", none}, "`clawmesh up --config-dir " + none + "`"},
+		{[]string{"call", "status", "--socket", sock}, "no stack listens on " + sock + ": start one with `clawmesh up`"},
+	} {
+		_, stderr, code := runCLI(t, tc.args...)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		last := lines[len(lines)-1]
+		if code != 1 || !strings.Contains(last, tc.says) || !strings.Contains(last, "--socket") {
+			t.Errorf("clawmesh %s: exit %d, last line %q (want %q and the flags that point at a running stack)", strings.Join(tc.args, " "), code, last, tc.says)
+		}
+	}
+}

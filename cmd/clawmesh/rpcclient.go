@@ -5,7 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
@@ -41,17 +43,20 @@ func (f *socketFlags) dial() (*rpcclient.Client, error) { return f.dialWith(nil)
 // dialWith connects and initializes, advertising capabilities (nil for
 // none).
 func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, error) {
-	path := f.socket
+	path, up := f.socket, "clawmesh up"
 	if path == "" {
 		dir, err := datadir.Resolve(f.dir)
 		if err != nil {
 			return nil, err
 		}
 		path = datadir.Socket(dir)
+		if f.dir != "" {
+			up += " --config-dir " + dir
+		}
 	}
 	c, err := rpcclient.Dial(path)
 	if err != nil {
-		return nil, fmt.Errorf("is the stack running? %w", err)
+		return nil, noStack(path, up, err)
 	}
 	c.Timeout = 60 * time.Second
 	params := map[string]any{"protocol_version": 1}
@@ -77,6 +82,19 @@ func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, 
 	_ = json.Unmarshal(raw, &init)
 	f.withoutConfig = init.ConfigUnavailable
 	return c, nil
+}
+
+// noStack says that no stack answered on path and what to do: it asked
+// "is the stack running? dial unix ...: no such file or directory" and
+// named no fix. No socket file, or one nothing listens on (a stack
+// that was killed), is a stack to start, with up, the command that
+// starts one on this data directory; anything else (a socket of another
+// user's) is said as it is.
+func noStack(path, up string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("is the stack running? no stack listens on %s: start one with `%s`, or point at the one that runs with --config-dir or --socket (%w)", path, up, err)
+	}
+	return fmt.Errorf("is the stack running? %w", err)
 }
 
 // cliError shows a daemon's error object as a person reads it.
