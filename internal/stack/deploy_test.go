@@ -1259,6 +1259,13 @@ func TestComposeGivesTheConfigKeyOnlyToConfig(t *testing.T) {
 // token (nothing of the stack calls the API; mounted by default, the
 // default account's token was a credential in every container, the
 // plugin sandbox's included).
+// writesInData are the folders of its data directory a process writes
+// where the data directory itself is the image's, read-only: the plugin
+// sandbox's, whose plugins folder must have no folder above it that
+// others may write (an emptyDir is 0777), writes only its compilation
+// cache and the memory journals.
+var writesInData = map[string][]string{"plugin-sandbox": {"wasm-cache", "memories"}}
+
 func TestManifestsRestrictEveryPod(t *testing.T) {
 	_, objs, _ := readManifests(t)
 	for where, spec := range podSpecs(objs) {
@@ -1284,7 +1291,14 @@ func TestManifestsRestrictEveryPod(t *testing.T) {
 			}
 			var writes []string
 			if dir := envOf(c)["ZEROCLAW_DATA_DIR"]; dir != "" {
-				writes = append(writes, dir, "/tmp")
+				writes = append(writes, "/tmp")
+				if len(c.Command) > 0 && writesInData[c.Command[0]] != nil {
+					for _, sub := range writesInData[c.Command[0]] {
+						writes = append(writes, filepath.Join(dir, sub))
+					}
+				} else {
+					writes = append(writes, dir)
+				}
 			}
 			if strings.HasPrefix(c.Image, "postgres:") {
 				writes = append(writes, envOf(c)["PGDATA"], "/var/run/postgresql", "/tmp")
