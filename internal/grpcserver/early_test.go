@@ -6,12 +6,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
@@ -224,5 +226,48 @@ func TestHeldListenerAnswersWhenAsked(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("serve: %v", err)
+	}
+}
+
+// The start's server answers reflection too: grpcurl finds a method's
+// types by reflection before it calls, and while a process started it
+// failed every call there, health included ("failed to query for
+// service descriptor \"grpc.health.v1.Health\": starting: waiting for
+// the database"), so `grpcurl ... grpc.health.v1.Health/Check` could not
+// see the NOT_SERVING docs/design.md promises. It lists what answers
+// now (health) and resolves every type the binary holds, so a call of a
+// service not yet served reaches the start's server and says why.
+func TestEarlyServerAnswersReflection(t *testing.T) {
+	srv, _, _, cc := startEarly(t)
+	srv.SetStarting("waiting for the database")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := reflectionpb.NewServerReflectionClient(cc).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(req *reflectionpb.ServerReflectionRequest) *reflectionpb.ServerReflectionResponse {
+		t.Helper()
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("reflection while starting: %v", err)
+		}
+		return resp
+	}
+	var names []string
+	for _, s := range ask(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}).GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	if !slices.Contains(names, healthpb.Health_ServiceDesc.ServiceName) {
+		t.Fatalf("services listed while starting: %v", names)
+	}
+	resp := ask(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_FileContainingSymbol{
+		FileContainingSymbol: configv1.ConfigService_ServiceDesc.ServiceName,
+	}})
+	if len(resp.GetFileDescriptorResponse().GetFileDescriptorProto()) == 0 {
+		t.Fatalf("the config service's types while starting: %v", resp.GetErrorResponse())
 	}
 }

@@ -215,6 +215,12 @@ func (s *Server) AnswerEarly() {
 		return status.Error(codes.Unavailable, reason)
 	}))
 	healthpb.RegisterHealthServer(early, &healthWithReason{Server: s.Health, s: s})
+	// grpcurl asks reflection for a method's types before it calls: the
+	// unknown-service handler failed that too, so grpcurl could ask
+	// neither health nor anything else. It lists what answers now and
+	// resolves every type the binary holds, and a call of a service not
+	// yet served gets the handler's Unavailable with the reason.
+	reflection.Register(early)
 	done := make(chan struct{})
 	s.early, s.earlyDone = early, done
 	view := s.earlyLis.view(false)
