@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
@@ -59,14 +61,14 @@ func healthCmd(args []string, out io.Writer) error {
 		addr = rest[0]
 	}
 	if addr == "" {
-		return errors.New("health: no ADDR and no CLAWMESH_LISTEN")
+		return errors.New("health: no ADDR and no CLAWMESH_LISTEN: pass the process's socket path or host:port (under clawmesh up, <data>/<process>.sock)")
 	}
 	addr = dialable(addr)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	status, reason, err := checkHealth(ctx, addr, *service)
 	if err != nil {
-		return fmt.Errorf("health %s: %w", addr, err)
+		return healthError(addr, *service, err)
 	}
 	if status != healthpb.HealthCheckResponse_SERVING {
 		if reason != "" {
@@ -76,6 +78,21 @@ func healthCmd(args []string, out io.Writer) error {
 	}
 	_, err = fmt.Fprintln(out, status)
 	return err
+}
+
+// healthError says why addr gave no health and what to do, without
+// gRPC's framing ("rpc error: code = Unavailable desc = connection
+// error: ...", which named neither a missing process nor the flag).
+func healthError(addr, service string, err error) error {
+	st, ok := status.FromError(err)
+	switch {
+	case !ok:
+	case st.Code() == codes.NotFound:
+		return fmt.Errorf("health %s: the process answers no health named %q (none yet while it starts, or none at all): leave --service out to ask the whole process, or ask %s", addr, service, grpcserver.Liveness)
+	case st.Code() == codes.Unavailable && !strings.Contains(addr, "://") && !takesConnections(addr):
+		return fmt.Errorf("health %s: nothing listens there: the process is not running, or listens elsewhere (its --listen or CLAWMESH_LISTEN): %s", addr, st.Message())
+	}
+	return fmt.Errorf("health %s: %w", addr, err)
 }
 
 // dialable turns a listen address into one to dial: a wildcard host

@@ -122,3 +122,32 @@ func TestHealthDialsARelativeSocketPath(t *testing.T) {
 		}
 	}
 }
+
+// What health says when it gets no health at all names what is wrong:
+// it printed gRPC's framing ("rpc error: code = Unavailable desc =
+// connection error: desc = \"transport: Error while dialing: dial unix
+// ...: no such file or directory\"", "code = NotFound desc = unknown
+// service") and, with no address, nothing of where one comes from.
+func TestHealthFailuresNameTheFix(t *testing.T) {
+	srv, path := serveHealth(t)
+	srv.SetServing()
+	var out strings.Builder
+	none := filepath.Join(t.TempDir(), "none.sock")
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{none}, "health " + none + ": nothing listens there: the process is not running, or listens elsewhere (its --listen or CLAWMESH_LISTEN)"},
+		{[]string{path, "--service", "no.such.Service"}, `health ` + path + `: the process answers no health named "no.such.Service" (none yet while it starts, or none at all): leave --service out to ask the whole process, or ask clawmesh.liveness`},
+		{nil, "health: no ADDR and no CLAWMESH_LISTEN: pass the process's socket path or host:port"},
+	} {
+		t.Setenv("CLAWMESH_LISTEN", "")
+		err := healthCmd(tc.args, &out)
+		if err == nil || err.Error() != tc.says && !strings.HasPrefix(err.Error(), tc.says) {
+			t.Errorf("health %q: %v, want %q", tc.args, err, tc.says)
+		}
+		if err != nil && strings.Contains(err.Error(), "rpc error") {
+			t.Errorf("health %q: gRPC's framing: %v", tc.args, err)
+		}
+	}
+}
