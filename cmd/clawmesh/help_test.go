@@ -116,3 +116,27 @@ func TestUsageLinesNameEveryFlag(t *testing.T) {
 		}
 	}
 }
+
+// A subcommand's -h gives what it takes and does, as its command's usage
+// lists it: `config set -h` printed "usage: clawmesh config set [flags]"
+// and its flags, without PROP=VALUE; `plugin remove -h` without NAME.
+func TestSubcommandHelpSaysWhatItTakes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		head string
+		says string
+	}{
+		{[]string{"config", "set", "-h"}, "usage: clawmesh config set PROP=VALUE ... [flags]\n", "set properties; several are one atomic config/set-many"},
+		{[]string{"config", "get", "--help"}, "usage: clawmesh config get [PROP] [flags]\n", "print a property"},
+		{[]string{"config", "delete", "-h"}, "usage: clawmesh config delete PROP [flags]\n", "return a property to its default"},
+		{[]string{"plugin", "remove", "-h"}, "usage: clawmesh plugin remove NAME [flags]\n", "uninstall (--purge also deletes plugins.entries.<key>\nand the plugin's memory journal"},
+		{[]string{"plugin", "install", "-h"}, "usage: clawmesh plugin install SOURCE [flags]\n", "(SOURCE is a path only when"},
+		{[]string{"plugin", "sign", "-h"}, "usage: clawmesh plugin sign --key FILE PATH [flags]\n", "sign PATH"},
+		{[]string{"token", "create", "-h"}, "usage: clawmesh token create [flags]\n", "pair a new token with users.NAME"},
+	} {
+		stdout, _, code := runCLI(t, tc.args...)
+		if code != 0 || !strings.HasPrefix(stdout, tc.head) || !strings.Contains(stdout, tc.says) || !strings.Contains(stdout, "\nflags:\n") {
+			t.Errorf("clawmesh %s: exit %d, stdout:\n%s\nwant it to start %q and say %q, then the flags", strings.Join(tc.args, " "), code, stdout, tc.head, tc.says)
+		}
+	}
+}

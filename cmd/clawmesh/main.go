@@ -14,7 +14,7 @@ func main() {
 	err := run(os.Args[1:])
 	var help helpRequested
 	if errors.As(err, &help) {
-		usageOf(os.Stdout, "usage: clawmesh "+help.fs.Name()+" [flags]\n", help.fs)
+		usageOf(os.Stdout, subUsage(help.fs.Name()), help.fs)
 		return
 	}
 	if err != nil {
@@ -99,3 +99,44 @@ func run(args []string) error {
 
 // commands are the command names run knows.
 var commands = []string{"up", "daemon", "config", "call", "status", "chat", "doctor", "token", "plugin", "health", "bus", "version"}
+
+// subUsages are the usage texts listing subcommands, by command.
+var subUsages = map[string]string{"config": configUsage, "plugin": pluginUsage, "token": tokenUsage}
+
+// subUsage is the head of the -h of the command named name: for a
+// subcommand (`config set`), what it takes and does from its line in its
+// command's usage. It printed "usage: clawmesh config set [flags]" and
+// the flags alone: no PROP=VALUE, no word of what it does.
+func subUsage(name string) string {
+	generic := "usage: clawmesh " + name + " [flags]\n"
+	cmd, sub, ok := strings.Cut(name, " ")
+	if !ok || subUsages[cmd] == "" {
+		return generic
+	}
+	lines := strings.Split(subUsages[cmd], "\n")
+	for i, l := range lines {
+		if l != "  "+sub && !strings.HasPrefix(l, "  "+sub+" ") {
+			continue
+		}
+		// "  SYNOPSIS   what it does", then lines indented as deep that
+		// go on with what it does.
+		rest := strings.TrimPrefix(l, "  ")
+		synopsis, desc := rest, ""
+		if at := strings.Index(rest, "  "); at >= 0 {
+			synopsis, desc = rest[:at], strings.TrimSpace(rest[at:])
+		}
+		for _, more := range lines[i+1:] {
+			if len(more) < 4 || strings.TrimSpace(more[:4]) != "" {
+				break
+			}
+			desc += "\n" + strings.TrimSpace(more)
+		}
+		args := strings.TrimSpace(strings.TrimPrefix(synopsis, sub))
+		head := "usage: clawmesh " + cmd + " " + sub
+		if args != "" {
+			head += " " + args
+		}
+		return head + " [flags]\n\n" + desc + "\n"
+	}
+	return generic
+}
