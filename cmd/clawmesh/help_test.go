@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -138,5 +139,34 @@ func TestSubcommandHelpSaysWhatItTakes(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(stdout, tc.head) || !strings.Contains(stdout, tc.says) || !strings.Contains(stdout, "\nflags:\n") {
 			t.Errorf("clawmesh %s: exit %d, stdout:\n%s\nwant it to start %q and say %q, then the flags", strings.Join(tc.args, " "), code, stdout, tc.head, tc.says)
 		}
+	}
+}
+
+// A plugin subcommand takes only its own flags: every one took all of
+// them and ignored those not its own, so `plugin list --purge` and
+// `plugin keygen --out F --registry URL` ran and exited 0 as if the
+// flag meant something, and each -h listed twelve flags, most of them
+// another subcommand's.
+func TestPluginSubcommandsTakeOnlyTheirFlags(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "k")
+	for _, tc := range [][]string{
+		{"plugin", "list", "--purge", "--config-dir", dir},
+		{"plugin", "keygen", "--out", key, "--registry", "http://127.0.0.1:1/"},
+		{"plugin", "search", "q", "--out", key},
+		{"plugin", "info", "echo", "--all", "--config-dir", dir},
+		{"plugin", "sign", "--key", key, "--purge", dir},
+	} {
+		_, stderr, code := runCLI(t, tc...)
+		if code != 2 || !strings.Contains(stderr, "flag provided but not defined") {
+			t.Errorf("clawmesh %s: exit %d, stderr %q; want the flag refused (exit 2)", strings.Join(tc, " "), code, stderr)
+		}
+	}
+	if _, err := os.Stat(key); err == nil {
+		t.Error("keygen wrote a key despite a flag not its own")
+	}
+	stdout, _, _ := runCLI(t, "plugin", "keygen", "-h")
+	if !strings.Contains(stdout, "-out") || strings.Contains(stdout, "-purge") || strings.Contains(stdout, "-registry") {
+		t.Errorf("plugin keygen -h lists flags not its own:\n%s", stdout)
 	}
 }

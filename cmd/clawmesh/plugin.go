@@ -74,16 +74,37 @@ func pluginCmd(args []string, out io.Writer) error {
 		purge, all             bool
 		trusted                multiFlag
 	)
-	sf.register(fs)
-	fs.StringVar(&registry, "registry", "", "registry index URL (env "+install.RegistryEnv+")")
-	fs.StringVar(&pluginsDir, "plugins-dir", "", "plugins folder (default: plugins.plugins_dir, else <data>/plugins)")
-	fs.StringVar(&mode, "signature-mode", "", "signature policy when the stack is stopped: disabled, permissive or strict")
-	fs.Var(&trusted, "trusted-key", "trusted publisher key (hex) when the stack is stopped (repeatable)")
-	fs.StringVar(&keyFile, "key", "", "sign: Ed25519 private key file (PEM PKCS#8, or hex seed)")
-	fs.StringVar(&outFile, "out", "", "keygen: where to write the new key")
-	fs.StringVar(&channel, "channel", "", "info: also print the instance key of this channel alias")
-	fs.BoolVar(&purge, "purge", false, "remove: also delete the plugin's plugins.entries config and memory journal")
-	fs.BoolVar(&all, "all", true, "list: include refused and failed plugins")
+	// Each subcommand takes only the flags it reads: every one took all
+	// of them, so `plugin list --purge` ran as if it meant something.
+	for _, f := range []struct {
+		cmds []string
+		add  func()
+	}{
+		{[]string{"list", "install", "remove", "info"}, func() {
+			sf.register(fs)
+			fs.StringVar(&pluginsDir, "plugins-dir", "", "plugins folder (default: plugins.plugins_dir, else <data>/plugins)")
+		}},
+		{[]string{"install", "remove", "info"}, func() {
+			fs.StringVar(&mode, "signature-mode", "", "signature policy when the stack is stopped: disabled, permissive or strict")
+			fs.Var(&trusted, "trusted-key", "trusted publisher key (hex) when the stack is stopped (repeatable)")
+		}},
+		{[]string{"search", "install"}, func() {
+			fs.StringVar(&registry, "registry", "", "registry index URL (env "+install.RegistryEnv+")")
+		}},
+		{[]string{"sign"}, func() {
+			fs.StringVar(&keyFile, "key", "", "Ed25519 private key file (PEM PKCS#8, or hex seed)")
+		}},
+		{[]string{"keygen"}, func() { fs.StringVar(&outFile, "out", "", "where to write the new key") }},
+		{[]string{"info"}, func() { fs.StringVar(&channel, "channel", "", "also print the instance key of this channel alias") }},
+		{[]string{"remove"}, func() {
+			fs.BoolVar(&purge, "purge", false, "also delete the plugin's plugins.entries config and memory journal")
+		}},
+		{[]string{"list"}, func() { fs.BoolVar(&all, "all", true, "include refused and failed plugins") }},
+	} {
+		if slices.Contains(f.cmds, cmd) {
+			f.add()
+		}
+	}
 	if isHelp(cmd) {
 		fmt.Fprint(out, pluginUsage)
 		return nil
