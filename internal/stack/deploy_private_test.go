@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/durablesock"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/trust"
 )
@@ -154,4 +155,54 @@ func imageUID(t *testing.T) string {
 		t.Fatal("deploy/Dockerfile: no ARG UID=N")
 	}
 	return string(m[1])
+}
+
+// The pod where the plugin commands run (the one that mounts the
+// plugins claim writable: `kubectl exec deploy/gateway -- clawmesh
+// plugin remove NAME --purge`, deploy/README.md) mounts the memory
+// journals the sandbox keeps, at the same path: --purge deletes them in
+// the stack's data directory's memories folder. The gateway's pod had
+// none there, so --purge said "no memory journal of NAME" and exited 0
+// while the journal stayed on the sandbox's claim.
+func TestPluginCommandsReachTheSandboxMemories(t *testing.T) {
+	_, objs, _ := readManifests(t)
+	var memories, plugins string // the sandbox's claims
+	for _, spec := range podSpecs(objs) {
+		for _, c := range spec.Containers {
+			if len(c.Command) == 0 || c.Command[0] != "plugin-sandbox" {
+				continue
+			}
+			data := envOf(c)["ZEROCLAW_DATA_DIR"]
+			if v, m := mountOf(spec, c, datadir.Memories(data)); v != nil && v.PersistentVolumeClaim != nil && m.MountPath == datadir.Memories(data) {
+				memories = v.PersistentVolumeClaim.ClaimName
+			}
+			if v, _ := mountOf(spec, c, filepath.Join(data, "plugins")); v != nil && v.PersistentVolumeClaim != nil {
+				plugins = v.PersistentVolumeClaim.ClaimName
+			}
+		}
+	}
+	if memories == "" || plugins == "" {
+		t.Fatalf("the sandbox's memories claim %q, plugins claim %q", memories, plugins)
+	}
+	installers := 0
+	for where, spec := range podSpecs(objs) {
+		for _, c := range spec.Containers {
+			data := envOf(c)["ZEROCLAW_DATA_DIR"]
+			if len(c.Command) == 0 || c.Command[0] == "plugin-sandbox" || data == "" {
+				continue
+			}
+			v, m := mountOf(spec, c, filepath.Join(data, "plugins"))
+			if v == nil || v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != plugins || m.ReadOnly {
+				continue
+			}
+			installers++
+			mem := datadir.Memories(data)
+			if v, m := mountOf(spec, c, mem); v == nil || v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != memories || m.MountPath != mem || m.ReadOnly {
+				t.Errorf("%s/%s: installs plugins, but %s is not the sandbox's claim %s: plugin remove --purge would leave the journals", where, c.Name, mem, memories)
+			}
+		}
+	}
+	if installers == 0 {
+		t.Error("no pod mounts the plugins claim writable for the plugin commands")
+	}
 }
