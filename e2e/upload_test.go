@@ -749,6 +749,66 @@ func TestUploadCommitRaces(t *testing.T) {
 	}
 }
 
+// A client whose connection closes while its commit runs (it timed out,
+// or crashed) commits the same upload again from a new connection, as
+// step 3 lets it, and gets the file entry (once the first commit is
+// done; "is being committed" until then). It was told "Unknown or
+// expired upload", whether or not the session service had gone on to
+// store the file: the gateway cancels a closed connection's calls, and
+// the commit saw only its cancelled store. The connection is closed
+// once another connection of the same user is told the upload is being
+// committed; a commit that ends before that is seen is tried again with
+// new content.
+func TestUploadCommitCutOffByItsClient(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	u := dialUC(t, s)
+	sess := u.session(map[string]any{})
+	again := dialUC(t, s)
+	for attempt := 1; ; attempt++ {
+		if attempt > 5 {
+			t.Fatal("no commit seen running in 5 attempts")
+		}
+		c := dialUC(t, s)
+		data := randomBytes(t, 10*mib)
+		id := c.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data), "filename": "cut.bin"})
+		c.sendAll(id, data)
+		if err := c.c.Send(`{"jsonrpc":"2.0","method":"file/upload/commit","params":{"upload_id":"` + id + `"},"id":99}`); err != nil {
+			t.Fatal(err)
+		}
+		var f fileEntry
+		var re *e2e.RPCError
+		// Unknown to another connection until the commit takes it.
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			if re = again.try("file/upload/commit", map[string]any{"upload_id": id}, &f); re == nil || re.Message != uploads.UnknownUpload(id) || time.Now().After(deadline) {
+				break
+			}
+		}
+		c.c.Close()
+		if re == nil {
+			t.Logf("attempt %d: the commit ended before it was seen running", attempt)
+			continue
+		}
+		if re.Message != uploads.Committing(id) {
+			t.Fatalf("commit from another connection while the first runs: %s", re.Describe())
+		}
+		testenv.Eventually(t, 60*time.Second, 20*time.Millisecond, func() error {
+			if re = again.try("file/upload/commit", map[string]any{"upload_id": id}, &f); re != nil && re.Message == uploads.Committing(id) {
+				return errors.New(re.Message)
+			}
+			return nil
+		})
+		if re != nil {
+			t.Fatalf("commit sent again from a new connection, its first cut off: %s (stored: %v)", re.Describe(), uploadsIn(t, sess.Workspace))
+		}
+		got, err := os.ReadFile(f.WorkspacePath)
+		if err != nil || !bytes.Equal(got, data) || f.RefID != "sha256:"+hexSHA(data) || f.SizeBytes != int64(len(data)) {
+			t.Fatalf("commit sent again %+v; stored %d bytes (%v)", f, len(got), err)
+		}
+		return
+	}
+}
+
 // A session service killed while it stores a committed file, between
 // writing the file under a temporary name and renaming it into place,
 // left that temporary file, as large as the upload, in the workspace's

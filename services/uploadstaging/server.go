@@ -273,6 +273,16 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	if err != nil {
 		return nil, err
 	}
+	// Taken, the upload is committed whoever still waits for the answer.
+	// A caller gone (a client that closed its connection mid-commit: the
+	// gateway cancels its call and discards its uploads) cancelled the
+	// store, and the session service, whose write outlives its caller,
+	// could have stored the file while this commit saw only its own
+	// cancelled call: it kept no answer, and the client's commit sent
+	// again from a new connection read "Unknown or expired upload".
+	// Run to its end, the commit keeps its answer for that retry.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
 	d := p.Decl
 	loan := s.cfg.Files.Lend(p.Data)
 	entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
@@ -294,6 +304,11 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	}
 	return &uploadv1.CommitResponse{File: entry}, nil
 }
+
+// commitTimeout bounds a commit once its upload is taken, with no
+// caller to end it: its wait for a store slot (MaxConcurrentStores) and
+// the session service's store, whose write is bounded by 30 s.
+const commitTimeout = 2 * time.Minute
 
 // passing reports whether a failed store may succeed if tried again.
 func passing(err error) bool {

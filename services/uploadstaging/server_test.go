@@ -493,6 +493,66 @@ func TestCommitSentAgainWhileTheFirstStores(t *testing.T) {
 	}
 }
 
+// cutSessions stores every file, as the session service does once its
+// checks passed, but answers a caller whose context ended first with
+// its context's error, as a gRPC client does whatever the server did.
+type cutSessions struct {
+	sessions
+	in, gate chan struct{}
+}
+
+func (f *cutSessions) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest, opts ...grpc.CallOption) (*sessionv1.StoreFileResponse, error) {
+	close(f.in)
+	<-f.gate
+	resp, err := f.sessions.StoreFile(ctx, req, opts...)
+	if ctx.Err() != nil {
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return resp, err
+}
+
+// A client whose connection closed while its commit ran (the gateway
+// cancels the call and discards the connection's uploads) and that
+// commits again from a new connection was told "Unknown or expired
+// upload": the session service had stored the file, the commit had seen
+// only its own cancelled call, and no answer was kept. A commit, once
+// its upload is taken, runs to its end whoever waits for it, and the
+// commit sent again gets the file entry.
+func TestCommitCutOffByItsClientStillAnswersTheRetry(t *testing.T) {
+	f := &cutSessions{in: make(chan struct{}), gate: make(chan struct{})}
+	s, err := New(Config{Sessions: f, Settings: defaults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := begin(t, s, user, 5, "")
+	if _, err := chunk(s, user, id, 0, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Commit(ctx, &uploadv1.CommitRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-1", UploadId: id})
+		done <- err
+	}()
+	<-f.in
+	cancel()
+	s.DiscardConnection(context.Background(), &uploadv1.DiscardConnectionRequest{GatewayId: "gw-1", ConnectionId: "conn-1"})
+	close(f.gate)
+	<-done
+	resp, err := s.Commit(context.Background(), &uploadv1.CommitRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-2", UploadId: id})
+	if err != nil || resp.GetFile().GetRefId() != "sha256:"+uploads.Sum([]byte("hello")) {
+		t.Fatalf("commit sent again from a new connection after the first was cut off: %v %v", resp, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.stores) != 1 {
+		t.Fatalf("%d stores; want 1", len(f.stores))
+	}
+	if st := s.Stage().Stats(); st.Uploads != 0 || st.Charged != 0 {
+		t.Fatalf("staged after the commit: %+v", st)
+	}
+}
+
 // The answers kept are bounded: past maxAnswers the oldest goes.
 func TestCommitAnswersAreBounded(t *testing.T) {
 	var a answers
