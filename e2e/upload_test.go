@@ -672,6 +672,61 @@ func TestUploadBudgetConnectionsAndGatewayDeath(t *testing.T) {
 	after.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": 900000})
 }
 
+// A gateway that dies leaves its connections' uploads unnameable, but
+// they stayed charged to their user's share until the gateway's lease
+// lapsed (15 s): the user's client, reconnected to the gateway started
+// in its place, was refused "You are staging H bytes of uploads ...;
+// commit them or let them expire", which it could do neither of.
+// upload-staging sees the dead gateway's transport close and reclaims
+// its uploads when a begin needs their room (or at its next sweep).
+func TestUploadShareFreedWhenTheGatewayDies(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "uploads.max_user_staged_bytes=1048576"}})
+	op := dialUC(t, s)
+	op.must("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
+		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
+		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
+	}}, nil)
+	token := userToken(t, s, "alice")
+	alice := dialUC(t, s, token)
+	sess := alice.session(map[string]any{})
+	id := alice.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": 900000})
+	alice.chunk(id, 0, make([]byte, 4096))
+	// The share is full: another of her connections is refused.
+	if _, re := dialUC(t, s, token).begin(map[string]any{"session_id": sess.ID, "size_bytes": 900000}); re == nil || !strings.HasPrefix(re.Message, "You are staging ") {
+		t.Fatalf("begin past the share: %v", re)
+	}
+
+	pid := s.PIDOf("gateway")
+	if pid == 0 {
+		t.Fatalf("no gateway among %v", s.PIDs())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var after *uc
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if p := s.PIDOf("gateway"); p == 0 || p == pid {
+			return errors.New("gateway not restarted yet")
+		}
+		c, err := e2e.Dial(s.Socket)
+		if err != nil {
+			return err
+		}
+		if _, err := c.Initialize(token); err != nil {
+			c.Close()
+			return err
+		}
+		t.Cleanup(func() { c.Close() })
+		after = &uc{t: t, c: c}
+		return nil
+	})
+	if _, re := after.begin(map[string]any{"session_id": sess.ID, "size_bytes": 900000}); re != nil {
+		t.Fatalf("begin on the new gateway, the dead one's upload unnameable: %s (staged: %v)", re.Describe(), stagingStats(t, s))
+	}
+}
+
 // Commit re-checks, under the session's lock, the session and the grants
 // in force at that moment: a revoked files:create, an unpaired token, and
 // a session closed and reopened, or deleted and created again, with the

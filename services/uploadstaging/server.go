@@ -5,10 +5,12 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
@@ -56,7 +58,50 @@ type Config struct {
 	Files *bulkcodec.Codec
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
+	// Transports, when set, is the stats handler of the server this
+	// service is registered on (cmd/upload-staging): it tells the stage
+	// when a gateway's transport closes.
+	Transports *Transports
 }
+
+// Transports is a gRPC stats handler that names each transport (client
+// connection) the server accepts, and tells the stage when one closes
+// (Stage.TransportClosed). A gateway that dies closes its transport at
+// once; its lease would hold its uploads, and their user's share, for
+// as long again.
+type Transports struct {
+	next  atomic.Uint64
+	stage atomic.Pointer[Stage]
+}
+
+type transportKey struct{}
+
+// transportOf is the transport a call came over, 0 when unknown.
+func transportOf(ctx context.Context) uint64 {
+	n, _ := ctx.Value(transportKey{}).(uint64)
+	return n
+}
+
+// TagConn names a new transport.
+func (t *Transports) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return context.WithValue(ctx, transportKey{}, t.next.Add(1))
+}
+
+// HandleConn tells the stage a transport closed.
+func (t *Transports) HandleConn(ctx context.Context, cs stats.ConnStats) {
+	if _, end := cs.(*stats.ConnEnd); !end {
+		return
+	}
+	if st, n := t.stage.Load(), transportOf(ctx); st != nil && n != 0 {
+		st.TransportClosed(n)
+	}
+}
+
+// TagRPC does nothing: only transports are followed.
+func (t *Transports) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+// HandleRPC does nothing.
+func (t *Transports) HandleRPC(context.Context, stats.RPCStats) {}
 
 // Server implements uploadv1.UploadServiceServer.
 type Server struct {
@@ -142,10 +187,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	return &Server{
+	s := &Server{
 		cfg: cfg, log: cfg.Log, stage: NewStage(cfg.Settings, cfg.Lease, cfg.Now, cfg.Log),
 		stores: make(chan struct{}, cfg.MaxConcurrentStores),
-	}, nil
+	}
+	if cfg.Transports != nil {
+		cfg.Transports.stage.Store(s.stage)
+	}
+	return s, nil
 }
 
 // Stage is the server's staged uploads.
@@ -223,6 +272,7 @@ func (s *Server) Begin(ctx context.Context, req *uploadv1.BeginRequest) (*upload
 	if err != nil {
 		return nil, err
 	}
+	s.stage.SeenOn(o.Gateway, transportOf(ctx))
 	lim := s.stage.Limits()
 	s.log.Debug("upload begun", zap.String("upload_id", id), zap.String("session_id", req.GetSessionId()),
 		zap.String("conn", o.Conn), zap.Int64("size_bytes", req.GetSizeBytes()))
@@ -435,11 +485,12 @@ func (s *Server) DiscardConnection(_ context.Context, req *uploadv1.DiscardConne
 }
 
 // Renew extends a gateway's lease and says how long it lasts.
-func (s *Server) Renew(_ context.Context, req *uploadv1.RenewRequest) (*uploadv1.RenewResponse, error) {
+func (s *Server) Renew(ctx context.Context, req *uploadv1.RenewRequest) (*uploadv1.RenewResponse, error) {
 	if err := ids.Check(req.GetGatewayId()); err != nil {
 		return nil, invalid("`gateway_id` " + err.Error())
 	}
 	s.stage.Renew(req.GetGatewayId())
+	s.stage.SeenOn(req.GetGatewayId(), transportOf(ctx))
 	return &uploadv1.RenewResponse{LeaseMs: s.stage.Lease().Milliseconds()}, nil
 }
 

@@ -18,7 +18,8 @@
 // bound to that connection then. Anything else naming it is told it does
 // not exist. A connection's uploads go when it closes (DiscardConnection),
 // when they are idle past uploads.idle_timeout_secs, and when their
-// gateway stops renewing its lease (it died: see Renew).
+// gateway stops renewing its lease (it died: see Renew), or sooner once
+// the gRPC transport its calls came over has closed (TransportClosed).
 package uploadstaging
 
 import (
@@ -83,6 +84,11 @@ type Declared struct {
 type gatewayLease struct {
 	renewed time.Time
 	uploads int
+	// transport is the gRPC transport (Transports) its last call came
+	// over, 0 when unknown; cut is set once that transport closed and
+	// no call came over another since: the gateway is gone.
+	transport uint64
+	cut       bool
 }
 
 // upload is one staged upload.
@@ -298,7 +304,7 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 		st.dropSparesLocked(time.Time{})
 	}
 	if st.charged+c > lim.MaxStagedBytes {
-		if n := st.reclaimIdleLocked(lim); n > 0 {
+		if n := st.reclaimIdleLocked(lim, true); n > 0 {
 			st.log.Info("idle uploads reclaimed for a new one", zap.Int("reclaimed", n))
 		}
 	}
@@ -338,7 +344,7 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 // the user's share (its own idle uploads reclaimed first).
 func (st *Stage) chargeUserLocked(principal string, c int64, lim configclient.Uploads) error {
 	if st.byUser[principal]+c > lim.MaxUserStagedBytes {
-		st.reclaimIdleLocked(lim)
+		st.reclaimIdleLocked(lim, true)
 	}
 	if held := st.byUser[principal]; held+c > lim.MaxUserStagedBytes {
 		return capacity(uploads.UserStagingFull(held, c, lim.MaxUserStagedBytes))
@@ -369,7 +375,7 @@ func (st *Stage) Hold(principal string, operator bool, n int64) (release func(),
 		st.dropSparesLocked(time.Time{})
 	}
 	if st.charged+n > lim.MaxStagedBytes {
-		st.reclaimIdleLocked(lim)
+		st.reclaimIdleLocked(lim, true)
 	}
 	if st.charged+n > lim.MaxStagedBytes {
 		return nil, capacity(uploads.OverBudget)
@@ -558,13 +564,41 @@ func (st *Stage) Renew(gateway string) {
 	}
 }
 
+// SeenOn records that a call of gateway came over transport (0:
+// unknown, nothing recorded): a gateway calling is not gone, whatever
+// transport it called over before.
+func (st *Stage) SeenOn(gateway string, transport uint64) {
+	if transport == 0 {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if l := st.gateways[gateway]; l != nil {
+		l.transport, l.cut = transport, false
+	}
+}
+
+// TransportClosed marks gone every gateway whose last call came over
+// transport: its process died (a gateway keeps one connection to this
+// service for its life, renewing on it). Their uploads are reclaimed
+// when a begin or an attach needs room, not left to their lease.
+func (st *Stage) TransportClosed(transport uint64) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, l := range st.gateways {
+		if l.transport == transport {
+			l.cut = true
+		}
+	}
+}
+
 // Sweep drops every upload idle past the timeout and every upload of a
 // gateway whose lease ran out. It returns how many uploads it dropped.
 func (st *Stage) Sweep() int {
 	lim := st.Limits()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	n := st.reclaimIdleLocked(lim)
+	n := st.reclaimIdleLocked(lim, false)
 	now := st.now()
 	st.dropSparesLocked(now.Add(-spareIdle))
 	lapsed := map[string]bool{}
@@ -623,12 +657,22 @@ func (st *Stage) Stats() Stats {
 	return Stats{Uploads: len(st.uploads), Gateways: len(st.gateways), Charged: st.charged, Payload: st.payload, Spare: st.spare, Limit: lim.MaxStagedBytes}
 }
 
-// reclaimIdleLocked drops every upload idle past the timeout.
-func (st *Stage) reclaimIdleLocked(lim configclient.Uploads) int {
+// reclaimIdleLocked drops every upload idle past the timeout and, with
+// cut (a begin or an attach that needs room), every upload of a gateway
+// whose transport closed (TransportClosed): no one can name them again,
+// and left to their lease they held their user's share, refusing that
+// user's begins on the gateway started in the dead one's place. The
+// sweep leaves those to the lease: a transport cut under a gateway that
+// lives (a network between containers) is followed by its renewal on a
+// new one, and only room wanted now is worth its uploads.
+func (st *Stage) reclaimIdleLocked(lim configclient.Uploads, cut bool) int {
 	now := st.now()
 	n := 0
 	for _, u := range st.uploads {
-		if !u.committing && now.Sub(u.lastActive) >= lim.IdleTimeout {
+		if u.committing || u.owner == (Owner{}) {
+			continue
+		}
+		if l := st.gateways[u.owner.Gateway]; now.Sub(u.lastActive) >= lim.IdleTimeout || (cut && l != nil && l.cut) {
 			st.dropLocked(u)
 			n++
 		}

@@ -347,6 +347,53 @@ func TestStageGatewayLease(t *testing.T) {
 	}
 }
 
+// A gateway whose transport closed is gone: a begin of the same user
+// on the gateway started in its place, which its uploads' charge would
+// refuse for the rest of their lease, reclaims them first. A gateway
+// that called again over a new transport is not gone, and one whose
+// transport is unknown keeps its lease.
+func TestStageGatewayTransportClosed(t *testing.T) {
+	st, _ := newStage(t, func(u *configclient.Uploads) { u.MaxUserStagedBytes = 2 << 20 })
+	dead := Owner{Gateway: "gw-dead", Conn: "conn-1", Principal: "user:alice"}
+	moved := Owner{Gateway: "gw-moved", Conn: "conn-2", Principal: "user:bob"}
+	unknown := Owner{Gateway: "gw-unknown", Conn: "conn-3", Principal: "user:bob"}
+	deadID := reserve(t, st, decl(dead, 3<<19))
+	st.SeenOn(dead.Gateway, 1)
+	movedID := reserve(t, st, decl(moved, 1<<10))
+	st.SeenOn(moved.Gateway, 1)
+	st.SeenOn(moved.Gateway, 2)
+	unknownID := reserve(t, st, decl(unknown, 1<<10))
+	fresh := Owner{Gateway: "gw-new", Conn: "conn-1", Principal: "user:alice"}
+	if _, err := st.Reserve(decl(fresh, 3<<19)); err == nil {
+		t.Fatal("the share was not full")
+	}
+	st.TransportClosed(1)
+	reserve(t, st, decl(fresh, 3<<19))
+	if _, err := st.Chunk(dead, deadID, 0, []byte("x")); err == nil {
+		t.Fatal("the gone gateway's upload is still staged")
+	}
+	for _, u := range []struct {
+		o  Owner
+		id string
+	}{{moved, movedID}, {unknown, unknownID}} {
+		if _, err := st.Chunk(u.o, u.id, 0, []byte("x")); err != nil {
+			t.Fatalf("%s lost its upload: %v", u.o.Gateway, err)
+		}
+	}
+	// The sweep leaves a cut gateway's uploads to its lease: room not
+	// wanted now is not worth them, should the gateway renew on a new
+	// transport.
+	st.SeenOn(moved.Gateway, 3)
+	st.TransportClosed(3)
+	if n := st.Sweep(); n != 0 {
+		t.Fatalf("the sweep dropped %d uploads; want none", n)
+	}
+	st.SeenOn(moved.Gateway, 4)
+	if _, err := st.Chunk(moved, movedID, 1, []byte("y")); err != nil {
+		t.Fatalf("a gateway that called again over a new transport lost its upload: %v", err)
+	}
+}
+
 // The sweeper drops idle uploads on its own.
 func TestStageSweepExpiresIdle(t *testing.T) {
 	st, clk := newStage(t, nil)

@@ -37,8 +37,9 @@ func main() { service.Main(spec()) }
 // spec is the process, its flags read into register's lease.
 func spec() service.Spec {
 	var lease time.Duration
+	transports := &uploadstaging.Transports{}
 	return service.Spec{
-		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(bulk)},
+		ServerOptions: []grpc.ServerOption{grpc.ForceServerCodecV2(bulk), grpc.StatsHandler(transports)},
 		Name:          "upload-staging",
 		Role:          bus.RoleUpload,
 		HealthNames:   []string{uploadv1.UploadService_ServiceDesc.ServiceName},
@@ -51,11 +52,11 @@ func spec() service.Spec {
 			}
 			fs.DurationVar(&lease, "gateway-lease", def, "how long a gateway's uploads outlive its last renewal (env "+envLease+")")
 		},
-		Register: func(ctx context.Context, env *service.Env) error { return register(ctx, env, lease) },
+		Register: func(ctx context.Context, env *service.Env) error { return register(ctx, env, lease, transports) },
 	}
 }
 
-func register(ctx context.Context, env *service.Env, lease time.Duration) error {
+func register(ctx context.Context, env *service.Env, lease time.Duration, transports *uploadstaging.Transports) error {
 	configConn, err := grpcclient.Dial(env.Peers.Config)
 	if err != nil {
 		return fmt.Errorf("config service: %w", err)
@@ -78,7 +79,7 @@ func register(ctx context.Context, env *service.Env, lease time.Duration) error 
 
 	srv, err := uploadstaging.New(uploadstaging.Config{
 		Sessions: sessionv1.NewSessionServiceClient(sessionConn), Authz: live, Settings: live.Uploads,
-		Lease: lease, Log: env.Log, Chunks: bulk, Files: bulk,
+		Lease: lease, Log: env.Log, Chunks: bulk, Files: bulk, Transports: transports,
 	})
 	if err != nil {
 		return err
