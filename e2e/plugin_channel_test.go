@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -163,5 +164,92 @@ func TestPluginChannelMessageReachesASession(t *testing.T) {
 	}
 	if l := readLog(t, s, "plugin-sandbox"); strings.Contains(l, "tok-e2e") {
 		t.Fatal("the channel's secret token is in the sandbox log")
+	}
+}
+
+// A channel message whose turn a rebind cuts (here the binding moves to
+// another address, same plugin and agent) is delivered again by the new
+// binding and answered, in a running stack: its sender, answered 202,
+// only got a notice to send it again.
+func TestPluginChannelRebindDeliversACutTurnAgain(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
+	v := newConv(t, s, nil)
+
+	var (
+		mu      sync.Mutex
+		replies []string
+	)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		replies = append(replies, body["content"])
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+	const channelToken = "channel-token-0123456789abcdef0123456789"
+	key := abi.InstanceKey("webhook", abi.WorldChannel, "web")
+	v.call("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "plugins.entries." + key + ".config", "value": map[string]any{"webhook_url": hook.URL, "token": "tok-e2e"}},
+		{"prop": "channels.plugin.web.plugin", "value": "webhook"},
+		{"prop": "channels.plugin.web.token", "value": channelToken},
+	}})
+	running := func(not string) string {
+		var listen string
+		waitFor(t, "the channel binding", 60*time.Second, func() bool {
+			for _, ch := range listPlugins(t, v).Channels {
+				if ch.Alias == "web" && ch.State == "running" && ch.Reason == "" && ch.Listen != not {
+					listen = ch.Listen
+					return true
+				}
+			}
+			return false
+		})
+		return listen
+	}
+	listen := running("")
+	body := `{"id":"m1","from":"ann","text":"/sleep 4000\n/say answered after the rebind","thread":"t-1"}`
+	req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
+	req.Header.Set("Authorization", "Bearer "+channelToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("listener answered %s", resp.Status)
+	}
+	// The turn runs (its session exists) when the binding moves.
+	waitFor(t, "the channel's session", 30*time.Second, func() bool {
+		var list struct {
+			Sessions []map[string]any `json:"sessions"`
+		}
+		_ = json.Unmarshal(v.call("session/list", map[string]any{}), &list)
+		for _, sess := range list.Sessions {
+			if id, _ := sess["session_id"].(string); strings.HasPrefix(id, "chan_") {
+				return true
+			}
+		}
+		return false
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := lis.Addr().String()
+	lis.Close()
+	v.call("config/set", map[string]any{"prop": "channels.plugin.web.listen", "value": moved})
+	running(listen)
+	waitFor(t, "the answer of the cut turn", 60*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(replies) > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if replies[0] != "answered after the rebind" {
+		t.Fatalf("replies %q, want the cut turn's answer", replies)
 	}
 }

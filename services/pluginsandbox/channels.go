@@ -135,6 +135,13 @@ type binding struct {
 	wg       sync.WaitGroup
 	log      *zap.Logger
 
+	// handover is set, before the binding stops, when a binding of the
+	// same plugin takes over its queue and backlog (a rebind): a turn
+	// the stop cuts then goes back to the backlog, to be delivered
+	// again by the next binding, rather than being answered with a
+	// notice to send it again.
+	handover atomic.Bool
+
 	mu     sync.Mutex
 	state  string
 	reason string
@@ -176,8 +183,10 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 			failed[alias] = reason
 		}
 		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || state == channelFailed || clashes[alias] != "" {
+			handover := ok && w.Plugin == cur.cfg.Plugin
+			cur.handover.Store(handover)
 			cur.stop()
-			if ok && w.Plugin == cur.cfg.Plugin {
+			if handover {
 				kept[alias] = cur
 			}
 			delete(bd.bound, alias)
@@ -659,7 +668,15 @@ func (d *deliveries) work(conv string) {
 		}
 		msg := msgs[0]
 		d.mu.Unlock()
-		d.s.deliver(d.ctx, d.b, msg)
+		if !d.s.deliver(d.ctx, d.b, msg) {
+			// The binding's stop cut the turn and the next binding
+			// takes the backlog over: msg stays at its
+			// conversation's head (remainder), to be delivered again.
+			d.mu.Lock()
+			d.running--
+			d.mu.Unlock()
+			return
+		}
 		d.mu.Lock()
 		msgs = d.convs[conv]
 		msgs[0] = nil
@@ -713,19 +730,28 @@ func (b *binding) notice(msg *wasmhost.ChannelMessage, text string) {
 }
 
 // deliver hands one message to the session of its conversation and sends
-// the turn's answer back through the channel. The session id derives from
-// the binding (alias, plugin and agent) and the message's thread (or
-// sender), so every replica picks the same session for one conversation.
+// the turn's answer back through the channel. It reports false, having
+// told the sender nothing, when the binding's stop cut the delivery
+// before the agent answered and a binding of the same plugin takes the
+// backlog over (handover): the message is that binding's to deliver
+// again. The sender was answered 202, and a rebind told it to send the
+// message again, which a webhook or a chat service's sender cannot do;
+// at least once beats at most once here, as in whenAvailable: a turn
+// cut while it ran may have done some of its work already.
+//
+// The session id derives from the binding (alias, plugin and agent) and
+// the message's thread (or sender), so every replica picks the same
+// session for one conversation.
 // The agent is part of it because the session service resumes a session
 // with the agent it was created for: without it, a channel rebound to
 // another agent kept answering every known thread with the old one, and
 // its tools.
-func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelMessage) {
+func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelMessage) bool {
 	s.observe(abi.ObserverChannelReceived, map[string]string{"channel": b.cfg.Alias, "plugin": b.cfg.Plugin, "message_id": msg.ID})
 	log := b.log.With(zap.String("message_id", msg.ID))
 	if s.cfg.Sessions == nil {
 		log.Warn("channel message dropped: no session service")
-		return
+		return true
 	}
 	conv := conversation(msg)
 	to := msg.ReplyTarget
@@ -736,16 +762,22 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	// reason stays in the log: it may name the operator's agents and
 	// sessions.
 	notify := func(text string) { b.notice(msg, text) }
-	// unanswered tells why a session did not answer. The binding's stop
-	// (an unbind, a rebind, the sandbox's shutdown) cuts its turns in
-	// flight: their notices were suppressed with the stop, so the
-	// sender, told 202, never heard of its message again.
-	unanswered := func() {
+	// unanswered tells why a session did not answer, and reports
+	// whether the message is done with. The binding's stop (an unbind,
+	// a rebind, the sandbox's shutdown) cuts its turns in flight: their
+	// notices were suppressed with the stop, so the sender, told 202,
+	// never heard of its message again. A rebind hands them over.
+	unanswered := func() bool {
 		if ctx.Err() != nil {
+			if b.handover.Load() {
+				log.Info("channel message cut by the binding's stop; the next binding delivers it again")
+				return false
+			}
 			notify(cutShort)
-			return
+			return true
 		}
 		notify(noAnswer)
+		return true
 	}
 	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + b.cfg.Agent + "\x00" + conv))
 	sessionID := "chan_" + hex.EncodeToString(sum[:16])
@@ -759,8 +791,7 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		return err
 	}); err != nil {
 		log.Warn("channel message: no session", zap.Error(err))
-		unanswered()
-		return
+		return unanswered()
 	}
 	var resp *sessionv1.PromptResponse
 	if err := whenAvailable(ctx, log, func() (err error) {
@@ -768,8 +799,7 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		return err
 	}); err != nil {
 		log.Warn("channel message: prompt failed", zap.String("session_id", sessionID), zap.Error(err))
-		unanswered()
-		return
+		return unanswered()
 	}
 	log.Info("channel message handed to a session", zap.String("session_id", sessionID), zap.Stringer("outcome", resp.GetOutcome()))
 	answer := strings.TrimSpace(resp.GetContent())
@@ -778,20 +808,25 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		case sessionv1.TurnOutcome_TURN_OUTCOME_FAILED:
 			notify("This message got no answer: the agent's turn failed.")
 		case sessionv1.TurnOutcome_TURN_OUTCOME_CANCELLED:
+			if ctx.Err() != nil {
+				// Cancelled because the stop ended the call.
+				return unanswered()
+			}
 			notify("This message got no answer: the agent's turn was cancelled.")
 		}
-		return
+		return true
 	}
 	if to == "" {
-		return
+		return true
 	}
 	// b.sends, not ctx: an answer the turn gave goes out though the
 	// binding stops meanwhile.
 	if err := b.ch.Send(b.sends, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: answer, ThreadID: msg.ThreadID}); err != nil {
 		log.Warn("channel reply failed", zap.String("session_id", sessionID), zap.Error(err))
-		return
+		return true
 	}
 	s.observe(abi.ObserverChannelSent, map[string]string{"channel": b.cfg.Alias, "plugin": b.cfg.Plugin, "session_id": sessionID})
+	return true
 }
 
 // noAnswer is the notice for a message the session service refused.

@@ -301,8 +301,9 @@ func TestChannelRebindKeepsQueuedMessages(t *testing.T) {
 	for len(got) == 0 || got[len(got)-1] != "m4" {
 		got = append(got, testwait.Recv(t, fs.prompts).prompt)
 	}
-	if strings.Join(got, " ") != "m2 m3 m4" {
-		t.Fatalf("prompts after the rebind: %v, want m2 m3 m4", got)
+	// m1, whose turn the rebind cut, is delivered again first.
+	if strings.Join(got, " ") != "m1 m2 m3 m4" {
+		t.Fatalf("prompts after the rebind: %v, want m1 m2 m3 m4", got)
 	}
 }
 
@@ -788,11 +789,11 @@ func TestChannelBacklogNoticesDoNotHoldThePoller(t *testing.T) {
 	}
 }
 
-// A turn in flight when its binding stops (a rebind, an unbind, the
-// sandbox's shutdown) is cut, and its sender is told so: the notice was
-// suppressed because the binding was stopping, and the sender, told 202,
-// heard nothing at all.
-func TestChannelTurnCutByARebindGetsANotice(t *testing.T) {
+// A turn in flight when its binding is removed (or the sandbox shuts
+// down) is cut, and its sender is told so: the notice was suppressed
+// because the binding was stopping, and the sender, told 202, heard
+// nothing at all.
+func TestChannelTurnCutByAnUnbindGetsANotice(t *testing.T) {
 	hook, replies := replyHook(t)
 	fs := newFakeSessions()
 	fs.holdFor["m1"] = make(chan struct{}) // runs until the binding stops
@@ -802,9 +803,44 @@ func TestChannelTurnCutByARebindGetsANotice(t *testing.T) {
 	if p := testwait.Recv(t, fs.prompts); p.prompt != "m1" {
 		t.Fatalf("first prompt %q", p.prompt)
 	}
-	bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "locked"})
+	bindChannels(t, ts)
 	r := testwait.Recv(t, replies)
 	if r["recipient"] != "ann" || r["thread_id"] != "A" || !strings.Contains(r["content"], "not answered") {
-		t.Fatalf("reply to a turn cut by a rebind: %v", r)
+		t.Fatalf("reply to a turn cut by an unbind: %v", r)
+	}
+}
+
+// A turn in flight when its binding is rebuilt for the same plugin (its
+// agent changed) is delivered again by the new binding, before the
+// conversation's later messages, and answered: the sender, answered 202,
+// was only told to send it again, which a webhook's sender cannot do,
+// and the message was lost.
+func TestChannelTurnCutByARebindIsDeliveredAgain(t *testing.T) {
+	hook, replies := replyHook(t)
+	fs := newFakeSessions()
+	fs.answer = true
+	cut := make(chan struct{})
+	fs.hold = cut // the first Prompt of m1 runs until the binding stops
+	ts := channelServerHook(t, fs, hook)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postThread(t, web.Listen, "A", "m1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "m1" || p.agent != "open" {
+		t.Fatalf("first prompt %q to %q", p.prompt, p.agent)
+	}
+	postThread(t, web.Listen, "A", "m2") // waits behind m1
+	testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
+		if n := pluginsandbox.ChannelPending(ts.Server, "web"); n != 2 {
+			return fmt.Errorf("%d messages polled and undelivered, want m1 and m2", n)
+		}
+		return nil
+	})
+	bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "locked"})
+	for _, want := range []string{"m1", "m2"} {
+		if p := testwait.Recv(t, fs.prompts); p.prompt != want || p.agent != "locked" {
+			t.Fatalf("prompt after the rebind %q to %q, want %s to locked", p.prompt, p.agent, want)
+		}
+		if r := testwait.Recv(t, replies); r["content"] != "re: "+want || r["thread_id"] != "A" {
+			t.Fatalf("reply after the rebind: %v, want the answer to %s", r, want)
+		}
 	}
 }
