@@ -144,6 +144,13 @@ func channelServer(t *testing.T, sessions sessionv1.SessionServiceClient) *testS
 // hook.
 func channelServerHook(t *testing.T, sessions sessionv1.SessionServiceClient, hook string, mut ...func(*pluginsandbox.Config)) *testServer {
 	t.Helper()
+	return channelServerLimits(t, sessions, hook, wasmhost.Limits{}, mut...)
+}
+
+// channelServerLimits is channelServerHook with a host of the limits lim
+// (all zero: the defaults).
+func channelServerLimits(t *testing.T, sessions sessionv1.SessionServiceClient, hook string, lim wasmhost.Limits, mut ...func(*pluginsandbox.Config)) *testServer {
+	t.Helper()
 	dir := t.TempDir()
 	installExample(t, dir, "webhook")
 	cfg := &wasmhost.MemoryConfig{}
@@ -151,7 +158,7 @@ func channelServerHook(t *testing.T, sessions sessionv1.SessionServiceClient, ho
 	// The hook is on loopback, which a plugin reaches only when allowed.
 	ctx := context.Background()
 	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(),
-		HTTP: wasmhost.HTTPLimits{AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
+		HTTP: wasmhost.HTTPLimits{AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -842,5 +849,53 @@ func TestChannelTurnCutByARebindIsDeliveredAgain(t *testing.T) {
 		if r := testwait.Recv(t, replies); r["content"] != "re: "+want || r["thread_id"] != "A" {
 			t.Fatalf("reply after the rebind: %v, want the answer to %s", r, want)
 		}
+	}
+}
+
+// A conversation whose reply endpoint hangs costs the others' replies
+// time, never the replies themselves: the plugin runs one call at a
+// time, and a call's plugins.limits.call_timeout_ms ran from when it
+// was asked for, its wait for the instance included, so a reply asked
+// for just after the hung one timed out with it, without running, and
+// was dropped with a log line though its sender had been answered 202.
+func TestChannelHungReplyEndpointDropsNoOtherReply(t *testing.T) {
+	hung, replies, done := make(chan string, 8), make(chan map[string]string, 8), make(chan struct{})
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		if body["thread_id"] == "A" {
+			// A's endpoint hangs until the plugin's call ends.
+			hung <- body["thread_id"]
+			select {
+			case <-done:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		replies <- body
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+	fs := newFakeSessions()
+	fs.answer = true
+	relA, relB := make(chan struct{}), make(chan struct{})
+	fs.holdFor["a1"], fs.holdFor["b1"] = relA, relB
+	lim := wasmhost.DefaultLimits()
+	lim.CallTimeoutMS = 2000
+	ts := channelServerLimits(t, fs, hook.URL, lim)
+	t.Cleanup(func() { close(done) }) // before the sandbox stops
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postThread(t, web.Listen, "A", "a1")
+	postThread(t, web.Listen, "B", "b1")
+	for range 2 {
+		testwait.Recv(t, fs.prompts)
+	}
+	close(relA)
+	if th := testwait.Recv(t, hung); th != "A" {
+		t.Fatalf("hung reply of %s, want A's", th)
+	}
+	close(relB) // b1's reply waits for the instance behind a1's
+	if r := testwait.Recv(t, replies); r["content"] != "re: b1" || r["thread_id"] != "B" {
+		t.Fatalf("reply %v, want b1's answer", r)
 	}
 }

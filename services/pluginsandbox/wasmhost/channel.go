@@ -124,13 +124,15 @@ func (c *Channel) reconfigure(ctx context.Context) error {
 	return decodeResult(abi.ExportChannelConfigure, out, nil)
 }
 
-// Send delivers one message through the plugin.
+// Send delivers one message through the plugin. It waits for the
+// instance (the plugin's other calls) as long as ctx allows; the call
+// itself runs within plugins.limits.call_timeout_ms.
 func (c *Channel) Send(ctx context.Context, info CallInfo, msg SendMessage) error {
 	arg, err := guestJSON(msg)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrABI, err)
 	}
-	out, err := c.r.call(ctx, abi.ExportChannelSend, arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	out, err := c.r.callAfterWait(ctx, abi.ExportChannelSend, arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
 	if err != nil {
 		return err
 	}
@@ -139,9 +141,10 @@ func (c *Channel) Send(ctx context.Context, info CallInfo, msg SendMessage) erro
 
 // PollMessage asks the plugin for its next message; the plugin drains the
 // inbound queue (inbound_poll, inbound_pending) to produce it. It returns
-// nil when there is none.
+// nil when there is none. Like Send, it waits for the instance within
+// ctx, and runs within the call limit.
 func (c *Channel) PollMessage(ctx context.Context, info CallInfo) (*ChannelMessage, error) {
-	out, err := c.r.call(ctx, abi.ExportChannelPollMessage, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	out, err := c.r.callAfterWait(ctx, abi.ExportChannelPollMessage, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
 	if err != nil {
 		return nil, err
 	}

@@ -102,6 +102,32 @@ func (r *resident) call(ctx context.Context, export string, arg []byte, span fra
 		return nil, err
 	}
 	defer r.releaseLock()
+	return r.callHeld(ctx, export, arg, span, rebuild)
+}
+
+// callAfterWait is call with the call deadline counted from when the
+// instance is free: the wait for it is bounded by ctx alone. A channel's
+// calls wait for one another (a reply behind a reply whose endpoint
+// hangs, a poll behind both): counted from the request, the wait ate the
+// budget, and a call asked for just after a hung one timed out with it
+// without running, so the channel dropped an answer it had. The wait is
+// still bounded: each call ahead runs within the limit, and the channel
+// has a bounded number of callers.
+func (r *resident) callAfterWait(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool) ([]byte, error) {
+	if r.h.closed.Load() {
+		return nil, ErrClosed
+	}
+	if err := r.acquireLock(ctx); err != nil {
+		return nil, err
+	}
+	defer r.releaseLock()
+	ctx, cancel := r.h.callContext(ctx)
+	defer cancel()
+	return r.callHeld(ctx, export, arg, span, rebuild)
+}
+
+// callHeld is call once the lock is held; ctx carries the call deadline.
+func (r *resident) callHeld(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool) ([]byte, error) {
 	if r.closed {
 		return nil, ErrClosed
 	}
