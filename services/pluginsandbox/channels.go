@@ -478,6 +478,9 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 		close(d.notices) // only the poller adds
 		<-notified
 		b.backlog = append(d.remainder(), seed...)
+		if !b.handover.Load() {
+			b.abandon()
+		}
 	}()
 	t := time.NewTicker(pollEvery)
 	defer t.Stop()
@@ -710,6 +713,40 @@ func (d *deliveries) pending() int {
 	defer d.mu.Unlock()
 	return d.held
 }
+
+// abandon tells the sender of every message the stopping binding still
+// holds (polled and waiting, or queued for the plugin) that it was not
+// delivered: no binding takes them over (the alias was removed or bound
+// to another plugin, or the sandbox stops), and they were dropped with
+// the binding without a word to senders answered 202. The notices share
+// the stop's grace (b.sends); what it leaves is logged.
+func (b *binding) abandon() {
+	msgs := b.backlog
+	b.backlog = nil
+	told := 0
+	for _, msg := range msgs {
+		if b.sends.Err() != nil {
+			break
+		}
+		b.notice(msg, notDelivered)
+		told++
+	}
+	info := wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}
+	for told == len(msgs) && b.sends.Err() == nil && b.inbound.Pending() > 0 {
+		msg, err := b.ch.PollMessage(b.sends, info)
+		if err != nil || msg == nil {
+			break
+		}
+		b.notice(msg, notDelivered)
+	}
+	if left := len(msgs) - told + b.inbound.Pending(); left > 0 {
+		b.log.Warn("channel messages dropped with their binding, their senders not told", zap.Int("messages", left))
+	}
+}
+
+// notDelivered is the notice for a message a stopping binding held and
+// no binding takes over.
+const notDelivered = "This message was not delivered: the channel was reconfigured or stopped before the agent read it; send it again."
 
 // notice answers msg with text through the plugin (a message that gets
 // no answer of the agent's: its sender was told 202). A binding that is

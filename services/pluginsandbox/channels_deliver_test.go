@@ -899,3 +899,38 @@ func TestChannelHungReplyEndpointDropsNoOtherReply(t *testing.T) {
 		t.Fatalf("reply %v, want b1's answer", r)
 	}
 }
+
+// A binding removed while it holds messages it answered 202 for (polled
+// and waiting behind a turn) tells each one's sender that it was not
+// delivered: they were dropped with the binding, without a word, since
+// no binding of the plugin takes them over.
+func TestChannelUnbindTellsTheSendersOfWaitingMessages(t *testing.T) {
+	hook, replies := replyHook(t)
+	fs := newFakeSessions()
+	fs.holdFor["m1"] = make(chan struct{}) // runs until the binding stops
+	ts := channelServerHook(t, fs, hook)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postThread(t, web.Listen, "A", "m1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "m1" {
+		t.Fatalf("first prompt %q", p.prompt)
+	}
+	postThread(t, web.Listen, "A", "m2")
+	postThread(t, web.Listen, "B", "m3") // waits for no one: answered
+	testwait.Recv(t, fs.prompts)
+	testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
+		if n := pluginsandbox.ChannelPending(ts.Server, "web"); n != 2 {
+			return fmt.Errorf("%d messages polled and undelivered, want m1 and m2", n)
+		}
+		return nil
+	})
+	bindChannels(t, ts)
+	got := map[string]string{}
+	for range 2 {
+		r := testwait.Recv(t, replies)
+		got[r["thread_id"]+" "+r["recipient"]] += r["content"] + "|"
+	}
+	a := got["A ann"]
+	if !strings.Contains(a, "not answered") || !strings.Contains(a, "not delivered") {
+		t.Fatalf("notices to ann on thread A after the unbind: %v, want m1's (not answered) and m2's (not delivered)", got)
+	}
+}
