@@ -144,8 +144,14 @@ func (l *turnLog) take() []cpEvent {
 	out := make([]cpEvent, len(l.pending))
 	for i, p := range l.pending {
 		out[i] = p.cpEvent
-		if p.data != nil {
+		switch {
+		case p.data == nil:
+		case p.Content == "":
 			out[i].Content = string(p.data)
+		default:
+			// A text event put back after a failed write holds its text
+			// as Content, and what was streamed since in data.
+			out[i].Content = p.Content + string(p.data)
 		}
 	}
 	l.pending, l.bytes = l.pending[:0], 0
