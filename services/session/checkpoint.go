@@ -106,7 +106,13 @@ func (l *turnLog) stream(step int, thought bool, text string) {
 	if n := len(l.pending); n > 0 && l.pending[n-1].Kind == kind && l.pending[n-1].Step == step {
 		l.pending[n-1].data = append(l.pending[n-1].data, text...)
 	} else {
-		l.pending = append(l.pending, pendingEvent{cpEvent: l.event(step, kind), data: []byte(text)})
+		// A slot a taken batch left keeps its text's buffer (see take):
+		// a stream's batches cost no buffer grown anew each time.
+		var buf []byte
+		if n < cap(l.pending) {
+			buf = l.pending[:n+1][n].data[:0]
+		}
+		l.pending = append(l.pending, pendingEvent{cpEvent: l.event(step, kind), data: append(buf, text...)})
 	}
 	l.bytes += len(text)
 	full := l.bytes >= l.cp.maxBytes
@@ -154,9 +160,24 @@ func (l *turnLog) take() []cpEvent {
 			out[i].Content = p.Content + string(p.data)
 		}
 	}
+	// Each slot keeps its text's buffer for the next batch, within
+	// maxKeptStreamBuffer, and nothing else: an event's strings (a tool's
+	// output) are not held until the slot is used again.
+	for i, p := range l.pending {
+		if cap(p.data) > maxKeptStreamBuffer {
+			p.data = nil
+		}
+		l.pending[i] = pendingEvent{data: p.data[:0]}
+	}
 	l.pending, l.bytes = l.pending[:0], 0
 	return out
 }
+
+// maxKeptStreamBuffer bounds the buffer a turn's log keeps for a slot's
+// streamed text between batches: a batch is written once it holds
+// DefaultCheckpointBytes, and a larger buffer (a long chunk's) goes to
+// the collector.
+const maxKeptStreamBuffer = 2 * DefaultCheckpointBytes
 
 // putBack returns events a failed write took, ahead of those added since.
 func (l *turnLog) putBack(evs []cpEvent) {
