@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -41,6 +42,14 @@ type checkpointer struct {
 	// mu guards logs: the turns that are running.
 	mu   sync.Mutex
 	logs map[*turnLog]struct{}
+
+	// Kept from one batch to the next, under writeMu (see flush): the
+	// running turns, their events taken, where each turn's end in them,
+	// and the statement's columns.
+	running []*turnLog
+	events  []cpEvent
+	ends    []int
+	cols    eventColumns
 
 	wake, urgent chan struct{}
 	stop         chan struct{}
@@ -144,21 +153,25 @@ func (l *turnLog) event(step int, kind string) cpEvent {
 }
 
 // take removes and returns the pending events.
-func (l *turnLog) take() []cpEvent {
+func (l *turnLog) take() []cpEvent { return l.takeInto(nil) }
+
+// takeInto removes the pending events and appends them to dst.
+func (l *turnLog) takeInto(dst []cpEvent) []cpEvent {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]cpEvent, len(l.pending))
-	for i, p := range l.pending {
-		out[i] = p.cpEvent
+	dst = slices.Grow(dst, len(l.pending))
+	for _, p := range l.pending {
+		e := p.cpEvent
 		switch {
 		case p.data == nil:
 		case p.Content == "":
-			out[i].Content = string(p.data)
+			e.Content = string(p.data)
 		default:
 			// A text event put back after a failed write holds its text
 			// as Content, and what was streamed since in data.
-			out[i].Content = p.Content + string(p.data)
+			e.Content = p.Content + string(p.data)
 		}
+		dst = append(dst, e)
 	}
 	// Each slot keeps its text's buffer for the next batch, within
 	// maxKeptStreamBuffer, and nothing else: an event's strings (a tool's
@@ -170,7 +183,7 @@ func (l *turnLog) take() []cpEvent {
 		l.pending[i] = pendingEvent{data: p.data[:0]}
 	}
 	l.pending, l.bytes = l.pending[:0], 0
-	return out
+	return dst
 }
 
 // maxKeptStreamBuffer bounds the buffer a turn's log keeps for a slot's
@@ -200,8 +213,9 @@ func (c *checkpointer) write(ctx context.Context, l *turnLog, also func(pgx.Tx) 
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	evs := l.take()
+	defer c.cols.reset()
 	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
-		if err := insertEvents(ctx, tx, evs); err != nil {
+		if err := c.cols.insert(ctx, tx, evs); err != nil {
 			return err
 		}
 		if also != nil {
@@ -265,47 +279,81 @@ func (c *checkpointer) anyFull() bool {
 // database, each turn's events are tried on their own, so one bad batch
 // cannot hold back the others; what still fails is dropped and logged.
 func (c *checkpointer) flush() {
-	c.mu.Lock()
-	logs := make([]*turnLog, 0, len(c.logs))
-	for l := range c.logs {
-		logs = append(logs, l)
-	}
-	c.mu.Unlock()
-
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	batches := make([][]cpEvent, len(logs))
-	var all []cpEvent
-	for i, l := range logs {
-		batches[i] = l.take()
-		all = append(all, batches[i]...)
-	}
+	logs, all := c.gather()
+	defer c.release()
 	if len(all) == 0 {
 		return
 	}
+	// batch is the events of logs[i] in all.
+	batch := func(i int) []cpEvent {
+		start := 0
+		if i > 0 {
+			start = c.ends[i-1]
+		}
+		return all[start:c.ends[i]:c.ends[i]]
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return insertEvents(ctx, tx, all) })
+	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return c.cols.insert(ctx, tx, all) })
 	if err == nil {
 		return
 	}
 	if pg.IsUnavailable(err) {
 		c.log.Warn("write checkpoint", zap.Int("events", len(all)), zap.Error(err))
 		for i, l := range logs {
-			l.putBack(batches[i])
+			l.putBack(batch(i))
 		}
 		return
 	}
 	for i, l := range logs {
-		if len(batches[i]) == 0 {
+		evs := batch(i)
+		if len(evs) == 0 {
 			continue
 		}
-		if err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return insertEvents(ctx, tx, batches[i]) }); err != nil {
+		if err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return c.cols.insert(ctx, tx, evs) }); err != nil {
 			c.log.Warn("checkpoint dropped", zap.String("session_id", l.sessionID), zap.String("turn_id", l.turnID),
-				zap.Int("events", len(batches[i])), zap.Error(err))
+				zap.Int("events", len(evs)), zap.Error(err))
 		}
 	}
 }
+
+// gather takes the pending events of every running turn into c.events,
+// each turn's ending at its c.ends; c.writeMu is held. A batch's slices
+// are the writer's, kept for the next batch (release), so that the
+// writer's every 100 ms costs no array a turn and none grown anew.
+func (c *checkpointer) gather() (logs []*turnLog, all []cpEvent) {
+	c.mu.Lock()
+	logs = c.running[:0]
+	for l := range c.logs {
+		logs = append(logs, l)
+	}
+	c.mu.Unlock()
+	all, ends := c.events[:0], c.ends[:0]
+	for _, l := range logs {
+		all = l.takeInto(all)
+		ends = append(ends, len(all))
+	}
+	c.running, c.events, c.ends = logs, all, ends
+	return logs, all
+}
+
+// release lets go of what a batch's kept slices hold (the turns, the
+// events' text), and of slices past maxKeptBatch; c.writeMu is held.
+func (c *checkpointer) release() {
+	clear(c.running)
+	clear(c.events)
+	c.cols.reset()
+	if cap(c.running) > maxKeptBatch || cap(c.events) > maxKeptBatch {
+		c.running, c.events, c.ends = nil, nil, nil
+	}
+}
+
+// maxKeptBatch bounds the turns and events whose slices the writer keeps
+// between batches: a batch of more (a burst of tool events, thousands of
+// turns) is laid out in slices the collector takes back.
+const maxKeptBatch = 4096
 
 // shutdown writes what is pending and stops the writer.
 func (c *checkpointer) shutdown() {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -47,28 +48,67 @@ type cpEvent struct {
 // longer exists, its session deleted while it unwound, are skipped: the
 // session's id may name another session by then.
 func insertEvents(ctx context.Context, q querier, evs []cpEvent) error {
+	var cols eventColumns
+	return cols.insert(ctx, q, evs)
+}
+
+// eventColumns are insertEvents' parameters, a slice a column; the
+// checkpoint writer keeps one from batch to batch.
+type eventColumns struct {
+	sid, turn, kind, surface, content, callID, tcID, name []string
+	seq                                                   []int64
+	step                                                  []int32
+}
+
+// insert is insertEvents laying evs out in c.
+func (c *eventColumns) insert(ctx context.Context, q querier, evs []cpEvent) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	n := len(evs)
-	sid, turn, kind, surface, content, callID, tcID, name := make([]string, n), make([]string, n), make([]string, n),
-		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	seq, step := make([]int64, n), make([]int32, n)
-	for i, e := range evs {
-		sid[i], seq[i], turn[i], step[i], kind[i] = e.SessionID, e.Seq, e.TurnID, int32(e.Step), e.Kind
-		surface[i], content[i], callID[i], tcID[i], name[i] = e.Surface, pgtext.Text(e.Content), pgtext.Text(e.CallID), e.ToolCallID, pgtext.Text(e.Name)
-	}
+	c.fill(evs)
 	_, err := q.Exec(ctx, `INSERT INTO checkpoint_events
 			(session_id, seq, turn_id, step, kind, interaction_surface, content, call_id, tool_call_id, name)
 		SELECT u.* FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
 			$8::text[], $9::text[], $10::text[]) AS u(session_id, seq, turn_id, step, kind, interaction_surface, content,
 			call_id, tool_call_id, name)
 		WHERE EXISTS (SELECT 1 FROM turns t WHERE t.turn_id = u.turn_id AND t.session_id = u.session_id)`,
-		sid, seq, turn, step, kind, surface, content, callID, tcID, name)
+		c.sid, c.seq, c.turn, c.step, c.kind, c.surface, c.content, c.callID, c.tcID, c.name)
 	if err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
 	return nil
+}
+
+// fill lays evs out in c's columns.
+func (c *eventColumns) fill(evs []cpEvent) {
+	n := len(evs)
+	strs := func(s []string) []string { return slices.Grow(s[:0], n) }
+	c.sid, c.turn, c.kind, c.surface = strs(c.sid), strs(c.turn), strs(c.kind), strs(c.surface)
+	c.content, c.callID, c.tcID, c.name = strs(c.content), strs(c.callID), strs(c.tcID), strs(c.name)
+	c.seq, c.step = slices.Grow(c.seq[:0], n), slices.Grow(c.step[:0], n)
+	for _, e := range evs {
+		c.sid = append(c.sid, e.SessionID)
+		c.seq = append(c.seq, e.Seq)
+		c.turn = append(c.turn, e.TurnID)
+		c.step = append(c.step, int32(e.Step))
+		c.kind = append(c.kind, e.Kind)
+		c.surface = append(c.surface, e.Surface)
+		c.content = append(c.content, pgtext.Text(e.Content))
+		c.callID = append(c.callID, pgtext.Text(e.CallID))
+		c.tcID = append(c.tcID, e.ToolCallID)
+		c.name = append(c.name, pgtext.Text(e.Name))
+	}
+}
+
+// reset lets go of the strings c holds (a longer fill's too: a batch
+// retried turn by turn fills fewer), and of columns past maxKeptBatch.
+func (c *eventColumns) reset() {
+	for _, col := range []*[]string{&c.sid, &c.turn, &c.kind, &c.surface, &c.content, &c.callID, &c.tcID, &c.name} {
+		clear((*col)[:cap(*col)])
+	}
+	if cap(c.sid) > maxKeptBatch {
+		*c = eventColumns{}
+	}
 }
 
 // nextEventSeq is the first free event number of a session: above every

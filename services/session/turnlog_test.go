@@ -1,10 +1,16 @@
 package session
 
 import (
+	"context"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
 )
 
 // newTestTurnLog is a turn's log whose writer never runs: take and
@@ -102,6 +108,81 @@ func BenchmarkTurnLogStream(b *testing.B) {
 		}
 		if evs := l.take(); len(evs) != 1 || len(evs[0].Content) != perBatch*len(chunk) {
 			b.Fatalf("batch %+v", evs)
+		}
+	}
+}
+
+// A batch the database could not take goes back to every turn's log,
+// each its own events in order, ahead of what was streamed since. The
+// writer lays batches out in slices it keeps and clears for the next
+// (gather, release): what is put back must be the events, not slices
+// of what was cleared.
+func TestFlushPutsEveryTurnsBatchBackWhenTheDatabaseIsDown(t *testing.T) {
+	db, err := pgxpool.New(context.Background(), "postgres://clawmesh@127.0.0.1:1/clawmesh?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	cp := &checkpointer{db: db, log: zap.NewNop(), maxBytes: DefaultCheckpointBytes, timeout: 5 * time.Second,
+		logs: map[*turnLog]struct{}{}, wake: make(chan struct{}, 1), urgent: make(chan struct{}, 1)}
+	var logs []*turnLog
+	want := map[*turnLog]string{}
+	for i := range 5 {
+		l := cp.open("s_"+strconv.Itoa(i), "t_"+strconv.Itoa(i), "cli", 1)
+		logs = append(logs, l)
+		for k := range 3 {
+			text := strconv.Itoa(i) + "." + strconv.Itoa(k) + " "
+			l.stream(0, false, text)
+			want[l] += text
+		}
+		l.add(cpEvent{Step: 0, Kind: eventToolCall, Content: "tool " + strconv.Itoa(i)})
+		want[l] += "tool " + strconv.Itoa(i)
+	}
+	cp.flush() // fails: nothing listens on port 1
+	cp.flush() // and again, with the batch put back
+	for i, l := range logs {
+		l.stream(1, false, "after")
+		evs := l.take()
+		if got := textOf(evs); got != want[l]+"after" {
+			t.Fatalf("turn %d: pending after failed writes %q, want %q", i, got, want[l]+"after")
+		}
+		for _, e := range evs {
+			if e.SessionID != l.sessionID || e.TurnID != l.turnID {
+				t.Fatalf("turn %d holds an event of another: %+v", i, e)
+			}
+		}
+	}
+}
+
+// The slices the writer keeps between batches hold nothing of the last
+// batch once it is written: no turn, no event's text, no column's
+// string, however many events a retry laid out after it.
+func TestWriterKeepsNoTextBetweenBatches(t *testing.T) {
+	cp := &checkpointer{maxBytes: DefaultCheckpointBytes, logs: map[*turnLog]struct{}{},
+		wake: make(chan struct{}, 1), urgent: make(chan struct{}, 1)}
+	for i := range 10 {
+		l := cp.open("s_"+strconv.Itoa(i), "t_"+strconv.Itoa(i), "cli", 1)
+		l.stream(0, false, "text of "+strconv.Itoa(i))
+		l.add(cpEvent{Kind: eventToolResult, Content: "output of " + strconv.Itoa(i)})
+	}
+	cp.writeMu.Lock()
+	logs, all := cp.gather()
+	if len(logs) != 10 || len(all) != 20 {
+		t.Fatalf("gathered %d turns and %d events, want 10 and 20", len(logs), len(all))
+	}
+	cp.cols.fill(all)
+	cp.cols.fill(all[:2]) // a turn retried alone
+	cp.release()
+	cp.writeMu.Unlock()
+	if slices.ContainsFunc(cp.running[:cap(cp.running)], func(l *turnLog) bool { return l != nil }) {
+		t.Error("the writer still holds a turn")
+	}
+	if slices.ContainsFunc(cp.events[:cap(cp.events)], func(e cpEvent) bool { return e != cpEvent{} }) {
+		t.Error("the writer still holds an event")
+	}
+	for _, col := range [][]string{cp.cols.sid, cp.cols.turn, cp.cols.kind, cp.cols.surface, cp.cols.content, cp.cols.callID, cp.cols.tcID, cp.cols.name} {
+		if slices.ContainsFunc(col[:cap(col)], func(s string) bool { return s != "" }) {
+			t.Fatalf("a column still holds a string: %q", col[:cap(col)])
 		}
 	}
 }
