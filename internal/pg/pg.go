@@ -118,6 +118,13 @@ func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 		if ctx.Err() != nil {
 			return
 		}
+		if err != nil && IsBusy(err) {
+			// The server answered: a statement cancel (pg_cancel_backend
+			// on every active backend, say) that reached the ping's
+			// backend is not an outage. Taken for one, it turned health
+			// NOT_SERVING until the next ping.
+			err = nil
+		}
 		if err != nil {
 			err = ErrUnavailable
 		}

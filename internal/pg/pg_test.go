@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/fstest"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/testenv"
@@ -258,6 +260,52 @@ func TestIsDiskFull(t *testing.T) {
 	} {
 		if got := pg.IsDiskFull(c.err); got != c.want {
 			t.Errorf("%s: IsDiskFull(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+	}
+}
+
+// A statement cancel that reaches the health ping's backend (the server
+// answers 57014, as pg_cancel_backend on every active backend makes it)
+// is an answer: Watch reports the database up. It reported it
+// unavailable, and the service was NOT_SERVING until the next ping.
+func TestWatchTakesACancelledPingForAnAnswer(t *testing.T) {
+	url := testenv.Postgres(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cancelling atomic.Bool
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if cancelling.Load() {
+			return true, &pgconn.PgError{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request"}
+		}
+		return true, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	cancelling.Store(true)
+	reports := make(chan error, 16)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go pg.Watch(wctx, pool, func(err error) {
+		select {
+		case reports <- err:
+		default:
+		}
+	})
+	for range 2 {
+		select {
+		case err := <-reports:
+			if err != nil {
+				t.Fatalf("a ping the server cancelled reported %v, want the database up", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("no report from Watch")
 		}
 	}
 }
