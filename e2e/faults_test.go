@@ -830,6 +830,83 @@ func TestStalledPostgresIsReplaced(t *testing.T) {
 		recovered.Sub(stopped).Round(time.Millisecond), liveness, restarts)
 }
 
+// PostgreSQL hung (SIGSTOP, postmaster and backends) for less than the
+// liveness limit: once health says a service's database is gone, a call
+// that needs it answers -32603 "<service>: database unavailable" at once,
+// and every method works again as soon as the server runs. Before, each
+// call waited its whole deadline (10 s) while health already said so,
+// and answered a timeout.
+func TestShortPostgresStallFailsCallsAtOnce(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{"--liveness-timeout", "5m"}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	session, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	postmaster := s.PIDOf("postgres")
+	if postmaster == 0 {
+		t.Fatalf("no postmaster among %v", s.PIDs())
+	}
+	hung := pgGroup(postmaster)
+	resume := sync.OnceFunc(func() {
+		for _, pid := range hung {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	t.Cleanup(resume)
+	for _, pid := range hung {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopped := time.Now()
+	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() error {
+		h, err := healthOf(c)
+		if err != nil {
+			return err
+		}
+		for _, name := range []string{"session", "config"} {
+			if comp := h[name]; comp.Status != "not_serving" || comp.LastError == nil || !strings.Contains(*comp.LastError, "database") {
+				return fmt.Errorf("%s: %s", name, comp.Status)
+			}
+		}
+		return nil
+	})
+	seen := time.Now()
+	for _, m := range []struct {
+		method string
+		params any
+	}{
+		{"session/list", map[string]any{}},
+		{"session/new", map[string]any{}},
+		{"config/set", map[string]any{"prop": "agents.default.model", "value": "during-the-stall"}},
+	} {
+		// A connection each: one whose call timed out is out of step.
+		cc := s.Dial(t)
+		if _, err := cc.Initialize(); err != nil {
+			t.Fatal(err)
+		}
+		// A bound on a hang, not a timing: each call waited 10 s before.
+		cc.Timeout = 8 * time.Second
+		start := time.Now()
+		_, err := cc.Call(m.method, m.params)
+		wantFailedAs(t, sample{what: m.method, err: err}, "database unavailable", "while PostgreSQL hung")
+		t.Logf("%s answered %v after %v", m.method, err, time.Since(start).Round(time.Millisecond))
+		cc.Close()
+	}
+	resume()
+	resumed := time.Now()
+	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() error {
+		return everyMethodWorks(c, session)
+	})
+	t.Logf("health saw the database gone %v after the stall; every method worked %v after it ended",
+		seen.Sub(stopped).Round(time.Millisecond), time.Since(resumed).Round(time.Millisecond))
+}
+
 // Statements PostgreSQL cancels (pg_cancel_backend here; a
 // statement_timeout or a deadlock victim is refused the same way) under
 // traffic: each call that fails says "<service>: database busy", a

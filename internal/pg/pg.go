@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/jackc/pgx/v5"
@@ -54,7 +55,7 @@ func Open(ctx context.Context, url, schema string, migrations fs.FS, log *zap.Lo
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.RuntimeParams["application_name"] = "clawmesh-" + schema
-	cfg.ConnConfig.Tracer = &writeTracer{w: new(Writes)}
+	cfg.ConnConfig.Tracer = &writeTracer{w: new(Writes), g: &gate{kick: make(chan struct{}, 1)}}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open pool: %w", err)
@@ -103,16 +104,46 @@ func waitReady(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
 // ping, not only changes, lets another observer (a request that failed)
 // mark the database down in between and Watch clear it once it answers.
 // The pool itself reconnects; Watch only makes the gap visible to health.
+//
+// On a pool made by Open, Watch also closes the pool to new work while
+// its last ping failed, or since a call found the database gone
+// (MarkUnavailable, which makes it ping at once): an acquisition fails
+// at once with ErrUnavailable instead of waiting its caller's whole
+// deadline on a server that does not answer (10 s a call, 5 s a
+// publish's sequence reservation, while health already said the
+// database was gone). Its own pings still go through, and the first
+// that is answered opens the pool again.
 func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
-	t := time.NewTicker(WatchInterval)
+	g := gateOf(pool)
+	var kick <-chan struct{}
+	if g != nil {
+		g.watchers.Add(1)
+		defer func() {
+			// Nobody would open it again.
+			if g.watchers.Add(-1) == 0 {
+				g.down.Store(false)
+			}
+		}()
+		kick = g.kick
+	}
+	t := time.NewTimer(WatchInterval)
 	defer t.Stop()
+	pingCtx := context.WithValue(ctx, watchPing{}, true)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-kick:
 		}
-		pctx, cancel := context.WithTimeout(ctx, WatchInterval)
+		if g != nil && g.down.Load() {
+			// Calls are refused until a ping is answered: ask often, so
+			// they are refused no longer than the database is away.
+			t.Reset(WatchRetry)
+		} else {
+			t.Reset(WatchInterval)
+		}
+		pctx, cancel := context.WithTimeout(pingCtx, WatchInterval)
 		err := pool.Ping(pctx)
 		cancel()
 		if ctx.Err() != nil {
@@ -128,12 +159,79 @@ func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 		if err != nil {
 			err = ErrUnavailable
 		}
+		if g != nil {
+			g.down.Store(err != nil)
+			if err != nil {
+				t.Reset(WatchRetry)
+			}
+		}
 		report(err)
 	}
 }
 
-// WatchInterval is how often Watch pings.
-const WatchInterval = time.Second
+// MarkUnavailable tells the pool's Watch that a call found the database
+// gone (a lost connection, a refused one): the pool takes no new work
+// until Watch's next ping is answered, and Watch pings at once, so a
+// database that answers (one backend was killed, say) is open again
+// within a round trip. It does nothing on a pool no Watch watches
+// (nothing would open it again), or made otherwise than by Open.
+func MarkUnavailable(pool *pgxpool.Pool) {
+	g := gateOf(pool)
+	if g == nil || g.watchers.Load() == 0 {
+		return
+	}
+	if !g.down.Swap(true) {
+		// Once per outage: the calls refused meanwhile fail as
+		// unavailable too, and would otherwise keep Watch pinging.
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// gate is a pool's state as Watch last saw it (see Watch).
+type gate struct {
+	down     atomic.Bool
+	watchers atomic.Int32
+	kick     chan struct{} // MarkUnavailable asks Watch to ping now
+}
+
+// watchPing marks the context of Watch's pings: they go through a
+// closed gate, to see when the database answers again.
+type watchPing struct{}
+
+func gateOf(pool *pgxpool.Pool) *gate {
+	if t, ok := pool.Config().ConnConfig.Tracer.(*writeTracer); ok {
+		return t.g
+	}
+	return nil
+}
+
+// errNotAsked is what an acquisition on a closed gate fails with.
+var errNotAsked = fmt.Errorf("%w (not asked: it did not answer the last check)", ErrUnavailable)
+
+// notAskedContext is done from the start, errNotAsked its error: given
+// to the pool's acquisition (TraceAcquireStart), it fails at once with
+// that error, before waiting for a connection or dialling one.
+type notAskedContext struct{ context.Context }
+
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+func (notAskedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (notAskedContext) Done() <-chan struct{}       { return closedDone }
+func (notAskedContext) Err() error                  { return errNotAsked }
+
+// WatchInterval is how often Watch pings, and WatchRetry how soon it
+// pings again while the pool refuses calls (see Watch).
+const (
+	WatchInterval = time.Second
+	WatchRetry    = 100 * time.Millisecond
+)
 
 // ErrUnavailable reports a database that does not answer.
 var ErrUnavailable = errors.New("database unavailable")

@@ -154,8 +154,23 @@ func WritesOf(pool *pgxpool.Pool) *Writes {
 
 // writeTracer raises a Writes count after each statement that may have
 // written (pgx.QueryTracer, and BatchTracer and CopyFromTracer for those
-// ways of writing).
-type writeTracer struct{ w *Writes }
+// ways of writing), and refuses acquisitions while the pool's gate is
+// closed (pgxpool.AcquireTracer; see Watch).
+type writeTracer struct {
+	w *Writes
+	g *gate
+}
+
+// TraceAcquireStart fails the acquisition at once while Watch holds the
+// database for gone, unless it is Watch's own ping.
+func (t *writeTracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	if t.g != nil && t.g.down.Load() && ctx.Value(watchPing{}) == nil {
+		return notAskedContext{ctx}
+	}
+	return ctx
+}
+
+func (t *writeTracer) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {}
 
 func (t *writeTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	return ctx

@@ -376,7 +376,12 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		env.OnClose(env.DB.Close)
 		env.Server.SetDependency(DepDatabase, nil)
 		env.Server.ClassifyError(func(err error) error {
-			return classifyDatabase(err, func(err error) { env.Server.SetDependency(DepDatabase, err) })
+			return classifyDatabase(err, func(err error) {
+				// Calls fail at once from here on, until the watch's
+				// ping (made now) is answered.
+				pg.MarkUnavailable(env.DB)
+				env.Server.SetDependency(DepDatabase, err)
+			})
 		})
 		env.Go(func() { pg.Watch(ctx, env.DB, func(err error) { env.Server.SetDependency(DepDatabase, err) }) })
 	}

@@ -1,0 +1,80 @@
+package pg_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/pg"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// A database that stops answering: once Watch has seen it gone, a call
+// fails at once as unavailable instead of waiting its whole deadline on
+// a connection nobody answers (each call took its 10 s, health already
+// saying the database was gone), and calls work again as soon as the
+// database answers, with no failure kept.
+func TestCallsFailAtOnceWhileTheDatabaseIsSeenGone(t *testing.T) {
+	url := testenv.Postgres(t)
+	r := testenv.RelayPostgres(t, url)
+	var stalled atomic.Bool
+	testenv.StartRelay(t, r.Path, r.Target, func() testenv.RelayHook {
+		return func(bool, []byte) bool {
+			for stalled.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+			return true
+		}
+	})
+	// Runs before the relay's Close: its goroutines must not wait on.
+	t.Cleanup(func() { stalled.Store(false) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, err := pg.Open(ctx, r.URL, "stall", nil, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var down atomic.Bool
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go pg.Watch(wctx, pool, func(err error) { down.Store(err != nil) })
+
+	stalled.Store(true)
+	stalledAt := time.Now()
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !down.Load() {
+			return errors.New("Watch has not seen the database gone")
+		}
+		return nil
+	})
+	seen := time.Now()
+	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = pool.Exec(callCtx, "SELECT 1")
+	callCancel()
+	if !errors.Is(err, pg.ErrUnavailable) || !pg.IsUnavailable(err) {
+		t.Fatalf("a call once the database was seen gone: %v, want %v", err, pg.ErrUnavailable)
+	}
+	t.Logf("seen gone %v after the stall; the call failed %v after that", seen.Sub(stalledAt).Round(time.Millisecond), time.Since(seen).Round(time.Millisecond))
+
+	stalled.Store(false)
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		_, err := pool.Exec(ctx, "SELECT 1")
+		return err
+	})
+	if down.Load() {
+		t.Error("a call worked again while health still said the database was gone")
+	}
+
+	// A call that finds the database gone says so before Watch does
+	// (MarkUnavailable, as the service frame does for such a call):
+	// Watch asks at once, and a database that answers is not kept for
+	// gone until the next tick.
+	pg.MarkUnavailable(pool)
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		_, err := pool.Exec(ctx, "SELECT 1")
+		return err
+	})
+}
