@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -101,6 +102,9 @@ func Connect(o Options) (*nats.Conn, error) {
 			o.OnState(err)
 		}
 	}
+	// Why the stall check reconnected: nats.go tells the disconnect it
+	// makes no error of its own, and "disconnected" said nothing.
+	var stalledWhy atomic.Pointer[error]
 	opts := []nats.Option{
 		nats.Name(o.Name),
 		nats.FlusherTimeout(WriteTimeout),
@@ -115,6 +119,9 @@ func Connect(o Options) (*nats.Conn, error) {
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil {
 				err = errors.New("disconnected")
+				if why := stalledWhy.Swap(nil); why != nil {
+					err = *why
+				}
 			}
 			o.Log.Warn("nats disconnected", zap.Error(err))
 			state(fmt.Errorf("bus disconnected: %w", err))
@@ -181,7 +188,52 @@ func Connect(o Options) (*nats.Conn, error) {
 	if !nc.IsConnected() {
 		state(errors.New("bus not connected yet"))
 	}
+	go watchStall(nc, func(err error) {
+		err = fmt.Errorf("server not answering: %w", err)
+		stalledWhy.Store(&err)
+		o.Log.Warn("nats server not answering, reconnecting", zap.Error(err))
+		state(fmt.Errorf("bus %w", err))
+	})
 	return nc, nil
+}
+
+// Stall check. nats.go's own pings (PingInterval, MaxPingsOut) take a
+// server that hangs (SIGSTOP, a frozen host) for gone only after 10 to
+// 15 s, and every call that waits on the bus meanwhile waits its whole
+// deadline (a subscription's flush, 10 s). Shorter pings would not do:
+// a pong comes behind everything the server has queued for the client,
+// and a busy client reading seconds behind would be cut off, its
+// subscriptions' messages lost. The check asks the server for a pong
+// every StallCheckEvery and takes it for hung only when the pong has not
+// come within StallTimeout and nothing at all came from it meanwhile: a
+// server that sends is alive, however far behind.
+const (
+	StallCheckEvery = 2 * time.Second
+	StallTimeout    = 3 * time.Second
+)
+
+// watchStall runs the stall check on nc until it is closed: a server
+// seen hung is reported through stalled, and nc reconnects, which fails
+// the flushes and requests waiting on it at once (nats.go clears them)
+// and has the calls that check the link refused until it is back.
+func watchStall(nc *nats.Conn, stalled func(error)) {
+	t := time.NewTicker(StallCheckEvery)
+	defer t.Stop()
+	for range t.C {
+		if nc.IsClosed() {
+			return
+		}
+		if !nc.IsConnected() {
+			continue
+		}
+		in := nc.Stats().InBytes
+		err := nc.FlushTimeout(StallTimeout)
+		if !errors.Is(err, nats.ErrTimeout) || nc.Stats().InBytes != in || !nc.IsConnected() {
+			continue
+		}
+		stalled(fmt.Errorf("no answer to a ping within %v", StallTimeout))
+		_ = nc.ForceReconnect()
+	}
 }
 
 // Publish publishes data on subject through nc. A publish that fails to

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -303,4 +304,60 @@ func TestReconnectBacksOffWhileServerIsDown(t *testing.T) {
 		return nil
 	})
 	t.Logf("reconnected %v after the server came back", time.Since(back).Round(time.Millisecond))
+}
+
+// A bus server that hangs while the connection is idle (nothing to
+// write, so no write fails) is taken for gone by the stall check: a
+// call waiting on it (a subscription's flush, 10 s as the gateway's) is
+// failed when it is seen, not at its own deadline, the bus is reported
+// down, and both come back once the server reads again. Before, only
+// nats.go's pings noticed, 10 to 15 s in: the flush waited its 10 s
+// and failed with a timeout while health still said serving.
+func TestHungServerIsSeenBeforeACallsDeadline(t *testing.T) {
+	u, err := url.Parse(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startStallProxy(t, u.Host)
+	var states stateLog
+	nc, err := Connect(Options{URL: p.url(), Name: "gateway", Log: zap.NewNop(), OnState: states.report})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	p.stalled.Store(true)
+	// The proxy's reader was already waiting: what it reads next still
+	// goes through, and it stops after.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = nc.FlushTimeout(10 * time.Second)
+	if err == nil || errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("a flush while the server hung: %v, want it failed once the server is seen hung, before its deadline", err)
+	}
+	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		last, up, _ := states.get()
+		if up || !strings.Contains(fmt.Sprint(last), "server not answering") {
+			return fmt.Errorf("the flush failed, the bus reported %v, want down: server not answering", last)
+		}
+		return nil
+	})
+	last, _, _ := states.get()
+	t.Logf("the flush failed after %v: %v; health: %v", time.Since(start).Round(time.Millisecond), err, last)
+
+	p.stalled.Store(false)
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if last, up, _ := states.get(); !up {
+			return fmt.Errorf("bus still reported down: %v", last)
+		}
+		return nil
+	})
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		t.Fatalf("a flush once the server answers again: %v", err)
+	}
 }
