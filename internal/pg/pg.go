@@ -126,6 +126,8 @@ func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 		}()
 		kick = g.kick
 	}
+	own := &pingConn{cfg: pool.Config().ConnConfig.Copy()}
+	defer own.close()
 	t := time.NewTimer(WatchInterval)
 	defer t.Stop()
 	pingCtx := context.WithValue(ctx, watchPing{}, true)
@@ -144,7 +146,7 @@ func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 			t.Reset(WatchInterval)
 		}
 		pctx, cancel := context.WithTimeout(pingCtx, WatchInterval)
-		err := pool.Ping(pctx)
+		err := own.ping(pctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -167,6 +169,53 @@ func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 		}
 		report(err)
 	}
+}
+
+// pingConn is Watch's own connection to the database, outside the pool.
+// Pinged through the pool, a ping waited for a free connection: a pool
+// whose every connection ran a long statement timed the ping out and was
+// taken for a database gone (health NOT_SERVING, and the gate refusing
+// every new call) while the database answered. One backend more a
+// process is the price of telling a busy pool from a silent server.
+type pingConn struct {
+	cfg  *pgx.ConnConfig
+	conn *pgx.Conn
+}
+
+// ping dials the connection if it has none and pings the server on it;
+// a connection that failed is dropped and dialled again next time (a
+// killed backend, a restarted server).
+func (p *pingConn) ping(ctx context.Context) error {
+	if p.conn == nil {
+		conn, err := pgx.ConnectConfig(ctx, p.cfg)
+		if err != nil {
+			return err
+		}
+		p.conn = conn
+	}
+	err := p.conn.Ping(ctx)
+	if err == nil && pingAnswer != nil {
+		err = pingAnswer()
+	}
+	if err != nil && !IsBusy(err) {
+		p.close()
+	}
+	return err
+}
+
+// pingAnswer, set by tests, is the error the server answers a ping it
+// took with: a statement cancel cannot be aimed at a one-statement ping.
+var pingAnswer func() error
+
+func (p *pingConn) close() {
+	if p.conn == nil {
+		return
+	}
+	// Bounded: the server may be the one not answering.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = p.conn.Close(ctx)
+	p.conn = nil
 }
 
 // MarkUnavailable tells the pool's Watch that a call found the database

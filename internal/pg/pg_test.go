@@ -270,34 +270,31 @@ func TestIsDiskFull(t *testing.T) {
 // unavailable, and the service was NOT_SERVING until the next ping.
 func TestWatchTakesACancelledPingForAnAnswer(t *testing.T) {
 	url := testenv.Postgres(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cancelling atomic.Bool
-	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
-		if cancelling.Load() {
-			return true, &pgconn.PgError{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request"}
-		}
-		return true, nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	cancelling.Store(true)
+	var answered atomic.Int32
+	pg.SetPingAnswer(t, func() error {
+		answered.Add(1)
+		return &pgconn.PgError{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request"}
+	})
 	reports := make(chan error, 16)
 	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go pg.Watch(wctx, pool, func(err error) {
-		select {
-		case reports <- err:
-		default:
-		}
-	})
+	watched := make(chan struct{})
+	defer func() { stop(); <-watched }()
+	go func() {
+		defer close(watched)
+		pg.Watch(wctx, pool, func(err error) {
+			select {
+			case reports <- err:
+			default:
+			}
+		})
+	}()
 	for range 2 {
 		select {
 		case err := <-reports:
@@ -307,5 +304,8 @@ func TestWatchTakesACancelledPingForAnAnswer(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("no report from Watch")
 		}
+	}
+	if answered.Load() == 0 {
+		t.Fatal("no ping was answered with the cancel")
 	}
 }

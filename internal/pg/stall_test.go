@@ -3,6 +3,7 @@ package pg_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -77,4 +78,63 @@ func TestCallsFailAtOnceWhileTheDatabaseIsSeenGone(t *testing.T) {
 		_, err := pool.Exec(ctx, "SELECT 1")
 		return err
 	})
+}
+
+// A pool whose every connection is busy on a long statement is not a
+// database gone: Watch's ping waited for a connection of the pool, timed
+// out after WatchInterval and closed the pool to new work, so a call
+// made while the statement ran failed "database unavailable" at once on
+// a database that answered all along (health had said NOT_SERVING
+// before the gate; with it the busy pool refused work). Watch pings on
+// a connection of its own.
+func TestBusyPoolIsNotADatabaseGone(t *testing.T) {
+	url := testenv.Postgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	pool, err := pg.Open(ctx, url+sep+"pool_max_conns=1", "busypool", nil, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var reports, downs atomic.Int32
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	defer func() { stopWatch(); <-watched }()
+	go func() {
+		defer close(watched)
+		pg.Watch(wctx, pool, func(err error) {
+			reports.Add(1)
+			if err != nil {
+				downs.Add(1)
+			}
+		})
+	}()
+
+	long := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, "SELECT pg_sleep(3.5)")
+		long <- err
+	}()
+	// Past Watch's first two pings, each of which waited its whole
+	// interval for the one connection before.
+	time.Sleep(2600 * time.Millisecond)
+	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = pool.Exec(callCtx, "SELECT 1")
+	callCancel()
+	if err != nil {
+		t.Fatalf("a call while the pool's one connection was busy: %v, want it served once the connection was free", err)
+	}
+	if err := <-long; err != nil {
+		t.Fatal(err)
+	}
+	if reports.Load() == 0 {
+		t.Fatal("Watch reported nothing")
+	}
+	if n := downs.Load(); n != 0 {
+		t.Fatalf("Watch reported the database gone %d times while it answered a long statement", n)
+	}
 }
