@@ -31,12 +31,38 @@ private clusters (root), the client socket, the health and version of
 every process of a running stack, and its plugins (the plugins folder's
 owner and modes, each plugin not loaded and why). --fix removes
 stale clusters. Exits 1 when a check fails.
+
+In a container of compose or deploy/k8s (CLAWMESH_CONFIG_ADDR or another
+CLAWMESH_*_ADDR set) it judges that deployment: the database and the
+config key are the services', the bus seed is CLAWMESH_NATS_SEED_FILE's,
+the data directory is a volume of the container, and the folders above
+the plugins folder are the sandbox's own, in its containers.
 `
 
 // doctor collects the results of the checks.
 type doctor struct {
 	out    io.Writer
 	failed int
+	// elsewhere names the environment variable that puts the services
+	// in other containers ("CLAWMESH_CONFIG_ADDR=config:50051"), as in
+	// compose and deploy/k8s, where doctor runs in a gateway's container:
+	// the database, the config key and the plugins' parent folders are
+	// theirs, not this data directory's. "" under clawmesh up.
+	elsewhere string
+}
+
+// peerAddrEnvs are the addresses the processes read to reach the
+// services (internal/service); any of them set means a deployment of
+// containers, not clawmesh up.
+var peerAddrEnvs = []string{"CLAWMESH_CONFIG_ADDR", "CLAWMESH_SESSION_ADDR", "CLAWMESH_UPLOAD_ADDR", "CLAWMESH_PLUGIN_ADDR", "CLAWMESH_DURABLE_ADDR"}
+
+func servicesElsewhere() string {
+	for _, env := range peerAddrEnvs {
+		if v := os.Getenv(env); v != "" {
+			return env + "=" + v
+		}
+	}
+	return ""
 }
 
 func (d *doctor) ok(check, detail string) { fmt.Fprintf(d.out, "ok    %-18s %s\n", check, detail) }
@@ -72,18 +98,20 @@ func doctorCmd(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d := &doctor{out: out}
+	d := &doctor{out: out, elsewhere: servicesElsewhere()}
 	d.binaries()
 	state := d.dataDir(dir)
 	if state == dirUsable {
 		d.diskSpace("disk space", dir)
-		if cluster := pgcluster.Dir(dir); cluster != "" && os.Getenv("DATABASE_URL") == "" {
+		if cluster := pgcluster.Dir(dir); cluster != "" && os.Getenv("DATABASE_URL") == "" && d.elsewhere == "" {
 			d.diskSpace("database disk", cluster)
 		}
-		d.privateFile("secret key", datadir.SecretKey(dir), "created by the config service at its first start")
-		for _, r := range bus.Roles {
-			d.privateFile("bus credential", bus.SeedFile(dir, r), "created by clawmesh up at its start")
+		if _, err := os.Lstat(datadir.SecretKey(dir)); d.elsewhere != "" && os.IsNotExist(err) {
+			d.note("secret key", "kept by the config service in its own container ("+d.elsewhere+")")
+		} else {
+			d.privateFile("secret key", datadir.SecretKey(dir), "created by the config service at its first start")
 		}
+		d.busCredentials(dir)
 	}
 	d.staleClusters(dir, *fix)
 	socket := sf.socket
@@ -104,6 +132,12 @@ func doctorCmd(args []string, out io.Writer) error {
 func (d *doctor) binaries() {
 	if os.Getenv("DATABASE_URL") != "" {
 		d.ok("postgres", "DATABASE_URL is set: the stack uses that server")
+		return
+	}
+	if d.elsewhere != "" {
+		// No process here runs PostgreSQL or needs its binaries: the
+		// services that use the database say below whether they reach it.
+		d.note("postgres", "the services run in other containers ("+d.elsewhere+"): the database is theirs, and their health below says whether they reach it")
 		return
 	}
 	bin, err := pgcluster.Binaries()
@@ -138,6 +172,9 @@ func (d *doctor) dataDir(dir string) dirState {
 		return dirUnusable
 	}
 	st, _ := fi.Sys().(*syscall.Stat_t)
+	if fi.IsDir() && d.elsewhere != "" {
+		return d.containerDataDir(dir, fi, st)
+	}
 	switch {
 	case !fi.IsDir():
 		d.fail("data directory", dir+" is not a directory", "move it away, or pick another --config-dir")
@@ -152,6 +189,67 @@ func (d *doctor) dataDir(dir string) dirState {
 		d.ok("data directory", dir+" (0700, yours)")
 	}
 	return dirUsable
+}
+
+// containerDataDir judges a container's data directory. Its owner and
+// mode are the volume's (Kubernetes makes an emptyDir 0777 and root's,
+// and the process cannot chmod it), and it holds none of the stack's
+// secrets, which the services keep in their own containers: said, not
+// failed. That this uid cannot use it is a failure still: clawmesh plugin
+// install and the gateway's files go there.
+func (d *doctor) containerDataDir(dir string, fi fs.FileInfo, st *syscall.Stat_t) dirState {
+	if err := syscall.Access(dir, 0o7); err != nil { // R_OK|W_OK|X_OK
+		d.fail("data directory", fmt.Sprintf("%s: uid %d cannot read and write it: %v", dir, os.Geteuid(), err),
+			"give the volume to the container's uid (fsGroup in Kubernetes, the setup service in compose)")
+		return dirUnusable
+	}
+	if st != nil && (int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 != 0) {
+		d.note("data directory", fmt.Sprintf("%s is uid %d's, mode %04o: a volume of this container (an emptyDir is 0777 and root's); the services keep their secrets in their own containers (%s)",
+			dir, st.Uid, fi.Mode().Perm(), d.elsewhere))
+		return dirUsable
+	}
+	d.ok("data directory", dir+" (yours)")
+	return dirUsable
+}
+
+// busCredentials checks the bus seeds the processes connect with: the
+// one CLAWMESH_NATS_SEED_FILE (or CLAWMESH_NATS_SEED) gives this
+// container's processes, as compose and deploy/k8s do with an external
+// NATS, else every role's in the data directory, which clawmesh up makes.
+func (d *doctor) busCredentials(dir string) {
+	if os.Getenv(bus.EnvSeed) != "" {
+		d.ok("bus credential", bus.EnvSeed+" is set")
+		return
+	}
+	if path := os.Getenv(bus.EnvSeedFile); path != "" {
+		d.seedFile(path)
+		return
+	}
+	for _, r := range bus.Roles {
+		d.privateFile("bus credential", bus.SeedFile(dir, r), "created by clawmesh up at its start")
+	}
+}
+
+// seedFile checks the seed a container's processes read: there, not
+// made by anyone at start, so a missing or unreadable one is a failure.
+// Its group may read it (a Kubernetes Secret mounted 0440 for the
+// pod's fsGroup); others may not.
+func (d *doctor) seedFile(path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		d.fail("bus credential", bus.EnvSeedFile+": "+err.Error(), "mount the role's seed there (clawmesh bus init writes them)")
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		d.fail("bus credential", err.Error(), "")
+	case fi.Mode().Perm()&0o007 != 0:
+		d.fail("bus credential", fmt.Sprintf("%s is mode %04o: other accounts read it", path, fi.Mode().Perm()), "chmod o-rwx "+path+" (defaultMode 0440 on a Secret)")
+	default:
+		d.ok("bus credential", fmt.Sprintf("%s (%04o, readable here)", path, fi.Mode().Perm()))
+	}
 }
 
 // minFreeBytes is the free space below which the disk of the data
@@ -343,11 +441,20 @@ func (d *doctor) plugins(c *rpcclient.Client) {
 		d.note("plugins", "plugins.enabled is false: none load")
 		return
 	}
-	if _, err := os.Stat(l.PluginsDir); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(l.PluginsDir); errors.Is(err, fs.ErrNotExist) && d.elsewhere != "" {
+		d.note("plugins", l.PluginsDir+" is not in this container: the sandbox's containers hold it, and check it")
+		return
+	} else if errors.Is(err, fs.ErrNotExist) {
 		d.note("plugins", l.PluginsDir+" does not exist yet: clawmesh plugin install creates it")
 		return
 	}
-	if err := trust.CheckPluginsDir(l.PluginsDir); err != nil {
+	if err := trust.CheckPluginsDir(l.PluginsDir); err != nil && d.elsewhere != "" && trust.CheckPluginsDirItself(l.PluginsDir) == nil {
+		// The sandbox runs in containers of its own, where the folders
+		// above this one are not these (in deploy/k8s its /data is the
+		// image's 0700, this pod's an emptyDir): the plugins folder
+		// itself is the part both see.
+		d.note("plugins", "the folders above "+l.PluginsDir+" are checked by the sandbox in its own containers, not here ("+err.Error()+"); its log says \"plugins dir refused\" if they fail there")
+	} else if err != nil {
 		d.fail("plugins", "no plugin loads: "+err.Error(), "make it and the folders above it yours (or root's) and chmod go-w them")
 		return
 	}

@@ -43,6 +43,25 @@ func CheckPluginsDir(dir string) error {
 	return nil
 }
 
+// CheckPluginsDirItself checks the plugins folder alone, not the folders
+// above it: where it is checked from another container than the
+// sandbox's (clawmesh doctor in a gateway's pod), those folders are not
+// the ones the sandbox sees above it.
+func CheckPluginsDirItself(dir string) error {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Lstat(real)
+	if err != nil {
+		return err
+	}
+	if err := pathcheck.Owned(real, fi, inside); err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrusted, err)
+	}
+	return nil
+}
+
 // CheckPluginFolder checks a plugin's folder and everything in it. Links
 // are not followed (the loader refuses them where it reads), so their own
 // bits do not matter.
