@@ -19,7 +19,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
 )
 
-const chatUsage = `usage: clawmesh chat [--agent ALIAS] [--session ID] [--token T] [--config-dir DIR] [--socket PATH]
+const chatUsage = `usage: clawmesh chat [--agent ALIAS] [--session ID] [--token T] [--config-dir DIR] [--socket PATH] [--wait DURATION]
 
 A terminal client: opens (or, with --session, resumes: it must exist) a
 session and sends each line you type as a prompt. The agent's text
@@ -28,7 +28,9 @@ their own lines. Approvals are asked inline: answer o (allow once), a
 (always) or r (reject). Ctrl-C cancels the running turn; Ctrl-C at the
 prompt, /quit or end of input leaves; a lost connection ends chat with
 how to resume. Input that is not a terminal is read line by line the same
-way, so chat can be scripted.
+way, so chat can be scripted. --wait waits that long for a stack to
+listen on the socket (a container started beside its gateway) before
+it gives up.
 `
 
 // codeSessionNotFound is docs/spec.md's SESSION_NOT_FOUND.
@@ -41,6 +43,7 @@ func chatCmd(args []string, in io.Reader, out io.Writer) error {
 	sf.register(fs)
 	agent := fs.String("agent", "default", "agent alias of a new session")
 	session := fs.String("session", "", "resume this session instead of opening a new one")
+	wait := fs.Duration("wait", 0, "wait up to this long for a stack to listen on the socket (0: fail at once)")
 	rest, err := parseArgs(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		usageOf(out, chatUsage, fs)
@@ -52,7 +55,10 @@ func chatCmd(args []string, in io.Reader, out io.Writer) error {
 	if len(rest) > 0 {
 		return usageErrorf("chat: unexpected argument %q", rest[0])
 	}
-	c, err := sf.dialWith(map[string]any{"elicitation": map[string]any{}})
+	if *wait < 0 {
+		return usageErrorf("chat: --wait %s: a duration of 0 or more", *wait)
+	}
+	c, err := sf.dialWait(map[string]any{"elicitation": map[string]any{}}, *wait)
 	if err != nil {
 		return err
 	}

@@ -328,8 +328,18 @@ func (d *doctor) staleClusters(dir string, fix bool) {
 // version of every process.
 func (d *doctor) stack(socket string, sf *socketFlags) {
 	fi, err := os.Lstat(socket)
+	// In a container the socket is its gateway's, which clawmesh up
+	// does not start.
+	start := "clawmesh up (or make up)"
+	if d.elsewhere != "" {
+		start = "start the gateway that serves it (its container's log says why it is not up)"
+	}
 	if errors.Is(err, fs.ErrNotExist) {
-		d.fail("socket", socket+" does not exist: no stack runs on this data directory", "clawmesh up (or make up)")
+		if d.elsewhere != "" {
+			d.fail("socket", socket+" does not exist: no gateway listens there", start)
+			return
+		}
+		d.fail("socket", socket+" does not exist: no stack runs on this data directory", start)
 		return
 	}
 	if err != nil {
@@ -346,6 +356,10 @@ func (d *doctor) stack(socket string, sf *socketFlags) {
 	sf.socket = socket
 	c, err := sf.dial()
 	if err != nil {
+		if d.elsewhere != "" {
+			d.fail("socket", err.Error(), start)
+			return
+		}
 		d.fail("socket", err.Error(), "clawmesh up, or see <data>/logs/gateway.log")
 		return
 	}

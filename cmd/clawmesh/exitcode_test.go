@@ -82,7 +82,9 @@ func TestNoStackNamesTheFix(t *testing.T) {
 	}{
 		{[]string{"status", "--config-dir", none}, "no stack listens on " + sock + ": start one with `clawmesh up --config-dir " + none + "`"},
 		{[]string{"config", "get", "--config-dir", none}, "`clawmesh up --config-dir " + none + "`"},
-		{[]string{"call", "status", "--socket", sock}, "no stack listens on " + sock + ": start one with `clawmesh up`"},
+		// A socket named explicitly is a gateway's that up does not start
+		// there (a container's, compose's): that gateway is named, not up.
+		{[]string{"call", "status", "--socket", sock}, "no stack listens on " + sock + " (named by --socket): start the gateway that serves it"},
 	} {
 		_, stderr, code := runCLI(t, tc.args...)
 		lines := strings.Split(strings.TrimSpace(stderr), "\n")

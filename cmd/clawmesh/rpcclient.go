@@ -43,8 +43,12 @@ func (f *socketFlags) dial() (*rpcclient.Client, error) { return f.dialWith(nil)
 // dialWith connects and initializes, advertising capabilities (nil for
 // none).
 func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, error) {
-	path, up := f.socket, "clawmesh up"
+	path, up, named := f.socket, "clawmesh up", "--socket"
 	if path == "" {
+		named = ""
+		if os.Getenv("ZEROCLAW_SOCKET") != "" {
+			named = "ZEROCLAW_SOCKET"
+		}
 		dir, err := datadir.Resolve(f.dir)
 		if err != nil {
 			return nil, err
@@ -56,7 +60,7 @@ func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, 
 	}
 	c, err := rpcclient.Dial(path)
 	if err != nil {
-		return nil, noStack(path, up, err)
+		return nil, noStack(path, up, named, err)
 	}
 	c.Timeout = 60 * time.Second
 	params := map[string]any{"protocol_version": 1}
@@ -89,12 +93,42 @@ func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, 
 // named no fix. No socket file, or one nothing listens on (a stack
 // that was killed), is a stack to start, with up, the command that
 // starts one on this data directory; anything else (a socket of another
-// user's) is said as it is.
-func noStack(path, up string, err error) error {
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("is the stack running? no stack listens on %s: start one with `%s`, or point at the one that runs with --config-dir or --socket (%w)", path, up, err)
+// user's) is said as it is. A socket named explicitly (named: --socket or
+// ZEROCLAW_SOCKET) is served by a gateway up does not start there, or
+// not only (a container's, compose's ./run/daemon.sock): it names that
+// gateway, not up.
+func noStack(path, up, named string, err error) error {
+	if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("is the stack running? %w", err)
 	}
-	return fmt.Errorf("is the stack running? %w", err)
+	if named != "" {
+		return fmt.Errorf("is the stack running? no stack listens on %s (named by %s): start the gateway that serves it, or point at another with --socket (%w)", path, named, err)
+	}
+	return fmt.Errorf("is the stack running? no stack listens on %s: start one with `%s`, or point at the one that runs with --config-dir or --socket (%w)", path, up, err)
+}
+
+// waitPoll is how often dialWait tries the socket again.
+const waitPoll = 200 * time.Millisecond
+
+// dialWait is dialWith that, while no stack listens on the socket yet,
+// tries again for up to wait: a client container starts beside its
+// gateway (deploy/k8s/examples/client.yaml) and may run first, and
+// failing at once made it exit 1 and restart under a growing backoff.
+// Any other failure (a socket it may not open, initialize refused) is
+// not a gateway still starting, and returns at once.
+func (f *socketFlags) dialWait(capabilities map[string]any, wait time.Duration) (*rpcclient.Client, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		c, err := f.dialWith(capabilities)
+		if err == nil || wait <= 0 || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED)) {
+			return c, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("waited %s (--wait): %w", wait, err)
+		}
+		time.Sleep(min(waitPoll, left))
+	}
 }
 
 // cliError shows a daemon's error object as a person reads it.
