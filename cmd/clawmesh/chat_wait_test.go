@@ -58,3 +58,17 @@ func TestChatWaitGivesUp(t *testing.T) {
 		t.Fatalf("chat --wait with no gateway: exit %d, stderr %q", code, stderr)
 	}
 }
+
+// A container that gives the socket alone (ZEROCLAW_SOCKET) and no $HOME
+// reaches its gateway: chat resolved a data directory it does not use
+// first and failed with "home directory: $HOME is not defined".
+func TestNamedSocketNeedsNoHome(t *testing.T) {
+	t.Setenv("ZEROCLAW_SOCKET", fakeStack(t))
+	for _, env := range []string{"HOME", "ZEROCLAW_CONFIG_DIR", "ZEROCLAW_DATA_DIR"} {
+		t.Setenv(env, "")
+	}
+	stdout, stderr, code := runCLI(t, "chat")
+	if code != 0 || !strings.HasPrefix(stdout, "session sess_new ") {
+		t.Fatalf("chat with ZEROCLAW_SOCKET and no $HOME: exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+}

@@ -45,10 +45,13 @@ func (f *socketFlags) dial() (*rpcclient.Client, error) { return f.dialWith(nil)
 func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, error) {
 	path, up, named := f.socket, "clawmesh up", "--socket"
 	if path == "" {
+		path, named = os.Getenv("ZEROCLAW_SOCKET"), "ZEROCLAW_SOCKET"
+	}
+	// A named socket needs no data directory: resolving one failed a
+	// container that gives the socket alone and no $HOME ("home
+	// directory: $HOME is not defined").
+	if path == "" {
 		named = ""
-		if os.Getenv("ZEROCLAW_SOCKET") != "" {
-			named = "ZEROCLAW_SOCKET"
-		}
 		dir, err := datadir.Resolve(f.dir)
 		if err != nil {
 			return nil, err
