@@ -196,8 +196,9 @@ func TestBusDownRefusesSessionCallsAtOnce(t *testing.T) {
 		t.Fatalf("the refused prompt ran a turn: %s", raw)
 	}
 
-	// Back: c, which follows a session, is closed (its updates may have
-	// been lost meanwhile); a new connection makes and prompts sessions.
+	// Back: a new connection makes and prompts sessions. (c stays open:
+	// the session it follows published nothing meanwhile; see
+	// TestBusBackBetweenTurnsKeepsFollowers.)
 	b.start()
 	testenv.Eventually(t, 15*time.Second, 100*time.Millisecond, func() error {
 		c, err := e2e.Dial(b.s.Socket)
@@ -256,4 +257,62 @@ func TestBusLostMidTurnHealsThePhonesPane(t *testing.T) {
 		return nil
 	})
 	t.Logf("the pane showed the ended turn %v after its end", time.Since(ended).Round(time.Millisecond))
+}
+
+// The bus server restarts between two turns of a session, nothing
+// published while it was down: the gateway asks the session service for
+// the session's last update seq, finds it is the last the connection
+// following the session received, and keeps the connection open; its
+// next prompt streams a whole turn. Before, every connection following a
+// session was closed at every reconnect of the gateway's bus link, a
+// blip with nothing lost included.
+func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
+	t.Parallel()
+	b := startOnExternalBus(t)
+	c := b.s.Dial(t)
+	c.Timeout = 60 * time.Second
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	session, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := updateKinds{}
+	onUpdates(c, kinds, make(chan struct{}, 1))
+	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two"}); err != nil {
+		t.Fatal(err)
+	}
+
+	b.shutdown()
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, inHealth, _, err := gatewayWord(c)
+		if err != nil {
+			return err
+		}
+		if inHealth != "not_serving" {
+			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
+		}
+		return nil
+	})
+	b.start()
+	// The gateway tells when its check after the reconnect found the
+	// session's stream whole.
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		log := readLog(t, b.s, "gateway")
+		if strings.Contains(log, "closing connection: session updates may have been lost") {
+			t.Fatalf("the gateway closed the connection following a session that lost nothing:\n%s", log)
+		}
+		if !strings.Contains(log, "lost no update: their followers stay") {
+			return errors.New("the gateway has not logged its check after the reconnect")
+		}
+		return nil
+	})
+	clear(kinds)
+	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say three four five"}); err != nil {
+		t.Fatalf("the connection following the session, after the bus came back: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
+	}
+	if kinds["agent_message_chunk"] != 3 || kinds["turn_complete"] != 1 {
+		t.Fatalf("the next turn streamed %v", kinds)
+	}
 }

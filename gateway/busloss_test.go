@@ -32,9 +32,24 @@ type lossRig struct {
 	idleClient        net.Conn
 	pub               *bus.SessionUpdatePublisher
 	sessionID, turnID string
+
+	h *hub
+	// seqs answers the hub's UpdateSeqs from what the rig published; nil,
+	// the hub has no session service to ask.
+	seqs *fakeSeqs
+	// checks has a value each time a reconnect's check is done.
+	checks chan struct{}
+	open   func(name string) (*connState, net.Conn)
 }
 
 func newLossRig(t *testing.T, url string) *lossRig {
+	t.Helper()
+	return newLossRigOn(t, url, nil)
+}
+
+// newLossRigOn is newLossRig whose hub asks seqs, when not nil, after a
+// reconnect.
+func newLossRigOn(t *testing.T, url string, seqs *fakeSeqs) *lossRig {
 	t.Helper()
 	log := testenv.Logger(t)
 	// The bus connections log through a logger of their own: nats.go
@@ -51,9 +66,20 @@ func newLossRig(t *testing.T, url string) *lossRig {
 	t.Cleanup(pubnc.Close)
 
 	g := &Gateway{log: log}
-	h := newHub(gwnc, log)
+	var ask updateSeqsFunc
+	if seqs != nil {
+		ask = seqs.UpdateSeqs
+	}
+	h := newHub(gwnc, log, ask)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &lossRig{t: t, gwnc: gwnc, pubnc: pubnc, sessionID: ids.New("s-"), turnID: ids.New("t-")}
+	r := &lossRig{t: t, gwnc: gwnc, pubnc: pubnc, sessionID: ids.New("s-"), turnID: ids.New("t-"),
+		h: h, seqs: seqs, checks: make(chan struct{}, 16)}
+	h.checked = func() {
+		select {
+		case r.checks <- struct{}{}:
+		default:
+		}
+	}
 	open := func(name string) (*connState, net.Conn) {
 		server, client := unixPair(t)
 		conn := jsonrpc.NewConn(server, nil, jsonrpc.Options{InitializeTimeout: -1, Logger: log})
@@ -63,6 +89,7 @@ func newLossRig(t *testing.T, url string) *lossRig {
 		g.spawn(cs.outbox.run)
 		return cs, client
 	}
+	r.open = open
 	r.follower, r.followerClient = open("follower")
 	r.idle, r.idleClient = open("idle")
 	t.Cleanup(func() {
@@ -92,12 +119,21 @@ func newLossRig(t *testing.T, url string) *lossRig {
 // publish publishes the session's update seq; turn_complete when last.
 // A publish may fail while the bus is down: the update is lost.
 func (r *lossRig) publish(seq int64, last bool) {
+	r.publishOn(r.pub, r.sessionID, seq, last)
+}
+
+// publishOn publishes update seq of the session sessionID with pub, and
+// tells r.seqs its number.
+func (r *lossRig) publishOn(pub *bus.SessionUpdatePublisher, sessionID string, seq int64, last bool) {
 	typ, wire := busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, "agent_message_chunk"
 	if last {
 		typ, wire = busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE, "turn_complete"
 	}
-	body := fmt.Sprintf(`{"session_id":%q,"seq":%d,"type":%q,"turn_id":%q}`, r.sessionID, seq, wire, r.turnID)
-	if err := r.pub.Publish(typ, seq, []byte(body)); err != nil {
+	body := fmt.Sprintf(`{"session_id":%q,"seq":%d,"type":%q,"turn_id":%q}`, sessionID, seq, wire, r.turnID)
+	if r.seqs != nil {
+		r.seqs.published(sessionID, seq)
+	}
+	if err := pub.Publish(typ, seq, []byte(body)); err != nil {
 		r.t.Logf("publish %d: %v", seq, err)
 	}
 }

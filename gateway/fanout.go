@@ -25,8 +25,18 @@ type hub struct {
 	nc  *nats.Conn
 	log *zap.Logger
 
+	// seqs asks the session service for the last update seq of
+	// sessions (its UpdateSeqs) when the bus link comes back (see
+	// reconnected); nil, every connection following a session is closed
+	// then.
+	seqs updateSeqsFunc
+	// checked, when set (by a test, before the hub is used), is called
+	// once a reconnect's check has settled every session.
+	checked func()
+
 	mu     sync.Mutex
 	topics map[string]*topic // by session id, of its latest incarnation
+	drops  int64             // how many times the bus link was seen down
 }
 
 // topic is one session's subscription. Its own lock orders delivery, so
@@ -49,8 +59,14 @@ type topic struct {
 	// The gateway follows a session before it prompts it, so that the
 	// turn's first chunk is not missed; a prompt refused SESSION_BUSY was
 	// sent the running turn's updates meanwhile, someone else's turn.
-	muted   map[*connState]struct{}
+	muted map[*connState]struct{}
+	// lastSeq is the seq of the last update received, 0 before any. It
+	// is kept across a reconnect of the bus link: reconnected compares it
+	// with the session service's, and dispatch a later update with it.
 	lastSeq int64
+	// dropSeq is lastSeq when the bus link was last seen down, the drop
+	// numbered dropGen (hub.drops): see disconnected.
+	dropSeq, dropGen int64
 }
 
 // has reports whether cs follows t.
@@ -62,10 +78,18 @@ func (t *topic) has(cs *connState) bool {
 }
 
 // newHub returns the hub of the gateway's bus connection nc. It adds its
-// own to nc's reconnect handler: see reconnected.
-func newHub(nc *nats.Conn, log *zap.Logger) *hub {
-	h := &hub{nc: nc, log: log, topics: map[string]*topic{}}
+// own to nc's disconnect and reconnect handlers: see disconnected and
+// reconnected, which asks seqs.
+func newHub(nc *nats.Conn, log *zap.Logger, seqs updateSeqsFunc) *hub {
+	h := &hub{nc: nc, log: log, seqs: seqs, topics: map[string]*topic{}}
 	if nc != nil {
+		prevDown := nc.DisconnectErrHandler()
+		nc.SetDisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if prevDown != nil {
+				prevDown(nc, err)
+			}
+			h.disconnected()
+		})
 		prev := nc.ReconnectHandler()
 		nc.SetReconnectHandler(func(nc *nats.Conn) {
 			if prev != nil {
@@ -75,28 +99,6 @@ func newHub(nc *nats.Conn, log *zap.Logger) *hub {
 		})
 	}
 	return h
-}
-
-// reconnected closes every connection that follows a session: while the
-// bus connection was down, updates published meanwhile went nowhere, and
-// a connection is never fed a stream with a hole in it. A hole the
-// stream would not show (the turn's last update, its turn_complete,
-// lost) is why it is done here and not left to dispatch's check of seq.
-// Connections that follow nothing stay open.
-func (h *hub) reconnected() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for id, t := range h.topics {
-		t.mu.Lock()
-		// The stream's place is not known across the outage: the next
-		// update starts it again, for connections that attach from now.
-		t.lastSeq = 0
-		for cs := range t.conns {
-			cs.outbox.cut("closing connection: session updates may have been lost while the bus was disconnected",
-				zap.String("session_id", id))
-		}
-		t.mu.Unlock()
-	}
 }
 
 // turnLost closes the connections that follow the session when cs, one

@@ -81,7 +81,7 @@ func fanoutInOrder(t *testing.T, pair func(testing.TB) (net.Conn, net.Conn), big
 
 	const conns, sessions, updates = 4, 6, 300
 	g := &Gateway{log: zap.NewNop()}
-	h := newHub(nc, zap.NewNop())
+	h := newHub(nc, zap.NewNop(), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	var states []*connState
 	defer func() {
@@ -220,7 +220,7 @@ func fanoutInOrder(t *testing.T, pair func(testing.TB) (net.Conn, net.Conn), big
 func BenchmarkFanOut(b *testing.B) {
 	server, client := unixPair(b)
 	g := &Gateway{log: zap.NewNop()}
-	h := newHub(nil, zap.NewNop())
+	h := newHub(nil, zap.NewNop(), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	conn := jsonrpc.NewConn(server, nil, jsonrpc.Options{InitializeTimeout: -1, Logger: zap.NewNop()})
 	g.spawn(func() { _ = conn.Run(ctx) })
@@ -302,7 +302,7 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	h := newHub(nc, zap.NewNop())
+	h := newHub(nc, zap.NewNop(), nil)
 	id := ids.New("s-")
 	before, err := bus.SessionUpdateSubject(id, 7)
 	if err != nil {

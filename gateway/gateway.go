@@ -218,7 +218,11 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	}
 	g.statusFixed = encodeStatusFixed(g.version, cfg.DataDir, cfg.Socket)
 	g.initSharedReads()
-	g.hub = newHub(g.nats, g.log)
+	var seqs updateSeqsFunc
+	if g.session != nil {
+		seqs = g.session.UpdateSeqs
+	}
+	g.hub = newHub(g.nats, g.log, seqs)
 	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
 		g.Close()
 		return nil, fmt.Errorf("subscribe restarts: %w", err)

@@ -68,7 +68,7 @@ func TestNewSessionNotFollowedIsUndone(t *testing.T) {
 		t.Cleanup(nc.Close)
 		fake := &busGoneOnNew{gone: srv.Shutdown, created: created}
 		_, socket := runGateway(t, fake, 30*time.Second, func(g *Gateway) {
-			g.nats, g.hub = nc, newHub(nc, zap.NewNop())
+			g.nats, g.hub = nc, newHub(nc, zap.NewNop(), nil)
 		})
 		c := dialInitialized(t, socket)
 		_, err = c.Call("session/new", map[string]any{})

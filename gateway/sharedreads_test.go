@@ -68,7 +68,7 @@ func runGateway(t *testing.T, session sessionv1.SessionServiceServer, callTimeou
 		cfg: Config{Socket: socket, Drain: time.Second, EphemeralGrace: time.Second, Log: log}, log: log,
 		limits: configclient.RPCLimits{MaxFrameBytes: 1 << 20, InitializeTimeout: 10 * time.Second, FrameTimeout: 10 * time.Second,
 			WriteStallTimeout: 10 * time.Second, MaxConnections: 64, CallTimeout: callTimeout},
-		started: time.Now(), nats: nc, hub: newHub(nc, log),
+		started: time.Now(), nats: nc, hub: newHub(nc, log, nil),
 		monitor: newMonitor(time.Hour, log), states: map[*jsonrpc.Conn]*connState{}, ln: ln,
 		config:  configv1.NewConfigServiceClient(serveFake(t, func(s *grpc.Server) { configv1.RegisterConfigServiceServer(s, fakeConfig{}) })),
 		session: sessionv1.NewSessionServiceClient(serveFake(t, func(s *grpc.Server) { sessionv1.RegisterSessionServiceServer(s, session) })),

@@ -1955,6 +1955,167 @@ func (x *AttachResponse) GetSubject() string {
 	return ""
 }
 
+type UpdateSeqsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sessions are the sessions asked about, at most 1000.
+	Sessions      []*SessionIncarnation `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSeqsRequest) Reset() {
+	*x = UpdateSeqsRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSeqsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSeqsRequest) ProtoMessage() {}
+
+func (x *UpdateSeqsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSeqsRequest.ProtoReflect.Descriptor instead.
+func (*UpdateSeqsRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *UpdateSeqsRequest) GetSessions() []*SessionIncarnation {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+// SessionIncarnation names one session: its id and the incarnation its
+// update subject names.
+type SessionIncarnation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Incarnation   int64                  `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionIncarnation) Reset() {
+	*x = SessionIncarnation{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionIncarnation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionIncarnation) ProtoMessage() {}
+
+func (x *SessionIncarnation) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionIncarnation.ProtoReflect.Descriptor instead.
+func (*SessionIncarnation) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SessionIncarnation) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SessionIncarnation) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+type UpdateSeqsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// seqs holds one number for each of the request's sessions, in its
+	// order: the seq of the session's last update (0: none yet), counting
+	// numbers given to updates the bus refused, and the number skipped for
+	// updates lost for want of a reservation; -1 when it is not known (the
+	// session is gone, or of another incarnation now, or its sequence was
+	// not read from the database).
+	Seqs []int64 `protobuf:"varint,1,rep,packed,name=seqs,proto3" json:"seqs,omitempty"`
+	// flushed is set when every update up to seqs had reached the bus
+	// server before the answer; unset, some may still be in the session
+	// service's bus connection's buffer (its link is down), to go out when
+	// it is back.
+	Flushed       bool `protobuf:"varint,2,opt,name=flushed,proto3" json:"flushed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSeqsResponse) Reset() {
+	*x = UpdateSeqsResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSeqsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSeqsResponse) ProtoMessage() {}
+
+func (x *UpdateSeqsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSeqsResponse.ProtoReflect.Descriptor instead.
+func (*UpdateSeqsResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *UpdateSeqsResponse) GetSeqs() []int64 {
+	if x != nil {
+		return x.Seqs
+	}
+	return nil
+}
+
+func (x *UpdateSeqsResponse) GetFlushed() bool {
+	if x != nil {
+		return x.Flushed
+	}
+	return false
+}
+
 type ConnectionClosedRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ConnectionId  string                 `protobuf:"bytes,1,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
@@ -1964,7 +2125,7 @@ type ConnectionClosedRequest struct {
 
 func (x *ConnectionClosedRequest) Reset() {
 	*x = ConnectionClosedRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[25]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2137,7 @@ func (x *ConnectionClosedRequest) String() string {
 func (*ConnectionClosedRequest) ProtoMessage() {}
 
 func (x *ConnectionClosedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[25]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2150,7 @@ func (x *ConnectionClosedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionClosedRequest.ProtoReflect.Descriptor instead.
 func (*ConnectionClosedRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ConnectionClosedRequest) GetConnectionId() string {
@@ -2008,7 +2169,7 @@ type ConnectionClosedResponse struct {
 
 func (x *ConnectionClosedResponse) Reset() {
 	*x = ConnectionClosedResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[26]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2181,7 @@ func (x *ConnectionClosedResponse) String() string {
 func (*ConnectionClosedResponse) ProtoMessage() {}
 
 func (x *ConnectionClosedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[26]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2194,7 @@ func (x *ConnectionClosedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionClosedResponse.ProtoReflect.Descriptor instead.
 func (*ConnectionClosedResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ConnectionClosedResponse) GetCancelledTurns() int32 {
@@ -2061,7 +2222,7 @@ type CheckUploadRequest struct {
 
 func (x *CheckUploadRequest) Reset() {
 	*x = CheckUploadRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2234,7 @@ func (x *CheckUploadRequest) String() string {
 func (*CheckUploadRequest) ProtoMessage() {}
 
 func (x *CheckUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2247,7 @@ func (x *CheckUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckUploadRequest.ProtoReflect.Descriptor instead.
 func (*CheckUploadRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CheckUploadRequest) GetPrincipal() *v1.Principal {
@@ -2132,7 +2293,7 @@ type CheckUploadResponse struct {
 
 func (x *CheckUploadResponse) Reset() {
 	*x = CheckUploadResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2305,7 @@ func (x *CheckUploadResponse) String() string {
 func (*CheckUploadResponse) ProtoMessage() {}
 
 func (x *CheckUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2318,7 @@ func (x *CheckUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckUploadResponse.ProtoReflect.Descriptor instead.
 func (*CheckUploadResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CheckUploadResponse) GetGeneration() int64 {
@@ -2212,7 +2373,7 @@ type StoreFileRequest struct {
 
 func (x *StoreFileRequest) Reset() {
 	*x = StoreFileRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2385,7 @@ func (x *StoreFileRequest) String() string {
 func (*StoreFileRequest) ProtoMessage() {}
 
 func (x *StoreFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2398,7 @@ func (x *StoreFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreFileRequest.ProtoReflect.Descriptor instead.
 func (*StoreFileRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StoreFileRequest) GetPrincipal() *v1.Principal {
@@ -2326,7 +2487,7 @@ type StoreFileResponse struct {
 
 func (x *StoreFileResponse) Reset() {
 	*x = StoreFileResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2499,7 @@ func (x *StoreFileResponse) String() string {
 func (*StoreFileResponse) ProtoMessage() {}
 
 func (x *StoreFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2512,7 @@ func (x *StoreFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreFileResponse.ProtoReflect.Descriptor instead.
 func (*StoreFileResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StoreFileResponse) GetFile() *FileEntry {
@@ -2374,7 +2535,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2547,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2560,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FileEntry) GetRefId() string {
@@ -2448,7 +2609,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2460,7 +2621,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2473,7 +2634,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatusRequest) GetPrincipal() *v1.Principal {
@@ -2499,7 +2660,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2511,7 +2672,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2524,7 +2685,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatusResponse) GetActiveSessions() int64 {
@@ -2575,7 +2736,7 @@ type ApprovalView struct {
 
 func (x *ApprovalView) Reset() {
 	*x = ApprovalView{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2748,7 @@ func (x *ApprovalView) String() string {
 func (*ApprovalView) ProtoMessage() {}
 
 func (x *ApprovalView) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2761,7 @@ func (x *ApprovalView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalView.ProtoReflect.Descriptor instead.
 func (*ApprovalView) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ApprovalView) GetRequestId() string {
@@ -2711,7 +2872,7 @@ type SessionView struct {
 
 func (x *SessionView) Reset() {
 	*x = SessionView{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +2884,7 @@ func (x *SessionView) String() string {
 func (*SessionView) ProtoMessage() {}
 
 func (x *SessionView) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +2897,7 @@ func (x *SessionView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionView.ProtoReflect.Descriptor instead.
 func (*SessionView) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SessionView) GetSession() *Session {
@@ -2796,7 +2957,7 @@ type ListSessionViewsRequest struct {
 
 func (x *ListSessionViewsRequest) Reset() {
 	*x = ListSessionViewsRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2808,7 +2969,7 @@ func (x *ListSessionViewsRequest) String() string {
 func (*ListSessionViewsRequest) ProtoMessage() {}
 
 func (x *ListSessionViewsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2821,7 +2982,7 @@ func (x *ListSessionViewsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionViewsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionViewsRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListSessionViewsRequest) GetPrincipal() *v1.Principal {
@@ -2864,7 +3025,7 @@ type ListSessionViewsResponse struct {
 
 func (x *ListSessionViewsResponse) Reset() {
 	*x = ListSessionViewsResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2876,7 +3037,7 @@ func (x *ListSessionViewsResponse) String() string {
 func (*ListSessionViewsResponse) ProtoMessage() {}
 
 func (x *ListSessionViewsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2889,7 +3050,7 @@ func (x *ListSessionViewsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionViewsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionViewsResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListSessionViewsResponse) GetViews() []*SessionView {
@@ -2916,7 +3077,7 @@ type GetSessionViewRequest struct {
 
 func (x *GetSessionViewRequest) Reset() {
 	*x = GetSessionViewRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2928,7 +3089,7 @@ func (x *GetSessionViewRequest) String() string {
 func (*GetSessionViewRequest) ProtoMessage() {}
 
 func (x *GetSessionViewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2941,7 +3102,7 @@ func (x *GetSessionViewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionViewRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionViewRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetSessionViewRequest) GetPrincipal() *v1.Principal {
@@ -2967,7 +3128,7 @@ type GetSessionViewResponse struct {
 
 func (x *GetSessionViewResponse) Reset() {
 	*x = GetSessionViewResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2979,7 +3140,7 @@ func (x *GetSessionViewResponse) String() string {
 func (*GetSessionViewResponse) ProtoMessage() {}
 
 func (x *GetSessionViewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2992,7 +3153,7 @@ func (x *GetSessionViewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionViewResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionViewResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetSessionViewResponse) GetView() *SessionView {
@@ -3015,7 +3176,7 @@ type TranscriptMessage struct {
 
 func (x *TranscriptMessage) Reset() {
 	*x = TranscriptMessage{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3188,7 @@ func (x *TranscriptMessage) String() string {
 func (*TranscriptMessage) ProtoMessage() {}
 
 func (x *TranscriptMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3201,7 @@ func (x *TranscriptMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptMessage.ProtoReflect.Descriptor instead.
 func (*TranscriptMessage) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TranscriptMessage) GetIndex() int64 {
@@ -3087,7 +3248,7 @@ type TranscriptRequest struct {
 
 func (x *TranscriptRequest) Reset() {
 	*x = TranscriptRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3099,7 +3260,7 @@ func (x *TranscriptRequest) String() string {
 func (*TranscriptRequest) ProtoMessage() {}
 
 func (x *TranscriptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3112,7 +3273,7 @@ func (x *TranscriptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptRequest.ProtoReflect.Descriptor instead.
 func (*TranscriptRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TranscriptRequest) GetPrincipal() *v1.Principal {
@@ -3155,7 +3316,7 @@ type TranscriptResponse struct {
 
 func (x *TranscriptResponse) Reset() {
 	*x = TranscriptResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3167,7 +3328,7 @@ func (x *TranscriptResponse) String() string {
 func (*TranscriptResponse) ProtoMessage() {}
 
 func (x *TranscriptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3180,7 +3341,7 @@ func (x *TranscriptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptResponse.ProtoReflect.Descriptor instead.
 func (*TranscriptResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *TranscriptResponse) GetSessionId() string {
@@ -3215,7 +3376,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3227,7 +3388,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3240,7 +3401,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetApprovalRequest) GetPrincipal() *v1.Principal {
@@ -3273,7 +3434,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3285,7 +3446,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3298,7 +3459,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetApprovalResponse) GetApproval() *ApprovalView {
@@ -3325,7 +3486,7 @@ type StartTurnRequest struct {
 
 func (x *StartTurnRequest) Reset() {
 	*x = StartTurnRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3337,7 +3498,7 @@ func (x *StartTurnRequest) String() string {
 func (*StartTurnRequest) ProtoMessage() {}
 
 func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3350,7 +3511,7 @@ func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTurnRequest.ProtoReflect.Descriptor instead.
 func (*StartTurnRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StartTurnRequest) GetPrincipal() *v1.Principal {
@@ -3391,7 +3552,7 @@ type StartTurnResponse struct {
 
 func (x *StartTurnResponse) Reset() {
 	*x = StartTurnResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +3564,7 @@ func (x *StartTurnResponse) String() string {
 func (*StartTurnResponse) ProtoMessage() {}
 
 func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +3577,7 @@ func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTurnResponse.ProtoReflect.Descriptor instead.
 func (*StartTurnResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StartTurnResponse) GetSessionId() string {
@@ -3444,7 +3605,7 @@ type CancelTurnRequest struct {
 
 func (x *CancelTurnRequest) Reset() {
 	*x = CancelTurnRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3456,7 +3617,7 @@ func (x *CancelTurnRequest) String() string {
 func (*CancelTurnRequest) ProtoMessage() {}
 
 func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3469,7 +3630,7 @@ func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTurnRequest.ProtoReflect.Descriptor instead.
 func (*CancelTurnRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CancelTurnRequest) GetPrincipal() *v1.Principal {
@@ -3507,7 +3668,7 @@ type CancelTurnResponse struct {
 
 func (x *CancelTurnResponse) Reset() {
 	*x = CancelTurnResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3519,7 +3680,7 @@ func (x *CancelTurnResponse) String() string {
 func (*CancelTurnResponse) ProtoMessage() {}
 
 func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3532,7 +3693,7 @@ func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTurnResponse.ProtoReflect.Descriptor instead.
 func (*CancelTurnResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CancelTurnResponse) GetSessionId() string {
@@ -3706,7 +3867,16 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x0eAttachResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x18\n" +
-	"\asubject\x18\x02 \x01(\tR\asubject\">\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\"X\n" +
+	"\x11UpdateSeqsRequest\x12C\n" +
+	"\bsessions\x18\x01 \x03(\v2'.clawmesh.session.v1.SessionIncarnationR\bsessions\"U\n" +
+	"\x12SessionIncarnation\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x03R\vincarnation\"B\n" +
+	"\x12UpdateSeqsResponse\x12\x12\n" +
+	"\x04seqs\x18\x01 \x03(\x03R\x04seqs\x12\x18\n" +
+	"\aflushed\x18\x02 \x01(\bR\aflushed\">\n" +
 	"\x17ConnectionClosedRequest\x12#\n" +
 	"\rconnection_id\x18\x01 \x01(\tR\fconnectionId\"C\n" +
 	"\x18ConnectionClosedResponse\x12'\n" +
@@ -3876,7 +4046,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x17APPROVAL_STATUS_PENDING\x10\x01\x12\x1b\n" +
 	"\x17APPROVAL_STATUS_DECIDED\x10\x02\x12\x1d\n" +
 	"\x19APPROVAL_STATUS_TIMED_OUT\x10\x03\x12\x1d\n" +
-	"\x19APPROVAL_STATUS_CANCELLED\x10\x042\xfe\x0e\n" +
+	"\x19APPROVAL_STATUS_CANCELLED\x10\x042\xdd\x0f\n" +
 	"\x0eSessionService\x12]\n" +
 	"\n" +
 	"NewSession\x12&.clawmesh.session.v1.NewSessionRequest\x1a'.clawmesh.session.v1.NewSessionResponse\x12Q\n" +
@@ -3890,7 +4060,9 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x04Kill\x12 .clawmesh.session.v1.KillRequest\x1a!.clawmesh.session.v1.KillResponse\x12Q\n" +
 	"\x06Delete\x12\".clawmesh.session.v1.DeleteRequest\x1a#.clawmesh.session.v1.DeleteResponse\x12Q\n" +
 	"\x06Attach\x12\".clawmesh.session.v1.AttachRequest\x1a#.clawmesh.session.v1.AttachResponse\x12o\n" +
-	"\x10ConnectionClosed\x12,.clawmesh.session.v1.ConnectionClosedRequest\x1a-.clawmesh.session.v1.ConnectionClosedResponse\x12Z\n" +
+	"\x10ConnectionClosed\x12,.clawmesh.session.v1.ConnectionClosedRequest\x1a-.clawmesh.session.v1.ConnectionClosedResponse\x12]\n" +
+	"\n" +
+	"UpdateSeqs\x12&.clawmesh.session.v1.UpdateSeqsRequest\x1a'.clawmesh.session.v1.UpdateSeqsResponse\x12Z\n" +
 	"\tStoreFile\x12%.clawmesh.session.v1.StoreFileRequest\x1a&.clawmesh.session.v1.StoreFileResponse\x12`\n" +
 	"\vCheckUpload\x12'.clawmesh.session.v1.CheckUploadRequest\x1a(.clawmesh.session.v1.CheckUploadResponse\x12Q\n" +
 	"\x06Status\x12\".clawmesh.session.v1.StatusRequest\x1a#.clawmesh.session.v1.StatusResponse\x12o\n" +
@@ -3916,7 +4088,7 @@ func file_clawmesh_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_clawmesh_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(SessionState)(0),                // 0: clawmesh.session.v1.SessionState
 	(TurnOutcome)(0),                 // 1: clawmesh.session.v1.TurnOutcome
@@ -3948,126 +4120,132 @@ var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(*DeleteResponse)(nil),           // 27: clawmesh.session.v1.DeleteResponse
 	(*AttachRequest)(nil),            // 28: clawmesh.session.v1.AttachRequest
 	(*AttachResponse)(nil),           // 29: clawmesh.session.v1.AttachResponse
-	(*ConnectionClosedRequest)(nil),  // 30: clawmesh.session.v1.ConnectionClosedRequest
-	(*ConnectionClosedResponse)(nil), // 31: clawmesh.session.v1.ConnectionClosedResponse
-	(*CheckUploadRequest)(nil),       // 32: clawmesh.session.v1.CheckUploadRequest
-	(*CheckUploadResponse)(nil),      // 33: clawmesh.session.v1.CheckUploadResponse
-	(*StoreFileRequest)(nil),         // 34: clawmesh.session.v1.StoreFileRequest
-	(*StoreFileResponse)(nil),        // 35: clawmesh.session.v1.StoreFileResponse
-	(*FileEntry)(nil),                // 36: clawmesh.session.v1.FileEntry
-	(*StatusRequest)(nil),            // 37: clawmesh.session.v1.StatusRequest
-	(*StatusResponse)(nil),           // 38: clawmesh.session.v1.StatusResponse
-	(*ApprovalView)(nil),             // 39: clawmesh.session.v1.ApprovalView
-	(*SessionView)(nil),              // 40: clawmesh.session.v1.SessionView
-	(*ListSessionViewsRequest)(nil),  // 41: clawmesh.session.v1.ListSessionViewsRequest
-	(*ListSessionViewsResponse)(nil), // 42: clawmesh.session.v1.ListSessionViewsResponse
-	(*GetSessionViewRequest)(nil),    // 43: clawmesh.session.v1.GetSessionViewRequest
-	(*GetSessionViewResponse)(nil),   // 44: clawmesh.session.v1.GetSessionViewResponse
-	(*TranscriptMessage)(nil),        // 45: clawmesh.session.v1.TranscriptMessage
-	(*TranscriptRequest)(nil),        // 46: clawmesh.session.v1.TranscriptRequest
-	(*TranscriptResponse)(nil),       // 47: clawmesh.session.v1.TranscriptResponse
-	(*GetApprovalRequest)(nil),       // 48: clawmesh.session.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),      // 49: clawmesh.session.v1.GetApprovalResponse
-	(*StartTurnRequest)(nil),         // 50: clawmesh.session.v1.StartTurnRequest
-	(*StartTurnResponse)(nil),        // 51: clawmesh.session.v1.StartTurnResponse
-	(*CancelTurnRequest)(nil),        // 52: clawmesh.session.v1.CancelTurnRequest
-	(*CancelTurnResponse)(nil),       // 53: clawmesh.session.v1.CancelTurnResponse
-	(*timestamppb.Timestamp)(nil),    // 54: google.protobuf.Timestamp
-	(*v1.Principal)(nil),             // 55: clawmesh.common.v1.Principal
+	(*UpdateSeqsRequest)(nil),        // 30: clawmesh.session.v1.UpdateSeqsRequest
+	(*SessionIncarnation)(nil),       // 31: clawmesh.session.v1.SessionIncarnation
+	(*UpdateSeqsResponse)(nil),       // 32: clawmesh.session.v1.UpdateSeqsResponse
+	(*ConnectionClosedRequest)(nil),  // 33: clawmesh.session.v1.ConnectionClosedRequest
+	(*ConnectionClosedResponse)(nil), // 34: clawmesh.session.v1.ConnectionClosedResponse
+	(*CheckUploadRequest)(nil),       // 35: clawmesh.session.v1.CheckUploadRequest
+	(*CheckUploadResponse)(nil),      // 36: clawmesh.session.v1.CheckUploadResponse
+	(*StoreFileRequest)(nil),         // 37: clawmesh.session.v1.StoreFileRequest
+	(*StoreFileResponse)(nil),        // 38: clawmesh.session.v1.StoreFileResponse
+	(*FileEntry)(nil),                // 39: clawmesh.session.v1.FileEntry
+	(*StatusRequest)(nil),            // 40: clawmesh.session.v1.StatusRequest
+	(*StatusResponse)(nil),           // 41: clawmesh.session.v1.StatusResponse
+	(*ApprovalView)(nil),             // 42: clawmesh.session.v1.ApprovalView
+	(*SessionView)(nil),              // 43: clawmesh.session.v1.SessionView
+	(*ListSessionViewsRequest)(nil),  // 44: clawmesh.session.v1.ListSessionViewsRequest
+	(*ListSessionViewsResponse)(nil), // 45: clawmesh.session.v1.ListSessionViewsResponse
+	(*GetSessionViewRequest)(nil),    // 46: clawmesh.session.v1.GetSessionViewRequest
+	(*GetSessionViewResponse)(nil),   // 47: clawmesh.session.v1.GetSessionViewResponse
+	(*TranscriptMessage)(nil),        // 48: clawmesh.session.v1.TranscriptMessage
+	(*TranscriptRequest)(nil),        // 49: clawmesh.session.v1.TranscriptRequest
+	(*TranscriptResponse)(nil),       // 50: clawmesh.session.v1.TranscriptResponse
+	(*GetApprovalRequest)(nil),       // 51: clawmesh.session.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),      // 52: clawmesh.session.v1.GetApprovalResponse
+	(*StartTurnRequest)(nil),         // 53: clawmesh.session.v1.StartTurnRequest
+	(*StartTurnResponse)(nil),        // 54: clawmesh.session.v1.StartTurnResponse
+	(*CancelTurnRequest)(nil),        // 55: clawmesh.session.v1.CancelTurnRequest
+	(*CancelTurnResponse)(nil),       // 56: clawmesh.session.v1.CancelTurnResponse
+	(*timestamppb.Timestamp)(nil),    // 57: google.protobuf.Timestamp
+	(*v1.Principal)(nil),             // 58: clawmesh.common.v1.Principal
 }
 var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: clawmesh.session.v1.Session.state:type_name -> clawmesh.session.v1.SessionState
-	54, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	54, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
-	55, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
-	55, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	57, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	57, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
+	58, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
 	8,  // 5: clawmesh.session.v1.PromptRequest.attachments:type_name -> clawmesh.session.v1.FileRef
 	1,  // 6: clawmesh.session.v1.PromptResponse.outcome:type_name -> clawmesh.session.v1.TurnOutcome
-	55, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
-	55, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
 	2,  // 9: clawmesh.session.v1.ApproveRequest.decision:type_name -> clawmesh.session.v1.Decision
 	3,  // 10: clawmesh.session.v1.ApproveRequest.surface:type_name -> clawmesh.session.v1.Surface
-	55, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
 	0,  // 12: clawmesh.session.v1.StateResponse.state:type_name -> clawmesh.session.v1.SessionState
-	55, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
 	17, // 14: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
-	55, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
 	5,  // 16: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
-	55, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
-	55, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
-	55, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
-	55, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
-	55, // 21: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
-	55, // 22: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
-	36, // 23: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	55, // 24: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
-	4,  // 25: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
-	2,  // 26: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
-	3,  // 27: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
-	54, // 28: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
-	54, // 29: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
-	54, // 30: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
-	5,  // 31: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
-	54, // 32: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
-	39, // 33: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
-	55, // 34: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
-	40, // 35: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
-	55, // 36: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
-	40, // 37: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
-	54, // 38: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
-	55, // 39: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
-	45, // 40: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
-	55, // 41: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 42: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
-	55, // 43: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	55, // 44: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	6,  // 45: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
-	9,  // 46: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
-	11, // 47: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
-	13, // 48: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
-	15, // 49: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
-	18, // 50: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
-	20, // 51: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
-	22, // 52: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
-	24, // 53: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
-	26, // 54: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
-	28, // 55: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	30, // 56: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
-	34, // 57: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	32, // 58: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	37, // 59: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	41, // 60: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
-	43, // 61: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
-	46, // 62: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
-	48, // 63: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
-	50, // 64: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
-	52, // 65: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
-	7,  // 66: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	10, // 67: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	12, // 68: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	14, // 69: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	16, // 70: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	19, // 71: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	21, // 72: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	23, // 73: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
-	25, // 74: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
-	27, // 75: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
-	29, // 76: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	31, // 77: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	35, // 78: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
-	33, // 79: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	38, // 80: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	42, // 81: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
-	44, // 82: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
-	47, // 83: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
-	49, // 84: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
-	51, // 85: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
-	53, // 86: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
-	66, // [66:87] is the sub-list for method output_type
-	45, // [45:66] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	58, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	31, // 21: clawmesh.session.v1.UpdateSeqsRequest.sessions:type_name -> clawmesh.session.v1.SessionIncarnation
+	58, // 22: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 23: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
+	39, // 24: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	58, // 25: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
+	4,  // 26: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
+	2,  // 27: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
+	3,  // 28: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
+	57, // 29: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
+	57, // 30: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
+	57, // 31: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
+	5,  // 32: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
+	57, // 33: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
+	42, // 34: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
+	58, // 35: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	43, // 36: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
+	58, // 37: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
+	43, // 38: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
+	57, // 39: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
+	58, // 40: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	48, // 41: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
+	58, // 42: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
+	42, // 43: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
+	58, // 44: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	58, // 45: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 46: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
+	9,  // 47: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
+	11, // 48: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
+	13, // 49: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
+	15, // 50: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
+	18, // 51: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
+	20, // 52: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
+	22, // 53: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
+	24, // 54: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
+	26, // 55: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
+	28, // 56: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
+	33, // 57: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	30, // 58: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
+	37, // 59: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	35, // 60: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	40, // 61: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	44, // 62: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
+	46, // 63: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
+	49, // 64: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
+	51, // 65: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
+	53, // 66: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
+	55, // 67: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
+	7,  // 68: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	10, // 69: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	12, // 70: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	14, // 71: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	16, // 72: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	19, // 73: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	21, // 74: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	23, // 75: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	25, // 76: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	27, // 77: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	29, // 78: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	34, // 79: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	32, // 80: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
+	38, // 81: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	36, // 82: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	41, // 83: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	45, // 84: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
+	47, // 85: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
+	50, // 86: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
+	52, // 87: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
+	54, // 88: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
+	56, // 89: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
+	68, // [68:90] is the sub-list for method output_type
+	46, // [46:68] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_session_v1_session_proto_init() }
@@ -4077,14 +4255,14 @@ func file_clawmesh_session_v1_session_proto_init() {
 	}
 	file_clawmesh_session_v1_session_proto_msgTypes[4].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[13].OneofWrappers = []any{}
-	file_clawmesh_session_v1_session_proto_msgTypes[41].OneofWrappers = []any{}
+	file_clawmesh_session_v1_session_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_session_v1_session_proto_rawDesc), len(file_clawmesh_session_v1_session_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   49,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

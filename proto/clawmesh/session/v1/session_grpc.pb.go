@@ -37,6 +37,7 @@ const (
 	SessionService_Delete_FullMethodName           = "/clawmesh.session.v1.SessionService/Delete"
 	SessionService_Attach_FullMethodName           = "/clawmesh.session.v1.SessionService/Attach"
 	SessionService_ConnectionClosed_FullMethodName = "/clawmesh.session.v1.SessionService/ConnectionClosed"
+	SessionService_UpdateSeqs_FullMethodName       = "/clawmesh.session.v1.SessionService/UpdateSeqs"
 	SessionService_StoreFile_FullMethodName        = "/clawmesh.session.v1.SessionService/StoreFile"
 	SessionService_CheckUpload_FullMethodName      = "/clawmesh.session.v1.SessionService/CheckUpload"
 	SessionService_Status_FullMethodName           = "/clawmesh.session.v1.SessionService/Status"
@@ -72,6 +73,11 @@ type SessionServiceClient interface {
 	Attach(ctx context.Context, in *AttachRequest, opts ...grpc.CallOption) (*AttachResponse, error)
 	// ConnectionClosed cancels every turn the connection started.
 	ConnectionClosed(ctx context.Context, in *ConnectionClosedRequest, opts ...grpc.CallOption) (*ConnectionClosedResponse, error)
+	// UpdateSeqs names, for each session asked about, the seq of the last
+	// update it published: a gateway whose bus link came back compares it
+	// with the last one it received, to tell a session whose stream lost
+	// updates meanwhile from one that lost nothing.
+	UpdateSeqs(ctx context.Context, in *UpdateSeqsRequest, opts ...grpc.CallOption) (*UpdateSeqsResponse, error)
 	// StoreFile writes a finished upload or attachment into the session's
 	// workspace under its content hash, re-checking the session generation
 	// and the caller's grants under the session lock.
@@ -229,6 +235,16 @@ func (c *sessionServiceClient) ConnectionClosed(ctx context.Context, in *Connect
 	return out, nil
 }
 
+func (c *sessionServiceClient) UpdateSeqs(ctx context.Context, in *UpdateSeqsRequest, opts ...grpc.CallOption) (*UpdateSeqsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateSeqsResponse)
+	err := c.cc.Invoke(ctx, SessionService_UpdateSeqs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionServiceClient) StoreFile(ctx context.Context, in *StoreFileRequest, opts ...grpc.CallOption) (*StoreFileResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StoreFileResponse)
@@ -343,6 +359,11 @@ type SessionServiceServer interface {
 	Attach(context.Context, *AttachRequest) (*AttachResponse, error)
 	// ConnectionClosed cancels every turn the connection started.
 	ConnectionClosed(context.Context, *ConnectionClosedRequest) (*ConnectionClosedResponse, error)
+	// UpdateSeqs names, for each session asked about, the seq of the last
+	// update it published: a gateway whose bus link came back compares it
+	// with the last one it received, to tell a session whose stream lost
+	// updates meanwhile from one that lost nothing.
+	UpdateSeqs(context.Context, *UpdateSeqsRequest) (*UpdateSeqsResponse, error)
 	// StoreFile writes a finished upload or attachment into the session's
 	// workspace under its content hash, re-checking the session generation
 	// and the caller's grants under the session lock.
@@ -415,6 +436,9 @@ func (UnimplementedSessionServiceServer) Attach(context.Context, *AttachRequest)
 }
 func (UnimplementedSessionServiceServer) ConnectionClosed(context.Context, *ConnectionClosedRequest) (*ConnectionClosedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ConnectionClosed not implemented")
+}
+func (UnimplementedSessionServiceServer) UpdateSeqs(context.Context, *UpdateSeqsRequest) (*UpdateSeqsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateSeqs not implemented")
 }
 func (UnimplementedSessionServiceServer) StoreFile(context.Context, *StoreFileRequest) (*StoreFileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StoreFile not implemented")
@@ -680,6 +704,24 @@ func _SessionService_ConnectionClosed_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_UpdateSeqs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateSeqsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).UpdateSeqs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_UpdateSeqs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).UpdateSeqs(ctx, req.(*UpdateSeqsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionService_StoreFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StoreFileRequest)
 	if err := dec(in); err != nil {
@@ -896,6 +938,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ConnectionClosed",
 			Handler:    _SessionService_ConnectionClosed_Handler,
+		},
+		{
+			MethodName: "UpdateSeqs",
+			Handler:    _SessionService_UpdateSeqs_Handler,
 		},
 		{
 			MethodName: "StoreFile",

@@ -1,0 +1,282 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// updateSeqsFunc is the session service's UpdateSeqs.
+type updateSeqsFunc func(ctx context.Context, req *sessionv1.UpdateSeqsRequest, opts ...grpc.CallOption) (*sessionv1.UpdateSeqsResponse, error)
+
+// Bounds of the check a reconnect makes (reconnected). Variables so that
+// a test may change them.
+var (
+	// reconnectCheckTimeout bounds the whole check: the round trip that
+	// confirms the subscriptions, the session service's answers, and the
+	// wait for updates published before its answer to arrive. A session
+	// not proven whole by then has its followers closed.
+	reconnectCheckTimeout = 10 * time.Second
+	// reconnectBatch is how many sessions one UpdateSeqs call asks about
+	// (the session service takes at most MaxUpdateSeqs), and
+	// reconnectParallel how many calls are under way at once.
+	reconnectBatch    = 500
+	reconnectParallel = 4
+	// reconnectPoll is how often a session behind the service's number is
+	// looked at again while its updates arrive.
+	reconnectPoll = 10 * time.Millisecond
+)
+
+// followCheck is one session's part of the check: its topic, the last
+// seq received before the link came back, and the connections that
+// followed it then (those that follow it from a later attach never
+// missed anything).
+type followCheck struct {
+	id    string
+	t     *topic
+	seen  int64
+	conns []*connState
+	want  int64 // the session service's number for the session
+}
+
+// reconnected checks, once the bus connection is back, which followed
+// sessions lost updates while it was down, and closes the connections
+// following those; the others stay. Updates published meanwhile went
+// nowhere, and a connection is never fed a stream with a hole in it. A
+// hole in the middle shows in seq (dispatch checks it, as lastSeq is
+// kept across the outage); a lost tail (a turn's last updates, its
+// turn_complete among them) shows in nothing the gateway receives, which
+// is why the session service is asked for the last seq each session
+// published (UpdateSeqs):
+//
+//   - a session whose last update received is that number, or past it,
+//     lost nothing: an update published after the service's answer is
+//     received on the subscriptions nats.go put back, whose place at the
+//     server a round trip confirms before asking.
+//   - one behind it is waited for, as updates published before the answer
+//     may still be on their way. When the service says they all reached
+//     the bus server (flushed), a round trip of the gateway's own puts
+//     them in the subscriptions' queues, and a session still behind once
+//     its queue is empty lost them; otherwise (the service's own link is
+//     down, its updates buffered) until reconnectCheckTimeout.
+//   - one that received nothing since it was followed (before the drop:
+//     see disconnected) cannot be told from one whose every update was
+//     lost, unless the session never published an update at all.
+//
+// Anything not proven whole (the service unreachable or answering -1,
+// the deadline passed) has its followers closed, as every follower was
+// before this check: closing every connection at each reconnect made a
+// 50 ms blip of the bus end every client's connection. The check runs
+// apart from nats.go's callback goroutine and from dispatch, which goes
+// on delivering meanwhile. Connections that follow nothing stay open.
+func (h *hub) reconnected() {
+	h.mu.Lock()
+	checks := make([]*followCheck, 0, len(h.topics))
+	for id, t := range h.topics {
+		t.mu.Lock()
+		if len(t.conns) > 0 {
+			// What was received before the drop: lastSeq now may count
+			// an update received on the subscription put back, and one
+			// that was the first since the session was followed passed
+			// no check of seq (see disconnected).
+			seen := int64(0)
+			if t.dropGen == h.drops {
+				seen = t.dropSeq
+			}
+			c := &followCheck{id: id, t: t, seen: seen, conns: make([]*connState, 0, len(t.conns))}
+			for cs := range t.conns {
+				c.conns = append(c.conns, cs)
+			}
+			checks = append(checks, c)
+		}
+		t.mu.Unlock()
+	}
+	h.mu.Unlock()
+	go h.checkFollows(checks)
+}
+
+// disconnected notes each topic's place in its stream as the bus link
+// goes down, for reconnected to start from. nats.go queues it before
+// its first attempt to reconnect, which natsutil's delay puts 100 ms or
+// more later (none when natsutil forces a reconnect, a round trip
+// later), so it runs before any update comes on the subscriptions put
+// back. A topic that finds no note of the last drop counts as having
+// received nothing: its followers are closed unless its session never
+// published anything.
+func (h *hub) disconnected() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.drops++
+	for _, t := range h.topics {
+		t.mu.Lock()
+		t.dropSeq, t.dropGen = t.lastSeq, h.drops
+		t.mu.Unlock()
+	}
+}
+
+// checkFollows is reconnected's check of checks, bounded by
+// reconnectCheckTimeout and reconnectParallel calls at a time.
+func (h *hub) checkFollows(checks []*followCheck) {
+	if h.checked != nil {
+		defer h.checked()
+	}
+	if len(checks) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reconnectCheckTimeout)
+	defer cancel()
+	if h.seqs == nil {
+		h.loseAll(checks)
+		return
+	}
+	// The subscriptions nats.go sent again on reconnecting are in place
+	// at the server once this round trip is done.
+	if err := h.nc.FlushWithContext(ctx); err != nil {
+		h.log.Warn("bus subscriptions not confirmed after a reconnect: the connections following sessions are closed", zap.Error(err))
+		h.loseAll(checks)
+		return
+	}
+	sem := make(chan struct{}, reconnectParallel)
+	var wg sync.WaitGroup
+	for len(checks) > 0 {
+		batch := checks[:min(len(checks), reconnectBatch)]
+		checks = checks[len(batch):]
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			h.checkBatch(ctx, batch)
+		}()
+	}
+	wg.Wait()
+}
+
+// errSeqsCount: UpdateSeqs answered a number of seqs other than asked.
+var errSeqsCount = errors.New("UpdateSeqs answered for another number of sessions than asked")
+
+// checkBatch asks the session service about batch and settles each of
+// its sessions: kept, or its followers closed.
+func (h *hub) checkBatch(ctx context.Context, batch []*followCheck) {
+	req := &sessionv1.UpdateSeqsRequest{Sessions: make([]*sessionv1.SessionIncarnation, len(batch))}
+	for i, c := range batch {
+		req.Sessions[i] = &sessionv1.SessionIncarnation{SessionId: c.id, Incarnation: c.t.incarnation}
+	}
+	resp, err := h.seqs(ctx, req)
+	if err == nil && len(resp.GetSeqs()) != len(batch) {
+		err = errSeqsCount
+	}
+	if err != nil {
+		h.log.Warn("session update seqs not read after a bus reconnect: the connections following the sessions are closed",
+			zap.Int("sessions", len(batch)), zap.Error(err))
+		h.loseAll(batch)
+		return
+	}
+	for i, c := range batch {
+		c.want = resp.GetSeqs()[i]
+	}
+	// Once the session service has flushed its updates up to the numbers
+	// (they are at the bus server), this round trip puts every one of
+	// them the server sent here in the subscriptions' queues: what is not
+	// received once those are empty was lost.
+	final := resp.GetFlushed()
+	if final {
+		if err := h.nc.FlushWithContext(ctx); err != nil {
+			h.log.Warn("bus link lost again while checking the sessions followed: the connections following them are closed", zap.Error(err))
+			h.loseAll(batch)
+			return
+		}
+	}
+	tick := time.NewTicker(reconnectPoll)
+	defer tick.Stop()
+	kept, pending := 0, batch
+	for len(pending) > 0 {
+		behind := pending[:0]
+		for _, c := range pending {
+			// Read before the seq: a queue seen empty holds nothing
+			// the seq read after it has not counted.
+			drained := final && c.t.drained()
+			switch {
+			case c.want < 0, c.seen == 0 && c.want != 0:
+				// Not known, or nothing received since the session was
+				// followed: a stream whose every update was lost looks
+				// the same.
+				h.lose(c)
+			case c.t.seq() >= c.want:
+				// Every update up to the number was received: a hole
+				// among them, dispatch closed the followers for.
+				kept++
+			case drained:
+				h.lose(c)
+			default:
+				behind = append(behind, c)
+			}
+		}
+		pending = behind
+		if len(pending) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			for _, c := range pending {
+				h.lose(c)
+			}
+			pending = nil
+		case <-tick.C:
+		}
+	}
+	if kept > 0 {
+		h.log.Info("sessions followed across a bus reconnect lost no update: their followers stay", zap.Int("sessions", kept))
+	}
+}
+
+// drained reports whether t's subscription has no update queued or in
+// dispatch (nats.go counts one pending until its handler returns). A
+// closed subscription (the topic dropped meanwhile) is drained.
+func (t *topic) drained() bool {
+	n, _, err := t.sub.Pending()
+	return err != nil || n == 0
+}
+
+// seq is the last update seq t received.
+func (t *topic) seq() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lastSeq
+}
+
+// loseAll is lose of every check, none of whose numbers is known.
+func (h *hub) loseAll(checks []*followCheck) {
+	for _, c := range checks {
+		c.want = -1
+		h.lose(c)
+	}
+}
+
+// lose closes the connections of c that still follow its session, and
+// moves the session's stream place to c.want, the session service's
+// number (or forgets it, when not known), so that a connection following
+// it from a later attach is not closed for the hole when the next update
+// comes.
+func (h *hub) lose(c *followCheck) {
+	c.t.mu.Lock()
+	defer c.t.mu.Unlock()
+	switch {
+	case c.want < 0:
+		c.t.lastSeq = 0
+	case c.want > c.t.lastSeq:
+		c.t.lastSeq = c.want
+	}
+	for _, cs := range c.conns {
+		if _, ok := c.t.conns[cs]; ok {
+			cs.outbox.cut("closing connection: session updates may have been lost while the bus was disconnected",
+				zap.String("session_id", c.id), zap.Int64("received_seq", c.seen), zap.Int64("published_seq", c.want))
+		}
+	}
+}

@@ -1,0 +1,120 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// MaxUpdateSeqs bounds the sessions one UpdateSeqs call asks about.
+const MaxUpdateSeqs = 1000
+
+// UpdateSeqs answers, for each session named, the seq of the last update
+// it published (see the proto). A gateway asks it when its bus link came
+// back: a session whose number is the last the gateway received lost no
+// update meanwhile, and its followers stay.
+//
+// The number is the live half's when there is one of the incarnation
+// asked about (read first, as view does: an update published after the
+// read is one the gateway's new subscription receives), else the stored
+// bound, which an evicted entry lowered to the last number it used. A
+// bound a reservation left higher (the process ended with numbers
+// unused) tells the gateway of a gap that is none: its followers are
+// closed, as when a gap is real. Anything not known is -1, which the
+// gateway takes for a loss.
+func (s *Server) UpdateSeqs(ctx context.Context, req *sessionv1.UpdateSeqsRequest) (*sessionv1.UpdateSeqsResponse, error) {
+	asked := req.GetSessions()
+	if len(asked) > MaxUpdateSeqs {
+		return nil, errInvalid(fmt.Sprintf("at most %d sessions may be asked about at once, not %d", MaxUpdateSeqs, len(asked)))
+	}
+	seqs := make([]int64, len(asked))
+	ids := make([]string, len(asked))
+	for i, a := range asked {
+		ids[i] = a.GetSessionId()
+		seqs[i] = s.liveUpdateSeq(a.GetSessionId(), a.GetIncarnation())
+	}
+	stored, err := s.store.updateSeqs(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for i, a := range asked {
+		row, ok := stored[a.GetSessionId()]
+		switch {
+		case !ok || row.incarnation != a.GetIncarnation():
+			seqs[i] = -1
+		case seqs[i] == noLiveHalf:
+			seqs[i] = row.seq
+		}
+	}
+	// What was published up to the numbers read is at the bus server
+	// before the answer, so that the gateway knows that an update it has
+	// not received by the end of a round trip of its own was lost;
+	// unless this process's own link is down: then it reaches the server,
+	// or not, once the link is back, and the gateway waits for it a
+	// bounded time.
+	flushed := false
+	if s.nc != nil {
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := s.nc.FlushWithContext(fctx)
+		cancel()
+		if err != nil {
+			s.log.Debug("flush session updates before UpdateSeqs answers", zap.Error(err))
+		}
+		flushed = err == nil
+	}
+	return &sessionv1.UpdateSeqsResponse{Seqs: seqs, Flushed: flushed}, nil
+}
+
+// noLiveHalf is liveUpdateSeq's answer for a session with no live half of
+// the incarnation asked about: its stored bound tells.
+const noLiveHalf = -2
+
+// liveUpdateSeq is the last number the live half of the session's
+// incarnation used: with updates lost for want of a reservation, the
+// number the next reservation skips for them; -1 when its start was not
+// read from the stored bound (its numbers may repeat others); noLiveHalf
+// without a live half of that incarnation.
+func (s *Server) liveUpdateSeq(id string, incarnation int64) int64 {
+	ls := s.lookupLive(id)
+	if ls == nil || ls.incarnation != incarnation {
+		return noLiveHalf
+	}
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	switch {
+	case ls.seqUnsure:
+		return -1
+	case ls.seqLost > 0:
+		return ls.seq + 1
+	}
+	return ls.seq
+}
+
+// seqRow is a session's incarnation and stored sequence bound.
+type seqRow struct{ incarnation, seq int64 }
+
+// updateSeqs reads the incarnation and stored sequence bound of those of
+// ids a session row holds.
+func (st *store) updateSeqs(ctx context.Context, ids []string) (map[string]seqRow, error) {
+	rows, err := st.db.Query(ctx, "SELECT session_id, incarnation, update_seq FROM sessions WHERE session_id = ANY($1::text[])", ids)
+	if err != nil {
+		return nil, fmt.Errorf("read update sequences: %w", err)
+	}
+	out := make(map[string]seqRow, len(ids))
+	var (
+		id string
+		r  seqRow
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &r.incarnation, &r.seq}, func() error {
+		out[id] = r
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read update sequences: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,63 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// UpdateSeqs names the seq of the last update each session published, as
+// the bus carried it: 0 before any, the turn_complete's after a turn,
+// the same once the session's live half is evicted from memory, and -1
+// for a session that is not there or is of another incarnation. A gateway
+// whose bus link came back keeps the followers of a session whose last
+// update received is that number.
+func TestUpdateSeqsNamesTheLastUpdatePublished(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	inc := h.incarnation(id)
+	rec := h.record(id)
+	ask := func(sessions ...*sessionv1.SessionIncarnation) []int64 {
+		t.Helper()
+		resp, err := h.srv.UpdateSeqs(context.Background(), &sessionv1.UpdateSeqsRequest{Sessions: sessions})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetSeqs()
+	}
+	this := &sessionv1.SessionIncarnation{SessionId: id, Incarnation: inc}
+	if got := ask(this); fmt.Sprint(got) != "[0]" {
+		t.Fatalf("before any update: %v", got)
+	}
+
+	h.prompt(alice, id, "/say hello")
+	us := rec.until("turn_complete")
+	last := us[len(us)-1].Seq
+	got := ask(this,
+		&sessionv1.SessionIncarnation{SessionId: id, Incarnation: inc + 1},
+		&sessionv1.SessionIncarnation{SessionId: "sess_none", Incarnation: 1})
+	if want := fmt.Sprint([]int64{last, -1, -1}); fmt.Sprint(got) != want {
+		t.Fatalf("after a turn whose turn_complete is seq %d: %v, want %v", last, got, want)
+	}
+
+	// Evicted from memory, the session's number is its stored bound,
+	// lowered to the last one used.
+	if n := h.srv.evictIdle(time.Now().Add(time.Hour)); n != 1 {
+		t.Fatalf("%d evicted", n)
+	}
+	if got := ask(this); fmt.Sprint(got) != fmt.Sprint([]int64{last}) {
+		t.Fatalf("after eviction: %v, want [%d]", got, last)
+	}
+
+	many := make([]*sessionv1.SessionIncarnation, MaxUpdateSeqs+1)
+	for i := range many {
+		many[i] = this
+	}
+	_, err := h.srv.UpdateSeqs(context.Background(), &sessionv1.UpdateSeqsRequest{Sessions: many})
+	if err == nil {
+		t.Fatalf("%d sessions asked about at once: no error", len(many))
+	}
+}
