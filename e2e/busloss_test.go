@@ -263,9 +263,12 @@ func TestBusLostMidTurnHealsThePhonesPane(t *testing.T) {
 // published while it was down: the gateway asks the session service for
 // the session's last update seq, finds it is the last the connection
 // following the session received, and keeps the connection open; its
-// next prompt streams a whole turn. Before, every connection following a
-// session was closed at every reconnect of the gateway's bus link, a
-// blip with nothing lost included.
+// next prompt streams a whole turn. So does a connection that resumed
+// another session after its last update and received nothing since: the
+// number the session service answered then is still the session's.
+// Before, every connection following a session was closed at every
+// reconnect of the gateway's bus link, a blip with nothing lost
+// included.
 func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 	t.Parallel()
 	b := startOnExternalBus(t)
@@ -281,6 +284,27 @@ func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 	kinds := updateKinds{}
 	onUpdates(c, kinds, make(chan struct{}, 1))
 	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two"}); err != nil {
+		t.Fatal(err)
+	}
+	// Another session, with a turn behind it, is resumed by a connection
+	// of its own and not prompted: that connection has received nothing
+	// of it when the bus goes away.
+	other, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call("session/prompt", map[string]any{"session_id": other, "prompt": "/say earlier"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call("session/close", map[string]any{"session_id": other}); err != nil {
+		t.Fatal(err)
+	}
+	idle := b.s.Dial(t)
+	idle.Timeout = 60 * time.Second
+	if _, err := idle.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idle.Call("session/new", map[string]any{"session_id": other}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -314,5 +338,13 @@ func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 	}
 	if kinds["agent_message_chunk"] != 3 || kinds["turn_complete"] != 1 {
 		t.Fatalf("the next turn streamed %v", kinds)
+	}
+	idleKinds := updateKinds{}
+	onUpdates(idle, idleKinds, make(chan struct{}, 1))
+	if _, err := idle.Call("session/prompt", map[string]any{"session_id": other, "prompt": "/say six seven"}); err != nil {
+		t.Fatalf("the connection that resumed a session and had received nothing of it, after the bus came back: %v", err)
+	}
+	if idleKinds["agent_message_chunk"] != 2 || idleKinds["turn_complete"] != 1 {
+		t.Fatalf("the resumed session's next turn streamed %v", idleKinds)
 	}
 }

@@ -107,7 +107,7 @@ func newLossRigOn(t *testing.T, url string, seqs *fakeSeqs) *lossRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := h.attach(r.follower, r.sessionID, subject, true, false); err != nil {
+	if _, _, err := h.attach(r.follower, r.sessionID, subject, -1, true, false); err != nil {
 		t.Fatal(err)
 	}
 	if r.pub, err = bus.NewSessionUpdatePublisher(pubnc, r.sessionID, 1); err != nil {

@@ -43,9 +43,13 @@ type hub struct {
 // sessions fan out in parallel.
 type topic struct {
 	incarnation int64 // of the session, as its subject names it
-	sub         *nats.Subscription
-	ready       chan struct{} // closed once the subscription is in place at the server
-	err         error         // set before ready closes when it could not be
+	// base is the session's last update seq (UpdateSeqs's number) as the
+	// session service answered the call that made the topic, before the
+	// subscription was in place; -1 when not known. See reconnected.
+	base  int64
+	sub   *nats.Subscription
+	ready chan struct{} // closed once the subscription is in place at the server
+	err   error         // set before ready closes when it could not be
 
 	mu sync.Mutex
 	// conns are the connections following, each with whether it is kept:
@@ -221,7 +225,10 @@ func (h *hub) unreserve(cs *connState) {
 // gets a topic of its own. A subject of an earlier incarnation than the
 // topic's names a session deleted since the session service returned
 // it: errReplaced.
-func (h *hub) attach(cs *connState, sessionID, subject string, keep, reserved bool) (already bool, incarnation int64, err error) {
+//
+// base is the session's last update seq as the session service answered
+// (-1 when it did not say): kept by a topic made here, see reconnected.
+func (h *hub) attach(cs *connState, sessionID, subject string, base int64, keep, reserved bool) (already bool, incarnation int64, err error) {
 	id, incarnation, err := bus.SessionOfSubject(subject)
 	if err != nil || id != sessionID {
 		return false, 0, fmt.Errorf("%w: subject %q does not name session %q", errAttach, subject, sessionID)
@@ -248,7 +255,7 @@ func (h *hub) attach(cs *connState, sessionID, subject string, keep, reserved bo
 		return false, 0, errFollowLimit()
 	}
 	if !ok {
-		t = &topic{incarnation: incarnation, conns: map[*connState]bool{}, ready: make(chan struct{})}
+		t = &topic{incarnation: incarnation, base: base, conns: map[*connState]bool{}, ready: make(chan struct{})}
 		t.sub, err = bus.SubscribeSessionUpdates(h.nc, subject, func(u bus.Update) { h.dispatch(t, u) },
 			func(err error) {
 				h.log.Warn("bad session update dropped", zap.String("session_id", sessionID), zap.Error(err))

@@ -120,7 +120,7 @@ func fanoutInOrder(t *testing.T, pair func(testing.TB) (net.Conn, net.Conn), big
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := h.attach(cs, id, subject, true, false); err != nil {
+			if _, _, err := h.attach(cs, id, subject, -1, true, false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -314,7 +314,7 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	}
 	operator := &connState{id: "operator"}
 	loaded, made := &connState{id: "alice-load"}, &connState{id: "alice-new"}
-	if _, _, err := h.attach(operator, id, before, false, false); err != nil {
+	if _, _, err := h.attach(operator, id, before, -1, false, false); err != nil {
 		t.Fatal(err)
 	}
 	h.mu.Lock()
@@ -322,7 +322,7 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	h.mu.Unlock()
 
 	for _, cs := range []*connState{loaded, made} {
-		if _, _, err := h.attach(cs, id, after, false, false); err != nil {
+		if _, _, err := h.attach(cs, id, after, -1, false, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -331,7 +331,7 @@ func TestDeletionArrivingAfterTheIDIsReused(t *testing.T) {
 	}
 	// A subject the session service gave for the deleted session, used
 	// after the new one's: refused, not joined.
-	if _, _, err := h.attach(operator, id, before, false, false); !errors.Is(err, errReplaced) {
+	if _, _, err := h.attach(operator, id, before, -1, false, false); !errors.Is(err, errReplaced) {
 		t.Fatalf("attach on the deleted session's subject: %v", err)
 	}
 	// The deleted session's last update, on its own topic, late.

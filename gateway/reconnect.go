@@ -65,9 +65,12 @@ type followCheck struct {
 //     them in the subscriptions' queues, and a session still behind once
 //     its queue is empty lost them; otherwise (the service's own link is
 //     down, its updates buffered) until reconnectCheckTimeout.
+//   - one whose number is the one the session service answered when the
+//     session was followed (topic.base) published nothing since, and
+//     lost nothing: an idle session followed, say, and not prompted yet.
 //   - one that received nothing since it was followed (before the drop:
-//     see disconnected) cannot be told from one whose every update was
-//     lost, unless the session never published an update at all.
+//     see disconnected) but published something cannot be told from one
+//     whose every update was lost.
 //
 // Anything not proven whole (the service unreachable or answering -1,
 // the deadline passed) has its followers closed, as every follower was
@@ -203,6 +206,10 @@ func (h *hub) checkBatch(ctx context.Context, batch []*followCheck) {
 			// the seq read after it has not counted.
 			drained := final && c.t.drained()
 			switch {
+			case c.want >= 0 && c.want == c.t.base:
+				// The session published nothing since before it was
+				// followed: there was nothing to lose.
+				kept++
 			case c.want < 0, c.seen == 0 && c.want != 0:
 				// Not known, or nothing received since the session was
 				// followed: a stream whose every update was lost looks

@@ -61,7 +61,10 @@ type rigSession struct {
 	br        *bufio.Reader
 }
 
-func (r *lossRig) addSession(name string) *rigSession {
+// addSession follows one more session with a connection of its own;
+// base is the session's last seq as the session service would have
+// answered when it was followed (-1: not said).
+func (r *lossRig) addSession(name string, base int64) *rigSession {
 	r.t.Helper()
 	s := &rigSession{r: r, sessionID: ids.New("s-")}
 	s.cs, s.client = r.open(name)
@@ -76,7 +79,7 @@ func (r *lossRig) addSession(name string) *rigSession {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if _, _, err := r.h.attach(s.cs, s.sessionID, subject, true, false); err != nil {
+	if _, _, err := r.h.attach(s.cs, s.sessionID, subject, base, true, false); err != nil {
 		r.t.Fatal(err)
 	}
 	if s.pub, err = bus.NewSessionUpdatePublisher(r.pubnc, s.sessionID, 1); err != nil {
@@ -152,8 +155,10 @@ func isOpen(cs *connState) bool {
 
 // The bus server drops the gateway's connection and takes it back, with
 // nothing published meanwhile: the session service's last seq is the
-// last one the follower received, so its stream has no hole. It stays
-// open and receives the next turn's updates. Before, every connection
+// last one the follower received, so its stream has no hole; or, for a
+// session followed after its last update, the one the service answered
+// when it was followed. Both followers stay open and receive the next
+// turn's updates. Before, every connection
 // following a session was closed at every reconnect, a 50 ms blip
 // included.
 func TestBusBlipKeepsFollowersOfWholeStreams(t *testing.T) {
@@ -170,10 +175,19 @@ func TestBusBlipKeepsFollowersOfWholeStreams(t *testing.T) {
 		t.Fatalf("first turn: seqs %v", got)
 	}
 
+	// quiet is followed after its 7th update and has received nothing
+	// since: the session service's number is still 7.
+	quiet := r.addSession("quiet", 7)
+	r.seqs.published(quiet.sessionID, 7)
+
 	r.dropGateway(srv)()
 	if !isOpen(r.follower) {
 		t.Fatal("the follower of a session that lost nothing was closed at the reconnect")
 	}
+	if !isOpen(quiet.cs) {
+		t.Fatal("the follower of a session that published nothing since it was followed was closed at the reconnect")
+	}
+	quiet.publish(8, true)
 	for seq := int64(4); seq <= 6; seq++ {
 		r.publish(seq, seq == 6)
 	}
@@ -183,8 +197,11 @@ func TestBusBlipKeepsFollowersOfWholeStreams(t *testing.T) {
 	if got := readSeqs(t, r.followerClient, br, 3); fmt.Sprint(got) != "[4 5 6]" {
 		t.Fatalf("next turn: seqs %v", got)
 	}
-	if !isOpen(r.follower) {
-		t.Fatal("the follower was closed")
+	if got := readSeqs(t, quiet.client, quiet.br, 1); fmt.Sprint(got) != "[8]" {
+		t.Fatalf("the quiet session's next turn: seqs %v", got)
+	}
+	if !isOpen(r.follower) || !isOpen(quiet.cs) {
+		t.Fatal("a follower was closed")
 	}
 	r.idleStaysOpen()
 }
@@ -197,7 +214,7 @@ func TestBusBlipKeepsFollowersOfWholeStreams(t *testing.T) {
 func TestBusDropClosesOnlyFollowersOfStreamsWithAHole(t *testing.T) {
 	srv := testenv.StartNATS(t)
 	r := newLossRigOn(t, srv.URL(), &fakeSeqs{})
-	other := r.addSession("other")
+	other := r.addSession("other", -1)
 	r.publish(1, false)
 	other.publish(1, false)
 	other.publish(2, true)
@@ -214,7 +231,7 @@ func TestBusDropClosesOnlyFollowersOfStreamsWithAHole(t *testing.T) {
 
 	// fresh has received nothing when the link drops: its first update,
 	// published meanwhile, is lost, and no seq shows it.
-	fresh := r.addSession("fresh")
+	fresh := r.addSession("fresh", -1)
 
 	back := r.dropGateway(srv)
 	r.publish(2, false)

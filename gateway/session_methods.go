@@ -83,7 +83,7 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
-	if _, _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject(), true, true); err != nil {
+	if _, _, err := g.hub.attach(cs, resp.GetSessionId(), resp.GetUpdateSubject(), seqOr(resp.UpdateSeq), true, true); err != nil {
 		if resp.GetCreated() && !errors.Is(err, errReplaced) {
 			g.unmake(ctx, cs, resp.GetSessionId(), err)
 		}
@@ -498,11 +498,20 @@ func (g *Gateway) attach(ctx context.Context, cs *connState, sessionID string, f
 	if err != nil {
 		return false, 0, serviceError("session", err)
 	}
-	already, incarnation, err = g.hub.attach(cs, sessionID, resp.GetSubject(), false, false)
+	already, incarnation, err = g.hub.attach(cs, sessionID, resp.GetSubject(), seqOr(resp.UpdateSeq), false, false)
 	if err != nil {
 		return false, 0, attachError(sessionID, err)
 	}
 	return already, incarnation, nil
+}
+
+// seqOr is an update_seq the session service answered, -1 when it did
+// not (a service older than the field).
+func seqOr(seq *int64) int64 {
+	if seq == nil {
+		return -1
+	}
+	return *seq
 }
 
 // attachError maps the hub's refusal: a session deleted (its id naming a

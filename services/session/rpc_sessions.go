@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
@@ -93,7 +94,9 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: alias, WorkspaceDir: dir, UpdateSubject: subject, Created: true}, nil
+	// Made a moment ago, it has published nothing.
+	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: alias, WorkspaceDir: dir, UpdateSubject: subject, Created: true,
+		UpdateSeq: proto.Int64(0)}, nil
 }
 
 // resume returns an existing session, reopening a closed one; errNoRow
@@ -145,7 +148,7 @@ func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, sur
 		return nil, err
 	}
 	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: row.AgentAlias, MessageCount: row.MessageCount,
-		WorkspaceDir: row.WorkspaceDir, UpdateSubject: subject}, nil
+		WorkspaceDir: row.WorkspaceDir, UpdateSubject: subject, UpdateSeq: proto.Int64(s.updateSeqOf(row))}, nil
 }
 
 // Close ends a session's use and keeps its durable history: a running
@@ -305,5 +308,5 @@ func (s *Server) Attach(ctx context.Context, req *sessionv1.AttachRequest) (*ses
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.AttachResponse{SessionId: row.ID, Subject: subject}, nil
+	return &sessionv1.AttachResponse{SessionId: row.ID, Subject: subject, UpdateSeq: proto.Int64(s.updateSeqOf(row))}, nil
 }

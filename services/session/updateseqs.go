@@ -70,6 +70,15 @@ func (s *Server) UpdateSeqs(ctx context.Context, req *sessionv1.UpdateSeqsReques
 	return &sessionv1.UpdateSeqsResponse{Seqs: seqs, Flushed: flushed}, nil
 }
 
+// updateSeqOf is UpdateSeqs's number for row's session, read now (row
+// may be older: its stored bound counts only without a live half).
+func (s *Server) updateSeqOf(row sessionRow) int64 {
+	if seq := s.liveUpdateSeq(row.ID, row.Incarnation); seq != noLiveHalf {
+		return seq
+	}
+	return row.UpdateSeq
+}
+
 // noLiveHalf is liveUpdateSeq's answer for a session with no live half of
 // the incarnation asked about: its stored bound tells.
 const noLiveHalf = -2

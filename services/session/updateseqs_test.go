@@ -32,6 +32,13 @@ func TestUpdateSeqsNamesTheLastUpdatePublished(t *testing.T) {
 	if got := ask(this); fmt.Sprint(got) != "[0]" {
 		t.Fatalf("before any update: %v", got)
 	}
+	made, err := h.srv.NewSession(context.Background(), &sessionv1.NewSessionRequest{Principal: alice, AgentAlias: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !made.GetCreated() || made.UpdateSeq == nil || made.GetUpdateSeq() != 0 {
+		t.Fatalf("a session made: created %v, update_seq %v, want 0", made.GetCreated(), made.UpdateSeq)
+	}
 
 	h.prompt(alice, id, "/say hello")
 	us := rec.until("turn_complete")
@@ -41,6 +48,23 @@ func TestUpdateSeqsNamesTheLastUpdatePublished(t *testing.T) {
 		&sessionv1.SessionIncarnation{SessionId: "sess_none", Incarnation: 1})
 	if want := fmt.Sprint([]int64{last, -1, -1}); fmt.Sprint(got) != want {
 		t.Fatalf("after a turn whose turn_complete is seq %d: %v, want %v", last, got, want)
+	}
+
+	// Attach and a resuming session/new name the same number, which a
+	// gateway keeps to compare with UpdateSeqs's after a bus reconnect.
+	att, err := h.srv.Attach(context.Background(), &sessionv1.AttachRequest{Principal: alice, SessionId: id, ConnectionId: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att.UpdateSeq == nil || att.GetUpdateSeq() != last {
+		t.Fatalf("Attach named update_seq %v, want %d", att.UpdateSeq, last)
+	}
+	res, err := h.srv.NewSession(context.Background(), &sessionv1.NewSessionRequest{Principal: alice, AgentAlias: "default", SessionId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.GetCreated() || res.UpdateSeq == nil || res.GetUpdateSeq() != last {
+		t.Fatalf("resuming session/new: created %v, update_seq %v, want %d", res.GetCreated(), res.UpdateSeq, last)
 	}
 
 	// Evicted from memory, the session's number is its stored bound,
@@ -56,7 +80,7 @@ func TestUpdateSeqsNamesTheLastUpdatePublished(t *testing.T) {
 	for i := range many {
 		many[i] = this
 	}
-	_, err := h.srv.UpdateSeqs(context.Background(), &sessionv1.UpdateSeqsRequest{Sessions: many})
+	_, err = h.srv.UpdateSeqs(context.Background(), &sessionv1.UpdateSeqsRequest{Sessions: many})
 	if err == nil {
 		t.Fatalf("%d sessions asked about at once: no error", len(many))
 	}

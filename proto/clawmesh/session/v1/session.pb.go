@@ -528,7 +528,12 @@ type NewSessionResponse struct {
 	UpdateSubject string `protobuf:"bytes,5,opt,name=update_subject,json=updateSubject,proto3" json:"update_subject,omitempty"`
 	// created is set when this call made the session, unset when it resumed
 	// one.
-	Created       bool `protobuf:"varint,6,opt,name=created,proto3" json:"created,omitempty"`
+	Created bool `protobuf:"varint,6,opt,name=created,proto3" json:"created,omitempty"`
+	// update_seq is the seq of the session's last update when the answer
+	// was made, as UpdateSeqs names it: a gateway that has received nothing
+	// of the session since knows, once its bus link is back, that nothing
+	// was lost when UpdateSeqs names the same.
+	UpdateSeq     *int64 `protobuf:"varint,7,opt,name=update_seq,json=updateSeq,proto3,oneof" json:"update_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -603,6 +608,13 @@ func (x *NewSessionResponse) GetCreated() bool {
 		return x.Created
 	}
 	return false
+}
+
+func (x *NewSessionResponse) GetUpdateSeq() int64 {
+	if x != nil && x.UpdateSeq != nil {
+		return *x.UpdateSeq
+	}
+	return 0
 }
 
 type FileRef struct {
@@ -1906,7 +1918,9 @@ type AttachResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// subject is the NATS subject carrying the session's updates.
-	Subject       string `protobuf:"bytes,2,opt,name=subject,proto3" json:"subject,omitempty"`
+	Subject string `protobuf:"bytes,2,opt,name=subject,proto3" json:"subject,omitempty"`
+	// update_seq is as NewSessionResponse's.
+	UpdateSeq     *int64 `protobuf:"varint,3,opt,name=update_seq,json=updateSeq,proto3,oneof" json:"update_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1953,6 +1967,13 @@ func (x *AttachResponse) GetSubject() string {
 		return x.Subject
 	}
 	return ""
+}
+
+func (x *AttachResponse) GetUpdateSeq() int64 {
+	if x != nil && x.UpdateSeq != nil {
+		return *x.UpdateSeq
+	}
+	return 0
 }
 
 type UpdateSeqsRequest struct {
@@ -3746,7 +3767,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12/\n" +
 	"\x13interaction_surface\x18\x05 \x01(\tR\x12interactionSurface\x12#\n" +
-	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\"\xdf\x01\n" +
+	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\"\x92\x02\n" +
 	"\x12NewSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1f\n" +
@@ -3755,7 +3776,10 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\rmessage_count\x18\x03 \x01(\x03R\fmessageCount\x12#\n" +
 	"\rworkspace_dir\x18\x04 \x01(\tR\fworkspaceDir\x12%\n" +
 	"\x0eupdate_subject\x18\x05 \x01(\tR\rupdateSubject\x12\x18\n" +
-	"\acreated\x18\x06 \x01(\bR\acreated\"_\n" +
+	"\acreated\x18\x06 \x01(\bR\acreated\x12\"\n" +
+	"\n" +
+	"update_seq\x18\a \x01(\x03H\x00R\tupdateSeq\x88\x01\x01B\r\n" +
+	"\v_update_seq\"_\n" +
 	"\aFileRef\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
 	"\x06marker\x18\x02 \x01(\tR\x06marker\x12%\n" +
@@ -3863,11 +3887,14 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12#\n" +
-	"\rconnection_id\x18\x03 \x01(\tR\fconnectionId\"I\n" +
+	"\rconnection_id\x18\x03 \x01(\tR\fconnectionId\"|\n" +
 	"\x0eAttachResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x18\n" +
-	"\asubject\x18\x02 \x01(\tR\asubject\"X\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\x12\"\n" +
+	"\n" +
+	"update_seq\x18\x03 \x01(\x03H\x00R\tupdateSeq\x88\x01\x01B\r\n" +
+	"\v_update_seq\"X\n" +
 	"\x11UpdateSeqsRequest\x12C\n" +
 	"\bsessions\x18\x01 \x03(\v2'.clawmesh.session.v1.SessionIncarnationR\bsessions\"U\n" +
 	"\x12SessionIncarnation\x12\x1d\n" +
@@ -4253,8 +4280,10 @@ func file_clawmesh_session_v1_session_proto_init() {
 	if File_clawmesh_session_v1_session_proto != nil {
 		return
 	}
+	file_clawmesh_session_v1_session_proto_msgTypes[2].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[4].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[13].OneofWrappers = []any{}
+	file_clawmesh_session_v1_session_proto_msgTypes[24].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
