@@ -1069,3 +1069,61 @@ func TestUploadUserStoredQuota(t *testing.T) {
 		t.Fatalf("committed again from a new connection %+v\nwant %+v", missed, again)
 	}
 }
+
+// A commit's answer outlives upload-staging: killed after the session
+// service stored the file (the client's reply lost with it), the
+// process started again knows nothing of the upload, and the client's
+// commit sent again was told "Unknown or expired upload" although its
+// file was stored. It asks the session service, which recorded the
+// upload id beside the file, and answers the same entry; another user
+// naming that id is told it is unknown, as is an id never begun.
+func TestUploadCommitAnsweredAfterStagingRestarts(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	op := dialUC(t, s)
+	op.must("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
+		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
+		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
+		{"prop": "users.bob.permission_profiles", "value": []string{"up"}},
+	}}, nil)
+	alice := dialUC(t, s, userToken(t, s, "alice"))
+	bob := dialUC(t, s, userToken(t, s, "bob"))
+	sess := alice.session(map[string]any{})
+	data := randomBytes(t, 300000)
+	id := alice.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data), "filename": "kept.bin", "mime_type": "application/octet-stream"})
+	alice.sendAll(id, data)
+	var first fileEntry
+	alice.must("file/upload/commit", map[string]any{"upload_id": id}, &first)
+
+	pid := s.PIDOf("upload-staging")
+	if pid == 0 {
+		t.Fatal("no upload-staging process")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var again fileEntry
+	var re *e2e.RPCError
+	// Sent again until the new process answers it (not "unavailable").
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+		if p := s.PIDOf("upload-staging"); p == 0 || p == pid {
+			return fmt.Errorf("upload-staging pid %d (killed %d)", p, pid)
+		}
+		if re = alice.try("file/upload/commit", map[string]any{"upload_id": id}, &again); re != nil && re.Code == -32603 {
+			return fmt.Errorf("commit again: %s", re.Describe())
+		}
+		return nil
+	})
+	if re != nil {
+		t.Fatalf("commit sent again after a restart: %s", re.Describe())
+	}
+	if again != first {
+		t.Fatalf("commit sent again after a restart answered %+v, first %+v", again, first)
+	}
+	// Another user's commit of the same id, and an id never begun.
+	bob.refused("file/upload/commit", map[string]any{"upload_id": id}, -32602, uploads.UnknownUpload(id))
+	other := strings.Repeat("0", uploads.IDHexLen)
+	alice.refused("file/upload/commit", map[string]any{"upload_id": other}, -32602, uploads.UnknownUpload(other))
+	alice.refused("file/upload/commit", map[string]any{"upload_id": "x' OR '1'='1"}, -32602, "Invalid params: "+uploads.BadUploadID)
+}

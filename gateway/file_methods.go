@@ -80,7 +80,7 @@ func decodeB64(s, field string) ([]byte, error) {
 // upload-staging makes them.
 func uploadID(id string) (string, error) {
 	if !ids.LowerHex(id, uploads.IDHexLen) {
-		return "", invalidParams("`upload_id` must be 32 lower-case hexadecimal characters")
+		return "", invalidParams(uploads.BadUploadID)
 	}
 	return id, nil
 }

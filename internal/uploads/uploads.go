@@ -40,6 +40,10 @@ func TooManyAttachments(n int) string {
 	return fmt.Sprintf("`attachments` lists %d files; the limit is %d", n, MaxAttachments)
 }
 
+// BadUploadID refuses an upload_id not of the form upload-staging makes
+// (IDHexLen lower-case hexadecimal characters).
+const BadUploadID = "`upload_id` must be 32 lower-case hexadecimal characters"
+
 // The refusal messages of docs/spec.md §6, each sent as -32602.
 
 // UnknownUpload: no such upload on this connection (or it expired).

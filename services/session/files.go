@@ -266,6 +266,9 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	if err != nil {
 		return nil, err
 	}
+	if u := req.GetUploadId(); u != "" && !ids.LowerHex(u, uploads.IDHexLen) {
+		return nil, errInvalid(uploads.BadUploadID)
+	}
 	if req.GetPath() != "" {
 		if err := s.mayReadPath(ctx, p); err != nil {
 			return nil, err
@@ -324,7 +327,7 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 		if err := ctx.Err(); err != nil {
 			return status.FromContextError(err).Err()
 		}
-		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, name: name, mime: mimeType})
+		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, name: name, mime: mimeType, principal: p.GetPrincipalId(), uploadID: req.GetUploadId()})
 		return err
 	})
 	if err != nil {
@@ -438,10 +441,55 @@ func fileExt(name string) string {
 	return ext
 }
 
-// storedFile is one file to store.
+// storedFile is one file to store; uploadID, when set, is the chunked
+// upload it comes from, recorded for principal (CommittedUpload).
 type storedFile struct {
-	name, mime string
-	data       []byte
+	name, mime          string
+	data                []byte
+	principal, uploadID string
+}
+
+// maxUploadsPerFile bounds the upload ids recorded beside one stored
+// file: the same content committed again and again, each time from a
+// new upload, is recorded for its newest uploads only.
+const maxUploadsPerFile = 16
+
+// CommittedUpload returns the entry the store of the principal's upload
+// answered, while its file is stored (docs/spec.md §6): upload-staging
+// asks it for a commit of an upload it does not know, sent again after
+// it restarted. Another principal's upload is never answered.
+func (s *Server) CommittedUpload(ctx context.Context, req *sessionv1.CommittedUploadRequest) (*sessionv1.CommittedUploadResponse, error) {
+	if err := requirePrincipal(req.GetPrincipal()); err != nil {
+		return nil, err
+	}
+	if !ids.LowerHex(req.GetUploadId(), uploads.IDHexLen) {
+		return nil, errInvalid(uploads.BadUploadID)
+	}
+	var sum, name, mimeType, rel, workspace string
+	var size int64
+	var dedup bool
+	err := s.store.db.QueryRow(ctx, `SELECT u.sha256, u.filename, u.mime_type, u.deduplicated, f.path, f.size_bytes, s.workspace_dir
+		FROM session_file_uploads u
+		JOIN session_files f ON f.session_id = u.session_id AND f.sha256 = u.sha256
+		JOIN sessions s ON s.session_id = u.session_id
+		WHERE u.principal = $1 AND u.upload_id = $2`,
+		req.GetPrincipal().GetPrincipalId(), req.GetUploadId()).Scan(&sum, &name, &mimeType, &dedup, &rel, &size, &workspace)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &sessionv1.CommittedUploadResponse{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read committed upload: %w", err)
+	}
+	return &sessionv1.CommittedUploadResponse{File: fileEntry(workspace, rel, sum, name, mimeType, size, dedup)}, nil
+}
+
+// fileEntry is a stored file's entry: rel is its path in workspace.
+func fileEntry(workspace, rel, sum, name, mimeType string, size int64, dedup bool) *sessionv1.FileEntry {
+	path := filepath.Join(workspace, rel)
+	return &sessionv1.FileEntry{
+		RefId: uploads.RefID(sum), Marker: uploads.Marker(mimeType, name, path), WorkspacePath: path,
+		SizeBytes: size, Deduplicated: dedup,
+	}
 }
 
 // writeAheadMin is the size from which a file is written and synced
@@ -531,11 +579,23 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 			return nil, true, fmt.Errorf("index file: %w", err)
 		}
 	}
-	path := filepath.Join(r.WorkspaceDir, rel)
-	return &sessionv1.FileEntry{
-		RefId: uploads.RefID(sum), Marker: uploads.Marker(f.mime, f.name, path), WorkspacePath: path,
-		SizeBytes: int64(len(f.data)), Deduplicated: dedup,
-	}, placed, nil
+	if f.uploadID != "" {
+		// In the store's transaction: an answer recorded is a file
+		// stored, and a file stored has its answer recorded.
+		if _, err := tx.Exec(ctx, `INSERT INTO session_file_uploads (principal, upload_id, session_id, sha256, filename, mime_type, deduplicated)
+			VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (principal, upload_id) DO NOTHING`,
+			f.principal, f.uploadID, r.ID, sum, f.name, f.mime, dedup); err != nil {
+			return nil, placed, fmt.Errorf("record upload: %w", err)
+		}
+		if dedup {
+			if _, err := tx.Exec(ctx, `DELETE FROM session_file_uploads WHERE session_id = $1 AND sha256 = $2 AND seq < (
+				SELECT min(seq) FROM (SELECT seq FROM session_file_uploads WHERE session_id = $1 AND sha256 = $2 ORDER BY seq DESC LIMIT $3) AS newest)`,
+				r.ID, sum, maxUploadsPerFile); err != nil {
+				return nil, placed, fmt.Errorf("bound recorded uploads: %w", err)
+			}
+		}
+	}
+	return fileEntry(r.WorkspaceDir, rel, sum, f.name, f.mime, int64(len(f.data)), dedup), placed, nil
 }
 
 // storedQuota is what a user's sessions may hold in stored files: the

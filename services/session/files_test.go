@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
@@ -1461,5 +1462,63 @@ func TestStoreFileOutlivesItsCallerOnceWritten(t *testing.T) {
 	}
 	if b, files := h.usage(alice); (rows == 1) != (b == int64(len(data)) && files == 1) {
 		t.Fatalf("usage %d bytes in %d files with %d index rows", b, files, rows)
+	}
+}
+
+// A store named with an upload id records it beside the file, for its
+// principal only: CommittedUpload answers the entry the store answered
+// (upload-staging restarted since asks it for a commit sent again), and
+// nothing to another principal or for an id never stored. The same
+// content stored again from new uploads keeps the newest
+// maxUploadsPerFile ids of it. An id not of an upload id's form never
+// reaches SQL.
+func TestCommittedUploadAnswersItsPrincipalOnly(t *testing.T) {
+	h, _ := fileHarness(t)
+	id := h.newSession(alice, "default")
+	data := []byte("kept answer\n")
+	uploadID := func(n int) string { return fmt.Sprintf("%032x", n) }
+	committed := func(p *commonv1.Principal, upload string) (*sessionv1.FileEntry, error) {
+		resp, err := h.srv.CommittedUpload(context.Background(), &sessionv1.CommittedUploadRequest{Principal: p, UploadId: upload})
+		return resp.GetFile(), err
+	}
+
+	f := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "a.txt", Data: data, UploadId: uploadID(1)})
+	if got, err := committed(alice, uploadID(1)); err != nil || !proto.Equal(got, f) {
+		t.Fatalf("committed upload %v (%v), stored %v", got, err, f)
+	}
+	if got, err := committed(bob, uploadID(1)); err != nil || got != nil {
+		t.Fatalf("another principal's upload: %v (%v)", got, err)
+	}
+	if got, err := committed(alice, uploadID(2)); err != nil || got != nil {
+		t.Fatalf("an upload never stored: %v (%v)", got, err)
+	}
+	for _, bad := range []string{"", "x' OR '1'='1", strings.ToUpper(uploadID(0xab))} {
+		if _, err := committed(alice, bad); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("upload id %q: %v", bad, err)
+		}
+		if _, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "b.txt", Data: []byte("other"), UploadId: bad + "z"}); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("store with upload id %q: %v", bad+"z", err)
+		}
+	}
+
+	// Stored again and again: its newest uploads are answered, each with
+	// its own name, and the rows stay bounded.
+	last := 1 + maxUploadsPerFile + 3
+	var newest *sessionv1.FileEntry
+	for n := 2; n <= last; n++ {
+		newest = h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: fmt.Sprintf("copy%d.txt", n), Data: data, UploadId: uploadID(n)})
+	}
+	if got, err := committed(alice, uploadID(last)); err != nil || !proto.Equal(got, newest) || !got.GetDeduplicated() {
+		t.Fatalf("newest upload %v (%v), stored %v", got, err, newest)
+	}
+	if got, err := committed(alice, uploadID(1)); err != nil || got != nil {
+		t.Fatalf("oldest upload of a file stored %d times: %v (%v)", last, got, err)
+	}
+	var rows int
+	if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM session_file_uploads WHERE session_id = $1", id).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != maxUploadsPerFile {
+		t.Fatalf("%d upload rows for one file stored %d times, want %d", rows, last, maxUploadsPerFile)
 	}
 }

@@ -125,7 +125,8 @@ const maxAnswers = 1024
 // the same connection or a new one; it was told "Unknown or expired
 // upload", as if the file it had stored were lost. Only the principal
 // that committed it is answered; the oldest answers go first past
-// maxAnswers, and a commit sent again after that is unknown, as before.
+// maxAnswers; a commit sent again after that, or after this process
+// restarted, is answered from the session service (committedBefore).
 type answers struct {
 	mu    sync.Mutex
 	byID  map[string]answer
@@ -321,7 +322,10 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	}
 	p, err := s.stage.Take(o, req.GetUploadId())
 	if err != nil {
-		return nil, err
+		if !isUnknown(err, req.GetUploadId()) {
+			return nil, err
+		}
+		return s.committedBefore(ctx, req, err)
 	}
 	// Taken, the upload is committed whoever still waits for the answer.
 	// A caller gone (a client that closed its connection mid-commit: the
@@ -338,7 +342,7 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
 		Principal: req.GetPrincipal(), SessionId: d.SessionID, Generation: d.Generation, Incarnation: d.Incarnation,
 		Owner: d.SessionOwner, AgentAlias: d.Agent, Filename: d.Filename, MimeType: d.MIME, Data: p.Data,
-		MaxBytes: s.stage.Limits().MaxFileBytes,
+		MaxBytes: s.stage.Limits().MaxFileBytes, UploadId: p.ID,
 	})
 	keep := err != nil && passing(err)
 	if err == nil {
@@ -353,6 +357,40 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 		return nil, err
 	}
 	return &uploadv1.CommitResponse{File: entry}, nil
+}
+
+// isUnknown reports whether err is the stage's refusal of id as unknown.
+func isUnknown(err error, id string) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.InvalidArgument && st.Message() == uploads.UnknownUpload(id)
+}
+
+// committedBefore answers a commit of an upload the stage does not know
+// (refusal): the entry its store answered, if the session service
+// recorded the principal's upload id beside a stored file. The answers
+// kept here are lost when this process restarts, after a store whose
+// reply its client never saw; the client's commit sent again then read
+// "Unknown or expired upload" although its file was stored. An id not
+// of an upload id's form is not sent on.
+func (s *Server) committedBefore(ctx context.Context, req *uploadv1.CommitRequest, refusal error) (*uploadv1.CommitResponse, error) {
+	if !ids.LowerHex(req.GetUploadId(), uploads.IDHexLen) {
+		return nil, refusal
+	}
+	resp, err := s.cfg.Sessions.CommittedUpload(ctx, &sessionv1.CommittedUploadRequest{Principal: req.GetPrincipal(), UploadId: req.GetUploadId()})
+	if err != nil {
+		if passing(err) {
+			// Whether the file was stored is not known: the client
+			// may try again, where "unknown" would tell it to upload
+			// again.
+			return nil, fromSessions(err)
+		}
+		s.log.Warn("committed upload not read", zap.String("upload_id", req.GetUploadId()), zap.Error(err))
+		return nil, refusal
+	}
+	if resp.GetFile() == nil {
+		return nil, refusal
+	}
+	return &uploadv1.CommitResponse{File: resp.GetFile()}, nil
 }
 
 // commitTimeout bounds a commit once its upload is taken, with no

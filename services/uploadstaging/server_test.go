@@ -23,7 +23,7 @@ import (
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
 )
 
-// sessions stands in for the session service's two file RPCs; what they
+// sessions stands in for the session service's file RPCs; what they
 // decide is the session package's and is tested there and end to end.
 type sessions struct {
 	sessionv1.SessionServiceClient
@@ -32,6 +32,11 @@ type sessions struct {
 	storeErr error
 	stores   []*sessionv1.StoreFileRequest
 	checks   []*sessionv1.CheckUploadRequest
+	// committed is what CommittedUpload answers, by "principal id";
+	// lookups the ids it was asked.
+	committed map[string]*sessionv1.FileEntry
+	lookups   []string
+	lookupErr error
 }
 
 func (f *sessions) CheckUpload(_ context.Context, req *sessionv1.CheckUploadRequest, _ ...grpc.CallOption) (*sessionv1.CheckUploadResponse, error) {
@@ -57,6 +62,18 @@ func (f *sessions) StoreFile(_ context.Context, req *sessionv1.StoreFileRequest,
 		return nil, f.storeErr
 	}
 	return &sessionv1.StoreFileResponse{File: &sessionv1.FileEntry{RefId: "sha256:" + uploads.Sum(req.GetData()), SizeBytes: int64(len(req.GetData()))}}, nil
+}
+
+// CommittedUpload answers the entries set in committed, by principal
+// and upload id, and records what it was asked.
+func (f *sessions) CommittedUpload(_ context.Context, req *sessionv1.CommittedUploadRequest, _ ...grpc.CallOption) (*sessionv1.CommittedUploadResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lookups = append(f.lookups, req.GetUploadId())
+	if f.lookupErr != nil {
+		return nil, f.lookupErr
+	}
+	return &sessionv1.CommittedUploadResponse{File: f.committed[req.GetPrincipal().GetPrincipalId()+" "+req.GetUploadId()]}, nil
 }
 
 func (f *sessions) failWith(err error) {
@@ -595,5 +612,39 @@ func TestBeginRefusesAMalformedMIMEType(t *testing.T) {
 	}
 	if _, err := s.Begin(context.Background(), &uploadv1.BeginRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_1", SizeBytes: 5, MimeType: "Text/Plain; charset=utf-8"}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A commit of an upload this process does not know (it restarted since
+// the store; its answers went with it) is answered from the session
+// service, which recorded the upload id beside the stored file, for the
+// principal that committed it. An id not of an upload id's form is not
+// sent on; the session service unreachable is not "unknown", which would
+// tell the client to upload again a file that may be stored.
+func TestCommitOfAnUnknownUploadAsksTheSessionService(t *testing.T) {
+	s, f := newServer(t, nil)
+	id := strings.Repeat("ab", uploads.IDHexLen/2)
+	entry := &sessionv1.FileEntry{RefId: "sha256:" + strings.Repeat("0", 64), SizeBytes: 3}
+	f.committed = map[string]*sessionv1.FileEntry{user.GetPrincipalId() + " " + id: entry}
+	resp, err := commit(s, user, id)
+	if err != nil || !proto.Equal(resp.GetFile(), entry) {
+		t.Fatalf("commit of an upload stored before a restart: %v, %v", resp, err)
+	}
+	bob := &commonv1.Principal{PrincipalId: "user:bob", User: "bob"}
+	if _, err := commit(s, bob, id); status.Convert(err).Message() != uploads.UnknownUpload(id) {
+		t.Fatalf("another user's commit of it: %v", err)
+	}
+	f.lookups = nil
+	for _, bad := range []string{"nope", "x' OR '1'='1", strings.ToUpper(id)} {
+		if _, err := commit(s, user, bad); status.Convert(err).Message() != uploads.UnknownUpload(bad) {
+			t.Fatalf("commit of %q: %v", bad, err)
+		}
+	}
+	if len(f.lookups) != 0 {
+		t.Fatalf("malformed ids sent to the session service: %q", f.lookups)
+	}
+	f.lookupErr = status.Error(codes.Unavailable, "connection error")
+	if _, err := commit(s, user, id); status.Code(err) != codes.Unavailable || status.Convert(err).Message() != "session service unavailable" {
+		t.Fatalf("commit with the session service down: %v", err)
 	}
 }

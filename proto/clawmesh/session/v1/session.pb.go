@@ -2387,7 +2387,10 @@ type StoreFileRequest struct {
 	Owner       string `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`
 	Incarnation int64  `protobuf:"varint,10,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// max_bytes, when positive, bounds the file (data or path).
-	MaxBytes      int64 `protobuf:"varint,11,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes int64 `protobuf:"varint,11,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// upload_id, when set, is the chunked upload the file comes from: it
+	// is recorded beside the file for CommittedUpload, with the principal.
+	UploadId      string `protobuf:"bytes,12,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2499,6 +2502,13 @@ func (x *StoreFileRequest) GetMaxBytes() int64 {
 	return 0
 }
 
+func (x *StoreFileRequest) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
 type StoreFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	File          *FileEntry             `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
@@ -2543,6 +2553,103 @@ func (x *StoreFileResponse) GetFile() *FileEntry {
 	return nil
 }
 
+type CommittedUploadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	UploadId      string                 `protobuf:"bytes,2,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommittedUploadRequest) Reset() {
+	*x = CommittedUploadRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommittedUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommittedUploadRequest) ProtoMessage() {}
+
+func (x *CommittedUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommittedUploadRequest.ProtoReflect.Descriptor instead.
+func (*CommittedUploadRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CommittedUploadRequest) GetPrincipal() *v1.Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+func (x *CommittedUploadRequest) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+type CommittedUploadResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// file is unset when no file of the principal's upload_id is stored.
+	File          *FileEntry `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommittedUploadResponse) Reset() {
+	*x = CommittedUploadResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommittedUploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommittedUploadResponse) ProtoMessage() {}
+
+func (x *CommittedUploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommittedUploadResponse.ProtoReflect.Descriptor instead.
+func (*CommittedUploadResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CommittedUploadResponse) GetFile() *FileEntry {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
 type FileEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RefId         string                 `protobuf:"bytes,1,opt,name=ref_id,json=refId,proto3" json:"ref_id,omitempty"`
@@ -2556,7 +2663,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2568,7 +2675,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2581,7 +2688,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FileEntry) GetRefId() string {
@@ -2630,7 +2737,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2749,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2762,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StatusRequest) GetPrincipal() *v1.Principal {
@@ -2681,7 +2788,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2800,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2813,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatusResponse) GetActiveSessions() int64 {
@@ -2757,7 +2864,7 @@ type ApprovalView struct {
 
 func (x *ApprovalView) Reset() {
 	*x = ApprovalView{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2769,7 +2876,7 @@ func (x *ApprovalView) String() string {
 func (*ApprovalView) ProtoMessage() {}
 
 func (x *ApprovalView) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2782,7 +2889,7 @@ func (x *ApprovalView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalView.ProtoReflect.Descriptor instead.
 func (*ApprovalView) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ApprovalView) GetRequestId() string {
@@ -2893,7 +3000,7 @@ type SessionView struct {
 
 func (x *SessionView) Reset() {
 	*x = SessionView{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2905,7 +3012,7 @@ func (x *SessionView) String() string {
 func (*SessionView) ProtoMessage() {}
 
 func (x *SessionView) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2918,7 +3025,7 @@ func (x *SessionView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionView.ProtoReflect.Descriptor instead.
 func (*SessionView) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SessionView) GetSession() *Session {
@@ -2978,7 +3085,7 @@ type ListSessionViewsRequest struct {
 
 func (x *ListSessionViewsRequest) Reset() {
 	*x = ListSessionViewsRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2990,7 +3097,7 @@ func (x *ListSessionViewsRequest) String() string {
 func (*ListSessionViewsRequest) ProtoMessage() {}
 
 func (x *ListSessionViewsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3003,7 +3110,7 @@ func (x *ListSessionViewsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionViewsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionViewsRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListSessionViewsRequest) GetPrincipal() *v1.Principal {
@@ -3046,7 +3153,7 @@ type ListSessionViewsResponse struct {
 
 func (x *ListSessionViewsResponse) Reset() {
 	*x = ListSessionViewsResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3165,7 @@ func (x *ListSessionViewsResponse) String() string {
 func (*ListSessionViewsResponse) ProtoMessage() {}
 
 func (x *ListSessionViewsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3178,7 @@ func (x *ListSessionViewsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionViewsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionViewsResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListSessionViewsResponse) GetViews() []*SessionView {
@@ -3098,7 +3205,7 @@ type GetSessionViewRequest struct {
 
 func (x *GetSessionViewRequest) Reset() {
 	*x = GetSessionViewRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3217,7 @@ func (x *GetSessionViewRequest) String() string {
 func (*GetSessionViewRequest) ProtoMessage() {}
 
 func (x *GetSessionViewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3230,7 @@ func (x *GetSessionViewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionViewRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionViewRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetSessionViewRequest) GetPrincipal() *v1.Principal {
@@ -3149,7 +3256,7 @@ type GetSessionViewResponse struct {
 
 func (x *GetSessionViewResponse) Reset() {
 	*x = GetSessionViewResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3161,7 +3268,7 @@ func (x *GetSessionViewResponse) String() string {
 func (*GetSessionViewResponse) ProtoMessage() {}
 
 func (x *GetSessionViewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3174,7 +3281,7 @@ func (x *GetSessionViewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionViewResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionViewResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetSessionViewResponse) GetView() *SessionView {
@@ -3197,7 +3304,7 @@ type TranscriptMessage struct {
 
 func (x *TranscriptMessage) Reset() {
 	*x = TranscriptMessage{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3209,7 +3316,7 @@ func (x *TranscriptMessage) String() string {
 func (*TranscriptMessage) ProtoMessage() {}
 
 func (x *TranscriptMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3222,7 +3329,7 @@ func (x *TranscriptMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptMessage.ProtoReflect.Descriptor instead.
 func (*TranscriptMessage) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *TranscriptMessage) GetIndex() int64 {
@@ -3269,7 +3376,7 @@ type TranscriptRequest struct {
 
 func (x *TranscriptRequest) Reset() {
 	*x = TranscriptRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3388,7 @@ func (x *TranscriptRequest) String() string {
 func (*TranscriptRequest) ProtoMessage() {}
 
 func (x *TranscriptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3294,7 +3401,7 @@ func (x *TranscriptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptRequest.ProtoReflect.Descriptor instead.
 func (*TranscriptRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TranscriptRequest) GetPrincipal() *v1.Principal {
@@ -3337,7 +3444,7 @@ type TranscriptResponse struct {
 
 func (x *TranscriptResponse) Reset() {
 	*x = TranscriptResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3349,7 +3456,7 @@ func (x *TranscriptResponse) String() string {
 func (*TranscriptResponse) ProtoMessage() {}
 
 func (x *TranscriptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3362,7 +3469,7 @@ func (x *TranscriptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptResponse.ProtoReflect.Descriptor instead.
 func (*TranscriptResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TranscriptResponse) GetSessionId() string {
@@ -3397,7 +3504,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3409,7 +3516,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3422,7 +3529,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetApprovalRequest) GetPrincipal() *v1.Principal {
@@ -3455,7 +3562,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3467,7 +3574,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3480,7 +3587,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetApprovalResponse) GetApproval() *ApprovalView {
@@ -3507,7 +3614,7 @@ type StartTurnRequest struct {
 
 func (x *StartTurnRequest) Reset() {
 	*x = StartTurnRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3519,7 +3626,7 @@ func (x *StartTurnRequest) String() string {
 func (*StartTurnRequest) ProtoMessage() {}
 
 func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3532,7 +3639,7 @@ func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTurnRequest.ProtoReflect.Descriptor instead.
 func (*StartTurnRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StartTurnRequest) GetPrincipal() *v1.Principal {
@@ -3573,7 +3680,7 @@ type StartTurnResponse struct {
 
 func (x *StartTurnResponse) Reset() {
 	*x = StartTurnResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3585,7 +3692,7 @@ func (x *StartTurnResponse) String() string {
 func (*StartTurnResponse) ProtoMessage() {}
 
 func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3598,7 +3705,7 @@ func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTurnResponse.ProtoReflect.Descriptor instead.
 func (*StartTurnResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{49}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StartTurnResponse) GetSessionId() string {
@@ -3626,7 +3733,7 @@ type CancelTurnRequest struct {
 
 func (x *CancelTurnRequest) Reset() {
 	*x = CancelTurnRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3638,7 +3745,7 @@ func (x *CancelTurnRequest) String() string {
 func (*CancelTurnRequest) ProtoMessage() {}
 
 func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +3758,7 @@ func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTurnRequest.ProtoReflect.Descriptor instead.
 func (*CancelTurnRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{50}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CancelTurnRequest) GetPrincipal() *v1.Principal {
@@ -3689,7 +3796,7 @@ type CancelTurnResponse struct {
 
 func (x *CancelTurnResponse) Reset() {
 	*x = CancelTurnResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3701,7 +3808,7 @@ func (x *CancelTurnResponse) String() string {
 func (*CancelTurnResponse) ProtoMessage() {}
 
 func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3714,7 +3821,7 @@ func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTurnResponse.ProtoReflect.Descriptor instead.
 func (*CancelTurnResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{51}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CancelTurnResponse) GetSessionId() string {
@@ -3922,7 +4029,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
 	"agentAlias\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12 \n" +
-	"\vincarnation\x18\x04 \x01(\x03R\vincarnation\"\xe5\x02\n" +
+	"\vincarnation\x18\x04 \x01(\x03R\vincarnation\"\x82\x03\n" +
 	"\x10StoreFileRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -3939,8 +4046,14 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x05owner\x18\t \x01(\tR\x05owner\x12 \n" +
 	"\vincarnation\x18\n" +
 	" \x01(\x03R\vincarnation\x12\x1b\n" +
-	"\tmax_bytes\x18\v \x01(\x03R\bmaxBytes\"G\n" +
+	"\tmax_bytes\x18\v \x01(\x03R\bmaxBytes\x12\x1b\n" +
+	"\tupload_id\x18\f \x01(\tR\buploadId\"G\n" +
 	"\x11StoreFileResponse\x122\n" +
+	"\x04file\x18\x01 \x01(\v2\x1e.clawmesh.session.v1.FileEntryR\x04file\"r\n" +
+	"\x16CommittedUploadRequest\x12;\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1b\n" +
+	"\tupload_id\x18\x02 \x01(\tR\buploadId\"M\n" +
+	"\x17CommittedUploadResponse\x122\n" +
 	"\x04file\x18\x01 \x01(\v2\x1e.clawmesh.session.v1.FileEntryR\x04file\"\xa4\x01\n" +
 	"\tFileEntry\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
@@ -4073,7 +4186,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x17APPROVAL_STATUS_PENDING\x10\x01\x12\x1b\n" +
 	"\x17APPROVAL_STATUS_DECIDED\x10\x02\x12\x1d\n" +
 	"\x19APPROVAL_STATUS_TIMED_OUT\x10\x03\x12\x1d\n" +
-	"\x19APPROVAL_STATUS_CANCELLED\x10\x042\xdd\x0f\n" +
+	"\x19APPROVAL_STATUS_CANCELLED\x10\x042\xcb\x10\n" +
 	"\x0eSessionService\x12]\n" +
 	"\n" +
 	"NewSession\x12&.clawmesh.session.v1.NewSessionRequest\x1a'.clawmesh.session.v1.NewSessionResponse\x12Q\n" +
@@ -4091,7 +4204,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"UpdateSeqs\x12&.clawmesh.session.v1.UpdateSeqsRequest\x1a'.clawmesh.session.v1.UpdateSeqsResponse\x12Z\n" +
 	"\tStoreFile\x12%.clawmesh.session.v1.StoreFileRequest\x1a&.clawmesh.session.v1.StoreFileResponse\x12`\n" +
-	"\vCheckUpload\x12'.clawmesh.session.v1.CheckUploadRequest\x1a(.clawmesh.session.v1.CheckUploadResponse\x12Q\n" +
+	"\vCheckUpload\x12'.clawmesh.session.v1.CheckUploadRequest\x1a(.clawmesh.session.v1.CheckUploadResponse\x12l\n" +
+	"\x0fCommittedUpload\x12+.clawmesh.session.v1.CommittedUploadRequest\x1a,.clawmesh.session.v1.CommittedUploadResponse\x12Q\n" +
 	"\x06Status\x12\".clawmesh.session.v1.StatusRequest\x1a#.clawmesh.session.v1.StatusResponse\x12o\n" +
 	"\x10ListSessionViews\x12,.clawmesh.session.v1.ListSessionViewsRequest\x1a-.clawmesh.session.v1.ListSessionViewsResponse\x12i\n" +
 	"\x0eGetSessionView\x12*.clawmesh.session.v1.GetSessionViewRequest\x1a+.clawmesh.session.v1.GetSessionViewResponse\x12]\n" +
@@ -4115,7 +4229,7 @@ func file_clawmesh_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_clawmesh_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(SessionState)(0),                // 0: clawmesh.session.v1.SessionState
 	(TurnOutcome)(0),                 // 1: clawmesh.session.v1.TurnOutcome
@@ -4156,123 +4270,129 @@ var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(*CheckUploadResponse)(nil),      // 36: clawmesh.session.v1.CheckUploadResponse
 	(*StoreFileRequest)(nil),         // 37: clawmesh.session.v1.StoreFileRequest
 	(*StoreFileResponse)(nil),        // 38: clawmesh.session.v1.StoreFileResponse
-	(*FileEntry)(nil),                // 39: clawmesh.session.v1.FileEntry
-	(*StatusRequest)(nil),            // 40: clawmesh.session.v1.StatusRequest
-	(*StatusResponse)(nil),           // 41: clawmesh.session.v1.StatusResponse
-	(*ApprovalView)(nil),             // 42: clawmesh.session.v1.ApprovalView
-	(*SessionView)(nil),              // 43: clawmesh.session.v1.SessionView
-	(*ListSessionViewsRequest)(nil),  // 44: clawmesh.session.v1.ListSessionViewsRequest
-	(*ListSessionViewsResponse)(nil), // 45: clawmesh.session.v1.ListSessionViewsResponse
-	(*GetSessionViewRequest)(nil),    // 46: clawmesh.session.v1.GetSessionViewRequest
-	(*GetSessionViewResponse)(nil),   // 47: clawmesh.session.v1.GetSessionViewResponse
-	(*TranscriptMessage)(nil),        // 48: clawmesh.session.v1.TranscriptMessage
-	(*TranscriptRequest)(nil),        // 49: clawmesh.session.v1.TranscriptRequest
-	(*TranscriptResponse)(nil),       // 50: clawmesh.session.v1.TranscriptResponse
-	(*GetApprovalRequest)(nil),       // 51: clawmesh.session.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),      // 52: clawmesh.session.v1.GetApprovalResponse
-	(*StartTurnRequest)(nil),         // 53: clawmesh.session.v1.StartTurnRequest
-	(*StartTurnResponse)(nil),        // 54: clawmesh.session.v1.StartTurnResponse
-	(*CancelTurnRequest)(nil),        // 55: clawmesh.session.v1.CancelTurnRequest
-	(*CancelTurnResponse)(nil),       // 56: clawmesh.session.v1.CancelTurnResponse
-	(*timestamppb.Timestamp)(nil),    // 57: google.protobuf.Timestamp
-	(*v1.Principal)(nil),             // 58: clawmesh.common.v1.Principal
+	(*CommittedUploadRequest)(nil),   // 39: clawmesh.session.v1.CommittedUploadRequest
+	(*CommittedUploadResponse)(nil),  // 40: clawmesh.session.v1.CommittedUploadResponse
+	(*FileEntry)(nil),                // 41: clawmesh.session.v1.FileEntry
+	(*StatusRequest)(nil),            // 42: clawmesh.session.v1.StatusRequest
+	(*StatusResponse)(nil),           // 43: clawmesh.session.v1.StatusResponse
+	(*ApprovalView)(nil),             // 44: clawmesh.session.v1.ApprovalView
+	(*SessionView)(nil),              // 45: clawmesh.session.v1.SessionView
+	(*ListSessionViewsRequest)(nil),  // 46: clawmesh.session.v1.ListSessionViewsRequest
+	(*ListSessionViewsResponse)(nil), // 47: clawmesh.session.v1.ListSessionViewsResponse
+	(*GetSessionViewRequest)(nil),    // 48: clawmesh.session.v1.GetSessionViewRequest
+	(*GetSessionViewResponse)(nil),   // 49: clawmesh.session.v1.GetSessionViewResponse
+	(*TranscriptMessage)(nil),        // 50: clawmesh.session.v1.TranscriptMessage
+	(*TranscriptRequest)(nil),        // 51: clawmesh.session.v1.TranscriptRequest
+	(*TranscriptResponse)(nil),       // 52: clawmesh.session.v1.TranscriptResponse
+	(*GetApprovalRequest)(nil),       // 53: clawmesh.session.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),      // 54: clawmesh.session.v1.GetApprovalResponse
+	(*StartTurnRequest)(nil),         // 55: clawmesh.session.v1.StartTurnRequest
+	(*StartTurnResponse)(nil),        // 56: clawmesh.session.v1.StartTurnResponse
+	(*CancelTurnRequest)(nil),        // 57: clawmesh.session.v1.CancelTurnRequest
+	(*CancelTurnResponse)(nil),       // 58: clawmesh.session.v1.CancelTurnResponse
+	(*timestamppb.Timestamp)(nil),    // 59: google.protobuf.Timestamp
+	(*v1.Principal)(nil),             // 60: clawmesh.common.v1.Principal
 }
 var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: clawmesh.session.v1.Session.state:type_name -> clawmesh.session.v1.SessionState
-	57, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	57, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
-	58, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
-	58, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	59, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	59, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
+	60, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
 	8,  // 5: clawmesh.session.v1.PromptRequest.attachments:type_name -> clawmesh.session.v1.FileRef
 	1,  // 6: clawmesh.session.v1.PromptResponse.outcome:type_name -> clawmesh.session.v1.TurnOutcome
-	58, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
-	58, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
 	2,  // 9: clawmesh.session.v1.ApproveRequest.decision:type_name -> clawmesh.session.v1.Decision
 	3,  // 10: clawmesh.session.v1.ApproveRequest.surface:type_name -> clawmesh.session.v1.Surface
-	58, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
 	0,  // 12: clawmesh.session.v1.StateResponse.state:type_name -> clawmesh.session.v1.SessionState
-	58, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
 	17, // 14: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
-	58, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
 	5,  // 16: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
-	58, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
-	58, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
-	58, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
-	58, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
 	31, // 21: clawmesh.session.v1.UpdateSeqsRequest.sessions:type_name -> clawmesh.session.v1.SessionIncarnation
-	58, // 22: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
-	58, // 23: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
-	39, // 24: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	58, // 25: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
-	4,  // 26: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
-	2,  // 27: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
-	3,  // 28: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
-	57, // 29: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
-	57, // 30: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
-	57, // 31: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
-	5,  // 32: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
-	57, // 33: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
-	42, // 34: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
-	58, // 35: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
-	43, // 36: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
-	58, // 37: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
-	43, // 38: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
-	57, // 39: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
-	58, // 40: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
-	48, // 41: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
-	58, // 42: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
-	42, // 43: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
-	58, // 44: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	58, // 45: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	6,  // 46: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
-	9,  // 47: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
-	11, // 48: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
-	13, // 49: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
-	15, // 50: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
-	18, // 51: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
-	20, // 52: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
-	22, // 53: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
-	24, // 54: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
-	26, // 55: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
-	28, // 56: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	33, // 57: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
-	30, // 58: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
-	37, // 59: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	35, // 60: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	40, // 61: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	44, // 62: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
-	46, // 63: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
-	49, // 64: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
-	51, // 65: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
-	53, // 66: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
-	55, // 67: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
-	7,  // 68: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	10, // 69: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	12, // 70: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	14, // 71: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	16, // 72: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	19, // 73: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	21, // 74: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	23, // 75: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
-	25, // 76: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
-	27, // 77: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
-	29, // 78: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	34, // 79: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	32, // 80: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
-	38, // 81: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
-	36, // 82: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	41, // 83: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	45, // 84: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
-	47, // 85: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
-	50, // 86: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
-	52, // 87: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
-	54, // 88: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
-	56, // 89: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
-	68, // [68:90] is the sub-list for method output_type
-	46, // [46:68] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	60, // 22: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 23: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
+	41, // 24: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	60, // 25: clawmesh.session.v1.CommittedUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	41, // 26: clawmesh.session.v1.CommittedUploadResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	60, // 27: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
+	4,  // 28: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
+	2,  // 29: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
+	3,  // 30: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
+	59, // 31: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
+	59, // 32: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
+	59, // 33: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
+	5,  // 34: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
+	59, // 35: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
+	44, // 36: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
+	60, // 37: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	45, // 38: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
+	60, // 39: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
+	45, // 40: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
+	59, // 41: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
+	60, // 42: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	50, // 43: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
+	60, // 44: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
+	44, // 45: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
+	60, // 46: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	60, // 47: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 48: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
+	9,  // 49: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
+	11, // 50: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
+	13, // 51: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
+	15, // 52: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
+	18, // 53: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
+	20, // 54: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
+	22, // 55: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
+	24, // 56: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
+	26, // 57: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
+	28, // 58: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
+	33, // 59: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	30, // 60: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
+	37, // 61: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	35, // 62: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	39, // 63: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
+	42, // 64: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	46, // 65: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
+	48, // 66: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
+	51, // 67: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
+	53, // 68: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
+	55, // 69: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
+	57, // 70: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
+	7,  // 71: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	10, // 72: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	12, // 73: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	14, // 74: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	16, // 75: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	19, // 76: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	21, // 77: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	23, // 78: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	25, // 79: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	27, // 80: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	29, // 81: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	34, // 82: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	32, // 83: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
+	38, // 84: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	36, // 85: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	40, // 86: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
+	43, // 87: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	47, // 88: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
+	49, // 89: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
+	52, // 90: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
+	54, // 91: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
+	56, // 92: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
+	58, // 93: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
+	71, // [71:94] is the sub-list for method output_type
+	48, // [48:71] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_session_v1_session_proto_init() }
@@ -4284,14 +4404,14 @@ func file_clawmesh_session_v1_session_proto_init() {
 	file_clawmesh_session_v1_session_proto_msgTypes[4].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[13].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[24].OneofWrappers = []any{}
-	file_clawmesh_session_v1_session_proto_msgTypes[44].OneofWrappers = []any{}
+	file_clawmesh_session_v1_session_proto_msgTypes[46].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_session_v1_session_proto_rawDesc), len(file_clawmesh_session_v1_session_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   52,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

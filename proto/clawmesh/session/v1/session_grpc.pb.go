@@ -40,6 +40,7 @@ const (
 	SessionService_UpdateSeqs_FullMethodName       = "/clawmesh.session.v1.SessionService/UpdateSeqs"
 	SessionService_StoreFile_FullMethodName        = "/clawmesh.session.v1.SessionService/StoreFile"
 	SessionService_CheckUpload_FullMethodName      = "/clawmesh.session.v1.SessionService/CheckUpload"
+	SessionService_CommittedUpload_FullMethodName  = "/clawmesh.session.v1.SessionService/CommittedUpload"
 	SessionService_Status_FullMethodName           = "/clawmesh.session.v1.SessionService/Status"
 	SessionService_ListSessionViews_FullMethodName = "/clawmesh.session.v1.SessionService/ListSessionViews"
 	SessionService_GetSessionView_FullMethodName   = "/clawmesh.session.v1.SessionService/GetSessionView"
@@ -86,6 +87,10 @@ type SessionServiceClient interface {
 	// create files in it, own it and use its agent. It returns the session's
 	// generation, which StoreFile later re-checks.
 	CheckUpload(ctx context.Context, in *CheckUploadRequest, opts ...grpc.CallOption) (*CheckUploadResponse, error)
+	// CommittedUpload returns the file entry a StoreFile named with the
+	// principal's upload_id answered, while that file is stored: a commit
+	// sent again to an upload-staging that restarted since is answered it.
+	CommittedUpload(ctx context.Context, in *CommittedUploadRequest, opts ...grpc.CallOption) (*CommittedUploadResponse, error)
 	// Status is the session part of the socket's status method.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	// ListSessionViews pages through sessions, most recently active first,
@@ -265,6 +270,16 @@ func (c *sessionServiceClient) CheckUpload(ctx context.Context, in *CheckUploadR
 	return out, nil
 }
 
+func (c *sessionServiceClient) CommittedUpload(ctx context.Context, in *CommittedUploadRequest, opts ...grpc.CallOption) (*CommittedUploadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommittedUploadResponse)
+	err := c.cc.Invoke(ctx, SessionService_CommittedUpload_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionServiceClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatusResponse)
@@ -372,6 +387,10 @@ type SessionServiceServer interface {
 	// create files in it, own it and use its agent. It returns the session's
 	// generation, which StoreFile later re-checks.
 	CheckUpload(context.Context, *CheckUploadRequest) (*CheckUploadResponse, error)
+	// CommittedUpload returns the file entry a StoreFile named with the
+	// principal's upload_id answered, while that file is stored: a commit
+	// sent again to an upload-staging that restarted since is answered it.
+	CommittedUpload(context.Context, *CommittedUploadRequest) (*CommittedUploadResponse, error)
 	// Status is the session part of the socket's status method.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	// ListSessionViews pages through sessions, most recently active first,
@@ -445,6 +464,9 @@ func (UnimplementedSessionServiceServer) StoreFile(context.Context, *StoreFileRe
 }
 func (UnimplementedSessionServiceServer) CheckUpload(context.Context, *CheckUploadRequest) (*CheckUploadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckUpload not implemented")
+}
+func (UnimplementedSessionServiceServer) CommittedUpload(context.Context, *CommittedUploadRequest) (*CommittedUploadResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CommittedUpload not implemented")
 }
 func (UnimplementedSessionServiceServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
@@ -758,6 +780,24 @@ func _SessionService_CheckUpload_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_CommittedUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommittedUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).CommittedUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_CommittedUpload_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).CommittedUpload(ctx, req.(*CommittedUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionService_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatusRequest)
 	if err := dec(in); err != nil {
@@ -950,6 +990,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckUpload",
 			Handler:    _SessionService_CheckUpload_Handler,
+		},
+		{
+			MethodName: "CommittedUpload",
+			Handler:    _SessionService_CommittedUpload_Handler,
 		},
 		{
 			MethodName: "Status",
