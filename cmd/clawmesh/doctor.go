@@ -317,9 +317,18 @@ func (d *doctor) staleClusters(dir string, fix bool) {
 		for _, removed := range pgcluster.Collect(dir, nil) {
 			d.ok("stale clusters", "removed "+removed)
 		}
-		return
 	}
 	for _, st := range stales {
+		if fix && !st.HoldsData {
+			continue
+		}
+		if st.HoldsData {
+			// Never removed by a start nor by --fix: the data directory
+			// may have moved, or be on a disk not mounted now.
+			d.fail("stale clusters", st.Dir+": "+st.Why+"; it holds a database",
+				"start its data directory if it was moved, or remove "+st.Dir+" yourself once nothing in it is needed")
+			continue
+		}
 		d.fail("stale clusters", st.Dir+": "+st.Why, "clawmesh doctor --fix (clawmesh up also removes them at start)")
 	}
 }

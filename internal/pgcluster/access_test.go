@@ -347,3 +347,63 @@ func TestMovedDataDirectoryKeepsItsCluster(t *testing.T) {
 		t.Fatalf("another start removed the moved data directory's cluster %s", cluster)
 	}
 }
+
+// A data directory moved to another path and not yet started from it
+// keeps its cluster when another data directory starts first: the record
+// names the old path, which is gone, but the folder holds a database
+// (the moved directory's sessions and settings), and a start cannot tell
+// a data directory moved, or on a disk not mounted, from one deleted.
+// Another start removed it, and the moved directory's next start made an
+// empty cluster in its place. It is listed, never removed by a start.
+func TestMovedDataDirectoryKeepsItsClusterWhenAnotherStartsFirst(t *testing.T) {
+	base, data := rootDataDir(t)
+	cluster := bindFor(t, data)
+	kept := filepath.Join(cluster, "data", "PG_VERSION")
+	if err := os.MkdirAll(filepath.Dir(kept), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kept, []byte("15\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	moved := filepath.Join(base, "moved")
+	if err := os.Rename(data, moved); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(base, "other")
+	if err := os.Mkdir(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var listed bool
+	for _, st := range Stales(other) {
+		if st.Dir == cluster {
+			listed = true
+			if !st.HoldsData {
+				t.Errorf("the moved data directory's cluster is listed as holding no data")
+			}
+		}
+	}
+	if !listed {
+		t.Errorf("the cluster whose data directory is gone is not listed")
+	}
+	if removed := Collect(other, zaptest.NewLogger(t)); contains(removed, cluster) {
+		t.Fatalf("another data directory's start removed the moved one's cluster %s", cluster)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Fatalf("the moved data directory's cluster lost its data: %v", err)
+	}
+	// A new data directory made on the old path (the moved one kept
+	// aside, a fresh one started in its place): the record names a path
+	// bound to another cluster now, and the moved one's is kept still.
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if fresh := bindFor(t, data); fresh == cluster {
+		t.Fatal("a new data directory on the old path got the moved one's cluster")
+	}
+	if removed := Collect(data, zaptest.NewLogger(t)); contains(removed, cluster) {
+		t.Fatalf("the start of a new data directory on the old path removed the moved one's cluster %s", cluster)
+	}
+	if again, err := Bind(moved); err != nil || again != cluster {
+		t.Fatalf("the moved data directory binds %s (%v), want %s", again, err, cluster)
+	}
+}

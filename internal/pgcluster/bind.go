@@ -205,6 +205,11 @@ func newID(dataDir string) (string, error) {
 // Stale is a root cluster no data directory owns any more.
 type Stale struct {
 	Dir, Why string
+	// HoldsData: the folder holds a database (data/PG_VERSION). Its
+	// owner may have been moved to another path, or be on a disk not
+	// mounted now, rather than deleted: a start cannot tell them apart,
+	// so such a cluster is listed, never removed by Collect.
+	HoldsData bool
 }
 
 // Stales lists root's clusters that no data directory owns any more:
@@ -238,20 +243,30 @@ func Stales(dataDir string) []Stale {
 		dir := filepath.Join(RootClusters, e.Name())
 		stale, why := orphaned(dir, e.Name() == legacy)
 		if stale && !running(dir) {
-			out = append(out, Stale{Dir: dir, Why: why})
+			out = append(out, Stale{Dir: dir, Why: why, HoldsData: holdsDatabase(dir)})
 		}
 	}
 	return out
 }
 
-// Collect removes the clusters Stales lists and returns the folders
-// removed.
+// Collect removes the clusters Stales lists that hold no database and
+// returns the folders removed. One holding a database is left and said:
+// its data directory's record names a path that is gone or bound to
+// another cluster, which is also what a data directory moved elsewhere
+// (and not started since), or on a disk not mounted now, leaves. Removed,
+// that directory's next start made an empty cluster in its place: every
+// session and setting of it lost, by another data directory's start.
 func Collect(dataDir string, log *zap.Logger) []string {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	var removed []string
 	for _, st := range Stales(dataDir) {
+		if st.HoldsData {
+			log.Warn("a postgres cluster no data directory owns is left in place: it holds a database; start its data directory (moved?) to keep it, or remove it once nothing in it is needed",
+				zap.String("dir", st.Dir), zap.String("why", st.Why))
+			continue
+		}
 		if err := os.RemoveAll(st.Dir); err != nil {
 			log.Warn("stale postgres cluster not removed", zap.String("dir", st.Dir), zap.Error(err))
 			continue
@@ -298,6 +313,14 @@ func orphaned(dir string, legacyOfThisDataDir bool) (bool, string) {
 		return true, "its data directory " + dataDir + " is bound to another cluster"
 	}
 	return false, ""
+}
+
+// holdsDatabase reports whether the cluster folder dir holds a database
+// (an initdb that finished), or may: only a folder known to hold none is
+// said not to.
+func holdsDatabase(dir string) bool {
+	_, err := os.Stat(filepath.Join(dataDir(dir), "PG_VERSION"))
+	return !errors.Is(err, fs.ErrNotExist)
 }
 
 // dataDir is the PostgreSQL data directory of the cluster in dir.
