@@ -32,6 +32,10 @@ type Stack struct {
 	stderr *LockedBuffer
 	exited chan struct{}
 	t      testing.TB
+	// stdout is every line the launcher printed; stdoutDone is closed
+	// once its output ended.
+	stdout     *LockedBuffer
+	stdoutDone chan struct{}
 }
 
 // Options for Start.
@@ -158,17 +162,24 @@ func LaunchEnv(t testing.TB, bin, dir string, env []string, args ...string) (*St
 	if err != nil {
 		return nil, err
 	}
-	s := &Stack{DataDir: dir, BinDir: bin, cmd: cmd, stderr: &LockedBuffer{}, exited: make(chan struct{}), t: t}
+	s := &Stack{DataDir: dir, BinDir: bin, cmd: cmd, stderr: &LockedBuffer{}, exited: make(chan struct{}), t: t,
+		stdout: &LockedBuffer{}, stdoutDone: make(chan struct{})}
 	cmd.Stderr = s.stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	go func() { _ = cmd.Wait(); close(s.exited) }()
 	lines := make(chan string, 16)
+	found := make(chan struct{}) // the socket line was read: no more sends
 	go func() {
+		defer close(s.stdoutDone)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			lines <- sc.Text()
+			_, _ = s.stdout.Write([]byte(sc.Text() + "\n"))
+			select {
+			case lines <- sc.Text():
+			case <-found:
+			}
 		}
 		close(lines)
 		_, _ = io.Copy(io.Discard, stdout)
@@ -183,6 +194,7 @@ func LaunchEnv(t testing.TB, bin, dir string, env []string, args ...string) (*St
 			}
 			if sock, ok := strings.CutPrefix(line, "socket: "); ok {
 				s.Socket = sock
+				close(found)
 				return s, nil
 			}
 		case <-deadline:
@@ -209,6 +221,17 @@ func (s *Stack) Exited() <-chan struct{} { return s.exited }
 
 // ExitCode is the launcher's exit code once it exited.
 func (s *Stack) ExitCode() int { return s.cmd.ProcessState.ExitCode() }
+
+// Stdout is every line the launcher printed on its standard output;
+// called after Stop, it is the whole of it.
+func (s *Stack) Stdout() string {
+	select {
+	case <-s.exited:
+		<-s.stdoutDone
+	default:
+	}
+	return s.stdout.String()
+}
 
 // Stderr returns the launcher's log so far.
 func (s *Stack) Stderr() string { return s.stderr.String() }

@@ -182,6 +182,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("log folder: %w", err)
 	}
 	sup := newSupervisor(log, logDir, cfg.Liveness)
+	upgrades := newUpgradeNotices(cfg.Out)
+	sup.onUpgrade = upgrades.seen
 	// Normally stopped before the bus (below); this is for an early return.
 	defer sup.stopAll()
 	stopCtx, stop := context.WithCancelCause(ctx)
@@ -344,6 +346,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	fmt.Fprintf(cfg.Out, "clawmesh %s is up\nsocket: %s\n", cfg.DataDir, socket)
+	upgrades.stackUp()
 	log.Info("stack up", zap.String("socket", socket), zap.String("data_dir", cfg.DataDir))
 	startpages.Release()
 

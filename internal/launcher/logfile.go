@@ -220,12 +220,14 @@ func (l *logFile) Close() error {
 // drops what it held: the process must never block on its log. The first
 // failure of the run is told to failed (a full disk would otherwise lose
 // the lines unsaid).
-func copyLog(r *os.File, l *logFile, failed func(error)) {
+// watch (nil: none) looks at every chunk copied (upgraded.go).
+func copyLog(r *os.File, l *logFile, failed func(error), watch *upgradeWatch) {
 	buf := make([]byte, 32<<10)
 	told := false
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			watch.write(buf[:n])
 			if _, werr := l.Write(buf[:n]); werr != nil && !told {
 				failed(werr)
 				told = true

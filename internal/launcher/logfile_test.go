@@ -86,7 +86,7 @@ func TestCopyLogSaysOnceWhenItCannotWrite(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		copyLog(r, l, func(err error) { told = append(told, err) })
+		copyLog(r, l, func(err error) { told = append(told, err) }, nil)
 	}()
 	for i := range 50 {
 		if _, err := fmt.Fprintf(w, "line %d\n", i); err != nil {

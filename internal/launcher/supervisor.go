@@ -132,6 +132,9 @@ type supervisor struct {
 	liveness time.Duration // 0: no liveness probing
 	// onRestart is told of each restart (the launcher publishes it).
 	onRestart func(name string, restarts int)
+	// onUpgrade, when set, is told of each schema upgrade a run's output
+	// reports (upgraded.go). Set before the first start, never after.
+	onUpgrade func(schema, from, to string)
 	// tunables, set by newSupervisor; tests shorten them.
 	minBackoff, maxBackoff, healthyRun, probeEvery, waitLogEvery, stopGrace time.Duration
 	// maxLog is the size at which a process's log is rotated.
@@ -219,6 +222,10 @@ func (s *supervisor) spawn(p *proc) error {
 	p.mu.Lock()
 	p.run = r
 	p.mu.Unlock()
+	var watch *upgradeWatch
+	if s.onUpgrade != nil {
+		watch = &upgradeWatch{seen: s.onUpgrade}
+	}
 	copied := make(chan struct{})
 	s.wg.Add(2)
 	go func() {
@@ -226,7 +233,7 @@ func (s *supervisor) spawn(p *proc) error {
 		defer close(copied)
 		copyLog(pr, p.log, func(err error) {
 			s.log.Warn("process log not written, its lines dropped", zap.String("child", p.name), zap.Error(err))
-		})
+		}, watch)
 	}()
 	go func() {
 		defer s.wg.Done()

@@ -378,6 +378,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 	if err := checkKnown(schema, ms, applied); err != nil {
 		return err
 	}
+	// The newest migration applied before this start, "" in a new
+	// schema: what Upgraded names as from.
+	from, to := "", ""
+	for _, m := range ms {
+		if applied[m.version] {
+			from = m.name
+		}
+	}
 	for _, m := range ms {
 		if applied[m.version] {
 			continue
@@ -396,9 +404,22 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 			return fmt.Errorf("apply migration %s: %w", m.name, err)
 		}
 		log.Info("migration applied", zap.String("schema", schema), zap.String("migration", m.name))
+		to = m.name
+	}
+	if from != "" && to != "" {
+		log.Info(Upgraded, zap.String("schema", schema), zap.String("from", from), zap.String("to", to))
 	}
 	return nil
 }
+
+// Upgraded is the message of the log line Migrate writes once it has
+// applied migrations to a schema that had some already (fields schema,
+// from and to: the newest migration before and after): the database was
+// upgraded, and a version that knows only up to from refuses it from now
+// on (ErrNewerSchema). The launcher reads it in the service's output and
+// tells the user (launcher/upgraded.go). A new schema, all of whose
+// migrations are applied at once, is no upgrade and writes none.
+const Upgraded = "schema upgraded"
 
 // appliedVersions reads the versions recorded in the schema's
 // migrations table (an error when it does not exist yet).

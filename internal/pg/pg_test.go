@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/testenv"
@@ -307,5 +309,52 @@ func TestWatchTakesACancelledPingForAnAnswer(t *testing.T) {
 	}
 	if answered.Load() == 0 {
 		t.Fatal("no ping was answered with the cancel")
+	}
+}
+
+// A start that applies migrations to a schema that had some says so in
+// one pg.Upgraded line naming the newest migration before and after, which
+// the launcher tells the user (launcher/upgraded.go); a new schema, and a
+// start with nothing to apply, write none.
+func TestUpgradeIsLoggedOnce(t *testing.T) {
+	url := testenv.Postgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	first := fstest.MapFS{
+		"0001_init.sql": {Data: []byte("CREATE TABLE items (name text);")},
+		"0002_more.sql": {Data: []byte("ALTER TABLE items ADD COLUMN n integer;")},
+	}
+	p, err := pg.Open(ctx, url, "upgraded", first, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if got := logs.FilterMessage(pg.Upgraded).Len(); got != 0 {
+		t.Fatalf("a new schema logged %d upgrade lines", got)
+	}
+	if err := pg.Migrate(ctx, p, "upgraded", first, log); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.FilterMessage(pg.Upgraded).Len(); got != 0 {
+		t.Fatalf("a start with nothing to apply logged %d upgrade lines", got)
+	}
+	next := fstest.MapFS{
+		"0001_init.sql":   first["0001_init.sql"],
+		"0002_more.sql":   first["0002_more.sql"],
+		"0003_third.sql":  {Data: []byte("ALTER TABLE items ADD COLUMN m integer;")},
+		"0004_fourth.sql": {Data: []byte("ALTER TABLE items ADD COLUMN o integer;")},
+	}
+	if err := pg.Migrate(ctx, p, "upgraded", next, log); err != nil {
+		t.Fatal(err)
+	}
+	ups := logs.FilterMessage(pg.Upgraded).All()
+	if len(ups) != 1 {
+		t.Fatalf("an upgrade logged %d upgrade lines, want 1", len(ups))
+	}
+	f := ups[0].ContextMap()
+	if f["schema"] != "upgraded" || f["from"] != "0002_more.sql" || f["to"] != "0004_fourth.sql" {
+		t.Errorf("upgrade line %v, want schema upgraded from 0002_more.sql to 0004_fourth.sql", f)
 	}
 }

@@ -1,0 +1,63 @@
+package e2e_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// A start that upgrades the database says so on the terminal, after the
+// "is up" line: which schema, from which migration to which, and that an
+// older clawmesh can no longer open it. A data directory whose session
+// schema lacks its newest migration (its row deleted and its column
+// dropped, as a version before it left it) is one; a restart after it,
+// and a first start, say nothing more than "is up". It was said only in
+// the session service's log under <data>/logs.
+func TestUpgradeIsToldOnTheTerminal(t *testing.T) {
+	t.Parallel()
+	url := testenv.Postgres(t)
+	dir := e2e.TempDataDir(t)
+	opts := e2e.Options{DataDir: dir, Env: []string{"DATABASE_URL=" + url}}
+	const upgraded = "database upgraded"
+
+	s := e2e.Start(t, opts)
+	s.Stop()
+	if out := s.Stdout(); strings.Contains(out, upgraded) || !strings.Contains(out, "is up") {
+		t.Fatalf("a first start printed:\n%s", out)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `ALTER TABLE session.turns DROP COLUMN shown_steps;
+		DELETE FROM session.schema_migrations WHERE version = 8`); err != nil {
+		t.Fatal(err)
+	}
+
+	s = e2e.Start(t, opts)
+	s.Stop()
+	out := s.Stdout()
+	want := "database upgraded: session 0007_stored_bytes → 0008_turn_shown_steps (a clawmesh older than this one can no longer open it)"
+	if !strings.Contains(out, want) {
+		t.Fatalf("the start that upgraded the database printed:\n%s\nwant the line %q", out, want)
+	}
+	if strings.Count(out, upgraded) != 1 || strings.Index(out, want) < strings.Index(out, "is up") {
+		t.Fatalf("the upgrade is not told once, after the stack is up:\n%s", out)
+	}
+
+	s = e2e.Start(t, opts)
+	s.Stop()
+	if out := s.Stdout(); strings.Contains(out, upgraded) {
+		t.Fatalf("a restart after the upgrade printed:\n%s", out)
+	}
+}
