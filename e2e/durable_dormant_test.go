@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
@@ -133,4 +136,54 @@ func TestDurableBridgeWokenBySettings(t *testing.T) {
 	}
 	waitState(t, c, "durable-bridge", "serving")
 	phone(t, s)
+}
+
+// Woken by a Collie while the config service hung (SIGSTOP), the bridge
+// waited for config with the handed socket unanswered: Collie's hello
+// sat in the backlog until its own timeout, the agent shown unreachable
+// with no reason. The bridge now answers there while its start waits:
+// hello with ready false, every other route 503 starting naming config;
+// once config is back it serves on the same socket.
+func TestDurableBridgeWokenWhileConfigIsHung(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{"--liveness-timeout", "10m"}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, "durable-bridge", "dormant")
+	resume := hang(t, s.PIDOf("config"))
+
+	ph := collietest.Socket(filepath.Join(s.DataDir, "durable.sock"))
+	ph.Timeouts = durableTimeouts
+	t.Cleanup(ph.Close)
+	h, err := ph.SayHello(context.Background())
+	if err != nil {
+		t.Fatalf("hello waking the bridge with config hung: %v", err)
+	}
+	if h.Ready {
+		t.Fatal("hello says ready while the bridge waits for config")
+	}
+	r, err := ph.Do(context.Background(), http.MethodGet, "/snapshot", nil, nil, durableTimeouts.Read, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != http.StatusServiceUnavailable || r.Code() != "starting" || !strings.Contains(string(r.Body), "config service") {
+		t.Fatalf("snapshot while the bridge waits for config: %v", r)
+	}
+
+	resume()
+	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
+		h, err := ph.SayHello(context.Background())
+		if err != nil {
+			return err
+		}
+		if !h.Ready {
+			return fmt.Errorf("not ready")
+		}
+		return nil
+	})
+	if _, _, err := ph.Poll(context.Background()); err != nil {
+		t.Fatalf("snapshot once config is back: %v", err)
+	}
 }

@@ -118,6 +118,9 @@ type Bridge struct {
 	incompatibleLogged atomic.Bool
 	// launcher is the pid whose descendants may be refused.
 	launcher int
+	// startingMsg, when set, is what 503 starting says (Early's, naming
+	// what the start waits for).
+	startingMsg atomic.Pointer[string]
 
 	socket   net.Listener
 	tokenLn  net.Listener

@@ -129,7 +129,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if rt.name != "hello" && !b.layout.Ready() {
-		h.fail(w, http.StatusServiceUnavailable, codeStarting, "the durable agent is arranging its panes")
+		msg := "the durable agent is arranging its panes"
+		if m := b.startingMsg.Load(); m != nil {
+			msg = *m
+		}
+		h.fail(w, http.StatusServiceUnavailable, codeStarting, msg)
 		return
 	}
 	if r.ContentLength > maxBody {

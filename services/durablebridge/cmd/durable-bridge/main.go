@@ -58,6 +58,28 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	}
 	env.OnClose(func() { _ = sessionConn.Close() })
 
+	// The launcher holds the socket while the bridge is dormant and hands
+	// it over when a client's connection wakes the bridge. Until the
+	// bridge serves, the socket answers as an agent not ready yet does
+	// (durablebridge.AnswerEarly): with config hung the start waits on
+	// and on, and a hello left in the backlog was Collie's timeout, the
+	// agent shown unreachable with no reason.
+	host, _ := os.Hostname()
+	hostName := "clawmesh on " + host
+	passed, err := listenfd.Listener(listenfd.DurableSocket)
+	if err != nil {
+		return nil, fmt.Errorf("durable socket: %w", err)
+	}
+	var early *durablebridge.Early
+	if passed != nil {
+		early, passed = durablebridge.AnswerEarly(passed, hostName, service.StartingConfig, env.Log)
+		// Closers run last first: the early answers stop before the
+		// socket is closed.
+		held := passed
+		env.OnClose(func() { _ = held.Close() })
+		env.OnClose(early.Stop)
+	}
+
 	configRPC := configv1.NewConfigServiceClient(configConn)
 	// The bridge waits for config however long it is away (AwaitConfig):
 	// where it listens, its TLS, its token and whether it refuses
@@ -76,25 +98,18 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	if socket == "" {
 		socket = durablesock.DefaultSocket(env.DataDir)
 	}
-	// The launcher holds the socket while the bridge is dormant and hands
-	// it over when a client's connection wakes the bridge: that
-	// connection waits in its backlog and is served.
-	passed, err := listenfd.Listener(listenfd.DurableSocket)
-	if err != nil {
-		return nil, fmt.Errorf("durable socket: %w", err)
+	if early != nil {
+		early.SetWaitingOn("")
 	}
 	if passed != nil && passed.Addr().String() != socket {
 		// durable.socket_path was set since the launcher took the
 		// socket: the bridge listens where it now says.
 		env.Log.Info("passed durable socket is not the configured one; listening there instead",
 			zap.String("passed", passed.Addr().String()), zap.String("socket", socket))
+		early.Stop()
 		_ = passed.Close()
 		passed = nil
 	}
-	if passed != nil {
-		env.OnClose(func() { _ = passed.Close() })
-	}
-	host, _ := os.Hostname()
 	// Read on every socket connection's requests: kept current from the
 	// config's changes rather than rebuilt from the document each time.
 	var refuse atomic.Bool
@@ -102,7 +117,7 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	b, err := durablebridge.New(ctx, durablebridge.Config{
 		DB: env.DB, NATS: env.NATS, Log: env.Log, Sessions: sessionv1.NewSessionServiceClient(sessionConn),
 		SocketPath: socket, Socket: passed, ListenURL: settings.ListenURL, TLSCertFile: settings.TLSCertFile, TLSKeyFile: settings.TLSKeyFile,
-		HostName:          "clawmesh on " + host,
+		HostName:          hostName,
 		RefuseDescendants: refuse.Load,
 	})
 	if err != nil {
@@ -140,5 +155,9 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	})
 	env.Go(func() { tokens.Follow(ctx, loaded) })
 	durablev1.RegisterDurableServiceServer(env.Server.GRPC, durablebridge.NewGRPC(b))
+	if early != nil {
+		// The connections it has not taken wait for Run to serve them.
+		early.Stop()
+	}
 	return b, nil
 }
