@@ -171,6 +171,17 @@ func TestDurableBridgeWokenWhileConfigIsHung(t *testing.T) {
 	if r.Status != http.StatusServiceUnavailable || r.Code() != "starting" || !strings.Contains(string(r.Body), "config service") {
 		t.Fatalf("snapshot while the bridge waits for config: %v", r)
 	}
+	// Woken, it is no longer shown dormant (as it was for as long as
+	// the launcher waited for it to be ready) but as it is: starting,
+	// waiting for config.
+	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() error {
+		inStatus, inHealth, lastErr := serviceState(t, c, "durable-bridge")
+		if inStatus != "not_serving" || inHealth != "not_serving" || lastErr == nil ||
+			!strings.Contains(*lastErr, "waiting for the config service") {
+			return fmt.Errorf("woken bridge: status %q, health %q, last_error %s", inStatus, inHealth, shownErr(lastErr))
+		}
+		return nil
+	})
 
 	resume()
 	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
@@ -186,4 +197,11 @@ func TestDurableBridgeWokenWhileConfigIsHung(t *testing.T) {
 	if _, _, err := ph.Poll(context.Background()); err != nil {
 		t.Fatalf("snapshot once config is back: %v", err)
 	}
+}
+
+func shownErr(s *string) string {
+	if s == nil {
+		return "none"
+	}
+	return *s
 }

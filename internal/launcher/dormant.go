@@ -259,8 +259,10 @@ var errStopWatch = errors.New("watch stopped")
 
 // wake starts the process once. handOver false closes the held socket
 // first: the process listens where its config says. Once start returns
-// (the process serves, or could not be started), the dormant marker goes:
-// the gateway then shows the process as it is.
+// (the process serves, or could not be started), the dormant marker goes
+// if start has not removed it (the launcher's does once the process
+// answers its health check): the gateway then shows the process as it
+// is.
 func (d *dormant) wake(handOver bool, why string, start func() error) {
 	d.mu.Lock()
 	if d.woken {

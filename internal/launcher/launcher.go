@@ -314,13 +314,21 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	for i, d := range held {
 		p := sleeping[i]
-		// A wake ends once the process serves: until then the gateway
-		// shows it dormant rather than unreachable.
+		// The gateway shows a woken process dormant (rather than
+		// unreachable) until it answers its health check, then as it
+		// answers: a start waiting for config said "dormant" for as long
+		// as the wait for readiness lasted (ReadyTimeout), not why it
+		// did not serve.
 		start := func() error {
 			if err := sup.start(p, stop); err != nil {
 				return err
 			}
-			if err := sup.waitReady(stopCtx, cfg.ReadyTimeout, []*proc{p}); err != nil {
+			awake := func(*proc) {
+				if err := clearDormant(cfg.DataDir, p.name); err != nil {
+					log.Warn("dormant marker left", zap.Error(err))
+				}
+			}
+			if err := sup.waitReadyTold(stopCtx, cfg.ReadyTimeout, []*proc{p}, awake); err != nil {
 				log.Warn("a woken process is not ready", zap.String("process", p.name), zap.Error(err))
 			}
 			return nil

@@ -415,6 +415,12 @@ func (s *supervisor) stopAll() {
 // after limit with ErrNotReady; when ctx ends first it returns ctx's
 // cause.
 func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs []*proc) error {
+	return s.waitReadyTold(ctx, limit, procs, nil)
+}
+
+// waitReadyTold is waitReady that calls answered (when not nil) once
+// for each process, the first time it answers a probe, ready or not.
+func (s *supervisor) waitReadyTold(ctx context.Context, limit time.Duration, procs []*proc, answered func(*proc)) error {
 	start := time.Now()
 	deadline := time.NewTimer(limit)
 	defer deadline.Stop()
@@ -443,6 +449,7 @@ func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs [
 	lastLog := start
 	pending := append([]*proc(nil), procs...)
 	why := make(map[*proc]error, len(procs))
+	told := make(map[*proc]bool, len(procs))
 	for {
 		var still []*proc
 		for _, p := range pending {
@@ -455,8 +462,12 @@ func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs [
 			default:
 			}
 			pctx, cancel := context.WithTimeout(ctx, time.Second)
-			_, err := r.probe(pctx, p)
+			replied, err := r.probe(pctx, p)
 			cancel()
+			if replied && answered != nil && !told[p] {
+				told[p] = true
+				answered(p)
+			}
 			if err != nil {
 				why[p] = err
 				still = append(still, p)
