@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/handoff"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
@@ -72,7 +73,7 @@ type Server struct {
 	// early answers health on the listener while the process starts
 	// (ServeEarly), until Serve takes the listener over.
 	early     *grpc.Server
-	earlyLis  *handoff
+	earlyLis  *handoff.Listener
 	earlyDone chan struct{} // closed when early's Serve returned
 	earlyOver bool          // stopEarly ran: no start's server any more
 }
@@ -184,11 +185,11 @@ func (s *Server) ServeEarly(lis net.Listener) net.Listener {
 // refused now (a dormant process's waking call), unless the start waits
 // on and on.
 func (s *Server) HoldEarly(lis net.Listener) net.Listener {
-	h := newHandoff(lis)
+	h := handoff.New(lis)
 	s.hmu.Lock()
 	s.earlyLis = h
 	s.hmu.Unlock()
-	return h.view(true)
+	return h.View(true)
 }
 
 // AnswerEarly begins answering on the listener HoldEarly took, as
@@ -223,7 +224,7 @@ func (s *Server) AnswerEarly() {
 	reflection.Register(early)
 	done := make(chan struct{})
 	s.early, s.earlyDone = early, done
-	view := s.earlyLis.view(false)
+	view := s.earlyLis.View(false)
 	go func() {
 		defer close(done)
 		_ = early.Serve(view)
@@ -360,7 +361,7 @@ func (s *Server) Shutdown() {
 		if s.earlyLis != nil {
 			// Serve may never have run (a start that failed); when it
 			// did, its stop closed it already.
-			s.earlyLis.close()
+			s.earlyLis.Close()
 		}
 	})
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/handoff"
 )
 
 // Early answers on the private socket the launcher handed over while the
@@ -30,7 +32,7 @@ import (
 // it can reach acts or reads a session.
 type Early struct {
 	b    *Bridge // a stand-in: its layout never ready, its epoch unrecorded
-	h    *handoff
+	h    *handoff.Listener
 	srv  *http.Server
 	done chan struct{} // closed when srv's Serve returned
 	once sync.Once
@@ -48,19 +50,19 @@ func AnswerEarly(ln net.Listener, hostName, waitingOn string, log *zap.Logger) (
 	e := &Early{
 		b: &Bridge{cfg: Config{HostName: hostName, RefuseDescendants: func() bool { return false }}, log: log,
 			layout: NewLayout(randomEpoch()), base: context.Background()},
-		h:    newHandoff(ln),
+		h:    handoff.New(ln),
 		done: make(chan struct{}),
 	}
 	e.SetWaitingOn(waitingOn)
 	e.srv = e.b.httpServer(overSocket, "")
-	view := boundConns(e.h.view(false), socketConns)
+	view := boundConns(e.h.View(false), socketConns)
 	go func() {
 		defer close(e.done)
 		if err := serveWire(e.srv, view, overSocket); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 			log.Warn("durable socket not answered while starting", zap.Error(err))
 		}
 	}()
-	return e, e.h.view(true)
+	return e, e.h.View(true)
 }
 
 // SetWaitingOn sets what a refusal says the start waits for ("" once it
@@ -98,97 +100,3 @@ func randomEpoch() string {
 	_, _ = rand.Read(b) // crypto/rand does not fail on Linux
 	return hex.EncodeToString(b)
 }
-
-// handoff lets two servers in turn accept on one listener: one goroutine
-// accepts, and each server takes connections through a view of its own.
-// Closing the first view stops only that server's accepting; the
-// connections not taken yet go to the next. The final view's Close
-// closes the listener. (As grpcserver's, for its ServeEarly.)
-type handoff struct {
-	lis     net.Listener
-	results chan accepted
-	stop    chan struct{} // closed by close
-	done    chan struct{} // closed when the accepting goroutine returns
-	err     error         // why it returned; read after done
-	once    sync.Once
-}
-
-type accepted struct {
-	c   net.Conn
-	err error
-}
-
-func newHandoff(lis net.Listener) *handoff {
-	h := &handoff{lis: lis, results: make(chan accepted), stop: make(chan struct{}), done: make(chan struct{})}
-	go h.accept()
-	return h
-}
-
-func (h *handoff) accept() {
-	defer close(h.done)
-	for {
-		c, err := h.lis.Accept()
-		select {
-		case h.results <- accepted{c, err}:
-		case <-h.stop:
-			if c != nil {
-				c.Close()
-			}
-			h.err = net.ErrClosed
-			return
-		}
-		if err != nil {
-			if te, ok := err.(interface{ Temporary() bool }); !ok || !te.Temporary() {
-				h.err = err
-				return
-			}
-		}
-	}
-}
-
-func (h *handoff) close() {
-	h.once.Do(func() {
-		close(h.stop)
-		h.lis.Close()
-	})
-}
-
-// view is one server's side of the listener; final closes it all.
-func (h *handoff) view(final bool) net.Listener {
-	return &handoffView{h: h, final: final, closed: make(chan struct{})}
-}
-
-type handoffView struct {
-	h      *handoff
-	final  bool
-	closed chan struct{}
-	once   sync.Once
-}
-
-func (v *handoffView) Accept() (net.Conn, error) {
-	select {
-	case <-v.closed:
-		return nil, net.ErrClosed
-	default:
-	}
-	select {
-	case r := <-v.h.results:
-		return r.c, r.err
-	case <-v.closed:
-		return nil, net.ErrClosed
-	case <-v.h.done:
-		return nil, v.h.err
-	}
-}
-
-func (v *handoffView) Close() error {
-	v.once.Do(func() {
-		close(v.closed)
-		if v.final {
-			v.h.close()
-		}
-	})
-	return nil
-}
-
-func (v *handoffView) Addr() net.Addr { return v.h.lis.Addr() }
