@@ -105,6 +105,10 @@ func Connect(o Options) (*nats.Conn, error) {
 	// Why the stall check reconnected: nats.go tells the disconnect it
 	// makes no error of its own, and "disconnected" said nothing.
 	var stalledWhy atomic.Pointer[error]
+	// Closed with the connection: the stall check ends with it, at once
+	// rather than at its next tick.
+	closed := make(chan struct{})
+	var closeOnce sync.Once
 	opts := []nats.Option{
 		nats.Name(o.Name),
 		nats.FlusherTimeout(WriteTimeout),
@@ -132,6 +136,7 @@ func Connect(o Options) (*nats.Conn, error) {
 			state(nil)
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
+			closeOnce.Do(func() { close(closed) })
 			watched.Delete(nc)
 			err := nc.LastError()
 			if err == nil {
@@ -188,7 +193,7 @@ func Connect(o Options) (*nats.Conn, error) {
 	if !nc.IsConnected() {
 		state(errors.New("bus not connected yet"))
 	}
-	go watchStall(nc, func(err error) {
+	go watchStall(nc, closed, func(err error) {
 		err = fmt.Errorf("server not answering: %w", err)
 		stalledWhy.Store(&err)
 		o.Log.Warn("nats server not answering, reconnecting", zap.Error(err))
@@ -216,10 +221,15 @@ const (
 // seen hung is reported through stalled, and nc reconnects, which fails
 // the flushes and requests waiting on it at once (nats.go clears them)
 // and has the calls that check the link refused until it is back.
-func watchStall(nc *nats.Conn, stalled func(error)) {
+func watchStall(nc *nats.Conn, closed <-chan struct{}, stalled func(error)) {
 	t := time.NewTicker(StallCheckEvery)
 	defer t.Stop()
-	for range t.C {
+	for {
+		select {
+		case <-closed:
+			return
+		case <-t.C:
+		}
 		if nc.IsClosed() {
 			return
 		}

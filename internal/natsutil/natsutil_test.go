@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -359,5 +360,32 @@ func TestHungServerIsSeenBeforeACallsDeadline(t *testing.T) {
 	})
 	if err := nc.FlushTimeout(10 * time.Second); err != nil {
 		t.Fatalf("a flush once the server answers again: %v", err)
+	}
+}
+
+// The stall check is the connection's: closing the connection ends it,
+// not its next tick (StallCheckEvery later), so a process that closes
+// its bus link on the way out leaves no check running behind it.
+func TestStallCheckEndsWithItsConnection(t *testing.T) {
+	nc, err := Connect(Options{URL: testenv.NATS(t), Name: "stall-check-owner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := func() bool {
+		buf := make([]byte, 16<<20)
+		return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "natsutil.watchStall")
+	}
+	if !running() {
+		t.Fatal("no stall check runs on a new connection")
+	}
+	nc.Close()
+	// Well inside the tick: the check ended with the close, not at its
+	// next ask.
+	deadline := time.Now().Add(StallCheckEvery / 2)
+	for running() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stall check still runs %v after its connection closed", StallCheckEvery/2)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
