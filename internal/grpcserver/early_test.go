@@ -271,3 +271,46 @@ func TestEarlyServerAnswersReflection(t *testing.T) {
 		t.Fatalf("the config service's types while starting: %v", resp.GetErrorResponse())
 	}
 }
+
+// A client that connects to the start's server and sends nothing (a
+// hung or stopped client, a probe cut off mid-connect) does not hold the
+// process's start: grpc's Stop waits for every connection still in its
+// handshake, for up to its connection timeout (120 s), so Serve did not
+// begin serving, nor Shutdown end, until the silent client's timeout.
+func TestSilentEarlyClientDoesNotHoldTheStart(t *testing.T) {
+	srv, lis, sock, cc := startEarly(t)
+	srv.SetStarting("waiting for the database")
+	silent, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Answered on a later connection: the silent one was accepted
+	// before it, and is in its handshake.
+	hc := healthpb.NewHealthClient(cc)
+	if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health while starting: %v, %v", resp, err)
+	}
+
+	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
+	close(f.release)
+	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+	srv.SetServing()
+	serveCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(serveCtx, lis) }()
+	if _, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true)); err != nil {
+		// The start's server's Unavailable is retried: the client
+		// reconnects to whichever server takes the connection.
+		testenv.Eventually(t, 25*time.Second, 10*time.Millisecond, func() error {
+			_, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+			return err
+		})
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+}

@@ -75,6 +75,7 @@ type Server struct {
 	early     *grpc.Server
 	earlyLis  *handoff.Listener
 	earlyDone chan struct{} // closed when early's Serve returned
+	earlyConn *connTracker  // early's connections, cut before its Stop
 	earlyOver bool          // stopEarly ran: no start's server any more
 }
 
@@ -223,8 +224,8 @@ func (s *Server) AnswerEarly() {
 	// yet served gets the handler's Unavailable with the reason.
 	reflection.Register(early)
 	done := make(chan struct{})
-	s.early, s.earlyDone = early, done
-	view := s.earlyLis.View(false)
+	view := trackConns(s.earlyLis.View(false))
+	s.early, s.earlyDone, s.earlyConn = early, done, view
 	go func() {
 		defer close(done)
 		_ = early.Serve(view)
@@ -234,10 +235,16 @@ func (s *Server) AnswerEarly() {
 // stopEarly stops the start's server, if any; none starts after it.
 func (s *Server) stopEarly() {
 	s.hmu.Lock()
-	early, done := s.early, s.earlyDone
+	early, done, conns := s.early, s.earlyDone, s.earlyConn
 	s.early, s.earlyOver = nil, true
 	s.hmu.Unlock()
 	if early != nil {
+		// Cut first: Stop waits for a connection still in its
+		// handshake, and a client that connected and sent nothing held
+		// the process's Serve (the early server meanwhile answering
+		// "starting" to every other client) for grpc's connection
+		// timeout, 120 s. Stop closes the others anyway.
+		conns.cut()
 		early.Stop()
 		<-done // its Serve has returned: no goroutine of the start is left
 	}
