@@ -77,6 +77,9 @@ type Server struct {
 	earlyDone chan struct{} // closed when early's Serve returned
 	earlyConn *connTracker  // early's connections, cut before its Stop
 	earlyOver bool          // stopEarly ran: no start's server any more
+
+	// conns are GRPC's connections (Serve), cut at the drain limit.
+	conns *connTracker
 }
 
 // Liveness is the health name that answers SERVING from SetServing until
@@ -335,8 +338,12 @@ func (h *healthWithReason) Check(ctx context.Context, req *healthpb.HealthCheckR
 // shutdown caused by ctx, or the listener's error.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	s.stopEarly()
+	conns := trackConns(lis)
+	s.hmu.Lock()
+	s.conns = conns
+	s.hmu.Unlock()
 	errc := make(chan error, 1)
-	go func() { errc <- s.GRPC.Serve(lis) }()
+	go func() { errc <- s.GRPC.Serve(conns) }()
 	select {
 	case err := <-errc:
 		if errors.Is(err, grpc.ErrServerStopped) {
@@ -361,6 +368,16 @@ func (s *Server) Shutdown() {
 		s.stopEarly()
 		timer := time.AfterFunc(s.drain, func() {
 			s.log.Warn("drain limit reached, stopping hard", zap.Duration("drain", s.drain))
+			// Cut first: GracefulStop and Stop both wait for a
+			// connection still in its handshake, and a client that
+			// connected and sent nothing held the process past its
+			// drain for grpc's connection timeout, 120 s.
+			s.hmu.Lock()
+			conns := s.conns
+			s.hmu.Unlock()
+			if conns != nil {
+				conns.cut()
+			}
 			s.GRPC.Stop()
 		})
 		s.GRPC.GracefulStop()

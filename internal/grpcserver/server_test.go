@@ -211,3 +211,48 @@ func TestLivenessIgnoresDependencies(t *testing.T) {
 		t.Errorf("liveness SERVING after shutdown")
 	}
 }
+
+// A client that connected and sent nothing does not hold a shutdown
+// past its drain limit: grpc's GracefulStop and Stop both wait for a
+// connection still in its handshake, for up to grpc's connection
+// timeout (120 s), and a SIGTERMed process outlived its drain by as
+// much (a pod, its termination grace period, and was killed).
+func TestSilentClientDoesNotHoldTheShutdown(t *testing.T) {
+	srv := grpcserver.New(testenv.Logger(t), 200*time.Millisecond)
+	path := filepath.Join(t.TempDir(), "s.sock")
+	lis, err := unixsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetServing()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	silent, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	cc, err := grpcclient.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	// Answered on a later connection: the silent one was accepted
+	// before it, and is in its handshake.
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	if _, err := healthpb.NewHealthClient(cc).Check(cctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a client that sent nothing kept the server from stopping past its drain limit")
+	}
+}
