@@ -417,8 +417,14 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInboundBody))
-	if err != nil {
+	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
 		http.Error(w, fmt.Sprintf("a message is at most %d bytes", maxInboundBody), http.StatusRequestEntityTooLarge)
+		return
+	}
+	if err != nil {
+		// Malformed (a broken chunked encoding) or cut off: 413 told
+		// the sender to send less, which mended nothing.
+		http.Error(w, "the body could not be read whole: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	var obj map[string]json.RawMessage

@@ -934,3 +934,33 @@ func TestChannelUnbindTellsTheSendersOfWaitingMessages(t *testing.T) {
 		t.Fatalf("notices to ann on thread A after the unbind: %v, want m1's (not answered) and m2's (not delivered)", got)
 	}
 }
+
+// A body the listener cannot read is said as such: any read error was
+// answered 413 "a message is at most 1048576 bytes", so a sender whose
+// body was malformed (a broken chunked encoding) or cut off was told to
+// send less, which mends nothing. Only a body past the bound is 413.
+func TestChannelUnreadableBodyIsNotTooLarge(t *testing.T) {
+	ts := channelServer(t, newFakeSessions())
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	conn, err := net.Dial("tcp", web.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + chanToken +
+		"\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a malformed chunked body: %s %q, want 400", resp.Status, body)
+	}
+	if code := postMessage(t, web.Listen, `{"text":"`+strings.Repeat("x", 1<<20)+`"}`); code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("a body past the bound: %d, want 413", code)
+	}
+}
