@@ -244,10 +244,13 @@ func listenClashes(want map[string]ChannelBinding) map[string]string {
 	type at struct{ host, port string }
 	where := map[string]at{}
 	for alias, w := range want {
-		host, port, err := net.SplitHostPort(w.Listen)
-		if err != nil || port == "0" {
+		host, p, err := net.SplitHostPort(w.Listen)
+		n, perr := strconv.Atoi(p)
+		if err != nil || perr != nil || n == 0 {
 			continue // validate says what is wrong; port 0 is a fresh port
 		}
+		// By number: "08080" listens where "8080" does.
+		port := strconv.Itoa(n)
 		if host == "localhost" {
 			host = "127.0.0.1"
 		}

@@ -964,3 +964,36 @@ func TestChannelUnreadableBodyIsNotTooLarge(t *testing.T) {
 		t.Fatalf("a body past the bound: %d, want 413", code)
 	}
 }
+
+// A port written with a leading zero is the same port: "127.0.0.1:08080"
+// listens where "127.0.0.1:8080" does, and the two aliases were bound
+// side by side (SO_REUSEPORT), the kernel spreading a sender's
+// connections over both agents, as listenClashes exists to refuse. And
+// "00", like "0", is a fresh port each, no clash.
+func TestChannelsSharingAPortWrittenTwoWaysAreRefused(t *testing.T) {
+	ts := channelServer(t, newFakeSessions())
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	host, port, _ := net.SplitHostPort(addr)
+	padded := net.JoinHostPort(host, "0"+port)
+	got := bindChannels(t, ts,
+		pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: addr, Agent: "open"},
+		pluginsandbox.ChannelBinding{Alias: "web2", Plugin: "webhook", Listen: padded, Agent: "locked"})
+	for alias, other := range map[string]string{"web": "web2", "web2": "web"} {
+		if c := got[alias]; c == nil || c.State != "failed" || !strings.Contains(c.Reason, other) {
+			t.Fatalf("channel %s on the port of %s written otherwise: %v", alias, other, c)
+		}
+	}
+	got = bindChannels(t, ts,
+		pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:00", Agent: "open"},
+		pluginsandbox.ChannelBinding{Alias: "web2", Plugin: "webhook", Listen: "127.0.0.1:00", Agent: "locked"})
+	for _, alias := range []string{"web", "web2"} {
+		if c := got[alias]; c == nil || c.State != "running" {
+			t.Fatalf("channel %s on a fresh port: %v", alias, c)
+		}
+	}
+}
