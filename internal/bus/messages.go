@@ -16,9 +16,16 @@ import (
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 )
 
-// PublishConfigChanged announces a committed config revision.
+// PublishConfigChanged announces a committed config revision without its
+// history id (as a config service that predates it did).
 func PublishConfigChanged(nc *nats.Conn, revision int64, props []string) error {
-	return publish(nc, SubjectConfigChanged, &busv1.ConfigChanged{Revision: revision, Props: props})
+	return PublishConfigRevision(nc, "", revision, props)
+}
+
+// PublishConfigRevision announces a committed config revision of the
+// history identified by history.
+func PublishConfigRevision(nc *nats.Conn, history string, revision int64, props []string) error {
+	return publish(nc, SubjectConfigChanged, &busv1.ConfigChanged{Revision: revision, Props: props, History: history})
 }
 
 // SubscribeConfigChanged calls fn with each config change announced.

@@ -41,7 +41,15 @@ import (
 type Snapshot struct {
 	Revision int64
 	Document map[string]any
+	// History identifies the config database's history the revision
+	// belongs to; empty when unknown (a config service that predates it).
+	History string
 }
+
+// otherHistory reports whether a and b are known to be of two histories
+// (a database replaced or reset): revision numbers compare only within
+// one. An unknown history is taken as the same one, as before ids.
+func otherHistory(a, b string) bool { return a != "" && b != "" && a != b }
 
 // Value returns the value at a dotted path.
 func (s Snapshot) Value(path string) (any, bool) { return configschema.Get(s.Document, path) }
@@ -65,6 +73,7 @@ type Client struct {
 	cur      Snapshot
 	pending  int64 // newest revision announced and not read yet
 	back     bool  // a revision below the one read was announced
+	other    bool  // a revision of another history was announced
 	watchers []func(Snapshot, []string)
 	props    map[int64][]string // props of announced revisions not read yet
 }
@@ -149,6 +158,9 @@ func (c *Client) hint(ch *busv1.ConfigChanged) {
 	rev := ch.GetRevision()
 	c.mu.Lock()
 	switch {
+	case otherHistory(ch.GetHistory(), c.cur.History):
+		// Whatever its number: read what the service serves (follow).
+		c.other = true
 	case rev == c.cur.Revision:
 		c.mu.Unlock()
 		return
@@ -205,11 +217,11 @@ func (c *Client) follow() {
 			resync = true
 		}
 		c.mu.Lock()
-		rev, back := c.pending, c.back
-		c.pending, c.back = 0, false
+		rev, back, other := c.pending, c.back, c.other
+		c.pending, c.back, c.other = 0, false, false
 		cur := c.cur.Revision
 		c.mu.Unlock()
-		if rev <= cur && !resync && !back {
+		if rev <= cur && !resync && !back && !other {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
@@ -226,6 +238,18 @@ func (c *Client) follow() {
 			// announcement. Nothing is pinned to it.
 			c.log.Warn("announced config revision unknown to the config service",
 				zap.Int64("announced", rev), zap.Int64("live", snap.Revision))
+		}
+		if otherHistory(snap.History, c.Current().History) {
+			// The config service serves another history (its database
+			// replaced or reset): numbers compared alone kept the old
+			// document for ever when the new history stood at, or
+			// passed, the number read. Its id is the database's own,
+			// so no read that lags is taken for it: installed at once.
+			confirm, confirmAt = nil, time.Time{}
+			c.log.Warn("config history replaced: following the config service's new one",
+				zap.Int64("was", c.Current().Revision), zap.Int64("revision", snap.Revision))
+			c.replace(snap)
+			continue
 		}
 		if snap.Revision < c.Current().Revision {
 			// Read from the config service itself, never the bus: its
@@ -267,7 +291,7 @@ func (c *Client) fetch(ctx context.Context) (Snapshot, error) {
 	for {
 		live, err := c.rpc.Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true))
 		if err == nil {
-			return Snapshot{Revision: live.GetRevision(), Document: live.GetDocument().AsMap()}, nil
+			return Snapshot{Revision: live.GetRevision(), Document: live.GetDocument().AsMap(), History: live.GetHistory()}, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -281,6 +305,11 @@ func (c *Client) fetch(ctx context.Context) (Snapshot, error) {
 func (c *Client) install(s Snapshot) {
 	c.mu.Lock()
 	if s.Revision <= c.cur.Revision {
+		if s.Revision == c.cur.Revision && c.cur.History == "" {
+			// Read first from a config service that predates history
+			// ids: the same revision, now with its history's id.
+			c.cur.History = s.History
+		}
 		c.mu.Unlock()
 		return
 	}
@@ -304,16 +333,12 @@ func (c *Client) install(s Snapshot) {
 	}
 }
 
-// replace installs s, a revision below the one read, as the start of a
-// new history: what was announced of the old one is forgotten, and the
-// watchers are told that anything may have changed (props nil).
+// replace installs s, a revision below the one read or of another
+// history, whatever its number, as the start of a new history: what was
+// announced of the old one is forgotten, and the watchers are told that
+// anything may have changed (props nil).
 func (c *Client) replace(s Snapshot) {
 	c.mu.Lock()
-	if s.Revision >= c.cur.Revision {
-		c.mu.Unlock()
-		c.install(s)
-		return
-	}
 	clear(c.props)
 	c.pending = 0
 	c.cur = s

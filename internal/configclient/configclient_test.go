@@ -29,6 +29,8 @@ type liveStub struct {
 	// once, when not zero, is the revision the next Live alone serves
 	// (a read from a process that lags).
 	once int64
+	// hist is the history id served, and written in the document.
+	hist string
 }
 
 func (l *liveStub) set(rev int64) { l.mu.Lock(); l.rev = rev; l.mu.Unlock() }
@@ -41,8 +43,8 @@ func (l *liveStub) Live(context.Context, *configv1.LiveRequest, ...grpc.CallOpti
 	if l.once != 0 {
 		rev, l.once = l.once, 0
 	}
-	doc, _ := structpb.NewStruct(map[string]any{"rev": fmt.Sprint(rev)})
-	return &configv1.LiveResponse{Revision: rev, Document: doc}, nil
+	doc, _ := structpb.NewStruct(map[string]any{"rev": fmt.Sprint(rev), "hist": l.hist})
+	return &configv1.LiveResponse{Revision: rev, Document: doc, History: l.hist}, nil
 }
 
 // Announcements are hints: each revision is read from the config service,
@@ -192,6 +194,75 @@ func TestReplacedHistoryIsFollowed(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if fmt.Sprint(seen) != "[2[] 3[rev]]" {
+		t.Fatalf("watchers saw %v", seen)
+	}
+}
+
+// A new history (the config database replaced) that stands at the very
+// revision number read was never read: numbers were compared alone, and
+// the old document was kept for ever. A different history id, announced
+// or served, is now installed whatever the number; an announcement or a
+// service without one (an older peer) keeps the number rules.
+func TestHistoryAtTheSameRevisionIsFollowed(t *testing.T) {
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	stub := &liveStub{rev: 5, hist: "a"}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := configclient.New(ctx, stub, nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var mu sync.Mutex
+	var seen []string
+	c.OnChange(func(s configclient.Snapshot, props []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%d%s%v", s.Revision, s.History, props))
+	})
+	at := func(rev int64, hist string) {
+		t.Helper()
+		testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+			if got := c.Current(); got.Revision != rev || got.History != hist || got.String("hist") != hist {
+				return fmt.Errorf("at revision %d of history %q (%v), want %d of %q", got.Revision, got.History, got.Document, rev, hist)
+			}
+			return nil
+		})
+	}
+	at(5, "a")
+
+	// An older peer's announcement (no id) of the same number: nothing
+	// to read, as before.
+	stub.mu.Lock()
+	stub.hist = "b"
+	before := stub.calls
+	stub.mu.Unlock()
+	if err := bus.PublishConfigChanged(nc, 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The new history's announcement, same number: read and installed.
+	if err := bus.PublishConfigRevision(nc, "b", 5, []string{"rev"}); err != nil {
+		t.Fatal(err)
+	}
+	at(5, "b")
+	stub.mu.Lock()
+	if n := stub.calls - before; n != 1 {
+		t.Errorf("%d reads for the two announcements, want 1 (the one with another history)", n)
+	}
+	stub.mu.Unlock()
+	// Then on as usual.
+	stub.set(6)
+	if err := bus.PublishConfigRevision(nc, "b", 6, []string{"rev"}); err != nil {
+		t.Fatal(err)
+	}
+	at(6, "b")
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(seen) != "[5b[] 6b[rev]]" {
 		t.Fatalf("watchers saw %v", seen)
 	}
 }

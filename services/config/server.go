@@ -110,6 +110,10 @@ type hooks struct {
 // snapshot is one immutable state of the live config.
 type snapshot struct {
 	revision int64
+	// history is the database's history id (its table history): a
+	// replaced or reset database is a new history, whatever its
+	// revision numbers. Empty when the database holds none.
+	history string
 	// stored is what was set (plaintext, canonical); doc adds defaults;
 	// masked is doc with secrets masked, what readers get.
 	stored, doc, masked map[string]any
@@ -117,9 +121,9 @@ type snapshot struct {
 	tokens map[string]string
 }
 
-func newSnapshot(revision int64, stored map[string]any, tokens map[string]string) *snapshot {
+func newSnapshot(revision int64, history string, stored map[string]any, tokens map[string]string) *snapshot {
 	doc := configschema.Effective(stored)
-	return &snapshot{revision: revision, stored: stored, doc: doc, masked: configschema.Mask(doc), tokens: tokens}
+	return &snapshot{revision: revision, history: history, stored: stored, doc: doc, masked: configschema.Mask(doc), tokens: tokens}
 }
 
 // New opens the key file and loads the stored document and tokens
@@ -219,7 +223,7 @@ func (s *Server) reconcile(ctx context.Context) error {
 	s.unsure.Store(false)
 	s.log.Warn("config reloaded after a write of unknown outcome",
 		zap.Int64("was", cur.revision), zap.Int64("revision", snap.revision))
-	if snap.revision != cur.revision {
+	if snap.revision != cur.revision || snap.history != cur.history {
 		// Which props changed is not known here: consumers take nil as
 		// anything may have.
 		s.publish(snap, nil)
@@ -229,13 +233,18 @@ func (s *Server) reconcile(ctx context.Context) error {
 
 // fingerprint is what changes in the database with every commit and
 // every token paired or revoked: the newest revision, and the token rows
-// and revoked ones (rows are never deleted, so each count only grows).
-type fingerprint struct{ revision, tokens, revoked int64 }
+// and revoked ones (rows are never deleted, so each count only grows);
+// and with the database replaced or reset: its history id.
+type fingerprint struct {
+	revision, tokens, revoked int64
+	history                   string
+}
 
 func (s *Server) storedFingerprint(ctx context.Context) (fingerprint, error) {
 	var f fingerprint
-	err := s.db.QueryRow(ctx, "SELECT (SELECT coalesce(max(revision), 0) FROM revisions), count(*), count(revoked_at) FROM tokens").
-		Scan(&f.revision, &f.tokens, &f.revoked)
+	err := s.db.QueryRow(ctx, "SELECT (SELECT coalesce(max(revision), 0) FROM revisions), count(*), count(revoked_at), "+
+		"(SELECT coalesce(max(id), '') FROM history) FROM tokens").
+		Scan(&f.revision, &f.tokens, &f.revoked, &f.history)
 	return f, err
 }
 
@@ -248,7 +257,8 @@ func (s *Server) storedFingerprint(ctx context.Context) (fingerprint, error) {
 // through one still bound its user through the other. The reload is
 // announced when it brings a newer revision, so that consumers that
 // read this process before it caught up read it again, and when it
-// brings a lower one (the database replaced or reset). This process's
+// brings a lower one or another history (the database replaced or
+// reset). This process's
 // own writes change the fingerprint too: each costs one reload that
 // finds nothing new.
 func (s *Server) follow(ctx context.Context) error {
@@ -272,17 +282,17 @@ func (s *Server) follow(ctx context.Context) error {
 	// now, and read again at the next tick.
 	s.seen = fp
 	cur := s.current()
-	if snap.revision == cur.revision && maps.Equal(snap.tokens, cur.tokens) {
+	if snap.revision == cur.revision && snap.history == cur.history && maps.Equal(snap.tokens, cur.tokens) {
 		return nil
 	}
 	s.snap.Store(snap)
 	s.log.Info("config reloaded: changed in the database by another config process",
 		zap.Int64("was", cur.revision), zap.Int64("revision", snap.revision))
-	if snap.revision != cur.revision {
-		// A lower one too: the database was replaced or reset, and its
-		// consumers take a lower revision the service serves as a new
-		// history (configclient), here without waiting for their
-		// resync.
+	if snap.revision != cur.revision || snap.history != cur.history {
+		// A lower one too, or another history: the database was
+		// replaced or reset, and its consumers take a lower revision
+		// the service serves, or another history id, as a new history
+		// (configclient), here without waiting for their resync.
 		s.publish(snap, nil)
 	}
 	return nil

@@ -2,6 +2,8 @@ package config
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +26,10 @@ func (s *Server) load(ctx context.Context) (*snapshot, error) {
 		raw      []byte
 	)
 	stored := map[string]any{}
+	var history string
+	if err := s.db.QueryRow(ctx, "SELECT coalesce(max(id), '') FROM history").Scan(&history); err != nil {
+		return nil, fmt.Errorf("load config history id: %w", err)
+	}
 	err := s.db.QueryRow(ctx, "SELECT revision, document FROM revisions ORDER BY revision DESC LIMIT 1").Scan(&revision, &raw)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -63,7 +69,7 @@ func (s *Server) load(ctx context.Context) (*snapshot, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("load tokens: %w", err)
 	}
-	return newSnapshot(revision, stored, tokens), nil
+	return newSnapshot(revision, history, stored, tokens), nil
 }
 
 // audit is who a commit is by.
@@ -83,8 +89,9 @@ const KeepDocuments = 100
 
 // insertRevision stores a candidate as revision rev inside tx, secrets
 // encrypted, and drops the documents that fell out of the newest
-// KeepDocuments.
-func (s *Server) insertRevision(ctx context.Context, tx pgx.Tx, rev int64, stored map[string]any, who audit, props []string) error {
+// KeepDocuments. Revision 1 begins a history: history, when not empty, is
+// its new id (newHistory), stored with it.
+func (s *Server) insertRevision(ctx context.Context, tx pgx.Tx, rev int64, history string, stored map[string]any, who audit, props []string) error {
 	sealed, err := s.sealer.seal(stored)
 	if err != nil {
 		return fmt.Errorf("encrypt secrets: %w", err)
@@ -102,7 +109,30 @@ func (s *Server) insertRevision(ctx context.Context, tx pgx.Tx, rev int64, store
 		rev-KeepDocuments); err != nil {
 		return fmt.Errorf("prune revision documents: %w", err)
 	}
+	if history != "" {
+		// Revisions emptied under a running history (a reset by hand)
+		// begin a new one here: its numbers meet the old ones again.
+		if _, err := tx.Exec(ctx, "DELETE FROM history"); err != nil {
+			return fmt.Errorf("replace the history id: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO history (id) VALUES ($1)", history); err != nil {
+			return fmt.Errorf("replace the history id: %w", err)
+		}
+	}
 	return nil
+}
+
+// newHistory is the id of a history beginning at revision rev: a new
+// random one for revision 1, else none (the history goes on).
+func newHistory(rev int64) (string, error) {
+	if rev != 1 {
+		return "", nil
+	}
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("history id: %w", err)
+	}
+	return hex.EncodeToString(b), nil
 }
 
 // storedRevision is the newest revision in the database, read on a fresh

@@ -140,15 +140,22 @@ func (s *Server) commitLocked(ctx context.Context, req commitRequest) (*snapshot
 	next := cur.revision + 1
 	changed := unique(props)
 	unpair := usersComeOrGone(cur.doc, effective)
-	if err := s.store(ctx, next, candidate, req.who, changed, unpair); err != nil {
+	history, err := newHistory(next)
+	if err != nil {
 		return nil, err
+	}
+	if err := s.store(ctx, next, history, candidate, req.who, changed, unpair); err != nil {
+		return nil, err
+	}
+	if history == "" {
+		history = cur.history
 	}
 	tokens := cur.tokens
 	if len(unpair) > 0 {
 		tokens = maps.Clone(tokens)
 		maps.DeleteFunc(tokens, func(_, user string) bool { return slices.Contains(unpair, user) })
 	}
-	snap := &snapshot{revision: next, stored: candidate, doc: effective, masked: configschema.Mask(effective), tokens: tokens}
+	snap := &snapshot{revision: next, history: history, stored: candidate, doc: effective, masked: configschema.Mask(effective), tokens: tokens}
 	s.snap.Store(snap)
 	s.publish(snap, changed)
 	s.log.Info("config committed", zap.Int64("revision", next), zap.String("by", req.who.by), zap.Strings("props", changed))
@@ -259,13 +266,13 @@ func holdsMask(v any) bool {
 // tokens of the users named in unpair. A failed COMMIT is checked against
 // the database, since the commit may have happened before the connection
 // was lost: then the candidate is live after all.
-func (s *Server) store(ctx context.Context, rev int64, stored map[string]any, who audit, props, unpair []string) error {
+func (s *Server) store(ctx context.Context, rev int64, history string, stored map[string]any, who audit, props, unpair []string) error {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: begin: %w", ErrCommit, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after a commit it is a no-op
-	if err := s.insertRevision(ctx, tx, rev, stored, who, props); err != nil {
+	if err := s.insertRevision(ctx, tx, rev, history, stored, who, props); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "23505" { // unique_violation
 			// The database holds this revision already: a commit whose
@@ -315,7 +322,7 @@ func (s *Server) publish(snap *snapshot, props []string) {
 	if s.nc == nil {
 		return
 	}
-	if err := bus.PublishConfigChanged(s.nc, snap.revision, props); err != nil {
+	if err := bus.PublishConfigRevision(s.nc, snap.history, snap.revision, props); err != nil {
 		s.log.Warn("config change not published", zap.Int64("revision", snap.revision), zap.Error(err))
 	}
 }

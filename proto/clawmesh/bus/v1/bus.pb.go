@@ -179,7 +179,11 @@ type ConfigChanged struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Revision int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	// props are the properties the commit wrote, in the order given.
-	Props         []string `protobuf:"bytes,2,rep,name=props,proto3" json:"props,omitempty"`
+	Props []string `protobuf:"bytes,2,rep,name=props,proto3" json:"props,omitempty"`
+	// history identifies the config database's history the revision
+	// belongs to (LiveResponse.history); empty from a config service that
+	// predates it (unknown: revision numbers alone are compared).
+	History       string `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -226,6 +230,13 @@ func (x *ConfigChanged) GetProps() []string {
 		return x.Props
 	}
 	return nil
+}
+
+func (x *ConfigChanged) GetHistory() string {
+	if x != nil {
+		return x.History
+	}
+	return ""
 }
 
 // SessionUpdate is one session/update notification of one session.
@@ -576,10 +587,11 @@ var File_clawmesh_bus_v1_bus_proto protoreflect.FileDescriptor
 
 const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
-	"\x19clawmesh/bus/v1/bus.proto\x12\x0fclawmesh.bus.v1\"A\n" +
+	"\x19clawmesh/bus/v1/bus.proto\x12\x0fclawmesh.bus.v1\"[\n" +
 	"\rConfigChanged\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
-	"\x05props\x18\x02 \x03(\tR\x05props\"\xca\x01\n" +
+	"\x05props\x18\x02 \x03(\tR\x05props\x12\x18\n" +
+	"\ahistory\x18\x03 \x01(\tR\ahistory\"\xca\x01\n" +
 	"\rSessionUpdate\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12/\n" +

@@ -655,7 +655,13 @@ type LiveResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Revision int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	// document is the whole config with secrets masked.
-	Document      *structpb.Struct `protobuf:"bytes,2,opt,name=document,proto3" json:"document,omitempty"`
+	Document *structpb.Struct `protobuf:"bytes,2,opt,name=document,proto3" json:"document,omitempty"`
+	// history identifies the config database's history of revisions: a
+	// random id stored in the database, so that a database replaced or
+	// reset (a new history, whatever its revision number) is told apart
+	// from the one a consumer read. Empty from a config service that
+	// predates it.
+	History       string `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -702,6 +708,13 @@ func (x *LiveResponse) GetDocument() *structpb.Struct {
 		return x.Document
 	}
 	return nil
+}
+
+func (x *LiveResponse) GetHistory() string {
+	if x != nil {
+		return x.History
+	}
+	return ""
 }
 
 type ResolvePrincipalRequest struct {
@@ -1425,10 +1438,11 @@ const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x12\x12\n" +
 	"\x04prop\x18\x01 \x01(\tR\x04prop\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"\r\n" +
-	"\vLiveRequest\"_\n" +
+	"\vLiveRequest\"y\n" +
 	"\fLiveResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x123\n" +
-	"\bdocument\x18\x02 \x01(\v2\x17.google.protobuf.StructR\bdocument\"n\n" +
+	"\bdocument\x18\x02 \x01(\v2\x17.google.protobuf.StructR\bdocument\x12\x18\n" +
+	"\ahistory\x18\x03 \x01(\tR\ahistory\"n\n" +
 	"\x17ResolvePrincipalRequest\x12\x19\n" +
 	"\bpeer_uid\x18\x01 \x01(\x05R\apeerUid\x12\x19\n" +
 	"\bpeer_pid\x18\x02 \x01(\x05R\apeerPid\x12\x1d\n" +
