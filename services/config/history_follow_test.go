@@ -12,6 +12,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	"github.com/clawmesh/clawmesh/services/config/migrations"
 )
@@ -97,4 +98,31 @@ func TestReplacedHistoryAtTheSameRevisionIsFollowed(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A config process that starts on a reset database serves a lower
+// revision, and announced nothing: its consumers read it at their next
+// resync, 30 s on. It now announces its revision at start.
+func TestRestartOnAResetDatabaseIsFollowed(t *testing.T) {
+	a := newEnv(t, nil)
+	a.mustSet(kv{"rpc.call_timeout_ms", 2500})
+	a.mustSet(kv{"rpc.call_timeout_ms", 2600})
+	target := &switchable{srv: a.srv}
+	c := followerOf(t, a, target)
+
+	// The process stops; its replacement starts on a reset database.
+	b := a.replacement(t)
+	target.to(b)
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); b.Run(runCtx) }()
+	t.Cleanup(func() { stop(); testwait.Recv(t, ran) })
+	started := time.Now()
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if got := c.Current().Revision; got != 0 || timeoutOf(c) != float64(10000) {
+			return fmt.Errorf("follower at revision %d, rpc.call_timeout_ms %v; want 0 and the default 10000", got, timeoutOf(c))
+		}
+		return nil
+	})
+	t.Logf("the reset database's revision followed %v after its process started", time.Since(started).Round(time.Millisecond))
 }

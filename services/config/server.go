@@ -168,7 +168,13 @@ const FollowEvery = time.Second
 // database holds without waiting for the next write; and after another
 // config process committed to the same database (follow). It returns
 // when ctx is done.
+//
+// It first announces the live revision: a process started on a database
+// replaced or reset serves another history than the one its consumers
+// read, and nothing else told them before their next resync (30 s on).
+// Consumers that hold it already read nothing.
 func (s *Server) Run(ctx context.Context) {
+	s.publish(s.current(), nil)
 	t := time.NewTicker(ReconcileEvery)
 	defer t.Stop()
 	f := time.NewTicker(FollowEvery)
