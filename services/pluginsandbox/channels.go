@@ -109,7 +109,11 @@ type binding struct {
 	cfg    ChannelBinding
 	entry  *entry
 	reveal func(ctx context.Context, prop string) (string, error)
-	ch     *wasmhost.Channel
+	// revision is the config revision the replica follows (nil: none),
+	// which tok's token is read again at each change of.
+	revision func() int64
+	tok      tokenCache
+	ch       *wasmhost.Channel
 	// inbound is what the listener queues for ch; a rebuilt binding of
 	// the same plugin takes it over, so queued messages outlive the
 	// binding that accepted them.
@@ -296,7 +300,7 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	if prev != nil {
 		inbound, backlog = prev.inbound, prev.backlog
 	}
-	b := &binding{cfg: cfg, entry: e, inbound: inbound, backlog: backlog, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
+	b := &binding{cfg: cfg, entry: e, inbound: inbound, backlog: backlog, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal, revision: s.cfg.Revision,
 		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}
 	fail := func(err error) *binding {
 		b.set(channelFailed, err.Error())
@@ -395,8 +399,10 @@ func (b *binding) stop() {
 //
 // Every request must carry "Authorization: Bearer <token>" with the
 // binding's channels.plugin.<alias>.token, read from the config service
-// per request (so a rotation applies at once) and compared in constant
-// time: a loopback port is reachable by every local account.
+// once per config revision the replica follows (tokenCache: a rotation
+// applies from the first request after the replica reads the revision
+// that made it) and compared in constant time: a loopback port is
+// reachable by every local account.
 func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	ok, err := b.authorized(r)
 	if err != nil {
@@ -455,14 +461,79 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 	if !ok || got == "" || b.reveal == nil {
 		return false, nil
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
-	want, err := b.reveal(ctx, "channels.plugin."+b.cfg.Alias+".token")
+	want, err := b.tok.get(b)
 	if err != nil {
-		b.log.Warn("channel token not read", zap.Error(err))
 		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
 	}
 	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1, nil
+}
+
+// tokenWarnEvery bounds how often a token that cannot be read is logged:
+// every request that needs it may fail alike.
+const tokenWarnEvery = 30 * time.Second
+
+// tokenCache holds a binding's token as of the config revision the
+// replica follows (Config.Revision): a Reveal per request let any client
+// that reached the listener, token or not, make a call on the config
+// service per request (512 connections at once), and a warning per
+// request while it was away. A rotation is a new revision, which the
+// next request reads again. Requests that need a read at once share one.
+type tokenCache struct {
+	mu     sync.Mutex
+	held   bool
+	rev    int64
+	token  string
+	call   *tokenRead // the read in flight, if any
+	warned time.Time
+}
+
+type tokenRead struct {
+	done  chan struct{}
+	token string
+	err   error
+}
+
+// get returns b's token, read with b.reveal unless the one held is of
+// the revision the replica follows (without Config.Revision, never).
+func (c *tokenCache) get(b *binding) (string, error) {
+	var rev int64
+	if b.revision != nil {
+		rev = b.revision()
+	}
+	c.mu.Lock()
+	if c.held && c.rev == rev {
+		token := c.token
+		c.mu.Unlock()
+		return token, nil
+	}
+	if call := c.call; call != nil {
+		c.mu.Unlock()
+		<-call.done
+		return call.token, call.err
+	}
+	call := &tokenRead{done: make(chan struct{})}
+	c.call = call
+	c.mu.Unlock()
+	// Not the request's context: the read is every waiting request's.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	call.token, call.err = b.reveal(ctx, "channels.plugin."+b.cfg.Alias+".token")
+	cancel()
+	c.mu.Lock()
+	c.call = nil
+	switch {
+	case call.err != nil:
+		if now := time.Now(); now.Sub(c.warned) >= tokenWarnEvery {
+			c.warned = now
+			b.log.Warn("channel token not read (logged at most every 30 s)", zap.Error(call.err))
+		}
+	case b.revision != nil:
+		// The revision read before the call: a newer one meanwhile
+		// reads again at the next request.
+		c.held, c.rev, c.token = true, rev, call.token
+	}
+	c.mu.Unlock()
+	close(call.done)
+	return call.token, call.err
 }
 
 // poll configures the channel (retrying until its config resolves) and

@@ -145,6 +145,7 @@ func Register(ctx context.Context, env *service.Env) error {
 			}
 			return resp.GetValue().GetStringValue(), nil
 		},
+		Revision: func() int64 { return live.Current().Revision },
 		Sessions: sessionv1.NewSessionServiceClient(sessConn),
 	})
 	if err != nil {
