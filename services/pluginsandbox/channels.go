@@ -899,6 +899,10 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + b.cfg.Agent + "\x00" + conv))
 	sessionID := "chan_" + hex.EncodeToString(sum[:16])
 	p := channelPrincipal()
+	oc := s.convs(b.cfg.Alias)
+	oc.seed(ctx, s, b)
+	oc.closeConvs(ctx, s, b, oc.hold(ctx, sessionID, b.cfg.maxSessions()))
+	defer oc.release(sessionID)
 	if err := whenAvailable(ctx, log, func() error {
 		ctx, cancel := context.WithTimeout(ctx, awayWait)
 		defer cancel()

@@ -90,6 +90,21 @@ func (f *fakeSessions) NewSession(_ context.Context, req *sessionv1.NewSessionRe
 	return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: req.GetAgentAlias(), Created: true}, nil
 }
 
+// List lists no session: none was open before the test.
+func (f *fakeSessions) List(context.Context, *sessionv1.ListRequest, ...grpc.CallOption) (*sessionv1.ListResponse, error) {
+	return &sessionv1.ListResponse{}, nil
+}
+
+// State reports every session idle.
+func (f *fakeSessions) State(_ context.Context, req *sessionv1.StateRequest, _ ...grpc.CallOption) (*sessionv1.StateResponse, error) {
+	return &sessionv1.StateResponse{SessionId: req.GetSessionId(), State: sessionv1.SessionState_SESSION_STATE_IDLE}, nil
+}
+
+// Close closes a session; its next NewSession resumes it.
+func (f *fakeSessions) Close(_ context.Context, req *sessionv1.CloseRequest, _ ...grpc.CallOption) (*sessionv1.CloseResponse, error) {
+	return &sessionv1.CloseResponse{SessionId: req.GetSessionId(), Closed: true}, nil
+}
+
 func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest, _ ...grpc.CallOption) (*sessionv1.PromptResponse, error) {
 	f.mu.Lock()
 	if len(f.promptErrs) > 0 {

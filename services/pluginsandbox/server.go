@@ -79,7 +79,11 @@ type Server struct {
 	kick       chan struct{}
 
 	channels *binder
-	bg       sync.WaitGroup // unloads
+	// openConvs are the channels' open conversations by alias
+	// (channel_sessions.go), kept across rebinds.
+	convMu    sync.Mutex
+	openConvs map[string]*openConvs
+	bg        sync.WaitGroup // unloads
 }
 
 // NewServer discovers and loads the plugins in cfg.PluginsDir (one scan;

@@ -34,6 +34,20 @@ type ChannelBinding struct {
 	Listen string
 	// Agent is the agent alias sessions are created for.
 	Agent string
+	// MaxSessions is channels.plugin.<alias>.max_sessions: the
+	// conversations kept open in the session service (openConvs); 0
+	// is DefaultMaxSessions.
+	MaxSessions int
+}
+
+// maxSessions is b's bound of open conversations, at least
+// maxConversations (the deliveries that hold one at once).
+func (b ChannelBinding) maxSessions() int {
+	n := b.MaxSessions
+	if n <= 0 {
+		n = DefaultMaxSessions
+	}
+	return max(n, maxConversations)
 }
 
 // DefaultLive are the settings of a config document that sets nothing:
@@ -62,7 +76,7 @@ func LiveFrom(snap configclient.Snapshot) (Live, error) {
 			l.Channels = map[string]ChannelBinding{}
 		}
 		l.Channels[alias] = ChannelBinding{Alias: alias, Plugin: snap.String(at + "plugin"),
-			Listen: snap.String(at + "listen"), Agent: snap.String(at + "agent")}
+			Listen: snap.String(at + "listen"), Agent: snap.String(at + "agent"), MaxSessions: int(snap.Int(at + "max_sessions"))}
 	}
 	return l, nil
 }
