@@ -54,6 +54,11 @@ func errSessionLimit() error {
 		fmt.Sprintf("%d sessions are open for this principal, the limit; close or delete one first", MaxOpenSessions))
 }
 
+func errChannelSessionLimit() error {
+	return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonSessionLimit, rpcerr.NoIndex,
+		fmt.Sprintf("%d channel conversations are open, the limit; lower channels.plugin.<alias>.max_sessions or close some", MaxOpenChannelSessions))
+}
+
 func errKeptSessionLimit() error {
 	return rpcerr.Error(codes.ResourceExhausted, rpcerr.ReasonSessionLimit, rpcerr.NoIndex,
 		fmt.Sprintf("%d sessions are kept for this principal, open or closed, the limit; delete one first", MaxKeptSessions))

@@ -104,3 +104,48 @@ func TestKeptSessionsBoundedPerUser(t *testing.T) {
 	fill(operator.GetPrincipalId(), "sess_opclosed", MaxKeptSessions)
 	h.newSession(operator, "default")
 }
+
+// A channel's senders are outside the machine, and each thread they
+// write on is a session of the operator's: counted with the operator's
+// own, 1000 threads took all of them, and the operator's session/new was
+// refused (each alias closes its idle conversations past max_sessions,
+// but aliases and replicas add up). The operator's channel
+// conversations have a bound of their own; its own sessions are not
+// held back by them, nor the other way round; a user naming its
+// sessions' surface "channel:" gets no second allowance.
+func TestChannelConversationsLeaveTheOperatorsOwnRoom(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	// The conversations written straight into the table: a thousand
+	// session/new calls would take the test's time, not its point.
+	if _, err := h.pool.Exec(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
+		SELECT 'chan_' || i, 'default', $1, 'idle', 'channel:hook', '', '' FROM generate_series(1, $2) AS i`,
+		operator.GetPrincipalId(), MaxOpenChannelSessions); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator, SessionId: "chan_more", AgentAlias: "default", InteractionSurface: "channel:hook"})
+	wantRefusal(t, err, codes.ResourceExhausted, rpcerr.ReasonSessionLimit, "1000 channel conversations are open, the limit")
+	// The operator's own sessions are not held back.
+	own := h.newSession(operator, "default")
+	// Nor is a closed conversation's reopening once one closes.
+	if _, err := h.srv.Close(ctx, &sessionv1.CloseRequest{Principal: operator, SessionId: "chan_1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator, SessionId: "chan_more", AgentAlias: "default", InteractionSurface: "channel:hook"}); err != nil {
+		t.Fatalf("a conversation with room: %v", err)
+	}
+	_, err = h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: operator, SessionId: "chan_1", AgentAlias: "default", InteractionSurface: "channel:hook"})
+	wantRefusal(t, err, codes.ResourceExhausted, rpcerr.ReasonSessionLimit, "channel conversations are open, the limit")
+	if own == "" {
+		t.Fatal("no session of the operator's own")
+	}
+
+	// A user's "channel:" sessions count with its others.
+	if _, err := h.pool.Exec(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
+		SELECT 'sess_b' || i, 'default', $1, 'idle', 'rpc', '', '' FROM generate_series(1, $2) AS i`,
+		bob.GetPrincipalId(), MaxOpenSessions); err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.srv.NewSession(ctx, &sessionv1.NewSessionRequest{Principal: bob, SessionId: "chan_bob", AgentAlias: "default", InteractionSurface: "channel:hook"})
+	wantRefusal(t, err, codes.ResourceExhausted, rpcerr.ReasonSessionLimit, "1000 sessions are open for this principal, the limit")
+}

@@ -77,8 +77,11 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	incarnation, err := s.store.createSession(ctx, row)
 	if errors.Is(err, errOpenLimit) || errors.Is(err, errKeptLimit) {
 		_ = os.Remove(dir) // the folder made above, if it is empty
-		if errors.Is(err, errKeptLimit) {
+		switch {
+		case errors.Is(err, errKeptLimit):
 			return nil, errKeptSessionLimit()
+		case errors.Is(err, errChannelOpenLimit):
+			return nil, errChannelSessionLimit()
 		}
 		return nil, errSessionLimit()
 	}
@@ -126,7 +129,10 @@ func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, sur
 	case stateKilled:
 		return nil, errSessionEnded(id, row.State)
 	case stateClosed:
-		reopened, err := s.store.reopen(ctx, id, row.Owner, cwd)
+		reopened, err := s.store.reopen(ctx, id, row.Owner, row.Surface, cwd)
+		if errors.Is(err, errChannelOpenLimit) {
+			return nil, errChannelSessionLimit()
+		}
 		if errors.Is(err, errOpenLimit) {
 			return nil, errSessionLimit()
 		}

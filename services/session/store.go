@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,8 +106,26 @@ const MaxOpenSessions = 1000
 // not bounded: its sessions are its history, and its disk its own.
 const MaxKeptSessions = 10000
 
+// MaxOpenChannelSessions bounds the operator's open sessions of channel
+// conversations (surface "channel:<alias>"), apart from MaxOpenSessions:
+// a channel's senders are outside the machine, each thread they write
+// on is a session of the operator's, and counted with the operator's
+// own they could take every one of them (each alias closes its idle
+// conversations past its max_sessions, but aliases and sandbox replicas
+// add up). Only the operator's are counted apart: a user naming its
+// sessions' surface "channel:" gets no second allowance.
+const MaxOpenChannelSessions = 1000
+
+// channelSurfacePrefix begins the interaction surface of a channel
+// conversation's session (the plugin sandbox's channel_sessions.go).
+const channelSurfacePrefix = "channel:"
+
 // errOpenLimit: the owner has MaxOpenSessions open.
 var errOpenLimit = errors.New("open sessions at the limit")
+
+// errChannelOpenLimit: the operator has MaxOpenChannelSessions channel
+// conversations open.
+var errChannelOpenLimit = fmt.Errorf("channel conversations: %w", errOpenLimit)
 
 // errKeptLimit: the owner, a user, keeps MaxKeptSessions sessions.
 var errKeptLimit = errors.New("kept sessions at the limit")
@@ -118,7 +137,7 @@ const openLockClass int32 = 0x434d534f
 // admitOpen serializes, for the rest of tx, the sessions of owner made or
 // reopened, and refuses when the owner has MaxOpenSessions open or, making
 // one (adding), a user keeps MaxKeptSessions.
-func admitOpen(ctx context.Context, tx pgx.Tx, owner string, adding bool) error {
+func admitOpen(ctx context.Context, tx pgx.Tx, owner, surface string, adding bool) error {
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", openLockClass, owner); err != nil {
 		return err
 	}
@@ -126,10 +145,20 @@ func admitOpen(ctx context.Context, tx pgx.Tx, owner string, adding bool) error 
 	// when it makes one (the operator's history, which may be long, never).
 	var open, kept int
 	var err error
-	if adding && owner != configschema.OperatorPrincipal {
+	switch {
+	case adding && owner != configschema.OperatorPrincipal:
 		err = tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE state IN ('idle', 'running')), count(*) FROM sessions WHERE owner = $1",
 			owner).Scan(&open, &kept)
-	} else {
+	case owner == configschema.OperatorPrincipal:
+		// The operator's channel conversations and its own sessions
+		// each against their own bound (MaxOpenChannelSessions).
+		channel := strings.HasPrefix(surface, channelSurfacePrefix)
+		err = tx.QueryRow(ctx, "SELECT count(*) FROM sessions WHERE owner = $1 AND state IN ('idle', 'running') AND starts_with(interaction_surface, $2) = $3",
+			owner, channelSurfacePrefix, channel).Scan(&open)
+		if err == nil && channel && open >= MaxOpenChannelSessions {
+			return errChannelOpenLimit
+		}
+	default:
 		err = tx.QueryRow(ctx, "SELECT count(*) FROM sessions WHERE owner = $1 AND state IN ('idle', 'running')", owner).Scan(&open)
 	}
 	if err != nil {
@@ -149,7 +178,7 @@ func admitOpen(ctx context.Context, tx pgx.Tx, owner string, adding bool) error 
 // and errOpenLimit when the owner has MaxOpenSessions open.
 func (st *store) createSession(ctx context.Context, r sessionRow) (incarnation int64, err error) {
 	err = pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		if err := admitOpen(ctx, tx, r.Owner, true); err != nil {
+		if err := admitOpen(ctx, tx, r.Owner, r.Surface, true); err != nil {
 			return err
 		}
 		err := tx.QueryRow(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
@@ -173,10 +202,10 @@ func (st *store) createSession(ctx context.Context, r sessionRow) (incarnation i
 
 // reopen makes a closed (or idle) session of owner idle again in a new
 // generation; errOpenLimit when the owner has MaxOpenSessions open.
-func (st *store) reopen(ctx context.Context, id, owner, cwd string) (sessionRow, error) {
+func (st *store) reopen(ctx context.Context, id, owner, surface, cwd string) (sessionRow, error) {
 	var r sessionRow
 	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		if err := admitOpen(ctx, tx, owner, false); err != nil {
+		if err := admitOpen(ctx, tx, owner, surface, false); err != nil {
 			return err
 		}
 		var err error
