@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -164,13 +165,21 @@ func TestDurableBridgeWokenWhileConfigIsHung(t *testing.T) {
 	if h.Ready {
 		t.Fatal("hello says ready while the bridge waits for config")
 	}
-	r, err := ph.Do(context.Background(), http.MethodGet, "/snapshot", nil, nil, durableTimeouts.Read, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Status != http.StatusServiceUnavailable || r.Code() != "starting" || !strings.Contains(string(r.Body), "config service") {
-		t.Fatalf("snapshot while the bridge waits for config: %v", r)
-	}
+	// Its start first opens its database and connects to the bus, saying
+	// so, then waits for config.
+	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() error {
+		r, err := ph.Do(context.Background(), http.MethodGet, "/snapshot", nil, nil, durableTimeouts.Read, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != http.StatusServiceUnavailable || r.Code() != "starting" {
+			t.Fatalf("snapshot while the bridge waits for config: %v", r)
+		}
+		if !strings.Contains(string(r.Body), "config service") {
+			return fmt.Errorf("snapshot: %v", r)
+		}
+		return nil
+	})
 	// Woken, it is no longer shown dormant (as it was for as long as
 	// the launcher waited for it to be ready) but as it is: starting,
 	// waiting for config.
@@ -204,4 +213,70 @@ func shownErr(s *string) string {
 		return "none"
 	}
 	return *s
+}
+
+// Woken by a Collie while PostgreSQL hung (SIGSTOP, postmaster and
+// backends), the bridge's start waited for its database (up to a
+// minute) before it took the handed socket: Collie's hello sat in the
+// backlog until its own timeout, the agent shown unreachable with no
+// reason. The socket now answers from before the database step: hello
+// with ready false, every other route 503 starting naming the
+// database; once PostgreSQL runs again the bridge serves there.
+func TestDurableBridgeWokenWhileDatabaseIsHung(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{"--liveness-timeout", "10m"}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, "durable-bridge", "dormant")
+	postmaster := s.PIDOf("postgres")
+	if postmaster == 0 {
+		t.Fatalf("no postmaster among %v", s.PIDs())
+	}
+	hung := pgGroup(postmaster)
+	resume := sync.OnceFunc(func() {
+		for _, pid := range hung {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	t.Cleanup(resume)
+	for _, pid := range hung {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ph := collietest.Socket(filepath.Join(s.DataDir, "durable.sock"))
+	ph.Timeouts = durableTimeouts
+	t.Cleanup(ph.Close)
+	h, err := ph.SayHello(context.Background())
+	if err != nil {
+		t.Fatalf("hello waking the bridge with PostgreSQL hung: %v", err)
+	}
+	if h.Ready {
+		t.Fatal("hello says ready while the bridge waits for its database")
+	}
+	r, err := ph.Do(context.Background(), http.MethodGet, "/snapshot", nil, nil, durableTimeouts.Read, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != http.StatusServiceUnavailable || r.Code() != "starting" || !strings.Contains(string(r.Body), "waiting for the database") {
+		t.Fatalf("snapshot while the bridge waits for its database: %v", r)
+	}
+
+	resume()
+	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
+		h, err := ph.SayHello(context.Background())
+		if err != nil {
+			return err
+		}
+		if !h.Ready {
+			return fmt.Errorf("not ready")
+		}
+		return nil
+	})
+	if _, _, err := ph.Poll(context.Background()); err != nil {
+		t.Fatalf("snapshot once PostgreSQL is back: %v", err)
+	}
 }

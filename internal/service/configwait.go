@@ -49,8 +49,8 @@ var configAttempt = 10 * time.Second
 func (e *Env) AwaitConfig(ctx context.Context, rpc configv1.ConfigServiceClient) (*configclient.Client, error) {
 	// Alive while it waits (grpcserver.SetWaitingOn): a pod's startup
 	// probe would restart it every 120 s for as long as config hangs.
-	e.Server.SetWaitingOn(StartingConfig)
-	defer e.Server.SetStarting("setting up its services")
+	e.setStarting(StartingConfig, true)
+	defer e.setStarting("setting up its services", false)
 	// A socket the launcher handed over (grpcserver.HoldEarly) answered
 	// nothing meanwhile: the call that woke a dormant upload-staging
 	// with config hung waited in its backlog, its client told nothing

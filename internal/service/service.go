@@ -113,6 +113,15 @@ type Spec struct {
 	// Flags, when set, declares the process's own flags beside the common
 	// ones.
 	Flags func(fs *flag.FlagSet)
+	// Early, when set, runs before the start's first wait (the
+	// database, the bus, then config): a process the launcher handed a
+	// socket of its own besides the gRPC one (the durable bridge's,
+	// which speaks HTTP to Collie) answers on it from there, saying
+	// what the start waits for (Env.OnStarting). Begun in Register, it
+	// left a client's connection in the socket's backlog for as long as
+	// the database or the bus was away, a minute at most, then again
+	// from the restart. Closers it adds run at shutdown as Register's.
+	Early func(env *Env) error
 	// Register builds the process's services and registers them on
 	// env.Server.GRPC. It may start goroutines with env.Go and add closers
 	// with env.OnClose.
@@ -144,6 +153,37 @@ type Env struct {
 
 	closers []func()
 	wg      sync.WaitGroup
+
+	smu      sync.Mutex
+	starting string         // what the start waits for now
+	watchers []func(string) // OnStarting's
+}
+
+// OnStarting calls f with what the start waits for (health's reason:
+// "waiting for the database", "connecting to the bus", StartingConfig,
+// "setting up its services"), at once and at each change until the
+// process serves.
+func (e *Env) OnStarting(f func(what string)) {
+	e.smu.Lock()
+	defer e.smu.Unlock()
+	e.watchers = append(e.watchers, f)
+	f(e.starting)
+}
+
+// setStarting says what the start waits for, to health (SetStarting, or
+// SetWaitingOn when waitsOn: another process) and to OnStarting's.
+func (e *Env) setStarting(what string, waitsOn bool) {
+	e.smu.Lock()
+	defer e.smu.Unlock()
+	if waitsOn {
+		e.Server.SetWaitingOn(what)
+	} else {
+		e.Server.SetStarting(what)
+	}
+	e.starting = what
+	for _, f := range e.watchers {
+		f(what)
+	}
 }
 
 // OnClose registers f to run at shutdown, after the gRPC server stopped
@@ -358,7 +398,16 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	defer env.Server.Shutdown()
 
 	if spec.Schema != "" {
-		env.Server.SetStarting("waiting for the database")
+		env.setStarting("waiting for the database", false)
+	} else {
+		env.setStarting("connecting to the bus", false)
+	}
+	if spec.Early != nil {
+		if err := spec.Early(env); err != nil {
+			return fmt.Errorf("start %s: %w", spec.Name, err)
+		}
+	}
+	if spec.Schema != "" {
 		dbCtx, dbCancel := context.WithTimeout(ctx, databaseStartWait)
 		env.DB, err = pg.Open(dbCtx, o.databaseURL, spec.Schema, spec.Migrations, log)
 		dbCancel()
@@ -385,7 +434,7 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 		})
 		env.Go(func() { pg.Watch(ctx, env.DB, func(err error) { env.Server.SetDependency(DepDatabase, err) }) })
 	}
-	env.Server.SetStarting("connecting to the bus")
+	env.setStarting("connecting to the bus", false)
 	seed, err := bus.LoadSeed(o.dataDir, spec.Role)
 	if err != nil {
 		return err
@@ -403,7 +452,7 @@ func Run(ctx context.Context, spec Spec, args []string) error {
 	}
 	env.OnClose(func() { _ = env.NATS.Drain() })
 
-	env.Server.SetStarting("setting up its services")
+	env.setStarting("setting up its services", false)
 	if err := spec.Register(ctx, env); err != nil {
 		return fmt.Errorf("register %s: %w", spec.Name, err)
 	}

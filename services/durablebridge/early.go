@@ -16,8 +16,8 @@ import (
 )
 
 // Early answers on the private socket the launcher handed over while the
-// bridge's start has yet to build the Bridge (it waits for the config
-// service, however long config is away): hello with ready false, every
+// bridge's start has yet to build the Bridge (it waits for its database,
+// the bus, then the config service, however long config is away): hello with ready false, every
 // other route 503 starting saying what the start waits for, by the same
 // handler and in the same order of refusals as the bridge's own.
 //
@@ -65,8 +65,8 @@ func AnswerEarly(ln net.Listener, hostName, waitingOn string, log *zap.Logger) (
 	return e, e.h.View(true)
 }
 
-// SetWaitingOn sets what a refusal says the start waits for ("" once it
-// only sets itself up).
+// SetWaitingOn sets what a refusal says the start waits for (health's
+// reason: "waiting for the database", say; "" for nothing named).
 func (e *Early) SetWaitingOn(what string) {
 	msg := "the durable agent is starting"
 	if what != "" {

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"sync/atomic"
@@ -28,14 +29,16 @@ import (
 
 func main() {
 	var bridge *durablebridge.Bridge
+	var h handed
 	service.Main(service.Spec{
 		Name:        "durable-bridge",
 		Role:        bus.RoleDurable,
 		HealthNames: []string{durablev1.DurableService_ServiceDesc.ServiceName},
 		Schema:      "durable",
 		Migrations:  migrations.FS,
+		Early:       h.answer,
 		Register: func(ctx context.Context, env *service.Env) error {
-			b, err := register(ctx, env)
+			b, err := register(ctx, env, &h)
 			bridge = b
 			return err
 		},
@@ -46,7 +49,43 @@ func main() {
 // tokenProp is the bearer token's property; a secret, read with Reveal.
 const tokenProp = "durable.token"
 
-func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, error) {
+// handed is the durable socket the launcher handed over, if it did, and
+// what answers on it until the bridge serves.
+type handed struct {
+	hostName string
+	early    *durablebridge.Early // nil when no socket was handed
+	passed   net.Listener
+}
+
+// answer takes the socket the launcher handed over (service.Spec.Early).
+// The launcher holds it while the bridge is dormant and hands it over
+// when a client's connection wakes the bridge. Until the bridge serves,
+// the socket answers as an agent not ready yet does
+// (durablebridge.AnswerEarly), naming what the start waits for: its
+// database, the bus, config. A hello left in the backlog meanwhile was
+// Collie's timeout (1000 ms), the agent shown unreachable with no
+// reason, for as long as any of them was away.
+func (h *handed) answer(env *service.Env) error {
+	host, _ := os.Hostname()
+	h.hostName = "clawmesh on " + host
+	passed, err := listenfd.Listener(listenfd.DurableSocket)
+	if err != nil {
+		return fmt.Errorf("durable socket: %w", err)
+	}
+	if passed == nil {
+		return nil
+	}
+	h.early, h.passed = durablebridge.AnswerEarly(passed, h.hostName, "", env.Log)
+	// Closers run last first: the early answers stop before the socket
+	// is closed.
+	held := h.passed
+	env.OnClose(func() { _ = held.Close() })
+	env.OnClose(h.early.Stop)
+	env.OnStarting(h.early.SetWaitingOn)
+	return nil
+}
+
+func register(ctx context.Context, env *service.Env, h *handed) (*durablebridge.Bridge, error) {
 	configConn, err := grpcclient.Dial(env.Peers.Config)
 	if err != nil {
 		return nil, fmt.Errorf("config service: %w", err)
@@ -57,28 +96,6 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 		return nil, fmt.Errorf("session service: %w", err)
 	}
 	env.OnClose(func() { _ = sessionConn.Close() })
-
-	// The launcher holds the socket while the bridge is dormant and hands
-	// it over when a client's connection wakes the bridge. Until the
-	// bridge serves, the socket answers as an agent not ready yet does
-	// (durablebridge.AnswerEarly): with config hung the start waits on
-	// and on, and a hello left in the backlog was Collie's timeout, the
-	// agent shown unreachable with no reason.
-	host, _ := os.Hostname()
-	hostName := "clawmesh on " + host
-	passed, err := listenfd.Listener(listenfd.DurableSocket)
-	if err != nil {
-		return nil, fmt.Errorf("durable socket: %w", err)
-	}
-	var early *durablebridge.Early
-	if passed != nil {
-		early, passed = durablebridge.AnswerEarly(passed, hostName, service.StartingConfig, env.Log)
-		// Closers run last first: the early answers stop before the
-		// socket is closed.
-		held := passed
-		env.OnClose(func() { _ = held.Close() })
-		env.OnClose(early.Stop)
-	}
 
 	configRPC := configv1.NewConfigServiceClient(configConn)
 	// The bridge waits for config however long it is away (AwaitConfig):
@@ -98,9 +115,7 @@ func register(ctx context.Context, env *service.Env) (*durablebridge.Bridge, err
 	if socket == "" {
 		socket = durablesock.DefaultSocket(env.DataDir)
 	}
-	if early != nil {
-		early.SetWaitingOn("")
-	}
+	early, passed, hostName := h.early, h.passed, h.hostName
 	if passed != nil && passed.Addr().String() != socket {
 		// durable.socket_path was set since the launcher took the
 		// socket: the bridge listens where it now says.
