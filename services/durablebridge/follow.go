@@ -44,6 +44,12 @@ type follower struct {
 	marked map[string]bool
 	all    bool
 
+	// holed are panes whose updates had a hole while a turn ran (only
+	// the follower's goroutine reads or writes it): read again at that
+	// turn's end, when the transcript holds what the lost updates showed
+	// (apply).
+	holed map[string]bool
+
 	// suspects are panes whose turn disagreed with the session service at
 	// the last reconcile, with the update they had applied then: only a
 	// disagreement that outlives a reconcile reloads a pane (a turn's end
@@ -53,7 +59,7 @@ type follower struct {
 
 func newFollower(b *Bridge) *follower {
 	return &follower{b: b, updates: make(chan bus.Update, updateQueue), wake: make(chan struct{}, 1),
-		marked: map[string]bool{}, suspects: map[string]int64{}}
+		marked: map[string]bool{}, holed: map[string]bool{}, suspects: map[string]int64{}}
 }
 
 // push is the bus callback: it never blocks the subscription.
@@ -314,6 +320,7 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 	}
 	if u.Type == busv1.UpdateType_UPDATE_TYPE_SESSION_DELETED {
 		f.b.layout.remove(id)
+		delete(f.holed, id)
 		if err := f.b.store.forgetPane(ctx, id); err != nil {
 			f.b.log.Warn("forget deleted session", zap.String("session_id", id), zap.Error(err))
 		}
@@ -339,6 +346,30 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 		// queued while a pane loads are many under streaming, and none
 		// changes an ask.
 		return true
+	}
+	if u.Seq > seen+1 && !u.Renumbered {
+		// Updates between were lost on the bus (its connection dropped
+		// and came back, or the server dropped this slow consumer's):
+		// applied as if this one followed them, the pane lacked them
+		// for good, a turn's tool calls among them (a followed turn's
+		// tool rows are its updates'). The pane is read again from the
+		// session service at the end of the turn they belonged to,
+		// when the transcript holds all it wrote (turnEnded), or at
+		// once if no turn runs; read now, mid-turn, it would drop what
+		// the turn's updates have shown so far. A renumbered update
+		// follows a restarted session service's stored bound: what it
+		// skips was never published.
+		f.b.log.Info("session updates lost on the bus, the pane will be read again", zap.String("session_id", id),
+			zap.Int64("after_seq", seen), zap.Int64("got_seq", u.Seq))
+		f.holed[id] = true
+		defer func() {
+			idle := false
+			f.b.layout.read(id, func(p *pane) { idle = p.turn == nil })
+			if idle && f.holed[id] {
+				delete(f.holed, id)
+				f.mark(id)
+			}
+		}()
 	}
 	f.b.layout.mutate(id, func(p *pane) bool { p.lastSeq = u.Seq; return false })
 	var up updateParams
@@ -526,6 +557,12 @@ func (f *follower) turnEnded(ctx context.Context, id string, up updateParams) {
 		}
 		return true
 	})
+	if f.holed[id] {
+		// Updates of this turn were lost (apply): the transcript now
+		// holds what they showed.
+		delete(f.holed, id)
+		f.mark(id)
+	}
 	f.poke() // a text may wait for this pane's next turn
 }
 
@@ -627,6 +664,7 @@ func (f *follower) reload(ctx context.Context, id string) {
 	cancel()
 	if status.Code(err) == codes.NotFound || (err == nil && !open(resp.GetView().GetSession())) {
 		f.b.layout.remove(id)
+		delete(f.holed, id)
 		return
 	}
 	if err != nil {
@@ -650,6 +688,12 @@ func (f *follower) reload(ctx context.Context, id string) {
 	}
 	if err := f.loadPane(ctx, resp.GetView(), true); err != nil {
 		f.b.log.Warn("reload pane", zap.String("session_id", id), zap.Error(err))
+		return
+	}
+	if resp.GetView().GetTurnId() == "" {
+		// No turn runs: the transcript read holds all that updates
+		// lost showed.
+		delete(f.holed, id)
 	}
 }
 
@@ -747,6 +791,11 @@ func (f *follower) reconcile(ctx context.Context) {
 	for _, id := range f.b.layout.paneIDs("") {
 		if !seen[id] {
 			f.b.layout.removeIfBefore(id, listed)
+		}
+	}
+	for id := range f.holed {
+		if !f.b.layout.read(id, func(*pane) {}) {
+			delete(f.holed, id) // closed: no turn of it to end
 		}
 	}
 }

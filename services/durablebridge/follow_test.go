@@ -75,6 +75,8 @@ func TestAskExpiresWhileItsSessionStreams(t *testing.T) {
 func TestCoveredUpdateIsSkipped(t *testing.T) {
 	w := newWireBridge(t, false)
 	w.addPane("s-1", "main", 1, testAsk("s-1", "tc-1"))
+	// Loaded from a view at seq 4: update 5 follows it.
+	w.b.layout.mutate("s-1", func(p *pane) bool { p.lastSeq = 4; return false })
 	f := w.b.follower
 	ctx := context.Background()
 	chunk := func(seq int64, text string) bus.Update {
@@ -190,5 +192,96 @@ func TestTurnRowsShownPageByPage(t *testing.T) {
 	})
 	if got := strings.Join(ids, ","); got != "m0,m1,m2,m3,m4,turn-2:reply,m7" || turn != "" || live != "" {
 		t.Fatalf("after the turn's end: items %s, turn %q, live %q", got, turn, live)
+	}
+}
+
+// holedSessions is a session service with one session, s-1, whose view
+// and transcript the test sets.
+type holedSessions struct {
+	sessionv1.SessionServiceClient
+	view  *sessionv1.SessionView
+	rows  []*sessionv1.TranscriptMessage
+	views int
+}
+
+func (s *holedSessions) GetSessionView(context.Context, *sessionv1.GetSessionViewRequest, ...grpc.CallOption) (*sessionv1.GetSessionViewResponse, error) {
+	s.views++
+	return &sessionv1.GetSessionViewResponse{View: s.view}, nil
+}
+
+func (s *holedSessions) Transcript(_ context.Context, in *sessionv1.TranscriptRequest, _ ...grpc.CallOption) (*sessionv1.TranscriptResponse, error) {
+	from := int64(0)
+	if in.AfterIndex != nil {
+		from = in.GetAfterIndex() + 1
+	}
+	from = min(from, int64(len(s.rows)))
+	return &sessionv1.TranscriptResponse{SessionId: in.GetSessionId(), Total: int64(len(s.rows)), Messages: s.rows[from:]}, nil
+}
+
+func (s *holedSessions) add(role, content string) {
+	s.rows = append(s.rows, &sessionv1.TranscriptMessage{Index: int64(len(s.rows)), Role: role, Content: content, CreatedAt: timestamppb.Now()})
+}
+
+// Updates lost on the bus (its connection dropped and came back while
+// a turn streamed) left a hole in a pane's seqs that nothing noticed:
+// the next update was applied as if it followed, the reply shown cut,
+// and the turn's tool call, whose update was among the lost, never
+// shown (a followed turn's tool rows are its updates'), the pane
+// staying so for as long as the bridge ran. A hole now has the pane
+// read again from the session service, and once more at the end of
+// the turn it cut, when the transcript holds all the turn wrote.
+func TestHoleInUpdatesResyncsThePane(t *testing.T) {
+	w := newWireBridge(t, false)
+	ss := &holedSessions{}
+	w.b.sessions = ss
+	f := w.b.follower
+	ctx := context.Background()
+	running := func(seq int64, turn string) *sessionv1.SessionView {
+		st := sessionv1.SessionState_SESSION_STATE_IDLE
+		if turn != "" {
+			st = sessionv1.SessionState_SESSION_STATE_RUNNING
+		}
+		return &sessionv1.SessionView{Session: &sessionv1.Session{SessionId: "s-1", AgentAlias: "main", State: st, CreatedAt: timestamppb.Now()},
+			UpdateSeq: seq, TurnId: turn, TurnStartedAt: timestamppb.Now()}
+	}
+	ss.add("user", "the prompt")
+	ss.view = running(4, "turn-1")
+	if err := f.loadPane(ctx, ss.view, false); err != nil {
+		t.Fatal(err)
+	}
+	update := func(seq int64, typ busv1.UpdateType, json string) bus.Update {
+		return bus.Update{SessionID: "s-1", Type: typ, Seq: seq, JSON: []byte(json)}
+	}
+	chunk := func(seq int64, text string) bus.Update {
+		return update(seq, busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, `{"turn_id":"turn-1","text":"`+text+`"}`)
+	}
+	f.apply(ctx, chunk(5, "Hel"))
+	// Lost: chunk 6 "lo ", the tool call 7 and its result 8.
+	f.apply(ctx, chunk(9, "world"))
+	ss.view = running(9, "turn-1")
+	f.reloadMarked(ctx)
+
+	// The turn ends: its tool row and reply are in the transcript.
+	ss.add("tool", "echo: ok")
+	ss.add("assistant", "Hello world")
+	ss.view = running(10, "")
+	f.apply(ctx, update(10, busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE, `{"turn_id":"turn-1","content":"Hello world"}`))
+	f.reloadMarked(ctx)
+
+	var items []string
+	var last int64
+	turn := "none"
+	w.b.layout.read("s-1", func(p *pane) {
+		for _, it := range p.items {
+			items = append(items, it.kind+"="+string(it.text))
+		}
+		last = p.lastSeq
+		if p.turn != nil {
+			turn = p.turn.id
+		}
+	})
+	got := strings.Join(items, ",")
+	if !strings.Contains(got, kindTool+"=echo: ok") || strings.Count(got, "Hello world") != 1 || turn != "none" || last != 10 {
+		t.Fatalf("after a turn whose updates 6 to 8 were lost: items %s, turn %s, last seq %d (%d views read)", got, turn, last, ss.views)
 	}
 }
