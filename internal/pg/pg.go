@@ -404,9 +404,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, migrations 
 			return fmt.Errorf("apply migration %s: %w", m.name, err)
 		}
 		log.Info("migration applied", zap.String("schema", schema), zap.String("migration", m.name))
-		to = m.name
+		// The newest applied now, whichever this start applied (ms
+		// is in version order): a gap filled below the newest is no
+		// step past it.
+		to = ms[len(ms)-1].name
 	}
-	if from != "" && to != "" {
+	if from != "" && to != "" && from != to {
 		log.Info(Upgraded, zap.String("schema", schema), zap.String("from", from), zap.String("to", to))
 	}
 	return nil
