@@ -37,6 +37,9 @@ type conv struct {
 	t *testing.T
 	c *e2e.Client
 	n int
+	// s, when set, is the stack: a read that fails says what the
+	// gateway logged of closing connections.
+	s *e2e.Stack
 }
 
 func newConv(t *testing.T, s *e2e.Stack, caps map[string]any) *conv {
@@ -49,7 +52,7 @@ func newConv(t *testing.T, s *e2e.Stack, caps map[string]any) *conv {
 	if _, err := c.Call("initialize", params); err != nil {
 		t.Fatal(err)
 	}
-	return &conv{t: t, c: c, n: 100}
+	return &conv{t: t, c: c, n: 100, s: s}
 }
 
 // userToken creates a token for user with the CLI and returns it.
@@ -93,9 +96,30 @@ func (v *conv) next() *e2e.Frame {
 	v.t.Helper()
 	f, line, err := v.c.Read(30 * time.Second)
 	if err != nil {
-		v.t.Fatalf("read: %v (%q)", err, line)
+		if len(line) > 512 {
+			line = append(line[:512:512], "..."...)
+		}
+		v.t.Fatalf("read: %v (%q)%s", err, line, v.closings())
 	}
 	return f
+}
+
+// closings is what the gateway logged of the connections it closed, for
+// a read that failed: a closed connection reads EOF whatever the cause.
+func (v *conv) closings() string {
+	if v.s == nil {
+		return ""
+	}
+	var out []string
+	for _, l := range strings.Split(readLog(v.t, v.s, "gateway"), "\n") {
+		if strings.Contains(l, "closing connection") || strings.Contains(l, "write stall") || strings.Contains(l, "nats") {
+			out = append(out, l)
+		}
+	}
+	if len(out) > 8 {
+		out = out[len(out)-8:]
+	}
+	return "\nthe gateway's log of closings and its bus link:\n" + strings.Join(out, "\n")
 }
 
 func (v *conv) upd(f *e2e.Frame) (update, bool) {
