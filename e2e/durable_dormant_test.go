@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -230,22 +229,7 @@ func TestDurableBridgeWokenWhileDatabaseIsHung(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, c, "durable-bridge", "dormant")
-	postmaster := s.PIDOf("postgres")
-	if postmaster == 0 {
-		t.Fatalf("no postmaster among %v", s.PIDs())
-	}
-	hung := pgGroup(postmaster)
-	resume := sync.OnceFunc(func() {
-		for _, pid := range hung {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	})
-	t.Cleanup(resume)
-	for _, pid := range hung {
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-	}
+	resume := hangPostgres(t, s)
 
 	ph := collietest.Socket(filepath.Join(s.DataDir, "durable.sock"))
 	ph.Timeouts = durableTimeouts

@@ -758,6 +758,30 @@ func pgGroup(postmaster int) []int {
 	return append([]int{postmaster}, procstat.Children(postmaster)...)
 }
 
+// hangPostgres stops the stack's private PostgreSQL, its postmaster and
+// every backend (SIGSTOP: a frozen host), and returns resume, which
+// continues them; resume runs at the test's end too, once at most.
+func hangPostgres(t *testing.T, s *e2e.Stack) (resume func()) {
+	t.Helper()
+	postmaster := s.PIDOf("postgres")
+	if postmaster == 0 {
+		t.Fatalf("no postmaster among %v", s.PIDs())
+	}
+	hung := pgGroup(postmaster)
+	resume = sync.OnceFunc(func() {
+		for _, pid := range hung {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	t.Cleanup(resume)
+	for _, pid := range hung {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return resume
+}
+
 // PostgreSQL hung whole (the postmaster and every backend stopped, as a
 // frozen host or a SIGSTOP leaves it) for longer than the liveness limit:
 // the launcher kills the hung server with its backends and starts it
@@ -848,22 +872,7 @@ func TestShortPostgresStallFailsCallsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	postmaster := s.PIDOf("postgres")
-	if postmaster == 0 {
-		t.Fatalf("no postmaster among %v", s.PIDs())
-	}
-	hung := pgGroup(postmaster)
-	resume := sync.OnceFunc(func() {
-		for _, pid := range hung {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	})
-	t.Cleanup(resume)
-	for _, pid := range hung {
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-	}
+	resume := hangPostgres(t, s)
 	stopped := time.Now()
 	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() error {
 		h, err := healthOf(c)
