@@ -22,7 +22,15 @@ var inside = pathcheck.Rule{OwnGroup: true}
 // plugin runs with the grants its manifest asks for, so whoever can write
 // or rename one of them chooses what loads. A symlinked path is checked
 // where it leads.
-func CheckPluginsDir(dir string) error {
+func CheckPluginsDir(dir string) error { return checkPluginsDir(dir, true) }
+
+// CheckPluginsDirItself checks the plugins folder alone, not the folders
+// above it: where it is checked from another container than the
+// sandbox's (clawmesh doctor in a gateway's pod), those folders are not
+// the ones the sandbox sees above it.
+func CheckPluginsDirItself(dir string) error { return checkPluginsDir(dir, false) }
+
+func checkPluginsDir(dir string, above bool) error {
 	real, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return err
@@ -37,26 +45,10 @@ func CheckPluginsDir(dir string) error {
 	if err := pathcheck.Owned(real, fi, inside); err != nil {
 		return fmt.Errorf("%w: %w", ErrUntrusted, err)
 	}
+	if !above {
+		return nil
+	}
 	if err := pathcheck.Above(real, inside.OwnGroup); err != nil {
-		return fmt.Errorf("%w: %w", ErrUntrusted, err)
-	}
-	return nil
-}
-
-// CheckPluginsDirItself checks the plugins folder alone, not the folders
-// above it: where it is checked from another container than the
-// sandbox's (clawmesh doctor in a gateway's pod), those folders are not
-// the ones the sandbox sees above it.
-func CheckPluginsDirItself(dir string) error {
-	real, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return err
-	}
-	fi, err := os.Lstat(real)
-	if err != nil {
-		return err
-	}
-	if err := pathcheck.Owned(real, fi, inside); err != nil {
 		return fmt.Errorf("%w: %w", ErrUntrusted, err)
 	}
 	return nil
