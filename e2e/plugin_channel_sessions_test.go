@@ -13,8 +13,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
 // A channel's senders cannot take the operator's open sessions: every
@@ -46,29 +44,14 @@ func TestPluginChannelConversationsLeaveTheOperatorSessions(t *testing.T) {
 	}))
 	t.Cleanup(hook.Close)
 
-	const channelToken = "channel-token-0123456789abcdef0123456789"
-	key := abi.InstanceKey("webhook", abi.WorldChannel, "web")
-	v.call("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "plugins.entries." + key + ".config", "value": map[string]any{"webhook_url": hook.URL, "token": "tok-e2e"}},
-		{"prop": "channels.plugin.web.plugin", "value": "webhook"},
-		{"prop": "channels.plugin.web.token", "value": channelToken},
-	}})
-	var listen string
-	waitFor(t, "the channel binding", 60*time.Second, func() bool {
-		for _, ch := range listPlugins(t, v).Channels {
-			if ch.Alias == "web" && ch.State == "running" && ch.Reason == "" {
-				listen = ch.Listen
-				return true
-			}
-		}
-		return false
-	})
+	bindWebChannel(t, v, hook.URL)
+	listen := webChannelListen(t, v, "")
 	post := func(thread, text string) {
 		t.Helper()
 		body := fmt.Sprintf(`{"id":"m-%s-%s","from":"ann","text":%q,"thread":%q}`, thread, text, text, thread)
 		for {
 			req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
-			req.Header.Set("Authorization", "Bearer "+channelToken)
+			req.Header.Set("Authorization", "Bearer "+webChannelToken)
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)

@@ -72,26 +72,11 @@ func TestPluginChannelMessageReachesASession(t *testing.T) {
 	}))
 	t.Cleanup(hook.Close)
 
-	const channelToken = "channel-token-0123456789abcdef0123456789"
-	key := abi.InstanceKey("webhook", abi.WorldChannel, "web")
-	v.call("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "plugins.entries." + key + ".config", "value": map[string]any{"webhook_url": hook.URL, "token": "tok-e2e"}},
-		{"prop": "channels.plugin.web.plugin", "value": "webhook"},
-		{"prop": "channels.plugin.web.token", "value": channelToken},
-	}})
+	bindWebChannel(t, v, hook.URL)
 
 	// The binding comes up on its own (config change, no restart), on
 	// loopback, and configures once its config resolves.
-	var listen string
-	waitFor(t, "the channel binding", 60*time.Second, func() bool {
-		for _, ch := range listPlugins(t, v).Channels {
-			if ch.Alias == "web" && ch.State == "running" && ch.Reason == "" {
-				listen = ch.Listen
-				return true
-			}
-		}
-		return false
-	})
+	listen := webChannelListen(t, v, "")
 	if !strings.HasPrefix(listen, "127.0.0.1:") {
 		t.Fatalf("the listener binds %s, want loopback", listen)
 	}
@@ -113,15 +98,15 @@ func TestPluginChannelMessageReachesASession(t *testing.T) {
 	msg := `{"id":"m1","from":"ann","text":"/say hello from the channel","thread":"t-1"}`
 	// Any local account reaches a loopback port: without the binding's
 	// token, nothing is queued.
-	for _, tok := range []string{"", channelToken + "x"} {
+	for _, tok := range []string{"", webChannelToken + "x"} {
 		if resp := post(msg, tok); resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("a message with token %q: %s", tok, resp.Status)
 		}
 	}
-	if resp := post(msg, channelToken); resp.StatusCode != http.StatusAccepted {
+	if resp := post(msg, webChannelToken); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("listener answered %s", resp.Status)
 	}
-	if bad := post(`[1]`, channelToken); bad.StatusCode != http.StatusBadRequest {
+	if bad := post(`[1]`, webChannelToken); bad.StatusCode != http.StatusBadRequest {
 		t.Fatalf("a non-object body: %v", bad.Status)
 	}
 
@@ -189,30 +174,12 @@ func TestPluginChannelRebindDeliversACutTurnAgain(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(hook.Close)
-	const channelToken = "channel-token-0123456789abcdef0123456789"
-	key := abi.InstanceKey("webhook", abi.WorldChannel, "web")
-	v.call("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "plugins.entries." + key + ".config", "value": map[string]any{"webhook_url": hook.URL, "token": "tok-e2e"}},
-		{"prop": "channels.plugin.web.plugin", "value": "webhook"},
-		{"prop": "channels.plugin.web.token", "value": channelToken},
-	}})
-	running := func(not string) string {
-		var listen string
-		waitFor(t, "the channel binding", 60*time.Second, func() bool {
-			for _, ch := range listPlugins(t, v).Channels {
-				if ch.Alias == "web" && ch.State == "running" && ch.Reason == "" && ch.Listen != not {
-					listen = ch.Listen
-					return true
-				}
-			}
-			return false
-		})
-		return listen
-	}
+	bindWebChannel(t, v, hook.URL)
+	running := func(not string) string { return webChannelListen(t, v, not) }
 	listen := running("")
 	body := `{"id":"m1","from":"ann","text":"/sleep 4000\n/say answered after the rebind","thread":"t-1"}`
 	req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
-	req.Header.Set("Authorization", "Bearer "+channelToken)
+	req.Header.Set("Authorization", "Bearer "+webChannelToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -252,4 +219,36 @@ func TestPluginChannelRebindDeliversACutTurnAgain(t *testing.T) {
 	if replies[0] != "answered after the rebind" {
 		t.Fatalf("replies %q, want the cut turn's answer", replies)
 	}
+}
+
+// webChannelToken is the bearer token bindWebChannel gives channel "web".
+const webChannelToken = "channel-token-0123456789abcdef0123456789"
+
+// bindWebChannel binds the webhook example plugin as channel "web", its
+// replies posted to hookURL.
+func bindWebChannel(t *testing.T, v *conv, hookURL string) {
+	t.Helper()
+	key := abi.InstanceKey("webhook", abi.WorldChannel, "web")
+	v.call("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "plugins.entries." + key + ".config", "value": map[string]any{"webhook_url": hookURL, "token": "tok-e2e"}},
+		{"prop": "channels.plugin.web.plugin", "value": "webhook"},
+		{"prop": "channels.plugin.web.token", "value": webChannelToken},
+	}})
+}
+
+// webChannelListen waits until channel "web" runs, configured, on an
+// address other than not, and returns that address.
+func webChannelListen(t *testing.T, v *conv, not string) string {
+	t.Helper()
+	var listen string
+	waitFor(t, "the channel binding", 60*time.Second, func() bool {
+		for _, ch := range listPlugins(t, v).Channels {
+			if ch.Alias == "web" && ch.State == "running" && ch.Reason == "" && ch.Listen != not {
+				listen = ch.Listen
+				return true
+			}
+		}
+		return false
+	})
+	return listen
 }
