@@ -375,8 +375,11 @@ func TestStallCheckEndsWithItsConnection(t *testing.T) {
 		buf := make([]byte, 16<<20)
 		return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "natsutil.watchStall")
 	}
-	if !running() {
-		t.Fatal("no stall check runs on a new connection")
+	// Started beside Connect's return: looked for until it shows.
+	for deadline := time.Now().Add(5 * time.Second); !running(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no stall check runs on a new connection")
+		}
 	}
 	nc.Close()
 	// Well inside the tick: the check ended with the close, not at its
