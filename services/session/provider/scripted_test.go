@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -96,6 +97,10 @@ func TestScriptedProvider(t *testing.T) {
 		if err != nil || ns < before || ns > after {
 			t.Fatalf("stamp %q not a time within the call", c.Text)
 		}
+		// The bytes clients read: the decimal time and one space.
+		if want := strconv.FormatInt(ns, 10) + " "; c.Text != want {
+			t.Fatalf("stamp %q, want %q", c.Text, want)
+		}
 	}
 	var bad []Chunk
 	if _, err := (ScriptedProvider{}).Step(context.Background(), Request{Messages: user("/stamp many", 0)}, func(c Chunk) { bad = append(bad, c) }); err != nil || len(bad) != 2 || bad[0].Text != "/stamp " {
@@ -127,5 +132,43 @@ func TestScriptedStampEndsWithItsContext(t *testing.T) {
 	if _, err := (ScriptedProvider{}).Step(context.Background(), Request{Messages: []Message{{Role: RoleUser, Content: fmt.Sprintf("/stamp %d", MaxStampChunks+1)}}},
 		func(c Chunk) { said = append(said, c) }); err != nil || len(said) != 2 || said[0].Text != "/stamp " {
 		t.Fatalf("an N past the bound: %+v %v", said, err)
+	}
+}
+
+// stampText writes what FormatInt and a space wrote, for any int64.
+func TestStampText(t *testing.T) {
+	for _, ns := range []int64{0, 1, -1, 9, 10, 1796357943194065258, math.MaxInt64, math.MinInt64, time.Now().UnixNano()} {
+		if got, want := stampText(ns), strconv.FormatInt(ns, 10)+" "; got != want {
+			t.Errorf("stampText(%d) = %q, want %q", ns, got, want)
+		}
+	}
+}
+
+// A /stamp chunk costs one allocation, its text: the turn-stream
+// benchmark's session service makes one a chunk. FormatInt and a
+// concatenation made two.
+func TestStampAllocatesOnceAChunk(t *testing.T) {
+	const chunks = 100
+	emit := func(Chunk) {}
+	// Per run: the chunks, beside two for the call (strings.Fields's
+	// slice of the arguments, the timer variable its deferred stop holds).
+	if n := testing.AllocsPerRun(20, func() {
+		if err := stamp(context.Background(), strconv.Itoa(chunks), emit); err != nil {
+			t.Fatal(err)
+		}
+	}); n > chunks+2 {
+		t.Errorf("%.0f allocations for %d chunks, want at most %d", n, chunks, chunks+2)
+	}
+}
+
+// BenchmarkStamp streams 1,000 /stamp chunks an op, without a gap:
+// allocs/op and B/op over 1,000 are a chunk's.
+func BenchmarkStamp(b *testing.B) {
+	emit := func(Chunk) {}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := stamp(context.Background(), "1000", emit); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
