@@ -94,6 +94,25 @@ type (
 
 var errIdle = errors.New("provider idle")
 
+// maxReusedChoices bounds the choices' array an oaChunk keeps from one
+// event to the next: a stream has one choice, as the request asks for.
+const maxReusedChoices = 8
+
+// reuse makes c a zero oaChunk before an event is decoded into it, but
+// for the array of its choices: encoding/json decodes a JSON array into
+// a slice's array, so an event's one choice costs no allocation of its
+// own. The elements are zeroed first (encoding/json decodes into them
+// as they are, and a field an event lacks would keep the last one's),
+// so the decoded chunk is the one a new oaChunk would be.
+func (c *oaChunk) reuse() {
+	choices := c.Choices[:cap(c.Choices)]
+	if len(choices) > maxReusedChoices {
+		choices = nil
+	}
+	clear(choices)
+	*c = oaChunk{Choices: choices[:0]}
+}
+
 func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepResult, error) {
 	body, err := json.Marshal(p.request(req))
 	if err != nil {
@@ -144,8 +163,12 @@ func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepR
 	// Any byte that arrives (a keep-alive comment too) is progress.
 	events := NewSSEReader(progressReader{r: resp.Body, progress: func() { idle.Reset(p.timeout) }}, DefaultMaxEventBytes)
 	done := false
+	// c is decoded into again for every event, its choices' array
+	// reused, zeroed first (see reuse).
+	var c oaChunk
 	for !done {
-		ev, err := events.Next()
+		// The event's bytes, decoded where the reader holds them.
+		typ, data, err := events.next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
@@ -155,16 +178,16 @@ func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepR
 			}
 			return StepResult{}, timedOut(Errorf("openai provider: reading the stream failed: %v", err))
 		}
-		if strings.TrimSpace(ev.Data) == "[DONE]" {
+		if string(bytes.TrimSpace(data)) == "[DONE]" {
 			done = true
 			break
 		}
-		var c oaChunk
-		if err := json.Unmarshal([]byte(ev.Data), &c); err != nil {
-			if ev.Type == "error" {
+		c.reuse()
+		if err := json.Unmarshal(data, &c); err != nil {
+			if string(typ) == "error" {
 				// Some compatible servers name an error event and send its
 				// text as it is.
-				return StepResult{}, Errorf("openai provider: %s", strings.TrimSpace(ev.Data))
+				return StepResult{}, Errorf("openai provider: %s", strings.TrimSpace(string(data)))
 			}
 			return StepResult{}, Errorf("openai provider: malformed stream event: %v", err)
 		}

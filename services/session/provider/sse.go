@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"unicode/utf8"
 )
 
 // DefaultMaxEventBytes bounds one server-sent event: its data and any
@@ -70,6 +71,24 @@ func NewSSEReader(r io.Reader, maxBytes int) *SSEReader {
 // returns io.EOF (a partial event is discarded); a read error is returned
 // as it is.
 func (r *SSEReader) Next() (Event, error) {
+	typ, data, err := r.next()
+	if err != nil {
+		return Event{}, err
+	}
+	ev := Event{Type: "message", Data: string(data), LastEventID: r.lastID}
+	if len(typ) > 0 {
+		ev.Type = string(typ)
+	}
+	return ev, nil
+}
+
+// next is Next without the strings: the event's type ("" for none) and
+// data as bytes, valid UTF-8 (bad bytes replaced as Next's are), which
+// stay valid only until the following call. A provider decoding each
+// event's data as JSON reads it from here, where Next's Data cost a
+// copy of the data (two, with the UTF-8 check's), and the decoder a
+// third back into bytes.
+func (r *SSEReader) next() (typ, data []byte, err error) {
 	if !r.started {
 		r.started = true
 		if b, err := r.br.Peek(3); err == nil && bytes.Equal(b, []byte("\xEF\xBB\xBF")) {
@@ -79,11 +98,11 @@ func (r *SSEReader) Next() (Event, error) {
 	for {
 		line, err := r.readLine()
 		if err != nil {
-			return Event{}, err
+			return nil, nil, err
 		}
 		if len(line) == 0 {
-			if ev, ok := r.dispatch(); ok {
-				return ev, nil
+			if typ, data, ok := r.dispatch(); ok {
+				return typ, data, nil
 			}
 			continue
 		}
@@ -100,7 +119,7 @@ func (r *SSEReader) Next() (Event, error) {
 			r.typ = append(r.typ[:0], value...)
 		case "data":
 			if len(r.data)+len(value)+1 > r.max {
-				return Event{}, fmt.Errorf("%w: more than %d bytes of data", ErrEventTooLarge, r.max)
+				return nil, nil, fmt.Errorf("%w: more than %d bytes of data", ErrEventTooLarge, r.max)
 			}
 			r.data = append(r.data, value...)
 			r.data = append(r.data, '\n')
@@ -113,20 +132,28 @@ func (r *SSEReader) Next() (Event, error) {
 }
 
 // dispatch ends the event being built; ok is false when it had no data.
-func (r *SSEReader) dispatch() (Event, bool) {
+// typ and data are the reader's buffers, valid until the next event is
+// read.
+func (r *SSEReader) dispatch() (typ, data []byte, ok bool) {
 	r.lastID = r.idBuf
-	typ := r.typ
+	typ = r.typ
 	r.typ = r.typ[:0]
 	if len(r.data) == 0 {
-		return Event{}, false
+		return nil, nil, false
 	}
-	data := r.data[:len(r.data)-1] // the LF after the last data line
+	data = r.data[:len(r.data)-1] // the LF after the last data line
 	r.data = r.data[:0]
-	ev := Event{Type: "message", Data: string(bytes.ToValidUTF8(data, []byte("\uFFFD"))), LastEventID: r.lastID}
-	if len(typ) > 0 {
-		ev.Type = string(bytes.ToValidUTF8(typ, []byte("\uFFFD")))
+	return validUTF8(typ), validUTF8(data), true
+}
+
+// validUTF8 is b with each run of invalid UTF-8 replaced by U+FFFD, as
+// bytes.ToValidUTF8 makes it; b itself, uncopied, when it is valid (the
+// stream of a provider that sends what it should).
+func validUTF8(b []byte) []byte {
+	if utf8.Valid(b) {
+		return b
 	}
-	return ev, true
+	return bytes.ToValidUTF8(b, []byte("\uFFFD"))
 }
 
 // readLine returns the next line without its end. A line the stream ends
