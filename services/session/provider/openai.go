@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/jsonwalk"
 )
 
 // DefaultOpenAIBaseURL is used when agents.<alias>.base_url is empty.
@@ -94,6 +96,67 @@ type (
 
 var errIdle = errors.New("provider idle")
 
+// eventDecoder decodes each event's data of one stream as json.Unmarshal
+// does, through one json.Decoder fed the events one after another:
+// Unmarshal makes its decoder's state anew every call (the state, its
+// error context and field stack, the scanner's stack), seven
+// allocations an event of OpenAI's shape, which the Decoder keeps from
+// one value to the next.
+type eventDecoder struct {
+	src eventSource
+	dec *json.Decoder
+	fed int64 // bytes given to src, all events so far
+}
+
+// eventSource hands the decoder the event being decoded, then io.EOF.
+type eventSource struct{ b []byte }
+
+func (s *eventSource) Read(p []byte) (int, error) {
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.b)
+	s.b = s.b[n:]
+	return n, nil
+}
+
+// decode decodes data, one event's, into c (reuse made zero but for its
+// array) as json.Unmarshal would. The Decoder takes one value and
+// leaves what follows it: data must hold one value and JSON white space
+// around it, as Unmarshal wants. Anything the Decoder refuses, or data
+// with more after its value, is decoded again by Unmarshal itself, whose
+// error (and partial result) the caller gets, as before; the Decoder,
+// out of step with the events then, is made anew.
+func (d *eventDecoder) decode(data []byte, c *oaChunk) error {
+	c.reuse()
+	if d.dec == nil {
+		d.dec = json.NewDecoder(&d.src)
+		d.fed = 0
+	}
+	d.src.b = data
+	d.fed += int64(len(data))
+	if d.dec.Decode(c) == nil {
+		// What the Decoder has not consumed is the end of data (what
+		// came before its value, earlier events' white space, it has).
+		if rest := d.fed - d.dec.InputOffset(); rest >= 0 && rest <= int64(len(data)) && jsonSpace(data[len(data)-int(rest):]) {
+			return nil
+		}
+	}
+	d.dec = nil
+	c.reuse()
+	return json.Unmarshal(data, c)
+}
+
+// jsonSpace reports whether b is JSON white space only.
+func jsonSpace(b []byte) bool {
+	for _, ch := range b {
+		if !jsonwalk.IsSpace(ch) {
+			return false
+		}
+	}
+	return true
+}
+
 // maxReusedChoices bounds the choices' array an oaChunk keeps from one
 // event to the next: a stream has one choice, as the request asks for.
 const maxReusedChoices = 8
@@ -166,6 +229,7 @@ func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepR
 	// c is decoded into again for every event, its choices' array
 	// reused, zeroed first (see reuse).
 	var c oaChunk
+	var dec eventDecoder
 	for !done {
 		// The event's bytes, decoded where the reader holds them.
 		typ, data, err := events.next()
@@ -182,8 +246,7 @@ func (p *openAI) Step(ctx context.Context, req Request, emit func(Chunk)) (StepR
 			done = true
 			break
 		}
-		c.reuse()
-		if err := json.Unmarshal(data, &c); err != nil {
+		if err := dec.decode(data, &c); err != nil {
 			if string(typ) == "error" {
 				// Some compatible servers name an error event and send its
 				// text as it is.
