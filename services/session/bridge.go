@@ -505,11 +505,12 @@ func (st *store) approvalRecords(ctx context.Context, requestIDs []string) (map[
 // transcript reads rows after index after (or the last limit rows when
 // after is -2), oldest first, and the transcript's length.
 func (st *store) transcript(ctx context.Context, id string, after, limit int64) ([]*sessionv1.TranscriptMessage, int64, error) {
-	q := pageSQL("idx, role, content, created_at", "idx > $2", false)
+	const cols = "idx, role, content, created_at, turn_id"
+	q := pageSQL(cols, "idx > $2", false)
 	if after == -2 {
-		q = pageSQL("idx, role, content, created_at", "$2 = -2", true)
+		q = pageSQL(cols, "$2 = -2", true)
 	}
-	rows, err := st.db.Query(ctx, countedPageSQL(q, "p.idx, p.role, p.content, p.created_at"), id, after, limit, pageBytes)
+	rows, err := st.db.Query(ctx, countedPageSQL(q, "p.idx, p.role, p.content, p.created_at, p.turn_id"), id, after, limit, pageBytes)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read transcript: %w", err)
 	}
@@ -518,15 +519,15 @@ func (st *store) transcript(ctx context.Context, id string, after, limit int64) 
 	msgs := []*sessionv1.TranscriptMessage{}
 	for rows.Next() {
 		var idx *int64
-		var role, content *string
+		var role, content, turn *string
 		var at *time.Time
-		if err := rows.Scan(&total, &idx, &role, &content, &at); err != nil {
+		if err := rows.Scan(&total, &idx, &role, &content, &at, &turn); err != nil {
 			rows.Close()
 			return nil, 0, fmt.Errorf("read transcript: %w", err)
 		}
 		found = true
 		if idx != nil {
-			msgs = append(msgs, &sessionv1.TranscriptMessage{Index: *idx, Role: *role, Content: cutForRead(*content), CreatedAt: timestamppb.New(*at)})
+			msgs = append(msgs, &sessionv1.TranscriptMessage{Index: *idx, Role: *role, Content: cutForRead(*content), CreatedAt: timestamppb.New(*at), TurnId: *turn})
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -310,8 +310,8 @@ var errTurnGone = errors.New("the turn's session was deleted")
 
 // appendMessageTx adds one transcript row at the next index, taken under
 // the session row's lock: indexes are dense, in commit order, never
-// reused. The row carries the session's interaction surface. A turn's
-// row (turnID not empty) is written only while the turn's own row stands,
+// reused. The row carries the session's interaction surface and its
+// turn's id. A turn's row (turnID not empty) is written only while the turn's own row stands,
 // so errTurnGone once its session was deleted: a turn that outlived its
 // session's Delete wrote its reply into the next session of that id.
 func appendMessageTx(ctx context.Context, tx pgx.Tx, id, turnID, role, content string) (int64, error) {
@@ -326,8 +326,8 @@ func appendMessageTx(ctx context.Context, tx pgx.Tx, id, turnID, role, content s
 		return 0, err
 	}
 	content = pgtext.Text(content)
-	_, err = tx.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, json_size, interaction_surface)
-		SELECT $1, $2, $3, $4, $5, interaction_surface FROM sessions WHERE session_id = $1`, id, idx, role, content, jsonSize(content))
+	_, err = tx.Exec(ctx, `INSERT INTO messages (session_id, idx, role, content, json_size, interaction_surface, turn_id)
+		SELECT $1, $2, $3, $4, $5, interaction_surface, $6 FROM sessions WHERE session_id = $1`, id, idx, role, content, jsonSize(content), turnID)
 	return idx, err
 }
 

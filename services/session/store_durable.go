@@ -148,7 +148,8 @@ func (st *store) beginTurn(ctx context.Context, b turnStart) (int64, error) {
 				return err
 			}
 		}
-		if _, err := appendMessageTx(ctx, tx, b.SessionID, "", roleUser, b.Prompt); err != nil {
+		// The turn's row is in this transaction: the prompt row names it.
+		if _, err := appendMessageTx(ctx, tx, b.SessionID, b.TurnID, roleUser, b.Prompt); err != nil {
 			return err
 		}
 		seq, err := nextEventSeq(ctx, tx, b.SessionID)
@@ -347,7 +348,7 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 			if len(unshown) == 0 {
 				return nil
 			}
-			_, err := appendMessageTx(ctx, tx, it.SessionID, "", roleAssistant, string(unshown))
+			_, err := appendMessageTx(ctx, tx, it.SessionID, it.TurnID, roleAssistant, string(unshown))
 			unshown = unshown[:0]
 			return err
 		}
@@ -370,7 +371,7 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 			if err := finishToolCallTx(ctx, tx, it.SessionID, e.ToolCallID, toolInterruptedOutput, toolCancelled); err != nil {
 				return err
 			}
-			if _, err := appendMessageTx(ctx, tx, it.SessionID, "", roleTool, e.Name+": "+toolInterruptedOutput); err != nil {
+			if _, err := appendMessageTx(ctx, tx, it.SessionID, it.TurnID, roleTool, e.Name+": "+toolInterruptedOutput); err != nil {
 				return err
 			}
 		}
@@ -379,7 +380,7 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 		}
 		rec.Content = string(text)
 		res.Content = rec.Content
-		if _, err := appendMessageTx(ctx, tx, it.SessionID, "", roleSystem, marker); err != nil {
+		if _, err := appendMessageTx(ctx, tx, it.SessionID, it.TurnID, roleSystem, marker); err != nil {
 			return err
 		}
 		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res)

@@ -45,6 +45,7 @@ const (
 	SessionService_ListSessionViews_FullMethodName = "/clawmesh.session.v1.SessionService/ListSessionViews"
 	SessionService_GetSessionView_FullMethodName   = "/clawmesh.session.v1.SessionService/GetSessionView"
 	SessionService_Transcript_FullMethodName       = "/clawmesh.session.v1.SessionService/Transcript"
+	SessionService_TurnEvents_FullMethodName       = "/clawmesh.session.v1.SessionService/TurnEvents"
 	SessionService_GetApproval_FullMethodName      = "/clawmesh.session.v1.SessionService/GetApproval"
 	SessionService_StartTurn_FullMethodName        = "/clawmesh.session.v1.SessionService/StartTurn"
 	SessionService_CancelTurn_FullMethodName       = "/clawmesh.session.v1.SessionService/CancelTurn"
@@ -101,6 +102,10 @@ type SessionServiceClient interface {
 	// Transcript reads the visible transcript after a cursor, or its tail,
 	// oldest first, with each row's time.
 	Transcript(ctx context.Context, in *TranscriptRequest, opts ...grpc.CallOption) (*TranscriptResponse, error)
+	// TurnEvents reads what turns showed their followers as they ran
+	// (thoughts, text, tool calls and results, in order), so that a pane
+	// built again shows a turn as its followers saw it.
+	TurnEvents(ctx context.Context, in *TurnEventsRequest, opts ...grpc.CallOption) (*TurnEventsResponse, error)
 	// GetApproval reads one approval request and, once decided, who decided
 	// it and how.
 	GetApproval(ctx context.Context, in *GetApprovalRequest, opts ...grpc.CallOption) (*GetApprovalResponse, error)
@@ -320,6 +325,16 @@ func (c *sessionServiceClient) Transcript(ctx context.Context, in *TranscriptReq
 	return out, nil
 }
 
+func (c *sessionServiceClient) TurnEvents(ctx context.Context, in *TurnEventsRequest, opts ...grpc.CallOption) (*TurnEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TurnEventsResponse)
+	err := c.cc.Invoke(ctx, SessionService_TurnEvents_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionServiceClient) GetApproval(ctx context.Context, in *GetApprovalRequest, opts ...grpc.CallOption) (*GetApprovalResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetApprovalResponse)
@@ -401,6 +416,10 @@ type SessionServiceServer interface {
 	// Transcript reads the visible transcript after a cursor, or its tail,
 	// oldest first, with each row's time.
 	Transcript(context.Context, *TranscriptRequest) (*TranscriptResponse, error)
+	// TurnEvents reads what turns showed their followers as they ran
+	// (thoughts, text, tool calls and results, in order), so that a pane
+	// built again shows a turn as its followers saw it.
+	TurnEvents(context.Context, *TurnEventsRequest) (*TurnEventsResponse, error)
 	// GetApproval reads one approval request and, once decided, who decided
 	// it and how.
 	GetApproval(context.Context, *GetApprovalRequest) (*GetApprovalResponse, error)
@@ -479,6 +498,9 @@ func (UnimplementedSessionServiceServer) GetSessionView(context.Context, *GetSes
 }
 func (UnimplementedSessionServiceServer) Transcript(context.Context, *TranscriptRequest) (*TranscriptResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Transcript not implemented")
+}
+func (UnimplementedSessionServiceServer) TurnEvents(context.Context, *TurnEventsRequest) (*TurnEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TurnEvents not implemented")
 }
 func (UnimplementedSessionServiceServer) GetApproval(context.Context, *GetApprovalRequest) (*GetApprovalResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetApproval not implemented")
@@ -870,6 +892,24 @@ func _SessionService_Transcript_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_TurnEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TurnEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).TurnEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_TurnEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).TurnEvents(ctx, req.(*TurnEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionService_GetApproval_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetApprovalRequest)
 	if err := dec(in); err != nil {
@@ -1010,6 +1050,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Transcript",
 			Handler:    _SessionService_Transcript_Handler,
+		},
+		{
+			MethodName: "TurnEvents",
+			Handler:    _SessionService_TurnEvents_Handler,
 		},
 		{
 			MethodName: "GetApproval",

@@ -1,0 +1,132 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/clawmesh/clawmesh/internal/ids"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// Bounds of TurnEvents.
+const (
+	// MaxTurnEventsTurns bounds the turns one TurnEvents call asks about.
+	MaxTurnEventsTurns = 64
+	// turnEventsBytes bounds the text of one turn's events and, but for
+	// the first turn, of a response: a turn whose events pass it is left
+	// out (its rows show it), a later turn past it waits for the next
+	// call. A response is at most twice it, within a gRPC message.
+	turnEventsBytes = 4 << 20
+	// maxShownEvent bounds one event's text as TurnEvents reads it: a
+	// pane shows at most 64 KiB of a turn's reply or thoughts and 32 KiB
+	// of a tool item, and a checkpoint's coalesced text is far longer at
+	// times.
+	maxShownEvent = 256 << 10
+)
+
+// TurnEvents reads what turns showed as they ran, from their checkpoint
+// events: thoughts (which the transcript does not hold), text, tool calls
+// and results, in the order they were streamed, with each turn's end.
+// A turn whose events were dropped by a context trim, or that ran before
+// checkpoints, is left out: its prompt's event is gone with the rest.
+func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsRequest) (*sessionv1.TurnEventsResponse, error) {
+	asked := req.GetTurnIds()
+	if len(asked) == 0 || len(asked) > MaxTurnEventsTurns {
+		return nil, errInvalid(fmt.Sprintf("`turn_ids` must name 1 to %d turns, not %d", MaxTurnEventsTurns, len(asked)))
+	}
+	for i, id := range asked {
+		if !ids.Token(id) {
+			return nil, errInvalid(fmt.Sprintf("`turn_ids[%d]` %v", i, ids.ErrFormat))
+		}
+	}
+	row, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	if ls := s.liveOf(row); ls != nil {
+		if t := ls.running(); t != nil && slices.Contains(asked, t.id) {
+			// A running turn's streamed text waits up to the checkpoint
+			// interval to be written: written now, what its updates showed
+			// before this call is all read, and a reader that reads the
+			// session's view after it applies only the updates that came
+			// later.
+			if err := s.cp.write(ctx, t.log, nil); err != nil {
+				return nil, fmt.Errorf("write checkpoint: %w", err)
+			}
+		}
+	}
+	shown, err := s.store.turnEvents(ctx, req.GetSessionId(), asked)
+	if err != nil {
+		return nil, err
+	}
+	resp := &sessionv1.TurnEventsResponse{}
+	total := 0
+	for _, id := range asked {
+		t, ok := shown[id]
+		if !ok || t.bytes > turnEventsBytes {
+			continue
+		}
+		if total > 0 && total+t.bytes > turnEventsBytes {
+			break
+		}
+		total += t.bytes
+		resp.Turns = append(resp.Turns, t.TurnShown)
+	}
+	return resp, nil
+}
+
+// turnShown is a turn's events as read, with their text's size.
+type turnShown struct {
+	*sessionv1.TurnShown
+	bytes int
+	// whole: the turn's prompt event is there, so are the others.
+	whole bool
+}
+
+// turnEvents reads the checkpoint events of the session's turns named,
+// oldest first; the turns whose events are not whole are left out.
+func (st *store) turnEvents(ctx context.Context, sessionID string, turnIDs []string) (map[string]*turnShown, error) {
+	rows, err := st.db.Query(ctx, `SELECT e.turn_id, e.kind, left(e.content, $3), e.tool_call_id, e.name,
+			COALESCE(c.status, ''), t.state <> 'running', t.content
+		FROM checkpoint_events e JOIN turns t ON t.turn_id = e.turn_id AND t.session_id = e.session_id
+		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
+		WHERE e.session_id = $1 AND e.turn_id = ANY($2)
+		ORDER BY e.seq`, sessionID, turnIDs, maxShownEvent)
+	if err != nil {
+		return nil, fmt.Errorf("read turn events: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]*turnShown{}
+	for rows.Next() {
+		var turnID, status, content string
+		var ended bool
+		e := &sessionv1.TurnEvent{}
+		if err := rows.Scan(&turnID, &e.Kind, &e.Text, &e.ToolCallId, &e.Name, &status, &ended, &content); err != nil {
+			return nil, fmt.Errorf("read turn events: %w", err)
+		}
+		t := out[turnID]
+		if t == nil {
+			t = &turnShown{TurnShown: &sessionv1.TurnShown{TurnId: turnID, Ended: ended, Content: content}, bytes: len(content)}
+			out[turnID] = t
+		}
+		switch e.Kind {
+		case eventUser:
+			t.whole = true
+			continue
+		case eventToolResult:
+			e.Status = status
+		}
+		t.bytes += len(e.Text) + len(e.Name) + len(e.ToolCallId) + len(e.Status)
+		t.Events = append(t.Events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read turn events: %w", err)
+	}
+	for id, t := range out {
+		if !t.whole {
+			delete(out, id)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,93 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// shownLine is one TurnEvent as a line: kind, tool name and status, text.
+func shownLine(e *sessionv1.TurnEvent) string {
+	s := e.GetKind()
+	if e.GetName() != "" {
+		s += " " + e.GetName()
+	}
+	if e.GetStatus() != "" {
+		s += " " + e.GetStatus()
+	}
+	return s + " " + fmt.Sprintf("%q", e.GetText())
+}
+
+// Every transcript row names the turn that wrote it, its prompt too, and
+// TurnEvents gives back what the turn showed as it ran, thoughts
+// included, in order, with its end: the durable bridge shows a turn it
+// builds again as its followers saw it. Without them a pane built from
+// the transcript lost the turn's thoughts, and split its reply.
+func TestTurnEventsShowATurnAsItRan(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(operator, "")
+	h.prompt(operator, id, "/say before")
+	h.prompt(operator, id, "/think weighing\n/say first\n"+`/tool echo { "x": 1 }`+"\n/think again\n/say last")
+
+	tr, err := h.srv.Transcript(ctx, &sessionv1.TranscriptRequest{Principal: operator, SessionId: id, AfterIndex: at64(-1), Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	turnOf := map[int]string{}
+	for i, m := range tr.GetMessages() {
+		rows = append(rows, m.GetRole())
+		if m.GetTurnId() == "" {
+			t.Fatalf("row %d names no turn: %v", i, m)
+		}
+		turnOf[i] = m.GetTurnId()
+	}
+	if got := strings.Join(rows, " "); got != "user assistant user assistant tool assistant" {
+		t.Fatalf("rows: %s", got)
+	}
+	first, second := turnOf[0], turnOf[2]
+	if turnOf[1] != first || first == second || turnOf[3] != second || turnOf[4] != second || turnOf[5] != second {
+		t.Fatalf("the rows' turns: %v", turnOf)
+	}
+
+	resp, err := h.srv.TurnEvents(ctx, &sessionv1.TurnEventsRequest{Principal: operator, SessionId: id, TurnIds: []string{second, "turn_none", first}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetTurns()) != 2 || resp.GetTurns()[0].GetTurnId() != second || resp.GetTurns()[1].GetTurnId() != first {
+		t.Fatalf("turns: %v", resp)
+	}
+	turn := resp.GetTurns()[0]
+	var lines []string
+	for _, e := range turn.GetEvents() {
+		lines = append(lines, shownLine(e))
+	}
+	want := `thought "weighing"|text "first"|tool_call echo "{ \"x\": 1 }"|tool_result echo completed "{\"x\":1}"|thought "again"|text "\nlast"`
+	if got := strings.Join(lines, "|"); got != want {
+		t.Fatalf("events:\n%s\nwant\n%s", got, want)
+	}
+	if !turn.GetEnded() || turn.GetContent() != "first\nlast" {
+		t.Fatalf("the turn's end: %v %q", turn.GetEnded(), turn.GetContent())
+	}
+
+	for _, ids := range [][]string{nil, make([]string, MaxTurnEventsTurns+1), {"a/b"}} {
+		for i := range ids {
+			if ids[i] == "" {
+				ids[i] = fmt.Sprintf("turn_%d", i)
+			}
+		}
+		_, err := h.srv.TurnEvents(ctx, &sessionv1.TurnEventsRequest{Principal: operator, SessionId: id, TurnIds: ids})
+		wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, "turn_ids")
+	}
+	_, err = h.srv.TurnEvents(ctx, &sessionv1.TurnEventsRequest{Principal: alice, SessionId: id, TurnIds: []string{first}})
+	if err == nil {
+		t.Fatal("another principal read the operator's turns")
+	}
+}
