@@ -462,7 +462,9 @@ func (f *follower) noteTurn(ctx context.Context, id, turnID string) (read bool) 
 	if err == nil && resp.GetView().GetTurnId() == turnID {
 		started = resp.GetView().GetTurnStartedAt().AsTime()
 	}
-	f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, false) })
+	// The turn may have written rows already (the text it said before a
+	// tool call): its updates show them.
+	f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, turnID, false) })
 	f.b.layout.mutate(id, func(p *pane) bool {
 		p.turn = &turnInfo{id: turnID, started: started}
 		p.liveTurn = turnID
@@ -502,17 +504,19 @@ func (f *follower) showNewRows(ctx context.Context, id string, show func(p *pane
 	}
 }
 
-// showRows shows transcript rows as items; with live set, the rows a
-// followed turn wrote at its end (tool results, its reply) are skipped:
-// its updates showed them.
-func (f *follower) showRows(p *pane, rows []*sessionv1.TranscriptMessage, live bool) {
+// showRows shows transcript rows as items, but for the replies and tool
+// rows of turn, a followed turn (none when empty): its updates showed
+// them. With untagged, a row that names no turn (written by a session
+// service from before rows named theirs) counts as turn's.
+func (f *follower) showRows(p *pane, rows []*sessionv1.TranscriptMessage, turn string, untagged bool) {
 	for _, m := range rows {
 		if m.GetIndex() < p.transcriptNext {
 			continue
 		}
 		p.transcriptNext = m.GetIndex() + 1
 		role := m.GetRole()
-		if live && (role == "tool" || role == "assistant") {
+		ofTurn := turn != "" && (m.GetTurnId() == turn || untagged && m.GetTurnId() == "")
+		if ofTurn && (role == "tool" || role == "assistant") {
 			continue
 		}
 		if role == "user" && p.firstPrompt == "" {
@@ -547,7 +551,11 @@ func (f *follower) turnEnded(ctx context.Context, id string, up updateParams) {
 		}
 		return false
 	})
-	f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, live) })
+	followed := ""
+	if live {
+		followed = up.TurnID
+	}
+	f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, followed, true) })
 	f.b.layout.mutate(id, func(p *pane) bool {
 		if p.turn != nil && p.turn.id == up.TurnID {
 			p.turn = nil
