@@ -200,24 +200,54 @@ func (f *follower) load(ctx context.Context) error {
 // meanwhile, and may have applied later updates to it).
 func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, replace bool) error {
 	s := v.GetSession()
-	c, cancel := f.call(ctx)
-	tr, err := f.b.sessions.Transcript(c, &sessionv1.TranscriptRequest{Principal: operator(), SessionId: s.GetSessionId(), Limit: maxViewItems})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("read transcript of %s: %w", s.GetSessionId(), err)
-	}
-	p := newPane(s.GetSessionId(), s.GetAgentAlias(), s.GetCreatedAt().AsTime())
-	p.incarnation = v.GetIncarnation()
-	p.sessionTitle = s.GetTitle()
-	p.lastSeq = v.GetUpdateSeq()
-	p.transcriptNext = tr.GetTotal()
-	for _, m := range tr.GetMessages() {
-		p.putItem(rowItemID(m.GetIndex()), roleKind(m.GetRole()), m.GetContent(), m.GetCreatedAt().AsTime(), false)
-	}
-	if tr.GetTotal() > 0 && len(tr.GetMessages()) > 0 && tr.GetMessages()[0].GetIndex() > 0 {
-		p.firstPrompt = f.firstPrompt(ctx, s.GetSessionId())
-	} else {
-		p.firstPrompt = firstUser(tr.GetMessages())
+	var p *pane
+	for tries := 0; ; tries++ {
+		c, cancel := f.call(ctx)
+		tr, err := f.b.sessions.Transcript(c, &sessionv1.TranscriptRequest{Principal: operator(), SessionId: s.GetSessionId(), Limit: maxViewItems})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("read transcript of %s: %w", s.GetSessionId(), err)
+		}
+		shown := f.turnEvents(ctx, s.GetSessionId(), turnsOf(tr.GetMessages()))
+		if running := v.GetTurnId(); running != "" && shown[running] != nil {
+			// The running turn's events were read after the view: the
+			// updates between them would be applied again, its text
+			// said twice. A view read now covers every event read (the
+			// session wrote what the turn streamed before answering);
+			// one of another turn has the pane built again.
+			c, cancel := f.call(ctx)
+			resp, err := f.b.sessions.GetSessionView(c, &sessionv1.GetSessionViewRequest{Principal: operator(), SessionId: s.GetSessionId()})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("read session %s: %w", s.GetSessionId(), err)
+			}
+			now := resp.GetView()
+			if now.GetIncarnation() != v.GetIncarnation() || now.GetTurnId() != running {
+				if tries < 2 {
+					v = now
+					continue
+				}
+				// Still changing: built from the first view, the turn's
+				// updates after it may show some text twice.
+				shown[running] = nil
+			} else {
+				v = now
+			}
+		}
+		s = v.GetSession()
+		p = newPane(s.GetSessionId(), s.GetAgentAlias(), s.GetCreatedAt().AsTime())
+		p.incarnation = v.GetIncarnation()
+		p.sessionTitle = s.GetTitle()
+		p.lastSeq = v.GetUpdateSeq()
+		if ms := tr.GetMessages(); len(ms) > 0 {
+			p.transcriptNext = ms[0].GetIndex()
+		}
+		f.showHistory(p, tr.GetMessages(), shown)
+		p.transcriptNext = tr.GetTotal()
+		if tr.GetTotal() > 0 && len(tr.GetMessages()) > 0 && tr.GetMessages()[0].GetIndex() > 0 {
+			p.firstPrompt = f.firstPrompt(ctx, s.GetSessionId())
+		}
+		break
 	}
 	if v.GetTurnId() != "" {
 		p.turn = &turnInfo{id: v.GetTurnId(), started: v.GetTurnStartedAt().AsTime()}
@@ -397,12 +427,7 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 		})
 	case busv1.UpdateType_UPDATE_TYPE_TOOL_RESULT:
 		f.b.layout.mutate(id, func(p *pane) bool {
-			line := up.Status + ": " + up.RawOutput
-			if p.itemByID[up.ToolCallID] != nil {
-				p.putItem(up.ToolCallID, kindTool, "\n"+line, now, true)
-			} else {
-				p.putItem(up.ToolCallID, kindTool, up.Name+" "+line, now, false)
-			}
+			p.putToolResult(up.ToolCallID, up.Name, up.Status, up.RawOutput, now)
 			return false
 		})
 		f.resolveCall(ctx, id, up.ToolCallID)

@@ -85,6 +85,8 @@ type item struct {
 	ev *event
 	// gone is set once the item left the view (trimItems).
 	gone bool
+	// resulted is set on a tool item once its result is shown.
+	resulted bool
 }
 
 // ask is one open approval request of a pane. It does not change once

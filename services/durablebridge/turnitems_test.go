@@ -80,11 +80,14 @@ func paneItems(l *Layout, id string) string {
 }
 
 // A turn that thinks, says a first part, calls a tool, thinks again and
-// says the rest shows, in a pane that followed its updates, the prompt,
-// the thoughts, the reply once, the tool with its result. The follower
-// met the turn (its first update) once the turn had written the text
-// said before its tool call as a transcript row, and showed that row
-// besides the reply the updates grew: the first part twice.
+// says the rest shows the same in a pane that followed its updates, in a
+// pane built from the session's history after it, and in one built from
+// it in the middle and followed to its end: the prompt, the thoughts, the
+// reply once, the tool with its result. Built from the transcript, the
+// pane had no thinking item, and the one built mid-turn showed the first
+// part twice, as the transcript's row and in the reply its updates grew;
+// the follower itself showed that row too when it met the turn after the
+// turn had written it.
 func TestPaneBuiltFromHistoryShowsTheTurnAsFollowed(t *testing.T) {
 	w := newWireBridge(t, false)
 	ss := &historySessions{views: map[string]*sessionv1.SessionView{}, rows: map[string][]*sessionv1.TranscriptMessage{},
@@ -94,6 +97,10 @@ func TestPaneBuiltFromHistoryShowsTheTurnAsFollowed(t *testing.T) {
 	ctx := context.Background()
 
 	const prompt = "/think weighing\n/say first\n/tool echo {}\n/think again\n/say last"
+	thought := func(text string) *sessionv1.TurnEvent { return &sessionv1.TurnEvent{Kind: "thought", Text: text} }
+	text := func(text string) *sessionv1.TurnEvent { return &sessionv1.TurnEvent{Kind: "text", Text: text} }
+	call := &sessionv1.TurnEvent{Kind: "tool_call", ToolCallId: "tc_1", Name: "echo", Text: `{ "x": 1 }`}
+	result := &sessionv1.TurnEvent{Kind: "tool_result", ToolCallId: "tc_1", Name: "echo", Status: "completed", Text: `{"x":1}`}
 	updates := []struct {
 		typ  busv1.UpdateType
 		json string
@@ -136,5 +143,33 @@ func TestPaneBuiltFromHistoryShowsTheTurnAsFollowed(t *testing.T) {
 	want := paneItems(w.b.layout, "followed")
 	if want != `user "`+strings.ReplaceAll(prompt, "\n", `\n`)+`"`+"\n"+`thinking "weighingagain"`+"\n"+`reply "first\nlast"`+"\n"+`tool "echo {\"x\":1}\ncompleted: {\"x\":1}"` {
 		t.Fatalf("the followed pane:\n%s", want)
+	}
+
+	// Built from the history once the turn ended.
+	midRows("ended")
+	ss.add("ended", "T", "assistant", "\nlast")
+	ss.events["T"] = []*sessionv1.TurnEvent{thought("weighing"), text("first"), call, result, thought("again"), text("\nlast")}
+	ss.ended["T"] = "first\nlast"
+	ss.view("ended", "", 7)
+	if err := f.loadPane(ctx, ss.views["ended"], false); err != nil {
+		t.Fatal(err)
+	}
+	if got := paneItems(w.b.layout, "ended"); got != want {
+		t.Fatalf("built after the turn:\n%s\nfollowed:\n%s", got, want)
+	}
+
+	// Built in the middle of the turn, its events read with its tool's
+	// result and its view from before it (update 4, applied again), then
+	// followed to its end.
+	midRows("running")
+	ss.events["T"] = []*sessionv1.TurnEvent{thought("weighing"), text("first"), call, result}
+	delete(ss.ended, "T")
+	ss.view("running", "T", 3)
+	if err := f.loadPane(ctx, ss.views["running"], false); err != nil {
+		t.Fatal(err)
+	}
+	follow("running", 3)
+	if got := paneItems(w.b.layout, "running"); got != want {
+		t.Fatalf("built mid-turn and followed:\n%s\nfollowed:\n%s", got, want)
 	}
 }

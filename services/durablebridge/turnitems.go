@@ -1,0 +1,161 @@
+package durablebridge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// maxTurnsAsked is what one TurnEvents call may ask about (the session
+// service's MaxTurnEventsTurns).
+const maxTurnsAsked = 64
+
+// A pane built from the session service (at the bridge's start, or read
+// again) shows each turn as a follower of its updates saw it: the prompt
+// row, then the turn's thinking, reply and tool items in the order they
+// came, under the ids the updates give them, then the turn's other rows
+// (a failure's notice). The transcript alone lacks the thoughts, and
+// splits the reply at each tool call: a pane built from it lost its
+// thinking, and a turn running across the build showed the text said
+// before its tool call twice, as a row and in the reply its updates went
+// on growing. Turns whose events the session no longer keeps (a context
+// trim dropped them) show their rows.
+
+// turnEvents reads the shown events of a session's turns, by turn id;
+// turns without any are absent. A failed read leaves the rest absent:
+// their rows show them.
+func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []string) map[string]*sessionv1.TurnShown {
+	out := map[string]*sessionv1.TurnShown{}
+	for pending := turnIDs; len(pending) > 0; {
+		asked := pending[:min(len(pending), maxTurnsAsked)]
+		c, cancel := f.call(ctx)
+		resp, err := f.b.sessions.TurnEvents(c, &sessionv1.TurnEventsRequest{Principal: operator(), SessionId: sessionID, TurnIds: asked})
+		cancel()
+		if err != nil {
+			f.b.log.Warn("read turn events", zap.String("session_id", sessionID), zap.Error(err))
+			return out
+		}
+		turns := resp.GetTurns()
+		if len(turns) == 0 {
+			pending = pending[len(asked):]
+			continue
+		}
+		// The turns come in the order asked: those after the last one
+		// given may not have fitted, and are asked again.
+		for _, t := range turns {
+			out[t.GetTurnId()] = t
+		}
+		last := turns[len(turns)-1].GetTurnId()
+		for i, id := range asked {
+			if id == last {
+				pending = pending[i+1:]
+				break
+			}
+		}
+	}
+	return out
+}
+
+// turnsOf lists the turns that wrote rows, in order.
+func turnsOf(rows []*sessionv1.TranscriptMessage) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, m := range rows {
+		if id := m.GetTurnId(); id != "" && !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// showHistory shows transcript rows as items, each turn with events in
+// shown as its followers saw it. Rows before the pane's transcriptNext
+// are skipped.
+func (f *follower) showHistory(p *pane, rows []*sessionv1.TranscriptMessage, shown map[string]*sessionv1.TurnShown) {
+	applied := map[string]bool{}
+	for _, m := range rows {
+		if m.GetIndex() < p.transcriptNext {
+			continue
+		}
+		p.transcriptNext = m.GetIndex() + 1
+		role := m.GetRole()
+		if role == "user" && p.firstPrompt == "" {
+			p.firstPrompt = m.GetContent()
+		}
+		t := shown[m.GetTurnId()]
+		if t != nil && !applied[t.GetTurnId()] && role != "user" {
+			// The page starts after the turn's prompt.
+			applied[t.GetTurnId()] = true
+			p.showTurn(t, m.GetCreatedAt().AsTime())
+		}
+		if t == nil || role != "assistant" && role != "tool" {
+			p.putItem(rowItemID(m.GetIndex()), roleKind(role), m.GetContent(), m.GetCreatedAt().AsTime(), false)
+		}
+		if t != nil && !applied[t.GetTurnId()] {
+			applied[t.GetTurnId()] = true
+			p.showTurn(t, m.GetCreatedAt().AsTime())
+		}
+	}
+}
+
+// showTurn shows a turn's events as its updates did (follower.apply), and
+// its end as turnEnded does.
+func (p *pane) showTurn(t *sessionv1.TurnShown, at time.Time) {
+	id := t.GetTurnId()
+	for _, e := range t.GetEvents() {
+		switch e.GetKind() {
+		case "thought":
+			p.putItem(id+":thinking", kindThinking, e.GetText(), at, true)
+		case "text":
+			p.putItem(id+":reply", kindReply, e.GetText(), at, true)
+		case "tool_call":
+			p.putItem(e.GetToolCallId(), kindTool, e.GetName()+" "+liveInput(e.GetText()), at, false)
+		case "tool_result":
+			p.putToolResult(e.GetToolCallId(), e.GetName(), e.GetStatus(), e.GetText(), at)
+		}
+	}
+	if t.GetEnded() && t.GetContent() != "" {
+		p.putItem(id+":reply", kindReply, t.GetContent(), at, false)
+	}
+}
+
+// putToolResult adds a tool call's result to its item, once: a result
+// read from the session's events may come again as an update.
+func (p *pane) putToolResult(toolCallID, name, status, output string, at time.Time) {
+	line := status + ": " + output
+	it := p.itemByID[toolCallID]
+	switch {
+	case it == nil:
+		p.putItem(toolCallID, kindTool, name+" "+line, at, false)
+	case it.resulted:
+		return
+	default:
+		p.putItem(toolCallID, kindTool, "\n"+line, at, true)
+	}
+	if it := p.itemByID[toolCallID]; it != nil {
+		it.resulted = true
+	}
+}
+
+// liveInput is a tool call's arguments as its tool_call update carries
+// them (session.liveToolInput): JSON compacted, anything else as a JSON
+// string.
+func liveInput(args string) string {
+	args = strings.TrimSpace(args)
+	if args == "" {
+		return "{}"
+	}
+	var b bytes.Buffer
+	if json.Valid([]byte(args)) && json.Compact(&b, []byte(args)) == nil {
+		return b.String()
+	}
+	raw, _ := json.Marshal(args)
+	return string(raw)
+}
