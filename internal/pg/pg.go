@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -112,7 +113,9 @@ func waitReady(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
 // deadline on a server that does not answer (10 s a call, 5 s a
 // publish's sequence reservation, while health already said the
 // database was gone). Its own pings still go through, and the first
-// that is answered opens the pool again.
+// that is answered opens the pool again. A failed ping also ends the
+// acquisitions and statements already in flight, with ErrUnavailable
+// (see gate.strike).
 func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 	g := gateOf(pool)
 	var kick <-chan struct{}
@@ -122,6 +125,7 @@ func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 			// Nobody would open it again.
 			if g.watchers.Add(-1) == 0 {
 				g.down.Store(false)
+				g.clear()
 			}
 		}()
 		kick = g.kick
@@ -164,7 +168,10 @@ func Watch(ctx context.Context, pool *pgxpool.Pool, report func(error)) {
 		if g != nil {
 			g.down.Store(err != nil)
 			if err != nil {
+				g.strike()
 				t.Reset(WatchRetry)
+			} else {
+				g.clear()
 			}
 		}
 		report(err)
@@ -244,6 +251,12 @@ type gate struct {
 	down     atomic.Bool
 	watchers atomic.Int32
 	kick     chan struct{} // MarkUnavailable asks Watch to ping now
+
+	mu   sync.Mutex
+	gone bool // Watch's last ping failed: statements fail at once (enter)
+	// calls are the acquisitions and statements in flight (inflight.go):
+	// as many as the callers in flight, each one until it ends.
+	calls map[*inFlight]struct{}
 }
 
 // watchPing marks the context of Watch's pings: they go through a

@@ -138,3 +138,112 @@ func TestBusyPoolIsNotADatabaseGone(t *testing.T) {
 		t.Fatalf("Watch reported the database gone %d times while it answered a long statement", n)
 	}
 }
+
+// Calls already waiting on the database when it stops answering end
+// once Watch sees it gone, as unavailable, before their own deadline: a
+// transaction's statement on a server that does not answer, and an
+// acquisition waiting for the connection that statement holds. Before,
+// the gate refused only the calls made after; these waited their whole
+// deadline (10 s a call) while health said the database was gone. The
+// transaction is rolled back: nothing of it is stored once the server
+// answers again.
+func TestCallsInFlightEndWhenTheDatabaseIsSeenGone(t *testing.T) {
+	url := testenv.Postgres(t)
+	r := testenv.RelayPostgres(t, url)
+	var stalled atomic.Bool
+	testenv.StartRelay(t, r.Path, r.Target, func() testenv.RelayHook {
+		return func(bool, []byte) bool {
+			for stalled.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+			return true
+		}
+	})
+	// Runs before the relay's Close: its goroutines must not wait on.
+	t.Cleanup(func() { stalled.Store(false) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// One connection: the acquisition below waits for the one the
+	// transaction holds.
+	pool, err := pg.Open(ctx, r.URL+"&pool_max_conns=1", "inflight", nil, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE TABLE items (id int)"); err != nil {
+		t.Fatal(err)
+	}
+	var down atomic.Bool
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	defer func() { stopWatch(); <-watched }()
+	go func() {
+		defer close(watched)
+		pg.Watch(wctx, pool, func(err error) { down.Store(err != nil) })
+	}()
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO items VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	stalled.Store(true)
+	type outcome struct {
+		what        string
+		err         error
+		deadlineHit error // the call's own context when it returned
+	}
+	out := make(chan outcome, 2)
+	call := func(what string, f func(context.Context) error) {
+		callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
+		defer callCancel()
+		err := f(callCtx)
+		out <- outcome{what, err, callCtx.Err()}
+	}
+	go call("a statement", func(ctx context.Context) error {
+		_, err := tx.Exec(ctx, "INSERT INTO items VALUES (2)")
+		return err
+	})
+	go call("an acquisition", func(ctx context.Context) error {
+		_, err := pool.Exec(ctx, "INSERT INTO items VALUES (3)")
+		return err
+	})
+	for range 2 {
+		o := <-out
+		if o.deadlineHit != nil || !pg.IsUnavailable(o.err) {
+			t.Errorf("%s in flight when the database stopped answering: %v (its own context: %v), want unavailable before its deadline", o.what, o.err, o.deadlineHit)
+		}
+		if o.what == "an acquisition" && !errors.Is(o.err, pg.ErrUnavailable) {
+			t.Errorf("the acquisition failed %v, want %v", o.err, pg.ErrUnavailable)
+		}
+		t.Logf("%s: %v", o.what, o.err)
+	}
+	if !down.Load() {
+		t.Error("calls were ended while health said the database answered")
+	}
+	rbCtx, rbCancel := context.WithTimeout(ctx, 10*time.Second)
+	_ = tx.Rollback(rbCtx)
+	if rbCtx.Err() != nil {
+		t.Error("the rollback waited its whole deadline")
+	}
+	rbCancel()
+
+	stalled.Store(false)
+	// Once the transaction's backend is gone (Settled), what it did is
+	// all it will ever do.
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !pg.WritesOf(pool).Settled(ctx, pool) {
+			return errors.New("the cut transaction's backend is still there")
+		}
+		return nil
+	})
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM items").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d rows stored by calls that failed unavailable", n)
+	}
+}

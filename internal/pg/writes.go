@@ -162,25 +162,32 @@ type writeTracer struct {
 }
 
 // TraceAcquireStart fails the acquisition at once while Watch holds the
-// database for gone, unless it is Watch's own ping.
+// database for gone, unless it is Watch's own ping; otherwise Watch may
+// end it (gate.enter): waiting for a connection that a hung statement
+// holds, or pinging or dialling a server that does not answer.
 func (t *writeTracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
 	if t.g != nil && t.g.down.Load() && ctx.Value(watchPing{}) == nil {
 		return notAskedContext{ctx}
 	}
-	return ctx
+	return t.g.enter(ctx)
 }
 
-func (t *writeTracer) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {}
+func (t *writeTracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireEndData) {
+	t.g.leave(ctx)
+}
 
+// TraceQueryStart lets Watch end the statement (gate.enter); the batch's
+// and the copy's do the same.
 func (t *writeTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return ctx
+	return t.g.enter(ctx)
 }
 
 // TraceQueryEnd counts every statement but a successful SELECT. A read
 // cut the same way as an unsure write is taken as one (the tracer does
 // not see the SQL here): keeping waits until its backend has exited,
 // moments after pgx closed the connection.
-func (t *writeTracer) TraceQueryEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+func (t *writeTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+	t.g.leave(ctx)
 	switch {
 	case d.Err == nil && d.CommandTag.Select():
 	case unknownOutcome(conn, d.Err):
@@ -200,12 +207,13 @@ func unknownOutcome(conn *pgx.Conn, err error) bool {
 }
 
 func (t *writeTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
+	return t.g.enter(ctx)
 }
 
 func (t *writeTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
-func (t *writeTracer) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
+func (t *writeTracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
+	t.g.leave(ctx)
 	if unknownOutcome(conn, d.Err) {
 		t.w.Failed(conn.PgConn().PID())
 		return
@@ -214,10 +222,11 @@ func (t *writeTracer) TraceBatchEnd(_ context.Context, conn *pgx.Conn, d pgx.Tra
 }
 
 func (t *writeTracer) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
-	return ctx
+	return t.g.enter(ctx)
 }
 
-func (t *writeTracer) TraceCopyFromEnd(_ context.Context, conn *pgx.Conn, d pgx.TraceCopyFromEndData) {
+func (t *writeTracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceCopyFromEndData) {
+	t.g.leave(ctx)
 	if unknownOutcome(conn, d.Err) {
 		t.w.Failed(conn.PgConn().PID())
 		return
