@@ -245,15 +245,15 @@ func (s *Server) evict(ls *liveSession, cutoff time.Time) bool {
 	}
 	ls.pubMu.Lock()
 	defer ls.pubMu.Unlock()
-	if ls.seq != ls.seqReserved {
+	if used := ls.seqToRelease(); used != ls.seqReserved {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.UnwindTimeout)
-		err := s.store.releaseSeq(ctx, ls.id, ls.seq, ls.seqReserved)
+		err := s.store.releaseSeq(ctx, ls.id, used, ls.seqReserved)
 		cancel()
 		if err != nil {
 			s.log.Warn("store update sequence", zap.String("session_id", ls.id), zap.Error(err))
 			return false
 		}
-		ls.seqReserved = ls.seq
+		ls.seqReserved = used
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

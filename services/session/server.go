@@ -314,7 +314,7 @@ func (s *Server) Shutdown() {
 		defer cancel()
 		for _, ls := range lives {
 			ls.pubMu.Lock()
-			seq, reserved := ls.seq, ls.seqReserved
+			seq, reserved := ls.seqToRelease(), ls.seqReserved
 			ls.pubMu.Unlock()
 			if seq == reserved {
 				continue

@@ -140,7 +140,8 @@ func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
 	if cap(body) <= maxKeptBody {
 		ls.body = body
 	}
-	if ls.seq >= ls.seqReserved && !s.reserveSeqLocked(ls) {
+	// The bound itself is never given (see reserveSeqLocked).
+	if ls.seq+1 >= ls.seqReserved && !s.reserveSeqLocked(ls) {
 		// No number past the stored bound is ever given: the next process
 		// starts from that bound, and would give it again. The update is
 		// lost (updates are a view, the transcript is the record); the
@@ -181,6 +182,14 @@ func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
 // failed, see hold) never gives a number given before. After updates
 // were lost for want of a reservation, one number is skipped, so that
 // subscribers see a gap in seq where updates are missing.
+//
+// The last number of a reservation, the stored bound, is kept unused
+// until the next reservation covers it: updates are lost only with that
+// number unused, so a process that dies then (its loss told to nobody)
+// leaves the next one, which numbers on from the stored bound, a gap
+// where they are missing. Numbering up to the bound itself, a loss and a
+// crash left no trace: the next process's first update followed the
+// last published one, and a follower took a turn cut short for whole.
 func (s *Server) reserveSeqLocked(ls *liveSession) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	upto, err := s.store.reserveSeqAfter(ctx, ls.id, ls.seq, seqBlock)
@@ -198,11 +207,17 @@ func (s *Server) reserveSeqLocked(ls *liveSession) bool {
 		return false
 	}
 	from := upto - seqBlock
-	if from != ls.seq {
+	switch {
+	case from == ls.seqReserved && ls.seq < from && !ls.seqUnsure:
+		// Our own bound, its number kept unused: it is the next one.
+	case from != ls.seq:
 		s.log.Warn("update sequence continued past the stored bound", zap.String("session_id", ls.id),
 			zap.Int64("seq", ls.seq), zap.Int64("stored_bound", from))
+		fallthrough
+	default:
+		ls.seq = from
 	}
-	ls.seq, ls.seqReserved, ls.seqUnsure = from, upto, false
+	ls.seqReserved, ls.seqUnsure = upto, false
 	if ls.seqLost > 0 {
 		s.log.Warn("session update sequence reserved again", zap.String("session_id", ls.id),
 			zap.Int64("lost_updates", ls.seqLost), zap.Int64("skipped_seq", ls.seq+1))
@@ -210,6 +225,16 @@ func (s *Server) reserveSeqLocked(ls *liveSession) bool {
 		ls.seqLost = 0
 	}
 	return true
+}
+
+// seqToRelease is the bound a clean stop stores for ls (releaseSeq):
+// the last number used, or past it when updates were lost since, so
+// that the next process leaves a gap for them. ls.pubMu is held.
+func (ls *liveSession) seqToRelease() int64 {
+	if ls.seqLost > 0 {
+		return ls.seq + 1
+	}
+	return ls.seq
 }
 
 // publishDeleted announces the session's deletion, after every update it
