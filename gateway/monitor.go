@@ -145,6 +145,21 @@ func (m *monitor) addSelf(reason func() string) {
 	m.encodeLocked()
 }
 
+// refreshSelf records the gateway's own state now. Run calls it before
+// it serves: the first poll runs beside the listener and encodes its
+// findings only once every service's health check has answered, so a
+// client's first calls read the gateway itself "unknown" until then,
+// though its own state needs no call to know.
+func (m *monitor) refreshSelf() {
+	if m.self == nil {
+		return
+	}
+	m.pollSelf()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.encodeLocked()
+}
+
 // run polls until ctx is done.
 func (m *monitor) run(ctx context.Context) {
 	t := time.NewTicker(m.interval)
