@@ -2,6 +2,9 @@ package e2e_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/stack"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -61,5 +65,58 @@ func TestUpgradeIsToldOnTheTerminal(t *testing.T) {
 	s.Stop()
 	if out := s.Stdout(); strings.Contains(out, upgraded) {
 		t.Fatalf("a restart after the upgrade printed:\n%s", out)
+	}
+}
+
+// A start that fails before "is up" (here its gateway cannot run, after
+// every service, the session service's migrations included, started and
+// served) said nothing of the upgrade it made: the terminal showed the
+// failure alone, and the operator who went back to an older clawmesh
+// learnt of it from that one's refusal. It tells it once everything
+// started has stopped.
+func TestUpgradeIsToldWhenTheStartFails(t *testing.T) {
+	t.Parallel()
+	url := testenv.Postgres(t)
+	dir := e2e.TempDataDir(t)
+	s := e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{"DATABASE_URL=" + url}})
+	s.Stop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// As in TestUpgradeIsToldOnTheTerminal.
+	if _, err := conn.Exec(ctx, `DROP TABLE session.session_file_uploads;
+		DELETE FROM session.schema_migrations WHERE version = 9`); err != nil {
+		t.Fatal(err)
+	}
+
+	// The real binaries, but a gateway that cannot run as configured.
+	bin := t.TempDir()
+	for _, p := range stack.Processes {
+		if err := os.Symlink(filepath.Join(s.BinDir, p.Name), filepath.Join(bin, p.Name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gateway := filepath.Join(bin, "gateway")
+	if err := os.Remove(gateway); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gateway, []byte("#!/bin/sh\necho '{\"level\":\"error\",\"msg\":\"cannot run: a test'\"'\"'s gateway\"}'\nexit 78\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(s.BinDir, "clawmesh"), "up", "--config-dir", dir, "--bin-dir", bin)
+	cmd.Env = append(os.Environ(), "ZEROCLAW_SOCKET=", "DATABASE_URL="+url)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err == nil || !strings.Contains(stderr.String(), "a test's gateway") {
+		t.Fatalf("the start with a gateway that cannot run: %v\n%s", err, stderr.String())
+	}
+	want := "database upgraded: session 0008_turn_shown_steps → 0009_file_uploads (a clawmesh older than this one can no longer open it)"
+	if out := stdout.String(); strings.Count(out, "database upgraded") != 1 || !strings.Contains(out, want) || strings.Contains(out, "is up") {
+		t.Fatalf("the failed start that upgraded the database printed:\n%s\nwant the line %q alone", out, want)
 	}
 }

@@ -163,6 +163,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		defer stopReaping()
 	}
 
+	// Told once everything started has stopped (deferred before the
+	// stoppers, so run after them, every run's output read by then): a
+	// start that fails before "is up" upgraded the schemas all the same,
+	// and an older clawmesh the operator goes back to refuses them.
+	upgrades := newUpgradeNotices(cfg.Out)
+	defer upgrades.stackUp()
+
 	var stoppers []func() // run in reverse
 	defer func() {
 		for i := len(stoppers) - 1; i >= 0; i-- {
@@ -182,7 +189,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("log folder: %w", err)
 	}
 	sup := newSupervisor(log, logDir, cfg.Liveness)
-	upgrades := newUpgradeNotices(cfg.Out)
 	sup.onUpgrade = upgrades.seen
 	// Normally stopped before the bus (below); this is for an early return.
 	defer sup.stopAll()

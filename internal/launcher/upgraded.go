@@ -30,7 +30,8 @@ import (
 // already in hand, and no clock is needed: a line is what a run of this
 // stack wrote. The lines are told after the "is up" line (upgradeNotices):
 // those seen before it at once, a later one (a dormant process woken,
-// or a line still in the pipe when the stack came up) when it comes.
+// or a line still in the pipe when the stack came up) when it comes; on
+// a start that fails before "is up", once its processes have stopped.
 
 // upgradeMarker is what a chunk of output holds when it may hold an
 // upgrade line: the message as zap's JSON encoder writes it.
@@ -133,7 +134,10 @@ func (u *upgradeNotices) seen(schema, from, to string) {
 }
 
 // stackUp tells what was seen so far, and from now on each line when it
-// is seen; called after the "is up" line.
+// is seen; called after the "is up" line, and again when Run returns: a
+// start that failed before "is up" tells then what it upgraded (it said
+// nothing of it, and the operator learnt it from an older clawmesh's
+// refusal).
 func (u *upgradeNotices) stackUp() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
