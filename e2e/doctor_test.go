@@ -111,3 +111,42 @@ func TestDoctorFindsAndRemovesStaleClusters(t *testing.T) {
 		t.Fatalf("the stale cluster is still there: %v", err)
 	}
 }
+
+// clawmesh doctor in the example client container
+// (deploy/k8s/examples/client.yaml), against a real stack: the image's
+// environment (ZEROCLAW_DATA_DIR its own empty folder, CLAWMESH_LISTEN),
+// ZEROCLAW_SOCKET, no $HOME and no PostgreSQL on PATH. It judged
+// clawmesh up's needs there (PostgreSQL's binaries, the data
+// directory's keys and seeds); it says now that it runs as a client and
+// checks the socket, initialize and the stack's health.
+func TestDoctorAsAClientOfAStack(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	data := t.TempDir()
+	cmd := exec.Command(filepath.Join(s.BinDir, "clawmesh"), "doctor")
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "ZEROCLAW_DATA_DIR=" + data, "ZEROCLAW_SOCKET=" + s.Socket, "CLAWMESH_LISTEN=0.0.0.0:50051"}
+	raw, err := cmd.CombinedOutput()
+	out := string(raw)
+	if err != nil {
+		t.Fatalf("doctor as a client of a healthy stack: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"note  client             run as a client of ZEROCLAW_SOCKET=" + s.Socket,
+		"ok    socket             " + s.Socket + " answers",
+		"ok    protocol           initialize answered: protocol 1, bound as ",
+		"ok    session            serving",
+		"ok    gateway            serving",
+		"ok    version",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("doctor as a client lacks %q:\n%s", want, out)
+		}
+	}
+	for _, line := range strings.Split(out, "\n") {
+		for _, up := range []string{"postgres", "data directory", "secret key", "bus credential", "stale clusters"} {
+			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(strings.Join(f[1:], " "), up+" ") {
+				t.Fatalf("doctor as a client judges clawmesh up's %s:\n%s", up, out)
+			}
+		}
+	}
+}

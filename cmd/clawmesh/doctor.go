@@ -19,6 +19,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/trust"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
+	"github.com/clawmesh/clawmesh/internal/unixsock"
 	"github.com/clawmesh/clawmesh/internal/version"
 )
 
@@ -37,6 +38,12 @@ CLAWMESH_*_ADDR set) it judges that deployment: the database and the
 config key are the services', the bus seed is CLAWMESH_NATS_SEED_FILE's,
 the data directory is a volume of the container, and the folders above
 the plugins folder are the sandbox's own, in its containers.
+
+Run as a client (a socket named by --socket or ZEROCLAW_SOCKET, no
+--config-dir, none of the stack's own settings, and no stack ever run on
+the data directory: a client container, or the host of a compose stack)
+it says so and checks what a client needs: the socket, initialize's
+answer, and the health, version and plugins of the stack behind it.
 `
 
 // doctor collects the results of the checks.
@@ -49,6 +56,11 @@ type doctor struct {
 	// the database, the config key and the plugins' parent folders are
 	// theirs, not this data directory's. "" under clawmesh up.
 	elsewhere string
+	// client names the socket doctor runs as a client of
+	// ("ZEROCLAW_SOCKET=/run/clawmesh/daemon.sock"; clientOf): the
+	// stack, its database and its data directory are elsewhere, and
+	// only what a client needs is judged here. "" otherwise.
+	client string
 }
 
 // peerAddrEnvs are the addresses the processes read to reach the
@@ -63,6 +75,40 @@ func servicesElsewhere() string {
 		}
 	}
 	return ""
+}
+
+// stackSettings are what a process of the stack reads, besides the
+// service addresses (peerAddrEnvs): a client's environment has none.
+var stackSettings = []string{"DATABASE_URL", "NATS_URL", bus.EnvSeed, bus.EnvSeedFile}
+
+// clientOf says whether doctor runs as a client only, and of which
+// socket: one named (--socket, ZEROCLAW_SOCKET), with no --config-dir and
+// none of the stack's settings, and a data directory no stack ever ran
+// on (no lock file) or none at all (no $HOME). The example client
+// container (deploy/k8s/examples/client.yaml) is one: the image's
+// ZEROCLAW_DATA_DIR names its own empty /data, and the socket is its
+// gateway sidecar's. There doctor judged clawmesh up's needs and failed
+// for want of PostgreSQL's binaries, which no client uses. A data
+// directory a stack ran on is judged as ever, ZEROCLAW_SOCKET or not.
+func clientOf(sf *socketFlags) string {
+	socket, named := sf.socket, "--socket "
+	if socket == "" {
+		socket, named = os.Getenv("ZEROCLAW_SOCKET"), "ZEROCLAW_SOCKET="
+	}
+	if socket == "" || sf.dir != "" {
+		return ""
+	}
+	for _, env := range append(peerAddrEnvs[:len(peerAddrEnvs):len(peerAddrEnvs)], stackSettings...) {
+		if os.Getenv(env) != "" {
+			return ""
+		}
+	}
+	if dir, err := datadir.Resolve(""); err == nil {
+		if _, err := os.Lstat(datadir.LockFile(dir)); !errors.Is(err, fs.ErrNotExist) {
+			return ""
+		}
+	}
+	return named + socket
 }
 
 func (d *doctor) ok(check, detail string) { fmt.Fprintf(d.out, "ok    %-18s %s\n", check, detail) }
@@ -93,6 +139,19 @@ func doctorCmd(args []string, out io.Writer) error {
 	}
 	if len(rest) > 0 {
 		return usageErrorf("doctor: unexpected argument %q", rest[0])
+	}
+	if client := clientOf(&sf); client != "" {
+		d := &doctor{out: out, client: client}
+		d.note("client", "run as a client of "+client+": the stack runs elsewhere, and clawmesh up's checks (PostgreSQL, the data directory, its keys) are for where it runs; checked here: the socket, initialize, and the stack's health")
+		socket := sf.socket
+		if socket == "" {
+			socket = os.Getenv("ZEROCLAW_SOCKET")
+		}
+		d.stack(socket, &sf)
+		if d.failed > 0 {
+			return fmt.Errorf("doctor: %d check(s) failed", d.failed)
+		}
+		return nil
 	}
 	dir, err := datadir.Resolve(sf.dir)
 	if err != nil {
@@ -340,11 +399,14 @@ func (d *doctor) stack(socket string, sf *socketFlags) {
 	// In a container the socket is its gateway's, which clawmesh up
 	// does not start.
 	start := "clawmesh up (or make up)"
-	if d.elsewhere != "" {
+	switch {
+	case d.client != "":
+		start = "start the gateway that serves it (a sidecar's or a container's: its log says why it is not up), or name another with --socket"
+	case d.elsewhere != "":
 		start = "start the gateway that serves it (its container's log says why it is not up)"
 	}
 	if errors.Is(err, fs.ErrNotExist) {
-		if d.elsewhere != "" {
+		if d.elsewhere != "" || d.client != "" {
 			d.fail("socket", socket+" does not exist: no gateway listens there", start)
 			return
 		}
@@ -356,6 +418,10 @@ func (d *doctor) stack(socket string, sf *socketFlags) {
 		return
 	}
 	if fi.Mode()&fs.ModeSocket == 0 {
+		if d.client != "" {
+			d.fail("socket", socket+" is not a socket", "name the gateway's socket with --socket or ZEROCLAW_SOCKET")
+			return
+		}
 		d.fail("socket", socket+" is not a socket", "remove it; clawmesh up creates the socket")
 		return
 	}
@@ -365,17 +431,44 @@ func (d *doctor) stack(socket string, sf *socketFlags) {
 	sf.socket = socket
 	c, err := sf.dial()
 	if err != nil {
-		if d.elsewhere != "" {
+		switch {
+		case d.client != "" && unixsock.Serving(socket):
+			// Connected, and initialize failed: the protocol's
+			// answer, not the socket, is what the client lacks.
+			d.ok("socket", socket+" accepts connections")
+			d.fail("protocol", "initialize: "+err.Error(), "a paired user's ZEROCLAW_TOKEN (or --token) must be one the stack issued (clawmesh token create where it runs); without one, only the gateway's own uid is the operator")
+		case d.elsewhere != "" || d.client != "":
 			d.fail("socket", err.Error(), start)
-			return
+		default:
+			d.fail("socket", err.Error(), "clawmesh up, or see <data>/logs/gateway.log")
 		}
-		d.fail("socket", err.Error(), "clawmesh up, or see <data>/logs/gateway.log")
 		return
 	}
 	defer c.Close()
 	c.Timeout = 10 * time.Second
 	d.ok("socket", socket+" answers")
+	if d.client != "" {
+		d.protocol(sf)
+	}
 	d.health(c)
+}
+
+// protocol says what initialize answered a client: its protocol, and whom
+// the connection is bound as.
+func (d *doctor) protocol(sf *socketFlags) {
+	as := ""
+	if sf.principal != "" {
+		as = ", bound as " + sf.principal
+	}
+	if sf.withoutConfig != "" {
+		as += " (the operator, without the config service: " + sf.withoutConfig + ")"
+	}
+	if sf.protocol != version.Protocol {
+		d.fail("protocol", fmt.Sprintf("the gateway speaks protocol %d, this client %d%s", sf.protocol, version.Protocol, as),
+			"use a clawmesh of the stack's version")
+		return
+	}
+	d.ok("protocol", fmt.Sprintf("initialize answered: protocol %d%s", sf.protocol, as))
 }
 
 func (d *doctor) health(c *rpcclient.Client) {
@@ -417,6 +510,10 @@ func (d *doctor) health(c *rpcclient.Client) {
 		if comp.LastError != nil && *comp.LastError != "" {
 			detail += ": " + *comp.LastError
 		}
+		if d.client != "" {
+			d.fail(name, detail, "see its log where the stack runs ("+filepath.Join("<data>", "logs", name+".log")+" under clawmesh up, its container's log in compose or Kubernetes)")
+			continue
+		}
 		d.fail(name, detail, "see "+filepath.Join("<data>", "logs", name+".log"))
 	}
 	if raw, err := c.Call("status", nil); err != nil {
@@ -447,14 +544,9 @@ func (d *doctor) plugins(c *rpcclient.Client) {
 		return
 	}
 	var l struct {
-		Enabled    bool   `json:"enabled"`
-		PluginsDir string `json:"plugins_dir"`
-		Plugins    []struct {
-			Name   string `json:"name"`
-			Dir    string `json:"dir"`
-			Status string `json:"status"`
-			Reason string `json:"reason"`
-		} `json:"plugins"`
+		Enabled    bool          `json:"enabled"`
+		PluginsDir string        `json:"plugins_dir"`
+		Plugins    []pluginEntry `json:"plugins"`
 	}
 	if err := json.Unmarshal(raw, &l); err != nil {
 		d.fail("plugins", "undecodable answer: "+err.Error(), "")
@@ -462,6 +554,12 @@ func (d *doctor) plugins(c *rpcclient.Client) {
 	}
 	if !l.Enabled {
 		d.note("plugins", "plugins.enabled is false: none load")
+		return
+	}
+	if d.client != "" {
+		// The folder is the stack's: a folder of that path here, or
+		// none, says nothing of it. What the sandbox loaded, it said.
+		d.pluginsLoaded(l.Plugins, l.PluginsDir+" (the stack's folder: clawmesh doctor where the stack runs checks it)")
 		return
 	}
 	if _, err := os.Stat(l.PluginsDir); errors.Is(err, fs.ErrNotExist) && d.elsewhere != "" {
@@ -481,8 +579,22 @@ func (d *doctor) plugins(c *rpcclient.Client) {
 		d.fail("plugins", "no plugin loads: "+err.Error(), "make it and the folders above it yours (or root's) and chmod go-w them")
 		return
 	}
+	d.pluginsLoaded(l.Plugins, l.PluginsDir)
+}
+
+// pluginEntry is one plugin of plugins/list's answer.
+type pluginEntry struct {
+	Name   string `json:"name"`
+	Dir    string `json:"dir"`
+	Status string `json:"status"`
+	Reason string `json:"reason"`
+}
+
+// pluginsLoaded names each plugin the sandbox did not load, and counts
+// those it did, loaded from where.
+func (d *doctor) pluginsLoaded(plugins []pluginEntry, from string) {
 	loaded := 0
-	for _, p := range l.Plugins {
+	for _, p := range plugins {
 		if p.Status == "loaded" {
 			loaded++
 			continue
@@ -493,5 +605,5 @@ func (d *doctor) plugins(c *rpcclient.Client) {
 		}
 		d.fail("plugin "+name, p.Status+": "+p.Reason, "see "+filepath.Join("<data>", "logs", "plugin-sandbox.log"))
 	}
-	d.ok("plugins", fmt.Sprintf("%d of %d loaded from %s", loaded, len(l.Plugins), l.PluginsDir))
+	d.ok("plugins", fmt.Sprintf("%d of %d loaded from %s", loaded, len(plugins), from))
 }

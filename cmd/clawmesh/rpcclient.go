@@ -23,6 +23,10 @@ type socketFlags struct {
 	// run: why the gateway bound the operator without the config
 	// service ("" when config bound the caller).
 	withoutConfig string
+	// protocol and principal are initialize's protocol_version and
+	// principal_id once dial has run (doctor shows them to a client).
+	protocol  int
+	principal string
 }
 
 func (f *socketFlags) register(fs *flag.FlagSet) {
@@ -84,10 +88,13 @@ func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, 
 	}
 	var init struct {
 		ConfigUnavailable string `json:"config_unavailable"`
+		ProtocolVersion   int    `json:"protocol_version"`
+		PrincipalID       string `json:"principal_id"`
 	}
-	// Only this member is read; a result it does not fit leaves it "".
+	// Only these members are read; a result they do not fit leaves them
+	// zero.
 	_ = json.Unmarshal(raw, &init)
-	f.withoutConfig = init.ConfigUnavailable
+	f.withoutConfig, f.protocol, f.principal = init.ConfigUnavailable, init.ProtocolVersion, init.PrincipalID
 	return c, nil
 }
 
