@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +51,9 @@ var (
 	// ErrSocketInUse: the client socket's path is served by another
 	// process (another stack's, through a shared ZEROCLAW_SOCKET).
 	ErrSocketInUse = errors.New("another process serves this socket")
+	// ErrDataDirRemoved: the data directory was removed (or replaced)
+	// while the stack ran; the stack was stopped (datadirgone.go).
+	ErrDataDirRemoved = errors.New("data directory removed while the stack ran")
 )
 
 // Config is the launcher's configuration.
@@ -136,11 +140,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
-	unlock, err := lock(cfg.DataDir)
+	unlock, locked, err := lock(cfg.DataDir)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	// The folder the stack runs on, locked: watchDataDir compares with it.
+	startedOn, err := os.Stat(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("data directory: %w", err)
+	}
 	// The lock covers the data directory, not a client socket moved out
 	// of it (ZEROCLAW_SOCKET): one that answers is another stack's, which
 	// listening would have taken over, leaving that stack unreachable.
@@ -194,6 +203,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	defer sup.stopAll()
 	stopCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		watchDataDir(stopCtx, cfg.DataDir, startedOn, locked, dataDirPoll, stop, log)
+	}()
+	defer func() { stop(nil); <-watched }()
 
 	dbURL := cfg.DatabaseURL
 	if dbURL == "" {
@@ -367,7 +382,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	<-stopCtx.Done()
 	cause := context.Cause(stopCtx)
 	log.Info("stopping stack", zap.NamedError("cause", cause))
-	if errors.Is(cause, ErrEphemeralDone) || errors.Is(cause, ErrCannotRun) {
+	if errors.Is(cause, ErrEphemeralDone) || errors.Is(cause, ErrCannotRun) || errors.Is(cause, ErrDataDirRemoved) {
 		return cause
 	}
 	return nil
@@ -642,21 +657,28 @@ func binariesPresent(binDir string) error {
 }
 
 // lock takes the data directory's lock, so a second stack on the same
-// directory refuses to start instead of fighting over its sockets.
-func lock(dir string) (func(), error) {
+// directory refuses to start instead of fighting over its sockets. It
+// returns the lock file's stat too: held open, its inode is never another
+// file's while the stack runs (watchDataDir).
+func lock(dir string) (func(), fs.FileInfo, error) {
 	path := datadir.LockFile(dir)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("lock file: %w", err)
+		return nil, nil, fmt.Errorf("lock file: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(path)
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w (%s, launcher pid %s); stop it first or use another --config-dir",
+			return nil, nil, fmt.Errorf("%w (%s, launcher pid %s); stop it first or use another --config-dir",
 				ErrAlreadyRunning, dir, strings.TrimSpace(string(holder)))
 		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		return nil, nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("lock file: %w", err)
 	}
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
@@ -664,5 +686,5 @@ func lock(dir string) (func(), error) {
 		_ = f.Truncate(0)
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 		f.Close()
-	}, nil
+	}, fi, nil
 }
