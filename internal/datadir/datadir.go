@@ -57,6 +57,10 @@ func ServiceSocket(dir, service string, replica int) string {
 // deployments mount it from storage the replicas share.
 func Memories(dir string) string { return filepath.Join(dir, "memories") }
 
+// ChannelSpool holds the channels' accepted messages until each is done
+// with, a folder per alias and replica process.
+func ChannelSpool(dir string) string { return filepath.Join(dir, "channel-spool") }
+
 // MemoryJournal is the journal of the memory plugin named plugin in the
 // folder memories (Memories). A rewrite writes its new file beside it,
 // named as the journal followed by a dot and a random suffix.

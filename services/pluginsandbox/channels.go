@@ -55,6 +55,9 @@ const (
 	// operator had given longer, and answered in time, with no word to
 	// the sender.
 	awayWait = 5 * time.Minute
+	// adoptEvery is how often a binding looks for the kept messages of
+	// a replica that died (channel_spool.go).
+	adoptEvery = 5 * time.Second
 	// stopGrace is how long a stopping binding's sends (answers, and
 	// notices to the senders of the turns it cuts) have, all together:
 	// the binder's lock is held meanwhile.
@@ -118,6 +121,9 @@ type binding struct {
 	// the same plugin takes it over, so queued messages outlive the
 	// binding that accepted them.
 	inbound *wasmhost.InboundQueue
+	// spool keeps what inbound and the backlog hold on disk (nil: in
+	// memory only), so that a replica that dies leaves it to the next.
+	spool *channelSpool
 	// backlog is, before the poller runs, the messages polled but not
 	// delivered by the binding this one replaces, and once it stopped,
 	// this binding's own: the next binding of the same plugin takes them
@@ -310,6 +316,13 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	if err := cfg.validate(); err != nil {
 		return fail(err)
 	}
+	// 202 promises the message outlives this process: without the
+	// spool the listener answers nothing.
+	sp, err := s.spool(cfg.Alias)
+	if err != nil {
+		return fail(err)
+	}
+	b.spool = sp
 	if clash != "" {
 		return fail(errors.New(clash))
 	}
@@ -441,7 +454,17 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the body must be a JSON object", http.StatusBadRequest)
 		return
 	}
-	if err := b.inbound.Push(json.RawMessage(raw)); err != nil {
+	// On disk before the 202: a replica that dies holding the message
+	// leaves it to the next one (channel_spool.go).
+	kept, err := b.spool.write(raw)
+	if err != nil {
+		b.log.Warn("channel message refused: not kept", zap.Error(err))
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "the channel cannot keep the message now; retry later", http.StatusServiceUnavailable)
+		return
+	}
+	if err := b.inbound.PushTagged(json.RawMessage(raw), kept); err != nil {
+		b.spool.drop(kept)
 		http.Error(w, "the channel's queue is full; retry later", http.StatusServiceUnavailable)
 		return
 	}
@@ -567,7 +590,15 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 	info := wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}
 	configured := false
 	lastErr := ""
+	// The messages of a replica that died (this one's previous process,
+	// or another replica's) are looked for at once, then every
+	// adoptEvery: another replica may die at any time.
+	var adopted time.Time
 	for {
+		if time.Since(adopted) >= adoptEvery {
+			adopted = time.Now()
+			b.spool.adopt(b.inbound)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -597,7 +628,7 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			if !d.room() {
 				break
 			}
-			msg, err := b.ch.PollMessage(ctx, info)
+			msg, err := b.pollOne(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
 					b.log.Warn("channel poll failed", zap.Error(err))
@@ -610,6 +641,23 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			d.add(msg)
 		}
 	}
+}
+
+// pollOne asks the plugin for its next message and ties it to the
+// spool's files of the queued messages the plugin read for it. A queued
+// message the plugin read into nothing (or refused) is done with; one a
+// poll cut by the binding's stop read stays on disk, for the next owner.
+func (b *binding) pollOne(ctx context.Context) (*wasmhost.ChannelMessage, error) {
+	msg, err := b.ch.PollMessage(ctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias})
+	read := b.inbound.TakePopped()
+	switch {
+	case err != nil && ctx.Err() != nil:
+	case err != nil:
+		b.spool.drop(read...)
+	default:
+		b.spool.polled(msg, read)
+	}
+	return msg, err
 }
 
 // deliveries hands a binding's polled messages to sessions: the messages
@@ -703,9 +751,13 @@ func (d *deliveries) add(msg *wasmhost.ChannelMessage) {
 		log := d.b.log.With(zap.String("message_id", msg.ID), zap.Int("waiting", len(msgs)))
 		if told {
 			log.Warn("channel message refused: its conversation has too many waiting (its sender was told at the first)")
+			d.b.spool.done(msg)
 			return
 		}
 		log.Warn("channel message refused: its conversation has too many waiting")
+		// Refused for good: a replica that dies after this owes it
+		// no second delivery.
+		d.b.spool.done(msg)
 		select {
 		case d.notices <- backlogNotice{msg, fmt.Sprintf("This message was not delivered: %d earlier messages of this conversation are still waiting for the agent, and until it answers one, more are not delivered either; send them again later.", len(msgs))}:
 		default:
@@ -760,6 +812,7 @@ func (d *deliveries) work(conv string) {
 			d.mu.Unlock()
 			return
 		}
+		d.b.spool.done(msg)
 		d.mu.Lock()
 		msgs = d.convs[conv]
 		msgs[0] = nil
@@ -809,15 +862,16 @@ func (b *binding) abandon() {
 			break
 		}
 		b.notice(msg, notDelivered)
+		b.spool.done(msg)
 		told++
 	}
-	info := wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}
 	for told == len(msgs) && b.sends.Err() == nil && b.inbound.Pending() > 0 {
-		msg, err := b.ch.PollMessage(b.sends, info)
+		msg, err := b.pollOne(b.sends)
 		if err != nil || msg == nil {
 			break
 		}
 		b.notice(msg, notDelivered)
+		b.spool.done(msg)
 	}
 	if left := len(msgs) - told + b.inbound.Pending(); left > 0 {
 		b.log.Warn("channel messages dropped with their binding, their senders not told", zap.Int("messages", left))

@@ -135,7 +135,7 @@ func Register(ctx context.Context, env *service.Env) error {
 		return l
 	}
 	srv, err := NewServer(ctx, Config{
-		Host: host, PluginsDir: settings.PluginsDir, MemoryDir: datadir.Memories(env.DataDir), Logger: env.Log,
+		Host: host, PluginsDir: settings.PluginsDir, MemoryDir: datadir.Memories(env.DataDir), ChannelSpoolDir: datadir.ChannelSpool(env.DataDir), Logger: env.Log,
 		ConfigSource: &ConfigService{Client: client, Log: env.Log},
 		Settings:     liveSettings,
 		Reveal: func(ctx context.Context, prop string) (string, error) {

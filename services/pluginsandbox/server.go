@@ -58,6 +58,11 @@ type Config struct {
 	// plugin), so they outlive the sandbox; empty keeps them in memory
 	// only.
 	MemoryDir string
+	// ChannelSpoolDir keeps the channels' accepted messages on disk
+	// until each is done with, so that a replica that dies holding some
+	// leaves them to the next (channel_spool.go); empty keeps them in
+	// memory only.
+	ChannelSpoolDir string
 	// Logger is required.
 	Logger *zap.Logger
 }
@@ -83,7 +88,10 @@ type Server struct {
 	// (channel_sessions.go), kept across rebinds.
 	convMu    sync.Mutex
 	openConvs map[string]*openConvs
-	bg        sync.WaitGroup // unloads
+	// spools are the channels' spools by alias (channel_spool.go), kept
+	// across rebinds like the queues they mirror; guarded by convMu.
+	spools map[string]*channelSpool
+	bg     sync.WaitGroup // unloads
 }
 
 // NewServer discovers and loads the plugins in cfg.PluginsDir (one scan;
@@ -118,6 +126,7 @@ func (s *Server) Close(ctx context.Context) error {
 	s.scanMu.Lock()
 	defer s.scanMu.Unlock()
 	s.channels.close(ctx)
+	s.closeSpools()
 	s.mu.Lock()
 	old := s.cat
 	s.cat = &catalog{live: old.live, refusals: map[*entry]string{}}

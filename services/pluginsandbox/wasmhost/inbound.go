@@ -16,9 +16,15 @@ var ErrInboundFull = errors.New("wasmhost: inbound queue full")
 type InboundQueue struct {
 	mu       sync.Mutex
 	msgs     [][]byte
-	bytes    int64 // the queued messages' lengths together
+	tags     []string // msgs' tags (PushTagged), in step with msgs
+	bytes    int64    // the queued messages' lengths together
 	max      int
 	maxBytes int64
+	// popped are the tags of the messages the plugin took since the
+	// last TakePopped: the plugin runs one call at a time, so after a
+	// poll they are what that poll read. At most max: every one was
+	// queued.
+	popped []string
 }
 
 // NewInboundQueue returns a queue holding at most max messages and at
@@ -36,7 +42,11 @@ func NewInboundQueue(max int, maxBytes int64) *InboundQueue {
 }
 
 // Push queues one message, which must be a JSON object.
-func (q *InboundQueue) Push(msg any) error {
+func (q *InboundQueue) Push(msg any) error { return q.PushTagged(msg, "") }
+
+// PushTagged queues one message with a tag of the caller's (non-empty
+// to be told by TakePopped when the plugin takes the message).
+func (q *InboundQueue) PushTagged(msg any, tag string) error {
 	b, err := guestJSON(msg)
 	if err != nil {
 		return fmt.Errorf("wasmhost: inbound message: %w", err)
@@ -47,8 +57,19 @@ func (q *InboundQueue) Push(msg any) error {
 		return ErrInboundFull
 	}
 	q.msgs = append(q.msgs, b)
+	q.tags = append(q.tags, tag)
 	q.bytes += int64(len(b))
 	return nil
+}
+
+// TakePopped returns the tags of the messages the plugin took since the
+// last call, oldest first, and forgets them.
+func (q *InboundQueue) TakePopped() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.popped
+	q.popped = nil
+	return out
 }
 
 // Pending returns the number of queued messages.
@@ -72,6 +93,10 @@ func (q *InboundQueue) popIfFits(capacity uint32) (msg []byte, size int) {
 	}
 	q.msgs[0] = nil
 	q.msgs = q.msgs[1:]
+	if tag := q.tags[0]; tag != "" && len(q.popped) < q.max {
+		q.popped = append(q.popped, tag)
+	}
+	q.tags = q.tags[1:]
 	q.bytes -= int64(len(head))
 	return head, len(head)
 }
