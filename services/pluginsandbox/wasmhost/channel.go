@@ -39,9 +39,29 @@ type Channel struct {
 	r    *resident
 	name string
 	caps ChannelCapabilities
+	// senders are the instances Send runs on (built at their first
+	// send, configured like r), apart from r: on r, one reply whose
+	// endpoint hung held every other call of the channel (its polls,
+	// the other conversations' answers and notices) for the whole call
+	// limit. idle hands them out; one endpoint has at most one at a
+	// time (endpoints), so a hung one holds one sender, never all.
+	senders []*resident
+	idle    chan *resident
 
 	mu         sync.Mutex
 	configured bool // a Configure succeeded; a rebuild re-runs it
+	// endpoints are the reply endpoints with a send running or waiting,
+	// each a one-token lock and its holders and waiters: bounded by the
+	// channel's callers.
+	endpoints map[string]*endpointLock
+}
+
+// channelSenders is how many instances a channel's sends run on.
+const channelSenders = 3
+
+type endpointLock struct {
+	token chan struct{}
+	users int
 }
 
 // LoadChannel compiles a channel plugin, builds its instance and reads its
@@ -76,6 +96,16 @@ func (h *Host) LoadChannel(ctx context.Context, spec PluginSpec, inbound *Inboun
 	}
 	ch.r = r
 	r.onBuild = ch.reconfigure
+	ch.endpoints = map[string]*endpointLock{}
+	ch.idle = make(chan *resident, channelSenders)
+	for range channelSenders {
+		// No inbound queue: a send that polled would take a message
+		// the channel's poll never sees.
+		s := newResident(h, r.c, nil)
+		s.onBuild = func(ctx context.Context) error { return ch.configureOn(ctx, s) }
+		ch.senders = append(ch.senders, s)
+		ch.idle <- s
+	}
 	return ch, nil
 }
 
@@ -110,33 +140,83 @@ func (c *Channel) Configure(ctx context.Context, info CallInfo) error {
 
 // reconfigure runs on a rebuilt instance, under the instance lock and the
 // deadline of the call that needed it.
-func (c *Channel) reconfigure(ctx context.Context) error {
+func (c *Channel) reconfigure(ctx context.Context) error { return c.configureOn(ctx, c.r) }
+
+// configureOn runs channel_configure on r's new instance once the
+// channel has been configured, under r's lock.
+func (c *Channel) configureOn(ctx context.Context, r *resident) error {
 	c.mu.Lock()
 	configured := c.configured
 	c.mu.Unlock()
 	if !configured {
 		return nil
 	}
-	out, err := c.r.callLocked(ctx, abi.ExportChannelConfigure, nil, frameSpan{})
+	out, err := r.callLocked(ctx, abi.ExportChannelConfigure, nil, frameSpan{})
 	if err != nil {
 		return err
 	}
 	return decodeResult(abi.ExportChannelConfigure, out, nil)
 }
 
-// Send delivers one message through the plugin. It waits for the
-// instance (the plugin's other calls) as long as ctx allows; the call
-// itself runs within plugins.limits.call_timeout_ms.
+// Send delivers one message through the plugin, on one of its sending
+// instances, never the one that polls. It waits, as long as ctx allows,
+// for the sends to the same endpoint (recipient and thread) ahead of it,
+// then for a free sending instance; the call itself runs within
+// plugins.limits.call_timeout_ms. A hung endpoint thus holds its own
+// sends and one instance, and the channel's polls and other endpoints'
+// sends go on.
 func (c *Channel) Send(ctx context.Context, info CallInfo, msg SendMessage) error {
 	arg, err := guestJSON(msg)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrABI, err)
 	}
-	out, err := c.r.callAfterWait(ctx, abi.ExportChannelSend, arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
+	release, err := c.holdEndpoint(ctx, msg.Recipient+"\x00"+msg.ThreadID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	var s *resident
+	select {
+	case s = <-c.idle:
+	case <-ctx.Done():
+		return ctxFailure(ctx, c.r.h.cfg.Limits)
+	}
+	defer func() { c.idle <- s }()
+	out, err := s.callAfterWait(ctx, abi.ExportChannelSend, arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
 	if err != nil {
 		return err
 	}
 	return decodeResult(abi.ExportChannelSend, out, nil)
+}
+
+// holdEndpoint waits within ctx until no other send to endpoint runs,
+// and returns what ends this one's turn.
+func (c *Channel) holdEndpoint(ctx context.Context, endpoint string) (func(), error) {
+	c.mu.Lock()
+	l := c.endpoints[endpoint]
+	if l == nil {
+		l = &endpointLock{token: make(chan struct{}, 1)}
+		c.endpoints[endpoint] = l
+	}
+	l.users++
+	c.mu.Unlock()
+	leave := func() {
+		c.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(c.endpoints, endpoint)
+		}
+		c.mu.Unlock()
+	}
+	select {
+	case l.token <- struct{}{}:
+	case <-ctx.Done():
+		leave()
+		return nil, ctxFailure(ctx, c.r.h.cfg.Limits)
+	}
+	return func() {
+		<-l.token
+		leave()
+	}, nil
 }
 
 // PollMessage asks the plugin for its next message; the plugin drains the
@@ -199,5 +279,8 @@ func (c *Channel) typing(ctx context.Context, export, recipient string) error {
 // compiled module. The inbound queue is the caller's to keep.
 func (c *Channel) Close(ctx context.Context) error {
 	c.r.close()
+	for _, s := range c.senders {
+		s.close()
+	}
 	return c.r.c.mod.Close(ctx)
 }
