@@ -175,18 +175,36 @@ func (c *Channel) Send(ctx context.Context, info CallInfo, msg SendMessage) erro
 		return err
 	}
 	defer release()
-	var s *resident
+	var sender *resident
 	select {
-	case s = <-c.idle:
+	case sender = <-c.idle:
 	case <-ctx.Done():
 		return ctxFailure(ctx, c.r.h.cfg.Limits)
 	}
-	defer func() { c.idle <- s }()
+	defer func() { c.idle <- sender }()
+	s := sender
+	if !s.built(ctx) && !c.r.h.slots.spare() {
+		// No instance to send on, and none free to build one
+		// (plugins.limits.max_instances reached): waiting for one
+		// failed every answer where the polling instance can send, as
+		// it did before.
+		s = c.r
+	}
 	out, err := s.callAfterWait(ctx, abi.ExportChannelSend, arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
 	if err != nil {
 		return err
 	}
 	return decodeResult(abi.ExportChannelSend, out, nil)
+}
+
+// built reports whether r has an instance (none before its first call,
+// or after a failure), waiting within ctx for its lock.
+func (r *resident) built(ctx context.Context) bool {
+	if r.acquireLock(ctx) != nil {
+		return false
+	}
+	defer r.releaseLock()
+	return r.in != nil
 }
 
 // holdEndpoint waits within ctx until no other send to endpoint runs,

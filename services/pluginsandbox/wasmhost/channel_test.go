@@ -154,6 +154,9 @@ func TestWebhookChannelExample(t *testing.T) {
 // A trapped channel instance is never resumed: the next call rebuilds it
 // from host-owned state (the inbound queue survives, configure runs again),
 // and the guest's own state is gone. A plugin's err result is not a trap.
+// Sends run on instances of their own (one hung endpoint held every
+// other call on one), so a send's trap leaves the polling instance, and
+// the guest state there, as it was.
 func TestChannelTrapRebuildsFromHostState(t *testing.T) {
 	h := newHost(t, wasmhost.Limits{CallFuel: 100_000_000})
 	ch := loadChannel(t, h, "misbehave")
@@ -185,7 +188,7 @@ func TestChannelTrapRebuildsFromHostState(t *testing.T) {
 		}
 	}
 	// ID is inbound_pending as the guest saw it before polling.
-	if m := poll(); m.ID != "3" || m.ThreadID != "configured=1 sent=1" || !strings.Contains(m.Content, "m1") {
+	if m := poll(); m.ID != "3" || m.ThreadID != "configured=1 sent=0" || !strings.Contains(m.Content, "m1") {
 		t.Fatalf("before the trap: %+v", m)
 	}
 	if ch.Inbound().Pending() != 2 {
@@ -196,10 +199,9 @@ func TestChannelTrapRebuildsFromHostState(t *testing.T) {
 	if err := send("panic"); !errors.Is(err, wasmhost.ErrTrap) {
 		t.Fatalf("panic: %v", err)
 	}
-	// Rebuilt: configure ran again on the new instance, the send count is
-	// the new instance's, and the queue lost nothing.
+	// The polling instance is the one it was, and the queue lost nothing.
 	if m := poll(); m.ID != "2" || m.ThreadID != "configured=1 sent=0" || !strings.Contains(m.Content, "m2") {
-		t.Fatalf("after the rebuild: %+v", m)
+		t.Fatalf("after the send's trap: %+v", m)
 	}
 
 	if err := send("loop"); !errors.Is(err, wasmhost.ErrFuelExhausted) {
@@ -211,8 +213,15 @@ func TestChannelTrapRebuildsFromHostState(t *testing.T) {
 	if m := poll(); m.ID != "1" || !strings.Contains(m.Content, "m3") {
 		t.Fatalf("last message: %+v", m)
 	}
-	// Failed instances are closed off the call path; their slots come back.
-	waitInstances(t, h, inUse)
+	// Failed instances are closed off the call path; their slots come
+	// back. Before the panic the polling instance and the sending ones
+	// of "a" and "fail" lived; the panic's instance was built and
+	// failed, and "loop" ran on, and failed, the one "a" had used.
+	waitInstances(t, h, inUse-1)
+	// A sending instance that failed is built again for the next send.
+	if err := send("b"); err != nil {
+		t.Fatalf("send after the failures: %v", err)
+	}
 
 	// Typing is advertised, so the plugin is called.
 	if err := ch.StartTyping(ctx, "bob"); err != nil {

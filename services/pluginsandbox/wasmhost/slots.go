@@ -92,3 +92,10 @@ func (s *slots) inUse() int {
 	defer s.mu.Unlock()
 	return s.used
 }
+
+// spare reports whether a slot is free now, with nobody waiting for it.
+func (s *slots) spare() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used < s.max && s.waiters == 0
+}
