@@ -370,6 +370,16 @@ func (h *hub) promptEnds(cs *connState, sessionID string) {
 	}
 }
 
+// unmuteLocked lets the connection connID, whose prompt started a turn,
+// have the session's updates from here on; t.mu is held.
+func (t *topic) unmuteLocked(connID string) {
+	for cs := range t.muted {
+		if cs.id == connID {
+			delete(t.muted, cs)
+		}
+	}
+}
+
 // isMuted reports whether cs follows t only for a prompt not admitted.
 func (t *topic) isMuted(cs *connState) bool {
 	t.mu.Lock()
@@ -458,16 +468,19 @@ func (h *hub) dispatch(t *topic, u bus.Update) {
 		// connection whose prompt started the turn have the session's
 		// updates from here on.
 		t.mu.Lock()
-		for cs := range t.muted {
-			if cs.id == u.ConnectionID {
-				delete(t.muted, cs)
-			}
-		}
+		t.unmuteLocked(u.ConnectionID)
 		t.mu.Unlock()
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if u.TurnStartedBy != "" {
+		// The turn's first update names its prompter too: a
+		// turn_started lost on the bus (published while this link was
+		// down, which no seq shows) left that connection muted, seeing
+		// nothing of its own turn until the turn's end closed it.
+		t.unmuteLocked(u.TurnStartedBy)
+	}
 	// A renumbered update is a publisher's first (the session service
 	// started again): its seq follows the stored bound, and the numbers
 	// it skips were never published.

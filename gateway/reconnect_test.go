@@ -284,3 +284,65 @@ func TestBusDropWithoutSessionServiceClosesFollowers(t *testing.T) {
 	t.Logf("the following connection got seqs %v, then was closed", got)
 	r.idleStaysOpen()
 }
+
+// A connection follows the session for a prompt not yet admitted (muted)
+// when the gateway's bus connection drops; the turn's start, published
+// meanwhile, is lost, and its updates come once the link is back. The
+// turn_started has no seq, so no hole showed its loss: the prompting
+// connection stayed muted, sent nothing of its own turn (its prompt then
+// failed and every follower was closed, the turn_complete never written
+// to it). The turn's first update names the connection too: the
+// prompting connection gets the whole turn, and the other follower is
+// kept with it.
+func TestTurnStartLostOnTheBusUnmutesItsPrompterAtTheTurnsFirstUpdate(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	r := newLossRigOn(t, srv.URL(), &fakeSeqs{})
+	prompter, client := r.open("prompter")
+	t.Cleanup(func() {
+		r.h.detach(prompter, "")
+		prompter.outbox.close()
+		prompter.conn.Close()
+		client.Close()
+	})
+	subject, err := bus.SessionUpdateSubject(r.sessionID, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A prompt's follow: muted until the turn it starts is announced.
+	if _, _, err := r.h.attach(prompter, r.sessionID, subject, 0, false, false); err != nil {
+		t.Fatal(err)
+	}
+	r.h.mu.Lock()
+	topic := r.h.topics[r.sessionID]
+	r.h.mu.Unlock()
+	if !topic.isMuted(prompter) {
+		t.Fatal("a prompt's follow is not muted")
+	}
+
+	back := r.dropGateway(srv)
+	if err := r.pub.PublishTurnStarted(prompter.id); err != nil {
+		t.Logf("turn start: %v", err)
+	}
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	back()
+
+	for seq := int64(1); seq <= 3; seq++ {
+		r.publish(seq, seq == 3)
+	}
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSeqs(t, client, bufio.NewReader(client), 3); fmt.Sprint(got) != "[1 2 3]" {
+		t.Fatalf("the prompting connection got seqs %v", got)
+	}
+	br := bufio.NewReader(r.followerClient)
+	if got := readSeqs(t, r.followerClient, br, 3); fmt.Sprint(got) != "[1 2 3]" {
+		t.Fatalf("the other follower got seqs %v", got)
+	}
+	if !isOpen(prompter) || !isOpen(r.follower) {
+		t.Fatal("a follower was closed")
+	}
+	r.idleStaysOpen()
+}

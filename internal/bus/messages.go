@@ -70,6 +70,9 @@ type Update struct {
 	// the stored bound rather than the update before it (no gap before
 	// it means anything lost).
 	Renumbered bool
+	// TurnStartedBy, on a turn's first update with a seq, is the
+	// connection whose prompt started the turn (turn_started_by).
+	TurnStartedBy string
 }
 
 // decodeSessionUpdate decodes a busv1.SessionUpdate of session id, of
@@ -113,6 +116,13 @@ func decodeSessionUpdate(data []byte, id string, incarnation int64) (Update, err
 				return Update{}, errors.New("connection_id: invalid UTF-8")
 			}
 			u.ConnectionID = string(v)
+		case num == fieldUpdateTurnStartedBy && typ == protowire.BytesType:
+			var v []byte
+			v, n = protowire.ConsumeBytes(data)
+			if n >= 0 && !utf8.Valid(v) {
+				return Update{}, errors.New("turn_started_by: invalid UTF-8")
+			}
+			u.TurnStartedBy = string(v)
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, data)
 		}
@@ -311,6 +321,9 @@ type SessionUpdatePublisher struct {
 	subject   string
 	buf       []byte
 	published bool // an update went out: the next are not renumbered
+	// startedBy is the connection the last PublishTurnStarted named,
+	// until an update with a seq carried it (turn_started_by).
+	startedBy string
 }
 
 // NewSessionUpdatePublisher returns the publisher of the updates of
@@ -338,6 +351,10 @@ func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params
 		return fmt.Errorf("publish %s: %w: params are not valid UTF-8", p.subject, ErrEncode)
 	}
 	b := appendSessionUpdate(p.buf[:0], p.sessionID, typ, seq, params, !p.published)
+	if seq != 0 && p.startedBy != "" {
+		b = protowire.AppendTag(b, fieldUpdateTurnStartedBy, protowire.BytesType)
+		b = protowire.AppendString(b, p.startedBy)
+	}
 	err := natsutil.Publish(p.nc, p.subject, b)
 	if cap(b) <= maxKeptUpdateBuffer {
 		p.buf = b
@@ -346,6 +363,9 @@ func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params
 		return fmt.Errorf("bus: publish %s: %w", p.subject, err)
 	}
 	p.published = true
+	if seq != 0 {
+		p.startedBy = ""
+	}
 	return nil
 }
 
@@ -353,8 +373,11 @@ func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params
 // of the publisher's session that connection connID started ("" for
 // none): no seq, no params, delivered to no client. It does not count as
 // the publisher's first update: the first with a seq is still marked
-// renumbered.
+// renumbered. That first update with a seq names connID too
+// (turn_started_by), published or not here: a gateway that misses this
+// announcement learns it there.
 func (p *SessionUpdatePublisher) PublishTurnStarted(connID string) error {
+	p.startedBy = connID
 	b := appendSessionUpdate(p.buf[:0], p.sessionID, busv1.UpdateType_UPDATE_TYPE_TURN_STARTED, 0, nil, false)
 	if connID != "" {
 		b = protowire.AppendTag(b, fieldUpdateConnectionID, protowire.BytesType)
@@ -372,12 +395,13 @@ func (p *SessionUpdatePublisher) PublishTurnStarted(connID string) error {
 
 // Field numbers of busv1.SessionUpdate.
 const (
-	fieldUpdateSessionID    protowire.Number = 1
-	fieldUpdateType         protowire.Number = 2
-	fieldUpdateSeq          protowire.Number = 3
-	fieldUpdateJSON         protowire.Number = 4
-	fieldUpdateConnectionID protowire.Number = 5
-	fieldUpdateRenumbered   protowire.Number = 6
+	fieldUpdateSessionID     protowire.Number = 1
+	fieldUpdateType          protowire.Number = 2
+	fieldUpdateSeq           protowire.Number = 3
+	fieldUpdateJSON          protowire.Number = 4
+	fieldUpdateConnectionID  protowire.Number = 5
+	fieldUpdateRenumbered    protowire.Number = 6
+	fieldUpdateTurnStartedBy protowire.Number = 7
 )
 
 // appendSessionUpdate appends the wire form of a busv1.SessionUpdate

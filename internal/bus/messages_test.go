@@ -24,6 +24,7 @@ func TestSessionUpdateEncodingIsProtoMarshal(t *testing.T) {
 	fields := (&busv1.SessionUpdate{}).ProtoReflect().Descriptor().Fields()
 	for name, n := range map[string]protowire.Number{
 		"session_id": fieldUpdateSessionID, "type": fieldUpdateType, "seq": fieldUpdateSeq, "json": fieldUpdateJSON,
+		"connection_id": fieldUpdateConnectionID, "renumbered": fieldUpdateRenumbered, "turn_started_by": fieldUpdateTurnStartedBy,
 	} {
 		if f := fields.ByName(protoreflect.Name(name)); f == nil || f.Number() != n {
 			t.Fatalf("field %s: descriptor %v, encoder uses %d", name, f, n)
@@ -213,6 +214,8 @@ func TestDecodeSessionUpdateIsProtoUnmarshal(t *testing.T) {
 		"truncated tag":            append(slices.Clone(chunk), 0x80),
 		"json not UTF-8":           protowire.AppendBytes(tag(slices.Clone(chunk), fieldUpdateJSON, protowire.BytesType), []byte("{\"a\":\"\xff\"}")),
 		"connection not UTF-8":     protowire.AppendBytes(tag(slices.Clone(chunk), fieldUpdateConnectionID, protowire.BytesType), []byte{0xff}),
+		"a turn's first":           valid(&busv1.SessionUpdate{SessionId: "s-1", Seq: 4, Json: "{}", TurnStartedBy: "c-9"}),
+		"starter not UTF-8":        protowire.AppendBytes(tag(slices.Clone(chunk), fieldUpdateTurnStartedBy, protowire.BytesType), []byte{0xff}),
 		"session not UTF-8":        protowire.AppendBytes(tag(nil, fieldUpdateSessionID, protowire.BytesType), []byte{0xff}),
 	} {
 		checkDecodeAsProto(t, name, data, "s-1")
@@ -234,7 +237,7 @@ func checkDecodeAsProto(t *testing.T, name string, data []byte, id string) {
 		return
 	}
 	if got.SessionID != want.GetSessionId() || got.Incarnation != 7 || got.Type != want.GetType() || got.Seq != want.GetSeq() ||
-		string(got.JSON) != want.GetJson() || got.ConnectionID != want.GetConnectionId() {
+		string(got.JSON) != want.GetJson() || got.ConnectionID != want.GetConnectionId() || got.TurnStartedBy != want.GetTurnStartedBy() {
 		t.Fatalf("%s: decoded %+v, proto.Unmarshal %v", name, got, want)
 	}
 }
@@ -262,7 +265,9 @@ func TestTestServersTakeTheStacksBound(t *testing.T) {
 
 // A turn's start goes out as proto.Marshal encodes it, connection and
 // all, and leaves the publisher's first update with a seq marked
-// renumbered.
+// renumbered. That update names the turn's connection too
+// (turn_started_by: a gateway that missed the start learns it there),
+// and the next does not.
 func TestPublishTurnStarted(t *testing.T) {
 	nc := connect(t)
 	pub, err := NewSessionUpdatePublisher(nc, "s-abc", 3)
@@ -278,12 +283,15 @@ func TestPublishTurnStarted(t *testing.T) {
 	if err := pub.PublishTurnStarted("conn-1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := pub.Publish(busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, 7, []byte("{}")); err != nil {
-		t.Fatal(err)
+	for seq := int64(7); seq <= 8; seq++ {
+		if err := pub.Publish(busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, seq, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, u := range []*busv1.SessionUpdate{
 		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_TURN_STARTED, ConnectionId: "conn-1"},
-		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 7, Json: "{}", Renumbered: true},
+		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 7, Json: "{}", Renumbered: true, TurnStartedBy: "conn-1"},
+		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 8, Json: "{}"},
 	} {
 		want, err := proto.Marshal(u)
 		if err != nil {

@@ -264,7 +264,16 @@ type SessionUpdate struct {
 	// its seq follows the stored bound, not the update before it, so a
 	// subscriber takes it as the stream's place and counts no gap before it.
 	// Between two updates of one publisher a gap is updates lost.
-	Renumbered    bool `protobuf:"varint,6,opt,name=renumbered,proto3" json:"renumbered,omitempty"`
+	Renumbered bool `protobuf:"varint,6,opt,name=renumbered,proto3" json:"renumbered,omitempty"`
+	// turn_started_by is set on a turn's first update with a seq: the
+	// connection whose prompt started the turn, as its
+	// UPDATE_TYPE_TURN_STARTED names it (empty for a turn no connection
+	// started). That announcement has no seq, so nothing shows its loss (a
+	// gateway whose bus link was down when it was published); this update's
+	// loss shows in seq, and a gateway that receives it delivers the
+	// session's updates to that connection from it on, as the announcement
+	// would have had it.
+	TurnStartedBy string `protobuf:"bytes,7,opt,name=turn_started_by,json=turnStartedBy,proto3" json:"turn_started_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -339,6 +348,13 @@ func (x *SessionUpdate) GetRenumbered() bool {
 		return x.Renumbered
 	}
 	return false
+}
+
+func (x *SessionUpdate) GetTurnStartedBy() string {
+	if x != nil {
+		return x.TurnStartedBy
+	}
+	return ""
 }
 
 // AskRequest asks one client connection something through the gateway
@@ -591,7 +607,7 @@ const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\rConfigChanged\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
 	"\x05props\x18\x02 \x03(\tR\x05props\x12\x18\n" +
-	"\ahistory\x18\x03 \x01(\tR\ahistory\"\xca\x01\n" +
+	"\ahistory\x18\x03 \x01(\tR\ahistory\"\xf2\x01\n" +
 	"\rSessionUpdate\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12/\n" +
@@ -601,7 +617,8 @@ const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\rconnection_id\x18\x05 \x01(\tR\fconnectionId\x12\x1e\n" +
 	"\n" +
 	"renumbered\x18\x06 \x01(\bR\n" +
-	"renumbered\"d\n" +
+	"renumbered\x12&\n" +
+	"\x0fturn_started_by\x18\a \x01(\tR\rturnStartedBy\"d\n" +
 	"\n" +
 	"AskRequest\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x1f\n" +
