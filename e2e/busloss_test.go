@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -346,5 +347,72 @@ func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 	}
 	if idleKinds["agent_message_chunk"] != 2 || idleKinds["turn_complete"] != 1 {
 		t.Fatalf("the resumed session's next turn streamed %v", idleKinds)
+	}
+}
+
+// The bus server goes away between two turns of a session, and the
+// session service is restarted as it comes back (stopped as the launcher
+// stops it, its numbers stored): when the gateway's link is back, the
+// session service does not answer, then the new one answers the numbers
+// the old one stored, those the connection following the session
+// received. The
+// connection is kept and streams the next turn whole. Before, the
+// gateway's first UpdateSeqs call failed while the service restarted,
+// and every connection following a session was closed, nothing lost.
+func TestBusBackAcrossASessionServiceRestartKeepsFollowers(t *testing.T) {
+	t.Parallel()
+	b := startOnExternalBus(t)
+	c := b.s.Dial(t)
+	c.Timeout = 60 * time.Second
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	session, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := updateKinds{}
+	onUpdates(c, kinds, make(chan struct{}, 1))
+	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two"}); err != nil {
+		t.Fatal(err)
+	}
+
+	pid := b.s.PIDOf("session")
+	if pid == 0 {
+		t.Fatal("no session service")
+	}
+	b.shutdown()
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, inHealth, _, err := gatewayWord(c)
+		if err != nil {
+			return err
+		}
+		if inHealth != "not_serving" {
+			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
+		}
+		return nil
+	})
+	// The session service is stopping when the bus comes back: the
+	// gateway's check finds it restarting.
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	b.start()
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+		log := readLog(t, b.s, "gateway")
+		if strings.Contains(log, "closing connection: session updates may have been lost") {
+			t.Fatalf("the gateway closed the connection following a session that lost nothing:\n%s", log)
+		}
+		if !strings.Contains(log, "lost no update: their followers stay") {
+			return errors.New("the gateway has not logged its check after the reconnect")
+		}
+		return nil
+	})
+	clear(kinds)
+	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say three four five"}); err != nil {
+		t.Fatalf("the connection following the session, after the bus came back: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
+	}
+	if kinds["agent_message_chunk"] != 3 || kinds["turn_complete"] != 1 {
+		t.Fatalf("the next turn streamed %v", kinds)
 	}
 }

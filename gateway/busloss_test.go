@@ -93,6 +93,7 @@ func newLossRigOn(t *testing.T, url string, seqs *fakeSeqs) *lossRig {
 	r.follower, r.followerClient = open("follower")
 	r.idle, r.idleClient = open("idle")
 	t.Cleanup(func() {
+		h.close()
 		cancel()
 		for _, cs := range []*connState{r.follower, r.idle} {
 			h.detach(cs, "")

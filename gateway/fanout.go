@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -33,6 +34,12 @@ type hub struct {
 	// checked, when set (by a test, before the hub is used), is called
 	// once a reconnect's check has settled every session.
 	checked func()
+
+	// ctx ends with the hub (close): the reconnect checks under way,
+	// counted by checks, end with it.
+	ctx    context.Context
+	stop   context.CancelFunc
+	checks sync.WaitGroup
 
 	mu     sync.Mutex
 	topics map[string]*topic // by session id, of its latest incarnation
@@ -86,6 +93,7 @@ func (t *topic) has(cs *connState) bool {
 // reconnected, which asks seqs.
 func newHub(nc *nats.Conn, log *zap.Logger, seqs updateSeqsFunc) *hub {
 	h := &hub{nc: nc, log: log, seqs: seqs, topics: map[string]*topic{}}
+	h.ctx, h.stop = context.WithCancel(context.Background())
 	if nc != nil {
 		prevDown := nc.DisconnectErrHandler()
 		nc.SetDisconnectErrHandler(func(nc *nats.Conn, err error) {

@@ -240,6 +240,10 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 // Close releases the service connections and the listener (Run closes
 // the listener itself when it serves).
 func (g *Gateway) Close() {
+	if g.hub != nil {
+		// Its reconnect checks call the session service.
+		g.hub.close()
+	}
 	for _, cc := range g.conns {
 		cc.Close()
 	}

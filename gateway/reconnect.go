@@ -31,6 +31,14 @@ var (
 	// reconnectPoll is how often a session behind the service's number is
 	// looked at again while its updates arrive.
 	reconnectPoll = 10 * time.Millisecond
+	// reconnectAskAgain is how often the session service is asked again
+	// while it cannot answer (restarting) or answers that its own bus
+	// link is down (its updates wait in its connection's buffer: none is
+	// lost yet). reconnectUnanswered bounds how long it may not answer: a
+	// restart of the session service takes a few seconds; past the
+	// bound, the followers it could not vouch for are closed.
+	reconnectAskAgain   = time.Second
+	reconnectUnanswered = 30 * time.Second
 )
 
 // followCheck is one session's part of the check: its topic, the last
@@ -72,12 +80,27 @@ type followCheck struct {
 //     see disconnected) but published something cannot be told from one
 //     whose every update was lost.
 //
-// Anything not proven whole (the service unreachable or answering -1,
-// the deadline passed) has its followers closed, as every follower was
-// before this check: closing every connection at each reconnect made a
-// 50 ms blip of the bus end every client's connection. The check runs
-// apart from nats.go's callback goroutine and from dispatch, which goes
-// on delivering meanwhile. Connections that follow nothing stay open.
+// While the session service's own bus link is down (its answer not
+// flushed), its updates wait in its connection's buffer and none is lost
+// yet: it is asked again every reconnectAskAgain for as long as it says
+// so, and the sessions it has not caught up on stay pending, their
+// followers open. Closed at a fixed 10 s, the followers of every session
+// it had published on were closed with nothing lost whenever its link
+// took longer to come back than the gateway's. An unanswered call (the
+// service restarting) is made again too, up to reconnectUnanswered: a
+// service that restarted and published nothing since answers its stored
+// numbers, and the followers of sessions it lost nothing of stay. A new
+// drop of the gateway's link ends the check: the next reconnect's check
+// takes its sessions over, from what they received by that drop
+// (droppedAgain).
+//
+// Anything not proven whole (the service unreachable past its bound or
+// answering -1, the deadline of a flushed answer passed) has its
+// followers closed, as every follower was before this check: closing
+// every connection at each reconnect made a 50 ms blip of the bus end
+// every client's connection. The check runs apart from nats.go's
+// callback goroutine and from dispatch, which goes on delivering
+// meanwhile. Connections that follow nothing stay open.
 func (h *hub) reconnected() {
 	h.mu.Lock()
 	checks := make([]*followCheck, 0, len(h.topics))
@@ -100,8 +123,34 @@ func (h *hub) reconnected() {
 		}
 		t.mu.Unlock()
 	}
+	gen := h.drops
+	h.checks.Add(1)
 	h.mu.Unlock()
-	go h.checkFollows(checks)
+	go func() {
+		defer h.checks.Done()
+		h.checkFollows(checks, gen)
+	}()
+}
+
+// droppedAgain reports whether the bus link went down again since the
+// drop numbered gen, or is down now: the check of the reconnect that
+// follows takes the sessions over, from what they received by then.
+// Closing their followers for it instead closed them, nothing lost, at
+// every drop that came while a check was under way.
+func (h *hub) droppedAgain(gen int64) bool {
+	if !h.nc.IsConnected() {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.drops != gen
+}
+
+// close ends the reconnect checks under way, their followers left as
+// they are (the gateway is stopping), and waits for them.
+func (h *hub) close() {
+	h.stop()
+	h.checks.Wait()
 }
 
 // disconnected notes each topic's place in its stream as the bus link
@@ -123,24 +172,28 @@ func (h *hub) disconnected() {
 	}
 }
 
-// checkFollows is reconnected's check of checks, bounded by
-// reconnectCheckTimeout and reconnectParallel calls at a time.
-func (h *hub) checkFollows(checks []*followCheck) {
+// checkFollows is reconnected's check of checks after the drop numbered
+// gen, reconnectParallel calls at a time.
+func (h *hub) checkFollows(checks []*followCheck, gen int64) {
 	if h.checked != nil {
 		defer h.checked()
 	}
 	if len(checks) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), reconnectCheckTimeout)
-	defer cancel()
 	if h.seqs == nil {
 		h.loseAll(checks)
 		return
 	}
 	// The subscriptions nats.go sent again on reconnecting are in place
 	// at the server once this round trip is done.
-	if err := h.nc.FlushWithContext(ctx); err != nil {
+	fctx, cancel := context.WithTimeout(h.ctx, reconnectCheckTimeout)
+	err := h.nc.FlushWithContext(fctx)
+	cancel()
+	if h.ctx.Err() != nil || err != nil && h.droppedAgain(gen) {
+		return
+	}
+	if err != nil {
 		h.log.Warn("bus subscriptions not confirmed after a reconnect: the connections following sessions are closed", zap.Error(err))
 		h.loseAll(checks)
 		return
@@ -155,7 +208,7 @@ func (h *hub) checkFollows(checks []*followCheck) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			h.checkBatch(ctx, batch)
+			h.checkBatch(batch, gen)
 		}()
 	}
 	wg.Wait()
@@ -165,72 +218,172 @@ func (h *hub) checkFollows(checks []*followCheck) {
 var errSeqsCount = errors.New("UpdateSeqs answered for another number of sessions than asked")
 
 // checkBatch asks the session service about batch and settles each of
-// its sessions: kept, or its followers closed.
-func (h *hub) checkBatch(ctx context.Context, batch []*followCheck) {
-	req := &sessionv1.UpdateSeqsRequest{Sessions: make([]*sessionv1.SessionIncarnation, len(batch))}
-	for i, c := range batch {
-		req.Sessions[i] = &sessionv1.SessionIncarnation{SessionId: c.id, Incarnation: c.t.incarnation}
-	}
-	resp, err := h.seqs(ctx, req)
-	if err == nil && len(resp.GetSeqs()) != len(batch) {
-		err = errSeqsCount
-	}
-	if err != nil {
-		h.log.Warn("session update seqs not read after a bus reconnect: the connections following the sessions are closed",
-			zap.Int("sessions", len(batch)), zap.Error(err))
-		h.loseAll(batch)
-		return
-	}
-	for i, c := range batch {
-		c.want = resp.GetSeqs()[i]
-	}
-	// Once the session service has flushed its updates up to the numbers
-	// (they are at the bus server), this round trip puts every one of
-	// them the server sent here in the subscriptions' queues: what is not
-	// received once those are empty was lost.
-	final := resp.GetFlushed()
-	if final {
-		if err := h.nc.FlushWithContext(ctx); err != nil {
-			h.log.Warn("bus link lost again while checking the sessions followed: the connections following them are closed", zap.Error(err))
-			h.loseAll(batch)
+// its sessions: kept, or its followers closed; or leaves them to a later
+// check, when the gateway's link went down again (gen is the drop this
+// check follows: see droppedAgain).
+func (h *hub) checkBatch(batch []*followCheck, gen int64) {
+	kept, pending := 0, batch
+	defer func() {
+		if kept > 0 {
+			h.log.Info("sessions followed across a bus reconnect lost no update: their followers stay", zap.Int("sessions", kept))
+		}
+	}()
+	unanswered := time.Now().Add(reconnectUnanswered)
+	for len(pending) > 0 {
+		resp, err := h.askSeqs(pending)
+		switch {
+		case h.ctx.Err() != nil:
+			return
+		case err != nil && !errors.Is(err, errSeqsCount) && time.Now().Before(unanswered):
+			h.log.Debug("session update seqs not read after a bus reconnect: asked again", zap.Error(err))
+		case err != nil:
+			h.log.Warn("session update seqs not read after a bus reconnect: the connections following the sessions are closed",
+				zap.Int("sessions", len(pending)), zap.Error(err))
+			h.loseAll(pending)
+			return
+		case resp.GetFlushed():
+			kept += h.settle(pending, resp.GetSeqs(), gen)
+			return
+		default:
+			// The session service's own link is down: what it published
+			// up to its numbers waits in its buffer, not lost (or, if
+			// its buffer refused some, a hole its next answer shows).
+			// Only what is proven now is settled.
+			for i, c := range pending {
+				c.want = resp.GetSeqs()[i]
+			}
+			var n int
+			n, pending = h.settleSoFar(pending)
+			kept += n
+			unanswered = time.Now().Add(reconnectUnanswered)
+		}
+		if len(pending) == 0 {
+			return
+		}
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-time.After(reconnectAskAgain):
+		}
+		if h.droppedAgain(gen) {
 			return
 		}
 	}
+}
+
+// askSeqs is one UpdateSeqs call about checks.
+func (h *hub) askSeqs(checks []*followCheck) (*sessionv1.UpdateSeqsResponse, error) {
+	req := &sessionv1.UpdateSeqsRequest{Sessions: make([]*sessionv1.SessionIncarnation, len(checks))}
+	for i, c := range checks {
+		req.Sessions[i] = &sessionv1.SessionIncarnation{SessionId: c.id, Incarnation: c.t.incarnation}
+	}
+	ctx, cancel := context.WithTimeout(h.ctx, reconnectCheckTimeout)
+	defer cancel()
+	resp, err := h.seqs(ctx, req)
+	if err == nil && len(resp.GetSeqs()) != len(checks) {
+		err = errSeqsCount
+	}
+	return resp, err
+}
+
+// settleSoFar keeps or closes the followers of each of checks that
+// c.want, the number the session service answered without having
+// flushed, proves whole or not known, and returns how many it kept and
+// the rest.
+func (h *hub) settleSoFar(checks []*followCheck) (kept int, rest []*followCheck) {
+	rest = checks[:0:0]
+	for _, c := range checks {
+		switch h.judge(c, false) {
+		case whole:
+			kept++
+		case behind:
+			rest = append(rest, c)
+		}
+	}
+	return kept, rest
+}
+
+// A verdict is judge's.
+type verdict int
+
+const (
+	behind verdict = iota // not all received yet, none known lost
+	whole
+	lost // its followers closed
+)
+
+// judge tells what c.want proves of c's stream, and closes its followers
+// when it is lost; drained says its subscription's queue was seen empty
+// (before c's seq is read: a queue seen empty holds nothing the seq read
+// after it has not counted) once the service's updates up to c.want were
+// at the bus server and a round trip of the gateway's was done.
+func (h *hub) judge(c *followCheck, drained bool) verdict {
+	switch {
+	case c.want >= 0 && c.want == c.t.base:
+		// The session published nothing since before it was followed:
+		// there was nothing to lose.
+		return whole
+	case c.want < 0, c.seen == 0 && c.want != 0:
+		// Not known, or nothing received since the session was
+		// followed: a stream whose every update was lost looks the
+		// same.
+		h.lose(c)
+		return lost
+	case c.t.seq() >= c.want:
+		// Every update up to the number was received: a hole among
+		// them, dispatch closed the followers for.
+		return whole
+	case drained:
+		h.lose(c)
+		return lost
+	}
+	return behind
+}
+
+// settle keeps or closes the followers of each of checks, given seqs,
+// the numbers the session service answered once every update up to them
+// was at the bus server (flushed), within reconnectCheckTimeout; or
+// leaves them to a later check (droppedAgain).
+func (h *hub) settle(checks []*followCheck, seqs []int64, gen int64) (kept int) {
+	ctx, cancel := context.WithTimeout(h.ctx, reconnectCheckTimeout)
+	defer cancel()
+	for i, c := range checks {
+		c.want = seqs[i]
+	}
+	// With every update up to the numbers at the bus server, this round
+	// trip puts every one of them the server sent here in the
+	// subscriptions' queues: what is not received once those are empty
+	// was lost.
+	if err := h.nc.FlushWithContext(ctx); err != nil {
+		if h.ctx.Err() != nil || h.droppedAgain(gen) {
+			return 0
+		}
+		h.log.Warn("bus link lost again while checking the sessions followed: the connections following them are closed", zap.Error(err))
+		h.loseAll(checks)
+		return 0
+	}
 	tick := time.NewTicker(reconnectPoll)
 	defer tick.Stop()
-	kept, pending := 0, batch
+	pending := checks
 	for len(pending) > 0 {
-		behind := pending[:0]
+		later := pending[:0]
 		for _, c := range pending {
-			// Read before the seq: a queue seen empty holds nothing
-			// the seq read after it has not counted.
-			drained := final && c.t.drained()
-			switch {
-			case c.want >= 0 && c.want == c.t.base:
-				// The session published nothing since before it was
-				// followed: there was nothing to lose.
+			switch h.judge(c, c.t.drained()) {
+			case whole:
 				kept++
-			case c.want < 0, c.seen == 0 && c.want != 0:
-				// Not known, or nothing received since the session was
-				// followed: a stream whose every update was lost looks
-				// the same.
-				h.lose(c)
-			case c.t.seq() >= c.want:
-				// Every update up to the number was received: a hole
-				// among them, dispatch closed the followers for.
-				kept++
-			case drained:
-				h.lose(c)
-			default:
-				behind = append(behind, c)
+			case behind:
+				later = append(later, c)
 			}
 		}
-		pending = behind
+		pending = later
 		if len(pending) == 0 {
 			break
 		}
 		select {
 		case <-ctx.Done():
+			if h.ctx.Err() != nil {
+				return kept
+			}
 			for _, c := range pending {
 				h.lose(c)
 			}
@@ -238,9 +391,7 @@ func (h *hub) checkBatch(ctx context.Context, batch []*followCheck) {
 		case <-tick.C:
 		}
 	}
-	if kept > 0 {
-		h.log.Info("sessions followed across a bus reconnect lost no update: their followers stay", zap.Int("sessions", kept))
-	}
+	return kept
 }
 
 // drained reports whether t's subscription has no update queued or in

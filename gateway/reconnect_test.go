@@ -25,6 +25,17 @@ type fakeSeqs struct {
 	mu   sync.Mutex
 	last map[string]int64
 	err  error
+	// failures is how many calls fail (unavailable) before it answers;
+	// unflushed, it answers as a service whose own bus link is down.
+	failures  int
+	unflushed bool
+	calls     int
+}
+
+func (f *fakeSeqs) set(fn func(f *fakeSeqs)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
 }
 
 func (f *fakeSeqs) published(sessionID string, seq int64) {
@@ -39,11 +50,16 @@ func (f *fakeSeqs) published(sessionID string, seq int64) {
 func (f *fakeSeqs) UpdateSeqs(_ context.Context, req *sessionv1.UpdateSeqsRequest, _ ...grpc.CallOption) (*sessionv1.UpdateSeqsResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.calls++
 	if f.err != nil {
 		return nil, f.err
 	}
+	if f.failures > 0 {
+		f.failures--
+		return nil, errors.New("session service unavailable")
+	}
 	// The rig's publisher flushes before the bus drop is undone.
-	resp := &sessionv1.UpdateSeqsResponse{Flushed: true}
+	resp := &sessionv1.UpdateSeqsResponse{Flushed: !f.unflushed}
 	for _, s := range req.GetSessions() {
 		resp.Seqs = append(resp.Seqs, f.last[s.GetSessionId()])
 	}
@@ -270,9 +286,20 @@ func TestBusDropClosesOnlyFollowersOfStreamsWithAHole(t *testing.T) {
 	r.idleStaysOpen()
 }
 
+// shortAsks makes a check ask the session service again every 20 ms, and
+// take an answer it does not get for 300 ms for none (and a flushed
+// answer's updates not received for 300 ms for lost), for one test.
+func shortAsks(t *testing.T) {
+	again, unanswered, timeout := reconnectAskAgain, reconnectUnanswered, reconnectCheckTimeout
+	reconnectAskAgain, reconnectUnanswered, reconnectCheckTimeout = 20*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
+	t.Cleanup(func() { reconnectAskAgain, reconnectUnanswered, reconnectCheckTimeout = again, unanswered, timeout })
+}
+
 // The session service cannot say what it published: every follower is
-// closed, as before the check, rather than kept on a guess.
+// closed, as before the check, rather than kept on a guess, once it has
+// not answered for reconnectUnanswered.
 func TestBusDropWithoutSessionServiceClosesFollowers(t *testing.T) {
+	shortAsks(t)
 	srv := testenv.StartNATS(t)
 	r := newLossRigOn(t, srv.URL(), &fakeSeqs{err: errors.New("session service unavailable")})
 	r.publish(1, true)
@@ -343,6 +370,94 @@ func TestTurnStartLostOnTheBusUnmutesItsPrompterAtTheTurnsFirstUpdate(t *testing
 	}
 	if !isOpen(prompter) || !isOpen(r.follower) {
 		t.Fatal("a follower was closed")
+	}
+	r.idleStaysOpen()
+}
+
+// The session service does not answer at once when the gateway's bus
+// link comes back (it is restarting), then answers its numbers, those
+// the follower received: nothing was lost, and the follower stays.
+// Before, the first failed call closed every follower.
+func TestBusDropKeepsFollowersWhileTheSessionServiceRestarts(t *testing.T) {
+	shortAsks(t)
+	srv := testenv.StartNATS(t)
+	seqs := &fakeSeqs{failures: 3}
+	r := newLossRigOn(t, srv.URL(), seqs)
+	br := bufio.NewReader(r.followerClient)
+	r.publish(1, true)
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSeqs(t, r.followerClient, br, 1); fmt.Sprint(got) != "[1]" {
+		t.Fatalf("seqs %v", got)
+	}
+	r.dropGateway(srv)()
+	if !isOpen(r.follower) {
+		t.Fatal("the follower of a session that lost nothing was closed while the session service restarted")
+	}
+	seqs.set(func(f *fakeSeqs) {
+		if f.calls != 4 {
+			t.Errorf("the session service was asked %d times, want 4 (3 unanswered)", f.calls)
+		}
+	})
+	for seq := int64(2); seq <= 3; seq++ {
+		r.publish(seq, seq == 3)
+	}
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSeqs(t, r.followerClient, br, 2); fmt.Sprint(got) != "[2 3]" {
+		t.Fatalf("next turn: seqs %v", got)
+	}
+	r.idleStaysOpen()
+}
+
+// The session service's own bus link is down longer than the gateway's:
+// when the gateway asks, it has published updates the follower has not
+// received, which wait in its connection's buffer (its answer is not
+// flushed), and it says so for longer than a flushed answer's deadline.
+// Once its link is back they arrive: nothing was lost, and the follower
+// stays and has them all, in order. Before, the follower was closed
+// 10 s after the gateway's reconnect (reconnectCheckTimeout), nothing
+// lost.
+func TestBusDropKeepsFollowersWhileTheSessionServicesLinkIsDown(t *testing.T) {
+	shortAsks(t)
+	srv := testenv.StartNATS(t)
+	seqs := &fakeSeqs{}
+	r := newLossRigOn(t, srv.URL(), seqs)
+	br := bufio.NewReader(r.followerClient)
+	r.publish(1, false)
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSeqs(t, r.followerClient, br, 1); fmt.Sprint(got) != "[1]" {
+		t.Fatalf("seqs %v", got)
+	}
+	// 2 and 3 are published, as far as the session service knows, and
+	// wait in its buffer.
+	seqs.set(func(f *fakeSeqs) { f.unflushed = true })
+	seqs.published(r.sessionID, 3)
+	back := r.dropGateway(srv)
+	r.waitConnected()
+	time.Sleep(3 * reconnectCheckTimeout)
+	if !isOpen(r.follower) {
+		t.Fatal("the follower was closed while the session service's updates waited in its buffer")
+	}
+	// Its link is back: the buffered updates go out, and it answers
+	// flushed.
+	for seq := int64(2); seq <= 3; seq++ {
+		r.publish(seq, seq == 3)
+	}
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	seqs.set(func(f *fakeSeqs) { f.unflushed = false })
+	back()
+	if got := readSeqs(t, r.followerClient, br, 2); fmt.Sprint(got) != "[2 3]" {
+		t.Fatalf("the buffered updates: seqs %v", got)
+	}
+	if !isOpen(r.follower) {
+		t.Fatal("the follower was closed")
 	}
 	r.idleStaysOpen()
 }
