@@ -23,6 +23,16 @@ import (
 // dropped, as a version before it left it) is one; a restart after it,
 // and a first start, say nothing more than "is up". It was said only in
 // the session service's log under <data>/logs.
+// The session schema's newest migration undone, and the line its redo
+// prints: a new migration there means a new undo here (the line names
+// the two newest).
+const (
+	undoNewestSessionMigration = `DROP INDEX session.turns_idempotency;
+		ALTER TABLE session.turns DROP COLUMN idempotency_key;
+		DELETE FROM session.schema_migrations WHERE version = 11`
+	newestSessionUpgrade = "database upgraded: session 0010_message_turn → 0011_turn_idempotency (a clawmesh older than this one can no longer open it)"
+)
+
 func TestUpgradeIsToldOnTheTerminal(t *testing.T) {
 	t.Parallel()
 	url := testenv.Postgres(t)
@@ -43,17 +53,14 @@ func TestUpgradeIsToldOnTheTerminal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	// The session schema's newest migration undone: a new migration
-	// there means a new undo here (the want line names the two newest).
-	if _, err := conn.Exec(ctx, `DROP TABLE session.session_file_uploads;
-		DELETE FROM session.schema_migrations WHERE version = 9`); err != nil {
+	if _, err := conn.Exec(ctx, undoNewestSessionMigration); err != nil {
 		t.Fatal(err)
 	}
 
 	s = e2e.Start(t, opts)
 	s.Stop()
 	out := s.Stdout()
-	want := "database upgraded: session 0008_turn_shown_steps → 0009_file_uploads (a clawmesh older than this one can no longer open it)"
+	want := newestSessionUpgrade
 	if !strings.Contains(out, want) {
 		t.Fatalf("the start that upgraded the database printed:\n%s\nwant the line %q", out, want)
 	}
@@ -88,9 +95,7 @@ func TestUpgradeIsToldWhenTheStartFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	// As in TestUpgradeIsToldOnTheTerminal.
-	if _, err := conn.Exec(ctx, `DROP TABLE session.session_file_uploads;
-		DELETE FROM session.schema_migrations WHERE version = 9`); err != nil {
+	if _, err := conn.Exec(ctx, undoNewestSessionMigration); err != nil {
 		t.Fatal(err)
 	}
 
@@ -115,7 +120,7 @@ func TestUpgradeIsToldWhenTheStartFails(t *testing.T) {
 	if err := cmd.Run(); err == nil || !strings.Contains(stderr.String(), "a test's gateway") {
 		t.Fatalf("the start with a gateway that cannot run: %v\n%s", err, stderr.String())
 	}
-	want := "database upgraded: session 0008_turn_shown_steps → 0009_file_uploads (a clawmesh older than this one can no longer open it)"
+	want := newestSessionUpgrade
 	if out := stdout.String(); strings.Count(out, "database upgraded") != 1 || !strings.Contains(out, want) || strings.Contains(out, "is up") {
 		t.Fatalf("the failed start that upgraded the database printed:\n%s\nwant the line %q alone", out, want)
 	}

@@ -350,7 +350,9 @@ func (s *Server) StartTurn(ctx context.Context, req *sessionv1.StartTurnRequest)
 	}
 	ls, release := s.hold(ctx, row)
 	defer release() // a running turn keeps the entry from eviction itself
-	t, err := s.admit(ctx, ls, &sessionv1.PromptRequest{Principal: req.GetPrincipal(), SessionId: row.ID, Prompt: req.GetPrompt()}, req.GetPrompt())
+	// No idempotency key: the bridge's requests are deduplicated by
+	// their request ids (durablebridge), so admit never replays here.
+	t, _, err := s.admit(ctx, ls, &sessionv1.PromptRequest{Principal: req.GetPrincipal(), SessionId: row.ID, Prompt: req.GetPrompt()}, req.GetPrompt())
 	if err != nil {
 		return nil, err
 	}

@@ -98,7 +98,7 @@ func TestHoldOfAReplacedIncarnation(t *testing.T) {
 	if h.srv.lookupLive(id) != newLive {
 		t.Fatal("a row of the deleted session replaced the new session's entry")
 	}
-	_, err := h.srv.admit(ctx, stale, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say hi"}, "/say hi")
+	_, _, err := h.srv.admit(ctx, stale, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say hi"}, "/say hi")
 	wantRefusal(t, err, codes.NotFound, rpcerr.ReasonSessionNotFound, id)
 	// The new session runs.
 	h.prompt(alice, id, "/say hi")

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -27,6 +28,12 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 		}
 		return nil, errInvalid("`prompt` is required")
 	}
+	if key := req.GetIdempotencyKey(); key != "" && !ids.Token(key) {
+		if err := requirePrincipal(req.GetPrincipal()); err != nil {
+			return nil, err
+		}
+		return nil, errInvalid("`idempotency_key` " + ids.ErrFormat.Error())
+	}
 	row, err := s.owned(ctx, req.GetPrincipal(), id)
 	if err != nil {
 		return nil, err
@@ -45,9 +52,13 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 	}
 	ls, release := s.hold(ctx, row)
 	defer release()
-	t, err := s.admit(ctx, ls, req, prompt)
+	t, replay, err := s.admit(ctx, ls, req, prompt)
 	if err != nil {
 		return nil, err
+	}
+	if replay != nil {
+		return &sessionv1.PromptResponse{SessionId: id, TurnId: replay.ID, Outcome: outcomeEnum[replay.Outcome],
+			StopReason: replay.StopReason, Content: replay.Content, Replayed: true}, nil
 	}
 	stop := context.AfterFunc(ctx, func() { t.cancel(ErrCallerGone) })
 	defer stop()
@@ -66,36 +77,43 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 var admitTimeout = 10 * time.Second
 
 // admit starts a turn on ls unless one is running or the session ended.
-func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.PromptRequest, prompt string) (*turn, error) {
+// A prompt whose idempotency key a turn of the session completed or
+// failed with starts none: that turn is returned (replay) instead.
+func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.PromptRequest, prompt string) (*turn, *keyedTurn, error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, admitTimeout)
 	defer cancel()
 	if ls.deleting {
-		return nil, errSessionNotFound(ls.id)
+		return nil, nil, errSessionNotFound(ls.id)
 	}
 	if ls.turn != nil {
-		return nil, errSessionBusy(ls.id)
+		return nil, nil, errSessionBusy(ls.id)
 	}
 	if ls.ending != "" {
-		return nil, errSessionEnded(ls.id, ls.ending)
+		return nil, nil, errSessionEnded(ls.id, ls.ending)
 	}
 	// Read again under the lock: the state may have changed since.
 	row, err := s.store.session(ctx, ls.id)
 	if errors.Is(err, errNoRow) {
-		return nil, errSessionNotFound(ls.id)
+		return nil, nil, errSessionNotFound(ls.id)
 	}
 	if err != nil {
-		return nil, admitError(err)
+		return nil, nil, admitError(err)
 	}
 	if row.State == stateClosed || row.State == stateKilled {
-		return nil, errSessionEnded(ls.id, row.State)
+		return nil, nil, errSessionEnded(ls.id, row.State)
+	}
+	key := req.GetIdempotencyKey()
+	resume, replay, err := s.keyed(ctx, ls, key)
+	if err != nil || replay != nil {
+		return nil, replay, err
 	}
 
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, errShuttingDown
+		return nil, nil, errShuttingDown
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -105,6 +123,9 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 			s.wg.Done()
 		}
 	}()
+	if resume {
+		s.log.Info("turn resumed: its message was delivered again", zap.String("session_id", ls.id), zap.String("idempotency_key", key))
+	}
 
 	t := &turn{
 		id: ids.New("turn_"), ls: ls, alias: row.AgentAlias, surface: row.Surface, principal: req.GetPrincipal(),
@@ -120,10 +141,13 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	reserve := ls.seqToReserve()
 	next, err := s.store.beginTurn(ctx, turnStart{
 		SessionID: ls.id, TurnID: t.id, ConnID: t.connID, Surface: t.surface, Prompt: prompt, Generation: t.gen,
-		ReserveSeq: reserve,
+		ReserveSeq: reserve, Key: key, Resume: resume,
 	})
+	if errors.Is(err, errClosedMeanwhile) {
+		return nil, nil, errSessionEnded(ls.id, stateClosed)
+	}
 	if err != nil {
-		return nil, admitError(err)
+		return nil, nil, admitError(err)
 	}
 	ls.seqReservedUpTo(reserve)
 	t.ctx, t.cancel = context.WithCancelCause(s.base)
@@ -133,7 +157,43 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	started = true
 	s.publishTurnStarted(ls, t.connID)
 	go s.runTurn(t)
-	return t, nil
+	return t, nil, nil
+}
+
+// keyed decides what a prompt with idempotency key does, by the
+// session's latest turn with it: nothing (none, resume false), resume a
+// cut one (resume), or answer with a finished one (replay). A message
+// delivered again (a channel's, after a rebind or a restart cut its
+// turn) ran its turn a second time, and a tool with side effects acted
+// twice for one message. A cut turn is resumed, not replayed: its
+// sender has no answer yet. Interrupted by a restart of this service, a
+// turn of a surface recovery does not restore (restoredSurfaces) is
+// restored now: its calls that never got a result get one saying so,
+// and its events come into the retained context, so the provider sees
+// what ran. A call cut while it ran is thus reported cancelled, never
+// run again blindly: it may have acted. ls.mu is held.
+func (s *Server) keyed(ctx context.Context, ls *liveSession, key string) (resume bool, replay *keyedTurn, err error) {
+	if key == "" {
+		return false, nil, nil
+	}
+	prev, err := s.store.keyedTurn(ctx, ls.id, key)
+	switch {
+	case err != nil:
+		return false, nil, admitError(err)
+	case !prev.Found:
+		return false, nil, nil
+	case prev.State == turnRunning:
+		// Left running by a process whose recovery has not ended it.
+		return false, nil, errSessionBusy(ls.id)
+	case prev.State == turnDone && prev.Outcome != OutcomeCancelled:
+		return false, &prev, nil
+	case prev.State == turnInterrupted:
+		it := interruptedTurn{SessionID: ls.id, TurnID: prev.ID, Surface: prev.Surface, Generation: prev.Generation}
+		if _, err := s.store.recoverTurn(ctx, it, true, interruptedMarker); err != nil {
+			return false, nil, admitError(err)
+		}
+	}
+	return true, nil, nil
 }
 
 // admitError says a database that did not answer in time so.

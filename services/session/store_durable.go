@@ -128,32 +128,63 @@ type turnStart struct {
 	// ReserveSeq, when not 0, raises the session's stored update
 	// sequence bound to it (reserveSeqSQL) in the same transaction.
 	ReserveSeq int64
+	// Key is the message the turn answers (PromptRequest's
+	// idempotency_key), if any.
+	Key string
+	// Resume starts the turn as the continuation of a cut turn of the
+	// same Key: its prompt is in the transcript and the retained context
+	// already, and is not added again.
+	Resume bool
 }
+
+// errClosedMeanwhile: the session was closed or killed between admit's
+// read of its row and the turn's start (another process's close, or a
+// bound of its surface closing it to make room: admitOpen).
+var errClosedMeanwhile = errors.New("session ended before the turn started")
 
 // beginTurn records a running turn in one transaction: its row, the
 // session running, the prompt in the transcript and as the turn's first
-// checkpoint event. It returns the next free event number.
+// checkpoint event (not when it resumes a cut turn: b.Resume). It returns
+// the next free event number; errClosedMeanwhile when the session is no
+// longer open.
 func (st *store) beginTurn(ctx context.Context, b turnStart) (int64, error) {
 	var next int64
 	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO turns (turn_id, session_id, connection_id, client_turn_generation, interaction_surface)
-			VALUES ($1, $2, $3, $4, $5)`, b.TurnID, b.SessionID, b.ConnID, b.Generation, b.Surface); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO turns (turn_id, session_id, connection_id, client_turn_generation, interaction_surface, idempotency_key)
+			VALUES ($1, $2, $3, $4, $5, $6)`, b.TurnID, b.SessionID, b.ConnID, b.Generation, b.Surface, b.Key); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "UPDATE sessions SET state = 'running', updated_at = now() WHERE session_id = $1 AND state = 'idle'", b.SessionID); err != nil {
+		tag, err := tx.Exec(ctx, "UPDATE sessions SET state = 'running', updated_at = now() WHERE session_id = $1 AND state = 'idle'", b.SessionID)
+		if err != nil {
 			return err
+		}
+		if tag.RowsAffected() == 0 {
+			// A turn in a closed session ran with nobody counting it
+			// open: admitOpen closes idle sessions of a bounded
+			// surface from any process, after admit read the row.
+			var state string
+			if err := tx.QueryRow(ctx, "SELECT state FROM sessions WHERE session_id = $1", b.SessionID).Scan(&state); err != nil {
+				return err
+			}
+			if state == stateClosed || state == stateKilled {
+				return errClosedMeanwhile
+			}
 		}
 		if b.ReserveSeq != 0 {
 			if _, err := tx.Exec(ctx, reserveSeqSQL, b.SessionID, b.ReserveSeq); err != nil {
 				return err
 			}
 		}
-		// The turn's row is in this transaction: the prompt row names it.
-		if _, err := appendMessageTx(ctx, tx, b.SessionID, b.TurnID, roleUser, b.Prompt); err != nil {
-			return err
-		}
 		seq, err := nextEventSeq(ctx, tx, b.SessionID)
 		if err != nil {
+			return err
+		}
+		if b.Resume {
+			next = seq
+			return nil
+		}
+		// The turn's row is in this transaction: the prompt row names it.
+		if _, err := appendMessageTx(ctx, tx, b.SessionID, b.TurnID, roleUser, b.Prompt); err != nil {
 			return err
 		}
 		next = seq + 1
@@ -163,6 +194,31 @@ func (st *store) beginTurn(ctx context.Context, b turnStart) (int64, error) {
 		return 0, fmt.Errorf("start turn: %w", err)
 	}
 	return next, nil
+}
+
+// keyedTurn is the latest turn of a session that answered an
+// idempotency key.
+type keyedTurn struct {
+	Found                                   bool
+	ID, State, Outcome, StopReason, Content string
+	Surface                                 string
+	Generation                              *int64
+}
+
+// keyedTurn reads the latest turn of session id started with key.
+func (st *store) keyedTurn(ctx context.Context, id, key string) (keyedTurn, error) {
+	var k keyedTurn
+	err := st.db.QueryRow(ctx, `SELECT turn_id, state, outcome, stop_reason, content, interaction_surface, client_turn_generation
+		FROM turns WHERE session_id = $1 AND idempotency_key = $2 ORDER BY started_at DESC LIMIT 1`, id, key).Scan(
+		&k.ID, &k.State, &k.Outcome, &k.StopReason, &k.Content, &k.Surface, &k.Generation)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return k, nil
+	case err != nil:
+		return k, fmt.Errorf("read the turn of an idempotency key: %w", err)
+	}
+	k.Found = true
+	return k, nil
 }
 
 // storedMessage is one message of a snapshot, as JSON.
@@ -288,7 +344,9 @@ type recovered struct {
 // so it happens exactly once. With restore, the checkpoint's visible
 // progress goes into the transcript (a result for a call that never got
 // one, the text so far) followed by marker; without, the turn is marked
-// interrupted and its rows are left as they are.
+// interrupted and its rows are left as they are. A turn marked so is
+// restored later (restore) when its surface resumes it (a prompt with
+// its idempotency key).
 func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bool, marker string) (recovered, error) {
 	var rec recovered
 	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
@@ -296,7 +354,7 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 		var state string
 		var shownSteps int
 		err := tx.QueryRow(ctx, "SELECT state, shown_steps FROM turns WHERE turn_id = $1 FOR UPDATE", it.TurnID).Scan(&state, &shownSteps)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && state != turnRunning) {
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && state != turnRunning && !(restore && state == turnInterrupted)) {
 			return nil
 		}
 		if err != nil {

@@ -438,8 +438,16 @@ type NewSessionRequest struct {
 	SessionId          string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	InteractionSurface string `protobuf:"bytes,5,opt,name=interaction_surface,json=interactionSurface,proto3" json:"interaction_surface,omitempty"`
 	ConnectionId       string `protobuf:"bytes,6,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// max_open_of_surface, when set (the operator's channel conversations:
+	// channels.plugin.<alias>.max_sessions), bounds the sessions of
+	// interaction_surface the principal has open, whichever process opens
+	// them: at the bound, the least recently active idle one is closed (its
+	// history kept) in the same transaction that opens this one, and when
+	// every one runs a turn the call is refused with SESSION_BUSY. Honoured
+	// for the operator principal only.
+	MaxOpenOfSurface int32 `protobuf:"varint,7,opt,name=max_open_of_surface,json=maxOpenOfSurface,proto3" json:"max_open_of_surface,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NewSessionRequest) Reset() {
@@ -512,6 +520,13 @@ func (x *NewSessionRequest) GetConnectionId() string {
 		return x.ConnectionId
 	}
 	return ""
+}
+
+func (x *NewSessionRequest) GetMaxOpenOfSurface() int32 {
+	if x != nil {
+		return x.MaxOpenOfSurface
+	}
+	return 0
 }
 
 type NewSessionResponse struct {
@@ -695,9 +710,19 @@ type PromptRequest struct {
 	// one (the one followed was deleted, its id names a new session) is
 	// refused as SESSION_NOT_FOUND before any turn starts: its updates
 	// would not reach the caller, who attaches again and retries.
-	Incarnation   int64 `protobuf:"varint,8,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Incarnation int64 `protobuf:"varint,8,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// idempotency_key, when set, names within the session the message this
+	// turn answers (a channel's message, delivered again after a rebind or
+	// a restart cut its turn). A key a turn of the session completed or
+	// failed with is answered with that turn's result and starts no turn
+	// (replayed); a key whose turn was cut (cancelled, or interrupted by a
+	// restart of the session service) resumes that turn: the prompt is not
+	// added again, and the provider is given the cut turn's tool calls and
+	// results, so a tool that ran does not run a second time. At most
+	// ids.MaxLen bytes of [A-Za-z0-9_-].
+	IdempotencyKey string `protobuf:"bytes,9,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PromptRequest) Reset() {
@@ -786,15 +811,25 @@ func (x *PromptRequest) GetIncarnation() int64 {
 	return 0
 }
 
+func (x *PromptRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
 type PromptResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// content is the message text of the turn, or the failure message when
 	// it failed.
-	Outcome       TurnOutcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=clawmesh.session.v1.TurnOutcome" json:"outcome,omitempty"`
-	StopReason    string      `protobuf:"bytes,3,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
-	Content       string      `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
-	TurnId        string      `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	Outcome    TurnOutcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=clawmesh.session.v1.TurnOutcome" json:"outcome,omitempty"`
+	StopReason string      `protobuf:"bytes,3,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
+	Content    string      `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
+	TurnId     string      `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	// replayed is set when the answer is that of an earlier turn with the
+	// request's idempotency_key, which started no turn.
+	Replayed      bool `protobuf:"varint,6,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -862,6 +897,13 @@ func (x *PromptResponse) GetTurnId() string {
 		return x.TurnId
 	}
 	return ""
+}
+
+func (x *PromptResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 type CancelRequest struct {
@@ -4137,7 +4179,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x14\n" +
 	"\x05title\x18\n" +
-	" \x01(\tR\x05title\"\xf8\x01\n" +
+	" \x01(\tR\x05title\"\xa7\x02\n" +
 	"\x11NewSessionRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1f\n" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
@@ -4146,7 +4188,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12/\n" +
 	"\x13interaction_surface\x18\x05 \x01(\tR\x12interactionSurface\x12#\n" +
-	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\"\x92\x02\n" +
+	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\x12-\n" +
+	"\x13max_open_of_surface\x18\a \x01(\x05R\x10maxOpenOfSurface\"\x92\x02\n" +
 	"\x12NewSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1f\n" +
@@ -4162,7 +4205,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\aFileRef\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
 	"\x06marker\x18\x02 \x01(\tR\x06marker\x12%\n" +
-	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\x82\x03\n" +
+	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\xab\x03\n" +
 	"\rPromptRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -4172,8 +4215,9 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\vattachments\x18\x05 \x03(\v2\x1c.clawmesh.session.v1.FileRefR\vattachments\x12#\n" +
 	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\x12 \n" +
 	"\velicitation\x18\a \x01(\bR\velicitation\x12 \n" +
-	"\vincarnation\x18\b \x01(\x03R\vincarnationB\x19\n" +
-	"\x17_client_turn_generation\"\xbf\x01\n" +
+	"\vincarnation\x18\b \x01(\x03R\vincarnation\x12'\n" +
+	"\x0fidempotency_key\x18\t \x01(\tR\x0eidempotencyKeyB\x19\n" +
+	"\x17_client_turn_generation\"\xdb\x01\n" +
 	"\x0ePromptResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12:\n" +
@@ -4181,7 +4225,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\vstop_reason\x18\x03 \x01(\tR\n" +
 	"stopReason\x12\x18\n" +
 	"\acontent\x18\x04 \x01(\tR\acontent\x12\x17\n" +
-	"\aturn_id\x18\x05 \x01(\tR\x06turnId\"k\n" +
+	"\aturn_id\x18\x05 \x01(\tR\x06turnId\x12\x1a\n" +
+	"\breplayed\x18\x06 \x01(\bR\breplayed\"k\n" +
 	"\rCancelRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +

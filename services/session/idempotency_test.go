@@ -1,0 +1,127 @@
+package session
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testwait"
+	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// chanOperator is who a channel prompts as (the sandbox's
+// channelPrincipal).
+var chanOperator = &commonv1.Principal{PrincipalId: configschema.OperatorPrincipal, Operator: true}
+
+// channelSession opens a session of a channel's surface, whose
+// interrupted turns recovery leaves to that surface.
+func (h *harness) channelSession(id string) string {
+	h.t.Helper()
+	resp, err := h.srv.NewSession(context.Background(), &sessionv1.NewSessionRequest{
+		Principal: chanOperator, AgentAlias: "default", SessionId: id, InteractionSurface: "channel:web"})
+	if err != nil {
+		h.t.Fatalf("new session: %v", err)
+	}
+	return resp.GetSessionId()
+}
+
+// keyedPrompt runs a prompt with an idempotency key.
+func (h *harness) keyedPrompt(ctx context.Context, id, key, text string) (*sessionv1.PromptResponse, error) {
+	return h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: chanOperator, SessionId: id, Prompt: text, IdempotencyKey: key})
+}
+
+// echoRuns counts the echo calls of a session whose arguments are args.
+func (h *harness) echoRuns(id, args string) int {
+	return h.count("SELECT count(*) FROM tool_calls WHERE session_id = $1 AND name = 'echo' AND raw_input = $2::jsonb AND status = 'completed'", id, args)
+}
+
+// A message delivered twice (a channel's, after a rebind or a restart cut
+// its delivery) is one turn: with its idempotency key, a finished turn is
+// answered again without running, and a cut one is resumed, its tool not
+// run a second time. Without the key's check, each delivery ran the
+// message as a new turn, and a side-effecting tool acted twice.
+func TestKeyedPromptRunsNoToolTwice(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+
+	t.Run("finished", func(t *testing.T) {
+		id := h.channelSession("chan_finished")
+		const text = "/tool echo {\"pay\":1}\n/say paid"
+		first, err := h.keyedPrompt(ctx, id, "msg-1", text)
+		if err != nil || first.GetContent() != "paid" || first.GetReplayed() {
+			t.Fatalf("first delivery: %v %v", first, err)
+		}
+		again, err := h.keyedPrompt(ctx, id, "msg-1", text)
+		if err != nil || again.GetContent() != "paid" || !again.GetReplayed() || again.GetTurnId() != first.GetTurnId() ||
+			again.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+			t.Fatalf("second delivery: %v %v", again, err)
+		}
+		if n := h.echoRuns(id, `{"pay":1}`); n != 1 {
+			t.Fatalf("the tool ran %d times", n)
+		}
+		if n := h.count("SELECT count(*) FROM messages WHERE session_id = $1 AND role = 'user'", id); n != 1 {
+			t.Fatalf("%d prompts in the transcript", n)
+		}
+		// Another message (another key) is a turn of its own.
+		if r, err := h.keyedPrompt(ctx, id, "msg-2", text); err != nil || r.GetReplayed() {
+			t.Fatalf("another message: %v %v", r, err)
+		}
+		if n := h.echoRuns(id, `{"pay":1}`); n != 2 {
+			t.Fatalf("the tool ran %d times for two messages", n)
+		}
+	})
+
+	t.Run("cut", func(t *testing.T) {
+		id := h.channelSession("chan_cut")
+		rec := h.record(id)
+		// The resumed turn reads the prompt the cut one stored: the
+		// same message, sleep and all.
+		const text = "/tool echo {\"pay\":2}\n/sleep 2000\n/say resumed"
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			_, err := h.srv.Prompt(cctx, &sessionv1.PromptRequest{Principal: chanOperator, SessionId: id, Prompt: text, IdempotencyKey: "msg-3"})
+			done <- err
+		}()
+		rec.until(UpdateToolResult)
+		cancel() // the delivery is cut: its caller gone
+		rec.until(UpdateTurnComplete)
+		testwait.Recv(t, done)
+		again, err := h.keyedPrompt(ctx, id, "msg-3", text)
+		if err != nil || again.GetReplayed() || again.GetOutcome() != outcomeEnum[OutcomeCompleted] || again.GetContent() != "resumed" {
+			t.Fatalf("the delivery again: %v %v", again, err)
+		}
+		if n := h.echoRuns(id, `{"pay":2}`); n != 1 {
+			t.Fatalf("the tool ran %d times", n)
+		}
+		if n := h.count("SELECT count(*) FROM messages WHERE session_id = $1 AND role = 'user'", id); n != 1 {
+			t.Fatalf("%d prompts in the transcript", n)
+		}
+	})
+
+	t.Run("interrupted", func(t *testing.T) {
+		id := h.channelSession("chan_interrupted")
+		rec := h.record(id)
+		h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: chanOperator, SessionId: id, IdempotencyKey: "msg-4",
+			Prompt: "/tool echo {\"pay\":4}\n/sleep 2000\n/say after the restart"})
+		rec.until(UpdateToolResult)
+		h.crash()
+		again, err := h.keyedPrompt(ctx, id, "msg-4", "/tool echo {\"pay\":4}\n/sleep 2000\n/say after the restart")
+		if err != nil || again.GetReplayed() || again.GetOutcome() != outcomeEnum[OutcomeCompleted] || again.GetContent() != "after the restart" {
+			t.Fatalf("the delivery again: %v %v", again, err)
+		}
+		if n := h.echoRuns(id, `{"pay":4}`); n != 1 {
+			t.Fatalf("the tool ran %d times", n)
+		}
+	})
+
+	t.Run("invalid", func(t *testing.T) {
+		id := h.channelSession("chan_invalid")
+		_, err := h.keyedPrompt(ctx, id, "no spaces", "/say hi")
+		wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, "idempotency_key")
+	})
+}
