@@ -68,6 +68,13 @@ func errSessionBusy(id string) error {
 	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex, fmt.Sprintf("Session %s is running a turn", id))
 }
 
+// errSurfaceAllBusy: max_open_of_surface sessions of surface are open
+// and each runs a turn; one more opens once one of them ends.
+func errSurfaceAllBusy(surface string) error {
+	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonSessionBusy, rpcerr.NoIndex,
+		fmt.Sprintf("Every open session of %s is running a turn, at its bound; try again once one ends", surface))
+}
+
 func errSessionEnded(id, state string) error {
 	msg := fmt.Sprintf("Session %s is closed; resume it with session/new and its session_id", id)
 	if state == stateKilled {

@@ -49,9 +49,13 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	if alias == "" {
 		alias = DefaultAgentAlias
 	}
+	maxOfSurface := int(req.GetMaxOpenOfSurface())
+	if maxOfSurface < 0 {
+		return nil, errInvalid("`max_open_of_surface` is negative")
+	}
 
 	if id != "" {
-		resp, err := s.resume(ctx, p, id, req.GetCwd(), surface)
+		resp, err := s.resume(ctx, p, id, req.GetCwd(), surface, maxOfSurface)
 		if err == nil || !errors.Is(err, errNoRow) {
 			return resp, err
 		}
@@ -74,7 +78,11 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 		return nil, fmt.Errorf("create session workspace: %w", err)
 	}
 	row := sessionRow{ID: id, AgentAlias: alias, Owner: p.GetPrincipalId(), Surface: surface, WorkspaceDir: dir, Cwd: req.GetCwd()}
-	incarnation, err := s.store.createSession(ctx, row)
+	incarnation, err := s.store.createSession(ctx, row, maxOfSurface)
+	if errors.Is(err, errSurfaceBusy) {
+		_ = os.Remove(dir)
+		return nil, errSurfaceAllBusy(surface)
+	}
 	if errors.Is(err, errOpenLimit) || errors.Is(err, errKeptLimit) {
 		_ = os.Remove(dir) // the folder made above, if it is empty
 		switch {
@@ -90,7 +98,7 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 	}
 	if incarnation == 0 {
 		// Someone created this id meanwhile: resume it like any other.
-		return s.resume(ctx, p, id, req.GetCwd(), surface)
+		return s.resume(ctx, p, id, req.GetCwd(), surface, maxOfSurface)
 	}
 	s.log.Info("session created", zap.String("session_id", id), zap.String("agent_alias", alias), zap.String("owner", row.Owner))
 	subject, err := updateSubject(id, incarnation)
@@ -105,8 +113,9 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 // resume returns an existing session, reopening a closed one; errNoRow
 // when there is none. A session of another interaction surface (a
 // channel's chat with this id, say) stays as it is, isolated from this
-// one: resuming it from here is refused.
-func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, surface string) (*sessionv1.NewSessionResponse, error) {
+// one: resuming it from here is refused. maxOfSurface is admitOpen's,
+// for a closed one reopened.
+func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, surface string, maxOfSurface int) (*sessionv1.NewSessionResponse, error) {
 	row, err := s.store.session(ctx, id)
 	if err != nil {
 		return nil, err
@@ -129,7 +138,10 @@ func (s *Server) resume(ctx context.Context, p *commonv1.Principal, id, cwd, sur
 	case stateKilled:
 		return nil, errSessionEnded(id, row.State)
 	case stateClosed:
-		reopened, err := s.store.reopen(ctx, id, row.Owner, row.Surface, cwd)
+		reopened, err := s.store.reopen(ctx, id, row.Owner, row.Surface, cwd, maxOfSurface)
+		if errors.Is(err, errSurfaceBusy) {
+			return nil, errSurfaceAllBusy(surface)
+		}
 		if errors.Is(err, errChannelOpenLimit) {
 			return nil, errChannelSessionLimit()
 		}

@@ -134,12 +134,23 @@ var errKeptLimit = errors.New("kept sessions at the limit")
 // ("CMSO"; policylock's class is "CMSH").
 const openLockClass int32 = 0x434d534f
 
+// errSurfaceBusy: the operator has its bound (max_open_of_surface) of a
+// surface's sessions open, and every one runs a turn.
+var errSurfaceBusy = errors.New("every open session of the surface runs a turn")
+
 // admitOpen serializes, for the rest of tx, the sessions of owner made or
 // reopened, and refuses when the owner has MaxOpenSessions open or, making
-// one (adding), a user keeps MaxKeptSessions.
-func admitOpen(ctx context.Context, tx pgx.Tx, owner, surface string, adding bool) error {
+// one (adding), a user keeps MaxKeptSessions. With maxOfSurface (the
+// operator's only), it first closes what passes that bound of surface's
+// open sessions (boundSurface).
+func admitOpen(ctx context.Context, tx pgx.Tx, owner, surface string, adding bool, maxOfSurface int) error {
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", openLockClass, owner); err != nil {
 		return err
+	}
+	if maxOfSurface > 0 && owner == configschema.OperatorPrincipal {
+		if err := boundSurface(ctx, tx, owner, surface, maxOfSurface); err != nil {
+			return err
+		}
 	}
 	// The open ones are counted on their own index; all of a user's only
 	// when it makes one (the operator's history, which may be long, never).
@@ -173,12 +184,51 @@ func admitOpen(ctx context.Context, tx pgx.Tx, owner, surface string, adding boo
 	return nil
 }
 
+// boundSurface closes, to make room for one more, the least recently
+// active idle sessions of owner's surface past max open, in tx, under
+// admitOpen's lock; errSurfaceBusy when every one runs a turn. A channel
+// alias's max_sessions was held by each sandbox replica over the
+// conversations it had opened itself: with every replica sharing the
+// channel's listener, N replicas kept N times the bound open. Counted
+// here, under the lock every opening of the owner's sessions takes, it
+// holds whichever replica opens. A session a turn is starting on
+// meanwhile holds its row's lock (beginTurn), and is skipped; one closed
+// after admit read it is refused its turn (errClosedMeanwhile), and its
+// conversation's next delivery reopens it.
+func boundSurface(ctx context.Context, tx pgx.Tx, owner, surface string, max int) error {
+	var open int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM sessions WHERE owner = $1 AND interaction_surface = $2 AND state IN ('idle', 'running')",
+		owner, surface).Scan(&open); err != nil {
+		return err
+	}
+	if open < max {
+		return nil
+	}
+	// The victims in a CTE, read once: as an IN subquery PostgreSQL may
+	// run it again per row, and SKIP LOCKED then skips the rows this
+	// statement has just locked and picks more (twice the victims in a
+	// test).
+	tag, err := tx.Exec(ctx, `WITH victims AS (
+			SELECT session_id FROM sessions WHERE owner = $1 AND interaction_surface = $2 AND state = 'idle'
+			ORDER BY updated_at LIMIT $3 FOR UPDATE SKIP LOCKED)
+		UPDATE sessions AS s SET state = 'closed', updated_at = now() FROM victims AS v
+		WHERE s.session_id = v.session_id`, owner, surface, open-max+1)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() < int64(open-max+1) {
+		return errSurfaceBusy
+	}
+	return nil
+}
+
 // createSession inserts a new idle session with an explicitly empty
 // retained context and returns its incarnation; 0 when the id is taken,
-// and errOpenLimit when the owner has MaxOpenSessions open.
-func (st *store) createSession(ctx context.Context, r sessionRow) (incarnation int64, err error) {
+// and errOpenLimit when the owner has MaxOpenSessions open. maxOfSurface
+// is admitOpen's.
+func (st *store) createSession(ctx context.Context, r sessionRow, maxOfSurface int) (incarnation int64, err error) {
 	err = pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		if err := admitOpen(ctx, tx, r.Owner, r.Surface, true); err != nil {
+		if err := admitOpen(ctx, tx, r.Owner, r.Surface, true, maxOfSurface); err != nil {
 			return err
 		}
 		err := tx.QueryRow(ctx, `INSERT INTO sessions (session_id, agent_alias, owner, state, interaction_surface, workspace_dir, cwd)
@@ -202,10 +252,11 @@ func (st *store) createSession(ctx context.Context, r sessionRow) (incarnation i
 
 // reopen makes a closed (or idle) session of owner idle again in a new
 // generation; errOpenLimit when the owner has MaxOpenSessions open.
-func (st *store) reopen(ctx context.Context, id, owner, surface, cwd string) (sessionRow, error) {
+// maxOfSurface is admitOpen's.
+func (st *store) reopen(ctx context.Context, id, owner, surface, cwd string, maxOfSurface int) (sessionRow, error) {
 	var r sessionRow
 	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
-		if err := admitOpen(ctx, tx, owner, surface, false); err != nil {
+		if err := admitOpen(ctx, tx, owner, surface, false, maxOfSurface); err != nil {
 			return err
 		}
 		var err error
@@ -214,7 +265,7 @@ func (st *store) reopen(ctx context.Context, id, owner, surface, cwd string) (se
 			WHERE session_id = $1 AND state IN ('idle', 'closed') RETURNING `+sessionColumns, id, cwd))
 		return err
 	})
-	if err != nil && !errors.Is(err, errNoRow) && !errors.Is(err, errOpenLimit) {
+	if err != nil && !errors.Is(err, errNoRow) && !errors.Is(err, errOpenLimit) && !errors.Is(err, errSurfaceBusy) {
 		return r, fmt.Errorf("reopen session: %w", err)
 	}
 	return r, err
