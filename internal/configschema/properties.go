@@ -147,7 +147,7 @@ var Properties = []Property{
 		Doc: "host:port of the host listener that feeds the channel; the host is explicit (0.0.0.0 for every interface)"},
 	{Path: "channels.plugin.*.agent", Type: String, Default: "default", Ref: "agents", Doc: "agent that answers the channel's messages"},
 	{Path: "channels.plugin.*.max_sessions", Type: Integer, Default: 256, Min: f(8), Max: f(512),
-		Doc: "conversations of the channel kept open in the session service, on each sandbox replica; past it the least recently active idle one is closed (its history kept: its next message reopens it), so that the channel's senders never take the operator's own open sessions (1000 a principal)"},
+		Doc: "conversations of the channel kept open in the session service, all sandbox replicas together; past it the least recently active idle one is closed (its history kept: its next message reopens it), so that the channel's senders never take the operator's own open sessions (1000 a principal)"},
 	{Path: "channels.plugin.*.token", Type: String, Default: "", Secret: true, Pattern: durableToken,
 		Doc: "bearer token the host listener requires of every message (at least 32 printable ASCII bytes); without one the listener refuses everything, since any local account can reach a loopback port"},
 

@@ -258,8 +258,8 @@ func (s *Server) spool(alias string) (*channelSpool, error) {
 	if s.cfg.ChannelSpoolDir == "" {
 		return nil, nil
 	}
-	s.convMu.Lock()
-	defer s.convMu.Unlock()
+	s.spoolMu.Lock()
+	defer s.spoolMu.Unlock()
 	if sp := s.spools[alias]; sp != nil {
 		return sp, nil
 	}
@@ -276,8 +276,8 @@ func (s *Server) spool(alias string) (*channelSpool, error) {
 
 // closeSpools closes every spool; the bindings have stopped.
 func (s *Server) closeSpools() {
-	s.convMu.Lock()
-	defer s.convMu.Unlock()
+	s.spoolMu.Lock()
+	defer s.spoolMu.Unlock()
 	for alias, sp := range s.spools {
 		sp.close()
 		delete(s.spools, alias)

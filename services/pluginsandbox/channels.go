@@ -638,6 +638,7 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			if msg == nil {
 				break
 			}
+			hostMessageID(msg)
 			d.add(msg)
 		}
 	}
@@ -906,9 +907,10 @@ func (b *binding) notice(msg *wasmhost.ChannelMessage, text string) {
 // before the agent answered and a binding of the same plugin takes the
 // backlog over (handover): the message is that binding's to deliver
 // again. The sender was answered 202, and a rebind told it to send the
-// message again, which a webhook or a chat service's sender cannot do;
-// at least once beats at most once here, as in whenAvailable: a turn
-// cut while it ran may have done some of its work already.
+// message again, which a webhook or a chat service's sender cannot do.
+// Delivered again, the message carries the same idempotency key
+// (messageKey): the session service resumes the cut turn, whose tools
+// that ran do not run again, or answers with the turn it finished.
 //
 // The session id derives from the binding (alias, plugin and agent) and
 // the message's thread (or sender), so every replica picks the same
@@ -953,30 +955,39 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	sum := sha256.Sum256([]byte(b.cfg.Alias + "\x00" + b.cfg.Plugin + "\x00" + b.cfg.Agent + "\x00" + conv))
 	sessionID := "chan_" + hex.EncodeToString(sum[:16])
 	p := channelPrincipal()
-	oc := s.convs(b.cfg.Alias)
-	oc.seed(ctx, s, b)
-	oc.closeConvs(ctx, s, b, oc.hold(ctx, sessionID, b.cfg.maxSessions()))
-	defer oc.release(sessionID)
-	if err := whenAvailable(ctx, log, func() error {
-		ctx, cancel := context.WithTimeout(ctx, awayWait)
-		defer cancel()
-		_, err := s.cfg.Sessions.NewSession(ctx, &sessionv1.NewSessionRequest{
-			Principal: p, AgentAlias: b.cfg.Agent, SessionId: sessionID, InteractionSurface: "channel:" + b.cfg.Alias,
-		})
-		return err
-	}); err != nil {
-		log.Warn("channel message: no session", zap.Error(err))
-		return unanswered()
-	}
 	var resp *sessionv1.PromptResponse
-	if err := whenAvailable(ctx, log, func() (err error) {
-		resp, err = s.cfg.Sessions.Prompt(ctx, &sessionv1.PromptRequest{Principal: p, SessionId: sessionID, Prompt: msg.Content})
-		return err
-	}); err != nil {
-		log.Warn("channel message: prompt failed", zap.String("session_id", sessionID), zap.Error(err))
-		return unanswered()
+	for reopens := 0; ; reopens++ {
+		if err := whenAvailable(ctx, log, func() error {
+			ctx, cancel := context.WithTimeout(ctx, awayWait)
+			defer cancel()
+			_, err := s.cfg.Sessions.NewSession(ctx, &sessionv1.NewSessionRequest{
+				Principal: p, AgentAlias: b.cfg.Agent, SessionId: sessionID, InteractionSurface: "channel:" + b.cfg.Alias,
+				MaxOpenOfSurface: int32(b.cfg.maxSessions()),
+			})
+			return err
+		}); err != nil {
+			log.Warn("channel message: no session", zap.Error(err))
+			return unanswered()
+		}
+		err := whenAvailable(ctx, log, func() (err error) {
+			resp, err = s.cfg.Sessions.Prompt(ctx, &sessionv1.PromptRequest{Principal: p, SessionId: sessionID, Prompt: msg.Content,
+				IdempotencyKey: messageKey(msg)})
+			return err
+		})
+		if err != nil && closedMeanwhile(err) && reopens < maxReopens {
+			// The alias's bound closed the session to make room
+			// for another conversation since it was opened here.
+			log.Info("channel conversation closed before its turn; reopening it", zap.String("session_id", sessionID))
+			continue
+		}
+		if err != nil {
+			log.Warn("channel message: prompt failed", zap.String("session_id", sessionID), zap.Error(err))
+			return unanswered()
+		}
+		break
 	}
-	log.Info("channel message handed to a session", zap.String("session_id", sessionID), zap.Stringer("outcome", resp.GetOutcome()))
+	log.Info("channel message handed to a session", zap.String("session_id", sessionID), zap.Stringer("outcome", resp.GetOutcome()),
+		zap.Bool("replayed", resp.GetReplayed()))
 	answer := strings.TrimSpace(resp.GetContent())
 	if answer == "" {
 		switch resp.GetOutcome() {
@@ -1027,8 +1038,9 @@ const (
 // delivery waiting here holds its conversation (and one of the channel's
 // maxConversations), and once every one waits, the queue fills and
 // senders get 503. A
-// Prompt cut off by the session service's restart may run twice: an
-// answer twice beats none.
+// Prompt cut off by the session service's restart is sent again with its
+// message's idempotency key: the restarted service resumes the turn its
+// predecessor left, and runs no tool of it twice.
 func whenAvailable(ctx context.Context, log *zap.Logger, call func() error) error {
 	wait := retryFirst
 	var giveUp time.Time
@@ -1052,6 +1064,18 @@ func whenAvailable(ctx context.Context, log *zap.Logger, call func() error) erro
 		}
 		wait = min(2*wait, retryMost)
 	}
+}
+
+// closedMeanwhile reports whether err is a Prompt's refusal of a session
+// that ended (session.errSessionEnded): closed, it is reopened; killed,
+// the NewSession that would reopen it fails for good.
+func closedMeanwhile(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.FailedPrecondition {
+		return false
+	}
+	reason, _ := rpcerr.Details(st)
+	return reason == rpcerr.ReasonConflict
 }
 
 // passing reports whether err is a refusal that a later try may not get.

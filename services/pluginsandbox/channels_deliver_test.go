@@ -39,6 +39,10 @@ type seenPrompt struct {
 	session, agent, prompt string
 	// deadline is whether the call's context had one.
 	deadline bool
+	// key is the prompt's idempotency key, and maxOpen the
+	// max_open_of_surface its session was last opened with.
+	key     string
+	maxOpen int32
 }
 
 // fakeSessions is a session service that keeps, like the real one, the
@@ -67,11 +71,13 @@ type fakeSessions struct {
 	running  int
 	overlap  bool
 	most     int
+	// maxOpen is the max_open_of_surface of each session's last NewSession.
+	maxOpen map[string]int32
 }
 
 func newFakeSessions() *fakeSessions {
 	return &fakeSessions{agents: map[string]string{}, prompts: make(chan seenPrompt, 64),
-		holdFor: map[string]chan struct{}{}, inflight: map[string]int{}}
+		holdFor: map[string]chan struct{}{}, inflight: map[string]int{}, maxOpen: map[string]int32{}}
 }
 
 func (f *fakeSessions) NewSession(_ context.Context, req *sessionv1.NewSessionRequest, _ ...grpc.CallOption) (*sessionv1.NewSessionResponse, error) {
@@ -83,6 +89,7 @@ func (f *fakeSessions) NewSession(_ context.Context, req *sessionv1.NewSessionRe
 		return nil, err
 	}
 	id := req.GetSessionId()
+	f.maxOpen[id] = req.GetMaxOpenOfSurface()
 	if agent, ok := f.agents[id]; ok {
 		return &sessionv1.NewSessionResponse{SessionId: id, AgentAlias: agent}, nil
 	}
@@ -114,6 +121,7 @@ func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest,
 		return nil, err
 	}
 	agent := f.agents[req.GetSessionId()]
+	maxOpen := f.maxOpen[req.GetSessionId()]
 	outcome := f.outcome
 	hold := f.hold
 	f.hold = nil
@@ -136,7 +144,8 @@ func (f *fakeSessions) Prompt(ctx context.Context, req *sessionv1.PromptRequest,
 		f.mu.Unlock()
 	}()
 	_, deadline := ctx.Deadline()
-	f.prompts <- seenPrompt{session: req.GetSessionId(), agent: agent, prompt: req.GetPrompt(), deadline: deadline}
+	f.prompts <- seenPrompt{session: req.GetSessionId(), agent: agent, prompt: req.GetPrompt(), deadline: deadline,
+		key: req.GetIdempotencyKey(), maxOpen: maxOpen}
 	if hold != nil {
 		select {
 		case <-hold:
@@ -873,6 +882,48 @@ func TestChannelTurnCutByARebindIsDeliveredAgain(t *testing.T) {
 		if r := testwait.Recv(t, replies); r["content"] != "re: "+want || r["thread_id"] != "A" {
 			t.Fatalf("reply after the rebind: %v, want the answer to %s", r, want)
 		}
+	}
+}
+
+// A message delivered again after a rebind cut its turn carries the
+// idempotency key it had (the session service resumes its turn rather
+// than running it, and its tools, a second time); another message has
+// another key, as has one of the same text without an id; and every
+// session is opened with the alias's max_sessions, which the session
+// service holds over every replica.
+func TestChannelRedeliveryCarriesItsMessageKey(t *testing.T) {
+	hook, replies := replyHook(t)
+	fs := newFakeSessions()
+	fs.answer = true
+	cut := make(chan struct{})
+	fs.hold = cut
+	ts := channelServerHook(t, fs, hook)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open", MaxSessions: 40})["web"]
+	postThread(t, web.Listen, "A", "m1")
+	first := testwait.Recv(t, fs.prompts)
+	if first.prompt != "m1" || first.key == "" || first.maxOpen != 40 {
+		t.Fatalf("first prompt %+v, want m1 with a key, its session opened with max 40", first)
+	}
+	bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open", MaxSessions: 40})
+	again := testwait.Recv(t, fs.prompts)
+	if again.prompt != "m1" || again.session != first.session || again.key != first.key {
+		t.Fatalf("the delivery again %+v, want m1 to %s with key %s", again, first.session, first.key)
+	}
+	testwait.Recv(t, replies)
+	web = bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open", MaxSessions: 40})["web"]
+	postThread(t, web.Listen, "A", "m2")
+	for _, body := range []string{`{"from":"ann","text":"same","thread":"A"}`, `{"from":"ann","text":"same","thread":"A"}`} {
+		if code := postMessage(t, web.Listen, body); code != http.StatusAccepted {
+			t.Fatalf("post: %d", code)
+		}
+	}
+	keys := map[string]bool{first.key: true}
+	for range 3 {
+		p := testwait.Recv(t, fs.prompts)
+		if keys[p.key] || p.key == "" {
+			t.Fatalf("prompt %+v has the key of another message", p)
+		}
+		keys[p.key] = true
 	}
 }
 

@@ -84,12 +84,9 @@ type Server struct {
 	kick       chan struct{}
 
 	channels *binder
-	// openConvs are the channels' open conversations by alias
-	// (channel_sessions.go), kept across rebinds.
-	convMu    sync.Mutex
-	openConvs map[string]*openConvs
 	// spools are the channels' spools by alias (channel_spool.go), kept
-	// across rebinds like the queues they mirror; guarded by convMu.
+	// across rebinds like the queues they mirror.
+	spoolMu sync.Mutex
 	spools map[string]*channelSpool
 	bg     sync.WaitGroup // unloads
 }

@@ -35,8 +35,8 @@ type ChannelBinding struct {
 	// Agent is the agent alias sessions are created for.
 	Agent string
 	// MaxSessions is channels.plugin.<alias>.max_sessions: the
-	// conversations kept open in the session service (openConvs); 0
-	// is DefaultMaxSessions.
+	// conversations kept open in the session service, which holds it
+	// (DefaultMaxSessions); 0 is DefaultMaxSessions.
 	MaxSessions int
 }
 
