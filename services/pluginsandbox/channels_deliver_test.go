@@ -904,9 +904,11 @@ func TestChannelRedeliveryCarriesItsMessageKey(t *testing.T) {
 	if first.prompt != "m1" || first.key == "" || first.maxOpen != 40 {
 		t.Fatalf("first prompt %+v, want m1 with a key, its session opened with max 40", first)
 	}
-	bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open", MaxSessions: 40})
+	// A rebind (another bound, the same plugin and agent, so the same
+	// session) cuts the turn and delivers it again.
+	bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open", MaxSessions: 41})
 	again := testwait.Recv(t, fs.prompts)
-	if again.prompt != "m1" || again.session != first.session || again.key != first.key {
+	if again.prompt != "m1" || again.session != first.session || again.key != first.key || again.maxOpen != 41 {
 		t.Fatalf("the delivery again %+v, want m1 to %s with key %s", again, first.session, first.key)
 	}
 	testwait.Recv(t, replies)
