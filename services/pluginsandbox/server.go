@@ -87,8 +87,8 @@ type Server struct {
 	// spools are the channels' spools by alias (channel_spool.go), kept
 	// across rebinds like the queues they mirror.
 	spoolMu sync.Mutex
-	spools map[string]*channelSpool
-	bg     sync.WaitGroup // unloads
+	spools  map[string]*channelSpool
+	bg      sync.WaitGroup // unloads
 }
 
 // NewServer discovers and loads the plugins in cfg.PluginsDir (one scan;
