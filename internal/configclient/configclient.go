@@ -44,12 +44,25 @@ type Snapshot struct {
 	// History identifies the config database's history the revision
 	// belongs to; empty when unknown (a config service that predates it).
 	History string
+	// Digest is the digest of the revision's stored document: a history
+	// restored into the same database, or a revision rewritten there,
+	// keeps its id and numbers, not its digests. Empty when unknown.
+	Digest string
 }
 
 // otherHistory reports whether a and b are known to be of two histories
 // (a database replaced or reset): revision numbers compare only within
 // one. An unknown history is taken as the same one, as before ids.
 func otherHistory(a, b string) bool { return a != "" && b != "" && a != b }
+
+// rewritten reports whether a and b are the same revision of one history
+// with other documents: the history was restored into its database (an
+// older dump put back and committed on up to the number read) or the
+// revision's row rewritten. An unknown digest is taken as the same.
+func rewritten(a, b Snapshot) bool {
+	return a.Revision == b.Revision && !otherHistory(a.History, b.History) &&
+		a.Digest != "" && b.Digest != "" && a.Digest != b.Digest
+}
 
 // Value returns the value at a dotted path.
 func (s Snapshot) Value(path string) (any, bool) { return configschema.Get(s.Document, path) }
@@ -73,7 +86,7 @@ type Client struct {
 	cur      Snapshot
 	pending  int64 // newest revision announced and not read yet
 	back     bool  // a revision below the one read was announced
-	other    bool  // a revision of another history was announced
+	other    bool  // a revision of another history, or the one read rewritten, was announced
 	watchers []func(Snapshot, []string)
 	props    map[int64][]string // props of announced revisions not read yet
 }
@@ -160,6 +173,9 @@ func (c *Client) hint(ch *busv1.ConfigChanged) {
 	switch {
 	case otherHistory(ch.GetHistory(), c.cur.History):
 		// Whatever its number: read what the service serves (follow).
+		c.other = true
+	case rev == c.cur.Revision && rewritten(Snapshot{Revision: rev, History: ch.GetHistory(), Digest: ch.GetDigest()}, c.cur):
+		// The revision read, with another document (follow).
 		c.other = true
 	case rev == c.cur.Revision:
 		c.mu.Unlock()
@@ -251,6 +267,18 @@ func (c *Client) follow() {
 			c.replace(snap)
 			continue
 		}
+		if cur := c.Current(); rewritten(snap, cur) {
+			// The same number of the same history, another document: the
+			// history was restored into its database, or the row
+			// rewritten. Numbers and ids compared alone kept the document
+			// read for that number for ever. The digest is the
+			// database's own, so no read that lags is taken for it.
+			confirm, confirmAt = nil, time.Time{}
+			c.log.Warn("config revision rewritten in the config database: following its stored document",
+				zap.Int64("revision", snap.Revision), zap.String("was", cur.Digest), zap.String("digest", snap.Digest))
+			c.replace(snap)
+			continue
+		}
 		if snap.Revision < c.Current().Revision {
 			// Read from the config service itself, never the bus: its
 			// history went back. Every revision below the one read was
@@ -291,7 +319,7 @@ func (c *Client) fetch(ctx context.Context) (Snapshot, error) {
 	for {
 		live, err := c.rpc.Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true))
 		if err == nil {
-			return Snapshot{Revision: live.GetRevision(), Document: live.GetDocument().AsMap(), History: live.GetHistory()}, nil
+			return Snapshot{Revision: live.GetRevision(), Document: live.GetDocument().AsMap(), History: live.GetHistory(), Digest: live.GetDigest()}, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -309,6 +337,10 @@ func (c *Client) install(s Snapshot) {
 			// Read first from a config service that predates history
 			// ids: the same revision, now with its history's id.
 			c.cur.History = s.History
+		}
+		if s.Revision == c.cur.Revision && c.cur.Digest == "" && !otherHistory(s.History, c.cur.History) {
+			// Likewise from one that predates digests.
+			c.cur.Digest = s.Digest
 		}
 		c.mu.Unlock()
 		return

@@ -16,6 +16,8 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -295,4 +297,26 @@ func (p *PGServer) Start() {
 		p.t.Fatalf("start postgres: %v", err)
 	}
 	p.c, p.url = c, c.URL()
+}
+
+// PGTool runs one of PostgreSQL's client tools (pg_dump, pg_restore) of
+// the test server's version: from the folder initdb really lives in (the
+// one on PATH may be a link alone). It skips the test without them.
+func PGTool(t testing.TB, name string, args ...string) {
+	t.Helper()
+	dir, err := pgcluster.Binaries()
+	if err != nil {
+		t.Skip(err)
+	}
+	initdb, err := filepath.EvalSymlinks(filepath.Join(dir, "initdb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool := filepath.Join(filepath.Dir(initdb), name)
+	if _, err := os.Stat(tool); err != nil {
+		t.Skipf("%s not beside the server binaries: %v", name, err)
+	}
+	if out, err := exec.Command(tool, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, out)
+	}
 }

@@ -219,7 +219,7 @@ func (s *Server) Live(context.Context, *configv1.LiveRequest) (*configv1.LiveRes
 	if err != nil {
 		return nil, fmt.Errorf("encode config: %w", err)
 	}
-	return &configv1.LiveResponse{Revision: snap.revision, Document: doc, History: snap.history}, nil
+	return &configv1.LiveResponse{Revision: snap.revision, Document: doc, History: snap.history, Digest: snap.digest}, nil
 }
 
 // Reveal returns one value unmasked. It is for services (the session

@@ -114,6 +114,11 @@ type snapshot struct {
 	// replaced or reset database is a new history, whatever its
 	// revision numbers. Empty when the database holds none.
 	history string
+	// digest is the SHA-256 of the revision's document as the database
+	// holds it (docDigest): a history restored into the same database,
+	// or a row rewritten, keeps the id and the numbers, not the digest.
+	// Empty at revision 0.
+	digest string
 	// stored is what was set (plaintext, canonical); doc adds defaults;
 	// masked is doc with secrets masked, what readers get.
 	stored, doc, masked map[string]any
@@ -121,9 +126,9 @@ type snapshot struct {
 	tokens map[string]string
 }
 
-func newSnapshot(revision int64, history string, stored map[string]any, tokens map[string]string) *snapshot {
+func newSnapshot(revision int64, history, digest string, stored map[string]any, tokens map[string]string) *snapshot {
 	doc := configschema.Effective(stored)
-	return &snapshot{revision: revision, history: history, stored: stored, doc: doc, masked: configschema.Mask(doc), tokens: tokens}
+	return &snapshot{revision: revision, history: history, digest: digest, stored: stored, doc: doc, masked: configschema.Mask(doc), tokens: tokens}
 }
 
 // New opens the key file and loads the stored document and tokens
@@ -229,7 +234,7 @@ func (s *Server) reconcile(ctx context.Context) error {
 	s.unsure.Store(false)
 	s.log.Warn("config reloaded after a write of unknown outcome",
 		zap.Int64("was", cur.revision), zap.Int64("revision", snap.revision))
-	if snap.revision != cur.revision || snap.history != cur.history {
+	if snap.revision != cur.revision || snap.history != cur.history || snap.digest != cur.digest {
 		// Which props changed is not known here: consumers take nil as
 		// anything may have.
 		s.publish(snap, nil)
@@ -240,17 +245,21 @@ func (s *Server) reconcile(ctx context.Context) error {
 // fingerprint is what changes in the database with every commit and
 // every token paired or revoked: the newest revision, and the token rows
 // and revoked ones (rows are never deleted, so each count only grows);
-// and with the database replaced or reset: its history id.
+// with the database replaced or reset: its history id; and with a
+// history restored into it (an older dump put back) or its newest row
+// rewritten: that row's digest, where number, counts and id may all
+// come back as they were (the document was served until a restart).
 type fingerprint struct {
 	revision, tokens, revoked int64
-	history                   string
+	history, digest           string
 }
 
 func (s *Server) storedFingerprint(ctx context.Context) (fingerprint, error) {
 	var f fingerprint
 	err := s.db.QueryRow(ctx, "SELECT (SELECT coalesce(max(revision), 0) FROM revisions), count(*), count(revoked_at), "+
-		"(SELECT coalesce(max(id), '') FROM history) FROM tokens").
-		Scan(&f.revision, &f.tokens, &f.revoked, &f.history)
+		"(SELECT coalesce(max(id), '') FROM history), "+
+		"coalesce((SELECT "+docDigest+" FROM revisions ORDER BY revision DESC LIMIT 1), '') FROM tokens").
+		Scan(&f.revision, &f.tokens, &f.revoked, &f.history, &f.digest)
 	return f, err
 }
 
@@ -288,17 +297,19 @@ func (s *Server) follow(ctx context.Context) error {
 	// now, and read again at the next tick.
 	s.seen = fp
 	cur := s.current()
-	if snap.revision == cur.revision && snap.history == cur.history && maps.Equal(snap.tokens, cur.tokens) {
+	if snap.revision == cur.revision && snap.history == cur.history && snap.digest == cur.digest && maps.Equal(snap.tokens, cur.tokens) {
 		return nil
 	}
 	s.snap.Store(snap)
 	s.log.Info("config reloaded: changed in the database by another config process",
 		zap.Int64("was", cur.revision), zap.Int64("revision", snap.revision))
-	if snap.revision != cur.revision || snap.history != cur.history {
+	if snap.revision != cur.revision || snap.history != cur.history || snap.digest != cur.digest {
 		// A lower one too, or another history: the database was
 		// replaced or reset, and its consumers take a lower revision
 		// the service serves, or another history id, as a new history
-		// (configclient), here without waiting for their resync.
+		// (configclient), here without waiting for their resync. The
+		// same number with another digest: restored or rewritten in
+		// place, read again by the consumers that hold it.
 		s.publish(snap, nil)
 	}
 	return nil

@@ -30,7 +30,8 @@ func (s *Server) load(ctx context.Context) (*snapshot, error) {
 	if err := s.db.QueryRow(ctx, "SELECT coalesce(max(id), '') FROM history").Scan(&history); err != nil {
 		return nil, fmt.Errorf("load config history id: %w", err)
 	}
-	err := s.db.QueryRow(ctx, "SELECT revision, document FROM revisions ORDER BY revision DESC LIMIT 1").Scan(&revision, &raw)
+	var digest string
+	err := s.db.QueryRow(ctx, "SELECT revision, document, "+docDigest+" FROM revisions ORDER BY revision DESC LIMIT 1").Scan(&revision, &raw, &digest)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -69,8 +70,15 @@ func (s *Server) load(ctx context.Context) (*snapshot, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("load tokens: %w", err)
 	}
-	return newSnapshot(revision, history, stored, tokens), nil
+	return newSnapshot(revision, history, digest, stored, tokens), nil
 }
+
+// docDigest is the SQL of a revision row's digest: the SHA-256 of its
+// document as the database holds it (jsonb's own text, not the bytes a
+// commit sent), so a commit's snapshot and a later load of the same row
+// agree, and a row put back by pg_restore or rewritten by hand does not
+// (its sealed secrets included).
+const docDigest = "encode(sha256(convert_to(document::text, 'UTF8')), 'hex')"
 
 // audit is who a commit is by.
 type audit struct {
@@ -90,36 +98,38 @@ const KeepDocuments = 100
 // insertRevision stores a candidate as revision rev inside tx, secrets
 // encrypted, and drops the documents that fell out of the newest
 // KeepDocuments. Revision 1 begins a history: history, when not empty, is
-// its new id (newHistory), stored with it.
-func (s *Server) insertRevision(ctx context.Context, tx pgx.Tx, rev int64, history string, stored map[string]any, who audit, props []string) error {
+// its new id (newHistory), stored with it. It returns the row's digest
+// (docDigest).
+func (s *Server) insertRevision(ctx context.Context, tx pgx.Tx, rev int64, history string, stored map[string]any, who audit, props []string) (string, error) {
 	sealed, err := s.sealer.seal(stored)
 	if err != nil {
-		return fmt.Errorf("encrypt secrets: %w", err)
+		return "", fmt.Errorf("encrypt secrets: %w", err)
 	}
 	doc, err := json.Marshal(sealed)
 	if err != nil {
-		return fmt.Errorf("encode config: %w", err)
+		return "", fmt.Errorf("encode config: %w", err)
 	}
-	_, err = tx.Exec(ctx, "INSERT INTO revisions (revision, document, committed_by, props, peer_uid, peer_pid) VALUES ($1, $2, $3, $4, $5, $6)",
-		rev, doc, who.by, props, who.peerUID, who.peerPID)
+	var digest string
+	err = tx.QueryRow(ctx, "INSERT INTO revisions (revision, document, committed_by, props, peer_uid, peer_pid) VALUES ($1, $2, $3, $4, $5, $6) "+
+		"RETURNING "+docDigest, rev, doc, who.by, props, who.peerUID, who.peerPID).Scan(&digest)
 	if err != nil {
-		return fmt.Errorf("insert revision %d: %w", rev, err)
+		return "", fmt.Errorf("insert revision %d: %w", rev, err)
 	}
 	if _, err := tx.Exec(ctx, "UPDATE revisions SET document = NULL WHERE document IS NOT NULL AND revision <= $1",
 		rev-KeepDocuments); err != nil {
-		return fmt.Errorf("prune revision documents: %w", err)
+		return "", fmt.Errorf("prune revision documents: %w", err)
 	}
 	if history != "" {
 		// Revisions emptied under a running history (a reset by hand)
 		// begin a new one here: its numbers meet the old ones again.
 		if _, err := tx.Exec(ctx, "DELETE FROM history"); err != nil {
-			return fmt.Errorf("replace the history id: %w", err)
+			return "", fmt.Errorf("replace the history id: %w", err)
 		}
 		if _, err := tx.Exec(ctx, "INSERT INTO history (id) VALUES ($1)", history); err != nil {
-			return fmt.Errorf("replace the history id: %w", err)
+			return "", fmt.Errorf("replace the history id: %w", err)
 		}
 	}
-	return nil
+	return digest, nil
 }
 
 // newHistory is the id of a history beginning at revision rev: a new

@@ -144,7 +144,8 @@ func (s *Server) commitLocked(ctx context.Context, req commitRequest) (*snapshot
 	if err != nil {
 		return nil, err
 	}
-	if err := s.store(ctx, next, history, candidate, req.who, changed, unpair); err != nil {
+	digest, err := s.store(ctx, next, history, candidate, req.who, changed, unpair)
+	if err != nil {
 		return nil, err
 	}
 	if history == "" {
@@ -155,7 +156,7 @@ func (s *Server) commitLocked(ctx context.Context, req commitRequest) (*snapshot
 		tokens = maps.Clone(tokens)
 		maps.DeleteFunc(tokens, func(_, user string) bool { return slices.Contains(unpair, user) })
 	}
-	snap := &snapshot{revision: next, history: history, stored: candidate, doc: effective, masked: configschema.Mask(effective), tokens: tokens}
+	snap := &snapshot{revision: next, history: history, digest: digest, stored: candidate, doc: effective, masked: configschema.Mask(effective), tokens: tokens}
 	s.snap.Store(snap)
 	s.publish(snap, changed)
 	s.log.Info("config committed", zap.Int64("revision", next), zap.String("by", req.who.by), zap.Strings("props", changed))
@@ -266,13 +267,14 @@ func holdsMask(v any) bool {
 // tokens of the users named in unpair. A failed COMMIT is checked against
 // the database, since the commit may have happened before the connection
 // was lost: then the candidate is live after all.
-func (s *Server) store(ctx context.Context, rev int64, history string, stored map[string]any, who audit, props, unpair []string) error {
+func (s *Server) store(ctx context.Context, rev int64, history string, stored map[string]any, who audit, props, unpair []string) (string, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: begin: %w", ErrCommit, err)
+		return "", fmt.Errorf("%w: begin: %w", ErrCommit, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after a commit it is a no-op
-	if err := s.insertRevision(ctx, tx, rev, history, stored, who, props); err != nil {
+	digest, err := s.insertRevision(ctx, tx, rev, history, stored, who, props)
+	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "23505" { // unique_violation
 			// The database holds this revision already: a commit whose
@@ -280,23 +282,23 @@ func (s *Server) store(ctx context.Context, rev int64, history string, stored ma
 			// running when the check read), or another config process
 			// committed it: commit reloads and stages again.
 			s.unsure.Store(true)
-			return fmt.Errorf("%w: %w: %w", ErrCommit, errRevisionTaken, err)
+			return "", fmt.Errorf("%w: %w: %w", ErrCommit, errRevisionTaken, err)
 		}
-		return fmt.Errorf("%w: %w", ErrCommit, err)
+		return "", fmt.Errorf("%w: %w", ErrCommit, err)
 	}
 	if len(unpair) > 0 {
 		if _, err := tx.Exec(ctx, "UPDATE tokens SET revoked_at = now() WHERE username = ANY($1) AND revoked_at IS NULL", unpair); err != nil {
-			return fmt.Errorf("%w: unpair the tokens of users removed or created: %w", ErrCommit, err)
+			return "", fmt.Errorf("%w: unpair the tokens of users removed or created: %w", ErrCommit, err)
 		}
 	}
 	if s.hooks.beforeCommit != nil {
 		if err := s.hooks.beforeCommit(ctx, tx); err != nil {
-			return fmt.Errorf("%w: %w", ErrCommit, err)
+			return "", fmt.Errorf("%w: %w", ErrCommit, err)
 		}
 	}
 	commitErr := tx.Commit(ctx)
 	if commitErr == nil {
-		return nil
+		return digest, nil
 	}
 	checkCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
@@ -304,7 +306,7 @@ func (s *Server) store(ctx context.Context, rev int64, history string, stored ma
 	switch {
 	case err == nil && got == rev:
 		s.log.Warn("commit reported an error but is stored", zap.Int64("revision", rev), zap.Error(commitErr))
-		return nil
+		return digest, nil
 	default:
 		// The revision may be stored all the same, or still be: a
 		// COMMIT the server is running when the check reads lands after
@@ -312,7 +314,7 @@ func (s *Server) store(ctx context.Context, rev int64, history string, stored ma
 		s.unsure.Store(true)
 		s.log.Warn("commit of unknown outcome", zap.Int64("revision", rev), zap.Error(commitErr), zap.NamedError("check", err))
 	}
-	return fmt.Errorf("%w: %w", ErrCommit, commitErr)
+	return "", fmt.Errorf("%w: %w", ErrCommit, commitErr)
 }
 
 // publish announces a commit on the bus: its revision and changed props,
@@ -322,7 +324,7 @@ func (s *Server) publish(snap *snapshot, props []string) {
 	if s.nc == nil {
 		return
 	}
-	if err := bus.PublishConfigRevision(s.nc, snap.history, snap.revision, props); err != nil {
+	if err := bus.PublishConfigRevision(s.nc, snap.history, snap.digest, snap.revision, props); err != nil {
 		s.log.Warn("config change not published", zap.Int64("revision", snap.revision), zap.Error(err))
 	}
 }

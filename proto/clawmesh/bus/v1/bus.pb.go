@@ -183,7 +183,11 @@ type ConfigChanged struct {
 	// history identifies the config database's history the revision
 	// belongs to (LiveResponse.history); empty from a config service that
 	// predates it (unknown: revision numbers alone are compared).
-	History       string `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`
+	History string `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`
+	// digest is the revision's content digest (LiveResponse.digest): a
+	// revision rewritten in the database is announced again under its
+	// number, and told apart by it.
+	Digest        string `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -235,6 +239,13 @@ func (x *ConfigChanged) GetProps() []string {
 func (x *ConfigChanged) GetHistory() string {
 	if x != nil {
 		return x.History
+	}
+	return ""
+}
+
+func (x *ConfigChanged) GetDigest() string {
+	if x != nil {
+		return x.Digest
 	}
 	return ""
 }
@@ -603,11 +614,12 @@ var File_clawmesh_bus_v1_bus_proto protoreflect.FileDescriptor
 
 const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
-	"\x19clawmesh/bus/v1/bus.proto\x12\x0fclawmesh.bus.v1\"[\n" +
+	"\x19clawmesh/bus/v1/bus.proto\x12\x0fclawmesh.bus.v1\"s\n" +
 	"\rConfigChanged\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
 	"\x05props\x18\x02 \x03(\tR\x05props\x12\x18\n" +
-	"\ahistory\x18\x03 \x01(\tR\ahistory\"\xf2\x01\n" +
+	"\ahistory\x18\x03 \x01(\tR\ahistory\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\"\xf2\x01\n" +
 	"\rSessionUpdate\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12/\n" +

@@ -661,7 +661,14 @@ type LiveResponse struct {
 	// reset (a new history, whatever its revision number) is told apart
 	// from the one a consumer read. Empty from a config service that
 	// predates it.
-	History       string `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`
+	History string `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`
+	// digest is the SHA-256 (hex) of the revision's document as stored in
+	// the database: a history restored into the same database (an older
+	// dump put back, a row rewritten) keeps its id and may reach the
+	// numbers a consumer read, with other documents. A consumer holding
+	// the revision with another digest reads it again. Empty from a
+	// config service that predates it, and at revision 0.
+	Digest        string `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -713,6 +720,13 @@ func (x *LiveResponse) GetDocument() *structpb.Struct {
 func (x *LiveResponse) GetHistory() string {
 	if x != nil {
 		return x.History
+	}
+	return ""
+}
+
+func (x *LiveResponse) GetDigest() string {
+	if x != nil {
+		return x.Digest
 	}
 	return ""
 }
@@ -1438,11 +1452,12 @@ const file_clawmesh_config_v1_config_proto_rawDesc = "" +
 	"\x0eDeleteResponse\x12\x12\n" +
 	"\x04prop\x18\x01 \x01(\tR\x04prop\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"\r\n" +
-	"\vLiveRequest\"y\n" +
+	"\vLiveRequest\"\x91\x01\n" +
 	"\fLiveResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x123\n" +
 	"\bdocument\x18\x02 \x01(\v2\x17.google.protobuf.StructR\bdocument\x12\x18\n" +
-	"\ahistory\x18\x03 \x01(\tR\ahistory\"n\n" +
+	"\ahistory\x18\x03 \x01(\tR\ahistory\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\"n\n" +
 	"\x17ResolvePrincipalRequest\x12\x19\n" +
 	"\bpeer_uid\x18\x01 \x01(\x05R\apeerUid\x12\x19\n" +
 	"\bpeer_pid\x18\x02 \x01(\x05R\apeerPid\x12\x1d\n" +

@@ -1,0 +1,103 @@
+package config
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/testwait"
+)
+
+// running runs e's server (its follow of the database) until the test ends.
+func (e *env) running(t *testing.T) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); e.srv.Run(ctx) }()
+	t.Cleanup(func() { stop(); testwait.Recv(t, ran) })
+}
+
+// followerHolds waits until c holds revision rev with rpc.call_timeout_ms ms.
+func followerHolds(t *testing.T, c *configclient.Client, rev int64, ms float64) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if got := timeoutOf(c); got != ms || c.Current().Revision != rev {
+			return fmt.Errorf("follower at revision %d, rpc.call_timeout_ms %v; want %d, %v", c.Current().Revision, got, rev, ms)
+		}
+		return nil
+	})
+}
+
+// An older dump of the config database restored into it (pg_restore),
+// then committed on up to the revision number its consumers held: the
+// restored history keeps its id, and its numbers meet the ones read, so
+// a consumer that read revision 3 before the restore kept its document
+// (2700) where the service served the restored history's revision 3
+// (3700), for ever: each read found the number it held. Each revision
+// now carries its stored document's digest, and one held with another
+// digest is read again.
+func TestRestoredHistoryAtTheNumbersHeldIsFollowed(t *testing.T) {
+	url := testenv.Postgres(t)
+	a := newEnvOn(t, url, nil)
+	a.running(t)
+	a.mustSet(kv{"rpc.call_timeout_ms", 2500})
+	dump := filepath.Join(t.TempDir(), "config.dump")
+	testenv.PGTool(t, "pg_dump", "--format=custom", "--schema=config", "--file="+dump, url)
+	a.mustSet(kv{"rpc.call_timeout_ms", 2600})
+	held := a.mustSet(kv{"rpc.call_timeout_ms", 2700})
+	c := followerOf(t, a, &switchable{srv: a.srv})
+	followerHolds(t, c, held, 2700)
+
+	testenv.PGTool(t, "pg_restore", "--clean", "--if-exists", "--single-transaction", "--schema=config", "--dbname="+url, dump)
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if v, err := a.get("rpc.call_timeout_ms"); err != nil || v != float64(2500) {
+			return fmt.Errorf("the service serves rpc.call_timeout_ms %v (%v), want the restored 2500", v, err)
+		}
+		return nil
+	})
+	// Before the follower confirms the lower revision (2 s), the
+	// restored history is back at the number it holds.
+	a.mustSet(kv{"rpc.call_timeout_ms", 3600})
+	if rev := a.mustSet(kv{"rpc.call_timeout_ms", 3700}); rev != held {
+		t.Fatalf("the restored history's commit is revision %d, want %d (the number held)", rev, held)
+	}
+	followerHolds(t, c, held, 3700)
+}
+
+// The newest revision's row rewritten in the database: the service
+// compared its newest number, token counts and history id, all the same,
+// and served the old document until it restarted, and its consumers
+// kept it even then. The row's digest is now part of what the service
+// compares, and what its consumers compare.
+func TestRewrittenRevisionIsFollowed(t *testing.T) {
+	url := testenv.Postgres(t)
+	a := newEnvOn(t, url, nil)
+	a.running(t)
+	rev := a.mustSet(kv{"rpc.call_timeout_ms", 2500})
+	c := followerOf(t, a, &switchable{srv: a.srv})
+	followerHolds(t, c, rev, 2500)
+
+	ctx := ctxFor(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tag, err := conn.Exec(ctx, `UPDATE config.revisions SET document = jsonb_set(document, '{rpc,call_timeout_ms}', '4500') WHERE revision = $1`, rev)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("rewrite revision %d: %v (%d rows)", rev, err, tag.RowsAffected())
+	}
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if v, err := a.get("rpc.call_timeout_ms"); err != nil || v != float64(4500) {
+			return fmt.Errorf("the service serves rpc.call_timeout_ms %v (%v), want the rewritten 4500", v, err)
+		}
+		return nil
+	})
+	followerHolds(t, c, rev, 4500)
+}
