@@ -412,10 +412,12 @@ func (b *binding) stop() {
 //
 // Every request must carry "Authorization: Bearer <token>" with the
 // binding's channels.plugin.<alias>.token, read from the config service
-// once per config revision the replica follows (tokenCache: a rotation
-// applies from the first request after the replica reads the revision
-// that made it) and compared in constant time: a loopback port is
-// reachable by every local account.
+// once per config revision the replica follows (tokenCache) and compared
+// in constant time: a loopback port is reachable by every local account.
+// A token that matches is read again before the message is taken, so a
+// rotation holds from its commit, not from the replica's read of it (and
+// while the config service is away a message is answered 503, to retry,
+// not taken on a token that may have been rotated).
 func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	ok, err := b.authorized(r)
 	if err != nil {
@@ -484,8 +486,22 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 	if !ok || got == "" || b.reveal == nil {
 		return false, nil
 	}
+	arrived := time.Now()
 	want, err := b.tok.get(b)
 	if err != nil {
+		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
+	}
+	if want == "" || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+		// Refused without a call: a wrong token costs the config
+		// service nothing.
+		return false, nil
+	}
+	// The token held is of the revision the replica follows, which
+	// trails a rotation's commit by the announcement's round trip (at
+	// worst the 30 s resync): the old token was taken meanwhile, after
+	// config/set had answered. A match is checked against the config
+	// service's own, read after the request arrived.
+	if want, err = b.tok.fresh(b, arrived); err != nil {
 		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
 	}
 	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1, nil
@@ -511,9 +527,10 @@ type tokenCache struct {
 }
 
 type tokenRead struct {
-	done  chan struct{}
-	token string
-	err   error
+	done    chan struct{}
+	started time.Time
+	token   string
+	err     error
 }
 
 // get returns b's token, read with b.reveal unless the one held is of
@@ -534,9 +551,54 @@ func (c *tokenCache) get(b *binding) (string, error) {
 		<-call.done
 		return call.token, call.err
 	}
-	call := &tokenRead{done: make(chan struct{})}
-	c.call = call
+	call := c.begin()
 	c.mu.Unlock()
+	c.read(b, call, func() {
+		if b.revision != nil {
+			// The revision read before the call: a newer one meanwhile
+			// reads again at the next request.
+			c.held, c.rev, c.token = true, rev, call.token
+		}
+	})
+	return call.token, call.err
+}
+
+// fresh returns b's token as the config service holds it, read by a call
+// begun at or after arrived: requests that arrive together share one
+// read (one in flight at a time), and none takes a read begun before it
+// arrived, which may predate a rotation it follows. Only a request
+// whose token matched the held one asks, so a wrong token makes no
+// call. What it reads is the config service's, not of the revision the
+// replica follows: the cache is left as it is.
+func (c *tokenCache) fresh(b *binding, arrived time.Time) (string, error) {
+	for {
+		c.mu.Lock()
+		call := c.call
+		if call == nil {
+			call = c.begin()
+			c.mu.Unlock()
+			c.read(b, call, nil)
+			return call.token, call.err
+		}
+		c.mu.Unlock()
+		<-call.done
+		if !call.started.Before(arrived) {
+			return call.token, call.err
+		}
+	}
+}
+
+// begin makes the read in flight; c.mu is held.
+func (c *tokenCache) begin() *tokenRead {
+	call := &tokenRead{done: make(chan struct{}), started: time.Now()}
+	c.call = call
+	return call
+}
+
+// read makes call's Reveal, then ends it: under c.mu, c.call is cleared
+// and, when it succeeded, hold runs (if not nil); then its waiters are
+// woken.
+func (c *tokenCache) read(b *binding, call *tokenRead, hold func()) {
 	// Not the request's context: the read is every waiting request's.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	call.token, call.err = b.reveal(ctx, "channels.plugin."+b.cfg.Alias+".token")
@@ -549,14 +611,11 @@ func (c *tokenCache) get(b *binding) (string, error) {
 			c.warned = now
 			b.log.Warn("channel token not read (logged at most every 30 s)", zap.Error(call.err))
 		}
-	case b.revision != nil:
-		// The revision read before the call: a newer one meanwhile
-		// reads again at the next request.
-		c.held, c.rev, c.token = true, rev, call.token
+	case hold != nil:
+		hold()
 	}
 	c.mu.Unlock()
 	close(call.done)
-	return call.token, call.err
 }
 
 // poll configures the channel (retrying until its config resolves) and
