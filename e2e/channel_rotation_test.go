@@ -1,0 +1,56 @@
+package e2e_test
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// A channel's token rotated with config/set: the old token was accepted
+// from the set's answer until the sandbox read the new revision (a few
+// milliseconds, at worst its 30 s resync), so a holder of the old token
+// posting right after the rotation had its messages queued. A token that
+// matches is now checked against the config service before a message is
+// taken.
+func TestRotatedChannelTokenIsRefusedOnceSet(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
+	v := newConv(t, s, nil)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(hook.Close)
+	bindWebChannel(t, v, hook.URL)
+	listen := webChannelListen(t, v, "")
+
+	post := func(token string, n int) int {
+		t.Helper()
+		body := fmt.Sprintf(`{"id":"m%d","from":"ann","text":"/say %d","thread":"t-%d"}`, n, n, n)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post(webChannelToken, 0); code != http.StatusAccepted {
+		t.Fatalf("the bound token: %d, want 202", code)
+	}
+	const rotations = 20
+	old, accepted := webChannelToken, 0
+	for i := 1; i <= rotations; i++ {
+		tok := fmt.Sprintf("rotated-token-%02d-0123456789abcdef0123456789", i)
+		v.call("config/set", map[string]any{"prop": "channels.plugin.web.token", "value": tok})
+		if code := post(old, i); code == http.StatusAccepted {
+			accepted++
+		} else if code != http.StatusUnauthorized {
+			t.Fatalf("the old token right after rotation %d: %d, want 401", i, code)
+		}
+		old = tok
+	}
+	if accepted > 0 {
+		t.Fatalf("the old token was accepted right after %d of %d rotations", accepted, rotations)
+	}
+}
