@@ -101,3 +101,28 @@ func TestRewrittenRevisionIsFollowed(t *testing.T) {
 	})
 	followerHolds(t, c, rev, 4500)
 }
+
+// The database brought back, by a restore, to the very fingerprint the
+// service's follow last read, before its own later commits: follow
+// compared the fingerprint with the one it had read, found it the same,
+// and served the commits the database no longer held (2700 for 2500),
+// for ever. Its own writes now make the next follow reload.
+func TestRestoreToTheFingerprintLastReadIsFollowed(t *testing.T) {
+	url := testenv.Postgres(t)
+	a := newEnvOn(t, url, nil)
+	a.mustSet(kv{"rpc.call_timeout_ms", 2500})
+	if err := a.srv.follow(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	dump := filepath.Join(t.TempDir(), "config.dump")
+	testenv.PGTool(t, "pg_dump", "--format=custom", "--schema=config", "--file="+dump, url)
+	a.mustSet(kv{"rpc.call_timeout_ms", 2600})
+	a.mustSet(kv{"rpc.call_timeout_ms", 2700})
+	testenv.PGTool(t, "pg_restore", "--clean", "--if-exists", "--single-transaction", "--schema=config", "--dbname="+url, dump)
+	if err := a.srv.follow(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := a.get("rpc.call_timeout_ms"); err != nil || v != float64(2500) {
+		t.Fatalf("after the restore the service serves rpc.call_timeout_ms %v (%v), want the restored 2500", v, err)
+	}
+}

@@ -94,6 +94,13 @@ type Server struct {
 	// seen is what the database held (storedFingerprint) when the live
 	// snapshot was last loaded from it; only New and Run use it.
 	seen fingerprint
+	// wrote is set by every write of this process (unlock): the
+	// database then holds what seen does not say, and follow reloads
+	// even when the fingerprint reads as seen again. Without it, an
+	// older dump restored after this process's own commits brought the
+	// database back to the very fingerprint follow last read (before
+	// those commits), and was never loaded.
+	wrote atomic.Bool
 
 	hooks hooks
 }
@@ -277,8 +284,12 @@ func (s *Server) storedFingerprint(ctx context.Context) (fingerprint, error) {
 // own writes change the fingerprint too: each costs one reload that
 // finds nothing new.
 func (s *Server) follow(ctx context.Context) error {
+	wrote := s.wrote.Swap(false)
 	fp, err := s.storedFingerprint(ctx)
-	if err != nil || fp == s.seen {
+	if err != nil || (fp == s.seen && !wrote) {
+		if err != nil && wrote {
+			s.wrote.Store(true)
+		}
 		return err
 	}
 	// The in-process lock alone, as reconcile: no write of this process
@@ -286,11 +297,17 @@ func (s *Server) follow(ctx context.Context) error {
 	select {
 	case s.writeLock <- struct{}{}:
 	case <-ctx.Done():
+		if wrote {
+			s.wrote.Store(true)
+		}
 		return ctx.Err()
 	}
 	defer func() { <-s.writeLock }()
 	snap, err := s.load(ctx)
 	if err != nil {
+		if wrote {
+			s.wrote.Store(true)
+		}
 		return err
 	}
 	// fp was read before the load: a change between them is loaded
@@ -359,5 +376,6 @@ func (s *Server) unlock() {
 	release := s.releasePolicy
 	s.releasePolicy = nil
 	release()
+	s.wrote.Store(true)
 	<-s.writeLock
 }
