@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -65,33 +64,12 @@ func TestPluginChannelRedeliveryRunsNoToolTwice(t *testing.T) {
 	v := newConv(t, s, nil)
 	waitForPluginTool(t, v, echoTool)
 
-	var (
-		mu      sync.Mutex
-		replies []string
-	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]string
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		mu.Lock()
-		replies = append(replies, body["content"])
-		mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
-	bindWebChannel(t, v, hook.URL)
+	hookURL, replies := replyHook(t)
+	bindWebChannel(t, v, hookURL)
 	listen := webChannelListen(t, v, "")
 	text := "/tool " + echoTool + ` {"msg":"paid once"}` + "\n/sleep 4000\n/say done after the rebind"
 	body, _ := json.Marshal(map[string]string{"id": "m1", "from": "ann", "text": text, "thread": "t-1"})
-	req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+webChannelToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("listener answered %s", resp.Status)
-	}
+	postWebMessage(t, listen, body)
 	id := channelSessionID(t, v)
 	// The tool ran; the turn sleeps in its next step when the binding moves.
 	waitFor(t, "the tool's result", 30*time.Second, func() bool { return channelToolRows(t, v, id, echoTool) == 1 })
@@ -103,14 +81,8 @@ func TestPluginChannelRedeliveryRunsNoToolTwice(t *testing.T) {
 	lis.Close()
 	v.call("config/set", map[string]any{"prop": "channels.plugin.web.listen", "value": moved})
 	webChannelListen(t, v, listen)
-	waitFor(t, "the answer of the cut turn", 60*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(replies) > 0
-	})
-	mu.Lock()
-	got := append([]string(nil), replies...)
-	mu.Unlock()
+	waitFor(t, "the answer of the cut turn", 60*time.Second, func() bool { return len(replies()) > 0 })
+	got := replies()
 	if !strings.HasSuffix(got[0], "done after the rebind") {
 		t.Fatalf("replies %q, want the cut turn's answer", got)
 	}

@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -56,16 +55,7 @@ func TestPluginChannelHungEndpointHoldsNoOtherReply(t *testing.T) {
 	post := func(thread, text string) {
 		t.Helper()
 		body, _ := json.Marshal(map[string]string{"id": thread, "from": "ann", "text": text, "thread": thread})
-		req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+webChannelToken)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusAccepted {
-			t.Fatalf("listener answered %s", resp.Status)
-		}
+		postWebMessage(t, listen, body)
 	}
 	seen := func(what string) bool {
 		mu.Lock()

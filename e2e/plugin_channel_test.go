@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -161,46 +162,13 @@ func TestPluginChannelRebindDeliversACutTurnAgain(t *testing.T) {
 	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
 	v := newConv(t, s, nil)
 
-	var (
-		mu      sync.Mutex
-		replies []string
-	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]string
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		mu.Lock()
-		replies = append(replies, body["content"])
-		mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
-	bindWebChannel(t, v, hook.URL)
+	hookURL, replies := replyHook(t)
+	bindWebChannel(t, v, hookURL)
 	running := func(not string) string { return webChannelListen(t, v, not) }
 	listen := running("")
-	body := `{"id":"m1","from":"ann","text":"/sleep 4000\n/say answered after the rebind","thread":"t-1"}`
-	req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
-	req.Header.Set("Authorization", "Bearer "+webChannelToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("listener answered %s", resp.Status)
-	}
+	postWebMessage(t, listen, []byte(`{"id":"m1","from":"ann","text":"/sleep 4000\n/say answered after the rebind","thread":"t-1"}`))
 	// The turn runs (its session exists) when the binding moves.
-	waitFor(t, "the channel's session", 30*time.Second, func() bool {
-		var list struct {
-			Sessions []map[string]any `json:"sessions"`
-		}
-		_ = json.Unmarshal(v.call("session/list", map[string]any{}), &list)
-		for _, sess := range list.Sessions {
-			if id, _ := sess["session_id"].(string); strings.HasPrefix(id, "chan_") {
-				return true
-			}
-		}
-		return false
-	})
+	channelSessionID(t, v)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -209,15 +177,51 @@ func TestPluginChannelRebindDeliversACutTurnAgain(t *testing.T) {
 	lis.Close()
 	v.call("config/set", map[string]any{"prop": "channels.plugin.web.listen", "value": moved})
 	running(listen)
-	waitFor(t, "the answer of the cut turn", 60*time.Second, func() bool {
+	waitFor(t, "the answer of the cut turn", 60*time.Second, func() bool { return len(replies()) > 0 })
+	if got := replies(); got[0] != "answered after the rebind" {
+		t.Fatalf("replies %q, want the cut turn's answer", got)
+	}
+}
+
+// replyHook serves a channel's replies, keeping their content in the
+// order they came; replies returns what came so far.
+func replyHook(t *testing.T) (url string, replies func() []string) {
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		got = append(got, body["content"])
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+	return hook.URL, func() []string {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(replies) > 0
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	if replies[0] != "answered after the rebind" {
-		t.Fatalf("replies %q, want the cut turn's answer", replies)
+		return slices.Clone(got)
+	}
+}
+
+// postWebMessage posts body to channel "web" on listen with its token
+// and wants it accepted.
+func postWebMessage(t *testing.T, listen string, body []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+webChannelToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("listener answered %s", resp.Status)
 	}
 }
 
