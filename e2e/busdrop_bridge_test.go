@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/clawmesh/clawmesh/internal/collietest"
 )
 
@@ -46,27 +44,7 @@ func TestBridgeBusDropsLoseNothingInThePane(t *testing.T) {
 	// Drop the bridge's bus connection every 10 ms for two and a half
 	// seconds, the tool's call and result published within them.
 	stop := make(chan struct{})
-	kicked := make(chan int)
-	go func() {
-		n := 0
-		defer func() { kicked <- n }()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			conns, err := b.srv.Connz(&server.ConnzOptions{})
-			if err != nil {
-				continue
-			}
-			for _, ci := range conns.Conns {
-				if ci.Name == "clawmesh-durable-bridge" && b.srv.DisconnectClientByID(ci.Cid) == nil {
-					n++
-				}
-			}
-		}
-	}()
+	kicked := kickWhile(b, "clawmesh-durable-bridge", stop)
 	time.Sleep(2500 * time.Millisecond)
 	close(stop)
 	t.Logf("the bridge's bus connection dropped %d times", <-kicked)

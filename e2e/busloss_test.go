@@ -323,23 +323,7 @@ func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 	b.start()
 	// The gateway tells when its check after the reconnect found the
 	// session's stream whole.
-	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
-		log := readLog(t, b.s, "gateway")
-		if strings.Contains(log, "closing connection: session updates may have been lost") {
-			t.Fatalf("the gateway closed the connection following a session that lost nothing:\n%s", log)
-		}
-		if !strings.Contains(log, "lost no update: their followers stay") {
-			return errors.New("the gateway has not logged its check after the reconnect")
-		}
-		return nil
-	})
-	clear(kinds)
-	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say three four five"}); err != nil {
-		t.Fatalf("the connection following the session, after the bus came back: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
-	}
-	if kinds["agent_message_chunk"] != 3 || kinds["turn_complete"] != 1 {
-		t.Fatalf("the next turn streamed %v", kinds)
-	}
+	wantFollowerKept(t, b, c, session, kinds, 30*time.Second)
 	idleKinds := updateKinds{}
 	onUpdates(idle, idleKinds, make(chan struct{}, 1))
 	if _, err := idle.Call("session/prompt", map[string]any{"session_id": other, "prompt": "/say six seven"}); err != nil {
@@ -398,7 +382,16 @@ func TestBusBackAcrossASessionServiceRestartKeepsFollowers(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.start()
-	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+	wantFollowerKept(t, b, c, session, kinds, 60*time.Second)
+}
+
+// wantFollowerKept waits, up to within, for the gateway's check after
+// the bus came back to find session's stream whole, then prompts the
+// session on c, which follows it (its updates counted in kinds), and
+// wants the whole turn streamed to c.
+func wantFollowerKept(t *testing.T, b *externalBus, c *e2e.Client, session string, kinds updateKinds, within time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, within, 100*time.Millisecond, func() error {
 		log := readLog(t, b.s, "gateway")
 		if strings.Contains(log, "closing connection: session updates may have been lost") {
 			t.Fatalf("the gateway closed the connection following a session that lost nothing:\n%s", log)
