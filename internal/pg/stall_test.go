@@ -18,19 +18,7 @@ import (
 // saying the database was gone), and calls work again as soon as the
 // database answers, with no failure kept.
 func TestCallsFailAtOnceWhileTheDatabaseIsSeenGone(t *testing.T) {
-	url := testenv.Postgres(t)
-	r := testenv.RelayPostgres(t, url)
-	var stalled atomic.Bool
-	testenv.StartRelay(t, r.Path, r.Target, func() testenv.RelayHook {
-		return func(bool, []byte) bool {
-			for stalled.Load() {
-				time.Sleep(5 * time.Millisecond)
-			}
-			return true
-		}
-	})
-	// Runs before the relay's Close: its goroutines must not wait on.
-	t.Cleanup(func() { stalled.Store(false) })
+	r, stalled := stallingRelay(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	pool, err := pg.Open(ctx, r.URL, "stall", nil, testenv.Logger(t))
@@ -148,19 +136,7 @@ func TestBusyPoolIsNotADatabaseGone(t *testing.T) {
 // transaction is rolled back: nothing of it is stored once the server
 // answers again.
 func TestCallsInFlightEndWhenTheDatabaseIsSeenGone(t *testing.T) {
-	url := testenv.Postgres(t)
-	r := testenv.RelayPostgres(t, url)
-	var stalled atomic.Bool
-	testenv.StartRelay(t, r.Path, r.Target, func() testenv.RelayHook {
-		return func(bool, []byte) bool {
-			for stalled.Load() {
-				time.Sleep(5 * time.Millisecond)
-			}
-			return true
-		}
-	})
-	// Runs before the relay's Close: its goroutines must not wait on.
-	t.Cleanup(func() { stalled.Store(false) })
+	r, stalled := stallingRelay(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// One connection: the acquisition below waits for the one the
@@ -246,4 +222,24 @@ func TestCallsInFlightEndWhenTheDatabaseIsSeenGone(t *testing.T) {
 	if n != 0 {
 		t.Errorf("%d rows stored by calls that failed unavailable", n)
 	}
+}
+
+// stallingRelay relays to the test's PostgreSQL; while stalled is set,
+// nothing crosses it either way, as with a server that stopped
+// answering.
+func stallingRelay(t *testing.T) (testenv.PostgresRelayed, *atomic.Bool) {
+	t.Helper()
+	r := testenv.RelayPostgres(t, testenv.Postgres(t))
+	stalled := new(atomic.Bool)
+	testenv.StartRelay(t, r.Path, r.Target, func() testenv.RelayHook {
+		return func(bool, []byte) bool {
+			for stalled.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+			return true
+		}
+	})
+	// Runs before the relay's Close: its goroutines must not wait on.
+	t.Cleanup(func() { stalled.Store(false) })
+	return r, stalled
 }
