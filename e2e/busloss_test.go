@@ -273,20 +273,7 @@ func TestBusLostMidTurnHealsThePhonesPane(t *testing.T) {
 func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 	t.Parallel()
 	b := startOnExternalBus(t)
-	c := b.s.Dial(t)
-	c.Timeout = 60 * time.Second
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	session, err := newSession(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := updateKinds{}
-	onUpdates(c, kinds, make(chan struct{}, 1))
-	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two"}); err != nil {
-		t.Fatal(err)
-	}
+	c, session, kinds := followedAfterATurn(t, b)
 	// Another session, with a turn behind it, is resumed by a connection
 	// of its own and not prompted: that connection has received nothing
 	// of it when the bus goes away.
@@ -346,20 +333,7 @@ func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 func TestBusBackAcrossASessionServiceRestartKeepsFollowers(t *testing.T) {
 	t.Parallel()
 	b := startOnExternalBus(t)
-	c := b.s.Dial(t)
-	c.Timeout = 60 * time.Second
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	session, err := newSession(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := updateKinds{}
-	onUpdates(c, kinds, make(chan struct{}, 1))
-	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two"}); err != nil {
-		t.Fatal(err)
-	}
+	c, session, kinds := followedAfterATurn(t, b)
 
 	pid := b.s.PIDOf("session")
 	if pid == 0 {
@@ -408,4 +382,25 @@ func wantFollowerKept(t *testing.T, b *externalBus, c *e2e.Client, session strin
 	if kinds["agent_message_chunk"] != 3 || kinds["turn_complete"] != 1 {
 		t.Fatalf("the next turn streamed %v", kinds)
 	}
+}
+
+// followedAfterATurn opens a session on a new connection to b's stack,
+// which follows it (its updates counted in kinds), and runs one turn.
+func followedAfterATurn(t *testing.T, b *externalBus) (*e2e.Client, string, updateKinds) {
+	t.Helper()
+	c := b.s.Dial(t)
+	c.Timeout = 60 * time.Second
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	session, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := updateKinds{}
+	onUpdates(c, kinds, make(chan struct{}, 1))
+	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two"}); err != nil {
+		t.Fatal(err)
+	}
+	return c, session, kinds
 }
