@@ -936,31 +936,15 @@ func TestChannelRedeliveryCarriesItsMessageKey(t *testing.T) {
 // for just after the hung one timed out with it, without running, and
 // was dropped with a log line though its sender had been answered 202.
 func TestChannelHungReplyEndpointDropsNoOtherReply(t *testing.T) {
-	hung, replies, done := make(chan string, 8), make(chan map[string]string, 8), make(chan struct{})
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]string
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		if body["thread_id"] == "A" {
-			// A's endpoint hangs until the plugin's call ends.
-			hung <- body["thread_id"]
-			select {
-			case <-done:
-			case <-r.Context().Done():
-			}
-			return
-		}
-		replies <- body
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
+	hookURL, hung, replies, release := hungThreadAHook(t)
 	fs := newFakeSessions()
 	fs.answer = true
 	relA, relB := make(chan struct{}), make(chan struct{})
 	fs.holdFor["a1"], fs.holdFor["b1"] = relA, relB
 	lim := wasmhost.DefaultLimits()
 	lim.CallTimeoutMS = 2000
-	ts := channelServerLimits(t, fs, hook.URL, lim)
-	t.Cleanup(func() { close(done) }) // before the sandbox stops
+	ts := channelServerLimits(t, fs, hookURL, lim)
+	t.Cleanup(release) // before the sandbox stops
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
 	postThread(t, web.Listen, "A", "a1")
 	postThread(t, web.Listen, "B", "b1")
@@ -968,7 +952,7 @@ func TestChannelHungReplyEndpointDropsNoOtherReply(t *testing.T) {
 		testwait.Recv(t, fs.prompts)
 	}
 	close(relA)
-	if th := testwait.Recv(t, hung); th != "A" {
+	if th := testwait.Recv(t, hung)["thread_id"]; th != "A" {
 		t.Fatalf("hung reply of %s, want A's", th)
 	}
 	close(relB) // b1's reply waits for the instance behind a1's
@@ -1073,4 +1057,27 @@ func TestChannelsSharingAPortWrittenTwoWaysAreRefused(t *testing.T) {
 			t.Fatalf("channel %s on a fresh port: %v", alias, c)
 		}
 	}
+}
+
+// hungThreadAHook is a channel's reply endpoint that holds each reply to
+// thread A (its body sent on hung) until release or the request's end,
+// and answers the others (their bodies sent on replies).
+func hungThreadAHook(t *testing.T) (url string, hung, replies <-chan map[string]string, release func()) {
+	held, answered, done := make(chan map[string]string, 8), make(chan map[string]string, 8), make(chan struct{})
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		if body["thread_id"] == "A" {
+			held <- body
+			select {
+			case <-done:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		answered <- body
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hook.Close)
+	return hook.URL, held, answered, sync.OnceFunc(func() { close(done) })
 }

@@ -2,9 +2,6 @@ package pluginsandbox_test
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"testing"
 	"time"
@@ -24,29 +21,14 @@ import (
 // C's message waited for it, up to the call limit each time. Sends now
 // run on instances of their own, one at a time per endpoint.
 func TestChannelHungReplyEndpointHoldsNoOtherCall(t *testing.T) {
-	hung, replies, done := make(chan string, 8), make(chan map[string]string, 8), make(chan struct{})
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]string
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		if body["thread_id"] == "A" {
-			hung <- body["content"]
-			select {
-			case <-done:
-			case <-r.Context().Done():
-			}
-			return
-		}
-		replies <- body
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
+	hookURL, hung, replies, release := hungThreadAHook(t)
 	fs := newFakeSessions()
 	fs.answer = true
 
 	dir := t.TempDir()
 	installExample(t, dir, "webhook")
 	cfg := &wasmhost.MemoryConfig{}
-	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web"), map[string]string{"webhook_url": hook.URL, "token": "tok"})
+	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web"), map[string]string{"webhook_url": hookURL, "token": "tok"})
 	lim := wasmhost.DefaultLimits()
 	lim.CallTimeoutMS = uint64((10 * time.Minute).Milliseconds())
 	ctx := context.Background()
@@ -62,12 +44,12 @@ func TestChannelHungReplyEndpointHoldsNoOtherCall(t *testing.T) {
 		c.Sessions = fs
 		c.Reveal = func(context.Context, string) (string, error) { return chanToken, nil }
 	})
-	t.Cleanup(func() { close(done) }) // before the sandbox stops
+	t.Cleanup(release) // before the sandbox stops
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
 
 	postThread(t, web.Listen, "A", "a1")
 	testwait.Recv(t, fs.prompts)
-	if c := testwait.Recv(t, hung); c != "re: a1" {
+	if c := testwait.Recv(t, hung)["content"]; c != "re: a1" {
 		t.Fatalf("hung reply %q, want a1's", c)
 	}
 	// A's reply hangs from here to the test's end.
