@@ -254,9 +254,13 @@ type gate struct {
 
 	mu   sync.Mutex
 	gone bool // Watch's last ping failed: statements fail at once (enter)
-	// calls are the acquisitions and statements in flight (inflight.go):
-	// as many as the callers in flight, each one until it ends.
+	// calls are the acquisitions in flight (inflight.go): as many as
+	// the callers in flight, each one until it ends.
 	calls map[*inFlight]struct{}
+	// stmts are the connections with a statement in flight, nStmts the
+	// statements they run (read without mu: none, none to leave).
+	stmts  map[*pgx.Conn]statement
+	nStmts atomic.Int32
 }
 
 // watchPing marks the context of Watch's pings: they go through a

@@ -176,10 +176,10 @@ func (t *writeTracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, _ pg
 	t.g.leave(ctx)
 }
 
-// TraceQueryStart lets Watch end the statement (gate.enter); the batch's
-// and the copy's do the same.
-func (t *writeTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return t.g.enter(ctx)
+// TraceQueryStart lets Watch end the statement (gate.enterStatement);
+// the batch's and the copy's do the same.
+func (t *writeTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return t.g.enterStatement(ctx, conn)
 }
 
 // TraceQueryEnd counts every statement but a successful SELECT. A read
@@ -187,7 +187,7 @@ func (t *writeTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tr
 // not see the SQL here): keeping waits until its backend has exited,
 // moments after pgx closed the connection.
 func (t *writeTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
-	t.g.leave(ctx)
+	t.g.leaveStatement(ctx, conn)
 	switch {
 	case d.Err == nil && d.CommandTag.Select():
 	case unknownOutcome(conn, d.Err):
@@ -206,14 +206,14 @@ func unknownOutcome(conn *pgx.Conn, err error) bool {
 	return err != nil && !errors.As(err, &pgErr) && conn.IsClosed() && conn.PgConn().PID() != 0
 }
 
-func (t *writeTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return t.g.enter(ctx)
+func (t *writeTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return t.g.enterStatement(ctx, conn)
 }
 
 func (t *writeTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
 func (t *writeTracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
-	t.g.leave(ctx)
+	t.g.leaveStatement(ctx, conn)
 	if unknownOutcome(conn, d.Err) {
 		t.w.Failed(conn.PgConn().PID())
 		return
@@ -221,12 +221,12 @@ func (t *writeTracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, d pgx.T
 	t.w.wrote()
 }
 
-func (t *writeTracer) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
-	return t.g.enter(ctx)
+func (t *writeTracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
+	return t.g.enterStatement(ctx, conn)
 }
 
 func (t *writeTracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceCopyFromEndData) {
-	t.g.leave(ctx)
+	t.g.leaveStatement(ctx, conn)
 	if unknownOutcome(conn, d.Err) {
 		t.w.Failed(conn.PgConn().PID())
 		return
