@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,20 +20,55 @@ var errGivenUp = fmt.Errorf("%w (given up: it did not answer the last check)", E
 // after: one already waiting on a server that did not answer (a
 // SIGSTOPped host) waited its caller's whole deadline, 10 s, while
 // health said the database was gone.
+//
+// It is a context of its own, kept for the next acquisition (inFlights)
+// when it ended undone: a cancel context made for each cost 4
+// allocations (the context, its cancel func, its Done channel, the
+// wrapper for Err). One kept costs none, or AfterFunc's two when the
+// caller's context can be done.
 type inFlight struct {
-	context.Context
-	cancel context.CancelCauseFunc
+	parent context.Context
+	done   chan struct{} // closed once, by end: never reused after
+	stop   func() bool   // AfterFunc's on parent, nil when parent cannot be done
+	// onParent is c.parentDone, made once with c.
+	onParent func()
+
+	mu  sync.Mutex
+	err error // set as done is closed
 }
+
+// inFlights keeps the inFlights that ended undone. One that ended done
+// is not kept: the pool may still be waiting on it (the constructor
+// goroutine of a connection its caller gave up on).
+var inFlights = sync.Pool{New: func() any {
+	c := &inFlight{done: make(chan struct{})}
+	c.onParent = c.parentDone
+	return c
+}}
+
+func (c *inFlight) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *inFlight) Done() <-chan struct{}       { return c.done }
+func (c *inFlight) Value(key any) any           { return c.parent.Value(key) }
 
 // Err is errGivenUp when Watch ended the call: the pool returns it, which
 // reads as unavailable (IsUnavailable), not as the caller's own
-// cancellation.
+// cancellation; the caller's error when its context ended it.
 func (c *inFlight) Err() error {
-	err := c.Context.Err()
-	if err != nil && context.Cause(c.Context) == errGivenUp {
-		return errGivenUp
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func (c *inFlight) parentDone() { c.end(c.parent.Err()) }
+
+// end makes c done with err, unless it is already.
+func (c *inFlight) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		close(c.done)
 	}
-	return err
 }
 
 // givenUpContext is done from the start, errGivenUp its error: what a
@@ -55,16 +91,25 @@ func (g *gate) enter(ctx context.Context) context.Context {
 		return ctx
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.gone {
+		g.mu.Unlock()
 		return givenUpContext{ctx}
 	}
-	cctx, cancel := context.WithCancelCause(ctx)
-	c := &inFlight{Context: cctx, cancel: cancel}
+	c := inFlights.Get().(*inFlight)
+	c.parent = ctx
 	if g.calls == nil {
 		g.calls = make(map[*inFlight]struct{})
 	}
 	g.calls[c] = struct{}{}
+	g.mu.Unlock()
+	if ctx.Done() != nil {
+		c.stop = context.AfterFunc(ctx, c.onParent)
+		if err := ctx.Err(); err != nil {
+			// Done already: AfterFunc runs onParent on a goroutine of
+			// its own, maybe after the pool took an idle connection.
+			c.end(err)
+		}
+	}
 	return c
 }
 
@@ -77,8 +122,16 @@ func (g *gate) leave(ctx context.Context) {
 	g.mu.Lock()
 	delete(g.calls, c)
 	g.mu.Unlock()
-	// Releases the caller's context of it.
-	c.cancel(nil)
+	// Releases the caller's context of it; false: onParent ran, or
+	// runs.
+	stopped := c.stop == nil || c.stop()
+	c.mu.Lock()
+	undone := c.err == nil
+	c.mu.Unlock()
+	if stopped && undone {
+		c.parent, c.stop = nil, nil
+		inFlights.Put(c)
+	}
 }
 
 // statement is a connection with statements in flight (gate.stmts).
@@ -173,7 +226,7 @@ func (g *gate) strike() {
 	defer g.mu.Unlock()
 	g.gone = true
 	for c := range g.calls {
-		c.cancel(errGivenUp)
+		c.end(errGivenUp)
 		delete(g.calls, c)
 	}
 	now := time.Now()

@@ -243,3 +243,54 @@ func stallingRelay(t *testing.T) (testenv.PostgresRelayed, *atomic.Bool) {
 	t.Cleanup(func() { stalled.Store(false) })
 	return r, stalled
 }
+
+// An acquisition on a watched pool that its caller gives up on ends with
+// the caller's own error, not as unavailable, and the contexts the gate
+// keeps for the next acquisitions (inFlight) carry nothing of it: the
+// calls after, with and without a deadline, are served.
+func TestWatchedAcquisitionEndsWithItsCaller(t *testing.T) {
+	url := testenv.Postgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	pool, err := pg.Open(ctx, url+sep+"pool_max_conns=1", "acquire", nil, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	defer func() { stopWatch(); <-watched }()
+	go func() {
+		defer close(watched)
+		pg.Watch(wctx, pool, func(error) {})
+	}()
+	for i := range 20 {
+		held, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Waits for the held connection until its caller gives up: by
+		// its deadline, or cancelled.
+		callCtx, callCancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		want := context.DeadlineExceeded
+		if i%2 == 1 {
+			callCancel()
+			want = context.Canceled
+		}
+		_, err = pool.Exec(callCtx, "SELECT 1")
+		callCancel()
+		held.Release()
+		if !errors.Is(err, want) || errors.Is(err, pg.ErrUnavailable) {
+			t.Fatalf("an acquisition its caller gave up on: %v, want %v", err, want)
+		}
+		for _, c := range []context.Context{ctx, context.Background()} {
+			if _, err := pool.Exec(c, "SELECT 1"); err != nil {
+				t.Fatalf("a call after one its caller gave up on: %v", err)
+			}
+		}
+	}
+}
