@@ -39,6 +39,13 @@ var (
 	// bound, the followers it could not vouch for are closed.
 	reconnectAskAgain   = time.Second
 	reconnectUnanswered = 30 * time.Second
+	// reconnectUnflushed bounds how long, from its first such answer,
+	// the session service may answer that its own bus link is down
+	// (not flushed): past it, the sessions it has not caught up on are
+	// taken as lost. Unbounded, a service whose link never came back was
+	// asked every second for as long as the gateway ran, its followers
+	// left open on a stream that had stopped.
+	reconnectUnflushed = 30 * time.Second
 )
 
 // followCheck is one session's part of the check: its topic, the last
@@ -82,9 +89,11 @@ type followCheck struct {
 //
 // While the session service's own bus link is down (its answer not
 // flushed), its updates wait in its connection's buffer and none is lost
-// yet: it is asked again every reconnectAskAgain for as long as it says
-// so, and the sessions it has not caught up on stay pending, their
-// followers open. Closed at a fixed 10 s, the followers of every session
+// yet: it is asked again every reconnectAskAgain while it says so, up to
+// reconnectUnflushed from its first such answer, and the sessions it has
+// not caught up on stay pending meanwhile, their followers open; past
+// that bound they are handled as a hole (one line logged for the batch).
+// Closed at a fixed 10 s, the followers of every session
 // it had published on were closed with nothing lost whenever its link
 // took longer to come back than the gateway's. An unanswered call (the
 // service restarting) is made again too, up to reconnectUnanswered: a
@@ -94,8 +103,9 @@ type followCheck struct {
 // takes its sessions over, from what they received by that drop
 // (droppedAgain).
 //
-// Anything not proven whole (the service unreachable past its bound or
-// answering -1, the deadline of a flushed answer passed) has its
+// Anything not proven whole (the service unreachable or not flushed
+// past its bound, or answering -1, the deadline of a flushed answer
+// passed) has its
 // followers closed, as every follower was before this check: closing
 // every connection at each reconnect made a 50 ms blip of the bus end
 // every client's connection. The check runs apart from nats.go's
@@ -229,6 +239,7 @@ func (h *hub) checkBatch(batch []*followCheck, gen int64) {
 		}
 	}()
 	unanswered := time.Now().Add(reconnectUnanswered)
+	var unflushed time.Time // the bound of not-flushed answers, from the first
 	for len(pending) > 0 {
 		resp, err := h.askSeqs(pending)
 		switch {
@@ -255,7 +266,20 @@ func (h *hub) checkBatch(batch []*followCheck, gen int64) {
 			var n int
 			n, pending = h.settleSoFar(pending)
 			kept += n
-			unanswered = time.Now().Add(reconnectUnanswered)
+			now := time.Now()
+			unanswered = now.Add(reconnectUnanswered)
+			if unflushed.IsZero() {
+				unflushed = now.Add(reconnectUnflushed)
+			} else if len(pending) > 0 && !now.Before(unflushed) {
+				// Once, for the batch: its updates are still not at the
+				// bus server, and may never be.
+				h.log.Warn("the session service's bus link stayed down after the gateway's came back: the connections following the sessions it has not caught up on are closed",
+					zap.Int("sessions", len(pending)), zap.Duration("waited", reconnectUnflushed))
+				for _, c := range pending {
+					h.lose(c)
+				}
+				return
+			}
 		}
 		if len(pending) == 0 {
 			return

@@ -461,3 +461,44 @@ func TestBusDropKeepsFollowersWhileTheSessionServicesLinkIsDown(t *testing.T) {
 	}
 	r.idleStaysOpen()
 }
+
+// The session service's own bus link never comes back: it answers "not
+// flushed", its numbers past what the follower received, at every ask.
+// Past reconnectUnflushed from its first such answer the session is
+// taken as having a hole: its follower is closed and the asking stops.
+// Before, it was asked every reconnectAskAgain for as long as the
+// gateway ran, and the follower was left open on a stream that had
+// stopped.
+func TestBusDropClosesFollowersOnceTheSessionServicesLinkStaysDown(t *testing.T) {
+	shortAsks(t)
+	bound := reconnectUnflushed
+	reconnectUnflushed = 500 * time.Millisecond
+	t.Cleanup(func() { reconnectUnflushed = bound })
+	srv := testenv.StartNATS(t)
+	seqs := &fakeSeqs{}
+	r := newLossRigOn(t, srv.URL(), seqs)
+	r.publish(1, false)
+	if err := r.pubnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	seqs.set(func(f *fakeSeqs) { f.unflushed = true })
+	seqs.published(r.sessionID, 3)
+	r.dropGateway(srv)()
+	if got := r.followerStream(); fmt.Sprint(got) != "[1]" {
+		t.Fatalf("the follower got seqs %v", got)
+	}
+	var calls int
+	seqs.set(func(f *fakeSeqs) { calls = f.calls })
+	// At one ask every 20 ms, 500 ms is some 25 asks; the check has
+	// ended (r.checks said so), so no more come.
+	time.Sleep(10 * reconnectAskAgain)
+	seqs.set(func(f *fakeSeqs) {
+		if f.calls != calls {
+			t.Errorf("the session service was asked %d times after the check ended", f.calls-calls)
+		}
+		if calls > 100 {
+			t.Errorf("the session service was asked %d times within the bound", calls)
+		}
+	})
+	r.idleStaysOpen()
+}
