@@ -359,6 +359,42 @@ func TestBusBackAcrossASessionServiceRestartKeepsFollowers(t *testing.T) {
 	wantFollowerKept(t, b, c, session, kinds, 60*time.Second)
 }
 
+// As above, but the session service is killed (SIGKILL) while the bus
+// is away, its numbers not released: the row's bound is the block it had
+// reserved, past the last number it published. The launcher starts it
+// again, and it answers the last number it published, stored at the
+// turn's end, which the follower received: the follower is kept and
+// streams the next turn whole. Before, the new process answered the
+// reserved bound (1,024 past the follower's 3): the gateway waited for
+// updates that were never published and closed the follower 10 s on,
+// nothing lost.
+func TestBusBackAcrossASessionServiceCrashKeepsFollowers(t *testing.T) {
+	t.Parallel()
+	b := startOnExternalBus(t)
+	c, session, kinds := followedAfterATurn(t, b)
+
+	pid := b.s.PIDOf("session")
+	if pid == 0 {
+		t.Fatal("no session service")
+	}
+	b.shutdown()
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, inHealth, _, err := gatewayWord(c)
+		if err != nil {
+			return err
+		}
+		if inHealth != "not_serving" {
+			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
+		}
+		return nil
+	})
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	b.start()
+	wantFollowerKept(t, b, c, session, kinds, 60*time.Second)
+}
+
 // wantFollowerKept waits, up to within, for the gateway's check after
 // the bus came back to find session's stream whole, then prompts the
 // session on c, which follows it (its updates counted in kinds), and

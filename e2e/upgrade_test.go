@@ -27,10 +27,9 @@ import (
 // prints: a new migration there means a new undo here (the line names
 // the two newest).
 const (
-	undoNewestSessionMigration = `DROP INDEX session.turns_idempotency;
-		ALTER TABLE session.turns DROP COLUMN idempotency_key;
-		DELETE FROM session.schema_migrations WHERE version = 11`
-	newestSessionUpgrade = "database upgraded: session 0010_message_turn → 0011_turn_idempotency (a clawmesh older than this one can no longer open it)"
+	undoNewestSessionMigration = `ALTER TABLE session.sessions DROP COLUMN published_seq;
+		DELETE FROM session.schema_migrations WHERE version = 12`
+	newestSessionUpgrade = "database upgraded: session 0011_turn_idempotency → 0012_published_seq (a clawmesh older than this one can no longer open it)"
 )
 
 func TestUpgradeIsToldOnTheTerminal(t *testing.T) {

@@ -62,6 +62,9 @@ type liveSession struct {
 	// reservation is made past the stored bound (reserveSeqLocked).
 	seqUnsure bool
 	seqLost   int64
+	// seqFrom is seq as the entry was made: while seq is still that, the
+	// entry has numbered nothing (see liveUpdateSeq).
+	seqFrom int64
 	// pubFailed counts the updates the bus refused since the last one
 	// it took (publishFields).
 	pubFailed int64
@@ -94,7 +97,7 @@ func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, rel
 	ls = &liveSession{
 		id: row.ID, incarnation: row.Incarnation, owner: row.Owner, surface: row.Surface, refs: 1,
 		approvals: map[string]*approval{}, alwaysAllowed: map[string]bool{},
-		seq: seq, seqReserved: seq, seqUnsure: unsure,
+		seq: seq, seqReserved: seq, seqUnsure: unsure, seqFrom: seq,
 	}
 	if cur, ok := s.lives[row.ID]; ok {
 		switch {

@@ -69,15 +69,19 @@ type sessionRow struct {
 	// Incarnation tells this session from any other its id names before
 	// or after it (migrations/0004): uploads and its updates' subject carry it.
 	Incarnation int64
+	// LastSeq is the last update seq known used (published_seq), or
+	// UpdateSeq when not known: what UpdateSeqs answers without a live
+	// half.
+	LastSeq int64
 }
 
 const sessionColumns = `session_id, agent_alias, owner, state, generation, interaction_surface, workspace_dir,
-	title, cwd, message_count, update_seq, always_allowed, created_at, updated_at, incarnation`
+	title, cwd, message_count, update_seq, COALESCE(published_seq, update_seq), always_allowed, created_at, updated_at, incarnation`
 
 func scanSession(row pgx.Row) (sessionRow, error) {
 	var r sessionRow
 	err := row.Scan(&r.ID, &r.AgentAlias, &r.Owner, &r.State, &r.Generation, &r.Surface, &r.WorkspaceDir,
-		&r.Title, &r.Cwd, &r.MessageCount, &r.UpdateSeq, &r.AlwaysAllowed, &r.CreatedAt, &r.UpdatedAt, &r.Incarnation)
+		&r.Title, &r.Cwd, &r.MessageCount, &r.UpdateSeq, &r.LastSeq, &r.AlwaysAllowed, &r.CreatedAt, &r.UpdatedAt, &r.Incarnation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, errNoRow
 	}
@@ -482,7 +486,11 @@ func countedPageSQL(page, cols string) string {
 
 // finishTurnTx records a turn's outcome and makes a running session idle
 // again (a session closed meanwhile keeps its state).
-func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult) error {
+//
+// published is the number the turn's turn_complete takes, published
+// next (published_seq), or nil when not known (a recovery's, published
+// by a live half made later).
+func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult, published *int64) error {
 	tag, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
 		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgtext.Text(res.Content))
 	if err != nil {
@@ -494,7 +502,8 @@ func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res 
 	if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", turnID); err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, "UPDATE sessions SET state = 'idle', updated_at = now() WHERE session_id = $1 AND state = 'running'", sessionID)
+	_, err = tx.Exec(ctx, "UPDATE sessions SET state = 'idle', updated_at = now(), published_seq = $2 WHERE session_id = $1 AND state = 'running'",
+		sessionID, published)
 	return err
 }
 
@@ -606,9 +615,11 @@ func (st *store) reserveSeqAfter(ctx context.Context, sessionID string, seq, blo
 
 // releaseSeq lowers the stored bound from reserved to the last sequence
 // really used, at a clean stop, so the next process continues without a
-// gap. A bound someone else raised meanwhile is left alone.
+// gap; it is the last number published too (published_seq). A bound
+// someone else raised meanwhile is left alone.
 func (st *store) releaseSeq(ctx context.Context, sessionID string, used, reserved int64) error {
-	if _, err := st.db.Exec(ctx, "UPDATE sessions SET update_seq = $2 WHERE session_id = $1 AND update_seq = $3", sessionID, used, reserved); err != nil {
+	if _, err := st.db.Exec(ctx, "UPDATE sessions SET update_seq = $2, published_seq = $2 WHERE session_id = $1 AND update_seq = $3",
+		sessionID, used, reserved); err != nil {
 		return fmt.Errorf("release update sequence: %w", err)
 	}
 	return nil

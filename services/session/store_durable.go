@@ -154,7 +154,10 @@ func (st *store) beginTurn(ctx context.Context, b turnStart) (int64, error) {
 			VALUES ($1, $2, $3, $4, $5, $6)`, b.TurnID, b.SessionID, b.ConnID, b.Generation, b.Surface, b.Key); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, "UPDATE sessions SET state = 'running', updated_at = now() WHERE session_id = $1 AND state = 'idle'", b.SessionID)
+		// Until the turn's end stores it again, the last number
+		// published is not known: the turn numbers its updates without
+		// a write (published_seq).
+		tag, err := tx.Exec(ctx, "UPDATE sessions SET state = 'running', updated_at = now(), published_seq = NULL WHERE session_id = $1 AND state = 'idle'", b.SessionID)
 		if err != nil {
 			return err
 		}
@@ -441,7 +444,7 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 		if _, err := appendMessageTx(ctx, tx, it.SessionID, it.TurnID, roleSystem, marker); err != nil {
 			return err
 		}
-		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res)
+		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res, nil)
 	})
 	if err != nil {
 		return rec, fmt.Errorf("recover turn %s: %w", it.TurnID, err)

@@ -514,6 +514,11 @@ type toolCall struct {
 // turn_complete, exactly once per turn, before Prompt can answer.
 func (s *Server) finish(t *turn, res turnResult) {
 	ls := t.ls
+	// The number turn_complete takes, published below after the commit,
+	// is stored with the turn's end: the last number used until the next
+	// turn begins, which a process started after a crash answers
+	// (UpdateSeqs). Nothing else publishes between.
+	published := ls.nextSeq()
 	// The turn's end is written with its last checkpoint events: a crash
 	// before this commit leaves the turn to recovery, after it never.
 	if err := s.unwound(t.ctx, func(ctx context.Context) error {
@@ -538,7 +543,7 @@ func (s *Server) finish(t *turn, res turnResult) {
 			if err != nil {
 				return err
 			}
-			return finishTurnTx(ctx, tx, ls.id, t.id, res)
+			return finishTurnTx(ctx, tx, ls.id, t.id, res, published)
 		})
 	}); errors.Is(err, errTurnGone) {
 		s.log.Info("turn end not recorded: its session was deleted", zap.String("session_id", ls.id), zap.String("turn_id", t.id))

@@ -237,6 +237,22 @@ func (ls *liveSession) seqToRelease() int64 {
 	return ls.seq
 }
 
+// nextSeq is the number ls's next update takes (after a skip for
+// updates lost), or nil when not known: numbered from a bound that may
+// be behind the stored one (seqUnsure), it is past it. A reservation
+// that lands past the stored bound numbers it higher; the number
+// returned is then one never used, and a follower can have received
+// none between it and the one used.
+func (ls *liveSession) nextSeq() *int64 {
+	ls.pubMu.Lock()
+	defer ls.pubMu.Unlock()
+	if ls.seqUnsure {
+		return nil
+	}
+	next := ls.seqToRelease() + 1
+	return &next
+}
+
 // publishDeleted announces the session's deletion, after every update it
 // published and with no sequence number of its own: every gateway then
 // detaches its connections from the id.

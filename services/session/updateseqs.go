@@ -20,13 +20,16 @@ const MaxUpdateSeqs = 1000
 // update meanwhile, and its followers stay.
 //
 // The number is the live half's when there is one of the incarnation
-// asked about (read first, as view does: an update published after the
-// read is one the gateway's new subscription receives), else the stored
-// bound, which an evicted entry lowered to the last number it used. A
-// bound a reservation left higher (the process ended with numbers
-// unused) tells the gateway of a gap that is none: its followers are
-// closed, as when a gap is real. Anything not known is -1, which the
-// gateway takes for a loss.
+// asked about that has numbered an update (read first, as view does: an
+// update published after the read is one the gateway's new subscription
+// receives), else the stored one: the last number published, stored at
+// each turn's end and at a clean stop (published_seq). Only while a turn
+// runs, or on a row from before that column, is it not known: then the
+// stored bound answers, a reservation past what a process that died used,
+// and the gateway closes the followers (a turn cut by a crash lost its
+// end anyway). Before, the bound always answered, and after a crash
+// (SIGKILL) the followers of every session were closed, nothing lost.
+// Anything not known is -1, which the gateway takes for a loss.
 func (s *Server) UpdateSeqs(ctx context.Context, req *sessionv1.UpdateSeqsRequest) (*sessionv1.UpdateSeqsResponse, error) {
 	asked := req.GetSessions()
 	if len(asked) > MaxUpdateSeqs {
@@ -48,7 +51,7 @@ func (s *Server) UpdateSeqs(ctx context.Context, req *sessionv1.UpdateSeqsReques
 		case !ok || row.incarnation != a.GetIncarnation():
 			seqs[i] = -1
 		case seqs[i] == noLiveHalf:
-			seqs[i] = row.seq
+			seqs[i] = row.last
 		}
 	}
 	// What was published up to the numbers read is at the bus server
@@ -76,7 +79,7 @@ func (s *Server) updateSeqOf(row sessionRow) int64 {
 	if seq := s.liveUpdateSeq(row.ID, row.Incarnation); seq != noLiveHalf {
 		return seq
 	}
-	return row.UpdateSeq
+	return row.LastSeq
 }
 
 // noLiveHalf is liveUpdateSeq's answer for a session with no live half of
@@ -87,7 +90,9 @@ const noLiveHalf = -2
 // incarnation used: with updates lost for want of a reservation, the
 // number the next reservation skips for them; -1 when its start was not
 // read from the stored bound (its numbers may repeat others); noLiveHalf
-// without a live half of that incarnation.
+// without a live half of that incarnation, or with one that has numbered
+// nothing: its start is the stored bound, a reservation, not a number
+// used (the stored last number tells).
 func (s *Server) liveUpdateSeq(id string, incarnation int64) int64 {
 	ls := s.lookupLive(id)
 	if ls == nil || ls.incarnation != incarnation {
@@ -100,17 +105,20 @@ func (s *Server) liveUpdateSeq(id string, incarnation int64) int64 {
 		return -1
 	case ls.seqLost > 0:
 		return ls.seq + 1
+	case ls.seq == ls.seqFrom:
+		return noLiveHalf
 	}
 	return ls.seq
 }
 
-// seqRow is a session's incarnation and stored sequence bound.
-type seqRow struct{ incarnation, seq int64 }
+// seqRow is a session's incarnation and last update seq as stored (see
+// sessionRow.LastSeq).
+type seqRow struct{ incarnation, last int64 }
 
-// updateSeqs reads the incarnation and stored sequence bound of those of
-// ids a session row holds.
+// updateSeqs reads the incarnation and stored last update seq of those
+// of ids a session row holds.
 func (st *store) updateSeqs(ctx context.Context, ids []string) (map[string]seqRow, error) {
-	rows, err := st.db.Query(ctx, "SELECT session_id, incarnation, update_seq FROM sessions WHERE session_id = ANY($1::text[])", ids)
+	rows, err := st.db.Query(ctx, "SELECT session_id, incarnation, COALESCE(published_seq, update_seq) FROM sessions WHERE session_id = ANY($1::text[])", ids)
 	if err != nil {
 		return nil, fmt.Errorf("read update sequences: %w", err)
 	}
@@ -119,7 +127,7 @@ func (st *store) updateSeqs(ctx context.Context, ids []string) (map[string]seqRo
 		id string
 		r  seqRow
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&id, &r.incarnation, &r.seq}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &r.incarnation, &r.last}, func() error {
 		out[id] = r
 		return nil
 	}); err != nil {

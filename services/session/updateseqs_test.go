@@ -85,3 +85,91 @@ func TestUpdateSeqsNamesTheLastUpdatePublished(t *testing.T) {
 		t.Fatalf("%d sessions asked about at once: no error", len(many))
 	}
 }
+
+// askSeqs is h's UpdateSeqs about one session of incarnation inc.
+func askSeqs(t *testing.T, h *harness, id string, inc int64) int64 {
+	t.Helper()
+	resp, err := h.srv.UpdateSeqs(context.Background(), &sessionv1.UpdateSeqsRequest{
+		Sessions: []*sessionv1.SessionIncarnation{{SessionId: id, Incarnation: inc}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetSeqs()[0]
+}
+
+// A crash (SIGKILL) between turns leaves the session's stored bound at
+// the block it reserved; the process started after it answers the last
+// number published, the turn_complete's, stored with the turn's end: a
+// gateway keeps the follower that received it. So do Attach, which
+// makes a live half that has numbered nothing, and that half itself.
+// Before, the new process answered the reserved bound, 1,024: the
+// gateway closed every follower, nothing lost.
+func TestUpdateSeqsAfterACrashNamesTheLastUpdatePublished(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	inc := h.incarnation(id)
+	rec := h.record(id)
+	h.prompt(alice, id, "/say one two")
+	us := rec.until("turn_complete")
+	last := us[len(us)-1].Seq
+
+	h.crash()
+	if got := askSeqs(t, h, id, inc); got != last {
+		t.Fatalf("after a crash between turns: %d, want the turn_complete's %d", got, last)
+	}
+	att, err := h.srv.Attach(context.Background(), &sessionv1.AttachRequest{Principal: alice, SessionId: id, ConnectionId: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att.GetUpdateSeq() != last {
+		t.Fatalf("Attach after a crash named update_seq %d, want %d", att.GetUpdateSeq(), last)
+	}
+	row, err := h.srv.store.session(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, release := h.srv.hold(context.Background(), row)
+	defer release()
+	if got := askSeqs(t, h, id, inc); got != last {
+		t.Fatalf("with a live half that numbered nothing: %d, want %d", got, last)
+	}
+
+	// The new process's first update follows its reservation
+	// (renumbered): the number answered is its own from then on.
+	h.prompt(alice, id, "/say three")
+	us = rec.until("turn_complete")
+	if got, want := askSeqs(t, h, id, inc), us[len(us)-1].Seq; got != want || ls.seq != want {
+		t.Fatalf("after the new process's turn: %d (live half %d), want %d", got, ls.seq, want)
+	}
+}
+
+// While a turn runs, the last number published is not stored (the turn
+// numbers its updates without a write): a crash mid-turn is answered
+// with a number past what the follower received, never the number of a
+// chunk it saw, as the turn's later updates may have gone out and been
+// lost.
+func TestUpdateSeqsAfterACrashMidTurnIsPastWhatWasReceived(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	inc := h.incarnation(id)
+	rec := h.record(id)
+	h.prompt(alice, id, "/say one")
+	rec.until("turn_complete")
+	h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say two\n/sleep 60000\n/say three"})
+	seen := rec.next().Seq
+	stored, err := h.srv.store.updateSeqs(context.Background(), []string{id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stored[id].last; got <= seen {
+		t.Fatalf("the stored number while a turn runs is %d, not past the chunk received (%d)", got, seen)
+	}
+
+	h.crash()
+	if u := rec.next(); u.Type != UpdateTurnComplete {
+		t.Fatalf("recovery published %s", u.Type)
+	}
+	if got := askSeqs(t, h, id, inc); got <= seen {
+		t.Fatalf("after a crash mid-turn: %d, not past the chunk received (%d)", got, seen)
+	}
+}
