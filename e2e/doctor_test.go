@@ -150,3 +150,40 @@ func TestDoctorAsAClientOfAStack(t *testing.T) {
 		}
 	}
 }
+
+// clawmesh doctor on a host where ZEROCLAW_SOCKET is exported and
+// clawmesh up never ran: it took the socket for a stack running
+// elsewhere, checked nothing of this host and said only that no gateway
+// listened there. It checks clawmesh up's needs here now (up listens on
+// that path too), and says what it found and both ways out.
+func TestDoctorWithASocketNoStackAnswers(t *testing.T) {
+	t.Parallel()
+	bin, err := e2e.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	data := filepath.Join(home, "data")
+	socket := filepath.Join(home, "daemon.sock")
+	cmd := exec.Command(filepath.Join(bin, "clawmesh"), "doctor")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "ZEROCLAW_DATA_DIR=" + data, "ZEROCLAW_SOCKET=" + socket}
+	raw, err := cmd.CombinedOutput()
+	out := string(raw)
+	if err == nil {
+		t.Fatalf("doctor passed with no stack anywhere:\n%s", out)
+	}
+	for _, want := range []string{
+		"note  client             ZEROCLAW_SOCKET=" + socket + " answers no stack, and none ever ran on " + data,
+		"postgres ",
+		"note  data directory     " + data + " does not exist yet: clawmesh up creates it",
+		"FAIL  socket             " + socket + " does not exist",
+		"fix: clawmesh up to run the stack on this host (it listens there), or, if the stack runs elsewhere, start the gateway that serves " + socket,
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("doctor with ZEROCLAW_SOCKET and no stack lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "run as a client of") {
+		t.Fatalf("doctor took the unanswered socket for a stack elsewhere:\n%s", out)
+	}
+}

@@ -61,6 +61,10 @@ type doctor struct {
 	// stack, its database and its data directory are elsewhere, and
 	// only what a client needs is judged here. "" otherwise.
 	client string
+	// unanswered names the socket doctor would have run as a client of
+	// had it answered ("ZEROCLAW_SOCKET=/run/x.sock"): the checks are
+	// clawmesh up's, and the socket's fix says both ways out. "" otherwise.
+	unanswered string
 }
 
 // peerAddrEnvs are the addresses the processes read to reach the
@@ -140,24 +144,42 @@ func doctorCmd(args []string, out io.Writer) error {
 	if len(rest) > 0 {
 		return usageErrorf("doctor: unexpected argument %q", rest[0])
 	}
+	// unanswered is the client socket doctor would have judged alone,
+	// when nothing answers there (see below); "" otherwise.
+	var unanswered string
 	if client := clientOf(&sf); client != "" {
-		d := &doctor{out: out, client: client}
-		d.note("client", "run as a client of "+client+": the stack runs elsewhere, and clawmesh up's checks (PostgreSQL, the data directory, its keys) are for where it runs; checked here: the socket, initialize, and the stack's health")
 		socket := sf.socket
 		if socket == "" {
 			socket = os.Getenv("ZEROCLAW_SOCKET")
 		}
-		d.stack(socket, &sf)
-		if d.failed > 0 {
-			return fmt.Errorf("doctor: %d check(s) failed", d.failed)
+		// --socket names a stack to judge from outside; clawmesh up
+		// does not listen there.
+		if sf.socket != "" || unixsock.Serving(socket) {
+			d := &doctor{out: out, client: client}
+			d.note("client", "run as a client of "+client+": the stack runs elsewhere, and clawmesh up's checks (PostgreSQL, the data directory, its keys) are for where it runs; checked here: the socket, initialize, and the stack's health")
+			d.stack(socket, &sf)
+			if d.failed > 0 {
+				return fmt.Errorf("doctor: %d check(s) failed", d.failed)
+			}
+			return nil
 		}
-		return nil
+		// Nothing answers there: the stack may run elsewhere and be
+		// down, or this is a host where ZEROCLAW_SOCKET is exported
+		// and clawmesh up was never run (it listens on that path
+		// too). Judged as a client only, doctor said the stack ran
+		// elsewhere and checked nothing of this host; it checks both
+		// now and says which is which.
+		unanswered = client
 	}
 	dir, err := datadir.Resolve(sf.dir)
 	if err != nil {
 		return err
 	}
-	d := &doctor{out: out, elsewhere: servicesElsewhere()}
+	d := &doctor{out: out, elsewhere: servicesElsewhere(), unanswered: unanswered}
+	if unanswered != "" {
+		d.note("client", unanswered+" answers no stack, and none ever ran on "+dir+
+			": checked what clawmesh up needs on this host (it would listen on that path), and the socket")
+	}
 	d.binaries()
 	state := d.dataDir(dir)
 	if state == dirUsable {
@@ -404,6 +426,9 @@ func (d *doctor) stack(socket string, sf *socketFlags) {
 		start = "start the gateway that serves it (a sidecar's or a container's: its log says why it is not up), or name another with --socket"
 	case d.elsewhere != "":
 		start = "start the gateway that serves it (its container's log says why it is not up)"
+	case d.unanswered != "":
+		start = "clawmesh up to run the stack on this host (it listens there), or, if the stack runs elsewhere, start the gateway that serves " +
+			socket + "; unset ZEROCLAW_SOCKET to use the data directory's own socket"
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		if d.elsewhere != "" || d.client != "" {
