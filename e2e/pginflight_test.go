@@ -1,6 +1,9 @@
 package e2e_test
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,6 +75,30 @@ func TestPostgresStallEndsCallsInFlight(t *testing.T) {
 	for i, a := range answers {
 		wantFailedAs(t, a, "database unavailable", "in flight when PostgreSQL hung")
 		t.Logf("%s answered %v after %v", a.what, a.err, took[i].Round(time.Millisecond))
+	}
+	// Each service logs a call the watch cut as what happened to it:
+	// it logged "timeout: i/o timeout", the deadline pgx sets on the
+	// connection to end it, as if the call had merely run out of time.
+	cut := 0
+	for _, name := range []string{"session", "config"} {
+		raw, err := os.ReadFile(filepath.Join(s.DataDir, "logs", name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if !strings.Contains(line, "rpc failed: dependency unavailable") {
+				continue
+			}
+			if strings.Contains(line, "i/o timeout") {
+				t.Errorf("%s logged a call the watch cut as a timeout: %s", name, line)
+			}
+			if strings.Contains(line, "database unavailable (given up: it did not answer the last check)") {
+				cut++
+			}
+		}
+	}
+	if cut == 0 {
+		t.Errorf("no service logged a call the watch cut as given up")
 	}
 	resume()
 	resumed := time.Now()

@@ -57,6 +57,7 @@ func Open(ctx context.Context, url, schema string, migrations fs.FS, log *zap.Lo
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.RuntimeParams["application_name"] = "clawmesh-" + schema
 	cfg.ConnConfig.Tracer = &writeTracer{w: new(Writes), g: &gate{kick: make(chan struct{}, 1)}}
+	explainCuts(&cfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open pool: %w", err)
