@@ -274,7 +274,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(ErrShutdown)
 	defer g.wg.Wait()
-	g.monitor.refreshSelf()
+	g.monitor.first(ctx)
 	g.spawn(func() { g.monitor.run(ctx) })
 	g.spawn(func() { g.renewUploads(ctx) })
 	g.spawn(func() { g.watchStanding(ctx) })

@@ -145,34 +145,38 @@ func (m *monitor) addSelf(reason func() string) {
 	m.encodeLocked()
 }
 
-// refreshSelf records the gateway's own state now. Run calls it before
-// it serves: the first poll runs beside the listener and encodes its
-// findings only once every service's health check has answered, so a
-// client's first calls read the gateway itself "unknown" until then,
-// though its own state needs no call to know.
-func (m *monitor) refreshSelf() {
-	if m.self == nil {
-		return
-	}
-	m.pollSelf()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.encodeLocked()
-}
-
-// run polls until ctx is done.
+// run polls every interval until ctx is done; Run made the first poll
+// (first).
 func (m *monitor) run(ctx context.Context) {
 	t := time.NewTicker(m.interval)
 	defer t.Stop()
 	for {
-		m.pollAll(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		m.pollAll(ctx)
 	}
 }
+
+// first makes the first poll; Run calls it before it serves. Made beside
+// the listener, it encoded its findings only once every health check had
+// answered, and until then status and health said "unknown" for every
+// process, the gateway's own line included: `clawmesh status` right after
+// `clawmesh up`, or a client's first call after a gateway restart, read
+// services that served as unknown, for the whole of the poll's deadline
+// when one process did not answer. A client's first call now waits for
+// it in the socket's backlog: a few milliseconds, pollWait at most.
+func (m *monitor) first(ctx context.Context) { m.pollAll(ctx) }
+
+// pollWait is how long one health check may take: the poll interval, at
+// most maxPollWait (an interval made longer, as tests do, would leave the
+// first poll, and the listener behind it, waiting on a process that does
+// not answer).
+func (m *monitor) pollWait() time.Duration { return min(m.interval, maxPollWait) }
+
+const maxPollWait = time.Second
 
 func (m *monitor) pollAll(ctx context.Context) {
 	p, _ := json.Marshal(sampleProcess(m.started, m.ramTotal))
@@ -207,7 +211,7 @@ func (m *monitor) poll(ctx context.Context, t target) {
 		c.Status, c.LastError = "dormant", nil
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, m.interval)
+	ctx, cancel := context.WithTimeout(ctx, m.pollWait())
 	defer cancel()
 	var trailer metadata.MD
 	resp, err := t.health.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))

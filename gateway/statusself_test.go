@@ -30,9 +30,10 @@ func (h *hungHealth) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) 
 // waits for every service's health check: a client whose first call came
 // before (a CI run's, 0.02 s in; 1 in 6 and 1 in 8 first calls after a
 // gateway restart on a real stack) read its own gateway as unknown. Here
-// the first poll never ends (a service that does not answer its health
-// check, the poll's deadline an hour), and the gateway still says what
-// it knows of itself from the first answer.
+// a service does not answer its health check (the poll interval an hour:
+// the first poll, which Run now makes before it serves, gives it up
+// after maxPollWait), and the gateway says what it knows of itself from
+// the first answer.
 func TestStatusSaysTheGatewayFromTheFirstAnswer(t *testing.T) {
 	hung := &hungHealth{asked: make(chan struct{}, 1)}
 	_, socket := runGateway(t, awaySession{}, 5*time.Second, func(g *Gateway) {
