@@ -46,6 +46,10 @@ it says so and checks what a client needs: the socket, initialize's
 answer, and the health, version and plugins of the stack behind it.
 `
 
+// postgresBinaries finds PostgreSQL's server binaries (a variable: the
+// tests take them away, as a client image has none).
+var postgresBinaries = pgcluster.Binaries
+
 // doctor collects the results of the checks.
 type doctor struct {
 	out    io.Writer
@@ -153,8 +157,12 @@ func doctorCmd(args []string, out io.Writer) error {
 			socket = os.Getenv("ZEROCLAW_SOCKET")
 		}
 		// --socket names a stack to judge from outside; clawmesh up
-		// does not listen there.
-		if sf.socket != "" || unixsock.Serving(socket) {
+		// does not listen there. Nor can a host without PostgreSQL's
+		// server binaries run clawmesh up as set (DATABASE_URL would
+		// have made this no client): a client container, whose gateway
+		// is what to start.
+		_, noPostgres := postgresBinaries()
+		if sf.socket != "" || noPostgres != nil || unixsock.Serving(socket) {
 			d := &doctor{out: out, client: client}
 			d.note("client", "run as a client of "+client+": the stack runs elsewhere, and clawmesh up's checks (PostgreSQL, the data directory, its keys) are for where it runs; checked here: the socket, initialize, and the stack's health")
 			d.stack(socket, &sf)
@@ -221,7 +229,7 @@ func (d *doctor) binaries() {
 		d.note("postgres", "the services run in other containers ("+d.elsewhere+"): the database is theirs, and their health below says whether they reach it")
 		return
 	}
-	bin, err := pgcluster.Binaries()
+	bin, err := postgresBinaries()
 	if err != nil {
 		d.fail("postgres", "no initdb/postgres on PATH or under /usr/lib/postgresql/*/bin",
 			"install the PostgreSQL server (Debian: apt-get install postgresql), or set DATABASE_URL")

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/internal/pgcluster"
 )
 
 // clientLayout builds the client container of
@@ -104,6 +106,12 @@ func TestDoctorAsAClientStillFails(t *testing.T) {
 		if err := os.Remove(sock); err != nil {
 			t.Fatal(err)
 		}
+		// The client image has no PostgreSQL: with its binaries, and
+		// nothing answering, this could be a host where clawmesh up
+		// was never run (TestDoctorWithASocketNoStackAnswers, e2e).
+		found := postgresBinaries
+		postgresBinaries = func() (string, error) { return "", pgcluster.ErrNoBinaries }
+		t.Cleanup(func() { postgresBinaries = found })
 		var out strings.Builder
 		if err := doctorCmd(nil, &out); err == nil || !strings.Contains(out.String(), "FAIL  socket") ||
 			strings.Contains(fixes(out.String()), "clawmesh up") || !strings.Contains(fixes(out.String()), "start the gateway that serves it") {
