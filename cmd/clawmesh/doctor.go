@@ -411,6 +411,10 @@ func (d *doctor) staleClusters(dir string, fix bool) {
 		if fix && !st.HoldsData {
 			continue
 		}
+		if st.Earlier {
+			d.fail("stale clusters", st.Dir+": "+st.Why+"; it holds that directory's database", st.Fix)
+			continue
+		}
 		if st.HoldsData {
 			// Never removed by a start nor by --fix: the data directory
 			// may have moved, or be on a disk not mounted now.

@@ -410,7 +410,7 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 	prepCtx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
 	defer cancel()
 	cl, err := pgcluster.Prepare(prepCtx, pgcluster.Options{Dir: dir, Log: log,
-		PasswordFile: filepath.Join(cfg.DataDir, "postgres.password")})
+		PasswordFile: filepath.Join(cfg.DataDir, pgcluster.DataDirPasswordFile)})
 	if err != nil {
 		return "", fmt.Errorf("postgres: %w", err)
 	}

@@ -35,6 +35,10 @@ const RootClusters = "/var/lib/clawmesh"
 // IDFile names, in a data directory, the id of its root-run cluster.
 const IDFile = "postgres.id"
 
+// DataDirPasswordFile names, in a data directory, the password of its
+// root-run cluster's role (the launcher's Options.PasswordFile).
+const DataDirPasswordFile = "postgres.password"
+
 // ownerFile, in a cluster folder, records "<data directory>\n<id>\n".
 const ownerFile = "clawmesh-owner"
 
@@ -210,6 +214,29 @@ type Stale struct {
 	// mounted now, rather than deleted: a start cannot tell them apart,
 	// so such a cluster is listed, never removed by Collect.
 	HoldsData bool
+	// Earlier: its record names the data directory Stales was asked
+	// about, which has been removed and made again since (it has no
+	// cluster id, or a new one): this cluster holds that directory's
+	// database from before. Fix says what to do about it.
+	Earlier bool
+	Fix     string
+}
+
+// earlierFix is what to do about the cluster in dir that dataDir had
+// before it was removed and made again. A removed root data directory
+// took with it the cluster's id, the password of its role and the key of
+// the stored secrets; the start made a new, empty cluster and said only
+// that a cluster no data directory owns was left, "start its data
+// directory (moved?)", which is the directory just started. Re-attached
+// by a start, the old cluster's role has a password this directory no
+// longer holds (Prepare fails with ErrNoPassword), and its stored
+// secrets do not open with a new key: only the removed files bring it
+// back, so this says which.
+func earlierFix(dataDir, dir string) string {
+	return "this stack uses a new cluster; to go back to the old database, stop the stack, put the removed directory's " +
+		IDFile + ", " + DataDirPasswordFile + " and .secret_key back into " + dataDir + " (from a backup; " +
+		IDFile + " holds " + strings.TrimPrefix(filepath.Base(dir), "pg-") + "), and start it again; " +
+		"without them it cannot be used again: remove " + dir + " once nothing in it is needed"
 }
 
 // Stales lists root's clusters that no data directory owns any more:
@@ -242,9 +269,16 @@ func Stales(dataDir string) []Stale {
 		}
 		dir := filepath.Join(RootClusters, e.Name())
 		stale, why := orphaned(dir, e.Name() == legacy)
-		if stale && !running(dir) {
-			out = append(out, Stale{Dir: dir, Why: why, HoldsData: holdsDatabase(dir)})
+		if !stale || running(dir) {
+			continue
 		}
+		st := Stale{Dir: dir, Why: why, HoldsData: holdsDatabase(dir)}
+		if st.HoldsData && recordedDataDir(dir) == dataDir {
+			st.Earlier = true
+			st.Why = "the cluster of " + dataDir + " before that directory was removed and made again"
+			st.Fix = earlierFix(dataDir, dir)
+		}
+		out = append(out, st)
 	}
 	return out
 }
@@ -262,6 +296,11 @@ func Collect(dataDir string, log *zap.Logger) []string {
 	}
 	var removed []string
 	for _, st := range Stales(dataDir) {
+		if st.Earlier {
+			log.Warn("this data directory's database from before it was removed is left in its own cluster, unused",
+				zap.String("dir", st.Dir), zap.String("why", st.Why), zap.String("fix", st.Fix))
+			continue
+		}
 		if st.HoldsData {
 			log.Warn("a postgres cluster no data directory owns is left in place: it holds a database; start its data directory (moved?) to keep it, or remove it once nothing in it is needed",
 				zap.String("dir", st.Dir), zap.String("why", st.Why))
@@ -275,6 +314,20 @@ func Collect(dataDir string, log *zap.Logger) []string {
 		removed = append(removed, st.Dir)
 	}
 	return removed
+}
+
+// recordedDataDir is the data directory the owner record of the cluster
+// in dir names, "" when it has none.
+func recordedDataDir(dir string) string {
+	raw, err := os.ReadFile(filepath.Join(dir, ownerFile))
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) != 2 {
+		return ""
+	}
+	return lines[0]
 }
 
 // orphaned reports whether no data directory owns the cluster in dir.
