@@ -767,19 +767,46 @@ func hangPostgres(t *testing.T, s *e2e.Stack) (resume func()) {
 	if postmaster == 0 {
 		t.Fatalf("no postmaster among %v", s.PIDs())
 	}
-	hung := pgGroup(postmaster)
+	var mu sync.Mutex
+	hung := []int{postmaster}
 	resume = sync.OnceFunc(func() {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, pid := range hung {
 			_ = syscall.Kill(pid, syscall.SIGCONT)
 		}
 	})
 	t.Cleanup(resume)
-	for _, pid := range hung {
-		// A backend that exited since the listing (a connection
-		// closed, an autovacuum worker done) is no process to hang.
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
-			t.Fatal(err)
+	// The postmaster first, then its children as they are once it
+	// forks no more: children listed before it stopped missed a backend
+	// it forked meanwhile (a pool's new connection), which ran on and
+	// committed a call the test then saw answered "unavailable" (seen at
+	// load 30 on two cores).
+	if err := syscall.Kill(postmaster, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := map[int]bool{postmaster: true}
+	for {
+		var more []int
+		for _, pid := range procstat.Children(postmaster) {
+			if !stopped[pid] {
+				more = append(more, pid)
+			}
 		}
+		if len(more) == 0 {
+			break
+		}
+		for _, pid := range more {
+			stopped[pid] = true
+			// A backend that exited since the listing (a connection
+			// closed, an autovacuum worker done) is no process to hang.
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
+				t.Fatal(err)
+			}
+		}
+		mu.Lock()
+		hung = append(hung, more...)
+		mu.Unlock()
 	}
 	return resume
 }

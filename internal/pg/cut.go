@@ -11,8 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 )
 
-// A statement Watch ends (gate.strike) is ended by pgx the way it ends
-// any cancelled one: a deadline of now on its connection. pgx then
+// A statement Watch ends (gate.strike) is ended the way pgx ends any
+// cancelled one: a deadline of now on its connection (strike sets it on
+// a statement's connection, pgx on an acquisition's ping when its
+// context, gate.enter's, is done: cutWatcher). pgx then
 // reports the read or write that deadline broke, "timeout: i/o timeout",
 // and each service logged the call so, as if it had merely run out of
 // time, though the database had been seen gone. The connection of a

@@ -210,6 +210,9 @@ func (g *gate) leaveStatement(ctx context.Context, conn *pgx.Conn) {
 		// connection is whole, and would fail its next statement at
 		// once (pgx clears its own deadline the same way).
 		_ = s.nc.SetDeadline(time.Time{})
+		if c, ok := s.nc.(*cutConn); ok {
+			c.cut.Store(false)
+		}
 	}
 }
 
@@ -234,6 +237,11 @@ func (g *gate) strike() {
 		if !s.struck {
 			s.struck = true
 			g.stmts[conn] = s
+			if c, ok := s.nc.(*cutConn); ok {
+				// Its errors say the database was seen gone, not
+				// "i/o timeout" (cut.go).
+				c.cut.Store(true)
+			}
 			_ = s.nc.SetDeadline(now)
 		}
 	}
