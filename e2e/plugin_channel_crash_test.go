@@ -1,7 +1,9 @@
 package e2e_test
 
 import (
+	"encoding/json"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -39,5 +41,40 @@ func TestPluginChannelMessagesOutliveAReplicaKill(t *testing.T) {
 	waitFor(t, "the answers of the messages the killed replica held", 90*time.Second, func() bool { return len(replies()) >= 2 })
 	if got := replies(); !slices.Equal(got[:2], []string{"first after the kill", "second after the kill"}) {
 		t.Fatalf("replies %q, want both answers in order", got)
+	}
+}
+
+// A message the plugin gave no id (the host gives it one) was given a
+// new one when the replica that followed a kill delivered it again from
+// the spool: its idempotency key differed, so its turn ran again from
+// the start and its tool acted twice. The host's id is now kept with the
+// message on disk.
+func TestPluginChannelRedeliveryKeepsTheHostID(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"webhook", "echo"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+
+	hookURL, replies := replyHook(t)
+	bindWebChannel(t, v, hookURL)
+	listen := webChannelListen(t, v, "")
+	text := "/tool " + echoTool + ` {"msg":"paid once"}` + "\n/sleep 5000\n/say done after the kill"
+	body, _ := json.Marshal(map[string]string{"from": "ann", "text": text, "thread": "t-1"})
+	postWebMessage(t, listen, body)
+	id := channelSessionID(t, v)
+	waitFor(t, "the tool's result", 30*time.Second, func() bool { return channelToolRows(t, v, id, echoTool) == 1 })
+	victim := replicaPID(t, s, 0)
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRestarted(s, 0, victim); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the answer of the cut turn", 90*time.Second, func() bool { return len(replies()) > 0 })
+	if got := replies(); !strings.HasSuffix(got[0], "done after the kill") {
+		t.Fatalf("replies %q, want the cut turn's answer", got)
+	}
+	if n := channelToolRows(t, v, id, echoTool); n != 1 {
+		t.Fatalf("the tool ran %d times for one message without an id, want once", n)
 	}
 }

@@ -3,6 +3,7 @@ package pluginsandbox
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -41,9 +42,29 @@ func messageKey(msg *wasmhost.ChannelMessage) string {
 	return "chanmsg_" + hex.EncodeToString(sum[:16])
 }
 
-// hostMessageID gives msg, polled without an id, one of the host's.
-func hostMessageID(msg *wasmhost.ChannelMessage) {
-	if msg.ID == "" {
-		msg.ID = ids.New("hostmsg_")
+// hostIDPrefix begins the ids the host gives messages.
+const hostIDPrefix = "hostmsg_"
+
+// hostMessageID gives msg, polled without an id, one of the host's: the
+// one the spool kept with the queued message it was read from (files,
+// the first of them), so that it is the same at every delivery of the
+// message, else a new one (no spool, or a message the plugin made of
+// none queued).
+func hostMessageID(msg *wasmhost.ChannelMessage, files []string) {
+	if msg == nil || msg.ID != "" {
+		return
 	}
+	if len(files) > 0 {
+		if id := hostIDOf(files[0]); id != "" {
+			msg.ID = id
+			return
+		}
+	}
+	msg.ID = ids.New(hostIDPrefix)
+}
+
+// validHostID reports whether id has the form of a host id (ids.New).
+func validHostID(id string) bool {
+	rest, ok := strings.CutPrefix(id, hostIDPrefix)
+	return ok && ids.LowerHex(rest, 24)
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
@@ -35,17 +36,38 @@ import (
 // memory journals), and an fsync of a file under 1 MiB is the same
 // durability without a new dependency on the sandbox's path.
 //
-// Layout: <spool>/<alias in hex>/<owner>/, owner one process's folder,
-// flocked (its file "lock") for as long as the process lives, so that a
-// folder whose lock can be taken is a dead owner's; its messages are
-// <seq>.msg, the sequence zero-padded so that the names sort in the order
-// the listener accepted them.
+// Layout: <spool>/<alias in hex>/p-<plugin in hex>/<owner>/, owner one
+// process's folder, flocked (its file "lock") for as long as the process
+// lives, so that a folder whose lock can be taken is a dead owner's; its
+// messages are <seq>-<host id>.msg, the sequence zero-padded so that the
+// names sort in the order the listener accepted them.
+//
+// The plugin is part of the key because a message's shape is its
+// plugin's: keyed by the alias alone, a binding moved to another plugin
+// while a replica was down read the dead replica's messages, meant for
+// the old plugin, into the new one (and its agent answered them). The
+// messages of another plugin stay where they are, for a binding of that
+// plugin, and the binding that finds them logs how many wait
+// (strayWarn). Folders of the release before this layout
+// (<alias in hex>/<owner>/) name no plugin and are never adopted: they
+// are logged the same way.
+//
+// The host id is the one the message is delivered with when its plugin
+// gives it none (wasmhost.ChannelMessage.ID empty): given at the 202 and
+// kept in the name, so that a message delivered again from the spool has
+// the idempotency key (messageKey) of its first delivery, and its cut
+// turn resumes rather than running again with its tools. A fresh id at
+// each poll made every redelivery a new message to the session service.
 type channelSpool struct {
-	dir  string // <spool>/<alias in hex>
-	own  string // dir/<owner>
-	lock *os.File
-	seq  atomic.Uint64
-	log  *zap.Logger
+	alias string // <spool>/<alias in hex>
+	dir   string // alias/p-<plugin in hex>
+	own   string // dir/<owner>
+	lock  *os.File
+	seq   atomic.Uint64
+	log   *zap.Logger
+	// strayed is set once the spool logged the messages of other plugins
+	// (or of the old layout) left under its alias: once per process.
+	strayed atomic.Bool
 
 	mu sync.Mutex
 	// held are the files of the messages the plugin turned the queued
@@ -60,9 +82,14 @@ const spoolLock = "lock"
 // spoolExt names a kept message.
 const spoolExt = ".msg"
 
-// openSpool makes this process's folder under root for alias and locks it.
-func openSpool(root, alias string, log *zap.Logger) (*channelSpool, error) {
-	dir := filepath.Join(root, hex.EncodeToString([]byte(alias)))
+// spoolPluginPrefix begins the name of a plugin's folder under an alias.
+const spoolPluginPrefix = "p-"
+
+// openSpool makes this process's folder under root for alias, bound to
+// plugin, and locks it.
+func openSpool(root, alias, plugin string, log *zap.Logger) (*channelSpool, error) {
+	aliasDir := filepath.Join(root, hex.EncodeToString([]byte(alias)))
+	dir := filepath.Join(aliasDir, spoolPluginPrefix+hex.EncodeToString([]byte(plugin)))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("channel spool: %w", err)
 	}
@@ -80,16 +107,19 @@ func openSpool(root, alias string, log *zap.Logger) (*channelSpool, error) {
 		_ = os.RemoveAll(own)
 		return nil, fmt.Errorf("channel spool: lock %s: %w", own, err)
 	}
-	return &channelSpool{dir: dir, own: own, lock: f, log: log, held: map[*wasmhost.ChannelMessage][]string{}}, nil
+	return &channelSpool{alias: aliasDir, dir: dir, own: own, lock: f, log: log, held: map[*wasmhost.ChannelMessage][]string{}}, nil
 }
 
-// write keeps raw and returns its file, the tag its queue entry carries.
-// A nil spool keeps nothing.
+// spoolSeqLen is the length of a kept message's sequence number.
+const spoolSeqLen = 20
+
+// write keeps raw, with a host id of its own (hostIDOf), and returns its
+// file, the tag its queue entry carries. A nil spool keeps nothing.
 func (sp *channelSpool) write(raw []byte) (string, error) {
 	if sp == nil {
 		return "", nil
 	}
-	path := filepath.Join(sp.own, fmt.Sprintf("%020d%s", sp.seq.Add(1), spoolExt))
+	path := filepath.Join(sp.own, fmt.Sprintf("%0*d-%s%s", spoolSeqLen, sp.seq.Add(1), ids.New(hostIDPrefix), spoolExt))
 	if _, err := atomicfile.Create(path, raw, 0o600); err != nil {
 		return "", fmt.Errorf("channel spool: keep a message: %w", err)
 	}
@@ -164,6 +194,9 @@ func (sp *channelSpool) adopt(q *wasmhost.InboundQueue) int {
 			break
 		}
 	}
+	if !sp.strayed.Load() {
+		sp.strays()
+	}
 	if n > 0 {
 		if d, err := os.Open(sp.own); err == nil {
 			_ = d.Sync()
@@ -207,7 +240,12 @@ func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int,
 			sp.log.Warn("channel spool: a dead replica's message not read", zap.Error(err))
 			continue
 		}
-		to := filepath.Join(sp.own, fmt.Sprintf("%020d%s", sp.seq.Add(1), spoolExt))
+		// The sequence is the adopter's; the rest (the host id) stays.
+		rest := spoolExt
+		if len(name) > spoolSeqLen {
+			rest = name[spoolSeqLen:]
+		}
+		to := filepath.Join(sp.own, fmt.Sprintf("%0*d%s", spoolSeqLen, sp.seq.Add(1), rest))
 		if err := os.Rename(from, to); err != nil {
 			sp.log.Warn("channel spool: a dead replica's message not taken over", zap.Error(err))
 			continue
@@ -233,6 +271,73 @@ func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int,
 	return n, false
 }
 
+// strays logs, once, the messages kept under the spool's alias that are
+// not its plugin's: another plugin's (the alias was bound to it when
+// they were accepted) or the old layout's, which names no plugin. They
+// stay on disk, for a binding of their plugin; the operator may remove
+// them.
+func (sp *channelSpool) strays() {
+	others, err := os.ReadDir(sp.alias)
+	if err != nil {
+		return
+	}
+	n := 0
+	var where []string
+	for _, o := range others {
+		path := filepath.Join(sp.alias, o.Name())
+		if !o.IsDir() || path == sp.dir {
+			continue
+		}
+		got := 0
+		if strings.HasPrefix(o.Name(), spoolPluginPrefix) {
+			owners, _ := os.ReadDir(path)
+			for _, ow := range owners {
+				got += countKept(filepath.Join(path, ow.Name()))
+			}
+		} else {
+			got = countKept(path) // the old layout: an owner's folder
+		}
+		if got > 0 {
+			n += got
+			where = append(where, path)
+		}
+	}
+	sp.strayed.Store(true)
+	if n > 0 {
+		sp.log.Warn("channel spool: messages accepted for another plugin of this alias (or by an older release) are not delivered by this one; a binding of their plugin delivers them, or remove them",
+			zap.Int("messages", n), zap.Strings("folders", where))
+	}
+}
+
+// countKept is the number of kept messages in folder dir.
+func countKept(dir string) int {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), spoolExt) {
+			n++
+		}
+	}
+	return n
+}
+
+// hostIDOf is the host id kept in the name of file (write), or "" for a
+// file of an older release, which kept none.
+func hostIDOf(file string) string {
+	name := strings.TrimSuffix(filepath.Base(file), spoolExt)
+	if len(name) <= spoolSeqLen+1 || name[spoolSeqLen] != '-' {
+		return ""
+	}
+	id := name[spoolSeqLen+1:]
+	if !validHostID(id) {
+		return ""
+	}
+	return id
+}
+
 // close removes this process's folder if it holds no message, and
 // releases its lock: what it still holds is the next owner's to adopt.
 func (sp *channelSpool) close() {
@@ -252,34 +357,38 @@ func (sp *channelSpool) close() {
 	sp.lock.Close()
 }
 
-// spool returns alias's spool, opened at its first binding in this
-// process; nil without Config.ChannelSpoolDir.
-func (s *Server) spool(alias string) (*channelSpool, error) {
+// spool returns the spool of alias bound to plugin, opened at its first
+// such binding in this process; nil without Config.ChannelSpoolDir.
+func (s *Server) spool(alias, plugin string) (*channelSpool, error) {
 	if s.cfg.ChannelSpoolDir == "" {
 		return nil, nil
 	}
 	s.spoolMu.Lock()
 	defer s.spoolMu.Unlock()
-	if sp := s.spools[alias]; sp != nil {
+	key := spoolKey{alias, plugin}
+	if sp := s.spools[key]; sp != nil {
 		return sp, nil
 	}
-	sp, err := openSpool(s.cfg.ChannelSpoolDir, alias, s.logger.With(zap.String("channel", alias)))
+	sp, err := openSpool(s.cfg.ChannelSpoolDir, alias, plugin, s.logger.With(zap.String("channel", alias), zap.String("plugin", plugin)))
 	if err != nil {
 		return nil, err
 	}
 	if s.spools == nil {
-		s.spools = map[string]*channelSpool{}
+		s.spools = map[spoolKey]*channelSpool{}
 	}
-	s.spools[alias] = sp
+	s.spools[key] = sp
 	return sp, nil
 }
+
+// spoolKey names a spool: the alias, and the plugin it is bound to.
+type spoolKey struct{ alias, plugin string }
 
 // closeSpools closes every spool; the bindings have stopped.
 func (s *Server) closeSpools() {
 	s.spoolMu.Lock()
 	defer s.spoolMu.Unlock()
-	for alias, sp := range s.spools {
+	for key, sp := range s.spools {
 		sp.close()
-		delete(s.spools, alias)
+		delete(s.spools, key)
 	}
 }

@@ -318,7 +318,7 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	}
 	// 202 promises the message outlives this process: without the
 	// spool the listener answers nothing.
-	sp, err := s.spool(cfg.Alias)
+	sp, err := s.spool(cfg.Alias, cfg.Plugin)
 	if err != nil {
 		return fail(err)
 	}
@@ -697,13 +697,13 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			if msg == nil {
 				break
 			}
-			hostMessageID(msg)
 			d.add(msg)
 		}
 	}
 }
 
-// pollOne asks the plugin for its next message and ties it to the
+// pollOne asks the plugin for its next message, gives it its host id
+// when the plugin gave it none (hostMessageID), and ties it to the
 // spool's files of the queued messages the plugin read for it. A queued
 // message the plugin read into nothing (or refused) is done with; one a
 // poll cut by the binding's stop read stays on disk, for the next owner.
@@ -715,6 +715,7 @@ func (b *binding) pollOne(ctx context.Context) (*wasmhost.ChannelMessage, error)
 	case err != nil:
 		b.spool.drop(read...)
 	default:
+		hostMessageID(msg, read)
 		b.spool.polled(msg, read)
 	}
 	return msg, err

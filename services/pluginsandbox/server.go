@@ -84,10 +84,10 @@ type Server struct {
 	kick       chan struct{}
 
 	channels *binder
-	// spools are the channels' spools by alias (channel_spool.go), kept
-	// across rebinds like the queues they mirror.
+	// spools are the channels' spools by alias and plugin
+	// (channel_spool.go), kept across rebinds like the queues they mirror.
 	spoolMu sync.Mutex
-	spools  map[string]*channelSpool
+	spools  map[spoolKey]*channelSpool
 	bg      sync.WaitGroup // unloads
 }
 
