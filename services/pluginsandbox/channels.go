@@ -146,10 +146,11 @@ type binding struct {
 	log      *zap.Logger
 
 	// handover is set, before the binding stops, when a binding of the
-	// same plugin takes over its queue and backlog (a rebind): a turn
-	// the stop cuts then goes back to the backlog, to be delivered
-	// again by the next binding, rather than being answered with a
-	// notice to send it again.
+	// same plugin takes over its queue and backlog (a rebind), or the
+	// spool keeps them for the replica that follows (the sandbox stops,
+	// binder.close): a turn the stop cuts then goes back to the backlog,
+	// to be delivered again by the next binding, rather than being
+	// answered with a notice to send it again.
 	handover atomic.Bool
 
 	mu     sync.Mutex
@@ -222,11 +223,21 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 	}
 }
 
-// close stops every binding.
+// close stops every binding: the sandbox stops. A binding with a spool
+// hands what it accepted over to the replica that follows (this one
+// restarted, or another of the alias's): the turns the stop cuts, its
+// backlog and its queue stay on disk, to be delivered again with their
+// idempotency keys, and their senders are told nothing. Abandoned (as an
+// unbind does), an orderly stop told every sender answered 202 to send
+// its message again, which a webhook cannot, and dropped the message
+// from the spool that was there to keep it.
 func (bd *binder) close(context.Context) {
 	bd.mu.Lock()
 	defer bd.mu.Unlock()
 	for alias, b := range bd.bound {
+		if b.spool != nil {
+			b.handover.Store(true)
+		}
 		b.stop()
 		delete(bd.bound, alias)
 	}
@@ -911,9 +922,10 @@ func (d *deliveries) pending() int {
 // abandon tells the sender of every message the stopping binding still
 // holds (polled and waiting, or queued for the plugin) that it was not
 // delivered: no binding takes them over (the alias was removed or bound
-// to another plugin, or the sandbox stops), and they were dropped with
-// the binding without a word to senders answered 202. The notices share
-// the stop's grace (b.sends); what it leaves is logged.
+// to another plugin, or the sandbox stops without a spool), and they
+// were dropped with the binding without a word to senders answered 202.
+// The notices share the stop's grace (b.sends); what it leaves is
+// logged.
 func (b *binding) abandon() {
 	msgs := b.backlog
 	b.backlog = nil
@@ -1068,6 +1080,13 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 	// b.sends, not ctx: an answer the turn gave goes out though the
 	// binding stops meanwhile.
 	if err := b.ch.Send(b.sends, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias}, wasmhost.SendMessage{Recipient: to, Content: answer, ThreadID: msg.ThreadID}); err != nil {
+		if b.sends.Err() != nil && b.handover.Load() {
+			// The stop's grace ended the send: the next binding
+			// delivers the message again, and its key gets the
+			// finished turn's answer (replayed), sent once.
+			log.Info("channel reply cut by the binding's stop; the next binding sends it", zap.String("session_id", sessionID))
+			return false
+		}
 		log.Warn("channel reply failed", zap.String("session_id", sessionID), zap.Error(err))
 		return true
 	}
