@@ -50,3 +50,27 @@ func Returns(t testing.TB, wait func()) {
 		t.Fatalf("still waiting after %v", Bound)
 	}
 }
+
+// Progress polls count every poll until it reports done, failing t if
+// the count has not moved for Bound. The wait lasts as long as the work
+// it waits on keeps going, so a loaded machine's slowness (a stream read
+// at a tenth of its usual pace) is never a failure, while a stream that
+// stops short (an update lost, a connection closed) is one, named with
+// where it stopped. Call it from the test's own goroutine; count may call
+// t.Fatalf.
+func Progress(t testing.TB, poll time.Duration, count func() (n int64, done bool)) {
+	t.Helper()
+	last, moved := int64(-1), time.Now()
+	for {
+		n, done := count()
+		if done {
+			return
+		}
+		if n != last {
+			last, moved = n, time.Now()
+		} else if time.Since(moved) > Bound {
+			t.Fatalf("no progress for %v: stopped at %d", Bound, n)
+		}
+		time.Sleep(poll)
+	}
+}
