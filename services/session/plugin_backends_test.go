@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
@@ -111,5 +112,44 @@ func TestLargeToolOutputStillReachesTheClient(t *testing.T) {
 	}
 	if n := len(jsonstr.Append(nil, out)); n > MaxLiveToolOutputBytes || !strings.Contains(out, "[tool output truncated: ") {
 		t.Fatalf("tool_result's raw_output: %d bytes as JSON, ends %q", n, out[max(0, len(out)-80):])
+	}
+}
+
+// The recall tool's answer is the bytes json.Marshal wrote for the
+// entries, escapes and an empty category's omission included.
+func TestRecallAnswerIsEncodingJSONs(t *testing.T) {
+	type entry struct {
+		Key      string `json:"key"`
+		Content  string `json:"content"`
+		Category string `json:"category,omitempty"`
+	}
+	for _, entries := range [][]*pluginv1.MemoryEntry{
+		nil,
+		{{Key: "k1", Content: "the sky is blue"}},
+		{{Key: "a\"b", Content: "\x01\n\t<tag>&\u2028\u2029\xff\\", Category: "c"}, {Key: "", Content: "", Category: ""}},
+		{{Key: "k", Content: strings.Repeat("\x01é", 1000), Category: "notes"}, {Key: "k2", Content: "x"}},
+	} {
+		want := make([]entry, 0, len(entries))
+		for _, e := range entries {
+			want = append(want, entry{e.GetKey(), e.GetContent(), e.GetCategory()})
+		}
+		b, err := json.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := recallAnswer(entries); got != string(b) {
+			t.Fatalf("recall answer\n%q\nwant\n%q", got, b)
+		}
+	}
+}
+
+// BenchmarkRecallAnswer builds the answer to a recall of three memories
+// of 1 MiB of control characters (TestLargeToolOutputStillReachesTheClient's).
+func BenchmarkRecallAnswer(b *testing.B) {
+	ctrl := strings.Repeat("\x01", 1<<20)
+	entries := []*pluginv1.MemoryEntry{{Key: "a", Content: ctrl}, {Key: "b", Content: ctrl}, {Key: "c", Content: ctrl}}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = recallAnswer(entries)
 	}
 }
