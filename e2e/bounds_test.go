@@ -93,7 +93,12 @@ func TestPipelinedLargeRepliesBounded(t *testing.T) {
 		"--set", "rpc.max_inflight_requests=" + strconv.Itoa(inflight),
 		"--set", "rpc.write_stall_timeout_ms=" + strconv.Itoa(int(stallLimit.Milliseconds())),
 	}})
-	v := newConv(t, s, nil)
+	// The healthy clients read ahead of what the test decodes: under the
+	// 2 s stall limit, a 1 MB frame decoded under the race detector on a
+	// loaded machine left the frames behind it unread that long, and the
+	// gateway closed the client that set the transcript up (a read EOF
+	// during its prompts).
+	v := newConvOn(t, s, s.DialReading(t), nil)
 	id := v.newSession("")
 	// A transcript of about 6 MB: each turn stores a 1 MB prompt and the
 	// scripted provider's 1 MB answer (a line that is no command is said
@@ -132,7 +137,7 @@ func TestPipelinedLargeRepliesBounded(t *testing.T) {
 	sent := time.Now()
 
 	// Healthy clients keep being served meanwhile.
-	good := s.Dial(t)
+	good := s.DialReading(t)
 	if _, err := good.Initialize(); err != nil {
 		t.Fatal(err)
 	}

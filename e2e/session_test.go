@@ -44,7 +44,12 @@ type conv struct {
 
 func newConv(t *testing.T, s *e2e.Stack, caps map[string]any) *conv {
 	t.Helper()
-	c := s.Dial(t)
+	return newConvOn(t, s, s.Dial(t), caps)
+}
+
+// newConvOn is newConv on a client already dialled (s.DialReading's).
+func newConvOn(t *testing.T, s *e2e.Stack, c *e2e.Client, caps map[string]any) *conv {
+	t.Helper()
 	params := map[string]any{"protocol_version": 1}
 	if caps != nil {
 		params["client_capabilities"] = caps

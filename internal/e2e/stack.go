@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/graceful"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/procstat"
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -293,6 +295,20 @@ func (s *Stack) Dial(t testing.TB) *Client {
 	if err != nil {
 		t.Fatalf("dial %s: %v", s.Socket, err)
 	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// DialReading is Dial with a client that reads its socket as fast as the
+// gateway writes, whatever the test does with the frames meanwhile
+// (readAhead): a healthy client under a short write-stall limit.
+func (s *Stack) DialReading(t testing.TB) *Client {
+	t.Helper()
+	conn, err := net.Dial("unix", s.Socket)
+	if err != nil {
+		t.Fatalf("dial %s: %v", s.Socket, err)
+	}
+	c := rpcclient.New(newReadAhead(conn))
 	t.Cleanup(func() { c.Close() })
 	return c
 }

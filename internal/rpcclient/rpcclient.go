@@ -65,7 +65,12 @@ func Dial(path string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: conn, r: bufio.NewReaderSize(conn, 1<<20), next: 1}, nil
+	return New(conn), nil
+}
+
+// New is a client on a connection already made.
+func New(conn net.Conn) *Client {
+	return &Client{conn: conn, r: bufio.NewReaderSize(conn, 1<<20), next: 1}
 }
 
 // Close closes the connection.
