@@ -149,7 +149,15 @@ func (h *harness) promptAsync(ctx context.Context, req *sessionv1.PromptRequest)
 
 func (h *harness) prompt(p *commonv1.Principal, id, text string) *sessionv1.PromptResponse {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	return h.promptWithin(p, id, text, wait)
+}
+
+// promptWithin is prompt with a bound of its own, for a turn whose work
+// is many times an ordinary one's. Its end cancels the turn, as a
+// client's leaving would.
+func (h *harness) promptWithin(p *commonv1.Principal, id, text string, bound time.Duration) *sessionv1.PromptResponse {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	resp, err := h.srv.Prompt(ctx, &sessionv1.PromptRequest{Principal: p, SessionId: id, Prompt: text})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
@@ -98,7 +99,12 @@ func TestLargeToolOutputStillReachesTheClient(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Plugins = pluginClient(t, serveSandbox(t, sb)) })
 	id := h.newSession(alice, "default")
 	rec := h.record(id)
-	resp := h.prompt(alice, id, `/tool plugin_memory_recall {"query":"\u0001"}`+"\n/say end")
+	// The turn moves 3 MiB through gRPC and writes and measures 18 MiB of
+	// JSON: on two cores at load 40, under -race, that took past the
+	// harness's 15 s for a prompt even once the answer was built by
+	// jsonstr (one run in a package run). It has the bound the tests give
+	// a wait on a loaded machine.
+	resp := h.promptWithin(alice, id, `/tool plugin_memory_recall {"query":"\u0001"}`+"\n/say end", testwait.Bound)
 	if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
 		t.Fatalf("prompt %v", resp)
 	}
