@@ -49,6 +49,42 @@ func TestValidMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// Long strings without an escape, as a chunk's base64 is, are tested for
+// control bytes by a vector test for printable ASCII before hasControl:
+// a control byte anywhere in them is refused, next to the vector loops'
+// block boundaries and in their tails, whether the rest of the string is
+// printable ASCII or not (DEL or a UTF-8 letter beside it, which only
+// hasControl may then clear).
+func TestValidLongStringControlBytes(t *testing.T) {
+	for _, n := range []int{31, 32, 33, 63, 64, 65, 127, 128, 129, 4095, 4096, 4097, 1<<20 + 3} {
+		positions := map[int]bool{0: true, n / 2: true, n - 1: true}
+		for _, k := range []int{16, 31, 32, 33, 63, 64, 65} {
+			if n-k >= 0 {
+				positions[n-k] = true
+			}
+		}
+		for _, other := range []string{"", "\x7f", "\u00e9"} {
+			for _, c := range []byte{0x00, 0x09, 0x1f, 0x20, 0x7e} {
+				for pos := range positions {
+					body := []byte(strings.Repeat("QUJD", n/4+1)[:n])
+					body[pos] = c
+					if other != "" {
+						copy(body[(pos+n/3)%(n-2):], other)
+						body[pos] = c
+					}
+					s := append(append([]byte(`{"data_b64":"`), body...), `"}`...)
+					if got, want := valid(s), json.Valid(s); got != want {
+						t.Errorf("length %d, byte %#x at %d, beside %q: valid %v, json.Valid %v", n, c, pos, other, got, want)
+					}
+					if c < 0x20 && valid(s) {
+						t.Errorf("length %d, control byte %#x at %d, beside %q: accepted", n, c, pos, other)
+					}
+				}
+			}
+		}
+	}
+}
+
 // FuzzValid holds valid to json.Valid on any input.
 func FuzzValid(f *testing.F) {
 	for _, s := range validSeeds {
