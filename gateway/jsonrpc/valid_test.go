@@ -130,9 +130,21 @@ func BenchmarkValid(b *testing.B) {
 }
 
 // BenchmarkClassify is the whole classification of a small request with a
-// numeric id, the shape of every health or status call.
+// numeric id, the shape of every health or status call; and, as
+// BenchmarkClassifyChunk, of an upload's chunk frame (1 MiB of data).
 func BenchmarkClassify(b *testing.B) {
 	frame := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":12345}`)
+	for range b.N {
+		if m := Classify(frame); m.Kind != KindRequest {
+			b.Fatal(m.Problem)
+		}
+	}
+}
+
+func BenchmarkClassifyChunk(b *testing.B) {
+	frame := []byte(fmt.Sprintf(`{"jsonrpc":"2.0","method":"file/upload/chunk","params":{"upload_id":"0123456789abcdef0123456789abcdef","offset":0,"data_b64":%q},"id":3}`,
+		base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0xa5, 0x17, 0x3c}, 1<<20/3))))
+	b.SetBytes(int64(len(frame)))
 	for range b.N {
 		if m := Classify(frame); m.Kind != KindRequest {
 			b.Fatal(m.Problem)

@@ -307,7 +307,8 @@ type Message struct {
 // modify frame afterwards.
 func Classify(frame []byte) Message {
 	frame = trimSpace(frame)
-	if !valid(frame) {
+	var env envelope
+	if !validFrame(frame, &env) {
 		return invalid("invalid JSON", nil, CodeParseError, "Parse error")
 	}
 	switch frame[0] {
@@ -317,8 +318,6 @@ func Classify(frame []byte) Message {
 	default:
 		return invalid("not an object", nil, CodeInvalidRequest, "Invalid Request: a frame must be a JSON object")
 	}
-	var env envelope
-	env.scan(frame)
 	if env.has&hasMethod != 0 {
 		return env.request()
 	}
@@ -348,28 +347,29 @@ type envelope struct {
 	jsonrpc, id, method, params, result, er []byte
 }
 
-func (e *envelope) scan(b []byte) {
-	for key, val, i, ok := jsonwalk.NextMember(b, 1); ok; key, val, i, ok = jsonwalk.NextMember(b, i) {
-		var bit uint8
-		switch string(keyName(key)) {
-		case "jsonrpc":
-			bit, e.jsonrpc = hasJSONRPC, val
-		case "id":
-			bit, e.id = hasID, val
-		case "method":
-			bit, e.method = hasMethod, val
-		case "params":
-			bit, e.params = hasParams, val
-		case "result":
-			bit, e.result = hasResult, val
-		case "error":
-			bit, e.er = hasError, val
-		default:
-			continue
-		}
-		e.dup |= e.has & bit
-		e.has |= bit
+// member records one top-level member of the frame, its key raw (quoted)
+// and its value as it stands; validFrame calls it, member by member, as
+// it checks the frame.
+func (e *envelope) member(key, val []byte) {
+	var bit uint8
+	switch string(keyName(key)) {
+	case "jsonrpc":
+		bit, e.jsonrpc = hasJSONRPC, val
+	case "id":
+		bit, e.id = hasID, val
+	case "method":
+		bit, e.method = hasMethod, val
+	case "params":
+		bit, e.params = hasParams, val
+	case "result":
+		bit, e.result = hasResult, val
+	case "error":
+		bit, e.er = hasError, val
+	default:
+		return
 	}
+	e.dup |= e.has & bit
+	e.has |= bit
 }
 
 // keyName returns a raw quoted key as a string to switch on. The common
