@@ -209,47 +209,19 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 	if !cs.local() {
 		return nil, onlyLocal("file/upload/chunk")
 	}
-	p, ok := scanChunkParams(params)
-	if !ok {
-		var slow struct {
-			UploadID string  `json:"upload_id"`
-			Offset   *int64  `json:"offset"`
-			DataB64  *string `json:"data_b64"`
-		}
-		if err := decodeParams(params, &slow); err != nil {
-			return nil, err
-		}
-		p = chunkFields{uploadID: slow.UploadID, offset: slow.Offset}
-		if slow.DataB64 != nil {
-			p.data = []byte(*slow.DataB64)
-		}
-	}
-	id, err := uploadID(p.uploadID)
+	id, offset, buf, data, err := readChunk(params)
 	if err != nil {
 		return nil, err
-	}
-	if p.offset == nil {
-		return nil, invalidParams("`offset` is required")
-	}
-	if p.data == nil {
-		return nil, invalidParams("`data_b64` is required")
-	}
-	buf := chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
-	n, err := decodeBase64(buf, p.data)
-	if err != nil {
-		putChunkBuffer(buf)
-		return nil, invalidParams("`data_b64` is not valid base64")
 	}
 	if g.upload == nil {
 		putChunkBuffer(buf)
 		return nil, uploadUnavailable
 	}
-	data := buf[:n]
 	// The call sends the bytes from buf; buf is reused only once grpc no
 	// longer holds them (a call that failed before it wrote them may).
 	loan := g.chunks.Lend(data)
 	resp, err := g.upload.Chunk(ctx, &uploadv1.ChunkRequest{
-		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: *p.offset, Data: data,
+		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: offset, Data: data,
 	})
 	if loan.Return() {
 		putChunkBuffer(buf)
@@ -258,6 +230,69 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 		return nil, serviceError("upload-staging", err)
 	}
 	return map[string]any{"received_bytes": resp.GetReceivedBytes()}, nil
+}
+
+// readChunk reads file/upload/chunk's params, checks them and decodes
+// data_b64 into buf, a buffer from chunkBuffer that the caller gives back
+// (putChunkBuffer) once nothing uses data, buf's first bytes. Refusals
+// come in one order whichever way the params were read: the ordinary
+// decoding's, then upload_id, offset, data_b64 absent, data_b64 not base64.
+//
+// Every byte of data_b64 is checked once, by the decoding: the scan
+// (scanChunkParams) ends the string at its first quote without looking
+// for a backslash or invalid UTF-8 before it. Decoded, the string is
+// base64's alphabet alone, so it held neither and the scan read the
+// params as encoding/json does. Not decoded, the string is looked at
+// again: with a backslash (an escape, the first quote perhaps an escaped
+// one) or invalid UTF-8 the params are read the ordinary way, whose
+// reading and refusals stand.
+func readChunk(params []byte) (id string, offset int64, buf, data []byte, err error) {
+	p, ok := scanChunkParams(params)
+	decoded := -1 // the length decoded into buf; -1 while data_b64 is not decoded
+	if ok && p.data != nil {
+		buf = chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
+		if n, derr := decodeBase64(buf, p.data); derr == nil {
+			decoded = n
+		} else if bytes.IndexByte(p.data, '\\') >= 0 || !utf8.Valid(p.data) {
+			putChunkBuffer(buf)
+			buf, ok = nil, false
+		}
+	}
+	if !ok {
+		var slow struct {
+			UploadID string  `json:"upload_id"`
+			Offset   *int64  `json:"offset"`
+			DataB64  *string `json:"data_b64"`
+		}
+		if err := decodeParams(params, &slow); err != nil {
+			return "", 0, nil, nil, err
+		}
+		p = chunkFields{uploadID: slow.UploadID, offset: slow.Offset}
+		if slow.DataB64 != nil {
+			p.data = []byte(*slow.DataB64)
+			buf = chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
+			if n, derr := decodeBase64(buf, p.data); derr == nil {
+				decoded = n
+			}
+		}
+	}
+	fail := func(err error) (string, int64, []byte, []byte, error) {
+		putChunkBuffer(buf)
+		return "", 0, nil, nil, err
+	}
+	if id, err = uploadID(p.uploadID); err != nil {
+		return fail(err)
+	}
+	if p.offset == nil {
+		return fail(invalidParams("`offset` is required"))
+	}
+	if p.data == nil {
+		return fail(invalidParams("`data_b64` is required"))
+	}
+	if decoded < 0 {
+		return fail(invalidParams("`data_b64` is not valid base64"))
+	}
+	return id, *p.offset, buf, buf[:decoded], nil
 }
 
 // chunkBufBytes is the size of the pooled buffers chunks are decoded
@@ -371,7 +406,8 @@ func (g *Gateway) renewUploads(ctx context.Context) {
 }
 
 // chunkFields are file/upload/chunk's params; data is data_b64 still
-// encoded, nil when absent.
+// encoded, nil when absent. From scanChunkParams, data is unchecked: the
+// bytes up to the string's first quote (see readChunk).
 type chunkFields struct {
 	uploadID string
 	offset   *int64
@@ -386,7 +422,9 @@ type chunkFields struct {
 // (an escape in a string, a nested value, a non-integer offset, a key
 // that appears twice, more than a few unknown keys) reports !ok, and the
 // caller decodes the params the ordinary way, with its ordinary messages
-// and refusals.
+// and refusals. data_b64's string alone is not looked into: its reading,
+// and so the whole answer, holds only if data has no backslash and is
+// valid UTF-8, which readChunk's decoding of it proves.
 func scanChunkParams(params []byte) (chunkFields, bool) {
 	var f chunkFields
 	// The keys seen so far: a repeated one is refused by the ordinary
@@ -421,11 +459,21 @@ func scanChunkParams(params []byte) (chunkFields, bool) {
 		}
 		var val []byte
 		isString := params[i] == '"'
-		if isString {
+		// data_b64's string is taken up to its first quote as it is:
+		// readChunk's decoding checks its bytes (see there).
+		bulk := isString && string(key) == "data_b64"
+		switch {
+		case bulk:
+			end := bytes.IndexByte(params[i+1:], '"')
+			if end < 0 {
+				return f, false
+			}
+			val, next = params[i+1:i+1+end], i+end+2
+		case isString:
 			if val, next, ok = plainString(params, i); !ok {
 				return f, false
 			}
-		} else {
+		default:
 			next = i
 			for next < len(params) && !strings.ContainsRune(",} \t\r\n", rune(params[next])) {
 				next++
@@ -440,7 +488,7 @@ func scanChunkParams(params []byte) (chunkFields, bool) {
 			(strings.EqualFold(k, "upload_id") || strings.EqualFold(k, "offset") || strings.EqualFold(k, "data_b64")) {
 			return f, false // encoding/json matches keys case-insensitively
 		}
-		if isString && !utf8.Valid(val) {
+		if isString && !bulk && !utf8.Valid(val) {
 			return f, false // encoding/json would replace the bad bytes
 		}
 		switch k {

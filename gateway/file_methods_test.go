@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -149,6 +151,22 @@ var chunkSeeds = []string{
 	`{"upload_id":"a","nested":{"offset":2},"offset":1}`,
 	`{"upload_id":true,"offset":"1","data_b64":3}`,
 	`{}`, `[]`, `null`, `"x"`,
+	// An escaped quote in data_b64: the scan's string ends there, and what
+	// it reads after it is not the params.
+	`{"upload_id":"0123456789abcdef0123456789abcdef","data_b64":"eA\"}","offset":1}`,
+	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":1,"data_b64":"eA==\"}"}`,
+	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":1,"data_b64":"eA\",\"offset\":2}"}`,
+	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":1,"data_b64":"e\/A="}`,
+	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":1,"data_b64":"e\u0041=="}`,
+	"{\"upload_id\":\"0123456789abcdef0123456789abcdef\",\"offset\":1,\"data_b64\":\"eA\xff=\"}",
+	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":1,"data_b64":"eA=\\"}`,
+}
+
+// plainData is the condition on which scanChunkParams's answer holds:
+// data_b64's bytes, as it took them, hold no backslash and are valid
+// UTF-8 (readChunk's decoding proves both).
+func plainData(f chunkFields) bool {
+	return bytes.IndexByte(f.data, '\\') < 0 && utf8.Valid(f.data)
 }
 
 // The fast reading of chunk params agrees with the ordinary one
@@ -158,7 +176,7 @@ func TestScanChunkParamsAgreesWithDecodeParams(t *testing.T) {
 	answered := 0
 	for _, in := range chunkSeeds {
 		fast, ok := scanChunkParams([]byte(in))
-		if !ok {
+		if !ok || !plainData(fast) {
 			continue
 		}
 		answered++
@@ -181,13 +199,97 @@ func FuzzScanChunkParams(f *testing.F) {
 			return // the connection refuses it before any handler runs
 		}
 		fast, ok := scanChunkParams(in)
-		if !ok {
+		if !ok || !plainData(fast) {
 			return
 		}
 		slow, err := chunkBySlowPath(in)
 		if err != nil || !sameChunk(fast, slow) {
 			t.Fatalf("%q: fast %+v, decodeParams %+v %v", in, fast, slow, err)
 		}
+	})
+}
+
+// chunkReference reads and checks chunk params the ordinary way, and
+// decodes data_b64 with encoding/base64: what readChunk must answer.
+func chunkReference(params []byte) (id string, offset int64, data []byte, err error) {
+	f, err := chunkBySlowPath(params)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	if id, err = uploadID(f.uploadID); err != nil {
+		return "", 0, nil, err
+	}
+	if f.offset == nil {
+		return "", 0, nil, invalidParams("`offset` is required")
+	}
+	if f.data == nil {
+		return "", 0, nil, invalidParams("`data_b64` is required")
+	}
+	if data, err = base64.StdEncoding.DecodeString(string(f.data)); err != nil {
+		return "", 0, nil, invalidParams("`data_b64` is not valid base64")
+	}
+	return id, *f.offset, data, nil
+}
+
+// sameReading compares readChunk's answer for params with the reference.
+func sameReading(t *testing.T, params []byte) {
+	t.Helper()
+	id, off, buf, data, err := readChunk(bytes.TrimSpace(params))
+	defer putChunkBuffer(buf)
+	wid, woff, wdata, werr := chunkReference(params)
+	var got, want *jsonrpc.Error
+	switch {
+	case (err == nil) != (werr == nil):
+		t.Errorf("%.120q: readChunk error %v, the reference's %v", params, err, werr)
+	case err != nil && (!errors.As(err, &got) || !errors.As(werr, &want) || got.Message != want.Message):
+		t.Errorf("%.120q: readChunk refused %v, the reference %v", params, err, werr)
+	case err == nil && (id != wid || off != woff || !bytes.Equal(data, wdata)):
+		t.Errorf("%.120q: readChunk read %s@%d (%d bytes), the reference %s@%d (%d bytes)", params, id, off, len(data), wid, woff, len(wdata))
+	}
+}
+
+// readChunk, which leaves data_b64's bytes to its decoding to check,
+// answers as the ordinary reading and encoding/base64 do: escapes and an
+// escaped quote in data_b64 (the scan's string ends early), bad base64
+// anywhere in a chunk, invalid UTF-8, sizes about the pooled buffer's.
+func TestReadChunkAgreesWithReference(t *testing.T) {
+	for _, in := range chunkSeeds {
+		sameReading(t, []byte(in))
+	}
+	const id = "0123456789abcdef0123456789abcdef"
+	frame := func(b64 string) []byte {
+		return []byte(fmt.Sprintf(`{"upload_id":%q,"offset":7,"data_b64":"%s"}`, id, b64))
+	}
+	for _, n := range []int{0, 1, 2, 3, 4, 1<<20 - 1, 1 << 20, 1<<20 + 1, 1<<20 + 2, 1<<20 + 3} {
+		raw := make([]byte, n)
+		_, _ = rand.Read(raw)
+		enc := base64.StdEncoding.EncodeToString(raw)
+		sameReading(t, frame(enc))
+		if n == 0 {
+			continue
+		}
+		for _, pos := range []int{0, len(enc) / 2, len(enc) - 33, len(enc) - 5, len(enc) - 1} {
+			if pos < 0 {
+				continue
+			}
+			for _, bad := range []string{"*", `\/`, `\"`, "\xff", "=", `\u0041`} {
+				sameReading(t, frame(enc[:pos]+bad+enc[pos+1:]))
+			}
+		}
+		sameReading(t, frame(strings.TrimRight(enc, "="))) // padding left off
+		sameReading(t, frame(enc+"A"))
+	}
+}
+
+func FuzzReadChunk(f *testing.F) {
+	for _, s := range chunkSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if !json.Valid(in) {
+			return // the connection refuses it before any handler runs
+		}
+		sameReading(t, in)
 	})
 }
 
