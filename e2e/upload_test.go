@@ -1127,3 +1127,47 @@ func TestUploadCommitAnsweredAfterStagingRestarts(t *testing.T) {
 	alice.refused("file/upload/commit", map[string]any{"upload_id": other}, -32602, uploads.UnknownUpload(other))
 	alice.refused("file/upload/commit", map[string]any{"upload_id": "x' OR '1'='1"}, -32602, "Invalid params: "+uploads.BadUploadID)
 }
+
+// A chunk's data_b64 is checked by its decoding alone on the gateway's
+// common path (readChunk): through the real stack, JSON escapes in it
+// are still read as JSON has them, an escaped quote that ends the fast
+// reading's string early is refused as the ordinary reading refuses it
+// (not as a chunk without an offset), and a bad byte anywhere in a full
+// 1 MiB chunk is refused without the upload losing anything; the file,
+// a full chunk and one byte, lands whole, its declared SHA-256 checked
+// at commit.
+func TestUploadChunkEncodingsOverTheSocket(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	u := dialUC(t, s)
+	sess := u.session(map[string]any{})
+	data := make([]byte, mib+1)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	id := u.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": len(data), "sha256": hexSHA(data)})
+	chunk := func(off int, b64 string) json.RawMessage {
+		return json.RawMessage(fmt.Sprintf(`{"upload_id":%q,"offset":%d,"data_b64":"%s"}`, id, off, b64))
+	}
+	const notB64 = "Invalid params: `data_b64` is not valid base64"
+	full := base64.StdEncoding.EncodeToString(data[:mib])
+	u.refused("file/upload/chunk", chunk(0, full[:len(full)-1]+"*"), -32602, notB64)
+	u.refused("file/upload/chunk", chunk(0, full[:len(full)/2]+"*"+full[len(full)/2+1:]), -32602, notB64)
+	u.refused("file/upload/chunk", chunk(0, full[:4]+"\xff"+full[5:]), -32602, notB64)
+	u.refused("file/upload/chunk", json.RawMessage(fmt.Sprintf(`{"upload_id":%q,"data_b64":"%s\"}","offset":0}`, id, full[:8])), -32602, notB64)
+	// Escaped, the same bytes: "\/" is '/', "\u0041" is 'A'.
+	var r struct {
+		ReceivedBytes int64 `json:"received_bytes"`
+	}
+	u.must("file/upload/chunk", chunk(0, strings.ReplaceAll(full, "/", `\/`)), &r)
+	if r.ReceivedBytes != mib {
+		t.Fatalf("received %d after the first chunk", r.ReceivedBytes)
+	}
+	last := base64.StdEncoding.EncodeToString(data[mib:])
+	u.must("file/upload/chunk", chunk(mib, fmt.Sprintf(`\u%04x`, last[0])+last[1:]), &r)
+	var f fileEntry
+	u.must("file/upload/commit", map[string]any{"upload_id": id}, &f)
+	if f.RefID != "sha256:"+hexSHA(data) || f.SizeBytes != int64(len(data)) {
+		t.Fatalf("commit %+v", f)
+	}
+}
