@@ -381,17 +381,59 @@ func (c *Client) replace(s Snapshot) {
 	}
 }
 
-// ErrConfigUnavailable wraps a failure to reach the config service.
-var ErrConfigUnavailable = errors.New("config service unavailable")
+// Errors of a per-request call on the config service.
+var (
+	// ErrConfigUnavailable wraps a failure to reach the config service.
+	ErrConfigUnavailable = errors.New("config service unavailable")
+	// ErrConfigNoAnswer wraps a call the config service did not answer
+	// within CallTimeout (hung, or its host stalled): it is also an
+	// ErrConfigUnavailable.
+	ErrConfigNoAnswer = fmt.Errorf("%w: the config service did not answer within %v", ErrConfigUnavailable, CallTimeout)
+)
+
+// CallTimeout bounds each call a request makes on the config service
+// (Authorize, Reveal) when the caller's own deadline is later or absent.
+// The config service answers them from memory, in well under a
+// millisecond; 3 s leaves room for a loaded two-core host and a GC pause
+// while failing long before the connection's keepalive gives up on a
+// hung peer (grpcclient: 10 s + 5 s of silence), which a turn or a
+// channel post otherwise waited out, with a message naming nothing.
+const CallTimeout = 3 * time.Second
+
+// Bounded derives the context of one per-request call on the config
+// service: ctx with CallTimeout at most, whose expiry is the cause
+// ErrConfigNoAnswer (see NoAnswer).
+func Bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, CallTimeout, ErrConfigNoAnswer)
+}
+
+// NoAnswer returns err wrapped with ErrConfigNoAnswer when the call of
+// ctx (from Bounded) failed because CallTimeout passed, else err. gRPC
+// reports a deadline as DeadlineExceeded, not the context's cause.
+func NoAnswer(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), ErrConfigNoAnswer) {
+		return fmt.Errorf("%w: %w", ErrConfigNoAnswer, err)
+	}
+	return err
+}
 
 // Authorize asks the config service whether principal holds permission on
 // resource. It returns nil when allowed, a PermissionDenied status with
 // the forbidden reason (ready to return to the gateway, which sends
 // -32012) when not, and an error wrapping ErrConfigUnavailable when the
 // question could not be asked.
+//
+// The call is bounded by CallTimeout (Bounded): a hung config service
+// held every request that asked it until the caller's deadline, or, with
+// none, the connection's keepalive.
 func Authorize(ctx context.Context, rpc configv1.ConfigServiceClient, principal *commonv1.Principal, permission, resource string) error {
+	ctx, cancel := Bounded(ctx)
+	defer cancel()
 	resp, err := rpc.Authorize(ctx, &configv1.AuthorizeRequest{Principal: principal, Permission: permission, Resource: resource})
 	if err != nil {
+		if errors.Is(context.Cause(ctx), ErrConfigNoAnswer) {
+			return fmt.Errorf("%w: %w", ErrConfigNoAnswer, err)
+		}
 		return fmt.Errorf("%w: %w", ErrConfigUnavailable, err)
 	}
 	if !resp.GetAllowed() {

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"crypto/subtle"
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/plugins/abi"
@@ -611,8 +612,10 @@ func (c *tokenCache) begin() *tokenRead {
 // woken.
 func (c *tokenCache) read(b *binding, call *tokenRead, hold func()) {
 	// Not the request's context: the read is every waiting request's.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Bounded as every per-request call on the config service is.
+	ctx, cancel := configclient.Bounded(context.Background())
 	call.token, call.err = b.reveal(ctx, "channels.plugin."+b.cfg.Alias+".token")
+	call.err = configclient.NoAnswer(ctx, call.err)
 	cancel()
 	c.mu.Lock()
 	c.call = nil

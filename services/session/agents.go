@@ -134,7 +134,12 @@ func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, er
 	}
 	a := AgentConfig{Agent: entry}.withDefaults()
 	if a.Provider == ProviderOpenAI {
-		rev, err := c.Client.Reveal(ctx, &configv1.RevealRequest{Prop: "agents." + alias + ".api_key"})
+		// Bounded: a turn's context has no deadline, and with the config
+		// service hung the turn waited out the connection's keepalive.
+		rctx, cancel := configclient.Bounded(ctx)
+		rev, err := c.Client.Reveal(rctx, &configv1.RevealRequest{Prop: "agents." + alias + ".api_key"})
+		err = configclient.NoAnswer(rctx, err)
+		cancel()
 		switch {
 		case status.Code(err) == codes.Unimplemented || status.Code(err) == codes.NotFound:
 			// No key to reveal: local OpenAI-compatible servers need none.

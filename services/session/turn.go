@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
@@ -261,6 +262,9 @@ func (s *Server) loop(t *turn) turnResult {
 			return failed(fmt.Errorf("Agent `%s` is not configured", t.alias))
 		}
 		s.log.Warn("resolve agent", zap.String("agent_alias", t.alias), zap.Error(err))
+		if errors.Is(err, configclient.ErrConfigNoAnswer) {
+			return failed(fmt.Errorf("could not read the agent's settings: %w", configclient.ErrConfigNoAnswer))
+		}
 		return failed(errors.New("config service unavailable: could not read the agent's settings"))
 	}
 	factory, ok := s.providers[agent.Provider]
