@@ -54,3 +54,53 @@ func TestRotatedChannelTokenIsRefusedOnceSet(t *testing.T) {
 		t.Fatalf("the old token was accepted right after %d of %d rotations", accepted, rotations)
 	}
 }
+
+// The other side of a rotation: the new token was refused (401) from the
+// set's answer until the sandbox read the new revision, so a client that
+// set a token and posted at once was told its token was wrong. A token
+// that does not match the held one is now checked against the config
+// service before it is refused.
+func TestNewChannelTokenIsAcceptedOnceSet(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
+	v := newConv(t, s, nil)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(hook.Close)
+	bindWebChannel(t, v, hook.URL)
+	listen := webChannelListen(t, v, "")
+
+	post := func(token string, n int) int {
+		t.Helper()
+		body := fmt.Sprintf(`{"id":"n%d","from":"ann","text":"/say %d","thread":"u-%d"}`, n, n, n)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post(webChannelToken, 0); code != http.StatusAccepted {
+		t.Fatalf("the bound token: %d, want 202", code)
+	}
+	const rotations = 20
+	refused := 0
+	for i := 1; i <= rotations; i++ {
+		tok := fmt.Sprintf("fresh-token-%02d-0123456789abcdef0123456789", i)
+		v.call("config/set", map[string]any{"prop": "channels.plugin.web.token", "value": tok})
+		switch code := post(tok, i); code {
+		case http.StatusAccepted:
+		case http.StatusUnauthorized:
+			refused++
+		default:
+			t.Fatalf("the new token right after rotation %d: %d, want 202", i, code)
+		}
+	}
+	if refused > 0 {
+		t.Fatalf("the new token was refused right after %d of %d rotations", refused, rotations)
+	}
+	if code := post("wrong-token-0123456789abcdef0123456789", 99); code != http.StatusUnauthorized {
+		t.Fatalf("a wrong token: %d, want 401", code)
+	}
+}

@@ -113,11 +113,8 @@ type binding struct {
 	cfg    ChannelBinding
 	entry  *entry
 	reveal func(ctx context.Context, prop string) (string, error)
-	// revision is the config revision the replica follows (nil: none),
-	// which tok's token is read again at each change of.
-	revision func() int64
-	tok      tokenCache
-	ch       *wasmhost.Channel
+	tok    tokenCache
+	ch     *wasmhost.Channel
 	// inbound is what the listener queues for ch; a rebuilt binding of
 	// the same plugin takes it over, so queued messages outlive the
 	// binding that accepted them.
@@ -318,7 +315,7 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	if prev != nil {
 		inbound, backlog = prev.inbound, prev.backlog
 	}
-	b := &binding{cfg: cfg, entry: e, inbound: inbound, backlog: backlog, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal, revision: s.cfg.Revision,
+	b := &binding{cfg: cfg, entry: e, inbound: inbound, backlog: backlog, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
 		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}
 	fail := func(err error) *binding {
 		b.set(channelFailed, err.Error())
@@ -424,12 +421,12 @@ func (b *binding) stop() {
 //
 // Every request must carry "Authorization: Bearer <token>" with the
 // binding's channels.plugin.<alias>.token, read from the config service
-// once per config revision the replica follows (tokenCache) and compared
-// in constant time: a loopback port is reachable by every local account.
-// A token that matches is read again before the message is taken, so a
-// rotation holds from its commit, not from the replica's read of it (and
-// while the config service is away a message is answered 503, to retry,
-// not taken on a token that may have been rotated).
+// after the request arrived (reads shared, tokenCache) and compared in
+// constant time: a loopback port is reachable by every local account.
+// A rotation holds from its commit, not from the replica's read of it,
+// for the old token and the new alike (and while the config service is
+// away a message is answered 503, to retry, neither taken on a token
+// that may have been rotated nor refused on one that may be new).
 func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	ok, err := b.authorized(r)
 	if err != nil {
@@ -498,22 +495,17 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 	if !ok || got == "" || b.reveal == nil {
 		return false, nil
 	}
-	arrived := time.Now()
-	want, err := b.tok.get(b)
+	// The config service's own token, read after the request arrived,
+	// decides. One held as of the revision the replica follows trailed a
+	// rotation's commit by the announcement's round trip (at worst the
+	// 30 s resync): the old token was taken meanwhile, after config/set
+	// had answered, and the new one refused (401), so a client that set
+	// a token and posted at once was told its token was wrong. What a
+	// wrong token costs is one share of a read: requests check together
+	// (one read in flight at a time, tokenCache.fresh), and each refusal
+	// ends its connection.
+	want, err := b.tok.fresh(b, time.Now())
 	if err != nil {
-		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
-	}
-	if want == "" || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
-		// Refused without a call: a wrong token costs the config
-		// service nothing.
-		return false, nil
-	}
-	// The token held is of the revision the replica follows, which
-	// trails a rotation's commit by the announcement's round trip (at
-	// worst the 30 s resync): the old token was taken meanwhile, after
-	// config/set had answered. A match is checked against the config
-	// service's own, read after the request arrived.
-	if want, err = b.tok.fresh(b, arrived); err != nil {
 		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
 	}
 	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1, nil
@@ -523,17 +515,12 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 // every request that needs it may fail alike.
 const tokenWarnEvery = 30 * time.Second
 
-// tokenCache holds a binding's token as of the config revision the
-// replica follows (Config.Revision): a Reveal per request let any client
-// that reached the listener, token or not, make a call on the config
-// service per request (512 connections at once), and a warning per
-// request while it was away. A rotation is a new revision, which the
-// next request reads again. Requests that need a read at once share one.
+// tokenCache shares a binding's reads of its token: a Reveal per
+// request, each in flight at once, let any client that reached the
+// listener, token or not, make as many calls on the config service as it
+// held connections (512), and a warning per request while it was away.
 type tokenCache struct {
 	mu     sync.Mutex
-	held   bool
-	rev    int64
-	token  string
 	call   *tokenRead // the read in flight, if any
 	warned time.Time
 }
@@ -545,43 +532,10 @@ type tokenRead struct {
 	err     error
 }
 
-// get returns b's token, read with b.reveal unless the one held is of
-// the revision the replica follows (without Config.Revision, never).
-func (c *tokenCache) get(b *binding) (string, error) {
-	var rev int64
-	if b.revision != nil {
-		rev = b.revision()
-	}
-	c.mu.Lock()
-	if c.held && c.rev == rev {
-		token := c.token
-		c.mu.Unlock()
-		return token, nil
-	}
-	if call := c.call; call != nil {
-		c.mu.Unlock()
-		<-call.done
-		return call.token, call.err
-	}
-	call := c.begin()
-	c.mu.Unlock()
-	c.read(b, call, func() {
-		if b.revision != nil {
-			// The revision read before the call: a newer one meanwhile
-			// reads again at the next request.
-			c.held, c.rev, c.token = true, rev, call.token
-		}
-	})
-	return call.token, call.err
-}
-
 // fresh returns b's token as the config service holds it, read by a call
 // begun at or after arrived: requests that arrive together share one
 // read (one in flight at a time), and none takes a read begun before it
-// arrived, which may predate a rotation it follows. Only a request
-// whose token matched the held one asks, so a wrong token makes no
-// call. What it reads is the config service's, not of the revision the
-// replica follows: the cache is left as it is.
+// arrived, which may predate a rotation it follows.
 func (c *tokenCache) fresh(b *binding, arrived time.Time) (string, error) {
 	for {
 		c.mu.Lock()
@@ -589,7 +543,7 @@ func (c *tokenCache) fresh(b *binding, arrived time.Time) (string, error) {
 		if call == nil {
 			call = c.begin()
 			c.mu.Unlock()
-			c.read(b, call, nil)
+			c.read(b, call)
 			return call.token, call.err
 		}
 		c.mu.Unlock()
@@ -607,10 +561,9 @@ func (c *tokenCache) begin() *tokenRead {
 	return call
 }
 
-// read makes call's Reveal, then ends it: under c.mu, c.call is cleared
-// and, when it succeeded, hold runs (if not nil); then its waiters are
-// woken.
-func (c *tokenCache) read(b *binding, call *tokenRead, hold func()) {
+// read makes call's Reveal, then ends it: under c.mu, c.call is cleared;
+// then its waiters are woken.
+func (c *tokenCache) read(b *binding, call *tokenRead) {
 	// Not the request's context: the read is every waiting request's.
 	// Bounded as every per-request call on the config service is.
 	ctx, cancel := configclient.Bounded(context.Background())
@@ -619,14 +572,11 @@ func (c *tokenCache) read(b *binding, call *tokenRead, hold func()) {
 	cancel()
 	c.mu.Lock()
 	c.call = nil
-	switch {
-	case call.err != nil:
+	if call.err != nil {
 		if now := time.Now(); now.Sub(c.warned) >= tokenWarnEvery {
 			c.warned = now
 			b.log.Warn("channel token not read (logged at most every 30 s)", zap.Error(call.err))
 		}
-	case hold != nil:
-		hold()
 	}
 	c.mu.Unlock()
 	close(call.done)

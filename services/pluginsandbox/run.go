@@ -145,7 +145,6 @@ func Register(ctx context.Context, env *service.Env) error {
 			}
 			return resp.GetValue().GetStringValue(), nil
 		},
-		Revision: func() int64 { return live.Current().Revision },
 		Sessions: sessionv1.NewSessionServiceClient(sessConn),
 	})
 	if err != nil {

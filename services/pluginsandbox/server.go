@@ -46,10 +46,6 @@ type Config struct {
 	// Reveal reads a secret config value (a channel's listener token);
 	// nil leaves every channel listener refusing, as without a token.
 	Reveal func(ctx context.Context, prop string) (string, error)
-	// Revision is the config revision the replica follows; a channel's
-	// token read by Reveal holds until it changes. Nil reads the token
-	// per request.
-	Revision func() int64
 	// Sessions is the session service channel messages are handed to; nil
 	// leaves channel bindings without a consumer (messages are logged and
 	// dropped).
