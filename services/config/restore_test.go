@@ -126,3 +126,34 @@ func TestRestoreToTheFingerprintLastReadIsFollowed(t *testing.T) {
 		t.Fatalf("after the restore the service serves rpc.call_timeout_ms %v (%v), want the restored 2500", v, err)
 	}
 }
+
+// A write right after a restore, before the service's follow read it
+// (within its second): the write staged on the live snapshot, of the
+// history the restore took away, and stored it as the next number after
+// that snapshot's, so the restored document (2500) was lost under the
+// old one's value (2600) and the numbers skipped the restored history's.
+// A commit now checks, in its transaction, that the database's newest
+// revision is the one it builds on, and stages again on what the
+// database holds when it is not.
+func TestWriteRightAfterARestoreBuildsOnTheRestoredHistory(t *testing.T) {
+	url := testenv.Postgres(t)
+	a := newEnvOn(t, url, nil) // not running: no follow reads the restore first
+	restored := a.mustSet(kv{"rpc.call_timeout_ms", 2500})
+	dump := filepath.Join(t.TempDir(), "config.dump")
+	testenv.PGTool(t, "pg_dump", "--format=custom", "--schema=config", "--file="+dump, url)
+	a.mustSet(kv{"rpc.call_timeout_ms", 2600})
+	testenv.PGTool(t, "pg_restore", "--clean", "--if-exists", "--single-transaction", "--schema=config", "--dbname="+url, dump)
+
+	rev := a.mustSet(kv{"plugins.scan_interval_ms", 300})
+	if rev != restored+1 {
+		t.Fatalf("the write after the restore is revision %d, want %d (next of the restored history)", rev, restored+1)
+	}
+	if v, err := a.get("rpc.call_timeout_ms"); err != nil || v != float64(2500) {
+		t.Fatalf("after a write on the restored history the service serves rpc.call_timeout_ms %v (%v), want the restored 2500", v, err)
+	}
+	// What the database holds agrees.
+	b := newEnvOn(t, url, nil)
+	if v, err := b.get("rpc.call_timeout_ms"); err != nil || v != float64(2500) {
+		t.Fatalf("the database holds rpc.call_timeout_ms %v (%v), want the restored 2500", v, err)
+	}
+}

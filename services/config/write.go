@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -37,11 +38,13 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrCommit: the database refused or lost the commit; nothing changed.
 	ErrCommit = errors.New("commit failed")
-	// errRevisionTaken: the database holds the revision a commit was
-	// about to store (another config process committed it, or a commit
-	// of unknown outcome landed after the reload); commit stages the
-	// write again on what the database holds.
-	errRevisionTaken = errors.New("the revision is stored already")
+	// errRevisionTaken: the database's newest revision is not the one
+	// the commit builds on: it holds the revision the commit was about
+	// to store (another config process committed it, or a commit of
+	// unknown outcome landed after the reload), or another one (a
+	// history restored into it, a row rewritten, before follow read
+	// it); commit stages the write again on what the database holds.
+	errRevisionTaken = errors.New("the database's newest revision is not the one the write builds on")
 )
 
 // entryError is a refusal of kind (one of the sentinels above) of one
@@ -144,7 +147,7 @@ func (s *Server) commitLocked(ctx context.Context, req commitRequest) (*snapshot
 	if err != nil {
 		return nil, err
 	}
-	digest, err := s.store(ctx, next, history, candidate, req.who, changed, unpair)
+	digest, err := s.store(ctx, cur, next, history, candidate, req.who, changed, unpair)
 	if err != nil {
 		return nil, err
 	}
@@ -267,12 +270,21 @@ func holdsMask(v any) bool {
 // tokens of the users named in unpair. A failed COMMIT is checked against
 // the database, since the commit may have happened before the connection
 // was lost: then the candidate is live after all.
-func (s *Server) store(ctx context.Context, rev int64, history string, stored map[string]any, who audit, props, unpair []string) (string, error) {
+//
+// base is the snapshot the candidate was staged on: the database's newest
+// revision must still be it (baseHeld), or nothing is stored.
+func (s *Server) store(ctx context.Context, base *snapshot, rev int64, history string, stored map[string]any, who audit, props, unpair []string) (string, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("%w: begin: %w", ErrCommit, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after a commit it is a no-op
+	if err := baseHeld(ctx, tx, base); err != nil {
+		if errors.Is(err, errRevisionTaken) {
+			s.unsure.Store(true) // commit reloads (reconcile) and stages again
+		}
+		return "", fmt.Errorf("%w: %w", ErrCommit, err)
+	}
 	digest, err := s.insertRevision(ctx, tx, rev, history, stored, who, props)
 	if err != nil {
 		var pe *pgconn.PgError
@@ -315,6 +327,31 @@ func (s *Server) store(ctx context.Context, rev int64, history string, stored ma
 		s.log.Warn("commit of unknown outcome", zap.Int64("revision", rev), zap.Error(commitErr), zap.NamedError("check", err))
 	}
 	return "", fmt.Errorf("%w: %w", ErrCommit, commitErr)
+}
+
+// baseHeld checks, inside the commit's transaction, that the database's
+// newest revision and history are base's. Only the unique revision
+// number was checked: a history restored into the database (an older dump
+// put back) within follow's second of a write left the number after the
+// live snapshot's free, and the write stored the old history's document
+// with its change on top of the restored one, the restored values lost.
+// The read holds its tables against a restore's DROP until the
+// transaction ends, so none lands between the check and the insert.
+func baseHeld(ctx context.Context, tx pgx.Tx, base *snapshot) error {
+	var (
+		rev             int64
+		digest, history string
+	)
+	err := tx.QueryRow(ctx, "SELECT coalesce((SELECT revision FROM revisions ORDER BY revision DESC LIMIT 1), 0), "+
+		"coalesce((SELECT "+docDigest+" FROM revisions ORDER BY revision DESC LIMIT 1), ''), "+
+		"(SELECT coalesce(max(id), '') FROM history)").Scan(&rev, &digest, &history)
+	if err != nil {
+		return fmt.Errorf("read the newest revision: %w", err)
+	}
+	if rev != base.revision || digest != base.digest || history != base.history {
+		return fmt.Errorf("%w: the database holds revision %d, the write builds on %d", errRevisionTaken, rev, base.revision)
+	}
+	return nil
 }
 
 // publish announces a commit on the bus: its revision and changed props,
