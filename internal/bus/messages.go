@@ -19,13 +19,14 @@ import (
 // PublishConfigChanged announces a committed config revision without its
 // history id (as a config service that predates it did).
 func PublishConfigChanged(nc *nats.Conn, revision int64, props []string) error {
-	return PublishConfigRevision(nc, "", "", revision, props)
+	return PublishConfigRevision(nc, "", "", "", revision, props)
 }
 
 // PublishConfigRevision announces a committed config revision of the
-// history identified by history, whose stored document has digest.
-func PublishConfigRevision(nc *nats.Conn, history, digest string, revision int64, props []string) error {
-	return publish(nc, SubjectConfigChanged, &busv1.ConfigChanged{Revision: revision, Props: props, History: history, Digest: digest})
+// history identified by history, whose stored document has digest, staged
+// on the revision whose digest is parent ("" when unknown).
+func PublishConfigRevision(nc *nats.Conn, history, digest, parent string, revision int64, props []string) error {
+	return publish(nc, SubjectConfigChanged, &busv1.ConfigChanged{Revision: revision, Props: props, History: history, Digest: digest, ParentDigest: parent})
 }
 
 // SubscribeConfigChanged calls fn with each config change announced.

@@ -88,7 +88,15 @@ type Client struct {
 	back     bool  // a revision below the one read was announced
 	other    bool  // a revision of another history, or the one read rewritten, was announced
 	watchers []func(Snapshot, []string)
-	props    map[int64][]string // props of announced revisions not read yet
+	props    map[int64]announced // announced revisions not read yet
+}
+
+// announced is what an announcement said of a revision not read yet.
+type announced struct {
+	props []string
+	// parent is the digest of the revision it was staged on ("" when
+	// the config service did not say).
+	parent string
 }
 
 // New subscribes to change announcements, then reads the live document
@@ -98,7 +106,7 @@ func New(ctx context.Context, rpc configv1.ConfigServiceClient, nc *nats.Conn, l
 	if log == nil {
 		log = zap.NewNop()
 	}
-	c := &Client{rpc: rpc, log: log, wake: make(chan struct{}, 1), resync: make(chan struct{}, 1), done: make(chan struct{}), props: map[int64][]string{}}
+	c := &Client{rpc: rpc, log: log, wake: make(chan struct{}, 1), resync: make(chan struct{}, 1), done: make(chan struct{}), props: map[int64]announced{}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	sub, err := bus.SubscribeConfigChanged(nc, c.hint, func(err error) { log.Warn("config change announcement dropped", zap.Error(err)) })
 	if err != nil {
@@ -186,7 +194,7 @@ func (c *Client) hint(ch *busv1.ConfigChanged) {
 		c.back = true
 	default:
 		if len(c.props) < maxPendingProps {
-			c.props[rev] = ch.GetProps()
+			c.props[rev] = announced{props: ch.GetProps(), parent: ch.GetParentDigest()}
 		}
 		c.pending = max(c.pending, rev)
 	}
@@ -345,8 +353,14 @@ func (c *Client) install(s Snapshot) {
 		c.mu.Unlock()
 		return
 	}
-	props, exact := c.props[s.Revision]
-	if s.Revision != c.cur.Revision+1 {
+	// The props are the whole difference only for the revision staged
+	// on the one held: a follower holding revision N of a history that
+	// was restored (an older dump put back) and committed on up to N+1
+	// read N+1 as the next of its N, and its watchers were told N+1's
+	// props alone, not what the restored N had changed.
+	a, exact := c.props[s.Revision]
+	props := a.props
+	if s.Revision != c.cur.Revision+1 || a.parent != c.cur.Digest {
 		props, exact = nil, false
 	}
 	for rev := range c.props {

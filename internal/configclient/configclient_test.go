@@ -245,7 +245,7 @@ func TestHistoryAtTheSameRevisionIsFollowed(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The new history's announcement, same number: read and installed.
-	if err := bus.PublishConfigRevision(nc, "b", "", 5, []string{"rev"}); err != nil {
+	if err := bus.PublishConfigRevision(nc, "b", "", "", 5, []string{"rev"}); err != nil {
 		t.Fatal(err)
 	}
 	at(5, "b")
@@ -256,7 +256,7 @@ func TestHistoryAtTheSameRevisionIsFollowed(t *testing.T) {
 	stub.mu.Unlock()
 	// Then on as usual.
 	stub.set(6)
-	if err := bus.PublishConfigRevision(nc, "b", "", 6, []string{"rev"}); err != nil {
+	if err := bus.PublishConfigRevision(nc, "b", "", "", 6, []string{"rev"}); err != nil {
 		t.Fatal(err)
 	}
 	at(6, "b")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -155,5 +156,63 @@ func TestWriteRightAfterARestoreBuildsOnTheRestoredHistory(t *testing.T) {
 	b := newEnvOn(t, url, nil)
 	if v, err := b.get("rpc.call_timeout_ms"); err != nil || v != float64(2500) {
 		t.Fatalf("the database holds rpc.call_timeout_ms %v (%v), want the restored 2500", v, err)
+	}
+}
+
+// A follower that held revision 2 of the old history and read revision 3
+// of a restored one, whose revision 2 it never saw (committed by a
+// process that announced nothing, here one with no bus): 3 follows the
+// 2 it held by number, so its watchers were told only 3's props
+// (plugins.scan_interval_ms) and not rpc.call_timeout_ms, which the
+// restored 2 had changed. Each announcement now names the digest of the
+// revision it was staged on; a follower holding another takes the props
+// as not the whole difference (nil: anything may have changed).
+func TestFollowerJumpingOntoARestoredHistoryIsToldEverything(t *testing.T) {
+	url := testenv.Postgres(t)
+	a := newEnvOn(t, url, nil)
+	a.mustSet(kv{"rpc.call_timeout_ms", 2500})
+	dump := filepath.Join(t.TempDir(), "config.dump")
+	testenv.PGTool(t, "pg_dump", "--format=custom", "--schema=config", "--file="+dump, url)
+	held := a.mustSet(kv{"rpc.call_timeout_ms", 2600})
+	target := &switchable{srv: a.srv}
+	c := followerOf(t, a, target)
+	followerHolds(t, c, held, 2600)
+	type change struct {
+		rev   int64
+		props []string
+	}
+	changes := make(chan change, 16)
+	c.OnChange(func(s configclient.Snapshot, props []string) {
+		select {
+		case changes <- change{s.Revision, props}:
+		default:
+		}
+	})
+
+	testenv.PGTool(t, "pg_restore", "--clean", "--if-exists", "--single-transaction", "--schema=config", "--dbname="+url, dump)
+	ctx := ctxFor(t)
+	silent, err := New(ctx, Options{DB: a.opts.DB, DataDir: a.opts.DataDir, Log: a.opts.Log}) // no bus: announces nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := silent.commit(ctx, commitRequest{who: audit{by: "test"}, writes: []write{{prop: "rpc.call_timeout_ms", value: 3600}}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(ctx, a.opts) // on a's bus, from the restored revision 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	target.to(b)
+	snap, err := b.commit(ctx, commitRequest{who: audit{by: "test"}, writes: []write{{prop: "plugins.scan_interval_ms", value: 300}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.revision != held+1 {
+		t.Fatalf("the restored history's commit is revision %d, want %d", snap.revision, held+1)
+	}
+	followerHolds(t, c, held+1, 3600)
+	got := testwait.Recv(t, changes)
+	if got.rev != held+1 || (got.props != nil && !slices.Contains(got.props, "rpc.call_timeout_ms")) {
+		t.Fatalf("the follower's watchers were told revision %d with props %v: rpc.call_timeout_ms changed too", got.rev, got.props)
 	}
 }

@@ -186,7 +186,7 @@ const FollowEvery = time.Second
 // read, and nothing else told them before their next resync (30 s on).
 // Consumers that hold it already read nothing.
 func (s *Server) Run(ctx context.Context) {
-	s.publish(s.current(), nil)
+	s.publish(s.current(), "", nil)
 	t := time.NewTicker(ReconcileEvery)
 	defer t.Stop()
 	f := time.NewTicker(FollowEvery)
@@ -244,7 +244,7 @@ func (s *Server) reconcile(ctx context.Context) error {
 	if snap.revision != cur.revision || snap.history != cur.history || snap.digest != cur.digest {
 		// Which props changed is not known here: consumers take nil as
 		// anything may have.
-		s.publish(snap, nil)
+		s.publish(snap, "", nil)
 	}
 	return nil
 }
@@ -327,7 +327,7 @@ func (s *Server) follow(ctx context.Context) error {
 		// (configclient), here without waiting for their resync. The
 		// same number with another digest: restored or rewritten in
 		// place, read again by the consumers that hold it.
-		s.publish(snap, nil)
+		s.publish(snap, "", nil)
 	}
 	return nil
 }

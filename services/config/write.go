@@ -161,7 +161,7 @@ func (s *Server) commitLocked(ctx context.Context, req commitRequest) (*snapshot
 	}
 	snap := &snapshot{revision: next, history: history, digest: digest, stored: candidate, doc: effective, masked: configschema.Mask(effective), tokens: tokens}
 	s.snap.Store(snap)
-	s.publish(snap, changed)
+	s.publish(snap, cur.digest, changed)
 	s.log.Info("config committed", zap.Int64("revision", next), zap.String("by", req.who.by), zap.Strings("props", changed))
 	return snap, nil
 }
@@ -355,13 +355,14 @@ func baseHeld(ctx context.Context, tx pgx.Tx, base *snapshot) error {
 }
 
 // publish announces a commit on the bus: its revision and changed props,
-// nothing of the document; consumers read the revision with Live. A
-// failed publish is logged; consumers catch up at their next resync.
-func (s *Server) publish(snap *snapshot, props []string) {
+// and the digest of the revision it was staged on (parent), nothing of
+// the document; consumers read the revision with Live. A failed publish
+// is logged; consumers catch up at their next resync.
+func (s *Server) publish(snap *snapshot, parent string, props []string) {
 	if s.nc == nil {
 		return
 	}
-	if err := bus.PublishConfigRevision(s.nc, snap.history, snap.digest, snap.revision, props); err != nil {
+	if err := bus.PublishConfigRevision(s.nc, snap.history, snap.digest, parent, snap.revision, props); err != nil {
 		s.log.Warn("config change not published", zap.Int64("revision", snap.revision), zap.Error(err))
 	}
 }

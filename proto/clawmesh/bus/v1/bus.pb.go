@@ -187,7 +187,12 @@ type ConfigChanged struct {
 	// digest is the revision's content digest (LiveResponse.digest): a
 	// revision rewritten in the database is announced again under its
 	// number, and told apart by it.
-	Digest        string `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	Digest string `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	// parent_digest is the digest of the revision the commit was staged on
+	// (revision - 1 as the config service held it): a consumer holding
+	// another document at revision - 1 (a history restored and committed
+	// on) takes props as not the whole difference. Empty when unknown.
+	ParentDigest  string `protobuf:"bytes,5,opt,name=parent_digest,json=parentDigest,proto3" json:"parent_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -246,6 +251,13 @@ func (x *ConfigChanged) GetHistory() string {
 func (x *ConfigChanged) GetDigest() string {
 	if x != nil {
 		return x.Digest
+	}
+	return ""
+}
+
+func (x *ConfigChanged) GetParentDigest() string {
+	if x != nil {
+		return x.ParentDigest
 	}
 	return ""
 }
@@ -614,12 +626,13 @@ var File_clawmesh_bus_v1_bus_proto protoreflect.FileDescriptor
 
 const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
-	"\x19clawmesh/bus/v1/bus.proto\x12\x0fclawmesh.bus.v1\"s\n" +
+	"\x19clawmesh/bus/v1/bus.proto\x12\x0fclawmesh.bus.v1\"\x98\x01\n" +
 	"\rConfigChanged\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
 	"\x05props\x18\x02 \x03(\tR\x05props\x12\x18\n" +
 	"\ahistory\x18\x03 \x01(\tR\ahistory\x12\x16\n" +
-	"\x06digest\x18\x04 \x01(\tR\x06digest\"\xf2\x01\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\x12#\n" +
+	"\rparent_digest\x18\x05 \x01(\tR\fparentDigest\"\xf2\x01\n" +
 	"\rSessionUpdate\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12/\n" +
