@@ -14,6 +14,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -208,7 +209,7 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, repla
 		if err != nil {
 			return fmt.Errorf("read transcript of %s: %w", s.GetSessionId(), err)
 		}
-		shown := f.turnEvents(ctx, s.GetSessionId(), turnsOf(tr.GetMessages()))
+		shown, covered := f.turnEvents(ctx, s.GetSessionId(), turnsOf(tr.GetMessages()))
 		if running := v.GetTurnId(); running != "" && shown[running] != nil {
 			// The running turn's events were read after the view: the
 			// updates between them would be applied again, its text
@@ -239,6 +240,15 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, repla
 		p.incarnation = v.GetIncarnation()
 		p.sessionTitle = s.GetTitle()
 		p.lastSeq = v.GetUpdateSeq()
+		if running := v.GetTurnId(); running != "" && shown[running] != nil && covered > 0 {
+			// The turn streamed on between the events' write and the
+			// view's read: the chunks after covered are not in the
+			// events, and are applied from their updates (a rebuilt
+			// pane's thoughts lacked them). Updates up to the view's
+			// seq applied again show nothing twice: a tool call is
+			// put again whole, a result once, an ask raised once.
+			p.lastSeq = min(p.lastSeq, covered)
+		}
 		if ms := tr.GetMessages(); len(ms) > 0 {
 			p.transcriptNext = ms[0].GetIndex()
 		}
@@ -328,10 +338,12 @@ type updateParams struct {
 	Name       string          `json:"name"`
 	RawInput   json.RawMessage `json:"raw_input"`
 	RawOutput  string          `json:"raw_output"`
-	Status     string          `json:"status"`
-	Outcome    string          `json:"outcome"`
-	Content    string          `json:"content"`
-	Dropped    int64           `json:"dropped_messages"`
+	// OutputBytes is the whole output's length (raw_output may be cut).
+	OutputBytes int    `json:"output_bytes"`
+	Status      string `json:"status"`
+	Outcome     string `json:"outcome"`
+	Content     string `json:"content"`
+	Dropped     int64  `json:"dropped_messages"`
 }
 
 // apply applies one session update. It reports asksKept: the update was
@@ -427,7 +439,10 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 		})
 	case busv1.UpdateType_UPDATE_TYPE_TOOL_RESULT:
 		f.b.layout.mutate(id, func(p *pane) bool {
-			p.putToolResult(up.ToolCallID, up.Name, up.Status, up.RawOutput, now)
+			// Cut as the session kept it: a pane built again from what
+			// it stored shows the same 16 KiB, where one that followed
+			// showed 32 (the item's bound) of the update's 1 MiB.
+			p.putToolResult(up.ToolCallID, up.Name, up.Status, tooloutput.KeptOf(up.RawOutput, up.OutputBytes), now)
 			return false
 		})
 		f.resolveCall(ctx, id, up.ToolCallID)

@@ -29,9 +29,11 @@ const maxTurnsAsked = 64
 
 // turnEvents reads the shown events of a session's turns, by turn id;
 // turns without any are absent. A failed read leaves the rest absent:
-// their rows show them.
-func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []string) map[string]*sessionv1.TurnShown {
-	out := map[string]*sessionv1.TurnShown{}
+// their rows show them. covered is the session's covered_seq: the update
+// seq of the last streamed chunk of a running turn the events hold (0
+// when none was read).
+func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []string) (out map[string]*sessionv1.TurnShown, covered int64) {
+	out = map[string]*sessionv1.TurnShown{}
 	for pending := turnIDs; len(pending) > 0; {
 		asked := pending[:min(len(pending), maxTurnsAsked)]
 		c, cancel := f.call(ctx)
@@ -39,8 +41,9 @@ func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []s
 		cancel()
 		if err != nil {
 			f.b.log.Warn("read turn events", zap.String("session_id", sessionID), zap.Error(err))
-			return out
+			return out, covered
 		}
+		covered = max(covered, resp.GetCoveredSeq())
 		turns := resp.GetTurns()
 		if len(turns) == 0 {
 			pending = pending[len(asked):]
@@ -59,7 +62,7 @@ func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []s
 			}
 		}
 	}
-	return out
+	return out, covered
 }
 
 // turnsOf lists the turns that wrote rows, in order.
@@ -106,10 +109,17 @@ func (f *follower) showHistory(p *pane, rows []*sessionv1.TranscriptMessage, sho
 }
 
 // showTurn shows a turn's events as its updates did (follower.apply), and
-// its end as turnEnded does.
-func (p *pane) showTurn(t *sessionv1.TurnShown, at time.Time) {
+// its end as turnEnded does. An item is shown at its first event's time,
+// as a follower showed it when that event's update came; at (the row's)
+// is for events that carry none, and for the end.
+func (p *pane) showTurn(t *sessionv1.TurnShown, rowAt time.Time) {
 	id := t.GetTurnId()
+	at := rowAt
 	for _, e := range t.GetEvents() {
+		at = rowAt
+		if e.GetAt() != nil {
+			at = e.GetAt().AsTime()
+		}
 		switch e.GetKind() {
 		case "thought":
 			p.putItem(id+":thinking", kindThinking, e.GetText(), at, true)
@@ -122,12 +132,15 @@ func (p *pane) showTurn(t *sessionv1.TurnShown, at time.Time) {
 		}
 	}
 	if t.GetEnded() && t.GetContent() != "" {
-		p.putItem(id+":reply", kindReply, t.GetContent(), at, false)
+		// The reply item is there already when text was streamed: its
+		// time stays.
+		p.putItem(id+":reply", kindReply, t.GetContent(), rowAt, false)
 	}
 }
 
 // putToolResult adds a tool call's result to its item, once: a result
 // read from the session's events may come again as an update.
+// output is as the session kept it (read back, or cut by liveOutput).
 func (p *pane) putToolResult(toolCallID, name, status, output string, at time.Time) {
 	line := status + ": " + output
 	it := p.itemByID[toolCallID]

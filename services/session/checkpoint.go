@@ -77,6 +77,11 @@ type turnLog struct {
 	nextSeq int64
 	pending []pendingEvent
 	bytes   int
+	// streamedSeq is the update seq of the last streamed chunk in the
+	// log (pending or written), takenSeq its value when the log was last
+	// taken: a reader of the written events knows which chunk updates
+	// they hold (TurnEvents' covered_seq).
+	streamedSeq, takenSeq int64
 }
 
 // pendingEvent is an event not written yet; streamed text is appended to
@@ -104,8 +109,8 @@ func (c *checkpointer) close(l *turnLog) {
 }
 
 // stream adds streamed text (or a thought) of a step, coalesced with the
-// pending text before it.
-func (l *turnLog) stream(step int, thought bool, text string) {
+// pending text before it; seq is its update's (0: not published).
+func (l *turnLog) stream(step int, thought bool, text string, seq int64) {
 	kind := eventText
 	if thought {
 		kind = eventThought
@@ -124,6 +129,9 @@ func (l *turnLog) stream(step int, thought bool, text string) {
 		l.pending = append(l.pending, pendingEvent{cpEvent: l.event(step, kind), data: append(buf, text...)})
 	}
 	l.bytes += len(text)
+	if seq > 0 {
+		l.streamedSeq = seq
+	}
 	full := l.bytes >= l.cp.maxBytes
 	l.mu.Unlock()
 	switch {
@@ -147,7 +155,7 @@ func (l *turnLog) add(e cpEvent) {
 
 // event numbers a new event; l.mu is held.
 func (l *turnLog) event(step int, kind string) cpEvent {
-	e := cpEvent{SessionID: l.sessionID, Seq: l.nextSeq, TurnID: l.turnID, Step: step, Kind: kind, Surface: l.surface}
+	e := cpEvent{SessionID: l.sessionID, Seq: l.nextSeq, TurnID: l.turnID, Step: step, Kind: kind, Surface: l.surface, At: time.Now()}
 	l.nextSeq++
 	return e
 }
@@ -183,6 +191,7 @@ func (l *turnLog) takeInto(dst []cpEvent) []cpEvent {
 		l.pending[i] = pendingEvent{data: p.data[:0]}
 	}
 	l.pending, l.bytes = l.pending[:0], 0
+	l.takenSeq = l.streamedSeq
 	return dst
 }
 
@@ -210,9 +219,20 @@ func (l *turnLog) putBack(evs []cpEvent) {
 // write writes l's pending events and, in the same transaction, also
 // (nil for none). On failure the events stay pending.
 func (c *checkpointer) write(ctx context.Context, l *turnLog, also func(pgx.Tx) error) error {
+	_, err := c.writeCovered(ctx, l, also)
+	return err
+}
+
+// writeCovered is write, and on success the update seq of the last
+// streamed chunk the turn's written events hold: a chunk published after
+// it was streamed into the log after the events were taken.
+func (c *checkpointer) writeCovered(ctx context.Context, l *turnLog, also func(pgx.Tx) error) (int64, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	evs := l.take()
+	l.mu.Lock()
+	covered := l.takenSeq
+	l.mu.Unlock()
 	defer c.cols.reset()
 	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
 		if err := c.cols.insert(ctx, tx, evs); err != nil {
@@ -225,8 +245,9 @@ func (c *checkpointer) write(ctx context.Context, l *turnLog, also func(pgx.Tx) 
 	})
 	if err != nil {
 		l.putBack(evs)
+		return 0, err
 	}
-	return err
+	return covered, nil
 }
 
 // run is the writer's loop: once an event is pending it waits for the

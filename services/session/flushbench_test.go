@@ -21,7 +21,7 @@ func BenchmarkCheckpointGather(b *testing.B) {
 	for b.Loop() {
 		for _, l := range logs {
 			for range 20 {
-				l.stream(0, false, chunk)
+				l.stream(0, false, chunk, 0)
 			}
 		}
 		n := gatherForBench(cp)

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"unicode/utf8"
 
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
+	"github.com/clawmesh/clawmesh/internal/tooloutput"
 )
 
 // A session keeps two records (see store_durable.go): the visible
@@ -27,9 +27,9 @@ const historyLimit = 200
 
 // MaxToolOutputBytes caps a tool call's output as the transcript, the
 // tool call's row and the retained context keep it (and as the provider
-// is given it); the live tool_result update carries up to
-// MaxLiveToolOutputBytes of it.
-const MaxToolOutputBytes = 16 << 10
+// is given it, and a durable pane shows it); the live tool_result update
+// carries up to MaxLiveToolOutputBytes of it, and its output_bytes.
+const MaxToolOutputBytes = tooloutput.MaxKeptBytes
 
 // MaxLiveToolOutputBytes caps a tool call's output in its tool_result
 // update, measured as JSON: a plugin may return 16 MiB, and an update past
@@ -42,21 +42,7 @@ const trimReason = "context_budget"
 
 // capToolOutput cuts out to MaxToolOutputBytes, at a character boundary,
 // and says so where it was cut.
-func capToolOutput(out string) string {
-	if len(out) <= MaxToolOutputBytes {
-		return out
-	}
-	cut := MaxToolOutputBytes
-	for cut > 0 && !utf8.RuneStart(out[cut]) {
-		cut--
-	}
-	return cutOutput(out, cut, "kept")
-}
-
-// cutOutput is out's first cut bytes and the note that says so.
-func cutOutput(out string, cut int, verb string) string {
-	return out[:cut] + fmt.Sprintf("\n[tool output truncated: %d of %d bytes %s]", cut, len(out), verb)
-}
+func capToolOutput(out string) string { return tooloutput.Kept(out) }
 
 // capLiveOutput cuts out where its JSON reaches MaxLiveToolOutputBytes, at
 // a character boundary, and says so where it was cut.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -42,6 +43,10 @@ type cpEvent struct {
 	// CallID is the provider's id of a tool call, ToolCallID ours; Name is
 	// the tool's.
 	CallID, ToolCallID, Name string
+	// At is when the event happened (a streamed text's first chunk): a
+	// pane rebuilt from the events shows its items at that time, as its
+	// followers did. Zero is the write's time.
+	At time.Time
 }
 
 // insertEvents writes events in one statement. Events of a turn that no
@@ -58,6 +63,7 @@ type eventColumns struct {
 	sid, turn, kind, surface, content, callID, tcID, name []string
 	seq                                                   []int64
 	step                                                  []int32
+	at                                                    []time.Time
 }
 
 // insert is insertEvents laying evs out in c.
@@ -67,12 +73,12 @@ func (c *eventColumns) insert(ctx context.Context, q querier, evs []cpEvent) err
 	}
 	c.fill(evs)
 	_, err := q.Exec(ctx, `INSERT INTO checkpoint_events
-			(session_id, seq, turn_id, step, kind, interaction_surface, content, call_id, tool_call_id, name)
+			(session_id, seq, turn_id, step, kind, interaction_surface, content, call_id, tool_call_id, name, created_at)
 		SELECT u.* FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
-			$8::text[], $9::text[], $10::text[]) AS u(session_id, seq, turn_id, step, kind, interaction_surface, content,
-			call_id, tool_call_id, name)
+			$8::text[], $9::text[], $10::text[], $11::timestamptz[]) AS u(session_id, seq, turn_id, step, kind, interaction_surface, content,
+			call_id, tool_call_id, name, created_at)
 		WHERE EXISTS (SELECT 1 FROM turns t WHERE t.turn_id = u.turn_id AND t.session_id = u.session_id)`,
-		c.sid, c.seq, c.turn, c.step, c.kind, c.surface, c.content, c.callID, c.tcID, c.name)
+		c.sid, c.seq, c.turn, c.step, c.kind, c.surface, c.content, c.callID, c.tcID, c.name, c.at)
 	if err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
@@ -85,8 +91,14 @@ func (c *eventColumns) fill(evs []cpEvent) {
 	strs := func(s []string) []string { return slices.Grow(s[:0], n) }
 	c.sid, c.turn, c.kind, c.surface = strs(c.sid), strs(c.turn), strs(c.kind), strs(c.surface)
 	c.content, c.callID, c.tcID, c.name = strs(c.content), strs(c.callID), strs(c.tcID), strs(c.name)
-	c.seq, c.step = slices.Grow(c.seq[:0], n), slices.Grow(c.step[:0], n)
+	c.seq, c.step, c.at = slices.Grow(c.seq[:0], n), slices.Grow(c.step[:0], n), slices.Grow(c.at[:0], n)
+	now := time.Now()
 	for _, e := range evs {
+		at := e.At
+		if at.IsZero() {
+			at = now
+		}
+		c.at = append(c.at, at)
 		c.sid = append(c.sid, e.SessionID)
 		c.seq = append(c.seq, e.Seq)
 		c.turn = append(c.turn, e.TurnID)
@@ -283,6 +295,10 @@ func (st *store) retained(ctx context.Context, sessionID string) (snapshot, []cp
 	return snap, evs, nil
 }
 
+// shownRows is how many of a transcript's newest rows a durable pane
+// shows (the bridge's maxViewItems, the most one Transcript page holds).
+const shownRows = 2000
+
 // writeSnapshot replaces the session's retained context with msgs,
 // covering every event up to boundary, and drops the covered events of
 // finished turns, in one transaction: the snapshot and its boundary
@@ -300,8 +316,18 @@ func (st *store) writeSnapshot(ctx context.Context, sessionID, surface string, b
 			sessionID, boundary, raw, surface); err != nil {
 			return err
 		}
+		// The events of a turn with rows among the transcript's newest
+		// shownRows stay: they are what a pane rebuilt from the session
+		// shows of the turn (its thoughts are nowhere else), and the
+		// provider reads none at or below the boundary. Dropped with the
+		// rest, a trimmed turn came back in a rebuilt pane without its
+		// thinking. Those of older turns go, so the events stay bounded
+		// by the window.
 		_, err := tx.Exec(ctx, `DELETE FROM checkpoint_events e USING turns t
-			WHERE e.session_id = $1 AND e.seq <= $2 AND t.turn_id = e.turn_id AND t.state = 'done'`, sessionID, boundary)
+			WHERE e.session_id = $1 AND e.seq <= $2 AND t.turn_id = e.turn_id AND t.state = 'done'
+			AND e.turn_id NOT IN (SELECT m.turn_id FROM messages m WHERE m.session_id = $1
+				AND m.idx >= (SELECT COALESCE(max(idx), -1) + 1 FROM messages WHERE session_id = $1) - $3)`,
+			sessionID, boundary, shownRows)
 		return err
 	})
 	if err != nil {

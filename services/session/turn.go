@@ -311,8 +311,7 @@ func (s *Server) loop(t *turn) turnResult {
 			typ = UpdateMessageChunk
 			step.WriteString(c.Text)
 		}
-		s.publishChunk(t.ls, typ, t.id, c.Text)
-		t.log.stream(t.step, c.Thought, c.Text)
+		t.log.stream(t.step, c.Thought, c.Text, s.publishChunk(t.ls, typ, t.id, c.Text))
 	}
 	for n := 0; ; n++ {
 		if n >= s.cfg.MaxSteps {
@@ -434,7 +433,8 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	} else if err == nil {
 		t.textShown()
 	}
-	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out), "status": st})
+	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out),
+		"output_bytes": len(out), "status": st})
 	return kept
 }
 

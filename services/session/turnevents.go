@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -44,14 +47,17 @@ func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsReques
 	if err != nil {
 		return nil, err
 	}
+	var covered int64
 	if ls := s.liveOf(row); ls != nil {
 		if t := ls.running(); t != nil && slices.Contains(asked, t.id) {
 			// A running turn's streamed text waits up to the checkpoint
 			// interval to be written: written now, what its updates showed
-			// before this call is all read, and a reader that reads the
-			// session's view after it applies only the updates that came
-			// later.
-			if err := s.cp.write(ctx, t.log, nil); err != nil {
+			// before this call is all read. The turn goes on streaming
+			// meanwhile: a view read after this answer also covers the
+			// chunks streamed between the write and that read, which the
+			// events lack (a rebuilt pane's thoughts missed them), so
+			// the answer says up to which chunk update the events go.
+			if covered, err = s.cp.writeCovered(ctx, t.log, nil); err != nil {
 				return nil, fmt.Errorf("write checkpoint: %w", err)
 			}
 		}
@@ -60,7 +66,7 @@ func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsReques
 	if err != nil {
 		return nil, err
 	}
-	resp := &sessionv1.TurnEventsResponse{}
+	resp := &sessionv1.TurnEventsResponse{CoveredSeq: covered}
 	total := 0
 	for _, id := range asked {
 		t, ok := shown[id]
@@ -88,7 +94,7 @@ type turnShown struct {
 // oldest first; the turns whose events are not whole are left out.
 func (st *store) turnEvents(ctx context.Context, sessionID string, turnIDs []string) (map[string]*turnShown, error) {
 	rows, err := st.db.Query(ctx, `SELECT e.turn_id, e.kind, left(e.content, $3), e.tool_call_id, e.name,
-			COALESCE(c.status, ''), t.state <> 'running', t.content
+			COALESCE(c.status, ''), t.state <> 'running', t.content, e.created_at
 		FROM checkpoint_events e JOIN turns t ON t.turn_id = e.turn_id AND t.session_id = e.session_id
 		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
 		WHERE e.session_id = $1 AND e.turn_id = ANY($2)
@@ -101,10 +107,12 @@ func (st *store) turnEvents(ctx context.Context, sessionID string, turnIDs []str
 	for rows.Next() {
 		var turnID, status, content string
 		var ended bool
+		var at time.Time
 		e := &sessionv1.TurnEvent{}
-		if err := rows.Scan(&turnID, &e.Kind, &e.Text, &e.ToolCallId, &e.Name, &status, &ended, &content); err != nil {
+		if err := rows.Scan(&turnID, &e.Kind, &e.Text, &e.ToolCallId, &e.Name, &status, &ended, &content, &at); err != nil {
 			return nil, fmt.Errorf("read turn events: %w", err)
 		}
+		e.At = timestamppb.New(at)
 		t := out[turnID]
 		if t == nil {
 			t = &turnShown{TurnShown: &sessionv1.TurnShown{TurnId: turnID, Ended: ended, Content: content}, bytes: len(content)}

@@ -37,9 +37,9 @@ func textOf(evs []cpEvent) string {
 // lost from the checkpoint ("b" where "ab" was streamed).
 func TestPutBackTextKeptWhenMoreIsStreamed(t *testing.T) {
 	l := newTestTurnLog()
-	l.stream(0, false, "a")
+	l.stream(0, false, "a", 0)
 	l.putBack(l.take()) // the write failed
-	l.stream(0, false, "b")
+	l.stream(0, false, "b", 0)
 	evs := l.take()
 	if got := textOf(evs); got != "ab" {
 		t.Fatalf("checkpointed text %q, want %q (events %+v)", got, "ab", evs)
@@ -69,7 +69,7 @@ func TestTurnLogBatchesIntact(t *testing.T) {
 			if rng.IntN(100) == 0 {
 				text = strings.Repeat("x", maxKeptStreamBuffer+rng.IntN(100)) + text
 			}
-			l.stream(rng.IntN(2), rng.IntN(4) == 0, text)
+			l.stream(rng.IntN(2), rng.IntN(4) == 0, text, 0)
 			want.WriteString(text)
 		case r < 33:
 			content := "tool " + strconv.Itoa(i) + " "
@@ -104,7 +104,7 @@ func BenchmarkTurnLogStream(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		for range perBatch {
-			l.stream(0, false, chunk)
+			l.stream(0, false, chunk, 0)
 		}
 		if evs := l.take(); len(evs) != 1 || len(evs[0].Content) != perBatch*len(chunk) {
 			b.Fatalf("batch %+v", evs)
@@ -132,7 +132,7 @@ func TestFlushPutsEveryTurnsBatchBackWhenTheDatabaseIsDown(t *testing.T) {
 		logs = append(logs, l)
 		for k := range 3 {
 			text := strconv.Itoa(i) + "." + strconv.Itoa(k) + " "
-			l.stream(0, false, text)
+			l.stream(0, false, text, 0)
 			want[l] += text
 		}
 		l.add(cpEvent{Step: 0, Kind: eventToolCall, Content: "tool " + strconv.Itoa(i)})
@@ -141,7 +141,7 @@ func TestFlushPutsEveryTurnsBatchBackWhenTheDatabaseIsDown(t *testing.T) {
 	cp.flush() // fails: nothing listens on port 1
 	cp.flush() // and again, with the batch put back
 	for i, l := range logs {
-		l.stream(1, false, "after")
+		l.stream(1, false, "after", 0)
 		evs := l.take()
 		if got := textOf(evs); got != want[l]+"after" {
 			t.Fatalf("turn %d: pending after failed writes %q, want %q", i, got, want[l]+"after")
@@ -162,7 +162,7 @@ func TestWriterKeepsNoTextBetweenBatches(t *testing.T) {
 		wake: make(chan struct{}, 1), urgent: make(chan struct{}, 1)}
 	for i := range 10 {
 		l := cp.open("s_"+strconv.Itoa(i), "t_"+strconv.Itoa(i), "cli", 1)
-		l.stream(0, false, "text of "+strconv.Itoa(i))
+		l.stream(0, false, "text of "+strconv.Itoa(i), 0)
 		l.add(cpEvent{Kind: eventToolResult, Content: "output of " + strconv.Itoa(i)})
 	}
 	cp.writeMu.Lock()

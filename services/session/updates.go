@@ -120,22 +120,23 @@ func isCamelAliasOf(f fields, k string) bool {
 
 // publishChunk publishes a streamed chunk (message or thought) of turnID:
 // the streaming path, with no map.
-func (s *Server) publishChunk(ls *liveSession, typ, turnID, text string) {
+func (s *Server) publishChunk(ls *liveSession, typ, turnID, text string) int64 {
 	var buf [5]field
-	s.publishFields(ls, typ, append(buf[:0], strField("text", text), strField("turn_id", turnID)))
+	return s.publishFields(ls, typ, append(buf[:0], strField("text", text), strField("turn_id", turnID)))
 }
 
 // publishFields publishes an update whose params are members plus
 // session_id, sessionId and type. Members may come in any order: the
 // params are encoded with their keys sorted, the bytes encoding/json
-// gives for the same map.
-func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
+// gives for the same map. It returns the update's seq, 0 when none was
+// given.
+func (s *Server) publishFields(ls *liveSession, typ string, members []field) (seq int64) {
 	ls.pubMu.Lock()
 	defer ls.pubMu.Unlock()
 	body, err := appendUpdateParams(ls.body[:0], ls.id, typ, members)
 	if err != nil {
 		s.log.Error("encode session update", zap.String("session_id", ls.id), zap.String("type", typ), zap.Error(err))
-		return
+		return 0
 	}
 	if cap(body) <= maxKeptBody {
 		ls.body = body
@@ -151,7 +152,7 @@ func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
 				zap.String("session_id", ls.id), zap.Int64("seq", ls.seq))
 		}
 		ls.seqLost++
-		return
+		return 0
 	}
 	ls.seq++
 	if err := s.publishLocked(ls, bus.UpdateType(typ), ls.seq, body); err != nil {
@@ -163,13 +164,15 @@ func (s *Server) publishFields(ls *liveSession, typ string, members []field) {
 			s.log.Warn("publish session update", zap.String("session_id", ls.id), zap.String("type", typ), zap.Int64("seq", ls.seq), zap.Error(err))
 		}
 		ls.pubFailed++
-		return
+		// The number is given all the same: no follower gets it.
+		return ls.seq
 	}
 	if ls.pubFailed > 0 {
 		s.log.Info("session updates published again", zap.String("session_id", ls.id),
 			zap.Int64("lost_updates", ls.pubFailed), zap.Int64("seq", ls.seq))
 		ls.pubFailed = 0
 	}
+	return ls.seq
 }
 
 // reserveSeqLocked stores a new bound for ls's sequence numbers, the

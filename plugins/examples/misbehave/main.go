@@ -109,6 +109,9 @@ func (misbehave) Execute(args json.RawMessage) (tool.Result, error) {
 		r := tool.Failure(in.Text)
 		r.Output = in.Text
 		return r, nil
+	case "repeat":
+		// An output far longer than its call: text n times.
+		return tool.Result{Success: true, Output: strings.Repeat(in.Text, min(in.N, 1<<20))}, nil
 	case "sleep":
 		time.Sleep(time.Duration(in.MS) * time.Millisecond)
 		return tool.Result{Success: true, Output: "slept"}, nil

@@ -3611,12 +3611,16 @@ func (x *TurnEventsRequest) GetTurnIds() []string {
 // status, text its output). Streamed text comes in pieces whose
 // concatenation is what was streamed.
 type TurnEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
-	Text          string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
-	ToolCallId    string                 `protobuf:"bytes,3,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
-	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
-	Status        string                 `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Kind       string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Text       string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	ToolCallId string                 `protobuf:"bytes,3,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
+	Name       string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Status     string                 `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	// at is when the session recorded the event (its checkpoint's time):
+	// a pane shows an item at its first event's time, as a follower did,
+	// not at the time of the transcript row the turn wrote later.
+	At            *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3684,6 +3688,13 @@ func (x *TurnEvent) GetStatus() string {
 		return x.Status
 	}
 	return ""
+}
+
+func (x *TurnEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
 }
 
 // TurnShown is what one turn showed, in the order it showed it.
@@ -3765,7 +3776,12 @@ type TurnEventsResponse struct {
 	// this response, and is asked about again. A running turn's events are
 	// all those its updates carried before the call: a view read after the
 	// answer covers them.
-	Turns         []*TurnShown `protobuf:"bytes,1,rep,name=turns,proto3" json:"turns,omitempty"`
+	Turns []*TurnShown `protobuf:"bytes,1,rep,name=turns,proto3" json:"turns,omitempty"`
+	// covered_seq, when a running turn was asked about and has streamed
+	// text, is the update_seq of the last of its streamed chunks that the
+	// events given hold: the chunks after it are not in them, whatever
+	// view is read later, and are applied from their updates.
+	CoveredSeq    int64 `protobuf:"varint,2,opt,name=covered_seq,json=coveredSeq,proto3" json:"covered_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3805,6 +3821,13 @@ func (x *TurnEventsResponse) GetTurns() []*TurnShown {
 		return x.Turns
 	}
 	return nil
+}
+
+func (x *TurnEventsResponse) GetCoveredSeq() int64 {
+	if x != nil {
+		return x.CoveredSeq
+	}
+	return 0
 }
 
 type GetApprovalRequest struct {
@@ -4453,21 +4476,24 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x19\n" +
-	"\bturn_ids\x18\x03 \x03(\tR\aturnIds\"\x81\x01\n" +
+	"\bturn_ids\x18\x03 \x03(\tR\aturnIds\"\xad\x01\n" +
 	"\tTurnEvent\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12 \n" +
 	"\ftool_call_id\x18\x03 \x01(\tR\n" +
 	"toolCallId\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12\x16\n" +
-	"\x06status\x18\x05 \x01(\tR\x06status\"\x8c\x01\n" +
+	"\x06status\x18\x05 \x01(\tR\x06status\x12*\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x8c\x01\n" +
 	"\tTurnShown\x12\x17\n" +
 	"\aturn_id\x18\x01 \x01(\tR\x06turnId\x12\x14\n" +
 	"\x05ended\x18\x02 \x01(\bR\x05ended\x12\x18\n" +
 	"\acontent\x18\x03 \x01(\tR\acontent\x126\n" +
-	"\x06events\x18\x04 \x03(\v2\x1e.clawmesh.session.v1.TurnEventR\x06events\"J\n" +
+	"\x06events\x18\x04 \x03(\v2\x1e.clawmesh.session.v1.TurnEventR\x06events\"k\n" +
 	"\x12TurnEventsResponse\x124\n" +
-	"\x05turns\x18\x01 \x03(\v2\x1e.clawmesh.session.v1.TurnShownR\x05turns\"\x8f\x01\n" +
+	"\x05turns\x18\x01 \x03(\v2\x1e.clawmesh.session.v1.TurnShownR\x05turns\x12\x1f\n" +
+	"\vcovered_seq\x18\x02 \x01(\x03R\n" +
+	"coveredSeq\"\x8f\x01\n" +
 	"\x12GetApprovalRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -4682,65 +4708,66 @@ var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	64, // 42: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
 	50, // 43: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
 	64, // 44: clawmesh.session.v1.TurnEventsRequest.principal:type_name -> clawmesh.common.v1.Principal
-	54, // 45: clawmesh.session.v1.TurnShown.events:type_name -> clawmesh.session.v1.TurnEvent
-	55, // 46: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
-	64, // 47: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
-	44, // 48: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
-	64, // 49: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 50: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	6,  // 51: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
-	9,  // 52: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
-	11, // 53: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
-	13, // 54: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
-	15, // 55: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
-	18, // 56: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
-	20, // 57: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
-	22, // 58: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
-	24, // 59: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
-	26, // 60: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
-	28, // 61: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	33, // 62: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
-	30, // 63: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
-	37, // 64: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	35, // 65: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	39, // 66: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
-	42, // 67: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	46, // 68: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
-	48, // 69: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
-	51, // 70: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
-	53, // 71: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
-	57, // 72: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
-	59, // 73: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
-	61, // 74: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
-	7,  // 75: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	10, // 76: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	12, // 77: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	14, // 78: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	16, // 79: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	19, // 80: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	21, // 81: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	23, // 82: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
-	25, // 83: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
-	27, // 84: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
-	29, // 85: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	34, // 86: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	32, // 87: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
-	38, // 88: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
-	36, // 89: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	40, // 90: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
-	43, // 91: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	47, // 92: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
-	49, // 93: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
-	52, // 94: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
-	56, // 95: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
-	58, // 96: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
-	60, // 97: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
-	62, // 98: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
-	75, // [75:99] is the sub-list for method output_type
-	51, // [51:75] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	63, // 45: clawmesh.session.v1.TurnEvent.at:type_name -> google.protobuf.Timestamp
+	54, // 46: clawmesh.session.v1.TurnShown.events:type_name -> clawmesh.session.v1.TurnEvent
+	55, // 47: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
+	64, // 48: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
+	44, // 49: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
+	64, // 50: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	64, // 51: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 52: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
+	9,  // 53: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
+	11, // 54: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
+	13, // 55: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
+	15, // 56: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
+	18, // 57: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
+	20, // 58: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
+	22, // 59: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
+	24, // 60: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
+	26, // 61: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
+	28, // 62: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
+	33, // 63: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	30, // 64: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
+	37, // 65: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	35, // 66: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	39, // 67: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
+	42, // 68: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	46, // 69: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
+	48, // 70: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
+	51, // 71: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
+	53, // 72: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
+	57, // 73: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
+	59, // 74: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
+	61, // 75: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
+	7,  // 76: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	10, // 77: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	12, // 78: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	14, // 79: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	16, // 80: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	19, // 81: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	21, // 82: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	23, // 83: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	25, // 84: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	27, // 85: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	29, // 86: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	34, // 87: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	32, // 88: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
+	38, // 89: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	36, // 90: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	40, // 91: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
+	43, // 92: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	47, // 93: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
+	49, // 94: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
+	52, // 95: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
+	56, // 96: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
+	58, // 97: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
+	60, // 98: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
+	62, // 99: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
+	76, // [76:100] is the sub-list for method output_type
+	52, // [52:76] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_session_v1_session_proto_init() }
