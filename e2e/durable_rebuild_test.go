@@ -1,0 +1,194 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/collietest"
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// restartBridge kills the durable bridge and waits for its next start to
+// be ready; it returns the old epoch.
+func restartBridge(t *testing.T, s *e2e.Stack, c *collietest.Client) string {
+	t.Helper()
+	epoch := c.Hello.Epoch
+	bridge := s.PIDOf("durable-bridge")
+	if bridge == 0 {
+		t.Fatal("no durable-bridge pid")
+	}
+	if err := syscall.Kill(bridge, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, 20*time.Millisecond, func() error {
+		h, err := c.SayHello(context.Background())
+		switch {
+		case err != nil:
+			return err
+		case h.Epoch == epoch:
+			return errors.New("still the old epoch")
+		case !h.Ready:
+			return errors.New("not ready")
+		}
+		return nil
+	})
+	return epoch
+}
+
+// xRuns are the long runs of x of a big tool output, left out of a
+// failure's message.
+var xRuns = regexp.MustCompile(`x{16,}`)
+
+// itemTimes is each item's time, by id.
+func itemTimes(t *testing.T, v collietest.PaneView) map[string]time.Time {
+	t.Helper()
+	out := map[string]time.Time{}
+	for _, it := range v.Items {
+		at, err := time.Parse(time.RFC3339Nano, it.At)
+		if err != nil {
+			t.Fatalf("item %s at %q: %v", it.ID, it.At, err)
+		}
+		out[it.ID] = at
+	}
+	return out
+}
+
+// A finished pane rebuilt at the bridge's next start shows what its
+// follower saw: a turn whose events a context trim covered keeps its
+// thinking, a tool's output is cut where the follower's was (the
+// session's kept bound, 16 KiB, with its note), and each item carries the
+// time its first event came, not the time of the row the turn wrote
+// later. Before, the trimmed turn came back as its rows (no thinking),
+// the tool's output as 16 KiB where the follower had 32, and the second
+// turn's reply at the time of its prompt's row, 1.5 s early.
+func TestDurablePaneRebuiltAsFollowedAfterTrim(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"misbehave"}, "--set", "agents.default.context_budget_tokens=60")
+	c := phone(t, s)
+	zc := newConv(t, s, nil)
+	probe := zc.newSession("")
+	testenv.Eventually(t, 90*time.Second, 200*time.Millisecond, func() error {
+		_, results, _ := toolTurn(t, zc, probe, `/tool misbehave {"mode":"repeat","text":"ok","n":2}`)
+		if len(results) != 1 || results[0].RawOutput != "okok" {
+			return fmt.Errorf("misbehave not served yet: %+v", results)
+		}
+		return nil
+	})
+	id := zc.newSession("")
+	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+
+	first := "/think weighing the first\n/sleep 1500\n/say first reply\n" + `/tool misbehave {"mode":"repeat","text":"x","n":24576}` + "\n/say after the tool"
+	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": first}), http.StatusOK, "")
+	eventsUntil(t, c, id, "the first turn's end", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "after the tool")
+	})
+	// The second turn's context passes the budget: the first turn is
+	// trimmed from it.
+	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": "/think weighing the second\n/sleep 1500\n/say second reply"}), http.StatusOK, "")
+	followed := eventsUntil(t, c, id, "the second turn's end", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "second reply")
+	})
+	// The trim's notice is the follower's alone (left open: the session
+	// stores no row or event of it).
+	kept := followed.Items[:0:0]
+	for _, it := range followed.Items {
+		if !strings.HasPrefix(it.ID, "trim-") {
+			kept = append(kept, it)
+		}
+	}
+	followed.Items = kept
+	want := shown(followed)
+	if !strings.Contains(want, "weighing the first") || !strings.Contains(want, "weighing the second") {
+		t.Fatalf("the followed pane:\n%s", xRuns.ReplaceAllString(want, "x…"))
+	}
+	if tool := followed.Text("tool"); !strings.Contains(tool, "\n[tool output truncated: 16384 of 24576 bytes kept]") {
+		t.Errorf("the followed tool item, %d bytes, is not cut at the kept bound: %s", len(tool), xRuns.ReplaceAllString(tool, "x…"))
+	}
+
+	epoch := restartBridge(t, s, c)
+	rebuilt := eventsUntil(t, c, id, "the view of the new start", func(v collietest.PaneView) bool { return v.Epoch != epoch })
+	if got := shown(rebuilt); got != want {
+		t.Errorf("rebuilt pane:\n%s\nfollowed:\n%s", xRuns.ReplaceAllString(got, "x…"), xRuns.ReplaceAllString(want, "x…"))
+	}
+	sameTimes(t, followed, rebuilt)
+}
+
+// sameTimes fails unless each item of rebuilt carries the time followed
+// showed it at, or one close to it: the follower's is when the bridge
+// took the update, the rebuilt one's when the session recorded it.
+func sameTimes(t *testing.T, followed, rebuilt collietest.PaneView) {
+	t.Helper()
+	live, again := itemTimes(t, followed), itemTimes(t, rebuilt)
+	for _, it := range rebuilt.Items {
+		was, ok := live[it.ID]
+		if !ok {
+			t.Errorf("item %s (%s) rebuilt, not followed", it.ID, it.Kind)
+			continue
+		}
+		if d := again[it.ID].Sub(was); d > 500*time.Millisecond || d < -500*time.Millisecond {
+			t.Errorf("item %s (%s) at %s rebuilt, %s followed", it.ID, it.Kind, again[it.ID].Format(time.RFC3339Nano), was.Format(time.RFC3339Nano))
+		}
+	}
+}
+
+// A turn that streams its thoughts across the bridge's restart shows
+// them whole once followed to its end, as a follower that never left saw
+// them, and a finished pane rebuilt shows each item at the time it was
+// followed. Before, the thinking showed at the time of the turn's reply
+// row, seconds later, and the chunks streamed between the session's
+// checkpoint write (TurnEvents) and the view the bridge read after it
+// were in neither: covered by the view's seq, absent from the events.
+func TestDurableRunningThoughtsWholeAcrossRestart(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	c := phone(t, s)
+	zc := newConv(t, s, nil)
+	followed, rebuilt := zc.newSession(""), zc.newSession("")
+	pollUntil(t, c, "the panes", func(s *collietest.Snapshot) bool { return s.Pane(followed) != nil && s.Pane(rebuilt) != nil })
+
+	var script strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&script, "/think t%d \n/sleep 3\n", i)
+	}
+	script.WriteString("/say done")
+	wantReply(t, post(t, c, "/pane/"+followed+"/send", collietest.NewRequestID(), map[string]any{"text": script.String()}), http.StatusOK, "")
+	fv := eventsUntil(t, c, followed, "the followed turn's end", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "done")
+	})
+	want := fv.Text("thinking")
+	if !strings.Contains(want, "t999 ") {
+		t.Fatalf("followed thinking: %.200q", want)
+	}
+
+	wantReply(t, post(t, c, "/pane/"+rebuilt+"/send", collietest.NewRequestID(), map[string]any{"text": script.String()}), http.StatusOK, "")
+	eventsUntil(t, c, rebuilt, "the turn streaming", func(v collietest.PaneView) bool { return strings.Contains(v.Text("thinking"), "t100 ") })
+	epoch := restartBridge(t, s, c)
+	// The finished turn, rebuilt: its thinking item at its first
+	// thought's time, seconds before the reply row the turn wrote at its
+	// end (which it carried before).
+	again := eventsUntil(t, c, followed, "the view of the new start", func(v collietest.PaneView) bool { return v.Epoch != epoch })
+	if got, want := shown(again), shown(fv); got != want {
+		t.Errorf("finished turn rebuilt:\n%.2000s\nfollowed:\n%.2000s", got, want)
+	}
+	sameTimes(t, fv, again)
+	rv := eventsUntil(t, c, rebuilt, "the rebuilt turn's end", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "done")
+	})
+	got := rv.Text("thinking")
+	if got != want {
+		i := 0
+		for i < len(got) && i < len(want) && got[i] == want[i] {
+			i++
+		}
+		t.Errorf("thinking across the restart: %d bytes, followed %d; first difference at %d: %.80q, followed %.80q",
+			len(got), len(want), i, got[i:], want[i:])
+	}
+}
