@@ -63,8 +63,9 @@ type liveSession struct {
 	seqUnsure bool
 	seqLost   int64
 	// seqFrom is seq as the entry was made: while seq is still that, the
-	// entry has numbered nothing (see liveUpdateSeq).
-	seqFrom int64
+	// entry has numbered nothing, and seqLast, the last number published
+	// as stored then, is the session's (see liveUpdateSeq).
+	seqFrom, seqLast int64
 	// pubFailed counts the updates the bus refused since the last one
 	// it took (publishFields).
 	pubFailed int64
@@ -82,7 +83,7 @@ func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, rel
 	if ls := s.holdExisting(row.ID, row.Incarnation); ls != nil {
 		return ls, func() { s.release(ls) }
 	}
-	seq, allowed, err := s.store.liveState(ctx, row.ID)
+	seq, last, allowed, err := s.store.liveState(ctx, row.ID)
 	unsure := false
 	if err != nil {
 		if !errors.Is(err, errNoRow) {
@@ -90,14 +91,14 @@ func (s *Server) hold(ctx context.Context, row sessionRow) (ls *liveSession, rel
 		}
 		// row's bound may be older than the stored one (an entry evicted
 		// since row was read stored the last number it used).
-		seq, allowed, unsure = row.UpdateSeq, row.AlwaysAllowed, true
+		seq, last, allowed, unsure = row.UpdateSeq, row.LastSeq, row.AlwaysAllowed, true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ls = &liveSession{
 		id: row.ID, incarnation: row.Incarnation, owner: row.Owner, surface: row.Surface, refs: 1,
 		approvals: map[string]*approval{}, alwaysAllowed: map[string]bool{},
-		seq: seq, seqReserved: seq, seqUnsure: unsure, seqFrom: seq,
+		seq: seq, seqReserved: seq, seqUnsure: unsure, seqFrom: seq, seqLast: last,
 	}
 	if cur, ok := s.lives[row.ID]; ok {
 		switch {

@@ -582,15 +582,19 @@ func (st *store) allowAlways(ctx context.Context, sessionID, tool string) error 
 
 // liveState reads what a session's in-memory half starts from: the stored
 // update sequence bound and the tools allow_always approved.
-func (st *store) liveState(ctx context.Context, id string) (seq int64, allowed []string, err error) {
-	err = st.db.QueryRow(ctx, "SELECT update_seq, always_allowed FROM sessions WHERE session_id = $1", id).Scan(&seq, &allowed)
+//
+// last is the last number published as stored (published_seq), seq
+// when that is not known.
+func (st *store) liveState(ctx context.Context, id string) (seq, last int64, allowed []string, err error) {
+	err = st.db.QueryRow(ctx, "SELECT update_seq, COALESCE(published_seq, update_seq), always_allowed FROM sessions WHERE session_id = $1", id).
+		Scan(&seq, &last, &allowed)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil, errNoRow
+		return 0, 0, nil, errNoRow
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("read session: %w", err)
+		return 0, 0, nil, fmt.Errorf("read session: %w", err)
 	}
-	return seq, allowed, nil
+	return seq, last, allowed, nil
 }
 
 // reserveSeqSQL raises session $1's stored sequence bound to $2; a bound

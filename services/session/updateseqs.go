@@ -90,9 +90,13 @@ const noLiveHalf = -2
 // incarnation used: with updates lost for want of a reservation, the
 // number the next reservation skips for them; -1 when its start was not
 // read from the stored bound (its numbers may repeat others); noLiveHalf
-// without a live half of that incarnation, or with one that has numbered
-// nothing: its start is the stored bound, a reservation, not a number
-// used (the stored last number tells).
+// without a live half of that incarnation. One that has numbered nothing
+// answers the last number published as stored when it was made: its
+// start is the stored bound, which after a crash is a reservation, not a
+// number used. (Answered by the store's row instead, a session whose
+// turn had begun, its reservation made and its first update not yet
+// numbered, read as a hole: published_seq is cleared at a turn's
+// start, and the bound answered.)
 func (s *Server) liveUpdateSeq(id string, incarnation int64) int64 {
 	ls := s.lookupLive(id)
 	if ls == nil || ls.incarnation != incarnation {
@@ -106,7 +110,7 @@ func (s *Server) liveUpdateSeq(id string, incarnation int64) int64 {
 	case ls.seqLost > 0:
 		return ls.seq + 1
 	case ls.seq == ls.seqFrom:
-		return noLiveHalf
+		return ls.seqLast
 	}
 	return ls.seq
 }

@@ -2,10 +2,12 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -171,5 +173,36 @@ func TestUpdateSeqsAfterACrashMidTurnIsPastWhatWasReceived(t *testing.T) {
 	}
 	if got := askSeqs(t, h, id, inc); got <= seen {
 		t.Fatalf("after a crash mid-turn: %d, not past the chunk received (%d)", got, seen)
+	}
+}
+
+// A turn that has begun (its start reserved a block in its own
+// transaction and cleared the stored last number) but numbered nothing
+// yet: the session's number is still the last one published, 0 on a
+// fresh session. Answered by the stored row, it was the reservation
+// (1,024): a gateway whose bus link came back in that window (a
+// TURN_STARTED lost in the drop) closed the turn's prompter and every
+// follower, nothing lost (seen in CI:
+// TestTurnStartLostOnTheBusStillReachesItsPrompter).
+func TestUpdateSeqsWhileATurnBeginsIsTheLastPublished(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	inc := h.incarnation(id)
+	rec := h.record(id)
+	done := h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/sleep 1500\n/say late"})
+	testenv.Eventually(t, wait, 5*time.Millisecond, func() error {
+		if ls := h.srv.lookupLive(id); ls == nil || ls.running() == nil {
+			return errors.New("no turn running")
+		}
+		return nil
+	})
+	if got := askSeqs(t, h, id, inc); got != 0 {
+		t.Fatalf("while a turn begins with nothing numbered: %d, want 0", got)
+	}
+	if r := <-done; r.err != nil {
+		t.Fatal(r.err)
+	}
+	if u := rec.until("turn_complete"); u[0].Seq != 1 {
+		t.Fatalf("the turn's first update numbered %d, want 1", u[0].Seq)
 	}
 }
