@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
 // An openai agent's turn reads its api_key from the config service
@@ -27,6 +28,10 @@ func TestOpenAITurnWhileConfigIsHung(t *testing.T) {
 		{"prop": "agents.oa.base_url", "value": "http://127.0.0.1:1/v1"},
 		{"prop": "agents.oa.api_key", "value": "sk-never-sent-0123456789"},
 	}})
+	// The session service follows the config service's revisions over
+	// the bus: a session/new right after the set may come before it
+	// knows the agent (seen in CI: "Unknown agent_alias").
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error { return agentServed(v.c, "oa") })
 	id := v.newSession("oa")
 	cfg := s.PIDOf("config")
 	if cfg == 0 {
