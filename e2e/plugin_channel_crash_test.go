@@ -17,6 +17,19 @@ import (
 // follows (here the same one, restarted) delivers what the dead one held.
 func TestPluginChannelMessagesOutliveAReplicaKill(t *testing.T) {
 	t.Parallel()
+	replies := repliesAfterReplicaSignal(t, syscall.SIGKILL, "the kill")
+	if got := replies(); !slices.Equal(got[:2], []string{"first after the kill", "second after the kill"}) {
+		t.Fatalf("replies %q, want both answers in order", got)
+	}
+}
+
+// repliesAfterReplicaSignal posts two messages on one web-channel thread
+// ("first after <after>", its turn 5 s long, and "second after
+// <after>"), signals sandbox replica 0 with sig while the first turn
+// runs, and returns the channel's replies once two came from the replica
+// that followed.
+func repliesAfterReplicaSignal(t *testing.T, sig syscall.Signal, after string) (replies func() []string) {
+	t.Helper()
 	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
 	v := newConv(t, s, nil)
 
@@ -24,24 +37,22 @@ func TestPluginChannelMessagesOutliveAReplicaKill(t *testing.T) {
 	bindWebChannel(t, v, hookURL)
 	listen := webChannelListen(t, v, "")
 	for _, body := range []string{
-		`{"id":"m1","from":"ann","text":"/sleep 5000\n/say first after the kill","thread":"t-1"}`,
-		`{"id":"m2","from":"ann","text":"/say second after the kill","thread":"t-1"}`,
+		`{"id":"m1","from":"ann","text":"/sleep 5000\n/say first after ` + after + `","thread":"t-1"}`,
+		`{"id":"m2","from":"ann","text":"/say second after ` + after + `","thread":"t-1"}`,
 	} {
 		postWebMessage(t, listen, []byte(body))
 	}
-	// The first turn runs (the session exists) when the replica dies.
+	// The first turn runs (the session exists) when the replica goes.
 	channelSessionID(t, v)
 	victim := replicaPID(t, s, 0)
-	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(victim, sig); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitRestarted(s, 0, victim); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the answers of the messages the killed replica held", 90*time.Second, func() bool { return len(replies()) >= 2 })
-	if got := replies(); !slices.Equal(got[:2], []string{"first after the kill", "second after the kill"}) {
-		t.Fatalf("replies %q, want both answers in order", got)
-	}
+	waitFor(t, "the answers of the messages the replica held at "+after, 90*time.Second, func() bool { return len(replies()) >= 2 })
+	return replies
 }
 
 // A message the plugin gave no id (the host gives it one) was given a
