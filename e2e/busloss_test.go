@@ -332,31 +332,9 @@ func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 // and every connection following a session was closed, nothing lost.
 func TestBusBackAcrossASessionServiceRestartKeepsFollowers(t *testing.T) {
 	t.Parallel()
-	b := startOnExternalBus(t)
-	c, session, kinds := followedAfterATurn(t, b)
-
-	pid := b.s.PIDOf("session")
-	if pid == 0 {
-		t.Fatal("no session service")
-	}
-	b.shutdown()
-	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, inHealth, _, err := gatewayWord(c)
-		if err != nil {
-			return err
-		}
-		if inHealth != "not_serving" {
-			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
-		}
-		return nil
-	})
 	// The session service is stopping when the bus comes back: the
 	// gateway's check finds it restarting.
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	b.start()
-	wantFollowerKept(t, b, c, session, kinds, 60*time.Second)
+	followerKeptAcrossSessionServiceSignal(t, syscall.SIGTERM)
 }
 
 // As above, but the session service is killed (SIGKILL) while the bus
@@ -370,6 +348,15 @@ func TestBusBackAcrossASessionServiceRestartKeepsFollowers(t *testing.T) {
 // nothing lost.
 func TestBusBackAcrossASessionServiceCrashKeepsFollowers(t *testing.T) {
 	t.Parallel()
+	followerKeptAcrossSessionServiceSignal(t, syscall.SIGKILL)
+}
+
+// followerKeptAcrossSessionServiceSignal follows a session after a turn,
+// takes the bus away until the gateway says so, signals the session
+// service with sig (the launcher starts it again) and brings the bus
+// back: the follower is kept and streams the next turn whole.
+func followerKeptAcrossSessionServiceSignal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
 	b := startOnExternalBus(t)
 	c, session, kinds := followedAfterATurn(t, b)
 
@@ -388,7 +375,7 @@ func TestBusBackAcrossASessionServiceCrashKeepsFollowers(t *testing.T) {
 		}
 		return nil
 	})
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(pid, sig); err != nil {
 		t.Fatal(err)
 	}
 	b.start()

@@ -16,25 +16,7 @@ import (
 // taken.
 func TestRotatedChannelTokenIsRefusedOnceSet(t *testing.T) {
 	t.Parallel()
-	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
-	v := newConv(t, s, nil)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
-	t.Cleanup(hook.Close)
-	bindWebChannel(t, v, hook.URL)
-	listen := webChannelListen(t, v, "")
-
-	post := func(token string, n int) int {
-		t.Helper()
-		body := fmt.Sprintf(`{"id":"m%d","from":"ann","text":"/say %d","thread":"t-%d"}`, n, n, n)
-		req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	v, post := tokenPoster(t, "m", "t")
 	if code := post(webChannelToken, 0); code != http.StatusAccepted {
 		t.Fatalf("the bound token: %d, want 202", code)
 	}
@@ -62,25 +44,7 @@ func TestRotatedChannelTokenIsRefusedOnceSet(t *testing.T) {
 // service before it is refused.
 func TestNewChannelTokenIsAcceptedOnceSet(t *testing.T) {
 	t.Parallel()
-	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
-	v := newConv(t, s, nil)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
-	t.Cleanup(hook.Close)
-	bindWebChannel(t, v, hook.URL)
-	listen := webChannelListen(t, v, "")
-
-	post := func(token string, n int) int {
-		t.Helper()
-		body := fmt.Sprintf(`{"id":"n%d","from":"ann","text":"/say %d","thread":"u-%d"}`, n, n, n)
-		req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	v, post := tokenPoster(t, "n", "u")
 	if code := post(webChannelToken, 0); code != http.StatusAccepted {
 		t.Fatalf("the bound token: %d, want 202", code)
 	}
@@ -102,5 +66,31 @@ func TestNewChannelTokenIsAcceptedOnceSet(t *testing.T) {
 	}
 	if code := post("wrong-token-0123456789abcdef0123456789", 99); code != http.StatusUnauthorized {
 		t.Fatalf("a wrong token: %d, want 401", code)
+	}
+}
+
+// tokenPoster starts a stack with the web channel bound (its reply hook
+// answering 204) and returns a conversation on it and post, which sends
+// message n (id idPrefix+n, on thread threadPrefix+"-"+n) with token and
+// returns the listener's status code.
+func tokenPoster(t *testing.T, idPrefix, threadPrefix string) (v *conv, post func(token string, n int) int) {
+	t.Helper()
+	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
+	v = newConv(t, s, nil)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(hook.Close)
+	bindWebChannel(t, v, hook.URL)
+	listen := webChannelListen(t, v, "")
+	return v, func(token string, n int) int {
+		t.Helper()
+		body := fmt.Sprintf(`{"id":"%s%d","from":"ann","text":"/say %d","thread":"%s-%d"}`, idPrefix, n, n, threadPrefix, n)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewBufferString(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
 	}
 }
