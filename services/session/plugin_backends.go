@@ -29,7 +29,7 @@ const (
 
 // addPluginBackends adds the skill and memory tools to a turn's tool set.
 func (s *Server) addPluginBackends(ts *toolSet, agent AgentConfig, listed *pluginv1.ListToolsResponse) {
-	add := func(name, desc, params string, run func(ctx context.Context, args json.RawMessage) (string, error)) {
+	add := func(name, desc, params string, run func(ctx context.Context, args json.RawMessage) (toolOutput, error)) {
 		if !agent.offers(name) {
 			return
 		}
@@ -37,17 +37,17 @@ func (s *Server) addPluginBackends(ts *toolSet, agent AgentConfig, listed *plugi
 	}
 	if listed.GetSkillCount() > 0 {
 		add(toolSkillList, "Lists the skills of installed skill bundles: id and description.",
-			`{"type":"object","properties":{}}`, s.skillList)
+			`{"type":"object","properties":{}}`, whole(s.skillList))
 		add(toolSkillRead, "Reads a skill's SKILL.md (or another file of its folder, by relative path).",
-			`{"type":"object","properties":{"id":{"type":"string"},"path":{"type":"string"}},"required":["id"]}`, s.skillRead)
+			`{"type":"object","properties":{"id":{"type":"string"},"path":{"type":"string"}},"required":["id"]}`, whole(s.skillRead))
 	}
 	if len(listed.GetMemoryPlugins()) > 0 {
 		add(toolMemoryStore, "Stores a memory under a key, in the memory plugin.",
-			`{"type":"object","properties":{"key":{"type":"string"},"content":{"type":"string"},"category":{"type":"string"},"plugin":{"type":"string"}},"required":["key","content"]}`, s.memoryStore)
+			`{"type":"object","properties":{"key":{"type":"string"},"content":{"type":"string"},"category":{"type":"string"},"plugin":{"type":"string"}},"required":["key","content"]}`, whole(s.memoryStore))
 		add(toolMemoryRecall, "Recalls the memories matching a query, best first.",
 			`{"type":"object","properties":{"query":{"type":"string"},"limit":{"type":"integer"},"plugin":{"type":"string"}},"required":["query"]}`, s.memoryRecall)
 		add(toolMemoryForget, "Forgets the memory stored under a key.",
-			`{"type":"object","properties":{"key":{"type":"string"},"plugin":{"type":"string"}},"required":["key"]}`, s.memoryForget)
+			`{"type":"object","properties":{"key":{"type":"string"},"plugin":{"type":"string"}},"required":["key"]}`, whole(s.memoryForget))
 	}
 }
 
@@ -111,31 +111,39 @@ func (s *Server) memoryStore(ctx context.Context, args json.RawMessage) (string,
 	return "stored " + a.Key, nil
 }
 
-func (s *Server) memoryRecall(ctx context.Context, args json.RawMessage) (string, error) {
+func (s *Server) memoryRecall(ctx context.Context, args json.RawMessage) (toolOutput, error) {
 	var a struct {
 		Query, Plugin string
 		Limit         int32
 	}
 	if err := decodeArgs(args, &a); err != nil {
-		return "", err
+		return toolOutput{}, err
 	}
 	resp, err := s.memory().MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Plugin: a.Plugin, Query: a.Query, Limit: a.Limit})
 	if err != nil {
-		return "", sandboxError(err)
+		return toolOutput{}, sandboxError(err)
 	}
-	return recallAnswer(resp.GetEntries()), nil
+	return recallAnswer(ctx, resp.GetEntries(), MaxLiveToolOutputBytes)
 }
 
 // recallAnswer is the recall tool's output, the entries as a JSON array
 // of {"key","content","category"} (category left out when empty): the
-// bytes json.Marshal wrote, built with jsonstr in one allocation of their
-// exact size. A plugin may answer up to the sandbox's 16 MiB message, and
-// as JSON a control character is six bytes: encoding/json's reflection
-// and buffer growth over three recalled memories of 1 MiB of them took
-// the turn 20 to 40 s at a load of 30 on two cores, a step that no
-// cancellation interrupts, so a turn whose caller had given up ran on
-// that long (TestLargeToolOutputStillReachesTheClient).
-func recallAnswer(entries []*pluginv1.MemoryEntry) string {
+// bytes json.Marshal writes, built with jsonstr, at most about room of
+// them, and the size of the whole answer.
+//
+// A plugin may answer up to the sandbox's 16 MiB message, and as JSON a
+// control character is six bytes: the whole answer was built, 96 MiB of
+// it, to be cut at once to the 1 MiB its tool_result update carries (and
+// the 16 KiB the transcript keeps). Three recalled memories of 1 MiB of
+// them built 18 MiB (TestRecallAnswerIsBuiltOnlyAsFarAsItIsShown). Only
+// the start every reader takes is built: the whole is measured
+// (jsonstr.Len, which writes nothing) for the output_bytes and the
+// truncation note the client is given, the same as a whole answer's.
+// Room is a bound on bytes as written, and a reader's bound on them as
+// JSON is never shorter, so cutting the start gives the bytes cutting the
+// whole would. ctx is checked between entries: a caller that went away
+// stops the building.
+func recallAnswer(ctx context.Context, entries []*pluginv1.MemoryEntry, room int) (toolOutput, error) {
 	const (
 		keyField      = `{"key":`
 		contentField  = `,"content":`
@@ -143,6 +151,9 @@ func recallAnswer(entries []*pluginv1.MemoryEntry) string {
 	)
 	size := len("[]")
 	for i, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return toolOutput{}, fmt.Errorf("recall answer: %w", err)
+		}
 		if i > 0 {
 			size++
 		}
@@ -151,23 +162,69 @@ func recallAnswer(entries []*pluginv1.MemoryEntry) string {
 			size += len(categoryField) + jsonstr.Len(c)
 		}
 	}
-	out := make([]byte, 0, size)
-	out = append(out, '[')
+	b := cutBuilder{out: make([]byte, 0, min(size, room)), room: room}
+	b.raw("[")
 	for i, e := range entries {
+		if b.full() {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return toolOutput{}, fmt.Errorf("recall answer: %w", err)
+		}
 		if i > 0 {
-			out = append(out, ',')
+			b.raw(",")
 		}
-		out = jsonstr.Append(append(out, keyField...), e.GetKey())
-		out = jsonstr.Append(append(out, contentField...), e.GetContent())
+		b.raw(keyField)
+		b.str(e.GetKey())
+		b.raw(contentField)
+		b.str(e.GetContent())
 		if c := e.GetCategory(); c != "" {
-			out = jsonstr.Append(append(out, categoryField...), c)
+			b.raw(categoryField)
+			b.str(c)
 		}
-		out = append(out, '}')
+		b.raw("}")
 	}
-	out = append(out, ']')
-	// out is never written again: the string shares it rather than copy
-	// what may be 96 MiB.
-	return unsafe.String(unsafe.SliceData(out), len(out))
+	b.raw("]")
+	// b.out is never written again: the string shares it rather than
+	// copy what may be a MiB.
+	return toolOutput{text: unsafe.String(unsafe.SliceData(b.out), len(b.out)), total: size}, nil
+}
+
+// cutBuilder writes JSON up to room bytes: what passes room is left out,
+// and a string is cut at a character, so out is always the start of what
+// writing it all would make, at most room bytes (room less up to five
+// when an escape did not fit).
+type cutBuilder struct {
+	out  []byte
+	room int
+}
+
+func (b *cutBuilder) full() bool { return len(b.out) >= b.room }
+
+// raw appends s as it is, as much of it as fits.
+func (b *cutBuilder) raw(s string) {
+	b.out = append(b.out, s[:min(len(s), max(0, b.room-len(b.out)))]...)
+}
+
+// str appends s as a JSON string, as much of it as fits.
+func (b *cutBuilder) str(s string) {
+	left := b.room - len(b.out)
+	if left <= 0 {
+		return
+	}
+	// Fit stops at left: a long string is not measured whole again.
+	if fit, _ := jsonstr.Fit(s, left-2); fit == len(s) {
+		b.out = jsonstr.Append(b.out, s)
+		return
+	}
+	// The opening quote and the part that fits; no closing quote, which
+	// the whole string would have written only after the rest.
+	fit, _ := jsonstr.Fit(s, left-1)
+	b.out = jsonstr.Append(b.out, s[:fit])
+	b.out = b.out[:len(b.out)-1]
+	// Nothing after a cut string: the bytes left would not follow it in
+	// the whole.
+	b.room = len(b.out)
 }
 
 func (s *Server) memoryForget(ctx context.Context, args json.RawMessage) (string, error) {

@@ -3,6 +3,10 @@ package session
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +16,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	"github.com/clawmesh/clawmesh/internal/testwait"
+	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
@@ -119,6 +124,94 @@ func TestLargeToolOutputStillReachesTheClient(t *testing.T) {
 	if n := len(jsonstr.Append(nil, out)); n > MaxLiveToolOutputBytes || !strings.Contains(out, "[tool output truncated: ") {
 		t.Fatalf("tool_result's raw_output: %d bytes as JSON, ends %q", n, out[max(0, len(out)-80):])
 	}
+	// Built only as far as it is shown, the answer still tells the client
+	// the whole one's size, in output_bytes and in the note, and its start
+	// is the whole answer's.
+	whole, err := recallAnswer(context.Background(), []*pluginv1.MemoryEntry{
+		{Key: "a", Content: ctrl}, {Key: "b", Content: ctrl}, {Key: "c", Content: ctrl}}, math.MaxInt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range us {
+		if u.Type != UpdateToolResult {
+			continue
+		}
+		if got, _ := u.Params["output_bytes"].(float64); int(got) != len(whole.text) {
+			t.Fatalf("output_bytes %v, want the whole answer's %d", u.Params["output_bytes"], len(whole.text))
+		}
+	}
+	note := strings.LastIndex(out, "\n[tool output truncated: ")
+	if note < 0 || !strings.HasSuffix(out, fmt.Sprintf(" of %d bytes shown]", len(whole.text))) ||
+		!strings.HasPrefix(whole.text, out[:note]) {
+		t.Fatalf("tool_result's raw_output ends %q, want the note with the whole answer's %d bytes", out[max(0, len(out)-80):], len(whole.text))
+	}
+}
+
+// The recall tool's answer was built whole, 18 MiB of JSON for three
+// memories of 1 MiB of control characters (96 MiB for the sandbox's
+// 16 MiB message), to be cut at once to the 1 MiB its update carries.
+// It is built only to MaxLiveToolOutputBytes: the bytes allocated while
+// building are counted (runtime.MemStats, not timed).
+func TestRecallAnswerIsBuiltOnlyAsFarAsItIsShown(t *testing.T) {
+	ctrl := strings.Repeat("\x01", 1<<20)
+	entries := []*pluginv1.MemoryEntry{{Key: "a", Content: ctrl}, {Key: "b", Content: ctrl}, {Key: "c", Content: ctrl}}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	got, err := recallAnswer(context.Background(), entries, MaxLiveToolOutputBytes)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wholeSize = 3*(len(`{"key":"a","content":""}`)+6<<20) + len("[,,]")
+	if built := after.TotalAlloc - before.TotalAlloc; built > 2*MaxLiveToolOutputBytes || len(got.text) > MaxLiveToolOutputBytes {
+		t.Fatalf("built %d bytes (%d allocated) of a %d-byte answer, want at most %d", len(got.text), built, got.total, MaxLiveToolOutputBytes)
+	}
+	if got.size() != wholeSize {
+		t.Fatalf("whole answer's size %d, want %d", got.size(), wholeSize)
+	}
+}
+
+// Cut at any room, the answer is the start of the whole one, and what a
+// reader cut of it at a bound of at least that room (the live update's,
+// the transcript's) is what it cut of the whole answer, note included.
+func TestRecallAnswerCutIsTheWholeOnesStart(t *testing.T) {
+	entries := []*pluginv1.MemoryEntry{
+		{Key: "k\"1", Content: strings.Repeat("ab\x01é\u2028<\xff", 300), Category: "notes"},
+		{Key: "k2", Content: strings.Repeat("plain text ", 200)},
+		{Key: "k3", Content: strings.Repeat("\n\"", 500), Category: "c"},
+	}
+	ctx := context.Background()
+	whole, err := recallAnswer(ctx, entries, math.MaxInt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const note = " [cut: %d of %d]"
+	for room := 129; room <= len(whole.text)+8; room += 13 {
+		cut, err := recallAnswer(ctx, entries, room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(whole.text, cut.text) || cut.size() != len(whole.text) ||
+			(len(cut.text) < len(whole.text) && len(cut.text) < room-5) || len(cut.text) > room {
+			t.Fatalf("room %d: built %d bytes of %d (size %d), not the whole answer's start", room, len(cut.text), len(whole.text), cut.size())
+		}
+		if got, want := cutJSONOf(cut.text, cut.size(), room, note), cutJSON(whole.text, room, note); got != want {
+			t.Fatalf("room %d: a reader's cut\n%q\nwant\n%q", room, got, want)
+		}
+		if got, want := tooloutput.KeptOf(cut.text, cut.size()), tooloutput.Kept(whole.text); len(cut.text) >= tooloutput.MaxKeptBytes && got != want {
+			t.Fatalf("room %d: kept\n%q\nwant\n%q", room, got, want)
+		}
+	}
+}
+
+// A caller that went away stops the building.
+func TestRecallAnswerStopsWithItsCaller(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := recallAnswer(ctx, []*pluginv1.MemoryEntry{{Key: "a", Content: "x"}}, MaxLiveToolOutputBytes); !errors.Is(err, context.Canceled) {
+		t.Fatalf("recall answer for a caller gone: %v, want %v", err, context.Canceled)
+	}
 }
 
 // The recall tool's answer is the bytes json.Marshal wrote for the
@@ -143,8 +236,9 @@ func TestRecallAnswerIsEncodingJSONs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := recallAnswer(entries); got != string(b) {
-			t.Fatalf("recall answer\n%q\nwant\n%q", got, b)
+		got, err := recallAnswer(context.Background(), entries, math.MaxInt)
+		if err != nil || got.text != string(b) || got.size() != len(b) {
+			t.Fatalf("recall answer\n%q (%v)\nwant\n%q", got.text, err, b)
 		}
 	}
 }
@@ -156,6 +250,6 @@ func BenchmarkRecallAnswer(b *testing.B) {
 	entries := []*pluginv1.MemoryEntry{{Key: "a", Content: ctrl}, {Key: "b", Content: ctrl}, {Key: "c", Content: ctrl}}
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = recallAnswer(entries)
+		_, _ = recallAnswer(b.Context(), entries, MaxLiveToolOutputBytes)
 	}
 }

@@ -41,26 +41,32 @@ const MaxLiveToolOutputBytes = 1 << 20
 const trimReason = "context_budget"
 
 // capToolOutput cuts out to MaxToolOutputBytes, at a character boundary,
-// and says so where it was cut.
-func capToolOutput(out string) string { return tooloutput.Kept(out) }
+// and says so where it was cut, with the whole output's size.
+func capToolOutput(out toolOutput) string { return tooloutput.KeptOf(out.text, out.size()) }
 
 // capLiveOutput cuts out where its JSON reaches MaxLiveToolOutputBytes, at
-// a character boundary, and says so where it was cut.
-func capLiveOutput(out string) string {
-	return cutJSON(out, MaxLiveToolOutputBytes, "\n[tool output truncated: %d of %d bytes shown]")
+// a character boundary, and says so where it was cut, with the whole
+// output's size.
+func capLiveOutput(out toolOutput) string {
+	return cutJSONOf(out.text, out.size(), MaxLiveToolOutputBytes, "\n[tool output truncated: %d of %d bytes shown]")
 }
 
 // cutJSON is s when its JSON (as jsonstr writes it) fits in limit bytes,
 // else s cut where its JSON reaches limit less room for the note, at a
 // character boundary, and the note: a format of the bytes kept and the
 // bytes there were, plain text of at most 128 bytes.
-func cutJSON(s string, limit int, note string) string {
+func cutJSON(s string, limit int, note string) string { return cutJSONOf(s, len(s), limit, note) }
+
+// cutJSONOf is cutJSON of a text of total bytes of which s is the start,
+// at least limit bytes of it when it is not the whole (recallAnswer's).
+func cutJSONOf(s string, total, limit int, note string) string {
+	total = max(total, len(s))
 	fits, _ := jsonstr.Fit(s, limit)
-	if fits == len(s) {
+	if fits == total {
 		return s
 	}
 	fits, _ = jsonstr.Fit(s, limit-128)
-	return s[:fits] + fmt.Sprintf(note, fits, len(s))
+	return s[:fits] + fmt.Sprintf(note, fits, total)
 }
 
 // estimateTokens estimates the tokens of a context: a token is about four

@@ -18,7 +18,30 @@ import (
 // tools work before any plugin is installed.
 type builtinTool struct {
 	spec ToolSpec
-	run  func(ctx context.Context, args json.RawMessage) (string, error)
+	run  func(ctx context.Context, args json.RawMessage) (toolOutput, error)
+}
+
+// toolOutput is a tool's output as a turn is given it: text, the whole
+// output, or only its start when total is larger. A tool whose output may
+// be far past what anyone is shown builds only the start (recallAnswer);
+// the client is still told the whole one's size and where it was cut.
+type toolOutput struct {
+	text  string
+	total int
+}
+
+// text is an output built whole.
+func text(s string) toolOutput { return toolOutput{text: s} }
+
+// size is the bytes of the whole output.
+func (o toolOutput) size() int { return max(o.total, len(o.text)) }
+
+// whole is run as a tool whose output is built whole.
+func whole(run func(context.Context, json.RawMessage) (string, error)) func(context.Context, json.RawMessage) (toolOutput, error) {
+	return func(ctx context.Context, args json.RawMessage) (toolOutput, error) {
+		out, err := run(ctx, args)
+		return text(out), err
+	}
 }
 
 var builtins = map[string]builtinTool{
@@ -28,7 +51,7 @@ var builtins = map[string]builtinTool{
 			Description: "Returns its arguments unchanged, as JSON text.",
 			Parameters:  json.RawMessage(`{"type":"object","additionalProperties":true}`),
 		},
-		run: func(_ context.Context, args json.RawMessage) (string, error) { return string(args), nil },
+		run: whole(func(_ context.Context, args json.RawMessage) (string, error) { return string(args), nil }),
 	},
 }
 
@@ -106,13 +129,13 @@ func (ts *toolSet) specs() []ToolSpec {
 // execute runs one call and returns its output and whether it succeeded.
 // Failures of the tool or of the sandbox are a failed result; the turn
 // goes on.
-func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal, sessionID, callID, name string, args json.RawMessage) (string, bool) {
+func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal, sessionID, callID, name string, args json.RawMessage) (toolOutput, bool) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ToolTimeout)
 	defer cancel()
 	if b, ok := ts.builtin[name]; ok {
 		out, err := b.run(ctx, args)
 		if err != nil {
-			return err.Error(), false
+			return text(err.Error()), false
 		}
 		return out, true
 	}
@@ -123,20 +146,20 @@ func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal
 		st := status.Convert(err)
 		switch st.Code() {
 		case codes.Canceled:
-			return "Tool call cancelled", false
+			return text("Tool call cancelled"), false
 		case codes.DeadlineExceeded:
-			return fmt.Sprintf("Tool %s timed out", name), false
+			return text(fmt.Sprintf("Tool %s timed out", name)), false
 		case codes.Internal, codes.Unknown, codes.Unavailable:
-			return fmt.Sprintf("Tool %s failed: plugin sandbox unavailable", name), false
+			return text(fmt.Sprintf("Tool %s failed: plugin sandbox unavailable", name)), false
 		}
-		return fmt.Sprintf("Tool %s failed: %s", name, st.Message()), false
+		return text(fmt.Sprintf("Tool %s failed: %s", name, st.Message())), false
 	}
 	if !resp.GetSuccess() {
 		msg := resp.GetError()
 		if msg == "" {
 			msg = resp.GetOutput()
 		}
-		return fmt.Sprintf("Tool %s failed: %s", name, msg), false
+		return text(fmt.Sprintf("Tool %s failed: %s", name, msg)), false
 	}
-	return resp.GetOutput(), true
+	return text(resp.GetOutput()), true
 }

@@ -434,7 +434,7 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 		t.textShown()
 	}
 	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out),
-		"output_bytes": len(out), "status": st})
+		"output_bytes": out.size(), "status": st})
 	return kept
 }
 
@@ -471,14 +471,14 @@ func (t *turn) unshownOf(text string) string {
 	return text[t.shown:]
 }
 
-func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, args json.RawMessage, validArgs bool) (string, string) {
+func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, args json.RawMessage, validArgs bool) (toolOutput, string) {
 	switch {
 	case tools.refused[name]:
-		return fmt.Sprintf("Tool `%s` is not allowed for agent `%s` (agents.%s.tools)", name, agent.Alias, agent.Alias), toolFailed
+		return text(fmt.Sprintf("Tool `%s` is not allowed for agent `%s` (agents.%s.tools)", name, agent.Alias, agent.Alias)), toolFailed
 	case !tools.has(name):
-		return fmt.Sprintf("Unknown tool `%s`", name), toolFailed
+		return text(fmt.Sprintf("Unknown tool `%s`", name)), toolFailed
 	case !validArgs:
-		return fmt.Sprintf("Tool %s was given arguments that are not valid JSON", name), toolFailed
+		return text(fmt.Sprintf("Tool %s was given arguments that are not valid JSON", name)), toolFailed
 	}
 	if agent.needsApproval(name) {
 		t.ls.mu.Lock()
@@ -491,17 +491,17 @@ func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, to
 				if d.Decision == decisionCancelled {
 					st = toolCancelled
 				}
-				return denial(d, agent.ApprovalTimeout), st
+				return text(denial(d, agent.ApprovalTimeout)), st
 			}
 		}
 	}
 	if ctx.Err() != nil {
-		return "Cancelled: the turn ended before the tool ran", toolCancelled
+		return text("Cancelled: the turn ended before the tool ran"), toolCancelled
 	}
 	out, ok := s.execute(ctx, tools, t.principal, t.ls.id, id, name, args)
 	switch {
 	case ctx.Err() != nil:
-		return "Cancelled: the turn ended while the tool ran", toolCancelled
+		return text("Cancelled: the turn ended while the tool ran"), toolCancelled
 	case !ok:
 		return out, toolFailed
 	}
