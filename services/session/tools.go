@@ -30,8 +30,8 @@ type toolOutput struct {
 	total int
 }
 
-// text is an output built whole.
-func text(s string) toolOutput { return toolOutput{text: s} }
+// wholeOutput is an output built whole.
+func wholeOutput(s string) toolOutput { return toolOutput{text: s} }
 
 // size is the bytes of the whole output.
 func (o toolOutput) size() int { return max(o.total, len(o.text)) }
@@ -40,7 +40,7 @@ func (o toolOutput) size() int { return max(o.total, len(o.text)) }
 func whole(run func(context.Context, json.RawMessage) (string, error)) func(context.Context, json.RawMessage) (toolOutput, error) {
 	return func(ctx context.Context, args json.RawMessage) (toolOutput, error) {
 		out, err := run(ctx, args)
-		return text(out), err
+		return wholeOutput(out), err
 	}
 }
 
@@ -135,7 +135,7 @@ func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal
 	if b, ok := ts.builtin[name]; ok {
 		out, err := b.run(ctx, args)
 		if err != nil {
-			return text(err.Error()), false
+			return wholeOutput(err.Error()), false
 		}
 		return out, true
 	}
@@ -146,20 +146,20 @@ func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal
 		st := status.Convert(err)
 		switch st.Code() {
 		case codes.Canceled:
-			return text("Tool call cancelled"), false
+			return wholeOutput("Tool call cancelled"), false
 		case codes.DeadlineExceeded:
-			return text(fmt.Sprintf("Tool %s timed out", name)), false
+			return wholeOutput(fmt.Sprintf("Tool %s timed out", name)), false
 		case codes.Internal, codes.Unknown, codes.Unavailable:
-			return text(fmt.Sprintf("Tool %s failed: plugin sandbox unavailable", name)), false
+			return wholeOutput(fmt.Sprintf("Tool %s failed: plugin sandbox unavailable", name)), false
 		}
-		return text(fmt.Sprintf("Tool %s failed: %s", name, st.Message())), false
+		return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, st.Message())), false
 	}
 	if !resp.GetSuccess() {
 		msg := resp.GetError()
 		if msg == "" {
 			msg = resp.GetOutput()
 		}
-		return text(fmt.Sprintf("Tool %s failed: %s", name, msg)), false
+		return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, msg)), false
 	}
-	return text(resp.GetOutput()), true
+	return wholeOutput(resp.GetOutput()), true
 }

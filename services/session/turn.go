@@ -474,11 +474,11 @@ func (t *turn) unshownOf(text string) string {
 func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, args json.RawMessage, validArgs bool) (toolOutput, string) {
 	switch {
 	case tools.refused[name]:
-		return text(fmt.Sprintf("Tool `%s` is not allowed for agent `%s` (agents.%s.tools)", name, agent.Alias, agent.Alias)), toolFailed
+		return wholeOutput(fmt.Sprintf("Tool `%s` is not allowed for agent `%s` (agents.%s.tools)", name, agent.Alias, agent.Alias)), toolFailed
 	case !tools.has(name):
-		return text(fmt.Sprintf("Unknown tool `%s`", name)), toolFailed
+		return wholeOutput(fmt.Sprintf("Unknown tool `%s`", name)), toolFailed
 	case !validArgs:
-		return text(fmt.Sprintf("Tool %s was given arguments that are not valid JSON", name)), toolFailed
+		return wholeOutput(fmt.Sprintf("Tool %s was given arguments that are not valid JSON", name)), toolFailed
 	}
 	if agent.needsApproval(name) {
 		t.ls.mu.Lock()
@@ -491,17 +491,17 @@ func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, to
 				if d.Decision == decisionCancelled {
 					st = toolCancelled
 				}
-				return text(denial(d, agent.ApprovalTimeout)), st
+				return wholeOutput(denial(d, agent.ApprovalTimeout)), st
 			}
 		}
 	}
 	if ctx.Err() != nil {
-		return text("Cancelled: the turn ended before the tool ran"), toolCancelled
+		return wholeOutput("Cancelled: the turn ended before the tool ran"), toolCancelled
 	}
 	out, ok := s.execute(ctx, tools, t.principal, t.ls.id, id, name, args)
 	switch {
 	case ctx.Err() != nil:
-		return text("Cancelled: the turn ended while the tool ran"), toolCancelled
+		return wholeOutput("Cancelled: the turn ended while the tool ran"), toolCancelled
 	case !ok:
 		return out, toolFailed
 	}
