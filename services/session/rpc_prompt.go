@@ -189,7 +189,8 @@ func (s *Server) keyed(ctx context.Context, ls *liveSession, key string) (resume
 		return false, &prev, nil
 	case prev.State == turnInterrupted:
 		it := interruptedTurn{SessionID: ls.id, TurnID: prev.ID, Surface: prev.Surface, Generation: prev.Generation}
-		if _, err := s.store.recoverTurn(ctx, it, true, interruptedMarker); err != nil {
+		// nil: no turn_complete is published here (its session is idle).
+		if _, err := s.store.recoverTurn(ctx, it, true, interruptedMarker, nil); err != nil {
 			return false, nil, admitError(err)
 		}
 	}

@@ -255,22 +255,30 @@ func (s *Server) recover(ctx context.Context) error {
 		return err
 	}
 	for _, it := range turns {
-		rec, err := s.store.recoverTurn(ctx, it, restoredSurfaces[it.Surface], interruptedMarker)
-		if err != nil {
-			return err
-		}
-		if !rec.Done {
-			continue
-		}
 		row, err := s.store.session(ctx, it.SessionID)
 		if err != nil {
 			return fmt.Errorf("recover turn %s: %w", it.TurnID, err)
+		}
+		// The number the turn_complete takes is stored with the turn's
+		// end, as a turn that ends in a live process stores it: a
+		// gateway that asks later (its bus link back) is answered it,
+		// not the bound this process reserves to publish it. Stored
+		// nowhere, a crash of this process before another turn ended
+		// left the bound to answer, and the followers that had received
+		// the turn_complete were closed, nothing lost.
+		ls, release := s.hold(ctx, row)
+		rec, err := s.store.recoverTurn(ctx, it, restoredSurfaces[it.Surface], interruptedMarker, ls.nextSeq())
+		if err != nil || !rec.Done {
+			release()
+			if err != nil {
+				return err
+			}
+			continue
 		}
 		f := fields{"turn_id": it.TurnID, "outcome": OutcomeCancelled, "content": rec.Content, "stop_reason": stopInterrupted}
 		if it.Generation != nil {
 			f["client_turn_generation"] = *it.Generation
 		}
-		ls, release := s.hold(ctx, row)
 		s.publish(ls, UpdateTurnComplete, f)
 		release()
 		s.log.Info("interrupted turn recovered", zap.String("session_id", it.SessionID), zap.String("turn_id", it.TurnID),

@@ -488,8 +488,9 @@ func countedPageSQL(page, cols string) string {
 // again (a session closed meanwhile keeps its state).
 //
 // published is the number the turn's turn_complete takes, published
-// next (published_seq), or nil when not known (a recovery's, published
-// by a live half made later).
+// next (published_seq), or nil when not known (the live half's start
+// was not read from the stored bound; or a surface's restore of a turn
+// recovery already ended, which publishes nothing).
 func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult, published *int64) error {
 	tag, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now()
 		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgtext.Text(res.Content))

@@ -376,7 +376,12 @@ type recovered struct {
 // interrupted and its rows are left as they are. A turn marked so is
 // restored later (restore) when its surface resumes it (a prompt with
 // its idempotency key).
-func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bool, marker string) (recovered, error) {
+//
+// published is the number the turn_complete recovery publishes takes
+// (nil when not known), stored as the session's last published number
+// (published_seq) in the same transaction, as a live turn's end stores
+// it (finishTurnTx).
+func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bool, marker string, published *int64) (recovered, error) {
 	var rec recovered
 	err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
 		rec = recovered{}
@@ -396,7 +401,12 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 				WHERE turn_id = $1`, it.TurnID, res.Outcome, res.StopReason); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", it.TurnID)
+			if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", it.TurnID); err != nil {
+				return err
+			}
+			// The session is made idle later (recoverRunning), its
+			// number stored here.
+			_, err := tx.Exec(ctx, "UPDATE sessions SET published_seq = $2 WHERE session_id = $1 AND state = 'running'", it.SessionID, published)
 			return err
 		}
 		rec.Restored = true
@@ -470,7 +480,7 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 		if _, err := appendMessageTx(ctx, tx, it.SessionID, it.TurnID, roleSystem, marker); err != nil {
 			return err
 		}
-		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res, nil)
+		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res, published)
 	})
 	if err != nil {
 		return rec, fmt.Errorf("recover turn %s: %w", it.TurnID, err)

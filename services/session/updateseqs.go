@@ -23,7 +23,8 @@ const MaxUpdateSeqs = 1000
 // asked about that has numbered an update (read first, as view does: an
 // update published after the read is one the gateway's new subscription
 // receives), else the stored one: the last number published, stored at
-// each turn's end and at a clean stop (published_seq). Only while a turn
+// each turn's end (a turn cut by a crash: its recovery's turn_complete,
+// see recover) and at a clean stop (published_seq). Only while a turn
 // runs, or on a row from before that column, is it not known: then the
 // stored bound answers, a reservation past what a process that died used,
 // and the gateway closes the followers (a turn cut by a crash lost its

@@ -206,3 +206,32 @@ func TestUpdateSeqsWhileATurnBeginsIsTheLastPublished(t *testing.T) {
 		t.Fatalf("the turn's first update numbered %d, want 1", u[0].Seq)
 	}
 }
+
+// A crash mid-turn, then a crash of the process that recovered the cut
+// turn before another turn ended: the third process answers the
+// recovered turn_complete's number, stored by the recovery with the
+// turn's end, so a gateway keeps the follower that received it. Before,
+// the recovery stored no number, and the third process answered the
+// bound the recovery had reserved to publish it (1,023 past it): the
+// gateway closed the follower, nothing lost.
+func TestUpdateSeqsAfterACrashOfARecoveryIsTheRecoveredEnd(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	inc := h.incarnation(id)
+	rec := h.record(id)
+	h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say two\n/sleep 60000\n/say three"})
+	seen := rec.next().Seq
+
+	h.crash()
+	end := rec.next()
+	if end.Type != UpdateTurnComplete || end.Seq <= seen {
+		t.Fatalf("recovery published %s numbered %d after the chunk's %d", end.Type, end.Seq, seen)
+	}
+	if got := askSeqs(t, h, id, inc); got != end.Seq {
+		t.Fatalf("after the recovery: %d, want its turn_complete's %d", got, end.Seq)
+	}
+	h.crash()
+	if got := askSeqs(t, h, id, inc); got != end.Seq {
+		t.Fatalf("after a crash of the recovering process: %d, want the recovered turn_complete's %d", got, end.Seq)
+	}
+}
