@@ -235,3 +235,30 @@ func TestUpdateSeqsAfterACrashOfARecoveryIsTheRecoveredEnd(t *testing.T) {
 		t.Fatalf("after a crash of the recovering process: %d, want the recovered turn_complete's %d", got, end.Seq)
 	}
 }
+
+// As above for a turn of a surface recovery does not restore (a
+// channel's): it is marked interrupted, not finished, and its session
+// made idle apart; the number of the turn_complete recovery publishes is
+// stored all the same.
+func TestUpdateSeqsAfterACrashOfAnotherSurfacesRecoveryIsTheRecoveredEnd(t *testing.T) {
+	h := newHarness(t)
+	created, err := h.srv.NewSession(context.Background(), &sessionv1.NewSessionRequest{Principal: alice, InteractionSurface: "channel:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSessionId()
+	inc := h.incarnation(id)
+	rec := h.record(id)
+	h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say partial\n/sleep 60000"})
+	rec.next()
+
+	h.crash()
+	end := rec.next()
+	if end.Type != UpdateTurnComplete {
+		t.Fatalf("recovery published %s", end.Type)
+	}
+	h.crash()
+	if got := askSeqs(t, h, id, inc); got != end.Seq {
+		t.Fatalf("after a crash of the recovering process: %d, want the recovered turn_complete's %d", got, end.Seq)
+	}
+}
