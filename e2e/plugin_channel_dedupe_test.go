@@ -190,3 +190,36 @@ func readFile(path string) string {
 	b, _ := os.ReadFile(path)
 	return string(b)
 }
+
+// Two messages of one conversation whose ids and texts joined with a NUL
+// are the same ("m\x00x" + "/say one" and "m" + "x\x00/say one") had one
+// idempotency key: the second was answered with the first's turn
+// (replayed), and the agent never read it. A plugin's id may no longer
+// hold a control character: the first is refused, its sender told, and
+// the second gets a turn of its own.
+func TestPluginChannelIDWithNULMeetsNoOtherMessage(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
+	v := newConv(t, s, nil)
+
+	hookURL, replies := replyHook(t)
+	bindWebChannel(t, v, hookURL)
+	listen := webChannelListen(t, v, "")
+	for _, m := range []map[string]string{
+		{"id": "m\x00x", "from": "ann", "text": "/say one", "thread": "t-1"},
+		{"id": "m", "from": "ann", "text": "x\x00/say one", "thread": "t-1"},
+	} {
+		body, _ := json.Marshal(m)
+		postWebMessage(t, listen, body)
+	}
+	waitFor(t, "both messages answered", 60*time.Second, func() bool { return len(replies()) >= 2 })
+	got := replies()
+	own, told := false, false
+	for _, r := range got {
+		own = own || strings.HasPrefix(r, "x")
+		told = told || strings.Contains(r, "its id")
+	}
+	if !own || !told {
+		t.Fatalf("replies %q, want the second message's own answer and a notice for the first", got)
+	}
+}

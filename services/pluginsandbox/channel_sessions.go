@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -37,6 +39,17 @@ const maxReopens = 5
 // that a plugin that reuses an id for another message still has each
 // answered; a message without an id was given one by the host when it
 // was polled (hostMessageID), which keeps it over a rebind.
+//
+// The id and the content are joined with a NUL, which is unambiguous
+// only because an id holds no NUL (validMessageID, checked before a
+// message is delivered): the key's input splits at its first NUL. With
+// ids unchecked, id "a\x00b" and text "c" met id "a" and text "b\x00c"
+// in one key, and the second message was answered with the first's
+// turn. The encoding is kept rather than replaced by a length-prefixed
+// one because the session service stores the keys' hashes
+// (turns.idempotency_key): no migration can rewrite a hash, and a
+// message cut by the upgrade and delivered again after it must still
+// find its turn. Every key of a valid id is the same as before.
 func messageKey(msg *wasmhost.ChannelMessage) string {
 	sum := sha256.Sum256([]byte(msg.ID + "\x00" + msg.Content))
 	return "chanmsg_" + hex.EncodeToString(sum[:16])
@@ -67,4 +80,26 @@ func hostMessageID(msg *wasmhost.ChannelMessage, files []string) {
 func validHostID(id string) bool {
 	rest, ok := strings.CutPrefix(id, hostIDPrefix)
 	return ok && ids.LowerHex(rest, 24)
+}
+
+// maxMessageIDLen bounds the id a plugin gives a message: a chat
+// service's ids are far shorter, and the id is logged with every line of
+// the message's delivery.
+const maxMessageIDLen = 256
+
+// validMessageID reports whether id, the id a plugin gave a message (a
+// webhook's sender chooses it), may become part of an idempotency key
+// (messageKey) and of log lines: at most maxMessageIDLen bytes of valid
+// UTF-8 without control characters, among them the NUL that joins the
+// key. Empty is valid: the host gives the message its own id.
+func validMessageID(id string) bool {
+	if len(id) > maxMessageIDLen || !utf8.ValidString(id) {
+		return false
+	}
+	for _, r := range id {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
 }

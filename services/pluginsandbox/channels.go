@@ -763,6 +763,19 @@ func (d *deliveries) room() bool {
 // add queues msg behind its conversation and starts a worker for a
 // conversation that has none, within maxConversations.
 func (d *deliveries) add(msg *wasmhost.ChannelMessage) {
+	if !validMessageID(msg.ID) {
+		// Its key (messageKey) could be another message's, which
+		// would be answered in its place.
+		d.b.log.Warn("channel message refused: the plugin gave it an id that is too long or holds control characters",
+			zap.Int("id_bytes", len(msg.ID)))
+		d.b.spool.done(msg)
+		select {
+		case d.notices <- backlogNotice{msg, badMessageID}:
+		default:
+			d.b.log.Warn("channel notice dropped: too many notices waiting")
+		}
+		return
+	}
 	conv := conversation(msg)
 	d.mu.Lock()
 	msgs, known := d.convs[conv]
@@ -903,6 +916,10 @@ func (b *binding) abandon() {
 		b.log.Warn("channel messages dropped with their binding, their senders not told", zap.Int("messages", left))
 	}
 }
+
+// badMessageID is the notice for a message whose id validMessageID
+// refuses.
+const badMessageID = "This message was not delivered: its id is too long or holds control characters."
 
 // notDelivered is the notice for a message a stopping binding held and
 // no binding takes over.
