@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -47,10 +48,20 @@ import (
 // while a replica was down read the dead replica's messages, meant for
 // the old plugin, into the new one (and its agent answered them). The
 // messages of another plugin stay where they are, for a binding of that
-// plugin, and the binding that finds them logs how many wait
-// (strayWarn). Folders of the release before this layout
-// (<alias in hex>/<owner>/) name no plugin and are never adopted: they
-// are logged the same way.
+// plugin under the alias (its spool adopts them as its own), and the
+// binding that finds them logs how many wait (strays).
+//
+// Folders of the release before this layout (<alias in hex>/<owner>/)
+// name no plugin. They were logged and left, so an upgrade that cut a
+// delivery forgot its message, answered 202, for good. They are now
+// adopted by the alias's binding, whatever its plugin, before its own
+// layout's: the release that wrote them bound the alias to that plugin
+// unless the binding was moved while the sandbox was down, and a plugin
+// that cannot read a foreign message reads it into none (dropped, as a
+// message it refuses). Adopted, they move into the new layout, so this
+// happens once. Only regular files are read (never through a symlink),
+// each at most maxInboundBody bytes; what is refused is removed and
+// counted in the log.
 //
 // The host id is the one the message is delivered with when its plugin
 // gives it none (wasmhost.ChannelMessage.ID empty): given at the 202 and
@@ -182,13 +193,25 @@ func (sp *channelSpool) adopt(q *wasmhost.InboundQueue) int {
 		sp.log.Warn("channel spool: not read", zap.Error(err))
 		return 0
 	}
-	n := 0
-	for _, o := range owners {
-		dead := filepath.Join(sp.dir, o.Name())
-		if !o.IsDir() || dead == sp.own {
-			continue
+	// The old layout's owners first: accepted before the upgrade, so
+	// before anything of this layout.
+	var dead []string
+	if others, err := os.ReadDir(sp.alias); err == nil {
+		for _, o := range others {
+			if o.IsDir() && !strings.HasPrefix(o.Name(), spoolPluginPrefix) {
+				dead = append(dead, filepath.Join(sp.alias, o.Name()))
+			}
 		}
-		got, full := sp.adoptFrom(dead, q)
+	}
+	for _, o := range owners {
+		// IsDir is the entry's own type: a symlink is never followed.
+		if path := filepath.Join(sp.dir, o.Name()); o.IsDir() && path != sp.own {
+			dead = append(dead, path)
+		}
+	}
+	n := 0
+	for _, path := range dead {
+		got, full := sp.adoptFrom(path, q)
 		n += got
 		if full {
 			break
@@ -213,7 +236,7 @@ func (sp *channelSpool) adopt(q *wasmhost.InboundQueue) int {
 func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int, full bool) {
 	// Never created: a folder whose lock another adopter removed is
 	// gone, and one whose owner is starting has it in a moment.
-	f, err := os.OpenFile(filepath.Join(dead, spoolLock), os.O_RDWR, 0)
+	f, err := os.OpenFile(filepath.Join(dead, spoolLock), os.O_RDWR|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return 0, false
 	}
@@ -226,16 +249,32 @@ func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int,
 		return 0, false
 	}
 	var names []string
+	refused := 0
 	for _, e := range entries {
-		if name := e.Name(); strings.HasSuffix(name, spoolExt) && !strings.HasPrefix(name, ".") {
-			names = append(names, name)
+		name := e.Name()
+		if !strings.HasSuffix(name, spoolExt) || strings.HasPrefix(name, ".") {
+			continue
 		}
+		if !e.Type().IsRegular() {
+			// Never written by a spool: not followed, and removed
+			// (the link, not what it names) so that the folder goes.
+			refused++
+			_ = os.Remove(filepath.Join(dead, name))
+			continue
+		}
+		names = append(names, name)
 	}
 	sort.Strings(names)
 	left := len(names)
 	for _, name := range names {
 		from := filepath.Join(dead, name)
-		raw, err := os.ReadFile(from)
+		raw, err := readKept(from)
+		if errors.Is(err, errNotKept) {
+			refused++
+			_ = os.Remove(from)
+			left--
+			continue
+		}
 		if err != nil {
 			sp.log.Warn("channel spool: a dead replica's message not read", zap.Error(err))
 			continue
@@ -262,6 +301,10 @@ func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int,
 		left--
 		n++
 	}
+	if refused > 0 {
+		sp.log.Warn("channel spool: kept messages not delivered: not regular files, or larger than a message may be; removed",
+			zap.Int("messages", refused), zap.String("folder", dead))
+	}
 	if left == 0 {
 		// Under the lock: an adopter that opens the lock after this
 		// finds none and leaves the folder alone.
@@ -271,11 +314,42 @@ func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int,
 	return n, false
 }
 
-// strays logs, once, the messages kept under the spool's alias that are
-// not its plugin's: another plugin's (the alias was bound to it when
-// they were accepted) or the old layout's, which names no plugin. They
-// stay on disk, for a binding of their plugin; the operator may remove
-// them.
+// errNotKept is a spool entry no spool wrote: not a regular file, or
+// larger than a message may be.
+var errNotKept = errors.New("not a kept message")
+
+// readKept reads the kept message in file path, never through a symlink
+// and at most maxInboundBody bytes.
+func readKept(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("%s: %w", path, errNotKept)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("channel spool: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("channel spool: %w", err)
+	}
+	if !st.Mode().IsRegular() || st.Size() > maxInboundBody {
+		return nil, fmt.Errorf("%s: %w", path, errNotKept)
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, maxInboundBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("channel spool: %w", err)
+	}
+	if len(raw) > maxInboundBody {
+		return nil, fmt.Errorf("%s: %w", path, errNotKept)
+	}
+	return raw, nil
+}
+
+// strays logs, once, the messages kept under the spool's alias for
+// another plugin (the alias was bound to it when they were accepted).
+// They stay on disk, for a binding of their plugin under the alias,
+// whose spool adopts them; the operator may remove them.
 func (sp *channelSpool) strays() {
 	others, err := os.ReadDir(sp.alias)
 	if err != nil {
@@ -285,17 +359,15 @@ func (sp *channelSpool) strays() {
 	var where []string
 	for _, o := range others {
 		path := filepath.Join(sp.alias, o.Name())
-		if !o.IsDir() || path == sp.dir {
-			continue
+		if !o.IsDir() || path == sp.dir || !strings.HasPrefix(o.Name(), spoolPluginPrefix) {
+			continue // the old layout's owners are adopted
 		}
 		got := 0
-		if strings.HasPrefix(o.Name(), spoolPluginPrefix) {
-			owners, _ := os.ReadDir(path)
-			for _, ow := range owners {
+		owners, _ := os.ReadDir(path)
+		for _, ow := range owners {
+			if ow.IsDir() {
 				got += countKept(filepath.Join(path, ow.Name()))
 			}
-		} else {
-			got = countKept(path) // the old layout: an owner's folder
 		}
 		if got > 0 {
 			n += got
@@ -304,7 +376,7 @@ func (sp *channelSpool) strays() {
 	}
 	sp.strayed.Store(true)
 	if n > 0 {
-		sp.log.Warn("channel spool: messages accepted for another plugin of this alias (or by an older release) are not delivered by this one; a binding of their plugin delivers them, or remove them",
+		sp.log.Warn("channel spool: messages accepted for another plugin of this alias are not delivered by this one; a binding of their plugin under this alias delivers them, or remove them",
 			zap.Int("messages", n), zap.Strings("folders", where))
 	}
 }

@@ -1,8 +1,11 @@
 package pluginsandbox
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
@@ -176,5 +179,74 @@ func BenchmarkChannelSpoolWrite(b *testing.B) {
 			b.Fatal(err)
 		}
 		sp.drop(f)
+	}
+}
+
+// A plugin's message id joins the idempotency key with a NUL, so an id
+// holding one (or any control character, or too long) is refused; the
+// key of every valid id is the one the release before gave it, so a
+// message cut by an upgrade still finds its turn.
+func TestMessageIDValidation(t *testing.T) {
+	for id, want := range map[string]bool{
+		"": true, "m1": true, "1733491200.000100": true, "$ev:example.org": true, "été": true,
+		"a\x00b": false, "a\nb": false, "\x7f": false, "\xff": false, strings.Repeat("x", maxMessageIDLen+1): false,
+	} {
+		if got := validMessageID(id); got != want {
+			t.Errorf("validMessageID(%q) = %v, want %v", id, got, want)
+		}
+	}
+	// The key of the release before (sha256 of id NUL content).
+	msg := &wasmhost.ChannelMessage{ID: "m1", Content: "hello"}
+	if got := messageKey(msg); got != "chanmsg_"+legacyKey("m1", "hello") {
+		t.Fatalf("key %s changed for a valid id", got)
+	}
+}
+
+// legacyKey is the hash part of messageKey as the release before made it.
+func legacyKey(id, content string) string {
+	sum := sha256.Sum256([]byte(id + "\x00" + content))
+	return hex.EncodeToString(sum[:16])
+}
+
+// The messages the release before the plugin-keyed layout kept
+// (<alias>/<owner>/, no plugin) are adopted by the alias's binding, and
+// moved into the current layout: they were logged and left for good. An
+// entry that is a symlink is neither followed nor delivered.
+func TestChannelSpoolAdoptsTheOldLayout(t *testing.T) {
+	root := t.TempDir()
+	old := filepath.Join(root, hex.EncodeToString([]byte("web")), "r-old")
+	if err := os.MkdirAll(old, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(t.TempDir(), "secret.json")
+	for path, body := range map[string]string{
+		filepath.Join(old, spoolLock):                  "",
+		filepath.Join(old, "00000000000000000001.msg"): `{"id":"o1","text":"kept by the old release"}`,
+		outside: `{"id":"s1","text":"secret"}`,
+	} {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(outside, filepath.Join(old, "00000000000000000002.msg")); err != nil {
+		t.Fatal(err)
+	}
+	sp, err := openSpool(root, "web", "webhook", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.close()
+	q := wasmhost.NewInboundQueue(10, 0)
+	if n := sp.adopt(q); n != 1 || q.Pending() != 1 {
+		t.Fatalf("adopted %d (queued %d) of the old layout's message, want 1", n, q.Pending())
+	}
+	if _, err := os.Lstat(old); !os.IsNotExist(err) {
+		t.Fatalf("the old layout's folder stays: %v", err)
+	}
+	if _, err := os.Stat(outside); err != nil {
+		t.Fatalf("the symlink's target: %v", err)
+	}
+	if n := sp.adopt(q); n != 0 {
+		t.Fatalf("adopted %d again", n)
 	}
 }
