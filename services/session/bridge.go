@@ -86,6 +86,9 @@ func (s *Server) GetSessionView(ctx context.Context, req *sessionv1.GetSessionVi
 
 // liveSeq is the last update sequence number a live session used, and
 // the incarnation of the live session; 0, 0 when the id has no live half.
+// A live half that has numbered nothing answers the last number published
+// as stored when it was made (seqLast): its seq is the stored bound, which
+// after a crash is a reservation past what was published.
 func (s *Server) liveSeq(id string) (seq, incarnation int64) {
 	ls := s.lookupLive(id)
 	if ls == nil {
@@ -93,16 +96,23 @@ func (s *Server) liveSeq(id string) (seq, incarnation int64) {
 	}
 	ls.pubMu.Lock()
 	defer ls.pubMu.Unlock()
+	if ls.seq == ls.seqFrom && ls.seqLost == 0 {
+		return ls.seqLast, ls.incarnation
+	}
 	return ls.seq, ls.incarnation
 }
 
 // seqOf is the update_seq of row's view given what liveSeq read: the live
 // half's when it is row's incarnation. A session without a live half of
 // its own (none, or one of a deleted session under the id) has published
-// nothing above its stored bound, which its row holds.
+// nothing since the last number its row stores as published (LastSeq:
+// the stored bound only where that is not known, a turn cut by a crash).
+// The bound itself answered before: after a crash it is a block past the
+// last update, and the durable bridge took every pane for one that had
+// lost updates and rebuilt it, resetting each phone's read of it.
 func seqOf(row sessionRow, seq, incarnation int64) int64 {
 	if incarnation != row.Incarnation {
-		return row.UpdateSeq
+		return row.LastSeq
 	}
 	return seq
 }

@@ -1,0 +1,78 @@
+package e2e_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/collietest"
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// A phone reading a pane's events with its last cursor goes on from it
+// across a restart of the session service between turns, stopped cleanly
+// or killed: no reset, and the next turn's events follow the ones it had.
+// Before, after a kill the session's view named its reserved sequence
+// bound, a block past the last update published; the bridge took its
+// pane for one that had lost updates, rebuilt it two reconciles later,
+// and every reader took the pane's whole view again (a reset) though
+// nothing was lost.
+func TestDurableCursorKeptAcrossSessionRestart(t *testing.T) {
+	t.Parallel()
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			s := e2e.Start(t, e2e.Options{})
+			c := phone(t, s)
+			zc := newConv(t, s, nil)
+			id := zc.newSession("")
+			pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+
+			wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": "/think first thoughts\n/say first reply"}), http.StatusOK, "")
+			before := eventsUntil(t, c, id, "the first turn's end", func(v collietest.PaneView) bool {
+				return v.State == "idle" && strings.Contains(v.Text("reply"), "first reply")
+			})
+
+			pid := s.PIDOf("session")
+			if pid == 0 {
+				t.Fatal("no session service")
+			}
+			if err := syscall.Kill(pid, sig); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+				if now := s.PIDOf("session"); now == 0 || now == pid {
+					return errors.New("the session service is not started again yet")
+				}
+				return nil
+			})
+			// A pane the bridge finds out of step is rebuilt at the second
+			// reconcile (every 2 s) that finds it so: four pass here.
+			deadline := time.Now().Add(8 * time.Second)
+			for time.Now().Before(deadline) {
+				if v := eventsUntil(t, c, id, "a read", func(collietest.PaneView) bool { return true }); v.Resets != before.Resets {
+					t.Fatalf("the pane was reset after the session service's %s: %d whole views, %d before", sig, v.Resets, before.Resets)
+				}
+				time.Sleep(250 * time.Millisecond)
+			}
+
+			wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": "/think second thoughts\n/say second reply"}), http.StatusOK, "")
+			after := eventsUntil(t, c, id, "the second turn's end", func(v collietest.PaneView) bool {
+				return v.State == "idle" && strings.Contains(v.Text("reply"), "second reply")
+			})
+			if after.Resets != before.Resets {
+				t.Fatalf("the pane was reset across the session service's %s: %d whole views, %d before", sig, after.Resets, before.Resets)
+			}
+			if got := shown(after); !strings.Contains(got, "first thoughts") || !strings.Contains(got, "first reply") || !strings.Contains(got, "second thoughts") {
+				t.Fatalf("the pane followed across the %s:\n%s", sig, got)
+			}
+			if log := readLog(t, s, "durable-bridge"); strings.Contains(log, "pane out of step") || strings.Contains(log, "session updates lost on the bus") {
+				t.Fatalf("the bridge took the pane for one that lost updates:\n%s", log)
+			}
+		})
+	}
+}
