@@ -450,7 +450,7 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 		f.raise(ctx, id)
 	case busv1.UpdateType_UPDATE_TYPE_HISTORY_TRIMMED:
 		f.b.layout.mutate(id, func(p *pane) bool {
-			p.putItem(fmt.Sprintf("trim-%d", u.Seq), kindNotice, fmt.Sprintf("Older history was trimmed (%d messages)", up.Dropped), now, false)
+			p.putTrimNotice(trimItemID(up.TurnID, u.Seq), up.Dropped, now)
 			return false
 		})
 	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"time"
 
@@ -114,6 +115,14 @@ func (f *follower) showHistory(p *pane, rows []*sessionv1.TranscriptMessage, sho
 // is for events that carry none, and for the end.
 func (p *pane) showTurn(t *sessionv1.TurnShown, rowAt time.Time) {
 	id := t.GetTurnId()
+	if n := t.GetTrimmedMessages(); n > 0 {
+		// The trim came at the turn's start, before anything it showed.
+		at := rowAt
+		if t.GetTrimmedAt() != nil {
+			at = t.GetTrimmedAt().AsTime()
+		}
+		p.putTrimNotice(trimItemID(id, 0), n, at)
+	}
 	at := rowAt
 	for _, e := range t.GetEvents() {
 		at = rowAt
@@ -171,4 +180,20 @@ func liveInput(args string) string {
 	}
 	raw, _ := json.Marshal(args)
 	return string(raw)
+}
+
+// trimItemID is the id of the notice of a trim made at turn's start: the
+// same whether a follower showed it from the update or a rebuilt pane
+// from the turn's row (one trim a turn). An update naming no turn keeps
+// its seq's.
+func trimItemID(turn string, seq int64) string {
+	if turn == "" {
+		return fmt.Sprintf("trim-%d", seq)
+	}
+	return "trim-" + turn
+}
+
+// putTrimNotice shows that a trim dropped n messages of the context.
+func (p *pane) putTrimNotice(id string, n int64, at time.Time) {
+	p.putItem(id, kindNotice, fmt.Sprintf("Older history was trimmed (%d messages)", n), at, false)
 }

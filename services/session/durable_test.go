@@ -333,6 +333,12 @@ func TestTrimRetainedContext(t *testing.T) {
 	}
 	rec.until(UpdateTurnComplete)
 	h.exec("DROP TRIGGER slow ON context_snapshots")
+	// The turn that trimmed records it, for a pane rebuilt from the
+	// session to show the notice its followers saw.
+	te, err := h.srv.TurnEvents(context.Background(), &sessionv1.TurnEventsRequest{Principal: alice, SessionId: id, TurnIds: []string{u.str("turn_id")}})
+	if err != nil || len(te.GetTurns()) != 1 || te.GetTurns()[0].GetTrimmedMessages() != 2 || te.GetTurns()[0].GetTrimmedAt() == nil {
+		t.Fatalf("the trimming turn's events: %v %v", te, err)
+	}
 
 	after := h.transcript(id)
 	for i, m := range before {
@@ -389,7 +395,7 @@ func TestSnapshotAuthority(t *testing.T) {
 	if err := h.pool.QueryRow(ctx, "SELECT max(seq) FROM checkpoint_events WHERE session_id = $1", emptied).Scan(&last); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.srv.store.writeSnapshot(ctx, emptied, SurfaceRPC, last, nil); err != nil {
+	if err := h.srv.store.writeSnapshot(ctx, emptied, SurfaceRPC, last, nil, "", 0); err != nil {
 		t.Fatal(err)
 	}
 	if given := contextOf(t, h.prompt(alice, emptied, "/context").GetContent()); roles(given) != "user" {

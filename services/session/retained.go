@@ -215,7 +215,7 @@ func (s *Server) retainedContext(ctx context.Context, t *turn, agent AgentConfig
 	if dropped == 0 {
 		return msgs, nil
 	}
-	if err := s.store.writeSnapshot(ctx, t.ls.id, t.surface, boundary, kept); err != nil {
+	if err := s.store.writeSnapshot(ctx, t.ls.id, t.surface, boundary, kept, t.id, dropped); err != nil {
 		s.log.Warn("retained context not trimmed", zap.String("session_id", t.ls.id), zap.Error(err))
 		return msgs, nil
 	}

@@ -303,7 +303,11 @@ const shownRows = 2000
 // covering every event up to boundary, and drops the covered events of
 // finished turns, in one transaction: the snapshot and its boundary
 // commit together or not at all.
-func (st *store) writeSnapshot(ctx context.Context, sessionID, surface string, boundary int64, msgs []ChatMessage) error {
+//
+// A trim made at a turn's start names the turn (turnID, "" for none) and
+// the messages it dropped: the turn's row records them with the snapshot,
+// for the notice of a pane rebuilt from the session (TurnEvents).
+func (st *store) writeSnapshot(ctx context.Context, sessionID, surface string, boundary int64, msgs []ChatMessage, turnID string, dropped int) error {
 	raw, err := json.Marshal(toStored(msgs))
 	if err != nil {
 		return fmt.Errorf("encode retained context: %w", err)
@@ -315,6 +319,12 @@ func (st *store) writeSnapshot(ctx context.Context, sessionID, surface string, b
 				interaction_surface = EXCLUDED.interaction_surface, created_at = now()`,
 			sessionID, boundary, raw, surface); err != nil {
 			return err
+		}
+		if turnID != "" && dropped > 0 {
+			if _, err := tx.Exec(ctx, "UPDATE turns SET trimmed_messages = $3, trimmed_at = now() WHERE turn_id = $1 AND session_id = $2",
+				turnID, sessionID, dropped); err != nil {
+				return err
+			}
 		}
 		// The events of a turn with rows among the transcript's newest
 		// shownRows stay: they are what a pane rebuilt from the session

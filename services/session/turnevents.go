@@ -94,7 +94,8 @@ type turnShown struct {
 // oldest first; the turns whose events are not whole are left out.
 func (st *store) turnEvents(ctx context.Context, sessionID string, turnIDs []string) (map[string]*turnShown, error) {
 	rows, err := st.db.Query(ctx, `SELECT e.turn_id, e.kind, left(e.content, $3), e.tool_call_id, e.name,
-			COALESCE(c.status, ''), t.state <> 'running', t.content, e.created_at
+			COALESCE(c.status, ''), t.state <> 'running', t.content, e.created_at,
+			t.trimmed_messages, t.trimmed_at
 		FROM checkpoint_events e JOIN turns t ON t.turn_id = e.turn_id AND t.session_id = e.session_id
 		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
 		WHERE e.session_id = $1 AND e.turn_id = ANY($2)
@@ -108,14 +109,19 @@ func (st *store) turnEvents(ctx context.Context, sessionID string, turnIDs []str
 		var turnID, status, content string
 		var ended bool
 		var at time.Time
+		var trimmed int64
+		var trimmedAt *time.Time
 		e := &sessionv1.TurnEvent{}
-		if err := rows.Scan(&turnID, &e.Kind, &e.Text, &e.ToolCallId, &e.Name, &status, &ended, &content, &at); err != nil {
+		if err := rows.Scan(&turnID, &e.Kind, &e.Text, &e.ToolCallId, &e.Name, &status, &ended, &content, &at, &trimmed, &trimmedAt); err != nil {
 			return nil, fmt.Errorf("read turn events: %w", err)
 		}
 		e.At = timestamppb.New(at)
 		t := out[turnID]
 		if t == nil {
-			t = &turnShown{TurnShown: &sessionv1.TurnShown{TurnId: turnID, Ended: ended, Content: content}, bytes: len(content)}
+			t = &turnShown{TurnShown: &sessionv1.TurnShown{TurnId: turnID, Ended: ended, Content: content, TrimmedMessages: trimmed}, bytes: len(content)}
+			if trimmed > 0 && trimmedAt != nil {
+				t.TrimmedAt = timestamppb.New(*trimmedAt)
+			}
 			out[turnID] = t
 		}
 		switch e.Kind {

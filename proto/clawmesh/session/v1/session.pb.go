@@ -3702,11 +3702,16 @@ type TurnShown struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	TurnId string                 `protobuf:"bytes,1,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
 	// ended: the turn is over, and content is its turn_complete's.
-	Ended         bool         `protobuf:"varint,2,opt,name=ended,proto3" json:"ended,omitempty"`
-	Content       string       `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
-	Events        []*TurnEvent `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Ended   bool         `protobuf:"varint,2,opt,name=ended,proto3" json:"ended,omitempty"`
+	Content string       `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	Events  []*TurnEvent `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
+	// trimmed_messages, when the turn's start trimmed the session's
+	// retained context, is how many messages its history_trimmed update
+	// said were dropped, and trimmed_at when; 0 and unset otherwise.
+	TrimmedMessages int64                  `protobuf:"varint,5,opt,name=trimmed_messages,json=trimmedMessages,proto3" json:"trimmed_messages,omitempty"`
+	TrimmedAt       *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=trimmed_at,json=trimmedAt,proto3" json:"trimmed_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *TurnShown) Reset() {
@@ -3763,6 +3768,20 @@ func (x *TurnShown) GetContent() string {
 func (x *TurnShown) GetEvents() []*TurnEvent {
 	if x != nil {
 		return x.Events
+	}
+	return nil
+}
+
+func (x *TurnShown) GetTrimmedMessages() int64 {
+	if x != nil {
+		return x.TrimmedMessages
+	}
+	return 0
+}
+
+func (x *TurnShown) GetTrimmedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TrimmedAt
 	}
 	return nil
 }
@@ -4484,12 +4503,15 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"toolCallId\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x05 \x01(\tR\x06status\x12*\n" +
-	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x8c\x01\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf2\x01\n" +
 	"\tTurnShown\x12\x17\n" +
 	"\aturn_id\x18\x01 \x01(\tR\x06turnId\x12\x14\n" +
 	"\x05ended\x18\x02 \x01(\bR\x05ended\x12\x18\n" +
 	"\acontent\x18\x03 \x01(\tR\acontent\x126\n" +
-	"\x06events\x18\x04 \x03(\v2\x1e.clawmesh.session.v1.TurnEventR\x06events\"k\n" +
+	"\x06events\x18\x04 \x03(\v2\x1e.clawmesh.session.v1.TurnEventR\x06events\x12)\n" +
+	"\x10trimmed_messages\x18\x05 \x01(\x03R\x0ftrimmedMessages\x129\n" +
+	"\n" +
+	"trimmed_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\ttrimmedAt\"k\n" +
 	"\x12TurnEventsResponse\x124\n" +
 	"\x05turns\x18\x01 \x03(\v2\x1e.clawmesh.session.v1.TurnShownR\x05turns\x12\x1f\n" +
 	"\vcovered_seq\x18\x02 \x01(\x03R\n" +
@@ -4710,64 +4732,65 @@ var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	64, // 44: clawmesh.session.v1.TurnEventsRequest.principal:type_name -> clawmesh.common.v1.Principal
 	63, // 45: clawmesh.session.v1.TurnEvent.at:type_name -> google.protobuf.Timestamp
 	54, // 46: clawmesh.session.v1.TurnShown.events:type_name -> clawmesh.session.v1.TurnEvent
-	55, // 47: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
-	64, // 48: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
-	44, // 49: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
-	64, // 50: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 51: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	6,  // 52: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
-	9,  // 53: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
-	11, // 54: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
-	13, // 55: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
-	15, // 56: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
-	18, // 57: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
-	20, // 58: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
-	22, // 59: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
-	24, // 60: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
-	26, // 61: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
-	28, // 62: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	33, // 63: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
-	30, // 64: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
-	37, // 65: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	35, // 66: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	39, // 67: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
-	42, // 68: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	46, // 69: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
-	48, // 70: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
-	51, // 71: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
-	53, // 72: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
-	57, // 73: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
-	59, // 74: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
-	61, // 75: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
-	7,  // 76: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	10, // 77: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	12, // 78: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	14, // 79: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	16, // 80: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	19, // 81: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	21, // 82: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	23, // 83: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
-	25, // 84: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
-	27, // 85: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
-	29, // 86: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	34, // 87: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	32, // 88: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
-	38, // 89: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
-	36, // 90: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	40, // 91: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
-	43, // 92: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	47, // 93: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
-	49, // 94: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
-	52, // 95: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
-	56, // 96: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
-	58, // 97: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
-	60, // 98: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
-	62, // 99: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
-	76, // [76:100] is the sub-list for method output_type
-	52, // [52:76] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	63, // 47: clawmesh.session.v1.TurnShown.trimmed_at:type_name -> google.protobuf.Timestamp
+	55, // 48: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
+	64, // 49: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
+	44, // 50: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
+	64, // 51: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	64, // 52: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 53: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
+	9,  // 54: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
+	11, // 55: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
+	13, // 56: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
+	15, // 57: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
+	18, // 58: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
+	20, // 59: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
+	22, // 60: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
+	24, // 61: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
+	26, // 62: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
+	28, // 63: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
+	33, // 64: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	30, // 65: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
+	37, // 66: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	35, // 67: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	39, // 68: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
+	42, // 69: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	46, // 70: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
+	48, // 71: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
+	51, // 72: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
+	53, // 73: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
+	57, // 74: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
+	59, // 75: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
+	61, // 76: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
+	7,  // 77: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	10, // 78: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	12, // 79: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	14, // 80: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	16, // 81: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	19, // 82: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	21, // 83: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	23, // 84: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	25, // 85: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	27, // 86: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	29, // 87: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	34, // 88: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	32, // 89: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
+	38, // 90: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	36, // 91: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	40, // 92: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
+	43, // 93: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	47, // 94: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
+	49, // 95: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
+	52, // 96: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
+	56, // 97: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
+	58, // 98: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
+	60, // 99: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
+	62, // 100: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
+	77, // [77:101] is the sub-list for method output_type
+	53, // [53:77] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_session_v1_session_proto_init() }
