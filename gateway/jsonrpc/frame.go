@@ -159,6 +159,14 @@ type FrameReader struct {
 	heldAt     time.Time // when a frame was returned with the next one's start buffered; zero if not
 	armedFor   time.Time // the frameAt the read deadline is set for; zero if none
 	err        error     // sticky read error, returned once the buffer is drained
+
+	// scanned counts the bytes from start already searched for the
+	// frame's LF and without one: the search after a read goes on from
+	// there. Searched from start after every read, a frame read a few
+	// KiB at a time was searched anew up to its block's 64 KiB each
+	// time: a 1.4 MB frame read 4 KiB a read took ten times as long as
+	// one read a block at a time (fifty-sixth round).
+	scanned int
 }
 
 // NewFrameReader returns a reader of frames of at most max bytes (max <= 0
@@ -192,7 +200,7 @@ func (f *FrameReader) Release() {
 	if f.buf != nil {
 		putBlock(f.buf)
 	}
-	f.buf, f.start, f.end = nil, 0, 0
+	f.buf, f.start, f.end, f.scanned = nil, 0, 0, 0
 }
 
 // Own returns frame, which ReadFrame has just returned, as a slice the
@@ -246,7 +254,9 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 		f.frameAt, f.readAt, f.heldAt = f.frameAt.Add(held), f.readAt.Add(held), time.Time{}
 	}
 	for {
-		if i := bytes.IndexByte(f.buf[f.start:f.end], '\n'); i >= 0 {
+		if i := bytes.IndexByte(f.buf[f.start+f.scanned:f.end], '\n'); i >= 0 {
+			i += f.scanned
+			f.scanned = 0
 			line, err := f.take(i)
 			f.start += i + 1
 			if f.start == f.end {
@@ -269,6 +279,7 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 			f.dropWhole()
 			continue
 		}
+		f.scanned = f.end - f.start
 		n := f.buffered()
 		if n > f.max && f.over(n, f.lastByte()) {
 			return nil, ErrFrameTooLarge
@@ -277,7 +288,7 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 			err := f.err
 			if err == io.EOF && n > 0 {
 				line, terr := f.take(f.end - f.start)
-				f.start, f.end = 0, 0
+				f.start, f.end, f.scanned = 0, 0, 0
 				if terr != nil {
 					return nil, terr
 				}
@@ -415,7 +426,7 @@ func (f *FrameReader) fill(n int) {
 			return
 		}
 		f.pieces = append(f.pieces, f.buf)
-		f.buf, f.end = getBlock(), 0
+		f.buf, f.end, f.scanned = getBlock(), 0, 0
 	}
 	// Never read past max+1 bytes from the frame's first byte, but for
 	// the LF after a CR at max+1 (ReadFrame has refused anything else).

@@ -58,6 +58,30 @@ func TestFrameReaderAcrossBlocks(t *testing.T) {
 	}
 }
 
+// TestFrameReaderSmallReads: frames read a few bytes a read, so that
+// reads end at every offset of a frame and of a block, frames of one,
+// two blocks and more among small ones and blank lines, come out whole:
+// the search for a frame's LF goes on from where the search after the
+// read before stopped (scanned), never past a frame's end or before it.
+func TestFrameReaderSmallReads(t *testing.T) {
+	const b = initialFrameBuf
+	max := 2*b + 9
+	var data []byte
+	for i, n := range []int{1, 2, 40, b - 2, 3, b + 1, 1, 2 * b, 5, max} {
+		data = append(data, frameBody(n, i)...)
+		if i%3 == 0 {
+			data = append(data, "\n  \r\n"...) // a blank line after it
+		}
+		data = append(data, '\n')
+	}
+	want := refFrames(data, max)
+	for _, most := range []int{1, 3, 7} {
+		t.Run(fmt.Sprint(most), func(t *testing.T) {
+			readOwned(t, &repeatReader{line: data, most: most, once: true}, max, want)
+		})
+	}
+}
+
 // TestFrameReaderTooLargeAcrossBlocks: a line one byte over a limit of
 // several blocks is refused without reading past max+1 bytes of it, and
 // its blocks go back to the budget. A line of the limit and a CR is not
@@ -236,11 +260,22 @@ func readOwned(t *testing.T, src io.Reader, max int, want []refFrame) {
 type repeatReader struct {
 	line []byte
 	pos  int
+	most int  // the most one Read returns; 0: as much as fits
+	once bool // line once, then io.EOF
 }
 
 func (r *repeatReader) Read(p []byte) (int, error) {
+	if r.once && r.pos == len(r.line) {
+		return 0, io.EOF
+	}
+	if r.most > 0 && len(p) > r.most {
+		p = p[:r.most]
+	}
 	n := copy(p, r.line[r.pos:])
-	r.pos = (r.pos + n) % len(r.line)
+	r.pos += n
+	if !r.once {
+		r.pos %= len(r.line)
+	}
 	return n, nil
 }
 
@@ -250,6 +285,10 @@ func (r *repeatReader) Read(p []byte) (int, error) {
 // is never given back (a new one each); returned, one whose Lease is
 // returned once it is answered (file/upload/chunk's), its buffer the
 // next one's.
+//
+// The frame comes whole blocks a read there; a socket hands a frame
+// over as its sender's writes reach it, often a few KiB a read:
+// BenchmarkReadFramePartial reads the same frame 4 KiB at a time.
 func BenchmarkReadLargeFrame(b *testing.B) {
 	const size = 1400 << 10
 	for _, give := range []bool{false, true} {
@@ -268,5 +307,25 @@ func BenchmarkReadLargeFrame(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkReadFramePartial reads BenchmarkReadLargeFrame's frame, its
+// lease returned, from a reader that gives at most 4 KiB a read: each
+// read adds a little to a block that may hold tens of KiB of the frame
+// already, and the reader looks for the frame's LF after each.
+func BenchmarkReadFramePartial(b *testing.B) {
+	const size = 1400 << 10
+	fr := NewFrameReader(&repeatReader{line: append(frameBody(size, 5), '\n'), most: 4 << 10}, 0, 0)
+	defer fr.Release()
+	b.SetBytes(size)
+	b.ReportAllocs()
+	for b.Loop() {
+		f, err := fr.ReadFrame()
+		if err != nil || len(f) != size {
+			b.Fatalf("%d bytes, %v", len(f), err)
+		}
+		_, lease := fr.Own(f)
+		lease.Return()
 	}
 }
