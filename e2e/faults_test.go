@@ -567,11 +567,16 @@ func TestInterruptWhileStarting(t *testing.T) {
 // the stack is fresh (nothing of the old config or sessions) on a fresh
 // cluster. The old cluster holds a database, and a data directory moved
 // aside before a new one was made on its path leaves the same trace: it
-// is kept, and said, never removed by a start.
+// is kept, and said, never removed by a start. In parallel with the
+// others, as TestDataDirMadeAgainNamesItsEarlierCluster is: the old
+// cluster holds a database, which no other stack's start removes, and
+// the one test that removes clusters (doctor --fix) runs alone, before
+// the parallel tests start. Serial, it added its 29 s to the package's.
 func TestStaleClusterIsReplaced(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("only root's clusters live outside the data directory")
 	}
+	t.Parallel()
 	dir := e2e.TempDataDir(t)
 	s := e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir, Args: []string{"--set", "agents.default.api_key=sk-old-secret"}})
 	c := s.Dial(t)

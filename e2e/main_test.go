@@ -2,8 +2,10 @@
 // would with `clawmesh up`, and talks to it over the socket.
 //
 // Every test runs in parallel with the others (as many at once as
-// -parallel, GOMAXPROCS by default, at most maxParallel) but the two that
-// make or expect a stale cluster: each test's stack has its own data
+// -parallel, GOMAXPROCS by default, at most maxParallel) but the one that
+// plants a stale cluster for doctor --fix to remove (any other test's
+// start of a private cluster would remove it first; serial tests run
+// alone, before the parallel ones): each test's stack has its own data
 // directory, socket, bus and database, and most of a test's time is spent
 // waiting for a timeout, a restart or a stall to happen (on two cores:
 // 214 s in sequence, 147 s two at a time).
