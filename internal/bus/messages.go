@@ -74,6 +74,9 @@ type Update struct {
 	// TurnStartedBy, on a turn's first update with a seq, is the
 	// connection whose prompt started the turn (turn_started_by).
 	TurnStartedBy string
+	// MadeUnixMicros is the publisher's clock when it published the
+	// update (made_unix_micros), 0 when it did not say.
+	MadeUnixMicros int64
 }
 
 // decodeSessionUpdate decodes a busv1.SessionUpdate of session id, of
@@ -124,6 +127,10 @@ func decodeSessionUpdate(data []byte, id string, incarnation int64) (Update, err
 				return Update{}, errors.New("turn_started_by: invalid UTF-8")
 			}
 			u.TurnStartedBy = string(v)
+		case num == fieldUpdateMade && typ == protowire.VarintType:
+			var v uint64
+			v, n = protowire.ConsumeVarint(data)
+			u.MadeUnixMicros = int64(v)
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, data)
 		}
@@ -356,6 +363,10 @@ func (p *SessionUpdatePublisher) Publish(typ busv1.UpdateType, seq int64, params
 		b = protowire.AppendTag(b, fieldUpdateTurnStartedBy, protowire.BytesType)
 		b = protowire.AppendString(b, p.startedBy)
 	}
+	if seq != 0 {
+		b = protowire.AppendTag(b, fieldUpdateMade, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(time.Now().UnixMicro()))
+	}
 	err := natsutil.Publish(p.nc, p.subject, b)
 	if cap(b) <= maxKeptUpdateBuffer {
 		p.buf = b
@@ -403,6 +414,7 @@ const (
 	fieldUpdateConnectionID  protowire.Number = 5
 	fieldUpdateRenumbered    protowire.Number = 6
 	fieldUpdateTurnStartedBy protowire.Number = 7
+	fieldUpdateMade          protowire.Number = 8
 )
 
 // appendSessionUpdate appends the wire form of a busv1.SessionUpdate

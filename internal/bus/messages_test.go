@@ -89,6 +89,7 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 		t.Fatalf("invalid UTF-8 published: %v", err)
 	}
 	bodies := []string{`{"a":1}`, strings.Repeat("x", maxKeptUpdateBuffer+1), `{"b":2}`}
+	before := time.Now().UnixMicro()
 	for i, body := range bodies {
 		if err := p.Publish(busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, int64(i+1), []byte(body)); err != nil {
 			t.Fatal(err)
@@ -100,6 +101,10 @@ func TestSessionUpdatePublisherRoundTrip(t *testing.T) {
 			if u.SessionID != "s-round" || u.Incarnation != 3 || u.Seq != int64(i+1) || string(u.JSON) != body ||
 				u.Type != busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK {
 				t.Fatalf("update %d: %v", i+1, u)
+			}
+			// The publisher's clock goes with it, for a durable pane's times.
+			if u.MadeUnixMicros < before || u.MadeUnixMicros > time.Now().UnixMicro() {
+				t.Fatalf("update %d made at %d, published from %d", i+1, u.MadeUnixMicros, before)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("update %d not received", i+1)
@@ -215,6 +220,8 @@ func TestDecodeSessionUpdateIsProtoUnmarshal(t *testing.T) {
 		"json not UTF-8":           protowire.AppendBytes(tag(slices.Clone(chunk), fieldUpdateJSON, protowire.BytesType), []byte("{\"a\":\"\xff\"}")),
 		"connection not UTF-8":     protowire.AppendBytes(tag(slices.Clone(chunk), fieldUpdateConnectionID, protowire.BytesType), []byte{0xff}),
 		"a turn's first":           valid(&busv1.SessionUpdate{SessionId: "s-1", Seq: 4, Json: "{}", TurnStartedBy: "c-9"}),
+		"made at":                  valid(&busv1.SessionUpdate{SessionId: "s-1", Seq: 4, Json: "{}", MadeUnixMicros: 1796000000123456}),
+		"made at, wrong type":      protowire.AppendFixed64(tag(slices.Clone(chunk), fieldUpdateMade, protowire.Fixed64Type), 5),
 		"starter not UTF-8":        protowire.AppendBytes(tag(slices.Clone(chunk), fieldUpdateTurnStartedBy, protowire.BytesType), []byte{0xff}),
 		"session not UTF-8":        protowire.AppendBytes(tag(nil, fieldUpdateSessionID, protowire.BytesType), []byte{0xff}),
 	} {
@@ -237,7 +244,8 @@ func checkDecodeAsProto(t *testing.T, name string, data []byte, id string) {
 		return
 	}
 	if got.SessionID != want.GetSessionId() || got.Incarnation != 7 || got.Type != want.GetType() || got.Seq != want.GetSeq() ||
-		string(got.JSON) != want.GetJson() || got.ConnectionID != want.GetConnectionId() || got.TurnStartedBy != want.GetTurnStartedBy() {
+		string(got.JSON) != want.GetJson() || got.ConnectionID != want.GetConnectionId() || got.TurnStartedBy != want.GetTurnStartedBy() ||
+		got.MadeUnixMicros != want.GetMadeUnixMicros() {
 		t.Fatalf("%s: decoded %+v, proto.Unmarshal %v", name, got, want)
 	}
 }
@@ -248,6 +256,7 @@ func FuzzDecodeSessionUpdate(f *testing.F) {
 	for _, u := range []*busv1.SessionUpdate{
 		{SessionId: "s-1", Type: busv1.UpdateType_UPDATE_TYPE_TOOL_CALL, Seq: 3, Json: `{"a":1}`},
 		{SessionId: "s-1", ConnectionId: "c"},
+		{SessionId: "s-1", Seq: 2, Json: "{}", MadeUnixMicros: 1796000000123456},
 	} {
 		b, _ := proto.Marshal(u)
 		f.Add(b)
@@ -293,12 +302,22 @@ func TestPublishTurnStarted(t *testing.T) {
 		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 7, Json: "{}", Renumbered: true, TurnStartedBy: "conn-1"},
 		{SessionId: "s-abc", Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, Seq: 8, Json: "{}"},
 	} {
-		want, err := proto.Marshal(u)
-		if err != nil {
-			t.Fatal(err)
-		}
 		select {
 		case m := <-msgs:
+			// An update with a seq carries the publisher's clock, whatever
+			// it read: the bytes are proto.Marshal's for that value.
+			var sent busv1.SessionUpdate
+			if err := proto.Unmarshal(m.Data, &sent); err != nil {
+				t.Fatal(err)
+			}
+			if made := sent.GetMadeUnixMicros(); (made != 0) != (u.Seq != 0) {
+				t.Fatalf("%v published made_unix_micros %d", u, made)
+			}
+			u.MadeUnixMicros = sent.GetMadeUnixMicros()
+			want, err := proto.Marshal(u)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if !bytes.Equal(m.Data, want) {
 				t.Fatalf("published %x, want %v: %x", m.Data, u, want)
 			}

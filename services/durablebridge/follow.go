@@ -424,7 +424,7 @@ func (f *follower) apply(ctx context.Context, u bus.Update) (asksKept bool) {
 	if up.TurnID != "" && typ != busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE {
 		turnKnown = !f.noteTurn(ctx, id, up.TurnID)
 	}
-	now := time.Now()
+	now := madeAt(u)
 	switch typ {
 	case busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK:
 		f.b.layout.mutate(id, func(p *pane) bool { p.putItem(up.TurnID+":reply", kindReply, up.Text, now, true); return false })
@@ -916,4 +916,21 @@ func (f *follower) subscribe() (func(), error) {
 		return nil, fmt.Errorf("subscribe session updates: %w", err)
 	}
 	return func() { _ = sub.Unsubscribe() }, nil
+}
+
+// madeAt is when an update's item happened: its publisher's clock where
+// it said, which is what the session service stores with the event, so a
+// pane rebuilt from the store shows the times one that followed showed.
+// The bridge's own receipt lags by the bus and a loaded machine (over a
+// second seen) and stands in only for a publisher that did not say, or
+// one whose clock reads later than the bridge's.
+func madeAt(u bus.Update) time.Time {
+	now := time.Now()
+	if u.MadeUnixMicros <= 0 {
+		return now
+	}
+	if at := time.UnixMicro(u.MadeUnixMicros); at.Before(now) {
+		return at
+	}
+	return now
 }

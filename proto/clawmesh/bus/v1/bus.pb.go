@@ -297,8 +297,16 @@ type SessionUpdate struct {
 	// session's updates to that connection from it on, as the announcement
 	// would have had it.
 	TurnStartedBy string `protobuf:"bytes,7,opt,name=turn_started_by,json=turnStartedBy,proto3" json:"turn_started_by,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// made_unix_micros is the publisher's clock when it published an update
+	// with a seq (microseconds since 1970, UTC). A durable pane that
+	// follows the update shows it at this time rather than at its own
+	// receipt, which lags by however long the bus and a loaded machine
+	// took: a pane rebuilt from the store (which keeps each event's own
+	// time) then shows the same times as one that followed. Zero from a
+	// publisher that does not set it.
+	MadeUnixMicros int64 `protobuf:"varint,8,opt,name=made_unix_micros,json=madeUnixMicros,proto3" json:"made_unix_micros,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SessionUpdate) Reset() {
@@ -378,6 +386,13 @@ func (x *SessionUpdate) GetTurnStartedBy() string {
 		return x.TurnStartedBy
 	}
 	return ""
+}
+
+func (x *SessionUpdate) GetMadeUnixMicros() int64 {
+	if x != nil {
+		return x.MadeUnixMicros
+	}
+	return 0
 }
 
 // AskRequest asks one client connection something through the gateway
@@ -632,7 +647,7 @@ const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\x05props\x18\x02 \x03(\tR\x05props\x12\x18\n" +
 	"\ahistory\x18\x03 \x01(\tR\ahistory\x12\x16\n" +
 	"\x06digest\x18\x04 \x01(\tR\x06digest\x12#\n" +
-	"\rparent_digest\x18\x05 \x01(\tR\fparentDigest\"\xf2\x01\n" +
+	"\rparent_digest\x18\x05 \x01(\tR\fparentDigest\"\x9c\x02\n" +
 	"\rSessionUpdate\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12/\n" +
@@ -643,7 +658,8 @@ const file_clawmesh_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
 	"renumbered\x18\x06 \x01(\bR\n" +
 	"renumbered\x12&\n" +
-	"\x0fturn_started_by\x18\a \x01(\tR\rturnStartedBy\"d\n" +
+	"\x0fturn_started_by\x18\a \x01(\tR\rturnStartedBy\x12(\n" +
+	"\x10made_unix_micros\x18\b \x01(\x03R\x0emadeUnixMicros\"d\n" +
 	"\n" +
 	"AskRequest\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x1f\n" +
