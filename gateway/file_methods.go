@@ -247,13 +247,26 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 // one) or invalid UTF-8 the params are read the ordinary way, whose
 // reading and refusals stand.
 func readChunk(params []byte) (id string, offset int64, buf, data []byte, err error) {
-	p, ok := scanChunkParams(params)
+	p, ok := scanChunkParams(params, true)
 	decoded := -1 // the length decoded into buf; -1 while data_b64 is not decoded
 	if ok && p.data != nil {
 		buf = chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
-		if n, derr := decodeBase64(buf, p.data); derr == nil {
+		n, derr := decodeBase64(buf, p.data)
+		if derr != nil && p.guessed {
+			// The guess of data_b64's end is unproved: scanned again,
+			// searching for its closing quote.
+			putChunkBuffer(buf)
+			buf = nil
+			if p, ok = scanChunkParams(params, false); ok && p.data != nil {
+				buf = chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
+				n, derr = decodeBase64(buf, p.data)
+			}
+		}
+		switch {
+		case !ok || p.data == nil:
+		case derr == nil:
 			decoded = n
-		} else if bytes.IndexByte(p.data, '\\') >= 0 || !utf8.Valid(p.data) {
+		case bytes.IndexByte(p.data, '\\') >= 0 || !utf8.Valid(p.data):
 			putChunkBuffer(buf)
 			buf, ok = nil, false
 		}
@@ -412,6 +425,41 @@ type chunkFields struct {
 	uploadID string
 	offset   *int64
 	data     []byte
+	// guessed: data ends where guessLastQuote put it, not at a quote
+	// searched for; it holds only if data decodes.
+	guessed bool
+}
+
+// guessLastQuote returns the index of the quote that closes params' last
+// member when that member's value is a string, found from the end
+// (params is one valid JSON object, its closing brace last but for
+// spaces); -1 otherwise.
+//
+// A client sends data_b64 last (docs/spec.md's example, every client
+// here): its closing quote is then this one, and the chunk reader skips
+// the search of its 1.4 MB for it (about 0.1 ms of the gateway's CPU a
+// chunk). A guess is proved by the decoding of what it bounds: decoded,
+// those bytes are base64's alphabet alone (encoding/base64 skips '\r'
+// and '\n' too, which a valid string cannot hold raw), so they hold no
+// quote and the string that starts where data_b64's does ends here; the
+// bytes of a wrong guess always hold a quote (another member's) and do
+// not decode, and readChunk then scans without guessing.
+func guessLastQuote(params []byte) int {
+	i := len(params) - 1
+	for i >= 0 && (params[i] == ' ' || params[i] == '\t' || params[i] == '\r' || params[i] == '\n') {
+		i--
+	}
+	if i < 0 || params[i] != '}' {
+		return -1
+	}
+	i--
+	for i >= 0 && (params[i] == ' ' || params[i] == '\t' || params[i] == '\r' || params[i] == '\n') {
+		i--
+	}
+	if i < 0 || params[i] != '"' {
+		return -1
+	}
+	return i
 }
 
 // scanChunkParams reads file/upload/chunk's params straight from the
@@ -425,8 +473,12 @@ type chunkFields struct {
 // and refusals. data_b64's string alone is not looked into: its reading,
 // and so the whole answer, holds only if data has no backslash and is
 // valid UTF-8, which readChunk's decoding of it proves.
-func scanChunkParams(params []byte) (chunkFields, bool) {
+func scanChunkParams(params []byte, guess bool) (chunkFields, bool) {
 	var f chunkFields
+	lastQuote := -1
+	if guess {
+		lastQuote = guessLastQuote(params)
+	}
 	// The keys seen so far: a repeated one is refused by the ordinary
 	// path (CheckParams), so it must not be read here, last one winning.
 	var seen struct{ uploadID, offset, data bool }
@@ -463,6 +515,13 @@ func scanChunkParams(params []byte) (chunkFields, bool) {
 		// readChunk's decoding checks its bytes (see there).
 		bulk := isString && string(key) == "data_b64"
 		switch {
+		case bulk && guess && lastQuote > i:
+			// Taken to be the last member: its string is guessed to end
+			// at the last quote, found from params' end without a search
+			// of the 1.4 MB between. readChunk's decoding proves the
+			// guess (see guessLastQuote) or scans again without it.
+			val, next = params[i+1:lastQuote], lastQuote+1
+			f.guessed = true
 		case bulk:
 			end := bytes.IndexByte(params[i+1:], '"')
 			if end < 0 {

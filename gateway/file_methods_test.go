@@ -160,6 +160,12 @@ var chunkSeeds = []string{
 	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":1,"data_b64":"e\u0041=="}`,
 	"{\"upload_id\":\"0123456789abcdef0123456789abcdef\",\"offset\":1,\"data_b64\":\"eA\xff=\"}",
 	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":1,"data_b64":"eA=\\"}`,
+	// data_b64 not last, a string of base64's alphabet after it: the
+	// guess of its end (the last quote) is wrong, and must not decode.
+	`{"data_b64":"eA==","offset":0,"upload_id":"0123456789abcdef0123456789abcdef"}`,
+	`{"upload_id":"0123456789abcdef0123456789abcdef","data_b64":"eA==","offset":1,"x":"eA=="}`,
+	`{"upload_id":"0123456789abcdef0123456789abcdef","offset":1,"data_b64":"eA==","x":"",  "y" : "QUJD" }`,
+	"{\"upload_id\":\"0123456789abcdef0123456789abcdef\",\"offset\":1,\"data_b64\":\"QUJD\" \r\n}\n",
 }
 
 // plainData is the condition on which scanChunkParams's answer holds:
@@ -173,20 +179,54 @@ func plainData(f chunkFields) bool {
 // (decodeParams) whenever it answers, refusals included, and declines
 // everything unusual.
 func TestScanChunkParamsAgreesWithDecodeParams(t *testing.T) {
-	answered := 0
+	answered, guessed := 0, 0
 	for _, in := range chunkSeeds {
-		fast, ok := scanChunkParams([]byte(in))
-		if !ok || !plainData(fast) {
-			continue
-		}
-		answered++
-		slow, err := chunkBySlowPath([]byte(in))
-		if err != nil || !sameChunk(fast, slow) {
-			t.Errorf("%s: fast %+v, decodeParams %+v %v", in, fast, slow, err)
+		for _, guess := range []bool{false, true} {
+			fast, ok := scanChunkParams([]byte(in), guess)
+			if !ok || !plainData(fast) || !provedGuess(fast) {
+				continue
+			}
+			answered++
+			if fast.guessed {
+				guessed++
+			}
+			slow, err := chunkBySlowPath([]byte(in))
+			if err != nil || !sameChunk(fast, slow) {
+				t.Errorf("%s (guess %v): fast %+v, decodeParams %+v %v", in, guess, fast, slow, err)
+			}
 		}
 	}
-	if answered < 4 {
-		t.Fatalf("the fast path answered only %d plain inputs", answered)
+	if answered < 8 || guessed < 3 {
+		t.Fatalf("the fast path answered only %d plain inputs, %d of them by a guess", answered, guessed)
+	}
+}
+
+// provedGuess is the condition on which a guessed end of data_b64
+// holds: its bytes decode (readChunk scans again when they do not).
+func provedGuess(f chunkFields) bool {
+	if !f.guessed {
+		return true
+	}
+	_, err := base64.StdEncoding.DecodeString(string(f.data))
+	return err == nil
+}
+
+// A guessed end of data_b64 that is wrong (another member after it)
+// never decodes, so readChunk does not keep it: its bytes run over the
+// next member's quotes.
+func TestScanChunkParamsWrongGuessDoesNotDecode(t *testing.T) {
+	in := []byte(`{"upload_id":"0123456789abcdef0123456789abcdef","data_b64":"eA==","offset":1,"x":"eA=="}`)
+	f, ok := scanChunkParams(in, true)
+	if !ok || !f.guessed {
+		t.Fatalf("scan: ok %v, guessed %v; want a guess", ok, f.guessed)
+	}
+	if string(f.data) == "eA==" || provedGuess(f) {
+		t.Fatalf("the wrong guess %q was proved", f.data)
+	}
+	id, off, buf, data, err := readChunk(in)
+	defer putChunkBuffer(buf)
+	if err != nil || id != "0123456789abcdef0123456789abcdef" || off != 1 || string(data) != "x" {
+		t.Fatalf("readChunk: %s@%d %q %v; want the upload's offset 1, \"x\"", id, off, data, err)
 	}
 }
 
@@ -198,13 +238,15 @@ func FuzzScanChunkParams(f *testing.F) {
 		if !json.Valid(in) {
 			return // the connection refuses it before any handler runs
 		}
-		fast, ok := scanChunkParams(in)
-		if !ok || !plainData(fast) {
-			return
-		}
-		slow, err := chunkBySlowPath(in)
-		if err != nil || !sameChunk(fast, slow) {
-			t.Fatalf("%q: fast %+v, decodeParams %+v %v", in, fast, slow, err)
+		for _, guess := range []bool{false, true} {
+			fast, ok := scanChunkParams(in, guess)
+			if !ok || !plainData(fast) || !provedGuess(fast) {
+				continue
+			}
+			slow, err := chunkBySlowPath(in)
+			if err != nil || !sameChunk(fast, slow) {
+				t.Fatalf("%q (guess %v): fast %+v, decodeParams %+v %v", in, guess, fast, slow, err)
+			}
 		}
 	})
 }
