@@ -29,7 +29,12 @@ type busProxy struct {
 	mu      sync.Mutex
 	conns   map[net.Conn]string // client side, by the name its CONNECT gave ("" before)
 	blocked string
-	wg      sync.WaitGroup
+	// held names the process whose downlink (bus server to process) is
+	// held back while set: what the server sends it waits in the proxy,
+	// its link up, as on a congested or stalled path (hold).
+	held     string
+	released chan struct{}
+	wg       sync.WaitGroup
 }
 
 func newBusProxy(t *testing.T, target string) *busProxy {
@@ -85,7 +90,7 @@ func (p *busProxy) relay(c net.Conn) {
 	down.Add(1)
 	go func() {
 		defer down.Done()
-		_, _ = io.Copy(c, up)
+		_, _ = io.Copy(heldWriter{p: p, c: c}, up)
 		c.Close()
 	}()
 	defer down.Wait()
@@ -133,6 +138,44 @@ func (p *busProxy) block(name string) {
 	p.blocked = name
 	p.mu.Unlock()
 	p.cut(func(n string) bool { return n == name })
+}
+
+// hold holds back what the bus server sends the process named name until
+// the returned release is called (at the latest at the test's end).
+func (p *busProxy) hold(name string) (release func()) {
+	p.mu.Lock()
+	p.held, p.released = name, make(chan struct{})
+	ch := p.released
+	p.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			p.mu.Lock()
+			p.held = ""
+			p.mu.Unlock()
+			close(ch)
+		})
+	}
+	p.t.Cleanup(release)
+	return release
+}
+
+// heldWriter writes to c, the client side of a relayed connection, once
+// its process is not held.
+type heldWriter struct {
+	p *busProxy
+	c net.Conn
+}
+
+func (w heldWriter) Write(b []byte) (int, error) {
+	w.p.mu.Lock()
+	held := w.p.held != "" && w.p.conns[w.c] == w.p.held
+	ch := w.p.released
+	w.p.mu.Unlock()
+	if held {
+		<-ch
+	}
+	return w.c.Write(b)
 }
 
 // startBehindBusProxy starts a stack whose bus link goes through a

@@ -140,9 +140,11 @@ func (g *Gateway) configSet(ctx context.Context, cs *connState, params json.RawM
 	}
 	ctx, cancel, cut := g.configWait(ctx)
 	defer cancel()
-	if _, err := g.config.Set(ctx, &configv1.SetRequest{Principal: cs.principalOf(), Prop: p.Prop, Value: v}); err != nil {
+	resp, err := g.config.Set(ctx, &configv1.SetRequest{Principal: cs.principalOf(), Prop: p.Prop, Value: v})
+	if err != nil {
 		return nil, configError(err, cut(), true)
 	}
+	cs.wroteConfig(resp.GetRevision())
 	return withRestart(map[string]any{"prop": p.Prop, "set": true}, []string{p.Prop}), nil
 }
 
@@ -200,6 +202,7 @@ func (g *Gateway) configSetMany(ctx context.Context, cs *connState, params json.
 	if err != nil {
 		return nil, configError(err, cut(), true)
 	}
+	cs.wroteConfig(resp.GetRevision())
 	props := resp.GetProps()
 	if props == nil {
 		props = []string{}
@@ -264,9 +267,11 @@ func (g *Gateway) configDelete(ctx context.Context, cs *connState, params json.R
 	}
 	ctx, cancel, cut := g.configWait(ctx)
 	defer cancel()
-	if _, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: cs.principalOf(), Prop: p.Prop}); err != nil {
+	resp, err := g.config.Delete(ctx, &configv1.DeleteRequest{Principal: cs.principalOf(), Prop: p.Prop})
+	if err != nil {
 		return nil, configError(err, cut(), true)
 	}
+	cs.wroteConfig(resp.GetRevision())
 	// A property read only at start goes back to its default at the next
 	// restart, as a set of it would take effect then.
 	return withRestart(map[string]any{"prop": p.Prop, "deleted": true}, []string{p.Prop}), nil

@@ -572,6 +572,17 @@ func (g *Gateway) connectionClosed(cs *connState) {
 }
 
 // connState is what the gateway knows of one client connection.
+// wroteConfig records rev, the revision a config write of the
+// connection's returned.
+func (cs *connState) wroteConfig(rev int64) {
+	for {
+		old := cs.configRev.Load()
+		if rev <= old || cs.configRev.CompareAndSwap(old, rev) {
+			return
+		}
+	}
+}
+
 type connState struct {
 	id     string
 	conn   *jsonrpc.Conn
@@ -583,6 +594,12 @@ type connState struct {
 	// uploads is set once the connection began an upload or attached a
 	// file (usingUploads).
 	uploads atomic.Bool
+
+	// configRev is the highest config revision the connection's own
+	// writes returned (wroteConfig), passed on with its session/new so
+	// that the session service reads the write before it refuses an
+	// agent the write made.
+	configRev atomic.Int64
 
 	// waits stands for the connection's requests waiting for a shared
 	// read (statusReads, stateReads): the connection's end answers them

@@ -79,6 +79,7 @@ func (g *Gateway) sessionNew(ctx context.Context, cs *connState, params json.Raw
 	resp, err := g.session.NewSession(ctx, &sessionv1.NewSessionRequest{
 		Principal: cs.principalOf(), AgentAlias: alias, Cwd: p.CWD,
 		SessionId: id, InteractionSurface: p.InteractionSurface, ConnectionId: cs.id,
+		ConfigRevision: cs.configRev.Load(),
 	})
 	if err != nil {
 		return nil, serviceError("session", err)

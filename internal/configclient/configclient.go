@@ -89,6 +89,9 @@ type Client struct {
 	other    bool  // a revision of another history, or the one read rewritten, was announced
 	watchers []func(Snapshot, []string)
 	props    map[int64]announced // announced revisions not read yet
+	// read is closed, and replaced, each time the follower has read the
+	// live document: AtLeast waits on it.
+	read chan struct{}
 }
 
 // announced is what an announcement said of a revision not read yet.
@@ -106,7 +109,7 @@ func New(ctx context.Context, rpc configv1.ConfigServiceClient, nc *nats.Conn, l
 	if log == nil {
 		log = zap.NewNop()
 	}
-	c := &Client{rpc: rpc, log: log, wake: make(chan struct{}, 1), resync: make(chan struct{}, 1), done: make(chan struct{}), props: map[int64]announced{}}
+	c := &Client{rpc: rpc, log: log, wake: make(chan struct{}, 1), resync: make(chan struct{}, 1), done: make(chan struct{}), props: map[int64]announced{}, read: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	sub, err := bus.SubscribeConfigChanged(nc, c.hint, func(err error) { log.Warn("config change announcement dropped", zap.Error(err)) })
 	if err != nil {
@@ -159,6 +162,60 @@ func (c *Client) Current() Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.cur
+}
+
+// ErrRevisionNotRead wraps AtLeast's failure: the revision asked for was
+// not read in time, or the config service does not serve it.
+var ErrRevisionNotRead = errors.New("config revision not read")
+
+// AtLeast returns once revision rev, or a later one, has been read (see
+// Current), asking the follower to read the live document now rather
+// than when the change's announcement arrives. A client's write is
+// acknowledged when committed, and its next request may reach a service
+// before the announcement does: with the revision the write returned,
+// the service reads its own write. The reads are the follower's, one at
+// a time, shared by every waiter; a waiter takes at most two (the one in
+// flight when it asked and the next), and waits CallTimeout at most,
+// so a revision the config service does not serve (another history's)
+// costs a bounded wait, not reads without end. The error wraps
+// ErrRevisionNotRead, and ErrConfigNoAnswer when the time ran out.
+func (c *Client) AtLeast(ctx context.Context, rev int64) error {
+	ctx, cancel := Bounded(ctx)
+	defer cancel()
+	for reads := 0; ; reads++ {
+		c.mu.Lock()
+		cur := c.cur.Revision
+		if cur >= rev {
+			c.mu.Unlock()
+			return nil
+		}
+		if reads == 2 {
+			c.mu.Unlock()
+			return fmt.Errorf("%w: the config service serves revision %d, below %d", ErrRevisionNotRead, cur, rev)
+		}
+		c.pending = max(c.pending, rev)
+		read := c.read
+		c.mu.Unlock()
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+		select {
+		case <-read:
+		case <-c.ctx.Done():
+			return fmt.Errorf("%w: %d: the follower is closed", ErrRevisionNotRead, rev)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %d (revision %d read): %w", ErrRevisionNotRead, rev, cur, context.Cause(ctx))
+		}
+	}
+}
+
+// readDone wakes AtLeast's waiters after one of the follower's reads.
+func (c *Client) readDone() {
+	c.mu.Lock()
+	close(c.read)
+	c.read = make(chan struct{})
+	c.mu.Unlock()
 }
 
 // OnChange registers fn, called with each newer revision and the props it
@@ -251,67 +308,72 @@ func (c *Client) follow() {
 		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 		snap, err := c.fetch(ctx)
 		cancel()
-		if err != nil {
-			if c.ctx.Err() == nil {
-				c.log.Warn("config revision not read", zap.Int64("announced", rev), zap.Error(err))
+		// Whatever became of the read, AtLeast's waiters look again
+		// once its outcome is installed.
+		func() {
+			if err != nil {
+				if c.ctx.Err() == nil {
+					c.log.Warn("config revision not read", zap.Int64("announced", rev), zap.Error(err))
+				}
+				return
 			}
-			continue
-		}
-		if !resync && snap.Revision < rev {
-			// The config service has no such revision: a forged or stale
-			// announcement. Nothing is pinned to it.
-			c.log.Warn("announced config revision unknown to the config service",
-				zap.Int64("announced", rev), zap.Int64("live", snap.Revision))
-		}
-		if otherHistory(snap.History, c.Current().History) {
-			// The config service serves another history (its database
-			// replaced or reset): numbers compared alone kept the old
-			// document for ever when the new history stood at, or
-			// passed, the number read. Its id is the database's own,
-			// so no read that lags is taken for it: installed at once.
-			confirm, confirmAt = nil, time.Time{}
-			c.log.Warn("config history replaced: following the config service's new one",
-				zap.Int64("was", c.Current().Revision), zap.Int64("revision", snap.Revision))
-			c.replace(snap)
-			continue
-		}
-		if cur := c.Current(); rewritten(snap, cur) {
-			// The same number of the same history, another document: the
-			// history was restored into its database, or the row
-			// rewritten. Numbers and ids compared alone kept the document
-			// read for that number for ever. The digest is the
-			// database's own, so no read that lags is taken for it.
-			confirm, confirmAt = nil, time.Time{}
-			c.log.Warn("config revision rewritten in the config database: following its stored document",
-				zap.Int64("revision", snap.Revision), zap.String("was", cur.Digest), zap.String("digest", snap.Digest))
-			c.replace(snap)
-			continue
-		}
-		if snap.Revision < c.Current().Revision {
-			// Read from the config service itself, never the bus: its
-			// history went back. Every revision below the one read was
-			// ignored, so a process whose config database was replaced
-			// or reset kept the old document until the new history
-			// passed the old revision number. Taken once a second read
-			// agrees.
-			switch {
-			case confirmAt.IsZero():
-				c.log.Warn("the config service serves an older revision than the one read; asking again",
-					zap.Int64("read", c.Current().Revision), zap.Int64("live", snap.Revision))
-				confirmAt = time.Now().Add(confirmBack)
-				confirm = time.After(confirmBack)
-				continue
-			case time.Now().Before(confirmAt):
-				continue // a read before the second one is due
+			if !resync && snap.Revision < rev {
+				// The config service has no such revision: a forged or stale
+				// announcement. Nothing is pinned to it.
+				c.log.Warn("announced config revision unknown to the config service",
+					zap.Int64("announced", rev), zap.Int64("live", snap.Revision))
+			}
+			if otherHistory(snap.History, c.Current().History) {
+				// The config service serves another history (its database
+				// replaced or reset): numbers compared alone kept the old
+				// document for ever when the new history stood at, or
+				// passed, the number read. Its id is the database's own,
+				// so no read that lags is taken for it: installed at once.
+				confirm, confirmAt = nil, time.Time{}
+				c.log.Warn("config history replaced: following the config service's new one",
+					zap.Int64("was", c.Current().Revision), zap.Int64("revision", snap.Revision))
+				c.replace(snap)
+				return
+			}
+			if cur := c.Current(); rewritten(snap, cur) {
+				// The same number of the same history, another document: the
+				// history was restored into its database, or the row
+				// rewritten. Numbers and ids compared alone kept the document
+				// read for that number for ever. The digest is the
+				// database's own, so no read that lags is taken for it.
+				confirm, confirmAt = nil, time.Time{}
+				c.log.Warn("config revision rewritten in the config database: following its stored document",
+					zap.Int64("revision", snap.Revision), zap.String("was", cur.Digest), zap.String("digest", snap.Digest))
+				c.replace(snap)
+				return
+			}
+			if snap.Revision < c.Current().Revision {
+				// Read from the config service itself, never the bus: its
+				// history went back. Every revision below the one read was
+				// ignored, so a process whose config database was replaced
+				// or reset kept the old document until the new history
+				// passed the old revision number. Taken once a second read
+				// agrees.
+				switch {
+				case confirmAt.IsZero():
+					c.log.Warn("the config service serves an older revision than the one read; asking again",
+						zap.Int64("read", c.Current().Revision), zap.Int64("live", snap.Revision))
+					confirmAt = time.Now().Add(confirmBack)
+					confirm = time.After(confirmBack)
+					return
+				case time.Now().Before(confirmAt):
+					return // a read before the second one is due
+				}
+				confirm, confirmAt = nil, time.Time{}
+				c.log.Warn("config history replaced: following the config service's new one",
+					zap.Int64("was", c.Current().Revision), zap.Int64("revision", snap.Revision))
+				c.replace(snap)
+				return
 			}
 			confirm, confirmAt = nil, time.Time{}
-			c.log.Warn("config history replaced: following the config service's new one",
-				zap.Int64("was", c.Current().Revision), zap.Int64("revision", snap.Revision))
-			c.replace(snap)
-			continue
-		}
-		confirm, confirmAt = nil, time.Time{}
-		c.install(snap)
+			c.install(snap)
+		}()
+		c.readDone()
 	}
 }
 

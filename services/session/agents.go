@@ -123,6 +123,18 @@ type ConfigAgents struct {
 	Log    *zap.Logger
 }
 
+// AtLeast waits, bounded, until the live config read is at revision rev
+// or later (configclient.Client.AtLeast); a Live that cannot be asked
+// returns at once.
+func (c *ConfigAgents) AtLeast(ctx context.Context, rev int64) error {
+	if w, ok := c.Live.(interface {
+		AtLeast(ctx context.Context, rev int64) error
+	}); ok {
+		return w.AtLeast(ctx, rev)
+	}
+	return nil
+}
+
 // Agent implements AgentSource.
 func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, error) {
 	entry, found := c.Live.Current().Agent(alias)

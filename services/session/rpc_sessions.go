@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -60,11 +61,18 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 			return resp, err
 		}
 	}
-	if _, err := s.cfg.Agents.Agent(ctx, alias); err != nil {
+	_, err := s.cfg.Agents.Agent(ctx, alias)
+	if errors.Is(err, ErrUnknownAgent) && req.GetConfigRevision() > 0 {
+		err = s.agentAt(ctx, alias, req.GetConfigRevision())
+	}
+	if err != nil {
 		if errors.Is(err, ErrUnknownAgent) {
 			return nil, errInvalid(fmt.Sprintf("Unknown agent_alias `%s`", alias))
 		}
 		s.log.Warn("resolve agent", zap.String("agent_alias", alias), zap.Error(err))
+		if errors.Is(err, configclient.ErrConfigNoAnswer) {
+			return nil, status.Error(codes.Unavailable, configclient.ErrConfigNoAnswer.Error())
+		}
 		return nil, status.Error(codes.Unavailable, "config service unavailable")
 	}
 	if err := s.mayUseAgent(ctx, p, alias); err != nil {
@@ -327,4 +335,29 @@ func (s *Server) Attach(ctx context.Context, req *sessionv1.AttachRequest) (*ses
 		return nil, err
 	}
 	return &sessionv1.AttachResponse{SessionId: row.ID, Subject: subject, UpdateSeq: proto.Int64(s.updateSeqOf(row))}, nil
+}
+
+// agentAt resolves alias again once the config revision rev, the one the
+// caller's connection last wrote, has been read: the client was told its
+// write of the agent was done, and the announcement of it may not have
+// reached this process yet. The wait is bounded (configclient.AtLeast)
+// and taken only by a caller that wrote, for an alias not known: an
+// alias no one set is refused from memory when no revision is asked, or
+// once the one asked is read.
+func (s *Server) agentAt(ctx context.Context, alias string, rev int64) error {
+	f, ok := s.cfg.Agents.(interface {
+		AtLeast(ctx context.Context, rev int64) error
+	})
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrUnknownAgent, alias)
+	}
+	if err := f.AtLeast(ctx, rev); err != nil {
+		if errors.Is(err, configclient.ErrConfigNoAnswer) {
+			return fmt.Errorf("config service: %w", err)
+		}
+		// Served below rev (another history): what is read decides.
+		s.log.Warn("config revision asked by the caller not read", zap.Int64("revision", rev), zap.Error(err))
+	}
+	_, err := s.cfg.Agents.Agent(ctx, alias)
+	return err
 }

@@ -446,8 +446,14 @@ type NewSessionRequest struct {
 	// every one runs a turn the call is refused with SESSION_BUSY. Honoured
 	// for the operator principal only.
 	MaxOpenOfSurface int32 `protobuf:"varint,7,opt,name=max_open_of_surface,json=maxOpenOfSurface,proto3" json:"max_open_of_surface,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// config_revision, when set, is the config revision the caller's
+	// connection last wrote (the revision its config/set returned): an
+	// agent_alias the session service does not know is looked up again
+	// once it has read that revision (bounded by the config call timeout),
+	// so a client's session/new sees the agent its own write just made.
+	ConfigRevision int64 `protobuf:"varint,8,opt,name=config_revision,json=configRevision,proto3" json:"config_revision,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NewSessionRequest) Reset() {
@@ -525,6 +531,13 @@ func (x *NewSessionRequest) GetConnectionId() string {
 func (x *NewSessionRequest) GetMaxOpenOfSurface() int32 {
 	if x != nil {
 		return x.MaxOpenOfSurface
+	}
+	return 0
+}
+
+func (x *NewSessionRequest) GetConfigRevision() int64 {
+	if x != nil {
+		return x.ConfigRevision
 	}
 	return 0
 }
@@ -4221,7 +4234,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x14\n" +
 	"\x05title\x18\n" +
-	" \x01(\tR\x05title\"\xa7\x02\n" +
+	" \x01(\tR\x05title\"\xd0\x02\n" +
 	"\x11NewSessionRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1f\n" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
@@ -4231,7 +4244,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12/\n" +
 	"\x13interaction_surface\x18\x05 \x01(\tR\x12interactionSurface\x12#\n" +
 	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\x12-\n" +
-	"\x13max_open_of_surface\x18\a \x01(\x05R\x10maxOpenOfSurface\"\x92\x02\n" +
+	"\x13max_open_of_surface\x18\a \x01(\x05R\x10maxOpenOfSurface\x12'\n" +
+	"\x0fconfig_revision\x18\b \x01(\x03R\x0econfigRevision\"\x92\x02\n" +
 	"\x12NewSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1f\n" +
