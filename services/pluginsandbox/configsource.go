@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -41,9 +42,17 @@ type ConfigService struct {
 // the server put one in ctx (withPrincipal), is passed on for the config
 // service's secret authorization.
 func (c *ConfigService) Resolve(ctx context.Context, instanceKey string) (wasmhost.ConfigRevision, error) {
-	resp, err := c.Client.PluginValues(ctx, &configv1.PluginValuesRequest{
+	// Bounded as every per-request config call is: with the config
+	// service hung, a call frame (a channel's poll has no deadline)
+	// waited the connection's keepalive or for ever.
+	cctx, cancel := configclient.Bounded(ctx)
+	defer cancel()
+	resp, err := c.Client.PluginValues(cctx, &configv1.PluginValuesRequest{
 		Principal: principalFrom(ctx), PluginKey: instanceKey,
 	})
+	if noAnswer := configclient.NoAnswer(cctx, err); noAnswer != err {
+		return wasmhost.ConfigRevision{}, fmt.Errorf("%w: %w", wasmhost.ErrConfigUnavailable, noAnswer)
+	}
 	switch status.Code(err) {
 	case codes.OK:
 	case codes.Unimplemented:

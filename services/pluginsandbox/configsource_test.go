@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -250,4 +251,46 @@ func TestSettingsFrom(t *testing.T) {
 			t.Errorf("max_instances %v: err = %v", bad, err)
 		}
 	}
+}
+
+// hungConfig is a config service that takes PluginValues calls and never
+// answers them, as a hung (SIGSTOPped) config process does, until the
+// caller gives up or the test ends.
+type hungConfig struct {
+	configv1.UnimplementedConfigServiceServer
+	calls chan struct{}
+	end   chan struct{}
+}
+
+func (h *hungConfig) PluginValues(ctx context.Context, _ *configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+	h.calls <- struct{}{}
+	select {
+	case <-ctx.Done():
+	case <-h.end:
+	}
+	return nil, status.Error(codes.Unavailable, "ended")
+}
+
+// A call frame's PluginValues had no bound of its own: with the config
+// service hung, a plugin call that read its config waited as long as the
+// caller's context (none, for a channel's poll) or the connection's
+// keepalive, where every other per-request config call gives up after
+// configclient.CallTimeout. It now gives up then too, saying the config
+// service did not answer.
+func TestConfigServiceResolveWhileConfigIsHung(t *testing.T) {
+	h := &hungConfig{calls: make(chan struct{}, 1), end: make(chan struct{})}
+	t.Cleanup(func() { close(h.end) })
+	client, _ := serveConfig(t, h)
+	src := &pluginsandbox.ConfigService{Client: client}
+	done := make(chan error, 1)
+	go func() {
+		_, err := src.Resolve(context.Background(), "zpi1_abc")
+		done <- err
+	}()
+	testwait.Recv(t, h.calls)
+	err := testwait.Recv(t, done)
+	if !errors.Is(err, wasmhost.ErrConfigUnavailable) || !errors.Is(err, configclient.ErrConfigNoAnswer) {
+		t.Fatalf("Resolve with the config service hung: %v, want unavailable, the config service not answering", err)
+	}
+	t.Logf("Resolve with the config service hung: %v", err)
 }
