@@ -502,9 +502,11 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 	// had answered, and the new one refused (401), so a client that set
 	// a token and posted at once was told its token was wrong. What a
 	// wrong token costs is one share of a read: requests check together
-	// (one read in flight at a time, tokenCache.fresh), and each refusal
-	// ends its connection.
-	want, err := b.tok.fresh(b, time.Now())
+	// (one read in flight at a time, tokenCache.fresh), each refusal
+	// ends its connection, and a token other than the one last read
+	// waits for a read begun wrongTokenGap after the one before: wrong
+	// tokens sent in a loop make ten reads a second at most.
+	want, err := b.tok.fresh(b, time.Now(), got)
 	if err != nil {
 		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
 	}
@@ -515,6 +517,15 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 // every request that needs it may fail alike.
 const tokenWarnEvery = 30 * time.Second
 
+// wrongTokenGap is the least time between the start of a read of the
+// token and the next one a token other than the one last read begins.
+// Each wrong token, sent one after the other, made a read of its own on
+// the config service, as fast as the sender could loop. It cannot be
+// refused from the last read alone: a token set a moment ago is one
+// other than the last read too, and must be taken at once, so it waits
+// for the next read, this long at most.
+const wrongTokenGap = 100 * time.Millisecond
+
 // tokenCache shares a binding's reads of its token: a Reveal per
 // request, each in flight at once, let any client that reached the
 // listener, token or not, make as many calls on the config service as it
@@ -522,6 +533,7 @@ const tokenWarnEvery = 30 * time.Second
 type tokenCache struct {
 	mu     sync.Mutex
 	call   *tokenRead // the read in flight, if any
+	prev   *tokenRead // the last read done, if any
 	warned time.Time
 }
 
@@ -535,12 +547,26 @@ type tokenRead struct {
 // fresh returns b's token as the config service holds it, read by a call
 // begun at or after arrived: requests that arrive together share one
 // read (one in flight at a time), and none takes a read begun before it
-// arrived, which may predate a rotation it follows.
-func (c *tokenCache) fresh(b *binding, arrived time.Time) (string, error) {
+// arrived, which may predate a rotation it follows. A request whose
+// token, got, is not the one last read begins a read only wrongTokenGap
+// after the last began; meanwhile it waits, and takes any read begun
+// after it arrived.
+func (c *tokenCache) fresh(b *binding, arrived time.Time, got string) (string, error) {
 	for {
 		c.mu.Lock()
+		if p := c.prev; p != nil && !p.started.Before(arrived) {
+			c.mu.Unlock()
+			return p.token, p.err
+		}
 		call := c.call
 		if call == nil {
+			if p := c.prev; p != nil && subtle.ConstantTimeCompare([]byte(got), []byte(p.token)) != 1 {
+				if wait := time.Until(p.started.Add(wrongTokenGap)); wait > 0 {
+					c.mu.Unlock()
+					time.Sleep(wait)
+					continue
+				}
+			}
 			call = c.begin()
 			c.mu.Unlock()
 			c.read(b, call)
@@ -571,7 +597,7 @@ func (c *tokenCache) read(b *binding, call *tokenRead) {
 	call.err = configclient.NoAnswer(ctx, call.err)
 	cancel()
 	c.mu.Lock()
-	c.call = nil
+	c.call, c.prev = nil, call
 	if call.err != nil {
 		if now := time.Now(); now.Sub(c.warned) >= tokenWarnEvery {
 			c.warned = now

@@ -3,9 +3,11 @@ package pluginsandbox_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 )
@@ -106,4 +108,40 @@ func TestRotatedTokenHoldsBeforeTheReplicaFollows(t *testing.T) {
 	if code := postToken(t, web.Listen, rotated, `{"id":"m3","from":"ann","text":"hello"}`); code != http.StatusAccepted {
 		t.Fatalf("the new token once the rotation is committed: %d, want 202", code)
 	}
+}
+
+// A wrong token sent again and again, one request after the other: each
+// made its own read of the token on the config service (a Reveal), so one
+// local account looping on wrong tokens drove config reads as fast as it
+// could send. A token other than the one last read now waits for a read
+// begun at least WrongTokenGap after the one before (a token just set is
+// still read and taken, a moment later at most): the reads such tokens
+// make are spaced by the gap, whatever the sender's pace.
+func TestWrongTokensInALoopSpaceTheirReads(t *testing.T) {
+	var mu sync.Mutex
+	var starts []time.Time
+	ts := channelServerHook(t, newFakeSessions(), "http://127.0.0.1:1/", func(c *pluginsandbox.Config) {
+		c.Reveal = func(context.Context, string) (string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			starts = append(starts, time.Now())
+			return chanToken, nil
+		}
+	})
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	const n = 8
+	for i := range n {
+		if code := postToken(t, web.Listen, fmt.Sprintf("wrong-token-%02d-0123456789abcdef0123456789", i), `{}`); code != http.StatusUnauthorized {
+			t.Fatalf("a wrong token: %d, want 401", code)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(starts); i++ {
+		if gap := starts[i].Sub(starts[i-1]); gap < pluginsandbox.WrongTokenGap {
+			t.Fatalf("%d wrong tokens in a row read the token %d times, reads %d and %d %v apart, less than %v",
+				n, len(starts), i-1, i, gap, pluginsandbox.WrongTokenGap)
+		}
+	}
+	t.Logf("%d wrong tokens in a row: %d reads of the token", n, len(starts))
 }

@@ -124,3 +124,7 @@ func SetMemoryCallHook(hook func()) (undo func()) {
 	memoryCallHook = hook
 	return func() { memoryCallHook = old }
 }
+
+// WrongTokenGap is wrongTokenGap, the least time between two reads of a
+// channel's token that tokens other than the one last read begin.
+const WrongTokenGap = wrongTokenGap
