@@ -2,6 +2,7 @@ package configclient_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -328,5 +329,50 @@ func TestSettingsDefaults(t *testing.T) {
 	}
 	if u := s.Uploads(); u.MaxStagedBytes != 256<<20 || u.MaxPerConnection != 4 || u.IdleTimeout != 5*time.Minute {
 		t.Fatalf("uploads %+v", u)
+	}
+}
+
+// AtLeast reads a revision committed but not announced (a client's own
+// write, its announcement late) instead of waiting for the announcement
+// or the 30 s resync; a revision the config service does not serve (a
+// forged number, another history's) costs a waiter two reads at most,
+// then an error, and one already read costs none.
+func TestAtLeastReadsTheRevisionAskedFor(t *testing.T) {
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	stub := &liveStub{rev: 3}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := configclient.New(ctx, stub, nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	calls := func() int { stub.mu.Lock(); defer stub.mu.Unlock(); return stub.calls }
+
+	stub.set(5) // committed, never announced
+	if err := c.AtLeast(ctx, 5); err != nil {
+		t.Fatalf("AtLeast(5) with 5 served: %v", err)
+	}
+	if c.Current().Revision != 5 {
+		t.Fatalf("after AtLeast(5): revision %d", c.Current().Revision)
+	}
+	before := calls()
+	if err := c.AtLeast(ctx, 4); err != nil {
+		t.Fatalf("AtLeast(4) with 5 read: %v", err)
+	}
+	if n := calls() - before; n != 0 {
+		t.Fatalf("AtLeast of a revision read made %d reads", n)
+	}
+	before = calls()
+	err = c.AtLeast(ctx, 99)
+	if !errors.Is(err, configclient.ErrRevisionNotRead) {
+		t.Fatalf("AtLeast(99) with 5 served: %v, want ErrRevisionNotRead", err)
+	}
+	if n := calls() - before; n > 2 {
+		t.Fatalf("AtLeast of a revision not served made %d reads, want 2 at most", n)
 	}
 }
