@@ -14,6 +14,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -71,7 +72,9 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 		}
 		s.log.Warn("resolve agent", zap.String("agent_alias", alias), zap.Error(err))
 		if errors.Is(err, configclient.ErrConfigNoAnswer) {
-			return nil, status.Error(codes.Unavailable, configclient.ErrConfigNoAnswer.Error())
+			// With its reason, the client is told which service did not
+			// answer, not "session unavailable".
+			return nil, rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, configclient.ErrConfigNoAnswer.Error())
 		}
 		return nil, status.Error(codes.Unavailable, "config service unavailable")
 	}
