@@ -571,7 +571,6 @@ func (g *Gateway) connectionClosed(cs *connState) {
 	}
 }
 
-// connState is what the gateway knows of one client connection.
 // wroteConfig records rev, the revision a config write of the
 // connection's returned.
 func (cs *connState) wroteConfig(rev int64) {
@@ -583,6 +582,7 @@ func (cs *connState) wroteConfig(rev int64) {
 	}
 }
 
+// connState is what the gateway knows of one client connection.
 type connState struct {
 	id     string
 	conn   *jsonrpc.Conn
