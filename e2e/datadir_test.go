@@ -34,11 +34,56 @@ func TestDataDirRemovedStopsTheStack(t *testing.T) {
 
 // As root the cluster lives outside the data directory. Removed and
 // made again by the next start, the data directory got a new, empty
-// cluster, and the old one, holding every session and setting of
-// before, was said only as "a postgres cluster no data directory owns
-// ... start its data directory (moved?)": the directory just started.
-// The start now names it as that directory's database from before and
-// says what brings it back, as doctor does.
+// cluster: the old one, holding every session and setting of before, was
+// only named, since its role's password and the secrets key went with
+// the removed directory. They are kept beside the cluster now, and the
+// start re-attaches it: the settings and the secrets key are back.
+func TestDataDirMadeAgainGetsItsDatabaseBack(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("an ordinary user's cluster lives in the data directory and goes with it")
+	}
+	t.Parallel()
+	dir := e2e.TempDataDir(t)
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir})
+	old := pgcluster.Dir(dir)
+	if old == "" {
+		t.Fatal("no cluster bound")
+	}
+	id := strings.TrimPrefix(filepath.Base(old), "pg-")
+	t.Cleanup(func() { os.RemoveAll(old); os.RemoveAll(filepath.Join(pgcluster.RootKeys, "pg-"+id)) })
+	if out, err := clawmesh(t, s, "config", "set", "agents.default.system_prompt=kept across", "agents.default.api_key=sk-kept"); err != nil {
+		t.Fatalf("config set: %v\n%s", err, out)
+	}
+	key, err := os.ReadFile(filepath.Join(dir, ".secret_key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Stop()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	s = e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir})
+	if cur := pgcluster.Dir(dir); cur != old {
+		t.Fatalf("the data directory made again is bound to %s, not to its cluster from before %s:\n%s", cur, old, s.Stderr())
+	}
+	if !strings.Contains(s.Stderr(), "its database from before is re-attached") {
+		t.Fatalf("the start did not say the cluster was re-attached:\n%s", s.Stderr())
+	}
+	if out, err := clawmesh(t, s, "config", "get", "agents.default.system_prompt"); err != nil || strings.TrimSpace(out) != `"kept across"` {
+		t.Fatalf("a setting of before, after the data directory was made again: %q %v", out, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, ".secret_key")); err != nil || string(got) != string(key) {
+		t.Fatalf("the secrets key is not the one of before (%v)", err)
+	}
+	if out, _ := doctor(t, s.BinDir, dir); strings.Contains(out, old+":") {
+		t.Fatalf("doctor lists the re-attached cluster as stale:\n%s", out)
+	}
+}
+
+// A cluster made by a version that kept its credentials only in the data
+// directory cannot be re-attached once that directory is removed: the
+// start names it as that directory's database from before and gives the
+// commands that bring it back from a backup, as doctor does.
 func TestDataDirMadeAgainNamesItsEarlierCluster(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("an ordinary user's cluster lives in the data directory and goes with it")
@@ -50,23 +95,30 @@ func TestDataDirMadeAgainNamesItsEarlierCluster(t *testing.T) {
 	if old == "" {
 		t.Fatal("no cluster bound")
 	}
+	id := strings.TrimPrefix(filepath.Base(old), "pg-")
 	t.Cleanup(func() { os.RemoveAll(old) })
 	s.Stop()
+	// Made the old way: nothing kept beside the cluster.
+	if err := os.RemoveAll(filepath.Join(pgcluster.RootKeys, "pg-"+id)); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
 	s = e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir})
-	if cur := pgcluster.Dir(dir); cur == old {
+	cur := pgcluster.Dir(dir)
+	if cur == old {
 		t.Fatalf("the data directory made again is bound to its old cluster %s", old)
 	}
-	id := strings.TrimPrefix(filepath.Base(old), "pg-")
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(pgcluster.RootKeys, filepath.Base(cur))) })
+	fix := "'cp BACKUP/postgres.password BACKUP/.secret_key " + dir + "/ && echo " + id + " > " + dir + "/postgres.id'"
 	if !strings.Contains(s.Stderr(), "this data directory's database from before it was removed is left in its own cluster, unused") ||
-		!strings.Contains(s.Stderr(), old) || !strings.Contains(s.Stderr(), "holds "+id) {
+		!strings.Contains(s.Stderr(), old) || !strings.Contains(s.Stderr(), fix) {
 		t.Fatalf("the start did not name the earlier cluster %s:\n%s", old, s.Stderr())
 	}
 	out, _ := doctor(t, s.BinDir, dir)
 	if !strings.Contains(out, "FAIL  stale clusters     "+old+": the cluster of "+dir+" before that directory was removed and made again") ||
-		!strings.Contains(out, "put the removed directory's postgres.id, postgres.password and .secret_key back into "+dir) {
+		!strings.Contains(out, fix) {
 		t.Fatalf("doctor on the earlier cluster:\n%s", out)
 	}
 }

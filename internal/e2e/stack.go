@@ -91,9 +91,11 @@ func Start(t testing.TB, opts Options) *Stack {
 	}
 	t.Cleanup(func() {
 		s.Stop()
-		// Root's cluster lives outside the data directory: remove it too.
+		// Root's cluster lives outside the data directory: remove it
+		// too, and the credentials kept beside it.
 		if pg := pgcluster.Dir(dir); pg != "" && !strings.HasPrefix(pg, dir+"/") {
 			os.RemoveAll(pg)
+			os.RemoveAll(filepath.Join(pgcluster.RootKeys, filepath.Base(pg)))
 		}
 	})
 	return s

@@ -320,6 +320,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, services); err != nil {
 		return err
 	}
+	if cfg.DatabaseURL == "" {
+		// The config service made the secrets key at its first start.
+		keepCredentials(cfg)
+	}
 	for _, p := range services {
 		if p.served != nil {
 			p.served()
@@ -393,6 +397,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 // returns the database URL once the server accepts connections.
 func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop context.CancelCauseFunc) (string, error) {
 	log := cfg.Log
+	// Before Collect, which would otherwise list the re-attached cluster
+	// as one no data directory owns.
+	switch dir, err := pgcluster.Reattach(cfg.DataDir, log); {
+	case err != nil:
+		return "", err
+	case dir != "":
+		log.Warn("the data directory was removed and made again: its database from before is re-attached, with the password and secrets key kept for it; to start empty instead, stop the stack and remove "+cfg.DataDir+"/"+pgcluster.IDFile+" and the cluster",
+			zap.String("dir", dir))
+	}
 	for _, dir := range pgcluster.Collect(cfg.DataDir, log) {
 		log.Info("removed a postgres cluster no data directory owns", zap.String("dir", dir))
 	}
@@ -414,6 +427,7 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 	if err != nil {
 		return "", fmt.Errorf("postgres: %w", err)
 	}
+	keepCredentials(cfg)
 	p := &proc{name: "postgres", command: cl.Command, stopSignal: pgcluster.ShutdownSignal, probe: postgresProbe{cl}}
 	if err := sup.start(p, stop); err != nil {
 		return "", err
@@ -427,6 +441,16 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 		return "", fmt.Errorf("postgres: %w", err)
 	}
 	return cl.URL(), nil
+}
+
+// keepCredentials keeps, for root, the data directory's password of its
+// cluster and its secrets key beside the cluster, so that the directory
+// removed and made again gets its database back (pgcluster.Reattach).
+// Not kept is said, not fatal: the stack runs as before.
+func keepCredentials(cfg Config) {
+	if err := pgcluster.KeepCredentials(cfg.DataDir); err != nil {
+		cfg.Log.Warn("the cluster's password and secrets key are not kept beside it: a data directory removed and made again cannot get its database back", zap.Error(err))
+	}
 }
 
 // plan lists the processes with their arguments and environment, in the

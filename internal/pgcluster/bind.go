@@ -225,18 +225,26 @@ type Stale struct {
 // earlierFix is what to do about the cluster in dir that dataDir had
 // before it was removed and made again. A removed root data directory
 // took with it the cluster's id, the password of its role and the key of
-// the stored secrets; the start made a new, empty cluster and said only
-// that a cluster no data directory owns was left, "start its data
-// directory (moved?)", which is the directory just started. Re-attached
-// by a start, the old cluster's role has a password this directory no
-// longer holds (Prepare fails with ErrNoPassword), and its stored
-// secrets do not open with a new key: only the removed files bring it
-// back, so this says which.
+// the stored secrets. Kept beside the cluster (KeepCredentials), the
+// start re-attaches it (Reattach): a cluster still listed here either
+// was made by a version that did not keep them, or its data directory
+// holds a secrets key of its own now. Re-attached by hand without them,
+// the old cluster's role has a password this directory no longer holds
+// (Prepare fails with ErrNoPassword), and its stored secrets do not open
+// with a new key: only the removed files bring it back, so this gives
+// the commands that put them back from a backup.
 func earlierFix(dataDir, dir string) string {
-	return "this stack uses a new cluster; to go back to the old database, stop the stack, put the removed directory's " +
-		IDFile + ", " + DataDirPasswordFile + " and .secret_key back into " + dataDir + " (from a backup; " +
-		IDFile + " holds " + strings.TrimPrefix(filepath.Base(dir), "pg-") + "), and start it again; " +
-		"without them it cannot be used again: remove " + dir + " once nothing in it is needed"
+	id := strings.TrimPrefix(filepath.Base(dir), "pg-")
+	if kept(dir) {
+		return "its password and secrets key are kept in " + keysDir(id) + "; to go back to it, stop the stack, run " +
+			"'cp " + keysDir(id) + "/" + DataDirPasswordFile + " " + keysDir(id) + "/.secret_key " + dataDir + "/ && echo " + id + " > " + dataDir + "/" + IDFile + "' " +
+			"and start it again (clawmesh up --config-dir " + dataDir + "); otherwise 'rm -rf " + dir + " " + keysDir(id) + "' once nothing in it is needed"
+	}
+	return "this stack uses a new cluster, and the old one's password and secrets key went with the removed directory (an earlier version kept them nowhere else); " +
+		"to go back to the old database, stop the stack, put them back from a backup of the removed directory with " +
+		"'cp BACKUP/" + DataDirPasswordFile + " BACKUP/.secret_key " + dataDir + "/ && echo " + id + " > " + dataDir + "/" + IDFile + "' " +
+		"(BACKUP: where the backup is), and start it again (clawmesh up --config-dir " + dataDir + "); " +
+		"without a backup it cannot be used again: 'rm -rf " + dir + "' once nothing in it is needed"
 }
 
 // Stales lists root's clusters that no data directory owns any more:
@@ -309,6 +317,12 @@ func Collect(dataDir string, log *zap.Logger) []string {
 		if err := os.RemoveAll(st.Dir); err != nil {
 			log.Warn("stale postgres cluster not removed", zap.String("dir", st.Dir), zap.Error(err))
 			continue
+		}
+		// Its kept credentials open nothing any more.
+		if id := strings.TrimPrefix(filepath.Base(st.Dir), "pg-"); idPattern.MatchString(id) {
+			if err := os.RemoveAll(keysDir(id)); err != nil {
+				log.Warn("stale postgres cluster's kept credentials not removed", zap.String("dir", keysDir(id)), zap.Error(err))
+			}
 		}
 		log.Info("stale postgres cluster removed", zap.String("dir", st.Dir), zap.String("why", st.Why))
 		removed = append(removed, st.Dir)
