@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -67,6 +69,13 @@ func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, 
 	}
 	c, err := rpcclient.Dial(path)
 	if err != nil {
+		// The launcher's socket is ZEROCLAW_SOCKET too (datadir.Socket):
+		// a data directory resolved says whether it is starting.
+		if dir, derr := datadir.Resolve(f.dir); derr == nil && path == datadir.Socket(dir) {
+			if why, ok := stillStarting(dir); ok {
+				return nil, fmt.Errorf("the stack is starting, not serving yet: %s (%w)", why, err)
+			}
+		}
 		return nil, noStack(path, up, named, err)
 	}
 	c.Timeout = 60 * time.Second
@@ -115,6 +124,33 @@ func noStack(path, up, named string, err error) error {
 		return fmt.Errorf("is the stack running? no stack listens on %s (named by %s): start the gateway that serves it, or point at another with --socket (%w)", path, named, err)
 	}
 	return fmt.Errorf("is the stack running? no stack listens on %s: start one with `%s`, or point at the one that runs with --config-dir or --socket (%w)", path, up, err)
+}
+
+// stillStarting reports whether a launcher is starting the stack on the
+// data directory dir, and what it waits for: its start file
+// (datadir.Starting) names a live pid. The gateway starts last, so a
+// start waiting for PostgreSQL or a service's migrations was said as no
+// stack at all, with the advice to start one, which the lock refused.
+func stillStarting(dir string) (string, bool) {
+	raw, err := os.ReadFile(datadir.Starting(dir))
+	if err != nil {
+		return "", false
+	}
+	lines := strings.SplitN(strings.TrimSpace(string(raw)), "\n", 3)
+	if len(lines) != 3 {
+		return "", false
+	}
+	pid, err := strconv.Atoi(lines[0])
+	since, err2 := strconv.ParseInt(lines[1], 10, 64)
+	if err != nil || err2 != nil || pid <= 0 {
+		return "", false
+	}
+	// A launcher killed (SIGKILL) leaves the file: its pid is gone.
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return "", false
+	}
+	took := time.Since(time.Unix(since, 0)).Round(time.Second)
+	return fmt.Sprintf("%s (launcher pid %d, starting for %s)", lines[2], pid, took), true
 }
 
 // waitPoll is how often dialWait tries the socket again.

@@ -20,8 +20,10 @@ caller and each service's state (serving, not_serving, unreachable,
 unknown, dormant), and, when the gateway bound the operator without
 the config service (config away: no other caller can initialize), a
 caller line saying so. Exits 0 when every service serves or is dormant,
-1 otherwise (or when the stack does not answer). clawmesh call status
-prints the same as JSON.
+1 otherwise (or when the stack does not answer). While clawmesh up is
+still starting (the gateway, which answers, starts last) it says so and
+what the start waits for, and exits 1. clawmesh call status prints the
+same as JSON.
 `
 
 // statusReply is the status method's result (docs/spec.md §5).

@@ -86,3 +86,9 @@ func DurableWoken(dir string) string { return filepath.Join(dir, "durable-bridge
 // "dormant" while the file exists. The launcher removes it once the
 // process serves, and when it stops.
 func Dormant(dir, process string) string { return filepath.Join(dir, process+".dormant") }
+
+// Starting holds, while the launcher starts the stack (from taking the
+// lock until every process serves), its pid, when the start began and
+// what it waits for: until the gateway serves, nothing answers on the
+// socket, and a client said only that no stack listens and to start one.
+func Starting(dir string) string { return filepath.Join(dir, "clawmesh.starting") }

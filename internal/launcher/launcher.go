@@ -145,6 +145,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer unlock()
+	// Removed before the lock is released, and once the stack is up.
+	starting := newStartState(cfg.DataDir, log)
+	starting.set("checking the data directory and the binaries")
+	defer starting.done()
 	// The folder the stack runs on, locked: watchDataDir compares with it.
 	startedOn, err := os.Stat(cfg.DataDir)
 	if err != nil {
@@ -212,7 +216,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	dbURL := cfg.DatabaseURL
 	if dbURL == "" {
-		if dbURL, err = startPostgres(ctx, cfg, sup, stop); err != nil {
+		if dbURL, err = startPostgres(ctx, cfg, sup, stop, starting); err != nil {
 			return err
 		}
 	}
@@ -225,6 +229,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	natsURL := cfg.NATSURL
+	starting.set("connecting to the bus (NATS)")
 	if natsURL == "" {
 		ns, err := natsembed.Run(keys, log)
 		if err != nil {
@@ -317,6 +322,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return err
 		}
 	}
+	names := make([]string, len(services))
+	for i, p := range services {
+		names[i] = p.name
+	}
+	starting.setf("waiting for %s to serve (schema migrations, the database, the bus; each one's log is in %s)",
+		strings.Join(names, ", "), logDir)
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, services); err != nil {
 		return err
 	}
@@ -334,6 +345,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	// 10 ms), which the gateway's own start overlaps. It shows them
 	// dormant from its first health poll either way (their markers are
 	// in place since holdDurable and holdStaging).
+	starting.set("waiting for the gateway to serve")
 	if err := sup.start(gateway, stop); err != nil {
 		return err
 	}
@@ -378,6 +390,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, []*proc{gateway}); err != nil {
 		return err
 	}
+	starting.done()
 	fmt.Fprintf(cfg.Out, "clawmesh %s is up\nsocket: %s\n", cfg.DataDir, socket)
 	upgrades.stackUp()
 	log.Info("stack up", zap.String("socket", socket), zap.String("data_dir", cfg.DataDir))
@@ -395,7 +408,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 // startPostgres prepares the private cluster of the data directory and
 // starts its server under supervision, like every other process; it
 // returns the database URL once the server accepts connections.
-func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop context.CancelCauseFunc) (string, error) {
+func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop context.CancelCauseFunc, starting *startState) (string, error) {
 	log := cfg.Log
 	// Before Collect, which would otherwise list the re-attached cluster
 	// as one no data directory owns.
@@ -420,6 +433,7 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 			zap.String("earlier", old), zap.String("dir", dir))
 	}
 	log.Info("preparing private postgres", zap.String("dir", dir))
+	starting.setf("preparing the postgres cluster %s (initdb, on a new one)", dir)
 	prepCtx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
 	defer cancel()
 	cl, err := pgcluster.Prepare(prepCtx, pgcluster.Options{Dir: dir, Log: log,
@@ -432,9 +446,11 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 	if err := sup.start(p, stop); err != nil {
 		return "", err
 	}
+	starting.setf("waiting for postgres to accept connections (cluster %s, log %s)", dir, filepath.Join(cfg.DataDir, "logs", "postgres.log"))
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, []*proc{p}); err != nil {
 		return "", err
 	}
+	starting.set("creating the stack's database in postgres")
 	readyCtx, cancel2 := context.WithTimeout(ctx, cfg.ReadyTimeout)
 	defer cancel2()
 	if err := cl.EnsureDatabase(readyCtx); err != nil {
