@@ -86,3 +86,40 @@ func TestStatusDuringAStartSaysStartingAndWhy(t *testing.T) {
 	}
 	t.Logf("%s", out.String())
 }
+
+// A service that does not serve was shown by `clawmesh status` as a state
+// word alone ("unreachable"), its cause only in clawmesh call health or
+// doctor. Status now gives the reason the gateway recorded beside it.
+func TestStatusSaysWhyAServiceDoesNotServe(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{"--liveness-timeout", "5m"}})
+	sandbox := s.PIDOf("plugin-sandbox")
+	if sandbox == 0 {
+		t.Fatalf("no plugin-sandbox among %v", s.PIDs())
+	}
+	if err := syscall.Kill(sandbox, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(sandbox, syscall.SIGCONT) })
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := clawmesh(t, s, "status")
+		line := ""
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), "plugin-sandbox ") {
+				line = strings.TrimSpace(l)
+			}
+		}
+		if err != nil && strings.Contains(line, "unreachable") {
+			if !strings.Contains(line, "unreachable (") {
+				t.Fatalf("status names no reason for the stopped plugin-sandbox:\n%s", out)
+			}
+			t.Logf("%s", line)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status still says plugin-sandbox serves 60 s after it was stopped:\n%s", out)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
 )
 
 const statusUsage = `usage: clawmesh status [--token T] [--config-dir DIR] [--socket PATH]
@@ -17,7 +19,8 @@ const statusUsage = `usage: clawmesh status [--token T] [--config-dir DIR] [--so
 Asks the running stack for its status (the socket's status method) and
 prints it readably: the version, the socket, the open sessions of the
 caller and each service's state (serving, not_serving, unreachable,
-unknown, dormant), and, when the gateway bound the operator without
+unknown, dormant; one not serving with the reason the gateway recorded),
+and, when the gateway bound the operator without
 the config service (config away: no other caller can initialize), a
 caller line saying so. Exits 0 when every service serves or is dormant,
 1 otherwise (or when the stack does not answer). While clawmesh up is
@@ -39,6 +42,8 @@ type statusReply struct {
 	// withoutConfig is why the gateway bound this caller, the operator,
 	// without the config service (initialize's config_unavailable).
 	withoutConfig string
+	// reasons is why each service not serving is not (reasons).
+	reasons map[string]string
 }
 
 // ErrServicesDown: status answered, and some service is neither serving
@@ -76,7 +81,42 @@ func statusCmd(args []string, out io.Writer) error {
 		return fmt.Errorf("status: unreadable answer: %w", err)
 	}
 	st.withoutConfig = sf.withoutConfig
+	st.reasons = reasons(c, st)
 	return printStatus(out, st)
+}
+
+// reasons is, for each service neither serving nor dormant, why (the
+// health method's last_error): status carries the state word alone, and
+// "unreachable" or "not_serving" named no cause, which only doctor or
+// clawmesh call health showed. Nil when every service serves, or health
+// does not answer (the state words are still printed).
+func reasons(c *rpcclient.Client, st statusReply) map[string]string {
+	down := false
+	for _, state := range st.Services {
+		down = down || (state != "serving" && state != "dormant")
+	}
+	if !down {
+		return nil
+	}
+	raw, err := c.Call("health", map[string]any{})
+	if err != nil {
+		return nil
+	}
+	var h struct {
+		Components map[string]struct {
+			LastError *string `json:"last_error"`
+		} `json:"components"`
+	}
+	if json.Unmarshal(raw, &h) != nil {
+		return nil
+	}
+	out := make(map[string]string, len(h.Components))
+	for name, comp := range h.Components {
+		if comp.LastError != nil && *comp.LastError != "" {
+			out[name] = *comp.LastError
+		}
+	}
+	return out
 }
 
 // printStatus writes st as aligned lines; ErrServicesDown names the
@@ -109,10 +149,13 @@ func printStatus(out io.Writer, st statusReply) error {
 	fmt.Fprintln(w, "services:")
 	for _, name := range names {
 		state := st.Services[name]
-		fmt.Fprintf(w, "  %s\t%s\n", name, state)
 		if state != "serving" && state != "dormant" {
 			down = append(down, name+" "+state)
+			if why := st.reasons[name]; why != "" {
+				state += " (" + why + ")"
+			}
 		}
+		fmt.Fprintf(w, "  %s\t%s\n", name, state)
 	}
 	if err := w.Flush(); err != nil {
 		return err
