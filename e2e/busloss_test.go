@@ -151,16 +151,7 @@ func TestBusDownRefusesSessionCallsAtOnce(t *testing.T) {
 	}
 
 	b.shutdown()
-	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, inHealth, _, err := gatewayWord(c)
-		if err != nil {
-			return err
-		}
-		if inHealth != "not_serving" {
-			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
-		}
-		return nil
-	})
+	busLinkDownSeen(t, c)
 	for _, call := range []struct {
 		method string
 		params map[string]any
@@ -297,16 +288,7 @@ func TestBusBackBetweenTurnsKeepsFollowers(t *testing.T) {
 	}
 
 	b.shutdown()
-	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, inHealth, _, err := gatewayWord(c)
-		if err != nil {
-			return err
-		}
-		if inHealth != "not_serving" {
-			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
-		}
-		return nil
-	})
+	busLinkDownSeen(t, c)
 	b.start()
 	// The gateway tells when its check after the reconnect found the
 	// session's stream whole.
@@ -365,16 +347,7 @@ func followerKeptAcrossSessionServiceSignal(t *testing.T, sig syscall.Signal) {
 		t.Fatal("no session service")
 	}
 	b.shutdown()
-	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, inHealth, _, err := gatewayWord(c)
-		if err != nil {
-			return err
-		}
-		if inHealth != "not_serving" {
-			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
-		}
-		return nil
-	})
+	busLinkDownSeen(t, c)
 	if err := syscall.Kill(pid, sig); err != nil {
 		t.Fatal(err)
 	}
@@ -426,4 +399,20 @@ func followedAfterATurn(t *testing.T, b *externalBus) (*e2e.Client, string, upda
 		t.Fatal(err)
 	}
 	return c, session, kinds
+}
+
+// busLinkDownSeen waits until the gateway c talks to says in its health
+// that its bus link is down (not_serving).
+func busLinkDownSeen(t *testing.T, c *e2e.Client) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, inHealth, _, err := gatewayWord(c)
+		if err != nil {
+			return err
+		}
+		if inHealth != "not_serving" {
+			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
+		}
+		return nil
+	})
 }

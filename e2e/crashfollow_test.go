@@ -93,16 +93,7 @@ func TestCrashOfARecoveryKeepsFollowers(t *testing.T) {
 	}
 
 	b.shutdown()
-	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, inHealth, _, err := gatewayWord(f)
-		if err != nil {
-			return err
-		}
-		if inHealth != "not_serving" {
-			return fmt.Errorf("the gateway is %q with its bus link down", inHealth)
-		}
-		return nil
-	})
+	busLinkDownSeen(t, f)
 	if err := syscall.Kill(recovering, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

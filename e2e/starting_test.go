@@ -97,10 +97,7 @@ func TestStatusSaysWhyAServiceDoesNotServe(t *testing.T) {
 	if sandbox == 0 {
 		t.Fatalf("no plugin-sandbox among %v", s.PIDs())
 	}
-	if err := syscall.Kill(sandbox, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(sandbox, syscall.SIGCONT) })
+	hang(t, sandbox)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		out, err := clawmesh(t, s, "status")

@@ -24,10 +24,7 @@ func TestStatusAfterAGatewayRestartSaysEveryService(t *testing.T) {
 	if sandbox == 0 {
 		t.Fatalf("no plugin-sandbox among %v", s.PIDs())
 	}
-	if err := syscall.Kill(sandbox, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(sandbox, syscall.SIGCONT) })
+	hang(t, sandbox)
 	gw := s.PIDOf("gateway")
 	if gw == 0 {
 		t.Fatalf("no gateway among %v", s.PIDs())

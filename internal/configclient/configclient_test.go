@@ -52,19 +52,8 @@ func (l *liveStub) Live(context.Context, *configv1.LiveRequest, ...grpc.CallOpti
 // in order, and an announcement of a revision the service does not have
 // (forged, or from a stale process) installs nothing and pins nothing.
 func TestRevisionsReadFromTheService(t *testing.T) {
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	stub := &liveStub{rev: 3}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := configclient.New(ctx, stub, nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, nc := follow(t, stub)
 	if c.Current().Revision != 3 || c.Current().String("rev") != "3" {
 		t.Fatalf("start: %+v", c.Current())
 	}
@@ -132,19 +121,8 @@ func TestRevisionsReadFromTheService(t *testing.T) {
 // lower revision the service still serves when asked again is now a new
 // history, followed from there; one read that lagged is not.
 func TestReplacedHistoryIsFollowed(t *testing.T) {
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	stub := &liveStub{rev: 9}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := configclient.New(ctx, stub, nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, nc := follow(t, stub)
 	var mu sync.Mutex
 	var seen []string
 	c.OnChange(func(s configclient.Snapshot, props []string) {
@@ -205,19 +183,8 @@ func TestReplacedHistoryIsFollowed(t *testing.T) {
 // or served, is now installed whatever the number; an announcement or a
 // service without one (an older peer) keeps the number rules.
 func TestHistoryAtTheSameRevisionIsFollowed(t *testing.T) {
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	stub := &liveStub{rev: 5, hist: "a"}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := configclient.New(ctx, stub, nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, nc := follow(t, stub)
 	var mu sync.Mutex
 	var seen []string
 	c.OnChange(func(s configclient.Snapshot, props []string) {
@@ -338,19 +305,9 @@ func TestSettingsDefaults(t *testing.T) {
 // forged number, another history's) costs a waiter two reads at most,
 // then an error, and one already read costs none.
 func TestAtLeastReadsTheRevisionAskedFor(t *testing.T) {
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	stub := &liveStub{rev: 3}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := configclient.New(ctx, stub, nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := follow(t, stub)
+	ctx := t.Context()
 	calls := func() int { stub.mu.Lock(); defer stub.mu.Unlock(); return stub.calls }
 
 	stub.set(5) // committed, never announced
@@ -368,11 +325,31 @@ func TestAtLeastReadsTheRevisionAskedFor(t *testing.T) {
 		t.Fatalf("AtLeast of a revision read made %d reads", n)
 	}
 	before = calls()
-	err = c.AtLeast(ctx, 99)
+	err := c.AtLeast(ctx, 99)
 	if !errors.Is(err, configclient.ErrRevisionNotRead) {
 		t.Fatalf("AtLeast(99) with 5 served: %v, want ErrRevisionNotRead", err)
 	}
 	if n := calls() - before; n > 2 {
 		t.Fatalf("AtLeast of a revision not served made %d reads, want 2 at most", n)
 	}
+}
+
+// follow is a config client following stub over the tests' NATS server,
+// and its connection (to announce revisions on), both closed at the
+// test's end.
+func follow(t *testing.T, stub *liveStub) (*configclient.Client, *nats.Conn) {
+	t.Helper()
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := configclient.New(ctx, stub, nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, nc
 }
