@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 )
 
@@ -30,9 +29,21 @@ func newStartState(dir string, log *zap.Logger) *startState {
 
 // set says the start now waits for what. Not written is logged, not
 // fatal: it only informs clients.
+//
+// Written to a file beside it and renamed into place, so a reader sees
+// one whole state, but not synced: seven states of a start synced (the
+// file and its folder, atomicfile's way) put fourteen fsyncs on the
+// start's path, for a file nobody needs after a crash (a dead pid's is
+// ignored, the next start writes its own).
 func (s *startState) set(what string) {
 	body := strconv.Itoa(os.Getpid()) + "\n" + strconv.FormatInt(s.since.Unix(), 10) + "\n" + what + "\n"
-	if err := atomicfile.Replace(s.path, []byte(body), 0o600); err != nil {
+	tmp := s.path + ".tmp"
+	err := os.WriteFile(tmp, []byte(body), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, s.path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
 		s.log.Warn("start state not written", zap.String("file", s.path), zap.Error(err))
 	}
 }
