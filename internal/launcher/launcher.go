@@ -410,15 +410,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 // returns the database URL once the server accepts connections.
 func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop context.CancelCauseFunc, starting *startState) (string, error) {
 	log := cfg.Log
-	// Before Collect, which would otherwise list the re-attached cluster
-	// as one no data directory owns.
-	switch dir, err := pgcluster.Reattach(cfg.DataDir, log); {
-	case err != nil:
-		return "", err
-	case dir != "":
-		log.Warn("the data directory was removed and made again: its database from before is re-attached, with the password and secrets key kept for it; to start empty instead, stop the stack and remove "+cfg.DataDir+"/"+pgcluster.IDFile+" and the cluster",
-			zap.String("dir", dir))
-	}
 	for _, dir := range pgcluster.Collect(cfg.DataDir, log) {
 		log.Info("removed a postgres cluster no data directory owns", zap.String("dir", dir))
 	}
@@ -461,7 +452,8 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 
 // keepCredentials keeps, for root, the data directory's password of its
 // cluster and its secrets key beside the cluster, so that the directory
-// removed and made again gets its database back (pgcluster.Reattach).
+// removed and made again can get its database back by the command the
+// start names (pgcluster.KeepCredentials).
 // Not kept is said, not fatal: the stack runs as before.
 func keepCredentials(cfg Config) {
 	if err := pgcluster.KeepCredentials(cfg.DataDir); err != nil {

@@ -96,7 +96,7 @@ func TestWatchingAllocatesNothingMore(t *testing.T) {
 	unwatched := make([]float64, len(calls))
 	for i, c := range calls {
 		c.f()
-		unwatched[i] = testing.AllocsPerRun(200, c.f)
+		unwatched[i] = fewestAllocs(c.f)
 	}
 
 	wctx, stopWatch := context.WithCancel(ctx)
@@ -108,11 +108,24 @@ func TestWatchingAllocatesNothingMore(t *testing.T) {
 	}()
 	for i, c := range calls {
 		c.f()
-		watched := testing.AllocsPerRun(200, c.f)
+		watched := fewestAllocs(c.f)
 		if watched > unwatched[i] {
 			t.Errorf("%s on a watched pool: %v allocations, %v unwatched", c.name, watched, unwatched[i])
 			continue
 		}
 		t.Logf("%s: %v allocations, watched or not", c.name, watched)
 	}
+}
+
+// fewestAllocs is the fewest allocations f made a run over three counts
+// of 200 runs. A count takes in whatever the process allocated
+// meanwhile, the watch's own rounds among them: once, at load, one of
+// them fell into a count and made 2 allocations a run read 3. Another
+// goroutine's allocations only add, so the fewest is f's own.
+func fewestAllocs(f func()) float64 {
+	n := testing.AllocsPerRun(200, f)
+	for range 2 {
+		n = min(n, testing.AllocsPerRun(200, f))
+	}
+	return n
 }

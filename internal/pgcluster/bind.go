@@ -225,10 +225,10 @@ type Stale struct {
 // earlierFix is what to do about the cluster in dir that dataDir had
 // before it was removed and made again. A removed root data directory
 // took with it the cluster's id, the password of its role and the key of
-// the stored secrets. Kept beside the cluster (KeepCredentials), the
-// start re-attaches it (Reattach): a cluster still listed here either
-// was made by a version that did not keep them, or its data directory
-// holds a secrets key of its own now. Re-attached by hand without them,
+// the stored secrets. Kept beside the cluster (KeepCredentials), they
+// bring it back with one command, given here; a cluster made by a
+// version that did not keep them needs a backup. Re-attached by hand
+// without them,
 // the old cluster's role has a password this directory no longer holds
 // (Prepare fails with ErrNoPassword), and its stored secrets do not open
 // with a new key: only the removed files bring it back, so this gives

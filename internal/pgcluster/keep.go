@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"go.uber.org/zap"
-
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 )
@@ -19,7 +17,11 @@ import (
 // of the stored secrets. A root data directory removed and made again
 // took both with it, and its cluster, whole, could not be used again
 // (Stales said only which files a backup had to bring back). Kept here,
-// a start of the directory made again re-attaches it (Reattach). Root's
+// the start of the directory made again names the one command that
+// re-attaches it (earlierFix). Not done by the start itself: removing the
+// data directory is how a user starts afresh, as an ordinary user's,
+// whose cluster lives in it, does, and the old settings (API keys among
+// them) must not come back unasked. Root's
 // alone (0700): the cluster folder belongs to the account PostgreSQL
 // runs as, which must not read the secrets key beside the database.
 var RootKeys = filepath.Join(RootClusters, "keys")
@@ -80,85 +82,4 @@ func kept(dir string) bool {
 	id := strings.TrimPrefix(filepath.Base(dir), "pg-")
 	_, err := os.Stat(filepath.Join(keysDir(id), DataDirPasswordFile))
 	return err == nil
-}
-
-// Reattach binds a root data directory that has no cluster id (removed
-// and made again) back to its cluster from before, when that cluster
-// still holds its database, no server runs on it and its credentials
-// were kept (KeepCredentials): the kept password and secrets key are put
-// back into the data directory, then the id, last, so a cut short
-// re-attachment is taken up again by the next start. A data directory
-// holding a secrets key of its own already is left alone: its stored
-// secrets would not open with the old one. It returns the cluster folder
-// re-attached, "" when there is none.
-func Reattach(dataDir string, log *zap.Logger) (string, error) {
-	if os.Geteuid() != 0 {
-		return "", nil
-	}
-	if _, err := readID(dataDir); !errors.Is(err, fs.ErrNotExist) {
-		return "", nil
-	}
-	if log == nil {
-		log = zap.NewNop()
-	}
-	dir := earlierKept(dataDir)
-	if dir == "" {
-		return "", nil
-	}
-	id := strings.TrimPrefix(filepath.Base(dir), "pg-")
-	for _, name := range keptFiles {
-		raw, err := os.ReadFile(filepath.Join(keysDir(id), name))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return "", fmt.Errorf("re-attach the cluster %s: %w", dir, err)
-		}
-		dst := filepath.Join(dataDir, name)
-		if cur, err := os.ReadFile(dst); err == nil {
-			if string(cur) == string(raw) {
-				continue
-			}
-			log.Warn("the data directory's database from before it was removed is not re-attached: the directory holds a "+name+" of its own",
-				zap.String("cluster", dir), zap.String("file", dst))
-			return "", nil
-		}
-		if err := atomicfile.Replace(dst, raw, 0o600); err != nil {
-			return "", fmt.Errorf("re-attach the cluster %s: %w", dir, err)
-		}
-	}
-	if err := atomicfile.Replace(filepath.Join(dataDir, IDFile), []byte(id+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("re-attach the cluster %s: %w", dir, err)
-	}
-	return dir, nil
-}
-
-// earlierKept is the cluster dataDir had before it was removed and made
-// again whose credentials were kept: the one last bound, when there are
-// several; "" when there is none.
-func earlierKept(dataDir string) string {
-	entries, err := os.ReadDir(RootClusters)
-	if err != nil {
-		return ""
-	}
-	var best string
-	var bestTime int64
-	for _, e := range entries {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), "pg-") {
-			continue
-		}
-		dir := filepath.Join(RootClusters, e.Name())
-		if !idPattern.MatchString(strings.TrimPrefix(e.Name(), "pg-")) || recordedDataDir(dir) != dataDir ||
-			!holdsDatabase(dir) || running(dir) || !kept(dir) {
-			continue
-		}
-		fi, err := os.Stat(filepath.Join(dir, ownerFile))
-		if err != nil {
-			continue
-		}
-		if t := fi.ModTime().UnixNano(); best == "" || t > bestTime {
-			best, bestTime = dir, t
-		}
-	}
-	return best
 }
