@@ -42,18 +42,7 @@ func TestDataDirRemovedStopsTheStack(t *testing.T) {
 // that brings it back: run with the stack stopped, the settings and the
 // secrets key are back.
 func TestDataDirMadeAgainCanGetItsDatabaseBack(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("an ordinary user's cluster lives in the data directory and goes with it")
-	}
-	t.Parallel()
-	dir := e2e.TempDataDir(t)
-	s := e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir})
-	old := pgcluster.Dir(dir)
-	if old == "" {
-		t.Fatal("no cluster bound")
-	}
-	id := strings.TrimPrefix(filepath.Base(old), "pg-")
-	t.Cleanup(func() { os.RemoveAll(old); os.RemoveAll(filepath.Join(pgcluster.RootKeys, "pg-"+id)) })
+	s, dir, old, id := rootStack(t)
 	if out, err := clawmesh(t, s, "config", "set", "agents.default.system_prompt=kept across", "agents.default.api_key=sk-kept"); err != nil {
 		t.Fatalf("config set: %v\n%s", err, out)
 	}
@@ -100,18 +89,7 @@ func TestDataDirMadeAgainCanGetItsDatabaseBack(t *testing.T) {
 // start names it as that directory's database from before and gives the
 // commands that bring it back from a backup, as doctor does.
 func TestDataDirMadeAgainNamesItsEarlierCluster(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("an ordinary user's cluster lives in the data directory and goes with it")
-	}
-	t.Parallel()
-	dir := e2e.TempDataDir(t)
-	s := e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir})
-	old := pgcluster.Dir(dir)
-	if old == "" {
-		t.Fatal("no cluster bound")
-	}
-	id := strings.TrimPrefix(filepath.Base(old), "pg-")
-	t.Cleanup(func() { os.RemoveAll(old) })
+	s, dir, old, id := rootStack(t)
 	s.Stop()
 	// Made the old way: nothing kept beside the cluster.
 	if err := os.RemoveAll(filepath.Join(pgcluster.RootKeys, "pg-"+id)); err != nil {
@@ -136,4 +114,25 @@ func TestDataDirMadeAgainNamesItsEarlierCluster(t *testing.T) {
 		!strings.Contains(out, fix) {
 		t.Fatalf("doctor on the earlier cluster:\n%s", out)
 	}
+}
+
+// rootStack starts a root stack on a private cluster of a new data
+// directory and returns it, the directory, its cluster's folder and id;
+// the cluster and its kept credentials go at the test's end. It skips
+// for an ordinary user, whose cluster lives in the data directory.
+func rootStack(t *testing.T) (s *e2e.Stack, dir, cluster, id string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("an ordinary user's cluster lives in the data directory and goes with it")
+	}
+	t.Parallel()
+	dir = e2e.TempDataDir(t)
+	s = e2e.Start(t, e2e.Options{PrivateCluster: true, DataDir: dir})
+	cluster = pgcluster.Dir(dir)
+	if cluster == "" {
+		t.Fatal("no cluster bound")
+	}
+	id = strings.TrimPrefix(filepath.Base(cluster), "pg-")
+	t.Cleanup(func() { os.RemoveAll(cluster); os.RemoveAll(filepath.Join(pgcluster.RootKeys, "pg-"+id)) })
+	return s, dir, cluster, id
 }
