@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,26 +80,37 @@ func TestPostgresStallEndsCallsInFlight(t *testing.T) {
 	// Each service logs a call the watch cut as what happened to it:
 	// it logged "timeout: i/o timeout", the deadline pgx sets on the
 	// connection to end it, as if the call had merely run out of time.
-	cut := 0
-	for _, name := range []string{"session", "config"} {
-		raw, err := os.ReadFile(filepath.Join(s.DataDir, "logs", name+".log"))
-		if err != nil {
-			t.Fatal(err)
+	// The launcher copies each process's log into its file as it comes:
+	// a line written as the call ended may land a moment after its
+	// answer (once, at load, it had not when the files were read).
+	var timedOut []string
+	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() error {
+		cut := 0
+		timedOut = timedOut[:0]
+		for _, name := range []string{"session", "config"} {
+			raw, err := os.ReadFile(filepath.Join(s.DataDir, "logs", name+".log"))
+			if err != nil {
+				return err
+			}
+			for _, line := range strings.Split(string(raw), "\n") {
+				if !strings.Contains(line, "rpc failed: dependency unavailable") {
+					continue
+				}
+				if strings.Contains(line, "i/o timeout") {
+					timedOut = append(timedOut, name+": "+line)
+				}
+				if strings.Contains(line, "database unavailable (given up: it did not answer the last check)") {
+					cut++
+				}
+			}
 		}
-		for _, line := range strings.Split(string(raw), "\n") {
-			if !strings.Contains(line, "rpc failed: dependency unavailable") {
-				continue
-			}
-			if strings.Contains(line, "i/o timeout") {
-				t.Errorf("%s logged a call the watch cut as a timeout: %s", name, line)
-			}
-			if strings.Contains(line, "database unavailable (given up: it did not answer the last check)") {
-				cut++
-			}
+		if cut == 0 {
+			return errors.New("no service logged a call the watch cut as given up")
 		}
-	}
-	if cut == 0 {
-		t.Errorf("no service logged a call the watch cut as given up")
+		return nil
+	})
+	for _, l := range timedOut {
+		t.Errorf("logged a call the watch cut as a timeout: %s", l)
 	}
 	resume()
 	resumed := time.Now()
