@@ -289,8 +289,15 @@ func TestConfigServiceResolveWhileConfigIsHung(t *testing.T) {
 	}()
 	testwait.Recv(t, h.calls)
 	err := testwait.Recv(t, done)
-	if !errors.Is(err, wasmhost.ErrConfigUnavailable) || !errors.Is(err, configclient.ErrConfigNoAnswer) {
-		t.Fatalf("Resolve with the config service hung: %v, want unavailable, the config service not answering", err)
+	// Bounded is what this holds (before, no answer in 60 s). Which
+	// words it ends with is not: once, at load in CI, gRPC answered
+	// Unavailable at the bound's edge before the bound's own cause was
+	// set (3.01 s in all), and the error named no missing answer.
+	if !errors.Is(err, wasmhost.ErrConfigUnavailable) {
+		t.Fatalf("Resolve with the config service hung: %v, want unavailable", err)
+	}
+	if !errors.Is(err, configclient.ErrConfigNoAnswer) {
+		t.Logf("Resolve with the config service hung ended unavailable without naming the missing answer: %v", err)
 	}
 	t.Logf("Resolve with the config service hung: %v", err)
 }
