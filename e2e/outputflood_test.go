@@ -3,12 +3,15 @@ package e2e_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testwait"
@@ -46,6 +49,7 @@ func TestNonReadingConnectionsBoundedTogether(t *testing.T) {
 	stop := make(chan struct{})
 	peak := peakRSS(t, gw, stop)
 	closed := make(chan int, attackers)
+	flooded := time.Now()
 	for a := range attackers {
 		c, err := net.Dial("unix", s.Socket)
 		if err != nil {
@@ -62,32 +66,34 @@ func TestNonReadingConnectionsBoundedTogether(t *testing.T) {
 		go func() {
 			_, _ = c.Write(frames.Bytes())
 			// Read nothing until the gateway gave up on this client:
-			// then the read sees the end of the stream.
-			time.Sleep(20 * time.Second)
-			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-			buf := make([]byte, 1<<20)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					closed <- a
-					return
-				}
+			// over the budget at once, or by the write-stall rule (30 s)
+			// for one under it. It used to sleep 20 s, then read what was
+			// left and wait 30 s more for an end a drained connection
+			// never gets: 50 s a test for a connection the budget spared.
+			if err := awaitHangUp(c, 90*time.Second); err != nil {
+				t.Errorf("attacker %d: %v", a, err)
 			}
+			closed <- a
 		}()
 	}
 	good := s.Dial(t)
 	if _, err := good.Initialize(); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 30; i++ {
+	// Served throughout: every 300 ms until the last attacker is gone,
+	// and 30 times at least.
+	for i, gone := 0, 0; gone < attackers || i < 30; i++ {
 		if _, err := good.Call("health", nil); err != nil {
 			t.Fatalf("a client that reads, during the flood: %v", err)
 		}
-		time.Sleep(300 * time.Millisecond)
-	}
-	for range attackers {
-		testwait.Recv(t, closed)
+		select {
+		case <-closed:
+			gone++
+		case <-time.After(300 * time.Millisecond):
+		}
 	}
 	close(stop)
+	t.Logf("the last of %d attackers gone %v after the flood began", attackers, time.Since(flooded).Round(time.Millisecond))
 	// The largest reply reaches a client that reads, whatever is held.
 	if _, err := good.Call("session/messages", map[string]any{"session_id": sessions[0], "limit": 1000}); err != nil {
 		t.Fatalf("a client that reads, after the flood: %v", err)
@@ -118,4 +124,35 @@ func TestNonReadingConnectionsBoundedTogether(t *testing.T) {
 	if grown > bound {
 		t.Fatalf("gateway RSS grew %d MiB with %d connections reading nothing, over the bound of %d MiB", grown/mib, attackers, bound/mib)
 	}
+}
+
+// awaitHangUp waits, reading nothing, until the peer of a Unix socket has
+// closed it (POLLHUP, POLLRDHUP or POLLERR: the gateway's close with our
+// requests unread is a reset), for at most within.
+func awaitHangUp(c net.Conn, within time.Duration) error {
+	raw, err := c.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return fmt.Errorf("raw socket: %w", err)
+	}
+	end := time.Now().Add(within)
+	for time.Now().Before(end) {
+		var revents int16
+		var perr error
+		if err := raw.Control(func(fd uintptr) {
+			// Short polls: Control holds the descriptor while it runs.
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+			if _, perr = unix.Poll(fds, 200); perr == nil {
+				revents = fds[0].Revents
+			}
+		}); err != nil {
+			return fmt.Errorf("poll: %w", err)
+		}
+		if perr != nil && !errors.Is(perr, unix.EINTR) {
+			return fmt.Errorf("poll: %w", perr)
+		}
+		if revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR) != 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("the gateway still has the connection after %v", within)
 }
