@@ -26,6 +26,13 @@ func (l *Layout) paneEvents(id, epoch string, after int64, hasAfter bool, tr tra
 // renderEvents writes the events after after: at most maxEventsPerPage,
 // within the response limit; the cursor is the last one written, or the
 // pane's cursor when every event was.
+//
+// An item the reader has not seen (put after after) is written where it
+// was first put, with its current text, and not again where it last grew:
+// a reader adds an item it does not know at its view's end, so each item
+// must come before the items put after it, as the pane (and one built
+// again from the store) orders them. A reader that saw the item gets its
+// growth where it happened, and replaces the item in place.
 func (l *Layout) renderEvents(p *pane, after int64, tr transport) []byte {
 	var evs bytes.Buffer
 	cursor := p.cursor
@@ -35,6 +42,9 @@ func (l *Layout) renderEvents(p *pane, after int64, tr transport) []byte {
 	for _, e := range p.events[firstAfter(p.events, after):] {
 		if e.dead {
 			continue
+		}
+		if e.typ == evItem && e.item.ev == e && e.item.birth != nil && e.item.birth != e && e.item.birth.seq > after {
+			continue // written at its birth, which this page or an earlier one of this reader's had
 		}
 		raw, err := json.Marshal(e.wire(tr))
 		if err != nil {

@@ -3,6 +3,7 @@ package durablebridge
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -264,5 +265,117 @@ func TestPaneShownAgainStartsAboveItsOldCursors(t *testing.T) {
 	}
 	if v := readPage(t, l, "p1", testEpoch, got.Cursor, true); v.Reset || len(v.Events) != 0 {
 		t.Fatalf("the view's cursor does not lead on: %+v", v)
+	}
+}
+
+// reader is a Collie's view of a pane, built from its events as Collie
+// builds it: an item it knows is replaced in place, one it does not is
+// added at the end; a reset takes the view whole.
+type reader struct {
+	cursor int64
+	items  []wireItem
+	seqs   []int64
+}
+
+// catchUp reads pages until the reader is at the pane's cursor.
+func (r *reader) catchUp(t *testing.T, l *Layout, id string) {
+	t.Helper()
+	for range 100 {
+		pg := readPage(t, l, id, testEpoch, r.cursor, true)
+		if pg.Reset {
+			r.items = append([]wireItem(nil), pg.Items...)
+		}
+		for _, e := range pg.Events {
+			if len(r.seqs) > 0 && e.Seq <= r.seqs[len(r.seqs)-1] || e.Seq <= r.cursor {
+				t.Fatalf("event %d after %d, read from %d", e.Seq, r.seqs[len(r.seqs)-1], r.cursor)
+			}
+			r.seqs = append(r.seqs, e.Seq)
+			if e.Type != evItem {
+				continue
+			}
+			i := slices.IndexFunc(r.items, func(it wireItem) bool { return it.ID == e.Item.ID })
+			if i < 0 {
+				r.items = append(r.items, *e.Item)
+			} else {
+				r.items[i] = *e.Item
+			}
+		}
+		r.seqs = r.seqs[:0]
+		done := pg.Cursor == r.cursor || pg.Reset
+		r.cursor = pg.Cursor
+		if done || len(pg.Events) == 0 {
+			return
+		}
+	}
+	t.Fatal("a reader did not catch up in 100 pages")
+}
+
+// Items that grow after later items were put (a turn's reply after its
+// tool call, its thinking after its reply) came to a reader that had not
+// seen them after those later items, where they had last grown: the
+// e2e's followed pane showed a turn's tool call before its reply, the
+// pane built from the store the reply first. Readers that start at every
+// cursor, read at every step or only at the end, across pages of 1000
+// events and the log's compaction, now all end with the pane's own
+// order, each item once.
+func TestPaneEventsKeepTheItemsOrderForEveryCursor(t *testing.T) {
+	l := NewLayout(testEpoch)
+	p := newPane("p1", "default", time.Now())
+	p.putItem("m0", kindUser, "hello", time.Now(), false)
+	l.put(p)
+	put := func(id, kind, text string, grow bool) {
+		l.mutate("p1", func(p *pane) bool { p.putItem(id, kind, text, time.Now(), grow); return false })
+	}
+	var late, eager []*reader
+	step := func() {
+		// Each starts with the view of the moment (a reset).
+		r := &reader{}
+		r.catchUp(t, l, "p1")
+		late = append(late, r)
+		r = &reader{}
+		r.catchUp(t, l, "p1")
+		eager = append(eager, r)
+		for _, e := range eager {
+			e.catchUp(t, l, "p1")
+		}
+	}
+	for turn := range 6 {
+		tid := fmt.Sprintf("T%d", turn)
+		put(fmt.Sprintf("m%d", turn+1), kindUser, "prompt", false)
+		step()
+		put(tid+":thinking", kindThinking, "weighing ", true)
+		step()
+		put(tid+":reply", kindReply, "first ", true)
+		step()
+		put(tid+"-call", kindTool, "echo {}", false)
+		step()
+		l.mutate("p1", func(p *pane) bool { p.putToolResult(tid+"-call", "echo", "completed", "{}", time.Now()); return false })
+		for i := range 400 {
+			put(tid+":reply", kindReply, "w ", true)
+			if i%97 == 0 {
+				put(tid+":thinking", kindThinking, "again ", true)
+				step()
+			}
+		}
+		put(trimItemID(tid, 0), kindNotice, "trimmed", false)
+		put(tid+":reply", kindReply, "whole reply", false)
+		step()
+	}
+	want := readPage(t, l, "p1", "", 0, false).Items
+	if len(want) != 6*5+1 {
+		t.Fatalf("the pane's view has %d items", len(want))
+	}
+	for i, r := range append(late, eager...) {
+		r.catchUp(t, l, "p1")
+		if !slices.Equal(r.items, want) {
+			var got, w []string
+			for _, it := range r.items {
+				got = append(got, it.ID)
+			}
+			for _, it := range want {
+				w = append(w, it.ID)
+			}
+			t.Fatalf("reader %d (of %d late, then eager):\n%v\nthe pane:\n%v", i, len(late), got, w)
+		}
 	}
 }

@@ -164,7 +164,7 @@ func (l *Layout) install(np *pane, replace bool) {
 	clear(np.events)
 	np.events, np.dead, np.orphanBytes = np.events[:0], 0, 0
 	for _, it := range np.items {
-		it.ev = nil
+		it.ev, it.birth = nil, nil
 	}
 	np.cursor, np.floor = base, base
 	np.shownAt = time.Now()

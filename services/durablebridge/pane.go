@@ -12,8 +12,9 @@ import (
 // Bounds of what one pane keeps in memory.
 const (
 	// maxKeptEvents bounds a pane's event log (superseded events do not
-	// count: an item's growth replaces its earlier event). A reader further
-	// behind gets the pane's current view.
+	// count: an item's growth replaces its earlier event, but for its
+	// first, which stays where the item was put: item.birth). A reader
+	// further behind gets the pane's current view.
 	maxKeptEvents = 4096
 	// maxPaneItemBytes bounds the text of a pane's items: the newest ones
 	// are kept, as many as an events response can carry. The text of
@@ -83,6 +84,15 @@ type item struct {
 	at       time.Time
 	// ev is the item's current event (nil before the pane's first view).
 	ev *event
+	// birth is the event that first put the item in the log, while the
+	// log holds it: when the item grows its new event goes to the log's
+	// end, and birth stays where it was, so that a reader that never saw
+	// the item takes it there (renderEvents) and not after the items put
+	// after it. Moved to the end, a reply that grew after its turn's tool
+	// call came after the call for a reader that read both at once (one
+	// late, or that polled between them), where the pane and a pane built
+	// again from the store show the reply first.
+	birth *event
 	// gone is set once the item left the view (trimItems).
 	gone bool
 	// resulted is set on a tool item once its result is shown.
@@ -208,6 +218,12 @@ func (p *pane) dropFront(n int) {
 		case e.dead:
 			p.dead--
 		case e.typ == evItem:
+			if e.item.birth == e {
+				e.item.birth = nil
+			}
+			if e.item.ev != e {
+				break // its birth: the item's text is its live event's
+			}
 			if e.item.gone {
 				p.orphanBytes -= len(e.item.text)
 			}
@@ -238,7 +254,8 @@ func (p *pane) compact() {
 // superseded by a new one carrying the full current text.
 func (p *pane) putItem(id, kind, text string, at time.Time, grow bool) {
 	it := p.itemByID[id]
-	if it == nil {
+	created := it == nil
+	if created {
 		limit := maxChatText
 		if kind == kindTool {
 			limit = maxCodeText
@@ -246,7 +263,7 @@ func (p *pane) putItem(id, kind, text string, at time.Time, grow bool) {
 		it = &item{id: id, kind: kind, limit: limit, at: at}
 		p.itemByID[id] = it
 		p.items = append(p.items, it)
-	} else if it.ev != nil {
+	} else if it.ev != nil && it.ev != it.birth {
 		it.ev.dead = true
 		p.dead++
 	}
@@ -259,6 +276,9 @@ func (p *pane) putItem(id, kind, text string, at time.Time, grow bool) {
 	p.itemBytes += len(it.text) - old
 	e := &event{typ: evItem, item: it}
 	it.ev = e
+	if created {
+		it.birth = e
+	}
 	p.append(e)
 	p.trimItems()
 }
@@ -293,7 +313,7 @@ func (p *pane) trimItems() {
 	p.items = slices.Delete(p.items, 0, n)
 	i := 0
 	for over := p.orphanBytes - maxPaneItemBytes; over > 0 && i < len(p.events); i++ {
-		if e := p.events[i]; !e.dead && e.typ == evItem && e.item.gone {
+		if e := p.events[i]; !e.dead && e.typ == evItem && e.item.gone && e.item.ev == e {
 			over -= len(e.item.text)
 		}
 	}
