@@ -70,7 +70,10 @@ func itemTimes(t *testing.T, v collietest.PaneView) map[string]time.Time {
 // (the turn that trimmed records it). Before, the trimmed turn came back
 // as its rows (no thinking), and without the notice,
 // the tool's output as 16 KiB where the follower had 32, and the second
-// turn's reply at the time of its prompt's row, 1.5 s early.
+// turn's reply at the time of its prompt's row, 1.5 s early. The phone
+// reads the first turn once it ended: at load, a read that took the
+// turn's reply and tool call at once showed the call first (the reply
+// grew after it), where the rebuilt pane shows the reply first.
 func TestDurablePaneRebuiltAsFollowedAfterTrim(t *testing.T) {
 	t.Parallel()
 	s := pluginStack(t, []string{"misbehave"}, "--set", "agents.default.context_budget_tokens=60")
@@ -87,8 +90,16 @@ func TestDurablePaneRebuiltAsFollowedAfterTrim(t *testing.T) {
 	id := zc.newSession("")
 	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
 
+	// The phone reads the first turn only once it ended, as a phone late
+	// at load did (its reads fell between the turn's reply and its tool
+	// call at times, or after both): another reader waits for the end.
+	eventsUntil(t, c, id, "the pane's view", func(v collietest.PaneView) bool { return v.Epoch != "" })
+	watcher := phone(t, s)
 	first := "/think weighing the first\n/sleep 1500\n/say first reply\n" + `/tool misbehave {"mode":"repeat","text":"x","n":24576}` + "\n/say after the tool"
 	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": first}), http.StatusOK, "")
+	eventsUntil(t, watcher, id, "the first turn's end", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "after the tool")
+	})
 	eventsUntil(t, c, id, "the first turn's end", func(v collietest.PaneView) bool {
 		return v.State == "idle" && strings.Contains(v.Text("reply"), "after the tool")
 	})
@@ -109,41 +120,50 @@ func TestDurablePaneRebuiltAsFollowedAfterTrim(t *testing.T) {
 	epoch := restartBridge(t, s, c)
 	rebuilt := eventsUntil(t, c, id, "the view of the new start", func(v collietest.PaneView) bool { return v.Epoch != epoch })
 	if got := shown(rebuilt); got != want {
-		if replyLast(got) != replyLast(want) {
-			t.Errorf("rebuilt pane:\n%s\nfollowed:\n%s", xRuns.ReplaceAllString(got, "x…"), xRuns.ReplaceAllString(want, "x…"))
-		} else {
-			// Left open (docs/performance.md, the fifty-sixth round): at
-			// load the followed pane showed a turn's reply after its tool
-			// call, the rebuilt one before it, in two CI runs of four;
-			// every item and text the same.
-			t.Logf("a turn's reply placed apart from its tool call: rebuilt\n%s\nfollowed:\n%s", xRuns.ReplaceAllString(got, "x…"), xRuns.ReplaceAllString(want, "x…"))
-		}
+		t.Errorf("rebuilt pane:\n%s\nfollowed:\n%s", xRuns.ReplaceAllString(got, "x…"), xRuns.ReplaceAllString(want, "x…"))
 	}
 	sameTimes(t, followed, rebuilt)
 }
 
-// replyLast is shown's lines with each turn's reply moved to its turn's
-// end: the pane as shown, but for where a reply stands among its turn's
-// items.
-func replyLast(shown string) string {
-	var out, turn, replies []string
-	flush := func() {
-		out = append(append(out, turn...), replies...)
-		turn, replies = nil, nil
+// A phone that reads a pane's events late (at load, or after a gap)
+// gets each item where the pane has it, as a pane rebuilt from the store
+// shows it: before, an item that grew after a later item was put came at
+// the view's end, where it last grew, so a turn's reply, which grows on
+// after its tool call, came after the call (the followed pane of
+// TestDurablePaneRebuiltAsFollowedAfterTrim at load, in two CI runs of
+// four). The phone reads before the turn and once after its end; another
+// reader waits for the end.
+func TestDurableLateReaderSeesItemsInTheStoresOrder(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	c, watcher := phone(t, s), phone(t, s)
+	zc := newConv(t, s, nil)
+	id := zc.newSession("")
+	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	eventsUntil(t, c, id, "the pane's view", func(v collietest.PaneView) bool { return v.Epoch != "" })
+	script := "/think weighing it\n/sleep 300\n/say first reply\n" + `/tool echo {"x":1}` + "\n/say after the tool\n/think again"
+	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": script}), http.StatusOK, "")
+	eventsUntil(t, watcher, id, "the turn's end", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "after the tool")
+	})
+	late := eventsUntil(t, c, id, "the turn's end", func(v collietest.PaneView) bool {
+		return v.State == "idle" && strings.Contains(v.Text("reply"), "after the tool")
+	})
+	if late.Resets != 1 {
+		t.Fatalf("the late reader took %d views, not its events", late.Resets)
 	}
-	for _, l := range strings.Split(shown, "\n") {
-		switch {
-		case strings.HasPrefix(l, "user: "):
-			flush()
-			turn = append(turn, l)
-		case strings.HasPrefix(l, "reply: "):
-			replies = append(replies, l)
-		default:
-			turn = append(turn, l)
-		}
+	var kinds []string
+	for _, it := range late.Items {
+		kinds = append(kinds, it.Kind)
 	}
-	flush()
-	return strings.Join(out, "\n")
+	if got := strings.Join(kinds, " "); got != "user thinking reply tool" {
+		t.Errorf("the late reader's items: %s\n%s", got, shown(late))
+	}
+	epoch := restartBridge(t, s, c)
+	rebuilt := eventsUntil(t, c, id, "the view of the new start", func(v collietest.PaneView) bool { return v.Epoch != epoch })
+	if got, want := shown(rebuilt), shown(late); got != want {
+		t.Errorf("rebuilt pane:\n%s\nread late:\n%s", got, want)
+	}
 }
 
 // sameTimes fails unless each item of rebuilt carries the time followed
