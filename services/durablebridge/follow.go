@@ -209,7 +209,8 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, repla
 		if err != nil {
 			return fmt.Errorf("read transcript of %s: %w", s.GetSessionId(), err)
 		}
-		shown, covered := f.turnEvents(ctx, s.GetSessionId(), turnsOf(tr.GetMessages()))
+		hist, covered := f.turnEvents(ctx, s.GetSessionId(), turnsOf(tr.GetMessages()))
+		shown := hist.shown
 		if running := v.GetTurnId(); running != "" && shown[running] != nil {
 			// The running turn's events were read after the view: the
 			// updates between them would be applied again, its text
@@ -252,7 +253,7 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, repla
 		if ms := tr.GetMessages(); len(ms) > 0 {
 			p.transcriptNext = ms[0].GetIndex()
 		}
-		f.showHistory(p, tr.GetMessages(), shown)
+		f.showHistory(p, tr.GetMessages(), hist)
 		p.transcriptNext = tr.GetTotal()
 		if tr.GetTotal() > 0 && len(tr.GetMessages()) > 0 && tr.GetMessages()[0].GetIndex() > 0 {
 			p.firstPrompt = f.firstPrompt(ctx, s.GetSessionId())

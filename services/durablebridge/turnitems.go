@@ -28,13 +28,24 @@ const maxTurnsAsked = 64
 // on growing. Turns whose events the session no longer keeps (a context
 // trim dropped them) show their rows.
 
+// history is what a pane built from the session shows of its turns,
+// besides their rows: each turn's events, by turn id (turns without any
+// are absent: their rows show them), and the context trims of turns
+// without events, whose notices their rows do not carry.
+type history struct {
+	shown map[string]*sessionv1.TurnShown
+	trims map[string]*sessionv1.TurnTrim
+}
+
 // turnEvents reads the shown events of a session's turns, by turn id;
 // turns without any are absent. A failed read leaves the rest absent:
 // their rows show them. covered is the session's covered_seq: the update
 // seq of the last streamed chunk of a running turn the events hold (0
-// when none was read).
-func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []string) (out map[string]*sessionv1.TurnShown, covered int64) {
-	out = map[string]*sessionv1.TurnShown{}
+// when none was read). The turns asked are those of the rows read, at
+// most a page of them, and so are the trims read.
+func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []string) (h history, covered int64) {
+	out := map[string]*sessionv1.TurnShown{}
+	h = history{shown: out, trims: map[string]*sessionv1.TurnTrim{}}
 	for pending := turnIDs; len(pending) > 0; {
 		asked := pending[:min(len(pending), maxTurnsAsked)]
 		c, cancel := f.call(ctx)
@@ -42,9 +53,12 @@ func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []s
 		cancel()
 		if err != nil {
 			f.b.log.Warn("read turn events", zap.String("session_id", sessionID), zap.Error(err))
-			return out, covered
+			return h, covered
 		}
 		covered = max(covered, resp.GetCoveredSeq())
+		for _, tr := range resp.GetTrims() {
+			h.trims[tr.GetTurnId()] = tr
+		}
 		turns := resp.GetTurns()
 		if len(turns) == 0 {
 			pending = pending[len(asked):]
@@ -63,7 +77,7 @@ func (f *follower) turnEvents(ctx context.Context, sessionID string, turnIDs []s
 			}
 		}
 	}
-	return out, covered
+	return h, covered
 }
 
 // turnsOf lists the turns that wrote rows, in order.
@@ -82,8 +96,24 @@ func turnsOf(rows []*sessionv1.TranscriptMessage) []string {
 // showHistory shows transcript rows as items, each turn with events in
 // shown as its followers saw it. Rows before the pane's transcriptNext
 // are skipped.
-func (f *follower) showHistory(p *pane, rows []*sessionv1.TranscriptMessage, shown map[string]*sessionv1.TurnShown) {
+//
+// A turn without events whose start trimmed the context shows the trim's
+// notice after its prompt, as its follower did (before its first row
+// when the page starts after the prompt).
+func (f *follower) showHistory(p *pane, rows []*sessionv1.TranscriptMessage, h history) {
 	applied := map[string]bool{}
+	trimShown := func(m *sessionv1.TranscriptMessage) {
+		tr := h.trims[m.GetTurnId()]
+		if tr == nil || applied[tr.GetTurnId()] {
+			return
+		}
+		applied[tr.GetTurnId()] = true
+		at := m.GetCreatedAt().AsTime()
+		if tr.GetTrimmedAt() != nil {
+			at = tr.GetTrimmedAt().AsTime()
+		}
+		p.putTrimNotice(trimItemID(tr.GetTurnId(), 0), tr.GetTrimmedMessages(), at)
+	}
 	for _, m := range rows {
 		if m.GetIndex() < p.transcriptNext {
 			continue
@@ -93,7 +123,10 @@ func (f *follower) showHistory(p *pane, rows []*sessionv1.TranscriptMessage, sho
 		if role == "user" && p.firstPrompt == "" {
 			p.firstPrompt = m.GetContent()
 		}
-		t := shown[m.GetTurnId()]
+		t := h.shown[m.GetTurnId()]
+		if t == nil && role != "user" {
+			trimShown(m) // the page starts after the turn's prompt
+		}
 		if t != nil && !applied[t.GetTurnId()] && role != "user" {
 			// The page starts after the turn's prompt.
 			applied[t.GetTurnId()] = true
@@ -101,6 +134,9 @@ func (f *follower) showHistory(p *pane, rows []*sessionv1.TranscriptMessage, sho
 		}
 		if t == nil || role != "assistant" && role != "tool" {
 			p.putItem(rowItemID(m.GetIndex()), roleKind(role), m.GetContent(), m.GetCreatedAt().AsTime(), false)
+		}
+		if t == nil && role == "user" {
+			trimShown(m)
 		}
 		if t != nil && !applied[t.GetTurnId()] {
 			applied[t.GetTurnId()] = true

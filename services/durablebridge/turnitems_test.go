@@ -24,6 +24,8 @@ type historySessions struct {
 	rows   map[string][]*sessionv1.TranscriptMessage
 	events map[string][]*sessionv1.TurnEvent
 	ended  map[string]string // turn id: content
+	// trims are the trims of turns, given for the turns without events.
+	trims map[string]int64
 }
 
 func (s *historySessions) GetSessionView(_ context.Context, in *sessionv1.GetSessionViewRequest, _ ...grpc.CallOption) (*sessionv1.GetSessionViewResponse, error) {
@@ -49,6 +51,8 @@ func (s *historySessions) TurnEvents(_ context.Context, in *sessionv1.TurnEvents
 		if evs, ok := s.events[id]; ok {
 			content, ended := s.ended[id]
 			resp.Turns = append(resp.Turns, &sessionv1.TurnShown{TurnId: id, Events: evs, Ended: ended, Content: content})
+		} else if n := s.trims[id]; n > 0 {
+			resp.Trims = append(resp.Trims, &sessionv1.TurnTrim{TurnId: id, TrimmedMessages: n, TrimmedAt: timestamppb.Now()})
 		}
 	}
 	return resp, nil
@@ -171,5 +175,53 @@ func TestPaneBuiltFromHistoryShowsTheTurnAsFollowed(t *testing.T) {
 	follow("running", 3)
 	if got := paneItems(w.b.layout, "running"); got != want {
 		t.Fatalf("built mid-turn and followed:\n%s\nfollowed:\n%s", got, want)
+	}
+}
+
+// A turn whose start trimmed the context and whose events the session
+// does not give (past 4 MiB, or from before they were kept) is built
+// from its rows: it came back without the trim's notice its follower
+// showed after its prompt. The session now names such turns' trims, and
+// the pane built shows the notice where the follower did.
+func TestPaneBuiltFromRowsKeepsTheTurnsTrimNotice(t *testing.T) {
+	w := newWireBridge(t, false)
+	ss := &historySessions{views: map[string]*sessionv1.SessionView{}, rows: map[string][]*sessionv1.TranscriptMessage{},
+		events: map[string][]*sessionv1.TurnEvent{}, ended: map[string]string{}, trims: map[string]int64{"T": 5}}
+	w.b.sessions = ss
+	f := w.b.follower
+	ctx := context.Background()
+
+	ss.view("followed", "", 0)
+	if err := f.loadPane(ctx, ss.views["followed"], false); err != nil {
+		t.Fatal(err)
+	}
+	ss.add("followed", "T", "user", "go on")
+	ss.view("followed", "T", 0)
+	for i, u := range []struct {
+		typ  busv1.UpdateType
+		json string
+	}{
+		{busv1.UpdateType_UPDATE_TYPE_HISTORY_TRIMMED, `{"turn_id":"T","dropped_messages":5}`},
+		{busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK, `{"turn_id":"T","text":"done"}`},
+		{busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE, `{"turn_id":"T","content":"done"}`},
+	} {
+		if u.typ == busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE {
+			ss.add("followed", "T", "assistant", "done")
+		}
+		f.apply(ctx, bus.Update{SessionID: "followed", Type: u.typ, Seq: int64(i + 1), JSON: []byte(u.json)})
+	}
+	want := paneItems(w.b.layout, "followed")
+	if want != "user \"go on\"\nnotice \"Older history was trimmed (5 messages)\"\nreply \"done\"" {
+		t.Fatalf("the followed pane:\n%s", want)
+	}
+
+	ss.add("built", "T", "user", "go on")
+	ss.add("built", "T", "assistant", "done")
+	ss.view("built", "", 3)
+	if err := f.loadPane(ctx, ss.views["built"], false); err != nil {
+		t.Fatal(err)
+	}
+	if got := paneItems(w.b.layout, "built"); got != want {
+		t.Fatalf("built from the rows:\n%s\nfollowed:\n%s", got, want)
 	}
 }

@@ -79,7 +79,57 @@ func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsReques
 		total += t.bytes
 		resp.Turns = append(resp.Turns, t.TurnShown)
 	}
+	given := make(map[string]bool, len(resp.Turns))
+	for _, t := range resp.Turns {
+		given[t.GetTurnId()] = true
+	}
+	var left []string
+	for _, id := range asked {
+		if !given[id] {
+			left = append(left, id)
+		}
+	}
+	if len(left) > 0 {
+		if resp.Trims, err = s.store.turnTrims(ctx, req.GetSessionId(), left); err != nil {
+			return nil, err
+		}
+	}
 	return resp, nil
+}
+
+// turnTrims reads the context trims the session's turns named made at
+// their start, in the order named; turns that trimmed nothing are left
+// out. At most MaxTurnEventsTurns are named.
+func (st *store) turnTrims(ctx context.Context, sessionID string, turnIDs []string) ([]*sessionv1.TurnTrim, error) {
+	rows, err := st.db.Query(ctx, `SELECT turn_id, trimmed_messages, trimmed_at FROM turns
+		WHERE session_id = $1 AND turn_id = ANY($2) AND trimmed_messages > 0`, sessionID, turnIDs)
+	if err != nil {
+		return nil, fmt.Errorf("read turn trims: %w", err)
+	}
+	defer rows.Close()
+	byID := map[string]*sessionv1.TurnTrim{}
+	for rows.Next() {
+		var tr sessionv1.TurnTrim
+		var at *time.Time
+		if err := rows.Scan(&tr.TurnId, &tr.TrimmedMessages, &at); err != nil {
+			return nil, fmt.Errorf("read turn trims: %w", err)
+		}
+		if at != nil {
+			tr.TrimmedAt = timestamppb.New(*at)
+		}
+		byID[tr.TurnId] = &tr
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read turn trims: %w", err)
+	}
+	var out []*sessionv1.TurnTrim
+	for _, id := range turnIDs {
+		if tr := byID[id]; tr != nil {
+			out = append(out, tr)
+			delete(byID, id) // a turn named twice is listed once
+		}
+	}
+	return out, nil
 }
 
 // turnShown is a turn's events as read, with their text's size.

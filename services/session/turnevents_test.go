@@ -91,3 +91,35 @@ func TestTurnEventsShowATurnAsItRan(t *testing.T) {
 		t.Fatal("another principal read the operator's turns")
 	}
 }
+
+// A turn whose start trimmed the context but whose events TurnEvents
+// leaves out (they pass 4 MiB, or ran before they were kept) is shown
+// from its rows by a rebuilt pane, and came back without the trim's
+// notice its follower had shown: the trim is the turn's (turns), not its
+// events'. TurnEvents now names the trims of the turns it leaves out.
+func TestTurnEventsNameTheTrimsOfTurnsLeftOut(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(operator, "")
+	h.prompt(operator, id, "/say one")
+	h.prompt(operator, id, "/say two")
+	tr, err := h.srv.Transcript(ctx, &sessionv1.TranscriptRequest{Principal: operator, SessionId: id, AfterIndex: at64(-1), Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := tr.GetMessages()[0].GetTurnId(), tr.GetMessages()[2].GetTurnId()
+	h.exec("UPDATE turns SET trimmed_messages = 7, trimmed_at = now() WHERE turn_id = ANY($1)", []string{first, second})
+	h.exec("DELETE FROM checkpoint_events WHERE turn_id = $1", first)
+
+	resp, err := h.srv.TurnEvents(ctx, &sessionv1.TurnEventsRequest{Principal: operator, SessionId: id, TurnIds: []string{first, second, "turn_none", first}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetTurns()) != 1 || resp.GetTurns()[0].GetTurnId() != second || resp.GetTurns()[0].GetTrimmedMessages() != 7 {
+		t.Fatalf("turns: %v", resp.GetTurns())
+	}
+	trims := resp.GetTrims()
+	if len(trims) != 1 || trims[0].GetTurnId() != first || trims[0].GetTrimmedMessages() != 7 || trims[0].GetTrimmedAt() == nil {
+		t.Fatalf("trims of the turns left out: %v", trims)
+	}
+}

@@ -3813,7 +3813,12 @@ type TurnEventsResponse struct {
 	// text, is the update_seq of the last of its streamed chunks that the
 	// events given hold: the chunks after it are not in them, whatever
 	// view is read later, and are applied from their updates.
-	CoveredSeq    int64 `protobuf:"varint,2,opt,name=covered_seq,json=coveredSeq,proto3" json:"covered_seq,omitempty"`
+	CoveredSeq int64 `protobuf:"varint,2,opt,name=covered_seq,json=coveredSeq,proto3" json:"covered_seq,omitempty"`
+	// trims are the context trims made at the start of turns asked for that
+	// turns leaves out: their rows show them, and a pane rebuilt from the
+	// rows alone lost the notice its follower showed. Only trimmed turns
+	// are listed, each at most once, in the order asked.
+	Trims         []*TurnTrim `protobuf:"bytes,3,rep,name=trims,proto3" json:"trims,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3862,6 +3867,75 @@ func (x *TurnEventsResponse) GetCoveredSeq() int64 {
 	return 0
 }
 
+func (x *TurnEventsResponse) GetTrims() []*TurnTrim {
+	if x != nil {
+		return x.Trims
+	}
+	return nil
+}
+
+// TurnTrim is the context trim a turn's start made: how many messages its
+// history_trimmed update said were dropped, and when.
+type TurnTrim struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TurnId          string                 `protobuf:"bytes,1,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	TrimmedMessages int64                  `protobuf:"varint,2,opt,name=trimmed_messages,json=trimmedMessages,proto3" json:"trimmed_messages,omitempty"`
+	TrimmedAt       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=trimmed_at,json=trimmedAt,proto3" json:"trimmed_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TurnTrim) Reset() {
+	*x = TurnTrim{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TurnTrim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TurnTrim) ProtoMessage() {}
+
+func (x *TurnTrim) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TurnTrim.ProtoReflect.Descriptor instead.
+func (*TurnTrim) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *TurnTrim) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+func (x *TurnTrim) GetTrimmedMessages() int64 {
+	if x != nil {
+		return x.TrimmedMessages
+	}
+	return 0
+}
+
+func (x *TurnTrim) GetTrimmedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TrimmedAt
+	}
+	return nil
+}
+
 type GetApprovalRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Principal     *v1.Principal          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
@@ -3873,7 +3947,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3885,7 +3959,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3898,7 +3972,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{52}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetApprovalRequest) GetPrincipal() *v1.Principal {
@@ -3931,7 +4005,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3943,7 +4017,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3956,7 +4030,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{53}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GetApprovalResponse) GetApproval() *ApprovalView {
@@ -3983,7 +4057,7 @@ type StartTurnRequest struct {
 
 func (x *StartTurnRequest) Reset() {
 	*x = StartTurnRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[54]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3995,7 +4069,7 @@ func (x *StartTurnRequest) String() string {
 func (*StartTurnRequest) ProtoMessage() {}
 
 func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[54]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4008,7 +4082,7 @@ func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTurnRequest.ProtoReflect.Descriptor instead.
 func (*StartTurnRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{54}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StartTurnRequest) GetPrincipal() *v1.Principal {
@@ -4049,7 +4123,7 @@ type StartTurnResponse struct {
 
 func (x *StartTurnResponse) Reset() {
 	*x = StartTurnResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[55]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4061,7 +4135,7 @@ func (x *StartTurnResponse) String() string {
 func (*StartTurnResponse) ProtoMessage() {}
 
 func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[55]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4074,7 +4148,7 @@ func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTurnResponse.ProtoReflect.Descriptor instead.
 func (*StartTurnResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{55}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StartTurnResponse) GetSessionId() string {
@@ -4102,7 +4176,7 @@ type CancelTurnRequest struct {
 
 func (x *CancelTurnRequest) Reset() {
 	*x = CancelTurnRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[56]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4114,7 +4188,7 @@ func (x *CancelTurnRequest) String() string {
 func (*CancelTurnRequest) ProtoMessage() {}
 
 func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[56]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4127,7 +4201,7 @@ func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTurnRequest.ProtoReflect.Descriptor instead.
 func (*CancelTurnRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{56}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CancelTurnRequest) GetPrincipal() *v1.Principal {
@@ -4165,7 +4239,7 @@ type CancelTurnResponse struct {
 
 func (x *CancelTurnResponse) Reset() {
 	*x = CancelTurnResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[57]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4177,7 +4251,7 @@ func (x *CancelTurnResponse) String() string {
 func (*CancelTurnResponse) ProtoMessage() {}
 
 func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[57]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4190,7 +4264,7 @@ func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTurnResponse.ProtoReflect.Descriptor instead.
 func (*CancelTurnResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{57}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CancelTurnResponse) GetSessionId() string {
@@ -4525,11 +4599,17 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x06events\x18\x04 \x03(\v2\x1e.clawmesh.session.v1.TurnEventR\x06events\x12)\n" +
 	"\x10trimmed_messages\x18\x05 \x01(\x03R\x0ftrimmedMessages\x129\n" +
 	"\n" +
-	"trimmed_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\ttrimmedAt\"k\n" +
+	"trimmed_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\ttrimmedAt\"\xa0\x01\n" +
 	"\x12TurnEventsResponse\x124\n" +
 	"\x05turns\x18\x01 \x03(\v2\x1e.clawmesh.session.v1.TurnShownR\x05turns\x12\x1f\n" +
 	"\vcovered_seq\x18\x02 \x01(\x03R\n" +
-	"coveredSeq\"\x8f\x01\n" +
+	"coveredSeq\x123\n" +
+	"\x05trims\x18\x03 \x03(\v2\x1d.clawmesh.session.v1.TurnTrimR\x05trims\"\x89\x01\n" +
+	"\bTurnTrim\x12\x17\n" +
+	"\aturn_id\x18\x01 \x01(\tR\x06turnId\x12)\n" +
+	"\x10trimmed_messages\x18\x02 \x01(\x03R\x0ftrimmedMessages\x129\n" +
+	"\n" +
+	"trimmed_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\ttrimmedAt\"\x8f\x01\n" +
 	"\x12GetApprovalRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -4630,7 +4710,7 @@ func file_clawmesh_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_clawmesh_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(SessionState)(0),                // 0: clawmesh.session.v1.SessionState
 	(TurnOutcome)(0),                 // 1: clawmesh.session.v1.TurnOutcome
@@ -4689,122 +4769,125 @@ var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(*TurnEvent)(nil),                // 54: clawmesh.session.v1.TurnEvent
 	(*TurnShown)(nil),                // 55: clawmesh.session.v1.TurnShown
 	(*TurnEventsResponse)(nil),       // 56: clawmesh.session.v1.TurnEventsResponse
-	(*GetApprovalRequest)(nil),       // 57: clawmesh.session.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),      // 58: clawmesh.session.v1.GetApprovalResponse
-	(*StartTurnRequest)(nil),         // 59: clawmesh.session.v1.StartTurnRequest
-	(*StartTurnResponse)(nil),        // 60: clawmesh.session.v1.StartTurnResponse
-	(*CancelTurnRequest)(nil),        // 61: clawmesh.session.v1.CancelTurnRequest
-	(*CancelTurnResponse)(nil),       // 62: clawmesh.session.v1.CancelTurnResponse
-	(*timestamppb.Timestamp)(nil),    // 63: google.protobuf.Timestamp
-	(*v1.Principal)(nil),             // 64: clawmesh.common.v1.Principal
+	(*TurnTrim)(nil),                 // 57: clawmesh.session.v1.TurnTrim
+	(*GetApprovalRequest)(nil),       // 58: clawmesh.session.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),      // 59: clawmesh.session.v1.GetApprovalResponse
+	(*StartTurnRequest)(nil),         // 60: clawmesh.session.v1.StartTurnRequest
+	(*StartTurnResponse)(nil),        // 61: clawmesh.session.v1.StartTurnResponse
+	(*CancelTurnRequest)(nil),        // 62: clawmesh.session.v1.CancelTurnRequest
+	(*CancelTurnResponse)(nil),       // 63: clawmesh.session.v1.CancelTurnResponse
+	(*timestamppb.Timestamp)(nil),    // 64: google.protobuf.Timestamp
+	(*v1.Principal)(nil),             // 65: clawmesh.common.v1.Principal
 }
 var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: clawmesh.session.v1.Session.state:type_name -> clawmesh.session.v1.SessionState
-	63, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	63, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
-	64, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	64, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	64, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
+	65, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
 	8,  // 5: clawmesh.session.v1.PromptRequest.attachments:type_name -> clawmesh.session.v1.FileRef
 	1,  // 6: clawmesh.session.v1.PromptResponse.outcome:type_name -> clawmesh.session.v1.TurnOutcome
-	64, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
 	2,  // 9: clawmesh.session.v1.ApproveRequest.decision:type_name -> clawmesh.session.v1.Decision
 	3,  // 10: clawmesh.session.v1.ApproveRequest.surface:type_name -> clawmesh.session.v1.Surface
-	64, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
 	0,  // 12: clawmesh.session.v1.StateResponse.state:type_name -> clawmesh.session.v1.SessionState
-	64, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
 	17, // 14: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
-	64, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
 	5,  // 16: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
-	64, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
 	31, // 21: clawmesh.session.v1.UpdateSeqsRequest.sessions:type_name -> clawmesh.session.v1.SessionIncarnation
-	64, // 22: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 23: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 22: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 23: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
 	41, // 24: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	64, // 25: clawmesh.session.v1.CommittedUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 25: clawmesh.session.v1.CommittedUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
 	41, // 26: clawmesh.session.v1.CommittedUploadResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	64, // 27: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 27: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
 	4,  // 28: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
 	2,  // 29: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
 	3,  // 30: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
-	63, // 31: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
-	63, // 32: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
-	63, // 33: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
+	64, // 31: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
+	64, // 32: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
+	64, // 33: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
 	5,  // 34: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
-	63, // 35: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
+	64, // 35: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
 	44, // 36: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
-	64, // 37: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 37: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
 	45, // 38: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
-	64, // 39: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 39: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
 	45, // 40: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
-	63, // 41: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
-	64, // 42: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	64, // 41: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
+	65, // 42: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
 	50, // 43: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
-	64, // 44: clawmesh.session.v1.TurnEventsRequest.principal:type_name -> clawmesh.common.v1.Principal
-	63, // 45: clawmesh.session.v1.TurnEvent.at:type_name -> google.protobuf.Timestamp
+	65, // 44: clawmesh.session.v1.TurnEventsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	64, // 45: clawmesh.session.v1.TurnEvent.at:type_name -> google.protobuf.Timestamp
 	54, // 46: clawmesh.session.v1.TurnShown.events:type_name -> clawmesh.session.v1.TurnEvent
-	63, // 47: clawmesh.session.v1.TurnShown.trimmed_at:type_name -> google.protobuf.Timestamp
+	64, // 47: clawmesh.session.v1.TurnShown.trimmed_at:type_name -> google.protobuf.Timestamp
 	55, // 48: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
-	64, // 49: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
-	44, // 50: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
-	64, // 51: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 52: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	6,  // 53: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
-	9,  // 54: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
-	11, // 55: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
-	13, // 56: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
-	15, // 57: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
-	18, // 58: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
-	20, // 59: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
-	22, // 60: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
-	24, // 61: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
-	26, // 62: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
-	28, // 63: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	33, // 64: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
-	30, // 65: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
-	37, // 66: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	35, // 67: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	39, // 68: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
-	42, // 69: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	46, // 70: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
-	48, // 71: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
-	51, // 72: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
-	53, // 73: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
-	57, // 74: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
-	59, // 75: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
-	61, // 76: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
-	7,  // 77: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	10, // 78: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	12, // 79: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	14, // 80: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	16, // 81: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	19, // 82: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	21, // 83: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	23, // 84: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
-	25, // 85: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
-	27, // 86: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
-	29, // 87: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	34, // 88: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	32, // 89: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
-	38, // 90: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
-	36, // 91: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	40, // 92: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
-	43, // 93: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	47, // 94: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
-	49, // 95: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
-	52, // 96: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
-	56, // 97: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
-	58, // 98: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
-	60, // 99: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
-	62, // 100: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
-	77, // [77:101] is the sub-list for method output_type
-	53, // [53:77] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	57, // 49: clawmesh.session.v1.TurnEventsResponse.trims:type_name -> clawmesh.session.v1.TurnTrim
+	64, // 50: clawmesh.session.v1.TurnTrim.trimmed_at:type_name -> google.protobuf.Timestamp
+	65, // 51: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
+	44, // 52: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
+	65, // 53: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	65, // 54: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 55: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
+	9,  // 56: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
+	11, // 57: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
+	13, // 58: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
+	15, // 59: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
+	18, // 60: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
+	20, // 61: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
+	22, // 62: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
+	24, // 63: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
+	26, // 64: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
+	28, // 65: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
+	33, // 66: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	30, // 67: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
+	37, // 68: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	35, // 69: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	39, // 70: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
+	42, // 71: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	46, // 72: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
+	48, // 73: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
+	51, // 74: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
+	53, // 75: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
+	58, // 76: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
+	60, // 77: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
+	62, // 78: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
+	7,  // 79: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	10, // 80: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	12, // 81: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	14, // 82: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	16, // 83: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	19, // 84: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	21, // 85: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	23, // 86: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	25, // 87: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	27, // 88: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	29, // 89: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	34, // 90: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	32, // 91: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
+	38, // 92: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	36, // 93: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	40, // 94: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
+	43, // 95: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	47, // 96: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
+	49, // 97: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
+	52, // 98: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
+	56, // 99: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
+	59, // 100: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
+	61, // 101: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
+	63, // 102: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
+	79, // [79:103] is the sub-list for method output_type
+	55, // [55:79] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_session_v1_session_proto_init() }
@@ -4823,7 +4906,7 @@ func file_clawmesh_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_session_v1_session_proto_rawDesc), len(file_clawmesh_session_v1_session_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   58,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
