@@ -314,10 +314,11 @@ func (r *reader) catchUp(t *testing.T, l *Layout, id string) {
 // tool call, its thinking after its reply) came to a reader that had not
 // seen them after those later items, where they had last grown: the
 // e2e's followed pane showed a turn's tool call before its reply, the
-// pane built from the store the reply first. Readers that start at every
-// cursor, read at every step or only at the end, across pages of 1000
-// events and the log's compaction, now all end with the pane's own
-// order, each item once.
+// pane built from the store the reply first. Readers that start all
+// through the turns (a phone coming back with its last cursor) and read
+// at every step or only at the end, across pages of 1000 events and the
+// log's compaction, now all end with the pane's own order, each item
+// once, and every page's seqs in order.
 func TestPaneEventsKeepTheItemsOrderForEveryCursor(t *testing.T) {
 	l := NewLayout(testEpoch)
 	p := newPane("p1", "default", time.Now())
