@@ -1,9 +1,12 @@
 package e2e_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -34,13 +37,21 @@ func (c cpuSample) sum() (d time.Duration) {
 	return d
 }
 
-// sample reads this process's CPU time and that of pids.
-func (m *cpuMeter) sample(pids map[int]string) (cpuSample, error) {
+// switchSample is the context switches (voluntary and not) each
+// process's threads have made so far, by name: a thread's switch is one
+// sleep and wake-up of it, the system's part of a goroutine hand-off
+// across threads (an update read, handed on, written).
+type switchSample map[string]int64
+
+// sample reads this process's CPU time and context switches and those of
+// pids.
+func (m *cpuMeter) sample(pids map[int]string) (cpuSample, switchSample, error) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return nil, fmt.Errorf("getrusage: %w", err)
+		return nil, nil, fmt.Errorf("getrusage: %w", err)
 	}
 	c := cpuSample{m.self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+	cs := switchSample{m.self: ru.Nvcsw + ru.Nivcsw}
 	for pid, name := range pids {
 		st, err := procstat.Read(pid)
 		if err != nil {
@@ -50,14 +61,60 @@ func (m *cpuMeter) sample(pids map[int]string) (cpuSample, error) {
 			continue
 		}
 		c[name] += st.CPU
+		cs[name] += threadSwitches(pid)
 	}
-	return c, nil
+	return c, cs, nil
+}
+
+var (
+	voluntarySwitches    = []byte("\nvoluntary_ctxt_switches:")
+	nonvoluntarySwitches = []byte("\nnonvoluntary_ctxt_switches:")
+)
+
+// threadSwitches sums the context switches of process pid's threads, as
+// their /proc status files count them (a process's own status file counts
+// its first thread's only). A thread that ended meanwhile takes its count
+// with it: the stack's Go processes keep theirs.
+func threadSwitches(pid int) (n int64) {
+	status, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/status")
+	for _, path := range status {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for _, key := range [][]byte{voluntarySwitches, nonvoluntarySwitches} {
+			i := bytes.Index(raw, key)
+			if i < 0 {
+				continue
+			}
+			v, _, _ := bytes.Cut(raw[i+len(key):], []byte("\n"))
+			if k, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64); err == nil {
+				n += k
+			}
+		}
+	}
+	return n
 }
 
 // shownApart are the processes whose part of cpu_us is reported on its
 // own (<name>_cpu_us); the others' (the launcher, PostgreSQL, services a
 // chunk does not cross) are summed as rest_cpu_us.
 var shownApart = map[string]bool{"client": true, "pubsub": true, "gateway": true, "session": true, "nats-server": true, "durable-bridge": true, "publisher": true, "forwarder": true}
+
+// reportSwitches reports the context switches made between two samples
+// per unit of work, in all and by process (<name>_cs/<unit>, for the
+// processes shownApart).
+func reportSwitches(b *testing.B, from, to switchSample, units int, unit string) {
+	per := func(n int64) float64 { return float64(n) / float64(units) }
+	var all int64
+	for name, n := range to {
+		all += n - from[name]
+		if shownApart[name] {
+			b.ReportMetric(per(n-from[name]), name+"_cs/"+unit)
+		}
+	}
+	b.ReportMetric(per(all), "cs/"+unit)
+}
 
 // reportCPU reports the CPU spent between two samples per unit of work,
 // and each process's part of it.
@@ -97,9 +154,10 @@ type streamWindow struct {
 	units          int    // chunks delivered while the window was open
 	opened, closed chan struct{}
 
-	done     chan struct{} // the readings are taken
-	from, to cpuSample
-	err      error
+	done         chan struct{} // the readings are taken
+	from, to     cpuSample
+	csFrom, csTo switchSample
+	err          error
 }
 
 // openWindow starts measuring sessions streams of per chunks each; nil
@@ -122,10 +180,10 @@ func openWindow(m *cpuMeter, sessions, per int) *streamWindow {
 	go func() {
 		defer close(w.done)
 		<-w.opened
-		from, err := m.sample(pids)
+		from, csFrom, err := m.sample(pids)
 		<-w.closed
-		to, err1 := m.sample(pids)
-		w.from, w.to, w.err = from, to, errors.Join(err, err1)
+		to, csTo, err1 := m.sample(pids)
+		w.from, w.to, w.csFrom, w.csTo, w.err = from, to, csFrom, csTo, errors.Join(err, err1)
 	}()
 	return w
 }
@@ -189,6 +247,7 @@ func (w *streamWindow) report(b *testing.B) {
 	w.mu.Unlock()
 	if units > 0 {
 		reportCPU(b, w.from, w.to, units, "chunk")
+		reportSwitches(b, w.csFrom, w.csTo, units, "chunk")
 	}
 }
 
@@ -226,6 +285,12 @@ func TestStreamWindow(t *testing.T) {
 	}
 	if w.to["test"] < w.from["test"] || w.to["again"] < w.from["again"] {
 		t.Fatalf("CPU went back: from %v to %v", w.from, w.to)
+	}
+	// This process's threads have switched before the window closed (a
+	// test binary's goroutines block and wake); the count never goes
+	// back, read either way.
+	if w.csFrom["again"] <= 0 || w.csTo["test"] < w.csFrom["test"] || w.csTo["again"] < w.csFrom["again"] {
+		t.Fatalf("context switches: from %v to %v", w.csFrom, w.csTo)
 	}
 
 	// One session reads its five; one reads two and fails; one fails
