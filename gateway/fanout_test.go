@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -239,6 +238,7 @@ func BenchmarkFanOut(b *testing.B) {
 	g.spawn(cs.outbox.run)
 	tp := &topic{conns: map[*connState]bool{cs: false}}
 	var read atomic.Int64
+	progressed := make(chan struct{}, 1) // a read since the last look
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
@@ -246,6 +246,10 @@ func BenchmarkFanOut(b *testing.B) {
 		for {
 			n, err := client.Read(buf)
 			read.Add(int64(n))
+			select {
+			case progressed <- struct{}{}:
+			default:
+			}
 			if err != nil {
 				return
 			}
@@ -262,26 +266,26 @@ func BenchmarkFanOut(b *testing.B) {
 		sent++
 		u.Seq = sent
 		h.dispatch(tp, u)
-		// A stream's chunks come paced, each written before the next (the
-		// turn-stream benchmark's pace is one a session every 5 ms): the
-		// next waits for this one, so the outbox's queue never grows a
-		// backlog here. A connection that failed never counts it written.
-		for written, pending := cs.outbox.progress(); written != uint64(sent) || pending; written, pending = cs.outbox.progress() {
+		// A stream's chunks come paced, each read by the client before
+		// the next comes (the turn-stream benchmark's pace is one a
+		// session every 5 ms): the next waits for this one's bytes to
+		// reach the reader, so each update is written to an idle socket,
+		// one write each, as in the stack. Waiting only until the outbox
+		// had handed it to the connection (its progress) let the
+		// connection's queue grow to megabytes behind a reader starved at
+		// -cpu 1, and the benchmark measured batched writes of many
+		// updates. A connection that failed never has the bytes read.
+		// It blocks rather than spins: a spinning loop kept the reader,
+		// woken only from the network poller, off the one processor.
+		for read.Load() != sent*frame {
 			select {
+			case <-progressed:
 			case <-conn.Done():
-				b.Fatalf("connection closed after %d updates were written", written)
-			default:
+				b.Fatalf("connection closed after %d of %d bytes were read", read.Load(), sent*frame)
 			}
-			runtime.Gosched()
 		}
 	}
 	b.StopTimer()
-	// Written means handed to the connection: its writer may still hold
-	// the end of the last frames.
-	deadline := time.Now().Add(10 * time.Second)
-	for read.Load() != sent*frame && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
 	cs.outbox.close()
 	conn.Close()
 	cancel()
