@@ -89,7 +89,10 @@ func TestStatusDuringAStartSaysStartingAndWhy(t *testing.T) {
 
 // A service that does not serve was shown by `clawmesh status` as a state
 // word alone ("unreachable"), its cause only in clawmesh call health or
-// doctor. Status now gives the reason the gateway recorded beside it.
+// doctor; then with the gateway's reason, which for a stopped process
+// (SIGSTOP: hung) was "unreachable (context deadline exceeded)". The
+// launcher, which probes each process, knows it is silent: status says
+// it hung, for how long, and when the launcher restarts it.
 func TestStatusSaysWhyAServiceDoesNotServe(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: []string{"--liveness-timeout", "5m"}})
@@ -98,25 +101,72 @@ func TestStatusSaysWhyAServiceDoesNotServe(t *testing.T) {
 		t.Fatalf("no plugin-sandbox among %v", s.PIDs())
 	}
 	hang(t, sandbox)
+	line, out := waitStatusLine(t, s, "plugin-sandbox", "hung")
+	want := "hung (pid " + strconv.Itoa(sandbox) + " not answering health within 1s, silent for "
+	if !strings.HasPrefix(line, "plugin-sandbox  "+want) || !strings.Contains(line, "the launcher restarts it after 5m0s of silence") {
+		t.Fatalf("status of the stopped plugin-sandbox, want %q:\n%s", want, out)
+	}
+	t.Logf("%s", line)
+}
+
+// A service the launcher restarts after a crash read "unreachable" with
+// the gateway's dial error, as if nothing were being done about it.
+// Killed again at each run (the backoff grows to seconds), status says
+// it is restarting, the attempt and how the last run ended.
+func TestStatusSaysAServiceIsRestarting(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{Args: []string{"--liveness-timeout", "5m"}})
 	deadline := time.Now().Add(60 * time.Second)
+	killed := 0
 	for {
 		out, err := clawmesh(t, s, "status")
-		line := ""
-		for _, l := range strings.Split(out, "\n") {
-			if strings.HasPrefix(strings.TrimSpace(l), "plugin-sandbox ") {
-				line = strings.TrimSpace(l)
-			}
-		}
-		if err != nil && strings.Contains(line, "unreachable") {
-			if !strings.Contains(line, "unreachable (") {
-				t.Fatalf("status names no reason for the stopped plugin-sandbox:\n%s", out)
+		line := statusLine(out, "plugin-sandbox")
+		if err != nil && strings.Contains(line, "restarting (attempt ") {
+			if !strings.Contains(line, "last exit: signal: killed, ") {
+				t.Fatalf("status of the restarting plugin-sandbox names no last exit:\n%s", out)
 			}
 			t.Logf("%s", line)
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("status still says plugin-sandbox serves 60 s after it was stopped:\n%s", out)
+			t.Fatalf("status never said plugin-sandbox restarts (%d kills):\n%s", killed, out)
 		}
-		time.Sleep(500 * time.Millisecond)
+		// Kill each new run: the launcher's backoff doubles (0.1 s,
+		// 0.2 s, ... up to 10 s), a window status cannot miss.
+		if pid := s.PIDOf("plugin-sandbox"); pid != 0 {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+				killed++
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// statusLine is the line of status output out about service.
+func statusLine(out, service string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), service+" ") {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
+}
+
+// waitStatusLine runs clawmesh status until its line about service
+// holds word (status failing, as it does while a service is down), for
+// up to 60 s.
+func waitStatusLine(t *testing.T, s *e2e.Stack, service, word string) (line, out string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := clawmesh(t, s, "status")
+		line := statusLine(out, service)
+		if err != nil && strings.Contains(line, word) {
+			return line, out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status's %s line never said %q in 60 s:\n%s", service, word, out)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

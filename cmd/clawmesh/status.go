@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
+	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/launcher"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
 )
 
@@ -25,8 +29,13 @@ the config service (config away: no other caller can initialize), a
 caller line saying so. Exits 0 when every service serves or is dormant,
 1 otherwise (or when the stack does not answer). While clawmesh up is
 still starting (the gateway, which answers, starts last) it says so and
-what the start waits for, and exits 1. clawmesh call status prints the
-same as JSON.
+what the start waits for, and exits 1. On the data directory's own
+socket it adds what the launcher knows and the gateway cannot see: a
+service it is restarting after a crash says "restarting" with the
+attempt and the last exit, and one that stopped answering its health
+check (hung, or stopped with SIGSTOP) "hung" with how long it has been
+silent, where the gateway said "unreachable". clawmesh call status prints
+the gateway's answer alone, as JSON.
 `
 
 // statusReply is the status method's result (docs/spec.md §5).
@@ -44,6 +53,9 @@ type statusReply struct {
 	withoutConfig string
 	// reasons is why each service not serving is not (reasons).
 	reasons map[string]string
+	// launcher is what the launcher of the stack says of its processes
+	// (launcherStates); nil when it says nothing.
+	launcher *launcher.ProcessStates
 }
 
 // ErrServicesDown: status answered, and some service is neither serving
@@ -81,6 +93,7 @@ func statusCmd(args []string, out io.Writer) error {
 		return fmt.Errorf("status: unreadable answer: %w", err)
 	}
 	st.withoutConfig = sf.withoutConfig
+	st.launcher = launcherStates(sf)
 	st.reasons = reasons(c, st)
 	return printStatus(out, st)
 }
@@ -147,9 +160,13 @@ func printStatus(out io.Writer, st statusReply) error {
 	sort.Strings(names)
 	var down []string
 	fmt.Fprintln(w, "services:")
+	now := time.Now()
 	for _, name := range names {
 		state := st.Services[name]
-		if state != "serving" && state != "dormant" {
+		if word, why := launcherSays(st.launcher, name, state, now); word != "" {
+			down = append(down, name+" "+word)
+			state = word + " (" + why + ")"
+		} else if state != "serving" && state != "dormant" {
 			down = append(down, name+" "+state)
 			if why := st.reasons[name]; why != "" {
 				state += " (" + why + ")"
@@ -164,4 +181,97 @@ func printStatus(out io.Writer, st statusReply) error {
 		return fmt.Errorf("%w: %s", ErrServicesDown, strings.Join(down, ", "))
 	}
 	return nil
+}
+
+// launcherStates is what the launcher supervising the stack says of its
+// processes (launcher.ReadProcessStates), when the stack asked is the
+// one of the data directory resolved: the socket is that directory's
+// (no other named). Nil when there is none to read.
+func launcherStates(sf socketFlags) *launcher.ProcessStates {
+	dir, err := datadir.Resolve(sf.dir)
+	if err != nil {
+		return nil
+	}
+	socket := sf.socket
+	if socket == "" {
+		socket = os.Getenv("ZEROCLAW_SOCKET")
+	}
+	if socket != "" && filepath.Clean(socket) != datadir.Socket(dir) {
+		return nil
+	}
+	ps, err := launcher.ReadProcessStates(dir)
+	if err != nil {
+		return nil
+	}
+	return &ps
+}
+
+// launcherSays is the state of the service name (gateway is what the
+// gateway said of it) as the launcher knows it, with why: "restarting"
+// while a run that exited waits for its next one or has not answered
+// yet, "hung" while a run answers no health check. The gateway saw the
+// first as "unreachable" with a dial error and the second as
+// "unreachable (context deadline exceeded)". "" when the launcher knows
+// nothing more: the gateway's word stands. A scaled service's replicas
+// are each said, by name.
+func launcherSays(ls *launcher.ProcessStates, name, gateway string, now time.Time) (string, string) {
+	if ls == nil {
+		return "", ""
+	}
+	procs := make([]string, 0, 1)
+	for p := range ls.Processes {
+		if p == name || strings.HasPrefix(p, name+".") {
+			procs = append(procs, p)
+		}
+	}
+	sort.Strings(procs)
+	word := ""
+	var whys []string
+	for _, p := range procs {
+		ps := ls.Processes[p]
+		var w, why string
+		exit := ""
+		if ps.LastExit != "" {
+			exit = fmt.Sprintf("last exit: %s, %s ago", ps.LastExit, ago(now, ps.ExitedAt))
+		}
+		switch {
+		case ps.PID == 0 && ps.Restarts > 0:
+			w = "restarting"
+			if wait := ps.RestartAt.Sub(now); wait > 0 {
+				why = fmt.Sprintf("attempt %d in %s; %s", ps.Restarts, wait.Round(100*time.Millisecond), exit)
+			} else {
+				why = fmt.Sprintf("attempt %d starting; %s", ps.Restarts, exit)
+			}
+		case !ps.SilentSince.IsZero():
+			w = "hung"
+			why = fmt.Sprintf("pid %d not answering health within %s, silent for %s", ps.PID, ls.ProbeEvery, ago(now, ps.SilentSince))
+			if ls.Liveness > 0 {
+				why += fmt.Sprintf("; the launcher restarts it after %s of silence", ls.Liveness)
+			}
+		case ps.Restarts > 0 && !ps.Answered && ls.Liveness > 0 && gateway != "serving":
+			// Answered is known with liveness probing alone.
+			w = "restarting"
+			why = fmt.Sprintf("attempt %d, pid %d started %s ago, not answering yet; %s", ps.Restarts, ps.PID, ago(now, ps.StartedAt), exit)
+		default:
+			continue
+		}
+		if len(procs) > 1 {
+			why = p + ": " + why
+		}
+		// One word for the service: hung before restarting.
+		if word == "" || w == "hung" {
+			word = w
+		}
+		whys = append(whys, why)
+	}
+	return word, strings.Join(whys, "; ")
+}
+
+// ago is how long before now t was, rounded for a person.
+func ago(now, t time.Time) time.Duration {
+	d := now.Sub(t)
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
 }

@@ -92,3 +92,9 @@ func Dormant(dir, process string) string { return filepath.Join(dir, process+".d
 // what it waits for: until the gateway serves, nothing answers on the
 // socket, and a client said only that no stack listens and to start one.
 func Starting(dir string) string { return filepath.Join(dir, "clawmesh.starting") }
+
+// Processes holds, while a launcher supervises the stack, what it knows
+// of each process that the gateway cannot: a process it is restarting
+// (the attempt, the last exit, when the next run starts) and one that
+// stopped answering its health check. `clawmesh status` reads it.
+func Processes(dir string) string { return filepath.Join(dir, "clawmesh.processes") }

@@ -203,6 +203,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	sup := newSupervisor(log, logDir, cfg.Liveness)
 	sup.onUpgrade = upgrades.seen
+	sup.states = newProcStates(cfg.DataDir, sup.probeEvery, cfg.Liveness, log)
+	// After stopAll (deferred below, so run before this): no run is
+	// started or noticed afterwards.
+	defer sup.states.remove()
 	// Normally stopped before the bus (below); this is for an early return.
 	defer sup.stopAll()
 	stopCtx, stop := context.WithCancelCause(ctx)

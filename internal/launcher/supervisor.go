@@ -139,6 +139,9 @@ type supervisor struct {
 	minBackoff, maxBackoff, healthyRun, probeEvery, waitLogEvery, stopGrace time.Duration
 	// maxLog is the size at which a process's log is rotated.
 	maxLog int64
+	// states, when set, is told of each process's changes of state
+	// (procstate.go). Set before the first start, never after.
+	states *procStates
 	// beforeRespawn, when set, runs after a backoff, right before the
 	// restart: tests stop the supervisor there.
 	beforeRespawn func()
@@ -257,6 +260,7 @@ func (s *supervisor) spawn(p *proc) error {
 		<-copied
 		close(r.exited)
 	}()
+	s.states.started(p.name, cmd.Process.Pid)
 	s.log.Info("process started", zap.String("child", p.name), zap.Int("pid", cmd.Process.Pid))
 	return nil
 }
@@ -298,6 +302,7 @@ func (s *supervisor) supervise(p *proc, stop context.CancelCauseFunc) {
 		p.mu.Unlock()
 		s.log.Warn("process exited, restarting", zap.String("child", p.name), zap.Int("exit_code", code),
 			zap.String("state", r.cmd.ProcessState.String()), zap.Int("restarts", restarts), zap.Duration("backoff", backoff))
+		s.states.exited(p.name, restarts, r.cmd.ProcessState.String(), backoff)
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
@@ -355,10 +360,11 @@ func (s *supervisor) watchLiveness(p *proc, r *run) {
 			case <-t.C:
 			}
 			ctx, cancel := context.WithTimeout(s.ctx, s.probeEvery)
-			_, err := r.probe(ctx, p)
+			answered, err := r.probe(ctx, p)
 			cancel()
 			now := time.Now()
 			last := r.lastAnswer()
+			s.states.answered(p.name, r.cmd.Process.Pid, answered, last)
 			if last.IsZero() || now.Sub(last) < s.liveness || s.ctx.Err() != nil {
 				continue
 			}
