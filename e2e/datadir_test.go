@@ -136,3 +136,33 @@ func rootStack(t *testing.T) (s *e2e.Stack, dir, cluster, id string) {
 	t.Cleanup(func() { os.RemoveAll(cluster); os.RemoveAll(filepath.Join(pgcluster.RootKeys, "pg-"+id)) })
 	return s, dir, cluster, id
 }
+
+// Root's start kept the cluster's credentials beside it twice, each time
+// reading the data directory's id and both files and the kept copies:
+// once after PostgreSQL was prepared (the secrets key not made yet on a
+// first start) and again once the config service served. Kept once
+// now, when both exist and the stack is up: the launcher says so once.
+func TestRootCredentialsKeptOnceAStart(t *testing.T) {
+	s, dir, _, id := rootStack(t)
+	const said = "kept the cluster's password and secrets key beside it"
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(s.Stderr(), said) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the launcher never said it kept the credentials:\n%s", s.Stderr())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := strings.Count(s.Stderr(), said); n != 1 {
+		t.Fatalf("credentials kept %d times in one start:\n%s", n, s.Stderr())
+	}
+	for _, name := range []string{pgcluster.DataDirPasswordFile, ".secret_key"} {
+		mine, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept, err := os.ReadFile(filepath.Join(pgcluster.RootKeys, "pg-"+id, name))
+		if err != nil || string(kept) != string(mine) {
+			t.Fatalf("%s not kept as the data directory holds it: %v", name, err)
+		}
+	}
+}

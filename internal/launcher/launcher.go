@@ -335,10 +335,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, services); err != nil {
 		return err
 	}
-	if cfg.DatabaseURL == "" {
-		// The config service made the secrets key at its first start.
-		keepCredentials(cfg)
-	}
 	for _, p := range services {
 		if p.served != nil {
 			p.served()
@@ -394,6 +390,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, []*proc{gateway}); err != nil {
 		return err
 	}
+	if cfg.DatabaseURL == "" {
+		// Once, here: both files exist (the config service made the
+		// secrets key at its first start), and "is up" means they are
+		// kept (a data directory removed right after is recoverable).
+		// It ran twice, after PostgreSQL was prepared and again after
+		// the services served, each reading the id, both files and the
+		// kept copies. A start that fails before this keeps nothing: its
+		// cluster never served the stack, so holds nothing to get back.
+		keepCredentials(cfg)
+	}
 	starting.done()
 	fmt.Fprintf(cfg.Out, "clawmesh %s is up\nsocket: %s\n", cfg.DataDir, socket)
 	upgrades.stackUp()
@@ -436,7 +442,6 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 	if err != nil {
 		return "", fmt.Errorf("postgres: %w", err)
 	}
-	keepCredentials(cfg)
 	p := &proc{name: "postgres", command: cl.Command, stopSignal: pgcluster.ShutdownSignal, probe: postgresProbe{cl}}
 	if err := sup.start(p, stop); err != nil {
 		return "", err
@@ -460,8 +465,13 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 // start names (pgcluster.KeepCredentials).
 // Not kept is said, not fatal: the stack runs as before.
 func keepCredentials(cfg Config) {
-	if err := pgcluster.KeepCredentials(cfg.DataDir); err != nil {
+	kept, err := pgcluster.KeepCredentials(cfg.DataDir)
+	if err != nil {
 		cfg.Log.Warn("the cluster's password and secrets key are not kept beside it: a data directory removed and made again cannot get its database back", zap.Error(err))
+		return
+	}
+	if kept != "" {
+		cfg.Log.Info("kept the cluster's password and secrets key beside it", zap.String("dir", kept))
 	}
 }
 

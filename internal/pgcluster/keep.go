@@ -36,26 +36,27 @@ func keysDir(id string) string { return filepath.Join(RootKeys, "pg-"+id) }
 // the cluster (RootKeys), so that the cluster can be re-attached once
 // the data directory is removed and made again. It does nothing for an
 // ordinary user, whose cluster lives in, and goes with, the data
-// directory.
-func KeepCredentials(dataDir string) error {
+// directory. It returns the folder they are kept in ("" for an ordinary
+// user).
+func KeepCredentials(dataDir string) (string, error) {
 	if os.Geteuid() != 0 {
-		return nil
+		return "", nil
 	}
 	id, err := readID(dataDir)
 	if err != nil {
-		return fmt.Errorf("keep cluster credentials: %w", err)
+		return "", fmt.Errorf("keep cluster credentials: %w", err)
 	}
 	if err := os.MkdirAll(RootKeys, 0o700); err != nil {
-		return fmt.Errorf("keep cluster credentials: %w", err)
+		return "", fmt.Errorf("keep cluster credentials: %w", err)
 	}
 	// MkdirAll leaves an existing folder's mode: made by hand, or
 	// loosened, it would show the keys to every account.
 	if err := os.Chmod(RootKeys, 0o700); err != nil {
-		return fmt.Errorf("keep cluster credentials: %w", err)
+		return "", fmt.Errorf("keep cluster credentials: %w", err)
 	}
 	dir := keysDir(id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("keep cluster credentials: %w", err)
+		return "", fmt.Errorf("keep cluster credentials: %w", err)
 	}
 	for _, name := range keptFiles {
 		raw, err := os.ReadFile(filepath.Join(dataDir, name))
@@ -63,16 +64,16 @@ func KeepCredentials(dataDir string) error {
 			continue // the secrets key is made by the config service's first start
 		}
 		if err != nil {
-			return fmt.Errorf("keep cluster credentials: %w", err)
+			return "", fmt.Errorf("keep cluster credentials: %w", err)
 		}
 		if kept, err := os.ReadFile(filepath.Join(dir, name)); err == nil && string(kept) == string(raw) {
 			continue
 		}
 		if err := atomicfile.Replace(filepath.Join(dir, name), raw, 0o600); err != nil {
-			return fmt.Errorf("keep cluster credentials: %w", err)
+			return "", fmt.Errorf("keep cluster credentials: %w", err)
 		}
 	}
-	return nil
+	return dir, nil
 }
 
 // kept reports whether the credentials of the cluster in dir were kept
