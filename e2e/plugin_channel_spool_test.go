@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -103,6 +104,12 @@ func TestPluginChannelSpoolsKeptApartAndTheOldLayoutDelivered(t *testing.T) {
 	waitFor(t, "the other plugin's message counted", 30*time.Second, func() bool {
 		return strings.Contains(readFile(log), "messages accepted for another plugin of this alias")
 	})
+	// Counted by status too, not only in the sandbox's log: the alias,
+	// the plugin it waits for, how many and how old.
+	out, err := clawmesh(t, s, "status")
+	if err != nil || !regexp.MustCompile(`"web" → webhook2 +1 kept, oldest \S+ old`).MatchString(out) {
+		t.Fatalf("status does not count webhook2's kept message (%v):\n%s", err, out)
+	}
 	// Two conversations: answered in either order.
 	got := replies()
 	if first := slices.Sorted(slices.Values(got)); !slices.Equal(first, []string{"kept by the old release", "kept for webhook"}) {

@@ -107,6 +107,13 @@ func TestStatusSaysWhyAServiceDoesNotServe(t *testing.T) {
 		t.Fatalf("status of the stopped plugin-sandbox, want %q:\n%s", want, out)
 	}
 	t.Logf("%s", line)
+	// clawmesh health, given the data directory, names the process and
+	// adds the same: it said "context deadline exceeded" alone.
+	out, err := clawmesh(t, s, "health", "--config-dir", s.DataDir, "--timeout", "500ms", "plugin-sandbox")
+	if err == nil || !strings.Contains(out, "the launcher says plugin-sandbox: hung (pid "+strconv.Itoa(sandbox)+" not answering health within 1s") {
+		t.Fatalf("clawmesh health of the stopped plugin-sandbox (%v):\n%s", err, out)
+	}
+	t.Logf("%s", out)
 }
 
 // A service the launcher restarts after a crash read "unreachable" with

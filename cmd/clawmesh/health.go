@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,11 +20,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/launcher"
 )
 
-const healthUsage = `usage: clawmesh health [ADDR] [--service NAME] [--timeout D]
+const healthUsage = `usage: clawmesh health [ADDR] [--service NAME] [--timeout D] [--config-dir DIR]
 
 Asks a Clawmesh process for its gRPC health and exits 0 only when it
 answers SERVING; otherwise prints the status and the reason the process
@@ -30,6 +34,13 @@ gives (its database or the bus unreachable, shutting down) and exits 1.
 ADDR is a socket path or host:port, by default CLAWMESH_LISTEN (a
 wildcard host such as 0.0.0.0 is asked on loopback), so the one command
 serves as every container's health check and as an exec probe.
+
+With --config-dir (a data directory clawmesh up runs on), ADDR may be a
+process's name (session, plugin-sandbox.1: its socket in DIR), and an
+answer other than SERVING adds what the launcher knows of that process:
+restarting after a crash (the attempt, the last exit) or hung (silent
+for how long), where the check alone said "connection refused" or
+"context deadline exceeded".
 `
 
 // ErrNotServing: the process answered, but not SERVING.
@@ -40,6 +51,7 @@ func healthCmd(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("health", flag.ContinueOnError)
 	service := fs.String("service", "", "the service name to ask about (default: the whole process)")
 	timeout := fs.Duration("timeout", 3*time.Second, "longest wait for the answer")
+	dirFlag := fs.String("config-dir", "", "data directory of the stack (clawmesh up): ADDR may name a process, and the launcher's state of it is added to a failure")
 	rest, err := parseArgs(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		usageOf(out, healthUsage, fs)
@@ -63,18 +75,27 @@ func healthCmd(args []string, out io.Writer) error {
 	if addr == "" {
 		return errors.New("health: no ADDR and no CLAWMESH_LISTEN: pass the process's socket path or host:port (under clawmesh up, <data>/<process>.sock)")
 	}
+	var dir string
+	if *dirFlag != "" {
+		if dir, err = filepath.Abs(*dirFlag); err != nil {
+			return fmt.Errorf("health: --config-dir: %w", err)
+		}
+		if name, replica, ok := processName(addr); ok {
+			addr = datadir.ServiceSocket(dir, name, replica)
+		}
+	}
 	addr = dialable(addr)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	status, reason, err := checkHealth(ctx, addr, *service)
 	if err != nil {
-		return healthError(addr, *service, err)
+		return withLauncherState(dir, addr, healthError(addr, *service, err))
 	}
 	if status != healthpb.HealthCheckResponse_SERVING {
 		if reason != "" {
-			return fmt.Errorf("health %s: %w: %s (%s)", addr, ErrNotServing, status, reason)
+			return withLauncherState(dir, addr, fmt.Errorf("health %s: %w: %s (%s)", addr, ErrNotServing, status, reason))
 		}
-		return fmt.Errorf("health %s: %w: %s", addr, ErrNotServing, status)
+		return withLauncherState(dir, addr, fmt.Errorf("health %s: %w: %s", addr, ErrNotServing, status))
 	}
 	_, err = fmt.Fprintln(out, status)
 	return err
@@ -139,4 +160,45 @@ func healthOn(ctx context.Context, cc *grpc.ClientConn, service string) (healthp
 		return 0, "", err
 	}
 	return resp.GetStatus(), strings.Join(trailer.Get(grpcserver.ReasonTrailer), "; "), nil
+}
+
+// processNamePattern is a process of the stack as the launcher names it:
+// a service, and for a replica past the first its number.
+var processNamePattern = regexp.MustCompile(`^([a-z][a-z-]{0,40})(?:\.([1-9][0-9]?))?$`)
+
+// processName reads addr as a process's name (plugin-sandbox.1): its
+// service and replica.
+func processName(addr string) (string, int, bool) {
+	m := processNamePattern.FindStringSubmatch(addr)
+	if m == nil {
+		return "", 0, false
+	}
+	replica := 0
+	if m[2] != "" {
+		replica, _ = strconv.Atoi(m[2])
+	}
+	return m[1], replica, true
+}
+
+// withLauncherState adds to err, a failed health check of the socket
+// addr, what the launcher supervising the data directory dir knows of
+// the process behind it, when it knows more (describeProcess).
+func withLauncherState(dir, addr string, err error) error {
+	if dir == "" {
+		return err
+	}
+	ls, rerr := launcher.ReadProcessStates(dir)
+	if rerr != nil {
+		return err
+	}
+	for name, ps := range ls.Processes {
+		service, replica, ok := processName(name)
+		if !ok || datadir.ServiceSocket(dir, service, replica) != addr {
+			continue
+		}
+		if word, why := describeProcess(&ls, ps, "", time.Now()); word != "" {
+			return fmt.Errorf("%w; the launcher says %s: %s (%s)", err, name, word, why)
+		}
+	}
+	return err
 }

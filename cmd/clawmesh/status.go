@@ -56,6 +56,10 @@ type statusReply struct {
 	// launcher is what the launcher of the stack says of its processes
 	// (launcherStates); nil when it says nothing.
 	launcher *launcher.ProcessStates
+	// spool is the channel spool's kept messages (spoolWaiting), read
+	// with launcher.
+	spool          []spoolWait
+	spoolTruncated bool
 }
 
 // ErrServicesDown: status answered, and some service is neither serving
@@ -94,6 +98,11 @@ func statusCmd(args []string, out io.Writer) error {
 	}
 	st.withoutConfig = sf.withoutConfig
 	st.launcher = launcherStates(sf)
+	if st.launcher != nil {
+		if dir, err := datadir.Resolve(sf.dir); err == nil {
+			st.spool, st.spoolTruncated = spoolWaiting(dir)
+		}
+	}
 	st.reasons = reasons(c, st)
 	return printStatus(out, st)
 }
@@ -174,6 +183,14 @@ func printStatus(out io.Writer, st statusReply) error {
 		}
 		fmt.Fprintf(w, "  %s\t%s\n", name, state)
 	}
+	if lines := spoolLines(st.spool, st.spoolTruncated, now); len(lines) > 0 {
+		// Not a failure: kept messages are delivered when their plugin
+		// is bound to the alias again.
+		fmt.Fprintln(w, "channel messages kept, not delivered yet (alias → plugin):")
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
+	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
@@ -228,31 +245,8 @@ func launcherSays(ls *launcher.ProcessStates, name, gateway string, now time.Tim
 	word := ""
 	var whys []string
 	for _, p := range procs {
-		ps := ls.Processes[p]
-		var w, why string
-		exit := ""
-		if ps.LastExit != "" {
-			exit = fmt.Sprintf("last exit: %s, %s ago", ps.LastExit, ago(now, ps.ExitedAt))
-		}
-		switch {
-		case ps.PID == 0 && ps.Restarts > 0:
-			w = "restarting"
-			if wait := ps.RestartAt.Sub(now); wait > 0 {
-				why = fmt.Sprintf("attempt %d in %s; %s", ps.Restarts, wait.Round(100*time.Millisecond), exit)
-			} else {
-				why = fmt.Sprintf("attempt %d starting; %s", ps.Restarts, exit)
-			}
-		case !ps.SilentSince.IsZero():
-			w = "hung"
-			why = fmt.Sprintf("pid %d not answering health within %s, silent for %s", ps.PID, ls.ProbeEvery, ago(now, ps.SilentSince))
-			if ls.Liveness > 0 {
-				why += fmt.Sprintf("; the launcher restarts it after %s of silence", ls.Liveness)
-			}
-		case ps.Restarts > 0 && !ps.Answered && ls.Liveness > 0 && gateway != "serving":
-			// Answered is known with liveness probing alone.
-			w = "restarting"
-			why = fmt.Sprintf("attempt %d, pid %d started %s ago, not answering yet; %s", ps.Restarts, ps.PID, ago(now, ps.StartedAt), exit)
-		default:
+		w, why := describeProcess(ls, ls.Processes[p], gateway, now)
+		if w == "" {
 			continue
 		}
 		if len(procs) > 1 {
@@ -265,6 +259,34 @@ func launcherSays(ls *launcher.ProcessStates, name, gateway string, now time.Tim
 		whys = append(whys, why)
 	}
 	return word, strings.Join(whys, "; ")
+}
+
+// describeProcess is one process's state as the launcher knows it
+// (launcherSays): "restarting" or "hung" with why, or "" when the
+// launcher knows nothing the gateway (whose word for it is gateway, ""
+// when not asked) does not.
+func describeProcess(ls *launcher.ProcessStates, ps launcher.ProcessState, gateway string, now time.Time) (string, string) {
+	exit := ""
+	if ps.LastExit != "" {
+		exit = fmt.Sprintf("last exit: %s, %s ago", ps.LastExit, ago(now, ps.ExitedAt))
+	}
+	switch {
+	case ps.PID == 0 && ps.Restarts > 0:
+		if wait := ps.RestartAt.Sub(now); wait > 0 {
+			return "restarting", fmt.Sprintf("attempt %d in %s; %s", ps.Restarts, wait.Round(100*time.Millisecond), exit)
+		}
+		return "restarting", fmt.Sprintf("attempt %d starting; %s", ps.Restarts, exit)
+	case !ps.SilentSince.IsZero():
+		why := fmt.Sprintf("pid %d not answering health within %s, silent for %s", ps.PID, ls.ProbeEvery, ago(now, ps.SilentSince))
+		if ls.Liveness > 0 {
+			why += fmt.Sprintf("; the launcher restarts it after %s of silence", ls.Liveness)
+		}
+		return "hung", why
+	case ps.Restarts > 0 && !ps.Answered && ls.Liveness > 0 && gateway != "serving":
+		// Answered is known with liveness probing alone.
+		return "restarting", fmt.Sprintf("attempt %d, pid %d started %s ago, not answering yet; %s", ps.Restarts, ps.PID, ago(now, ps.StartedAt), exit)
+	}
+	return "", ""
 }
 
 // ago is how long before now t was, rounded for a person.
