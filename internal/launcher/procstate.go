@@ -166,23 +166,28 @@ func (s *procStates) exited(name string, restarts int, how string, next time.Dur
 }
 
 // answered records a probe's outcome for the run pid, writing only when
-// it changes what the file says.
+// it changes what the file says. Checked and changed under one lock: a
+// run that exits meanwhile (exited) is not marked answered.
 func (s *procStates) answered(name string, pid int, answered bool, last time.Time) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	ps, ok := s.st.Processes[name]
-	s.mu.Unlock()
 	if !ok || ps.PID != pid {
 		return
 	}
 	switch {
 	case answered && (!ps.Answered || !ps.SilentSince.IsZero()):
-		s.change(name, func(ps *ProcessState) { ps.Answered, ps.SilentSince = true, time.Time{} })
+		ps.Answered, ps.SilentSince = true, time.Time{}
 	case !answered && !last.IsZero() && ps.SilentSince.IsZero():
-		s.change(name, func(ps *ProcessState) { ps.SilentSince = last })
+		ps.SilentSince = last
+	default:
+		return
 	}
+	s.st.Processes[name] = ps
+	s.writeLocked()
 }
 
 // remove deletes the file: the launcher stops supervising.
