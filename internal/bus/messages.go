@@ -443,3 +443,23 @@ func appendSessionUpdate(b []byte, sessionID string, typ busv1.UpdateType, seq i
 	}
 	return b
 }
+
+// EncodeSessionUpdate is the wire form of a busv1.SessionUpdate of
+// sessionID as Publish writes it, for an update sent again rather than
+// published (the session service's Resend): turnStartedBy names the
+// connection whose prompt started the update's turn ("" for none).
+func EncodeSessionUpdate(sessionID string, typ busv1.UpdateType, seq int64, params []byte, turnStartedBy string) []byte {
+	b := appendSessionUpdate(nil, sessionID, typ, seq, params, false)
+	if turnStartedBy != "" {
+		b = protowire.AppendTag(b, fieldUpdateTurnStartedBy, protowire.BytesType)
+		b = protowire.AppendString(b, turnStartedBy)
+	}
+	return b
+}
+
+// DecodeSessionUpdate decodes an update of session id's incarnation as a
+// subscription does (EncodeSessionUpdate's, sent again), refusing one of
+// another session.
+func DecodeSessionUpdate(data []byte, id string, incarnation int64) (Update, error) {
+	return decodeSessionUpdate(data, id, incarnation)
+}

@@ -407,8 +407,8 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 		rec.Done = true
 		res := turnResult{Outcome: OutcomeCancelled, StopReason: stopInterrupted}
 		if !restore {
-			if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'interrupted', outcome = $2, stop_reason = $3, ended_at = now()
-				WHERE turn_id = $1`, it.TurnID, res.Outcome, res.StopReason); err != nil {
+			if _, err := tx.Exec(ctx, `UPDATE turns SET state = 'interrupted', outcome = $2, stop_reason = $3, ended_at = now(), end_seq = $4
+				WHERE turn_id = $1`, it.TurnID, res.Outcome, res.StopReason, published); err != nil {
 				return err
 			}
 			if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE turn_id = $1 AND status = 'pending'", it.TurnID); err != nil {

@@ -2130,6 +2130,145 @@ func (x *SessionIncarnation) GetIncarnation() int64 {
 	return 0
 }
 
+type ResendRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// incarnation is the one the gateway follows.
+	Incarnation int64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// after_seq is the last update the gateway received (or the number
+	// the session service answered when the session was followed).
+	AfterSeq int64 `protobuf:"varint,3,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// upto_seq is the last number to send again; 0: the session's last
+	// published one.
+	UptoSeq       int64 `protobuf:"varint,4,opt,name=upto_seq,json=uptoSeq,proto3" json:"upto_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResendRequest) Reset() {
+	*x = ResendRequest{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResendRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResendRequest) ProtoMessage() {}
+
+func (x *ResendRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResendRequest.ProtoReflect.Descriptor instead.
+func (*ResendRequest) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ResendRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ResendRequest) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *ResendRequest) GetAfterSeq() int64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+func (x *ResendRequest) GetUptoSeq() int64 {
+	if x != nil {
+		return x.UptoSeq
+	}
+	return 0
+}
+
+type ResendResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// updates are busv1.SessionUpdate messages in their wire form, in
+	// order, with ascending seqs, the last one's upto_seq (or the number
+	// the session's last published update took).
+	Updates [][]byte `protobuf:"bytes,1,rep,name=updates,proto3" json:"updates,omitempty"`
+	// lost, when set, says why the updates cannot be sent again; updates
+	// is then empty.
+	Lost string `protobuf:"bytes,2,opt,name=lost,proto3" json:"lost,omitempty"`
+	// upto_seq is the seq of the last update sent again.
+	UptoSeq       int64 `protobuf:"varint,3,opt,name=upto_seq,json=uptoSeq,proto3" json:"upto_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResendResponse) Reset() {
+	*x = ResendResponse{}
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResendResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResendResponse) ProtoMessage() {}
+
+func (x *ResendResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResendResponse.ProtoReflect.Descriptor instead.
+func (*ResendResponse) Descriptor() ([]byte, []int) {
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ResendResponse) GetUpdates() [][]byte {
+	if x != nil {
+		return x.Updates
+	}
+	return nil
+}
+
+func (x *ResendResponse) GetLost() string {
+	if x != nil {
+		return x.Lost
+	}
+	return ""
+}
+
+func (x *ResendResponse) GetUptoSeq() int64 {
+	if x != nil {
+		return x.UptoSeq
+	}
+	return 0
+}
+
 type UpdateSeqsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// seqs holds one number for each of the request's sessions, in its
@@ -2150,7 +2289,7 @@ type UpdateSeqsResponse struct {
 
 func (x *UpdateSeqsResponse) Reset() {
 	*x = UpdateSeqsResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +2301,7 @@ func (x *UpdateSeqsResponse) String() string {
 func (*UpdateSeqsResponse) ProtoMessage() {}
 
 func (x *UpdateSeqsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[27]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +2314,7 @@ func (x *UpdateSeqsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSeqsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateSeqsResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *UpdateSeqsResponse) GetSeqs() []int64 {
@@ -2201,7 +2340,7 @@ type ConnectionClosedRequest struct {
 
 func (x *ConnectionClosedRequest) Reset() {
 	*x = ConnectionClosedRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2352,7 @@ func (x *ConnectionClosedRequest) String() string {
 func (*ConnectionClosedRequest) ProtoMessage() {}
 
 func (x *ConnectionClosedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[28]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2365,7 @@ func (x *ConnectionClosedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionClosedRequest.ProtoReflect.Descriptor instead.
 func (*ConnectionClosedRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ConnectionClosedRequest) GetConnectionId() string {
@@ -2245,7 +2384,7 @@ type ConnectionClosedResponse struct {
 
 func (x *ConnectionClosedResponse) Reset() {
 	*x = ConnectionClosedResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2396,7 @@ func (x *ConnectionClosedResponse) String() string {
 func (*ConnectionClosedResponse) ProtoMessage() {}
 
 func (x *ConnectionClosedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[29]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2409,7 @@ func (x *ConnectionClosedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionClosedResponse.ProtoReflect.Descriptor instead.
 func (*ConnectionClosedResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ConnectionClosedResponse) GetCancelledTurns() int32 {
@@ -2298,7 +2437,7 @@ type CheckUploadRequest struct {
 
 func (x *CheckUploadRequest) Reset() {
 	*x = CheckUploadRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2449,7 @@ func (x *CheckUploadRequest) String() string {
 func (*CheckUploadRequest) ProtoMessage() {}
 
 func (x *CheckUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[30]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2462,7 @@ func (x *CheckUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckUploadRequest.ProtoReflect.Descriptor instead.
 func (*CheckUploadRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CheckUploadRequest) GetPrincipal() *v1.Principal {
@@ -2369,7 +2508,7 @@ type CheckUploadResponse struct {
 
 func (x *CheckUploadResponse) Reset() {
 	*x = CheckUploadResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2520,7 @@ func (x *CheckUploadResponse) String() string {
 func (*CheckUploadResponse) ProtoMessage() {}
 
 func (x *CheckUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[31]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2533,7 @@ func (x *CheckUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckUploadResponse.ProtoReflect.Descriptor instead.
 func (*CheckUploadResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CheckUploadResponse) GetGeneration() int64 {
@@ -2452,7 +2591,7 @@ type StoreFileRequest struct {
 
 func (x *StoreFileRequest) Reset() {
 	*x = StoreFileRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2464,7 +2603,7 @@ func (x *StoreFileRequest) String() string {
 func (*StoreFileRequest) ProtoMessage() {}
 
 func (x *StoreFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[32]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2477,7 +2616,7 @@ func (x *StoreFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreFileRequest.ProtoReflect.Descriptor instead.
 func (*StoreFileRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StoreFileRequest) GetPrincipal() *v1.Principal {
@@ -2573,7 +2712,7 @@ type StoreFileResponse struct {
 
 func (x *StoreFileResponse) Reset() {
 	*x = StoreFileResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2724,7 @@ func (x *StoreFileResponse) String() string {
 func (*StoreFileResponse) ProtoMessage() {}
 
 func (x *StoreFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[33]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2737,7 @@ func (x *StoreFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreFileResponse.ProtoReflect.Descriptor instead.
 func (*StoreFileResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StoreFileResponse) GetFile() *FileEntry {
@@ -2618,7 +2757,7 @@ type CommittedUploadRequest struct {
 
 func (x *CommittedUploadRequest) Reset() {
 	*x = CommittedUploadRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +2769,7 @@ func (x *CommittedUploadRequest) String() string {
 func (*CommittedUploadRequest) ProtoMessage() {}
 
 func (x *CommittedUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[34]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +2782,7 @@ func (x *CommittedUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommittedUploadRequest.ProtoReflect.Descriptor instead.
 func (*CommittedUploadRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CommittedUploadRequest) GetPrincipal() *v1.Principal {
@@ -2670,7 +2809,7 @@ type CommittedUploadResponse struct {
 
 func (x *CommittedUploadResponse) Reset() {
 	*x = CommittedUploadResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2682,7 +2821,7 @@ func (x *CommittedUploadResponse) String() string {
 func (*CommittedUploadResponse) ProtoMessage() {}
 
 func (x *CommittedUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[35]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2695,7 +2834,7 @@ func (x *CommittedUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommittedUploadResponse.ProtoReflect.Descriptor instead.
 func (*CommittedUploadResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CommittedUploadResponse) GetFile() *FileEntry {
@@ -2718,7 +2857,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2869,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[36]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2882,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *FileEntry) GetRefId() string {
@@ -2792,7 +2931,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2804,7 +2943,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[37]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2817,7 +2956,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatusRequest) GetPrincipal() *v1.Principal {
@@ -2843,7 +2982,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2855,7 +2994,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[38]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2868,7 +3007,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *StatusResponse) GetActiveSessions() int64 {
@@ -2919,7 +3058,7 @@ type ApprovalView struct {
 
 func (x *ApprovalView) Reset() {
 	*x = ApprovalView{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2931,7 +3070,7 @@ func (x *ApprovalView) String() string {
 func (*ApprovalView) ProtoMessage() {}
 
 func (x *ApprovalView) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[39]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2944,7 +3083,7 @@ func (x *ApprovalView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalView.ProtoReflect.Descriptor instead.
 func (*ApprovalView) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ApprovalView) GetRequestId() string {
@@ -3055,7 +3194,7 @@ type SessionView struct {
 
 func (x *SessionView) Reset() {
 	*x = SessionView{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3067,7 +3206,7 @@ func (x *SessionView) String() string {
 func (*SessionView) ProtoMessage() {}
 
 func (x *SessionView) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[40]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3080,7 +3219,7 @@ func (x *SessionView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionView.ProtoReflect.Descriptor instead.
 func (*SessionView) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SessionView) GetSession() *Session {
@@ -3140,7 +3279,7 @@ type ListSessionViewsRequest struct {
 
 func (x *ListSessionViewsRequest) Reset() {
 	*x = ListSessionViewsRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3291,7 @@ func (x *ListSessionViewsRequest) String() string {
 func (*ListSessionViewsRequest) ProtoMessage() {}
 
 func (x *ListSessionViewsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[41]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3304,7 @@ func (x *ListSessionViewsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionViewsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionViewsRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListSessionViewsRequest) GetPrincipal() *v1.Principal {
@@ -3208,7 +3347,7 @@ type ListSessionViewsResponse struct {
 
 func (x *ListSessionViewsResponse) Reset() {
 	*x = ListSessionViewsResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3220,7 +3359,7 @@ func (x *ListSessionViewsResponse) String() string {
 func (*ListSessionViewsResponse) ProtoMessage() {}
 
 func (x *ListSessionViewsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[42]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3233,7 +3372,7 @@ func (x *ListSessionViewsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionViewsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionViewsResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListSessionViewsResponse) GetViews() []*SessionView {
@@ -3260,7 +3399,7 @@ type GetSessionViewRequest struct {
 
 func (x *GetSessionViewRequest) Reset() {
 	*x = GetSessionViewRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +3411,7 @@ func (x *GetSessionViewRequest) String() string {
 func (*GetSessionViewRequest) ProtoMessage() {}
 
 func (x *GetSessionViewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[43]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +3424,7 @@ func (x *GetSessionViewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionViewRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionViewRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetSessionViewRequest) GetPrincipal() *v1.Principal {
@@ -3311,7 +3450,7 @@ type GetSessionViewResponse struct {
 
 func (x *GetSessionViewResponse) Reset() {
 	*x = GetSessionViewResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3323,7 +3462,7 @@ func (x *GetSessionViewResponse) String() string {
 func (*GetSessionViewResponse) ProtoMessage() {}
 
 func (x *GetSessionViewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[44]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3336,7 +3475,7 @@ func (x *GetSessionViewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionViewResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionViewResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetSessionViewResponse) GetView() *SessionView {
@@ -3362,7 +3501,7 @@ type TranscriptMessage struct {
 
 func (x *TranscriptMessage) Reset() {
 	*x = TranscriptMessage{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3374,7 +3513,7 @@ func (x *TranscriptMessage) String() string {
 func (*TranscriptMessage) ProtoMessage() {}
 
 func (x *TranscriptMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[45]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3387,7 +3526,7 @@ func (x *TranscriptMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptMessage.ProtoReflect.Descriptor instead.
 func (*TranscriptMessage) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TranscriptMessage) GetIndex() int64 {
@@ -3441,7 +3580,7 @@ type TranscriptRequest struct {
 
 func (x *TranscriptRequest) Reset() {
 	*x = TranscriptRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3453,7 +3592,7 @@ func (x *TranscriptRequest) String() string {
 func (*TranscriptRequest) ProtoMessage() {}
 
 func (x *TranscriptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[46]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3466,7 +3605,7 @@ func (x *TranscriptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptRequest.ProtoReflect.Descriptor instead.
 func (*TranscriptRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TranscriptRequest) GetPrincipal() *v1.Principal {
@@ -3509,7 +3648,7 @@ type TranscriptResponse struct {
 
 func (x *TranscriptResponse) Reset() {
 	*x = TranscriptResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3521,7 +3660,7 @@ func (x *TranscriptResponse) String() string {
 func (*TranscriptResponse) ProtoMessage() {}
 
 func (x *TranscriptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[47]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3534,7 +3673,7 @@ func (x *TranscriptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TranscriptResponse.ProtoReflect.Descriptor instead.
 func (*TranscriptResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TranscriptResponse) GetSessionId() string {
@@ -3570,7 +3709,7 @@ type TurnEventsRequest struct {
 
 func (x *TurnEventsRequest) Reset() {
 	*x = TurnEventsRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3582,7 +3721,7 @@ func (x *TurnEventsRequest) String() string {
 func (*TurnEventsRequest) ProtoMessage() {}
 
 func (x *TurnEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[48]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3595,7 +3734,7 @@ func (x *TurnEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEventsRequest.ProtoReflect.Descriptor instead.
 func (*TurnEventsRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TurnEventsRequest) GetPrincipal() *v1.Principal {
@@ -3640,7 +3779,7 @@ type TurnEvent struct {
 
 func (x *TurnEvent) Reset() {
 	*x = TurnEvent{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3652,7 +3791,7 @@ func (x *TurnEvent) String() string {
 func (*TurnEvent) ProtoMessage() {}
 
 func (x *TurnEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[49]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3665,7 +3804,7 @@ func (x *TurnEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEvent.ProtoReflect.Descriptor instead.
 func (*TurnEvent) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{49}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TurnEvent) GetKind() string {
@@ -3729,7 +3868,7 @@ type TurnShown struct {
 
 func (x *TurnShown) Reset() {
 	*x = TurnShown{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3741,7 +3880,7 @@ func (x *TurnShown) String() string {
 func (*TurnShown) ProtoMessage() {}
 
 func (x *TurnShown) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[50]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3754,7 +3893,7 @@ func (x *TurnShown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnShown.ProtoReflect.Descriptor instead.
 func (*TurnShown) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{50}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TurnShown) GetTurnId() string {
@@ -3825,7 +3964,7 @@ type TurnEventsResponse struct {
 
 func (x *TurnEventsResponse) Reset() {
 	*x = TurnEventsResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3837,7 +3976,7 @@ func (x *TurnEventsResponse) String() string {
 func (*TurnEventsResponse) ProtoMessage() {}
 
 func (x *TurnEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[51]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3850,7 +3989,7 @@ func (x *TurnEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEventsResponse.ProtoReflect.Descriptor instead.
 func (*TurnEventsResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{51}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TurnEventsResponse) GetTurns() []*TurnShown {
@@ -3887,7 +4026,7 @@ type TurnTrim struct {
 
 func (x *TurnTrim) Reset() {
 	*x = TurnTrim{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3899,7 +4038,7 @@ func (x *TurnTrim) String() string {
 func (*TurnTrim) ProtoMessage() {}
 
 func (x *TurnTrim) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[52]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3912,7 +4051,7 @@ func (x *TurnTrim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnTrim.ProtoReflect.Descriptor instead.
 func (*TurnTrim) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{52}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *TurnTrim) GetTurnId() string {
@@ -3947,7 +4086,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3959,7 +4098,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[53]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3972,7 +4111,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{53}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GetApprovalRequest) GetPrincipal() *v1.Principal {
@@ -4005,7 +4144,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[54]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4017,7 +4156,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[54]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4030,7 +4169,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{54}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetApprovalResponse) GetApproval() *ApprovalView {
@@ -4057,7 +4196,7 @@ type StartTurnRequest struct {
 
 func (x *StartTurnRequest) Reset() {
 	*x = StartTurnRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[55]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4069,7 +4208,7 @@ func (x *StartTurnRequest) String() string {
 func (*StartTurnRequest) ProtoMessage() {}
 
 func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[55]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4082,7 +4221,7 @@ func (x *StartTurnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTurnRequest.ProtoReflect.Descriptor instead.
 func (*StartTurnRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{55}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StartTurnRequest) GetPrincipal() *v1.Principal {
@@ -4123,7 +4262,7 @@ type StartTurnResponse struct {
 
 func (x *StartTurnResponse) Reset() {
 	*x = StartTurnResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[56]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4135,7 +4274,7 @@ func (x *StartTurnResponse) String() string {
 func (*StartTurnResponse) ProtoMessage() {}
 
 func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[56]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4148,7 +4287,7 @@ func (x *StartTurnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTurnResponse.ProtoReflect.Descriptor instead.
 func (*StartTurnResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{56}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StartTurnResponse) GetSessionId() string {
@@ -4176,7 +4315,7 @@ type CancelTurnRequest struct {
 
 func (x *CancelTurnRequest) Reset() {
 	*x = CancelTurnRequest{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[57]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4188,7 +4327,7 @@ func (x *CancelTurnRequest) String() string {
 func (*CancelTurnRequest) ProtoMessage() {}
 
 func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[57]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4201,7 +4340,7 @@ func (x *CancelTurnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTurnRequest.ProtoReflect.Descriptor instead.
 func (*CancelTurnRequest) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{57}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CancelTurnRequest) GetPrincipal() *v1.Principal {
@@ -4239,7 +4378,7 @@ type CancelTurnResponse struct {
 
 func (x *CancelTurnResponse) Reset() {
 	*x = CancelTurnResponse{}
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[58]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4251,7 +4390,7 @@ func (x *CancelTurnResponse) String() string {
 func (*CancelTurnResponse) ProtoMessage() {}
 
 func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clawmesh_session_v1_session_proto_msgTypes[58]
+	mi := &file_clawmesh_session_v1_session_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4264,7 +4403,7 @@ func (x *CancelTurnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTurnResponse.ProtoReflect.Descriptor instead.
 func (*CancelTurnResponse) Descriptor() ([]byte, []int) {
-	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{58}
+	return file_clawmesh_session_v1_session_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CancelTurnResponse) GetSessionId() string {
@@ -4454,7 +4593,17 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x12SessionIncarnation\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12 \n" +
-	"\vincarnation\x18\x02 \x01(\x03R\vincarnation\"B\n" +
+	"\vincarnation\x18\x02 \x01(\x03R\vincarnation\"\x88\x01\n" +
+	"\rResendRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x03R\vincarnation\x12\x1b\n" +
+	"\tafter_seq\x18\x03 \x01(\x03R\bafterSeq\x12\x19\n" +
+	"\bupto_seq\x18\x04 \x01(\x03R\auptoSeq\"Y\n" +
+	"\x0eResendResponse\x12\x18\n" +
+	"\aupdates\x18\x01 \x03(\fR\aupdates\x12\x12\n" +
+	"\x04lost\x18\x02 \x01(\tR\x04lost\x12\x19\n" +
+	"\bupto_seq\x18\x03 \x01(\x03R\auptoSeq\"B\n" +
 	"\x12UpdateSeqsResponse\x12\x12\n" +
 	"\x04seqs\x18\x01 \x03(\x03R\x04seqs\x12\x18\n" +
 	"\aflushed\x18\x02 \x01(\bR\aflushed\">\n" +
@@ -4665,7 +4814,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x17APPROVAL_STATUS_PENDING\x10\x01\x12\x1b\n" +
 	"\x17APPROVAL_STATUS_DECIDED\x10\x02\x12\x1d\n" +
 	"\x19APPROVAL_STATUS_TIMED_OUT\x10\x03\x12\x1d\n" +
-	"\x19APPROVAL_STATUS_CANCELLED\x10\x042\xaa\x11\n" +
+	"\x19APPROVAL_STATUS_CANCELLED\x10\x042\xfd\x11\n" +
 	"\x0eSessionService\x12]\n" +
 	"\n" +
 	"NewSession\x12&.clawmesh.session.v1.NewSessionRequest\x1a'.clawmesh.session.v1.NewSessionResponse\x12Q\n" +
@@ -4681,7 +4830,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\x06Attach\x12\".clawmesh.session.v1.AttachRequest\x1a#.clawmesh.session.v1.AttachResponse\x12o\n" +
 	"\x10ConnectionClosed\x12,.clawmesh.session.v1.ConnectionClosedRequest\x1a-.clawmesh.session.v1.ConnectionClosedResponse\x12]\n" +
 	"\n" +
-	"UpdateSeqs\x12&.clawmesh.session.v1.UpdateSeqsRequest\x1a'.clawmesh.session.v1.UpdateSeqsResponse\x12Z\n" +
+	"UpdateSeqs\x12&.clawmesh.session.v1.UpdateSeqsRequest\x1a'.clawmesh.session.v1.UpdateSeqsResponse\x12Q\n" +
+	"\x06Resend\x12\".clawmesh.session.v1.ResendRequest\x1a#.clawmesh.session.v1.ResendResponse\x12Z\n" +
 	"\tStoreFile\x12%.clawmesh.session.v1.StoreFileRequest\x1a&.clawmesh.session.v1.StoreFileResponse\x12`\n" +
 	"\vCheckUpload\x12'.clawmesh.session.v1.CheckUploadRequest\x1a(.clawmesh.session.v1.CheckUploadResponse\x12l\n" +
 	"\x0fCommittedUpload\x12+.clawmesh.session.v1.CommittedUploadRequest\x1a,.clawmesh.session.v1.CommittedUploadResponse\x12Q\n" +
@@ -4710,7 +4860,7 @@ func file_clawmesh_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_clawmesh_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_clawmesh_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(SessionState)(0),                // 0: clawmesh.session.v1.SessionState
 	(TurnOutcome)(0),                 // 1: clawmesh.session.v1.TurnOutcome
@@ -4744,97 +4894,99 @@ var file_clawmesh_session_v1_session_proto_goTypes = []any{
 	(*AttachResponse)(nil),           // 29: clawmesh.session.v1.AttachResponse
 	(*UpdateSeqsRequest)(nil),        // 30: clawmesh.session.v1.UpdateSeqsRequest
 	(*SessionIncarnation)(nil),       // 31: clawmesh.session.v1.SessionIncarnation
-	(*UpdateSeqsResponse)(nil),       // 32: clawmesh.session.v1.UpdateSeqsResponse
-	(*ConnectionClosedRequest)(nil),  // 33: clawmesh.session.v1.ConnectionClosedRequest
-	(*ConnectionClosedResponse)(nil), // 34: clawmesh.session.v1.ConnectionClosedResponse
-	(*CheckUploadRequest)(nil),       // 35: clawmesh.session.v1.CheckUploadRequest
-	(*CheckUploadResponse)(nil),      // 36: clawmesh.session.v1.CheckUploadResponse
-	(*StoreFileRequest)(nil),         // 37: clawmesh.session.v1.StoreFileRequest
-	(*StoreFileResponse)(nil),        // 38: clawmesh.session.v1.StoreFileResponse
-	(*CommittedUploadRequest)(nil),   // 39: clawmesh.session.v1.CommittedUploadRequest
-	(*CommittedUploadResponse)(nil),  // 40: clawmesh.session.v1.CommittedUploadResponse
-	(*FileEntry)(nil),                // 41: clawmesh.session.v1.FileEntry
-	(*StatusRequest)(nil),            // 42: clawmesh.session.v1.StatusRequest
-	(*StatusResponse)(nil),           // 43: clawmesh.session.v1.StatusResponse
-	(*ApprovalView)(nil),             // 44: clawmesh.session.v1.ApprovalView
-	(*SessionView)(nil),              // 45: clawmesh.session.v1.SessionView
-	(*ListSessionViewsRequest)(nil),  // 46: clawmesh.session.v1.ListSessionViewsRequest
-	(*ListSessionViewsResponse)(nil), // 47: clawmesh.session.v1.ListSessionViewsResponse
-	(*GetSessionViewRequest)(nil),    // 48: clawmesh.session.v1.GetSessionViewRequest
-	(*GetSessionViewResponse)(nil),   // 49: clawmesh.session.v1.GetSessionViewResponse
-	(*TranscriptMessage)(nil),        // 50: clawmesh.session.v1.TranscriptMessage
-	(*TranscriptRequest)(nil),        // 51: clawmesh.session.v1.TranscriptRequest
-	(*TranscriptResponse)(nil),       // 52: clawmesh.session.v1.TranscriptResponse
-	(*TurnEventsRequest)(nil),        // 53: clawmesh.session.v1.TurnEventsRequest
-	(*TurnEvent)(nil),                // 54: clawmesh.session.v1.TurnEvent
-	(*TurnShown)(nil),                // 55: clawmesh.session.v1.TurnShown
-	(*TurnEventsResponse)(nil),       // 56: clawmesh.session.v1.TurnEventsResponse
-	(*TurnTrim)(nil),                 // 57: clawmesh.session.v1.TurnTrim
-	(*GetApprovalRequest)(nil),       // 58: clawmesh.session.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),      // 59: clawmesh.session.v1.GetApprovalResponse
-	(*StartTurnRequest)(nil),         // 60: clawmesh.session.v1.StartTurnRequest
-	(*StartTurnResponse)(nil),        // 61: clawmesh.session.v1.StartTurnResponse
-	(*CancelTurnRequest)(nil),        // 62: clawmesh.session.v1.CancelTurnRequest
-	(*CancelTurnResponse)(nil),       // 63: clawmesh.session.v1.CancelTurnResponse
-	(*timestamppb.Timestamp)(nil),    // 64: google.protobuf.Timestamp
-	(*v1.Principal)(nil),             // 65: clawmesh.common.v1.Principal
+	(*ResendRequest)(nil),            // 32: clawmesh.session.v1.ResendRequest
+	(*ResendResponse)(nil),           // 33: clawmesh.session.v1.ResendResponse
+	(*UpdateSeqsResponse)(nil),       // 34: clawmesh.session.v1.UpdateSeqsResponse
+	(*ConnectionClosedRequest)(nil),  // 35: clawmesh.session.v1.ConnectionClosedRequest
+	(*ConnectionClosedResponse)(nil), // 36: clawmesh.session.v1.ConnectionClosedResponse
+	(*CheckUploadRequest)(nil),       // 37: clawmesh.session.v1.CheckUploadRequest
+	(*CheckUploadResponse)(nil),      // 38: clawmesh.session.v1.CheckUploadResponse
+	(*StoreFileRequest)(nil),         // 39: clawmesh.session.v1.StoreFileRequest
+	(*StoreFileResponse)(nil),        // 40: clawmesh.session.v1.StoreFileResponse
+	(*CommittedUploadRequest)(nil),   // 41: clawmesh.session.v1.CommittedUploadRequest
+	(*CommittedUploadResponse)(nil),  // 42: clawmesh.session.v1.CommittedUploadResponse
+	(*FileEntry)(nil),                // 43: clawmesh.session.v1.FileEntry
+	(*StatusRequest)(nil),            // 44: clawmesh.session.v1.StatusRequest
+	(*StatusResponse)(nil),           // 45: clawmesh.session.v1.StatusResponse
+	(*ApprovalView)(nil),             // 46: clawmesh.session.v1.ApprovalView
+	(*SessionView)(nil),              // 47: clawmesh.session.v1.SessionView
+	(*ListSessionViewsRequest)(nil),  // 48: clawmesh.session.v1.ListSessionViewsRequest
+	(*ListSessionViewsResponse)(nil), // 49: clawmesh.session.v1.ListSessionViewsResponse
+	(*GetSessionViewRequest)(nil),    // 50: clawmesh.session.v1.GetSessionViewRequest
+	(*GetSessionViewResponse)(nil),   // 51: clawmesh.session.v1.GetSessionViewResponse
+	(*TranscriptMessage)(nil),        // 52: clawmesh.session.v1.TranscriptMessage
+	(*TranscriptRequest)(nil),        // 53: clawmesh.session.v1.TranscriptRequest
+	(*TranscriptResponse)(nil),       // 54: clawmesh.session.v1.TranscriptResponse
+	(*TurnEventsRequest)(nil),        // 55: clawmesh.session.v1.TurnEventsRequest
+	(*TurnEvent)(nil),                // 56: clawmesh.session.v1.TurnEvent
+	(*TurnShown)(nil),                // 57: clawmesh.session.v1.TurnShown
+	(*TurnEventsResponse)(nil),       // 58: clawmesh.session.v1.TurnEventsResponse
+	(*TurnTrim)(nil),                 // 59: clawmesh.session.v1.TurnTrim
+	(*GetApprovalRequest)(nil),       // 60: clawmesh.session.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),      // 61: clawmesh.session.v1.GetApprovalResponse
+	(*StartTurnRequest)(nil),         // 62: clawmesh.session.v1.StartTurnRequest
+	(*StartTurnResponse)(nil),        // 63: clawmesh.session.v1.StartTurnResponse
+	(*CancelTurnRequest)(nil),        // 64: clawmesh.session.v1.CancelTurnRequest
+	(*CancelTurnResponse)(nil),       // 65: clawmesh.session.v1.CancelTurnResponse
+	(*timestamppb.Timestamp)(nil),    // 66: google.protobuf.Timestamp
+	(*v1.Principal)(nil),             // 67: clawmesh.common.v1.Principal
 }
 var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	0,  // 0: clawmesh.session.v1.Session.state:type_name -> clawmesh.session.v1.SessionState
-	64, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	64, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
-	65, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
-	65, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	66, // 1: clawmesh.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	66, // 2: clawmesh.session.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
+	67, // 3: clawmesh.session.v1.NewSessionRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 4: clawmesh.session.v1.PromptRequest.principal:type_name -> clawmesh.common.v1.Principal
 	8,  // 5: clawmesh.session.v1.PromptRequest.attachments:type_name -> clawmesh.session.v1.FileRef
 	1,  // 6: clawmesh.session.v1.PromptResponse.outcome:type_name -> clawmesh.session.v1.TurnOutcome
-	65, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
-	65, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 7: clawmesh.session.v1.CancelRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
 	2,  // 9: clawmesh.session.v1.ApproveRequest.decision:type_name -> clawmesh.session.v1.Decision
 	3,  // 10: clawmesh.session.v1.ApproveRequest.surface:type_name -> clawmesh.session.v1.Surface
-	65, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
 	0,  // 12: clawmesh.session.v1.StateResponse.state:type_name -> clawmesh.session.v1.SessionState
-	65, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
 	17, // 14: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
-	65, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
 	5,  // 16: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
-	65, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
-	65, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
-	65, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
-	65, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
 	31, // 21: clawmesh.session.v1.UpdateSeqsRequest.sessions:type_name -> clawmesh.session.v1.SessionIncarnation
-	65, // 22: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
-	65, // 23: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
-	41, // 24: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	65, // 25: clawmesh.session.v1.CommittedUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
-	41, // 26: clawmesh.session.v1.CommittedUploadResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	65, // 27: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 22: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 23: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
+	43, // 24: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	67, // 25: clawmesh.session.v1.CommittedUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	43, // 26: clawmesh.session.v1.CommittedUploadResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	67, // 27: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
 	4,  // 28: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
 	2,  // 29: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
 	3,  // 30: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
-	64, // 31: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
-	64, // 32: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
-	64, // 33: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
+	66, // 31: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
+	66, // 32: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
+	66, // 33: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
 	5,  // 34: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
-	64, // 35: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
-	44, // 36: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
-	65, // 37: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
-	45, // 38: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
-	65, // 39: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
-	45, // 40: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
-	64, // 41: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
-	65, // 42: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
-	50, // 43: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
-	65, // 44: clawmesh.session.v1.TurnEventsRequest.principal:type_name -> clawmesh.common.v1.Principal
-	64, // 45: clawmesh.session.v1.TurnEvent.at:type_name -> google.protobuf.Timestamp
-	54, // 46: clawmesh.session.v1.TurnShown.events:type_name -> clawmesh.session.v1.TurnEvent
-	64, // 47: clawmesh.session.v1.TurnShown.trimmed_at:type_name -> google.protobuf.Timestamp
-	55, // 48: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
-	57, // 49: clawmesh.session.v1.TurnEventsResponse.trims:type_name -> clawmesh.session.v1.TurnTrim
-	64, // 50: clawmesh.session.v1.TurnTrim.trimmed_at:type_name -> google.protobuf.Timestamp
-	65, // 51: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
-	44, // 52: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
-	65, // 53: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	65, // 54: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	66, // 35: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
+	46, // 36: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
+	67, // 37: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	47, // 38: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
+	67, // 39: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
+	47, // 40: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
+	66, // 41: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
+	67, // 42: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	52, // 43: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
+	67, // 44: clawmesh.session.v1.TurnEventsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	66, // 45: clawmesh.session.v1.TurnEvent.at:type_name -> google.protobuf.Timestamp
+	56, // 46: clawmesh.session.v1.TurnShown.events:type_name -> clawmesh.session.v1.TurnEvent
+	66, // 47: clawmesh.session.v1.TurnShown.trimmed_at:type_name -> google.protobuf.Timestamp
+	57, // 48: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
+	59, // 49: clawmesh.session.v1.TurnEventsResponse.trims:type_name -> clawmesh.session.v1.TurnTrim
+	66, // 50: clawmesh.session.v1.TurnTrim.trimmed_at:type_name -> google.protobuf.Timestamp
+	67, // 51: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
+	46, // 52: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
+	67, // 53: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 54: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
 	6,  // 55: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
 	9,  // 56: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
 	11, // 57: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
@@ -4846,45 +4998,47 @@ var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	24, // 63: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
 	26, // 64: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
 	28, // 65: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	33, // 66: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	35, // 66: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
 	30, // 67: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
-	37, // 68: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	35, // 69: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	39, // 70: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
-	42, // 71: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	46, // 72: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
-	48, // 73: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
-	51, // 74: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
-	53, // 75: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
-	58, // 76: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
-	60, // 77: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
-	62, // 78: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
-	7,  // 79: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	10, // 80: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	12, // 81: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	14, // 82: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	16, // 83: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	19, // 84: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	21, // 85: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	23, // 86: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
-	25, // 87: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
-	27, // 88: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
-	29, // 89: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	34, // 90: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	32, // 91: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
-	38, // 92: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
-	36, // 93: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	40, // 94: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
-	43, // 95: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	47, // 96: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
-	49, // 97: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
-	52, // 98: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
-	56, // 99: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
-	59, // 100: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
-	61, // 101: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
-	63, // 102: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
-	79, // [79:103] is the sub-list for method output_type
-	55, // [55:79] is the sub-list for method input_type
+	32, // 68: clawmesh.session.v1.SessionService.Resend:input_type -> clawmesh.session.v1.ResendRequest
+	39, // 69: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	37, // 70: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	41, // 71: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
+	44, // 72: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	48, // 73: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
+	50, // 74: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
+	53, // 75: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
+	55, // 76: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
+	60, // 77: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
+	62, // 78: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
+	64, // 79: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
+	7,  // 80: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	10, // 81: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	12, // 82: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	14, // 83: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	16, // 84: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	19, // 85: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	21, // 86: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	23, // 87: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	25, // 88: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	27, // 89: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	29, // 90: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	36, // 91: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	34, // 92: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
+	33, // 93: clawmesh.session.v1.SessionService.Resend:output_type -> clawmesh.session.v1.ResendResponse
+	40, // 94: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	38, // 95: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	42, // 96: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
+	45, // 97: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	49, // 98: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
+	51, // 99: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
+	54, // 100: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
+	58, // 101: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
+	61, // 102: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
+	63, // 103: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
+	65, // 104: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
+	80, // [80:105] is the sub-list for method output_type
+	55, // [55:80] is the sub-list for method input_type
 	55, // [55:55] is the sub-list for extension type_name
 	55, // [55:55] is the sub-list for extension extendee
 	0,  // [0:55] is the sub-list for field type_name
@@ -4899,14 +5053,14 @@ func file_clawmesh_session_v1_session_proto_init() {
 	file_clawmesh_session_v1_session_proto_msgTypes[4].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[13].OneofWrappers = []any{}
 	file_clawmesh_session_v1_session_proto_msgTypes[24].OneofWrappers = []any{}
-	file_clawmesh_session_v1_session_proto_msgTypes[46].OneofWrappers = []any{}
+	file_clawmesh_session_v1_session_proto_msgTypes[48].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clawmesh_session_v1_session_proto_rawDesc), len(file_clawmesh_session_v1_session_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   59,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

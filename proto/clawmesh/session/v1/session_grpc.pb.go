@@ -38,6 +38,7 @@ const (
 	SessionService_Attach_FullMethodName           = "/clawmesh.session.v1.SessionService/Attach"
 	SessionService_ConnectionClosed_FullMethodName = "/clawmesh.session.v1.SessionService/ConnectionClosed"
 	SessionService_UpdateSeqs_FullMethodName       = "/clawmesh.session.v1.SessionService/UpdateSeqs"
+	SessionService_Resend_FullMethodName           = "/clawmesh.session.v1.SessionService/Resend"
 	SessionService_StoreFile_FullMethodName        = "/clawmesh.session.v1.SessionService/StoreFile"
 	SessionService_CheckUpload_FullMethodName      = "/clawmesh.session.v1.SessionService/CheckUpload"
 	SessionService_CommittedUpload_FullMethodName  = "/clawmesh.session.v1.SessionService/CommittedUpload"
@@ -80,6 +81,12 @@ type SessionServiceClient interface {
 	// with the last one it received, to tell a session whose stream lost
 	// updates meanwhile from one that lost nothing.
 	UpdateSeqs(ctx context.Context, in *UpdateSeqsRequest, opts ...grpc.CallOption) (*UpdateSeqsResponse, error)
+	// Resend rebuilds, from what the session service stores (each ended
+	// turn's checkpoint events, its end and the number its turn_complete
+	// took), the updates of a session numbered past after_seq up to
+	// upto_seq, for a gateway that missed them: or says why they cannot
+	// be (lost).
+	Resend(ctx context.Context, in *ResendRequest, opts ...grpc.CallOption) (*ResendResponse, error)
 	// StoreFile writes a finished upload or attachment into the session's
 	// workspace under its content hash, re-checking the session generation
 	// and the caller's grants under the session lock.
@@ -255,6 +262,16 @@ func (c *sessionServiceClient) UpdateSeqs(ctx context.Context, in *UpdateSeqsReq
 	return out, nil
 }
 
+func (c *sessionServiceClient) Resend(ctx context.Context, in *ResendRequest, opts ...grpc.CallOption) (*ResendResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResendResponse)
+	err := c.cc.Invoke(ctx, SessionService_Resend_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionServiceClient) StoreFile(ctx context.Context, in *StoreFileRequest, opts ...grpc.CallOption) (*StoreFileResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StoreFileResponse)
@@ -394,6 +411,12 @@ type SessionServiceServer interface {
 	// with the last one it received, to tell a session whose stream lost
 	// updates meanwhile from one that lost nothing.
 	UpdateSeqs(context.Context, *UpdateSeqsRequest) (*UpdateSeqsResponse, error)
+	// Resend rebuilds, from what the session service stores (each ended
+	// turn's checkpoint events, its end and the number its turn_complete
+	// took), the updates of a session numbered past after_seq up to
+	// upto_seq, for a gateway that missed them: or says why they cannot
+	// be (lost).
+	Resend(context.Context, *ResendRequest) (*ResendResponse, error)
 	// StoreFile writes a finished upload or attachment into the session's
 	// workspace under its content hash, re-checking the session generation
 	// and the caller's grants under the session lock.
@@ -477,6 +500,9 @@ func (UnimplementedSessionServiceServer) ConnectionClosed(context.Context, *Conn
 }
 func (UnimplementedSessionServiceServer) UpdateSeqs(context.Context, *UpdateSeqsRequest) (*UpdateSeqsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateSeqs not implemented")
+}
+func (UnimplementedSessionServiceServer) Resend(context.Context, *ResendRequest) (*ResendResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Resend not implemented")
 }
 func (UnimplementedSessionServiceServer) StoreFile(context.Context, *StoreFileRequest) (*StoreFileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StoreFile not implemented")
@@ -766,6 +792,24 @@ func _SessionService_UpdateSeqs_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_Resend_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResendRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).Resend(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_Resend_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).Resend(ctx, req.(*ResendRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionService_StoreFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StoreFileRequest)
 	if err := dec(in); err != nil {
@@ -1022,6 +1066,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdateSeqs",
 			Handler:    _SessionService_UpdateSeqs_Handler,
+		},
+		{
+			MethodName: "Resend",
+			Handler:    _SessionService_Resend_Handler,
 		},
 		{
 			MethodName: "StoreFile",

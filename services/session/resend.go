@@ -1,0 +1,258 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/ids"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// Bounds of Resend: a gateway that missed more than this closes the
+// followers instead (the client reads the transcript).
+const (
+	// maxResendTurns bounds the ended turns one Resend rebuilds.
+	maxResendTurns = 8
+	// maxResendBytes bounds the params of the updates one Resend
+	// answers, within a gRPC message (16 MiB) with room for the rest.
+	maxResendBytes = 8 << 20
+)
+
+// Resend rebuilds the updates of a session numbered past after_seq up to
+// upto_seq (see the proto) from what is stored: each ended turn's end
+// (turns.end_seq, the number its turn_complete took, its outcome,
+// content and error) and its checkpoint events (its text, thoughts,
+// tool calls and results, in the order they were streamed). The chunks
+// a live turn published carry numbers stored nowhere, so only these can
+// be sent again:
+//
+//   - a turn of which the gateway received nothing (after_seq is the
+//     previous turn's end): its events, text coalesced as checkpointed,
+//     then its turn_complete;
+//   - a turn of which it received all but the turn_complete (after_seq
+//     is the one before the turn's end): the turn_complete alone;
+//   - a turn cut by a crash, of which it received part: its recovery's
+//     turn_complete, whose content is the text the turn had stored (what
+//     a follower that stayed on the bus gets too: the chunks the killed
+//     process numbered are recorded nowhere).
+//
+// The turns after the first must be ended and whole. Anything else (a
+// range ending in a turn still running, a turn cut mid-stream, events
+// trimmed away, past the bounds) is a loss, said in lost.
+func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*sessionv1.ResendResponse, error) {
+	id := req.GetSessionId()
+	if !ids.Token(id) {
+		return nil, errInvalid(fmt.Sprintf("`session_id` %v", ids.ErrFormat))
+	}
+	after, upto := req.GetAfterSeq(), req.GetUptoSeq()
+	if after < 0 || upto < 0 || (upto != 0 && upto <= after) {
+		return nil, errInvalid(fmt.Sprintf("no range of updates from after %d up to %d", after, upto))
+	}
+	lost := func(why string) (*sessionv1.ResendResponse, error) {
+		return &sessionv1.ResendResponse{Lost: why}, nil
+	}
+	stored, err := s.store.updateSeqs(ctx, []string{id})
+	if err != nil {
+		return nil, err
+	}
+	row, ok := stored[id]
+	if !ok || row.incarnation != req.GetIncarnation() {
+		return lost("the session is gone")
+	}
+	if upto == 0 {
+		upto = s.liveUpdateSeq(id, req.GetIncarnation())
+		if upto == noLiveHalf {
+			upto = row.last
+		}
+		if upto < 0 {
+			return lost("the session's last update number is not known")
+		}
+		if upto <= after {
+			return &sessionv1.ResendResponse{UptoSeq: after}, nil
+		}
+	}
+	turns, prevEnd, err := s.store.endedTurns(ctx, id, after, upto)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case len(turns) == 0:
+		return lost(fmt.Sprintf("no ended turn holds the updates after %d up to %d (a turn still running, or one cut mid-stream)", after, upto))
+	case len(turns) > maxResendTurns:
+		return lost(fmt.Sprintf("more than %d turns were missed", maxResendTurns))
+	case turns[len(turns)-1].endSeq != upto:
+		return lost(fmt.Sprintf("update %d is not a turn's end: the updates of a turn still running are not stored with their numbers", upto))
+	}
+	resp := &sessionv1.ResendResponse{UptoSeq: upto}
+	size := 0
+	for i, t := range turns {
+		var ups []rebuilt
+		switch {
+		case i == 0 && after == t.endSeq-1 && !t.cut:
+			// All but its turn_complete was received.
+		case i == 0 && t.cut && after > prevEnd:
+			// Cut by a crash, part of it received: its recovery's end.
+		case i == 0 && after != prevEnd:
+			return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn: their numbers are not stored", t.id, after))
+		default:
+			if ups, err = s.store.turnUpdates(ctx, id, t.id); err != nil {
+				return nil, err
+			}
+			if ups == nil {
+				return lost(fmt.Sprintf("the events of turn %s are no longer stored (trimmed)", t.id))
+			}
+		}
+		ups = append(ups, t.complete())
+		// Numbered so that the last is the turn's end, each past the
+		// previous turn's: a rebuilt turn has at most as many updates
+		// as it published (its text coalesced).
+		from := t.endSeq - int64(len(ups))
+		if from < prevEnd {
+			return lost(fmt.Sprintf("turn %s cannot be renumbered within its numbers", t.id))
+		}
+		for j, u := range ups {
+			members := appendMembers(nil, u.f)
+			params, err := appendUpdateParams(nil, id, u.typ, members)
+			if err != nil {
+				return nil, fmt.Errorf("resend turn %s: %w", t.id, err)
+			}
+			size += len(params)
+			if size > maxResendBytes {
+				return lost(fmt.Sprintf("the updates missed pass %d bytes", maxResendBytes))
+			}
+			startedBy := ""
+			if j == 0 && len(ups) > 1 {
+				startedBy = t.connID
+			}
+			resp.Updates = append(resp.Updates, bus.EncodeSessionUpdate(id, bus.UpdateType(u.typ), from+int64(j)+1, params, startedBy))
+		}
+		prevEnd = t.endSeq
+	}
+	return resp, nil
+}
+
+// rebuilt is one update Resend sends again: its type and params.
+type rebuilt struct {
+	typ string
+	f   fields
+}
+
+// endedTurn is a turn's end as stored.
+type endedTurn struct {
+	id, connID                         string
+	outcome, stopReason, content, fail string
+	gen                                *int64
+	endSeq                             int64
+	cut                                bool // ended by recovery after a crash
+}
+
+// complete is t's turn_complete, as the turn (or its recovery) published
+// it.
+func (t endedTurn) complete() rebuilt {
+	f := fields{"turn_id": t.id, "outcome": t.outcome, "content": t.content, "stop_reason": t.stopReason}
+	if t.gen != nil {
+		f["client_turn_generation"] = *t.gen
+	}
+	if t.fail != "" {
+		f["error"] = t.fail
+	}
+	return rebuilt{typ: UpdateTurnComplete, f: f}
+}
+
+// endedTurns reads the turns of the session whose turn_complete took a
+// number past after up to upto, by that number (one more than
+// maxResendTurns at most), and the number the last turn before them
+// ended with (0 when the session had no turn before them: none that
+// ended without a number stored either, else -1).
+func (st *store) endedTurns(ctx context.Context, id string, after, upto int64) ([]endedTurn, int64, error) {
+	rows, err := st.db.Query(ctx, `SELECT turn_id, connection_id, outcome, stop_reason, content, error, client_turn_generation, end_seq,
+		stop_reason = $4
+		FROM turns WHERE session_id = $1 AND end_seq > $2 AND end_seq <= $3 AND state <> 'running'
+		ORDER BY end_seq LIMIT $5`, id, after, upto, stopInterrupted, maxResendTurns+1)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read ended turns: %w", err)
+	}
+	turns, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (endedTurn, error) {
+		var t endedTurn
+		err := row.Scan(&t.id, &t.connID, &t.outcome, &t.stopReason, &t.content, &t.fail, &t.gen, &t.endSeq, &t.cut)
+		return t, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("read ended turns: %w", err)
+	}
+	if len(turns) == 0 {
+		return nil, 0, nil
+	}
+	// The turn before the first: ended with a number, or none at all.
+	var prev *int64
+	var before int64
+	err = st.db.QueryRow(ctx, `SELECT (SELECT max(end_seq) FROM turns WHERE session_id = $1 AND end_seq <= $2),
+		(SELECT count(*) FROM turns WHERE session_id = $1 AND turn_id <> $3 AND end_seq IS NULL
+			AND started_at <= (SELECT started_at FROM turns WHERE turn_id = $3))`, id, after, turns[0].id).Scan(&prev, &before)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read ended turns: %w", err)
+	}
+	switch {
+	case before > 0:
+		// A turn ended without a number (before end_seq was stored):
+		// where its updates end is not known.
+		return turns, -1, nil
+	case prev == nil:
+		return turns, 0, nil
+	}
+	return turns, *prev, nil
+}
+
+// turnUpdates rebuilds the updates turn showed from its checkpoint
+// events, without its turn_complete: nil when they are no longer stored
+// whole (its prompt's event is gone with the rest when trimmed).
+func (st *store) turnUpdates(ctx context.Context, sessionID, turnID string) ([]rebuilt, error) {
+	rows, err := st.db.Query(ctx, `SELECT e.kind, e.content, e.tool_call_id, e.name, COALESCE(c.status, '')
+		FROM checkpoint_events e
+		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
+		WHERE e.session_id = $1 AND e.turn_id = $2 ORDER BY e.seq`, sessionID, turnID)
+	if err != nil {
+		return nil, fmt.Errorf("read turn events: %w", err)
+	}
+	var (
+		out                              []rebuilt
+		whole                            bool
+		kind, content, callID, name, sts string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&kind, &content, &callID, &name, &sts}, func() error {
+		switch kind {
+		case eventUser:
+			whole = true
+		case eventText:
+			out = append(out, rebuilt{UpdateMessageChunk, fields{"turn_id": turnID, "text": content}})
+		case eventThought:
+			out = append(out, rebuilt{UpdateThoughtChunk, fields{"turn_id": turnID, "text": content}})
+		case eventToolCall:
+			var input any = content
+			if json.Valid([]byte(content)) {
+				input = json.RawMessage(content)
+			}
+			out = append(out, rebuilt{UpdateToolCall, fields{"turn_id": turnID, "tool_call_id": callID, "name": name, "raw_input": input}})
+		case eventToolResult:
+			// The output as the session kept it (16 KiB), which is what
+			// output_bytes then says.
+			out = append(out, rebuilt{UpdateToolResult, fields{"turn_id": turnID, "tool_call_id": callID, "name": name,
+				"raw_output": content, "output_bytes": len(content), "status": sts}})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read turn events: %w", err)
+	}
+	if !whole {
+		return nil, nil
+	}
+	if out == nil {
+		out = []rebuilt{}
+	}
+	return out, nil
+}
