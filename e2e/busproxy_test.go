@@ -140,6 +140,13 @@ func (p *busProxy) block(name string) {
 	p.cut(func(n string) bool { return n == name })
 }
 
+// unblock lets the blocked process reconnect again.
+func (p *busProxy) unblock() {
+	p.mu.Lock()
+	p.blocked = ""
+	p.mu.Unlock()
+}
+
 // hold holds back what the bus server sends the process named name until
 // the returned release is called (at the latest at the test's end).
 func (p *busProxy) hold(name string) (release func()) {

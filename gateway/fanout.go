@@ -31,6 +31,9 @@ type hub struct {
 	// reconnected); nil, every connection following a session is closed
 	// then.
 	seqs updateSeqsFunc
+	// resend asks the session service to rebuild updates a session's
+	// followers missed (its Resend; see repair); nil, they are closed.
+	resend resendFunc
 	// checked, when set (by a test, before the hub is used), is called
 	// once a reconnect's check has settled every session.
 	checked func()
@@ -78,6 +81,14 @@ type topic struct {
 	// dropSeq is lastSeq when the bus link was last seen down, the drop
 	// numbered dropGen (hub.drops): see disconnected.
 	dropSeq, dropGen int64
+	// repairing is set while missed updates are fetched (repair): the
+	// updates received meanwhile wait in held (at most maxHeld; past
+	// it, heldOver). resentTo is the last seq a repair sent: an update
+	// published with a seq up to it was sent already.
+	repairing bool
+	heldOver  bool
+	held      []bus.Update
+	resentTo  int64
 }
 
 // has reports whether cs follows t.
@@ -128,6 +139,21 @@ func (h *hub) turnLost(cs *connState, sessionID, turn string) bool {
 	t, ok := h.topics[sessionID]
 	h.mu.Unlock()
 	if !ok {
+		return false
+	}
+	t.mu.Lock()
+	_, ok = t.conns[cs]
+	after := t.lastSeq
+	if after == 0 {
+		after = t.base
+	}
+	t.mu.Unlock()
+	if !ok {
+		return false
+	}
+	// The session service may have it stored: its end, or the whole
+	// turn, is sent again, and nobody is closed.
+	if after >= 0 && h.repairNow(t, sessionID, after, 0, "a turn ended and its turn_complete never came") {
 		return false
 	}
 	t.mu.Lock()
@@ -482,6 +508,40 @@ func (h *hub) dispatch(t *topic, u bus.Update) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.repairing {
+		// Missed updates are being fetched (repair): this one waits
+		// behind them, up to a bound.
+		if len(t.held) < maxHeld {
+			t.held = append(t.held, u)
+		} else {
+			t.heldOver = true
+		}
+		return
+	}
+	if t.lastSeq != 0 && u.Seq > t.lastSeq+1 && !u.Renumbered && h.resend != nil && len(t.conns) > 0 {
+		// Updates were lost in transit: those the session service can
+		// rebuild are sent first (repair), this one after them.
+		t.repairing, t.held = true, append(t.held[:0], u)
+		after, upto := t.lastSeq, u.Seq-1
+		h.checks.Add(1)
+		go func() {
+			defer h.checks.Done()
+			h.repair(t, u.SessionID, after, upto, "session updates lost in transit", true)
+		}()
+		return
+	}
+	h.deliverLocked(t, u)
+}
+
+// deliverLocked sends u, received on t's subscription, to t's followers;
+// t.mu is held. A gap in seq before it closes them (dispatch tried to
+// have the missed updates sent again before it came here).
+func (h *hub) deliverLocked(t *topic, u bus.Update) {
+	if u.Seq != 0 && u.Seq <= t.resentTo {
+		// Sent already by a repair, which rebuilt it from the session
+		// service's record before it was published.
+		return
+	}
 	if u.TurnStartedBy != "" {
 		// The turn's first update names its prompter too: a
 		// turn_started lost on the bus (published while this link was
@@ -503,6 +563,11 @@ func (h *hub) dispatch(t *topic, u bus.Update) {
 	if u.Seq > t.lastSeq {
 		t.lastSeq = u.Seq
 	}
+	h.pushLocked(t, u)
+}
+
+// pushLocked queues u for each of t's followers it is for; t.mu is held.
+func (h *hub) pushLocked(t *topic, u bus.Update) {
 	if len(t.conns) == 0 {
 		return
 	}

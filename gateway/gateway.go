@@ -223,6 +223,9 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		seqs = g.session.UpdateSeqs
 	}
 	g.hub = newHub(g.nats, g.log, seqs)
+	if g.session != nil {
+		g.hub.resend = g.session.Resend
+	}
 	if _, err := g.monitor.watchRestarts(g.nats); err != nil {
 		g.Close()
 		return nil, fmt.Errorf("subscribe restarts: %w", err)

@@ -447,6 +447,12 @@ func (h *hub) loseAll(checks []*followCheck) {
 // it from a later attach is not closed for the hole when the next update
 // comes.
 func (h *hub) lose(c *followCheck) {
+	// What the session service stored of the updates missed (a turn's
+	// end, whole turns) is sent again instead, when it covers them all.
+	if after := c.resumeFrom(); c.want > 0 && after >= 0 && after < c.want &&
+		h.repairNow(c.t, c.id, after, c.want, "session updates missed while the bus was disconnected") {
+		return
+	}
 	c.t.mu.Lock()
 	defer c.t.mu.Unlock()
 	switch {
@@ -461,4 +467,20 @@ func (h *hub) lose(c *followCheck) {
 				zap.String("session_id", c.id), zap.Int64("received_seq", c.seen), zap.Int64("published_seq", c.want))
 		}
 	}
+}
+
+// resumeFrom is the last update of c's session its followers are known
+// to have, from which the updates missed may be sent again: the last
+// received, or when none was received since the session was followed,
+// the number the session service answered then (-1 when not known; or
+// when updates came after the reconnect only, unchecked: lastSeq was 0).
+func (c *followCheck) resumeFrom() int64 {
+	seq := c.t.seq()
+	switch {
+	case c.seen != 0:
+		return seq
+	case seq == 0:
+		return c.t.base
+	}
+	return -1
 }

@@ -1,0 +1,172 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+)
+
+// sessionState is the state session/state answers for session on c.
+func sessionState(c *e2e.Client, session string) (string, error) {
+	raw, err := c.Call("session/state", map[string]any{"session_id": session})
+	if err != nil {
+		return "", err
+	}
+	var st struct {
+		State string `json:"state"`
+	}
+	return st.State, json.Unmarshal(raw, &st)
+}
+
+// onUpdateTexts has c count its updates by type into kinds and gather
+// the text of its message chunks into text.
+func onUpdateTexts(c *e2e.Client, kinds updateKinds, text *strings.Builder) {
+	c.OnFrame = func(f *e2e.Frame, _ []byte) {
+		if f.Method != "session/update" {
+			return
+		}
+		var p struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		_ = json.Unmarshal(f.Params, &p)
+		kinds[p.Type]++
+		if p.Type == "agent_message_chunk" {
+			text.WriteString(p.Text)
+		}
+	}
+}
+
+// wantStreamsNextTurn prompts session on c, which follows it, and wants
+// the whole turn streamed to it.
+func wantStreamsNextTurn(t *testing.T, b *externalBus, c *e2e.Client, session string, kinds updateKinds) {
+	t.Helper()
+	clear(kinds)
+	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say three four five"}); err != nil {
+		t.Fatalf("the follower, after its missed updates were sent again: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
+	}
+	if kinds["agent_message_chunk"] != 3 || kinds["turn_complete"] != 1 {
+		t.Fatalf("the next turn streamed %v", kinds)
+	}
+}
+
+// A whole turn of a followed session runs while the gateway's bus link
+// is down (another connection prompted it just before): its updates
+// reach no follower. Once the link is back, the session service rebuilds
+// the turn from what it stored (its checkpoint events, its end and the
+// number its turn_complete took) and the gateway sends it to the
+// follower, which is kept: it receives the turn's text and its
+// turn_complete, and streams the next turn whole. Before, the gateway
+// closed the follower (and the prompting connection) with nothing it
+// could not have sent again.
+func TestResendsATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
+	t.Parallel()
+	b, px := startBehindBusProxy(t)
+	f, session, _ := followedAfterATurn(t, b)
+	kinds := updateKinds{}
+	var text strings.Builder
+	onUpdateTexts(f, kinds, &text)
+	p := b.s.Dial(t)
+	p.Timeout = 60 * time.Second
+	if _, err := p.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	prompted := make(chan error, 1)
+	go func() {
+		_, err := p.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/sleep 2000\n/say six seven"})
+		prompted <- err
+	}()
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		st, err := sessionState(f, session)
+		if err == nil && st != "running" {
+			err = fmt.Errorf("the session is %s", st)
+		}
+		return err
+	})
+	px.block("clawmesh-gateway")
+	busLinkDownSeen(t, f)
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		st, err := sessionState(f, session)
+		if err == nil && st != "idle" {
+			err = fmt.Errorf("the session is %s", st)
+		}
+		return err
+	})
+	if kinds["agent_message_chunk"] != 0 {
+		t.Fatalf("the follower received %v with the gateway's bus link down", kinds)
+	}
+	px.unblock()
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
+			t.Fatalf("the follower of a turn the session service could send again was closed: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
+		}
+		if kinds["turn_complete"] == 0 {
+			return fmt.Errorf("no turn_complete yet: %v", kinds)
+		}
+		return nil
+	})
+	if kinds["turn_complete"] != 1 || text.String() != "six seven" {
+		t.Fatalf("the follower received %v, text %q, of the turn it missed", kinds, text.String())
+	}
+	if err := <-prompted; err != nil {
+		t.Fatalf("the prompt of the turn sent again: %v", err)
+	}
+	if !strings.Contains(readLog(t, b.s, "gateway"), "session updates missed were sent again") {
+		t.Fatal("the gateway did not say it sent the missed updates again")
+	}
+	wantStreamsNextTurn(t, b, f, session, kinds)
+}
+
+// The session service is killed (SIGKILL) mid-turn while the gateway's
+// bus link is down: the restarted service's recovery publishes the cut
+// turn's turn_complete, which the follower (which had the turn's first
+// chunk) misses. Once the link is back, that turn_complete, stored with
+// its number by the recovery, is sent again: the follower is kept, as
+// one whose gateway stayed on the bus is. Before, it was closed.
+func TestResendsTheRecoveredTurnCompleteMissedWhileTheBusLinkWasDown(t *testing.T) {
+	t.Parallel()
+	b, px := startBehindBusProxy(t)
+	f, session, kinds := followedMidTurn(t, b)
+	first := b.s.PIDOf("session")
+	if first == 0 {
+		t.Fatal("no session service")
+	}
+	px.block("clawmesh-gateway")
+	busLinkDownSeen(t, f)
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, func() error {
+		if pid := b.s.PIDOf("session"); pid == 0 || pid == first {
+			return fmt.Errorf("session service not restarted (pid %d)", pid)
+		}
+		st, err := sessionState(f, session)
+		if err == nil && st != "idle" {
+			err = fmt.Errorf("the session is %s", st)
+		}
+		return err
+	})
+	if kinds["turn_complete"] != 0 {
+		t.Fatalf("the follower received %v with the gateway's bus link down", kinds)
+	}
+	px.unblock()
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
+			t.Fatalf("the follower of a recovered turn was closed: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
+		}
+		if kinds["turn_complete"] == 0 {
+			return fmt.Errorf("no turn_complete yet: %v", kinds)
+		}
+		return nil
+	})
+	if kinds["agent_message_chunk"] != 1 || kinds["turn_complete"] != 1 {
+		t.Fatalf("the follower received %v of the cut turn", kinds)
+	}
+	wantStreamsNextTurn(t, b, f, session, kinds)
+}
