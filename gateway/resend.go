@@ -79,7 +79,10 @@ func (h *hub) repair(t *topic, id string, after, upto int64, why string, cut boo
 	defer t.mu.Unlock()
 	held := t.held
 	t.repairing, t.held = false, nil
-	ok := err == nil && resp.GetLost() == "" && !t.heldOver
+	// Nothing sent for a range the caller did not bound (a prompt's
+	// missing turn_complete) proves nothing: the service has no more
+	// than was received, so that turn_complete was never published.
+	ok := err == nil && resp.GetLost() == "" && !t.heldOver && (len(ups) > 0 || upto != 0)
 	switch {
 	case ok:
 		for _, u := range ups {
@@ -99,6 +102,8 @@ func (h *hub) repair(t *topic, id string, after, upto int64, why string, cut boo
 			reason = "the session service did not send them again: " + err.Error()
 		case t.heldOver:
 			reason = fmt.Sprintf("more than %d updates came while the missed ones were fetched", maxHeld)
+		case reason == "":
+			reason = "the session service has no update past the last received"
 		}
 		h.log.Info("session updates missed cannot be sent again", zap.String("session_id", id), zap.String("cause", why),
 			zap.Int64("after_seq", after), zap.Int64("upto_seq", upto), zap.String("reason", reason))
