@@ -27,9 +27,10 @@ import (
 // prints: a new migration there means a new undo here (the line names
 // the two newest).
 const (
-	undoNewestSessionMigration = `ALTER TABLE session.turns DROP COLUMN trimmed_messages, DROP COLUMN trimmed_at;
-		DELETE FROM session.schema_migrations WHERE version = 13`
-	newestSessionUpgrade = "database upgraded: session 0012_published_seq → 0013_turn_trimmed (a clawmesh older than this one can no longer open it)"
+	undoNewestSessionMigration = `DROP INDEX session.turns_end_seq;
+		ALTER TABLE session.turns DROP COLUMN end_seq, DROP COLUMN error;
+		DELETE FROM session.schema_migrations WHERE version = 14`
+	newestSessionUpgrade = "database upgraded: session 0013_turn_trimmed → 0014_turn_end_seq (a clawmesh older than this one can no longer open it)"
 )
 
 func TestUpgradeIsToldOnTheTerminal(t *testing.T) {
