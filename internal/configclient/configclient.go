@@ -486,12 +486,30 @@ func Bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 // NoAnswer returns err wrapped with ErrConfigNoAnswer when the call of
 // ctx (from Bounded) failed because CallTimeout passed, else err. gRPC
 // reports a deadline as DeadlineExceeded, not the context's cause.
+//
+// The call's end and the bound's are not ordered: the server's own
+// timer, set from the deadline the call sent, may end the call (a hung
+// config service answered Unavailable as its context ended) before the
+// bound's timer here has fired and set its cause, and the error named
+// no missing answer. An error within boundEdge of the deadline waits
+// for the context to end, at most that long, and its cause decides.
 func NoAnswer(ctx context.Context, err error) error {
-	if err != nil && errors.Is(context.Cause(ctx), ErrConfigNoAnswer) {
+	if err == nil {
+		return nil
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= boundEdge {
+		<-ctx.Done() // at dl at the latest
+	}
+	if errors.Is(context.Cause(ctx), ErrConfigNoAnswer) {
 		return fmt.Errorf("%w: %w", ErrConfigNoAnswer, err)
 	}
 	return err
 }
+
+// boundEdge is how close to a bound's deadline a failed call is taken as
+// possibly ended by it (NoAnswer): far more than the timers' skew between
+// a caller and a server on one host, and a small share of CallTimeout.
+const boundEdge = 100 * time.Millisecond
 
 // Authorize asks the config service whether principal holds permission on
 // resource. It returns nil when allowed, a PermissionDenied status with
@@ -507,8 +525,8 @@ func Authorize(ctx context.Context, rpc configv1.ConfigServiceClient, principal 
 	defer cancel()
 	resp, err := rpc.Authorize(ctx, &configv1.AuthorizeRequest{Principal: principal, Permission: permission, Resource: resource})
 	if err != nil {
-		if errors.Is(context.Cause(ctx), ErrConfigNoAnswer) {
-			return fmt.Errorf("%w: %w", ErrConfigNoAnswer, err)
+		if noAnswer := NoAnswer(ctx, err); noAnswer != err {
+			return noAnswer
 		}
 		return fmt.Errorf("%w: %w", ErrConfigUnavailable, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -289,15 +290,44 @@ func TestConfigServiceResolveWhileConfigIsHung(t *testing.T) {
 	}()
 	testwait.Recv(t, h.calls)
 	err := testwait.Recv(t, done)
-	// Bounded is what this holds (before, no answer in 60 s). Which
-	// words it ends with is not: once, at load in CI, gRPC answered
-	// Unavailable at the bound's edge before the bound's own cause was
-	// set (3.01 s in all), and the error named no missing answer.
-	if !errors.Is(err, wasmhost.ErrConfigUnavailable) {
-		t.Fatalf("Resolve with the config service hung: %v, want unavailable", err)
-	}
-	if !errors.Is(err, configclient.ErrConfigNoAnswer) {
-		t.Logf("Resolve with the config service hung ended unavailable without naming the missing answer: %v", err)
+	// Bounded, and saying so in every ordering: at load, the server's
+	// own deadline (taken from ours) once ended the call Unavailable
+	// before the bound's timer had fired, and the error named no
+	// missing answer.
+	if !errors.Is(err, wasmhost.ErrConfigUnavailable) || !errors.Is(err, configclient.ErrConfigNoAnswer) {
+		t.Fatalf("Resolve with the config service hung: %v, want unavailable, the config service's answer missing", err)
 	}
 	t.Logf("Resolve with the config service hung: %v", err)
+}
+
+// edgeConfig is a config service that fails PluginValues a moment before
+// the deadline the caller sent it, as its own timer may at load: its
+// error reaches the caller before the caller's bound has fired.
+type edgeConfig struct {
+	configv1.UnimplementedConfigServiceServer
+}
+
+func (edgeConfig) PluginValues(ctx context.Context, _ *configv1.PluginValuesRequest) (*configv1.PluginValuesResponse, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return nil, status.Error(codes.InvalidArgument, "no deadline sent")
+	}
+	select {
+	case <-time.After(time.Until(dl) - 5*time.Millisecond):
+	case <-ctx.Done():
+	}
+	return nil, status.Error(codes.Unavailable, "ended at the deadline's edge")
+}
+
+// The ordering the hung test met once at load, made every time: the
+// call's error comes before the bound's timer has fired. It was
+// answered "config service: Unavailable", naming no missing answer; it
+// now says the config service did not answer within the bound.
+func TestConfigServiceResolveEndedAtTheBoundsEdge(t *testing.T) {
+	client, _ := serveConfig(t, edgeConfig{})
+	src := &pluginsandbox.ConfigService{Client: client}
+	_, err := src.Resolve(context.Background(), "zpi1_abc")
+	if !errors.Is(err, wasmhost.ErrConfigUnavailable) || !errors.Is(err, configclient.ErrConfigNoAnswer) {
+		t.Fatalf("Resolve failed at its bound's edge: %v, want unavailable, the config service's answer missing", err)
+	}
 }
