@@ -429,6 +429,10 @@ func (b *binding) stop() {
 // that may have been rotated nor refused on one that may be new).
 func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	ok, err := b.authorized(r)
+	if r.Context().Err() != nil {
+		// The sender left while its token waited: no one to answer.
+		return
+	}
 	if err != nil {
 		// The config service is away: the token may well be right, and
 		// 401 told the sender to send the one it had sent.
@@ -489,7 +493,8 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 }
 
 // authorized checks the request's bearer token against the binding's;
-// an error is the binding's token that could not be read.
+// an error is the binding's token that could not be read, or the
+// request's end while it waited for a read.
 func (b *binding) authorized(r *http.Request) (bool, error) {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || got == "" || b.reveal == nil {
@@ -506,7 +511,7 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 	// ends its connection, and a token other than the one last read
 	// waits for a read begun wrongTokenGap after the one before: wrong
 	// tokens sent in a loop make ten reads a second at most.
-	want, err := b.tok.fresh(b, time.Now(), got)
+	want, err := b.tok.fresh(r.Context(), b, time.Now(), got)
 	if err != nil {
 		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
 	}
@@ -524,7 +529,12 @@ const tokenWarnEvery = 30 * time.Second
 // refused from the last read alone: a token set a moment ago is one
 // other than the last read too, and must be taken at once, so it waits
 // for the next read, this long at most.
-const wrongTokenGap = 100 * time.Millisecond
+// A variable so that a test may lengthen it.
+var wrongTokenGap = 100 * time.Millisecond
+
+// tokenWaitHook, when set (tests), is called as a request begins to wait
+// for wrongTokenGap.
+var tokenWaitHook func()
 
 // tokenCache shares a binding's reads of its token: a Reveal per
 // request, each in flight at once, let any client that reached the
@@ -551,7 +561,12 @@ type tokenRead struct {
 // token, got, is not the one last read begins a read only wrongTokenGap
 // after the last began; meanwhile it waits, and takes any read begun
 // after it arrived.
-func (c *tokenCache) fresh(b *binding, arrived time.Time, got string) (string, error) {
+//
+// Its waits, for the gap and for a read in flight, end with ctx, the
+// request's: a sender that left while it waited held its handler, and
+// one of the listener's bounded connections, for the rest of the wait.
+// The read itself is every waiter's and goes on without it.
+func (c *tokenCache) fresh(ctx context.Context, b *binding, arrived time.Time, got string) (string, error) {
 	for {
 		c.mu.Lock()
 		if p := c.prev; p != nil && !p.started.Before(arrived) {
@@ -563,7 +578,16 @@ func (c *tokenCache) fresh(b *binding, arrived time.Time, got string) (string, e
 			if p := c.prev; p != nil && subtle.ConstantTimeCompare([]byte(got), []byte(p.token)) != 1 {
 				if wait := time.Until(p.started.Add(wrongTokenGap)); wait > 0 {
 					c.mu.Unlock()
-					time.Sleep(wait)
+					if tokenWaitHook != nil {
+						tokenWaitHook()
+					}
+					t := time.NewTimer(wait)
+					select {
+					case <-t.C:
+					case <-ctx.Done():
+						t.Stop()
+						return "", context.Cause(ctx)
+					}
 					continue
 				}
 			}
@@ -573,7 +597,11 @@ func (c *tokenCache) fresh(b *binding, arrived time.Time, got string) (string, e
 			return call.token, call.err
 		}
 		c.mu.Unlock()
-		<-call.done
+		select {
+		case <-call.done:
+		case <-ctx.Done():
+			return "", context.Cause(ctx)
+		}
 		if !call.started.Before(arrived) {
 			return call.token, call.err
 		}

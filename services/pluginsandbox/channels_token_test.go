@@ -3,12 +3,16 @@ package pluginsandbox_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 )
 
@@ -144,4 +148,85 @@ func TestWrongTokensInALoopSpaceTheirReads(t *testing.T) {
 		}
 	}
 	t.Logf("%d wrong tokens in a row: %d reads of the token", n, len(starts))
+}
+
+// A sender of a wrong token that leaves while its request waits for the
+// gap between reads: the wait was a time.Sleep, so its handler, and one
+// of the listener's bounded connections, stayed taken for the rest of
+// the gap (100 ms each; lengthened here to an hour, past the test's
+// bound, so that the hold shows). It now waits on the request's
+// context: with the listener held to one connection, a sender with the
+// right token is served once the one that left is gone.
+func TestWrongTokenSenderThatLeavesFreesItsHandler(t *testing.T) {
+	waiting := make(chan struct{}, 1)
+	defer pluginsandbox.SetWrongTokenGap(time.Hour, func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	})()
+	defer pluginsandbox.SetChannelConnections(1)()
+	ts := channelServerHook(t, newFakeSessions(), "http://127.0.0.1:1/", func(c *pluginsandbox.Config) {
+		c.Reveal = func(context.Context, string) (string, error) { return chanToken, nil }
+	})
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	// send posts until the one connection the listener serves is free
+	// (a connection past it is answered 503 at once): the answer's
+	// status, or the request's error.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	send := func(ctx context.Context, token, body string) (int, error) {
+		deadline := time.Now().Add(testwait.Bound)
+		for {
+			var rd io.Reader
+			if body != "" {
+				rd = strings.NewReader(body)
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+web.Listen+"/", rd)
+			if err != nil {
+				return 0, err
+			}
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := client.Do(req)
+			code := 0
+			if err == nil {
+				resp.Body.Close()
+				code = resp.StatusCode
+			}
+			switch {
+			case ctx.Err() != nil:
+				return 0, err
+			case time.Now().After(deadline):
+				return code, err
+			case err == nil && code != http.StatusServiceUnavailable:
+				return code, nil
+			}
+			// Refused at the bound (503, or the refusal's early close).
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// The first wrong token reads the token; the next one must wait for
+	// a read an hour after it.
+	if code, err := send(t.Context(), "wrong-token-00-0123456789abcdef0123456789", "{}"); code != http.StatusUnauthorized {
+		t.Fatalf("a wrong token: %d %v, want 401", code, err)
+	}
+	ctx, leave := context.WithCancel(t.Context())
+	left := make(chan error, 1)
+	go func() {
+		// No body: the server sees a sender leave only once the body is
+		// read (or there is none), as a sender looping on tokens sends.
+		code, err := send(ctx, "wrong-token-01-0123456789abcdef0123456789", "")
+		if err == nil {
+			err = fmt.Errorf("answered %d", code)
+		}
+		left <- err
+	}()
+	testwait.Recv(t, waiting)
+	leave()
+	if err := testwait.Recv(t, left); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the request that left: %v, want cancelled", err)
+	}
+	code, err := send(t.Context(), chanToken, `{"id":"m1","from":"ann","text":"hello"}`)
+	if code != http.StatusAccepted {
+		t.Fatalf("the right token once the wrong one's sender left: %d %v, want 202 (the listener's one connection still taken)", code, err)
+	}
 }

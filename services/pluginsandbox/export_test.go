@@ -3,6 +3,7 @@ package pluginsandbox
 import (
 	"os"
 	"sync"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 )
@@ -127,4 +128,12 @@ func SetMemoryCallHook(hook func()) (undo func()) {
 
 // WrongTokenGap is wrongTokenGap, the least time between two reads of a
 // channel's token that tokens other than the one last read begin.
-const WrongTokenGap = wrongTokenGap
+var WrongTokenGap = wrongTokenGap
+
+// SetWrongTokenGap sets wrongTokenGap and has hook called as a request
+// begins to wait for it, until the returned func puts both back.
+func SetWrongTokenGap(gap time.Duration, hook func()) (undo func()) {
+	oldGap, oldHook := wrongTokenGap, tokenWaitHook
+	wrongTokenGap, tokenWaitHook = gap, hook
+	return func() { wrongTokenGap, tokenWaitHook = oldGap, oldHook }
+}
