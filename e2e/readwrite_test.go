@@ -1,6 +1,9 @@
 package e2e_test
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -46,5 +49,105 @@ func TestSessionNewSeesTheConnectionsOwnConfigWrite(t *testing.T) {
 	_, err = c.Call("session/new", map[string]any{"agent_alias": "nobody"})
 	if err == nil || !strings.Contains(err.Error(), "Unknown agent_alias") {
 		t.Fatalf("session/new of an alias never set, on the writer's connection: %v, want Unknown agent_alias", err)
+	}
+}
+
+// A client's session/prompt right after its own config/set that changes
+// an agent the session service already knows (its system prompt here):
+// only session/new carried the connection's revision, so the turn ran
+// with the agent as of the revision the session service had followed,
+// the announcement of the write held on its bus link: the client had
+// been told its prompt was set, and its next turn did not use it. The
+// prompt now carries the revision too, and the session service reads up
+// to it before the turn resolves its agent.
+func TestSessionPromptSeesTheConnectionsOwnConfigWrite(t *testing.T) {
+	t.Parallel()
+	b, px := startBehindBusProxy(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("stack's stderr:\n%s", b.s.Stderr())
+		}
+	})
+	c := b.s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call("config/set-many", map[string]any{"sets": []any{
+		map[string]any{"prop": "agents.tuned.provider", "value": "scripted"},
+		map[string]any{"prop": "agents.tuned.system_prompt", "value": "prompt-before-the-write"},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Call("session/new", map[string]any{"agent_alias": "tuned"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sess struct {
+		SessionID string `json:"session_id"`
+	}
+	if err := json.Unmarshal(res, &sess); err != nil {
+		t.Fatal(err)
+	}
+	// Each of the three writes: the prompt that follows it sees it.
+	writes := []struct {
+		method string
+		params map[string]any
+		want   string
+	}{
+		{"config/set", map[string]any{"prop": "agents.tuned.system_prompt", "value": "prompt-of-the-set"}, "prompt-of-the-set"},
+		{"config/set-many", map[string]any{"sets": []any{map[string]any{"prop": "agents.tuned.system_prompt", "value": "prompt-of-the-set-many"}}}, "prompt-of-the-set-many"},
+		{"config/delete", map[string]any{"prop": "agents.tuned.system_prompt"}, ""},
+	}
+	for i, w := range writes {
+		release := px.hold("clawmesh-session")
+		if _, err := c.Call(w.method, w.params); err != nil {
+			t.Fatalf("%s: %v", w.method, err)
+		}
+		// The hold covers the write and the turn's start, where it
+		// resolves its agent; the turn's first chunk (said once the
+		// agent was resolved) lets it go, since the session service's
+		// link held stalls its stream too (no answer to its flushes).
+		id := fmt.Sprintf("prompt-%d", i)
+		line, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": "session/prompt",
+			"params": map[string]any{"session_id": sess.SessionID, "prompt": "/context"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Send(string(line)); err != nil {
+			t.Fatal(err)
+		}
+		var result json.RawMessage
+		for result == nil {
+			f, raw, err := c.Read(time.Minute)
+			if err != nil {
+				t.Fatalf("session/prompt after %s: %v (read %q)", w.method, err, raw)
+			}
+			switch {
+			case string(f.ID) == `"`+id+`"` && f.Error != nil:
+				t.Fatalf("session/prompt after %s: %v", w.method, f.Error)
+			case string(f.ID) == `"`+id+`"`:
+				result = f.Result
+			case bytes.Contains(raw, []byte(`"agent_message_chunk"`)):
+				release()
+			}
+		}
+		release()
+		var out struct {
+			Content string `json:"content"`
+		}
+		if err := json.Unmarshal(result, &out); err != nil {
+			t.Fatal(err)
+		}
+		system := ""
+		for _, line := range strings.Split(out.Content, "\n") {
+			var m struct{ Role, Content string }
+			if json.Unmarshal([]byte(line), &m) == nil && m.Role == "system" {
+				system = m.Content
+			}
+		}
+		if system != w.want {
+			t.Fatalf("session/prompt right after the connection's %s: the turn's system prompt %q, want %q (the session service's bus link held)\n%s",
+				w.method, system, w.want, out.Content)
+		}
 	}
 }

@@ -599,9 +599,10 @@ type connState struct {
 	uploads atomic.Bool
 
 	// configRev is the highest config revision the connection's own
-	// writes returned (wroteConfig), passed on with its session/new so
-	// that the session service reads the write before it refuses an
-	// agent the write made.
+	// writes returned (wroteConfig), passed on with its session/new and
+	// session/prompt so that the session service reads the write before
+	// it refuses an agent the write made or runs a turn with the agent
+	// as it was before the write.
 	configRev atomic.Int64
 
 	// waits stands for the connection's requests waiting for a shared

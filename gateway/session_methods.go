@@ -240,6 +240,7 @@ func (g *Gateway) sessionPrompt(ctx context.Context, cs *connState, params json.
 	req := &sessionv1.PromptRequest{
 		Principal: cs.principalOf(), SessionId: id, Prompt: text, ClientTurnGeneration: gen,
 		Attachments: attachments, ConnectionId: cs.id, Elicitation: cs.canElicit(),
+		ConfigRevision: cs.configRev.Load(),
 	}
 	// A session/close or session/kill of this session on cs meanwhile
 	// leaves it only once this prompt has its turn_complete (hub.leave).

@@ -45,6 +45,15 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 	if prompt, err = s.withAttachments(ctx, row.ID, row.WorkspaceDir, prompt, req.GetAttachments()); err != nil {
 		return nil, err
 	}
+	// The caller's own config write, acknowledged before this prompt,
+	// is read before the turn resolves its agent: followed over the bus
+	// alone, a turn right after a config/set that changed the agent ran
+	// with the agent as it was.
+	if rev := req.GetConfigRevision(); rev > 0 {
+		if err := s.readUpTo(ctx, rev); err != nil {
+			return nil, configError(err)
+		}
+	}
 	// Checked on every turn: a grant revoked since session/new stops the
 	// next turn.
 	if err := s.mayUseAgent(ctx, req.GetPrincipal(), row.AgentAlias); err != nil {

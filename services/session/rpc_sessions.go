@@ -71,12 +71,7 @@ func (s *Server) NewSession(ctx context.Context, req *sessionv1.NewSessionReques
 			return nil, errInvalid(fmt.Sprintf("Unknown agent_alias `%s`", alias))
 		}
 		s.log.Warn("resolve agent", zap.String("agent_alias", alias), zap.Error(err))
-		if errors.Is(err, configclient.ErrConfigNoAnswer) {
-			// With its reason, the client is told which service did not
-			// answer, not "session unavailable".
-			return nil, rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, configclient.ErrConfigNoAnswer.Error())
-		}
-		return nil, status.Error(codes.Unavailable, "config service unavailable")
+		return nil, configError(err)
 	}
 	if err := s.mayUseAgent(ctx, p, alias); err != nil {
 		return nil, err
@@ -348,19 +343,45 @@ func (s *Server) Attach(ctx context.Context, req *sessionv1.AttachRequest) (*ses
 // alias no one set is refused from memory when no revision is asked, or
 // once the one asked is read.
 func (s *Server) agentAt(ctx context.Context, alias string, rev int64) error {
+	if err := s.readUpTo(ctx, rev); err != nil {
+		return err
+	}
+	_, err := s.cfg.Agents.Agent(ctx, alias)
+	return err
+}
+
+// readUpTo returns once the agent source has read config revision rev
+// (configclient.AtLeast), a revision the caller's connection wrote. Its
+// error wraps configclient.ErrConfigNoAnswer (the config service did not
+// answer within the bound) or is the caller's own end; a revision not
+// served (another history's) is logged, and what was read decides. A
+// source that follows no revisions (static agents) has nothing to read.
+func (s *Server) readUpTo(ctx context.Context, rev int64) error {
 	f, ok := s.cfg.Agents.(interface {
 		AtLeast(ctx context.Context, rev int64) error
 	})
 	if !ok {
-		return fmt.Errorf("%w: %s", ErrUnknownAgent, alias)
+		return nil
 	}
-	if err := f.AtLeast(ctx, rev); err != nil {
-		if errors.Is(err, configclient.ErrConfigNoAnswer) {
-			return fmt.Errorf("config service: %w", err)
-		}
-		// Served below rev (another history): what is read decides.
-		s.log.Warn("config revision asked by the caller not read", zap.Int64("revision", rev), zap.Error(err))
+	err := f.AtLeast(ctx, rev)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, configclient.ErrConfigNoAnswer):
+		return fmt.Errorf("config service: %w", err)
+	case ctx.Err() != nil:
+		return context.Cause(ctx)
 	}
-	_, err := s.cfg.Agents.Agent(ctx, alias)
-	return err
+	s.log.Warn("config revision asked by the caller not read", zap.Int64("revision", rev), zap.Error(err))
+	return nil
+}
+
+// configError is the caller's answer when the config service could not
+// be read for its request: with its reason, the client is told which
+// service did not answer, not "session unavailable".
+func configError(err error) error {
+	if errors.Is(err, configclient.ErrConfigNoAnswer) {
+		return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, configclient.ErrConfigNoAnswer.Error())
+	}
+	return status.Error(codes.Unavailable, "config service unavailable")
 }

@@ -734,6 +734,12 @@ type PromptRequest struct {
 	// results, so a tool that ran does not run a second time. At most
 	// ids.MaxLen bytes of [A-Za-z0-9_-].
 	IdempotencyKey string `protobuf:"bytes,9,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// config_revision, when set, is the config revision the caller's
+	// connection last wrote (as in NewSessionRequest): the session service
+	// reads up to it (bounded by the config call timeout) before the turn
+	// resolves its agent, so a prompt right after the connection's own
+	// config write runs with the agent that write made or changed.
+	ConfigRevision int64 `protobuf:"varint,10,opt,name=config_revision,json=configRevision,proto3" json:"config_revision,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -829,6 +835,13 @@ func (x *PromptRequest) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *PromptRequest) GetConfigRevision() int64 {
+	if x != nil {
+		return x.ConfigRevision
+	}
+	return 0
 }
 
 type PromptResponse struct {
@@ -4474,7 +4487,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\aFileRef\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
 	"\x06marker\x18\x02 \x01(\tR\x06marker\x12%\n" +
-	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\xab\x03\n" +
+	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\xd4\x03\n" +
 	"\rPromptRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -4485,7 +4498,9 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\rconnection_id\x18\x06 \x01(\tR\fconnectionId\x12 \n" +
 	"\velicitation\x18\a \x01(\bR\velicitation\x12 \n" +
 	"\vincarnation\x18\b \x01(\x03R\vincarnation\x12'\n" +
-	"\x0fidempotency_key\x18\t \x01(\tR\x0eidempotencyKeyB\x19\n" +
+	"\x0fidempotency_key\x18\t \x01(\tR\x0eidempotencyKey\x12'\n" +
+	"\x0fconfig_revision\x18\n" +
+	" \x01(\x03R\x0econfigRevisionB\x19\n" +
 	"\x17_client_turn_generation\"\xdb\x01\n" +
 	"\x0ePromptResponse\x12\x1d\n" +
 	"\n" +
