@@ -522,7 +522,7 @@ func (st *store) transcript(ctx context.Context, id string, after, limit int64) 
 	if after == -2 {
 		q = pageSQL(cols, "$2 = -2", true)
 	}
-	rows, err := st.db.Query(ctx, countedPageSQL(q, "p.idx, p.role, p.content, p.created_at, p.turn_id"), id, after, limit, pageBytes)
+	rows, err := st.db.Query(ctx, countedPageSQL(q, "p.idx, p.role, "+readContentSQL+", p.created_at, p.turn_id"), id, after, limit, pageBytes)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read transcript: %w", err)
 	}
@@ -530,16 +530,18 @@ func (st *store) transcript(ctx context.Context, id string, after, limit int64) 
 	found := false
 	msgs := []*sessionv1.TranscriptMessage{}
 	for rows.Next() {
-		var idx *int64
+		var idx, size *int64
 		var role, content, turn *string
+		var head []byte
 		var at *time.Time
-		if err := rows.Scan(&total, &idx, &role, &content, &at, &turn); err != nil {
+		if err := rows.Scan(&total, &idx, &role, &content, &head, &size, &at, &turn); err != nil {
 			rows.Close()
 			return nil, 0, fmt.Errorf("read transcript: %w", err)
 		}
 		found = true
 		if idx != nil {
-			msgs = append(msgs, &sessionv1.TranscriptMessage{Index: *idx, Role: *role, Content: cutForRead(*content), CreatedAt: timestamppb.New(*at), TurnId: *turn})
+			msgs = append(msgs, &sessionv1.TranscriptMessage{Index: *idx, Role: *role, Content: readContent(content, head, *size),
+				CreatedAt: timestamppb.New(*at), TurnId: *turn})
 		}
 	}
 	if err := rows.Err(); err != nil {

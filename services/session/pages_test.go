@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -285,6 +286,87 @@ func TestPageAndTotalReadTogether(t *testing.T) {
 		}
 		if p.last != p.total-1 {
 			t.Fatalf("%s: the newest page ends at index %d, the total is %d", read.name, p.last, p.total)
+		}
+	}
+}
+
+// A row written before the bounds (the largest were 50 MB and more) was
+// read whole wherever the transcript is read, a page's messages, the
+// durable bridge's transcript and the history of a session without a
+// snapshot, to be cut at once to maxReadMessage: 64 MiB crossed from
+// PostgreSQL and was held twice. It is read bounded in SQL, its start and
+// its size: what a read allocates is counted (runtime.MemStats, not
+// timed), and what it gives is what cutting the whole gave, the note
+// with the row's whole size included.
+func TestOldOversizedRowsAreReadBounded(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.newSession(alice, "default")
+	// Two bytes a character, so the bounded start ends within one.
+	const rowBytes = 64 << 20
+	whole := strings.Repeat("é", rowBytes/2)
+	for i, role := range []string{"user", "assistant"} {
+		if _, err := h.pool.Exec(ctx, "INSERT INTO messages (session_id, idx, role, content) VALUES ($1, $2, $3, $4)",
+			id, i, role, whole); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.pool.Exec(ctx, "UPDATE sessions SET message_count = 2 WHERE session_id = $1", id); err != nil {
+		t.Fatal(err)
+	}
+	want := cutForRead(whole)
+	if !strings.HasSuffix(want, fmt.Sprintf(" of its %d bytes shown]", rowBytes)) {
+		t.Fatalf("the whole row cut ends %q", want[len(want)-60:])
+	}
+	allocated := func(read func() ([]string, error)) ([]string, uint64) {
+		t.Helper()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		got, err := read()
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got, after.TotalAlloc - before.TotalAlloc
+	}
+	reads := []struct {
+		name string
+		read func() ([]string, error)
+	}{
+		{"messages", func() ([]string, error) {
+			msgs, _, err := h.srv.store.messages(ctx, id, 1, -1)
+			var out []string
+			for _, m := range msgs {
+				out = append(out, m.Content)
+			}
+			return out, err
+		}},
+		{"transcript", func() ([]string, error) {
+			msgs, _, err := h.srv.store.transcript(ctx, id, 0, 1)
+			var out []string
+			for _, m := range msgs {
+				out = append(out, m.GetContent())
+			}
+			return out, err
+		}},
+		{"history", func() ([]string, error) {
+			msgs, err := h.srv.store.legacyHistory(ctx, id, 1)
+			var out []string
+			for _, m := range msgs {
+				out = append(out, m.Content)
+			}
+			return out, err
+		}},
+	}
+	for _, r := range reads {
+		got, built := allocated(r.read)
+		t.Logf("%s: reading a %d-byte row allocated %d bytes", r.name, rowBytes, built)
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("%s: read %d messages (%d bytes), want the row cut as the whole one was", r.name, len(got), len(strings.Join(got, "")))
+		}
+		if built >= rowBytes {
+			t.Errorf("%s: reading a %d-byte row allocated %d bytes, want less than the row", r.name, rowBytes, built)
 		}
 	}
 }

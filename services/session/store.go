@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -401,12 +402,48 @@ func jsonSize(s string) int32 {
 // prompt of the frame's whole size is read cut, saying so at its end.
 const maxReadMessage = 8<<20 - 64<<10
 
+// readNote ends a message read cut.
+const readNote = "\n[message cut when read: %d of its %d bytes shown]"
+
 // cutForRead cuts a message read for a page to maxReadMessage as JSON.
 func cutForRead(s string) string {
 	if len(s) <= maxReadMessage/6 {
 		return s
 	}
-	return cutJSON(s, maxReadMessage, "\n[message cut when read: %d of its %d bytes shown]")
+	return cutJSON(s, maxReadMessage, readNote)
+}
+
+// readContentSQL reads the column p.content of a page (pageSQL) as three:
+// the content when it is at most maxReadMessage bytes, else NULL; else
+// its first maxReadMessage bytes (bytea, maybe ending within a
+// character); and its size in bytes. Read whole, a row written before
+// the bounds (50 MB and more) crossed from PostgreSQL and was held whole
+// in the session service, twice (the read buffer and the string), to be
+// cut at once to maxReadMessage. A reader's cut of a message as JSON is
+// never past maxReadMessage bytes of it, so the start is all it takes,
+// and the size tells the note. left() takes characters, so PostgreSQL
+// reads at most four bytes a character of a large row, not all of it.
+var readContentSQL = fmt.Sprintf(`CASE WHEN octet_length(p.content) <= %[1]d THEN p.content END,
+	CASE WHEN octet_length(p.content) > %[1]d THEN substring(convert_to(left(p.content, %[1]d), 'UTF8') from 1 for %[1]d) END,
+	octet_length(p.content)`, maxReadMessage)
+
+// readContent is a message read for a page from readContentSQL's
+// columns: whole, head and total.
+func readContent(whole *string, head []byte, total int64) string {
+	if whole != nil {
+		return cutForRead(*whole)
+	}
+	// The start ends at a byte, maybe within a character: that
+	// character is left out (the cut ends far before it).
+	for i := len(head) - 1; i >= max(0, len(head)-utf8.UTFMax); i-- {
+		if utf8.RuneStart(head[i]) {
+			if !utf8.FullRune(head[i:]) {
+				head = head[:i]
+			}
+			break
+		}
+	}
+	return cutJSONOf(string(head), int(min(total, math.MaxInt32)), maxReadMessage, readNote)
 }
 
 type messageRow struct {
@@ -442,7 +479,7 @@ func pageSQL(cols, cond string, newestFirst bool) string {
 }
 
 func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int64) ([]messageRow, int64, error) {
-	rows, err := st.db.Query(ctx, countedPageSQL(pageSQL("idx, role, content", "($2 < 0 OR idx < $2)", true), "p.idx, p.role, p.content"),
+	rows, err := st.db.Query(ctx, countedPageSQL(pageSQL("idx, role, content", "($2 < 0 OR idx < $2)", true), "p.idx, p.role, "+readContentSQL),
 		id, beforeIndex, limit, pageBytes)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read messages: %w", err)
@@ -451,15 +488,16 @@ func (st *store) messages(ctx context.Context, id string, limit, beforeIndex int
 	found := false
 	msgs := []messageRow{}
 	for rows.Next() {
-		var idx *int64
+		var idx, size *int64
 		var role, content *string
-		if err := rows.Scan(&total, &idx, &role, &content); err != nil {
+		var head []byte
+		if err := rows.Scan(&total, &idx, &role, &content, &head, &size); err != nil {
 			rows.Close()
 			return nil, 0, fmt.Errorf("read messages: %w", err)
 		}
 		found = true
 		if idx != nil {
-			msgs = append(msgs, messageRow{Index: *idx, Role: *role, Content: cutForRead(*content)})
+			msgs = append(msgs, messageRow{Index: *idx, Role: *role, Content: readContent(content, head, *size)})
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -351,16 +351,31 @@ func (st *store) writeSnapshot(ctx context.Context, sessionID, surface string, b
 // retained snapshot (one created before snapshots existed). Tool rows
 // and markers are for people, not for the model.
 func (st *store) legacyHistory(ctx context.Context, id string, n int) ([]ChatMessage, error) {
-	rows, err := st.db.Query(ctx, `SELECT role, content FROM (
+	// A row past maxReadMessage bytes, written before the bounds, is read
+	// as a page reads it (readContentSQL): it was read whole, 50 MB and
+	// more, into the provider's context.
+	rows, err := st.db.Query(ctx, `SELECT p.role, `+readContentSQL+` FROM (
 			SELECT idx, role, content FROM messages WHERE session_id = $1 AND role IN ('user', 'assistant')
-			ORDER BY idx DESC LIMIT $2) page ORDER BY idx`, id, n)
+			ORDER BY idx DESC LIMIT $2) p ORDER BY p.idx`, id, n)
 	if err != nil {
 		return nil, fmt.Errorf("read history: %w", err)
 	}
 	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChatMessage, error) {
 		var m ChatMessage
-		err := row.Scan(&m.Role, &m.Content)
-		return m, err
+		var whole *string
+		var head []byte
+		var size int64
+		if err := row.Scan(&m.Role, &whole, &head, &size); err != nil {
+			return m, err
+		}
+		// A row within the bound is the provider's whole, as before; only
+		// one past it is cut.
+		if whole != nil {
+			m.Content = *whole
+		} else {
+			m.Content = readContent(nil, head, size)
+		}
+		return m, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read history: %w", err)
