@@ -25,9 +25,17 @@ func KeptOf(out string, total int) string {
 	if total <= MaxKeptBytes {
 		return out
 	}
-	cut := min(MaxKeptBytes, len(out))
+	cut := Start(out, MaxKeptBytes)
+	return cut + fmt.Sprintf("\n[tool output truncated: %d of %d bytes kept]", len(cut), total)
+}
+
+// Start is the start of out of at most n bytes, cut at a character
+// boundary (the plugin sandbox sends a tool's output cut so, to the
+// bytes its caller shows).
+func Start(out string, n int) string {
+	cut := min(max(n, 0), len(out))
 	for cut > 0 && cut < len(out) && !utf8.RuneStart(out[cut]) {
 		cut--
 	}
-	return out[:cut] + fmt.Sprintf("\n[tool output truncated: %d of %d bytes kept]", cut, total)
+	return out[:cut]
 }

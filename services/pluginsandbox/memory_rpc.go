@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/recallanswer"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -256,6 +257,17 @@ func (s *Server) MemoryRecall(ctx context.Context, req *pluginv1.MemoryRecallReq
 		}
 		resp.Entries = append(resp.Entries, &pluginv1.MemoryEntry{Key: e.Key, Content: e.Content, Category: e.Category,
 			SessionId: e.SessionID, Timestamp: e.Timestamp, Score: e.Score})
+	}
+	if room := int(req.GetAnswerLimit()); room > 0 {
+		// The caller shows room bytes of the answer: only they are sent,
+		// with the whole's size. Sent as entries, a plugin's answer of up
+		// to the 16 MiB message crossed the socket whole to be cut to the
+		// 1 MiB the client sees.
+		text, total, err := recallanswer.Build(ctx, resp.Entries, room)
+		if err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		return &pluginv1.MemoryRecallResponse{Answer: text, AnswerBytes: int64(total)}, nil
 	}
 	return resp, nil
 }

@@ -3,6 +3,7 @@ package pluginsandbox_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,8 +12,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	"github.com/clawmesh/clawmesh/internal/recallanswer"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
@@ -785,5 +788,96 @@ func TestKVStoresWhatTheSandboxAccepts(t *testing.T) {
 		if _, err := ts.MemoryForget(context.Background(), &pluginv1.MemoryForgetRequest{Key: key}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// The session service shows a client 1 MiB of a recall, but the sandbox
+// sent it the whole answer, up to its 16 MiB message, across the socket.
+// Given the room shown (answer_limit), the sandbox sends that start of
+// the recall tool's answer and the whole's size: the reply's size as a
+// gRPC message is counted. Without answer_limit (a session service older
+// than the field) it still sends the entries. The guest library keeps an
+// answer to 1 MiB past its first entry, which it always keeps; kv here
+// answers one entry of 6 MiB, as a plugin may.
+func TestRecallAnswersOnlyWhatIsShown(t *testing.T) {
+	dir := t.TempDir()
+	if err := guestbuild.Install(dir, "kv"); err != nil {
+		t.Fatal(err)
+	}
+	replaceKV(t, dir, "testhooks.go", `//go:build wasip1
+
+package main
+
+import (
+	"strings"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk/memory"
+)
+
+type big struct{ kv }
+
+func (big) Recall(string, int) ([]memory.Entry, error) {
+	return []memory.Entry{{Key: "big", Content: strings.Repeat("x", 6<<20)}}, nil
+}
+
+func init() { memory.Register(big{}) } // after main.go's init
+`)
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	old, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "x", Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(old.GetEntries()) != 1 || old.GetAnswerBytes() != 0 {
+		t.Fatalf("recall without answer_limit: %d entries, answer_bytes %d; want the entry", len(old.GetEntries()), old.GetAnswerBytes())
+	}
+	whole, total, err := recallanswer.Build(ctx, old.GetEntries(), math.MaxInt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const room = 1 << 20
+	got, err := ts.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Query: "x", Limit: 10, AnswerLimit: room})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size := proto.Size(got); size > room+64 {
+		t.Fatalf("the reply to a recall shown %d bytes is %d bytes (the whole answer %d)", room, size, total)
+	}
+	if len(got.GetEntries()) != 0 || got.GetAnswerBytes() != int64(total) || total != len(whole) ||
+		!strings.HasPrefix(whole, got.GetAnswer()) || len(got.GetAnswer()) < room-5 {
+		t.Fatalf("answer of %d bytes, answer_bytes %d, %d entries; want the start of the whole %d-byte answer",
+			len(got.GetAnswer()), got.GetAnswerBytes(), len(got.GetEntries()), total)
+	}
+}
+
+// A plugin tool's output went to the session service whole, up to the
+// host's 16 MiB result, to be cut there to the 1 MiB a client is shown.
+// Given the room shown (output_limit), the sandbox sends that start, cut
+// at a character, and the whole's size; the reply's size as a gRPC
+// message is counted. Without it (an older session service) the output
+// is sent whole.
+func TestToolOutputSentOnlyAsFarAsItIsShown(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "echo")
+	ts := newTestServer(t, dir)
+	ctx := context.Background()
+	text := strings.Repeat("é", 3<<18) + "x" // 1.5 MiB, a character across the cut
+	args := `{"text":"` + text + `"}`
+	whole, err := ts.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{ToolName: "wasm_echo", ArgumentsJson: args})
+	if err != nil || whole.GetOutput() != text || whole.GetOutputBytes() != 0 {
+		t.Fatalf("a call without output_limit: %d bytes, output_bytes %d, %q %v; want the output whole",
+			len(whole.GetOutput()), whole.GetOutputBytes(), whole.GetError(), err)
+	}
+	const room = 1<<20 + 1 // within an "é"
+	got, err := ts.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{ToolName: "wasm_echo", ArgumentsJson: args, OutputLimit: room})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size := proto.Size(got); size > room+64 {
+		t.Fatalf("the reply to a call shown %d bytes is %d bytes (the output %d)", room, size, len(text))
+	}
+	if got.GetOutput() != text[:room-1] || got.GetOutputBytes() != int64(len(text)) || !got.GetSuccess() {
+		t.Fatalf("output of %d bytes, output_bytes %d; want the %d bytes before the cut character and %d",
+			len(got.GetOutput()), got.GetOutputBytes(), room-1, len(text))
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -297,6 +298,13 @@ func (s *Server) ExecuteTool(ctx context.Context, req *pluginv1.ExecuteToolReque
 	out := &pluginv1.ExecuteToolResponse{Success: res.Success, Output: res.Output, FuelUsed: int64(res.FuelUsed)}
 	if res.Error != nil {
 		out.Error = *res.Error
+	}
+	if limit := int(req.GetOutputLimit()); limit > 0 && len(out.Output) > limit {
+		// Only what the caller shows is sent, with the whole's size: an
+		// output of up to the host's 16 MiB result crossed the socket
+		// whole to be cut at once to the 1 MiB a client sees.
+		out.OutputBytes = int64(len(out.Output))
+		out.Output = tooloutput.Start(out.Output, limit)
 	}
 	return out, nil
 }

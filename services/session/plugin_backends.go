@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
-	"unsafe"
 
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
+	"github.com/clawmesh/clawmesh/internal/recallanswer"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
@@ -119,112 +120,45 @@ func (s *Server) memoryRecall(ctx context.Context, args json.RawMessage) (toolOu
 	if err := decodeArgs(args, &a); err != nil {
 		return toolOutput{}, err
 	}
-	resp, err := s.memory().MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Plugin: a.Plugin, Query: a.Query, Limit: a.Limit})
+	// The sandbox is sent the room the client is shown, and answers only
+	// that start with the whole's size: answered as entries, a recall of
+	// up to the sandbox's 16 MiB message crossed the socket whole to be
+	// cut here to MaxLiveToolOutputBytes. A sandbox older than
+	// answer_limit still answers entries (answer_bytes zero), which are
+	// built here only as far as they are shown.
+	resp, err := s.memory().MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Plugin: a.Plugin, Query: a.Query, Limit: a.Limit,
+		AnswerLimit: MaxLiveToolOutputBytes})
 	if err != nil {
 		return toolOutput{}, sandboxError(err)
+	}
+	if n := resp.GetAnswerBytes(); n > 0 {
+		return recallReply(resp.GetAnswer(), n), nil
 	}
 	return recallAnswer(ctx, resp.GetEntries(), MaxLiveToolOutputBytes)
 }
 
-// recallAnswer is the recall tool's output, the entries as a JSON array
-// of {"key","content","category"} (category left out when empty): the
-// bytes json.Marshal writes, built with jsonstr, at most about room of
-// them, and the size of the whole answer.
-//
-// A plugin may answer up to the sandbox's 16 MiB message, and as JSON a
-// control character is six bytes: the whole answer was built, 96 MiB of
-// it, to be cut at once to the 1 MiB its tool_result update carries (and
-// the 16 KiB the transcript keeps). Three recalled memories of 1 MiB of
-// them built 18 MiB (TestRecallAnswerIsBuiltOnlyAsFarAsItIsShown). Only
-// the start every reader takes is built: the whole is measured
-// (jsonstr.Len, which writes nothing) for the output_bytes and the
-// truncation note the client is given, the same as a whole answer's.
-// Room is a bound on bytes as written, and a reader's bound on them as
-// JSON is never shorter, so cutting the start gives the bytes cutting the
-// whole would. ctx is checked between entries: a caller that went away
-// stops the building.
+// recallReply is the output of a sandbox's own answer (its start, text,
+// and the whole's size, total). What a sandbox sends is not trusted to
+// keep to the room it was given: a longer text is cut here at a
+// character, as the transcript and the update would cut it, and a size
+// below the text's is the text's.
+func recallReply(text string, total int64) toolOutput {
+	if len(text) > MaxLiveToolOutputBytes {
+		fit, _ := jsonstr.Fit(text, MaxLiveToolOutputBytes)
+		text = text[:fit]
+	}
+	return toolOutput{text: text, total: int(min(max(total, int64(len(text))), math.MaxInt32))}
+}
+
+// recallAnswer is the recall tool's output built here from a sandbox's
+// entries (recallanswer.Build): at most about room bytes of it, and the
+// size of the whole answer (TestRecallAnswerIsBuiltOnlyAsFarAsItIsShown).
 func recallAnswer(ctx context.Context, entries []*pluginv1.MemoryEntry, room int) (toolOutput, error) {
-	const (
-		keyField      = `{"key":`
-		contentField  = `,"content":`
-		categoryField = `,"category":`
-	)
-	size := len("[]")
-	for i, e := range entries {
-		if err := ctx.Err(); err != nil {
-			return toolOutput{}, fmt.Errorf("recall answer: %w", err)
-		}
-		if i > 0 {
-			size++
-		}
-		size += len(keyField) + jsonstr.Len(e.GetKey()) + len(contentField) + jsonstr.Len(e.GetContent()) + len("}")
-		if c := e.GetCategory(); c != "" {
-			size += len(categoryField) + jsonstr.Len(c)
-		}
+	text, total, err := recallanswer.Build(ctx, entries, room)
+	if err != nil {
+		return toolOutput{}, err
 	}
-	b := cutBuilder{out: make([]byte, 0, min(size, room)), room: room}
-	b.raw("[")
-	for i, e := range entries {
-		if b.full() {
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			return toolOutput{}, fmt.Errorf("recall answer: %w", err)
-		}
-		if i > 0 {
-			b.raw(",")
-		}
-		b.raw(keyField)
-		b.str(e.GetKey())
-		b.raw(contentField)
-		b.str(e.GetContent())
-		if c := e.GetCategory(); c != "" {
-			b.raw(categoryField)
-			b.str(c)
-		}
-		b.raw("}")
-	}
-	b.raw("]")
-	// b.out is never written again: the string shares it rather than
-	// copy what may be a MiB.
-	return toolOutput{text: unsafe.String(unsafe.SliceData(b.out), len(b.out)), total: size}, nil
-}
-
-// cutBuilder writes JSON up to room bytes: what passes room is left out,
-// and a string is cut at a character, so out is always the start of what
-// writing it all would make, at most room bytes (room less up to five
-// when an escape did not fit).
-type cutBuilder struct {
-	out  []byte
-	room int
-}
-
-func (b *cutBuilder) full() bool { return len(b.out) >= b.room }
-
-// raw appends s as it is, as much of it as fits.
-func (b *cutBuilder) raw(s string) {
-	b.out = append(b.out, s[:min(len(s), max(0, b.room-len(b.out)))]...)
-}
-
-// str appends s as a JSON string, as much of it as fits.
-func (b *cutBuilder) str(s string) {
-	left := b.room - len(b.out)
-	if left <= 0 {
-		return
-	}
-	// Fit stops at left: a long string is not measured whole again.
-	if fit, _ := jsonstr.Fit(s, left-2); fit == len(s) {
-		b.out = jsonstr.Append(b.out, s)
-		return
-	}
-	// The opening quote and the part that fits; no closing quote, which
-	// the whole string would have written only after the rest.
-	fit, _ := jsonstr.Fit(s, left-1)
-	b.out = jsonstr.Append(b.out, s[:fit])
-	b.out = b.out[:len(b.out)-1]
-	// Nothing after a cut string: the bytes left would not follow it in
-	// the whole.
-	b.room = len(b.out)
+	return toolOutput{text: text, total: total}, nil
 }
 
 func (s *Server) memoryForget(ctx context.Context, args json.RawMessage) (string, error) {

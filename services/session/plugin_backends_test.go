@@ -14,8 +14,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
+	"github.com/clawmesh/clawmesh/internal/recallanswer"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -27,6 +29,12 @@ type backendSandbox struct {
 	pluginv1.UnimplementedPluginServiceServer
 	mu  sync.Mutex
 	mem map[string]string
+	// old answers a recall with its entries whatever answer_limit says,
+	// as a sandbox older than the field does.
+	old bool
+	// limits and replies are each recall's answer_limit and the size of
+	// its reply as a gRPC message.
+	limits, replies []int
 }
 
 func (*backendSandbox) ListTools(context.Context, *pluginv1.ListToolsRequest) (*pluginv1.ListToolsResponse, error) {
@@ -51,7 +59,7 @@ func (b *backendSandbox) MemoryStore(_ context.Context, req *pluginv1.MemoryStor
 	return &pluginv1.MemoryStoreResponse{}, nil
 }
 
-func (b *backendSandbox) MemoryRecall(_ context.Context, req *pluginv1.MemoryRecallRequest) (*pluginv1.MemoryRecallResponse, error) {
+func (b *backendSandbox) MemoryRecall(ctx context.Context, req *pluginv1.MemoryRecallRequest) (*pluginv1.MemoryRecallResponse, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	resp := &pluginv1.MemoryRecallResponse{}
@@ -64,6 +72,15 @@ func (b *backendSandbox) MemoryRecall(_ context.Context, req *pluginv1.MemoryRec
 	// test comparing the turn's answer with one built from a, b, c met
 	// another order once (CI, the fifty-sixth round).
 	slices.SortFunc(resp.Entries, func(x, y *pluginv1.MemoryEntry) int { return strings.Compare(x.GetKey(), y.GetKey()) })
+	if room := int(req.GetAnswerLimit()); room > 0 && !b.old {
+		// As the real sandbox answers (TestRecallAnswersOnlyWhatIsShown).
+		text, total, err := recallanswer.Build(ctx, resp.Entries, room)
+		if err != nil {
+			return nil, err
+		}
+		resp = &pluginv1.MemoryRecallResponse{Answer: text, AnswerBytes: int64(total)}
+	}
+	b.limits, b.replies = append(b.limits, int(req.GetAnswerLimit())), append(b.replies, proto.Size(resp))
 	return resp, nil
 }
 
@@ -103,9 +120,21 @@ func TestPluginSkillAndMemoryTools(t *testing.T) {
 // update's JSON, past the bus's 8 MiB message, so the update was refused
 // and the client saw a gap where the result was. The update carries at
 // most MaxLiveToolOutputBytes of it (as JSON), and says it was cut.
+//
+// The session service sends the room it shows with the recall
+// (answer_limit), and a sandbox that knows the field answers only that
+// start: the reply is bounded by it, not by the sandbox's 16 MiB message.
+// One older than the field answers the entries, and the client sees the
+// same either way (the fifty-seventh round).
 func TestLargeToolOutputStillReachesTheClient(t *testing.T) {
+	for _, old := range []bool{false, true} {
+		t.Run(fmt.Sprintf("old=%v", old), func(t *testing.T) { largeRecallReachesTheClient(t, old) })
+	}
+}
+
+func largeRecallReachesTheClient(t *testing.T, old bool) {
 	ctrl := strings.Repeat("\x01", 1<<20)
-	sb := &backendSandbox{mem: map[string]string{"a": ctrl, "b": ctrl, "c": ctrl}}
+	sb := &backendSandbox{mem: map[string]string{"a": ctrl, "b": ctrl, "c": ctrl}, old: old}
 	h := newHarness(t, func(c *Config) { c.Plugins = pluginClient(t, serveSandbox(t, sb)) })
 	id := h.newSession(alice, "default")
 	rec := h.record(id)
@@ -149,6 +178,14 @@ func TestLargeToolOutputStillReachesTheClient(t *testing.T) {
 	if note < 0 || !strings.HasSuffix(out, fmt.Sprintf(" of %d bytes shown]", len(whole.text))) ||
 		!strings.HasPrefix(whole.text, out[:note]) {
 		t.Fatalf("tool_result's raw_output ends %q, want the note with the whole answer's %d bytes", out[max(0, len(out)-80):], len(whole.text))
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if len(sb.limits) != 1 || sb.limits[0] != MaxLiveToolOutputBytes {
+		t.Fatalf("recalls sent answer_limit %v, want one of %d", sb.limits, MaxLiveToolOutputBytes)
+	}
+	if reply := sb.replies[0]; !old && reply > MaxLiveToolOutputBytes+64 {
+		t.Fatalf("the sandbox's reply was %d bytes, want at most the %d shown", reply, MaxLiveToolOutputBytes)
 	}
 }
 
@@ -256,5 +293,19 @@ func BenchmarkRecallAnswer(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_, _ = recallAnswer(b.Context(), entries, MaxLiveToolOutputBytes)
+	}
+}
+
+// A sandbox's own answer is not trusted to keep to the room it was sent:
+// a longer one is cut at a character to what is shown, and a size below
+// the text's is the text's.
+func TestRecallReplyKeepsToTheRoomShown(t *testing.T) {
+	long := strings.Repeat("é", MaxLiveToolOutputBytes)
+	got := recallReply(long, 5)
+	if len(got.text) > MaxLiveToolOutputBytes || !strings.HasPrefix(long, got.text) || got.size() != len(got.text) {
+		t.Fatalf("an answer of %d bytes said to be 5: kept %d bytes, size %d", len(long), len(got.text), got.size())
+	}
+	if got := recallReply(`[{"key":"k","content":"x`, 1<<30); got.text != `[{"key":"k","content":"x` || got.size() != 1<<30 {
+		t.Fatalf("a cut answer: %q of %d", got.text, got.size())
 	}
 }

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
@@ -133,5 +135,64 @@ func TestPluginSandboxMissing(t *testing.T) {
 				t.Fatalf("tool calls %v", rows)
 			}
 		})
+	}
+}
+
+// floodSandbox's one tool answers 2 MiB: cut to the request's
+// output_limit as the real sandbox cuts it
+// (TestToolOutputSentOnlyAsFarAsItIsShown), or whole when old, as a
+// sandbox older than the field.
+type floodSandbox struct {
+	pluginv1.UnimplementedPluginServiceServer
+	old    bool
+	limits chan int32
+}
+
+const floodOutput = "é"
+
+func (floodSandbox) ListTools(context.Context, *pluginv1.ListToolsRequest) (*pluginv1.ListToolsResponse, error) {
+	return &pluginv1.ListToolsResponse{Tools: []*pluginv1.Tool{{Name: "flood", ParametersSchemaJson: `{"type":"object"}`, PluginKey: "p"}}}, nil
+}
+
+func (f floodSandbox) ExecuteTool(_ context.Context, req *pluginv1.ExecuteToolRequest) (*pluginv1.ExecuteToolResponse, error) {
+	select {
+	case f.limits <- req.GetOutputLimit():
+	default:
+	}
+	out := strings.Repeat(floodOutput, 1<<20)
+	resp := &pluginv1.ExecuteToolResponse{Success: true, Output: out}
+	if limit := int(req.GetOutputLimit()); limit > 0 && !f.old {
+		resp.Output, resp.OutputBytes = tooloutput.Start(out, limit), int64(len(out))
+	}
+	return resp, nil
+}
+
+// The session service sends the room it shows with a plugin tool call
+// (output_limit): the client sees the same cut, output_bytes and note
+// from a sandbox that sends only that start as from one that sends the
+// whole output (the fifty-seventh round).
+func TestPluginToolOutputShownTheSameCutOrWhole(t *testing.T) {
+	var shown []string
+	for _, old := range []bool{false, true} {
+		sb := floodSandbox{old: old, limits: make(chan int32, 1)}
+		h := newHarness(t, func(c *Config) { c.Plugins = pluginClient(t, serveSandbox(t, sb)) })
+		id := h.newSession(alice, "default")
+		rec := h.record(id)
+		if resp := h.prompt(alice, id, "/tool flood\n/say end"); resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+			t.Fatalf("prompt %v", resp)
+		}
+		if got := <-sb.limits; got != MaxLiveToolOutputBytes {
+			t.Fatalf("the call's output_limit %d, want %d", got, MaxLiveToolOutputBytes)
+		}
+		for _, u := range rec.until(UpdateTurnComplete) {
+			if u.Type == UpdateToolResult {
+				bytes, _ := u.Params["output_bytes"].(float64)
+				shown = append(shown, fmt.Sprintf("%d %s", int(bytes), u.str("raw_output")))
+			}
+		}
+	}
+	wantNote := fmt.Sprintf(" of %d bytes shown]", 2<<20)
+	if len(shown) != 2 || shown[0] != shown[1] || !strings.HasPrefix(shown[0], fmt.Sprint(2<<20)+" ") || !strings.HasSuffix(shown[0], wantNote) {
+		t.Fatalf("the results differ or miss the whole's size: %d results", len(shown))
 	}
 }

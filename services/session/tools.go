@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
@@ -139,8 +141,13 @@ func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal
 		}
 		return out, true
 	}
+	// The sandbox is sent the bytes the client is shown and answers only
+	// them, with the whole's size (output_bytes): an output of up to the
+	// host's 16 MiB result crossed the socket whole to be cut here. A
+	// sandbox older than output_limit answers the output whole.
 	resp, err := s.cfg.Plugins.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{
 		Principal: p, ToolName: name, ArgumentsJson: string(args), SessionId: sessionID, ToolCallId: callID,
+		OutputLimit: MaxLiveToolOutputBytes,
 	})
 	if err != nil {
 		st := status.Convert(err)
@@ -154,12 +161,18 @@ func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal
 		}
 		return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, st.Message())), false
 	}
-	if !resp.GetSuccess() {
-		msg := resp.GetError()
-		if msg == "" {
-			msg = resp.GetOutput()
-		}
-		return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, msg)), false
+	out, total := resp.GetOutput(), int(min(resp.GetOutputBytes(), math.MaxInt32))
+	if len(out) > MaxLiveToolOutputBytes {
+		// Kept to the room sent, whatever a sandbox answers.
+		out = tooloutput.Start(out, MaxLiveToolOutputBytes)
+		total = max(total, len(resp.GetOutput()))
 	}
-	return wholeOutput(resp.GetOutput()), true
+	if !resp.GetSuccess() {
+		if msg := resp.GetError(); msg != "" {
+			return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, msg)), false
+		}
+		failed := fmt.Sprintf("Tool %s failed: ", name)
+		return toolOutput{text: failed + out, total: len(failed) + max(total, len(out))}, false
+	}
+	return toolOutput{text: out, total: total}, true
 }

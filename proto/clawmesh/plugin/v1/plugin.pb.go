@@ -812,10 +812,17 @@ func (*MemoryStoreResponse) Descriptor() ([]byte, []int) {
 }
 
 type MemoryRecallRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Plugin        string                 `protobuf:"bytes,1,opt,name=plugin,proto3" json:"plugin,omitempty"`
-	Query         string                 `protobuf:"bytes,2,opt,name=query,proto3" json:"query,omitempty"`
-	Limit         int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Plugin string                 `protobuf:"bytes,1,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	Query  string                 `protobuf:"bytes,2,opt,name=query,proto3" json:"query,omitempty"`
+	Limit  int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// answer_limit, when above zero, is how many bytes of the recall tool's
+	// JSON answer (internal/recallanswer) the caller shows: the sandbox
+	// then answers with answer and answer_bytes, not entries, so that a
+	// recall of up to the 16 MiB message crosses the socket as only the
+	// start that is shown. Zero keeps the entries (a caller that shows
+	// them all, or one older than this field).
+	AnswerLimit   int32 `protobuf:"varint,4,opt,name=answer_limit,json=answerLimit,proto3" json:"answer_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -871,9 +878,23 @@ func (x *MemoryRecallRequest) GetLimit() int32 {
 	return 0
 }
 
+func (x *MemoryRecallRequest) GetAnswerLimit() int32 {
+	if x != nil {
+		return x.AnswerLimit
+	}
+	return 0
+}
+
 type MemoryRecallResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Entries       []*MemoryEntry         `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entries is empty when the request set answer_limit.
+	Entries []*MemoryEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// answer is the start of the recall tool's JSON answer, at most about
+	// answer_limit bytes, and answer_bytes the whole answer's size (at
+	// least 2, "[]": zero says a sandbox older than answer_limit, which
+	// sent entries).
+	Answer        string `protobuf:"bytes,2,opt,name=answer,proto3" json:"answer,omitempty"`
+	AnswerBytes   int64  `protobuf:"varint,3,opt,name=answer_bytes,json=answerBytes,proto3" json:"answer_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -913,6 +934,20 @@ func (x *MemoryRecallResponse) GetEntries() []*MemoryEntry {
 		return x.Entries
 	}
 	return nil
+}
+
+func (x *MemoryRecallResponse) GetAnswer() string {
+	if x != nil {
+		return x.Answer
+	}
+	return ""
+}
+
+func (x *MemoryRecallResponse) GetAnswerBytes() int64 {
+	if x != nil {
+		return x.AnswerBytes
+	}
+	return 0
 }
 
 type MemoryForgetRequest struct {
@@ -1294,6 +1329,11 @@ type ExecuteToolRequest struct {
 	ArgumentsJson string `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
 	SessionId     string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	ToolCallId    string `protobuf:"bytes,5,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
+	// output_limit, when above zero, is how many bytes of the output the
+	// caller shows: a longer output is answered as its start of at most
+	// that many bytes, cut at a character, with output_bytes its whole
+	// size. Zero answers the output whole (a caller older than the field).
+	OutputLimit   int32 `protobuf:"varint,6,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1363,13 +1403,23 @@ func (x *ExecuteToolRequest) GetToolCallId() string {
 	return ""
 }
 
+func (x *ExecuteToolRequest) GetOutputLimit() int32 {
+	if x != nil {
+		return x.OutputLimit
+	}
+	return 0
+}
+
 type ExecuteToolResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Success bool                   `protobuf:"varint,1,opt,name=success,proto3" json:"success,omitempty"`
 	Output  string                 `protobuf:"bytes,2,opt,name=output,proto3" json:"output,omitempty"`
 	Error   string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	// fuel_used is the metered basic-block fuel the call consumed.
-	FuelUsed      int64 `protobuf:"varint,4,opt,name=fuel_used,json=fuelUsed,proto3" json:"fuel_used,omitempty"`
+	FuelUsed int64 `protobuf:"varint,4,opt,name=fuel_used,json=fuelUsed,proto3" json:"fuel_used,omitempty"`
+	// output_bytes is the whole output's size when output was cut to the
+	// request's output_limit, else zero.
+	OutputBytes   int64 `protobuf:"varint,5,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1428,6 +1478,13 @@ func (x *ExecuteToolResponse) GetError() string {
 func (x *ExecuteToolResponse) GetFuelUsed() int64 {
 	if x != nil {
 		return x.FuelUsed
+	}
+	return 0
+}
+
+func (x *ExecuteToolResponse) GetOutputBytes() int64 {
+	if x != nil {
+		return x.OutputBytes
 	}
 	return 0
 }
@@ -1495,13 +1552,16 @@ const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x12MemoryStoreRequest\x12\x16\n" +
 	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x125\n" +
 	"\x05entry\x18\x02 \x01(\v2\x1f.clawmesh.plugin.v1.MemoryEntryR\x05entry\"\x15\n" +
-	"\x13MemoryStoreResponse\"Y\n" +
+	"\x13MemoryStoreResponse\"|\n" +
 	"\x13MemoryRecallRequest\x12\x16\n" +
 	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12\x14\n" +
 	"\x05query\x18\x02 \x01(\tR\x05query\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\x05R\x05limit\"Q\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\x12!\n" +
+	"\fanswer_limit\x18\x04 \x01(\x05R\vanswerLimit\"\x8c\x01\n" +
 	"\x14MemoryRecallResponse\x129\n" +
-	"\aentries\x18\x01 \x03(\v2\x1f.clawmesh.plugin.v1.MemoryEntryR\aentries\"?\n" +
+	"\aentries\x18\x01 \x03(\v2\x1f.clawmesh.plugin.v1.MemoryEntryR\aentries\x12\x16\n" +
+	"\x06answer\x18\x02 \x01(\tR\x06answer\x12!\n" +
+	"\fanswer_bytes\x18\x03 \x01(\x03R\vanswerBytes\"?\n" +
 	"\x13MemoryForgetRequest\x12\x16\n" +
 	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\"0\n" +
@@ -1523,7 +1583,7 @@ const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x05tools\x18\x01 \x03(\v2\x18.clawmesh.plugin.v1.ToolR\x05tools\x12%\n" +
 	"\x0ememory_plugins\x18\x02 \x03(\tR\rmemoryPlugins\x12\x1f\n" +
 	"\vskill_count\x18\x03 \x01(\x05R\n" +
-	"skillCount\"\xd6\x01\n" +
+	"skillCount\"\xf9\x01\n" +
 	"\x12ExecuteToolRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1b\n" +
 	"\ttool_name\x18\x02 \x01(\tR\btoolName\x12%\n" +
@@ -1531,12 +1591,14 @@ const file_clawmesh_plugin_v1_plugin_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12 \n" +
 	"\ftool_call_id\x18\x05 \x01(\tR\n" +
-	"toolCallId\"z\n" +
+	"toolCallId\x12!\n" +
+	"\foutput_limit\x18\x06 \x01(\x05R\voutputLimit\"\x9d\x01\n" +
 	"\x13ExecuteToolResponse\x12\x18\n" +
 	"\asuccess\x18\x01 \x01(\bR\asuccess\x12\x16\n" +
 	"\x06output\x18\x02 \x01(\tR\x06output\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1b\n" +
-	"\tfuel_used\x18\x04 \x01(\x03R\bfuelUsed2\xe9\x06\n" +
+	"\tfuel_used\x18\x04 \x01(\x03R\bfuelUsed\x12!\n" +
+	"\foutput_bytes\x18\x05 \x01(\x03R\voutputBytes2\xe9\x06\n" +
 	"\rPluginService\x12^\n" +
 	"\vListPlugins\x12&.clawmesh.plugin.v1.ListPluginsRequest\x1a'.clawmesh.plugin.v1.ListPluginsResponse\x12X\n" +
 	"\tListTools\x12$.clawmesh.plugin.v1.ListToolsRequest\x1a%.clawmesh.plugin.v1.ListToolsResponse\x12^\n" +
