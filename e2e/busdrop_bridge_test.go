@@ -50,11 +50,14 @@ func TestBridgeBusDropsLoseNothingInThePane(t *testing.T) {
 	t.Logf("the bridge's bus connection dropped %d times", <-kicked)
 
 	// Its result shows, as the tool's update says it ("completed: ...")
-	// or as the transcript does ("echo: ...").
-	v := eventsUntil(t, ph, id, "the turn's end with its tool's result", func(v collietest.PaneView) bool {
-		tool := v.Text("tool")
-		return v.State == "idle" && strings.Contains(v.Text("reply"), "after") &&
-			(strings.Contains(tool, "completed") || strings.Contains(tool, "echo: "))
-	})
+	// or as the transcript does ("echo: ..."), in the first view that
+	// says the turn ended: the pane is read again before it says so, not
+	// after (a reader that took the view between kept the hole).
+	v := eventsUntil(t, ph, id, "the turn's end", func(v collietest.PaneView) bool { return v.State == "idle" })
 	t.Logf("items %+v", v.Items)
+	tool, reply := v.Text("tool"), v.Text("reply")
+	if !strings.Contains(reply, "after") || strings.Count(reply, "on") != 15 ||
+		!strings.Contains(tool, "completed") && !strings.Contains(tool, "echo: ") {
+		t.Fatalf("the first view of the ended turn lacks what the drops lost: reply %q, tool %q", reply, tool)
+	}
 }

@@ -580,6 +580,24 @@ func (f *follower) turnEnded(ctx context.Context, id string, up updateParams) {
 	for _, a := range left {
 		f.resolve(ctx, id, a)
 	}
+	if f.holed[id] {
+		// Updates of this turn were lost (apply): the transcript and the
+		// turn's events now hold what they showed. Read again here,
+		// before the pane says the turn ended: marked for the next
+		// wake-up instead, the pane showed the turn idle with its hole
+		// until then, and a reader that took that view kept it.
+		delete(f.holed, id)
+		f.reload(ctx, id)
+		ended := true
+		f.b.layout.read(id, func(p *pane) { ended = p.liveTurn != up.TurnID && (p.turn == nil || p.turn.id != up.TurnID) })
+		if ended {
+			f.poke() // a text may wait for this pane's next turn
+			return
+		}
+		// The reload failed, or its view still ran the turn: ended
+		// below, and read again at the next wake-up.
+		f.mark(id)
+	}
 	// The reply first, then the rows the turn wrote that its updates did
 	// not show (those of a turn the pane did not follow live), then its
 	// end.
@@ -606,12 +624,6 @@ func (f *follower) turnEnded(ctx context.Context, id string, up updateParams) {
 		}
 		return true
 	})
-	if f.holed[id] {
-		// Updates of this turn were lost (apply): the transcript now
-		// holds what they showed.
-		delete(f.holed, id)
-		f.mark(id)
-	}
 	f.poke() // a text may wait for this pane's next turn
 }
 
