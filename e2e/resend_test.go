@@ -67,11 +67,37 @@ func wantStreamsNextTurn(t *testing.T, b *externalBus, c *e2e.Client, session st
 // could not have sent again.
 func TestResendsATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 	t.Parallel()
+	b, f, session, kinds, text := missATurn(t, "/sleep 2000\n/say six seven")
+	if kinds["turn_complete"] != 1 || text.String() != "six seven" {
+		t.Fatalf("the follower received %v, text %q, of the turn it missed", kinds, text.String())
+	}
+	wantStreamsNextTurn(t, b, f, session, kinds)
+}
+
+// A missed turn that called a tool is sent again with its call and its
+// result, each once, and the text on both sides of them (the turns the
+// resend tests covered before said text alone).
+func TestResendsAMissedTurnWithItsToolCall(t *testing.T) {
+	t.Parallel()
+	b, f, session, kinds, text := missATurn(t, "/sleep 2000\n/say before\n"+`/tool echo {"text":"hi"}`+"\n/say after")
+	if kinds["tool_call"] != 1 || kinds["tool_result"] != 1 || kinds["turn_complete"] != 1 || text.String() != "before\nafter" {
+		t.Fatalf("the follower received %v, text %q, of the turn it missed", kinds, text.String())
+	}
+	wantStreamsNextTurn(t, b, f, session, kinds)
+}
+
+// missATurn has a followed session run prompt (which should sleep first)
+// while the gateway's bus link is down, then brings the link back and
+// waits for the follower, which must be kept, to get the turn's
+// turn_complete sent again; it returns the follower, its session, the
+// updates it got by type and its message text.
+func missATurn(t *testing.T, prompt string) (*externalBus, *e2e.Client, string, updateKinds, *strings.Builder) {
+	t.Helper()
 	b, px := startBehindBusProxy(t)
 	f, session, _ := followedAfterATurn(t, b)
 	kinds := updateKinds{}
-	var text strings.Builder
-	onUpdateTexts(f, kinds, &text)
+	text := &strings.Builder{}
+	onUpdateTexts(f, kinds, text)
 	p := b.s.Dial(t)
 	p.Timeout = 60 * time.Second
 	if _, err := p.Initialize(); err != nil {
@@ -79,7 +105,7 @@ func TestResendsATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 	}
 	prompted := make(chan error, 1)
 	go func() {
-		_, err := p.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/sleep 2000\n/say six seven"})
+		_, err := p.Call("session/prompt", map[string]any{"session_id": session, "prompt": prompt})
 		prompted <- err
 	}()
 	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
@@ -98,7 +124,7 @@ func TestResendsATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 		}
 		return err
 	})
-	if kinds["agent_message_chunk"] != 0 {
+	if kinds["agent_message_chunk"] != 0 || kinds["tool_call"] != 0 {
 		t.Fatalf("the follower received %v with the gateway's bus link down", kinds)
 	}
 	px.unblock()
@@ -111,16 +137,13 @@ func TestResendsATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 		}
 		return nil
 	})
-	if kinds["turn_complete"] != 1 || text.String() != "six seven" {
-		t.Fatalf("the follower received %v, text %q, of the turn it missed", kinds, text.String())
-	}
 	if err := <-prompted; err != nil {
 		t.Fatalf("the prompt of the turn sent again: %v", err)
 	}
 	if !strings.Contains(readLog(t, b.s, "gateway"), "session updates missed were sent again") {
 		t.Fatal("the gateway did not say it sent the missed updates again")
 	}
-	wantStreamsNextTurn(t, b, f, session, kinds)
+	return b, f, session, kinds, text
 }
 
 // The session service is killed (SIGKILL) mid-turn while the gateway's
