@@ -29,6 +29,7 @@ type lossRig struct {
 	gwnc, pubnc       *nats.Conn
 	follower, idle    *connState
 	followerClient    net.Conn
+	followerLines     *bufio.Reader // followerClient's, one for the test (nextSeq)
 	idleClient        net.Conn
 	pub               *bus.SessionUpdatePublisher
 	sessionID, turnID string
@@ -159,26 +160,17 @@ func (r *lossRig) waitConnected() {
 // what came before is the stream's beginning with no hole: 1, 2, ...
 func (r *lossRig) followerStream() []int64 {
 	r.t.Helper()
-	br := bufio.NewReader(r.followerClient)
 	_ = r.followerClient.SetReadDeadline(time.Now().Add(20 * time.Second))
 	var got []int64
 	for {
-		line, err := br.ReadBytes('\n')
+		seq, err := r.nextSeq()
 		if err != nil {
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
 				r.t.Fatalf("the following connection is still open after updates were lost; it got seqs %v", got)
 			}
 			break
 		}
-		var f struct {
-			Params struct {
-				Seq int64 `json:"seq"`
-			} `json:"params"`
-		}
-		if err := json.Unmarshal(line, &f); err != nil {
-			r.t.Fatalf("frame %q: %v", line, err)
-		}
-		got = append(got, f.Params.Seq)
+		got = append(got, seq)
 	}
 	for i, seq := range got {
 		if seq != int64(i+1) {
@@ -186,6 +178,29 @@ func (r *lossRig) followerStream() []int64 {
 		}
 	}
 	return got
+}
+
+// nextSeq reads the follower's next update and returns its seq. One
+// reader serves the whole test: a reader made a call would drop what it
+// had buffered past its line.
+func (r *lossRig) nextSeq() (int64, error) {
+	r.t.Helper()
+	if r.followerLines == nil {
+		r.followerLines = bufio.NewReader(r.followerClient)
+	}
+	line, err := r.followerLines.ReadBytes('\n')
+	if err != nil {
+		return 0, err
+	}
+	var f struct {
+		Params struct {
+			Seq int64 `json:"seq"`
+		} `json:"params"`
+	}
+	if err := json.Unmarshal(line, &f); err != nil {
+		r.t.Fatalf("frame %q: %v", line, err)
+	}
+	return f.Params.Seq, nil
 }
 
 // idleStaysOpen fails the test if the connection that follows nothing

@@ -1,9 +1,7 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -41,23 +39,14 @@ func (s *resendRig) Resend(_ context.Context, req *sessionv1.ResendRequest, _ ..
 // readSeqs reads n updates from the follower's client end.
 func (r *lossRig) readSeqs(n int) []int64 {
 	r.t.Helper()
-	br := bufio.NewReader(r.followerClient)
 	_ = r.followerClient.SetReadDeadline(time.Now().Add(20 * time.Second))
 	var got []int64
 	for len(got) < n {
-		line, err := br.ReadBytes('\n')
+		seq, err := r.nextSeq()
 		if err != nil {
 			r.t.Fatalf("the following connection, after seqs %v: %v", got, err)
 		}
-		var f struct {
-			Params struct {
-				Seq int64 `json:"seq"`
-			} `json:"params"`
-		}
-		if err := json.Unmarshal(line, &f); err != nil {
-			r.t.Fatalf("frame %q: %v", line, err)
-		}
-		got = append(got, f.Params.Seq)
+		got = append(got, seq)
 	}
 	return got
 }
