@@ -467,12 +467,16 @@ func TestSessionApprovals(t *testing.T) {
 
 func TestSessionFanOutAndStall(t *testing.T) {
 	t.Parallel()
-	// Long enough that the two readers, busy parsing 20,000 updates on a
-	// loaded machine, never look stalled; the third never reads at all.
+	// The third client never reads at all. The two readers read their
+	// sockets ahead of what they parse (DialReading): parsing 20,000
+	// updates under the race detector at a load of 40 left the socket
+	// unread for longer than 2 s between two reads, and the gateway
+	// rightly cut the prompting client as stalled (its log: "write
+	// stalled" for conn 1 some 3 to 5 s after conn 3, in 6 of 7 runs).
 	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "rpc.write_stall_timeout_ms=2000"}})
-	a := newConv(t, s, nil)
+	a := newConvOn(t, s, s.DialReading(t), nil)
 	id := a.newSession("")
-	b := newConv(t, s, nil)
+	b := newConvOn(t, s, s.DialReading(t), nil)
 	b.call("session/new", map[string]any{"session_id": id}) // attach by resuming
 	stalled := newConv(t, s, nil)
 	stalled.call("session/new", map[string]any{"session_id": id})
