@@ -319,9 +319,15 @@ func startChild(b testing.TB, env ...string) (pid int) {
 	return cmd.Process.Pid
 }
 
-// exitWithParent ends this child process once its stdin ends (startChild).
-func exitWithParent() {
+// exitWithParent ends this child process once its stdin ends (startChild),
+// having called stop (a profile's, to write it) when there is one.
+func exitWithParent(stop func() error) {
 	_, _ = io.Copy(io.Discard, os.Stdin)
+	if stop != nil {
+		if err := stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+		}
+	}
 	os.Exit(0)
 }
 

@@ -13,6 +13,7 @@ package e2e_test
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	"github.com/clawmesh/clawmesh/internal/profiling"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -29,28 +31,35 @@ func TestMain(m *testing.M) {
 	// (startChild); each child lives as long as the test that started it.
 	switch {
 	case os.Getenv(echoEnv) != "":
-		go exitWithParent()
+		go exitWithParent(nil)
 		n, _ := strconv.Atoi(os.Getenv(echoReplyEnv))
 		serveEcho(os.Getenv(echoEnv), n)
 		return
 	case os.Getenv(busChildEnv) != "":
-		go exitWithParent()
+		go exitWithParent(nil)
 		serveBus(os.Getenv(busChildEnv))
 		return
 	case os.Getenv(natsEnv) != "":
-		go exitWithParent()
+		go exitWithParent(nil)
 		serveNATS(os.Getenv(natsEnv))
 		return
 	case os.Getenv(publishEnv) != "":
-		go exitWithParent()
+		go exitWithParent(nil)
 		servePublisher(os.Getenv(forwardNATSEnv), os.Getenv(publishEnv))
 		return
 	case os.Getenv(forwardEnv) != "":
-		go exitWithParent()
+		// Profiled as the gateway is (CLAWMESH_PROFILE_DIR), so the two
+		// ends of the turn stream's second leg compare symbol by symbol.
+		stop, err := profiling.Start("forwarder")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "forwarder:", err)
+			os.Exit(2)
+		}
+		go exitWithParent(stop)
 		serveForwarder(os.Getenv(forwardEnv), os.Getenv(forwardNATSEnv))
 		return
 	case os.Getenv(discardEnv) != "":
-		go exitWithParent()
+		go exitWithParent(nil)
 		serveDiscard(os.Getenv(discardEnv))
 		return
 	}

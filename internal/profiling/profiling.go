@@ -27,6 +27,20 @@ const EnvDir = "CLAWMESH_PROFILE_DIR"
 // by megabytes a second under load: for short runs.
 const EnvTrace = "CLAWMESH_PROFILE_TRACE"
 
+// EnvCPUOnly, set to 1 beside EnvDir, leaves the block and mutex
+// profiles off: their sampling slows every channel operation and lock,
+// and a CPU profile taken beside them charges the process that
+// bookkeeping (a quarter of the gateway's CPU a chunk on the turn
+// stream), so a CPU profile meant to be compared with another process's
+// is taken alone.
+const EnvCPUOnly = "CLAWMESH_PROFILE_CPU_ONLY"
+
+// EnvHz, beside EnvDir, sets the CPU profile's sampling rate in samples
+// a second (the runtime's default is 100): a path that costs a few
+// microseconds an event needs more than a hundred samples a second to be
+// split among its functions within one run.
+const EnvHz = "CLAWMESH_PROFILE_HZ"
+
 // BlockRate is the block profile's sampling: one event per this many
 // nanoseconds blocked. MutexFraction samples one contention event in so
 // many.
@@ -51,6 +65,11 @@ func Start(name string) (stop func() error, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cpu profile: %w", err)
 	}
+	if hz, err := strconv.Atoi(os.Getenv(EnvHz)); err == nil && hz > 0 && hz <= 10_000 {
+		// Set before StartCPUProfile, which keeps a rate already set
+		// (and says so on stderr).
+		runtime.SetCPUProfileRate(hz)
+	}
 	if err := pprof.StartCPUProfile(cpu); err != nil {
 		cpu.Close()
 		return nil, fmt.Errorf("cpu profile: %w", err)
@@ -69,8 +88,11 @@ func Start(name string) (stop func() error, err error) {
 			return nil, fmt.Errorf("trace: %w", err)
 		}
 	}
-	runtime.SetBlockProfileRate(BlockRate)
-	runtime.SetMutexProfileFraction(MutexFraction)
+	cpuOnly := os.Getenv(EnvCPUOnly) == "1"
+	if !cpuOnly {
+		runtime.SetBlockProfileRate(BlockRate)
+		runtime.SetMutexProfileFraction(MutexFraction)
+	}
 	return func() error {
 		pprof.StopCPUProfile()
 		errs := []error{cpu.Close()}
@@ -78,7 +100,11 @@ func Start(name string) (stop func() error, err error) {
 			trace.Stop()
 			errs = append(errs, tf.Close())
 		}
-		for _, p := range []string{"block", "mutex", "heap"} {
+		kinds := []string{"block", "mutex", "heap"}
+		if cpuOnly {
+			kinds = []string{"heap"}
+		}
+		for _, p := range kinds {
 			errs = append(errs, write(base+"."+p+".pprof", p))
 		}
 		for _, err := range errs {
