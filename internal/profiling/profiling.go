@@ -36,9 +36,12 @@ const EnvTrace = "CLAWMESH_PROFILE_TRACE"
 const EnvCPUOnly = "CLAWMESH_PROFILE_CPU_ONLY"
 
 // EnvHz, beside EnvDir, sets the CPU profile's sampling rate in samples
-// a second (the runtime's default is 100): a path that costs a few
-// microseconds an event needs more than a hundred samples a second to be
-// split among its functions within one run.
+// a second (the runtime's default is 100; the runtime says on stderr that
+// it keeps the rate set first). The kernel's CPU timers tick at its HZ,
+// so a rate past that gets no more samples: on the turn stream a 1000 Hz
+// profile held fewer than a 100 Hz one (docs/performance.md,
+// "Fifty-eighth round: fan-out"); perf sees more, and sees the runtime's
+// monitor thread, which a Go CPU profile never samples.
 const EnvHz = "CLAWMESH_PROFILE_HZ"
 
 // BlockRate is the block profile's sampling: one event per this many
