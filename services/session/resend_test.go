@@ -1,0 +1,251 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/testwait"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// resend asks Resend for session id's updates after after up to upto,
+// of the session's incarnation now, and decodes what it sends as a
+// gateway would (each past the one before, the last its upto_seq).
+func (h *harness) resend(id string, after, upto int64) (*sessionv1.ResendResponse, []update) {
+	h.t.Helper()
+	incarnation := h.incarnation(id)
+	resp, err := h.srv.Resend(context.Background(), &sessionv1.ResendRequest{SessionId: id, Incarnation: incarnation, AfterSeq: after, UptoSeq: upto})
+	if err != nil {
+		h.t.Fatalf("resend after %d up to %d: %v", after, upto, err)
+	}
+	var us []update
+	last := after
+	for _, b := range resp.GetUpdates() {
+		u, err := bus.DecodeSessionUpdate(b, id, incarnation)
+		if err != nil {
+			h.t.Fatalf("resent update: %v", err)
+		}
+		if u.Seq <= last {
+			h.t.Fatalf("resent update %d follows %d", u.Seq, last)
+		}
+		last = u.Seq
+		var params map[string]any
+		if err := json.Unmarshal(u.JSON, &params); err != nil {
+			h.t.Fatalf("resent update json %q: %v", u.JSON, err)
+		}
+		us = append(us, update{Seq: u.Seq, Type: bus.UpdateTypeName(u.Type), Params: params})
+	}
+	if resp.GetLost() == "" && last != resp.GetUptoSeq() {
+		h.t.Fatalf("resent updates end at %d, not %d", last, resp.GetUptoSeq())
+	}
+	return resp, us
+}
+
+// liveTurn prompts id on h with text and returns the updates the turn
+// published, its turn_complete last.
+func liveTurn(h *harness, rec *recorder, id, text string) []update {
+	h.t.Helper()
+	if resp := h.prompt(alice, id, text); resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+		h.t.Fatalf("prompt %q: %v", text, resp)
+	}
+	return rec.until(UpdateTurnComplete)
+}
+
+// sameTurn fails unless resent is live as a gateway's client sees it: its
+// message text whole, its tool calls, results and turn_complete the same,
+// in the same order, ending at the live turn's end.
+func sameTurn(t *testing.T, live, resent []update) {
+	t.Helper()
+	shape := func(us []update) (string, []string) {
+		var kinds, text []string
+		for _, u := range us {
+			switch u.Type {
+			case UpdateMessageChunk:
+				if len(kinds) == 0 || kinds[len(kinds)-1] != "text" {
+					kinds = append(kinds, "text")
+					text = append(text, "")
+				}
+				text[len(text)-1] += u.str("text")
+			case UpdateToolCall, UpdateToolResult:
+				in, _ := json.Marshal(u.Params["raw_input"])
+				kinds = append(kinds, fmt.Sprintf("%s %s %s %s %v %s", u.Type, u.str("tool_call_id"), u.str("name"), in, u.Params["output_bytes"], u.str("raw_output")))
+			case UpdateTurnComplete:
+				kinds = append(kinds, fmt.Sprintf("%s %s %s %q", u.Type, u.str("turn_id"), u.str("outcome"), u.str("content")))
+			default:
+				kinds = append(kinds, u.Type)
+			}
+		}
+		return strings.Join(kinds, " | "), text
+	}
+	lk, lt := shape(live)
+	rk, rt := shape(resent)
+	if lk != rk || fmt.Sprint(lt) != fmt.Sprint(rt) {
+		t.Fatalf("resent turn\n%s %q\nwant the live one\n%s %q", rk, rt, lk, lt)
+	}
+	if resent[len(resent)-1].Seq != live[len(live)-1].Seq {
+		t.Fatalf("resent turn ends at %d, the live one at %d", resent[len(resent)-1].Seq, live[len(live)-1].Seq)
+	}
+}
+
+// Whole turns missed are rebuilt as they streamed (text, a tool call and
+// its result, the turn_complete), each ending at its live end; a lone
+// missed turn_complete is sent alone, with its number.
+func TestResendRebuildsWholeTurnsAndALoneTurnComplete(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	first := liveTurn(h, rec, id, "/say one")
+	second := liveTurn(h, rec, id, "/think hm\n/say two three")
+	third := liveTurn(h, rec, id, "/say before\n"+`/tool echo {"text":"hi"}`+"\n/say after")
+	end1, end2, end3 := first[len(first)-1].Seq, second[len(second)-1].Seq, third[len(third)-1].Seq
+
+	resp, us := h.resend(id, end1, 0)
+	if resp.GetLost() != "" || resp.GetUptoSeq() != end3 {
+		t.Fatalf("resend after turn 1: lost %q, upto %d, want %d", resp.GetLost(), resp.GetUptoSeq(), end3)
+	}
+	split := 0
+	for split < len(us) && us[split].Seq <= end2 {
+		split++
+	}
+	sameTurn(t, second, us[:split])
+	sameTurn(t, third, us[split:])
+
+	resp, us = h.resend(id, 0, end1)
+	if resp.GetLost() != "" {
+		t.Fatalf("resend of the first turn: %q", resp.GetLost())
+	}
+	sameTurn(t, first, us)
+
+	resp, us = h.resend(id, end3-1, end3)
+	if resp.GetLost() != "" || len(us) != 1 || us[0].Seq != end3 {
+		t.Fatalf("resend of a lone turn_complete: lost %q, %v", resp.GetLost(), us)
+	}
+	sameTurn(t, third[len(third)-1:], us)
+
+	// Nothing missed: nothing sent, nothing lost.
+	if resp, us = h.resend(id, end3, 0); resp.GetLost() != "" || len(us) != 0 || resp.GetUptoSeq() != end3 {
+		t.Fatalf("resend past the last update: lost %q, %d updates, upto %d", resp.GetLost(), len(us), resp.GetUptoSeq())
+	}
+}
+
+// A turn cut by a crash, of which the gateway had the first chunk: its
+// recovery's turn_complete is sent again, with the number recovery gave
+// it and the text the turn had stored.
+func TestResendSendsACrashCutTurnsRecoveredEnd(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/say first half\n/sleep 60000\n/say second half"})
+	first := rec.next()
+	eventually(t, func() error {
+		if got := h.checkpointed(id); got != "first half" {
+			return fmt.Errorf("checkpoint holds %q", got)
+		}
+		return nil
+	})
+	h.crash()
+	var end update
+	for end.Type != UpdateTurnComplete {
+		end = rec.next()
+	}
+	resp, us := h.resend(id, first.Seq, 0)
+	if resp.GetLost() != "" || len(us) != 1 || us[0].Seq != end.Seq || us[0].Type != UpdateTurnComplete ||
+		us[0].str("outcome") != OutcomeCancelled || us[0].str("content") != "first half" || us[0].str("stop_reason") != stopInterrupted {
+		t.Fatalf("resend of a recovered turn's end: lost %q, %v; recovery published %v", resp.GetLost(), us, end)
+	}
+}
+
+// Past 8 turns, or past 8 MiB of params, Resend says the updates are
+// lost (the gateway closes the followers, which read the transcript);
+// at 8 turns, and under 8 MiB, it sends them.
+func TestResendBounds(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	var ends []int64
+	for i := range maxResendTurns + 2 {
+		us := liveTurn(h, rec, id, fmt.Sprintf("/say n%d", i))
+		ends = append(ends, us[len(us)-1].Seq)
+	}
+	if resp, _ := h.resend(id, ends[0], 0); !strings.Contains(resp.GetLost(), fmt.Sprintf("more than %d turns", maxResendTurns)) {
+		t.Fatalf("resend of %d turns: lost %q", maxResendTurns+1, resp.GetLost())
+	}
+	resp, us := h.resend(id, ends[1], 0)
+	if n := 0; resp.GetLost() == "" {
+		for _, u := range us {
+			if u.Type == UpdateTurnComplete {
+				n++
+			}
+		}
+		if n != maxResendTurns {
+			t.Fatalf("resend of %d turns sent %d", maxResendTurns, n)
+		}
+	} else {
+		t.Fatalf("resend of %d turns: lost %q", maxResendTurns, resp.GetLost())
+	}
+
+	// Three turns of 1.5 MiB of text each (3 MiB with their
+	// turn_complete's content): two fit, three do not.
+	word := strings.Repeat("w", 1023) + " "
+	big := "/say " + strings.Repeat(word, 3<<9)
+	from := ends[len(ends)-1]
+	for range 3 {
+		if resp := h.promptWithin(alice, id, big, testwait.Bound); resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+			t.Fatalf("prompt of 1.5 MiB: %v", resp)
+		}
+		ends = append(ends, h.lastTurnEnd(id))
+	}
+	if resp, _ := h.resend(id, from, 0); !strings.Contains(resp.GetLost(), fmt.Sprintf("pass %d bytes", maxResendBytes)) {
+		t.Fatalf("resend of 9 MiB: lost %q", resp.GetLost())
+	}
+	resp, us = h.resend(id, ends[len(ends)-3], 0)
+	if text := strings.Join(texts(us, UpdateMessageChunk), ""); resp.GetLost() != "" || resp.GetUptoSeq() != ends[len(ends)-1] ||
+		text != strings.Repeat(word, 2*3<<9) {
+		t.Fatalf("resend of 6 MiB: lost %q, upto %d, %d bytes of text", resp.GetLost(), resp.GetUptoSeq(), len(text))
+	}
+}
+
+// lastTurnEnd is the number the session's latest turn's end took.
+func (h *harness) lastTurnEnd(id string) int64 {
+	h.t.Helper()
+	var end int64
+	if err := h.pool.QueryRow(context.Background(), `SELECT end_seq FROM turns WHERE session_id = $1 AND end_seq IS NOT NULL
+		ORDER BY end_seq DESC LIMIT 1`, id).Scan(&end); err != nil {
+		h.t.Fatalf("read the last turn's end: %v", err)
+	}
+	return end
+}
+
+// Every id is checked: a malformed session id, or a range that is none,
+// is refused; an unknown session, or another incarnation of it, is lost.
+func TestResendRefusesBadRequests(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	for _, req := range []*sessionv1.ResendRequest{
+		{SessionId: "../" + id},
+		{SessionId: ""},
+		{SessionId: strings.Repeat("s", 4096)},
+		{SessionId: id, AfterSeq: -1},
+		{SessionId: id, AfterSeq: 5, UptoSeq: 5},
+		{SessionId: id, AfterSeq: 6, UptoSeq: 5},
+	} {
+		_, err := h.srv.Resend(context.Background(), req)
+		wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, "")
+	}
+	for _, req := range []*sessionv1.ResendRequest{
+		{SessionId: "s_unknown0000000000000000", Incarnation: 1},
+		{SessionId: id, Incarnation: h.incarnation(id) + 1},
+	} {
+		resp, err := h.srv.Resend(context.Background(), req)
+		if err != nil || resp.GetLost() != "the session is gone" || len(resp.GetUpdates()) != 0 {
+			t.Fatalf("resend of %v: %v, %v", req, resp, err)
+		}
+	}
+}
