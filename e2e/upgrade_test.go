@@ -27,10 +27,9 @@ import (
 // prints: a new migration there means a new undo here (the line names
 // the two newest).
 const (
-	undoNewestSessionMigration = `DROP INDEX session.turns_end_seq;
-		ALTER TABLE session.turns DROP COLUMN end_seq, DROP COLUMN error;
-		DELETE FROM session.schema_migrations WHERE version = 14`
-	newestSessionUpgrade = "database upgraded: session 0013_turn_trimmed → 0014_turn_end_seq (a clawmesh older than this one can no longer open it)"
+	undoNewestSessionMigration = `ALTER TABLE session.tool_calls DROP COLUMN output_bytes;
+		DELETE FROM session.schema_migrations WHERE version = 15`
+	newestSessionUpgrade = "database upgraded: session 0014_turn_end_seq → 0015_tool_output_bytes (a clawmesh older than this one can no longer open it)"
 )
 
 func TestUpgradeIsToldOnTheTerminal(t *testing.T) {

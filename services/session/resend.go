@@ -211,7 +211,8 @@ func (st *store) endedTurns(ctx context.Context, id string, after, upto int64) (
 // events, without its turn_complete: nil when they are no longer stored
 // whole (its prompt's event is gone with the rest when trimmed).
 func (st *store) turnUpdates(ctx context.Context, sessionID, turnID string) ([]rebuilt, error) {
-	rows, err := st.db.Query(ctx, `SELECT e.kind, e.content, e.tool_call_id, e.name, COALESCE(c.status, '')
+	rows, err := st.db.Query(ctx, `SELECT e.kind, e.content, e.tool_call_id, e.name, COALESCE(c.status, ''),
+		COALESCE(c.output_bytes, octet_length(e.content))
 		FROM checkpoint_events e
 		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
 		WHERE e.session_id = $1 AND e.turn_id = $2 ORDER BY e.seq`, sessionID, turnID)
@@ -222,8 +223,9 @@ func (st *store) turnUpdates(ctx context.Context, sessionID, turnID string) ([]r
 		out                              []rebuilt
 		whole                            bool
 		kind, content, callID, name, sts string
+		outBytes                         int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&kind, &content, &callID, &name, &sts}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&kind, &content, &callID, &name, &sts, &outBytes}, func() error {
 		switch kind {
 		case eventUser:
 			whole = true
@@ -238,10 +240,11 @@ func (st *store) turnUpdates(ctx context.Context, sessionID, turnID string) ([]r
 			}
 			out = append(out, rebuilt{UpdateToolCall, fields{"turn_id": turnID, "tool_call_id": callID, "name": name, "raw_input": input}})
 		case eventToolResult:
-			// The output as the session kept it (16 KiB), which is what
-			// output_bytes then says.
+			// The output as the session kept it (16 KiB), with the whole
+			// output's size the live tool_result said (stored since
+			// migration 0015; before it, the kept output's).
 			out = append(out, rebuilt{UpdateToolResult, fields{"turn_id": turnID, "tool_call_id": callID, "name": name,
-				"raw_output": content, "output_bytes": len(content), "status": sts}})
+				"raw_output": content, "output_bytes": outBytes, "status": sts}})
 		}
 		return nil
 	})

@@ -249,3 +249,32 @@ func TestResendRefusesBadRequests(t *testing.T) {
 		}
 	}
 }
+
+// A resent tool_result says the whole output's size, as the live one did,
+// though it carries the 16 KiB the session kept. Before, it said the
+// kept part's size.
+func TestResentToolResultSaysTheWholeOutputsSize(t *testing.T) {
+	sb := floodSandbox{limits: make(chan int32, 1)}
+	h := newHarness(t, func(c *Config) { c.Plugins = pluginClient(t, serveSandbox(t, sb)) })
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	live := liveTurn(h, rec, id, "/tool flood\n/say end")
+	_, us := h.resend(id, 0, 0)
+	var got, want []any
+	for _, u := range live {
+		if u.Type == UpdateToolResult {
+			want = append(want, u.Params["output_bytes"])
+		}
+	}
+	for _, u := range us {
+		if u.Type == UpdateToolResult {
+			got = append(got, u.Params["output_bytes"])
+			if n := len(u.str("raw_output")); n > MaxToolOutputBytes+256 {
+				t.Fatalf("resent raw_output of %d bytes, more than kept", n)
+			}
+		}
+	}
+	if len(want) != 1 || want[0] != float64(2<<20) || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("resent tool_result's output_bytes %v, the live one's %v", got, want)
+	}
+}

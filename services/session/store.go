@@ -580,9 +580,9 @@ func insertToolCallTx(ctx context.Context, q querier, sessionID, turnID string, 
 	return err
 }
 
-func finishToolCallTx(ctx context.Context, q querier, sessionID, callID, output, status string) error {
-	_, err := q.Exec(ctx, "UPDATE tool_calls SET raw_output = $3, status = $4 WHERE session_id = $1 AND tool_call_id = $2",
-		sessionID, callID, pgtext.Text(output), status)
+func finishToolCallTx(ctx context.Context, q querier, sessionID, callID, output string, outputBytes int, status string) error {
+	_, err := q.Exec(ctx, "UPDATE tool_calls SET raw_output = $3, status = $4, output_bytes = $5 WHERE session_id = $1 AND tool_call_id = $2",
+		sessionID, callID, pgtext.Text(output), status, outputBytes)
 	return err
 }
 

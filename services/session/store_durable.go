@@ -490,7 +490,7 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 			if err := insertEvents(ctx, tx, []cpEvent{result}); err != nil {
 				return err
 			}
-			if err := finishToolCallTx(ctx, tx, it.SessionID, e.ToolCallID, toolInterruptedOutput, toolCancelled); err != nil {
+			if err := finishToolCallTx(ctx, tx, it.SessionID, e.ToolCallID, toolInterruptedOutput, len(toolInterruptedOutput), toolCancelled); err != nil {
 				return err
 			}
 			if _, err := appendMessageTx(ctx, tx, it.SessionID, it.TurnID, roleTool, e.Name+": "+toolInterruptedOutput); err != nil {

@@ -419,7 +419,7 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	t.log.add(cpEvent{Step: t.step, Kind: eventToolResult, Content: kept, CallID: call.ID, ToolCallID: id, Name: call.Name})
 	if err := s.unwound(ctx, func(c context.Context) error {
 		return s.cp.write(c, t.log, func(tx pgx.Tx) error {
-			if err := finishToolCallTx(c, tx, ls.id, id, kept, st); err != nil {
+			if err := finishToolCallTx(c, tx, ls.id, id, kept, out.size(), st); err != nil {
 				return err
 			}
 			if err := s.showTextTx(c, tx, t); err != nil {
