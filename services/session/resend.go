@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -40,7 +41,10 @@ const (
 //     a follower that stayed on the bus gets too: the chunks the killed
 //     process numbered are recorded nowhere).
 //
-// The turns after the first must be ended and whole. Anything else (a
+// The turns after the first must be ended and whole. The first one's
+// start is the end of the turn before it: one that ended before
+// migration 0014 has no number, so the turn after it is refused (its
+// lone turn_complete aside), saying so. Anything else (a
 // range ending in a turn still running, a turn cut mid-stream, events
 // trimmed away, past the bounds) is a loss, said in lost.
 func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*sessionv1.ResendResponse, error) {
@@ -75,7 +79,7 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 			return &sessionv1.ResendResponse{UptoSeq: after}, nil
 		}
 	}
-	turns, prevEnd, err := s.store.endedTurns(ctx, id, after, upto)
+	turns, before, err := s.store.endedTurns(ctx, id, after, upto)
 	if err != nil {
 		return nil, err
 	}
@@ -89,11 +93,19 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 	}
 	resp := &sessionv1.ResendResponse{UptoSeq: upto}
 	size := 0
+	prevEnd := before.seq
 	for i, t := range turns {
 		var ups []rebuilt
 		switch {
 		case i == 0 && after == t.endSeq-1 && !t.cut:
 			// All but its turn_complete was received.
+		case i == 0 && before.unnumbered != "":
+			// Whether the gateway had any of the turn is not known, so
+			// neither is what it missed: the end of the turn before
+			// was not numbered (nor can it be derived: the numbers of
+			// a turn's updates are stored nowhere but at its end).
+			return lost(fmt.Sprintf("turn %s follows turn %s, which ended before its end's update number was stored (migration 0014): where turn %s's updates begin is not known",
+				t.id, before.unnumbered, t.id))
 		case i == 0 && t.cut && after > prevEnd:
 			// Cut by a crash, part of it received: its recovery's end.
 		case i == 0 && after != prevEnd:
@@ -165,16 +177,14 @@ func (t endedTurn) complete() rebuilt {
 
 // endedTurns reads the turns of the session whose turn_complete took a
 // number past after up to upto, by that number (one more than
-// maxResendTurns at most), and the number the last turn before them
-// ended with (0 when the session had no turn before them: none that
-// ended without a number stored either, else -1).
-func (st *store) endedTurns(ctx context.Context, id string, after, upto int64) ([]endedTurn, int64, error) {
+// maxResendTurns at most), and where their updates begin (see prevEnd).
+func (st *store) endedTurns(ctx context.Context, id string, after, upto int64) ([]endedTurn, prevEnd, error) {
 	rows, err := st.db.Query(ctx, `SELECT turn_id, connection_id, outcome, stop_reason, content, error, client_turn_generation, end_seq,
 		stop_reason = $4
 		FROM turns WHERE session_id = $1 AND end_seq > $2 AND end_seq <= $3 AND state <> 'running'
 		ORDER BY end_seq LIMIT $5`, id, after, upto, stopInterrupted, maxResendTurns+1)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read ended turns: %w", err)
+		return nil, prevEnd{}, fmt.Errorf("read ended turns: %w", err)
 	}
 	turns, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (endedTurn, error) {
 		var t endedTurn
@@ -182,29 +192,40 @@ func (st *store) endedTurns(ctx context.Context, id string, after, upto int64) (
 		return t, err
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("read ended turns: %w", err)
+		return nil, prevEnd{}, fmt.Errorf("read ended turns: %w", err)
 	}
 	if len(turns) == 0 {
-		return nil, 0, nil
+		return nil, prevEnd{}, nil
 	}
-	// The turn before the first: ended with a number, or none at all.
-	var prev *int64
-	var before int64
-	err = st.db.QueryRow(ctx, `SELECT (SELECT max(end_seq) FROM turns WHERE session_id = $1 AND end_seq <= $2),
-		(SELECT count(*) FROM turns WHERE session_id = $1 AND turn_id <> $3 AND end_seq IS NULL
-			AND started_at <= (SELECT started_at FROM turns WHERE turn_id = $3))`, id, after, turns[0].id).Scan(&prev, &before)
-	if err != nil {
-		return nil, 0, fmt.Errorf("read ended turns: %w", err)
-	}
+	// The turn before the first, the one that ended just before it: the
+	// number it ended with, or none (it ended before migration 0014).
+	// Only that turn matters: turns further back, without a number or
+	// not, say nothing of where the first one's updates begin.
+	var (
+		prevID string
+		prev   *int64
+	)
+	err = st.db.QueryRow(ctx, `SELECT p.turn_id, p.end_seq FROM turns p
+		WHERE p.session_id = $1 AND p.turn_id <> $2 AND p.started_at <= (SELECT started_at FROM turns WHERE turn_id = $2)
+		ORDER BY p.started_at DESC LIMIT 1`, id, turns[0].id).Scan(&prevID, &prev)
 	switch {
-	case before > 0:
-		// A turn ended without a number (before end_seq was stored):
-		// where its updates end is not known.
-		return turns, -1, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return turns, prevEnd{}, nil
+	case err != nil:
+		return nil, prevEnd{}, fmt.Errorf("read ended turns: %w", err)
 	case prev == nil:
-		return turns, 0, nil
+		return turns, prevEnd{seq: -1, unnumbered: prevID}, nil
 	}
-	return turns, *prev, nil
+	return turns, prevEnd{seq: *prev}, nil
+}
+
+// prevEnd is where the updates of the turns Resend rebuilds begin: the
+// number the turn before them ended with (0 when there was none), or,
+// when that turn's end has no number stored (it ended before migration
+// 0014), that turn's id, seq being -1.
+type prevEnd struct {
+	seq        int64
+	unnumbered string
 }
 
 // turnUpdates rebuilds the updates turn showed from its checkpoint

@@ -278,3 +278,42 @@ func TestResentToolResultSaysTheWholeOutputsSize(t *testing.T) {
 		t.Fatalf("resent tool_result's output_bytes %v, the live one's %v", got, want)
 	}
 }
+
+// Turns that ended before migration 0014 have no end number. A turn after
+// a numbered one is rebuilt whole however many unnumbered turns came
+// before that one (before, any unnumbered turn earlier in the session
+// made every later turn a loss, said as a hole "mid-turn"); the turn
+// right after an unnumbered one is refused, saying why (where its updates
+// begin is not known), but its lone turn_complete is still sent.
+func TestResendAfterTurnsWithoutAnEndNumber(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	var turns [][]update
+	for _, text := range []string{"/say old", "/say first numbered", "/say second numbered"} {
+		turns = append(turns, liveTurn(h, rec, id, text))
+	}
+	end := func(i int) int64 { return turns[i][len(turns[i])-1].Seq }
+	// As a database upgraded from before migration 0014 holds it.
+	if _, err := h.pool.Exec(context.Background(), "UPDATE turns SET end_seq = NULL WHERE turn_id = $1", turns[0][0].str("turn_id")); err != nil {
+		t.Fatal(err)
+	}
+
+	resp, us := h.resend(id, end(1), 0)
+	if resp.GetLost() != "" {
+		t.Fatalf("resend of a turn after a numbered one, an unnumbered one before: lost %q", resp.GetLost())
+	}
+	sameTurn(t, turns[2], us)
+
+	resp, _ = h.resend(id, end(0), 0)
+	if want := "which ended before its end's update number was stored (migration 0014)"; !strings.Contains(resp.GetLost(), want) ||
+		!strings.Contains(resp.GetLost(), turns[0][0].str("turn_id")) || len(resp.GetUpdates()) != 0 {
+		t.Fatalf("resend of the turn after an unnumbered one: lost %q, want it to say %q", resp.GetLost(), want)
+	}
+
+	resp, us = h.resend(id, end(1)-1, end(1))
+	if resp.GetLost() != "" {
+		t.Fatalf("resend of a lone turn_complete after an unnumbered turn: lost %q", resp.GetLost())
+	}
+	sameTurn(t, turns[1][len(turns[1])-1:], us)
+}
