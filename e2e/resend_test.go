@@ -193,3 +193,69 @@ func TestResendsTheRecoveredTurnCompleteMissedWhileTheBusLinkWasDown(t *testing.
 	}
 	wantStreamsNextTurn(t, b, f, session, kinds)
 }
+
+// The gateway's bus link goes down in the middle of a turn, after the
+// follower received its first text ("one two"); the turn ends meanwhile.
+// Once the link is back, the session service sends the updates numbered
+// past the follower's last (the rest of the text, the turn_complete),
+// cut from the turn's stored events where its end recorded each update:
+// the follower is kept, its text whole and said once, and streams the
+// next turn whole. Before, the service answered "missed mid-turn: their
+// numbers are not stored" and the gateway closed the follower (broken
+// pipe), with 2 chunks of the turn.
+func TestResendsTheMiddleOfATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
+	t.Parallel()
+	b, px := startBehindBusProxy(t)
+	f, session, _ := followedAfterATurn(t, b)
+	kinds := updateKinds{}
+	text := &strings.Builder{}
+	onUpdateTexts(f, kinds, text)
+	p := b.s.Dial(t)
+	p.Timeout = 60 * time.Second
+	if _, err := p.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	prompted := make(chan error, 1)
+	go func() {
+		_, err := p.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two\n/sleep 3000\n/say three four"})
+		prompted <- err
+	}()
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
+			return err
+		}
+		if kinds["agent_message_chunk"] < 2 {
+			return fmt.Errorf("the follower has %v", kinds)
+		}
+		return nil
+	})
+	if text.String() != "one two" {
+		t.Fatalf("the follower had %q before the link went down", text.String())
+	}
+	px.block("clawmesh-gateway")
+	busLinkDownSeen(t, f)
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		st, err := sessionState(f, session)
+		if err == nil && st != "idle" {
+			err = fmt.Errorf("the session is %s", st)
+		}
+		return err
+	})
+	px.unblock()
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
+			t.Fatalf("the follower of a turn whose middle it missed was closed: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
+		}
+		if kinds["turn_complete"] == 0 {
+			return fmt.Errorf("no turn_complete yet: %v", kinds)
+		}
+		return nil
+	})
+	if err := <-prompted; err != nil {
+		t.Fatalf("the prompt of the turn sent again: %v", err)
+	}
+	if kinds["turn_complete"] != 1 || text.String() != "one two\nthree four" {
+		t.Fatalf("the follower received %v, text %q", kinds, text.String())
+	}
+	wantStreamsNextTurn(t, b, f, session, kinds)
+}

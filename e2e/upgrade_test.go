@@ -27,9 +27,9 @@ import (
 // prints: a new migration there means a new undo here (the line names
 // the two newest).
 const (
-	undoNewestSessionMigration = `ALTER TABLE session.tool_calls DROP COLUMN output_bytes;
-		DELETE FROM session.schema_migrations WHERE version = 15`
-	newestSessionUpgrade = "database upgraded: session 0014_turn_end_seq → 0015_tool_output_bytes (a clawmesh older than this one can no longer open it)"
+	undoNewestSessionMigration = `ALTER TABLE session.turns DROP COLUMN update_map;
+		DELETE FROM session.schema_migrations WHERE version = 16`
+	newestSessionUpgrade = "database upgraded: session 0015_tool_output_bytes → 0016_turn_update_map (a clawmesh older than this one can no longer open it)"
 )
 
 func TestUpgradeIsToldOnTheTerminal(t *testing.T) {

@@ -109,8 +109,10 @@ func (c *checkpointer) close(l *turnLog) {
 }
 
 // stream adds streamed text (or a thought) of a step, coalesced with the
-// pending text before it; seq is its update's (0: not published).
-func (l *turnLog) stream(step int, thought bool, text string, seq int64) {
+// pending text before it; seq is its update's (0: not published). It
+// returns the event that holds the text and the offset the text ends at
+// in its content.
+func (l *turnLog) stream(step int, thought bool, text string, seq int64) (event int64, end int) {
 	kind := eventText
 	if thought {
 		kind = eventThought
@@ -119,6 +121,8 @@ func (l *turnLog) stream(step int, thought bool, text string, seq int64) {
 	first := len(l.pending) == 0
 	if n := len(l.pending); n > 0 && l.pending[n-1].Kind == kind && l.pending[n-1].Step == step {
 		l.pending[n-1].data = append(l.pending[n-1].data, text...)
+		p := &l.pending[n-1]
+		event, end = p.Seq, len(p.Content)+len(p.data)
 	} else {
 		// A slot a taken batch left keeps its text's buffer (see take):
 		// a stream's batches cost no buffer grown anew each time.
@@ -127,6 +131,7 @@ func (l *turnLog) stream(step int, thought bool, text string, seq int64) {
 			buf = l.pending[:n+1][n].data[:0]
 		}
 		l.pending = append(l.pending, pendingEvent{cpEvent: l.event(step, kind), data: append(buf, text...)})
+		event, end = l.nextSeq-1, len(text)
 	}
 	l.bytes += len(text)
 	if seq > 0 {
@@ -140,17 +145,19 @@ func (l *turnLog) stream(step int, thought bool, text string, seq int64) {
 	case first:
 		signal(l.cp.wake)
 	}
+	return event, end
 }
 
-// add appends one event (a tool call or result) to the pending ones; the
-// caller writes it with write.
-func (l *turnLog) add(e cpEvent) {
+// add appends one event (a tool call or result) to the pending ones and
+// returns its seq; the caller writes it with write.
+func (l *turnLog) add(e cpEvent) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ev := l.event(e.Step, e.Kind)
 	ev.Content, ev.CallID, ev.ToolCallID, ev.Name = e.Content, e.CallID, e.ToolCallID, e.Name
 	l.pending = append(l.pending, pendingEvent{cpEvent: ev})
 	l.bytes += len(e.Content)
+	return ev.Seq
 }
 
 // event numbers a new event; l.mu is held.

@@ -28,8 +28,8 @@ const (
 // (turns.end_seq, the number its turn_complete took, its outcome,
 // content and error) and its checkpoint events (its text, thoughts,
 // tool calls and results, in the order they were streamed). The chunks
-// a live turn published carry numbers stored nowhere, so only these can
-// be sent again:
+// a running turn published carry numbers stored nowhere until its end,
+// so only these can be sent again:
 //
 //   - a turn of which the gateway received nothing (after_seq is the
 //     previous turn's end): its events, text coalesced as checkpointed,
@@ -40,6 +40,10 @@ const (
 //     turn_complete, whose content is the text the turn had stored (what
 //     a follower that stayed on the bus gets too: the chunks the killed
 //     process numbered are recorded nowhere).
+//   - a turn ended, of which it received part (a hole mid-turn): the
+//     updates numbered past after_seq, with their numbers, cut from its
+//     checkpoint events where its end stored each update
+//     (turns.update_map, migration 0016), then its turn_complete.
 //
 // The turns after the first must be ended and whole. The first one's
 // start is the end of the turn before it: one that ended before
@@ -108,8 +112,18 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 				t.id, before.unnumbered, t.id))
 		case i == 0 && t.cut && after > prevEnd:
 			// Cut by a crash, part of it received: its recovery's end.
+		case i == 0 && after > prevEnd:
+			// Part of it received: the updates numbered past after,
+			// from where the turn's end stored each update.
+			if ups, err = s.store.turnUpdatesAfter(ctx, id, t.id, after); err != nil {
+				return nil, err
+			}
+			if ups == nil {
+				return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn: where its updates are is not stored (it ended before migration 0016, or published more than %d), or its events were trimmed",
+					t.id, after, maxMappedUpdates))
+			}
 		case i == 0 && after != prevEnd:
-			return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn: their numbers are not stored", t.id, after))
+			return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn: they follow no turn's end", t.id, after))
 		default:
 			if ups, err = s.store.turnUpdates(ctx, id, t.id); err != nil {
 				return nil, err
@@ -118,12 +132,14 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 				return lost(fmt.Sprintf("the events of turn %s are no longer stored (trimmed)", t.id))
 			}
 		}
+		mid := len(ups) > 0 && ups[0].seq != 0
 		ups = append(ups, t.complete())
 		// Numbered so that the last is the turn's end, each past the
 		// previous turn's: a rebuilt turn has at most as many updates
-		// as it published (its text coalesced).
+		// as it published (its text coalesced). Updates rebuilt from the
+		// middle of a turn keep the numbers they were published with.
 		from := t.endSeq - int64(len(ups))
-		if from < prevEnd {
+		if !mid && from < prevEnd {
 			return lost(fmt.Sprintf("turn %s cannot be renumbered within its numbers", t.id))
 		}
 		for j, u := range ups {
@@ -136,21 +152,29 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 			if size > maxResendBytes {
 				return lost(fmt.Sprintf("the updates missed pass %d bytes", maxResendBytes))
 			}
-			startedBy := ""
-			if j == 0 && len(ups) > 1 {
+			startedBy, seq := "", from+int64(j)+1
+			switch {
+			case mid && j < len(ups)-1:
+				seq = u.seq
+			case mid:
+				seq = t.endSeq
+			case j == 0 && len(ups) > 1:
+				// The turn's first update: the gateway had none of it.
 				startedBy = t.connID
 			}
-			resp.Updates = append(resp.Updates, bus.EncodeSessionUpdate(id, bus.UpdateType(u.typ), from+int64(j)+1, params, startedBy))
+			resp.Updates = append(resp.Updates, bus.EncodeSessionUpdate(id, bus.UpdateType(u.typ), seq, params, startedBy))
 		}
 		prevEnd = t.endSeq
 	}
 	return resp, nil
 }
 
-// rebuilt is one update Resend sends again: its type and params.
+// rebuilt is one update Resend sends again: its type and params, and
+// the number it was published with when that is known (else 0).
 type rebuilt struct {
 	typ string
 	f   fields
+	seq int64
 }
 
 // endedTurn is a turn's end as stored.
@@ -247,25 +271,14 @@ func (st *store) turnUpdates(ctx context.Context, sessionID, turnID string) ([]r
 		outBytes                         int64
 	)
 	_, err = pgx.ForEachRow(rows, []any{&kind, &content, &callID, &name, &sts, &outBytes}, func() error {
+		e := storedEvent{kind: kind, content: content, callID: callID, name: name, status: sts, outBytes: outBytes}
 		switch kind {
 		case eventUser:
 			whole = true
-		case eventText:
-			out = append(out, rebuilt{UpdateMessageChunk, fields{"turn_id": turnID, "text": content}})
-		case eventThought:
-			out = append(out, rebuilt{UpdateThoughtChunk, fields{"turn_id": turnID, "text": content}})
-		case eventToolCall:
-			var input any = content
-			if json.Valid([]byte(content)) {
-				input = json.RawMessage(content)
-			}
-			out = append(out, rebuilt{UpdateToolCall, fields{"turn_id": turnID, "tool_call_id": callID, "name": name, "raw_input": input}})
-		case eventToolResult:
-			// The output as the session kept it (16 KiB), with the whole
-			// output's size the live tool_result said (stored since
-			// migration 0015; before it, the kept output's).
-			out = append(out, rebuilt{UpdateToolResult, fields{"turn_id": turnID, "tool_call_id": callID, "name": name,
-				"raw_output": content, "output_bytes": outBytes, "status": sts}})
+		case eventText, eventThought:
+			out = append(out, e.chunk(turnID, content))
+		case eventToolCall, eventToolResult:
+			out = append(out, e.tool(turnID))
 		}
 		return nil
 	})
@@ -277,6 +290,142 @@ func (st *store) turnUpdates(ctx context.Context, sessionID, turnID string) ([]r
 	}
 	if out == nil {
 		out = []rebuilt{}
+	}
+	return out, nil
+}
+
+// storedEvent is a checkpoint event as Resend reads it.
+type storedEvent struct {
+	kind, content, callID, name, status string
+	outBytes                            int64
+}
+
+// chunk is a message or thought chunk of e's, saying text.
+func (e storedEvent) chunk(turnID, text string) rebuilt {
+	if e.kind == eventThought {
+		return rebuilt{typ: UpdateThoughtChunk, f: fields{"turn_id": turnID, "text": text}}
+	}
+	return rebuilt{typ: UpdateMessageChunk, f: fields{"turn_id": turnID, "text": text}}
+}
+
+// tool is the tool_call or tool_result update of e.
+func (e storedEvent) tool(turnID string) rebuilt {
+	if e.kind == eventToolCall {
+		var input any = e.content
+		if json.Valid([]byte(e.content)) {
+			input = json.RawMessage(e.content)
+		}
+		return rebuilt{typ: UpdateToolCall, f: fields{"turn_id": turnID, "tool_call_id": e.callID, "name": e.name, "raw_input": input}}
+	}
+	// The output as the session kept it (16 KiB), with the whole
+	// output's size the live tool_result said (stored since migration
+	// 0015; before it, the kept output's).
+	return rebuilt{typ: UpdateToolResult, f: fields{"turn_id": turnID, "tool_call_id": e.callID, "name": e.name,
+		"raw_output": e.content, "output_bytes": e.outBytes, "status": e.status}}
+}
+
+// maxMappedUpdates bounds the updates of a turn whose place in its
+// checkpoint events is kept for its end to store (turns.update_map): 24
+// bytes each, 768 KiB for a turn at most. A turn that published more
+// cannot be sent again from its middle.
+const maxMappedUpdates = 1 << 15
+
+// mapUpdate records that the update numbered seq (0: not published) lives
+// in checkpoint event event, ending at offset end of its content for a
+// chunk (-1 for a tool call or result).
+func (t *turn) mapUpdate(seq, event int64, end int) {
+	if t.mapOver || (seq == 0 && end < 0) {
+		return
+	}
+	if len(t.updates) >= 3*maxMappedUpdates {
+		t.updates, t.mapOver = nil, true
+		return
+	}
+	t.updates = append(t.updates, seq, event, int64(end))
+}
+
+// updateMap is what the turn's end stores as turns.update_map: nil when
+// it is not whole.
+func (t *turn) updateMap() []int64 {
+	switch {
+	case t.mapOver:
+		return nil
+	case t.updates == nil:
+		return []int64{}
+	}
+	return t.updates
+}
+
+// turnUpdatesAfter rebuilds the updates of ended turn turnID numbered
+// past after, each with its number, without its turn_complete, from its
+// update map and checkpoint events: a chunk's text is cut from its
+// event's where it was published, the chunks after after in one event
+// sent as one (numbered as the last of them). nil when the map is not
+// stored or disagrees with the events (trimmed).
+func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string, after int64) ([]rebuilt, error) {
+	var m []int64
+	if err := st.db.QueryRow(ctx, "SELECT update_map FROM turns WHERE turn_id = $1", turnID).Scan(&m); err != nil {
+		return nil, fmt.Errorf("read turn update map: %w", err)
+	}
+	if m == nil || len(m)%3 != 0 {
+		return nil, nil
+	}
+	rows, err := st.db.Query(ctx, `SELECT e.seq, e.kind, e.content, e.tool_call_id, e.name, COALESCE(c.status, ''),
+		COALESCE(c.output_bytes, octet_length(e.content))
+		FROM checkpoint_events e
+		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
+		WHERE e.session_id = $1 AND e.turn_id = $2`, sessionID, turnID)
+	if err != nil {
+		return nil, fmt.Errorf("read turn events: %w", err)
+	}
+	events := map[int64]storedEvent{}
+	var (
+		seq int64
+		e   storedEvent
+	)
+	_, err = pgx.ForEachRow(rows, []any{&seq, &e.kind, &e.content, &e.callID, &e.name, &e.status, &e.outBytes}, func() error {
+		events[seq] = e
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read turn events: %w", err)
+	}
+	out := []rebuilt{}
+	ends := map[int64]int{} // where each event's text sent so far ends
+	lastEvent := int64(-1)
+	for i := 0; i < len(m); i += 3 {
+		useq, ev, end := m[i], m[i+1], m[i+2]
+		e, ok := events[ev]
+		if !ok {
+			return nil, nil
+		}
+		if end < 0 {
+			if useq > after {
+				u := e.tool(turnID)
+				u.seq = useq
+				out, lastEvent = append(out, u), -1
+			}
+			continue
+		}
+		start := ends[ev]
+		if end < int64(start) || end > int64(len(e.content)) {
+			return nil, nil
+		}
+		ends[ev] = int(end)
+		if useq <= after {
+			continue
+		}
+		text := e.content[start:end]
+		if n := len(out); n > 0 && lastEvent == ev {
+			// The chunk after the last one sent, of the same event: one
+			// update, numbered as its last chunk.
+			out[n-1].f["text"] = out[n-1].f["text"].(string) + text
+			out[n-1].seq = useq
+			continue
+		}
+		u := e.chunk(turnID, text)
+		u.seq = useq
+		out, lastEvent = append(out, u), ev
 	}
 	return out, nil
 }

@@ -317,3 +317,40 @@ func TestResendAfterTurnsWithoutAnEndNumber(t *testing.T) {
 	}
 	sameTurn(t, turns[1][len(turns[1])-1:], us)
 }
+
+// A gateway that missed the middle of a turn, wherever the hole starts
+// (before a chunk, between two chunks of one checkpointed text, before a
+// tool call or its result), is sent the updates numbered past what it
+// had, with their numbers: the text it missed and no more, the tool
+// call and result it missed, the turn_complete. Before, every such hole
+// was a loss ("missed mid-turn: their numbers are not stored").
+func TestResendFillsAHoleMidTurn(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	first := liveTurn(h, rec, id, "/say zero")
+	turn := liveTurn(h, rec, id, "/say one two\n/sleep 200\n/say three four\n"+`/tool echo {"text":"hi"}`+"\n/say five six")
+	prev, end := first[len(first)-1].Seq, turn[len(turn)-1].Seq
+	for after := prev + 1; after < end; after++ {
+		var missed []update
+		for _, u := range turn {
+			if u.Seq > after {
+				missed = append(missed, u)
+			}
+		}
+		resp, us := h.resend(id, after, 0)
+		if resp.GetLost() != "" || resp.GetUptoSeq() != end {
+			t.Fatalf("resend after %d, mid-turn: lost %q, upto %d", after, resp.GetLost(), resp.GetUptoSeq())
+		}
+		sameTurn(t, missed, us)
+		for _, u := range us {
+			if u.Type == UpdateToolCall || u.Type == UpdateToolResult {
+				for _, l := range turn {
+					if l.Type == u.Type && l.Seq != u.Seq {
+						t.Fatalf("resent %s numbered %d, published as %d", u.Type, u.Seq, l.Seq)
+					}
+				}
+			}
+		}
+	}
+}

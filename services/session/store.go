@@ -529,12 +529,15 @@ func countedPageSQL(page, cols string) string {
 // next (published_seq), or nil when not known (the live half's start
 // was not read from the stored bound; or a surface's restore of a turn
 // recovery already ended, which publishes nothing).
-func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult, published *int64) error {
+//
+// updateMap is where the turn's updates live in its checkpoint events
+// (turns.update_map), nil when not known.
+func finishTurnTx(ctx context.Context, tx pgx.Tx, sessionID, turnID string, res turnResult, published *int64, updateMap []int64) error {
 	// end_seq is kept when published is not known: a restore of a turn
 	// recovery ended keeps the number that recovery's turn_complete took.
 	tag, err := tx.Exec(ctx, `UPDATE turns SET state = 'done', outcome = $2, stop_reason = $3, content = $4, ended_at = now(),
-		end_seq = COALESCE($5, end_seq), error = $6
-		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgtext.Text(res.Content), published, pgtext.Text(res.Error))
+		end_seq = COALESCE($5, end_seq), error = $6, update_map = $7
+		WHERE turn_id = $1`, turnID, res.Outcome, res.StopReason, pgtext.Text(res.Content), published, pgtext.Text(res.Error), updateMap)
 	if err != nil {
 		return err
 	}

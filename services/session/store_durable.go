@@ -505,7 +505,7 @@ func (st *store) recoverTurn(ctx context.Context, it interruptedTurn, restore bo
 		if _, err := appendMessageTx(ctx, tx, it.SessionID, it.TurnID, roleSystem, marker); err != nil {
 			return err
 		}
-		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res, published)
+		return finishTurnTx(ctx, tx, it.SessionID, it.TurnID, res, published, nil)
 	})
 	if err != nil {
 		return rec, fmt.Errorf("recover turn %s: %w", it.TurnID, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
+	"github.com/clawmesh/clawmesh/internal/pgtext"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	"github.com/clawmesh/clawmesh/services/session/provider"
 )
@@ -193,6 +194,12 @@ type turn struct {
 	// written at the turn's end. Only the turn's goroutine uses them.
 	shown   int
 	unshown string
+	// updates is where each update the turn published lives in its
+	// checkpoint events (see migration 0016), at most
+	// maxMappedUpdates; mapOver is set past it. Only the turn's
+	// goroutine uses them.
+	updates []int64
+	mapOver bool
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -311,7 +318,14 @@ func (s *Server) loop(t *turn) turnResult {
 			typ = UpdateMessageChunk
 			step.WriteString(c.Text)
 		}
-		t.log.stream(t.step, c.Thought, c.Text, s.publishChunk(t.ls, typ, t.id, c.Text))
+		seq := s.publishChunk(t.ls, typ, t.id, c.Text)
+		event, end := t.log.stream(t.step, c.Thought, c.Text, seq)
+		if pgtext.Text(c.Text) != c.Text {
+			// Stored otherwise than it was sent (NUL, bad UTF-8): the
+			// stored text's offsets are not the sent one's.
+			t.updates, t.mapOver = nil, true
+		}
+		t.mapUpdate(seq, event, end)
 	}
 	for n := 0; ; n++ {
 		if n >= s.cfg.MaxSteps {
@@ -398,7 +412,7 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 		stored, _ = json.Marshal(string(args))
 	}
 	// The call is checkpointed, with the events before it, before it runs.
-	t.log.add(cpEvent{Step: t.step, Kind: eventToolCall, Content: call.Arguments, CallID: call.ID, ToolCallID: id, Name: call.Name})
+	callEvent := t.log.add(cpEvent{Step: t.step, Kind: eventToolCall, Content: call.Arguments, CallID: call.ID, ToolCallID: id, Name: call.Name})
 	if err := s.unwound(ctx, func(c context.Context) error {
 		return s.cp.write(c, t.log, func(tx pgx.Tx) error {
 			if err := s.showTextTx(c, tx, t); err != nil {
@@ -411,12 +425,12 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	} else {
 		t.textShown()
 	}
-	s.publish(ls, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": liveToolInput(args, rawInput)})
+	t.mapUpdate(s.publish(ls, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": liveToolInput(args, rawInput)}), callEvent, -1)
 
 	out, st := s.toolOutcome(ctx, t, agent, tools, call.Name, id, args, validArgs)
 	kept := capToolOutput(out)
 
-	t.log.add(cpEvent{Step: t.step, Kind: eventToolResult, Content: kept, CallID: call.ID, ToolCallID: id, Name: call.Name})
+	resultEvent := t.log.add(cpEvent{Step: t.step, Kind: eventToolResult, Content: kept, CallID: call.ID, ToolCallID: id, Name: call.Name})
 	if err := s.unwound(ctx, func(c context.Context) error {
 		return s.cp.write(c, t.log, func(tx pgx.Tx) error {
 			if err := finishToolCallTx(c, tx, ls.id, id, kept, out.size(), st); err != nil {
@@ -433,8 +447,8 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	} else if err == nil {
 		t.textShown()
 	}
-	s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out),
-		"output_bytes": out.size(), "status": st})
+	t.mapUpdate(s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out),
+		"output_bytes": out.size(), "status": st}), resultEvent, -1)
 	return kept
 }
 
@@ -547,7 +561,7 @@ func (s *Server) finish(t *turn, res turnResult) {
 			if err != nil {
 				return err
 			}
-			return finishTurnTx(ctx, tx, ls.id, t.id, res, published)
+			return finishTurnTx(ctx, tx, ls.id, t.id, res, published, t.updateMap())
 		})
 	}); errors.Is(err, errTurnGone) {
 		s.log.Info("turn end not recorded: its session was deleted", zap.String("session_id", ls.id), zap.String("turn_id", t.id))

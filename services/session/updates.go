@@ -81,9 +81,10 @@ func strField(key, s string) field { return field{key: key, str: s, isStr: true}
 // handed to NATS under ls.pubMu, so NATS carries them in seq order. A
 // publish failure is logged and does not stop the turn: updates are a
 // view, the transcript is the record.
-func (s *Server) publish(ls *liveSession, typ string, f fields) {
+// It returns the update's seq, 0 when none was given.
+func (s *Server) publish(ls *liveSession, typ string, f fields) int64 {
 	var buf [12]field
-	s.publishFields(ls, typ, appendMembers(buf[:0], f))
+	return s.publishFields(ls, typ, appendMembers(buf[:0], f))
 }
 
 // appendMembers appends f's members, with the camelCase aliases, to
