@@ -237,3 +237,50 @@ func TestDurableRunningThoughtsWholeAcrossRestart(t *testing.T) {
 			len(got), len(want), i, got[i:], want[i:])
 	}
 }
+
+// A pane rebuilt at the bridge's next start keeps the items its follower
+// kept, however many transcript rows they took: a turn that says a line
+// before each of its tool calls writes two rows a call (the line, the
+// call's result) where its pane shows one item a call and one reply.
+// Before, the rebuilt pane read the newest 2,000 rows and no more: after
+// 32 such turns (2,048 rows, 1,056 items) the first turn, wholly before
+// those rows, and the prompt of the second were missing from it, where
+// the followed pane, well under its 2,000 items, showed them.
+func TestDurablePaneRebuiltKeepsTheFollowedItemsOfManyRows(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	c := phone(t, s)
+	zc := newConv(t, s, nil)
+	id := zc.newSession("")
+	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	eventsUntil(t, c, id, "the pane's view", func(v collietest.PaneView) bool { return v.Epoch != "" })
+
+	send := func(script, done string) collietest.PaneView {
+		t.Helper()
+		wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": script}), http.StatusOK, "")
+		return eventsUntil(t, c, id, done, func(v collietest.PaneView) bool {
+			return v.State == "idle" && strings.Contains(v.Text("reply"), done)
+		})
+	}
+	send("/say the first turn", "the first turn")
+	var followed collietest.PaneView
+	for turn := range 32 {
+		var script strings.Builder
+		for call := range 31 {
+			fmt.Fprintf(&script, "/say line %d.%d\n/tool echo {\"call\":%d}\n", turn, call, call)
+		}
+		fmt.Fprintf(&script, "/say turn %d done", turn)
+		followed = send(script.String(), fmt.Sprintf("turn %d done", turn))
+	}
+	want := shown(followed)
+	if n := len(followed.Items); n < 1000 || n >= 2000 || !strings.Contains(want, "the first turn") {
+		t.Fatalf("the followed pane has %d items:\n%.400s", n, want)
+	}
+
+	epoch := restartBridge(t, s, c)
+	rebuilt := eventsUntil(t, c, id, "the view of the new start", func(v collietest.PaneView) bool { return v.Epoch != epoch })
+	if got := shown(rebuilt); got != want {
+		t.Errorf("rebuilt pane: %d items, followed %d; rebuilt starts:\n%.400s\nfollowed starts:\n%.400s",
+			len(rebuilt.Items), len(followed.Items), got, want)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -210,6 +211,10 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, repla
 			return fmt.Errorf("read transcript of %s: %w", s.GetSessionId(), err)
 		}
 		hist, covered := f.turnEvents(ctx, s.GetSessionId(), turnsOf(tr.GetMessages()))
+		rows, hist, covered, err := f.olderRows(ctx, s, tr.GetMessages(), hist, covered)
+		if err != nil {
+			return err
+		}
 		shown := hist.shown
 		if running := v.GetTurnId(); running != "" && shown[running] != nil {
 			// The running turn's events were read after the view: the
@@ -250,12 +255,12 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, repla
 			// put again whole, a result once, an ask raised once.
 			p.lastSeq = min(p.lastSeq, covered)
 		}
-		if ms := tr.GetMessages(); len(ms) > 0 {
-			p.transcriptNext = ms[0].GetIndex()
+		if len(rows) > 0 {
+			p.transcriptNext = rows[0].GetIndex()
 		}
-		f.showHistory(p, tr.GetMessages(), hist)
+		f.showHistory(p, rows, hist)
 		p.transcriptNext = tr.GetTotal()
-		if tr.GetTotal() > 0 && len(tr.GetMessages()) > 0 && tr.GetMessages()[0].GetIndex() > 0 {
+		if tr.GetTotal() > 0 && len(rows) > 0 && rows[0].GetIndex() > 0 {
 			p.firstPrompt = f.firstPrompt(ctx, s.GetSessionId())
 		}
 		break
@@ -275,6 +280,72 @@ func (f *follower) loadPane(ctx context.Context, v *sessionv1.SessionView, repla
 		f.b.layout.putNew(p)
 	}
 	return nil
+}
+
+// maxBuildPages bounds the transcript pages one build of a pane reads
+// (olderRows): 16,000 rows at most.
+const maxBuildPages = 8
+
+// olderRows extends rows, the newest page of a session's transcript,
+// with the pages before it while a pane built from them would keep every
+// item they show: a followed pane keeps its newest maxViewItems items,
+// and a turn that says a line before each tool call writes two rows for
+// each item it shows (the line, the call's result; its lines are one
+// reply item), so the newest maxViewItems rows left out turns its
+// follower still showed. It reads at most maxBuildPages pages in all, and
+// asks for the events of the turns of the rows it adds. Rows stay
+// contiguous: a page cut short (the session's 4 MiB a page) is read on
+// from where it stopped, and dropped when the pages run out first.
+func (f *follower) olderRows(ctx context.Context, s *sessionv1.Session, rows []*sessionv1.TranscriptMessage, h history, covered int64) ([]*sessionv1.TranscriptMessage, history, int64, error) {
+	asked := map[string]bool{}
+	for _, id := range turnsOf(rows) {
+		asked[id] = true
+	}
+	for pages := 1; pages < maxBuildPages && len(rows) > 0 && rows[0].GetIndex() > 0; {
+		q := newPane(s.GetSessionId(), s.GetAgentAlias(), s.GetCreatedAt().AsTime())
+		f.showHistory(q, rows, h)
+		if q.itemsDropped > 0 || len(q.items) >= maxViewItems {
+			break
+		}
+		first := rows[0].GetIndex()
+		from := max(first-maxViewItems, 0)
+		var older []*sessionv1.TranscriptMessage
+		for next := from; next < first && pages < maxBuildPages; pages++ {
+			c, cancel := f.call(ctx)
+			tr, err := f.b.sessions.Transcript(c, &sessionv1.TranscriptRequest{Principal: operator(), SessionId: s.GetSessionId(), AfterIndex: ptr(next - 1), Limit: first - next})
+			cancel()
+			if err != nil {
+				return nil, h, covered, fmt.Errorf("read transcript of %s: %w", s.GetSessionId(), err)
+			}
+			got := tr.GetMessages()
+			if len(got) == 0 || got[0].GetIndex() != next {
+				return rows, h, covered, nil // deleted rows, or another session: keep what was read
+			}
+			for _, m := range got {
+				if m.GetIndex() >= first {
+					break
+				}
+				older = append(older, m)
+				next = m.GetIndex() + 1
+			}
+		}
+		if len(older) == 0 || older[len(older)-1].GetIndex() != first-1 {
+			break // the pages ran out inside the gap
+		}
+		var turns []string
+		for _, id := range turnsOf(older) {
+			if !asked[id] {
+				asked[id] = true
+				turns = append(turns, id)
+			}
+		}
+		more, c := f.turnEvents(ctx, s.GetSessionId(), turns)
+		maps.Copy(h.shown, more.shown)
+		maps.Copy(h.trims, more.trims)
+		covered = max(covered, c)
+		rows = append(older, rows...)
+	}
+	return rows, h, covered, nil
 }
 
 // firstPrompt reads a session's first user message, for its title.

@@ -46,6 +46,9 @@ type pane struct {
 	items     []*item
 	itemByID  map[string]*item
 	itemBytes int
+	// itemsDropped counts the items trimItems dropped from the view: a
+	// build that reads older rows stops at the first (olderRows).
+	itemsDropped int
 
 	// events holds every live event with seq > floor, in seq order;
 	// superseded ones are marked dead and dropped on compaction. cursor is
@@ -310,6 +313,7 @@ func (p *pane) trimItems() {
 	if n == 0 {
 		return
 	}
+	p.itemsDropped += n
 	p.items = slices.Delete(p.items, 0, n)
 	i := 0
 	for over := p.orphanBytes - maxPaneItemBytes; over > 0 && i < len(p.events); i++ {
