@@ -57,11 +57,19 @@ type follower struct {
 	// disagreement that outlives a reconcile reloads a pane (a turn's end
 	// may fall between reading the view's sequence and its turn).
 	suspects map[string]int64
+
+	// unread are panes whose rows a turn's end could not read (only the
+	// follower's goroutine reads or writes it): a turn cut by a crash
+	// ends as the session service starts again, before it serves. They
+	// are read at the next reconcile, and its interruption notice shows
+	// then; before, it showed only with the pane's next turn. At most
+	// one entry a pane.
+	unread map[string]bool
 }
 
 func newFollower(b *Bridge) *follower {
 	return &follower{b: b, updates: make(chan bus.Update, updateQueue), wake: make(chan struct{}, 1),
-		marked: map[string]bool{}, holed: map[string]bool{}, suspects: map[string]int64{}}
+		marked: map[string]bool{}, holed: map[string]bool{}, suspects: map[string]int64{}, unread: map[string]bool{}}
 }
 
 // push is the bus callback: it never blocks the subscription.
@@ -152,6 +160,7 @@ func (f *follower) follow(ctx context.Context) {
 			f.drainQueues(ctx)
 		case <-tick.C:
 			f.reconcile(ctx)
+			f.readUnread(ctx)
 			f.drainQueues(ctx)
 		case <-expiry.C:
 		}
@@ -589,11 +598,13 @@ func (f *follower) noteTurn(ctx context.Context, id, turnID string) (read bool) 
 // a time, and hands each page to show under the layout's lock before it
 // reads the next: gathered first, the rows a turn wrote could be tens of
 // MiB held at once, where a page is at most the session service's 4 MiB.
-func (f *follower) showNewRows(ctx context.Context, id string, show func(p *pane, rows []*sessionv1.TranscriptMessage)) {
+//
+// It reports false when a read failed: rows may be left.
+func (f *follower) showNewRows(ctx context.Context, id string, show func(p *pane, rows []*sessionv1.TranscriptMessage)) bool {
 	next := int64(-1)
 	f.b.layout.read(id, func(p *pane) { next = p.transcriptNext })
 	if next < 0 {
-		return // no pane
+		return true // no pane
 	}
 	for {
 		c, cancel := f.call(ctx)
@@ -601,16 +612,16 @@ func (f *follower) showNewRows(ctx context.Context, id string, show func(p *pane
 		cancel()
 		if err != nil {
 			f.b.log.Warn("read transcript", zap.String("session_id", id), zap.Error(err))
-			return
+			return false
 		}
 		ms := tr.GetMessages()
 		if !f.b.layout.mutate(id, func(p *pane) bool { show(p, ms); return len(ms) > 0 }) {
-			return // the pane went meanwhile
+			return true // the pane went meanwhile
 		}
 		// A page may end early, at the session service's byte bound: the
 		// total says whether rows are left.
 		if len(ms) == 0 || ms[len(ms)-1].GetIndex()+1 >= tr.GetTotal() {
-			return
+			return true
 		}
 		next = ms[len(ms)-1].GetIndex() + 1
 	}
@@ -627,7 +638,8 @@ func (f *follower) showRows(p *pane, rows []*sessionv1.TranscriptMessage, turn s
 		}
 		p.transcriptNext = m.GetIndex() + 1
 		role := m.GetRole()
-		ofTurn := turn != "" && (m.GetTurnId() == turn || untagged && m.GetTurnId() == "")
+		ofTurn := turn != "" && (m.GetTurnId() == turn || untagged && m.GetTurnId() == "") ||
+			p.endedTurn != "" && m.GetTurnId() == p.endedTurn
 		if ofTurn && (role == "tool" || role == "assistant") {
 			continue
 		}
@@ -685,17 +697,32 @@ func (f *follower) turnEnded(ctx context.Context, id string, up updateParams) {
 	if live {
 		followed = up.TurnID
 	}
-	f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, followed, true) })
+	// A turn cut by a crash ends as the session service starts again
+	// (recovery publishes before it serves): its rows are read at the
+	// next reconcile (readUnread).
+	if !f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, followed, true) }) {
+		f.unread[id] = true
+	}
 	f.b.layout.mutate(id, func(p *pane) bool {
 		if p.turn != nil && p.turn.id == up.TurnID {
 			p.turn = nil
 		}
 		if live {
-			p.liveTurn = ""
+			p.liveTurn, p.endedTurn = "", up.TurnID
 		}
 		return true
 	})
 	f.poke() // a text may wait for this pane's next turn
+}
+
+// readUnread reads the rows a turn's end could not. The replies and tool
+// rows of the turn the pane followed last are its updates' (endedTurn).
+func (f *follower) readUnread(ctx context.Context) {
+	for id := range f.unread {
+		if f.showNewRows(ctx, id, func(p *pane, rows []*sessionv1.TranscriptMessage) { f.showRows(p, rows, "", false) }) {
+			delete(f.unread, id)
+		}
+	}
 }
 
 // raise opens the asks of the session's pending approvals.

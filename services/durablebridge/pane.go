@@ -71,6 +71,12 @@ type pane struct {
 	// liveTurn is the turn whose reply and tool calls were shown from
 	// updates: its transcript rows are already on screen.
 	liveTurn string
+	// endedTurn is the last turn followed live whose end came: its
+	// replies and tool rows read after its end are its updates' too. A
+	// turn cut by a crash ends while the session service starts again
+	// (its recovery's turn_complete), and its rows, read at the next
+	// turn's start, showed the reply twice.
+	endedTurn string
 	// lastSeq is the last session update applied.
 	lastSeq int64
 }
