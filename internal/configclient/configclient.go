@@ -90,8 +90,14 @@ type Client struct {
 	watchers []func(Snapshot, []string)
 	props    map[int64]announced // announced revisions not read yet
 	// read is closed, and replaced, each time the follower has read the
-	// live document: AtLeast waits on it.
+	// live document: AtLeast and Latest wait on it.
 	read chan struct{}
+	// fresh asks the follower for a read even when nothing newer was
+	// announced (Latest); begun numbers the follower's reads as they
+	// begin, ended that of the last one ended, and readOK that of the
+	// last one that read the document.
+	fresh                bool
+	begun, ended, readOK uint64
 }
 
 // announced is what an announcement said of a revision not read yet.
@@ -210,9 +216,63 @@ func (c *Client) AtLeast(ctx context.Context, rev int64) error {
 	}
 }
 
-// readDone wakes AtLeast's waiters after one of the follower's reads.
-func (c *Client) readDone() {
+// Latest returns once a read of the live document begun after the call
+// has been installed: the revision the config service served when the
+// caller's request arrived, or a later one. It is AtLeast for a caller
+// that knows no revision (a durable pane's text, a channel's message,
+// whose writer's revision is another client's): followed over the bus
+// alone, a turn right after a write ran with the config as it was
+// until the announcement came. Reads are the follower's, one at a time,
+// shared by every waiter (one read serves all that asked before it
+// began), bounded as AtLeast is; the error wraps ErrRevisionNotRead,
+// and ErrConfigNoAnswer when the time ran out.
+func (c *Client) Latest(ctx context.Context) error {
+	ctx, cancel := Bounded(ctx)
+	defer cancel()
 	c.mu.Lock()
+	want := c.begun + 1
+	c.fresh = true
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+	for {
+		c.mu.Lock()
+		if c.readOK >= want {
+			c.mu.Unlock()
+			return nil
+		}
+		if c.ended >= want {
+			// The read asked for ended without the document (the
+			// config service failed): ask for another.
+			want, c.fresh = c.begun+1, true
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+		}
+		read := c.read
+		cur := c.cur.Revision
+		c.mu.Unlock()
+		select {
+		case <-read:
+		case <-c.ctx.Done():
+			return fmt.Errorf("%w: the latest: the follower is closed", ErrRevisionNotRead)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: the latest (revision %d read): %w", ErrRevisionNotRead, cur, context.Cause(ctx))
+		}
+	}
+}
+
+// readDone wakes AtLeast's and Latest's waiters after one of the
+// follower's reads, the n-th begun; ok says the document was read.
+func (c *Client) readDone(n uint64, ok bool) {
+	c.mu.Lock()
+	c.ended = n
+	if ok {
+		c.readOK = n
+	}
 	close(c.read)
 	c.read = make(chan struct{})
 	c.mu.Unlock()
@@ -298,13 +358,16 @@ func (c *Client) follow() {
 			resync = true
 		}
 		c.mu.Lock()
-		rev, back, other := c.pending, c.back, c.other
-		c.pending, c.back, c.other = 0, false, false
+		rev, back, other, fresh := c.pending, c.back, c.other, c.fresh
+		c.pending, c.back, c.other, c.fresh = 0, false, false, false
 		cur := c.cur.Revision
-		c.mu.Unlock()
-		if rev <= cur && !resync && !back && !other {
+		if rev <= cur && !resync && !back && !other && !fresh {
+			c.mu.Unlock()
 			continue
 		}
+		c.begun++
+		n := c.begun
+		c.mu.Unlock()
 		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 		snap, err := c.fetch(ctx)
 		cancel()
@@ -373,7 +436,7 @@ func (c *Client) follow() {
 			confirm, confirmAt = nil, time.Time{}
 			c.install(snap)
 		}()
-		c.readDone()
+		c.readDone(n, err == nil)
 	}
 }
 

@@ -334,6 +334,37 @@ func TestAtLeastReadsTheRevisionAskedFor(t *testing.T) {
 	}
 }
 
+// Latest reads the revision served when it was called, committed but
+// not announced (another client's write, its announcement late), and
+// each Latest takes a read begun after it asked: one with nothing
+// changed since still reads once, and finds the same revision. Before,
+// a caller with no revision of its own had only what the bus had
+// announced.
+func TestLatestReadsTheRevisionServedNow(t *testing.T) {
+	stub := &liveStub{rev: 3}
+	c, _ := follow(t, stub)
+	ctx := t.Context()
+	calls := func() int { stub.mu.Lock(); defer stub.mu.Unlock(); return stub.calls }
+
+	stub.set(7) // committed, never announced
+	if err := c.Latest(ctx); err != nil {
+		t.Fatalf("Latest with 7 served: %v", err)
+	}
+	if got := c.Current(); got.Revision != 7 || got.String("rev") != "7" {
+		t.Fatalf("after Latest with 7 served: revision %d (%q)", got.Revision, got.String("rev"))
+	}
+	before := calls()
+	if err := c.Latest(ctx); err != nil {
+		t.Fatalf("Latest with nothing new: %v", err)
+	}
+	if n := calls() - before; n != 1 {
+		t.Fatalf("Latest with nothing new made %d reads, want the one it asked for", n)
+	}
+	if c.Current().Revision != 7 {
+		t.Fatalf("after a second Latest: revision %d", c.Current().Revision)
+	}
+}
+
 // follow is a config client following stub over the tests' NATS server,
 // and its connection (to announce revisions on), both closed at the
 // test's end.

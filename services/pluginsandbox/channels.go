@@ -1067,7 +1067,7 @@ func (s *Server) deliver(ctx context.Context, b *binding, msg *wasmhost.ChannelM
 		}
 		err := whenAvailable(ctx, log, func() (err error) {
 			resp, err = s.cfg.Sessions.Prompt(ctx, &sessionv1.PromptRequest{Principal: p, SessionId: sessionID, Prompt: msg.Content,
-				IdempotencyKey: messageKey(msg)})
+				IdempotencyKey: messageKey(msg), ConfigLatest: true})
 			return err
 		})
 		if err != nil && closedMeanwhile(err) && reopens < maxReopens {

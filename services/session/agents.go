@@ -135,6 +135,18 @@ func (c *ConfigAgents) AtLeast(ctx context.Context, rev int64) error {
 	return nil
 }
 
+// Latest waits, bounded, until the live config read is the one the
+// config service serves now, or later (configclient.Client.Latest); a
+// Live that cannot be asked returns at once.
+func (c *ConfigAgents) Latest(ctx context.Context) error {
+	if w, ok := c.Live.(interface {
+		Latest(ctx context.Context) error
+	}); ok {
+		return w.Latest(ctx)
+	}
+	return nil
+}
+
 // Agent implements AgentSource.
 func (c *ConfigAgents) Agent(ctx context.Context, alias string) (AgentConfig, error) {
 	entry, found := c.Live.Current().Agent(alias)

@@ -355,6 +355,14 @@ func (s *Server) StartTurn(ctx context.Context, req *sessionv1.StartTurnRequest)
 	if n := req.GetIncarnation(); n != 0 && n != row.Incarnation {
 		return nil, errSessionNotFound(row.ID)
 	}
+	// The bridge knows no config revision: its text may follow a config
+	// write made a moment ago on the socket, acknowledged before the
+	// text was sent, and the turn read the agent as of the revision
+	// followed over the bus. The revision the config service serves now
+	// is read first (one read shared by the turns that arrive together).
+	if err := s.readLatest(ctx); err != nil {
+		return nil, configError(err)
+	}
 	if err := s.mayUseAgent(ctx, req.GetPrincipal(), row.AgentAlias); err != nil {
 		return nil, err
 	}

@@ -54,6 +54,13 @@ func (s *Server) Prompt(ctx context.Context, req *sessionv1.PromptRequest) (*ses
 			return nil, configError(err)
 		}
 	}
+	// A caller that knows no revision (a channel) asks for the one
+	// served as its prompt arrived.
+	if req.GetConfigLatest() {
+		if err := s.readLatest(ctx); err != nil {
+			return nil, configError(err)
+		}
+	}
 	// Checked on every turn: a grant revoked since session/new stops the
 	// next turn.
 	if err := s.mayUseAgent(ctx, req.GetPrincipal(), row.AgentAlias); err != nil {

@@ -376,6 +376,31 @@ func (s *Server) readUpTo(ctx context.Context, rev int64) error {
 	return nil
 }
 
+// readLatest returns once the agent source has read the config
+// revision the config service serves now (configclient.Latest): for a
+// turn whose caller knows no revision (a durable pane's text, a
+// channel's message) after a write another client made. Its errors are
+// readUpTo's.
+func (s *Server) readLatest(ctx context.Context) error {
+	f, ok := s.cfg.Agents.(interface {
+		Latest(ctx context.Context) error
+	})
+	if !ok {
+		return nil
+	}
+	err := f.Latest(ctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, configclient.ErrConfigNoAnswer):
+		return fmt.Errorf("config service: %w", err)
+	case ctx.Err() != nil:
+		return context.Cause(ctx)
+	}
+	s.log.Warn("latest config revision not read", zap.Error(err))
+	return nil
+}
+
 // configError is the caller's answer when the config service could not
 // be read for its request: with its reason, the client is told which
 // service did not answer, not "session unavailable".

@@ -740,8 +740,15 @@ type PromptRequest struct {
 	// resolves its agent, so a prompt right after the connection's own
 	// config write runs with the agent that write made or changed.
 	ConfigRevision int64 `protobuf:"varint,10,opt,name=config_revision,json=configRevision,proto3" json:"config_revision,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// config_latest, when set, has the session service read the revision
+	// the config service serves when the prompt arrives (bounded as
+	// config_revision is) before the turn resolves its agent: a caller
+	// that knows no revision (a channel's message) runs with a config
+	// write acknowledged before the message came, not the revision the
+	// session service had followed over the bus.
+	ConfigLatest  bool `protobuf:"varint,11,opt,name=config_latest,json=configLatest,proto3" json:"config_latest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PromptRequest) Reset() {
@@ -842,6 +849,13 @@ func (x *PromptRequest) GetConfigRevision() int64 {
 		return x.ConfigRevision
 	}
 	return 0
+}
+
+func (x *PromptRequest) GetConfigLatest() bool {
+	if x != nil {
+		return x.ConfigLatest
+	}
+	return false
 }
 
 type PromptResponse struct {
@@ -4487,7 +4501,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\aFileRef\x12\x15\n" +
 	"\x06ref_id\x18\x01 \x01(\tR\x05refId\x12\x16\n" +
 	"\x06marker\x18\x02 \x01(\tR\x06marker\x12%\n" +
-	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\xd4\x03\n" +
+	"\x0eworkspace_path\x18\x03 \x01(\tR\rworkspacePath\"\xf9\x03\n" +
 	"\rPromptRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -4500,7 +4514,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\vincarnation\x18\b \x01(\x03R\vincarnation\x12'\n" +
 	"\x0fidempotency_key\x18\t \x01(\tR\x0eidempotencyKey\x12'\n" +
 	"\x0fconfig_revision\x18\n" +
-	" \x01(\x03R\x0econfigRevisionB\x19\n" +
+	" \x01(\x03R\x0econfigRevision\x12#\n" +
+	"\rconfig_latest\x18\v \x01(\bR\fconfigLatestB\x19\n" +
 	"\x17_client_turn_generation\"\xdb\x01\n" +
 	"\x0ePromptResponse\x12\x1d\n" +
 	"\n" +
