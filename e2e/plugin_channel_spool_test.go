@@ -131,3 +131,57 @@ func TestPluginChannelSpoolsKeptApartAndTheOldLayoutDelivered(t *testing.T) {
 		}
 	}
 }
+
+// Messages kept for a plugin nobody binds again stayed on disk for good:
+// status counted them and named no way out but removing folders by hand
+// with the stack stopped. Past a day status (and health --config-dir)
+// now say they wait, with their bytes, and spool drop removes them: not
+// while a running replica holds the alias's spool for that plugin (the
+// alias bound to it), and never for a name that is not an alias.
+func TestSpoolDropOfAPluginNeverBoundAgain(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
+	v := newConv(t, s, nil)
+	hookURL, _ := replyHook(t)
+	bindWebChannel(t, v, hookURL)
+	webChannelListen(t, v, "")
+	body := `{"id":"g1","from":"ann","text":"/say for a plugin removed","thread":"g1"}`
+	owner := keepDeadOwner(t, s.DataDir, []string{hex.EncodeToString([]byte("web")), "p-" + hex.EncodeToString([]byte("gone"))},
+		[]string{"00000000000000000001-hostmsg_0123456789abcdef01234569.msg"}, []string{body})
+	old := time.Now().Add(-48 * time.Hour)
+	if err := os.Chtimes(filepath.Join(owner, "00000000000000000001-hostmsg_0123456789abcdef01234569.msg"), old, old); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := clawmesh(t, s, "status")
+	want := regexp.MustCompile(`"web" → gone +1 kept, oldest 4[78]h\S* old, ` + fmt.Sprint(len(body)) + ` B +WAITING past 24h0m0s or 64.0 MiB: .*clawmesh spool drop web --plugin gone`)
+	if err != nil || !want.MatchString(out) {
+		t.Fatalf("status does not warn of the message waiting for plugin gone (%v):\n%s", err, out)
+	}
+	if out, err := clawmesh(t, s, "health", "--config-dir", s.DataDir, "plugin-sandbox"); err != nil ||
+		!strings.Contains(out, "channel spool: 1 messages kept, not delivered yet ("+fmt.Sprint(len(body))+" B)") || !strings.Contains(out, "WAITING") {
+		t.Fatalf("health --config-dir does not count the spool (%v):\n%s", err, out)
+	}
+	if out, err := clawmesh(t, s, "spool", "list"); err != nil || !want.MatchString(out) {
+		t.Fatalf("spool list (%v):\n%s", err, out)
+	}
+	// The alias is bound to webhook: its spool is the running replica's.
+	if out, err := clawmesh(t, s, "spool", "drop", "web"); err == nil || !strings.Contains(out, "held by a running sandbox replica") || !strings.Contains(out, "webhook") {
+		t.Fatalf("spool drop of the bound alias (%v):\n%s", err, out)
+	}
+	if _, err := os.Stat(owner); err != nil {
+		t.Fatalf("a refused drop removed the kept message: %v", err)
+	}
+	if out, err := clawmesh(t, s, "spool", "drop", "../web"); err == nil || !strings.Contains(out, "not a channel alias") {
+		t.Fatalf("spool drop of a path (%v):\n%s", err, out)
+	}
+	if out, err := clawmesh(t, s, "spool", "drop", "web", "--plugin", "gone"); err != nil || !strings.Contains(out, "dropped 1 kept channel messages") {
+		t.Fatalf("spool drop --plugin gone (%v):\n%s", err, out)
+	}
+	if out, err := clawmesh(t, s, "spool", "list"); err != nil || !strings.Contains(out, "no channel messages kept") {
+		t.Fatalf("spool list after the drop (%v):\n%s", err, out)
+	}
+	if out, err := clawmesh(t, s, "status"); err != nil || strings.Contains(out, "gone") {
+		t.Fatalf("status after the drop (%v):\n%s", err, out)
+	}
+}

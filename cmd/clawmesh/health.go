@@ -40,7 +40,9 @@ process's name (session, plugin-sandbox.1: its socket in DIR), and an
 answer other than SERVING adds what the launcher knows of that process:
 restarting after a crash (the attempt, the last exit) or hung (silent
 for how long), where the check alone said "connection refused" or
-"context deadline exceeded".
+"context deadline exceeded". A SERVING answer adds a line counting the
+channel messages kept on disk and not delivered yet, when there are any
+(clawmesh spool list).
 `
 
 // ErrNotServing: the process answered, but not SERVING.
@@ -97,7 +99,16 @@ func healthCmd(args []string, out io.Writer) error {
 		}
 		return withLauncherState(dir, addr, fmt.Errorf("health %s: %w: %s", addr, ErrNotServing, status))
 	}
-	_, err = fmt.Fprintln(out, status)
+	if _, err := fmt.Fprintln(out, status); err != nil {
+		return err
+	}
+	if dir != "" {
+		// Where an operator looks besides status: the gateway's
+		// health cannot count files on this host, so the command does.
+		if line := spoolSummary(spoolWaiting(dir)); line != "" {
+			_, err = fmt.Fprintln(out, line)
+		}
+	}
 	return err
 }
 

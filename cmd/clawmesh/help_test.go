@@ -46,6 +46,7 @@ func TestEveryCommandAnswersHelp(t *testing.T) {
 		{"config", "-h"}, {"config", "get", "-h"}, {"config", "set", "-h"},
 		{"token", "-h"}, {"token", "create", "-h"}, {"token", "revoke", "-h"},
 		{"plugin", "-h"}, {"plugin", "install", "-h"}, {"plugin", "list", "-h"},
+		{"spool", "-h"}, {"spool", "list", "-h"}, {"spool", "drop", "-h"},
 		{"health", "-h"}, {"bus", "-h"}, {"bus", "init", "-h"},
 	} {
 		stdout, stderr, code := runCLI(t, args...)
@@ -58,7 +59,7 @@ func TestEveryCommandAnswersHelp(t *testing.T) {
 // An unknown subcommand is refused, -h or not: no usage of a command that
 // does not exist, no exit 0.
 func TestUnknownSubcommandRefusedEvenWithHelp(t *testing.T) {
-	for _, args := range [][]string{{"config", "bogus", "-h"}, {"plugin", "bogus", "-h"}, {"bus", "bogus", "-h"}, {"token", "bogus", "-h"}} {
+	for _, args := range [][]string{{"config", "bogus", "-h"}, {"plugin", "bogus", "-h"}, {"bus", "bogus", "-h"}, {"token", "bogus", "-h"}, {"spool", "bogus", "-h"}} {
 		_, stderr, code := runCLI(t, args...)
 		if code == 0 || !strings.Contains(stderr, "bogus") && !strings.Contains(stderr, "want create or revoke") {
 			t.Errorf("clawmesh %s: exit %d, stderr %.200s", strings.Join(args, " "), code, stderr)

@@ -39,6 +39,7 @@ commands:
   config       get, set, list or delete config properties of the running stack
   token        pair (create) or unpair (revoke) a user's auth token
   plugin       list, search, install, remove, inspect and sign plugins
+  spool        list or drop the channel messages kept on disk, not delivered yet
   health       exit 0 only if a process's gRPC health is SERVING (container probes)
   bus          bus credentials and nats-server config for an external NATS (containers)
   version      print the version
@@ -68,6 +69,8 @@ func run(args []string) error {
 		return tokenCmd(args[1:], os.Stdout)
 	case "plugin":
 		return pluginCmd(args[1:], os.Stdout)
+	case "spool":
+		return spoolCmd(args[1:], os.Stdout)
 	case "health":
 		return healthCmd(args[1:], os.Stdout)
 	case "bus":
@@ -98,10 +101,10 @@ func run(args []string) error {
 }
 
 // commands are the command names run knows.
-var commands = []string{"up", "daemon", "config", "call", "status", "chat", "doctor", "token", "plugin", "health", "bus", "version"}
+var commands = []string{"up", "daemon", "config", "call", "status", "chat", "doctor", "token", "plugin", "spool", "health", "bus", "version"}
 
 // subUsages are the usage texts listing subcommands, by command.
-var subUsages = map[string]string{"config": configUsage, "plugin": pluginUsage, "token": tokenUsage}
+var subUsages = map[string]string{"config": configUsage, "plugin": pluginUsage, "token": tokenUsage, "spool": spoolUsage}
 
 // subUsage is the head of the -h of the command named name: for a
 // subcommand (`config set`), what it takes and does from its line in its

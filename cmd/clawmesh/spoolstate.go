@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
 )
 
@@ -24,10 +25,15 @@ import (
 // maxSpoolScan bounds the entries status looks at in the spool.
 const maxSpoolScan = 100_000
 
+// oldLayoutPlugin stands for the plugin of a folder of the layout
+// before the plugin was part of it, which names none.
+const oldLayoutPlugin = "(no plugin named: an earlier release's)"
+
 // spoolWait is the kept messages of one alias bound to one plugin.
 type spoolWait struct {
 	alias, plugin string
 	messages      int
+	bytes         int64
 	oldest        time.Time
 }
 
@@ -61,7 +67,7 @@ func spoolWaiting(dir string) (waits []spoolWait, truncated bool) {
 				continue
 			}
 			// The old layout (<alias>/<owner>/) names no plugin.
-			plugin, owners := "(no plugin named: an earlier release's)", []os.DirEntry{p}
+			plugin, owners := oldLayoutPlugin, []os.DirEntry{p}
 			base := filepath.Join(root, a.Name())
 			if name, ok := strings.CutPrefix(p.Name(), "p-"); ok {
 				raw, err := hex.DecodeString(name)
@@ -85,6 +91,7 @@ func spoolWaiting(dir string) (waits []spoolWait, truncated bool) {
 						continue
 					}
 					w.messages++
+					w.bytes += fi.Size()
 					if w.oldest.IsZero() || fi.ModTime().Before(w.oldest) {
 						w.oldest = fi.ModTime()
 					}
@@ -104,14 +111,84 @@ func spoolWaiting(dir string) (waits []spoolWait, truncated bool) {
 	return waits, truncated
 }
 
+// Retention. Each kept message was answered 202, which promises it is
+// delivered or its sender told; a spool that dropped what waits past an
+// age or a size would break that promise without a word to the sender.
+// So nothing is dropped by itself: past spoolWarnAge or spoolWarnBytes
+// status says the messages wait for a plugin nobody binds, and how to
+// deliver them (bind it again) or drop them (clawmesh spool drop, the
+// operator's decision, logged by what it prints). Growth is bounded per
+// event anyway: a replica's folder holds at most its queue and backlog.
+const (
+	spoolWarnAge   = 24 * time.Hour
+	spoolWarnBytes = 64 << 20
+)
+
 // spoolLines are status's lines of the spool's kept messages.
 func spoolLines(waits []spoolWait, truncated bool, now time.Time) []string {
 	var out []string
 	for _, w := range waits {
-		out = append(out, fmt.Sprintf("  %q → %s\t%d kept, oldest %s old", w.alias, w.plugin, w.messages, ago(now, w.oldest)))
+		line := fmt.Sprintf("  %q → %s\t%d kept, oldest %s old, %s", w.alias, w.plugin, w.messages, ago(now, w.oldest), byteCount(w.bytes))
+		if now.Sub(w.oldest) > spoolWarnAge || w.bytes > spoolWarnBytes {
+			line += fmt.Sprintf("  WAITING past %s or %s: bind %s to %q again to deliver them, or drop them: %s",
+				spoolWarnAge, byteCount(spoolWarnBytes), w.plugin, w.alias, dropCommand(w))
+		}
+		out = append(out, line)
 	}
 	if truncated {
 		out = append(out, fmt.Sprintf("  (more than %d entries: not all counted)", maxSpoolScan))
 	}
 	return out
+}
+
+// dropCommand is the command line that drops w.
+func dropCommand(w spoolWait) string {
+	if !configschema.ValidName(w.alias) {
+		// Not a folder the sandbox wrote: nothing to paste into a shell.
+		return "(not an alias name: remove its folder by hand, the stack stopped)"
+	}
+	if w.plugin == oldLayoutPlugin {
+		return "clawmesh spool drop " + w.alias // every plugin's, and these
+	}
+	return "clawmesh spool drop " + w.alias + " --plugin " + w.plugin
+}
+
+// byteCount is n readably (B, KiB, MiB).
+func byteCount(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// spoolSummary is one line of the whole spool (health's), "" when it
+// keeps nothing.
+func spoolSummary(waits []spoolWait, truncated bool) string {
+	if len(waits) == 0 && !truncated {
+		return ""
+	}
+	n, size, oldest, late := 0, int64(0), time.Time{}, false
+	now := time.Now()
+	for _, w := range waits {
+		n += w.messages
+		size += w.bytes
+		if oldest.IsZero() || w.oldest.Before(oldest) {
+			oldest = w.oldest
+		}
+		late = late || now.Sub(w.oldest) > spoolWarnAge || w.bytes > spoolWarnBytes
+	}
+	line := fmt.Sprintf("channel spool: %d messages kept, not delivered yet (%s)", n, byteCount(size))
+	if !oldest.IsZero() {
+		line += fmt.Sprintf(", oldest %s old", ago(now, oldest))
+	}
+	if truncated {
+		line += fmt.Sprintf(", more than %d entries: not all counted", maxSpoolScan)
+	}
+	if late {
+		line += "; some WAITING past " + spoolWarnAge.String() + " or " + byteCount(spoolWarnBytes)
+	}
+	return line + " (clawmesh spool list)"
 }
