@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -60,12 +61,65 @@ func installWebhookAs(t *testing.T, dataDir, name string) {
 	}
 }
 
-// What replicas that died left in the spool of channel "web" is
+// spoolOwnerOf is the replica (its pid) whose spool folder for channel
+// "web" bound to plugin holds a kept message, with that folder; 0 while
+// none does. A folder's owner is the process holding its lock open.
+func spoolOwnerOf(t *testing.T, s *e2e.Stack, plugin string, replicas int) (int, string) {
+	t.Helper()
+	dir := filepath.Join(s.DataDir, "channel-spool", hex.EncodeToString([]byte("web")), "p-"+hex.EncodeToString([]byte(plugin)))
+	owners, _ := os.ReadDir(dir)
+	for _, o := range owners {
+		folder := filepath.Join(dir, o.Name())
+		if msgs, _ := filepath.Glob(filepath.Join(folder, "*.msg")); len(msgs) == 0 {
+			continue
+		}
+		if pid := lockHolder(s, filepath.Join(folder, "lock"), replicas); pid != 0 {
+			return pid, folder
+		}
+	}
+	return 0, ""
+}
+
+// lockHolder is the sandbox replica (of replicas) that has file open.
+func lockHolder(s *e2e.Stack, file string, replicas int) int {
+	for pid, name := range s.PIDs() {
+		if name != "plugin-sandbox" {
+			continue
+		}
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			if to, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && to == file {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// bindsWebTo reports whether sandbox process pid holds a spool folder of
+// channel "web" bound to plugin: it opens one at its first such binding.
+func bindsWebTo(s *e2e.Stack, pid int, plugin string) bool {
+	locks, _ := filepath.Glob(filepath.Join(s.DataDir, "channel-spool", hex.EncodeToString([]byte("web")), "p-"+hex.EncodeToString([]byte(plugin)), "*", "lock"))
+	for _, l := range locks {
+		if lockHolder(s, l, 2) == pid {
+			return true
+		}
+	}
+	return false
+}
+
+// What a sandbox replica that died left in the spool of channel "web" is
 // delivered by the bindings that follow, each message by its own plugin:
-// the webhook plugin's by the alias bound to webhook, the second
-// plugin's (webhook2) only once the alias is bound to it, and the
-// messages of the release before the plugin-keyed layout (which name no
-// plugin) by the first binding. Those were only logged, and stayed on
+// a message webhook2 held when its replica was killed waits while the
+// alias is bound to webhook (counted by status, not read by webhook), and
+// is answered once the alias is bound to webhook2 again; a message the
+// webhook binding held when its replica was killed is delivered by the
+// replica that follows. The replicas are real (--scale plugin-sandbox=2)
+// and killed with SIGKILL; the test planted a dead replica's folder
+// before, which proved the layout but not that a real replica leaves it
+// so. The messages of the release before the plugin-keyed layout (which
+// name no plugin) cannot be made by this release: planted, they are
+// delivered by the first binding. Those were only logged, and stayed on
 // disk undelivered for good though their senders had been answered 202.
 // A kept "message" that is a symlink is never followed.
 func TestPluginChannelSpoolsKeptApartAndTheOldLayoutDelivered(t *testing.T) {
@@ -73,52 +127,98 @@ func TestPluginChannelSpoolsKeptApartAndTheOldLayoutDelivered(t *testing.T) {
 	dataDir := e2e.TempDataDir(t)
 	installWebhookAs(t, dataDir, "webhook2")
 	alias := hex.EncodeToString([]byte("web"))
-	plugin := func(name string) string { return "p-" + hex.EncodeToString([]byte(name)) }
-	msg := func(id, text string) string {
-		return fmt.Sprintf(`{"id":%q,"from":"ann","text":%q,"thread":%q}`, id, text, id)
+	msg := func(id, text string) []byte {
+		return []byte(fmt.Sprintf(`{"id":%q,"from":"ann","text":%q,"thread":%q}`, id, text, id))
 	}
-	keepDeadOwner(t, dataDir, []string{alias, plugin("webhook")},
-		[]string{"00000000000000000001-hostmsg_0123456789abcdef01234567.msg"}, []string{msg("w1", "/say kept for webhook")})
-	keepDeadOwner(t, dataDir, []string{alias, plugin("webhook2")},
-		[]string{"00000000000000000001-hostmsg_0123456789abcdef01234568.msg"}, []string{msg("w2", "/say kept for webhook2")})
 	old := keepDeadOwner(t, dataDir, []string{alias},
-		[]string{"00000000000000000001.msg"}, []string{msg("o1", "/say kept by the old release")})
+		[]string{"00000000000000000001.msg"}, []string{string(msg("o1", "/say kept by the old release"))})
 	secret := filepath.Join(filepath.Dir(dataDir), "outside.json")
-	if err := os.WriteFile(secret, []byte(msg("s1", "/say read through a symlink")), 0o600); err != nil {
+	if err := os.WriteFile(secret, msg("s1", "/say read through a symlink"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Symlink(secret, filepath.Join(old, "00000000000000000002.msg")); err != nil {
 		t.Fatal(err)
 	}
 
-	s := e2e.Start(t, e2e.Options{DataDir: dataDir, Args: []string{"--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8"}})
+	s := e2e.Start(t, e2e.Options{DataDir: dataDir, Args: []string{"--scale", "plugin-sandbox=2",
+		"--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8"}})
 	v := newConv(t, s, nil)
 	hookURL, replies := replyHook(t)
-	v.call("config/set", map[string]any{"prop": "plugins.entries." + abi.InstanceKey("webhook2", abi.WorldChannel, "web") + ".config",
-		"value": map[string]any{"webhook_url": hookURL, "token": "tok-e2e"}})
-	bindWebChannel(t, v, hookURL)
-	webChannelListen(t, v, "")
-	waitFor(t, "the webhook binding's kept messages", 90*time.Second, func() bool { return len(replies()) >= 2 })
-	// The binding looked at the other plugin's folder and left it.
-	log := replicaLogs(s, 1)[0]
-	waitFor(t, "the other plugin's message counted", 30*time.Second, func() bool {
-		return strings.Contains(readFile(log), "messages accepted for another plugin of this alias")
+	v.call("config/set-many", map[string]any{"sets": []map[string]any{
+		{"prop": "plugins.entries." + abi.InstanceKey("webhook2", abi.WorldChannel, "web") + ".config", "value": map[string]any{"webhook_url": hookURL, "token": "tok-e2e"}},
+		{"prop": "channels.plugin.web.plugin", "value": "webhook2"},
+		{"prop": "channels.plugin.web.token", "value": webChannelToken},
+	}})
+	listen := webChannelListen(t, v, "")
+	waitFor(t, "the old release's message", 90*time.Second, func() bool { return len(replies()) >= 1 })
+
+	// A message webhook2 holds (its turn sleeps) when its replica is
+	// stopped; the alias moves to webhook, and then the replica is
+	// killed: the replicas that bind webhook must leave its message.
+	postWebMessage(t, listen, msg("w2", "/sleep 10000\n/say kept for webhook2"))
+	var holder int
+	waitFor(t, "the replica holding webhook2's message", 30*time.Second, func() bool {
+		holder, _ = spoolOwnerOf(t, s, "webhook2", 2)
+		return holder != 0
 	})
-	// Counted by status too, not only in the sandbox's log: the alias,
-	// the plugin it waits for, how many and how old.
-	out, err := clawmesh(t, s, "status")
-	if err != nil || !regexp.MustCompile(`"web" → webhook2 +1 kept, oldest \S+ old`).MatchString(out) {
-		t.Fatalf("status does not count webhook2's kept message (%v):\n%s", err, out)
+	if err := syscall.Kill(holder, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
 	}
-	// Two conversations: answered in either order.
-	got := replies()
-	if first := slices.Sorted(slices.Values(got)); !slices.Equal(first, []string{"kept by the old release", "kept for webhook"}) {
-		t.Fatalf("replies %q of the binding to webhook, want the old release's message and webhook's", got)
+	other := replicaPID(t, s, 0)
+	index := 1
+	if other == holder {
+		other, index = replicaPID(t, s, 1), 0
+	}
+	bindWebChannel(t, v, hookURL)
+	waitFor(t, "the other replica's binding of webhook", 60*time.Second, func() bool { return bindsWebTo(s, other, "webhook") })
+	if err := syscall.Kill(holder, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRestarted(s, index, holder); err != nil {
+		t.Fatal(err)
+	}
+	restarted := replicaPID(t, s, index)
+	waitFor(t, "the restarted replica's binding of webhook", 60*time.Second, func() bool { return bindsWebTo(s, restarted, "webhook") })
+	// Neither binding of webhook read it; both looked and left it.
+	waitFor(t, "the other plugin's message counted", 30*time.Second, func() bool {
+		for _, log := range replicaLogs(s, 2) {
+			if strings.Contains(readFile(log), "messages accepted for another plugin of this alias") {
+				return true
+			}
+		}
+		return false
+	})
+	// Once the restarted replica serves (status exits 1 until then).
+	var out string
+	waitFor(t, "status with every replica serving", 60*time.Second, func() bool {
+		var err error
+		out, err = clawmesh(t, s, "status")
+		return err == nil
+	})
+	if !regexp.MustCompile(`"web" → webhook2 +1 kept, oldest \S+ old`).MatchString(out) {
+		t.Fatalf("status does not count the killed replica's message for webhook2:\n%s", out)
+	}
+
+	// A message webhook holds when its replica is killed is delivered
+	// by a replica that follows (the other one, or the restarted one).
+	listen = webChannelListen(t, v, "")
+	postWebMessage(t, listen, msg("w1", "/sleep 6000\n/say kept for webhook"))
+	var victim int
+	waitFor(t, "the replica holding webhook's message", 30*time.Second, func() bool {
+		victim, _ = spoolOwnerOf(t, s, "webhook", 2)
+		return victim != 0
+	})
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "webhook's message, its replica killed", 90*time.Second, func() bool { return len(replies()) >= 2 })
+	if got := replies(); !slices.Equal(got, []string{"kept by the old release", "kept for webhook"}) {
+		t.Fatalf("replies %q, want the old release's message, then webhook's (not webhook2's while webhook is bound)", got)
 	}
 
 	v.call("config/set", map[string]any{"prop": "channels.plugin.web.plugin", "value": "webhook2"})
 	waitFor(t, "the webhook2 binding's kept message", 90*time.Second, func() bool { return len(replies()) >= 3 })
-	got = replies()
+	got := replies()
 	if len(got) != 3 || got[2] != "kept for webhook2" {
 		t.Fatalf("replies %q, want webhook2's message answered once it was bound", got)
 	}
