@@ -63,6 +63,15 @@ import (
 // each at most maxInboundBody bytes; what is refused is removed and
 // counted in the log.
 //
+// Retention: none by itself. Each kept message was answered 202, and a
+// spool that dropped what waited past an age or a size would break that
+// promise without a word to its sender (whose notice goes through the
+// plugin, which may be gone). One owner folder holds at most its queue
+// and backlog; what waits for a plugin nobody binds again is marked past
+// 24 h or 64 MiB by clawmesh status, spool list and health --config-dir
+// (cmd/clawmesh/spoolstate.go), and clawmesh spool drop removes it under
+// each owner's lock, as adopt takes it, never while a replica holds one.
+//
 // The host id is the one the message is delivered with when its plugin
 // gives it none (wasmhost.ChannelMessage.ID empty): given at the 202 and
 // kept in the name, so that a message delivered again from the spool has
