@@ -284,4 +284,12 @@ func TestSpoolDropOfAPluginNeverBoundAgain(t *testing.T) {
 	if out, err := clawmesh(t, s, "status"); err != nil || strings.Contains(out, "gone") {
 		t.Fatalf("status after the drop (%v):\n%s", err, out)
 	}
+	// Unbound (every plugin unloaded), the alias's spool is no running
+	// replica's any more: the sandbox held its lock until it stopped,
+	// and drop was refused for an alias nothing bound.
+	v.call("config/set", map[string]any{"prop": "plugins.enabled", "value": false})
+	waitFor(t, "spool drop of the alias once unbound", 30*time.Second, func() bool {
+		out, err := clawmesh(t, s, "spool", "drop", "web")
+		return err == nil && strings.Contains(out, "dropped 0 kept channel messages")
+	})
 }

@@ -205,7 +205,7 @@ func dropSpool(dir, alias, plugin string) (n int, size int64, err error) {
 		locked = append(locked, o)
 	}
 	if len(held) > 0 {
-		return 0, 0, fmt.Errorf("spool drop: the messages of alias %q for plugin %s are %w (the alias is bound to it, or was since that replica started): it delivers them; unbind the alias and restart the sandbox, or stop the stack, then drop",
+		return 0, 0, fmt.Errorf("spool drop: the messages of alias %q for plugin %s are %w (the alias is bound to it): it delivers them; unbind the alias, or stop the stack, then drop",
 			alias, strings.Join(uniq(held), ", "), errSpoolHeld)
 	}
 	for _, o := range locked {

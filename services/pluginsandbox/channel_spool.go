@@ -473,3 +473,19 @@ func (s *Server) closeSpools() {
 		delete(s.spools, key)
 	}
 }
+
+// closeSpoolsBut closes every spool whose key is not in inUse: the
+// bindings that used it have stopped (each binding's stop waits for its
+// listener and deliveries), so none writes to it any more. What its
+// folder still holds (notices the stop's grace cut) is adopted by the
+// next binding of its alias and plugin, as after the process's stop.
+func (s *Server) closeSpoolsBut(inUse map[spoolKey]bool) {
+	s.spoolMu.Lock()
+	defer s.spoolMu.Unlock()
+	for key, sp := range s.spools {
+		if !inUse[key] {
+			sp.close()
+			delete(s.spools, key)
+		}
+	}
+}
