@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/launcher"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
 )
 
@@ -67,14 +66,22 @@ func (f *socketFlags) dialWith(capabilities map[string]any) (*rpcclient.Client, 
 			up += " --config-dir " + dir
 		}
 	}
+	// The launcher's socket is ZEROCLAW_SOCKET too (datadir.Socket): on
+	// a data directory's own socket, what its launcher says is read
+	// before dialling (launcherSaysFirst).
+	var refused error
+	if dir, derr := datadir.Resolve(f.dir); derr == nil && path == datadir.Socket(dir) {
+		if err := launcherSaysFirst(dir); err != nil {
+			if !errors.Is(err, launcher.ErrStatesRefused) {
+				return nil, err
+			}
+			refused = err
+		}
+	}
 	c, err := rpcclient.Dial(path)
 	if err != nil {
-		// The launcher's socket is ZEROCLAW_SOCKET too (datadir.Socket):
-		// a data directory resolved says whether it is starting.
-		if dir, derr := datadir.Resolve(f.dir); derr == nil && path == datadir.Socket(dir) {
-			if why, ok := stillStarting(dir); ok {
-				return nil, fmt.Errorf("the stack is starting, not serving yet: %s (%w)", why, err)
-			}
+		if refused != nil {
+			return nil, fmt.Errorf("%w; %w", noStack(path, up, named, err), refused)
 		}
 		return nil, noStack(path, up, named, err)
 	}
@@ -126,31 +133,55 @@ func noStack(path, up, named string, err error) error {
 	return fmt.Errorf("is the stack running? no stack listens on %s: start one with `%s`, or point at the one that runs with --config-dir or --socket (%w)", path, up, err)
 }
 
-// stillStarting reports whether a launcher is starting the stack on the
-// data directory dir, and what it waits for: its start file
-// (datadir.Starting) names a live pid. The gateway starts last, so a
-// start waiting for PostgreSQL or a service's migrations was said as no
-// stack at all, with the advice to start one, which the lock refused.
-func stillStarting(dir string) (string, bool) {
-	raw, err := os.ReadFile(datadir.Starting(dir))
+// errStarting: the launcher of the data directory is starting the
+// stack; the gateway does not answer yet.
+var errStarting = errors.New("the stack is starting, not serving yet")
+
+// launcherSaysFirst is what the launcher supervising the data directory
+// dir says before its socket is dialled: errStarting (with what the start
+// waits for) while it starts the stack, the gateway's state while it
+// hangs, nil otherwise, or why its state file was refused
+// (launcher.ErrStatesRefused). The launcher listens on the client socket
+// before the services serve, and keeps it while the gateway is replaced:
+// a dial succeeded, and initialize waited its 60 s in the socket's
+// backlog for a gateway not started yet (a second start, the schemas
+// there) or stopped, then said "i/o timeout"; and before it listens
+// (PostgreSQL's start) no stack at all, with the advice to start one,
+// which the lock refused.
+func launcherSaysFirst(dir string) error {
+	ls, err := launcher.ReadProcessStates(dir)
+	if errors.Is(err, launcher.ErrNoLauncher) {
+		// A launcher of the release before, which wrote its start state
+		// to a file of its own (launcher.ReadOldStart), starting the
+		// stack while the binaries were replaced.
+		pid, st, oerr := launcher.ReadOldStart(dir)
+		if oerr == nil {
+			return startingErr(pid, st)
+		}
+		if errors.Is(oerr, launcher.ErrNoLauncher) {
+			return nil
+		}
+		return oerr
+	}
 	if err != nil {
-		return "", false
+		return err
 	}
-	lines := strings.SplitN(strings.TrimSpace(string(raw)), "\n", 3)
-	if len(lines) != 3 {
-		return "", false
+	if ls.Starting != nil {
+		return startingErr(ls.LauncherPID, *ls.Starting)
 	}
-	pid, err := strconv.Atoi(lines[0])
-	since, err2 := strconv.ParseInt(lines[1], 10, 64)
-	if err != nil || err2 != nil || pid <= 0 {
-		return "", false
+	// A gateway restarting takes the connection waiting in the backlog
+	// once it runs; one that hangs does not.
+	if gw, ok := ls.Processes["gateway"]; ok {
+		if word, why := describeProcess(&ls, gw, "", time.Now()); word == "hung" {
+			return fmt.Errorf("the stack does not answer: gateway %s (%s; launcher pid %d)", word, why, ls.LauncherPID)
+		}
 	}
-	// A launcher killed (SIGKILL) leaves the file: its pid is gone.
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return "", false
-	}
-	took := time.Since(time.Unix(since, 0)).Round(time.Second)
-	return fmt.Sprintf("%s (launcher pid %d, starting for %s)", lines[2], pid, took), true
+	return nil
+}
+
+func startingErr(pid int, st launcher.StartState) error {
+	took := time.Since(st.Since).Round(time.Second)
+	return fmt.Errorf("%w: %s (launcher pid %d, starting for %s)", errStarting, st.WaitsFor, pid, took)
 }
 
 // waitPoll is how often dialWait tries the socket again.
@@ -166,7 +197,7 @@ func (f *socketFlags) dialWait(capabilities map[string]any, wait time.Duration) 
 	deadline := time.Now().Add(wait)
 	for {
 		c, err := f.dialWith(capabilities)
-		if err == nil || wait <= 0 || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED)) {
+		if err == nil || wait <= 0 || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, errStarting)) {
 			return c, err
 		}
 		left := time.Until(deadline)

@@ -56,6 +56,9 @@ type statusReply struct {
 	// launcher is what the launcher of the stack says of its processes
 	// (launcherStates); nil when it says nothing.
 	launcher *launcher.ProcessStates
+	// launcherRefused is why the launcher's state file was refused
+	// (launcher.ErrStatesRefused): said, not read as no launcher.
+	launcherRefused error
 	// spool is the channel spool's kept messages (spoolWaiting), read
 	// with launcher.
 	spool          []spoolWait
@@ -97,7 +100,7 @@ func statusCmd(args []string, out io.Writer) error {
 		return fmt.Errorf("status: unreadable answer: %w", err)
 	}
 	st.withoutConfig = sf.withoutConfig
-	st.launcher = launcherStates(sf)
+	st.launcher, st.launcherRefused = launcherStates(sf)
 	if st.launcher != nil {
 		if dir, err := datadir.Resolve(sf.dir); err == nil {
 			st.spool, st.spoolTruncated = spoolWaiting(dir)
@@ -162,6 +165,9 @@ func printStatus(out io.Writer, st statusReply) error {
 		// initialize fails until config answers.
 		fmt.Fprintf(w, "caller\tthe operator, bound without the config service (%s): until it answers, no other caller can initialize\n", st.withoutConfig)
 	}
+	if st.launcherRefused != nil {
+		fmt.Fprintf(w, "launcher\t%v: each service's state below is the gateway's alone\n", st.launcherRefused)
+	}
 	names := make([]string, 0, len(st.Services))
 	for name := range st.Services {
 		names = append(names, name)
@@ -203,24 +209,28 @@ func printStatus(out io.Writer, st statusReply) error {
 // launcherStates is what the launcher supervising the stack says of its
 // processes (launcher.ReadProcessStates), when the stack asked is the
 // one of the data directory resolved: the socket is that directory's
-// (no other named). Nil when there is none to read.
-func launcherStates(sf socketFlags) *launcher.ProcessStates {
+// (no other named). Nil when there is none to read; with why, when the
+// file was refused (launcher.ErrStatesRefused).
+func launcherStates(sf socketFlags) (*launcher.ProcessStates, error) {
 	dir, err := datadir.Resolve(sf.dir)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	socket := sf.socket
 	if socket == "" {
 		socket = os.Getenv("ZEROCLAW_SOCKET")
 	}
 	if socket != "" && filepath.Clean(socket) != datadir.Socket(dir) {
-		return nil
+		return nil, nil
 	}
 	ps, err := launcher.ReadProcessStates(dir)
-	if err != nil {
-		return nil
+	if errors.Is(err, launcher.ErrStatesRefused) {
+		return nil, err
 	}
-	return &ps
+	if err != nil {
+		return nil, nil
+	}
+	return &ps, nil
 }
 
 // launcherSays is the state of the service name (gateway is what the

@@ -87,14 +87,16 @@ func DurableWoken(dir string) string { return filepath.Join(dir, "durable-bridge
 // process serves, and when it stops.
 func Dormant(dir, process string) string { return filepath.Join(dir, process+".dormant") }
 
-// Starting holds, while the launcher starts the stack (from taking the
-// lock until every process serves), its pid, when the start began and
-// what it waits for: until the gateway serves, nothing answers on the
-// socket, and a client said only that no stack listens and to start one.
+// Starting held, for a launcher of the release before, while it started
+// the stack, its pid, when the start began and what it waits for. That
+// is now said by Processes; the CLI still reads this one (a launcher of
+// the release before starting while the binaries were replaced), and a
+// launcher removes one left behind.
 func Starting(dir string) string { return filepath.Join(dir, "clawmesh.starting") }
 
-// Processes holds, while a launcher supervises the stack, what it knows
-// of each process that the gateway cannot: a process it is restarting
-// (the attempt, the last exit, when the next run starts) and one that
-// stopped answering its health check. `clawmesh status` reads it.
+// Processes holds, from the launcher's lock taken until it stops, what
+// its start waits for (until the stack is up) and what it knows of each
+// process that the gateway cannot: a process it is restarting (the
+// attempt, the last exit, when the next run starts) and one that stopped
+// answering its health check. `clawmesh status` reads it.
 func Processes(dir string) string { return filepath.Join(dir, "clawmesh.processes") }

@@ -145,10 +145,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer unlock()
-	// Removed before the lock is released, and once the stack is up.
-	starting := newStartState(cfg.DataDir, log)
+	// What the start waits for, then what the launcher knows of each
+	// process: one file (procstate.go), removed before the lock is
+	// released. The start state of an older launcher, killed, is not
+	// left to be read beside it.
+	states := newProcStates(cfg.DataDir, log)
+	defer states.remove()
+	_ = os.Remove(datadir.Starting(cfg.DataDir))
+	starting := newStartState(states)
 	starting.set("checking the data directory and the binaries")
-	defer starting.done()
 	// The folder the stack runs on, locked: watchDataDir compares with it.
 	startedOn, err := os.Stat(cfg.DataDir)
 	if err != nil {
@@ -203,10 +208,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	sup := newSupervisor(log, logDir, cfg.Liveness)
 	sup.onUpgrade = upgrades.seen
-	sup.states = newProcStates(cfg.DataDir, sup.probeEvery, cfg.Liveness, log)
-	// After stopAll (deferred below, so run before this): no run is
-	// started or noticed afterwards.
-	defer sup.states.remove()
+	// Removed (deferred above) after stopAll (deferred below, so run
+	// before it): no run is started or noticed afterwards.
+	sup.states = states
+	states.probing(sup.probeEvery, cfg.Liveness)
 	// Normally stopped before the bus (below); this is for an early return.
 	defer sup.stopAll()
 	stopCtx, stop := context.WithCancelCause(ctx)
@@ -400,7 +405,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		// cluster never served the stack, so holds nothing to get back.
 		keepCredentials(cfg)
 	}
-	starting.done()
+	states.up()
 	fmt.Fprintf(cfg.Out, "clawmesh %s is up\nsocket: %s\n", cfg.DataDir, socket)
 	upgrades.stackUp()
 	log.Info("stack up", zap.String("socket", socket), zap.String("data_dir", cfg.DataDir))

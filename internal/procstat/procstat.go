@@ -23,6 +23,10 @@ type Stat struct {
 	State byte          // field 3: R, S, D, T, Z, ...
 	PPID  int           // field 4
 	CPU   time.Duration // fields 14 and 15, utime plus stime
+	// Start is field 22, when the process started in clock ticks since
+	// boot (0 when the line stops short of it): with the pid, a process
+	// and not a later one given the same pid.
+	Start uint64
 }
 
 // Read reads the stat line of process pid.
@@ -80,5 +84,9 @@ func Parse(raw []byte) (Stat, error) {
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return Stat{}, fmt.Errorf("ppid %q, utime %q, stime %q: %w", f[1], f[11], f[12], err)
 	}
-	return Stat{State: f[0][0], PPID: ppid, CPU: time.Duration(utime+stime) * ClockTick}, nil
+	st := Stat{State: f[0][0], PPID: ppid, CPU: time.Duration(utime+stime) * ClockTick}
+	if len(f) > 19 {
+		st.Start, _ = strconv.ParseUint(string(f[19]), 10, 64)
+	}
+	return st, nil
 }

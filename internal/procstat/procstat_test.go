@@ -9,11 +9,11 @@ import (
 
 func TestParse(t *testing.T) {
 	// A command name with a space and a parenthesis, state S, parent 1,
-	// utime 250 and stime 75 ticks.
+	// utime 250 and stime 75 ticks, started 1234 ticks after boot.
 	line := []byte("4242 (gate way)) S 1 4242 4242 0 -1 4194560 1185 0 0 0 250 75 0 0 20 0 9 0 1234 1000 200\n")
 	st, err := Parse(line)
-	if err != nil || st != (Stat{State: 'S', PPID: 1, CPU: 3250 * time.Millisecond}) {
-		t.Fatalf("Parse = %+v, %v; want S, 1, 3.25s", st, err)
+	if err != nil || st != (Stat{State: 'S', PPID: 1, CPU: 3250 * time.Millisecond, Start: 1234}) {
+		t.Fatalf("Parse = %+v, %v; want S, 1, 3.25s, 1234", st, err)
 	}
 	for _, bad := range []string{
 		"",
