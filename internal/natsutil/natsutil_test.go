@@ -159,9 +159,14 @@ func TestPublishToStalledServerFailsAndReportsBusDown(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if _, up, _ := states.get(); !up {
-		t.Fatalf("connected, yet the bus is not reported up")
-	}
+	// nats.go tells a first connect made with RetryOnFailedConnect from
+	// its callback goroutine, after Connect returned: wait for it.
+	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if _, up, _ := states.get(); !up {
+			return errors.New("connected, yet the bus is not reported up")
+		}
+		return nil
+	})
 
 	p.stalled.Store(true)
 	// Publish until a write blocks on the stalled server and fails. The
