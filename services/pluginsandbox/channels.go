@@ -219,15 +219,6 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 			b.log.Warn("channel binding failed", zap.String("reason", reason))
 		}
 	}
-	// A spool no binding uses any more (an unbind, the alias moved to
-	// another plugin) is closed: its lock held until the process ended,
-	// so clawmesh spool drop was refused for an alias no longer bound,
-	// and the spool's folder stayed, empty, until a restart.
-	inUse := make(map[spoolKey]bool, len(bd.bound))
-	for alias, b := range bd.bound {
-		inUse[spoolKey{alias, b.cfg.Plugin}] = true
-	}
-	bd.s.closeSpoolsBut(inUse)
 }
 
 // close stops every binding: the sandbox stops. A binding with a spool
@@ -437,9 +428,32 @@ func (b *binding) stop() {
 // away a message is answered 503, to retry, neither taken on a token
 // that may have been rotated nor refused on one that may be new).
 func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
-	ok, err := b.authorized(r)
-	if r.Context().Err() != nil {
-		// The sender left while its token waited: no one to answer.
+	// The body is read while the token is checked: the server sees a
+	// sender leave only once its body was read, so one that announced a
+	// body, sent part of it and left while its token waited (for the gap
+	// between reads, or a read in flight) held its handler and one of the
+	// bounded connections until the wait ended. Its read failing ends the
+	// wait. What it reads is what the handler reads after a right token
+	// (maxInboundBody at most).
+	ctx, gone := context.WithCancel(r.Context())
+	defer gone()
+	body := readAhead(w, r.Body, gone)
+	ok, err := b.authorized(ctx, r)
+	// Whether the sender left is settled before a refusal ends the
+	// connection's reads: the deadline below also fails net/http's own
+	// read past a whole body, which cancels r.Context() as a departure
+	// does, and a refused sender still there got an empty 200.
+	left := r.Context().Err() != nil || (err != nil && ctx.Err() != nil)
+	if !ok || err != nil {
+		// Nothing more is read from a sender not taken: its read ends
+		// now, and so does the connection.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		w.Header().Set("Connection", "close")
+	}
+	<-body.done
+	if left {
+		// The sender left while its token waited (its body broke off,
+		// or it had sent it whole): no one to answer.
 		return
 	}
 	if err != nil {
@@ -462,7 +476,7 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "POST a JSON object", http.StatusMethodNotAllowed)
 		return
 	}
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInboundBody))
+	raw, err := body.raw, body.err
 	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
 		http.Error(w, fmt.Sprintf("a message is at most %d bytes", maxInboundBody), http.StatusRequestEntityTooLarge)
 		return
@@ -504,7 +518,7 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 // authorized checks the request's bearer token against the binding's;
 // an error is the binding's token that could not be read, or the
 // request's end while it waited for a read.
-func (b *binding) authorized(r *http.Request) (bool, error) {
+func (b *binding) authorized(ctx context.Context, r *http.Request) (bool, error) {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || got == "" || b.reveal == nil {
 		return false, nil
@@ -520,11 +534,43 @@ func (b *binding) authorized(r *http.Request) (bool, error) {
 	// ends its connection, and a token other than the one last read
 	// waits for a read begun wrongTokenGap after the one before: wrong
 	// tokens sent in a loop make ten reads a second at most.
-	want, err := b.tok.fresh(r.Context(), b, time.Now(), got)
+	want, err := b.tok.fresh(ctx, b, time.Now(), got)
 	if err != nil {
 		return false, fmt.Errorf("read channels.plugin.%s.token: %w", b.cfg.Alias, err)
 	}
 	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1, nil
+}
+
+// inboundBody is a request's body read beside its token's check.
+type inboundBody struct {
+	done chan struct{} // closed once raw and err are set
+	raw  []byte
+	err  error
+}
+
+// readAhead reads body (maxInboundBody at most, MaxBytesReader's error
+// past it) in a goroutine; a read that fails but for the size (the
+// sender gone, or a read ended by the handler's deadline) calls gone.
+// The handler waits for done before it answers.
+func readAhead(w http.ResponseWriter, body io.Reader, gone func()) *inboundBody {
+	in := &inboundBody{done: make(chan struct{})}
+	rd := http.MaxBytesReader(w, io.NopCloser(body), maxInboundBody)
+	go func() {
+		defer close(in.done)
+		in.raw, in.err = io.ReadAll(rd)
+		if isDeparture(in.err) {
+			gone()
+		}
+	}()
+	return in
+}
+
+// isDeparture says a body's read failed as its sender's leaving does
+// (the connection closed or reset before the body's end), not on a
+// body too large.
+func isDeparture(err error) bool {
+	tooLarge := (*http.MaxBytesError)(nil)
+	return err != nil && !errors.As(err, &tooLarge)
 }
 
 // tokenWarnEvery bounds how often a token that cannot be read is logged:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -228,5 +229,65 @@ func TestWrongTokenSenderThatLeavesFreesItsHandler(t *testing.T) {
 	code, err := send(t.Context(), chanToken, `{"id":"m1","from":"ann","text":"hello"}`)
 	if code != http.StatusAccepted {
 		t.Fatalf("the right token once the wrong one's sender left: %d %v, want 202 (the listener's one connection still taken)", code, err)
+	}
+}
+
+// A wrong token's sender that leaves mid-body: the server saw a sender
+// leave only once its body was read, and a token waiting for the gap
+// between reads reads no body, so a sender that announced a body, sent
+// part of it and left kept its handler, and one of the listener's
+// bounded connections, until the wait ended (an hour here). The body
+// is now read while the token waits, and its sender's leaving ends the
+// wait: in order, the wait begins, the sender leaves, and the right
+// token is taken on the one connection the listener serves.
+func TestWrongTokenSenderThatLeavesMidBodyFreesItsHandler(t *testing.T) {
+	waiting := make(chan struct{}, 1)
+	defer pluginsandbox.SetWrongTokenGap(time.Hour, func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	})()
+	defer pluginsandbox.SetChannelConnections(1)()
+	ts := channelServerHook(t, newFakeSessions(), "http://127.0.0.1:1/", func(c *pluginsandbox.Config) {
+		c.Reveal = func(context.Context, string) (string, error) { return chanToken, nil }
+	})
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	if code := postToken(t, web.Listen, "wrong-token-00-0123456789abcdef0123456789", "{}"); code != http.StatusUnauthorized {
+		t.Fatalf("a wrong token: %d, want 401", code)
+	}
+	conn, err := net.Dial("tcp", web.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":",
+		"wrong-token-01-0123456789abcdef0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Recv(t, waiting)
+	conn.Close()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(testwait.Bound)
+	for {
+		// Refused at the bound (503, or the refusal's early close) while
+		// the one connection is taken.
+		req, err := http.NewRequest(http.MethodPost, "http://"+web.Listen+"/", strings.NewReader(`{"id":"m1","from":"ann","text":"hello"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+chanToken)
+		resp, err := client.Do(req)
+		code := 0
+		if err == nil {
+			resp.Body.Close()
+			code = resp.StatusCode
+		}
+		if code == http.StatusAccepted {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the right token once the wrong one's sender left mid-body: %d %v, want 202 (the listener's one connection still taken)", code, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
