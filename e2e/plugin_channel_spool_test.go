@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
@@ -288,8 +289,11 @@ func TestSpoolDropOfAPluginNeverBoundAgain(t *testing.T) {
 	// replica's any more: the sandbox held its lock until it stopped,
 	// and drop was refused for an alias nothing bound.
 	v.call("config/set", map[string]any{"prop": "plugins.enabled", "value": false})
-	waitFor(t, "spool drop of the alias once unbound", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
 		out, err := clawmesh(t, s, "spool", "drop", "web")
-		return err == nil && strings.Contains(out, "dropped 0 kept channel messages")
+		if err == nil && strings.Contains(out, "dropped 0 kept channel messages") {
+			return nil
+		}
+		return fmt.Errorf("spool drop of the alias once unbound: %v: %s", err, out)
 	})
 }

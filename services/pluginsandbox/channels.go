@@ -219,6 +219,15 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 			b.log.Warn("channel binding failed", zap.String("reason", reason))
 		}
 	}
+	// A spool no binding uses any more (an unbind, the alias moved to
+	// another plugin) is closed: its lock held until the process ended,
+	// so clawmesh spool drop was refused for an alias no longer bound,
+	// and the spool's folder stayed, empty, until a restart.
+	inUse := make(map[spoolKey]bool, len(bd.bound))
+	for alias, b := range bd.bound {
+		inUse[spoolKey{alias, b.cfg.Plugin}] = true
+	}
+	bd.s.closeSpoolsBut(inUse)
 }
 
 // close stops every binding: the sandbox stops. A binding with a spool
