@@ -134,20 +134,7 @@ func (s *streamer) run(stop <-chan struct{}, wg *sync.WaitGroup) {
 			}
 			kinds := updateKinds{}
 			var text strings.Builder
-			c.OnFrame = func(f *e2e.Frame, _ []byte) {
-				if f.Method != "session/update" {
-					return
-				}
-				var p struct {
-					Type string `json:"type"`
-					Text string `json:"text"`
-				}
-				_ = json.Unmarshal(f.Params, &p)
-				kinds[p.Type]++
-				if p.Type == "agent_message_chunk" {
-					text.WriteString(p.Text)
-				}
-			}
+			onUpdateTexts(c, kinds, &text)
 			raw, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": fmt.Sprintf("/stamp %d 10", s.chunks)})
 			r := streamedTurn{at: time.Now(), chunks: kinds["agent_message_chunk"], completes: kinds["turn_complete"], err: err}
 			if err == nil {
