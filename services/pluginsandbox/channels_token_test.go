@@ -256,18 +256,46 @@ func TestWrongTokenSenderThatLeavesMidBodyFreesItsHandler(t *testing.T) {
 	if code := postToken(t, web.Listen, "wrong-token-00-0123456789abcdef0123456789", "{}"); code != http.StatusUnauthorized {
 		t.Fatalf("a wrong token: %d, want 401", code)
 	}
-	conn, err := net.Dial("tcp", web.Listen)
-	if err != nil {
-		t.Fatal(err)
+	// The first request's 401 reaches the client before the server has
+	// closed its connection and given its one slot back: a connection
+	// made in between is refused at the bound (503 and closed), and its
+	// request never reaches the token's wait. It is made again until
+	// one does.
+	var conn net.Conn
+	deadline := time.Now().Add(testwait.Bound)
+	for conn == nil {
+		c, err := net.Dial("tcp", web.Listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":",
+			"wrong-token-01-0123456789abcdef0123456789"); err != nil {
+			t.Fatal(err)
+		}
+		refused := make(chan string, 1)
+		go func() {
+			// A request that waits reads nothing; a refused one reads
+			// the 503 and its connection's end.
+			b, _ := io.ReadAll(c)
+			refused <- string(b)
+		}()
+		select {
+		case <-waiting:
+			conn = c
+		case got := <-refused:
+			c.Close()
+			if !strings.Contains(got, " 503 ") || time.Now().After(deadline) {
+				t.Fatalf("the wrong token sent mid-body was answered %q, want it to wait for the next read", got)
+			}
+			t.Logf("refused at the bound, made again: %q", got)
+			time.Sleep(20 * time.Millisecond)
+		case <-time.After(testwait.Bound):
+			t.Fatal("the wrong token sent mid-body neither waited nor was refused")
+		}
 	}
-	if _, err := fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":",
-		"wrong-token-01-0123456789abcdef0123456789"); err != nil {
-		t.Fatal(err)
-	}
-	testwait.Recv(t, waiting)
 	conn.Close()
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(testwait.Bound)
+	deadline = time.Now().Add(testwait.Bound)
 	for {
 		// Refused at the bound (503, or the refusal's early close) while
 		// the one connection is taken.
