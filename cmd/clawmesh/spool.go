@@ -231,7 +231,10 @@ func dropSpool(dir, alias, plugin string) (n int, size int64, err error) {
 		}
 	}
 	// Emptied folders go; one a replica just made stays (not empty).
+	// The at-the-bound mark goes with the messages it was about: no
+	// replica held them, so none refuses for them now.
 	for _, p := range pluginDirs {
+		_ = os.Remove(filepath.Join(p, spoolFullMark))
 		_ = os.Remove(p)
 	}
 	_ = os.Remove(aliasDir)

@@ -137,3 +137,38 @@ func TestSpoolLinesWarnPastTheBound(t *testing.T) {
 		t.Fatalf("summary %q", s)
 	}
 }
+
+// A spool that refuses new messages for its bound (the sandbox's mark in
+// the plugin's folder) says so in status, spool list and health; a mark
+// that is a link is not followed; drop takes the mark with the messages.
+func TestSpoolLinesSayAtTheBound(t *testing.T) {
+	dir := t.TempDir()
+	web := hex.EncodeToString([]byte("web"))
+	p := func(name string) string { return "p-" + hex.EncodeToString([]byte(name)) }
+	spoolOwner(t, dir, []string{`{"text":"a"}`}, web, p("webhook"), "r-1")
+	spoolOwner(t, dir, []string{`{"text":"b"}`}, web, p("other"), "r-2")
+	full := filepath.Join(datadir.ChannelSpool(dir), web, p("webhook"), spoolFullMark)
+	since := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	if err := os.WriteFile(full, []byte(`{"bound_bytes":1048576,"since":"`+since+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Another plugin's mark is a link to a mark: not read.
+	if err := os.Symlink(full, filepath.Join(datadir.ChannelSpool(dir), web, p("other"), spoolFullMark)); err != nil {
+		t.Fatal(err)
+	}
+	waits, truncated := spoolWaiting(dir)
+	lines := spoolLines(waits, truncated, time.Now())
+	if len(lines) != 2 || !strings.Contains(lines[1], "AT ITS BOUND (1.0 MiB, channels.plugin.web.spool_max_mb)") ||
+		!strings.Contains(lines[1], "refused (503)") || strings.Contains(lines[0], "AT ITS BOUND") {
+		t.Fatalf("lines %q", lines)
+	}
+	if s := spoolSummary(waits, truncated); !strings.Contains(s, "1 AT THEIR BOUND") {
+		t.Fatalf("summary %q", s)
+	}
+	if err := spoolDropCmd([]string{"web", "--config-dir", dir}, os.Stderr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(datadir.ChannelSpool(dir), web)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the alias's folder after drop: %v, want it gone with the mark", err)
+	}
+}

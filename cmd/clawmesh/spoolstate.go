@@ -2,12 +2,16 @@ package main
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/datadir"
@@ -35,6 +39,44 @@ type spoolWait struct {
 	messages      int
 	bytes         int64
 	oldest        time.Time
+	// atBound is the bound (bytes) of a spool that refuses new messages
+	// for it since fullSince (the sandbox's mark, spoolFullMark); 0
+	// for one that takes them.
+	atBound   int64
+	fullSince time.Time
+}
+
+// spoolFullMark is the file a sandbox keeps in a plugin's folder while
+// the spool refuses new messages for its bound (channels.plugin.<alias>.
+// spool_max_mb; services/pluginsandbox/channel_spool.go): status cannot
+// tell it from the bytes, which count each message in whole blocks and
+// every replica together, and the bound is a setting of the config
+// service, which spool list runs without.
+const spoolFullMark = "full"
+
+// maxFullMark bounds the mark's read.
+const maxFullMark = 1024
+
+// readFullMark reads plugin folder dir's mark, never through a link;
+// ok is false without one.
+func readFullMark(dir string) (bound int64, since time.Time, ok bool) {
+	f, err := os.OpenFile(filepath.Join(dir, spoolFullMark), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return 0, time.Time{}, false
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return 0, time.Time{}, false
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, maxFullMark))
+	var m struct {
+		BoundBytes int64     `json:"bound_bytes"`
+		Since      time.Time `json:"since"`
+	}
+	if err != nil || json.Unmarshal(raw, &m) != nil || m.BoundBytes <= 0 {
+		return 0, time.Time{}, false
+	}
+	return m.BoundBytes, m.Since, true
 }
 
 // spoolWaiting scans the spool of the data directory dir. truncated is
@@ -78,6 +120,11 @@ func spoolWaiting(dir string) (waits []spoolWait, truncated bool) {
 				owners = list(base)
 			}
 			w := spoolWait{alias: string(alias), plugin: plugin}
+			if plugin != oldLayoutPlugin {
+				if bound, since, ok := readFullMark(base); ok {
+					w.atBound, w.fullSince = bound, since
+				}
+			}
 			for _, o := range owners {
 				if !o.IsDir() {
 					continue
@@ -133,6 +180,10 @@ func spoolLines(waits []spoolWait, truncated bool, now time.Time) []string {
 			line += fmt.Sprintf("  WAITING past %s or %s: bind %s to %q again to deliver them, or drop them: %s",
 				spoolWarnAge, byteCount(spoolWarnBytes), w.plugin, w.alias, dropCommand(w))
 		}
+		if w.atBound > 0 {
+			line += fmt.Sprintf("  AT ITS BOUND (%s, channels.plugin.%s.spool_max_mb) for %s: new messages refused (503) until some are delivered",
+				byteCount(w.atBound), w.alias, ago(now, w.fullSince))
+		}
 		out = append(out, line)
 	}
 	if truncated {
@@ -170,7 +221,7 @@ func spoolSummary(waits []spoolWait, truncated bool) string {
 	if len(waits) == 0 && !truncated {
 		return ""
 	}
-	n, size, oldest, late := 0, int64(0), time.Time{}, false
+	n, size, oldest, late, full := 0, int64(0), time.Time{}, false, 0
 	now := time.Now()
 	for _, w := range waits {
 		n += w.messages
@@ -179,6 +230,9 @@ func spoolSummary(waits []spoolWait, truncated bool) string {
 			oldest = w.oldest
 		}
 		late = late || now.Sub(w.oldest) > spoolWarnAge || w.bytes > spoolWarnBytes
+		if w.atBound > 0 {
+			full++
+		}
 	}
 	line := fmt.Sprintf("channel spool: %d messages kept, not delivered yet (%s)", n, byteCount(size))
 	if !oldest.IsZero() {
@@ -189,6 +243,9 @@ func spoolSummary(waits []spoolWait, truncated bool) string {
 	}
 	if late {
 		line += "; some WAITING past " + spoolWarnAge.String() + " or " + byteCount(spoolWarnBytes)
+	}
+	if full > 0 {
+		line += fmt.Sprintf("; %d AT THEIR BOUND, refusing new messages (503)", full)
 	}
 	return line + " (clawmesh spool list)"
 }

@@ -148,6 +148,8 @@ var Properties = []Property{
 	{Path: "channels.plugin.*.agent", Type: String, Default: "default", Ref: "agents", Doc: "agent that answers the channel's messages"},
 	{Path: "channels.plugin.*.max_sessions", Type: Integer, Default: 256, Min: f(8), Max: f(512),
 		Doc: "conversations of the channel kept open in the session service, all sandbox replicas together; past it the least recently active idle one is closed (its history kept: its next message reopens it), so that the channel's senders never take the operator's own open sessions (1000 a principal)"},
+	{Path: "channels.plugin.*.spool_max_mb", Type: Integer, Default: 64, Min: f(1), Max: f(1 << 20),
+		Doc: "MiB of the channel's accepted and not yet delivered messages kept on disk (its spool), all sandbox replicas together, each message counted in whole 4 KiB blocks; past it a new message is refused (503, Retry-After) before it is taken, until delivery brings the spool below it"},
 	{Path: "channels.plugin.*.token", Type: String, Default: "", Secret: true, Pattern: durableToken,
 		Doc: "bearer token the host listener requires of every message (at least 32 printable ASCII bytes); without one the listener refuses everything, since any local account can reach a loopback port"},
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -72,6 +73,23 @@ import (
 // (cmd/clawmesh/spoolstate.go), and clawmesh spool drop removes it under
 // each owner's lock, as adopt takes it, never while a replica holds one.
 //
+// Disk bound: channels.plugin.<alias>.spool_max_mb (64 MiB by default)
+// over the plugin's folder under the alias, every owner's messages
+// together (the dead ones', which a restart finds on disk, too), each
+// counted in whole 4 KiB blocks so that small messages cannot take more
+// disk than they are counted for. A message that would pass it is refused
+// (503, Retry-After) before it is written, so nothing answered 202 is
+// dropped to keep the bound: the spool takes messages again once delivery
+// brings it below. Without it a sender holding the channel's token, with
+// a replica that died (or rebinds) again and again, or a plugin never
+// bound again, could fill the disk 32 MiB a time. This process's own
+// messages are counted exactly, the other owners' as of the last look (at
+// open, then every adoptEvery): replicas that take messages at once may
+// pass the bound by what the others took since their last look, until
+// each has looked again. Not bounded together over aliases: the
+// operator's own settings (aliases, plugins bound under them, each one's
+// bound) bound the sum, and a token reaches one alias.
+//
 // The host id is the one the message is delivered with when its plugin
 // gives it none (wasmhost.ChannelMessage.ID empty): given at the 202 and
 // kept in the name, so that a message delivered again from the spool has
@@ -89,6 +107,17 @@ type channelSpool struct {
 	// (or of the old layout) left under its alias: once per process.
 	strayed atomic.Bool
 
+	// ownCost is what this process's folder holds, counted as the bound
+	// counts (spoolCost): written, adopted, not yet dropped. otherCost is
+	// what the plugin's other owner folders held at the last look.
+	ownCost, otherCost atomic.Int64
+	// full is set once a message was refused for the bound, until one
+	// is taken or the spool drains below it; refused is that message's
+	// cost. While set, the plugin's folder holds spoolFullMark, which
+	// status reads.
+	full    atomic.Bool
+	refused atomic.Int64
+
 	mu sync.Mutex
 	// held are the files of the messages the plugin turned the queued
 	// ones into, until each is done with. Bounded as the messages are
@@ -104,6 +133,30 @@ const spoolExt = ".msg"
 
 // spoolPluginPrefix begins the name of a plugin's folder under an alias.
 const spoolPluginPrefix = "p-"
+
+// spoolFullMark, in a plugin's folder under an alias, says that the
+// spool refuses new messages for its bound: JSON, spoolFull. Status and
+// health read it (cmd/clawmesh/spoolstate.go).
+const spoolFullMark = "full"
+
+// spoolFull is spoolFullMark's content.
+type spoolFull struct {
+	BoundBytes int64     `json:"bound_bytes"`
+	Since      time.Time `json:"since"`
+}
+
+// spoolBlock is the unit a kept message is counted in: a file takes at
+// least a block of most file systems, so 64 MiB of 100-byte messages
+// would take 2.6 GiB of disk counted by their bytes.
+const spoolBlock = 4096
+
+// spoolCost is what a kept message of n bytes counts towards the bound.
+func spoolCost(n int64) int64 {
+	return max(spoolBlock, (n+spoolBlock-1)&^(spoolBlock-1))
+}
+
+// errSpoolFull: a message would take the spool past its bound.
+var errSpoolFull = errors.New("channel spool: at its bound")
 
 // openSpool makes this process's folder under root for alias, bound to
 // plugin, and locks it.
@@ -127,23 +180,127 @@ func openSpool(root, alias, plugin string, log *zap.Logger) (*channelSpool, erro
 		_ = os.RemoveAll(own)
 		return nil, fmt.Errorf("channel spool: lock %s: %w", own, err)
 	}
-	return &channelSpool{alias: aliasDir, dir: dir, own: own, lock: f, log: log, held: map[*wasmhost.ChannelMessage][]string{}}, nil
+	sp := &channelSpool{alias: aliasDir, dir: dir, own: own, lock: f, log: log, held: map[*wasmhost.ChannelMessage][]string{}}
+	// What the replicas before this one left counts from the first
+	// message: a restart began at zero and took another bound's worth.
+	sp.otherCost.Store(sp.othersCost())
+	return sp, nil
+}
+
+// othersCost is what the plugin's folders of the other owners hold (their
+// regular message files, never through a link).
+func (sp *channelSpool) othersCost() int64 {
+	owners, err := os.ReadDir(sp.dir)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, o := range owners {
+		path := filepath.Join(sp.dir, o.Name())
+		if !o.IsDir() || path == sp.own {
+			continue
+		}
+		msgs, err := os.ReadDir(path)
+		if err != nil {
+			continue
+		}
+		for _, m := range msgs {
+			if !m.Type().IsRegular() || !strings.HasSuffix(m.Name(), spoolExt) {
+				continue
+			}
+			if fi, err := m.Info(); err == nil {
+				n += spoolCost(fi.Size())
+			}
+		}
+	}
+	return n
 }
 
 // spoolSeqLen is the length of a kept message's sequence number.
 const spoolSeqLen = 20
 
 // write keeps raw, with a host id of its own (hostIDOf), and returns its
-// file, the tag its queue entry carries. A nil spool keeps nothing.
-func (sp *channelSpool) write(raw []byte) (string, error) {
+// file, the tag its queue entry carries; errSpoolFull when it would take
+// the spool past bound bytes, before anything is written. A nil spool
+// keeps nothing.
+func (sp *channelSpool) write(raw []byte, bound int64) (string, error) {
 	if sp == nil {
 		return "", nil
 	}
+	cost := spoolCost(int64(len(raw)))
+	if !sp.reserve(cost, bound) {
+		sp.refused.Store(cost)
+		if !sp.full.Swap(true) {
+			sp.markFull(bound)
+		}
+		return "", errSpoolFull
+	}
+	if sp.full.Swap(false) {
+		sp.unmarkFull()
+	}
 	path := filepath.Join(sp.own, fmt.Sprintf("%0*d-%s%s", spoolSeqLen, sp.seq.Add(1), ids.New(hostIDPrefix), spoolExt))
 	if _, err := atomicfile.Create(path, raw, 0o600); err != nil {
+		sp.ownCost.Add(-cost)
 		return "", fmt.Errorf("channel spool: keep a message: %w", err)
 	}
 	return path, nil
+}
+
+// reserve counts cost in own if the spool stays within bound with it.
+func (sp *channelSpool) reserve(cost, bound int64) bool {
+	for {
+		cur := sp.ownCost.Load()
+		if cur+sp.otherCost.Load()+cost > bound {
+			return false
+		}
+		if sp.ownCost.CompareAndSwap(cur, cur+cost) {
+			return true
+		}
+	}
+}
+
+// used is what the spool holds, as the bound counts it.
+func (sp *channelSpool) used() int64 { return sp.ownCost.Load() + sp.otherCost.Load() }
+
+// markFull writes spoolFullMark (a failure is logged: the refusal
+// stands, status only misses it).
+func (sp *channelSpool) markFull(bound int64) {
+	raw, _ := json.Marshal(spoolFull{BoundBytes: bound, Since: time.Now().UTC()})
+	if _, err := atomicfile.Create(filepath.Join(sp.dir, spoolFullMark), raw, 0o600); err != nil {
+		sp.log.Warn("channel spool: its at-the-bound mark not written", zap.Error(err))
+	}
+	sp.log.Warn("channel spool at its bound: new messages refused (503) until delivery brings it below",
+		zap.Int64("bound_bytes", bound), zap.Int64("kept_bytes", sp.used()))
+}
+
+// unmarkFull removes spoolFullMark.
+func (sp *channelSpool) unmarkFull() {
+	if err := os.Remove(filepath.Join(sp.dir, spoolFullMark)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		sp.log.Warn("channel spool: its at-the-bound mark not removed", zap.Error(err))
+	}
+}
+
+// settle looks again at the other owners' folders and, at a spool that
+// refused for bound, whether the refused message would fit now: drained
+// below the bound without a new message, status said it was at its bound
+// for good. The mark is the plugin's, shared by its replicas: one not at
+// the bound removes it and one at the bound writes it back, so that with
+// replicas that disagree near the bound it shows what the last look saw.
+func (sp *channelSpool) settle(bound int64) {
+	if sp == nil {
+		return
+	}
+	sp.otherCost.Store(sp.othersCost())
+	if sp.full.Load() && sp.used()+sp.refused.Load() <= bound {
+		sp.full.Store(false)
+	}
+	if !sp.full.Load() {
+		sp.unmarkFull()
+		return
+	}
+	if _, err := os.Lstat(filepath.Join(sp.dir, spoolFullMark)); errors.Is(err, fs.ErrNotExist) {
+		sp.markFull(bound)
+	}
 }
 
 // drop forgets the messages kept in files.
@@ -155,10 +312,16 @@ func (sp *channelSpool) drop(files ...string) {
 		if f == "" {
 			continue
 		}
-		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		fi, err := os.Lstat(f)
+		if err != nil {
+			continue // gone: it was counted out when it went
+		}
+		if err := os.Remove(f); err != nil {
 			// Kept, it is delivered again once this process is gone.
 			sp.log.Warn("channel spool: a delivered message's file not removed", zap.Error(err))
+			continue
 		}
+		sp.ownCost.Add(-spoolCost(fi.Size()))
 	}
 }
 
@@ -298,9 +461,14 @@ func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int,
 			sp.log.Warn("channel spool: a dead replica's message not taken over", zap.Error(err))
 			continue
 		}
+		// Moved, not added: it leaves others at the next look.
+		cost := spoolCost(int64(len(raw)))
+		sp.ownCost.Add(cost)
 		if err := q.PushTagged(json.RawMessage(raw), to); err != nil {
 			if errors.Is(err, wasmhost.ErrInboundFull) {
-				_ = os.Rename(to, from)
+				if os.Rename(to, from) == nil {
+					sp.ownCost.Add(-cost)
+				}
 				return n, true
 			}
 			// Not a JSON object: the listener never queued such.
@@ -434,6 +602,11 @@ func (sp *channelSpool) close() {
 	}
 	if empty {
 		_ = os.RemoveAll(sp.own)
+	}
+	if sp.full.Load() {
+		// No binding refuses anything here any more; the next one
+		// counts afresh.
+		sp.unmarkFull()
 	}
 	sp.lock.Close()
 }

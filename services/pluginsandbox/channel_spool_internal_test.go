@@ -29,10 +29,10 @@ func TestChannelSpoolAdoptsOnlyTheDeadOwners(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range []string{`{"id":"1"}`, `{"id":"2"}`, `{"id":"3"}`} {
-		if _, err := live.write([]byte(m)); err != nil {
+		if _, err := live.write([]byte(m), DefaultSpoolMaxMB<<20); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := dead.write([]byte(m)); err != nil {
+		if _, err := dead.write([]byte(m), DefaultSpoolMaxMB<<20); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -82,7 +82,7 @@ func TestChannelSpoolAdoptsOnlyItsPluginsMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dead.write([]byte(`{"id":"1","text":"for the webhook plugin"}`)); err != nil {
+	if _, err := dead.write([]byte(`{"id":"1","text":"for the webhook plugin"}`), DefaultSpoolMaxMB<<20); err != nil {
 		t.Fatal(err)
 	}
 	dead.lock.Close() // the replica died
@@ -119,7 +119,7 @@ func TestChannelSpoolKeepsTheHostID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	file, err := dead.write([]byte(`{"text":"no id"}`))
+	file, err := dead.write([]byte(`{"text":"no id"}`), DefaultSpoolMaxMB<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func BenchmarkChannelSpoolWrite(b *testing.B) {
 	defer sp.close()
 	msg := []byte(`{"id":"m1","from":"ann","text":"hello from the channel","thread":"t-1"}`)
 	for b.Loop() {
-		f, err := sp.write(msg)
+		f, err := sp.write(msg, 1<<40)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -503,7 +503,16 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	}
 	// On disk before the 202: a replica that dies holding the message
 	// leaves it to the next one (channel_spool.go).
-	kept, err := b.spool.write(raw)
+	kept, err := b.spool.write(raw, b.cfg.spoolMaxBytes())
+	if errors.Is(err, errSpoolFull) {
+		// Refused before it is taken: what was answered 202 is never
+		// dropped to make room. Delivery drains the spool at the pace
+		// of turns, seconds a message, hence the longer wait.
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, fmt.Sprintf("the channel's spool of messages accepted and not delivered yet is at its bound, %s (channels.plugin.%s.spool_max_mb): it takes new messages again once it has delivered some; retry later",
+			mib(b.cfg.spoolMaxBytes()), b.cfg.Alias), http.StatusServiceUnavailable)
+		return
+	}
 	if err != nil {
 		b.log.Warn("channel message refused: not kept", zap.Error(err))
 		w.Header().Set("Retry-After", "5")
@@ -523,6 +532,9 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write([]byte(`{"queued":true}` + "\n"))
 }
+
+// mib is n bytes in MiB, as spool_max_mb sets it.
+func mib(n int64) string { return strconv.FormatInt(n>>20, 10) + " MiB" }
 
 // authorized checks the request's bearer token against the binding's;
 // an error is the binding's token that could not be read, or the
@@ -739,6 +751,7 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 		if time.Since(adopted) >= adoptEvery {
 			adopted = time.Now()
 			b.spool.adopt(b.inbound)
+			b.spool.settle(b.cfg.spoolMaxBytes())
 		}
 		select {
 		case <-ctx.Done():

@@ -38,6 +38,28 @@ type ChannelBinding struct {
 	// conversations kept open in the session service, which holds it
 	// (DefaultMaxSessions); 0 is DefaultMaxSessions.
 	MaxSessions int
+	// SpoolMaxMB is channels.plugin.<alias>.spool_max_mb: the MiB of
+	// accepted, undelivered messages the alias's spool for its plugin
+	// keeps on disk before it refuses new ones (channel_spool.go); 0 is
+	// DefaultSpoolMaxMB.
+	SpoolMaxMB int64
+}
+
+// DefaultSpoolMaxMB is channels.plugin.<alias>.spool_max_mb's default
+// (internal/configschema). One live replica holds at most 32 MiB of an
+// alias's messages (16 MiB queued, as much again polled), so 64 MiB is
+// two replicas' worth, or one replica and what a dead one left; it is
+// also the size past which status has marked a spool WAITING since the
+// fifty-eighth round.
+const DefaultSpoolMaxMB = 64
+
+// spoolMaxBytes is b's spool bound in bytes.
+func (b ChannelBinding) spoolMaxBytes() int64 {
+	n := b.SpoolMaxMB
+	if n <= 0 {
+		n = DefaultSpoolMaxMB
+	}
+	return n << 20
 }
 
 // maxSessions is b's bound of open conversations, at least
@@ -76,7 +98,8 @@ func LiveFrom(snap configclient.Snapshot) (Live, error) {
 			l.Channels = map[string]ChannelBinding{}
 		}
 		l.Channels[alias] = ChannelBinding{Alias: alias, Plugin: snap.String(at + "plugin"),
-			Listen: snap.String(at + "listen"), Agent: snap.String(at + "agent"), MaxSessions: int(snap.Int(at + "max_sessions"))}
+			Listen: snap.String(at + "listen"), Agent: snap.String(at + "agent"), MaxSessions: int(snap.Int(at + "max_sessions")),
+			SpoolMaxMB: snap.Int(at + "spool_max_mb")}
 	}
 	return l, nil
 }
