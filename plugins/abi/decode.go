@@ -3,7 +3,9 @@ package abi
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
 )
@@ -65,6 +67,87 @@ func decodeEnvelopeShort(b []byte) (ToolEnvelope, bool) {
 		return ToolEnvelope{}, false
 	}
 	return ToolEnvelope{Ok: &r}, true
+}
+
+// DecodeToolEnvelopeCut is DecodeToolEnvelope whose ok output, when it
+// is longer than limit bytes (limit above zero), is cut to its start of at
+// most limit bytes at a character boundary, as tooloutput.Start cuts it;
+// total is then the whole output's size, else zero. FuzzDecodeToolEnvelopeCut
+// holds it to DecodeToolEnvelope.
+//
+// A tool's result may be 16 MiB, and the sandbox's caller keeps 1 MiB of
+// its output: the envelope AppendJSON writes is read here with the output
+// kept only as far as the cut needs (one byte past it, where the cut looks
+// for a character's start) and the rest measured, never written. Any other
+// shape is decoded whole and then cut.
+func DecodeToolEnvelopeCut(b []byte, limit int) (e ToolEnvelope, total int, err error) {
+	if limit > 0 {
+		var ok bool
+		if e, total, ok = decodeEnvelopeShortCut(b, limit); ok {
+			return e, total, nil
+		}
+	}
+	if e, err = DecodeToolEnvelope(b); err != nil || limit <= 0 || e.Ok == nil || len(e.Ok.Output) <= limit {
+		return e, 0, err
+	}
+	total = len(e.Ok.Output)
+	e.Ok.Output = cutAtCharacter(e.Ok.Output, limit)
+	return e, total, nil
+}
+
+// decodeEnvelopeShortCut is decodeEnvelopeShort reading the output with
+// jsonstr.UnquoteStart.
+func decodeEnvelopeShortCut(b []byte, limit int) (e ToolEnvelope, total int, ok bool) {
+	var r ToolResult
+	if b, ok = cutPrefix(b, `{"ok":{"success":`); !ok {
+		return ToolEnvelope{}, 0, false
+	}
+	switch {
+	case bytes.HasPrefix(b, []byte("true")):
+		r.Success, b = true, b[4:]
+	case bytes.HasPrefix(b, []byte("false")):
+		b = b[5:]
+	default:
+		return ToolEnvelope{}, 0, false
+	}
+	if b, ok = cutPrefix(b, `,"output":`); !ok {
+		return ToolEnvelope{}, 0, false
+	}
+	if r.Output, total, b, ok = jsonstr.UnquoteStart(b, min(limit, math.MaxInt-1)+1); !ok {
+		return ToolEnvelope{}, 0, false
+	}
+	if rest, found := cutPrefix(b, `,"error":`); found {
+		if rest, found = cutPrefix(rest, "null"); !found {
+			// Kept whole, as the error is; read so that a bad byte in it
+			// does not send the whole output to encoding/json.
+			var msg string
+			if msg, _, rest, ok = jsonstr.UnquoteStart(rest, math.MaxInt); !ok {
+				return ToolEnvelope{}, 0, false
+			}
+			r.Error = &msg
+		}
+		b = rest
+	}
+	if string(b) != "}}" {
+		return ToolEnvelope{}, 0, false
+	}
+	if total <= limit {
+		return ToolEnvelope{Ok: &r}, 0, true
+	}
+	r.Output = cutAtCharacter(r.Output, limit)
+	return ToolEnvelope{Ok: &r}, total, true
+}
+
+// cutAtCharacter is s's start of at most n bytes, backed up to a
+// character's start: tooloutput.Start, which this package (linked into
+// every Go plugin) does not import. It looks at s[n] alone past the cut,
+// so a start of n+1 bytes is cut as the whole would be.
+func cutAtCharacter(s string, n int) string {
+	cut := min(n, len(s))
+	for cut > 0 && cut < len(s) && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 func cutPrefix(b []byte, prefix string) ([]byte, bool) {

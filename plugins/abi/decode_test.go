@@ -2,9 +2,13 @@ package abi_test
 
 import (
 	"encoding/json"
+	"math"
 	"reflect"
+	"runtime"
+	"strings"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
@@ -145,4 +149,140 @@ func BenchmarkDecodeToolEnvelope(b *testing.B) {
 			b.Fatal(e, err)
 		}
 	}
+}
+
+// checkCutAsWhole fails when DecodeToolEnvelopeCut at limit and
+// DecodeToolEnvelope, whose output is then cut by tooloutput.Start,
+// disagree on b: one fails and not the other, or they read different
+// envelopes or sizes.
+func checkCutAsWhole(t *testing.T, b []byte, limit int) {
+	t.Helper()
+	want, wantErr := abi.DecodeToolEnvelope(b)
+	wantTotal := 0
+	if wantErr == nil && limit > 0 && want.Ok != nil && len(want.Ok.Output) > limit {
+		wantTotal = len(want.Ok.Output)
+		want.Ok.Output = tooloutput.Start(want.Ok.Output, limit)
+	}
+	got, total, err := abi.DecodeToolEnvelopeCut(b, limit)
+	if (err == nil) != (wantErr == nil) || (err == nil && (!reflect.DeepEqual(got, want) || total != wantTotal)) {
+		t.Fatalf("%q at %d: got %+v of %d (%v), whole and cut %+v of %d (%v)", b, limit, got, total, err, want, wantTotal, wantErr)
+	}
+}
+
+// Envelopes whose output has a character, an escape or a bad byte across
+// the cut, or a fault (a malformed escape, a control character, no end)
+// past it.
+var cutEnvelopeCases = []string{
+	`{"ok":{"success":true,"output":"aé日🙂b"}}`,
+	`{"ok":{"success":true,"output":"a\u00e9\u65e5\ud83d\ude00b","error":null}}`,
+	`{"ok":{"success":false,"output":"ab\n\"\\c","error":"why \u00e9"}}`,
+	"{\"ok\":{\"success\":true,\"output\":\"a\xffb\xc3\xa9\xc3\"}}",
+	"{\"ok\":{\"success\":true,\"output\":\"abc\",\"error\":\"bad \xff\"}}",
+	`{"ok":{"success":true,"output":"ab\ud83dxyz"}}`,
+	`{"ok":{"success":true,"output":"abcdefgh\u00"}}`,
+	`{"ok":{"success":true,"output":"abcdefgh\q"}}`,
+	"{\"ok\":{\"success\":true,\"output\":\"abcdefgh\x01\"}}",
+	`{"ok":{"success":true,"output":"abcdefgh`,
+	`{"ok":{"success":true,"output":"abcdefgh"`,
+	`{"ok":{"success":true,"output":"abcdefgh"}`,
+	`{"ok":{"success":true,"output":"abcdefgh","error":"x}}`,
+	`{"ok":{"success":true,"output":"abcdefgh","error":nul}}`,
+	`{"ok":{"output":"abcdefgh","success":true}}`,
+	`{"ok":{"success":true,"output":"abcdefgh"},"err":"both"}`,
+	`{"ok":{"success":true,"output":"abcdefgh","output":"ijklmnopq"}}`,
+	` {"ok":{"success":true,"output":"abc\u00e9defgh"}}`,
+}
+
+func TestDecodeToolEnvelopeCutAsWhole(t *testing.T) {
+	for _, c := range append(append([]string(nil), envelopeCases...), cutEnvelopeCases...) {
+		for limit := -1; limit <= 14; limit++ {
+			checkCutAsWhole(t, []byte(c), limit)
+		}
+	}
+	// An output cut inside a character ends before it; its size is the
+	// whole's, decoded.
+	e, total, err := abi.DecodeToolEnvelopeCut([]byte(`{"ok":{"success":true,"output":"ab\u00e9\ud83d\ude00"}}`), 3)
+	if err != nil || e.Ok.Output != "ab" || total != 8 {
+		t.Fatalf("read %+v of %d, %v; want \"ab\" of 8", e.Ok, total, err)
+	}
+	// A fault past the cut fails the whole envelope.
+	if _, _, err := abi.DecodeToolEnvelopeCut([]byte(`{"ok":{"success":true,"output":"`+strings.Repeat("a", 100)+`\u12"}}`), 10); err == nil {
+		t.Fatal("a malformed escape past the cut was read")
+	}
+}
+
+func FuzzDecodeToolEnvelopeCut(f *testing.F) {
+	for _, c := range append(append([]string(nil), envelopeCases...), cutEnvelopeCases...) {
+		f.Add([]byte(c), uint8(4))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, limit uint8) { checkCutAsWhole(t, b, int(limit)) })
+}
+
+// resultOf16MiB is the envelope of period repeated to just under the 16
+// MiB a guest's result may be.
+func resultOf16MiB(tb testing.TB, period string) []byte {
+	tb.Helper()
+	one := len(abi.ToolEnvelope{Ok: &abi.ToolResult{Output: period}}.AppendJSON(nil)) - len(`{"ok":{"success":false,"output":"","error":null}}`)
+	out := strings.Repeat(period, (16<<20-64)/one)
+	return abi.ToolEnvelope{Ok: &abi.ToolResult{Success: true, Output: out}}.AppendJSON(nil)
+}
+
+// A 16 MiB result read for a caller that keeps 1 MiB allocates about the
+// MiB kept: the output was unquoted whole (16 MiB, and as much again for
+// the copy the host took of it) before it was cut.
+func TestDecodeToolEnvelopeCutAllocatesWhatIsKept(t *testing.T) {
+	const limit = 1 << 20
+	for _, period := range []string{"plain text ", "a \"quoted\" line\n", "é日🙂"} {
+		env := resultOf16MiB(t, period)
+		var e abi.ToolEnvelope
+		var total int
+		var err error
+		perCall := allocatedBytes(func() { e, total, err = abi.DecodeToolEnvelopeCut(env, limit) })
+		if err != nil || len(e.Ok.Output) > limit || len(e.Ok.Output) < limit-3 || total <= limit {
+			t.Fatalf("%q: kept %d bytes of %d, %v", period, len(e.Ok.Output), total, err)
+		}
+		t.Logf("%q: a %d-byte result, %d bytes of output kept: %d bytes allocated", period, len(env), len(e.Ok.Output), perCall)
+		if perCall > 2*limit {
+			t.Errorf("%q: reading a %d-byte result to keep %d bytes allocated %d bytes", period, len(env), limit, perCall)
+		}
+	}
+}
+
+// allocatedBytes is what fn allocated on the heap, the least of three runs.
+func allocatedBytes(fn func()) uint64 {
+	least := uint64(math.MaxUint64)
+	for range 3 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		fn()
+		runtime.ReadMemStats(&after)
+		least = min(least, after.TotalAlloc-before.TotalAlloc)
+	}
+	return least
+}
+
+// BenchmarkDecodeToolEnvelopeCut reads a 16 MiB result keeping the 1 MiB
+// a session keeps (B/op is what the read allocates), against reading it
+// whole and then cutting it.
+func BenchmarkDecodeToolEnvelopeCut(b *testing.B) {
+	env := resultOf16MiB(b, "a \"quoted\" line\n")
+	b.Run("cut-as-read", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(env)))
+		for b.Loop() {
+			if _, total, err := abi.DecodeToolEnvelopeCut(env, 1<<20); err != nil || total == 0 {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("whole-then-cut", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(env)))
+		for b.Loop() {
+			e, err := abi.DecodeToolEnvelope(append([]byte(nil), env...))
+			if err != nil || len(tooloutput.Start(e.Ok.Output, 1<<20)) == 0 {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -22,7 +22,6 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
-	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -283,7 +282,7 @@ func (s *Server) ExecuteTool(ctx context.Context, req *pluginv1.ExecuteToolReque
 	start := time.Now()
 	res, err := p.tool.Execute(withPrincipal(ctx, req.GetPrincipal()), wasmhost.ToolCall{
 		CallID: req.GetToolCallId(), Principal: req.GetPrincipal().GetPrincipalId(),
-		Args: json.RawMessage(argsJSON),
+		Args: json.RawMessage(argsJSON), OutputLimit: max(int(req.GetOutputLimit()), 0),
 	})
 	took := time.Since(start)
 	log := s.cfg.Logger.With(zap.String("tool", req.GetToolName()), zap.String("plugin", p.name()),
@@ -299,13 +298,10 @@ func (s *Server) ExecuteTool(ctx context.Context, req *pluginv1.ExecuteToolReque
 	if res.Error != nil {
 		out.Error = *res.Error
 	}
-	if limit := int(req.GetOutputLimit()); limit > 0 && len(out.Output) > limit {
-		// Only what the caller shows is sent, with the whole's size: an
-		// output of up to the host's 16 MiB result crossed the socket
-		// whole to be cut at once to the 1 MiB a client sees.
-		out.OutputBytes = int64(len(out.Output))
-		out.Output = tooloutput.Start(out.Output, limit)
-	}
+	// Only what the caller shows is sent, with the whole's size: an output
+	// of up to the host's 16 MiB result crossed the socket whole to be cut
+	// at once to the 1 MiB a client sees. The host cut it as it read it.
+	out.OutputBytes = int64(res.OutputBytes)
 	return out, nil
 }
 

@@ -135,18 +135,32 @@ func (in *instance) nanosleep(ns int64) {
 // (nil outside any service frame) and returns the bytes it returns. ctx must
 // carry the call deadline (Host.callContext).
 func (in *instance) call(ctx context.Context, f *frame, export string, arg []byte, release bool) ([]byte, error) {
+	var out []byte
+	if err := in.callRead(ctx, f, export, arg, release, func(view []byte) { out = append([]byte(nil), view...) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// callRead is call handing what the export returns to read, as a view of
+// the guest's memory valid during read only: a reader that keeps part of
+// a result of up to 16 MiB copies only that part. read runs inside the
+// call (the host's Close waits for it, as the memory is then still
+// mapped), before any dealloc; what it read counts only when callRead
+// returns nil.
+func (in *instance) callRead(ctx context.Context, f *frame, export string, arg []byte, release bool, read func(view []byte)) error {
 	fn := in.callFn
 	if fn == nil || export != in.c.callExport {
 		fn = in.mod.ExportedFunction(export)
 	}
 	if fn == nil {
-		return nil, fmt.Errorf("%w: missing export %q", ErrABI, export)
+		return fmt.Errorf("%w: missing export %q", ErrABI, export)
 	}
 	if f != nil {
 		ctx = withFrame(ctx, f)
 		defer f.drop()
 	}
-	return in.invoke(ctx, f, func(ctx context.Context) ([]byte, error) {
+	_, err := in.invoke(ctx, f, func(ctx context.Context) ([]byte, error) {
 		var params []uint64
 		if arg != nil {
 			res, err := in.alloc.Call(ctx, uint64(len(arg)))
@@ -174,14 +188,15 @@ func (in *instance) call(ctx context.Context, f *frame, export string, arg []byt
 		if !ok {
 			return nil, fmt.Errorf("%w: %s returned an out-of-bounds buffer", ErrABI, export)
 		}
-		out := append([]byte(nil), view...)
+		read(view)
 		if release && size > 0 {
 			if _, err := in.dealloc.Call(ctx, uint64(ptr), uint64(size)); err != nil {
 				return nil, err
 			}
 		}
-		return out, nil
+		return nil, nil
 	})
+	return err
 }
 
 // invoke runs body under the fuel budget and the deadline in ctx, and turns

@@ -15,6 +15,10 @@ type ToolCall struct {
 	// Args is the JSON object of arguments. A caller-supplied "__config" is
 	// stripped; the host injects the validated public config there.
 	Args json.RawMessage
+	// OutputLimit, when above zero, is how many bytes of the output the
+	// caller keeps: a longer output comes back cut to at most that many
+	// bytes at a character boundary, with OutputBytes its whole size.
+	OutputLimit int
 }
 
 // ToolResult is the tool-result record. A guest's err result becomes
@@ -23,6 +27,9 @@ type ToolResult struct {
 	Success bool
 	Output  string
 	Error   *string
+	// OutputBytes is the whole output's size when Output was cut to the
+	// call's OutputLimit, else zero.
+	OutputBytes int
 	// FuelUsed is the fuel the call spent (argument copy and result read
 	// included); it is deterministic for a deterministic guest.
 	FuelUsed uint64
@@ -150,12 +157,19 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 		return ToolResult{}, err
 	}
 	defer t.h.discard(in)
-	out, err := in.call(ctx, f, abi.ExportToolExecute, argJSON, false)
-	if err != nil {
+	// The envelope is read from the guest's memory, not from a copy of
+	// it: only the output's kept start is written out.
+	var (
+		env       abi.ToolEnvelope
+		total     int
+		decodeErr error
+	)
+	if err := in.callRead(ctx, f, abi.ExportToolExecute, argJSON, false, func(view []byte) {
+		env, total, decodeErr = abi.DecodeToolEnvelopeCut(view, call.OutputLimit)
+	}); err != nil {
 		return ToolResult{}, err
 	}
-	env, err := abi.DecodeToolEnvelope(out)
-	if err != nil || (env.Ok == nil) == (env.Err == nil) {
+	if decodeErr != nil || (env.Ok == nil) == (env.Err == nil) {
 		return ToolResult{}, fmt.Errorf("%w: tool_execute returned neither ok nor err", ErrABI)
 	}
 	used := t.h.cfg.Limits.CallFuel - uint64(in.fuelLeft())
@@ -165,7 +179,7 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 	if env.Err != nil {
 		return ToolResult{Success: false, Error: env.Err, FuelUsed: used}, nil
 	}
-	return ToolResult{Success: env.Ok.Success, Output: env.Ok.Output, Error: env.Ok.Error, FuelUsed: used}, nil
+	return ToolResult{Success: env.Ok.Success, Output: env.Ok.Output, Error: env.Ok.Error, OutputBytes: total, FuelUsed: used}, nil
 }
 
 // withMetadataInstance runs fn in a new instance outside any service frame
