@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/jackc/pgx/v5"
 
@@ -71,8 +72,14 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 	if !ok || row.incarnation != req.GetIncarnation() {
 		return lost("the session is gone")
 	}
+	// Read before the ended turns: a turn that ends meanwhile is read
+	// ended.
+	running := s.runningTurn(id, req.GetIncarnation())
 	if upto == 0 {
 		upto = s.liveUpdateSeq(id, req.GetIncarnation())
+		if running != nil {
+			upto = running.seq
+		}
 		if upto == noLiveHalf {
 			upto = row.last
 		}
@@ -87,13 +94,28 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case len(turns) == 0:
-		return lost(fmt.Sprintf("no ended turn holds the updates after %d up to %d (a turn still running, or one cut mid-stream)", after, upto))
-	case len(turns) > maxResendTurns:
+	// The updates past the last ended turn's are the running turn's.
+	var tail *runningTurn
+	if n := len(turns); n == 0 || turns[n-1].endSeq != upto {
+		lastEnd := after
+		if n > 0 {
+			lastEnd = turns[n-1].endSeq
+		}
+		switch {
+		case running == nil && n == 0:
+			return lost(fmt.Sprintf("no turn holds the updates after %d up to %d (one cut mid-stream)", after, upto))
+		case running == nil || upto > running.seq:
+			return lost(fmt.Sprintf("update %d is neither a turn's end nor the running turn's", upto))
+		case running.updates == nil:
+			return lost(fmt.Sprintf("updates of turn %s, still running, after %d were missed: where its updates are is not kept (it published more than %d, or text stored otherwise than sent)",
+				running.t.id, lastEnd, maxMappedUpdates))
+		case running.from < 0 || lastEnd < running.from:
+			return lost(fmt.Sprintf("updates after %d were missed before turn %s, still running, began: they follow no turn's end", lastEnd, running.t.id))
+		}
+		tail = running
+	}
+	if n := len(turns); n > maxResendTurns || tail != nil && n+1 > maxResendTurns {
 		return lost(fmt.Sprintf("more than %d turns were missed", maxResendTurns))
-	case turns[len(turns)-1].endSeq != upto:
-		return lost(fmt.Sprintf("update %d is not a turn's end: the updates of a turn still running are not stored with their numbers", upto))
 	}
 	resp := &sessionv1.ResendResponse{UptoSeq: upto}
 	size := 0
@@ -166,7 +188,72 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 		}
 		prevEnd = t.endSeq
 	}
+	if tail == nil {
+		return resp, nil
+	}
+	// Every update the snapshot maps lives in an event added to the
+	// turn's log before it was mapped: written now, if not before.
+	if err := s.cp.write(ctx, tail.t.log, nil); err != nil {
+		return nil, fmt.Errorf("resend turn %s: %w", tail.t.id, err)
+	}
+	from := max(after, tail.from)
+	ups, missing, err := s.store.mappedUpdates(ctx, id, tail.t.id, tail.updates, from, upto)
+	switch {
+	case err != nil:
+		return nil, err
+	case ups == nil:
+		return lost(fmt.Sprintf("the events of turn %s, still running, are not stored as it published them", tail.t.id))
+	case missing > 0:
+		return lost(fmt.Sprintf("update %d of turn %s, still running, is not among those whose place it keeps", missing, tail.t.id))
+	}
+	for j, u := range ups {
+		params, err := appendUpdateParams(nil, id, u.typ, appendMembers(nil, u.f))
+		if err != nil {
+			return nil, fmt.Errorf("resend turn %s: %w", tail.t.id, err)
+		}
+		if size += len(params); size > maxResendBytes {
+			return lost(fmt.Sprintf("the updates missed pass %d bytes", maxResendBytes))
+		}
+		startedBy := ""
+		if j == 0 && after <= tail.from {
+			// The turn's first update: the gateway had none of it.
+			startedBy = tail.t.connID
+		}
+		resp.Updates = append(resp.Updates, bus.EncodeSessionUpdate(id, bus.UpdateType(u.typ), u.seq, params, startedBy))
+	}
 	return resp, nil
+}
+
+// runningTurn is Resend's snapshot of the turn running on a session: the
+// number its updates follow (-1: not known), the session's last update
+// number then, and where each update the turn had published lives (nil
+// when that is not kept whole).
+type runningTurn struct {
+	t         *turn
+	from, seq int64
+	updates   []int64
+}
+
+// runningTurn is the snapshot of the turn running on session id of
+// incarnation, nil when none is.
+func (s *Server) runningTurn(id string, incarnation int64) *runningTurn {
+	ls := s.lookupLive(id)
+	if ls == nil || ls.incarnation != incarnation {
+		return nil
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	t := ls.turn
+	if t == nil || t.ended {
+		return nil
+	}
+	t.mapMu.Lock()
+	defer t.mapMu.Unlock()
+	r := &runningTurn{t: t, from: t.seqFrom, seq: ls.lastSeq()}
+	if !t.mapOver {
+		r.updates = append([]int64{}, t.updates...)
+	}
+	return r
 }
 
 // rebuilt is one update Resend sends again: its type and params, and
@@ -358,17 +445,33 @@ func (t *turn) updateMap() []int64 {
 
 // turnUpdatesAfter rebuilds the updates of ended turn turnID numbered
 // past after, each with its number, without its turn_complete, from its
-// update map and checkpoint events: a chunk's text is cut from its
-// event's where it was published, the chunks after after in one event
-// sent as one (numbered as the last of them). nil when the map is not
-// stored or disagrees with the events (trimmed).
+// update map and checkpoint events (see mappedUpdates). nil when the map
+// is not stored or disagrees with the events (trimmed).
 func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string, after int64) ([]rebuilt, error) {
 	var m []int64
 	if err := st.db.QueryRow(ctx, "SELECT update_map FROM turns WHERE turn_id = $1", turnID).Scan(&m); err != nil {
 		return nil, fmt.Errorf("read turn update map: %w", err)
 	}
-	if m == nil || len(m)%3 != 0 {
+	if m == nil {
 		return nil, nil
+	}
+	ups, _, err := st.mappedUpdates(ctx, sessionID, turnID, m, after, math.MaxInt64)
+	return ups, err
+}
+
+// mappedUpdates rebuilds the updates of turn turnID numbered past after
+// up to upto, each with its number, from m, where the turn published
+// each (see mapUpdate), and its checkpoint events: a chunk's text is cut
+// from its event's where it was published, the chunks in (after, upto]
+// of one event sent as one (numbered as the last of them). ups is nil
+// when m disagrees with the events (trimmed); missing, when not 0, is a
+// number in the range that m does not map, past the turn's first one
+// (the numbers before a turn's first update, between the last number
+// used and a reservation a process just started read, were never
+// given).
+func (st *store) mappedUpdates(ctx context.Context, sessionID, turnID string, m []int64, after, upto int64) (ups []rebuilt, missing int64, err error) {
+	if len(m)%3 != 0 {
+		return nil, 0, nil
 	}
 	rows, err := st.db.Query(ctx, `SELECT e.seq, e.kind, e.content, e.tool_call_id, e.name, COALESCE(c.status, ''),
 		COALESCE(c.output_bytes, octet_length(e.content))
@@ -376,7 +479,7 @@ func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string,
 		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
 		WHERE e.session_id = $1 AND e.turn_id = $2`, sessionID, turnID)
 	if err != nil {
-		return nil, fmt.Errorf("read turn events: %w", err)
+		return nil, 0, fmt.Errorf("read turn events: %w", err)
 	}
 	events := map[int64]storedEvent{}
 	var (
@@ -388,16 +491,33 @@ func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string,
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read turn events: %w", err)
+		return nil, 0, fmt.Errorf("read turn events: %w", err)
 	}
 	out := []rebuilt{}
 	ends := map[int64]int{} // where each event's text sent so far ends
 	lastEvent := int64(-1)
+	// want is the number the next update must take: after's next once
+	// the turn has one at or before after, the one past the last in the
+	// range; 0 before the turn's first.
+	want := int64(0)
 	for i := 0; i < len(m); i += 3 {
 		useq, ev, end := m[i], m[i+1], m[i+2]
+		if useq > upto {
+			break
+		}
+		switch {
+		case useq == 0:
+		case useq <= after:
+			want = after + 1
+		default:
+			if want != 0 && useq != want && missing == 0 {
+				missing = want
+			}
+			want = useq + 1
+		}
 		e, ok := events[ev]
 		if !ok {
-			return nil, nil
+			return nil, 0, nil
 		}
 		if end < 0 {
 			if useq > after {
@@ -409,7 +529,7 @@ func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string,
 		}
 		start := ends[ev]
 		if end < int64(start) || end > int64(len(e.content)) {
-			return nil, nil
+			return nil, 0, nil
 		}
 		ends[ev] = int(end)
 		if useq <= after {
@@ -427,5 +547,19 @@ func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string,
 		u.seq = useq
 		out, lastEvent = append(out, u), ev
 	}
-	return out, nil
+	if missing == 0 && upto != math.MaxInt64 && want <= upto {
+		missing = max(want, after+1)
+	}
+	return out, missing, nil
+}
+
+// publishMapped publishes an update of t's that lives in checkpoint
+// event event (end as mapUpdate takes it) and maps it, as one step for
+// Resend (see turn.mapMu).
+func (t *turn) publishMapped(s *Server, typ string, f fields, event int64, end int) int64 {
+	t.mapMu.Lock()
+	defer t.mapMu.Unlock()
+	seq := s.publish(t.ls, typ, f)
+	t.mapUpdate(seq, event, end)
+	return seq
 }

@@ -78,6 +78,8 @@ func sameTurn(t *testing.T, live, resent []update) {
 				kinds = append(kinds, fmt.Sprintf("%s %s %s %s %v %s", u.Type, u.str("tool_call_id"), u.str("name"), in, u.Params["output_bytes"], u.str("raw_output")))
 			case UpdateTurnComplete:
 				kinds = append(kinds, fmt.Sprintf("%s %s %s %q", u.Type, u.str("turn_id"), u.str("outcome"), u.str("content")))
+			case UpdateApprovalRequest, UpdateHistoryTrimmed:
+				kinds = append(kinds, fmt.Sprintf("%d %s %v", u.Seq, u.Type, u.Params))
 			default:
 				kinds = append(kinds, u.Type)
 			}
@@ -352,5 +354,66 @@ func TestResendFillsAHoleMidTurn(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A gateway that missed updates of a turn still running (its bus link
+// back before the turn's end) is sent them, wherever the hole starts,
+// with the numbers they were published with: the text it missed and no
+// more, the tool call and result it missed, up to the last update
+// published (or the number it asks up to). Before, every such hole was a
+// loss ("no ended turn holds the updates ... a turn still running").
+func TestResendFillsAHoleInARunningTurn(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	first := liveTurn(h, rec, id, "/say zero")
+	prev := first[len(first)-1].Seq
+	ctx, cancel := context.WithCancel(context.Background())
+	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id,
+		Prompt: "/say one two\n/sleep 200\n/say three four\n" + `/tool echo {"text":"hi"}` + "\n/say five six\n/sleep 60000\n/say seven"})
+	var live []update
+	for text := ""; !strings.HasSuffix(text, "five six"); {
+		u := rec.next()
+		live = append(live, u)
+		if u.Type == UpdateMessageChunk {
+			text += u.str("text")
+		}
+	}
+	last := live[len(live)-1].Seq
+	missedAfter := func(after, upto int64) []update {
+		var missed []update
+		for _, u := range live {
+			if u.Seq > after && u.Seq <= upto {
+				missed = append(missed, u)
+			}
+		}
+		return missed
+	}
+	for after := prev; after < last; after++ {
+		resp, us := h.resend(id, after, 0)
+		if resp.GetLost() != "" || resp.GetUptoSeq() != last {
+			t.Fatalf("resend after %d, in the running turn: lost %q, upto %d, want %d", after, resp.GetLost(), resp.GetUptoSeq(), last)
+		}
+		sameTurn(t, missedAfter(after, last), us)
+		for _, u := range us {
+			for _, l := range live {
+				if (u.Type == UpdateToolCall || u.Type == UpdateToolResult) && l.Type == u.Type && l.Seq != u.Seq {
+					t.Fatalf("resent %s numbered %d, published as %d", u.Type, u.Seq, l.Seq)
+				}
+			}
+		}
+	}
+	// Up to a number the gateway names, within the turn.
+	for upto := prev + 1; upto <= last; upto++ {
+		resp, us := h.resend(id, prev, upto)
+		if resp.GetLost() != "" || resp.GetUptoSeq() != upto {
+			t.Fatalf("resend after %d up to %d, in the running turn: lost %q, upto %d", prev, upto, resp.GetLost(), resp.GetUptoSeq())
+		}
+		sameTurn(t, missedAfter(prev, upto), us)
+	}
+	cancel()
+	if r := testwait.Recv(t, res); r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] && r.err == nil {
+		t.Fatalf("the turn, its caller gone: %v", r.resp)
 	}
 }

@@ -169,6 +169,7 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	t.ctx, t.cancel = context.WithCancelCause(s.base)
 	t.userSeq = next - 1
 	t.log = s.cp.open(ls.id, t.id, t.surface, next)
+	t.seqFrom = ls.lastSeq()
 	ls.turn = t
 	started = true
 	s.publishTurnStarted(ls, t.connID)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -197,9 +198,15 @@ type turn struct {
 	// updates is where each update the turn published lives in its
 	// checkpoint events (see migration 0016), at most
 	// maxMappedUpdates; mapOver is set past it. Only the turn's
-	// goroutine uses them.
+	// goroutine changes them, holding mapMu from an update's publish to
+	// its mapping, so that Resend, which reads them under mapMu, finds
+	// every update the turn published mapped. seqFrom is the session's
+	// last update number when the turn was admitted (-1: not known): the
+	// turn's updates are numbered past it.
+	mapMu   sync.Mutex
 	updates []int64
 	mapOver bool
+	seqFrom int64
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -318,6 +325,7 @@ func (s *Server) loop(t *turn) turnResult {
 			typ = UpdateMessageChunk
 			step.WriteString(c.Text)
 		}
+		t.mapMu.Lock()
 		seq := s.publishChunk(t.ls, typ, t.id, c.Text)
 		event, end := t.log.stream(t.step, c.Thought, c.Text, seq)
 		if pgtext.Text(c.Text) != c.Text {
@@ -326,6 +334,7 @@ func (s *Server) loop(t *turn) turnResult {
 			t.updates, t.mapOver = nil, true
 		}
 		t.mapUpdate(seq, event, end)
+		t.mapMu.Unlock()
 	}
 	for n := 0; ; n++ {
 		if n >= s.cfg.MaxSteps {
@@ -425,7 +434,7 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	} else {
 		t.textShown()
 	}
-	t.mapUpdate(s.publish(ls, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": liveToolInput(args, rawInput)}), callEvent, -1)
+	t.publishMapped(s, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": liveToolInput(args, rawInput)}, callEvent, -1)
 
 	out, st := s.toolOutcome(ctx, t, agent, tools, call.Name, id, args, validArgs)
 	kept := capToolOutput(out)
@@ -447,8 +456,8 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	} else if err == nil {
 		t.textShown()
 	}
-	t.mapUpdate(s.publish(ls, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out),
-		"output_bytes": out.size(), "status": st}), resultEvent, -1)
+	t.publishMapped(s, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out),
+		"output_bytes": out.size(), "status": st}, resultEvent, -1)
 	return kept
 }
 

@@ -103,6 +103,12 @@ func (s *Server) liveUpdateSeq(id string, incarnation int64) int64 {
 	if ls == nil || ls.incarnation != incarnation {
 		return noLiveHalf
 	}
+	return ls.lastSeq()
+}
+
+// lastSeq is the number of ls's last update (see liveUpdateSeq), -1
+// when not known.
+func (ls *liveSession) lastSeq() int64 {
 	ls.pubMu.Lock()
 	defer ls.pubMu.Unlock()
 	switch {
