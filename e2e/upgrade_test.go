@@ -27,9 +27,9 @@ import (
 // prints: a new migration there means a new undo here (the line names
 // the two newest).
 const (
-	undoNewestSessionMigration = `ALTER TABLE session.turns DROP COLUMN update_map;
-		DELETE FROM session.schema_migrations WHERE version = 16`
-	newestSessionUpgrade = "database upgraded: session 0015_tool_output_bytes → 0016_turn_update_map (a clawmesh older than this one can no longer open it)"
+	undoNewestSessionMigration = `ALTER TABLE session.checkpoint_events DROP COLUMN update_marks;
+		DELETE FROM session.schema_migrations WHERE version = 17`
+	newestSessionUpgrade = "database upgraded: session 0016_turn_update_map → 0017_checkpoint_update_marks (a clawmesh older than this one can no longer open it)"
 )
 
 func TestUpgradeIsToldOnTheTerminal(t *testing.T) {

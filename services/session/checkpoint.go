@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"encoding/binary"
 	"slices"
 	"sync"
 	"time"
@@ -82,6 +83,13 @@ type turnLog struct {
 	// taken: a reader of the written events knows which chunk updates
 	// they hold (TurnEvents' covered_seq).
 	streamedSeq, takenSeq int64
+	// marks is where the updates published since the last take live
+	// (see turn.mapUpdate), packed as update_marks (migration 0017)
+	// holds them: a take hands them to its last event, so that a turn
+	// cut by a crash has its marks up to its last batch. marksOff is set
+	// once the turn's map is not whole; a mark of -1s says so.
+	marks    []byte
+	marksOff bool
 }
 
 // pendingEvent is an event not written yet; streamed text is appended to
@@ -133,6 +141,8 @@ func (l *turnLog) stream(step int, thought bool, text string, seq int64) (event 
 		l.pending = append(l.pending, pendingEvent{cpEvent: l.event(step, kind), data: append(buf, text...)})
 		event, end = l.nextSeq-1, len(text)
 	}
+	// Marked with its text: a batch that holds the text holds its mark.
+	l.markLocked(seq, event, end)
 	l.bytes += len(text)
 	if seq > 0 {
 		l.streamedSeq = seq
@@ -160,6 +170,58 @@ func (l *turnLog) add(e cpEvent) int64 {
 	return ev.Seq
 }
 
+// mark records that update seq lives in event, ending at end of its
+// content for a chunk (-1 for a tool call or result).
+func (l *turnLog) mark(seq, event int64, end int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.markLocked(seq, event, end)
+}
+
+// markLocked is mark; l.mu is held.
+func (l *turnLog) markLocked(seq, event int64, end int) {
+	if l.marksOff || seq == 0 && end < 0 {
+		return
+	}
+	l.marks = appendMark(l.marks, seq, event, int64(end))
+}
+
+// stopMarks records that the turn's map is no longer whole: no mark
+// follows.
+func (l *turnLog) stopMarks() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.marksOff {
+		l.marks, l.marksOff = appendMark(l.marks, -1, -1, -1), true
+	}
+}
+
+// tailMarks removes and returns the marks no take handed to an event.
+func (l *turnLog) tailMarks() []int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := unpackMarks(l.marks)
+	l.marks = l.marks[:0]
+	return m
+}
+
+// appendMark appends a mark, three little-endian int64s.
+func appendMark(b []byte, seq, event, end int64) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(seq))
+	b = binary.LittleEndian.AppendUint64(b, uint64(event))
+	return binary.LittleEndian.AppendUint64(b, uint64(end))
+}
+
+// unpackMarks appends the numbers of packed marks to a map (see
+// turn.updates).
+func unpackMarks(b []byte) []int64 {
+	m := make([]int64, 0, len(b)/8)
+	for ; len(b) >= 8; b = b[8:] {
+		m = append(m, int64(binary.LittleEndian.Uint64(b)))
+	}
+	return m
+}
+
 // event numbers a new event; l.mu is held.
 func (l *turnLog) event(step int, kind string) cpEvent {
 	e := cpEvent{SessionID: l.sessionID, Seq: l.nextSeq, TurnID: l.turnID, Step: step, Kind: kind, Surface: l.surface, At: time.Now()}
@@ -175,6 +237,7 @@ func (l *turnLog) takeInto(dst []cpEvent) []cpEvent {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	dst = slices.Grow(dst, len(l.pending))
+	first := len(dst)
 	for _, p := range l.pending {
 		e := p.cpEvent
 		switch {
@@ -187,6 +250,13 @@ func (l *turnLog) takeInto(dst []cpEvent) []cpEvent {
 			e.Content = p.Content + string(p.data)
 		}
 		dst = append(dst, e)
+	}
+	if n := len(dst); n > first && len(l.marks) > 0 {
+		// The marks go with the batch's last event (one put back after
+		// a failed write may hold earlier ones).
+		last := &dst[n-1]
+		last.Marks = append(last.Marks[:len(last.Marks):len(last.Marks)], l.marks...)
+		l.marks = l.marks[:0]
 	}
 	// Each slot keeps its text's buffer for the next batch, within
 	// maxKeptStreamBuffer, and nothing else: an event's strings (a tool's

@@ -133,11 +133,23 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 			return lost(fmt.Sprintf("turn %s follows turn %s, which ended before its end's update number was stored (migration 0014): where turn %s's updates begin is not known",
 				t.id, before.unnumbered, t.id))
 		case i == 0 && t.cut && after > prevEnd:
-			// Cut by a crash, part of it received: its recovery's end.
+			// Cut by a crash, part of it received: the updates numbered
+			// past after, from where its batches of events stored each,
+			// then its recovery's end.
+			ups, _, err = s.store.turnUpdatesAfter(ctx, id, t.id, true, after, math.MaxInt64)
+			switch {
+			case errors.Is(err, errUnmarked):
+				return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn, and a crash cut the turn before it stored where its last updates are", t.id, after))
+			case err != nil:
+				return nil, err
+			case ups == nil:
+				return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn, and a crash cut the turn: where its updates are is not stored whole (it published more than %d), or its events were trimmed",
+					t.id, after, maxMappedUpdates))
+			}
 		case i == 0 && after > prevEnd:
 			// Part of it received: the updates numbered past after,
-			// from where the turn's end stored each update.
-			if ups, err = s.store.turnUpdatesAfter(ctx, id, t.id, after); err != nil {
+			// from where the turn stored each update.
+			if ups, _, err = s.store.turnUpdatesAfter(ctx, id, t.id, false, after, math.MaxInt64); err != nil {
 				return nil, err
 			}
 			if ups == nil {
@@ -196,11 +208,12 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 	if err := s.cp.write(ctx, tail.t.log, nil); err != nil {
 		return nil, fmt.Errorf("resend turn %s: %w", tail.t.id, err)
 	}
-	from := max(after, tail.from)
-	ups, missing, err := s.store.mappedUpdates(ctx, id, tail.t.id, tail.updates, from, upto)
-	switch {
-	case err != nil:
+	events, _, err := s.store.markedEvents(ctx, id, tail.t.id)
+	if err != nil {
 		return nil, err
+	}
+	ups, missing, _ := rebuildMapped(tail.t.id, events, tail.updates, max(after, tail.from), upto)
+	switch {
 	case ups == nil:
 		return lost(fmt.Sprintf("the events of turn %s, still running, are not stored as it published them", tail.t.id))
 	case missing > 0:
@@ -425,41 +438,108 @@ func (t *turn) mapUpdate(seq, event int64, end int) {
 		return
 	}
 	if len(t.updates) >= 3*maxMappedUpdates {
-		t.updates, t.mapOver = nil, true
+		t.stopMap()
 		return
 	}
 	t.updates = append(t.updates, seq, event, int64(end))
 }
 
-// updateMap is what the turn's end stores as turns.update_map: nil when
-// it is not whole.
-func (t *turn) updateMap() []int64 {
-	switch {
-	case t.mapOver:
-		return nil
-	case t.updates == nil:
-		return []int64{}
-	}
-	return t.updates
+// stopMap gives up t's map: it is no longer whole.
+func (t *turn) stopMap() {
+	t.updates, t.mapOver = nil, true
+	t.log.stopMarks()
 }
+
+// endMap is what the turn's end stores as turns.update_map, within the
+// transaction that writes its last events (which took the marks pending
+// then): the marks no batch of events carried, or nil when the map is
+// not whole.
+func (t *turn) endMap() []int64 {
+	tail := t.log.tailMarks()
+	if t.mapOver {
+		return nil
+	}
+	return tail
+}
+
+// errUnmarked is turnUpdatesAfter's answer for a turn cut by a crash
+// that stored events past the last update whose place it stored.
+var errUnmarked = errors.New("events past the marked updates")
 
 // turnUpdatesAfter rebuilds the updates of ended turn turnID numbered
-// past after, each with its number, without its turn_complete, from its
-// update map and checkpoint events (see mappedUpdates). nil when the map
-// is not stored or disagrees with the events (trimmed).
-func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string, after int64) ([]rebuilt, error) {
-	var m []int64
-	if err := st.db.QueryRow(ctx, "SELECT update_map FROM turns WHERE turn_id = $1", turnID).Scan(&m); err != nil {
-		return nil, fmt.Errorf("read turn update map: %w", err)
+// past after up to upto, each with its number, without its
+// turn_complete, from where the turn stored each (the marks its batches
+// of checkpoint events carried, migration 0017, then those its end
+// stored in update_map, migration 0016) and its checkpoint events (see
+// rebuildMapped). nil when that is not stored whole or disagrees with
+// the events (trimmed). A turn cut by a crash (cut) has its batches'
+// marks alone: errUnmarked when it stored events past them, whose
+// updates' numbers died with the process.
+func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string, cut bool, after, upto int64) ([]rebuilt, int64, error) {
+	var tail []int64
+	if err := st.db.QueryRow(ctx, "SELECT update_map FROM turns WHERE turn_id = $1", turnID).Scan(&tail); err != nil {
+		return nil, 0, fmt.Errorf("read turn update map: %w", err)
 	}
-	if m == nil {
-		return nil, nil
+	if tail == nil && !cut {
+		return nil, 0, nil
 	}
-	ups, _, err := st.mappedUpdates(ctx, sessionID, turnID, m, after, math.MaxInt64)
-	return ups, err
+	events, marks, err := st.markedEvents(ctx, sessionID, turnID)
+	if err != nil {
+		return nil, 0, err
+	}
+	if cut && len(marks) == 0 {
+		// Cut before its first batch of marks, or before migration
+		// 0017: nothing to send, unless it stored events.
+		for _, e := range events {
+			if e.kind != eventUser {
+				return nil, 0, errUnmarked
+			}
+		}
+		return []rebuilt{}, 0, nil
+	}
+	m := append(marks, tail...)
+	for i := 0; i < len(m); i += 3 {
+		if m[i] < 0 {
+			return nil, 0, nil // its map was given up (see stopMap)
+		}
+	}
+	ups, missing, covered := rebuildMapped(turnID, events, m, after, upto)
+	if cut && ups != nil && !covered {
+		return nil, 0, errUnmarked
+	}
+	return ups, missing, nil
 }
 
-// mappedUpdates rebuilds the updates of turn turnID numbered past after
+// markedEvents reads turn turnID's checkpoint events by seq, and the marks
+// they carry, in order.
+func (st *store) markedEvents(ctx context.Context, sessionID, turnID string) (map[int64]storedEvent, []int64, error) {
+	rows, err := st.db.Query(ctx, `SELECT e.seq, e.kind, e.content, e.tool_call_id, e.name, COALESCE(c.status, ''),
+		COALESCE(c.output_bytes, octet_length(e.content)), e.update_marks
+		FROM checkpoint_events e
+		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
+		WHERE e.session_id = $1 AND e.turn_id = $2 ORDER BY e.seq`, sessionID, turnID)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read turn events: %w", err)
+	}
+	events := map[int64]storedEvent{}
+	var (
+		seq    int64
+		e      storedEvent
+		packed []byte
+		marks  []int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&seq, &e.kind, &e.content, &e.callID, &e.name, &e.status, &e.outBytes, &packed}, func() error {
+		events[seq] = e
+		marks = append(marks, unpackMarks(packed)...)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read turn events: %w", err)
+	}
+	return events, marks, nil
+}
+
+// rebuildMapped rebuilds the updates of turn turnID numbered past after
 // up to upto, each with its number, from m, where the turn published
 // each (see mapUpdate), and its checkpoint events: a chunk's text is cut
 // from its event's where it was published, the chunks in (after, upto]
@@ -468,33 +548,14 @@ func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string,
 // number in the range that m does not map, past the turn's first one
 // (the numbers before a turn's first update, between the last number
 // used and a reservation a process just started read, were never
-// given).
-func (st *store) mappedUpdates(ctx context.Context, sessionID, turnID string, m []int64, after, upto int64) (ups []rebuilt, missing int64, err error) {
+// given); covered is whether m holds all of every event.
+func rebuildMapped(turnID string, events map[int64]storedEvent, m []int64, after, upto int64) (ups []rebuilt, missing int64, covered bool) {
 	if len(m)%3 != 0 {
-		return nil, 0, nil
-	}
-	rows, err := st.db.Query(ctx, `SELECT e.seq, e.kind, e.content, e.tool_call_id, e.name, COALESCE(c.status, ''),
-		COALESCE(c.output_bytes, octet_length(e.content))
-		FROM checkpoint_events e
-		LEFT JOIN tool_calls c ON e.kind = 'tool_result' AND c.session_id = e.session_id AND c.tool_call_id = e.tool_call_id
-		WHERE e.session_id = $1 AND e.turn_id = $2`, sessionID, turnID)
-	if err != nil {
-		return nil, 0, fmt.Errorf("read turn events: %w", err)
-	}
-	events := map[int64]storedEvent{}
-	var (
-		seq int64
-		e   storedEvent
-	)
-	_, err = pgx.ForEachRow(rows, []any{&seq, &e.kind, &e.content, &e.callID, &e.name, &e.status, &e.outBytes}, func() error {
-		events[seq] = e
-		return nil
-	})
-	if err != nil {
-		return nil, 0, fmt.Errorf("read turn events: %w", err)
+		return nil, 0, false
 	}
 	out := []rebuilt{}
 	ends := map[int64]int{} // where each event's text sent so far ends
+	tools := map[int64]bool{}
 	lastEvent := int64(-1)
 	// want is the number the next update must take: after's next once
 	// the turn has one at or before after, the one past the last in the
@@ -517,9 +578,10 @@ func (st *store) mappedUpdates(ctx context.Context, sessionID, turnID string, m 
 		}
 		e, ok := events[ev]
 		if !ok {
-			return nil, 0, nil
+			return nil, 0, false
 		}
 		if end < 0 {
+			tools[ev] = true
 			if useq > after {
 				u := e.tool(turnID)
 				u.seq = useq
@@ -529,7 +591,7 @@ func (st *store) mappedUpdates(ctx context.Context, sessionID, turnID string, m 
 		}
 		start := ends[ev]
 		if end < int64(start) || end > int64(len(e.content)) {
-			return nil, 0, nil
+			return nil, 0, false
 		}
 		ends[ev] = int(end)
 		if useq <= after {
@@ -550,7 +612,16 @@ func (st *store) mappedUpdates(ctx context.Context, sessionID, turnID string, m 
 	if missing == 0 && upto != math.MaxInt64 && want <= upto {
 		missing = max(want, after+1)
 	}
-	return out, missing, nil
+	covered = true
+	for ev, e := range events {
+		switch e.kind {
+		case eventText, eventThought:
+			covered = covered && ends[ev] == len(e.content)
+		case eventToolCall, eventToolResult:
+			covered = covered && tools[ev]
+		}
+	}
+	return out, missing, covered
 }
 
 // publishMapped publishes an update of t's that lives in checkpoint
@@ -561,5 +632,6 @@ func (t *turn) publishMapped(s *Server, typ string, f fields, event int64, end i
 	defer t.mapMu.Unlock()
 	seq := s.publish(t.ls, typ, f)
 	t.mapUpdate(seq, event, end)
+	t.log.mark(seq, event, end)
 	return seq
 }

@@ -137,9 +137,10 @@ func TestResendRebuildsWholeTurnsAndALoneTurnComplete(t *testing.T) {
 	}
 }
 
-// A turn cut by a crash, of which the gateway had the first chunk: its
-// recovery's turn_complete is sent again, with the number recovery gave
-// it and the text the turn had stored.
+// A turn cut by a crash, of which the gateway had the first chunk: the
+// rest of the text it had checkpointed is sent again, with its number,
+// then its recovery's turn_complete, with the number recovery gave it
+// and the text the turn had stored.
 func TestResendSendsACrashCutTurnsRecoveredEnd(t *testing.T) {
 	h := newHarness(t)
 	id := h.newSession(alice, "default")
@@ -158,9 +159,10 @@ func TestResendSendsACrashCutTurnsRecoveredEnd(t *testing.T) {
 		end = rec.next()
 	}
 	resp, us := h.resend(id, first.Seq, 0)
-	if resp.GetLost() != "" || len(us) != 1 || us[0].Seq != end.Seq || us[0].Type != UpdateTurnComplete ||
-		us[0].str("outcome") != OutcomeCancelled || us[0].str("content") != "first half" || us[0].str("stop_reason") != stopInterrupted {
-		t.Fatalf("resend of a recovered turn's end: lost %q, %v; recovery published %v", resp.GetLost(), us, end)
+	if resp.GetLost() != "" || len(us) != 2 || us[0].Type != UpdateMessageChunk || us[0].Seq != first.Seq+1 ||
+		first.str("text")+us[0].str("text") != "first half" || us[1].Seq != end.Seq || us[1].Type != UpdateTurnComplete ||
+		us[1].str("outcome") != OutcomeCancelled || us[1].str("content") != "first half" || us[1].str("stop_reason") != stopInterrupted {
+		t.Fatalf("resend of a recovered turn's rest: lost %q, %v; recovery published %v", resp.GetLost(), us, end)
 	}
 }
 
@@ -415,5 +417,52 @@ func TestResendFillsAHoleInARunningTurn(t *testing.T) {
 	cancel()
 	if r := testwait.Recv(t, res); r.resp.GetOutcome() != outcomeEnum[OutcomeCancelled] && r.err == nil {
 		t.Fatalf("the turn, its caller gone: %v", r.resp)
+	}
+}
+
+// A turn cut by a crash, of which the gateway had part: the updates past
+// what it had that the turn had checkpointed (its text, its tool call
+// and result) are sent again with the numbers they were published with,
+// then its recovery's turn_complete. Before, the recovery's end alone:
+// the text and the tool updates the gateway missed were never sent.
+func TestResendFillsTheMiddleOfACrashCutTurn(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	rec := h.record(id)
+	first := liveTurn(h, rec, id, "/say zero")
+	prev := first[len(first)-1].Seq
+	h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id,
+		Prompt: "/say one two\n/sleep 200\n/say three four\n" + `/tool echo {"text":"hi"}` + "\n/say five six\n/sleep 60000\n/say seven"})
+	var live []update
+	for text := ""; !strings.HasSuffix(text, "five six"); {
+		u := rec.next()
+		live = append(live, u)
+		if u.Type == UpdateMessageChunk {
+			text += u.str("text")
+		}
+	}
+	eventually(t, func() error {
+		if got := h.checkpointed(id); !strings.HasSuffix(got, "five six") {
+			return fmt.Errorf("checkpoint holds %q", got)
+		}
+		return nil
+	})
+	h.crash()
+	var end update
+	for end.Type != UpdateTurnComplete {
+		end = rec.next()
+	}
+	for after := prev + 1; after <= live[len(live)-1].Seq; after++ {
+		want := []update{}
+		for _, u := range live {
+			if u.Seq > after {
+				want = append(want, u)
+			}
+		}
+		resp, us := h.resend(id, after, 0)
+		if resp.GetLost() != "" || resp.GetUptoSeq() != end.Seq {
+			t.Fatalf("resend after %d, in a crash-cut turn: lost %q, upto %d, want %d", after, resp.GetLost(), resp.GetUptoSeq(), end.Seq)
+		}
+		sameTurn(t, append(want, end), us)
 	}
 }

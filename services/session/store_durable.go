@@ -47,6 +47,9 @@ type cpEvent struct {
 	// pane rebuilt from the events shows its items at that time, as its
 	// followers did. Zero is the write's time.
 	At time.Time
+	// Marks are where the updates the turn published since its previous
+	// batch live, packed (update_marks, migration 0017); nil: none.
+	Marks []byte
 }
 
 // insertEvents writes events in one statement. Events of a turn that no
@@ -64,6 +67,7 @@ type eventColumns struct {
 	seq                                                   []int64
 	step                                                  []int32
 	at                                                    []time.Time
+	marks                                                 [][]byte
 }
 
 // insert is insertEvents laying evs out in c.
@@ -73,12 +77,12 @@ func (c *eventColumns) insert(ctx context.Context, q querier, evs []cpEvent) err
 	}
 	c.fill(evs)
 	_, err := q.Exec(ctx, `INSERT INTO checkpoint_events
-			(session_id, seq, turn_id, step, kind, interaction_surface, content, call_id, tool_call_id, name, created_at)
+			(session_id, seq, turn_id, step, kind, interaction_surface, content, call_id, tool_call_id, name, created_at, update_marks)
 		SELECT u.* FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::text[],
-			$8::text[], $9::text[], $10::text[], $11::timestamptz[]) AS u(session_id, seq, turn_id, step, kind, interaction_surface, content,
-			call_id, tool_call_id, name, created_at)
+			$8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::bytea[]) AS u(session_id, seq, turn_id, step, kind, interaction_surface, content,
+			call_id, tool_call_id, name, created_at, update_marks)
 		WHERE EXISTS (SELECT 1 FROM turns t WHERE t.turn_id = u.turn_id AND t.session_id = u.session_id)`,
-		c.sid, c.seq, c.turn, c.step, c.kind, c.surface, c.content, c.callID, c.tcID, c.name, c.at)
+		c.sid, c.seq, c.turn, c.step, c.kind, c.surface, c.content, c.callID, c.tcID, c.name, c.at, c.marks)
 	if err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
@@ -92,6 +96,7 @@ func (c *eventColumns) fill(evs []cpEvent) {
 	c.sid, c.turn, c.kind, c.surface = strs(c.sid), strs(c.turn), strs(c.kind), strs(c.surface)
 	c.content, c.callID, c.tcID, c.name = strs(c.content), strs(c.callID), strs(c.tcID), strs(c.name)
 	c.seq, c.step, c.at = slices.Grow(c.seq[:0], n), slices.Grow(c.step[:0], n), slices.Grow(c.at[:0], n)
+	c.marks = slices.Grow(c.marks[:0], n)
 	now := time.Now()
 	for _, e := range evs {
 		at := e.At
@@ -109,6 +114,7 @@ func (c *eventColumns) fill(evs []cpEvent) {
 		c.callID = append(c.callID, pgtext.Text(e.CallID))
 		c.tcID = append(c.tcID, e.ToolCallID)
 		c.name = append(c.name, pgtext.Text(e.Name))
+		c.marks = append(c.marks, e.Marks)
 	}
 }
 
@@ -118,6 +124,7 @@ func (c *eventColumns) reset() {
 	for _, col := range []*[]string{&c.sid, &c.turn, &c.kind, &c.surface, &c.content, &c.callID, &c.tcID, &c.name} {
 		clear((*col)[:cap(*col)])
 	}
+	clear(c.marks[:cap(c.marks)])
 	if cap(c.sid) > maxKeptBatch {
 		*c = eventColumns{}
 	}

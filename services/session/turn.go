@@ -327,12 +327,13 @@ func (s *Server) loop(t *turn) turnResult {
 		}
 		t.mapMu.Lock()
 		seq := s.publishChunk(t.ls, typ, t.id, c.Text)
-		event, end := t.log.stream(t.step, c.Thought, c.Text, seq)
 		if pgtext.Text(c.Text) != c.Text {
 			// Stored otherwise than it was sent (NUL, bad UTF-8): the
 			// stored text's offsets are not the sent one's.
-			t.updates, t.mapOver = nil, true
+			t.stopMap()
 		}
+		// The log marks the chunk with its text (see turnLog.marks).
+		event, end := t.log.stream(t.step, c.Thought, c.Text, seq)
 		t.mapUpdate(seq, event, end)
 		t.mapMu.Unlock()
 	}
@@ -570,7 +571,7 @@ func (s *Server) finish(t *turn, res turnResult) {
 			if err != nil {
 				return err
 			}
-			return finishTurnTx(ctx, tx, ls.id, t.id, res, published, t.updateMap())
+			return finishTurnTx(ctx, tx, ls.id, t.id, res, published, t.endMap())
 		})
 	}); errors.Is(err, errTurnGone) {
 		s.log.Info("turn end not recorded: its session was deleted", zap.String("session_id", ls.id), zap.String("turn_id", t.id))

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,8 +178,11 @@ func TestWriterKeepsNoTextBetweenBatches(t *testing.T) {
 	if slices.ContainsFunc(cp.running[:cap(cp.running)], func(l *turnLog) bool { return l != nil }) {
 		t.Error("the writer still holds a turn")
 	}
-	if slices.ContainsFunc(cp.events[:cap(cp.events)], func(e cpEvent) bool { return e != cpEvent{} }) {
+	if slices.ContainsFunc(cp.events[:cap(cp.events)], func(e cpEvent) bool { return !reflect.ValueOf(e).IsZero() }) {
 		t.Error("the writer still holds an event")
+	}
+	if slices.ContainsFunc(cp.cols.marks[:cap(cp.cols.marks)], func(b []byte) bool { return b != nil }) {
+		t.Error("the writer still holds an event's marks")
 	}
 	for _, col := range [][]string{cp.cols.sid, cp.cols.turn, cp.cols.kind, cp.cols.surface, cp.cols.content, cp.cols.callID, cp.cols.tcID, cp.cols.name} {
 		if slices.ContainsFunc(col[:cap(col)], func(s string) bool { return s != "" }) {
