@@ -27,9 +27,9 @@ import (
 // prints: a new migration there means a new undo here (the line names
 // the two newest).
 const (
-	undoNewestSessionMigration = `ALTER TABLE session.checkpoint_events DROP COLUMN update_marks;
-		DELETE FROM session.schema_migrations WHERE version = 17`
-	newestSessionUpgrade = "database upgraded: session 0016_turn_update_map → 0017_checkpoint_update_marks (a clawmesh older than this one can no longer open it)"
+	undoNewestSessionMigration = `DROP INDEX session.approvals_turn; ALTER TABLE session.approvals DROP COLUMN timeout_secs;
+		DELETE FROM session.schema_migrations WHERE version = 18`
+	newestSessionUpgrade = "database upgraded: session 0017_checkpoint_update_marks → 0018_approval_timeout (a clawmesh older than this one can no longer open it)"
 )
 
 func TestUpgradeIsToldOnTheTerminal(t *testing.T) {

@@ -87,10 +87,10 @@ func (ls *liveSession) decideLocked(a *approval, d decision) bool {
 	return true
 }
 
-// ask publishes an approval request for a call and waits for the first
-// decision: a person's (Approve), the timeout's (denied) or the turn's
-// end (cancelled).
-func (s *Server) ask(ctx context.Context, t *turn, callID, tool string, args json.RawMessage, timeout time.Duration) decision {
+// ask publishes an approval request for a call, whose checkpoint event
+// is callEvent, and waits for the first decision: a person's (Approve),
+// the timeout's (denied) or the turn's end (cancelled).
+func (s *Server) ask(ctx context.Context, t *turn, callID string, callEvent int64, tool string, args json.RawMessage, timeout time.Duration) decision {
 	ls := t.ls
 	a := &approval{
 		RequestID: ids.New("ap_"), ToolCallID: callID, ToolName: tool, TurnID: t.id,
@@ -108,14 +108,7 @@ func (s *Server) ask(ctx context.Context, t *turn, callID, tool string, args jso
 		ls.mu.Unlock()
 	}()
 
-	s.publish(ls, UpdateApprovalRequest, fields{
-		"turn_id":           t.id,
-		"request_id":        a.RequestID,
-		"tool_call_id":      callID,
-		"tool_name":         tool,
-		"arguments_summary": a.Summary,
-		"timeout_secs":      int64((timeout + time.Second - 1) / time.Second),
-	})
+	t.publishMapped(s, UpdateApprovalRequest, a.request(t.id), callEvent, markApproval)
 
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -152,6 +145,23 @@ func (s *Server) ask(ctx context.Context, t *turn, callID, tool string, args jso
 	s.log.Info("approval decided", zap.String("session_id", ls.id), zap.String("request_id", a.RequestID),
 		zap.String("decision", d.Decision), zap.String("surface", d.Surface))
 	return d
+}
+
+// request is a's approval_request update, of turn turnID.
+func (a *approval) request(turnID string) fields {
+	return fields{
+		"turn_id":           turnID,
+		"request_id":        a.RequestID,
+		"tool_call_id":      a.ToolCallID,
+		"tool_name":         a.ToolName,
+		"arguments_summary": a.Summary,
+		"timeout_secs":      a.timeoutSecs(),
+	}
+}
+
+// timeoutSecs is a's timeout in whole seconds, rounded up.
+func (a *approval) timeoutSecs() int64 {
+	return int64((a.Timeout + time.Second - 1) / time.Second)
 }
 
 // denial is the tool result of a call that did not run.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -27,31 +28,35 @@ const (
 // Resend rebuilds the updates of a session numbered past after_seq up to
 // upto_seq (see the proto) from what is stored: each ended turn's end
 // (turns.end_seq, the number its turn_complete took, its outcome,
-// content and error) and its checkpoint events (its text, thoughts,
-// tool calls and results, in the order they were streamed). The chunks
-// a running turn published carry numbers stored nowhere until its end,
-// so only these can be sent again:
+// content and error), its checkpoint events (its text, thoughts, tool
+// calls and results, in the order they were streamed) and where each
+// update it published lives in them (the marks its batches of events
+// carried, migration 0017, and its end's update_map, migration 0016:
+// approval requests and history_trimmed notices among them since
+// migration 0018); for the turn still running, the map it keeps in
+// memory, its pending events written first. So:
 //
 //   - a turn of which the gateway received nothing (after_seq is the
-//     previous turn's end): its events, text coalesced as checkpointed,
-//     then its turn_complete;
+//     previous turn's end): its updates with their numbers (text
+//     coalesced as checkpointed), then its turn_complete; a turn ended
+//     before migration 0016 is renumbered from its events, unless it
+//     asked for an approval or trimmed the history;
 //   - a turn of which it received all but the turn_complete (after_seq
 //     is the one before the turn's end): the turn_complete alone;
-//   - a turn cut by a crash, of which it received part: its recovery's
-//     turn_complete, whose content is the text the turn had stored (what
-//     a follower that stayed on the bus gets too: the chunks the killed
-//     process numbered are recorded nowhere).
-//   - a turn ended, of which it received part (a hole mid-turn): the
-//     updates numbered past after_seq, with their numbers, cut from its
-//     checkpoint events where its end stored each update
-//     (turns.update_map, migration 0016), then its turn_complete.
+//   - a turn ended, or cut by a crash, of which it received part (a
+//     hole mid-turn): the updates numbered past after_seq, with their
+//     numbers, then its turn_complete (a cut turn's, its recovery's,
+//     whose content is the text the turn had stored);
+//   - the turn still running: its updates numbered past after_seq up
+//     to upto_seq.
 //
 // The turns after the first must be ended and whole. The first one's
 // start is the end of the turn before it: one that ended before
 // migration 0014 has no number, so the turn after it is refused (its
-// lone turn_complete aside), saying so. Anything else (a
-// range ending in a turn still running, a turn cut mid-stream, events
-// trimmed away, past the bounds) is a loss, said in lost.
+// lone turn_complete aside), saying so. Anything else is a loss, said
+// in lost: a number in the range no stored map holds, a turn cut by a
+// crash past its last stored marks (the killed process's last numbers
+// are stored nowhere), events trimmed away, past the bounds.
 func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*sessionv1.ResendResponse, error) {
 	id := req.GetSessionId()
 	if !ids.Token(id) {
@@ -149,21 +154,55 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 		case i == 0 && after > prevEnd:
 			// Part of it received: the updates numbered past after,
 			// from where the turn stored each update.
-			if ups, _, err = s.store.turnUpdatesAfter(ctx, id, t.id, false, after, math.MaxInt64); err != nil {
+			var missing int64
+			if ups, missing, err = s.store.turnUpdatesAfter(ctx, id, t.id, false, after, t.endSeq-1); err != nil {
 				return nil, err
 			}
 			if ups == nil {
 				return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn: where its updates are is not stored (it ended before migration 0016, or published more than %d), or its events were trimmed",
 					t.id, after, maxMappedUpdates))
 			}
+			if missing > 0 {
+				return lost(unmappedUpdate(missing, t.id))
+			}
 		case i == 0 && after != prevEnd:
 			return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn: they follow no turn's end", t.id, after))
 		default:
-			if ups, err = s.store.turnUpdates(ctx, id, t.id); err != nil {
-				return nil, err
+			// Missed whole: from where it stored each update, with
+			// their numbers.
+			upto := t.endSeq - 1
+			if t.cut {
+				upto = math.MaxInt64 // the killed process's last numbers are stored nowhere
 			}
-			if ups == nil {
-				return lost(fmt.Sprintf("the events of turn %s are no longer stored (trimmed)", t.id))
+			var missing int64
+			ups, missing, err = s.store.turnUpdatesAfter(ctx, id, t.id, t.cut, prevEnd, upto)
+			switch {
+			case errors.Is(err, errUnmarked):
+				return lost(fmt.Sprintf("turn %s was missed, and a crash cut it before it stored where its last updates are", t.id))
+			case err != nil:
+				return nil, err
+			case missing > 0:
+				return lost(unmappedUpdate(missing, t.id))
+			case ups != nil:
+				break
+			case t.cut:
+				return lost(fmt.Sprintf("turn %s was missed, and a crash cut it: where its updates are is not stored whole (it published more than %d), or its events were trimmed", t.id, maxMappedUpdates))
+			default:
+				// Ended before migration 0016: rebuilt from its
+				// events, renumbered, when they are all it published.
+				if ups, err = s.store.turnUpdates(ctx, id, t.id); err != nil {
+					return nil, err
+				}
+				if ups == nil {
+					return lost(fmt.Sprintf("the events of turn %s are no longer stored (trimmed)", t.id))
+				}
+				asked, err := s.store.askedOrTrimmed(ctx, id, t.id)
+				if err != nil {
+					return nil, err
+				}
+				if asked {
+					return lost(fmt.Sprintf("turn %s, ended before migration 0016, asked for an approval or trimmed the history: their numbers are stored nowhere", t.id))
+				}
 			}
 		}
 		mid := len(ups) > 0 && ups[0].seq != 0
@@ -192,7 +231,8 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 				seq = u.seq
 			case mid:
 				seq = t.endSeq
-			case j == 0 && len(ups) > 1:
+			}
+			if j == 0 && len(ups) > 1 && (i > 0 || after <= prevEnd) {
 				// The turn's first update: the gateway had none of it.
 				startedBy = t.connID
 			}
@@ -212,12 +252,16 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 	if err != nil {
 		return nil, err
 	}
-	ups, missing, _ := rebuildMapped(tail.t.id, events, tail.updates, max(after, tail.from), upto)
+	asks, err := s.store.turnAsks(ctx, id, tail.t.id)
+	if err != nil {
+		return nil, err
+	}
+	ups, missing, _ := rebuildMapped(tail.t.id, events, asks, tail.updates, max(after, tail.from), upto)
 	switch {
 	case ups == nil:
 		return lost(fmt.Sprintf("the events of turn %s, still running, are not stored as it published them", tail.t.id))
 	case missing > 0:
-		return lost(fmt.Sprintf("update %d of turn %s, still running, is not among those whose place it keeps", missing, tail.t.id))
+		return lost(unmappedUpdate(missing, tail.t.id))
 	}
 	for j, u := range ups {
 		params, err := appendUpdateParams(nil, id, u.typ, appendMembers(nil, u.f))
@@ -235,6 +279,12 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 		resp.Updates = append(resp.Updates, bus.EncodeSessionUpdate(id, bus.UpdateType(u.typ), u.seq, params, startedBy))
 	}
 	return resp, nil
+}
+
+// unmappedUpdate says that update seq of turn turnID cannot be sent again.
+func unmappedUpdate(seq int64, turnID string) string {
+	return fmt.Sprintf("update %d of turn %s is not among those whose place it stored (an approval request or a history_trimmed notice of a turn ended before migration 0018, or an update lost for want of a number)",
+		seq, turnID)
 }
 
 // runningTurn is Resend's snapshot of the turn running on a session: the
@@ -430,9 +480,29 @@ func (e storedEvent) tool(turnID string) rebuilt {
 // cannot be sent again from its middle.
 const maxMappedUpdates = 1 << 15
 
+// Marks of the updates that are no chunk (see mapUpdate's end): a tool
+// call or result lives in its event; an approval request in its tool
+// call's; a history_trimmed notice in no event, its counts packed in the
+// event's place (trimCounts).
+const (
+	markTool     = -1
+	markApproval = -2
+	markTrim     = -3
+)
+
+// trimCounts packs a trim's counts in a mark's event place.
+func trimCounts(dropped, keptTurns int) int64 {
+	return int64(min(dropped, math.MaxInt32))<<32 | int64(min(keptTurns, math.MaxInt32))
+}
+
+// trimNotice is the history_trimmed update of turn turnID.
+func trimNotice(turnID string, dropped, keptTurns int64) fields {
+	return fields{"turn_id": turnID, "dropped_messages": dropped, "kept_turns": keptTurns, "reason": trimReason}
+}
+
 // mapUpdate records that the update numbered seq (0: not published) lives
 // in checkpoint event event, ending at offset end of its content for a
-// chunk (-1 for a tool call or result).
+// chunk (or a mark: markTool, markApproval, markTrim).
 func (t *turn) mapUpdate(seq, event int64, end int) {
 	if t.mapOver || (seq == 0 && end < 0) {
 		return
@@ -476,8 +546,11 @@ var errUnmarked = errors.New("events past the marked updates")
 // marks alone: errUnmarked when it stored events past them, whose
 // updates' numbers died with the process.
 func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string, cut bool, after, upto int64) ([]rebuilt, int64, error) {
-	var tail []int64
-	if err := st.db.QueryRow(ctx, "SELECT update_map FROM turns WHERE turn_id = $1", turnID).Scan(&tail); err != nil {
+	var (
+		tail    []int64
+		trimmed int
+	)
+	if err := st.db.QueryRow(ctx, "SELECT update_map, trimmed_messages FROM turns WHERE turn_id = $1", turnID).Scan(&tail, &trimmed); err != nil {
 		return nil, 0, fmt.Errorf("read turn update map: %w", err)
 	}
 	if tail == nil && !cut {
@@ -487,27 +560,81 @@ func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string,
 	if err != nil {
 		return nil, 0, err
 	}
-	if cut && len(marks) == 0 {
-		// Cut before its first batch of marks, or before migration
-		// 0017: nothing to send, unless it stored events.
-		for _, e := range events {
-			if e.kind != eventUser {
-				return nil, 0, errUnmarked
-			}
-		}
-		return []rebuilt{}, 0, nil
+	asks, err := st.turnAsks(ctx, sessionID, turnID)
+	if err != nil {
+		return nil, 0, err
 	}
 	m := append(marks, tail...)
+	trimMarked := false
 	for i := 0; i < len(m); i += 3 {
 		if m[i] < 0 {
 			return nil, 0, nil // its map was given up (see stopMap)
 		}
+		trimMarked = trimMarked || m[i+2] == markTrim
 	}
-	ups, missing, covered := rebuildMapped(turnID, events, m, after, upto)
-	if cut && ups != nil && !covered {
+	ups, missing, covered := rebuildMapped(turnID, events, asks, m, after, upto)
+	switch {
+	case ups == nil:
+	case cut && (!covered || trimmed > 0 && !trimMarked):
+		// Cut before its batch held where its last updates are (or
+		// before migration 0017).
 		return nil, 0, errUnmarked
+	case missing == 0 && trimmed > 0 && !trimMarked:
+		// Its notice, its first update, was not mapped (it ended
+		// before migration 0018): missed, unless the gateway had
+		// updates of the turn.
+		if first := firstMapped(m); first == 0 || first > after {
+			missing = after + 1
+		}
 	}
 	return ups, missing, nil
+}
+
+// firstMapped is the number of the first update m maps, 0 when none.
+func firstMapped(m []int64) int64 {
+	for i := 0; i < len(m); i += 3 {
+		if m[i] > 0 {
+			return m[i]
+		}
+	}
+	return 0
+}
+
+// turnAsks reads the approval requests of turn turnID by their tool
+// call's id.
+func (st *store) turnAsks(ctx context.Context, sessionID, turnID string) (map[string]*approval, error) {
+	rows, err := st.db.Query(ctx, `SELECT request_id, tool_call_id, tool_name, arguments_summary, COALESCE(timeout_secs, 0)
+		FROM approvals WHERE turn_id = $1 AND session_id = $2`, turnID, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("read turn approvals: %w", err)
+	}
+	asks := map[string]*approval{}
+	var (
+		a    approval
+		secs int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&a.RequestID, &a.ToolCallID, &a.ToolName, &a.Summary, &secs}, func() error {
+		c := a
+		c.Timeout = time.Duration(secs) * time.Second
+		asks[c.ToolCallID] = &c
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read turn approvals: %w", err)
+	}
+	return asks, nil
+}
+
+// askedOrTrimmed reports whether turn turnID published an approval
+// request or a history_trimmed notice.
+func (st *store) askedOrTrimmed(ctx context.Context, sessionID, turnID string) (bool, error) {
+	var yes bool
+	err := st.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM approvals WHERE turn_id = $1 AND session_id = $2)
+		OR EXISTS (SELECT 1 FROM turns WHERE turn_id = $1 AND trimmed_messages > 0)`, turnID, sessionID).Scan(&yes)
+	if err != nil {
+		return false, fmt.Errorf("read turn approvals: %w", err)
+	}
+	return yes, nil
 }
 
 // markedEvents reads turn turnID's checkpoint events by seq, and the marks
@@ -549,13 +676,13 @@ func (st *store) markedEvents(ctx context.Context, sessionID, turnID string) (ma
 // (the numbers before a turn's first update, between the last number
 // used and a reservation a process just started read, were never
 // given); covered is whether m holds all of every event.
-func rebuildMapped(turnID string, events map[int64]storedEvent, m []int64, after, upto int64) (ups []rebuilt, missing int64, covered bool) {
+func rebuildMapped(turnID string, events map[int64]storedEvent, asks map[string]*approval, m []int64, after, upto int64) (ups []rebuilt, missing int64, covered bool) {
 	if len(m)%3 != 0 {
 		return nil, 0, false
 	}
 	out := []rebuilt{}
 	ends := map[int64]int{} // where each event's text sent so far ends
-	tools := map[int64]bool{}
+	tools, asked := map[int64]bool{}, 0
 	lastEvent := int64(-1)
 	// want is the number the next update must take: after's next once
 	// the turn has one at or before after, the one past the last in the
@@ -576,9 +703,27 @@ func rebuildMapped(turnID string, events map[int64]storedEvent, m []int64, after
 			}
 			want = useq + 1
 		}
+		if end == markTrim {
+			if useq > after {
+				u := rebuilt{typ: UpdateHistoryTrimmed, f: trimNotice(turnID, ev>>32, ev&(1<<32-1)), seq: useq}
+				out, lastEvent = append(out, u), -1
+			}
+			continue
+		}
 		e, ok := events[ev]
 		if !ok {
 			return nil, 0, false
+		}
+		if end == markApproval {
+			a, ok := asks[e.callID]
+			if !ok {
+				return nil, 0, false
+			}
+			asked++
+			if useq > after {
+				out, lastEvent = append(out, rebuilt{typ: UpdateApprovalRequest, f: a.request(turnID), seq: useq}), -1
+			}
+			continue
 		}
 		if end < 0 {
 			tools[ev] = true
@@ -612,7 +757,7 @@ func rebuildMapped(turnID string, events map[int64]storedEvent, m []int64, after
 	if missing == 0 && upto != math.MaxInt64 && want <= upto {
 		missing = max(want, after+1)
 	}
-	covered = true
+	covered = asked == len(asks)
 	for ev, e := range events {
 		switch e.kind {
 		case eventText, eventThought:

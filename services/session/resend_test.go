@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -464,5 +466,59 @@ func TestResendFillsTheMiddleOfACrashCutTurn(t *testing.T) {
 			t.Fatalf("resend after %d, in a crash-cut turn: lost %q, upto %d, want %d", after, resp.GetLost(), resp.GetUptoSeq(), end.Seq)
 		}
 		sameTurn(t, append(want, end), us)
+	}
+}
+
+// Approval requests and history_trimmed notices a gateway missed are
+// sent again with the rest, as they were published (their numbers and
+// params): an ask still open while its turn waits for the decision, and
+// both in a turn ended since, missed whole or from its middle. Before,
+// the open ask's turn was a loss, and an ended turn was sent without
+// them: a silent hole (a client never asked, a trim never told).
+func TestResendSendsApprovalRequestsAndTrimNotices(t *testing.T) {
+	h := newHarness(t)
+	// See TestTrimRetainedContext: the third turn's context (two turns
+	// of 27 estimated tokens, its prompt) passes 60, and the first goes.
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "tinyguarded", Provider: ProviderScripted, ContextBudgetTokens: 60,
+		ApprovalRequired: []string{"echo"}, ApprovalTimeout: 30 * time.Second}})
+	id := h.newSession(alice, "tinyguarded")
+	rec := h.record(id)
+	const say = "/say aaaa bbbb cccc dddd eeee ffff gggg"
+	liveTurn(h, rec, id, say)
+	second := liveTurn(h, rec, id, say)
+	prev := second[len(second)-1].Seq
+	res := h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id,
+		Prompt: "/say one\n" + `/tool echo {"text":"hi"}` + "\n/say after"})
+	live := rec.until(UpdateApprovalRequest)
+	if live[0].Type != UpdateHistoryTrimmed {
+		t.Fatalf("the third turn began with %s", types(live))
+	}
+	ask := live[len(live)-1]
+	for after := prev; after < ask.Seq; after++ {
+		resp, us := h.resend(id, after, 0)
+		if resp.GetLost() != "" || len(us) == 0 || fmt.Sprint(us[len(us)-1]) != fmt.Sprint(ask) {
+			t.Fatalf("resend after %d, the ask open: lost %q, %v; published %v", after, resp.GetLost(), us, ask)
+		}
+	}
+	if _, err := h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: ask.str("request_id"),
+		Decision: decisionOf(DecisionAllowOnce), Surface: surfaceOf(SurfaceRPC)}); err != nil {
+		t.Fatal(err)
+	}
+	live = append(live, rec.until(UpdateTurnComplete)...)
+	if r := testwait.Recv(t, res); r.err != nil || r.resp.GetOutcome() != outcomeEnum[OutcomeCompleted] {
+		t.Fatalf("prompt: %v %v", r.resp, r.err)
+	}
+	for after := prev; after < live[len(live)-1].Seq; after++ {
+		var missed []update
+		for _, u := range live {
+			if u.Seq > after {
+				missed = append(missed, u)
+			}
+		}
+		resp, us := h.resend(id, after, 0)
+		if resp.GetLost() != "" {
+			t.Fatalf("resend after %d, the turn ended: lost %q", after, resp.GetLost())
+		}
+		sameTurn(t, missed, us)
 	}
 }

@@ -221,8 +221,6 @@ func (s *Server) retainedContext(ctx context.Context, t *turn, agent AgentConfig
 	}
 	s.log.Info("retained context trimmed", zap.String("session_id", t.ls.id), zap.Int("dropped_messages", dropped),
 		zap.Int("kept_turns", keptTurns), zap.Int64("boundary", boundary))
-	s.publish(t.ls, UpdateHistoryTrimmed, fields{
-		"turn_id": t.id, "dropped_messages": dropped, "kept_turns": keptTurns, "reason": trimReason,
-	})
+	t.publishMapped(s, UpdateHistoryTrimmed, trimNotice(t.id, int64(dropped), int64(keptTurns)), trimCounts(dropped, keptTurns), markTrim)
 	return kept, nil
 }

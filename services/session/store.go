@@ -590,8 +590,8 @@ func finishToolCallTx(ctx context.Context, q querier, sessionID, callID, output 
 }
 
 func (st *store) insertApproval(ctx context.Context, sessionID, turnID string, a *approval) error {
-	if _, err := st.db.Exec(ctx, `INSERT INTO approvals (request_id, session_id, turn_id, tool_call_id, tool_name, arguments_summary)
-		VALUES ($1, $2, $3, $4, $5, $6)`, a.RequestID, sessionID, turnID, a.ToolCallID, a.ToolName, a.Summary); err != nil {
+	if _, err := st.db.Exec(ctx, `INSERT INTO approvals (request_id, session_id, turn_id, tool_call_id, tool_name, arguments_summary, timeout_secs)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`, a.RequestID, sessionID, turnID, a.ToolCallID, a.ToolName, a.Summary, a.timeoutSecs()); err != nil {
 		return fmt.Errorf("record approval request: %w", err)
 	}
 	return nil

@@ -435,9 +435,9 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 	} else {
 		t.textShown()
 	}
-	t.publishMapped(s, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": liveToolInput(args, rawInput)}, callEvent, -1)
+	t.publishMapped(s, UpdateToolCall, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_input": liveToolInput(args, rawInput)}, callEvent, markTool)
 
-	out, st := s.toolOutcome(ctx, t, agent, tools, call.Name, id, args, validArgs)
+	out, st := s.toolOutcome(ctx, t, agent, tools, call.Name, id, callEvent, args, validArgs)
 	kept := capToolOutput(out)
 
 	resultEvent := t.log.add(cpEvent{Step: t.step, Kind: eventToolResult, Content: kept, CallID: call.ID, ToolCallID: id, Name: call.Name})
@@ -458,7 +458,7 @@ func (s *Server) runTool(ctx context.Context, t *turn, agent AgentConfig, tools 
 		t.textShown()
 	}
 	t.publishMapped(s, UpdateToolResult, fields{"turn_id": t.id, "tool_call_id": id, "name": call.Name, "raw_output": capLiveOutput(out),
-		"output_bytes": out.size(), "status": st}, resultEvent, -1)
+		"output_bytes": out.size(), "status": st}, resultEvent, markTool)
 	return kept
 }
 
@@ -495,7 +495,7 @@ func (t *turn) unshownOf(text string) string {
 	return text[t.shown:]
 }
 
-func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, args json.RawMessage, validArgs bool) (toolOutput, string) {
+func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, tools *toolSet, name, id string, callEvent int64, args json.RawMessage, validArgs bool) (toolOutput, string) {
 	switch {
 	case tools.refused[name]:
 		return wholeOutput(fmt.Sprintf("Tool `%s` is not allowed for agent `%s` (agents.%s.tools)", name, agent.Alias, agent.Alias)), toolFailed
@@ -509,7 +509,7 @@ func (s *Server) toolOutcome(ctx context.Context, t *turn, agent AgentConfig, to
 		always := t.ls.alwaysAllowed[name]
 		t.ls.mu.Unlock()
 		if !always {
-			d := s.ask(ctx, t, id, name, args, agent.ApprovalTimeout)
+			d := s.ask(ctx, t, id, callEvent, name, args, agent.ApprovalTimeout)
 			if !d.allows() {
 				st := toolDenied
 				if d.Decision == decisionCancelled {
