@@ -259,3 +259,88 @@ func TestResendsTheMiddleOfATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 	}
 	wantStreamsNextTurn(t, b, f, session, kinds)
 }
+
+// The gateway's bus link goes down in the middle of a turn, after the
+// follower received its first text ("one two"), and comes back while
+// the turn still runs (its tool's result is in the transcript, its last
+// word a sleep away). The session service sends the updates the
+// follower missed from the running turn's map, with their numbers: the
+// follower is kept, gets the rest of the turn live, its text whole and
+// said once, and streams the next turn whole. Before, the service
+// answered that no ended turn held them, and the gateway closed the
+// follower.
+func TestResendsTheMiddleOfARunningTurnMissedWhileTheBusLinkWasDown(t *testing.T) {
+	t.Parallel()
+	b, px := startBehindBusProxy(t)
+	f, session, _ := followedAfterATurn(t, b)
+	kinds := updateKinds{}
+	text := &strings.Builder{}
+	onUpdateTexts(f, kinds, text)
+	p := b.s.Dial(t)
+	p.Timeout = 90 * time.Second
+	if _, err := p.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	prompted := make(chan error, 1)
+	go func() {
+		_, err := p.Call("session/prompt", map[string]any{"session_id": session,
+			"prompt": "/say one two\n/sleep 2000\n/say three\n" + `/tool echo {"text":"hi"}` + "\n/sleep 20000\n/say four"})
+		prompted <- err
+	}()
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
+			return err
+		}
+		if kinds["agent_message_chunk"] < 2 {
+			return fmt.Errorf("the follower has %v", kinds)
+		}
+		return nil
+	})
+	if text.String() != "one two" {
+		t.Fatalf("the follower had %q before the link went down", text.String())
+	}
+	px.block("clawmesh-gateway")
+	busLinkDownSeen(t, f)
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		raw, err := f.Call("session/messages", map[string]any{"session_id": session, "limit": 100})
+		if err == nil && !strings.Contains(string(raw), "echo: ") {
+			err = fmt.Errorf("no tool result in the transcript yet")
+		}
+		return err
+	})
+	if kinds["tool_call"] != 0 {
+		t.Fatalf("the follower received %v with the link down", kinds)
+	}
+	px.unblock()
+	follow := func(done func() error) func() error {
+		return func() error {
+			if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
+				t.Fatalf("the follower of a running turn whose middle it missed was closed: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
+			}
+			return done()
+		}
+	}
+	// The missed tool updates come while the turn still sleeps.
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, follow(func() error {
+		switch {
+		case kinds["turn_complete"] != 0:
+			t.Fatalf("the turn ended before the follower had the updates it missed: %v", kinds)
+		case kinds["tool_result"] == 0:
+			return fmt.Errorf("the follower has %v", kinds)
+		}
+		return nil
+	}))
+	testenv.Eventually(t, 60*time.Second, 100*time.Millisecond, follow(func() error {
+		if kinds["turn_complete"] == 0 {
+			return fmt.Errorf("no turn_complete yet: %v", kinds)
+		}
+		return nil
+	}))
+	if err := <-prompted; err != nil {
+		t.Fatalf("the prompt of the turn: %v", err)
+	}
+	if kinds["turn_complete"] != 1 || kinds["tool_call"] != 1 || kinds["tool_result"] != 1 || text.String() != "one two\nthree\nfour" {
+		t.Fatalf("the follower received %v, text %q", kinds, text.String())
+	}
+	wantStreamsNextTurn(t, b, f, session, kinds)
+}
