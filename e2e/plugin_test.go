@@ -336,6 +336,19 @@ func TestMemoryPluginScaled(t *testing.T) {
 		}
 		toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"a"}`+"\n/tool "+echoTool+` {"msg":"b"}`)
 	}
+	// The replicas started together on an empty compilation cache: one
+	// compiled each of the two modules, the other waited and loaded it
+	// (each compiled both, at once, and a busy machine's start failed).
+	logged := func(msg string) (n int) {
+		for _, name := range []string{"plugin-sandbox.log", "plugin-sandbox.1.log"} {
+			raw, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", name))
+			n += strings.Count(string(raw), `"msg":"`+msg+`"`)
+		}
+		return n
+	}
+	if c, l := logged("plugin compiled"), logged("plugin loaded from the compilation cache"); c != 2 || l < 2 {
+		t.Fatalf("two replicas, two modules: %d compiles, %d loads from the cache; want 2 and at least 2", c, l)
+	}
 	_, results, _ := toolTurn(t, v, id, `/tool plugin_memory_store {"key":"sky","content":"the sky is blue"}`)
 	if len(results) != 1 || results[0].Status != "completed" {
 		t.Fatalf("store: %+v", results)

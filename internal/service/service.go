@@ -170,6 +170,18 @@ func (e *Env) OnStarting(f func(what string)) {
 	f(e.starting)
 }
 
+// Starting says what Register does now, as health's reason until the
+// process serves ("compiling plugin echo (tool world)"): a long start
+// shows its steps, and the launcher takes a new step for progress rather
+// than a stall. Call it from Register only. A socket the launcher handed
+// over is answered from then on (AnswerEarly), as after a wait on
+// config: held, its health said nothing for as long as the start took,
+// and the launcher saw no step at all.
+func (e *Env) Starting(what string) {
+	e.setStarting(what, false)
+	e.Server.AnswerEarly()
+}
+
 // setStarting says what the start waits for, to health (SetStarting, or
 // SetWaitingOn when waitsOn: another process) and to OnStarting's.
 func (e *Env) setStarting(what string, waitsOn bool) {

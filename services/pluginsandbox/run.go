@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -108,11 +109,22 @@ func Register(ctx context.Context, env *service.Env) error {
 		return fmt.Errorf("session service: %w", err)
 	}
 	env.OnClose(func() { _ = sessConn.Close() })
+	// The first scan's compiles are most of the start (seconds each, and
+	// each waits for a replica compiling the same module): health says
+	// each, which the launcher's readiness bound takes for progress. The
+	// scans after the start say nothing there.
+	var registered atomic.Bool
+	defer registered.Store(true)
 	host, err := wasmhost.New(ctx, wasmhost.Config{
 		Limits:   settings.Limits,
 		CacheDir: filepath.Join(env.DataDir, "wasm-cache"),
 		Logger:   env.Log,
 		HTTP:     wasmhost.HTTPLimits{AllowedNetworks: settings.HTTPAllowedNetworks},
+		Progress: func(what string) {
+			if !registered.Load() {
+				env.Starting(what)
+			}
+		},
 	})
 	if err != nil {
 		return err

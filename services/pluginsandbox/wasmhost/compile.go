@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"go.uber.org/zap"
@@ -124,7 +125,18 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
 	}
+	compiling := fmt.Sprintf("compiling plugin %s (%s world)", spec.Name, spec.World)
+	unlock, err := h.lockCompile(ctx, func() {
+		h.progress(fmt.Sprintf("waiting for another replica's compile (plugin %s, %s world)", spec.Name, spec.World))
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	h.progress(compiling)
+	stopTicks := h.compileTicks(compiling)
 	h.remakeCacheDir()
+	began, entries := time.Now(), cacheEntries(h.cfg.CacheDir)
 	mod, err := h.rt.CompileModule(ctx, prepared)
 	if err != nil && cacheFailed(err) {
 		// The cache only saves a later compile: an entry that could not
@@ -139,6 +151,7 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 			zap.String("plugin", spec.Name), zap.Error(err))
 		mod, err = h.rt.CompileModule(ctx, prepared)
 	}
+	stopTicks()
 	h.trimCache() // the compile may have added an entry
 	if err != nil && cacheFailed(err) {
 		return nil, fmt.Errorf("wasmhost: compilation cache: %w", err)
@@ -146,12 +159,28 @@ func (h *Host) compile(ctx context.Context, spec PluginSpec) (*compiled, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidModule, err)
 	}
+	if h.cfg.CacheDir != "" {
+		// Said, so that a slow start shows which replica did the work.
+		msg := "plugin loaded from the compilation cache"
+		if cacheEntries(h.cfg.CacheDir) > entries {
+			msg = "plugin compiled"
+		}
+		h.logger.Info(msg, zap.String("plugin", spec.Name), zap.String("world", string(spec.World)),
+			zap.Duration("took", time.Since(began)))
+	}
 	c := &compiled{host: h, spec: &spec, mod: mod, report: rep, minMemory: minMemory(mod)}
 	if err := c.checkABI(); err != nil {
 		_ = mod.Close(ctx)
 		return nil, err
 	}
 	return c, nil
+}
+
+// progress tells Config.Progress what a load does now.
+func (h *Host) progress(what string) {
+	if h.cfg.Progress != nil {
+		h.cfg.Progress(what)
+	}
 }
 
 // remakeCacheDir makes the compilation cache's folders again if they were

@@ -63,6 +63,11 @@ type Config struct {
 	PoolSize int
 	// Logger receives host events and, unless LogSink is set, plugin logs.
 	Logger *zap.Logger
+	// Progress, when set, is told what a load does now ("compiling
+	// plugin echo (tool world)", "waiting for another replica's
+	// compile ..."): the sandbox's start says it in its health, so that
+	// the launcher sees a long start progress rather than stall.
+	Progress func(what string)
 	// LogSink, when set, receives plugin log records instead of Logger.
 	LogSink LogSink
 	// LogIdleReport is how often the log drain wakes when idle to report the
