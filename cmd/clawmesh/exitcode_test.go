@@ -33,6 +33,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"up", "--config-dir", none, "--scale", "session=2"}, 2, "only plugin-sandbox runs several replicas"},
 		// A negative timeout disabled the probe without a word, as 0 does.
 		{[]string{"up", "--config-dir", none, "--liveness-timeout", "-5s"}, 2, "--liveness-timeout -5s: want a duration of 0 or more (0 disables the probe)"},
+		{[]string{"up", "--config-dir", none, "--ready-timeout", "0s"}, 2, "--ready-timeout 0s: want a duration of at least 1s"},
 		{[]string{"call"}, 2, "want METHOD"},
 		{[]string{"call", "status", "{bad", "--config-dir", none}, 2, "PARAMS_JSON"},
 		// JSON, but not params: refused here, before the stack is dialled

@@ -29,7 +29,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 const upUsage = `usage: clawmesh up [--config-dir DIR] [--set PROP=VALUE]... [--set-file FILE]
                   [--scale SERVICE=N]... [--ephemeral] [--liveness-timeout D]
-                  [--bin-dir DIR] [--log-level LEVEL]
+                  [--ready-timeout D] [--bin-dir DIR] [--log-level LEVEL]
 
 Runs the whole stack on this host in the foreground (alias: daemon): a
 PostgreSQL cluster of the machine's binaries in the data directory (or
@@ -46,7 +46,7 @@ func up(args []string, out io.Writer) error {
 		dir, binDir, logLevel, setFile string
 		ephemeral                      bool
 		sets, scales                   multiFlag
-		liveness                       time.Duration
+		liveness, ready                time.Duration
 	)
 	fs.StringVar(&dir, "config-dir", "", "data directory (env ZEROCLAW_CONFIG_DIR, ZEROCLAW_DATA_DIR; default ~/.zeroclaw/data)")
 	fs.StringVar(&binDir, "bin-dir", "", "folder of the service binaries (default: beside clawmesh)")
@@ -57,6 +57,8 @@ func up(args []string, out io.Writer) error {
 	fs.Var(&scales, "scale", "replicas of a service, e.g. plugin-sandbox=3 (repeatable)")
 	fs.DurationVar(&liveness, "liveness-timeout", launcher.DefaultLiveness,
 		"kill and restart a process that leaves its health check unanswered this long; 0 disables")
+	fs.DurationVar(&ready, "ready-timeout", launcher.DefaultReadyTimeout,
+		"give up the start when a process makes no progress this long (its health's reason unchanged; at most 10 times this in all)")
 	rest, err := parseArgs(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		usageOf(out, upUsage, fs)
@@ -72,6 +74,9 @@ func up(args []string, out io.Writer) error {
 	// it as "disabled" and the stack would run without its liveness probe.
 	if liveness < 0 {
 		return usageErrorf("--liveness-timeout %s: want a duration of 0 or more (0 disables the probe)", liveness)
+	}
+	if ready < time.Second {
+		return usageErrorf("--ready-timeout %s: want a duration of at least 1s", ready)
 	}
 	if setFile != "" {
 		fromFile, err := readSetFile(setFile)
@@ -120,15 +125,16 @@ func up(args []string, out io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
 	err = launcher.Run(ctx, launcher.Config{
-		DataDir:     data,
-		BinDir:      binDir,
-		DatabaseURL: os.Getenv("DATABASE_URL"),
-		NATSURL:     os.Getenv("NATS_URL"),
-		Sets:        sets,
-		Scale:       scale,
-		Ephemeral:   ephemeral,
-		Liveness:    liveness,
-		Log:         log,
+		DataDir:      data,
+		BinDir:       binDir,
+		DatabaseURL:  os.Getenv("DATABASE_URL"),
+		NATSURL:      os.Getenv("NATS_URL"),
+		Sets:         sets,
+		Scale:        scale,
+		Ephemeral:    ephemeral,
+		Liveness:     liveness,
+		ReadyTimeout: ready,
+		Log:          log,
 	})
 	switch {
 	case errors.Is(err, launcher.ErrEphemeralDone):

@@ -152,6 +152,10 @@ func TempDataDir(t testing.TB) string {
 	return filepath.Join(base, "data")
 }
 
+// launchBound bounds the wait for a stack's socket line: past the
+// launcher's own cap on a start (ten times its readiness bound).
+const launchBound = 11 * time.Minute
+
 // Launch starts `clawmesh up` and waits for the socket line; it fails if
 // the launcher exits first, with its stderr in the error.
 func Launch(t testing.TB, bin, dir string, args ...string) (*Stack, error) {
@@ -188,7 +192,12 @@ func LaunchEnv(t testing.TB, bin, dir string, env []string, args ...string) (*St
 		close(lines)
 		_, _ = io.Copy(io.Discard, stdout)
 	}()
-	deadline := time.After(120 * time.Second)
+	// The launcher fails a start that stops progressing by itself
+	// (--ready-timeout, 60 s without a new step) and one that progresses
+	// for more than ten times that: this bound is for a launcher that
+	// hangs. A fixed 120 s here would fail a start the launcher still
+	// rightly waits for on a busy machine (sandbox replicas compiling).
+	deadline := time.After(launchBound)
 	for {
 		select {
 		case line, ok := <-lines:
@@ -203,7 +212,7 @@ func LaunchEnv(t testing.TB, bin, dir string, env []string, args ...string) (*St
 			}
 		case <-deadline:
 			_ = cmd.Process.Kill()
-			return nil, fmt.Errorf("clawmesh up not ready after 120 s:\n%s", s.stderr.tail(4000))
+			return nil, fmt.Errorf("clawmesh up not ready after %v:\n%s", launchBound, s.stderr.tail(4000))
 		}
 	}
 }

@@ -56,6 +56,10 @@ var (
 	ErrDataDirRemoved = errors.New("data directory removed while the stack ran")
 )
 
+// DefaultReadyTimeout is how long a start waits for a process that makes
+// no progress (`clawmesh up --ready-timeout`).
+const DefaultReadyTimeout = 60 * time.Second
+
 // Config is the launcher's configuration.
 type Config struct {
 	DataDir string
@@ -70,7 +74,8 @@ type Config struct {
 	Scale map[string]int
 	// Ephemeral stops the stack 1 s after the last client leaves.
 	Ephemeral bool
-	// ReadyTimeout bounds the wait for each process's health.
+	// ReadyTimeout bounds a wait for processes' health without progress
+	// (supervisor.waitReadyTold); default DefaultReadyTimeout.
 	ReadyTimeout time.Duration
 	// Liveness is how long a running process may leave its health check
 	// unanswered before it is killed and restarted; default
@@ -101,7 +106,7 @@ func (c *Config) withDefaults() error {
 		return err
 	}
 	if c.ReadyTimeout <= 0 {
-		c.ReadyTimeout = 60 * time.Second
+		c.ReadyTimeout = DefaultReadyTimeout
 	}
 	switch {
 	case c.Liveness == 0:

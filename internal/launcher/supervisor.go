@@ -44,6 +44,12 @@ const (
 	readyTick = 10 * time.Millisecond
 )
 
+// readyProgressCap bounds a start that keeps progressing: at most this
+// many times the readiness bound (waitReadyTold), ten minutes by
+// default, so that a process whose reason changes for ever (a dependency's
+// error naming a new port each time) still fails the start.
+var readyProgressCap time.Duration = 10
+
 // prober asks a process whether it is alive and ready.
 type prober interface {
 	// probe reports answered when the process replied at all (it is
@@ -426,10 +432,22 @@ func (s *supervisor) waitReady(ctx context.Context, limit time.Duration, procs [
 
 // waitReadyTold is waitReady that calls answered (when not nil) once
 // for each process, the first time it answers a probe, ready or not.
+//
+// limit bounds a wait without progress, not the whole wait: a process
+// whose health gives a new reason (a step of its start: "connecting to
+// the bus", "compiling plugin echo (tool world)") has progressed, and
+// the wait for every process of procs goes on for limit from there, up
+// to readyProgressCap times limit in all. Replicas of the plugin sandbox
+// starting together on a busy machine spent the whole minute compiling
+// their plugins, each step in turn, and the start failed; one waiting
+// for another's compile progresses when that one does.
 func (s *supervisor) waitReadyTold(ctx context.Context, limit time.Duration, procs []*proc, answered func(*proc)) error {
 	start := time.Now()
 	deadline := time.NewTimer(limit)
 	defer deadline.Stop()
+	lastProgress := start
+	total := start.Add(limit * readyProgressCap)
+	said := make(map[*proc]string, len(procs)) // the last reason each answered
 	// gRPC processes notify (their health Watch stream); the tick is for
 	// the others (PostgreSQL) and a fallback.
 	tick := time.NewTicker(readyTick)
@@ -458,6 +476,7 @@ func (s *supervisor) waitReadyTold(ctx context.Context, limit time.Duration, pro
 	told := make(map[*proc]bool, len(procs))
 	for {
 		var still []*proc
+		progressed := false
 		for _, p := range pending {
 			r := p.current()
 			select {
@@ -477,11 +496,21 @@ func (s *supervisor) waitReadyTold(ctx context.Context, limit time.Duration, pro
 			if err != nil {
 				why[p] = err
 				still = append(still, p)
+				if replied && said[p] != err.Error() {
+					said[p] = err.Error()
+					progressed = true
+				}
 			}
 		}
 		pending = still
 		if len(pending) == 0 {
 			return nil
+		}
+		if progressed {
+			if now := time.Now(); now.Before(total) {
+				lastProgress = now
+				deadline.Reset(min(limit, total.Sub(now)))
+			}
 		}
 		if time.Since(lastLog) >= s.waitLogEvery {
 			lastLog = time.Now()
@@ -497,9 +526,17 @@ func (s *supervisor) waitReadyTold(ctx context.Context, limit time.Duration, pro
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-deadline.C:
+			// Said as a stall or as the cap on a start that kept
+			// progressing; the bound is --ready-timeout either way.
+			after := fmt.Sprintf("no progress for %v (%v since the wait began; --ready-timeout)",
+				time.Since(lastProgress).Round(time.Second), time.Since(start).Round(time.Second))
+			if !time.Now().Before(total) {
+				after = fmt.Sprintf("still starting after %v, %d times --ready-timeout (%v)",
+					time.Since(start).Round(time.Second), readyProgressCap, limit)
+			}
 			var errs []error
 			for _, p := range pending {
-				errs = append(errs, fmt.Errorf("%w: %s after %v: %w (see %s)", ErrNotReady, p.name, limit, why[p], s.logPath(p)))
+				errs = append(errs, fmt.Errorf("%w: %s: %s: %w (see %s)", ErrNotReady, p.name, after, why[p], s.logPath(p)))
 			}
 			return errors.Join(errs...)
 		case <-tick.C:

@@ -508,3 +508,45 @@ func running(pid int) bool {
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
+
+// The readiness bound measures a stall, not the start's whole work: a
+// process whose health says a new step of its start (replicas of the
+// plugin sandbox compiling their plugins on a busy machine) is waited
+// for past the bound, one that stays at a step fails it, and so does one
+// that steps for ever, at readyProgressCap times the bound.
+func TestWaitReadyWaitsForAStartThatProgresses(t *testing.T) {
+	r := newRig(t, 0)
+	// Twenty steps of 250 ms: 5 s in all against a bound of 3 s, each
+	// step well inside it.
+	slow := r.proc("compiling", "steps", "FAKE_STEPS=20", "FAKE_LIFE=250ms")
+	if err := r.sup.start(slow, noStop); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if err := r.sup.waitReady(context.Background(), 3*time.Second, []*proc{slow}); err != nil {
+		t.Fatalf("a start that progresses, after %v: %v", time.Since(began).Round(time.Millisecond), err)
+	}
+	if took := time.Since(began); took < 3*time.Second {
+		t.Fatalf("the steps took %v: not past the bound, the test proves nothing", took)
+	}
+
+	stuck := r.proc("stuck", "steps", "FAKE_STEPS=12", "FAKE_LIFE=100ms", "FAKE_HANG=3")
+	if err := r.sup.start(stuck, noStop); err != nil {
+		t.Fatal(err)
+	}
+	err := r.sup.waitReady(context.Background(), 3*time.Second, []*proc{stuck})
+	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "no progress for") || !strings.Contains(err.Error(), "starting: step 3") {
+		t.Fatalf("a start stuck at its third step: %v", err)
+	}
+
+	defer func(c time.Duration) { readyProgressCap = c }(readyProgressCap)
+	readyProgressCap = 3
+	endless := r.proc("endless", "steps", "FAKE_STEPS=-1", "FAKE_LIFE=100ms")
+	if err := r.sup.start(endless, noStop); err != nil {
+		t.Fatal(err)
+	}
+	err = r.sup.waitReady(context.Background(), 2*time.Second, []*proc{endless})
+	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "still starting after") {
+		t.Fatalf("a start stepping for ever: %v", err)
+	}
+}

@@ -10,6 +10,10 @@
 //	notserving  serve health NOT_SERVING, the reason "database: FAKE_MESSAGE"
 //	slowstart   write FAKE_MESSAGE to stderr (when set), wait FAKE_LIFE,
 //	            then serve
+//	steps       answer health at once, NOT_SERVING with the reason
+//	            "starting: step N", N from 1 to FAKE_STEPS, each for
+//	            FAKE_LIFE, then serve; FAKE_STEPS=-1 never ends, and
+//	            FAKE_HANG=N stays at step N for good
 package main
 
 import (
@@ -65,6 +69,8 @@ func main() {
 		serve(*listen, nil)
 	case "notserving":
 		serve(*listen, errors.New(os.Getenv("FAKE_MESSAGE")))
+	case "steps":
+		steps(*listen, life)
 	default:
 		serve(*listen, nil)
 	}
@@ -80,6 +86,38 @@ func serve(listen string, dependency error) {
 		os.Exit(2)
 	}
 	srv.SetDependency("database", dependency)
+	srv.SetServing()
+	if err := srv.Serve(ctx, lis); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+}
+
+// steps stands in for a long start that says each of its steps.
+func steps(listen string, each time.Duration) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	srv := grpcserver.New(zap.NewNop(), time.Second)
+	lis, err := grpcserver.Listen(listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	lis = srv.ServeEarly(lis)
+	n, _ := strconv.Atoi(os.Getenv("FAKE_STEPS"))
+	hang, _ := strconv.Atoi(os.Getenv("FAKE_HANG"))
+	for i := 1; n < 0 || i <= n; i++ {
+		srv.SetStarting(fmt.Sprintf("step %d", i))
+		if i == hang {
+			<-ctx.Done()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(each):
+		}
+	}
 	srv.SetServing()
 	if err := srv.Serve(ctx, lis); err != nil {
 		fmt.Fprintln(os.Stderr, err)
