@@ -103,7 +103,9 @@ func wasm(name, file, src string) (string, error) {
 		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.err = fmt.Errorf("build guest %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+			return
 		}
+		b.err = precompile(b.path)
 	})
 	return b.path, b.err
 }
@@ -142,6 +144,8 @@ func Cleanup() {
 	if state.dir != "" {
 		os.RemoveAll(state.dir)
 		state.dir, state.builds = "", nil
+		// The precompile helper was built into that folder.
+		precompiler.once, precompiler.path, precompiler.err = sync.Once{}, "", nil
 	}
 	if state.cacheTemp {
 		os.RemoveAll(state.cacheDir)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package guestbuild
+
+const raceEnabled = false
