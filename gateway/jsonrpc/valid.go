@@ -3,6 +3,7 @@ package jsonrpc
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 
 	"github.com/segmentio/asm/ascii"
 
@@ -196,17 +197,42 @@ func hasControl(b []byte) bool {
 	return false
 }
 
+// shortString is how many bytes of a string validString reads a word at
+// a time before it hands the rest to the vector searches. A key, an id or
+// a streamed chunk's few words ends within it: every string of a session
+// update does. Those searches cost a call and a set-up each, three a
+// string, more than such a string's words; they were a tenth of the
+// gateway's CPU a streamed chunk ("Fifty-ninth round: fan-out" in
+// docs/performance.md).
+const shortString = 64
+
 // validString checks the string at b[i] == '"' and returns the index past
 // its closing quote, or -1.
 func validString(b []byte, i int) int {
 	i++
-	// The common string, with no escape: up to the first quote, no
-	// backslash and no control byte. The two searches are the runtime's
-	// vector code. The control bytes are looked for by segmentio/asm's
-	// vector test for printable ASCII, which a chunk's base64 is: a
-	// seventh of hasControl's time on a 1.4 MB string (the largest of the
-	// three passes over it). A string with other bytes (non-ASCII text)
-	// is left to hasControl, which alone says whether one is a control.
+	// Its first shortString bytes a word at a time. The lowest byte
+	// special marks is the first that is special: a quote ends the
+	// string, anything else is for the byte loop.
+	for end := i + shortString; i < end && len(b)-i >= 8; i += 8 {
+		if m := special(binary.LittleEndian.Uint64(b[i:])) & swarHighs; m != 0 {
+			i += bits.TrailingZeros64(m) / 8
+			if b[i] == '"' {
+				return i + 1
+			}
+			return validStringRest(b, i)
+		}
+	}
+	if len(b)-i < 8 {
+		return validStringRest(b, i)
+	}
+	// A long string (a chunk's base64), its first bytes plain: the rest
+	// without an escape is up to the first quote, with no backslash and no
+	// control byte. The two searches are the runtime's vector code. The
+	// control bytes are looked for by segmentio/asm's vector test for
+	// printable ASCII, which a chunk's base64 is: a seventh of
+	// hasControl's time on a 1.4 MB string (the largest of the three
+	// passes over it). A string with other bytes (non-ASCII text) is left
+	// to hasControl, which alone says whether one is a control.
 	if e := bytes.IndexByte(b[i:], '"'); e >= 0 {
 		if seg := b[i : i+e]; bytes.IndexByte(seg, '\\') < 0 {
 			if ascii.ValidPrint(seg) || !hasControl(seg) {
@@ -215,9 +241,15 @@ func validString(b []byte, i int) int {
 			return -1
 		}
 	}
+	return validStringRest(b, i)
+}
+
+// validStringRest checks a string from b[i] on, every byte of it before
+// b[i] plain, and returns the index past its closing quote, or -1.
+func validStringRest(b []byte, i int) int {
 	for {
-		// A string with escapes: thirty-two plain bytes at a time while
-		// there are, one branch for four words that the core works on
+		// Thirty-two plain bytes at a time while there are (a long string
+		// with escapes), one branch for four words that the core works on
 		// side by side.
 		for len(b)-i >= 32 {
 			w := b[i : i+32]

@@ -49,6 +49,32 @@ func TestValidMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// Strings of every length up to past shortString, as values and as keys,
+// each with a special byte (or a plain one) at every position: where the
+// word loop at a string's start finds its end, hands a special byte to
+// the byte loop, or hands a long string to the vector searches.
+func TestValidStringLengths(t *testing.T) {
+	for n := 0; n <= shortString+20; n++ {
+		for _, c := range []byte{'x', '"', '\\', 0x00, 0x1f, 0x7f, 0x80, 0xff} {
+			for pos := 0; pos <= n; pos++ {
+				body := []byte(strings.Repeat("y", n))
+				if pos < n {
+					body[pos] = c
+				}
+				for _, s := range [][]byte{
+					append(append([]byte(`"`), body...), '"'),
+					append(append([]byte(`{"`), body...), `":"v"}`...),
+					append(append([]byte(`["`), body...), `\n", "`+string(body)+`"]`...),
+				} {
+					if got, want := valid(s), json.Valid(s); got != want {
+						t.Fatalf("%q: valid %v, json.Valid %v", s, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
 // Long strings without an escape, as a chunk's base64 is, are tested for
 // control bytes by a vector test for printable ASCII before hasControl:
 // a control byte anywhere in them is refused, next to the vector loops'
@@ -106,10 +132,13 @@ func BenchmarkValid(b *testing.B) {
 	chunk := []byte(fmt.Sprintf(`{"jsonrpc":"2.0","method":"file/upload/chunk","params":{"upload_id":"0123456789abcdef0123456789abcdef","offset":0,"data_b64":%q},"id":3}`,
 		base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0xa5, 0x17, 0x3c}, 1<<20/3))))
 	small := []byte(`{"jsonrpc":"2.0","method":"session/prompt","params":{"session_id":"sess-0123456789","prompt":"hello there"},"id":7}`)
+	// A streamed chunk's session/update params as the gateway checks them
+	// (EncodeRawNotification), once an update: short strings only.
+	update := []byte(`{"session_id":"s-00000000000000000000000042","sessionId":"s-00000000000000000000000042","text":"1733529600123456789 ","turn_id":"turn_000000000000000000000000","type":"agent_message_chunk"}`)
 	for _, c := range []struct {
 		name  string
 		frame []byte
-	}{{"chunk", chunk}, {"small", small}} {
+	}{{"chunk", chunk}, {"small", small}, {"update", update}} {
 		b.Run(c.name+"/valid", func(b *testing.B) {
 			b.SetBytes(int64(len(c.frame)))
 			for range b.N {
