@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -278,6 +279,14 @@ type Conn struct {
 	// writeNow writes what the socket takes without waiting (nil where
 	// unavailable): deferred replies use it, as they must not block.
 	writeNow func([]byte) (int, error)
+
+	// rc is the socket the read loop reads in place (nil where it reads
+	// through nc); inPlace is set while it does (readInPlace).
+	rc      syscall.RawConn
+	inPlace atomic.Bool
+	// readsSkipped counts the reads the loop did not try, reading in
+	// place (socketSource): for tests and diagnostics.
+	readsSkipped atomic.Int64
 }
 
 // NewConn wraps an accepted connection. The initialize deadline starts now;
@@ -299,6 +308,7 @@ func NewConn(nc net.Conn, h Handler, opts Options) *Conn {
 		writerDone: make(chan struct{}),
 		pending:    make(map[ID]chan *Response),
 		writeNow:   writeNow(nc),
+		rc:         inPlaceConn(nc),
 	}
 	if opts.FrameBudget != nil {
 		c.fr.UseBudget(opts.FrameBudget, c.done)
@@ -385,25 +395,94 @@ func (c *Conn) Run(ctx context.Context) error {
 	return c.Err()
 }
 
+// readLoop reads and dispatches frames until the connection ends: in
+// place on a Unix socket (readInPlace), else through net.Conn. A wait
+// that failed in place (a frame deadline passed, the socket closed) is
+// read out through the frame reader, as any read error is.
 func (c *Conn) readLoop() {
 	defer c.fr.Release() // its budget, and any partial frame, uncopied
-	for {
-		if !c.awaitRoom() {
+	if c.rc != nil {
+		err := c.readInPlace()
+		if err == nil {
 			return
 		}
+		c.fr.fail(err)
+	}
+	c.serveFrames()
+}
+
+// readInPlace runs the read loop inside the socket's RawConn.Read, where
+// the runtime's poller keeps the socket's readiness from one read to the
+// next: after a read that emptied the socket, the loop waits for it to
+// become readable instead of trying a read that would find nothing,
+// when what it read is answered (see socketSource). A client that waits
+// for each answer, as most do, then costs one read a request instead of
+// two, and system calls are most of what a request costs the gateway
+// (docs/performance.md, twenty-ninth and fifty-ninth rounds).
+//
+// While the loop runs inside RawConn.Read the descriptor cannot be
+// closed: net.Conn.Close would wait for the loop to leave, and the loop
+// may be the caller. closeWith therefore shuts the socket down, which
+// ends the loop's wait and reads, and the loop closes the socket as it
+// leaves. readInPlace returns the error of a failed wait, nil when the
+// loop ended inside.
+func (c *Conn) readInPlace() error {
+	src := &socketSource{skips: &c.readsSkipped}
+	c.fr.inPlace = src
+	c.inPlace.Store(true)
+	defer func() {
+		c.fr.inPlace = nil
+		c.inPlace.Store(false)
+		if c.isClosed() {
+			_ = c.nc.Close() // closeWith only shut it down
+		}
+	}()
+	first := true
+	return c.rc.Read(func(fd uintptr) bool {
+		src.fd = int(fd)
+		src.ready = !first // every call but the first follows a wait
+		first = false
+		return !c.serveFrames()
+	})
+}
+
+// unanswered notes that the frame just read gets no answer: reading in
+// place, the read after it is tried before any wait (see socketSource).
+func (c *Conn) unanswered() {
+	if c.fr.inPlace != nil {
+		c.fr.inPlace.unanswered = true
+	}
+}
+
+// serveFrames reads and dispatches frames until the connection ends or,
+// reading in place, until the socket has nothing more to read: it
+// reports true then, and the caller waits for the socket.
+func (c *Conn) serveFrames() (wait bool) {
+	for {
+		if !c.awaitRoom() {
+			return false
+		}
 		line, err := c.fr.ReadFrame()
+		if err == errWouldBlock {
+			// Our own close shuts the socket down, and its wake-up may
+			// have come with the bytes just read: it would not come again.
+			return !c.isClosed()
+		}
 		if err != nil {
 			if c.held.Load() != nil && c.waitRoom() {
 				c.dispatchHeld() // answered before a half-close drains
 			}
 			c.readFailed(err)
-			return
+			return false
 		}
 		frame, lease := c.fr.Own(line)
 		m := Classify(frame)
 		switch m.Kind {
 		case KindRequest, KindNotification:
 			req := m.Request
+			if m.Kind == KindNotification {
+				c.unanswered()
+			}
 			req.lease = lease
 			if req.held = int64(cap(lease.buf)); req.held > 0 {
 				c.heldFrames.Add(req.held)
@@ -424,15 +503,16 @@ func (c *Conn) readLoop() {
 				// A second request while one is held: read nothing more
 				// until both have room, the held one first.
 				if !c.waitRoom() {
-					return
+					return false
 				}
 				c.dispatchHeld()
 				if !c.waitRoom() {
-					return
+					return false
 				}
 			}
 			c.dispatch(req)
 		case KindResponse:
+			c.unanswered()
 			c.deliver(m.Response)
 		default:
 			if m.Reply != nil {
@@ -440,6 +520,7 @@ func (c *Conn) readLoop() {
 					zap.Int64("code", m.Reply.Error.Code))
 				c.send(context.Background(), m.Reply)
 			} else {
+				c.unanswered()
 				c.log.Warn("malformed response dropped", zap.String("problem", m.Problem))
 			}
 		}
@@ -1449,6 +1530,19 @@ func (w *stallWatch) stalled(now time.Time, limit time.Duration, n int, sent int
 	return n == 0
 }
 
+// closeSocket closes the socket or, while the read loop reads it in
+// place, shuts it down: the loop closes it as it leaves (readInPlace).
+// closeWith marks the connection closed before it calls this, and
+// readInPlace clears inPlace before it looks at that mark, so one of the
+// two closes the socket.
+func (c *Conn) closeSocket() {
+	if c.inPlace.Load() {
+		shutdownSocket(c.rc)
+		return
+	}
+	_ = c.nc.Close()
+}
+
 // closeWith closes the connection once, recording reason.
 func (c *Conn) closeWith(reason error) {
 	if reason == nil {
@@ -1478,7 +1572,7 @@ func (c *Conn) closeWith(reason error) {
 		c.wspace = nil
 	}
 	c.wmu.Unlock()
-	_ = c.nc.Close()
+	c.closeSocket()
 	if cancel != nil {
 		cancel(wrapClosed(reason))
 	}

@@ -167,7 +167,17 @@ type FrameReader struct {
 	// time: a 1.4 MB frame read 4 KiB a read took ten times as long as
 	// one read a block at a time (fifty-sixth round).
 	scanned int
+
+	// inPlace, while set, is read instead of r (see readInPlace in
+	// conn.go): errWouldBlock from it is passed on, not kept, and the
+	// frame deadline is checked here before each read of a partial
+	// frame, as the socket's own deadline is checked only in its waits.
+	inPlace *socketSource
 }
+
+// errWouldBlock says the socket holds nothing to read now: the reader's
+// caller gives the wait back to the runtime's poller (readInPlace).
+var errWouldBlock = errors.New("jsonrpc: nothing to read yet")
 
 // NewFrameReader returns a reader of frames of at most max bytes (max <= 0
 // means DefaultMaxFrameBytes). timeout <= 0 disables the frame timeout.
@@ -283,6 +293,10 @@ func (f *FrameReader) ReadFrame() ([]byte, error) {
 		n := f.buffered()
 		if n > f.max && f.over(n, f.lastByte()) {
 			return nil, ErrFrameTooLarge
+		}
+		if f.err == errWouldBlock {
+			f.err = nil
+			return nil, errWouldBlock
 		}
 		if f.err != nil {
 			err := f.err
@@ -446,7 +460,16 @@ func (f *FrameReader) fill(n int) {
 			_ = f.dl.SetReadDeadline(time.Time{})
 		}
 	}
-	m, err := f.r.Read(f.buf[f.end:limit])
+	r := f.r
+	if f.inPlace != nil {
+		if n > 0 && f.dl != nil && time.Now().After(f.frameAt.Add(f.timeout)) {
+			f.err = os.ErrDeadlineExceeded
+			return
+		}
+		f.inPlace.partial = n > 0
+		r = f.inPlace
+	}
+	m, err := r.Read(f.buf[f.end:limit])
 	if m > 0 {
 		f.readAt = time.Now()
 		if n == 0 {
@@ -455,6 +478,13 @@ func (f *FrameReader) fill(n int) {
 		f.end += m
 	}
 	if err != nil {
+		f.err = err
+	}
+}
+
+// fail makes err the reader's sticky error, as if a read had returned it.
+func (f *FrameReader) fail(err error) {
+	if f.err == nil {
 		f.err = err
 	}
 }
