@@ -390,6 +390,12 @@ func (d *doctor) staleClusters(dir string, fix bool) {
 	if os.Geteuid() != 0 {
 		return // an ordinary user's cluster lives in its data directory
 	}
+	if d.elsewhere != "" {
+		// The services, the database among them, run in other
+		// containers: no cluster here is this deployment's, and a
+		// gateway's pod failed on whatever its host's folder held.
+		return
+	}
 	switch old, cur := pgcluster.EarlierCluster(dir), pgcluster.Dir(dir); {
 	case old == "":
 	case cur == "":
