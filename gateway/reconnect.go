@@ -275,8 +275,12 @@ func (h *hub) checkBatch(batch []*followCheck, gen int64) {
 				// bus server, and may never be.
 				h.log.Warn("the session service's bus link stayed down after the gateway's came back: the connections following the sessions it has not caught up on are closed",
 					zap.Int("sessions", len(pending)), zap.Duration("waited", reconnectUnflushed))
+				// Not sent again from what the session service stored:
+				// a turn still running there is stored up to now, and
+				// its later updates, its end among them, would wait in
+				// that buffer with nothing here watching for them.
 				for _, c := range pending {
-					h.lose(c)
+					h.cut(c)
 				}
 				return
 			}
@@ -453,6 +457,11 @@ func (h *hub) lose(c *followCheck) {
 		h.repairNow(c.t, c.id, after, c.want, "session updates missed while the bus was disconnected") {
 		return
 	}
+	h.cut(c)
+}
+
+// cut is lose without the resend: c's followers are closed.
+func (h *hub) cut(c *followCheck) {
 	c.t.mu.Lock()
 	defer c.t.mu.Unlock()
 	switch {
