@@ -68,14 +68,9 @@ func Unquote(b []byte) (s string, rest []byte, ok bool) {
 			continue
 		}
 		if utf16.IsSurrogate(r) {
-			// A pair decodes to its rune; a surrogate alone, as
-			// encoding/json decodes it, to U+FFFD.
-			if d := utf16.DecodeRune(r, hex4(lit[i:])); d != utf8.RuneError {
-				r = d
-				i += 6
-			} else {
-				r = utf8.RuneError
-			}
+			var used int
+			r, used = surrogate(r, lit[i:])
+			i += used
 		}
 		w += utf8.EncodeRune(out[w:], r)
 	}
@@ -160,3 +155,14 @@ var (
 		'A': 11, 'B': 12, 'C': 13, 'D': 14, 'E': 15, 'F': 16,
 	}
 )
+
+// surrogate decodes the surrogate r with the \uXXXX escape that may
+// follow it in next: a pair decodes to its rune (used, the second
+// escape's 6 bytes); a surrogate alone, as encoding/json decodes it, to
+// U+FFFD (used 0).
+func surrogate(r rune, next []byte) (decoded rune, used int) {
+	if d := utf16.DecodeRune(r, hex4(next)); d != utf8.RuneError {
+		return d, 6
+	}
+	return utf8.RuneError, 0
+}

@@ -66,14 +66,9 @@ func UnquoteStart(b []byte, n int) (start string, total int, rest []byte, ok boo
 			}
 			i += 6
 			if utf16.IsSurrogate(r) {
-				// As Unquote: a pair decodes to its rune, a surrogate
-				// alone to U+FFFD.
-				if d := utf16.DecodeRune(r, hex4(lit[i:])); d != utf8.RuneError {
-					r = d
-					i += 6
-				} else {
-					r = utf8.RuneError
-				}
+				var used int
+				r, used = surrogate(r, lit[i:])
+				i += used
 			}
 		}
 		total += utf8.RuneLen(r)

@@ -36,18 +36,7 @@ func DecodeToolEnvelope(b []byte) (ToolEnvelope, error) {
 func decodeEnvelopeShort(b []byte) (ToolEnvelope, bool) {
 	var r ToolResult
 	var ok bool
-	if b, ok = cutPrefix(b, `{"ok":{"success":`); !ok {
-		return ToolEnvelope{}, false
-	}
-	switch {
-	case bytes.HasPrefix(b, []byte("true")):
-		r.Success, b = true, b[4:]
-	case bytes.HasPrefix(b, []byte("false")):
-		b = b[5:]
-	default:
-		return ToolEnvelope{}, false
-	}
-	if b, ok = cutPrefix(b, `,"output":`); !ok {
+	if r.Success, b, ok = cutSuccess(b); !ok {
 		return ToolEnvelope{}, false
 	}
 	if r.Output, b, ok = jsonstr.Unquote(b); !ok {
@@ -99,18 +88,7 @@ func DecodeToolEnvelopeCut(b []byte, limit int) (e ToolEnvelope, total int, err 
 // jsonstr.UnquoteStart.
 func decodeEnvelopeShortCut(b []byte, limit int) (e ToolEnvelope, total int, ok bool) {
 	var r ToolResult
-	if b, ok = cutPrefix(b, `{"ok":{"success":`); !ok {
-		return ToolEnvelope{}, 0, false
-	}
-	switch {
-	case bytes.HasPrefix(b, []byte("true")):
-		r.Success, b = true, b[4:]
-	case bytes.HasPrefix(b, []byte("false")):
-		b = b[5:]
-	default:
-		return ToolEnvelope{}, 0, false
-	}
-	if b, ok = cutPrefix(b, `,"output":`); !ok {
+	if r.Success, b, ok = cutSuccess(b); !ok {
 		return ToolEnvelope{}, 0, false
 	}
 	if r.Output, total, b, ok = jsonstr.UnquoteStart(b, min(limit, math.MaxInt-1)+1); !ok {
@@ -148,6 +126,24 @@ func cutAtCharacter(s string, n int) string {
 		cut--
 	}
 	return s[:cut]
+}
+
+// cutSuccess reads an envelope's start, {"ok":{"success":B,"output":,
+// and returns B and what follows.
+func cutSuccess(b []byte) (success bool, rest []byte, ok bool) {
+	if b, ok = cutPrefix(b, `{"ok":{"success":`); !ok {
+		return false, b, false
+	}
+	switch {
+	case bytes.HasPrefix(b, []byte("true")):
+		success, b = true, b[4:]
+	case bytes.HasPrefix(b, []byte("false")):
+		b = b[5:]
+	default:
+		return false, b, false
+	}
+	b, ok = cutPrefix(b, `,"output":`)
+	return success, b, ok
 }
 
 func cutPrefix(b []byte, prefix string) ([]byte, bool) {
