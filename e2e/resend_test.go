@@ -220,18 +220,7 @@ func TestResendsTheMiddleOfATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 		_, err := p.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two\n/sleep 3000\n/say three four"})
 		prompted <- err
 	}()
-	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
-			return err
-		}
-		if kinds["agent_message_chunk"] < 2 {
-			return fmt.Errorf("the follower has %v", kinds)
-		}
-		return nil
-	})
-	if text.String() != "one two" {
-		t.Fatalf("the follower had %q before the link went down", text.String())
-	}
+	followerHasOneTwo(t, f, session, kinds, text)
 	px.block("clawmesh-gateway")
 	busLinkDownSeen(t, f)
 	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
@@ -287,18 +276,7 @@ func TestResendsTheMiddleOfARunningTurnMissedWhileTheBusLinkWasDown(t *testing.T
 			"prompt": "/say one two\n/sleep 2000\n/say three\n" + `/tool echo {"text":"hi"}` + "\n/sleep 20000\n/say four"})
 		prompted <- err
 	}()
-	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
-			return err
-		}
-		if kinds["agent_message_chunk"] < 2 {
-			return fmt.Errorf("the follower has %v", kinds)
-		}
-		return nil
-	})
-	if text.String() != "one two" {
-		t.Fatalf("the follower had %q before the link went down", text.String())
-	}
+	followerHasOneTwo(t, f, session, kinds, text)
 	px.block("clawmesh-gateway")
 	busLinkDownSeen(t, f)
 	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
@@ -343,4 +321,23 @@ func TestResendsTheMiddleOfARunningTurnMissedWhileTheBusLinkWasDown(t *testing.T
 		t.Fatalf("the follower received %v, text %q", kinds, text.String())
 	}
 	wantStreamsNextTurn(t, b, f, session, kinds)
+}
+
+// followerHasOneTwo waits until the follower f of session has the turn's
+// first two chunks, "one two" (kinds and text as onUpdateTexts fills
+// them), and fails t if it has other text.
+func followerHasOneTwo(t *testing.T, f *e2e.Client, session string, kinds updateKinds, text *strings.Builder) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
+			return err
+		}
+		if kinds["agent_message_chunk"] < 2 {
+			return fmt.Errorf("the follower has %v", kinds)
+		}
+		return nil
+	})
+	if text.String() != "one two" {
+		t.Fatalf("the follower had %q before the link went down", text.String())
+	}
 }

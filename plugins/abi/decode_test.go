@@ -2,12 +2,11 @@ package abi_test
 
 import (
 	"encoding/json"
-	"math"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
@@ -237,7 +236,7 @@ func TestDecodeToolEnvelopeCutAllocatesWhatIsKept(t *testing.T) {
 		var e abi.ToolEnvelope
 		var total int
 		var err error
-		perCall := allocatedBytes(func() { e, total, err = abi.DecodeToolEnvelopeCut(env, limit) })
+		perCall := testenv.AllocatedBytes(func() { e, total, err = abi.DecodeToolEnvelopeCut(env, limit) })
 		if err != nil || len(e.Ok.Output) > limit || len(e.Ok.Output) < limit-3 || total <= limit {
 			t.Fatalf("%q: kept %d bytes of %d, %v", period, len(e.Ok.Output), total, err)
 		}
@@ -246,19 +245,6 @@ func TestDecodeToolEnvelopeCutAllocatesWhatIsKept(t *testing.T) {
 			t.Errorf("%q: reading a %d-byte result to keep %d bytes allocated %d bytes", period, len(env), limit, perCall)
 		}
 	}
-}
-
-// allocatedBytes is what fn allocated on the heap, the least of three runs.
-func allocatedBytes(fn func()) uint64 {
-	least := uint64(math.MaxUint64)
-	for range 3 {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		fn()
-		runtime.ReadMemStats(&after)
-		least = min(least, after.TotalAlloc-before.TotalAlloc)
-	}
-	return least
 }
 
 // BenchmarkDecodeToolEnvelopeCut reads a 16 MiB result keeping the 1 MiB

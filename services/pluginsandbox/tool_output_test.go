@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"math"
 	"os"
 	"runtime"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/testenv"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -51,7 +51,7 @@ func TestToolOutputCutAsItIsRead(t *testing.T) {
 	ctx := context.Background()
 	var got *pluginv1.ExecuteToolResponse
 	var err error
-	perCall := allocatedBytes(func() { got, err = callBig(ctx, ts) })
+	perCall := testenv.AllocatedBytes(func() { got, err = callBig(ctx, ts) })
 	want := strings.Repeat(bigPeriod, bigRepeats)
 	if err != nil || !got.GetSuccess() || got.GetOutput() != want[:keptBytes] || got.GetOutputBytes() != int64(len(want)) {
 		t.Fatalf("%d bytes of output, output_bytes %d, %q, %v; want the first %d of %d", len(got.GetOutput()), got.GetOutputBytes(), got.GetError(), err, keptBytes, len(want))
@@ -60,20 +60,6 @@ func TestToolOutputCutAsItIsRead(t *testing.T) {
 	if perCall > 4*keptBytes {
 		t.Fatalf("a call keeping %d bytes of a %d-byte output allocated %d bytes", keptBytes, len(want), perCall)
 	}
-}
-
-// allocatedBytes is what fn allocated on the heap, the least of three
-// runs (the pool refilling beside it allocates too).
-func allocatedBytes(fn func()) uint64 {
-	least := uint64(math.MaxUint64)
-	for range 3 {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		fn()
-		runtime.ReadMemStats(&after)
-		least = min(least, after.TotalAlloc-before.TotalAlloc)
-	}
-	return least
 }
 
 // BenchmarkConcurrentBigResults runs 8 calls at once, each returning a
