@@ -43,15 +43,24 @@ func (c cpuSample) sum() (d time.Duration) {
 // across threads (an update read, handed on, written).
 type switchSample map[string]int64
 
-// sample reads this process's CPU time and context switches and those of
-// pids.
-func (m *cpuMeter) sample(pids map[int]string) (cpuSample, switchSample, error) {
+// ioSample is the read and write system calls each process has made so
+// far, by name, as /proc/<pid>/io counts them (syscr, syscw: read,
+// write and their vector and positioned forms, a socket's included;
+// epoll_wait, futex and the like are in neither). Per chunk they say
+// whether a process reads and writes each update on its own or several
+// at once: every socket write of a chunk is one more wake-up downstream.
+type ioSample map[string][2]int64
+
+// sample reads this process's CPU time, context switches and read and
+// write calls, and those of pids.
+func (m *cpuMeter) sample(pids map[int]string) (cpuSample, switchSample, ioSample, error) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return nil, nil, fmt.Errorf("getrusage: %w", err)
+		return nil, nil, nil, fmt.Errorf("getrusage: %w", err)
 	}
 	c := cpuSample{m.self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
 	cs := switchSample{m.self: ru.Nvcsw + ru.Nivcsw}
+	io := ioSample{m.self: ioCalls("self")}
 	for pid, name := range pids {
 		st, err := procstat.Read(pid)
 		if err != nil {
@@ -62,8 +71,36 @@ func (m *cpuMeter) sample(pids map[int]string) (cpuSample, switchSample, error) 
 		}
 		c[name] += st.CPU
 		cs[name] += threadSwitches(pid)
+		rw := ioCalls(strconv.Itoa(pid))
+		io[name] = [2]int64{io[name][0] + rw[0], io[name][1] + rw[1]}
 	}
-	return c, cs, nil
+	return c, cs, io, nil
+}
+
+var (
+	readCalls  = []byte("\nsyscr:")
+	writeCalls = []byte("\nsyscw:")
+)
+
+// ioCalls reads /proc/<pid>/io's read and write calls (pid "self" for
+// this process); zeros when the file cannot be read.
+func ioCalls(pid string) (rw [2]int64) {
+	raw, err := os.ReadFile("/proc/" + pid + "/io")
+	if err != nil {
+		return rw
+	}
+	raw = append([]byte("\n"), raw...)
+	for k, key := range [][]byte{readCalls, writeCalls} {
+		i := bytes.Index(raw, key)
+		if i < 0 {
+			continue
+		}
+		v, _, _ := bytes.Cut(raw[i+len(key):], []byte("\n"))
+		if n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64); err == nil {
+			rw[k] = n
+		}
+	}
+	return rw
 }
 
 var (
@@ -116,6 +153,18 @@ func reportSwitches(b *testing.B, from, to switchSample, units int, unit string)
 	b.ReportMetric(per(all), "cs/"+unit)
 }
 
+// reportIO reports the read and write calls made between two samples per
+// unit of work, by process (<name>_rd/<unit>, <name>_wr/<unit>, for the
+// processes shownApart).
+func reportIO(b *testing.B, from, to ioSample, units int, unit string) {
+	for name, rw := range to {
+		if shownApart[name] {
+			b.ReportMetric(float64(rw[0]-from[name][0])/float64(units), name+"_rd/"+unit)
+			b.ReportMetric(float64(rw[1]-from[name][1])/float64(units), name+"_wr/"+unit)
+		}
+	}
+}
+
 // reportCPU reports the CPU spent between two samples per unit of work,
 // and each process's part of it.
 func reportCPU(b *testing.B, from, to cpuSample, units int, unit string) {
@@ -157,6 +206,7 @@ type streamWindow struct {
 	done         chan struct{} // the readings are taken
 	from, to     cpuSample
 	csFrom, csTo switchSample
+	ioFrom, ioTo ioSample
 	err          error
 }
 
@@ -180,10 +230,11 @@ func openWindow(m *cpuMeter, sessions, per int) *streamWindow {
 	go func() {
 		defer close(w.done)
 		<-w.opened
-		from, csFrom, err := m.sample(pids)
+		from, csFrom, ioFrom, err := m.sample(pids)
 		<-w.closed
-		to, csTo, err1 := m.sample(pids)
+		to, csTo, ioTo, err1 := m.sample(pids)
 		w.from, w.to, w.csFrom, w.csTo, w.err = from, to, csFrom, csTo, errors.Join(err, err1)
+		w.ioFrom, w.ioTo = ioFrom, ioTo
 	}()
 	return w
 }
@@ -248,6 +299,7 @@ func (w *streamWindow) report(b *testing.B) {
 	if units > 0 {
 		reportCPU(b, w.from, w.to, units, "chunk")
 		reportSwitches(b, w.csFrom, w.csTo, units, "chunk")
+		reportIO(b, w.ioFrom, w.ioTo, units, "chunk")
 	}
 }
 
@@ -291,6 +343,11 @@ func TestStreamWindow(t *testing.T) {
 	// back, read either way.
 	if w.csFrom["again"] <= 0 || w.csTo["test"] < w.csFrom["test"] || w.csTo["again"] < w.csFrom["again"] {
 		t.Fatalf("context switches: from %v to %v", w.csFrom, w.csTo)
+	}
+	// Nor do the read and write calls, and this process has made some
+	// (its binary's and /proc's files read).
+	if w.ioFrom["again"][0] <= 0 || w.ioTo["test"][0] < w.ioFrom["test"][0] || w.ioTo["again"][1] < w.ioFrom["again"][1] {
+		t.Fatalf("read and write calls: from %v to %v", w.ioFrom, w.ioTo)
 	}
 
 	// One session reads its five; one reads two and fails; one fails
