@@ -1,8 +1,13 @@
 package e2e_test
 
 import (
+	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -296,4 +301,96 @@ func TestSpoolDropOfAPluginNeverBoundAgain(t *testing.T) {
 		}
 		return fmt.Errorf("spool drop of the alias once unbound: %v: %s", err, out)
 	})
+}
+
+// Two sandbox replicas share a channel's listener and its spool, and its
+// bound (channels.plugin.<alias>.spool_max_mb) held for each replica
+// alone: each counted the other's folder as of its last look (at bind,
+// then every 5 s), so replicas taking messages at once kept up to the
+// bound each. Here both take messages of one conversation (its turn
+// sleeps: every message stays on disk) until each has refused one for
+// the bound: what the spool holds, over both replicas, never passes the
+// bound, and it takes the five messages the bound holds.
+func TestPluginChannelSpoolBoundHeldAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"webhook"}, "--scale", "plugin-sandbox=2",
+		"--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8",
+		"--set", "channels.plugin.web.spool_max_mb=1")
+	v := newConv(t, s, nil)
+	hookURL, _ := replyHook(t)
+	// A fixed address, which both replicas bind (SO_REUSEPORT).
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := lis.Addr().String()
+	lis.Close()
+	v.call("config/set", map[string]any{"prop": "channels.plugin.web.listen", "value": listen})
+	bindWebChannel(t, v, hookURL)
+	webChannelListen(t, v, "")
+	logs := replicaLogs(s, 2)
+	waitFor(t, "both replicas bound", 60*time.Second, func() bool {
+		for _, l := range logs {
+			if !strings.Contains(readFile(l), `"channel bound"`) {
+				return false
+			}
+		}
+		return true
+	})
+	spool := filepath.Join(s.DataDir, "channel-spool")
+	const bound = 1 << 20
+	// Fresh connections: the kernel spreads them over both replicas.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	accepted := 0
+	refusedBoth := func() bool {
+		for _, l := range logs {
+			if !strings.Contains(readFile(l), "channel spool at its bound") {
+				return false
+			}
+		}
+		return true
+	}
+	for i := 0; !refusedBoth(); i++ {
+		if i == 60 {
+			t.Fatalf("after %d messages not both replicas refused one for the bound: the kernel did not spread the connections", i)
+		}
+		// About 200 kB, 49 blocks: five fit 1 MiB.
+		body, _ := json.Marshal(map[string]string{"id": fmt.Sprintf("b%d", i), "from": "ann", "thread": "held",
+			"text": "/sleep 60000\n" + strings.Repeat("x", 200_000)})
+		req, _ := http.NewRequest(http.MethodPost, "http://"+listen+"/", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+webChannelToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode == http.StatusAccepted:
+			accepted++
+		case resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(text), "at its bound, 1 MiB"):
+			t.Fatalf("message %d: %s %q", i, resp.Status, text)
+		}
+		if held := spoolHolds(spool); held > bound {
+			t.Fatalf("after message %d (%d taken) the spool holds %d bytes over both replicas, past its bound of %d", i, accepted, held, bound)
+		}
+	}
+	if accepted != 5 {
+		t.Fatalf("%d messages taken, want the 5 the bound holds", accepted)
+	}
+}
+
+// spoolHolds is what the messages kept under spool cost, as the bound
+// counts them: whole 4 KiB blocks.
+func spoolHolds(spool string) int64 {
+	var n int64
+	_ = filepath.WalkDir(spool, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && strings.HasSuffix(d.Name(), ".msg") {
+			if fi, err := d.Info(); err == nil {
+				n += max(4096, (fi.Size()+4095)&^4095)
+			}
+		}
+		return nil
+	})
+	return n
 }

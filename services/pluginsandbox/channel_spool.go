@@ -82,11 +82,11 @@ import (
 // dropped to keep the bound: the spool takes messages again once delivery
 // brings it below. Without it a sender holding the channel's token, with
 // a replica that died (or rebinds) again and again, or a plugin never
-// bound again, could fill the disk 32 MiB a time. This process's own
-// messages are counted exactly, the other owners' as of the last look (at
-// open, then every adoptEvery): replicas that take messages at once may
-// pass the bound by what the others took since their last look, until
-// each has looked again. Not bounded together over aliases: the
+// bound again, could fill the disk 32 MiB a time. Every owner is counted
+// as it is at the message, under a lock of the plugin's folder: the live
+// ones by the count each keeps in its folder, the dead ones by their
+// files (channel_spool_bound.go), so that replicas taking messages at
+// once never pass the bound together. Not bounded together over aliases: the
 // operator's own settings (aliases, plugins bound under them, each one's
 // bound) bound the sum, and a token reaches one alias.
 //
@@ -103,14 +103,25 @@ type channelSpool struct {
 	lock  *os.File
 	seq   atomic.Uint64
 	log   *zap.Logger
+
+	// ledger is own's count for the other owners (spoolLedger), and
+	// dirLock dir, flocked while a message is checked and reserved
+	// (lockBound, channel_spool_bound.go).
+	ledger, dirLock *os.File
 	// strayed is set once the spool logged the messages of other plugins
 	// (or of the old layout) left under its alias: once per process.
 	strayed atomic.Bool
 
 	// ownCost is what this process's folder holds, counted as the bound
-	// counts (spoolCost): written, adopted, not yet dropped. otherCost is
-	// what the plugin's other owner folders held at the last look.
+	// counts (spoolCost): reserved, adopted, not yet dropped; changed
+	// under lockBound, with the ledger. otherCost is what the plugin's
+	// other owner folders held at the last count.
 	ownCost, otherCost atomic.Int64
+	// boundMu orders this process's holders of dirLock (an flock is the
+	// open file's, not a goroutine's); scans, under it, are the owner
+	// folders counted by their files (othersNow).
+	boundMu sync.Mutex
+	scans   map[string]ownerScan
 	// full is set once a message was refused for the bound, until one
 	// is taken or the spool drains below it; refused is that message's
 	// cost. While set, the plugin's folder holds spoolFullMark, which
@@ -180,40 +191,29 @@ func openSpool(root, alias, plugin string, log *zap.Logger) (*channelSpool, erro
 		_ = os.RemoveAll(own)
 		return nil, fmt.Errorf("channel spool: lock %s: %w", own, err)
 	}
-	sp := &channelSpool{alias: aliasDir, dir: dir, own: own, lock: f, log: log, held: map[*wasmhost.ChannelMessage][]string{}}
+	// The plugin's folder holds own from here on, so it is not removed
+	// (spool drop removes it empty) while this lock on it is held.
+	dirLock, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		f.Close()
+		_ = os.RemoveAll(own)
+		return nil, fmt.Errorf("channel spool: %w", err)
+	}
+	ledger, err := openLedger(own)
+	if err != nil {
+		dirLock.Close()
+		f.Close()
+		_ = os.RemoveAll(own)
+		return nil, err
+	}
+	sp := &channelSpool{alias: aliasDir, dir: dir, own: own, lock: f, ledger: ledger, dirLock: dirLock, log: log,
+		held: map[*wasmhost.ChannelMessage][]string{}}
 	// What the replicas before this one left counts from the first
 	// message: a restart began at zero and took another bound's worth.
-	sp.otherCost.Store(sp.othersCost())
+	sp.lockBound()
+	sp.otherCost.Store(sp.othersNow(false))
+	sp.unlockBound()
 	return sp, nil
-}
-
-// othersCost is what the plugin's folders of the other owners hold (their
-// regular message files, never through a link).
-func (sp *channelSpool) othersCost() int64 {
-	owners, err := os.ReadDir(sp.dir)
-	if err != nil {
-		return 0
-	}
-	var n int64
-	for _, o := range owners {
-		path := filepath.Join(sp.dir, o.Name())
-		if !o.IsDir() || path == sp.own {
-			continue
-		}
-		msgs, err := os.ReadDir(path)
-		if err != nil {
-			continue
-		}
-		for _, m := range msgs {
-			if !m.Type().IsRegular() || !strings.HasSuffix(m.Name(), spoolExt) {
-				continue
-			}
-			if fi, err := m.Info(); err == nil {
-				n += spoolCost(fi.Size())
-			}
-		}
-	}
-	return n
 }
 
 // spoolSeqLen is the length of a kept message's sequence number.
@@ -228,7 +228,11 @@ func (sp *channelSpool) write(raw []byte, bound int64) (string, error) {
 		return "", nil
 	}
 	cost := spoolCost(int64(len(raw)))
-	if !sp.reserve(cost, bound) {
+	ok, err := sp.reserve(cost, bound)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
 		sp.refused.Store(cost)
 		if !sp.full.Swap(true) {
 			sp.markFull(bound)
@@ -239,24 +243,13 @@ func (sp *channelSpool) write(raw []byte, bound int64) (string, error) {
 		sp.unmarkFull()
 	}
 	path := filepath.Join(sp.own, fmt.Sprintf("%0*d-%s%s", spoolSeqLen, sp.seq.Add(1), ids.New(hostIDPrefix), spoolExt))
+	// Written after the lock is let go: reserved, it is counted by
+	// every owner from now on, and writes sync at once.
 	if _, err := atomicfile.Create(path, raw, 0o600); err != nil {
-		sp.ownCost.Add(-cost)
+		sp.release(cost)
 		return "", fmt.Errorf("channel spool: keep a message: %w", err)
 	}
 	return path, nil
-}
-
-// reserve counts cost in own if the spool stays within bound with it.
-func (sp *channelSpool) reserve(cost, bound int64) bool {
-	for {
-		cur := sp.ownCost.Load()
-		if cur+sp.otherCost.Load()+cost > bound {
-			return false
-		}
-		if sp.ownCost.CompareAndSwap(cur, cur+cost) {
-			return true
-		}
-	}
 }
 
 // used is what the spool holds, as the bound counts it.
@@ -290,7 +283,9 @@ func (sp *channelSpool) settle(bound int64) {
 	if sp == nil {
 		return
 	}
-	sp.otherCost.Store(sp.othersCost())
+	sp.lockBound()
+	sp.otherCost.Store(sp.othersNow(true))
+	sp.unlockBound()
 	if sp.full.Load() && sp.used()+sp.refused.Load() <= bound {
 		sp.full.Store(false)
 	}
@@ -321,7 +316,7 @@ func (sp *channelSpool) drop(files ...string) {
 			sp.log.Warn("channel spool: a delivered message's file not removed", zap.Error(err))
 			continue
 		}
-		sp.ownCost.Add(-spoolCost(fi.Size()))
+		sp.release(spoolCost(fi.Size()))
 	}
 }
 
@@ -457,17 +452,22 @@ func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int,
 			rest = name[spoolSeqLen:]
 		}
 		to := filepath.Join(sp.own, fmt.Sprintf("%0*d%s", spoolSeqLen, sp.seq.Add(1), rest))
-		if err := os.Rename(from, to); err != nil {
+		// Counted as this owner's before it is moved: counted twice
+		// until the others' next look, never missed.
+		cost := spoolCost(int64(len(raw)))
+		if err := sp.take(cost); err != nil {
 			sp.log.Warn("channel spool: a dead replica's message not taken over", zap.Error(err))
 			continue
 		}
-		// Moved, not added: it leaves others at the next look.
-		cost := spoolCost(int64(len(raw)))
-		sp.ownCost.Add(cost)
+		if err := os.Rename(from, to); err != nil {
+			sp.release(cost)
+			sp.log.Warn("channel spool: a dead replica's message not taken over", zap.Error(err))
+			continue
+		}
 		if err := q.PushTagged(json.RawMessage(raw), to); err != nil {
 			if errors.Is(err, wasmhost.ErrInboundFull) {
 				if os.Rename(to, from) == nil {
-					sp.ownCost.Add(-cost)
+					sp.release(cost)
 				}
 				return n, true
 			}
@@ -608,6 +608,9 @@ func (sp *channelSpool) close() {
 		// counts afresh.
 		sp.unmarkFull()
 	}
+	// The ledger let go, what own still holds is counted by its files.
+	sp.ledger.Close()
+	sp.dirLock.Close()
 	sp.lock.Close()
 }
 
