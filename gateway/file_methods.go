@@ -18,6 +18,7 @@ import (
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/steptrace"
 	"github.com/clawmesh/clawmesh/internal/uploads"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
@@ -193,6 +194,7 @@ func (g *Gateway) uploadBegin(ctx context.Context, cs *connState, params json.Ra
 		return nil, uploadUnavailable
 	}
 	g.usingUploads(cs)
+	defer steptrace.Since("gateway", "begin.call", time.Now())
 	resp, err := g.upload.Begin(ctx, &uploadv1.BeginRequest{
 		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, SessionId: id,
 		SizeBytes: *p.SizeBytes, Filename: p.Filename, Sha256: p.SHA256, MimeType: p.MimeType,
@@ -209,7 +211,9 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 	if !cs.local() {
 		return nil, onlyLocal("file/upload/chunk")
 	}
+	start := time.Now()
 	id, offset, buf, data, err := readChunk(params)
+	steptrace.Since("gateway", "chunk.read", start)
 	if err != nil {
 		return nil, err
 	}
@@ -220,9 +224,11 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 	// The call sends the bytes from buf; buf is reused only once grpc no
 	// longer holds them (a call that failed before it wrote them may).
 	loan := g.chunks.Lend(data)
+	start = time.Now()
 	resp, err := g.upload.Chunk(ctx, &uploadv1.ChunkRequest{
 		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: offset, Data: data,
 	})
+	steptrace.Since("gateway", "chunk.call", start)
 	if loan.Return() {
 		putChunkBuffer(buf)
 	}
@@ -353,6 +359,7 @@ func (g *Gateway) uploadCommit(ctx context.Context, cs *connState, params json.R
 	if g.upload == nil {
 		return nil, uploadUnavailable
 	}
+	defer steptrace.Since("gateway", "commit.call", time.Now())
 	resp, err := g.upload.Commit(ctx, &uploadv1.CommitRequest{Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id})
 	if err != nil {
 		return nil, serviceError("upload-staging", err)

@@ -55,6 +55,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/policylock"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/steptrace"
 	"github.com/clawmesh/clawmesh/internal/uploads"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -247,6 +248,7 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	// Nothing keeps the bytes past the call: the file is written and
 	// hashed before it returns.
 	defer s.cfg.Files.Release(req.GetData())
+	defer steptrace.Since("session", "storefile", time.Now())
 	p := req.GetPrincipal()
 	if err := requirePrincipal(p); err != nil {
 		return nil, err
@@ -294,7 +296,10 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	defer context.AfterFunc(caller, cancelChecks)()
 	var entry *sessionv1.FileEntry
 	var placed bool
+	start := time.Now()
+	var written time.Time // the transaction's work done: its commit follows
 	err = pgx.BeginFunc(storeCtx, s.store.db, func(tx pgx.Tx) error {
+		defer func() { written = time.Now() }()
 		r, err := readFileSession(ctx, tx, id, true)
 		if errors.Is(err, errNoRow) {
 			if req.GetGeneration() != 0 {
@@ -327,9 +332,13 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 		if err := ctx.Err(); err != nil {
 			return status.FromContextError(err).Err()
 		}
+		steptrace.Since("session", "store.checks", start)
 		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, name: name, mime: mimeType, principal: p.GetPrincipalId(), uploadID: req.GetUploadId()})
 		return err
 	})
+	if !written.IsZero() {
+		steptrace.Since("session", "store.commit", written)
+	}
 	if err != nil {
 		if placed {
 			// The file is in place and its row is not (the commit
@@ -521,6 +530,7 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	var sum string
 	var tmp *tempFile
 	defer func() { tmp.discard() }()
+	start := time.Now()
 	if len(f.data) >= writeAheadMin {
 		sum, tmp, err = hashWritingAhead(dir, f.data, uploads.Sum, (*os.File).Sync)
 		if err != nil {
@@ -530,6 +540,8 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 		sum = uploads.Sum(f.data)
 	}
 
+	steptrace.Since("session", "store.hash+write+sync", start)
+	start = time.Now()
 	rel := UploadsDir + "/" + sum + fileExt(f.name)
 	var indexed string
 	err = tx.QueryRow(ctx, "SELECT path FROM session_files WHERE session_id = $1 AND sha256 = $2", r.ID, sum).Scan(&indexed)
@@ -552,6 +564,8 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 			return nil, false, err
 		}
 	}
+	steptrace.Since("session", "store.index+charge", start)
+	start = time.Now()
 	base := filepath.Base(rel)
 	same, err := sameContent(dir, base, sum, int64(len(f.data)))
 	if err != nil {
@@ -570,6 +584,8 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 			s.log.Info("workspace copy restored", zap.String("session_id", r.ID), zap.String("path", rel))
 		}
 	}
+	steptrace.Since("session", "store.place", start)
+	defer steptrace.Since("session", "store.rows", time.Now())
 	if !dedup {
 		// From here a file is in place that no committed row names.
 		placed = true
@@ -711,10 +727,19 @@ func storedFull(held, files, n, maxBytes, maxFiles int64) error {
 // sync), and waits for both. The file comes back synced, or not at all.
 func hashWritingAhead(dir int, data []byte, hash func([]byte) string, sync func(*os.File) error) (string, *tempFile, error) {
 	sum := make(chan string, 1)
-	go func() { sum <- hash(data) }()
+	start := time.Now()
+	go func() {
+		h := hash(data)
+		steptrace.Since("session", "store.hash", start)
+		sum <- h
+	}()
 	tmp, err := createTemp(dir, data)
+	steptrace.Since("session", "store.write", start)
 	if err == nil {
-		if err = sync(tmp.f); err != nil {
+		syncing := time.Now()
+		err = sync(tmp.f)
+		steptrace.Since("session", "store.sync", syncing)
+		if err != nil {
 			tmp.discard()
 			tmp, err = nil, fmt.Errorf("sync temporary file: %w", err)
 		} else {
@@ -858,6 +883,7 @@ func (t *tempFile) placeAs(name string) error {
 		return fmt.Errorf("rename into place: %w", err)
 	}
 	t.placed = true
+	defer steptrace.Since("session", "store.dirsync", time.Now())
 	if err := unix.Fsync(t.dir); err != nil {
 		return fmt.Errorf("sync folder: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configschema"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/internal/steptrace"
 	"github.com/clawmesh/clawmesh/internal/uploads"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -299,6 +300,7 @@ func (s *Server) Chunk(ctx context.Context, req *uploadv1.ChunkRequest) (*upload
 			return nil, err
 		}
 	}
+	defer steptrace.Since("upload-staging", "chunk", time.Now())
 	received, err := s.stage.Chunk(o, req.GetUploadId(), req.GetOffset(), req.GetData())
 	if err != nil {
 		return nil, err
@@ -320,7 +322,9 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	if f := s.answers.get(req.GetUploadId(), o.Principal, s.stage.now(), ttl); f != nil {
 		return &uploadv1.CommitResponse{File: f}, nil
 	}
+	start := time.Now()
 	p, err := s.stage.Take(o, req.GetUploadId())
+	steptrace.Since("upload-staging", "commit.take", start)
 	if err != nil {
 		if !isUnknown(err, req.GetUploadId()) {
 			return nil, err
@@ -339,11 +343,13 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	defer cancel()
 	d := p.Decl
 	loan := s.cfg.Files.Lend(p.Data)
+	start = time.Now()
 	entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
 		Principal: req.GetPrincipal(), SessionId: d.SessionID, Generation: d.Generation, Incarnation: d.Incarnation,
 		Owner: d.SessionOwner, AgentAlias: d.Agent, Filename: d.Filename, MimeType: d.MIME, Data: p.Data,
 		MaxBytes: s.stage.Limits().MaxFileBytes, UploadId: p.ID,
 	})
+	steptrace.Since("upload-staging", "commit.store", start)
 	keep := err != nil && passing(err)
 	if err == nil {
 		// Kept before the upload leaves the stage, so that a commit
