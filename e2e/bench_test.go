@@ -24,6 +24,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -46,8 +47,15 @@ import (
 // health's reply (about 900 bytes of the fields docs/spec.md §5 names,
 // against the echo's 55): what a socket and a line reader cost for
 // replies of that size, so health's figure can be read against both.
+//
+// Each row also reports server_cpu_us/op, the CPU time (user and system)
+// the serving process (the echo child, or the gateway) spent per request
+// over the timed run, and client_cpu_us/op, this process's: on a machine
+// other work loads, req/s moves by a quarter from one run to the next,
+// while what a request costs each side moves far less, and a change to the
+// gateway's path shows in its own figure.
 func BenchmarkSocket(b *testing.B) {
-	echo := startEcho(b)
+	echo, echoPID := startEchoPID(b)
 	_, bareGRPC := startBaselineGRPC(b)
 	s := e2e.Start(b, e2e.Options{PrivateCluster: true})
 	owner := s.Dial(b)
@@ -55,7 +63,8 @@ func BenchmarkSocket(b *testing.B) {
 		b.Fatal(err)
 	}
 	const healthLine = `{"jsonrpc":"2.0","method":"health","params":{},"id":1}`
-	sized := startBaseline(b, echoEnv, fmt.Sprintf("%s=%d", echoReplyEnv, replyLen(b, s.Socket, healthLine)))
+	sized, sizedPID := startBaselinePID(b, echoEnv, fmt.Sprintf("%s=%d", echoReplyEnv, replyLen(b, s.Socket, healthLine)))
+	gatewayPID := s.PIDOf("gateway")
 	raw, err := owner.Call("session/new", map[string]any{})
 	if err != nil {
 		b.Fatal(err)
@@ -73,16 +82,16 @@ func BenchmarkSocket(b *testing.B) {
 	}
 	for _, clients := range []int{1, 64} {
 		b.Run(fmt.Sprintf("echo/clients=%d", clients), func(b *testing.B) {
-			runClients(b, echo, clients, false, `{"jsonrpc":"2.0","method":"status","params":{},"id":1}`)
+			runClients(b, echo, echoPID, clients, false, `{"jsonrpc":"2.0","method":"status","params":{},"id":1}`)
 		})
 		if clients > 1 {
 			b.Run(fmt.Sprintf("echo_sized/clients=%d", clients), func(b *testing.B) {
-				runClients(b, sized, clients, false, healthLine)
+				runClients(b, sized, sizedPID, clients, false, healthLine)
 			})
 		}
 		for _, r := range requests {
 			b.Run(fmt.Sprintf("%s/clients=%d", r.name, clients), func(b *testing.B) {
-				runClients(b, s.Socket, clients, true, r.line)
+				runClients(b, s.Socket, gatewayPID, clients, true, r.line)
 			})
 		}
 	}
@@ -105,7 +114,7 @@ func BenchmarkSocket(b *testing.B) {
 			}
 			apart = append(apart, stateLine(c.SessionID))
 		}
-		runClientsEach(b, s.Socket, true, apart)
+		runClientsEach(b, s.Socket, gatewayPID, true, apart)
 	})
 }
 
@@ -113,18 +122,20 @@ func stateLine(sessionID string) string {
 	return `{"jsonrpc":"2.0","method":"session/state","params":{"session_id":"` + sessionID + `"},"id":1}`
 }
 
-// runClients runs clients connections each sending req, one at a time.
-func runClients(b *testing.B, socket string, clients int, initialize bool, req string) {
+// runClients runs clients connections each sending req, one at a time;
+// server is the pid of the process serving socket (0: not measured).
+func runClients(b *testing.B, socket string, server, clients int, initialize bool, req string) {
 	reqs := make([]string, clients)
 	for i := range reqs {
 		reqs[i] = req
 	}
-	runClientsEach(b, socket, initialize, reqs)
+	runClientsEach(b, socket, server, initialize, reqs)
 }
 
 // runClientsEach runs one connection per request line, each sending its
-// line, one at a time, b.N requests in all.
-func runClientsEach(b *testing.B, socket string, initialize bool, reqs []string) {
+// line, one at a time, b.N requests in all; server is the pid of the
+// process serving socket, whose CPU a request is reported (0: none).
+func runClientsEach(b *testing.B, socket string, server int, initialize bool, reqs []string) {
 	clients := len(reqs)
 	conns := make([]*bufio.ReadWriter, clients)
 	for i := range conns {
@@ -145,10 +156,45 @@ func runClientsEach(b *testing.B, socket string, initialize bool, reqs []string)
 	for i, r := range reqs {
 		lines[i] = []byte(r + "\n")
 	}
+	stop := meterCPU(b, server)
 	runCallers(b, clients, func(i int) error {
 		_, err := roundTrip(conns[i], lines[i])
 		return err
 	})
+	stop()
+}
+
+// meterCPU starts counting the CPU time spent by process server (when
+// not 0) and by this process; the function it returns reports each per
+// request of b.N, as server_cpu_us/op and client_cpu_us/op. Called after
+// the connections are made, so that only the requests are counted.
+func meterCPU(b *testing.B, server int) (stop func()) {
+	read := func() (srv, self time.Duration, ok bool) {
+		me, err := procstat.Self()
+		if err != nil {
+			return 0, 0, false
+		}
+		if server == 0 {
+			return 0, me.CPU, true
+		}
+		st, err := procstat.Read(server)
+		if err != nil {
+			return 0, 0, false
+		}
+		return st.CPU, me.CPU, true
+	}
+	srv0, self0, ok := read()
+	return func() {
+		srv1, self1, ok1 := read()
+		if !ok || !ok1 || b.N == 0 {
+			return
+		}
+		per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(b.N) }
+		if server != 0 {
+			b.ReportMetric(per(srv1-srv0), "server_cpu_us/op")
+		}
+		b.ReportMetric(per(self1-self0), "client_cpu_us/op")
+	}
 }
 
 // runGRPCCallers runs callers goroutines calling health Check on the gRPC
@@ -265,12 +311,21 @@ const echoReplyEnv = "CLAWMESH_BENCH_ECHO_REPLY_BYTES"
 // binary, re-executed) and returns its socket.
 func startEcho(b *testing.B) string { return startBaseline(b, echoEnv) }
 
+// startEchoPID is startEcho that also returns the server's pid.
+func startEchoPID(b *testing.B) (string, int) { return startBaselinePID(b, echoEnv) }
+
 // startBaseline runs a baseline server in a child process (see
 // startChild) with env naming the socket it serves, and extra as more of
 // its environment, and returns the socket once it accepts.
 func startBaseline(b *testing.B, env string, extra ...string) string {
+	path, _ := startBaselinePID(b, env, extra...)
+	return path
+}
+
+// startBaselinePID is startBaseline that also returns the server's pid.
+func startBaselinePID(b *testing.B, env string, extra ...string) (string, int) {
 	path := filepath.Join(b.TempDir(), "baseline.sock")
-	startChild(b, append([]string{env + "=" + path}, extra...)...)
+	pid := startChild(b, append([]string{env + "=" + path}, extra...)...)
 	testenv.Eventually(b, 15*time.Second, 10*time.Millisecond, func() error {
 		c, err := net.Dial("unix", path)
 		if err == nil {
@@ -278,7 +333,7 @@ func startBaseline(b *testing.B, env string, extra ...string) string {
 		}
 		return err
 	})
-	return path
+	return path, pid
 }
 
 const natsEnv = "CLAWMESH_BENCH_NATS_URL_FILE"
