@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	busv1 "github.com/clawmesh/clawmesh/proto/clawmesh/bus/v1"
@@ -71,12 +73,18 @@ type monitor struct {
 
 	mu    sync.Mutex
 	state map[string]*component
-	// procJSON is the last process sample, encoded; record the whole
-	// health record, renewed with every poll and restart notice, so that
-	// a client polling health costs no encoding at all.
-	procJSON, record json.RawMessage
+	// procJSON is the last process sample, encoded.
+	procJSON json.RawMessage
 	// services maps each service to its status word, encoded (status).
 	services json.RawMessage
+
+	// answer is the whole health record as health's result (a
+	// jsonrpc.EncodedJSON in an interface), renewed under mu with every
+	// poll and restart notice, so that a client polling health costs no
+	// encoding, no lock and no allocation: a request loads it. Every
+	// renewal stores a new one, so the answer after a renewal is the
+	// renewed record.
+	answer atomic.Value
 }
 
 func newMonitor(interval time.Duration, log *zap.Logger) *monitor {
@@ -88,12 +96,9 @@ func newMonitor(interval time.Duration, log *zap.Logger) *monitor {
 	return m
 }
 
-// healthJSON is docs/spec.md §5's health record as of the last poll.
-func (m *monitor) healthJSON() json.RawMessage {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.record
-}
+// healthAnswer is docs/spec.md §5's health record as of the last poll
+// or restart notice, as a jsonrpc.EncodedJSON result.
+func (m *monitor) healthAnswer() any { return m.answer.Load() }
 
 // encodeLocked renews record; m.mu is held. The record's updated_at
 // and uptime_seconds are those of this moment, when its figures were
@@ -124,7 +129,9 @@ func (m *monitor) encodeLocked() {
 	b = append(b, `,"process":`...)
 	b = append(b, m.procJSON...)
 	b = append(b, '}')
-	m.record = b
+	// Boxed here, once a renewal, where a request would box it once
+	// per answer (a 24-byte allocation on health's path).
+	m.answer.Store(jsonrpc.EncodedJSON(b))
 }
 
 // add monitors a service; asleep, when not nil, reports that the

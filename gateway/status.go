@@ -120,11 +120,12 @@ func encodeStatusFixed(serverVersion, configDir, socket string) []byte {
 }
 
 // health answers docs/spec.md §5's health from the record the monitor
-// encodes at each poll (every 500 ms): a client polling health costs no
-// /proc reads and no encoding.
+// encodes at each poll (every 500 ms) and restart notice: a client
+// polling health costs no /proc reads, no encoding and no allocation.
 func (g *Gateway) health(context.Context, *connState, json.RawMessage) (any, error) {
-	// The record is valid JSON of the gateway's own making: no re-check.
-	return jsonrpc.EncodedJSON(g.monitor.healthJSON()), nil
+	// The record is valid JSON of the gateway's own making (an
+	// EncodedJSON): no re-check.
+	return g.monitor.healthAnswer(), nil
 }
 
 type processStats struct {

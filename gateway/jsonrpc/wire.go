@@ -171,6 +171,10 @@ type Request struct {
 	Method string
 	Params json.RawMessage
 
+	// id is where ID points for a request Classify made: the request
+	// and its id are one allocation, not two, on every request's path.
+	id ID
+
 	lease Lease // the buffer of the frame Params lies in, if pooled
 	// held is the bytes of an assembled frame (a lease) counted against
 	// its connection's maxHeldFrames until the request finishes.
@@ -395,49 +399,58 @@ func (e *envelope) versionOK() bool {
 }
 
 func (e *envelope) request() Message {
-	// Recover the id first: every -32600 below carries it when valid.
-	var id *ID
-	idOK := true
+	// Recover the id first: every -32600 below carries it when valid. It
+	// is kept in a local, not behind a pointer: the request, once valid,
+	// holds it in its own allocation (Request.id).
+	var v ID
+	withID, idOK := false, true
 	if e.dup&hasID != 0 {
 		idOK = false // ambiguous: no occurrence is more the id than another
 	} else if e.has&hasID != 0 {
 		// "id":null is an id (JSON-RPC 2.0: a notification has no id
 		// member), answered with null.
-		v, ok := ID{}, true
+		ok := true
 		if string(e.id) != "null" {
 			v, ok = parseID(e.id, true)
 		}
-		if ok {
-			id = &v
+		withID, idOK = ok, ok
+	}
+	id := func() *ID {
+		if !withID {
+			return nil
 		}
-		idOK = ok
+		p := new(ID)
+		*p = v
+		return p
 	}
 	switch {
 	case e.dup != 0:
-		return invalid("request: duplicate envelope key", id, CodeInvalidRequest, "Invalid Request: "+dupMessage(e.dup))
+		return invalid("request: duplicate envelope key", id(), CodeInvalidRequest, "Invalid Request: "+dupMessage(e.dup))
 	case !e.versionOK():
-		return invalid("request: jsonrpc not 2.0", id, CodeInvalidRequest, `Invalid Request: "jsonrpc" must be "2.0"`)
+		return invalid("request: jsonrpc not 2.0", id(), CodeInvalidRequest, `Invalid Request: "jsonrpc" must be "2.0"`)
 	case e.method[0] != '"':
-		return invalid("request: method not a string", id, CodeInvalidRequest, `Invalid Request: "method" must be a string`)
+		return invalid("request: method not a string", id(), CodeInvalidRequest, `Invalid Request: "method" must be a string`)
 	case e.has&hasParams != 0 && e.params[0] != '{' && e.params[0] != '[':
-		return invalid("request: params not object or array", id, CodeInvalidRequest, `Invalid Request: "params" must be an object or an array`)
+		return invalid("request: params not object or array", id(), CodeInvalidRequest, `Invalid Request: "params" must be an object or an array`)
 	case !idOK:
 		return invalid("request: bad id", nil, CodeInvalidRequest, `Invalid Request: "id" must be a string, a number or null`)
 	case e.has&(hasResult|hasError) != 0:
-		return invalid("request: method with result or error", id, CodeInvalidRequest, `Invalid Request: "method" together with "result" or "error"`)
+		return invalid("request: method with result or error", id(), CodeInvalidRequest, `Invalid Request: "method" together with "result" or "error"`)
 	}
 	method, ok := decodeString(e.method)
 	if !ok {
-		return invalid("request: method not a string", id, CodeInvalidRequest, `Invalid Request: "method" must be a string`)
+		return invalid("request: method not a string", id(), CodeInvalidRequest, `Invalid Request: "method" must be a string`)
 	}
 	params := json.RawMessage(e.params)
 	if e.has&hasParams == 0 {
 		params = emptyObject
 	}
-	req := &Request{ID: id, Method: method, Params: params}
-	if id == nil {
+	req := &Request{Method: method, Params: params}
+	if !withID {
 		return Message{Kind: KindNotification, Request: req}
 	}
+	req.id = v
+	req.ID = &req.id
 	return Message{Kind: KindRequest, Request: req}
 }
 
