@@ -88,3 +88,42 @@ func BenchmarkUnquoteStart(b *testing.B) {
 		})
 	}
 }
+
+// checkLenUnquoted holds LenUnquoted to Len of what encoding/json decodes
+// the literal at the start of b to, and to UnquoteStart's refusals.
+func checkLenUnquoted(t *testing.T, b []byte) {
+	t.Helper()
+	got := LenUnquoted(b)
+	_, _, rest, ok := UnquoteStart(b, 0)
+	if !ok {
+		if got != -1 {
+			t.Fatalf("%q refused by UnquoteStart, measured %d", b, got)
+		}
+		return
+	}
+	var s string
+	if err := json.Unmarshal(b[:len(b)-len(rest)], &s); err != nil {
+		t.Fatalf("%q: encoding/json refuses it: %v", b, err)
+	}
+	if want := Len(s); got != want {
+		t.Fatalf("%q measured %d; Len of encoding/json's %q is %d", b, got, s, want)
+	}
+}
+
+var lenCases = []string{
+	`"<a&b>"`, `"\u003c\u003e\u0026"`, "\"\u2028\u2029\"", `"\u2028\u2029"`, `"\u0000\u001f\u007f"`,
+	`"\b\f\n\r\t\/"`, "\"\x7f\"", `"\ud800\udc00\udbff"`,
+}
+
+func TestLenUnquoted(t *testing.T) {
+	for _, c := range append(append(append([]string(nil), unquoteCases...), cutCases...), lenCases...) {
+		checkLenUnquoted(t, []byte(c))
+	}
+}
+
+func FuzzLenUnquoted(f *testing.F) {
+	for _, c := range append(append(append([]string(nil), unquoteCases...), cutCases...), lenCases...) {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(checkLenUnquoted)
+}

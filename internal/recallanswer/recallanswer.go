@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
+	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
@@ -32,6 +33,25 @@ import (
 // bytes cutting the whole would. ctx is checked between entries: a caller
 // that went away stops the building.
 func Build(ctx context.Context, entries []*pluginv1.MemoryEntry, room int) (text string, total int, err error) {
+	cut := make([]abi.RecallCutEntry, len(entries))
+	for i, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return "", 0, fmt.Errorf("recall answer: %w", err)
+		}
+		cut[i] = abi.RecallCutEntry{
+			Key: e.GetKey(), Content: e.GetContent(), Category: e.GetCategory(),
+			KeyJSON: jsonstr.Len(e.GetKey()), ContentJSON: jsonstr.Len(e.GetContent()), CategoryJSON: jsonstr.Len(e.GetCategory()),
+		}
+	}
+	return BuildCut(ctx, cut, room)
+}
+
+// BuildCut is Build from the entries abi.DecodeRecallAnswerCut read for
+// room: each string's start that the answer may write, and its whole
+// length as JSON. A string past room is never written, only counted: the
+// plugin sandbox reads a plugin's answer of up to 16 MiB keeping only
+// that, and builds the answer from it without a copy of the whole.
+func BuildCut(ctx context.Context, entries []abi.RecallCutEntry, room int) (text string, total int, err error) {
 	const (
 		keyField      = `{"key":`
 		contentField  = `,"content":`
@@ -39,18 +59,22 @@ func Build(ctx context.Context, entries []*pluginv1.MemoryEntry, room int) (text
 	)
 	size := len("[]")
 	for i, e := range entries {
-		if err := ctx.Err(); err != nil {
-			return "", 0, fmt.Errorf("recall answer: %w", err)
-		}
 		if i > 0 {
 			size++
 		}
-		size += len(keyField) + jsonstr.Len(e.GetKey()) + len(contentField) + jsonstr.Len(e.GetContent()) + len("}")
-		if c := e.GetCategory(); c != "" {
-			size += len(categoryField) + jsonstr.Len(c)
+		size += len(keyField) + e.KeyJSON + len(contentField) + e.ContentJSON + len("}")
+		if e.CategoryJSON > len(`""`) {
+			size += len(categoryField) + e.CategoryJSON
 		}
 	}
-	b := cutBuilder{out: make([]byte, 0, min(size, room)), room: room}
+	// A string cut at the room is written with its closing quote, one
+	// byte past it, before the quote is taken back: sized to room, the
+	// buffer was grown by a quarter (a copy of the MiB) at that last byte.
+	capacity := min(size, room)
+	if capacity < size {
+		capacity++
+	}
+	b := cutBuilder{out: make([]byte, 0, capacity), room: room}
 	b.raw("[")
 	for i, e := range entries {
 		if b.full() {
@@ -63,12 +87,12 @@ func Build(ctx context.Context, entries []*pluginv1.MemoryEntry, room int) (text
 			b.raw(",")
 		}
 		b.raw(keyField)
-		b.str(e.GetKey())
+		b.str(e.Key, e.KeyJSON)
 		b.raw(contentField)
-		b.str(e.GetContent())
-		if c := e.GetCategory(); c != "" {
+		b.str(e.Content, e.ContentJSON)
+		if e.CategoryJSON > len(`""`) {
 			b.raw(categoryField)
-			b.str(c)
+			b.str(e.Category, e.CategoryJSON)
 		}
 		b.raw("}")
 	}
@@ -94,14 +118,15 @@ func (b *cutBuilder) raw(s string) {
 	b.out = append(b.out, s[:min(len(s), max(0, b.room-len(b.out)))]...)
 }
 
-// str appends s as a JSON string, as much of it as fits.
-func (b *cutBuilder) str(s string) {
+// str appends s as a JSON string, as much of it as fits; jsonLen is the
+// length of the whole string's JSON, of which s may be only the start
+// (at least the bytes that fit, and a character across the cut).
+func (b *cutBuilder) str(s string, jsonLen int) {
 	left := b.room - len(b.out)
 	if left <= 0 {
 		return
 	}
-	// Fit stops at left: a long string is not measured whole again.
-	if fit, _ := jsonstr.Fit(s, left-2); fit == len(s) {
+	if jsonLen <= left {
 		b.out = jsonstr.Append(b.out, s)
 		return
 	}

@@ -230,3 +230,115 @@ func DecodeRecallAnswer(b []byte) (entries []MemoryEntry, ok bool) {
 		entries = append(entries, e)
 	}
 }
+
+// RecallCutEntry is an entry of a recall's answer as DecodeRecallAnswerCut
+// reads it: the start of its key, content and category that an answer
+// shown to room bytes may write, and the length of what jsonstr.Append
+// writes for each whole (2 for an empty string).
+type RecallCutEntry struct {
+	Key, Content, Category             string
+	KeyJSON, ContentJSON, CategoryJSON int
+}
+
+// DecodeRecallAnswerCut reads the answer DecodeRecallAnswer reads (ok is
+// false for any other, left to the caller), keeping the first limit
+// entries and of their key, content and category strings only what an
+// answer written again from them, for a reader shown room bytes, may
+// write: room+utf8.UTFMax bytes of them in all, in order. The rest is
+// measured (jsonstr.LenUnquoted), never written; the entries past limit
+// are only checked. recallanswer.BuildCut writes the answer from them;
+// FuzzBuildCut holds the two to recallanswer.Build of encoding/json's
+// entries.
+//
+// A recall's answer may be 16 MiB and its caller shows 1 MiB: decoded
+// whole into entries, a copy of the answer and its strings took some 32
+// MB of the sandbox's heap a recall.
+func DecodeRecallAnswerCut(b []byte, limit, room int) (entries []RecallCutEntry, ok bool) {
+	if b, ok = cutPrefix(b, `{"ok":[`); !ok {
+		return nil, false
+	}
+	// Each byte kept is written at least once, so a string past room
+	// bytes of those before it is never written; one that reaches the
+	// room is cut there, at a character, which may need the bytes of the
+	// character across it.
+	keep := room + utf8.UTFMax
+	entries = []RecallCutEntry{}
+	for i := 0; ; i++ {
+		if rest, end := cutPrefix(b, "]}"); end {
+			return entries, len(rest) == 0
+		}
+		if i > 0 {
+			if b, ok = cutPrefix(b, ","); !ok {
+				return nil, false
+			}
+		}
+		kept := i < limit
+		if !kept {
+			keep = 0
+		}
+		e := RecallCutEntry{CategoryJSON: 2}
+		if b, ok = cutPrefix(b, `{"key":`); !ok {
+			return nil, false
+		}
+		if e.Key, e.KeyJSON, b, ok = cutLiteral(b, &keep, kept); !ok {
+			return nil, false
+		}
+		if b, ok = cutPrefix(b, `,"content":`); !ok {
+			return nil, false
+		}
+		if e.Content, e.ContentJSON, b, ok = cutLiteral(b, &keep, kept); !ok {
+			return nil, false
+		}
+		if rest, found := cutPrefix(b, `,"category":`); found {
+			if e.Category, e.CategoryJSON, b, ok = cutLiteral(rest, &keep, kept); !ok {
+				return nil, false
+			}
+		}
+		if rest, found := cutPrefix(b, `,"session_id":`); found {
+			// Not in the answer: checked only.
+			if _, _, b, ok = jsonstr.UnquoteStart(rest, 0); !ok {
+				return nil, false
+			}
+		}
+		if rest, found := cutPrefix(b, `,"timestamp":`); found {
+			n := jsonstr.NumberEnd(rest, 0)
+			if n < 0 {
+				return nil, false
+			}
+			if _, err := strconv.ParseInt(string(rest[:n]), 10, 64); err != nil {
+				return nil, false
+			}
+			b = rest[n:]
+		}
+		if rest, found := cutPrefix(b, `,"score":`); found {
+			n := jsonstr.NumberEnd(rest, 0)
+			if n < 0 {
+				return nil, false
+			}
+			if _, err := strconv.ParseFloat(string(rest[:n]), 64); err != nil {
+				return nil, false
+			}
+			b = rest[n:]
+		}
+		if b, ok = cutPrefix(b, "}"); !ok {
+			return nil, false
+		}
+		if kept {
+			entries = append(entries, e)
+		}
+	}
+}
+
+// cutLiteral reads the string literal at the start of b keeping *keep
+// bytes of it, less what it kept, and its length as jsonstr.Append writes
+// it when measure is set.
+func cutLiteral(b []byte, keep *int, measure bool) (start string, jsonLen int, rest []byte, ok bool) {
+	if start, _, rest, ok = jsonstr.UnquoteStart(b, *keep); !ok {
+		return "", 0, b, false
+	}
+	*keep -= len(start)
+	if measure {
+		jsonLen = jsonstr.LenUnquoted(b)
+	}
+	return start, jsonLen, rest, true
+}

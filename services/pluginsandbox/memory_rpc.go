@@ -12,6 +12,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/recallanswer"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
+	"github.com/clawmesh/clawmesh/plugins/abi"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -241,6 +242,28 @@ func (s *Server) MemoryRecall(ctx context.Context, req *pluginv1.MemoryRecallReq
 	if limit <= 0 || limit > maxRecallLimit {
 		limit = maxRecallLimit
 	}
+	if room := int(req.GetAnswerLimit()); room > 0 {
+		// The caller shows room bytes of the answer: only they are sent,
+		// with the whole's size. Sent as entries, a plugin's answer of up
+		// to the 16 MiB message crossed the socket whole to be cut to the
+		// 1 MiB the client sees; and the answer is read from the guest
+		// keeping only what the room shows (RecallCut), where it was
+		// copied out and decoded whole to be cut here.
+		var cut []abi.RecallCutEntry
+		err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory, _ *ledger) error {
+			var err error
+			cut, err = m.RecallCut(ctx, req.GetQuery(), limit, room)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		text, total, err := recallanswer.BuildCut(ctx, cut, room)
+		if err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		return &pluginv1.MemoryRecallResponse{Answer: text, AnswerBytes: int64(total)}, nil
+	}
 	var got []wasmhost.MemoryEntry
 	err := s.withMemory(ctx, req.GetPlugin(), func(m *wasmhost.Memory, _ *ledger) error {
 		var err error
@@ -257,17 +280,6 @@ func (s *Server) MemoryRecall(ctx context.Context, req *pluginv1.MemoryRecallReq
 		}
 		resp.Entries = append(resp.Entries, &pluginv1.MemoryEntry{Key: e.Key, Content: e.Content, Category: e.Category,
 			SessionId: e.SessionID, Timestamp: e.Timestamp, Score: e.Score})
-	}
-	if room := int(req.GetAnswerLimit()); room > 0 {
-		// The caller shows room bytes of the answer: only they are sent,
-		// with the whole's size. Sent as entries, a plugin's answer of up
-		// to the 16 MiB message crossed the socket whole to be cut to the
-		// 1 MiB the client sees.
-		text, total, err := recallanswer.Build(ctx, resp.Entries, room)
-		if err != nil {
-			return nil, status.FromContextError(err).Err()
-		}
-		return &pluginv1.MemoryRecallResponse{Answer: text, AnswerBytes: int64(total)}, nil
 	}
 	return resp, nil
 }

@@ -1,13 +1,17 @@
 package wasmhost
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/recallanswer"
 	"github.com/clawmesh/clawmesh/plugins/abi"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
 // BenchmarkDecodeRecallAnswer is the host's share of a 1 MiB recall
@@ -85,5 +89,38 @@ func checkDecodeResult(t *testing.T, out []byte) {
 		if gotErr == nil && !reflect.DeepEqual(got, want) {
 			t.Fatalf("%q into %T: %v, the general path %v", out, got, reflect.ValueOf(got).Elem(), reflect.ValueOf(want).Elem())
 		}
+	}
+}
+
+// An answer in a shape other than the guest library's (spaces, fields in
+// another order) is read whole and measured: the answer built from it is
+// the one built from encoding/json's entries, cut to the limit; an err
+// answer is the plugin's failure.
+func TestRecallCutWholeAsBuild(t *testing.T) {
+	ctx := context.Background()
+	out := []byte(`{ "ok" : [ {"content":"c\u003c\n","key":"a"}, {"category":"x","key":"b","content":"é"}, {"key":"c","content":""} ] }`)
+	for limit := 0; limit <= 4; limit++ {
+		cut, err := recallCutWhole(out, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env struct{ Ok []abi.MemoryEntry }
+		if err := json.Unmarshal(out, &env); err != nil {
+			t.Fatal(err)
+		}
+		var entries []*pluginv1.MemoryEntry
+		for _, e := range env.Ok[:min(limit, len(env.Ok))] {
+			entries = append(entries, &pluginv1.MemoryEntry{Key: e.Key, Content: e.Content, Category: e.Category})
+		}
+		for room := 0; room < 80; room++ {
+			want, wantTotal, _ := recallanswer.Build(ctx, entries, room)
+			got, total, _ := recallanswer.BuildCut(ctx, cut, room)
+			if got != want || total != wantTotal {
+				t.Fatalf("limit %d, room %d: %q of %d; want %q of %d", limit, room, got, total, want, wantTotal)
+			}
+		}
+	}
+	if _, err := recallCutWhole([]byte(`{"err":"refused"}`), 10); !errors.Is(err, ErrPluginFailed) {
+		t.Fatalf("an err answer: %v", err)
 	}
 }

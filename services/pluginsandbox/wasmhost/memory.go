@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
@@ -98,6 +99,58 @@ func (m *Memory) Recall(ctx context.Context, query string, limit int) ([]MemoryE
 		return nil, err
 	}
 	return decodeRecall(out)
+}
+
+// RecallCut is Recall for a caller that is shown room bytes of the answer
+// recallanswer.BuildCut writes from the entries: it returns the first
+// limit entries as abi.DecodeRecallAnswerCut reads them, keeping only the
+// strings' start that answer may write and measuring the rest. The answer
+// is read from the guest's memory, not from a copy of it. An answer in
+// another shape (not the guest library's) is read whole as Recall reads
+// it, then measured.
+//
+// A recall's answer may be the whole 16 MiB of a guest's result, and the
+// session service shows 1 MiB of it: copied out and decoded whole, the
+// sandbox held some 32 MB a recall to send that MiB on.
+func (m *Memory) RecallCut(ctx context.Context, query string, limit, room int) ([]abi.RecallCutEntry, error) {
+	raw, err := guestJSON(abi.RecallArgs{Query: query, Limit: limit})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrABI, err)
+	}
+	var (
+		cut   []abi.RecallCutEntry
+		whole []byte
+	)
+	if err := m.r.callRead(ctx, abi.ExportMemoryRecall, raw, frameSpan{}, false, func(view []byte) {
+		var ok bool
+		if cut, ok = abi.DecodeRecallAnswerCut(view, limit, room); !ok {
+			whole = append([]byte(nil), view...)
+		}
+	}); err != nil {
+		return nil, err
+	}
+	if whole == nil {
+		return cut, nil
+	}
+	return recallCutWhole(whole, limit)
+}
+
+// recallCutWhole is RecallCut of an answer in a shape other than the
+// guest library's: decoded whole (decodeRecall), then measured.
+func recallCutWhole(out []byte, limit int) ([]abi.RecallCutEntry, error) {
+	entries, err := decodeRecall(out)
+	if err != nil {
+		return nil, err
+	}
+	entries = entries[:min(len(entries), max(limit, 0))]
+	cut := make([]abi.RecallCutEntry, 0, len(entries))
+	for _, e := range entries {
+		cut = append(cut, abi.RecallCutEntry{
+			Key: e.Key, Content: e.Content, Category: e.Category,
+			KeyJSON: jsonstr.Len(e.Key), ContentJSON: jsonstr.Len(e.Content), CategoryJSON: jsonstr.Len(e.Category),
+		})
+	}
+	return cut, nil
 }
 
 // decodeRecall reads a recall answer: the guest library's own shape the

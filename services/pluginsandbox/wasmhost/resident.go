@@ -105,6 +105,22 @@ func (r *resident) call(ctx context.Context, export string, arg []byte, span fra
 	return r.callHeld(ctx, export, arg, span, rebuild)
 }
 
+// callRead is call handing the answer to read as a view of the guest's
+// memory, valid during read only (instance.callRead): a reader that keeps
+// part of an answer of up to 16 MiB copies only that part.
+func (r *resident) callRead(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool, read func(view []byte)) error {
+	if r.h.closed.Load() {
+		return ErrClosed
+	}
+	ctx, cancel := r.h.callContext(ctx)
+	defer cancel()
+	if err := r.acquireLock(ctx); err != nil {
+		return err
+	}
+	defer r.releaseLock()
+	return r.callHeldRead(ctx, export, arg, span, rebuild, read)
+}
+
 // callAfterWait is call with the call deadline counted from when the
 // instance is free: the wait for it is bounded by ctx alone. A channel's
 // calls wait for one another (a reply behind a reply whose endpoint
@@ -128,28 +144,46 @@ func (r *resident) callAfterWait(ctx context.Context, export string, arg []byte,
 
 // callHeld is call once the lock is held; ctx carries the call deadline.
 func (r *resident) callHeld(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool) ([]byte, error) {
+	var out []byte
+	if err := r.callHeldRead(ctx, export, arg, span, rebuild, func(view []byte) { out = append([]byte(nil), view...) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// callHeldRead is callRead once the lock is held.
+func (r *resident) callHeldRead(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool, read func(view []byte)) error {
 	if r.closed {
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	if r.in == nil {
 		if !rebuild {
-			return nil, fmt.Errorf("%w: instance was stopped by an earlier failure; rebuild it", ErrUnavailable)
+			return fmt.Errorf("%w: instance was stopped by an earlier failure; rebuild it", ErrUnavailable)
 		}
 		if err := r.build(ctx); err != nil {
-			return nil, err
+			return err
 		}
 		if r.onBuild != nil {
 			if err := r.onBuild(ctx); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	return r.callLocked(ctx, export, arg, span)
+	return r.callLockedRead(ctx, export, arg, span, read)
 }
 
 // callLocked runs export on the current instance; the caller holds the
 // lock and ctx carries the call deadline. A failed instance is dropped.
 func (r *resident) callLocked(ctx context.Context, export string, arg []byte, span frameSpan) ([]byte, error) {
+	var out []byte
+	if err := r.callLockedRead(ctx, export, arg, span, func(view []byte) { out = append([]byte(nil), view...) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// callLockedRead is callLocked handing the answer to read (callRead).
+func (r *resident) callLockedRead(ctx context.Context, export string, arg []byte, span frameSpan, read func(view []byte)) error {
 	span.plugin, span.world, span.export = r.c.spec.Name, string(r.c.spec.World), export
 	f := &frame{host: r.h, plugin: r.c.spec, service: true, span: span, inbound: r.inbound}
 	if abi.WorldHasImport(r.c.spec.World, abi.ImportConfigGet) {
@@ -157,14 +191,14 @@ func (r *resident) callLocked(ctx context.Context, export string, arg []byte, sp
 		// as a whole before any guest code of a configured world runs.
 		if err := f.view(ctx); err != nil {
 			f.drop()
-			return nil, err
+			return err
 		}
 	}
-	out, err := r.in.call(ctx, f, export, arg, true)
+	err := r.in.callRead(ctx, f, export, arg, true, read)
 	if err != nil && r.in.broken {
 		r.drop()
 	}
-	return out, err
+	return err
 }
 
 // rebuild replaces the instance (whatever its state) with a new one.
