@@ -58,63 +58,95 @@ func decodeEnvelopeShort(b []byte) (ToolEnvelope, bool) {
 	return ToolEnvelope{Ok: &r}, true
 }
 
-// DecodeToolEnvelopeCut is DecodeToolEnvelope whose ok output, when it
-// is longer than limit bytes (limit above zero), is cut to its start of at
-// most limit bytes at a character boundary, as tooloutput.Start cuts it;
-// total is then the whole output's size, else zero. FuzzDecodeToolEnvelopeCut
-// holds it to DecodeToolEnvelope.
+// DecodeToolEnvelopeCut is DecodeToolEnvelope whose ok output, ok error
+// and err message, each when it is longer than limit bytes (limit above
+// zero), is cut to its start of at most limit bytes at a character
+// boundary, as tooloutput.Start cuts it; outputBytes is then the whole
+// output's size and errorBytes the whole error's (the longer of ok's
+// error and err, when an envelope holds both), else zero.
+// FuzzDecodeToolEnvelopeCut holds it to DecodeToolEnvelope.
 //
 // A tool's result may be 16 MiB, and the sandbox's caller keeps 1 MiB of
-// its output: the envelope AppendJSON writes is read here with the output
-// kept only as far as the cut needs (one byte past it, where the cut looks
-// for a character's start) and the rest measured, never written. Any other
-// shape is decoded whole and then cut.
-func DecodeToolEnvelopeCut(b []byte, limit int) (e ToolEnvelope, total int, err error) {
+// its output, or of its error: the envelopes AppendJSON writes are read
+// here with each string kept only as far as the cut needs (one byte past
+// it, where the cut looks for a character's start) and the rest measured,
+// never written. Any other shape is decoded whole and then cut.
+func DecodeToolEnvelopeCut(b []byte, limit int) (e ToolEnvelope, outputBytes, errorBytes int, err error) {
 	if limit > 0 {
 		var ok bool
-		if e, total, ok = decodeEnvelopeShortCut(b, limit); ok {
-			return e, total, nil
+		if e, outputBytes, errorBytes, ok = decodeEnvelopeShortCut(b, limit); ok {
+			return e, outputBytes, errorBytes, nil
 		}
 	}
-	if e, err = DecodeToolEnvelope(b); err != nil || limit <= 0 || e.Ok == nil || len(e.Ok.Output) <= limit {
-		return e, 0, err
+	if e, err = DecodeToolEnvelope(b); err != nil || limit <= 0 {
+		return e, 0, 0, err
 	}
-	total = len(e.Ok.Output)
-	e.Ok.Output = cutAtCharacter(e.Ok.Output, limit)
-	return e, total, nil
+	if e.Ok != nil {
+		e.Ok.Output, outputBytes = cutWhole(e.Ok.Output, limit)
+		if e.Ok.Error != nil {
+			msg, n := cutWhole(*e.Ok.Error, limit)
+			e.Ok.Error, errorBytes = &msg, n
+		}
+	}
+	if e.Err != nil {
+		msg, n := cutWhole(*e.Err, limit)
+		e.Err, errorBytes = &msg, max(errorBytes, n)
+	}
+	return e, outputBytes, errorBytes, nil
 }
 
-// decodeEnvelopeShortCut is decodeEnvelopeShort reading the output with
+// decodeEnvelopeShortCut reads the envelopes AppendJSON writes, {"err":S}
+// and decodeEnvelopeShort's, with each string read by
 // jsonstr.UnquoteStart.
-func decodeEnvelopeShortCut(b []byte, limit int) (e ToolEnvelope, total int, ok bool) {
+func decodeEnvelopeShortCut(b []byte, limit int) (e ToolEnvelope, outputBytes, errorBytes int, ok bool) {
+	keep := min(limit, math.MaxInt-1) + 1
+	if rest, found := cutPrefix(b, `{"err":`); found {
+		var msg string
+		var total int
+		if msg, total, rest, ok = jsonstr.UnquoteStart(rest, keep); !ok || string(rest) != "}" {
+			return ToolEnvelope{}, 0, 0, false
+		}
+		msg, errorBytes = cutKept(msg, total, limit)
+		return ToolEnvelope{Err: &msg}, 0, errorBytes, true
+	}
 	var r ToolResult
 	if r.Success, b, ok = cutSuccess(b); !ok {
-		return ToolEnvelope{}, 0, false
+		return ToolEnvelope{}, 0, 0, false
 	}
-	if r.Output, total, b, ok = jsonstr.UnquoteStart(b, min(limit, math.MaxInt-1)+1); !ok {
-		return ToolEnvelope{}, 0, false
+	var total int
+	if r.Output, total, b, ok = jsonstr.UnquoteStart(b, keep); !ok {
+		return ToolEnvelope{}, 0, 0, false
 	}
+	r.Output, outputBytes = cutKept(r.Output, total, limit)
 	if rest, found := cutPrefix(b, `,"error":`); found {
 		if rest, found = cutPrefix(rest, "null"); !found {
-			// Kept whole, as the error is; read so that a bad byte in it
-			// does not send the whole output to encoding/json.
 			var msg string
-			if msg, _, rest, ok = jsonstr.UnquoteStart(rest, math.MaxInt); !ok {
-				return ToolEnvelope{}, 0, false
+			if msg, total, rest, ok = jsonstr.UnquoteStart(rest, keep); !ok {
+				return ToolEnvelope{}, 0, 0, false
 			}
+			msg, errorBytes = cutKept(msg, total, limit)
 			r.Error = &msg
 		}
 		b = rest
 	}
 	if string(b) != "}}" {
-		return ToolEnvelope{}, 0, false
+		return ToolEnvelope{}, 0, 0, false
 	}
-	if total <= limit {
-		return ToolEnvelope{Ok: &r}, 0, true
-	}
-	r.Output = cutAtCharacter(r.Output, limit)
-	return ToolEnvelope{Ok: &r}, total, true
+	return ToolEnvelope{Ok: &r}, outputBytes, errorBytes, true
 }
+
+// cutKept is the start UnquoteStart kept of a string of total bytes, cut
+// to limit as the whole would be, and the whole's size when it was cut,
+// else zero.
+func cutKept(start string, total, limit int) (string, int) {
+	if total <= limit {
+		return start, 0
+	}
+	return cutAtCharacter(start, limit), total
+}
+
+// cutWhole is cutKept of a whole string.
+func cutWhole(s string, limit int) (string, int) { return cutKept(s, len(s), limit) }
 
 // cutAtCharacter is s's start of at most n bytes, backed up to a
 // character's start: tooloutput.Start, which this package (linked into

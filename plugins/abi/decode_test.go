@@ -151,20 +151,32 @@ func BenchmarkDecodeToolEnvelope(b *testing.B) {
 }
 
 // checkCutAsWhole fails when DecodeToolEnvelopeCut at limit and
-// DecodeToolEnvelope, whose output is then cut by tooloutput.Start,
-// disagree on b: one fails and not the other, or they read different
-// envelopes or sizes.
+// DecodeToolEnvelope, whose output, error and err are then cut by
+// tooloutput.Start, disagree on b: one fails and not the other, or they
+// read different envelopes or sizes.
 func checkCutAsWhole(t *testing.T, b []byte, limit int) {
 	t.Helper()
 	want, wantErr := abi.DecodeToolEnvelope(b)
-	wantTotal := 0
-	if wantErr == nil && limit > 0 && want.Ok != nil && len(want.Ok.Output) > limit {
-		wantTotal = len(want.Ok.Output)
-		want.Ok.Output = tooloutput.Start(want.Ok.Output, limit)
+	wantTotal, wantErrTotal := 0, 0
+	cut := func(s *string) (*string, int) {
+		if wantErr != nil || limit <= 0 || s == nil || len(*s) <= limit {
+			return s, 0
+		}
+		c := tooloutput.Start(*s, limit)
+		return &c, len(*s)
 	}
-	got, total, err := abi.DecodeToolEnvelopeCut(b, limit)
-	if (err == nil) != (wantErr == nil) || (err == nil && (!reflect.DeepEqual(got, want) || total != wantTotal)) {
-		t.Fatalf("%q at %d: got %+v of %d (%v), whole and cut %+v of %d (%v)", b, limit, got, total, err, want, wantTotal, wantErr)
+	if want.Ok != nil {
+		var out *string
+		out, wantTotal = cut(&want.Ok.Output)
+		want.Ok.Output = *out
+		want.Ok.Error, wantErrTotal = cut(want.Ok.Error)
+	}
+	var n int
+	want.Err, n = cut(want.Err)
+	wantErrTotal = max(wantErrTotal, n)
+	got, total, errTotal, err := abi.DecodeToolEnvelopeCut(b, limit)
+	if (err == nil) != (wantErr == nil) || (err == nil && (!reflect.DeepEqual(got, want) || total != wantTotal || errTotal != wantErrTotal)) {
+		t.Fatalf("%q at %d: got %+v of %d, %d (%v), whole and cut %+v of %d, %d (%v)", b, limit, got, total, errTotal, err, want, wantTotal, wantErrTotal, wantErr)
 	}
 }
 
@@ -190,6 +202,15 @@ var cutEnvelopeCases = []string{
 	`{"ok":{"success":true,"output":"abcdefgh"},"err":"both"}`,
 	`{"ok":{"success":true,"output":"abcdefgh","output":"ijklmnopq"}}`,
 	` {"ok":{"success":true,"output":"abc\u00e9defgh"}}`,
+	`{"err":"a\u00e9\u65e5\ud83d\ude00bcdefgh"}`,
+	"{\"err\":\"aé日🙂b\xff\xc3cdefgh\"}",
+	`{"err":"abcdefgh\u00"}`,
+	`{"err":"abcdefgh"} `,
+	`{"err":"abcdefgh"`,
+	`{"err":"abcdefgh","err":"ijklmnopq"}`,
+	`{"ok":{"success":false,"output":"abcdefgh","error":"ijkl\u00e9mnop\n"}}`,
+	`{"ok":{"success":false,"output":"","error":"abcdefgh\q"}}`,
+	`{"ok":{"success":false,"output":"abcdefghij","error":"abcdefghijklm"},"err":"abcdefghijklmnopq"}`,
 }
 
 func TestDecodeToolEnvelopeCutAsWhole(t *testing.T) {
@@ -200,12 +221,12 @@ func TestDecodeToolEnvelopeCutAsWhole(t *testing.T) {
 	}
 	// An output cut inside a character ends before it; its size is the
 	// whole's, decoded.
-	e, total, err := abi.DecodeToolEnvelopeCut([]byte(`{"ok":{"success":true,"output":"ab\u00e9\ud83d\ude00"}}`), 3)
+	e, total, _, err := abi.DecodeToolEnvelopeCut([]byte(`{"ok":{"success":true,"output":"ab\u00e9\ud83d\ude00"}}`), 3)
 	if err != nil || e.Ok.Output != "ab" || total != 8 {
 		t.Fatalf("read %+v of %d, %v; want \"ab\" of 8", e.Ok, total, err)
 	}
 	// A fault past the cut fails the whole envelope.
-	if _, _, err := abi.DecodeToolEnvelopeCut([]byte(`{"ok":{"success":true,"output":"`+strings.Repeat("a", 100)+`\u12"}}`), 10); err == nil {
+	if _, _, _, err := abi.DecodeToolEnvelopeCut([]byte(`{"ok":{"success":true,"output":"`+strings.Repeat("a", 100)+`\u12"}}`), 10); err == nil {
 		t.Fatal("a malformed escape past the cut was read")
 	}
 }
@@ -236,7 +257,7 @@ func TestDecodeToolEnvelopeCutAllocatesWhatIsKept(t *testing.T) {
 		var e abi.ToolEnvelope
 		var total int
 		var err error
-		perCall := testenv.AllocatedBytes(func() { e, total, err = abi.DecodeToolEnvelopeCut(env, limit) })
+		perCall := testenv.AllocatedBytes(func() { e, total, _, err = abi.DecodeToolEnvelopeCut(env, limit) })
 		if err != nil || len(e.Ok.Output) > limit || len(e.Ok.Output) < limit-3 || total <= limit {
 			t.Fatalf("%q: kept %d bytes of %d, %v", period, len(e.Ok.Output), total, err)
 		}
@@ -256,7 +277,7 @@ func BenchmarkDecodeToolEnvelopeCut(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(env)))
 		for b.Loop() {
-			if _, total, err := abi.DecodeToolEnvelopeCut(env, 1<<20); err != nil || total == 0 {
+			if _, total, _, err := abi.DecodeToolEnvelopeCut(env, 1<<20); err != nil || total == 0 {
 				b.Fatal(err)
 			}
 		}

@@ -294,14 +294,22 @@ func (s *Server) ExecuteTool(ctx context.Context, req *pluginv1.ExecuteToolReque
 		return toolFailure(err)
 	}
 	log.Info("tool executed", zap.Bool("success", res.Success), zap.Uint64("fuel_used", res.FuelUsed))
-	out := &pluginv1.ExecuteToolResponse{Success: res.Success, Output: res.Output, FuelUsed: int64(res.FuelUsed)}
-	if res.Error != nil {
-		out.Error = *res.Error
-	}
 	// Only what the caller shows is sent, with the whole's size: an output
 	// of up to the host's 16 MiB result crossed the socket whole to be cut
 	// at once to the 1 MiB a client sees. The host cut it as it read it.
-	out.OutputBytes = int64(res.OutputBytes)
+	out := &pluginv1.ExecuteToolResponse{Success: res.Success, Output: res.Output, OutputBytes: int64(res.OutputBytes), FuelUsed: int64(res.FuelUsed)}
+	switch {
+	case !res.Success && res.Error != nil && res.ErrorBytes > 0:
+		// An error past the room shown, cut as it was read, is sent as
+		// the failed call's output with its whole size: the response has
+		// no size for its error, and the session shows a failed call's
+		// output as it shows its error ("Tool x failed: ..."), cut with
+		// the mark that names the whole's size. The output, which the
+		// session does not show beside an error, is left out.
+		out.Output, out.OutputBytes = *res.Error, int64(res.ErrorBytes)
+	case res.Error != nil:
+		out.Error = *res.Error
+	}
 	return out, nil
 }
 

@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -129,4 +131,86 @@ func peakRSS(tb testing.TB) int64 {
 	}
 	tb.Fatal("no VmHWM in /proc/self/status")
 	return 0
+}
+
+// bigFailMisbehave is misbehave whose modes "bigfail" and "bigrefuse"
+// fail with an error of bigPeriod repeated bigRepeats times, 15 MiB: the
+// Go error (the envelope's err) and a failed result's error.
+const bigFailMisbehave = `//go:build wasip1
+
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk/tool"
+)
+
+type bigFail struct{ misbehave }
+
+var bigText string
+
+func (b bigFail) Execute(args json.RawMessage) (tool.Result, error) {
+	var in struct {
+		Mode string ` + "`json:\"mode\"`" + `
+	}
+	_ = json.Unmarshal(args, &in)
+	if bigText == "" {
+		bigText = strings.Repeat("0123456789abcd\n", 1<<20-16)
+	}
+	switch in.Mode {
+	case "bigfail":
+		return tool.Result{}, errors.New(bigText)
+	case "bigrefuse":
+		return tool.Failure(bigText), nil
+	}
+	return b.misbehave.Execute(args)
+}
+
+func init() { tool.Register(bigFail{}) } // after main.go's init
+`
+
+// A tool's error of 15 MiB, for a caller that keeps 1 MiB, was decoded
+// whole (encoding/json for the err side, the short reading for a failed
+// result's error) and sent whole, to be cut by the session. It is now
+// cut as it is read, and sent as the failed call's output with its whole
+// size, which the session shows as it shows an error, cut with its mark.
+func TestToolErrorCutAsItIsRead(t *testing.T) {
+	dir := t.TempDir()
+	installExample(t, dir, "misbehave")
+	wasm, err := guestbuild.WasmWith("misbehave", "testhooks.go", bigFailMisbehave)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(wasm)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "misbehave", "plugin.wasm"), data, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := wasmhost.DefaultLimits()
+	lim.CallFuel = 1 << 40
+	ts := newTestServerLimits(t, dir, lim)
+	ctx := context.Background()
+	want := strings.Repeat(bigPeriod, bigRepeats)
+	for _, mode := range []string{"bigfail", "bigrefuse"} {
+		var got *pluginv1.ExecuteToolResponse
+		perCall := testenv.AllocatedBytes(func() {
+			got, err = ts.ExecuteTool(ctx, &pluginv1.ExecuteToolRequest{ToolName: "misbehave", ArgumentsJson: `{"mode":"` + mode + `"}`, OutputLimit: keptBytes})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: a %d-byte error, %d kept: %d bytes allocated by the call", mode, len(want), keptBytes, perCall)
+		if got.GetSuccess() || got.GetError() != "" || got.GetOutput() != want[:keptBytes] || got.GetOutputBytes() != int64(len(want)) {
+			t.Fatalf("%s: success %v, %d bytes of error, %d of output, output_bytes %d; want a failure whose output is the first %d bytes of the %d-byte error",
+				mode, got.GetSuccess(), len(got.GetError()), len(got.GetOutput()), got.GetOutputBytes(), keptBytes, len(want))
+		}
+		if perCall > 4*keptBytes {
+			t.Errorf("%s: a call keeping %d bytes of a %d-byte error allocated %d bytes", mode, keptBytes, len(want), perCall)
+		}
+	}
 }

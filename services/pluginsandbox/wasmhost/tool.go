@@ -15,9 +15,10 @@ type ToolCall struct {
 	// Args is the JSON object of arguments. A caller-supplied "__config" is
 	// stripped; the host injects the validated public config there.
 	Args json.RawMessage
-	// OutputLimit, when above zero, is how many bytes of the output the
-	// caller keeps: a longer output comes back cut to at most that many
-	// bytes at a character boundary, with OutputBytes its whole size.
+	// OutputLimit, when above zero, is how many bytes of the output, and
+	// of an error, the caller keeps: a longer one comes back cut to at
+	// most that many bytes at a character boundary, with OutputBytes or
+	// ErrorBytes its whole size.
 	OutputLimit int
 }
 
@@ -30,6 +31,9 @@ type ToolResult struct {
 	// OutputBytes is the whole output's size when Output was cut to the
 	// call's OutputLimit, else zero.
 	OutputBytes int
+	// ErrorBytes is the whole error's size when Error was cut to the
+	// call's OutputLimit, else zero.
+	ErrorBytes int
 	// FuelUsed is the fuel the call spent (argument copy and result read
 	// included); it is deterministic for a deterministic guest.
 	FuelUsed uint64
@@ -160,12 +164,12 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 	// The envelope is read from the guest's memory, not from a copy of
 	// it: only the output's kept start is written out.
 	var (
-		env       abi.ToolEnvelope
-		total     int
-		decodeErr error
+		env                     abi.ToolEnvelope
+		outputBytes, errorBytes int
+		decodeErr               error
 	)
 	if err := in.callRead(ctx, f, abi.ExportToolExecute, argJSON, false, func(view []byte) {
-		env, total, decodeErr = abi.DecodeToolEnvelopeCut(view, call.OutputLimit)
+		env, outputBytes, errorBytes, decodeErr = abi.DecodeToolEnvelopeCut(view, call.OutputLimit)
 	}); err != nil {
 		return ToolResult{}, err
 	}
@@ -177,9 +181,10 @@ func (t *Tool) Execute(ctx context.Context, call ToolCall) (ToolResult, error) {
 		used = 0
 	}
 	if env.Err != nil {
-		return ToolResult{Success: false, Error: env.Err, FuelUsed: used}, nil
+		return ToolResult{Success: false, Error: env.Err, ErrorBytes: errorBytes, FuelUsed: used}, nil
 	}
-	return ToolResult{Success: env.Ok.Success, Output: env.Ok.Output, Error: env.Ok.Error, OutputBytes: total, FuelUsed: used}, nil
+	return ToolResult{Success: env.Ok.Success, Output: env.Ok.Output, Error: env.Ok.Error,
+		OutputBytes: outputBytes, ErrorBytes: errorBytes, FuelUsed: used}, nil
 }
 
 // withMetadataInstance runs fn in a new instance outside any service frame
