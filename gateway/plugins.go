@@ -41,7 +41,9 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 	if len(g.cfg.PluginAddrs) == 0 {
 		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "no plugin sandbox configured", nil)
 	}
-	cc, err := grpcclient.Dial(strings.Join(g.cfg.PluginAddrs, ","))
+	// Only to a replica that serves: one still starting (compiling its
+	// plugins, --scale) answers Unavailable on its socket already.
+	cc, err := grpcclient.DialReplicas(strings.Join(g.cfg.PluginAddrs, ","))
 	if err != nil {
 		return nil, serviceError("plugin-sandbox", err)
 	}

@@ -12,6 +12,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	// Registers the client-side health check DialReplicas's service
+	// config asks for; without it gRPC ignores healthCheckConfig.
+	_ "google.golang.org/grpc/health"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
@@ -98,4 +101,44 @@ func DialOne(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	}
 	// A later default service config replaces Dial's round-robin one.
 	return Dial(addr, append([]grpc.DialOption{grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{}}]}`)}, opts...)...)
+}
+
+// replicasServiceConfig is Dial's round-robin with gRPC's client-side
+// health checking of grpcserver.Calls: a replica is picked only while it
+// says it answers its calls.
+var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{"round_robin":{}}],"healthCheckConfig":{"serviceName":%q}}`, grpcserver.Calls)
+
+// DialReplicas is Dial for a service's own calls to the replicas of one
+// service (the plugin sandbox's, --scale): a call goes only to a replica
+// that serves, never to one still starting, which answers on its socket
+// already (grpcserver's start's server) and failed every call it got
+// with Unavailable while another replica served. A replica that stops
+// (its health NOT_SERVING at shutdown) is left too. When none serves, a
+// call fails at once with Unavailable as before (unless it waits for
+// ready). One address is dialled as by Dial: there is no other replica
+// to go to, and the start's answer names what it waits for. Health
+// calls must not use it: they would be routed to the replicas that
+// serve only.
+func DialReplicas(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if !replicated(addr) {
+		return Dial(addr, opts...)
+	}
+	// A later default service config replaces Dial's.
+	return Dial(addr, append([]grpc.DialOption{grpc.WithDefaultServiceConfig(replicasServiceConfig)}, opts...)...)
+}
+
+// replicated reports whether addr may name more than one replica: a
+// list of two addresses or more, or a DNS name (compose and Kubernetes
+// resolve the replicas' addresses).
+func replicated(addr string) bool {
+	if strings.HasPrefix(addr, "dns:") {
+		return true
+	}
+	n := 0
+	for _, a := range strings.Split(addr, ",") {
+		if strings.TrimSpace(a) != "" {
+			n++
+		}
+	}
+	return n > 1
 }

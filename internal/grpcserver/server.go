@@ -91,6 +91,19 @@ type Server struct {
 // reconnects by itself (and one whose bus is closed for good exits).
 const Liveness = "clawmesh.liveness"
 
+// Calls is the health name that answers SERVING only while the process's
+// own server (Serve) answers its calls, whatever its dependencies say,
+// until shutdown. A client of several replicas routes calls only to the
+// replicas that say so (grpcclient.DialReplicas): a replica still
+// starting answers on its socket already (ServeEarly, AnswerEarly), and
+// every call it got there failed Unavailable "starting: ..." while
+// another replica served. The overall name does not do: it says SERVING
+// from SetServing, while the start's server still answers until Serve
+// takes the listener over, and NOT_SERVING while a dependency is away,
+// when the process still answers its calls (a sandbox runs tools with
+// its bus away).
+const Calls = "clawmesh.calls"
+
 // ReasonTrailer carries why a process is NOT_SERVING on a health Check.
 const ReasonTrailer = "clawmesh-not-serving-reason"
 
@@ -124,6 +137,7 @@ func New(log *zap.Logger, drain time.Duration, opts ...grpc.ServerOption) *Serve
 	// yet, and ServeEarly answers before SetServing.
 	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.Health.SetServingStatus(Liveness, healthpb.HealthCheckResponse_NOT_SERVING)
+	s.Health.SetServingStatus(Calls, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(s.GRPC, &healthWithReason{Server: s.Health, s: s})
 	reflection.Register(s.GRPC)
 	return s
@@ -341,6 +355,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	conns := trackConns(lis)
 	s.hmu.Lock()
 	s.conns = conns
+	// The start's server is gone (stopEarly): a connection from here on
+	// is this server's, and a Shutdown since made this a no-op.
+	s.Health.SetServingStatus(Calls, healthpb.HealthCheckResponse_SERVING)
 	s.hmu.Unlock()
 	errc := make(chan error, 1)
 	go func() { errc <- s.GRPC.Serve(conns) }()

@@ -49,7 +49,9 @@ func register(ctx context.Context, env *service.Env) error {
 		return fmt.Errorf("config service: %w", err)
 	}
 	env.OnClose(func() { _ = configConn.Close() })
-	pluginConn, err := grpcclient.Dial(env.Peers.Plugin)
+	// Tool calls go only to a replica that serves: one still starting
+	// (compiling its plugins) answers Unavailable on its socket already.
+	pluginConn, err := grpcclient.DialReplicas(env.Peers.Plugin)
 	if err != nil {
 		return fmt.Errorf("plugin sandbox: %w", err)
 	}

@@ -1,0 +1,86 @@
+package e2e_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A sandbox replica restarted while the other serves (--scale
+// plugin-sandbox=2) answers on its socket during its whole start (its
+// health says each compile), and every call the gateway (plugins/list)
+// or the session (tool calls) spread to it failed Unavailable,
+// "plugin-sandbox unavailable" at the socket, while the other replica
+// served. The test holds the restarted replica in its start by holding
+// the compilation cache's lock (<data>/wasm-cache.lock), which its load
+// of each plugin waits for: status says it starts and why, and every
+// call is served by the other replica until it serves; then it is
+// given calls again.
+func TestCallsGoToTheReplicaServingWhileTheOtherStarts(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"echo"}, "--scale", "plugin-sandbox=2")
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+
+	lock, err := os.OpenFile(filepath.Join(s.DataDir, "wasm-cache.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	// The replicas compile nothing once up: the lock is free.
+	waitFor(t, "the compilation cache's lock", 30*time.Second, func() bool {
+		return syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	})
+	held := true
+	release := func() {
+		if held {
+			held = false
+			_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+		}
+	}
+	defer release()
+
+	old := replicaPID(t, s, 1)
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRestarted(s, 1, old); err != nil {
+		t.Fatal(err)
+	}
+	// Status still tells the starting replica apart, with what it waits for.
+	line, _ := waitStatusLine(t, s, "plugin-sandbox.1", "waiting for another replica's compile")
+	t.Logf("%s", line)
+
+	for range 10 {
+		listPlugins(t, v) // fails the test on an error
+	}
+	id := v.newSession("")
+	for i := range 5 {
+		_, results, _ := toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"a"}`+"\n/tool "+echoTool+` {"msg":"b"}`)
+		if len(results) != 2 {
+			t.Fatalf("turn %d: %d results, want 2: %+v", i, len(results), results)
+		}
+		for _, r := range results {
+			if r.Status != "completed" {
+				t.Fatalf("turn %d, a tool call while one replica starts: %+v", i, r)
+			}
+		}
+	}
+	if out, err := clawmesh(t, s, "status"); err == nil || !strings.Contains(statusLine(out, "plugin-sandbox.1"), "waiting for another replica's compile") {
+		t.Fatalf("the replica was not held in its start all along (%v):\n%s", err, out)
+	}
+
+	release()
+	waitFor(t, "status with every replica serving", 60*time.Second, func() bool {
+		_, err := clawmesh(t, s, "status")
+		return err == nil
+	})
+	before := toolCallsServed(replicaLogs(s, 2)[1])
+	waitFor(t, "a tool call served by the restarted replica", 60*time.Second, func() bool {
+		toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"c"}`)
+		return toolCallsServed(replicaLogs(s, 2)[1]) > before
+	})
+}

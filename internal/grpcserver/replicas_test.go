@@ -1,0 +1,264 @@
+package grpcserver_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/testenv"
+	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+)
+
+// counted answers Live with its replica's revision and counts the calls.
+type counted struct {
+	configv1.UnimplementedConfigServiceServer
+	rev   int64
+	calls atomic.Int64
+}
+
+func (c *counted) Live(context.Context, *configv1.LiveRequest) (*configv1.LiveResponse, error) {
+	c.calls.Add(1)
+	return &configv1.LiveResponse{Revision: c.rev}, nil
+}
+
+// acceptCount counts the connections a listener accepted.
+type acceptCount struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (a *acceptCount) Accept() (net.Conn, error) {
+	c, err := a.Listener.Accept()
+	if err == nil {
+		a.n.Add(1)
+	}
+	return c, err
+}
+
+// replica is one process of a service with replicas, on a socket the
+// launcher handed it (HoldEarly).
+type replica struct {
+	srv      *grpcserver.Server
+	lis      net.Listener
+	accepted *acceptCount
+	svc      *counted
+	stop     context.CancelFunc
+	done     chan error
+}
+
+func newReplica(t testing.TB, sock string, rev int64) *replica {
+	t.Helper()
+	l, err := grpcserver.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{srv: grpcserver.New(testenv.Logger(t), time.Second), accepted: &acceptCount{Listener: l}, svc: &counted{rev: rev}}
+	r.lis = r.srv.HoldEarly(r.accepted)
+	configv1.RegisterConfigServiceServer(r.srv.GRPC, r.svc)
+	t.Cleanup(func() {
+		if r.stop != nil {
+			r.stop()
+			if err := <-r.done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+			return
+		}
+		r.srv.Shutdown()
+	})
+	return r
+}
+
+// starting is service.Env.Starting: a step of the start said in health,
+// and the handed socket answered from then on.
+func (r *replica) starting(what string) {
+	r.srv.SetStarting(what)
+	r.srv.AnswerEarly()
+}
+
+func (r *replica) serve() {
+	r.srv.SetServing()
+	ctx, stop := context.WithCancel(context.Background())
+	r.stop, r.done = stop, make(chan error, 1)
+	go func() { r.done <- r.srv.Serve(ctx, r.lis) }()
+}
+
+// Two replicas of a service (--scale plugin-sandbox=2): one serves, the
+// other is still starting (compiling its plugins) and, since its start
+// says each compile in health, answers on its socket already. A client
+// spreading calls over both (the gateway's plugins/list, the session's
+// tool calls) sent every other call to the starting one, which failed it
+// Unavailable ("plugin-sandbox unavailable" at the socket) while the
+// other replica served. Calls now go only to a replica whose own server
+// answers: not while it starts, nor between its SetServing and its
+// Serve (the overall health name says SERVING there while the start's
+// server still answers), and to it once it serves.
+func TestCallsSkipAReplicaStillStarting(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cm-r-") // short: socket paths are bounded
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	a, b := newReplica(t, sockA, 1), newReplica(t, sockB, 2)
+	a.starting("compiling plugin echo (tool world)")
+	b.starting("compiling plugin echo (tool world)")
+	b.serve()
+
+	cc, err := grpcclient.DialReplicas(sockA + "," + sockB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	client := configv1.NewConfigServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// callsServedByB makes calls until n more reached b, each answered.
+	callsServedByB := func(n int64) {
+		t.Helper()
+		want := b.svc.calls.Load() + n
+		for b.svc.calls.Load() < want {
+			resp, err := client.Live(ctx, &configv1.LiveRequest{})
+			if err != nil {
+				t.Fatalf("a call with one replica serving (b served %d): %v", b.svc.calls.Load(), err)
+			}
+			if resp.GetRevision() != 2 {
+				t.Fatalf("answered by revision %d, want b's", resp.GetRevision())
+			}
+		}
+	}
+	callsServedByB(20)
+	// The client reached the starting replica: it was left, not unknown.
+	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if a.accepted.n.Load() == 0 {
+			return errors.New("the starting replica got no connection")
+		}
+		return nil
+	})
+	callsServedByB(20)
+
+	// Registered, not serving yet: its start's server still answers.
+	a.srv.SetServing()
+	callsServedByB(20)
+
+	a.serve()
+	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if _, err := client.Live(ctx, &configv1.LiveRequest{}); err != nil {
+			return err
+		}
+		if a.svc.calls.Load() == 0 {
+			return errors.New("no call reached the replica once it served")
+		}
+		return nil
+	})
+}
+
+// One replica is dialled as by Dial: there is no other to go to, and a
+// call while it starts is told what the start does.
+func TestOneReplicaStartingSaysWhy(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cm-r-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "a.sock")
+	a := newReplica(t, sock, 1)
+	a.starting("compiling plugin echo (tool world)")
+	cc, err := grpcclient.DialReplicas(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "starting: compiling plugin echo (tool world)" {
+		t.Fatalf("a call while the only replica starts: %v", err)
+	}
+}
+
+// BenchmarkFirstCallOfANewClient is what a client dialled per call
+// costs (the gateway's plugins/list): a new client of two replicas that
+// serve, its first call, its close. DialReplicas asks each replica's
+// health (a Watch) before its first call goes.
+func BenchmarkFirstCallOfANewClient(b *testing.B) {
+	dir, err := os.MkdirTemp("", "cm-r-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	for i, sock := range []string{sockA, sockB} {
+		r := newReplica(b, sock, int64(i+1))
+		r.serve()
+	}
+	for _, c := range dials {
+		b.Run(c.name, func(b *testing.B) {
+			ctx := context.Background()
+			for b.Loop() {
+				cc, err := c.dial(sockA + "," + sockB)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{}); err != nil {
+					b.Fatal(err)
+				}
+				cc.Close()
+			}
+		})
+	}
+}
+
+// dials are the two ways to dial replicas the benchmarks compare.
+var dials = []struct {
+	name string
+	dial func(string, ...grpc.DialOption) (*grpc.ClientConn, error)
+}{{"Dial", grpcclient.Dial}, {"DialReplicas", grpcclient.DialReplicas}}
+
+// BenchmarkCallOfALongLivedClient is a call on a client kept open (the
+// session service's tool calls) to two replicas that serve: the health
+// checks are one stream a replica, not a cost of each call.
+func BenchmarkCallOfALongLivedClient(b *testing.B) {
+	dir, err := os.MkdirTemp("", "cm-r-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	for i, sock := range []string{sockA, sockB} {
+		r := newReplica(b, sock, int64(i+1))
+		r.serve()
+	}
+	for _, c := range dials {
+		b.Run(c.name, func(b *testing.B) {
+			cc, err := c.dial(sockA + "," + sockB)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cc.Close()
+			client := configv1.NewConfigServiceClient(cc)
+			ctx := context.Background()
+			// Both replicas connected before the timing.
+			for range 10 {
+				if _, err := client.Live(ctx, &configv1.LiveRequest{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for b.Loop() {
+				if _, err := client.Live(ctx, &configv1.LiveRequest{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
