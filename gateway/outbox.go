@@ -330,7 +330,7 @@ func (o *outbox) sent(u bus.Update) {
 	o.written++
 	switch u.Type {
 	case busv1.UpdateType_UPDATE_TYPE_APPROVAL_REQUEST:
-		if o.cs.canElicit() {
+		if o.cs.canElicit() && !settledAsk(u) {
 			o.ask(u)
 		}
 	case busv1.UpdateType_UPDATE_TYPE_TURN_COMPLETE:
@@ -345,6 +345,17 @@ func (o *outbox) sent(u bus.Update) {
 			cancel()
 		}
 	}
+}
+
+// settledAsk reports whether approval request u says the decision that
+// settled it: the session service sends an ask again (Resend) with its
+// decision once it has one, and a client asked for it would answer
+// what nobody can change any more.
+func settledAsk(u bus.Update) bool {
+	var ar struct {
+		Decision string `json:"decision"`
+	}
+	return json.Unmarshal(u.JSON, &ar) == nil && ar.Decision != ""
 }
 
 // ask puts the approval u requests to the client, within maxAsks; o.mu is

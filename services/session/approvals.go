@@ -159,6 +159,48 @@ func (a *approval) request(turnID string) fields {
 	}
 }
 
+// resent is a's approval_request as Resend sends it again: as it was
+// published, and, once a decision settled it (a.d, as stored or taken
+// in memory), that decision and who gave it (decision, decided_by: the
+// surface, "service" for the timeout and a turn's end), so that the
+// gateway does not put to a client an ask nobody can answer any more.
+// SPEC's approval_request has no such field and no update reports a
+// decision: without them a follower that missed the ask, or one that
+// rejoined, was asked again for what was already settled.
+func (a *approval) resent(turnID string) fields {
+	f := a.request(turnID)
+	if a.d.Decision != "" {
+		f["decision"] = a.d.Decision
+		f["decided_by"] = a.d.Surface
+	}
+	return f
+}
+
+// settledAsks reads the decisions taken in memory for turn t's asks
+// still pending in it, by their tool call's id: ask stores one after it
+// is taken, so a Resend meanwhile would read the ask undecided.
+func (s *Server) settledAsks(t *turn) map[string]decision {
+	ls := t.ls
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	var out map[string]decision
+	for _, a := range ls.approvals {
+		if a.TurnID != t.id {
+			continue
+		}
+		select {
+		case <-a.decided:
+		default:
+			continue
+		}
+		if out == nil {
+			out = map[string]decision{}
+		}
+		out[a.ToolCallID] = a.d
+	}
+	return out
+}
+
 // timeoutSecs is a's timeout in whole seconds, rounded up.
 func (a *approval) timeoutSecs() int64 {
 	return int64((a.Timeout + time.Second - 1) / time.Second)

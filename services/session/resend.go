@@ -33,8 +33,9 @@ const (
 // update it published lives in them (the marks its batches of events
 // carried, migration 0017, and its end's update_map, migration 0016:
 // approval requests and history_trimmed notices among them since
-// migration 0018); for the turn still running, the map it keeps in
-// memory, its pending events written first. So:
+// migration 0018, a request with the decision that settled it once one
+// did, see approval.resent); for the turn still running, the map it
+// keeps in memory, its pending events written first. So:
 //
 //   - a turn of which the gateway received nothing (after_seq is the
 //     previous turn's end): its updates with their numbers (text
@@ -252,9 +253,18 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 	if err != nil {
 		return nil, err
 	}
+	// Decisions taken in memory are read before the stored ones: an ask
+	// decided meanwhile is then read decided from one or the other (ask
+	// stores its decision before it forgets it).
+	settled := s.settledAsks(tail.t)
 	asks, err := s.store.turnAsks(ctx, id, tail.t.id)
 	if err != nil {
 		return nil, err
+	}
+	for callID, d := range settled {
+		if a := asks[callID]; a != nil && a.d.Decision == "" {
+			a.d = d
+		}
 	}
 	ups, missing, _ := rebuildMapped(tail.t.id, events, asks, tail.updates, max(after, tail.from), upto)
 	switch {
@@ -601,21 +611,31 @@ func firstMapped(m []int64) int64 {
 }
 
 // turnAsks reads the approval requests of turn turnID by their tool
-// call's id.
+// call's id, each with the decision that settled it as stored (d; none
+// while it is pending): a person's or the timeout's, or the cancellation
+// of a turn that ended first (or was cut by a crash) before one came.
 func (st *store) turnAsks(ctx context.Context, sessionID, turnID string) (map[string]*approval, error) {
-	rows, err := st.db.Query(ctx, `SELECT request_id, tool_call_id, tool_name, arguments_summary, COALESCE(timeout_secs, 0)
+	rows, err := st.db.Query(ctx, `SELECT request_id, tool_call_id, tool_name, arguments_summary, COALESCE(timeout_secs, 0),
+		status, decision, surface
 		FROM approvals WHERE turn_id = $1 AND session_id = $2`, turnID, sessionID)
 	if err != nil {
 		return nil, fmt.Errorf("read turn approvals: %w", err)
 	}
 	asks := map[string]*approval{}
 	var (
-		a    approval
-		secs int64
+		a                approval
+		secs             int64
+		status, dec, srf string
 	)
-	_, err = pgx.ForEachRow(rows, []any{&a.RequestID, &a.ToolCallID, &a.ToolName, &a.Summary, &secs}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&a.RequestID, &a.ToolCallID, &a.ToolName, &a.Summary, &secs, &status, &dec, &srf}, func() error {
 		c := a
 		c.Timeout = time.Duration(secs) * time.Second
+		switch status {
+		case "decided":
+			c.d = decision{Decision: dec, Surface: srf}
+		case "cancelled":
+			c.d = decision{Decision: decisionCancelled, Surface: surfaceService}
+		}
 		asks[c.ToolCallID] = &c
 		return nil
 	})
@@ -721,7 +741,7 @@ func rebuildMapped(turnID string, events map[int64]storedEvent, asks map[string]
 			}
 			asked++
 			if useq > after {
-				out, lastEvent = append(out, rebuilt{typ: UpdateApprovalRequest, f: a.request(turnID), seq: useq}), -1
+				out, lastEvent = append(out, rebuilt{typ: UpdateApprovalRequest, f: a.resent(turnID), seq: useq}), -1
 			}
 			continue
 		}

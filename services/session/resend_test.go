@@ -512,7 +512,7 @@ func TestResendSendsApprovalRequestsAndTrimNotices(t *testing.T) {
 		var missed []update
 		for _, u := range live {
 			if u.Seq > after {
-				missed = append(missed, u)
+				missed = append(missed, settledAs(u, DecisionAllowOnce, SurfaceRPC))
 			}
 		}
 		resp, us := h.resend(id, after, 0)
@@ -521,4 +521,98 @@ func TestResendSendsApprovalRequestsAndTrimNotices(t *testing.T) {
 		}
 		sameTurn(t, missed, us)
 	}
+}
+
+// settledAs is u as Resend sends it again once decided: an
+// approval_request says its decision and who gave it.
+func settledAs(u update, decision, by string) update {
+	if u.Type != UpdateApprovalRequest {
+		return u
+	}
+	p := map[string]any{"decision": decision, "decided_by": by}
+	for k, v := range u.Params {
+		p[k] = v
+	}
+	u.Params = p
+	return u
+}
+
+// An approval request sent again after its decision says that decision
+// and who gave it (decision, decided_by), whichever decided it: a person
+// (session/approve) while the turn still runs, the timeout, the turn's
+// cancellation. Before, it was sent as published, undecided: the gateway
+// put it to its clients again (elicitation/create) for an approval
+// nobody could change any more (the tool had run, or been denied).
+func TestResentApprovalRequestSaysItsDecision(t *testing.T) {
+	h := newHarness(t)
+	for alias, timeout := range map[string]time.Duration{"guarded": 30 * time.Second, "hasty": time.Second} {
+		h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: alias, Provider: ProviderScripted,
+			ApprovalRequired: []string{"echo"}, ApprovalTimeout: timeout}})
+	}
+	resentAsk := func(id string, after int64) update {
+		t.Helper()
+		resp, us := h.resend(id, after, 0)
+		if resp.GetLost() != "" {
+			t.Fatalf("resend after %d: lost %q", after, resp.GetLost())
+		}
+		for _, u := range us {
+			if u.Type == UpdateApprovalRequest {
+				return u
+			}
+		}
+		t.Fatalf("resend after %d: no approval_request in %s", after, types(us))
+		return update{}
+	}
+	settled := func(what string, u update, decision, by string) {
+		t.Helper()
+		if u.str("decision") != decision || u.str("decided_by") != by {
+			t.Fatalf("%s: the approval_request sent again says decision %v by %v, want %q by %q (%v)",
+				what, u.Params["decision"], u.Params["decided_by"], decision, by, u.Params)
+		}
+	}
+
+	// Decided with session/approve; the turn still runs.
+	id := h.newSession(alice, "guarded")
+	rec := h.record(id)
+	first := liveTurn(h, rec, id, "/say zero")
+	prev := first[len(first)-1].Seq
+	ctx, cancel := context.WithCancel(context.Background())
+	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id,
+		Prompt: "/say one\n" + `/tool echo {"text":"hi"}` + "\n/say after\n/sleep 60000"})
+	live := rec.until(UpdateApprovalRequest)
+	ask := live[len(live)-1]
+	if u := resentAsk(id, prev); u.Params["decision"] != nil || fmt.Sprint(u) != fmt.Sprint(ask) {
+		t.Fatalf("the ask still open, sent again as %v; published %v", u, ask)
+	}
+	if _, err := h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: ask.str("request_id"),
+		Decision: decisionOf(DecisionAllowOnce), Surface: surfaceOf(SurfaceRPC)}); err != nil {
+		t.Fatal(err)
+	}
+	rec.until(UpdateToolResult)
+	settled("approved, the turn running", resentAsk(id, prev), DecisionAllowOnce, SurfaceRPC)
+	settled("approved, the turn running, from the ask's turn's middle", resentAsk(id, ask.Seq-1), DecisionAllowOnce, SurfaceRPC)
+	// Cancelled with its turn while it waits.
+	cancel()
+	testwait.Recv(t, res)
+	rec.until(UpdateTurnComplete)
+	id2 := h.newSession(alice, "guarded")
+	rec2 := h.record(id2)
+	first = liveTurn(h, rec2, id2, "/say zero")
+	prev = first[len(first)-1].Seq
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	res = h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id2, Prompt: `/tool echo {"text":"hi"}`})
+	rec2.until(UpdateApprovalRequest)
+	cancel()
+	testwait.Recv(t, res)
+	rec2.until(UpdateTurnComplete)
+	settled("its turn cancelled", resentAsk(id2, prev), decisionCancelled, surfaceService)
+
+	// Denied by its timeout; the turn ended.
+	id3 := h.newSession(alice, "hasty")
+	rec3 := h.record(id3)
+	first = liveTurn(h, rec3, id3, "/say zero")
+	prev = first[len(first)-1].Seq
+	liveTurn(h, rec3, id3, `/tool echo {"text":"hi"}`)
+	settled("timed out", resentAsk(id3, prev), decisionTimeout, surfaceService)
 }
