@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -22,7 +23,11 @@ import (
 // turns, in one transaction. A tool call, its result and a turn's end are
 // written right away, with the events before them, in the transaction
 // that records them. So the write rate is bounded (about ten batches a
-// second under streaming) and a crash loses at most the last batch.
+// second under streaming) and a crash loses at most the last batch. The
+// marks of the updates published after their event was written (a tool
+// call, its result, an approval request, a trim notice) go with the next
+// batch too, added to the turn's last event when no event is pending to
+// carry them (turnLog.mark): at most one more statement in a batch.
 const (
 	DefaultCheckpointInterval = 100 * time.Millisecond
 	DefaultCheckpointBytes    = 4 << 10
@@ -51,6 +56,9 @@ type checkpointer struct {
 	events  []cpEvent
 	ends    []int
 	cols    eventColumns
+	// lone are the marks of running[i] taken without an event to carry
+	// them (takeLoneMarks), by i, with the event they go to.
+	lone []loneMarks
 
 	wake, urgent chan struct{}
 	stop         chan struct{}
@@ -171,11 +179,46 @@ func (l *turnLog) add(e cpEvent) int64 {
 }
 
 // mark records that update seq lives in event, ending at end of its
-// content for a chunk (-1 for a tool call or result).
+// content for a chunk (-1 for a tool call or result). A mark with no
+// event pending to carry it (a tool call's or result's, an approval
+// request's, a trim notice's: their events were written before they were
+// published) wakes the writer, which stores it alone (takeLoneMarks):
+// else it waited in memory for the turn's next event, and a crash while
+// the tool ran or the approval waited lost the place of those updates.
 func (l *turnLog) mark(seq, event int64, end int) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.markLocked(seq, event, end)
+	lone := len(l.pending) == 0 && len(l.marks) > 0
+	l.mu.Unlock()
+	if lone {
+		signal(l.cp.wake)
+	}
+}
+
+// takeLoneMarks removes and returns the marks pending while no event is,
+// and the event they are to be added to: the turn's last, which an
+// earlier batch wrote (c.writeMu, held, orders the writes). nil when an
+// event is pending (it carries them) or no mark is.
+func (l *turnLog) takeLoneMarks() (event int64, marks []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.pending) > 0 || len(l.marks) == 0 {
+		return 0, nil
+	}
+	marks = append([]byte(nil), l.marks...)
+	l.marks = l.marks[:0]
+	return l.nextSeq - 1, marks
+}
+
+// putBackMarks returns marks a failed write took, ahead of those made
+// since.
+func (l *turnLog) putBackMarks(marks []byte) {
+	if len(marks) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.marks = append(marks, l.marks...)
 }
 
 // markLocked is mark; l.mu is held.
@@ -381,7 +424,8 @@ func (c *checkpointer) flush() {
 	defer c.writeMu.Unlock()
 	logs, all := c.gather()
 	defer c.release()
-	if len(all) == 0 {
+	lone := c.lone
+	if len(all) == 0 && len(lone) == 0 {
 		return
 	}
 	// batch is the events of logs[i] in all.
@@ -394,7 +438,12 @@ func (c *checkpointer) flush() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return c.cols.insert(ctx, tx, all) })
+	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+		if err := c.cols.insert(ctx, tx, all); err != nil {
+			return err
+		}
+		return addMarks(ctx, tx, logs, lone)
+	})
 	if err == nil {
 		return
 	}
@@ -403,16 +452,30 @@ func (c *checkpointer) flush() {
 		for i, l := range logs {
 			l.putBack(batch(i))
 		}
+		for _, m := range lone {
+			logs[m.log].putBackMarks(m.marks)
+		}
 		return
 	}
 	for i, l := range logs {
 		evs := batch(i)
-		if len(evs) == 0 {
+		var marks []loneMarks
+		for _, m := range lone {
+			if m.log == i {
+				marks = append(marks, m)
+			}
+		}
+		if len(evs) == 0 && len(marks) == 0 {
 			continue
 		}
-		if err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return c.cols.insert(ctx, tx, evs) }); err != nil {
+		if err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+			if err := c.cols.insert(ctx, tx, evs); err != nil {
+				return err
+			}
+			return addMarks(ctx, tx, logs, marks)
+		}); err != nil {
 			c.log.Warn("checkpoint dropped", zap.String("session_id", l.sessionID), zap.String("turn_id", l.turnID),
-				zap.Int("events", len(evs)), zap.Error(err))
+				zap.Int("events", len(evs)), zap.Int("lone_marks", len(marks)), zap.Error(err))
 		}
 	}
 }
@@ -428,12 +491,18 @@ func (c *checkpointer) gather() (logs []*turnLog, all []cpEvent) {
 		logs = append(logs, l)
 	}
 	c.mu.Unlock()
-	all, ends := c.events[:0], c.ends[:0]
-	for _, l := range logs {
+	all, ends, lone := c.events[:0], c.ends[:0], c.lone[:0]
+	for i, l := range logs {
+		n := len(all)
 		all = l.takeInto(all)
 		ends = append(ends, len(all))
+		if len(all) == n {
+			if ev, m := l.takeLoneMarks(); m != nil {
+				lone = append(lone, loneMarks{log: i, event: ev, marks: m})
+			}
+		}
 	}
-	c.running, c.events, c.ends = logs, all, ends
+	c.running, c.events, c.ends, c.lone = logs, all, ends, lone
 	return logs, all
 }
 
@@ -442,10 +511,37 @@ func (c *checkpointer) gather() (logs []*turnLog, all []cpEvent) {
 func (c *checkpointer) release() {
 	clear(c.running)
 	clear(c.events)
+	clear(c.lone)
 	c.cols.reset()
 	if cap(c.running) > maxKeptBatch || cap(c.events) > maxKeptBatch {
-		c.running, c.events, c.ends = nil, nil, nil
+		c.running, c.events, c.ends, c.lone = nil, nil, nil, nil
 	}
+}
+
+// loneMarks are a turn's marks that a batch stores on its last event
+// written (see turnLog.mark).
+type loneMarks struct {
+	log   int // the turn's index in the batch's running
+	event int64
+	marks []byte
+}
+
+// addMarks appends the lone marks of ms to their events' update_marks,
+// in one statement.
+func addMarks(ctx context.Context, tx pgx.Tx, logs []*turnLog, ms []loneMarks) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	sids, turns, evs, marks := make([]string, len(ms)), make([]string, len(ms)), make([]int64, len(ms)), make([][]byte, len(ms))
+	for i, m := range ms {
+		sids[i], turns[i], evs[i], marks[i] = logs[m.log].sessionID, logs[m.log].turnID, m.event, m.marks
+	}
+	if _, err := tx.Exec(ctx, `UPDATE checkpoint_events e SET update_marks = COALESCE(e.update_marks, ''::bytea) || u.marks
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) AS u(session_id, turn_id, seq, marks)
+		WHERE e.session_id = u.session_id AND e.seq = u.seq AND e.turn_id = u.turn_id`, sids, turns, evs, marks); err != nil {
+		return fmt.Errorf("write checkpoint marks: %w", err)
+	}
+	return nil
 }
 
 // maxKeptBatch bounds the turns and events whose slices the writer keeps

@@ -460,6 +460,14 @@ type storedEvent struct {
 	outBytes                            int64
 }
 
+// recovered reports whether e is the result the recovery of a turn cut
+// by a crash records for a call that never got one (recoverTurn): no
+// update was published for it (the recovery publishes the turn's end
+// alone), so it has no mark and is not sent again.
+func (e storedEvent) recovered() bool {
+	return e.kind == eventToolResult && e.content == toolInterruptedOutput && e.status == toolCancelled
+}
+
 // chunk is a message or thought chunk of e's, saying text.
 func (e storedEvent) chunk(turnID, text string) rebuilt {
 	if e.kind == eventThought {
@@ -783,7 +791,7 @@ func rebuildMapped(turnID string, events map[int64]storedEvent, asks map[string]
 		case eventText, eventThought:
 			covered = covered && ends[ev] == len(e.content)
 		case eventToolCall, eventToolResult:
-			covered = covered && tools[ev]
+			covered = covered && (tools[ev] || e.recovered())
 		}
 	}
 	return out, missing, covered

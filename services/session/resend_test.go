@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testwait"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -615,4 +616,89 @@ func TestResentApprovalRequestSaysItsDecision(t *testing.T) {
 	prev = first[len(first)-1].Seq
 	liveTurn(h, rec3, id3, `/tool echo {"text":"hi"}`)
 	settled("timed out", resentAsk(id3, prev), decisionTimeout, surfaceService)
+}
+
+// hangingSandbox is a plugin sandbox whose one tool, hang, runs until
+// its call is cancelled.
+type hangingSandbox struct {
+	pluginv1.UnimplementedPluginServiceServer
+}
+
+func (hangingSandbox) ListTools(context.Context, *pluginv1.ListToolsRequest) (*pluginv1.ListToolsResponse, error) {
+	return &pluginv1.ListToolsResponse{Tools: []*pluginv1.Tool{{Name: "hang", ParametersSchemaJson: `{"type":"object"}`, PluginKey: "p"}}}, nil
+}
+
+func (hangingSandbox) ExecuteTool(ctx context.Context, _ *pluginv1.ExecuteToolRequest) (*pluginv1.ExecuteToolResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A crash of the session service while a tool runs, or while an
+// approval waits, keeps the place of the updates published since the
+// turn's last batch of events (the tool_call, the approval_request):
+// after the restart, a gateway that missed them gets them again with
+// their numbers, then the recovery's turn_complete, from every hole.
+// Before, their marks waited in memory for the turn's next event, which
+// never came: Resend answered the turn lost ("a crash cut the turn
+// before it stored where its last updates are"). The writer's next batch
+// (flush, which its timer would run within 100 ms) stands for the wait
+// before the crash.
+func TestResendFillsACrashCutTurnWhileAToolRunsOrAnApprovalWaits(t *testing.T) {
+	client := pluginClient(t, serveSandbox(t, hangingSandbox{}))
+	h := newHarness(t, func(c *Config) { c.Plugins = client })
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted,
+		ApprovalRequired: []string{"echo"}, ApprovalTimeout: time.Hour}})
+	cases := []struct {
+		name, alias, prompt, until string
+	}{
+		{"a tool running", "default", "/say one two\n/tool hang {}\n/say after", UpdateToolCall},
+		{"an approval waiting", "guarded", "/say one two\n" + `/tool echo {"text":"hi"}` + "\n/say after", UpdateApprovalRequest},
+	}
+	for _, c := range cases {
+		id := h.newSession(alice, c.alias)
+		rec := h.record(id)
+		first := liveTurn(h, rec, id, "/say zero")
+		prev := first[len(first)-1].Seq
+		h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: c.prompt})
+		live := rec.until(c.until)
+		h.mapped(id)
+		h.srv.cp.flush()
+		h.crash()
+		var end update
+		for end.Type != UpdateTurnComplete {
+			end = rec.next()
+		}
+		for after := prev; after < end.Seq; after++ {
+			want := []update{}
+			for _, u := range live {
+				if u.Seq > after {
+					want = append(want, settledAs(u, decisionCancelled, surfaceService))
+				}
+			}
+			resp, us := h.resend(id, after, 0)
+			if resp.GetLost() != "" || resp.GetUptoSeq() != end.Seq {
+				t.Fatalf("%s: resend after %d, the turn cut by a crash: lost %q, upto %d, want %d", c.name, after, resp.GetLost(), resp.GetUptoSeq(), end.Seq)
+			}
+			sameTurn(t, append(want, end), us)
+		}
+	}
+}
+
+// mapped waits until the running turn of session id has mapped every
+// update it published (publishMapped maps one under mapMu after its
+// publish, which a recorder may see first).
+func (h *harness) mapped(id string) {
+	h.t.Helper()
+	ls := h.srv.lookupLive(id)
+	if ls == nil {
+		h.t.Fatalf("session %s is not live", id)
+	}
+	ls.mu.Lock()
+	t := ls.turn
+	ls.mu.Unlock()
+	if t == nil {
+		h.t.Fatalf("session %s runs no turn", id)
+	}
+	t.mapMu.Lock()
+	defer t.mapMu.Unlock()
 }

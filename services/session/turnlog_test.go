@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -110,6 +111,42 @@ func BenchmarkTurnLogStream(b *testing.B) {
 		if evs := l.take(); len(evs) != 1 || len(evs[0].Content) != perBatch*len(chunk) {
 			b.Fatalf("batch %+v", evs)
 		}
+	}
+}
+
+// A mark made while no event of the turn is pending (a tool call's, its
+// approval request's: their event was written before they were
+// published) wakes the writer, whose next batch takes it alone, for the
+// turn's last event; one made while an event is pending rides with it.
+func TestALoneMarkWakesTheWriter(t *testing.T) {
+	l := newTestTurnLog()
+	l.stream(0, false, "said", 1)
+	call := l.add(cpEvent{Step: 0, Kind: eventToolCall, Content: "{}"})
+	if evs := l.take(); len(evs) != 2 || len(evs[1].Marks) != 24 {
+		t.Fatalf("batch %+v", evs)
+	}
+	select {
+	case <-l.cp.wake:
+	default:
+	}
+	l.mark(2, call, markTool)
+	select {
+	case <-l.cp.wake:
+	default:
+		t.Fatal("a mark with no event pending did not wake the writer")
+	}
+	l.mark(3, call, markApproval)
+	ev, m := l.takeLoneMarks()
+	if ev != call || fmt.Sprint(unpackMarks(m)) != fmt.Sprint([]int64{2, call, markTool, 3, call, markApproval}) {
+		t.Fatalf("lone marks %v for event %d, want the call's two, for event %d", unpackMarks(m), ev, call)
+	}
+	if ev, m := l.takeLoneMarks(); m != nil {
+		t.Fatalf("lone marks taken twice: %v for %d", unpackMarks(m), ev)
+	}
+	l.stream(1, false, "more", 4)
+	l.mark(5, call, markTool)
+	if _, m := l.takeLoneMarks(); m != nil {
+		t.Fatalf("marks taken alone while an event is pending: %v", unpackMarks(m))
 	}
 }
 
