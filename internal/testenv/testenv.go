@@ -50,8 +50,12 @@ func Main(m *testing.M) {
 }
 
 // Stop stops the shared cluster, if one was started, and removes it; for
-// a TestMain that cannot use Main.
+// a TestMain that cannot use Main. On an external server (DATABASE_URL)
+// it drops the template databases PostgresPrepared made.
 func Stop() {
+	if shared.cluster == nil && shared.adminURL != "" {
+		dropTemplates(shared.adminURL)
+	}
 	if shared.cluster != nil {
 		shared.cluster.Stop()
 		os.RemoveAll(shared.dir)
@@ -93,6 +97,14 @@ func Postgres(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("start postgres: %v", err)
 	}
+	return newDatabase(t, admin, "")
+}
+
+// newDatabase creates a database of the test's own on the server at
+// admin, with CREATE DATABASE's options given (a TEMPLATE), dropped when
+// the test ends, and returns its URL.
+func newDatabase(t testing.TB, admin, options string) string {
+	t.Helper()
 	name := "t_" + randomHex(8)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -101,7 +113,7 @@ func Postgres(t testing.TB) string {
 		t.Fatalf("connect postgres: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" "+options); err != nil {
 		t.Fatalf("create database: %v", err)
 	}
 	t.Cleanup(func() {

@@ -45,7 +45,22 @@ func ctxFor(t testing.TB) context.Context {
 // a gRPC client on a Unix socket; log may be nil.
 func newEnv(t testing.TB, log *zap.Logger) *env {
 	t.Helper()
-	return newEnvOn(t, testenv.Postgres(t), log)
+	return newEnvOn(t, migratedDB(t), log)
+}
+
+// migratedDB is a new database of the test's own with the config
+// schema's migrations applied: a copy of one migrated once a process
+// (testenv.PostgresPrepared), where each test applied all of them anew.
+func migratedDB(t testing.TB) string {
+	t.Helper()
+	return testenv.PostgresPrepared(t, "config", func(ctx context.Context, url string) error {
+		db, err := pg.Open(ctx, url, "config", migrations.FS, zap.NewNop())
+		if err != nil {
+			return err
+		}
+		db.Close()
+		return nil
+	})
 }
 
 // newEnvOn is newEnv on the database at dbURL.

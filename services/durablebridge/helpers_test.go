@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/durablesock"
 	"github.com/clawmesh/clawmesh/internal/pg"
@@ -55,7 +57,17 @@ func newWireBridgeWith(t testing.TB, withDB bool, setup func(b *Bridge)) *wireBr
 	if withDB {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		pool, err := pg.Open(ctx, testenv.Postgres(t), "durable", migrations.FS, b.log)
+		// A copy of a database migrated once a process, where each
+		// test applied every migration anew (testenv.PostgresPrepared).
+		url := testenv.PostgresPrepared(t, "durable", func(ctx context.Context, url string) error {
+			pool, err := pg.Open(ctx, url, "durable", migrations.FS, zap.NewNop())
+			if err != nil {
+				return err
+			}
+			pool.Close()
+			return nil
+		})
+		pool, err := pg.Open(ctx, url, "durable", migrations.FS, b.log)
 		if err != nil {
 			t.Fatalf("open database: %v", err)
 		}

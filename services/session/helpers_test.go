@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -51,7 +52,22 @@ type harness struct {
 
 func newHarness(t testing.TB, tweak ...func(*Config)) *harness {
 	t.Helper()
-	return newHarnessOn(t, testenv.Postgres(t), tweak...)
+	return newHarnessOn(t, migratedDB(t), tweak...)
+}
+
+// migratedDB is a new database of the test's own with the session
+// schema's migrations applied: a copy of one migrated once a process
+// (testenv.PostgresPrepared), where each test applied all of them anew.
+func migratedDB(t testing.TB) string {
+	t.Helper()
+	return testenv.PostgresPrepared(t, "session", func(ctx context.Context, url string) error {
+		pool, err := pg.Open(ctx, url, "session", migrations.FS, zap.NewNop())
+		if err != nil {
+			return err
+		}
+		pool.Close()
+		return nil
+	})
 }
 
 // newHarnessOn is newHarness on the database at dbURL.
