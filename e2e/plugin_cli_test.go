@@ -107,6 +107,11 @@ func TestPluginCLIWithoutRestart(t *testing.T) {
 	sandboxPID := s.PIDOf("plugin-sandbox")
 	probe := v.newSession("")
 
+	// The examples installed below are compiled into the stack's cache
+	// beforehand: what is tested is the CLI and the stack following it,
+	// not the sandbox's compile of each.
+	seedExamples(t, s.DataDir, "echo", "misbehave")
+
 	// Install from a local folder; the install seeds the tool's entry.
 	echo := copyExample(t, "echo", "")
 	out := mustCLI(t, s, "plugin", "install", echo)

@@ -22,8 +22,34 @@ const echoTool = "wasm_echo"
 
 // installPlugin builds plugins/examples/<name> and installs it under
 // <dataDir>/plugins/<name>/ (plugin.wasm and manifest.toml), before the
-// stack starts.
+// stack starts, with its compiled code in the data directory's
+// compilation cache (e2e.SeedCompiled): the sandbox loads it as on any
+// start after its first, where each stack compiled it anew.
 func installPlugin(t *testing.T, dataDir, name string) {
+	t.Helper()
+	installPluginCold(t, dataDir, name)
+	seedExamples(t, dataDir, name)
+}
+
+// seedExamples puts the compiled code of the named examples into the
+// compilation cache of dataDir (e2e.SeedCompiled), for plugins installed
+// there before or after the stack starts.
+func seedExamples(t *testing.T, dataDir string, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		wasm, err := guestbuild.Wasm(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e2e.SeedCompiled(dataDir, wasm); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// installPluginCold is installPlugin leaving the compilation cache empty:
+// for a test of what the sandbox compiles.
+func installPluginCold(t *testing.T, dataDir, name string) {
 	t.Helper()
 	if err := guestbuild.Install(filepath.Join(dataDir, "plugins"), name); err != nil {
 		t.Fatal(err)
@@ -31,12 +57,23 @@ func installPlugin(t *testing.T, dataDir, name string) {
 }
 
 // pluginStack starts a stack whose data directory has the given example
-// plugins installed.
+// plugins installed (installPlugin).
 func pluginStack(t *testing.T, plugins []string, args ...string) *e2e.Stack {
+	t.Helper()
+	return pluginStackWith(t, installPlugin, plugins, args...)
+}
+
+// pluginStackCold is pluginStack on an empty compilation cache.
+func pluginStackCold(t *testing.T, plugins []string, args ...string) *e2e.Stack {
+	t.Helper()
+	return pluginStackWith(t, installPluginCold, plugins, args...)
+}
+
+func pluginStackWith(t *testing.T, install func(*testing.T, string, string), plugins []string, args ...string) *e2e.Stack {
 	t.Helper()
 	dataDir := e2e.TempDataDir(t)
 	for _, p := range plugins {
-		installPlugin(t, dataDir, p)
+		install(t, dataDir, p)
 	}
 	return e2e.Start(t, e2e.Options{DataDir: dataDir, Args: args})
 }
@@ -320,7 +357,7 @@ func TestPluginSandboxTrimsItsCompilationCache(t *testing.T) {
 // replica.
 func TestMemoryPluginScaled(t *testing.T) {
 	t.Parallel()
-	s := pluginStack(t, []string{"echo", "kv"}, "--scale", "plugin-sandbox=2")
+	s := pluginStackCold(t, []string{"echo", "kv"}, "--scale", "plugin-sandbox=2")
 	v := newConv(t, s, nil)
 	waitForPluginTool(t, v, echoTool)
 	id := v.newSession("")
@@ -362,6 +399,28 @@ func TestMemoryPluginScaled(t *testing.T) {
 		if r.Status != "completed" || !strings.Contains(r.RawOutput, `"key":"sky"`) {
 			t.Fatalf("recall %d of 6 did not find the memory: %+v", i+1, r)
 		}
+	}
+}
+
+// A stack whose plugins the test installed (installPlugin) loads them
+// from its compilation cache, seeded with what the sandbox's host
+// compiles: each stack's sandbox compiled each of its modules itself
+// before, about two seconds of CPU a module, in some thirty stacks of the
+// package. The seeded entry must be the one the stack's own sandbox
+// looks for (the same wazero version, the same prepared module), or it
+// compiles anyway and the seeding only costs a copy.
+func TestInstalledPluginsLoadFromASeededCache(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"echo", "kv"})
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+	raw, err := os.ReadFile(filepath.Join(s.DataDir, "logs", "plugin-sandbox.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := string(raw)
+	if c, l := strings.Count(log, `"msg":"plugin compiled"`), strings.Count(log, `"msg":"plugin loaded from the compilation cache"`); c != 0 || l < 2 {
+		t.Fatalf("two seeded modules: %d compiled, %d loaded from the cache; want 0 and at least 2", c, l)
 	}
 }
 

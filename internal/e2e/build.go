@@ -46,11 +46,13 @@ func BinDir() (string, error) {
 	return built.dir, built.err
 }
 
-// Cleanup removes the built binaries; call it from TestMain after m.Run.
+// Cleanup removes the built binaries and the compiled plugins
+// (SeedCompiled); call it from TestMain after m.Run.
 func Cleanup() {
 	if built.dir != "" {
 		os.RemoveAll(built.dir)
 	}
+	cleanupCompiled()
 }
 
 func moduleRoot() (string, error) {

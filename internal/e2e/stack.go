@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -17,11 +18,17 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/clawmesh/clawmesh/internal/graceful"
+	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/pgcluster"
 	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
 	"github.com/clawmesh/clawmesh/internal/testenv"
+	configmigrations "github.com/clawmesh/clawmesh/services/config/migrations"
+	durablemigrations "github.com/clawmesh/clawmesh/services/durablebridge/migrations"
+	sessionmigrations "github.com/clawmesh/clawmesh/services/session/migrations"
 )
 
 // Stack is a running `clawmesh up`.
@@ -117,7 +124,7 @@ func databaseOf(t testing.TB, dir string) string {
 	if u, ok := databases.byDir[dir]; ok {
 		return u
 	}
-	u := testenv.Postgres(t)
+	u := testenv.PostgresPrepared(t, "stack", migrateStack)
 	if databases.byDir == nil {
 		databases.byDir = map[string]string{}
 	}
@@ -128,6 +135,30 @@ func databaseOf(t testing.TB, dir string) string {
 		databases.mu.Unlock()
 	})
 	return u
+}
+
+// migrateStack applies to the database at url the migrations of every
+// schema the stack's services keep there, as their first start does: a
+// stack's database is a copy of one migrated so once a process
+// (testenv.PostgresPrepared), and each service finds its migrations
+// applied, as on any start after its first. A test of a first start's
+// migrations gives the stack a database of its own (Env's DATABASE_URL).
+func migrateStack(ctx context.Context, url string) error {
+	for _, schema := range []struct {
+		name string
+		fs   fs.FS
+	}{
+		{"config", configmigrations.FS},
+		{"session", sessionmigrations.FS},
+		{"durable", durablemigrations.FS},
+	} {
+		pool, err := pg.Open(ctx, url, schema.name, schema.fs, zap.NewNop())
+		if err != nil {
+			return fmt.Errorf("schema %s: %w", schema.name, err)
+		}
+		pool.Close()
+	}
+	return nil
 }
 
 func setsDatabase(env []string) bool {
