@@ -158,6 +158,18 @@ func (s *streamer) run(stop <-chan struct{}, wg *sync.WaitGroup) {
 	}()
 }
 
+// streamedWhole reports whether the client's last turn ended after
+// since, all its chunks streamed, its text whole.
+func (s *streamer) streamedWhole(since time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.turns) == 0 {
+		return false
+	}
+	last := s.turns[len(s.turns)-1]
+	return last.at.After(since) && last.err == nil && last.chunks == s.chunks && last.whole
+}
+
 func (s *streamer) open() (*e2e.Client, string, error) {
 	c, err := e2e.Dial(s.socket)
 	if err != nil {
@@ -215,7 +227,17 @@ func TestBusStoppedWhileSessionsStreamIsNoSilentHole(t *testing.T) {
 		st.run(stop, &wg)
 		streamers = append(streamers, st)
 	}
-	time.Sleep(3 * time.Second)
+	// The bus stops while every client streams: each has had a whole
+	// turn through, and prompts its next at once (where a fixed 3 s
+	// stood for that, and was either too long or, starved, too short).
+	testenv.Eventually(t, 60*time.Second, 20*time.Millisecond, func() error {
+		for i, st := range streamers {
+			if !st.streamedWhole(time.Time{}) {
+				return fmt.Errorf("client %d has streamed no whole turn yet", i)
+			}
+		}
+		return nil
+	})
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -277,13 +299,7 @@ func TestBusStoppedWhileSessionsStreamIsNoSilentHole(t *testing.T) {
 	// Every client streams whole turns again.
 	testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() error {
 		for i, st := range streamers {
-			st.mu.Lock()
-			var last streamedTurn
-			if len(st.turns) > 0 {
-				last = st.turns[len(st.turns)-1]
-			}
-			st.mu.Unlock()
-			if !last.at.After(resumed) || last.err != nil || last.chunks != st.chunks || !last.whole {
+			if !st.streamedWhole(resumed) {
 				return fmt.Errorf("client %d has streamed no whole turn since the server resumed", i)
 			}
 		}
