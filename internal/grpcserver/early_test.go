@@ -3,16 +3,19 @@ package grpcserver_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
@@ -312,5 +315,58 @@ func TestSilentEarlyClientDoesNotHoldTheStart(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("serve: %v", err)
+	}
+}
+
+// Between SetServing and Serve's taking the listener over, the start's
+// server still answers and refuses every call "starting"; its health
+// answered SERVING from the state it shares with the process's own, so a
+// readiness check that asked then (the launcher's, a client of one
+// address) sent its first calls to be refused. It says NOT_SERVING with
+// a reason until the process's own server answers (Liveness aside).
+func TestEarlyHealthIsNotServingBeforeServeTakesOver(t *testing.T) {
+	srv, lis, _, cc := startEarly(t)
+	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
+	close(f.release)
+	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+	srv.SetServing()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hc := healthpb.NewHealthClient(cc)
+	var trailer metadata.MD
+	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		_, callErr := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+		t.Fatalf("health registered, not yet served: %v, %v (while a call gets %v)", resp, err, callErr)
+	}
+	if got := trailer.Get(grpcserver.ReasonTrailer); len(got) != 1 || !strings.HasPrefix(got[0], "starting") {
+		t.Fatalf("its reason: %q", got)
+	}
+	if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: grpcserver.Liveness}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("liveness registered, not yet served: %v, %v", resp, err)
+	}
+
+	serveCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(serveCtx, lis) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			return err
+		}
+		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("health once served: %v", resp.GetStatus())
+		}
+		return nil
+	})
+	// SERVING is the process's own server's answer: calls reach it.
+	if _, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{}); err != nil {
+		t.Fatalf("a call once health says SERVING: %v", err)
 	}
 }

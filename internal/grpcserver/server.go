@@ -233,7 +233,7 @@ func (s *Server) AnswerEarly() {
 		}
 		return status.Error(codes.Unavailable, reason)
 	}))
-	healthpb.RegisterHealthServer(early, &healthWithReason{Server: s.Health, s: s})
+	healthpb.RegisterHealthServer(early, &healthWithReason{Server: s.Health, s: s, early: true})
 	// grpcurl asks reflection for a method's types before it calls: the
 	// unknown-service handler failed that too, so grpcurl could ask
 	// neither health nor anything else. It lists what answers now and
@@ -336,10 +336,26 @@ func (s *Server) applyLocked() {
 type healthWithReason struct {
 	*health.Server
 	s *Server
+	// early: the start's server's. Between SetServing and Serve's
+	// taking the listener over it would answer SERVING from the shared
+	// state while every other call it gets is refused "starting": a
+	// readiness check (the launcher's, a client of one address) that
+	// asked then sent its first calls to be refused. It says
+	// NOT_SERVING until the process's own server answers, Liveness
+	// aside (the process is alive).
+	early bool
 }
+
+// startsServing is the reason the start's server gives once the process
+// has registered its services and before its own server answers.
+const startsServing = "starting: its server is taking the socket over"
 
 func (h *healthWithReason) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	resp, err := h.Server.Check(ctx, req)
+	if h.early && err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING && req.GetService() != Liveness {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(ReasonTrailer, startsServing))
+		return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_NOT_SERVING}, nil
+	}
 	if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		if reason := h.s.Reason(); reason != "" {
 			_ = grpc.SetTrailer(ctx, metadata.Pairs(ReasonTrailer, reason))
