@@ -488,6 +488,14 @@ func (c *Conn) serveFrames() (wait bool) {
 				c.heldFrames.Add(req.held)
 			}
 			inline := c.opts.Inline != nil && c.opts.Inline(req.Method)
+			if !inline {
+				// Answered off this loop, maybe much later (a read of a
+				// hung service, a deferred status): no answer the peer
+				// reads soon would wake the poller for an end of stream
+				// that came with this frame, and a leaver's connection
+				// was kept until that answer was written.
+				c.unanswered()
+			}
 			if c.held.Load() != nil && c.hasRoom() {
 				c.dispatchHeld()
 			}

@@ -13,9 +13,9 @@ import "sync/atomic"
 // last looked: bytes and an end of stream that came together are one
 // wake-up, and the read after it returns the bytes, short, with the end
 // still unread. The skip is therefore taken only when every frame of
-// that read is answered (answered) and no frame is half read (partial):
-// the peer reading an answer frees room in the socket, which wakes the
-// poller again, and that wake-up reports an end of stream with it (the
+// that read is answered on the read loop itself (an inline request) and
+// no frame is half read (partial): the peer reading an answer frees
+// room in the socket, which wakes the poller again, and that wake-up reports an end of stream with it (the
 // twenty-ninth round skipped the read whatever the frames were, and lost
 // the end after a notification: docs/performance.md, thirtieth round).
 // Output still unread by the peer is not needed: an answer written after
@@ -27,8 +27,10 @@ type socketSource struct {
 	empty bool // the last read left the socket empty
 	ready bool // the poller reported the socket readable since then
 	// unanswered says a frame of the last read gets no answer (a
-	// notification, a response, a dropped frame): nothing the peer does
-	// with our output would wake the poller for it.
+	// notification, a response, a dropped frame), or none from the read
+	// loop (a request handled on another goroutine, which may be
+	// answered much later): nothing the peer does with our output would
+	// wake the poller for it soon.
 	unanswered bool
 	// partial says the reader holds the start of a frame: its end, or the
 	// end of stream instead, may have come with the last read.

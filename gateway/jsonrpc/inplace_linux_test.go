@@ -315,3 +315,44 @@ func TestReadInPlaceSkipsTheReadThatFindsNothing(t *testing.T) {
 		t.Fatalf("%d reads skipped in %d requests answered one at a time, want one a request", got, n)
 	}
 }
+
+// TestReadInPlaceSeesAnEndThatCameWithARequestAnsweredLater: a request
+// not answered on the read loop (a handler on a goroutine of its own,
+// or a deferred one) may be answered much later, or only at the
+// connection's end (a read of a hung service). Its frame and the peer's
+// close often come in one wake-up of the poller (the client writes and
+// closes at once, the loop wakes after both); the read that would find
+// the end must then be tried, or the close is seen only once that
+// answer is written: the gateway kept such a leaver's connection, and
+// all it held, until its request's deadline
+// (TestSharedReadsOfAHungService failed one run in about twenty on
+// this). Each of the connections writes its request and closes at once.
+func TestReadInPlaceSeesAnEndThatCameWithARequestAnsweredLater(t *testing.T) {
+	h := &testHandler{onCall: func(ctx context.Context, c *Conn, req *Request) (any, error) {
+		if req.Method == "hang" {
+			<-ctx.Done() // answered only at the connection's end
+			return nil, ctx.Err()
+		}
+		return nil, MethodNotFound(req.Method)
+	}}
+	ts := startServer(t, &Server{
+		Options:    Options{InitializeTimeout: -1},
+		NewHandler: func(*Conn, Peer) Handler { return h },
+	}, nil)
+	const conns = 20
+	for i := range conns {
+		c := dial(t, ts.path)
+		// The loop waits for the socket before the frame comes.
+		time.Sleep(5 * time.Millisecond)
+		c.send(`{"jsonrpc":"2.0","id":1,"method":"hang"}`)
+		c.nc.Close()
+		select {
+		case err := <-ts.disconnects:
+			if err != nil && !errors.Is(err, ErrPeerClosed) && !errors.Is(err, ErrClosed) {
+				t.Fatalf("connection %d: Run returned %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("connection %d: its close not seen in 10 s while its request waits for an answer", i)
+		}
+	}
+}
