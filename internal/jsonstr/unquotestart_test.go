@@ -18,7 +18,9 @@ func checkUnquoteStart(t *testing.T, b []byte, n int) {
 		if len(rest) != len(b) {
 			t.Fatalf("%q refused at %d, with %d bytes consumed", b, n, len(b)-len(rest))
 		}
-		if json.Unmarshal(b, &s) == nil {
+		// A literal starts at b[0]: encoding/json's Unmarshal also
+		// skips white space before it, which the reader is not asked to.
+		if len(b) > 0 && b[0] == '"' && json.Unmarshal(b, &s) == nil {
 			t.Fatalf("%q refused at %d; encoding/json reads it as %q", b, n, s)
 		}
 		return
