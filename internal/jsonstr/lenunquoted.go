@@ -1,9 +1,6 @@
 package jsonstr
 
-import (
-	"unicode/utf16"
-	"unicode/utf8"
-)
+import "unicode/utf8"
 
 // LenUnquoted is Len of the string the JSON literal at the start of b
 // decodes to (what UnquoteStart reads whole), measured without decoding
@@ -34,21 +31,11 @@ func LenUnquoted(b []byte) int {
 			w += j - i
 			i = j
 		case c == '\\':
-			var r rune
-			if e := shortEscapes[lit[i+1]]; e != 0 {
-				r = rune(e)
-				i += 2
-			} else {
-				if r = hex4(lit[i:]); r < 0 {
-					return -1
-				}
-				i += 6
-				if utf16.IsSurrogate(r) {
-					var used int
-					r, used = surrogate(r, lit[i:])
-					i += used
-				}
+			r, used := escape(lit[i:])
+			if used == 0 {
+				return -1
 			}
+			i += used
 			w += runeJSONLen(r)
 		case c < utf8.RuneSelf:
 			// <, > or & (literalEnd refused control characters; quotes

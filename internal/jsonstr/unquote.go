@@ -156,6 +156,24 @@ var (
 	}
 )
 
+// escape decodes the escape at the start of s (s[0] is its backslash;
+// literalEnd saw it whole): the rune, a surrogate pair's two halves
+// decoded as one, and how many bytes it takes; used 0 for a \u escape
+// that is not four hex digits. Unquote decodes its escapes inline, on
+// the hot path; the cutting readers share this one.
+func escape(s []byte) (r rune, used int) {
+	if e := shortEscapes[s[1]]; e != 0 {
+		return rune(e), 2
+	}
+	if r = hex4(s); r < 0 {
+		return 0, 0
+	}
+	if utf16.IsSurrogate(r) {
+		r, used = surrogate(r, s[6:])
+	}
+	return r, 6 + used
+}
+
 // surrogate decodes the surrogate r with the \uXXXX escape that may
 // follow it in next: a pair decodes to its rune (used, the second
 // escape's 6 bytes); a surrogate alone, as encoding/json decodes it, to

@@ -2,7 +2,6 @@ package jsonstr
 
 import (
 	"bytes"
-	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -56,21 +55,11 @@ func UnquoteStart(b []byte, n int) (start string, total int, rest []byte, ok boo
 			}
 			continue
 		}
-		var r rune
-		if e := shortEscapes[lit[i+1]]; e != 0 {
-			r = rune(e)
-			i += 2
-		} else {
-			if r = hex4(lit[i:]); r < 0 {
-				return "", 0, b, false
-			}
-			i += 6
-			if utf16.IsSurrogate(r) {
-				var used int
-				r, used = surrogate(r, lit[i:])
-				i += used
-			}
+		r, used := escape(lit[i:])
+		if used == 0 {
+			return "", 0, b, false
 		}
+		i += used
 		total += utf8.RuneLen(r)
 		out = appendRuneCut(out, r, n)
 	}
