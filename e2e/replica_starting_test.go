@@ -22,6 +22,20 @@ import (
 func TestCallsGoToTheReplicaServingWhileTheOtherStarts(t *testing.T) {
 	t.Parallel()
 	s := pluginStack(t, []string{"echo"}, "--scale", "plugin-sandbox=2")
+	// Once failed under the whole suite's load (CI, the sixtieth round:
+	// after the release no call reached the restarted replica in 60 s),
+	// not alone: on a failure the logs that say which side kept it out
+	// are kept in the test's output.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, name := range []string{"plugin-sandbox.1", "session"} {
+			raw, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", name+".log"))
+			lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+			t.Logf("the last lines of %s's log:\n%s", name, strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		}
+	})
 	v := newConv(t, s, nil)
 	waitForPluginTool(t, v, echoTool)
 
