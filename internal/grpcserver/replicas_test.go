@@ -192,21 +192,12 @@ func TestOneReplicaStartingSaysWhy(t *testing.T) {
 // serve, its first call, its close. DialReplicas asks each replica's
 // health (a Watch) before its first call goes.
 func BenchmarkFirstCallOfANewClient(b *testing.B) {
-	dir, err := os.MkdirTemp("", "cm-r-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(dir) })
-	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	for i, sock := range []string{sockA, sockB} {
-		r := newReplica(b, sock, int64(i+1))
-		r.serve()
-	}
+	addr := twoServingReplicas(b)
 	for _, c := range dials {
 		b.Run(c.name, func(b *testing.B) {
 			ctx := context.Background()
 			for b.Loop() {
-				cc, err := c.dial(sockA + "," + sockB)
+				cc, err := c.dial(addr)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -219,6 +210,21 @@ func BenchmarkFirstCallOfANewClient(b *testing.B) {
 	}
 }
 
+// twoServingReplicas starts two replicas that serve and returns the
+// address of both, as the benchmarks dial them.
+func twoServingReplicas(b *testing.B) string {
+	dir, err := os.MkdirTemp("", "cm-r-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	for i, sock := range []string{sockA, sockB} {
+		newReplica(b, sock, int64(i+1)).serve()
+	}
+	return sockA + "," + sockB
+}
+
 // dials are the two ways to dial replicas the benchmarks compare.
 var dials = []struct {
 	name string
@@ -229,19 +235,10 @@ var dials = []struct {
 // session service's tool calls) to two replicas that serve: the health
 // checks are one stream a replica, not a cost of each call.
 func BenchmarkCallOfALongLivedClient(b *testing.B) {
-	dir, err := os.MkdirTemp("", "cm-r-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(dir) })
-	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	for i, sock := range []string{sockA, sockB} {
-		r := newReplica(b, sock, int64(i+1))
-		r.serve()
-	}
+	addr := twoServingReplicas(b)
 	for _, c := range dials {
 		b.Run(c.name, func(b *testing.B) {
-			cc, err := c.dial(sockA + "," + sockB)
+			cc, err := c.dial(addr)
 			if err != nil {
 				b.Fatal(err)
 			}

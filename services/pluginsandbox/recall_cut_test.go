@@ -2,9 +2,7 @@ package pluginsandbox_test
 
 import (
 	"context"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
@@ -104,29 +102,11 @@ func BenchmarkConcurrentBigRecalls(b *testing.B) {
 	if _, err := recallBig(ctx, ts); err != nil {
 		b.Fatal(err)
 	}
-	runtime.GC()
-	resetPeakRSS(b)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		var wg sync.WaitGroup
-		errs := make(chan error, calls)
-		for range calls {
-			wg.Go(func() {
-				res, err := recallBig(ctx, ts)
-				if err == nil && res.GetAnswerBytes() <= keptBytes {
-					err = context.Canceled
-				}
-				errs <- err
-			})
+	benchAtOnce(b, calls, func() error {
+		res, err := recallBig(ctx, ts)
+		if err == nil && res.GetAnswerBytes() <= keptBytes {
+			err = context.Canceled
 		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	b.ReportMetric(float64(peakRSS(b))/(1<<20), "peak-RSS-MiB")
+		return err
+	})
 }

@@ -76,6 +76,19 @@ func BenchmarkConcurrentBigResults(b *testing.B) {
 	if _, err := callBig(ctx, ts); err != nil {
 		b.Fatal(err)
 	}
+	benchAtOnce(b, calls, func() error {
+		res, err := callBig(ctx, ts)
+		if err == nil && res.GetOutputBytes() == 0 {
+			err = context.Canceled
+		}
+		return err
+	})
+}
+
+// benchAtOnce times calls runs of call at once an iteration, failing on
+// the first error; B/op is what they allocate together, peak-RSS-MiB the
+// process's peak resident set over the timed part (VmHWM, reset here).
+func benchAtOnce(b *testing.B, calls int, call func() error) {
 	runtime.GC()
 	resetPeakRSS(b)
 	b.ReportAllocs()
@@ -84,13 +97,7 @@ func BenchmarkConcurrentBigResults(b *testing.B) {
 		var wg sync.WaitGroup
 		errs := make(chan error, calls)
 		for range calls {
-			wg.Go(func() {
-				res, err := callBig(ctx, ts)
-				if err == nil && res.GetOutputBytes() == 0 {
-					err = context.Canceled
-				}
-				errs <- err
-			})
+			wg.Go(func() { errs <- call() })
 		}
 		wg.Wait()
 		close(errs)
