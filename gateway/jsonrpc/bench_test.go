@@ -17,7 +17,8 @@ import (
 // BenchmarkRoundTrip measures closed-loop request/response over a Unix
 // socket, 1 and 64 concurrent clients each with its own connection: first
 // a raw NDJSON echo server (the baseline: read a line, write it back),
-// then a Conn serving a trivial method. Both run in the same benchmark
+// then a Conn serving a trivial method, on a goroutine of its own and
+// inline. Both run in the same benchmark
 // run, so their ratio is meaningful on any machine. Reported: req/s and
 // p50/p99 latency in µs.
 func BenchmarkRoundTrip(b *testing.B) {
@@ -32,6 +33,20 @@ func BenchmarkRoundTrip(b *testing.B) {
 					return HandlerFunc(func(_ context.Context, _ *Conn, req *Request) (any, error) {
 						return req.Params, nil
 					})
+				},
+			}
+			runLoad(b, startServer(b, srv, nil).path, clients)
+		})
+		// inline: the same method handled on the read loop, as health
+		// and initialize are (Options.Inline), its answer built once:
+		// what the loop itself costs a request, allocations included.
+		b.Run(fmt.Sprintf("inline/clients=%d", clients), func(b *testing.B) {
+			answer := any(EncodedJSON(`{"session_id":"s-1","text":"hello"}`))
+			srv := &Server{
+				Options: Options{InitializeTimeout: -1, Logger: zap.NewNop(),
+					Inline: func(m string) bool { return m == "echo" }},
+				NewHandler: func(*Conn, Peer) Handler {
+					return HandlerFunc(func(context.Context, *Conn, *Request) (any, error) { return answer, nil })
 				},
 			}
 			runLoad(b, startServer(b, srv, nil).path, clients)

@@ -100,7 +100,10 @@ type Options struct {
 	// Inline reports the methods handled on the read loop, in arrival
 	// order, before the next frame is read (e.g. "initialize"). Every
 	// other request is handled on its own goroutine. An inline handler
-	// must not wait for anything the peer sends (no Call).
+	// must not wait for anything the peer sends (no Call), and must keep
+	// nothing of the request's Params (no slice of them, in anything
+	// that outlives the call) once it has returned: they are read where
+	// they came, in the buffer the next frame is read into, not copied.
 	Inline func(method string) bool
 	// Deferred reports the methods a DeferredHandler takes without a
 	// goroutine of their own: HandleDeferred is called on the read loop
@@ -287,6 +290,11 @@ type Conn struct {
 	// readsSkipped counts the reads the loop did not try, reading in
 	// place (socketSource): for tests and diagnostics.
 	readsSkipped atomic.Int64
+
+	// methods are the method names this connection's requests used
+	// last, so that each request does not allocate its own (read loop
+	// only).
+	methods methodNames
 }
 
 // NewConn wraps an accepted connection. The initialize deadline starts now;
@@ -475,20 +483,29 @@ func (c *Conn) serveFrames() (wait bool) {
 			c.readFailed(err)
 			return false
 		}
-		frame, lease := c.fr.Own(line)
-		m := Classify(frame)
+		// Classified where it was read: what outlives the next read is
+		// copied out below, and nothing else is copied.
+		m := classify(line, &c.methods)
 		switch m.Kind {
 		case KindRequest, KindNotification:
 			req := m.Request
 			if m.Kind == KindNotification {
 				c.unanswered()
 			}
-			req.lease = lease
-			if req.held = int64(cap(lease.buf)); req.held > 0 {
-				c.heldFrames.Add(req.held)
-			}
 			inline := c.opts.Inline != nil && c.opts.Inline(req.Method)
+			req.inline = inline
 			if !inline {
+				// An inline request's handler returns before the next
+				// read, and keeps nothing of its params (Options.Inline):
+				// they are read where they came. Any other request's
+				// handler runs while later frames are read into the
+				// same buffer.
+				var lease Lease
+				req.Params, lease = c.own(line, req.Params)
+				req.lease = lease
+				if req.held = int64(cap(lease.buf)); req.held > 0 {
+					c.heldFrames.Add(req.held)
+				}
 				// Answered off this loop, maybe much later (a read of a
 				// hung service, a deferred status): no answer the peer
 				// reads soon would wake the poller for an end of stream
@@ -521,7 +538,14 @@ func (c *Conn) serveFrames() (wait bool) {
 			c.dispatch(req)
 		case KindResponse:
 			c.unanswered()
-			c.deliver(m.Response)
+			// The caller keeps the result: out of the read buffer with it.
+			r := m.Response
+			frame, _ := c.fr.Own(line)
+			r.Result = rebase(r.Result, line, frame)
+			if r.Error != nil {
+				r.Error.Data = rebase(r.Error.Data, line, frame)
+			}
+			c.deliver(r)
 		default:
 			if m.Reply != nil {
 				c.log.Debug("invalid frame answered", zap.String("problem", m.Problem),
@@ -533,6 +557,32 @@ func (c *Conn) serveFrames() (wait bool) {
 			}
 		}
 	}
+}
+
+// own returns params, a slice of line (the frame ReadFrame has just
+// returned), where they may be kept past the next read: in line's own
+// buffer, handed over with its Lease, when the frame was assembled from
+// blocks, else in a copy of line.
+func (c *Conn) own(line, params []byte) ([]byte, Lease) {
+	frame, lease := c.fr.Own(line)
+	return rebase(params, line, frame), lease
+}
+
+// rebase returns the bytes of part, when it lies in from, at the same
+// place in to (a copy of from, or from itself); anything else (nil, a
+// constant such as emptyObject) as it is.
+func rebase(part, from, to []byte) []byte {
+	if len(part) == 0 || len(from) == 0 || cap(part) > cap(from) {
+		return part
+	}
+	// A slice of from ends where from's buffer ends: its first byte is
+	// from's byte at cap(from)-cap(part), past from's length if it lies
+	// beyond it (then it is not in from).
+	off := cap(from) - cap(part)
+	if &from[:cap(from)][off] != &part[0] || off+len(part) > len(from) {
+		return part
+	}
+	return to[off : off+len(part) : off+len(part)]
 }
 
 // hasRoom reports whether the read loop may take more work.
@@ -683,7 +733,7 @@ func (c *Conn) dispatch(req *Request) {
 	n := c.active.Add(1)
 	for p := c.peakActive.Load(); n > p && !c.peakActive.CompareAndSwap(p, n); p = c.peakActive.Load() {
 	}
-	if c.opts.Inline != nil && c.opts.Inline(req.Method) {
+	if req.inline {
 		c.handle(req)
 		return
 	}

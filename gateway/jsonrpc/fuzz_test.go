@@ -152,6 +152,16 @@ func checkClassify(t *testing.T, frame []byte) {
 	t.Helper()
 	m := Classify(frame)
 	ref := refClassify(frame)
+	// As a connection classifies it, with the method names it used last:
+	// the frame's own kept by a first classification, then taken from
+	// them, each time the same message.
+	var names methodNames
+	for range 2 {
+		c := classify(frame, &names)
+		if c.Kind != m.Kind || (c.Request != nil && c.Request.Method != m.Request.Method) {
+			t.Fatalf("classify(%q) with names %q: %v %+v, Classify %v %+v", frame, names.names, c.Kind, c.Request, m.Kind, m.Request)
+		}
+	}
 	if m.Kind != ref.kind {
 		t.Fatalf("Classify(%q) kind %v (%s), reference %v (%s)", frame, m.Kind, m.Problem, ref.kind, ref.problem)
 	}

@@ -175,7 +175,10 @@ type Request struct {
 	// and its id are one allocation, not two, on every request's path.
 	id ID
 
-	lease Lease // the buffer of the frame Params lies in, if pooled
+	// inline says the request is handled on the read loop
+	// (Options.Inline): its Params lie in the read buffer.
+	inline bool
+	lease  Lease // the buffer of the frame Params lies in, if pooled
 	// held is the bytes of an assembled frame (a lease) counted against
 	// its connection's maxHeldFrames until the request finishes.
 	held int64
@@ -309,7 +312,11 @@ type Message struct {
 //
 // The returned Request and Response alias frame: the caller must not
 // modify frame afterwards.
-func Classify(frame []byte) Message {
+func Classify(frame []byte) Message { return classify(frame, nil) }
+
+// classify is Classify taking a method's name from names, when they hold
+// it, instead of allocating it (names may be nil).
+func classify(frame []byte, names *methodNames) Message {
 	frame = trimSpace(frame)
 	var env envelope
 	if !validFrame(frame, &env) {
@@ -323,7 +330,7 @@ func Classify(frame []byte) Message {
 		return invalid("not an object", nil, CodeInvalidRequest, "Invalid Request: a frame must be a JSON object")
 	}
 	if env.has&hasMethod != 0 {
-		return env.request()
+		return env.request(names)
 	}
 	return env.response()
 }
@@ -398,7 +405,7 @@ func (e *envelope) versionOK() bool {
 	return ok && s == "2.0"
 }
 
-func (e *envelope) request() Message {
+func (e *envelope) request(names *methodNames) Message {
 	// Recover the id first: every -32600 below carries it when valid. It
 	// is kept in a local, not behind a pointer: the request, once valid,
 	// holds it in its own allocation (Request.id).
@@ -437,7 +444,7 @@ func (e *envelope) request() Message {
 	case e.has&(hasResult|hasError) != 0:
 		return invalid("request: method with result or error", id(), CodeInvalidRequest, `Invalid Request: "method" together with "result" or "error"`)
 	}
-	method, ok := decodeString(e.method)
+	method, ok := names.name(e.method)
 	if !ok {
 		return invalid("request: method not a string", id(), CodeInvalidRequest, `Invalid Request: "method" must be a string`)
 	}
@@ -455,6 +462,40 @@ func (e *envelope) request() Message {
 }
 
 var emptyObject = json.RawMessage("{}")
+
+// methodNames holds the method names a connection's requests used last,
+// so that a request of one of them takes its name from here instead of
+// allocating it: a client sends a few methods over and over (health, at
+// tens of thousands a second). Bounded: a client that sends a new name
+// each time replaces them in turn, and allocates each as before.
+type methodNames struct {
+	names [8]string
+	next  int // the slot the next new name takes
+}
+
+// name decodes raw, a method's JSON string (quotes included), as
+// decodeString does. A name is kept only when it is the very bytes
+// between its quotes (no escape, valid UTF-8): those bytes then compare
+// with it as they stand (Go compares a []byte converted to a string
+// without allocating), and bytes equal to a kept name decode to it.
+func (n *methodNames) name(raw []byte) (string, bool) {
+	if n == nil || len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return decodeString(raw)
+	}
+	inner := raw[1 : len(raw)-1]
+	for i := range n.names {
+		// From the newest: a client's next method is most often its last.
+		if s := n.names[(n.next+len(n.names)-1-i)%len(n.names)]; s != "" && s == string(inner) {
+			return s, true
+		}
+	}
+	s, ok := decodeString(raw)
+	if ok && s != "" && s == string(inner) {
+		n.names[n.next] = s
+		n.next = (n.next + 1) % len(n.names)
+	}
+	return s, ok
+}
 
 // dupMessage names the first duplicated envelope key in dup.
 func dupMessage(dup uint8) string {
