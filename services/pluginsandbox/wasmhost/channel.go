@@ -125,11 +125,7 @@ func (c *Channel) PluginName() string { return c.r.c.spec.Name }
 // Configure runs channel_configure, which reads its config through
 // config_get and secrets_get at the point of use (it takes no argument).
 func (c *Channel) Configure(ctx context.Context, info CallInfo) error {
-	out, err := c.r.call(ctx, abi.ExportChannelConfigure, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
-	if err != nil {
-		return err
-	}
-	if err := decodeResult(abi.ExportChannelConfigure, out, nil); err != nil {
+	if err := c.r.callSmall(ctx, abi.ExportChannelConfigure, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true, nil); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -151,11 +147,13 @@ func (c *Channel) configureOn(ctx context.Context, r *resident) error {
 	if !configured {
 		return nil
 	}
-	out, err := r.callLocked(ctx, abi.ExportChannelConfigure, nil, frameSpan{})
-	if err != nil {
+	var derr error
+	if err := r.callLockedRead(ctx, abi.ExportChannelConfigure, nil, frameSpan{}, func(view []byte) {
+		derr = decodeSmall(abi.ExportChannelConfigure, view, nil)
+	}); err != nil {
 		return err
 	}
-	return decodeResult(abi.ExportChannelConfigure, out, nil)
+	return derr
 }
 
 // Send delivers one message through the plugin, on one of its sending
@@ -190,11 +188,13 @@ func (c *Channel) Send(ctx context.Context, info CallInfo, msg SendMessage) erro
 		// it did before.
 		s = c.r
 	}
-	out, err := s.callAfterWait(ctx, abi.ExportChannelSend, arg, frameSpan{callID: info.CallID, principal: info.Principal}, true)
-	if err != nil {
+	var derr error
+	if err := s.callAfterWait(ctx, abi.ExportChannelSend, arg, frameSpan{callID: info.CallID, principal: info.Principal}, true, func(view []byte) {
+		derr = decodeSmall(abi.ExportChannelSend, view, nil)
+	}); err != nil {
 		return err
 	}
-	return decodeResult(abi.ExportChannelSend, out, nil)
+	return derr
 }
 
 // built reports whether r has an instance (none before its first call,
@@ -240,17 +240,21 @@ func (c *Channel) holdEndpoint(ctx context.Context, endpoint string) (func(), er
 // PollMessage asks the plugin for its next message; the plugin drains the
 // inbound queue (inbound_poll, inbound_pending) to produce it. It returns
 // nil when there is none. Like Send, it waits for the instance within
-// ctx, and runs within the call limit.
+// ctx, and runs within the call limit. The message is read from the
+// guest's memory within its bounds (decodePoll): polledContentBytes of
+// content, polledFieldBytes of each other string; past them the poll
+// fails, saying which and how long.
 func (c *Channel) PollMessage(ctx context.Context, info CallInfo) (*ChannelMessage, error) {
-	out, err := c.r.callAfterWait(ctx, abi.ExportChannelPollMessage, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true)
-	if err != nil {
+	var (
+		msg  *ChannelMessage
+		derr error
+	)
+	if err := c.r.callAfterWait(ctx, abi.ExportChannelPollMessage, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true, func(view []byte) {
+		msg, derr = decodePoll(view)
+	}); err != nil {
 		return nil, err
 	}
-	var msg *ChannelMessage
-	if err := decodeResult(abi.ExportChannelPollMessage, out, &msg); err != nil {
-		return nil, err
-	}
-	return msg, nil
+	return msg, derr
 }
 
 // Health reports whether the channel is healthy. Without the health flag it
@@ -259,15 +263,14 @@ func (c *Channel) Health(ctx context.Context) (bool, error) {
 	if !c.caps.Health {
 		return true, nil
 	}
-	out, err := c.r.call(ctx, abi.ExportChannelHealth, nil, frameSpan{}, true)
-	if err != nil {
+	var (
+		ok   bool
+		derr error
+	)
+	if err := c.r.callRead(ctx, abi.ExportChannelHealth, nil, frameSpan{}, true, func(view []byte) { ok, derr = decodeHealth(view) }); err != nil {
 		return false, err
 	}
-	var ok bool
-	if err := json.Unmarshal(out, &ok); err != nil {
-		return false, fmt.Errorf("%w: channel_health returned a non-boolean", ErrABI)
-	}
-	return ok, nil
+	return ok, derr
 }
 
 // StartTyping and StopTyping drive a typing indicator. Without the typing
@@ -286,11 +289,7 @@ func (c *Channel) typing(ctx context.Context, export, recipient string) error {
 		return nil
 	}
 	arg, _ := json.Marshal(abi.TypingArgs{Recipient: recipient})
-	out, err := c.r.call(ctx, export, arg, frameSpan{}, true)
-	if err != nil {
-		return err
-	}
-	return decodeResult(export, out, nil)
+	return c.r.callSmall(ctx, export, arg, frameSpan{}, true, nil)
 }
 
 // Close waits for a running call, closes the instance and releases the

@@ -67,24 +67,17 @@ func (m *Memory) Capabilities() MemoryCapabilities { return m.caps }
 // PluginName is the package name of the plugin.
 func (m *Memory) PluginName() string { return m.r.c.spec.Name }
 
+// call calls an export whose ok value is small (store, forget, count)
+// with arg, decoding its answer into v as it is read (decodeSmall).
 func (m *Memory) call(ctx context.Context, export string, arg any, v any) error {
-	out, err := m.answer(ctx, export, arg)
-	if err != nil {
-		return err
-	}
-	return decodeResult(export, out, v)
-}
-
-// answer calls export with arg and returns the guest's answer as written.
-func (m *Memory) answer(ctx context.Context, export string, arg any) ([]byte, error) {
 	var raw []byte
 	if arg != nil {
 		var err error
 		if raw, err = guestJSON(arg); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrABI, err)
+			return fmt.Errorf("%w: %w", ErrABI, err)
 		}
 	}
-	return m.r.call(ctx, export, raw, frameSpan{}, false)
+	return m.r.callSmall(ctx, export, raw, frameSpan{}, false, v)
 }
 
 // Store stores one entry (an existing key is replaced).
@@ -94,9 +87,21 @@ func (m *Memory) Store(ctx context.Context, e MemoryEntry) error {
 
 // Recall returns at most limit entries matching query, best first.
 func (m *Memory) Recall(ctx context.Context, query string, limit int) ([]MemoryEntry, error) {
-	out, err := m.answer(ctx, abi.ExportMemoryRecall, abi.RecallArgs{Query: query, Limit: limit})
+	raw, err := guestJSON(abi.RecallArgs{Query: query, Limit: limit})
 	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrABI, err)
+	}
+	var out []byte
+	var failed error
+	if err := m.r.callRead(ctx, abi.ExportMemoryRecall, raw, frameSpan{}, false, func(view []byte) {
+		if failed, _ = errAnswerCut(view); failed == nil {
+			out = append([]byte(nil), view...)
+		}
+	}); err != nil {
 		return nil, err
+	}
+	if failed != nil {
+		return nil, failed
 	}
 	return decodeRecall(out)
 }
@@ -118,16 +123,24 @@ func (m *Memory) RecallCut(ctx context.Context, query string, limit, room int) (
 		return nil, fmt.Errorf("%w: %w", ErrABI, err)
 	}
 	var (
-		cut   []abi.RecallCutEntry
-		whole []byte
+		cut    []abi.RecallCutEntry
+		whole  []byte
+		failed error
 	)
 	if err := m.r.callRead(ctx, abi.ExportMemoryRecall, raw, frameSpan{}, false, func(view []byte) {
 		var ok bool
-		if cut, ok = abi.DecodeRecallAnswerCut(view, limit, room); !ok {
+		if cut, ok = abi.DecodeRecallAnswerCut(view, limit, room); ok {
+			return
+		}
+		// An err's message is kept within errMessageBytes.
+		if failed, _ = errAnswerCut(view); failed == nil {
 			whole = append([]byte(nil), view...)
 		}
 	}); err != nil {
 		return nil, err
+	}
+	if failed != nil {
+		return nil, failed
 	}
 	if whole == nil {
 		return cut, nil

@@ -51,20 +51,12 @@ func (o *Observer) RecordEvent(ctx context.Context, e ObserverEvent) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrABI, err)
 	}
-	out, err := o.r.call(ctx, abi.ExportObserverRecordEvent, arg, frameSpan{}, true)
-	if err != nil {
-		return err
-	}
-	return decodeResult(abi.ExportObserverRecordEvent, out, nil)
+	return o.r.callSmall(ctx, abi.ExportObserverRecordEvent, arg, frameSpan{}, true, nil)
 }
 
 // Flush asks the plugin to flush what it buffers.
 func (o *Observer) Flush(ctx context.Context) error {
-	out, err := o.r.call(ctx, abi.ExportObserverFlush, nil, frameSpan{}, true)
-	if err != nil {
-		return err
-	}
-	return decodeResult(abi.ExportObserverFlush, out, nil)
+	return o.r.callSmall(ctx, abi.ExportObserverFlush, nil, frameSpan{}, true, nil)
 }
 
 // Close waits for a running call, closes the instance and releases the

@@ -89,25 +89,12 @@ func (r *resident) metadata(ctx context.Context, export string, v any) error {
 	return nil
 }
 
-// call runs one operational export in a service frame under the call
-// limits. rebuild says whether a missing instance (after a failure) is
-// rebuilt here; when false the plugin stays unavailable.
-func (r *resident) call(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool) ([]byte, error) {
-	if r.h.closed.Load() {
-		return nil, ErrClosed
-	}
-	ctx, cancel := r.h.callContext(ctx)
-	defer cancel()
-	if err := r.acquireLock(ctx); err != nil {
-		return nil, err
-	}
-	defer r.releaseLock()
-	return r.callHeld(ctx, export, arg, span, rebuild)
-}
-
-// callRead is call handing the answer to read as a view of the guest's
-// memory, valid during read only (instance.callRead): a reader that keeps
-// part of an answer of up to 16 MiB copies only that part.
+// callRead runs one operational export in a service frame under the call
+// limits, handing its answer to read as a view of the guest's memory,
+// valid during read only (instance.callRead): a reader that keeps part of
+// an answer of up to 16 MiB copies only that part. rebuild says whether a
+// missing instance (after a failure) is rebuilt here; when false the
+// plugin stays unavailable.
 func (r *resident) callRead(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool, read func(view []byte)) error {
 	if r.h.closed.Load() {
 		return ErrClosed
@@ -121,7 +108,7 @@ func (r *resident) callRead(ctx context.Context, export string, arg []byte, span
 	return r.callHeldRead(ctx, export, arg, span, rebuild, read)
 }
 
-// callAfterWait is call with the call deadline counted from when the
+// callAfterWait is callRead with the call deadline counted from when the
 // instance is free: the wait for it is bounded by ctx alone. A channel's
 // calls wait for one another (a reply behind a reply whose endpoint
 // hangs, a poll behind both): counted from the request, the wait ate the
@@ -129,26 +116,29 @@ func (r *resident) callRead(ctx context.Context, export string, arg []byte, span
 // without running, so the channel dropped an answer it had. The wait is
 // still bounded: each call ahead runs within the limit, and the channel
 // has a bounded number of callers.
-func (r *resident) callAfterWait(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool) ([]byte, error) {
+//
+// The answer is handed to read as callRead hands it.
+func (r *resident) callAfterWait(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool, read func(view []byte)) error {
 	if r.h.closed.Load() {
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	if err := r.acquireLock(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	defer r.releaseLock()
 	ctx, cancel := r.h.callContext(ctx)
 	defer cancel()
-	return r.callHeld(ctx, export, arg, span, rebuild)
+	return r.callHeldRead(ctx, export, arg, span, rebuild, read)
 }
 
-// callHeld is call once the lock is held; ctx carries the call deadline.
-func (r *resident) callHeld(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool) ([]byte, error) {
-	var out []byte
-	if err := r.callHeldRead(ctx, export, arg, span, rebuild, func(view []byte) { out = append([]byte(nil), view...) }); err != nil {
-		return nil, err
+// callSmall is callRead of an export whose ok value is small, decoded
+// into v (nil for none) by decodeSmall as it is read.
+func (r *resident) callSmall(ctx context.Context, export string, arg []byte, span frameSpan, rebuild bool, v any) error {
+	var derr error
+	if err := r.callRead(ctx, export, arg, span, rebuild, func(view []byte) { derr = decodeSmall(export, view, v) }); err != nil {
+		return err
 	}
-	return out, nil
+	return derr
 }
 
 // callHeldRead is callRead once the lock is held.
@@ -172,17 +162,9 @@ func (r *resident) callHeldRead(ctx context.Context, export string, arg []byte, 
 	return r.callLockedRead(ctx, export, arg, span, read)
 }
 
-// callLocked runs export on the current instance; the caller holds the
-// lock and ctx carries the call deadline. A failed instance is dropped.
-func (r *resident) callLocked(ctx context.Context, export string, arg []byte, span frameSpan) ([]byte, error) {
-	var out []byte
-	if err := r.callLockedRead(ctx, export, arg, span, func(view []byte) { out = append([]byte(nil), view...) }); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// callLockedRead is callLocked handing the answer to read (callRead).
+// callLockedRead runs export on the current instance, handing its answer
+// to read (callRead); the caller holds the lock and ctx carries the call
+// deadline. A failed instance is dropped.
 func (r *resident) callLockedRead(ctx context.Context, export string, arg []byte, span frameSpan, read func(view []byte)) error {
 	span.plugin, span.world, span.export = r.c.spec.Name, string(r.c.spec.World), export
 	f := &frame{host: r.h, plugin: r.c.spec, service: true, span: span, inbound: r.inbound}
@@ -269,7 +251,7 @@ func decodeEnvelope(export string, out []byte, v any) error {
 		if err := json.Unmarshal(errRaw, &msg); err != nil {
 			return fmt.Errorf("%w: %s returned a non-string err", ErrABI, export)
 		}
-		return fmt.Errorf("%w: %s", ErrPluginFailed, msg)
+		return pluginFailed(msg, len(msg))
 	}
 	if v == nil {
 		return nil
