@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -489,7 +490,10 @@ func BenchmarkTurnStream(b *testing.B) {
 	}
 	natsURL, natsPID := startNATS(b)
 	inproc := testenv.NATS(b)
-	s := e2e.Start(b, e2e.Options{PrivateCluster: true, Env: []string{"NATS_URL=" + natsURL}})
+	// CLAWMESH_BENCH_STACK_ENV adds variables to the stack's processes
+	// alone (GOMAXPROCS=1, say), not to this one's nor the NATS server's.
+	s := e2e.Start(b, e2e.Options{PrivateCluster: true,
+		Env: append([]string{"NATS_URL=" + natsURL}, strings.Fields(os.Getenv("CLAWMESH_BENCH_STACK_ENV"))...)})
 	// cpu_us/chunk at 100 sessions: the CPU of every process a chunk
 	// crosses, this one (the client, or the baseline's publisher and
 	// subscriber) included, while every session streams (streamWindow).

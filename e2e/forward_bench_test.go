@@ -135,6 +135,12 @@ func serveForwarder(path, url string) {
 	}
 }
 
+// forwardInline, when set (forward_inline_test.go), has the stream's
+// messages written on nats.go's reader goroutine instead of the
+// subscription's; it is called once the subscription is in place, and
+// what it returns when the stream ends.
+var forwardInline func(nc *nats.Conn, subject string, c net.Conn) (stop func())
+
 func forward(nc *nats.Conn, c net.Conn) {
 	defer c.Close()
 	r := bufio.NewReader(c)
@@ -156,6 +162,9 @@ func forward(nc *nats.Conn, c net.Conn) {
 	}
 	defer sub.Unsubscribe()
 	_ = sub.SetPendingLimits(-1, -1)
+	if forwardInline != nil {
+		defer forwardInline(nc, fmt.Sprintf(forwardSubject, i), c)()
+	}
 	// Nothing is published on the stream before its client has the "ok".
 	if nc.Flush() != nil {
 		return
