@@ -452,23 +452,14 @@ func (sp *channelSpool) adoptFrom(dead string, q *wasmhost.InboundQueue) (n int,
 			rest = name[spoolSeqLen:]
 		}
 		to := filepath.Join(sp.own, fmt.Sprintf("%0*d%s", spoolSeqLen, sp.seq.Add(1), rest))
-		// Counted as this owner's before it is moved: counted twice
-		// until the others' next look, never missed.
 		cost := spoolCost(int64(len(raw)))
-		if err := sp.take(cost); err != nil {
-			sp.log.Warn("channel spool: a dead replica's message not taken over", zap.Error(err))
-			continue
-		}
-		if err := os.Rename(from, to); err != nil {
-			sp.release(cost)
+		if err := sp.moveIn(cost, from, to); err != nil {
 			sp.log.Warn("channel spool: a dead replica's message not taken over", zap.Error(err))
 			continue
 		}
 		if err := q.PushTagged(json.RawMessage(raw), to); err != nil {
 			if errors.Is(err, wasmhost.ErrInboundFull) {
-				if os.Rename(to, from) == nil {
-					sp.release(cost)
-				}
+				sp.moveBack(cost, to, from)
 				return n, true
 			}
 			// Not a JSON object: the listener never queued such.

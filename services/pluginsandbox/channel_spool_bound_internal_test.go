@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -180,8 +181,83 @@ func BenchmarkChannelSpoolCountByFiles(b *testing.B) {
 		}
 	}
 	for b.Loop() {
-		if n := ownerFiles(dir); n != 4096*spoolBlock {
+		if n, _ := ownerFiles(dir); n != 4096*spoolBlock {
 			b.Fatal(n)
 		}
+	}
+}
+
+// An adopter that took part of a dead owner's messages (its queue held
+// three of five) and delivered them left two on disk, but a replica that
+// had counted the dead folder by its files before the adoption kept
+// counting all five until its next look (5 s): it refused a message the
+// bound had room for. The adopter's move is now one locked step with its
+// count, and a folder counted by its files is counted again once it
+// changed, so the others count the two left from the adoption on.
+func TestChannelSpoolBoundExactRightAfterAnAdoption(t *testing.T) {
+	root := t.TempDir()
+	a := openOwner(t, root)
+	for i := range 5 {
+		if _, err := a.write(bigKept("m"), boundOf1MiB); err != nil {
+			t.Fatalf("m%d: %v", i+1, err)
+		}
+	}
+	die(a)
+	c := openOwner(t, root) // counts the dead folder's five
+	b := openOwner(t, root)
+	q := wasmhost.NewInboundQueue(3, 0)
+	if n := b.adopt(q); n != 3 {
+		t.Fatalf("adopted %d of the dead owner's 5 into a queue of 3", n)
+	}
+	adopted, _ := filepath.Glob(filepath.Join(b.own, "*"+spoolExt))
+	b.drop(adopted...)
+	// Two left in the dead folder: three more fit, a fourth does not.
+	for i := range 3 {
+		if _, err := c.write(bigKept("c"), boundOf1MiB); err != nil {
+			t.Fatalf("message %d after the adoption, %d bytes on disk: %v; want taken", i+1, keptCost(t, root), err)
+		}
+	}
+	if _, err := c.write(bigKept("past"), boundOf1MiB); err != errSpoolFull {
+		t.Fatalf("a message past the bound after the adoption: %v; want refused", err)
+	}
+	if got := keptCost(t, root); got > boundOf1MiB {
+		t.Fatalf("the spool holds %d bytes, past its bound of %d", got, boundOf1MiB)
+	}
+}
+
+// A running replica of the release before the counts (no kept file) was
+// counted by its files as of the others' last look: what it took since
+// was room the others took again. Its folder is now counted again at the
+// message once it changed (its files, a directory listing bounded by
+// spoolRescanMax).
+func TestChannelSpoolBoundCountsAnOwnerWithoutCountAtTheMessage(t *testing.T) {
+	root := t.TempDir()
+	c := openOwner(t, root)
+	// The old release's owner: its folder, locked, no kept file.
+	old, err := os.MkdirTemp(c.dir, "r-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.OpenFile(filepath.Join(old, spoolLock), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	c.settle(boundOf1MiB) // the look: it holds nothing
+	for i := range 5 {
+		if err := os.WriteFile(filepath.Join(old, fmt.Sprintf("%020d%s", i+1, spoolExt)), bigKept("old"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.write(bigKept("new"), boundOf1MiB); err != errSpoolFull {
+		t.Fatalf("a message past the bound, the old release's owner holding five: %v; want refused (%d bytes on disk)", err, keptCost(t, root))
+	}
+	// What it delivers is room at once.
+	_ = os.Remove(filepath.Join(old, fmt.Sprintf("%020d%s", 1, spoolExt)))
+	if _, err := c.write(bigKept("new"), boundOf1MiB); err != nil {
+		t.Fatalf("a message once the old release's owner delivered one: %v", err)
 	}
 }
