@@ -271,6 +271,13 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	if u := req.GetUploadId(); u != "" && !ids.LowerHex(u, uploads.IDHexLen) {
 		return nil, errInvalid(uploads.BadUploadID)
 	}
+	// The expected hash is upload-staging's copy of a begin's, which it
+	// normalized: anything else is a caller's fault, refused before the
+	// bytes are hashed.
+	wantSum := req.GetSha256()
+	if wantSum != "" && !ids.LowerHex(wantSum, 2*sha256.Size) {
+		return nil, errInvalid(uploads.BadSHA256)
+	}
 	if req.GetPath() != "" {
 		if err := s.mayReadPath(ctx, p); err != nil {
 			return nil, err
@@ -333,7 +340,7 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 			return status.FromContextError(err).Err()
 		}
 		steptrace.Since("session", "store.checks", start)
-		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, name: name, mime: mimeType, principal: p.GetPrincipalId(), uploadID: req.GetUploadId()})
+		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, name: name, mime: mimeType, principal: p.GetPrincipalId(), uploadID: req.GetUploadId(), sha256: wantSum})
 		return err
 	})
 	if !written.IsZero() {
@@ -456,6 +463,10 @@ type storedFile struct {
 	name, mime          string
 	data                []byte
 	principal, uploadID string
+	// sha256 is the hash the content must have (the upload's declared
+	// one), or "": compared with the sum computed to name the file, so
+	// that the content is hashed once, here, not also by upload-staging.
+	sha256 string
 }
 
 // maxUploadsPerFile bounds the upload ids recorded beside one stored
@@ -539,8 +550,12 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	} else {
 		sum = uploads.Sum(f.data)
 	}
-
 	steptrace.Since("session", "store.hash+write+sync", start)
+	if f.sha256 != "" && sum != f.sha256 {
+		// Before the index and the charge: nothing is stored, and the
+		// file written ahead is discarded (deferred above).
+		return nil, false, errInvalid(uploads.HashMismatch)
+	}
 	start = time.Now()
 	rel := UploadsDir + "/" + sum + fileExt(f.name)
 	var indexed string

@@ -438,6 +438,46 @@ func TestStoreFileWritesALargeFileAsItIsHashed(t *testing.T) {
 	}
 }
 
+// A hash declared at an upload's begin comes with its StoreFile, and is
+// compared with the sum the file is named by: the content is hashed once,
+// here (upload-staging hashed it too before, a second pass over 10 MB on
+// the commit's path). A mismatch is refused with the message the client
+// always had, before anything is indexed or charged, and the file written
+// ahead of the hash is removed.
+func TestStoreFileChecksTheDeclaredHashOnce(t *testing.T) {
+	h, _ := fileHarness(t)
+	const upload = "0123456789abcdef0123456789abcdef"
+	var id string
+	for _, data := range [][]byte{[]byte("small, hashed before it is written"), patterned(writeAheadMin+3, 5)} {
+		id = h.newSession(alice, "default")
+		other := patterned(len(data), 6)
+		before := uploads.HashedBytes()
+		_, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "f.bin", Data: other, Sha256: sha(data), UploadId: upload})
+		wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, uploads.HashMismatch)
+		if n := uploads.HashedBytes() - before; n != int64(len(other)) {
+			t.Fatalf("%d bytes refused after hashing %d", len(other), n)
+		}
+		h.nothingStored(id)
+		var rows int
+		if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM session_file_uploads WHERE session_id = $1", id).Scan(&rows); err != nil || rows != 0 {
+			t.Fatalf("upload rows %d %v", rows, err)
+		}
+
+		before = uploads.HashedBytes()
+		f := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "f.bin", Data: data, Sha256: sha(data), UploadId: upload})
+		if f.GetRefId() != "sha256:"+sha(data) {
+			t.Fatalf("entry %v", f)
+		}
+		if n := uploads.HashedBytes() - before; n != int64(len(data)) {
+			t.Fatalf("a %d-byte file with its hash declared: %d bytes hashed, want one pass", len(data), n)
+		}
+	}
+	id = h.newSession(alice, "default")
+	_, err := h.storeFile(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Data: []byte("x"), Sha256: strings.ToUpper(sha([]byte("x")))})
+	wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, uploads.BadSHA256)
+	h.nothingStored(id)
+}
+
 // An upload is bound to the session it began in: closed, reopened, or
 // deleted and created again with the same id, or another owner or agent,
 // and the store writes nothing.

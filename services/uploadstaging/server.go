@@ -347,7 +347,7 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
 		Principal: req.GetPrincipal(), SessionId: d.SessionID, Generation: d.Generation, Incarnation: d.Incarnation,
 		Owner: d.SessionOwner, AgentAlias: d.Agent, Filename: d.Filename, MimeType: d.MIME, Data: p.Data,
-		MaxBytes: s.stage.Limits().MaxFileBytes, UploadId: p.ID,
+		MaxBytes: s.stage.Limits().MaxFileBytes, UploadId: p.ID, Sha256: d.SHA256,
 	})
 	steptrace.Since("upload-staging", "commit.store", start)
 	keep := err != nil && passing(err)

@@ -251,8 +251,8 @@ func (st *Stage) CheckRoom(d Declared) error {
 
 // resumableLocked returns the upload a begin of d resumes, or nil: one
 // its connection stages, not being committed, declared with a hash
-// (which commit checks, so the bytes it holds are d's content or the
-// commit refuses them) and with every other declared field the same;
+// (which commit has the session service check, so the bytes it holds
+// are d's content or the commit refuses them) and with every other declared field the same;
 // with checked, the session as CheckUpload saw it the same too.
 //
 // A client whose begin's reply was lost (its own timeout) sends it
@@ -471,8 +471,12 @@ type Pending struct {
 	Data []byte
 }
 
-// Take hands a complete upload to commit: every declared byte received,
-// and the declared hash, if any, matching (else the upload is discarded).
+// Take hands a complete upload to commit: every declared byte received.
+// The declared hash, if any, is not checked here: the session service
+// hashes the content to name the file, and StoreFile compares its sum
+// with the declared one (Commit passes it), refusing a mismatch, which
+// Commit's Finish then discards. Checked here too, a 10 MB upload was
+// hashed twice, the first time on the commit's path beside nothing.
 // The upload stays staged, and charged, until Finish.
 func (st *Stage) Take(o Owner, id string) (Pending, error) {
 	lim := st.Limits()
@@ -505,11 +509,6 @@ func (st *Stage) Take(o Owner, id string) (Pending, error) {
 	u.committing = true
 	p := Pending{ID: u.id, Decl: u.decl, Data: u.data}
 	st.mu.Unlock()
-
-	if p.Decl.SHA256 != "" && uploads.Sum(p.Data) != p.Decl.SHA256 {
-		st.Finish(id, false, true)
-		return Pending{}, invalid(uploads.HashMismatch)
-	}
 	return p, nil
 }
 

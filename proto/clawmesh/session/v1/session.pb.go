@@ -2611,7 +2611,14 @@ type StoreFileRequest struct {
 	MaxBytes int64 `protobuf:"varint,11,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// upload_id, when set, is the chunked upload the file comes from: it
 	// is recorded beside the file for CommittedUpload, with the principal.
-	UploadId      string `protobuf:"bytes,12,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	UploadId string `protobuf:"bytes,12,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	// sha256, when set, is the hash the file's bytes must have (64
+	// lower-case hexadecimal characters): the SHA-256 declared at the
+	// upload's begin. The service compares it with the sum it computes to
+	// name the file, and refuses a mismatch ("Upload content does not
+	// match the SHA-256 declared at begin; begin again"), nothing stored.
+	// It is compared, never trusted: the content is hashed once, here.
+	Sha256        string `protobuf:"bytes,13,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2726,6 +2733,13 @@ func (x *StoreFileRequest) GetMaxBytes() int64 {
 func (x *StoreFileRequest) GetUploadId() string {
 	if x != nil {
 		return x.UploadId
+	}
+	return ""
+}
+
+func (x *StoreFileRequest) GetSha256() string {
+	if x != nil {
+		return x.Sha256
 	}
 	return ""
 }
@@ -4655,7 +4669,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
 	"agentAlias\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12 \n" +
-	"\vincarnation\x18\x04 \x01(\x03R\vincarnation\"\x82\x03\n" +
+	"\vincarnation\x18\x04 \x01(\x03R\vincarnation\"\x9a\x03\n" +
 	"\x10StoreFileRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -4673,7 +4687,8 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\vincarnation\x18\n" +
 	" \x01(\x03R\vincarnation\x12\x1b\n" +
 	"\tmax_bytes\x18\v \x01(\x03R\bmaxBytes\x12\x1b\n" +
-	"\tupload_id\x18\f \x01(\tR\buploadId\"G\n" +
+	"\tupload_id\x18\f \x01(\tR\buploadId\x12\x16\n" +
+	"\x06sha256\x18\r \x01(\tR\x06sha256\"G\n" +
 	"\x11StoreFileResponse\x122\n" +
 	"\x04file\x18\x01 \x01(\v2\x1e.clawmesh.session.v1.FileEntryR\x04file\"r\n" +
 	"\x16CommittedUploadRequest\x12;\n" +
