@@ -34,6 +34,19 @@ const (
 	// one connection may be in flight before its reading pauses (see
 	// Options.MaxInflightRequests).
 	DefaultMaxInflightRequests = 64
+	// UrgentReserve is how many urgent requests (Options.Urgent) may be
+	// in flight past MaxInflightRequests.
+	UrgentReserve = 4
+)
+
+// Polling for a hang-up while the read loop is stopped at its bounds
+// (sleepForRoom): the first look after hangupPollMin, then twice as long
+// each time up to hangupPollMax, so that a peer gone while its
+// connection waited for long is seen within hangupPollMax, and one held
+// only for a moment costs no system call.
+const (
+	hangupPollMin = 20 * time.Millisecond
+	hangupPollMax = time.Second
 )
 
 // maxWriteChunk bounds one socket write, so that the write-stall deadline
@@ -84,8 +97,21 @@ type Options struct {
 	// is room, and served as soon as there is (an inline one runs at once,
 	// exceeding the bound by one); a second such request stops reading
 	// until both fit, so a peer that pipelines more requests before its
-	// answers waits for the call's timeout. Default 64.
+	// answers waits for the call's timeout.
+	//
+	// At the bound the connection still reads, as it does for a call's
+	// answer: a peer's hang-up must be seen (its requests' contexts are
+	// then cancelled at once, not when one of them ends), and so must a
+	// request that ends the ones in flight (Options.Urgent), which can
+	// free room only if it is read. Reading on holds at most two
+	// requests (the held one, and the one that stops reading again); a
+	// loop stopped so polls the socket for a hang-up. Default 64.
 	MaxInflightRequests int
+	// Urgent reports the methods (requests or notifications) that end
+	// others in flight, e.g. a cancel: one read at the in-flight bound is
+	// dispatched at once, past the bound, by at most UrgentReserve at a
+	// time; more wait for room like any other request.
+	Urgent func(method string) bool
 	// FrameBudget, when set, bounds the memory unfinished frames hold
 	// across every connection sharing it (see FrameBudget); a frame that
 	// cannot get budget waits, and is cut by FrameTimeout as usual. A
@@ -275,6 +301,9 @@ type Conn struct {
 	room       chan struct{}
 	held       atomic.Pointer[Request]
 	readGated  atomic.Bool
+	// hupTimer paces sleepForRoom's polls for a hang-up; only the read
+	// loop touches it.
+	hupTimer *time.Timer
 
 	// workers, when the connection belongs to a Server, run its handlers.
 	workers *workers
@@ -477,8 +506,12 @@ func (c *Conn) serveFrames() (wait bool) {
 			return !c.isClosed()
 		}
 		if err != nil {
-			if c.held.Load() != nil && c.waitRoom() {
-				c.dispatchHeld() // answered before a half-close drains
+			// A request held is answered before a half-close drains; a
+			// peer gone altogether is closed at once, whatever is held
+			// (waiting for room here kept its requests running until one
+			// of them ended).
+			if c.held.Load() != nil && errors.Is(err, io.EOF) && !peerHungUp(c.nc) && c.waitRoom() {
+				c.dispatchHeld()
 			}
 			c.readFailed(err)
 			return false
@@ -522,6 +555,10 @@ func (c *Conn) serveFrames() (wait bool) {
 				// Over the bounds, reading on for a call's answer: an
 				// inline request runs now, one at a time on this loop, so
 				// it keeps its order and exceeds the bound by at most one.
+			case c.opts.Urgent != nil && c.opts.Urgent(req.Method) &&
+				int(c.active.Load()) < c.opts.MaxInflightRequests+UrgentReserve:
+				// It may end requests in flight (a cancel): past the
+				// bound, by at most the reserve, rather than behind it.
 			case c.held.CompareAndSwap(nil, req):
 				continue
 			default:
@@ -612,7 +649,7 @@ func (c *Conn) awaitRoom() bool {
 			}
 			continue
 		}
-		if c.callsPending() {
+		if c.callsPending() || c.readsOn() {
 			return true
 		}
 		if !c.sleepForRoom() {
@@ -621,9 +658,34 @@ func (c *Conn) awaitRoom() bool {
 	}
 }
 
-// dispatchHeld dispatches the held request, if any.
+// readsOn reports whether the loop, over its bounds, reads on all the
+// same: when only the count of requests in flight is at its bound. A
+// read loop that stopped there saw neither the peer's hang-up (its
+// requests, a turn each, ran on for a client gone) nor a cancel, the one
+// request that would make room. Reading on costs at most two requests
+// held (serveFrames holds one and stops reading at the second, in
+// sleepForRoom) besides responses and urgent requests, which are bounded
+// by the calls pending and UrgentReserve. With output or assembled frames
+// at their bounds it stops at once: the peer is not reading, or its
+// frames are what is held.
+func (c *Conn) readsOn() bool {
+	return c.outq.Load() < int64(c.opts.MaxPendingBytes) && c.heldFrames.Load() < c.maxHeldFrames()
+}
+
+// dispatchHeld dispatches the held request, if any. Once the connection
+// has closed it is dropped: its peer is gone, and the room it gets then
+// is the room its cancelled fellows made as they ended.
 func (c *Conn) dispatchHeld() {
-	if h := c.held.Swap(nil); h != nil {
+	h := c.held.Swap(nil)
+	if h == nil {
+		return
+	}
+	select {
+	case <-c.done:
+		c.heldFrames.Add(-h.held)
+		h.held = 0
+		h.returnLease() // nothing read its params
+	default:
 		c.dispatch(h)
 	}
 }
@@ -639,15 +701,48 @@ func (c *Conn) waitRoom() bool {
 	return true
 }
 
-// sleepForRoom waits for a ring of room; false means the connection closed.
+// sleepForRoom waits for a ring of room; false means the connection
+// closed. The loop reads nothing meanwhile, so it would not see the peer
+// hang up: on a Unix socket it polls for that (POLLHUP, which the kernel
+// sets when the peer has closed, unread bytes or not), and closes the
+// connection, which cancels its handlers' contexts. Polling, not a wait
+// in the runtime's poller: the loop may be inside the socket's
+// RawConn.Read, where it cannot wait for readiness and for room at once,
+// and the poll only runs while the loop is stopped, backing off to one a
+// second.
 func (c *Conn) sleepForRoom() bool {
 	c.readGated.Store(true)
 	defer c.readGated.Store(false)
-	select {
-	case <-c.room:
-		return true
-	case <-c.done:
-		return false
+	if c.rc == nil {
+		select {
+		case <-c.room:
+			return true
+		case <-c.done:
+			return false
+		}
+	}
+	every := hangupPollMin
+	if c.hupTimer == nil {
+		c.hupTimer = time.NewTimer(every)
+	} else {
+		c.hupTimer.Reset(every)
+	}
+	defer c.hupTimer.Stop()
+	for {
+		select {
+		case <-c.room:
+			return true
+		case <-c.done:
+			return false
+		case <-c.hupTimer.C:
+			if peerHungUp(c.nc) {
+				c.log.Debug("closing connection: peer hung up while its reading waited for room")
+				c.closeWith(ErrPeerClosed)
+				return false
+			}
+			every = min(2*every, hangupPollMax)
+			c.hupTimer.Reset(every)
+		}
 	}
 }
 

@@ -189,6 +189,8 @@ func TestCloseWhileReadingInPlace(t *testing.T) {
 				`{"jsonrpc":"2.0","id":1,"method":"close"}`,
 				`{"jsonrpc":"2.0","id":2,"method":"block"}`,
 				`{"jsonrpc":"2.0","id":3,"method":"echo"}`,
+				// At the bound the loop reads on: 3 is held, 4 stops it.
+				`{"jsonrpc":"2.0","id":4,"method":"echo"}`,
 			},
 			gated: true,
 			opts:  Options{MaxInflightRequests: 2},

@@ -148,10 +148,11 @@ func TestFrameTimeout(t *testing.T) {
 	}
 }
 
-// TestFrameTimeoutNotCountedWhileHeld: when one read brings a whole
-// frame and the start of the next, and the server then stops reading
-// (here at MaxInflightRequests), the wait is not the client's: the next
-// frame, sent in full within 20 ms, is served once there is room. A
+// TestFrameTimeoutNotCountedWhileHeld: when one read brings whole
+// frames and the start of the next, and the server then stops reading
+// (here past MaxInflightRequests: at the bound it reads on, and holds one
+// request, and stops at the second), the wait is not the client's: the
+// next frame, sent in full within 20 ms, is served once there is room. A
 // partial frame whose rest never comes is still cut off after the pause.
 func TestFrameTimeoutNotCountedWhileHeld(t *testing.T) {
 	const limit = 200 * time.Millisecond
@@ -166,7 +167,10 @@ func TestFrameTimeoutNotCountedWhileHeld(t *testing.T) {
 		Options:    Options{FrameTimeout: limit, MaxInflightRequests: 1},
 		NewHandler: func(*Conn, Peer) Handler { return h },
 	}, nil)
-	slow := `{"jsonrpc":"2.0","id":1,"method":"slow"}` + "\n"
+	// The slow request fills the bound; the two after it stop the
+	// reading (see Options.MaxInflightRequests).
+	slow := `{"jsonrpc":"2.0","id":1,"method":"slow"}` + "\n" +
+		`{"jsonrpc":"2.0","id":"f1","method":"echo"}` + "\n" + `{"jsonrpc":"2.0","id":"f2","method":"echo"}` + "\n"
 	next := `{"jsonrpc":"2.0","id":2,"method":"echo","params":{}}`
 
 	t.Run("rest sent promptly", func(t *testing.T) {
@@ -178,7 +182,7 @@ func TestFrameTimeoutNotCountedWhileHeld(t *testing.T) {
 		if _, err := c.nc.Write([]byte(next[20:] + "\n")); err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"1", "2"} {
+		for _, want := range []string{"1", `"f1"`, `"f2"`, "2"} {
 			m := c.recvMsg()
 			if string(m.ID) != want || m.Error != nil {
 				t.Fatalf("want the answer to id %s, got %s", want, m.line)
@@ -191,8 +195,10 @@ func TestFrameTimeoutNotCountedWhileHeld(t *testing.T) {
 		if _, err := c.nc.Write([]byte(slow + next[:20])); err != nil {
 			t.Fatal(err)
 		}
-		if m := c.recvMsg(); string(m.ID) != "1" {
-			t.Fatalf("want the answer to id 1, got %s", m.line)
+		for _, want := range []string{"1", `"f1"`, `"f2"`} {
+			if m := c.recvMsg(); string(m.ID) != want {
+				t.Fatalf("want the answer to id %s, got %s", want, m.line)
+			}
 		}
 		m := c.recvMsg()
 		if m.Error == nil || string(m.ID) != "null" || errData(t, m.Error)["reason"] != "frame_timeout" {
