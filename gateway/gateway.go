@@ -304,6 +304,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 			OutputBudget:        g.output,
 			Inline:              func(m string) bool { return methods[m].inline },
 			Deferred:            func(m string) bool { return methods[m].later != nil },
+			Urgent:              func(m string) bool { return methods[m].urgent },
 			ParamsDone:          func(m string) bool { return methods[m].paramsDone },
 			Logger:              g.log,
 		},

@@ -26,6 +26,11 @@ type method struct {
 	// many, and whose handler was read for it: a slice of the params kept
 	// past the call would see a later frame's bytes.
 	paramsDone bool
+	// urgent methods end or unblock other requests of the connection (a
+	// turn's prompt): read and served past the connection's in-flight
+	// bound (jsonrpc.Options.Urgent), since a client that filled the
+	// bound with prompts can free it only with them.
+	urgent bool
 	// needs lists the permissions of which a principal must hold one for
 	// the method to be listed in its capabilities (none: everyone's). The
 	// service still decides every call.
@@ -113,13 +118,13 @@ func methodTable() map[string]method {
 
 		"session/new":      {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionNew},
 		"session/prompt":   {needs: needsAgent, kind: kindTurn, call: (*Gateway).sessionPrompt},
-		"session/cancel":   {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionCancel},
-		"session/approve":  {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionApprove},
+		"session/cancel":   {needs: needsAgent, urgent: true, kind: kindQuick, call: (*Gateway).sessionCancel},
+		"session/approve":  {needs: needsAgent, urgent: true, kind: kindQuick, call: (*Gateway).sessionApprove},
 		"session/state":    {needs: needsAgent, kind: kindQuick, later: (*Gateway).sessionState},
 		"session/messages": {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionMessages, large: true},
 		"session/list":     {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionList},
-		"session/close":    {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionClose},
-		"session/kill":     {needs: needsAgent, kind: kindQuick, call: (*Gateway).sessionKill},
+		"session/close":    {needs: needsAgent, urgent: true, kind: kindQuick, call: (*Gateway).sessionClose},
+		"session/kill":     {needs: needsAgent, urgent: true, kind: kindQuick, call: (*Gateway).sessionKill},
 		"session/delete":   {needs: needsAgent, kind: kindSlow, call: (*Gateway).sessionDelete},
 
 		"config/get":      {needs: needsConfigRead, kind: kindQuick, call: (*Gateway).configGet, large: true},
