@@ -48,7 +48,14 @@ var (
 
 type decision struct {
 	Decision, Surface, Replacement string
+	// note is the tool result of a call whose ask ended cancelled for
+	// another reason than its turn's end (unrecordedNote, see ask).
+	note string
 }
+
+// unrecordedNote is the tool result of a call whose approval's decision
+// could not be stored.
+const unrecordedNote = "Cancelled: the approval's decision could not be recorded (session storage unavailable)"
 
 func (d decision) allows() bool {
 	return d.Decision == DecisionAllowOnce || d.Decision == DecisionAllowAlways
@@ -63,6 +70,9 @@ type approval struct {
 
 	decided chan struct{}
 	d       decision
+	// acted is closed once the turn took the decision it acts on (see
+	// turn.acted), after storing it.
+	acted chan struct{}
 }
 
 // decide records d for a unless an earlier decision won; it reports
@@ -94,7 +104,7 @@ func (s *Server) ask(ctx context.Context, t *turn, callID string, callEvent int6
 	ls := t.ls
 	a := &approval{
 		RequestID: ids.New("ap_"), ToolCallID: callID, ToolName: tool, TurnID: t.id,
-		Summary: summarize(args), Timeout: timeout, decided: make(chan struct{}),
+		Summary: summarize(args), Timeout: timeout, decided: make(chan struct{}), acted: make(chan struct{}),
 	}
 	if err := s.unwound(ctx, func(c context.Context) error { return s.store.insertApproval(c, ls.id, t.id, a) }); err != nil {
 		s.log.Warn("record approval request", zap.String("session_id", ls.id), zap.Error(err))
@@ -102,11 +112,6 @@ func (s *Server) ask(ctx context.Context, t *turn, callID string, callEvent int6
 	ls.mu.Lock()
 	ls.approvals[a.RequestID] = a
 	ls.mu.Unlock()
-	defer func() {
-		ls.mu.Lock()
-		delete(ls.approvals, a.RequestID)
-		ls.mu.Unlock()
-	}()
 
 	t.publishMapped(s, UpdateApprovalRequest, a.request(t.id), callEvent, markApproval)
 
@@ -127,21 +132,48 @@ func (s *Server) ask(ctx context.Context, t *turn, callID string, callEvent int6
 	d := a.d
 	ls.mu.Unlock()
 	// The turn records the decision that won, whoever gave it, before it
-	// goes on: so the record precedes the turn's end. A cancelled ask is
-	// marked with the turn by finishTurn.
+	// acts on it: so the record precedes the call and the turn's end. A
+	// cancelled ask is marked with the turn by finishTurnTx.
 	if d.Decision != decisionCancelled {
-		if err := s.unwound(ctx, func(c context.Context) error {
-			if err := s.store.decideApproval(c, a.RequestID, d); err != nil {
-				return err
-			}
+		if err := s.unwound(ctx, func(c context.Context) error { return s.store.decideApproval(c, a.RequestID, d) }); err != nil {
+			// Not stored, it is not acted on: the call ends cancelled,
+			// as the row will say once the turn's end (or the recovery
+			// after a crash) marks it, and as a resend says meanwhile
+			// (t.acted). Acting on it left the record saying the
+			// service cancelled a call that ran on a person's
+			// decision. The person was told their decision was taken
+			// (Approve answers before the ask stores it); the call's
+			// tool_result says why it did not run.
+			s.log.Warn("record approval decision", zap.String("session_id", ls.id), zap.String("request_id", a.RequestID), zap.Error(err))
 			if d.Decision == DecisionAllowAlways {
-				return s.store.allowAlways(c, ls.id, tool)
+				// The tool was not allowed always when this ask
+				// began (toolOutcome asks only then): its decision
+				// set it.
+				ls.mu.Lock()
+				delete(ls.alwaysAllowed, tool)
+				ls.mu.Unlock()
 			}
-			return nil
-		}); err != nil {
-			s.log.Warn("record approval decision", zap.String("session_id", ls.id), zap.Error(err))
+			d = decision{Decision: decisionCancelled, Surface: surfaceService, note: unrecordedNote}
+			t.unrecorded = append(t.unrecorded, a.RequestID)
+		} else if d.Decision == DecisionAllowAlways {
+			if err := s.unwound(ctx, func(c context.Context) error { return s.store.allowAlways(c, ls.id, tool) }); err != nil {
+				// The decision is stored: this call runs, and a later
+				// one of this process's is not asked; after a restart
+				// it is asked again.
+				s.log.Warn("record allow_always", zap.String("session_id", ls.id), zap.Error(err))
+			}
 		}
 	}
+	// Forgotten as pending and kept as what the turn acts on in one
+	// step: a Resend finds it in one or the other.
+	ls.mu.Lock()
+	delete(ls.approvals, a.RequestID)
+	if t.acted == nil {
+		t.acted = map[string]decision{}
+	}
+	t.acted[callID] = d
+	close(a.acted)
+	ls.mu.Unlock()
 	s.log.Info("approval decided", zap.String("session_id", ls.id), zap.String("request_id", a.RequestID),
 		zap.String("decision", d.Decision), zap.String("surface", d.Surface))
 	return d
@@ -176,29 +208,46 @@ func (a *approval) resent(turnID string) fields {
 	return f
 }
 
-// settledAsks reads the decisions taken in memory for turn t's asks
-// still pending in it, by their tool call's id: ask stores one after it
-// is taken, so a Resend meanwhile would read the ask undecided.
-func (s *Server) settledAsks(t *turn) map[string]decision {
+// settleAsks gives each of asks, turn t's by their tool call's id as
+// stored, the decision the turn acted on (t.acted), which wins over the
+// stored one: the row of an ask cancelled, or whose decision could not be
+// stored, is pending until the turn's end. An ask decided whose decision
+// is being stored is waited for (ask's write, within the unwind bound):
+// until it is stored the turn has not acted on it, and one not stored is
+// cancelled instead (see ask); reading it decided from memory sent again
+// a decision the turn was about to undo. t.acted only grows while the
+// turn runs, so asks may have been read before or after.
+func (s *Server) settleAsks(ctx context.Context, t *turn, asks map[string]*approval) error {
 	ls := t.ls
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	var out map[string]decision
-	for _, a := range ls.approvals {
-		if a.TurnID != t.id {
-			continue
+	for {
+		ls.mu.Lock()
+		var storing chan struct{}
+		for _, a := range ls.approvals {
+			if a.TurnID != t.id {
+				continue
+			}
+			select {
+			case <-a.decided:
+				storing = a.acted
+			default:
+			}
 		}
+		if storing == nil {
+			for callID, d := range t.acted {
+				if a := asks[callID]; a != nil {
+					a.d = d
+				}
+			}
+			ls.mu.Unlock()
+			return nil
+		}
+		ls.mu.Unlock()
 		select {
-		case <-a.decided:
-		default:
-			continue
+		case <-storing:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for an approval's decision to be stored: %w", context.Cause(ctx))
 		}
-		if out == nil {
-			out = map[string]decision{}
-		}
-		out[a.ToolCallID] = a.d
 	}
-	return out
 }
 
 // timeoutSecs is a's timeout in whole seconds, rounded up.
@@ -219,6 +268,9 @@ func denial(d decision, timeout time.Duration) string {
 	case decisionTimeout:
 		return fmt.Sprintf("Denied: no approval within %d seconds", int64((timeout+time.Second-1)/time.Second))
 	default:
+		if d.note != "" {
+			return d.note
+		}
 		return "Cancelled: the turn ended before a decision"
 	}
 }

@@ -253,18 +253,23 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 	if err != nil {
 		return nil, err
 	}
-	// Decisions taken in memory are read before the stored ones: an ask
-	// decided meanwhile is then read decided from one or the other (ask
-	// stores its decision before it forgets it).
-	settled := s.settledAsks(tail.t)
+	// The decisions the turn acted on win over the stored ones (an ask
+	// decided and being stored is waited for, see settleAsks): the row
+	// of an ask cancelled, or whose decision could not be stored, is
+	// pending until the turn's end. So an ask is never sent again
+	// undecided once its turn gave it up (the client would be asked
+	// again about a call that will not run), nor with another decision
+	// than the one the turn acted on. It is sent, not left out: its
+	// number must be filled (a gap is a loss to the gateway), and a
+	// follower that rejoins learns the ask is closed, as seed 004 closes
+	// an ask on its turn's stop ("decided in the durable agent"). SPEC
+	// says nothing of updates sent again.
 	asks, err := s.store.turnAsks(ctx, id, tail.t.id)
 	if err != nil {
 		return nil, err
 	}
-	for callID, d := range settled {
-		if a := asks[callID]; a != nil && a.d.Decision == "" {
-			a.d = d
-		}
+	if err := s.settleAsks(ctx, tail.t, asks); err != nil {
+		return nil, fmt.Errorf("resend turn %s: %w", tail.t.id, err)
 	}
 	ups, missing, _ := rebuildMapped(tail.t.id, events, asks, tail.updates, max(after, tail.from), upto)
 	switch {

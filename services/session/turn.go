@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -207,6 +208,19 @@ type turn struct {
 	updates []int64
 	mapOver bool
 	seqFrom int64
+
+	// acted is the decision each of the turn's asks ended with, the one
+	// the turn acted on, by its tool call's id: from the ask's end, when
+	// it leaves ls.approvals, to the turn's, under ls.mu, for Resend. A
+	// cancelled ask's row stays pending until the turn's end marks it
+	// (finishTurnTx), and a Resend meanwhile sent it undecided. Bounded
+	// by the turn's calls (MaxSteps × provider.MaxToolCalls).
+	acted map[string]decision
+	// unrecorded are the request ids of the asks whose decision could not
+	// be stored, cancelled instead: the turn's end stores them cancelled
+	// whatever a write that failed may have committed. Only the turn's
+	// goroutine uses it.
+	unrecorded []string
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -538,6 +552,11 @@ type toolCall struct {
 	Arguments json.RawMessage
 }
 
+// turnEnding, when set (tests only), runs in finish once the turn's
+// loop returned, before its end is written: the gap in which the turn
+// still runs for Resend though nothing of it is left to do.
+var turnEnding atomic.Pointer[func(sessionID string)]
+
 // finish records the turn's end, frees the session and publishes
 // turn_complete, exactly once per turn, before Prompt can answer.
 func (s *Server) finish(t *turn, res turnResult) {
@@ -547,6 +566,9 @@ func (s *Server) finish(t *turn, res turnResult) {
 	// turn begins, which a process started after a crash answers
 	// (UpdateSeqs). Nothing else publishes between.
 	published := ls.nextSeq()
+	if hook := turnEnding.Load(); hook != nil {
+		(*hook)(ls.id)
+	}
 	// The turn's end is written with its last checkpoint events: a crash
 	// before this commit leaves the turn to recovery, after it never.
 	if err := s.unwound(t.ctx, func(ctx context.Context) error {
@@ -570,6 +592,13 @@ func (s *Server) finish(t *turn, res turnResult) {
 			}
 			if err != nil {
 				return err
+			}
+			if len(t.unrecorded) > 0 {
+				// A decision write reported failed may have committed
+				// (its answer lost): the call did not run on it.
+				if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE request_id = ANY($1)", t.unrecorded); err != nil {
+					return err
+				}
 			}
 			return finishTurnTx(ctx, tx, ls.id, t.id, res, published, t.endMap())
 		})
