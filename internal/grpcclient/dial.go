@@ -103,13 +103,15 @@ func DialOne(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	return Dial(addr, append([]grpc.DialOption{grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{}}]}`)}, opts...)...)
 }
 
-// replicasServiceConfig is Dial's round-robin with gRPC's client-side
-// health checking of grpcserver.Calls: a replica is picked only while it
-// says it answers its calls.
-var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{"round_robin":{}}],"healthCheckConfig":{"serviceName":%q}}`, grpcserver.Calls)
+// replicasServiceConfig is Dial's round-robin, taken per method
+// (methodRoundRobin), with gRPC's client-side health checking of
+// grpcserver.Calls: a replica is picked only while it says it answers
+// its calls.
+var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}],"healthCheckConfig":{"serviceName":%q}}`, methodRoundRobin, grpcserver.Calls)
 
 // DialReplicas is Dial for a service's own calls to the replicas of one
-// service (the plugin sandbox's, --scale): a call goes only to a replica
+// service (the plugin sandbox's, --scale), each method's calls taken
+// round-robin by themselves (methodRoundRobin): a call goes only to a replica
 // that serves, never to one still starting, which answers on its socket
 // already (grpcserver's start's server) and failed every call it got
 // with Unavailable while another replica served. A replica that stops

@@ -20,11 +20,18 @@ import (
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
 )
 
-// counted answers Live with its replica's revision and counts the calls.
+// counted answers Live with its replica's revision and counts the calls,
+// and List's apart.
 type counted struct {
 	configv1.UnimplementedConfigServiceServer
 	rev   int64
 	calls atomic.Int64
+	lists atomic.Int64
+}
+
+func (c *counted) List(context.Context, *configv1.ListRequest) (*configv1.ListResponse, error) {
+	c.lists.Add(1)
+	return &configv1.ListResponse{}, nil
 }
 
 func (c *counted) Live(context.Context, *configv1.LiveRequest) (*configv1.LiveResponse, error) {
@@ -163,6 +170,47 @@ func TestCallsSkipAReplicaStillStarting(t *testing.T) {
 	})
 }
 
+// A client's calls come in patterns: the session's turn with one tool
+// call is a ListTools and an ExecuteTool. gRPC's round_robin takes the
+// replicas in turn over every call, so with two replicas each turn's
+// ExecuteTool went to the same replica for as long as the replica set
+// stayed as it was: a restarted replica got none (CI, the sixtieth
+// round: TestCallsGoToTheReplicaServingWhileTheOtherStarts waited 60 s
+// for a tool call to reach it), and one replica ran every tool. Each
+// method's calls are now spread over the replicas by themselves.
+func TestEachMethodsCallsAreSpreadWhateverComesBetween(t *testing.T) {
+	addr, a, b := twoServingReplicasOf(t)
+	cc, err := grpcclient.DialReplicas(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	client := configv1.NewConfigServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// Until both replicas are picked: the picker holds both from then
+	// on, nothing changes it.
+	for a.svc.calls.Load() == 0 || b.svc.calls.Load() == 0 {
+		if _, err := client.Live(ctx, &configv1.LiveRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	liveA, liveB := a.svc.calls.Load(), b.svc.calls.Load()
+	const turns = 10
+	for range turns {
+		if _, err := client.List(ctx, &configv1.ListRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Live(ctx, &configv1.LiveRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gotA, gotB := a.svc.calls.Load()-liveA, b.svc.calls.Load()-liveB
+	if gotA != turns/2 || gotB != turns/2 {
+		t.Fatalf("of %d calls each following another method's, replica a got %d and b %d, want half each", turns, gotA, gotB)
+	}
+}
+
 // One replica is dialled as by Dial: there is no other to go to, and a
 // call while it starts is told what the start does.
 func TestOneReplicaStartingSaysWhy(t *testing.T) {
@@ -213,16 +261,22 @@ func BenchmarkFirstCallOfANewClient(b *testing.B) {
 // twoServingReplicas starts two replicas that serve and returns the
 // address of both, as the benchmarks dial them.
 func twoServingReplicas(b *testing.B) string {
+	addr, _, _ := twoServingReplicasOf(b)
+	return addr
+}
+
+// twoServingReplicasOf is twoServingReplicas with the replicas.
+func twoServingReplicasOf(t testing.TB) (addr string, a, b *replica) {
 	dir, err := os.MkdirTemp("", "cm-r-")
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
-	b.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	for i, sock := range []string{sockA, sockB} {
-		newReplica(b, sock, int64(i+1)).serve()
-	}
-	return sockA + "," + sockB
+	a, b = newReplica(t, sockA, 1), newReplica(t, sockB, 2)
+	a.serve()
+	b.serve()
+	return sockA + "," + sockB, a, b
 }
 
 // dials are the two ways to dial replicas the benchmarks compare.
