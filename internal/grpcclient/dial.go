@@ -116,8 +116,9 @@ var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}],"healt
 // already (grpcserver's start's server) and failed every call it got
 // with Unavailable while another replica served. A replica that stops
 // (its health NOT_SERVING at shutdown) is left too. When none serves, a
-// call fails at once with Unavailable as before (unless it waits for
-// ready). One address is dialled as by Dial: there is no other replica
+// call with a deadline waits for one within it, and fails then with
+// Unavailable NoReplicaServes (waitForReplica); one without fails at
+// once. One address is dialled as by Dial: there is no other replica
 // to go to, and the start's answer names what it waits for. Health
 // calls must not use it: they would be routed to the replicas that
 // serve only.
@@ -126,7 +127,11 @@ func DialReplicas(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error
 		return Dial(addr, opts...)
 	}
 	// A later default service config replaces Dial's.
-	return Dial(addr, append([]grpc.DialOption{grpc.WithDefaultServiceConfig(replicasServiceConfig)}, opts...)...)
+	return Dial(addr, append([]grpc.DialOption{
+		grpc.WithDefaultServiceConfig(replicasServiceConfig),
+		grpc.WithChainUnaryInterceptor(waitForReplica),
+		grpc.WithChainStreamInterceptor(waitForReplicaStream),
+	}, opts...)...)
 }
 
 // replicated reports whether addr may name more than one replica: a

@@ -3,15 +3,18 @@ package grpcserver_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
@@ -208,6 +211,59 @@ func TestEachMethodsCallsAreSpreadWhateverComesBetween(t *testing.T) {
 	gotA, gotB := a.svc.calls.Load()-liveA, b.svc.calls.Load()-liveB
 	if gotA != turns/2 || gotB != turns/2 {
 		t.Fatalf("of %d calls each following another method's, replica a got %d and b %d, want half each", turns, gotA, gotB)
+	}
+}
+
+// With every replica starting (a restart of them all, a stack's
+// start) a call failed at once, Unavailable with gRPC's "health check
+// failed", though the first replica to serve would have answered it
+// moments later. A call now waits for one within its deadline, and says
+// at the deadline that no replica serves yet.
+func TestCallsWaitForAReplicaToServe(t *testing.T) {
+	dir, err := os.MkdirTemp("", "cm-r-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	a, b := newReplica(t, sockA, 1), newReplica(t, sockB, 2)
+	a.starting("compiling plugin echo (tool world)")
+	b.starting("compiling plugin echo (tool world)")
+	cc, err := grpcclient.DialReplicas(sockA + "," + sockB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	client := configv1.NewConfigServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// Both replicas answered their health NOT_SERVING: the client is in
+	// transient failure, where a call that does not wait fails at once.
+	cc.Connect()
+	for st := cc.GetState(); st != connectivity.TransientFailure; st = cc.GetState() {
+		if !cc.WaitForStateChange(ctx, st) {
+			t.Fatalf("the client never saw both replicas starting (%v)", st)
+		}
+	}
+
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = client.Live(short, &configv1.LiveRequest{})
+	cancelShort()
+	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.HasPrefix(st.Message(), grpcclient.NoReplicaServes) {
+		t.Fatalf("a call while every replica starts, at its deadline: %v", err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		resp, err := client.Live(ctx, &configv1.LiveRequest{})
+		if err == nil && resp.GetRevision() != 2 {
+			err = fmt.Errorf("answered by revision %d, want b's", resp.GetRevision())
+		}
+		done <- err
+	}()
+	b.serve()
+	if err := <-done; err != nil {
+		t.Fatalf("a call waiting while every replica starts, one then serving: %v", err)
 	}
 }
 
