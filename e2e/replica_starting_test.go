@@ -106,3 +106,61 @@ func TestCallsGoToTheReplicaServingWhileTheOtherStarts(t *testing.T) {
 	})
 	t.Logf("the restarted replica served a tool call at turn %d", turns)
 }
+
+// Memory calls went to the first replica only (grpcclient.DialOne,
+// pick_first), since a memory plugin's entries were once in its
+// instance alone, and failed while that replica started ("starting:
+// waiting for another replica's compile") though the other served. The
+// replicas share the memory journals (any replica gives its instance
+// what another stored), so memory calls are now spread like tool calls:
+// while the first replica is held in its start they go to the other,
+// which finds the memory stored before.
+func TestMemoryCallsGoToTheReplicaServingWhileTheFirstStarts(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"echo", "kv"}, "--scale", "plugin-sandbox=2")
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+	id := v.newSession("")
+	_, results, _ := toolTurn(t, v, id, `/tool plugin_memory_store {"key":"sky","content":"the sky is blue"}`)
+	if len(results) != 1 || results[0].Status != "completed" {
+		t.Fatalf("store: %+v", results)
+	}
+
+	lock, err := os.OpenFile(filepath.Join(s.DataDir, "wasm-cache.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	waitFor(t, "the compilation cache's lock", 30*time.Second, func() bool {
+		return syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	})
+	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }()
+
+	old := replicaPID(t, s, 0)
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRestarted(s, 0, old); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := waitStatusLine(t, s, "plugin-sandbox", "waiting for another replica's compile")
+	t.Logf("%s", line)
+
+	for i := range 3 {
+		_, results, _ := toolTurn(t, v, id, `/tool plugin_memory_recall {"query":"blue"}`+"\n"+`/tool plugin_memory_store {"key":"sea","content":"the sea is blue"}`)
+		if len(results) != 2 {
+			t.Fatalf("turn %d: %d results, want 2: %+v", i, len(results), results)
+		}
+		for _, r := range results {
+			if r.Status != "completed" {
+				t.Fatalf("turn %d, a memory call while the first replica starts: %+v", i, r)
+			}
+		}
+		if !strings.Contains(results[0].RawOutput, `"key":"sky"`) {
+			t.Fatalf("turn %d: the recall did not find the memory: %+v", i, results[0])
+		}
+	}
+	if out, err := clawmesh(t, s, "status"); err == nil || !strings.Contains(statusLine(out, "plugin-sandbox"), "waiting for another replica's compile") {
+		t.Fatalf("the replica was not held in its start all along (%v):\n%s", err, out)
+	}
+}

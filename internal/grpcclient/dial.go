@@ -91,18 +91,6 @@ func dialer(ctx context.Context, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, "tcp", addr)
 }
 
-// DialOne is Dial pinned to one replica: the first of a comma-separated
-// list, or of the addresses a name resolves to, the first that answers
-// (pick_first). It is for calls whose state lives in a replica's memory
-// (a memory plugin's entries), which another replica does not have.
-func DialOne(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	if first, _, ok := strings.Cut(addr, ","); ok {
-		addr = strings.TrimSpace(first)
-	}
-	// A later default service config replaces Dial's round-robin one.
-	return Dial(addr, append([]grpc.DialOption{grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{}}]}`)}, opts...)...)
-}
-
 // replicasServiceConfig is Dial's round-robin, taken per method
 // (methodRoundRobin), with gRPC's client-side health checking of
 // grpcserver.Calls: a replica is picked only while it says it answers

@@ -104,7 +104,7 @@ func (s *Server) memoryStore(ctx context.Context, args json.RawMessage) (string,
 	if err := decodeArgs(args, &a); err != nil {
 		return "", err
 	}
-	_, err := s.memory().MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Plugin: a.Plugin,
+	_, err := s.cfg.Plugins.MemoryStore(ctx, &pluginv1.MemoryStoreRequest{Plugin: a.Plugin,
 		Entry: &pluginv1.MemoryEntry{Key: a.Key, Content: a.Content, Category: a.Category}})
 	if err != nil {
 		return "", sandboxError(err)
@@ -126,7 +126,7 @@ func (s *Server) memoryRecall(ctx context.Context, args json.RawMessage) (toolOu
 	// cut here to MaxLiveToolOutputBytes. A sandbox older than
 	// answer_limit still answers entries (answer_bytes zero), which are
 	// built here only as far as they are shown.
-	resp, err := s.memory().MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Plugin: a.Plugin, Query: a.Query, Limit: a.Limit,
+	resp, err := s.cfg.Plugins.MemoryRecall(ctx, &pluginv1.MemoryRecallRequest{Plugin: a.Plugin, Query: a.Query, Limit: a.Limit,
 		AnswerLimit: MaxLiveToolOutputBytes})
 	if err != nil {
 		return toolOutput{}, sandboxError(err)
@@ -168,7 +168,7 @@ func (s *Server) memoryForget(ctx context.Context, args json.RawMessage) (string
 	if err := decodeArgs(args, &a); err != nil {
 		return "", err
 	}
-	resp, err := s.memory().MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Plugin: a.Plugin, Key: a.Key})
+	resp, err := s.cfg.Plugins.MemoryForget(ctx, &pluginv1.MemoryForgetRequest{Plugin: a.Plugin, Key: a.Key})
 	if err != nil {
 		return "", sandboxError(err)
 	}
@@ -176,12 +176,4 @@ func (s *Server) memoryForget(ctx context.Context, args json.RawMessage) (string
 		return "no memory under " + a.Key, nil
 	}
 	return "forgot " + a.Key, nil
-}
-
-// memory is the sandbox client memory calls go to.
-func (s *Server) memory() pluginv1.PluginServiceClient {
-	if s.cfg.Memory != nil {
-		return s.cfg.Memory
-	}
-	return s.cfg.Plugins
 }

@@ -60,9 +60,6 @@ type Config struct {
 	Authz Authorizer
 	// Plugins is the plugin sandbox; nil means no plugin tools.
 	Plugins pluginv1.PluginServiceClient
-	// Memory is the plugin sandbox for memory calls: one replica, since
-	// a memory plugin's entries live in its instance. Nil: Plugins.
-	Memory pluginv1.PluginServiceClient
 	// Providers adds providers to (or replaces) scripted and openai.
 	Providers map[string]ProviderFactory
 

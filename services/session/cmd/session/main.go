@@ -49,20 +49,16 @@ func register(ctx context.Context, env *service.Env) error {
 		return fmt.Errorf("config service: %w", err)
 	}
 	env.OnClose(func() { _ = configConn.Close() })
-	// Tool calls go only to a replica that serves: one still starting
-	// (compiling its plugins) answers Unavailable on its socket already.
+	// Tool and memory calls go only to a replica that serves: one still
+	// starting (compiling its plugins) answers Unavailable on its socket
+	// already. Memory calls are spread too: the replicas share the
+	// memory journals, and a replica gives its instance what another
+	// stored before it answers.
 	pluginConn, err := grpcclient.DialReplicas(env.Peers.Plugin)
 	if err != nil {
 		return fmt.Errorf("plugin sandbox: %w", err)
 	}
 	env.OnClose(func() { _ = pluginConn.Close() })
-	// A memory plugin's entries live in one replica's instance: memory
-	// calls go to one replica, where tool calls are spread.
-	memoryConn, err := grpcclient.DialOne(env.Peers.Plugin)
-	if err != nil {
-		return fmt.Errorf("plugin sandbox: %w", err)
-	}
-	env.OnClose(func() { _ = memoryConn.Close() })
 
 	configRPC := configv1.NewConfigServiceClient(configConn)
 	// The agents come from the live config, followed over NATS. The
@@ -81,7 +77,6 @@ func register(ctx context.Context, env *service.Env) error {
 		Agents:  &session.ConfigAgents{Live: live, Client: configRPC, Log: env.Log},
 		Authz:   live,
 		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
-		Memory:  pluginv1.NewPluginServiceClient(memoryConn),
 		Files:   files,
 		Uploads: live.Uploads,
 	})
