@@ -114,23 +114,13 @@ func (r *replica) serve() {
 // Serve (the overall health name says SERVING there while the start's
 // server still answers), and to it once it serves.
 func TestCallsSkipAReplicaStillStarting(t *testing.T) {
-	dir, err := os.MkdirTemp("", "cm-r-") // short: socket paths are bounded
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	a, b := newReplica(t, sockA, 1), newReplica(t, sockB, 2)
+	addr, rs := replicasOf(t, 2)
+	a, b := rs[0], rs[1]
 	a.starting("compiling plugin echo (tool world)")
 	b.starting("compiling plugin echo (tool world)")
 	b.serve()
 
-	cc, err := grpcclient.DialReplicas(sockA + "," + sockB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	client := configv1.NewConfigServiceClient(cc)
+	_, client := dialReplicas(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// callsServedByB makes calls until n more reached b, each answered.
@@ -183,12 +173,7 @@ func TestCallsSkipAReplicaStillStarting(t *testing.T) {
 // method's calls are now spread over the replicas by themselves.
 func TestEachMethodsCallsAreSpreadWhateverComesBetween(t *testing.T) {
 	addr, a, b := twoServingReplicasOf(t)
-	cc, err := grpcclient.DialReplicas(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	client := configv1.NewConfigServiceClient(cc)
+	_, client := dialReplicas(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// Until both replicas are picked: the picker holds both from then
@@ -220,21 +205,11 @@ func TestEachMethodsCallsAreSpreadWhateverComesBetween(t *testing.T) {
 // moments later. A call now waits for one within its deadline, and says
 // at the deadline that no replica serves yet.
 func TestCallsWaitForAReplicaToServe(t *testing.T) {
-	dir, err := os.MkdirTemp("", "cm-r-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	a, b := newReplica(t, sockA, 1), newReplica(t, sockB, 2)
+	addr, rs := replicasOf(t, 2)
+	a, b := rs[0], rs[1]
 	a.starting("compiling plugin echo (tool world)")
 	b.starting("compiling plugin echo (tool world)")
-	cc, err := grpcclient.DialReplicas(sockA + "," + sockB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	client := configv1.NewConfigServiceClient(cc)
+	cc, client := dialReplicas(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// Both replicas answered their health NOT_SERVING: the client is in
@@ -247,7 +222,7 @@ func TestCallsWaitForAReplicaToServe(t *testing.T) {
 	}
 
 	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
-	_, err = client.Live(short, &configv1.LiveRequest{})
+	_, err := client.Live(short, &configv1.LiveRequest{})
 	cancelShort()
 	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.HasPrefix(st.Message(), grpcclient.NoReplicaServes) {
 		t.Fatalf("a call while every replica starts, at its deadline: %v", err)
@@ -270,22 +245,12 @@ func TestCallsWaitForAReplicaToServe(t *testing.T) {
 // One replica is dialled as by Dial: there is no other to go to, and a
 // call while it starts is told what the start does.
 func TestOneReplicaStartingSaysWhy(t *testing.T) {
-	dir, err := os.MkdirTemp("", "cm-r-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "a.sock")
-	a := newReplica(t, sock, 1)
-	a.starting("compiling plugin echo (tool world)")
-	cc, err := grpcclient.DialReplicas(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	addr, rs := replicasOf(t, 1)
+	rs[0].starting("compiling plugin echo (tool world)")
+	_, client := dialReplicas(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err = configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
+	_, err := client.Live(ctx, &configv1.LiveRequest{})
 	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "starting: compiling plugin echo (tool world)" {
 		t.Fatalf("a call while the only replica starts: %v", err)
 	}
@@ -323,16 +288,40 @@ func twoServingReplicas(b *testing.B) string {
 
 // twoServingReplicasOf is twoServingReplicas with the replicas.
 func twoServingReplicasOf(t testing.TB) (addr string, a, b *replica) {
-	dir, err := os.MkdirTemp("", "cm-r-")
+	addr, rs := replicasOf(t, 2)
+	a, b = rs[0], rs[1]
+	a.serve()
+	b.serve()
+	return addr, a, b
+}
+
+// replicasOf makes n replicas (revisions 1 to n), neither starting nor
+// serving yet, and returns the address of all, as DialReplicas takes it.
+func replicasOf(t testing.TB, n int) (string, []*replica) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cm-r-") // short: socket paths are bounded
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	a, b = newReplica(t, sockA, 1), newReplica(t, sockB, 2)
-	a.serve()
-	b.serve()
-	return sockA + "," + sockB, a, b
+	socks, rs := make([]string, n), make([]*replica, n)
+	for i := range n {
+		socks[i] = filepath.Join(dir, fmt.Sprintf("%c.sock", 'a'+i))
+		rs[i] = newReplica(t, socks[i], int64(i+1))
+	}
+	return strings.Join(socks, ","), rs
+}
+
+// dialReplicas is a client of addr through DialReplicas, closed with the
+// test.
+func dialReplicas(t testing.TB, addr string) (*grpc.ClientConn, configv1.ConfigServiceClient) {
+	t.Helper()
+	cc, err := grpcclient.DialReplicas(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc, configv1.NewConfigServiceClient(cc)
 }
 
 // dials are the two ways to dial replicas the benchmarks compare.
