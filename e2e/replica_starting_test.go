@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/e2e"
 )
 
 // A sandbox replica restarted while the other serves (--scale
@@ -39,34 +41,8 @@ func TestCallsGoToTheReplicaServingWhileTheOtherStarts(t *testing.T) {
 	v := newConv(t, s, nil)
 	waitForPluginTool(t, v, echoTool)
 
-	lock, err := os.OpenFile(filepath.Join(s.DataDir, "wasm-cache.lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	// The replicas compile nothing once up: the lock is free.
-	waitFor(t, "the compilation cache's lock", 30*time.Second, func() bool {
-		return syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
-	})
-	held := true
-	release := func() {
-		if held {
-			held = false
-			_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-		}
-	}
-	defer release()
-
-	old := replicaPID(t, s, 1)
-	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if err := waitRestarted(s, 1, old); err != nil {
-		t.Fatal(err)
-	}
 	// Status still tells the starting replica apart, with what it waits for.
-	line, _ := waitStatusLine(t, s, "plugin-sandbox.1", "waiting for another replica's compile")
-	t.Logf("%s", line)
+	release := holdInStart(t, s, 1, "plugin-sandbox.1")
 
 	for range 10 {
 		listPlugins(t, v) // fails the test on an error
@@ -126,25 +102,7 @@ func TestMemoryCallsGoToTheReplicaServingWhileTheFirstStarts(t *testing.T) {
 		t.Fatalf("store: %+v", results)
 	}
 
-	lock, err := os.OpenFile(filepath.Join(s.DataDir, "wasm-cache.lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	waitFor(t, "the compilation cache's lock", 30*time.Second, func() bool {
-		return syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
-	})
-	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }()
-
-	old := replicaPID(t, s, 0)
-	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if err := waitRestarted(s, 0, old); err != nil {
-		t.Fatal(err)
-	}
-	line, _ := waitStatusLine(t, s, "plugin-sandbox", "waiting for another replica's compile")
-	t.Logf("%s", line)
+	holdInStart(t, s, 0, "plugin-sandbox") // released at the test's end
 
 	for i := range 3 {
 		_, results, _ := toolTurn(t, v, id, `/tool plugin_memory_recall {"query":"blue"}`+"\n"+`/tool plugin_memory_store {"key":"sea","content":"the sea is blue"}`)
@@ -163,4 +121,40 @@ func TestMemoryCallsGoToTheReplicaServingWhileTheFirstStarts(t *testing.T) {
 	if out, err := clawmesh(t, s, "status"); err == nil || !strings.Contains(statusLine(out, "plugin-sandbox"), "waiting for another replica's compile") {
 		t.Fatalf("the replica was not held in its start all along (%v):\n%s", err, out)
 	}
+}
+
+// holdInStart kills replica i of s's plugin sandbox while the test holds
+// the compilation cache's lock, so that its restart waits in its start
+// (for another replica's compile) until release; it returns once status
+// says so on the line of service. The replicas compile nothing once up:
+// the lock is free. It is released at the test's end, if not before.
+func holdInStart(t *testing.T, s *e2e.Stack, i int, service string) (release func()) {
+	t.Helper()
+	lock, err := os.OpenFile(filepath.Join(s.DataDir, "wasm-cache.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Close() })
+	waitFor(t, "the compilation cache's lock", 30*time.Second, func() bool {
+		return syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	})
+	held := true
+	release = func() {
+		if held {
+			held = false
+			_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+		}
+	}
+	t.Cleanup(release)
+
+	old := replicaPID(t, s, i)
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRestarted(s, i, old); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := waitStatusLine(t, s, service, "waiting for another replica's compile")
+	t.Logf("%s", line)
+	return release
 }
