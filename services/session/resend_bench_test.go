@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/configclient"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -18,12 +17,8 @@ import (
 // is the database's (a checkpoint write and three reads).
 func BenchmarkResendRunningTurnWithAnAsk(b *testing.B) {
 	h := newHarness(b)
-	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted,
-		ApprovalRequired: []string{"echo"}, ApprovalTimeout: time.Hour}})
-	id := h.newSession(alice, "guarded")
-	rec := h.record(id)
-	first := liveTurn(h, rec, id, "/say zero")
-	prev := first[len(first)-1].Seq
+	guardEcho(h)
+	id, rec, prev := sessionAfterATurn(h, "guarded")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id,

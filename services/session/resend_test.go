@@ -573,10 +573,7 @@ func TestResentApprovalRequestSaysItsDecision(t *testing.T) {
 	}
 
 	// Decided with session/approve; the turn still runs.
-	id := h.newSession(alice, "guarded")
-	rec := h.record(id)
-	first := liveTurn(h, rec, id, "/say zero")
-	prev := first[len(first)-1].Seq
+	id, rec, prev := sessionAfterATurn(h, "guarded")
 	ctx, cancel := context.WithCancel(context.Background())
 	res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id,
 		Prompt: "/say one\n" + `/tool echo {"text":"hi"}` + "\n/say after\n/sleep 60000"})
@@ -596,10 +593,7 @@ func TestResentApprovalRequestSaysItsDecision(t *testing.T) {
 	cancel()
 	testwait.Recv(t, res)
 	rec.until(UpdateTurnComplete)
-	id2 := h.newSession(alice, "guarded")
-	rec2 := h.record(id2)
-	first = liveTurn(h, rec2, id2, "/say zero")
-	prev = first[len(first)-1].Seq
+	id2, rec2, prev2 := sessionAfterATurn(h, "guarded")
 	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()
 	res = h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id2, Prompt: `/tool echo {"text":"hi"}`})
@@ -607,15 +601,12 @@ func TestResentApprovalRequestSaysItsDecision(t *testing.T) {
 	cancel()
 	testwait.Recv(t, res)
 	rec2.until(UpdateTurnComplete)
-	settled("its turn cancelled", resentAsk(id2, prev), decisionCancelled, surfaceService)
+	settled("its turn cancelled", resentAsk(id2, prev2), decisionCancelled, surfaceService)
 
 	// Denied by its timeout; the turn ended.
-	id3 := h.newSession(alice, "hasty")
-	rec3 := h.record(id3)
-	first = liveTurn(h, rec3, id3, "/say zero")
-	prev = first[len(first)-1].Seq
+	id3, rec3, prev3 := sessionAfterATurn(h, "hasty")
 	liveTurn(h, rec3, id3, `/tool echo {"text":"hi"}`)
-	settled("timed out", resentAsk(id3, prev), decisionTimeout, surfaceService)
+	settled("timed out", resentAsk(id3, prev3), decisionTimeout, surfaceService)
 }
 
 // hangingSandbox is a plugin sandbox whose one tool, hang, runs until
@@ -646,8 +637,7 @@ func (hangingSandbox) ExecuteTool(ctx context.Context, _ *pluginv1.ExecuteToolRe
 func TestResendFillsACrashCutTurnWhileAToolRunsOrAnApprovalWaits(t *testing.T) {
 	client := pluginClient(t, serveSandbox(t, hangingSandbox{}))
 	h := newHarness(t, func(c *Config) { c.Plugins = client })
-	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted,
-		ApprovalRequired: []string{"echo"}, ApprovalTimeout: time.Hour}})
+	guardEcho(h)
 	cases := []struct {
 		name, alias, prompt, until string
 	}{
@@ -701,4 +691,21 @@ func (h *harness) mapped(id string) {
 	}
 	t.mapMu.Lock()
 	defer t.mapMu.Unlock()
+}
+
+// guardEcho sets the agent "guarded", whose echo calls wait up to an
+// hour for an approval.
+func guardEcho(h *harness) {
+	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted,
+		ApprovalRequired: []string{"echo"}, ApprovalTimeout: time.Hour}})
+}
+
+// sessionAfterATurn opens a session of alice's with alias, records its
+// updates and runs one turn in it; prev is that turn's last update's
+// number.
+func sessionAfterATurn(h *harness, alias string) (id string, rec *recorder, prev int64) {
+	id = h.newSession(alice, alias)
+	rec = h.record(id)
+	first := liveTurn(h, rec, id, "/say zero")
+	return id, rec, first[len(first)-1].Seq
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
-	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -38,12 +37,8 @@ func resentOf(t *testing.T, what string, resp *sessionv1.ResendResponse, us []up
 // turnEnding holds the turn in that gap.
 func TestACancelledAskIsSentAgainCancelledBeforeItsTurnEndIsStored(t *testing.T) {
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted,
-		ApprovalRequired: []string{"echo"}, ApprovalTimeout: time.Hour}})
-	id := h.newSession(alice, "guarded")
-	rec := h.record(id)
-	first := liveTurn(h, rec, id, "/say zero")
-	prev := first[len(first)-1].Seq
+	guardEcho(h)
+	id, rec, prev := sessionAfterATurn(h, "guarded")
 
 	ending, proceed := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -89,8 +84,7 @@ func TestACancelledAskIsSentAgainCancelledBeforeItsTurnEndIsStored(t *testing.T)
 // real: a trigger of the test's own database refuses the decision.
 func TestAnApprovalWhoseDecisionWasNotStoredIsNotActedOn(t *testing.T) {
 	h := newHarness(t)
-	h.agents.Set(AgentConfig{Agent: configclient.Agent{Alias: "guarded", Provider: ProviderScripted,
-		ApprovalRequired: []string{"echo"}, ApprovalTimeout: time.Hour}})
+	guardEcho(h)
 	h.exec(`CREATE FUNCTION refuse_decisions() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.status = 'decided' THEN
@@ -99,10 +93,7 @@ func TestAnApprovalWhoseDecisionWasNotStoredIsNotActedOn(t *testing.T) {
 			RETURN NEW;
 		END $$`)
 	h.exec(`CREATE TRIGGER refuse_decisions BEFORE UPDATE ON approvals FOR EACH ROW EXECUTE FUNCTION refuse_decisions()`)
-	id := h.newSession(alice, "guarded")
-	rec := h.record(id)
-	first := liveTurn(h, rec, id, "/say zero")
-	prev := first[len(first)-1].Seq
+	id, rec, prev := sessionAfterATurn(h, "guarded")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
