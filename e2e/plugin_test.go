@@ -351,10 +351,12 @@ func TestPluginSandboxTrimsItsCompilationCache(t *testing.T) {
 }
 
 // A memory plugin keeps its entries in its instance, one per sandbox
-// replica; with two replicas the session service spread memory calls
-// round-robin like tool calls, so a memory stored on one replica was not
-// there for a recall served by the other. Memory calls now go to one
-// replica.
+// replica, and the replicas share its journal: before each memory call a
+// replica gives its instance what another stored. With two replicas the
+// session service spreads memory calls like tool calls, and a memory
+// stored through one replica is there for a recall served by the other
+// (once it was not, and memory calls went to one replica; since the
+// sixty-first round they are spread again, the journal shared).
 func TestMemoryPluginScaled(t *testing.T) {
 	t.Parallel()
 	s := pluginStackCold(t, []string{"echo", "kv"}, "--scale", "plugin-sandbox=2")
