@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -107,15 +108,29 @@ func TestPluginTools(t *testing.T) {
 }
 
 // A sandbox that is not there yet, or does not implement the service,
-// means no plugin tools: built-ins still work.
+// means no plugin tools: built-ins still work. Through DialReplicas (the
+// service's own client), whose calls with a deadline wait for a replica
+// that serves, the turn's listing still does not wait: with the sandbox
+// gone every turn's start was held for the listing's whole bound (2 s by
+// default; an hour here, so the turn ran out of its own bound and was
+// cancelled).
 func TestPluginSandboxMissing(t *testing.T) {
-	for name, addr := range map[string]string{
-		"unavailable":   filepath.Join(t.TempDir(), "nobody.sock"),
-		"unimplemented": serveSandbox(t, nil),
+	gone := filepath.Join(t.TempDir(), "nobody.sock")
+	for name, dial := range map[string]func(*testing.T) pluginv1.PluginServiceClient{
+		"unavailable":   func(t *testing.T) pluginv1.PluginServiceClient { return pluginClient(t, gone) },
+		"unimplemented": func(t *testing.T) pluginv1.PluginServiceClient { return pluginClient(t, serveSandbox(t, nil)) },
+		"gone, dialled as replicas": func(t *testing.T) pluginv1.PluginServiceClient {
+			cc, err := grpcclient.DialReplicas(gone + "," + gone + ".1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cc.Close() })
+			return pluginv1.NewPluginServiceClient(cc)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			client := pluginClient(t, addr)
-			h := newHarness(t, func(c *Config) { c.Plugins = client })
+			client := dial(t)
+			h := newHarness(t, func(c *Config) { c.Plugins = client; c.PluginListTimeout = time.Hour })
 			id := h.newSession(alice, "default")
 			resp := h.prompt(alice, id, "/tool shout {}\n/tool echo {\"ok\":true}\n/say end")
 			if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "end" {

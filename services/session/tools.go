@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -84,7 +85,12 @@ func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) *toolSet {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.PluginListTimeout)
 	defer cancel()
-	resp, err := s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
+	// Not waiting for a replica that serves (DialReplicas waits, within a
+	// call's deadline, for one): a turn's start is not held for a sandbox
+	// that may never come back. One that is starting or gone means no
+	// plugin tools for this turn; the calls of tools listed wait within
+	// their own deadline.
+	resp, err := s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{}, grpc.WaitForReady(false))
 	if err != nil {
 		if c := status.Code(err); c != codes.Unimplemented && c != codes.Unavailable && c != codes.Canceled {
 			s.log.Warn("list plugin tools", zap.Error(err))
