@@ -651,13 +651,7 @@ func TestResendFillsACrashCutTurnWhileAToolRunsOrAnApprovalWaits(t *testing.T) {
 		prev := first[len(first)-1].Seq
 		h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: c.prompt})
 		live := rec.until(c.until)
-		h.mapped(id)
-		h.srv.cp.flush()
-		h.crash()
-		var end update
-		for end.Type != UpdateTurnComplete {
-			end = rec.next()
-		}
+		end := crashMidTurn(h, rec, id)
 		for after := prev; after < end.Seq; after++ {
 			want := []update{}
 			for _, u := range live {
@@ -708,4 +702,18 @@ func sessionAfterATurn(h *harness, alias string) (id string, rec *recorder, prev
 	rec = h.record(id)
 	first := liveTurn(h, rec, id, "/say zero")
 	return id, rec, first[len(first)-1].Seq
+}
+
+// crashMidTurn crashes the service while session id's turn runs, once its
+// checkpoints are written and the session is mapped, and returns the
+// turn_complete the recovery publishes for the cut turn.
+func crashMidTurn(h *harness, rec *recorder, id string) update {
+	h.mapped(id)
+	h.srv.cp.flush()
+	h.crash()
+	var end update
+	for end.Type != UpdateTurnComplete {
+		end = rec.next()
+	}
+	return end
 }

@@ -46,13 +46,7 @@ func TestResendFillsACrashCutTurnAfterAToolResultOrATrimNotice(t *testing.T) {
 		}
 		h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: c.prompt})
 		live := rec.until(c.until)
-		h.mapped(id)
-		h.srv.cp.flush()
-		h.crash()
-		var end update
-		for end.Type != UpdateTurnComplete {
-			end = rec.next()
-		}
+		end := crashMidTurn(h, rec, id)
 		for after := prev; after < end.Seq; after++ {
 			var want []update
 			for _, u := range live {
