@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -57,6 +58,11 @@ type decision struct {
 // could not be stored.
 const unrecordedNote = "Cancelled: the approval's decision could not be recorded (session storage unavailable)"
 
+// settledNote is the tool result of a call whose approval was no longer
+// pending in the store when its decision was to be stored (another
+// writer settled it).
+const settledNote = "Cancelled: the approval was already settled in session storage when its decision was recorded"
+
 func (d decision) allows() bool {
 	return d.Decision == DecisionAllowOnce || d.Decision == DecisionAllowAlways
 }
@@ -71,8 +77,11 @@ type approval struct {
 	decided chan struct{}
 	d       decision
 	// acted is closed once the turn took the decision it acts on (see
-	// turn.acted), after storing it.
-	acted chan struct{}
+	// turn.acted), after storing it. stored, set under the session's mu
+	// before, is nil when the decision that won was stored, else why not
+	// (the store's error): Approve answers from it.
+	acted  chan struct{}
+	stored error
 }
 
 // decide records d for a unless an earlier decision won; it reports
@@ -134,16 +143,20 @@ func (s *Server) ask(ctx context.Context, t *turn, callID string, callEvent int6
 	// The turn records the decision that won, whoever gave it, before it
 	// acts on it: so the record precedes the call and the turn's end. A
 	// cancelled ask is marked with the turn by finishTurnTx.
+	var stored error
 	if d.Decision != decisionCancelled {
-		if err := s.unwound(ctx, func(c context.Context) error { return s.store.decideApproval(c, a.RequestID, d) }); err != nil {
+		if err := s.unwound(ctx, func(c context.Context) error { return s.store.decideApproval(c, ls.id, a.RequestID, d) }); err != nil {
 			// Not stored, it is not acted on: the call ends cancelled,
 			// as the row will say once the turn's end (or the recovery
 			// after a crash) marks it, and as a resend says meanwhile
 			// (t.acted). Acting on it left the record saying the
 			// service cancelled a call that ran on a person's
-			// decision. The person was told their decision was taken
-			// (Approve answers before the ask stores it); the call's
-			// tool_result says why it did not run.
+			// decision. An UPDATE that matched no pending row stored
+			// nothing either: no row (its insert failed), or one
+			// another writer settled. Approve, which waits for this,
+			// answers the person so (a.stored); the call's tool_result
+			// says why it did not run.
+			stored = err
 			s.log.Warn("record approval decision", zap.String("session_id", ls.id), zap.String("request_id", a.RequestID), zap.Error(err))
 			if d.Decision == DecisionAllowAlways {
 				// The tool was not allowed always when this ask
@@ -153,27 +166,35 @@ func (s *Server) ask(ctx context.Context, t *turn, callID string, callEvent int6
 				delete(ls.alwaysAllowed, tool)
 				ls.mu.Unlock()
 			}
-			d = decision{Decision: decisionCancelled, Surface: surfaceService, note: unrecordedNote}
-			t.unrecorded = append(t.unrecorded, a.RequestID)
-		} else if d.Decision == DecisionAllowAlways {
-			if err := s.unwound(ctx, func(c context.Context) error { return s.store.allowAlways(c, ls.id, tool) }); err != nil {
-				// The decision is stored: this call runs, and a later
-				// one of this process's is not asked; after a restart
-				// it is asked again.
-				s.log.Warn("record allow_always", zap.String("session_id", ls.id), zap.Error(err))
+			note := unrecordedNote
+			if errors.Is(err, errApprovalSettled) {
+				note = settledNote
 			}
+			d = decision{Decision: decisionCancelled, Surface: surfaceService, note: note}
+			t.unrecorded = append(t.unrecorded, a.RequestID)
 		}
 	}
 	// Forgotten as pending and kept as what the turn acts on in one
-	// step: a Resend finds it in one or the other.
+	// step: a Resend finds it in one or the other. Approve answers from
+	// here: after the one write that stores the decision.
 	ls.mu.Lock()
 	delete(ls.approvals, a.RequestID)
 	if t.acted == nil {
 		t.acted = map[string]decision{}
 	}
 	t.acted[callID] = d
+	a.stored = stored
 	close(a.acted)
 	ls.mu.Unlock()
+	if d.Decision == DecisionAllowAlways {
+		// After Approve's answer: the decision is stored, so this call
+		// runs whatever this write does, and a later one of this
+		// process's is not asked; after a restart, if this write
+		// failed, it is asked again.
+		if err := s.unwound(ctx, func(c context.Context) error { return s.store.allowAlways(c, ls.id, tool) }); err != nil {
+			s.log.Warn("record allow_always", zap.String("session_id", ls.id), zap.Error(err))
+		}
+	}
 	s.log.Info("approval decided", zap.String("session_id", ls.id), zap.String("request_id", a.RequestID),
 		zap.String("decision", d.Decision), zap.String("surface", d.Surface))
 	return d

@@ -244,12 +244,12 @@ func (s *Server) Transcript(ctx context.Context, req *sessionv1.TranscriptReques
 // its expiry), decided (with the decision and the surface that won),
 // timed out or cancelled.
 func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequest) (*sessionv1.GetApprovalResponse, error) {
-	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+	reqID := req.GetRequestId()
+	if err := checkApprovalIDs(req.GetSessionId(), reqID); err != nil {
 		return nil, err
 	}
-	reqID := req.GetRequestId()
-	if reqID == "" {
-		return nil, errInvalid("`request_id` is required")
+	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+		return nil, err
 	}
 	// Memory first: a decision is taken there before it is stored.
 	var mem *approval

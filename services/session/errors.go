@@ -1,11 +1,13 @@
 package session
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/services/session/provider"
 )
@@ -37,6 +39,17 @@ var (
 	ErrUnknownAgent = errors.New("unknown agent")
 	// ErrTooManySteps: the provider kept asking for tools past the limit.
 	ErrTooManySteps = errors.New("too many tool rounds")
+)
+
+// Why an approval's decision was not stored though its write went
+// through: the UPDATE matched no pending row of the session.
+var (
+	// errApprovalMissing: the approval has no row (its request's insert
+	// failed); nothing holds the decision.
+	errApprovalMissing = errors.New("the approval request has no stored row")
+	// errApprovalSettled: the row is no longer pending (another writer
+	// settled it); the stored outcome stands.
+	errApprovalSettled = errors.New("the approval is no longer pending in the store")
 )
 
 // Refusals, as gRPC statuses the edge maps with internal/rpcerr.
@@ -94,4 +107,27 @@ func errInvalid(msg string) error {
 
 func errUnknownApproval(id string) error {
 	return rpcerr.Error(codes.NotFound, rpcerr.ReasonNotFound, rpcerr.NoIndex, fmt.Sprintf("Unknown approval request `%s`", id))
+}
+
+// errDecisionNotStored is Approve's answer when the decision that won
+// could not be stored (cause, the store's error): the turn did not act on
+// it and cancelled the call (see ask). It names the dependency, as
+// internal/service's classification does for a request's own statement,
+// and not the database's text: the edge shows it as -32603 "session: ...".
+func errDecisionNotStored(requestID string, cause error) error {
+	why := "the database refused the write"
+	switch {
+	case errors.Is(cause, errApprovalMissing):
+		why = "the approval request itself was not stored"
+	case pg.IsUnavailable(cause):
+		why = pg.ErrUnavailable.Error()
+	case pg.IsDiskFull(cause):
+		why = "database: no space left on its disk"
+	case pg.IsBusy(cause):
+		why = pg.ErrBusy.Error()
+	case errors.Is(cause, context.DeadlineExceeded):
+		why = "the database did not answer within the unwind bound"
+	}
+	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex,
+		fmt.Sprintf("the decision on approval request `%s` could not be recorded (%s); its tool call was cancelled", requestID, why))
 }

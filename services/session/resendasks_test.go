@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -112,10 +115,14 @@ func TestAnApprovalWhoseDecisionWasNotStoredIsNotActedOn(t *testing.T) {
 	if _, err := lock.Exec(context.Background(), "SELECT 1 FROM approvals WHERE request_id = $1 FOR UPDATE", ask.str("request_id")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: ask.str("request_id"),
-		Decision: decisionOf(DecisionAllowAlways), Surface: surfaceOf(SurfaceRPC)}); err != nil {
-		t.Fatal(err)
-	}
+	// Approve answers once the write is done, so not before the lock
+	// goes; then with the refusal (TestApproveAnswersOnceItsDecisionIsStored).
+	approved := make(chan error, 1)
+	go func() {
+		_, err := h.srv.Approve(context.Background(), &sessionv1.ApproveRequest{Principal: alice, SessionId: id, RequestId: ask.str("request_id"),
+			Decision: decisionOf(DecisionAllowAlways), Surface: surfaceOf(SurfaceRPC)})
+		approved <- err
+	}()
 	eventually(t, func() error {
 		if h.count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE approvals%' AND datname = current_database()") != 1 {
 			return fmt.Errorf("the decision's write is not waiting for the test's lock")
@@ -144,6 +151,7 @@ func TestAnApprovalWhoseDecisionWasNotStoredIsNotActedOn(t *testing.T) {
 	if early == nil {
 		early = testwait.Recv(t, inFlight)
 	}
+	wantRefusal(t, testwait.Recv(t, approved), codes.Unavailable, rpcerr.ReasonDependency, "could not be recorded")
 	for _, b := range early.GetUpdates() {
 		u, err := bus.DecodeSessionUpdate(b, id, incarnation)
 		if err != nil {

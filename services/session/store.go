@@ -597,12 +597,29 @@ func (st *store) insertApproval(ctx context.Context, sessionID, turnID string, a
 	return nil
 }
 
-func (st *store) decideApproval(ctx context.Context, requestID string, d decision) error {
-	if _, err := st.db.Exec(ctx, `UPDATE approvals SET status = 'decided', decision = $2, surface = $3, replacement = $4, decided_at = now()
-		WHERE request_id = $1 AND status = 'pending'`, requestID, d.Decision, d.Surface, d.Replacement); err != nil {
+// decideApproval stores d as the decision of session sessionID's pending
+// approval requestID. An UPDATE that matched no such row stored nothing:
+// errApprovalMissing when there is no row, errApprovalSettled when it is
+// no longer pending (read only then, so a stored decision costs one
+// statement).
+func (st *store) decideApproval(ctx context.Context, sessionID, requestID string, d decision) error {
+	tag, err := st.db.Exec(ctx, `UPDATE approvals SET status = 'decided', decision = $3, surface = $4, replacement = $5, decided_at = now()
+		WHERE request_id = $1 AND session_id = $2 AND status = 'pending'`, requestID, sessionID, d.Decision, d.Surface, d.Replacement)
+	if err != nil {
 		return fmt.Errorf("record approval decision: %w", err)
 	}
-	return nil
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var status string
+	err = st.db.QueryRow(ctx, "SELECT status FROM approvals WHERE request_id = $1 AND session_id = $2", requestID, sessionID).Scan(&status)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("record approval decision: %w", errApprovalMissing)
+	case err != nil:
+		return fmt.Errorf("record approval decision: read the row that did not match: %w", err)
+	}
+	return fmt.Errorf("record approval decision: %w (it is %s)", errApprovalSettled, status)
 }
 
 // approvalStatus reads a stored approval's session and status.
