@@ -1,0 +1,64 @@
+package session
+
+import (
+	"context"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/internal/ids"
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// BenchmarkApprove times Approve's round trip alone on an ask a turn
+// waits on: each op starts a turn whose echo call asks (not timed), then
+// Approve (timed), then waits for the turn's end (not timed). allow_always
+// takes a session of its own each op (the tool is allowed always after
+// it). "store" times the one UPDATE that stores a decision, on a pending
+// row of its own, as the yardstick: Approve answers after it once it
+// waits for the decision to be stored.
+func BenchmarkApprove(b *testing.B) {
+	h := newHarness(b)
+	guardEcho(h)
+	for _, d := range []string{DecisionAllowOnce, DecisionReject, DecisionAllowAlways} {
+		b.Run(d, func(b *testing.B) {
+			var id string
+			var rec *recorder
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				if id == "" || d == DecisionAllowAlways {
+					id = h.newSession(alice, "guarded")
+					rec = h.record(id)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: `/tool echo {"text":"hi"}` + "\n/say after"})
+				live := rec.until(UpdateApprovalRequest)
+				reqID := live[len(live)-1].str("request_id")
+				b.StartTimer()
+				resp, err := approveAs(h, id, reqID, d)
+				b.StopTimer()
+				if err != nil || !resp.GetAcknowledged() {
+					b.Fatalf("approve: %v %v", resp, err)
+				}
+				rec.until(UpdateTurnComplete)
+				if r := <-res; r.err != nil {
+					b.Fatalf("prompt: %v", r.err)
+				}
+				cancel()
+				b.StartTimer()
+			}
+		})
+	}
+	b.Run("store", func(b *testing.B) {
+		id := h.newSession(alice, "guarded")
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			reqID := ids.New("ap_")
+			h.exec(`INSERT INTO approvals (request_id, session_id, turn_id, tool_call_id, tool_name, arguments_summary, timeout_secs)
+				VALUES ($1, $2, 'turn_bench', 'call_bench', 'echo', '{}', 3600)`, reqID, id)
+			b.StartTimer()
+			if _, err := h.pool.Exec(context.Background(), `UPDATE approvals SET status = 'decided', decision = $2, surface = $3, replacement = $4, decided_at = now()
+				WHERE request_id = $1 AND status = 'pending'`, reqID, DecisionAllowOnce, SurfaceRPC, ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
