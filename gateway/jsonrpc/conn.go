@@ -40,10 +40,11 @@ const (
 )
 
 // Polling for a hang-up while the read loop is stopped at its bounds
-// (sleepForRoom): the first look after hangupPollMin, then twice as long
-// each time up to hangupPollMax, so that a peer gone while its
-// connection waited for long is seen within hangupPollMax, and one held
-// only for a moment costs no system call.
+// (sleepForRoom), or has left after a half-close (awaitHangUp): the first
+// look after hangupPollMin, then twice as long each time up to
+// hangupPollMax, so that a peer gone while its connection waited for long
+// is seen within hangupPollMax, and one held only for a moment costs no
+// system call.
 const (
 	hangupPollMin = 20 * time.Millisecond
 	hangupPollMax = time.Second
@@ -301,9 +302,11 @@ type Conn struct {
 	room       chan struct{}
 	held       atomic.Pointer[Request]
 	readGated  atomic.Bool
-	// hupTimer paces sleepForRoom's polls for a hang-up; only the read
-	// loop touches it.
+	// hupTimer paces the polls for a hang-up (awaitPollingHangUp); only
+	// the read loop's goroutine touches it. hupPolls counts the polls
+	// (tests and diagnostics).
 	hupTimer *time.Timer
+	hupPolls atomic.Int64
 
 	// workers, when the connection belongs to a Server, run its handlers.
 	workers *workers
@@ -406,7 +409,9 @@ func (c *Conn) Err() error {
 // or the read error). Run must be called once.
 //
 // When the peer shuts down only its sending side, requests already read
-// are still answered before the connection closes.
+// are still answered before the connection closes. A Unix socket's peer
+// that then closes altogether is seen within a second (hangupPollMax):
+// the connection closes, as on any hang-up, and cancels its handlers.
 func (c *Conn) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.started {
@@ -424,6 +429,7 @@ func (c *Conn) Run(ctx context.Context) error {
 
 	go c.writer()
 	c.readLoop()
+	c.awaitHangUp()
 	<-c.writerDone
 	c.wg.Wait()
 	// Closed, its writer gone and its handlers returned: nothing charges
@@ -706,19 +712,51 @@ func (c *Conn) waitRoom() bool {
 
 // sleepForRoom waits for a ring of room; false means the connection
 // closed. The loop reads nothing meanwhile, so it would not see the peer
-// hang up: on a Unix socket it polls for that (POLLHUP, which the kernel
-// sets when the peer has closed, unread bytes or not), and closes the
-// connection, which cancels its handlers' contexts. Polling, not a wait
-// in the runtime's poller: the loop may be inside the socket's
-// RawConn.Read, where it cannot wait for readiness and for room at once,
-// and the poll only runs while the loop is stopped, backing off to one a
-// second.
+// hang up: on a Unix socket it polls for that (awaitPollingHangUp).
+// Polling, not a wait in the runtime's poller: the loop may be inside the
+// socket's RawConn.Read, where it cannot wait for readiness and for room
+// at once, and the poll only runs while the loop is stopped, backing off
+// to one a second.
 func (c *Conn) sleepForRoom() bool {
 	c.readGated.Store(true)
 	defer c.readGated.Store(false)
+	return c.awaitPollingHangUp(c.room, "closing connection: peer hung up while its reading waited for room")
+}
+
+// awaitHangUp holds Run, once the read loop has left with the
+// connection still open, until it closes, polling the socket for the
+// peer's hang-up meanwhile (awaitPollingHangUp). The loop leaves so
+// after a half-close (the peer shut down its sending side: what it sent
+// is answered, then the connection closes) or a limit's last answer.
+// A peer that half-closes and then closes altogether is gone: reading
+// would tell nothing more (the end of stream was read already), and
+// its requests in flight, a prompt waiting on its turn, ran on for
+// nobody until one of them ended and its answer's write failed. Seen
+// now within hangupPollMax, as at the in-flight bound, it closes the
+// connection, which cancels their contexts.
+func (c *Conn) awaitHangUp() {
+	select {
+	case <-c.done:
+		return // the common end: nothing to wait for, no timer
+	default:
+	}
+	c.awaitPollingHangUp(nil, "closing connection: peer hung up after it finished sending")
+}
+
+// awaitPollingHangUp waits until wake is rung (never, for a nil wake) or
+// the connection closes, and reports which: true for wake. On a Unix
+// socket it polls meanwhile for the peer's hang-up (POLLHUP, which the
+// kernel sets when the peer has closed, unread bytes or not, and not
+// when it only shut down its sending side), and closes the connection
+// when it sees one (logging msg), which cancels its handlers' contexts:
+// the first look after hangupPollMin, then twice as long each time up
+// to hangupPollMax, so that a wait of a moment costs no system call and
+// a long one one a second. Only the read loop's goroutine (Run's) calls
+// it: it owns hupTimer.
+func (c *Conn) awaitPollingHangUp(wake <-chan struct{}, msg string) bool {
 	if c.rc == nil {
 		select {
-		case <-c.room:
+		case <-wake:
 			return true
 		case <-c.done:
 			return false
@@ -733,13 +771,14 @@ func (c *Conn) sleepForRoom() bool {
 	defer c.hupTimer.Stop()
 	for {
 		select {
-		case <-c.room:
+		case <-wake:
 			return true
 		case <-c.done:
 			return false
 		case <-c.hupTimer.C:
+			c.hupPolls.Add(1)
 			if peerHungUp(c.nc) {
-				c.log.Debug("closing connection: peer hung up while its reading waited for room")
+				c.log.Debug(msg)
 				c.closeWith(ErrPeerClosed)
 				return false
 			}
