@@ -16,7 +16,10 @@ import (
 // copies every string and json.RawMessage it fills, and its errors are
 // formatted into strings of their own (checked here: the answer to a
 // version mismatch is the same once its params are written over); health
-// reads none. No other method is marked without a case here.
+// reads none. Nor may it keep the request itself, which the connection
+// reuses, or its id, read in place too: a method's call gets only the
+// params (Gateway.handle reads the request's Method and Params, and keeps
+// neither). No other method is marked without a case here.
 func TestInlineMethodsKeepNoParams(t *testing.T) {
 	for name, m := range methods {
 		if m.inline && name != "initialize" && name != "health" {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -128,9 +129,12 @@ type Options struct {
 	// order, before the next frame is read (e.g. "initialize"). Every
 	// other request is handled on its own goroutine. An inline handler
 	// must not wait for anything the peer sends (no Call), and must keep
-	// nothing of the request's Params (no slice of them, in anything
-	// that outlives the call) once it has returned: they are read where
-	// they came, in the buffer the next frame is read into, not copied.
+	// nothing of the request once it has returned: not the *Request,
+	// which the connection reuses for its next request, nor its ID, whose
+	// text (a number's, or a string's with no escape) is read where it
+	// came, nor its Params (no slice of them, in anything that outlives
+	// the call), read there too: in the buffer the next frame is read
+	// into, not copied. Its Method is a string of its own.
 	Inline func(method string) bool
 	// Deferred reports the methods a DeferredHandler takes without a
 	// goroutine of their own: HandleDeferred is called on the read loop
@@ -327,6 +331,11 @@ type Conn struct {
 	// last, so that each request does not allocate its own (read loop
 	// only).
 	methods methodNames
+	// req is where the read loop classifies each request (read loop
+	// only): an inline one is handled in it, its id's text a view of the
+	// frame, and answered before the next frame is read over both; any
+	// other is moved out of it first (keep).
+	req Request
 }
 
 // NewConn wraps an accepted connection. The initialize deadline starts now;
@@ -522,9 +531,10 @@ func (c *Conn) serveFrames() (wait bool) {
 			c.readFailed(err)
 			return false
 		}
-		// Classified where it was read: what outlives the next read is
-		// copied out below, and nothing else is copied.
-		m := classify(line, &c.methods)
+		// Classified where it was read, a request into c.req: what
+		// outlives the next read is copied out below, and nothing else
+		// is copied or allocated.
+		m := classifyInto(line, &c.methods, &c.req)
 		switch m.Kind {
 		case KindRequest, KindNotification:
 			req := m.Request
@@ -535,10 +545,12 @@ func (c *Conn) serveFrames() (wait bool) {
 			req.inline = inline
 			if !inline {
 				// An inline request's handler returns before the next
-				// read, and keeps nothing of its params (Options.Inline):
-				// they are read where they came. Any other request's
-				// handler runs while later frames are read into the
-				// same buffer.
+				// read, and keeps nothing of the request (Options.Inline):
+				// it is handled in c.req, its params and id read where
+				// they came. Any other request's handler runs while later
+				// frames are read into the same buffer, and later
+				// requests classified into c.req.
+				req = keep(req)
 				var lease Lease
 				req.Params, lease = c.own(line, req.Params)
 				req.lease = lease
@@ -579,6 +591,10 @@ func (c *Conn) serveFrames() (wait bool) {
 				}
 			}
 			c.dispatch(req)
+			if inline {
+				// Answered: nothing of its frame stays reachable from here.
+				c.req = Request{}
+			}
 		case KindResponse:
 			c.unanswered()
 			// The caller keeps the result: out of the read buffer with it.
@@ -600,6 +616,22 @@ func (c *Conn) serveFrames() (wait bool) {
 			}
 		}
 	}
+}
+
+// keep moves a request the read loop classified into its connection's
+// Request (classifyInto) into one of its own, with its id's text a string
+// of its own: the same two allocations a request made before inline ones
+// were classified in place.
+func keep(r *Request) *Request {
+	k := new(Request)
+	*k = *r
+	if r.ID != nil {
+		k.ID = &k.id
+	}
+	if k.idView {
+		k.id.text, k.idView = strings.Clone(k.id.text), false
+	}
+	return k
 }
 
 // own returns params, a slice of line (the frame ReadFrame has just

@@ -162,6 +162,31 @@ func checkClassify(t *testing.T, frame []byte) {
 			t.Fatalf("classify(%q) with names %q: %v %+v, Classify %v %+v", frame, names.names, c.Kind, c.Request, m.Kind, m.Request)
 		}
 	}
+	// And as the read loop classifies it: into the connection's Request,
+	// its id a view of the frame, the same message; moved out of it
+	// (keep), the same request once the frame is written over, as is an
+	// invalid frame's reply.
+	var into Request
+	buf := bytes.Clone(frame)
+	c := classifyInto(buf, &names, &into)
+	if c.Kind != m.Kind || (c.Request != nil && (c.Request != &into || c.Request.Method != m.Request.Method ||
+		!sameID(c.Request.ID, m.Request.ID) || !bytes.Equal(c.Request.Params, m.Request.Params))) ||
+		(c.Reply != nil && (m.Reply == nil || !sameID(c.Reply.ID, m.Reply.ID))) {
+		t.Fatalf("classifyInto(%q): %v %+v, Classify %v %+v", frame, c.Kind, c.Request, m.Kind, m.Request)
+	}
+	var kept *Request
+	if c.Request != nil {
+		kept = keep(c.Request)
+	}
+	for i := range buf {
+		buf[i] = 'X'
+	}
+	if kept != nil && (kept.idView || !sameID(kept.ID, m.Request.ID) || kept.Method != m.Request.Method) {
+		t.Fatalf("classifyInto(%q) kept: %+v, Classify %+v", frame, kept, m.Request)
+	}
+	if c.Reply != nil && !sameID(c.Reply.ID, m.Reply.ID) {
+		t.Fatalf("classifyInto(%q) reply id %v once the frame is written over, Classify's %v", frame, c.Reply.ID, m.Reply.ID)
+	}
 	if m.Kind != ref.kind {
 		t.Fatalf("Classify(%q) kind %v (%s), reference %v (%s)", frame, m.Kind, m.Problem, ref.kind, ref.problem)
 	}

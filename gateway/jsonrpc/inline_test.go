@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -96,8 +97,8 @@ func TestKeptFramesOutliveTheFramesAfterThem(t *testing.T) {
 		testwait.Recv(t, h.started)
 		params := `{"v":"` + strings.Repeat("o", 200) + `"}`
 		for i := range 3 {
-			c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":"in-%d","method":"inline","params":%s}`, i, params))
-			if m := c.recvMsg(); string(m.Result) != params {
+			c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":"in-%d-%s","method":"inline","params":%s}`, i, strings.Repeat("i", 30), params))
+			if m := c.recvMsg(); string(m.Result) != params || string(m.ID) != fmt.Sprintf(`"in-%d-%s"`, i, strings.Repeat("i", 30)) {
 				t.Fatalf("inline request %d answered %s", i, m)
 			}
 		}
@@ -105,11 +106,15 @@ func TestKeptFramesOutliveTheFramesAfterThem(t *testing.T) {
 	}
 
 	t.Run("params", func(t *testing.T) {
-		c := dial(t, ts.path)
-		c.send(`{"jsonrpc":"2.0","id":1,"method":"keep","params":` + kept + `}`)
-		overwrite(c)
-		if m := c.recvMsg(); string(m.Result) != kept {
-			t.Fatalf("the kept params came back as %s, want result %s", m, kept)
+		// Its id too is answered after the inline requests were read
+		// where it came (a string, then a number).
+		for _, id := range []string{`"keep-12345"`, `1234567890`} {
+			c := dial(t, ts.path)
+			c.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"keep","params":` + kept + `}`)
+			overwrite(c)
+			if m := c.recvMsg(); string(m.Result) != kept || string(m.ID) != id {
+				t.Fatalf("the kept request came back as %s, want id %s and result %s", m, id, kept)
+			}
 		}
 	})
 	t.Run("call result", func(t *testing.T) {
@@ -130,8 +135,9 @@ func TestKeptFramesOutliveTheFramesAfterThem(t *testing.T) {
 // TestInlineRequestAllocations counts what a request handled on the read
 // loop allocates in the whole round trip, client included (which
 // allocates nothing: a fixed line written, the reply read into a fixed
-// buffer): its Request and id (one allocation), and nothing for its
-// frame or its method's name (three before the sixty-first round).
+// buffer): nothing. Its Request is the connection's own, and nothing is
+// made for its frame or its method's name (three allocations before the
+// sixty-first round, one, the Request, before the sixty-second).
 func TestInlineRequestAllocations(t *testing.T) {
 	answer := any(EncodedJSON(`{"status":"ok"}`))
 	ts := startServer(t, &Server{
@@ -172,8 +178,87 @@ func TestInlineRequestAllocations(t *testing.T) {
 	}
 }
 
-// maxInlineAllocs: the Request, its id within it.
-const maxInlineAllocs = 1
+// maxInlineAllocs: nothing.
+const maxInlineAllocs = 0
+
+// TestInlineRequestIDsAllocateNothing: an inline request's id, a number
+// of several digits or a string, different in each request as a
+// client's ids are, is answered from the frame it came in, with no
+// string made for it (a round trip allocated two objects a request, its
+// Request and its id's text, before the sixty-second round). An escaped
+// string id is decoded into a string of its own, as before, and answered
+// as written.
+func TestInlineRequestIDsAllocateNothing(t *testing.T) {
+	answer := any(EncodedJSON(`{"status":"ok"}`))
+	ts := startServer(t, &Server{
+		Options: Options{InitializeTimeout: -1, Inline: func(m string) bool { return m == "health" }},
+		NewHandler: func(*Conn, Peer) Handler {
+			return HandlerFunc(func(context.Context, *Conn, *Request) (any, error) { return answer, nil })
+		},
+	}, nil)
+	nc, err := net.Dial("unix", ts.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	const rounds = 64
+	var lines, wants [][]byte
+	for i := range rounds {
+		id := strconv.Itoa(1_000_000_007 + 7919*i)
+		if i%2 == 1 {
+			id = `"req-` + id + `"`
+		}
+		lines = append(lines, []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":`+id+"}\n"))
+		wants = append(wants, []byte(`{"jsonrpc":"2.0","id":`+id+`,"result":{"status":"ok"}}`+"\n"))
+	}
+	buf := make([]byte, 256)
+	next := 0
+	roundTrip := func() {
+		i := next % rounds
+		next++
+		if _, err := nc.Write(lines[i]); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for n == 0 || buf[n-1] != '\n' {
+			m, err := nc.Read(buf[n:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += m
+		}
+		if !bytes.Equal(buf[:n], wants[i]) {
+			t.Fatalf("reply %q, want %q", buf[:n], wants[i])
+		}
+	}
+	roundTrip() // the connection's buffers made
+	n := testing.AllocsPerRun(4*rounds, roundTrip)
+	t.Logf("%v allocations a round trip", n)
+	if n > 0 {
+		t.Fatalf("an inline request's round trip with its own id allocates %v objects, want none", n)
+	}
+
+	// Escaped, and the same bytes unescaped after it: each answered as
+	// it was written.
+	for _, id := range []string{`"r\u0065q-1"`, `"req-1"`, `"\ud800"`, `-0.5e3`} {
+		line := []byte(`{"jsonrpc":"2.0","method":"health","id":` + id + "}\n")
+		want := `{"jsonrpc":"2.0","id":` + id + `,"result":{"status":"ok"}}` + "\n"
+		if _, err := nc.Write(line); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for n == 0 || buf[n-1] != '\n' {
+			m, err := nc.Read(buf[n:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += m
+		}
+		if string(buf[:n]) != want {
+			t.Fatalf("reply %q, want %q", buf[:n], want)
+		}
+	}
+}
 
 // TestClassifyKnownMethodAllocatesNoName: a connection's method names
 // are kept, and a request of one allocates no string for it: two

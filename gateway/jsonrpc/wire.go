@@ -17,7 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	"github.com/clawmesh/clawmesh/internal/jsonwalk"
@@ -164,6 +166,43 @@ func parseID(b []byte, keepRaw bool) (ID, bool) {
 	return ID{}, false
 }
 
+// viewID is parseID for a request's id (keepRaw) that reads a number, or
+// a string with no escape, as a view of b: its text is b's own bytes, not
+// a copy, and stays what it is only while b does. It reports whether the
+// id is such a view; any other id is parsed as parseID parses it, into a
+// string of its own.
+func viewID(b []byte) (id ID, ok, view bool) {
+	if len(b) == 0 {
+		return ID{}, false, false
+	}
+	switch c := b[0]; {
+	case c == '"':
+		if len(b) < 2 || b[len(b)-1] != '"' || bytes.IndexByte(b, '\\') >= 0 || !utf8.Valid(b) {
+			id, ok = parseID(b, true)
+			return id, ok, false
+		}
+		return ID{str: true, verbatim: true, text: bytesView(b[1 : len(b)-1])}, true, true
+	case c == '-' || (c >= '0' && c <= '9'):
+		if !valid(b) {
+			return ID{}, false, false
+		}
+		return ID{text: bytesView(b)}, true, true
+	}
+	return ID{}, false, false
+}
+
+// bytesView is b as a string without a copy. The string changes when b's
+// bytes do: a request's id read so lives no longer than the frame it was
+// read from (see Conn.keep). Go strings are meant to be immutable, which
+// is why only the read loop's inline request holds one, answered before
+// those bytes are read over.
+func bytesView(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
 // Request is an incoming or outgoing request. ID is nil for a notification.
 // Params is never empty after Classify: an absent params reads as {}.
 type Request struct {
@@ -174,6 +213,10 @@ type Request struct {
 	// id is where ID points for a request Classify made: the request
 	// and its id are one allocation, not two, on every request's path.
 	id ID
+	// idView says id's text is a view of the frame (viewID), not a
+	// string of its own: a request the read loop classified, which
+	// Conn.keep gives a text of its own unless it is inline.
+	idView bool
 
 	// inline says the request is handled on the read loop
 	// (Options.Inline): its Params lie in the read buffer.
@@ -316,7 +359,16 @@ func Classify(frame []byte) Message { return classify(frame, nil) }
 
 // classify is Classify taking a method's name from names, when they hold
 // it, instead of allocating it (names may be nil).
-func classify(frame []byte, names *methodNames) Message {
+func classify(frame []byte, names *methodNames) Message { return classifyInto(frame, names, nil) }
+
+// classifyInto is classify that, when into is not nil, makes a valid
+// request or notification in *into (overwriting all of it) instead of in
+// an allocation of its own, and reads its id, a number or a string with
+// no escape, as a view of frame (viewID): nothing is allocated for a
+// request whose method names hold. The read loop classifies every frame
+// so, into its connection's Request, and moves what is not answered
+// before the next read out of both (Conn.keep).
+func classifyInto(frame []byte, names *methodNames, into *Request) Message {
 	frame = trimSpace(frame)
 	var env envelope
 	if !validFrame(frame, &env) {
@@ -330,7 +382,7 @@ func classify(frame []byte, names *methodNames) Message {
 		return invalid("not an object", nil, CodeInvalidRequest, "Invalid Request: a frame must be a JSON object")
 	}
 	if env.has&hasMethod != 0 {
-		return env.request(names)
+		return env.request(names, into)
 	}
 	return env.response()
 }
@@ -405,12 +457,12 @@ func (e *envelope) versionOK() bool {
 	return ok && s == "2.0"
 }
 
-func (e *envelope) request(names *methodNames) Message {
+func (e *envelope) request(names *methodNames, into *Request) Message {
 	// Recover the id first: every -32600 below carries it when valid. It
 	// is kept in a local, not behind a pointer: the request, once valid,
 	// holds it in its own allocation (Request.id).
 	var v ID
-	withID, idOK := false, true
+	withID, idOK, view := false, true, false
 	if e.dup&hasID != 0 {
 		idOK = false // ambiguous: no occurrence is more the id than another
 	} else if e.has&hasID != 0 {
@@ -418,7 +470,11 @@ func (e *envelope) request(names *methodNames) Message {
 		// member), answered with null.
 		ok := true
 		if string(e.id) != "null" {
-			v, ok = parseID(e.id, true)
+			if into != nil {
+				v, ok, view = viewID(e.id)
+			} else {
+				v, ok = parseID(e.id, true)
+			}
 		}
 		withID, idOK = ok, ok
 	}
@@ -428,6 +484,11 @@ func (e *envelope) request(names *methodNames) Message {
 		}
 		p := new(ID)
 		*p = v
+		if view {
+			// An invalid frame's reply may be queued past the next
+			// read: its id is a string of its own.
+			p.text = strings.Clone(p.text)
+		}
 		return p
 	}
 	switch {
@@ -452,11 +513,15 @@ func (e *envelope) request(names *methodNames) Message {
 	if e.has&hasParams == 0 {
 		params = emptyObject
 	}
-	req := &Request{Method: method, Params: params}
+	req := into
+	if req == nil {
+		req = new(Request)
+	}
+	*req = Request{Method: method, Params: params}
 	if !withID {
 		return Message{Kind: KindNotification, Request: req}
 	}
-	req.id = v
+	req.id, req.idView = v, view
 	req.ID = &req.id
 	return Message{Kind: KindRequest, Request: req}
 }
