@@ -21,6 +21,14 @@ var pollCases = []string{
 	`{"ok":{"timestamp":99999999999999999999}}`, `{"ok":{"id":5}}`, `{"ok":{"id":nul}}`,
 	`{"ok":[]}`, `{"ok":"x"}`, `{"ok":null,"err":"x"}`, `{"err":"no"}`, ` {"err" : "n\"o" } `,
 	`{"err":5}`, `{"err":"a","err":"b"}`, `{"ok":{"id":"a"}} x`, ``, `{`,
+	// Past a content bound of 3: refused, holding the sender's fields.
+	`{"ok":{"id":"m","sender":"s","content":"long","thread_id":"t","timestamp":2}}`,
+	`{"ok":{"content":"long","reply_target":"r","id":"m","sender":"s"}}`,
+	`{"ok":{"content":"long","id":"m"`, `{"ok":{"content":"long","id":"m","x":1}}`,
+	`{"ok":{"content":"lo\u006eg","sender":"s","content":"x"}}`,
+	// A thread past its 16 KiB, then a content measured only.
+	`{"ok":{"thread_id":"` + strings.Repeat("t", 16<<10+1) + `","content":"long","sender":"s","id":"m"}}`,
+	`{"ok":{"thread_id":"` + strings.Repeat("t", 16<<10+1) + `","content":"ok","sender":"s"}}`,
 }
 
 // decodePoll gives what decodeResult gives for a message within its
@@ -39,24 +47,44 @@ func FuzzDecodePoll(f *testing.F) {
 }
 
 func checkDecodePoll(t *testing.T, out []byte) {
-	got, gotErr := decodePoll(out)
+	// The default content bound, and a small one that the cases pass.
+	for _, content := range []int{DefaultPolledContentBytes, 3} {
+		checkDecodePollBound(t, out, content)
+	}
+}
+
+func checkDecodePollBound(t *testing.T, out []byte, content int) {
+	got, gotErr := decodePoll(out, content)
 	var want *ChannelMessage
 	wantErr := decodeEnvelope("channel_poll_message", out, &want)
+	var wantRefused *PollRefusedError
 	if wantErr == nil && want != nil {
-		for i, s := range []string{want.ID, want.Sender, want.ReplyTarget, want.Content, want.ThreadID} {
-			if f := pollFields[i]; len(s) > f.bound {
-				wantErr = pollFieldTooBig(f.name, len(s), f.bound)
-				break
+		kept := *want
+		kept.Content = ""
+		for i, s := range messageStrings(want) {
+			if b := fieldBound(i, content); len(*s) > b {
+				if wantRefused == nil {
+					wantRefused = &PollRefusedError{Field: pollFields[i].name, Size: len(*s), Bound: b, Msg: &kept}
+				}
+				*messageStrings(&kept)[i] = ""
 			}
 		}
+		if wantRefused != nil {
+			wantErr, want = wantRefused, nil
+		}
 	}
-	if gotErr != nil && wantErr != nil && errors.Is(gotErr, ErrABI) && strings.Contains(gotErr.Error(), "whose") {
-		// Refused at the first field past its bound, before the
-		// rest was checked.
+	var refused *PollRefusedError
+	if errors.As(gotErr, &refused) && wantRefused != nil {
+		// Refused at the first field past its bound in the answer's
+		// order, which may be another than pollFields'; the sender's
+		// fields are the ones within their bounds, whatever the order.
+		if !errors.Is(gotErr, ErrABI) || !reflect.DeepEqual(refused.Msg, wantRefused.Msg) {
+			t.Fatalf("%q polled with content bound %d as %v holding %+v, want %v holding %+v", out, content, gotErr, refused.Msg, wantErr, wantRefused.Msg)
+		}
 		return
 	}
 	if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || gotErr == nil && !reflect.DeepEqual(got, want) {
-		t.Fatalf("%q polled as %+v (%v), the general path %+v (%v)", out, got, gotErr, want, wantErr)
+		t.Fatalf("%q polled with content bound %d as %+v (%v), the general path %+v (%v)", out, content, got, gotErr, want, wantErr)
 	}
 }
 

@@ -290,6 +290,15 @@ func TestSmallAnswersWithinTheirBound(t *testing.T) {
 // pollCall loads answer's channel and returns its poll.
 func pollCall(tb testing.TB, h *wasmhost.Host, answer bigAnswer) func() (*wasmhost.ChannelMessage, error) {
 	tb.Helper()
+	ch := pollChannel(tb, h, answer)
+	return func() (*wasmhost.ChannelMessage, error) {
+		return ch.PollMessage(context.Background(), wasmhost.CallInfo{Principal: "p"})
+	}
+}
+
+// pollChannel loads a channel whose polls answer answer.
+func pollChannel(tb testing.TB, h *wasmhost.Host, answer bigAnswer) *wasmhost.Channel {
+	tb.Helper()
 	ch, err := h.LoadChannel(context.Background(), wasmhost.PluginSpec{Name: "hostile", Version: "0.1.0", Wasm: handPlugin(abi.WorldChannel, map[string]string{
 		abi.ExportChannelName: `"hostile"`, abi.ExportChannelCapabilities: `[]`,
 	}, answer)}, nil)
@@ -297,9 +306,7 @@ func pollCall(tb testing.TB, h *wasmhost.Host, answer bigAnswer) func() (*wasmho
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = ch.Close(context.Background()) })
-	return func() (*wasmhost.ChannelMessage, error) {
-		return ch.PollMessage(context.Background(), wasmhost.CallInfo{Principal: "p"})
-	}
+	return ch
 }
 
 // A polled message was copied out and decoded whole, up to 16 MiB of
@@ -331,6 +338,80 @@ func TestPollAnswerBounded(t *testing.T) {
 		t.Logf("poll answered %v: %d bytes allocated", tc.answer, perCall)
 		if perCall > 2*(1<<20)+perCallBound {
 			t.Errorf("poll answered %v: %d bytes allocated", tc.answer, perCall)
+		}
+	}
+}
+
+// A message refused for its size was an error and nothing else: the
+// sandbox could not tell its sender, whose fields it had not read (or
+// had read and dropped), so the message was lost without a word. The
+// refusal now holds the message's id, sender, reply target, thread and
+// timestamp as far as each is within its own bound (never the content),
+// read past the field refused; a content after a refused field is
+// measured, not kept. This guest answers the same message at every
+// poll, as a plugin that moves past a message only once the host took
+// it would: each poll is refused alike (the binding tells the sender
+// once, pollRefused).
+func TestPollRefusalHoldsItsSender(t *testing.T) {
+	h := answerHost(t)
+	for _, tc := range []struct {
+		answer bigAnswer
+		field  string
+		size   int
+		want   wasmhost.ChannelMessage
+	}{
+		{bigAnswer{prefix: `{"ok":{"id":"m1","sender":"s","reply_target":"r","content":"`, n: 16<<20 - 128, fill: 'c', suffix: `","thread_id":"t","timestamp":7}}`},
+			"content", 16<<20 - 128, wasmhost.ChannelMessage{ID: "m1", Sender: "s", ReplyTarget: "r", ThreadID: "t", Timestamp: 7}},
+		{bigAnswer{prefix: `{"ok":{"thread_id":"t","content":"`, n: 16<<20 - 128, fill: 'c', suffix: `","sender":"s","id":"m1"}}`},
+			"content", 16<<20 - 128, wasmhost.ChannelMessage{ID: "m1", Sender: "s", ThreadID: "t"}},
+		{bigAnswer{prefix: `{"ok":{"id":"m1","thread_id":"`, n: 1 << 20, fill: 't', suffix: `","content":"hi","sender":"s"}}`},
+			"thread_id", 1 << 20, wasmhost.ChannelMessage{ID: "m1", Sender: "s"}},
+	} {
+		poll := pollCall(t, h, tc.answer)
+		for i := range 2 {
+			var err error
+			perCall := testenv.AllocatedBytes(func() { _, err = poll() })
+			var refused *wasmhost.PollRefusedError
+			if !errors.As(err, &refused) || !errors.Is(err, wasmhost.ErrABI) {
+				t.Fatalf("poll %d answered %v: %.300v, want a PollRefusedError", i, tc.answer, err)
+			}
+			if refused.Field != tc.field || refused.Size != tc.size || refused.Msg == nil || *refused.Msg != tc.want {
+				t.Fatalf("poll %d answered %v: refused %s of %d holding %+v, want %s of %d holding %+v",
+					i, tc.answer, refused.Field, refused.Size, refused.Msg, tc.field, tc.size, tc.want)
+			}
+			t.Logf("poll %d answered %v: %d bytes allocated", i, tc.answer, perCall)
+			if perCall > 2*(1<<20)+perCallBound {
+				t.Errorf("poll answered %v: %d bytes allocated", tc.answer, perCall)
+			}
+		}
+	}
+}
+
+// The bound of a polled message's content is the channel's
+// (SetPollContentBytes, from channels.plugin.<alias>.max_content_kb),
+// within MaxPolledContentBytes; it was a constant 1 MiB.
+func TestPollContentBoundIsTheChannels(t *testing.T) {
+	h := answerHost(t)
+	ch := pollChannel(t, h, bigAnswer{prefix: `{"ok":{"id":"m1","sender":"s","content":"`, n: 3 << 20, fill: 'c', suffix: `"}}`})
+	poll := func() (*wasmhost.ChannelMessage, error) {
+		return ch.PollMessage(context.Background(), wasmhost.CallInfo{Principal: "p"})
+	}
+	var refused *wasmhost.PollRefusedError
+	if _, err := poll(); !errors.As(err, &refused) || refused.Bound != wasmhost.DefaultPolledContentBytes {
+		t.Fatalf("3 MiB of content at the default bound: %v", err)
+	}
+	ch.SetPollContentBytes(3 << 20)
+	if msg, err := poll(); err != nil || msg == nil || len(msg.Content) != 3<<20 {
+		t.Fatalf("3 MiB of content at a bound of 3 MiB: %.100v, %v", msg, err)
+	}
+	ch.SetPollContentBytes(3<<20 - 1)
+	if _, err := poll(); !errors.As(err, &refused) || refused.Size != 3<<20 || refused.Bound != 3<<20-1 {
+		t.Fatalf("3 MiB of content at a bound of 3 MiB less a byte: %v", err)
+	}
+	for set, want := range map[int]int{64 << 20: wasmhost.MaxPolledContentBytes, 0: wasmhost.DefaultPolledContentBytes, -1: wasmhost.DefaultPolledContentBytes} {
+		ch.SetPollContentBytes(set)
+		if got := ch.PollContentBytes(); got != want {
+			t.Errorf("SetPollContentBytes(%d): the bound is %d, want %d", set, got, want)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
@@ -47,6 +48,9 @@ type Channel struct {
 	// time (endpoints), so a hung one holds one sender, never all.
 	senders []*resident
 	idle    chan *resident
+	// contentBytes bounds a polled message's content
+	// (SetPollContentBytes); 0 is DefaultPolledContentBytes.
+	contentBytes atomic.Int64
 
 	mu         sync.Mutex
 	configured bool // a Configure succeeded; a rebuild re-runs it
@@ -237,20 +241,39 @@ func (c *Channel) holdEndpoint(ctx context.Context, endpoint string) (func(), er
 	}, nil
 }
 
+// SetPollContentBytes sets the bound of a polled message's content (the
+// binding's channels.plugin.<alias>.max_content_kb): n bytes, within 1
+// and MaxPolledContentBytes; 0 is DefaultPolledContentBytes. It applies
+// from the next poll.
+func (c *Channel) SetPollContentBytes(n int) {
+	c.contentBytes.Store(int64(min(max(n, 0), MaxPolledContentBytes)))
+}
+
+// PollContentBytes is the bound of a polled message's content.
+func (c *Channel) PollContentBytes() int {
+	if n := int(c.contentBytes.Load()); n > 0 {
+		return n
+	}
+	return DefaultPolledContentBytes
+}
+
 // PollMessage asks the plugin for its next message; the plugin drains the
 // inbound queue (inbound_poll, inbound_pending) to produce it. It returns
 // nil when there is none. Like Send, it waits for the instance within
 // ctx, and runs within the call limit. The message is read from the
-// guest's memory within its bounds (decodePoll): polledContentBytes of
+// guest's memory within its bounds (decodePoll): PollContentBytes of
 // content, polledFieldBytes of each other string; past them the poll
-// fails, saying which and how long.
+// fails with a *PollRefusedError, saying which and how long, and holding
+// the message's sender, reply target and thread when they were read
+// within their bounds, so that the caller may tell the sender.
 func (c *Channel) PollMessage(ctx context.Context, info CallInfo) (*ChannelMessage, error) {
 	var (
 		msg  *ChannelMessage
 		derr error
 	)
+	content := c.PollContentBytes()
 	if err := c.r.callAfterWait(ctx, abi.ExportChannelPollMessage, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true, func(view []byte) {
-		msg, derr = decodePoll(view)
+		msg, derr = decodePoll(view, content)
 	}); err != nil {
 		return nil, err
 	}
