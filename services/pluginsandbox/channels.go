@@ -356,6 +356,7 @@ func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash s
 	if err != nil {
 		return fail(fmt.Errorf("load channel: %w", err))
 	}
+	ch.SetPollContentBytes(cfg.maxContentBytes())
 	b.ch = ch
 	lis, err := listenReusePort(ctx, cfg.Listen)
 	if err != nil {
@@ -747,6 +748,7 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 	// or another replica's) are looked for at once, then every
 	// adoptEvery: another replica may die at any time.
 	var adopted time.Time
+	var refusals pollRefusals
 	for {
 		if time.Since(adopted) >= adoptEvery {
 			adopted = time.Now()
@@ -782,13 +784,20 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			if !d.room() {
 				break
 			}
-			msg, err := b.pollOne(ctx)
+			msg, read, err := b.pollOne(ctx)
+			if refused := (*wasmhost.PollRefusedError)(nil); errors.As(err, &refused) && ctx.Err() == nil {
+				if b.pollRefused(refused, read, &refusals) {
+					continue // a new message: the next may wait behind it
+				}
+				break
+			}
 			if err != nil {
 				if ctx.Err() == nil {
 					b.log.Warn("channel poll failed", zap.Error(err))
 				}
 				break
 			}
+			refusals.clear(b)
 			if msg == nil {
 				break
 			}
@@ -799,10 +808,11 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 
 // pollOne asks the plugin for its next message, gives it its host id
 // when the plugin gave it none (hostMessageID), and ties it to the
-// spool's files of the queued messages the plugin read for it. A queued
-// message the plugin read into nothing (or refused) is done with; one a
-// poll cut by the binding's stop read stays on disk, for the next owner.
-func (b *binding) pollOne(ctx context.Context) (*wasmhost.ChannelMessage, error) {
+// spool's files of the queued messages the plugin read for it (read). A
+// queued message the plugin read into nothing (or refused, or one the
+// host refused for its size) is done with; one a poll cut by the
+// binding's stop read stays on disk, for the next owner.
+func (b *binding) pollOne(ctx context.Context) (*wasmhost.ChannelMessage, []string, error) {
 	msg, err := b.ch.PollMessage(ctx, wasmhost.CallInfo{Principal: "channel:" + b.cfg.Alias})
 	read := b.inbound.TakePopped()
 	switch {
@@ -813,7 +823,7 @@ func (b *binding) pollOne(ctx context.Context) (*wasmhost.ChannelMessage, error)
 		hostMessageID(msg, read)
 		b.spool.polled(msg, read)
 	}
-	return msg, err
+	return msg, read, err
 }
 
 // deliveries hands a binding's polled messages to sessions: the messages
@@ -1036,7 +1046,11 @@ func (b *binding) abandon() {
 		told++
 	}
 	for told == len(msgs) && b.sends.Err() == nil && b.inbound.Pending() > 0 {
-		msg, err := b.pollOne(b.sends)
+		msg, read, err := b.pollOne(b.sends)
+		if refused := (*wasmhost.PollRefusedError)(nil); errors.As(err, &refused) && len(read) > 0 {
+			b.notice(refused.Msg, refusedNotice(refused))
+			continue
+		}
 		if err != nil || msg == nil {
 			break
 		}

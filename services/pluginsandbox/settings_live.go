@@ -9,6 +9,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/pluginpkg/manifest"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
 // Live are the plugin settings a replica follows while it runs: a change
@@ -43,6 +44,27 @@ type ChannelBinding struct {
 	// keeps on disk before it refuses new ones (channel_spool.go); 0 is
 	// DefaultSpoolMaxMB.
 	SpoolMaxMB int64
+	// MaxContentKB is channels.plugin.<alias>.max_content_kb: the KiB a
+	// message the plugin polls may carry as its content (1 to
+	// wasmhost.MaxPolledContentBytes in KiB); past it the message is
+	// refused and its sender told (pollRefused). 0 is
+	// DefaultMaxContentKB.
+	MaxContentKB int
+}
+
+// DefaultMaxContentKB is channels.plugin.<alias>.max_content_kb's default
+// (internal/configschema): the 1 MiB one message posted to the listener
+// may carry (maxInboundBody). A plugin that fetches its messages itself
+// (over HTTP) may bring larger ones; the alias then sets more.
+const DefaultMaxContentKB = wasmhost.DefaultPolledContentBytes >> 10
+
+// maxContentBytes is b's bound of a polled message's content in bytes.
+func (b ChannelBinding) maxContentBytes() int {
+	n := b.MaxContentKB
+	if n <= 0 {
+		n = DefaultMaxContentKB
+	}
+	return n << 10
 }
 
 // DefaultSpoolMaxMB is channels.plugin.<alias>.spool_max_mb's default
@@ -99,7 +121,7 @@ func LiveFrom(snap configclient.Snapshot) (Live, error) {
 		}
 		l.Channels[alias] = ChannelBinding{Alias: alias, Plugin: snap.String(at + "plugin"),
 			Listen: snap.String(at + "listen"), Agent: snap.String(at + "agent"), MaxSessions: int(snap.Int(at + "max_sessions")),
-			SpoolMaxMB: snap.Int(at + "spool_max_mb")}
+			SpoolMaxMB: snap.Int(at + "spool_max_mb"), MaxContentKB: int(snap.Int(at + "max_content_kb"))}
 	}
 	return l, nil
 }
@@ -122,6 +144,9 @@ func (b ChannelBinding) validate() error {
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 		return fmt.Errorf("channels.plugin.%s.listen %q: bad port", b.Alias, b.Listen)
+	}
+	if most := wasmhost.MaxPolledContentBytes >> 10; b.MaxContentKB < 0 || b.MaxContentKB > most {
+		return fmt.Errorf("channels.plugin.%s.max_content_kb %d: a message's content is 1 to %d KiB", b.Alias, b.MaxContentKB, most)
 	}
 	return nil
 }

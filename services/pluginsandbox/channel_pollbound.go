@@ -1,0 +1,88 @@
+package pluginsandbox
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// pollRefusals is what a binding's poller keeps of the last polled
+// message the host refused for its size (wasmhost.PollRefusedError).
+type pollRefusals struct {
+	// last is the refused message's key (refusalKey), until a poll
+	// answers something else.
+	last string
+	// stalled is set once the plugin answered that message again: the
+	// binding's reason says so until it answers something else.
+	stalled bool
+}
+
+// refusalKey tells one refused message from another the plugin answers
+// without reading the inbound queue again.
+func refusalKey(r *wasmhost.PollRefusedError) string {
+	m := r.Msg
+	return strings.Join([]string{r.Field, strconv.Itoa(r.Size), m.ID, m.Sender, m.ReplyTarget, m.ThreadID}, "\x00")
+}
+
+// pollRefused handles a polled message that the host refused for its
+// size (its content past channels.plugin.<alias>.max_content_kb, another
+// field past 16 KiB). pollOne has already dropped the spool's files of
+// what the plugin read for it: the message is refused for good, as one
+// refused by a full backlog is. It was dropped with a warning ("channel
+// poll failed") and its sender, answered 202, was never told. Now it is
+// logged with its size and bound, and its sender (reply target, else
+// sender, and thread, as far as they were within their bounds) is told
+// through the plugin, by the notifier.
+//
+// A plugin that answers the same message again at its next poll (one
+// that moves past a message of its service only once the host took it)
+// would have its sender told once a second: the same message answered
+// again with no read of the inbound queue in between is not told again;
+// it is logged once, and the binding's reason (ListChannels) says that
+// the channel takes nothing until the plugin moves past it. It reports
+// whether the poll refused a new message, after which the poller polls
+// on (the next message may be waiting).
+func (b *binding) pollRefused(r *wasmhost.PollRefusedError, read []string, p *pollRefusals) bool {
+	key := refusalKey(r)
+	log := b.log.With(zap.String("message_id", r.Msg.ID), zap.String("field", r.Field),
+		zap.Int("bytes", r.Size), zap.Int("bound", r.Bound))
+	if len(read) == 0 && key == p.last {
+		if !p.stalled {
+			p.stalled = true
+			log.Warn("channel poll answered again a message refused for its size: the channel takes no message until its plugin moves past it")
+			b.set(channelRunning, fmt.Sprintf("poll: the plugin answers again and again a message whose %s is %d bytes, past the %d a polled message's %s may be; the channel takes no message until the plugin moves past it",
+				r.Field, r.Size, r.Bound, r.Field))
+		}
+		return false
+	}
+	p.clear(b)
+	p.last = key
+	log.Warn("channel message refused: past the bound of a polled message")
+	select {
+	case b.dl.notices <- backlogNotice{r.Msg, refusedNotice(r)}:
+	default:
+		log.Warn("channel notice dropped: too many notices waiting")
+	}
+	return true
+}
+
+// clear forgets the last refusal: the plugin answered something else.
+func (p *pollRefusals) clear(b *binding) {
+	if p.stalled {
+		b.set(channelRunning, "")
+	}
+	*p = pollRefusals{}
+}
+
+// refusedNotice is what the sender of a message refused for its size is
+// told.
+func refusedNotice(r *wasmhost.PollRefusedError) string {
+	if r.Field == "content" {
+		return fmt.Sprintf("This message was not delivered: it is %d bytes long, and this channel takes messages of at most %d bytes; send it shorter, or in parts.", r.Size, r.Bound)
+	}
+	return fmt.Sprintf("This message was not delivered: its %s is %d bytes long, and this channel takes at most %d.", strings.ReplaceAll(r.Field, "_", " "), r.Size, r.Bound)
+}

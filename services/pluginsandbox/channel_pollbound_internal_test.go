@@ -1,0 +1,75 @@
+package pluginsandbox
+
+import (
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
+)
+
+// A plugin that answers a message refused for its size again at its next
+// poll, without reading the inbound queue (one that moves past a message
+// of its service only once the host took it), would have its sender told
+// at every poll, once a second. The sender is told once; the binding's
+// reason says the channel is stalled until the plugin answers something
+// else, and a message read from the queue again is a new one.
+func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
+	b := &binding{log: zap.NewNop(), dl: &deliveries{notices: make(chan backlogNotice, 8)}}
+	b.set(channelRunning, "")
+	r := &wasmhost.PollRefusedError{Field: "content", Size: 2 << 20, Bound: 1 << 20,
+		Msg: &wasmhost.ChannelMessage{ID: "m1", Sender: "ann", ThreadID: "t"}}
+	var p pollRefusals
+	told := func(want int) {
+		t.Helper()
+		if got := len(b.dl.notices); got != want {
+			t.Fatalf("%d notices, want %d", got, want)
+		}
+	}
+	reason := func(want string) {
+		t.Helper()
+		if state, got := b.status(); state != channelRunning || !strings.Contains(got, want) || want == "" && got != "" {
+			t.Fatalf("binding %s (%q), want running with %q", state, got, want)
+		}
+	}
+
+	if !b.pollRefused(r, nil, &p) {
+		t.Fatal("a first refusal is no new message")
+	}
+	told(1)
+	reason("")
+	if n := <-b.dl.notices; n.msg != r.Msg || !strings.Contains(n.text, "it is 2097152 bytes long, and this channel takes messages of at most 1048576 bytes") {
+		t.Fatalf("notice %q to %+v", n.text, n.msg)
+	}
+	for range 3 {
+		if b.pollRefused(r, nil, &p) {
+			t.Fatal("the same message answered again is a new one")
+		}
+	}
+	told(0)
+	reason("the channel takes no message until the plugin moves past it")
+
+	// The same message read from the queue again is another post of it.
+	if !b.pollRefused(r, []string{"file"}, &p) {
+		t.Fatal("a message read from the queue is no new message")
+	}
+	told(1)
+	reason("")
+
+	// Once the plugin answered something else, it is new again.
+	p.clear(b)
+	if !b.pollRefused(r, nil, &p) {
+		t.Fatal("a refusal after another answer is no new message")
+	}
+	told(2)
+	other := &wasmhost.PollRefusedError{Field: "sender", Size: 20 << 10, Bound: 16 << 10, Msg: &wasmhost.ChannelMessage{ID: "m2"}}
+	if !b.pollRefused(other, nil, &p) {
+		t.Fatal("another refused message is no new one")
+	}
+	<-b.dl.notices
+	<-b.dl.notices
+	if n := <-b.dl.notices; n.text != "This message was not delivered: its sender is 20480 bytes long, and this channel takes at most 16384." {
+		t.Fatalf("notice %q", n.text)
+	}
+}
