@@ -40,11 +40,14 @@ func (methodRRBuilder) Name() string { return methodRoundRobin }
 // health listened to for healthCheckConfig) with the picker replaced.
 func (methodRRBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
 	child := balancer.Get(pickfirst.Name).Build
-	return &methodRRBalancer{Balancer: endpointsharding.NewBalancer(&methodRRConn{ClientConn: cc}, opts, child, endpointsharding.Options{})}
+	conn := &methodRRConn{ClientConn: cc}
+	conn.reach = newReachability(RestartGrace, conn.repick)
+	return &methodRRBalancer{Balancer: endpointsharding.NewBalancer(conn, opts, child, endpointsharding.Options{}), conn: conn}
 }
 
 type methodRRBalancer struct {
 	balancer.Balancer
+	conn *methodRRConn
 }
 
 func (b *methodRRBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
@@ -53,14 +56,62 @@ func (b *methodRRBalancer) UpdateClientConnState(s balancer.ClientConnState) err
 	return b.Balancer.UpdateClientConnState(balancer.ClientConnState{ResolverState: pickfirst.EnableHealthListener(s.ResolverState)})
 }
 
+// Close closes the children, then stops the reachability's timer: no
+// picker is pushed after it.
+func (b *methodRRBalancer) Close() {
+	b.Balancer.Close()
+	b.conn.close()
+}
+
 // methodRRConn takes the state endpointsharding makes and replaces its
 // picker, which takes the children in the aggregate state in turn, by
-// one that does it per method.
+// one that does it per method; or, while every address has failed to
+// connect for longer than RestartGrace (reach), by one that fails each
+// call NoReplicaReachable, waiting calls included.
 type methodRRConn struct {
 	balancer.ClientConn
+	reach *reachability
+
+	// mu orders the pickers pushed: endpointsharding's (UpdateState)
+	// and the reachability timer's (repick).
+	mu     sync.Mutex
+	last   balancer.State // endpointsharding's last; Picker nil: none yet
+	closed bool
 }
 
 func (c *methodRRConn) UpdateState(s balancer.State) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.last = s
+	c.ClientConn.UpdateState(c.picked(s))
+}
+
+// repick pushes the last state again with its picker made anew: every
+// address has now been away for RestartGrace.
+func (c *methodRRConn) repick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.last.Picker == nil {
+		return
+	}
+	c.ClientConn.UpdateState(c.picked(c.last))
+}
+
+func (c *methodRRConn) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.reach.close()
+}
+
+// picked is s with the picker that takes its place.
+func (c *methodRRConn) picked(s balancer.State) balancer.State {
+	if s.ConnectivityState != connectivity.Ready && s.ConnectivityState != connectivity.Shutdown {
+		if err := c.reach.unreachable(); err != nil {
+			s.Picker = unreachablePicker(err)
+			return s
+		}
+	}
 	var pickers []balancer.Picker
 	for _, ch := range endpointsharding.ChildStatesFromPicker(s.Picker) {
 		if ch.State.ConnectivityState == s.ConnectivityState && ch.State.Picker != nil {
@@ -70,7 +121,7 @@ func (c *methodRRConn) UpdateState(s balancer.State) {
 	if len(pickers) > 0 && s.ConnectivityState != connectivity.Shutdown {
 		s.Picker = &methodPicker{pickers: pickers, turns: map[string]*atomic.Uint32{}}
 	}
-	c.ClientConn.UpdateState(s)
+	return s
 }
 
 // methodPicker picks the children's pickers in turn, one turn a method,

@@ -98,42 +98,26 @@ func dialer(ctx context.Context, addr string) (net.Conn, error) {
 var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}],"healthCheckConfig":{"serviceName":%q}}`, methodRoundRobin, grpcserver.Calls)
 
 // DialReplicas is Dial for a service's own calls to the replicas of one
-// service (the plugin sandbox's, --scale), each method's calls taken
-// round-robin by themselves (methodRoundRobin): a call goes only to a replica
-// that serves, never to one still starting, which answers on its socket
-// already (grpcserver's start's server) and failed every call it got
-// with Unavailable while another replica served. A replica that stops
-// (its health NOT_SERVING at shutdown) is left too. When none serves, a
-// call with a deadline waits for one within it, and fails then with
-// Unavailable NoReplicaServes (waitForReplica); one without fails at
-// once. One address is dialled as by Dial: there is no other replica
-// to go to, and the start's answer names what it waits for. Health
-// calls must not use it: they would be routed to the replicas that
-// serve only.
+// service (the plugin sandbox's, one or several, --scale), each
+// method's calls taken round-robin by themselves (methodRoundRobin): a
+// call goes only to a replica that serves, never to one still
+// starting, which answers on its socket already (grpcserver's start's
+// server) and failed every call it got with Unavailable while another
+// replica served. A replica that stops (its health NOT_SERVING at
+// shutdown) is left too. When none serves, a call with a deadline waits
+// for one within it, and fails then with Unavailable NoReplicaServes
+// (waitForReplica); one without fails at once. Once every replica has
+// failed to connect for RestartGrace (each gone: not restarted, or not
+// there at all), calls fail at once, the waiting ones included, with
+// Unavailable NoReplicaReachable. One address is dialled the same way:
+// a call while the only replica starts or restarts waits for it as
+// for one of several. Health calls must not use it: they would be
+// routed to the replicas that serve only.
 func DialReplicas(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	if !replicated(addr) {
-		return Dial(addr, opts...)
-	}
 	// A later default service config replaces Dial's.
 	return Dial(addr, append([]grpc.DialOption{
 		grpc.WithDefaultServiceConfig(replicasServiceConfig),
 		grpc.WithChainUnaryInterceptor(waitForReplica),
 		grpc.WithChainStreamInterceptor(waitForReplicaStream),
 	}, opts...)...)
-}
-
-// replicated reports whether addr may name more than one replica: a
-// list of two addresses or more, or a DNS name (compose and Kubernetes
-// resolve the replicas' addresses).
-func replicated(addr string) bool {
-	if strings.HasPrefix(addr, "dns:") {
-		return true
-	}
-	n := 0
-	for _, a := range strings.Split(addr, ",") {
-		if strings.TrimSpace(a) != "" {
-			n++
-		}
-	}
-	return n > 1
 }

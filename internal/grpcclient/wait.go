@@ -13,7 +13,8 @@ import (
 )
 
 // NoReplicaServes is the message of a call through DialReplicas whose
-// deadline came while no replica served (each starting, or away). The
+// deadline came while no replica served (each starting, or restarting:
+// away for less than RestartGrace; NoReplicaReachable after). The
 // status is Unavailable with rpcerr.ReasonDependency, which the gateway
 // shows as "<service>: starting: ...", as a replica's start's server
 // says it.
@@ -25,7 +26,10 @@ const NoReplicaServes = "starting: no replica serves yet"
 // first to serve would have answered it moments later (a restart of
 // every replica, a stack's start). A call without a deadline fails at
 // once as before: it would wait for ever. A call that gives its own
-// WaitForReady keeps it.
+// WaitForReady keeps it. The wait ends early, with NoReplicaReachable,
+// once every replica has failed to connect for RestartGrace (the
+// balancer's picker, reach.go): a sandbox gone for good is not waited
+// for to the end of a tool call's minutes.
 func waitForReplica(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	if _, ok := ctx.Deadline(); !ok {
 		return invoker(ctx, method, req, reply, cc, opts...)

@@ -203,56 +203,105 @@ func TestEachMethodsCallsAreSpreadWhateverComesBetween(t *testing.T) {
 // start) a call failed at once, Unavailable with gRPC's "health check
 // failed", though the first replica to serve would have answered it
 // moments later. A call now waits for one within its deadline, and says
-// at the deadline that no replica serves yet.
+// at the deadline that no replica serves yet. One replica alone is
+// waited for the same way: dialled as by Dial, a call while it started
+// failed at once with its start's words.
 func TestCallsWaitForAReplicaToServe(t *testing.T) {
-	addr, rs := replicasOf(t, 2)
-	a, b := rs[0], rs[1]
-	a.starting("compiling plugin echo (tool world)")
-	b.starting("compiling plugin echo (tool world)")
-	cc, client := dialReplicas(t, addr)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	// Both replicas answered their health NOT_SERVING: the client is in
-	// transient failure, where a call that does not wait fails at once.
-	cc.Connect()
-	for st := cc.GetState(); st != connectivity.TransientFailure; st = cc.GetState() {
-		if !cc.WaitForStateChange(ctx, st) {
-			t.Fatalf("the client never saw both replicas starting (%v)", st)
-		}
-	}
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d replicas", n), func(t *testing.T) {
+			addr, rs := replicasOf(t, n)
+			for _, r := range rs {
+				r.starting("compiling plugin echo (tool world)")
+			}
+			cc, client := dialReplicas(t, addr)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			// Every replica answered its health NOT_SERVING: the client is
+			// in transient failure, where a call that does not wait fails
+			// at once.
+			cc.Connect()
+			for st := cc.GetState(); st != connectivity.TransientFailure; st = cc.GetState() {
+				if !cc.WaitForStateChange(ctx, st) {
+					t.Fatalf("the client never saw every replica starting (%v)", st)
+				}
+			}
 
-	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
-	_, err := client.Live(short, &configv1.LiveRequest{})
-	cancelShort()
-	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.HasPrefix(st.Message(), grpcclient.NoReplicaServes) {
-		t.Fatalf("a call while every replica starts, at its deadline: %v", err)
-	}
+			short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+			_, err := client.Live(short, &configv1.LiveRequest{})
+			cancelShort()
+			if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.HasPrefix(st.Message(), grpcclient.NoReplicaServes) {
+				t.Fatalf("a call while every replica starts, at its deadline: %v", err)
+			}
 
-	done := make(chan error, 1)
-	go func() {
-		resp, err := client.Live(ctx, &configv1.LiveRequest{})
-		if err == nil && resp.GetRevision() != 2 {
-			err = fmt.Errorf("answered by revision %d, want b's", resp.GetRevision())
-		}
-		done <- err
-	}()
-	b.serve()
-	if err := <-done; err != nil {
-		t.Fatalf("a call waiting while every replica starts, one then serving: %v", err)
+			last := rs[n-1]
+			done := make(chan error, 1)
+			go func() {
+				resp, err := client.Live(ctx, &configv1.LiveRequest{})
+				if err == nil && resp.GetRevision() != int64(n) {
+					err = fmt.Errorf("answered by revision %d, want %d", resp.GetRevision(), n)
+				}
+				done <- err
+			}()
+			last.serve()
+			if err := <-done; err != nil {
+				t.Fatalf("a call waiting while every replica starts, one then serving: %v", err)
+			}
+		})
 	}
 }
 
-// One replica is dialled as by Dial: there is no other to go to, and a
-// call while it starts is told what the start does.
-func TestOneReplicaStartingSaysWhy(t *testing.T) {
-	addr, rs := replicasOf(t, 1)
-	rs[0].starting("compiling plugin echo (tool world)")
-	_, client := dialReplicas(t, addr)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err := client.Live(ctx, &configv1.LiveRequest{})
-	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "starting: compiling plugin echo (tool world)" {
-		t.Fatalf("a call while the only replica starts: %v", err)
+// A replica the launcher restarts is away for a moment (its socket
+// gone, then listened on again): a call made while every replica is
+// away waits for one within its deadline, as for a replica starting,
+// and is answered once one is back: the grace before calls fail for
+// want of a reachable replica (grpcclient.RestartGrace) is no shorter
+// than a restart. One replica alone was not waited for: a call failed
+// at once with the refused connect.
+func TestACallWaitsForAReplicaRestarting(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d replicas", n), func(t *testing.T) {
+			addr, rs := replicasOf(t, n)
+			for _, r := range rs {
+				r.serve()
+			}
+			cc, client := dialReplicas(t, addr)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			if _, err := client.Live(ctx, &configv1.LiveRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			// Every replica stops, its socket removed with its listener
+			// (its Serve's end is put back for the cleanup to read).
+			for _, r := range rs {
+				r.stop()
+				err := <-r.done
+				r.done <- err
+			}
+			for st := cc.GetState(); st != connectivity.TransientFailure; st = cc.GetState() {
+				if !cc.WaitForStateChange(ctx, st) {
+					t.Fatalf("the client never saw every replica away (%v)", st)
+				}
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := client.Live(ctx, &configv1.LiveRequest{})
+				done <- err
+			}()
+			// Restarted: a new process on the same socket.
+			back := newReplica(t, strings.Split(addr, ",")[n-1], 9)
+			back.serve()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("a call while every replica restarts: %v", err)
+				}
+			case <-time.After(grpcclient.RestartGrace + 30*time.Second):
+				t.Fatal("a call while every replica restarts was never answered")
+			}
+			if back.svc.calls.Load() != 1 {
+				t.Fatalf("the restarted replica served %d calls, want the one made while it was away", back.svc.calls.Load())
+			}
+		})
 	}
 }
 
