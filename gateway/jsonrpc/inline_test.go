@@ -139,6 +139,26 @@ func TestKeptFramesOutliveTheFramesAfterThem(t *testing.T) {
 // made for its frame or its method's name (three allocations before the
 // sixty-first round, one, the Request, before the sixty-second).
 func TestInlineRequestAllocations(t *testing.T) {
+	nc := dialInlineHealth(t)
+	line := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":1}` + "\n")
+	want := []byte(`{"jsonrpc":"2.0","id":1,"result":{"status":"ok"}}` + "\n")
+	buf := make([]byte, 256)
+	roundTrip := func() {
+		inlineRoundTrip(t, nc, buf, line, want)
+	}
+	roundTrip() // the connection's buffers made
+	n := testing.AllocsPerRun(200, roundTrip)
+	t.Logf("%v allocations a round trip", n)
+	if n > maxInlineAllocs {
+		t.Fatalf("an inline request's round trip allocates %v objects, want at most %d", n, maxInlineAllocs)
+	}
+}
+
+// dialInlineHealth starts a server whose "health" is inline and answers
+// one encoded result, and dials it: the connection the allocation tests
+// count round trips on.
+func dialInlineHealth(t *testing.T) net.Conn {
+	t.Helper()
 	answer := any(EncodedJSON(`{"status":"ok"}`))
 	ts := startServer(t, &Server{
 		Options: Options{InitializeTimeout: -1, Inline: func(m string) bool { return m == "health" }},
@@ -150,31 +170,27 @@ func TestInlineRequestAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
-	line := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":1}` + "\n")
-	want := []byte(`{"jsonrpc":"2.0","id":1,"result":{"status":"ok"}}` + "\n")
-	buf := make([]byte, 256)
-	roundTrip := func() {
-		if _, err := nc.Write(line); err != nil {
+	t.Cleanup(func() { nc.Close() })
+	return nc
+}
+
+// inlineRoundTrip writes line on nc and reads its one reply into buf,
+// which must be want; it allocates nothing itself.
+func inlineRoundTrip(t *testing.T, nc net.Conn, buf, line, want []byte) {
+	t.Helper()
+	if _, err := nc.Write(line); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for n == 0 || buf[n-1] != '\n' {
+		m, err := nc.Read(buf[n:])
+		if err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for n == 0 || buf[n-1] != '\n' {
-			m, err := nc.Read(buf[n:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			n += m
-		}
-		if !bytes.Equal(buf[:n], want) {
-			t.Fatalf("reply %q, want %q", buf[:n], want)
-		}
+		n += m
 	}
-	roundTrip() // the connection's buffers made
-	n := testing.AllocsPerRun(200, roundTrip)
-	t.Logf("%v allocations a round trip", n)
-	if n > maxInlineAllocs {
-		t.Fatalf("an inline request's round trip allocates %v objects, want at most %d", n, maxInlineAllocs)
+	if !bytes.Equal(buf[:n], want) {
+		t.Fatalf("reply %q, want %q", buf[:n], want)
 	}
 }
 
@@ -189,18 +205,7 @@ const maxInlineAllocs = 0
 // string id is decoded into a string of its own, as before, and answered
 // as written.
 func TestInlineRequestIDsAllocateNothing(t *testing.T) {
-	answer := any(EncodedJSON(`{"status":"ok"}`))
-	ts := startServer(t, &Server{
-		Options: Options{InitializeTimeout: -1, Inline: func(m string) bool { return m == "health" }},
-		NewHandler: func(*Conn, Peer) Handler {
-			return HandlerFunc(func(context.Context, *Conn, *Request) (any, error) { return answer, nil })
-		},
-	}, nil)
-	nc, err := net.Dial("unix", ts.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := dialInlineHealth(t)
 	const rounds = 64
 	var lines, wants [][]byte
 	for i := range rounds {
@@ -216,20 +221,7 @@ func TestInlineRequestIDsAllocateNothing(t *testing.T) {
 	roundTrip := func() {
 		i := next % rounds
 		next++
-		if _, err := nc.Write(lines[i]); err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for n == 0 || buf[n-1] != '\n' {
-			m, err := nc.Read(buf[n:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			n += m
-		}
-		if !bytes.Equal(buf[:n], wants[i]) {
-			t.Fatalf("reply %q, want %q", buf[:n], wants[i])
-		}
+		inlineRoundTrip(t, nc, buf, lines[i], wants[i])
 	}
 	roundTrip() // the connection's buffers made
 	n := testing.AllocsPerRun(4*rounds, roundTrip)
@@ -242,21 +234,8 @@ func TestInlineRequestIDsAllocateNothing(t *testing.T) {
 	// it was written.
 	for _, id := range []string{`"r\u0065q-1"`, `"req-1"`, `"\ud800"`, `-0.5e3`} {
 		line := []byte(`{"jsonrpc":"2.0","method":"health","id":` + id + "}\n")
-		want := `{"jsonrpc":"2.0","id":` + id + `,"result":{"status":"ok"}}` + "\n"
-		if _, err := nc.Write(line); err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for n == 0 || buf[n-1] != '\n' {
-			m, err := nc.Read(buf[n:])
-			if err != nil {
-				t.Fatal(err)
-			}
-			n += m
-		}
-		if string(buf[:n]) != want {
-			t.Fatalf("reply %q, want %q", buf[:n], want)
-		}
+		want := []byte(`{"jsonrpc":"2.0","id":` + id + `,"result":{"status":"ok"}}` + "\n")
+		inlineRoundTrip(t, nc, buf, line, want)
 	}
 }
 
