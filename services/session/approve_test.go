@@ -242,17 +242,7 @@ func TestApproveRacingItsTurnsCancel(t *testing.T) {
 
 	t.Run("in the turn's end", func(t *testing.T) {
 		id, rec, res, ask := askingTurn(t, h)
-		ending, proceed := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		release := sync.OnceFunc(func() { close(proceed) })
-		hook := func(sessionID string) {
-			if sessionID == id {
-				once.Do(func() { close(ending) })
-				<-proceed
-			}
-		}
-		turnEnding.Store(&hook)
-		t.Cleanup(func() { turnEnding.Store(nil); release() })
+		ending, release := holdTurnEnd(t, id)
 		cancelled := make(chan error, 1)
 		go func() {
 			_, err := h.srv.Cancel(context.Background(), &sessionv1.CancelRequest{Principal: alice, SessionId: id})

@@ -43,17 +43,7 @@ func TestACancelledAskIsSentAgainCancelledBeforeItsTurnEndIsStored(t *testing.T)
 	guardEcho(h)
 	id, rec, prev := sessionAfterATurn(h, "guarded")
 
-	ending, proceed := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	release := sync.OnceFunc(func() { close(proceed) })
-	hook := func(sessionID string) {
-		if sessionID == id {
-			once.Do(func() { close(ending) })
-			<-proceed
-		}
-	}
-	turnEnding.Store(&hook)
-	t.Cleanup(func() { turnEnding.Store(nil); release() })
+	ending, release := holdTurnEnd(t, id)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -203,4 +193,23 @@ func TestAnApprovalWhoseDecisionWasNotStoredIsNotActedOn(t *testing.T) {
 	if n := h.count("SELECT count(*) FROM approvals WHERE session_id = $1 AND status = 'cancelled'", id); n != 1 {
 		t.Errorf("%d approvals stored cancelled, want 1", n)
 	}
+}
+
+// holdTurnEnd holds session id's next turn in its end, before the end is
+// stored (turnEnding): ending is closed once the turn is there, and the
+// turn goes on at release (or at the test's end).
+func holdTurnEnd(t *testing.T, id string) (ending <-chan struct{}, release func()) {
+	t.Helper()
+	reached, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = sync.OnceFunc(func() { close(proceed) })
+	hook := func(sessionID string) {
+		if sessionID == id {
+			once.Do(func() { close(reached) })
+			<-proceed
+		}
+	}
+	turnEnding.Store(&hook)
+	t.Cleanup(func() { turnEnding.Store(nil); release() })
+	return reached, release
 }
