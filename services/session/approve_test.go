@@ -16,8 +16,7 @@ import (
 )
 
 // refuseDecisions makes the test's own database refuse every approval
-// decision's write, as TestAnApprovalWhoseDecisionWasNotStoredIsNotActedOn
-// does.
+// decision's write (a trigger): the store's real failure, not a stub.
 func refuseDecisions(h *harness) {
 	h.exec(`CREATE FUNCTION refuse_decisions() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN

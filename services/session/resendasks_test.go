@@ -78,14 +78,7 @@ func TestACancelledAskIsSentAgainCancelledBeforeItsTurnEndIsStored(t *testing.T)
 func TestAnApprovalWhoseDecisionWasNotStoredIsNotActedOn(t *testing.T) {
 	h := newHarness(t)
 	guardEcho(h)
-	h.exec(`CREATE FUNCTION refuse_decisions() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.status = 'decided' THEN
-				RAISE EXCEPTION 'the test refuses approval decisions';
-			END IF;
-			RETURN NEW;
-		END $$`)
-	h.exec(`CREATE TRIGGER refuse_decisions BEFORE UPDATE ON approvals FOR EACH ROW EXECUTE FUNCTION refuse_decisions()`)
+	refuseDecisions(h)
 	id, rec, prev := sessionAfterATurn(h, "guarded")
 
 	ctx, cancel := context.WithCancel(context.Background())
