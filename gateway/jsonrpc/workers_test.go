@@ -1,9 +1,8 @@
 package jsonrpc
 
 import (
-	"bytes"
 	"fmt"
-	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -121,21 +120,12 @@ func waitingIs(t *testing.T, w *workers, n int32) {
 // waitingWorkers counts the goroutines of w's workers blocked in a
 // select: a worker's only select is its wait for a task.
 func waitingWorkers(w *workers) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	mine := []byte(fmt.Sprintf("(*workers).work(%p", w))
+	mine := fmt.Sprintf("(*workers).work(%p", w)
 	n := 0
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+	for _, g := range testwait.Goroutines() {
 		// "goroutine 7 [select]:" or "[select, 2 minutes]:", then its frames.
-		head, frames, _ := bytes.Cut(g, []byte("\n"))
-		if bytes.Contains(head, []byte(" [select")) && bytes.Contains(frames, mine) {
+		head, frames, _ := strings.Cut(g, "\n")
+		if strings.Contains(head, " [select") && strings.Contains(frames, mine) {
 			n++
 		}
 	}

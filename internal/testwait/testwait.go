@@ -10,6 +10,8 @@
 package testwait
 
 import (
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -72,5 +74,20 @@ func Progress(t testing.TB, poll time.Duration, count func() (n int64, done bool
 			t.Fatalf("no progress for %v: stopped at %d", Bound, n)
 		}
 		time.Sleep(poll)
+	}
+}
+
+// Goroutines returns the stack of every goroutine, one entry each (its
+// "goroutine N [state]:" line, then its frames), read whole however many
+// there are: what a test counts goroutines in a given state or function
+// from, where a fixed buffer would cut the dump short.
+func Goroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	"github.com/clawmesh/clawmesh/internal/testwait"
 	wb "github.com/clawmesh/clawmesh/services/pluginsandbox/wasmbin/wasmbuild"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
@@ -335,17 +335,8 @@ func TestCloseWhileCallsRun(t *testing.T) {
 // hostGoroutines counts the goroutines a host owns besides the calls: the
 // pools' refillers, the reaper and the log drain.
 func hostGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range testwait.Goroutines() {
 		if strings.Contains(g, "wasmhost.(*pool).run") || strings.Contains(g, "wasmhost.(*reaper).start") ||
 			strings.Contains(g, "wasmhost.(*logQueue).drain") {
 			count++
