@@ -31,6 +31,11 @@ const (
 	KeepaliveTimeout = 5 * time.Second
 )
 
+// ConnectTimeout bounds one attempt to connect, the HTTP/2 handshake
+// included: a peer whose socket accepts but that does not answer (a
+// stopped or hung process) fails the attempt after it.
+const ConnectTimeout = 2 * time.Second
+
 // Dial opens a lazy client connection; it does not wait for the server, so
 // services may start in any order. addr is an absolute socket path, a
 // host:port, a DNS name (dns:///name:port, used by compose and Kubernetes
@@ -53,7 +58,7 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 		// nothing).
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, Jitter: 0.2, MaxDelay: 100 * time.Millisecond},
-			MinConnectTimeout: 2 * time.Second,
+			MinConnectTimeout: ConnectTimeout,
 		}),
 		// A peer that hangs (stopped, deadlocked) fails the calls in
 		// flight on it after KeepaliveTime+KeepaliveTimeout of silence,
@@ -106,11 +111,12 @@ var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}],"healt
 // replica served. A replica that stops (its health NOT_SERVING at
 // shutdown) is left too. When none serves, a call with a deadline waits
 // for one within it, and fails then with Unavailable NoReplicaServes
-// (waitForReplica); one without fails at once. Once every replica has
-// failed to connect for RestartGrace (each gone: not restarted, or not
-// there at all), calls fail at once, the waiting ones included, with
-// Unavailable NoReplicaReachable. One address is dialled the same way:
-// a call while the only replica starts or restarts waits for it as
+// (waitForReplica); one without fails at once. Once every replica has failed to
+// connect for RestartGrace (each gone: not restarted, or not there at
+// all; or hung, its connects timing out after ConnectTimeout, counted
+// from their start), calls fail at once, the waiting ones included,
+// with Unavailable NoReplicaReachable. One address is dialled the same
+// way: a call while the only replica starts or restarts waits for it as
 // for one of several. Health calls must not use it: they would be
 // routed to the replicas that serve only.
 func DialReplicas(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {

@@ -1,7 +1,9 @@
 package grpcclient
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -24,7 +26,12 @@ import (
 // sandbox gone for good"). The grace covers a restart after a few
 // crashes in a row (backoff 1.6 s) on a loaded machine; a replica that
 // connects but is still starting (health NOT_SERVING) is waited for
-// within the call's deadline whatever its time.
+// within the call's deadline whatever its time. A replica that is hung
+// (its socket accepts, in the kernel's backlog, and nothing answers) is
+// away from the start of its first connect that timed out
+// (ConnectTimeout), so calls fail RestartGrace after that start; the
+// calls already on its connection end with the connection, by the
+// keepalive (KeepaliveTime + KeepaliveTimeout).
 const RestartGrace = 3 * time.Second
 
 // NoReplicaReachable begins the message of a call through DialReplicas
@@ -36,9 +43,11 @@ const NoReplicaReachable = "no replica is reachable"
 
 // reach is what the balancer knows of one address's connection: since
 // when it has failed to connect (zero while connected, connecting for
-// the first time, or not failed since it last was), and the last
-// failure's error.
+// the first time, or not failed since it last was), counted from the
+// start of the first attempt that failed, and the last failure's error.
 type reach struct {
+	addr      string
+	trying    time.Time // the start of the attempt under way, or of the last
 	downSince time.Time
 	err       error
 }
@@ -67,8 +76,11 @@ func newReachability(grace time.Duration, wake func()) *reachability {
 // listen returns opts with a state listener that records the SubConn's
 // connection before handing its state to the listener opts had, and
 // the record's removal, for a SubConn that could not be made.
-func (r *reachability) listen(opts balancer.NewSubConnOptions) (balancer.NewSubConnOptions, func()) {
+func (r *reachability) listen(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.NewSubConnOptions, func()) {
 	rc := &reach{}
+	if len(addrs) > 0 {
+		rc.addr = addrs[0].Addr
+	}
 	r.mu.Lock()
 	if !r.closed {
 		r.conns[rc] = struct{}{}
@@ -90,16 +102,27 @@ func (r *reachability) update(rc *reach, s balancer.SubConnState) {
 	switch s.ConnectivityState {
 	case connectivity.Ready:
 		rc.downSince, rc.err = time.Time{}, nil
+	case connectivity.Connecting:
+		rc.trying = r.now()
 	case connectivity.TransientFailure:
+		// Away since the attempt began: a refused connect fails at
+		// once, but a replica that is hung (stopped: its socket still
+		// accepts, in the kernel's backlog, and nothing answers) fails
+		// only at the connect's deadline (ConnectTimeout), which
+		// counted from here would have kept calls waiting that much
+		// past the grace.
 		if rc.downSince.IsZero() {
-			rc.downSince = r.now()
+			rc.downSince = rc.trying
+			if rc.downSince.IsZero() {
+				rc.downSince = r.now()
+			}
 		}
 		rc.err = s.ConnectionError
 	case connectivity.Shutdown:
 		delete(r.conns, rc)
 	}
-	// Idle and Connecting keep the time: a replica away cycles through
-	// them between its failed connects.
+	// Idle and Connecting keep downSince: a replica away cycles
+	// through them between its failed connects.
 	r.armLocked()
 }
 
@@ -160,17 +183,30 @@ func (r *reachability) unreachable() error {
 	if !away || r.now().Sub(since) < r.grace {
 		return nil
 	}
-	var last error
+	var last *reach
 	for rc := range r.conns {
 		if rc.err != nil && rc.downSince.Equal(since) {
-			last = rc.err
+			last = rc
 		}
 	}
 	msg := fmt.Sprintf("%s (none connected for %v", NoReplicaReachable, r.grace)
 	if last != nil {
-		msg += ": " + last.Error()
+		msg += ": " + last.why()
 	}
 	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, msg+")")
+}
+
+// why is rc's last failure in words. A connect cut at its deadline
+// (gRPC closes the connection it made, so the read of the server's
+// preface fails on a closed connection) reached a socket that accepted
+// and a process that did not answer: a hung one, which gRPC's own
+// words ("error reading server preface: ... use of closed network
+// connection") do not say.
+func (rc *reach) why() string {
+	if errors.Is(rc.err, net.ErrClosed) {
+		return fmt.Sprintf("%s accepts connections but did not answer one within %v: the process is stopped or hung", rc.addr, ConnectTimeout)
+	}
+	return rc.err.Error()
 }
 
 func (r *reachability) close() {
@@ -185,7 +221,7 @@ func (r *reachability) close() {
 // NewSubConn is the children's: each SubConn's connection is recorded
 // (reachability) for the picker methodRRConn makes.
 func (c *methodRRConn) NewSubConn(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.SubConn, error) {
-	opts, forget := c.reach.listen(opts)
+	opts, forget := c.reach.listen(addrs, opts)
 	sc, err := c.ClientConn.NewSubConn(addrs, opts)
 	if err != nil {
 		forget()

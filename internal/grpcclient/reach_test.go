@@ -2,12 +2,16 @@ package grpcclient
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -65,5 +69,68 @@ func TestCallsFailOnceNoReplicaIsReachable(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A replica that is hung (stopped: its socket accepts, in the kernel's
+// backlog, and nothing answers) fails each connect only at its
+// deadline, 2 s after the attempt began. It was counted away from
+// that failure, so calls waited 2 s past the grace (5 s, as long as
+// plugins/list's whole deadline), and the error said only gRPC's
+// "error reading server preface: ... use of closed network
+// connection". It is away from the attempt's start now, and the error
+// says the replica accepts but does not answer.
+func TestAHungReplicaIsAwayFromItsFirstFailedConnectsStart(t *testing.T) {
+	t0 := time.Now()
+	now := t0
+	r := newReachability(RestartGrace, func() {})
+	defer r.close()
+	r.now = func() time.Time { return now }
+	rc := &reach{}
+	r.conns[rc] = struct{}{}
+	r.update(rc, balancer.SubConnState{ConnectivityState: connectivity.Connecting})
+	now = now.Add(2 * time.Second)
+	r.update(rc, balancer.SubConnState{ConnectivityState: connectivity.TransientFailure, ConnectionError: fmt.Errorf("error reading server preface: %w", net.ErrClosed)})
+	r.update(rc, balancer.SubConnState{ConnectivityState: connectivity.Connecting})
+	now = t0.Add(RestartGrace)
+	err := r.unreachable()
+	if err == nil {
+		t.Fatalf("a replica whose connects have hung since %v is not unreachable %v later", t0.Format(time.StampMilli), RestartGrace)
+	}
+	t.Log(err)
+}
+
+// The same through a client: a socket that accepts and a process that
+// never answers. The call's error names the socket and says it does
+// not answer.
+func TestACallToAHungReplicaSaysItDoesNotAnswer(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "hung.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close() // never accepts: connects wait in the backlog
+	cc, err := DialReplicas(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		st := status.Convert(err)
+		if st.Code() != codes.Unavailable || !strings.HasPrefix(st.Message(), NoReplicaReachable) || !strings.Contains(st.Message(), sock+" accepts connections but did not answer") {
+			t.Fatalf("a call to a hung replica: %v", err)
+		}
+		t.Logf("failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(RestartGrace + 30*time.Second):
+		t.Fatalf("a call with an hour's deadline to a hung replica still waits after %v", RestartGrace+30*time.Second)
 	}
 }
