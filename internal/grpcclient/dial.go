@@ -111,7 +111,8 @@ var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}],"healt
 // replica served. A replica that stops (its health NOT_SERVING at
 // shutdown) is left too. When none serves, a call with a deadline waits
 // for one within it, and fails then with Unavailable NoReplicaServes
-// (waitForReplica); one without fails at once. Once every replica has failed to
+// (waitForReplica); one without waits for one as long
+// as RestartGrace. Once every replica has failed to
 // connect for RestartGrace (each gone: not restarted, or not there at
 // all; or hung, its connects timing out after ConnectTimeout, counted
 // from their start), calls fail at once, the waiting ones included,

@@ -134,3 +134,42 @@ func TestACallToAHungReplicaSaysItDoesNotAnswer(t *testing.T) {
 		t.Fatalf("a call with an hour's deadline to a hung replica still waits after %v", RestartGrace+30*time.Second)
 	}
 }
+
+// A call without a deadline while no replica comes back waits no
+// longer than one with a deadline of RestartGrace would, and fails
+// Unavailable naming a dependency. It used to fail at once with gRPC's
+// connect error, which names nothing (and so did a call while the only
+// replica restarted: grpcserver's TestACallWaitsForAReplicaRestarting).
+func TestACallWithoutADeadlineEndsWhenNoReplicaComes(t *testing.T) {
+	cc, err := DialReplicas(filepath.Join(t.TempDir(), "gone.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := healthpb.NewHealthClient(cc)
+	for kind, call := range map[string]func() error{
+		"call": func() error {
+			_, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{})
+			return err
+		},
+		"stream": func() error {
+			_, err := client.Watch(context.Background(), &healthpb.HealthCheckRequest{})
+			return err
+		},
+	} {
+		done := make(chan error, 1)
+		go func() { done <- call() }()
+		select {
+		case err := <-done:
+			st := status.Convert(err)
+			reason, _ := rpcerr.Details(st)
+			if st.Code() != codes.Unavailable || reason != rpcerr.ReasonDependency ||
+				!strings.HasPrefix(st.Message(), NoReplicaServes) && !strings.HasPrefix(st.Message(), NoReplicaReachable) {
+				t.Fatalf("a %s without a deadline, no replica there: %v (reason %q)", kind, err, reason)
+			}
+			t.Logf("%s: %v", kind, err)
+		case <-time.After(RestartGrace + 30*time.Second):
+			t.Fatalf("a %s without a deadline and no replica there still waits after %v", kind, RestartGrace+30*time.Second)
+		}
+	}
+}

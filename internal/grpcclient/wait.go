@@ -3,9 +3,11 @@ package grpcclient
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -24,15 +26,20 @@ const NoReplicaServes = "starting: no replica serves yet"
 // serves (gRPC's WaitForReady), within that deadline: with every
 // replica starting, a call failed at once with Unavailable, though the
 // first to serve would have answered it moments later (a restart of
-// every replica, a stack's start). A call without a deadline fails at
-// once as before: it would wait for ever. A call that gives its own
+// every replica, a stack's start). A call that gives its own
 // WaitForReady keeps it. The wait ends early, with NoReplicaReachable,
 // once every replica has failed to connect for RestartGrace (the
 // balancer's picker, reach.go): a sandbox gone for good is not waited
-// for to the end of a tool call's minutes.
+// for to the end of a tool call's minutes. A call without a deadline
+// waits as one whose deadline is RestartGrace away would, and runs
+// unbounded once it has reached a replica (withoutDeadline).
 func waitForReplica(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	if _, ok := ctx.Deadline(); !ok {
-		return invoker(ctx, method, req, reply, cc, opts...)
+		return withoutDeadline(ctx, cc, func() (bool, error) {
+			var p peer.Peer
+			err := invoker(ctx, method, req, reply, cc, append([]grpc.CallOption{grpc.Peer(&p)}, opts...)...)
+			return p.Addr == nil, err
+		})
 	}
 	var p peer.Peer
 	err := invoker(ctx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Peer(&p)}, opts...)...)
@@ -43,11 +50,65 @@ func waitForReplica(ctx context.Context, method string, req, reply any, cc *grpc
 // stream's start.
 func waitForReplicaStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	if _, ok := ctx.Deadline(); !ok {
-		return streamer(ctx, desc, cc, method, opts...)
+		var s grpc.ClientStream
+		err := withoutDeadline(ctx, cc, func() (bool, error) {
+			var err error
+			s, err = streamer(ctx, desc, cc, method, opts...)
+			// A stream that failed to start never reached a replica.
+			return true, err
+		})
+		return s, err
 	}
 	s, err := streamer(ctx, desc, cc, method, append([]grpc.CallOption{grpc.WaitForReady(true)}, opts...)...)
-	// A stream that failed to start never reached a replica.
 	return s, noReplicaServes(ctx, err, true)
+}
+
+// withoutDeadline runs call, a call without a deadline and without
+// WaitForReady, which fails at once while no replica serves (every one
+// restarting, or starting): again each time the client's state changes,
+// for RestartGrace, while it fails Unavailable without having reached a
+// replica. It used to fail at once, so that a restart of the only
+// sandbox failed such a call where one with a deadline was answered.
+// It cannot simply wait for ready: with nothing to end the wait, a
+// replica that connects and never serves would hold it for ever; and
+// the call itself cannot be given a deadline, which would bound its
+// run as well as its wait. After the wait its error is
+// NoReplicaServes, as a deadline's would be, or NoReplicaReachable,
+// which ends the wait at once.
+func withoutDeadline(ctx context.Context, cc *grpc.ClientConn, call func() (unsent bool, err error)) error {
+	wait, cancel := context.WithTimeout(ctx, RestartGrace)
+	defer cancel()
+	for {
+		before := cc.GetState()
+		unsent, err := call()
+		if err == nil || !unsent || status.Code(err) != codes.Unavailable || unreachable(err) {
+			return err
+		}
+		if wait.Err() != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			return notServed(err)
+		}
+		// Failed while a replica served: the next try waits for a
+		// change, not at once in a loop.
+		if st := cc.GetState(); st == connectivity.Ready && before == connectivity.Ready {
+			cc.WaitForStateChange(wait, st)
+		}
+		for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
+			if st == connectivity.Idle {
+				cc.Connect()
+			}
+			if !cc.WaitForStateChange(wait, st) {
+				break
+			}
+		}
+	}
+}
+
+// unreachable reports whether err is the balancer's NoReplicaReachable.
+func unreachable(err error) bool {
+	return strings.HasPrefix(status.Convert(err).Message(), NoReplicaReachable)
 }
 
 // noReplicaServes names err, a call's that reached no replica
@@ -56,7 +117,13 @@ func noReplicaServes(ctx context.Context, err error, unsent bool) error {
 	if err == nil || !unsent || !errors.Is(ctx.Err(), context.DeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
 		return err
 	}
-	// gRPC's message is the balancer's last error (a replica's health
-	// NOT_SERVING, a refused connect): kept after the name.
+	return notServed(err)
+}
+
+// notServed is err, a call's that found no replica serving, as
+// NoReplicaServes. gRPC's message is the balancer's last error (a
+// replica's health NOT_SERVING, a refused connect): kept after the
+// name.
+func notServed(err error) error {
 	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, NoReplicaServes+" ("+status.Convert(err).Message()+")")
 }

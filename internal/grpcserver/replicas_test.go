@@ -257,9 +257,22 @@ func TestCallsWaitForAReplicaToServe(t *testing.T) {
 // want of a reachable replica (grpcclient.RestartGrace) is no shorter
 // than a restart. One replica alone was not waited for: a call failed
 // at once with the refused connect.
+//
+// A call without a deadline failed at once while every replica was
+// away, however short the restart: it now waits for one as long as a
+// restart is given (grpcclient.RestartGrace), and is answered by the
+// replica restarted.
 func TestACallWaitsForAReplicaRestarting(t *testing.T) {
-	for _, n := range []int{1, 2} {
-		t.Run(fmt.Sprintf("%d replicas", n), func(t *testing.T) {
+	for _, c := range []struct {
+		n        int
+		deadline bool
+	}{{1, true}, {2, true}, {1, false}, {2, false}} {
+		n := c.n
+		name := fmt.Sprintf("%d replicas", n)
+		if !c.deadline {
+			name += ", no deadline"
+		}
+		t.Run(name, func(t *testing.T) {
 			addr, rs := replicasOf(t, n)
 			for _, r := range rs {
 				r.serve()
@@ -282,9 +295,13 @@ func TestACallWaitsForAReplicaRestarting(t *testing.T) {
 					t.Fatalf("the client never saw every replica away (%v)", st)
 				}
 			}
+			callCtx := ctx
+			if !c.deadline {
+				callCtx = context.Background()
+			}
 			done := make(chan error, 1)
 			go func() {
-				_, err := client.Live(ctx, &configv1.LiveRequest{})
+				_, err := client.Live(callCtx, &configv1.LiveRequest{})
 				done <- err
 			}()
 			// Restarted: a new process on the same socket.
