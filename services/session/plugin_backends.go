@@ -8,10 +8,12 @@ import (
 	"math"
 	"strings"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/jsonstr"
 	"github.com/clawmesh/clawmesh/internal/recallanswer"
+	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 )
 
@@ -52,12 +54,26 @@ func (s *Server) addPluginBackends(ts *toolSet, agent AgentConfig, listed *plugi
 	}
 }
 
-// sandboxError keeps a sandbox refusal's message, not its transport.
+// sandboxUnavailable is what a call that did not reach the sandbox
+// says, as execute's for a plugin tool.
+const sandboxUnavailable = "plugin sandbox unavailable"
+
+// sandboxError keeps a sandbox refusal's message, not its transport. A
+// call that did not reach the sandbox (Unavailable from the client's
+// side: a connection lost, to a hung sandbox by the keepalive, or no
+// replica reachable, rpcerr.ReasonDependency) names it: the words of
+// gRPC's transport alone do not say what was away. The sandbox's own
+// Unavailable answers (rpcerr.ReasonCapacity) are its words already.
 func sandboxError(err error) error {
-	if st, ok := status.FromError(err); ok {
-		return errors.New(st.Message())
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
 	}
-	return err
+	msg := st.Message()
+	if reason, _ := rpcerr.Details(st); st.Code() == codes.Unavailable && reason != rpcerr.ReasonCapacity && !strings.HasPrefix(msg, sandboxUnavailable) {
+		msg = sandboxUnavailable + ": " + msg
+	}
+	return errors.New(msg)
 }
 
 func decodeArgs(args json.RawMessage, v any) error {

@@ -163,7 +163,7 @@ func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal
 		case codes.DeadlineExceeded:
 			return wholeOutput(fmt.Sprintf("Tool %s timed out", name)), false
 		case codes.Internal, codes.Unknown, codes.Unavailable:
-			return wholeOutput(fmt.Sprintf("Tool %s failed: plugin sandbox unavailable", name)), false
+			return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, sandboxUnavailable)), false
 		}
 		return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, st.Message())), false
 	}
