@@ -86,10 +86,14 @@ func TestPluginTools(t *testing.T) {
 		t.Fatalf("prompt %v", resp)
 	}
 	var results []update
-	for _, u := range rec.until(UpdateTurnComplete) {
+	all := rec.until(UpdateTurnComplete)
+	for _, u := range all {
 		if u.Type == UpdateToolResult {
 			results = append(results, u)
 		}
+	}
+	if told := texts(all, UpdateThoughtChunk); len(told) != 0 {
+		t.Fatalf("a turn that listed the plugin tools was told it had none: %q", told)
 	}
 	want := []struct{ status, output string }{
 		{toolCompleted, `{"A":"B"} by user:alice`},
@@ -108,12 +112,12 @@ func TestPluginTools(t *testing.T) {
 }
 
 // A sandbox that is not there yet, or does not implement the service,
-// means no plugin tools: built-ins still work. Through DialReplicas (the
-// service's own client), whose calls with a deadline wait for a replica
-// that serves, the turn's listing still does not wait: with the sandbox
-// gone every turn's start was held for the listing's whole bound (2 s by
-// default; an hour here, so the turn ran out of its own bound and was
-// cancelled).
+// means no plugin tools: built-ins still work, and the turn's first
+// update, a thought, says that it has none and why (it said nothing
+// before). Through DialReplicas (the service's own client) the listing
+// waits for a replica that serves within its bound (an hour here), but
+// not for a sandbox gone for good: once no replica has connected for
+// grpcclient.RestartGrace the listing fails and the turn starts.
 func TestPluginSandboxMissing(t *testing.T) {
 	gone := filepath.Join(t.TempDir(), "nobody.sock")
 	for name, dial := range map[string]func(*testing.T) pluginv1.PluginServiceClient{
@@ -132,10 +136,17 @@ func TestPluginSandboxMissing(t *testing.T) {
 			client := dial(t)
 			h := newHarness(t, func(c *Config) { c.Plugins = client; c.PluginListTimeout = time.Hour })
 			id := h.newSession(alice, "default")
+			rec := h.record(id)
 			resp := h.prompt(alice, id, "/tool shout {}\n/tool echo {\"ok\":true}\n/say end")
 			if resp.GetOutcome() != outcomeEnum[OutcomeCompleted] || resp.GetContent() != "end" {
 				t.Fatalf("prompt %v", resp)
 			}
+			all := rec.until(UpdateTurnComplete)
+			if told := texts(all, UpdateThoughtChunk); len(told) != 1 || all[0].Type != UpdateThoughtChunk ||
+				!strings.HasPrefix(told[0], "[No plugin tools in this turn: the plugin sandbox could not list them: ") {
+				t.Fatalf("the turn without plugin tools was not told so first: %s %q", types(all), told)
+			}
+			t.Logf("told %q", texts(all, UpdateThoughtChunk)[0])
 			var rows []string
 			r, err := h.pool.Query(context.Background(), "SELECT name || '=' || status FROM tool_calls WHERE session_id = $1 ORDER BY name DESC", id)
 			if err != nil {

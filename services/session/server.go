@@ -40,6 +40,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/coalesce"
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
@@ -70,8 +71,12 @@ type Config struct {
 	MaxSteps int
 	// ToolTimeout bounds one tool call (default 2 min).
 	ToolTimeout time.Duration
-	// PluginListTimeout bounds listing the plugin tools at a turn's start
-	// (default 2 s).
+	// PluginListTimeout bounds listing the plugin tools at a turn's start,
+	// which waits for a sandbox restarting (default
+	// grpcclient.RestartGrace, 3 s: the time a sandbox's client counts
+	// its replicas as restarting before it fails calls at once; with 2 s
+	// a turn started at a fourth crash in a row, whose restart took
+	// longer, had no plugin tools).
 	PluginListTimeout time.Duration
 	// CheckpointInterval and CheckpointBytes batch the checkpoints of
 	// running turns (defaults 100 ms and 4 KiB; see checkpoint.go).
@@ -116,7 +121,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.ToolTimeout = 2 * time.Minute
 	}
 	if c.PluginListTimeout <= 0 {
-		c.PluginListTimeout = 2 * time.Second
+		c.PluginListTimeout = grpcclient.RestartGrace
 	}
 	if c.CheckpointInterval <= 0 {
 		c.CheckpointInterval = DefaultCheckpointInterval

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
+	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/tooloutput"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -70,9 +72,11 @@ type toolSet struct {
 }
 
 // toolsFor lists the tools of a turn. A plugin sandbox that is missing,
-// not built yet or failing means no plugin tools, never a failed turn.
-func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) *toolSet {
-	ts := &toolSet{builtin: map[string]builtinTool{}, plugin: map[string]*pluginv1.Tool{}, refused: map[string]bool{}}
+// not built yet or failing means no plugin tools, never a failed turn;
+// unlisted is then what the turn's client is told (noPluginTools), ""
+// when the plugin tools were listed or there is no sandbox.
+func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) (ts *toolSet, unlisted string) {
+	ts = &toolSet{builtin: map[string]builtinTool{}, plugin: map[string]*pluginv1.Tool{}, refused: map[string]bool{}}
 	for name, b := range builtins {
 		if agent.offers(name) {
 			ts.builtin[name] = b
@@ -81,21 +85,26 @@ func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) *toolSet {
 		}
 	}
 	if s.cfg.Plugins == nil {
-		return ts
+		return ts, ""
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PluginListTimeout)
+	listCtx, cancel := context.WithTimeout(ctx, s.cfg.PluginListTimeout)
 	defer cancel()
-	// Not waiting for a replica that serves (DialReplicas waits, within a
-	// call's deadline, for one): a turn's start is not held for a sandbox
-	// that may never come back. One that is starting or gone means no
-	// plugin tools for this turn; the calls of tools listed wait within
-	// their own deadline.
-	resp, err := s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{}, grpc.WaitForReady(false))
+	// The sandbox's client (grpcclient.DialReplicas) waits within the
+	// bound for a replica that serves: a sandbox the launcher restarts
+	// is away 0.2 to 1.8 s (first to fifth crash in a row), and a
+	// prompt sent meanwhile ran its turn without the plugin tools. One
+	// gone for good (every replica away for grpcclient.RestartGrace)
+	// fails at once, so the bound is paid only in the grace.
+	resp, err := s.listPluginTools(listCtx)
 	if err != nil {
-		if c := status.Code(err); c != codes.Unimplemented && c != codes.Unavailable && c != codes.Canceled {
+		if ctx.Err() != nil {
+			// The turn is ending: nobody is left to tell.
+			return ts, ""
+		}
+		if c := status.Code(err); c != codes.Unimplemented && c != codes.Unavailable {
 			s.log.Warn("list plugin tools", zap.Error(err))
 		}
-		return ts
+		return ts, noPluginTools(err, s.cfg.PluginListTimeout)
 	}
 	s.addPluginBackends(ts, agent, resp)
 	for _, t := range resp.GetTools() {
@@ -108,7 +117,50 @@ func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) *toolSet {
 			ts.refused[t.GetName()] = true
 		}
 	}
-	return ts
+	return ts, ""
+}
+
+// listPluginTools is the sandbox's ListTools, tried once more when the
+// first try failed Unavailable on its own (not for want of a replica:
+// that wait is done): a call picked on the connection of a sandbox
+// killed a moment before, which the client had not yet seen close,
+// fails at once. The second try waits for the restarted sandbox like
+// any call. Listing changes nothing, so a second try is harmless.
+func (s *Server) listPluginTools(ctx context.Context) (*pluginv1.ListToolsResponse, error) {
+	resp, err := s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
+	if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+		return resp, err
+	}
+	if msg := status.Convert(err).Message(); strings.HasPrefix(msg, grpcclient.NoReplicaReachable) || strings.HasPrefix(msg, grpcclient.NoReplicaServes) {
+		return resp, err
+	}
+	s.log.Info("list plugin tools: tried again", zap.Error(err))
+	return s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
+}
+
+// noPluginTools is what a turn's client is told, as the turn's first
+// thought chunk, when the sandbox did not list its tools (err, the
+// listing's): that the turn has none, and why in a few words. The
+// status's own message, which may name the daemon's socket paths, is
+// left to the log and to plugins/list.
+func noPluginTools(err error, bound time.Duration) string {
+	st := status.Convert(err)
+	var why string
+	switch msg := st.Message(); {
+	case strings.HasPrefix(msg, grpcclient.NoReplicaReachable):
+		why = "it cannot be reached (no replica is reachable)"
+	case strings.HasPrefix(msg, grpcclient.NoReplicaServes):
+		why = fmt.Sprintf("it is starting or restarting and did not serve within %v", bound)
+	case st.Code() == codes.DeadlineExceeded:
+		why = fmt.Sprintf("it did not answer within %v", bound)
+	case st.Code() == codes.Unimplemented:
+		why = "it does not serve plugin tools"
+	case st.Code() == codes.Unavailable:
+		why = "it is unavailable"
+	default:
+		why = "it failed to list them"
+	}
+	return "[No plugin tools in this turn: the plugin sandbox could not list them: " + why + ".]"
 }
 
 func (ts *toolSet) has(name string) bool {

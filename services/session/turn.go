@@ -313,14 +313,14 @@ func (s *Server) loop(t *turn) turnResult {
 		msgs = append(msgs, ChatMessage{Role: roleSystem, Content: agent.SystemPrompt})
 	}
 	msgs = append(msgs, history...)
-	tools := s.toolsFor(ctx, agent)
+	tools, unlisted := s.toolsFor(ctx, agent)
 	specs := tools.specs()
 
 	// streamed counts what the provider streamed in this turn, thoughts
 	// included, as JSON; past MaxReplyBytes the step is cut (cutStep) and
 	// the turn ends with what fits.
 	streamed, cut := 0, false
-	var cutStep context.CancelCauseFunc
+	cutStep := context.CancelCauseFunc(func(error) {}) // a no-op for what is emitted before the first step
 	emit := func(c Chunk) {
 		if c.Text == "" || cut {
 			return
@@ -350,6 +350,13 @@ func (s *Server) loop(t *turn) turnResult {
 		event, end := t.log.stream(t.step, c.Thought, c.Text, seq)
 		t.mapUpdate(seq, event, end)
 		t.mapMu.Unlock()
+	}
+	if unlisted != "" {
+		// The turn runs without the plugin tools: its client is told,
+		// first, as a thought (a message chunk would be part of the
+		// reply, its transcript and the provider's context), streamed,
+		// stored and sent again like any other.
+		emit(Chunk{Thought: true, Text: unlisted})
 	}
 	for n := 0; ; n++ {
 		if n >= s.cfg.MaxSteps {

@@ -1,0 +1,110 @@
+package e2e_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/rpcclient"
+)
+
+// A turn lists the plugin tools at its start. The listing did not wait
+// for a sandbox that did not serve (WaitForReady(false)), so a prompt
+// sent while the launcher restarted a crashed sandbox (its socket away
+// 0.2 to 1.8 s) ran a turn without the plugins' tools, silently: here
+// its call of the echo plugin's tool was "Unknown tool". The listing
+// now waits for the restarted sandbox within its bound, and the turn
+// has the tool. The time from the kill to the prompt's answer is
+// logged.
+func TestATurnStartedWhileTheSandboxRestartsHasItsPluginTools(t *testing.T) {
+	t.Parallel()
+	s := pluginStack(t, []string{"echo"})
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+	id := v.newSession("")
+	// Four crashes in a row, each as soon as the last restart served:
+	// the launcher's backoff doubles from 100 to 800 ms. A fifth (1.6 s)
+	// is within the listing's bound too, with less to spare under load.
+	for i := range 4 {
+		killReplica(t, s, 0)
+		start := time.Now()
+		_, results, all := toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"back"}`)
+		took := time.Since(start)
+		if len(results) != 1 || results[0].Status != "completed" || results[0].RawOutput != "back" {
+			t.Fatalf("restart %d: a turn started while the sandbox restarted: %+v", i+1, all)
+		}
+		if n := pluginNotices(all); len(n) != 0 {
+			t.Fatalf("restart %d: a turn that had its plugin tools was told otherwise: %q", i+1, n)
+		}
+		t.Logf("restart %d: the prompt sent once the sandbox was killed answered after %v", i+1, took.Round(time.Millisecond))
+	}
+	raw, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", "session.log"))
+	var again []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.Contains(l, "list plugin tools: tried again") {
+			again = append(again, l)
+		}
+	}
+	t.Logf("listings tried again after a call on a broken connection: %d %q", len(again), again)
+}
+
+// With the sandbox gone for good (killed, its binary taken away, so no
+// restart the launcher tries comes up), a turn runs without the plugin
+// tools, as before, but its client is told so: the turn's first update
+// is a thought chunk saying that the plugin tools are unavailable and
+// why. A prompt sent at once waits for the listing's bound at most
+// (the sandbox may be restarting); once no replica has connected for
+// grpcclient.RestartGrace, the listing fails at once. No timing is
+// asserted; both waits are logged.
+func TestATurnWithTheSandboxGoneIsToldItHasNoPluginTools(t *testing.T) {
+	t.Parallel()
+	bin := linkedBinDir(t)
+	s := pluginStack(t, []string{"echo"}, "--bin-dir", bin)
+	v := newConv(t, s, nil)
+	waitForPluginTool(t, v, echoTool)
+	id := v.newSession("")
+
+	if err := os.Remove(filepath.Join(bin, "plugin-sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	killReplica(t, s, 0)
+	turn := func(when string) {
+		t.Helper()
+		start := time.Now()
+		_, results, all := toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"gone"}`+"\n/say end")
+		took := time.Since(start)
+		if len(results) != 1 || results[0].Status != "failed" || !strings.HasPrefix(results[0].RawOutput, "Unknown tool") {
+			t.Fatalf("%s: the plugin's tool in a turn with the sandbox gone: %+v", when, all)
+		}
+		n := pluginNotices(all)
+		if len(n) != 1 || all[0].Type != "agent_thought_chunk" || !strings.Contains(n[0], "plugin sandbox") {
+			t.Fatalf("%s: the turn was not told, first, that it had no plugin tools: %+v", when, all)
+		}
+		t.Logf("%s: answered after %v; told %q", when, took.Round(time.Millisecond), n[0])
+	}
+	turn("at once")
+
+	// Once plugins/list says no replica is reachable, the grace has
+	// passed: the listing fails at once.
+	waitFor(t, "plugins/list to say no replica is reachable", 60*time.Second, func() bool {
+		_, err := v.c.Call("plugins/list", map[string]any{})
+		var re *rpcclient.RPCError
+		return errors.As(err, &re) && strings.HasPrefix(re.Message, "plugin-sandbox: no replica is reachable (")
+	})
+	turn("after the grace")
+}
+
+// pluginNotices are the texts of the updates that say a turn has no
+// plugin tools.
+func pluginNotices(all []pluginUpdate) []string {
+	var out []string
+	for _, u := range all {
+		if u.Type == "agent_thought_chunk" && strings.Contains(u.Text, "plugin tools") {
+			out = append(out, u.Text)
+		}
+	}
+	return out
+}
