@@ -1,0 +1,461 @@
+// Package filepass hands a file's bytes from one process to another on
+// the same host without copying them through a gRPC message: the sender
+// holds them in a memfd (Buffer) and passes its descriptor over a Unix
+// socket (SCM_RIGHTS); the receiver keeps it under a random token, bound
+// to who may name it, for a short time, and gives its bytes once to the
+// call that names the token (Receiver.Take).
+//
+// The socket is 0600 in the runtime folder and the receiver checks the
+// peer's uid (SO_PEERCRED): only a process of its own user may pass it a
+// descriptor. A descriptor held is a memfd's pages pinned, so the
+// receiver holds few (MaxHeld) and none past its ttl; a process that dies
+// leaves nothing to sweep (a memfd goes with its last descriptor).
+package filepass
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/unixsock"
+)
+
+// TokenHexLen is a token's length: 128 random bits in lower-case hex.
+const TokenHexLen = 32
+
+// MaxHeld bounds the descriptors a receiver holds at once by default.
+const MaxHeld = 8
+
+// maxHeader bounds a pass's header (its binding and size, in JSON).
+const maxHeader = 4 << 10
+
+// exchangeTimeout bounds one pass on either side: a connect, one
+// message and its answer on the same host.
+const exchangeTimeout = 5 * time.Second
+
+// ErrUnknown is a token the receiver does not hold: never given, taken
+// already, expired, another caller's, or given before the receiver
+// restarted. The caller sends the bytes another way.
+var ErrUnknown = errors.New("file hand-over token unknown or expired")
+
+// ErrTooLarge is a size past the bytes the passed file holds.
+var ErrTooLarge = errors.New("size past the handed-over file's")
+
+// ErrFull is a pass refused because the receiver holds MaxHeld already.
+var ErrFull = errors.New("file hand-over: too many files held")
+
+// Binding is who may take a passed file: the upload it is and the
+// principal that committed it.
+type Binding struct {
+	Upload    string `json:"upload_id"`
+	Principal string `json:"principal"`
+}
+
+// Buffer is a memfd and its bytes mapped into this process: what is
+// written into Bytes is the file passed.
+type Buffer struct {
+	fd  int
+	mem []byte
+}
+
+// NewBuffer creates a memfd of size bytes (size > 0) and maps it.
+func NewBuffer(size int64) (*Buffer, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("memfd of %d bytes", size)
+	}
+	fd, err := unix.MemfdCreate("clawmesh-upload", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("memfd size: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mmap memfd: %w", err)
+	}
+	return &Buffer{fd: fd, mem: mem}, nil
+}
+
+// Bytes is the mapped memory, valid until Close.
+func (b *Buffer) Bytes() []byte { return b.mem }
+
+// Close unmaps the memory and closes the descriptor; a receiver holding
+// the file still reads it.
+func (b *Buffer) Close() error {
+	err := unix.Munmap(b.mem)
+	b.mem = nil
+	return errors.Join(err, unix.Close(b.fd))
+}
+
+// header is a pass's message beside its descriptor.
+type header struct {
+	Binding
+	Size int64 `json:"size"`
+}
+
+// reply is the receiver's answer to a pass.
+type reply struct {
+	Token string `json:"token,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// Pass hands b's first size bytes to the receiver listening at path, to
+// be taken by bind, and returns the token naming them.
+func Pass(ctx context.Context, path string, b *Buffer, size int64, bind Binding) (string, error) {
+	if size <= 0 || size > int64(len(b.mem)) {
+		return "", fmt.Errorf("pass %d bytes of a %d-byte memfd: %w", size, len(b.mem), ErrTooLarge)
+	}
+	ctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return "", fmt.Errorf("file socket: %w", err)
+	}
+	defer c.Close()
+	uc := c.(*net.UnixConn)
+	if dl, ok := ctx.Deadline(); ok {
+		_ = uc.SetDeadline(dl)
+	}
+	msg, err := json.Marshal(header{Binding: bind, Size: size})
+	if err != nil {
+		return "", err
+	}
+	if _, _, err := uc.WriteMsgUnix(msg, unix.UnixRights(b.fd), nil); err != nil {
+		return "", fmt.Errorf("pass the file: %w", err)
+	}
+	buf := make([]byte, 512)
+	n, err := uc.Read(buf)
+	if err != nil {
+		return "", fmt.Errorf("file socket's answer: %w", err)
+	}
+	var r reply
+	if err := json.Unmarshal(buf[:n], &r); err != nil {
+		return "", fmt.Errorf("file socket's answer: %w", err)
+	}
+	if r.Error != "" {
+		return "", fmt.Errorf("file socket refused the pass: %s", r.Error)
+	}
+	if !ids.LowerHex(r.Token, TokenHexLen) {
+		return "", errors.New("file socket answered a malformed token")
+	}
+	return r.Token, nil
+}
+
+// held is a passed file waiting for its Take.
+type held struct {
+	fd      int
+	size    int64 // the size the sender declared
+	bind    Binding
+	expires time.Time
+}
+
+// Receiver listens on the file socket and holds what is passed to it.
+type Receiver struct {
+	lis  *net.UnixListener
+	ttl  time.Duration
+	max  int
+	uid  uint32
+	now  func() time.Time
+	done chan struct{}
+
+	mu    sync.Mutex
+	files map[string]held
+}
+
+// Options tunes a receiver; zero values take the defaults.
+type Options struct {
+	// TTL is how long a passed file waits for its Take.
+	TTL time.Duration
+	// MaxHeld bounds the files held at once (default MaxHeld).
+	MaxHeld int
+	// Now is the clock (tests); nil is time.Now.
+	Now func() time.Time
+	// peerUID, when set (tests), is the uid a peer must have instead of
+	// this process's.
+	peerUID *uint32
+}
+
+// Listen creates the file socket at path (0600) and serves passes on it
+// until Close.
+func Listen(path string, o Options) (*Receiver, error) {
+	if o.TTL <= 0 {
+		o.TTL = 30 * time.Second
+	}
+	if o.MaxHeld <= 0 {
+		o.MaxHeld = MaxHeld
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	lis, err := unixsock.Listen(path)
+	if err != nil {
+		return nil, err
+	}
+	uid := uint32(os.Getuid())
+	if o.peerUID != nil {
+		uid = *o.peerUID
+	}
+	r := &Receiver{lis: lis, ttl: o.TTL, max: o.MaxHeld, uid: uid, now: o.Now, done: make(chan struct{}), files: map[string]held{}}
+	go r.serve()
+	return r, nil
+}
+
+// Close stops serving, waits for the serving goroutine and closes every
+// descriptor held.
+func (r *Receiver) Close() error {
+	err := r.lis.Close()
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for tok, h := range r.files {
+		unix.Close(h.fd)
+		delete(r.files, tok)
+	}
+	return err
+}
+
+// Held is how many passed files wait for their Take.
+func (r *Receiver) Held() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.files)
+}
+
+// serve takes one pass at a time: the only peer is upload-staging, whose
+// stores are few at once, and each exchange is bounded by
+// exchangeTimeout, so a stuck peer delays others by that at most.
+func (r *Receiver) serve() {
+	defer close(r.done)
+	for {
+		c, err := r.lis.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // EMFILE and the like pass
+			continue
+		}
+		r.exchange(c)
+	}
+}
+
+// exchange reads one pass from c and answers it.
+func (r *Receiver) exchange(c *net.UnixConn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
+	answer := func(rep reply) {
+		msg, _ := json.Marshal(rep)
+		_, _ = c.Write(msg)
+	}
+	buf := make([]byte, maxHeader)
+	oob := make([]byte, unix.CmsgSpace(4*4)) // room to see, and close, a few descriptors sent by mistake
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return
+	}
+	fds, err := descriptors(oob[:oobn])
+	if err != nil {
+		answer(reply{Error: err.Error()})
+		return
+	}
+	// Read before the check so that the refusal reaches the peer rather
+	// than a reset, and a descriptor it sent is closed here.
+	if err := r.checkConnPeer(c); err != nil {
+		closeAll(fds)
+		answer(reply{Error: err.Error()})
+		return
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || len(fds) != 1 {
+		closeAll(fds)
+		answer(reply{Error: "one descriptor and a header of at most 4 KiB expected"})
+		return
+	}
+	var h header
+	if err := json.Unmarshal(buf[:n], &h); err != nil {
+		closeAll(fds)
+		answer(reply{Error: "malformed header"})
+		return
+	}
+	tok, err := r.hold(fds[0], h)
+	if err != nil {
+		unix.Close(fds[0])
+		answer(reply{Error: err.Error()})
+		return
+	}
+	answer(reply{Token: tok})
+}
+
+// checkConnPeer refuses a peer of another user.
+func (r *Receiver) checkConnPeer(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return CheckPeer(cred, r.uid)
+}
+
+// CheckPeer refuses a peer whose uid is not want: a descriptor passed by
+// another user's process is never read.
+func CheckPeer(cred *unix.Ucred, want uint32) error {
+	if cred == nil || cred.Uid != want {
+		return errors.New("peer of another user refused")
+	}
+	return nil
+}
+
+// descriptors are the descriptors SCM_RIGHTS messages in oob carry.
+func descriptors(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("control message: %w", err)
+	}
+	var fds []int
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_RIGHTS {
+			continue
+		}
+		got, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			closeAll(fds)
+			return nil, fmt.Errorf("control message: %w", err)
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// hold keeps fd under a new token, once its header and the file check
+// out: a regular file (a memfd) of at least the declared size.
+func (r *Receiver) hold(fd int, h header) (string, error) {
+	if !ids.LowerHex(h.Upload, 32) || h.Principal == "" || len(h.Principal) > 256 {
+		return "", errors.New("malformed binding")
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", fmt.Errorf("stat the passed file: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return "", errors.New("the passed descriptor is not a regular file")
+	}
+	if h.Size <= 0 || h.Size > st.Size {
+		return "", ErrTooLarge
+	}
+	var raw [TokenHexLen / 2]byte
+	_, _ = rand.Read(raw[:]) // crypto/rand.Read never fails on supported platforms
+	tok := hex.EncodeToString(raw[:])
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expireLocked()
+	if len(r.files) >= r.max {
+		return "", ErrFull
+	}
+	r.files[tok] = held{fd: fd, size: h.Size, bind: h.Binding, expires: r.now().Add(r.ttl)}
+	return tok, nil
+}
+
+// expireLocked closes the files whose time ran out.
+func (r *Receiver) expireLocked() {
+	now := r.now()
+	for tok, h := range r.files {
+		if !now.Before(h.expires) {
+			unix.Close(h.fd)
+			delete(r.files, tok)
+		}
+	}
+}
+
+// Take gives the size bytes the token names to bind, read once into buf
+// (grown when short) so that nothing the sender does after changes them.
+// The token is gone after it, whatever the answer: ErrUnknown for a
+// token not held (or another's), ErrTooLarge for a size past the
+// file's. A token not of a token's form is unknown without a look-up.
+func (r *Receiver) Take(token string, size int64, bind Binding, buf []byte) ([]byte, error) {
+	if !ids.LowerHex(token, TokenHexLen) {
+		return nil, ErrUnknown
+	}
+	r.mu.Lock()
+	r.expireLocked()
+	h, ok := r.files[token]
+	if ok {
+		delete(r.files, token)
+	}
+	r.mu.Unlock()
+	if !ok {
+		return nil, ErrUnknown
+	}
+	defer unix.Close(h.fd)
+	if h.bind != bind {
+		return nil, ErrUnknown
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(h.fd, &st); err != nil {
+		return nil, fmt.Errorf("stat the passed file: %w", err)
+	}
+	// Against the file as it is now, not as it was passed: a sender may
+	// have shrunk it since, and a read past its end comes back short.
+	if size <= 0 || size > h.size || size > st.Size {
+		return nil, ErrTooLarge
+	}
+	if int64(cap(buf)) < size {
+		buf = make([]byte, size)
+	}
+	buf = buf[:size]
+	for off := int64(0); off < size; {
+		n, err := unix.Pread(h.fd, buf[off:], off)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the passed file: %w", err)
+		}
+		if n == 0 {
+			return nil, ErrTooLarge
+		}
+		off += int64(n)
+	}
+	return buf, nil
+}
+
+// SocketFor is the file socket beside a service's gRPC socket at addr:
+// <name>.files.sock for <name>.sock, so that the folder, its mode and
+// whoever may reach it are the gRPC socket's. It is "" when addr is not
+// a Unix socket path (host:port, between containers or hosts): a
+// descriptor does not cross a network, and there is no hand-over.
+func SocketFor(addr string) string {
+	if !filepath.IsAbs(addr) || !strings.HasSuffix(addr, ".sock") {
+		return ""
+	}
+	return strings.TrimSuffix(addr, ".sock") + ".files.sock"
+}
