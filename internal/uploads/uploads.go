@@ -124,6 +124,12 @@ func Committing(id string) string {
 // the operator nor an admin.
 const PathForbidden = "A file named by `path` is read as the daemon's user; only the operator or an admin may attach one. Send its bytes in `data_b64` or through file/upload"
 
+// HandOverUnknown refuses a StoreFile whose file token the session
+// service does not hold (internal/filepass): unknown, expired, another
+// caller's, or passed before it restarted. upload-staging then sends the
+// bytes in the message; no client sees it.
+const HandOverUnknown = "File hand-over token unknown or expired"
+
 // HashMismatch: the content is not what begin declared.
 const HashMismatch = "Upload content does not match the SHA-256 declared at begin; begin again"
 

@@ -51,6 +51,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/policylock"
@@ -283,7 +284,13 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 			return nil, err
 		}
 	}
-	data, err := fileContent(req)
+	var data []byte
+	if req.GetFileToken() != "" {
+		data, err = s.handedOver(req)
+		defer s.keepFileBuffer(data)
+	} else {
+		data, err = fileContent(req)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -357,6 +364,69 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 	s.log.Info("file stored", zap.String("session_id", id), zap.String("ref_id", entry.GetRefId()),
 		zap.Int64("size_bytes", entry.GetSizeBytes()), zap.Bool("deduplicated", entry.GetDeduplicated()))
 	return &sessionv1.StoreFileResponse{File: entry}, nil
+}
+
+// FileHandOverTTL is how long a file passed on the file socket waits for
+// the StoreFile that names it: the store's own bound.
+const FileHandOverTTL = storeTimeout
+
+// errHandOver refuses a file token; upload-staging then sends the bytes.
+func errHandOver() error {
+	return rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex, uploads.HandOverUnknown)
+}
+
+// handedOver is the file a StoreFile names by its token (Config's
+// FileReceiver), read once into this process's buffer: what the sender
+// does with its memfd afterwards changes nothing hashed or written. Any
+// failure to take it is the hand-over's refusal, and the caller sends
+// the bytes instead.
+func (s *Server) handedOver(req *sessionv1.StoreFileRequest) ([]byte, error) {
+	if len(req.GetData()) > 0 || req.GetPath() != "" {
+		return nil, errInvalid("send either `file_token` or the file's bytes, not both")
+	}
+	size := req.GetFileSize()
+	if limit := req.GetMaxBytes(); limit > 0 && size > limit {
+		return nil, errInvalid(uploads.FileTooLarge(size, limit))
+	}
+	// Never more than a message could have carried.
+	if size <= 0 || size > grpcserver.MaxMessageBytes || s.cfg.FileReceiver == nil || req.GetUploadId() == "" {
+		return nil, errHandOver()
+	}
+	bind := filepass.Binding{Upload: req.GetUploadId(), Principal: req.GetPrincipal().GetPrincipalId()}
+	data, err := s.cfg.FileReceiver.Take(req.GetFileToken(), size, bind, s.fileBuffer())
+	if err != nil {
+		s.log.Info("file hand-over refused", zap.String("upload_id", bind.Upload), zap.Error(err))
+		return nil, errHandOver()
+	}
+	return data, nil
+}
+
+// maxFileBuffers bounds the buffers kept for handed-over files, as
+// bulkcodec keeps those of files sent in messages.
+const maxFileBuffers = 2
+
+// fileBuffer is a kept buffer for a handed-over file, or nil (Take
+// makes one): a new one of megabytes costs a fault a page as it is read
+// into.
+func (s *Server) fileBuffer() []byte {
+	select {
+	case b := <-s.fileBufs:
+		return b
+	default:
+		return nil
+	}
+}
+
+// keepFileBuffer keeps b for the next handed-over file, once its store
+// is done with it, if there is room.
+func (s *Server) keepFileBuffer(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	select {
+	case s.fileBufs <- b[:0]:
+	default:
+	}
 }
 
 // fileContent is the file's bytes: data, or the local file at path (an

@@ -40,6 +40,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/coalesce"
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/pg"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -92,6 +93,10 @@ type Config struct {
 	// kept buffers (cmd/session): StoreFile gives them back when done.
 	// nil when the bytes are grpc's.
 	Files *bulkcodec.Codec
+	// FileReceiver, when set, holds the files upload-staging hands over
+	// on the file socket (internal/filepass), which StoreFile names by
+	// their token instead of carrying the bytes.
+	FileReceiver *filepass.Receiver
 
 	// removeAll removes a discarded workspace: os.RemoveAll, a failing
 	// one in tests.
@@ -148,6 +153,8 @@ type Server struct {
 	nc        *nats.Conn
 	providers map[string]ProviderFactory
 	cp        *checkpointer
+	// fileBufs are buffers kept for handed-over files (fileBuffer).
+	fileBufs chan []byte
 
 	// stopSweep ends the eviction of idle live sessions; swept is closed
 	// when it ended.
@@ -199,7 +206,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		providers: defaultProviders(), lives: map[string]*liveSession{},
 		openReads: coalesce.Group[struct{}, []openSession]{Timeout: 10 * time.Second},
 		stopSweep: make(chan struct{}), swept: make(chan struct{}), emptied: make(chan struct{}), tidied: make(chan struct{}), cleared: map[string]struct{}{},
-		started: time.Now(),
+		started: time.Now(), fileBufs: make(chan []byte, maxFileBuffers),
 	}
 	for name, f := range cfg.Providers {
 		s.providers[name] = f

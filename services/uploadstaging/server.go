@@ -1,6 +1,7 @@
 package uploadstaging
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
+	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/steptrace"
@@ -57,6 +59,12 @@ type Config struct {
 	// Commit lends it the upload's bytes, which StoreFile's request is
 	// then sent from, uncopied. nil when grpc's codec marshals it.
 	Files *bulkcodec.Codec
+	// FileSocket, when set, is the session service's file socket
+	// (internal/filepass): uploads of a MiB or more are then held in
+	// memfds, and a commit hands the descriptor over there, StoreFile
+	// naming its token, instead of copying the bytes into StoreFile's
+	// message. Where the hand-over fails the bytes go in the message.
+	FileSocket string
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 	// Transports, when set, is the stats handler of the server this
@@ -196,6 +204,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Transports != nil {
 		cfg.Transports.stage.Store(s.stage)
 	}
+	s.stage.memfds = cfg.FileSocket != ""
 	return s, nil
 }
 
@@ -342,13 +351,13 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
 	d := p.Decl
-	loan := s.cfg.Files.Lend(p.Data)
-	start = time.Now()
-	entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
+	sreq := &sessionv1.StoreFileRequest{
 		Principal: req.GetPrincipal(), SessionId: d.SessionID, Generation: d.Generation, Incarnation: d.Incarnation,
-		Owner: d.SessionOwner, AgentAlias: d.Agent, Filename: d.Filename, MimeType: d.MIME, Data: p.Data,
+		Owner: d.SessionOwner, AgentAlias: d.Agent, Filename: d.Filename, MimeType: d.MIME,
 		MaxBytes: s.stage.Limits().MaxFileBytes, UploadId: p.ID, Sha256: d.SHA256,
-	})
+	}
+	start = time.Now()
+	entry, reusable, err := s.storeUpload(ctx, sreq, p)
 	steptrace.Since("upload-staging", "commit.store", start)
 	keep := err != nil && passing(err)
 	if err == nil {
@@ -357,12 +366,80 @@ func (s *Server) Commit(ctx context.Context, req *uploadv1.CommitRequest) (*uplo
 		// gets this answer, and is never told it is unknown.
 		s.answers.keep(p.ID, o.Principal, entry, s.stage.now(), ttl)
 	}
-	s.stage.Finish(p.ID, keep, loan.Return())
+	s.stage.Finish(p.ID, keep, reusable)
 	if err != nil {
 		s.log.Info("upload commit refused", zap.String("upload_id", p.ID), zap.Bool("kept", keep), zap.Error(err))
 		return nil, err
 	}
 	return &uploadv1.CommitResponse{File: entry}, nil
+}
+
+// storeUpload stores a taken upload: its memfd handed over when it has
+// one and the session service's file socket takes it, else its bytes in
+// the message, as before there was a socket. reusable says nothing reads
+// the upload's buffer any more (see Stage.Finish).
+func (s *Server) storeUpload(ctx context.Context, req *sessionv1.StoreFileRequest, p Pending) (entry *sessionv1.FileEntry, reusable bool, err error) {
+	if p.File != nil && s.cfg.FileSocket != "" {
+		var handed bool
+		entry, handed, err = s.storeHandedOver(ctx, req, p)
+		if handed {
+			// The memfd goes to a later upload only once the session
+			// service answered a store, which took the token first:
+			// after a failure its late read could see the next
+			// upload's bytes.
+			return entry, err == nil, err
+		}
+		// The copy is what gRPC is lent: Finish unmaps the memfd,
+		// and a loan not given back would be read after it.
+		req.Data = bytes.Clone(p.Data)
+		entry, err = s.store(ctx, req, nil)
+		return entry, false, err
+	}
+	loan := s.cfg.Files.Lend(p.Data)
+	req.Data = p.Data
+	entry, err = s.store(ctx, req, nil)
+	return entry, loan.Return(), err
+}
+
+// storeHandedOver passes the upload's memfd to the session service's
+// file socket and stores it by its token, within one store slot so that
+// the token does not wait for a slot. handed is false when the bytes
+// must go in the message instead: the socket is missing or refused the
+// pass, or StoreFile did not know the token (the session service
+// restarted since the pass, or the token expired).
+func (s *Server) storeHandedOver(ctx context.Context, req *sessionv1.StoreFileRequest, p Pending) (entry *sessionv1.FileEntry, handed bool, err error) {
+	handed = true
+	entry, err = s.store(ctx, req, func() bool {
+		tok, perr := filepass.Pass(ctx, s.cfg.FileSocket, p.File, p.Decl.Size,
+			filepass.Binding{Upload: p.ID, Principal: req.GetPrincipal().GetPrincipalId()})
+		if perr != nil {
+			s.log.Debug("upload not handed over, its bytes are sent", zap.String("upload_id", p.ID), zap.Error(perr))
+			handed = false
+			return false
+		}
+		if hook := passedHook.Load(); hook != nil {
+			(*hook)()
+		}
+		req.FileToken, req.FileSize = tok, p.Decl.Size
+		return true
+	})
+	if handed && handOverRefused(err) {
+		s.log.Info("file hand-over refused, the upload's bytes are sent", zap.String("upload_id", p.ID), zap.Error(err))
+		req.FileToken, req.FileSize = "", 0
+		return nil, false, nil
+	}
+	return entry, handed, err
+}
+
+// passedHook, when set (tests only), runs once a commit's memfd is
+// passed and before StoreFile names its token.
+var passedHook atomic.Pointer[func()]
+
+// handOverRefused reports whether err is StoreFile's refusal of a file
+// token: the file was not stored, and may be sent in the message.
+func handOverRefused(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && err != nil && st.Code() == codes.FailedPrecondition && st.Message() == uploads.HandOverUnknown
 }
 
 // isUnknown reports whether err is the stage's refusal of id as unknown.
@@ -414,14 +491,19 @@ func passing(err error) bool {
 }
 
 // store hands one file to the session service, at most
-// MaxConcurrentStores at once.
-func (s *Server) store(ctx context.Context, req *sessionv1.StoreFileRequest) (*sessionv1.FileEntry, error) {
+// MaxConcurrentStores at once. prepare, when set, runs once a slot is
+// held; when it returns false nothing is sent, and store returns nil,
+// nil.
+func (s *Server) store(ctx context.Context, req *sessionv1.StoreFileRequest, prepare func() bool) (*sessionv1.FileEntry, error) {
 	select {
 	case s.stores <- struct{}{}:
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	defer func() { <-s.stores }()
+	if prepare != nil && !prepare() {
+		return nil, nil
+	}
 	resp, err := s.cfg.Sessions.StoreFile(ctx, req)
 	if err != nil {
 		return nil, fromSessions(err)
@@ -494,7 +576,7 @@ func (s *Server) Attach(ctx context.Context, req *uploadv1.AttachRequest) (*uplo
 		entry, err := s.store(ctx, &sessionv1.StoreFileRequest{
 			Principal: req.GetPrincipal(), SessionId: req.GetSessionId(), Filename: f.GetFilename(), MimeType: f.GetMimeType(),
 			Data: f.GetData(), Path: f.GetPath(), MaxBytes: lim.MaxFileBytes,
-		})
+		}, nil)
 		if err != nil {
 			return nil, atIndex(err, i, len(req.GetFiles()))
 		}

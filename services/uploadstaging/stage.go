@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/clawmesh/clawmesh/internal/configclient"
+	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/uploads"
 )
@@ -98,7 +99,11 @@ type upload struct {
 	decl  Declared
 	// data has capacity decl.Size from the first chunk on; len(data) is
 	// the bytes received.
-	data   []byte
+	data []byte
+	// file is the memfd data is mapped from, when it is (Stage.memfds):
+	// commit hands its descriptor over instead of copying the bytes
+	// into a message. data is unmapped when file closes.
+	file   *filepass.Buffer
 	charge int64
 	// userCharge is what the upload adds to its principal's staged bytes
 	// (0 for the operator's).
@@ -156,11 +161,17 @@ type Stage struct {
 	// spare is their bytes, counted against the budget beside charged.
 	spares []spareBuf
 	spare  int64
+	// memfds has each upload of at least minSpareBytes held in a memfd
+	// (Server's FileSocket set): its commit hands the descriptor to the
+	// session service.
+	memfds bool
 }
 
-// spareBuf is a kept payload buffer and when it was kept.
+// spareBuf is a kept payload buffer, its memfd when it has one, and
+// when it was kept.
 type spareBuf struct {
 	buf  []byte
+	file *filepass.Buffer
 	kept time.Time
 }
 
@@ -447,15 +458,15 @@ func (st *Stage) Chunk(o Owner, id string, offset int64, data []byte) (int64, er
 		return 0, invalid(uploads.ChunkPastSize(offset+n, u.decl.Size))
 	}
 	if u.data == nil {
-		if buf := st.takeSpareLocked(u.decl.Size); buf != nil {
+		if sp, ok := st.takeSpareLocked(u.decl.Size); ok {
 			// The upload holds the spare's bytes now instead of the
 			// buffer it was charged for.
-			extra := int64(cap(buf)) - u.decl.Size
-			u.data = buf[:0]
+			extra := int64(cap(sp.buf)) - u.decl.Size
+			u.data, u.file = sp.buf[:0], sp.file
 			u.charge += extra
 			st.charged += extra
 		} else {
-			u.data = make([]byte, 0, u.decl.Size)
+			u.data, u.file = st.newBufferLocked(u.decl.Size)
 		}
 	}
 	u.data = append(u.data, data...)
@@ -469,6 +480,10 @@ type Pending struct {
 	ID   string
 	Decl Declared
 	Data []byte
+	// File is the memfd Data is mapped from, or nil. Both stay valid
+	// until Finish, and not a moment longer: Data is then unmapped or
+	// written into by the next upload.
+	File *filepass.Buffer
 }
 
 // Take hands a complete upload to commit: every declared byte received.
@@ -507,7 +522,7 @@ func (st *Stage) Take(o Owner, id string) (Pending, error) {
 		return Pending{}, invalid(uploads.Committing(id))
 	}
 	u.committing = true
-	p := Pending{ID: u.id, Decl: u.decl, Data: u.data}
+	p := Pending{ID: u.id, Decl: u.decl, Data: u.data, File: u.file}
 	st.mu.Unlock()
 	return p, nil
 }
@@ -724,27 +739,56 @@ func (st *Stage) releaseLocked(u *upload) {
 	if c := int64(cap(u.data)); c >= minSpareBytes && !u.shared {
 		if len(st.spares) == maxSpares {
 			st.spare -= int64(cap(st.spares[0].buf))
+			closeSpare(st.spares[0])
 			st.spares = slices.Delete(st.spares, 0, 1)
 		}
-		st.spares = append(st.spares, spareBuf{buf: u.data, kept: st.now()})
+		st.spares = append(st.spares, spareBuf{buf: u.data, file: u.file, kept: st.now()})
 		st.spare += c
+	} else if u.file != nil {
+		// Unmapped here whatever shared says: a memfd is never lent to
+		// a gRPC call (a commit sends a copy when it cannot hand the
+		// descriptor over), and a session service still holding it
+		// reads the pages, which stay until its descriptor closes.
+		u.file.Close()
 	}
-	u.data = nil
+	u.data, u.file = nil, nil
+}
+
+// newBufferLocked is a new upload's payload buffer of size bytes: a
+// memfd's mapped pages when the stage hands uploads over in memfds and
+// one can be made, else the heap's.
+func (st *Stage) newBufferLocked(size int64) ([]byte, *filepass.Buffer) {
+	if st.memfds && size >= minSpareBytes {
+		f, err := filepass.NewBuffer(size)
+		if err == nil {
+			return f.Bytes()[:0], f
+		}
+		st.log.Warn("memfd not made, the upload is held on the heap", zap.Error(err))
+	}
+	return make([]byte, 0, size), nil
+}
+
+// closeSpare lets go of a spare's memfd, if it has one; a heap buffer
+// goes to the collector.
+func closeSpare(sp spareBuf) {
+	if sp.file != nil {
+		sp.file.Close()
+	}
 }
 
 // takeSpareLocked hands over the newest spare of at least size bytes
-// and at most a quarter more, or nil.
-func (st *Stage) takeSpareLocked(size int64) []byte {
+// and at most a quarter more, or reports none.
+func (st *Stage) takeSpareLocked(size int64) (spareBuf, bool) {
 	for i := len(st.spares) - 1; i >= 0; i-- {
 		c := int64(cap(st.spares[i].buf))
 		if c >= size && c-size <= size/4 {
-			buf := st.spares[i].buf
+			sp := st.spares[i]
 			st.spares = slices.Delete(st.spares, i, i+1)
 			st.spare -= c
-			return buf
+			return sp, true
 		}
 	}
-	return nil
+	return spareBuf{}, false
 }
 
 // dropSparesLocked lets go of the spares kept before cutoff; the zero
@@ -757,6 +801,7 @@ func (st *Stage) dropSparesLocked(cutoff time.Time) {
 			return false
 		}
 		st.spare -= int64(cap(sp.buf))
+		closeSpare(sp)
 		return true
 	})
 }

@@ -2618,7 +2618,17 @@ type StoreFileRequest struct {
 	// name the file, and refuses a mismatch ("Upload content does not
 	// match the SHA-256 declared at begin; begin again"), nothing stored.
 	// It is compared, never trusted: the content is hashed once, here.
-	Sha256        string `protobuf:"bytes,13,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Sha256 string `protobuf:"bytes,13,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// file_token, when set, names a file upload-staging handed over on the
+	// session service's file socket (internal/filepass) instead of data:
+	// 32 lower-case hexadecimal characters, bound to upload_id and the
+	// principal. file_size is how many of its bytes are the file. A token
+	// the service does not hold (unknown, expired, another caller's, the
+	// service restarted since) is refused with FailedPrecondition and the
+	// message "File hand-over token unknown or expired"; the caller then
+	// sends the bytes in data.
+	FileToken     string `protobuf:"bytes,14,opt,name=file_token,json=fileToken,proto3" json:"file_token,omitempty"`
+	FileSize      int64  `protobuf:"varint,15,opt,name=file_size,json=fileSize,proto3" json:"file_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2742,6 +2752,20 @@ func (x *StoreFileRequest) GetSha256() string {
 		return x.Sha256
 	}
 	return ""
+}
+
+func (x *StoreFileRequest) GetFileToken() string {
+	if x != nil {
+		return x.FileToken
+	}
+	return ""
+}
+
+func (x *StoreFileRequest) GetFileSize() int64 {
+	if x != nil {
+		return x.FileSize
+	}
+	return 0
 }
 
 type StoreFileResponse struct {
@@ -4669,7 +4693,7 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"\vagent_alias\x18\x02 \x01(\tR\n" +
 	"agentAlias\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12 \n" +
-	"\vincarnation\x18\x04 \x01(\x03R\vincarnation\"\x9a\x03\n" +
+	"\vincarnation\x18\x04 \x01(\x03R\vincarnation\"\xd6\x03\n" +
 	"\x10StoreFileRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -4688,7 +4712,10 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	" \x01(\x03R\vincarnation\x12\x1b\n" +
 	"\tmax_bytes\x18\v \x01(\x03R\bmaxBytes\x12\x1b\n" +
 	"\tupload_id\x18\f \x01(\tR\buploadId\x12\x16\n" +
-	"\x06sha256\x18\r \x01(\tR\x06sha256\"G\n" +
+	"\x06sha256\x18\r \x01(\tR\x06sha256\x12\x1d\n" +
+	"\n" +
+	"file_token\x18\x0e \x01(\tR\tfileToken\x12\x1b\n" +
+	"\tfile_size\x18\x0f \x01(\x03R\bfileSize\"G\n" +
 	"\x11StoreFileResponse\x122\n" +
 	"\x04file\x18\x01 \x01(\v2\x1e.clawmesh.session.v1.FileEntryR\x04file\"r\n" +
 	"\x16CommittedUploadRequest\x12;\n" +

@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
@@ -72,6 +74,20 @@ func register(ctx context.Context, env *service.Env) error {
 	env.OnClose(live.Close)
 	standing.Set(live)
 
+	// Files upload-staging hands over in memfds come on a socket beside
+	// the gRPC one; a socket that cannot be made leaves every file to
+	// come in StoreFile's message, as upload-staging falls back to.
+	var receiver *filepass.Receiver
+	if path := filepass.SocketFor(env.Listen); path != "" {
+		r, err := filepass.Listen(path, filepass.Options{TTL: session.FileHandOverTTL})
+		if err != nil {
+			env.Log.Warn("file socket not made, files come in messages", zap.String("path", path), zap.Error(err))
+		} else {
+			receiver = r
+			env.OnClose(func() { _ = r.Close() })
+		}
+	}
+
 	srv, err := session.New(ctx, session.Config{
 		DB: env.DB, NATS: env.NATS, Log: env.Log, DataDir: env.DataDir,
 		Agents:  &session.ConfigAgents{Live: live, Client: configRPC, Log: env.Log},
@@ -79,6 +95,8 @@ func register(ctx context.Context, env *service.Env) error {
 		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
 		Files:   files,
 		Uploads: live.Uploads,
+
+		FileReceiver: receiver,
 	})
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/service"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
@@ -80,6 +81,7 @@ func register(ctx context.Context, env *service.Env, lease time.Duration, transp
 	srv, err := uploadstaging.New(uploadstaging.Config{
 		Sessions: sessionv1.NewSessionServiceClient(sessionConn), Authz: live, Settings: live.Uploads,
 		Lease: lease, Log: env.Log, Chunks: bulk, Files: bulk, Transports: transports,
+		FileSocket: filepass.SocketFor(env.Peers.Session),
 	})
 	if err != nil {
 		return err
