@@ -393,6 +393,7 @@ func (s *Server) handedOver(req *sessionv1.StoreFileRequest) ([]byte, error) {
 		return nil, errHandOver()
 	}
 	bind := filepass.Binding{Upload: req.GetUploadId(), Principal: req.GetPrincipal().GetPrincipalId()}
+	defer steptrace.Since("session", "store.take", time.Now())
 	data, err := s.cfg.FileReceiver.Take(req.GetFileToken(), size, bind, s.fileBuffer())
 	if err != nil {
 		s.log.Info("file hand-over refused", zap.String("upload_id", bind.Upload), zap.Error(err))

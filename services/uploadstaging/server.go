@@ -410,6 +410,7 @@ func (s *Server) storeUpload(ctx context.Context, req *sessionv1.StoreFileReques
 func (s *Server) storeHandedOver(ctx context.Context, req *sessionv1.StoreFileRequest, p Pending) (entry *sessionv1.FileEntry, handed bool, err error) {
 	handed = true
 	entry, err = s.store(ctx, req, func() bool {
+		defer steptrace.Since("upload-staging", "commit.pass", time.Now())
 		tok, perr := filepass.Pass(ctx, s.cfg.FileSocket, p.File, p.Decl.Size,
 			filepass.Binding{Upload: p.ID, Principal: req.GetPrincipal().GetPrincipalId()})
 		if perr != nil {
