@@ -1142,8 +1142,20 @@ type ApproveResponse struct {
 	Acknowledged bool `protobuf:"varint,3,opt,name=acknowledged,proto3" json:"acknowledged,omitempty"`
 	// already_decided is set when an earlier decision won.
 	AlreadyDecided bool `protobuf:"varint,4,opt,name=already_decided,json=alreadyDecided,proto3" json:"already_decided,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// status, decision and surface are the decision that stands on the
+	// request, as the turn acted on it (ApprovalView's fields): this one
+	// when acknowledged; when already_decided, the one that won (a
+	// person's, or the service's: TIMED_OUT, or CANCELLED for a turn's end
+	// and a decision that could not be stored, with decision and surface
+	// unset). PENDING only when the store holds the request undecided and
+	// no turn of this process asks it. A caller whose deadline passed
+	// while its decision was being stored learns which one stands by
+	// sending it again.
+	Status        ApprovalStatus `protobuf:"varint,5,opt,name=status,proto3,enum=clawmesh.session.v1.ApprovalStatus" json:"status,omitempty"`
+	Decision      Decision       `protobuf:"varint,6,opt,name=decision,proto3,enum=clawmesh.session.v1.Decision" json:"decision,omitempty"`
+	Surface       Surface        `protobuf:"varint,7,opt,name=surface,proto3,enum=clawmesh.session.v1.Surface" json:"surface,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ApproveResponse) Reset() {
@@ -1202,6 +1214,27 @@ func (x *ApproveResponse) GetAlreadyDecided() bool {
 		return x.AlreadyDecided
 	}
 	return false
+}
+
+func (x *ApproveResponse) GetStatus() ApprovalStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ApprovalStatus_APPROVAL_STATUS_UNSPECIFIED
+}
+
+func (x *ApproveResponse) GetDecision() Decision {
+	if x != nil {
+		return x.Decision
+	}
+	return Decision_DECISION_UNSPECIFIED
+}
+
+func (x *ApproveResponse) GetSurface() Surface {
+	if x != nil {
+		return x.Surface
+	}
+	return Surface_SURFACE_UNSPECIFIED
 }
 
 type StateRequest struct {
@@ -4580,14 +4613,17 @@ const file_clawmesh_session_v1_session_proto_rawDesc = "" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x129\n" +
 	"\bdecision\x18\x04 \x01(\x0e2\x1d.clawmesh.session.v1.DecisionR\bdecision\x12 \n" +
 	"\vreplacement\x18\x05 \x01(\tR\vreplacement\x126\n" +
-	"\asurface\x18\x06 \x01(\x0e2\x1c.clawmesh.session.v1.SurfaceR\asurface\"\x9c\x01\n" +
+	"\asurface\x18\x06 \x01(\x0e2\x1c.clawmesh.session.v1.SurfaceR\asurface\"\xcc\x02\n" +
 	"\x0fApproveResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\"\n" +
 	"\facknowledged\x18\x03 \x01(\bR\facknowledged\x12'\n" +
-	"\x0falready_decided\x18\x04 \x01(\bR\x0ealreadyDecided\"j\n" +
+	"\x0falready_decided\x18\x04 \x01(\bR\x0ealreadyDecided\x12;\n" +
+	"\x06status\x18\x05 \x01(\x0e2#.clawmesh.session.v1.ApprovalStatusR\x06status\x129\n" +
+	"\bdecision\x18\x06 \x01(\x0e2\x1d.clawmesh.session.v1.DecisionR\bdecision\x126\n" +
+	"\asurface\x18\a \x01(\x0e2\x1c.clawmesh.session.v1.SurfaceR\asurface\"j\n" +
 	"\fStateRequest\x12;\n" +
 	"\tprincipal\x18\x01 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12\x1d\n" +
 	"\n" +
@@ -5015,105 +5051,108 @@ var file_clawmesh_session_v1_session_proto_depIdxs = []int32{
 	67, // 8: clawmesh.session.v1.ApproveRequest.principal:type_name -> clawmesh.common.v1.Principal
 	2,  // 9: clawmesh.session.v1.ApproveRequest.decision:type_name -> clawmesh.session.v1.Decision
 	3,  // 10: clawmesh.session.v1.ApproveRequest.surface:type_name -> clawmesh.session.v1.Surface
-	67, // 11: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
-	0,  // 12: clawmesh.session.v1.StateResponse.state:type_name -> clawmesh.session.v1.SessionState
-	67, // 13: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
-	17, // 14: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
-	67, // 15: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
-	5,  // 16: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
-	67, // 17: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
-	67, // 18: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
-	67, // 19: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
-	67, // 20: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
-	31, // 21: clawmesh.session.v1.UpdateSeqsRequest.sessions:type_name -> clawmesh.session.v1.SessionIncarnation
-	67, // 22: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
-	67, // 23: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
-	43, // 24: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	67, // 25: clawmesh.session.v1.CommittedUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
-	43, // 26: clawmesh.session.v1.CommittedUploadResponse.file:type_name -> clawmesh.session.v1.FileEntry
-	67, // 27: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
-	4,  // 28: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
-	2,  // 29: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
-	3,  // 30: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
-	66, // 31: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
-	66, // 32: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
-	66, // 33: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
-	5,  // 34: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
-	66, // 35: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
-	46, // 36: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
-	67, // 37: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
-	47, // 38: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
-	67, // 39: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
-	47, // 40: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
-	66, // 41: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
-	67, // 42: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
-	52, // 43: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
-	67, // 44: clawmesh.session.v1.TurnEventsRequest.principal:type_name -> clawmesh.common.v1.Principal
-	66, // 45: clawmesh.session.v1.TurnEvent.at:type_name -> google.protobuf.Timestamp
-	56, // 46: clawmesh.session.v1.TurnShown.events:type_name -> clawmesh.session.v1.TurnEvent
-	66, // 47: clawmesh.session.v1.TurnShown.trimmed_at:type_name -> google.protobuf.Timestamp
-	57, // 48: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
-	59, // 49: clawmesh.session.v1.TurnEventsResponse.trims:type_name -> clawmesh.session.v1.TurnTrim
-	66, // 50: clawmesh.session.v1.TurnTrim.trimmed_at:type_name -> google.protobuf.Timestamp
-	67, // 51: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
-	46, // 52: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
-	67, // 53: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	67, // 54: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
-	6,  // 55: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
-	9,  // 56: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
-	11, // 57: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
-	13, // 58: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
-	15, // 59: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
-	18, // 60: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
-	20, // 61: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
-	22, // 62: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
-	24, // 63: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
-	26, // 64: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
-	28, // 65: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
-	35, // 66: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
-	30, // 67: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
-	32, // 68: clawmesh.session.v1.SessionService.Resend:input_type -> clawmesh.session.v1.ResendRequest
-	39, // 69: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
-	37, // 70: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
-	41, // 71: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
-	44, // 72: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
-	48, // 73: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
-	50, // 74: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
-	53, // 75: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
-	55, // 76: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
-	60, // 77: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
-	62, // 78: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
-	64, // 79: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
-	7,  // 80: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
-	10, // 81: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
-	12, // 82: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
-	14, // 83: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
-	16, // 84: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
-	19, // 85: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
-	21, // 86: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
-	23, // 87: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
-	25, // 88: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
-	27, // 89: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
-	29, // 90: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
-	36, // 91: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
-	34, // 92: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
-	33, // 93: clawmesh.session.v1.SessionService.Resend:output_type -> clawmesh.session.v1.ResendResponse
-	40, // 94: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
-	38, // 95: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
-	42, // 96: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
-	45, // 97: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
-	49, // 98: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
-	51, // 99: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
-	54, // 100: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
-	58, // 101: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
-	61, // 102: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
-	63, // 103: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
-	65, // 104: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
-	80, // [80:105] is the sub-list for method output_type
-	55, // [55:80] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	4,  // 11: clawmesh.session.v1.ApproveResponse.status:type_name -> clawmesh.session.v1.ApprovalStatus
+	2,  // 12: clawmesh.session.v1.ApproveResponse.decision:type_name -> clawmesh.session.v1.Decision
+	3,  // 13: clawmesh.session.v1.ApproveResponse.surface:type_name -> clawmesh.session.v1.Surface
+	67, // 14: clawmesh.session.v1.StateRequest.principal:type_name -> clawmesh.common.v1.Principal
+	0,  // 15: clawmesh.session.v1.StateResponse.state:type_name -> clawmesh.session.v1.SessionState
+	67, // 16: clawmesh.session.v1.MessagesRequest.principal:type_name -> clawmesh.common.v1.Principal
+	17, // 17: clawmesh.session.v1.MessagesResponse.messages:type_name -> clawmesh.session.v1.Message
+	67, // 18: clawmesh.session.v1.ListRequest.principal:type_name -> clawmesh.common.v1.Principal
+	5,  // 19: clawmesh.session.v1.ListResponse.sessions:type_name -> clawmesh.session.v1.Session
+	67, // 20: clawmesh.session.v1.CloseRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 21: clawmesh.session.v1.KillRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 22: clawmesh.session.v1.DeleteRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 23: clawmesh.session.v1.AttachRequest.principal:type_name -> clawmesh.common.v1.Principal
+	31, // 24: clawmesh.session.v1.UpdateSeqsRequest.sessions:type_name -> clawmesh.session.v1.SessionIncarnation
+	67, // 25: clawmesh.session.v1.CheckUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 26: clawmesh.session.v1.StoreFileRequest.principal:type_name -> clawmesh.common.v1.Principal
+	43, // 27: clawmesh.session.v1.StoreFileResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	67, // 28: clawmesh.session.v1.CommittedUploadRequest.principal:type_name -> clawmesh.common.v1.Principal
+	43, // 29: clawmesh.session.v1.CommittedUploadResponse.file:type_name -> clawmesh.session.v1.FileEntry
+	67, // 30: clawmesh.session.v1.StatusRequest.principal:type_name -> clawmesh.common.v1.Principal
+	4,  // 31: clawmesh.session.v1.ApprovalView.status:type_name -> clawmesh.session.v1.ApprovalStatus
+	2,  // 32: clawmesh.session.v1.ApprovalView.decision:type_name -> clawmesh.session.v1.Decision
+	3,  // 33: clawmesh.session.v1.ApprovalView.surface:type_name -> clawmesh.session.v1.Surface
+	66, // 34: clawmesh.session.v1.ApprovalView.created_at:type_name -> google.protobuf.Timestamp
+	66, // 35: clawmesh.session.v1.ApprovalView.expires_at:type_name -> google.protobuf.Timestamp
+	66, // 36: clawmesh.session.v1.ApprovalView.decided_at:type_name -> google.protobuf.Timestamp
+	5,  // 37: clawmesh.session.v1.SessionView.session:type_name -> clawmesh.session.v1.Session
+	66, // 38: clawmesh.session.v1.SessionView.turn_started_at:type_name -> google.protobuf.Timestamp
+	46, // 39: clawmesh.session.v1.SessionView.approvals:type_name -> clawmesh.session.v1.ApprovalView
+	67, // 40: clawmesh.session.v1.ListSessionViewsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	47, // 41: clawmesh.session.v1.ListSessionViewsResponse.views:type_name -> clawmesh.session.v1.SessionView
+	67, // 42: clawmesh.session.v1.GetSessionViewRequest.principal:type_name -> clawmesh.common.v1.Principal
+	47, // 43: clawmesh.session.v1.GetSessionViewResponse.view:type_name -> clawmesh.session.v1.SessionView
+	66, // 44: clawmesh.session.v1.TranscriptMessage.created_at:type_name -> google.protobuf.Timestamp
+	67, // 45: clawmesh.session.v1.TranscriptRequest.principal:type_name -> clawmesh.common.v1.Principal
+	52, // 46: clawmesh.session.v1.TranscriptResponse.messages:type_name -> clawmesh.session.v1.TranscriptMessage
+	67, // 47: clawmesh.session.v1.TurnEventsRequest.principal:type_name -> clawmesh.common.v1.Principal
+	66, // 48: clawmesh.session.v1.TurnEvent.at:type_name -> google.protobuf.Timestamp
+	56, // 49: clawmesh.session.v1.TurnShown.events:type_name -> clawmesh.session.v1.TurnEvent
+	66, // 50: clawmesh.session.v1.TurnShown.trimmed_at:type_name -> google.protobuf.Timestamp
+	57, // 51: clawmesh.session.v1.TurnEventsResponse.turns:type_name -> clawmesh.session.v1.TurnShown
+	59, // 52: clawmesh.session.v1.TurnEventsResponse.trims:type_name -> clawmesh.session.v1.TurnTrim
+	66, // 53: clawmesh.session.v1.TurnTrim.trimmed_at:type_name -> google.protobuf.Timestamp
+	67, // 54: clawmesh.session.v1.GetApprovalRequest.principal:type_name -> clawmesh.common.v1.Principal
+	46, // 55: clawmesh.session.v1.GetApprovalResponse.approval:type_name -> clawmesh.session.v1.ApprovalView
+	67, // 56: clawmesh.session.v1.StartTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	67, // 57: clawmesh.session.v1.CancelTurnRequest.principal:type_name -> clawmesh.common.v1.Principal
+	6,  // 58: clawmesh.session.v1.SessionService.NewSession:input_type -> clawmesh.session.v1.NewSessionRequest
+	9,  // 59: clawmesh.session.v1.SessionService.Prompt:input_type -> clawmesh.session.v1.PromptRequest
+	11, // 60: clawmesh.session.v1.SessionService.Cancel:input_type -> clawmesh.session.v1.CancelRequest
+	13, // 61: clawmesh.session.v1.SessionService.Approve:input_type -> clawmesh.session.v1.ApproveRequest
+	15, // 62: clawmesh.session.v1.SessionService.State:input_type -> clawmesh.session.v1.StateRequest
+	18, // 63: clawmesh.session.v1.SessionService.Messages:input_type -> clawmesh.session.v1.MessagesRequest
+	20, // 64: clawmesh.session.v1.SessionService.List:input_type -> clawmesh.session.v1.ListRequest
+	22, // 65: clawmesh.session.v1.SessionService.Close:input_type -> clawmesh.session.v1.CloseRequest
+	24, // 66: clawmesh.session.v1.SessionService.Kill:input_type -> clawmesh.session.v1.KillRequest
+	26, // 67: clawmesh.session.v1.SessionService.Delete:input_type -> clawmesh.session.v1.DeleteRequest
+	28, // 68: clawmesh.session.v1.SessionService.Attach:input_type -> clawmesh.session.v1.AttachRequest
+	35, // 69: clawmesh.session.v1.SessionService.ConnectionClosed:input_type -> clawmesh.session.v1.ConnectionClosedRequest
+	30, // 70: clawmesh.session.v1.SessionService.UpdateSeqs:input_type -> clawmesh.session.v1.UpdateSeqsRequest
+	32, // 71: clawmesh.session.v1.SessionService.Resend:input_type -> clawmesh.session.v1.ResendRequest
+	39, // 72: clawmesh.session.v1.SessionService.StoreFile:input_type -> clawmesh.session.v1.StoreFileRequest
+	37, // 73: clawmesh.session.v1.SessionService.CheckUpload:input_type -> clawmesh.session.v1.CheckUploadRequest
+	41, // 74: clawmesh.session.v1.SessionService.CommittedUpload:input_type -> clawmesh.session.v1.CommittedUploadRequest
+	44, // 75: clawmesh.session.v1.SessionService.Status:input_type -> clawmesh.session.v1.StatusRequest
+	48, // 76: clawmesh.session.v1.SessionService.ListSessionViews:input_type -> clawmesh.session.v1.ListSessionViewsRequest
+	50, // 77: clawmesh.session.v1.SessionService.GetSessionView:input_type -> clawmesh.session.v1.GetSessionViewRequest
+	53, // 78: clawmesh.session.v1.SessionService.Transcript:input_type -> clawmesh.session.v1.TranscriptRequest
+	55, // 79: clawmesh.session.v1.SessionService.TurnEvents:input_type -> clawmesh.session.v1.TurnEventsRequest
+	60, // 80: clawmesh.session.v1.SessionService.GetApproval:input_type -> clawmesh.session.v1.GetApprovalRequest
+	62, // 81: clawmesh.session.v1.SessionService.StartTurn:input_type -> clawmesh.session.v1.StartTurnRequest
+	64, // 82: clawmesh.session.v1.SessionService.CancelTurn:input_type -> clawmesh.session.v1.CancelTurnRequest
+	7,  // 83: clawmesh.session.v1.SessionService.NewSession:output_type -> clawmesh.session.v1.NewSessionResponse
+	10, // 84: clawmesh.session.v1.SessionService.Prompt:output_type -> clawmesh.session.v1.PromptResponse
+	12, // 85: clawmesh.session.v1.SessionService.Cancel:output_type -> clawmesh.session.v1.CancelResponse
+	14, // 86: clawmesh.session.v1.SessionService.Approve:output_type -> clawmesh.session.v1.ApproveResponse
+	16, // 87: clawmesh.session.v1.SessionService.State:output_type -> clawmesh.session.v1.StateResponse
+	19, // 88: clawmesh.session.v1.SessionService.Messages:output_type -> clawmesh.session.v1.MessagesResponse
+	21, // 89: clawmesh.session.v1.SessionService.List:output_type -> clawmesh.session.v1.ListResponse
+	23, // 90: clawmesh.session.v1.SessionService.Close:output_type -> clawmesh.session.v1.CloseResponse
+	25, // 91: clawmesh.session.v1.SessionService.Kill:output_type -> clawmesh.session.v1.KillResponse
+	27, // 92: clawmesh.session.v1.SessionService.Delete:output_type -> clawmesh.session.v1.DeleteResponse
+	29, // 93: clawmesh.session.v1.SessionService.Attach:output_type -> clawmesh.session.v1.AttachResponse
+	36, // 94: clawmesh.session.v1.SessionService.ConnectionClosed:output_type -> clawmesh.session.v1.ConnectionClosedResponse
+	34, // 95: clawmesh.session.v1.SessionService.UpdateSeqs:output_type -> clawmesh.session.v1.UpdateSeqsResponse
+	33, // 96: clawmesh.session.v1.SessionService.Resend:output_type -> clawmesh.session.v1.ResendResponse
+	40, // 97: clawmesh.session.v1.SessionService.StoreFile:output_type -> clawmesh.session.v1.StoreFileResponse
+	38, // 98: clawmesh.session.v1.SessionService.CheckUpload:output_type -> clawmesh.session.v1.CheckUploadResponse
+	42, // 99: clawmesh.session.v1.SessionService.CommittedUpload:output_type -> clawmesh.session.v1.CommittedUploadResponse
+	45, // 100: clawmesh.session.v1.SessionService.Status:output_type -> clawmesh.session.v1.StatusResponse
+	49, // 101: clawmesh.session.v1.SessionService.ListSessionViews:output_type -> clawmesh.session.v1.ListSessionViewsResponse
+	51, // 102: clawmesh.session.v1.SessionService.GetSessionView:output_type -> clawmesh.session.v1.GetSessionViewResponse
+	54, // 103: clawmesh.session.v1.SessionService.Transcript:output_type -> clawmesh.session.v1.TranscriptResponse
+	58, // 104: clawmesh.session.v1.SessionService.TurnEvents:output_type -> clawmesh.session.v1.TurnEventsResponse
+	61, // 105: clawmesh.session.v1.SessionService.GetApproval:output_type -> clawmesh.session.v1.GetApprovalResponse
+	63, // 106: clawmesh.session.v1.SessionService.StartTurn:output_type -> clawmesh.session.v1.StartTurnResponse
+	65, // 107: clawmesh.session.v1.SessionService.CancelTurn:output_type -> clawmesh.session.v1.CancelTurnResponse
+	83, // [83:108] is the sub-list for method output_type
+	58, // [58:83] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_clawmesh_session_v1_session_proto_init() }
