@@ -77,11 +77,14 @@ type approval struct {
 	decided chan struct{}
 	d       decision
 	// acted is closed once the turn took the decision it acts on (see
-	// turn.acted), after storing it. stored, set under the session's mu
-	// before, is nil when the decision that won was stored, else why not
-	// (the store's error): Approve answers from it.
+	// turn.acted), after storing it. stored and stands, set under the
+	// session's mu before, are what Approve answers from: stored is nil
+	// when the decision that won was stored, else why not (the store's
+	// error); stands is the decision the turn acts on (the one that won,
+	// or cancelled when it was not stored).
 	acted  chan struct{}
 	stored error
+	stands decision
 }
 
 // decide records d for a unless an earlier decision won; it reports
@@ -181,9 +184,11 @@ func (s *Server) ask(ctx context.Context, t *turn, callID string, callEvent int6
 	delete(ls.approvals, a.RequestID)
 	if t.acted == nil {
 		t.acted = map[string]decision{}
+		t.asked = map[string]*approval{}
 	}
 	t.acted[callID] = d
-	a.stored = stored
+	t.asked[a.RequestID] = a
+	a.stored, a.stands = stored, d
 	close(a.acted)
 	ls.mu.Unlock()
 	if d.Decision == DecisionAllowAlways {

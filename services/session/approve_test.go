@@ -104,9 +104,11 @@ func TestApproveAnswersOnceItsDecisionIsStored(t *testing.T) {
 		}
 		testwait.Recv(t, res)
 		// Asked again, it stands cancelled.
-		if again, err := approveAs(h, id, ask.str("request_id"), DecisionAllowOnce); err != nil || again.GetAcknowledged() || !again.GetAlreadyDecided() {
+		again, err := approveAs(h, id, ask.str("request_id"), DecisionAllowOnce)
+		if err != nil || again.GetAcknowledged() || !again.GetAlreadyDecided() {
 			t.Fatalf("approve again: %v %v", again, err)
 		}
+		wantStands(t, "approve again", again, sessionv1.ApprovalStatus_APPROVAL_STATUS_CANCELLED, "", "")
 		if status, _ := approvalRow(t, h, ask.str("request_id")); status != "cancelled" {
 			t.Fatalf("the ask is stored %s, want cancelled", status)
 		}
@@ -129,6 +131,7 @@ func TestApproveOfAnAskNoLongerPendingInTheStore(t *testing.T) {
 	}{
 		{"row missing", "DELETE FROM approvals WHERE request_id = $1", true, unrecordedNote, ""},
 		{"settled elsewhere", "UPDATE approvals SET status = 'cancelled' WHERE request_id = $1", false, settledNote, "cancelled"},
+		{"decided elsewhere", "UPDATE approvals SET status = 'decided', decision = 'reject', surface = 'durable' WHERE request_id = $1", false, settledNote, "cancelled"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id, rec, res, ask := askingTurn(t, h)
@@ -142,6 +145,9 @@ func TestApproveOfAnAskNoLongerPendingInTheStore(t *testing.T) {
 				wantRefusal(t, err, codes.Unavailable, rpcerr.ReasonDependency, "the approval request itself was not stored")
 			case err != nil || resp.GetAcknowledged() || !resp.GetAlreadyDecided():
 				t.Fatalf("a decision on an ask settled in the store answered %v %v, want already_decided", resp, err)
+			default:
+				// The turn acts on neither: the call ends cancelled.
+				wantStands(t, "a decision on an ask settled in the store", resp, sessionv1.ApprovalStatus_APPROVAL_STATUS_CANCELLED, "", "")
 			}
 			us := rec.until(UpdateTurnComplete)
 			result := resentOf(t, "live", &sessionv1.ResendResponse{}, us, UpdateToolResult)

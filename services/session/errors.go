@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
@@ -130,4 +131,14 @@ func errDecisionNotStored(requestID string, cause error) error {
 	}
 	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex,
 		fmt.Sprintf("the decision on approval request `%s` could not be recorded (%s); its tool call was cancelled", requestID, why))
+}
+
+// errDecisionPending is Approve's answer when its caller's context ended
+// (cause) while the decision that won was being stored: the write goes on
+// under the turn's own bound, so the decision, this caller's or another
+// surface's, may yet stand or not. Sent again, the same decision is
+// answered with the one that stands, and acts on nothing twice.
+func errDecisionPending(requestID string, cause error) error {
+	return rpcerr.Error(status.FromContextError(cause).Code(), rpcerr.ReasonDependency, rpcerr.NoIndex,
+		fmt.Sprintf("approval request `%s`: the call ended before its decision was stored, and it may still be recorded; send the decision again to learn which one stands", requestID))
 }

@@ -622,16 +622,18 @@ func (st *store) decideApproval(ctx context.Context, sessionID, requestID string
 	return fmt.Errorf("record approval decision: %w (it is %s)", errApprovalSettled, status)
 }
 
-// approvalStatus reads a stored approval's session and status.
-func (st *store) approvalStatus(ctx context.Context, requestID string) (sessionID, status string, err error) {
-	err = st.db.QueryRow(ctx, "SELECT session_id, status FROM approvals WHERE request_id = $1", requestID).Scan(&sessionID, &status)
+// approvalStatus reads a stored approval's session, status and, once
+// settled, decision (decision and surface, empty while pending).
+func (st *store) approvalStatus(ctx context.Context, requestID string) (sessionID, status string, d decision, err error) {
+	err = st.db.QueryRow(ctx, "SELECT session_id, status, decision, surface FROM approvals WHERE request_id = $1", requestID).
+		Scan(&sessionID, &status, &d.Decision, &d.Surface)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", "", errNoRow
+		return "", "", decision{}, errNoRow
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("read approval: %w", err)
+		return "", "", decision{}, fmt.Errorf("read approval: %w", err)
 	}
-	return sessionID, status, nil
+	return sessionID, status, d, nil
 }
 
 func (st *store) allowAlways(ctx context.Context, sessionID, tool string) error {

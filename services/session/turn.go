@@ -216,6 +216,10 @@ type turn struct {
 	// (finishTurnTx), and a Resend meanwhile sent it undecided. Bounded
 	// by the turn's calls (MaxSteps × provider.MaxToolCalls).
 	acted map[string]decision
+	// asked are the same asks by request id, for an Approve sent after
+	// the ask left ls.approvals, while the turn runs: it is answered with
+	// the decision the turn acted on, which the row may not say yet.
+	asked map[string]*approval
 	// unrecorded are the request ids of the asks whose decision could not
 	// be stored, cancelled instead: the turn's end stores them cancelled
 	// whatever a write that failed may have committed. Only the turn's
