@@ -444,11 +444,17 @@ func TestSessionApprovals(t *testing.T) {
 			v.c.Send(`{"jsonrpc":"2.0","id":` + string(f.ID) + `,"result":{"action":"accept","content":{"choice":"allow_once"}}}`)
 			_, second := other.until(other.send("session/approve", map[string]any{"session_id": id, "request_id": req, "decision": "allow_once"}))
 			var late struct {
-				Acknowledged   bool `json:"acknowledged"`
-				AlreadyDecided bool `json:"already_decided"`
+				Acknowledged   bool   `json:"acknowledged"`
+				AlreadyDecided bool   `json:"already_decided"`
+				Decision       string `json:"decision"`
+				DecidedBy      string `json:"decided_by"`
 			}
 			if second.Error != nil || json.Unmarshal(second.Result, &late) != nil || !late.AlreadyDecided || late.Acknowledged {
 				t.Fatalf("a later decision must be told it was already decided: %s %v", second.Result, second.Error)
+			}
+			// And which decision stands: the first, from session/approve.
+			if late.Decision != "reject" || late.DecidedBy != "rpc" {
+				t.Fatalf("a later decision must be told which one stands (reject, by rpc): %s", second.Result)
 			}
 			continue
 		}

@@ -12,6 +12,19 @@ var (
 		"reject":           sessionv1.Decision_DECISION_REJECT,
 		"reject_with_edit": sessionv1.Decision_DECISION_REJECT_WITH_EDIT,
 	}
+	decisionWords = map[sessionv1.Decision]string{
+		sessionv1.Decision_DECISION_ALLOW_ONCE:       "allow_once",
+		sessionv1.Decision_DECISION_ALLOW_ALWAYS:     "allow_always",
+		sessionv1.Decision_DECISION_REJECT:           "reject",
+		sessionv1.Decision_DECISION_REJECT_WITH_EDIT: "reject_with_edit",
+	}
+	// surfaceWords are who decided, as an approval_request sent again
+	// says it (decided_by); "service" for the service's own outcomes.
+	surfaceWords = map[sessionv1.Surface]string{
+		sessionv1.Surface_SURFACE_RPC:         "rpc",
+		sessionv1.Surface_SURFACE_ELICITATION: "elicitation",
+		sessionv1.Surface_SURFACE_DURABLE:     "durable",
+	}
 	stateWords = map[sessionv1.SessionState]string{
 		sessionv1.SessionState_SESSION_STATE_IDLE:    "idle",
 		sessionv1.SessionState_SESSION_STATE_RUNNING: "running",

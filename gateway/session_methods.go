@@ -343,14 +343,41 @@ func (g *Gateway) sessionApprove(ctx context.Context, cs *connState, params json
 	resp, err := g.session.Approve(ctx, &sessionv1.ApproveRequest{
 		Principal: cs.principalOf(), SessionId: id, RequestId: req, Decision: decision, Replacement: p.Replacement, Surface: sessionv1.Surface_SURFACE_RPC,
 	})
+	if status.Code(err) == codes.DeadlineExceeded {
+		// The decision may have been taken and be stored after this
+		// answer: the session service stores it under its own bound.
+		// Sent again, it is answered with the one that stands.
+		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "session timed out on approval request `"+req+
+			"`: its decision may still be recorded; send it again to learn which decision stands", nil)
+	}
 	if err != nil {
 		return nil, serviceError("session", err)
 	}
 	out := map[string]any{"session_id": resp.GetSessionId(), "request_id": resp.GetRequestId(), "acknowledged": resp.GetAcknowledged()}
 	if resp.GetAlreadyDecided() {
 		out["already_decided"] = true
+		// SPEC's result is {session_id, request_id, acknowledged}; the
+		// decision that stands goes beside already_decided, in the
+		// words of an approval_request sent again (docs/spec.md §5).
+		if d, by := standingWords(resp); d != "" {
+			out["decision"], out["decided_by"] = d, by
+		}
 	}
 	return out, nil
+}
+
+// standingWords are the decision that stands on resp's request and who
+// took it, as words; empty while the request is pending.
+func standingWords(resp *sessionv1.ApproveResponse) (decision, decidedBy string) {
+	switch resp.GetStatus() {
+	case sessionv1.ApprovalStatus_APPROVAL_STATUS_DECIDED:
+		return decisionWords[resp.GetDecision()], surfaceWords[resp.GetSurface()]
+	case sessionv1.ApprovalStatus_APPROVAL_STATUS_TIMED_OUT:
+		return "timeout", "service"
+	case sessionv1.ApprovalStatus_APPROVAL_STATUS_CANCELLED:
+		return "cancelled", "service"
+	}
+	return "", ""
 }
 
 // sessionState is deferred (see method.later): concurrent reads of one
