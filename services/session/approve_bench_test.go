@@ -51,6 +51,33 @@ func BenchmarkApprove(b *testing.B) {
 			b.ReportMetric(float64(approving.Microseconds())/float64(b.N), "approve_us/op")
 		})
 	}
+	b.Run("already_decided", func(b *testing.B) {
+		// A decision sent again after its turn's end: answered from the
+		// row (with the decision that stands, since the sixty-third
+		// round); approve_us/op is that second Approve alone.
+		id := h.newSession(alice, "guarded")
+		rec := h.record(id)
+		var again time.Duration
+		for i := 0; i < b.N; i++ {
+			res := h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: `/tool echo {"text":"hi"}`})
+			live := rec.until(UpdateApprovalRequest)
+			reqID := live[len(live)-1].str("request_id")
+			if _, err := approveAs(h, id, reqID, DecisionReject); err != nil {
+				b.Fatal(err)
+			}
+			rec.until(UpdateTurnComplete)
+			if r := <-res; r.err != nil {
+				b.Fatalf("prompt: %v", r.err)
+			}
+			start := time.Now()
+			resp, err := approveAs(h, id, reqID, DecisionAllowOnce)
+			again += time.Since(start)
+			if err != nil || !resp.GetAlreadyDecided() {
+				b.Fatalf("approve again: %v %v", resp, err)
+			}
+		}
+		b.ReportMetric(float64(again.Microseconds())/float64(b.N), "approve_us/op")
+	})
 	b.Run("store", func(b *testing.B) {
 		id := h.newSession(alice, "guarded")
 		for i := 0; i < b.N; i++ {
