@@ -106,19 +106,27 @@ func dialInitialized(t *testing.T, socket string) *rpcclient.Client {
 
 // status requests wait for a shared read without a goroutine each; with
 // the session service hung:
-//   - the connection still serves what it sends next (health) at once;
 //   - each status is answered at its own deadline (sessions_unavailable
 //     saying the session service timed out), the one sent while the
-//     first read was in flight too (not at the end of the read after
-//     it);
+//     first read was in flight too, not at the end of that read nor of a
+//     read after it: the shared read here has a bound of an hour, so a
+//     status waiting for any read to end would not be answered within
+//     the test;
+//   - the connection still serves what it sends next (health) while its
+//     statuses wait;
 //   - a client that leaves with statuses pending is let go at once: its
 //     connection is torn down without waiting for the hung read, which
 //     alone still holds its key, and no read is run for the callers that
 //     left.
+//
+// Nothing here is timed against an upper bound: on a loaded machine the
+// 300 ms deadline came before the test's health was served, or both
+// statuses more than 600 ms after the first was sent (2 of 100 runs at a
+// load of 31, docs/testing.md, "Sixty-third round").
 func TestSharedReadsOfAHungService(t *testing.T) {
 	sess := newHungSession(t)
 	const timeout = 300 * time.Millisecond
-	g, socket := runGateway(t, sess, timeout)
+	_, socket := runGateway(t, sess, timeout, func(g *Gateway) { g.statusReads.Timeout = time.Hour })
 
 	c := dialInitialized(t, socket)
 	defer c.Close()
@@ -131,35 +139,26 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 	if err := c.Send(`{"jsonrpc":"2.0","id":2,"method":"status","params":{}}`); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Send(`{"jsonrpc":"2.0","id":3,"method":"health","params":{}}`); err != nil {
-		t.Fatal(err)
-	}
-	f, _, err := c.Read(10 * time.Second)
-	if err != nil || string(f.ID) != "3" || f.Error != nil {
-		t.Fatalf("first answer %+v, %v; want health's while both statuses wait", f, err)
-	}
+	sent := map[string]time.Time{"1": start, "2": second}
 	for range 2 {
 		f, _, err := c.Read(10 * time.Second)
 		if err != nil || f.Error != nil || !strings.Contains(string(f.Result), `"sessions_unavailable":"session timed out"`) {
 			t.Fatalf("status: %+v, %v; want the hung service's time-out in sessions_unavailable", f, err)
 		}
-		// Each at its own deadline: the second status does not wait for
-		// the first read to time out and then for a read of its own (it
-		// would come about 2 × timeout after it was sent).
-		if string(f.ID) == "2" {
-			if took := time.Since(second); took > timeout+timeout/2 {
-				t.Fatalf("the second status answered %v after it was sent; want about %v", took, timeout)
-			}
+		at, ok := sent[string(f.ID)]
+		if !ok {
+			t.Fatalf("answer to %s, want one to each status once", f.ID)
 		}
-	}
-	if took := time.Since(start); took > 2*timeout {
-		t.Fatalf("both statuses answered after %v; want about %v", took, timeout)
+		delete(sent, string(f.ID))
+		if took := time.Since(at); took < timeout {
+			t.Fatalf("status %s answered %v after it was sent, before its deadline (%v)", f.ID, took, timeout)
+		}
 	}
 
 	// A client leaving with statuses pending, on a gateway whose deadlines
 	// are far: whatever holds the connection now is the hung read.
 	sess = newHungSession(t)
-	g, socket = runGateway(t, sess, time.Hour)
+	g, socket := runGateway(t, sess, time.Hour)
 	leaver := dialInitialized(t, socket)
 	for id := range 3 {
 		if err := leaver.Send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"status","params":{}}`, id)); err != nil {
@@ -167,6 +166,13 @@ func TestSharedReadsOfAHungService(t *testing.T) {
 		}
 	}
 	testwait.Recv(t, sess.calls)
+	// Its statuses wait an hour: the only answer there can be is health's.
+	if err := leaver.Send(`{"jsonrpc":"2.0","id":"h","method":"health","params":{}}`); err != nil {
+		t.Fatal(err)
+	}
+	if f, _, err := leaver.Read(10 * time.Second); err != nil || string(f.ID) != `"h"` || f.Error != nil {
+		t.Fatalf("answer %+v, %v; want health's while the statuses wait", f, err)
+	}
 	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() error {
 		if n := g.statusReads.Len(); n != 1 {
 			return fmt.Errorf("%d keys with callers, want the leaver's", n)
