@@ -1,7 +1,10 @@
 package guestbuild
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
@@ -78,4 +81,25 @@ func wazeroRuntimeVersion() string {
 		return "dev"
 	}
 	return v
+}
+
+// Precompile has a module a test made itself (an example's build,
+// edited) compiled into the shared cache as the builds are, so that a
+// test binary built with -race loads it from there instead of compiling
+// it itself: seconds, and minutes on a loaded machine. It does nothing
+// without the race detector. Call it after a build (the module is
+// written beside the builds).
+func Precompile(wasm []byte) error {
+	state.mu.Lock()
+	dir := state.dir
+	state.mu.Unlock()
+	if dir == "" {
+		return fmt.Errorf("guestbuild: Precompile before any build")
+	}
+	sum := sha256.Sum256(wasm)
+	path := filepath.Join(dir, "edited-"+hex.EncodeToString(sum[:8])+".wasm")
+	if err := os.WriteFile(path, wasm, 0o644); err != nil {
+		return fmt.Errorf("guestbuild: %w", err)
+	}
+	return precompile(path)
 }
