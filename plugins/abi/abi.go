@@ -93,6 +93,11 @@ const (
 	ExportChannelHealth       = "channel_health"
 	ExportChannelStartTyping  = "channel_start_typing"
 	ExportChannelStopTyping   = "channel_stop_typing"
+	// ExportChannelPollRefused is optional: the host calls it only on a
+	// plugin that advertises FlagPollRefused, which must then export it.
+	// Plugins built before it existed have neither and load as before;
+	// it is therefore not in WorldExports.
+	ExportChannelPollRefused = "channel_poll_refused"
 )
 
 // Memory world exports.
@@ -150,6 +155,11 @@ const (
 	FlagHealth = "health"
 	FlagTyping = "typing"
 	FlagCount  = "count"
+	// FlagPollRefused: the channel takes channel_poll_refused, by which
+	// the host tells it that the message its last poll answered was
+	// refused. Without it the host has no way to: a plugin that answers
+	// the message again stalls its channel.
+	FlagPollRefused = "poll_refused"
 )
 
 // Log levels of log_record.

@@ -34,6 +34,25 @@ type ChannelMessage struct {
 	Timestamp   int64  `json:"timestamp,omitempty"`
 }
 
+// PollRefusal is the argument of channel_poll_refused: the host refused
+// the message the plugin's poll just answered for its size, and will not
+// take it answered again. Field is the first string past its bound
+// ("content", or "id", "sender", "reply_target", "thread_id" past 16
+// KiB), Bytes its length and Bound the bound. The message's other
+// strings are given as far as they were within their own bounds (one
+// past it is empty), so that the plugin can tell which it was; its
+// content never.
+type PollRefusal struct {
+	ID          string `json:"id"`
+	Sender      string `json:"sender"`
+	ReplyTarget string `json:"reply_target,omitempty"`
+	ThreadID    string `json:"thread_id,omitempty"`
+	Timestamp   int64  `json:"timestamp,omitempty"`
+	Field       string `json:"field"`
+	Bytes       int    `json:"bytes"`
+	Bound       int    `json:"bound"`
+}
+
 // SendMessage is the argument of channel_send.
 type SendMessage struct {
 	Recipient string `json:"recipient"`

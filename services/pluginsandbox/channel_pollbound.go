@@ -46,16 +46,29 @@ func refusalKey(r *wasmhost.PollRefusedError) string {
 // the channel takes nothing until the plugin moves past it. It reports
 // whether the poll refused a new message, after which the poller polls
 // on (the next message may be waiting).
+//
+// A plugin with the poll_refused flag was told of each refusal by the
+// wasmhost (r.Told): one that drops the message goes on; one that
+// answers it again all the same is polled no faster than one without
+// the flag (here, at most once a poll interval or a queued message), is
+// told again at each of those polls, and is logged once, as above.
 func (b *binding) pollRefused(r *wasmhost.PollRefusedError, read []string, p *pollRefusals) bool {
 	key := refusalKey(r)
 	log := b.log.With(zap.String("message_id", r.Msg.ID), zap.String("field", r.Field),
-		zap.Int("bytes", r.Size), zap.Int("bound", r.Bound))
+		zap.Int("bytes", r.Size), zap.Int("bound", r.Bound), zap.Bool("plugin_told", r.Told))
+	if r.TellErr != nil {
+		log = log.With(zap.NamedError("tell_error", r.TellErr))
+	}
 	if len(read) == 0 && key == p.last {
 		if !p.stalled {
 			p.stalled = true
+			heard := "the plugin does not take the host's word of a refusal (the poll_refused flag): update it"
+			if r.Told {
+				heard = "the plugin was told it was refused, and answers it all the same"
+			}
 			log.Warn("channel poll answered again a message refused for its size: the channel takes no message until its plugin moves past it")
-			b.set(channelRunning, fmt.Sprintf("poll: the plugin answers again and again a message whose %s is %d bytes, past the %d a polled message's %s may be; the channel takes no message until the plugin moves past it",
-				r.Field, r.Size, r.Bound, r.Field))
+			b.set(channelRunning, fmt.Sprintf("poll: the plugin answers again and again a message whose %s is %d bytes, past the %d a polled message's %s may be; the channel takes no message until the plugin moves past it; %s",
+				r.Field, r.Size, r.Bound, r.Field, heard))
 		}
 		return false
 	}

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/clawmesh/clawmesh/plugins/pdk"
 	"github.com/clawmesh/clawmesh/plugins/pdk/channel"
@@ -98,6 +99,19 @@ func (webhook) PollMessage() (*channel.Message, error) {
 		return nil, fmt.Errorf("inbound message: %w", err)
 	}
 	return &channel.Message{ID: in.ID, Sender: in.From, ReplyTarget: in.From, Content: in.Text, ThreadID: in.Thread}, nil
+}
+
+// PollRefused hears of a message the host refused for its size (its
+// text, which encoding/json decodes invalid UTF-8 in at three bytes a
+// byte, past the alias's max_content_kb). The webhook took the message
+// from the host's queue when it polled it and keeps nothing: it drops it
+// by keeping nothing, and goes on with the next. Its sender was told by
+// the host; the record says what became of it in the plugin's own log.
+func (webhook) PollRefused(r channel.Refusal) error {
+	pdk.Log(pdk.LevelWarn, pdk.Event{Action: "poll", Outcome: "denied",
+		Message: "message refused by the host; dropped",
+		Fields:  map[string]string{"id": r.ID, "field": r.Field, "bytes": strconv.Itoa(r.Bytes), "bound": strconv.Itoa(r.Bound)}})
+	return nil
 }
 
 // Health is true when the channel's config resolves.

@@ -40,6 +40,25 @@ type Channel interface {
 	StopTyping(recipient string) error
 }
 
+// Refusal is what the host tells a channel of a polled message it
+// refused for its size.
+type Refusal = abi.PollRefusal
+
+// RefusalTaker is a Channel that hears of the messages the host refuses
+// (the poll_refused flag, advertised for it). The host refuses a polled
+// message past its bounds (content past the alias's max_content_kb, an
+// id, sender, reply target or thread past 16 KiB), tells its sender, and
+// will not take it answered again: a channel that answers a message
+// until it knows what became of it must drop it here, or it stalls.
+// A channel without it is not told, as before the flag existed.
+type RefusalTaker interface {
+	// PollRefused is called right after the PollMessage whose message
+	// the host refused, before any other call of the channel's. The
+	// inbound queue reads empty here (Poll, Pending). An error is
+	// logged by the host, nothing more.
+	PollRefused(r Refusal) error
+}
+
 // NoTyping and AlwaysHealthy are stubs to embed for the optional methods a
 // channel does not advertise.
 type NoTyping struct{}
@@ -89,6 +108,9 @@ func channelCapabilities() uint64 {
 	if caps.Typing {
 		flags = append(flags, abi.FlagTyping)
 	}
+	if _, ok := registered.(RefusalTaker); ok {
+		flags = append(flags, abi.FlagPollRefused)
+	}
 	return guest.ReturnJSON(flags)
 }
 
@@ -106,6 +128,22 @@ func channelSend(ptr, size uint32) uint64 {
 
 //go:wasmexport channel_poll_message
 func channelPollMessage() uint64 { return guest.Result(registered.PollMessage()) }
+
+// channelPollRefused is exported whatever the channel: the host calls it
+// only when the flag says the channel takes it.
+//
+//go:wasmexport channel_poll_refused
+func channelPollRefused(ptr, size uint32) uint64 {
+	var r Refusal
+	if err := json.Unmarshal(guest.Take(ptr, size), &r); err != nil {
+		return guest.ReturnErr("malformed refusal: " + err.Error())
+	}
+	t, ok := registered.(RefusalTaker)
+	if !ok {
+		return guest.Result(nil, nil)
+	}
+	return guest.Result(nil, t.PollRefused(r))
+}
 
 //go:wasmexport channel_health
 func channelHealth() uint64 { return guest.ReturnJSON(registered.Health()) }

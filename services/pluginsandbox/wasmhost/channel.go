@@ -17,6 +17,9 @@ import (
 type ChannelCapabilities struct {
 	Health bool
 	Typing bool
+	// PollRefused: the plugin takes channel_poll_refused, and is told
+	// of a polled message the host refused (PollMessage).
+	PollRefused bool
 }
 
 // ChannelMessage is a message the plugin hands the host from
@@ -87,7 +90,13 @@ func (h *Host) LoadChannel(ctx context.Context, spec PluginSpec, inbound *Inboun
 			return err
 		}
 		set := flagSet(flags)
-		ch.caps = ChannelCapabilities{Health: set[abi.FlagHealth], Typing: set[abi.FlagTyping]}
+		ch.caps = ChannelCapabilities{Health: set[abi.FlagHealth], Typing: set[abi.FlagTyping], PollRefused: set[abi.FlagPollRefused]}
+		// The export is optional (plugins built before it have neither
+		// it nor the flag), so checkABI does not ask for it: a flag
+		// without it would fail every refusal's call instead.
+		if _, ok := r.c.mod.ExportedFunctions()[abi.ExportChannelPollRefused]; ch.caps.PollRefused && !ok {
+			return fmt.Errorf("%w: channel_capabilities has %q but the module does not export %s", ErrABI, abi.FlagPollRefused, abi.ExportChannelPollRefused)
+		}
 		return nil
 	})
 	if err != nil {
@@ -266,18 +275,73 @@ func (c *Channel) PollContentBytes() int {
 // fails with a *PollRefusedError, saying which and how long, and holding
 // the message's sender, reply target and thread when they were read
 // within their bounds, so that the caller may tell the sender.
+//
+// A plugin with the poll_refused flag is told of the refusal before
+// anything else runs on its instance (tellRefused): a plugin that
+// answers a message until it knows what became of it answered a refused
+// one at every poll, and its channel took nothing more.
 func (c *Channel) PollMessage(ctx context.Context, info CallInfo) (*ChannelMessage, error) {
 	var (
 		msg  *ChannelMessage
 		derr error
 	)
 	content := c.PollContentBytes()
-	if err := c.r.callAfterWait(ctx, abi.ExportChannelPollMessage, nil, frameSpan{callID: info.CallID, principal: info.Principal}, true, func(view []byte) {
-		msg, derr = decodePoll(view, content)
-	}); err != nil {
+	span := frameSpan{callID: info.CallID, principal: info.Principal}
+	r := c.r
+	if r.h.closed.Load() {
+		return nil, ErrClosed
+	}
+	if err := r.acquireLock(ctx); err != nil {
 		return nil, err
 	}
+	defer r.releaseLock()
+	// Each call its own deadline, counted from when the instance is
+	// free, as callAfterWait counts it.
+	cctx, cancel := r.h.callContext(ctx)
+	err := r.callHeldRead(cctx, abi.ExportChannelPollMessage, nil, span, true, func(view []byte) {
+		msg, derr = decodePoll(view, content)
+	})
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	// decodePoll returns a refusal unwrapped; an assertion, unlike
+	// errors.As, costs a poll nothing.
+	if refused, ok := derr.(*PollRefusedError); ok && c.caps.PollRefused {
+		refused.TellErr = c.tellRefused(ctx, refused, span)
+		refused.Told = refused.TellErr == nil
+	}
 	return msg, derr
+}
+
+// tellRefused calls channel_poll_refused on the instance whose poll
+// answered the message refused, under a deadline of its own; the caller
+// holds the instance's lock. The call's frame has no inbound queue: a
+// message the plugin took from it there would be tied to the refused
+// one, and dropped from the spool with it.
+func (c *Channel) tellRefused(ctx context.Context, refused *PollRefusedError, span frameSpan) error {
+	r := c.r
+	if r.in == nil {
+		return fmt.Errorf("%w: the instance that answered the message is gone", ErrUnavailable)
+	}
+	m := refused.Msg
+	if m == nil {
+		m = &ChannelMessage{}
+	}
+	arg, err := guestJSON(abi.PollRefusal{ID: m.ID, Sender: m.Sender, ReplyTarget: m.ReplyTarget, ThreadID: m.ThreadID,
+		Timestamp: m.Timestamp, Field: refused.Field, Bytes: refused.Size, Bound: refused.Bound})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrABI, err)
+	}
+	ctx, cancel := r.h.callContext(ctx)
+	defer cancel()
+	var derr error
+	if err := r.callLockedReadIn(ctx, nil, abi.ExportChannelPollRefused, arg, span, func(view []byte) {
+		derr = decodeSmall(abi.ExportChannelPollRefused, view, nil)
+	}); err != nil {
+		return err
+	}
+	return derr
 }
 
 // Health reports whether the channel is healthy. Without the health flag it

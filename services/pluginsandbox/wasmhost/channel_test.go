@@ -83,7 +83,7 @@ func TestWebhookChannelExample(t *testing.T) {
 		s.Grants = wasmhost.Grants{ConfigRead: true, HTTPClient: true}
 	})
 	ctx := context.Background()
-	if ch.Name() != "webhook" || ch.Capabilities() != (wasmhost.ChannelCapabilities{Health: true}) {
+	if ch.Name() != "webhook" || ch.Capabilities() != (wasmhost.ChannelCapabilities{Health: true, PollRefused: true}) {
 		t.Fatalf("metadata = %q %+v", ch.Name(), ch.Capabilities())
 	}
 	if err := ch.Configure(ctx, wasmhost.CallInfo{CallID: "c1"}); err != nil {

@@ -66,6 +66,11 @@ type PollRefusedError struct {
 	Field       string
 	Size, Bound int
 	Msg         *ChannelMessage
+	// Told is set when the plugin took channel_poll_refused's word of
+	// the refusal (it has the poll_refused flag, and the call answered
+	// ok); TellErr is why a plugin with the flag was not told.
+	Told    bool
+	TellErr error
 }
 
 func (e *PollRefusedError) Error() string {

@@ -166,8 +166,14 @@ func (r *resident) callHeldRead(ctx context.Context, export string, arg []byte, 
 // to read (callRead); the caller holds the lock and ctx carries the call
 // deadline. A failed instance is dropped.
 func (r *resident) callLockedRead(ctx context.Context, export string, arg []byte, span frameSpan, read func(view []byte)) error {
+	return r.callLockedReadIn(ctx, r.inbound, export, arg, span, read)
+}
+
+// callLockedReadIn is callLockedRead with the frame's inbound queue
+// inbound (nil: inbound_poll and inbound_pending answer empty).
+func (r *resident) callLockedReadIn(ctx context.Context, inbound *InboundQueue, export string, arg []byte, span frameSpan, read func(view []byte)) error {
 	span.plugin, span.world, span.export = r.c.spec.Name, string(r.c.spec.World), export
-	f := &frame{host: r.h, plugin: r.c.spec, service: true, span: span, inbound: r.inbound}
+	f := &frame{host: r.h, plugin: r.c.spec, service: true, span: span, inbound: inbound}
 	if abi.WorldHasImport(r.c.spec.World, abi.ImportConfigGet) {
 		// Seed 003: the operator's values are materialised and validated
 		// as a whole before any guest code of a configured world runs.
