@@ -81,7 +81,7 @@ func withoutDeadline(ctx context.Context, cc *grpc.ClientConn, call func() (unse
 	for {
 		before := cc.GetState()
 		unsent, err := call()
-		if err == nil || !unsent || status.Code(err) != codes.Unavailable || unreachable(err) {
+		if err == nil || !unsent || status.Code(err) != codes.Unavailable || Unreachable(err) {
 			return err
 		}
 		if wait.Err() != nil {
@@ -106,9 +106,17 @@ func withoutDeadline(ctx context.Context, cc *grpc.ClientConn, call func() (unse
 	}
 }
 
-// unreachable reports whether err is the balancer's NoReplicaReachable.
-func unreachable(err error) bool {
+// Unreachable reports whether err is a call's that failed because every
+// replica has been away for RestartGrace (NoReplicaReachable): one that
+// waiting will not mend.
+func Unreachable(err error) bool {
 	return strings.HasPrefix(status.Convert(err).Message(), NoReplicaReachable)
+}
+
+// Unserved reports whether err is a call's that found no replica serving
+// within its wait (NoReplicaServes): every one starting or restarting.
+func Unserved(err error) bool {
+	return strings.HasPrefix(status.Convert(err).Message(), NoReplicaServes)
 }
 
 // noReplicaServes names err, a call's that reached no replica

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -131,7 +130,7 @@ func (s *Server) listPluginTools(ctx context.Context) (*pluginv1.ListToolsRespon
 	if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
 		return resp, err
 	}
-	if msg := status.Convert(err).Message(); strings.HasPrefix(msg, grpcclient.NoReplicaReachable) || strings.HasPrefix(msg, grpcclient.NoReplicaServes) {
+	if grpcclient.Unreachable(err) || grpcclient.Unserved(err) {
 		return resp, err
 	}
 	s.log.Info("list plugin tools: tried again", zap.Error(err))
@@ -146,10 +145,10 @@ func (s *Server) listPluginTools(ctx context.Context) (*pluginv1.ListToolsRespon
 func noPluginTools(err error, bound time.Duration) string {
 	st := status.Convert(err)
 	var why string
-	switch msg := st.Message(); {
-	case strings.HasPrefix(msg, grpcclient.NoReplicaReachable):
+	switch {
+	case grpcclient.Unreachable(err):
 		why = "it cannot be reached (no replica is reachable)"
-	case strings.HasPrefix(msg, grpcclient.NoReplicaServes):
+	case grpcclient.Unserved(err):
 		why = fmt.Sprintf("it is starting or restarting and did not serve within %v", bound)
 	case st.Code() == codes.DeadlineExceeded:
 		why = fmt.Sprintf("it did not answer within %v", bound)
