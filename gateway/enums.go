@@ -12,12 +12,9 @@ var (
 		"reject":           sessionv1.Decision_DECISION_REJECT,
 		"reject_with_edit": sessionv1.Decision_DECISION_REJECT_WITH_EDIT,
 	}
-	decisionWords = map[sessionv1.Decision]string{
-		sessionv1.Decision_DECISION_ALLOW_ONCE:       "allow_once",
-		sessionv1.Decision_DECISION_ALLOW_ALWAYS:     "allow_always",
-		sessionv1.Decision_DECISION_REJECT:           "reject",
-		sessionv1.Decision_DECISION_REJECT_WITH_EDIT: "reject_with_edit",
-	}
+	// decisionWords is decisions read the other way (init), so a word
+	// is written once.
+	decisionWords = make(map[sessionv1.Decision]string, 4)
 	// surfaceWords are who decided, as an approval_request sent again
 	// says it (decided_by); "service" for the service's own outcomes.
 	surfaceWords = map[sessionv1.Surface]string{
@@ -37,3 +34,9 @@ var (
 		sessionv1.TurnOutcome_TURN_OUTCOME_FAILED:    "failed",
 	}
 )
+
+func init() {
+	for w, d := range decisions {
+		decisionWords[d] = w
+	}
+}
