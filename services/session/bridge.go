@@ -251,7 +251,11 @@ func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequ
 	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
 		return nil, err
 	}
-	// Memory first: a decision is taken there before it is stored.
+	// Memory first: a decision is taken there before it is stored, and
+	// the turn keeps the one it acted on (turn.asked) while the row may
+	// still read as a failed write left it, pending or another writer's,
+	// until the turn's end marks it cancelled. Approve answers from the
+	// same place.
 	var mem *approval
 	var d decision
 	decided := false
@@ -265,6 +269,11 @@ func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequ
 				decided, d = true, a.d
 			default:
 			}
+		} else if ls.turn != nil && ls.turn.asked[reqID] != nil {
+			a := ls.turn.asked[reqID]
+			cp := *a
+			mem = &cp
+			decided, d = true, a.stands
 		}
 		ls.mu.Unlock()
 	}
@@ -290,7 +299,7 @@ func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequ
 	switch {
 	case mem != nil && decided:
 		v.TurnId, v.ToolCallId, v.ToolName = mem.TurnID, mem.ToolCallID, mem.ToolName
-		v.Status, v.Decision, v.Surface = decisionStatus(d.Decision, "decided"), decisionEnum(d.Decision), surfaceEnum(d.Surface)
+		v.Status, v.Decision, v.Surface = viewStanding(d, "decided")
 	case mem != nil:
 		v.TurnId, v.ToolCallId, v.ToolName = mem.TurnID, mem.ToolCallID, mem.ToolName
 		v.Status = sessionv1.ApprovalStatus_APPROVAL_STATUS_PENDING
@@ -300,9 +309,19 @@ func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequ
 		}
 		v.ExpiresAt = timestamppb.New(created.Add(mem.Timeout))
 	default:
-		v.Status, v.Decision, v.Surface = decisionStatus(rec.Decision, rec.Status), decisionEnum(rec.Decision), surfaceEnum(rec.Surface)
+		v.Status, v.Decision, v.Surface = viewStanding(decision{Decision: rec.Decision, Surface: rec.Surface}, rec.Status)
 	}
 	return &sessionv1.GetApprovalResponse{Approval: v}, nil
+}
+
+// viewStanding is the standing decision d, as stored with status (or
+// taken in memory: "decided"), as Approve says it (see standing): a
+// cancelled row keeps the decision whose write it undid, which does not
+// stand and is not reported.
+func viewStanding(d decision, status string) (sessionv1.ApprovalStatus, sessionv1.Decision, sessionv1.Surface) {
+	var resp sessionv1.ApproveResponse
+	standing(&resp, d, status)
+	return resp.Status, resp.Decision, resp.Surface
 }
 
 // decisionStatus maps a stored status and decision word to the status
