@@ -244,12 +244,17 @@ func (c *answerCmd) run(ctx context.Context, b *Bridge, tr transport) (int, any)
 		b.closeAsk(ctx, c.pane, a.id, d)
 		return http.StatusOK, answerReply{OK: true, Outcome: &wireOutcome{Option: c.option}}
 	}
-	// Someone decided first: say who, and how.
-	ga, err := b.sessions.GetApproval(ctx, &sessionv1.GetApprovalRequest{Principal: operator(), SessionId: c.pane, RequestId: a.requestID})
-	if err != nil {
-		return b.unavailable("read approval", err)
+	// Someone decided first: say who, and how. The answer says which
+	// decision stands; a session service from before it did is asked.
+	stands := &sessionv1.ApprovalView{Status: resp.GetStatus(), Decision: resp.GetDecision(), Surface: resp.GetSurface()}
+	if stands.Status == sessionv1.ApprovalStatus_APPROVAL_STATUS_UNSPECIFIED {
+		ga, err := b.sessions.GetApproval(ctx, &sessionv1.GetApprovalRequest{Principal: operator(), SessionId: c.pane, RequestId: a.requestID})
+		if err != nil {
+			return b.unavailable("read approval", err)
+		}
+		stands = ga.GetApproval()
 	}
-	d, ok := outcomeOf(ga.GetApproval())
+	d, ok := outcomeOf(stands)
 	if !ok {
 		return http.StatusOK, answerReply{OK: false, Code: codeTooLate}
 	}
