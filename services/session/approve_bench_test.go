@@ -78,6 +78,28 @@ func BenchmarkApprove(b *testing.B) {
 		}
 		b.ReportMetric(float64(again.Microseconds())/float64(b.N), "approve_us/op")
 	})
+	b.Run("get_approval", func(b *testing.B) {
+		// The read the durable bridge made after an already_decided
+		// answer to learn which decision stood, and no longer makes
+		// since the answer says it: GetApproval of an ask rejected in a
+		// turn that ended (in process, without gRPC's round trip).
+		id, rec, res, ask := askingTurn(b, h)
+		reqID := ask.str("request_id")
+		if _, err := approveAs(h, id, reqID, DecisionReject); err != nil {
+			b.Fatal(err)
+		}
+		rec.until(UpdateTurnComplete)
+		if r := <-res; r.err != nil {
+			b.Fatalf("prompt: %v", r.err)
+		}
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			resp, err := h.srv.GetApproval(context.Background(), &sessionv1.GetApprovalRequest{Principal: alice, SessionId: id, RequestId: reqID})
+			if err != nil || resp.GetApproval().GetDecision() != sessionv1.Decision_DECISION_REJECT {
+				b.Fatalf("get approval: %v %v", resp, err)
+			}
+		}
+	})
 	b.Run("store", func(b *testing.B) {
 		id := h.newSession(alice, "guarded")
 		for i := 0; i < b.N; i++ {
