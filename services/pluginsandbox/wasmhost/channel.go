@@ -4,8 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/tetratelabs/wazero/api"
 
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
@@ -94,8 +98,16 @@ func (h *Host) LoadChannel(ctx context.Context, spec PluginSpec, inbound *Inboun
 		// The export is optional (plugins built before it have neither
 		// it nor the flag), so checkABI does not ask for it: a flag
 		// without it would fail every refusal's call instead.
-		if _, ok := r.c.mod.ExportedFunctions()[abi.ExportChannelPollRefused]; ch.caps.PollRefused && !ok {
+		fn, ok := r.c.mod.ExportedFunctions()[abi.ExportChannelPollRefused]
+		if ch.caps.PollRefused && !ok {
 			return fmt.Errorf("%w: channel_capabilities has %q but the module does not export %s", ErrABI, abi.FlagPollRefused, abi.ExportChannelPollRefused)
+		}
+		// Of another type, every word failed, and one returning no
+		// value made the host index a result it did not have (a panic
+		// of the sandbox at the first refusal).
+		if ch.caps.PollRefused && !hasSignature(fn, []api.ValueType{api.ValueTypeI32, api.ValueTypeI32}, []api.ValueType{api.ValueTypeI64}) {
+			return fmt.Errorf("%w: %s must be (i32, i32) -> i64, not (%s) -> (%s)", ErrABI, abi.ExportChannelPollRefused,
+				typeNames(fn.ParamTypes()), typeNames(fn.ResultTypes()))
 		}
 		return nil
 	})
@@ -120,6 +132,20 @@ func (h *Host) LoadChannel(ctx context.Context, spec PluginSpec, inbound *Inboun
 		ch.idle <- s
 	}
 	return ch, nil
+}
+
+// hasSignature reports whether fn takes params and returns results.
+func hasSignature(fn api.FunctionDefinition, params, results []api.ValueType) bool {
+	return slices.Equal(fn.ParamTypes(), params) && slices.Equal(fn.ResultTypes(), results)
+}
+
+// typeNames is types as the text format writes them.
+func typeNames(types []api.ValueType) string {
+	names := make([]string, len(types))
+	for i, t := range types {
+		names[i] = api.ValueTypeName(t)
+	}
+	return strings.Join(names, ", ")
 }
 
 // Name is the channel's name, read at load.
