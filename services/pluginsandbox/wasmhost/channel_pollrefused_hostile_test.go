@@ -280,6 +280,7 @@ func TestRefusalWordOfAnotherSignatureIsRefused(t *testing.T) {
 			if !errors.Is(err, wasmhost.ErrABI) || !strings.Contains(err.Error(), abi.ExportChannelPollRefused) {
 				t.Fatalf("load: %v, want ErrABI naming %s", err, abi.ExportChannelPollRefused)
 			}
+			t.Logf("load: %v", err)
 		})
 	}
 	// The ABI's signature loads.
