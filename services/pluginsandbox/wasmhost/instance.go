@@ -167,6 +167,9 @@ func (in *instance) callRead(ctx context.Context, f *frame, export string, arg [
 			if err != nil {
 				return nil, err
 			}
+			if len(res) != 1 {
+				return nil, fmt.Errorf("%w: alloc returned %d values, want one i32", ErrABI, len(res))
+			}
 			ptr := uint32(res[0])
 			if len(arg) > 0 && !in.mod.Memory().Write(ptr, arg) {
 				return nil, fmt.Errorf("%w: alloc returned an out-of-bounds buffer", ErrABI)
@@ -179,6 +182,11 @@ func (in *instance) callRead(ctx context.Context, f *frame, export string, arg [
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		// A module may declare an export with any type: one without a
+		// result crashed the whole sandbox here (an index out of range).
+		if len(res) != 1 {
+			return nil, fmt.Errorf("%w: %s returned %d values, want one i64", ErrABI, export, len(res))
 		}
 		ptr, size := uint32(res[0]>>32), uint32(res[0])
 		if size > maxResultBytes {

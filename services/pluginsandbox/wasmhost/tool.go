@@ -221,7 +221,10 @@ func (in *instance) checkVersion(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: clawmesh_abi_version: %w", ErrABI, err)
 	}
-	if len(res) != 1 || uint32(res[0]) != ABIVersion {
+	if len(res) != 1 {
+		return fmt.Errorf("%w: clawmesh_abi_version returned %d values, want one i32", ErrABI, len(res))
+	}
+	if uint32(res[0]) != ABIVersion {
 		return fmt.Errorf("%w: module speaks ABI version %d, host speaks %d", ErrABI, uint32(res[0]), ABIVersion)
 	}
 	return nil
