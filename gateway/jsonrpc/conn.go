@@ -1619,13 +1619,37 @@ func (c *Conn) wrote(n int) {
 // writeAll writes b; queued says b is the writer's batch, whose progress
 // is accounted with wrote. It fails with ErrWriteStall when the peer reads
 // nothing for WriteStallTimeout while b is pending (see stallWatch).
+//
+// Where the kernel's queue is seen, a chunk is first written without
+// waiting: on the path every connection takes (the socket has room) that
+// is one write and no deadline, and a write that falls short is the
+// moment output begins to wait, which starts the rule's clock.
 func (c *Conn) writeAll(b []byte, queued bool) error {
 	limit := c.opts.WriteStallTimeout
+	var queue func() (int, bool)
+	if limit > 0 {
+		queue = c.kernelQueue()
+	}
+	first := queue != nil && c.writeNow != nil
 	var w stallWatch
 	for len(b) > 0 {
 		chunk := b[:min(len(b), maxWriteChunk)]
+		if first && !w.watching {
+			n, err := c.tryWrite(chunk)
+			b = b[n:]
+			if queued && n > 0 {
+				c.wrote(n)
+			}
+			if err != nil {
+				return c.writeFailed(err)
+			}
+			if n < len(chunk) {
+				w.start(time.Now(), c.sent, queue)
+			}
+			continue
+		}
 		if limit > 0 {
-			_ = c.nc.SetWriteDeadline(w.deadline(time.Now(), limit, c.kernelQueue() != nil))
+			_ = c.nc.SetWriteDeadline(w.deadline(time.Now(), limit, queue != nil))
 			c.deadlineSet = true
 		}
 		n, err := c.nc.Write(chunk)
@@ -1636,20 +1660,26 @@ func (c *Conn) writeAll(b []byte, queued bool) error {
 		}
 		timedOut := errors.Is(err, os.ErrDeadlineExceeded)
 		if err != nil && !timedOut {
-			if c.isClosed() {
-				return ErrClosed
-			}
-			return fmt.Errorf("%w: %w", ErrPeerClosed, err)
+			return c.writeFailed(err)
 		}
 		if limit <= 0 || (!timedOut && !w.watching) {
-			continue // the fast path: the socket took it all
+			continue // the socket took it all
 		}
-		if w.stalled(time.Now(), limit, n, c.sent, c.kernelQueue()) {
+		if w.stalled(time.Now(), limit, n, c.sent, queue) {
 			c.log.Warn("closing connection: write stalled", zap.Duration("limit", limit))
 			return ErrWriteStall
 		}
 	}
 	return nil
+}
+
+// writeFailed maps a failed write's error: ErrClosed when this side
+// closed the connection, else the peer's end.
+func (c *Conn) writeFailed(err error) error {
+	if c.isClosed() {
+		return ErrClosed
+	}
+	return fmt.Errorf("%w: %w", ErrPeerClosed, err)
 }
 
 // writeOwned writes b for a caller that holds the output (c.writing):
@@ -1660,10 +1690,7 @@ func (c *Conn) writeOwned(b []byte) error {
 	if c.writeNow != nil {
 		n, err := c.tryWrite(b)
 		if err != nil {
-			if c.isClosed() {
-				return ErrClosed
-			}
-			return fmt.Errorf("%w: %w", ErrPeerClosed, err)
+			return c.writeFailed(err)
 		}
 		if b = b[n:]; len(b) == 0 {
 			return nil
@@ -1702,11 +1729,17 @@ func (c *Conn) kernelQueue() func() (int, bool) {
 // the bytes queued for the peer (SIOCOUTQ on a Linux Unix socket), the
 // watch samples sent - queued, which only the peer's reads raise (our
 // writes add at least as much to queued as to sent); a rise is progress.
-// The first sample is taken when a write first blocks for a tick, and
-// starts the clock; later writes block for at most a tick, so a read is
-// seen within a tick of happening and a stall is cut at the limit after
-// the last one seen: within limit + tick (tick at most 1 s) of the peer's
-// last read. Bytes the kernel accepted into its buffer are never taken for
+// The first sample is taken the moment a write first falls short (a
+// write without waiting, see writeAll), and starts the clock: output
+// waits from then on. It was taken once a write had blocked for a tick,
+// which cut a peer that never read a tick (up to 1 s) past the limit.
+// Later writes block for at most a tick, so a read is seen within a tick
+// of happening and a stall is cut at the limit after the last one seen:
+// within limit + tick (tick at most 1 s) of the peer's last read, and at
+// the limit after output first waited for a peer that read none of it.
+// Output the kernel took while the socket had room does not start the
+// clock: it waits in the peer's buffer, not here, and a peer that leaves
+// a reply unread while it is idle is not stalled. Bytes the kernel accepted into its buffer are never taken for
 // the peer's progress: they were, and a peer that read nothing was cut at
 // twice the limit. The kernel frees the peer's bytes a buffer (about
 // 32 KiB) at a time, so a peer must take that much per limit to count as
@@ -1736,6 +1769,15 @@ func (w *stallWatch) deadline(now time.Time, limit time.Duration, sampled bool) 
 		}
 	}
 	return d
+}
+
+// start takes the first sample, at the moment a write fell short with
+// sent bytes written in all.
+func (w *stallWatch) start(now time.Time, sent int64, queue func() (int, bool)) {
+	w.watching, w.since = true, now
+	if q, ok := queue(); ok {
+		w.best = sent - int64(q)
+	}
 }
 
 // stalled takes a sample after a write that moved n bytes (sent in all)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -165,5 +166,75 @@ func TestWriteStallSlowReader(t *testing.T) {
 	c.nc.Close()
 	if err := testwait.Recv(t, ts.disconnects); errors.Is(err, ErrWriteStall) {
 		t.Fatalf("Run returned %v after the peer hung up", err)
+	}
+}
+
+// TestWriteStallSlowFill: output that trickles in fills the socket's
+// buffer of a peer that never reads, and the peer is cut within
+// [limit, limit+tick] of the moment a write first blocked, not a tick
+// after it (the cut came at limit + tick: the clock started at the first
+// sample, taken when a write had been blocked for a tick).
+//
+// The moment a write first blocked is bounded from below without looking
+// into the writer: it was the write of the first notification that did
+// not reach the peer whole, which cannot have begun before that
+// notification was queued. The handler notes when it queues each one;
+// the peer, after the cut, reads what it was sent and counts the whole
+// lines.
+func TestWriteStallSlowFill(t *testing.T) {
+	const (
+		stall = 4 * time.Second
+		pace  = 10 * time.Millisecond // about 40 notifications a buffer: half a second of filling at least
+		noted = 4096                  // more than the buffer and the 1 MiB queue hold together
+	)
+	tick := stallTick(stall)
+	var (
+		mu     sync.Mutex
+		queued []time.Time // when notification i was queued
+		cut    = make(chan time.Time, 1)
+	)
+	chunk := map[string]string{"text": strings.Repeat("z", 4096)}
+	h := &testHandler{onCall: func(ctx context.Context, c *Conn, req *Request) (any, error) {
+		for {
+			mu.Lock()
+			if len(queued) < noted {
+				queued = append(queued, time.Now())
+			}
+			mu.Unlock()
+			if err := c.Notify(ctx, "session/update", chunk); err != nil {
+				return nil, err
+			}
+			time.Sleep(pace) // output that trickles in; the waiting is the case
+		}
+	}}
+	ts := startServer(t, &Server{
+		Options:      Options{WriteStallTimeout: stall, MaxPendingBytes: 1 << 20},
+		NewHandler:   func(*Conn, Peer) Handler { return h },
+		OnDisconnect: func(*Conn, Peer, error) { cut <- time.Now() },
+	}, nil)
+	c := dial(t, ts.path)
+	c.send(`{"jsonrpc":"2.0","id":1,"method":"stream"}`)
+	err := testwait.Recv(t, ts.disconnects)
+	end := testwait.Recv(t, cut)
+	if !errors.Is(err, ErrWriteStall) {
+		t.Fatalf("Run returned %v, want ErrWriteStall", err)
+	}
+	lines := 0
+	for {
+		if _, err := c.recvErr(); err != nil {
+			break // what the peer was sent, read after the cut, then the end
+		}
+		lines++
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if lines >= len(queued) {
+		t.Fatalf("the peer got %d whole notifications of the %d queued: no write blocked", lines, len(queued))
+	}
+	began := queued[lines]
+	t.Logf("cut %v after the first write that blocked was queued, notification %d (%v after the first; limit %v, tick %v)",
+		end.Sub(began), lines, began.Sub(queued[0]), stall, tick)
+	if took := end.Sub(began); took > stall+tick {
+		t.Fatalf("cut %v after output first waited, want %v (limit + tick) at most", took, stall+tick)
 	}
 }
