@@ -3,7 +3,9 @@ package jsonrpc
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync"
@@ -150,4 +152,119 @@ func runLoad(b *testing.B, path string, clients int) {
 	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "req/s")
 	b.ReportMetric(pct(0.50), "p50-µs")
 	b.ReportMetric(pct(0.99), "p99-µs")
+}
+
+// BenchmarkNotifyWriter: notifications queued with Notify, which the
+// writer goroutine writes, each to an idle socket whose reader takes it
+// before the next is queued: one writeAll of one frame each, under the
+// write-stall rule (its default limit), the path of queued output (a
+// streamed update that finds the output busy, a reply behind others).
+// Reported per notification: the queueing, the hand-off and the write.
+func BenchmarkNotifyWriter(b *testing.B) {
+	path := socketPath(b)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	conn := NewConn(server, nil, Options{InitializeTimeout: -1, Logger: zap.NewNop()})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		_ = conn.Run(ctx)
+	}()
+	var read atomic.Int64
+	progressed := make(chan struct{}, 1)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := client.Read(buf)
+			read.Add(int64(n))
+			select {
+			case progressed <- struct{}{}:
+			default:
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	params := json.RawMessage(`{"content":{"text":"1796357943194065258 ","type":"text"},"sessionId":"s_0123456789abcdef01234567","sessionUpdate":"agent_message_chunk"}`)
+	n, err := EncodeNotification("session/update", params)
+	if err != nil {
+		b.Fatal(err)
+	}
+	frame := int64(n.Len() + 1)
+	var sent int64
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := conn.Notify(ctx, "session/update", params); err != nil {
+			b.Fatal(err)
+		}
+		sent++
+		for read.Load() != sent*frame {
+			select {
+			case <-progressed:
+			case <-conn.Done():
+				b.Fatalf("connection closed after %d of %d bytes were read", read.Load(), sent*frame)
+			}
+		}
+	}
+	b.StopTimer()
+	conn.Close()
+	cancel()
+	<-ran
+	client.Close()
+	<-drained
+}
+
+// BenchmarkWriteAll: writeAll alone, one update's frame at a time to a
+// socket with room (a reader drains it), under the write-stall rule: what
+// the rule costs a write that does not wait, the path of every write the
+// writer goroutine makes.
+func BenchmarkWriteAll(b *testing.B) {
+	path := socketPath(b)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer server.Close()
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		_, _ = io.Copy(io.Discard, client)
+	}()
+	c := NewConn(server, nil, Options{InitializeTimeout: -1, Logger: zap.NewNop()})
+	frame := []byte(`{"jsonrpc":"2.0","method":"session/update","params":{"content":{"text":"1796357943194065258 ","type":"text"},"sessionId":"s_0123456789abcdef01234567","sessionUpdate":"agent_message_chunk"}}` + "\n")
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.writeAll(frame, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	server.Close()
+	<-drained
 }
