@@ -1269,7 +1269,7 @@ func (c *Conn) writeLinesDirect(lines []byte) bool {
 	}
 	c.writing = true
 	c.wmu.Unlock()
-	err := c.writeOwned(lines)
+	err := c.writeAll(lines, false)
 	c.wmu.Lock()
 	c.writing = false
 	more := len(c.wq) > 0 || c.flushClose
@@ -1616,8 +1616,9 @@ func (c *Conn) wrote(n int) {
 	}
 }
 
-// writeAll writes b; queued says b is the writer's batch, whose progress
-// is accounted with wrote. It fails with ErrWriteStall when the peer reads
+// writeAll writes b for the goroutine holding the output (c.writing);
+// queued says b is the writer's batch, whose progress is accounted with
+// wrote. It fails with ErrWriteStall when the peer reads
 // nothing for WriteStallTimeout while b is pending (see stallWatch).
 //
 // Where the kernel's queue is seen, a chunk is first written without
@@ -1680,23 +1681,6 @@ func (c *Conn) writeFailed(err error) error {
 		return ErrClosed
 	}
 	return fmt.Errorf("%w: %w", ErrPeerClosed, err)
-}
-
-// writeOwned writes b for a caller that holds the output (c.writing):
-// first with one non-blocking write, which needs no write deadline and
-// is the whole write whenever the socket has room, then whatever is left
-// under the write-stall rule (writeAll).
-func (c *Conn) writeOwned(b []byte) error {
-	if c.writeNow != nil {
-		n, err := c.tryWrite(b)
-		if err != nil {
-			return c.writeFailed(err)
-		}
-		if b = b[n:]; len(b) == 0 {
-			return nil
-		}
-	}
-	return c.writeAll(b, false)
 }
 
 // tryWrite is one non-blocking write of b (writeNow), for a caller that
