@@ -161,21 +161,7 @@ func runLoad(b *testing.B, path string, clients int) {
 // streamed update that finds the output busy, a reply behind others).
 // Reported per notification: the queueing, the hand-off and the write.
 func BenchmarkNotifyWriter(b *testing.B) {
-	path := socketPath(b)
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("unix", path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		b.Fatal(err)
-	}
+	client, server := unixPair(b)
 	conn := NewConn(server, nil, Options{InitializeTimeout: -1, Logger: zap.NewNop()})
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
@@ -235,22 +221,7 @@ func BenchmarkNotifyWriter(b *testing.B) {
 // the rule costs a write that does not wait, the path of every write the
 // writer goroutine makes.
 func BenchmarkWriteAll(b *testing.B) {
-	path := socketPath(b)
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("unix", path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer server.Close()
+	client, server := unixPair(b)
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
@@ -267,4 +238,27 @@ func BenchmarkWriteAll(b *testing.B) {
 	b.StopTimer()
 	server.Close()
 	<-drained
+}
+
+// unixPair is a connected pair of Unix sockets (a listener's, so the
+// server side is a *net.UnixConn as the gateway's are), both closed at
+// the end of tb.
+func unixPair(tb testing.TB) (client, server net.Conn) {
+	tb.Helper()
+	ln, err := net.Listen("unix", socketPath(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	client, err = net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { client.Close() })
+	server, err = ln.Accept()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { server.Close() })
+	return client, server
 }
