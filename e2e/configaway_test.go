@@ -176,10 +176,22 @@ func asNobody(t *testing.T, s *e2e.Stack, args ...string) ([]byte, error) {
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, append(args, "--socket", link)...)
-	cmd.Env = []string{"HOME=/", "PATH=/usr/bin:/bin"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	return cmd.CombinedOutput()
+	// The copy's write descriptor, closed above, may still be open in a
+	// child another test's goroutine is forking at that moment (between
+	// its fork and its exec): the exec then fails "text file busy"
+	// (ETXTBSY, Go issue 22315) until that child has exec'd. It is tried
+	// again for a while.
+	for try := 0; ; try++ {
+		cmd := exec.Command(bin, append(args, "--socket", link)...)
+		cmd.Env = []string{"HOME=/", "PATH=/usr/bin:/bin"}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		if errors.Is(err, syscall.ETXTBSY) && try < 100 {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		return out, err
+	}
 }
 
 // The gateway killed (or crashed) while the config service hung: the
