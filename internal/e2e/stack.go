@@ -98,6 +98,9 @@ func Start(t testing.TB, opts Options) *Stack {
 	}
 	t.Cleanup(func() {
 		s.Stop()
+		if t.Failed() {
+			logTails(t, s)
+		}
 		// Root's cluster lives outside the data directory: remove it
 		// too, and the credentials kept beside it.
 		if pg := pgcluster.Dir(dir); pg != "" && !strings.HasPrefix(pg, dir+"/") {
@@ -275,6 +278,34 @@ func (s *Stack) Stdout() string {
 	default:
 	}
 	return s.stdout.String()
+}
+
+// logTails logs the last lines of a failed test's stack: the launcher's
+// log and each service's (<data>/logs). CI keeps only the test's output,
+// and a fault that timed out there (a message lost, a replica that did
+// not come back) is read from the services' own words.
+func logTails(t testing.TB, s *Stack) {
+	logTail(t, "the launcher", s.Stderr())
+	logs, _ := filepath.Glob(filepath.Join(s.DataDir, "logs", "*.log"))
+	for _, path := range logs {
+		if raw, err := os.ReadFile(path); err == nil {
+			logTail(t, filepath.Base(path), string(raw))
+		}
+	}
+}
+
+func logTail(t testing.TB, name, log string) {
+	const keep, wide = 80, 600
+	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
+	if len(lines) > keep {
+		lines = lines[len(lines)-keep:]
+	}
+	for i, l := range lines {
+		if len(l) > wide {
+			lines[i] = l[:wide] + "…"
+		}
+	}
+	t.Logf("%s, its last %d lines:\n%s", name, len(lines), strings.Join(lines, "\n"))
 }
 
 // Stderr returns the launcher's log so far.
