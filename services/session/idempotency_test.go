@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -124,4 +125,88 @@ func TestKeyedPromptRunsNoToolTwice(t *testing.T) {
 		_, err := h.keyedPrompt(ctx, id, "no spaces", "/say hi")
 		wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, "idempotency_key")
 	})
+}
+
+// A turn whose end the store did not take in time (its write past the
+// unwind bound, the database slow or its row locked) stayed running in
+// the store, where this process had ended it: its session ran other
+// turns, but its message delivered again (a channel's, after the replica
+// that sent it died) was refused busy at every try, "left running by a
+// process whose recovery has not ended it", until the service's next
+// start. The channel retried it for five minutes, then told its sender
+// it could not be answered. One process owns every turn: a running row
+// without the session's live turn is ended as recovery ends one, and
+// the message resumes it.
+func TestKeyedPromptAfterAnUnrecordedEnd(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.UnwindTimeout = 500 * time.Millisecond })
+	ctx := context.Background()
+	id := h.channelSession("chan_unrecorded")
+	const text = "/tool echo {\"pay\":5}\n/sleep 2000\n/say resumed"
+	h.endUnrecorded(UpdateToolResult, &sessionv1.PromptRequest{Principal: chanOperator, SessionId: id, Prompt: text, IdempotencyKey: "msg-5"})
+
+	again, err := h.keyedPrompt(ctx, id, "msg-5", text)
+	if err != nil || again.GetReplayed() || again.GetOutcome() != outcomeEnum[OutcomeCompleted] || again.GetContent() != "resumed" {
+		t.Fatalf("the delivery again: %v %v", again, err)
+	}
+	if n := h.echoRuns(id, `{"pay":5}`); n != 1 {
+		t.Fatalf("the tool ran %d times", n)
+	}
+	if n := h.count("SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'", id); n != 0 {
+		t.Fatalf("%d turns still running", n)
+	}
+}
+
+// The same failed end, then a prompt of another message (no key): the
+// session ran it, but the cut turn stayed running in the store, and the
+// session's row read running, as long as the process lived; the next
+// start's recovery then published a second turn_complete for it. The
+// next admission now ends it first.
+func TestPromptEndsATurnWhoseEndWasNotRecorded(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.UnwindTimeout = 500 * time.Millisecond })
+	id := h.newSession(operator, "default")
+	h.endUnrecorded(UpdateThoughtChunk, &sessionv1.PromptRequest{Principal: operator, SessionId: id, Prompt: "/think cut\n/sleep 2000\n/say never"})
+
+	if r := h.prompt(operator, id, "/say next"); r.GetContent() != "next" {
+		t.Fatalf("the next prompt: %v", r)
+	}
+	if n := h.count("SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'", id); n != 0 {
+		t.Fatalf("%d turns still running in the store after the next turn", n)
+	}
+	if n := h.count("SELECT count(*) FROM sessions WHERE session_id = $1 AND state = 'idle'", id); n != 1 {
+		t.Fatal("the session's row does not read idle after the next turn")
+	}
+}
+
+// endUnrecorded runs req and, once its update of type after came, cuts it
+// (its caller gone) while the turn's row is locked past the unwind bound, so that its end's write fails, and
+// checks the case: the turn left running in the store, its turn_complete
+// published.
+func (h *harness) endUnrecorded(after string, req *sessionv1.PromptRequest) {
+	t := h.t
+	t.Helper()
+	ctx := context.Background()
+	id := req.GetSessionId()
+	rec := h.record(id)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	first := h.promptAsync(cctx, req)
+	rec.until(after)
+
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM turns WHERE session_id = $1 FOR UPDATE", id); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	rec.until(UpdateTurnComplete)
+	testwait.Recv(t, first)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count("SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'", id); n != 1 {
+		t.Fatalf("%d turns left running by the failed end, want the case: 1", n)
+	}
 }

@@ -50,6 +50,11 @@ type liveSession struct {
 	endingDone    chan struct{}
 	approvals     map[string]*approval
 	alwaysAllowed map[string]bool
+	// unended are turns this process ended whose end's write failed
+	// (finish): running in the store, idle here. The next admission ends
+	// them as recovery would (endUnended). At most maxUnended; one past
+	// it is left to the keyed prompt of its message or the next start.
+	unended []string
 
 	// pubMu orders publishing: seq is the last number used, seqReserved
 	// the bound stored in the database. Lock order: mu, pubMu, Server.mu.

@@ -577,6 +577,7 @@ func (s *Server) finish(t *turn, res turnResult) {
 	// turn begins, which a process started after a crash answers
 	// (UpdateSeqs). Nothing else publishes between.
 	published := ls.nextSeq()
+	unrecorded := false
 	if hook := turnEnding.Load(); hook != nil {
 		(*hook)(ls.id)
 	}
@@ -617,12 +618,16 @@ func (s *Server) finish(t *turn, res turnResult) {
 		s.log.Info("turn end not recorded: its session was deleted", zap.String("session_id", ls.id), zap.String("turn_id", t.id))
 	} else if err != nil {
 		s.log.Warn("record turn end", zap.String("session_id", ls.id), zap.Error(err))
+		unrecorded = true
 	}
 	s.cp.close(t.log)
 
 	// turn_complete is published while mu is held: the next turn cannot be
 	// admitted, so cannot publish, before it.
 	ls.mu.Lock()
+	if unrecorded && len(ls.unended) < maxUnended {
+		ls.unended = append(ls.unended, t.id)
+	}
 	if !t.ended {
 		s.completeLocked(t, res)
 	}
