@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -240,17 +241,53 @@ func (s *Server) Transcript(ctx context.Context, req *sessionv1.TranscriptReques
 	return resp, nil
 }
 
+// approvalWaits, when set (tests only), runs in GetApproval once it
+// waits for the write of a decision taken in memory.
+var approvalWaits atomic.Pointer[func(requestID string)]
+
 // GetApproval reads one approval request of the session: pending (with
 // its expiry), decided (with the decision and the surface that won),
-// timed out or cancelled.
+// timed out or cancelled. A decision taken in memory and still being
+// written is said once the write ends, as Approve says it: the write may
+// fail, or find the row settled by another writer, and then the ask ends
+// cancelled. Said at once, it was a decision of what then ended
+// cancelled. A caller whose context ends first is told what is known:
+// pending, as the row still reads.
 func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequest) (*sessionv1.GetApprovalResponse, error) {
-	reqID := req.GetRequestId()
-	if err := checkApprovalIDs(req.GetSessionId(), reqID); err != nil {
+	id, reqID := req.GetSessionId(), req.GetRequestId()
+	if err := checkApprovalIDs(id, reqID); err != nil {
 		return nil, err
 	}
-	if _, err := s.owned(ctx, req.GetPrincipal(), req.GetSessionId()); err != nil {
+	if _, err := s.owned(ctx, req.GetPrincipal(), id); err != nil {
 		return nil, err
 	}
+	v, writing, err := s.readApproval(ctx, id, reqID)
+	if err != nil {
+		return nil, err
+	}
+	if writing != nil {
+		// The turn ends the write within its unwind bound (see ask);
+		// the caller's context bounds this wait only.
+		if hook := approvalWaits.Load(); hook != nil {
+			(*hook)(reqID)
+		}
+		select {
+		case <-writing:
+			// The ask has left ls.approvals now, in the same step that
+			// closed writing: this read finds it settled.
+			if v, _, err = s.readApproval(ctx, id, reqID); err != nil {
+				return nil, err
+			}
+		case <-ctx.Done():
+		}
+	}
+	return &sessionv1.GetApprovalResponse{Approval: v}, nil
+}
+
+// readApproval reads approval reqID of session id. writing is set when a
+// decision was taken in memory and is still being written (it is closed
+// once the write ended, see approval.acted); v then says pending.
+func (s *Server) readApproval(ctx context.Context, id, reqID string) (v *sessionv1.ApprovalView, writing <-chan struct{}, err error) {
 	// Memory first: a decision is taken there before it is stored, and
 	// the turn keeps the one it acted on (turn.asked) while the row may
 	// still read as a failed write left it, pending or another writer's,
@@ -259,14 +296,14 @@ func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequ
 	var mem *approval
 	var d decision
 	decided := false
-	if ls := s.lookupLive(req.GetSessionId()); ls != nil {
+	if ls := s.lookupLive(id); ls != nil {
 		ls.mu.Lock()
 		if a := ls.approvals[reqID]; a != nil {
 			cp := *a
 			mem = &cp
 			select {
 			case <-a.decided:
-				decided, d = true, a.d
+				writing = a.acted
 			default:
 			}
 		} else if ls.turn != nil && ls.turn.asked[reqID] != nil {
@@ -279,16 +316,16 @@ func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequ
 	}
 	recs, err := s.store.approvalRecords(ctx, []string{reqID})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rec, stored := recs[reqID]
-	if stored && rec.SessionID != req.GetSessionId() {
+	if stored && rec.SessionID != id {
 		stored = false
 	}
 	if mem == nil && !stored {
-		return nil, errUnknownApproval(reqID)
+		return nil, nil, errUnknownApproval(reqID)
 	}
-	v := &sessionv1.ApprovalView{RequestId: reqID, SessionId: req.GetSessionId()}
+	v = &sessionv1.ApprovalView{RequestId: reqID, SessionId: id}
 	if stored {
 		v.TurnId, v.ToolCallId, v.ToolName, v.ArgumentsJson = rec.TurnID, rec.ToolCallID, rec.ToolName, rec.Arguments
 		v.CreatedAt = timestamppb.New(rec.CreatedAt)
@@ -301,8 +338,11 @@ func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequ
 		v.TurnId, v.ToolCallId, v.ToolName = mem.TurnID, mem.ToolCallID, mem.ToolName
 		v.Status, v.Decision, v.Surface = viewStanding(d, "decided")
 	case mem != nil:
+		// Nobody decided, or the decision is being written: until
+		// that write ends it is not known to stand.
 		v.TurnId, v.ToolCallId, v.ToolName = mem.TurnID, mem.ToolCallID, mem.ToolName
 		v.Status = sessionv1.ApprovalStatus_APPROVAL_STATUS_PENDING
+		v.DecidedAt = nil
 		created := time.Now()
 		if stored {
 			created = rec.CreatedAt
@@ -311,7 +351,7 @@ func (s *Server) GetApproval(ctx context.Context, req *sessionv1.GetApprovalRequ
 	default:
 		v.Status, v.Decision, v.Surface = viewStanding(decision{Decision: rec.Decision, Surface: rec.Surface}, rec.Status)
 	}
-	return &sessionv1.GetApprovalResponse{Approval: v}, nil
+	return v, writing, nil
 }
 
 // viewStanding is the standing decision d, as stored with status (or
