@@ -1,14 +1,24 @@
 package pluginsandbox
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
+
+// refusedAnswers is how many more times a plugin may answer a message
+// the host refused for its size, with no read of the inbound queue in
+// between, before the host rebuilds the instance it polls on. More than
+// one, so that a plugin taking the word a poll late is not rebuilt; each
+// such answer waits for the poll interval or a queued message, so the
+// channel is stalled for about three seconds.
+const refusedAnswers = 3
 
 // pollRefusals is what a binding's poller keeps of the last polled
 // message the host refused for its size (wasmhost.PollRefusedError).
@@ -16,9 +26,17 @@ type pollRefusals struct {
 	// last is the refused message's key (refusalKey), until a poll
 	// answers something else.
 	last string
+	// again counts the answers of last since it was refused, or since
+	// the instance was rebuilt for it: at most refusedAnswers.
+	again int
 	// stalled is set once the plugin answered that message again: the
 	// binding's reason says so until it answers something else.
 	stalled bool
+	// rebuilt is set once the instance was rebuilt for last, stuck once
+	// the rebuilt one answered it refusedAnswers times again: a plugin
+	// whose own service holds the message (unread mail) answers it from
+	// any instance, and one rebuild a message is all the host does.
+	rebuilt, stuck bool
 }
 
 // refusalKey tells one refused message from another the plugin answers
@@ -52,7 +70,14 @@ func refusalKey(r *wasmhost.PollRefusedError) string {
 // answers it again all the same is polled no faster than one without
 // the flag (here, at most once a poll interval or a queued message), is
 // told again at each of those polls, and is logged once, as above.
-func (b *binding) pollRefused(r *wasmhost.PollRefusedError, read []string, p *pollRefusals) bool {
+//
+// Either kind stalled its channel for good: the messages accepted (202)
+// behind the refused one were never delivered. After refusedAnswers
+// more answers of it the host now rebuilds the instance it polls on
+// (rebuildForRefusal), as it does after a trap: the plugin's memory of
+// the message is gone, the inbound queue is the host's and stays, and
+// the next message is polled at once.
+func (b *binding) pollRefused(ctx context.Context, r *wasmhost.PollRefusedError, read []string, p *pollRefusals) bool {
 	key := refusalKey(r)
 	log := b.log.With(zap.String("message_id", r.Msg.ID), zap.String("field", r.Field),
 		zap.Int("bytes", r.Size), zap.Int("bound", r.Bound), zap.Bool("plugin_told", r.Told))
@@ -60,17 +85,7 @@ func (b *binding) pollRefused(r *wasmhost.PollRefusedError, read []string, p *po
 		log = log.With(zap.NamedError("tell_error", r.TellErr))
 	}
 	if len(read) == 0 && key == p.last {
-		if !p.stalled {
-			p.stalled = true
-			heard := "the plugin does not take the host's word of a refusal (the poll_refused flag): update it"
-			if r.Told {
-				heard = "the plugin was told it was refused, and answers it all the same"
-			}
-			log.Warn("channel poll answered again a message refused for its size: the channel takes no message until its plugin moves past it")
-			b.set(channelRunning, fmt.Sprintf("poll: the plugin answers again and again a message whose %s is %d bytes, past the %d a polled message's %s may be; the channel takes no message until the plugin moves past it; %s",
-				r.Field, r.Size, r.Bound, r.Field, heard))
-		}
-		return false
+		return b.answeredAgain(ctx, r, log, p)
 	}
 	p.clear(b)
 	p.last = key
@@ -80,6 +95,51 @@ func (b *binding) pollRefused(r *wasmhost.PollRefusedError, read []string, p *po
 	default:
 		log.Warn("channel notice dropped: too many notices waiting")
 	}
+	return true
+}
+
+// answeredAgain handles the plugin's answer of the refused message p.last
+// once more. It reports whether the poller polls on at once (the
+// instance was rebuilt, and the next message may be waiting).
+func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedError, log *zap.Logger, p *pollRefusals) bool {
+	p.again++
+	what := fmt.Sprintf("a message whose %s is %d bytes, past the %d a polled message's %s may be", r.Field, r.Size, r.Bound, r.Field)
+	heard := "the plugin does not take the host's word of a refusal (the poll_refused flag): update it"
+	if r.Told {
+		heard = "the plugin was told it was refused, and answers it all the same"
+	}
+	if !p.stalled && !p.rebuilt {
+		p.stalled = true
+		log.Warn("channel poll answered again a message refused for its size: the channel takes no message until its plugin moves past it or is rebuilt",
+			zap.Int("rebuilt_after", refusedAnswers))
+		b.set(channelRunning, fmt.Sprintf("poll: the plugin answers again and again %s; the channel takes no message until the plugin moves past it, or its instance is rebuilt at the %d-th answer; %s",
+			what, refusedAnswers+1, heard))
+	}
+	if p.again < refusedAnswers || p.stuck {
+		return false
+	}
+	if p.rebuilt {
+		p.stuck, p.stalled = true, true
+		log.Warn("channel plugin rebuilt for a message refused for its size answers it still: the channel takes no message until its plugin moves past it",
+			zap.Int("answers", refusedAnswers))
+		b.set(channelRunning, fmt.Sprintf("poll: the plugin's instance was rebuilt, and the new one answers again %s: the plugin's own service holds it, and the channel takes no message until the plugin moves past it; %s",
+			what, heard))
+		return false
+	}
+	if err := b.ch.ResetPoll(ctx); err != nil {
+		if ctx.Err() == nil {
+			log.Warn("channel plugin not rebuilt", zap.Error(err))
+		}
+		return false
+	}
+	p.rebuilt, p.again = true, 0
+	// The reason outlives the stall: the operator reads why the
+	// plugin lost its memory.
+	p.stalled = false
+	log.Warn("channel plugin rebuilt: it answered again and again a message refused for its size, and its new instance forgets it",
+		zap.Int("answers", refusedAnswers+1))
+	b.set(channelRunning, fmt.Sprintf("poll: the plugin's instance was rebuilt at %s, which forgets what it held: it answered %d times %s; %s",
+		time.Now().UTC().Format(time.RFC3339), refusedAnswers+1, what, heard))
 	return true
 }
 

@@ -1,6 +1,7 @@
 package pluginsandbox
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -21,6 +22,7 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 	r := &wasmhost.PollRefusedError{Field: "content", Size: 2 << 20, Bound: 1 << 20,
 		Msg: &wasmhost.ChannelMessage{ID: "m1", Sender: "ann", ThreadID: "t"}}
 	var p pollRefusals
+	ctx := context.Background()
 	told := func(want int) {
 		t.Helper()
 		if got := len(b.dl.notices); got != want {
@@ -34,7 +36,7 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 		}
 	}
 
-	if !b.pollRefused(r, nil, &p) {
+	if !b.pollRefused(ctx, r, nil, &p) {
 		t.Fatal("a first refusal is no new message")
 	}
 	told(1)
@@ -42,8 +44,8 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 	if n := <-b.dl.notices; n.msg != r.Msg || !strings.Contains(n.text, "it is 2097152 bytes long, and this channel takes messages of at most 1048576 bytes") {
 		t.Fatalf("notice %q to %+v", n.text, n.msg)
 	}
-	for range 3 {
-		if b.pollRefused(r, nil, &p) {
+	for range refusedAnswers - 1 { // the next one rebuilds the instance: none here
+		if b.pollRefused(ctx, r, nil, &p) {
 			t.Fatal("the same message answered again is a new one")
 		}
 	}
@@ -51,7 +53,7 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 	reason("the channel takes no message until the plugin moves past it")
 
 	// The same message read from the queue again is another post of it.
-	if !b.pollRefused(r, []string{"file"}, &p) {
+	if !b.pollRefused(ctx, r, []string{"file"}, &p) {
 		t.Fatal("a message read from the queue is no new message")
 	}
 	told(1)
@@ -59,12 +61,12 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 
 	// Once the plugin answered something else, it is new again.
 	p.clear(b)
-	if !b.pollRefused(r, nil, &p) {
+	if !b.pollRefused(ctx, r, nil, &p) {
 		t.Fatal("a refusal after another answer is no new message")
 	}
 	told(2)
 	other := &wasmhost.PollRefusedError{Field: "sender", Size: 20 << 10, Bound: 16 << 10, Msg: &wasmhost.ChannelMessage{ID: "m2"}}
-	if !b.pollRefused(other, nil, &p) {
+	if !b.pollRefused(ctx, other, nil, &p) {
 		t.Fatal("another refused message is no new one")
 	}
 	<-b.dl.notices

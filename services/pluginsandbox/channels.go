@@ -786,7 +786,7 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			}
 			msg, read, err := b.pollOne(ctx)
 			if refused := (*wasmhost.PollRefusedError)(nil); errors.As(err, &refused) && ctx.Err() == nil {
-				if b.pollRefused(refused, read, &refusals) {
+				if b.pollRefused(ctx, refused, read, &refusals) {
 					continue // a new message: the next may wait behind it
 				}
 				break

@@ -208,60 +208,6 @@ func TestChannelPluginToldOfItsRefusedMessageMovesOn(t *testing.T) {
 	}
 }
 
-// A plugin told of the refusal that answers the message all the same
-// stalls its channel as one never told did, and must not make the host
-// spin: it is polled at the poll interval (or when a message is queued),
-// told at each of those polls, its sender told once, and the refusal
-// logged once, with the repeat.
-func TestChannelPluginDeafToTheRefusalIsPolledAtTheInterval(t *testing.T) {
-	hook, replies := replyHook(t)
-	fs := newFakeSessions()
-	ts, sink := stickyServer(t, fs, hook, stickyWebhook, nil)
-	start := time.Now()
-	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
-
-	postBad(t, web.Listen, "deaf-1", badBytes)
-	if r := testwait.Recv(t, replies); r["recipient"] != "ann" || !strings.Contains(r["content"], "not delivered") {
-		t.Fatalf("reply to a message past the poll's bound: %v", r)
-	}
-	postText(t, web.Listen, "m2", "next")
-	const told = "told deaf-1 content"
-	testwait.Progress(t, 50*time.Millisecond, func() (int64, bool) {
-		n := sink.count(told)
-		return int64(n), n >= 4
-	})
-	elapsed := time.Since(start)
-	polls, words := sink.count("sticky poll"), sink.count(told)
-	t.Logf("%d polls and %d words of the refusal in %v", polls, words, elapsed)
-	// Woken by the ticker, the two posts and the first refusal's
-	// immediate next poll, with one of room.
-	if most := int(elapsed/time.Second) + 5; polls > most || words > polls {
-		t.Fatalf("%d polls, %d words of the refusal in %v: want at most %d polls, one word each at most", polls, words, elapsed, most)
-	}
-	for msg, want := range map[string]int{
-		"channel message refused: past the bound of a polled message": 1,
-		"answered again a message refused for its size":               1,
-	} {
-		if n := hostLogs(ts.logs, zapcore.WarnLevel, msg); n != want {
-			t.Errorf("%q logged %d times, want %d", msg, n, want)
-		}
-	}
-	listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c := listed.GetChannels()[0]; c.GetState() != "running" || !strings.Contains(c.GetReason(), "was told it was refused, and answers it all the same") {
-		t.Errorf("binding %s: %q", c.GetState(), c.GetReason())
-	}
-	select {
-	case r := <-replies:
-		t.Fatalf("a second reply: %v", r)
-	case p := <-fs.prompts:
-		t.Fatalf("a prompt behind the stalled message: %q", p.prompt)
-	default:
-	}
-}
-
 // A plugin built before channel_poll_refused (no flag, no export) loads
 // and runs as it did: it delivers, its refused message's sender is told,
 // and it is never called for the word.
@@ -289,5 +235,177 @@ func TestChannelPluginOfTheFormerABIRunsAsBefore(t *testing.T) {
 	}
 	if n := hostLogs(ts.logs, zapcore.WarnLevel, "channel message refused"); n != 1 {
 		t.Fatalf("the refusal logged %d times, want once", n)
+	}
+}
+
+// formerStickyWebhook is stickyWebhook built for the ABI before
+// channel_poll_refused (its channel hides PollRefused, and
+// withoutPollRefused takes the export out of its module): it holds a
+// "sticky" message once answered and is never told what became of it.
+var formerStickyWebhook = strings.Replace(stickyWebhook, "func init() { channel.Register(sticky{}) }",
+	"type former struct{ channel.Channel }\n\nfunc init() { channel.Register(former{sticky{}}) }", 1)
+
+// A plugin that answers again and again a message the host refused for
+// its size, never told of the refusal (built before the poll_refused
+// flag) or told and keeping it all the same, stalled its channel: the
+// messages accepted (202) behind it were never delivered (this test
+// failed with "nothing received within 1m0s" waiting for the next one).
+// After a bounded number of answers of the same message the host
+// rebuilds the plugin's polling instance, which forgets it: the sender
+// of the refused message is told once, the next message is delivered,
+// the plugin is told at most once an answer, and the operator reads of
+// the rebuild in the log and the binding's reason.
+func TestChannelPluginKeepingItsRefusedMessageIsRebuilt(t *testing.T) {
+	for _, tc := range []struct {
+		name, id, src string
+		edit          func(*testing.T, []byte) []byte
+		told          bool
+	}{
+		{name: "deaf", id: "deaf-1", src: stickyWebhook, told: true},
+		{name: "former", id: "sticky-1", src: formerStickyWebhook, edit: withoutPollRefused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hook, replies := replyHook(t)
+			fs := newFakeSessions()
+			ts, sink := stickyServer(t, fs, hook, tc.src, tc.edit)
+			start := time.Now()
+			web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+
+			postBad(t, web.Listen, tc.id, badBytes)
+			if r := testwait.Recv(t, replies); r["recipient"] != "ann" || r["thread_id"] != "t-1" || !strings.Contains(r["content"], "not delivered") {
+				t.Fatalf("reply to a message past the poll's bound: %v", r)
+			}
+			postText(t, web.Listen, "m2", "next")
+			if p := testwait.Recv(t, fs.prompts); p.prompt != "next" {
+				t.Fatalf("prompt of %d bytes (%.40q), want next", len(p.prompt), p.prompt)
+			}
+			for msg, want := range map[string]int{
+				"channel message refused: past the bound of a polled message":           1,
+				"answered again a message refused for its size":                         1,
+				"channel plugin rebuilt: it answered again and again a message refused": 1,
+			} {
+				if n := hostLogs(ts.logs, zapcore.WarnLevel, msg); n != want {
+					t.Errorf("%q logged %d times, want %d", msg, n, want)
+				}
+			}
+			// The plugin's records reach the sink from the host's queue.
+			words := "told " + tc.id + " content"
+			if tc.told {
+				testwait.Progress(t, 10*time.Millisecond, func() (int64, bool) {
+					n := sink.count(words)
+					return int64(n), n > 0
+				})
+			}
+			elapsed := time.Since(start)
+			polls, told := sink.count("sticky poll"), sink.count(words)
+			t.Logf("%d polls, %d words of the refusal in %v", polls, told, elapsed)
+			// Woken by the ticker, the two posts, the refusal's and the
+			// rebuild's immediate next polls, with one of room.
+			if most := int(elapsed/time.Second) + 6; polls > most {
+				t.Errorf("%d polls in %v, want at most %d", polls, elapsed, most)
+			}
+			if want := pluginsandbox.RefusedAnswers + 1; tc.told && (told < 1 || told > want) || !tc.told && told != 0 {
+				t.Errorf("the plugin was told %d times, want 1 to %d (told %v)", told, want, tc.told)
+			}
+			listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := listed.GetChannels()[0]; c.GetState() != "running" || !strings.Contains(c.GetReason(), "instance was rebuilt") {
+				t.Errorf("binding %s: %q", c.GetState(), c.GetReason())
+			}
+			select {
+			case r := <-replies:
+				t.Fatalf("a second reply: %v", r)
+			case p := <-fs.prompts:
+				t.Fatalf("a second prompt: %q", p.prompt)
+			default:
+			}
+		})
+	}
+}
+
+// svcWebhook is the webhook example whose every poll answers the same
+// message, past the default bound of a polled message's content, without
+// reading the inbound queue: a plugin whose own service holds the message
+// (unread mail) and answers it from any instance, a rebuilt one too.
+const svcWebhook = `//go:build wasip1
+
+package main
+
+import (
+	"strings"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk"
+	"github.com/clawmesh/clawmesh/plugins/pdk/channel"
+)
+
+type svc struct{ webhook }
+
+func (svc) PollMessage() (*channel.Message, error) {
+	pdk.Log(pdk.LevelInfo, pdk.Event{Action: "poll", Outcome: "started", Message: "svc poll"})
+	return &channel.Message{ID: "svc-1", Sender: "ann", ThreadID: "t-1", Content: strings.Repeat("x", 1<<20+1)}, nil
+}
+
+func init() { channel.Register(svc{}) } // after main.go's init
+`
+
+// A plugin whose rebuilt instance answers the refused message again (its
+// service, not its memory, holds it) is rebuilt once for it, no more: the
+// sender is told once, the rebuild and what followed are logged once
+// each, the binding's reason says the plugin's service holds the message,
+// the polls stay at the interval, and a message posted behind it stays
+// queued (accepted, not lost) until the plugin moves past it.
+func TestChannelPluginWhoseServiceHoldsItsRefusedMessageIsRebuiltOnce(t *testing.T) {
+	hook, replies := replyHook(t)
+	fs := newFakeSessions()
+	ts, sink := stickyServer(t, fs, hook, svcWebhook, nil)
+	start := time.Now()
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+
+	if r := testwait.Recv(t, replies); r["recipient"] != "ann" || r["thread_id"] != "t-1" || !strings.Contains(r["content"], "not delivered") {
+		t.Fatalf("reply to a message past the poll's bound: %v", r)
+	}
+	postText(t, web.Listen, "m2", "next")
+	const stuck = "channel plugin rebuilt for a message refused for its size answers it still"
+	testwait.Progress(t, 50*time.Millisecond, func() (int64, bool) {
+		n := hostLogs(ts.logs, zapcore.WarnLevel, stuck)
+		return int64(sink.count("svc poll")), n > 0
+	})
+	// Two more polls: nothing more is logged, nothing rebuilt.
+	then := sink.count("svc poll")
+	testwait.Progress(t, 50*time.Millisecond, func() (int64, bool) {
+		n := sink.count("svc poll")
+		return int64(n), n >= then+2
+	})
+	elapsed := time.Since(start)
+	polls := sink.count("svc poll")
+	t.Logf("%d polls in %v", polls, elapsed)
+	if most := int(elapsed/time.Second) + 6; polls > most {
+		t.Errorf("%d polls in %v, want at most %d", polls, elapsed, most)
+	}
+	for msg, want := range map[string]int{
+		"channel message refused: past the bound of a polled message":           1,
+		"answered again a message refused for its size":                         1,
+		"channel plugin rebuilt: it answered again and again a message refused": 1,
+		stuck: 1,
+	} {
+		if n := hostLogs(ts.logs, zapcore.WarnLevel, msg); n != want {
+			t.Errorf("%q logged %d times, want %d", msg, n, want)
+		}
+	}
+	listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := listed.GetChannels()[0]; c.GetState() != "running" || !strings.Contains(c.GetReason(), "the plugin's own service holds it") {
+		t.Errorf("binding %s: %q", c.GetState(), c.GetReason())
+	}
+	select {
+	case r := <-replies:
+		t.Fatalf("a second reply: %v", r)
+	case p := <-fs.prompts:
+		t.Fatalf("a prompt behind the stalled message: %q", p.prompt)
+	default:
 	}
 }

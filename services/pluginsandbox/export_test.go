@@ -137,3 +137,7 @@ func SetWrongTokenGap(gap time.Duration, hook func()) (undo func()) {
 	wrongTokenGap, tokenWaitHook = gap, hook
 	return func() { wrongTokenGap, tokenWaitHook = oldGap, oldHook }
 }
+
+// RefusedAnswers is how many more times a plugin may answer a message the
+// host refused before the host rebuilds its instance.
+const RefusedAnswers = refusedAnswers

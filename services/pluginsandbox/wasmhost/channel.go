@@ -370,6 +370,24 @@ func (c *Channel) tellRefused(ctx context.Context, refused *PollRefusedError, sp
 	return derr
 }
 
+// ResetPoll drops the instance the channel polls on, so that the next
+// poll builds a fresh one, configured again, as after a trap: what the
+// plugin kept in its memory is gone, the inbound queue (the host's) is
+// not. The sending instances are left as they are: they keep nothing
+// of a poll. It waits, within ctx, for a call running there to end.
+func (c *Channel) ResetPoll(ctx context.Context) error {
+	r := c.r
+	if err := r.acquireLock(ctx); err != nil {
+		return err
+	}
+	defer r.releaseLock()
+	if r.closed {
+		return ErrClosed
+	}
+	r.drop()
+	return nil
+}
+
 // Health reports whether the channel is healthy. Without the health flag it
 // is true and the plugin is not called.
 func (c *Channel) Health(ctx context.Context) (bool, error) {
