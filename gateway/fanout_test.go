@@ -10,7 +10,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/bus"
+	"github.com/clawmesh/clawmesh/internal/countio"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/internal/testwait"
@@ -237,24 +237,7 @@ func BenchmarkFanOut(b *testing.B) {
 	cs.outbox = newOutbox(ctx, g, cs)
 	g.spawn(cs.outbox.run)
 	tp := &topic{conns: map[*connState]bool{cs: false}}
-	var read atomic.Int64
-	progressed := make(chan struct{}, 1) // a read since the last look
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := client.Read(buf)
-			read.Add(int64(n))
-			select {
-			case progressed <- struct{}{}:
-			default:
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	read := countio.Start(client)
 
 	const id = "s_0123456789abcdef01234567"
 	u := bus.Update{SessionID: id, Type: busv1.UpdateType_UPDATE_TYPE_AGENT_MESSAGE_CHUNK,
@@ -277,12 +260,8 @@ func BenchmarkFanOut(b *testing.B) {
 		// updates. A connection that failed never has the bytes read.
 		// It blocks rather than spins: a spinning loop kept the reader,
 		// woken only from the network poller, off the one processor.
-		for read.Load() != sent*frame {
-			select {
-			case <-progressed:
-			case <-conn.Done():
-				b.Fatalf("connection closed after %d of %d bytes were read", read.Load(), sent*frame)
-			}
+		if !read.WaitFor(sent*frame, conn.Done()) {
+			b.Fatalf("the connection or its reader ended after %d of %d bytes were read", read.N(), sent*frame)
 		}
 	}
 	b.StopTimer()
@@ -291,8 +270,7 @@ func BenchmarkFanOut(b *testing.B) {
 	cancel()
 	g.wg.Wait()
 	client.Close()
-	<-drained
-	if n := read.Load(); n != sent*frame {
+	if n := read.Wait(); n != sent*frame {
 		b.Fatalf("%d bytes reached the socket's reader, want %d updates of %d", n, sent, frame)
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/clawmesh/clawmesh/internal/countio"
 )
 
 // BenchmarkRoundTrip measures closed-loop request/response over a Unix
@@ -169,24 +171,7 @@ func BenchmarkNotifyWriter(b *testing.B) {
 		defer close(ran)
 		_ = conn.Run(ctx)
 	}()
-	var read atomic.Int64
-	progressed := make(chan struct{}, 1)
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := client.Read(buf)
-			read.Add(int64(n))
-			select {
-			case progressed <- struct{}{}:
-			default:
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	read := countio.Start(client)
 	params := json.RawMessage(`{"content":{"text":"1796357943194065258 ","type":"text"},"sessionId":"s_0123456789abcdef01234567","sessionUpdate":"agent_message_chunk"}`)
 	n, err := EncodeNotification("session/update", params)
 	if err != nil {
@@ -200,12 +185,8 @@ func BenchmarkNotifyWriter(b *testing.B) {
 			b.Fatal(err)
 		}
 		sent++
-		for read.Load() != sent*frame {
-			select {
-			case <-progressed:
-			case <-conn.Done():
-				b.Fatalf("connection closed after %d of %d bytes were read", read.Load(), sent*frame)
-			}
+		if !read.WaitFor(sent*frame, conn.Done()) {
+			b.Fatalf("the connection or its reader ended after %d of %d bytes were read", read.N(), sent*frame)
 		}
 	}
 	b.StopTimer()
@@ -213,7 +194,7 @@ func BenchmarkNotifyWriter(b *testing.B) {
 	cancel()
 	<-ran
 	client.Close()
-	<-drained
+	read.Wait()
 }
 
 // BenchmarkWriteAll: writeAll alone, one update's frame at a time to a
