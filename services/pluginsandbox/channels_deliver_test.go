@@ -168,21 +168,34 @@ func channelServer(t *testing.T, sessions sessionv1.SessionServiceClient) *testS
 // hook.
 func channelServerHook(t *testing.T, sessions sessionv1.SessionServiceClient, hook string, mut ...func(*pluginsandbox.Config)) *testServer {
 	t.Helper()
-	return channelServerLimits(t, sessions, hook, wasmhost.Limits{}, mut...)
+	return channelServerHost(t, sessions, hook, nil, mut...)
 }
 
-// channelServerLimits is channelServerHook with a host of the limits lim
-// (all zero: the defaults).
-func channelServerLimits(t *testing.T, sessions sessionv1.SessionServiceClient, hook string, lim wasmhost.Limits, mut ...func(*pluginsandbox.Config)) *testServer {
+// channelServerHost is channelServerHook on a host whose config edit
+// changed (nil: none).
+func channelServerHost(t *testing.T, sessions sessionv1.SessionServiceClient, hook string, edit func(*wasmhost.Config), mut ...func(*pluginsandbox.Config)) *testServer {
 	t.Helper()
 	dir := t.TempDir()
 	installExample(t, dir, "webhook")
+	return webhookSandbox(t, dir, sessions, hook, edit, mut...)
+}
+
+// webhookSandbox is a sandbox of the plugins installed in dir, the
+// webhook among them, with the webhook configured for the alias web to
+// post its replies to hook and hand its messages to sessions, on a host
+// of its own whose config edit changed (nil: none).
+func webhookSandbox(t *testing.T, dir string, sessions sessionv1.SessionServiceClient, hook string, edit func(*wasmhost.Config), mut ...func(*pluginsandbox.Config)) *testServer {
+	t.Helper()
 	cfg := &wasmhost.MemoryConfig{}
 	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web"), map[string]string{"webhook_url": hook, "token": "tok"})
 	// The hook is on loopback, which a plugin reaches only when allowed.
+	hc := wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(),
+		HTTP: wasmhost.HTTPLimits{AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}}
+	if edit != nil {
+		edit(&hc)
+	}
 	ctx := context.Background()
-	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(),
-		HTTP: wasmhost.HTTPLimits{AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, Limits: lim})
+	host, err := wasmhost.New(ctx, hc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -943,7 +956,7 @@ func TestChannelHungReplyEndpointDropsNoOtherReply(t *testing.T) {
 	fs.holdFor["a1"], fs.holdFor["b1"] = relA, relB
 	lim := wasmhost.DefaultLimits()
 	lim.CallTimeoutMS = 2000
-	ts := channelServerLimits(t, fs, hookURL, lim)
+	ts := channelServerHost(t, fs, hookURL, func(c *wasmhost.Config) { c.Limits = lim })
 	t.Cleanup(release) // before the sandbox stops
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
 	postThread(t, web.Listen, "A", "a1")

@@ -1,14 +1,9 @@
 package pluginsandbox_test
 
 import (
-	"context"
-	"net/netip"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
-	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
@@ -25,24 +20,11 @@ func TestChannelHungReplyEndpointHoldsNoOtherCall(t *testing.T) {
 	fs := newFakeSessions()
 	fs.answer = true
 
-	dir := t.TempDir()
-	installExample(t, dir, "webhook")
-	cfg := &wasmhost.MemoryConfig{}
-	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web"), map[string]string{"webhook_url": hookURL, "token": "tok"})
 	lim := wasmhost.DefaultLimits()
 	lim.CallTimeoutMS = uint64((10 * time.Minute).Milliseconds())
-	ctx := context.Background()
-	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(), Limits: lim,
-		HTTP: wasmhost.HTTPLimits{AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Timeout: 10 * time.Minute}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = host.Close(ctx) })
-	ts := newTestServer(t, dir, func(c *pluginsandbox.Config) {
-		c.Host = host
-		c.ConfigSource = cfg
-		c.Sessions = fs
-		c.Reveal = func(context.Context, string) (string, error) { return chanToken, nil }
+	ts := channelServerHost(t, fs, hookURL, func(c *wasmhost.Config) {
+		c.Limits = lim
+		c.HTTP.Timeout = 10 * time.Minute
 	})
 	t.Cleanup(release) // before the sandbox stops
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]

@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -128,22 +126,8 @@ func stickyServer(t *testing.T, sessions sessionv1.SessionServiceClient, hook, s
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &wasmhost.MemoryConfig{}
-	cfg.Set(wasmhost.InstanceKey("webhook", wasmhost.WorldChannel, "web"), map[string]string{"webhook_url": hook, "token": "tok"})
-	ctx := context.Background()
 	sink := &recordingSink{}
-	host, err := wasmhost.New(ctx, wasmhost.Config{CacheDir: cacheDir, CacheMaxBytes: guestbuild.CompileCacheMaxBytes, Logger: zap.NewNop(), LogSink: sink,
-		HTTP: wasmhost.HTTPLimits{AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = host.Close(ctx) })
-	return newTestServer(t, dir, func(c *pluginsandbox.Config) {
-		c.Host = host
-		c.ConfigSource = cfg
-		c.Sessions = sessions
-		c.Reveal = func(context.Context, string) (string, error) { return chanToken, nil }
-	}), sink
+	return webhookSandbox(t, dir, sessions, hook, func(c *wasmhost.Config) { c.LogSink = sink }), sink
 }
 
 // count is how many of the plugin's own records say msg.
