@@ -594,6 +594,23 @@ func replyHook(t *testing.T) (url string, replies chan map[string]string) {
 	return hook.URL, replies
 }
 
+// m1RunsUntilTheUnbind binds web to a sandbox whose replies reach the
+// returned channel, and posts m1 on ann's thread A, whose turn runs until
+// its binding stops; it returns once the turn started.
+func m1RunsUntilTheUnbind(t *testing.T) (ts *testServer, fs *fakeSessions, web *pluginv1.Channel, replies chan map[string]string) {
+	t.Helper()
+	hook, replies := replyHook(t)
+	fs = newFakeSessions()
+	fs.holdFor["m1"] = make(chan struct{})
+	ts = channelServerHook(t, fs, hook)
+	web = bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postThread(t, web.Listen, "A", "m1")
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "m1" {
+		t.Fatalf("first prompt %q", p.prompt)
+	}
+	return ts, fs, web, replies
+}
+
 // postThread posts the message text on thread from ann.
 func postThread(t *testing.T, addr, thread, text string) {
 	t.Helper()
@@ -847,15 +864,7 @@ func TestChannelBacklogNoticesDoNotHoldThePoller(t *testing.T) {
 // because the binding was stopping, and the sender, told 202, heard
 // nothing at all.
 func TestChannelTurnCutByAnUnbindGetsANotice(t *testing.T) {
-	hook, replies := replyHook(t)
-	fs := newFakeSessions()
-	fs.holdFor["m1"] = make(chan struct{}) // runs until the binding stops
-	ts := channelServerHook(t, fs, hook)
-	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
-	postThread(t, web.Listen, "A", "m1")
-	if p := testwait.Recv(t, fs.prompts); p.prompt != "m1" {
-		t.Fatalf("first prompt %q", p.prompt)
-	}
+	ts, _, _, replies := m1RunsUntilTheUnbind(t)
 	bindChannels(t, ts)
 	r := testwait.Recv(t, replies)
 	if r["recipient"] != "ann" || r["thread_id"] != "A" || !strings.Contains(r["content"], "not answered") {
@@ -979,15 +988,7 @@ func TestChannelHungReplyEndpointDropsNoOtherReply(t *testing.T) {
 // delivered: they were dropped with the binding, without a word, since
 // no binding of the plugin takes them over.
 func TestChannelUnbindTellsTheSendersOfWaitingMessages(t *testing.T) {
-	hook, replies := replyHook(t)
-	fs := newFakeSessions()
-	fs.holdFor["m1"] = make(chan struct{}) // runs until the binding stops
-	ts := channelServerHook(t, fs, hook)
-	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
-	postThread(t, web.Listen, "A", "m1")
-	if p := testwait.Recv(t, fs.prompts); p.prompt != "m1" {
-		t.Fatalf("first prompt %q", p.prompt)
-	}
+	ts, fs, web, replies := m1RunsUntilTheUnbind(t)
 	postThread(t, web.Listen, "A", "m2")
 	postThread(t, web.Listen, "B", "m3") // waits for no one: answered
 	testwait.Recv(t, fs.prompts)
