@@ -56,6 +56,69 @@ func wantStreamsNextTurn(t *testing.T, b *externalBus, c *e2e.Client, session st
 	}
 }
 
+// promptedTurn is a session followed after a first turn on a stack whose
+// gateway reaches the bus through a proxy, then prompted from another
+// connection: the follower's updates by type and its text (as
+// onUpdateTexts fills them) and, once it comes, the prompt's answer.
+type promptedTurn struct {
+	b        *externalBus
+	px       *busProxy
+	f        *e2e.Client
+	session  string
+	kinds    updateKinds
+	text     *strings.Builder
+	prompted chan error
+}
+
+// promptFollowed starts that stack and sends prompt, whose connection
+// waits up to timeout for its answer.
+func promptFollowed(t *testing.T, prompt string, timeout time.Duration) *promptedTurn {
+	t.Helper()
+	pt := &promptedTurn{kinds: updateKinds{}, text: &strings.Builder{}, prompted: make(chan error, 1)}
+	pt.b, pt.px = startBehindBusProxy(t)
+	pt.f, pt.session, _ = followedAfterATurn(t, pt.b)
+	onUpdateTexts(pt.f, pt.kinds, pt.text)
+	p := pt.b.s.Dial(t)
+	p.Timeout = timeout
+	if _, err := p.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_, err := p.Call("session/prompt", map[string]any{"session_id": pt.session, "prompt": prompt})
+		pt.prompted <- err
+	}()
+	return pt
+}
+
+// sessionBecomes waits until the session's state, as its follower f
+// reads it, is want.
+func sessionBecomes(t *testing.T, f *e2e.Client, session, want string, within, poll time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, within, poll, func() error {
+		st, err := sessionState(f, session)
+		if err == nil && st != want {
+			err = fmt.Errorf("the session is %s", st)
+		}
+		return err
+	})
+}
+
+// keptUntilTurnComplete waits for the follower f to have a turn_complete,
+// and fails t at once, with the gateway's log, if f is closed meanwhile:
+// the follower of what.
+func keptUntilTurnComplete(t *testing.T, b *externalBus, f *e2e.Client, session string, kinds updateKinds, what string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
+			t.Fatalf("the follower of %s was closed: %v\ngateway log:\n%s", what, err, readLog(t, b.s, "gateway"))
+		}
+		if kinds["turn_complete"] == 0 {
+			return fmt.Errorf("no turn_complete yet: %v", kinds)
+		}
+		return nil
+	})
+}
+
 // A whole turn of a followed session runs while the gateway's bus link
 // is down (another connection prompted it just before): its updates
 // reach no follower. Once the link is back, the session service rebuilds
@@ -93,57 +156,24 @@ func TestResendsAMissedTurnWithItsToolCall(t *testing.T) {
 // updates it got by type and its message text.
 func missATurn(t *testing.T, prompt string) (*externalBus, *e2e.Client, string, updateKinds, *strings.Builder) {
 	t.Helper()
-	b, px := startBehindBusProxy(t)
-	f, session, _ := followedAfterATurn(t, b)
-	kinds := updateKinds{}
-	text := &strings.Builder{}
-	onUpdateTexts(f, kinds, text)
-	p := b.s.Dial(t)
-	p.Timeout = 60 * time.Second
-	if _, err := p.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	prompted := make(chan error, 1)
-	go func() {
-		_, err := p.Call("session/prompt", map[string]any{"session_id": session, "prompt": prompt})
-		prompted <- err
-	}()
-	testenv.Eventually(t, 20*time.Second, 20*time.Millisecond, func() error {
-		st, err := sessionState(f, session)
-		if err == nil && st != "running" {
-			err = fmt.Errorf("the session is %s", st)
-		}
-		return err
-	})
-	px.block("clawmesh-gateway")
+	pt := promptFollowed(t, prompt, 60*time.Second)
+	b, f, session, kinds := pt.b, pt.f, pt.session, pt.kinds
+	sessionBecomes(t, f, session, "running", 20*time.Second, 20*time.Millisecond)
+	pt.px.block("clawmesh-gateway")
 	busLinkDownSeen(t, f)
-	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
-		st, err := sessionState(f, session)
-		if err == nil && st != "idle" {
-			err = fmt.Errorf("the session is %s", st)
-		}
-		return err
-	})
+	sessionBecomes(t, f, session, "idle", 30*time.Second, 100*time.Millisecond)
 	if kinds["agent_message_chunk"] != 0 || kinds["tool_call"] != 0 {
 		t.Fatalf("the follower received %v with the gateway's bus link down", kinds)
 	}
-	px.unblock()
-	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
-		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
-			t.Fatalf("the follower of a turn the session service could send again was closed: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
-		}
-		if kinds["turn_complete"] == 0 {
-			return fmt.Errorf("no turn_complete yet: %v", kinds)
-		}
-		return nil
-	})
-	if err := <-prompted; err != nil {
+	pt.px.unblock()
+	keptUntilTurnComplete(t, b, f, session, kinds, "a turn the session service could send again")
+	if err := <-pt.prompted; err != nil {
 		t.Fatalf("the prompt of the turn sent again: %v", err)
 	}
 	if !strings.Contains(readLog(t, b.s, "gateway"), "session updates missed were sent again") {
 		t.Fatal("the gateway did not say it sent the missed updates again")
 	}
-	return b, f, session, kinds, text
+	return b, f, session, kinds, pt.text
 }
 
 // The session service is killed (SIGKILL) mid-turn while the gateway's
@@ -179,15 +209,7 @@ func TestResendsTheRecoveredTurnCompleteMissedWhileTheBusLinkWasDown(t *testing.
 		t.Fatalf("the follower received %v with the gateway's bus link down", kinds)
 	}
 	px.unblock()
-	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
-		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
-			t.Fatalf("the follower of a recovered turn was closed: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
-		}
-		if kinds["turn_complete"] == 0 {
-			return fmt.Errorf("no turn_complete yet: %v", kinds)
-		}
-		return nil
-	})
+	keptUntilTurnComplete(t, b, f, session, kinds, "a recovered turn")
 	if kinds["agent_message_chunk"] != 1 || kinds["turn_complete"] != 1 {
 		t.Fatalf("the follower received %v of the cut turn", kinds)
 	}
@@ -205,42 +227,15 @@ func TestResendsTheRecoveredTurnCompleteMissedWhileTheBusLinkWasDown(t *testing.
 // pipe), with 2 chunks of the turn.
 func TestResendsTheMiddleOfATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 	t.Parallel()
-	b, px := startBehindBusProxy(t)
-	f, session, _ := followedAfterATurn(t, b)
-	kinds := updateKinds{}
-	text := &strings.Builder{}
-	onUpdateTexts(f, kinds, text)
-	p := b.s.Dial(t)
-	p.Timeout = 60 * time.Second
-	if _, err := p.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	prompted := make(chan error, 1)
-	go func() {
-		_, err := p.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two\n/sleep 3000\n/say three four"})
-		prompted <- err
-	}()
+	pt := promptFollowed(t, "/say one two\n/sleep 3000\n/say three four", 60*time.Second)
+	b, f, session, kinds, text := pt.b, pt.f, pt.session, pt.kinds, pt.text
 	followerHasOneTwo(t, f, session, kinds, text)
-	px.block("clawmesh-gateway")
+	pt.px.block("clawmesh-gateway")
 	busLinkDownSeen(t, f)
-	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
-		st, err := sessionState(f, session)
-		if err == nil && st != "idle" {
-			err = fmt.Errorf("the session is %s", st)
-		}
-		return err
-	})
-	px.unblock()
-	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
-		if _, err := f.Call("session/state", map[string]any{"session_id": session}); err != nil {
-			t.Fatalf("the follower of a turn whose middle it missed was closed: %v\ngateway log:\n%s", err, readLog(t, b.s, "gateway"))
-		}
-		if kinds["turn_complete"] == 0 {
-			return fmt.Errorf("no turn_complete yet: %v", kinds)
-		}
-		return nil
-	})
-	if err := <-prompted; err != nil {
+	sessionBecomes(t, f, session, "idle", 30*time.Second, 100*time.Millisecond)
+	pt.px.unblock()
+	keptUntilTurnComplete(t, b, f, session, kinds, "a turn whose middle it missed")
+	if err := <-pt.prompted; err != nil {
 		t.Fatalf("the prompt of the turn sent again: %v", err)
 	}
 	if kinds["turn_complete"] != 1 || text.String() != "one two\nthree four" {
@@ -260,22 +255,8 @@ func TestResendsTheMiddleOfATurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 // follower.
 func TestResendsTheMiddleOfARunningTurnMissedWhileTheBusLinkWasDown(t *testing.T) {
 	t.Parallel()
-	b, px := startBehindBusProxy(t)
-	f, session, _ := followedAfterATurn(t, b)
-	kinds := updateKinds{}
-	text := &strings.Builder{}
-	onUpdateTexts(f, kinds, text)
-	p := b.s.Dial(t)
-	p.Timeout = 90 * time.Second
-	if _, err := p.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	prompted := make(chan error, 1)
-	go func() {
-		_, err := p.Call("session/prompt", map[string]any{"session_id": session,
-			"prompt": "/say one two\n/sleep 2000\n/say three\n" + `/tool echo {"text":"hi"}` + "\n/sleep 20000\n/say four"})
-		prompted <- err
-	}()
+	pt := promptFollowed(t, "/say one two\n/sleep 2000\n/say three\n"+`/tool echo {"text":"hi"}`+"\n/sleep 20000\n/say four", 90*time.Second)
+	b, px, f, session, kinds, text := pt.b, pt.px, pt.f, pt.session, pt.kinds, pt.text
 	followerHasOneTwo(t, f, session, kinds, text)
 	px.block("clawmesh-gateway")
 	busLinkDownSeen(t, f)
@@ -314,7 +295,7 @@ func TestResendsTheMiddleOfARunningTurnMissedWhileTheBusLinkWasDown(t *testing.T
 		}
 		return nil
 	}))
-	if err := <-prompted; err != nil {
+	if err := <-pt.prompted; err != nil {
 		t.Fatalf("the prompt of the turn: %v", err)
 	}
 	if kinds["turn_complete"] != 1 || kinds["tool_call"] != 1 || kinds["tool_result"] != 1 || text.String() != "one two\nthree\nfour" {
