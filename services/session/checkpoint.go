@@ -349,6 +349,30 @@ func (c *checkpointer) write(ctx context.Context, l *turnLog, also func(pgx.Tx) 
 func (c *checkpointer) writeCovered(ctx context.Context, l *turnLog, also func(pgx.Tx) error) (int64, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	return c.writeCoveredLocked(ctx, l, also)
+}
+
+// writeThenRead is writeCovered, then read, with no batch written
+// between: what read finds of l's turn is what the returned seq covers.
+// A batch the writer wrote between the two (every interval, 100 ms) was
+// read as well, its chunks past the seq: a reader that applied their
+// updates on top of the events showed them twice. A read failure is
+// read's error as it is.
+func (c *checkpointer) writeThenRead(ctx context.Context, l *turnLog, read func() error) (int64, error) {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	covered, err := c.writeCoveredLocked(ctx, l, nil)
+	if err != nil {
+		return 0, fmt.Errorf("write checkpoint: %w", err)
+	}
+	if err := read(); err != nil {
+		return 0, err
+	}
+	return covered, nil
+}
+
+// writeCoveredLocked is writeCovered; c.writeMu is held.
+func (c *checkpointer) writeCoveredLocked(ctx context.Context, l *turnLog, also func(pgx.Tx) error) (int64, error) {
 	evs := l.take()
 	l.mu.Lock()
 	covered := l.takenSeq

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -28,6 +29,21 @@ const (
 	maxShownEvent = 256 << 10
 )
 
+// turnEventsWritten, when set (tests only), runs in TurnEvents once a
+// running turn's pending events are written, before they are read: the
+// window in which the checkpoint writer may write the turn's next batch.
+var turnEventsWritten atomic.Pointer[func(sessionID string)]
+
+// runningOf is row's running turn when it is one of asked, else nil.
+func (s *Server) runningOf(row sessionRow, asked []string) *turn {
+	if ls := s.liveOf(row); ls != nil {
+		if t := ls.running(); t != nil && slices.Contains(asked, t.id) {
+			return t
+		}
+	}
+	return nil
+}
+
 // TurnEvents reads what turns showed as they ran, from their checkpoint
 // events: thoughts (which the transcript does not hold), text, tool calls
 // and results, in the order they were streamed, with each turn's end.
@@ -47,22 +63,29 @@ func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsReques
 	if err != nil {
 		return nil, err
 	}
-	var covered int64
-	if ls := s.liveOf(row); ls != nil {
-		if t := ls.running(); t != nil && slices.Contains(asked, t.id) {
-			// A running turn's streamed text waits up to the checkpoint
-			// interval to be written: written now, what its updates showed
-			// before this call is all read. The turn goes on streaming
-			// meanwhile: a view read after this answer also covers the
-			// chunks streamed between the write and that read, which the
-			// events lack (a rebuilt pane's thoughts missed them), so
-			// the answer says up to which chunk update the events go.
-			if covered, err = s.cp.writeCovered(ctx, t.log, nil); err != nil {
-				return nil, fmt.Errorf("write checkpoint: %w", err)
-			}
+	var shown map[string]*turnShown
+	read := func() error {
+		if hook := turnEventsWritten.Load(); hook != nil {
+			(*hook)(req.GetSessionId())
 		}
+		var err error
+		shown, err = s.store.turnEvents(ctx, req.GetSessionId(), asked)
+		return err
 	}
-	shown, err := s.store.turnEvents(ctx, req.GetSessionId(), asked)
+	var covered int64
+	if t := s.runningOf(row, asked); t != nil {
+		// A running turn's streamed text waits up to the checkpoint
+		// interval to be written: written now, what its updates showed
+		// before this call is all read. The turn goes on streaming
+		// meanwhile: a view read after this answer also covers the
+		// chunks streamed between the write and that read, which the
+		// events lack (a rebuilt pane's thoughts missed them), so the
+		// answer says up to which chunk update the events go, and the
+		// events are read before the writer writes the next batch.
+		covered, err = s.cp.writeThenRead(ctx, t.log, read)
+	} else {
+		err = read()
+	}
 	if err != nil {
 		return nil, err
 	}

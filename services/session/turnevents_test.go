@@ -123,3 +123,58 @@ func TestTurnEventsNameTheTrimsOfTurnsLeftOut(t *testing.T) {
 		t.Fatalf("trims of the turns left out: %v", trims)
 	}
 }
+
+// The events TurnEvents gives of a running turn hold exactly the chunk
+// updates up to its covered_seq: a reader applies the updates after it
+// on top of them. The checkpoint writer's next batch, written between
+// the write TurnEvents makes and its read of the events, was read with
+// them where covered_seq did not count it: the durable bridge, rebuilding
+// a pane at its start, applied that chunk's update again, and a turn
+// streaming across its restart showed "t173 " twice (an e2e failure at
+// load 24, TestDurableRunningThoughtsWholeAcrossRestart).
+func TestTurnEventsOfARunningTurnHoldWhatTheyCover(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(operator, "")
+	rec := h.record(id)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: operator, SessionId: id, Prompt: "/think a \n/sleep 60000"})
+	t.Cleanup(func() { cancel(); <-done })
+	first := rec.next()
+	if first.Type != UpdateThoughtChunk {
+		t.Fatalf("first update: %+v", first)
+	}
+	ls := h.srv.lookupLive(id)
+	turn := ls.running()
+	if turn == nil {
+		t.Fatal("no running turn")
+	}
+
+	// In the window, the turn streams its next chunk and the writer
+	// writes it, if it can write then.
+	hook := func(string) {
+		seq := first.Seq + 1
+		turn.log.stream(0, true, "b ", seq)
+		if h.srv.cp.writeMu.TryLock() {
+			h.srv.cp.writeMu.Unlock()
+			h.srv.cp.flush()
+		}
+	}
+	turnEventsWritten.Store(&hook)
+	resp, err := h.srv.TurnEvents(context.Background(), &sessionv1.TurnEventsRequest{Principal: operator, SessionId: id, TurnIds: []string{turn.id}})
+	turnEventsWritten.Store(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetTurns()) != 1 {
+		t.Fatalf("turns: %v", resp)
+	}
+	var thoughts strings.Builder
+	for _, e := range resp.GetTurns()[0].GetEvents() {
+		if e.GetKind() == eventThought {
+			thoughts.WriteString(e.GetText())
+		}
+	}
+	if got := thoughts.String(); resp.GetCoveredSeq() != first.Seq || got != "a " {
+		t.Fatalf("covered_seq %d (the chunk \"a \" is update %d), thoughts read %q", resp.GetCoveredSeq(), first.Seq, got)
+	}
+}
