@@ -178,3 +178,35 @@ func TestTurnEventsOfARunningTurnHoldWhatTheyCover(t *testing.T) {
 		t.Fatalf("covered_seq %d (the chunk \"a \" is update %d), thoughts read %q", resp.GetCoveredSeq(), first.Seq, got)
 	}
 }
+
+// BenchmarkTurnEventsRunningTurn is TurnEvents of a running turn that
+// streamed 1,000 thoughts: the time the checkpoint writer waits for it,
+// which holds its lock through the read (writeThenRead).
+func BenchmarkTurnEventsRunningTurn(b *testing.B) {
+	h := newHarness(b)
+	id := h.newSession(operator, "")
+	rec := h.record(id)
+	var script strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&script, "/think t%d \n", i)
+	}
+	script.WriteString("/sleep 600000")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: operator, SessionId: id, Prompt: script.String()})
+	b.Cleanup(func() { cancel(); <-done })
+	for range 1000 {
+		if u := rec.next(); u.Type != UpdateThoughtChunk {
+			b.Fatalf("update: %+v", u)
+		}
+	}
+	turn := h.srv.lookupLive(id).running()
+	req := &sessionv1.TurnEventsRequest{Principal: operator, SessionId: id, TurnIds: []string{turn.id}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		resp, err := h.srv.TurnEvents(context.Background(), req)
+		if err != nil || len(resp.GetTurns()) != 1 {
+			b.Fatalf("turn events: %v %v", err, resp)
+		}
+	}
+}
