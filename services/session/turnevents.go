@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -64,12 +65,8 @@ func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsReques
 		return nil, err
 	}
 	var shown map[string]*turnShown
-	read := func() error {
-		if hook := turnEventsWritten.Load(); hook != nil {
-			(*hook)(req.GetSessionId())
-		}
-		var err error
-		shown, err = s.store.turnEvents(ctx, req.GetSessionId(), asked)
+	read := func(turns []string) (err error) {
+		shown, err = s.store.turnEvents(ctx, req.GetSessionId(), turns)
 		return err
 	}
 	var covered int64
@@ -80,11 +77,25 @@ func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsReques
 		// meanwhile: a view read after this answer also covers the
 		// chunks streamed between the write and that read, which the
 		// events lack (a rebuilt pane's thoughts missed them), so the
-		// answer says up to which chunk update the events go, and the
-		// events are read before the writer writes the next batch.
-		covered, err = s.cp.writeThenRead(ctx, t.log, read)
+		// answer says up to which chunk update the events go, and its
+		// events are read before the writer writes the next batch. Only
+		// its own: the writer's lock holds every session's next batch
+		// and every turn's end, and the finished turns asked with it
+		// (up to 64, 4 MiB each) are read after it is released.
+		covered, err = s.cp.writeThenRead(ctx, t.log, func() error {
+			if hook := turnEventsWritten.Load(); hook != nil {
+				(*hook)(req.GetSessionId())
+			}
+			return read([]string{t.id})
+		})
+		if others := slices.DeleteFunc(slices.Clone(asked), func(id string) bool { return id == t.id }); err == nil && len(others) > 0 {
+			running := shown
+			if err = read(others); err == nil {
+				maps.Copy(shown, running)
+			}
+		}
 	} else {
-		err = read()
+		err = read(asked)
 	}
 	if err != nil {
 		return nil, err
