@@ -106,8 +106,12 @@ func (c *methodRRConn) close() {
 
 // picked is s with the picker that takes its place.
 func (c *methodRRConn) picked(s balancer.State) balancer.State {
-	if s.ConnectivityState != connectivity.Ready && s.ConnectivityState != connectivity.Shutdown {
+	// Ready too: a replica hung on its connection is Ready to gRPC.
+	if s.ConnectivityState != connectivity.Shutdown {
 		if err := c.reach.unreachable(); err != nil {
+			if s.ConnectivityState == connectivity.Ready {
+				s.ConnectivityState = connectivity.TransientFailure
+			}
 			s.Picker = unreachablePicker(err)
 			return s
 		}
@@ -119,7 +123,7 @@ func (c *methodRRConn) picked(s balancer.State) balancer.State {
 		}
 	}
 	if len(pickers) > 0 && s.ConnectivityState != connectivity.Shutdown {
-		s.Picker = &methodPicker{pickers: pickers, turns: map[string]*atomic.Uint32{}}
+		s.Picker = &methodPicker{pickers: pickers, reach: c.reach, turns: map[string]*atomic.Uint32{}}
 	}
 	return s
 }
@@ -129,14 +133,28 @@ func (c *methodRRConn) picked(s balancer.State) balancer.State {
 // begin with the same replica.
 type methodPicker struct {
 	pickers []balancer.Picker
+	reach   *reachability
 	mu      sync.Mutex
 	turns   map[string]*atomic.Uint32
 	shared  atomic.Uint32 // the methods past maxMethodTurns
 }
 
+// Pick skips the replicas found hung (reachability.track): with each of
+// them hung, the call waits for the picker that fails it or takes it
+// to a replica back.
 func (p *methodPicker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	n := p.turn(info.FullMethodName).Add(1)
-	return p.pickers[n%uint32(len(p.pickers))].Pick(info)
+	for range p.pickers {
+		res, err := p.pickers[n%uint32(len(p.pickers))].Pick(info)
+		if err != nil {
+			return res, err
+		}
+		if res, ok := p.reach.track(info.Ctx, res); ok {
+			return res, nil
+		}
+		n++
+	}
+	return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 }
 
 func (p *methodPicker) turn(method string) *atomic.Uint32 {

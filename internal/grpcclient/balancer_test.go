@@ -32,7 +32,9 @@ func BenchmarkPick(b *testing.B) {
 		}
 	})
 	b.Run("PerMethod", func(b *testing.B) {
-		p := &methodPicker{pickers: pickers, turns: map[string]*atomic.Uint32{}}
+		reach := newReachability(RestartGrace, func() {})
+		defer reach.close()
+		p := &methodPicker{pickers: pickers, reach: reach, turns: map[string]*atomic.Uint32{}}
 		i := 0
 		for b.Loop() {
 			_, _ = p.Pick(infos[i&1])

@@ -116,7 +116,10 @@ var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}],"healt
 // connect for RestartGrace (each gone: not restarted, or not there at
 // all; or hung, its connects timing out after ConnectTimeout, counted
 // from their start), calls fail at once, the waiting ones included,
-// with Unavailable NoReplicaReachable. One address is dialled the same
+// with Unavailable NoReplicaReachable. A replica connected but stopped
+// or hung, found so by a health check on its connection while calls
+// wait there (answer.go), ends those calls, is not picked, and counts
+// as gone at once until a check answers. One address is dialled the same
 // way: a call while the only replica starts or restarts waits for it as
 // for one of several. Health calls must not use it: they would be
 // routed to the replicas that serve only.

@@ -1,6 +1,7 @@
 package grpcclient
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -29,9 +30,10 @@ import (
 // within the call's deadline whatever its time. A replica that is hung
 // (its socket accepts, in the kernel's backlog, and nothing answers) is
 // away from the start of its first connect that timed out
-// (ConnectTimeout), so calls fail RestartGrace after that start; the
-// calls already on its connection end with the connection, by the
-// keepalive (KeepaliveTime + KeepaliveTimeout).
+// (ConnectTimeout), so calls fail RestartGrace after that start. One
+// hung with its connection open is away from the start of the health
+// check it left unanswered (answer.go), and counts as gone at once: it
+// is not restarting.
 const RestartGrace = 3 * time.Second
 
 // NoReplicaReachable begins the message of a call through DialReplicas
@@ -47,9 +49,22 @@ const NoReplicaReachable = "no replica is reachable"
 // start of the first attempt that failed, and the last failure's error.
 type reach struct {
 	addr      string
+	sc        balancer.SubConn
 	trying    time.Time // the start of the attempt under way, or of the last
 	downSince time.Time
 	err       error
+
+	// hung: connected, and a health check on the connection went
+	// unanswered since hungAt (answer.go); until one answers or the
+	// connection is lost.
+	hung   bool
+	hungAt time.Time
+	// heard is when a call on the connection last had an answer.
+	heard time.Time
+	// calls are the calls in flight on the connection (track), as many
+	// as the client makes at once; probing, whether its prober runs.
+	calls   map[*call]struct{}
+	probing bool
 }
 
 // reachability follows the connections of a balancer's addresses and
@@ -63,21 +78,29 @@ type reachability struct {
 	// away for grace: the balancer pushes a picker that fails calls.
 	wake func()
 
+	// ctx ends at close: the probers' calls, then the probers (wg).
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
 	mu     sync.Mutex
 	conns  map[*reach]struct{} // one a SubConn, removed at its Shutdown
+	bySC   map[balancer.SubConn]*reach
 	timer  *time.Timer
 	closed bool
 }
 
 func newReachability(grace time.Duration, wake func()) *reachability {
-	return &reachability{grace: grace, now: time.Now, wake: wake, conns: map[*reach]struct{}{}}
+	ctx, stop := context.WithCancel(context.Background())
+	return &reachability{grace: grace, now: time.Now, wake: wake, ctx: ctx, stop: stop,
+		conns: map[*reach]struct{}{}, bySC: map[balancer.SubConn]*reach{}}
 }
 
 // listen returns opts with a state listener that records the SubConn's
 // connection before handing its state to the listener opts had, and
 // the record's removal, for a SubConn that could not be made.
-func (r *reachability) listen(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.NewSubConnOptions, func()) {
-	rc := &reach{}
+func (r *reachability) listen(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.NewSubConnOptions, *reach, func()) {
+	rc := &reach{calls: map[*call]struct{}{}}
 	if len(addrs) > 0 {
 		rc.addr = addrs[0].Addr
 	}
@@ -93,7 +116,17 @@ func (r *reachability) listen(addrs []resolver.Address, opts balancer.NewSubConn
 			next(s)
 		}
 	}
-	return opts, func() { r.update(rc, balancer.SubConnState{ConnectivityState: connectivity.Shutdown}) }
+	return opts, rc, func() { r.update(rc, balancer.SubConnState{ConnectivityState: connectivity.Shutdown}) }
+}
+
+// bind ties rc to its SubConn, for the picker (track) and the prober.
+func (r *reachability) bind(rc *reach, sc balancer.SubConn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.conns[rc]; ok {
+		rc.sc = sc
+		r.bySC[sc] = rc
+	}
 }
 
 func (r *reachability) update(rc *reach, s balancer.SubConnState) {
@@ -101,7 +134,7 @@ func (r *reachability) update(rc *reach, s balancer.SubConnState) {
 	defer r.mu.Unlock()
 	switch s.ConnectivityState {
 	case connectivity.Ready:
-		rc.downSince, rc.err = time.Time{}, nil
+		rc.downSince, rc.err, rc.hung = time.Time{}, nil, false
 	case connectivity.Connecting:
 		rc.trying = r.now()
 	case connectivity.TransientFailure:
@@ -120,6 +153,15 @@ func (r *reachability) update(rc *reach, s balancer.SubConnState) {
 		rc.err = s.ConnectionError
 	case connectivity.Shutdown:
 		delete(r.conns, rc)
+		if rc.sc != nil {
+			delete(r.bySC, rc.sc)
+		}
+		clear(rc.calls)
+	}
+	if s.ConnectivityState != connectivity.Ready {
+		// Its connection is lost: a hung replica is away still, from
+		// its check's start (downSince), as one whose connects fail.
+		rc.hung = false
 	}
 	// Idle and Connecting keep downSince: a replica away cycles
 	// through them between its failed connects.
@@ -132,14 +174,14 @@ func (r *reachability) armLocked() {
 	if r.closed {
 		return
 	}
-	at, away := r.allAwaySinceLocked()
+	at, _, away := r.goneAtLocked()
 	if !away {
 		if r.timer != nil {
 			r.timer.Stop()
 		}
 		return
 	}
-	d := at.Add(r.grace).Sub(r.now())
+	d := at.Sub(r.now())
 	if d < 0 {
 		d = 0
 	}
@@ -159,19 +201,23 @@ func (r *reachability) fire() {
 	}
 }
 
-// allAwaySinceLocked reports whether every address is away, and since
-// when the last of them is.
-func (r *reachability) allAwaySinceLocked() (time.Time, bool) {
-	var last time.Time
+// goneAtLocked reports whether every address is away, and when the
+// last of them (last) counts as gone: RestartGrace after it went away,
+// or when it was found hung (it is not restarting).
+func (r *reachability) goneAtLocked() (at time.Time, last *reach, away bool) {
 	for rc := range r.conns {
 		if rc.downSince.IsZero() {
-			return time.Time{}, false
+			return time.Time{}, nil, false
 		}
-		if rc.downSince.After(last) {
-			last = rc.downSince
+		gone := rc.downSince.Add(r.grace)
+		if rc.hung && rc.hungAt.Before(gone) {
+			gone = rc.hungAt
+		}
+		if last == nil || gone.After(at) {
+			at, last = gone, rc
 		}
 	}
-	return last, len(r.conns) > 0
+	return at, last, last != nil
 }
 
 // unreachable returns the error that ends every call while each address
@@ -179,18 +225,15 @@ func (r *reachability) allAwaySinceLocked() (time.Time, bool) {
 func (r *reachability) unreachable() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	since, away := r.allAwaySinceLocked()
-	if !away || r.now().Sub(since) < r.grace {
+	at, last, away := r.goneAtLocked()
+	if !away || r.now().Before(at) {
 		return nil
 	}
-	var last *reach
-	for rc := range r.conns {
-		if rc.err != nil && rc.downSince.Equal(since) {
-			last = rc
-		}
-	}
 	msg := fmt.Sprintf("%s (none connected for %v", NoReplicaReachable, r.grace)
-	if last != nil {
+	if last.hung {
+		msg = NoReplicaReachable + " (none answers"
+	}
+	if last.err != nil {
 		msg += ": " + last.why()
 	}
 	return rpcerr.Error(codes.Unavailable, rpcerr.ReasonDependency, rpcerr.NoIndex, msg+")")
@@ -204,29 +247,33 @@ func (r *reachability) unreachable() error {
 // connection") do not say.
 func (rc *reach) why() string {
 	if errors.Is(rc.err, net.ErrClosed) {
-		return fmt.Sprintf("%s accepts connections but did not answer one within %v: the process is stopped or hung", rc.addr, ConnectTimeout)
+		return fmt.Sprintf("%s accepts connections but did not answer one within %v: %s", rc.addr, ConnectTimeout, StoppedOrHung)
 	}
 	return rc.err.Error()
 }
 
+// close stops the timer and the probers, and waits for the probers.
 func (r *reachability) close() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.closed = true
 	if r.timer != nil {
 		r.timer.Stop()
 	}
+	r.mu.Unlock()
+	r.stop()
+	r.wg.Wait()
 }
 
 // NewSubConn is the children's: each SubConn's connection is recorded
 // (reachability) for the picker methodRRConn makes.
 func (c *methodRRConn) NewSubConn(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.SubConn, error) {
-	opts, forget := c.reach.listen(addrs, opts)
+	opts, rc, forget := c.reach.listen(addrs, opts)
 	sc, err := c.ClientConn.NewSubConn(addrs, opts)
 	if err != nil {
 		forget()
 		return nil, err
 	}
+	c.reach.bind(rc, sc)
 	return sc, nil
 }
 

@@ -33,17 +33,23 @@ const NoReplicaServes = "starting: no replica serves yet"
 // for to the end of a tool call's minutes. A call without a deadline
 // waits as one whose deadline is RestartGrace away would, and runs
 // unbounded once it has reached a replica (withoutDeadline).
+//
+// The call is ended, Unavailable naming its replica, when that replica
+// leaves a health check on the call's connection unanswered (answer.go):
+// it is stopped or hung.
 func waitForReplica(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	callCtx, done := watched(ctx)
+	defer done(nil)
 	if _, ok := ctx.Deadline(); !ok {
-		return withoutDeadline(ctx, cc, func() (bool, error) {
+		return ended(ctx, callCtx, withoutDeadline(callCtx, cc, func() (bool, error) {
 			var p peer.Peer
-			err := invoker(ctx, method, req, reply, cc, append([]grpc.CallOption{grpc.Peer(&p)}, opts...)...)
+			err := invoker(callCtx, method, req, reply, cc, append([]grpc.CallOption{grpc.Peer(&p)}, opts...)...)
 			return p.Addr == nil, err
-		})
+		}))
 	}
 	var p peer.Peer
-	err := invoker(ctx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Peer(&p)}, opts...)...)
-	return noReplicaServes(ctx, err, p.Addr == nil)
+	err := invoker(callCtx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Peer(&p)}, opts...)...)
+	return ended(ctx, callCtx, noReplicaServes(ctx, err, p.Addr == nil))
 }
 
 // waitForReplicaStream is waitForReplica for streams: the wait is the
