@@ -93,7 +93,9 @@ func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) (ts *toolSet, 
 	// is away 0.2 to 1.8 s (first to fifth crash in a row), and a
 	// prompt sent meanwhile ran its turn without the plugin tools. One
 	// gone for good (every replica away for grpcclient.RestartGrace)
-	// fails at once, so the bound is paid only in the grace.
+	// fails at once, so the bound is paid only in the grace; one hung
+	// (connected, answering nothing) once a listing has found it so,
+	// until it answers again.
 	resp, err := s.listPluginTools(listCtx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -123,8 +125,11 @@ func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) (ts *toolSet, 
 // first try failed Unavailable on its own (not for want of a replica:
 // that wait is done): a call picked on the connection of a sandbox
 // killed a moment before, which the client had not yet seen close,
-// fails at once. The second try waits for the restarted sandbox like
-// any call. Listing changes nothing, so a second try is harmless.
+// fails at once; so does one ended because its replica left a health
+// check unanswered (grpcclient.NotAnswering), which another replica may
+// answer. The second try waits for the restarted sandbox like any call,
+// and fails at once when every replica is hung. Listing changes
+// nothing, so a second try is harmless.
 func (s *Server) listPluginTools(ctx context.Context) (*pluginv1.ListToolsResponse, error) {
 	resp, err := s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
 	if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
@@ -137,6 +142,11 @@ func (s *Server) listPluginTools(ctx context.Context) (*pluginv1.ListToolsRespon
 	return s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
 }
 
+// stoppedOrHung is why a call or a listing failed when the sandbox took
+// it, or a health check on its connection, and answered nothing
+// (grpcclient.NotAnswering).
+const stoppedOrHung = "it did not answer: it is stopped or hung"
+
 // noPluginTools is what a turn's client is told, as the turn's first
 // thought chunk, when the sandbox did not list its tools (err, the
 // listing's): that the turn has none, and why in a few words. The
@@ -146,6 +156,8 @@ func noPluginTools(err error, bound time.Duration) string {
 	st := status.Convert(err)
 	var why string
 	switch {
+	case grpcclient.NotAnswering(err):
+		why = stoppedOrHung
 	case grpcclient.Unreachable(err):
 		why = "it cannot be reached (no replica is reachable)"
 	case grpcclient.Unserved(err):
@@ -214,6 +226,12 @@ func (s *Server) execute(ctx context.Context, ts *toolSet, p *commonv1.Principal
 		case codes.DeadlineExceeded:
 			return wholeOutput(fmt.Sprintf("Tool %s timed out", name)), false
 		case codes.Internal, codes.Unknown, codes.Unavailable:
+			if grpcclient.NotAnswering(err) {
+				// Said, as the turn's notice says it, in words that
+				// name no socket: the model and the client may retry
+				// once the sandbox runs again.
+				return wholeOutput(fmt.Sprintf("Tool %s failed: %s: %s", name, sandboxUnavailable, stoppedOrHung)), false
+			}
 			return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, sandboxUnavailable)), false
 		}
 		return wholeOutput(fmt.Sprintf("Tool %s failed: %s", name, st.Message())), false
