@@ -24,8 +24,10 @@ const hungBound = 90 * time.Second
 // kernel's backlog, nothing answers), kept stopped (the launcher's
 // liveness limit set past the test). A turn asked before the stop calls
 // a plugin tool and a memory tool after it: each ends with a failed
-// result saying the sandbox is unavailable, within the connection's
-// keepalive and RestartGrace, not at the tool call's deadline.
+// result saying the sandbox is unavailable, once a health check on the
+// session's connection to it goes unanswered (grpcclient.ProbeTimeout;
+// it was the connection's keepalive and RestartGrace), not at the tool
+// call's deadline.
 // plugins/list, whose client dials anew, fails before its own 5 s
 // deadline saying no replica is reachable (it waited its 5 s, then
 // said "starting: no replica serves yet", which a hung sandbox is

@@ -60,8 +60,9 @@ const sandboxUnavailable = "plugin sandbox unavailable"
 
 // sandboxError keeps a sandbox refusal's message, not its transport. A
 // call that did not reach the sandbox (Unavailable from the client's
-// side: a connection lost, to a hung sandbox by the keepalive, or no
-// replica reachable, rpcerr.ReasonDependency) names it: the words of
+// side: a connection lost, a sandbox that left a health check on its
+// connection unanswered (stopped or hung), or no replica reachable,
+// rpcerr.ReasonDependency) names it: the words of
 // gRPC's transport alone do not say what was away. The sandbox's own
 // Unavailable answers (rpcerr.ReasonCapacity) are its words already.
 func sandboxError(err error) error {
