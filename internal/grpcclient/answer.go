@@ -132,6 +132,10 @@ func (r *reachability) track(ctx context.Context, res balancer.PickResult) (bala
 	}
 	if rc.hung {
 		r.mu.Unlock()
+		if res.Done != nil {
+			// A pick not taken ends here for its child.
+			res.Done(balancer.DoneInfo{Err: balancer.ErrNoSubConnAvailable})
+		}
 		return res, false
 	}
 	c, _ := ctx.Value(callKey{}).(*call)
