@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
@@ -95,6 +97,15 @@ func TestGetApprovalWhileItsDecisionIsWritten(t *testing.T) {
 			testwait.Recv(t, res)
 		}
 	}
+	// allowHeld sends allow_once for reqID with its row locked (lock),
+	// and returns once the decision's write waits on that lock.
+	allowHeld := func(t *testing.T, id, reqID string) (lock pgx.Tx, approved <-chan approveResult) {
+		t.Helper()
+		lock = holdDecisionWrite(t, h, reqID)
+		approved = approveAsync(t, context.Background(), h, id, reqID, DecisionAllowOnce, SurfaceRPC)
+		writeWaits(t, h)
+		return lock, approved
+	}
 	wantView := func(t *testing.T, what string, r getApprovalResult, status sessionv1.ApprovalStatus, decision, surface string) {
 		t.Helper()
 		if r.err != nil {
@@ -112,9 +123,7 @@ func TestGetApprovalWhileItsDecisionIsWritten(t *testing.T) {
 			h.exec("DROP FUNCTION IF EXISTS refuse_decisions")
 		})
 		id, reqID, rec, end := asking(t)
-		lock := holdDecisionWrite(t, h, reqID)
-		approved := approveAsync(t, context.Background(), h, id, reqID, DecisionAllowOnce, SurfaceRPC)
-		writeWaits(t, h)
+		lock, approved := allowHeld(t, id, reqID)
 		read := readWhileWritten(t, context.Background(), h, id, reqID)
 		// Released, the UPDATE goes on and the trigger refuses it.
 		if err := lock.Rollback(context.Background()); err != nil {
@@ -132,9 +141,7 @@ func TestGetApprovalWhileItsDecisionIsWritten(t *testing.T) {
 
 	t.Run("settled by another writer", func(t *testing.T) {
 		id, reqID, _, end := asking(t)
-		lock := holdDecisionWrite(t, h, reqID)
-		approved := approveAsync(t, context.Background(), h, id, reqID, DecisionAllowOnce, SurfaceRPC)
-		writeWaits(t, h)
+		lock, approved := allowHeld(t, id, reqID)
 		read := readWhileWritten(t, context.Background(), h, id, reqID)
 		if _, err := lock.Exec(context.Background(), "UPDATE approvals SET status = 'decided', decision = 'reject', surface = 'durable', decided_at = now() WHERE request_id = $1", reqID); err != nil {
 			t.Fatal(err)
@@ -151,9 +158,7 @@ func TestGetApprovalWhileItsDecisionIsWritten(t *testing.T) {
 
 	t.Run("stored", func(t *testing.T) {
 		id, reqID, _, end := asking(t)
-		lock := holdDecisionWrite(t, h, reqID)
-		approved := approveAsync(t, context.Background(), h, id, reqID, DecisionAllowOnce, SurfaceRPC)
-		writeWaits(t, h)
+		lock, approved := allowHeld(t, id, reqID)
 		read := readWhileWritten(t, context.Background(), h, id, reqID)
 		if err := lock.Rollback(context.Background()); err != nil {
 			t.Fatal(err)
@@ -171,9 +176,7 @@ func TestGetApprovalWhileItsDecisionIsWritten(t *testing.T) {
 
 	t.Run("the caller's deadline first", func(t *testing.T) {
 		id, reqID, _, end := asking(t)
-		lock := holdDecisionWrite(t, h, reqID)
-		approved := approveAsync(t, context.Background(), h, id, reqID, DecisionAllowOnce, SurfaceRPC)
-		writeWaits(t, h)
+		lock, approved := allowHeld(t, id, reqID)
 		caller := newExpiring()
 		read := readWhileWritten(t, caller, h, id, reqID)
 		caller.expire()

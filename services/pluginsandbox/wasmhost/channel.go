@@ -375,18 +375,7 @@ func (c *Channel) tellRefused(ctx context.Context, refused *PollRefusedError, sp
 // plugin kept in its memory is gone, the inbound queue (the host's) is
 // not. The sending instances are left as they are: they keep nothing
 // of a poll. It waits, within ctx, for a call running there to end.
-func (c *Channel) ResetPoll(ctx context.Context) error {
-	r := c.r
-	if err := r.acquireLock(ctx); err != nil {
-		return err
-	}
-	defer r.releaseLock()
-	if r.closed {
-		return ErrClosed
-	}
-	r.drop()
-	return nil
-}
+func (c *Channel) ResetPoll(ctx context.Context) error { return c.r.replace(ctx, false) }
 
 // Health reports whether the channel is healthy. Without the health flag it
 // is true and the plugin is not called.

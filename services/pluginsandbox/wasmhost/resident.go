@@ -190,7 +190,11 @@ func (r *resident) callLockedReadIn(ctx context.Context, inbound *InboundQueue, 
 }
 
 // rebuild replaces the instance (whatever its state) with a new one.
-func (r *resident) rebuild(ctx context.Context) error {
+func (r *resident) rebuild(ctx context.Context) error { return r.replace(ctx, true) }
+
+// replace drops the instance (whatever its state) once no call runs on
+// it; with build it makes the new one now, without, the next call does.
+func (r *resident) replace(ctx context.Context, build bool) error {
 	if r.h.closed.Load() {
 		return ErrClosed
 	}
@@ -204,6 +208,9 @@ func (r *resident) rebuild(ctx context.Context) error {
 		return ErrClosed
 	}
 	r.drop()
+	if !build {
+		return nil
+	}
 	return r.build(ctx)
 }
 
