@@ -1,7 +1,6 @@
 package pluginsandbox_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/clawmesh/clawmesh/internal/testwait"
-	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	"github.com/clawmesh/clawmesh/services/pluginsandbox"
 )
 
@@ -124,20 +122,7 @@ func TestChannelPluginHostileToTheRefusalWordGoesOn(t *testing.T) {
 					t.Errorf("the word read %d messages from the inbound queue", n)
 				}
 			}
-			listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c := listed.GetChannels()[0]; c.GetState() != "running" {
-				t.Errorf("binding %s: %q", c.GetState(), c.GetReason())
-			}
-			select {
-			case r := <-replies:
-				t.Fatalf("a second reply: %v", r)
-			case p := <-fs.prompts:
-				t.Fatalf("a second prompt: %q", p.prompt)
-			default:
-			}
+			runningAndQuiet(t, ts, "", replies, fs)
 		})
 	}
 }

@@ -291,20 +291,7 @@ func TestChannelPluginKeepingItsRefusedMessageIsRebuilt(t *testing.T) {
 			if want := pluginsandbox.RefusedAnswers + 1; tc.told && (told < 1 || told > want) || !tc.told && told != 0 {
 				t.Errorf("the plugin was told %d times, want 1 to %d (told %v)", told, want, tc.told)
 			}
-			listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c := listed.GetChannels()[0]; c.GetState() != "running" || !strings.Contains(c.GetReason(), "instance was rebuilt") {
-				t.Errorf("binding %s: %q", c.GetState(), c.GetReason())
-			}
-			select {
-			case r := <-replies:
-				t.Fatalf("a second reply: %v", r)
-			case p := <-fs.prompts:
-				t.Fatalf("a second prompt: %q", p.prompt)
-			default:
-			}
+			runningAndQuiet(t, ts, "instance was rebuilt", replies, fs)
 		})
 	}
 }
@@ -378,18 +365,26 @@ func TestChannelPluginWhoseServiceHoldsItsRefusedMessageIsRebuiltOnce(t *testing
 			t.Errorf("%q logged %d times, want %d", msg, n, want)
 		}
 	}
+	runningAndQuiet(t, ts, "the plugin's own service holds it", replies, fs)
+}
+
+// runningAndQuiet checks that ts's one binding runs with a reason that
+// holds reason, and that no reply and no prompt came since the test's
+// last read of replies and fs.prompts.
+func runningAndQuiet(t *testing.T, ts *testServer, reason string, replies <-chan map[string]string, fs *fakeSessions) {
+	t.Helper()
 	listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := listed.GetChannels()[0]; c.GetState() != "running" || !strings.Contains(c.GetReason(), "the plugin's own service holds it") {
-		t.Errorf("binding %s: %q", c.GetState(), c.GetReason())
+	if c := listed.GetChannels()[0]; c.GetState() != "running" || !strings.Contains(c.GetReason(), reason) {
+		t.Errorf("binding %s: %q, want running and %q", c.GetState(), c.GetReason(), reason)
 	}
 	select {
 	case r := <-replies:
 		t.Fatalf("a second reply: %v", r)
 	case p := <-fs.prompts:
-		t.Fatalf("a prompt behind the stalled message: %q", p.prompt)
+		t.Fatalf("a second prompt: %q", p.prompt)
 	default:
 	}
 }
