@@ -82,13 +82,7 @@ func TestCallsOnAHungReplicasConnectionEndWhenItDoesNotAnswer(t *testing.T) {
 	// Before the relay's cleanup, which waits for what it holds.
 	defer resume()
 	addr, started := slowReplica(t, t.TempDir(), "r", freeze, thaw)
-	cc, err := DialReplicas(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
+	cc, ctx := replicasClient(t, addr)
 	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +110,7 @@ func TestCallsOnAHungReplicasConnectionEndWhenItDoesNotAnswer(t *testing.T) {
 		}
 	}
 	next := time.Now()
-	_, err = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
 	t.Logf("the next call failed after %v: %v", time.Since(next).Round(time.Millisecond), err)
 	if !Unreachable(err) || !strings.Contains(status.Convert(err).Message(), "stopped or hung") {
 		t.Errorf("a call once the only replica is hung: %v, want %s, stopped or hung", err, NoReplicaReachable)
@@ -143,13 +137,7 @@ func TestCallsLeaveAHungReplicaForOneThatAnswers(t *testing.T) {
 	defer close(thaw)
 	a, startedA := slowReplica(t, dir, "a", freeze, thaw)
 	b, _ := slowReplica(t, dir, "b", never, never)
-	cc, err := DialReplicas(a + "," + b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
+	cc, ctx := replicasClient(t, a+","+b)
 	client := healthpb.NewHealthClient(cc)
 	// Slow calls until one is in flight on a.
 	inFlight := make(chan error, 8)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -35,13 +36,7 @@ func TestCallsFailOnceNoReplicaIsReachable(t *testing.T) {
 		"two addresses": gone + "," + filepath.Join(dir, "gone.1.sock"),
 	} {
 		t.Run(name, func(t *testing.T) {
-			cc, err := DialReplicas(addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cc.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-			defer cancel()
+			cc, ctx := replicasClient(t, addr)
 			client := healthpb.NewHealthClient(cc)
 			calls := map[string]func() error{
 				"call": func() error {
@@ -110,13 +105,7 @@ func TestACallToAHungReplicaSaysItDoesNotAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lis.Close() // never accepts: connects wait in the backlog
-	cc, err := DialReplicas(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
+	cc, ctx := replicasClient(t, sock)
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() {
@@ -172,4 +161,19 @@ func TestACallWithoutADeadlineEndsWhenNoReplicaComes(t *testing.T) {
 			t.Fatalf("a %s without a deadline and no replica there still waits after %v", kind, RestartGrace+30*time.Second)
 		}
 	}
+}
+
+// replicasClient dials addr with DialReplicas, closed at the test's end,
+// and gives the test's calls a context of an hour: what they wait for is
+// the client's own bound, which the tests read.
+func replicasClient(t *testing.T, addr string) (*grpc.ClientConn, context.Context) {
+	t.Helper()
+	cc, err := DialReplicas(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	t.Cleanup(cancel)
+	return cc, ctx
 }
