@@ -31,11 +31,17 @@ func refuseDecisions(h *harness) {
 // askingTurn starts a turn of a new session of alice's (alias guarded)
 // whose echo call waits for an approval, and returns the ask.
 func askingTurn(t testing.TB, h *harness) (id string, rec *recorder, res <-chan promptResult, ask update) {
+	return askingTurnThen(t, h, "\n/say after")
+}
+
+// askingTurnThen is askingTurn with then the turn's script after the
+// call (a sleep keeps the turn running once the call ended).
+func askingTurnThen(t testing.TB, h *harness, then string) (id string, rec *recorder, res <-chan promptResult, ask update) {
 	t.Helper()
 	id, rec, _ = sessionAfterATurn(h, "guarded")
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	res = h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: `/tool echo {"text":"hi"}` + "\n/say after"})
+	res = h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: `/tool echo {"text":"hi"}` + then})
 	live := rec.until(UpdateApprovalRequest)
 	return id, rec, res, live[len(live)-1]
 }

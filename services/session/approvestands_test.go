@@ -116,13 +116,8 @@ func TestApproveSaysWhichDecisionStands(t *testing.T) {
 	decided := sessionv1.ApprovalStatus_APPROVAL_STATUS_DECIDED
 
 	t.Run("a person's", func(t *testing.T) {
-		id, rec, _ := sessionAfterATurn(h, "guarded")
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id,
-			Prompt: `/tool echo {"text":"hi"}` + "\n/say after\n/sleep 60000"})
-		live := rec.until(UpdateApprovalRequest)
-		reqID := live[len(live)-1].str("request_id")
+		id, rec, res, ask := askingTurnThen(t, h, "\n/say after\n/sleep 60000")
+		reqID := ask.str("request_id")
 
 		// Decided in memory, its write held: a second decision waits
 		// for the write and is told the first stands.

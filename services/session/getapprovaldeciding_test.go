@@ -82,13 +82,8 @@ func TestGetApprovalWhileItsDecisionIsWritten(t *testing.T) {
 	// after it; the returned func cancels the turn and waits for its end.
 	asking := func(t *testing.T) (id, reqID string, rec *recorder, end func()) {
 		t.Helper()
-		id, rec, _ = sessionAfterATurn(h, "guarded")
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id,
-			Prompt: `/tool echo {"text":"hi"}` + "\n/say after\n/sleep 60000"})
-		live := rec.until(UpdateApprovalRequest)
-		return id, live[len(live)-1].str("request_id"), rec, func() {
+		id, rec, res, ask := askingTurnThen(t, h, "\n/say after\n/sleep 60000")
+		return id, ask.str("request_id"), rec, func() {
 			t.Helper()
 			if _, err := h.srv.Cancel(context.Background(), &sessionv1.CancelRequest{Principal: alice, SessionId: id}); err != nil {
 				t.Fatal(err)

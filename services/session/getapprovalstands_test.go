@@ -40,13 +40,8 @@ func TestGetApprovalSaysWhichDecisionStands(t *testing.T) {
 		}, "decided"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			id, rec, _ := sessionAfterATurn(h, "guarded")
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			res := h.promptAsync(ctx, &sessionv1.PromptRequest{Principal: alice, SessionId: id,
-				Prompt: `/tool echo {"text":"hi"}` + "\n/say after\n/sleep 60000"})
-			live := rec.until(UpdateApprovalRequest)
-			reqID := live[len(live)-1].str("request_id")
+			id, rec, res, ask := askingTurnThen(t, h, "\n/say after\n/sleep 60000")
+			reqID := ask.str("request_id")
 			tc.prepare(t, reqID)
 			if resp, err := approveAs(h, id, reqID, DecisionAllowOnce); err == nil && resp.GetAcknowledged() {
 				t.Fatal("a decision the store did not take was acknowledged")
