@@ -37,18 +37,7 @@ func TestCallsFailOnceNoReplicaIsReachable(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			cc, ctx := replicasClient(t, addr)
-			client := healthpb.NewHealthClient(cc)
-			calls := map[string]func() error{
-				"call": func() error {
-					_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
-					return err
-				},
-				"stream": func() error {
-					_, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
-					return err
-				},
-			}
-			for kind, call := range calls {
+			for kind, call := range healthCalls(cc, ctx) {
 				done := make(chan error, 1)
 				go func() { done <- call() }()
 				select {
@@ -135,17 +124,7 @@ func TestACallWithoutADeadlineEndsWhenNoReplicaComes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	client := healthpb.NewHealthClient(cc)
-	for kind, call := range map[string]func() error{
-		"call": func() error {
-			_, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{})
-			return err
-		},
-		"stream": func() error {
-			_, err := client.Watch(context.Background(), &healthpb.HealthCheckRequest{})
-			return err
-		},
-	} {
+	for kind, call := range healthCalls(cc, context.Background()) {
 		done := make(chan error, 1)
 		go func() { done <- call() }()
 		select {
@@ -176,4 +155,20 @@ func replicasClient(t *testing.T, addr string) (*grpc.ClientConn, context.Contex
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	t.Cleanup(cancel)
 	return cc, ctx
+}
+
+// healthCalls are a unary health check and a health stream's start on
+// cc under ctx, by kind: the two ways a call waits for a replica.
+func healthCalls(cc *grpc.ClientConn, ctx context.Context) map[string]func() error {
+	client := healthpb.NewHealthClient(cc)
+	return map[string]func() error{
+		"call": func() error {
+			_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+			return err
+		},
+		"stream": func() error {
+			_, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+			return err
+		},
+	}
 }
