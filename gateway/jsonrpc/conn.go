@@ -567,8 +567,10 @@ func (c *Conn) serveFrames() (wait bool) {
 			if c.held.Load() != nil && c.hasRoom() {
 				c.dispatchHeld()
 			}
+			reserved := false
 			switch {
-			case c.hasRoom() && c.held.Load() == nil:
+			case c.held.Load() == nil && c.reserve():
+				reserved = true
 			case inline:
 				// Over the bounds, reading on for a call's answer: an
 				// inline request runs now, one at a time on this loop, so
@@ -581,16 +583,22 @@ func (c *Conn) serveFrames() (wait bool) {
 				continue
 			default:
 				// A second request while one is held: read nothing more
-				// until both have room, the held one first.
-				if !c.waitRoom() {
-					return false
+				// until both have room, the held one first (dispatched
+				// here or by the handler whose end made the room).
+				for c.held.Load() != nil {
+					if !c.waitRoom() {
+						return false
+					}
+					c.dispatchHeld()
 				}
-				c.dispatchHeld()
-				if !c.waitRoom() {
-					return false
+				for !c.reserve() {
+					if !c.sleepForRoom() {
+						return false
+					}
 				}
+				reserved = true
 			}
-			c.dispatch(req)
+			c.dispatchIn(req, reserved)
 			if inline {
 				// Answered: nothing of its frame stays reachable from here.
 				c.req = Request{}
@@ -717,18 +725,57 @@ func (c *Conn) readsOn() bool {
 // closes done, and a handler ending on that cancel in between made the
 // room that dispatched the held request (1 in 60 runs of
 // TestHangUpAtBoundCancelsInflight under -race).
+//
+// It takes its place among the requests in flight first (reserve): the
+// read loop and every handler ending may dispatch at once, and each one
+// that saw room and then dispatched made the count pass its bound
+// (9 and 10 of 8 in TestPipelineBackPressure, 2 runs in 150).
 func (c *Conn) dispatchHeld() {
+	if c.held.Load() == nil || !c.reserve() {
+		return
+	}
 	h := c.held.Swap(nil)
 	if h == nil {
+		c.release()
 		return
 	}
 	if c.isClosed() {
+		c.release()
 		c.heldFrames.Add(-h.held)
 		h.held = 0
 		h.returnLease() // nothing read its params
 		return
 	}
-	c.dispatch(h)
+	c.dispatchIn(h, true)
+}
+
+// reserve takes a place among the requests in flight when the
+// connection has room (hasRoom), in one step: checked, then taken, two
+// dispatchers could both take the last place.
+func (c *Conn) reserve() bool {
+	for {
+		n := c.active.Load()
+		if int(n) >= c.opts.MaxInflightRequests || !c.readsOn() {
+			return false
+		}
+		if c.active.CompareAndSwap(n, n+1) {
+			c.notePeak(n + 1)
+			return true
+		}
+	}
+}
+
+// release gives back a place among the requests in flight, ringing
+// room when it is the one that brings the count below its bound.
+func (c *Conn) release() {
+	if n := int(c.active.Add(-1)); n < c.opts.MaxInflightRequests && n+1 >= c.opts.MaxInflightRequests {
+		c.ringRoom()
+	}
+}
+
+func (c *Conn) notePeak(n int32) {
+	for p := c.peakActive.Load(); n > p && !c.peakActive.CompareAndSwap(p, n); p = c.peakActive.Load() {
+	}
 }
 
 // waitRoom holds the read loop until there is room for one more request;
@@ -882,10 +929,16 @@ func (c *Conn) drain(reason error) {
 	}
 }
 
-func (c *Conn) dispatch(req *Request) {
+// dispatchIn runs req; reserved says it holds its place among the
+// requests in flight already (reserve), else it takes one past the
+// bounds (an inline or urgent request).
+func (c *Conn) dispatchIn(req *Request, reserved bool) {
 	c.hmu.Lock()
 	if c.draining {
 		c.hmu.Unlock()
+		if reserved {
+			c.release()
+		}
 		if req.ID != nil {
 			// Never blocking: dispatch also runs on goroutines that answer
 			// other connections (a deferred reply dispatching a held
@@ -899,8 +952,8 @@ func (c *Conn) dispatch(req *Request) {
 	}
 	c.inflight++
 	c.hmu.Unlock()
-	n := c.active.Add(1)
-	for p := c.peakActive.Load(); n > p && !c.peakActive.CompareAndSwap(p, n); p = c.peakActive.Load() {
+	if !reserved {
+		c.notePeak(c.active.Add(1))
 	}
 	if req.inline {
 		c.handle(req)
@@ -960,9 +1013,7 @@ func (c *Conn) handleDeferred(dh DeferredHandler, req *Request) {
 // blocking (see Reply).
 func (c *Conn) finish(req *Request, result any, err error, noWait bool) {
 	defer func() {
-		if n := int(c.active.Add(-1)); n < c.opts.MaxInflightRequests && n+1 >= c.opts.MaxInflightRequests {
-			c.ringRoom()
-		}
+		c.release()
 		if req.held > 0 {
 			c.heldFrames.Add(-req.held)
 			req.held = 0
