@@ -78,65 +78,139 @@ func wantFailedAs(t *testing.T, sm sample, why, during string) {
 	}
 }
 
-// traffic runs calls on their own connections until stop closes,
-// recording each outcome.
-func traffic(t *testing.T, s *e2e.Stack, rec *recorder, stop <-chan struct{}, wg *sync.WaitGroup, calls map[string]any) {
-	for method, params := range calls {
+// traffic is calls made on connections of their own, and the
+// gateway's health polled, until it ends, each outcome recorded.
+type traffic struct {
+	rec  recorder
+	stop chan struct{}
+	wg   sync.WaitGroup
+	// end stops the calls and waits for them; it runs at the test's end
+	// too, once at most.
+	end func()
+}
+
+// startTraffic runs calls (method: params), each on a connection of its
+// own, until the traffic ends; with health, the gateway's health is
+// polled too, each component not serving recorded. Every connection is
+// made before the first call, so a failed start leaves nothing running.
+func startTraffic(t *testing.T, s *e2e.Stack, calls map[string]any, health bool) *traffic {
+	t.Helper()
+	tr := &traffic{stop: make(chan struct{})}
+	conns := map[string]*e2e.Client{}
+	for method := range calls {
 		c := s.Dial(t)
 		c.Timeout = 20 * time.Second
 		if _, err := c.Initialize(); err != nil {
 			t.Fatal(err)
 		}
-		wg.Add(1)
+		conns[method] = c
+	}
+	var hc *e2e.Client
+	if health {
+		hc = s.Dial(t)
+		if _, err := hc.Initialize(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr.end = sync.OnceFunc(func() { close(tr.stop); tr.wg.Wait() })
+	// Registered after the connections' own cleanups, so it runs before
+	// them: no call is made on a closed connection.
+	t.Cleanup(tr.end)
+	for method, c := range conns {
+		tr.wg.Add(1)
 		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				_, err := c.Call(method, params)
-				rec.add(sample{at: time.Now(), what: method, err: err})
+			defer tr.wg.Done()
+			for tr.running() {
+				_, err := c.Call(method, calls[method])
+				tr.rec.add(sample{at: time.Now(), what: method, err: err})
 				time.Sleep(20 * time.Millisecond)
 			}
 		}()
 	}
+	if hc != nil {
+		tr.wg.Add(1)
+		go func() {
+			defer tr.wg.Done()
+			for tr.running() {
+				tr.sampleHealth(hc)
+				time.Sleep(25 * time.Millisecond)
+			}
+		}()
+	}
+	return tr
 }
 
-// watchHealth polls health until stop closes, recording each component
-// that is not serving.
-func watchHealth(t *testing.T, s *e2e.Stack, rec *recorder, stop <-chan struct{}, wg *sync.WaitGroup) {
+// running is false once the traffic ends.
+func (tr *traffic) running() bool {
+	select {
+	case <-tr.stop:
+		return false
+	default:
+		return true
+	}
+}
+
+// sampleHealth records each component c's health says is not serving,
+// or the health call's failure.
+func (tr *traffic) sampleHealth(c *e2e.Client) {
+	h, err := healthOf(c)
+	now := time.Now()
+	if err != nil {
+		tr.rec.add(sample{at: now, what: "health", err: err})
+	}
+	for name, comp := range h {
+		if comp.Status != "serving" {
+			why := ""
+			if comp.LastError != nil {
+				why = *comp.LastError
+			}
+			tr.rec.add(sample{at: now, what: "health:" + name, info: comp.Status + ": " + why})
+		}
+	}
+}
+
+// failedAs wants each call that failed to have answered -32603
+// "<service>: why" (wantFailedAs), and returns how many failed.
+func (tr *traffic) failedAs(t *testing.T, why, during string) int {
+	t.Helper()
+	failed := 0
+	for _, sm := range tr.rec.all() {
+		if sm.err == nil {
+			continue
+		}
+		failed++
+		wantFailedAs(t, sm, why, during)
+	}
+	return failed
+}
+
+// logServiceLines logs the lines of the config and session services'
+// logs that keep picks: what they said of calls that failed otherwise
+// than the test wants.
+func logServiceLines(t *testing.T, s *e2e.Stack, keep func(line string) bool) {
+	t.Helper()
+	for _, name := range []string{"config", "session"} {
+		raw, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", name+".log"))
+		for _, line := range strings.Split(string(raw), "\n") {
+			if keep(line) {
+				t.Log(name+":", line)
+			}
+		}
+	}
+}
+
+// onPrivateCluster starts a stack on a private PostgreSQL cluster with
+// args, and returns it, a client of it initialized, a conversation and
+// a session that conversation opened.
+func onPrivateCluster(t *testing.T, args ...string) (*e2e.Stack, *e2e.Client, *conv, string) {
+	t.Helper()
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: args})
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
 		t.Fatal(err)
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			h, err := healthOf(c)
-			now := time.Now()
-			if err != nil {
-				rec.add(sample{at: now, what: "health", err: err})
-			}
-			for name, comp := range h {
-				if comp.Status != "serving" {
-					why := ""
-					if comp.LastError != nil {
-						why = *comp.LastError
-					}
-					rec.add(sample{at: now, what: "health:" + name, info: comp.Status + ": " + why})
-				}
-			}
-			time.Sleep(25 * time.Millisecond)
-		}
-	}()
+	v := newConv(t, s, nil)
+	return s, c, v, v.newSession("")
 }
 
 // everyMethodWorks runs each socket method once; nil when all answer.
@@ -188,29 +262,17 @@ func everyMethodWorks(c *e2e.Client, session string) error {
 // committed (config, transcript) is intact.
 func TestPostgresKilledUnderTraffic(t *testing.T) {
 	t.Parallel()
-	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
-	c := s.Dial(t)
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
+	s, c, v, session := onPrivateCluster(t)
 	call(t, c, "config/set", map[string]any{"prop": "agents.default.system_prompt", "value": "kept across the fault"})
-	v := newConv(t, s, nil)
-	session := v.newSession("")
 	v.call("session/prompt", map[string]any{"session_id": session, "prompt": "/say before the fault"})
 	before := v.call("session/messages", map[string]any{"session_id": session})
 
-	rec := &recorder{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	traffic(t, s, rec, stop, &wg, map[string]any{
+	tr := startTraffic(t, s, map[string]any{
 		"session/state":    map[string]any{"session_id": session},
 		"session/messages": map[string]any{"session_id": session},
 		"session/list":     map[string]any{},
 		"config/set":       map[string]any{"prop": "agents.default.model", "value": "during-fault"},
-	})
-	watchHealth(t, s, rec, stop, &wg)
-	stopTraffic := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer stopTraffic()
+	}, true)
 	time.Sleep(300 * time.Millisecond) // traffic flowing before the fault
 
 	old := s.PIDOf("postgres")
@@ -238,13 +300,13 @@ func TestPostgresKilledUnderTraffic(t *testing.T) {
 		return nil
 	})
 	time.Sleep(300 * time.Millisecond) // traffic flowing after the recovery
-	stopTraffic()
+	tr.end()
 	t.Logf("postmaster restarted %v after SIGKILL; every method worked again %v after the restart",
 		restarted.Sub(killed).Round(time.Millisecond), recovered.Sub(restarted).Round(time.Millisecond))
 
 	var failed, notServing int
 	var firstFail, lastFail time.Time
-	for _, sm := range rec.all() {
+	for _, sm := range tr.rec.all() {
 		switch {
 		case strings.HasPrefix(sm.what, "health:"):
 			if sm.at.After(killed) && strings.Contains(sm.info, "not_serving") && strings.Contains(sm.info, "database") {
@@ -648,10 +710,7 @@ func TestPIDOfPostgresIsThePostmaster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	traffic(t, s, &recorder{}, stop, &wg, map[string]any{"session/list": map[string]any{}, "session/new": map[string]any{}})
-	defer func() { close(stop); wg.Wait() }()
+	defer startTraffic(t, s, map[string]any{"session/list": map[string]any{}, "session/new": map[string]any{}}, false).end()
 	scans, others := 0, 0
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); scans++ {
 		for pid, name := range s.PIDs() {
@@ -690,25 +749,14 @@ func clientBackends(postmaster int) []int {
 // checks the stack recovers from the real fault.
 func TestPostgresBackendsKilledUnderTraffic(t *testing.T) {
 	t.Parallel()
-	s := e2e.Start(t, e2e.Options{PrivateCluster: true})
-	c := s.Dial(t)
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	v := newConv(t, s, nil)
-	session := v.newSession("")
-	rec := &recorder{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	traffic(t, s, rec, stop, &wg, map[string]any{
+	s, c, _, session := onPrivateCluster(t)
+	tr := startTraffic(t, s, map[string]any{
 		"session/state":   map[string]any{"session_id": session},
 		"session/list":    map[string]any{},
 		"session/new":     map[string]any{},
 		"config/set":      map[string]any{"prop": "agents.default.model", "value": "during-fault"},
 		"config/set-many": map[string]any{"sets": []map[string]any{{"prop": "agents.default.model", "value": "during-fault-2"}}},
-	})
-	stopTraffic := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer stopTraffic()
+	}, false)
 	time.Sleep(300 * time.Millisecond) // traffic flowing before the first fault
 
 	const kills = 8
@@ -735,28 +783,16 @@ func TestPostgresBackendsKilledUnderTraffic(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond) // traffic flowing before the next
 	}
-	stopTraffic()
-	failed := 0
-	for _, sm := range rec.all() {
-		if sm.err == nil {
-			continue
-		}
-		failed++
-		wantFailedAs(t, sm, "database unavailable", "during the faults")
-	}
-	t.Logf("%d kills, %d calls, %d failed with database unavailable", kills, len(rec.all()), failed)
+	tr.end()
+	failed := tr.failedAs(t, "database unavailable", "during the faults")
+	t.Logf("%d kills, %d calls, %d failed with database unavailable", kills, len(tr.rec.all()), failed)
 	if t.Failed() {
 		// What the services said of the calls that failed otherwise (one
 		// config/set answered "config failed" in a CI run, once in five,
 		// and never again in 15 runs since, alone and three at once).
-		for _, name := range []string{"config", "session"} {
-			raw, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", name+".log"))
-			for _, line := range strings.Split(string(raw), "\n") {
-				if strings.Contains(line, "rpc failed") && !strings.Contains(line, "database unavailable") {
-					t.Log(name+":", line)
-				}
-			}
-		}
+		logServiceLines(t, s, func(line string) bool {
+			return strings.Contains(line, "rpc failed") && !strings.Contains(line, "database unavailable")
+		})
 	}
 }
 
@@ -825,14 +861,8 @@ func hangPostgres(t *testing.T, s *e2e.Stack) (resume func()) {
 func TestStalledPostgresIsReplaced(t *testing.T) {
 	t.Parallel()
 	const liveness = 3 * time.Second
-	s := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{"--liveness-timeout", liveness.String()}})
-	c := s.Dial(t)
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
+	s, c, v, session := onPrivateCluster(t, "--liveness-timeout", liveness.String())
 	call(t, c, "config/set", map[string]any{"prop": "agents.default.system_prompt", "value": "kept across the stall"})
-	v := newConv(t, s, nil)
-	session := v.newSession("")
 	v.call("session/prompt", map[string]any{"session_id": session, "prompt": "/say before the stall"})
 
 	old := s.PIDOf("postgres")
@@ -959,17 +989,12 @@ func TestCancelledStatementsSayDatabaseBusy(t *testing.T) {
 	defer admin.Close(context.Background())
 	v := newConv(t, s, nil)
 	session := v.newSession("")
-	rec := &recorder{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	traffic(t, s, rec, stop, &wg, map[string]any{
+	tr := startTraffic(t, s, map[string]any{
 		"session/new":    map[string]any{},
 		"session/list":   map[string]any{},
 		"session/prompt": map[string]any{"session_id": session, "prompt": "/say during the cancels"},
 		"config/set":     map[string]any{"prop": "agents.default.model", "value": "during-cancels"},
-	})
-	stopTraffic := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer stopTraffic()
+	}, false)
 	cancels := 0
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
 		var n int
@@ -980,33 +1005,20 @@ func TestCancelledStatementsSayDatabaseBusy(t *testing.T) {
 		cancels += n
 		time.Sleep(2 * time.Millisecond)
 	}
-	stopTraffic()
-	failed := 0
-	for _, sm := range rec.all() {
-		if sm.err == nil {
-			continue
-		}
-		failed++
-		wantFailedAs(t, sm, "database busy", "while statements were cancelled")
-	}
+	tr.end()
+	failed := tr.failedAs(t, "database busy", "while statements were cancelled")
 	if failed == 0 {
 		t.Fatalf("%d statements cancelled, no call failed: the fault was not observed", cancels)
 	}
-	t.Logf("%d statements cancelled; %d of %d calls failed", cancels, failed, len(rec.all()))
+	t.Logf("%d statements cancelled; %d of %d calls failed", cancels, failed, len(tr.rec.all()))
 	if t.Failed() {
 		// What the services said of the calls that failed otherwise (a
 		// session/prompt answered "session failed" in one CI run under
 		// -race, and in none of nine runs after it, four with -race).
-		for _, name := range []string{"config", "session"} {
-			raw, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", name+".log"))
-			for _, line := range strings.Split(string(raw), "\n") {
-				if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
-					if !strings.Contains(line, "database busy") {
-						t.Log(name+":", line)
-					}
-				}
-			}
-		}
+		logServiceLines(t, s, func(line string) bool {
+			return (strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`)) &&
+				!strings.Contains(line, "database busy")
+		})
 	}
 	c := s.Dial(t)
 	if _, err := c.Initialize(); err != nil {
