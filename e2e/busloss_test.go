@@ -48,6 +48,47 @@ func newSession(c *e2e.Client) (string, error) {
 	return n.SessionID, json.Unmarshal(raw, &n)
 }
 
+// sessionOnNewConn dials s with a call deadline of 60 s, initializes,
+// and opens a session on that connection, which follows it.
+func sessionOnNewConn(t *testing.T, s *e2e.Stack) (*e2e.Client, string) {
+	t.Helper()
+	c := s.Dial(t)
+	c.Timeout = 60 * time.Second
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	session, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, session
+}
+
+// promptOnNewConn dials socket, opens a session on that connection and
+// prompts it, its updates counted in kinds; a timeout other than 0
+// bounds each call (the client's default otherwise). It returns the
+// first failure.
+func promptOnNewConn(socket string, timeout time.Duration, prompt string, kinds updateKinds) error {
+	c, err := e2e.Dial(socket)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if timeout > 0 {
+		c.Timeout = timeout
+	}
+	if _, err := c.Initialize(); err != nil {
+		return err
+	}
+	session, err := newSession(c)
+	if err != nil {
+		return err
+	}
+	onUpdates(c, kinds, make(chan struct{}, 1))
+	_, err = c.Call("session/prompt", map[string]any{"session_id": session, "prompt": prompt})
+	return err
+}
+
 // The bus server goes away mid-turn and stays away: the turn's later
 // updates, its turn_complete among them, reach no client, and no later
 // update comes to show the hole. The prompt is never answered as ended
@@ -62,15 +103,7 @@ func newSession(c *e2e.Client) (string, error) {
 func TestBusLostMidTurnIsNoSilentHole(t *testing.T) {
 	t.Parallel()
 	b := startOnExternalBus(t)
-	c := b.s.Dial(t)
-	c.Timeout = 60 * time.Second
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	session, err := newSession(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, session := sessionOnNewConn(t, b.s)
 	kinds := updateKinds{}
 	first := make(chan struct{}, 1)
 	onUpdates(c, kinds, first)
@@ -129,22 +162,8 @@ func TestBusLostMidTurnIsNoSilentHole(t *testing.T) {
 	b.start()
 	back := time.Now()
 	testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() error {
-		c, err := e2e.Dial(b.s.Socket)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.Timeout = 20 * time.Second
-		if _, err := c.Initialize(); err != nil {
-			return err
-		}
-		session, err := newSession(c)
-		if err != nil {
-			return err
-		}
 		kinds := updateKinds{}
-		onUpdates(c, kinds, make(chan struct{}, 1))
-		if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two three"}); err != nil {
+		if err := promptOnNewConn(b.s.Socket, 20*time.Second, "/say one two three", kinds); err != nil {
 			return err
 		}
 		if kinds["agent_message_chunk"] != 3 || kinds["turn_complete"] != 1 {
@@ -164,15 +183,7 @@ func TestBusLostMidTurnIsNoSilentHole(t *testing.T) {
 func TestBusDownRefusesSessionCallsAtOnce(t *testing.T) {
 	t.Parallel()
 	b := startOnExternalBus(t)
-	c := b.s.Dial(t)
-	c.Timeout = 60 * time.Second
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	session, err := newSession(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, session := sessionOnNewConn(t, b.s)
 
 	b.shutdown()
 	busLinkDownSeen(t, c)
@@ -217,20 +228,7 @@ func TestBusDownRefusesSessionCallsAtOnce(t *testing.T) {
 	// TestBusBackBetweenTurnsKeepsFollowers.)
 	b.start()
 	testenv.Eventually(t, 15*time.Second, 100*time.Millisecond, func() error {
-		c, err := e2e.Dial(b.s.Socket)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		if _, err := c.Initialize(); err != nil {
-			return err
-		}
-		session, err := newSession(c)
-		if err != nil {
-			return err
-		}
-		_, err = c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say seen"})
-		return err
+		return promptOnNewConn(b.s.Socket, 0, "/say seen", updateKinds{})
 	})
 }
 
@@ -243,15 +241,7 @@ func TestBusLostMidTurnHealsThePhonesPane(t *testing.T) {
 	t.Parallel()
 	b := startOnExternalBus(t)
 	ph := phone(t, b.s)
-	c := b.s.Dial(t)
-	c.Timeout = 60 * time.Second
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	id, err := newSession(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, id := sessionOnNewConn(t, b.s)
 	pollUntil(t, ph, "the session", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
 	done := make(chan error, 1)
 	go func() {
@@ -408,15 +398,7 @@ func wantFollowerKept(t *testing.T, b *externalBus, c *e2e.Client, session strin
 // which follows it (its updates counted in kinds), and runs one turn.
 func followedAfterATurn(t *testing.T, b *externalBus) (*e2e.Client, string, updateKinds) {
 	t.Helper()
-	c := b.s.Dial(t)
-	c.Timeout = 60 * time.Second
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	session, err := newSession(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, session := sessionOnNewConn(t, b.s)
 	kinds := updateKinds{}
 	onUpdates(c, kinds, make(chan struct{}, 1))
 	if _, err := c.Call("session/prompt", map[string]any{"session_id": session, "prompt": "/say one two"}); err != nil {
