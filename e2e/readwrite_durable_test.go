@@ -1,25 +1,12 @@
 package e2e_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/collietest"
 )
-
-// contextSystem is the system message of a /context turn's reply.
-func contextSystem(reply string) string {
-	system := ""
-	for _, line := range strings.Split(reply, "\n") {
-		var m struct{ Role, Content string }
-		if json.Unmarshal([]byte(line), &m) == nil && m.Role == "system" {
-			system = m.Content
-		}
-	}
-	return system
-}
 
 // A text sent from a durable pane right after a config write that
 // changed the pane's agent (its system prompt here): the bridge's
@@ -31,33 +18,8 @@ func contextSystem(reply string) string {
 func TestDurableSendSeesAConfigWriteJustMade(t *testing.T) {
 	t.Parallel()
 	b, px := startBehindBusProxy(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("stack's stderr:\n%s", b.s.Stderr())
-		}
-	})
-	c := b.s.Dial(t)
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Call("config/set-many", map[string]any{"sets": []any{
-		map[string]any{"prop": "agents.tuned.provider", "value": "scripted"},
-		map[string]any{"prop": "agents.tuned.system_prompt", "value": "prompt-before-the-write"},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.Call("session/new", map[string]any{"agent_alias": "tuned"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sess struct {
-		SessionID string `json:"session_id"`
-	}
-	if err := json.Unmarshal(res, &sess); err != nil {
-		t.Fatal(err)
-	}
+	c, id := tunedSession(t, b)
 	ph := phone(t, b.s)
-	id := sess.SessionID
 	pollUntil(t, ph, "the session's pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
 
 	release := px.hold("clawmesh-session")

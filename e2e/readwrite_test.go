@@ -63,31 +63,7 @@ func TestSessionNewSeesTheConnectionsOwnConfigWrite(t *testing.T) {
 func TestSessionPromptSeesTheConnectionsOwnConfigWrite(t *testing.T) {
 	t.Parallel()
 	b, px := startBehindBusProxy(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("stack's stderr:\n%s", b.s.Stderr())
-		}
-	})
-	c := b.s.Dial(t)
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Call("config/set-many", map[string]any{"sets": []any{
-		map[string]any{"prop": "agents.tuned.provider", "value": "scripted"},
-		map[string]any{"prop": "agents.tuned.system_prompt", "value": "prompt-before-the-write"},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.Call("session/new", map[string]any{"agent_alias": "tuned"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sess struct {
-		SessionID string `json:"session_id"`
-	}
-	if err := json.Unmarshal(res, &sess); err != nil {
-		t.Fatal(err)
-	}
+	c, session := tunedSession(t, b)
 	// Each of the three writes: the prompt that follows it sees it.
 	writes := []struct {
 		method string
@@ -109,7 +85,7 @@ func TestSessionPromptSeesTheConnectionsOwnConfigWrite(t *testing.T) {
 		// link held stalls its stream too (no answer to its flushes).
 		id := fmt.Sprintf("prompt-%d", i)
 		line, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": "session/prompt",
-			"params": map[string]any{"session_id": sess.SessionID, "prompt": "/context"}})
+			"params": map[string]any{"session_id": session, "prompt": "/context"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,14 +114,7 @@ func TestSessionPromptSeesTheConnectionsOwnConfigWrite(t *testing.T) {
 		if err := json.Unmarshal(result, &out); err != nil {
 			t.Fatal(err)
 		}
-		system := ""
-		for _, line := range strings.Split(out.Content, "\n") {
-			var m struct{ Role, Content string }
-			if json.Unmarshal([]byte(line), &m) == nil && m.Role == "system" {
-				system = m.Content
-			}
-		}
-		if system != w.want {
+		if system := contextSystem(out.Content); system != w.want {
 			t.Fatalf("session/prompt right after the connection's %s: the turn's system prompt %q, want %q (the session service's bus link held)\n%s",
 				w.method, system, w.want, out.Content)
 		}
