@@ -2,17 +2,13 @@ package e2e_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/clawmesh/clawmesh/internal/collietest"
 	"github.com/clawmesh/clawmesh/internal/e2e"
-	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
 // reloadScript thinks, speaks, calls a tool (an approval first), speaks
@@ -81,26 +77,7 @@ func TestDurablePaneReloadedAsFollowed(t *testing.T) {
 	eventsUntil(t, c, reloaded, "the turn at its second ask", func(v collietest.PaneView) bool {
 		return v.State == "waiting" && strings.Contains(v.Text("reply"), "middle")
 	})
-	epoch := c.Hello.Epoch
-	bridge := s.PIDOf("durable-bridge")
-	if bridge == 0 {
-		t.Fatal("no durable-bridge pid")
-	}
-	if err := syscall.Kill(bridge, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
-		h, err := c.SayHello(context.Background())
-		switch {
-		case err != nil:
-			return err
-		case h.Epoch == epoch:
-			return errors.New("still the old epoch")
-		case !h.Ready:
-			return errors.New("not ready")
-		}
-		return nil
-	})
+	epoch := restartBridge(t, s, c)
 
 	// A finished turn, read again.
 	if got := shown(eventsUntil(t, c, followed, "the view of the new start", func(v collietest.PaneView) bool {
