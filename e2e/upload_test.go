@@ -639,6 +639,21 @@ func TestUploadBudgetConnectionsAndGatewayDeath(t *testing.T) {
 	if st := stagingStats(t, s); st.GetUploads() != 1 || st.GetGateways() != 1 {
 		t.Fatalf("before the kill: %v", st)
 	}
+	pid := killGateway(t, s)
+	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error {
+		if st := stagingStats(t, s); st.GetUploads() != 0 || st.GetStagedBytes() != 0 || st.GetGateways() != 0 {
+			return fmt.Errorf("the dead gateway's upload is still staged: %v", st)
+		}
+		return nil
+	})
+	after := ucOnNewGateway(t, s, pid)
+	after.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": 900000})
+}
+
+// killGateway kills s's gateway (SIGKILL), the launcher to start
+// another in its place, and returns the killed one's pid.
+func killGateway(t *testing.T, s *e2e.Stack) int {
+	t.Helper()
 	pid := s.PIDOf("gateway")
 	if pid == 0 {
 		t.Fatalf("no gateway among %v", s.PIDs())
@@ -646,22 +661,24 @@ func TestUploadBudgetConnectionsAndGatewayDeath(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error {
-		if st := stagingStats(t, s); st.GetUploads() != 0 || st.GetStagedBytes() != 0 || st.GetGateways() != 0 {
-			return fmt.Errorf("the dead gateway's upload is still staged: %v", st)
-		}
-		return nil
-	})
+	return pid
+}
+
+// ucOnNewGateway waits for the gateway started in place of the one
+// whose pid was dead to take a connection, initialized with token (if
+// any), and returns it.
+func ucOnNewGateway(t *testing.T, s *e2e.Stack, dead int, token ...string) *uc {
+	t.Helper()
 	var after *uc
 	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
-		if p := s.PIDOf("gateway"); p == 0 || p == pid {
+		if p := s.PIDOf("gateway"); p == 0 || p == dead {
 			return errors.New("gateway not restarted yet")
 		}
 		c, err := e2e.Dial(s.Socket)
 		if err != nil {
 			return err
 		}
-		if _, err := c.Initialize(); err != nil {
+		if _, err := c.Initialize(token...); err != nil {
 			c.Close()
 			return err
 		}
@@ -669,7 +686,7 @@ func TestUploadBudgetConnectionsAndGatewayDeath(t *testing.T) {
 		after = &uc{t: t, c: c}
 		return nil
 	})
-	after.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": 900000})
+	return after
 }
 
 // A gateway that dies leaves its connections' uploads unnameable, but
@@ -698,30 +715,8 @@ func TestUploadShareFreedWhenTheGatewayDies(t *testing.T) {
 		t.Fatalf("begin past the share: %v", re)
 	}
 
-	pid := s.PIDOf("gateway")
-	if pid == 0 {
-		t.Fatalf("no gateway among %v", s.PIDs())
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	var after *uc
-	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
-		if p := s.PIDOf("gateway"); p == 0 || p == pid {
-			return errors.New("gateway not restarted yet")
-		}
-		c, err := e2e.Dial(s.Socket)
-		if err != nil {
-			return err
-		}
-		if _, err := c.Initialize(token); err != nil {
-			c.Close()
-			return err
-		}
-		t.Cleanup(func() { c.Close() })
-		after = &uc{t: t, c: c}
-		return nil
-	})
+	pid := killGateway(t, s)
+	after := ucOnNewGateway(t, s, pid, token)
 	if _, re := after.begin(map[string]any{"session_id": sess.ID, "size_bytes": 900000}); re != nil {
 		t.Fatalf("begin on the new gateway, the dead one's upload unnameable: %s (staged: %v)", re.Describe(), stagingStats(t, s))
 	}
