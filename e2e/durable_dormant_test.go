@@ -192,16 +192,7 @@ func TestDurableBridgeWokenWhileConfigIsHung(t *testing.T) {
 	})
 
 	resume()
-	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
-		h, err := ph.SayHello(context.Background())
-		if err != nil {
-			return err
-		}
-		if !h.Ready {
-			return fmt.Errorf("not ready")
-		}
-		return nil
-	})
+	waitReady(t, ph)
 	if _, _, err := ph.Poll(context.Background()); err != nil {
 		t.Fatalf("snapshot once config is back: %v", err)
 	}
@@ -250,16 +241,7 @@ func TestDurableBridgeWokenWhileDatabaseIsHung(t *testing.T) {
 	}
 
 	resume()
-	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
-		h, err := ph.SayHello(context.Background())
-		if err != nil {
-			return err
-		}
-		if !h.Ready {
-			return fmt.Errorf("not ready")
-		}
-		return nil
-	})
+	waitReady(t, ph)
 	if _, _, err := ph.Poll(context.Background()); err != nil {
 		t.Fatalf("snapshot once PostgreSQL is back: %v", err)
 	}

@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -84,16 +83,7 @@ func TestDurableRestartMidAsk(t *testing.T) {
 	}
 
 	resume()
-	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
-		h, err := c.SayHello(ctx)
-		if err != nil {
-			return err
-		}
-		if !h.Ready {
-			return errors.New("not ready")
-		}
-		return nil
-	})
+	waitReady(t, c)
 	// Ready means the ask is there again, under the same id, at once.
 	if changed, r, err := c.Poll(ctx); err != nil || !changed {
 		t.Fatalf("first snapshot of the new epoch: %v %v", r, err)

@@ -33,6 +33,13 @@ func phone(t testing.TB, s *e2e.Stack) *collietest.Client {
 	c := collietest.Socket(filepath.Join(s.DataDir, "durable.sock"))
 	c.Timeouts = durableTimeouts
 	t.Cleanup(c.Close)
+	waitReady(t, c)
+	return c
+}
+
+// waitReady waits for c's hello to say the bridge is ready.
+func waitReady(t testing.TB, c *collietest.Client) {
+	t.Helper()
 	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() error {
 		h, err := c.SayHello(context.Background())
 		if err != nil {
@@ -43,7 +50,6 @@ func phone(t testing.TB, s *e2e.Stack) *collietest.Client {
 		}
 		return nil
 	})
-	return c
 }
 
 // pollUntil polls the snapshot until cond holds for it.
