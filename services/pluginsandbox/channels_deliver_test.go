@@ -374,6 +374,23 @@ func TestChannelMessageWaitsForTheSessionService(t *testing.T) {
 	}
 }
 
+// dialWritten dials addr over TCP and writes request, if any, raw; the
+// connection closes at the test's end, if the test has not closed it.
+func dialWritten(t *testing.T, addr, request string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if request != "" {
+		if _, err := conn.Write([]byte(request)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return conn
+}
+
 // A removed binding accepts nothing more once its removal returned: a
 // request still sending its body when the listener's graceful stop gave
 // up (5 s) kept its connection, and was answered 202 afterwards, queued
@@ -382,15 +399,7 @@ func TestChannelRemovedAcceptsNothingAfterwards(t *testing.T) {
 	ts := channelServer(t, newFakeSessions())
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
 	body := `{"id":"late","from":"ann","text":"late"}`
-	conn, err := net.Dial("tcp", web.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	head := fmt.Sprintf("POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", chanToken, len(body), body[:5])
-	if _, err := conn.Write([]byte(head)); err != nil {
-		t.Fatal(err)
-	}
+	conn := dialWritten(t, web.Listen, fmt.Sprintf("POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", chanToken, len(body), body[:5]))
 	// A whole request on a second connection, answered, is the barrier:
 	// the server accepts in the order connections came, so the first one
 	// is in its handler by then.
@@ -417,26 +426,10 @@ func TestChannelListenerBoundsItsConnections(t *testing.T) {
 	ts := channelServer(t, newFakeSessions())
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
 	var held []net.Conn
-	defer func() {
-		for _, c := range held {
-			c.Close()
-		}
-	}()
 	for range 3 {
-		c, err := net.Dial("tcp", web.Listen)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, c)
-		if _, err := c.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\n")); err != nil {
-			t.Fatal(err)
-		}
+		held = append(held, dialWritten(t, web.Listen, "POST / HTTP/1.1\r\nHost: x\r\n"))
 	}
-	extra, err := net.Dial("tcp", web.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer extra.Close()
+	extra := dialWritten(t, web.Listen, "")
 	// Nothing is written: the refusal comes unasked (and a request
 	// unread when the server closes could turn its FIN into a reset).
 	resp, err := http.ReadResponse(bufio.NewReader(extra), nil)
@@ -449,7 +442,6 @@ func TestChannelListenerBoundsItsConnections(t *testing.T) {
 	}
 	// A slot freed serves again.
 	held[0].Close()
-	held = held[1:]
 	// Until the server has seen the close, a post may still meet the
 	// unasked 503 and a closed connection: asked again, not failed.
 	testenv.Eventually(t, testwait.Bound, 10*time.Millisecond, func() error {
@@ -557,14 +549,7 @@ func TestChannelTokenUncheckableIsNotUnauthorized(t *testing.T) {
 func TestChannelRefusedRequestClosesItsConnection(t *testing.T) {
 	ts := channelServer(t, newFakeSessions())
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
-	conn, err := net.Dial("tcp", web.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 2\r\n\r\n{}")); err != nil {
-		t.Fatal(err)
-	}
+	conn := dialWritten(t, web.Listen, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 2\r\n\r\n{}")
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
@@ -1017,15 +1002,8 @@ func TestChannelUnbindTellsTheSendersOfWaitingMessages(t *testing.T) {
 func TestChannelUnreadableBodyIsNotTooLarge(t *testing.T) {
 	ts := channelServer(t, newFakeSessions())
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
-	conn, err := net.Dial("tcp", web.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + chanToken +
-		"\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")); err != nil {
-		t.Fatal(err)
-	}
+	conn := dialWritten(t, web.Listen, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+chanToken+
+		"\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
 		t.Fatal(err)
