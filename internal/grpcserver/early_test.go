@@ -49,6 +49,30 @@ func startEarly(t *testing.T) (srv *grpcserver.Server, lis net.Listener, sock st
 	return srv, lis, sock, cc
 }
 
+// registerAnswering registers on srv a config service whose Live
+// answers at once.
+func registerAnswering(srv *grpcserver.Server) {
+	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
+	close(f.release)
+	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+}
+
+// serve runs srv's Serve on lis until stop, which waits for it to
+// return and fails the test if it failed.
+func serve(t *testing.T, srv *grpcserver.Server, lis net.Listener) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	}
+}
+
 // The start's server answers health and refuses other calls with the
 // reason; once the process serves, the same listener serves its services
 // (a client's connection to the start's server is dropped and made
@@ -67,13 +91,9 @@ func TestEarlyHealthHandsTheListenerOver(t *testing.T) {
 		t.Fatalf("a call while starting: %v", err)
 	}
 
-	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
-	close(f.release)
-	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+	registerAnswering(srv)
 	srv.SetServing()
-	serveCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(serveCtx, lis) }()
+	stop := serve(t, srv, lis)
 	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
 		resp, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
 		if err != nil {
@@ -88,9 +108,6 @@ func TestEarlyHealthHandsTheListenerOver(t *testing.T) {
 		t.Fatalf("health once serving: %v, %v", resp, err)
 	}
 	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("serve: %v", err)
-	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("socket left after the stop: %v", err)
 	}
@@ -214,22 +231,15 @@ func TestHeldListenerAnswersWhenAsked(t *testing.T) {
 		t.Fatalf("a call once the held socket answers: %v", err)
 	}
 
-	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
-	close(f.release)
-	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+	registerAnswering(srv)
 	srv.SetServing()
-	serveCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(serveCtx, lis) }()
+	stop := serve(t, srv, lis)
 	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
 		_, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{})
 		return err
 	})
 	srv.AnswerEarly() // once it serves: nothing
 	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("serve: %v", err)
-	}
 }
 
 // The start's server answers reflection too: grpcurl finds a method's
@@ -297,13 +307,9 @@ func TestSilentEarlyClientDoesNotHoldTheStart(t *testing.T) {
 		t.Fatalf("health while starting: %v, %v", resp, err)
 	}
 
-	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
-	close(f.release)
-	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+	registerAnswering(srv)
 	srv.SetServing()
-	serveCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(serveCtx, lis) }()
+	stop := serve(t, srv, lis)
 	if _, err := configv1.NewConfigServiceClient(cc).Live(ctx, &configv1.LiveRequest{}, grpc.WaitForReady(true)); err != nil {
 		// The start's server's Unavailable is retried: the client
 		// reconnects to whichever server takes the connection.
@@ -313,9 +319,6 @@ func TestSilentEarlyClientDoesNotHoldTheStart(t *testing.T) {
 		})
 	}
 	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("serve: %v", err)
-	}
 }
 
 // Between SetServing and Serve's taking the listener over, the start's
@@ -326,9 +329,7 @@ func TestSilentEarlyClientDoesNotHoldTheStart(t *testing.T) {
 // a reason until the process's own server answers (Liveness aside).
 func TestEarlyHealthIsNotServingBeforeServeTakesOver(t *testing.T) {
 	srv, lis, _, cc := startEarly(t)
-	f := &fake{entered: make(chan struct{}, 64), release: make(chan struct{})}
-	close(f.release)
-	configv1.RegisterConfigServiceServer(srv.GRPC, f)
+	registerAnswering(srv)
 	srv.SetServing()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -346,15 +347,8 @@ func TestEarlyHealthIsNotServingBeforeServeTakesOver(t *testing.T) {
 		t.Fatalf("liveness registered, not yet served: %v, %v", resp, err)
 	}
 
-	serveCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(serveCtx, lis) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	stop := serve(t, srv, lis)
+	defer stop()
 	testenv.Eventually(t, 20*time.Second, 10*time.Millisecond, func() error {
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		if err != nil {
