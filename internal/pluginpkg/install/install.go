@@ -72,6 +72,18 @@ func (in *Installer) InstallPath(ctx context.Context, src string) (*Result, erro
 	if _, _, err := in.check(src); err != nil {
 		return nil, err
 	}
+	return in.staged(func(stage string) (*Result, error) {
+		dst := filepath.Join(stage, "plugin")
+		if err := copyTree(ctx, src, dst, in.Client.Limits.withDefaults()); err != nil {
+			return nil, err
+		}
+		return in.place(dst, nil)
+	})
+}
+
+// staged runs fill under the installer's lock with a new staging folder
+// inside the plugins directory, removed once fill returns.
+func (in *Installer) staged(fill func(stage string) (*Result, error)) (*Result, error) {
 	unlock, err := in.lock()
 	if err != nil {
 		return nil, err
@@ -82,11 +94,7 @@ func (in *Installer) InstallPath(ctx context.Context, src string) (*Result, erro
 		return nil, err
 	}
 	defer os.RemoveAll(stage)
-	dst := filepath.Join(stage, "plugin")
-	if err := copyTree(ctx, src, dst, in.Client.Limits.withDefaults()); err != nil {
-		return nil, err
-	}
-	return in.place(dst, nil)
+	return fill(stage)
 }
 
 // InstallRegistry resolves NAME[@VERSION] in the index at indexURL,
@@ -105,37 +113,29 @@ func (in *Installer) InstallRegistry(ctx context.Context, indexURL, ref string) 
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := in.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	stage, err := in.stage()
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(stage)
-	archive, err := os.OpenFile(filepath.Join(stage, "archive.zip"), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("install: %w", err)
-	}
-	defer archive.Close()
-	if err := in.Client.Download(ctx, idx, entry, archive); err != nil {
-		return nil, err
-	}
-	size, err := archive.Seek(0, io.SeekCurrent)
-	if err != nil {
-		return nil, fmt.Errorf("install: %w", err)
-	}
-	extracted := filepath.Join(stage, "extract")
-	if err := os.Mkdir(extracted, 0o755); err != nil {
-		return nil, fmt.Errorf("install: %w", err)
-	}
-	root, err := Extract(archive, size, extracted, in.Client.Limits)
-	if err != nil {
-		return nil, err
-	}
-	return in.place(root, &entry)
+	return in.staged(func(stage string) (*Result, error) {
+		archive, err := os.OpenFile(filepath.Join(stage, "archive.zip"), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("install: %w", err)
+		}
+		defer archive.Close()
+		if err := in.Client.Download(ctx, idx, entry, archive); err != nil {
+			return nil, err
+		}
+		size, err := archive.Seek(0, io.SeekCurrent)
+		if err != nil {
+			return nil, fmt.Errorf("install: %w", err)
+		}
+		extracted := filepath.Join(stage, "extract")
+		if err := os.Mkdir(extracted, 0o755); err != nil {
+			return nil, fmt.Errorf("install: %w", err)
+		}
+		root, err := Extract(archive, size, extracted, in.Client.Limits)
+		if err != nil {
+			return nil, err
+		}
+		return in.place(root, &entry)
+	})
 }
 
 // check loads a plugin directory and applies the signature policy, to
