@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/bus"
-	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
 
@@ -189,24 +186,7 @@ func (w heldWriter) Write(b []byte) (int, error) {
 // busProxy to a bus server of the test's.
 func startBehindBusProxy(t *testing.T) (*externalBus, *busProxy) {
 	t.Helper()
-	dir := e2e.TempDataDir(t)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := bus.EnsureCredentials(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &externalBus{t: t, keys: keys, port: l.Addr().(*net.TCPAddr).Port}
-	l.Close()
-	b.srv = busServer(t, b.port, keys)
-	p := newBusProxy(t, fmt.Sprintf("127.0.0.1:%d", b.port))
-	b.s = e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{"NATS_URL=" + p.url()}})
-	return b, p
+	return startPluginsBehindBusProxy(t, nil)
 }
 
 // The session service's own bus link goes down mid-turn and stays down,

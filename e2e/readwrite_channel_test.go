@@ -3,12 +3,9 @@ package e2e_test
 import (
 	"encoding/json"
 	"fmt"
-	"net"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 )
 
@@ -16,24 +13,7 @@ import (
 // installed and args given to the stack.
 func startPluginsBehindBusProxy(t *testing.T, plugins []string, args ...string) (*externalBus, *busProxy) {
 	t.Helper()
-	dir := e2e.TempDataDir(t)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range plugins {
-		installPlugin(t, dir, p)
-	}
-	keys, err := bus.EnsureCredentials(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &externalBus{t: t, keys: keys, port: l.Addr().(*net.TCPAddr).Port}
-	l.Close()
-	b.srv = busServer(t, b.port, keys)
+	b, dir := newExternalBus(t, plugins)
 	p := newBusProxy(t, fmt.Sprintf("127.0.0.1:%d", b.port))
 	b.s = e2e.Start(t, e2e.Options{DataDir: dir, Args: args, Env: []string{"NATS_URL=" + p.url()}})
 	return b, p

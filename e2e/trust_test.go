@@ -511,9 +511,22 @@ type externalBus struct {
 
 func startOnExternalBus(t *testing.T) *externalBus {
 	t.Helper()
-	dir := e2e.TempDataDir(t)
+	b, dir := newExternalBus(t, nil)
+	b.s = e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", b.port)}})
+	return b
+}
+
+// newExternalBus makes a data directory, with plugins installed, and
+// runs a bus server of the test's on a free port with that directory's
+// credentials; the caller starts the stack (b.s) on dir.
+func newExternalBus(t *testing.T, plugins []string) (b *externalBus, dir string) {
+	t.Helper()
+	dir = e2e.TempDataDir(t)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range plugins {
+		installPlugin(t, dir, p)
 	}
 	keys, err := bus.EnsureCredentials(dir)
 	if err != nil {
@@ -523,11 +536,10 @@ func startOnExternalBus(t *testing.T) *externalBus {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &externalBus{t: t, keys: keys, port: l.Addr().(*net.TCPAddr).Port}
+	b = &externalBus{t: t, keys: keys, port: l.Addr().(*net.TCPAddr).Port}
 	l.Close()
 	b.srv = busServer(t, b.port, keys)
-	b.s = e2e.Start(t, e2e.Options{DataDir: dir, Env: []string{fmt.Sprintf("NATS_URL=nats://127.0.0.1:%d", b.port)}})
-	return b
+	return b, dir
 }
 
 func (b *externalBus) shutdown() { b.srv.Shutdown() }
