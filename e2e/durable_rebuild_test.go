@@ -107,9 +107,7 @@ func TestDurableLateReaderSeesItemsInTheStoresOrder(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	c, watcher := phone(t, s), phone(t, s)
-	zc := newConv(t, s, nil)
-	id := zc.newSession("")
-	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	id := paneOfNewSession(t, s, c)
 	eventsUntil(t, c, id, "the pane's view", func(v collietest.PaneView) bool { return v.Epoch != "" })
 	script := "/think weighing it\n/sleep 300\n/say first reply\n" + `/tool echo {"x":1}` + "\n/say after the tool\n/think again"
 	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": script}), http.StatusOK, "")
@@ -220,9 +218,7 @@ func TestDurablePaneRebuiltKeepsTheFollowedItemsOfManyRows(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	c := phone(t, s)
-	zc := newConv(t, s, nil)
-	id := zc.newSession("")
-	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	id := paneOfNewSession(t, s, c)
 	eventsUntil(t, c, id, "the pane's view", func(v collietest.PaneView) bool { return v.Epoch != "" })
 
 	send := func(script, done string) collietest.PaneView {

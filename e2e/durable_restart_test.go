@@ -28,9 +28,7 @@ func TestDurableRestartMidAsk(t *testing.T) {
 	s := e2e.Start(t, e2e.Options{Args: approvalArgs})
 	c := phone(t, s)
 	ctx := context.Background()
-	zc := newConv(t, s, nil)
-	id := zc.newSession("")
-	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	id := paneOfNewSession(t, s, c)
 
 	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": `/tool echo {"r":1}` + "\n/say landed"}), http.StatusOK, "")
 	a := openAsk(t, c, id)

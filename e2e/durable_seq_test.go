@@ -28,9 +28,7 @@ func TestDurableCursorKeptAcrossSessionRestart(t *testing.T) {
 			t.Parallel()
 			s := e2e.Start(t, e2e.Options{})
 			c := phone(t, s)
-			zc := newConv(t, s, nil)
-			id := zc.newSession("")
-			pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+			id := paneOfNewSession(t, s, c)
 
 			wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": "/think first thoughts\n/say first reply"}), http.StatusOK, "")
 			before := eventsUntil(t, c, id, "the first turn's end", func(v collietest.PaneView) bool {
@@ -90,9 +88,7 @@ func TestDurableTurnCutByACrashEndsWithoutAReset(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	c := phone(t, s)
-	zc := newConv(t, s, nil)
-	id := zc.newSession("")
-	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	id := paneOfNewSession(t, s, c)
 	wantReply(t, post(t, c, "/pane/"+id+"/send", collietest.NewRequestID(), map[string]any{"text": "/say said before the cut\n/sleep 60000\n/say never said"}), http.StatusOK, "")
 	before := eventsUntil(t, c, id, "the turn's first words", func(v collietest.PaneView) bool {
 		return v.State == "running" && strings.Contains(v.Text("reply"), "before the cut")

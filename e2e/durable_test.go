@@ -52,6 +52,15 @@ func waitReady(t testing.TB, c *collietest.Client) {
 	})
 }
 
+// paneOfNewSession opens a session on a connection of its own to s,
+// waits for c's snapshot to show its pane, and returns its id.
+func paneOfNewSession(t *testing.T, s *e2e.Stack, c *collietest.Client) string {
+	t.Helper()
+	id := newConv(t, s, nil).newSession("")
+	pollUntil(t, c, "the pane", func(s *collietest.Snapshot) bool { return s.Pane(id) != nil })
+	return id
+}
+
 // pollUntil polls the snapshot until cond holds for it.
 func pollUntil(t *testing.T, c *collietest.Client, what string, cond func(*collietest.Snapshot) bool) {
 	t.Helper()
