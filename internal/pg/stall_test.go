@@ -3,14 +3,48 @@ package pg_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/clawmesh/clawmesh/internal/pg"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
+
+// openPool opens a pool of schema on url, of maxConns connections at
+// most when not 0; it closes at the test's end.
+func openPool(t *testing.T, ctx context.Context, url, schema string, maxConns int) *pgxpool.Pool {
+	t.Helper()
+	if maxConns != 0 {
+		sep := "?"
+		if strings.Contains(url, "?") {
+			sep = "&"
+		}
+		url += sep + "pool_max_conns=" + strconv.Itoa(maxConns)
+	}
+	pool, err := pg.Open(ctx, url, schema, nil, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// watch runs Watch on pool, with report, until the test's end, and
+// waits for it to return then, before the pool closes.
+func watch(t *testing.T, ctx context.Context, pool *pgxpool.Pool, report func(error)) {
+	wctx, stop := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		pg.Watch(wctx, pool, report)
+	}()
+	t.Cleanup(func() { stop(); <-watched })
+}
 
 // A database that stops answering: once Watch has seen it gone, a call
 // fails at once as unavailable instead of waiting its whole deadline on
@@ -21,15 +55,9 @@ func TestCallsFailAtOnceWhileTheDatabaseIsSeenGone(t *testing.T) {
 	r, stalled := stallingRelay(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pool, err := pg.Open(ctx, r.URL, "stall", nil, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := openPool(t, ctx, r.URL, "stall", 0)
 	var down atomic.Bool
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	go pg.Watch(wctx, pool, func(err error) { down.Store(err != nil) })
+	watch(t, ctx, pool, func(err error) { down.Store(err != nil) })
 
 	stalled.Store(true)
 	stalledAt := time.Now()
@@ -41,7 +69,7 @@ func TestCallsFailAtOnceWhileTheDatabaseIsSeenGone(t *testing.T) {
 	})
 	seen := time.Now()
 	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = pool.Exec(callCtx, "SELECT 1")
+	_, err := pool.Exec(callCtx, "SELECT 1")
 	callCancel()
 	if !errors.Is(err, pg.ErrUnavailable) || !pg.IsUnavailable(err) {
 		t.Fatalf("a call once the database was seen gone: %v, want %v", err, pg.ErrUnavailable)
@@ -79,28 +107,14 @@ func TestBusyPoolIsNotADatabaseGone(t *testing.T) {
 	url := testenv.Postgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	pool, err := pg.Open(ctx, url+sep+"pool_max_conns=1", "busypool", nil, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := openPool(t, ctx, url, "busypool", 1)
 	var reports, downs atomic.Int32
-	wctx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	defer func() { stopWatch(); <-watched }()
-	go func() {
-		defer close(watched)
-		pg.Watch(wctx, pool, func(err error) {
-			reports.Add(1)
-			if err != nil {
-				downs.Add(1)
-			}
-		})
-	}()
+	watch(t, ctx, pool, func(err error) {
+		reports.Add(1)
+		if err != nil {
+			downs.Add(1)
+		}
+	})
 
 	long := make(chan error, 1)
 	go func() {
@@ -111,7 +125,7 @@ func TestBusyPoolIsNotADatabaseGone(t *testing.T) {
 	// interval for the one connection before.
 	time.Sleep(2600 * time.Millisecond)
 	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = pool.Exec(callCtx, "SELECT 1")
+	_, err := pool.Exec(callCtx, "SELECT 1")
 	callCancel()
 	if err != nil {
 		t.Fatalf("a call while the pool's one connection was busy: %v, want it served once the connection was free", err)
@@ -141,22 +155,12 @@ func TestCallsInFlightEndWhenTheDatabaseIsSeenGone(t *testing.T) {
 	defer cancel()
 	// One connection: the acquisition below waits for the one the
 	// transaction holds.
-	pool, err := pg.Open(ctx, r.URL+"&pool_max_conns=1", "inflight", nil, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := openPool(t, ctx, r.URL, "inflight", 1)
 	if _, err := pool.Exec(ctx, "CREATE TABLE items (id int)"); err != nil {
 		t.Fatal(err)
 	}
 	var down atomic.Bool
-	wctx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	defer func() { stopWatch(); <-watched }()
-	go func() {
-		defer close(watched)
-		pg.Watch(wctx, pool, func(err error) { down.Store(err != nil) })
-	}()
+	watch(t, ctx, pool, func(err error) { down.Store(err != nil) })
 
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -252,22 +256,8 @@ func TestWatchedAcquisitionEndsWithItsCaller(t *testing.T) {
 	url := testenv.Postgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	pool, err := pg.Open(ctx, url+sep+"pool_max_conns=1", "acquire", nil, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	wctx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	defer func() { stopWatch(); <-watched }()
-	go func() {
-		defer close(watched)
-		pg.Watch(wctx, pool, func(error) {})
-	}()
+	pool := openPool(t, ctx, url, "acquire", 1)
+	watch(t, ctx, pool, func(error) {})
 	for i := range 20 {
 		held, err := pool.Acquire(ctx)
 		if err != nil {
