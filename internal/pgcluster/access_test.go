@@ -308,6 +308,27 @@ func execSQL(t *testing.T, ctx context.Context, url, sql string) {
 	}
 }
 
+// movedHoldingData binds a data directory under base to its cluster,
+// gives the cluster a database's first file (kept), and moves the data
+// directory from data to moved, below base, not started there yet.
+func movedHoldingData(t *testing.T) (base, data, moved, cluster, kept string) {
+	t.Helper()
+	base, data = rootDataDir(t)
+	cluster = bindFor(t, data)
+	kept = filepath.Join(cluster, "data", "PG_VERSION")
+	if err := os.MkdirAll(filepath.Dir(kept), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kept, []byte("15\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	moved = filepath.Join(base, "moved")
+	if err := os.Rename(data, moved); err != nil {
+		t.Fatal(err)
+	}
+	return base, data, moved, cluster, kept
+}
+
 // A data directory moved to another path keeps its cluster: the start
 // from the new path does not collect the cluster its own id names (the
 // owner record still names the old path, which is gone), and binding
@@ -315,19 +336,7 @@ func execSQL(t *testing.T, ctx context.Context, url, sql string) {
 // in its place: every session and config value of the moved directory
 // was gone.
 func TestMovedDataDirectoryKeepsItsCluster(t *testing.T) {
-	base, data := rootDataDir(t)
-	cluster := bindFor(t, data)
-	kept := filepath.Join(cluster, "data", "PG_VERSION")
-	if err := os.MkdirAll(filepath.Dir(kept), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(kept, []byte("15\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	moved := filepath.Join(base, "moved")
-	if err := os.Rename(data, moved); err != nil {
-		t.Fatal(err)
-	}
+	base, _, moved, cluster, kept := movedHoldingData(t)
 	if removed := Collect(moved, zaptest.NewLogger(t)); contains(removed, cluster) {
 		t.Fatalf("the start of the moved data directory removed its own cluster %s", cluster)
 	}
@@ -356,19 +365,7 @@ func TestMovedDataDirectoryKeepsItsCluster(t *testing.T) {
 // Another start removed it, and the moved directory's next start made an
 // empty cluster in its place. It is listed, never removed by a start.
 func TestMovedDataDirectoryKeepsItsClusterWhenAnotherStartsFirst(t *testing.T) {
-	base, data := rootDataDir(t)
-	cluster := bindFor(t, data)
-	kept := filepath.Join(cluster, "data", "PG_VERSION")
-	if err := os.MkdirAll(filepath.Dir(kept), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(kept, []byte("15\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	moved := filepath.Join(base, "moved")
-	if err := os.Rename(data, moved); err != nil {
-		t.Fatal(err)
-	}
+	base, data, moved, cluster, kept := movedHoldingData(t)
 	other := filepath.Join(base, "other")
 	if err := os.Mkdir(other, 0o700); err != nil {
 		t.Fatal(err)
