@@ -30,12 +30,7 @@ func TestPluginChannelMessagesOutliveAReplicaKill(t *testing.T) {
 // that followed.
 func repliesAfterReplicaSignal(t *testing.T, sig syscall.Signal, after string) (replies func() []string) {
 	t.Helper()
-	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
-	v := newConv(t, s, nil)
-
-	hookURL, replies := replyHook(t)
-	bindWebChannel(t, v, hookURL)
-	listen := webChannelListen(t, v, "")
+	s, v, listen, replies := webChannelStack(t, false)
 	for _, body := range []string{
 		`{"id":"m1","from":"ann","text":"/sleep 5000\n/say first after ` + after + `","thread":"t-1"}`,
 		`{"id":"m2","from":"ann","text":"/say second after ` + after + `","thread":"t-1"}`,
@@ -62,13 +57,7 @@ func repliesAfterReplicaSignal(t *testing.T, sig syscall.Signal, after string) (
 // message on disk.
 func TestPluginChannelRedeliveryKeepsTheHostID(t *testing.T) {
 	t.Parallel()
-	s := pluginStack(t, []string{"webhook", "echo"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
-	v := newConv(t, s, nil)
-	waitForPluginTool(t, v, echoTool)
-
-	hookURL, replies := replyHook(t)
-	bindWebChannel(t, v, hookURL)
-	listen := webChannelListen(t, v, "")
+	s, v, listen, replies := webChannelStack(t, true)
 	text := "/tool " + echoTool + ` {"msg":"paid once"}` + "\n/sleep 5000\n/say done after the kill"
 	body, _ := json.Marshal(map[string]string{"from": "ann", "text": text, "thread": "t-1"})
 	postWebMessage(t, listen, body)

@@ -60,13 +60,7 @@ func channelSessionID(t *testing.T, v *conv) string {
 // tool (a payment, a post) acted twice for one message.
 func TestPluginChannelRedeliveryRunsNoToolTwice(t *testing.T) {
 	t.Parallel()
-	s := pluginStack(t, []string{"webhook", "echo"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
-	v := newConv(t, s, nil)
-	waitForPluginTool(t, v, echoTool)
-
-	hookURL, replies := replyHook(t)
-	bindWebChannel(t, v, hookURL)
-	listen := webChannelListen(t, v, "")
+	_, v, listen, replies := webChannelStack(t, true)
 	text := "/tool " + echoTool + ` {"msg":"paid once"}` + "\n/sleep 4000\n/say done after the rebind"
 	body, _ := json.Marshal(map[string]string{"id": "m1", "from": "ann", "text": text, "thread": "t-1"})
 	postWebMessage(t, listen, body)
@@ -199,12 +193,7 @@ func readFile(path string) string {
 // the second gets a turn of its own.
 func TestPluginChannelIDWithNULMeetsNoOtherMessage(t *testing.T) {
 	t.Parallel()
-	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
-	v := newConv(t, s, nil)
-
-	hookURL, replies := replyHook(t)
-	bindWebChannel(t, v, hookURL)
-	listen := webChannelListen(t, v, "")
+	_, _, listen, replies := webChannelStack(t, false)
 	for _, m := range []map[string]string{
 		{"id": "m\x00x", "from": "ann", "text": "/say one", "thread": "t-1"},
 		{"id": "m", "from": "ann", "text": "x\x00/say one", "thread": "t-1"},

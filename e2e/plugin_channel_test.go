@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
 
@@ -230,6 +231,27 @@ const webChannelToken = "channel-token-0123456789abcdef0123456789"
 
 // bindWebChannel binds the webhook example plugin as channel "web", its
 // replies posted to hookURL.
+// webChannelStack starts a stack with the webhook example installed,
+// and with echo, its tool ready, the plugins scanned every 200 ms and
+// let reach loopback; binds its web channel, replies posted to a hook
+// of the test's; and returns the stack, a conversation, the channel's
+// address and the replies received so far.
+func webChannelStack(t *testing.T, echo bool) (s *e2e.Stack, v *conv, listen string, replies func() []string) {
+	t.Helper()
+	plugins := []string{"webhook"}
+	if echo {
+		plugins = append(plugins, "echo")
+	}
+	s = pluginStack(t, plugins, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
+	v = newConv(t, s, nil)
+	if echo {
+		waitForPluginTool(t, v, echoTool)
+	}
+	hookURL, replies := replyHook(t)
+	bindWebChannel(t, v, hookURL)
+	return s, v, webChannelListen(t, v, ""), replies
+}
+
 func bindWebChannel(t *testing.T, v *conv, hookURL string) {
 	t.Helper()
 	key := abi.InstanceKey("webhook", abi.WorldChannel, "web")
