@@ -196,20 +196,30 @@ func TestHalfClose(t *testing.T) {
 	}
 }
 
-// TestHangUpCancels: a client that closes its socket has its in-flight
-// handlers cancelled at once (a turn it started ends).
-func TestHangUpCancels(t *testing.T) {
-	started, cause := make(chan struct{}), make(chan error, 1)
+// heldUntilCancelled starts a server whose handler holds each call
+// until its context ends, then sends that context's cause on cause; it
+// sends a request of method (id 1) on a new connection, c, and returns
+// once the handler holds it.
+func heldUntilCancelled(t *testing.T, method string) (ts *testServer, c *client, cause <-chan error) {
+	t.Helper()
+	started, causes := make(chan struct{}), make(chan error, 1)
 	h := &testHandler{onCall: func(ctx context.Context, c *Conn, req *Request) (any, error) {
 		close(started)
 		<-ctx.Done()
-		cause <- context.Cause(ctx)
+		causes <- context.Cause(ctx)
 		return nil, ctx.Err()
 	}}
-	ts := startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
-	c := dial(t, ts.path)
-	c.send(`{"jsonrpc":"2.0","id":1,"method":"turn"}`)
+	ts = startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
+	c = dial(t, ts.path)
+	c.send(`{"jsonrpc":"2.0","id":1,"method":"` + method + `"}`)
 	testwait.Recv(t, started)
+	return ts, c, causes
+}
+
+// TestHangUpCancels: a client that closes its socket has its in-flight
+// handlers cancelled at once (a turn it started ends).
+func TestHangUpCancels(t *testing.T) {
+	ts, c, cause := heldUntilCancelled(t, "turn")
 	c.nc.Close()
 	if err := testwait.Recv(t, cause); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrPeerClosed) {
 		t.Fatalf("cause %v", err)
@@ -271,17 +281,7 @@ func TestShutdownDrains(t *testing.T) {
 // connection is closed, the handler's ctx cancelled, and Shutdown reports
 // the ctx error.
 func TestShutdownDeadline(t *testing.T) {
-	started, cause := make(chan struct{}), make(chan error, 1)
-	h := &testHandler{onCall: func(ctx context.Context, c *Conn, req *Request) (any, error) {
-		close(started)
-		<-ctx.Done()
-		cause <- context.Cause(ctx)
-		return nil, ctx.Err()
-	}}
-	ts := startServer(t, &Server{NewHandler: func(*Conn, Peer) Handler { return h }}, nil)
-	c := dial(t, ts.path)
-	c.send(`{"jsonrpc":"2.0","id":1,"method":"forever"}`)
-	testwait.Recv(t, started)
+	ts, c, cause := heldUntilCancelled(t, "forever")
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if err := ts.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
