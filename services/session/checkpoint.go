@@ -124,6 +124,16 @@ func (c *checkpointer) close(l *turnLog) {
 	c.mu.Unlock()
 }
 
+// closeTaking is close for a turn whose end's write failed: it returns
+// the events still pending, those the write carried. Under writeMu, so
+// that no batch taken from l before is put back after.
+func (c *checkpointer) closeTaking(l *turnLog) []cpEvent {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	c.close(l)
+	return l.take()
+}
+
 // stream adds streamed text (or a thought) of a step, coalesced with the
 // pending text before it; seq is its update's (0: not published). It
 // returns the event that holds the text and the offset the text ends at

@@ -182,6 +182,13 @@ func TestPromptEndsATurnWhoseEndWasNotRecorded(t *testing.T) {
 // checks the case: the turn left running in the store, its turn_complete
 // published.
 func (h *harness) endUnrecorded(after string, req *sessionv1.PromptRequest) {
+	h.t.Helper()
+	h.failEnd(after, req, true)
+}
+
+// failEnd is endUnrecorded, the turn cut (cut) or left to end on its own;
+// it returns the turn_complete its followers were sent.
+func (h *harness) failEnd(after string, req *sessionv1.PromptRequest, cut bool) update {
 	t := h.t
 	t.Helper()
 	ctx := context.Background()
@@ -200,8 +207,10 @@ func (h *harness) endUnrecorded(after string, req *sessionv1.PromptRequest) {
 	if _, err := tx.Exec(ctx, "SELECT 1 FROM turns WHERE session_id = $1 FOR UPDATE", id); err != nil {
 		t.Fatal(err)
 	}
-	cancel()
-	rec.until(UpdateTurnComplete)
+	if cut {
+		cancel()
+	}
+	ups := rec.until(UpdateTurnComplete)
 	testwait.Recv(t, first)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -209,4 +218,5 @@ func (h *harness) endUnrecorded(after string, req *sessionv1.PromptRequest) {
 	if n := h.count("SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'", id); n != 1 {
 		t.Fatalf("%d turns left running by the failed end, want the case: 1", n)
 	}
+	return ups[len(ups)-1]
 }

@@ -51,10 +51,11 @@ type liveSession struct {
 	approvals     map[string]*approval
 	alwaysAllowed map[string]bool
 	// unended are turns this process ended whose end's write failed
-	// (finish): running in the store, idle here. The next admission ends
-	// them as recovery would (endUnended). At most maxUnended; one past
-	// it is left to the keyed prompt of its message or the next start.
-	unended []string
+	// (finish), with what it would have written: running in the store,
+	// idle here. The next admission or shutdown writes them
+	// (endUnended). At most maxUnended; one past it is left
+	// to the keyed prompt of its message or the next start.
+	unended []unendedTurn
 
 	// pubMu orders publishing: seq is the last number used, seqReserved
 	// the bound stored in the database. Lock order: mu, pubMu, Server.mu.

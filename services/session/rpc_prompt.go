@@ -120,13 +120,15 @@ func (s *Server) admit(ctx context.Context, ls *liveSession, req *sessionv1.Prom
 	if row.State == stateClosed || row.State == stateKilled {
 		return nil, nil, errSessionEnded(ls.id, row.State)
 	}
+	// The session's ends not written are written first: the keyed turn
+	// may be one of them, and is then answered as it ended.
+	if err := s.endUnended(ctx, ls); err != nil {
+		return nil, nil, admitError(err)
+	}
 	key := req.GetIdempotencyKey()
 	resume, replay, err := s.keyed(ctx, ls, key)
 	if err != nil || replay != nil {
 		return nil, replay, err
-	}
-	if err := s.endUnended(ctx, ls); err != nil {
-		return nil, nil, admitError(err)
 	}
 
 	s.mu.Lock()
@@ -206,10 +208,12 @@ func (s *Server) keyed(ctx context.Context, ls *liveSession, key string) (resume
 		return false, &prev, nil
 	case prev.State == turnInterrupted, prev.State == turnRunning:
 		// Interrupted: left by a restart (above). Running, with no live
-		// turn here (admit found ls.turn nil; one process owns every
-		// turn, and its start recovered its predecessor's): this process
-		// ended the turn and published its turn_complete, but the end's
-		// write failed (past the unwind bound). Refused busy until the
+		// turn here (admit found ls.turn nil and wrote the session's
+		// ends kept; one process owns every turn, and its start
+		// recovered its predecessor's): this process ended the turn and
+		// published its turn_complete, but the end's write failed (past
+		// the unwind bound) and what it carried was not kept (past
+		// maxUnended or maxUnendedBytes). Refused busy until the
 		// service's next start, its message's channel gave up on it
 		// after five minutes. Both are ended as recovery ends a turn,
 		// then resumed.
@@ -220,28 +224,6 @@ func (s *Server) keyed(ctx context.Context, ls *liveSession, key string) (resume
 		}
 	}
 	return true, nil, nil
-}
-
-// maxUnended bounds liveSession.unended: one a turn, and a database that
-// fails every end fails the next admission too.
-const maxUnended = 8
-
-// endUnended ends, as recovery ends a turn left by a process that died,
-// the turns of ls whose end's write failed: left running in the store,
-// they read the session running to every reader of its row, and the next
-// start's recovery published a second turn_complete for each. ls.mu is
-// held.
-func (s *Server) endUnended(ctx context.Context, ls *liveSession) error {
-	for len(ls.unended) > 0 {
-		it := interruptedTurn{SessionID: ls.id, TurnID: ls.unended[0], Surface: ls.surface}
-		// nil: its turn_complete went out when it ended.
-		if _, err := s.store.recoverTurn(ctx, it, true, interruptedMarker, nil); err != nil {
-			return err
-		}
-		s.log.Info("turn end recorded late: its first write failed", zap.String("session_id", ls.id), zap.String("turn_id", it.TurnID))
-		ls.unended = ls.unended[1:]
-	}
-	return nil
 }
 
 // admitError says a database that did not answer in time so.

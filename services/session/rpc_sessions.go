@@ -308,6 +308,9 @@ func (s *Server) Delete(ctx context.Context, req *sessionv1.DeleteRequest) (*ses
 		s.log.Warn("session not deleted", zap.String("session_id", ls.id), zap.Bool("turn_cancelled", t != nil), zap.Error(err))
 		return nil, err
 	}
+	ls.mu.Lock()
+	s.dropUnended(ls)
+	ls.mu.Unlock()
 	s.forget(ls)
 	if err := s.removeWorkspace(ls.id); err != nil {
 		s.log.Warn("remove session workspace", zap.String("session_id", ls.id), zap.Error(err))

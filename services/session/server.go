@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -184,6 +185,10 @@ type Server struct {
 	// calls (status is polled by every client).
 	openReads coalesce.Group[struct{}, []openSession]
 
+	// unendedBytes is what the live sessions keep of turn ends not
+	// written (turnEnd.size), within maxUnendedBytes.
+	unendedBytes atomic.Int64
+
 	// mu guards lives (and each entry's refs and lastUsed) and closed; wg
 	// counts every turn goroutine, added under mu so none starts after
 	// Shutdown began waiting.
@@ -330,6 +335,13 @@ func (s *Server) Shutdown() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.UnwindTimeout)
 		defer cancel()
 		for _, ls := range lives {
+			// A crash loses these: the next start ends their turns as
+			// recovery does.
+			ls.mu.Lock()
+			if err := s.endUnended(ctx, ls); err != nil {
+				s.log.Warn("write turn ends at shutdown", zap.String("session_id", ls.id), zap.Error(err))
+			}
+			ls.mu.Unlock()
 			ls.pubMu.Lock()
 			seq, reserved := ls.seqToRelease(), ls.seqReserved
 			ls.pubMu.Unlock()

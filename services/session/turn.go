@@ -581,38 +581,20 @@ func (s *Server) finish(t *turn, res turnResult) {
 	if hook := turnEnding.Load(); hook != nil {
 		(*hook)(ls.id)
 	}
+	end := &turnEnd{sessionID: ls.id, turnID: t.id, res: res, published: published, unrecorded: t.unrecorded}
+	if res.Outcome == OutcomeFailed {
+		end.said = t.unshownOf(res.Said)
+	} else {
+		end.said = t.unshownOf(res.Content)
+	}
 	// The turn's end is written with its last checkpoint events: a crash
 	// before this commit leaves the turn to recovery, after it never.
 	if err := s.unwound(t.ctx, func(ctx context.Context) error {
 		return s.cp.write(ctx, t.log, func(tx pgx.Tx) error {
-			var err error
-			if res.Outcome == OutcomeFailed {
-				// What it streamed before it failed stays, as a
-				// cancelled or interrupted turn's does: its followers
-				// saw it and the provider is given it (the checkpoint
-				// holds it), so the transcript shows it too.
-				if said := t.unshownOf(res.Said); said != "" {
-					if _, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, said); err != nil {
-						return err
-					}
-				}
-				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleSystem, "Turn failed: "+res.Error)
-			} else if said := t.unshownOf(res.Content); said != "" {
-				// The text of the steps that asked for tools is in the
-				// transcript already, before their tool rows.
-				_, err = appendMessageTx(ctx, tx, ls.id, t.id, roleAssistant, said)
+			if !end.mapped {
+				end.updateMap, end.mapped = t.endMap(), true
 			}
-			if err != nil {
-				return err
-			}
-			if len(t.unrecorded) > 0 {
-				// A decision write reported failed may have committed
-				// (its answer lost): the call did not run on it.
-				if _, err := tx.Exec(ctx, "UPDATE approvals SET status = 'cancelled' WHERE request_id = ANY($1)", t.unrecorded); err != nil {
-					return err
-				}
-			}
-			return finishTurnTx(ctx, tx, ls.id, t.id, res, published, t.endMap())
+			return end.writeTx(ctx, tx)
 		})
 	}); errors.Is(err, errTurnGone) {
 		s.log.Info("turn end not recorded: its session was deleted", zap.String("session_id", ls.id), zap.String("turn_id", t.id))
@@ -620,13 +602,20 @@ func (s *Server) finish(t *turn, res turnResult) {
 		s.log.Warn("record turn end", zap.String("session_id", ls.id), zap.Error(err))
 		unrecorded = true
 	}
-	s.cp.close(t.log)
+	if unrecorded {
+		end.events = s.cp.closeTaking(t.log)
+		if !end.mapped {
+			end.updateMap, end.mapped = t.endMap(), true
+		}
+	} else {
+		s.cp.close(t.log)
+	}
 
 	// turn_complete is published while mu is held: the next turn cannot be
 	// admitted, so cannot publish, before it.
 	ls.mu.Lock()
-	if unrecorded && len(ls.unended) < maxUnended {
-		ls.unended = append(ls.unended, t.id)
+	if unrecorded {
+		s.keepUnended(t, end)
 	}
 	if !t.ended {
 		s.completeLocked(t, res)
