@@ -52,8 +52,8 @@ type liveSession struct {
 	alwaysAllowed map[string]bool
 	// unended are turns this process ended whose end's write failed
 	// (finish), with what it would have written: running in the store,
-	// idle here. The next admission or shutdown writes them
-	// (endUnended). At most maxUnended; one past it is left
+	// idle here. The next admission, the entry's eviction or shutdown
+	// writes them (endUnended). At most maxUnended; one past it is left
 	// to the keyed prompt of its message or the next start.
 	unended []unendedTurn
 
@@ -224,9 +224,10 @@ func (s *Server) stopTurn(ctx context.Context, t *turn, cause error) bool {
 
 // evictIdle drops the in-memory sessions nobody holds that have been
 // unused since before now minus the idle timeout and have no running
-// turn, no pending approval and no lifecycle change under way. The last
-// update sequence number used is stored first, so the next entry for the
-// session continues it without a gap; an entry whose number cannot be
+// turn, no pending approval and no lifecycle change under way. The ends
+// of its turns not written yet (endUnended) and the last update sequence
+// number used are stored first, so the next entry for the session
+// continues it without a gap; an entry whose ends or number cannot be
 // stored stays for the next sweep. It returns how many it dropped.
 func (s *Server) evictIdle(now time.Time) int {
 	cutoff := now.Add(-s.cfg.LiveIdleTimeout)
@@ -252,6 +253,17 @@ func (s *Server) evict(ls *liveSession, cutoff time.Time) bool {
 	defer ls.mu.Unlock()
 	if ls.turn != nil || len(ls.approvals) > 0 || ls.deleting || ls.ending != "" {
 		return false
+	}
+	if len(ls.unended) > 0 {
+		// Their ends are written now: evicted, the entry took them along
+		// and the turns read running until the service's next start.
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.UnwindTimeout)
+		err := s.endUnended(ctx, ls)
+		cancel()
+		if err != nil {
+			s.log.Warn("write turn ends before eviction", zap.String("session_id", ls.id), zap.Error(err))
+			return false
+		}
 	}
 	ls.pubMu.Lock()
 	defer ls.pubMu.Unlock()

@@ -15,8 +15,8 @@ import (
 // all the same and published its turn_complete; the store still reads it
 // running. What the write would have written is kept (turnEnd, within
 // maxUnendedBytes for the process) and written at the session's next
-// admission or the service's shutdown, so that the store ends the turn
-// as its clients were told: the same outcome,
+// admission, its eviction from memory or the service's shutdown, so that
+// the store ends the turn as its clients were told: the same outcome,
 // stop reason and reply, its last events. Recording it as recovery
 // records a turn (cancelled, interrupted, the events the writer had
 // stored) made a completed turn read back cancelled and its last chunks

@@ -92,6 +92,60 @@ func TestKeyedPromptAfterAnUnrecordedCompletedEnd(t *testing.T) {
 	}
 }
 
+// A turn without a key whose end's write failed, its session then left
+// idle until its in-memory half was evicted: nothing ended it before the
+// service's next start, and its row and its session's read running to
+// the session list and the bridge meanwhile. Eviction ends it now.
+func TestEvictionEndsATurnWhoseEndWasNotRecorded(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.UnwindTimeout = 500 * time.Millisecond
+		c.LiveIdleTimeout = time.Hour
+	})
+	id := h.newSession(operator, "default")
+	done := h.failEnd(UpdateThoughtChunk, &sessionv1.PromptRequest{Principal: operator, SessionId: id, Prompt: "/think cut\n/sleep 2000\n/say never"}, true)
+	turnID, _ := done.Params["turn_id"].(string)
+
+	if n := h.srv.evictIdle(time.Now().Add(2 * time.Hour)); n != 1 {
+		t.Fatalf("%d sessions evicted, want 1", n)
+	}
+	if n := h.count("SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'", id); n != 0 {
+		t.Fatalf("%d turns still running in the store after the session's eviction", n)
+	}
+	h.endedAsTold(id, turnID, OutcomeCancelled, stopCancelled, "")
+}
+
+// While the store still refuses the end, eviction keeps the session in
+// memory, and the end with it, for the next sweep.
+func TestEvictionKeepsAnEndTheStoreRefuses(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.UnwindTimeout = 500 * time.Millisecond
+		c.LiveIdleTimeout = time.Hour
+	})
+	ctx := context.Background()
+	id := h.newSession(operator, "default")
+	done := h.failEnd(UpdateThoughtChunk, &sessionv1.PromptRequest{Principal: operator, SessionId: id, Prompt: "/think cut\n/sleep 2000\n/say never"}, true)
+	turnID, _ := done.Params["turn_id"].(string)
+
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM turns WHERE turn_id = $1 FOR UPDATE", turnID); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.srv.evictIdle(time.Now().Add(2 * time.Hour)); n != 0 {
+		t.Fatalf("%d sessions evicted while their turn's end could not be written, want 0", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.srv.evictIdle(time.Now().Add(2 * time.Hour)); n != 1 {
+		t.Fatalf("%d sessions evicted at the next sweep, want 1", n)
+	}
+	h.endedAsTold(id, turnID, OutcomeCancelled, stopCancelled, "")
+}
+
 // A stop of the service before the session's next admission writes the
 // end too; its start then finds nothing to recover, and publishes no
 // second turn_complete. (A crash loses it: the next start ends the turn
