@@ -120,6 +120,16 @@ func Pass(ctx context.Context, path string, b *Buffer, size int64, bind Binding)
 	if size <= 0 || size > int64(len(b.mem)) {
 		return "", fmt.Errorf("pass %d bytes of a %d-byte memfd: %w", size, len(b.mem), ErrTooLarge)
 	}
+	msg, err := json.Marshal(header{Binding: bind, Size: size})
+	if err != nil {
+		return "", err
+	}
+	return passFD(ctx, path, b.fd, msg)
+}
+
+// passFD sends fd and the header msg to the receiver at path and returns
+// the token it answers.
+func passFD(ctx context.Context, path string, fd int, msg []byte) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -132,11 +142,7 @@ func Pass(ctx context.Context, path string, b *Buffer, size int64, bind Binding)
 	if dl, ok := ctx.Deadline(); ok {
 		_ = uc.SetDeadline(dl)
 	}
-	msg, err := json.Marshal(header{Binding: bind, Size: size})
-	if err != nil {
-		return "", err
-	}
-	if _, _, err := uc.WriteMsgUnix(msg, unix.UnixRights(b.fd), nil); err != nil {
+	if _, _, err := uc.WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
 		return "", fmt.Errorf("pass the file: %w", err)
 	}
 	buf := make([]byte, 512)
@@ -242,8 +248,14 @@ func (r *Receiver) Held() int {
 // exchangeTimeout, so a stuck peer delays others by that at most.
 func (r *Receiver) serve() {
 	defer close(r.done)
+	acceptLoop(r.lis, r.exchange)
+}
+
+// acceptLoop runs exchange on each connection lis accepts, one at a
+// time, until lis closes.
+func acceptLoop(lis *net.UnixListener, exchange func(*net.UnixConn)) {
 	for {
-		c, err := r.lis.AcceptUnix()
+		c, err := lis.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -251,12 +263,25 @@ func (r *Receiver) serve() {
 			time.Sleep(10 * time.Millisecond) // EMFILE and the like pass
 			continue
 		}
-		r.exchange(c)
+		exchange(c)
 	}
 }
 
 // exchange reads one pass from c and answers it.
 func (r *Receiver) exchange(c *net.UnixConn) {
+	exchangeOne(c, r.uid, func(fd int, hdr []byte) (string, error) {
+		var h header
+		if err := json.Unmarshal(hdr, &h); err != nil {
+			return "", errors.New("malformed header")
+		}
+		return r.hold(fd, h)
+	})
+}
+
+// exchangeOne reads one pass from c (a header and one descriptor from a
+// peer of uid) and answers it with what hold makes of it: a token, or
+// its refusal, in which case the descriptor is closed here.
+func exchangeOne(c *net.UnixConn, uid uint32, hold func(fd int, hdr []byte) (string, error)) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
 	answer := func(rep reply) {
@@ -276,7 +301,7 @@ func (r *Receiver) exchange(c *net.UnixConn) {
 	}
 	// Read before the check so that the refusal reaches the peer rather
 	// than a reset, and a descriptor it sent is closed here.
-	if err := r.checkConnPeer(c); err != nil {
+	if err := checkConnPeer(c, uid); err != nil {
 		closeAll(fds)
 		answer(reply{Error: err.Error()})
 		return
@@ -286,13 +311,7 @@ func (r *Receiver) exchange(c *net.UnixConn) {
 		answer(reply{Error: "one descriptor and a header of at most 4 KiB expected"})
 		return
 	}
-	var h header
-	if err := json.Unmarshal(buf[:n], &h); err != nil {
-		closeAll(fds)
-		answer(reply{Error: "malformed header"})
-		return
-	}
-	tok, err := r.hold(fds[0], h)
+	tok, err := hold(fds[0], buf[:n])
 	if err != nil {
 		unix.Close(fds[0])
 		answer(reply{Error: err.Error()})
@@ -301,8 +320,8 @@ func (r *Receiver) exchange(c *net.UnixConn) {
 	answer(reply{Token: tok})
 }
 
-// checkConnPeer refuses a peer of another user.
-func (r *Receiver) checkConnPeer(c *net.UnixConn) error {
+// checkConnPeer refuses a peer of another user than uid.
+func checkConnPeer(c *net.UnixConn, uid uint32) error {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return err
@@ -317,7 +336,7 @@ func (r *Receiver) checkConnPeer(c *net.UnixConn) error {
 	if cerr != nil {
 		return fmt.Errorf("peer credentials: %w", cerr)
 	}
-	return CheckPeer(cred, r.uid)
+	return CheckPeer(cred, uid)
 }
 
 // CheckPeer refuses a peer whose uid is not want: a descriptor passed by
