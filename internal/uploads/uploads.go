@@ -130,6 +130,15 @@ const PathForbidden = "A file named by `path` is read as the daemon's user; only
 // bytes in the message; no client sees it.
 const HandOverUnknown = "File hand-over token unknown or expired"
 
+// ScratchUnknown refuses a chunk naming a scratch upload-staging does not
+// hold for its gateway and connection (internal/filepass): replaced,
+// dropped, evicted, another's, or passed before it restarted. The
+// gateway then sends the bytes in the message; no client sees it.
+const ScratchUnknown = "Upload scratch unknown"
+
+// ScratchAndData refuses a chunk that names a scratch and carries bytes.
+const ScratchAndData = "a chunk names a scratch or carries `data`, not both"
+
 // HashMismatch: the content is not what begin declared.
 const HashMismatch = "Upload content does not match the SHA-256 declared at begin; begin again"
 

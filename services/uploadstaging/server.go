@@ -65,6 +65,10 @@ type Config struct {
 	// naming its token, instead of copying the bytes into StoreFile's
 	// message. Where the hand-over fails the bytes go in the message.
 	FileSocket string
+	// Scratches, when set, holds the scratch memfds gateways pass to
+	// this process (internal/filepass): a chunk that names one is read
+	// from it instead of from its message, under the same checks.
+	Scratches *filepass.Scratches
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 	// Transports, when set, is the stats handler of the server this
@@ -205,6 +209,9 @@ func New(cfg Config) (*Server, error) {
 		cfg.Transports.stage.Store(s.stage)
 	}
 	s.stage.memfds = cfg.FileSocket != ""
+	if cfg.Scratches != nil {
+		s.stage.lapsed = cfg.Scratches.DropGateway
+	}
 	return s, nil
 }
 
@@ -310,8 +317,42 @@ func (s *Server) Chunk(ctx context.Context, req *uploadv1.ChunkRequest) (*upload
 		}
 	}
 	defer steptrace.Since("upload-staging", "chunk", time.Now())
+	if req.GetScratchToken() != "" {
+		return s.chunkFromScratch(o, req)
+	}
 	received, err := s.stage.Chunk(o, req.GetUploadId(), req.GetOffset(), req.GetData())
 	if err != nil {
+		return nil, err
+	}
+	return &uploadv1.ChunkResponse{ReceivedBytes: received}, nil
+}
+
+// chunkFromScratch is a chunk whose bytes are the first scratch_length of
+// the caller's scratch: the stage copies them in under every check a
+// chunk in a message gets. The scratch is its gateway connection's alone
+// (its token, bound to the gateway and connection ids), mapped read-only
+// and sealed against a change of size; its sender writes it again only
+// after this call answered.
+func (s *Server) chunkFromScratch(o Owner, req *uploadv1.ChunkRequest) (*uploadv1.ChunkResponse, error) {
+	if len(req.GetData()) > 0 {
+		return nil, invalid(uploads.ScratchAndData)
+	}
+	if s.cfg.Scratches == nil {
+		return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex, uploads.ScratchUnknown)
+	}
+	var received int64
+	err := s.cfg.Scratches.Read(req.GetScratchToken(), filepass.ScratchBinding{Gateway: o.Gateway, Conn: o.Conn}, req.GetScratchLength(),
+		func(data []byte) error {
+			var err error
+			received, err = s.stage.Chunk(o, req.GetUploadId(), req.GetOffset(), data)
+			return err
+		})
+	switch {
+	case errors.Is(err, filepass.ErrScratchUnknown):
+		return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex, uploads.ScratchUnknown)
+	case errors.Is(err, filepass.ErrTooLarge):
+		return nil, invalid(uploads.ChunkSize(min(s.stage.Limits().ChunkBytes, filepass.ScratchBytes)))
+	case err != nil:
 		return nil, err
 	}
 	return &uploadv1.ChunkResponse{ReceivedBytes: received}, nil
@@ -605,6 +646,9 @@ func (s *Server) DiscardConnection(_ context.Context, req *uploadv1.DiscardConne
 		return nil, invalid("`connection_id` " + err.Error())
 	}
 	n := s.stage.DiscardConnection(req.GetGatewayId(), req.GetConnectionId())
+	if s.cfg.Scratches != nil {
+		s.cfg.Scratches.DropConnection(filepass.ScratchBinding{Gateway: req.GetGatewayId(), Conn: req.GetConnectionId()})
+	}
 	if n > 0 {
 		s.log.Info("uploads of a closed connection discarded", zap.String("conn", req.GetConnectionId()), zap.Int("uploads", n))
 	}

@@ -165,6 +165,9 @@ type Stage struct {
 	// (Server's FileSocket set): its commit hands the descriptor to the
 	// session service.
 	memfds bool
+	// lapsed, when set, is told of each gateway whose lease ran out
+	// (Sweep), after its uploads are dropped: its scratches go too.
+	lapsed func(gateway string)
 }
 
 // spareBuf is a kept payload buffer, its memfd when it has one, and
@@ -634,6 +637,11 @@ func (st *Stage) Sweep() int {
 	for gw, dropped := range counts {
 		st.log.Warn("gateway lease lapsed, its uploads discarded", zap.String("gateway_id", gw), zap.Int("uploads", dropped))
 		n += dropped
+	}
+	if st.lapsed != nil {
+		for gw := range lapsed {
+			st.lapsed(gw)
+		}
 	}
 	return n
 }

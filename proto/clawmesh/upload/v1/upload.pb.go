@@ -195,13 +195,20 @@ func (x *BeginResponse) GetMaxBytes() int64 {
 }
 
 type ChunkRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ConnectionId  string                 `protobuf:"bytes,1,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
-	UploadId      string                 `protobuf:"bytes,2,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
-	Offset        int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
-	GatewayId     string                 `protobuf:"bytes,5,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
-	Principal     *v1.Principal          `protobuf:"bytes,6,opt,name=principal,proto3" json:"principal,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ConnectionId string                 `protobuf:"bytes,1,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"`
+	UploadId     string                 `protobuf:"bytes,2,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	Offset       int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data         []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	GatewayId    string                 `protobuf:"bytes,5,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
+	Principal    *v1.Principal          `protobuf:"bytes,6,opt,name=principal,proto3" json:"principal,omitempty"`
+	// scratch_token, when set, names a scratch memfd the gateway passed to
+	// upload-staging's file socket for this gateway and connection
+	// (internal/filepass): the chunk is its first scratch_length bytes, and
+	// data is empty. Refused with FailedPrecondition when upload-staging
+	// does not hold it for the caller; the gateway then sends the bytes.
+	ScratchToken  string `protobuf:"bytes,7,opt,name=scratch_token,json=scratchToken,proto3" json:"scratch_token,omitempty"`
+	ScratchLength int64  `protobuf:"varint,8,opt,name=scratch_length,json=scratchLength,proto3" json:"scratch_length,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -276,6 +283,20 @@ func (x *ChunkRequest) GetPrincipal() *v1.Principal {
 		return x.Principal
 	}
 	return nil
+}
+
+func (x *ChunkRequest) GetScratchToken() string {
+	if x != nil {
+		return x.ScratchToken
+	}
+	return ""
+}
+
+func (x *ChunkRequest) GetScratchLength() int64 {
+	if x != nil {
+		return x.ScratchLength
+	}
+	return 0
 }
 
 type ChunkResponse struct {
@@ -951,7 +972,7 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"\tupload_id\x18\x01 \x01(\tR\buploadId\x12\x1f\n" +
 	"\vchunk_bytes\x18\x02 \x01(\x03R\n" +
 	"chunkBytes\x12\x1b\n" +
-	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\"\xd8\x01\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\"\xa4\x02\n" +
 	"\fChunkRequest\x12#\n" +
 	"\rconnection_id\x18\x01 \x01(\tR\fconnectionId\x12\x1b\n" +
 	"\tupload_id\x18\x02 \x01(\tR\buploadId\x12\x16\n" +
@@ -959,7 +980,9 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1d\n" +
 	"\n" +
 	"gateway_id\x18\x05 \x01(\tR\tgatewayId\x12;\n" +
-	"\tprincipal\x18\x06 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\"6\n" +
+	"\tprincipal\x18\x06 \x01(\v2\x1d.clawmesh.common.v1.PrincipalR\tprincipal\x12#\n" +
+	"\rscratch_token\x18\a \x01(\tR\fscratchToken\x12%\n" +
+	"\x0escratch_length\x18\b \x01(\x03R\rscratchLength\"6\n" +
 	"\rChunkResponse\x12%\n" +
 	"\x0ereceived_bytes\x18\x01 \x01(\x03R\rreceivedBytes\"\xad\x01\n" +
 	"\rCommitRequest\x12;\n" +
