@@ -14,8 +14,11 @@ import (
 	"unicode/utf8"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
+	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/steptrace"
@@ -206,25 +209,90 @@ func (g *Gateway) uploadBegin(ctx context.Context, cs *connState, params json.Ra
 }
 
 // uploadChunk is file/upload/chunk {upload_id, offset, data_b64} ->
-// {received_bytes}.
+// {received_bytes}. The chunk is decoded into the connection's scratch
+// memfd when it has one free (scratch.go), which the Chunk call names
+// instead of carrying the bytes; else into a pooled buffer sent in the
+// message.
 func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
 	if !cs.local() {
 		return nil, onlyLocal("file/upload/chunk")
 	}
+	var sc *scratch
+	var into []byte
+	if g.upload != nil {
+		if sc = g.takeScratch(ctx, cs); sc != nil {
+			into = sc.mem.Bytes()
+		}
+	}
 	start := time.Now()
-	id, offset, buf, data, err := readChunk(params)
+	id, offset, buf, data, err := readChunk(params, into)
 	steptrace.Since("gateway", "chunk.read", start)
 	if err != nil {
+		cs.scratch.release(sc, false)
 		return nil, err
 	}
 	if g.upload == nil {
 		putChunkBuffer(buf)
 		return nil, uploadUnavailable
 	}
+	if sc != nil {
+		inScratch := len(data) > 0 && &data[0] == &into[0]
+		if inScratch && len(data) <= filepass.ScratchBytes {
+			return g.chunkByScratch(ctx, cs, sc, id, offset, data)
+		}
+		if inScratch {
+			// Past what a scratch may carry (uploads.chunk_bytes set
+			// above 1 MiB): sent in the message, from a buffer of its own.
+			buf = bytes.Clone(data)
+			data = buf
+		}
+		cs.scratch.release(sc, false)
+	}
+	return g.chunkByBytes(ctx, cs, id, offset, buf, data)
+}
+
+// chunkByScratch sends a chunk decoded into sc, naming it. The scratch is
+// written again only after a call that answered; after any failure
+// (upload-staging may still be reading it, the call cancelled) it is
+// retired and the connection's next chunk takes a new one. A scratch
+// upload-staging does not hold (it restarted, or dropped it) is answered
+// by sending the bytes in the message.
+func (g *Gateway) chunkByScratch(ctx context.Context, cs *connState, sc *scratch, id string, offset int64, data []byte) (any, error) {
+	start := time.Now()
+	resp, err := g.upload.Chunk(ctx, &uploadv1.ChunkRequest{
+		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: offset,
+		ScratchToken: sc.token, ScratchLength: int64(len(data)),
+	})
+	steptrace.Since("gateway", "chunk.call", start)
+	if err == nil {
+		cs.scratch.release(sc, false)
+		return map[string]any{"received_bytes": resp.GetReceivedBytes()}, nil
+	}
+	if !scratchUnknown(err) {
+		cs.scratch.release(sc, true)
+		return nil, serviceError("upload-staging", err)
+	}
+	g.log.Debug("upload scratch unknown to upload-staging, the chunk's bytes are sent", zap.String("conn", cs.id))
+	buf := chunkBuffer(len(data))
+	copy(buf, data)
+	cs.scratch.release(sc, true)
+	return g.chunkByBytes(ctx, cs, id, offset, buf, buf[:len(data)])
+}
+
+// scratchUnknown reports whether err is upload-staging's refusal of a
+// scratch it does not hold for the caller: the chunk was not read.
+func scratchUnknown(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && err != nil && st.Code() == codes.FailedPrecondition && st.Message() == uploads.ScratchUnknown
+}
+
+// chunkByBytes sends a chunk's bytes, data, in the message; buf is the
+// pooled buffer they are in, given back once grpc no longer holds them.
+func (g *Gateway) chunkByBytes(ctx context.Context, cs *connState, id string, offset int64, buf, data []byte) (any, error) {
 	// The call sends the bytes from buf; buf is reused only once grpc no
 	// longer holds them (a call that failed before it wrote them may).
 	loan := g.chunks.Lend(data)
-	start = time.Now()
+	start := time.Now()
 	resp, err := g.upload.Chunk(ctx, &uploadv1.ChunkRequest{
 		Principal: cs.principalOf(), GatewayId: g.id, ConnectionId: cs.id, UploadId: id, Offset: offset, Data: data,
 	})
@@ -240,7 +308,9 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 
 // readChunk reads file/upload/chunk's params, checks them and decodes
 // data_b64 into buf, a buffer from chunkBuffer that the caller gives back
-// (putChunkBuffer) once nothing uses data, buf's first bytes. Refusals
+// (putChunkBuffer) once nothing uses data, buf's first bytes; or into
+// into, when the decoding fits it (a scratch memfd's mapping, whose
+// capacity is no pool's, so that putChunkBuffer leaves it be). Refusals
 // come in one order whichever way the params were read: the ordinary
 // decoding's, then upload_id, offset, data_b64 absent, data_b64 not base64.
 //
@@ -252,11 +322,17 @@ func (g *Gateway) uploadChunk(ctx context.Context, cs *connState, params json.Ra
 // again: with a backslash (an escape, the first quote perhaps an escaped
 // one) or invalid UTF-8 the params are read the ordinary way, whose
 // reading and refusals stand.
-func readChunk(params []byte) (id string, offset int64, buf, data []byte, err error) {
+func readChunk(params []byte, into []byte) (id string, offset int64, buf, data []byte, err error) {
+	dst := func(n int) []byte {
+		if n <= len(into) {
+			return into[:n]
+		}
+		return chunkBuffer(n)
+	}
 	p, ok := scanChunkParams(params, true)
 	decoded := -1 // the length decoded into buf; -1 while data_b64 is not decoded
 	if ok && p.data != nil {
-		buf = chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
+		buf = dst(base64.StdEncoding.DecodedLen(len(p.data)))
 		n, derr := decodeBase64(buf, p.data)
 		if derr != nil && p.guessed {
 			// The guess of data_b64's end is unproved: scanned again,
@@ -264,7 +340,7 @@ func readChunk(params []byte) (id string, offset int64, buf, data []byte, err er
 			putChunkBuffer(buf)
 			buf = nil
 			if p, ok = scanChunkParams(params, false); ok && p.data != nil {
-				buf = chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
+				buf = dst(base64.StdEncoding.DecodedLen(len(p.data)))
 				n, derr = decodeBase64(buf, p.data)
 			}
 		}
@@ -289,7 +365,7 @@ func readChunk(params []byte) (id string, offset int64, buf, data []byte, err er
 		p = chunkFields{uploadID: slow.UploadID, offset: slow.Offset}
 		if slow.DataB64 != nil {
 			p.data = []byte(*slow.DataB64)
-			buf = chunkBuffer(base64.StdEncoding.DecodedLen(len(p.data)))
+			buf = dst(base64.StdEncoding.DecodedLen(len(p.data)))
 			if n, derr := decodeBase64(buf, p.data); derr == nil {
 				decoded = n
 			}

@@ -223,7 +223,7 @@ func TestScanChunkParamsWrongGuessDoesNotDecode(t *testing.T) {
 	if string(f.data) == "eA==" || provedGuess(f) {
 		t.Fatalf("the wrong guess %q was proved", f.data)
 	}
-	id, off, buf, data, err := readChunk(in)
+	id, off, buf, data, err := readChunk(in, nil)
 	defer putChunkBuffer(buf)
 	if err != nil || id != "0123456789abcdef0123456789abcdef" || off != 1 || string(data) != "x" {
 		t.Fatalf("readChunk: %s@%d %q %v; want the upload's offset 1, \"x\"", id, off, data, err)
@@ -276,7 +276,7 @@ func chunkReference(params []byte) (id string, offset int64, data []byte, err er
 // sameReading compares readChunk's answer for params with the reference.
 func sameReading(t *testing.T, params []byte) {
 	t.Helper()
-	id, off, buf, data, err := readChunk(bytes.TrimSpace(params))
+	id, off, buf, data, err := readChunk(bytes.TrimSpace(params), nil)
 	defer putChunkBuffer(buf)
 	wid, woff, wdata, werr := chunkReference(params)
 	var got, want *jsonrpc.Error

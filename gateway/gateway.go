@@ -23,6 +23,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/coalesce"
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/datadir"
+	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
 	"github.com/clawmesh/clawmesh/internal/ids"
 	"github.com/clawmesh/clawmesh/internal/unixsock"
@@ -88,6 +89,9 @@ type Gateway struct {
 	// id names this gateway process to the upload-staging service, which
 	// keeps its connections' uploads while it renews its lease.
 	id string
+	// scratchPath is upload-staging's scratch socket, "" when its
+	// address is no Unix socket path (scratch.go).
+	scratchPath string
 	// uploadsUsed is closed at the first upload call (usingUploads).
 	uploadsUsed chan struct{}
 	uploadsOnce sync.Once
@@ -139,6 +143,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		g.monitor.addSelf(cfg.Reason)
 	}
 	g.chunks = bulkcodec.New(0, (&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
+	g.scratchPath = filepass.ScratchSocketFor(cfg.UploadAddr)
 	dial := func(name, addr string) (*grpc.ClientConn, error) {
 		var opts []grpc.DialOption
 		if name == "upload-staging" {
@@ -567,6 +572,7 @@ func (g *Gateway) connectionClosed(cs *connState) {
 	if sub != nil {
 		_ = sub.Unsubscribe()
 	}
+	cs.scratch.close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	g.discardUploads(ctx, cs)
@@ -598,6 +604,8 @@ type connState struct {
 	// uploads is set once the connection began an upload or attached a
 	// file (usingUploads).
 	uploads atomic.Bool
+	// scratch is the memfd its upload chunks are decoded into (scratch.go).
+	scratch connScratch
 
 	// configRev is the highest config revision the connection's own
 	// writes returned (wroteConfig), passed on with its session/new and
