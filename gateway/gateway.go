@@ -30,6 +30,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/version"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
 	configv1 "github.com/clawmesh/clawmesh/proto/clawmesh/config/v1"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 	uploadv1 "github.com/clawmesh/clawmesh/proto/clawmesh/upload/v1"
 )
@@ -75,6 +76,11 @@ type Gateway struct {
 	config  configv1.ConfigServiceClient
 	session sessionv1.SessionServiceClient
 	upload  uploadv1.UploadServiceClient
+	// plugins is the client of every sandbox replica at once
+	// (grpcclient.DialReplicas), kept for plugins/list so that what it
+	// learns of a replica (hung, gone) holds for the calls after; nil
+	// without a sandbox. Health asks each replica on its own connection.
+	plugins pluginv1.PluginServiceClient
 	// chunks is the upload-staging client's codec: a chunk's decoded
 	// bytes are lent to it and sent from where they were decoded
 	// (uploadChunk), not copied into a message first.
@@ -188,6 +194,16 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		case "upload-staging":
 			g.upload = uploadv1.NewUploadServiceClient(cc)
 		}
+	}
+	if len(cfg.PluginAddrs) > 0 {
+		// Lazy as the others: it connects at the first plugins/list.
+		cc, err := grpcclient.DialReplicas(strings.Join(cfg.PluginAddrs, ","))
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("plugin-sandbox: %w", err)
+		}
+		g.conns = append(g.conns, cc)
+		g.plugins = pluginv1.NewPluginServiceClient(cc)
 	}
 	// The edge's settings are read once, when the listener starts (they
 	// need a restart to change). A config service that gives no answer

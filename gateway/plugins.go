@@ -3,8 +3,10 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"strings"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/configclient"
@@ -19,9 +21,14 @@ import (
 // is enabled. Params: {all?: bool} (default true). It needs
 // plugins:manage.
 //
-// The gateway keeps no connection to the sandbox for it: this is a rare
-// operator call, so it dials per call (a lazy client on the replicas'
-// sockets) and closes afterwards.
+// It goes through the gateway's one client of the sandbox's replicas
+// (g.plugins), not a client made for the call: a new client knows
+// nothing of the replicas, so on a hung sandbox (stopped: its socket
+// accepts, nothing answers) each call paid a connect that timed out and
+// the rest of the grace, 3 s, however often it had been told. The kept
+// client remembers a replica found hung and does not pick it: with
+// every replica hung the call fails at once, with another serving it
+// goes there.
 func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.RawMessage) (any, error) {
 	p := struct {
 		All *bool `json:"all"`
@@ -38,22 +45,18 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 	if err != nil {
 		return nil, configError(err, cut(), false)
 	}
-	if len(g.cfg.PluginAddrs) == 0 {
+	if g.plugins == nil {
 		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "no plugin sandbox configured", nil)
 	}
-	// Only to a replica that serves: one still starting (compiling its
-	// plugins, --scale) answers Unavailable on its socket already.
-	cc, err := grpcclient.DialReplicas(strings.Join(g.cfg.PluginAddrs, ","))
+	list, err := onceMore(ctx, func() (*pluginv1.ListPluginsResponse, error) {
+		return g.plugins.ListPlugins(ctx, &pluginv1.ListPluginsRequest{All: all})
+	})
 	if err != nil {
 		return nil, serviceError("plugin-sandbox", err)
 	}
-	defer cc.Close()
-	client := pluginv1.NewPluginServiceClient(cc)
-	list, err := client.ListPlugins(ctx, &pluginv1.ListPluginsRequest{All: all})
-	if err != nil {
-		return nil, serviceError("plugin-sandbox", err)
-	}
-	channels, err := client.ListChannels(ctx, &pluginv1.ListChannelsRequest{})
+	channels, err := onceMore(ctx, func() (*pluginv1.ListChannelsResponse, error) {
+		return g.plugins.ListChannels(ctx, &pluginv1.ListChannelsRequest{})
+	})
 	if err != nil {
 		return nil, serviceError("plugin-sandbox", err)
 	}
@@ -79,6 +82,22 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 		"enabled": list.GetEnabled(), "plugins_dir": list.GetPluginsDir(), "signature_mode": list.GetSignatureMode(),
 		"plugins": plugins, "channels": bindings,
 	}, nil
+}
+
+// onceMore is call, a read of the sandbox's, made once more when it
+// failed Unavailable on its own, not for want of a replica (that wait
+// is done: NoReplicaReachable, NoReplicaServes): ended because its
+// replica left a health check unanswered (grpcclient.NotAnswering),
+// which another replica may answer and which is no longer picked; or
+// picked on the connection of a replica killed a moment before. With
+// every replica hung the second try fails at once. A read changes
+// nothing, so a second try is harmless.
+func onceMore[T any](ctx context.Context, call func() (T, error)) (T, error) {
+	v, err := call()
+	if status.Code(err) != codes.Unavailable || ctx.Err() != nil || grpcclient.Unreachable(err) || grpcclient.Unserved(err) {
+		return v, err
+	}
+	return call()
 }
 
 func orEmpty(s []string) []string {
