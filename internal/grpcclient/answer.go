@@ -21,7 +21,9 @@ import (
 // the connection they wait on, whether it answers: a health check once
 // the calls have waited ProbeAfter with nothing heard from it, then
 // every ProbeEvery while calls are in flight. A replica that leaves one
-// unanswered for ProbeTimeout is stopped or hung (SIGSTOP: its
+// unanswered for ProbeTimeout, and answers no other call on that
+// connection meanwhile (one that does runs: starved or busy), is
+// stopped or hung (SIGSTOP: its
 // connection stays open, the kernel buffers what is sent, nothing
 // answers): its calls in flight fail at once, Unavailable naming it,
 // and it is not picked until a check answers (one waits on the
@@ -217,15 +219,17 @@ func (r *reachability) prober(rc *reach) {
 		}
 		// Hung: a check always waits on the connection, so that the
 		// replica's first answer once it runs again (SIGCONT) takes
-		// it back, not the next check's.
+		// it back, not the next check's. Not found hung for a call
+		// answered meanwhile: checked again at once all the same.
 		t.Reset(0)
 	}
 }
 
 // answered records a probe of rc begun at start. A replica that did not
-// answer is hung: away from start, not picked, and its calls in flight
-// are ended, after the picker that leaves it is pushed (a call made
-// again at once must not be picked on it). One that answers is back.
+// answer, and answered no call on the connection since start either,
+// is hung: away from start, not picked, and its calls in flight are
+// ended, after the picker that leaves it is pushed (a call made again
+// at once must not be picked on it). One that answers is back.
 func (r *reachability) answered(rc *reach, start time.Time, answered bool) {
 	r.mu.Lock()
 	var end []*call
@@ -237,6 +241,11 @@ func (r *reachability) answered(rc *reach, start time.Time, answered bool) {
 			rc.hung, rc.downSince, rc.err = false, time.Time{}, nil
 			changed = true
 		}
+	case !rc.hung && rc.heard.After(start):
+		// Unanswered, but a call on the connection was answered while
+		// the check waited: the process runs (starved, or busy), it is
+		// not stopped. The prober checks again at once, so each
+		// ProbeTimeout of silence needs an answer of its own.
 	case !rc.hung:
 		rc.hung, rc.hungAt = true, r.now()
 		if rc.downSince.IsZero() {
