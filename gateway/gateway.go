@@ -76,10 +76,12 @@ type Gateway struct {
 	config  configv1.ConfigServiceClient
 	session sessionv1.SessionServiceClient
 	upload  uploadv1.UploadServiceClient
-	// plugins is the client of every sandbox replica at once
-	// (grpcclient.DialReplicas), kept for plugins/list so that what it
-	// learns of a replica (hung, gone) holds for the calls after; nil
-	// without a sandbox. Health asks each replica on its own connection.
+	// plugins is the client of every sandbox replica at once, kept for
+	// plugins/list so that what it learns of a replica (hung, gone)
+	// holds for the calls after; nil without a sandbox. DialReplicas,
+	// so that only a replica that serves is picked: one still starting
+	// (compiling its plugins, --scale) answers Unavailable on its socket
+	// already. Health asks each replica on its own connection.
 	plugins pluginv1.PluginServiceClient
 	// chunks is the upload-staging client's codec: a chunk's decoded
 	// bytes are lent to it and sent from where they were decoded
