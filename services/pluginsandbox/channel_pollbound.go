@@ -36,7 +36,11 @@ type pollRefusals struct {
 	// the rebuilt one answered it refusedAnswers times again: a plugin
 	// whose own service holds the message (unread mail) answers it from
 	// any instance, and one rebuild a message is all the host does.
+	// Stuck, the binding has failed (failStalled).
 	rebuilt, stuck bool
+	// waiting is the count of queued messages the binding's reason
+	// last gave, while stuck.
+	waiting int
 }
 
 // refusalKey tells one refused message from another the plugin answers
@@ -115,15 +119,22 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 		b.set(channelRunning, fmt.Sprintf("poll: the plugin answers again and again %s; the channel takes no message until the plugin moves past it, or its instance is rebuilt at the %d-th answer; %s",
 			what, refusedAnswers+1, heard))
 	}
-	if p.again < refusedAnswers || p.stuck {
+	if p.stuck {
+		if n := b.inbound.Pending(); n != p.waiting {
+			p.waiting = n
+			b.failStalled(what, heard, n)
+		}
+		return false
+	}
+	if p.again < refusedAnswers {
 		return false
 	}
 	if p.rebuilt {
 		p.stuck, p.stalled = true, true
-		log.Warn("channel plugin rebuilt for a message refused for its size answers it still: the channel takes no message until its plugin moves past it",
-			zap.Int("answers", refusedAnswers))
-		b.set(channelRunning, fmt.Sprintf("poll: the plugin's instance was rebuilt, and the new one answers again %s: the plugin's own service holds it, and the channel takes no message until the plugin moves past it; %s",
-			what, heard))
+		p.waiting = b.inbound.Pending()
+		log.Warn("channel plugin rebuilt for a message refused for its size answers it still: the binding fails, and its listener refuses new messages until the plugin moves past it, is replaced or the channel is rebound",
+			zap.Int("answers", refusedAnswers), zap.Int("queued", p.waiting))
+		b.failStalled(what, heard, p.waiting)
 		return false
 	}
 	if err := b.ch.ResetPoll(ctx); err != nil {
@@ -143,8 +154,47 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 	return true
 }
 
+// failStalled fails the binding whose plugin answers again, from the
+// instance rebuilt for it, a message refused for its size: the plugin's
+// own service holds it, and nothing the host does moves it past it.
+//
+// What the host does then, and why. Kept "running", the binding took
+// new messages (202) that no poll would reach, and its state told no
+// one; nothing accepted may be lost without its sender being told. So
+// the binding's state is failed, with the reason (plugins/list), and
+// its listener answers new messages 503 saying why, before they are
+// taken (a message accepted in the moment it fails waits with the
+// others). It is not retried at each scan, as another failure is: a
+// new binding of the same plugin and settings would poll the same
+// message again. The messages accepted before stay in the host's queue
+// and spool, in order, and the poller keeps polling at the interval:
+//   - the plugin moves past the message (its service lets it go): the
+//     binding runs again (clear), and delivers them;
+//   - the plugin is replaced or upgraded, or the alias rebound with
+//     other settings: the binding that follows takes the queue over
+//     (a hand-over, as any rebind) and delivers them, and knows the
+//     refused message (heldKey), whose sender is not told twice;
+//   - the alias is unbound or bound to another plugin: as for any
+//     unbind, what the plugin cannot read into a message stays in the
+//     spool (counted in the warning, shown by status) for the next
+//     binding of that plugin, or is dropped without one, logged with
+//     its count: the host cannot read a sender out of the plugin's
+//     shape of message to tell it.
+//
+// queued is the count of messages that wait behind it.
+func (b *binding) failStalled(what, heard string, queued int) {
+	why := "the channel takes no new message: its plugin answers again and again a message the host refused for its size, which the plugin's own service holds; the operator replaces the plugin or rebinds the channel; retry later"
+	b.stalled.Store(&why)
+	b.set(channelFailed, fmt.Sprintf("poll: the plugin's instance was rebuilt, and the new one answers again %s: the plugin's own service holds it; %s. The channel refuses new messages (503); the %d accepted before wait in its queue, to be delivered once the plugin moves past it, is replaced or upgraded, or the channel is rebound",
+		what, heard, queued))
+}
+
 // clear forgets the last refusal: the plugin answered something else.
 func (p *pollRefusals) clear(b *binding) {
+	if p.stuck {
+		b.stalled.Store(nil)
+		b.log.Info("channel plugin moved past the message refused for its size that its service held: the channel takes messages again")
+	}
 	if p.stalled {
 		b.set(channelRunning, "")
 	}

@@ -151,6 +151,15 @@ type binding struct {
 	// answered with a notice to send it again.
 	handover atomic.Bool
 
+	// stalled, when set, is why the listener refuses new messages: the
+	// plugin's own service holds a message the host refused for its
+	// size, and nothing queued behind it is polled (failStalled).
+	stalled atomic.Pointer[string]
+	// heldKey is the refusalKey of that message, set by the poller and
+	// read once it ended (b.wg): the binding that takes this one's queue
+	// over knows the message, and does not tell its sender again.
+	heldKey string
+
 	mu     sync.Mutex
 	state  string
 	reason string
@@ -191,7 +200,11 @@ func (bd *binder) reconcile(ctx context.Context, c *catalog) {
 		if state == channelFailed {
 			failed[alias] = reason
 		}
-		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || state == channelFailed || clashes[alias] != "" {
+		// A binding failed on a message its plugin's service holds is
+		// not retried: a new one of the same plugin and settings would
+		// poll that message again (failStalled).
+		retry := state == channelFailed && cur.stalled.Load() == nil
+		if !ok || w != cur.cfg || c.channels[w.Plugin] != cur.entry || retry || clashes[alias] != "" {
 			handover := ok && w.Plugin == cur.cfg.Plugin
 			cur.handover.Store(handover)
 			cur.stop()
@@ -321,10 +334,11 @@ const (
 func (s *Server) bind(ctx context.Context, cfg ChannelBinding, e *entry, clash string, prev *binding) *binding {
 	inbound := wasmhost.NewInboundQueue(inboundQueue, inboundQueueBytes)
 	var backlog []*wasmhost.ChannelMessage
+	heldKey := ""
 	if prev != nil {
-		inbound, backlog = prev.inbound, prev.backlog
+		inbound, backlog, heldKey = prev.inbound, prev.backlog, prev.heldKey
 	}
-	b := &binding{cfg: cfg, entry: e, inbound: inbound, backlog: backlog, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
+	b := &binding{cfg: cfg, entry: e, inbound: inbound, backlog: backlog, heldKey: heldKey, notify: make(chan struct{}, 1), reveal: s.cfg.Reveal,
 		log: s.logger.With(zap.String("channel", cfg.Alias), zap.String("plugin", cfg.Plugin))}
 	fail := func(err error) *binding {
 		b.set(channelFailed, err.Error())
@@ -484,6 +498,15 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "POST a JSON object", http.StatusMethodNotAllowed)
+		return
+	}
+	if why := b.stalled.Load(); why != nil {
+		// Accepted, it would wait behind the held message with no
+		// poll to reach it: refused before it is taken, as a full
+		// spool refuses. The operator's replacing the plugin or
+		// rebinding the alias ends it.
+		w.Header().Set("Retry-After", "60")
+		http.Error(w, *why, http.StatusServiceUnavailable)
 		return
 	}
 	raw, err := body.raw, body.err
@@ -727,6 +750,11 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			b.notice(n.msg, n.text)
 		}
 	}()
+	// A refused message the previous binding of the plugin polled last
+	// is known: its sender was told, and an answer of it again is not
+	// a new refusal. So is this one's, for the binding that follows.
+	refusals := pollRefusals{last: b.heldKey}
+	defer func() { b.heldKey = refusals.last }()
 	defer func() {
 		// Every delivery and the notifier are owned here: the
 		// binding's stop (unbind, rebind, shutdown) returns once none
@@ -748,7 +776,6 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 	// or another replica's) are looked for at once, then every
 	// adoptEvery: another replica may die at any time.
 	var adopted time.Time
-	var refusals pollRefusals
 	for {
 		if time.Since(adopted) >= adoptEvery {
 			adopted = time.Now()
@@ -1057,7 +1084,17 @@ func (b *binding) abandon() {
 		b.notice(msg, notDelivered)
 		b.spool.done(msg)
 	}
-	if left := len(msgs) - told + b.inbound.Pending(); left > 0 {
+	left := len(msgs) - told + b.inbound.Pending()
+	switch {
+	case left == 0:
+	case b.spool != nil:
+		// Not dropped: their files stay, and a binding of the alias
+		// to this plugin adopts them. A channel whose plugin's service
+		// held a refused message leaves everything queued behind it
+		// here: the plugin reads none of it.
+		b.log.Warn("channel messages left in the spool by their binding, their senders not told: a binding of the alias to this plugin delivers them, or clawmesh spool drop drops them",
+			zap.Int("messages", left))
+	default:
 		b.log.Warn("channel messages dropped with their binding, their senders not told", zap.Int("messages", left))
 	}
 }

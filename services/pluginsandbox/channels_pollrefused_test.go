@@ -108,7 +108,7 @@ func withoutPollRefused(t *testing.T, wasm []byte) []byte {
 // stickyServer is channelServerHook with the webhook's module replaced
 // by the example built with the overlay src (testhooks.go), and a host
 // whose plugins' own log records the returned sink keeps.
-func stickyServer(t *testing.T, sessions sessionv1.SessionServiceClient, hook, src string, edit func(*testing.T, []byte) []byte) (*testServer, *recordingSink) {
+func stickyServer(t *testing.T, sessions sessionv1.SessionServiceClient, hook, src string, edit func(*testing.T, []byte) []byte, mut ...func(*pluginsandbox.Config)) (*testServer, *recordingSink) {
 	t.Helper()
 	dir := t.TempDir()
 	installExample(t, dir, "webhook")
@@ -127,7 +127,7 @@ func stickyServer(t *testing.T, sessions sessionv1.SessionServiceClient, hook, s
 		t.Fatal(err)
 	}
 	sink := &recordingSink{}
-	return webhookSandbox(t, dir, sessions, hook, func(c *wasmhost.Config) { c.LogSink = sink }), sink
+	return webhookSandbox(t, dir, sessions, hook, func(c *wasmhost.Config) { c.LogSink = sink }, mut...), sink
 }
 
 // count is how many of the plugin's own records say msg.
@@ -326,7 +326,8 @@ func init() { channel.Register(svc{}) } // after main.go's init
 // sender is told once, the rebuild and what followed are logged once
 // each, the binding's reason says the plugin's service holds the message,
 // the polls stay at the interval, and a message posted behind it stays
-// queued (accepted, not lost) until the plugin moves past it.
+// queued (accepted, not lost) until the plugin moves past it; the
+// binding has failed.
 func TestChannelPluginWhoseServiceHoldsItsRefusedMessageIsRebuiltOnce(t *testing.T) {
 	hook, replies := replyHook(t)
 	fs := newFakeSessions()
@@ -365,7 +366,8 @@ func TestChannelPluginWhoseServiceHoldsItsRefusedMessageIsRebuiltOnce(t *testing
 			t.Errorf("%q logged %d times, want %d", msg, n, want)
 		}
 	}
-	runningAndQuiet(t, ts, "the plugin's own service holds it", replies, fs)
+	// The binding fails (channels_pollstall_test.go has what follows).
+	stateAndQuiet(t, ts, "failed", "the plugin's own service holds it", replies, fs)
 }
 
 // runningAndQuiet checks that ts's one binding runs with a reason that
@@ -373,12 +375,18 @@ func TestChannelPluginWhoseServiceHoldsItsRefusedMessageIsRebuiltOnce(t *testing
 // last read of replies and fs.prompts.
 func runningAndQuiet(t *testing.T, ts *testServer, reason string, replies <-chan map[string]string, fs *fakeSessions) {
 	t.Helper()
+	stateAndQuiet(t, ts, "running", reason, replies, fs)
+}
+
+// stateAndQuiet is runningAndQuiet for a binding in state.
+func stateAndQuiet(t *testing.T, ts *testServer, state, reason string, replies <-chan map[string]string, fs *fakeSessions) {
+	t.Helper()
 	listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := listed.GetChannels()[0]; c.GetState() != "running" || !strings.Contains(c.GetReason(), reason) {
-		t.Errorf("binding %s: %q, want running and %q", c.GetState(), c.GetReason(), reason)
+	if c := listed.GetChannels()[0]; c.GetState() != state || !strings.Contains(c.GetReason(), reason) {
+		t.Errorf("binding %s: %q, want %s and %q", c.GetState(), c.GetReason(), state, reason)
 	}
 	select {
 	case r := <-replies:

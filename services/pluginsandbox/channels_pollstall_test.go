@@ -1,0 +1,292 @@
+package pluginsandbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/clawmesh/clawmesh/internal/guestbuild"
+	"github.com/clawmesh/clawmesh/internal/testwait"
+	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+)
+
+// heldWebhook is the sticky guest of channels_pollrefused_test.go in
+// its "own service holds it" form: a message whose id starts with
+// "held" is kept, once answered, by the plugin's upstream service (the
+// webhook's URL, /hold) rather than in its memory, and every poll asks
+// that service first (/held) and answers what it holds without reading
+// the host's queue. It stands for a mail channel whose server keeps a
+// message unread whatever the plugin is told: a rebuilt instance asks
+// the server again and answers it again.
+const heldWebhook = `//go:build wasip1
+
+package main
+
+import (
+	"encoding/json"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/plugins/pdk"
+	"github.com/clawmesh/clawmesh/plugins/pdk/channel"
+)
+
+type held struct{ webhook }
+
+type kept struct {
+	ID, From, Thread string
+	Bytes            int
+}
+
+func (h held) PollMessage() (*channel.Message, error) {
+	pdk.Log(pdk.LevelInfo, pdk.Event{Action: "poll", Outcome: "started", Message: "held poll"})
+	s, err := load()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := pdk.Fetch(pdk.HTTPRequest{Method: "GET", URL: s.WebhookURL + "/held"})
+	if err != nil {
+		return nil, err
+	}
+	if resp.Status == 200 {
+		var k kept
+		if err := json.Unmarshal(resp.Body, &k); err != nil {
+			return nil, err
+		}
+		return &channel.Message{ID: k.ID, Sender: k.From, ReplyTarget: k.From, ThreadID: k.Thread, Content: strings.Repeat("x", k.Bytes)}, nil
+	}
+	m, err := h.webhook.PollMessage()
+	if m != nil && strings.HasPrefix(m.ID, "held") {
+		b, _ := json.Marshal(kept{ID: m.ID, From: m.Sender, Thread: m.ThreadID, Bytes: len(m.Content)})
+		if _, err := pdk.Fetch(pdk.HTTPRequest{Method: "POST", URL: s.WebhookURL + "/hold", Body: b}); err != nil {
+			return nil, err
+		}
+	}
+	return m, err
+}
+
+func init() { channel.Register(held{}) } // after main.go's init
+`
+
+// heldUpstream is heldWebhook's upstream: /hold keeps a message, /held
+// gives it back at every ask (204 while it keeps none), and anything
+// else is a reply of the webhook's, sent to replies.
+func heldUpstream(t *testing.T) (url string, replies chan map[string]string) {
+	t.Helper()
+	replies = make(chan map[string]string, 64)
+	var mu sync.Mutex
+	var kept []byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/hold":
+			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			kept = b
+			mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+		case "/held":
+			mu.Lock()
+			b := kept
+			mu.Unlock()
+			if b == nil {
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+			_, _ = w.Write(b)
+		default:
+			var body map[string]string
+			_ = json.NewDecoder(r.Body).Decode(&body)
+			replies <- body
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, replies
+}
+
+// channelOf is ts's binding of alias as listed.
+func channelOf(t *testing.T, ts *testServer, alias string) *pluginv1.Channel {
+	t.Helper()
+	listed, err := ts.ListChannels(context.Background(), &pluginv1.ListChannelsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range listed.GetChannels() {
+		if c.GetAlias() == alias {
+			return c
+		}
+	}
+	t.Fatalf("no binding %s in %v", alias, listed.GetChannels())
+	return nil
+}
+
+// postStatus posts id's message text from ann on thread t-1 and returns
+// the status and the body of the answer.
+func postStatus(t *testing.T, addr, id, text string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/", strings.NewReader(`{"id":"`+id+`","from":"ann","thread":"t-1","text":"`+text+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+chanToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// A plugin whose own service holds a message the host refused for its
+// size answers it again from the instance rebuilt for it: the channel
+// stalled for good with the binding "running", the messages accepted
+// (202) behind the refused one were never delivered, and new posts were
+// still answered 202, to wait behind it too. Now the binding fails once
+// the rebuilt instance answers it again: plugins/list says so and why,
+// the listener refuses new posts (503, saying why) instead of accepting
+// what it cannot deliver, a rebind of the same plugin does not tell the
+// refused message's sender a second time, and what was accepted before
+// the stall is delivered once the plugin is upgraded.
+func TestChannelPluginWhoseServiceHoldsItsRefusedMessageFailsTheBinding(t *testing.T) {
+	hook, replies := heldUpstream(t)
+	fs := newFakeSessions()
+	ts, sink := stickyServer(t, fs, hook, heldWebhook, nil)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+
+	postBad(t, web.Listen, "held-1", badBytes)
+	if r := testwait.Recv(t, replies); r["recipient"] != "ann" || r["thread_id"] != "t-1" || !strings.Contains(r["content"], "not delivered") {
+		t.Fatalf("reply to a message past the poll's bound: %v", r)
+	}
+	postText(t, web.Listen, "m2", "next")
+	told, polled := time.Now(), sink.count("held poll")
+
+	// failed waits for the binding to fail, as long as the plugin is
+	// polled; it reports false when the stall was final (logged) but
+	// the binding did not fail.
+	const stuck = "channel plugin rebuilt for a message refused for its size answers it still"
+	failed := func(logged int) bool {
+		var c *pluginv1.Channel
+		testwait.Progress(t, 50*time.Millisecond, func() (int64, bool) {
+			c = channelOf(t, ts, "web")
+			return int64(sink.count("held poll")), c.GetState() == "failed" || hostLogs(ts.logs, zapcore.WarnLevel, stuck) >= logged
+		})
+		if c.GetState() != "failed" || !strings.Contains(c.GetReason(), "own service holds it") {
+			t.Errorf("binding %s: %q, want failed because the plugin's own service holds the message", c.GetState(), c.GetReason())
+			return false
+		}
+		return true
+	}
+	if failed(1) {
+		t.Logf("failed %v after its sender was told, %d polls later", time.Since(told), sink.count("held poll")-polled)
+	}
+	code, body := postStatus(t, web.Listen, "m3", "after the stall")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "refused for its size") {
+		t.Errorf("a post to the stalled channel: %d %q, want 503 saying why", code, strings.TrimSpace(body))
+	}
+	select {
+	case p := <-fs.prompts:
+		t.Fatalf("a prompt while the channel is stalled: %q", p.prompt)
+	default:
+	}
+
+	// A rebind of the same plugin hands the queue over; the plugin's
+	// service still holds the message: the binding fails again, its
+	// sender not told again.
+	web = bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "other"})["web"]
+	failed(2)
+	select {
+	case r := <-replies:
+		t.Errorf("a second reply after the rebind: %v", r)
+	default:
+	}
+
+	// The plugin upgraded (here to the webhook example, which keeps no
+	// message in a service): what was accepted before the stall is
+	// delivered, and the channel takes messages again.
+	upgradeWebhook(t, ts)
+	ts.rescan(t)
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "next" {
+		t.Fatalf("prompt %q after the upgrade, want next", p.prompt)
+	}
+	if c := channelOf(t, ts, "web"); c.GetState() != "running" {
+		t.Errorf("binding after the upgrade %s: %q", c.GetState(), c.GetReason())
+	}
+	if code, body := postStatus(t, channelOf(t, ts, "web").GetListen(), "m4", "after the upgrade"); code != http.StatusAccepted {
+		t.Errorf("a post after the upgrade: %d %q", code, body)
+	}
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "after the upgrade" {
+		t.Fatalf("prompt %q, want the one posted after the upgrade", p.prompt)
+	}
+}
+
+// upgradeWebhook installs the webhook example over ts's webhook plugin
+// (a new module: the next scan loads it as an upgrade).
+func upgradeWebhook(t *testing.T, ts *testServer) {
+	t.Helper()
+	wasm, err := guestbuild.Wasm("webhook")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(wasm)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(ts.dir, "webhook", "plugin.wasm"), data, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A channel failed on a message its plugin's service holds, then
+// unbound, leaves what it accepted before the stall in its spool, says
+// so, and a binding of the alias to the plugin, upgraded meanwhile,
+// delivers it: nothing accepted is dropped, nor its sender left untold
+// without a word in the log.
+func TestStalledChannelUnboundLeavesItsMessagesToTheNextBinding(t *testing.T) {
+	hook, replies := heldUpstream(t)
+	fs := newFakeSessions()
+	spool := t.TempDir()
+	ts, _ := stickyServer(t, fs, hook, heldWebhook, nil, func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool })
+	bound := pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"}
+	web := bindChannels(t, ts, bound)["web"]
+
+	postBad(t, web.Listen, "held-1", badBytes)
+	if r := testwait.Recv(t, replies); r["recipient"] != "ann" || !strings.Contains(r["content"], "not delivered") {
+		t.Fatalf("reply to a message past the poll's bound: %v", r)
+	}
+	postText(t, web.Listen, "m2", "next")
+	testwait.Progress(t, 50*time.Millisecond, func() (int64, bool) {
+		return int64(len(ts.logs.All())), channelOf(t, ts, "web").GetState() == "failed"
+	})
+
+	bindChannels(t, ts)
+	const left = "channel messages left in the spool by their binding"
+	if n := hostLogs(ts.logs, zapcore.WarnLevel, left); n != 1 {
+		t.Errorf("%q logged %d times, want once", left, n)
+	}
+	files, err := filepath.Glob(filepath.Join(spool, "*", "*", "*", "*.msg"))
+	if err != nil || len(files) != 1 {
+		t.Errorf("the spool after the unbind holds %v (%v), want next's file", files, err)
+	}
+
+	upgradeWebhook(t, ts)
+	bindChannels(t, ts, bound)
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "next" {
+		t.Fatalf("prompt %q after the upgrade, want next", p.prompt)
+	}
+	select {
+	case r := <-replies:
+		t.Errorf("a second reply: %v", r)
+	default:
+	}
+}
