@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/rpcclient"
 )
 
@@ -17,8 +19,16 @@ import (
 // 0.2 to 1.8 s) ran a turn without the plugins' tools, silently: here
 // its call of the echo plugin's tool was "Unknown tool". The listing
 // now waits for the restarted sandbox within its bound, and the turn
-// has the tool. The time from the kill to the prompt's answer is
-// logged.
+// has the tool.
+//
+// The bound (3 s, docs/spec.md) is what is promised, not that a restart
+// fits in it: the restart's own time (the new process's start, its bus
+// and config, the plugin's load) is CPU the machine may not give, 0.3 s
+// quiet and over 2.5 s at a load of 30, after a backoff of up to 800 ms
+// here. A restart that outlasts the bound leaves the turn without the
+// tool, told first that the sandbox did not serve in time; any other
+// outcome fails. The times from the kill to the prompt's answer, and to
+// the restarted sandbox's serving, are logged.
 func TestATurnStartedWhileTheSandboxRestartsHasItsPluginTools(t *testing.T) {
 	t.Parallel()
 	s := pluginStack(t, []string{"echo"})
@@ -26,20 +36,30 @@ func TestATurnStartedWhileTheSandboxRestartsHasItsPluginTools(t *testing.T) {
 	waitForPluginTool(t, v, echoTool)
 	id := v.newSession("")
 	// Four crashes in a row, each as soon as the last restart served:
-	// the launcher's backoff doubles from 100 to 800 ms. A fifth (1.6 s)
-	// is within the listing's bound too, with less to spare under load.
+	// the launcher's backoff doubles from 100 to 800 ms.
+	outlasted := 0
 	for i := range 4 {
 		killReplica(t, s, 0)
 		start := time.Now()
 		_, results, all := toolTurn(t, v, id, "/tool "+echoTool+` {"msg":"back"}`)
 		took := time.Since(start)
-		if len(results) != 1 || results[0].Status != "completed" || results[0].RawOutput != "back" {
+		n := pluginNotices(all)
+		if len(results) == 1 && results[0].Status == "completed" && results[0].RawOutput == "back" {
+			if len(n) != 0 {
+				t.Fatalf("restart %d: a turn that had its plugin tools was told otherwise: %q", i+1, n)
+			}
+			t.Logf("restart %d: the prompt sent once the sandbox was killed answered after %v, with the tool", i+1, took.Round(time.Millisecond))
+			continue
+		}
+		if len(results) != 1 || results[0].Status != "failed" || !strings.HasPrefix(results[0].RawOutput, "Unknown tool") ||
+			len(n) != 1 || all[0].Type != "agent_thought_chunk" || !restartOutlasted(n[0]) {
 			t.Fatalf("restart %d: a turn started while the sandbox restarted: %+v", i+1, all)
 		}
-		if n := pluginNotices(all); len(n) != 0 {
-			t.Fatalf("restart %d: a turn that had its plugin tools was told otherwise: %q", i+1, n)
-		}
-		t.Logf("restart %d: the prompt sent once the sandbox was killed answered after %v", i+1, took.Round(time.Millisecond))
+		// The next crash is made on a sandbox that serves, as the others.
+		waitForPluginTool(t, v, echoTool)
+		outlasted++
+		t.Logf("restart %d: the restart outlasted the listing's bound: answered after %v, told %q; the sandbox served %v after the prompt",
+			i+1, took.Round(time.Millisecond), n[0], servedAt(t, s, replicaPID(t, s, 0)).Sub(start).Round(time.Millisecond))
 	}
 	raw, _ := os.ReadFile(filepath.Join(s.DataDir, "logs", "session.log"))
 	var again []string
@@ -48,7 +68,39 @@ func TestATurnStartedWhileTheSandboxRestartsHasItsPluginTools(t *testing.T) {
 			again = append(again, l)
 		}
 	}
-	t.Logf("listings tried again after a call on a broken connection: %d %q", len(again), again)
+	t.Logf("restarts that outlasted the listing's bound: %d of 4; listings tried again after a call on a broken connection: %d %q", outlasted, len(again), again)
+}
+
+// restartOutlasted reports whether notice says a turn's listing waited
+// for the restarting sandbox as long as it may: its bound (3 s), or the
+// grace after which a socket away counts as gone (grpcclient.RestartGrace,
+// from the first connect that failed). Not "it is unavailable", which
+// is a listing that did not wait.
+func restartOutlasted(notice string) bool {
+	const head = "[No plugin tools in this turn: the plugin sandbox could not list them: "
+	return notice == head+"it is starting or restarting and did not serve within 3s.]" ||
+		notice == head+"it cannot be reached (no replica is reachable).]"
+}
+
+// servedAt is when the sandbox process pid said it served, from its log.
+func servedAt(t *testing.T, s *e2e.Stack, pid int) time.Time {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(s.DataDir, "logs", "plugin-sandbox.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		var e struct {
+			Msg string    `json:"msg"`
+			PID int       `json:"pid"`
+			TS  time.Time `json:"ts"`
+		}
+		if json.Unmarshal([]byte(l), &e) == nil && e.Msg == "serving" && e.PID == pid {
+			return e.TS
+		}
+	}
+	t.Fatalf("plugin-sandbox %d never said it served", pid)
+	return time.Time{}
 }
 
 // With the sandbox gone for good (killed, its binary taken away, so no
