@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,9 +21,9 @@ const MaxUpdateSeqs = 1000
 // update meanwhile, and its followers stay.
 //
 // The number is the live half's when there is one of the incarnation
-// asked about that has numbered an update (read first, as view does: an
-// update published after the read is one the gateway's new subscription
-// receives), else the stored one: the last number published, stored at
+// asked about that has numbered an update (read after the rows and
+// before the flush below: an update published after the read is one the
+// gateway's new subscription receives), else the stored one: the last number published, stored at
 // each turn's end (a turn cut by a crash: its recovery's turn_complete,
 // see recover) and at a clean stop (published_seq). Only while a turn
 // runs, or on a row from before that column, is it not known: then the
@@ -36,23 +37,35 @@ func (s *Server) UpdateSeqs(ctx context.Context, req *sessionv1.UpdateSeqsReques
 	if len(asked) > MaxUpdateSeqs {
 		return nil, errInvalid(fmt.Sprintf("at most %d sessions may be asked about at once, not %d", MaxUpdateSeqs, len(asked)))
 	}
-	seqs := make([]int64, len(asked))
 	ids := make([]string, len(asked))
 	for i, a := range asked {
 		ids[i] = a.GetSessionId()
-		seqs[i] = s.liveUpdateSeq(a.GetSessionId(), a.GetIncarnation())
 	}
 	stored, err := s.store.updateSeqs(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
+	if hook := updateSeqsBetweenReads.Load(); hook != nil {
+		(*hook)()
+	}
+	// The live halves after the rows: a session whose first turn was
+	// admitted between the two reads, read the other way, had no live
+	// half yet and a row whose turn had reserved the next block and
+	// cleared the last number published, and answered the block's bound,
+	// a number no update took (a gateway then closed its followers). A
+	// session with no live half now had none when its row was read:
+	// only a live half starts a turn.
+	seqs := make([]int64, len(asked))
 	for i, a := range asked {
 		row, ok := stored[a.GetSessionId()]
+		live := s.liveUpdateSeq(a.GetSessionId(), a.GetIncarnation())
 		switch {
 		case !ok || row.incarnation != a.GetIncarnation():
 			seqs[i] = -1
-		case seqs[i] == noLiveHalf:
+		case live == noLiveHalf:
 			seqs[i] = row.last
+		default:
+			seqs[i] = live
 		}
 	}
 	// What was published up to the numbers read is at the bus server
@@ -82,6 +95,10 @@ func (s *Server) updateSeqOf(row sessionRow) int64 {
 	}
 	return row.LastSeq
 }
+
+// updateSeqsBetweenReads, when set (tests only), runs in UpdateSeqs
+// between its reads of the stored rows and of the live halves.
+var updateSeqsBetweenReads atomic.Pointer[func()]
 
 // noLiveHalf is liveUpdateSeq's answer for a session with no live half of
 // the incarnation asked about: its stored bound tells.

@@ -207,6 +207,51 @@ func TestUpdateSeqsWhileATurnBeginsIsTheLastPublished(t *testing.T) {
 	}
 }
 
+// A session's first turn admitted while UpdateSeqs runs, between its
+// reads of the live halves (the session had none yet: the first prompt
+// makes it) and of the stored rows (the turn's start had reserved the
+// next block and cleared the last number published): before, the answer
+// was the block's bound, 1,024, a number no update took, and the
+// gateway asking after a bus reconnect (e2e
+// TestTurnStartLostOnTheBusStillReachesItsPrompter) took it for updates
+// lost and closed the session's followers. It is the last number
+// published, 0.
+func TestUpdateSeqsWhileTheFirstTurnIsAdmittedIsTheLastPublished(t *testing.T) {
+	h := newHarness(t)
+	id := h.newSession(alice, "default")
+	inc := h.incarnation(id)
+	rec := h.record(id)
+	if ls := h.srv.lookupLive(id); ls != nil {
+		t.Fatal("a session never prompted has a live half")
+	}
+	var done <-chan promptResult
+	hook := func() {
+		if done != nil {
+			return
+		}
+		done = h.promptAsync(context.Background(), &sessionv1.PromptRequest{Principal: alice, SessionId: id, Prompt: "/sleep 1500\n/say late"})
+		testenv.Eventually(t, wait, 5*time.Millisecond, func() error {
+			if ls := h.srv.lookupLive(id); ls == nil || ls.running() == nil {
+				return errors.New("no turn running")
+			}
+			return nil
+		})
+	}
+	updateSeqsBetweenReads.Store(&hook)
+	t.Cleanup(func() { updateSeqsBetweenReads.Store(nil) })
+	got := askSeqs(t, h, id, inc)
+	updateSeqsBetweenReads.Store(nil)
+	if got != 0 {
+		t.Fatalf("with the session's first turn admitted while UpdateSeqs read: %d, want 0", got)
+	}
+	if r := <-done; r.err != nil {
+		t.Fatal(r.err)
+	}
+	if u := rec.until("turn_complete"); u[0].Seq != 1 {
+		t.Fatalf("the turn's first update numbered %d, want 1", u[0].Seq)
+	}
+}
+
 // A crash mid-turn, then a crash of the process that recovered the cut
 // turn before another turn ended: the third process answers the
 // recovered turn_complete's number, stored by the recovery with the
