@@ -75,13 +75,30 @@ func NewBuffer(size int64) (*Buffer, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("memfd of %d bytes", size)
 	}
-	fd, err := unix.MemfdCreate("clawmesh-upload", unix.MFD_CLOEXEC)
+	return newMapped("clawmesh-upload", size, 0)
+}
+
+// newMapped creates a memfd of size bytes, adds seals (none when 0; they
+// are added before the mapping, which F_SEAL_WRITE would refuse after),
+// and maps it read-write.
+func newMapped(name string, size int64, seals int) (*Buffer, error) {
+	flags := unix.MFD_CLOEXEC
+	if seals != 0 {
+		flags |= unix.MFD_ALLOW_SEALING
+	}
+	fd, err := unix.MemfdCreate(name, flags)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, size); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("memfd size: %w", err)
+	}
+	if seals != 0 {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("seal memfd: %w", err)
+		}
 	}
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {

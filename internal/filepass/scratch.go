@@ -59,44 +59,18 @@ type ScratchBinding struct {
 	Conn    string `json:"connection_id"`
 }
 
-// Scratch is the sender's side: a sealed memfd mapped read-write.
-type Scratch struct {
-	fd  int
-	mem []byte
-}
+// Scratch is the sender's side: a sealed memfd mapped read-write (its
+// Bytes, its Close), its mapping's cap no pool's.
+type Scratch struct{ *Buffer }
 
 // NewScratch makes a scratch memfd of scratchFileBytes, sealed against
 // any change of size, and maps it.
 func NewScratch() (*Scratch, error) {
-	fd, err := unix.MemfdCreate("clawmesh-chunk", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	b, err := newMapped("clawmesh-chunk", scratchFileBytes, scratchSeals|unix.F_SEAL_SEAL)
 	if err != nil {
-		return nil, fmt.Errorf("memfd_create: %w", err)
+		return nil, err
 	}
-	if err := unix.Ftruncate(fd, scratchFileBytes); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("memfd size: %w", err)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, scratchSeals|unix.F_SEAL_SEAL); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("seal memfd: %w", err)
-	}
-	mem, err := unix.Mmap(fd, 0, scratchFileBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("mmap memfd: %w", err)
-	}
-	return &Scratch{fd: fd, mem: mem}, nil
-}
-
-// Bytes is the mapped memory, valid until Close; its cap is no pool's.
-func (s *Scratch) Bytes() []byte { return s.mem }
-
-// Close unmaps the memory and closes the descriptor; a receiver holding
-// the scratch still reads it.
-func (s *Scratch) Close() error {
-	err := unix.Munmap(s.mem)
-	s.mem = nil
-	return errors.Join(err, unix.Close(s.fd))
+	return &Scratch{b}, nil
 }
 
 // scratchHeader is a scratch pass's message beside its descriptor.

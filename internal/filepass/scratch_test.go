@@ -108,7 +108,7 @@ func TestAnUnsealedScratchIsRefused(t *testing.T) {
 	if err := unix.Ftruncate(fd, scratchFileBytes); err != nil {
 		t.Fatal(err)
 	}
-	unsealed := &Scratch{fd: fd, mem: nil}
+	unsealed := &Scratch{&Buffer{fd: fd}}
 	defer unix.Close(fd)
 	if _, err := PassScratch(context.Background(), path, unsealed, connA, ""); err == nil || !strings.Contains(err.Error(), "sealed") {
 		t.Fatalf("an unsealed memfd: %v", err)
@@ -126,7 +126,7 @@ func TestAnUnsealedScratchIsRefused(t *testing.T) {
 	}
 	defer f.Close()
 	_ = f.Truncate(scratchFileBytes)
-	if _, err := PassScratch(context.Background(), path, &Scratch{fd: int(f.Fd())}, connA, ""); err == nil {
+	if _, err := PassScratch(context.Background(), path, &Scratch{&Buffer{fd: int(f.Fd())}}, connA, ""); err == nil {
 		t.Fatal("a plain file was held")
 	}
 	if r.Held() != 0 {
