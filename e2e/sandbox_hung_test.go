@@ -28,8 +28,8 @@ const hungBound = 90 * time.Second
 // session's connection to it goes unanswered (grpcclient.ProbeTimeout;
 // it was the connection's keepalive and RestartGrace), not at the tool
 // call's deadline.
-// plugins/list, whose client dials anew, fails before its own 5 s
-// deadline saying no replica is reachable (it waited its 5 s, then
+// plugins/list, the first on this stack (its client finds the hang by
+// connecting), fails before its own 5 s deadline saying no replica is reachable (it waited its 5 s, then
 // said "starting: no replica serves yet", which a hung sandbox is
 // not). Health says the sandbox is unreachable, `clawmesh status`
 // names it; after SIGCONT every call is answered again.
