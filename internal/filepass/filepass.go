@@ -214,6 +214,20 @@ type Options struct {
 	peerUID *uint32
 }
 
+// listenFor creates a socket at path (0600) and says the uid its peers must
+// have: this process's, or peerUID's (tests).
+func listenFor(path string, peerUID *uint32) (*net.UnixListener, uint32, error) {
+	lis, err := unixsock.Listen(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	uid := uint32(os.Getuid())
+	if peerUID != nil {
+		uid = *peerUID
+	}
+	return lis, uid, nil
+}
+
 // Listen creates the file socket at path (0600) and serves passes on it
 // until Close.
 func Listen(path string, o Options) (*Receiver, error) {
@@ -226,13 +240,9 @@ func Listen(path string, o Options) (*Receiver, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	lis, err := unixsock.Listen(path)
+	lis, uid, err := listenFor(path, o.peerUID)
 	if err != nil {
 		return nil, err
-	}
-	uid := uint32(os.Getuid())
-	if o.peerUID != nil {
-		uid = *o.peerUID
 	}
 	r := &Receiver{lis: lis, ttl: o.TTL, max: o.MaxHeld, uid: uid, now: o.Now, done: make(chan struct{}), files: map[string]held{}}
 	go r.serve()

@@ -8,14 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
-	"github.com/clawmesh/clawmesh/internal/unixsock"
 )
 
 // A scratch is a memfd one gateway connection decodes its upload chunks
@@ -140,13 +138,9 @@ func ListenScratches(path string, o ScratchOptions) (*Scratches, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	lis, err := unixsock.Listen(path)
+	lis, uid, err := listenFor(path, o.peerUID)
 	if err != nil {
 		return nil, err
-	}
-	uid := uint32(os.Getuid())
-	if o.peerUID != nil {
-		uid = *o.peerUID
 	}
 	s := &Scratches{lis: lis, uid: uid, max: o.Max, per: o.MaxPerConn, now: o.Now, done: make(chan struct{}),
 		held: map[string]*mapped{}, byKey: map[ScratchBinding][]string{}}
