@@ -48,13 +48,13 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 	if g.plugins == nil {
 		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "no plugin sandbox configured", nil)
 	}
-	list, err := onceMore(ctx, func() (*pluginv1.ListPluginsResponse, error) {
+	list, err := readAgain(ctx, len(g.cfg.PluginAddrs), func() (*pluginv1.ListPluginsResponse, error) {
 		return g.plugins.ListPlugins(ctx, &pluginv1.ListPluginsRequest{All: all})
 	})
 	if err != nil {
 		return nil, serviceError("plugin-sandbox", err)
 	}
-	channels, err := onceMore(ctx, func() (*pluginv1.ListChannelsResponse, error) {
+	channels, err := readAgain(ctx, len(g.cfg.PluginAddrs), func() (*pluginv1.ListChannelsResponse, error) {
 		return g.plugins.ListChannels(ctx, &pluginv1.ListChannelsRequest{})
 	})
 	if err != nil {
@@ -84,20 +84,29 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 	}, nil
 }
 
-// onceMore is call, a read of the sandbox's, made once more when it
-// failed Unavailable on its own, not for want of a replica (that wait
-// is done: NoReplicaReachable, NoReplicaServes): ended because its
-// replica left a health check unanswered (grpcclient.NotAnswering),
-// which another replica may answer and which is no longer picked; or
-// picked on the connection of a replica killed a moment before. With
-// every replica hung the second try fails at once. A read changes
-// nothing, so a second try is harmless.
-func onceMore[T any](ctx context.Context, call func() (T, error)) (T, error) {
+// readAgain is call, a read of the sandbox's, made again while it fails
+// Unavailable on its own, not for want of a replica (that wait is done:
+// NoReplicaReachable, NoReplicaServes): picked on the connection of a
+// replica killed a moment before, which the kept client had not yet
+// seen close, or ended because its replica left a health check
+// unanswered (grpcclient.NotAnswering); either replica is no longer
+// picked once the client has seen it, and another may answer. Tried
+// once more only, a call with every replica killed at once failed
+// "plugin-sandbox unavailable" where it should say that no replica is
+// reachable: the second try, like the first, was picked on a replica
+// whose end the client had not yet seen. So up to twice a replica and
+// once more, after which the picker knows every one of them; with every
+// replica hung each try fails at once. A read changes nothing, so the
+// tries are harmless.
+func readAgain[T any](ctx context.Context, replicas int, call func() (T, error)) (T, error) {
 	v, err := call()
-	if status.Code(err) != codes.Unavailable || ctx.Err() != nil || grpcclient.Unreachable(err) || grpcclient.Unserved(err) {
-		return v, err
+	for range 2 * replicas {
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil || grpcclient.Unreachable(err) || grpcclient.Unserved(err) {
+			break
+		}
+		v, err = call()
 	}
-	return call()
+	return v, err
 }
 
 func orEmpty(s []string) []string {
