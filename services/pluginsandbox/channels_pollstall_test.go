@@ -134,18 +134,8 @@ func channelOf(t *testing.T, ts *testServer, alias string) *pluginv1.Channel {
 // the status and the body of the answer.
 func postStatus(t *testing.T, addr, id, text string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/", strings.NewReader(`{"id":"`+id+`","from":"ann","thread":"t-1","text":"`+text+`"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+chanToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	a := postAnswer(t, addr, `{"id":"`+id+`","from":"ann","thread":"t-1","text":"`+text+`"}`)
+	return a.code, a.body
 }
 
 // A plugin whose own service holds a message the host refused for its
