@@ -190,12 +190,10 @@ type held struct {
 
 // Receiver listens on the file socket and holds what is passed to it.
 type Receiver struct {
-	lis  *net.UnixListener
+	sock *socket
 	ttl  time.Duration
 	max  int
-	uid  uint32
 	now  func() time.Time
-	done chan struct{}
 
 	mu    sync.Mutex
 	files map[string]held
@@ -214,18 +212,43 @@ type Options struct {
 	peerUID *uint32
 }
 
-// listenFor creates a socket at path (0600) and says the uid its peers must
-// have: this process's, or peerUID's (tests).
-func listenFor(path string, peerUID *uint32) (*net.UnixListener, uint32, error) {
+// socket is a receiving socket (0600) whose peers must be of uid, served
+// one exchange at a time by one goroutine until stop: a peer's exchange
+// is bounded by exchangeTimeout, so a stuck one delays others by that at
+// most.
+type socket struct {
+	lis  *net.UnixListener
+	uid  uint32
+	done chan struct{}
+}
+
+// listenFor creates a socket at path whose peers must have this
+// process's uid, or peerUID (tests).
+func listenFor(path string, peerUID *uint32) (*socket, error) {
 	lis, err := unixsock.Listen(path)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	uid := uint32(os.Getuid())
 	if peerUID != nil {
 		uid = *peerUID
 	}
-	return lis, uid, nil
+	return &socket{lis: lis, uid: uid, done: make(chan struct{})}, nil
+}
+
+// serve answers each pass with what hold makes of it (exchangeOne).
+func (s *socket) serve(hold func(fd int, hdr []byte) (string, error)) {
+	go func() {
+		defer close(s.done)
+		acceptLoop(s.lis, func(c *net.UnixConn) { exchangeOne(c, s.uid, hold) })
+	}()
+}
+
+// stop closes the socket and waits for its goroutine.
+func (s *socket) stop() error {
+	err := s.lis.Close()
+	<-s.done
+	return err
 }
 
 // Listen creates the file socket at path (0600) and serves passes on it
@@ -240,20 +263,19 @@ func Listen(path string, o Options) (*Receiver, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	lis, uid, err := listenFor(path, o.peerUID)
+	sock, err := listenFor(path, o.peerUID)
 	if err != nil {
 		return nil, err
 	}
-	r := &Receiver{lis: lis, ttl: o.TTL, max: o.MaxHeld, uid: uid, now: o.Now, done: make(chan struct{}), files: map[string]held{}}
-	go r.serve()
+	r := &Receiver{sock: sock, ttl: o.TTL, max: o.MaxHeld, now: o.Now, files: map[string]held{}}
+	sock.serve(r.exchange)
 	return r, nil
 }
 
 // Close stops serving, waits for the serving goroutine and closes every
 // descriptor held.
 func (r *Receiver) Close() error {
-	err := r.lis.Close()
-	<-r.done
+	err := r.sock.stop()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for tok, h := range r.files {
@@ -268,14 +290,6 @@ func (r *Receiver) Held() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.files)
-}
-
-// serve takes one pass at a time: the only peer is upload-staging, whose
-// stores are few at once, and each exchange is bounded by
-// exchangeTimeout, so a stuck peer delays others by that at most.
-func (r *Receiver) serve() {
-	defer close(r.done)
-	acceptLoop(r.lis, r.exchange)
 }
 
 // acceptLoop runs exchange on each connection lis accepts, one at a
@@ -294,15 +308,13 @@ func acceptLoop(lis *net.UnixListener, exchange func(*net.UnixConn)) {
 	}
 }
 
-// exchange reads one pass from c and answers it.
-func (r *Receiver) exchange(c *net.UnixConn) {
-	exchangeOne(c, r.uid, func(fd int, hdr []byte) (string, error) {
-		var h header
-		if err := json.Unmarshal(hdr, &h); err != nil {
-			return "", errors.New("malformed header")
-		}
-		return r.hold(fd, h)
-	})
+// exchange holds one pass's descriptor under its header.
+func (r *Receiver) exchange(fd int, hdr []byte) (string, error) {
+	var h header
+	if err := json.Unmarshal(hdr, &h); err != nil {
+		return "", errors.New("malformed header")
+	}
+	return r.hold(fd, h)
 }
 
 // exchangeOne reads one pass from c (a header and one descriptor from a

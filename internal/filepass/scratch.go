@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"time"
 
@@ -105,12 +104,10 @@ type mapped struct {
 // mapped read-only, at most MaxPerConn a connection and Max in all (the
 // least recently used goes first).
 type Scratches struct {
-	lis  *net.UnixListener
-	uid  uint32
+	sock *socket
 	max  int
 	per  int
 	now  func() time.Time
-	done chan struct{}
 
 	mu    sync.Mutex
 	held  map[string]*mapped
@@ -138,24 +135,20 @@ func ListenScratches(path string, o ScratchOptions) (*Scratches, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	lis, uid, err := listenFor(path, o.peerUID)
+	sock, err := listenFor(path, o.peerUID)
 	if err != nil {
 		return nil, err
 	}
-	s := &Scratches{lis: lis, uid: uid, max: o.Max, per: o.MaxPerConn, now: o.Now, done: make(chan struct{}),
+	s := &Scratches{sock: sock, max: o.Max, per: o.MaxPerConn, now: o.Now,
 		held: map[string]*mapped{}, byKey: map[ScratchBinding][]string{}}
-	go func() {
-		defer close(s.done)
-		acceptLoop(s.lis, func(c *net.UnixConn) { exchangeOne(c, s.uid, s.hold) })
-	}()
+	sock.serve(s.hold)
 	return s, nil
 }
 
 // Close stops serving, waits for the serving goroutine and drops every
 // scratch (those being read are unmapped by their reads' end).
 func (s *Scratches) Close() error {
-	err := s.lis.Close()
-	<-s.done
+	err := s.sock.stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for tok := range s.held {
