@@ -414,25 +414,50 @@ type envelope struct {
 // and its value as it stands; validFrame calls it, member by member, as
 // it checks the frame.
 func (e *envelope) member(key, val []byte) {
-	var bit uint8
-	switch string(keyName(key)) {
-	case "jsonrpc":
-		bit, e.jsonrpc = hasJSONRPC, val
-	case "id":
-		bit, e.id = hasID, val
-	case "method":
-		bit, e.method = hasMethod, val
-	case "params":
-		bit, e.params = hasParams, val
-	case "result":
-		bit, e.result = hasResult, val
-	case "error":
-		bit, e.er = hasError, val
+	bit := envelopeBit(key[1 : len(key)-1])
+	if bit == 0 && bytes.IndexByte(key, '\\') >= 0 {
+		// An escaped key matches none as written: "\u006dethod" is
+		// method once decoded. Looked for only then: a frame's keys are
+		// its envelope's, as written, on every request's path.
+		bit = envelopeBit(keyName(key))
+	}
+	switch bit {
+	case hasJSONRPC:
+		e.jsonrpc = val
+	case hasID:
+		e.id = val
+	case hasMethod:
+		e.method = val
+	case hasParams:
+		e.params = val
+	case hasResult:
+		e.result = val
+	case hasError:
+		e.er = val
 	default:
 		return
 	}
 	e.dup |= e.has & bit
 	e.has |= bit
+}
+
+// envelopeBit is the has* bit of an envelope key's name, 0 for any other.
+func envelopeBit(name []byte) uint8 {
+	switch string(name) {
+	case "jsonrpc":
+		return hasJSONRPC
+	case "id":
+		return hasID
+	case "method":
+		return hasMethod
+	case "params":
+		return hasParams
+	case "result":
+		return hasResult
+	case "error":
+		return hasError
+	}
+	return 0
 }
 
 // keyName returns a raw quoted key as a string to switch on. The common

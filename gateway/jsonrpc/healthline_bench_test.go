@@ -1,0 +1,111 @@
+package jsonrpc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"testing"
+)
+
+// BenchmarkHealthLine is one client sending health's request line, one at
+// a time, to a connection that answers it inline with a 900-byte encoded
+// result, as the gateway answers health; BenchmarkHealthLineEcho is the
+// same client against the e2e same-size echo's loop (bufio, ReadBytes,
+// the reply padded to 937 bytes) in this process. With one client and
+// both ends in one process they are what valgrind's callgrind counts by
+// instruction (GODEBUG=asyncpreemptoff=1, -benchtime Nx): the two totals
+// differ by what the read loop does a request that the echo does not,
+// the client's share being the same (docs/performance.md, sixty-sixth
+// round).
+func BenchmarkHealthLine(b *testing.B) {
+	answer := any(EncodedJSON(`{"x":"` + string(bytes.Repeat([]byte("a"), 880)) + `"}`))
+	ts := startServer(b, &Server{
+		Options: Options{InitializeTimeout: -1, Inline: func(m string) bool { return m == "health" }},
+		NewHandler: func(*Conn, Peer) Handler {
+			return HandlerFunc(func(context.Context, *Conn, *Request) (any, error) { return answer, nil })
+		},
+	}, nil)
+	nc, err := net.Dial("unix", ts.path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	line := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":1}` + "\n")
+	buf := make([]byte, 4096)
+	for b.Loop() {
+		if _, err := nc.Write(line); err != nil {
+			b.Fatal(err)
+		}
+		got := 0
+		for got == 0 || buf[got-1] != '\n' {
+			n, err := nc.Read(buf[got:])
+			if err != nil {
+				b.Fatal(err)
+			}
+			got += n
+		}
+	}
+}
+
+// BenchmarkHealthLineEcho: see BenchmarkHealthLine.
+func BenchmarkHealthLineEcho(b *testing.B) {
+	path := socketPath(b)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const replyBytes = 937
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		pad := bytes.Repeat([]byte(" "), replyBytes)
+		r := bufio.NewReader(c)
+		w := bufio.NewWriter(c)
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return
+			}
+			if short := replyBytes - len(line); short > 0 {
+				_, _ = w.Write(line[:len(line)-1])
+				_, _ = w.Write(pad[:short])
+				_ = w.WriteByte('\n')
+			} else {
+				_, _ = w.Write(line)
+			}
+			if r.Buffered() == 0 && w.Flush() != nil {
+				return
+			}
+		}
+	}()
+	nc, err := net.Dial("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	line := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":1}` + "\n")
+	buf := make([]byte, 4096)
+	for b.Loop() {
+		if _, err := nc.Write(line); err != nil {
+			b.Fatal(err)
+		}
+		got := 0
+		for got == 0 || buf[got-1] != '\n' {
+			n, err := nc.Read(buf[got:])
+			if err != nil {
+				b.Fatal(err)
+			}
+			got += n
+		}
+	}
+}
