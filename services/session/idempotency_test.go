@@ -199,22 +199,13 @@ func (h *harness) failEnd(after string, req *sessionv1.PromptRequest, cut bool) 
 	first := h.promptAsync(cctx, req)
 	rec.until(after)
 
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM turns WHERE session_id = $1 FOR UPDATE", id); err != nil {
-		t.Fatal(err)
-	}
+	release := h.lockTurns("session_id", id)
 	if cut {
 		cancel()
 	}
 	ups := rec.until(UpdateTurnComplete)
 	testwait.Recv(t, first)
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	if n := h.count("SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'", id); n != 1 {
 		t.Fatalf("%d turns left running by the failed end, want the case: 1", n)
 	}

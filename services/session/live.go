@@ -53,8 +53,8 @@ type liveSession struct {
 	// unended are turns this process ended whose end's write failed
 	// (finish), with what it would have written: running in the store,
 	// idle here. The next admission, the entry's eviction or shutdown
-	// writes them (endUnended). At most maxUnended; one past it is left
-	// to the keyed prompt of its message or the next start.
+	// writes them (endUnended). At most one: an admission writes it
+	// before its turn starts, or is refused.
 	unended []unendedTurn
 
 	// pubMu orders publishing: seq is the last number used, seqReserved

@@ -212,11 +212,11 @@ func (s *Server) keyed(ctx context.Context, ls *liveSession, key string) (resume
 		// ends kept; one process owns every turn, and its start
 		// recovered its predecessor's): this process ended the turn and
 		// published its turn_complete, but the end's write failed (past
-		// the unwind bound) and what it carried was not kept (past
-		// maxUnended or maxUnendedBytes). Refused busy until the
-		// service's next start, its message's channel gave up on it
-		// after five minutes. Both are ended as recovery ends a turn,
-		// then resumed.
+		// the unwind bound) and nothing wrote it since (endUnended, just
+		// before, ends every such turn it holds: a guard). Refused busy
+		// until the service's next start, its message's channel gave up
+		// on it after five minutes. Both are ended as recovery ends a
+		// turn, then resumed.
 		it := interruptedTurn{SessionID: ls.id, TurnID: prev.ID, Surface: prev.Surface, Generation: prev.Generation}
 		// nil: no turn_complete is published here (its session is idle).
 		if _, err := s.store.recoverTurn(ctx, it, true, interruptedMarker, nil); err != nil {

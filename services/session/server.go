@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,8 +187,10 @@ type Server struct {
 	openReads coalesce.Group[struct{}, []openSession]
 
 	// unendedBytes is what the live sessions keep of turn ends not
-	// written (turnEnd.size), within maxUnendedBytes.
+	// written (turnEnd.size), within maxUnendedBytes; spool keeps them
+	// on the disk for the next start (endspool.go).
 	unendedBytes atomic.Int64
+	spool        *endSpool
 
 	// mu guards lives (and each entry's refs and lastUsed) and closed; wg
 	// counts every turn goroutine, added under mu so none starts after
@@ -217,6 +220,16 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.providers[name] = f
 	}
 	s.base, s.cancelBase = context.WithCancelCause(context.Background())
+	spool, spooled, err := openEndSpool(filepath.Join(cfg.DataDir, "unended"), s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.spool = spool
+	// Before recovery, which would end these turns otherwise than their
+	// clients were told, and tell them a second time.
+	if err := s.writeSpooled(ctx, spooled); err != nil {
+		return nil, err
+	}
 	if err := s.recover(ctx); err != nil {
 		return nil, err
 	}
@@ -335,8 +348,8 @@ func (s *Server) Shutdown() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.UnwindTimeout)
 		defer cancel()
 		for _, ls := range lives {
-			// A crash loses these: the next start ends their turns as
-			// recovery does.
+			// Not written now, they stay in the spool for the next
+			// start.
 			ls.mu.Lock()
 			if err := s.endUnended(ctx, ls); err != nil {
 				s.log.Warn("write turn ends at shutdown", zap.String("session_id", ls.id), zap.Error(err))

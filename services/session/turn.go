@@ -602,11 +602,15 @@ func (s *Server) finish(t *turn, res turnResult) {
 		s.log.Warn("record turn end", zap.String("session_id", ls.id), zap.Error(err))
 		unrecorded = true
 	}
+	spooled := false
 	if unrecorded {
 		end.events = s.cp.closeTaking(t.log)
 		if !end.mapped {
 			end.updateMap, end.mapped = t.endMap(), true
 		}
+		// On the disk before turn_complete tells anyone how it ended: a
+		// crash from here on leaves the next start the end to write.
+		spooled = s.spoolEnd(end)
 	} else {
 		s.cp.close(t.log)
 	}
@@ -615,7 +619,7 @@ func (s *Server) finish(t *turn, res turnResult) {
 	// admitted, so cannot publish, before it.
 	ls.mu.Lock()
 	if unrecorded {
-		s.keepUnended(t, end)
+		s.keepUnended(t, end, spooled)
 	}
 	if !t.ended {
 		s.completeLocked(t, res)
