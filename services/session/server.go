@@ -54,7 +54,8 @@ type Config struct {
 	DB   *pgxpool.Pool
 	NATS *nats.Conn
 	Log  *zap.Logger
-	// DataDir holds the session workspaces: <DataDir>/workspaces/<id>/.
+	// DataDir holds the session workspaces, <DataDir>/workspaces/<id>/,
+	// and the spool of turn ends not written, <DataDir>/unended/.
 	DataDir string
 	// Agents resolves agent aliases; nil means only the built-in default
 	// agent.
