@@ -2,6 +2,8 @@ package pluginsandbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -44,10 +46,13 @@ type pollRefusals struct {
 }
 
 // refusalKey tells one refused message from another the plugin answers
-// without reading the inbound queue again.
+// without reading the inbound queue again: a digest, of a fixed size
+// whatever the fields' (each up to 16 KiB), as the spool keeps it
+// (spoolHeldMark).
 func refusalKey(r *wasmhost.PollRefusedError) string {
 	m := r.Msg
-	return strings.Join([]string{r.Field, strconv.Itoa(r.Size), m.ID, m.Sender, m.ReplyTarget, m.ThreadID}, "\x00")
+	sum := sha256.Sum256([]byte(strings.Join([]string{r.Field, strconv.Itoa(r.Size), m.ID, m.Sender, m.ReplyTarget, m.ThreadID}, "\x00")))
+	return hex.EncodeToString(sum[:])
 }
 
 // pollRefused handles a polled message that the host refused for its
@@ -91,8 +96,16 @@ func (b *binding) pollRefused(ctx context.Context, r *wasmhost.PollRefusedError,
 	if len(read) == 0 && key == p.last {
 		return b.answeredAgain(ctx, r, log, p)
 	}
-	p.clear(b)
+	p.reset(b)
 	p.last = key
+	if len(read) == 0 && b.spool.heldMark() == key {
+		// A process before this one (restarted, or another replica
+		// of the alias polling the same plugin's service) told its
+		// sender: the plugin answers it again, from its service.
+		log.Info("channel message refused for its size answered again: its sender was told by an earlier process")
+		return true
+	}
+	b.spool.markHeld(key)
 	log.Warn("channel message refused: past the bound of a polled message")
 	select {
 	case b.dl.notices <- backlogNotice{r.Msg, refusedNotice(r)}:
@@ -121,8 +134,7 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 	}
 	if p.stuck {
 		if n := b.inbound.Pending(); n != p.waiting {
-			p.waiting = n
-			b.failStalled(what, heard, n)
+			p.waiting = b.failStalled(what, heard)
 		}
 		return false
 	}
@@ -131,10 +143,9 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 	}
 	if p.rebuilt {
 		p.stuck, p.stalled = true, true
-		p.waiting = b.inbound.Pending()
+		p.waiting = b.failStalled(what, heard)
 		log.Warn("channel plugin rebuilt for a message refused for its size answers it still: the binding fails, and its listener refuses new messages until the plugin moves past it, is replaced or the channel is rebound",
 			zap.Int("answers", refusedAnswers), zap.Int("queued", p.waiting))
-		b.failStalled(what, heard, p.waiting)
 		return false
 	}
 	if err := b.ch.ResetPoll(ctx); err != nil {
@@ -163,8 +174,8 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 // one; nothing accepted may be lost without its sender being told. So
 // the binding's state is failed, with the reason (plugins/list), and
 // its listener answers new messages 503 saying why, before they are
-// taken (a message accepted in the moment it fails waits with the
-// others). It is not retried at each scan, as another failure is: a
+// taken (a post in the moment it fails is ordered with it: queued and
+// counted before, or refused after). It is not retried at each scan, as another failure is: a
 // new binding of the same plugin and settings would poll the same
 // message again. The messages accepted before stay in the host's queue
 // and spool, in order, and the poller keeps polling at the interval:
@@ -173,7 +184,9 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 //   - the plugin is replaced or upgraded, or the alias rebound with
 //     other settings: the binding that follows takes the queue over
 //     (a hand-over, as any rebind) and delivers them, and knows the
-//     refused message (heldKey), whose sender is not told twice;
+//     refused message (heldKey, and the spool's mark of it for a
+//     process that follows: spoolHeldMark), whose sender is not told
+//     twice;
 //   - the alias is unbound or bound to another plugin: as for any
 //     unbind, what the plugin cannot read into a message stays in the
 //     spool (counted in the warning, shown by status) for the next
@@ -181,16 +194,47 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 //     its count: the host cannot read a sender out of the plugin's
 //     shape of message to tell it.
 //
-// queued is the count of messages that wait behind it.
-func (b *binding) failStalled(what, heard string, queued int) {
+// The listener's admissions are held off while it fails (b.admit): a
+// post that passed the listener's check before is queued, and counted
+// in the reason, before the binding fails; one after is refused. It
+// returns that count, of the messages that wait behind the held one.
+func (b *binding) failStalled(what, heard string) int {
+	if failingHook != nil {
+		failingHook()
+	}
+	b.admit.Lock()
+	defer b.admit.Unlock()
+	queued := b.inbound.Pending()
 	why := "the channel takes no new message: its plugin answers again and again a message the host refused for its size, which the plugin's own service holds; the operator replaces the plugin or rebinds the channel; retry later"
 	b.stalled.Store(&why)
 	b.set(channelFailed, fmt.Sprintf("poll: the plugin's instance was rebuilt, and the new one answers again %s: the plugin's own service holds it; %s. The channel refuses new messages (503); the %d accepted before wait in its queue, to be delivered once the plugin moves past it, is replaced or upgraded, or the channel is rebound",
 		what, heard, queued))
+	if failedHook != nil {
+		failedHook(queued)
+	}
+	return queued
 }
 
-// clear forgets the last refusal: the plugin answered something else.
+// Test hooks (export_test.go): admitHook is called as a post passed the
+// listener's check of stalled; failingHook as failStalled begins, and
+// failedHook once it failed the binding, with the count it gave.
+var (
+	admitHook   func()
+	failingHook func()
+	failedHook  func(queued int)
+)
+
+// clear forgets the last refusal, and the spool's mark of it: the plugin
+// answered something else.
 func (p *pollRefusals) clear(b *binding) {
+	if p.last != "" {
+		b.spool.unmarkHeld(p.last)
+	}
+	p.reset(b)
+}
+
+// reset forgets the last refusal, leaving the spool's mark to the next.
+func (p *pollRefusals) reset(b *binding) {
 	if p.stuck {
 		b.stalled.Store(nil)
 		b.log.Info("channel plugin moved past the message refused for its size that its service held: the channel takes messages again")

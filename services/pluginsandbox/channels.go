@@ -155,6 +155,13 @@ type binding struct {
 	// plugin's own service holds a message the host refused for its
 	// size, and nothing queued behind it is polled (failStalled).
 	stalled atomic.Pointer[string]
+	// admit orders the listener's admissions (read-held from the check
+	// of stalled until the message is queued) with failStalled's
+	// (write-held): a post is either queued before the failure, and
+	// counted in its reason, or refused after it. Without it, a post
+	// that passed the check as the binding failed was answered 202
+	// after the failure, uncounted, to wait behind the held message.
+	admit sync.RWMutex
 	// heldKey is the refusalKey of that message, set by the poller and
 	// read once it ended (b.wg): the binding that takes this one's queue
 	// over knows the message, and does not tell its sender again.
@@ -500,6 +507,8 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "POST a JSON object", http.StatusMethodNotAllowed)
 		return
 	}
+	b.admit.RLock()
+	defer b.admit.RUnlock()
 	if why := b.stalled.Load(); why != nil {
 		// Accepted, it would wait behind the held message with no
 		// poll to reach it: refused before it is taken, as a full
@@ -508,6 +517,9 @@ func (b *binding) serveInbound(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "60")
 		http.Error(w, *why, http.StatusServiceUnavailable)
 		return
+	}
+	if admitHook != nil {
+		admitHook()
 	}
 	raw, err := body.raw, body.err
 	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {

@@ -141,3 +141,13 @@ func SetWrongTokenGap(gap time.Duration, hook func()) (undo func()) {
 // RefusedAnswers is how many more times a plugin may answer a message the
 // host refused before the host rebuilds its instance.
 const RefusedAnswers = refusedAnswers
+
+// SetStallHooks sets the hooks of a channel's failure on a message its
+// plugin's service holds (admitHook, failingHook, failedHook; nil: none)
+// until the returned func puts them back. Set before the server starts,
+// undone after it closed.
+func SetStallHooks(admit, failing func(), failed func(queued int)) (undo func()) {
+	oa, ofg, ofd := admitHook, failingHook, failedHook
+	admitHook, failingHook, failedHook = admit, failing, failed
+	return func() { admitHook, failingHook, failedHook = oa, ofg, ofd }
+}

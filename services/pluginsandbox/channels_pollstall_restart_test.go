@@ -1,0 +1,185 @@
+package pluginsandbox_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/testwait"
+	"github.com/clawmesh/clawmesh/services/pluginsandbox"
+)
+
+// stalledAt binds ts's alias web to the held webhook, posts held-1 (past
+// the poll's bound) and next, checks that held-1's sender is told, and
+// waits for the binding to fail on it.
+func stalledAt(t *testing.T, ts *testServer, sink *recordingSink, replies <-chan map[string]string) {
+	t.Helper()
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postBad(t, web.Listen, "held-1", badBytes)
+	if r := testwait.Recv(t, replies); r["recipient"] != "ann" || !strings.Contains(r["content"], "not delivered") {
+		t.Fatalf("reply to a message past the poll's bound: %v", r)
+	}
+	postText(t, web.Listen, "m2", "next")
+	waitFailed(t, ts, sink)
+}
+
+// waitFailed waits, as long as the plugin is polled, for ts's binding of
+// web to fail.
+func waitFailed(t *testing.T, ts *testServer, sink *recordingSink) {
+	t.Helper()
+	testwait.Progress(t, 50*time.Millisecond, func() (int64, bool) {
+		return int64(sink.count("held poll")), channelOf(t, ts, "web").GetState() == "failed"
+	})
+}
+
+// noSecondReply fails t if held-1's sender was told again.
+func noSecondReply(t *testing.T, replies <-chan map[string]string, after string) {
+	t.Helper()
+	select {
+	case r := <-replies:
+		t.Errorf("a second reply %s: %v", after, r)
+	default:
+	}
+}
+
+// The sender of a message the host refused for its size, which the
+// plugin's own service holds, was told again by the sandbox restarted
+// on the same spool: what the binding knew of the message (heldKey)
+// lived in the process. The spool now keeps it.
+func TestStalledChannelsSenderIsNotToldAgainAfterARestart(t *testing.T) {
+	hook, replies := heldUpstream(t)
+	fs := newFakeSessions()
+	spool := t.TempDir()
+	onSpool := func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool }
+	ts1, sink1 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
+	stalledAt(t, ts1, sink1, replies)
+	if err := ts1.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	ts2, sink2 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
+	bindChannels(t, ts2, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})
+	waitFailed(t, ts2, sink2)
+	noSecondReply(t, replies, "after the restart")
+
+	// Nothing accepted was lost: the upgraded plugin delivers next.
+	upgradeWebhook(t, ts2)
+	ts2.rescan(t)
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "next" {
+		t.Fatalf("prompt %q after the upgrade, want next", p.prompt)
+	}
+	noSecondReply(t, replies, "after the upgrade")
+}
+
+// So was it by another replica of the alias polling the same plugin's
+// service, which adopts the spool once the first one is gone.
+func TestStalledChannelsSenderIsNotToldAgainByAReplicaAdoptingItsSpool(t *testing.T) {
+	hook, replies := heldUpstream(t)
+	fs := newFakeSessions()
+	spool := t.TempDir()
+	onSpool := func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool }
+	ts1, sink1 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
+	stalledAt(t, ts1, sink1, replies)
+
+	ts2, sink2 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
+	bindChannels(t, ts2, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})
+	waitFailed(t, ts2, sink2)
+	noSecondReply(t, replies, "from the second replica")
+
+	// The first replica gone, the second adopts next and, upgraded,
+	// delivers it.
+	if err := ts1.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	upgradeWebhook(t, ts2)
+	ts2.rescan(t)
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "next" {
+		t.Fatalf("prompt %q after the adoption and the upgrade, want next", p.prompt)
+	}
+	noSecondReply(t, replies, "after the adoption")
+}
+
+// A post that passed the listener's check as the binding failed on a
+// message its plugin's service holds was answered 202 after the
+// failure, which counted it not among the messages waiting behind the
+// held one. The hooks hold the post at the check until the failure
+// begins: now it is queued before the failure, which counts it (or,
+// after, it would be refused).
+func TestPostAtTheInstantTheChannelFailsIsCountedByTheFailure(t *testing.T) {
+	var armed atomic.Bool
+	atCheck := make(chan struct{})
+	failing := make(chan struct{})
+	var once sync.Once
+	counts := make(chan int, 16)
+	undo := pluginsandbox.SetStallHooks(func() {
+		if !armed.CompareAndSwap(true, false) {
+			return
+		}
+		close(atCheck)
+		// A deadline to stop a hang, not a timing.
+		select {
+		case <-failing:
+		case <-time.After(2 * time.Minute):
+		}
+	}, func() {
+		once.Do(func() { close(failing) })
+	}, func(queued int) {
+		select {
+		case counts <- queued:
+		default:
+		}
+	})
+	t.Cleanup(undo) // after the server's close: registered before it
+
+	hook, replies := heldUpstream(t)
+	fs := newFakeSessions()
+	ts, _ := stickyServer(t, fs, hook, heldWebhook, nil)
+	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
+	postBad(t, web.Listen, "held-1", badBytes)
+	if r := testwait.Recv(t, replies); r["recipient"] != "ann" {
+		t.Fatalf("reply to a message past the poll's bound: %v", r)
+	}
+	postText(t, web.Listen, "m2", "next")
+
+	armed.Store(true)
+	answered := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+web.Listen+"/",
+			strings.NewReader(`{"id":"m3","from":"ann","thread":"t-1","text":"at the instant"}`))
+		req.Header.Set("Authorization", "Bearer "+chanToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	testwait.Recv(t, atCheck)
+	code := testwait.Recv(t, answered)
+	queued := testwait.Recv(t, counts)
+	switch {
+	case code == http.StatusAccepted && queued != 2:
+		t.Errorf("a post answered 202 at the instant the binding failed is not among the %d the failure counts waiting", queued)
+	case code != http.StatusAccepted && code != http.StatusServiceUnavailable:
+		t.Errorf("a post at the instant the binding failed: %d", code)
+	}
+	t.Logf("the post at the instant: %d; the failure counts %d waiting", code, queued)
+
+	// Accepted, it is delivered after next once the plugin is upgraded.
+	upgradeWebhook(t, ts)
+	ts.rescan(t)
+	want := []string{"next"}
+	if code == http.StatusAccepted {
+		want = append(want, "at the instant")
+	}
+	for _, w := range want {
+		if p := testwait.Recv(t, fs.prompts); p.prompt != w {
+			t.Fatalf("prompt %q after the upgrade, want %q", p.prompt, w)
+		}
+	}
+}
