@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/clawmesh/clawmesh/internal/grpcserver"
+	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 )
 
@@ -32,7 +34,11 @@ import (
 // to 15 s after the last frame read; gRPC pings no more often), and the
 // calls picked on it meanwhile too. A call in flight longer than
 // ProbeAfter (a plugin tool running) costs the replica one health check
-// a second.
+// a second. When the client knows the replica's process (a Unix
+// socket's peer, peer.go), a check still unanswered after StateAfter
+// has its process's state read: a stopped process (state T) is hung at
+// once, not after ProbeTimeout, and one whose CPU time grew while the
+// check went unanswered runs (starved or busy) and is not hung.
 const (
 	ProbeAfter   = 500 * time.Millisecond
 	ProbeEvery   = time.Second
@@ -51,9 +57,18 @@ func NotAnswering(err error) bool {
 }
 
 // errNoAnswer is why a replica is hung: the cause of its calls' ends.
-type errNoAnswer struct{ addr string }
+// stopped: its process (pid) was seen stopped while the check waited,
+// before ProbeTimeout.
+type errNoAnswer struct {
+	addr    string
+	pid     int
+	stopped bool
+}
 
 func (e errNoAnswer) Error() string {
+	if e.stopped {
+		return fmt.Sprintf("%s did not answer a health check, its process %d being stopped: %s", e.addr, e.pid, StoppedOrHung)
+	}
 	return fmt.Sprintf("%s did not answer a health check within %v: %s", e.addr, ProbeTimeout, StoppedOrHung)
 }
 
@@ -94,31 +109,114 @@ type prober struct{}
 
 func (prober) Build(cc any) (balancer.Producer, func()) { return cc, func() {} }
 
-// probe asks sc's replica whether it answers, within ProbeTimeout:
-// answered is false when it did not; lost when the connection is gone
-// or the client closing, which say nothing of the process.
-func (r *reachability) probe(sc balancer.SubConn) (answered, lost bool) {
+// verdict is what a health check found of a replica.
+type verdict int
+
+const (
+	checkAnswered verdict = iota
+	// checkLost: the connection is gone or the client closing, which
+	// say nothing of the process.
+	checkLost
+	// checkSilent: unanswered within ProbeTimeout, the process unknown
+	// (no pid: TCP, another pid namespace) or not seen to run.
+	checkSilent
+	// checkRuns: unanswered, but the process ran meanwhile (its CPU
+	// time grew): starved or busy, not hung.
+	checkRuns
+	// checkStopped: its process is stopped (state T), found while the
+	// check waited (StateAfter), not at its end.
+	checkStopped
+)
+
+// probe asks sc's replica whether it answers, within ProbeTimeout, and
+// reads its process's state while the check waits (peer.go): a stopped
+// one ends the check at once, unless hung (the replica is found so
+// already: its check waits on, for the first answer once it runs
+// again). It returns the process it asked, for the hang's words.
+func (r *reachability) probe(sc balancer.SubConn, hung bool) (verdict, peerProc) {
 	p, release := sc.GetOrBuildProducer(prober{})
 	defer release()
 	cc, ok := p.(grpc.ClientConnInterface)
 	if !ok {
-		return true, true
+		return checkLost, peerProc{}
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, ProbeTimeout)
 	defer cancel()
-	_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: grpcserver.Calls})
+	// A stream, not Invoke: its context names the connection's peer
+	// (peerInfo) as soon as it is made, while the check waits.
+	cs, err := cc.NewStream(ctx, &grpc.StreamDesc{StreamName: "Check"}, healthpb.Health_Check_FullMethodName)
+	if err != nil {
+		return r.judge(ctx, err), peerProc{}
+	}
+	proc := procOf(cs.Context())
+	res := make(chan error, 1)
+	go func() { res <- check(cs) }()
+	t := time.NewTimer(StateAfter)
+	defer t.Stop()
+	var first procstat.Stat
+	sampled := false
+	for {
+		select {
+		case err := <-res:
+			v := r.judge(ctx, err)
+			if v == checkSilent && sampled {
+				if st, ok := proc.sample(); ok {
+					switch {
+					case stopped(st):
+						v = checkStopped
+					case st.CPU > first.CPU:
+						v = checkRuns
+					}
+				}
+			}
+			return v, proc
+		case <-t.C:
+		}
+		st, ok := proc.sample()
+		if !ok {
+			// Not known, or gone: the check's own end decides.
+			continue
+		}
+		if stopped(st) && !hung {
+			cancel()
+			<-res
+			if r.ctx.Err() != nil {
+				return checkLost, proc
+			}
+			return checkStopped, proc
+		}
+		if !sampled {
+			first, sampled = st, true
+		}
+		t.Reset(StateAfter)
+	}
+}
+
+// check is a unary health check of grpcserver.Calls on cs.
+func check(cs grpc.ClientStream) error {
+	if err := cs.SendMsg(&healthpb.HealthCheckRequest{Service: grpcserver.Calls}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if err := cs.CloseSend(); err != nil {
+		return err
+	}
+	return cs.RecvMsg(new(healthpb.HealthCheckResponse))
+}
+
+// judge is a check's verdict from its error, its ctx that of probe.
+func (r *reachability) judge(ctx context.Context, err error) verdict {
 	switch {
 	case r.ctx.Err() != nil:
-		return false, true
+		return checkLost
 	case err == nil:
-		return true, false
+		return checkAnswered
 	case status.Code(err) == codes.DeadlineExceeded && ctx.Err() != nil:
-		return false, false
+		return checkSilent
 	case status.Code(err) == codes.Unavailable:
-		return false, true
+		return checkLost
 	}
 	// An error answered is an answer.
-	return true, false
+	return checkAnswered
 }
 
 // track ties the call in ctx (watched) to res's replica until its Done:
@@ -202,18 +300,18 @@ func (r *reachability) prober(rc *reach) {
 			t.Reset(ProbeAfter - quiet)
 			continue
 		}
-		sc := rc.sc
+		sc, hung := rc.sc, rc.hung
 		r.mu.Unlock()
 		start := r.now()
-		answered, lost := r.probe(sc)
-		if lost {
+		v, proc := r.probe(sc, hung)
+		if v == checkLost {
 			r.mu.Lock()
 			rc.probing = false
 			r.mu.Unlock()
 			return
 		}
-		r.answered(rc, start, answered)
-		if answered {
+		r.answered(rc, start, v, proc)
+		if v == checkAnswered {
 			t.Reset(ProbeEvery)
 			continue
 		}
@@ -225,33 +323,41 @@ func (r *reachability) prober(rc *reach) {
 	}
 }
 
-// answered records a probe of rc begun at start. A replica that did not
-// answer, and answered no call on the connection since start either,
-// is hung: away from start, not picked, and its calls in flight are
-// ended, after the picker that leaves it is pushed (a call made again
-// at once must not be picked on it). One that answers is back.
-func (r *reachability) answered(rc *reach, start time.Time, answered bool) {
+// answered records a probe of rc begun at start, its verdict v on the
+// process proc. A replica whose process is stopped is hung; so is one
+// that did not answer, answered no call on the connection since start
+// either, and was not seen to run: away from start, not picked, and its
+// calls in flight are ended, after the picker that leaves it is pushed
+// (a call made again at once must not be picked on it). One that
+// answers is back.
+func (r *reachability) answered(rc *reach, start time.Time, v verdict, proc peerProc) {
 	r.mu.Lock()
 	var end []*call
 	changed := false
 	switch {
-	case answered:
+	case v == checkAnswered:
 		rc.heard = r.now()
 		if rc.hung {
 			rc.hung, rc.downSince, rc.err = false, time.Time{}, nil
 			changed = true
 		}
-	case !rc.hung && rc.heard.After(start):
+	case v == checkStopped && !rc.hung:
+		// Certain, whatever was heard: a stopped process answers
+		// nothing more until it is continued.
+	case !rc.hung && (rc.heard.After(start) || v == checkRuns):
 		// Unanswered, but a call on the connection was answered while
-		// the check waited: the process runs (starved, or busy), it is
-		// not stopped. The prober checks again at once, so each
-		// ProbeTimeout of silence needs an answer of its own.
-	case !rc.hung:
+		// the check waited, or the process ran: it runs (starved, or
+		// busy), it is not stopped. The prober checks again at once,
+		// so each ProbeTimeout of silence needs an answer, or a run,
+		// of its own.
+		v = checkRuns
+	}
+	if !rc.hung && (v == checkStopped || v == checkSilent) {
 		rc.hung, rc.hungAt = true, r.now()
 		if rc.downSince.IsZero() {
 			rc.downSince = start
 		}
-		rc.err = errNoAnswer{addr: rc.addr}
+		rc.err = errNoAnswer{addr: rc.addr, pid: proc.pid, stopped: v == checkStopped}
 		for c := range rc.calls {
 			end = append(end, c)
 		}

@@ -126,6 +126,9 @@ var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}],"healt
 func DialReplicas(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	// A later default service config replaces Dial's.
 	return Dial(addr, append([]grpc.DialOption{
+		// Insecure as Dial's, knowing each Unix socket's process
+		// (peer.go).
+		grpc.WithTransportCredentials(newPeerCreds()),
 		grpc.WithDefaultServiceConfig(replicasServiceConfig),
 		grpc.WithChainUnaryInterceptor(waitForReplica),
 		grpc.WithChainStreamInterceptor(waitForReplicaStream),

@@ -30,7 +30,9 @@ import (
 // within the call's deadline whatever its time. A replica that is hung
 // (its socket accepts, in the kernel's backlog, and nothing answers) is
 // away from the start of its first connect that timed out
-// (ConnectTimeout), so calls fail RestartGrace after that start. One
+// (ConnectTimeout), so calls fail RestartGrace after that start; one
+// whose process the connect finds stopped (peer.go) fails the connect
+// at once and counts as gone at once, as a hung one. One
 // hung with its connection open is away from the start of the health
 // check it left unanswered (answer.go), and counts as gone at once: it
 // is not restarting.
@@ -59,6 +61,10 @@ type reach struct {
 	// connection is lost.
 	hung   bool
 	hungAt time.Time
+	// stopped: its last connect found its process stopped (peer.go),
+	// since hungAt; until a connect gets through, or fails otherwise.
+	// Gone at once, as hung.
+	stopped bool
 	// heard is when a call on the connection last had an answer.
 	heard time.Time
 	// calls are the calls in flight on the connection (track), as many
@@ -134,7 +140,7 @@ func (r *reachability) update(rc *reach, s balancer.SubConnState) {
 	defer r.mu.Unlock()
 	switch s.ConnectivityState {
 	case connectivity.Ready:
-		rc.downSince, rc.err, rc.hung = time.Time{}, nil, false
+		rc.downSince, rc.err, rc.hung, rc.stopped = time.Time{}, nil, false, false
 	case connectivity.Connecting:
 		rc.trying = r.now()
 	case connectivity.TransientFailure:
@@ -151,6 +157,11 @@ func (r *reachability) update(rc *reach, s balancer.SubConnState) {
 			}
 		}
 		rc.err = s.ConnectionError
+		if isPeerStopped(rc.err) && !rc.stopped {
+			rc.stopped, rc.hungAt = true, r.now()
+		} else if !isPeerStopped(rc.err) {
+			rc.stopped = false
+		}
 	case connectivity.Shutdown:
 		delete(r.conns, rc)
 		if rc.sc != nil {
@@ -210,7 +221,7 @@ func (r *reachability) goneAtLocked() (at time.Time, last *reach, away bool) {
 			return time.Time{}, nil, false
 		}
 		gone := rc.downSince.Add(r.grace)
-		if rc.hung && rc.hungAt.Before(gone) {
+		if (rc.hung || rc.stopped) && rc.hungAt.Before(gone) {
 			gone = rc.hungAt
 		}
 		if last == nil || gone.After(at) {
@@ -230,7 +241,7 @@ func (r *reachability) unreachable() error {
 		return nil
 	}
 	msg := fmt.Sprintf("%s (none connected for %v", NoReplicaReachable, r.grace)
-	if last.hung {
+	if last.hung || last.stopped {
 		msg = NoReplicaReachable + " (none answers"
 	}
 	if last.err != nil {
@@ -246,6 +257,10 @@ func (r *reachability) unreachable() error {
 // words ("error reading server preface: ... use of closed network
 // connection") do not say.
 func (rc *reach) why() string {
+	var stopped errPeerStopped
+	if errors.As(rc.err, &stopped) {
+		return stopped.Error()
+	}
 	if errors.Is(rc.err, net.ErrClosed) {
 		return fmt.Sprintf("%s accepts connections but did not answer one within %v: %s", rc.addr, ConnectTimeout, StoppedOrHung)
 	}

@@ -9,11 +9,13 @@ package listenfd
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 const (
@@ -90,6 +92,7 @@ func Listener(name string) (net.Listener, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: descriptor %d (%s): %w", ErrNotListener, firstFD+i, name, err)
 		}
+		relisten(ln)
 		return ln, nil
 	}
 	return nil, nil
@@ -107,6 +110,25 @@ const DurableSocket = "collie-durable"
 // socket's backlog instead of retrying the connection, and holds it while
 // a service is dormant (upload-staging), passing it at each run.
 const GRPCSocket = "clawmesh-grpc"
+
+// relisten calls listen again on ln, a socket another process bound and
+// listened on: a Unix socket's clients learn its server's pid from the
+// kernel (SO_PEERCRED), which names the process that last called listen
+// on it. Without this a replica's first run was its launcher to them,
+// and a stopped replica could not be told from a slow one
+// (grpcclient's peer.go). The backlog asked is clamped to somaxconn, as
+// Go's own listen's is. A failure changes nothing the socket does.
+func relisten(ln net.Listener) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = raw.Control(func(fd uintptr) { _ = syscall.Listen(int(fd), math.MaxUint16) })
+}
 
 func unset() {
 	os.Unsetenv(envFDs)
