@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/clawmesh/clawmesh/gateway/jsonrpc"
 	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/configschema"
@@ -48,13 +45,13 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 	if g.plugins == nil {
 		return nil, jsonrpc.NewError(jsonrpc.CodeInternal, "no plugin sandbox configured", nil)
 	}
-	list, err := readAgain(ctx, len(g.cfg.PluginAddrs), func() (*pluginv1.ListPluginsResponse, error) {
+	list, err := grpcclient.ReadAgain(ctx, len(g.cfg.PluginAddrs), func() (*pluginv1.ListPluginsResponse, error) {
 		return g.plugins.ListPlugins(ctx, &pluginv1.ListPluginsRequest{All: all})
 	})
 	if err != nil {
 		return nil, serviceError("plugin-sandbox", err)
 	}
-	channels, err := readAgain(ctx, len(g.cfg.PluginAddrs), func() (*pluginv1.ListChannelsResponse, error) {
+	channels, err := grpcclient.ReadAgain(ctx, len(g.cfg.PluginAddrs), func() (*pluginv1.ListChannelsResponse, error) {
 		return g.plugins.ListChannels(ctx, &pluginv1.ListChannelsRequest{})
 	})
 	if err != nil {
@@ -82,31 +79,6 @@ func (g *Gateway) pluginsList(ctx context.Context, cs *connState, params json.Ra
 		"enabled": list.GetEnabled(), "plugins_dir": list.GetPluginsDir(), "signature_mode": list.GetSignatureMode(),
 		"plugins": plugins, "channels": bindings,
 	}, nil
-}
-
-// readAgain is call, a read of the sandbox's, made again while it fails
-// Unavailable on its own, not for want of a replica (that wait is done:
-// NoReplicaReachable, NoReplicaServes): picked on the connection of a
-// replica killed a moment before, which the kept client had not yet
-// seen close, or ended because its replica left a health check
-// unanswered (grpcclient.NotAnswering); either replica is no longer
-// picked once the client has seen it, and another may answer. Tried
-// once more only, a call with every replica killed at once failed
-// "plugin-sandbox unavailable" where it should say that no replica is
-// reachable: the second try, like the first, was picked on a replica
-// whose end the client had not yet seen. So up to twice a replica and
-// once more, after which the picker knows every one of them; with every
-// replica hung each try fails at once. A read changes nothing, so the
-// tries are harmless.
-func readAgain[T any](ctx context.Context, replicas int, call func() (T, error)) (T, error) {
-	v, err := call()
-	for range 2 * replicas {
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil || grpcclient.Unreachable(err) || grpcclient.Unserved(err) {
-			break
-		}
-		v, err = call()
-	}
-	return v, err
 }
 
 func orEmpty(s []string) []string {

@@ -64,7 +64,11 @@ type Config struct {
 	// lets every principal use every agent.
 	Authz Authorizer
 	// Plugins is the plugin sandbox; nil means no plugin tools.
-	Plugins pluginv1.PluginServiceClient
+	// PluginReplicas is how many replicas its client spreads calls over
+	// (0: one), which bounds how often a read is made again
+	// (grpcclient.ReadAgain).
+	Plugins        pluginv1.PluginServiceClient
+	PluginReplicas int
 	// Providers adds providers to (or replaces) scripted and openai.
 	Providers map[string]ProviderFactory
 

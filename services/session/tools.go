@@ -121,25 +121,27 @@ func (s *Server) toolsFor(ctx context.Context, agent AgentConfig) (ts *toolSet, 
 	return ts, ""
 }
 
-// listPluginTools is the sandbox's ListTools, tried once more when the
-// first try failed Unavailable on its own (not for want of a replica:
-// that wait is done): a call picked on the connection of a sandbox
-// killed a moment before, which the client had not yet seen close,
-// fails at once; so does one ended because its replica left a health
-// check unanswered (grpcclient.NotAnswering), which another replica may
-// answer. The second try waits for the restarted sandbox like any call,
-// and fails at once when every replica is hung. Listing changes
-// nothing, so a second try is harmless.
+// listPluginTools is the sandbox's ListTools, made again while it fails
+// Unavailable on its own (grpcclient.ReadAgain, as the gateway's
+// plugins/list): a call picked on the connection of a sandbox killed a
+// moment before, which the client had not yet seen close, fails at
+// once; so does one ended because its replica is stopped or hung
+// (grpcclient.NotAnswering), which another replica may answer. Tried
+// once more only, with every replica killed at once both tries could
+// meet a dead connection, and the turn was told "it is unavailable"
+// where no replica could be reached. The tries after wait for the
+// restarted sandbox like any call, and fail at once when every replica
+// is hung.
 func (s *Server) listPluginTools(ctx context.Context) (*pluginv1.ListToolsResponse, error) {
-	resp, err := s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
-	if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+	var last error
+	return grpcclient.ReadAgain(ctx, s.cfg.PluginReplicas, func() (*pluginv1.ListToolsResponse, error) {
+		if last != nil {
+			s.log.Info("list plugin tools: tried again", zap.Error(last))
+		}
+		resp, err := s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
+		last = err
 		return resp, err
-	}
-	if grpcclient.Unreachable(err) || grpcclient.Unserved(err) {
-		return resp, err
-	}
-	s.log.Info("list plugin tools: tried again", zap.Error(err))
-	return s.cfg.Plugins.ListTools(ctx, &pluginv1.ListToolsRequest{})
+	})
 }
 
 // stoppedOrHung is why a call or a listing failed when the sandbox took

@@ -93,8 +93,10 @@ func register(ctx context.Context, env *service.Env) error {
 		Agents:  &session.ConfigAgents{Live: live, Client: configRPC, Log: env.Log},
 		Authz:   live,
 		Plugins: pluginv1.NewPluginServiceClient(pluginConn),
-		Files:   files,
-		Uploads: live.Uploads,
+		// Bounds how often a tool listing is made again.
+		PluginReplicas: grpcclient.Addrs(env.Peers.Plugin),
+		Files:          files,
+		Uploads:        live.Uploads,
 
 		FileReceiver: receiver,
 	})
