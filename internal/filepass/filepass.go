@@ -456,42 +456,10 @@ func (r *Receiver) expireLocked() {
 
 // Take gives the size bytes the token names to bind, read once into buf
 // (grown when short) so that nothing the sender does after changes them.
-// The token is gone after it, whatever the answer, as with TakeFile.
+// The token is gone after it, whatever the answer: ErrUnknown for a
+// token not held (or another's), ErrTooLarge for a size past the
+// file's. A token not of a token's form is unknown without a look-up.
 func (r *Receiver) Take(token string, size int64, bind Binding, buf []byte) ([]byte, error) {
-	f, err := r.TakeFile(token, size, bind)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if int64(cap(buf)) < size {
-		buf = make([]byte, size)
-	}
-	buf = buf[:size]
-	for off := int64(0); off < size; {
-		n, err := unix.Pread(int(f.Fd()), buf[off:], off)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read the passed file: %w", err)
-		}
-		if n == 0 {
-			return nil, ErrTooLarge
-		}
-		off += int64(n)
-	}
-	return buf, nil
-}
-
-// TakeFile gives bind the file the token names, for it to read its first
-// size bytes from and close; nothing is read here. Its sender can still
-// write it: a taker that must know what it read reads it once, as Take
-// does, or checks what it made of it (the session service hashes the
-// copy it wrote). The token is gone after it, whatever the answer:
-// ErrUnknown for a token not held (or another's), ErrTooLarge for a size
-// past the file's. A token not of a token's form is unknown without a
-// look-up.
-func (r *Receiver) TakeFile(token string, size int64, bind Binding) (*os.File, error) {
 	if !ids.LowerHex(token, TokenHexLen) {
 		return nil, ErrUnknown
 	}
@@ -505,23 +473,37 @@ func (r *Receiver) TakeFile(token string, size int64, bind Binding) (*os.File, e
 	if !ok {
 		return nil, ErrUnknown
 	}
-	f := os.NewFile(uintptr(h.fd), "handed-over")
+	defer unix.Close(h.fd)
 	if h.bind != bind {
-		f.Close()
 		return nil, ErrUnknown
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(h.fd, &st); err != nil {
-		f.Close()
 		return nil, fmt.Errorf("stat the passed file: %w", err)
 	}
 	// Against the file as it is now, not as it was passed: a sender may
 	// have shrunk it since, and a read past its end comes back short.
 	if size <= 0 || size > h.size || size > st.Size {
-		f.Close()
 		return nil, ErrTooLarge
 	}
-	return f, nil
+	if int64(cap(buf)) < size {
+		buf = make([]byte, size)
+	}
+	buf = buf[:size]
+	for off := int64(0); off < size; {
+		n, err := unix.Pread(h.fd, buf[off:], off)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the passed file: %w", err)
+		}
+		if n == 0 {
+			return nil, ErrTooLarge
+		}
+		off += int64(n)
+	}
+	return buf, nil
 }
 
 // SocketFor is the file socket beside a service's gRPC socket at addr:

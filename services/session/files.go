@@ -285,20 +285,16 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 		}
 	}
 	var data []byte
-	var src *os.File
 	if req.GetFileToken() != "" {
-		src, err = s.handedOver(req)
-		if src != nil {
-			defer src.Close()
-		}
+		data, err = s.handedOver(req)
+		defer s.keepFileBuffer(data)
 	} else {
 		data, err = fileContent(req)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if mimeType == "" && src == nil {
-		// A handed-over file's is guessed from what writeFile wrote.
+	if mimeType == "" {
 		mimeType = guessMIME(name, data)
 	}
 	// The checks are the caller's: a caller gone (a client that closed
@@ -351,7 +347,7 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 			return status.FromContextError(err).Err()
 		}
 		steptrace.Since("session", "store.checks", start)
-		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, src: src, size: storedSize(data, src, req), name: name, mime: mimeType, principal: p.GetPrincipalId(), uploadID: req.GetUploadId(), sha256: wantSum})
+		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, name: name, mime: mimeType, principal: p.GetPrincipalId(), uploadID: req.GetUploadId(), sha256: wantSum})
 		return err
 	})
 	if !written.IsZero() {
@@ -380,13 +376,11 @@ func errHandOver() error {
 }
 
 // handedOver is the file a StoreFile names by its token (Config's
-// FileReceiver), unread: writeFile copies it into the workspace in the
-// kernel and hashes the copy it wrote, so whatever the sender does with
-// its memfd meanwhile, the file is named by the bytes stored (and
-// refused when a hash was declared and they are not those). Any failure
-// to take it is the hand-over's refusal, and the caller sends the bytes
-// instead.
-func (s *Server) handedOver(req *sessionv1.StoreFileRequest) (*os.File, error) {
+// FileReceiver), read once into this process's buffer: what the sender
+// does with its memfd afterwards changes nothing hashed or written. Any
+// failure to take it is the hand-over's refusal, and the caller sends
+// the bytes instead.
+func (s *Server) handedOver(req *sessionv1.StoreFileRequest) ([]byte, error) {
 	if len(req.GetData()) > 0 || req.GetPath() != "" {
 		return nil, errInvalid("send either `file_token` or the file's bytes, not both")
 	}
@@ -400,22 +394,40 @@ func (s *Server) handedOver(req *sessionv1.StoreFileRequest) (*os.File, error) {
 	}
 	bind := filepass.Binding{Upload: req.GetUploadId(), Principal: req.GetPrincipal().GetPrincipalId()}
 	defer steptrace.Since("session", "store.take", time.Now())
-	f, err := s.cfg.FileReceiver.TakeFile(req.GetFileToken(), size, bind)
+	data, err := s.cfg.FileReceiver.Take(req.GetFileToken(), size, bind, s.fileBuffer())
 	if err != nil {
 		s.log.Info("file hand-over refused", zap.String("upload_id", bind.Upload), zap.Error(err))
 		return nil, errHandOver()
 	}
-	return f, nil
+	return data, nil
 }
 
-// storedSize is the size of the file a StoreFile stores: its bytes', or
-// the handed-over file's as the request declares it (TakeFile checked
-// the memfd holds that much).
-func storedSize(data []byte, src *os.File, req *sessionv1.StoreFileRequest) int64 {
-	if src != nil {
-		return req.GetFileSize()
+// maxFileBuffers bounds the buffers kept for handed-over files, as
+// bulkcodec keeps those of files sent in messages.
+const maxFileBuffers = 2
+
+// fileBuffer is a kept buffer for a handed-over file, or nil (Take
+// makes one): a new one of megabytes costs a fault a page as it is read
+// into.
+func (s *Server) fileBuffer() []byte {
+	select {
+	case b := <-s.fileBufs:
+		return b
+	default:
+		return nil
 	}
-	return int64(len(data))
+}
+
+// keepFileBuffer keeps b for the next handed-over file, once its store
+// is done with it, if there is room.
+func (s *Server) keepFileBuffer(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	select {
+	case s.fileBufs <- b[:0]:
+	default:
+	}
 }
 
 // fileContent is the file's bytes: data, or the local file at path (an
@@ -519,12 +531,8 @@ func fileExt(name string) string {
 // storedFile is one file to store; uploadID, when set, is the chunked
 // upload it comes from, recorded for principal (CommittedUpload).
 type storedFile struct {
-	name, mime string
-	// data is the file's bytes, or nil when src is set: a handed-over
-	// file whose first size bytes are the file's.
+	name, mime          string
 	data                []byte
-	src                 *os.File
-	size                int64
 	principal, uploadID string
 	// sha256 is the hash the content must have (the upload's declared
 	// one), or "": compared with the sum computed to name the file, so
@@ -605,26 +613,12 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	var tmp *tempFile
 	defer func() { tmp.discard() }()
 	start := time.Now()
-	switch {
-	case f.src != nil:
-		// Written whatever its size: its bytes are known only once
-		// copied.
-		sum, tmp, err = copyHashing(dir, f.src, f.size, (*os.File).Sync)
-		if errors.Is(err, errShortFile) {
-			return nil, false, errHandOver()
-		}
-		if err != nil {
-			return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
-		}
-		if f.mime == "" {
-			f.mime = guessMIME(f.name, tmp.head())
-		}
-	case len(f.data) >= writeAheadMin:
+	if len(f.data) >= writeAheadMin {
 		sum, tmp, err = hashWritingAhead(dir, f.data, uploads.Sum, (*os.File).Sync)
 		if err != nil {
 			return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
-	default:
+	} else {
 		sum = uploads.Sum(f.data)
 	}
 	steptrace.Since("session", "store.hash+write+sync", start)
@@ -652,14 +646,14 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 
 	if !dedup {
 		// Charged before the file is placed: a refusal leaves nothing.
-		if err := s.chargeStored(ctx, tx, r.Owner, f.size); err != nil {
+		if err := s.chargeStored(ctx, tx, r.Owner, int64(len(f.data))); err != nil {
 			return nil, false, err
 		}
 	}
 	steptrace.Since("session", "store.index+charge", start)
 	start = time.Now()
 	base := filepath.Base(rel)
-	same, err := sameContent(dir, base, sum, f.size)
+	same, err := sameContent(dir, base, sum, int64(len(f.data)))
 	if err != nil {
 		return nil, false, fmt.Errorf("compare stored file: %w", err)
 	}
@@ -683,7 +677,7 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 		placed = true
 		if _, err := tx.Exec(ctx, `INSERT INTO session_files (session_id, sha256, path, size_bytes, filename, mime_type)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id, sha256) DO NOTHING`,
-			r.ID, sum, rel, f.size, f.name, f.mime); err != nil {
+			r.ID, sum, rel, len(f.data), f.name, f.mime); err != nil {
 			return nil, true, fmt.Errorf("index file: %w", err)
 		}
 	}
@@ -703,7 +697,7 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 			}
 		}
 	}
-	return fileEntry(r.WorkspaceDir, rel, sum, f.name, f.mime, f.size, dedup), placed, nil
+	return fileEntry(r.WorkspaceDir, rel, sum, f.name, f.mime, int64(len(f.data)), dedup), placed, nil
 }
 
 // storedQuota is what a user's sessions may hold in stored files: the
@@ -841,108 +835,6 @@ func hashWritingAhead(dir int, data []byte, hash func([]byte) string, sync func(
 	return <-sum, tmp, err
 }
 
-// errShortFile: a handed-over file held fewer bytes than its size when
-// it was copied (its sender shrank it after the take).
-var errShortFile = errors.New("handed-over file shorter than its size")
-
-// hashPiece is what copyHashing's hash reads back at a time: small
-// enough to stay in a core's cache between the read and the hash.
-const hashPiece = 256 << 10
-
-// copyHashing copies the first size bytes of src (a handed-over memfd)
-// into a new temporary file in dir, in the kernel (sendfile, in pieces of
-// writePiece, as writePieces writes), syncs it (with sync), and hashes
-// the bytes it wrote, read back from the temporary file piece by piece
-// behind the copy, on a goroutine of its own; it waits for both. The
-// file comes back synced, or not at all.
-//
-// Read into a buffer of its own first (the take), a 10 MB file was copied
-// twice before its write (2.5 ms at the median, beside nothing): now once.
-// What is hashed is what is in the file, not what src holds: its sender
-// can still write it (it is a process of this user; upload-staging does
-// not), and whatever it does, the file is named by the bytes stored, and
-// a declared hash that is not theirs refuses them.
-func copyHashing(dir int, src *os.File, size int64, sync func(*os.File) error) (string, *tempFile, error) {
-	tmp, err := newTemp(dir)
-	if err != nil {
-		return "", nil, err
-	}
-	start := time.Now()
-	// Each piece's end, once written: a slot a piece, so the copy
-	// waits for the hash only when sendfile comes back short.
-	written := make(chan int64, size/writePiece+1)
-	type result struct {
-		sum string
-		err error
-	}
-	hashed := make(chan result, 1)
-	go func() {
-		h := sha256.New()
-		buf := make([]byte, hashPiece)
-		var off int64
-		var err error
-		for end := range written {
-			for err == nil && off < end {
-				var n int
-				n, err = tmp.f.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
-				h.Write(buf[:n])
-				off += int64(n)
-				if errors.Is(err, io.EOF) && n > 0 {
-					err = nil
-				}
-			}
-		}
-		if err == nil && off != size {
-			err = errShortFile
-		}
-		steptrace.Since("session", "store.hash", start)
-		hashed <- result{hex.EncodeToString(h.Sum(nil)), err}
-	}()
-	err = copyPieces(tmp.f, src, size, written)
-	close(written)
-	steptrace.Since("session", "store.write", start)
-	if err == nil {
-		syncing := time.Now()
-		err = sync(tmp.f)
-		steptrace.Since("session", "store.sync", syncing)
-		if err != nil {
-			err = fmt.Errorf("sync temporary file: %w", err)
-		}
-	}
-	res := <-hashed // before any discard: it reads tmp
-	if err == nil && res.err != nil {
-		err = fmt.Errorf("read back temporary file: %w", res.err)
-	}
-	if err != nil {
-		tmp.discard()
-		return "", nil, err
-	}
-	tmp.synced = true
-	return res.sum, tmp, nil
-}
-
-// copyPieces copies the first size bytes of src to the end of dst with
-// sendfile, at most writePiece at a time, and sends each piece's end on
-// written.
-func copyPieces(dst, src *os.File, size int64, written chan<- int64) error {
-	out, in := int(dst.Fd()), int(src.Fd())
-	var off int64
-	for off < size {
-		n, err := unix.Sendfile(out, in, &off, int(min(size-off, writePiece)))
-		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("copy handed-over file: %w", err)
-		}
-		if n == 0 {
-			return errShortFile
-		}
-		written <- off
-	}
-	return nil
-}
-
 // openUploadsDir opens <workspace>/uploads, creating what is missing. The
 // workspace's parent is the service's own; the workspace and everything
 // in it may have been changed by the agent, so from there on no link is
@@ -1036,40 +928,19 @@ type tempFile struct {
 // createTemp writes data to a new temporary file in dir; nothing is left
 // behind when it fails.
 func createTemp(dir int, data []byte) (*tempFile, error) {
-	t, err := newTemp(dir)
+	var rnd [tempHexLen / 2]byte
+	_, _ = rand.Read(rnd[:])
+	t := &tempFile{dir: dir, name: tempPrefix + hex.EncodeToString(rnd[:])}
+	fd, err := unix.Openat(dir, t.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("create temporary file: %w", err)
 	}
+	t.f = os.NewFile(uintptr(fd), t.name)
 	if err := writePieces(t.f, data); err != nil {
 		t.discard()
 		return nil, err
 	}
 	return t, nil
-}
-
-// newTemp creates an empty temporary file in dir, open for reading too:
-// copyHashing reads back what it wrote.
-func newTemp(dir int) (*tempFile, error) {
-	var rnd [tempHexLen / 2]byte
-	_, _ = rand.Read(rnd[:])
-	t := &tempFile{dir: dir, name: tempPrefix + hex.EncodeToString(rnd[:])}
-	fd, err := unix.Openat(dir, t.name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("create temporary file: %w", err)
-	}
-	t.f = os.NewFile(uintptr(fd), t.name)
-	return t, nil
-}
-
-// head is the file's first bytes, as many as a content sniff reads;
-// fewer when it cannot read them.
-func (t *tempFile) head() []byte {
-	b := make([]byte, 512)
-	n, err := t.f.ReadAt(b, 0)
-	if n < 0 || (err != nil && !errors.Is(err, io.EOF)) {
-		return nil
-	}
-	return b[:n]
 }
 
 // placeAs syncs the file unless it is synced already, renames it over
