@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -140,5 +141,68 @@ func TestStoreFileRefusesATokenItCannotTake(t *testing.T) {
 	// Bytes in the message are stored as ever.
 	if f := h.mustStore(&sessionv1.StoreFileRequest{Principal: alice, SessionId: id, Filename: "f.bin", Data: data, UploadId: handUpload}); f.GetSizeBytes() != int64(len(data)) {
 		t.Fatalf("entry %v", f)
+	}
+}
+
+// A memfd its sender keeps writing into while the session service
+// stores it (upload-staging never does; a process of the daemon's user
+// could) never stores a file whose bytes are not what its name and its
+// entry say: with a declared hash the store either refuses, storing
+// nothing, or stores exactly the declared bytes; without one, the bytes
+// on disk hash to the name they are stored under. The writer flips a
+// byte somewhere in the file again and again from the moment the
+// checks passed until the store returned.
+func TestAHandedOverFileWrittenDuringItsStoreIsNamedByWhatIsOnDisk(t *testing.T) {
+	h, path := handOverHarness(t)
+	for round := range 6 {
+		declared := round%2 == 0
+		id := h.newSession(alice, "default")
+		data := patterned(4<<20+round, 11+round)
+		tok, mem := handOver(t, path, data)
+		stop, done := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		hook := func(string) {
+			once.Do(func() {
+				go func() {
+					defer close(done)
+					b := mem.Bytes()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						b[(i*7919)%len(b)]++
+					}
+				}()
+			})
+		}
+		storeChecked.Store(&hook)
+		req := byToken(id, tok, int64(len(data)), data)
+		if !declared {
+			req.Sha256 = ""
+		}
+		f, err := h.storeFile(req)
+		storeChecked.Store(nil)
+		close(stop)
+		<-done
+		if err != nil {
+			if !declared {
+				t.Fatalf("round %d: an undeclared store refused: %v", round, err)
+			}
+			wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, uploads.HashMismatch)
+			h.nothingStored(id)
+			continue
+		}
+		got, err := os.ReadFile(f.GetWorkspacePath())
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if "sha256:"+sha(got) != f.GetRefId() || filepath.Base(f.GetWorkspacePath()) != sha(got)+".bin" || int64(len(got)) != f.GetSizeBytes() {
+			t.Fatalf("round %d (declared %v): the bytes on disk hash to %s, stored as %s (%s)", round, declared, sha(got), f.GetRefId(), f.GetWorkspacePath())
+		}
+		if declared && !bytes.Equal(got, data) {
+			t.Fatalf("round %d: a declared store kept other bytes than the declared ones", round)
+		}
 	}
 }
