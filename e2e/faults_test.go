@@ -918,15 +918,7 @@ func TestStalledPostgresIsReplaced(t *testing.T) {
 // and answered a timeout.
 func TestShortPostgresStallFailsCallsAtOnce(t *testing.T) {
 	t.Parallel()
-	s := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{"--liveness-timeout", "5m"}})
-	c := s.Dial(t)
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	session, err := newSession(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c, session := stackToStallPostgres(t)
 	resume := hangPostgres(t, s)
 	stopped := time.Now()
 	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() error {

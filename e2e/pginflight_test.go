@@ -23,15 +23,7 @@ import (
 // most of it.
 func TestPostgresStallEndsCallsInFlight(t *testing.T) {
 	t.Parallel()
-	s := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{"--liveness-timeout", "5m"}})
-	c := s.Dial(t)
-	if _, err := c.Initialize(); err != nil {
-		t.Fatal(err)
-	}
-	session, err := newSession(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c, session := stackToStallPostgres(t)
 	call(t, c, "config/set", map[string]any{"prop": "agents.default.system_prompt", "value": "before-the-stall"})
 	sessions := func() int {
 		t.Helper()
@@ -125,4 +117,22 @@ func TestPostgresStallEndsCallsInFlight(t *testing.T) {
 	}
 	t.Logf("stall began %v before the calls ended; every method worked %v after it ended",
 		time.Since(stopped).Round(time.Millisecond), time.Since(resumed).Round(time.Millisecond))
+}
+
+// stackToStallPostgres starts a stack on a cluster of its own, which
+// the test may stop (hangPostgres), with the launcher's liveness limit
+// past the test, and gives it an initialized connection and a session
+// made on it.
+func stackToStallPostgres(t *testing.T) (*e2e.Stack, *e2e.Client, string) {
+	t.Helper()
+	s := e2e.Start(t, e2e.Options{PrivateCluster: true, Args: []string{"--liveness-timeout", "5m"}})
+	c := s.Dial(t)
+	if _, err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	session, err := newSession(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c, session
 }
