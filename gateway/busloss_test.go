@@ -337,24 +337,7 @@ func TestRenumberedUpdateIsNoGap(t *testing.T) {
 	if err := r.pubnc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	br := bufio.NewReader(r.followerClient)
-	_ = r.followerClient.SetReadDeadline(time.Now().Add(20 * time.Second))
-	var got []int64
-	for len(got) < 4 {
-		line, err := br.ReadBytes('\n')
-		if err != nil {
-			t.Fatalf("after seqs %v: %v", got, err)
-		}
-		var f struct {
-			Params struct {
-				Seq int64 `json:"seq"`
-			} `json:"params"`
-		}
-		if err := json.Unmarshal(line, &f); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, f.Params.Seq)
-	}
+	got := readSeqs(t, r.followerClient, bufio.NewReader(r.followerClient), 4)
 	if fmt.Sprint(got) != "[1 2 1025 1026]" {
 		t.Fatalf("seqs %v", got)
 	}
