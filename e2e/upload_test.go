@@ -37,6 +37,19 @@ type fileEntry struct {
 }
 
 // uc is one initialized client connection for the upload tests.
+// grantUploads gives users, through the operator's connection op, the
+// profile "up": files:create on the default agent.
+func grantUploads(op *uc, users ...string) {
+	sets := []map[string]any{
+		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
+		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
+	}
+	for _, u := range users {
+		sets = append(sets, map[string]any{"prop": "users." + u + ".permission_profiles", "value": []string{"up"}})
+	}
+	op.must("config/set-many", map[string]any{"sets": sets}, nil)
+}
+
 type uc struct {
 	t *testing.T
 	c *e2e.Client
@@ -700,11 +713,7 @@ func TestUploadShareFreedWhenTheGatewayDies(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{Args: []string{"--set", "uploads.max_user_staged_bytes=1048576"}})
 	op := dialUC(t, s)
-	op.must("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
-		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
-		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
-	}}, nil)
+	grantUploads(op, "alice")
 	token := userToken(t, s, "alice")
 	alice := dialUC(t, s, token)
 	sess := alice.session(map[string]any{})
@@ -731,11 +740,7 @@ func TestUploadCommitRaces(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := dialUC(t, s)
-	op.must("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
-		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
-		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
-	}}, nil)
+	grantUploads(op, "alice")
 	pair := func() *uc { return dialUC(t, s, userToken(t, s, "alice")) }
 	alice := pair()
 	sess := alice.session(map[string]any{})
@@ -981,11 +986,7 @@ func TestUploadUserStoredQuota(t *testing.T) {
 	const quota = 3 * mib
 	s := e2e.Start(t, e2e.Options{Args: []string{"--set", fmt.Sprintf("uploads.max_user_stored_bytes=%d", quota)}})
 	op := dialUC(t, s)
-	op.must("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
-		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
-		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
-	}}, nil)
+	grantUploads(op, "alice")
 	token := userToken(t, s, "alice")
 	alice := dialUC(t, s, token)
 	s1, s2 := alice.session(map[string]any{}), alice.session(map[string]any{})
@@ -1076,12 +1077,7 @@ func TestUploadCommitAnsweredAfterStagingRestarts(t *testing.T) {
 	t.Parallel()
 	s := e2e.Start(t, e2e.Options{})
 	op := dialUC(t, s)
-	op.must("config/set-many", map[string]any{"sets": []map[string]any{
-		{"prop": "permission_profiles.up.permissions", "value": []string{"files:create"}},
-		{"prop": "permission_profiles.up.agents", "value": []string{"default"}},
-		{"prop": "users.alice.permission_profiles", "value": []string{"up"}},
-		{"prop": "users.bob.permission_profiles", "value": []string{"up"}},
-	}}, nil)
+	grantUploads(op, "alice", "bob")
 	alice := dialUC(t, s, userToken(t, s, "alice"))
 	bob := dialUC(t, s, userToken(t, s, "bob"))
 	sess := alice.session(map[string]any{})
