@@ -110,28 +110,7 @@ func TestPluginChannelMaxSessionsHoldsAcrossReplicas(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(hook.Close)
-	// A fixed address, which both replicas bind (SO_REUSEPORT): with
-	// port 0 each would listen on a port of its own.
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := lis.Addr().String()
-	lis.Close()
-	v.call("config/set", map[string]any{"prop": "channels.plugin.web.listen", "value": listen})
-	bindWebChannel(t, v, hook.URL)
-	// Both replicas bound: each lists its own binding, and plugins/list
-	// asks one of them; the kernel spreads fresh connections over both.
-	webChannelListen(t, v, "")
-	logs := replicaLogs(s, 2)
-	waitFor(t, "both replicas bound", 60*time.Second, func() bool {
-		for _, l := range logs {
-			if !strings.Contains(readFile(l), `"channel bound"`) {
-				return false
-			}
-		}
-		return true
-	})
+	listen := bindWebChannelOnBothReplicas(t, s, v, hook.URL)
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	for i := range threads {
 		body := fmt.Sprintf(`{"id":"m-%d","from":"ann","text":"/say hi","thread":"t-%d"}`, i, i)
@@ -157,7 +136,7 @@ func TestPluginChannelMaxSessionsHoldsAcrossReplicas(t *testing.T) {
 		defer mu.Unlock()
 		return len(replies) >= threads
 	})
-	for i, l := range logs {
+	for i, l := range replicaLogs(s, 2) {
 		if !strings.Contains(readFile(l), `"channel message handed to a session"`) {
 			t.Fatalf("replica %d delivered nothing: the test did not spread the threads", i)
 		}

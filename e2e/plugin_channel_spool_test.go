@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -318,32 +317,14 @@ func TestPluginChannelSpoolBoundHeldAcrossReplicas(t *testing.T) {
 		"--set", "channels.plugin.web.spool_max_mb=1")
 	v := newConv(t, s, nil)
 	hookURL, _ := replyHook(t)
-	// A fixed address, which both replicas bind (SO_REUSEPORT).
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := lis.Addr().String()
-	lis.Close()
-	v.call("config/set", map[string]any{"prop": "channels.plugin.web.listen", "value": listen})
-	bindWebChannel(t, v, hookURL)
-	webChannelListen(t, v, "")
-	logs := replicaLogs(s, 2)
-	waitFor(t, "both replicas bound", 60*time.Second, func() bool {
-		for _, l := range logs {
-			if !strings.Contains(readFile(l), `"channel bound"`) {
-				return false
-			}
-		}
-		return true
-	})
+	listen := bindWebChannelOnBothReplicas(t, s, v, hookURL)
 	spool := filepath.Join(s.DataDir, "channel-spool")
 	const bound = 1 << 20
 	// Fresh connections: the kernel spreads them over both replicas.
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	accepted := 0
 	refusedBoth := func() bool {
-		for _, l := range logs {
+		for _, l := range replicaLogs(s, 2) {
 			if !strings.Contains(readFile(l), "channel spool at its bound") {
 				return false
 			}

@@ -278,3 +278,32 @@ func webChannelListen(t *testing.T, v *conv, not string) string {
 	})
 	return listen
 }
+
+// bindWebChannelOnBothReplicas binds the channel web, replying to
+// hookURL, on a fixed address, which both replicas of s bind
+// (SO_REUSEPORT: with port 0 each would listen on a port of its own),
+// and waits until both have bound it; it returns the address.
+func bindWebChannelOnBothReplicas(t *testing.T, s *e2e.Stack, v *conv, hookURL string) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := lis.Addr().String()
+	lis.Close()
+	v.call("config/set", map[string]any{"prop": "channels.plugin.web.listen", "value": listen})
+	bindWebChannel(t, v, hookURL)
+	// Both replicas bound: each lists its own binding, and plugins/list
+	// asks one of them; the kernel spreads fresh connections over both.
+	webChannelListen(t, v, "")
+	logs := replicaLogs(s, 2)
+	waitFor(t, "both replicas bound", 60*time.Second, func() bool {
+		for _, l := range logs {
+			if !strings.Contains(readFile(l), `"channel bound"`) {
+				return false
+			}
+		}
+		return true
+	})
+	return listen
+}
