@@ -453,10 +453,10 @@ func startPostgres(ctx context.Context, cfg Config, sup *supervisor, stop contex
 		return "", fmt.Errorf("postgres: %w", err)
 	}
 	p := &proc{name: "postgres", command: cl.Command, stopSignal: pgcluster.ShutdownSignal, probe: postgresProbe{cl}}
+	starting.setWritten(fmt.Sprintf("waiting for postgres to accept connections (cluster %s, log %s)", dir, filepath.Join(cfg.DataDir, "logs", "postgres.log")))
 	if err := sup.start(p, stop); err != nil {
 		return "", err
 	}
-	starting.setf("waiting for postgres to accept connections (cluster %s, log %s)", dir, filepath.Join(cfg.DataDir, "logs", "postgres.log"))
 	if err := sup.waitReady(ctx, cfg.ReadyTimeout, []*proc{p}); err != nil {
 		return "", err
 	}

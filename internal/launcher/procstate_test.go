@@ -3,6 +3,7 @@ package launcher
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,6 +126,27 @@ func TestProcessStatesCarryTheStart(t *testing.T) {
 	}
 	if _, err := ReadProcessStates(dir); !errors.Is(err, ErrNoLauncher) {
 		t.Fatalf("a live pid started at another time: %v", err)
+	}
+}
+
+// What a start says it waits for before a process starts is in the file
+// when the process can first be seen: setWritten returns once it is
+// written, with no flush of the caller's.
+func TestStartStateWrittenBeforeAProcessStarts(t *testing.T) {
+	dir := t.TempDir()
+	s := newProcStates(dir, zap.NewNop())
+	defer s.remove()
+	st := newStartState(s)
+	for i := range 50 {
+		want := fmt.Sprintf("waiting for postgres (%d)", i)
+		st.setWritten(want)
+		got, err := ReadProcessStates(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Starting == nil || got.Starting.WaitsFor != want {
+			t.Fatalf("right after setWritten(%q) the file says %+v", want, got.Starting)
+		}
 	}
 }
 

@@ -26,3 +26,14 @@ func (s *startState) set(what string) { s.states.starting(s.since, what) }
 
 // setf is set with a format.
 func (s *startState) setf(format string, args ...any) { s.set(fmt.Sprintf(format, args...)) }
+
+// setWritten is set, returning once the state file says what: said
+// before a process starts, it is what status reads as soon as anything
+// can see the process. The postgres start set its wait only after the
+// postmaster ran, and status, asked by someone who had seen the
+// postmaster's pid file, could still read that the cluster was being
+// prepared (the writer had not written the change yet).
+func (s *startState) setWritten(what string) {
+	s.set(what)
+	s.states.flush()
+}
