@@ -135,28 +135,9 @@ func TestStatusDuringASecondStartSaysStarting(t *testing.T) {
 		t.Fatalf("status of a stopped stack (%v):\n%s", err, out)
 	}
 
-	up := exec.Command(filepath.Join(s.BinDir, "clawmesh"), "up", "--config-dir", dir)
-	up.Env = append(os.Environ(), "ZEROCLAW_SOCKET=", "DATABASE_URL="+dbURL)
-	var upErr e2e.LockedBuffer
-	up.Stderr = &upErr
-	if err := up.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = up.Wait(); close(exited) }()
+	run := startUp(t, s.BinDir, dir, "DATABASE_URL="+dbURL)
+	up, upErr := run.cmd, run.stderr
 	session := 0
-	t.Cleanup(func() {
-		if session > 0 {
-			_ = syscall.Kill(session, syscall.SIGCONT)
-		}
-		_ = up.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(60 * time.Second):
-			_ = up.Process.Kill()
-			<-exited
-		}
-	})
 	deadline := time.Now().Add(60 * time.Second)
 	for session == 0 {
 		if time.Now().After(deadline) {
@@ -169,9 +150,7 @@ func TestStatusDuringASecondStartSaysStarting(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	if err := syscall.Kill(session, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	run.stop(t, session)
 	// Until the launcher listens: the fault is status on its socket.
 	for _, err := os.Stat(datadir.Socket(dir)); err != nil; _, err = os.Stat(datadir.Socket(dir)) {
 		if time.Now().After(deadline) {

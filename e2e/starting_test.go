@@ -29,36 +29,19 @@ func TestStatusDuringAStartSaysStartingAndWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := e2e.TempDataDir(t)
-	up := exec.Command(filepath.Join(bin, "clawmesh"), "up", "--config-dir", dir)
-	up.Env = append(os.Environ(), "ZEROCLAW_SOCKET=", "DATABASE_URL=")
-	var upErr e2e.LockedBuffer
-	up.Stderr = &upErr
-	if err := up.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = up.Wait(); close(exited) }()
-	var pg int
 	t.Cleanup(func() {
-		if pg > 0 {
-			_ = syscall.Kill(pg, syscall.SIGCONT)
-		}
-		_ = up.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(60 * time.Second):
-			_ = up.Process.Kill()
-			<-exited
-		}
 		if c := pgcluster.Dir(dir); c != "" && !strings.HasPrefix(c, dir+"/") {
 			os.RemoveAll(c)
 			os.RemoveAll(filepath.Join(pgcluster.RootKeys, filepath.Base(c)))
 		}
 	})
+	run := startUp(t, bin, dir, "DATABASE_URL=")
+	up, upErr := run.cmd, run.stderr
 	// The postmaster, once its lock file names it: stopped, it accepts
 	// no connection, and the start waits for it (or, past that, the
 	// services wait for their database).
 	deadline := time.Now().Add(60 * time.Second)
+	var pg int
 	for pg == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no postmaster after 60 s:\n%s", upErr.String())
@@ -72,9 +55,7 @@ func TestStatusDuringAStartSaysStartingAndWhy(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := syscall.Kill(pg, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	run.stop(t, pg)
 	status := exec.Command(filepath.Join(bin, "clawmesh"), "status", "--config-dir", dir)
 	status.Env = append(os.Environ(), "ZEROCLAW_SOCKET=", "ZEROCLAW_TOKEN=")
 	var out bytes.Buffer
@@ -176,4 +157,51 @@ func waitStatusLine(t *testing.T, s *e2e.Stack, service, word string) (line, out
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// upRun is a `clawmesh up` a test started by hand, with at most one of
+// its processes stopped (SIGSTOP) by the test.
+type upRun struct {
+	cmd     *exec.Cmd
+	stderr  *e2e.LockedBuffer
+	stopped int
+}
+
+// startUp starts `clawmesh up` on the data directory dir with the client
+// socket left to the data directory and env added. At the test's end the
+// stopped process is resumed first, so that the launcher's SIGTERM can
+// stop it, then the launcher is stopped, and killed after 60 s.
+func startUp(t *testing.T, bin, dir string, env ...string) *upRun {
+	t.Helper()
+	r := &upRun{stderr: &e2e.LockedBuffer{}}
+	r.cmd = exec.Command(filepath.Join(bin, "clawmesh"), "up", "--config-dir", dir)
+	r.cmd.Env = append(append(os.Environ(), "ZEROCLAW_SOCKET="), env...)
+	r.cmd.Stderr = r.stderr
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = r.cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		if r.stopped > 0 {
+			_ = syscall.Kill(r.stopped, syscall.SIGCONT)
+		}
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			_ = r.cmd.Process.Kill()
+			<-exited
+		}
+	})
+	return r
+}
+
+// stop stops the process pid (SIGSTOP) until the test's end.
+func (r *upRun) stop(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	r.stopped = pid
 }
