@@ -147,15 +147,37 @@ func Pass(ctx context.Context, path string, b *Buffer, size int64, bind Binding)
 // passFD sends fd and the header msg to the receiver at path and returns
 // the token it answers.
 func passFD(ctx context.Context, path string, fd int, msg []byte) (string, error) {
+	tok, c, err := passFDKeep(ctx, path, fd, msg)
+	if c != nil {
+		c.Close()
+	}
+	return tok, err
+}
+
+// passFDKeep is passFD that keeps the connection the pass went over,
+// when it succeeded, with no deadline: a receiver that holds what was
+// passed for that connection's life (Scratches) drops it once it closes.
+func passFDKeep(ctx context.Context, path string, fd int, msg []byte) (string, *net.UnixConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
 	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return "", fmt.Errorf("file socket: %w", err)
+		return "", nil, fmt.Errorf("file socket: %w", err)
 	}
-	defer c.Close()
 	uc := c.(*net.UnixConn)
+	tok, err := exchangePass(ctx, uc, fd, msg)
+	if err != nil {
+		uc.Close()
+		return "", nil, err
+	}
+	_ = uc.SetDeadline(time.Time{})
+	return tok, uc, nil
+}
+
+// exchangePass is a pass's side of the exchange on uc: fd and msg sent,
+// the token answered read.
+func exchangePass(ctx context.Context, uc *net.UnixConn, fd int, msg []byte) (string, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = uc.SetDeadline(dl)
 	}
@@ -220,6 +242,10 @@ type socket struct {
 	lis  *net.UnixListener
 	uid  uint32
 	done chan struct{}
+	// keep, when set, is offered each connection whose pass was held,
+	// under its token: true, and it owns the connection (Scratches ties
+	// what was passed to its life); else the connection is closed.
+	keep func(tok string, c *net.UnixConn) bool
 }
 
 // listenFor creates a socket at path whose peers must have this
@@ -240,7 +266,11 @@ func listenFor(path string, peerUID *uint32) (*socket, error) {
 func (s *socket) serve(hold func(fd int, hdr []byte) (string, error)) {
 	go func() {
 		defer close(s.done)
-		acceptLoop(s.lis, func(c *net.UnixConn) { exchangeOne(c, s.uid, hold) })
+		acceptLoop(s.lis, func(c *net.UnixConn) {
+			if tok := exchangeOne(c, s.uid, hold); tok == "" || s.keep == nil || !s.keep(tok, c) {
+				c.Close()
+			}
+		})
 	}()
 }
 
@@ -319,9 +349,9 @@ func (r *Receiver) exchange(fd int, hdr []byte) (string, error) {
 
 // exchangeOne reads one pass from c (a header and one descriptor from a
 // peer of uid) and answers it with what hold makes of it: a token, or
-// its refusal, in which case the descriptor is closed here.
-func exchangeOne(c *net.UnixConn, uid uint32, hold func(fd int, hdr []byte) (string, error)) {
-	defer c.Close()
+// its refusal, in which case the descriptor is closed here. It returns
+// the token answered, "" for none; the caller closes c.
+func exchangeOne(c *net.UnixConn, uid uint32, hold func(fd int, hdr []byte) (string, error)) string {
 	_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
 	answer := func(rep reply) {
 		msg, _ := json.Marshal(rep)
@@ -331,32 +361,33 @@ func exchangeOne(c *net.UnixConn, uid uint32, hold func(fd int, hdr []byte) (str
 	oob := make([]byte, unix.CmsgSpace(4*4)) // room to see, and close, a few descriptors sent by mistake
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return
+		return ""
 	}
 	fds, err := descriptors(oob[:oobn])
 	if err != nil {
 		answer(reply{Error: err.Error()})
-		return
+		return ""
 	}
 	// Read before the check so that the refusal reaches the peer rather
 	// than a reset, and a descriptor it sent is closed here.
 	if err := checkConnPeer(c, uid); err != nil {
 		closeAll(fds)
 		answer(reply{Error: err.Error()})
-		return
+		return ""
 	}
 	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || len(fds) != 1 {
 		closeAll(fds)
 		answer(reply{Error: "one descriptor and a header of at most 4 KiB expected"})
-		return
+		return ""
 	}
 	tok, err := hold(fds[0], buf[:n])
 	if err != nil {
 		unix.Close(fds[0])
 		answer(reply{Error: err.Error()})
-		return
+		return ""
 	}
 	answer(reply{Token: tok})
+	return tok
 }
 
 // checkConnPeer refuses a peer of another user than uid.

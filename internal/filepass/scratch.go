@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -26,10 +27,13 @@ import (
 // spec's default chunk (docs/spec.md §6).
 const ScratchBytes = 1 << 20
 
-// scratchFileBytes is a scratch memfd's size: a page past ScratchBytes,
-// for base64's decoder wants room for DecodedLen, up to two bytes more
-// than a chunk of ScratchBytes decodes to.
-const scratchFileBytes = ScratchBytes + 4096
+// ScratchFileBytes is a scratch memfd's size, and the most a receiver
+// holds of one: a page past ScratchBytes, for base64's decoder wants room
+// for DecodedLen, up to two bytes more than a chunk of ScratchBytes
+// decodes to.
+const ScratchFileBytes = ScratchBytes + 4096
+
+const scratchFileBytes = ScratchFileBytes
 
 // scratchSeals are the seals a scratch must carry: its size fixed, so
 // that a mapping of it never reaches past its end (SIGBUS) whatever its
@@ -57,8 +61,24 @@ type ScratchBinding struct {
 }
 
 // Scratch is the sender's side: a sealed memfd mapped read-write (its
-// Bytes, its Close), its mapping's cap no pool's.
-type Scratch struct{ *Buffer }
+// Bytes), its mapping's cap no pool's, and the connection it was passed
+// over, which the receiver holds it for the life of.
+type Scratch struct {
+	*Buffer
+	link *net.UnixConn
+}
+
+// Close unmaps the scratch and closes its descriptor and the connection
+// it was passed over: the receiver drops it then (a read in progress
+// keeps its mapping to its end).
+func (s *Scratch) Close() error {
+	var err error
+	if s.link != nil {
+		err = s.link.Close()
+		s.link = nil
+	}
+	return errors.Join(err, s.Buffer.Close())
+}
 
 // NewScratch makes a scratch memfd of scratchFileBytes, sealed against
 // any change of size, and maps it.
@@ -67,7 +87,7 @@ func NewScratch() (*Scratch, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Scratch{b}, nil
+	return &Scratch{Buffer: b}, nil
 }
 
 // scratchHeader is a scratch pass's message beside its descriptor.
@@ -81,19 +101,51 @@ type scratchHeader struct {
 // PassScratch hands s to the scratch receiver at path, bound to bind, and
 // returns the token chunk calls name it by. replaces, when set, is the
 // token of a scratch of the same binding the sender no longer writes.
+// The connection of the pass stays open until s's Close (or this
+// process's end): the receiver holds the scratch no longer. A scratch is
+// passed once.
 func PassScratch(ctx context.Context, path string, s *Scratch, bind ScratchBinding, replaces string) (string, error) {
+	if s.link != nil {
+		return "", errors.New("a scratch is passed once")
+	}
 	msg, err := json.Marshal(scratchHeader{ScratchBinding: bind, Replaces: replaces})
 	if err != nil {
 		return "", err
 	}
-	return passFD(ctx, path, s.fd, msg)
+	tok, c, err := passFDKeep(ctx, path, s.fd, msg)
+	if err != nil {
+		return "", err
+	}
+	s.link = c
+	return tok, nil
 }
+
+// ScratchBudget is what a receiver's scratches are charged to, each its
+// file's size while it is mapped (upload-staging's staging budget,
+// beside its uploads). ReleaseScratch is called with the receiver's lock
+// held and must not wait on anything that calls the receiver;
+// ChargeScratch never is.
+type ScratchBudget interface {
+	// ChargeScratch takes n bytes, or reports that there is no room.
+	ChargeScratch(n int64) bool
+	// ReleaseScratch gives back n bytes ChargeScratch took.
+	ReleaseScratch(n int64)
+}
+
+// ErrScratchNoRoom is a pass refused because the budget has no room for
+// it even with every other scratch evicted: uploads fill it.
+var ErrScratchNoRoom = errors.New("no room in the staging budget for a scratch")
 
 // mapped is a scratch held by the receiver.
 type mapped struct {
 	mem  []byte
 	bind ScratchBinding
 	used time.Time
+	// size is the file's size, charged to the budget until unmapped.
+	size int64
+	// link is the connection it was passed over; its close by the
+	// sender (or the sender's end) drops the scratch.
+	link *net.UnixConn
 	// refs counts the reads in progress; a scratch dropped meanwhile is
 	// unmapped by the last of them.
 	refs    int
@@ -101,13 +153,19 @@ type mapped struct {
 }
 
 // Scratches is the receiver's side: the scratches passed to it, each
-// mapped read-only, at most MaxPerConn a connection and Max in all (the
-// least recently used goes first).
+// mapped read-only for as long as the connection it was passed over
+// stays open, at most MaxPerConn a connection, Max in all and what the
+// budget has room for (the least recently used goes first).
 type Scratches struct {
-	sock *socket
-	max  int
-	per  int
-	now  func() time.Time
+	sock   *socket
+	max    int
+	per    int
+	now    func() time.Time
+	budget ScratchBudget
+
+	// links counts the goroutines that wait for a held scratch's
+	// connection to close (watch); Close waits for them.
+	links sync.WaitGroup
 
 	mu    sync.Mutex
 	held  map[string]*mapped
@@ -119,6 +177,9 @@ type ScratchOptions struct {
 	MaxPerConn, Max int
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
+	// Budget, when set, is charged each scratch held; a pass past its
+	// room evicts the least recently used, or is refused.
+	Budget ScratchBudget
 	// peerUID, when set (tests), is the uid a peer must have.
 	peerUID *uint32
 }
@@ -139,22 +200,52 @@ func ListenScratches(path string, o ScratchOptions) (*Scratches, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Scratches{sock: sock, max: o.Max, per: o.MaxPerConn, now: o.Now,
+	s := &Scratches{sock: sock, max: o.Max, per: o.MaxPerConn, now: o.Now, budget: o.Budget,
 		held: map[string]*mapped{}, byKey: map[ScratchBinding][]string{}}
+	sock.keep = s.keep
 	sock.serve(s.hold)
 	return s, nil
 }
 
-// Close stops serving, waits for the serving goroutine and drops every
-// scratch (those being read are unmapped by their reads' end).
+// Close stops serving, waits for the serving goroutine, drops every
+// scratch (those being read are unmapped by their reads' end) and waits
+// for the goroutines that watched their connections.
 func (s *Scratches) Close() error {
 	err := s.sock.stop()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for tok := range s.held {
 		s.dropLocked(tok)
 	}
+	s.mu.Unlock()
+	s.links.Wait()
 	return err
+}
+
+// keep ties the scratch held under tok to c, the connection it was
+// passed over: when the sender closes it, or dies, the scratch goes.
+// False (c is closed by the caller) when tok went meanwhile.
+func (s *Scratches) keep(tok string, c *net.UnixConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.held[tok]
+	if m == nil {
+		return false
+	}
+	_ = c.SetDeadline(time.Time{})
+	m.link = c
+	s.links.Go(func() {
+		// Nothing is sent on it after the pass: a byte or its end
+		// alike is the sender letting go. A drop here closes c, which
+		// ends this read too.
+		var b [1]byte
+		_, _ = c.Read(b[:])
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if m := s.held[tok]; m != nil && m.link == c {
+			s.dropLocked(tok)
+		}
+	})
+	return true
 }
 
 // Held is how many scratches the receiver holds.
@@ -185,17 +276,17 @@ func (s *Scratches) hold(fd int, hdr []byte) (string, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < ScratchBytes {
 		return "", errors.New("the passed scratch is smaller than a chunk")
 	}
-	mem, err := unix.Mmap(fd, 0, ScratchBytes, unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return "", fmt.Errorf("map the passed scratch: %w", err)
+	// The mapping of its first MiB keeps the whole file, whose pages
+	// would then be held here past a scratch's charge.
+	if st.Size > ScratchFileBytes {
+		return "", errors.New("the passed scratch is larger than a scratch")
 	}
-	// The mapping keeps the memfd; the descriptor is not needed.
-	unix.Close(fd)
-	var raw [TokenHexLen / 2]byte
-	_, _ = rand.Read(raw[:])
-	tok := hex.EncodeToString(raw[:])
+	// Room is made first, within the bounds the new one counts in: the
+	// one it replaces, its connection's oldest past MaxPerConn, the
+	// least used past Max, then as many of the least used as the budget
+	// wants. Passes are held one at a time (socket.serve): nothing else
+	// is added meanwhile.
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if old := s.held[h.Replaces]; old != nil && old.bind == h.ScratchBinding {
 		s.dropLocked(h.Replaces)
 	}
@@ -205,9 +296,65 @@ func (s *Scratches) hold(fd int, hdr []byte) (string, error) {
 	for len(s.held) >= s.max {
 		s.dropLocked(s.leastUsedLocked())
 	}
-	s.held[tok] = &mapped{mem: mem, bind: h.ScratchBinding, used: s.now()}
+	s.mu.Unlock()
+	if err := s.charge(st.Size); err != nil {
+		return "", err
+	}
+	mem, err := unix.Mmap(fd, 0, ScratchBytes, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		if s.budget != nil {
+			s.budget.ReleaseScratch(st.Size)
+		}
+		return "", fmt.Errorf("map the passed scratch: %w", err)
+	}
+	// The mapping keeps the memfd; the descriptor is not needed.
+	unix.Close(fd)
+	var raw [TokenHexLen / 2]byte
+	_, _ = rand.Read(raw[:])
+	tok := hex.EncodeToString(raw[:])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held[tok] = &mapped{mem: mem, bind: h.ScratchBinding, used: s.now(), size: st.Size}
 	s.byKey[h.ScratchBinding] = append(s.byKey[h.ScratchBinding], tok)
 	return tok, nil
+}
+
+// charge takes n bytes of the budget for a new scratch, evicting the
+// least recently used until there is room; ErrScratchNoRoom when there
+// is none with every scratch gone (those being read are released only
+// at their reads' end).
+func (s *Scratches) charge(n int64) error {
+	if s.budget == nil {
+		return nil
+	}
+	for !s.budget.ChargeScratch(n) {
+		s.mu.Lock()
+		tok := s.leastUsedLocked()
+		if tok != "" {
+			s.dropLocked(tok)
+		}
+		s.mu.Unlock()
+		if tok == "" {
+			return ErrScratchNoRoom
+		}
+	}
+	return nil
+}
+
+// Evict drops the least recently used scratches until need bytes of
+// their charge are given back, or none is left: the budget's owner
+// makes room for what comes first (an upload). A scratch being read
+// gives its charge back at its read's end.
+func (s *Scratches) Evict(need int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for freed := int64(0); freed < need && len(s.held) > 0; {
+		tok := s.leastUsedLocked()
+		if m := s.held[tok]; m.refs == 0 {
+			freed += m.size
+		}
+		s.dropLocked(tok)
+	}
 }
 
 // leastUsedLocked is the token of the scratch named longest ago.
@@ -242,9 +389,21 @@ func (s *Scratches) dropLocked(tok string) {
 		s.byKey[m.bind] = toks
 	}
 	m.dropped = true
+	if m.link != nil {
+		m.link.Close()
+	}
 	if m.refs == 0 {
-		_ = unix.Munmap(m.mem)
-		m.mem = nil
+		s.unmapLocked(m)
+	}
+}
+
+// unmapLocked unmaps a dropped scratch no read holds, and gives back its
+// charge.
+func (s *Scratches) unmapLocked(m *mapped) {
+	_ = unix.Munmap(m.mem)
+	m.mem = nil
+	if s.budget != nil {
+		s.budget.ReleaseScratch(m.size)
 	}
 }
 
@@ -274,8 +433,7 @@ func (s *Scratches) Read(token string, bind ScratchBinding, n int64, fn func([]b
 		defer s.mu.Unlock()
 		m.refs--
 		if m.dropped && m.refs == 0 {
-			_ = unix.Munmap(m.mem)
-			m.mem = nil
+			s.unmapLocked(m)
 		}
 	}()
 	return fn(m.mem[:n])

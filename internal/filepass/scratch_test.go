@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -108,7 +111,7 @@ func TestAnUnsealedScratchIsRefused(t *testing.T) {
 	if err := unix.Ftruncate(fd, scratchFileBytes); err != nil {
 		t.Fatal(err)
 	}
-	unsealed := &Scratch{&Buffer{fd: fd}}
+	unsealed := &Scratch{Buffer: &Buffer{fd: fd}}
 	defer unix.Close(fd)
 	if _, err := PassScratch(context.Background(), path, unsealed, connA, ""); err == nil || !strings.Contains(err.Error(), "sealed") {
 		t.Fatalf("an unsealed memfd: %v", err)
@@ -126,7 +129,7 @@ func TestAnUnsealedScratchIsRefused(t *testing.T) {
 	}
 	defer f.Close()
 	_ = f.Truncate(scratchFileBytes)
-	if _, err := PassScratch(context.Background(), path, &Scratch{&Buffer{fd: int(f.Fd())}}, connA, ""); err == nil {
+	if _, err := PassScratch(context.Background(), path, &Scratch{Buffer: &Buffer{fd: int(f.Fd())}}, connA, ""); err == nil {
 		t.Fatal("a plain file was held")
 	}
 	if r.Held() != 0 {
@@ -221,5 +224,126 @@ func TestScratchSocketFor(t *testing.T) {
 	}
 	if got := ScratchSocketFor("upload-staging:7003"); got != "" {
 		t.Fatal(got)
+	}
+}
+
+// A memfd larger than a scratch is refused: held by its mapping of the
+// first MiB, the whole file's pages stay with the receiver, past any
+// charge of a scratch, once its sender let go of it.
+func TestAScratchLargerThanAScratchIsRefused(t *testing.T) {
+	r, path := listenScratches(t, ScratchOptions{})
+	big, err := newMapped("big", 8<<20, scratchSeals|unix.F_SEAL_SEAL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer big.Close()
+	if _, err := PassScratch(context.Background(), path, &Scratch{Buffer: big}, connA, ""); err == nil {
+		t.Fatal("a memfd of 8 MiB was held as a scratch")
+	}
+	if r.Held() != 0 {
+		t.Fatalf("%d held", r.Held())
+	}
+}
+
+// waitHeld waits until r holds n scratches: a drop that follows a
+// peer's close is seen by the receiver's own goroutine, a moment later.
+func waitHeld(t *testing.T, r *Scratches, n int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Held() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d scratches held after 10 s, want %d", what, r.Held(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A scratch goes with the connection it was passed on: its sender's
+// close of it (a gateway connection's end, a retirement) or its sender's
+// death (the kernel closes its descriptors) drops it at once, whether or
+// not the gateway holds a lease of upload-staging.
+func TestAScratchGoesWithItsPassingConnection(t *testing.T) {
+	r, path := listenScratches(t, ScratchOptions{})
+	a, b := newScratch(t), newScratch(t)
+	passScratch(t, path, a, connA, "")
+	tokB := passScratch(t, path, b, connB, "")
+	if r.Held() != 2 {
+		t.Fatalf("%d held", r.Held())
+	}
+	a.Close()
+	waitHeld(t, r, 1, "A's sender closed its scratch")
+	if _, err := read(r, tokB, connB, 1); err != nil {
+		t.Fatalf("B's scratch went with A's: %v", err)
+	}
+}
+
+// budget is a ScratchBudget of limit bytes.
+type budget struct {
+	mu           sync.Mutex
+	limit, taken int64
+}
+
+func (b *budget) ChargeScratch(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.taken+n > b.limit {
+		return false
+	}
+	b.taken += n
+	return true
+}
+
+func (b *budget) ReleaseScratch(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.taken -= n
+}
+
+func (b *budget) held() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.taken
+}
+
+// Each scratch held is charged its file's size until it is unmapped:
+// passes past the budget's room evict the least recently used, a budget
+// with no room refuses them, and Evict gives room back.
+func TestScratchesAreChargedToTheirBudget(t *testing.T) {
+	b := &budget{limit: 3*ScratchFileBytes + 100}
+	r, path := listenScratches(t, ScratchOptions{Budget: b})
+	var toks []string
+	for i := range 5 {
+		toks = append(toks, passScratch(t, path, newScratch(t), ScratchBinding{Gateway: "gw-1", Conn: fmt.Sprintf("conn-%d", i)}, ""))
+	}
+	if r.Held() != 3 || b.held() != 3*ScratchFileBytes {
+		t.Fatalf("%d held, %d charged, in a budget of three", r.Held(), b.held())
+	}
+	if _, err := read(r, toks[1], ScratchBinding{Gateway: "gw-1", Conn: "conn-1"}, 1); !errors.Is(err, ErrScratchUnknown) {
+		t.Fatalf("the least recently used was kept: %v", err)
+	}
+	r.Evict(1)
+	if r.Held() != 2 || b.held() != 2*ScratchFileBytes {
+		t.Fatalf("after an eviction of a byte: %d held, %d charged", r.Held(), b.held())
+	}
+	// A scratch dropped while it is read stays charged until the read's end.
+	conn4 := ScratchBinding{Gateway: "gw-1", Conn: "conn-4"}
+	_ = r.Read(toks[4], conn4, 1, func([]byte) error {
+		r.DropConnection(conn4)
+		if b.held() != 2*ScratchFileBytes {
+			t.Errorf("a scratch being read gave its charge back: %d", b.held())
+		}
+		return nil
+	})
+	if b.held() != ScratchFileBytes {
+		t.Fatalf("after the read: %d charged", b.held())
+	}
+	b.mu.Lock()
+	b.limit = 0
+	b.mu.Unlock()
+	if _, err := PassScratch(context.Background(), path, newScratch(t), connA, ""); err == nil {
+		t.Fatal("a pass held in a budget with no room")
+	}
+	if r.Held() != 0 || b.held() != 0 {
+		t.Fatalf("%d held, %d charged, in a budget with no room", r.Held(), b.held())
 	}
 }

@@ -2,6 +2,7 @@ package uploadstaging
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/configclient"
 	"github.com/clawmesh/clawmesh/internal/filepass"
 	"github.com/clawmesh/clawmesh/internal/uploads"
 	commonv1 "github.com/clawmesh/clawmesh/proto/clawmesh/common/v1"
@@ -20,16 +22,13 @@ import (
 func newScratchServer(t *testing.T) (*Server, *sessions, *filepass.Scratches, *filepass.Scratch, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "upload-staging.scratch.sock")
-	sc, err := filepass.ListenScratches(path, filepass.ScratchOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
 	f := &sessions{}
-	s, err := New(Config{Sessions: f, Settings: defaults, Scratches: sc})
+	s, err := New(Config{Sessions: f, Settings: defaults, ScratchSocket: path})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
+	sc := s.Scratches()
 	mem, err := filepass.NewScratch()
 	if err != nil {
 		t.Fatal(err)
@@ -135,4 +134,58 @@ func TestAChunkNamingAScratchWithoutScratchesIsUnknown(t *testing.T) {
 	id := begin(t, s, user, 10, "")
 	_, err := scratchChunk(s, user, "conn-1", id, 0, strings.Repeat("a", filepass.TokenHexLen), 5)
 	wantStatus(t, "no scratches", err, codes.FailedPrecondition, uploads.ScratchUnknown)
+}
+
+// Scratches are charged to the staging budget (uploads.max_staged_bytes)
+// beside the uploads, and give way to them: passes past the room the
+// uploads leave evict the least recently used scratch, and a begin that
+// needs room drops scratches. What upload-staging maps, uploads and
+// scratches together, stays within the budget.
+func TestScratchesStayWithinTheStagingBudget(t *testing.T) {
+	const budget = 4 << 20
+	lim := defaults()
+	lim.MaxStagedBytes = budget
+	path := filepath.Join(t.TempDir(), "upload-staging.scratch.sock")
+	s, err := New(Config{Sessions: &sessions{}, Settings: func() configclient.Uploads { return lim }, ScratchSocket: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	sc := s.Scratches()
+	within := func(what string) {
+		t.Helper()
+		held, st := int64(sc.Held()), s.Stage().Stats()
+		if held*filepass.ScratchBytes+st.Charged > budget || st.Scratch != held*filepass.ScratchFileBytes || st.Charged+st.Spare+st.Scratch > budget {
+			t.Fatalf("%s: %d scratches held (charged %d) beside %d charged, past the budget of %d", what, held, st.Scratch, st.Charged, budget)
+		}
+	}
+	pass := func(conn string) (string, error) {
+		mem, err := filepass.NewScratch()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mem.Close() })
+		return filepass.PassScratch(context.Background(), path, mem, filepass.ScratchBinding{Gateway: "gw-1", Conn: conn}, "")
+	}
+	var last string
+	for i := range 10 {
+		tok, err := pass(fmt.Sprintf("conn-%d", i))
+		if err != nil {
+			t.Fatalf("pass %d: %v", i, err)
+		}
+		last = tok
+	}
+	within("ten passes")
+	if sc.Held() == 0 {
+		t.Fatal("no scratch held in a budget with room for three")
+	}
+	// The newest is held: those evicted were the least recently used.
+	if err := sc.Read(last, filepass.ScratchBinding{Gateway: "gw-1", Conn: "conn-9"}, 1, func([]byte) error { return nil }); err != nil {
+		t.Fatalf("the newest scratch: %v", err)
+	}
+	// A begin of 2 MiB fits the budget only once scratches give way.
+	if _, err := s.Begin(context.Background(), &uploadv1.BeginRequest{Principal: user, GatewayId: "gw-1", ConnectionId: "conn-1", SessionId: "sess_1", SizeBytes: 2 << 20}); err != nil {
+		t.Fatalf("a begin refused for scratches: %v", err)
+	}
+	within("a begin of 2 MiB")
 }

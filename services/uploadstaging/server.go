@@ -65,10 +65,14 @@ type Config struct {
 	// naming its token, instead of copying the bytes into StoreFile's
 	// message. Where the hand-over fails the bytes go in the message.
 	FileSocket string
-	// Scratches, when set, holds the scratch memfds gateways pass to
-	// this process (internal/filepass): a chunk that names one is read
-	// from it instead of from its message, under the same checks.
-	Scratches *filepass.Scratches
+	// ScratchSocket, when set, is where gateways on this host pass the
+	// scratch memfds their connections decode chunks into
+	// (internal/filepass): a chunk that names one is read from it
+	// instead of from its message, under the same checks. Each scratch
+	// held is charged to the staging budget and gives way to uploads
+	// (Stage.ChargeScratch). A socket that cannot be made leaves every
+	// chunk to come in its message, as the gateway falls back to.
+	ScratchSocket string
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 	// Transports, when set, is the stats handler of the server this
@@ -125,6 +129,9 @@ type Server struct {
 	stage   *Stage
 	stores  chan struct{}
 	answers answers
+	// scratches holds the scratches passed on cfg.ScratchSocket; nil
+	// without one.
+	scratches *filepass.Scratches
 }
 
 // maxAnswers bounds the committed uploads' answers kept (answers): some
@@ -209,10 +216,28 @@ func New(cfg Config) (*Server, error) {
 		cfg.Transports.stage.Store(s.stage)
 	}
 	s.stage.memfds = cfg.FileSocket != ""
-	if cfg.Scratches != nil {
-		s.stage.lapsed = cfg.Scratches.DropGateway
+	if cfg.ScratchSocket != "" {
+		sc, err := filepass.ListenScratches(cfg.ScratchSocket, filepass.ScratchOptions{Budget: s.stage})
+		if err != nil {
+			s.log.Warn("scratch socket not made, chunks come in messages", zap.String("path", cfg.ScratchSocket), zap.Error(err))
+		} else {
+			s.scratches = sc
+			s.stage.scratches = sc
+			s.stage.lapsed = sc.DropGateway
+		}
 	}
 	return s, nil
+}
+
+// Scratches is the scratch receiver, nil without one.
+func (s *Server) Scratches() *filepass.Scratches { return s.scratches }
+
+// Close stops the scratch socket and drops the scratches held.
+func (s *Server) Close() error {
+	if s.scratches == nil {
+		return nil
+	}
+	return s.scratches.Close()
 }
 
 // Stage is the server's staged uploads.
@@ -337,11 +362,11 @@ func (s *Server) chunkFromScratch(o Owner, req *uploadv1.ChunkRequest) (*uploadv
 	if len(req.GetData()) > 0 {
 		return nil, invalid(uploads.ScratchAndData)
 	}
-	if s.cfg.Scratches == nil {
+	if s.scratches == nil {
 		return nil, rpcerr.Error(codes.FailedPrecondition, rpcerr.ReasonInvalid, rpcerr.NoIndex, uploads.ScratchUnknown)
 	}
 	var received int64
-	err := s.cfg.Scratches.Read(req.GetScratchToken(), filepass.ScratchBinding{Gateway: o.Gateway, Conn: o.Conn}, req.GetScratchLength(),
+	err := s.scratches.Read(req.GetScratchToken(), filepass.ScratchBinding{Gateway: o.Gateway, Conn: o.Conn}, req.GetScratchLength(),
 		func(data []byte) error {
 			var err error
 			received, err = s.stage.Chunk(o, req.GetUploadId(), req.GetOffset(), data)
@@ -646,8 +671,8 @@ func (s *Server) DiscardConnection(_ context.Context, req *uploadv1.DiscardConne
 		return nil, invalid("`connection_id` " + err.Error())
 	}
 	n := s.stage.DiscardConnection(req.GetGatewayId(), req.GetConnectionId())
-	if s.cfg.Scratches != nil {
-		s.cfg.Scratches.DropConnection(filepass.ScratchBinding{Gateway: req.GetGatewayId(), Conn: req.GetConnectionId()})
+	if s.scratches != nil {
+		s.scratches.DropConnection(filepass.ScratchBinding{Gateway: req.GetGatewayId(), Conn: req.GetConnectionId()})
 	}
 	if n > 0 {
 		s.log.Info("uploads of a closed connection discarded", zap.String("conn", req.GetConnectionId()), zap.Int("uploads", n))

@@ -11,7 +11,8 @@
 // not fit is refused (after dropping kept buffers and reclaiming idle
 // uploads) rather than a later chunk. file/attach's bytes are charged too
 // while they wait to be stored (Hold). Kept buffers count against the
-// same budget.
+// same budget, and so do the scratch memfds gateways pass (ChargeScratch):
+// both give way to uploads.
 //
 // An upload belongs to the gateway connection that began it, named by
 // the gateway process's id and the connection's id, and to the principal
@@ -29,6 +30,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -168,6 +170,12 @@ type Stage struct {
 	// lapsed, when set, is told of each gateway whose lease ran out
 	// (Sweep), after its uploads are dropped: its scratches go too.
 	lapsed func(gateway string)
+	// scratch is what the scratches gateways passed are charged
+	// (ChargeScratch): room the uploads leave, which they take back
+	// (fitScratchesLocked through scratches' Evict). Atomic: it is given
+	// back under the receiver's lock, which Evict takes under mu.
+	scratch   atomic.Int64
+	scratches interface{ Evict(need int64) }
 }
 
 // spareBuf is a kept payload buffer, its memfd when it has one, and
@@ -351,7 +359,36 @@ func (st *Stage) Reserve(d Declared) (string, error) {
 	l.renewed = now
 	l.uploads++
 	st.charged += c
+	st.fitScratchesLocked(lim)
 	return id, nil
+}
+
+// ChargeScratch takes n bytes of the budget for a scratch memfd a
+// gateway passed (filepass.ScratchBudget), in the room the uploads,
+// attaches and kept buffers leave: what this process maps, scratches
+// included, stays within uploads.max_staged_bytes. False: no room.
+func (st *Stage) ChargeScratch(n int64) bool {
+	lim := st.Limits()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.charged+st.spare+st.scratch.Load()+n > lim.MaxStagedBytes {
+		return false
+	}
+	st.scratch.Add(n)
+	return true
+}
+
+// ReleaseScratch gives back a scratch's charge once it is unmapped.
+func (st *Stage) ReleaseScratch(n int64) { st.scratch.Add(-n) }
+
+// fitScratchesLocked has the scratches give way to what the budget holds
+// besides them: after an upload or an attach took room, or the budget
+// shrank, the least recently used are evicted until all fits. One being
+// read gives its room back at its read's end, a chunk's copy later.
+func (st *Stage) fitScratchesLocked(lim configclient.Uploads) {
+	if over := st.charged + st.spare + st.scratch.Load() - lim.MaxStagedBytes; over > 0 && st.scratches != nil {
+		st.scratches.Evict(over)
+	}
 }
 
 // chargeUserLocked adds c to what principal stages, or refuses it past
@@ -400,6 +437,7 @@ func (st *Stage) Hold(principal string, operator bool, n int64) (release func(),
 		}
 	}
 	st.charged += n
+	st.fitScratchesLocked(lim)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -618,6 +656,7 @@ func (st *Stage) Sweep() int {
 	n := st.reclaimIdleLocked(lim, false)
 	now := st.now()
 	st.dropSparesLocked(now.Add(-spareIdle))
+	st.fitScratchesLocked(lim)
 	lapsed := map[string]bool{}
 	for gw, l := range st.gateways {
 		if now.Sub(l.renewed) > st.lease {
@@ -664,11 +703,11 @@ func (st *Stage) Run(ctx context.Context) {
 }
 
 // Stats is what is staged now. Charged is the uploads' and attaches'
-// charge; Spare the kept buffers', which give way to them (see
-// takeSpareLocked).
+// charge; Spare the kept buffers', and Scratch the scratches', which give
+// way to them (see takeSpareLocked and ChargeScratch).
 type Stats struct {
-	Uploads, Gateways              int
-	Charged, Payload, Spare, Limit int64
+	Uploads, Gateways                       int
+	Charged, Payload, Spare, Scratch, Limit int64
 }
 
 // Stats reports the staged uploads and the budget.
@@ -676,7 +715,7 @@ func (st *Stage) Stats() Stats {
 	lim := st.Limits()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return Stats{Uploads: len(st.uploads), Gateways: len(st.gateways), Charged: st.charged, Payload: st.payload, Spare: st.spare, Limit: lim.MaxStagedBytes}
+	return Stats{Uploads: len(st.uploads), Gateways: len(st.gateways), Charged: st.charged, Payload: st.payload, Spare: st.spare, Scratch: st.scratch.Load(), Limit: lim.MaxStagedBytes}
 }
 
 // reclaimIdleLocked drops every upload idle past the timeout and, with

@@ -9,7 +9,6 @@ import (
 	"os"
 	"time"
 
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/clawmesh/clawmesh/internal/bulkcodec"
@@ -79,29 +78,20 @@ func register(ctx context.Context, env *service.Env, lease time.Duration, transp
 	}
 	env.OnClose(live.Close)
 
-	// Gateways on this host pass a scratch memfd a connection on a
-	// socket beside the gRPC one (<name>.scratch.sock); a socket that
-	// cannot be made, or a gRPC address that is no Unix socket, leaves
-	// every chunk to come in its message, as the gateway falls back to.
-	var scratches *filepass.Scratches
-	if path := filepass.ScratchSocketFor(env.Listen); path != "" {
-		sc, err := filepass.ListenScratches(path, filepass.ScratchOptions{})
-		if err != nil {
-			env.Log.Warn("scratch socket not made, chunks come in messages", zap.String("path", path), zap.Error(err))
-		} else {
-			scratches = sc
-			env.OnClose(func() { _ = sc.Close() })
-		}
-	}
-
 	srv, err := uploadstaging.New(uploadstaging.Config{
 		Sessions: sessionv1.NewSessionServiceClient(sessionConn), Authz: live, Settings: live.Uploads,
 		Lease: lease, Log: env.Log, Chunks: bulk, Files: bulk, Transports: transports,
-		FileSocket: filepass.SocketFor(env.Peers.Session), Scratches: scratches,
+		FileSocket: filepass.SocketFor(env.Peers.Session),
+		// Gateways on this host pass a scratch memfd a connection on a
+		// socket beside the gRPC one (<name>.scratch.sock); a gRPC
+		// address that is no Unix socket has none, and every chunk
+		// comes in its message.
+		ScratchSocket: filepass.ScratchSocketFor(env.Listen),
 	})
 	if err != nil {
 		return err
 	}
+	env.OnClose(func() { _ = srv.Close() })
 	env.Go(func() { srv.Run(ctx) })
 	uploadv1.RegisterUploadServiceServer(env.Server.GRPC, srv)
 	return nil
