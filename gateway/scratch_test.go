@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -41,6 +42,40 @@ type scratchSink struct {
 	// pause, when set, is called inside the first scratch read with the
 	// bytes read, before they are hashed.
 	pause func([]byte)
+	// allIn, when set, holds the first together calls until all of
+	// them are in, so that they are provably in flight at once.
+	allIn    chan struct{}
+	together int
+	// next is each upload's next offset; disorder counts the chunks
+	// that did not come at it.
+	next     map[string]int64
+	disorder int
+}
+
+// arrive records a chunk's place in its upload and waits, while allIn is
+// set, for together calls to be in.
+func (s *scratchSink) arrive(id string, off, n int64) error {
+	s.mu.Lock()
+	if s.next[id] != off {
+		s.disorder++
+	}
+	s.next[id] = off + n
+	wait := s.allIn
+	if wait != nil {
+		if s.together--; s.together == 0 {
+			close(s.allIn)
+			s.allIn = nil
+		}
+	}
+	s.mu.Unlock()
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-time.After(30 * time.Second):
+			return errors.New("the chunks in flight together never came")
+		}
+	}
+	return nil
 }
 
 // counts are the chunks received by bytes and by scratch, and the
@@ -53,6 +88,13 @@ func (s *scratchSink) counts() (byBytes, byToken, tokens int) {
 
 func (s *scratchSink) Chunk(_ context.Context, req *uploadv1.ChunkRequest) (*uploadv1.ChunkResponse, error) {
 	key := fmt.Sprint(req.GetUploadId(), "@", req.GetOffset())
+	n := int64(len(req.GetData()))
+	if req.GetScratchToken() != "" {
+		n = req.GetScratchLength()
+	}
+	if err := s.arrive(req.GetUploadId(), req.GetOffset(), n); err != nil {
+		return nil, err
+	}
 	if req.GetScratchToken() == "" {
 		sum := sha256.Sum256(req.GetData())
 		s.mu.Lock()
@@ -100,7 +142,7 @@ func scratchGateway(t *testing.T, sink *scratchSink, path string) *Gateway {
 		t.Cleanup(func() { sc.Close() })
 		sink.scratches = sc
 	}
-	sink.got, sink.tokens = map[string][32]byte{}, map[string]bool{}
+	sink.got, sink.tokens, sink.next = map[string][32]byte{}, map[string]bool{}, map[string]int64{}
 	codec := bulkcodec.New(0, (&uploadv1.ChunkRequest{}).ProtoReflect().Descriptor().Fields().ByName("data"))
 	return &Gateway{upload: serveStaging(t, sink, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(codec))), chunks: codec,
 		scratchPath: path, id: "gw-1", log: zap.NewNop()}
@@ -157,8 +199,17 @@ func TestChunksGoByTheConnectionsScratch(t *testing.T) {
 	}
 	// Its connection closed, the gateway unmaps it.
 	cs.scratch.close() // connectionClosed's part that concerns it
-	if cs.scratch.cur != nil {
+	if cs.scratch.n != 0 || len(cs.scratch.free) != 0 {
 		t.Fatal("a closed connection's scratch kept")
+	}
+	// Closed here, it is dropped by upload-staging (the connection it
+	// was passed over closed).
+	deadline := time.Now().Add(10 * time.Second)
+	for sink.scratches.Held() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("upload-staging holds %d scratches of a closed connection", sink.scratches.Held())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -269,4 +320,67 @@ func TestChunksFallBackToBytes(t *testing.T) {
 			t.Fatalf("after upload-staging knew scratches again: %d by scratch, %d by bytes", bt, bb)
 		}
 	})
+}
+
+// A connection with two chunks in flight at once (pipelined, each of its
+// own upload) decodes each into a scratch of its own: the second is not
+// sent in its message for the first's scratch being busy. Each upload's
+// chunks land intact and in order, every one read from a scratch, two
+// scratches for the connection.
+func TestPipelinedChunksUseBothScratches(t *testing.T) {
+	sink := &scratchSink{}
+	g := scratchGateway(t, sink, "")
+	sink.allIn, sink.together = make(chan struct{}), 2
+	cs := localConn("conn-a")
+	const chunks = 4
+	type chunk struct {
+		params json.RawMessage
+		key    string
+		sum    [32]byte
+	}
+	var uploads [2][]chunk
+	for u := range uploads {
+		id := fmt.Sprintf("%032x", u+1)
+		for i := range chunks {
+			off := int64(i) << 20
+			p, sum := chunkParams(t, id, off, 1<<20)
+			uploads[u] = append(uploads[u], chunk{p, fmt.Sprint(id, "@", off), sum})
+		}
+	}
+	errs := make(chan error, len(uploads))
+	var wg sync.WaitGroup
+	for u := range uploads {
+		wg.Go(func() {
+			for _, c := range uploads[u] {
+				if _, err := methods["file/upload/chunk"].call(g, context.Background(), cs, c.params); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	sink.mu.Lock()
+	for _, up := range uploads {
+		for _, c := range up {
+			if sink.got[c.key] != c.sum {
+				t.Errorf("chunk %s arrived changed", c.key)
+			}
+		}
+	}
+	disorder := sink.disorder
+	sink.mu.Unlock()
+	if disorder != 0 {
+		t.Fatalf("%d chunks out of their upload's order", disorder)
+	}
+	if bb, bt, nt := sink.counts(); bt != 2*chunks || bb != 0 || nt != 2 {
+		t.Fatalf("%d chunks by scratch (%d scratches), %d by bytes", bt, nt, bb)
+	}
+	if n := sink.scratches.Held(); n != 2 {
+		t.Fatalf("upload-staging holds %d scratches of the connection", n)
+	}
 }
