@@ -1162,3 +1162,29 @@ func TestUploadChunkEncodingsOverTheSocket(t *testing.T) {
 		t.Fatalf("commit %+v", f)
 	}
 }
+
+// A gateway's connection keeps the scratch its chunks were decoded into
+// after its upload is committed, when the gateway holds no lease of
+// upload-staging (no upload staged). Killed then, the gateway left it
+// mapped in upload-staging until evicted at the bound; upload-staging
+// now holds a scratch for as long as the connection it was passed over
+// is open, which the gateway's death closes.
+func TestUploadScratchesGoWithTheGatewayThatDied(t *testing.T) {
+	t.Parallel()
+	s := e2e.Start(t, e2e.Options{})
+	c := dialUC(t, s)
+	sess := c.session(map[string]any{})
+	id := c.mustBegin(map[string]any{"session_id": sess.ID, "size_bytes": 1 << 20})
+	c.chunk(id, 0, make([]byte, 1<<20))
+	c.must("file/upload/commit", map[string]any{"upload_id": id}, nil)
+	if st := stagingStats(t, s); st.GetScratches() != 1 || st.GetScratchBytes() == 0 || st.GetUploads() != 0 || st.GetGateways() != 0 {
+		t.Fatalf("before the kill, a scratch held and no lease wanted: %v", st)
+	}
+	killGateway(t, s)
+	testenv.Eventually(t, 20*time.Second, 100*time.Millisecond, func() error {
+		if st := stagingStats(t, s); st.GetScratches() != 0 || st.GetScratchBytes() != 0 {
+			return fmt.Errorf("the dead gateway's scratch is still held: %v", st)
+		}
+		return nil
+	})
+}

@@ -229,6 +229,14 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// heldScratches is how many scratches the receiver holds.
+func (s *Server) heldScratches() int {
+	if s.scratches == nil {
+		return 0
+	}
+	return s.scratches.Held()
+}
+
 // Scratches is the scratch receiver, nil without one.
 func (s *Server) Scratches() *filepass.Scratches { return s.scratches }
 
@@ -695,6 +703,6 @@ func (s *Server) Stats(context.Context, *uploadv1.StatsRequest) (*uploadv1.Stats
 	st := s.stage.Stats()
 	return &uploadv1.StatsResponse{
 		Uploads: int32(st.Uploads), StagedBytes: st.Charged, BudgetBytes: st.Limit, PayloadBytes: st.Payload, Gateways: int32(st.Gateways),
-		KeptBytes: st.Spare,
+		KeptBytes: st.Spare, ScratchBytes: st.Scratch, Scratches: int32(s.heldScratches()),
 	}, nil
 }

@@ -874,7 +874,13 @@ type StatsResponse struct {
 	// the last two, for 30 s) kept for the next uploads of about their size.
 	// They count against budget_bytes beside staged_bytes and are dropped
 	// first when a begin or an attach needs the room.
-	KeptBytes     int64 `protobuf:"varint,6,opt,name=kept_bytes,json=keptBytes,proto3" json:"kept_bytes,omitempty"`
+	KeptBytes int64 `protobuf:"varint,6,opt,name=kept_bytes,json=keptBytes,proto3" json:"kept_bytes,omitempty"`
+	// scratches counts the scratch memfds gateways passed and this service
+	// holds (each for as long as the connection it was passed over stays
+	// open); scratch_bytes is their charge against budget_bytes. They give
+	// way to uploads.
+	Scratches     int32 `protobuf:"varint,7,opt,name=scratches,proto3" json:"scratches,omitempty"`
+	ScratchBytes  int64 `protobuf:"varint,8,opt,name=scratch_bytes,json=scratchBytes,proto3" json:"scratch_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -951,6 +957,20 @@ func (x *StatsResponse) GetKeptBytes() int64 {
 	return 0
 }
 
+func (x *StatsResponse) GetScratches() int32 {
+	if x != nil {
+		return x.Scratches
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetScratchBytes() int64 {
+	if x != nil {
+		return x.ScratchBytes
+	}
+	return 0
+}
+
 var File_clawmesh_upload_v1_upload_proto protoreflect.FileDescriptor
 
 const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
@@ -1018,7 +1038,7 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"gateway_id\x18\x01 \x01(\tR\tgatewayId\"*\n" +
 	"\rRenewResponse\x12\x19\n" +
 	"\blease_ms\x18\x01 \x01(\x03R\aleaseMs\"\x0e\n" +
-	"\fStatsRequest\"\xcf\x01\n" +
+	"\fStatsRequest\"\x92\x02\n" +
 	"\rStatsResponse\x12\x18\n" +
 	"\auploads\x18\x01 \x01(\x05R\auploads\x12!\n" +
 	"\fstaged_bytes\x18\x02 \x01(\x03R\vstagedBytes\x12!\n" +
@@ -1026,7 +1046,9 @@ const file_clawmesh_upload_v1_upload_proto_rawDesc = "" +
 	"\rpayload_bytes\x18\x04 \x01(\x03R\fpayloadBytes\x12\x1a\n" +
 	"\bgateways\x18\x05 \x01(\x05R\bgateways\x12\x1d\n" +
 	"\n" +
-	"kept_bytes\x18\x06 \x01(\x03R\tkeptBytes2\xdb\x04\n" +
+	"kept_bytes\x18\x06 \x01(\x03R\tkeptBytes\x12\x1c\n" +
+	"\tscratches\x18\a \x01(\x05R\tscratches\x12#\n" +
+	"\rscratch_bytes\x18\b \x01(\x03R\fscratchBytes2\xdb\x04\n" +
 	"\rUploadService\x12L\n" +
 	"\x05Begin\x12 .clawmesh.upload.v1.BeginRequest\x1a!.clawmesh.upload.v1.BeginResponse\x12L\n" +
 	"\x05Chunk\x12 .clawmesh.upload.v1.ChunkRequest\x1a!.clawmesh.upload.v1.ChunkResponse\x12O\n" +
