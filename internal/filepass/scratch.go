@@ -40,8 +40,9 @@ const scratchFileBytes = ScratchFileBytes
 // sender does.
 const scratchSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
 
-// Default bounds of the scratches a receiver holds: two a connection (one
-// in use and one taking its place), 64 MiB in all.
+// Default bounds of the scratches a receiver holds: two a connection (two
+// of its chunks in flight at once), 64 in all; a budget, when the
+// receiver has one, bounds their bytes too.
 const (
 	MaxScratchesPerConn = 2
 	MaxScratches        = 64
