@@ -27,26 +27,7 @@ func BenchmarkHealthLine(b *testing.B) {
 			return HandlerFunc(func(context.Context, *Conn, *Request) (any, error) { return answer, nil })
 		},
 	}, nil)
-	nc, err := net.Dial("unix", ts.path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
-	line := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":1}` + "\n")
-	buf := make([]byte, 4096)
-	for b.Loop() {
-		if _, err := nc.Write(line); err != nil {
-			b.Fatal(err)
-		}
-		got := 0
-		for got == 0 || buf[got-1] != '\n' {
-			n, err := nc.Read(buf[got:])
-			if err != nil {
-				b.Fatal(err)
-			}
-			got += n
-		}
-	}
+	sendHealthLines(b, ts.path)
 }
 
 // BenchmarkHealthLineEcho: see BenchmarkHealthLine.
@@ -88,6 +69,12 @@ func BenchmarkHealthLineEcho(b *testing.B) {
 			}
 		}
 	}()
+	sendHealthLines(b, path)
+}
+
+// sendHealthLines is both benchmarks' client: health's request line sent
+// on a connection to path, each reply read to its LF before the next.
+func sendHealthLines(b *testing.B, path string) {
 	nc, err := net.Dial("unix", path)
 	if err != nil {
 		b.Fatal(err)
