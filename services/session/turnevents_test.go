@@ -148,6 +148,12 @@ func TestTurnEventsOfARunningTurnHoldWhatTheyCover(t *testing.T) {
 	if turn == nil {
 		t.Fatal("no running turn")
 	}
+	// The chunk is published before the turn's log takes it, both under
+	// mapMu (emit): once the lock is free the log holds it, and covered_seq
+	// can count it. Without this wait, at load, TurnEvents took an empty
+	// log and answered covered_seq 0 with no thoughts, rightly.
+	turn.mapMu.Lock()
+	turn.mapMu.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
 
 	// In the window, the turn streams its next chunk and the writer
 	// writes it, if it can write then.
