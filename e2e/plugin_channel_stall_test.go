@@ -18,61 +18,21 @@ import (
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
 )
 
-// heldWebhookSrc is services/pluginsandbox's heldWebhook (its tests'
-// channels_pollstall_test.go), added to the webhook example: a message
-// whose id starts with "held", once polled, is kept by the plugin's
-// upstream service (/hold), and every poll answers what that service
-// keeps (/held) before reading the host's queue, as a mail channel
-// whose server keeps a message unread whatever the plugin is told.
-const heldWebhookSrc = `//go:build wasip1
-
-package main
-
-import (
-	"encoding/json"
-	"strings"
-
-	"github.com/clawmesh/clawmesh/plugins/pdk"
-	"github.com/clawmesh/clawmesh/plugins/pdk/channel"
-)
-
-type held struct{ webhook }
-
-type kept struct {
-	ID, From, Thread string
-	Bytes            int
+// heldWebhookSource is services/pluginsandbox's heldWebhook, the webhook
+// example with a poll that answers first what its upstream service keeps
+// (heldHook): a message whose id starts with "held", once polled, is kept
+// there, as a mail server keeps a message unread whatever the plugin is
+// told.
+func heldWebhookSource(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(guestbuild.Root(), "internal", "guestbuild", "testdata", "webhook_held.go.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
-func (h held) PollMessage() (*channel.Message, error) {
-	s, err := load()
-	if err != nil {
-		return nil, err
-	}
-	resp, err := pdk.Fetch(pdk.HTTPRequest{Method: "GET", URL: s.WebhookURL + "/held"})
-	if err != nil {
-		return nil, err
-	}
-	if resp.Status == 200 {
-		var k kept
-		if err := json.Unmarshal(resp.Body, &k); err != nil {
-			return nil, err
-		}
-		return &channel.Message{ID: k.ID, Sender: k.From, ReplyTarget: k.From, ThreadID: k.Thread, Content: strings.Repeat("x", k.Bytes)}, nil
-	}
-	m, err := h.webhook.PollMessage()
-	if m != nil && strings.HasPrefix(m.ID, "held") {
-		b, _ := json.Marshal(kept{ID: m.ID, From: m.Sender, Thread: m.ThreadID, Bytes: len(m.Content)})
-		if _, err := pdk.Fetch(pdk.HTTPRequest{Method: "POST", URL: s.WebhookURL + "/hold", Body: b}); err != nil {
-			return nil, err
-		}
-	}
-	return m, err
-}
-
-func init() { channel.Register(held{}) } // after main.go's init
-`
-
-// heldHook is heldWebhookSrc's upstream: /hold keeps a message, /held
+// heldHook is heldWebhookSource's upstream: /hold keeps a message, /held
 // gives it back at every ask (204 while it keeps none), and anything
 // else is a reply of the webhook's, whose content replies returns.
 func heldHook(t *testing.T) (url string, replies func() []string) {
@@ -119,7 +79,7 @@ func TestPluginChannelStalledOnAHeldMessage(t *testing.T) {
 	t.Parallel()
 	dataDir := e2e.TempDataDir(t)
 	installPlugin(t, dataDir, "webhook")
-	held, err := guestbuild.WasmWith("webhook", "testhooks.go", heldWebhookSrc)
+	held, err := guestbuild.WasmWith("webhook", "testhooks.go", heldWebhookSource(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,55 +28,19 @@ import (
 // that service first (/held) and answers what it holds without reading
 // the host's queue. It stands for a mail channel whose server keeps a
 // message unread whatever the plugin is told: a rebuilt instance asks
-// the server again and answers it again.
-const heldWebhook = `//go:build wasip1
+// the server again and answers it again. Its source is
+// internal/guestbuild/testdata/webhook_held.go.txt.
+var heldWebhook = guestSource("webhook_held.go.txt")
 
-package main
-
-import (
-	"encoding/json"
-	"strings"
-
-	"github.com/clawmesh/clawmesh/plugins/pdk"
-	"github.com/clawmesh/clawmesh/plugins/pdk/channel"
-)
-
-type held struct{ webhook }
-
-type kept struct {
-	ID, From, Thread string
-	Bytes            int
-}
-
-func (h held) PollMessage() (*channel.Message, error) {
-	pdk.Log(pdk.LevelInfo, pdk.Event{Action: "poll", Outcome: "started", Message: "held poll"})
-	s, err := load()
+// guestSource is a guest's source kept in internal/guestbuild/testdata,
+// shared with the e2e tests that build the same guest.
+func guestSource(name string) string {
+	b, err := os.ReadFile(filepath.Join(guestbuild.Root(), "internal", "guestbuild", "testdata", name))
 	if err != nil {
-		return nil, err
+		panic(err)
 	}
-	resp, err := pdk.Fetch(pdk.HTTPRequest{Method: "GET", URL: s.WebhookURL + "/held"})
-	if err != nil {
-		return nil, err
-	}
-	if resp.Status == 200 {
-		var k kept
-		if err := json.Unmarshal(resp.Body, &k); err != nil {
-			return nil, err
-		}
-		return &channel.Message{ID: k.ID, Sender: k.From, ReplyTarget: k.From, ThreadID: k.Thread, Content: strings.Repeat("x", k.Bytes)}, nil
-	}
-	m, err := h.webhook.PollMessage()
-	if m != nil && strings.HasPrefix(m.ID, "held") {
-		b, _ := json.Marshal(kept{ID: m.ID, From: m.Sender, Thread: m.ThreadID, Bytes: len(m.Content)})
-		if _, err := pdk.Fetch(pdk.HTTPRequest{Method: "POST", URL: s.WebhookURL + "/hold", Body: b}); err != nil {
-			return nil, err
-		}
-	}
-	return m, err
+	return string(b)
 }
-
-func init() { channel.Register(held{}) } // after main.go's init
-`
 
 // heldUpstream is heldWebhook's upstream: /hold keeps a message, /held
 // gives it back at every ask (204 while it keeps none), and anything
