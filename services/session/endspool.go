@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/ids"
@@ -222,7 +223,9 @@ func (sp *endSpool) read(name string) (*turnEnd, int64, error) {
 	if !ok || !ids.Token(turnID) {
 		return nil, 0, fmt.Errorf("%q is not named <turn id>%s", name, spoolExt)
 	}
-	f, err := os.Open(filepath.Join(sp.dir, name))
+	// Not through a link, and without waiting on a FIFO's writer: a start
+	// that opened one here blocked before serving anything.
+	f, err := os.OpenFile(filepath.Join(sp.dir, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, 0, err
 	}

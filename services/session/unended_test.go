@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"slices"
@@ -377,6 +378,15 @@ func TestASpoolFileNotOursIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A FIFO would hold the start in its open until a writer came, and a
+	// link would be read as the file it names: neither is a turn end.
+	odd := []string{"turn_a_fifo.end", "turn_a_link.end"}
+	if err := unix.Mkfifo(filepath.Join(h.spoolDir(), odd[0]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(turnID+spoolExt, filepath.Join(h.spoolDir(), odd[1])); err != nil {
+		t.Fatal(err)
+	}
 	cut := "." + turnID + spoolExt + ".123"
 	if err := os.WriteFile(filepath.Join(h.spoolDir(), cut), []byte("half"), 0o600); err != nil {
 		t.Fatal(err)
@@ -388,6 +398,9 @@ func TestASpoolFileNotOursIsRefused(t *testing.T) {
 	rec.quiet(200 * time.Millisecond)
 	var want []string
 	for name := range bad {
+		want = append(want, name+refusedExt)
+	}
+	for _, name := range odd {
 		want = append(want, name+refusedExt)
 	}
 	sort.Strings(want)
