@@ -46,48 +46,59 @@ func noSecondReply(t *testing.T, replies <-chan map[string]string, after string)
 	}
 }
 
+// heldOnTwoServers stalls a first server on the held guest (stalledAt),
+// then starts a second on the same spool, binds web there and waits for
+// it to fail on the message the first refused; closeFirst closes the
+// first before the second starts (a restart), or leaves it running (a
+// second replica). It gives the second server, the fake sessions both
+// prompt and the upstream's replies.
+func heldOnTwoServers(t *testing.T, closeFirst bool) (first, second *testServer, fs *fakeSessions, replies chan map[string]string) {
+	t.Helper()
+	hook, replies := heldUpstream(t)
+	fs = newFakeSessions()
+	spool := t.TempDir()
+	onSpool := func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool }
+	first, sink1 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
+	stalledAt(t, first, sink1, replies)
+	if closeFirst {
+		if err := first.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second, sink2 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
+	bindChannels(t, second, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})
+	waitFailed(t, second, sink2)
+	return first, second, fs, replies
+}
+
+// upgradedDeliversNext upgrades ts's webhook plugin and checks that the
+// message queued behind the held one is prompted.
+func upgradedDeliversNext(t *testing.T, ts *testServer, fs *fakeSessions, after string) {
+	t.Helper()
+	upgradeWebhook(t, ts)
+	ts.rescan(t)
+	if p := testwait.Recv(t, fs.prompts); p.prompt != "next" {
+		t.Fatalf("prompt %q %s, want next", p.prompt, after)
+	}
+}
+
 // The sender of a message the host refused for its size, which the
 // plugin's own service holds, was told again by the sandbox restarted
 // on the same spool: what the binding knew of the message (heldKey)
 // lived in the process. The spool now keeps it.
 func TestStalledChannelsSenderIsNotToldAgainAfterARestart(t *testing.T) {
-	hook, replies := heldUpstream(t)
-	fs := newFakeSessions()
-	spool := t.TempDir()
-	onSpool := func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool }
-	ts1, sink1 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
-	stalledAt(t, ts1, sink1, replies)
-	if err := ts1.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-
-	ts2, sink2 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
-	bindChannels(t, ts2, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})
-	waitFailed(t, ts2, sink2)
+	_, ts2, fs, replies := heldOnTwoServers(t, true)
 	noSecondReply(t, replies, "after the restart")
 
 	// Nothing accepted was lost: the upgraded plugin delivers next.
-	upgradeWebhook(t, ts2)
-	ts2.rescan(t)
-	if p := testwait.Recv(t, fs.prompts); p.prompt != "next" {
-		t.Fatalf("prompt %q after the upgrade, want next", p.prompt)
-	}
+	upgradedDeliversNext(t, ts2, fs, "after the upgrade")
 	noSecondReply(t, replies, "after the upgrade")
 }
 
 // So was it by another replica of the alias polling the same plugin's
 // service, which adopts the spool once the first one is gone.
 func TestStalledChannelsSenderIsNotToldAgainByAReplicaAdoptingItsSpool(t *testing.T) {
-	hook, replies := heldUpstream(t)
-	fs := newFakeSessions()
-	spool := t.TempDir()
-	onSpool := func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool }
-	ts1, sink1 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
-	stalledAt(t, ts1, sink1, replies)
-
-	ts2, sink2 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
-	bindChannels(t, ts2, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})
-	waitFailed(t, ts2, sink2)
+	ts1, ts2, fs, replies := heldOnTwoServers(t, false)
 	noSecondReply(t, replies, "from the second replica")
 
 	// The first replica gone, the second adopts next and, upgraded,
@@ -95,11 +106,7 @@ func TestStalledChannelsSenderIsNotToldAgainByAReplicaAdoptingItsSpool(t *testin
 	if err := ts1.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	upgradeWebhook(t, ts2)
-	ts2.rescan(t)
-	if p := testwait.Recv(t, fs.prompts); p.prompt != "next" {
-		t.Fatalf("prompt %q after the adoption and the upgrade, want next", p.prompt)
-	}
+	upgradedDeliversNext(t, ts2, fs, "after the adoption and the upgrade")
 	noSecondReply(t, replies, "after the adoption")
 }
 
