@@ -230,7 +230,19 @@ func (r *reachability) track(ctx context.Context, res balancer.PickResult) (bala
 		r.mu.Unlock()
 		return res, true
 	}
+	if !rc.hung && stops.nStopped.Load() != 0 {
+		// Found stopped by another client of this process, or by this
+		// one on another connection (stops.go): hung now, as its own
+		// check would find it later.
+		r.mu.Unlock()
+		if proc, ok := stops.stoppedNow(rc.addr); ok {
+			r.answered(rc, r.now(), checkStopped, proc)
+		}
+		r.mu.Lock()
+	}
 	if rc.hung {
+		// Its prober waits for its first answer once it runs again.
+		r.probeLocked(rc)
 		r.mu.Unlock()
 		if res.Done != nil {
 			// A pick not taken ends here for its child.
@@ -304,6 +316,12 @@ func (r *reachability) prober(rc *reach) {
 		r.mu.Unlock()
 		start := r.now()
 		v, proc := r.probe(sc, hung)
+		switch v {
+		case checkStopped:
+			stops.record(rc.addr, proc, true)
+		case checkAnswered:
+			stops.runs(rc.addr, proc)
+		}
 		if v == checkLost {
 			r.mu.Lock()
 			rc.probing = false

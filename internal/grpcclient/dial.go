@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -67,7 +68,7 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
 	}
 	target := addr
-	if strings.HasPrefix(addr, "/") || strings.Contains(addr, ",") {
+	if explicit(addr) {
 		// Explicit addresses: a manual resolver hands them all to the
 		// round-robin balancer, and the dialer picks unix or tcp per address.
 		var addrs []resolver.Address
@@ -88,7 +89,20 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
+// connecting, when set, is told of each connect dialer makes: a test's
+// count of the connections a replica's socket is offered.
+var connecting atomic.Pointer[func(addr string)]
+
+// explicit reports whether addr lists its addresses (Dial's dialer
+// connects to them) rather than naming a resolver's target.
+func explicit(addr string) bool {
+	return strings.HasPrefix(addr, "/") || strings.Contains(addr, ",")
+}
+
 func dialer(ctx context.Context, addr string) (net.Conn, error) {
+	if f := connecting.Load(); f != nil {
+		(*f)(addr)
+	}
 	var d net.Dialer
 	if strings.HasPrefix(addr, "/") {
 		return d.DialContext(ctx, "unix", addr)
@@ -124,13 +138,20 @@ var replicasServiceConfig = fmt.Sprintf(`{"loadBalancingConfig":[{%q:{}}],"healt
 // for one of several. Health calls must not use it: they would be
 // routed to the replicas that serve only.
 func DialReplicas(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	w := newStopWait()
 	// A later default service config replaces Dial's.
-	return Dial(addr, append([]grpc.DialOption{
+	own := []grpc.DialOption{
 		// Insecure as Dial's, knowing each Unix socket's process
 		// (peer.go).
-		grpc.WithTransportCredentials(newPeerCreds()),
+		grpc.WithTransportCredentials(newPeerCreds(w)),
 		grpc.WithDefaultServiceConfig(replicasServiceConfig),
 		grpc.WithChainUnaryInterceptor(waitForReplica),
 		grpc.WithChainStreamInterceptor(waitForReplicaStream),
-	}, opts...)...)
+	}
+	if explicit(addr) {
+		// Dial's dialer, not connecting to a stopped process's socket
+		// (stops.go).
+		own = append(own, grpc.WithContextDialer(w.dial))
+	}
+	return Dial(addr, append(own, opts...)...)
 }

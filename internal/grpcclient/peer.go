@@ -30,7 +30,8 @@ import (
 // tells a starved process from a stuck one: one that ran while a check
 // went unanswered is not hung. With no pid (TCP, a peer in another pid
 // namespace, whose pid the kernel gives as 0) the client knows only
-// what the connection says, as before.
+// what the connection says, as before. A stop found is the process's
+// to know, every client's of it (stops.go).
 
 // StateAfter is how long a health check waits before the replica's
 // process state is read, and then again every StateAfter while it
@@ -43,8 +44,9 @@ const StateAfter = 100 * time.Millisecond
 // it) is no evidence, its state being the test's. Tests replace both to
 // stand for a process they cannot stop (their own).
 var (
-	readStat = procstat.Read
-	ownPID   = os.Getpid()
+	readStat  = procstat.Read
+	ownPID    = os.Getpid()
+	peerPIDOf = peerPID
 )
 
 // peerProc is the process that serves a connection: its pid and when
@@ -102,20 +104,22 @@ func (e errPeerStopped) Error() string {
 	return fmt.Sprintf("%s accepts connections but its process %d is stopped: %s", e.addr, e.pid, StoppedOrHung)
 }
 
-// Temporary: gRPC tries the connect again after its backoff, which finds
-// the process running again once it is.
+// Temporary: gRPC tries the connect again after its backoff; that
+// connect waits for the process to run (stopWait), without connecting.
 func (errPeerStopped) Temporary() bool { return true }
 
 // peerCreds are insecure transport credentials that learn, at each
-// connect over a Unix socket, the process serving it.
+// connect over a Unix socket, the process serving it, and tell the
+// process's table (stops) and the client's connects (wait).
 type peerCreds struct {
 	credentials.TransportCredentials
+	wait *stopWait
 }
 
-func newPeerCreds() peerCreds { return peerCreds{insecure.NewCredentials()} }
+func newPeerCreds(w *stopWait) peerCreds { return peerCreds{insecure.NewCredentials(), w} }
 
 func (c peerCreds) Clone() credentials.TransportCredentials {
-	return peerCreds{c.TransportCredentials.Clone()}
+	return peerCreds{c.TransportCredentials.Clone(), c.wait}
 }
 
 func (c peerCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -128,7 +132,7 @@ func (c peerCreds) ClientHandshake(ctx context.Context, authority string, conn n
 	if !ok {
 		return conn, info, nil
 	}
-	pid := peerPID(uc)
+	pid := peerPIDOf(uc)
 	if pid <= 0 || pid == ownPID {
 		return conn, info, nil
 	}
@@ -136,10 +140,13 @@ func (c peerCreds) ClientHandshake(ctx context.Context, authority string, conn n
 	if err != nil {
 		return conn, info, nil
 	}
-	if stopped(st) {
-		return conn, nil, errPeerStopped{addr: conn.RemoteAddr().String(), pid: pid}
-	}
+	addr := conn.RemoteAddr().String()
 	info.proc = peerProc{pid: pid, start: st.Start}
+	stops.record(addr, info.proc, stopped(st))
+	if stopped(st) {
+		c.wait.tell(addr)
+		return conn, nil, errPeerStopped{addr: addr, pid: pid}
+	}
 	return conn, info, nil
 }
 
