@@ -38,7 +38,9 @@ import (
 // socket's peer, peer.go), a check still unanswered after StateAfter
 // has its process's state read: a stopped process (state T) is hung at
 // once, not after ProbeTimeout, and one whose CPU time grew while the
-// check went unanswered runs (starved or busy) and is not hung.
+// check went unanswered runs (starved, busy or spinning) and is not
+// hung: its calls wait on, but new ones go to a replica that answers
+// while there is one (reach.slow).
 const (
 	ProbeAfter   = 500 * time.Millisecond
 	ProbeEvery   = time.Second
@@ -219,16 +221,30 @@ func (r *reachability) judge(ctx context.Context, err error) verdict {
 	return checkAnswered
 }
 
+// picked is what track made of a pick.
+type picked int
+
+const (
+	pickTaken picked = iota
+	// pickHung: its replica is stopped or hung; the picker tries
+	// another.
+	pickHung
+	// pickSlow: its replica runs and answers nothing (reach.slow),
+	// and slowOK was false; the picker tries another, and takes a slow
+	// one only when no other is left.
+	pickSlow
+)
+
 // track ties the call in ctx (watched) to res's replica until its Done:
 // the replica is probed while calls wait on it. It returns res, its
-// Done wrapped, or ok false when the replica is hung: the picker tries
-// another.
-func (r *reachability) track(ctx context.Context, res balancer.PickResult) (balancer.PickResult, bool) {
+// Done wrapped, and pickTaken; or pickHung when the replica is hung,
+// pickSlow when it is slow and slowOK false: the picker tries another.
+func (r *reachability) track(ctx context.Context, res balancer.PickResult, slowOK bool) (balancer.PickResult, picked) {
 	r.mu.Lock()
 	rc := r.bySC[res.SubConn]
 	if rc == nil {
 		r.mu.Unlock()
-		return res, true
+		return res, pickTaken
 	}
 	if !rc.hung && stops.nStopped.Load() != 0 {
 		// Found stopped by another client of this process, or by this
@@ -240,7 +256,11 @@ func (r *reachability) track(ctx context.Context, res balancer.PickResult) (bala
 		}
 		r.mu.Lock()
 	}
-	if rc.hung {
+	if rc.hung || rc.slow && !slowOK {
+		v := pickSlow
+		if rc.hung {
+			v = pickHung
+		}
 		// Its prober waits for its first answer once it runs again.
 		r.probeLocked(rc)
 		r.mu.Unlock()
@@ -248,12 +268,12 @@ func (r *reachability) track(ctx context.Context, res balancer.PickResult) (bala
 			// A pick not taken ends here for its child.
 			res.Done(balancer.DoneInfo{Err: balancer.ErrNoSubConnAvailable})
 		}
-		return res, false
+		return res, v
 	}
 	c, _ := ctx.Value(callKey{}).(*call)
 	if c == nil {
 		r.mu.Unlock()
-		return res, true
+		return res, pickTaken
 	}
 	rc.calls[c] = struct{}{}
 	r.probeLocked(rc)
@@ -265,7 +285,7 @@ func (r *reachability) track(ctx context.Context, res balancer.PickResult) (bala
 			done(d)
 		}
 	}
-	return res, true
+	return res, pickTaken
 }
 
 func (r *reachability) untrack(rc *reach, c *call, heard bool) {
@@ -273,7 +293,7 @@ func (r *reachability) untrack(rc *reach, c *call, heard bool) {
 	defer r.mu.Unlock()
 	delete(rc.calls, c)
 	if heard {
-		rc.heard = r.now()
+		rc.heard, rc.slow = r.now(), false
 	}
 }
 
@@ -287,7 +307,8 @@ func (r *reachability) probeLocked(rc *reach) {
 	go r.prober(rc)
 }
 
-// prober probes rc while calls wait on it, or while it is hung, until
+// prober probes rc while calls wait on it, or while it is hung or slow
+// (so that its first answer takes it back), until
 // its connection is lost, its SubConn shut down or the client closed.
 func (r *reachability) prober(rc *reach) {
 	defer r.wg.Done()
@@ -301,7 +322,7 @@ func (r *reachability) prober(rc *reach) {
 		}
 		r.mu.Lock()
 		_, live := r.conns[rc]
-		if !live || len(rc.calls) == 0 && !rc.hung {
+		if !live || len(rc.calls) == 0 && !rc.hung && !rc.slow {
 			rc.probing = false
 			r.mu.Unlock()
 			return
@@ -354,7 +375,7 @@ func (r *reachability) answered(rc *reach, start time.Time, v verdict, proc peer
 	changed := false
 	switch {
 	case v == checkAnswered:
-		rc.heard = r.now()
+		rc.heard, rc.slow = r.now(), false
 		if rc.hung {
 			rc.hung, rc.downSince, rc.err = false, time.Time{}, nil
 			changed = true
@@ -367,7 +388,16 @@ func (r *reachability) answered(rc *reach, start time.Time, v verdict, proc peer
 		// the check waited, or the process ran: it runs (starved, or
 		// busy), it is not stopped. The prober checks again at once,
 		// so each ProbeTimeout of silence needs an answer, or a run,
-		// of its own.
+		// of its own. One that ran and answered nothing is slow: a
+		// process that spins (a livelock, handlers stuck while others
+		// loop) runs and answers nothing just as a starved or busy one
+		// does, and nothing the client sees tells them apart (its
+		// transport answers pings in either; CPU grows in either; only
+		// how long the silence lasts differs, and any bound on it would
+		// end a starved process's calls). So its calls are not ended,
+		// each waiting for its own deadline; but new calls go to a
+		// replica that answers while there is one.
+		rc.slow = !rc.heard.After(start)
 		v = checkRuns
 	}
 	if !rc.hung && (v == checkStopped || v == checkSilent) {

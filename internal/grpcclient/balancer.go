@@ -141,18 +141,28 @@ type methodPicker struct {
 
 // Pick skips the replicas found hung (reachability.track): with each of
 // them hung, the call waits for the picker that fails it or takes it
-// to a replica back.
+// to a replica back. It skips a slow one (running, answering nothing)
+// too, and takes it only when every replica is hung or slow.
 func (p *methodPicker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	n := p.turn(info.FullMethodName).Add(1)
-	for range p.pickers {
-		res, err := p.pickers[n%uint32(len(p.pickers))].Pick(info)
-		if err != nil {
-			return res, err
+	slow := false
+	for pass := range 2 {
+		for i := range uint32(len(p.pickers)) {
+			res, err := p.pickers[(n+i)%uint32(len(p.pickers))].Pick(info)
+			if err != nil {
+				return res, err
+			}
+			res, v := p.reach.track(info.Ctx, res, pass == 1)
+			switch v {
+			case pickTaken:
+				return res, nil
+			case pickSlow:
+				slow = true
+			}
 		}
-		if res, ok := p.reach.track(info.Ctx, res); ok {
-			return res, nil
+		if !slow {
+			break
 		}
-		n++
 	}
 	return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 }

@@ -67,6 +67,12 @@ type reach struct {
 	stopped bool
 	// heard is when a call on the connection last had an answer.
 	heard time.Time
+	// slow: its last check went unanswered while its process ran
+	// (checkRuns), and nothing on the connection has been answered
+	// since: starved, busy or spinning, which the client cannot tell
+	// apart. Not hung, its calls not ended; but a call is picked on
+	// it only when every other replica is hung or slow (methodPicker).
+	slow bool
 	// calls are the calls in flight on the connection (track), as many
 	// as the client makes at once; probing, whether its prober runs.
 	calls   map[*call]struct{}
@@ -174,6 +180,8 @@ func (r *reachability) update(rc *reach, s balancer.SubConnState) {
 		// its check's start (downSince), as one whose connects fail.
 		rc.hung = false
 	}
+	// A connection made or lost: what was slow was the last one.
+	rc.slow = false
 	// Idle and Connecting keep downSince: a replica away cycles
 	// through them between its failed connects.
 	r.armLocked()
