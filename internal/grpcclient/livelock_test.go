@@ -103,6 +103,11 @@ func serveSpinning(t *testing.T, dir, name string, from, release <-chan struct{}
 	return sock, in, s.checks, s.checked
 }
 
+// leftWithin bounds a call that must go to the replica that answers: a
+// call picked on the spinning one waits until it is released, for ever.
+// A bound against a hang, not a measure.
+const leftWithin = 2 * ProbeTimeout
+
 // Of two replicas, a's handlers spin (a livelock: its process runs and
 // answers nothing) with a call in flight on it. Its process's CPU time
 // grows while its checks go unanswered, as a starved process's does, so
@@ -110,8 +115,8 @@ func serveSpinning(t *testing.T, dir, name string, from, release <-chan struct{}
 // client cannot tell a process that spins from one starved or busy, and
 // ending the calls of a starved one was the sixty-fourth round's fault.
 // But new calls went to it in turn, each waiting for its own deadline,
-// while b answered at once: the calls after the first check's verdict,
-// each under firstCallWithin, failed when picked on a. A replica that
+// while b answered at once: of the calls after the first check's
+// verdict, each under leftWithin, the one picked on a failed. A replica that
 // runs and answers nothing is now left for one that answers (it is
 // still picked when none does): each is answered by b. The call in
 // flight on a is not ended; once a answers again it is picked again.
@@ -160,9 +165,9 @@ func TestAReplicaThatRunsAndAnswersNothingIsLeftForOneThatAnswers(t *testing.T) 
 		}
 	}
 	for i := range 4 {
-		name, err := nameOf(ctx, cc, firstCallWithin)
+		name, err := nameOf(ctx, cc, leftWithin)
 		if err != nil || name != "b" {
-			t.Fatalf("call %d with a answering nothing: %q, %v; want b within %v", i, name, err, firstCallWithin)
+			t.Fatalf("call %d with a answering nothing: %q, %v; want b within %v", i, name, err, leftWithin)
 		}
 	}
 	select {

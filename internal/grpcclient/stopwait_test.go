@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -134,12 +135,16 @@ func countConnects(t *testing.T) func(addr string) int64 {
 }
 
 // nameOf is the name of the replica that answers a call through cc
-// within d, or the call's error.
+// within d, or the call's error, naming the socket it was sent on.
 func nameOf(ctx context.Context, cc *grpc.ClientConn, d time.Duration) (string, error) {
 	callCtx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var name wrapperspb.StringValue
-	err := cc.Invoke(callCtx, nameMethod, &emptypb.Empty{}, &name)
+	var p peer.Peer
+	err := cc.Invoke(callCtx, nameMethod, &emptypb.Empty{}, &name, grpc.Peer(&p))
+	if err != nil && p.Addr != nil {
+		err = fmt.Errorf("sent to %s: %w", p.Addr, err)
+	}
 	return name.Value, err
 }
 
