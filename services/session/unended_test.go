@@ -366,7 +366,7 @@ func TestASpoolFileNotOursIsRefused(t *testing.T) {
 	head, body, _ := strings.Cut(string(real), "\n")
 	bad := map[string]string{
 		"turn_other_format.end":     `{"format":"something.else","version":1,"sha256":""}` + "\n{}",
-		"turn_later.end":            `{"format":"` + spoolFormat + `","version":2,"sha256":""}` + "\n{}",
+		"turn_later.end":            `{"format":"` + spoolFormat + `","version":3,"sha256":""}` + "\n{}",
 		"turn_tampered.end":         head + "\n" + body[:len(body)-1] + " }",
 		"turn_not_its_name.end":     string(real),
 		"turn_not_json.end":         "\x00\x01 not a turn end",

@@ -1,0 +1,188 @@
+package session
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
+)
+
+// bigWords is a reply of n words of about 4.8 KB each, of characters JSON
+// escapes (a '<' or a '&' is six bytes in JSON, a '"' or a '\' two) and
+// of two-byte ones: what a file of JSON strings holds most inflated.
+func bigWords(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d:", i)
+		b.WriteString(strings.Repeat("w<é\"\\&x", 600))
+	}
+	return b.String()
+}
+
+// A spooled end held its text three times over (the reply, the text the
+// transcript lacks, the events), JSON-escaped: a reply of 1.2 MB of such
+// text was a file of 9 MB, synced before its turn_complete went out. It holds the text once now, and the start stores it byte for byte
+// as its clients were sent it.
+func TestALargeSpooledEndHoldsItsTextOnce(t *testing.T) {
+	h := newEndFailingHarness(t, noBatches, func(c *Config) { c.CheckpointBytes = 64 << 20 })
+	id := h.newSession(operator, "default")
+	reply := bigWords(250)
+	prompt := "/say " + reply + "\n/sleep 1500\n/say last"
+	reply += "\nlast"
+
+	rec := h.record(id)
+	done := h.failEnd(UpdateMessageChunk, &sessionv1.PromptRequest{Principal: operator, SessionId: id, Prompt: prompt}, false)
+	sent := strings.Join(texts(rec.until(UpdateTurnComplete), UpdateMessageChunk), "")
+	if sent != reply || done.Params["content"] != reply {
+		t.Fatalf("the case: %d bytes sent in chunks, turn_complete's content %d bytes, want the reply's %d", len(sent), len(done.str("content")), len(reply))
+	}
+	turnID := done.str("turn_id")
+	st, err := os.Stat(filepath.Join(h.spoolDir(), turnID+spoolExt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The events carried are the reply's chunks (the prompt's event is
+	// stored at the turn's start): the reply is their text.
+	t.Logf("the spooled end: %d bytes, %.3f times the reply's %d", st.Size(), float64(st.Size())/float64(len(reply)), len(reply))
+	if float64(st.Size()) > 1.2*float64(len(reply)) {
+		t.Errorf("the spooled end is %d bytes, %.2f times the reply's %d, which its events carry", st.Size(), float64(st.Size())/float64(len(reply)), len(reply))
+	}
+
+	h.crash()
+	h.endedAsTold(id, turnID, OutcomeCompleted, stopEndTurn, sent)
+	var user string
+	if err := h.pool.QueryRow(context.Background(), "SELECT content FROM checkpoint_events WHERE turn_id = $1 AND kind = 'user'", turnID).Scan(&user); err != nil || user != prompt {
+		t.Errorf("the turn's prompt event: %d bytes %v, want the prompt's %d", len(user), err, len(prompt))
+	}
+}
+
+// A file of the spool's first version, which the build before wrote for
+// a turn its clients were told had ended, is written as it ended: refused,
+// the turn was recorded as recovery records one and a second
+// turn_complete told its clients otherwise.
+func TestASpooledEndOfTheFirstVersionIsWritten(t *testing.T) {
+	h := newEndFailingHarness(t, noBatches)
+	id := h.newSession(operator, "default")
+	turnID := h.completedUnrecorded(id)
+	e, err := h.srv.spool.load(turnID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(h.spoolDir(), turnID+spoolExt), encodeSpooledV1(t, e), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := h.record(id)
+	h.crash()
+	h.endedAsTold(id, turnID, OutcomeCompleted, stopEndTurn, "first\nlast")
+	rec.quiet(200 * time.Millisecond)
+	if left := h.spooled(); len(left) != 0 {
+		t.Fatalf("the spool holds %v once the start wrote it", left)
+	}
+}
+
+// Files set aside as refused stayed for ever, each start logging each of
+// them again. A start removes those refused more than maxRefusedAge ago
+// and, past maxRefusedFiles, the oldest, each with a log saying so; the
+// rest it keeps without a log of each.
+func TestRefusedSpoolFilesAreBounded(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	put := func(name string, age time.Duration) {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte("not a turn end"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, now.Add(-age), now.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var want []string
+	put("turn_old_a.end"+refusedExt, maxRefusedAge+time.Hour)
+	put("turn_old_b.end"+refusedExt, 30*24*time.Hour)
+	for i := range maxRefusedFiles + 2 {
+		name := fmt.Sprintf("turn_recent_%02d.end%s", i, refusedExt)
+		put(name, time.Duration(i+1)*time.Minute)
+		if i < maxRefusedFiles-1 {
+			want = append(want, name)
+		}
+	}
+	// Refused by this start: the newest, so kept; refused an hour after
+	// the file was written, its age is counted from its refusal.
+	put("turn_new.end", maxRefusedAge+time.Hour)
+	want = append(want, "turn_new.end"+refusedExt)
+	slices.Sort(want)
+
+	core, logs := observer.New(zap.InfoLevel)
+	open := func() {
+		t.Helper()
+		if _, _, err := openEndSpool(dir, zap.New(core)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open()
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, de := range des {
+		got = append(got, de.Name())
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the spool holds %v, want %v", got, want)
+	}
+	removed := map[string]string{}
+	for _, l := range logs.FilterMessage("turn end spool: a refused file removed").All() {
+		f := l.ContextMap()
+		removed[filepath.Base(f["path"].(string))], _ = f["why"].(string)
+	}
+	if len(removed) != 5 || !strings.Contains(removed["turn_old_a.end"+refusedExt], "days") ||
+		!strings.Contains(removed[fmt.Sprintf("turn_recent_%02d.end%s", maxRefusedFiles+1, refusedExt)], "kept") {
+		t.Fatalf("the removals logged: %v", removed)
+	}
+
+	// A second start removes nothing and logs each file kept no more.
+	logs.TakeAll()
+	open()
+	if n := logs.Len(); n > 1 {
+		t.Fatalf("a second start logged %d lines about the refused files: %v", n, logs.All())
+	}
+	if n := logs.FilterMessage("turn end spool: a refused file removed").Len(); n != 0 {
+		t.Fatalf("a second start removed %d files", n)
+	}
+}
+
+// encodeSpooledV1 is e's file as the spool's first version wrote it.
+func encodeSpooledV1(t *testing.T, e *turnEnd) []byte {
+	t.Helper()
+	body, err := json.Marshal(spooledEndV1{
+		SessionID: e.sessionID, TurnID: e.turnID, Outcome: e.res.Outcome, StopReason: e.res.StopReason,
+		Content: e.res.Content, Error: e.res.Error, Said: e.res.Said, Unshown: e.said, Published: e.published,
+		Unrecorded: e.unrecorded, UpdateMap: e.updateMap, Events: e.events,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(body)
+	head, err := json.Marshal(spoolHeader{Format: spoolFormat, Version: 1, SHA256: hex.EncodeToString(sum[:])})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(append(head, '\n'), body...)
+}
