@@ -168,6 +168,51 @@ func TestRefusedSpoolFilesAreBounded(t *testing.T) {
 	}
 }
 
+// Between the failed write and the session's next admission or eviction
+// the turn's row reads running, and TurnEvents (a pane's build: the
+// durable bridge's) answered from it: the turn not ended, without its
+// reply, the events the failed write carried missing. The service holds
+// the end: it answers from it, the turn ended as its clients were told.
+func TestTurnEventsOfAnEndNotWrittenSayItEnded(t *testing.T) {
+	for _, memory := range []bool{true, false} {
+		t.Run(fmt.Sprintf("in_memory_%v", memory), func(t *testing.T) {
+			h := newEndFailingHarness(t, noBatches, keptAnHour)
+			id := h.newSession(operator, "default")
+			if !memory {
+				h.srv.unendedBytes.Store(maxUnendedBytes)
+			}
+			turnID := h.completedUnrecorded(id)
+			if n := h.count("SELECT count(*) FROM turns WHERE turn_id = $1 AND state = 'running'", turnID); n != 1 {
+				t.Fatal("the case: the turn's row does not read running")
+			}
+			resp, err := h.srv.TurnEvents(context.Background(), &sessionv1.TurnEventsRequest{Principal: operator, SessionId: id, TurnIds: []string{turnID}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.GetTurns()) != 1 {
+				t.Fatalf("TurnEvents gives %d turns, want the turn, ended", len(resp.GetTurns()))
+			}
+			tr := resp.GetTurns()[0]
+			var text []string
+			var kinds []string
+			for _, e := range tr.GetEvents() {
+				kinds = append(kinds, e.GetKind())
+				if e.GetKind() == eventText {
+					text = append(text, e.GetText())
+				}
+			}
+			if !tr.GetEnded() || tr.GetContent() != "first\nlast" || strings.Join(text, "") != "first\nlast" {
+				t.Fatalf("TurnEvents says ended %v, content %q, text events %q (%v); its clients were told it completed, \"first\\nlast\"",
+					tr.GetEnded(), tr.GetContent(), text, kinds)
+			}
+			st, err := h.srv.State(context.Background(), &sessionv1.StateRequest{Principal: operator, SessionId: id})
+			if err != nil || st.GetState() != sessionv1.SessionState_SESSION_STATE_IDLE || st.GetTurnId() != "" {
+				t.Fatalf("session/state: %v %v, want idle", st, err)
+			}
+		})
+	}
+}
+
 // encodeSpooledV1 is e's file as the spool's first version wrote it.
 func encodeSpooledV1(t *testing.T, e *turnEnd) []byte {
 	t.Helper()

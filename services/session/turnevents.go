@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/clawmesh/clawmesh/internal/ids"
@@ -69,6 +70,9 @@ func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsReques
 		shown, err = s.store.turnEvents(ctx, req.GetSessionId(), turns)
 		return err
 	}
+	// Taken before the store is read: an end written meanwhile is read
+	// ended there, with its events, and not added again.
+	unended := s.unendedOf(row, asked)
 	var covered int64
 	if t := s.runningOf(row, asked); t != nil {
 		// A running turn's streamed text waits up to the checkpoint
@@ -98,6 +102,9 @@ func (s *Server) TurnEvents(ctx context.Context, req *sessionv1.TurnEventsReques
 		err = read(asked)
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := s.showUnended(ctx, req.GetSessionId(), shown, unended); err != nil {
 		return nil, err
 	}
 	resp := &sessionv1.TurnEventsResponse{CoveredSeq: covered}
@@ -225,6 +232,122 @@ func (st *store) turnEvents(ctx context.Context, sessionID string, turnIDs []str
 		if !t.whole {
 			delete(out, id)
 		}
+	}
+	return out, nil
+}
+
+// unendedOf is the ends the session of row holds of the turns asked
+// whose write failed (unended.go), read back from the spool where memory
+// does not keep them. Until one is written the turn's row reads running,
+// without its reply and the events the failed write carried: the end is
+// what its clients were told, and what the store will hold.
+func (s *Server) unendedOf(row sessionRow, asked []string) map[string]*turnEnd {
+	ls := s.liveOf(row)
+	if ls == nil {
+		return nil
+	}
+	var ends map[string]*turnEnd
+	var spooled []string
+	ls.mu.Lock()
+	for _, u := range ls.unended {
+		if !slices.Contains(asked, u.id) {
+			continue
+		}
+		if ends == nil {
+			ends = map[string]*turnEnd{}
+		}
+		if u.end != nil {
+			ends[u.id] = u.end
+		} else if u.spooled {
+			spooled = append(spooled, u.id)
+		}
+	}
+	ls.mu.Unlock()
+	for _, id := range spooled {
+		// Read outside the lock: up to a reply's size from the disk.
+		end, err := s.spool.load(id)
+		if err != nil {
+			s.log.Warn("turn end spooled but not read back for its events", zap.String("session_id", row.ID), zap.String("turn_id", id), zap.Error(err))
+			continue
+		}
+		ends[id] = end
+	}
+	return ends
+}
+
+// showUnended gives the turns of shown whose end is held but not written
+// (unendedOf) as they ended: ended, its turn_complete's content, and the
+// events the failed write carried after those stored. A turn the store
+// reads ended had its end written meanwhile, events and all.
+func (s *Server) showUnended(ctx context.Context, sessionID string, shown map[string]*turnShown, ends map[string]*turnEnd) error {
+	for id, end := range ends {
+		t := shown[id]
+		if t == nil || t.Ended {
+			continue
+		}
+		var results []string
+		for _, ev := range end.events {
+			if ev.Kind == eventToolResult {
+				results = append(results, ev.ToolCallID)
+			}
+		}
+		statuses, err := s.store.toolStatuses(ctx, sessionID, results)
+		if err != nil {
+			return err
+		}
+		t.Ended, t.Content = true, end.res.Content
+		t.bytes += len(end.res.Content)
+		for _, ev := range end.events {
+			if ev.Kind == eventUser {
+				continue // its prompt's, stored at its start
+			}
+			at := ev.At
+			if at.IsZero() {
+				at = time.Now()
+			}
+			e := &sessionv1.TurnEvent{Kind: ev.Kind, Text: leftRunes(ev.Content, maxShownEvent), ToolCallId: ev.ToolCallID, Name: ev.Name, At: timestamppb.New(at)}
+			if ev.Kind == eventToolResult {
+				e.Status = statuses[ev.ToolCallID]
+			}
+			t.bytes += len(e.Text) + len(e.Name) + len(e.ToolCallId) + len(e.Status)
+			t.Events = append(t.Events, e)
+		}
+	}
+	return nil
+}
+
+// leftRunes is the first n characters of text, as PostgreSQL's left()
+// cuts the stored events.
+func leftRunes(text string, n int) string {
+	for i := range text {
+		if n == 0 {
+			return text[:i]
+		}
+		n--
+	}
+	return text
+}
+
+// toolStatuses reads the status of the session's tool calls named.
+func (st *store) toolStatuses(ctx context.Context, sessionID string, toolCallIDs []string) (map[string]string, error) {
+	if len(toolCallIDs) == 0 {
+		return nil, nil
+	}
+	rows, err := st.db.Query(ctx, "SELECT tool_call_id, status FROM tool_calls WHERE session_id = $1 AND tool_call_id = ANY($2)", sessionID, toolCallIDs)
+	if err != nil {
+		return nil, fmt.Errorf("read tool call statuses: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var id, status string
+		if err := rows.Scan(&id, &status); err != nil {
+			return nil, fmt.Errorf("read tool call statuses: %w", err)
+		}
+		out[id] = status
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read tool call statuses: %w", err)
 	}
 	return out, nil
 }
