@@ -174,8 +174,10 @@ func openEndSpool(dir string, log *zap.Logger) (*endSpool, []*turnEnd, error) {
 		if err := os.Rename(path, path+refusedExt); err != nil {
 			return fmt.Errorf("turn end spool: set %s aside: %w", path, err)
 		}
-		// Its age is counted from its refusal, not from its writing.
-		if err := os.Chtimes(path+refusedExt, now, now); err != nil {
+		// Its age is counted from its refusal, not from its writing; a
+		// link's own time, not that of the file it names.
+		ts := unix.NsecToTimespec(now.UnixNano())
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, path+refusedExt, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			log.Warn("turn end spool: date a refused file", zap.String("path", path+refusedExt), zap.Error(err))
 		}
 		var size int64
