@@ -25,6 +25,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/grpcclient"
+	"github.com/clawmesh/clawmesh/internal/padecho"
 	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
@@ -419,7 +420,6 @@ func serveEcho(path string, replyBytes int) {
 	if err != nil {
 		os.Exit(2)
 	}
-	pad := bytes.Repeat([]byte(" "), replyBytes)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -427,24 +427,7 @@ func serveEcho(path string, replyBytes int) {
 		}
 		go func() {
 			defer c.Close()
-			r := bufio.NewReader(c)
-			w := bufio.NewWriter(c)
-			for {
-				line, err := r.ReadBytes('\n')
-				if err != nil {
-					return
-				}
-				if short := replyBytes - len(line); short > 0 {
-					_, _ = w.Write(line[:len(line)-1])
-					_, _ = w.Write(pad[:short])
-					_ = w.WriteByte('\n')
-				} else {
-					_, _ = w.Write(line)
-				}
-				if r.Buffered() == 0 && w.Flush() != nil {
-					return
-				}
-			}
+			padecho.Serve(c, replyBytes)
 		}()
 	}
 }

@@ -1,19 +1,20 @@
 package jsonrpc
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"net"
 	"sync"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/internal/padecho"
 )
 
 // BenchmarkHealthLine is one client sending health's request line, one at
 // a time, to a connection that answers it inline with a 900-byte encoded
 // result, as the gateway answers health; BenchmarkHealthLineEcho is the
-// same client against the e2e same-size echo's loop (bufio, ReadBytes,
-// the reply padded to 937 bytes) in this process. With one client and
+// same client against the e2e same-size echo's loop (padecho.Serve:
+// bufio, ReadBytes, the reply padded to 937 bytes) in this process. With one client and
 // both ends in one process they are what valgrind's callgrind counts by
 // instruction (GODEBUG=asyncpreemptoff=1, -benchtime Nx): the two totals
 // differ by what the read loop does a request that the echo does not,
@@ -49,25 +50,7 @@ func BenchmarkHealthLineEcho(b *testing.B) {
 			return
 		}
 		defer c.Close()
-		pad := bytes.Repeat([]byte(" "), replyBytes)
-		r := bufio.NewReader(c)
-		w := bufio.NewWriter(c)
-		for {
-			line, err := r.ReadBytes('\n')
-			if err != nil {
-				return
-			}
-			if short := replyBytes - len(line); short > 0 {
-				_, _ = w.Write(line[:len(line)-1])
-				_, _ = w.Write(pad[:short])
-				_ = w.WriteByte('\n')
-			} else {
-				_, _ = w.Write(line)
-			}
-			if r.Buffered() == 0 && w.Flush() != nil {
-				return
-			}
-		}
+		padecho.Serve(c, replyBytes)
 	}()
 	sendHealthLines(b, path)
 }
