@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/channelhook"
 )
 
 // channelToolRows counts the rows of tool's results in the transcript of
@@ -101,16 +102,12 @@ func TestPluginChannelMaxSessionsHoldsAcrossReplicas(t *testing.T) {
 		mu      sync.Mutex
 		replies = map[string]int{}
 	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]string
-		_ = json.NewDecoder(r.Body).Decode(&body)
+	hookURL := channelhook.Serve(t, func(r channelhook.Reply) {
 		mu.Lock()
-		replies[body["thread_id"]]++
+		replies[r.Body["thread_id"]]++
 		mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
-	listen := bindWebChannelOnBothReplicas(t, s, v, hook.URL)
+	})
+	listen := bindWebChannelOnBothReplicas(t, s, v, hookURL)
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	for i := range threads {
 		body := fmt.Sprintf(`{"id":"m-%d","from":"ann","text":"/say hi","thread":"t-%d"}`, i, i)

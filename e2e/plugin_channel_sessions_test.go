@@ -6,13 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/channelhook"
 )
 
 // A channel's senders cannot take the operator's open sessions: every
@@ -33,18 +33,13 @@ func TestPluginChannelConversationsLeaveTheOperatorSessions(t *testing.T) {
 		mu      sync.Mutex
 		replies = map[string]int{}
 	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		raw, _ := io.ReadAll(r.Body)
-		var body map[string]string
-		_ = json.Unmarshal(raw, &body)
+	hookURL := channelhook.Serve(t, func(r channelhook.Reply) {
 		mu.Lock()
-		replies[body["thread_id"]]++
+		replies[r.Body["thread_id"]]++
 		mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
+	})
 
-	bindWebChannel(t, v, hook.URL)
+	bindWebChannel(t, v, hookURL)
 	listen := webChannelListen(t, v, "")
 	post := func(thread, text string) {
 		t.Helper()

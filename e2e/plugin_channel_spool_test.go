@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/channelhook"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 	"github.com/clawmesh/clawmesh/plugins/abi"
@@ -148,7 +149,7 @@ func TestPluginChannelSpoolsKeptApartAndTheOldLayoutDelivered(t *testing.T) {
 	s := e2e.Start(t, e2e.Options{DataDir: dataDir, Args: []string{"--scale", "plugin-sandbox=2",
 		"--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8"}})
 	v := newConv(t, s, nil)
-	hookURL, replies := replyHook(t)
+	hookURL, replies := channelhook.Contents(t)
 	v.call("config/set-many", map[string]any{"sets": []map[string]any{
 		{"prop": "plugins.entries." + abi.InstanceKey("webhook2", abi.WorldChannel, "web") + ".config", "value": map[string]any{"webhook_url": hookURL, "token": "tok-e2e"}},
 		{"prop": "channels.plugin.web.plugin", "value": "webhook2"},
@@ -247,7 +248,7 @@ func TestSpoolDropOfAPluginNeverBoundAgain(t *testing.T) {
 	t.Parallel()
 	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
 	v := newConv(t, s, nil)
-	hookURL, _ := replyHook(t)
+	hookURL, _ := channelhook.Contents(t)
 	bindWebChannel(t, v, hookURL)
 	webChannelListen(t, v, "")
 	body := `{"id":"g1","from":"ann","text":"/say for a plugin removed","thread":"g1"}`
@@ -316,7 +317,7 @@ func TestPluginChannelSpoolBoundHeldAcrossReplicas(t *testing.T) {
 		"--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8",
 		"--set", "channels.plugin.web.spool_max_mb=1")
 	v := newConv(t, s, nil)
-	hookURL, _ := replyHook(t)
+	hookURL, _ := channelhook.Contents(t)
 	listen := bindWebChannelOnBothReplicas(t, s, v, hookURL)
 	spool := filepath.Join(s.DataDir, "channel-spool")
 	const bound = 1 << 20

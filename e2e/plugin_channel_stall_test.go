@@ -2,72 +2,19 @@ package e2e_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/channelhook"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
 )
-
-// heldWebhookSource is services/pluginsandbox's heldWebhook, the webhook
-// example with a poll that answers first what its upstream service keeps
-// (heldHook): a message whose id starts with "held", once polled, is kept
-// there, as a mail server keeps a message unread whatever the plugin is
-// told.
-func heldWebhookSource(t *testing.T) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(guestbuild.Root(), "internal", "guestbuild", "testdata", "webhook_held.go.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// heldHook is heldWebhookSource's upstream: /hold keeps a message, /held
-// gives it back at every ask (204 while it keeps none), and anything
-// else is a reply of the webhook's, whose content replies returns.
-func heldHook(t *testing.T) (url string, replies func() []string) {
-	var (
-		mu   sync.Mutex
-		kept []byte
-		got  []string
-	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch r.URL.Path {
-		case "/hold":
-			kept, _ = io.ReadAll(r.Body)
-			w.WriteHeader(http.StatusNoContent)
-		case "/held":
-			if kept == nil {
-				w.WriteHeader(http.StatusNoContent)
-				return
-			}
-			_, _ = w.Write(kept)
-		default:
-			var body map[string]string
-			_ = json.NewDecoder(r.Body).Decode(&body)
-			got = append(got, body["content"])
-			w.WriteHeader(http.StatusNoContent)
-		}
-	}))
-	t.Cleanup(hook.Close)
-	return hook.URL, func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(got)
-	}
-}
 
 // A channel whose plugin's own service holds a message the host refused
 // for its size, in a running stack: the binding fails (plugins/list says
@@ -79,7 +26,11 @@ func TestPluginChannelStalledOnAHeldMessage(t *testing.T) {
 	t.Parallel()
 	dataDir := e2e.TempDataDir(t)
 	installPlugin(t, dataDir, "webhook")
-	held, err := guestbuild.WasmWith("webhook", "testhooks.go", heldWebhookSource(t))
+	src, err := channelhook.HeldWebhookSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := guestbuild.WasmWith("webhook", "testhooks.go", src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +41,7 @@ func TestPluginChannelStalledOnAHeldMessage(t *testing.T) {
 	s := e2e.Start(t, e2e.Options{DataDir: dataDir, Args: []string{
 		"--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8"}})
 	v := newConv(t, s, nil)
-	hookURL, replies := heldHook(t)
+	hookURL, replies := channelhook.Contents(t)
 	bindWebChannel(t, v, hookURL)
 	listen := webChannelListen(t, v, "")
 

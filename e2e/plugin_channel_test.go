@@ -3,16 +3,14 @@ package e2e_test
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/channelhook"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 	"github.com/clawmesh/clawmesh/plugins/abi"
 )
@@ -62,19 +60,14 @@ func TestPluginChannelMessageReachesASession(t *testing.T) {
 		replies []map[string]string
 		auths   []string
 	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		raw, _ := io.ReadAll(r.Body)
-		var body map[string]string
-		_ = json.Unmarshal(raw, &body)
+	hookURL := channelhook.Serve(t, func(r channelhook.Reply) {
 		mu.Lock()
-		replies = append(replies, body)
-		auths = append(auths, r.Header.Get("Authorization"))
+		replies = append(replies, r.Body)
+		auths = append(auths, r.Auth)
 		mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
+	})
 
-	bindWebChannel(t, v, hook.URL)
+	bindWebChannel(t, v, hookURL)
 
 	// The binding comes up on its own (config change, no restart), on
 	// loopback, and configures once its config resolves.
@@ -163,7 +156,7 @@ func TestPluginChannelRebindDeliversACutTurnAgain(t *testing.T) {
 	s := pluginStack(t, []string{"webhook"}, "--set", "plugins.scan_interval_ms=200", "--set", "plugins.http.allowed_networks=127.0.0.0/8")
 	v := newConv(t, s, nil)
 
-	hookURL, replies := replyHook(t)
+	hookURL, replies := channelhook.Contents(t)
 	bindWebChannel(t, v, hookURL)
 	running := func(not string) string { return webChannelListen(t, v, not) }
 	listen := running("")
@@ -181,29 +174,6 @@ func TestPluginChannelRebindDeliversACutTurnAgain(t *testing.T) {
 	waitFor(t, "the answer of the cut turn", 60*time.Second, func() bool { return len(replies()) > 0 })
 	if got := replies(); got[0] != "answered after the rebind" {
 		t.Fatalf("replies %q, want the cut turn's answer", got)
-	}
-}
-
-// replyHook serves a channel's replies, keeping their content in the
-// order they came; replies returns what came so far.
-func replyHook(t *testing.T) (url string, replies func() []string) {
-	var (
-		mu  sync.Mutex
-		got []string
-	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]string
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		mu.Lock()
-		got = append(got, body["content"])
-		mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
-	return hook.URL, func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(got)
 	}
 }
 
@@ -247,7 +217,7 @@ func webChannelStack(t *testing.T, echo bool) (s *e2e.Stack, v *conv, listen str
 	if echo {
 		waitForPluginTool(t, v, echoTool)
 	}
-	hookURL, replies := replyHook(t)
+	hookURL, replies := channelhook.Contents(t)
 	bindWebChannel(t, v, hookURL)
 	return s, v, webChannelListen(t, v, ""), replies
 }

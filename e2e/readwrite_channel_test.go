@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/channelhook"
 	"github.com/clawmesh/clawmesh/internal/e2e"
 )
 
@@ -36,7 +37,7 @@ func TestChannelMessageSeesAConfigWriteJustMade(t *testing.T) {
 	})
 	v := newConv(t, b.s, nil)
 	v.call("config/set", map[string]any{"prop": "agents.default.system_prompt", "value": "prompt-before-the-write"})
-	hookURL, replies := replyHook(t)
+	hookURL, replies := channelhook.Contents(t)
 	bindWebChannel(t, v, hookURL)
 	listen := webChannelListen(t, v, "")
 

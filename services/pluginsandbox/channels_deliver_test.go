@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clawmesh/clawmesh/internal/channelhook"
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/internal/rpcerr"
 	"github.com/clawmesh/clawmesh/internal/testenv"
@@ -463,17 +464,10 @@ func TestChannelListenerBoundsItsConnections(t *testing.T) {
 // turn failed or was cancelled without a word) is answered with a notice
 // through the plugin: the sender, told 202, heard nothing at all.
 func TestChannelUnansweredMessageGetsANotice(t *testing.T) {
-	replies := make(chan map[string]string, 8)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]string
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		replies <- body
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
+	hookURL, replies := channelhook.Chan(t, 8)
 	fs := newFakeSessions()
 	fs.promptErrs = []error{rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonInvalid, rpcerr.NoIndex, "`prompt` is required")}
-	ts := channelServerHook(t, fs, hook.URL)
+	ts := channelServerHook(t, fs, hookURL)
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
 
 	if code := postMessage(t, web.Listen, `{"id":"m1","from":"ann","text":"","thread":"t-1"}`); code != http.StatusAccepted {
@@ -565,18 +559,11 @@ func TestChannelRefusedRequestClosesItsConnection(t *testing.T) {
 	}
 }
 
-// replyHook is a webhook that receives a channel's replies.
+// replyHook is the upstream a channel's replies are posted to, each
+// sent on replies; it is the held guest's (heldWebhook) as well.
 func replyHook(t *testing.T) (url string, replies chan map[string]string) {
 	t.Helper()
-	replies = make(chan map[string]string, 64)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]string
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		replies <- body
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(hook.Close)
-	return hook.URL, replies
+	return channelhook.Chan(t, 64)
 }
 
 // m1RunsUntilTheUnbind binds web to a sandbox whose replies reach the

@@ -54,7 +54,7 @@ func noSecondReply(t *testing.T, replies <-chan map[string]string, after string)
 // prompt and the upstream's replies.
 func heldOnTwoServers(t *testing.T, closeFirst bool) (first, second *testServer, fs *fakeSessions, replies chan map[string]string) {
 	t.Helper()
-	hook, replies := heldUpstream(t)
+	hook, replies := replyHook(t)
 	fs = newFakeSessions()
 	spool := t.TempDir()
 	onSpool := func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool }
@@ -142,7 +142,7 @@ func TestPostAtTheInstantTheChannelFailsIsCountedByTheFailure(t *testing.T) {
 	})
 	t.Cleanup(undo) // after the server's close: registered before it
 
-	hook, replies := heldUpstream(t)
+	hook, replies := replyHook(t)
 	fs := newFakeSessions()
 	ts, _ := stickyServer(t, fs, hook, heldWebhook, nil)
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]

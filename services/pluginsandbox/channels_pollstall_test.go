@@ -2,19 +2,16 @@ package pluginsandbox_test
 
 import (
 	"context"
-	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zapcore"
 
+	"github.com/clawmesh/clawmesh/internal/channelhook"
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
 	"github.com/clawmesh/clawmesh/internal/testwait"
 	pluginv1 "github.com/clawmesh/clawmesh/proto/clawmesh/plugin/v1"
@@ -30,53 +27,13 @@ import (
 // message unread whatever the plugin is told: a rebuilt instance asks
 // the server again and answers it again. Its source is
 // internal/guestbuild/testdata/webhook_held.go.txt.
-var heldWebhook = guestSource("webhook_held.go.txt")
-
-// guestSource is a guest's source kept in internal/guestbuild/testdata,
-// shared with the e2e tests that build the same guest.
-func guestSource(name string) string {
-	b, err := os.ReadFile(filepath.Join(guestbuild.Root(), "internal", "guestbuild", "testdata", name))
+var heldWebhook = func() string {
+	src, err := channelhook.HeldWebhookSource()
 	if err != nil {
 		panic(err)
 	}
-	return string(b)
-}
-
-// heldUpstream is heldWebhook's upstream: /hold keeps a message, /held
-// gives it back at every ask (204 while it keeps none), and anything
-// else is a reply of the webhook's, sent to replies.
-func heldUpstream(t *testing.T) (url string, replies chan map[string]string) {
-	t.Helper()
-	replies = make(chan map[string]string, 64)
-	var mu sync.Mutex
-	var kept []byte
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/hold":
-			b, _ := io.ReadAll(r.Body)
-			mu.Lock()
-			kept = b
-			mu.Unlock()
-			w.WriteHeader(http.StatusNoContent)
-		case "/held":
-			mu.Lock()
-			b := kept
-			mu.Unlock()
-			if b == nil {
-				w.WriteHeader(http.StatusNoContent)
-				return
-			}
-			_, _ = w.Write(b)
-		default:
-			var body map[string]string
-			_ = json.NewDecoder(r.Body).Decode(&body)
-			replies <- body
-			w.WriteHeader(http.StatusNoContent)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL, replies
-}
+	return src
+}()
 
 // channelOf is ts's binding of alias as listed.
 func channelOf(t *testing.T, ts *testServer, alias string) *pluginv1.Channel {
@@ -113,7 +70,7 @@ func postStatus(t *testing.T, addr, id, text string) (int, string) {
 // refused message's sender a second time, and what was accepted before
 // the stall is delivered once the plugin is upgraded.
 func TestChannelPluginWhoseServiceHoldsItsRefusedMessageFailsTheBinding(t *testing.T) {
-	hook, replies := heldUpstream(t)
+	hook, replies := replyHook(t)
 	fs := newFakeSessions()
 	ts, sink := stickyServer(t, fs, hook, heldWebhook, nil)
 	web := bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"})["web"]
@@ -207,7 +164,7 @@ func upgradeWebhook(t *testing.T, ts *testServer) {
 // delivers it: nothing accepted is dropped, nor its sender left untold
 // without a word in the log.
 func TestStalledChannelUnboundLeavesItsMessagesToTheNextBinding(t *testing.T) {
-	hook, replies := heldUpstream(t)
+	hook, replies := replyHook(t)
 	fs := newFakeSessions()
 	spool := t.TempDir()
 	ts, _ := stickyServer(t, fs, hook, heldWebhook, nil, func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool })
