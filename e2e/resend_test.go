@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
@@ -170,9 +171,15 @@ func missATurn(t *testing.T, prompt string) (*externalBus, *e2e.Client, string, 
 	if err := <-pt.prompted; err != nil {
 		t.Fatalf("the prompt of the turn sent again: %v", err)
 	}
-	if !strings.Contains(readLog(t, b.s, "gateway"), "session updates missed were sent again") {
-		t.Fatal("the gateway did not say it sent the missed updates again")
-	}
+	// The gateway logs the resend after it queued the updates, so the
+	// follower may read them, and the prompt end, before the line is
+	// written.
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if !strings.Contains(readLog(t, b.s, "gateway"), "session updates missed were sent again") {
+			return errors.New("the gateway did not say it sent the missed updates again")
+		}
+		return nil
+	})
 	return b, f, session, kinds, pt.text
 }
 
