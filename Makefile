@@ -40,9 +40,9 @@ up: build
 # Go of go.mod, cmd/go holds each run until the one named before it has
 # started), two at a time on CI's two cores. Named by ./... alone, services/pluginsandbox (about
 # 290 s) and services/session (150 s) came 86th and 91st, after e2e
-# (375 s) and every short package, and ran last, mostly alone; named
-# first, the longest packages overlap each other and the short ones
-# fill in behind them. ./... still names every package, once.
+# (375 s) and every short package, and ran last; named first, the
+# longest packages overlap each other and the short ones fill in behind
+# them. ./... still names every package, once.
 SLOW_TESTS := ./e2e ./services/pluginsandbox ./services/session ./gateway \
 	./services/pluginsandbox/wasmhost ./gateway/jsonrpc
 test: check-proto lint-proto vet fmt-check
