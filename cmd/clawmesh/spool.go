@@ -35,7 +35,11 @@ commands:
   drop ALIAS            drop the kept messages of ALIAS (every plugin's,
                         or --plugin NAME's alone); refused while a running
                         sandbox replica holds them (the alias bound to
-                        that plugin); their senders are not told
+                        that plugin); their senders are not told. The
+                        mark of a message refused for its size that the
+                        plugin's service held goes too: a binding after
+                        it that meets that message again tells its
+                        sender again
 `
 
 // spoolCmd runs `clawmesh spool`.
@@ -187,11 +191,15 @@ func dropSpool(dir, alias, plugin string) (n int, size int64, err error) {
 	}()
 	var held []string
 	var locked []string
+	// making are the plugin folders where a replica is making its
+	// owner folder: the held mark there is that binding's.
+	making := map[string]bool{}
 	for _, o := range owners {
 		f, err := os.OpenFile(filepath.Join(o, "lock"), os.O_RDWR|unix.O_NOFOLLOW, 0)
 		if errors.Is(err, fs.ErrNotExist) {
 			// A replica making it (its lock comes next) or one
 			// removing it once adopted: not touched.
+			making[filepath.Dir(o)] = true
 			continue
 		}
 		if err != nil {
@@ -233,8 +241,23 @@ func dropSpool(dir, alias, plugin string) (n int, size int64, err error) {
 	// Emptied folders go; one a replica just made stays (not empty).
 	// The at-the-bound mark goes with the messages it was about: no
 	// replica held them, so none refuses for them now.
+	//
+	// So does the held mark (a message refused for its size that the
+	// plugin's own service holds, whose sender was told), with the
+	// plugin's queue dropped whole, which is the only way drop drops
+	// (every owner's lock, or nothing). Not "when its message is among
+	// those dropped": that message's file went at its refusal, and the
+	// mark is a digest of the plugin's fields, not of a kept file, so no
+	// kept message can be matched to it. Left, it kept the folder with no
+	// message in it for good, and a binding of the plugin weeks later
+	// still took a message of that digest as told. Dropped, a binding
+	// that meets the message again tells its sender once more: drop is
+	// the operator's word that the alias starts over for that plugin.
 	for _, p := range pluginDirs {
 		_ = os.Remove(filepath.Join(p, spoolFullMark))
+		if !making[p] {
+			_ = os.Remove(filepath.Join(p, spoolHeldMark))
+		}
 		_ = os.Remove(p)
 	}
 	_ = os.Remove(aliasDir)

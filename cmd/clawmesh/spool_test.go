@@ -172,3 +172,52 @@ func TestSpoolLinesSayAtTheBound(t *testing.T) {
 		t.Fatalf("the alias's folder after drop: %v, want it gone with the mark", err)
 	}
 }
+
+// A channel failed on a message its plugin's service holds leaves the
+// spool's mark of it (held) in the plugin's folder. drop left the mark,
+// so the folder stayed with no message in it and a later binding still
+// knew the message. The mark goes with the plugin's queue dropped whole
+// (or with no queue left), and the emptied folders go; a folder a
+// replica is making (no lock yet) keeps it: that binding's mark.
+func TestSpoolDropTakesTheHeldMark(t *testing.T) {
+	dir := t.TempDir()
+	web := hex.EncodeToString([]byte("web"))
+	p := func(name string) string { return "p-" + hex.EncodeToString([]byte(name)) }
+	mark := `{"version":1,"key":"` + strings.Repeat("ab", 32) + `","since":"2026-12-07T22:00:00Z"}`
+	held := func(plugin string) string {
+		path := filepath.Join(datadir.ChannelSpool(dir), web, p(plugin), "held")
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(mark), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	// The stalled binding unbound: next's file, and the mark.
+	spoolOwner(t, dir, []string{`{"text":"next"}`}, web, p("webhook"), "r-1")
+	held("webhook")
+	// A plugin whose stall left no message behind: the mark alone.
+	held("mail")
+	if err := spoolDropCmd([]string{"web", "--config-dir", dir}, os.Stderr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(datadir.ChannelSpool(dir), web)); !errors.Is(err, os.ErrNotExist) {
+		left, _ := filepath.Glob(filepath.Join(datadir.ChannelSpool(dir), web, "*", "*"))
+		t.Fatalf("the alias's folder after drop: %v, holding %q; want it gone with the held mark", err, left)
+	}
+
+	// A replica making its folder (no lock in it yet): its plugin's
+	// mark is that binding's, and stays.
+	making := filepath.Join(datadir.ChannelSpool(dir), web, p("webhook"), "r-new")
+	if err := os.MkdirAll(making, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := held("webhook")
+	if err := spoolDropCmd([]string{"web", "--plugin", "webhook", "--config-dir", dir}, os.Stderr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(path); err != nil {
+		t.Fatalf("the mark beside a replica making its folder: %v, want kept", err)
+	}
+}

@@ -54,6 +54,12 @@ type spoolWait struct {
 // service, which spool list runs without.
 const spoolFullMark = "full"
 
+// spoolHeldMark is the file a sandbox keeps in a plugin's folder naming
+// (by a digest) a polled message refused for its size whose sender was
+// told, while the plugin's own service holds it (services/pluginsandbox/
+// channel_spool_held.go); drop removes it with the plugin's messages.
+const spoolHeldMark = "held"
+
 // maxFullMark bounds the mark's read.
 const maxFullMark = 1024
 
