@@ -86,7 +86,10 @@ func refusalKey(r *wasmhost.PollRefusedError) string {
 // (rebuildForRefusal), as it does after a trap: the plugin's memory of
 // the message is gone, the inbound queue is the host's and stays, and
 // the next message is polled at once.
-func (b *binding) pollRefused(ctx context.Context, r *wasmhost.PollRefusedError, read []string, p *pollRefusals) bool {
+func (b *binding) pollRefused(ctx context.Context, r *wasmhost.PollRefusedError, read []string, polled time.Time, p *pollRefusals) bool {
+	if refusingHook != nil {
+		refusingHook(len(read))
+	}
 	key := refusalKey(r)
 	log := b.log.With(zap.String("message_id", r.Msg.ID), zap.String("field", r.Field),
 		zap.Int("bytes", r.Size), zap.Int("bound", r.Bound), zap.Bool("plugin_told", r.Told))
@@ -98,14 +101,13 @@ func (b *binding) pollRefused(ctx context.Context, r *wasmhost.PollRefusedError,
 	}
 	p.reset(b)
 	p.last = key
-	if len(read) == 0 && b.spool.heldMark() == key {
-		// A process before this one (restarted, or another replica
-		// of the alias polling the same plugin's service) told its
-		// sender: the plugin answers it again, from its service.
-		log.Info("channel message refused for its size answered again: its sender was told by an earlier process")
+	if !b.spool.claimHeld(key, len(read) > 0, polled) {
+		// Another process (this one before a restart, or another
+		// replica of the alias polling the same plugin's service, at
+		// any time or during this very poll) told its sender.
+		log.Info("channel message refused for its size: its sender was told by another process")
 		return true
 	}
-	b.spool.markHeld(key)
 	log.Warn("channel message refused: past the bound of a polled message")
 	select {
 	case b.dl.notices <- backlogNotice{r.Msg, refusedNotice(r)}:
@@ -222,6 +224,9 @@ var (
 	admitHook   func()
 	failingHook func()
 	failedHook  func(queued int)
+	// refusingHook is called as pollRefused begins, with the number of
+	// queued messages the plugin read for the refused one.
+	refusingHook func(read int)
 )
 
 // clear forgets the last refusal, and the spool's mark of it: the plugin

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -36,7 +37,7 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 		}
 	}
 
-	if !b.pollRefused(ctx, r, nil, &p) {
+	if !b.pollRefused(ctx, r, nil, time.Now(), &p) {
 		t.Fatal("a first refusal is no new message")
 	}
 	told(1)
@@ -45,7 +46,7 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 		t.Fatalf("notice %q to %+v", n.text, n.msg)
 	}
 	for range refusedAnswers - 1 { // the next one rebuilds the instance: none here
-		if b.pollRefused(ctx, r, nil, &p) {
+		if b.pollRefused(ctx, r, nil, time.Now(), &p) {
 			t.Fatal("the same message answered again is a new one")
 		}
 	}
@@ -53,7 +54,7 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 	reason("the channel takes no message until the plugin moves past it")
 
 	// The same message read from the queue again is another post of it.
-	if !b.pollRefused(ctx, r, []string{"file"}, &p) {
+	if !b.pollRefused(ctx, r, []string{"file"}, time.Now(), &p) {
 		t.Fatal("a message read from the queue is no new message")
 	}
 	told(1)
@@ -61,12 +62,12 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 
 	// Once the plugin answered something else, it is new again.
 	p.clear(b)
-	if !b.pollRefused(ctx, r, nil, &p) {
+	if !b.pollRefused(ctx, r, nil, time.Now(), &p) {
 		t.Fatal("a refusal after another answer is no new message")
 	}
 	told(2)
 	other := &wasmhost.PollRefusedError{Field: "sender", Size: 20 << 10, Bound: 16 << 10, Msg: &wasmhost.ChannelMessage{ID: "m2"}}
-	if !b.pollRefused(ctx, other, nil, &p) {
+	if !b.pollRefused(ctx, other, nil, time.Now(), &p) {
 		t.Fatal("another refused message is no new one")
 	}
 	<-b.dl.notices

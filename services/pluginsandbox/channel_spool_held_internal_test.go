@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -25,7 +26,8 @@ func TestChannelSpoolHeldMark(t *testing.T) {
 	if nilSpool.heldMark() != "" {
 		t.Fatal("a nil spool holds a mark")
 	}
-	sp.markHeld("k1")
+	sp.markHeld("k0")
+	sp.markHeld("k1") // a newer refusal's mark replaces the older one's
 	sp.close()
 	next, err := openSpool(root, "web", "webhook", zap.NewNop())
 	if err != nil {
@@ -64,6 +66,24 @@ func TestChannelSpoolHeldMark(t *testing.T) {
 		if got := next.heldMark(); got != "" {
 			t.Errorf("%s: read %q", name, got)
 		}
+	}
+
+	// One process tells: the first to claim marks; a message met in
+	// the plugin's service is told by whoever marked it, one read from
+	// the queue only by a mark since its poll began.
+	_ = os.Remove(mark)
+	before := time.Now()
+	if !next.claimHeld("k3", true, before) || next.heldMark() != "k3" {
+		t.Fatal("the first claim of k3 does not tell, or marks nothing")
+	}
+	if next.claimHeld("k3", false, time.Now()) {
+		t.Error("k3 met in the plugin's service, marked: told again")
+	}
+	if next.claimHeld("k3", true, before) {
+		t.Error("k3 read from the queue in a poll that began before its mark: told again")
+	}
+	if !next.claimHeld("k3", true, time.Now().Add(time.Second)) {
+		t.Error("k3 read from the queue in a poll after its mark (sent again): not told")
 	}
 }
 

@@ -823,9 +823,10 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 			if !d.room() {
 				break
 			}
+			polled := time.Now()
 			msg, read, err := b.pollOne(ctx)
 			if refused := (*wasmhost.PollRefusedError)(nil); errors.As(err, &refused) && ctx.Err() == nil {
-				if b.pollRefused(ctx, refused, read, &refusals) {
+				if b.pollRefused(ctx, refused, read, polled, &refusals) {
 					continue // a new message: the next may wait behind it
 				}
 				break

@@ -190,3 +190,47 @@ func TestPostAtTheInstantTheChannelFailsIsCountedByTheFailure(t *testing.T) {
 		}
 	}
 }
+
+// Two live replicas of the alias poll the same plugin's service. The
+// one that read held-1 from its queue had the plugin hand it to its
+// service before the host refused it; the other, polling that service
+// between then and the first one's mark, met a refusal nobody had marked
+// and told the sender, and the first told it again. The hook holds the
+// first at that instant until the other has told: now exactly one does.
+func TestStalledChannelsSenderIsToldOnceByTwoReplicasAtTheInstant(t *testing.T) {
+	var armed atomic.Bool
+	armed.Store(true)
+	release := make(chan struct{})
+	undo := pluginsandbox.SetRefusalHook(func(read int) {
+		if read == 0 || !armed.CompareAndSwap(true, false) {
+			return
+		}
+		// A deadline to stop a hang, not a timing.
+		select {
+		case <-release:
+		case <-time.After(2 * time.Minute):
+		}
+	})
+	t.Cleanup(undo) // after the servers' close: registered before them
+
+	hook, replies := heldUpstream(t)
+	fs := newFakeSessions()
+	spool := t.TempDir()
+	onSpool := func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool }
+	first, sink1 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
+	second, sink2 := stickyServer(t, fs, hook, heldWebhook, nil, onSpool)
+	bound := pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "open"}
+	web := bindChannels(t, first, bound)["web"]
+	bindChannels(t, second, bound)
+
+	postBad(t, web.Listen, "held-1", badBytes)
+	// The first is held at its refusal; the second meets the message
+	// in the plugin's service and tells its sender.
+	if r := testwait.Recv(t, replies); r["recipient"] != "ann" || !strings.Contains(r["content"], "not delivered") {
+		t.Fatalf("reply to a message past the poll's bound: %v", r)
+	}
+	close(release)
+	waitFailed(t, first, sink1)
+	waitFailed(t, second, sink2)
+	noSecondReply(t, replies, "from the replica that read it from its queue")
+}

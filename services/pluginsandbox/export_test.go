@@ -151,3 +151,13 @@ func SetStallHooks(admit, failing func(), failed func(queued int)) (undo func())
 	admitHook, failingHook, failedHook = admit, failing, failed
 	return func() { admitHook, failingHook, failedHook = oa, ofg, ofd }
 }
+
+// SetRefusalHook has hook called as a binding's poller begins to handle a
+// polled message the host refused for its size, with the number of
+// queued messages the plugin read for it, until the returned func puts
+// it back. Set before the servers start, undone after they closed.
+func SetRefusalHook(hook func(read int)) (undo func()) {
+	old := refusingHook
+	refusingHook = hook
+	return func() { refusingHook = old }
+}
