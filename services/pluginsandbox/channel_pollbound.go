@@ -43,6 +43,11 @@ type pollRefusals struct {
 	// waiting is the count of queued messages the binding's reason
 	// last gave, while stuck.
 	waiting int
+	// wait is how long the poller waits, while stuck, before it polls
+	// the plugin again, and next when; later fires then (pollLater).
+	wait  time.Duration
+	next  time.Time
+	later *time.Timer
 }
 
 // refusalKey tells one refused message from another the plugin answers
@@ -138,6 +143,7 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 		if n := b.inbound.Pending(); n != p.waiting {
 			p.waiting = b.failStalled(what, heard)
 		}
+		p.pollLater()
 		return false
 	}
 	if p.again < refusedAnswers {
@@ -148,6 +154,7 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 		p.waiting = b.failStalled(what, heard)
 		log.Warn("channel plugin rebuilt for a message refused for its size answers it still: the binding fails, and its listener refuses new messages until the plugin moves past it, is replaced or the channel is rebound",
 			zap.Int("answers", refusedAnswers), zap.Int("queued", p.waiting))
+		p.pollLater()
 		return false
 	}
 	if err := b.ch.ResetPoll(ctx); err != nil {
@@ -209,8 +216,8 @@ func (b *binding) failStalled(what, heard string) int {
 	queued := b.inbound.Pending()
 	why := "the channel takes no new message: its plugin answers again and again a message the host refused for its size, which the plugin's own service holds; the operator replaces the plugin or rebinds the channel; retry later"
 	b.stalled.Store(&why)
-	b.set(channelFailed, fmt.Sprintf("poll: the plugin's instance was rebuilt, and the new one answers again %s: the plugin's own service holds it; %s. The channel refuses new messages (503); the %d accepted before wait in its queue, to be delivered once the plugin moves past it, is replaced or upgraded, or the channel is rebound",
-		what, heard, queued))
+	b.set(channelFailed, fmt.Sprintf("poll: the plugin's instance was rebuilt, and the new one answers again %s: the plugin's own service holds it; %s. The channel refuses new messages (503); the %d accepted before wait in its queue, to be delivered once the plugin moves past it, is replaced or upgraded, or the channel is rebound; meanwhile the plugin is polled after %s, then at a wait doubling up to %s",
+		what, heard, queued, stalledPollFirst, stalledPollMax))
 	if failedHook != nil {
 		failedHook(queued)
 	}
@@ -227,7 +234,57 @@ var (
 	// refusingHook is called as pollRefused begins, with the number of
 	// queued messages the plugin read for the refused one.
 	refusingHook func(read int)
+	// stalledPollHook is called as a failed binding's poller sets the
+	// wait before its next poll of the plugin.
+	stalledPollHook func(wait time.Duration)
 )
+
+// A failed binding's plugin was polled at the poll interval for as long
+// as it stayed failed: a call of the plugin's service a second, for days,
+// for a poll whose only use is to see the service let the message go
+// (the binding then runs again by itself). It backs off: the first poll
+// after the failure waits stalledPollFirst, each one after twice the one
+// before, up to stalledPollMax, the Retry-After its listener gives new
+// posts. Nothing else wakes such a poll (a queued message, a delivery's
+// end): the listener refuses new ones, and what was accepted waits behind
+// the held message. A new binding (an upgrade, a rebind) polls at the
+// interval again, and so does this one once the plugin answers anything
+// else.
+const stalledPollFirst = 2 * pollEvery
+
+// stalledPollMax bounds a failed binding's wait between polls; a
+// variable so that a test may lower it.
+var stalledPollMax = 60 * time.Second
+
+// pollLater sets when a failed binding's plugin is polled next: the wait
+// doubled, within its bounds.
+func (p *pollRefusals) pollLater() {
+	p.wait = min(max(2*p.wait, stalledPollFirst), stalledPollMax)
+	if stalledPollHook != nil {
+		stalledPollHook(p.wait)
+	}
+	p.next = time.Now().Add(p.wait)
+	if p.later == nil {
+		p.later = time.NewTimer(p.wait)
+	} else {
+		p.later.Reset(p.wait)
+	}
+}
+
+// due is what wakes the poller for a failed binding's next poll (nil
+// while the binding runs: the interval's tick does).
+func (p *pollRefusals) due() <-chan time.Time {
+	if !p.stuck || p.later == nil {
+		return nil
+	}
+	return p.later.C
+}
+
+// held is whether the poller leaves the plugin alone now: a failed
+// binding's wait (pollLater) has not passed.
+func (p *pollRefusals) held() bool {
+	return p.stuck && time.Now().Before(p.next)
+}
 
 // clear forgets the last refusal, and the spool's mark of it: the plugin
 // answered something else.
@@ -240,6 +297,9 @@ func (p *pollRefusals) clear(b *binding) {
 
 // reset forgets the last refusal, leaving the spool's mark to the next.
 func (p *pollRefusals) reset(b *binding) {
+	if p.later != nil {
+		p.later.Stop()
+	}
 	if p.stuck {
 		b.stalled.Store(nil)
 		b.log.Info("channel plugin moved past the message refused for its size that its service held: the channel takes messages again")

@@ -766,7 +766,12 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 	// is known: its sender was told, and an answer of it again is not
 	// a new refusal. So is this one's, for the binding that follows.
 	refusals := pollRefusals{last: b.heldKey}
-	defer func() { b.heldKey = refusals.last }()
+	defer func() {
+		b.heldKey = refusals.last
+		if refusals.later != nil {
+			refusals.later.Stop()
+		}
+	}()
 	defer func() {
 		// Every delivery and the notifier are owned here: the
 		// binding's stop (unbind, rebind, shutdown) returns once none
@@ -800,6 +805,10 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 		case <-b.notify:
 		case <-d.freed:
 		case <-t.C:
+		case <-refusals.due():
+		}
+		if refusals.held() {
+			continue // failed: polled at its backoff (pollLater)
 		}
 		if !configured {
 			if err := b.ch.Configure(ctx, info); err != nil {

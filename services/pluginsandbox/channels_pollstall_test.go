@@ -5,7 +5,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,5 +202,85 @@ func TestStalledChannelUnboundLeavesItsMessagesToTheNextBinding(t *testing.T) {
 	case r := <-replies:
 		t.Errorf("a second reply: %v", r)
 	default:
+	}
+}
+
+// A binding failed on a message its plugin's service holds had its
+// plugin polled once a second for as long as it stayed failed (a call of
+// the plugin's service a second, for days): the poll is what lets it
+// recover by itself, not what it needs once a second. It backs off now:
+// the wait doubles from two poll intervals to a bound (here lowered to
+// 4 s, 60 s by default), each poll of the plugin waits for it (nothing
+// else wakes one), and a rebind starts it over.
+func TestStalledChannelsPluginIsPolledLessAndLess(t *testing.T) {
+	type wake struct {
+		wait  time.Duration
+		at    time.Time
+		polls int
+	}
+	var mu sync.Mutex
+	var wakes []wake
+	var sinkOf atomic.Pointer[recordingSink]
+	undoHook := pluginsandbox.SetStalledPollHook(func(wait time.Duration) {
+		w := wake{wait: wait, at: time.Now()}
+		if s := sinkOf.Load(); s != nil {
+			w.polls = s.count("held poll")
+		}
+		mu.Lock()
+		wakes = append(wakes, w)
+		mu.Unlock()
+	})
+	t.Cleanup(undoHook) // after the server's close: registered before it
+	t.Cleanup(pluginsandbox.SetStalledPollBound(4 * time.Second))
+	// taken waits for n wakes and takes them.
+	taken := func(sink *recordingSink, n int) []wake {
+		var got []wake
+		testwait.Progress(t, 50*time.Millisecond, func() (int64, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append([]wake(nil), wakes...)
+			return int64(sink.count("held poll")), len(got) >= n
+		})
+		return got[:n]
+	}
+
+	hook, replies := heldUpstream(t)
+	fs := newFakeSessions()
+	ts, sink := stickyServer(t, fs, hook, heldWebhook, nil)
+	sinkOf.Store(sink)
+	stalledAt(t, ts, sink, replies)
+	got := taken(sink, 5)
+	var waits []time.Duration
+	for _, w := range got {
+		waits = append(waits, w.wait)
+	}
+	if want := []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second, 4 * time.Second, 4 * time.Second}; !slices.Equal(waits, want) {
+		t.Errorf("waits while failed %v, want %v", waits, want)
+	}
+	var gaps []time.Duration
+	for i := 1; i < len(got); i++ {
+		gap := got[i].at.Sub(got[i-1].at)
+		gaps = append(gaps, gap.Round(time.Millisecond))
+		if gap < got[i-1].wait {
+			t.Errorf("poll %d while failed came %v after the one before, which set a wait of %v", i, gap, got[i-1].wait)
+		}
+		if n := got[i].polls - got[i-1].polls; n != 1 {
+			t.Errorf("poll %d while failed: the plugin polled %d times since the one before, want once", i, n)
+		}
+	}
+	t.Logf("waits while failed %v, the polls' gaps %v", waits, gaps)
+
+	// A rebind (another agent) hands the queue over; the new binding
+	// fails again, and its backoff starts over.
+	mu.Lock()
+	wakes = nil
+	mu.Unlock()
+	bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "other"})
+	if w := taken(sink, 1)[0]; w.wait != 2*time.Second {
+		t.Errorf("the first wait after the rebind failed again: %v, want 2s", w.wait)
+	}
+	noSecondReply(t, replies, "after the rebind")
+	if c := channelOf(t, ts, "web"); !strings.Contains(c.GetReason(), "doubling") {
+		t.Errorf("the failed binding's reason does not say how it is polled: %q", c.GetReason())
 	}
 }

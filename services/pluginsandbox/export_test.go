@@ -161,3 +161,22 @@ func SetRefusalHook(hook func(read int)) (undo func()) {
 	refusingHook = hook
 	return func() { refusingHook = old }
 }
+
+// SetStalledPollHook has hook called each time the poller of a binding
+// failed on a message its plugin's service holds sets the wait before
+// its next poll (at the failure, and after each poll while it stays
+// failed), until the returned func puts it back. Set before the server
+// starts, undone after it closed.
+func SetStalledPollHook(hook func(wait time.Duration)) (undo func()) {
+	old := stalledPollHook
+	stalledPollHook = hook
+	return func() { stalledPollHook = old }
+}
+
+// SetStalledPollBound sets the bound of a failed binding's wait between
+// polls until the returned func puts it back.
+func SetStalledPollBound(d time.Duration) (undo func()) {
+	old := stalledPollMax
+	stalledPollMax = d
+	return func() { stalledPollMax = old }
+}
