@@ -152,6 +152,8 @@ var Properties = []Property{
 		Doc: "MiB of the channel's accepted and not yet delivered messages kept on disk (its spool), all sandbox replicas together, each message counted in whole 4 KiB blocks; past it a new message is refused (503, Retry-After) before it is taken, until delivery brings the spool below it"},
 	{Path: "channels.plugin.*.max_content_kb", Type: Integer, Default: 1024, Min: f(1), Max: f(8192),
 		Doc: "KiB of content one message the channel's plugin polls may carry (at most 8 MiB, what the gateway takes as one prompt by default); a larger one is not delivered and its sender is told its size and this bound. The listener takes 1 MiB a message; a plugin that fetches its messages itself may bring larger ones"},
+	{Path: "channels.plugin.*.refused_answers", Type: Integer, Default: 3, Min: f(1), Max: f(60),
+		Doc: "times the channel's plugin may answer again, without reading its queue, a polled message refused for its size before the host rebuilds the plugin's polling instance, and, rebuilt, before the binding fails (its plugin's own service holds the message); each answer waits about a poll interval (1 s)"},
 	{Path: "channels.plugin.*.token", Type: String, Default: "", Secret: true, Pattern: durableToken,
 		Doc: "bearer token the host listener requires of every message (at least 32 printable ASCII bytes); without one the listener refuses everything, since any local account can reach a loopback port"},
 

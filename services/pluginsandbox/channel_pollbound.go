@@ -14,14 +14,6 @@ import (
 	"github.com/clawmesh/clawmesh/services/pluginsandbox/wasmhost"
 )
 
-// refusedAnswers is how many more times a plugin may answer a message
-// the host refused for its size, with no read of the inbound queue in
-// between, before the host rebuilds the instance it polls on. More than
-// one, so that a plugin taking the word a poll late is not rebuilt; each
-// such answer waits for the poll interval or a queued message, so the
-// channel is stalled for about three seconds.
-const refusedAnswers = 3
-
 // pollRefusals is what a binding's poller keeps of the last polled
 // message the host refused for its size (wasmhost.PollRefusedError).
 type pollRefusals struct {
@@ -29,13 +21,13 @@ type pollRefusals struct {
 	// answers something else.
 	last string
 	// again counts the answers of last since it was refused, or since
-	// the instance was rebuilt for it: at most refusedAnswers.
+	// the instance was rebuilt for it: at most the binding's refusedAnswers.
 	again int
 	// stalled is set once the plugin answered that message again: the
 	// binding's reason says so until it answers something else.
 	stalled bool
 	// rebuilt is set once the instance was rebuilt for last, stuck once
-	// the rebuilt one answered it refusedAnswers times again: a plugin
+	// the rebuilt one answered it that many times again: a plugin
 	// whose own service holds the message (unread mail) answers it from
 	// any instance, and one rebuild a message is all the host does.
 	// Stuck, the binding has failed (failStalled).
@@ -86,7 +78,7 @@ func refusalKey(r *wasmhost.PollRefusedError) string {
 // told again at each of those polls, and is logged once, as above.
 //
 // Either kind stalled its channel for good: the messages accepted (202)
-// behind the refused one were never delivered. After refusedAnswers
+// behind the refused one were never delivered. After refused_answers
 // more answers of it the host now rebuilds the instance it polls on
 // (rebuildForRefusal), as it does after a trap: the plugin's memory of
 // the message is gone, the inbound queue is the host's and stays, and
@@ -127,6 +119,7 @@ func (b *binding) pollRefused(ctx context.Context, r *wasmhost.PollRefusedError,
 // instance was rebuilt, and the next message may be waiting).
 func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedError, log *zap.Logger, p *pollRefusals) bool {
 	p.again++
+	answers := b.cfg.refusedAnswers()
 	what := fmt.Sprintf("a message whose %s is %d bytes, past the %d a polled message's %s may be", r.Field, r.Size, r.Bound, r.Field)
 	heard := "the plugin does not take the host's word of a refusal (the poll_refused flag): update it"
 	if r.Told {
@@ -135,9 +128,9 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 	if !p.stalled && !p.rebuilt {
 		p.stalled = true
 		log.Warn("channel poll answered again a message refused for its size: the channel takes no message until its plugin moves past it or is rebuilt",
-			zap.Int("rebuilt_after", refusedAnswers))
+			zap.Int("rebuilt_after", answers))
 		b.set(channelRunning, fmt.Sprintf("poll: the plugin answers again and again %s; the channel takes no message until the plugin moves past it, or its instance is rebuilt at the %d-th answer; %s",
-			what, refusedAnswers+1, heard))
+			what, answers+1, heard))
 	}
 	if p.stuck {
 		if n := b.inbound.Pending(); n != p.waiting {
@@ -146,14 +139,14 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 		p.pollLater()
 		return false
 	}
-	if p.again < refusedAnswers {
+	if p.again < answers {
 		return false
 	}
 	if p.rebuilt {
 		p.stuck, p.stalled = true, true
 		p.waiting = b.failStalled(what, heard)
 		log.Warn("channel plugin rebuilt for a message refused for its size answers it still: the binding fails, and its listener refuses new messages until the plugin moves past it, is replaced or the channel is rebound",
-			zap.Int("answers", refusedAnswers), zap.Int("queued", p.waiting))
+			zap.Int("answers", answers), zap.Int("queued", p.waiting))
 		p.pollLater()
 		return false
 	}
@@ -168,9 +161,9 @@ func (b *binding) answeredAgain(ctx context.Context, r *wasmhost.PollRefusedErro
 	// plugin lost its memory.
 	p.stalled = false
 	log.Warn("channel plugin rebuilt: it answered again and again a message refused for its size, and its new instance forgets it",
-		zap.Int("answers", refusedAnswers+1))
+		zap.Int("answers", answers+1))
 	b.set(channelRunning, fmt.Sprintf("poll: the plugin's instance was rebuilt at %s, which forgets what it held: it answered %d times %s; %s",
-		time.Now().UTC().Format(time.RFC3339), refusedAnswers+1, what, heard))
+		time.Now().UTC().Format(time.RFC3339), answers+1, what, heard))
 	return true
 }
 

@@ -45,7 +45,7 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 	if n := <-b.dl.notices; n.msg != r.Msg || !strings.Contains(n.text, "it is 2097152 bytes long, and this channel takes messages of at most 1048576 bytes") {
 		t.Fatalf("notice %q to %+v", n.text, n.msg)
 	}
-	for range refusedAnswers - 1 { // the next one rebuilds the instance: none here
+	for range DefaultRefusedAnswers - 1 { // the next one rebuilds the instance: none here
 		if b.pollRefused(ctx, r, nil, time.Now(), &p) {
 			t.Fatal("the same message answered again is a new one")
 		}
@@ -74,5 +74,36 @@ func TestPollRefusedTellsItsSenderOnce(t *testing.T) {
 	<-b.dl.notices
 	if n := <-b.dl.notices; n.text != "This message was not delivered: its sender is 20480 bytes long, and this channel takes at most 16384." {
 		t.Fatalf("notice %q", n.text)
+	}
+}
+
+// refused_answers sets how many answers again of a refused message the
+// host waits for before it rebuilds the plugin's instance (3 when unset,
+// 1 to 60); it was a constant.
+func TestRefusedAnswersAreTheBindingsSetting(t *testing.T) {
+	b := &binding{cfg: ChannelBinding{RefusedAnswers: 5}, log: zap.NewNop(), dl: &deliveries{notices: make(chan backlogNotice, 8)}}
+	b.set(channelRunning, "")
+	r := &wasmhost.PollRefusedError{Field: "content", Size: 2 << 20, Bound: 1 << 20, Msg: &wasmhost.ChannelMessage{ID: "m1"}}
+	var p pollRefusals
+	b.pollRefused(context.Background(), r, nil, time.Now(), &p)
+	// With the constant, the third answer again rebuilt the instance
+	// (here a nil channel's, which panics).
+	for range 4 {
+		b.pollRefused(context.Background(), r, nil, time.Now(), &p)
+	}
+	if p.rebuilt || p.again != 4 {
+		t.Fatalf("after 4 answers again with refused_answers 5: rebuilt %v, again %d", p.rebuilt, p.again)
+	}
+	if _, reason := b.status(); !strings.Contains(reason, "rebuilt at the 6-th answer") {
+		t.Fatalf("reason %q, want the rebuild at the 6-th answer", reason)
+	}
+	for _, n := range []int{-1, 61} {
+		err := ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", RefusedAnswers: n}.validate()
+		if err == nil || !strings.Contains(err.Error(), "channels.plugin.web.refused_answers") {
+			t.Errorf("refused_answers %d: %v, want refused naming the setting", n, err)
+		}
+	}
+	if err := (ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0"}).validate(); err != nil {
+		t.Errorf("refused_answers unset: %v", err)
 	}
 }

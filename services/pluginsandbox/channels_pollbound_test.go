@@ -131,3 +131,22 @@ func TestLiveReadsMaxContentKB(t *testing.T) {
 		}
 	}
 }
+
+// refused_answers is read from the config revision, its default 3.
+func TestLiveReadsRefusedAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		doc  map[string]any
+		want int
+	}{
+		{map[string]any{"web": map[string]any{"plugin": "webhook"}}, pluginsandbox.DefaultRefusedAnswers},
+		{map[string]any{"web": map[string]any{"plugin": "webhook", "refused_answers": float64(10)}}, 10},
+	} {
+		l, err := pluginsandbox.LiveFrom(configclient.Snapshot{Document: map[string]any{"channels": map[string]any{"plugin": tc.doc}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := l.Channels["web"].RefusedAnswers; got != tc.want {
+			t.Errorf("%v: refused_answers %d, want %d", tc.doc, got, tc.want)
+		}
+	}
+}

@@ -288,7 +288,7 @@ func TestChannelPluginKeepingItsRefusedMessageIsRebuilt(t *testing.T) {
 			if most := int(elapsed/time.Second) + 6; polls > most {
 				t.Errorf("%d polls in %v, want at most %d", polls, elapsed, most)
 			}
-			if want := pluginsandbox.RefusedAnswers + 1; tc.told && (told < 1 || told > want) || !tc.told && told != 0 {
+			if want := pluginsandbox.DefaultRefusedAnswers + 1; tc.told && (told < 1 || told > want) || !tc.told && told != 0 {
 				t.Errorf("the plugin was told %d times, want 1 to %d (told %v)", told, want, tc.told)
 			}
 			runningAndQuiet(t, ts, "instance was rebuilt", replies, fs)

@@ -138,10 +138,6 @@ func SetWrongTokenGap(gap time.Duration, hook func()) (undo func()) {
 	return func() { wrongTokenGap, tokenWaitHook = oldGap, oldHook }
 }
 
-// RefusedAnswers is how many more times a plugin may answer a message the
-// host refused before the host rebuilds its instance.
-const RefusedAnswers = refusedAnswers
-
 // SetStallHooks sets the hooks of a channel's failure on a message its
 // plugin's service holds (admitHook, failingHook, failedHook; nil: none)
 // until the returned func puts them back. Set before the server starts,

@@ -50,6 +50,34 @@ type ChannelBinding struct {
 	// refused and its sender told (pollRefused). 0 is
 	// DefaultMaxContentKB.
 	MaxContentKB int
+	// RefusedAnswers is channels.plugin.<alias>.refused_answers: how
+	// many more times the plugin may answer a polled message the host
+	// refused for its size, without reading the inbound queue, before
+	// the host rebuilds its instance, and, rebuilt, before the binding
+	// fails (answeredAgain). 0 is DefaultRefusedAnswers.
+	RefusedAnswers int
+}
+
+// DefaultRefusedAnswers is channels.plugin.<alias>.refused_answers's
+// default (internal/configschema). More than one, so that a plugin
+// taking the word a poll late is not rebuilt; each such answer waits for
+// the poll interval or a queued message, so the channel is stalled about
+// three seconds before the rebuild, and as long again before it fails.
+const DefaultRefusedAnswers = 3
+
+// maxRefusedAnswers bounds refused_answers: each answer is a poll
+// interval (1 s) of a stalled channel, so a minute before the rebuild
+// and one more before the failure at most. Past it an operator would
+// leave the channel taking messages (202) no poll reaches for longer
+// than the failure's Retry-After.
+const maxRefusedAnswers = 60
+
+// refusedAnswers is b's refused_answers.
+func (b ChannelBinding) refusedAnswers() int {
+	if b.RefusedAnswers <= 0 {
+		return DefaultRefusedAnswers
+	}
+	return b.RefusedAnswers
 }
 
 // DefaultMaxContentKB is channels.plugin.<alias>.max_content_kb's default
@@ -121,7 +149,8 @@ func LiveFrom(snap configclient.Snapshot) (Live, error) {
 		}
 		l.Channels[alias] = ChannelBinding{Alias: alias, Plugin: snap.String(at + "plugin"),
 			Listen: snap.String(at + "listen"), Agent: snap.String(at + "agent"), MaxSessions: int(snap.Int(at + "max_sessions")),
-			SpoolMaxMB: snap.Int(at + "spool_max_mb"), MaxContentKB: int(snap.Int(at + "max_content_kb"))}
+			SpoolMaxMB: snap.Int(at + "spool_max_mb"), MaxContentKB: int(snap.Int(at + "max_content_kb")),
+			RefusedAnswers: int(snap.Int(at + "refused_answers"))}
 	}
 	return l, nil
 }
@@ -147,6 +176,9 @@ func (b ChannelBinding) validate() error {
 	}
 	if most := wasmhost.MaxPolledContentBytes >> 10; b.MaxContentKB < 0 || b.MaxContentKB > most {
 		return fmt.Errorf("channels.plugin.%s.max_content_kb %d: a message's content is 1 to %d KiB", b.Alias, b.MaxContentKB, most)
+	}
+	if b.RefusedAnswers < 0 || b.RefusedAnswers > maxRefusedAnswers {
+		return fmt.Errorf("channels.plugin.%s.refused_answers %d: 1 to %d answers", b.Alias, b.RefusedAnswers, maxRefusedAnswers)
 	}
 	return nil
 }
