@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/guestbuild"
@@ -41,6 +42,19 @@ type Reply struct {
 // there.
 func Serve(t testing.TB, onReply func(Reply)) string {
 	t.Helper()
+	return serve(t, onReply, new(atomic.Bool))
+}
+
+// ServeAway is Serve with a switch: while away is set, an ask of /held
+// has its connection closed unanswered, as a service gone would (the
+// plugin's poll fails).
+func ServeAway(t testing.TB, onReply func(Reply)) (url string, away *atomic.Bool) {
+	t.Helper()
+	away = new(atomic.Bool)
+	return serve(t, onReply, away), away
+}
+
+func serve(t testing.TB, onReply func(Reply), away *atomic.Bool) string {
 	var (
 		mu   sync.Mutex
 		kept []byte
@@ -54,6 +68,9 @@ func Serve(t testing.TB, onReply func(Reply)) string {
 			mu.Unlock()
 			w.WriteHeader(http.StatusNoContent)
 		case "/held":
+			if away.Load() {
+				panic(http.ErrAbortHandler)
+			}
 			mu.Lock()
 			b := kept
 			mu.Unlock()

@@ -209,8 +209,8 @@ func (b *binding) failStalled(what, heard string) int {
 	queued := b.inbound.Pending()
 	why := "the channel takes no new message: its plugin answers again and again a message the host refused for its size, which the plugin's own service holds; the operator replaces the plugin or rebinds the channel; retry later"
 	b.stalled.Store(&why)
-	b.set(channelFailed, fmt.Sprintf("poll: the plugin's instance was rebuilt, and the new one answers again %s: the plugin's own service holds it; %s. The channel refuses new messages (503); the %d accepted before wait in its queue, to be delivered once the plugin moves past it, is replaced or upgraded, or the channel is rebound; meanwhile the plugin is polled after %s, then at a wait doubling up to %s",
-		what, heard, queued, stalledPollFirst, stalledPollMax))
+	b.set(channelFailed, fmt.Sprintf("poll: the plugin's instance was rebuilt, and the new one answers again %s: the plugin's own service holds it; %s. The channel refuses new messages (503); the %d accepted before wait in its queue, to be delivered once the plugin moves past it, is replaced or upgraded, or the channel is rebound; meanwhile the plugin is polled after %d s, then at a wait doubling up to %d s",
+		what, heard, queued, int(stalledPollFirst.Seconds()), int(stalledPollMax.Seconds())))
 	if failedHook != nil {
 		failedHook(queued)
 	}

@@ -844,6 +844,11 @@ func (s *Server) poll(ctx context.Context, b *binding) {
 				if ctx.Err() == nil {
 					b.log.Warn("channel poll failed", zap.Error(err))
 				}
+				if refusals.stuck {
+					// Still failed (its service away, say):
+					// not polled every tick meanwhile.
+					refusals.pollLater()
+				}
 				break
 			}
 			refusals.clear(b)

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -564,6 +565,15 @@ func TestChannelRefusedRequestClosesItsConnection(t *testing.T) {
 func replyHook(t *testing.T) (url string, replies chan map[string]string) {
 	t.Helper()
 	return channelhook.Chan(t, 64)
+}
+
+// replyHookAway is replyHook with channelhook.ServeAway's switch: while
+// away is set, the held guest's poll of /held fails.
+func replyHookAway(t *testing.T) (url string, replies chan map[string]string, away *atomic.Bool) {
+	t.Helper()
+	replies = make(chan map[string]string, 64)
+	url, away = channelhook.ServeAway(t, func(r channelhook.Reply) { replies <- r.Body })
+	return url, replies, away
 }
 
 // m1RunsUntilTheUnbind binds web to a sandbox whose replies reach the

@@ -213,7 +213,7 @@ func TestStalledChannelsSenderIsToldOnceByTwoReplicasAtTheInstant(t *testing.T) 
 	})
 	t.Cleanup(undo) // after the servers' close: registered before them
 
-	hook, replies := heldUpstream(t)
+	hook, replies := replyHook(t)
 	fs := newFakeSessions()
 	spool := t.TempDir()
 	onSpool := func(c *pluginsandbox.Config) { c.ChannelSpoolDir = spool }

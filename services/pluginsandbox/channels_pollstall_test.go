@@ -232,24 +232,46 @@ func TestStalledChannelsPluginIsPolledLessAndLess(t *testing.T) {
 	})
 	t.Cleanup(undoHook) // after the server's close: registered before it
 	t.Cleanup(pluginsandbox.SetStalledPollBound(4 * time.Second))
-	// taken waits for n wakes and takes them.
-	taken := func(sink *recordingSink, n int) []wake {
+	// taken waits for n wakes and takes them; failed, it fails t if the
+	// plugin was polled more than n+2 times meanwhile.
+	taken := func(sink *recordingSink, n int, failed bool) []wake {
 		var got []wake
+		from := sink.count("held poll")
 		testwait.Progress(t, 50*time.Millisecond, func() (int64, bool) {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append([]wake(nil), wakes...)
-			return int64(sink.count("held poll")), len(got) >= n
+			polls := sink.count("held poll")
+			if failed && len(got) < n && polls-from > n+2 {
+				t.Fatalf("the failed binding's plugin polled %d times with %d waits set: polled at the interval, not its backoff", polls-from, len(got))
+			}
+			return int64(polls), len(got) >= n
 		})
 		return got[:n]
 	}
+	// spaced checks that each poll of got came no sooner than the wait
+	// the one before set, and polled the plugin once.
+	spaced := func(got []wake) []time.Duration {
+		var gaps []time.Duration
+		for i := 1; i < len(got); i++ {
+			gap := got[i].at.Sub(got[i-1].at)
+			gaps = append(gaps, gap.Round(time.Millisecond))
+			if gap < got[i-1].wait {
+				t.Errorf("poll %d while failed came %v after the one before, which set a wait of %v", i, gap, got[i-1].wait)
+			}
+			if n := got[i].polls - got[i-1].polls; n != 1 {
+				t.Errorf("poll %d while failed: the plugin polled %d times since the one before, want once", i, n)
+			}
+		}
+		return gaps
+	}
 
-	hook, replies := heldUpstream(t)
+	hook, replies, away := replyHookAway(t)
 	fs := newFakeSessions()
 	ts, sink := stickyServer(t, fs, hook, heldWebhook, nil)
 	sinkOf.Store(sink)
 	stalledAt(t, ts, sink, replies)
-	got := taken(sink, 5)
+	got := taken(sink, 5, true)
 	var waits []time.Duration
 	for _, w := range got {
 		waits = append(waits, w.wait)
@@ -257,18 +279,16 @@ func TestStalledChannelsPluginIsPolledLessAndLess(t *testing.T) {
 	if want := []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second, 4 * time.Second, 4 * time.Second}; !slices.Equal(waits, want) {
 		t.Errorf("waits while failed %v, want %v", waits, want)
 	}
-	var gaps []time.Duration
-	for i := 1; i < len(got); i++ {
-		gap := got[i].at.Sub(got[i-1].at)
-		gaps = append(gaps, gap.Round(time.Millisecond))
-		if gap < got[i-1].wait {
-			t.Errorf("poll %d while failed came %v after the one before, which set a wait of %v", i, gap, got[i-1].wait)
-		}
-		if n := got[i].polls - got[i-1].polls; n != 1 {
-			t.Errorf("poll %d while failed: the plugin polled %d times since the one before, want once", i, n)
-		}
-	}
-	t.Logf("waits while failed %v, the polls' gaps %v", waits, gaps)
+	t.Logf("waits while failed %v, the polls' gaps %v", waits, spaced(got))
+
+	// The plugin's service away, its polls fail: still at the backoff.
+	mu.Lock()
+	wakes = nil
+	mu.Unlock()
+	away.Store(true)
+	got = taken(sink, 3, true)
+	t.Logf("with its service away, the polls' gaps %v", spaced(got))
+	away.Store(false)
 
 	// A rebind (another agent) hands the queue over; the new binding
 	// fails again, and its backoff starts over.
@@ -276,7 +296,7 @@ func TestStalledChannelsPluginIsPolledLessAndLess(t *testing.T) {
 	wakes = nil
 	mu.Unlock()
 	bindChannels(t, ts, pluginsandbox.ChannelBinding{Alias: "web", Plugin: "webhook", Listen: "127.0.0.1:0", Agent: "other"})
-	if w := taken(sink, 1)[0]; w.wait != 2*time.Second {
+	if w := taken(sink, 1, false)[0]; w.wait != 2*time.Second {
 		t.Errorf("the first wait after the rebind failed again: %v, want 2s", w.wait)
 	}
 	noSecondReply(t, replies, "after the rebind")
