@@ -100,31 +100,6 @@ type fuelRewriter struct {
 	length                uint32 // a second, i32: a bulk instruction's length
 	yield                 bool   // the module has a memory to yield with
 	live                  bool   // the local holds the counter
-	rebind                []rebind
-}
-
-// rebind is an integer local the yield's slow path gives a fresh value
-// (its own plus zero) before it calls out: see appendLoopTest.
-type rebind struct {
-	index uint32
-	i64   bool
-}
-
-// maxRebind bounds the locals a loop header's slow path rebinds: a Go
-// function has a handful (its resumption point, its stack pointer and the
-// registers it uses); a function with more rebinds none and keeps the
-// spills below, rather than stretch every local's life across its loops.
-const maxRebind = 16
-
-// addRebind adds n locals of type t from index first, if they are
-// integers, while there are no more than maxRebind of them.
-func (r *fuelRewriter) addRebind(first, n uint64, t byte) {
-	if t != 0x7f && t != 0x7e {
-		return
-	}
-	for i := range min(n, maxRebind+1-uint64(len(r.rebind))) {
-		r.rebind = append(r.rebind, rebind{index: uint32(first + i), i64: t == 0x7e})
-	}
 }
 
 // instrCost is what one instruction is charged: a unit, as the seed's
@@ -166,34 +141,25 @@ func bulk(op uint32) bool {
 
 // rewrite appends the instrumented body b (its locals with the counter
 // added, then its code) to out and returns it with the number of charges.
-func (r *fuelRewriter) rewrite(b funcBody, params []byte, out []byte) ([]byte, int, error) {
+func (r *fuelRewriter) rewrite(b funcBody, params uint32, out []byte) ([]byte, int, error) {
 	groups, declStart, err := readU32(b.locals, 0)
 	if err != nil {
 		return nil, 0, err
 	}
-	r.rebind = r.rebind[:0]
-	for i, t := range params {
-		r.addRebind(uint64(i), 1, t)
-	}
 	pos := declStart
-	locals := uint64(len(params))
+	locals := uint64(params)
 	for g := uint32(0); g < groups; g++ {
 		var n uint32
 		if n, pos, err = readU32(b.locals, pos); err != nil {
 			return nil, 0, err
 		}
-		t := pos
 		if pos, err = skipValType(b.locals, pos); err != nil {
 			return nil, 0, err
 		}
-		r.addRebind(locals, uint64(n), b.locals[t])
 		locals += uint64(n)
 	}
 	if locals >= math.MaxUint32 {
 		return nil, 0, fmt.Errorf("%w: %d locals", ErrUnsupported, locals)
-	}
-	if len(r.rebind) > maxRebind {
-		r.rebind = r.rebind[:0]
 	}
 	r.counter, r.length, r.live = uint32(locals), uint32(locals)+1, false
 	out = appendU32(out, groups+2)
@@ -416,7 +382,6 @@ const yieldPeriod = 1 << 20
 //	else
 //	  (the test of appendTest)
 //	  local.get $n; i64.const -yieldPeriod; i64.and; global.set $mark
-//	  (for each integer local $l: local.get $l; i64.const 0; i64.add; local.set $l)
 //	  i32.const 0; memory.grow 0; drop
 //	end
 //
@@ -434,17 +399,6 @@ const yieldPeriod = 1 << 20
 // value live in the loop came back from its stack slot after every header,
 // because memory.grow (a call) clobbers the registers on the slow path
 // (measured: a 1.6x fuel ratio on a Go guest's loop, against 1.3-1.4x).
-//
-// The slow path rebinds the function's integer locals (maxRebind at most)
-// to fresh values, each its own plus zero, before it calls out. Without
-// that the values the loop's locals hold at its header (phis in wazero's
-// SSA) are live across memory.grow's call, and wazero spills a phi after
-// every definition of it: every edge into the header, the back edge too,
-// stored every local at every iteration (a Go guest's loop paid four
-// stores an iteration for a call taken once a million units). Rebound,
-// only the fresh values are live across the call, spilled where they are
-// made, on the slow path. Adding zero changes no value, and wazero does
-// not fold it away.
 //
 // wazero's compiled code cannot be preempted by the Go scheduler, so a guest
 // loop that never leaves it would hold its thread through a garbage
@@ -471,24 +425,13 @@ func (r *fuelRewriter) appendLoopTest(out []byte, cost int64) []byte {
 	out = appendS64(out, -yieldPeriod)
 	out = append(out, 0x83, 0x24) // i64.and; global.set
 	out = appendU32(out, r.mark)
-	for _, l := range r.rebind {
-		out = append(out, 0x20)
-		out = appendU32(out, l.index)
-		if l.i64 {
-			out = append(out, 0x42, 0x00, 0x7c) // i64.const 0; i64.add
-		} else {
-			out = append(out, 0x41, 0x00, 0x6a) // i32.const 0; i32.add
-		}
-		out = append(out, 0x21)
-		out = appendU32(out, l.index)
-	}
 	return append(out, 0x41, 0x00, 0x40, 0x00, 0x1a, 0x0b)
 }
 
-// paramTypes returns the parameters' value types of every defined
-// function, in the order of the code section, which must hold n bodies.
-func (m *Module) paramTypes(n int) ([][]byte, error) {
-	var types [][]byte
+// paramCounts returns the number of parameters of every defined function,
+// in the order of the code section, which must hold n bodies.
+func (m *Module) paramCounts(n int) ([]uint32, error) {
+	var types []uint32
 	if p := m.section(secType); p != nil {
 		var err error
 		if types, err = typeParams(p); err != nil {
@@ -507,7 +450,7 @@ func (m *Module) paramTypes(n int) ([][]byte, error) {
 	if uint64(count) != uint64(n) {
 		return nil, fmt.Errorf("%w: %d functions, %d bodies", ErrMalformed, count, n)
 	}
-	params := make([][]byte, 0, n)
+	params := make([]uint32, 0, n)
 	for i := 0; i < n; i++ {
 		t, next, err := readU32(p, pos)
 		if err != nil {
@@ -536,7 +479,7 @@ func (m *Module) instrumentFuel(bodies []funcBody) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	params, err := m.paramTypes(len(bodies))
+	params, err := m.paramCounts(len(bodies))
 	if err != nil {
 		return 0, err
 	}

@@ -47,13 +47,13 @@ func (m *Module) checkCounts() error {
 
 // typeParams walks the function types (the only form of core wasm 2.0),
 // checking each vector's count against the bytes left, and returns the
-// parameters' value types of each type (one byte each, a slice of p).
-func typeParams(p []byte) ([][]byte, error) {
+// number of parameters of each type.
+func typeParams(p []byte) ([]uint32, error) {
 	n, pos, err := readU32(p, 0)
 	if err != nil {
 		return nil, err
 	}
-	params := make([][]byte, 0, min(int(n), len(p)))
+	params := make([]uint32, 0, min(int(n), len(p)))
 	for i := uint32(0); i < n; i++ {
 		if pos >= len(p) {
 			return nil, fmt.Errorf("%w: truncated type section", ErrMalformed)
@@ -70,14 +70,13 @@ func typeParams(p []byte) ([][]byte, error) {
 			if uint64(k) > uint64(len(p)-pos) {
 				return nil, fmt.Errorf("%w: type %d declares %d %s, %d bytes left", ErrMalformed, i, k, what, len(p)-pos)
 			}
-			from := pos
 			for j := uint32(0); j < k; j++ {
 				if pos, err = skipValType(p, pos); err != nil {
 					return nil, err
 				}
 			}
 			if vec == 0 {
-				params = append(params, p[from:pos])
+				params = append(params, k)
 			}
 		}
 	}
