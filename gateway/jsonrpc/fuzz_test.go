@@ -54,6 +54,9 @@ func FuzzClassify(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add([]byte(s))
 	}
+	for _, s := range envelopeSeeds {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkClassify(t, data)
 	})

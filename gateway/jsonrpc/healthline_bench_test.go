@@ -79,3 +79,21 @@ func sendHealthLines(b *testing.B, path string) {
 		}
 	}
 }
+
+// BenchmarkClassifyHealthLine is the read loop's classification of
+// health's request line alone, as serveFrames makes it: into the
+// connection's Request, the method's name from the connection's names,
+// nothing allocated. Its instructions an operation (callgrind, the
+// difference of two -benchtime Nx runs) are the frame's check and its
+// envelope without the socket's noise around them.
+func BenchmarkClassifyHealthLine(b *testing.B) {
+	frame := []byte(`{"jsonrpc":"2.0","method":"health","params":{},"id":1}`)
+	var names methodNames
+	var into Request
+	b.ReportAllocs()
+	for b.Loop() {
+		if m := classifyInto(frame, &names, &into); m.Kind != KindRequest {
+			b.Fatal(m.Problem)
+		}
+	}
+}

@@ -24,57 +24,75 @@ const maxValidDepth = 10000
 // and checked for a backslash and control bytes; one with escapes is
 // walked a word at a time until a word may hold a quote, a backslash or
 // a control byte. The fuzz test FuzzValid holds it to json.Valid.
-func valid(b []byte) bool { return validFrame(b, nil) }
+func valid(b []byte) bool {
+	i := validValue(b, jsonwalk.SkipSpace(b, 0), 0)
+	return i >= 0 && jsonwalk.SkipSpace(b, i) == len(b)
+}
 
 // validFrame is valid, and when e is not nil and b is an object it also
-// hands each of b's members to e (envelope.member) as it passes them:
-// Classify's envelope read in the same pass as the check. Read apart, the
-// envelope's walk searched a chunk's 1.4 MB string twice more (its
-// closing quote, a backslash) after the check had.
+// hands each of b's members to e as it passes them: Classify's envelope
+// read in the same pass as the check. Read apart, the envelope's walk
+// searched a chunk's 1.4 MB string twice more (its closing quote, a
+// backslash) after the check had.
 func validFrame(b []byte, e *envelope) bool {
-	// stack holds one byte per open container: '{' or '['; the first
-	// levels live in the array, deeper ones spill to the heap.
-	var small [64]byte
-	stack := small[:0]
-	// key is the raw key of the top object's member being read, vs where
-	// its value starts (only with e).
-	var key []byte
-	vs := 0
 	i := jsonwalk.SkipSpace(b, 0)
+	if e == nil || i >= len(b) || b[i] != '{' {
+		return valid(b)
+	}
+	return validEnvelope(b, i, e)
+}
+
+// validEnvelope is validFrame for the object at b[i] == '{'. Its own
+// members are read by a loop of their own, not validValue's: a key that
+// is one of the envelope's names as written is told by comparing it whole
+// (no string walk, no name lookup after it), and a value is checked by
+// what its first byte says it is, an empty object or array on the spot,
+// a container with anything in it by validValue. A request's frame is
+// mostly its envelope (health's is nothing else), which validValue's
+// general loop walked at some 120 instructions a key or value: health's
+// classification took 2,372 instructions there, 1,312 here ("Sixty-seventh
+// round" in docs/performance.md).
+func validEnvelope(b []byte, i int, e *envelope) bool {
+	i = jsonwalk.SkipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return jsonwalk.SkipSpace(b, i+1) == len(b)
+	}
 	for {
-		// A value starts at b[i].
+		// A key starts at b[i].
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		ks := i
+		bit, ke := envelopeKey(b, i)
+		if ke < 0 {
+			if ke = validString(b, i); ke < 0 {
+				return false
+			}
+			bit = keyBit(b[ks:ke])
+		}
+		i = jsonwalk.SkipSpace(b, ke)
+		if i >= len(b) || b[i] != ':' {
+			return false
+		}
+		i = jsonwalk.SkipSpace(b, i+1)
+		// Its value starts at b[i].
+		vs := i
 		if i >= len(b) {
 			return false
 		}
-		if e != nil && len(stack) == 1 && stack[0] == '{' {
-			vs = i
-		}
 		switch c := b[i]; c {
-		case '{', '[':
-			if len(stack) >= maxValidDepth {
+		case '"':
+			if bit == hasJSONRPC && hasWord(b, i, `"2.0"`) {
+				i += 5
+			} else if i = validString(b, i); i < 0 {
 				return false
 			}
-			stack = append(stack, c)
-			i = jsonwalk.SkipSpace(b, i+1)
-			if i < len(b) && b[i] == c+2 { // '}' is '{'+2, ']' is '['+2
-				stack = stack[:len(stack)-1]
-				i++
-				break
-			}
-			if c == '{' {
-				ks := i
-				ke, vi := validKey(b, i)
-				if ke < 0 {
-					return false
-				}
-				if len(stack) == 1 {
-					key = b[ks:ke]
-				}
-				i = vi
-			}
-			continue
-		case '"':
-			if i = validString(b, i); i < 0 {
+		case '{', '[':
+			// The envelope is the first level of nesting: its values
+			// may open maxValidDepth-1 more.
+			if j := jsonwalk.SkipSpace(b, i+1); j < len(b) && b[j] == c+2 {
+				i = j + 1
+			} else if i = validValue(b, i, 1); i < 0 {
 				return false
 			}
 		case 't':
@@ -97,41 +115,142 @@ func validFrame(b []byte, e *envelope) bool {
 				return false
 			}
 		}
-		// After a value: a separator, the end of containers, or the end.
-		// Each time round, a value at the depth of the stack has just
-		// ended at b[i].
+		e.set(bit, b[vs:i])
+		i = jsonwalk.SkipSpace(b, i)
+		if i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = jsonwalk.SkipSpace(b, i+1)
+		case '}':
+			return jsonwalk.SkipSpace(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+// envelopeKey reads the key at b[i] == '"' when it is one of the six
+// envelope names written as they are, and returns its has* bit and the
+// index past its closing quote; ke is -1 for any other key (valid or
+// not), which is then read as any string is. Each name is compared whole,
+// its closing quote with it, in one or two word loads.
+func envelopeKey(b []byte, i int) (bit uint8, ke int) {
+	r := b[i+1:]
+	if len(r) < 3 {
+		return 0, -1
+	}
+	switch r[0] {
+	case 'i':
+		if r[1] == 'd' && r[2] == '"' {
+			return hasID, i + 4
+		}
+	case 'j':
+		if len(r) >= 8 && string(r[:8]) == `jsonrpc"` {
+			return hasJSONRPC, i + 9
+		}
+	case 'm':
+		if len(r) >= 7 && string(r[:7]) == `method"` {
+			return hasMethod, i + 8
+		}
+	case 'p':
+		if len(r) >= 7 && string(r[:7]) == `params"` {
+			return hasParams, i + 8
+		}
+	case 'r':
+		if len(r) >= 7 && string(r[:7]) == `result"` {
+			return hasResult, i + 8
+		}
+	case 'e':
+		if len(r) >= 6 && string(r[:6]) == `error"` {
+			return hasError, i + 7
+		}
+	}
+	return 0, -1
+}
+
+// validValue checks the value at b[i] with depth containers open around
+// it and returns the index past it, or -1 when it is not valid JSON.
+func validValue(b []byte, i int, depth int) int {
+	// stack holds one byte per container open in this value: '{' or
+	// '['; the first levels live in the array, deeper ones spill to the
+	// heap.
+	var small [64]byte
+	stack := small[:0]
+	for {
+		// A value starts at b[i].
+		if i >= len(b) {
+			return -1
+		}
+		switch c := b[i]; c {
+		case '{', '[':
+			if depth+len(stack) >= maxValidDepth {
+				return -1
+			}
+			stack = append(stack, c)
+			i = jsonwalk.SkipSpace(b, i+1)
+			if i < len(b) && b[i] == c+2 { // '}' is '{'+2, ']' is '['+2
+				stack = stack[:len(stack)-1]
+				i++
+				break
+			}
+			if c == '{' {
+				if i = validKey(b, i); i < 0 {
+					return -1
+				}
+			}
+			continue
+		case '"':
+			if i = validString(b, i); i < 0 {
+				return -1
+			}
+		case 't':
+			if !hasWord(b, i, "true") {
+				return -1
+			}
+			i += 4
+		case 'f':
+			if !hasWord(b, i, "false") {
+				return -1
+			}
+			i += 5
+		case 'n':
+			if !hasWord(b, i, "null") {
+				return -1
+			}
+			i += 4
+		default:
+			if i = jsonstr.NumberEnd(b, i); i < 0 {
+				return -1
+			}
+		}
+		// After a value: a separator, the end of containers, or the end
+		// of the value checked. Each time round, a value at the depth of
+		// the stack has just ended at b[i].
 		for {
-			if e != nil && len(stack) == 1 && stack[0] == '{' {
-				e.member(key, b[vs:i])
+			if len(stack) == 0 {
+				return i
 			}
 			i = jsonwalk.SkipSpace(b, i)
-			if len(stack) == 0 {
-				return i == len(b)
-			}
 			if i >= len(b) {
-				return false
+				return -1
 			}
 			top := stack[len(stack)-1]
 			switch b[i] {
 			case ',':
 				i = jsonwalk.SkipSpace(b, i+1)
 				if top == '{' {
-					ks := i
-					ke, vi := validKey(b, i)
-					if ke < 0 {
-						return false
+					if i = validKey(b, i); i < 0 {
+						return -1
 					}
-					if len(stack) == 1 {
-						key = b[ks:ke]
-					}
-					i = vi
 				}
 			case top + 2:
 				stack = stack[:len(stack)-1]
 				i++
 				continue
 			default:
-				return false
+				return -1
 			}
 			break
 		}
@@ -139,20 +258,19 @@ func validFrame(b []byte, e *envelope) bool {
 }
 
 // validKey checks a member's key and colon at b[i] and returns the index
-// past the key's closing quote and that of its value; ke is -1 when they
-// are not valid.
-func validKey(b []byte, i int) (ke, vi int) {
+// of its value, or -1 when they are not valid.
+func validKey(b []byte, i int) int {
 	if i >= len(b) || b[i] != '"' {
-		return -1, 0
+		return -1
 	}
-	if ke = validString(b, i); ke < 0 {
-		return -1, 0
+	if i = validString(b, i); i < 0 {
+		return -1
 	}
-	i = jsonwalk.SkipSpace(b, ke)
+	i = jsonwalk.SkipSpace(b, i)
 	if i >= len(b) || b[i] != ':' {
-		return -1, 0
+		return -1
 	}
-	return ke, jsonwalk.SkipSpace(b, i+1)
+	return jsonwalk.SkipSpace(b, i+1)
 }
 
 func hasWord(b []byte, i int, w string) bool {

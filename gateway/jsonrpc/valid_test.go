@@ -24,10 +24,67 @@ var validSeeds = []string{
 		base64.StdEncoding.EncodeToString([]byte(strings.Repeat("chunk data ", 30))) + `"},"id":3}`,
 }
 
+// envelopeSeeds are frames for validEnvelope, the loop that reads a
+// frame object's own members: each envelope name as written, near it
+// (a prefix, a longer key, an escape, a byte that is not UTF-8, a
+// control byte), cut short at every place, a value of every kind with
+// numbers at their edges, containers nested to the depth limit counted
+// from the frame object, long keys and values, white space everywhere
+// JSON allows it and where it does not, duplicate keys, and what may
+// follow the object.
+var envelopeSeeds = []string{
+	`{"jsonrpc":"2.0","method":"health","params":{},"id":1}`,
+	` { "jsonrpc" : "2.0" , "method" : "health" , "params" : { } , "id" : 1 } `,
+	"\t\r\n{\n\"id\"\n:\n1\r\n}\n\t", "{\"id\":1\f}", "{\u00a0\"id\":1}",
+	`{"jsonrpc":"2.0","result":{"ok":true},"id":"a"}`, `{"jsonrpc":"2.0","error":{"code":1,"message":"m"},"id":null}`,
+	`{`, `{"`, `{"i`, `{"id`, `{"id"`, `{"id":`, `{"id":1`, `{"id":1,`, `{"id":1,"`, `{"j`, `{"jsonrpc`, `{"jsonrpc"`,
+	`{"jsonrpc":`, `{"jsonrpc":"`, `{"jsonrpc":"2.0`, `{"jsonrpc":"2.0"`, `{"jsonrpc":"2.0"}`, `{"jsonrpc":"2.0\"}`,
+	`{"jsonrpc":"2.0"x}`, `{"jsonrpc":"2.0\"","id":1}`, `{"jsonrpc":"2.00"}`, `{"jsonrpc":"2."}`, `{"jsonrpc":2.0}`,
+	`{"m`, `{"metho`, `{"method`, `{"method"`, `{"method":"`, `{"method":"health`, `{"p`, `{"params`, `{"params":{`,
+	`{"params":{}`, `{"params":[`, `{"params":[]`, `{"r`, `{"result`, `{"e`, `{"error`, `{"error"`,
+	`{"i":1}`, `{"idx":1}`, `{"id ":1}`, `{"jsonrpc2":1}`, `{"jsonrp":1}`, `{"method\"":1}`, `{"metho\u0064":1}`,
+	`{"\u0069d":1}`, `{"\u0069d":1,"id":2}`, `{"i\"d":1}`, `{"\"":1}`, `{"":1}`, `{"\\":1}`, `{"id\\":1}`,
+	`{"params\/":1}`, `{"e\rror":1}`, `{"\u006aSONRPC":"2.0"}`, `{"\x":1}`, `{"\u00":1}`,
+	"{\"i\xffd\":1}", "{\"\xff\":1}", "{\"id\":\"\xff\"}", "{\"method\":\"\xc3\"}", "{\"\xe9\":1}",
+	"{\"id\x00\":1}", "{\"id\":\"\x01\"}", "{\"\tid\":1}", "{\"jsonrpc\":\"2.0\x00\"}", "{\"method\x7f\":1}",
+	`{"id":-}`, `{"id":-0}`, `{"id":0}`, `{"id":01}`, `{"id":-01}`, `{"id":1.}`, `{"id":1.0}`, `{"id":.5}`, `{"id":+1}`,
+	`{"id":1e}`, `{"id":1e+}`, `{"id":1E+9}`, `{"id":1e-0}`, `{"id":-0.0e-0}`, `{"id":0x1}`, `{"id":Infinity}`,
+	`{"id":NaN}`, `{"id":-Infinity}`, `{"id":9223372036854775808}`, `{"id":1e999999}`, `{"id":1 }`, `{"id":1 2}`,
+	`{"id":1-}`, `{"id":1.5.5}`, `{"id":00}`, `{"id":-}`, `{"id":- 1}`,
+	`{"a":true,"b":false,"c":null}`, `{"id":tru}`, `{"id":truex}`, `{"id":nul}`, `{"id":fals}`, `{"id":True}`,
+	`{"id":1,"id":2}`, `{"x":1,"x":2}`, `{"method":"a","method":"b"}`, `{"params":{},"params":[]}`,
+	`{"id"}`, `{"id" 1}`, `{"id"::1}`, `{"id":1:}`, `{,}`, `{"id":1,,"x":1}`, `{"id":1,}`, `{"id":1 , }`,
+	`{ }`, `{}`, `{} `, `{}x`, `{"a":1}{}`, `{"a":1}}`, `{"a":1},`, `{"a":1}]`, `{"a":[]]}`, `{"a":{}}}`,
+	`{"params": [ ] }`, `{"params":{ } }`, `{"params":[ }`, `{"params":{]}`, `{"params":[1,{"a":[{}]}]}`,
+	`{"params":{"a":{"b":[1,"x",{"c":null}]}},"id":1}`, `{"params":{"a"}}`, `{"params":{"a":}}`, `{"params":[1,]}`,
+	`{1:2}`, `{null:1}`, `{'id':1}`, `{id:1}`,
+	`{"` + strings.Repeat("k", 200) + `":1}`, `{"id` + strings.Repeat("d", 100) + `":1}`,
+	`{"method":"` + strings.Repeat("m", 300) + `","id":"` + strings.Repeat("i", 70) + `"}`,
+	`{"method":"` + strings.Repeat("m", 300) + `\n` + strings.Repeat("m", 300) + `"}`,
+	`{"` + strings.Repeat("k", 70) + `\u0041":"` + strings.Repeat("v", 70) + "\x01" + `"}`,
+	`{"params":` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `}`,
+	`{"params":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}`,
+	`{"a":1,"params":` + strings.Repeat(`{"a":`, 9998) + `{}` + strings.Repeat("}", 9998) + `}`,
+	`{"a":1,"params":` + strings.Repeat(`{"a":`, 9999) + `{}` + strings.Repeat("}", 9999) + `}`,
+	`{"params":` + strings.Repeat("[", 9998) + `{}` + strings.Repeat("]", 9998) + `}`,
+	`{"params":` + strings.Repeat("[", 9999) + `{}` + strings.Repeat("]", 9999) + `}`,
+}
+
+// validAsFrame is validFrame on b with an envelope to fill: the frame
+// object's own members read by validEnvelope.
+func validAsFrame(b []byte) bool {
+	var e envelope
+	return validFrame(b, &e)
+}
+
 func TestValidMatchesEncodingJSON(t *testing.T) {
-	for _, s := range validSeeds {
-		if got, want := valid([]byte(s)), json.Valid([]byte(s)); got != want {
+	for _, s := range append(validSeeds, envelopeSeeds...) {
+		want := json.Valid([]byte(s))
+		if got := valid([]byte(s)); got != want {
 			t.Errorf("valid(%.60q) = %v, json.Valid says %v", s, got, want)
+		}
+		if got := validAsFrame([]byte(s)); got != want {
+			t.Errorf("validFrame(%.60q) = %v, json.Valid says %v", s, got, want)
 		}
 	}
 	// Every byte value at every position of a string long enough for the
@@ -43,6 +100,15 @@ func TestValidMatchesEncodingJSON(t *testing.T) {
 				s := append(append([]byte(`"`+prefix), body...), '"')
 				if got, want := valid(s), json.Valid(s); got != want {
 					t.Errorf("prefix %q, byte %#x at %d: valid %v, json.Valid %v", prefix, c, pos, got, want)
+				}
+				// And as a key and a value of a frame object's own member.
+				for _, f := range [][]byte{
+					append(append([]byte(`{`), s...), `:1}`...),
+					append(append([]byte(`{"id":`), s...), '}'),
+				} {
+					if got, want := validAsFrame(f), json.Valid(f); got != want {
+						t.Errorf("prefix %q, byte %#x at %d in %q: validFrame %v, json.Valid %v", prefix, c, pos, f, got, want)
+					}
 				}
 			}
 		}
@@ -66,8 +132,12 @@ func TestValidStringLengths(t *testing.T) {
 					append(append([]byte(`{"`), body...), `":"v"}`...),
 					append(append([]byte(`["`), body...), `\n", "`+string(body)+`"]`...),
 				} {
-					if got, want := valid(s), json.Valid(s); got != want {
+					want := json.Valid(s)
+					if got := valid(s); got != want {
 						t.Fatalf("%q: valid %v, json.Valid %v", s, got, want)
+					}
+					if got := validAsFrame(s); got != want {
+						t.Fatalf("%q: validFrame %v, json.Valid %v", s, got, want)
 					}
 				}
 			}
@@ -111,17 +181,25 @@ func TestValidLongStringControlBytes(t *testing.T) {
 	}
 }
 
-// FuzzValid holds valid to json.Valid on any input.
+// FuzzValid holds valid to json.Valid on any input, and validFrame with
+// an envelope (validEnvelope, for an object) too.
 func FuzzValid(f *testing.F) {
 	for _, s := range validSeeds {
+		f.Add([]byte(s))
+	}
+	for _, s := range envelopeSeeds {
 		f.Add([]byte(s))
 	}
 	for _, s := range fuzzSeeds {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if got, want := valid(data), json.Valid(data); got != want {
+		want := json.Valid(data)
+		if got := valid(data); got != want {
 			t.Fatalf("valid(%q) = %v, json.Valid says %v", data, got, want)
+		}
+		if got := validAsFrame(data); got != want {
+			t.Fatalf("validFrame(%q) = %v, json.Valid says %v", data, got, want)
 		}
 	})
 }

@@ -158,13 +158,17 @@ func parseID(b []byte, keepRaw bool) (ID, bool) {
 		}
 		return id, ok
 	case c == '-' || (c >= '0' && c <= '9'):
-		if !valid(b) {
+		if !isNumber(b) {
 			return ID{}, false
 		}
 		return ID{text: string(b)}, true
 	}
 	return ID{}, false
 }
+
+// isNumber reports whether b is one JSON number and nothing else, no
+// space around it: what valid says of such a b, without its walk.
+func isNumber(b []byte) bool { return jsonstr.NumberEnd(b, 0) == len(b) }
 
 // viewID is parseID for a request's id (keepRaw) that reads a number, or
 // a string with no escape, as a view of b: its text is b's own bytes, not
@@ -183,7 +187,7 @@ func viewID(b []byte) (id ID, ok, view bool) {
 		}
 		return ID{str: true, verbatim: true, text: bytesView(b[1 : len(b)-1])}, true, true
 	case c == '-' || (c >= '0' && c <= '9'):
-		if !valid(b) {
+		if !isNumber(b) {
 			return ID{}, false, false
 		}
 		return ID{text: bytesView(b)}, true, true
@@ -410,17 +414,23 @@ type envelope struct {
 	jsonrpc, id, method, params, result, er []byte
 }
 
-// member records one top-level member of the frame, its key raw (quoted)
-// and its value as it stands; validFrame calls it, member by member, as
-// it checks the frame.
-func (e *envelope) member(key, val []byte) {
+// keyBit is the has* bit of a top-level member's key, raw (quoted), 0
+// for a key that is none of the envelope's. validEnvelope asks it only of
+// a key that is not an envelope name as written.
+func keyBit(key []byte) uint8 {
 	bit := envelopeBit(key[1 : len(key)-1])
 	if bit == 0 && bytes.IndexByte(key, '\\') >= 0 {
 		// An escaped key matches none as written: "\u006dethod" is
-		// method once decoded. Looked for only then: a frame's keys are
-		// its envelope's, as written, on every request's path.
+		// method once decoded.
 		bit = envelopeBit(keyName(key))
 	}
+	return bit
+}
+
+// set records the value of one top-level member whose key's bit is bit
+// (0: not an envelope key); validEnvelope calls it, member by member, as
+// it checks the frame.
+func (e *envelope) set(bit uint8, val []byte) {
 	switch bit {
 	case hasJSONRPC:
 		e.jsonrpc = val
