@@ -70,12 +70,19 @@ type Buffer struct {
 	mem []byte
 }
 
-// NewBuffer creates a memfd of size bytes (size > 0) and maps it.
+// fileSeals are the seals a passed file must carry: its size fixed, so
+// that the receiver's mapping of it never reaches past its end (SIGBUS)
+// whatever its sender does. Its bytes may still change: what a taker
+// makes of them it checks itself.
+const fileSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
+
+// NewBuffer creates a memfd of size bytes (size > 0), sealed against a
+// change of size, and maps it.
 func NewBuffer(size int64) (*Buffer, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("memfd of %d bytes", size)
 	}
-	return newMapped("clawmesh-upload", size, 0)
+	return newMapped("clawmesh-upload", size, fileSeals|unix.F_SEAL_SEAL)
 }
 
 // newMapped creates a memfd of size bytes, adds seals (none when 0; they
@@ -446,10 +453,14 @@ func closeAll(fds []int) {
 }
 
 // hold keeps fd under a new token, once its header and the file check
-// out: a regular file (a memfd) of at least the declared size.
+// out: a memfd sealed against a change of size (sealedMemfd), of at
+// least the declared size.
 func (r *Receiver) hold(fd int, h header) (string, error) {
 	if !ids.LowerHex(h.Upload, 32) || h.Principal == "" || len(h.Principal) > 256 {
 		return "", errors.New("malformed binding")
+	}
+	if err := sealedMemfd(fd, fileSeals); err != nil {
+		return "", err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -474,6 +485,26 @@ func (r *Receiver) hold(fd int, h header) (string, error) {
 	return tok, nil
 }
 
+// errUnsealed refuses a passed file that is not a memfd of plain shared
+// memory sealed against a change of size.
+var errUnsealed = errors.New("the passed file is not a memfd sealed against a change of size")
+
+// sealedMemfd refuses fd unless it carries seals (seals cannot be taken
+// off once added) and is of plain shared memory (tmpfs): a hugetlb memfd
+// takes seals too, and a read of a page its pool cannot fill faults
+// (SIGBUS) whatever its size.
+func sealedMemfd(fd, seals int) error {
+	got, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || got&seals != seals {
+		return errUnsealed
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return errUnsealed
+	}
+	return nil
+}
+
 // expireLocked closes the files whose time ran out.
 func (r *Receiver) expireLocked() {
 	now := r.now()
@@ -487,42 +518,19 @@ func (r *Receiver) expireLocked() {
 
 // Take gives the size bytes the token names to bind, read once into buf
 // (grown when short) so that nothing the sender does after changes them.
-// The token is gone after it, whatever the answer: ErrUnknown for a
-// token not held (or another's), ErrTooLarge for a size past the
-// file's. A token not of a token's form is unknown without a look-up.
+// The token is gone after it, whatever the answer, as with TakeMapped.
 func (r *Receiver) Take(token string, size int64, bind Binding, buf []byte) ([]byte, error) {
-	if !ids.LowerHex(token, TokenHexLen) {
-		return nil, ErrUnknown
+	fd, err := r.take(token, size, bind)
+	if err != nil {
+		return nil, err
 	}
-	r.mu.Lock()
-	r.expireLocked()
-	h, ok := r.files[token]
-	if ok {
-		delete(r.files, token)
-	}
-	r.mu.Unlock()
-	if !ok {
-		return nil, ErrUnknown
-	}
-	defer unix.Close(h.fd)
-	if h.bind != bind {
-		return nil, ErrUnknown
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(h.fd, &st); err != nil {
-		return nil, fmt.Errorf("stat the passed file: %w", err)
-	}
-	// Against the file as it is now, not as it was passed: a sender may
-	// have shrunk it since, and a read past its end comes back short.
-	if size <= 0 || size > h.size || size > st.Size {
-		return nil, ErrTooLarge
-	}
+	defer unix.Close(fd)
 	if int64(cap(buf)) < size {
 		buf = make([]byte, size)
 	}
 	buf = buf[:size]
 	for off := int64(0); off < size; {
-		n, err := unix.Pread(h.fd, buf[off:], off)
+		n, err := unix.Pread(fd, buf[off:], off)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -535,6 +543,82 @@ func (r *Receiver) Take(token string, size int64, bind Binding, buf []byte) ([]b
 		off += int64(n)
 	}
 	return buf, nil
+}
+
+// Mapped is a taken file's first bytes mapped read-only into this
+// process, until Close. Its sender can still write them: a taker that
+// must know what it used copies them once, or checks what it made of
+// them (the session service writes them to a file and hashes that file).
+// The file is sealed against shrinking (hold), so no page of the mapping
+// is ever past its end.
+type Mapped struct {
+	mem []byte
+}
+
+// Bytes is the mapping, valid until Close.
+func (m *Mapped) Bytes() []byte { return m.mem }
+
+// Close unmaps the file; a nil Mapped is left alone.
+func (m *Mapped) Close() error {
+	if m == nil || m.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(m.mem)
+	m.mem = nil
+	return err
+}
+
+// TakeMapped gives bind the first size bytes of the file the token
+// names, mapped read-only rather than read: no copy is made here. The
+// token is gone after it, whatever the answer: ErrUnknown for a token
+// not held (or another's), ErrTooLarge for a size past the file's. A
+// token not of a token's form is unknown without a look-up.
+func (r *Receiver) TakeMapped(token string, size int64, bind Binding) (*Mapped, error) {
+	fd, err := r.take(token, size, bind)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("map the passed file: %w", err)
+	}
+	return &Mapped{mem: mem}, nil
+}
+
+// take removes the token's file from those held and returns its
+// descriptor, for the caller to close, once bind may take it and size
+// is within what was passed and what the file holds now.
+func (r *Receiver) take(token string, size int64, bind Binding) (int, error) {
+	if !ids.LowerHex(token, TokenHexLen) {
+		return -1, ErrUnknown
+	}
+	r.mu.Lock()
+	r.expireLocked()
+	h, ok := r.files[token]
+	if ok {
+		delete(r.files, token)
+	}
+	r.mu.Unlock()
+	if !ok {
+		return -1, ErrUnknown
+	}
+	if h.bind != bind {
+		unix.Close(h.fd)
+		return -1, ErrUnknown
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(h.fd, &st); err != nil {
+		unix.Close(h.fd)
+		return -1, fmt.Errorf("stat the passed file: %w", err)
+	}
+	// Against the file as it is now as well as it was passed (its seals
+	// keep it from shrinking since; checked all the same).
+	if size <= 0 || size > h.size || size > st.Size {
+		unix.Close(h.fd)
+		return -1, ErrTooLarge
+	}
+	return h.fd, nil
 }
 
 // SocketFor is the file socket beside a service's gRPC socket at addr:

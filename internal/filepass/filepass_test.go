@@ -158,14 +158,114 @@ func TestASizePastTheMemfdsIsRefused(t *testing.T) {
 	if _, err := r.Take(tok, 1<<19+1, alice, nil); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("a take past the size passed: %v", err)
 	}
-	// The memfd shrunk after the pass: the take reads what is there,
-	// never a short file as the whole.
+	// The memfd cannot be shrunk after the pass: its seals refuse it,
+	// and the take reads it whole.
 	tok = pass(t, path, b, 1<<20, alice)
-	if err := unix.Ftruncate(b.fd, 1<<10); err != nil {
+	if err := unix.Ftruncate(b.fd, 1<<10); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("a sealed memfd shrunk: %v", err)
+	}
+	if got, err := r.Take(tok, 1<<20, alice, nil); err != nil || !bytes.Equal(got, b.Bytes()) {
+		t.Fatalf("a take after a refused shrink: %v", err)
+	}
+}
+
+// rawPass passes fd with alice's header of size bytes, as any process
+// of the receiver's user may, and returns the receiver's answer.
+func rawPass(t *testing.T, path string, fd int, size int64) reply {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Take(tok, 1<<20, alice, nil); !errors.Is(err, ErrTooLarge) {
-		t.Fatalf("a take past the memfd as it is now: %v", err)
+	defer c.Close()
+	msg, _ := json.Marshal(header{Binding: alice, Size: size})
+	if _, _, err := c.(*net.UnixConn).WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
+		t.Fatal(err)
+	}
+	var rep reply
+	if err := json.NewDecoder(c).Decode(&rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// Only a memfd of shared memory sealed against a change of size is
+// held: the taker maps it, and a mapping of a file its sender may shrink
+// faults (SIGBUS) where the file no longer reaches. An unsealed memfd,
+// one sealed against shrinking only, a plain file and a hugetlb memfd
+// (sealed, whose pages a read may fail to get) are refused at the pass.
+func TestAnUnsealedFileIsRefused(t *testing.T) {
+	r, path := listen(t, Options{})
+	const size = 1 << 20
+	fd, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		t.Fatal(err)
+	}
+	if rep := rawPass(t, path, fd, size); rep.Token != "" || !strings.Contains(rep.Error, "sealed") {
+		t.Fatalf("an unsealed memfd: %+v", rep)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK); err != nil {
+		t.Fatal(err)
+	}
+	if rep := rawPass(t, path, fd, size); rep.Token != "" {
+		t.Fatal("a memfd that may grow was held")
+	}
+	f, err := os.CreateTemp(t.TempDir(), "plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_ = f.Truncate(size)
+	if rep := rawPass(t, path, int(f.Fd()), size); rep.Token != "" {
+		t.Fatal("a plain file was held")
+	}
+	if hfd, err := unix.MemfdCreate("huge", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB); err == nil {
+		defer unix.Close(hfd)
+		if err := unix.Ftruncate(hfd, 2<<20); err == nil {
+			if _, err := unix.FcntlInt(uintptr(hfd), unix.F_ADD_SEALS, fileSeals); err == nil {
+				if rep := rawPass(t, path, hfd, size); rep.Token != "" {
+					t.Fatal("a hugetlb memfd was held")
+				}
+			}
+		}
+	}
+	if r.Held() != 0 {
+		t.Fatalf("%d held", r.Held())
+	}
+}
+
+// A file taken mapped is the memfd's first size bytes, read-only, the
+// token gone after it; the refusals are Take's.
+func TestTakeMappedGivesThePassedFile(t *testing.T) {
+	r, path := listen(t, Options{})
+	b := filled(t, 3<<20)
+	size := int64(3<<20 - 5)
+	tok := pass(t, path, b, size, alice)
+	if _, err := r.TakeMapped(tok, size, Binding{Upload: uploadID, Principal: "mallory"}); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("another's take: %v", err)
+	}
+	tok = pass(t, path, b, size, alice)
+	if _, err := r.TakeMapped(tok, size+1, alice); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a take past the size passed: %v", err)
+	}
+	tok = pass(t, path, b, size, alice)
+	m, err := r.TakeMapped(tok, size, alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if !bytes.Equal(m.Bytes(), b.Bytes()[:size]) {
+		t.Fatal("the mapping is not the bytes passed")
+	}
+	if _, err := r.TakeMapped(tok, size, alice); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("a token taken twice: %v", err)
+	}
+	if r.Held() != 0 {
+		t.Fatalf("%d held after their take", r.Held())
 	}
 }
 
