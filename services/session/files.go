@@ -80,6 +80,22 @@ var errUnstableDir = errors.New("folder replaced while it was opened")
 // policy lock held.
 var storeChecked atomic.Pointer[func(sessionID string)]
 
+// storeSync, when set (tests only), syncs a stored file's temporary file
+// in place of (*os.File).Sync; storeRowsWritten, when set, runs once a
+// store wrote its rows, before its transaction commits.
+var (
+	storeSync        atomic.Pointer[func(*os.File) error]
+	storeRowsWritten atomic.Pointer[func()]
+)
+
+// syncTemp syncs a temporary file (storeSync in tests).
+func syncTemp(f *os.File) error {
+	if hook := storeSync.Load(); hook != nil {
+		return (*hook)(f)
+	}
+	return f.Sync()
+}
+
 // fileSession is what storing a file needs of a session row.
 type fileSession struct {
 	ID, AgentAlias, Owner, State, WorkspaceDir string
@@ -285,16 +301,22 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 		}
 	}
 	var data []byte
+	var src *filepass.Mapped
 	if req.GetFileToken() != "" {
-		data, err = s.handedOver(req)
-		defer s.keepFileBuffer(data)
+		src, err = s.handedOver(req)
+		defer src.Close()
 	} else {
 		data, err = fileContent(req)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if mimeType == "" {
+	size := int64(len(data))
+	if src != nil {
+		size = int64(len(src.Bytes()))
+	} else if mimeType == "" {
+		// A handed-over file's is guessed from what writeFile wrote:
+		// its mapping is read by the kernel's write alone.
 		mimeType = guessMIME(name, data)
 	}
 	// The checks are the caller's: a caller gone (a client that closed
@@ -347,7 +369,7 @@ func (s *Server) StoreFile(ctx context.Context, req *sessionv1.StoreFileRequest)
 			return status.FromContextError(err).Err()
 		}
 		steptrace.Since("session", "store.checks", start)
-		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, name: name, mime: mimeType, principal: p.GetPrincipalId(), uploadID: req.GetUploadId(), sha256: wantSum})
+		entry, placed, err = s.writeFile(storeCtx, tx, r, storedFile{data: data, src: src, size: size, name: name, mime: mimeType, principal: p.GetPrincipalId(), uploadID: req.GetUploadId(), sha256: wantSum})
 		return err
 	})
 	if !written.IsZero() {
@@ -376,11 +398,15 @@ func errHandOver() error {
 }
 
 // handedOver is the file a StoreFile names by its token (Config's
-// FileReceiver), read once into this process's buffer: what the sender
-// does with its memfd afterwards changes nothing hashed or written. Any
-// failure to take it is the hand-over's refusal, and the caller sends
-// the bytes instead.
-func (s *Server) handedOver(req *sessionv1.StoreFileRequest) ([]byte, error) {
+// FileReceiver), mapped read-only and not read: writeFile writes it into
+// the workspace from the mapping and hashes the file it wrote, so
+// whatever the sender does with its memfd meanwhile, the file is named
+// by the bytes stored (and refused when a hash was declared and they are
+// not those). Its memfd is sealed against shrinking (the receiver holds
+// no other), so no page of the mapping is ever past its end. Any failure
+// to take it is the hand-over's refusal, and the caller sends the bytes
+// instead.
+func (s *Server) handedOver(req *sessionv1.StoreFileRequest) (*filepass.Mapped, error) {
 	if len(req.GetData()) > 0 || req.GetPath() != "" {
 		return nil, errInvalid("send either `file_token` or the file's bytes, not both")
 	}
@@ -394,40 +420,12 @@ func (s *Server) handedOver(req *sessionv1.StoreFileRequest) ([]byte, error) {
 	}
 	bind := filepass.Binding{Upload: req.GetUploadId(), Principal: req.GetPrincipal().GetPrincipalId()}
 	defer steptrace.Since("session", "store.take", time.Now())
-	data, err := s.cfg.FileReceiver.Take(req.GetFileToken(), size, bind, s.fileBuffer())
+	m, err := s.cfg.FileReceiver.TakeMapped(req.GetFileToken(), size, bind)
 	if err != nil {
 		s.log.Info("file hand-over refused", zap.String("upload_id", bind.Upload), zap.Error(err))
 		return nil, errHandOver()
 	}
-	return data, nil
-}
-
-// maxFileBuffers bounds the buffers kept for handed-over files, as
-// bulkcodec keeps those of files sent in messages.
-const maxFileBuffers = 2
-
-// fileBuffer is a kept buffer for a handed-over file, or nil (Take
-// makes one): a new one of megabytes costs a fault a page as it is read
-// into.
-func (s *Server) fileBuffer() []byte {
-	select {
-	case b := <-s.fileBufs:
-		return b
-	default:
-		return nil
-	}
-}
-
-// keepFileBuffer keeps b for the next handed-over file, once its store
-// is done with it, if there is room.
-func (s *Server) keepFileBuffer(b []byte) {
-	if cap(b) == 0 {
-		return
-	}
-	select {
-	case s.fileBufs <- b[:0]:
-	default:
-	}
+	return m, nil
 }
 
 // fileContent is the file's bytes: data, or the local file at path (an
@@ -531,8 +529,13 @@ func fileExt(name string) string {
 // storedFile is one file to store; uploadID, when set, is the chunked
 // upload it comes from, recorded for principal (CommittedUpload).
 type storedFile struct {
-	name, mime          string
+	name, mime string
+	// data is the file's bytes, or nil when src is set: a handed-over
+	// file, whose bytes its sender may still change, mapped. size is
+	// the file's size, either way.
 	data                []byte
+	src                 *filepass.Mapped
+	size                int64
 	principal, uploadID string
 	// sha256 is the hash the content must have (the upload's declared
 	// one), or "": compared with the sum computed to name the file, so
@@ -594,13 +597,23 @@ func fileEntry(workspace, rel, sum, name, mimeType string, size int64, dedup boo
 // the same file again is the rarer case, and it takes no longer than a
 // new file. Below 1 MiB the hash takes under a millisecond, less than
 // creating and removing a file that turns out not to be needed; such a
-// file is written, and synced, only once it is known to be kept.
+// file is written, and synced, only once it is known to be kept. A
+// handed-over file is written ahead whatever its size: its bytes are
+// known only once written.
 const writeAheadMin = 1 << 20
 
 // writeFile writes f into the workspace unless an identical copy is
 // already at its indexed path, and indexes it; tx holds the session row.
 // placed reports a new file renamed into place, which no committed row
 // names until tx commits.
+//
+// A file written ahead is written and synced on a goroutine of its own
+// (aheadWrite) while this one hashes it, then reads the index, charges
+// the owner and writes the rows, about a millisecond of round trips to
+// PostgreSQL that the sync would otherwise wait for. None of it is
+// visible until tx commits, after the file is synced, renamed into place
+// and its folder synced: a sync that fails rolls the rows back, and a
+// row that fails removes the file, which is still a temporary one.
 func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f storedFile) (entry *sessionv1.FileEntry, placed bool, err error) {
 	dir, err := openUploadsDir(r.WorkspaceDir)
 	if err != nil {
@@ -610,18 +623,32 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 	s.clearLeftovers(ctx, tx, r.ID, dir)
 
 	var sum string
-	var tmp *tempFile
-	defer func() { tmp.discard() }()
+	var ahead *aheadWrite
+	// Before the folder closes: it waits for the write and removes the
+	// temporary file unless it was placed.
+	defer func() { ahead.discard() }()
 	start := time.Now()
-	if len(f.data) >= writeAheadMin {
-		sum, tmp, err = hashWritingAhead(dir, f.data, uploads.Sum, (*os.File).Sync)
-		if err != nil {
+	switch {
+	case f.src != nil:
+		if ahead, err = startAhead(dir, f.src.Bytes(), syncTemp); err != nil {
 			return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
-	} else {
+		var head []byte
+		if sum, head, err = ahead.hashWritten(f.size); err != nil {
+			return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
+		}
+		if f.mime == "" {
+			f.mime = guessMIME(f.name, head)
+		}
+	case len(f.data) >= writeAheadMin:
+		if ahead, err = startAhead(dir, f.data, syncTemp); err != nil {
+			return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
+		}
+		sum = uploads.Sum(f.data)
+	default:
 		sum = uploads.Sum(f.data)
 	}
-	steptrace.Since("session", "store.hash+write+sync", start)
+	steptrace.Since("session", "store.hash", start)
 	if f.sha256 != "" && sum != f.sha256 {
 		// Before the index and the charge: nothing is stored, and the
 		// file written ahead is discarded (deferred above).
@@ -646,58 +673,79 @@ func (s *Server) writeFile(ctx context.Context, tx pgx.Tx, r fileSession, f stor
 
 	if !dedup {
 		// Charged before the file is placed: a refusal leaves nothing.
-		if err := s.chargeStored(ctx, tx, r.Owner, int64(len(f.data))); err != nil {
+		if err := s.chargeStored(ctx, tx, r.Owner, f.size); err != nil {
 			return nil, false, err
 		}
 	}
 	steptrace.Since("session", "store.index+charge", start)
 	start = time.Now()
+	if err := s.writeRows(ctx, tx, r, f, sum, rel, dedup); err != nil {
+		return nil, false, err
+	}
+	steptrace.Since("session", "store.rows", start)
+	if hook := storeRowsWritten.Load(); hook != nil {
+		(*hook)()
+	}
+	start = time.Now()
 	base := filepath.Base(rel)
-	same, err := sameContent(dir, base, sum, int64(len(f.data)))
+	same, err := sameContent(dir, base, sum, f.size)
 	if err != nil {
 		return nil, false, fmt.Errorf("compare stored file: %w", err)
 	}
 	if !same {
-		if tmp == nil {
-			if tmp, err = createTemp(dir, f.data); err != nil {
-				return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
-			}
+		var tmp *tempFile
+		if ahead != nil {
+			tmp, err = ahead.wait()
+		} else {
+			tmp, err = createTemp(dir, f.data)
+			defer tmp.discard()
 		}
+		steptrace.Since("session", "store.synced", start)
+		if err != nil {
+			return nil, false, fmt.Errorf("write file into session %s: %w", r.ID, err)
+		}
+		start = time.Now()
 		if err := tmp.placeAs(base); err != nil {
 			return nil, tmp.placed && !dedup, fmt.Errorf("write file into session %s: %w", r.ID, err)
 		}
+		steptrace.Since("session", "store.place", start)
+		// From here a file is in place that no committed row names.
+		placed = !dedup
 		if dedup {
 			s.log.Info("workspace copy restored", zap.String("session_id", r.ID), zap.String("path", rel))
 		}
 	}
-	steptrace.Since("session", "store.place", start)
-	defer steptrace.Since("session", "store.rows", time.Now())
+	return fileEntry(r.WorkspaceDir, rel, sum, f.name, f.mime, f.size, dedup), placed, nil
+}
+
+// writeRows indexes a new file (dedup false) and records the upload it
+// came from, if any, in tx: nothing of it is visible until tx commits.
+func (s *Server) writeRows(ctx context.Context, tx pgx.Tx, r fileSession, f storedFile, sum, rel string, dedup bool) error {
 	if !dedup {
-		// From here a file is in place that no committed row names.
-		placed = true
 		if _, err := tx.Exec(ctx, `INSERT INTO session_files (session_id, sha256, path, size_bytes, filename, mime_type)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id, sha256) DO NOTHING`,
-			r.ID, sum, rel, len(f.data), f.name, f.mime); err != nil {
-			return nil, true, fmt.Errorf("index file: %w", err)
+			r.ID, sum, rel, f.size, f.name, f.mime); err != nil {
+			return fmt.Errorf("index file: %w", err)
 		}
 	}
-	if f.uploadID != "" {
-		// In the store's transaction: an answer recorded is a file
-		// stored, and a file stored has its answer recorded.
-		if _, err := tx.Exec(ctx, `INSERT INTO session_file_uploads (principal, upload_id, session_id, sha256, filename, mime_type, deduplicated)
-			VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (principal, upload_id) DO NOTHING`,
-			f.principal, f.uploadID, r.ID, sum, f.name, f.mime, dedup); err != nil {
-			return nil, placed, fmt.Errorf("record upload: %w", err)
-		}
-		if dedup {
-			if _, err := tx.Exec(ctx, `DELETE FROM session_file_uploads WHERE session_id = $1 AND sha256 = $2 AND seq < (
-				SELECT min(seq) FROM (SELECT seq FROM session_file_uploads WHERE session_id = $1 AND sha256 = $2 ORDER BY seq DESC LIMIT $3) AS newest)`,
-				r.ID, sum, maxUploadsPerFile); err != nil {
-				return nil, placed, fmt.Errorf("bound recorded uploads: %w", err)
-			}
+	if f.uploadID == "" {
+		return nil
+	}
+	// In the store's transaction: an answer recorded is a file stored,
+	// and a file stored has its answer recorded.
+	if _, err := tx.Exec(ctx, `INSERT INTO session_file_uploads (principal, upload_id, session_id, sha256, filename, mime_type, deduplicated)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (principal, upload_id) DO NOTHING`,
+		f.principal, f.uploadID, r.ID, sum, f.name, f.mime, dedup); err != nil {
+		return fmt.Errorf("record upload: %w", err)
+	}
+	if dedup {
+		if _, err := tx.Exec(ctx, `DELETE FROM session_file_uploads WHERE session_id = $1 AND sha256 = $2 AND seq < (
+			SELECT min(seq) FROM (SELECT seq FROM session_file_uploads WHERE session_id = $1 AND sha256 = $2 ORDER BY seq DESC LIMIT $3) AS newest)`,
+			r.ID, sum, maxUploadsPerFile); err != nil {
+			return fmt.Errorf("bound recorded uploads: %w", err)
 		}
 	}
-	return fileEntry(r.WorkspaceDir, rel, sum, f.name, f.mime, int64(len(f.data)), dedup), placed, nil
+	return nil
 }
 
 // storedQuota is what a user's sessions may hold in stored files: the
@@ -808,31 +856,116 @@ func storedFull(held, files, n, maxBytes, maxFiles int64) error {
 	return rpcerr.Error(codes.InvalidArgument, rpcerr.ReasonCapacity, rpcerr.NoIndex, msg)
 }
 
-// hashWritingAhead hashes data (with hash) on a goroutine of its own
-// while it writes data to a temporary file in dir and syncs it (with
-// sync), and waits for both. The file comes back synced, or not at all.
-func hashWritingAhead(dir int, data []byte, hash func([]byte) string, sync func(*os.File) error) (string, *tempFile, error) {
-	sum := make(chan string, 1)
-	start := time.Now()
+// aheadWrite is a temporary file being written and synced on a
+// goroutine of its own (startAhead), which its owner waits for (wait or
+// discard) before it lets go of the bytes written.
+type aheadWrite struct {
+	tmp *tempFile
+	// written has each piece's end once it is written, and is closed
+	// when the write ended; a slot a piece, so the write never waits
+	// for its reader.
+	written chan int64
+	done    chan struct{}
+	err     error // the write's or the sync's, once done is closed
+}
+
+// startAhead creates a temporary file in dir and writes data into it in
+// pieces (writePieces), then syncs it (with sync), on a goroutine of its
+// own. data is read by the kernel's write alone: it may be a mapping of
+// a memfd another process can still write, whose bytes the caller then
+// reads back from the file (hashWritten).
+func startAhead(dir int, data []byte, sync func(*os.File) error) (*aheadWrite, error) {
+	tmp, err := newTemp(dir)
+	if err != nil {
+		return nil, err
+	}
+	a := &aheadWrite{tmp: tmp, written: make(chan int64, len(data)/writePiece+1), done: make(chan struct{})}
 	go func() {
-		h := hash(data)
-		steptrace.Since("session", "store.hash", start)
-		sum <- h
+		defer close(a.done)
+		start := time.Now()
+		var off int64
+		err := writePiecesThen(tmp.f, data, func(n int) {
+			off += int64(n)
+			a.written <- off
+		})
+		close(a.written)
+		steptrace.Since("session", "store.write", start)
+		if err == nil {
+			syncing := time.Now()
+			if err = sync(tmp.f); err != nil {
+				err = fmt.Errorf("sync temporary file: %w", err)
+			}
+			steptrace.Since("session", "store.sync", syncing)
+		}
+		a.err = err
 	}()
-	tmp, err := createTemp(dir, data)
-	steptrace.Since("session", "store.write", start)
-	if err == nil {
-		syncing := time.Now()
-		err = sync(tmp.f)
-		steptrace.Since("session", "store.sync", syncing)
-		if err != nil {
-			tmp.discard()
-			tmp, err = nil, fmt.Errorf("sync temporary file: %w", err)
-		} else {
-			tmp.synced = true
+	return a, nil
+}
+
+// hashPiece is what hashWritten reads back at a time: small enough to
+// stay in a core's cache between the read and the hash.
+const hashPiece = 256 << 10
+
+// sniffLen is what http.DetectContentType looks at.
+const sniffLen = 512
+
+// hashWritten hashes the size bytes of the file as they are written,
+// read back from it piece by piece behind the write, and returns the
+// sum and the file's first bytes (to guess its type by). What is hashed
+// is what is in the file, not what the source held: a handed-over
+// memfd's sender can still write it, and whatever it does the file is
+// named by its own bytes, and a declared hash that is not theirs refuses
+// them. A write that failed or came up short is its error.
+func (a *aheadWrite) hashWritten(size int64) (sum string, head []byte, err error) {
+	h := sha256.New()
+	buf := make([]byte, hashPiece)
+	var off int64
+	for end := range a.written {
+		for err == nil && off < end {
+			var n int
+			n, err = a.tmp.f.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
+			if off < sniffLen {
+				head = append(head, buf[:min(n, sniffLen-int(off))]...)
+			}
+			h.Write(buf[:n])
+			off += int64(n)
+			if errors.Is(err, io.EOF) && n > 0 {
+				err = nil
+			}
 		}
 	}
-	return <-sum, tmp, err
+	if err != nil {
+		return "", nil, fmt.Errorf("read back temporary file: %w", err)
+	}
+	if off != size {
+		<-a.done
+		if a.err != nil {
+			return "", nil, a.err
+		}
+		return "", nil, fmt.Errorf("wrote %d bytes of %d", off, size)
+	}
+	return hex.EncodeToString(h.Sum(nil)), head, nil
+}
+
+// wait waits for the write and the sync and returns the file, synced,
+// for its owner to place; discard still removes it unless placed.
+func (a *aheadWrite) wait() (*tempFile, error) {
+	<-a.done
+	if a.err != nil {
+		return nil, a.err
+	}
+	a.tmp.synced = true
+	return a.tmp, nil
+}
+
+// discard waits for the write and the sync, then closes the file and
+// removes it unless it was placed; a nil aheadWrite is left alone.
+func (a *aheadWrite) discard() {
+	if a == nil {
+		return
+	}
+	<-a.done
+	a.tmp.discard()
 }
 
 // openUploadsDir opens <workspace>/uploads, creating what is missing. The
@@ -921,25 +1054,35 @@ type tempFile struct {
 	dir    int
 	name   string
 	f      *os.File // nil once discarded
-	synced bool     // synced already (hashWritingAhead)
+	synced bool     // synced already (aheadWrite)
 	placed bool
 }
 
 // createTemp writes data to a new temporary file in dir; nothing is left
 // behind when it fails.
 func createTemp(dir int, data []byte) (*tempFile, error) {
-	var rnd [tempHexLen / 2]byte
-	_, _ = rand.Read(rnd[:])
-	t := &tempFile{dir: dir, name: tempPrefix + hex.EncodeToString(rnd[:])}
-	fd, err := unix.Openat(dir, t.name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	t, err := newTemp(dir)
 	if err != nil {
-		return nil, fmt.Errorf("create temporary file: %w", err)
+		return nil, err
 	}
-	t.f = os.NewFile(uintptr(fd), t.name)
 	if err := writePieces(t.f, data); err != nil {
 		t.discard()
 		return nil, err
 	}
+	return t, nil
+}
+
+// newTemp creates a new, empty temporary file in dir, open to be written
+// and read back.
+func newTemp(dir int) (*tempFile, error) {
+	var rnd [tempHexLen / 2]byte
+	_, _ = rand.Read(rnd[:])
+	t := &tempFile{dir: dir, name: tempPrefix + hex.EncodeToString(rnd[:])}
+	fd, err := unix.Openat(dir, t.name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create temporary file: %w", err)
+	}
+	t.f = os.NewFile(uintptr(fd), t.name)
 	return t, nil
 }
 
@@ -1336,11 +1479,17 @@ const writePiece = 1 << 20
 // page cache (docs/performance.md, "Eighth round"). An upload's commit
 // spent half its time in that one call.
 func writePieces(w io.Writer, data []byte) error {
+	return writePiecesThen(w, data, func(int) {})
+}
+
+// writePiecesThen is writePieces that tells done of each piece written.
+func writePiecesThen(w io.Writer, data []byte, done func(n int)) error {
 	for len(data) > 0 {
 		n := min(len(data), writePiece)
 		if _, err := w.Write(data[:n]); err != nil {
 			return err
 		}
+		done(n)
 		data = data[n:]
 	}
 	return nil

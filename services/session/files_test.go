@@ -859,8 +859,8 @@ func TestTempFileWritesInPieces(t *testing.T) {
 // A file written ahead of its hash is synced while the hash runs, not
 // after it: the hash here waits for the sync (it would wait in vain if
 // the sync came after it, and give a wrong sum), and placing the file
-// syncs it no second time. A sync that fails takes the temporary file
-// with it.
+// syncs it no second time. The hash of the bytes read back is the
+// bytes'. A sync that fails takes the temporary file with it.
 func TestWriteAheadSyncsWhileHashing(t *testing.T) {
 	path := t.TempDir()
 	dir, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -868,29 +868,31 @@ func TestWriteAheadSyncsWhileHashing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(dir)
-	data := patterned(writeAheadMin+3, 5)
+	data := patterned(3*writeAheadMin+3, 5)
 	synced := make(chan struct{})
-	hash := func(b []byte) string {
-		select {
-		case <-synced:
-			return uploads.Sum(b)
-		case <-time.After(10 * time.Second):
-			return "the file was not synced while it was hashed"
-		}
-	}
 	syncs := 0
 	sync := func(f *os.File) error {
 		syncs++
 		defer close(synced)
 		return f.Sync()
 	}
-	sum, tmp, err := hashWritingAhead(dir, data, hash, sync)
+	ahead, err := startAhead(dir, data, sync)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tmp.discard()
-	if sum != uploads.Sum(data) {
-		t.Fatalf("sum %q", sum)
+	defer ahead.discard()
+	sum, head, err := ahead.hashWritten(int64(len(data)))
+	if err != nil || sum != uploads.Sum(data) || !bytes.Equal(head, data[:sniffLen]) {
+		t.Fatalf("sum %q, %d bytes of head, %v", sum, len(head), err)
+	}
+	select {
+	case <-synced:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the file was not synced while it was hashed")
+	}
+	tmp, err := ahead.wait()
+	if err != nil {
+		t.Fatal(err)
 	}
 	if !tmp.synced || syncs != 1 {
 		t.Fatalf("synced %v after %d syncs", tmp.synced, syncs)
@@ -898,15 +900,25 @@ func TestWriteAheadSyncsWhileHashing(t *testing.T) {
 	if err := tmp.placeAs("f.bin"); err != nil {
 		t.Fatal(err)
 	}
+	if syncs != 1 {
+		t.Fatalf("%d syncs", syncs)
+	}
 	if got, err := os.ReadFile(filepath.Join(path, "f.bin")); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("read back %d bytes, %v", len(got), err)
 	}
 
 	failed := func(*os.File) error { return errors.New("disk gone") }
-	sum, tmp, err = hashWritingAhead(dir, data, uploads.Sum, failed)
-	if err == nil || tmp != nil || !strings.Contains(err.Error(), "disk gone") || sum != uploads.Sum(data) {
-		t.Fatalf("a failed sync: %v, %v, %q", tmp, err, sum)
+	ahead, err = startAhead(dir, data, failed)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if sum, _, err := ahead.hashWritten(int64(len(data))); err != nil || sum != uploads.Sum(data) {
+		t.Fatalf("hash beside a failing sync: %q, %v", sum, err)
+	}
+	if tmp, err := ahead.wait(); err == nil || tmp != nil || !strings.Contains(err.Error(), "disk gone") {
+		t.Fatalf("a failed sync: %v, %v", tmp, err)
+	}
+	ahead.discard()
 	entries, err := os.ReadDir(path)
 	if err != nil || len(entries) != 1 || entries[0].Name() != "f.bin" {
 		t.Fatalf("left %v, %v", entries, err)

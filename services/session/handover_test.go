@@ -3,10 +3,16 @@ package session
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/grpc/codes"
 
@@ -67,28 +73,35 @@ func byToken(id, tok string, size int64, data []byte) *sessionv1.StoreFileReques
 }
 
 // A file named by its token is stored as if its bytes had come in the
-// message: under its hash, checked against the declared one, and written
-// from the bytes read at the take, not from the memfd the sender keeps
-// writing into.
+// message: under its hash, checked against the declared one. It is
+// written from its memfd's mapping, not read at the take, and its hash
+// is of the file written: a sender that writes its memfd after the
+// checks (after the take) has what it wrote refused by the declared
+// hash, and what it writes once the store answered changes nothing
+// stored.
 func TestStoreFileTakesAHandedOverFile(t *testing.T) {
 	h, path := handOverHarness(t)
 	id := h.newSession(alice, "default")
 	data := patterned(3<<20+11, 4)
 	tok, mem := handOver(t, path, data)
-	hook := func(string) { mem.Bytes()[0]++ } // the sender writes after the take
-	storeChecked.Store(&hook)
 	f := h.mustStore(byToken(id, tok, int64(len(data)), data))
-	storeChecked.Store(nil)
+	mem.Bytes()[0]++ // the sender writes after the store
 	if f.GetRefId() != "sha256:"+sha(data) || f.GetSizeBytes() != int64(len(data)) {
 		t.Fatalf("entry %v", f)
 	}
-	got, err := os.ReadFile(filepath.Join(h.dataDir, "workspaces", id, f.GetWorkspacePath()))
-	if err != nil {
-		got, err = os.ReadFile(f.GetWorkspacePath())
-	}
+	got, err := os.ReadFile(f.GetWorkspacePath())
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("the file on disk is not the bytes handed over (%v)", err)
 	}
+
+	id = h.newSession(alice, "default")
+	tok, mem = handOver(t, path, data)
+	hook := func(string) { mem.Bytes()[0]++ } // the sender writes after the take
+	storeChecked.Store(&hook)
+	_, err = h.storeFile(byToken(id, tok, int64(len(data)), data))
+	storeChecked.Store(nil)
+	wantRefusal(t, err, codes.InvalidArgument, rpcerr.ReasonInvalid, uploads.HashMismatch)
+	h.nothingStored(id)
 
 	// The declared hash is still checked: a token of other bytes stores
 	// nothing.
@@ -203,6 +216,117 @@ func TestAHandedOverFileWrittenDuringItsStoreIsNamedByWhatIsOnDisk(t *testing.T)
 		}
 		if declared && !bytes.Equal(got, data) {
 			t.Fatalf("round %d: a declared store kept other bytes than the declared ones", round)
+		}
+	}
+}
+
+// rawHandOver passes fd for alice's upload of size bytes on the file
+// socket as any process of the daemon's user may, without filepass's
+// sender, and returns the token or the receiver's refusal.
+func rawHandOver(t *testing.T, path string, fd int, size int64) (tok, refusal string) {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg, _ := json.Marshal(map[string]any{"upload_id": handUpload, "principal": alice.GetPrincipalId(), "size": size})
+	if _, _, err := c.(*net.UnixConn).WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
+		t.Fatal(err)
+	}
+	var rep struct{ Token, Error string }
+	if err := json.NewDecoder(c).Decode(&rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep.Token, rep.Error
+}
+
+// memfdOf is a memfd holding data, with seals (none when 0).
+func memfdOf(t *testing.T, data []byte, seals int) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("sender", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, err := unix.Pwrite(fd, data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if seals != 0 {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fd
+}
+
+// The session service writes a handed-over file from a mapping of its
+// memfd, and a mapping read past its file's end faults (SIGBUS): a
+// sender that shrinks its memfd during the store must not crash the
+// service. An unsealed memfd is refused at the pass (upload-staging then
+// sends the bytes), so a store cannot name it; a sealed one cannot be
+// shrunk, by a goroutine truncating it over and over from the moment
+// the checks passed until the store answered, and is stored whole.
+func TestAHandedOverFileShrunkDuringItsStoreCannotFaultIt(t *testing.T) {
+	h, path := handOverHarness(t)
+	data := patterned(4<<20+3, 9)
+
+	unsealed := memfdOf(t, data, 0)
+	tok, refusal := rawHandOver(t, path, unsealed, int64(len(data)))
+	if tok != "" || !strings.Contains(refusal, "sealed") {
+		t.Fatalf("an unsealed memfd's pass: token %q, refusal %q", tok, refusal)
+	}
+	id := h.newSession(alice, "default")
+	_, err := h.storeFile(byToken(id, strings.Repeat("0", filepass.TokenHexLen), int64(len(data)), data))
+	wantRefusal(t, err, codes.FailedPrecondition, rpcerr.ReasonInvalid, uploads.HandOverUnknown)
+	h.nothingStored(id)
+
+	for round, declared := range []bool{true, false} {
+		sealed := memfdOf(t, data, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+		tok, refusal = rawHandOver(t, path, sealed, int64(len(data)))
+		if tok == "" {
+			t.Fatalf("a sealed memfd refused: %s", refusal)
+		}
+		id := h.newSession(alice, "default")
+		stop, done := make(chan struct{}), make(chan struct{})
+		var shrunk, tries atomic.Int64
+		var once sync.Once
+		hook := func(string) {
+			once.Do(func() {
+				go func() {
+					defer close(done)
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						tries.Add(1)
+						if unix.Ftruncate(sealed, 1<<10) == nil {
+							shrunk.Add(1)
+						}
+					}
+				}()
+			})
+		}
+		storeChecked.Store(&hook)
+		req := byToken(id, tok, int64(len(data)), data)
+		if !declared {
+			req.Sha256 = ""
+		}
+		f, err := h.storeFile(req)
+		storeChecked.Store(nil)
+		close(stop)
+		<-done
+		if shrunk.Load() != 0 || tries.Load() == 0 {
+			t.Fatalf("round %d: %d of %d shrinks of a sealed memfd went through", round, shrunk.Load(), tries.Load())
+		}
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		got, err := os.ReadFile(f.GetWorkspacePath())
+		if err != nil || !bytes.Equal(got, data) || f.GetRefId() != "sha256:"+sha(data) {
+			t.Fatalf("round %d: stored %d bytes as %s (%v)", round, len(got), f.GetRefId(), err)
 		}
 	}
 }

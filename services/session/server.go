@@ -160,8 +160,6 @@ type Server struct {
 	nc        *nats.Conn
 	providers map[string]ProviderFactory
 	cp        *checkpointer
-	// fileBufs are buffers kept for handed-over files (fileBuffer).
-	fileBufs chan []byte
 
 	// stopSweep ends the eviction of idle live sessions; swept is closed
 	// when it ended.
@@ -219,7 +217,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		providers: defaultProviders(), lives: map[string]*liveSession{},
 		openReads: coalesce.Group[struct{}, []openSession]{Timeout: 10 * time.Second},
 		stopSweep: make(chan struct{}), swept: make(chan struct{}), emptied: make(chan struct{}), tidied: make(chan struct{}), cleared: map[string]struct{}{},
-		started: time.Now(), fileBufs: make(chan []byte, maxFileBuffers),
+		started: time.Now(),
 	}
 	for name, f := range cfg.Providers {
 		s.providers[name] = f
