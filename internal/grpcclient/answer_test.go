@@ -31,7 +31,7 @@ const slowMethod = "/clawmesh.test.Slow/Wait"
 func slowReplica(t *testing.T, dir, name string, freeze, thaw <-chan struct{}) (addr string, started <-chan struct{}) {
 	t.Helper()
 	in := make(chan struct{}, 16)
-	srv := grpcserver.New(zap.NewNop(), time.Second, grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
+	return relayedReplica(t, dir, name, freeze, thaw, func(_ any, ss grpc.ServerStream) error {
 		var req emptypb.Empty
 		if err := ss.RecvMsg(&req); err != nil {
 			return err
@@ -39,7 +39,17 @@ func slowReplica(t *testing.T, dir, name string, freeze, thaw <-chan struct{}) (
 		in <- struct{}{}
 		<-ss.Context().Done()
 		return ss.Context().Err()
-	}))
+	}), in
+}
+
+// relayedReplica serves health and handler (every method but health's)
+// on dir/name.sock, behind a relay at dir/name.front.sock that holds
+// what it carries, both ways, from the closing of freeze to that of thaw
+// (a stopped process: its connection open, nothing answered; then
+// SIGCONT). It returns the relay's path; both stop when the test ends.
+func relayedReplica(t *testing.T, dir, name string, freeze, thaw <-chan struct{}, handler grpc.StreamHandler) string {
+	t.Helper()
+	srv := grpcserver.New(zap.NewNop(), time.Second, grpc.UnknownServiceHandler(handler))
 	srv.SetServing()
 	sock := filepath.Join(dir, name+".sock")
 	lis, err := grpcserver.Listen(sock)
@@ -63,7 +73,7 @@ func slowReplica(t *testing.T, dir, name string, freeze, thaw <-chan struct{}) (
 			return true
 		}
 	})
-	return front.Path, in
+	return front.Path
 }
 
 // A replica that stops with a call in flight on the client's connection

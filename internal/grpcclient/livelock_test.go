@@ -10,8 +10,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/clawmesh/clawmesh/internal/grpcserver"
 )
 
 // spinning is a replica whose handlers spin (a livelock, or a process
@@ -90,16 +88,7 @@ func serveSpinning(t *testing.T, dir, name string, from, release <-chan struct{}
 	}))
 	healthpb.RegisterHealthServer(srv, s)
 	sock := filepath.Join(dir, name+".sock")
-	lis, err := grpcserver.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(lis) //nolint:errcheck // ends with Stop
-	}()
-	t.Cleanup(func() { srv.Stop(); <-done })
+	serveUntilCleanup(t, srv, sock)
 	return sock, in, s.checks, s.checked
 }
 

@@ -64,16 +64,7 @@ func serveSlowChecks(t *testing.T, finish <-chan struct{}) (addr string, checks,
 	}))
 	healthpb.RegisterHealthServer(srv, s)
 	sock := filepath.Join(t.TempDir(), "starved.sock")
-	lis, err := grpcserver.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(lis) //nolint:errcheck // ends with Stop
-	}()
-	t.Cleanup(func() { srv.Stop(); <-done })
+	serveUntilCleanup(t, srv, sock)
 	return sock, s.checks, s.checked
 }
 
@@ -144,4 +135,20 @@ func TestAReplicaAnsweringCallsIsNotHungForAnUnansweredCheck(t *testing.T) {
 	if err := cc.Invoke(ctx, fastMethod, &emptypb.Empty{}, &emptypb.Empty{}); err != nil {
 		t.Fatalf("a call after: %v", err)
 	}
+}
+
+// serveUntilCleanup serves srv on a new socket at sock until the test
+// ends.
+func serveUntilCleanup(t *testing.T, srv *grpc.Server, sock string) {
+	t.Helper()
+	lis, err := grpcserver.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(lis) //nolint:errcheck // ends with Stop
+	}()
+	t.Cleanup(func() { srv.Stop(); <-done })
 }

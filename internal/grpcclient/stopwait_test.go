@@ -13,14 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/clawmesh/clawmesh/internal/grpcserver"
 	"github.com/clawmesh/clawmesh/internal/procstat"
 	"github.com/clawmesh/clawmesh/internal/testenv"
 )
@@ -33,37 +31,13 @@ const nameMethod = "/clawmesh.test.Named/Name"
 // freeze to that of thaw (a stopped process, then SIGCONT).
 func namedReplica(t *testing.T, dir, name string, freeze, thaw <-chan struct{}) string {
 	t.Helper()
-	srv := grpcserver.New(zap.NewNop(), time.Second, grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
+	return relayedReplica(t, dir, name, freeze, thaw, func(_ any, ss grpc.ServerStream) error {
 		var req emptypb.Empty
 		if err := ss.RecvMsg(&req); err != nil {
 			return err
 		}
 		return ss.SendMsg(wrapperspb.String(name))
-	}))
-	srv.SetServing()
-	sock := filepath.Join(dir, name+".sock")
-	lis, err := grpcserver.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(ctx, lis) //nolint:errcheck // ends with ctx
-	}()
-	t.Cleanup(func() { stop(); <-done })
-	front := testenv.StartRelay(t, filepath.Join(dir, name+".front.sock"), sock, func() testenv.RelayHook {
-		return func(bool, []byte) bool {
-			select {
-			case <-freeze:
-				<-thaw
-			default:
-			}
-			return true
-		}
 	})
-	return front.Path
 }
 
 // fakePeers makes each replica address of the test a process of its
