@@ -237,11 +237,14 @@ type Conn struct {
 
 	mu      sync.Mutex
 	started bool
-	closed  bool
-	reason  error // why the connection closed, set once
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	done    chan struct{}
+	// closed is set once, under mu, with reason; read without mu by
+	// isClosed, which the read loop asks after every request it answers
+	// (a lock a request, where one atomic load says the same).
+	closed atomic.Bool
+	reason error // why the connection closed, set once
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
 
 	initState atomic.Int32 // 0 pending, 1 initialized, 2 expired
 	initTimer *time.Timer
@@ -429,7 +432,7 @@ func (c *Conn) Run(ctx context.Context) error {
 	}
 	c.started = true
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
-	if c.closed {
+	if c.closed.Load() {
 		c.cancel(c.reason)
 	}
 	c.mu.Unlock()
@@ -689,6 +692,11 @@ func (c *Conn) maxHeldFrames() int64 { return 2 * int64(c.opts.MaxFrameBytes) }
 func (c *Conn) awaitRoom() bool {
 	for {
 		if c.hasRoom() {
+			// With nothing held (all but always) there is nothing to
+			// dispatch, and room need not be asked again.
+			if c.held.Load() == nil {
+				return true
+			}
 			c.dispatchHeld()
 			if c.hasRoom() {
 				return true
@@ -721,10 +729,10 @@ func (c *Conn) readsOn() bool {
 // dispatchHeld dispatches the held request, if any. Once the connection
 // has closed it is dropped: its peer is gone, and the room it gets then
 // is the room its cancelled fellows made as they ended. Closed is asked
-// under c.mu, not of c.done: closeWith cancels the handlers before it
-// closes done, and a handler ending on that cancel in between made the
-// room that dispatched the held request (1 in 60 runs of
-// TestHangUpAtBoundCancelsInflight under -race).
+// of the flag closeWith sets under c.mu, not of c.done: closeWith
+// cancels the handlers before it closes done, and a handler ending on
+// that cancel in between made the room that dispatched the held request
+// (1 in 60 runs of TestHangUpAtBoundCancelsInflight under -race).
 //
 // It takes its place among the requests in flight first (reserve): the
 // read loop and every handler ending may dispatch at once, and each one
@@ -907,11 +915,7 @@ func (c *Conn) readFailed(err error) {
 	}
 }
 
-func (c *Conn) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
+func (c *Conn) isClosed() bool { return c.closed.Load() }
 
 // drain stops taking requests; once those in flight are answered and the
 // output is written, the connection closes with reason.
@@ -1853,11 +1857,11 @@ func (c *Conn) closeWith(reason error) {
 		reason = ErrClosed
 	}
 	c.mu.Lock()
-	if c.closed {
+	if c.closed.Load() {
 		c.mu.Unlock()
 		return
 	}
-	c.closed = true
+	c.closed.Store(true)
 	c.reason = reason
 	cancel := c.cancel
 	c.mu.Unlock()
