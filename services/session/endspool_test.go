@@ -231,3 +231,66 @@ func encodeSpooledV1(t *testing.T, e *turnEnd) []byte {
 	}
 	return append(append(head, '\n'), body...)
 }
+
+// A gateway that missed updates of a turn whose end is held but not
+// written (the turn's row reads running until the session's next
+// admission or eviction) was told lost, Resend reading only the turns the
+// store reads ended, and closed the session's followers. The service
+// holds the end, its events and its update map: Resend sends the turn's
+// updates from them, with their numbers, as it will once the end is
+// written, wherever the hole starts.
+func TestResendOfAHeldEndSendsItsUpdates(t *testing.T) {
+	tool := "/think hm\n/say before\n" + `/tool echo {"text":"hi"}` + "\n/sleep 1500\n/say after"
+	for _, c := range []struct {
+		name, prompt string
+		memory       bool
+	}{{"text_in_memory", "", true}, {"text_spooled", "", false}, {"tool_in_memory", tool, true}, {"tool_spooled", tool, false}} {
+		memory := c.memory
+		t.Run(c.name, func(t *testing.T) {
+			h := newEndFailingHarness(t, noBatches, keptAnHour)
+			id := h.newSession(operator, "default")
+			if !memory {
+				h.srv.unendedBytes.Store(maxUnendedBytes)
+			}
+			rec := h.record(id)
+			if r := h.prompt(operator, id, "/say zero"); r.GetContent() != "zero" {
+				t.Fatalf("the first prompt: %v", r)
+			}
+			first := rec.until(UpdateTurnComplete)
+			var turnID string
+			if c.prompt == "" {
+				turnID = h.completedUnrecorded(id)
+			} else {
+				done := h.failEnd(UpdateToolResult, &sessionv1.PromptRequest{Principal: operator, SessionId: id, Prompt: c.prompt}, false)
+				turnID, _ = done.Params["turn_id"].(string)
+			}
+			live := rec.until(UpdateTurnComplete)
+			if n := h.count("SELECT count(*) FROM turns WHERE turn_id = $1 AND state = 'running'", turnID); n != 1 {
+				t.Fatal("the case: the turn's row does not read running")
+			}
+			prev, end := first[len(first)-1].Seq, live[len(live)-1].Seq
+			for after := prev; after < end; after++ {
+				var missed []update
+				for _, u := range live {
+					if u.Seq > after {
+						missed = append(missed, u)
+					}
+				}
+				resp, us := h.resend(id, after, 0)
+				if resp.GetLost() != "" || resp.GetUptoSeq() != end {
+					t.Fatalf("resend after %d of the held turn %s: lost %q, upto %d, want %d", after, turnID, resp.GetLost(), resp.GetUptoSeq(), end)
+				}
+				sameTurn(t, missed, us)
+				if after > prev && us[0].Seq != missed[0].Seq && missed[0].Type != UpdateMessageChunk {
+					t.Fatalf("resent %s numbered %d, published as %d", us[0].Type, us[0].Seq, missed[0].Seq)
+				}
+			}
+			// Written at the next admission: the same answer from the store.
+			_, before := h.resend(id, prev, end)
+			h.promptNext(id)
+			if _, after := h.resend(id, prev, end); fmt.Sprint(before) != fmt.Sprint(after) {
+				t.Fatalf("resent while held\n%v\nonce written\n%v", before, after)
+			}
+		})
+	}
+}

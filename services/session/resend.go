@@ -1,17 +1,21 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
 
 	"github.com/clawmesh/clawmesh/internal/bus"
 	"github.com/clawmesh/clawmesh/internal/ids"
+	"github.com/clawmesh/clawmesh/internal/pgtext"
 	sessionv1 "github.com/clawmesh/clawmesh/proto/clawmesh/session/v1"
 )
 
@@ -96,7 +100,16 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 			return &sessionv1.ResendResponse{UptoSeq: after}, nil
 		}
 	}
-	turns, before, err := s.store.endedTurns(ctx, id, after, upto)
+	// A turn whose end's write failed reads running in the store until
+	// the end is written (unended.go): its updates are sent from the end
+	// the service holds, as the store will give them once it is written.
+	// Its row is read before the ended turns: an end written meanwhile
+	// is read in both, and the store's wins.
+	held, err := s.store.heldTurns(ctx, id, s.heldEnds(id, req.GetIncarnation()), after, upto)
+	if err != nil {
+		return nil, err
+	}
+	turns, before, err := s.store.endedTurns(ctx, id, after, upto, held)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +155,7 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 			// Cut by a crash, part of it received: the updates numbered
 			// past after, from where its batches of events stored each,
 			// then its recovery's end.
-			ups, _, err = s.store.turnUpdatesAfter(ctx, id, t.id, true, after, math.MaxInt64)
+			ups, _, err = s.store.turnUpdatesAfter(ctx, id, t.id, t.held, true, after, math.MaxInt64)
 			switch {
 			case errors.Is(err, errUnmarked):
 				return lost(fmt.Sprintf("updates of turn %s after %d were missed mid-turn, and a crash cut the turn before it stored where its last updates are", t.id, after))
@@ -156,7 +169,7 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 			// Part of it received: the updates numbered past after,
 			// from where the turn stored each update.
 			var missing int64
-			if ups, missing, err = s.store.turnUpdatesAfter(ctx, id, t.id, false, after, t.endSeq-1); err != nil {
+			if ups, missing, err = s.store.turnUpdatesAfter(ctx, id, t.id, t.held, false, after, t.endSeq-1); err != nil {
 				return nil, err
 			}
 			if ups == nil {
@@ -176,7 +189,7 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 				upto = math.MaxInt64 // the killed process's last numbers are stored nowhere
 			}
 			var missing int64
-			ups, missing, err = s.store.turnUpdatesAfter(ctx, id, t.id, t.cut, prevEnd, upto)
+			ups, missing, err = s.store.turnUpdatesAfter(ctx, id, t.id, t.held, t.cut, prevEnd, upto)
 			switch {
 			case errors.Is(err, errUnmarked):
 				return lost(fmt.Sprintf("turn %s was missed, and a crash cut it before it stored where its last updates are", t.id))
@@ -186,6 +199,11 @@ func (s *Server) Resend(ctx context.Context, req *sessionv1.ResendRequest) (*ses
 				return lost(unmappedUpdate(missing, t.id))
 			case ups != nil:
 				break
+			case t.held != nil:
+				// Its end, once written, stores no map either: the
+				// store would renumber it from its events, which are
+				// the held end's too; not done twice here.
+				return lost(fmt.Sprintf("turn %s was missed, its end is not written yet, and where its updates are is not kept whole (it published more than %d)", t.id, maxMappedUpdates))
 			case t.cut:
 				return lost(fmt.Sprintf("turn %s was missed, and a crash cut it: where its updates are is not stored whole (it published more than %d), or its events were trimmed", t.id, maxMappedUpdates))
 			default:
@@ -349,6 +367,9 @@ type endedTurn struct {
 	gen                                *int64
 	endSeq                             int64
 	cut                                bool // ended by recovery after a crash
+	// held is its end when its write failed and it is not written yet
+	// (unended.go): the store reads the turn running.
+	held *turnEnd
 }
 
 // complete is t's turn_complete, as the turn (or its recovery) published
@@ -367,7 +388,9 @@ func (t endedTurn) complete() rebuilt {
 // endedTurns reads the turns of the session whose turn_complete took a
 // number past after up to upto, by that number (one more than
 // maxResendTurns at most), and where their updates begin (see prevEnd).
-func (st *store) endedTurns(ctx context.Context, id string, after, upto int64) ([]endedTurn, prevEnd, error) {
+// held are the turns whose end is held (heldTurns): a turn the store
+// reads ended too is taken from the store.
+func (st *store) endedTurns(ctx context.Context, id string, after, upto int64, held []endedTurn) ([]endedTurn, prevEnd, error) {
 	rows, err := st.db.Query(ctx, `SELECT turn_id, connection_id, outcome, stop_reason, content, error, client_turn_generation, end_seq,
 		stop_reason = $4
 		FROM turns WHERE session_id = $1 AND end_seq > $2 AND end_seq <= $3 AND state <> 'running'
@@ -382,6 +405,15 @@ func (st *store) endedTurns(ctx context.Context, id string, after, upto int64) (
 	})
 	if err != nil {
 		return nil, prevEnd{}, fmt.Errorf("read ended turns: %w", err)
+	}
+	if len(held) > 0 {
+		for _, h := range held {
+			if !slices.ContainsFunc(turns, func(t endedTurn) bool { return t.id == h.id }) {
+				turns = append(turns, h)
+			}
+		}
+		slices.SortFunc(turns, func(a, b endedTurn) int { return cmp.Compare(a.endSeq, b.endSeq) })
+		turns = turns[:min(len(turns), maxResendTurns+1)]
 	}
 	if len(turns) == 0 {
 		return nil, prevEnd{}, nil
@@ -568,13 +600,19 @@ var errUnmarked = errors.New("events past the marked updates")
 // the events (trimmed). A turn cut by a crash (cut) has its batches'
 // marks alone: errUnmarked when it stored events past them, whose
 // updates' numbers died with the process.
-func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string, cut bool, after, upto int64) ([]rebuilt, int64, error) {
+//
+// held, when not nil, is the turn's end not written yet (heldTurns): its
+// update map and events are taken from it, as the store will hold them.
+func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string, held *turnEnd, cut bool, after, upto int64) ([]rebuilt, int64, error) {
 	var (
 		tail    []int64
 		trimmed int
 	)
 	if err := st.db.QueryRow(ctx, "SELECT update_map, trimmed_messages FROM turns WHERE turn_id = $1", turnID).Scan(&tail, &trimmed); err != nil {
 		return nil, 0, fmt.Errorf("read turn update map: %w", err)
+	}
+	if held != nil {
+		tail = held.updateMap
 	}
 	if tail == nil && !cut {
 		return nil, 0, nil
@@ -586,6 +624,12 @@ func (st *store) turnUpdatesAfter(ctx context.Context, sessionID, turnID string,
 	asks, err := st.turnAsks(ctx, sessionID, turnID)
 	if err != nil {
 		return nil, 0, err
+	}
+	if held != nil {
+		if marks, err = st.addHeldEvents(ctx, sessionID, events, marks, held.events); err != nil {
+			return nil, 0, err
+		}
+		held.settleAsks(asks)
 	}
 	m := append(marks, tail...)
 	trimMarked := false
@@ -812,4 +856,139 @@ func (t *turn) publishMapped(s *Server, typ string, f fields, event int64, end i
 	t.mapUpdate(seq, event, end)
 	t.log.mark(seq, event, end)
 	return seq
+}
+
+// heldEnds is the ends session id of incarnation holds of turns whose
+// end's write failed (unended.go), by turn id, read back from the spool
+// where memory does not keep them: until one is written its turn's row
+// reads running, without its end, its update map and the events the
+// failed write carried.
+func (s *Server) heldEnds(id string, incarnation int64) map[string]*turnEnd {
+	ls := s.lookupLive(id)
+	if ls == nil || ls.incarnation != incarnation {
+		return nil
+	}
+	var (
+		ends    map[string]*turnEnd
+		spooled []string
+	)
+	ls.mu.Lock()
+	for _, u := range ls.unended {
+		switch {
+		case u.end != nil:
+			if ends == nil {
+				ends = map[string]*turnEnd{}
+			}
+			ends[u.id] = u.end
+		case u.spooled:
+			spooled = append(spooled, u.id)
+		}
+	}
+	ls.mu.Unlock()
+	for _, tid := range spooled {
+		// Read outside the lock: up to a reply's size from the disk.
+		end, err := s.spool.load(tid)
+		if err != nil {
+			s.log.Warn("turn end spooled but not read back to send its updates again", zap.String("session_id", id), zap.String("turn_id", tid), zap.Error(err))
+			continue
+		}
+		if ends == nil {
+			ends = map[string]*turnEnd{}
+		}
+		ends[tid] = end
+	}
+	return ends
+}
+
+// heldTurns is the turns of ends (heldEnds) that the store still reads
+// running in session id and whose turn_complete took a number past after
+// up to upto, as endedTurns reads them once their end is written: the
+// row gives what the turn's start stored, the end the rest.
+func (st *store) heldTurns(ctx context.Context, id string, ends map[string]*turnEnd, after, upto int64) ([]endedTurn, error) {
+	var turnIDs []string
+	for tid, e := range ends {
+		if e.published != nil && *e.published > after && *e.published <= upto {
+			turnIDs = append(turnIDs, tid)
+		}
+	}
+	if len(turnIDs) == 0 {
+		return nil, nil
+	}
+	rows, err := st.db.Query(ctx, `SELECT turn_id, connection_id, client_turn_generation FROM turns
+		WHERE session_id = $1 AND turn_id = ANY($2) AND state = 'running'`, id, turnIDs)
+	if err != nil {
+		return nil, fmt.Errorf("read held turns: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (endedTurn, error) {
+		var t endedTurn
+		if err := row.Scan(&t.id, &t.connID, &t.gen); err != nil {
+			return t, fmt.Errorf("read held turns: %w", err)
+		}
+		e := ends[t.id]
+		t.outcome, t.stopReason, t.content, t.fail = e.res.Outcome, e.res.StopReason, pgtext.Text(e.res.Content), pgtext.Text(e.res.Error)
+		t.endSeq, t.cut, t.held = *e.published, e.res.StopReason == stopInterrupted, e
+		return t, nil
+	})
+}
+
+// addHeldEvents adds to events and marks (markedEvents') the events a
+// held end carries, as its write will store them: an event stored
+// already stays as stored, a tool result has its call's stored status
+// and size.
+func (st *store) addHeldEvents(ctx context.Context, sessionID string, events map[int64]storedEvent, marks []int64, held []cpEvent) ([]int64, error) {
+	var results []string
+	for _, ev := range held {
+		if ev.Kind == eventToolResult {
+			results = append(results, ev.ToolCallID)
+		}
+	}
+	type call struct {
+		status string
+		bytes  *int64
+	}
+	calls := map[string]call{}
+	if len(results) > 0 {
+		rows, err := st.db.Query(ctx, "SELECT tool_call_id, status, output_bytes FROM tool_calls WHERE session_id = $1 AND tool_call_id = ANY($2)", sessionID, results)
+		if err != nil {
+			return nil, fmt.Errorf("read held tool calls: %w", err)
+		}
+		var (
+			tid string
+			c   call
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&tid, &c.status, &c.bytes}, func() error {
+			calls[tid] = c
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("read held tool calls: %w", err)
+		}
+	}
+	for _, ev := range held {
+		if _, ok := events[ev.Seq]; ok {
+			continue
+		}
+		e := storedEvent{kind: ev.Kind, content: pgtext.Text(ev.Content), callID: ev.ToolCallID, name: pgtext.Text(ev.Name)}
+		e.outBytes = int64(len(e.content))
+		if ev.Kind == eventToolResult {
+			if c, ok := calls[ev.ToolCallID]; ok {
+				e.status = c.status
+				if c.bytes != nil {
+					e.outBytes = *c.bytes
+				}
+			}
+		}
+		events[ev.Seq] = e
+		marks = append(marks, unpackMarks(ev.Marks)...)
+	}
+	return marks, nil
+}
+
+// settleAsks gives asks the status e's write will store: the asks whose
+// decision could not be stored, and those still pending, cancelled.
+func (e *turnEnd) settleAsks(asks map[string]*approval) {
+	for _, a := range asks {
+		if a.d == (decision{}) || slices.Contains(e.unrecorded, a.RequestID) {
+			a.d = decision{Decision: decisionCancelled, Surface: surfaceService}
+		}
+	}
 }
