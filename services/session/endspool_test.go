@@ -244,7 +244,7 @@ func TestResendOfAHeldEndSendsItsUpdates(t *testing.T) {
 	for _, c := range []struct {
 		name, prompt string
 		memory       bool
-	}{{"text_in_memory", "", true}, {"text_spooled", "", false}, {"tool_in_memory", tool, true}, {"tool_spooled", tool, false}} {
+	}{{"text_in_memory", "", true}, {"text_spooled", "", false}, {"tool_in_memory", tool, true}, {"tool_spooled", tool, false}, {"cancelled", "cut", true}} {
 		memory := c.memory
 		t.Run(c.name, func(t *testing.T) {
 			h := newEndFailingHarness(t, noBatches, keptAnHour)
@@ -258,9 +258,12 @@ func TestResendOfAHeldEndSendsItsUpdates(t *testing.T) {
 			}
 			first := rec.until(UpdateTurnComplete)
 			var turnID string
-			if c.prompt == "" {
+			switch c.prompt {
+			case "":
 				turnID = h.completedUnrecorded(id)
-			} else {
+			case "cut":
+				turnID = h.cutUnrecorded(id)
+			default:
 				done := h.failEnd(UpdateToolResult, &sessionv1.PromptRequest{Principal: operator, SessionId: id, Prompt: c.prompt}, false)
 				turnID, _ = done.Params["turn_id"].(string)
 			}
