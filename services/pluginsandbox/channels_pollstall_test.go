@@ -250,7 +250,13 @@ func TestStalledChannelsPluginIsPolledLessAndLess(t *testing.T) {
 		return got[:n]
 	}
 	// spaced checks that each poll of got came no sooner than the wait
-	// the one before set, and polled the plugin once.
+	// the one before set, and that the plugin was polled about once a
+	// wait. The count is of the guest's log lines, which reach the sink
+	// on their own time: one may be counted at the wake after its poll's,
+	// so the polls are counted over the whole run of wakes, one late line
+	// allowed, not wake by wake (CI: "polled 0 times since the one
+	// before" then 2). A plugin polled at the interval instead of its
+	// backoff is polled about four times a wait here.
 	spaced := func(got []wake) []time.Duration {
 		var gaps []time.Duration
 		for i := 1; i < len(got); i++ {
@@ -259,9 +265,9 @@ func TestStalledChannelsPluginIsPolledLessAndLess(t *testing.T) {
 			if gap < got[i-1].wait {
 				t.Errorf("poll %d while failed came %v after the one before, which set a wait of %v", i, gap, got[i-1].wait)
 			}
-			if n := got[i].polls - got[i-1].polls; n != 1 {
-				t.Errorf("poll %d while failed: the plugin polled %d times since the one before, want once", i, n)
-			}
+		}
+		if n, waits := got[len(got)-1].polls-got[0].polls, len(got)-1; n > waits+1 {
+			t.Errorf("the plugin polled %d times over %d waits while failed, want about once a wait", n, waits)
 		}
 		return gaps
 	}
