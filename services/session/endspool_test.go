@@ -87,10 +87,7 @@ func TestASpooledEndOfTheFirstVersionIsWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rec := h.record(id)
-	h.crash()
-	h.endedAsTold(id, turnID, OutcomeCompleted, stopEndTurn, "first\nlast")
-	rec.quiet(200 * time.Millisecond)
+	h.crashThenEndedAsTold(id, turnID)
 	if left := h.spooled(); len(left) != 0 {
 		t.Fatalf("the spool holds %v once the start wrote it", left)
 	}

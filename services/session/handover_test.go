@@ -172,33 +172,10 @@ func TestAHandedOverFileWrittenDuringItsStoreIsNamedByWhatIsOnDisk(t *testing.T)
 		id := h.newSession(alice, "default")
 		data := patterned(4<<20+round, 11+round)
 		tok, mem := handOver(t, path, data)
-		stop, done := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		hook := func(string) {
-			once.Do(func() {
-				go func() {
-					defer close(done)
-					b := mem.Bytes()
-					for i := 0; ; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						b[(i*7919)%len(b)]++
-					}
-				}()
-			})
-		}
-		storeChecked.Store(&hook)
-		req := byToken(id, tok, int64(len(data)), data)
-		if !declared {
-			req.Sha256 = ""
-		}
-		f, err := h.storeFile(req)
-		storeChecked.Store(nil)
-		close(stop)
-		<-done
+		b := mem.Bytes()
+		f, err := storeWhile(h, id, tok, data, declared, func(i int) {
+			b[(i*7919)%len(b)]++
+		})
 		if err != nil {
 			if !declared {
 				t.Fatalf("round %d: an undeclared store refused: %v", round, err)
@@ -288,36 +265,13 @@ func TestAHandedOverFileShrunkDuringItsStoreCannotFaultIt(t *testing.T) {
 			t.Fatalf("a sealed memfd refused: %s", refusal)
 		}
 		id := h.newSession(alice, "default")
-		stop, done := make(chan struct{}), make(chan struct{})
 		var shrunk, tries atomic.Int64
-		var once sync.Once
-		hook := func(string) {
-			once.Do(func() {
-				go func() {
-					defer close(done)
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						tries.Add(1)
-						if unix.Ftruncate(sealed, 1<<10) == nil {
-							shrunk.Add(1)
-						}
-					}
-				}()
-			})
-		}
-		storeChecked.Store(&hook)
-		req := byToken(id, tok, int64(len(data)), data)
-		if !declared {
-			req.Sha256 = ""
-		}
-		f, err := h.storeFile(req)
-		storeChecked.Store(nil)
-		close(stop)
-		<-done
+		f, err := storeWhile(h, id, tok, data, declared, func(int) {
+			tries.Add(1)
+			if unix.Ftruncate(sealed, 1<<10) == nil {
+				shrunk.Add(1)
+			}
+		})
 		if shrunk.Load() != 0 || tries.Load() == 0 {
 			t.Fatalf("round %d: %d of %d shrinks of a sealed memfd went through", round, shrunk.Load(), tries.Load())
 		}
@@ -329,4 +283,39 @@ func TestAHandedOverFileShrunkDuringItsStoreCannotFaultIt(t *testing.T) {
 			t.Fatalf("round %d: stored %d bytes as %s (%v)", round, len(got), f.GetRefId(), err)
 		}
 	}
+}
+
+// storeWhile stores the handed-over file tok as data into session id,
+// its hash declared or not, while a goroutine calls meddle (with a count)
+// over and over from the moment the store's checks passed until it
+// returned, and waits for that goroutine.
+func storeWhile(h *harness, id, tok string, data []byte, declared bool, meddle func(i int)) (*sessionv1.FileEntry, error) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := func(string) {
+		once.Do(func() {
+			go func() {
+				defer close(done)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					meddle(i)
+				}
+			}()
+		})
+	}
+	storeChecked.Store(&hook)
+	req := byToken(id, tok, int64(len(data)), data)
+	if !declared {
+		req.Sha256 = ""
+	}
+	f, err := h.storeFile(req)
+	storeChecked.Store(nil)
+	close(stop)
+	once.Do(func() { close(done) }) // the checks never passed
+	<-done
+	return f, err
 }

@@ -126,6 +126,18 @@ func TestUnrecordedEndIsWrittenAsItEnded(t *testing.T) {
 	}
 }
 
+// crashThenEndedAsTold kills the service (crash) after turn turnID of
+// session id completed, "first\nlast", with its end not written, and
+// checks that the start wrote it as its clients were told, publishing
+// no second end.
+func (h *harness) crashThenEndedAsTold(id, turnID string) {
+	h.t.Helper()
+	rec := h.record(id)
+	h.crash()
+	h.endedAsTold(id, turnID, OutcomeCompleted, stopEndTurn, "first\nlast")
+	rec.quiet(200 * time.Millisecond)
+}
+
 // endedAsTold checks that turn turnID of session id is stored as its
 // turn_complete said it ended: its outcome, stop reason and reply, the
 // reply in its checkpoint events and in the transcript, and no
@@ -246,10 +258,7 @@ func TestAnEndNotRecordedOutlivesACrash(t *testing.T) {
 	id := h.newSession(operator, "default")
 	turnID := h.completedUnrecorded(id)
 
-	rec := h.record(id)
-	h.crash()
-	h.endedAsTold(id, turnID, OutcomeCompleted, stopEndTurn, "first\nlast")
-	rec.quiet(200 * time.Millisecond)
+	h.crashThenEndedAsTold(id, turnID)
 	if left := h.spooled(); len(left) != 0 {
 		t.Fatalf("the spool holds %v once the start wrote it", left)
 	}
@@ -392,10 +401,7 @@ func TestASpoolFileNotOursIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rec := h.record(id)
-	h.crash()
-	h.endedAsTold(id, turnID, OutcomeCompleted, stopEndTurn, "first\nlast")
-	rec.quiet(200 * time.Millisecond)
+	h.crashThenEndedAsTold(id, turnID)
 	var want []string
 	for name := range bad {
 		want = append(want, name+refusedExt)
